@@ -1,0 +1,1 @@
+"""rubberband.cloud"""

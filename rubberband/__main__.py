@@ -1,0 +1,5 @@
+"""``python -m rubberband`` runs the CLI."""
+
+from rubberband.cli import main
+
+main()

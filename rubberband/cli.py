@@ -1,0 +1,76 @@
+"""The ``rubberband`` command line.
+
+Each command lives in its own module under ``rubberband.commands`` and registers itself
+through ``register(app)``; this module only assembles them and turns errors into
+one-line messages and exit codes (2 bad input, 3 infeasible, 1 execution failure).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import typer
+
+try:  # typer ≥ 0.20 vendors click as typer._click; older releases use click itself
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as click_exceptions
+
+from rubberband import __version__, commands
+from rubberband.errors import RubberbandError
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="rubberband",
+        help="Cheapest elastic hyperparameter tuning that still meets your deadline.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode="rich",
+    )
+
+    @app.callback(invoke_without_command=True)
+    def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
+        if version:
+            typer.echo(f"rubberband {__version__}")
+            raise typer.Exit(0)
+
+    modules = [importlib.import_module(f"{commands.__name__}.{info.name}")
+               for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_")]
+    for module in sorted(modules, key=lambda m: (getattr(m, "ORDER", 100), m.__name__)):
+        module.register(app)
+    return app
+
+
+def _fail(message: str, code: int) -> int:
+    message = " ".join(str(message).split())
+    print(f"rubberband: error: {message}", file=sys.stderr)
+    return code
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code (for tests and ``main``)."""
+    app = build_app()
+    try:
+        result = app(args=argv, prog_name="rubberband", standalone_mode=False)
+    except RubberbandError as exc:
+        return _fail(exc.message, exc.exit_code)
+    except click_exceptions.NoArgsIsHelpError:
+        return 2  # the help text was already printed
+    except click_exceptions.UsageError as exc:
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        return _fail(f"{exc.format_message()}{hint}", 2)
+    except click_exceptions.ClickException as exc:
+        return _fail(exc.format_message(), exc.exit_code)
+    except typer.Exit as exc:
+        return exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        return _fail("interrupted", 130)
+    return result if isinstance(result, int) else 0
+
+
+def main() -> None:
+    sys.exit(run())

@@ -1,0 +1,1 @@
+"""One module per CLI command; each defines ``register(app)`` and an optional ``ORDER``."""

@@ -1,0 +1,56 @@
+"""``rubberband schedule``: print the SHA stages or every Hyperband bracket."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.table import Table
+
+from rubberband.console import stdout
+from rubberband.errors import InputError
+from rubberband.planner.schedule import hyperband_brackets, sha_stages
+
+ORDER = 40
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("schedule")
+    def schedule(
+        min_epochs: int = typer.Option(..., "--min-epochs", "-r", help="Minimum epochs per trial (r)."),
+        max_epochs: int = typer.Option(..., "--max-epochs", "-R", help="Maximum epochs per trial (R)."),
+        eta: int = typer.Option(3, "--eta", help="Reduction factor η (≥ 2)."),
+        trials: int = typer.Option(None, "--trials", "-n", help="Trials for SHA (required unless --hyperband)."),
+        hyperband: bool = typer.Option(False, "--hyperband", help="Print every Hyperband bracket."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout and nothing else."),
+    ) -> None:
+        """Print the (n_i, r_i) stages of successive halving, or of every Hyperband bracket."""
+        if eta < 2:
+            raise InputError(f"--eta must be at least 2 (got {eta})")
+        if min_epochs < 1 or max_epochs < min_epochs:
+            raise InputError(f"need 1 ≤ --min-epochs ≤ --max-epochs (got {min_epochs} and {max_epochs})")
+        if hyperband:
+            brackets = hyperband_brackets(eta, min_epochs, max_epochs)
+        else:
+            if trials is None or trials < 1:
+                raise InputError("--trials must be a positive number for SHA (or pass --hyperband)")
+            brackets = [sha_stages(trials, eta, min_epochs, max_epochs)]
+        if as_json:
+            payload = [{"bracket": b, "s": len(stages) - 1,
+                        "stages": [{"trials": s.trials, "epochs": s.epochs} for s in stages]}
+                       for b, stages in enumerate(brackets)]
+            typer.echo(json.dumps({"kind": "hyperband" if hyperband else "sha", "eta": eta,
+                                   "min_epochs": min_epochs, "max_epochs": max_epochs, "brackets": payload}))
+            return
+        console = stdout()
+        for b, stages in enumerate(brackets):
+            title = (f"Hyperband bracket s={len(stages) - 1}" if hyperband
+                     else f"Successive halving: n={trials}, η={eta}, r={min_epochs}, R={max_epochs}")
+            table = Table(title=title, title_justify="left")
+            table.add_column("stage i", justify="right")
+            table.add_column("trials n_i", justify="right")
+            table.add_column("epochs r_i", justify="right")
+            table.add_column("trial-epochs this stage", justify="right")
+            for s in stages:
+                table.add_row(str(s.index), str(s.trials), str(s.epochs), str(s.trials * s.epochs_this_stage))
+            console.print(table)

@@ -1,0 +1,92 @@
+"""One exception hierarchy for every failure a user can act on.
+
+The CLI turns a :class:`RubberbandError` into a single line on stderr and its
+``exit_code``; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class RubberbandError(Exception):
+    """Base of all user-facing errors: a one-line message and an exit code."""
+
+    exit_code: int = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InputError(RubberbandError):
+    """Bad user input: spec, profile, catalog, plan file, CLI flag (exit 2)."""
+
+
+class SpecError(InputError):
+    """The job spec is invalid."""
+
+
+class ProfileError(InputError):
+    """The profile file is missing, malformed or does not cover what is needed."""
+
+
+class CatalogError(InputError):
+    """The instance catalog is missing, malformed or lacks a requested type/region."""
+
+
+class PlanFileError(InputError):
+    """A plan JSON file is missing, malformed or does not match the spec."""
+
+
+class RunDirError(InputError):
+    """A run directory is missing, belongs to another job, or cannot be resumed."""
+
+
+class InfeasibleError(RubberbandError):
+    """No plan meets the deadline (or budget) at the requested confidence (exit 3).
+
+    Carries the best achievable figures so the message can say what *is* possible.
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, shortest_jct_s: float | None = None,
+                 cost_usd: float | None = None) -> None:
+        super().__init__(message)
+        self.shortest_jct_s = shortest_jct_s
+        self.cost_usd = cost_usd
+
+
+class TrainingError(RubberbandError):
+    """The user's training code failed to import or raised while running."""
+
+
+class ExecutionError(RubberbandError):
+    """The executor could not carry a run through (after cleaning up)."""
+
+    exit_code = 1
+
+
+class CloudError(RubberbandError):
+    """A cloud API failure, classified into rubberband's failover vocabulary.
+
+    ``kind`` is one of ``capacity`` (try another zone/type), ``quota`` (block the
+    region, tell the user which quota), ``transient`` (retry with backoff) or
+    ``fatal`` (stop, e.g. bad credentials).
+    """
+
+    exit_code = 1
+    kinds = ("capacity", "quota", "transient", "fatal")
+
+    def __init__(self, message: str, *, kind: str, code: str = "", zone: str | None = None,
+                 region: str | None = None, quota: str | None = None) -> None:
+        if kind not in self.kinds:
+            raise ValueError(f"unknown cloud error kind {kind!r}")
+        super().__init__(message)
+        self.kind = kind
+        self.code = code
+        self.zone = zone
+        self.region = region
+        self.quota = quota

@@ -1,0 +1,197 @@
+"""The plan: per stage, which instances, how many, and how many workers per trial (schema v1).
+
+A plan is the planner's output and the executor's input. It carries the simulator's
+predictions (JCT and cost distributions, per-stage figures, one representative
+timeline for Gantt charts) and the baselines it was compared with.
+``docs/plan.md`` documents every field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rubberband.errors import PlanFileError
+
+PLAN_SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Distribution(_Model):
+    mean: float
+    p50: float
+    p95: float
+
+
+class StagePlan(_Model):
+    """One SHA stage (of one Hyperband bracket): its trials and the resources they run on."""
+
+    bracket: int = Field(default=0, ge=0)
+    stage: int = Field(ge=0, description="index of the stage within its bracket")
+    trials: int = Field(ge=1)
+    epochs: int = Field(ge=1, description="cumulative epochs each trial has reached at the end of the stage")
+    epochs_this_stage: int = Field(ge=1, description="epochs each trial trains in this stage")
+    cloud: str
+    region: str
+    instance_type: str
+    instances: int = Field(ge=1)
+    workers_per_trial: int = Field(ge=1)
+    spot: bool = False
+    predicted_duration_s: float | None = Field(default=None, description="p50 of the stage's duration")
+    predicted_cost_usd: float | None = Field(default=None, description="mean cost attributed to the stage")
+
+
+class CostBreakdown(_Model):
+    """Where the money goes (means over samples): useful work versus overheads."""
+
+    training_usd: float = 0.0
+    startup_usd: float = 0.0
+    idle_usd: float = 0.0
+    billing_minimum_usd: float = 0.0
+    transfer_usd: float = 0.0
+
+
+class Prediction(_Model):
+    jct_s: Distribution
+    cost_usd: Distribution
+    p_meet_deadline: float = Field(ge=0, le=1)
+    stage_duration_s: list[Distribution] = Field(default_factory=list)
+    stage_cost_usd: list[float] = Field(default_factory=list)
+    cost_breakdown: CostBreakdown = Field(default_factory=CostBreakdown)
+    cost_by_instance_type: dict[str, float] = Field(default_factory=dict)
+
+
+class TimelineInstance(_Model):
+    """One instance's life in the representative sample (seconds from job start)."""
+
+    id: str
+    instance_type: str
+    cloud: str
+    first_stage: int
+    last_stage: int
+    requested_s: float
+    ready_s: float
+    released_s: float
+    cost_usd: float
+
+
+class TimelineTask(_Model):
+    """One trial's work in one stage in the representative sample."""
+
+    trial: int
+    stage: int
+    bracket: int = 0
+    instance_ids: list[str]
+    workers: int
+    start_s: float
+    end_s: float
+
+
+class Timeline(_Model):
+    instances: list[TimelineInstance] = Field(default_factory=list)
+    tasks: list[TimelineTask] = Field(default_factory=list)
+
+
+class Alternative(_Model):
+    """A plan the chosen one is compared with (best static plan, exact optimum)."""
+
+    name: str
+    stages: list[StagePlan]
+    predicted: Prediction
+    timeline: Timeline | None = None
+
+
+class PlannerInfo(_Model):
+    algorithm: str = "greedy-marginal-benefit"
+    candidates_evaluated: int = 0
+    iterations: int = 0
+    seconds: float = 0.0
+    samples: int = 0
+    seed: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
+class JobInfo(_Model):
+    name: str
+    spec_sha256: str
+    scheduler: Literal["sha", "hyperband"]
+    eta: int
+    min_epochs: int
+    max_epochs: int
+    trials: int | None = None
+    metric: str
+    mode: Literal["min", "max"]
+
+
+class CatalogInfo(_Model):
+    clouds: list[str]
+    regions: list[str]
+    dates: dict[str, str]
+
+
+class Plan(_Model):
+    schema_version: Literal[1] = PLAN_SCHEMA_VERSION
+    job: JobInfo
+    catalog: CatalogInfo
+    deadline_s: float = Field(gt=0)
+    confidence: float = Field(gt=0, lt=1)
+    budget_usd: float | None = None
+    stages: list[StagePlan] = Field(min_length=1)
+    predicted: Prediction
+    timeline: Timeline = Field(default_factory=Timeline)
+    baselines: dict[str, Alternative] = Field(default_factory=dict)
+    planner: PlannerInfo = Field(default_factory=PlannerInfo)
+    profile_sha256: str | None = None
+
+
+def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:
+    if not isinstance(data, dict):
+        raise PlanFileError(f"{source}: a plan must be a JSON object; create one with `rubberband plan --out`")
+    version = data.get("schema_version")
+    if version is not None and version != PLAN_SCHEMA_VERSION:
+        raise PlanFileError(f"{source}: plan schema_version {version!r} is not supported; this rubberband "
+                            f"reads version {PLAN_SCHEMA_VERSION} (re-run `rubberband plan`)")
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required field is missing"
+        raise PlanFileError(f"{source}: plan field '{field}': {msg}; regenerate it with `rubberband plan`") from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlanFileError(f"plan file {path} does not exist; create it with `rubberband plan SPEC --out {path}`") \
+            from None
+    except IsADirectoryError:
+        raise PlanFileError(f"{path} is a directory; pass a plan JSON file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        line = getattr(exc, "lineno", None)
+        raise PlanFileError(f"{path}{':' + str(line) if line else ''}: plan is not valid JSON; "
+                            f"regenerate it with `rubberband plan`") from None
+    return parse_plan(data, source=str(path))
+
+
+def write_plan(plan: Plan, path: str | Path) -> None:
+    """Write atomically so an interrupted write never leaves a half plan behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(plan_json(plan) + "\n")
+    tmp.replace(path)
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(plan.model_dump(mode="json"), indent=2)

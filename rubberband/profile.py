@@ -1,0 +1,142 @@
+"""The profile: measured training latencies and instance startup latencies (schema v1).
+
+A profile is what ``rubberband profile`` writes and what the planner's performance
+model is fitted from. It is plain JSON; ``docs/profile.md`` documents every field.
+
+Iteration latencies are recorded per device (``V100``, ``CPU``...), per trial width
+(data-parallel workers) and per node span (how many instances the trial's workers are
+spread over). Devices that were not measured may be given a relative speed in
+``device_speed`` (1.0 = the reference device) so the planner can still consider them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rubberband.errors import ProfileError
+
+PROFILE_SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Workload(_Model):
+    """What was trained: sizes that turn iteration latency into epoch time."""
+
+    name: str
+    origin: str = Field(description="how the figures were obtained (measured where, or modelled on what)")
+    dataset_size: int = Field(gt=0, description="training samples per epoch")
+    batch_size_per_worker: int = Field(gt=0)
+    checkpoint_size_gb: float = Field(default=0.1, ge=0)
+    restart_overhead_s: float = Field(default=5.0, ge=0,
+                                      description="checkpoint save + new workers + restore, per resize")
+    eval_time_s: float = Field(default=0.0, ge=0, description="validation pass after each stage")
+
+    def iterations_per_epoch(self, workers: int) -> int:
+        global_batch = self.batch_size_per_worker * workers
+        return max(1, -(-self.dataset_size // global_batch))
+
+
+class LatencyMeasurement(_Model):
+    """Iteration latencies of one trial shape: device × workers × node span."""
+
+    device: str
+    instance_type: str | None = None
+    workers: int = Field(ge=1)
+    nodes: int = Field(default=1, ge=1)
+    iteration_latencies_s: list[float] = Field(min_length=1)
+    source: Literal["measured", "modelled"] = "measured"
+
+    @model_validator(mode="after")
+    def _check(self) -> "LatencyMeasurement":
+        if self.nodes > self.workers:
+            raise ValueError("nodes cannot exceed workers")
+        if any(not (x > 0) for x in self.iteration_latencies_s):
+            raise ValueError("iteration latencies must be positive seconds")
+        return self
+
+
+class StartupSamples(_Model):
+    """Seconds from provisioning request to 'ready to run a worker', per cloud (and type)."""
+
+    cloud: str
+    instance_type: str | None = Field(default=None, description="None: any type of that cloud")
+    samples_s: list[float] = Field(min_length=1)
+    source: Literal["measured", "default"] = "measured"
+
+    @model_validator(mode="after")
+    def _check(self) -> "StartupSamples":
+        if any(x < 0 for x in self.samples_s):
+            raise ValueError("startup samples must be non-negative seconds")
+        return self
+
+
+class Profile(_Model):
+    schema_version: Literal[1] = PROFILE_SCHEMA_VERSION
+    workload: Workload
+    measurements: list[LatencyMeasurement] = Field(min_length=1)
+    startup: list[StartupSamples] = Field(default_factory=list)
+    reference_device: str | None = None
+    device_speed: dict[str, float] = Field(default_factory=dict)
+    machine: dict[str, Any] = Field(default_factory=dict)
+    torch_version: str | None = None
+    created_at: str | None = None
+    fitted: dict[str, Any] | None = Field(default=None, description="the fitted model, for inspection only")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Profile":
+        for device, speed in self.device_speed.items():
+            if not speed > 0:
+                raise ValueError(f"device_speed.{device} must be positive")
+        if self.device_speed and self.reference_device is None:
+            raise ValueError("device_speed needs reference_device (the device speeds are relative to)")
+        return self
+
+    def devices(self) -> list[str]:
+        return sorted({m.device for m in self.measurements})
+
+
+def parse_profile(data: Any, *, source: str = "<profile>") -> Profile:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: a profile must be a JSON object; see docs/profile.md")
+    version = data.get("schema_version")
+    if version is not None and version != PROFILE_SCHEMA_VERSION:
+        raise ProfileError(f"{source}: profile schema_version {version!r} is not supported; "
+                           f"this rubberband reads version {PROFILE_SCHEMA_VERSION} (re-run `rubberband profile`)")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required field is missing; add it"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field; remove it or check its spelling"
+        raise ProfileError(f"{source}: profile field '{field}': {msg}") from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"profile {path} does not exist; run `rubberband profile` or set `profile:` "
+                           f"in the spec") from None
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}:{exc.lineno}: profile is not valid JSON ({exc.msg})") from None
+    return parse_profile(data, source=str(path))
+
+
+def write_profile(profile: Profile, path: str | Path) -> None:
+    """Write atomically: a half-written profile never appears under ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(profile.model_dump_json(indent=2, exclude_none=True) + "\n")
+    tmp.replace(path)

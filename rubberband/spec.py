@@ -1,0 +1,240 @@
+"""The job spec: what to tune, how (SHA / Hyperband), by when and where.
+
+Loaded from YAML and validated with pydantic; every problem becomes a one-line
+:class:`~rubberband.errors.SpecError` naming the field, its YAML line and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rubberband.errors import SpecError
+from rubberband.units import parse_duration
+
+CLOUDS = ("aws", "gcp", "local")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class UniformParam(_Strict):
+    type: Literal["uniform"]
+    low: float
+    high: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "UniformParam":
+        if not self.low < self.high:
+            raise ValueError("low must be smaller than high")
+        return self
+
+
+class LogUniformParam(_Strict):
+    type: Literal["loguniform"]
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "LogUniformParam":
+        if not self.low < self.high:
+            raise ValueError("low must be smaller than high")
+        return self
+
+
+class IntParam(_Strict):
+    type: Literal["int"]
+    low: int
+    high: int
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "IntParam":
+        if not self.low <= self.high:
+            raise ValueError("low must not exceed high")
+        return self
+
+
+class ChoiceParam(_Strict):
+    type: Literal["choice"]
+    values: list[Any] = Field(min_length=1)
+
+
+Param = Annotated[Union[UniformParam, LogUniformParam, IntParam, ChoiceParam], Field(discriminator="type")]
+
+
+class Metric(_Strict):
+    name: str = Field(min_length=1)
+    mode: Literal["min", "max"]
+
+
+class SchedulerSpec(_Strict):
+    """Successive halving (``sha``) or Hyperband (``hyperband``, brackets derived from R and η)."""
+
+    kind: Literal["sha", "hyperband"] = "sha"
+    trials: int | None = Field(default=None, ge=1)
+    eta: int = Field(default=3, ge=2)
+    min_epochs: int = Field(default=1, ge=1)
+    max_epochs: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SchedulerSpec":
+        if self.min_epochs > self.max_epochs:
+            raise ValueError("min_epochs must not exceed max_epochs")
+        if self.kind == "sha" and self.trials is None:
+            raise ValueError("trials is required for kind: sha")
+        return self
+
+
+class ResourceSpec(_Strict):
+    clouds: list[Literal["aws", "gcp", "local"]] = Field(default_factory=lambda: ["aws"], min_length=1)
+    regions: list[str] | None = None
+    instance_types: list[str] | None = None
+    spot: bool = False
+    max_workers_per_trial: int = Field(default=8, ge=1, le=1024)
+
+
+class JobSpec(_Strict):
+    """A validated job spec. Paths are absolute after :func:`load_spec`."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    train: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    metric: Metric
+    search_space: dict[str, Param] = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+    scheduler: SchedulerSpec
+    deadline_s: float
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    budget_usd: float | None = Field(default=None, gt=0)
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    profile: str | None = None
+    seed: int = 0
+    base_dir: str = "."
+
+    @field_validator("deadline_s", mode="before")
+    @classmethod
+    def _deadline(cls, value: Any) -> float:
+        return parse_duration(value)
+
+    @property
+    def train_module(self) -> str:
+        return self.train.split(":", 1)[0]
+
+    @property
+    def train_function(self) -> str:
+        return self.train.split(":", 1)[1]
+
+    def profile_path(self) -> Path | None:
+        if self.profile is None:
+            return None
+        path = Path(self.profile)
+        return path if path.is_absolute() else Path(self.base_dir) / path
+
+    def sha256(self) -> str:
+        """Stable digest of the spec's content (not its location), to tie plans and runs to it."""
+        payload = self.model_dump(mode="json", exclude={"base_dir"})
+        text = yaml.safe_dump(payload, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+_FIELD_ALIASES = {"deadline": "deadline_s", "budget": "budget_usd"}
+
+
+def _line_index(node: yaml.Node, prefix: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Map each key path of a composed YAML document (YAML field names) to its 1-based line."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            path = prefix + (key_node.value,)
+            out[path] = key_node.start_mark.line + 1
+            _line_index(value_node, path, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[prefix + (i,)] = item.start_mark.line + 1
+            _line_index(item, prefix + (i,), out)
+    return out
+
+
+def _describe(error: dict, lines: dict[tuple, int], source: str) -> str:
+    loc = [str(p) for p in error["loc"] if not (isinstance(p, str) and p in _TAGS)]
+    yaml_loc = tuple(_YAML_NAMES.get(p, p) if i == 0 else p for i, p in enumerate(loc))
+    line = None
+    for cut in range(len(yaml_loc), 0, -1):
+        key = tuple(int(p) if p.isdigit() else p for p in yaml_loc[:cut])
+        if key in lines:
+            line = lines[key]
+            break
+    field = ".".join(yaml_loc) or "(top level)"
+    where = f"{source}:{line}" if line else source
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown field; remove it or check its spelling"
+    elif error["type"] == "missing":
+        message = "required field is missing; add it"
+    elif error["type"] == "union_tag_invalid":
+        message = "type must be one of uniform, loguniform, int, choice"
+    elif error["type"] == "literal_error" and "expected" in error.get("ctx", {}):
+        message = f"must be one of {error['ctx']['expected']}"
+    return f"{where}: spec field '{field}': {message}"
+
+
+_TAGS = {"uniform", "loguniform", "int", "choice"}
+_YAML_NAMES = {v: k for k, v in _FIELD_ALIASES.items()}
+
+
+def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | Path = ".",
+               lines: dict[tuple, int] | None = None) -> JobSpec:
+    """Validate an already-parsed spec mapping; raise :class:`SpecError` on the first problem."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: the spec must be a YAML mapping of fields (name, train, metric, ...)")
+    data = {_FIELD_ALIASES.get(k, k): v for k, v in data.items()}
+    if "deadline_s" not in data:
+        raise SpecError(f"{source}: spec field 'deadline': required field is missing; add e.g. deadline: 2h")
+    data["base_dir"] = str(Path(base_dir).resolve())
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_describe(exc.errors()[0], lines or {}, source)) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read and validate a YAML job spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"spec file {path} does not exist; pass the path of a YAML job spec") from None
+    except OSError as exc:
+        raise SpecError(f"cannot read spec file {path}: {exc.strerror}") from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpecError(f"{where}: not valid YAML ({problem}); fix the syntax") from None
+    lines = _line_index(node) if node is not None else {}
+    return parse_spec(data, source=str(path), base_dir=path.parent, lines=lines)
+
+
+def sample_config(space: dict[str, Any], rng) -> dict[str, Any]:
+    """Draw one configuration from the search space with a numpy ``Generator``."""
+    config: dict[str, Any] = {}
+    for name, param in space.items():
+        if isinstance(param, UniformParam):
+            config[name] = float(rng.uniform(param.low, param.high))
+        elif isinstance(param, LogUniformParam):
+            config[name] = float(math.exp(rng.uniform(math.log(param.low), math.log(param.high))))
+        elif isinstance(param, IntParam):
+            config[name] = int(rng.integers(param.low, param.high + 1))
+        else:
+            config[name] = param.values[int(rng.integers(len(param.values)))]
+    return config

@@ -1,0 +1,54 @@
+"""Parsing and formatting of durations and money, shared by the spec and the CLI."""
+
+from __future__ import annotations
+
+import re
+
+_UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|hr|min|m|sec|s)")
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Return seconds for ``90m``, ``2h``, ``1h30m``, ``45s``, ``3600`` or a number.
+
+    Raises ``ValueError`` with the accepted forms on anything else.
+    """
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 90m, 2h, 1h30m or seconds")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        else:
+            pos, seconds = 0, 0.0
+            for match in _PART.finditer(text):
+                if match.start() != pos:
+                    break
+                seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+                pos = match.end()
+            if pos != len(text) or not text:
+                raise ValueError(f"cannot read duration {value!r}: use forms like 90m, 2h, 1h30m, 45s or seconds")
+    if not seconds > 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Human form: ``1h 23m``, ``4m 05s``, ``12.3s``."""
+    if seconds != seconds:  # NaN
+        return "n/a"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    total = int(round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s"
+
+
+def format_usd(amount: float) -> str:
+    """Dollars with cents, or four decimals below one dollar."""
+    return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.4f}"
