@@ -1,0 +1,78 @@
+"""The provider interface every backend implements: provision / wait / list / terminate.
+
+A provider turns "n instances of type T for run R, stage s" into real machines (EC2
+instances, GCE VMs, or Ray nodes on this machine for the local backend), tags each with
+the run id so nothing is ever left behind, and maps its cloud's error codes onto the
+shared failover vocabulary of :class:`~rubberband.errors.CloudError`
+(capacity, quota, transient, fatal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from rubberband.catalog import InstanceType
+
+#: Tag / label keys put on every instance (GCP label keys allow only [a-z0-9_-]).
+TAG_RUN_ID = "rubberband-run-id"
+TAG_STAGE = "rubberband-stage"
+TAG_VERSION = "rubberband-version"
+TAG_MANAGED = "rubberband-managed"
+
+
+@dataclass(frozen=True)
+class InstanceRequest:
+    """Ask for ``count`` instances of one type for one run and stage."""
+
+    run_id: str
+    stage: int
+    instance_type: InstanceType
+    count: int = 1
+    spot: bool = False
+    zone: str | None = None
+    startup_script: str | None = None
+    extra_tags: dict[str, str] = field(default_factory=dict)
+
+    def tags(self, version: str) -> dict[str, str]:
+        return {TAG_MANAGED: "true", TAG_RUN_ID: self.run_id, TAG_STAGE: str(self.stage),
+                TAG_VERSION: version.replace(".", "-"), **self.extra_tags}
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A provisioned instance as the provider last saw it."""
+
+    id: str
+    cloud: str
+    instance_type: str
+    zone: str
+    state: str  # pending | running | stopping | terminated
+    run_id: str
+    stage: int = 0
+    address: str | None = None
+    launched_at: float | None = None  # POSIX seconds, from the provider
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("pending", "running")
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """One cloud (or the local backend) behind four calls."""
+
+    cloud: str
+
+    def provision(self, request: InstanceRequest) -> list[Instance]:
+        """Request instances; raise CloudError(kind=capacity|quota|transient|fatal) on failure."""
+
+    def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
+        """Block until every instance is running (or raise CloudError); return their latest state."""
+
+    def list(self, run_id: str | None = None) -> list[Instance]:
+        """Every live rubberband-managed instance, optionally only those of one run."""
+
+    def terminate(self, instance_ids: list[str]) -> None:
+        """Terminate instances; idempotent (terminating a gone instance is not an error)."""
