@@ -148,6 +148,9 @@ class Plan(_Model):
     baselines: dict[str, Alternative] = Field(default_factory=dict)
     planner: PlannerInfo = Field(default_factory=PlannerInfo)
     profile_sha256: str | None = None
+    spec: dict[str, Any] | None = Field(default=None, description="the job spec the plan was made for "
+                                        "(JobSpec dump), so reports and the executor can re-plan")
+    profile_path: str | None = None
 
 
 def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:
