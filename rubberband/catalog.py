@@ -6,12 +6,17 @@ loader composes them into offerings such as ``n1-standard-8+V100x1`` (``a2-*`` a
 ``g2-*`` hosts come with their accelerator, so those keep the host's name).
 The ``local`` catalog prices the local backend's Ray nodes so that local runs are
 costed exactly like cloud runs.
+
+A refreshed catalog written by ``rubberband catalog update`` lives in the user catalog
+directory (``$RUBBERBAND_CATALOG_DIR`` or ``~/.rubberband/catalogs``); when it holds
+``<cloud>.csv`` that file replaces the shipped one. The shipped files always work offline.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -20,6 +25,7 @@ from pathlib import Path
 from rubberband.errors import CatalogError
 
 CATALOG_PACKAGE = "rubberband.catalogs"
+CATALOG_DIR_ENV = "RUBBERBAND_CATALOG_DIR"
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,9 @@ class InstanceType:
     spot_price_hr: float | None
     host_type: str = ""
     accelerator_memory_gib: float | None = None
+    # (zone, spot $/h) for every zone that sells this shape as spot, cheapest first.
+    # ``spot_price_hr`` is the cheapest of them; zones missing here have no spot offer.
+    zone_spot_prices: tuple[tuple[str, float], ...] = ()
 
     @property
     def workers(self) -> int:
@@ -79,12 +88,21 @@ class InstanceType:
         """Unique id across clouds and regions: ``aws:us-east-1:p3.2xlarge``."""
         return f"{self.cloud}:{self.region}:{self.name}"
 
+    @property
+    def spot_zones(self) -> tuple[str, ...]:
+        """Zones that sell this shape as spot, cheapest first (try them in this order)."""
+        return tuple(zone for zone, _ in self.zone_spot_prices)
+
     def price(self, spot: bool = False) -> float:
         if spot:
             if self.spot_price_hr is None:
                 raise CatalogError(f"{self.name} in {self.region} has no spot price; set resources.spot: false")
             return self.spot_price_hr
         return self.price_hr
+
+    def price_per_worker(self, spot: bool = False) -> float:
+        """$/hour for one trial worker (one accelerator, or one vCPU on CPU-only types)."""
+        return self.price(spot) / self.workers
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,8 @@ class Catalog:
 
     types: tuple[InstanceType, ...]
     dates: dict[str, str] = field(default_factory=dict)
+    # Which file each cloud's rows came from (a path, or ``shipped:<cloud>.csv``).
+    sources: dict[str, str] = field(default_factory=dict)
 
     def clouds(self) -> list[str]:
         return sorted({t.cloud for t in self.types})
@@ -137,8 +157,9 @@ class Catalog:
             types = [t for t in types if t.name in names]
         if spot:
             types = [t for t in types if t.spot_price_hr is not None]
-        return Catalog(types=tuple(types), dates={c: d for c, d in self.dates.items()
-                                                  if any(t.cloud == c for t in types)})
+        kept = {t.cloud for t in types}
+        return Catalog(types=tuple(types), dates={c: d for c, d in self.dates.items() if c in kept},
+                       sources={c: s for c, s in self.sources.items() if c in kept})
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -148,9 +169,17 @@ _AWS_COLUMNS = ["InstanceType", "AcceleratorName", "AcceleratorCount", "vCPUs", 
                 "Price", "SpotPrice", "Region", "AvailabilityZone"]
 _GCP_COLUMNS = ["InstanceType", "vCPUs", "MemoryGiB", "AcceleratorName", "AcceleratorCount", "GpuInfo",
                 "Region", "AvailabilityZone", "Price", "SpotPrice"]
-# Which accelerator counts may attach to which n1 hosts (GCP's documented combinations, abridged).
-_N1_ATTACH = {"V100": {1: 8, 2: 16, 4: 32, 8: 64}, "T4": {1: 8, 2: 16, 4: 32}}
-_GPU_MEMORY = {"V100": 16, "T4": 16, "A10G": 24, "A100": 40, "A100-80GB": 80, "H100": 80, "L4": 24, "CPU": None}
+# GPUs that attach to N1 hosts, by count: the largest host GCP allows, as (max vCPUs, max memory GiB).
+# Source: GCP "GPU machine types" (N1 general-purpose with attached GPUs). A count missing here cannot
+# be attached (e.g. 8 T4s). Other GPUs (A100, L4, H100) come only bundled with a2/g2/a3 hosts.
+N1_GPU_LIMITS: dict[str, dict[int, tuple[int, float]]] = {
+    "V100": {1: (12, 78), 2: (24, 156), 4: (48, 312), 8: (96, 624)},
+    "T4": {1: (48, 312), 2: (48, 312), 4: (96, 624)},
+    "P100": {1: (16, 104), 2: (32, 208), 4: (64, 208)},
+    "P4": {1: (24, 156), 2: (48, 312), 4: (96, 624)},
+}
+_GPU_MEMORY = {"V100": 16, "V100-32GB": 32, "T4": 16, "A10G": 24, "A100": 40, "A100-80GB": 80, "H100": 80,
+               "L4": 24, "P100": 16, "P4": 8, "CPU": None}
 
 
 def _float(value: str, *, path: Path, line: int, column: str) -> float | None:
@@ -185,7 +214,13 @@ def _read_rows(path: Path, text: str, columns: list[str]) -> tuple[str, list[tup
     return date, rows
 
 
+def _zone_spots(pairs: list[tuple[str, float | None]]) -> tuple[tuple[str, float], ...]:
+    """(zone, spot) pairs with a spot price, cheapest first, ties by zone name."""
+    return tuple(sorted(((z, p) for z, p in pairs if p is not None), key=lambda zp: (zp[1], zp[0])))
+
+
 def _aws_like(cloud: str, path: Path, text: str) -> tuple[str, list[InstanceType]]:
+    """AWS layout: one row per (type, region, zone); on-demand is regional, spot is per zone."""
     date, rows = _read_rows(path, text, _AWS_COLUMNS)
     grouped: dict[tuple[str, str], dict] = {}
     for line, row in rows:
@@ -195,26 +230,55 @@ def _aws_like(cloud: str, path: Path, text: str) -> tuple[str, list[InstanceType
         price = _float(row["Price"], path=path, line=line, column="Price")
         if price is None or price <= 0:
             raise CatalogError(f"{path}:{line}: Price must be a positive $/hour figure")
-        entry = grouped.setdefault((name, region), {"row": row, "line": line, "zones": []})
-        entry["zones"].append(row["AvailabilityZone"].strip())
+        spot = _float(row["SpotPrice"], path=path, line=line, column="SpotPrice")
+        if spot is not None and spot <= 0:
+            raise CatalogError(f"{path}:{line}: SpotPrice must be a positive $/hour figure or empty")
+        entry = grouped.setdefault((name, region), {"row": row, "line": line, "zones": [], "prices": []})
+        zone = row["AvailabilityZone"].strip()
+        if zone and zone not in [z for z, _ in entry["zones"]]:
+            entry["zones"].append((zone, spot))
+        entry["prices"].append(price)
     types = []
     for (name, region), entry in grouped.items():
         row, line = entry["row"], entry["line"]
         accel = (row["AcceleratorName"] or "").strip()
         count = int(_float(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount") or 0)
         device = accel if accel and count > 0 else "CPU"
+        zone_spots = _zone_spots(entry["zones"])
         types.append(InstanceType(
-            cloud=cloud, name=name, region=region, zones=tuple(z for z in entry["zones"] if z),
+            cloud=cloud, name=name, region=region, zones=tuple(z for z, _ in entry["zones"]),
             device=device, accelerator_count=count if device != "CPU" else 0,
             vcpus=_float(row["vCPUs"], path=path, line=line, column="vCPUs") or 0.0,
             memory_gib=_float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB") or 0.0,
-            price_hr=_float(row["Price"], path=path, line=line, column="Price"),
-            spot_price_hr=_float(row["SpotPrice"], path=path, line=line, column="SpotPrice"),
-            host_type=name, accelerator_memory_gib=_GPU_MEMORY.get(device)))
+            # On-demand is one regional price; should zones disagree, plan with the dearest.
+            price_hr=max(entry["prices"]),
+            spot_price_hr=zone_spots[0][1] if zone_spots else None,
+            host_type=name, accelerator_memory_gib=_GPU_MEMORY.get(device), zone_spot_prices=zone_spots))
     return date, types
 
 
+def n1_accepts(accelerator: str, count: int, vcpus: float, memory_gib: float) -> bool:
+    """Whether GCP lets ``count`` x ``accelerator`` attach to an N1 host of this size."""
+    limit = N1_GPU_LIMITS.get(accelerator, {}).get(count)
+    return limit is not None and vcpus <= limit[0] and memory_gib <= limit[1]
+
+
+def _compose(name: str, region: str, host: dict, gpu: dict, accel: str, count: int, vcpus: float,
+             memory: float, host_type: str) -> InstanceType | None:
+    """A host plus its GPU row: prices add, zones intersect; None when no zone sells both."""
+    zones = tuple(z for z in host["zones"] if z in gpu["zones"])
+    if not zones:
+        return None
+    # Rounded to the catalogs' own precision so sums print as 0.89, not 0.8899999999999999.
+    spot = None if host["spot"] is None or gpu["spot"] is None else round(host["spot"] + gpu["spot"], 6)
+    return InstanceType("gcp", name, region, zones, accel, count, vcpus, memory,
+                        round(host["price"] + gpu["price"], 6),
+                        spot, host_type=host_type, accelerator_memory_gib=_GPU_MEMORY.get(accel),
+                        zone_spot_prices=() if spot is None else tuple((z, spot) for z in zones))
+
+
 def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
+    """GCP layout: host rows and GPU rows (empty InstanceType) priced apart; offerings add them up."""
     date, rows = _read_rows(path, text, _GCP_COLUMNS)
     hosts: dict[tuple[str, str], dict] = {}
     gpus: dict[tuple[str, int, str], dict] = {}
@@ -225,46 +289,46 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
         spot = _float(row["SpotPrice"], path=path, line=line, column="SpotPrice")
         if price is None or price <= 0:
             raise CatalogError(f"{path}:{line}: Price must be a positive $/hour figure")
+        if spot is not None and spot <= 0:
+            raise CatalogError(f"{path}:{line}: SpotPrice must be a positive $/hour figure or empty")
         name = row["InstanceType"].strip()
         if name:
             entry = hosts.setdefault((name, region), {"row": row, "line": line, "zones": [], "price": price,
                                                       "spot": spot})
-            entry["zones"].append(zone)
         else:
             accel = row["AcceleratorName"].strip()
             count = int(_float(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount") or 0)
             if not accel or count <= 0:
                 raise CatalogError(f"{path}:{line}: a row without InstanceType must name an accelerator and count")
             entry = gpus.setdefault((accel, count, region), {"zones": [], "price": price, "spot": spot})
-            entry["zones"].append(zone)
+        entry["zones"].append(zone)
     types: list[InstanceType] = []
     for (name, region), host in hosts.items():
         row, line = host["row"], host["line"]
         vcpus = _float(row["vCPUs"], path=path, line=line, column="vCPUs") or 0.0
         memory = _float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB") or 0.0
         bundled = (row["AcceleratorName"] or "").strip()
-        if bundled:  # a2-*/g2-*: the host comes with its accelerators, priced separately
+        if bundled:  # a2-*/g2-*: the host comes with its accelerators, priced by a GPU row
             count = int(_float(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount") or 0)
             gpu = gpus.get((bundled, count, region))
             if gpu is None:
                 raise CatalogError(f"{path}:{line}: {name} needs a price row for {count}x {bundled} in {region}")
-            zones = tuple(z for z in host["zones"] if z in gpu["zones"])
-            spot = None if host["spot"] is None or gpu["spot"] is None else host["spot"] + gpu["spot"]
-            types.append(InstanceType("gcp", name, region, zones, bundled, count, vcpus, memory,
-                                      host["price"] + gpu["price"], spot, host_type=name,
-                                      accelerator_memory_gib=_GPU_MEMORY.get(bundled)))
+            offering = _compose(name, region, host, gpu, bundled, count, vcpus, memory, name)
+            if offering is None:
+                raise CatalogError(f"{path}:{line}: {name} and its {count}x {bundled} row share no zone in {region}")
+            types.append(offering)
         elif name.startswith("n1-"):
-            for (accel, count, gpu_region), gpu in gpus.items():
-                max_vcpus = _N1_ATTACH.get(accel, {}).get(count)
-                if gpu_region != region or max_vcpus is None or vcpus > max_vcpus:
+            for (accel, count, gpu_region), gpu in sorted(gpus.items()):
+                if gpu_region != region or not n1_accepts(accel, count, vcpus, memory):
                     continue
-                zones = tuple(z for z in host["zones"] if z in gpu["zones"])
-                if not zones:
-                    continue
-                spot = None if host["spot"] is None or gpu["spot"] is None else host["spot"] + gpu["spot"]
-                types.append(InstanceType("gcp", f"{name}+{accel}x{count}", region, zones, accel, count, vcpus,
-                                          memory, host["price"] + gpu["price"], spot, host_type=name,
-                                          accelerator_memory_gib=_GPU_MEMORY.get(accel)))
+                offering = _compose(f"{name}+{accel}x{count}", region, host, gpu, accel, count, vcpus, memory,
+                                    name)
+                if offering is not None:
+                    types.append(offering)
+        else:  # a CPU-only host (e.g. n2-*): offered as it is
+            spots = _zone_spots([(z, host["spot"]) for z in host["zones"]])
+            types.append(InstanceType("gcp", name, region, tuple(host["zones"]), "CPU", 0, vcpus, memory,
+                                      host["price"], host["spot"], host_type=name, zone_spot_prices=spots))
     return date, types
 
 
@@ -281,24 +345,49 @@ def parse_catalog(cloud: str, text: str, *, path: Path | str = "<catalog>") -> C
     return Catalog(types=tuple(types), dates={cloud: date})
 
 
-def load_catalog(clouds: list[str] | None = None, *, directory: Path | str | None = None) -> Catalog:
-    """Load the shipped catalogs (or those in ``directory``) for the given clouds."""
+def user_catalog_dir(environ: dict[str, str] | None = None) -> Path:
+    """Where refreshed catalogs live: ``$RUBBERBAND_CATALOG_DIR``, else ``~/.rubberband/catalogs``."""
+    environ = os.environ if environ is None else environ
+    override = environ.get(CATALOG_DIR_ENV, "").strip()
+    return Path(override).expanduser() if override else Path.home() / ".rubberband" / "catalogs"
+
+
+def shipped_catalog_text(cloud: str) -> str:
+    """The CSV text rubberband ships for ``cloud`` (always present, works offline)."""
+    if cloud not in BILLING_RULES:
+        raise CatalogError(f"unknown cloud {cloud!r}; use aws, gcp or local")
+    return resources.files(CATALOG_PACKAGE).joinpath(f"{cloud}.csv").read_text()
+
+
+def load_catalog(clouds: list[str] | None = None, *, directory: Path | str | None = None,
+                 user_dir: Path | str | None = None) -> Catalog:
+    """Load each cloud's catalog.
+
+    With ``directory`` every cloud must have ``<directory>/<cloud>.csv``. Otherwise a refreshed
+    ``<cloud>.csv`` in the user catalog directory (``user_dir``, default :func:`user_catalog_dir`)
+    wins, and the shipped file is used for clouds it lacks.
+    """
     clouds = clouds or ["aws", "gcp", "local"]
     types: list[InstanceType] = []
     dates: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    user = Path(user_dir) if user_dir is not None else user_catalog_dir()
     for cloud in clouds:
+        if cloud not in BILLING_RULES:
+            raise CatalogError(f"unknown cloud {cloud!r}; use aws, gcp or local")
         if directory is not None:
             path = Path(directory) / f"{cloud}.csv"
             if not path.exists():
                 raise CatalogError(f"catalog {path} does not exist; expected one CSV per cloud named <cloud>.csv")
-            text = path.read_text()
+            text, source = path.read_text(), str(path)
+        elif (user / f"{cloud}.csv").is_file():
+            path = user / f"{cloud}.csv"
+            text, source = path.read_text(), str(path)
         else:
-            if cloud not in BILLING_RULES:
-                raise CatalogError(f"unknown cloud {cloud!r}; use aws, gcp or local")
-            resource = resources.files(CATALOG_PACKAGE.rsplit(".", 1)[0]).joinpath("catalogs", f"{cloud}.csv")
-            path = Path(str(resource))
-            text = resource.read_text()
+            path = Path(f"{CATALOG_PACKAGE}/{cloud}.csv")
+            text, source = shipped_catalog_text(cloud), f"shipped:{cloud}.csv"
         catalog = parse_catalog(cloud, text, path=path)
         types.extend(catalog.types)
         dates.update(catalog.dates)
-    return Catalog(types=tuple(types), dates=dates)
+        sources[cloud] = source
+    return Catalog(types=tuple(types), dates=dates, sources=sources)
