@@ -11,7 +11,7 @@ from rich.table import Table
 
 from rubberband.catalog import BILLING_RULES, Catalog, InstanceType, load_catalog, user_catalog_dir
 from rubberband.catalog_aws import AwsCatalogFetcher, render_aws_csv, shipped_aws_catalog, write_atomically
-from rubberband.console import stderr, stdout
+from rubberband.console import stdout
 from rubberband.errors import CatalogError, InputError
 
 ORDER = 50
@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
             console.width = max(console.width, 180)
         console.print(table)
         if not types:
-            stderr().print("no offerings match these filters")
+            typer.echo("no offerings match these filters", err=True)
 
     @catalog_app.command("update")
     def update(
@@ -128,11 +128,11 @@ def register(app: typer.Typer) -> None:
                   f"{' from ' + endpoint if endpoint else ''} by `rubberband catalog update aws`")
         text = render_aws_csv(rows, date=now.strftime("%Y-%m-%d"), source=source)
         target = write_atomically(user_catalog_dir() if out is None else _out_dir(out), "aws.csv", text)
-        note = stderr()
         for warning in fetcher.warnings:
-            note.print(f"warning: {warning}")
+            typer.echo(f"warning: {warning}", err=True)
         kinds = len({r.instance_type for r in rows})
-        note.print(f"wrote {target}: {len(rows)} rows, {kinds} instance types, regions {', '.join(regions)}")
+        typer.echo(f"wrote {target}: {len(rows)} rows, {kinds} instance types, regions {', '.join(regions)}",
+                   err=True)
 
 
 def _out_dir(out: str):
