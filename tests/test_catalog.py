@@ -4,6 +4,12 @@ from rubberband.catalog import BILLING_RULES, BillingRule, load_catalog, parse_c
 from rubberband.errors import CatalogError
 
 
+@pytest.fixture(autouse=True)
+def _shipped_catalogs_only(tmp_path, monkeypatch):
+    """Read what rubberband ships, whatever the machine's ~/.rubberband/catalogs holds."""
+    monkeypatch.setenv("RUBBERBAND_CATALOG_DIR", str(tmp_path / "no-user-catalogs"))
+
+
 def test_shipped_catalogs_load_and_are_dated():
     catalog = load_catalog()
     assert set(catalog.clouds()) == {"aws", "gcp", "local"}
