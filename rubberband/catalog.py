@@ -170,8 +170,9 @@ _AWS_COLUMNS = ["InstanceType", "AcceleratorName", "AcceleratorCount", "vCPUs", 
 _GCP_COLUMNS = ["InstanceType", "vCPUs", "MemoryGiB", "AcceleratorName", "AcceleratorCount", "GpuInfo",
                 "Region", "AvailabilityZone", "Price", "SpotPrice"]
 # GPUs that attach to N1 hosts, by count: the largest host GCP allows, as (max vCPUs, max memory GiB).
-# Source: GCP "GPU machine types" (N1 general-purpose with attached GPUs). A count missing here cannot
-# be attached (e.g. 8 T4s). Other GPUs (A100, L4, H100) come only bundled with a2/g2/a3 hosts.
+# Source: cloud.google.com/compute/docs/gpus (N1 with attached GPUs; SkyPilot's gcp_catalog.py has the
+# same table). 4x P100 keeps the smaller limit of us-east1-c / europe-west1-b,d. A count missing here
+# cannot be attached (e.g. 8 T4s). A100, L4 and H100 come only bundled with a2/g2/a3 hosts.
 N1_GPU_LIMITS: dict[str, dict[int, tuple[int, float]]] = {
     "V100": {1: (12, 78), 2: (24, 156), 4: (48, 312), 8: (96, 624)},
     "T4": {1: (48, 312), 2: (48, 312), 4: (96, 624)},

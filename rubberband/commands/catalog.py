@@ -110,8 +110,8 @@ def register(app: typer.Typer) -> None:
                                           "shipped catalog's regions."),
         types: list[str] = typer.Option(None, "--type", help="Instance type to refresh (repeat); default: the "
                                         "shipped catalog's types."),
-        out: str = typer.Option(None, "--out", help=f"Directory for the refreshed <cloud>.csv; default "
-                                f"${'{'}RUBBERBAND_CATALOG_DIR{'}'} or ~/.rubberband/catalogs."),
+        out: str = typer.Option(None, "--out", help="Directory for the refreshed aws.csv; default "
+                                "$RUBBERBAND_CATALOG_DIR or ~/.rubberband/catalogs."),
     ) -> None:
         """Refresh AWS prices through boto3 (Price List API + spot price history) into a dated CSV."""
         if cloud != "aws":
