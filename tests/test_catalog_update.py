@@ -10,7 +10,7 @@ from moto.core.responses import ActionResult
 from moto.ec2.responses.spot_instances import SpotInstances
 
 from rubberband.catalog import load_catalog, parse_catalog
-from tests.catalog_helpers import aws_env, moto_with_prices
+from catalog_helpers import aws_env, moto_with_prices
 
 PRICES = {("g5.xlarge", "us-east-1"): 1.006, ("p4d.24xlarge", "us-east-1"): 32.7726,
           ("p3.8xlarge", "us-east-1"): 12.24, ("g4dn.xlarge", "us-east-1"): 0.526}
