@@ -89,6 +89,14 @@ def _client_error(exc: Exception, what: str) -> CatalogError:
     return CatalogError(f"AWS {what} failed: {type(exc).__name__}: {exc}")
 
 
+def zone_names_by_id(ec2) -> dict[str, str]:
+    """Zone ID -> this account's zone name (``use1-az1`` -> ``us-east-1b``) for one region's ec2 client.
+
+    The catalog lists AWS zones by ID; RunInstances' ``Placement.AvailabilityZone`` wants a name.
+    """
+    return {zone_id: name for name, zone_id in AwsCatalogFetcher._zone_ids(ec2).items()}
+
+
 class AwsCatalogFetcher:
     """Reads prices, zones and hardware for a set of types and regions from AWS."""
 

@@ -10,6 +10,7 @@ from moto.core.responses import ActionResult
 from moto.ec2.responses.spot_instances import SpotInstances
 
 from rubberband.catalog import load_catalog, parse_catalog
+from rubberband.catalog_aws import zone_names_by_id
 from catalog_helpers import aws_env, moto_with_prices
 
 PRICES = {("g5.xlarge", "us-east-1"): 1.006, ("p4d.24xlarge", "us-east-1"): 32.7726,
@@ -17,9 +18,13 @@ PRICES = {("g5.xlarge", "us-east-1"): 1.006, ("p4d.24xlarge", "us-east-1"): 32.7
 
 
 def _zone_ids(endpoint: str) -> dict[str, str]:
+    """Zone name -> zone ID as the moto server reports them (checked against zone_names_by_id)."""
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint, aws_access_key_id="testing",
                        aws_secret_access_key="testing")
-    return {z["ZoneName"]: z["ZoneId"] for z in ec2.describe_availability_zones()["AvailabilityZones"]}
+    ids = {z["ZoneName"]: z["ZoneId"] for z in ec2.describe_availability_zones()["AvailabilityZones"]}
+    assert zone_names_by_id(ec2) == {zone_id: name for name, zone_id in ids.items()}
+    assert len(set(ids.values())) == len(ids)
+    return ids
 
 
 def test_update_writes_a_dated_catalog_that_load_catalog_then_prefers(cli, tmp_path):
