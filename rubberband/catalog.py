@@ -302,7 +302,8 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
             if not accel or count <= 0:
                 raise CatalogError(f"{path}:{line}: a row without InstanceType must name an accelerator and count")
             entry = gpus.setdefault((accel, count, region), {"zones": [], "price": price, "spot": spot})
-        entry["zones"].append(zone)
+        if zone not in entry["zones"]:  # upstream files sometimes repeat a zone
+            entry["zones"].append(zone)
     types: list[InstanceType] = []
     for (name, region), host in hosts.items():
         row, line = host["row"], host["line"]
@@ -385,7 +386,7 @@ def load_catalog(clouds: list[str] | None = None, *, directory: Path | str | Non
             path = user / f"{cloud}.csv"
             text, source = path.read_text(), str(path)
         else:
-            path = Path(f"{CATALOG_PACKAGE}/{cloud}.csv")
+            path = Path(str(resources.files(CATALOG_PACKAGE).joinpath(f"{cloud}.csv")))
             text, source = shipped_catalog_text(cloud), f"shipped:{cloud}.csv"
         catalog = parse_catalog(cloud, text, path=path)
         types.extend(catalog.types)
