@@ -19,6 +19,7 @@ TAG_RUN_ID = "rubberband-run-id"
 TAG_STAGE = "rubberband-stage"
 TAG_VERSION = "rubberband-version"
 TAG_MANAGED = "rubberband-managed"
+TAG_ROLE = "rubberband-role"  # head | worker (added by the cloud providers; optional)
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,14 @@ class Instance:
     state: str  # pending | running | stopping | terminated
     run_id: str
     stage: int = 0
-    address: str | None = None
+    address: str | None = None  # private address (what Ray nodes of the run use)
     launched_at: float | None = None  # POSIX seconds, from the provider
     tags: dict[str, str] = field(default_factory=dict)
+    public_address: str | None = None  # for SSH from the user's machine, when the instance has one
+
+    @property
+    def role(self) -> str:
+        return self.tags.get(TAG_ROLE, "worker")
 
     @property
     def alive(self) -> bool:

@@ -1,0 +1,143 @@
+"""Fixtures for cloud tests: a moto EC2 server (server mode) with fault injection, fake credentials.
+
+Reusable by end-to-end tests that run the CLI in a subprocess: ``moto_env`` returns the
+environment (``AWS_ENDPOINT_URL`` and fake keys) to pass to it. The server runs in a thread
+of the test process, so patching moto's backend here injects faults into what the
+subprocess sees too.
+
+Usage in a test module::
+
+    from cloud_helpers import moto_server, moto_env, ec2_faults  # noqa: F401  (fixtures; tests/ is on sys.path)
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+#: Fake keys; tests grep logs and user-data for them to prove they never leak.
+FAKE_ACCESS_KEY = "AKIARUBBERBANDTEST01"
+FAKE_SECRET_KEY = "rbFakeSecretKeyDoNotLog0123456789abcdefgh"
+REGION = "us-east-1"
+
+
+@dataclass
+class MotoServer:
+    url: str
+
+    def reset(self) -> None:
+        request = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST")
+        urllib.request.urlopen(request, timeout=10).read()
+
+
+@pytest.fixture(scope="session")
+def _moto_session_server() -> Iterator[MotoServer]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield MotoServer(url=f"http://{host}:{port}")
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def moto_server(_moto_session_server: MotoServer) -> Iterator[MotoServer]:
+    """One moto server for the session, reset before each test."""
+    _moto_session_server.reset()
+    yield _moto_session_server
+    _moto_session_server.reset()
+
+
+@pytest.fixture
+def moto_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path) -> dict[str, str]:
+    """Point boto3 (in this process and in subprocesses given the returned env) at the moto server."""
+    env = {
+        "AWS_ENDPOINT_URL": moto_server.url,
+        "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_KEY,
+        "AWS_DEFAULT_REGION": REGION,
+        # never read the developer's real AWS configuration
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@dataclass
+class Ec2Faults:
+    """Faults the moto server raises from run_instances (and any action, for denied permissions).
+
+    ``capacity``: zones (or ``"*"``) where InsufficientInstanceCapacity is raised, optionally
+    only for the types in ``capacity_types``; ``quota``: raise VcpuLimitExceeded (or
+    MaxSpotInstanceCountExceeded for spot requests); ``throttle``: raise RequestLimitExceeded
+    this many more times; ``denied``: EC2 actions answered with UnauthorizedOperation
+    (also under DryRun). ``calls`` records (zone, type, spot) of every run_instances call.
+    """
+
+    capacity: set[str] = field(default_factory=set)
+    capacity_types: set[str] = field(default_factory=set)
+    quota: bool = False
+    throttle: int = 0
+    denied: set[str] = field(default_factory=set)
+    calls: list[tuple[str | None, str, bool]] = field(default_factory=list)
+
+
+@pytest.fixture
+def ec2_faults(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Ec2Faults:
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.instances import InstanceBackend
+    from moto.ec2.responses._base_response import EC2BaseResponse
+
+    faults = Ec2Faults()
+    original_run = InstanceBackend.run_instances
+    original_dryrun = EC2BaseResponse.error_on_dryrun
+
+    def run_instances(self, image_id, count, user_data, security_group_names, **kwargs):
+        zone = kwargs.get("placement")
+        itype = kwargs.get("instance_type", "")
+        spot = bool(kwargs.get("instance_market_options"))
+        faults.calls.append((zone, itype, spot))
+        if faults.throttle > 0:
+            faults.throttle -= 1
+            raise EC2ClientError("RequestLimitExceeded", "Request limit exceeded.")
+        if faults.quota:
+            if spot:
+                raise EC2ClientError("MaxSpotInstanceCountExceeded", "Max spot instance count exceeded")
+            raise EC2ClientError("VcpuLimitExceeded", "You have requested more vCPU capacity than your current "
+                                 "vCPU limit of 0 allows for the instance bucket that the specified instance type "
+                                 "belongs to.")
+        if (zone in faults.capacity or "*" in faults.capacity) and \
+                (not faults.capacity_types or itype in faults.capacity_types):
+            raise EC2ClientError("InsufficientInstanceCapacity", f"We currently do not have sufficient {itype} "
+                                 f"capacity in the Availability Zone you requested ({zone}).")
+        return original_run(self, image_id, count, user_data, security_group_names, **kwargs)
+
+    def error_on_dryrun(self):
+        action = self._get_action()
+        if action in faults.denied:
+            raise EC2ClientError("UnauthorizedOperation", "You are not authorized to perform this operation. "
+                                 "Encoded authorization failure message: abc123")
+        return original_dryrun(self)
+
+    monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
+    monkeypatch.setattr(EC2BaseResponse, "error_on_dryrun", error_on_dryrun)
+    return faults
+
+
+def moto_ami(region: str = REGION) -> str:
+    """An AMI id moto knows (its bundled Amazon Linux images)."""
+    import boto3
+
+    images = boto3.client("ec2", region_name=region).describe_images(Owners=["amazon"])["Images"]
+    return sorted(i["ImageId"] for i in images)[0]
