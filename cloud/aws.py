@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import base64
-import ipaddress
 import os
 import time
 import uuid
@@ -27,7 +26,7 @@ import botocore.exceptions
 from botocore.config import Config
 
 from rubberband import __version__
-from rubberband.cloud.bootstrap import assert_no_credentials, validate_run_id
+from rubberband.cloud.bootstrap import assert_no_credentials, check_ssh_cidr, validate_run_id
 from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify
 from rubberband.cloud.provider import (TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest)
 from rubberband.errors import CloudError, InputError
@@ -67,7 +66,7 @@ class AwsProvider:
         if self.session.get_credentials() is None:
             raise classify("aws", "NoCredentials", "boto3 found no credentials", region=region)
         self.region = region
-        self.ssh_cidr = _check_cidr(ssh_cidr) if ssh_cidr else None
+        self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
         self.key_name = key_name
         self.instance_profile = instance_profile
         self.vpc_id = vpc_id
@@ -271,6 +270,10 @@ class AwsProvider:
                         if not inner.code.startswith("InvalidInstanceID"):
                             raise
 
+    def set_labels(self, instance_id: str, labels: dict[str, str]) -> None:
+        """Merge tags into an instance's tags (e.g. a new stage when an instance is reused)."""
+        self._call("CreateTags", lambda: self.ec2.create_tags(Resources=[instance_id], Tags=_tag_list(labels)))
+
     # -- run-level resources ------------------------------------------------------------------
 
     def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
@@ -323,17 +326,6 @@ class AwsProvider:
                         run_id=tags.get(TAG_RUN_ID, ""), stage=stage, address=raw.get("PrivateIpAddress"),
                         launched_at=launched.timestamp() if launched is not None else None, tags=tags,
                         public_address=raw.get("PublicIpAddress"))
-
-
-def _check_cidr(cidr: str) -> str:
-    try:
-        network = ipaddress.ip_network(cidr, strict=False)
-    except ValueError:
-        raise InputError(f"SSH CIDR {cidr!r} is not a network address; give e.g. 203.0.113.7/32") from None
-    if network.prefixlen == 0:
-        raise InputError(f"SSH CIDR {cidr} would open SSH to the whole internet; give your own address, "
-                         f"e.g. 203.0.113.7/32")
-    return str(network)
 
 
 def decode_user_data(value: str) -> str:

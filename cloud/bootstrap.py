@@ -18,6 +18,7 @@ cloud access from their instance role / service account.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
@@ -58,6 +59,18 @@ def cloud_run_id(text: str) -> str:
         return clean
     digest = hashlib.sha256(text.encode()).hexdigest()[:6]
     return f"{clean[:34].rstrip('-')}-{digest}"
+
+
+def check_ssh_cidr(cidr: str) -> str:
+    """A CIDR SSH may come from; the whole internet (a /0) is refused."""
+    try:
+        network = ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        raise InputError(f"SSH CIDR {cidr!r} is not a network address; give e.g. 203.0.113.7/32") from None
+    if network.prefixlen == 0:
+        raise InputError(f"SSH CIDR {cidr} would open SSH to the whole internet; give your own address, "
+                         f"e.g. 203.0.113.7/32")
+    return str(network)
 
 
 def assert_no_credentials(text: str, *, what: str = "startup script") -> str:
