@@ -73,6 +73,13 @@ def check_ssh_cidr(cidr: str) -> str:
     return str(network)
 
 
+def redact(text: str) -> str:
+    """Replace anything credential-like in ``text`` (e.g. a provider's error message) with ``[redacted]``."""
+    for pattern in _CREDENTIAL_PATTERNS:
+        text = pattern.sub("[redacted]", text)
+    return text
+
+
 def assert_no_credentials(text: str, *, what: str = "startup script") -> str:
     """Raise if ``text`` contains anything that looks like a credential; return it unchanged otherwise."""
     for pattern in _CREDENTIAL_PATTERNS:

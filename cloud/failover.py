@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from rubberband.cloud.provider import Instance, InstanceRequest, Provider
 from rubberband.catalog import Catalog, InstanceType
+from rubberband.cloud.bootstrap import redact
 from rubberband.errors import CloudError
 
 T = TypeVar("T")
@@ -121,7 +122,7 @@ def gcp_quota_name(message: str, metric: str | None = None) -> str | None:
 
 
 def _one_line(text: str, limit: int = 240) -> str:
-    text = " ".join(str(text or "").split())
+    text = redact(" ".join(str(text or "").split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

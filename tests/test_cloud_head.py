@@ -1,0 +1,141 @@
+"""The run's head: startup scripts, the watchdog's decisions, and self-termination against moto."""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+
+import boto3
+import pytest
+from cloud_helpers import REGION, _moto_session_server, ec2_faults, moto_ami, moto_env, moto_server  # noqa: F401
+
+from rubberband.catalog import load_catalog
+from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.bootstrap import (BootstrapConfig, WatchdogSettings, cloud_run_id, render_startup_script,
+                                        validate_run_id)
+from rubberband.cloud.head import (DONE_MARKER, Observation, decide, observe, provision_head, self_terminate,
+                                   watch, worker_startup_script)
+from rubberband.cloud.provider import TAG_ROLE, InstanceRequest
+from rubberband.errors import CloudError, InputError
+
+SETTINGS = WatchdogSettings(submit_timeout_s=600, stall_timeout_s=900, done_grace_s=300, max_lifetime_s=86400,
+                            poll_s=30)
+G4 = load_catalog(["aws"]).find("g4dn.xlarge", region=REGION)
+
+
+def obs(now, *, submitted=True, progress=None, done=None, booted=0.0) -> Observation:
+    return Observation(now=now, booted_at=booted, submitted=submitted, last_progress_at=progress, done_at=done)
+
+
+@pytest.mark.parametrize("observation, terminate, reason", [
+    (obs(100, submitted=False), False, "waiting for the run"),
+    (obs(600, submitted=False), True, "no run was submitted within 600s"),
+    (obs(1000, progress=500), False, "running"),
+    (obs(1400, progress=500), True, "no progress for 900s"),
+    (obs(1000, progress=None), True, "no progress for 1000s"),  # submitted but never progressed
+    (obs(1000, progress=900, done=900), False, "waiting for the CLI"),
+    (obs(1200, progress=900, done=900), True, "finished 300s ago"),
+    (obs(86400, progress=86399), True, "maximum lifetime"),
+])
+def test_decide(observation, terminate, reason):
+    decision = decide(observation, SETTINGS)
+    assert decision.terminate is terminate and reason in decision.reason
+
+
+def test_observe_reads_the_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    assert observe(run_dir, 0, 10) == Observation(10, 0, False, None, None)
+    (run_dir / "trials").mkdir(parents=True)
+    journal = run_dir / "trials" / "journal.jsonl"
+    journal.write_text("{}\n")
+    os.utime(journal, (1000, 1000))
+    seen = observe(run_dir, 0, 2000)
+    assert seen.submitted and seen.last_progress_at == 1000 and seen.done_at is None
+    (run_dir / DONE_MARKER).write_text("")
+    os.utime(run_dir / DONE_MARKER, (1500, 1500))
+    assert observe(run_dir, 0, 2000).done_at == 1500
+
+
+def test_scripts_join_the_head_and_hold_no_secrets():
+    head = render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head", region=REGION,
+                                                 rubberband_version="0.1.0", ray_version="2.60.0",
+                                                 max_lifetime_s=7200, watchdog=SETTINGS))
+    assert "ray start --head --port=6379 --num-cpus=0 --dashboard-host=127.0.0.1" in head
+    assert "python -m rubberband.cloud.head watchdog --cloud aws --region us-east-1" in head
+    assert "--stall-timeout 900" in head and "shutdown -h +120" in head
+    assert "X-aws-ec2-metadata-token" in head  # IMDSv2: token first
+    worker = render_startup_script(BootstrapConfig(run_id="run-s", cloud="gcp", role="worker",
+                                                   rubberband_version="0.1.0", ray_version="2.60.0",
+                                                   head_address="10.128.0.2", workers=4))
+    assert "RB_HEAD=10.128.0.2:6379" in worker and "--num-gpus=4" in worker
+    assert 'rb-node-${INSTANCE_ID}\\": 4' in worker and "Metadata-Flavor: Google" in worker
+    assert "'ray[default]==2.60.0'" in worker and "rubberband==0.1.0" in worker
+    with pytest.raises(InputError, match="head_address"):
+        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker",
+                                              rubberband_version="0.1.0", ray_version="2.60.0"))
+    with pytest.raises(InputError, match="credential"):
+        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head", rubberband_version="0.1.0",
+                                              ray_version="2.60.0",
+                                              extra_packages=("AWS_SECRET_ACCESS_KEY=x",)))
+    for bad in ("Run_1", "", "a;rm -rf /", "x" * 42):
+        with pytest.raises(InputError):
+            validate_run_id(bad)
+    assert validate_run_id(cloud_run_id("MNIST_tune 2026-11-21T05:30")) and cloud_run_id("run-1") == "run-1"
+    assert cloud_run_id("A_b") != cloud_run_id("a-b")  # distinct ids stay distinct
+
+
+def ec2_states() -> dict[str, str]:
+    reservations = boto3.client("ec2", region_name=REGION).describe_instances()["Reservations"]
+    return {i["InstanceId"]: i["State"]["Name"] for r in reservations for i in r["Instances"]}
+
+
+def test_head_provisioned_then_watchdog_ends_a_stalled_run(moto_env, tmp_path):
+    provider = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
+    head = provision_head(provider, "run-w", REGION, G4.zones, settings=SETTINGS, timeout_s=10)
+    assert head.role == "head" and head.state == "running" and head.instance_type == "m6i.large"
+    user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+        InstanceId=head.id, Attribute="userData")["UserData"]["Value"]
+    assert "ray start --head" in base64.b64decode(user_data).decode()
+    script = worker_startup_script("aws", "run-w", head, G4)
+    assert f"RB_HEAD={head.address}:6379" in script
+    workers = provider.provision(InstanceRequest("run-w", 0, G4, count=2, startup_script=script,
+                                                 extra_tags={TAG_ROLE: "worker"}))
+
+    run_dir = tmp_path / "run-w"
+    run_dir.mkdir()
+    (run_dir / "journal.jsonl").write_text('{"type": "start"}\n')
+    start = time.time()
+    ticks = iter(range(1000))
+    shutdowns: list[int] = []
+    decision = watch(provider, "run-w", head.id, run_dir, SETTINGS, clock=lambda: start + 30 * next(ticks),
+                     sleep=lambda s: None, shutdown=lambda: shutdowns.append(1))
+    assert decision.terminate and "no progress" in decision.reason
+    states = ec2_states()
+    assert {states[w.id] for w in workers} == {"terminated"} and states[head.id] == "terminated"
+    assert shutdowns == [] and provider.list("run-w") == []
+    assert provider.cleanup_run("run-w", timeout_s=10)  # the group goes once the head is gone
+
+
+def test_head_falls_back_to_shutdown_when_it_cannot_terminate_itself(moto_env):
+    provider = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
+    (head,) = provider.provision(InstanceRequest("run-x", 0, G4, extra_tags={TAG_ROLE: "head"}))
+    (worker,) = provider.provision(InstanceRequest("run-x", 0, G4))
+
+    class NoSelfTerminate:
+        cloud = "aws"
+
+        def list(self, run_id=None):
+            return provider.list(run_id)
+
+        def terminate(self, ids):
+            if head.id in ids:
+                raise CloudError("aws UnauthorizedOperation", kind="fatal", code="UnauthorizedOperation")
+            provider.terminate(ids)
+
+    shutdowns: list[int] = []
+    terminated = self_terminate(NoSelfTerminate(), "run-x", head.id, shutdown=lambda: shutdowns.append(1))
+    assert [w.id for w in terminated] == [worker.id] and shutdowns == [1]
+    assert ec2_states()[worker.id] == "terminated"
+    provider.terminate([head.id])
+    provider.cleanup_run("run-x", timeout_s=10)
