@@ -27,6 +27,7 @@ from botocore.config import Config
 
 from rubberband import __version__
 from rubberband.cloud.bootstrap import assert_no_credentials, check_ssh_cidr, validate_run_id
+from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify
 from rubberband.cloud.provider import (TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest)
 from rubberband.errors import CloudError, InputError
@@ -273,6 +274,48 @@ class AwsProvider:
     def set_labels(self, instance_id: str, labels: dict[str, str]) -> None:
         """Merge tags into an instance's tags (e.g. a new stage when an instance is reused)."""
         self._call("CreateTags", lambda: self.ec2.create_tags(Resources=[instance_id], Tags=_tag_list(labels)))
+
+    def check_permissions(self, request: InstanceRequest) -> list[PermissionCheck]:
+        """Probe the calls a run makes with ``DryRun=True``: nothing is created.
+
+        ``DryRunOperation`` means allowed, ``UnauthorizedOperation`` denied; a probe that fails
+        on the placeholder resource id itself (not on authorization) is reported as unchecked.
+        """
+        self._check_request(request)
+        checks: list[PermissionCheck] = []
+        placeholder_instance, placeholder_group = "i-0000000000000000f", "sg-0000000000000000f"
+
+        def probe(action: str, fn: Callable[[], Any]) -> None:
+            try:
+                self._call(action, fn)
+            except CloudError as exc:
+                if exc.code == "DryRunOperation":
+                    checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", True))
+                elif exc.code == "UnauthorizedOperation":
+                    checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", False,
+                                                  "UnauthorizedOperation"))
+                elif exc.kind == "fatal" and exc.code.startswith(("InvalidInstanceID", "InvalidGroup")):
+                    checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", None,
+                                                  f"not verifiable with a placeholder id ({exc.code})"))
+                else:
+                    raise
+            else:  # a read-only call that went through
+                checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", True))
+
+        params = self.run_instances_params(request, None)
+        probe("DescribeInstances", lambda: self.ec2.describe_instances(MaxResults=5))
+        probe("RunInstances", lambda: self.ec2.run_instances(DryRun=True, **params))
+        probe("CreateSecurityGroup", lambda: self.ec2.create_security_group(
+            DryRun=True, GroupName=security_group_name(request.run_id), Description="rubberband dry run",
+            VpcId=self._vpc()))
+        probe("AuthorizeSecurityGroupIngress", lambda: self.ec2.authorize_security_group_ingress(
+            DryRun=True, GroupId=placeholder_group, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22,
+                                                                    "ToPort": 22, "IpRanges": [
+                                                                        {"CidrIp": "203.0.113.7/32"}]}]))
+        probe("TerminateInstances", lambda: self.ec2.terminate_instances(DryRun=True,
+                                                                         InstanceIds=[placeholder_instance]))
+        probe("DeleteSecurityGroup", lambda: self.ec2.delete_security_group(DryRun=True, GroupId=placeholder_group))
+        return checks
 
     # -- run-level resources ------------------------------------------------------------------
 

@@ -73,6 +73,8 @@ ERROR_TABLE: dict[str, ErrorRule] = {
     "ExpiredToken": ErrorRule("fatal", _AUTH_AWS + "; the session token has expired"),
     "NoCredentials": ErrorRule("fatal", _AUTH_AWS),
     "UnauthorizedOperation": ErrorRule("fatal", _PERM),
+    "AccessDeniedException": ErrorRule("fatal", _PERM),
+    "DryRunOperation": ErrorRule("fatal", "a DryRun request would have succeeded (permission check)"),
     "OptInRequired": ErrorRule("fatal", "opt in to this region in the AWS console or choose another region"),
     "InvalidAMIID.NotFound": ErrorRule("fatal", "the machine image does not exist in this region; "
                                                 "set RUBBERBAND_AWS_AMI or pass image_id"),

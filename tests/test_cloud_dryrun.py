@@ -1,0 +1,91 @@
+"""Dry run: a plan's provisioning schedule and bill, AWS DryRun permission checks; nothing is created."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from cloud_helpers import REGION, _moto_session_server, ec2_faults, moto_ami, moto_env, moto_server  # noqa: F401
+from gce_fake import gce_fake  # noqa: F401
+from rich.console import Console
+
+from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.dryrun import dry_run, render_dry_run
+from rubberband.cloud.gcp import GcpProvider
+from rubberband.errors import CloudError, InputError
+from rubberband.plan import (CatalogInfo, Distribution, JobInfo, Plan, Prediction, StagePlan, Timeline,
+                             TimelineInstance)
+
+
+def make_plan(cloud: str, region: str, itype: str, *, spot: bool = False) -> Plan:
+    stages = [StagePlan(stage=0, trials=4, epochs=1, epochs_this_stage=1, cloud=cloud, region=region,
+                        instance_type=itype, instances=2, workers_per_trial=1, spot=spot),
+              StagePlan(stage=1, trials=2, epochs=3, epochs_this_stage=2, cloud=cloud, region=region,
+                        instance_type=itype, instances=1, workers_per_trial=1, spot=spot)]
+    timeline = Timeline(instances=[
+        TimelineInstance(id="i0", instance_type=itype, cloud=cloud, first_stage=0, last_stage=1, requested_s=0,
+                         ready_s=120, released_s=3600, cost_usd=0),
+        TimelineInstance(id="i1", instance_type=itype, cloud=cloud, first_stage=0, last_stage=0, requested_s=0,
+                         ready_s=110, released_s=30, cost_usd=0)])  # lives 30 s: billed the 60 s minimum
+    dist = Distribution(mean=3.2, p50=3.1, p95=3.9)
+    return Plan(job=JobInfo(name="mnist", spec_sha256="0" * 64, scheduler="sha", eta=2, min_epochs=1, max_epochs=3,
+                            metric="loss", mode="min"),
+                catalog=CatalogInfo(clouds=[cloud], regions=[region], dates={}), deadline_s=7200, confidence=0.9,
+                stages=stages, predicted=Prediction(jct_s=dist, cost_usd=dist, p_meet_deadline=0.95),
+                timeline=timeline)
+
+
+def ec2_counts() -> tuple[int, int]:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    instances = sum(len(r["Instances"]) for r in ec2.describe_instances()["Reservations"])
+    groups = [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"] != "default"]
+    return instances, len(groups)
+
+
+def test_aws_dry_run_schedules_bills_and_checks_without_creating(moto_env, ec2_faults):
+    ami = moto_ami()
+    report = dry_run(make_plan("aws", REGION, "p3.2xlarge"), lambda c, r: AwsProvider(r, image_id=ami))
+    workers = [s for s in report.schedule if s.role == "worker"]
+    assert [(s.id, s.zone, s.billed_s, s.price_hr) for s in workers] == [
+        ("i0", "us-east-1a", 3600, 3.06), ("i1", "us-east-1a", 60, 3.06)]
+    assert workers[0].cost_usd == pytest.approx(3.06) and workers[1].cost_usd == pytest.approx(3.06 / 60)
+    (head,) = [s for s in report.schedule if s.role == "head"]
+    assert head.instance_type == "m6i.large" and head.release_at_s == 3600 + 600 and not head.spot
+    assert report.total_usd == pytest.approx(3.06 + 3.06 / 60 + 0.096 * 4200 / 3600)
+    assert report.peak_instances == 3 and report.end_s == 4200
+    assert {c.action for c in report.checks} >= {"ec2:RunInstances", "ec2:CreateSecurityGroup",
+                                                 "ec2:TerminateInstances"}
+    assert all(c.allowed for c in report.checks), report.checks
+    assert ec2_faults.calls == [] and ec2_counts() == (0, 0)
+
+    console = Console(record=True, width=160)
+    console.print(render_dry_run(report))
+    text = console.export_text()
+    assert "Expected bill: $3.22" in text and "p3.2xlarge" in text and "DENIED" not in text
+
+
+def test_aws_dry_run_names_a_denied_permission(moto_env, ec2_faults):
+    ami = moto_ami()
+    ec2_faults.denied = {"RunInstances"}
+    plan = make_plan("aws", REGION, "g4dn.xlarge", spot=True)
+    with pytest.raises(CloudError) as info:
+        dry_run(plan, lambda c, r: AwsProvider(r, image_id=ami))
+    assert info.value.kind == "fatal" and "ec2:RunInstances" in info.value.message
+    assert "\n" not in info.value.message
+    report = dry_run(plan, lambda c, r: AwsProvider(r, image_id=ami), strict=False)
+    assert [c.action for c in report.denied] == ["ec2:RunInstances"]
+    assert report.schedule[1].spot and report.schedule[1].price_hr == 0.2010
+    assert ec2_counts() == (0, 0)
+
+
+def test_gcp_dry_run_prices_composed_types_and_creates_nothing(gce_fake):
+    plan = make_plan("gcp", "us-central1", "n1-standard-8+V100x1", spot=True)
+    report = dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url))
+    assert report.schedule[1].price_hr == pytest.approx(0.0963 + 0.992)
+    assert report.schedule[0].instance_type == "e2-standard-2"
+    assert [c.allowed for c in report.checks] == [None]
+    assert gce_fake.inserts == [] and not gce_fake.firewalls
+
+
+def test_dry_run_refuses_local_plans():
+    with pytest.raises(InputError, match="needs a plan for aws or gcp"):
+        dry_run(make_plan("local", "local", "local.cpu1"), lambda c, r: None, check_permissions=False)
