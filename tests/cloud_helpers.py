@@ -141,3 +141,25 @@ def moto_ami(region: str = REGION) -> str:
 
     images = boto3.client("ec2", region_name=region).describe_images(Owners=["amazon"])["Images"]
     return sorted(i["ImageId"] for i in images)[0]
+
+
+def make_plan(cloud: str, region: str, itype: str, *, spot: bool = False):
+    """A two-stage plan whose timeline has one instance spanning both stages and one that lives 30 s."""
+    from rubberband.plan import (CatalogInfo, Distribution, JobInfo, Plan, Prediction, StagePlan, Timeline,
+                                 TimelineInstance)
+
+    stages = [StagePlan(stage=0, trials=4, epochs=1, epochs_this_stage=1, cloud=cloud, region=region,
+                        instance_type=itype, instances=2, workers_per_trial=1, spot=spot),
+              StagePlan(stage=1, trials=2, epochs=3, epochs_this_stage=2, cloud=cloud, region=region,
+                        instance_type=itype, instances=1, workers_per_trial=1, spot=spot)]
+    timeline = Timeline(instances=[
+        TimelineInstance(id="i0", instance_type=itype, cloud=cloud, first_stage=0, last_stage=1, requested_s=0,
+                         ready_s=120, released_s=3600, cost_usd=0),
+        TimelineInstance(id="i1", instance_type=itype, cloud=cloud, first_stage=0, last_stage=0, requested_s=0,
+                         ready_s=20, released_s=30, cost_usd=0)])  # lives 30 s: billed the 60 s minimum
+    dist = Distribution(mean=3.2, p50=3.1, p95=3.9)
+    return Plan(job=JobInfo(name="mnist", spec_sha256="0" * 64, scheduler="sha", eta=2, min_epochs=1, max_epochs=3,
+                            metric="loss", mode="min"),
+                catalog=CatalogInfo(clouds=[cloud], regions=[region], dates={}), deadline_s=7200, confidence=0.9,
+                stages=stages, predicted=Prediction(jct_s=dist, cost_usd=dist, p_meet_deadline=0.95),
+                timeline=timeline)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from cloud_helpers import REGION, _moto_session_server, ec2_faults, moto_ami, moto_env, moto_server  # noqa: F401
+from cloud_helpers import (REGION, _moto_session_server, ec2_faults, make_plan, moto_ami, moto_env,  # noqa: F401
+                           moto_server)
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
 
@@ -12,26 +13,6 @@ from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.dryrun import dry_run, render_dry_run
 from rubberband.cloud.gcp import GcpProvider
 from rubberband.errors import CloudError, InputError
-from rubberband.plan import (CatalogInfo, Distribution, JobInfo, Plan, Prediction, StagePlan, Timeline,
-                             TimelineInstance)
-
-
-def make_plan(cloud: str, region: str, itype: str, *, spot: bool = False) -> Plan:
-    stages = [StagePlan(stage=0, trials=4, epochs=1, epochs_this_stage=1, cloud=cloud, region=region,
-                        instance_type=itype, instances=2, workers_per_trial=1, spot=spot),
-              StagePlan(stage=1, trials=2, epochs=3, epochs_this_stage=2, cloud=cloud, region=region,
-                        instance_type=itype, instances=1, workers_per_trial=1, spot=spot)]
-    timeline = Timeline(instances=[
-        TimelineInstance(id="i0", instance_type=itype, cloud=cloud, first_stage=0, last_stage=1, requested_s=0,
-                         ready_s=120, released_s=3600, cost_usd=0),
-        TimelineInstance(id="i1", instance_type=itype, cloud=cloud, first_stage=0, last_stage=0, requested_s=0,
-                         ready_s=110, released_s=30, cost_usd=0)])  # lives 30 s: billed the 60 s minimum
-    dist = Distribution(mean=3.2, p50=3.1, p95=3.9)
-    return Plan(job=JobInfo(name="mnist", spec_sha256="0" * 64, scheduler="sha", eta=2, min_epochs=1, max_epochs=3,
-                            metric="loss", mode="min"),
-                catalog=CatalogInfo(clouds=[cloud], regions=[region], dates={}), deadline_s=7200, confidence=0.9,
-                stages=stages, predicted=Prediction(jct_s=dist, cost_usd=dist, p_meet_deadline=0.95),
-                timeline=timeline)
 
 
 def ec2_counts() -> tuple[int, int]:
