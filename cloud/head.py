@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--done-grace", type=float, default=defaults.done_grace_s)
     w.add_argument("--max-lifetime", type=float, default=defaults.max_lifetime_s)
     w.add_argument("--poll", type=float, default=defaults.poll_s)
+    w.add_argument("--no-shutdown", action="store_true", help="never power off this machine (tests, debugging)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from rubberband.cloud.registry import make_provider
@@ -213,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = WatchdogSettings(submit_timeout_s=args.submit_timeout, stall_timeout_s=args.stall_timeout,
                                 done_grace_s=args.done_grace, max_lifetime_s=args.max_lifetime, poll_s=args.poll)
     provider = make_provider(args.cloud, args.region)
-    watch(provider, args.run_id, args.head_id, args.run_dir, settings)
+    decision = watch(provider, args.run_id, args.head_id, args.run_dir, settings,
+                     shutdown=(lambda: None) if args.no_shutdown else _shutdown)
+    print(f"rubberband watchdog: ended run {args.run_id}: {decision.reason}", flush=True)
     return 0
 
 

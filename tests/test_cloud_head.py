@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
+import sys
 import time
 
 import boto3
 import pytest
-from cloud_helpers import REGION, _moto_session_server, ec2_faults, moto_ami, moto_env, moto_server  # noqa: F401
+from cloud_helpers import (FAKE_ACCESS_KEY, REGION, _moto_session_server, ec2_faults, moto_ami, moto_env,  # noqa: F401
+                           moto_server)
 
 from rubberband.catalog import load_catalog
 from rubberband.cloud.aws import AwsProvider
@@ -139,3 +142,21 @@ def test_head_falls_back_to_shutdown_when_it_cannot_terminate_itself(moto_env):
     assert ec2_states()[worker.id] == "terminated"
     provider.terminate([head.id])
     provider.cleanup_run("run-x", timeout_s=10)
+
+
+def test_watchdog_process_ends_an_unsubmitted_run(moto_env, tmp_path):
+    """The real entry point, in a subprocess that finds moto through AWS_ENDPOINT_URL alone."""
+    provider = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
+    (head,) = provider.provision(InstanceRequest("run-p", 0, G4, extra_tags={TAG_ROLE: "head"}))
+    (worker,) = provider.provision(InstanceRequest("run-p", 0, G4))
+    done = subprocess.run([sys.executable, "-m", "rubberband.cloud.head", "watchdog", "--cloud", "aws",
+                           "--region", REGION, "--run-id", "run-p", "--head-id", head.id,
+                           "--run-dir", str(tmp_path / "never-submitted"), "--submit-timeout", "0", "--poll", "0.1",
+                           "--no-shutdown"], env={**os.environ, **moto_env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "no run was submitted" in done.stdout
+    states = ec2_states()
+    assert states[head.id] == states[worker.id] == "terminated"
+    assert FAKE_ACCESS_KEY not in done.stdout + done.stderr
+    provider.cleanup_run("run-p", timeout_s=10)
