@@ -119,6 +119,9 @@ class BootstrapConfig:
     max_lifetime_s: float | None = None
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
     ray_port: int = RAY_PORT
+    venv: str = VENV  # where the runtime is installed
+    run_root: str = RUN_ROOT  # run directories (the head's watchdog watches <run_root>/<run id>)
+    log_dir: str = "/var/log"
 
 
 def _q(value: object) -> str:
@@ -151,37 +154,38 @@ def render_startup_script(config: BootstrapConfig) -> str:
         "# Rendered by rubberband.cloud.bootstrap; holds no credentials (cloud access comes from the",
         "# instance role / service account).",
         "set -euo pipefail",
-        "exec >>/var/log/rubberband-bootstrap.log 2>&1",
+        f"exec >>{_q(config.log_dir)}/rubberband-bootstrap.log 2>&1",
     ]
     if config.max_lifetime_s:
         minutes = max(1, int(config.max_lifetime_s // 60))
         lines += [f"# hard lifetime cap: shutdown terminates this instance", f"shutdown -h +{minutes} || true"]
+    venv, run_dir = _q(config.venv), f"{_q(config.run_root)}/\"${{RB_RUN_ID}}\""
     lines += [
         f"RB_RUN_ID={_q(config.run_id)}",
         *_instance_id_lines(config.cloud),
         "export RAY_USAGE_STATS_ENABLED=0",
         "# cluster traffic is confined to the run's security group / firewall tag (see docs/clouds.md)",
         "export RAY_AUTH_MODE=disabled",
-        f"if [ ! -x {VENV}/bin/ray ]; then",
-        f"  python3 -m venv {VENV}",
-        f"  {VENV}/bin/pip install --quiet --upgrade pip",
-        f"  {VENV}/bin/pip install --quiet {' '.join(_q(p) for p in packages)}",
+        f"if [ ! -x {venv}/bin/ray ]; then",
+        f"  python3 -m venv {venv}",
+        f"  {venv}/bin/pip install --quiet --upgrade pip",
+        f"  {venv}/bin/pip install --quiet {' '.join(_q(p) for p in packages)}",
         "fi",
-        f"mkdir -p {RUN_ROOT}/\"${{RB_RUN_ID}}\"",
+        f"mkdir -p {run_dir}",
     ]
     if config.role == "head":
         wd = config.watchdog
         lines += [
             "# the head schedules no trial work; the dashboard listens on localhost (reach it over SSH)",
-            f"{VENV}/bin/ray start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
+            f"{venv}/bin/ray start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
             f"--resources='{json.dumps({'rb-head': 1})}'",
             "# self-termination watchdog: ends every worker of the run, then this head",
-            f"nohup {VENV}/bin/python -m rubberband.cloud.head watchdog --cloud {_q(config.cloud)} "
+            f"nohup {venv}/bin/python -m rubberband.cloud.head watchdog --cloud {_q(config.cloud)} "
             f"--region {_q(config.region)} --run-id \"${{RB_RUN_ID}}\" --head-id \"${{INSTANCE_ID}}\" "
-            f"--run-dir {RUN_ROOT}/\"${{RB_RUN_ID}}\" --submit-timeout {wd.submit_timeout_s:g} "
+            f"--run-dir {run_dir} --submit-timeout {wd.submit_timeout_s:g} "
             f"--stall-timeout {wd.stall_timeout_s:g} --done-grace {wd.done_grace_s:g} "
             f"--max-lifetime {wd.max_lifetime_s:g} --poll {wd.poll_s:g} "
-            ">>/var/log/rubberband-watchdog.log 2>&1 &",
+            f">>{_q(config.log_dir)}/rubberband-watchdog.log 2>&1 &",
         ]
     else:
         head = f"{config.head_address}:{config.ray_port}"
@@ -189,11 +193,11 @@ def render_startup_script(config: BootstrapConfig) -> str:
             else f"--num-cpus={config.workers}"
         lines += [
             f"RB_HEAD={_q(head)}",
-            f"{VENV}/bin/ray start --address=\"${{RB_HEAD}}\" {device} "
+            f"{venv}/bin/ray start --address=\"${{RB_HEAD}}\" {device} "
             f"--resources=\"{{\\\"rb-node-${{INSTANCE_ID}}\\\": {config.workers}}}\"",
             "# head-loss watchdog: a worker whose head is gone shuts down (and so terminates)",
             "(lost=0; while sleep 60; do",
-            f"   if {VENV}/bin/ray health-check --address \"${{RB_HEAD}}\" >/dev/null 2>&1; then lost=0;",
+            f"   if {venv}/bin/ray health-check --address \"${{RB_HEAD}}\" >/dev/null 2>&1; then lost=0;",
             "   else lost=$((lost + 60)); fi",
             f"   if [ \"$lost\" -ge {int(config.head_lost_timeout_s)} ]; then shutdown -h now; fi",
             " done) >/dev/null 2>&1 &",

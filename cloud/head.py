@@ -190,8 +190,8 @@ def watch(provider: Provider, run_id: str, head_id: str, run_dir: Path, settings
         sleep(settings.poll_s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m rubberband.cloud.head watchdog ...`` (run by the head's startup script)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The watchdog's command line (the head's startup script writes it)."""
     parser = argparse.ArgumentParser(prog="python -m rubberband.cloud.head")
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("watchdog", help="terminate the run when it is idle, stalled, finished or too old")
@@ -207,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--max-lifetime", type=float, default=defaults.max_lifetime_s)
     w.add_argument("--poll", type=float, default=defaults.poll_s)
     w.add_argument("--no-shutdown", action="store_true", help="never power off this machine (tests, debugging)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rubberband.cloud.head watchdog ...`` (run by the head's startup script)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from rubberband.cloud.registry import make_provider

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -17,8 +18,8 @@ from rubberband.catalog import load_catalog
 from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.bootstrap import (BootstrapConfig, WatchdogSettings, cloud_run_id, render_startup_script,
                                         validate_run_id)
-from rubberband.cloud.head import (DONE_MARKER, Observation, decide, observe, provision_head, self_terminate,
-                                   watch, worker_startup_script)
+from rubberband.cloud.head import (DONE_MARKER, Observation, build_parser, decide, observe, provision_head,
+                                   self_terminate, watch, worker_startup_script)
 from rubberband.cloud.provider import TAG_ROLE, InstanceRequest
 from rubberband.errors import CloudError, InputError
 
@@ -160,3 +161,61 @@ def test_watchdog_process_ends_an_unsubmitted_run(moto_env, tmp_path):
     assert states[head.id] == states[worker.id] == "terminated"
     assert FAKE_ACCESS_KEY not in done.stdout + done.stderr
     provider.cleanup_run("run-p", timeout_s=10)
+
+
+STUB = """#!/bin/bash
+printf '%s\\0' "$(basename "$0")" "$@" >> "$RB_STUB_LOG"; printf '\\n' >> "$RB_STUB_LOG"
+"""
+
+
+def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[list[str]]:
+    """Execute a rendered startup script with curl, python3, shutdown, sleep and the venv's tools stubbed.
+
+    Every stub logs its argv; python3 -m venv creates the venv's stub pip / ray / python.
+    Returns the logged command lines (after ``wait_for``, a tool a background job calls, has logged).
+    """
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    for name in ("shutdown", "pip", "ray", "python"):
+        (stubs / name).write_text(STUB)
+    (stubs / "sleep").write_text("#!/bin/bash\nexit 1\n")  # ends the worker's head-loss loop at once
+    (stubs / "curl").write_text(STUB + 'case "$*" in *api/token*) echo tok;; *instance-id*|*instance/name*) '
+                                       'echo i-0abc;; esac\n')
+    (stubs / "python3").write_text(STUB + 'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin"; '
+                                          f'for t in pip ray python; do cp {stubs}/$t "$3/bin/$t"; done; fi\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "RB_STUB_LOG": str(log), "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    deadline = time.monotonic() + 20
+    while True:  # background jobs (the watchdog) log asynchronously
+        calls = [line.split("\0")[:-1] for line in log.read_text().splitlines() if line]
+        if wait_for is None or any(c[0] == wait_for for c in calls) or time.monotonic() > deadline:
+            return calls
+        time.sleep(0.05)
+
+
+def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
+    common = dict(run_id="run-s", rubberband_version="0.1.0", ray_version="2.60.0", venv=str(tmp_path / "venv"),
+                  run_root=str(tmp_path / "runs"), log_dir=str(tmp_path))
+    head_calls = run_script(render_startup_script(BootstrapConfig(
+        cloud="aws", role="head", region=REGION, max_lifetime_s=3600, watchdog=SETTINGS, **common)),
+        tmp_path / "head", wait_for="python")
+    by_tool = {c[0]: c[1:] for c in head_calls}
+    assert by_tool["shutdown"] == ["-h", "+60"]
+    assert "rubberband==0.1.0" in by_tool["pip"] and "ray[default]==2.60.0" in by_tool["pip"]
+    assert by_tool["ray"][:2] == ["start", "--head"] and "--resources={\"rb-head\": 1}" in by_tool["ray"]
+    watchdog = build_parser().parse_args(by_tool["python"][2:])  # the real parser accepts what was rendered
+    assert (watchdog.run_id, watchdog.head_id, watchdog.stall_timeout) == ("run-s", "i-0abc", 900)
+    assert watchdog.run_dir == tmp_path / "runs" / "run-s" and watchdog.run_dir.is_dir()
+
+    worker_calls = run_script(render_startup_script(BootstrapConfig(
+        cloud="gcp", role="worker", head_address="10.128.0.2", workers=2, **common)), tmp_path / "worker")
+    ray_calls = [c[1:] for c in worker_calls if c[0] == "ray"]
+    start = ray_calls[0]
+    assert start[:2] == ["start", "--address=10.128.0.2:6379"] and "--num-gpus=2" in start
+    resources = next(a for a in start if a.startswith("--resources="))
+    assert json.loads(resources.split("=", 1)[1]) == {"rb-node-i-0abc": 2}  # the contract's resource name
+    assert not any(c[0] == "shutdown" for c in worker_calls)  # no lifetime cap asked, head not lost
