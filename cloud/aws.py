@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import time
 import uuid
@@ -41,6 +42,14 @@ _STATES = {"pending": "pending", "running": "running", "shutting-down": "stoppin
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 
 
+@functools.lru_cache(maxsize=1)
+def _known_regions() -> frozenset[str]:
+    """Every EC2 region botocore's bundled endpoint data knows (static data, read once)."""
+    session = boto3.Session()
+    return frozenset(region for partition in session.get_available_partitions()
+                     for region in session.get_available_regions("ec2", partition_name=partition))
+
+
 def security_group_name(run_id: str) -> str:
     return f"rubberband-{run_id}"
 
@@ -59,10 +68,7 @@ class AwsProvider:
                  instance_profile: str | None = None, vpc_id: str | None = None,
                  retry: RetryPolicy | None = None, poll_s: float = 5.0, version: str = __version__) -> None:
         self.session = session or boto3.Session()
-        known = set()
-        for partition in self.session.get_available_partitions():
-            known.update(self.session.get_available_regions("ec2", partition_name=partition))
-        if region not in known:
+        if region not in _known_regions():
             raise InputError(f"AWS region {region!r} is unknown; use one of e.g. us-east-1, us-west-2, eu-west-1")
         if self.session.get_credentials() is None:
             raise classify("aws", "NoCredentials", "boto3 found no credentials", region=region)

@@ -263,31 +263,35 @@ class GcpProvider:
         names: list[str] = []
         operations: list[compute_v1.Operation] = []
         failure: CloudError | None = None
-        for _ in range(request.count):
-            name = f"rb-{request.run_id}-{request.stage}-{secrets.token_hex(3)}"
-            body = self.instance_resource(request, name, zone)
-            insert = compute_v1.InsertInstanceRequest(  # request_id: retries of this insert are idempotent
-                project=self.project, zone=zone, instance_resource=body, request_id=str(uuid.uuid4()))
-            try:
-                op = self._call(lambda: self.instances.insert_unary(request=insert),
-                    zone=zone, instance_type=name_of, spot=request.spot)
-            except CloudError as exc:
-                failure = exc
-                break
-            names.append(name)
-            operations.append(op)
         created: list[str] = []
-        for name, op in zip(names, operations):
-            done = self._wait_zone_op(op, zone)
-            error = self._operation_error(done, zone=zone, instance_type=name_of, spot=request.spot)
-            if error is None:
-                created.append(name)
+        try:
+            for _ in range(request.count):
+                name = f"rb-{request.run_id}-{request.stage}-{secrets.token_hex(3)}"
+                body = self.instance_resource(request, name, zone)
+                insert = compute_v1.InsertInstanceRequest(  # request_id: retries of this insert are idempotent
+                    project=self.project, zone=zone, instance_resource=body, request_id=str(uuid.uuid4()))
+                try:
+                    op = self._call(lambda: self.instances.insert_unary(request=insert),
+                                    zone=zone, instance_type=name_of, spot=request.spot)
+                except CloudError as exc:
+                    failure = exc
+                    break
+                names.append(name)
+                operations.append(op)
                 self._zones[name] = zone
-            elif failure is None:
-                failure = error
+            for name, op in zip(names, operations):
+                done = self._wait_zone_op(op, zone)
+                error = self._operation_error(done, zone=zone, instance_type=name_of, spot=request.spot)
+                if error is None:
+                    created.append(name)
+                else:
+                    self._zones.pop(name, None)
+                    failure = failure or error
+        except BaseException:
+            self.terminate(names)  # all or nothing, even when waiting itself failed
+            raise
         if failure is not None:
-            if created:
-                self.terminate(created)
+            self.terminate(created)
             raise failure
         return [self._get(name, zone) for name in created]
 

@@ -48,7 +48,7 @@ class Instance:
     cloud: str
     instance_type: str
     zone: str
-    state: str  # pending | running | stopping | terminated
+    state: str  # pending | running | stopping | stopped | terminated
     run_id: str
     stage: int = 0
     address: str | None = None  # private address (what Ray nodes of the run use)
