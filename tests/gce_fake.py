@@ -12,6 +12,7 @@ with ``RUBBERBAND_GCE_ENDPOINT`` sees them too):
   QUOTA_EXCEEDED — in the operation (default) or, with ``quota_sync``, as an HTTP 403
   ``quotaExceeded`` answer to the insert itself;
 * ``capacity_left``: after this many VMs every zone is sold out (a partial gang);
+* ``wait_errors``: this many operation waits answer HTTP 503 (transient, then retried);
 * ``pending_polls``: operations stay RUNNING for this many reads, so waiting is exercised.
 
 There is no GCE emulator in any registry reachable here; this fake implements only the
@@ -70,6 +71,7 @@ class GceFake:
         self.quota_sync = False
         self.pending_polls = 0
         self.capacity_left: int | None = None  # VMs the fake still has room for (None: unlimited)
+        self.wait_errors = 0  # answer this many operation reads with HTTP 503 backendError
         self.inserts: list[tuple[str, str]] = []  # (zone, machine type) of every insert call
         self.requests: list[str] = []  # "METHOD path" of every request (tests grep it)
         self.bodies: list[str] = []  # raw request bodies (tests grep them for credentials)
@@ -162,6 +164,9 @@ class GceFake:
         return _public(found)
 
     def _op_wait(self, project: str, op: str, query: dict, body: dict, zone: str | None = None) -> dict:
+        if self.wait_errors > 0:
+            self.wait_errors -= 1
+            raise HttpError(503, "Internal error. Please try again.", "backendError")
         found = self.operations.get(op)
         if found is None:
             raise HttpError(404, f"The resource 'operations/{op}' was not found", "notFound")

@@ -103,6 +103,16 @@ def test_stockout_fails_over_zone_then_type_and_gangs_roll_back(gce_fake):
     terminate_run(p, "run-j")
     assert not gce_fake.firewalls
 
+    gce_fake.capacity_left, gce_fake.pending_polls, gce_fake.wait_errors = None, 1, 2  # retried, then it works
+    assert len(p.provision(InstanceRequest("run-t", 0, V100))) == 1 and gce_fake.wait_errors == 0
+    gce_fake.wait_errors = 3  # outlasts the 3 tries: the inserted VMs are deleted, the error surfaces
+    with pytest.raises(CloudError) as transient:
+        p.provision(InstanceRequest("run-t", 1, V100, count=2))
+    assert transient.value.kind == "transient" and transient.value.code == "backendError"
+    assert [i.stage for i in p.list("run-t")] == [0]
+    terminate_run(p, "run-t")
+    assert not gce_fake.instances and not gce_fake.firewalls
+
 
 def test_quota_blocks_region_or_cloud_and_names_the_quota(gce_fake):
     p = provider(gce_fake)
