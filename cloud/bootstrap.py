@@ -114,6 +114,7 @@ class BootstrapConfig:
     workers: int = 1  # trial workers this node holds (GPUs on GPU types)
     use_gpu: bool = True
     extra_packages: tuple[str, ...] = ()
+    rubberband_spec: str | None = None  # pip requirement for rubberband itself (a wheel URL, a git URL)
     torch_spec: str = "torch"
     head_lost_timeout_s: float = 900.0
     max_lifetime_s: float | None = None
@@ -146,7 +147,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
     validate_run_id(config.run_id)
     if config.role == "worker" and not config.head_address:
         raise InputError("a worker's startup script needs the head's address (head_address)")
-    packages = [f"rubberband=={config.rubberband_version}", f"ray[default]=={config.ray_version}",
+    packages = [config.rubberband_spec or f"rubberband=={config.rubberband_version}", f"ray[default]=={config.ray_version}",
                 config.torch_spec, *config.extra_packages]
     lines = [
         "#!/bin/bash",

@@ -7,7 +7,10 @@ subprocess sees too.
 
 Usage in a test module::
 
-    from cloud_helpers import moto_server, moto_env, ec2_faults  # noqa: F401  (fixtures; tests/ is on sys.path)
+    from cloud_helpers import ec2_faults, moto_env, moto_server  # noqa: F401  (fixtures; tests/ is on sys.path)
+
+    def test_something(moto_env):  # moto_env: the env dict for a CLI subprocess
+        ...
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class MotoServer:
 
 
 @pytest.fixture(scope="session")
-def _moto_session_server() -> Iterator[MotoServer]:
+def moto_server() -> Iterator[MotoServer]:
+    """One moto server (server mode, in a thread of the test process) for the whole session."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -47,16 +51,10 @@ def _moto_session_server() -> Iterator[MotoServer]:
 
 
 @pytest.fixture
-def moto_server(_moto_session_server: MotoServer) -> Iterator[MotoServer]:
-    """One moto server for the session, reset before each test."""
-    _moto_session_server.reset()
-    yield _moto_session_server
-    _moto_session_server.reset()
-
-
-@pytest.fixture
-def moto_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path) -> dict[str, str]:
-    """Point boto3 (in this process and in subprocesses given the returned env) at the moto server."""
+def moto_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[dict[str, str]]:
+    """Empty the moto server and point boto3 at it — in this process, and in subprocesses given the
+    returned environment. The server is emptied again afterwards."""
+    moto_server.reset()
     env = {
         "AWS_ENDPOINT_URL": moto_server.url,
         "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
@@ -71,7 +69,8 @@ def moto_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path)
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return env
+    yield env
+    moto_server.reset()
 
 
 @dataclass
@@ -94,7 +93,7 @@ class Ec2Faults:
 
 
 @pytest.fixture
-def ec2_faults(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Ec2Faults:
+def ec2_faults(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ec2Faults:
     from moto.ec2.exceptions import EC2ClientError
     from moto.ec2.models.instances import InstanceBackend
     from moto.ec2.responses._base_response import EC2BaseResponse

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from cloud_helpers import (REGION, _moto_session_server, ec2_faults, make_plan, moto_ami, moto_env,  # noqa: F401
+from cloud_helpers import (REGION, ec2_faults, make_plan, moto_ami, moto_env,  # noqa: F401
                            moto_server)
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console

@@ -117,3 +117,21 @@ def test_failover_order_blocking_and_fatal_stop():
         provision_with_failover(InstanceRequest("r", 0, P3), lambda t: everywhere, alternatives=[other_region],
                                 policy=policy)
     assert policy.blocked_clouds == {"aws"} and len(everywhere.calls) == 1
+
+
+def test_provider_pool_builds_one_provider_per_region():
+    from rubberband.cloud.registry import ProviderPool, make_provider
+    from rubberband.errors import InputError
+
+    built = []
+
+    def factory(cloud, region, **options):
+        built.append((cloud, region, options))
+        return ScriptedProvider({})
+
+    pool = ProviderPool({"aws": {"ssh_cidr": "203.0.113.7/32"}}, factory=factory)
+    assert pool("aws", "us-east-1") is pool.for_type(P3) and pool("aws", "us-west-2") is not pool.for_type(P3)
+    assert built == [("aws", "us-east-1", {"ssh_cidr": "203.0.113.7/32"}),
+                     ("aws", "us-west-2", {"ssh_cidr": "203.0.113.7/32"})] and len(pool.providers()) == 2
+    with pytest.raises(InputError, match="not a cloud provider"):
+        make_provider("local", "local")

@@ -11,7 +11,7 @@ import time
 
 import boto3
 import pytest
-from cloud_helpers import (FAKE_ACCESS_KEY, REGION, _moto_session_server, ec2_faults, moto_ami, moto_env,  # noqa: F401
+from cloud_helpers import (FAKE_ACCESS_KEY, REGION, ec2_faults, moto_ami, moto_env,  # noqa: F401
                            moto_server)
 
 from rubberband.catalog import load_catalog

@@ -7,7 +7,7 @@ import logging
 
 import boto3
 import pytest
-from cloud_helpers import (FAKE_ACCESS_KEY, FAKE_SECRET_KEY, REGION, _moto_session_server, ec2_faults,  # noqa: F401
+from cloud_helpers import (FAKE_ACCESS_KEY, FAKE_SECRET_KEY, REGION, ec2_faults,  # noqa: F401
                            make_plan, moto_ami, moto_env, moto_server)
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
