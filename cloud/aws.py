@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import base64
 import functools
 import os
 import time
@@ -30,7 +29,7 @@ from rubberband import __version__
 from rubberband.cloud.bootstrap import assert_no_credentials, check_ssh_cidr, validate_run_id
 from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify
-from rubberband.cloud.provider import (TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest)
+from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
 from rubberband.errors import CloudError, InputError
 
 T = TypeVar("T")
@@ -375,8 +374,3 @@ class AwsProvider:
                         run_id=tags.get(TAG_RUN_ID, ""), stage=stage, address=raw.get("PrivateIpAddress"),
                         launched_at=launched.timestamp() if launched is not None else None, tags=tags,
                         public_address=raw.get("PublicIpAddress"))
-
-
-def decode_user_data(value: str) -> str:
-    """EC2 returns user-data base64-encoded (describe_instance_attribute)."""
-    return base64.b64decode(value).decode()

@@ -147,7 +147,8 @@ def render_startup_script(config: BootstrapConfig) -> str:
     validate_run_id(config.run_id)
     if config.role == "worker" and not config.head_address:
         raise InputError("a worker's startup script needs the head's address (head_address)")
-    packages = [config.rubberband_spec or f"rubberband=={config.rubberband_version}", f"ray[default]=={config.ray_version}",
+    packages = [config.rubberband_spec or f"rubberband=={config.rubberband_version}",
+                f"ray[default]=={config.ray_version}",
                 config.torch_spec, *config.extra_packages]
     lines = [
         "#!/bin/bash",
@@ -159,7 +160,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
     ]
     if config.max_lifetime_s:
         minutes = max(1, int(config.max_lifetime_s // 60))
-        lines += [f"# hard lifetime cap: shutdown terminates this instance", f"shutdown -h +{minutes} || true"]
+        lines += ["# hard lifetime cap: shutdown terminates this instance", f"shutdown -h +{minutes} || true"]
     venv, run_dir = _q(config.venv), f"{_q(config.run_root)}/\"${{RB_RUN_ID}}\""
     lines += [
         f"RB_RUN_ID={_q(config.run_id)}",

@@ -148,7 +148,8 @@ def classify(cloud: str, code: str, message: str, *, http_status: int | None = N
             quota = (aws_quota_name(instance_type or "", spot) if cloud == "aws"
                      else gcp_quota_name(message) or "GPUS_ALL_REGIONS / the GPU quota of the region")
         scope = "every region" if quota == "GPUS_ALL_REGIONS" else (region or where)
-        hint = f"raise the quota '{quota}' in {scope} ({'Service Quotas console' if cloud == 'aws' else 'IAM & Admin > Quotas'})"
+        console = "Service Quotas console" if cloud == "aws" else "IAM & Admin > Quotas"
+        hint = f"raise the quota '{quota}' in {scope} ({console})"
     if code == "UnauthorizedOperation" and action:
         hint = f"the credentials lack the permission {action}; {_PERM}"
     text = f"{cloud} {code or http_status}{what} in {where}: {_one_line(message)} — {hint}"

@@ -213,7 +213,8 @@ class GcpProvider:
                 raise InputError(f"accelerator {itype.device!r} has no Compute Engine name; "
                                  f"known: {', '.join(sorted(ACCELERATOR_TYPES))}")
             accelerators.append(compute_v1.AcceleratorConfig(
-                accelerator_count=itype.accelerator_count, accelerator_type=f"zones/{zone}/acceleratorTypes/{gce_name}"))
+                accelerator_count=itype.accelerator_count,
+                accelerator_type=f"zones/{zone}/acceleratorTypes/{gce_name}"))
         scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE" if has_gpu else "MIGRATE",
                                            automatic_restart=not request.spot and not has_gpu,
                                            provisioning_model="SPOT" if request.spot else "STANDARD")

@@ -63,7 +63,8 @@ def ray_version() -> str:
 
 def head_startup_script(cloud: str, region: str, run_id: str, settings: WatchdogSettings | None = None) -> str:
     return render_startup_script(BootstrapConfig(
-        run_id=run_id, cloud=cloud, role="head", region=region, rubberband_version=__version__,  # type: ignore[arg-type]
+        run_id=run_id, cloud=cloud, role="head", region=region,  # type: ignore[arg-type]
+        rubberband_version=__version__,
         ray_version=ray_version(), use_gpu=False, max_lifetime_s=(settings or WatchdogSettings()).max_lifetime_s,
         watchdog=settings or WatchdogSettings()))
 
