@@ -218,8 +218,10 @@ class GcpProvider:
         scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE" if has_gpu else "MIGRATE",
                                            automatic_restart=not request.spot and not has_gpu,
                                            provisioning_model="SPOT" if request.spot else "STANDARD")
-        if request.spot:
-            scheduling.instance_termination_action = "DELETE"
+        if request.spot or request.max_lifetime_s:
+            scheduling.instance_termination_action = "DELETE"  # preempted / expired: deleted, no billed disk
+        if request.max_lifetime_s:
+            scheduling.max_run_duration = compute_v1.Duration(seconds=int(request.max_lifetime_s))
         metadata = []
         if request.startup_script:
             metadata.append(compute_v1.Items(key="startup-script", value=assert_no_credentials(

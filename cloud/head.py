@@ -88,8 +88,10 @@ def provision_head(provider: Provider, run_id: str, region: str, zones: Sequence
     On any failure the head is terminated before the error propagates: nothing is left billing.
     """
     itype = head_type(provider.cloud, region, zones)
+    settings = settings or WatchdogSettings()
     request = InstanceRequest(run_id=run_id, stage=0, instance_type=itype, extra_tags={TAG_ROLE: "head"},
-                              startup_script=head_startup_script(provider.cloud, region, run_id, settings))
+                              startup_script=head_startup_script(provider.cloud, region, run_id, settings),
+                              max_lifetime_s=settings.max_lifetime_s)
     result = provision_with_failover(request, lambda t: provider, policy=policy)
     try:
         (head,) = provider.wait([i.id for i in result.instances], timeout_s)

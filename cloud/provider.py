@@ -34,6 +34,7 @@ class InstanceRequest:
     zone: str | None = None
     startup_script: str | None = None
     extra_tags: dict[str, str] = field(default_factory=dict)
+    max_lifetime_s: float | None = None  # hard cap enforced by the cloud where it can (GCE maxRunDuration)
 
     def tags(self, version: str) -> dict[str, str]:
         return {TAG_MANAGED: "true", TAG_RUN_ID: self.run_id, TAG_STAGE: str(self.stage),

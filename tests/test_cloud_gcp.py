@@ -68,8 +68,10 @@ def test_insert_labels_accelerators_spot_script_and_firewall(gce_fake):
 def test_bundled_gpu_host_on_demand_and_env_endpoint(gce_fake, monkeypatch):
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
     p = GcpProvider("us-central1", poll_s=0.01)  # endpoint from the environment, anonymous credentials
-    (made,) = p.provision(InstanceRequest("run-h", 0, A2))
+    (made,) = p.provision(InstanceRequest("run-h", 0, A2, max_lifetime_s=7200))
     body = next(iter(gce_fake.instances.values()))
+    assert body["scheduling"]["maxRunDuration"] == {"seconds": "7200"}
+    assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
     assert body["machineType"].endswith("/a2-highgpu-1g") and "guestAccelerators" not in body
     assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
     assert body["scheduling"]["provisioningModel"] == "STANDARD"
