@@ -214,6 +214,7 @@ class AwsProvider:
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
         self._check_request(request)
+        self.image_id()  # a missing image fails before anything is created
         group_id = self.ensure_security_group(request.run_id)
         params = self.run_instances_params(request, group_id)
         params["ClientToken"] = uuid.uuid4().hex  # one per request: a retried call never launches twice

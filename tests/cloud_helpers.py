@@ -64,6 +64,8 @@ def moto_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path)
         "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
         "AWS_EC2_METADATA_DISABLED": "true",
+        # moto has no Deep Learning AMI parameter in SSM: name an AMI outright
+        "RUBBERBAND_AWS_AMI": moto_ami(),
     }
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
         monkeypatch.delenv(key, raising=False)

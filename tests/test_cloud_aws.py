@@ -159,6 +159,10 @@ def test_bad_input_is_one_line_and_provisions_nothing(moto_env, ec2_faults, monk
         p.provision(InstanceRequest("Run_F", 0, P3))
     with pytest.raises(InputError, match="whole internet"):
         provider(ssh_cidr="0.0.0.0/0")
+    monkeypatch.delenv("RUBBERBAND_AWS_AMI")
+    with pytest.raises(CloudError, match="set RUBBERBAND_AWS_AMI") as no_image:
+        AwsProvider(REGION).provision(InstanceRequest("run-f", 0, P3))
+    assert no_image.value.kind == "fatal"
     ec2_faults.denied = {"RunInstances"}
     with pytest.raises(CloudError) as denied:
         p.provision(InstanceRequest("run-f", 0, P3))
