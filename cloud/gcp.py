@@ -38,7 +38,7 @@ from google.cloud import compute_v1
 
 from rubberband import __version__
 from rubberband.cloud.bootstrap import assert_no_credentials, check_ssh_cidr, validate_run_id
-from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify, gcp_quota_name
+from rubberband.cloud.failover import ERROR_TABLE, RetryPolicy, call_with_retry, classify, gcp_quota_name
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
 from rubberband.errors import CloudError, InputError
 
@@ -53,7 +53,7 @@ ACCELERATOR_TYPES = {"V100": "nvidia-tesla-v100", "T4": "nvidia-tesla-t4", "P100
                      "A100-80GB": "nvidia-a100-80gb", "L4": "nvidia-l4", "H100": "nvidia-h100-80gb"}
 _STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running", "STOPPING": "stopping",
            "SUSPENDING": "stopping", "SUSPENDED": "stopped", "TERMINATED": "stopped", "REPAIRING": "pending"}
-_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_QUOTA_RE = re.compile(r"Quota '[A-Z0-9_]+' exceeded")
 #: Public Compute Engine regions (2025); an unknown name is refused before any call.
 GCP_REGIONS = frozenset(
     "africa-south1 asia-east1 asia-east2 asia-northeast1 asia-northeast2 asia-northeast3 asia-south1 asia-south2 "
@@ -122,6 +122,12 @@ class GcpProvider:
                spot: bool) -> CloudError:
         reasons = [e.get("reason", "") for e in (exc.errors or []) if isinstance(e, dict)]
         code = next((r for r in reasons if r), "") or (exc.reason or "")
+        message = exc.message or ""
+        if code not in ERROR_TABLE:  # a synchronous answer may only say it in words
+            if "ZONE_RESOURCE_POOL_EXHAUSTED" in message or "does not have enough resources" in message:
+                code = "ZONE_RESOURCE_POOL_EXHAUSTED"
+            elif _QUOTA_RE.search(message):
+                code = "QUOTA_EXCEEDED"
         status = int(exc.code) if exc.code is not None else None
         quota = gcp_quota_name(exc.message) if code in ("quotaExceeded", "QUOTA_EXCEEDED") else None
         return classify("gcp", code, exc.message, http_status=status, zone=zone, region=self.region,

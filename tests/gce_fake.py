@@ -67,6 +67,7 @@ class GceFake:
         self.firewalls: dict[str, dict[str, Any]] = {}
         self.operations: dict[str, dict[str, Any]] = {}
         self.stockout_zones: set[str] = set()
+        self.stockout_sync = False  # answer stockouts as HTTP 503 on the insert itself (words only)
         self.quota: str | None = None
         self.quota_sync = False
         self.pending_polls = 0
@@ -190,6 +191,9 @@ class GceFake:
                 "code": "QUOTA_EXCEEDED", "message": message, "errorDetails": [{"quotaInfo": {
                     "metricName": f"compute.googleapis.com/{self.quota.lower()}", "limitName": f"{self.quota}-limit",
                     "dimensions": {"region": region}}}]})
+        if (zone in self.stockout_zones or self.capacity_left == 0) and self.stockout_sync:
+            raise HttpError(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
+                                 f"available to fulfill the request.", "")
         if zone in self.stockout_zones or self.capacity_left == 0:
             return self._operation(project, "insert", target, zone, http_status=503, error={
                 "code": "ZONE_RESOURCE_POOL_EXHAUSTED",

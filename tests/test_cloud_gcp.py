@@ -96,6 +96,11 @@ def test_stockout_fails_over_zone_then_type_and_gangs_roll_back(gce_fake):
         (V100.name, "us-central1-a", "skipped"), (V100.name, "us-central1-b", "capacity"),
         (T4X4.name, "us-central1-a", "ok")]
     assert len(gce_fake.instances) == 2
+    gce_fake.stockout_sync, gce_fake.stockout_zones = True, {"us-central1-a"}  # a 503 that says it in words
+    with pytest.raises(CloudError) as sync:
+        p.provision(InstanceRequest("run-i", 2, V100))
+    assert sync.value.kind == "capacity" and gce_fake.inserts[-1] == ("us-central1-a", "n1-standard-8")
+    gce_fake.stockout_sync = False
     terminate_run(p, "run-i")
 
     gce_fake.stockout_zones, gce_fake.capacity_left = set(), 2
