@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -39,6 +40,7 @@ DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-dr
 _STATES = {"pending": "pending", "running": "running", "shutting-down": "stopping", "stopping": "stopping",
            "stopped": "stopped", "terminated": "terminated"}
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+_ZONE_ID_RE = re.compile(r"^[a-z]+[0-9]+-az[0-9]+$")  # use1-az1, usw2-az3
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,6 +83,7 @@ class AwsProvider:
         self.version = version
         self._image_id = image_id or os.environ.get("RUBBERBAND_AWS_AMI") or None
         self._groups: dict[str, str] = {}
+        self._zone_names: dict[str, str] | None = None  # zone ID -> this account's zone name
         config = Config(region_name=region, retries={"total_max_attempts": 1, "mode": "standard"},
                         user_agent_extra=f"rubberband/{version}", connect_timeout=10, read_timeout=60)
         self.ec2 = self.session.client("ec2", endpoint_url=endpoint_url, config=config)
@@ -121,6 +124,23 @@ class AwsProvider:
                                  kind="fatal", code=exc.code, region=self.region) from None
             self._image_id = response["Parameter"]["Value"]
         return self._image_id
+
+    def zone_name(self, zone: str) -> str:
+        """This account's name for a zone given by ID (``use1-az1``, as catalogs list them) or by name.
+
+        Zone IDs are the same in every account; names (``us-east-1a``) are shuffled per account, and
+        ``Placement.AvailabilityZone`` wants the name.
+        """
+        if not _ZONE_ID_RE.match(zone):
+            return zone
+        if self._zone_names is None:
+            zones = self._call("DescribeAvailabilityZones",
+                               lambda: self.ec2.describe_availability_zones(AllAvailabilityZones=True))
+            self._zone_names = {z["ZoneId"]: z["ZoneName"] for z in zones["AvailabilityZones"] if "ZoneId" in z}
+        if zone not in self._zone_names:
+            raise InputError(f"zone ID {zone!r} does not exist in {self.region}; known: "
+                             f"{', '.join(sorted(self._zone_names))}")
+        return self._zone_names[zone]
 
     # -- security group ---------------------------------------------------------------------
 
@@ -187,7 +207,7 @@ class AwsProvider:
         if group_id:
             params["SecurityGroupIds"] = [group_id]
         if request.zone:
-            params["Placement"] = {"AvailabilityZone": request.zone}
+            params["Placement"] = {"AvailabilityZone": self.zone_name(request.zone)}
         if request.spot:
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
                 "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}

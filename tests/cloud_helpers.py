@@ -136,6 +136,36 @@ def ec2_faults(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ec2
     return faults
 
 
+#: Test catalogs in the shipped CSV layout, independent of the shipped (refreshed) price files. AWS zones are
+#: zone IDs, as in the shipped catalog; MOTO_ZONES maps them to moto's zone names for us-east-1.
+AWS_CATALOG_CSV = """# date: 2025-05-31
+InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone
+p3.2xlarge,V100,1,8,61,,3.06,0.5197,us-east-1,use1-az1
+p3.2xlarge,V100,1,8,61,,3.06,0.5197,us-east-1,use1-az2
+p3.8xlarge,V100,4,32,244,,12.24,1.8029,us-east-1,use1-az1
+g4dn.xlarge,T4,1,4,16,,0.526,0.2010,us-east-1,use1-az1
+"""
+GCP_CATALOG_CSV = """# date: 2025-05-31
+InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,AvailabilityZone,Price,SpotPrice
+n1-standard-8,8,30,,,,us-central1,us-central1-a,0.38,0.0963
+n1-standard-8,8,30,,,,us-central1,us-central1-b,0.38,0.0963
+,,,V100,1,,us-central1,us-central1-a,2.48,0.992
+,,,V100,1,,us-central1,us-central1-b,2.48,0.992
+,,,T4,4,,us-central1,us-central1-a,1.40,0.56
+a2-highgpu-1g,12,85,A100,1,,us-central1,us-central1-a,0.73948,0.29576
+,,,A100,1,,us-central1,us-central1-a,2.93391,1.1
+"""
+MOTO_ZONES = {"use1-az6": "us-east-1a", "use1-az1": "us-east-1b", "use1-az2": "us-east-1c", "use1-az4": "us-east-1d"}
+
+
+def cloud_catalog():
+    """The AWS and GCP test catalogs above, as one Catalog."""
+    from rubberband.catalog import Catalog, parse_catalog
+
+    aws, gcp = parse_catalog("aws", AWS_CATALOG_CSV), parse_catalog("gcp", GCP_CATALOG_CSV)
+    return Catalog(types=aws.types + gcp.types, dates={**aws.dates, **gcp.dates})
+
+
 def moto_ami(region: str = REGION) -> str:
     """An AMI id for moto (one of its bundled example images; moto does not validate AMIs by default).
 

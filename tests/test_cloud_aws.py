@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from cloud_helpers import (REGION, ec2_faults, moto_ami, moto_env,  # noqa: F401
+from cloud_helpers import (MOTO_ZONES, REGION, cloud_catalog, ec2_faults, moto_ami, moto_env,  # noqa: F401
                            moto_server)
 
-from rubberband.catalog import load_catalog
 from rubberband.cloud.aws import AwsProvider, security_group_name
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPolicy, provision_with_failover
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, TAG_VERSION, InstanceRequest
 from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances, terminate_run
 from rubberband.errors import CatalogError, CloudError, InputError, RubberbandError
 
-CATALOG = load_catalog(["aws"])
-P3 = CATALOG.find("p3.2xlarge", region=REGION)  # zones us-east-1a, us-east-1b
-G4 = CATALOG.find("g4dn.xlarge", region=REGION)
+CATALOG = cloud_catalog()
+P3 = CATALOG.find("p3.2xlarge", region=REGION)  # zone IDs use1-az1, use1-az2 (moto: us-east-1b, us-east-1c)
+G4 = CATALOG.find("g4dn.xlarge", region=REGION)  # use1-az1
 
 
 def provider(**kwargs) -> AwsProvider:
@@ -40,7 +39,7 @@ def live_instances() -> list[dict]:
 def test_provision_tags_imdsv2_spot_user_data_and_group(moto_env):
     p = provider(ssh_cidr="203.0.113.7/32")
     script = "#!/bin/bash\necho join the head\n"
-    made = p.provision(InstanceRequest("run-a", 2, P3, count=2, spot=True, zone="us-east-1b",
+    made = p.provision(InstanceRequest("run-a", 2, P3, count=2, spot=True, zone="use1-az2",
                                        startup_script=script))
     running = p.wait([i.id for i in made], timeout_s=10)
     assert [i.state for i in running] == ["running", "running"]
@@ -54,7 +53,8 @@ def test_provision_tags_imdsv2_spot_user_data_and_group(moto_env):
         assert tags[TAG_VERSION] == "0-1-0"
         assert inst["MetadataOptions"]["HttpTokens"] == "required"
         assert inst["InstanceLifecycle"] == "spot"
-        assert inst["InstanceType"] == "p3.2xlarge" and inst["Placement"]["AvailabilityZone"] == "us-east-1b"
+        assert inst["InstanceType"] == "p3.2xlarge"
+        assert inst["Placement"]["AvailabilityZone"] == MOTO_ZONES["use1-az2"]  # zone ID → this account's name
         user_data = ec2().describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
         import base64
         assert base64.b64decode(user_data["UserData"]["Value"]).decode() == script
@@ -93,20 +93,21 @@ def test_on_demand_and_no_ssh_unless_asked(moto_env):
 
 def test_capacity_fails_over_zone_then_alternative_type(moto_env, ec2_faults):
     p = provider()
-    ec2_faults.capacity = {"us-east-1a"}
+    ec2_faults.capacity = {MOTO_ZONES["use1-az1"]}
     result = provision_with_failover(InstanceRequest("run-c", 0, P3), lambda t: p, alternatives=[G4])
-    assert (result.instance_type.name, result.zone) == ("p3.2xlarge", "us-east-1b")
-    assert [(a.zone, a.outcome) for a in result.attempts] == [("us-east-1a", "capacity"), ("us-east-1b", "ok")]
+    assert (result.instance_type.name, result.zone) == ("p3.2xlarge", "use1-az2")
+    assert [(a.zone, a.outcome) for a in result.attempts] == [("use1-az1", "capacity"), ("use1-az2", "ok")]
+    assert [call[0] for call in ec2_faults.calls] == [MOTO_ZONES["use1-az1"], MOTO_ZONES["use1-az2"]]
 
     policy = FailoverPolicy()
     ec2_faults.capacity, ec2_faults.capacity_types = {"*"}, {"p3.2xlarge"}
-    result = provision_with_failover(InstanceRequest("run-c", 1, P3, zone="us-east-1b"), lambda t: p,
+    result = provision_with_failover(InstanceRequest("run-c", 1, P3, zone="use1-az2"), lambda t: p,
                                      alternatives=[G4], policy=policy)
     assert [(a.instance_type, a.zone, a.outcome) for a in result.attempts] == [
-        ("p3.2xlarge", "us-east-1b", "capacity"), ("p3.2xlarge", "us-east-1a", "capacity"),
-        ("g4dn.xlarge", "us-east-1a", "ok")]
+        ("p3.2xlarge", "use1-az2", "capacity"), ("p3.2xlarge", "use1-az1", "capacity"),
+        ("g4dn.xlarge", "use1-az1", "ok")]
     assert result.instances[0].instance_type == "g4dn.xlarge"
-    assert ("aws", "p3.2xlarge", "us-east-1a") in policy.blocked_zones
+    assert ("aws", "p3.2xlarge", "use1-az1") in policy.blocked_zones
     assert len(live_instances()) == 2
     terminate_run(p, "run-c", timeout_s=10)
     assert not live_instances()

@@ -6,9 +6,8 @@ import base64
 
 import boto3
 import pytest
-from cloud_helpers import REGION, ec2_faults, moto_env, moto_server  # noqa: F401
+from cloud_helpers import REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
 
-from rubberband.catalog import load_catalog
 from rubberband.cloud.backend import CloudBackend
 from rubberband.cloud.head import provision_head
 from rubberband.cloud.provider import InstanceRequest
@@ -16,7 +15,7 @@ from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run
 from rubberband.errors import CloudError
 
-CATALOG = load_catalog(["aws"])
+CATALOG = cloud_catalog()
 P3 = CATALOG.find("p3.2xlarge", region=REGION)
 P3_8 = CATALOG.find("p3.8xlarge", region=REGION)
 

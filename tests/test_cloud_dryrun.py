@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from cloud_helpers import (REGION, ec2_faults, make_plan, moto_ami, moto_env,  # noqa: F401
+from cloud_helpers import (REGION, cloud_catalog, ec2_faults, make_plan, moto_ami, moto_env,  # noqa: F401
                            moto_server)
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
@@ -13,6 +13,9 @@ from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.dryrun import dry_run, render_dry_run
 from rubberband.cloud.gcp import GcpProvider
 from rubberband.errors import CloudError, InputError
+
+
+CATALOG = cloud_catalog()
 
 
 def ec2_counts() -> tuple[int, int]:
@@ -24,10 +27,11 @@ def ec2_counts() -> tuple[int, int]:
 
 def test_aws_dry_run_schedules_bills_and_checks_without_creating(moto_env, ec2_faults):
     ami = moto_ami()
-    report = dry_run(make_plan("aws", REGION, "p3.2xlarge"), lambda c, r: AwsProvider(r, image_id=ami))
+    report = dry_run(make_plan("aws", REGION, "p3.2xlarge"), lambda c, r: AwsProvider(r, image_id=ami),
+                     catalog=CATALOG)
     workers = [s for s in report.schedule if s.role == "worker"]
     assert [(s.id, s.zone, s.billed_s, s.price_hr) for s in workers] == [
-        ("i0", "us-east-1a", 3600, 3.06), ("i1", "us-east-1a", 60, 3.06)]
+        ("i0", "use1-az1", 3600, 3.06), ("i1", "use1-az1", 60, 3.06)]
     assert workers[0].cost_usd == pytest.approx(3.06) and workers[1].cost_usd == pytest.approx(3.06 / 60)
     (head,) = [s for s in report.schedule if s.role == "head"]
     assert head.instance_type == "m6i.large" and head.release_at_s == 3600 + 600 and not head.spot
@@ -49,10 +53,10 @@ def test_aws_dry_run_names_a_denied_permission(moto_env, ec2_faults):
     ec2_faults.denied = {"RunInstances"}
     plan = make_plan("aws", REGION, "g4dn.xlarge", spot=True)
     with pytest.raises(CloudError) as info:
-        dry_run(plan, lambda c, r: AwsProvider(r, image_id=ami))
+        dry_run(plan, lambda c, r: AwsProvider(r, image_id=ami), catalog=CATALOG)
     assert info.value.kind == "fatal" and "ec2:RunInstances" in info.value.message
     assert "\n" not in info.value.message
-    report = dry_run(plan, lambda c, r: AwsProvider(r, image_id=ami), strict=False)
+    report = dry_run(plan, lambda c, r: AwsProvider(r, image_id=ami), catalog=CATALOG, strict=False)
     assert [c.action for c in report.denied] == ["ec2:RunInstances"]
     assert report.schedule[1].spot and report.schedule[1].price_hr == 0.2010
     assert ec2_counts() == (0, 0)
@@ -60,7 +64,7 @@ def test_aws_dry_run_names_a_denied_permission(moto_env, ec2_faults):
 
 def test_gcp_dry_run_prices_composed_types_and_creates_nothing(gce_fake):
     plan = make_plan("gcp", "us-central1", "n1-standard-8+V100x1", spot=True)
-    report = dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url))
+    report = dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG)
     assert report.schedule[1].price_hr == pytest.approx(0.0963 + 0.992)
     assert report.schedule[0].instance_type == "e2-standard-2"
     assert [c.allowed for c in report.checks] == [None]

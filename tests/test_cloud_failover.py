@@ -7,13 +7,15 @@ import random
 
 import pytest
 
-from rubberband.catalog import InstanceType, load_catalog
+from cloud_helpers import cloud_catalog
+
+from rubberband.catalog import InstanceType
 from rubberband.cloud.failover import (ERROR_TABLE, FailoverExhausted, FailoverPolicy, RetryPolicy, alternatives_for,
                                        call_with_retry, classify, provision_with_failover)
 from rubberband.cloud.provider import Instance, InstanceRequest
 from rubberband.errors import CloudError
 
-CATALOG = load_catalog(["aws", "gcp"])
+CATALOG = cloud_catalog()
 P3 = CATALOG.find("p3.2xlarge", cloud="aws")
 
 
@@ -96,8 +98,8 @@ class ScriptedProvider:
 
 def test_failover_order_blocking_and_fatal_stop():
     other_region = dataclasses.replace(P3, region="us-west-2", zones=("us-west-2a",))
-    alt = InstanceType("aws", "p3.alt", "us-east-1", ("us-east-1c",), "V100", 1, 8, 61, 3.5, None)
-    scripted = ScriptedProvider({("p3.2xlarge", "us-east-1a"): "capacity", ("p3.2xlarge", "us-east-1b"): "quota"})
+    alt = InstanceType("aws", "p3.alt", "us-east-1", ("use1-az4",), "V100", 1, 8, 61, 3.5, None)
+    scripted = ScriptedProvider({("p3.2xlarge", "use1-az1"): "capacity", ("p3.2xlarge", "use1-az2"): "quota"})
     policy = FailoverPolicy()
     result = provision_with_failover(InstanceRequest("r", 0, P3), lambda t: scripted,
                                      alternatives=[alt, other_region], policy=policy)
@@ -105,13 +107,13 @@ def test_failover_order_blocking_and_fatal_stop():
     assert [(a.instance_type, a.region, a.outcome) for a in result.attempts] == [
         ("p3.2xlarge", "us-east-1", "capacity"), ("p3.2xlarge", "us-east-1", "quota"),
         ("p3.alt", "us-east-1", "skipped"), ("p3.2xlarge", "us-west-2", "ok")]
-    assert scripted.calls == [("p3.2xlarge", "us-east-1a"), ("p3.2xlarge", "us-east-1b"),
+    assert scripted.calls == [("p3.2xlarge", "use1-az1"), ("p3.2xlarge", "use1-az2"),
                               ("p3.2xlarge", "us-west-2a")]
-    fatal = ScriptedProvider({("p3.2xlarge", "us-east-1a"): "fatal"})
+    fatal = ScriptedProvider({("p3.2xlarge", "use1-az1"): "fatal"})
     with pytest.raises(FailoverExhausted) as info:
         provision_with_failover(InstanceRequest("r", 0, P3), lambda t: fatal, alternatives=[alt])
-    assert info.value.kind == "fatal" and fatal.calls == [("p3.2xlarge", "us-east-1a")]
-    everywhere = ScriptedProvider({("p3.2xlarge", "us-east-1a"): "quota-all"})
+    assert info.value.kind == "fatal" and fatal.calls == [("p3.2xlarge", "use1-az1")]
+    everywhere = ScriptedProvider({("p3.2xlarge", "use1-az1"): "quota-all"})
     policy = FailoverPolicy()
     with pytest.raises(FailoverExhausted):
         provision_with_failover(InstanceRequest("r", 0, P3), lambda t: everywhere, alternatives=[other_region],

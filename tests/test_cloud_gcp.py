@@ -5,22 +5,20 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from cloud_helpers import cloud_catalog
 from gce_fake import GceFake, gce_fake  # noqa: F401  (fixture)
 
-from rubberband.catalog import InstanceType, load_catalog
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPolicy, provision_with_failover
 from rubberband.cloud.gcp import GcpProvider, firewall_name, network_tag
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE, InstanceRequest
 from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances, terminate_run
 from rubberband.errors import CloudError, InputError, RubberbandError
 
-CATALOG = load_catalog(["gcp"])
-V100 = CATALOG.find("n1-standard-8+V100x1", region="us-central1")
-# Two zones, so that zone failover has somewhere to go (the shipped catalog lists one).
-V100_2Z = dataclasses.replace(V100, zones=("us-central1-a", "us-central1-b"))
-T4X4 = CATALOG.find("n1-standard-8+T4x4", region="us-central1")
-A2 = InstanceType("gcp", "a2-highgpu-1g", "us-central1", ("us-central1-a",), "A100", 1, 12, 85, 0.73948 + 2.93,
-                  None, host_type="a2-highgpu-1g")
+CATALOG = cloud_catalog()
+V100_2Z = CATALOG.find("n1-standard-8+V100x1", region="us-central1")  # zones us-central1-a, -b
+V100 = dataclasses.replace(V100_2Z, zones=("us-central1-a",))
+T4X4 = CATALOG.find("n1-standard-8+T4x4", region="us-central1")  # us-central1-a
+A2 = CATALOG.find("a2-highgpu-1g", region="us-central1")  # A100 bundled with the host
 
 
 def provider(fake: GceFake, **kwargs) -> GcpProvider:
@@ -150,7 +148,7 @@ def test_bad_input_and_missing_credentials(gce_fake, monkeypatch, tmp_path):
     with pytest.raises(InputError, match="region 'us-nowhere9'"):
         GcpProvider("us-nowhere9", endpoint=gce_fake.url)
     p = provider(gce_fake)
-    aws_type = load_catalog(["aws"]).find("p3.2xlarge")
+    aws_type = CATALOG.find("p3.2xlarge", cloud="aws")
     with pytest.raises(InputError, match="belongs to aws"):
         p.provision(InstanceRequest("run-l", 0, aws_type))
     with pytest.raises(InputError, match="zone 'us-central1-f'"):

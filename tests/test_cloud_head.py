@@ -11,10 +11,9 @@ import time
 
 import boto3
 import pytest
-from cloud_helpers import (FAKE_ACCESS_KEY, REGION, ec2_faults, moto_ami, moto_env,  # noqa: F401
+from cloud_helpers import (FAKE_ACCESS_KEY, REGION, cloud_catalog, ec2_faults, moto_ami, moto_env,  # noqa: F401
                            moto_server)
 
-from rubberband.catalog import load_catalog
 from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.bootstrap import (BootstrapConfig, WatchdogSettings, cloud_run_id, render_startup_script,
                                         validate_run_id)
@@ -25,7 +24,7 @@ from rubberband.errors import CloudError, InputError
 
 SETTINGS = WatchdogSettings(submit_timeout_s=600, stall_timeout_s=900, done_grace_s=300, max_lifetime_s=86400,
                             poll_s=30)
-G4 = load_catalog(["aws"]).find("g4dn.xlarge", region=REGION)
+G4 = cloud_catalog().find("g4dn.xlarge", region=REGION)
 
 
 def obs(now, *, submitted=True, progress=None, done=None, booted=0.0) -> Observation:

@@ -8,11 +8,10 @@ import logging
 import boto3
 import pytest
 from cloud_helpers import (FAKE_ACCESS_KEY, FAKE_SECRET_KEY, REGION, ec2_faults,  # noqa: F401
-                           make_plan, moto_ami, moto_env, moto_server)
+                           cloud_catalog, make_plan, moto_ami, moto_env, moto_server)
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
 
-from rubberband.catalog import load_catalog
 from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.dryrun import dry_run, render_dry_run
 from rubberband.cloud.failover import classify, provision_with_failover
@@ -27,8 +26,8 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
     caplog.set_level(logging.INFO)
     caplog.set_level(logging.DEBUG, logger="rubberband")
     outputs: list[str] = []
-    aws_types = load_catalog(["aws"])
-    g4 = aws_types.find("g4dn.xlarge", region=REGION)
+    catalog = cloud_catalog()
+    g4 = catalog.find("g4dn.xlarge", region=REGION)
     aws = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
 
     head = provision_head(aws, "run-z", REGION, g4.zones, timeout_s=10)
@@ -49,13 +48,13 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
     self_terminate(aws, "run-z", head.id, shutdown=lambda: None)
     terminate_run(aws, "run-z", timeout_s=10)
 
-    report = dry_run(make_plan("aws", REGION, "g4dn.xlarge"), lambda c, r: aws)
+    report = dry_run(make_plan("aws", REGION, "g4dn.xlarge"), lambda c, r: aws, catalog=catalog)
     console = Console(record=True, width=200)
     console.print(render_dry_run(report))
     outputs.append(console.export_text())
 
     gcp = GcpProvider("us-central1", endpoint=gce_fake.url, poll_s=0.01)
-    v100 = load_catalog(["gcp"]).find("n1-standard-8+V100x1")
+    v100 = catalog.find("n1-standard-8+V100x1")
     gcp_head = provision_head(gcp, "run-z", "us-central1", v100.zones, timeout_s=10)
     gcp.provision(InstanceRequest("run-z", 0, v100, startup_script=worker_startup_script("gcp", "run-z", gcp_head,
                                                                                          v100)))
