@@ -19,6 +19,7 @@ TAG_RUN_ID = "rubberband-run-id"
 TAG_STAGE = "rubberband-stage"
 TAG_VERSION = "rubberband-version"
 TAG_MANAGED = "rubberband-managed"
+TAG_ROLE = "rubberband-role"  # head | worker (added by the cloud providers; optional)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class InstanceRequest:
     zone: str | None = None
     startup_script: str | None = None
     extra_tags: dict[str, str] = field(default_factory=dict)
+    max_lifetime_s: float | None = None  # hard cap enforced by the cloud where it can (GCE maxRunDuration)
 
     def tags(self, version: str) -> dict[str, str]:
         return {TAG_MANAGED: "true", TAG_RUN_ID: self.run_id, TAG_STAGE: str(self.stage),
@@ -47,12 +49,17 @@ class Instance:
     cloud: str
     instance_type: str
     zone: str
-    state: str  # pending | running | stopping | terminated
+    state: str  # pending | running | stopping | stopped | terminated
     run_id: str
     stage: int = 0
-    address: str | None = None
+    address: str | None = None  # private address (what Ray nodes of the run use)
     launched_at: float | None = None  # POSIX seconds, from the provider
     tags: dict[str, str] = field(default_factory=dict)
+    public_address: str | None = None  # for SSH from the user's machine, when the instance has one
+
+    @property
+    def role(self) -> str:
+        return self.tags.get(TAG_ROLE, "worker")
 
     @property
     def alive(self) -> bool:

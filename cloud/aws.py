@@ -1,0 +1,397 @@
+"""AWS EC2 behind the :class:`~rubberband.cloud.provider.Provider` interface (boto3).
+
+* Credentials only through boto3's default chain (environment, profile, SSO, instance
+  role); the endpoint through the standard ``AWS_ENDPOINT_URL`` (or ``endpoint_url``).
+* Every instance and its volumes carry the run id, stage, rubberband version and the
+  managed marker; IMDSv2 is required; an instance-initiated shutdown terminates it.
+* One security group per run: all TCP between members of the group (Ray, object
+  transfer, torch DDP pick ports freely) and SSH only from a CIDR the user gives.
+  :meth:`AwsProvider.cleanup_run` deletes it once the run's instances are gone.
+* Errors are classified by :func:`rubberband.cloud.failover.classify`; transient ones are
+  retried here with bounded backoff, reusing the request's ``ClientToken`` so that a retry
+  never launches twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from rubberband import __version__
+from rubberband.cloud.bootstrap import assert_no_credentials, check_ssh_cidr, validate_run_id
+from rubberband.cloud.dryrun import PermissionCheck
+from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify
+from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
+from rubberband.errors import CloudError, InputError
+
+T = TypeVar("T")
+
+#: Public SSM parameter holding the newest AWS Deep Learning Base GPU AMI (NVIDIA driver, Ubuntu 22.04).
+DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+_STATES = {"pending": "pending", "running": "running", "shutting-down": "stopping", "stopping": "stopping",
+           "stopped": "stopped", "terminated": "terminated"}
+_LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+_ZONE_ID_RE = re.compile(r"^[a-z]+[0-9]+-az[0-9]+$")  # use1-az1, usw2-az3
+
+
+@functools.lru_cache(maxsize=1)
+def _known_regions() -> frozenset[str]:
+    """Every EC2 region botocore's bundled endpoint data knows (static data, read once)."""
+    session = boto3.Session()
+    return frozenset(region for partition in session.get_available_partitions()
+                     for region in session.get_available_regions("ec2", partition_name=partition))
+
+
+def security_group_name(run_id: str) -> str:
+    return f"rubberband-{run_id}"
+
+
+def _tag_list(tags: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+
+class AwsProvider:
+    """EC2 instances of one region for rubberband runs."""
+
+    cloud = "aws"
+
+    def __init__(self, region: str, *, endpoint_url: str | None = None, session: boto3.Session | None = None,
+                 image_id: str | None = None, ssh_cidr: str | None = None, key_name: str | None = None,
+                 instance_profile: str | None = None, vpc_id: str | None = None,
+                 retry: RetryPolicy | None = None, poll_s: float = 5.0, version: str = __version__) -> None:
+        self.session = session or boto3.Session()
+        if region not in _known_regions():
+            raise InputError(f"AWS region {region!r} is unknown; use one of e.g. us-east-1, us-west-2, eu-west-1")
+        if self.session.get_credentials() is None:
+            raise classify("aws", "NoCredentials", "boto3 found no credentials", region=region)
+        self.region = region
+        self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
+        self.key_name = key_name
+        self.instance_profile = instance_profile
+        self.vpc_id = vpc_id
+        self.retry = retry or RetryPolicy()
+        self.poll_s = poll_s
+        self.version = version
+        self._image_id = image_id or os.environ.get("RUBBERBAND_AWS_AMI") or None
+        self._groups: dict[str, str] = {}
+        self._zone_names: dict[str, str] | None = None  # zone ID -> this account's zone name
+        config = Config(region_name=region, retries={"total_max_attempts": 1, "mode": "standard"},
+                        user_agent_extra=f"rubberband/{version}", connect_timeout=10, read_timeout=60)
+        self.ec2 = self.session.client("ec2", endpoint_url=endpoint_url, config=config)
+        self.ssm = self.session.client("ssm", endpoint_url=endpoint_url, config=config)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _call(self, action: str, fn: Callable[[], T], *, zone: str | None = None, instance_type: str | None = None,
+              spot: bool = False, retry: bool = True) -> T:
+        """Run one API call, classifying failures; transient ones are retried (bounded)."""
+        def once() -> T:
+            try:
+                return fn()
+            except botocore.exceptions.ClientError as exc:
+                error = exc.response.get("Error", {})
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                raise classify("aws", error.get("Code", ""), error.get("Message", ""), http_status=status,
+                               zone=zone, region=self.region, instance_type=instance_type, spot=spot,
+                               action=f"ec2:{action}") from None
+            except botocore.exceptions.NoCredentialsError:
+                raise classify("aws", "NoCredentials", "boto3 found no credentials", region=self.region) from None
+            except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionClosedError,
+                    botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError) as exc:
+                raise CloudError(f"aws {action} in {self.region}: {exc}", kind="transient",
+                                 code="ConnectionError", region=self.region) from None
+        return call_with_retry(once, self.retry) if retry else once()
+
+    def _tags(self, request: InstanceRequest) -> dict[str, str]:
+        return {"Name": f"rb-{request.run_id}-{request.stage}", **request.tags(self.version)}
+
+    def image_id(self) -> str:
+        """The AMI to boot: ``image_id``, ``RUBBERBAND_AWS_AMI``, or the newest Deep Learning Base AMI."""
+        if self._image_id is None:
+            try:
+                response = self._call("GetParameter", lambda: self.ssm.get_parameter(Name=DEFAULT_AMI_PARAMETER))
+            except CloudError as exc:
+                raise CloudError(f"cannot look up the default AMI ({exc.message}); set RUBBERBAND_AWS_AMI",
+                                 kind="fatal", code=exc.code, region=self.region) from None
+            self._image_id = response["Parameter"]["Value"]
+        return self._image_id
+
+    def zone_name(self, zone: str) -> str:
+        """This account's name for a zone given by ID (``use1-az1``, as catalogs list them) or by name.
+
+        Zone IDs are the same in every account; names (``us-east-1a``) are shuffled per account, and
+        ``Placement.AvailabilityZone`` wants the name.
+        """
+        if not _ZONE_ID_RE.match(zone):
+            return zone
+        if self._zone_names is None:
+            zones = self._call("DescribeAvailabilityZones",
+                               lambda: self.ec2.describe_availability_zones(AllAvailabilityZones=True))
+            self._zone_names = {z["ZoneId"]: z["ZoneName"] for z in zones["AvailabilityZones"] if "ZoneId" in z}
+        if zone not in self._zone_names:
+            raise InputError(f"zone ID {zone!r} does not exist in {self.region}; known: "
+                             f"{', '.join(sorted(self._zone_names))}")
+        return self._zone_names[zone]
+
+    # -- security group ---------------------------------------------------------------------
+
+    def _vpc(self) -> str:
+        if self.vpc_id is None:
+            vpcs = self._call("DescribeVpcs", lambda: self.ec2.describe_vpcs(
+                Filters=[{"Name": "isDefault", "Values": ["true"]}]))["Vpcs"]
+            if not vpcs:
+                raise CloudError(f"aws: region {self.region} has no default VPC; pass vpc_id", kind="fatal",
+                                 code="NoDefaultVpc", region=self.region)
+            self.vpc_id = vpcs[0]["VpcId"]
+        return self.vpc_id
+
+    def find_security_group(self, run_id: str) -> str | None:
+        groups = self._call("DescribeSecurityGroups", lambda: self.ec2.describe_security_groups(Filters=[
+            {"Name": "group-name", "Values": [security_group_name(run_id)]},
+            {"Name": "vpc-id", "Values": [self._vpc()]}]))["SecurityGroups"]
+        return groups[0]["GroupId"] if groups else None
+
+    def ensure_security_group(self, run_id: str) -> str:
+        """The run's security group: Ray/DDP traffic only among its members, SSH only from ``ssh_cidr``."""
+        if run_id in self._groups:
+            return self._groups[run_id]
+        group_id = self.find_security_group(run_id)
+        if group_id is None:
+            tags = {TAG_MANAGED: "true", TAG_RUN_ID: run_id, "Name": security_group_name(run_id)}
+            try:
+                group_id = self._call("CreateSecurityGroup", lambda: self.ec2.create_security_group(
+                    GroupName=security_group_name(run_id), VpcId=self._vpc(),
+                    Description=f"rubberband run {run_id}: Ray traffic within the run only",
+                    TagSpecifications=[{"ResourceType": "security-group", "Tags": _tag_list(tags)}]))["GroupId"]
+            except CloudError as exc:
+                if exc.code != "InvalidGroup.Duplicate":
+                    raise
+                group_id = self.find_security_group(run_id)
+                assert group_id is not None
+            else:
+                permissions: list[dict[str, Any]] = [{
+                    "IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535,
+                    "UserIdGroupPairs": [{"GroupId": group_id,
+                                          "Description": "Ray and torch DDP between nodes of this run"}]}]
+                if self.ssh_cidr:
+                    permissions.append({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [
+                        {"CidrIp": self.ssh_cidr, "Description": "SSH for the rubberband user"}]})
+                self._call("AuthorizeSecurityGroupIngress", lambda: self.ec2.authorize_security_group_ingress(
+                    GroupId=group_id, IpPermissions=permissions))
+        self._groups[run_id] = group_id
+        return group_id
+
+    # -- Provider ---------------------------------------------------------------------------
+
+    def run_instances_params(self, request: InstanceRequest, group_id: str | None) -> dict[str, Any]:
+        """The run_instances arguments for ``request`` (also used for DryRun permission checks)."""
+        itype = request.instance_type
+        tags = self._tags(request)
+        params: dict[str, Any] = {
+            "ImageId": self.image_id(), "InstanceType": itype.host_type or itype.name,
+            "MinCount": request.count, "MaxCount": request.count,
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": _tag_list(tags)},
+                                  {"ResourceType": "volume", "Tags": _tag_list(tags)}],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+            "InstanceInitiatedShutdownBehavior": "terminate",
+        }
+        if group_id:
+            params["SecurityGroupIds"] = [group_id]
+        if request.zone:
+            params["Placement"] = {"AvailabilityZone": self.zone_name(request.zone)}
+        if request.spot:
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        if request.startup_script:
+            params["UserData"] = assert_no_credentials(request.startup_script, what="EC2 user-data")
+        if self.key_name:
+            params["KeyName"] = self.key_name
+        if self.instance_profile:
+            params["IamInstanceProfile"] = {"Name": self.instance_profile}
+        return params
+
+    def _check_request(self, request: InstanceRequest) -> None:
+        validate_run_id(request.run_id)
+        itype = request.instance_type
+        if itype.cloud != "aws":
+            raise InputError(f"instance type {itype.name!r} belongs to {itype.cloud}, not aws")
+        if itype.region != self.region:
+            raise InputError(f"instance type {itype.name} is listed for {itype.region}, but this AWS provider "
+                             f"serves {self.region}")
+        if request.zone and itype.zones and request.zone not in itype.zones:
+            raise InputError(f"zone {request.zone!r} does not offer {itype.name}; use one of {', '.join(itype.zones)}")
+        if request.count < 1:
+            raise InputError(f"instance count must be at least 1, got {request.count}")
+
+    def provision(self, request: InstanceRequest) -> list[Instance]:
+        self._check_request(request)
+        self.image_id()  # a missing image fails before anything is created
+        group_id = self.ensure_security_group(request.run_id)
+        params = self.run_instances_params(request, group_id)
+        params["ClientToken"] = uuid.uuid4().hex  # one per request: a retried call never launches twice
+        name = request.instance_type.name
+        response = self._call("RunInstances", lambda: self.ec2.run_instances(**params), zone=request.zone,
+                              instance_type=name, spot=request.spot)
+        return [self._instance(raw) for raw in response["Instances"]]
+
+    def describe(self, instance_ids: list[str]) -> list[Instance]:
+        if not instance_ids:
+            return []
+        pages = self._call("DescribeInstances", lambda: list(self.ec2.get_paginator("describe_instances").paginate(
+            InstanceIds=list(instance_ids))))
+        return [self._instance(raw) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
+
+    def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                instances = self.describe(instance_ids)
+            except CloudError as exc:
+                if exc.code != "InvalidInstanceID.NotFound":  # new ids take a moment to be visible
+                    raise
+                instances = []
+            gone = [i for i in instances if i.state in ("stopping", "stopped", "terminated")]
+            if gone:
+                raise CloudError(f"aws: instance {gone[0].id} ({gone[0].instance_type}) in {gone[0].zone} went "
+                                 f"{gone[0].state} before running (capacity reclaimed)", kind="capacity",
+                                 code="InstanceTerminatedEarly", zone=gone[0].zone, region=self.region)
+            if len(instances) == len(instance_ids) and all(i.state == "running" for i in instances):
+                return instances
+            if time.monotonic() >= deadline:
+                waiting = [i for i in instance_ids if i not in {x.id for x in instances if x.state == "running"}]
+                raise CloudError(f"aws: instances {', '.join(waiting[:5])} not running after {timeout_s:g}s",
+                                 kind="transient", code="WaitTimeout", region=self.region)
+            time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+
+    def list(self, run_id: str | None = None) -> list[Instance]:
+        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                   {"Name": "instance-state-name", "Values": _LIVE_STATES}]
+        if run_id is not None:
+            filters.append({"Name": f"tag:{TAG_RUN_ID}", "Values": [run_id]})
+        pages = self._call("DescribeInstances", lambda: list(
+            self.ec2.get_paginator("describe_instances").paginate(Filters=filters)))
+        return [self._instance(raw) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
+
+    def terminate(self, instance_ids: list[str]) -> None:
+        ids = list(dict.fromkeys(instance_ids))
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            try:
+                self._call("TerminateInstances", lambda: self.ec2.terminate_instances(InstanceIds=chunk))
+            except CloudError as exc:
+                if not exc.code.startswith("InvalidInstanceID"):
+                    raise
+                for one in chunk:  # some id is already gone: terminate the rest one by one
+                    try:
+                        self._call("TerminateInstances", lambda: self.ec2.terminate_instances(InstanceIds=[one]))
+                    except CloudError as inner:
+                        if not inner.code.startswith("InvalidInstanceID"):
+                            raise
+
+    def set_labels(self, instance_id: str, labels: dict[str, str]) -> None:
+        """Merge tags into an instance's tags (e.g. a new stage when an instance is reused)."""
+        self._call("CreateTags", lambda: self.ec2.create_tags(Resources=[instance_id], Tags=_tag_list(labels)))
+
+    def check_permissions(self, request: InstanceRequest) -> list[PermissionCheck]:
+        """Probe the calls a run makes with ``DryRun=True``: nothing is created.
+
+        ``DryRunOperation`` means allowed, ``UnauthorizedOperation`` denied; a probe that fails
+        on the placeholder resource id itself (not on authorization) is reported as unchecked.
+        """
+        self._check_request(request)
+        checks: list[PermissionCheck] = []
+        placeholder_instance, placeholder_group = "i-0000000000000000f", "sg-0000000000000000f"
+
+        def probe(action: str, fn: Callable[[], Any]) -> None:
+            try:
+                self._call(action, fn)
+            except CloudError as exc:
+                if exc.code == "DryRunOperation":
+                    checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", True))
+                elif exc.code == "UnauthorizedOperation":
+                    checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", False,
+                                                  "UnauthorizedOperation"))
+                elif exc.kind == "fatal" and exc.code.startswith(("InvalidInstanceID", "InvalidGroup")):
+                    checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", None,
+                                                  f"not verifiable with a placeholder id ({exc.code})"))
+                else:
+                    raise
+            else:  # a read-only call that went through
+                checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", True))
+
+        params = self.run_instances_params(request, None)
+        probe("DescribeInstances", lambda: self.ec2.describe_instances(MaxResults=5))
+        probe("RunInstances", lambda: self.ec2.run_instances(DryRun=True, **params))
+        probe("CreateSecurityGroup", lambda: self.ec2.create_security_group(
+            DryRun=True, GroupName=security_group_name(request.run_id), Description="rubberband dry run",
+            VpcId=self._vpc()))
+        probe("AuthorizeSecurityGroupIngress", lambda: self.ec2.authorize_security_group_ingress(
+            DryRun=True, GroupId=placeholder_group, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22,
+                                                                    "ToPort": 22, "IpRanges": [
+                                                                        {"CidrIp": "203.0.113.7/32"}]}]))
+        probe("TerminateInstances", lambda: self.ec2.terminate_instances(DryRun=True,
+                                                                         InstanceIds=[placeholder_instance]))
+        probe("DeleteSecurityGroup", lambda: self.ec2.delete_security_group(DryRun=True, GroupId=placeholder_group))
+        return checks
+
+    # -- run-level resources ------------------------------------------------------------------
+
+    def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
+        """Delete the run's security group once its instances are terminated; return what was deleted."""
+        group_id = self.find_security_group(run_id)
+        self._groups.pop(run_id, None)
+        if group_id is None:
+            return []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = self._call("DescribeInstances", lambda: self.ec2.describe_instances(Filters=[
+                {"Name": "instance.group-id", "Values": [group_id]},
+                {"Name": "instance-state-name", "Values": ["pending", "running", "shutting-down", "stopping",
+                                                            "stopped"]}]))["Reservations"]
+            if not remaining:
+                try:
+                    self._call("DeleteSecurityGroup", lambda: self.ec2.delete_security_group(GroupId=group_id))
+                    return [group_id]
+                except CloudError as exc:
+                    if exc.code == "InvalidGroup.NotFound":
+                        return []
+                    if exc.code != "DependencyViolation":
+                        raise
+            if time.monotonic() >= deadline:
+                raise CloudError(f"aws: security group {group_id} of run {run_id} is still in use after "
+                                 f"{timeout_s:g}s; delete it with `aws ec2 delete-security-group --group-id "
+                                 f"{group_id}`", kind="transient", code="DependencyViolation", region=self.region)
+            time.sleep(self.poll_s)
+
+    def leftover_runs(self) -> list[str]:
+        """Runs whose security group outlived their instances (to clean up with :meth:`cleanup_run`)."""
+        groups = self._call("DescribeSecurityGroups", lambda: self.ec2.describe_security_groups(
+            Filters=[{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]))["SecurityGroups"]
+        live = {i.run_id for i in self.list()}
+        runs = [t["Value"] for g in groups for t in g.get("Tags", []) if t["Key"] == TAG_RUN_ID]
+        return sorted(set(runs) - live)
+
+    # -- conversion ---------------------------------------------------------------------------
+
+    def _instance(self, raw: dict[str, Any]) -> Instance:
+        tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+        launched = raw.get("LaunchTime")
+        try:
+            stage = int(tags.get(TAG_STAGE, "0"))
+        except ValueError:
+            stage = 0
+        return Instance(id=raw["InstanceId"], cloud="aws", instance_type=raw.get("InstanceType", ""),
+                        zone=raw.get("Placement", {}).get("AvailabilityZone", ""),
+                        state=_STATES.get(raw.get("State", {}).get("Name", ""), "pending"),
+                        run_id=tags.get(TAG_RUN_ID, ""), stage=stage, address=raw.get("PrivateIpAddress"),
+                        launched_at=launched.timestamp() if launched is not None else None, tags=tags,
+                        public_address=raw.get("PublicIpAddress"))

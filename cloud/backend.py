@@ -1,0 +1,179 @@
+"""The executor's backend on a cloud: the Provider calls plus ``start_head`` / ``stop_head``.
+
+The executor (branch ``executor``, ``executor/backends.py``) drives a backend that looks like a
+:class:`~rubberband.cloud.provider.Provider` and also starts / stops the run's Ray head, and it
+treats an instance returned by ``provision`` as ready to take trials. :class:`CloudBackend`
+gives it that on AWS / GCP, with the executor running on the run's head instance
+(docs/clouds.md, "Where the head runs"):
+
+* ``start_head`` returns the head's Ray address (the head's startup script started Ray);
+  ``stop_head`` is a no-op — the head's watchdog ends the machine;
+* ``provision`` adds the worker startup script (joins this head) and the worker role tag, goes
+  through :func:`~rubberband.cloud.failover.provision_with_failover` (zones, alternatives, blocks
+  kept for the whole run), waits until the instance runs and its Ray node has joined, and
+  terminates it if any of that fails. Every attempt is kept in ``attempts`` for the journal;
+* ``list`` never returns the head (the executor terminates "orphans" it lists; the head is the
+  machine it runs on); ``terminate`` routes each id to the provider of its region.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rubberband.catalog import InstanceType
+from rubberband.cloud.bootstrap import RAY_PORT
+from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
+from rubberband.cloud.head import worker_startup_script
+from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider
+from rubberband.cloud.registry import ProviderPool
+from rubberband.errors import CloudError
+
+JoinCheck = Callable[[Instance, float], None]
+
+
+@dataclass(frozen=True)
+class HeadHandle:
+    """What the executor needs of the head: where Ray listens (and no local process id)."""
+
+    address: str
+    id: str
+    pid: int | None = None
+
+
+def ray_join_check(instance: Instance, timeout_s: float) -> None:
+    """Block until the instance's Ray node offers ``rb-node-<id>`` (the driver is connected)."""
+    import ray
+
+    resource = f"rb-node-{instance.id}"
+    deadline = time.monotonic() + timeout_s
+    while resource not in ray.cluster_resources():
+        if time.monotonic() >= deadline:
+            raise CloudError(f"{instance.cloud}: instance {instance.id} runs but its Ray node did not join the head "
+                             f"within {timeout_s:g}s (see /var/log/rubberband-bootstrap.log on it)",
+                             kind="transient", code="JoinTimeout", zone=instance.zone)
+        time.sleep(2.0)
+
+
+@dataclass
+class CloudBackend:
+    """Provider + head handling for one cloud run, as the executor expects of a backend."""
+
+    pool: ProviderPool
+    head: Instance
+    alternatives: Callable[[InstanceType], Sequence[InstanceType]] = lambda itype: ()
+    policy: FailoverPolicy = field(default_factory=FailoverPolicy)
+    boot_timeout_s: float = 900.0
+    join_timeout_s: float = 600.0
+    join_check: JoinCheck = ray_join_check
+    max_lifetime_s: float | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    _where: dict[str, Provider] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def cloud(self) -> str:
+        return self.head.cloud
+
+    # -- head --------------------------------------------------------------------------------
+
+    def start_head(self, run_id: str) -> HeadHandle:
+        if run_id != self.head.run_id:
+            raise CloudError(f"this head belongs to run {self.head.run_id}, not {run_id}", kind="fatal")
+        return HeadHandle(address=f"{self.head.address}:{RAY_PORT}", id=self.head.id)
+
+    def stop_head(self) -> bool:
+        return False  # the head's watchdog terminates the machine once the run is over
+
+    # -- Provider ----------------------------------------------------------------------------
+
+    def provision(self, request: InstanceRequest) -> list[Instance]:
+        worker = dataclasses.replace(request, extra_tags={**request.extra_tags, TAG_ROLE: "worker"},
+                                     max_lifetime_s=request.max_lifetime_s or self.max_lifetime_s)
+
+        def render(candidate: InstanceType) -> Provider:  # the script depends on the type actually tried
+            return _ScriptFor(self.pool.for_type(candidate), self.head, self.max_lifetime_s)
+
+        try:
+            result = provision_with_failover(worker, render, alternatives=self.alternatives(request.instance_type),
+                                             policy=self.policy)
+        except CloudError as exc:
+            self.attempts.extend(getattr(exc, "attempts", []))
+            raise
+        self.attempts.extend(result.attempts)
+        provider = self.pool.for_type(result.instance_type)
+        for inst in result.instances:
+            self._where[inst.id] = provider
+        ids = [i.id for i in result.instances]
+        try:
+            running = provider.wait(ids, self.boot_timeout_s)
+            for inst in running:
+                self.join_check(inst, self.join_timeout_s)
+        except BaseException:
+            provider.terminate(ids)
+            raise
+        return running
+
+    def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
+        found: list[Instance] = []
+        for provider, ids in self._group(instance_ids).items():
+            found += provider.wait(ids, timeout_s)
+        return found
+
+    def list(self, run_id: str | None = None) -> list[Instance]:
+        seen: dict[str, Instance] = {}
+        for provider in self._providers():
+            for inst in provider.list(run_id):
+                if inst.id != self.head.id and inst.role != "head":
+                    seen[inst.id] = inst
+                    self._where.setdefault(inst.id, provider)
+        return list(seen.values())
+
+    def terminate(self, instance_ids: list[str]) -> None:
+        ids = [i for i in instance_ids if i != self.head.id]
+        for provider, group in self._group(ids).items():
+            provider.terminate(group)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _providers(self) -> list[Provider]:
+        """Providers built so far (build the plan's regions up front to see instances of an earlier executor)."""
+        providers = self.pool.providers()
+        return providers or [self.pool(self.head.cloud, _region_of(self.head))]
+
+    def _group(self, instance_ids: list[str]) -> dict[Provider, list[str]]:
+        groups: dict[Provider, list[str]] = {}
+        missing = [i for i in instance_ids if i not in self._where]
+        if missing:
+            self.list()  # learn where they are
+        for ident in instance_ids:
+            provider = self._where.get(ident)
+            if provider is not None:
+                groups.setdefault(provider, []).append(ident)
+        return groups
+
+
+@dataclass(frozen=True)
+class _ScriptFor:
+    """A provider view that re-renders the worker script for the type actually tried (failover)."""
+
+    provider: Provider
+    head: Instance
+    max_lifetime_s: float | None
+
+    @property
+    def cloud(self) -> str:
+        return self.provider.cloud
+
+    def provision(self, request: InstanceRequest) -> list[Instance]:
+        script = worker_startup_script(request.instance_type.cloud, request.run_id, self.head, request.instance_type,
+                                       max_lifetime_s=self.max_lifetime_s)
+        return self.provider.provision(dataclasses.replace(request, startup_script=script))
+
+
+def _region_of(instance: Instance) -> str:
+    """Region of an instance from its zone (``us-east-1a`` → ``us-east-1``, ``us-central1-a`` → ``us-central1``)."""
+    if instance.cloud == "gcp":
+        return instance.zone.rsplit("-", 1)[0]
+    return instance.zone[:-1]

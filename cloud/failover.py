@@ -1,0 +1,303 @@
+"""Cloud error vocabulary and the failover policy shared by AWS and GCP.
+
+One table (:data:`ERROR_TABLE`) maps each cloud's error codes onto the four kinds of
+:class:`~rubberband.errors.CloudError`:
+
+* ``capacity``  – this type is sold out in this zone right now: block the (type, zone)
+  pair, try the next zone of the region, then the next-cheapest alternative type;
+* ``quota``     – the account may not have more: block the whole region (or the whole
+  cloud for GCP's ``GPUS_ALL_REGIONS``) and name the quota to raise;
+* ``transient`` – throttling or a 5xx: retry the same call with bounded exponential backoff;
+* ``fatal``     – bad credentials, missing permission, bad input: stop at once.
+
+:func:`provision_with_failover` walks the candidates in that order and returns what it
+tried (:class:`Attempt`) so the executor can journal every step. SkyPilot's users
+report failover that keeps hammering regions without quota (#1268); blocking regions on
+quota errors is the fix adopted here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from rubberband.cloud.provider import Instance, InstanceRequest, Provider
+from rubberband.catalog import Catalog, InstanceType
+from rubberband.cloud.bootstrap import redact
+from rubberband.errors import CloudError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ErrorRule:
+    """How one provider error code is handled, and what the user can do about it."""
+
+    kind: str
+    hint: str
+
+
+_AUTH_AWS = ("check the AWS credentials boto3 finds (AWS_PROFILE, ~/.aws/credentials, environment, SSO "
+             "or the instance role)")
+_PERM = "grant the permission listed in docs/clouds.md"
+_CAPACITY = "no capacity for this type in this zone right now; rubberband tries other zones and types"
+_RETRY = "throttled or a server error; retried with backoff"
+
+#: Provider error code → kind and hint. AWS codes are CamelCase, GCP codes UPPER_CASE
+#: (operation errors) or camelCase (HTTP error reasons).
+ERROR_TABLE: dict[str, ErrorRule] = {
+    # -- AWS EC2
+    "InsufficientInstanceCapacity": ErrorRule("capacity", _CAPACITY),
+    "InsufficientHostCapacity": ErrorRule("capacity", _CAPACITY),
+    "InsufficientCapacityOnOutpost": ErrorRule("capacity", _CAPACITY),
+    "SpotMaxPriceTooLow": ErrorRule("capacity", "the spot price is above the maximum; trying elsewhere"),
+    "Unsupported": ErrorRule("capacity", "this type is not offered in this zone; trying other zones"),
+    "VcpuLimitExceeded": ErrorRule("quota", "raise the vCPU quota in the Service Quotas console"),
+    "MaxSpotInstanceCountExceeded": ErrorRule("quota", "raise the spot vCPU quota in the Service Quotas console"),
+    "InstanceLimitExceeded": ErrorRule("quota", "raise the instance quota in the Service Quotas console"),
+    "RequestLimitExceeded": ErrorRule("transient", _RETRY),
+    "Throttling": ErrorRule("transient", _RETRY),
+    "ThrottlingException": ErrorRule("transient", _RETRY),
+    "InternalError": ErrorRule("transient", _RETRY),
+    "InternalFailure": ErrorRule("transient", _RETRY),
+    "ServiceUnavailable": ErrorRule("transient", _RETRY),
+    "Unavailable": ErrorRule("transient", _RETRY),
+    "AuthFailure": ErrorRule("fatal", _AUTH_AWS),
+    "InvalidClientTokenId": ErrorRule("fatal", _AUTH_AWS),
+    "SignatureDoesNotMatch": ErrorRule("fatal", _AUTH_AWS),
+    "ExpiredToken": ErrorRule("fatal", _AUTH_AWS + "; the session token has expired"),
+    "NoCredentials": ErrorRule("fatal", _AUTH_AWS),
+    "UnauthorizedOperation": ErrorRule("fatal", _PERM),
+    "AccessDeniedException": ErrorRule("fatal", _PERM),
+    "DryRunOperation": ErrorRule("fatal", "a DryRun request would have succeeded (permission check)"),
+    "OptInRequired": ErrorRule("fatal", "opt in to this region in the AWS console or choose another region"),
+    "InvalidAMIID.NotFound": ErrorRule("fatal", "the machine image does not exist in this region; "
+                                                "set RUBBERBAND_AWS_AMI or pass image_id"),
+    "InvalidParameterValue": ErrorRule("fatal", "the request was rejected as invalid"),
+    # -- GCP Compute Engine
+    "ZONE_RESOURCE_POOL_EXHAUSTED": ErrorRule("capacity", _CAPACITY),
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": ErrorRule("capacity", _CAPACITY),
+    "RESOURCE_POOL_EXHAUSTED": ErrorRule("capacity", _CAPACITY),
+    "QUOTA_EXCEEDED": ErrorRule("quota", "raise the quota on the IAM & Admin > Quotas page"),
+    "quotaExceeded": ErrorRule("quota", "raise the quota on the IAM & Admin > Quotas page"),
+    "RATE_LIMIT_EXCEEDED": ErrorRule("transient", _RETRY),
+    "rateLimitExceeded": ErrorRule("transient", _RETRY),
+    "userRateLimitExceeded": ErrorRule("transient", _RETRY),
+    "backendError": ErrorRule("transient", _RETRY),
+    "internalError": ErrorRule("transient", _RETRY),
+    "PERMISSION_DENIED": ErrorRule("fatal", _PERM),
+    "forbidden": ErrorRule("fatal", _PERM),
+    "UNAUTHENTICATED": ErrorRule("fatal", "run `gcloud auth application-default login` or set "
+                                          "GOOGLE_APPLICATION_CREDENTIALS"),
+    "authError": ErrorRule("fatal", "run `gcloud auth application-default login` or set "
+                                    "GOOGLE_APPLICATION_CREDENTIALS"),
+}
+
+# AWS Service Quotas that gate GPU instances, by instance family letter (on-demand, spot).
+_AWS_QUOTAS = {
+    "p": ("Running On-Demand P instances (L-417A185B)", "All P Spot Instance Requests (L-7212CCBC)"),
+    "g": ("Running On-Demand G and VT instances (L-DB2E81BA)", "All G and VT Spot Instance Requests (L-3819A6DF)"),
+    "": ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances (L-1216C47A)",
+         "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests (L-34B43A08)"),
+}
+_GCP_QUOTA_RE = re.compile(r"Quota '([A-Z0-9_]+)' exceeded")
+
+
+def aws_quota_name(instance_type: str, spot: bool) -> str:
+    """The Service Quotas entry that limits ``instance_type`` (on-demand or spot)."""
+    family = instance_type[:1].lower()
+    on_demand, spot_quota = _AWS_QUOTAS.get(family if family in ("p", "g") else "", _AWS_QUOTAS[""])
+    return spot_quota if spot else on_demand
+
+
+def gcp_quota_name(message: str, metric: str | None = None) -> str | None:
+    """The GCE quota named in an error (``NVIDIA_V100_GPUS``, ``GPUS_ALL_REGIONS``, ``CPUS``)."""
+    if metric:
+        return metric.rsplit("/", 1)[-1].upper()
+    match = _GCP_QUOTA_RE.search(message or "")
+    return match.group(1) if match else None
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    text = redact(" ".join(str(text or "").split()))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def classify(cloud: str, code: str, message: str, *, http_status: int | None = None, zone: str | None = None,
+             region: str | None = None, instance_type: str | None = None, spot: bool = False,
+             quota: str | None = None, action: str | None = None) -> CloudError:
+    """Turn one provider error into a one-line :class:`CloudError` of the right kind."""
+    rule = ERROR_TABLE.get(code)
+    if rule is None:
+        if http_status is not None and (http_status >= 500 or http_status == 429):
+            rule = ErrorRule("transient", _RETRY)
+        elif http_status in (401, 403):
+            rule = ErrorRule("fatal", _PERM)
+        else:
+            rule = ErrorRule("fatal", "unexpected cloud error; nothing was left running")
+    where = zone or region or cloud
+    what = f" for {instance_type}" if instance_type else ""
+    hint = rule.hint
+    if rule.kind == "quota":
+        if quota is None:
+            quota = (aws_quota_name(instance_type or "", spot) if cloud == "aws"
+                     else gcp_quota_name(message) or "GPUS_ALL_REGIONS / the GPU quota of the region")
+        scope = "every region" if quota == "GPUS_ALL_REGIONS" else (region or where)
+        console = "Service Quotas console" if cloud == "aws" else "IAM & Admin > Quotas"
+        hint = f"raise the quota '{quota}' in {scope} ({console})"
+    if code == "UnauthorizedOperation" and action:
+        hint = f"the credentials lack the permission {action}; {_PERM}"
+    text = f"{cloud} {code or http_status}{what} in {where}: {_one_line(message)} — {hint}"
+    return CloudError(_one_line(text, 400), kind=rule.kind, code=code, zone=zone, region=region, quota=quota)
+
+
+# -- retries -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff for transient errors (equal jitter)."""
+
+    max_tries: int = 5
+    base_s: float = 1.0
+    cap_s: float = 30.0
+    sleep: Callable[[float], None] = time.sleep
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def delay(self, attempt: int) -> float:
+        ceiling = min(self.cap_s, self.base_s * 2 ** attempt)
+        return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
+
+
+def call_with_retry(fn: Callable[[], T], retry: RetryPolicy) -> T:
+    """Call ``fn``; on a transient CloudError sleep and try again, at most ``retry.max_tries`` times."""
+    for attempt in range(retry.max_tries):
+        try:
+            return fn()
+        except CloudError as exc:
+            if exc.kind != "transient" or attempt == retry.max_tries - 1:
+                raise
+            retry.sleep(retry.delay(attempt))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# -- failover ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One provisioning try, for the journal: where, what, and how it ended."""
+
+    cloud: str
+    region: str
+    zone: str | None
+    instance_type: str
+    outcome: str  # ok | capacity | quota | transient | fatal | skipped
+    code: str = ""
+    message: str = ""
+
+
+class FailoverExhausted(CloudError):
+    """Every candidate zone and type was tried (or blocked); carries what was tried."""
+
+    def __init__(self, message: str, *, kind: str, attempts: list[Attempt]) -> None:
+        super().__init__(message, kind=kind)
+        self.attempts = attempts
+
+
+@dataclass
+class FailoverPolicy:
+    """Blocked zones, regions and clouds, remembered across the provisioning calls of one run."""
+
+    blocked_zones: set[tuple[str, str, str]] = field(default_factory=set)  # (cloud, type, zone)
+    blocked_regions: set[tuple[str, str]] = field(default_factory=set)  # (cloud, region)
+    blocked_clouds: set[str] = field(default_factory=set)
+
+    def is_blocked(self, itype: InstanceType, zone: str | None) -> bool:
+        return (itype.cloud in self.blocked_clouds or (itype.cloud, itype.region) in self.blocked_regions
+                or (itype.cloud, itype.name, zone or "") in self.blocked_zones)
+
+    def block(self, itype: InstanceType, zone: str | None, error: CloudError) -> None:
+        """Capacity blocks the (type, zone); quota blocks the region, or the cloud for all-region quotas."""
+        if error.kind == "capacity":
+            self.blocked_zones.add((itype.cloud, itype.name, zone or ""))
+        elif error.kind == "quota":
+            if error.quota == "GPUS_ALL_REGIONS":
+                self.blocked_clouds.add(itype.cloud)
+            else:
+                self.blocked_regions.add((itype.cloud, itype.region))
+
+    @staticmethod
+    def candidates(primary: InstanceType, alternatives: Sequence[InstanceType],
+                   preferred_zone: str | None = None) -> Iterator[tuple[InstanceType, str | None]]:
+        """Every zone of the primary type (preferred first), then each alternative's zones, in order."""
+        for itype in (primary, *alternatives):
+            zones: list[str | None] = list(itype.zones) or [None]
+            if itype is primary and preferred_zone in zones:
+                zones.remove(preferred_zone)
+                zones.insert(0, preferred_zone)
+            for zone in zones:
+                yield itype, zone
+
+
+def alternatives_for(primary: InstanceType, catalog: Catalog, *, spot: bool = False,
+                     same_device: bool = True, clouds: Sequence[str] | None = None) -> list[InstanceType]:
+    """Types that can stand in for ``primary`` (same workers per instance), cheapest first."""
+    def price(t: InstanceType) -> float:
+        return t.spot_price_hr if spot and t.spot_price_hr is not None else t.price_hr
+
+    pool = [t for t in catalog.types if t.key != primary.key and t.workers == primary.workers
+            and (not same_device or t.device == primary.device)
+            and (clouds is None or t.cloud in clouds) and (not spot or t.spot_price_hr is not None)]
+    return sorted(pool, key=lambda t: (price(t), t.key))
+
+
+@dataclass(frozen=True)
+class FailoverResult:
+    instances: list[Instance]
+    instance_type: InstanceType
+    zone: str | None
+    attempts: list[Attempt]
+
+
+def provision_with_failover(request: InstanceRequest, provider_for: Callable[[InstanceType], Provider], *,
+                            alternatives: Sequence[InstanceType] = (),
+                            policy: FailoverPolicy | None = None) -> FailoverResult:
+    """Provision ``request`` somewhere: zone → alternative type, skipping what is blocked.
+
+    Providers retry transient errors themselves (bounded backoff, same idempotency
+    token); one that still surfaces stops here, like a fatal error. Capacity and quota
+    errors block and move on. Raises :class:`FailoverExhausted`
+    (with the attempts) when nothing is left to try.
+    """
+    policy = policy or FailoverPolicy()
+    attempts: list[Attempt] = []
+    last: CloudError | None = None
+    for itype, zone in policy.candidates(request.instance_type, alternatives, request.zone):
+        if policy.is_blocked(itype, zone):
+            attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, "skipped", "blocked"))
+            continue
+        provider = provider_for(itype)
+        try_request = dataclasses.replace(request, instance_type=itype, zone=zone)
+        try:
+            instances = provider.provision(try_request)
+        except CloudError as exc:
+            attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, exc.kind, exc.code, exc.message))
+            if exc.kind in ("fatal", "transient"):
+                raise FailoverExhausted(exc.message, kind=exc.kind, attempts=attempts) from exc
+            policy.block(itype, zone, exc)
+            last = exc
+            continue
+        attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, "ok"))
+        return FailoverResult(instances, itype, zone, attempts)
+    tried = "; ".join(f"{a.instance_type}@{a.zone or a.region}: {a.outcome}" for a in attempts)
+    kind = last.kind if last is not None else "capacity"
+    reason = f" — {last.message}" if last is not None else ""
+    raise FailoverExhausted(_one_line(f"could not provision {request.count}x {request.instance_type.name} for "
+                                      f"run {request.run_id} (tried {tried}){reason}", 600),
+                            kind=kind, attempts=attempts)

@@ -1,0 +1,437 @@
+"""Google Compute Engine behind the :class:`~rubberband.cloud.provider.Provider` interface.
+
+* Credentials: Google application default credentials. ``endpoint`` (or
+  ``RUBBERBAND_GCE_ENDPOINT``) points every client at another server — for tests — and only
+  then are anonymous credentials used.
+* Catalog types are hosts (``a2-highgpu-1g``, GPUs included) or composed names
+  ``n1-standard-8+V100x1`` (host + guest accelerators). GPU VMs get
+  ``onHostMaintenance=TERMINATE``; spot VMs the SPOT provisioning model and
+  ``instanceTerminationAction=DELETE`` (a preempted VM is deleted, not left with a billed disk).
+* Labels: run id, stage, version, managed marker (cloud/provider.py keys); network tag
+  ``rubberband-<run>`` and one firewall rule per run that opens TCP only between VMs carrying
+  that tag (plus SSH from a user-given CIDR), deleted by :meth:`GcpProvider.cleanup_run`.
+* Operations are waited on with the ``*_unary`` calls and this provider's own
+  ``ZoneOperationsClient`` / ``GlobalOperationsClient``: ``.result()`` on an extended
+  operation would poll through an internal client built without our endpoint override.
+* An instance's id is its name (unique: ``rb-<run>-<stage>-<random>``); its zone is
+  remembered, or found by an aggregated list.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import google.auth
+import google.auth.exceptions
+import requests
+from google.api_core import exceptions as api_exceptions
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.cloud import compute_v1
+
+from rubberband import __version__
+from rubberband.cloud.bootstrap import assert_no_credentials, check_ssh_cidr, validate_run_id
+from rubberband.cloud.failover import ERROR_TABLE, RetryPolicy, call_with_retry, classify, gcp_quota_name
+from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
+from rubberband.errors import CloudError, InputError
+
+T = TypeVar("T")
+
+ENDPOINT_ENV = "RUBBERBAND_GCE_ENDPOINT"
+PROJECT_ENV = "RUBBERBAND_GCP_PROJECT"
+#: Deep Learning VM image family with CUDA drivers (Debian 11, CUDA 12.1).
+DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu121-debian-11-py310"
+ACCELERATOR_TYPES = {"V100": "nvidia-tesla-v100", "T4": "nvidia-tesla-t4", "P100": "nvidia-tesla-p100",
+                     "P4": "nvidia-tesla-p4", "K80": "nvidia-tesla-k80", "A100": "nvidia-tesla-a100",
+                     "A100-80GB": "nvidia-a100-80gb", "L4": "nvidia-l4", "H100": "nvidia-h100-80gb"}
+_STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running", "STOPPING": "stopping",
+           "SUSPENDING": "stopping", "SUSPENDED": "stopped", "TERMINATED": "stopped", "REPAIRING": "pending"}
+_QUOTA_RE = re.compile(r"Quota '[A-Z0-9_]+' exceeded")
+#: Public Compute Engine regions (2025); an unknown name is refused before any call.
+GCP_REGIONS = frozenset(
+    "africa-south1 asia-east1 asia-east2 asia-northeast1 asia-northeast2 asia-northeast3 asia-south1 asia-south2 "
+    "asia-southeast1 asia-southeast2 australia-southeast1 australia-southeast2 europe-central2 europe-north1 "
+    "europe-north2 europe-southwest1 europe-west1 europe-west2 europe-west3 europe-west4 europe-west6 "
+    "europe-west8 europe-west9 europe-west10 europe-west12 me-central1 me-central2 me-west1 "
+    "northamerica-northeast1 northamerica-northeast2 northamerica-south1 southamerica-east1 southamerica-west1 "
+    "us-central1 us-east1 us-east4 us-east5 us-south1 us-west1 us-west2 us-west3 us-west4".split())
+
+
+def network_tag(run_id: str) -> str:
+    return f"rubberband-{run_id}"
+
+
+def firewall_name(run_id: str, suffix: str = "internal") -> str:
+    return f"rubberband-{run_id}-{suffix}"
+
+
+class GcpProvider:
+    """Compute Engine VMs of one region (one project) for rubberband runs."""
+
+    cloud = "gcp"
+
+    def __init__(self, region: str, *, project: str | None = None, endpoint: str | None = None,
+                 credentials: Credentials | None = None, network: str = "default", image: str = DEFAULT_IMAGE,
+                 ssh_cidr: str | None = None, service_account: str | None = None, disk_gb: int = 100,
+                 retry: RetryPolicy | None = None, poll_s: float = 5.0, version: str = __version__) -> None:
+        if region not in GCP_REGIONS:
+            raise InputError(f"GCP region {region!r} is unknown; use one of e.g. us-central1, us-east1, europe-west4")
+        endpoint = endpoint or os.environ.get(ENDPOINT_ENV) or None
+        if endpoint:
+            credentials = credentials or AnonymousCredentials()
+            project = project or os.environ.get(PROJECT_ENV) or "rubberband-test"
+        elif credentials is None:
+            try:
+                credentials, default_project = google.auth.default(
+                    scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            except google.auth.exceptions.DefaultCredentialsError:
+                raise classify("gcp", "UNAUTHENTICATED", "no Google application default credentials found",
+                               region=region) from None
+            project = project or os.environ.get(PROJECT_ENV) or default_project
+        if not project:
+            raise InputError("no GCP project: set RUBBERBAND_GCP_PROJECT or `gcloud config set project`")
+        self.region = region
+        self.project = project
+        self.network = network
+        self.image = image
+        self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
+        self.service_account = service_account
+        self.disk_gb = disk_gb
+        self.retry = retry or RetryPolicy()
+        self.poll_s = poll_s
+        self.version = version
+        self._zones: dict[str, str] = {}  # instance name -> zone
+        self._firewalls: set[str] = set()
+        options = ClientOptions(api_endpoint=endpoint) if endpoint else None
+        kwargs: dict[str, Any] = {"credentials": credentials, "client_options": options, "transport": "rest"}
+        self.instances = compute_v1.InstancesClient(**kwargs)
+        self.zone_operations = compute_v1.ZoneOperationsClient(**kwargs)
+        self.firewalls = compute_v1.FirewallsClient(**kwargs)
+        self.global_operations = compute_v1.GlobalOperationsClient(**kwargs)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _error(self, exc: api_exceptions.GoogleAPICallError, *, zone: str | None, instance_type: str | None,
+               spot: bool) -> CloudError:
+        reasons = [e.get("reason", "") for e in (exc.errors or []) if isinstance(e, dict)]
+        code = next((r for r in reasons if r), "") or (exc.reason or "")
+        message = exc.message or ""
+        if code not in ERROR_TABLE:  # a synchronous answer may only say it in words
+            if "ZONE_RESOURCE_POOL_EXHAUSTED" in message or "does not have enough resources" in message:
+                code = "ZONE_RESOURCE_POOL_EXHAUSTED"
+            elif _QUOTA_RE.search(message):
+                code = "QUOTA_EXCEEDED"
+        status = int(exc.code) if exc.code is not None else None
+        quota = gcp_quota_name(exc.message) if code in ("quotaExceeded", "QUOTA_EXCEEDED") else None
+        return classify("gcp", code, exc.message, http_status=status, zone=zone, region=self.region,
+                        instance_type=instance_type, spot=spot, quota=quota)
+
+    def _call(self, fn: Callable[[], T], *, zone: str | None = None, instance_type: str | None = None,
+              spot: bool = False) -> T:
+        def once() -> T:
+            try:
+                return fn()
+            except api_exceptions.GoogleAPICallError as exc:
+                raise self._error(exc, zone=zone, instance_type=instance_type, spot=spot) from None
+            except google.auth.exceptions.RefreshError as exc:
+                raise classify("gcp", "UNAUTHENTICATED", str(exc), region=self.region) from None
+            except requests.exceptions.RequestException as exc:
+                raise CloudError(f"gcp: cannot reach Compute Engine: {exc}", kind="transient",
+                                 code="ConnectionError", region=self.region) from None
+        return call_with_retry(once, self.retry)
+
+    def _operation_error(self, op: compute_v1.Operation, *, zone: str | None, instance_type: str | None,
+                         spot: bool) -> CloudError | None:
+        if not op.error or not op.error.errors:
+            return None
+        first = op.error.errors[0]
+        metric = None
+        for detail in first.error_details:
+            if detail.quota_info and detail.quota_info.metric_name:
+                metric = detail.quota_info.metric_name
+        quota = gcp_quota_name(first.message, metric) if first.code == "QUOTA_EXCEEDED" else None
+        return classify("gcp", first.code, first.message, http_status=op.http_error_status_code or None,
+                        zone=zone, region=self.region, instance_type=instance_type, spot=spot, quota=quota)
+
+    def _wait_zone_op(self, op: compute_v1.Operation, zone: str, timeout_s: float = 600.0) -> compute_v1.Operation:
+        deadline = time.monotonic() + timeout_s
+        while op.status != compute_v1.Operation.Status.DONE:
+            if time.monotonic() >= deadline:
+                raise CloudError(f"gcp: operation {op.name} in {zone} not done after {timeout_s:g}s",
+                                 kind="transient", code="WaitTimeout", zone=zone, region=self.region)
+            op = self._call(lambda: self.zone_operations.wait(project=self.project, zone=zone, operation=op.name))
+        return op
+
+    def _wait_global_op(self, op: compute_v1.Operation, timeout_s: float = 300.0) -> compute_v1.Operation:
+        deadline = time.monotonic() + timeout_s
+        while op.status != compute_v1.Operation.Status.DONE and time.monotonic() < deadline:
+            op = self._call(lambda: self.global_operations.wait(project=self.project, operation=op.name))
+        return op
+
+    # -- firewall ---------------------------------------------------------------------------
+
+    def ensure_firewall(self, run_id: str) -> list[str]:
+        """TCP between the run's VMs only (network tag), SSH from ``ssh_cidr`` when given."""
+        tag = network_tag(run_id)
+        rules = [compute_v1.Firewall(
+            name=firewall_name(run_id), network=f"global/networks/{self.network}", direction="INGRESS",
+            description=f"rubberband run {run_id}: Ray and torch DDP between its VMs",
+            source_tags=[tag], target_tags=[tag], allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["0-65535"])])]
+        if self.ssh_cidr:
+            rules.append(compute_v1.Firewall(
+                name=firewall_name(run_id, "ssh"), network=f"global/networks/{self.network}", direction="INGRESS",
+                description=f"rubberband run {run_id}: SSH from the user", source_ranges=[self.ssh_cidr],
+                target_tags=[tag], allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])]))
+        names = []
+        for rule in rules:
+            if rule.name not in self._firewalls:
+                insert = compute_v1.InsertFirewallRequest(project=self.project, firewall_resource=rule,
+                                                          request_id=str(uuid.uuid4()))
+                try:
+                    op = self._call(lambda: self.firewalls.insert_unary(request=insert))
+                    self._wait_global_op(op)
+                except CloudError as exc:
+                    if "already exists" not in exc.message:
+                        raise
+                self._firewalls.add(rule.name)
+            names.append(rule.name)
+        return names
+
+    # -- Provider ---------------------------------------------------------------------------
+
+    def instance_resource(self, request: InstanceRequest, name: str, zone: str) -> compute_v1.Instance:
+        """The Compute Engine instance body for one VM of ``request``."""
+        itype = request.instance_type
+        host = itype.host_type or itype.name.split("+", 1)[0]
+        labels = dict(request.tags(self.version))
+        has_gpu = itype.accelerator_count > 0
+        accelerators = []
+        if has_gpu and "+" in itype.name:  # n1 host + attached GPUs; a2/g2 hosts bring their own
+            gce_name = ACCELERATOR_TYPES.get(itype.device)
+            if gce_name is None:
+                raise InputError(f"accelerator {itype.device!r} has no Compute Engine name; "
+                                 f"known: {', '.join(sorted(ACCELERATOR_TYPES))}")
+            accelerators.append(compute_v1.AcceleratorConfig(
+                accelerator_count=itype.accelerator_count,
+                accelerator_type=f"zones/{zone}/acceleratorTypes/{gce_name}"))
+        scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE" if has_gpu else "MIGRATE",
+                                           automatic_restart=not request.spot and not has_gpu,
+                                           provisioning_model="SPOT" if request.spot else "STANDARD")
+        if request.spot or request.max_lifetime_s:
+            scheduling.instance_termination_action = "DELETE"  # preempted / expired: deleted, no billed disk
+        if request.max_lifetime_s:
+            scheduling.max_run_duration = compute_v1.Duration(seconds=int(request.max_lifetime_s))
+        metadata = []
+        if request.startup_script:
+            metadata.append(compute_v1.Items(key="startup-script", value=assert_no_credentials(
+                request.startup_script, what="GCE startup-script")))
+        resource = compute_v1.Instance(
+            name=name, machine_type=f"zones/{zone}/machineTypes/{host}", labels=labels,
+            tags=compute_v1.Tags(items=[network_tag(request.run_id)]),
+            metadata=compute_v1.Metadata(items=metadata), guest_accelerators=accelerators, scheduling=scheduling,
+            disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=(
+                compute_v1.AttachedDiskInitializeParams(source_image=self.image, disk_size_gb=self.disk_gb,
+                                                        labels=labels)))],
+            network_interfaces=[compute_v1.NetworkInterface(
+                network=f"global/networks/{self.network}",
+                access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")])])
+        if self.service_account:
+            resource.service_accounts = [compute_v1.ServiceAccount(
+                email=self.service_account, scopes=["https://www.googleapis.com/auth/cloud-platform"])]
+        return resource
+
+    def _check_request(self, request: InstanceRequest) -> str:
+        validate_run_id(request.run_id)
+        itype = request.instance_type
+        if itype.cloud != "gcp":
+            raise InputError(f"instance type {itype.name!r} belongs to {itype.cloud}, not gcp")
+        if itype.region != self.region:
+            raise InputError(f"instance type {itype.name} is listed for {itype.region}, but this GCP provider "
+                             f"serves {self.region}")
+        if request.zone and itype.zones and request.zone not in itype.zones:
+            raise InputError(f"zone {request.zone!r} does not offer {itype.name}; use one of {', '.join(itype.zones)}")
+        if request.count < 1:
+            raise InputError(f"instance count must be at least 1, got {request.count}")
+        zone = request.zone or (itype.zones[0] if itype.zones else "")
+        if not zone:
+            raise InputError(f"{itype.name} lists no zone in {self.region}; give the request a zone")
+        return zone
+
+    def provision(self, request: InstanceRequest) -> list[Instance]:
+        """Insert ``count`` VMs (all or nothing: if one fails, the others are deleted)."""
+        zone = self._check_request(request)
+        self.ensure_firewall(request.run_id)
+        name_of = request.instance_type.name
+        names: list[str] = []
+        operations: list[compute_v1.Operation] = []
+        failure: CloudError | None = None
+        created: list[str] = []
+        try:
+            for _ in range(request.count):
+                name = f"rb-{request.run_id}-{request.stage}-{secrets.token_hex(3)}"
+                body = self.instance_resource(request, name, zone)
+                insert = compute_v1.InsertInstanceRequest(  # request_id: retries of this insert are idempotent
+                    project=self.project, zone=zone, instance_resource=body, request_id=str(uuid.uuid4()))
+                try:
+                    op = self._call(lambda: self.instances.insert_unary(request=insert),
+                                    zone=zone, instance_type=name_of, spot=request.spot)
+                except CloudError as exc:
+                    failure = exc
+                    break
+                names.append(name)
+                operations.append(op)
+                self._zones[name] = zone
+            for name, op in zip(names, operations):
+                done = self._wait_zone_op(op, zone)
+                error = self._operation_error(done, zone=zone, instance_type=name_of, spot=request.spot)
+                if error is None:
+                    created.append(name)
+                else:
+                    self._zones.pop(name, None)
+                    failure = failure or error
+        except BaseException:
+            self.terminate(names)  # all or nothing, even when waiting itself failed
+            raise
+        if failure is not None:
+            self.terminate(created)
+            raise failure
+        return [self._get(name, zone) for name in created]
+
+    def _get(self, name: str, zone: str) -> Instance:
+        raw = self._call(lambda: self.instances.get(project=self.project, zone=zone, instance=name))
+        return self._instance(raw, zone)
+
+    def _zone_of(self, name: str) -> str | None:
+        if name not in self._zones:
+            for inst in self.list():
+                self._zones[inst.id] = inst.zone
+        return self._zones.get(name)
+
+    def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
+        deadline = time.monotonic() + timeout_s
+        pending = list(instance_ids)
+        ready: dict[str, Instance] = {}
+        while pending:
+            for name in list(pending):
+                zone = self._zone_of(name)
+                if zone is None:
+                    raise CloudError(f"gcp: instance {name} does not exist (preempted or deleted)",
+                                     kind="capacity", code="InstanceGone", region=self.region)
+                inst = self._get(name, zone)
+                if inst.state == "running":
+                    ready[name] = inst
+                    pending.remove(name)
+                elif inst.state in ("stopping", "stopped"):
+                    raise CloudError(f"gcp: instance {name} in {zone} went {inst.state} before running "
+                                     f"(preempted)", kind="capacity", code="InstancePreempted", zone=zone,
+                                     region=self.region)
+            if pending:
+                if time.monotonic() >= deadline:
+                    raise CloudError(f"gcp: instances {', '.join(pending[:5])} not running after {timeout_s:g}s",
+                                     kind="transient", code="WaitTimeout", region=self.region)
+                time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+        return [ready[name] for name in instance_ids]
+
+    def list(self, run_id: str | None = None) -> list[Instance]:
+        terms = [f'(labels.{TAG_MANAGED} = "true")']
+        if run_id is not None:
+            terms.append(f'(labels.{TAG_RUN_ID} = "{run_id}")')
+        pager = self._call(lambda: self.instances.aggregated_list(request=compute_v1.AggregatedListInstancesRequest(
+            project=self.project, filter=" AND ".join(terms))))
+        found = []
+        for scope, scoped in pager:
+            zone = scope.rsplit("/", 1)[-1]
+            for raw in scoped.instances:
+                inst = self._instance(raw, zone)
+                if inst.tags.get(TAG_MANAGED) == "true" and (run_id is None or inst.run_id == run_id):
+                    self._zones[inst.id] = zone
+                    found.append(inst)
+        return found
+
+    def terminate(self, instance_ids: list[str]) -> None:
+        operations = []
+        for name in dict.fromkeys(instance_ids):
+            zone = self._zone_of(name)
+            if zone is None:
+                continue  # already gone
+            delete = compute_v1.DeleteInstanceRequest(project=self.project, zone=zone, instance=name,
+                                                      request_id=str(uuid.uuid4()))
+            try:
+                op = self._call(lambda: self.instances.delete_unary(request=delete), zone=zone)
+            except CloudError as exc:
+                if exc.code != "notFound":
+                    raise
+                continue
+            operations.append((op, zone))
+            self._zones.pop(name, None)
+        for op, zone in operations:
+            self._wait_zone_op(op, zone)
+
+    def set_labels(self, instance_id: str, labels: dict[str, str]) -> None:
+        """Merge ``labels`` into a VM's labels (e.g. a new stage when an instance is reused)."""
+        zone = self._zone_of(instance_id)
+        if zone is None:
+            raise CloudError(f"gcp: instance {instance_id} does not exist", kind="fatal", code="notFound")
+        raw = self._call(lambda: self.instances.get(project=self.project, zone=zone, instance=instance_id))
+        body = compute_v1.InstancesSetLabelsRequest(labels={**dict(raw.labels), **labels},
+                                                    label_fingerprint=raw.label_fingerprint)
+        op = self._call(lambda: self.instances.set_labels_unary(
+            project=self.project, zone=zone, instance=instance_id, instances_set_labels_request_resource=body))
+        self._wait_zone_op(op, zone)
+
+    # -- run-level resources ------------------------------------------------------------------
+
+    def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
+        """Delete the run's firewall rules; return the names deleted."""
+        deleted = []
+        for name in (firewall_name(run_id), firewall_name(run_id, "ssh")):
+            delete = compute_v1.DeleteFirewallRequest(project=self.project, firewall=name,
+                                                      request_id=str(uuid.uuid4()))
+            try:
+                op = self._call(lambda: self.firewalls.delete_unary(request=delete))
+            except CloudError as exc:
+                if exc.code != "notFound":
+                    raise
+                continue
+            self._wait_global_op(op, timeout_s)
+            self._firewalls.discard(name)
+            deleted.append(f"firewall/{name}")
+        return deleted
+
+    def leftover_runs(self) -> list[str]:
+        """Runs whose firewall rules outlived their VMs."""
+        rules = self._call(lambda: list(self.firewalls.list(project=self.project)))
+        pattern = re.compile(r"^rubberband-(.+)-(internal|ssh)$")
+        runs = {m.group(1) for r in rules if (m := pattern.match(r.name))}
+        return sorted(runs - {i.run_id for i in self.list()})
+
+    # -- conversion ---------------------------------------------------------------------------
+
+    def _instance(self, raw: compute_v1.Instance, zone: str) -> Instance:
+        labels = dict(raw.labels)
+        try:
+            stage = int(labels.get(TAG_STAGE, "0"))
+        except ValueError:
+            stage = 0
+        nic = raw.network_interfaces[0] if raw.network_interfaces else None
+        public = nic.access_configs[0].nat_i_p if nic is not None and nic.access_configs else None
+        launched = None
+        if raw.creation_timestamp:
+            launched = datetime.fromisoformat(raw.creation_timestamp.replace("Z", "+00:00")).timestamp()
+        machine = raw.machine_type.rsplit("/", 1)[-1]
+        accelerators = [a for a in raw.guest_accelerators]
+        if accelerators:
+            device = next((k for k, v in ACCELERATOR_TYPES.items()
+                           if v == accelerators[0].accelerator_type.rsplit("/", 1)[-1]), "GPU")
+            machine = f"{machine}+{device}x{accelerators[0].accelerator_count}"
+        return Instance(id=raw.name, cloud="gcp", instance_type=machine, zone=zone,
+                        state=_STATES.get(raw.status, "pending"), run_id=labels.get(TAG_RUN_ID, ""), stage=stage,
+                        address=nic.network_i_p if nic is not None else None, launched_at=launched, tags=labels,
+                        public_address=public or None)

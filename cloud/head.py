@@ -1,0 +1,233 @@
+"""The run's Ray head on the cloud, and the watchdog that makes it clean up after itself.
+
+Decision (docs/clouds.md, "Where the head runs"): each cloud run gets one small on-demand
+CPU instance in the same region/zone and network as its workers. It runs the Ray head
+(no trial work on it) and the executor; the CLI submits the run and streams progress, so
+the user may close the laptop. A watchdog on the head (``python -m rubberband.cloud.head
+watchdog ...``, started by the head's startup script) terminates every worker of the run
+and then the head itself when
+
+* no run was submitted ``submit_timeout_s`` after boot,
+* the run's directory has not changed for ``stall_timeout_s`` (stalled executor),
+* the run finished ``done_grace_s`` ago (time for the CLI to fetch results), or
+* the head has lived ``max_lifetime_s`` (hard cap).
+
+:func:`decide` is a pure function of an :class:`Observation`; :func:`self_terminate` does the
+calls; :func:`watch` loops them. Workers add their own safety net (bootstrap.py): one that
+cannot reach its head for a while shuts down, and an instance-initiated shutdown terminates
+an EC2 instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rubberband import __version__
+from rubberband.catalog import InstanceType
+from rubberband.cloud.bootstrap import BootstrapConfig, WatchdogSettings, render_startup_script
+from rubberband.cloud.failover import FailoverPolicy, provision_with_failover
+from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider
+from rubberband.errors import CloudError
+
+log = logging.getLogger("rubberband.cloud.head")
+
+#: The head's instance shape per cloud: 2 vCPUs, 8 GiB, on-demand ($/h in us-east-1 / us-central1).
+HEAD_TYPES: dict[str, InstanceType] = {
+    "aws": InstanceType("aws", "m6i.large", "", (), "CPU", 0, 2, 8, 0.096, None, host_type="m6i.large"),
+    "gcp": InstanceType("gcp", "e2-standard-2", "", (), "CPU", 0, 2, 8, 0.067006, None, host_type="e2-standard-2"),
+}
+DONE_MARKER = "DONE"
+
+
+def head_type(cloud: str, region: str, zones: Sequence[str]) -> InstanceType:
+    """The head's type placed in ``region`` (zones: where the run's workers go, first preferred)."""
+    return dataclasses.replace(HEAD_TYPES[cloud], region=region, zones=tuple(zones))
+
+
+def ray_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ray")
+    except PackageNotFoundError:  # pragma: no cover - ray is a dependency
+        return "2.60.0"
+
+
+def head_startup_script(cloud: str, region: str, run_id: str, settings: WatchdogSettings | None = None) -> str:
+    return render_startup_script(BootstrapConfig(
+        run_id=run_id, cloud=cloud, role="head", region=region,  # type: ignore[arg-type]
+        rubberband_version=__version__,
+        ray_version=ray_version(), use_gpu=False, max_lifetime_s=(settings or WatchdogSettings()).max_lifetime_s,
+        watchdog=settings or WatchdogSettings()))
+
+
+def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: InstanceType, *,
+                          max_lifetime_s: float | None = None) -> str:
+    """The startup script of a worker of ``itype`` that joins ``head``."""
+    if not head.address:
+        raise CloudError(f"{cloud}: head {head.id} has no private address yet; wait for it first", kind="transient")
+    return render_startup_script(BootstrapConfig(
+        run_id=run_id, cloud=cloud, role="worker", region=itype.region,  # type: ignore[arg-type]
+        rubberband_version=__version__, ray_version=ray_version(), head_address=head.address,
+        workers=itype.workers, use_gpu=itype.accelerator_count > 0, max_lifetime_s=max_lifetime_s))
+
+
+def provision_head(provider: Provider, run_id: str, region: str, zones: Sequence[str], *,
+                   settings: WatchdogSettings | None = None, timeout_s: float = 600.0,
+                   policy: FailoverPolicy | None = None) -> Instance:
+    """Start the run's head (zone failover as for workers) and wait until it runs.
+
+    On any failure the head is terminated before the error propagates: nothing is left billing.
+    """
+    itype = head_type(provider.cloud, region, zones)
+    settings = settings or WatchdogSettings()
+    request = InstanceRequest(run_id=run_id, stage=0, instance_type=itype, extra_tags={TAG_ROLE: "head"},
+                              startup_script=head_startup_script(provider.cloud, region, run_id, settings),
+                              max_lifetime_s=settings.max_lifetime_s)
+    result = provision_with_failover(request, lambda t: provider, policy=policy)
+    try:
+        (head,) = provider.wait([i.id for i in result.instances], timeout_s)
+    except BaseException:
+        provider.terminate([i.id for i in result.instances])
+        raise
+    return head
+
+
+# -- watchdog ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the watchdog sees at one moment (POSIX seconds)."""
+
+    now: float
+    booted_at: float
+    submitted: bool  # the run directory holds anything
+    last_progress_at: float | None  # newest modification in the run directory
+    done_at: float | None  # when the executor wrote the DONE marker
+
+
+@dataclass(frozen=True)
+class Decision:
+    terminate: bool
+    reason: str
+
+
+def decide(obs: Observation, settings: WatchdogSettings) -> Decision:
+    """Keep the head or end the run — a pure function of what was observed."""
+    age = obs.now - obs.booted_at
+    if age >= settings.max_lifetime_s:
+        return Decision(True, f"the head reached its maximum lifetime of {settings.max_lifetime_s:g}s")
+    if obs.done_at is not None:
+        if obs.now - obs.done_at >= settings.done_grace_s:
+            return Decision(True, f"the run finished {obs.now - obs.done_at:.0f}s ago")
+        return Decision(False, "finished; waiting for the CLI to fetch results")
+    if not obs.submitted:
+        if age >= settings.submit_timeout_s:
+            return Decision(True, f"no run was submitted within {settings.submit_timeout_s:g}s of boot")
+        return Decision(False, "waiting for the run to be submitted")
+    last = obs.last_progress_at if obs.last_progress_at is not None else obs.booted_at
+    if obs.now - last >= settings.stall_timeout_s:
+        return Decision(True, f"the run made no progress for {obs.now - last:.0f}s "
+                              f"(stall timeout {settings.stall_timeout_s:g}s)")
+    return Decision(False, "running")
+
+
+def observe(run_dir: Path, booted_at: float, now: float) -> Observation:
+    """Read the run directory: anything in it means submitted; newest mtime is progress."""
+    files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []
+    marker = run_dir / DONE_MARKER
+    return Observation(now=now, booted_at=booted_at, submitted=bool(files),
+                       last_progress_at=max((p.stat().st_mtime for p in files), default=None),
+                       done_at=marker.stat().st_mtime if marker.is_file() else None)
+
+
+def _shutdown() -> None:  # pragma: no cover - powers the machine off
+    subprocess.run(["shutdown", "-h", "now"], check=False)
+
+
+def self_terminate(provider: Provider, run_id: str, head_id: str, *,
+                   shutdown: Callable[[], None] = _shutdown) -> list[Instance]:
+    """Terminate every worker of the run, its run-level resources where possible, then the head.
+
+    If the head cannot terminate itself through the API, it shuts down (on AWS an
+    instance-initiated shutdown terminates it). Returns the workers terminated.
+    """
+    workers = [i for i in provider.list(run_id) if i.id != head_id]
+    if workers:
+        provider.terminate([w.id for w in workers])
+        log.info("terminated %d workers of run %s: %s", len(workers), run_id, ", ".join(w.id for w in workers))
+    cleanup = getattr(provider, "cleanup_run", None)
+    if cleanup is not None and provider.cloud != "aws":  # an EC2 group cannot go while the head is in it
+        try:
+            cleanup(run_id, 60.0)
+        except CloudError as exc:
+            log.warning("could not delete run resources of %s: %s", run_id, exc)
+    try:
+        provider.terminate([head_id])
+    except CloudError as exc:
+        log.warning("could not terminate the head %s through the API (%s); shutting down", head_id, exc)
+        shutdown()
+    return workers
+
+
+def watch(provider: Provider, run_id: str, head_id: str, run_dir: Path, settings: WatchdogSettings, *,
+          clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+          shutdown: Callable[[], None] = _shutdown) -> Decision:
+    """Poll until :func:`decide` says terminate, then :func:`self_terminate`; return the decision."""
+    booted_at = clock()
+    while True:
+        decision = decide(observe(run_dir, booted_at, clock()), settings)
+        if decision.terminate:
+            log.warning("ending run %s: %s", run_id, decision.reason)
+            self_terminate(provider, run_id, head_id, shutdown=shutdown)
+            return decision
+        sleep(settings.poll_s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The watchdog's command line (the head's startup script writes it)."""
+    parser = argparse.ArgumentParser(prog="python -m rubberband.cloud.head")
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("watchdog", help="terminate the run when it is idle, stalled, finished or too old")
+    w.add_argument("--cloud", required=True, choices=["aws", "gcp"])
+    w.add_argument("--region", required=True)
+    w.add_argument("--run-id", required=True)
+    w.add_argument("--head-id", required=True)
+    w.add_argument("--run-dir", required=True, type=Path)
+    defaults = WatchdogSettings()
+    w.add_argument("--submit-timeout", type=float, default=defaults.submit_timeout_s)
+    w.add_argument("--stall-timeout", type=float, default=defaults.stall_timeout_s)
+    w.add_argument("--done-grace", type=float, default=defaults.done_grace_s)
+    w.add_argument("--max-lifetime", type=float, default=defaults.max_lifetime_s)
+    w.add_argument("--poll", type=float, default=defaults.poll_s)
+    w.add_argument("--no-shutdown", action="store_true", help="never power off this machine (tests, debugging)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rubberband.cloud.head watchdog ...`` (run by the head's startup script)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    from rubberband.cloud.registry import make_provider
+
+    settings = WatchdogSettings(submit_timeout_s=args.submit_timeout, stall_timeout_s=args.stall_timeout,
+                                done_grace_s=args.done_grace, max_lifetime_s=args.max_lifetime, poll_s=args.poll)
+    provider = make_provider(args.cloud, args.region)
+    decision = watch(provider, args.run_id, args.head_id, args.run_dir, settings,
+                     shutdown=(lambda: None) if args.no_shutdown else _shutdown)
+    print(f"rubberband watchdog: ended run {args.run_id}: {decision.reason}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Build the provider for a cloud and region (lazy imports: boto3 / google-cloud-compute load on use)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rubberband.cloud.provider import Provider
+from rubberband.errors import InputError
+
+CLOUD_PROVIDERS = ("aws", "gcp")
+
+
+def make_provider(cloud: str, region: str, **options: Any) -> Provider:
+    """``AwsProvider(region, **options)`` or ``GcpProvider(region, **options)``.
+
+    Credentials come from each cloud's standard chain; endpoints from ``AWS_ENDPOINT_URL`` /
+    ``RUBBERBAND_GCE_ENDPOINT`` when set (tests). The local backend is built by the executor.
+    """
+    if cloud == "aws":
+        from rubberband.cloud.aws import AwsProvider
+
+        return AwsProvider(region, **options)
+    if cloud == "gcp":
+        from rubberband.cloud.gcp import GcpProvider
+
+        return GcpProvider(region, **options)
+    raise InputError(f"--cloud {cloud!r} is not a cloud provider; use one of {', '.join(CLOUD_PROVIDERS)}")
+
+
+class ProviderPool:
+    """One provider per (cloud, region), built on first use and reused (clients, security-group cache).
+
+    ``pool(cloud, region)`` fits :func:`rubberband.cloud.dryrun.dry_run`'s ``provider_factory``;
+    ``pool.for_type`` fits :func:`rubberband.cloud.failover.provision_with_failover`'s ``provider_for``.
+    ``options`` maps a cloud to its constructor options, e.g. ``{"aws": {"ssh_cidr": "203.0.113.7/32"}}``.
+    """
+
+    def __init__(self, options: dict[str, dict[str, Any]] | None = None,
+                 factory: Any = make_provider) -> None:
+        self._options = options or {}
+        self._factory = factory
+        self._providers: dict[tuple[str, str], Provider] = {}
+
+    def __call__(self, cloud: str, region: str) -> Provider:
+        key = (cloud, region)
+        if key not in self._providers:
+            self._providers[key] = self._factory(cloud, region, **self._options.get(cloud, {}))
+        return self._providers[key]
+
+    def for_type(self, itype: Any) -> Provider:
+        return self(itype.cloud, itype.region)
+
+    def providers(self) -> list[Provider]:
+        """Every provider built so far (to tear a run down wherever it went)."""
+        return list(self._providers.values())

@@ -1,0 +1,67 @@
+"""CloudBackend: the executor's view of a cloud run (head handle, failover, join, head never listed)."""
+
+from __future__ import annotations
+
+import base64
+
+import boto3
+import pytest
+from cloud_helpers import REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
+
+from rubberband.cloud.backend import CloudBackend
+from rubberband.cloud.head import provision_head
+from rubberband.cloud.provider import InstanceRequest
+from rubberband.cloud.registry import ProviderPool
+from rubberband.cloud.teardown import terminate_run
+from rubberband.errors import CloudError
+
+CATALOG = cloud_catalog()
+P3 = CATALOG.find("p3.2xlarge", region=REGION)
+P3_8 = CATALOG.find("p3.8xlarge", region=REGION)
+
+
+def user_data(instance_id: str) -> str:
+    value = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+        InstanceId=instance_id, Attribute="userData")["UserData"]["Value"]
+    return base64.b64decode(value).decode()
+
+
+def test_backend_provisions_workers_that_join_this_head(moto_env, ec2_faults):
+    pool = ProviderPool({"aws": {"poll_s": 0.01}})
+    provider = pool("aws", REGION)
+    head = provision_head(provider, "run-b", REGION, P3.zones, timeout_s=10)
+    joined: list[str] = []
+    backend = CloudBackend(pool, head, alternatives=lambda itype: [P3_8], join_check=lambda i, t: joined.append(i.id))
+    handle = backend.start_head("run-b")
+    assert handle.address == f"{head.address}:6379" and handle.pid is None and backend.stop_head() is False
+
+    ec2_faults.capacity, ec2_faults.capacity_types = {"*"}, {"p3.2xlarge"}
+    (worker,) = backend.provision(InstanceRequest("run-b", 0, P3))
+    assert worker.instance_type == "p3.8xlarge" and worker.role == "worker" and joined == [worker.id]
+    assert [(a.instance_type, a.outcome) for a in backend.attempts] == [
+        ("p3.2xlarge", "capacity"), ("p3.2xlarge", "capacity"), ("p3.8xlarge", "ok")]
+    script = user_data(worker.id)
+    assert f"RB_HEAD={head.address}:6379" in script and "--num-gpus=4" in script  # rendered for the type used
+
+    assert [i.id for i in backend.list("run-b")] == [worker.id]  # the head is never offered for termination
+    backend.terminate([head.id, worker.id])
+    assert [i.id for i in provider.list("run-b")] == [head.id]
+    assert terminate_run(provider, "run-b", timeout_s=10)[0].id == head.id
+
+
+def test_backend_terminates_a_worker_that_never_joins(moto_env):
+    pool = ProviderPool({"aws": {"poll_s": 0.01}})
+    provider = pool("aws", REGION)
+    head = provision_head(provider, "run-c", REGION, P3.zones, timeout_s=10)
+
+    def never(instance, timeout_s):
+        raise CloudError(f"{instance.id} did not join", kind="transient", code="JoinTimeout")
+
+    backend = CloudBackend(pool, head, join_check=never)
+    with pytest.raises(CloudError, match="did not join"):
+        backend.provision(InstanceRequest("run-c", 0, P3, count=2))
+    assert [i.id for i in provider.list("run-c")] == [head.id]  # both workers were terminated
+    with pytest.raises(CloudError, match="belongs to run run-c"):
+        backend.start_head("run-x")
+    terminate_run(provider, "run-c", timeout_s=10)
+    assert provider.list() == []

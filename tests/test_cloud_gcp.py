@@ -1,0 +1,179 @@
+"""GcpProvider (google-cloud-compute over REST) against the local GCE fake in tests/gce_fake.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from cloud_helpers import cloud_catalog
+from gce_fake import GceFake, gce_fake  # noqa: F401  (fixture)
+
+from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPolicy, provision_with_failover
+from rubberband.cloud.gcp import GcpProvider, firewall_name, network_tag
+from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE, InstanceRequest
+from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances, terminate_run
+from rubberband.errors import CloudError, InputError, RubberbandError
+
+CATALOG = cloud_catalog()
+V100_2Z = CATALOG.find("n1-standard-8+V100x1", region="us-central1")  # zones us-central1-a, -b
+V100 = dataclasses.replace(V100_2Z, zones=("us-central1-a",))
+T4X4 = CATALOG.find("n1-standard-8+T4x4", region="us-central1")  # us-central1-a
+A2 = CATALOG.find("a2-highgpu-1g", region="us-central1")  # A100 bundled with the host
+
+
+def provider(fake: GceFake, **kwargs) -> GcpProvider:
+    kwargs.setdefault("retry", RetryPolicy(max_tries=3, sleep=lambda s: None))
+    return GcpProvider("us-central1", endpoint=fake.url, poll_s=0.01, **kwargs)
+
+
+def test_insert_labels_accelerators_spot_script_and_firewall(gce_fake):
+    gce_fake.pending_polls = 2  # operations are RUNNING at first: the provider must wait on them
+    p = provider(gce_fake, ssh_cidr="198.51.100.0/24")
+    script = "#!/bin/bash\necho join\n"
+    made = p.provision(InstanceRequest("run-g", 1, V100, count=2, spot=True, startup_script=script,
+                                       extra_tags={TAG_ROLE: "worker"}))
+    assert len(made) == 2 and all(i.zone == "us-central1-a" for i in made)
+    running = p.wait([i.id for i in made], timeout_s=10)
+    assert {i.state for i in running} == {"running"} and {i.instance_type for i in running} == {V100.name}
+    assert len(gce_fake.instances) == 2
+    for body in gce_fake.instances.values():
+        labels = body["labels"]
+        assert labels[TAG_MANAGED] == "true" and labels[TAG_RUN_ID] == "run-g" and labels[TAG_STAGE] == "1"
+        assert body["machineType"] == "zones/us-central1-a/machineTypes/n1-standard-8"
+        assert body["guestAccelerators"] == [{"acceleratorType": "zones/us-central1-a/acceleratorTypes/"
+                                                                 "nvidia-tesla-v100", "acceleratorCount": 1}]
+        assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
+        assert body["scheduling"]["provisioningModel"] == "SPOT"
+        assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
+        assert body["metadata"]["items"] == [{"key": "startup-script", "value": script}]
+        assert body["tags"]["items"] == [network_tag("run-g")]
+    internal = gce_fake.firewalls[firewall_name("run-g")]
+    assert internal["sourceTags"] == internal["targetTags"] == [network_tag("run-g")]
+    assert "sourceRanges" not in internal
+    ssh = gce_fake.firewalls[firewall_name("run-g", "ssh")]
+    assert ssh["sourceRanges"] == ["198.51.100.0/24"] and ssh["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+
+    assert sorted(i.id for i in p.list("run-g")) == sorted(i.id for i in made)
+    p.set_labels(made[0].id, {TAG_STAGE: "2"})
+    assert {i.stage for i in p.list("run-g")} == {1, 2}
+    lines: list[str] = []
+    assert len(terminate_run(p, "run-g", echo=lines.append)) == 2
+    assert not gce_fake.instances and not gce_fake.firewalls
+    assert sum(line.startswith("terminated gcp rb-run-g-") for line in lines) == 2
+    assert terminate_run(p, "run-g") == []
+
+
+def test_bundled_gpu_host_on_demand_and_env_endpoint(gce_fake, monkeypatch):
+    monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
+    p = GcpProvider("us-central1", poll_s=0.01)  # endpoint from the environment, anonymous credentials
+    (made,) = p.provision(InstanceRequest("run-h", 0, A2, max_lifetime_s=7200))
+    body = next(iter(gce_fake.instances.values()))
+    assert body["scheduling"]["maxRunDuration"] == {"seconds": "7200"}
+    assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
+    assert body["machineType"].endswith("/a2-highgpu-1g") and "guestAccelerators" not in body
+    assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert body["scheduling"]["provisioningModel"] == "STANDARD"
+    assert firewall_name("run-h", "ssh") not in gce_fake.firewalls
+    assert made.instance_type == "a2-highgpu-1g"
+    terminate_run(p, "run-h")
+    assert not gce_fake.instances
+
+
+def test_stockout_fails_over_zone_then_type_and_gangs_roll_back(gce_fake):
+    p = provider(gce_fake)
+    gce_fake.stockout_zones = {"us-central1-a"}
+    policy = FailoverPolicy()
+    result = provision_with_failover(InstanceRequest("run-i", 0, V100_2Z), lambda t: p, alternatives=[T4X4],
+                                     policy=policy)
+    assert [(a.zone, a.outcome) for a in result.attempts] == [("us-central1-a", "capacity"), ("us-central1-b", "ok")]
+    assert result.attempts[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    gce_fake.stockout_zones = {"us-central1-b"}
+    result = provision_with_failover(InstanceRequest("run-i", 1, V100_2Z), lambda t: p, alternatives=[T4X4],
+                                     policy=policy)  # zone a is already blocked for V100: not tried again
+    assert [(a.instance_type, a.zone, a.outcome) for a in result.attempts] == [
+        (V100.name, "us-central1-a", "skipped"), (V100.name, "us-central1-b", "capacity"),
+        (T4X4.name, "us-central1-a", "ok")]
+    assert len(gce_fake.instances) == 2
+    gce_fake.stockout_sync, gce_fake.stockout_zones = True, {"us-central1-a"}  # a 503 that says it in words
+    with pytest.raises(CloudError) as sync:
+        p.provision(InstanceRequest("run-i", 2, V100))
+    assert sync.value.kind == "capacity" and gce_fake.inserts[-1] == ("us-central1-a", "n1-standard-8")
+    gce_fake.stockout_sync = False
+    terminate_run(p, "run-i")
+
+    gce_fake.stockout_zones, gce_fake.capacity_left = set(), 2
+    with pytest.raises(CloudError) as info:
+        p.provision(InstanceRequest("run-j", 0, V100, count=3))
+    assert info.value.kind == "capacity" and not gce_fake.instances  # the two that booted were deleted
+    terminate_run(p, "run-j")
+    assert not gce_fake.firewalls
+
+    gce_fake.capacity_left, gce_fake.pending_polls, gce_fake.wait_errors = None, 1, 2  # retried, then it works
+    assert len(p.provision(InstanceRequest("run-t", 0, V100))) == 1 and gce_fake.wait_errors == 0
+    gce_fake.wait_errors = 3  # outlasts the 3 tries: the inserted VMs are deleted, the error surfaces
+    with pytest.raises(CloudError) as transient:
+        p.provision(InstanceRequest("run-t", 1, V100, count=2))
+    assert transient.value.kind == "transient" and transient.value.code == "backendError"
+    assert [i.stage for i in p.list("run-t")] == [0]
+    terminate_run(p, "run-t")
+    assert not gce_fake.instances and not gce_fake.firewalls
+
+
+def test_quota_blocks_region_or_cloud_and_names_the_quota(gce_fake):
+    p = provider(gce_fake)
+    gce_fake.quota = "NVIDIA_V100_GPUS"
+    policy = FailoverPolicy()
+    with pytest.raises(FailoverExhausted) as info:
+        provision_with_failover(InstanceRequest("run-k", 0, V100_2Z), lambda t: p, alternatives=[T4X4],
+                                policy=policy)
+    assert info.value.kind == "quota" and "NVIDIA_V100_GPUS" in info.value.message
+    assert [a.outcome for a in info.value.attempts] == ["quota", "skipped", "skipped"]
+    assert ("gcp", "us-central1") in policy.blocked_regions and len(gce_fake.inserts) == 1
+
+    gce_fake.quota = "GPUS_ALL_REGIONS"
+    policy = FailoverPolicy()
+    with pytest.raises(FailoverExhausted) as info:
+        provision_with_failover(InstanceRequest("run-k", 0, V100), lambda t: p, policy=policy)
+    assert policy.blocked_clouds == {"gcp"} and "every region" in info.value.message
+
+    gce_fake.quota, gce_fake.quota_sync = "CPUS", True  # 403 quotaExceeded on the insert itself
+    with pytest.raises(CloudError) as sync:
+        p.provision(InstanceRequest("run-k", 0, V100))
+    assert sync.value.kind == "quota" and sync.value.quota == "CPUS" and "\n" not in sync.value.message
+    assert not gce_fake.instances
+    p.cleanup_run("run-k")
+
+
+def test_bad_input_and_missing_credentials(gce_fake, monkeypatch, tmp_path):
+    with pytest.raises(InputError, match="region 'us-nowhere9'"):
+        GcpProvider("us-nowhere9", endpoint=gce_fake.url)
+    p = provider(gce_fake)
+    aws_type = CATALOG.find("p3.2xlarge", cloud="aws")
+    with pytest.raises(InputError, match="belongs to aws"):
+        p.provision(InstanceRequest("run-l", 0, aws_type))
+    with pytest.raises(InputError, match="zone 'us-central1-f'"):
+        p.provision(InstanceRequest("run-l", 0, V100, zone="us-central1-f"))
+    monkeypatch.delenv("RUBBERBAND_GCE_ENDPOINT", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    with pytest.raises(CloudError) as info:
+        GcpProvider("us-central1")
+    assert info.value.kind == "fatal" and "application-default" in info.value.message
+    assert isinstance(info.value, RubberbandError) and "\n" not in str(info.value)
+    assert gce_fake.inserts == [] and not gce_fake.instances
+
+
+def test_orphans_and_leftover_firewalls(gce_fake):
+    p = provider(gce_fake)
+    old = p.provision(InstanceRequest("run-m", 0, V100))
+    p.provision(InstanceRequest("run-n", 0, V100, extra_tags={TAG_ROLE: "head"}))
+    now = old[0].launched_at + 10
+    assert find_orphans(p, 3600, now=now) == []
+    assert [i.run_id for i in find_orphans(p, 3600, active_runs={"run-n"}, now=now + 7200)] == ["run-m"]
+    result = terminate_instances(p, find_orphans(p, 3600, now=now + 7200))
+    assert len(result.instances) == 2 and not gce_fake.instances
+    assert "firewall/rubberband-run-m-internal" in result.resources and not gce_fake.firewalls
+    p.ensure_firewall("run-gone")  # a firewall whose run never got (or lost) its VMs
+    assert p.leftover_runs() == ["run-gone"]
+    assert cleanup_leftovers(p) == ["firewall/rubberband-run-gone-internal"] and not gce_fake.firewalls

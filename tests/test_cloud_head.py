@@ -1,0 +1,220 @@
+"""The run's head: startup scripts, the watchdog's decisions, and self-termination against moto."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+
+import boto3
+import pytest
+from cloud_helpers import (FAKE_ACCESS_KEY, REGION, cloud_catalog, ec2_faults, moto_ami, moto_env,  # noqa: F401
+                           moto_server)
+
+from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.bootstrap import (BootstrapConfig, WatchdogSettings, cloud_run_id, render_startup_script,
+                                        validate_run_id)
+from rubberband.cloud.head import (DONE_MARKER, Observation, build_parser, decide, observe, provision_head,
+                                   self_terminate, watch, worker_startup_script)
+from rubberband.cloud.provider import TAG_ROLE, InstanceRequest
+from rubberband.errors import CloudError, InputError
+
+SETTINGS = WatchdogSettings(submit_timeout_s=600, stall_timeout_s=900, done_grace_s=300, max_lifetime_s=86400,
+                            poll_s=30)
+G4 = cloud_catalog().find("g4dn.xlarge", region=REGION)
+
+
+def obs(now, *, submitted=True, progress=None, done=None, booted=0.0) -> Observation:
+    return Observation(now=now, booted_at=booted, submitted=submitted, last_progress_at=progress, done_at=done)
+
+
+@pytest.mark.parametrize("observation, terminate, reason", [
+    (obs(100, submitted=False), False, "waiting for the run"),
+    (obs(600, submitted=False), True, "no run was submitted within 600s"),
+    (obs(1000, progress=500), False, "running"),
+    (obs(1400, progress=500), True, "no progress for 900s"),
+    (obs(1000, progress=None), True, "no progress for 1000s"),  # submitted but never progressed
+    (obs(1000, progress=900, done=900), False, "waiting for the CLI"),
+    (obs(1200, progress=900, done=900), True, "finished 300s ago"),
+    (obs(86400, progress=86399), True, "maximum lifetime"),
+])
+def test_decide(observation, terminate, reason):
+    decision = decide(observation, SETTINGS)
+    assert decision.terminate is terminate and reason in decision.reason
+
+
+def test_observe_reads_the_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    assert observe(run_dir, 0, 10) == Observation(10, 0, False, None, None)
+    (run_dir / "trials").mkdir(parents=True)
+    journal = run_dir / "trials" / "journal.jsonl"
+    journal.write_text("{}\n")
+    os.utime(journal, (1000, 1000))
+    seen = observe(run_dir, 0, 2000)
+    assert seen.submitted and seen.last_progress_at == 1000 and seen.done_at is None
+    (run_dir / DONE_MARKER).write_text("")
+    os.utime(run_dir / DONE_MARKER, (1500, 1500))
+    assert observe(run_dir, 0, 2000).done_at == 1500
+
+
+def test_scripts_join_the_head_and_hold_no_secrets():
+    head = render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head", region=REGION,
+                                                 rubberband_version="0.1.0", ray_version="2.60.0",
+                                                 max_lifetime_s=7200, watchdog=SETTINGS))
+    assert "ray start --head --port=6379 --num-cpus=0 --dashboard-host=127.0.0.1" in head
+    assert "python -m rubberband.cloud.head watchdog --cloud aws --region us-east-1" in head
+    assert "--stall-timeout 900" in head and "shutdown -h +120" in head
+    assert "X-aws-ec2-metadata-token" in head  # IMDSv2: token first
+    worker = render_startup_script(BootstrapConfig(run_id="run-s", cloud="gcp", role="worker",
+                                                   rubberband_version="0.1.0", ray_version="2.60.0",
+                                                   head_address="10.128.0.2", workers=4))
+    assert "RB_HEAD=10.128.0.2:6379" in worker and "--num-gpus=4" in worker
+    assert 'rb-node-${INSTANCE_ID}\\": 4' in worker and "Metadata-Flavor: Google" in worker
+    assert "'ray[default]==2.60.0'" in worker and "rubberband==0.1.0" in worker
+    with pytest.raises(InputError, match="head_address"):
+        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker",
+                                              rubberband_version="0.1.0", ray_version="2.60.0"))
+    with pytest.raises(InputError, match="credential"):
+        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head", rubberband_version="0.1.0",
+                                              ray_version="2.60.0",
+                                              extra_packages=("AWS_SECRET_ACCESS_KEY=x",)))
+    for bad in ("Run_1", "", "a;rm -rf /", "x" * 42):
+        with pytest.raises(InputError):
+            validate_run_id(bad)
+    assert validate_run_id(cloud_run_id("MNIST_tune 2026-11-21T05:30")) and cloud_run_id("run-1") == "run-1"
+    assert cloud_run_id("A_b") != cloud_run_id("a-b")  # distinct ids stay distinct
+
+
+def ec2_states() -> dict[str, str]:
+    reservations = boto3.client("ec2", region_name=REGION).describe_instances()["Reservations"]
+    return {i["InstanceId"]: i["State"]["Name"] for r in reservations for i in r["Instances"]}
+
+
+def test_head_provisioned_then_watchdog_ends_a_stalled_run(moto_env, tmp_path):
+    provider = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
+    head = provision_head(provider, "run-w", REGION, G4.zones, settings=SETTINGS, timeout_s=10)
+    assert head.role == "head" and head.state == "running" and head.instance_type == "m6i.large"
+    user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+        InstanceId=head.id, Attribute="userData")["UserData"]["Value"]
+    assert "ray start --head" in base64.b64decode(user_data).decode()
+    script = worker_startup_script("aws", "run-w", head, G4)
+    assert f"RB_HEAD={head.address}:6379" in script
+    workers = provider.provision(InstanceRequest("run-w", 0, G4, count=2, startup_script=script,
+                                                 extra_tags={TAG_ROLE: "worker"}))
+
+    run_dir = tmp_path / "run-w"
+    run_dir.mkdir()
+    (run_dir / "journal.jsonl").write_text('{"type": "start"}\n')
+    start = time.time()
+    ticks = iter(range(1000))
+    shutdowns: list[int] = []
+    decision = watch(provider, "run-w", head.id, run_dir, SETTINGS, clock=lambda: start + 30 * next(ticks),
+                     sleep=lambda s: None, shutdown=lambda: shutdowns.append(1))
+    assert decision.terminate and "no progress" in decision.reason
+    states = ec2_states()
+    assert {states[w.id] for w in workers} == {"terminated"} and states[head.id] == "terminated"
+    assert shutdowns == [] and provider.list("run-w") == []
+    assert provider.cleanup_run("run-w", timeout_s=10)  # the group goes once the head is gone
+
+
+def test_head_falls_back_to_shutdown_when_it_cannot_terminate_itself(moto_env):
+    provider = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
+    (head,) = provider.provision(InstanceRequest("run-x", 0, G4, extra_tags={TAG_ROLE: "head"}))
+    (worker,) = provider.provision(InstanceRequest("run-x", 0, G4))
+
+    class NoSelfTerminate:
+        cloud = "aws"
+
+        def list(self, run_id=None):
+            return provider.list(run_id)
+
+        def terminate(self, ids):
+            if head.id in ids:
+                raise CloudError("aws UnauthorizedOperation", kind="fatal", code="UnauthorizedOperation")
+            provider.terminate(ids)
+
+    shutdowns: list[int] = []
+    terminated = self_terminate(NoSelfTerminate(), "run-x", head.id, shutdown=lambda: shutdowns.append(1))
+    assert [w.id for w in terminated] == [worker.id] and shutdowns == [1]
+    assert ec2_states()[worker.id] == "terminated"
+    provider.terminate([head.id])
+    provider.cleanup_run("run-x", timeout_s=10)
+
+
+def test_watchdog_process_ends_an_unsubmitted_run(moto_env, tmp_path):
+    """The real entry point, in a subprocess that finds moto through AWS_ENDPOINT_URL alone."""
+    provider = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
+    (head,) = provider.provision(InstanceRequest("run-p", 0, G4, extra_tags={TAG_ROLE: "head"}))
+    (worker,) = provider.provision(InstanceRequest("run-p", 0, G4))
+    done = subprocess.run([sys.executable, "-m", "rubberband.cloud.head", "watchdog", "--cloud", "aws",
+                           "--region", REGION, "--run-id", "run-p", "--head-id", head.id,
+                           "--run-dir", str(tmp_path / "never-submitted"), "--submit-timeout", "0", "--poll", "0.1",
+                           "--no-shutdown"], env={**os.environ, **moto_env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "no run was submitted" in done.stdout
+    states = ec2_states()
+    assert states[head.id] == states[worker.id] == "terminated"
+    assert FAKE_ACCESS_KEY not in done.stdout + done.stderr
+    provider.cleanup_run("run-p", timeout_s=10)
+
+
+STUB = """#!/bin/bash
+printf '%s\\0' "$(basename "$0")" "$@" >> "$RB_STUB_LOG"; printf '\\n' >> "$RB_STUB_LOG"
+"""
+
+
+def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[list[str]]:
+    """Execute a rendered startup script with curl, python3, shutdown, sleep and the venv's tools stubbed.
+
+    Every stub logs its argv; python3 -m venv creates the venv's stub pip / ray / python.
+    Returns the logged command lines (after ``wait_for``, a tool a background job calls, has logged).
+    """
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    for name in ("shutdown", "pip", "ray", "python"):
+        (stubs / name).write_text(STUB)
+    (stubs / "sleep").write_text("#!/bin/bash\nexit 1\n")  # ends the worker's head-loss loop at once
+    (stubs / "curl").write_text(STUB + 'case "$*" in *api/token*) echo tok;; *instance-id*|*instance/name*) '
+                                       'echo i-0abc;; esac\n')
+    (stubs / "python3").write_text(STUB + 'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin"; '
+                                          f'for t in pip ray python; do cp {stubs}/$t "$3/bin/$t"; done; fi\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "RB_STUB_LOG": str(log), "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    deadline = time.monotonic() + 20
+    while True:  # background jobs (the watchdog) log asynchronously
+        calls = [line.split("\0")[:-1] for line in log.read_text().splitlines() if line]
+        if wait_for is None or any(c[0] == wait_for for c in calls) or time.monotonic() > deadline:
+            return calls
+        time.sleep(0.05)
+
+
+def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
+    common = dict(run_id="run-s", rubberband_version="0.1.0", ray_version="2.60.0", venv=str(tmp_path / "venv"),
+                  run_root=str(tmp_path / "runs"), log_dir=str(tmp_path))
+    head_calls = run_script(render_startup_script(BootstrapConfig(
+        cloud="aws", role="head", region=REGION, max_lifetime_s=3600, watchdog=SETTINGS, **common)),
+        tmp_path / "head", wait_for="python")
+    by_tool = {c[0]: c[1:] for c in head_calls}
+    assert by_tool["shutdown"] == ["-h", "+60"]
+    assert "rubberband==0.1.0" in by_tool["pip"] and "ray[default]==2.60.0" in by_tool["pip"]
+    assert by_tool["ray"][:2] == ["start", "--head"] and "--resources={\"rb-head\": 1}" in by_tool["ray"]
+    watchdog = build_parser().parse_args(by_tool["python"][2:])  # the real parser accepts what was rendered
+    assert (watchdog.run_id, watchdog.head_id, watchdog.stall_timeout) == ("run-s", "i-0abc", 900)
+    assert watchdog.run_dir == tmp_path / "runs" / "run-s" and watchdog.run_dir.is_dir()
+
+    worker_calls = run_script(render_startup_script(BootstrapConfig(
+        cloud="gcp", role="worker", head_address="10.128.0.2", workers=2, **common)), tmp_path / "worker")
+    ray_calls = [c[1:] for c in worker_calls if c[0] == "ray"]
+    start = ray_calls[0]
+    assert start[:2] == ["start", "--address=10.128.0.2:6379"] and "--num-gpus=2" in start
+    resources = next(a for a in start if a.startswith("--resources="))
+    assert json.loads(resources.split("=", 1)[1]) == {"rb-node-i-0abc": 2}  # the contract's resource name
+    assert not any(c[0] == "shutdown" for c in worker_calls)  # no lifetime cap asked, head not lost
