@@ -18,10 +18,10 @@ from rubberband.catalog import Catalog, InstanceType
 from rubberband.errors import InfeasibleError, PlanFileError
 from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distribution, JobInfo, Plan, PlannerInfo,
                              Prediction, StagePlan, Timeline)
-from rubberband.planner.baselines import best_static, exact_optimum
+from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
-from rubberband.planner.search import Evaluator, PlanSpace, walk
+from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, walk
 from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
@@ -113,19 +113,29 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running)
     evaluator = Evaluator(sim, screen_samples)
     walked = walk(space, evaluator, deadline_s)
-    static = best_static(space, evaluator, deadline_s, confidence)
+    statics = static_plans(space)
+    static = cheapest_feasible(statics, space, evaluator, deadline_s, confidence)
     notes = []
     if space.skipped:
         notes.append(f"not plannable (device not in profile): {', '.join(space.skipped)}")
-    feasible = [(res.cost_mean, i, p, res) for i, (p, res) in enumerate(walked.path)
-                if res.meets(deadline_s, confidence)]
-    chosen = min(feasible, key=lambda x: (x[0], x[1]))[2:] if feasible else None
-    if static.plan is not None and (chosen is None or static.result.cost_mean < chosen[1].cost_mean):
-        if chosen is not None:
-            notes.append("the greedy walk ended costlier than the best static plan; using the static plan")
-        chosen = (static.plan, static.result)
-    evaluated = evaluator.evaluated_full()
+    # the pool: the walk, and the elastic shrink of every static plan (the static plans themselves
+    # are the incumbent, so the answer is never costlier than the best static plan)
+    pool = list(walked.path) + knapsack_plans(space) + [shrink(space, p) for p in statics]
+    incumbent = (static.plan, static.result) if static.plan is not None else None
+    best = cheapest_feasible(pool, space, evaluator, deadline_s, confidence, incumbent=incumbent)
+    chosen = (best.plan, best.result) if best.plan is not None else None
+    iterations = walked.iterations
+    candidates = walked.candidates_evaluated + static.evaluated + best.evaluated
+    if chosen is not None:
+        refined = descend(space, evaluator, chosen[0], deadline_s, confidence)
+        iterations += refined.iterations
+        candidates += refined.candidates_evaluated
+        if refined.result.cost_mean < chosen[1].cost_mean:
+            chosen = (refined.plan, refined.result)
+    if chosen is not None and static.plan is not None and chosen[0] == static.plan:
+        notes.append("no elastic plan beats the best static plan here; using the static plan")
     if chosen is None:
+        evaluated = evaluator.evaluated_full() or [evaluator.full(space.fastest())]
         fastest = min(evaluated, key=lambda r: (r.jct_quantile(confidence), r.cost_mean))
         shortest = fastest.jct_quantile(confidence)
         raise InfeasibleError(
@@ -151,8 +161,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         static_out = (static.plan, static.result, _timeline(sim, static.plan, static.result))
     return StagesPlan(stages=list(stages), configs=tuple(configs), result=result,
                       timeline=_timeline(sim, tuple(configs), result), static=static_out, exact=exact,
-                      candidates_evaluated=walked.candidates_evaluated + static.evaluated,
-                      iterations=walked.iterations, samples=samples, seed=seed, notes=notes)
+                      candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes)
 
 
 def profile_sha256(profile: Profile) -> str:

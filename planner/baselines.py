@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rubberband.planner.search import Evaluator, Plan, PlanSpace, widths_for
+from rubberband.planner.search import Evaluator, Plan, PlanSpace, count_for_waves, widths_for
 from rubberband.planner.simulator import SimResult, StageConfig, efficient_counts, layout
 
 
@@ -44,22 +44,60 @@ def static_plans(space: PlanSpace) -> list[Plan]:
     return plans
 
 
-def best_static(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confidence: float) -> BaselineResult:
-    """Cheapest static plan meeting the deadline at the confidence (None when none does)."""
-    f_min = evaluator.sim.min_factor()
+def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[float, float]:
+    """Rigorous lower bounds on a plan's mean cost and on every sample's JCT.
+
+    Cost: every plan pays its tasks' compute (at the smallest possible straggler factor), the
+    start-up of its first stage's instances and its checkpoint transfers; a plan that keeps the
+    same instances through stages (static) also pays for them until its last stage starts.
+    """
+    sim = evaluator.sim
+    f_min = sim.min_factor()
+    model = space.model
+    running = sim.start_state is not None
+    cost = 0.0
+    times = []
+    prev = None
+    for i, (st, c) in enumerate(zip(space.stages, plan)):
+        t = c.instance_type
+        price = t.price(sim.spot) / 3600.0
+        lay = layout(t.workers, c.instances, c.workers)
+        base = st.epochs_this_stage * model.epoch_time(t.device, c.workers, lay.nodes)
+        overhead = model.eval_time_s
+        if prev is not None and st.index > 0 and prev.placement != c.placement:
+            overhead += model.restart_overhead_s + model.transfer_time()
+        task = base * f_min + overhead
+        cost += st.trials * task * c.workers / t.workers * price
+        times.append(-(-st.trials // max(1, lay.slots)) * task)
+        prev = c
+    t0 = plan[0].instance_type
+    startup = 0.0 if running else min(model.startup(t0.cloud, t0.name).samples_s)
+    cost += plan[0].instances * startup * t0.price(sim.spot) / 3600.0
+    if len({c.key for c in plan}) == 1:  # static: all instances live until the last stage starts
+        cost = max(cost, plan[0].instances * t0.price(sim.spot) / 3600.0 * (startup + sum(times[:-1])))
+    return cost, startup + sum(times)
+
+
+def cheapest_feasible(plans: list[Plan], space: PlanSpace, evaluator: Evaluator, deadline_s: float,
+                      confidence: float, *, incumbent: tuple[Plan, SimResult] | None = None) -> BaselineResult:
+    """Cheapest plan (full-sample mean cost) meeting the deadline, by branch and bound.
+
+    Plans are visited in order of their cost lower bound and skipped when the bound (or the JCT
+    bound) rules them out, so the answer is the same as evaluating every plan.
+    """
+    seen = set()
     bounded = []
-    for plan in static_plans(space):
-        t = plan[0].instance_type
-        startup = min(space.model.startup(t.cloud, t.name).samples_s)
-        times = [_stage_min_time(space, i, c, f_min) for i, c in enumerate(plan)]
-        jct_lb = startup + sum(times)
-        # all instances live from request to (at least) the start of the last stage
-        cost_lb = plan[0].instances * t.price(evaluator.sim.spot) / 3600.0 * (startup + sum(times[:-1]))
-        bounded.append((cost_lb, jct_lb, plan))
-    bounded.sort(key=lambda x: x[0])
-    best: tuple[Plan, SimResult] | None = None
+    for order, plan in enumerate(plans):
+        key = tuple(c.key for c in plan)
+        if key in seen:
+            continue
+        seen.add(key)
+        cost_lb, jct_lb = lower_bounds(space, evaluator, plan)
+        bounded.append((cost_lb, order, jct_lb, plan))
+    bounded.sort(key=lambda x: (x[0], x[1]))
+    best = incumbent
     evaluated = 0
-    for cost_lb, jct_lb, plan in bounded:
+    for cost_lb, _, jct_lb, plan in bounded:
         if best is not None and cost_lb >= best[1].cost_mean:
             break
         if jct_lb > deadline_s:
@@ -69,6 +107,21 @@ def best_static(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confi
         if res.meets(deadline_s, confidence) and (best is None or res.cost_mean < best[1].cost_mean):
             best = (plan, res)
     return BaselineResult(best[0] if best else None, best[1] if best else None, evaluated)
+
+
+def shrink(space: PlanSpace, plan: Plan) -> Plan:
+    """The elastic version of a plan: per stage only the instances its waves need."""
+    out = []
+    for st, c in zip(space.stages, plan):
+        waves = -(-st.trials // max(1, layout(c.instance_type.workers, c.instances, c.workers).slots))
+        out.append(StageConfig(c.instance_type, count_for_waves(st.trials, c.instance_type.workers, c.workers,
+                                                                waves), c.workers))
+    return tuple(out)
+
+
+def best_static(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confidence: float) -> BaselineResult:
+    """Cheapest static plan meeting the deadline at the confidence (None when none does)."""
+    return cheapest_feasible(static_plans(space), space, evaluator, deadline_s, confidence)
 
 
 def exact_optimum(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confidence: float,

@@ -12,16 +12,21 @@ with the best cost-marginal benefit ``M = (cost(X) − cost(Y)) / (JCT(Y) − JC
 
 Monotonicity by construction: the walk itself ignores the deadline and the confidence; it only
 *stops* once two consecutive plans have no screening sample within the deadline (a rule that can
-only stop later for a looser deadline). Every plan on the walk is evaluated with the full sample
-set (common random numbers) and the answer is the cheapest of them that meets the deadline at
-the requested confidence. So a looser deadline sees a superset of plans (never a costlier answer)
-and a higher confidence a subset (never a cheaper one).
+only stop later for a looser deadline). The plans on the walk join a pool with the static plans
+and their elastic shrinks (:mod:`rubberband.planner.baselines`); the answer is the cheapest pool
+plan that meets the deadline at the requested confidence with the full sample set (common random
+numbers), found by branch and bound on rigorous cost lower bounds (so pruning never changes
+the answer). A looser deadline sees a superset of plans (never a costlier answer) and a higher
+confidence a subset of feasible ones (never a cheaper answer).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
+
+import numpy as np
 
 from rubberband.catalog import InstanceType
 from rubberband.errors import ProfileError
@@ -94,6 +99,15 @@ class PlanSpace:
         task = st.epochs_this_stage * self.model.epoch_time(config.instance_type.device, config.workers, lay.nodes)
         return waves_of(st.trials, config) * task
 
+    def match_time(self, stage: int, itype: InstanceType, workers: int, target_s: float) -> StageConfig:
+        """The fewest instances of (type, width) whose stage time is within ``target_s`` (else the most)."""
+        counts = self.counts(stage, itype, workers)
+        for n in counts:
+            config = StageConfig(itype, n, workers)
+            if self.stage_time(stage, config) <= target_s * (1 + 1e-9):
+                return config
+        return StageConfig(itype, counts[-1], workers)
+
     def stage_estimate(self, stage: int, config: StageConfig) -> tuple[float, float]:
         """Deterministic (duration, cost) of one stage in isolation, at the median start-up."""
         t = config.instance_type
@@ -138,7 +152,7 @@ class PlanSpace:
 class WalkResult:
     """Every plan on the walk with its full-sample result, plus bookkeeping."""
 
-    path: list[tuple[Plan, SimResult]] = field(default_factory=list)
+    path: list[Plan] = field(default_factory=list)
     candidates_evaluated: int = 0
     iterations: int = 0
 
@@ -178,7 +192,7 @@ def walk(space: PlanSpace, evaluator: Evaluator, deadline_s: float, *, start: Pl
     result = WalkResult()
     current = start or space.fastest()
     cur_screen = evaluator.screen(current)
-    result.path.append((current, evaluator.full(current)))
+    result.path.append(current)
     misses = 0
     for _ in range(max_steps):
         result.iterations += 1
@@ -197,7 +211,7 @@ def walk(space: PlanSpace, evaluator: Evaluator, deadline_s: float, *, start: Pl
         if best is None:
             break
         current, cur_screen = best[1], best[2]
-        result.path.append((current, evaluator.full(current)))
+        result.path.append(current)
         if int((cur_screen.jct <= deadline_s).sum()) == 0:
             misses += 1
             if misses >= patience:
@@ -205,3 +219,166 @@ def walk(space: PlanSpace, evaluator: Evaluator, deadline_s: float, *, start: Pl
         else:
             misses = 0
     return result
+
+
+def local_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
+    """Richer one-stage changes for the deadline-aware descent: frontier steps, one instance-count
+    step on the same type and width, and every frontier (type, width) pair at the same waves."""
+    out = space.neighbours(plan)
+    seen = {plan_key(p) for p in out} | {plan_key(plan)}
+    for i, config in enumerate(plan):
+        trials = space.stages[i].trials
+        t, w = config.instance_type, config.workers
+        waves = waves_of(trials, config)
+        counts = space.counts(i, t, w)
+        changes = [StageConfig(t, n, w) for n in counts if n < config.instances][-1:]
+        changes += [StageConfig(t, n, w) for n in counts if n > config.instances][:1]
+        pairs = {(c.instance_type.key, c.workers): c for c in space.frontier(i)}
+        for j in (i - 1, i + 1):  # align with a neighbouring stage (instances carry over)
+            if 0 <= j < len(plan):
+                pairs.setdefault((plan[j].instance_type.key, plan[j].workers), plan[j])
+        for c in pairs.values():
+            if (c.instance_type.key, c.workers) != (t.key, w):
+                changes.append(StageConfig(c.instance_type, count_for_waves(trials, c.instance_type.workers,
+                                                                            c.workers, waves), c.workers))
+                changes.append(space.match_time(i, c.instance_type, c.workers, space.stage_time(i, config)))
+        for change in changes:
+            candidate = plan[:i] + (change,) + plan[i + 1:]
+            key = plan_key(candidate)
+            if key not in seen:
+                seen.add(key)
+                out.append(candidate)
+    # block moves: a prefix or suffix of stages (or all) switches to one (type, width) at the same
+    # waves, so instances carry over and no resize is paid where a single-stage move would pay it
+    pairs = {}
+    for i in range(len(plan)):
+        for c in space.frontier(i):
+            pairs.setdefault((c.instance_type.key, c.workers), c)
+    n = len(plan)
+    blocks = {(0, b) for b in range(2, n + 1)} | {(a, n) for a in range(1, n - 1)}
+    for c in pairs.values():
+        t, w = c.instance_type, c.workers
+        for a, b in sorted(blocks):
+            same_waves, same_time = list(plan), list(plan)
+            for i in range(a, b):
+                trials = space.stages[i].trials
+                same_waves[i] = StageConfig(t, count_for_waves(trials, t.workers, w, waves_of(trials, plan[i])), w)
+                same_time[i] = space.match_time(i, t, w, space.stage_time(i, plan[i]))
+            for candidate in (tuple(same_waves), tuple(same_time)):
+                key = plan_key(candidate)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(candidate)
+    # type moves: a block switches to one instance type, each stage at its cheapest width that
+    # keeps the stage time
+    for t in {c.instance_type.key: c.instance_type for c in pairs.values()}.values():
+        for a, b in sorted(blocks):
+            candidate = list(plan)
+            for i in range(a, b):
+                target = space.stage_time(i, plan[i])
+                options = [space.match_time(i, t, w, target) for w in widths_for(t, space.max_workers)]
+                fitting = [o for o in options if space.stage_time(i, o) <= target * (1 + 1e-9)] or options
+                candidate[i] = min(fitting, key=lambda o: (space.stage_estimate(i, o)[1], o.workers))
+            candidate = tuple(candidate)
+            key = plan_key(candidate)
+            if key not in seen:
+                seen.add(key)
+                out.append(candidate)
+    return out
+
+
+@dataclass
+class DescentResult:
+    plan: Plan
+    result: SimResult
+    candidates_evaluated: int = 0
+    iterations: int = 0
+
+
+def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: float, confidence: float, *,
+            confirm: int = 3, max_steps: int = 200) -> DescentResult:
+    """RubberBand's deadline-aware greedy: from a feasible plan, repeatedly take the cheaper
+    candidate with the best marginal benefit among those that still meet the deadline.
+
+    Candidates are screened with a prefix of the samples; the best few are confirmed with all
+    samples, and a step is taken only when the full-sample plan is feasible and cheaper, so the
+    result is never costlier than ``start``.
+    """
+    current, cur = start, evaluator.full(start)
+    out = DescentResult(current, cur)
+    need = math.ceil(confidence * evaluator.screen_samples - 1e-9)
+    for _ in range(max_steps):
+        out.iterations += 1
+        cur_screen = evaluator.screen(current)
+        ranked = []
+        for candidate in local_moves(space, current):
+            res = evaluator.screen(candidate)
+            out.candidates_evaluated += 1
+            saving = cur_screen.cost_mean - res.cost_mean
+            if saving <= 1e-9 or int((res.jct <= deadline_s).sum()) < need:
+                continue
+            slower = res.jct_mean - cur_screen.jct_mean
+            ranked.append(((1, saving) if slower <= 0 else (0, saving / slower), candidate))
+        ranked.sort(key=lambda x: x[0], reverse=True)
+        step = None
+        for _, candidate in ranked[:confirm]:
+            res = evaluator.full(candidate)
+            if res.meets(deadline_s, confidence) and res.cost_mean < cur.cost_mean:
+                step = (candidate, res)
+                break
+        if step is None:
+            break
+        current, cur = step
+    out.plan, out.result = current, cur
+    return out
+
+
+def knapsack_plans(space: PlanSpace, *, buckets: int = 400, ladder: float = 1.01, span: float = 12.0) -> list[Plan]:
+    """Plans that are optimal under the additive per-stage estimate, for a ladder of time budgets.
+
+    A multiple-choice knapsack over stages (minimise the sum of isolated stage cost estimates
+    subject to the sum of stage time estimates within a budget), solved once by dynamic
+    programming over discretised time; the ladder of budgets (fastest total × 1.03^j) does not
+    depend on the deadline, so these plans can join the deadline-independent pool.
+    """
+    n = len(space.stages)
+    estimates = [[(*space.stage_estimate(i, c), c) for c in space.options(i)] for i in range(n)]
+    fastest = sum(min(d for d, _, _ in opts) for opts in estimates)
+    horizon = fastest * span
+    step = horizon / buckets
+    inf = float("inf")
+    f = np.zeros(buckets + 1)
+    choices = []
+    for opts in estimates:
+        g = np.full(buckets + 1, inf)
+        arg = np.full(buckets + 1, -1, dtype=np.int64)
+        for k, (d, cost, _) in enumerate(opts):
+            b = int(math.ceil(d / step - 1e-9))
+            if b > buckets:
+                continue
+            shifted = np.full(buckets + 1, inf)
+            shifted[b:] = f[:buckets + 1 - b] + cost
+            better = shifted < g
+            g[better] = shifted[better]
+            arg[better] = k
+        choices.append(arg)
+        f = g
+    plans: list[Plan] = []
+    seen = set()
+    budget = fastest
+    while budget <= horizon:
+        t = int(math.floor(budget / step + 1e-9))
+        if np.isfinite(f[t]):
+            plan = []
+            for i in range(n - 1, -1, -1):
+                k = int(choices[i][t])
+                d, _, c = estimates[i][k]
+                plan.append(c)
+                t -= int(math.ceil(d / step - 1e-9))
+            plan = tuple(reversed(plan))
+            key = plan_key(plan)
+            if key not in seen:
+                seen.add(key)
+                plans.append(plan)
+        budget *= ladder
+    return plans
