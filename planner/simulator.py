@@ -490,7 +490,7 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
     S, slots = ready.shape
     if slots == trials:
         # one task per slot unless some slot finishes its first task before another slot is ready
-        if np.all((ready + dur).min(axis=1) >= ready.max(axis=1)):
+        if np.all((ready + dur).min(axis=1) > ready.max(axis=1)):
             return np.ones((S, slots), dtype=np.int64), ready + dur
     waves = -(-trials // slots)
     dmin = float(dur.min())
