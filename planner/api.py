@@ -21,14 +21,14 @@ from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distributi
 from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
-from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, walk
+from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves
 from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd
 
 DEFAULT_SAMPLES = 1000
-SCREEN_SAMPLES = 48
+SCREEN_SAMPLES = 32
 
 
 @dataclass
@@ -112,25 +112,29 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     space = PlanSpace(stages, types, model, max_workers_per_trial)
     sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running)
     evaluator = Evaluator(sim, screen_samples)
-    walked = walk(space, evaluator, deadline_s)
     statics = static_plans(space)
     static = cheapest_feasible(statics, space, evaluator, deadline_s, confidence)
     notes = []
     if space.skipped:
         notes.append(f"not plannable (device not in profile): {', '.join(space.skipped)}")
-    # the pool: the walk, and the elastic shrink of every static plan (the static plans themselves
-    # are the incumbent, so the answer is never costlier than the best static plan)
-    pool = list(walked.path) + knapsack_plans(space) + [shrink(space, p) for p in statics]
+    # the deadline-independent pool, searched exactly; the static plans are the incumbent, so the
+    # answer is never costlier than the best static plan
+    fastest = space.fastest()
+    pool = [fastest] + knapsack_plans(space) + [shrink(space, p) for p in statics]
     incumbent = (static.plan, static.result) if static.plan is not None else None
     best = cheapest_feasible(pool, space, evaluator, deadline_s, confidence, incumbent=incumbent)
+    candidates = static.evaluated + best.evaluated
+    iterations = 0
     chosen = (best.plan, best.result) if best.plan is not None else None
-    iterations = walked.iterations
-    candidates = walked.candidates_evaluated + static.evaluated + best.evaluated
-    if chosen is not None:
-        refined = descend(space, evaluator, chosen[0], deadline_s, confidence)
+    # RubberBand's greedy from maximum useful parallelism, and from the pool's best plan
+    for start, moves in ((fastest, simple_moves), (None if chosen is None else chosen[0], local_moves)):
+        if start is None:
+            continue
+        refined = descend(space, evaluator, start, deadline_s, confidence, moves=moves)
         iterations += refined.iterations
         candidates += refined.candidates_evaluated
-        if refined.result.cost_mean < chosen[1].cost_mean:
+        if refined.result.meets(deadline_s, confidence) and (
+                chosen is None or refined.result.cost_mean < chosen[1].cost_mean):
             chosen = (refined.plan, refined.result)
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
         notes.append("no elastic plan beats the best static plan here; using the static plan")

@@ -99,11 +99,15 @@ class StartupModel:
     source: str
 
     def quantile(self, q: float) -> float:
-        return float(np.quantile(np.asarray(self.samples_s), q))
+        values = self.samples_s
+        pos = q * (len(values) - 1)  # numpy's default (linear) quantile, without its overhead
+        lo = int(math.floor(pos))
+        hi = min(lo + 1, len(values) - 1)
+        return float(values[lo] + (values[hi] - values[lo]) * (pos - lo))
 
     def sample(self, uniforms: np.ndarray) -> np.ndarray:
         """Bootstrap draws from uniforms in [0, 1) (common random numbers across plans)."""
-        values = np.asarray(self.samples_s)
+        values = np.asarray(self.samples_s)  # sorted
         idx = np.minimum((uniforms * len(values)).astype(np.int64), len(values) - 1)
         return values[idx]
 

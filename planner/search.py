@@ -1,23 +1,19 @@
-"""Greedy marginal-benefit planner (RubberBand, EuroSys'21).
+"""Greedy marginal-benefit planner (RubberBand, EuroSys'21) and its candidate pool.
 
 Plan space: per stage an instance type, a trial width ``w ≤ max_workers_per_trial`` and an
 instance count; stages may use different types and clouds. Only *efficient* instance counts are
 considered (those at which the number of waves changes; any other count only adds idle instances).
 
-The search walks from the fastest plan (maximum useful parallelism) towards cheaper plans. Each
-step generates one-step changes per stage (one wave more or less, another instance type or a
-halved / doubled width at the same number of waves), screens them with a prefix of the Monte
-Carlo samples, and takes a cheaper-and-not-slower candidate if there is one, else the candidate
-with the best cost-marginal benefit ``M = (cost(X) − cost(Y)) / (JCT(Y) − JCT(X))``.
+:func:`descend` is RubberBand's greedy: from a feasible plan, generate one-step changes per stage,
+screen them with a prefix of the Monte Carlo samples (common random numbers), confirm the best
+with all samples, and take the cheaper-and-not-slower candidate if there is one, else the one
+with the best cost-marginal benefit ``M = (cost(X) − cost(Y)) / (JCT(Y) − JCT(X))`` among those
+still meeting the deadline at the confidence; repeat until nothing improves.
 
-Monotonicity by construction: the walk itself ignores the deadline and the confidence; it only
-*stops* once two consecutive plans have no screening sample within the deadline (a rule that can
-only stop later for a looser deadline). The plans on the walk join a pool with the static plans
-and their elastic shrinks (:mod:`rubberband.planner.baselines`); the answer is the cheapest pool
-plan that meets the deadline at the requested confidence with the full sample set (common random
-numbers), found by branch and bound on rigorous cost lower bounds (so pruning never changes
-the answer). A looser deadline sees a superset of plans (never a costlier answer) and a higher
-confidence a subset of feasible ones (never a cheaper answer).
+The planner (:mod:`rubberband.planner.api`) runs it from the paper's start (maximum useful
+parallelism) and from the cheapest feasible plan of a deadline-independent pool: the
+:func:`knapsack_plans` ladder (optimal under additive per-stage estimates), the elastic shrinks of
+all static plans and the fastest plan; the pool is searched exactly by branch and bound.
 """
 
 from __future__ import annotations
@@ -99,6 +95,16 @@ class PlanSpace:
         task = st.epochs_this_stage * self.model.epoch_time(config.instance_type.device, config.workers, lay.nodes)
         return waves_of(st.trials, config) * task
 
+    def brackets(self) -> list[tuple[int, int]]:
+        """(first, end) stage positions of each bracket."""
+        out: list[tuple[int, int]] = []
+        for i, st in enumerate(self.stages):
+            if st.index == 0:
+                out.append((i, i + 1))
+            else:
+                out[-1] = (out[-1][0], i + 1)
+        return out
+
     def match_time(self, stage: int, itype: InstanceType, workers: int, target_s: float) -> StageConfig:
         """The fewest instances of (type, width) whose stage time is within ``target_s`` (else the most)."""
         counts = self.counts(stage, itype, workers)
@@ -148,32 +154,55 @@ class PlanSpace:
         return out
 
 
-@dataclass
-class WalkResult:
-    """Every plan on the walk with its full-sample result, plus bookkeeping."""
-
-    path: list[Plan] = field(default_factory=list)
-    candidates_evaluated: int = 0
-    iterations: int = 0
-
-
 def plan_key(plan: Plan) -> tuple:
     return tuple(c.key for c in plan)
 
 
 class Evaluator:
-    """Caches screening and full-sample results of plans for one simulator."""
+    """Caches screening and full-sample results of plans for one simulator.
+
+    Screening uses the first ``screen_samples`` samples. With several Hyperband brackets, a plan
+    is screened bracket by bracket (brackets run one after another, so JCTs and costs add up,
+    ignoring instances carried across a bracket boundary) and each bracket's result is cached, so
+    a one-stage change re-simulates only the rest of its own bracket. Full evaluations always
+    simulate the whole plan.
+    """
 
     def __init__(self, sim: Simulator, screen_samples: int) -> None:
         self.sim = sim
         self.screen_samples = min(screen_samples, sim.samples)
         self._screen: dict[tuple, SimResult] = {}
         self._full: dict[tuple, SimResult] = {}
+        self._brackets: list[tuple[int, int]] = []
+        for i, st in enumerate(sim.stages):
+            if st.index == 0 or not self._brackets:
+                self._brackets.append((i, i + 1))
+            else:
+                self._brackets[-1] = (self._brackets[-1][0], i + 1)
+        self._subsims: list[Simulator] = []
+        if len(self._brackets) > 1:
+            for b, (lo, hi) in enumerate(self._brackets):
+                self._subsims.append(Simulator(sim.stages[lo:hi], sim.model, samples=self.screen_samples,
+                                               seed=sim.seed + 7919 * (b + 1), spot=sim.spot,
+                                               options=sim.options, start_state=sim.start_state if b == 0 else None))
+        self._sub: dict[tuple, SimResult] = {}
 
     def screen(self, plan: Plan) -> SimResult:
         key = plan_key(plan)
         if key not in self._screen:
-            self._screen[key] = self.sim.simulate(plan, self.screen_samples)
+            if not self._subsims:
+                self._screen[key] = self.sim.simulate(plan, self.screen_samples)
+            else:
+                parts = []
+                for b, (lo, hi) in enumerate(self._brackets):
+                    sub_key = (b, key[lo:hi])
+                    if sub_key not in self._sub:
+                        self._sub[sub_key] = self._subsims[b].simulate(plan[lo:hi])
+                    parts.append(self._sub[sub_key])
+                jct = sum(p.jct for p in parts)
+                cost = sum(p.cost for p in parts)
+                self._screen[key] = SimResult(configs=tuple(plan), jct=jct, cost=cost, stage_durations=[],
+                                              stage_costs=[], breakdown={}, by_type={}, samples=len(jct))
         return self._screen[key]
 
     def full(self, plan: Plan) -> SimResult:
@@ -184,41 +213,6 @@ class Evaluator:
 
     def evaluated_full(self) -> list[SimResult]:
         return list(self._full.values())
-
-
-def walk(space: PlanSpace, evaluator: Evaluator, deadline_s: float, *, start: Plan | None = None,
-         patience: int = 2, max_steps: int = 500) -> WalkResult:
-    """Marginal-benefit walk from the fastest plan towards cheaper plans (deadline only stops it)."""
-    result = WalkResult()
-    current = start or space.fastest()
-    cur_screen = evaluator.screen(current)
-    result.path.append(current)
-    misses = 0
-    for _ in range(max_steps):
-        result.iterations += 1
-        best = None
-        for candidate in space.neighbours(current):
-            res = evaluator.screen(candidate)
-            result.candidates_evaluated += 1
-            saving = cur_screen.cost_mean - res.cost_mean
-            if saving <= 1e-9:
-                continue
-            slower = res.jct_mean - cur_screen.jct_mean
-            # cheaper-and-not-slower first (by saving), then by marginal benefit
-            score = (1, saving) if slower <= 0 else (0, saving / slower)
-            if best is None or score > best[0]:
-                best = (score, candidate, res)
-        if best is None:
-            break
-        current, cur_screen = best[1], best[2]
-        result.path.append(current)
-        if int((cur_screen.jct <= deadline_s).sum()) == 0:
-            misses += 1
-            if misses >= patience:
-                break
-        else:
-            misses = 0
-    return result
 
 
 def local_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
@@ -254,8 +248,11 @@ def local_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
     for i in range(len(plan)):
         for c in space.frontier(i):
             pairs.setdefault((c.instance_type.key, c.workers), c)
-    n = len(plan)
-    blocks = {(0, b) for b in range(2, n + 1)} | {(a, n) for a in range(1, n - 1)}
+    blocks = set()
+    for first, last in space.brackets():  # prefixes and suffixes of each bracket (and all of it)
+        blocks |= {(first, b) for b in range(first + 2, last + 1)} | {(a, last) for a in range(first + 1, last - 1)}
+    if len(space.brackets()) > 1:
+        blocks.add((0, len(plan)))
     for c in pairs.values():
         t, w = c.instance_type, c.workers
         for a, b in sorted(blocks):
@@ -295,8 +292,23 @@ class DescentResult:
     iterations: int = 0
 
 
+def simple_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
+    """One-stage changes: frontier steps and one instance-count step on the same type and width."""
+    out = space.neighbours(plan)
+    seen = {plan_key(p) for p in out} | {plan_key(plan)}
+    for i, config in enumerate(plan):
+        counts = space.counts(i, config.instance_type, config.workers)
+        lower = [n for n in counts if n < config.instances][-1:]
+        for n in lower:
+            candidate = plan[:i] + (StageConfig(config.instance_type, n, config.workers),) + plan[i + 1:]
+            if plan_key(candidate) not in seen:
+                seen.add(plan_key(candidate))
+                out.append(candidate)
+    return out
+
+
 def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: float, confidence: float, *,
-            confirm: int = 3, max_steps: int = 200) -> DescentResult:
+            moves=None, confirm: int = 3, max_steps: int = 500) -> DescentResult:
     """RubberBand's deadline-aware greedy: from a feasible plan, repeatedly take the cheaper
     candidate with the best marginal benefit among those that still meet the deadline.
 
@@ -306,12 +318,14 @@ def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: flo
     """
     current, cur = start, evaluator.full(start)
     out = DescentResult(current, cur)
+    if not cur.meets(deadline_s, confidence):
+        return out
     need = math.ceil(confidence * evaluator.screen_samples - 1e-9)
     for _ in range(max_steps):
         out.iterations += 1
         cur_screen = evaluator.screen(current)
         ranked = []
-        for candidate in local_moves(space, current):
+        for candidate in (moves or local_moves)(space, current):
             res = evaluator.screen(candidate)
             out.candidates_evaluated += 1
             saving = cur_screen.cost_mean - res.cost_mean

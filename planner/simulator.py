@@ -236,6 +236,7 @@ class Simulator:
         self._cache: OrderedDict[tuple, _Prefix] = OrderedDict()
         self._cache_size = cache_size
         self._epoch_cache: dict[tuple[str, int, int], float] = {}
+        self._startup_cache: dict[tuple[str, str], tuple] = {}
         self.evaluations = 0
 
     # -- public -----------------------------------------------------------------------------
@@ -275,6 +276,17 @@ class Simulator:
         return _build_timeline(self, configs, records)
 
     # -- internals --------------------------------------------------------------------------
+    def _startup(self, itype: InstanceType):
+        key = (itype.cloud, itype.name)
+        if key not in self._startup_cache:
+            model = self.model.startup(itype.cloud, itype.name)
+            self._startup_cache[key] = (model, model.quantile(self.options.lead_quantile))
+        return self._startup_cache[key][0]
+
+    def _lead(self, itype: InstanceType) -> float:
+        self._startup(itype)
+        return self._startup_cache[(itype.cloud, itype.name)][1]
+
     def _epoch(self, device: str, workers: int, nodes: int) -> float:
         key = (device, workers, nodes)
         if key not in self._epoch_cache:
@@ -379,7 +391,7 @@ class Simulator:
             start = prev.barrier
 
         # instances: carried ones are up at the barrier; new ones requested ahead of time
-        startup = model.startup(itype.cloud, itype.name)
+        startup = self._startup(itype)
         request = np.empty((S, n_inst))
         ready = np.empty((S, n_inst))
         if carry:
@@ -389,7 +401,7 @@ class Simulator:
             if prev is None:
                 t_req = np.zeros(S) if self.start_state is None else np.full(S, self.start_state.now_s)
             else:
-                lead = max(0.0, prev.predicted_s - startup.quantile(self.options.lead_quantile))
+                lead = max(0.0, prev.predicted_s - self._lead(itype))
                 t_req = prev.anchor + lead
             request[:, carry:] = t_req[:, None]
             ready[:, carry:] = t_req[:, None] + startup.sample(u[:, carry:])
