@@ -347,7 +347,20 @@ def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: flo
     return out
 
 
-def knapsack_plans(space: PlanSpace, *, buckets: int = 400, ladder: float = 1.01, span: float = 12.0) -> list[Plan]:
+def knapsack_plans(space: PlanSpace, **kwargs) -> list[Plan]:
+    """Knapsack ladders over all options, and over each instance type alone (no type changes)."""
+    plans = _knapsack(space, None, **kwargs)
+    seen = {plan_key(p) for p in plans}
+    for t in space.types:
+        for plan in _knapsack(space, t.key, **kwargs):
+            if plan_key(plan) not in seen:
+                seen.add(plan_key(plan))
+                plans.append(plan)
+    return plans
+
+
+def _knapsack(space: PlanSpace, only_type: str | None, *, buckets: int = 400, ladder: float = 1.01,
+              span: float = 12.0) -> list[Plan]:
     """Plans that are optimal under the additive per-stage estimate, for a ladder of time budgets.
 
     A multiple-choice knapsack over stages (minimise the sum of isolated stage cost estimates
@@ -356,7 +369,8 @@ def knapsack_plans(space: PlanSpace, *, buckets: int = 400, ladder: float = 1.01
     depend on the deadline, so these plans can join the deadline-independent pool.
     """
     n = len(space.stages)
-    estimates = [[(*space.stage_estimate(i, c), c) for c in space.options(i)] for i in range(n)]
+    estimates = [[(*space.stage_estimate(i, c), c) for c in space.options(i)
+                  if only_type is None or c.instance_type.key == only_type] for i in range(n)]
     fastest = sum(min(d for d, _, _ in opts) for opts in estimates)
     horizon = fastest * span
     step = horizon / buckets
