@@ -82,16 +82,16 @@ def main() -> None:
     print("\n== plan cost / exact optimum (small cases, 3 types, <= 2 workers/trial, 300 samples)")
     small_types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge", "p3.8xlarge")]
     ratios = []
-    cases = [(9, 9), (9, 27), (12, 16), (27, 9)] if not args.quick else [(9, 9), (27, 9)]
-    for n, big_r in cases:
-        stages = sha_stages(n, 3, 1, big_r)
+    cases = [(9, 3, 9), (12, 3, 16), (27, 3, 9), (18, 3, 6), (8, 2, 8)] if not args.quick else [(9, 3, 9), (27, 3, 9)]
+    for n, eta, big_r in cases:
+        stages = sha_stages(n, eta, 1, big_r)
         j = shortest_jct(stages, model, small_types, confidence=0.9, max_workers=2, samples=300)
         for factor in (1.2, 1.5, 2.0):
             out = plan_stages(stages, model, small_types, deadline_s=j * factor, confidence=0.9, samples=300,
                               max_workers_per_trial=2, include_exact=True)
             ratio = out.result.cost_mean / out.exact[1].cost_mean
             ratios.append(ratio)
-            print(f"SHA n={n} R={big_r} deadline {factor}x: plan ${out.result.cost_mean:.3f} exact "
+            print(f"SHA n={n} eta={eta} R={big_r} deadline {factor}x: plan ${out.result.cost_mean:.3f} exact "
                   f"${out.exact[1].cost_mean:.3f} ratio {ratio:.3f}")
     print(f"cases {len(ratios)}: mean ratio {statistics.mean(ratios):.3f}, max {max(ratios):.3f} (target <= 1.01); "
           f"within 1.01: {sum(r <= 1.01 for r in ratios)}/{len(ratios)}")
