@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import typer
+from rich import box
+from rich.console import Console
 from rich.table import Table
 
 from rubberband.console import stdout
@@ -18,21 +20,24 @@ ORDER = 20
 
 def _print_plan(plan: Plan) -> None:
     console = stdout()
+    if not console.is_terminal and console.width < 120:  # pipes and CI logs: do not squeeze the table
+        console = Console(highlight=False, soft_wrap=False, width=120)
     table = Table(title=f"Plan for {plan.job.name}: deadline {format_duration(plan.deadline_s)} at "
-                        f"{plan.confidence:.0%} confidence", title_justify="left")
+                        f"{plan.confidence:.0%} confidence", title_justify="left", box=box.SIMPLE_HEAD)
     hyperband = plan.job.scheduler == "hyperband"
+    several_clouds = len({s.cloud for s in plan.stages}) > 1 or len(plan.catalog.clouds) > 1
     if hyperband:
         table.add_column("bracket", justify="right")
     for name in ("stage", "trials", "epochs"):
         table.add_column(name, justify="right")
-    table.add_column("instances")
-    table.add_column("workers/trial", justify="right")
-    table.add_column("stage time (p50)", justify="right")
-    table.add_column("stage cost", justify="right")
+    table.add_column("instances", no_wrap=True)
+    table.add_column("w/trial", justify="right")
+    table.add_column("time p50", justify="right", no_wrap=True)
+    table.add_column("cost", justify="right")
     for s in plan.stages:
-        row = [str(s.stage), str(s.trials), str(s.epochs), f"{s.instance_type} × {s.instances} ({s.cloud})",
-               str(s.workers_per_trial), format_duration(s.predicted_duration_s or 0.0),
-               format_usd(s.predicted_cost_usd or 0.0)]
+        where = f"{s.instances} × {s.instance_type}" + (f" ({s.cloud})" if several_clouds else "")
+        row = [str(s.stage), str(s.trials), str(s.epochs), where, str(s.workers_per_trial),
+               format_duration(s.predicted_duration_s or 0.0), format_usd(s.predicted_cost_usd or 0.0)]
         table.add_row(*([str(s.bracket)] if hyperband else []), *row)
     console.print(table)
     p = plan.predicted
@@ -44,10 +49,10 @@ def _print_plan(plan: Plan) -> None:
         s0 = static.stages[0]
         saving = static.predicted.cost_usd.mean - p.cost_usd.mean
         ratio = static.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
-        console.print(f"Best static plan ({s0.instance_type} × {s0.instances}, {s0.workers_per_trial} "
-                      f"workers/trial): {format_usd(static.predicted.cost_usd.mean)}, JCT p95 "
-                      f"{format_duration(static.predicted.jct_s.p95)} - this plan saves {format_usd(saving)} "
-                      f"({ratio:.2f}×)")
+        console.print(f"vs best static plan ({s0.instances} × {s0.instance_type}, {s0.workers_per_trial} "
+                      f"workers/trial, {format_usd(static.predicted.cost_usd.mean)}, JCT p95 "
+                      f"{format_duration(static.predicted.jct_s.p95)}): saves {format_usd(saving)} "
+                      f"({ratio:.2f}× cheaper)")
     else:
         console.print("No static plan meets the deadline at this confidence.")
     console.print(f"Planned in {plan.planner.seconds:.2f} s ({plan.planner.candidates_evaluated} candidates, "
