@@ -99,7 +99,7 @@ class PlanSpace:
         """(first, end) stage positions of each bracket."""
         out: list[tuple[int, int]] = []
         for i, st in enumerate(self.stages):
-            if st.index == 0:
+            if st.index == 0 or not out:
                 out.append((i, i + 1))
             else:
                 out[-1] = (out[-1][0], i + 1)
