@@ -139,14 +139,14 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
         notes.append("no elastic plan beats the best static plan here; using the static plan")
     if chosen is None:
-        evaluated = evaluator.evaluated_full() or [evaluator.full(space.fastest())]
-        fastest = min(evaluated, key=lambda r: (r.jct_quantile(confidence), r.cost_mean))
-        shortest = fastest.jct_quantile(confidence)
+        evaluated = evaluator.evaluated_full() + [evaluator.full(fastest)]
+        quickest = min(evaluated, key=lambda r: (r.jct_quantile(confidence), r.cost_mean))
+        shortest = quickest.jct_quantile(confidence)
         raise InfeasibleError(
             f"no plan meets the deadline of {format_duration(deadline_s)} with {confidence:.0%} confidence; the "
             f"shortest feasible JCT is {format_duration(shortest)} ({shortest:.0f} s at p{confidence * 100:.0f}) "
-            f"costing {format_usd(fastest.cost_mean)}; set the deadline to at least {shortest:.0f} s or lower "
-            f"the confidence", shortest_jct_s=shortest, cost_usd=fastest.cost_mean)
+            f"costing {format_usd(quickest.cost_mean)}; set the deadline to at least {shortest:.0f} s or lower "
+            f"the confidence", shortest_jct_s=shortest, cost_usd=quickest.cost_mean)
     configs, result = chosen
     if budget_usd is not None and result.cost_mean > budget_usd:
         raise InfeasibleError(

@@ -19,7 +19,7 @@ all static plans and the fastest plan; the pool is searched exactly by branch an
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
