@@ -114,3 +114,24 @@ def test_knapsack_ladder_and_fastest_plan_are_in_the_plan_space():
     ev = Evaluator(Simulator(stages, model, samples=64), 32)
     # the fastest plan is at least as fast as every knapsack plan (by the mean JCT)
     assert ev.full(fastest).jct_mean <= min(ev.full(p).jct_mean for p in plans) + 1.0
+
+
+def test_branch_and_bound_equals_brute_force_and_bounds_hold():
+    import itertools
+
+    from rubberband.planner.baselines import cheapest_feasible, exact_optimum, lower_bounds
+
+    model, types, _, _ = setup()
+    stages = sha_stages(4, 2, 1, 4)  # (4, 1), (2, 2), (1, 4)
+    space = PlanSpace(stages, types[:2], model, 2)
+    ev = Evaluator(Simulator(stages, model, samples=100, seed=2), 32)
+    plans = list(itertools.product(*[space.options(i) for i in range(len(stages))]))
+    results = {p: ev.full(p) for p in plans}
+    for plan, res in results.items():  # the bounds used for pruning are valid
+        cost_lb, jct_lb = lower_bounds(space, ev, plan)
+        assert cost_lb <= res.cost_mean + 1e-12 and jct_lb <= res.jct.min() + 1e-9
+    deadline = sorted(r.jct_quantile(0.9) for r in results.values())[len(results) // 3]
+    feasible = [(r.cost_mean, p) for p, r in results.items() if r.meets(deadline, 0.9)]
+    best_cost = min(c for c, _ in feasible)
+    assert exact_optimum(space, ev, deadline, 0.9).result.cost_mean == pytest.approx(best_cost)
+    assert cheapest_feasible(plans, space, ev, deadline, 0.9).result.cost_mean == pytest.approx(best_cost)
