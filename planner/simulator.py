@@ -224,7 +224,7 @@ class Simulator:
 
     def __init__(self, stages: Sequence[Stage], model: PerformanceModel, *, samples: int = 1000, seed: int = 0,
                  spot: bool = False, options: SimOptions | None = None,
-                 cache_size: int = 4096, start_state: "RunningState | None" = None) -> None:
+                 cache_size: int = 4096, cache_bytes: int = 256 << 20, start_state: "RunningState | None" = None) -> None:
         self.stages = list(stages)
         self.model = model
         self.samples = samples
@@ -235,6 +235,8 @@ class Simulator:
         self.streams = RandomStreams(seed, samples)
         self._cache: OrderedDict[tuple, _Prefix] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._cached_bytes = 0
         self._epoch_cache: dict[tuple[str, int, int], float] = {}
         self._startup_cache: dict[tuple[str, str], tuple] = {}
         self.evaluations = 0
@@ -304,8 +306,10 @@ class Simulator:
         previous = self._prefix(configs, upto - 1, n)
         result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n))
         self._cache[key] = result
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self._cached_bytes += _nbytes(result)
+        while self._cache and (len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes):
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_bytes -= _nbytes(evicted)
         return result
 
     def _rule(self, cloud: str) -> BillingRule:
@@ -480,6 +484,12 @@ class Simulator:
         cost = sum(parts[k] for k in CATEGORIES)
         return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=list(durations),
                          stage_costs=list(stage_costs), breakdown=parts, by_type=by_type, samples=n)
+
+
+def _nbytes(prefix: _Prefix) -> int:
+    """Approximate memory held by a cached prefix (its per-instance and per-sample arrays)."""
+    rec = prefix.open
+    return rec.release.nbytes + rec.request.nbytes + rec.barrier.nbytes * (8 + len(prefix.stage_costs))
 
 
 @dataclass(frozen=True)
