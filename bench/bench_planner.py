@@ -10,6 +10,7 @@ cases; best static / plan ≥ 2 at 1.2× the shortest feasible JCT on the quicks
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -35,13 +36,14 @@ def shortest_jct(stages, model, types, *, confidence, max_workers, samples=1000)
 
 
 def timed(stages, model, types, deadline, *, confidence=0.95, max_workers=1, samples=1000, repeat=3):
-    times, out = [], None
+    times, cpu, out = [], [], None
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         out = plan_stages(stages, model, types, deadline_s=deadline, confidence=confidence, samples=samples,
                           max_workers_per_trial=max_workers)
         times.append(time.perf_counter() - started)
-    return min(times), statistics.median(times), out
+        cpu.append(time.process_time() - started_cpu)
+    return min(times), statistics.median(times), min(cpu), out
 
 
 def work_lower_bound(stages, model, types, max_workers) -> float:
@@ -66,18 +68,19 @@ def main() -> None:
     catalog = load_catalog(["aws"])
     types = [catalog.find(n) for n in QUICKSTART_TYPES]
 
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (other jobs inflate wall times)")
     print("== planning time (1000 samples, 3 instance types: " + ", ".join(QUICKSTART_TYPES) + ")")
     sha = sha_stages(81, 3, 1, 27)
     j_sha = shortest_jct(sha, model, types, confidence=0.95, max_workers=1)
     for factor in (1.2, 2.0):
-        best, med, out = timed(sha, model, types, j_sha * factor, repeat=repeat)
-        print(f"SHA n=81 eta=3 r=1 R=27, deadline {factor}x shortest: best {best:.2f} s, median {med:.2f} s "
-              f"(target <= 1 s), {out.candidates_evaluated} candidates")
+        best, med, cpu, out = timed(sha, model, types, j_sha * factor, repeat=repeat)
+        print(f"SHA n=81 eta=3 r=1 R=27, deadline {factor}x shortest: wall best {best:.2f} s, median {med:.2f} s, "
+              f"CPU {cpu:.2f} s (target <= 1 s), {out.candidates_evaluated} candidates")
     hb = [s for b in hyperband_brackets(3, 1, 81) for s in b]
     j_hb = shortest_jct(hb, model, types, confidence=0.95, max_workers=1)
-    best, med, out = timed(hb, model, types, j_hb * 1.5, repeat=repeat)
-    print(f"Hyperband R=81 eta=3 ({len(hb)} stages), deadline 1.5x shortest: best {best:.2f} s, median {med:.2f} s "
-          f"(target <= 5 s), {out.candidates_evaluated} candidates")
+    best, med, cpu, out = timed(hb, model, types, j_hb * 1.5, repeat=repeat)
+    print(f"Hyperband R=81 eta=3 ({len(hb)} stages), deadline 1.5x shortest: wall best {best:.2f} s, median "
+          f"{med:.2f} s, CPU {cpu:.2f} s (target <= 5 s), {out.candidates_evaluated} candidates")
 
     print("\n== plan cost / exact optimum (small cases, 3 types, <= 2 workers/trial, 300 samples)")
     small_types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge", "p3.8xlarge")]

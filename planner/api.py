@@ -29,6 +29,7 @@ from rubberband.units import format_duration, format_usd
 
 DEFAULT_SAMPLES = 1000
 SCREEN_SAMPLES = 32
+SCREEN_SLACK = 4  # pool plans with fewer than ceil(p·32) − 4 screening samples in time are not simulated fully
 
 
 @dataclass
@@ -113,7 +114,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running)
     evaluator = Evaluator(sim, screen_samples)
     statics = static_plans(space)
-    static = cheapest_feasible(statics, space, evaluator, deadline_s, confidence)
+    static = cheapest_feasible(statics, space, evaluator, deadline_s, confidence, screen_slack=SCREEN_SLACK)
     notes = []
     if space.skipped:
         notes.append(f"not plannable (device not in profile): {', '.join(space.skipped)}")
@@ -122,7 +123,8 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     fastest = space.fastest()
     pool = [fastest] + knapsack_plans(space) + [shrink(space, p) for p in statics]
     incumbent = (static.plan, static.result) if static.plan is not None else None
-    best = cheapest_feasible(pool, space, evaluator, deadline_s, confidence, incumbent=incumbent)
+    best = cheapest_feasible(pool, space, evaluator, deadline_s, confidence, incumbent=incumbent,
+                             screen_slack=SCREEN_SLACK)
     candidates = static.evaluated + best.evaluated
     iterations = 0
     chosen = (best.plan, best.result) if best.plan is not None else None

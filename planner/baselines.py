@@ -79,28 +79,41 @@ def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[fl
 
 
 def cheapest_feasible(plans: list[Plan], space: PlanSpace, evaluator: Evaluator, deadline_s: float,
-                      confidence: float, *, incumbent: tuple[Plan, SimResult] | None = None) -> BaselineResult:
+                      confidence: float, *, incumbent: tuple[Plan, SimResult] | None = None,
+                      screen_slack: int | None = None) -> BaselineResult:
     """Cheapest plan (full-sample mean cost) meeting the deadline, by branch and bound.
 
-    Plans are visited in order of their cost lower bound and skipped when the bound (or the JCT
-    bound) rules them out, so the answer is the same as evaluating every plan.
+    A plan is skipped when its rigorous cost lower bound is not below the best plan found so far
+    or its JCT lower bound exceeds the deadline, so the answer is the same as evaluating every
+    plan. With ``screen_slack``, plans are first screened (few samples) and those with fewer than
+    ``ceil(confidence·n) − screen_slack`` screening samples within the deadline are skipped - a
+    rule that only skips more for a tighter deadline or a higher confidence, so the answer stays
+    monotone in both - and the rest are visited cheapest-screened first, which finds a good
+    incumbent early and lets the bound prune the others.
     """
     seen = set()
     bounded = []
+    need = math.ceil(confidence * evaluator.screen_samples - 1e-9) - (screen_slack or 0)
     for order, plan in enumerate(plans):
         key = tuple(c.key for c in plan)
         if key in seen:
             continue
         seen.add(key)
         cost_lb, jct_lb = lower_bounds(space, evaluator, plan)
-        bounded.append((cost_lb, order, jct_lb, plan))
+        if jct_lb > deadline_s:
+            continue
+        rank = cost_lb
+        if screen_slack is not None:
+            screened = evaluator.screen(plan)
+            if int((screened.jct <= deadline_s).sum()) < need:
+                continue
+            rank = screened.cost_mean
+        bounded.append((rank, order, cost_lb, plan))
     bounded.sort(key=lambda x: (x[0], x[1]))
     best = incumbent
     evaluated = 0
-    for cost_lb, _, jct_lb, plan in bounded:
+    for _, _, cost_lb, plan in bounded:
         if best is not None and cost_lb >= best[1].cost_mean:
-            break
-        if jct_lb > deadline_s:
             continue
         res = evaluator.full(plan)
         evaluated += 1

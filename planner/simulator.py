@@ -239,6 +239,8 @@ class Simulator:
         self._cached_bytes = 0
         self._epoch_cache: dict[tuple[str, int, int], float] = {}
         self._startup_cache: dict[tuple[str, str], tuple] = {}
+        self._factor_cache: dict[int, np.ndarray] = {}
+        self._startup_draws: dict[tuple, np.ndarray] = {}
         self.evaluations = 0
 
     # -- public -----------------------------------------------------------------------------
@@ -278,6 +280,26 @@ class Simulator:
         return _build_timeline(self, configs, records)
 
     # -- internals --------------------------------------------------------------------------
+    def _draws(self, index: int, width: int, itype: InstanceType | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Straggler factors of stage ``index`` and, for ``itype``, start-up latencies (all samples).
+
+        Derived once per stage (and type) from the common random streams and cached.
+        """
+        z, u = self.streams.stage(index, width)
+        have = self._factor_cache.get(index)
+        if have is None or have.shape[1] < z.shape[1]:
+            sigma = self.model.straggler_sigma
+            have = np.exp(sigma * z) if sigma > 0 else np.ones_like(z)
+            self._factor_cache[index] = have
+        if itype is None:
+            return have, None
+        key = (index, itype.cloud, itype.name)
+        startup = self._startup_draws.get(key)
+        if startup is None or startup.shape[1] < u.shape[1]:
+            startup = self._startup(itype).sample(u)
+            self._startup_draws[key] = startup
+        return have, startup
+
     def _startup(self, itype: InstanceType):
         key = (itype.cloud, itype.name)
         if key not in self._startup_cache:
@@ -372,10 +394,9 @@ class Simulator:
         lay = layout(cap, config.instances, config.workers)
         n_inst = config.instances
         model = self.model
-        z_all, u_all = self.streams.stage(index, n_inst)
-        z = z_all[rows, :n_inst]
-        u = u_all[rows, :n_inst]
-        S = z.shape[0]
+        f_all, _ = self._draws(index, n_inst, None)
+        factor = f_all[rows, :n_inst]
+        S = factor.shape[0]
         price = self._price(itype) / 3600.0
         prev = prefix.open if prefix is not None else None
 
@@ -408,7 +429,8 @@ class Simulator:
                 lead = max(0.0, prev.predicted_s - self._lead(itype))
                 t_req = prev.anchor + lead
             request[:, carry:] = t_req[:, None]
-            ready[:, carry:] = t_req[:, None] + startup.sample(u[:, carry:])
+            _, s_all = self._draws(index, n_inst, itype)
+            ready[:, carry:] = t_req[:, None] + s_all[rows, carry:n_inst]
         if prev is None and self.start_state is not None and self.start_state.instance_type_key == itype.key:
             # instances already running when re-planning mid-run: ready now, billed from now (the past is sunk)
             kept = min(self.start_state.instances, n_inst)
@@ -419,12 +441,10 @@ class Simulator:
             own_start[:, :carry] = start[:, None]
 
         # slots
-        sigma = model.straggler_sigma
-        factor = np.exp(sigma * z) if sigma > 0 else np.ones_like(z)
         if lay.span == 1:
             p = lay.per_instance
-            slot_ready = np.repeat(ready, p, axis=1)
-            slot_factor = np.repeat(factor, p, axis=1)
+            slot_ready = ready if p == 1 else np.repeat(ready, p, axis=1)
+            slot_factor = factor if p == 1 else np.repeat(factor, p, axis=1)
         else:
             k = lay.span
             used = lay.slots * k
@@ -448,7 +468,8 @@ class Simulator:
 
         if lay.span == 1:
             inst_end = np.full((S, n_inst), -np.inf)
-            inst_end[:, :] = end_or_ready.reshape(S, n_inst, lay.per_instance).max(axis=2)
+            inst_end = (end_or_ready if lay.per_instance == 1
+                        else end_or_ready.reshape(S, n_inst, lay.per_instance).max(axis=2))
         else:
             inst_end = np.full((S, n_inst), -np.inf)
             inst_end[:, :lay.slots * lay.span] = np.repeat(end_or_ready, lay.span, axis=1)
