@@ -268,6 +268,32 @@ class Simulator:
         """A lower bound of the straggler factor (6σ below the median)."""
         return math.exp(-6.0 * self.model.straggler_sigma)
 
+    def task_time(self, index: int, config: StageConfig, previous: StageConfig | None) -> tuple[float, float]:
+        """(median compute, overhead) seconds of one task of stage ``index`` after ``previous``."""
+        stage = self.stages[index]
+        lay = layout(config.instance_type.workers, config.instances, config.workers)
+        base = stage.epochs_this_stage * self._epoch(config.instance_type.device, config.workers, lay.nodes)
+        overhead = self.model.eval_time_s
+        if previous is not None and stage.index > 0 and previous.placement != config.placement:
+            overhead += self.model.restart_overhead_s + self.model.transfer_time()
+        return base, overhead
+
+    def predicted_duration(self, index: int, config: StageConfig, previous: StageConfig | None) -> float:
+        """Deterministic stage duration (waves × median task), from which requests are timed."""
+        base, overhead = self.task_time(index, config, previous)
+        slots = layout(config.instance_type.workers, config.instances, config.workers).slots
+        return -(-self.stages[index].trials // max(1, slots)) * (base + overhead)
+
+    def request_offsets(self, configs: Sequence[StageConfig]) -> list[float | None]:
+        """When the executor requests each stage's additional instances: seconds after the first
+        task of the previous stage started (None for the first stage: at once)."""
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        out: list[float | None] = [None]
+        for i in range(1, len(configs)):
+            predicted = self.predicted_duration(i - 1, configs[i - 1], configs[i - 2] if i >= 2 else None)
+            out.append(max(0.0, predicted - self._lead(configs[i].instance_type)))
+        return out
+
     def trace(self, configs: Sequence[StageConfig], sample: int) -> tuple[Timeline, nx.DiGraph, float]:
         """Timeline of one sample, rebuilt as an explicit DAG; returns (timeline, dag, critical path)."""
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
@@ -452,11 +478,9 @@ class Simulator:
             slot_factor = factor[:, :used].reshape(S, lay.slots, k).max(axis=2)
         slot_ready = np.maximum(slot_ready, start[:, None])
 
-        base = stage.epochs_this_stage * self._epoch(itype.device, config.workers, lay.nodes)
-        overhead = model.eval_time_s
+        base, overhead = self.task_time(index, config, None if prev is None else prev.config)
         transfer_usd = 0.0
-        if (prev is not None and stage.index > 0 and prev.config.placement != config.placement):
-            overhead += model.restart_overhead_s + model.transfer_time()
+        if prev is not None and stage.index > 0 and prev.config.placement != config.placement:
             transfer_usd = (stage.trials * model.checkpoint_size_gb
                             * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0))
         dur = base * slot_factor + overhead
@@ -482,8 +506,7 @@ class Simulator:
         stage_parts = {"training": train, "startup": start_cost, "idle": seg - train - start_cost,
                        "billing_minimum": np.zeros(S), "transfer": np.full(S, transfer_usd)}
         cost = seg + transfer_usd
-        waves = -(-stage.trials // max(1, lay.slots))
-        predicted = waves * (base + overhead)
+        predicted = -(-stage.trials // max(1, lay.slots)) * (base + overhead)
 
         trace = None
         if record:

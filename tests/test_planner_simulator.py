@@ -149,3 +149,18 @@ def test_slot_layouts_and_efficient_counts():
     assert useful_instances(9, 4, 2) == 5 and useful_instances(3, 1, 2) == 6
     assert efficient_counts(9, 1, 1) == [1, 2, 3, 5, 9]
     assert efficient_counts(3, 1, 2) == [2, 4, 6]
+
+
+def test_request_offsets_match_the_simulated_requests():
+    model = ideal_model(t_iter=0.2, dataset=1000, batch=10, sigma=0.05, startup_samples=[30, 60, 90],
+                        restart=4.0)
+    stages = sha_stages(9, 3, 1, 9)
+    configs = [StageConfig(GPU1, 5, 1), StageConfig(GPU4, 1, 2), StageConfig(OTHER, 2, 2)]
+    sim = Simulator(stages, model, samples=16, seed=1)
+    offsets = sim.request_offsets(configs)
+    timeline, _, _ = sim.trace(configs, 3)
+    for stage in (1, 2):
+        first = min(t.start_s for t in timeline.tasks if t.stage == stage - 1)
+        new = [i for i in timeline.instances if i.first_stage == stage]
+        assert new and all(i.requested_s == pytest.approx(first + offsets[stage]) for i in new)
+    assert offsets[0] is None
