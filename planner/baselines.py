@@ -2,8 +2,9 @@
 
 * **Static**: one instance type, one instance count and one trial width for the whole job (a fixed
   cluster: instances a stage cannot use idle until the job ends). The cheapest one meeting the
-  deadline at the confidence. Exact over static plans: candidates are visited in order of a
-  rigorous cost lower bound and pruned by it, and by a JCT lower bound.
+  deadline at the confidence. Searched by branch and bound on rigorous cost and JCT lower bounds
+  (exact); the planner additionally skips plans whose screening samples are clearly too slow
+  (``cheapest_feasible(screen_slack=...)``), which keeps the result monotone in the deadline.
 * **Exact**: depth-first enumeration of every per-stage configuration in the planner's plan space,
   with prefix simulation shared through the simulator's cache and branch-and-bound pruning on the
   cost so far. Exponential: meant for small jobs, to measure the greedy planner's gap.
