@@ -7,7 +7,7 @@ from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import sha_stages
 from rubberband.profile import load_profile
 from rubberband.spec import load_spec
-from tests.conftest import EXAMPLES
+from conftest import EXAMPLES
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from rubberband.plan import load_plan
-from tests.conftest import EXAMPLES
+from conftest import EXAMPLES
 
 
 def test_plan_json_has_the_documented_keys(cli, tmp_path):

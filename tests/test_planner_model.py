@@ -6,7 +6,8 @@ import pytest
 from rubberband.errors import ProfileError
 from rubberband.planner.model import fit_performance_model
 from rubberband.profile import load_profile
-from tests.planner_helpers import TRUE, synthetic_profile
+from conftest import EXAMPLES
+from planner_helpers import TRUE, synthetic_profile
 
 SHAPES = [(1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 4)]
 
@@ -62,7 +63,7 @@ def test_startup_model_falls_back_per_type_cloud_default():
 
 
 def test_example_profile_fits_and_describes():
-    profile = load_profile("examples/profiles/resnet50_cifar10_v100.json")
+    profile = load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json")
     model = fit_performance_model(profile)
     assert model.iteration_time("V100", 1, 1) == pytest.approx(0.13, rel=0.03)
     # ~90% efficiency inside a node, clearly worse across nodes, for a shape never measured

@@ -11,14 +11,15 @@ from rubberband.planner.schedule import sha_stages
 from rubberband.planner.search import Evaluator, PlanSpace, knapsack_plans
 from rubberband.planner.simulator import Simulator
 from rubberband.profile import load_profile
-from tests.planner_helpers import itype
+from conftest import EXAMPLES
+from planner_helpers import itype
 
 SAMPLES = 200
 
 
 @functools.lru_cache(maxsize=None)
 def setup():
-    model = fit_performance_model(load_profile("examples/profiles/resnet50_cifar10_v100.json"))
+    model = fit_performance_model(load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json"))
     catalog = load_catalog(["aws"])
     types = tuple(catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge", "p3.8xlarge"))
     stages = tuple(sha_stages(9, 3, 1, 9))

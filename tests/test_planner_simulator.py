@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from rubberband.planner.schedule import Stage, sha_stages
 from rubberband.planner.simulator import (Simulator, StageConfig, _list_schedule, efficient_counts, layout,
                                           useful_instances)
-from tests.planner_helpers import ideal_model, itype
+from planner_helpers import ideal_model, itype
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
 GPU4 = itype("gpu4", gpus=4, price=14.4)
