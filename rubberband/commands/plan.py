@@ -49,8 +49,8 @@ def _print_plan(plan: Plan) -> None:
         s0 = static.stages[0]
         saving = static.predicted.cost_usd.mean - p.cost_usd.mean
         ratio = static.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
-        console.print(f"vs best static plan ({s0.instances} × {s0.instance_type}, {s0.workers_per_trial} "
-                      f"workers/trial, {format_usd(static.predicted.cost_usd.mean)}, JCT p95 "
+        workers = f"{s0.workers_per_trial} worker{'s' if s0.workers_per_trial != 1 else ''}/trial"
+        console.print(f"vs best static plan ({s0.instances} × {s0.instance_type}, {workers}, {format_usd(static.predicted.cost_usd.mean)}, JCT p95 "
                       f"{format_duration(static.predicted.jct_s.p95)}): saves {format_usd(saving)} "
                       f"({ratio:.2f}× cheaper)")
     else:
