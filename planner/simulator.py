@@ -511,6 +511,7 @@ class Simulator:
         trace = None
         if record:
             trace = {"carried_from_prev": None if carried_idx is None else [int(x) for x in carried_idx[0]],
+                     "transition": overhead - model.eval_time_s,
                      "request": request[0], "ready": ready[0], "release": release[0],
                      "slot_ready": slot_ready[0], "dur": dur[0], "counts": counts[0], "carry": carry,
                      "start": float(start[0]), "barrier": float(barrier[0]), "layout": lay,
@@ -638,18 +639,23 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
         for order, (t0, j, k) in enumerate(starts):
             trial = ids_in[order] if ids_in else sum(s.trials for s in sim.stages[:idx]
                                                    if s.bracket < stage.bracket and s.index == 0) + order
+            # a task node starts the trial's work on its slot; when the placement changed at this
+            # promotion, a transition node (checkpoint restore onto the new instances) precedes training
             node = ("task", idx, j, k)
+            train = ("train", idx, j, k)
             if first_task is None:
                 first_task = node
             d = float(tr["dur"][j])
+            move = float(tr["transition"])
+            dag.add_edge(node, train, weight=move, kind="transition" if move > 0 else "dispatch")
             if k == 0:
                 dag.add_edge(prev_barrier, node, weight=0.0)
                 for iid in slot_insts[j]:
                     dag.add_edge(("ready", iid, idx), node, weight=0.0)
             else:
-                dag.add_edge(("task", idx, j, k - 1), node, weight=d)
+                dag.add_edge(("train", idx, j, k - 1), node, weight=d - move)
             if k == int(tr["counts"][j]) - 1:
-                dag.add_edge(node, barrier, weight=d)
+                dag.add_edge(train, barrier, weight=d - move)
             tasks.append(TimelineTask(trial=trial, stage=stage.index, bracket=stage.bracket,
                                       instance_ids=[f"i{x}" for x in slot_insts[j]], workers=config.workers,
                                       start_s=t0, end_s=t0 + d))

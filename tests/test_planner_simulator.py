@@ -164,3 +164,17 @@ def test_request_offsets_match_the_simulated_requests():
         new = [i for i in timeline.instances if i.first_stage == stage]
         assert new and all(i.requested_s == pytest.approx(first + offsets[stage]) for i in new)
     assert offsets[0] is None
+
+
+def test_dag_has_explicit_transitions_only_where_the_placement_changes():
+    model = ideal_model(t_iter=0.2, dataset=1000, batch=10, restart=7.0, ckpt_gb=2.0)
+    stages = sha_stages(9, 3, 1, 9)
+    configs = [StageConfig(GPU1, 9, 1), StageConfig(GPU1, 3, 1), StageConfig(GPU4, 1, 2)]
+    sim = Simulator(stages, model, samples=4)
+    _, dag, critical = sim.trace(configs, 0)
+    moves = [(u, w) for u, w, a in dag.edges(data=True) if a.get("kind") == "transition"]
+    assert len(moves) == 1 and moves[0][0][1] == 2  # only the last stage's single trial moves
+    assert dag.edges[moves[0]]["weight"] == pytest.approx(7.0 + 2.0)  # restart + 2 GB at 1 GB/s
+    res = sim.simulate(configs)
+    assert critical == pytest.approx(res.jct[0])
+    assert res.breakdown["transfer"][0] == pytest.approx(2.0 * 0.01)
