@@ -3,3 +3,20 @@
 Everything here is a pure function of its inputs (spec, profile, catalog): no I/O, no
 clock, no cloud calls.
 """
+
+import importlib
+
+# Exports resolve lazily so that light users (``rubberband schedule``) do not import scipy/networkx.
+_EXPORTS = {
+    "StagesPlan": "api", "allowed_types": "api", "configs_of": "api", "plan_job": "api", "plan_stages": "api",
+    "prediction": "api", "simulate_plan": "api", "stage_plans": "api",
+    "PerformanceModel": "model", "fit_performance_model": "model",
+    "RunningState": "simulator", "SimResult": "simulator", "Simulator": "simulator", "StageConfig": "simulator",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,244 @@
+"""Planner entry points: plan a job, re-plan remaining stages, re-simulate a plan.
+
+``plan_job`` turns (spec, profile, catalog) into a full :class:`rubberband.plan.Plan`;
+``plan_stages`` is the lower-level call the executor uses mid-run (remaining stages, remaining
+deadline, instances already running); ``simulate_plan`` re-simulates an existing plan. All pure:
+the caller times the planner and fills ``plan.planner.seconds``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from rubberband.catalog import Catalog, InstanceType
+from rubberband.errors import InfeasibleError, PlanFileError
+from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distribution, JobInfo, Plan, PlannerInfo,
+                             Prediction, StagePlan, Timeline)
+from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
+from rubberband.planner.model import PerformanceModel, fit_performance_model
+from rubberband.planner.schedule import Stage, stages_for
+from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves
+from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig
+from rubberband.profile import Profile
+from rubberband.spec import JobSpec
+from rubberband.units import format_duration, format_usd
+
+DEFAULT_SAMPLES = 1000
+SCREEN_SAMPLES = 32
+SCREEN_SLACK = 4  # pool plans with fewer than ceil(p·32) − 4 screening samples in time are not simulated fully
+
+
+@dataclass
+class StagesPlan:
+    """Outcome of planning a sequence of stages."""
+
+    stages: list[Stage]
+    configs: tuple[StageConfig, ...]
+    result: SimResult
+    timeline: Timeline
+    static: tuple[tuple[StageConfig, ...], SimResult, Timeline] | None
+    exact: tuple[tuple[StageConfig, ...], SimResult, Timeline] | None
+    candidates_evaluated: int
+    iterations: int
+    samples: int
+    seed: int
+    notes: list[str] = field(default_factory=list)
+
+
+def allowed_types(catalog: Catalog, spec: JobSpec, cloud: str | None = None) -> list[InstanceType]:
+    """Offerings allowed by the spec's resources, narrowed to ``cloud`` (``any`` or None: the spec's)."""
+    res = spec.resources
+    if cloud in (None, ""):
+        clouds = list(res.clouds)
+    elif cloud == "any":
+        clouds = catalog.clouds()
+    else:
+        clouds = [cloud]
+    filtered = catalog.filter(clouds=clouds, regions=res.regions, names=res.instance_types, spot=res.spot)
+    return list(filtered.types)
+
+
+def _distribution(values: np.ndarray) -> Distribution:
+    return Distribution(mean=float(values.mean()), p50=float(np.quantile(values, 0.5)),
+                        p95=float(np.quantile(values, 0.95)))
+
+
+def prediction(result: SimResult, deadline_s: float) -> Prediction:
+    """Summary statistics of a simulation, in the plan's schema."""
+    return Prediction(
+        jct_s=_distribution(result.jct), cost_usd=_distribution(result.cost),
+        p_meet_deadline=result.p_meet(deadline_s),
+        stage_duration_s=[_distribution(d) for d in result.stage_durations],
+        stage_cost_usd=[float(c.mean()) for c in result.stage_costs],
+        cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in result.breakdown.items()}),
+        cost_by_instance_type={k: float(np.mean(v)) for k, v in sorted(result.by_type.items())},
+    )
+
+
+def stage_plans(stages: Sequence[Stage], configs: Sequence[StageConfig], result: SimResult | None,
+                spot: bool = False) -> list[StagePlan]:
+    out = []
+    for i, (st, c) in enumerate(zip(stages, configs)):
+        out.append(StagePlan(
+            bracket=st.bracket, stage=st.index, trials=st.trials, epochs=st.epochs,
+            epochs_this_stage=st.epochs_this_stage, cloud=c.instance_type.cloud, region=c.instance_type.region,
+            instance_type=c.instance_type.name, instances=c.instances, workers_per_trial=c.workers, spot=spot,
+            predicted_duration_s=None if result is None else float(np.quantile(result.stage_durations[i], 0.5)),
+            predicted_cost_usd=None if result is None else float(result.stage_costs[i].mean())))
+    return out
+
+
+def _timeline(sim: Simulator, configs: tuple[StageConfig, ...], result: SimResult) -> Timeline:
+    timeline, _, _ = sim.trace(configs, result.representative_index())
+    return timeline
+
+
+def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequence[InstanceType], *,
+                deadline_s: float, confidence: float, max_workers_per_trial: int = 8, spot: bool = False,
+                samples: int = DEFAULT_SAMPLES, seed: int = 0, budget_usd: float | None = None,
+                running: RunningState | None = None, include_exact: bool = False,
+                screen_samples: int = SCREEN_SAMPLES) -> StagesPlan:
+    """Cheapest plan for ``stages`` meeting ``deadline_s`` at ``confidence`` (seconds from now).
+
+    ``running`` describes instances already up (re-planning mid-run): the first stage reuses them
+    when it keeps their type. Raises InfeasibleError with the shortest achievable JCT (and its
+    cost) when no plan meets the deadline, or with the cheapest plan's cost when over budget.
+    """
+    if not stages:
+        raise ValueError("plan_stages needs at least one stage")
+    space = PlanSpace(stages, types, model, max_workers_per_trial)
+    sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running)
+    evaluator = Evaluator(sim, screen_samples)
+    statics = static_plans(space)
+    static = cheapest_feasible(statics, space, evaluator, deadline_s, confidence, screen_slack=SCREEN_SLACK)
+    notes = []
+    if space.skipped:
+        notes.append(f"not plannable (device not in profile): {', '.join(space.skipped)}")
+    # the deadline-independent pool, searched exactly; the static plans are the incumbent, so the
+    # answer is never costlier than the best static plan
+    fastest = space.fastest()
+    pool = [fastest] + knapsack_plans(space) + [shrink(space, p) for p in statics]
+    incumbent = (static.plan, static.result) if static.plan is not None else None
+    best = cheapest_feasible(pool, space, evaluator, deadline_s, confidence, incumbent=incumbent,
+                             screen_slack=SCREEN_SLACK)
+    candidates = static.evaluated + best.evaluated
+    iterations = 0
+    chosen = (best.plan, best.result) if best.plan is not None else None
+    # RubberBand's greedy from maximum useful parallelism, and from the pool's best plan
+    for start, moves in ((fastest, simple_moves), (None if chosen is None else chosen[0], local_moves)):
+        if start is None:
+            continue
+        refined = descend(space, evaluator, start, deadline_s, confidence, moves=moves)
+        iterations += refined.iterations
+        candidates += refined.candidates_evaluated
+        if refined.result.meets(deadline_s, confidence) and (
+                chosen is None or refined.result.cost_mean < chosen[1].cost_mean):
+            chosen = (refined.plan, refined.result)
+    if chosen is not None and static.plan is not None and chosen[0] == static.plan:
+        notes.append("no elastic plan beats the best static plan here; using the static plan")
+    if chosen is None:
+        evaluated = evaluator.evaluated_full() + [evaluator.full(fastest)]
+        quickest = min(evaluated, key=lambda r: (r.jct_quantile(confidence), r.cost_mean))
+        shortest = quickest.jct_quantile(confidence)
+        raise InfeasibleError(
+            f"no plan meets the deadline of {format_duration(deadline_s)} with {confidence:.0%} confidence; the "
+            f"shortest feasible JCT is {format_duration(shortest)} ({shortest:.0f} s at p{confidence * 100:.0f}) "
+            f"costing {format_usd(quickest.cost_mean)}; set the deadline to at least {shortest:.0f} s or lower "
+            f"the confidence", shortest_jct_s=shortest, cost_usd=quickest.cost_mean)
+    configs, result = chosen
+    if budget_usd is not None and result.cost_mean > budget_usd:
+        raise InfeasibleError(
+            f"the cheapest plan meeting the deadline costs {format_usd(result.cost_mean)} (mean), above the "
+            f"budget of {format_usd(budget_usd)}; raise budget_usd or loosen the deadline",
+            shortest_jct_s=result.jct_quantile(confidence), cost_usd=result.cost_mean)
+    exact = None
+    if include_exact:
+        ex = exact_optimum(space, evaluator, deadline_s, confidence, incumbent=result.cost_mean * (1 + 1e-9))
+        if ex.plan is not None:
+            exact = (ex.plan, ex.result, _timeline(sim, ex.plan, ex.result))
+        else:  # nothing strictly cheaper: the chosen plan is optimal
+            exact = (configs, result, None)
+    static_out = None
+    if static.plan is not None:
+        static_out = (static.plan, static.result, _timeline(sim, static.plan, static.result))
+    return StagesPlan(stages=list(stages), configs=tuple(configs), result=result,
+                      timeline=_timeline(sim, tuple(configs), result), static=static_out, exact=exact,
+                      candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes)
+
+
+def profile_sha256(profile: Profile) -> str:
+    return hashlib.sha256(profile.model_dump_json(exclude={"fitted"}).encode()).hexdigest()
+
+
+def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: float | None = None,
+             confidence: float | None = None, cloud: str | None = None, samples: int = DEFAULT_SAMPLES,
+             seed: int | None = None, include_exact: bool = False) -> Plan:
+    """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines."""
+    deadline = float(deadline_s if deadline_s is not None else spec.deadline_s)
+    conf = float(confidence if confidence is not None else spec.confidence)
+    seed = int(seed if seed is not None else spec.seed)
+    sched = spec.scheduler
+    stages = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
+                        max_epochs=sched.max_epochs)
+    types = allowed_types(catalog, spec, cloud)
+    model = fit_performance_model(profile)
+    out = plan_stages(stages, model, types, deadline_s=deadline, confidence=conf,
+                      max_workers_per_trial=spec.resources.max_workers_per_trial, spot=spec.resources.spot,
+                      samples=samples, seed=seed, budget_usd=spec.budget_usd, include_exact=include_exact)
+    baselines = {}
+    if out.static is not None:
+        plan_s, res_s, tl_s = out.static
+        baselines["static"] = Alternative(name="static", stages=stage_plans(stages, plan_s, res_s, spec.resources.spot),
+                                          predicted=prediction(res_s, deadline), timeline=tl_s)
+    if out.exact is not None:
+        plan_e, res_e, tl_e = out.exact
+        baselines["exact"] = Alternative(name="exact", stages=stage_plans(stages, plan_e, res_e, spec.resources.spot),
+                                         predicted=prediction(res_e, deadline), timeline=tl_e)
+    used = {c.instance_type for c in out.configs}
+    return Plan(
+        job=JobInfo(name=spec.name, spec_sha256=spec.sha256(), scheduler=sched.kind, eta=sched.eta,
+                    min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, trials=sched.trials,
+                    metric=spec.metric.name, mode=spec.metric.mode),
+        catalog=CatalogInfo(clouds=sorted({t.cloud for t in types}), regions=sorted({t.region for t in types}),
+                            dates={c: d for c, d in catalog.dates.items() if any(t.cloud == c for t in types)}),
+        deadline_s=deadline, confidence=conf, budget_usd=spec.budget_usd,
+        stages=stage_plans(stages, out.configs, out.result, spec.resources.spot),
+        predicted=prediction(out.result, deadline), timeline=out.timeline, baselines=baselines,
+        planner=PlannerInfo(candidates_evaluated=out.candidates_evaluated, iterations=out.iterations,
+                            samples=samples, seed=seed,
+                            notes=out.notes + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
+        profile_sha256=profile_sha256(profile), spec=spec.model_dump(mode="json"),
+    )
+
+
+def configs_of(plan: Plan, catalog: Catalog) -> tuple[list[Stage], tuple[StageConfig, ...]]:
+    """The schedule stages and stage configurations of an existing plan."""
+    stages, configs = [], []
+    for sp in plan.stages:
+        itype = catalog.find(sp.instance_type, cloud=sp.cloud, region=sp.region)
+        stages.append(Stage(sp.bracket, sp.stage, sp.trials, sp.epochs, sp.epochs_this_stage))
+        configs.append(StageConfig(itype, sp.instances, sp.workers_per_trial))
+    return stages, tuple(configs)
+
+
+def simulate_plan(plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES,
+                  seed: int | None = None, deadline_s: float | None = None) -> Plan:
+    """Re-simulate an existing plan (e.g. with a new profile); returns a copy with new predictions."""
+    if not plan.stages:
+        raise PlanFileError("the plan has no stages; regenerate it with `rubberband plan`")
+    stages, configs = configs_of(plan, catalog)
+    deadline = deadline_s if deadline_s is not None else plan.deadline_s
+    model = fit_performance_model(profile)
+    for c in configs:
+        model.require(c.instance_type.device)
+    seed = plan.planner.seed if seed is None else seed
+    sim = Simulator(stages, model, samples=samples, seed=seed, spot=any(s.spot for s in plan.stages))
+    result = sim.simulate(configs)
+    return plan.model_copy(update={
+        "stages": stage_plans(stages, configs, result, any(s.spot for s in plan.stages)),
+        "predicted": prediction(result, deadline), "timeline": _timeline(sim, configs, result),
+        "deadline_s": deadline})

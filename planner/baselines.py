@@ -1,0 +1,176 @@
+"""Reference plans: the best static plan and an exact optimum over the planner's plan space.
+
+* **Static**: one instance type, one instance count and one trial width for the whole job (a fixed
+  cluster: instances a stage cannot use idle until the job ends). The cheapest one meeting the
+  deadline at the confidence. Searched by branch and bound on rigorous cost and JCT lower bounds
+  (exact); the planner additionally skips plans whose screening samples are clearly too slow
+  (``cheapest_feasible(screen_slack=...)``), which keeps the result monotone in the deadline.
+* **Exact**: depth-first enumeration of every per-stage configuration in the planner's plan space,
+  with prefix simulation shared through the simulator's cache and branch-and-bound pruning on the
+  cost so far. Exponential: meant for small jobs, to measure the greedy planner's gap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rubberband.planner.search import Evaluator, Plan, PlanSpace, count_for_waves, widths_for
+from rubberband.planner.simulator import SimResult, StageConfig, efficient_counts, layout
+
+
+@dataclass
+class BaselineResult:
+    plan: Plan | None
+    result: SimResult | None
+    evaluated: int
+
+
+def _stage_min_time(space: PlanSpace, i: int, config: StageConfig, f_min: float) -> float:
+    st = space.stages[i]
+    lay = layout(config.instance_type.workers, config.instances, config.workers)
+    task = st.epochs_this_stage * space.model.epoch_time(config.instance_type.device, config.workers, lay.nodes)
+    waves = -(-st.trials // max(1, lay.slots))
+    return waves * (task * f_min + space.model.eval_time_s)
+
+
+def static_plans(space: PlanSpace) -> list[Plan]:
+    """Every static plan: (type, width, count) with counts efficient for the largest stage."""
+    most = max(s.trials for s in space.stages)
+    plans = []
+    for t in space.types:
+        for w in widths_for(t, space.max_workers):
+            for n in efficient_counts(most, t.workers, w):
+                plans.append(tuple(StageConfig(t, n, w) for _ in space.stages))
+    return plans
+
+
+def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[float, float]:
+    """Rigorous lower bounds on a plan's mean cost and on every sample's JCT.
+
+    Cost: every plan pays its tasks' compute (at the smallest possible straggler factor), the
+    start-up of its first stage's instances and its checkpoint transfers; a plan that keeps the
+    same instances through stages (static) also pays for them until its last stage starts.
+    """
+    sim = evaluator.sim
+    f_min = sim.min_factor()
+    model = space.model
+    running = sim.start_state is not None
+    cost = 0.0
+    times = []
+    prev = None
+    for i, (st, c) in enumerate(zip(space.stages, plan)):
+        t = c.instance_type
+        price = t.price(sim.spot) / 3600.0
+        lay = layout(t.workers, c.instances, c.workers)
+        base = st.epochs_this_stage * model.epoch_time(t.device, c.workers, lay.nodes)
+        overhead = model.eval_time_s
+        if prev is not None and st.index > 0 and prev.placement != c.placement:
+            overhead += model.restart_overhead_s + model.transfer_time()
+        task = base * f_min + overhead
+        cost += st.trials * task * c.workers / t.workers * price
+        times.append(-(-st.trials // max(1, lay.slots)) * task)
+        prev = c
+    t0 = plan[0].instance_type
+    startup = 0.0 if running else min(model.startup(t0.cloud, t0.name).samples_s)
+    cost += plan[0].instances * startup * t0.price(sim.spot) / 3600.0
+    if len({c.key for c in plan}) == 1:  # static: all instances live until the last stage starts
+        cost = max(cost, plan[0].instances * t0.price(sim.spot) / 3600.0 * (startup + sum(times[:-1])))
+    return cost, startup + sum(times)
+
+
+def cheapest_feasible(plans: list[Plan], space: PlanSpace, evaluator: Evaluator, deadline_s: float,
+                      confidence: float, *, incumbent: tuple[Plan, SimResult] | None = None,
+                      screen_slack: int | None = None) -> BaselineResult:
+    """Cheapest plan (full-sample mean cost) meeting the deadline, by branch and bound.
+
+    A plan is skipped when its rigorous cost lower bound is not below the best plan found so far
+    or its JCT lower bound exceeds the deadline, so the answer is the same as evaluating every
+    plan. With ``screen_slack``, plans are first screened (few samples) and those with fewer than
+    ``ceil(confidence·n) − screen_slack`` screening samples within the deadline are skipped - a
+    rule that only skips more for a tighter deadline or a higher confidence, so the answer stays
+    monotone in both - and the rest are visited cheapest-screened first, which finds a good
+    incumbent early and lets the bound prune the others.
+    """
+    seen = set()
+    bounded = []
+    need = math.ceil(confidence * evaluator.screen_samples - 1e-9) - (screen_slack or 0)
+    for order, plan in enumerate(plans):
+        key = tuple(c.key for c in plan)
+        if key in seen:
+            continue
+        seen.add(key)
+        cost_lb, jct_lb = lower_bounds(space, evaluator, plan)
+        if jct_lb > deadline_s:
+            continue
+        rank = cost_lb
+        if screen_slack is not None:
+            screened = evaluator.screen(plan)
+            if int((screened.jct <= deadline_s).sum()) < need:
+                continue
+            rank = screened.cost_mean
+        bounded.append((rank, order, cost_lb, plan))
+    bounded.sort(key=lambda x: (x[0], x[1]))
+    best = incumbent
+    evaluated = 0
+    for _, _, cost_lb, plan in bounded:
+        if best is not None and cost_lb >= best[1].cost_mean:
+            continue
+        res = evaluator.full(plan)
+        evaluated += 1
+        if res.meets(deadline_s, confidence) and (best is None or res.cost_mean < best[1].cost_mean):
+            best = (plan, res)
+    return BaselineResult(best[0] if best else None, best[1] if best else None, evaluated)
+
+
+def shrink(space: PlanSpace, plan: Plan) -> Plan:
+    """The elastic version of a plan: per stage only the instances its waves need."""
+    out = []
+    for st, c in zip(space.stages, plan):
+        waves = -(-st.trials // max(1, layout(c.instance_type.workers, c.instances, c.workers).slots))
+        out.append(StageConfig(c.instance_type, count_for_waves(st.trials, c.instance_type.workers, c.workers,
+                                                                waves), c.workers))
+    return tuple(out)
+
+
+def best_static(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confidence: float) -> BaselineResult:
+    """Cheapest static plan meeting the deadline at the confidence (None when none does)."""
+    return cheapest_feasible(static_plans(space), space, evaluator, deadline_s, confidence)
+
+
+def exact_optimum(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confidence: float,
+                  *, incumbent: float = math.inf, max_plans: int = 200_000) -> BaselineResult:
+    """Cheapest plan of the whole plan space meeting the deadline (branch and bound)."""
+    sim = evaluator.sim
+    f_min = sim.min_factor()
+    options = [space.options(i) for i in range(len(space.stages))]
+    # fastest possible remaining time after stage i (single wave, best option)
+    rest = [0.0] * (len(options) + 1)
+    for i in range(len(options) - 1, -1, -1):
+        rest[i] = rest[i + 1] + min(_stage_min_time(space, i, c, f_min) for c in options[i])
+    need = math.ceil(confidence * sim.samples - 1e-9)
+    best: list = [incumbent, None, None]
+    count = [0]
+
+    def dfs(prefix: tuple[StageConfig, ...]) -> None:
+        i = len(prefix)
+        if i == len(options):
+            count[0] += 1
+            res = evaluator.full(prefix)
+            if res.meets(deadline_s, confidence) and res.cost_mean < best[0]:
+                best[:] = [res.cost_mean, prefix, res]
+            return
+        if count[0] >= max_plans:
+            return
+        for config in options[i]:
+            candidate = prefix + (config,)
+            if i + 1 < len(options):
+                cost_lb, barrier = sim.prefix_bounds(candidate)
+                if cost_lb >= best[0]:
+                    continue
+                if int((barrier + rest[i + 1] <= deadline_s).sum()) < need:
+                    continue
+            dfs(candidate)
+
+    dfs(())
+    return BaselineResult(best[1], best[2], count[0])

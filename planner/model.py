@@ -1,0 +1,287 @@
+"""The performance model: iteration latency, stragglers and start-up latency, fitted from a profile.
+
+Iteration latency follows Pollux (OSDI'21), per device:
+
+* ``T_grad(m) = α_g + β_g·m`` for per-worker batch ``m``. Profiles measure one batch size, so
+  ``T_grad`` is one fitted constant (``β_g = 0``) unless several batch sizes are recorded.
+* ``T_sync(w, nodes) = 0`` for one worker, otherwise ``α_s + β_s·(w − 2)`` with separate
+  ``(α, β)`` for a trial inside one node and one spanning several nodes.
+* ``T_iter = (T_grad^γ + T_sync^γ)^(1/γ)`` with ``γ ≥ 1`` (overlap of compute and communication).
+
+Parameters are fitted in log space with :func:`scipy.optimize.least_squares` on the log of the
+median latency of every measured shape, plus weak priors (relative to ``T_grad``) so that a
+profile with one or two shapes still yields a stable, sensible model. Devices that were not
+measured but have a ``device_speed`` scale the reference device's compute term.
+
+Stragglers: each node of a trial runs at a lognormal slowdown factor (median 1) whose σ is the
+robust spread (MAD of log latency, warm-up iterations dropped) of the measured latencies; a
+trial runs at the pace of its slowest node.
+
+Start-up latency: empirical samples per (cloud, instance type), else per cloud, else the
+documented defaults below (marked ``source="default"``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from rubberband.errors import ProfileError
+from rubberband.profile import Profile
+
+# Default start-up samples (seconds from request to ready), used when a profile has none for a
+# cloud. Origin: typical GPU VM boot + image pull + Ray join times reported for EC2 (60-150 s) and
+# GCE (40-100 s); the local backend starts a Ray node on this machine in a few seconds.
+DEFAULT_STARTUP_S: dict[str, tuple[float, ...]] = {
+    "aws": (62.0, 75.0, 84.0, 92.0, 100.0, 108.0, 118.0, 130.0, 148.0),
+    "gcp": (42.0, 50.0, 57.0, 63.0, 70.0, 78.0, 86.0, 98.0),
+    "local": (1.5, 2.0, 2.5, 3.0),
+}
+# Checkpoint transfer bandwidth between instances (GB/s), ~10 Gbit/s networking.
+TRANSFER_GB_PER_S = 1.0
+MAX_SIGMA = 0.5
+
+# Priors, relative to the fitted compute time T_grad (log-space, weak): intra-node sync costs a few
+# percent of compute per iteration, cross-node much more; γ ≈ 1.5 (partial overlap).
+_PRIOR_REL = {"a1": 0.05, "b1": 0.01, "aN": 0.25, "bN": 0.05}
+_PRIOR_GAMMA = 1.5
+_PRIOR_WEIGHT = 0.02
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """Fitted Pollux parameters of one device (seconds)."""
+
+    alpha_grad: float
+    beta_grad: float
+    alpha_sync_node: float
+    beta_sync_node: float
+    alpha_sync_cross: float
+    beta_sync_cross: float
+    gamma: float
+    source: str = "fitted"  # fitted | scaled from <ref> | ...
+    points: int = 0
+    rms_log_error: float = 0.0
+
+    def t_grad(self, batch: int) -> float:
+        return self.alpha_grad + self.beta_grad * batch
+
+    def t_sync(self, workers: int, nodes: int) -> float:
+        if workers <= 1:
+            return 0.0
+        if nodes <= 1:
+            return self.alpha_sync_node + self.beta_sync_node * (workers - 2)
+        return self.alpha_sync_cross + self.beta_sync_cross * (workers - 2)
+
+    def t_iter(self, batch: int, workers: int, nodes: int) -> float:
+        g = self.t_grad(batch)
+        s = self.t_sync(workers, nodes)
+        if s <= 0:
+            return g
+        return (g ** self.gamma + s ** self.gamma) ** (1.0 / self.gamma)
+
+    def scaled(self, speed: float, reference: str) -> "DeviceModel":
+        """The same interconnect with compute ``speed`` times faster than the reference device."""
+        return DeviceModel(self.alpha_grad / speed, self.beta_grad / speed, self.alpha_sync_node,
+                           self.beta_sync_node, self.alpha_sync_cross, self.beta_sync_cross, self.gamma,
+                           source=f"scaled from {reference} by device_speed {speed:g}", points=0)
+
+
+@dataclass(frozen=True)
+class StartupModel:
+    """Empirical start-up latencies of one (cloud, instance type), sorted; ``source`` says whence."""
+
+    samples_s: tuple[float, ...]
+    source: str
+
+    def quantile(self, q: float) -> float:
+        values = self.samples_s
+        pos = q * (len(values) - 1)  # numpy's default (linear) quantile, without its overhead
+        lo = int(math.floor(pos))
+        hi = min(lo + 1, len(values) - 1)
+        return float(values[lo] + (values[hi] - values[lo]) * (pos - lo))
+
+    def sample(self, uniforms: np.ndarray) -> np.ndarray:
+        """Bootstrap draws from uniforms in [0, 1) (common random numbers across plans)."""
+        values = np.asarray(self.samples_s)  # sorted
+        idx = np.minimum((uniforms * len(values)).astype(np.int64), len(values) - 1)
+        return values[idx]
+
+
+@dataclass(frozen=True)
+class PerformanceModel:
+    """Everything the simulator needs to time and cost a trial shape; pure and immutable."""
+
+    dataset_size: int
+    batch_size_per_worker: int
+    restart_overhead_s: float
+    checkpoint_size_gb: float
+    eval_time_s: float
+    reference_device: str
+    devices: dict[str, DeviceModel]
+    straggler_sigma: float
+    startup_by_type: dict[tuple[str, str], StartupModel] = field(default_factory=dict)
+    startup_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
+    transfer_gb_per_s: float = TRANSFER_GB_PER_S
+
+    # -- latency ---------------------------------------------------------------------------
+    def plannable(self, device: str) -> bool:
+        return device in self.devices
+
+    def require(self, device: str) -> DeviceModel:
+        try:
+            return self.devices[device]
+        except KeyError:
+            raise ProfileError(f"device {device!r} was neither measured nor given a device_speed in the "
+                               f"profile; add profile field device_speed.{device} (relative to "
+                               f"{self.reference_device}) or restrict resources.instance_types") from None
+
+    def iterations_per_epoch(self, workers: int) -> int:
+        global_batch = self.batch_size_per_worker * workers
+        return max(1, -(-self.dataset_size // global_batch))
+
+    def iteration_time(self, device: str, workers: int, nodes: int) -> float:
+        return self.require(device).t_iter(self.batch_size_per_worker, workers, nodes)
+
+    def epoch_time(self, device: str, workers: int, nodes: int) -> float:
+        """Median seconds for one epoch of one trial with ``workers`` data-parallel workers."""
+        return self.iterations_per_epoch(workers) * self.iteration_time(device, workers, nodes)
+
+    def transfer_time(self) -> float:
+        return self.checkpoint_size_gb / self.transfer_gb_per_s if self.transfer_gb_per_s > 0 else 0.0
+
+    # -- start-up --------------------------------------------------------------------------
+    def startup(self, cloud: str, instance_type: str) -> StartupModel:
+        model = self.startup_by_type.get((cloud, instance_type)) or self.startup_by_cloud.get(cloud)
+        if model is not None:
+            return model
+        default = DEFAULT_STARTUP_S.get(cloud, DEFAULT_STARTUP_S["aws"])
+        return StartupModel(tuple(sorted(default)), f"default ({cloud}: typical boot + Ray join)")
+
+    def describe(self) -> dict[str, Any]:
+        """Fitted parameters as plain data (stored as ``profile.fitted`` for inspection)."""
+        return {
+            "model": "pollux",
+            "reference_device": self.reference_device,
+            "batch_size_per_worker": self.batch_size_per_worker,
+            "straggler_sigma": round(self.straggler_sigma, 6),
+            "devices": {name: {
+                "alpha_grad": d.alpha_grad, "beta_grad": d.beta_grad,
+                "alpha_sync_node": d.alpha_sync_node, "beta_sync_node": d.beta_sync_node,
+                "alpha_sync_cross": d.alpha_sync_cross, "beta_sync_cross": d.beta_sync_cross,
+                "gamma": d.gamma, "source": d.source, "points": d.points,
+                "rms_log_error": d.rms_log_error,
+            } for name, d in sorted(self.devices.items())},
+            "startup": {
+                **{f"{c}:{t}": {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
+                   for (c, t), m in sorted(self.startup_by_type.items())},
+                **{c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
+                   for c, m in sorted(self.startup_by_cloud.items())},
+            },
+        }
+
+
+# -- fitting --------------------------------------------------------------------------------
+
+def _steady(latencies: list[float]) -> np.ndarray:
+    """Latencies with warm-up iterations dropped (first 10%, at least one when there are ≥ 5)."""
+    values = np.asarray(latencies, dtype=float)
+    if len(values) >= 5:
+        values = values[max(1, len(values) // 10):]
+    return values
+
+
+def _fit_device(points: list[tuple[int, int, int, float]]) -> DeviceModel:
+    """Fit Pollux parameters to (batch, workers, nodes, median latency) points of one device."""
+    batches = {b for b, _, _, _ in points}
+    single = [lat for b, w, n, lat in points if w == 1]
+    base = float(np.median(single)) if single else min(lat for *_, lat in points) * 0.8
+    fit_beta_grad = len(batches) > 1
+    priors = np.log([base * _PRIOR_REL[k] for k in ("a1", "b1", "aN", "bN")] + [_PRIOR_GAMMA - 1.0])
+
+    def unpack(theta: np.ndarray) -> tuple[float, ...]:
+        a_g = math.exp(theta[0])
+        b_g = math.exp(theta[1]) if fit_beta_grad else 0.0
+        a1, b1, an, bn = (math.exp(x) for x in theta[2:6])
+        gamma = 1.0 + math.exp(theta[6])
+        return a_g, b_g, a1, b1, an, bn, gamma
+
+    def model(theta: np.ndarray) -> DeviceModel:
+        return DeviceModel(*unpack(theta))
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        d = model(theta)
+        r = [math.log(d.t_iter(b, w, n)) - math.log(lat) for b, w, n, lat in points]
+        prior = _PRIOR_WEIGHT * (theta[2:7] - priors)
+        extra = [_PRIOR_WEIGHT * (theta[1] - math.log(base / max(batches) * 0.1))] if fit_beta_grad else [0.0]
+        return np.concatenate([np.asarray(r), prior, np.asarray(extra)])
+
+    theta0 = np.concatenate([[math.log(base)], [math.log(base / max(batches) * 0.1) if fit_beta_grad else 0.0],
+                             priors])
+    lower = np.full(7, -25.0)
+    upper = np.full(7, 10.0)
+    upper[6] = math.log(20.0)  # γ ≤ 21
+    lower[6] = math.log(1e-3)
+    theta0 = np.clip(theta0, lower + 1e-9, upper - 1e-9)
+    result = least_squares(residuals, theta0, bounds=(lower, upper), method="trf", x_scale=1.0)
+    fitted = model(result.x)
+    errors = [math.log(fitted.t_iter(b, w, n)) - math.log(lat) for b, w, n, lat in points]
+    return DeviceModel(*unpack(result.x), source="fitted", points=len(points),
+                       rms_log_error=float(np.sqrt(np.mean(np.square(errors)))))
+
+
+def _sigma(profile: Profile) -> float:
+    """Robust per-node slowdown σ: median over shapes of 1.4826·MAD(log latency)."""
+    spreads = []
+    for m in profile.measurements:
+        values = np.log(_steady(m.iteration_latencies_s))
+        if len(values) >= 3:
+            spreads.append(1.4826 * float(np.median(np.abs(values - np.median(values)))))
+    return float(min(MAX_SIGMA, np.median(spreads))) if spreads else 0.0
+
+
+def fit_performance_model(profile: Profile) -> PerformanceModel:
+    """Fit the performance model of a profile (pure; raises ProfileError if nothing is usable)."""
+    by_device: dict[str, list[tuple[int, int, int, float]]] = {}
+    batch = profile.workload.batch_size_per_worker
+    for m in profile.measurements:
+        latency = float(np.median(_steady(m.iteration_latencies_s)))
+        by_device.setdefault(m.device, []).append((batch, m.workers, m.nodes, latency))
+    devices = {name: _fit_device(points) for name, points in sorted(by_device.items())}
+    reference = profile.reference_device or (sorted(by_device)[0] if len(by_device) == 1 else None)
+    if reference is None:
+        reference = max(by_device, key=lambda d: len(by_device[d]))
+    if profile.device_speed and reference not in devices:
+        raise ProfileError(f"profile field 'reference_device': {reference!r} has no measurements; "
+                           f"measure it or name a measured device ({', '.join(sorted(devices))})")
+    ref_speed = profile.device_speed.get(reference, 1.0)
+    for name, speed in profile.device_speed.items():
+        if name not in devices:
+            devices[name] = devices[reference].scaled(speed / ref_speed, reference)
+    by_type: dict[tuple[str, str], list[float]] = {}
+    by_cloud: dict[str, list[float]] = {}
+    type_source: dict[tuple[str, str], str] = {}
+    cloud_source: dict[str, str] = {}
+    for s in profile.startup:
+        if s.instance_type:
+            by_type.setdefault((s.cloud, s.instance_type), []).extend(s.samples_s)
+            type_source[(s.cloud, s.instance_type)] = s.source
+        else:
+            by_cloud.setdefault(s.cloud, []).extend(s.samples_s)
+            cloud_source[s.cloud] = s.source
+    return PerformanceModel(
+        dataset_size=profile.workload.dataset_size,
+        batch_size_per_worker=batch,
+        restart_overhead_s=profile.workload.restart_overhead_s,
+        checkpoint_size_gb=profile.workload.checkpoint_size_gb,
+        eval_time_s=profile.workload.eval_time_s,
+        reference_device=reference,
+        devices=devices,
+        straggler_sigma=_sigma(profile),
+        startup_by_type={k: StartupModel(tuple(sorted(v)), type_source[k]) for k, v in by_type.items()},
+        startup_by_cloud={k: StartupModel(tuple(sorted(v)), cloud_source[k]) for k, v in by_cloud.items()},
+    )

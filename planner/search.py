@@ -1,0 +1,412 @@
+"""Greedy marginal-benefit planner (RubberBand, EuroSys'21) and its candidate pool.
+
+Plan space: per stage an instance type, a trial width ``w ≤ max_workers_per_trial`` and an
+instance count; stages may use different types and clouds. Only *efficient* instance counts are
+considered (those at which the number of waves changes; any other count only adds idle instances).
+
+:func:`descend` is RubberBand's greedy: from a feasible plan, generate one-step changes per stage,
+screen them with a prefix of the Monte Carlo samples (common random numbers), confirm the best
+with all samples, and take the cheaper-and-not-slower candidate if there is one, else the one
+with the best cost-marginal benefit ``M = (cost(X) − cost(Y)) / (JCT(Y) − JCT(X))`` among those
+still meeting the deadline at the confidence; repeat until nothing improves.
+
+The planner (:mod:`rubberband.planner.api`) runs it from the paper's start (maximum useful
+parallelism) and from the cheapest feasible plan of a deadline-independent pool: the
+:func:`knapsack_plans` ladder (optimal under additive per-stage estimates), the elastic shrinks of
+all static plans and the fastest plan; the pool is searched exactly by branch and bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from rubberband.catalog import InstanceType
+from rubberband.errors import ProfileError
+from rubberband.planner.model import PerformanceModel
+from rubberband.planner.schedule import Stage
+from rubberband.planner.simulator import SimResult, Simulator, StageConfig, efficient_counts, layout
+
+Plan = tuple[StageConfig, ...]
+
+
+def widths_for(itype: InstanceType, max_workers: int) -> list[int]:
+    """Trial widths considered on a type: powers of two and the type's capacity, up to the cap."""
+    widths = {1 << i for i in range(0, 11) if (1 << i) <= max_workers}
+    if itype.workers <= max_workers:
+        widths.add(itype.workers)
+    return sorted(widths)
+
+
+def count_for_waves(trials: int, capacity: int, workers: int, waves: int) -> int:
+    slots = -(-trials // max(1, waves))
+    if workers <= capacity:
+        return -(-slots // (capacity // workers))
+    return slots * -(-workers // capacity)
+
+
+def waves_of(trials: int, config: StageConfig) -> int:
+    lay = layout(config.instance_type.workers, config.instances, config.workers)
+    return -(-trials // max(1, lay.slots))
+
+
+class PlanSpace:
+    """Per-stage options over the allowed instance types."""
+
+    def __init__(self, stages: Sequence[Stage], types: Iterable[InstanceType], model: PerformanceModel,
+                 max_workers: int) -> None:
+        self.stages = list(stages)
+        self.model = model
+        self.max_workers = max_workers
+        usable = [t for t in types if model.plannable(t.device)]
+        if not usable:
+            devices = sorted({t.device for t in types})
+            raise ProfileError(f"no allowed instance type has a device the profile covers (types offer "
+                               f"{', '.join(devices) or 'nothing'}; profile covers "
+                               f"{', '.join(sorted(model.devices))}); add device_speed entries to the "
+                               f"profile or allow other instance types")
+        self.types = sorted(usable, key=lambda t: (t.price_hr, t.key))
+        self.skipped = sorted({t.name for t in types if not model.plannable(t.device)})
+        self._counts: dict[tuple, list[int]] = {}
+        self._frontiers: dict[int, list[StageConfig]] = {}
+
+    def counts(self, stage: int, itype: InstanceType, workers: int) -> list[int]:
+        key = (stage, itype.workers, workers)
+        if key not in self._counts:
+            self._counts[key] = efficient_counts(self.stages[stage].trials, itype.workers, workers)
+        return self._counts[key]
+
+    def options(self, stage: int) -> list[StageConfig]:
+        """Every efficient configuration of one stage (for the exact optimiser)."""
+        out = []
+        for t in self.types:
+            for w in widths_for(t, self.max_workers):
+                for n in self.counts(stage, t, w):
+                    out.append(StageConfig(t, n, w))
+        return out
+
+    def stage_time(self, stage: int, config: StageConfig) -> float:
+        """Deterministic stage time at the median (no start-up): waves × task time."""
+        st = self.stages[stage]
+        lay = layout(config.instance_type.workers, config.instances, config.workers)
+        task = st.epochs_this_stage * self.model.epoch_time(config.instance_type.device, config.workers, lay.nodes)
+        return waves_of(st.trials, config) * task
+
+    def brackets(self) -> list[tuple[int, int]]:
+        """(first, end) stage positions of each bracket."""
+        out: list[tuple[int, int]] = []
+        for i, st in enumerate(self.stages):
+            if st.index == 0 or not out:
+                out.append((i, i + 1))
+            else:
+                out[-1] = (out[-1][0], i + 1)
+        return out
+
+    def match_time(self, stage: int, itype: InstanceType, workers: int, target_s: float) -> StageConfig:
+        """The fewest instances of (type, width) whose stage time is within ``target_s`` (else the most)."""
+        counts = self.counts(stage, itype, workers)
+        for n in counts:
+            config = StageConfig(itype, n, workers)
+            if self.stage_time(stage, config) <= target_s * (1 + 1e-9):
+                return config
+        return StageConfig(itype, counts[-1], workers)
+
+    def stage_estimate(self, stage: int, config: StageConfig) -> tuple[float, float]:
+        """Deterministic (duration, cost) of one stage in isolation, at the median start-up."""
+        t = config.instance_type
+        duration = self.stage_time(stage, config) + self.model.eval_time_s
+        startup = self.model.startup(t.cloud, t.name).quantile(0.5)
+        return duration, config.instances * t.price_hr / 3600.0 * (duration + startup)
+
+    def frontier(self, stage: int) -> list[StageConfig]:
+        """Pareto-optimal configurations of one stage by the isolated estimate, fastest first."""
+        if stage not in self._frontiers:
+            scored = sorted(((*self.stage_estimate(stage, c), c) for c in self.options(stage)),
+                            key=lambda x: (x[0], x[1]))
+            front: list[StageConfig] = []
+            best_cost = float("inf")
+            for duration, cost, config in scored:
+                if cost < best_cost - 1e-12:
+                    front.append(config)
+                    best_cost = cost
+            self._frontiers[stage] = front
+        return self._frontiers[stage]
+
+    def fastest(self) -> Plan:
+        """Maximum useful parallelism: per stage the configuration that finishes first."""
+        return tuple(self.frontier(i)[0] for i in range(len(self.stages)))
+
+    def neighbours(self, plan: Plan, reach: int = 3) -> list[Plan]:
+        """One-step changes: one stage moves 1..reach places down its frontier (cheaper, slower)."""
+        out: list[Plan] = []
+        for i, config in enumerate(plan):
+            front = self.frontier(i)
+            keys = [c.key for c in front]
+            pos = keys.index(config.key) if config.key in keys else -1
+            for step in range(1, reach + 1):
+                if pos + step < len(front):
+                    out.append(plan[:i] + (front[pos + step],) + plan[i + 1:])
+            if pos == -1:  # a plan from elsewhere: offer the frontier points near it
+                out.extend(plan[:i] + (c,) + plan[i + 1:] for c in front[:reach])
+        return out
+
+
+def plan_key(plan: Plan) -> tuple:
+    return tuple(c.key for c in plan)
+
+
+class Evaluator:
+    """Caches screening and full-sample results of plans for one simulator.
+
+    Screening uses the first ``screen_samples`` samples. With several Hyperband brackets, a plan
+    is screened bracket by bracket (brackets run one after another, so JCTs and costs add up,
+    ignoring instances carried across a bracket boundary) and each bracket's result is cached, so
+    a one-stage change re-simulates only the rest of its own bracket. Full evaluations always
+    simulate the whole plan.
+    """
+
+    def __init__(self, sim: Simulator, screen_samples: int) -> None:
+        self.sim = sim
+        self.screen_samples = min(screen_samples, sim.samples)
+        self._screen: dict[tuple, SimResult] = {}
+        self._full: dict[tuple, SimResult] = {}
+        self._brackets: list[tuple[int, int]] = []
+        for i, st in enumerate(sim.stages):
+            if st.index == 0 or not self._brackets:
+                self._brackets.append((i, i + 1))
+            else:
+                self._brackets[-1] = (self._brackets[-1][0], i + 1)
+        self._subsims: list[Simulator] = []
+        if len(self._brackets) > 1:
+            for b, (lo, hi) in enumerate(self._brackets):
+                self._subsims.append(Simulator(sim.stages[lo:hi], sim.model, samples=self.screen_samples,
+                                               seed=sim.seed + 7919 * (b + 1), spot=sim.spot,
+                                               options=sim.options, start_state=sim.start_state if b == 0 else None))
+        self._sub: dict[tuple, SimResult] = {}
+
+    def screen(self, plan: Plan) -> SimResult:
+        key = plan_key(plan)
+        if key not in self._screen:
+            if not self._subsims:
+                self._screen[key] = self.sim.simulate(plan, self.screen_samples)
+            else:
+                parts = []
+                for b, (lo, hi) in enumerate(self._brackets):
+                    sub_key = (b, key[lo:hi])
+                    if sub_key not in self._sub:
+                        self._sub[sub_key] = self._subsims[b].simulate(plan[lo:hi])
+                    parts.append(self._sub[sub_key])
+                jct = sum(p.jct for p in parts)
+                cost = sum(p.cost for p in parts)
+                self._screen[key] = SimResult(configs=tuple(plan), jct=jct, cost=cost, stage_durations=[],
+                                              stage_costs=[], breakdown={}, by_type={}, samples=len(jct))
+        return self._screen[key]
+
+    def full(self, plan: Plan) -> SimResult:
+        key = plan_key(plan)
+        if key not in self._full:
+            self._full[key] = self.sim.simulate(plan)
+        return self._full[key]
+
+    def evaluated_full(self) -> list[SimResult]:
+        return list(self._full.values())
+
+
+def local_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
+    """Richer one-stage changes for the deadline-aware descent: frontier steps, one instance-count
+    step on the same type and width, and every frontier (type, width) pair at the same waves."""
+    out = space.neighbours(plan)
+    seen = {plan_key(p) for p in out} | {plan_key(plan)}
+    for i, config in enumerate(plan):
+        trials = space.stages[i].trials
+        t, w = config.instance_type, config.workers
+        waves = waves_of(trials, config)
+        counts = space.counts(i, t, w)
+        changes = [StageConfig(t, n, w) for n in counts if n < config.instances][-1:]
+        changes += [StageConfig(t, n, w) for n in counts if n > config.instances][:1]
+        pairs = {(c.instance_type.key, c.workers): c for c in space.frontier(i)}
+        for j in (i - 1, i + 1):  # align with a neighbouring stage (instances carry over)
+            if 0 <= j < len(plan):
+                pairs.setdefault((plan[j].instance_type.key, plan[j].workers), plan[j])
+        for c in pairs.values():
+            if (c.instance_type.key, c.workers) != (t.key, w):
+                changes.append(StageConfig(c.instance_type, count_for_waves(trials, c.instance_type.workers,
+                                                                            c.workers, waves), c.workers))
+                changes.append(space.match_time(i, c.instance_type, c.workers, space.stage_time(i, config)))
+        for change in changes:
+            candidate = plan[:i] + (change,) + plan[i + 1:]
+            key = plan_key(candidate)
+            if key not in seen:
+                seen.add(key)
+                out.append(candidate)
+    # block moves: a prefix or suffix of stages (or all) switches to one (type, width) at the same
+    # waves, so instances carry over and no resize is paid where a single-stage move would pay it
+    pairs = {}
+    for i in range(len(plan)):
+        for c in space.frontier(i):
+            pairs.setdefault((c.instance_type.key, c.workers), c)
+    blocks = set()
+    for first, last in space.brackets():  # prefixes and suffixes of each bracket (and all of it)
+        blocks |= {(first, b) for b in range(first + 2, last + 1)} | {(a, last) for a in range(first + 1, last - 1)}
+    if len(space.brackets()) > 1:
+        blocks.add((0, len(plan)))
+    for c in pairs.values():
+        t, w = c.instance_type, c.workers
+        for a, b in sorted(blocks):
+            same_waves, same_time = list(plan), list(plan)
+            for i in range(a, b):
+                trials = space.stages[i].trials
+                same_waves[i] = StageConfig(t, count_for_waves(trials, t.workers, w, waves_of(trials, plan[i])), w)
+                same_time[i] = space.match_time(i, t, w, space.stage_time(i, plan[i]))
+            for candidate in (tuple(same_waves), tuple(same_time)):
+                key = plan_key(candidate)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(candidate)
+    # type moves: a block switches to one instance type, each stage at its cheapest width that
+    # keeps the stage time
+    for t in {c.instance_type.key: c.instance_type for c in pairs.values()}.values():
+        for a, b in sorted(blocks):
+            candidate = list(plan)
+            for i in range(a, b):
+                target = space.stage_time(i, plan[i])
+                options = [space.match_time(i, t, w, target) for w in widths_for(t, space.max_workers)]
+                fitting = [o for o in options if space.stage_time(i, o) <= target * (1 + 1e-9)] or options
+                candidate[i] = min(fitting, key=lambda o: (space.stage_estimate(i, o)[1], o.workers))
+            candidate = tuple(candidate)
+            key = plan_key(candidate)
+            if key not in seen:
+                seen.add(key)
+                out.append(candidate)
+    return out
+
+
+@dataclass
+class DescentResult:
+    plan: Plan
+    result: SimResult
+    candidates_evaluated: int = 0
+    iterations: int = 0
+
+
+def simple_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
+    """One-stage changes: frontier steps and one instance-count step on the same type and width."""
+    out = space.neighbours(plan)
+    seen = {plan_key(p) for p in out} | {plan_key(plan)}
+    for i, config in enumerate(plan):
+        counts = space.counts(i, config.instance_type, config.workers)
+        lower = [n for n in counts if n < config.instances][-1:]
+        for n in lower:
+            candidate = plan[:i] + (StageConfig(config.instance_type, n, config.workers),) + plan[i + 1:]
+            if plan_key(candidate) not in seen:
+                seen.add(plan_key(candidate))
+                out.append(candidate)
+    return out
+
+
+def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: float, confidence: float, *,
+            moves=None, confirm: int = 3, max_steps: int = 500) -> DescentResult:
+    """RubberBand's deadline-aware greedy: from a feasible plan, repeatedly take the cheaper
+    candidate with the best marginal benefit among those that still meet the deadline.
+
+    Candidates are screened with a prefix of the samples; the best few are confirmed with all
+    samples, and a step is taken only when the full-sample plan is feasible and cheaper, so the
+    result is never costlier than ``start``.
+    """
+    current, cur = start, evaluator.full(start)
+    out = DescentResult(current, cur)
+    if not cur.meets(deadline_s, confidence):
+        return out
+    need = math.ceil(confidence * evaluator.screen_samples - 1e-9)
+    for _ in range(max_steps):
+        out.iterations += 1
+        cur_screen = evaluator.screen(current)
+        ranked = []
+        for candidate in (moves or local_moves)(space, current):
+            res = evaluator.screen(candidate)
+            out.candidates_evaluated += 1
+            saving = cur_screen.cost_mean - res.cost_mean
+            if saving <= 1e-9 or int((res.jct <= deadline_s).sum()) < need:
+                continue
+            slower = res.jct_mean - cur_screen.jct_mean
+            ranked.append(((1, saving) if slower <= 0 else (0, saving / slower), candidate))
+        ranked.sort(key=lambda x: x[0], reverse=True)
+        step = None
+        for _, candidate in ranked[:confirm]:
+            res = evaluator.full(candidate)
+            if res.meets(deadline_s, confidence) and res.cost_mean < cur.cost_mean:
+                step = (candidate, res)
+                break
+        if step is None:
+            break
+        current, cur = step
+    out.plan, out.result = current, cur
+    return out
+
+
+def knapsack_plans(space: PlanSpace, **kwargs) -> list[Plan]:
+    """Knapsack ladders over all options, and over each instance type alone (no type changes)."""
+    plans = _knapsack(space, None, **kwargs)
+    seen = {plan_key(p) for p in plans}
+    for t in space.types:
+        for plan in _knapsack(space, t.key, **kwargs):
+            if plan_key(plan) not in seen:
+                seen.add(plan_key(plan))
+                plans.append(plan)
+    return plans
+
+
+def _knapsack(space: PlanSpace, only_type: str | None, *, buckets: int = 400, ladder: float = 1.01,
+              span: float = 12.0) -> list[Plan]:
+    """Plans that are optimal under the additive per-stage estimate, for a ladder of time budgets.
+
+    A multiple-choice knapsack over stages (minimise the sum of isolated stage cost estimates
+    subject to the sum of stage time estimates within a budget), solved once by dynamic
+    programming over discretised time; the ladder of budgets (fastest total × 1.03^j) does not
+    depend on the deadline, so these plans can join the deadline-independent pool.
+    """
+    n = len(space.stages)
+    estimates = [[(*space.stage_estimate(i, c), c) for c in space.options(i)
+                  if only_type is None or c.instance_type.key == only_type] for i in range(n)]
+    fastest = sum(min(d for d, _, _ in opts) for opts in estimates)
+    horizon = fastest * span
+    step = horizon / buckets
+    inf = float("inf")
+    f = np.zeros(buckets + 1)
+    choices = []
+    for opts in estimates:
+        g = np.full(buckets + 1, inf)
+        arg = np.full(buckets + 1, -1, dtype=np.int64)
+        for k, (d, cost, _) in enumerate(opts):
+            b = int(math.ceil(d / step - 1e-9))
+            if b > buckets:
+                continue
+            shifted = np.full(buckets + 1, inf)
+            shifted[b:] = f[:buckets + 1 - b] + cost
+            better = shifted < g
+            g[better] = shifted[better]
+            arg[better] = k
+        choices.append(arg)
+        f = g
+    plans: list[Plan] = []
+    seen = set()
+    budget = fastest
+    while budget <= horizon:
+        t = int(math.floor(budget / step + 1e-9))
+        if np.isfinite(f[t]):
+            plan = []
+            for i in range(n - 1, -1, -1):
+                k = int(choices[i][t])
+                d, _, c = estimates[i][k]
+                plan.append(c)
+                t -= int(math.ceil(d / step - 1e-9))
+            plan = tuple(reversed(plan))
+            key = plan_key(plan)
+            if key not in seen:
+                seen.add(key)
+                plans.append(plan)
+        budget *= ladder
+    return plans

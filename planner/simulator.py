@@ -1,0 +1,685 @@
+"""Monte Carlo DAG simulator of an elastic SHA / Hyperband plan.
+
+A plan gives every stage an instance type, an instance count and a trial width (workers per
+trial). The simulator plays the job out over many samples of start-up latency and straggler
+slowdown, vectorised with numpy across samples, and returns the distributions of job completion
+time (JCT) and cost. ``docs/simulator.md`` states the semantics; in short:
+
+* **Slots.** Type capacity ``c`` (workers per instance), ``N`` instances, ``w`` workers per trial:
+  ``w ≤ c`` packs ``floor(c/w)`` trial slots per instance; ``w > c`` makes each slot span
+  ``ceil(w/c)`` instances. Trials are dispatched in order to the slot that frees first (list
+  scheduling); more trials than slots run in waves.
+* **Barriers.** A stage starts when the previous stage has finished completely (promotion needs
+  every result). Hyperband brackets run one after another.
+* **Instances.** Instances of the same type carry over to the next stage (``min(N_s, N_s+1)``, the
+  ones that free last). Additional instances of the next stage are requested ahead, at the moment
+  the current stage is predicted to end minus the start-up quantile, so start-up overlaps the
+  tail. Every instance is released as soon as no remaining task of its stage needs it.
+* **Transitions.** A trial whose placement (instance type or width) changes at a promotion pays
+  ``restart_overhead_s`` plus the checkpoint transfer time, and the transfer's price.
+* **Billing.** ``catalog.BILLING_RULES``: per second with a minimum, lifetime from request to
+  release.
+
+Samples use common random numbers: stage ``s``'s draws come from a stream keyed by (seed, s) and
+instance index, so every candidate plan sees the same start-ups and stragglers, and a run with
+fewer samples (screening) sees a prefix of the full run's samples. The representative sample's
+timeline is rebuilt as an explicit task DAG (networkx) whose critical path is the JCT.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+import networkx as nx
+import numpy as np
+
+from rubberband.catalog import BILLING_RULES, TRANSFER_USD_PER_GB, BillingRule, InstanceType
+from rubberband.plan import Timeline, TimelineInstance, TimelineTask
+from rubberband.planner.model import PerformanceModel
+from rubberband.planner.schedule import Stage
+
+CATEGORIES = ("training", "startup", "idle", "billing_minimum", "transfer")
+
+
+# -- plan-space elements ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StageConfig:
+    """Resources of one stage: ``instances`` × ``instance_type``, ``workers`` per trial."""
+
+    instance_type: InstanceType
+    instances: int
+    workers: int
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.instance_type.key, self.instances, self.workers)
+
+    @property
+    def placement(self) -> tuple[str, int]:
+        return (self.instance_type.key, self.workers)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How trials map onto instances: ``per_instance`` slots per instance or ``span`` instances per slot."""
+
+    per_instance: int
+    span: int
+    slots: int
+
+    @property
+    def nodes(self) -> int:
+        return self.span
+
+
+def layout(capacity: int, instances: int, workers: int) -> Layout:
+    if workers <= capacity:
+        p = capacity // workers
+        return Layout(per_instance=p, span=1, slots=instances * p)
+    k = -(-workers // capacity)
+    return Layout(per_instance=0, span=k, slots=instances // k)
+
+
+def useful_instances(trials: int, capacity: int, workers: int) -> int:
+    """Instances that run every trial of a stage in one wave."""
+    if workers <= capacity:
+        return -(-trials // (capacity // workers))
+    return trials * -(-workers // capacity)
+
+
+def efficient_counts(trials: int, capacity: int, workers: int) -> list[int]:
+    """Instance counts at which the number of waves changes (others only add idle instances)."""
+    counts = set()
+    for waves in range(1, trials + 1):
+        slots = -(-trials // waves)
+        if workers <= capacity:
+            counts.add(-(-slots // (capacity // workers)))
+        else:
+            counts.add(slots * -(-workers // capacity))
+    return sorted(counts)
+
+
+def normalise(config: StageConfig, trials: int) -> StageConfig:
+    """Round the instance count of spanning trials to whole spans (at least one span).
+
+    Counts above what the stage can use are kept: those instances idle (a static cluster).
+    """
+    cap = config.instance_type.workers
+    n = config.instances
+    if config.workers > cap:
+        k = -(-config.workers // cap)
+        n = max(k, n // k * k)
+    return config if n == config.instances else StageConfig(config.instance_type, n, config.workers)
+
+
+# -- random streams -----------------------------------------------------------------------------
+
+class RandomStreams:
+    """Common random numbers: per stage, standard normals (stragglers) and uniforms (start-up).
+
+    Columns (instance indices) come in blocks drawn from a stream keyed by (seed, stage, block),
+    so a wider plan sees the same draws for its first instances as a narrower one.
+    """
+
+    BLOCK = 32
+
+    def __init__(self, seed: int, samples: int) -> None:
+        self.seed = seed
+        self.samples = samples
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def stage(self, index: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        have = self._cache.get(index)
+        if have is None or have[0].shape[1] < width:
+            start = 0 if have is None else have[0].shape[1] // self.BLOCK
+            blocks_z, blocks_u = ([] if have is None else [have[0]]), ([] if have is None else [have[1]])
+            for block in range(start, -(-width // self.BLOCK)):
+                seq = np.random.SeedSequence(self.seed, spawn_key=(index, block))
+                gen = np.random.Generator(np.random.PCG64(seq))
+                blocks_z.append(gen.standard_normal((self.samples, self.BLOCK)))
+                blocks_u.append(gen.random((self.samples, self.BLOCK)))
+            have = (np.concatenate(blocks_z, axis=1), np.concatenate(blocks_u, axis=1))
+            self._cache[index] = have
+        return have
+
+
+# -- simulation state ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _StageRecord:
+    """Per-sample outcome of one stage, kept for the final result and for the next stage."""
+
+    config: StageConfig
+    start: np.ndarray        # (S,) previous barrier
+    anchor: np.ndarray       # (S,) first task start (ahead-of-time requests are timed from it)
+    barrier: np.ndarray      # (S,) last task end
+    predicted_s: float       # deterministic duration estimate (waves × median task)
+    release: np.ndarray      # (S, N) release time per instance
+    request: np.ndarray      # (S, N) request time per instance
+    cost: np.ndarray         # (S,) open cost (before carry / billing-minimum finalisation)
+    parts: dict[str, np.ndarray]
+    # recorded only for the representative trace (1 sample)
+    trace: dict | None = None
+
+
+@dataclass(frozen=True)
+class _Prefix:
+    """Finalised accounting of stages before the open one, plus the open stage record."""
+
+    stage_costs: tuple[np.ndarray, ...]
+    parts: dict[str, np.ndarray]
+    by_type: dict[str, np.ndarray]
+    durations: tuple[np.ndarray, ...]
+    open: _StageRecord
+
+
+@dataclass
+class SimResult:
+    """Distributions over samples (arrays of length ``samples``) and summary statistics."""
+
+    configs: tuple[StageConfig, ...]
+    jct: np.ndarray
+    cost: np.ndarray
+    stage_durations: list[np.ndarray]
+    stage_costs: list[np.ndarray]
+    breakdown: dict[str, np.ndarray]
+    by_type: dict[str, np.ndarray]
+    samples: int
+
+    @property
+    def cost_mean(self) -> float:
+        return float(self.cost.mean())
+
+    @property
+    def jct_mean(self) -> float:
+        return float(self.jct.mean())
+
+    def jct_quantile(self, q: float) -> float:
+        return float(np.quantile(self.jct, q))
+
+    def p_meet(self, deadline_s: float) -> float:
+        return float(np.mean(self.jct <= deadline_s))
+
+    def meets(self, deadline_s: float, confidence: float) -> bool:
+        # count-based, so the same samples always give the same answer (no float quantile drift)
+        return int(np.count_nonzero(self.jct <= deadline_s)) >= math.ceil(confidence * len(self.jct) - 1e-9)
+
+    def representative_index(self) -> int:
+        return int(np.argmin(np.abs(self.jct - np.median(self.jct))))
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Knobs of the simulated executor."""
+
+    lead_quantile: float = 0.5  # start-up quantile used to request next-stage instances ahead
+
+
+class Simulator:
+    """Simulates plans for one job (stages, model, seed); caches shared plan prefixes."""
+
+    def __init__(self, stages: Sequence[Stage], model: PerformanceModel, *, samples: int = 1000, seed: int = 0,
+                 spot: bool = False, options: SimOptions | None = None,
+                 cache_size: int = 4096, cache_bytes: int = 256 << 20, start_state: "RunningState | None" = None) -> None:
+        self.stages = list(stages)
+        self.model = model
+        self.samples = samples
+        self.seed = seed
+        self.spot = spot
+        self.options = options or SimOptions()
+        self.start_state = start_state
+        self.streams = RandomStreams(seed, samples)
+        self._cache: OrderedDict[tuple, _Prefix] = OrderedDict()
+        self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._cached_bytes = 0
+        self._epoch_cache: dict[tuple[str, int, int], float] = {}
+        self._startup_cache: dict[tuple[str, str], tuple] = {}
+        self._factor_cache: dict[int, np.ndarray] = {}
+        self._startup_draws: dict[tuple, np.ndarray] = {}
+        self.evaluations = 0
+
+    # -- public -----------------------------------------------------------------------------
+    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
+        """Simulate a full plan with the first ``samples`` samples (all by default)."""
+        if len(configs) != len(self.stages):
+            raise ValueError("one StageConfig per stage is required")
+        n = self.samples if samples is None else min(samples, self.samples)
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        self.evaluations += 1
+        prefix = self._prefix(configs, len(configs), n)
+        return self._finish(configs, prefix, n)
+
+    def prefix_bounds(self, configs: Sequence[StageConfig]) -> tuple[float, np.ndarray]:
+        """Lower bound on the mean cost of any plan starting with ``configs``, and the barrier times.
+
+        Later stages and the open stage's finalisation only add cost, so the cost so far is a bound.
+        """
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        prefix = self._prefix(configs, len(configs), self.samples)
+        so_far = sum(prefix.parts[k] for k in CATEGORIES) + prefix.open.cost
+        return float(so_far.mean()), prefix.open.barrier
+
+    def min_factor(self) -> float:
+        """A lower bound of the straggler factor (6σ below the median)."""
+        return math.exp(-6.0 * self.model.straggler_sigma)
+
+    def task_time(self, index: int, config: StageConfig, previous: StageConfig | None) -> tuple[float, float]:
+        """(median compute, overhead) seconds of one task of stage ``index`` after ``previous``."""
+        stage = self.stages[index]
+        lay = layout(config.instance_type.workers, config.instances, config.workers)
+        base = stage.epochs_this_stage * self._epoch(config.instance_type.device, config.workers, lay.nodes)
+        overhead = self.model.eval_time_s
+        if previous is not None and stage.index > 0 and previous.placement != config.placement:
+            overhead += self.model.restart_overhead_s + self.model.transfer_time()
+        return base, overhead
+
+    def predicted_duration(self, index: int, config: StageConfig, previous: StageConfig | None) -> float:
+        """Deterministic stage duration (waves × median task), from which requests are timed."""
+        base, overhead = self.task_time(index, config, previous)
+        slots = layout(config.instance_type.workers, config.instances, config.workers).slots
+        return -(-self.stages[index].trials // max(1, slots)) * (base + overhead)
+
+    def request_offsets(self, configs: Sequence[StageConfig]) -> list[float | None]:
+        """When the executor requests each stage's additional instances: seconds after the first
+        task of the previous stage started (None for the first stage: at once)."""
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        out: list[float | None] = [None]
+        for i in range(1, len(configs)):
+            predicted = self.predicted_duration(i - 1, configs[i - 1], configs[i - 2] if i >= 2 else None)
+            out.append(max(0.0, predicted - self._lead(configs[i].instance_type)))
+        return out
+
+    def trace(self, configs: Sequence[StageConfig], sample: int) -> tuple[Timeline, nx.DiGraph, float]:
+        """Timeline of one sample, rebuilt as an explicit DAG; returns (timeline, dag, critical path)."""
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        prefix = None
+        records: list[_StageRecord] = []
+        for i in range(len(configs)):
+            prefix = self._step(prefix, configs[i], i, rows=slice(sample, sample + 1), record=True,
+                                next_config=configs[i + 1] if i + 1 < len(configs) else None)
+            records.append(prefix.open)
+        return _build_timeline(self, configs, records)
+
+    # -- internals --------------------------------------------------------------------------
+    def _draws(self, index: int, width: int, itype: InstanceType | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Straggler factors of stage ``index`` and, for ``itype``, start-up latencies (all samples).
+
+        Derived once per stage (and type) from the common random streams and cached.
+        """
+        z, u = self.streams.stage(index, width)
+        have = self._factor_cache.get(index)
+        if have is None or have.shape[1] < z.shape[1]:
+            sigma = self.model.straggler_sigma
+            have = np.exp(sigma * z) if sigma > 0 else np.ones_like(z)
+            self._factor_cache[index] = have
+        if itype is None:
+            return have, None
+        key = (index, itype.cloud, itype.name)
+        startup = self._startup_draws.get(key)
+        if startup is None or startup.shape[1] < u.shape[1]:
+            startup = self._startup(itype).sample(u)
+            self._startup_draws[key] = startup
+        return have, startup
+
+    def _startup(self, itype: InstanceType):
+        key = (itype.cloud, itype.name)
+        if key not in self._startup_cache:
+            model = self.model.startup(itype.cloud, itype.name)
+            self._startup_cache[key] = (model, model.quantile(self.options.lead_quantile))
+        return self._startup_cache[key][0]
+
+    def _lead(self, itype: InstanceType) -> float:
+        self._startup(itype)
+        return self._startup_cache[(itype.cloud, itype.name)][1]
+
+    def _epoch(self, device: str, workers: int, nodes: int) -> float:
+        key = (device, workers, nodes)
+        if key not in self._epoch_cache:
+            self._epoch_cache[key] = self.model.epoch_time(device, workers, nodes)
+        return self._epoch_cache[key]
+
+    def _prefix(self, configs: tuple[StageConfig, ...], upto: int, n: int) -> _Prefix | None:
+        if upto == 0:
+            return None
+        key = (n, tuple(c.key for c in configs[:upto]))
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        previous = self._prefix(configs, upto - 1, n)
+        result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n))
+        self._cache[key] = result
+        self._cached_bytes += _nbytes(result)
+        while self._cache and (len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes):
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_bytes -= _nbytes(evicted)
+        return result
+
+    def _rule(self, cloud: str) -> BillingRule:
+        return BILLING_RULES.get(cloud, BILLING_RULES["aws"])
+
+    def _price(self, itype: InstanceType) -> float:
+        return itype.price(self.spot)
+
+    def _finalise(self, prefix: _Prefix, carry: int) -> tuple:
+        """Close the open stage: carried instances idle until the barrier; others pay billing minimums.
+
+        The ``carry`` instances that free last go on to the next stage. Returns the finalised
+        stage costs, cost parts, cost by type, the carried instances' request times and their
+        indices (within the open stage).
+        """
+        rec = prefix.open
+        itype = rec.config.instance_type
+        price = self._price(itype) / 3600.0
+        rule = self._rule(itype.cloud)
+        n = rec.release.shape[1]
+        release, request = rec.release, rec.request
+        carried_idx = None
+        if 0 < carry < n:
+            idx = np.argpartition(release, n - carry - 1, axis=1) if n - carry - 1 >= 0 else None
+            carried_idx = idx[:, n - carry:]
+            kept_idx = idx[:, :n - carry]
+            c_release = np.take_along_axis(release, carried_idx, axis=1)
+            c_request = np.take_along_axis(request, carried_idx, axis=1)
+            o_release = np.take_along_axis(release, kept_idx, axis=1)
+            o_request = np.take_along_axis(request, kept_idx, axis=1)
+        elif carry == n:
+            carried_idx = np.broadcast_to(np.arange(n), release.shape)
+            c_release, c_request = release, request
+            o_release = o_request = release[:, :0]
+        else:
+            c_release = c_request = release[:, :0]
+            o_release, o_request = release, request
+        stage_cost = rec.cost
+        parts = dict(rec.parts)
+        if carry:
+            extra = (rec.barrier[:, None] - c_release).sum(axis=1) * price
+            stage_cost = stage_cost + extra
+            parts["idle"] = parts["idle"] + extra
+        if carry < n:
+            life = o_release - o_request
+            billed = np.ceil(np.maximum(life, rule.minimum_s) / rule.granularity_s - 1e-9) * rule.granularity_s
+            extra = (billed - life).sum(axis=1) * price
+            stage_cost = stage_cost + extra
+            parts["billing_minimum"] = parts["billing_minimum"] + extra
+        total = {k: prefix.parts[k] + parts[k] for k in CATEGORIES}
+        by_type = dict(prefix.by_type)
+        by_type[itype.name] = by_type.get(itype.name, 0.0) + stage_cost
+        return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx
+
+    def _step(self, prefix: _Prefix | None, config: StageConfig, index: int, *, rows: slice,
+              record: bool = False, next_config: StageConfig | None = None) -> _Prefix:
+        stage = self.stages[index]
+        itype = config.instance_type
+        cap = itype.workers
+        lay = layout(cap, config.instances, config.workers)
+        n_inst = config.instances
+        model = self.model
+        f_all, _ = self._draws(index, n_inst, None)
+        factor = f_all[rows, :n_inst]
+        S = factor.shape[0]
+        price = self._price(itype) / 3600.0
+        prev = prefix.open if prefix is not None else None
+
+        carry = 0
+        if prev is not None and prev.config.instance_type.key == itype.key:
+            carry = min(prev.release.shape[1], n_inst)
+        if prefix is None:
+            carried_idx = None
+            stage_costs: tuple = ()
+            parts = {k: np.zeros(S) for k in CATEGORIES}
+            by_type: dict[str, np.ndarray] = {}
+            durations: tuple = ()
+            start = np.zeros(S)
+        else:
+            stage_costs, parts, by_type, carried_request, carried_idx = self._finalise(prefix, carry)
+            durations = prefix.durations + (prev.barrier - prev.start,)
+            start = prev.barrier
+
+        # instances: carried ones are up at the barrier; new ones requested ahead of time
+        startup = self._startup(itype)
+        request = np.empty((S, n_inst))
+        ready = np.empty((S, n_inst))
+        if carry:
+            request[:, :carry] = carried_request
+            ready[:, :carry] = start[:, None]
+        if carry < n_inst:
+            if prev is None:
+                t_req = np.zeros(S) if self.start_state is None else np.full(S, self.start_state.now_s)
+            else:
+                lead = max(0.0, prev.predicted_s - self._lead(itype))
+                t_req = prev.anchor + lead
+            request[:, carry:] = t_req[:, None]
+            _, s_all = self._draws(index, n_inst, itype)
+            ready[:, carry:] = t_req[:, None] + s_all[rows, carry:n_inst]
+        if prev is None and self.start_state is not None and self.start_state.instance_type_key == itype.key:
+            # instances already running when re-planning mid-run: ready now, billed from now (the past is sunk)
+            kept = min(self.start_state.instances, n_inst)
+            request[:, :kept] = self.start_state.now_s
+            ready[:, :kept] = self.start_state.now_s
+        own_start = request.copy()
+        if carry:
+            own_start[:, :carry] = start[:, None]
+
+        # slots
+        if lay.span == 1:
+            p = lay.per_instance
+            slot_ready = ready if p == 1 else np.repeat(ready, p, axis=1)
+            slot_factor = factor if p == 1 else np.repeat(factor, p, axis=1)
+        else:
+            k = lay.span
+            used = lay.slots * k
+            slot_ready = ready[:, :used].reshape(S, lay.slots, k).max(axis=2)
+            slot_factor = factor[:, :used].reshape(S, lay.slots, k).max(axis=2)
+        slot_ready = np.maximum(slot_ready, start[:, None])
+
+        base, overhead = self.task_time(index, config, None if prev is None else prev.config)
+        transfer_usd = 0.0
+        if prev is not None and stage.index > 0 and prev.config.placement != config.placement:
+            transfer_usd = (stage.trials * model.checkpoint_size_gb
+                            * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0))
+        dur = base * slot_factor + overhead
+        counts, last_end = _list_schedule(slot_ready, dur, stage.trials)
+        used_slot = counts > 0
+        end_or_ready = np.where(used_slot, last_end, -np.inf)
+        barrier = end_or_ready.max(axis=1)
+        anchor = np.where(used_slot, slot_ready, np.inf).min(axis=1)
+
+        if lay.span == 1:
+            inst_end = np.full((S, n_inst), -np.inf)
+            inst_end = (end_or_ready if lay.per_instance == 1
+                        else end_or_ready.reshape(S, n_inst, lay.per_instance).max(axis=2))
+        else:
+            inst_end = np.full((S, n_inst), -np.inf)
+            inst_end[:, :lay.slots * lay.span] = np.repeat(end_or_ready, lay.span, axis=1)
+        release = np.maximum(inst_end, ready)
+
+        share = config.workers / cap
+        seg = (release - own_start).sum(axis=1) * price
+        train = (counts * dur).sum(axis=1) * share * price
+        start_cost = (ready - request)[:, carry:].sum(axis=1) * price
+        stage_parts = {"training": train, "startup": start_cost, "idle": seg - train - start_cost,
+                       "billing_minimum": np.zeros(S), "transfer": np.full(S, transfer_usd)}
+        cost = seg + transfer_usd
+        predicted = -(-stage.trials // max(1, lay.slots)) * (base + overhead)
+
+        trace = None
+        if record:
+            trace = {"carried_from_prev": None if carried_idx is None else [int(x) for x in carried_idx[0]],
+                     "transition": overhead - model.eval_time_s,
+                     "request": request[0], "ready": ready[0], "release": release[0],
+                     "slot_ready": slot_ready[0], "dur": dur[0], "counts": counts[0], "carry": carry,
+                     "start": float(start[0]), "barrier": float(barrier[0]), "layout": lay,
+                     "anchor": float(anchor[0]), "lead": (float(request[0, carry]) - float(prev.anchor[0])
+                                                         if prev is not None and carry < n_inst else None)}
+        rec = _StageRecord(config=config, start=start, anchor=anchor, barrier=barrier, predicted_s=predicted,
+                           release=release, request=request, cost=cost,
+                           parts=stage_parts, trace=trace)
+        return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec)
+
+    def _finish(self, configs: tuple[StageConfig, ...], prefix: _Prefix, n: int) -> SimResult:
+        stage_costs, parts, by_type, _, _ = self._finalise(prefix, 0)
+        durations = prefix.durations + (prefix.open.barrier - prefix.open.start,)
+        jct = prefix.open.barrier
+        cost = sum(parts[k] for k in CATEGORIES)
+        return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=list(durations),
+                         stage_costs=list(stage_costs), breakdown=parts, by_type=by_type, samples=n)
+
+
+def _nbytes(prefix: _Prefix) -> int:
+    """Approximate memory held by a cached prefix (its per-instance and per-sample arrays)."""
+    rec = prefix.open
+    return rec.release.nbytes + rec.request.nbytes + rec.barrier.nbytes * (8 + len(prefix.stage_costs))
+
+
+@dataclass(frozen=True)
+class RunningState:
+    """Instances already running when re-planning mid-run (the executor's view)."""
+
+    instance_type_key: str
+    instances: int
+    now_s: float = 0.0
+
+
+def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.ndarray, np.ndarray]:
+    """List scheduling of ``trials`` identical tasks onto slots, vectorised over samples.
+
+    Slot ``j`` is free at ``ready_j`` and each task on it takes ``dur_j``, so its task start times
+    form the sequence ``ready_j, ready_j + dur_j, ...``. Dispatching each task to the slot that
+    frees first merges these sequences: the tasks start at the ``trials`` smallest values of their
+    union (ties go to the lower slot index). Returns per-slot task counts and last end times.
+    """
+    S, slots = ready.shape
+    if slots == trials:
+        # one task per slot unless some slot finishes its first task before another slot is ready
+        if np.all((ready + dur).min(axis=1) > ready.max(axis=1)):
+            return np.ones((S, slots), dtype=np.int64), ready + dur
+    waves = -(-trials // slots)
+    dmin = float(dur.min())
+    dmax = float(dur.max())
+    spread = float((ready.max(axis=1) - ready.min(axis=1)).max())
+    K = int(min(trials, math.ceil((spread + (waves - 1) * dmax) / dmin) + 1)) if dmin > 0 else trials
+    starts = np.empty((S, K, slots))
+    starts[:, 0, :] = ready
+    for k in range(1, K):
+        np.add(starts[:, k - 1, :], dur, out=starts[:, k, :])
+    threshold = np.partition(starts.reshape(S, K * slots), trials - 1, axis=1)[:, trials - 1]
+    counts = (starts <= threshold[:, None, None]).sum(axis=1)
+    excess = counts.sum(axis=1) - trials
+    if np.any(excess > 0):
+        last_start = np.take_along_axis(starts, np.maximum(counts - 1, 0)[:, None, :], axis=1)[:, 0, :]
+        tie = (counts > 0) & (last_start == threshold[:, None])
+        rank_from_end = np.cumsum(tie[:, ::-1], axis=1)[:, ::-1]
+        counts = counts - (tie & (rank_from_end <= excess[:, None]))
+    last_start = np.take_along_axis(starts, np.maximum(counts - 1, 0)[:, None, :], axis=1)[:, 0, :]
+    return counts, last_start + dur
+
+
+# -- representative timeline ------------------------------------------------------------------
+
+def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
+                    records: list[_StageRecord]) -> tuple[Timeline, nx.DiGraph, float]:
+    """Turn the recorded sample into an explicit DAG and read the timeline off it."""
+    dag = nx.DiGraph()
+    dag.add_node("start")
+    instances: list[dict] = []
+    tasks: list[TimelineTask] = []
+    task_nodes: list[tuple[tuple, float]] = []
+    prev_ids: list[int] = []  # instance ids of the previous stage, in sorted-release order
+    prev_barrier = "start"
+    prev_first_task = None
+    next_id = 0
+    trial_ids: dict[int, list[int]] = {}
+    for idx, (config, rec) in enumerate(zip(configs, records)):
+        tr = rec.trace
+        stage = sim.stages[idx]
+        lay: Layout = tr["layout"]
+        n_inst = config.instances
+        carry = tr["carry"]
+        ids = [0] * n_inst
+        carried = [prev_ids[i] for i in tr["carried_from_prev"]] if carry else []
+        for i in range(n_inst):
+            if i < carry:
+                ids[i] = carried[i]
+                instances[ids[i]]["last_stage"] = idx
+                dag.add_edge(prev_barrier, ("ready", ids[i], idx), weight=0.0)
+            else:
+                ids[i] = next_id
+                next_id += 1
+                instances.append({"id": ids[i], "config": config, "first_stage": idx, "last_stage": idx,
+                                  "requested": float(tr["request"][i]), "ready": float(tr["ready"][i])})
+                if prev_first_task is None:
+                    dag.add_edge("start", ("request", ids[i]), weight=float(tr["request"][i]))
+                else:
+                    dag.add_edge(prev_first_task, ("request", ids[i]), weight=tr["lead"])
+                dag.add_edge(("request", ids[i]), ("ready", ids[i], idx),
+                             weight=float(tr["ready"][i] - tr["request"][i]))
+            instances[ids[i]]["released"] = float(tr["release"][i])
+        # slot → instances
+        if lay.span == 1:
+            slot_insts = [[ids[j // lay.per_instance]] for j in range(lay.slots)]
+        else:
+            slot_insts = [ids[j * lay.span:(j + 1) * lay.span] for j in range(lay.slots)]
+        barrier = ("barrier", idx)
+        starts = []
+        for j in range(lay.slots):
+            t = tr["slot_ready"][j]
+            for k in range(int(tr["counts"][j])):
+                starts.append((float(t), j, k))
+                t = t + tr["dur"][j]
+        starts.sort()
+        # promoted trials keep their ids (the best of the previous stage, in order)
+        ids_in = trial_ids.get(stage.bracket) if stage.index > 0 else None
+        first_task = None
+        for order, (t0, j, k) in enumerate(starts):
+            trial = ids_in[order] if ids_in else sum(s.trials for s in sim.stages[:idx]
+                                                   if s.bracket < stage.bracket and s.index == 0) + order
+            # a task node starts the trial's work on its slot; when the placement changed at this
+            # promotion, a transition node (checkpoint restore onto the new instances) precedes training
+            node = ("task", idx, j, k)
+            train = ("train", idx, j, k)
+            if first_task is None:
+                first_task = node
+            d = float(tr["dur"][j])
+            move = float(tr["transition"])
+            dag.add_edge(node, train, weight=move, kind="transition" if move > 0 else "dispatch")
+            if k == 0:
+                dag.add_edge(prev_barrier, node, weight=0.0)
+                for iid in slot_insts[j]:
+                    dag.add_edge(("ready", iid, idx), node, weight=0.0)
+            else:
+                dag.add_edge(("train", idx, j, k - 1), node, weight=d - move)
+            if k == int(tr["counts"][j]) - 1:
+                dag.add_edge(train, barrier, weight=d - move)
+            tasks.append(TimelineTask(trial=trial, stage=stage.index, bracket=stage.bracket,
+                                      instance_ids=[f"i{x}" for x in slot_insts[j]], workers=config.workers,
+                                      start_s=t0, end_s=t0 + d))
+            task_nodes.append((node, d))
+        trial_ids[stage.bracket] = [t.trial for t in tasks[-len(starts):]]
+        prev_ids = ids
+        prev_barrier = barrier
+        prev_first_task = first_task
+    times: dict = {}
+    for node in nx.topological_sort(dag):
+        preds = list(dag.predecessors(node))
+        times[node] = max((times[u] + dag.edges[u, node]["weight"] for u in preds), default=0.0)
+    for t, (node, d) in zip(tasks, task_nodes):
+        t.start_s = times[node]
+        t.end_s = times[node] + d
+    out_instances = []
+    for inst in instances:
+        config: StageConfig = inst["config"]
+        itype = config.instance_type
+        rule = sim._rule(itype.cloud)
+        life = inst["released"] - inst["requested"]
+        out_instances.append(TimelineInstance(
+            id=f"i{inst['id']}", instance_type=itype.name, cloud=itype.cloud, first_stage=inst["first_stage"],
+            last_stage=inst["last_stage"], requested_s=inst["requested"], ready_s=inst["ready"],
+            released_s=inst["released"], cost_usd=rule.cost(life, sim._price(itype))))
+    critical = times[("barrier", len(configs) - 1)]
+    return Timeline(instances=out_instances, tasks=tasks), dag, critical

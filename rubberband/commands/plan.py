@@ -1,0 +1,103 @@
+"""``rubberband plan``: the cheapest elastic plan that meets the deadline, versus the best static plan."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from rubberband.console import stdout
+from rubberband.errors import InputError
+from rubberband.inputs import CLOUD_CHOICES, load_job_inputs
+from rubberband.plan import Plan, plan_json, write_plan
+from rubberband.units import format_duration, format_usd, parse_duration
+
+ORDER = 20
+
+
+def _print_plan(plan: Plan) -> None:
+    console = stdout()
+    if not console.is_terminal and console.width < 120:  # pipes and CI logs: do not squeeze the table
+        console = Console(highlight=False, soft_wrap=False, width=120)
+    table = Table(title=f"Plan for {plan.job.name}: deadline {format_duration(plan.deadline_s)} at "
+                        f"{plan.confidence:.0%} confidence", title_justify="left", box=box.SIMPLE_HEAD)
+    hyperband = plan.job.scheduler == "hyperband"
+    several_clouds = len({s.cloud for s in plan.stages}) > 1 or len(plan.catalog.clouds) > 1
+    if hyperband:
+        table.add_column("bracket", justify="right")
+    for name in ("stage", "trials", "epochs"):
+        table.add_column(name, justify="right")
+    table.add_column("instances", no_wrap=True)
+    table.add_column("w/trial", justify="right")
+    table.add_column("time p50", justify="right", no_wrap=True)
+    table.add_column("cost", justify="right")
+    for s in plan.stages:
+        where = f"{s.instances} × {s.instance_type}" + (f" ({s.cloud})" if several_clouds else "")
+        row = [str(s.stage), str(s.trials), str(s.epochs), where, str(s.workers_per_trial),
+               format_duration(s.predicted_duration_s or 0.0), format_usd(s.predicted_cost_usd or 0.0)]
+        table.add_row(*([str(s.bracket)] if hyperband else []), *row)
+    console.print(table)
+    p = plan.predicted
+    console.print(f"JCT p50 {format_duration(p.jct_s.p50)}, p95 {format_duration(p.jct_s.p95)}; "
+                  f"cost mean {format_usd(p.cost_usd.mean)}, p95 {format_usd(p.cost_usd.p95)}; "
+                  f"P(meet deadline) {p.p_meet_deadline:.1%}")
+    static = plan.baselines.get("static")
+    if static is not None:
+        s0 = static.stages[0]
+        saving = static.predicted.cost_usd.mean - p.cost_usd.mean
+        ratio = static.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
+        workers = f"{s0.workers_per_trial} worker{'s' if s0.workers_per_trial != 1 else ''}/trial"
+        console.print(f"vs best static plan ({s0.instances} × {s0.instance_type}, {workers}, {format_usd(static.predicted.cost_usd.mean)}, JCT p95 "
+                      f"{format_duration(static.predicted.jct_s.p95)}): saves {format_usd(saving)} "
+                      f"({ratio:.2f}× cheaper)")
+    else:
+        console.print("No static plan meets the deadline at this confidence.")
+    console.print(f"Planned in {plan.planner.seconds:.2f} s ({plan.planner.candidates_evaluated} candidates, "
+                  f"{plan.planner.samples} samples, seed {plan.planner.seed}).")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan(
+        spec: str = typer.Argument(..., help="Job spec (YAML)."),
+        profile: str = typer.Option(None, "--profile", help="Profile JSON (default: the spec's `profile:`)."),
+        deadline: str = typer.Option(None, "--deadline", help="Override the deadline (90m, 2h, seconds)."),
+        cloud: str = typer.Option(None, "--cloud", help="aws, gcp, local or any (default: the spec's clouds)."),
+        confidence: float = typer.Option(None, "--confidence", help="P(JCT ≤ deadline) to guarantee, 0..1."),
+        samples: int = typer.Option(1000, "--samples", help="Monte Carlo samples per plan."),
+        seed: int = typer.Option(None, "--seed", help="Random seed (default: the spec's seed)."),
+        out: str = typer.Option(None, "--out", help="Write the plan JSON here (atomically)."),
+        as_json: bool = typer.Option(False, "--json", help="Print only the plan JSON on stdout."),
+    ) -> None:
+        """Plan the cheapest elastic allocation that meets the deadline, and compare with static."""
+        from rubberband.planner import plan_job  # heavy imports only when planning
+
+        deadline_s = None
+        if deadline is not None:
+            try:
+                deadline_s = parse_duration(deadline)
+            except ValueError as exc:
+                raise InputError(f"--deadline: {exc}") from None
+        if cloud is not None and cloud not in CLOUD_CHOICES:
+            raise InputError(f"--cloud must be one of {', '.join(CLOUD_CHOICES)} (got {cloud!r})")
+        if confidence is not None and not 0 < confidence < 1:
+            raise InputError(f"--confidence must be between 0 and 1 exclusive (got {confidence})")
+        if samples < 10 or samples > 100_000:
+            raise InputError(f"--samples must be between 10 and 100000 (got {samples})")
+        inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
+        started = time.perf_counter()
+        result = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s,
+                          confidence=confidence, cloud=cloud, samples=samples, seed=seed)
+        result.planner.seconds = round(time.perf_counter() - started, 4)
+        result.profile_path = str(inputs.profile_path)
+        if out is not None:
+            write_plan(result, out)
+        if as_json:
+            typer.echo(plan_json(result))
+            return
+        _print_plan(result)
+        if out is not None:
+            stdout().print(f"Plan written to {out}")
