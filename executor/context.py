@@ -27,6 +27,18 @@ class ReportRecord:
     finished_at: float
 
 
+def _leading_dim(item: Any) -> int | None:
+    """Batch size of one batch: the first dimension of its first tensor, if any."""
+    if isinstance(item, dict):
+        item = next(iter(item.values()), None)
+    if isinstance(item, (tuple, list)) and item:
+        item = item[0]
+    shape = getattr(item, "shape", None)
+    if shape is not None and len(shape) >= 1:
+        return int(shape[0])
+    return None
+
+
 class WorkerContext(TrainContext):
     """One worker's view of its trial; created fresh for every ``TrialRun``."""
 
@@ -48,6 +60,12 @@ class WorkerContext(TrainContext):
         self.reports: list[ReportRecord] = []
         self.checkpoint_epoch: int | None = checkpoints.latest_epoch(checkpoint_dir) if rank == 0 else None
         self.checkpoint_saved_s: list[float] = []
+        #: len() of each iterable given to batches() (None when it has no length): iterations per pass.
+        self.pass_lengths: list[int | None] = []
+        #: Leading dimension of the first batch, when it is a tensor (or a tuple/list/dict of them).
+        self.batch_size_seen: int | None = None
+        #: Wall-clock time when the first iteration began (resize cost = this − the run's start).
+        self.first_iteration_at: float | None = None
         self._passes = 0
         self._last_reported: int | None = None
         self._mark = time.perf_counter()
@@ -56,9 +74,17 @@ class WorkerContext(TrainContext):
     def batches(self, iterable: Iterable) -> Iterator:
         """Yield items, timing each iteration (fetch + the caller's loop body)."""
         count = 0
+        try:
+            self.pass_lengths.append(len(iterable))  # type: ignore[arg-type]
+        except TypeError:
+            self.pass_lengths.append(None)
+        if self.first_iteration_at is None:
+            self.first_iteration_at = time.time()
         start = time.perf_counter()
         try:
             for item in iterable:
+                if self.batch_size_seen is None:
+                    self.batch_size_seen = _leading_dim(item)
                 yield item
                 now = time.perf_counter()
                 self.iteration_latencies_s.append(now - start)

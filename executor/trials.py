@@ -80,6 +80,12 @@ class TrialOutcome:
     warm_workers: tuple[bool, ...] = ()
     #: Seconds rank 0 spent writing each checkpoint of this run.
     checkpoint_saved_s: tuple[float, ...] = ()
+    #: len() of each iterable rank 0 passed to ctx.batches (None: no len), i.e. iterations per epoch.
+    pass_lengths: tuple[int | None, ...] = ()
+    #: Leading dimension of rank 0's first batch when it was a tensor (per-worker batch size).
+    batch_size_seen: int | None = None
+    #: Wall-clock time rank 0 began its first iteration (start → this = restart cost).
+    first_iteration_at: float | None = None
 
 
 def _collateral(failure: WorkerFailure) -> bool:
@@ -248,7 +254,9 @@ class TrialRun:
         return TrialOutcome(trial_id=self.spec.trial_id, reports=reports, checkpoint_epoch=chief.checkpoint_epoch,
                             iteration_latencies_s=chief.iteration_latencies_s, setup_s=setup_s,
                             started_at=self._started_at, finished_at=max(r.finished_at for r in results.values()),
-                            warm_workers=self._warm, checkpoint_saved_s=chief.checkpoint_saved_s)
+                            warm_workers=self._warm, checkpoint_saved_s=chief.checkpoint_saved_s,
+                            pass_lengths=chief.pass_lengths, batch_size_seen=chief.batch_size_seen,
+                            first_iteration_at=chief.first_iteration_at)
 
     # -- stop ------------------------------------------------------------------------------
     def stop(self) -> None:

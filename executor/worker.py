@@ -67,6 +67,9 @@ class WorkerResult:
     reports: tuple[ReportRecord, ...] = ()
     checkpoint_epoch: int | None = None
     checkpoint_saved_s: tuple[float, ...] = ()
+    pass_lengths: tuple[int | None, ...] = ()
+    batch_size_seen: int | None = None
+    first_iteration_at: float | None = None
 
 
 def load_entry_point(entry_point: str, code_dir: str) -> Callable:
@@ -163,7 +166,10 @@ class TrialWorker:
             iteration_latencies_s=tuple(ctx.iteration_latencies_s) if ctx else (),
             reports=tuple(ctx.reports) if ctx else (),
             checkpoint_epoch=ctx.checkpoint_epoch if ctx else None,
-            checkpoint_saved_s=tuple(ctx.checkpoint_saved_s) if ctx else ())
+            checkpoint_saved_s=tuple(ctx.checkpoint_saved_s) if ctx else (),
+            pass_lengths=tuple(ctx.pass_lengths) if ctx else (),
+            batch_size_seen=ctx.batch_size_seen if ctx else None,
+            first_iteration_at=ctx.first_iteration_at if ctx else None)
 
 
 def actor_options(resource: str | None, use_gpu: bool) -> dict:

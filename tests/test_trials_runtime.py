@@ -161,3 +161,17 @@ def test_pool_reuses_warm_workers_across_a_resize(local_ray_cluster, tmp_path):
                            pool=pool).result(timeout_s=120)
         assert pool.idle() == {a: 1}
     assert wait_until_idle() == {}
+
+
+def test_digits_example_learns_on_two_workers(local_ray_cluster, tmp_path):
+    a = local_ray_cluster.resource("a")
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    spec = TrialSpec(trial_id="digits-0", config={"lr": 0.05, "momentum": 0.9, "hidden": 64, "batch_size": 32},
+                     entry_point="digits:train", code_dir=str(examples), start_epoch=0, end_epoch=2,
+                     placement=(a, a), checkpoint_dir=str(tmp_path / "c"), timeout_s=120)
+    outcome = TrialRun.start(spec).result(timeout_s=240)
+    assert [r.epoch for r in outcome.reports] == [0, 1]
+    assert outcome.reports[-1].metrics["val_acc"] > 0.6  # chance is 0.1
+    # 1437 training samples, sharded over 2 ranks, 32 per batch: 23 iterations per epoch on rank 0.
+    assert outcome.pass_lengths == (23, 23) and outcome.batch_size_seen == 32
+    assert len(outcome.iteration_latencies_s) == 46
