@@ -233,6 +233,12 @@ class TrialRun:
         trial = self.spec.trial_id
         if deaths and (not failures or _collateral(failures[0])):
             return TrainingError(f"trial {trial}: {sorted(deaths.items())[0][1]}")
+        if pending and (not failures or _collateral(failures[0])):
+            ranks = sorted(self._refs.index(ref) for ref in pending)
+            places = sorted({self.spec.placement[r] for r in ranks})
+            seen = f"; rank {failures[0].rank} saw {failures[0].error_type}: {failures[0].message}" if failures else ""
+            return TrainingError(f"trial {trial}: rank(s) {', '.join(map(str, ranks))} on {', '.join(places)} "
+                                 f"stopped answering (instance lost?){seen}")
         if failures:
             root = failures[0]
             if root.kind == "import":

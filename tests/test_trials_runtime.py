@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from ray_helpers import local_ray_cluster, wait_until_idle  # noqa: F401  (import first: sets Ray's env)
+from ray_helpers import busy_resources, local_ray_cluster, wait_until_idle  # noqa: F401  (import first)
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -88,7 +90,9 @@ def test_raising_train_gives_one_line_training_error(local_ray_cluster, tmp_path
     with pytest.raises(TrainingError):
         run.result()  # the same error again
     run.stop()
-    assert wait_until_idle() == {}
+    # Ray counts the removed node's slot until its health check marks it dead (~12 s): check the rest.
+    busy = wait_until_idle(timeout_s=3)
+    assert "rb-node-a" not in busy and not any(k.startswith("pg:") for k in busy)
 
 
 def test_entry_point_that_does_not_import(local_ray_cluster, tmp_path):
@@ -132,7 +136,9 @@ def test_event_sink_max_iterations_and_stop(local_ray_cluster, tmp_path):
     with pytest.raises(TimeoutError):
         run.result(timeout_s=2)
     run.stop()
-    assert wait_until_idle() == {}
+    # Ray counts the removed node's slot until its health check marks it dead (~12 s): check the rest.
+    busy = wait_until_idle(timeout_s=3)
+    assert "rb-node-a" not in busy and not any(k.startswith("pg:") for k in busy)
 
 
 def test_unplaceable_trial_raises_and_cleans_up(local_ray_cluster, tmp_path):
@@ -175,3 +181,30 @@ def test_digits_example_learns_on_two_workers(local_ray_cluster, tmp_path):
     # 1437 training samples, sharded over 2 ranks, 32 per batch: 23 iterations per epoch on rank 0.
     assert outcome.pass_lengths == (23, 23) and outcome.batch_size_seen == 32
     assert len(outcome.iteration_latencies_s) == 46
+
+
+def test_losing_an_instance_mid_trial_fails_fast(local_ray_cluster, tmp_path):
+    """A node dies under a running 2-node trial: TrainingError within seconds, survivors cleaned up."""
+    a = local_ray_cluster.resource("a")
+    local_ray_cluster.add_instance("c", 1)
+    run = TrialRun.start(_spec(tmp_path, (a, local_ray_cluster.resource("c")), entry="tiny_train:train_allreduce",
+                               trial_id="b0-t011", pid_dir=str(tmp_path)))
+    pid_file = tmp_path / "rank1.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists():  # rank 1 is up and iterating
+        assert time.monotonic() < deadline, "rank 1 never started"
+        time.sleep(0.2)
+    with pytest.raises(TimeoutError):
+        run.result(timeout_s=1)  # still running
+    began = time.monotonic()
+    # The instance goes away: its worker process first (as when a VM dies), then its Ray node.
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    local_ray_cluster.remove_instance("c")
+    with pytest.raises(TrainingError) as info:
+        run.result(timeout_s=60)
+    assert time.monotonic() - began < 12  # the surviving rank's allreduce fails; no wait for Ray's health check
+    assert "b0-t011" in str(info.value) and ("rb-node-c" in str(info.value) or "died" in str(info.value))
+    run.stop()
+    # Ray counts the removed node's slot until its health check marks it dead (~12 s): check the rest.
+    busy = wait_until_idle(timeout_s=3)
+    assert "rb-node-a" not in busy and not any(k.startswith("pg:") for k in busy)

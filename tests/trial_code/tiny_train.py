@@ -54,3 +54,15 @@ def train_raises(config, ctx):
 def train_sleeps(config, ctx):
     for _ in ctx.batches(range(10_000)):
         time.sleep(0.05)
+
+
+def train_allreduce(config, ctx):
+    """Like a DDP loop: a collective every iteration, for as long as the test lets it run."""
+    if config.get("pid_dir"):
+        import os
+
+        with open(f"{config['pid_dir']}/rank{ctx.rank}.pid", "w") as fh:
+            fh.write(str(os.getpid()))
+    for _ in ctx.batches(range(10_000)):
+        time.sleep(0.05)
+        dist.all_reduce(torch.ones(1))
