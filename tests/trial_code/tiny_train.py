@@ -61,8 +61,10 @@ def train_allreduce(config, ctx):
     if config.get("pid_dir"):
         import os
 
-        with open(f"{config['pid_dir']}/rank{ctx.rank}.pid", "w") as fh:
+        path = f"{config['pid_dir']}/rank{ctx.rank}.pid"
+        with open(path + ".tmp", "w") as fh:
             fh.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)  # the test polls for the file: never show it half-written
     for _ in ctx.batches(range(10_000)):
         time.sleep(0.05)
         dist.all_reduce(torch.ones(1))
