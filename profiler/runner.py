@@ -93,21 +93,44 @@ class _Budget:
         return self.total_s - self.spent()
 
 
-def check_entry_point(spec: JobSpec) -> None:
-    """Fail fast (before any node starts) when the training module cannot be found."""
+_IMPORT_CHECK = """
+import importlib, sys
+sys.path.insert(0, sys.argv[1])
+module = importlib.import_module(sys.argv[2])
+if not callable(getattr(module, sys.argv[3], None)):
+    raise AttributeError(f"module {sys.argv[2]!r} has no function {sys.argv[3]!r}")
+"""
+
+
+def check_entry_point(spec: JobSpec, *, timeout_s: float = 120.0) -> None:
+    """Fail fast, before any node starts, when the entry point does not import.
+
+    The module is imported in a separate Python process (as a worker would), so its import-time
+    side effects never touch this one.
+    """
+    import subprocess
+
     module = spec.train_module
     sys.path.insert(0, spec.base_dir)
     try:
         found = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as exc:
-        found, reason = None, f"{type(exc).__name__}: {exc}"
-    else:
-        reason = f"no module named {module!r}"
+    except (ImportError, ValueError):
+        found = None
     finally:
         sys.path.remove(spec.base_dir)
     if found is None:
-        raise TrainingError(f"cannot import entry point {spec.train!r} from {spec.base_dir}: {reason}; "
-                            f"check the spec's train: field and that the file sits next to the spec")
+        raise TrainingError(f"cannot import entry point {spec.train!r} from {spec.base_dir}: no module named "
+                            f"{module!r}; check the spec's train: field and that the file sits next to the spec")
+    try:
+        done = subprocess.run([sys.executable, "-c", _IMPORT_CHECK, spec.base_dir, module, spec.train_function],
+                              capture_output=True, text=True, timeout=timeout_s, cwd=spec.base_dir)
+    except subprocess.TimeoutExpired:
+        raise TrainingError(f"importing entry point {spec.train!r} took over {timeout_s:.0f} s; "
+                            f"move slow work out of module import") from None
+    if done.returncode != 0:
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit code {done.returncode}"
+        raise TrainingError(f"cannot import entry point {spec.train!r} from {spec.base_dir}: {reason}")
 
 
 def profiling_config(spec: JobSpec) -> dict[str, Any]:

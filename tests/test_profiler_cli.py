@@ -73,6 +73,9 @@ def test_entry_point_that_does_not_import(cli, synthetic_dir):
     missing = _spec_with(synthetic_dir, "nowhere:train")
     result = cli("profile", missing, "--workers", "1", "--out", out)
     _assert_one_line_error(result, "no module named 'nowhere'")
+    no_function = _spec_with(synthetic_dir, "synthetic:nope")
+    result = cli("profile", no_function, "--workers", "1", "--out", out)
+    _assert_one_line_error(result, "has no function 'nope'")
     assert not out.exists()
 
 

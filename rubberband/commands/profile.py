@@ -126,10 +126,11 @@ def _print_summary(result, out: Path) -> None:
                       f"{np.quantile(lat, 0.9):.1f}")
     console.print(table)
     w = profile.workload
-    console.print(f"dataset {w.dataset_size} samples, batch {w.batch_size_per_worker} per worker; "
-                  f"restart overhead {w.restart_overhead_s:.2f} s"
-                  + (f" (fresh processes: {w.restart_overhead_cold_s:.2f} s)" if w.restart_overhead_cold_s else "")
-                  + f"; took {format_duration(result.wall_s)}")
+    line = (f"dataset {w.dataset_size} samples, batch {w.batch_size_per_worker} per worker; "
+            f"restart overhead {w.restart_overhead_s:.2f} s"
+            + (f" (fresh processes: {w.restart_overhead_cold_s:.2f} s)" if w.restart_overhead_cold_s else "")
+            + f"; took {format_duration(result.wall_s)}")
+    console.print(line, soft_wrap=True)
     notes = stderr()
     for note in result.notes:
-        notes.print(f"note: {note}")
+        notes.print(f"note: {note}", soft_wrap=True)
