@@ -32,13 +32,20 @@ class WorkerPool:
     def _start(self, resource: str) -> Any:
         return self._cls.options(**actor_options(resource, self.use_gpu)).remote()
 
-    def warm(self, resource: str, count: int = 1, *, timeout_s: float = 60.0) -> None:
-        """Make sure ``count`` idle workers are up on ``resource`` (blocks until they answer)."""
+    def warm(self, resource: str, count: int = 1, *, timeout_s: float = 60.0, wait: bool = True) -> None:
+        """Make sure ``count`` idle workers are up on ``resource``.
+
+        ``wait=True`` blocks until they answer (bounded by ``timeout_s``); ``wait=False`` only starts
+        them, e.g. on a new instance before the stage boundary, so the next run finds them ready.
+        """
         import ray
 
         missing = max(0, count - len(self._idle.get(resource, [])))
         fresh = [self._start(resource) for _ in range(missing)]
         if not fresh:
+            return
+        if not wait:
+            self._idle.setdefault(resource, []).extend(fresh)
             return
         deadline = time.monotonic() + timeout_s
         refs = [a.ping.remote() for a in fresh]

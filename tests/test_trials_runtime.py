@@ -166,6 +166,10 @@ def test_pool_reuses_warm_workers_across_a_resize(local_ray_cluster, tmp_path):
             TrialRun.start(_spec(tmp_path, (a,), entry="tiny_train:train_raises", trial_id="x"),
                            pool=pool).result(timeout_s=120)
         assert pool.idle() == {a: 1}
+        pool.warm(a, 2, wait=False)  # start one more in the background
+        assert pool.idle() == {a: 2}
+        pool.shrink(a, keep=0)
+        assert pool.idle() == {}
     assert wait_until_idle() == {}
 
 
