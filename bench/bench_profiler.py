@@ -17,6 +17,7 @@ two-point linear extrapolation, printed as such. Figures vary with machine load.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -96,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
               f"ratio fresh/warm {((r['restart_cold'] or 0) / max(r['restart_warm'], 1e-9)):.0f}×")
     worst = max(abs(r["error"]) for r in rows)
     print(f"\nworst leave-one-out error {worst:.1%} (target ≤ 10%)")
+    cores, load = os.cpu_count() or 1, os.getloadavg()[0]
+    print(f"machine: {cores} cores, load average {load:.1f}")
+    if args.held_out > cores or load > cores:
+        print("caution: the held-out count (or the load) exceeds this machine's cores, so CPU-bound workloads "
+              "measure contention there, not the workload's scaling")
     return 0
 
 
