@@ -119,6 +119,7 @@ class TrialRun:
         self._outcome: TrialOutcome | None = None
         self._error: Exception | None = None
         self._released = False
+        self._placed = False
         self.done_ref = refs[0]
 
     # -- start -----------------------------------------------------------------------------
@@ -198,7 +199,7 @@ class TrialRun:
                 break
             if first_failure is not None and time.monotonic() - first_failure > FAILURE_GRACE_S:
                 break
-            if self._pg is not None and not results and not deaths:
+            if not results and not deaths:
                 self._check_placement()
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"trial {self.spec.trial_id} still running after {timeout_s:.1f} s")
@@ -213,20 +214,29 @@ class TrialRun:
         return self._outcome
 
     def _check_placement(self) -> None:
-        import ray
         from ray.util.placement_group import placement_group_table
 
-        ready, _ = ray.wait([self._pg.ready()], timeout=0)
-        if ready:
+        if self._placed or time.time() - self._started_at <= self.spec.timeout_s:
             return
-        if time.time() - self._started_at > self.spec.timeout_s:
+        import ray
+
+        if self._pg is not None:
+            # A GCS query, not pg.ready(): that would start a probe task (a worker process) per call.
             state = placement_group_table(self._pg).get("state", "?")
-            self._error = ExecutionError(
-                f"trial {self.spec.trial_id}: could not place {self.spec.workers} worker(s) on "
-                f"{', '.join(sorted(set(self.spec.placement)))} within {self.spec.timeout_s:.0f} s "
-                f"(placement group {state}); check that those instances are up and have free slots")
-            self._release(healthy=False)
-            raise self._error
+            problem = f"placement group {state}"
+        else:  # pooled workers: they wait for their instance's resource, which must exist
+            missing = sorted(set(self.spec.placement) - set(ray.cluster_resources()))
+            state = "MISSING" if missing else "CREATED"
+            problem = f"no instance offers {', '.join(missing)}"
+        if state == "CREATED":
+            self._placed = True
+            return
+        self._error = ExecutionError(
+            f"trial {self.spec.trial_id}: could not place {self.spec.workers} worker(s) on "
+            f"{', '.join(sorted(set(self.spec.placement)))} within {self.spec.timeout_s:.0f} s "
+            f"({problem}); check that those instances are up and have free slots")
+        self._release(healthy=False)
+        raise self._error
 
     def _training_error(self, failures: list[WorkerFailure], deaths: dict[int, str],
                         pending: list[Any]) -> TrainingError:

@@ -146,6 +146,8 @@ def test_unplaceable_trial_raises_and_cleans_up(local_ray_cluster, tmp_path):
                      end_epoch=1, placement=("rb-node-nowhere",), checkpoint_dir=str(tmp_path / "c"), timeout_s=1.5)
     with pytest.raises(ExecutionError, match="rb-node-nowhere"):
         TrialRun.start(spec).result(timeout_s=30)
+    with WorkerPool() as pool, pytest.raises(ExecutionError, match="no instance offers rb-node-nowhere"):
+        TrialRun.start(spec, pool=pool).result(timeout_s=30)
     assert wait_until_idle() == {}
 
 
