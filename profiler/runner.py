@@ -38,6 +38,10 @@ ProgressFn = Callable[[str, int, int], None]
 
 #: Below this many seconds left for a shape, it is skipped rather than started.
 MIN_SHAPE_S = 3.0
+#: Iterations of the short calibration run before the first shape.
+PROBE_ITERATIONS = 3
+#: Probe only when more iterations than this are asked for (a few cost less than a probe).
+PROBE_ABOVE = 10
 CLOUDS_WITH_PROFILING = ("local",)
 
 
@@ -224,14 +228,53 @@ def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, not
     return out
 
 
+def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, checkpoint_dir: Path,
+               iterations: int, share_s: float, pool: Any) -> tuple[ShapeResult, float] | None:
+    """One bounded run of ``train`` at ``shape``; None when it ran past ``share_s``.
+
+    Returns the result and the run's seconds outside the timed iterations (start-up, DDP set-up,
+    evaluation, checkpointing), which the budget has to pay for as well.
+    """
+    from rubberband.executor.trials import TrialRun, TrialSpec
+
+    trial = TrialSpec(trial_id=f"profile-w{shape.workers}-n{shape.nodes}", config=dict(config),
+                      entry_point=spec.train, code_dir=spec.base_dir, start_epoch=0, end_epoch=1,
+                      placement=shape.placement(resources), checkpoint_dir=str(checkpoint_dir),
+                      max_iterations=iterations, timeout_s=max(30.0, share_s))
+    run = TrialRun.start(trial, pool=pool)
+    try:
+        outcome = run.result(timeout_s=max(share_s, MIN_SHAPE_S))
+    except TimeoutError:
+        run.stop()
+        return None
+    if not outcome.iteration_latencies_s:
+        raise TrainingError(f"{spec.train} never iterated over ctx.batches(...); wrap the training loop's "
+                            f"iterable in ctx.batches so rubberband can time it")
+    result = ShapeResult(shape, latencies_s=outcome.iteration_latencies_s, setup_s=outcome.setup_s,
+                         checkpoint_dir=str(checkpoint_dir),
+                         checkpoint_saved_s=outcome.checkpoint_saved_s[-1] if outcome.checkpoint_saved_s else None,
+                         pass_lengths=outcome.pass_lengths, batch_size_seen=outcome.batch_size_seen)
+    overhead = outcome.finished_at - outcome.started_at - sum(outcome.iteration_latencies_s)
+    return result, max(0.0, overhead)
+
+
 def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape], resources: list[str],
                     config: dict, run_dir: Path, budget: _Budget, pool: Any, notes: list[str],
                     tick: Callable[..., None]) -> list[ShapeResult]:
-    from rubberband.executor.trials import TrialRun, TrialSpec
-
     reserve = min(10.0, 0.25 * options.budget_s) if options.measure_restart else 0.0
     results: list[ShapeResult] = []
     est_iter = est_setup = 0.0
+    if options.iterations > PROBE_ABOVE:
+        # A short probe first, so even the first shape's iteration count fits the budget.
+        share = (budget.left() - reserve) / (len(shapes) + 1)
+        tick(f"probing {shapes[0].label} ({PROBE_ITERATIONS} iterations)", advance=False)
+        probe = _run_shape(spec, shapes[0], resources, config, run_dir / "ckpt" / "probe", PROBE_ITERATIONS,
+                           max(share, MIN_SHAPE_S), pool)
+        if probe is None:
+            raise InputError(f"--budget {options.budget_s:.0f}s is too small: {PROBE_ITERATIONS} iterations at "
+                             f"{shapes[0].label} did not finish within {max(share, MIN_SHAPE_S):.0f} s; "
+                             f"give it more time")
+        est_iter, est_setup = probe[0].median_s, probe[1]
     for index, shape in enumerate(shapes):
         share = (budget.left() - reserve) / (len(shapes) - index)
         if share < MIN_SHAPE_S:
@@ -247,32 +290,18 @@ def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape],
                 iterations = max(2, cap)
                 notes.append(f"{shape.label}: capped at {iterations} iterations to stay within the budget")
         tick(f"measuring {shape.label} ({iterations} iterations, ≤ {share:.0f} s)", advance=False)
-        ckpt = run_dir / "ckpt" / f"w{shape.workers}-n{shape.nodes}"
-        trial = TrialSpec(trial_id=f"profile-w{shape.workers}-n{shape.nodes}", config=dict(config),
-                          entry_point=spec.train, code_dir=spec.base_dir, start_epoch=0, end_epoch=1,
-                          placement=shape.placement(resources), checkpoint_dir=str(ckpt),
-                          max_iterations=iterations, timeout_s=max(30.0, share))
-        run = TrialRun.start(trial, pool=pool)
-        try:
-            outcome = run.result(timeout_s=max(share, MIN_SHAPE_S))
-        except TimeoutError:
-            run.stop()
+        ran = _run_shape(spec, shape, resources, config, run_dir / "ckpt" / f"w{shape.workers}-n{shape.nodes}",
+                         iterations, share, pool)
+        if ran is None:
             reason = f"{shape.label}: skipped, did not finish within its {share:.0f} s share of the budget"
             notes.append(reason + "; lower --iterations or raise --budget")
             results.append(ShapeResult(shape, skipped=reason))
             tick(reason)
             continue
-        if not outcome.iteration_latencies_s:
-            raise TrainingError(f"{spec.train} never iterated over ctx.batches(...); wrap the training loop's "
-                                f"iterable in ctx.batches so rubberband can time it")
-        result = ShapeResult(shape, latencies_s=outcome.iteration_latencies_s, setup_s=outcome.setup_s,
-                             checkpoint_dir=str(ckpt),
-                             checkpoint_saved_s=outcome.checkpoint_saved_s[-1] if outcome.checkpoint_saved_s
-                             else None,
-                             pass_lengths=outcome.pass_lengths, batch_size_seen=outcome.batch_size_seen)
+        result, overhead = ran
         results.append(result)
         est_iter = max(est_iter, result.median_s)
-        est_setup = max(est_setup, outcome.finished_at - outcome.started_at - sum(outcome.iteration_latencies_s))
+        est_setup = max(overhead, 0.5 * est_setup)  # the probe paid for starting processes; later runs reuse them
         tick(f"{shape.label}: median {result.median_s * 1e3:.1f} ms per iteration")
     return results
 

@@ -104,3 +104,23 @@ def test_bad_flags(cli, synthetic_dir, args, fragment):
     result = cli("profile", synthetic_dir / "synthetic.yaml", *args, "--out", out)
     _assert_one_line_error(result, fragment)
     assert not out.exists()
+
+
+def test_budget_caps_iterations(cli, synthetic_dir):
+    """A long epoch (20 000 iterations of 20 ms) and a 30 s budget: iterations are capped, time is kept."""
+    import time
+
+    spec = synthetic_dir / "long.yaml"
+    spec.write_text((synthetic_dir / "synthetic.yaml").read_text().replace("dataset_size: 640", "dataset_size: 640000"))
+    out = synthetic_dir / "long.json"
+    began = time.monotonic()
+    result = cli("profile", spec, "--instance-type", "local.cpu2", "--workers", "1,2", "--single-node",
+                 "--iterations", "20000", "--budget", "30s", "--out", out, timeout=240)
+    elapsed = time.monotonic() - began
+    assert result.returncode == 0, result.stderr
+    assert "capped at" in result.stderr
+    profile = load_profile(out)
+    assert sorted((m.workers, m.nodes) for m in profile.measurements) == [(1, 1), (2, 1)]
+    assert all(2 <= len(m.iteration_latencies_s) < 2000 for m in profile.measurements)
+    # The budget covers the measurement; allow for interpreter start, the import check and teardown.
+    assert elapsed < 30 + 20, elapsed
