@@ -52,6 +52,7 @@ def test_two_gloo_workers_train_in_lockstep(local_ray_cluster, tmp_path):
 
 
 def test_checkpoint_at_two_workers_resumes_at_one_and_three(local_ray_cluster, tmp_path):
+    """Three runs with fresh worker processes (2, 1, then 3 workers over two instances): ~20 s on 2 cores."""
     a, b = local_ray_cluster.resource("a"), local_ray_cluster.resource("b")
     first = TrialRun.start(_spec(tmp_path, (a, a), end=1)).result(timeout_s=120)
     assert first.checkpoint_epoch == 0 and first.reports[0].metrics["resumed"] == 0.0
