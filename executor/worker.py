@@ -75,8 +75,14 @@ class WorkerResult:
 def load_entry_point(entry_point: str, code_dir: str) -> Callable:
     """Import ``module:function`` with ``code_dir`` first on ``sys.path``."""
     module_name, _, func_name = entry_point.partition(":")
-    if code_dir and code_dir not in sys.path:
-        sys.path.insert(0, code_dir)
+    if code_dir:
+        if code_dir in sys.path:
+            sys.path.remove(code_dir)
+        sys.path.insert(0, code_dir)  # first: this trial's code wins over an earlier trial's
+        cached = sys.modules.get(module_name)
+        origin = getattr(cached, "__file__", None) or ""
+        if cached is not None and not os.path.abspath(origin).startswith(os.path.abspath(code_dir) + os.sep):
+            del sys.modules[module_name]  # a warm worker imported a same-named module from elsewhere
     importlib.invalidate_caches()
     module = importlib.import_module(module_name)
     try:
