@@ -37,6 +37,9 @@ class Workload(_Model):
     restart_overhead_s: float = Field(default=5.0, ge=0,
                                       description="checkpoint save + new workers + restore, per resize")
     eval_time_s: float = Field(default=0.0, ge=0, description="validation pass after each stage")
+    restart_overhead_cold_s: float | None = Field(
+        default=None, ge=0, description="restart_overhead_s when the new workers are fresh processes "
+                                        "(restart_overhead_s itself may reuse warm worker processes)")
 
     def iterations_per_epoch(self, workers: int) -> int:
         global_batch = self.batch_size_per_worker * workers
@@ -88,6 +91,8 @@ class Profile(_Model):
     torch_version: str | None = None
     created_at: str | None = None
     fitted: dict[str, Any] | None = Field(default=None, description="the fitted model, for inspection only")
+    sources: dict[str, str] = Field(default_factory=dict,
+                                    description="how each workload figure was obtained (field -> how)")
 
     @model_validator(mode="after")
     def _check(self) -> "Profile":

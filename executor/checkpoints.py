@@ -1,0 +1,92 @@
+"""Trial checkpoints on disk: ``<dir>/epoch-<k>.pt`` written atomically, plus a ``latest`` pointer.
+
+Only rank 0 writes. A checkpoint holds the user's state dict (which must not depend on the
+number of workers) wrapped with the epoch it was taken after, so a trial can resume at any
+world size. Older checkpoints are pruned, keeping the newest ``keep``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LATEST = "latest"
+CHECKPOINT_FORMAT = 1
+_NAME = re.compile(r"^epoch-(\d+)\.pt$")
+
+
+def checkpoint_path(directory: str | Path, epoch: int) -> Path:
+    return Path(directory) / f"epoch-{epoch}.pt"
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One loaded checkpoint: the epoch it was saved after and the user's state."""
+
+    epoch: int
+    state: dict
+    path: Path
+
+
+def save_checkpoint(directory: str | Path, epoch: int, state: dict, *, trial_id: str = "",
+                    keep: int = 2) -> Path:
+    """Write ``state`` as the checkpoint after ``epoch``; never leaves a half-written file in place."""
+    import torch
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_path(directory, epoch)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    payload = {"rubberband_checkpoint": CHECKPOINT_FORMAT, "trial_id": trial_id, "epoch": epoch, "state": state}
+    with open(tmp, "wb") as fh:
+        torch.save(payload, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _atomic_write_text(directory / LATEST, f"{path.name}\n")
+    _prune(directory, keep=keep, newest=epoch)
+    return path
+
+
+def _prune(directory: Path, *, keep: int, newest: int) -> None:
+    epochs = sorted(int(m.group(1)) for p in directory.iterdir() if (m := _NAME.match(p.name)))
+    kept = set(epochs[-max(keep, 1):]) | {newest}
+    for epoch in epochs:
+        if epoch not in kept:
+            checkpoint_path(directory, epoch).unlink(missing_ok=True)
+
+
+def latest_epoch(directory: str | Path) -> int | None:
+    """Epoch of the newest complete checkpoint, or ``None`` when there is none."""
+    pointer = Path(directory) / LATEST
+    try:
+        name = pointer.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    match = _NAME.match(name)
+    if match is None or not (Path(directory) / name).exists():
+        return None
+    return int(match.group(1))
+
+
+def load_latest(directory: str | Path) -> Checkpoint | None:
+    """Load the newest checkpoint (tensors on CPU) or return ``None``."""
+    import torch
+
+    epoch = latest_epoch(directory)
+    if epoch is None:
+        return None
+    path = checkpoint_path(directory, epoch)
+    payload: Any = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(payload, dict) or payload.get("rubberband_checkpoint") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not a rubberband checkpoint")
+    return Checkpoint(epoch=int(payload["epoch"]), state=payload["state"], path=path)

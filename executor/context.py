@@ -1,0 +1,143 @@
+"""The concrete :class:`~rubberband.training.TrainContext` a worker hands to the user's ``train``.
+
+It times every iteration of ``ctx.batches`` (rank 0's latencies become the profile and the
+executor's online introspection), stops a pass after ``max_iterations`` when profiling,
+records rank 0's epoch reports, and saves / loads world-size independent checkpoints
+(rank 0 writes; loading is collective: rank 0 reads and broadcasts to every rank, so only
+rank 0 needs to reach the checkpoint directory).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+from rubberband.executor import checkpoints
+from rubberband.training import TrainContext
+
+
+@dataclass(frozen=True)
+class ReportRecord:
+    """What rank 0 reported after one epoch (a plain record; the driver builds EpochReport)."""
+
+    epoch: int
+    metrics: dict[str, float]
+    seconds: float
+    finished_at: float
+
+
+def _leading_dim(item: Any) -> int | None:
+    """Batch size of one batch: the first dimension of its first tensor, if any."""
+    if isinstance(item, dict):
+        item = next(iter(item.values()), None)
+    if isinstance(item, (tuple, list)) and item:
+        item = item[0]
+    shape = getattr(item, "shape", None)
+    if shape is not None and len(shape) >= 1:
+        return int(shape[0])
+    return None
+
+
+class WorkerContext(TrainContext):
+    """One worker's view of its trial; created fresh for every ``TrialRun``."""
+
+    def __init__(self, *, trial_id: str, start_epoch: int, end_epoch: int, rank: int, world_size: int,
+                 local_rank: int, device: Any, process_group: Any, checkpoint_dir: str,
+                 max_iterations: int | None = None, event_sink: Any = None) -> None:
+        self.trial_id = trial_id
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.device = device
+        self.process_group = process_group
+        self.checkpoint_dir = checkpoint_dir
+        self.max_iterations = max_iterations
+        self._event_sink = event_sink
+        self.iteration_latencies_s: list[float] = []
+        self.reports: list[ReportRecord] = []
+        self.checkpoint_epoch: int | None = checkpoints.latest_epoch(checkpoint_dir) if rank == 0 else None
+        self.checkpoint_saved_s: list[float] = []
+        #: len() of each iterable given to batches() (None when it has no length): iterations per pass.
+        self.pass_lengths: list[int | None] = []
+        #: Leading dimension of the first batch, when it is a tensor (or a tuple/list/dict of them).
+        self.batch_size_seen: int | None = None
+        #: Wall-clock time when the first iteration began (resize cost = this − the run's start).
+        self.first_iteration_at: float | None = None
+        self._passes = 0
+        self._last_reported: int | None = None
+        self._mark = time.perf_counter()
+
+    # -- timing ----------------------------------------------------------------------------
+    def batches(self, iterable: Iterable) -> Iterator:
+        """Yield items, timing each iteration (fetch + the caller's loop body)."""
+        count = 0
+        try:
+            self.pass_lengths.append(len(iterable))  # type: ignore[arg-type]
+        except TypeError:
+            self.pass_lengths.append(None)
+        if self.first_iteration_at is None:
+            self.first_iteration_at = time.time()
+        start = time.perf_counter()
+        try:
+            for item in iterable:
+                if self.batch_size_seen is None:
+                    self.batch_size_seen = _leading_dim(item)
+                yield item
+                now = time.perf_counter()
+                self.iteration_latencies_s.append(now - start)
+                start = now
+                count += 1
+                if self.max_iterations is not None and count >= self.max_iterations:
+                    return
+        finally:
+            self._passes += 1
+
+    # -- metrics ---------------------------------------------------------------------------
+    def report(self, epoch: int, **metrics: float) -> None:
+        now = time.perf_counter()
+        seconds, self._mark = now - self._mark, now
+        self._last_reported = int(epoch)
+        if self.rank != 0:
+            return
+        clean = {str(k): float(v) for k, v in metrics.items()}
+        record = ReportRecord(epoch=int(epoch), metrics=clean, seconds=seconds, finished_at=time.time())
+        self.reports.append(record)
+        self._emit({"type": "epoch", "trial_id": self.trial_id, "epoch": record.epoch, "metrics": clean,
+                    "seconds": seconds, "t": record.finished_at})
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def _checkpoint_label(self) -> int:
+        if self._last_reported is not None:
+            return self._last_reported
+        return max(self.start_epoch + self._passes - 1, 0)
+
+    def save_checkpoint(self, state: dict) -> None:
+        if self.rank != 0:
+            return
+        epoch = self._checkpoint_label()
+        began = time.perf_counter()
+        path = checkpoints.save_checkpoint(self.checkpoint_dir, epoch, state, trial_id=self.trial_id)
+        self.checkpoint_saved_s.append(time.perf_counter() - began)
+        self.checkpoint_epoch = epoch
+        self._emit({"type": "checkpoint", "trial_id": self.trial_id, "epoch": epoch, "path": str(path),
+                    "t": time.time()})
+
+    def load_checkpoint(self) -> dict | None:
+        """Collective: every rank must call it; rank 0 reads the file and broadcasts the state."""
+        loaded = checkpoints.load_latest(self.checkpoint_dir) if self.rank == 0 else None
+        state = loaded.state if loaded is not None else None
+        if self.world_size > 1 and self.process_group is not None:
+            import torch.distributed as dist
+
+            box = [state]
+            dist.broadcast_object_list(box, src=0, group=self.process_group)
+            state = box[0]
+        return state
+
+    # -- events ----------------------------------------------------------------------------
+    def _emit(self, event: dict) -> None:
+        if self._event_sink is not None:
+            self._event_sink.record.remote(event)

@@ -1,0 +1,194 @@
+"""The worker process of a trial: a Ray actor that imports the user's code, joins the trial's
+torch.distributed process group and runs ``train(config, ctx)``.
+
+A worker is reusable: every :meth:`TrialWorker.run` builds a fresh process group for that run's
+world size and destroys it at the end, so a warm process can serve the next stage or resize of
+any trial (re-initialising a process group takes ~0.04 s; a fresh actor ~2 s). User errors are
+returned as data (never raised), so the driver can report the first root cause in one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Mapping
+
+from rubberband.executor.context import ReportRecord, WorkerContext
+
+
+@dataclass(frozen=True)
+class WorkerTask:
+    """Everything one worker needs for one run of a trial."""
+
+    trial_id: str
+    config: dict
+    entry_point: str
+    code_dir: str
+    start_epoch: int
+    end_epoch: int
+    rank: int
+    world_size: int
+    local_rank: int
+    checkpoint_dir: str
+    use_gpu: bool = False
+    max_iterations: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    event_sink: Any = None
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """The user's (or the runtime's) exception in one worker, as one line plus its traceback."""
+
+    rank: int
+    kind: str            # "import" | "train" | "setup"
+    error_type: str
+    message: str
+    failed_at: float
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    rank: int
+    pid: int
+    started_at: float
+    setup_done_at: float | None
+    finished_at: float
+    failure: WorkerFailure | None = None
+    iteration_latencies_s: tuple[float, ...] = ()
+    reports: tuple[ReportRecord, ...] = ()
+    checkpoint_epoch: int | None = None
+    checkpoint_saved_s: tuple[float, ...] = ()
+    pass_lengths: tuple[int | None, ...] = ()
+    batch_size_seen: int | None = None
+    first_iteration_at: float | None = None
+
+
+def load_entry_point(entry_point: str, code_dir: str) -> Callable:
+    """Import ``module:function`` with ``code_dir`` first on ``sys.path``."""
+    module_name, _, func_name = entry_point.partition(":")
+    if code_dir:
+        if code_dir in sys.path:
+            sys.path.remove(code_dir)
+        sys.path.insert(0, code_dir)  # first: this trial's code wins over an earlier trial's
+        cached = sys.modules.get(module_name)
+        origin = getattr(cached, "__file__", None) or ""
+        if cached is not None and not os.path.abspath(origin).startswith(os.path.abspath(code_dir) + os.sep):
+            del sys.modules[module_name]  # a warm worker imported a same-named module from elsewhere
+    importlib.invalidate_caches()
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, func_name)
+    except AttributeError:
+        raise AttributeError(f"module {module_name!r} has no function {func_name!r}") from None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:400] + ("…" if len(text) > 400 else "")
+
+
+class TrialWorker:
+    """The actor class (wrapped with ``ray.remote`` by :func:`actor_class`)."""
+
+    def __init__(self) -> None:
+        import torch  # noqa: F401  (warm the import once per process)
+
+        self._pid = os.getpid()
+
+    def ping(self) -> int:
+        return self._pid
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address and a free port for the process group's store."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def run(self, task: WorkerTask, master: tuple[str, int]) -> WorkerResult:
+        import torch
+        import torch.distributed as dist
+
+        started = time.time()
+        saved_env = {k: os.environ.get(k) for k in task.env}
+        os.environ.update({str(k): str(v) for k, v in task.env.items()})
+        setup_done: float | None = None
+        ctx: WorkerContext | None = None
+        failure: WorkerFailure | None = None
+        stage = "import"
+        try:
+            train = load_entry_point(task.entry_point, task.code_dir)
+            stage = "setup"
+            if task.use_gpu and torch.cuda.is_available():
+                backend = "nccl"
+                index = 0 if torch.cuda.device_count() == 1 else task.local_rank
+                device = torch.device("cuda", index)
+                torch.cuda.set_device(device)
+            else:
+                backend, device = "gloo", torch.device("cpu")
+            host, port = master
+            dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=task.rank,
+                                    world_size=task.world_size, timeout=timedelta(seconds=task.timeout_s))
+            setup_done = time.time()
+            ctx = WorkerContext(trial_id=task.trial_id, start_epoch=task.start_epoch, end_epoch=task.end_epoch,
+                                rank=task.rank, world_size=task.world_size, local_rank=task.local_rank,
+                                device=device, process_group=dist.group.WORLD,
+                                checkpoint_dir=task.checkpoint_dir, max_iterations=task.max_iterations,
+                                event_sink=task.event_sink)
+            stage = "train"
+            train(dict(task.config), ctx)
+        except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything
+            failure = WorkerFailure(rank=task.rank, kind=stage, error_type=type(exc).__name__,
+                                    message=_one_line(exc), failed_at=time.time(),
+                                    traceback=traceback.format_exc(limit=20))
+        finally:
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()  # closes sockets: peers blocked in a collective fail fast
+                except Exception:  # noqa: BLE001
+                    pass
+            for key, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        return WorkerResult(
+            rank=task.rank, pid=self._pid, started_at=started, setup_done_at=setup_done, finished_at=time.time(),
+            failure=failure,
+            iteration_latencies_s=tuple(ctx.iteration_latencies_s) if ctx else (),
+            reports=tuple(ctx.reports) if ctx else (),
+            checkpoint_epoch=ctx.checkpoint_epoch if ctx else None,
+            checkpoint_saved_s=tuple(ctx.checkpoint_saved_s) if ctx else (),
+            pass_lengths=tuple(ctx.pass_lengths) if ctx else (),
+            batch_size_seen=ctx.batch_size_seen if ctx else None,
+            first_iteration_at=ctx.first_iteration_at if ctx else None)
+
+
+def actor_options(resource: str | None, use_gpu: bool) -> dict:
+    """Ray resources of one worker: one CPU (or one GPU) and one slot of its instance."""
+    options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0} if use_gpu else {"num_cpus": 1}
+    if resource is not None:
+        options["resources"] = {resource: 1}
+    options["max_restarts"] = 0
+    return options
+
+
+def actor_class():
+    """``TrialWorker`` as a Ray actor class (wrapped on demand so importing needs no Ray session)."""
+    import ray
+
+    return ray.remote(TrialWorker)

@@ -1,0 +1,161 @@
+"""A throw-away Ray cluster on this machine: one Ray node per local "instance".
+
+Each node binds 127.0.0.1, has ``num_cpus`` = its worker slots and the custom resource
+``rb-node-<id>`` with the same amount (the trial contract), and keeps its temp files under a
+directory of this run. :class:`LocalCluster` is a context manager: every node it started is
+torn down on exit, whatever happened. It also measures local start-up latency: request →
+node registered → a worker process running on it.
+
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be in the environment before ``ray`` is imported
+for a driver to reach loopback-only nodes; this module sets it on import (and, if ``ray`` was
+imported first, applies the same setting to Ray's constant).
+
+(The executor's local cloud provider builds the full version of this; this one serves the
+profiler and the tests.)
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from rubberband.errors import ExecutionError  # noqa: E402
+
+
+def instance_resource(instance_id: str) -> str:
+    """The custom resource that pins a worker to an instance."""
+    return f"rb-node-{instance_id}"
+
+
+def force_loopback() -> None:
+    """Apply ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` even if ray was imported before this module."""
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+@dataclass(frozen=True)
+class NodeStart:
+    """How long one node took: request → registered with the cluster → a worker answering on it."""
+
+    instance_id: str
+    registered_s: float
+    ready_s: float | None = None
+
+
+@dataclass
+class LocalCluster:
+    """Ray nodes on this machine; use as ``with LocalCluster() as cluster: ...``."""
+
+    temp_root: Path | None = None
+    connect: bool = True
+    nodes: dict[str, Any] = field(default_factory=dict)
+    starts: list[NodeStart] = field(default_factory=list)
+    _cluster: Any = None
+    _temp_dir: Path | None = None
+    _owns_temp: bool = False
+    _saved_tmpdir: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> "LocalCluster":
+        force_loopback()
+        from ray.cluster_utils import Cluster
+
+        # Ray's unix socket paths must fit in 107 bytes: keep the temp dir short.
+        if self.temp_root is None:
+            self._temp_dir = Path(tempfile.mkdtemp(prefix="rb-ray-", dir="/tmp"))
+            self._owns_temp = True
+        else:
+            self._temp_dir = Path(self.temp_root)
+            self._temp_dir.mkdir(parents=True, exist_ok=True)
+        (self._temp_dir / "ray").mkdir(exist_ok=True)
+        self._saved_tmpdir = os.environ.get("RAY_TMPDIR")
+        os.environ["RAY_TMPDIR"] = str(self._temp_dir)
+        self._cluster = Cluster(initialize_head=False, connect=False, shutdown_at_exit=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Disconnect and stop every node started here (idempotent)."""
+        import ray
+
+        try:
+            if ray.is_initialized():
+                ray.shutdown()
+        finally:
+            if self._cluster is not None:
+                self._cluster.shutdown()
+                self._cluster = None
+            self.nodes.clear()
+            if self._saved_tmpdir is None:
+                os.environ.pop("RAY_TMPDIR", None)
+            else:
+                os.environ["RAY_TMPDIR"] = self._saved_tmpdir
+            if self._owns_temp and self._temp_dir is not None:
+                shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+    @property
+    def address(self) -> str:
+        return self._cluster.address
+
+    # -- nodes -----------------------------------------------------------------------------
+    def add_instance(self, instance_id: str, slots: int, *, measure_ready: bool = False,
+                     timeout_s: float = 60.0) -> NodeStart:
+        """Start one node for ``instance_id`` with ``slots`` worker slots; the first one is the head.
+
+        With ``measure_ready`` also start a worker process pinned to it and time until it answers.
+        """
+        import ray
+
+        if self._cluster is None:
+            raise ExecutionError("LocalCluster is not started; use it as a context manager")
+        if instance_id in self.nodes:
+            raise ExecutionError(f"local instance {instance_id!r} already exists")
+        args: dict[str, Any] = dict(num_cpus=slots, resources={instance_resource(instance_id): slots},
+                                    node_ip_address="127.0.0.1", object_store_memory=80 * 1024 * 1024)
+        head = self._cluster.head_node is None
+        if head:
+            args.update(temp_dir=str(self._temp_dir / "ray"), include_dashboard=False)
+        began = time.monotonic()
+        self.nodes[instance_id] = self._cluster.add_node(wait=True, **args)
+        registered = time.monotonic() - began
+        if head and self.connect:
+            ray.init(address=self._cluster.address, logging_level="ERROR", log_to_driver=False,
+                     configure_logging=True)
+        ready = None
+        if measure_ready:
+            ready = self._time_worker(instance_id, began, timeout_s)
+        start = NodeStart(instance_id, registered, ready)
+        self.starts.append(start)
+        return start
+
+    def _time_worker(self, instance_id: str, began: float, timeout_s: float) -> float:
+        import ray
+
+        from rubberband.executor.worker import actor_class, actor_options
+
+        actor = actor_class().options(**actor_options(instance_resource(instance_id), False)).remote()
+        try:
+            ray.get(actor.ping.remote(), timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - GetTimeoutError or a dead actor
+            raise ExecutionError(f"local instance {instance_id} did not run a worker within {timeout_s:.0f} s "
+                                 f"({type(exc).__name__})") from None
+        finally:
+            ray.kill(actor, no_restart=True)
+        return time.monotonic() - began
+
+    def remove_instance(self, instance_id: str) -> None:
+        """Take one instance away (its node's processes are killed)."""
+        node = self.nodes.pop(instance_id)
+        self._cluster.remove_node(node, allow_graceful=False)

@@ -1,0 +1,475 @@
+"""Profile a training function: run it briefly at each trial shape with real DDP and record it all.
+
+For one instance type, :func:`run_profile` starts Ray nodes standing in for instances (local
+backend), runs the user's ``train`` through the trial runtime for a bounded number of
+iterations at every shape (workers × nodes), and records every iteration latency rank 0 timed.
+It also measures what a resize costs (checkpoint → restart with another worker count, with
+warm and with fresh worker processes), the checkpoint size, and optionally how long a new node
+takes to be ready. The total stays within the budget: the time left is split across the
+shapes still to run and the iteration count is capped from what earlier shapes took.
+Figures that are not measured get documented defaults, and ``Profile.sources`` says which.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import json
+import math
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from rubberband.catalog import InstanceType
+from rubberband.errors import InputError, RubberbandError, TrainingError
+from rubberband.profile import PROFILE_SCHEMA_VERSION, LatencyMeasurement, Profile, StartupSamples, Workload
+from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
+from rubberband.profiler.shapes import Shape, nodes_needed, plan_shapes
+from rubberband.spec import JobSpec, sample_config
+
+#: Callback for progress: (what is happening, steps done, steps in all).
+ProgressFn = Callable[[str, int, int], None]
+
+#: Below this many seconds left for a shape, it is skipped rather than started.
+MIN_SHAPE_S = 3.0
+#: Iterations of the short calibration run before the first shape.
+PROBE_ITERATIONS = 3
+#: Probe only when more iterations than this are asked for (a few cost less than a probe).
+PROBE_ABOVE = 10
+CLOUDS_WITH_PROFILING = ("local",)
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    cloud: str
+    instance_type: InstanceType
+    workers: tuple[int, ...]
+    budget_s: float = 300.0
+    iterations: int = 20
+    startup_samples: int = 0
+    batch_size: int | None = None
+    dataset_size: int | None = None
+    cross_node: bool = True
+    measure_restart: bool = True
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    shape: Shape
+    latencies_s: tuple[float, ...] = ()
+    setup_s: float = 0.0
+    checkpoint_dir: str = ""
+    checkpoint_saved_s: float | None = None
+    pass_lengths: tuple[int | None, ...] = ()
+    batch_size_seen: int | None = None
+    skipped: str | None = None
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.latencies_s))
+
+
+@dataclass
+class ProfileRun:
+    """A finished profile plus what the CLI reports about it."""
+
+    profile: Profile
+    shapes: list[ShapeResult]
+    notes: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+class _Budget:
+    def __init__(self, total_s: float) -> None:
+        self.total_s = total_s
+        self._t0 = time.monotonic()
+
+    def spent(self) -> float:
+        return time.monotonic() - self._t0
+
+    def left(self) -> float:
+        return self.total_s - self.spent()
+
+
+_IMPORT_CHECK = """
+import importlib, sys
+sys.path.insert(0, sys.argv[1])
+module = importlib.import_module(sys.argv[2])
+if not callable(getattr(module, sys.argv[3], None)):
+    raise AttributeError(f"module {sys.argv[2]!r} has no function {sys.argv[3]!r}")
+"""
+
+
+def check_entry_point(spec: JobSpec, *, timeout_s: float = 120.0) -> None:
+    """Fail fast, before any node starts, when the entry point does not import.
+
+    The module is imported in a separate Python process (as a worker would), so its import-time
+    side effects never touch this one.
+    """
+    import subprocess
+
+    module = spec.train_module
+    sys.path.insert(0, spec.base_dir)
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    finally:
+        sys.path.remove(spec.base_dir)
+    if found is None:
+        raise TrainingError(f"cannot import entry point {spec.train!r} from {spec.base_dir}: no module named "
+                            f"{module!r}; check the spec's train: field and that the file sits next to the spec")
+    try:
+        done = subprocess.run([sys.executable, "-c", _IMPORT_CHECK, spec.base_dir, module, spec.train_function],
+                              capture_output=True, text=True, timeout=timeout_s, cwd=spec.base_dir)
+    except subprocess.TimeoutExpired:
+        raise TrainingError(f"importing entry point {spec.train!r} took over {timeout_s:.0f} s; "
+                            f"move slow work out of module import") from None
+    if done.returncode != 0:
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit code {done.returncode}"
+        raise TrainingError(f"cannot import entry point {spec.train!r} from {spec.base_dir}: {reason}")
+
+
+def profiling_config(spec: JobSpec) -> dict[str, Any]:
+    """The hyperparameters profiled: one seeded sample of the search space over ``spec.config``."""
+    return {**spec.config, **sample_config(spec.search_space, np.random.default_rng(spec.seed))}
+
+
+def validate(spec: JobSpec, options: ProfileOptions) -> list[Shape]:
+    """Check the request before anything starts; return the shapes to measure."""
+    if options.cloud not in CLOUDS_WITH_PROFILING:
+        raise InputError(f"profiling on {options.cloud} needs the {options.cloud} cloud provider, which this "
+                         f"build does not have yet; profile with --cloud local (a local.* instance type) or "
+                         f"point the spec's profile: at an existing profile")
+    if options.instance_type.cloud != options.cloud:
+        raise InputError(f"--instance-type {options.instance_type.name} is a {options.instance_type.cloud} type; "
+                         f"pick one of the {options.cloud} catalog")
+    if options.iterations < 1:
+        raise InputError("--iterations must be at least 1")
+    shapes = plan_shapes(options.instance_type, list(options.workers), cross_node=options.cross_node)
+    check_entry_point(spec)
+    return shapes
+
+
+def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn | None = None) -> ProfileRun:
+    """Measure ``spec``'s training on ``options.instance_type``; raises before writing anything on error."""
+    shapes = validate(spec, options)
+    from rubberband.profiler.local_cluster import LocalCluster  # sets Ray's loopback env before ray loads
+
+    budget = _Budget(options.budget_s)
+    notes: list[str] = []
+    total_steps = nodes_needed(shapes) + options.startup_samples + len(shapes) + (2 if options.measure_restart else 0)
+    done = 0
+
+    def tick(message: str, advance: bool = True) -> None:
+        nonlocal done
+        done += 1 if advance else 0
+        if progress is not None:
+            progress(message, done, total_steps)
+
+    run_dir = Path(tempfile.mkdtemp(prefix="rb-prof-", dir="/tmp"))
+    it = options.instance_type
+    config = profiling_config(spec)
+    try:
+        with LocalCluster(temp_root=run_dir / "r") as cluster:
+            resources = []
+            for i in range(nodes_needed(shapes)):
+                tick(f"starting local instance {i + 1} of {nodes_needed(shapes)} ({it.name})", advance=False)
+                cluster.add_instance(f"p{i}", it.workers)
+                resources.append(f"rb-node-p{i}")
+                tick(f"local instance {i + 1} up")
+            startup = _measure_startup(cluster, options, budget, notes, tick)
+            from rubberband.executor.pool import WorkerPool
+
+            with WorkerPool() as pool:
+                results = _measure_shapes(spec, options, shapes, resources, config, run_dir, budget, pool,
+                                          notes, tick)
+                measured = [r for r in results if not r.skipped]
+                if not measured:
+                    raise InputError(f"--budget {options.budget_s:.0f}s is too small to measure any shape "
+                                     f"({'; '.join(r.skipped or '' for r in results)}); give it more time")
+                warm = (_measure_restart(spec, options, measured, resources, config, budget, pool, notes, tick)
+                        if options.measure_restart else None)
+            cold = (_measure_restart(spec, options, measured, resources, config, budget, None, notes, tick)
+                    if options.measure_restart else None)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    profile = _build_profile(spec, options, results, startup, warm, cold, config, notes)
+    return ProfileRun(profile=profile, shapes=results, notes=notes, wall_s=budget.spent())
+
+
+# -- steps ----------------------------------------------------------------------------------
+
+def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, notes: list[str],
+                     tick: Callable[..., None]) -> list[StartupSamples]:
+    samples: list[float] = []
+    for k in range(options.startup_samples):
+        if budget.left() < options.budget_s * 0.5:
+            notes.append(f"start-up: took {len(samples)} of {options.startup_samples} samples "
+                         f"(the rest of the budget is for the training shapes)")
+            break
+        tick(f"start-up sample {k + 1}/{options.startup_samples}: starting a local node", advance=False)
+        # The node stays until the cluster is torn down: removing a node under a connected driver
+        # makes Ray print a raylet crash report on stderr.
+        start = cluster.add_instance(f"s{k}", options.instance_type.workers, measure_ready=True)
+        samples.append(round(start.ready_s, 3))
+        tick(f"start-up sample {k + 1}: {start.ready_s:.1f} s to a running worker")
+    out = []
+    if samples:
+        out.append(StartupSamples(cloud=options.cloud, instance_type=options.instance_type.name, samples_s=samples,
+                                  source="measured"))
+    return out
+
+
+def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, checkpoint_dir: Path,
+               iterations: int, share_s: float, pool: Any) -> tuple[ShapeResult, float] | None:
+    """One bounded run of ``train`` at ``shape``; None when it ran past ``share_s``.
+
+    Returns the result and the run's seconds outside the timed iterations (start-up, DDP set-up,
+    evaluation, checkpointing), which the budget has to pay for as well.
+    """
+    from rubberband.executor.trials import TrialRun, TrialSpec
+
+    trial = TrialSpec(trial_id=f"profile-w{shape.workers}-n{shape.nodes}", config=dict(config),
+                      entry_point=spec.train, code_dir=spec.base_dir, start_epoch=0, end_epoch=1,
+                      placement=shape.placement(resources), checkpoint_dir=str(checkpoint_dir),
+                      max_iterations=iterations, timeout_s=max(30.0, share_s))
+    run = TrialRun.start(trial, pool=pool)
+    try:
+        outcome = run.result(timeout_s=max(share_s, MIN_SHAPE_S))
+    except TimeoutError:
+        run.stop()
+        return None
+    if not outcome.iteration_latencies_s:
+        raise TrainingError(f"{spec.train} never iterated over ctx.batches(...); wrap the training loop's "
+                            f"iterable in ctx.batches so rubberband can time it")
+    result = ShapeResult(shape, latencies_s=outcome.iteration_latencies_s, setup_s=outcome.setup_s,
+                         checkpoint_dir=str(checkpoint_dir),
+                         checkpoint_saved_s=outcome.checkpoint_saved_s[-1] if outcome.checkpoint_saved_s else None,
+                         pass_lengths=outcome.pass_lengths, batch_size_seen=outcome.batch_size_seen)
+    overhead = outcome.finished_at - outcome.started_at - sum(outcome.iteration_latencies_s)
+    return result, max(0.0, overhead)
+
+
+def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape], resources: list[str],
+                    config: dict, run_dir: Path, budget: _Budget, pool: Any, notes: list[str],
+                    tick: Callable[..., None]) -> list[ShapeResult]:
+    reserve = min(10.0, 0.25 * options.budget_s) if options.measure_restart else 0.0
+    results: list[ShapeResult] = []
+    est_iter = est_setup = 0.0
+    if options.iterations > PROBE_ABOVE:
+        # A short probe first, so even the first shape's iteration count fits the budget.
+        share = (budget.left() - reserve) / (len(shapes) + 1)
+        tick(f"probing {shapes[0].label} ({PROBE_ITERATIONS} iterations)", advance=False)
+        probe = _run_shape(spec, shapes[0], resources, config, run_dir / "ckpt" / "probe", PROBE_ITERATIONS,
+                           max(share, MIN_SHAPE_S), pool)
+        if probe is None:
+            raise InputError(f"--budget {options.budget_s:.0f}s is too small: {PROBE_ITERATIONS} iterations at "
+                             f"{shapes[0].label} did not finish within {max(share, MIN_SHAPE_S):.0f} s; "
+                             f"give it more time")
+        est_iter, est_setup = probe[0].median_s, probe[1]
+    for index, shape in enumerate(shapes):
+        share = (budget.left() - reserve) / (len(shapes) - index)
+        if share < MIN_SHAPE_S:
+            reason = f"{shape.label}: skipped, {max(share, 0):.1f} s of budget left for it"
+            notes.append(reason)
+            results.append(ShapeResult(shape, skipped=reason))
+            tick(reason)
+            continue
+        iterations = options.iterations
+        if est_iter > 0:
+            cap = int((share - est_setup - 1.0) / (est_iter * 1.5))
+            if cap < iterations:
+                iterations = max(2, cap)
+                notes.append(f"{shape.label}: capped at {iterations} iterations to stay within the budget")
+        tick(f"measuring {shape.label} ({iterations} iterations, ≤ {share:.0f} s)", advance=False)
+        ran = _run_shape(spec, shape, resources, config, run_dir / "ckpt" / f"w{shape.workers}-n{shape.nodes}",
+                         iterations, share, pool)
+        if ran is None:
+            reason = f"{shape.label}: skipped, did not finish within its {share:.0f} s share of the budget"
+            notes.append(reason + "; lower --iterations or raise --budget")
+            results.append(ShapeResult(shape, skipped=reason))
+            tick(reason)
+            continue
+        result, overhead = ran
+        results.append(result)
+        est_iter = max(est_iter, result.median_s)
+        est_setup = max(overhead, 0.5 * est_setup)  # the probe paid for starting processes; later runs reuse them
+        tick(f"{shape.label}: median {result.median_s * 1e3:.1f} ms per iteration")
+    return results
+
+
+@dataclass(frozen=True)
+class _Restart:
+    overhead_s: float
+    source_shape: Shape
+    target_shape: Shape
+    checkpoint_bytes: int | None
+
+
+def _measure_restart(spec: JobSpec, options: ProfileOptions, measured: list[ShapeResult], resources: list[str],
+                     config: dict, budget: _Budget, pool: Any, notes: list[str],
+                     tick: Callable[..., None]) -> _Restart | None:
+    """Checkpoint at one worker count → restart at another; ``pool`` None means fresh processes."""
+    from rubberband.executor.checkpoints import checkpoint_path, latest_epoch
+    from rubberband.executor.trials import TrialRun, TrialSpec
+
+    kind = "warm" if pool is not None else "fresh"
+    needed = 3.0 if pool is not None else 8.0
+    if budget.left() < needed:
+        notes.append(f"restart overhead ({kind} workers): not measured, budget spent")
+        tick(f"restart ({kind}): skipped")
+        return None
+    source = max((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers, default=measured[0])
+    counts = sorted({r.shape.workers for r in measured})
+    others = [w for w in counts if w != source.shape.workers]
+    target_workers = others[0] if others else source.shape.workers
+    per_node = options.instance_type.workers
+    target = Shape(target_workers, 1 if target_workers <= per_node else 2)
+    tick(f"restart ({kind} workers): {source.shape.workers} → {target.workers} workers", advance=False)
+    epoch = latest_epoch(source.checkpoint_dir)
+    trial = TrialSpec(trial_id=f"profile-restart-{kind}", config=dict(config), entry_point=spec.train,
+                      code_dir=spec.base_dir, start_epoch=1, end_epoch=2, placement=target.placement(resources),
+                      checkpoint_dir=source.checkpoint_dir, max_iterations=1,
+                      timeout_s=max(30.0, budget.left()))
+    run = TrialRun.start(trial, pool=pool)
+    try:
+        outcome = run.result(timeout_s=max(budget.left(), needed))
+    except TimeoutError:
+        run.stop()
+        notes.append(f"restart overhead ({kind} workers): not measured, ran past the budget")
+        tick(f"restart ({kind}): skipped")
+        return None
+    if outcome.first_iteration_at is None:
+        notes.append(f"restart overhead ({kind}): not measured, train() did not iterate after restoring")
+        tick(f"restart ({kind}): not measured")
+        return None
+    if epoch is None:
+        notes.append("train() saved no checkpoint, so the restart overhead leaves out saving and loading one")
+    saved = source.checkpoint_saved_s or 0.0
+    overhead = saved + max(0.0, outcome.first_iteration_at - outcome.started_at)
+    size = checkpoint_path(source.checkpoint_dir, epoch).stat().st_size if epoch is not None else None
+    tick(f"restart ({kind} workers): {overhead:.2f} s")
+    return _Restart(overhead, source.shape, target, size)
+
+
+# -- assembling the profile -----------------------------------------------------------------
+
+def _workload_sizes(spec: JobSpec, options: ProfileOptions, results: list[ShapeResult],
+                    sources: dict[str, str]) -> tuple[int, int]:
+    measured = [r for r in results if not r.skipped]
+    if options.batch_size is not None:
+        batch, sources["batch_size_per_worker"] = options.batch_size, "given: --batch-size"
+    elif isinstance(spec.config.get("batch_size"), int) and spec.config["batch_size"] > 0:
+        batch, sources["batch_size_per_worker"] = int(spec.config["batch_size"]), "spec: config.batch_size"
+    else:
+        seen = [r.batch_size_seen for r in measured if r.batch_size_seen]
+        if not seen:
+            raise InputError("cannot tell the per-worker batch size (the batches are not tensors): set "
+                             "config.batch_size in the spec or pass --batch-size")
+        batch = max(seen)
+        sources["batch_size_per_worker"] = "measured: first dimension of the first batch given to ctx.batches"
+    if options.dataset_size is not None:
+        size, sources["dataset_size"] = options.dataset_size, "given: --dataset-size"
+    elif isinstance(spec.config.get("dataset_size"), int) and spec.config["dataset_size"] > 0:
+        size, sources["dataset_size"] = int(spec.config["dataset_size"]), "spec: config.dataset_size"
+    else:
+        lengths = [(r.shape.workers, r.pass_lengths[0]) for r in measured if r.pass_lengths and r.pass_lengths[0]]
+        if not lengths:
+            raise InputError("cannot tell the dataset size (ctx.batches got an iterable without len()): set "
+                             "config.dataset_size in the spec or pass --dataset-size")
+        workers, length = min(lengths)
+        size = length * batch * workers
+        sources["dataset_size"] = (f"measured: len() of the iterable given to ctx.batches ({length} iterations "
+                                   f"at {workers} worker{'s' if workers > 1 else ''}) × batch size × workers")
+    return size, batch
+
+
+def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeResult],
+                   startup: list[StartupSamples], warm: _Restart | None, cold: _Restart | None, config: dict,
+                   notes: list[str]) -> Profile:
+    it = options.instance_type
+    info = machine_info()
+    sources: dict[str, str] = {
+        "iteration_latencies": f"measured: every iteration of ctx.batches on rank 0, ≤ {options.iterations} per "
+                               f"shape, real DDP ({'nccl' if it.device != 'CPU' else 'gloo'}) on "
+                               f"{options.cloud} Ray nodes",
+        "config": json.dumps(config, sort_keys=True, default=str),
+    }
+    dataset_size, batch = _workload_sizes(spec, options, results, sources)
+    workload: dict[str, Any] = {"name": spec.name, "dataset_size": dataset_size, "batch_size_per_worker": batch,
+                                "origin": f"measured by `rubberband profile` on {info['hostname']} "
+                                          f"({options.cloud} {it.name}, {info['cpu_model']})"}
+    chosen = warm or cold
+    if chosen is not None:
+        workload["restart_overhead_s"] = round(chosen.overhead_s, 4)
+        how = "warm worker processes (WorkerPool)" if chosen is warm else "fresh worker processes"
+        sources["restart_overhead_s"] = (f"measured: checkpoint save at {chosen.source_shape.workers} workers → "
+                                         f"restart at {chosen.target_shape.workers} with {how} → first iteration")
+        if chosen.checkpoint_bytes is not None:
+            workload["checkpoint_size_gb"] = chosen.checkpoint_bytes / 1e9
+            sources["checkpoint_size_gb"] = "measured: size of the checkpoint file train() saved"
+    else:
+        sources["restart_overhead_s"] = "default: not measured"
+    if cold is not None and warm is not None:
+        workload["restart_overhead_cold_s"] = round(cold.overhead_s, 4)
+        sources["restart_overhead_cold_s"] = "measured: as restart_overhead_s, with fresh worker processes"
+    sources.setdefault("checkpoint_size_gb", "default: not measured")
+    sources["eval_time_s"] = "default: not measured"
+    measured_clouds = {s.cloud for s in startup}
+    for cloud in sorted(set(spec.resources.clouds) | {options.cloud}):
+        if cloud not in measured_clouds and cloud in DEFAULT_STARTUP_S:
+            startup.append(StartupSamples(cloud=cloud, samples_s=list(DEFAULT_STARTUP_S[cloud]), source="default"))
+    sources["startup"] = ("measured: local node request → registered → a worker process answering"
+                          if measured_clouds else "default: documented per-cloud figures (docs/profiling.md)")
+    import torch
+
+    profile = Profile(
+        schema_version=PROFILE_SCHEMA_VERSION,
+        workload=Workload(**workload),
+        measurements=[LatencyMeasurement(device=it.device, instance_type=it.name, workers=r.shape.workers,
+                                         nodes=r.shape.nodes, iteration_latencies_s=[round(x, 6) for x in
+                                                                                     r.latencies_s],
+                                         source="measured")
+                      for r in results if not r.skipped],
+        startup=startup,
+        machine=info,
+        torch_version=torch.__version__,
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        sources=sources,
+    )
+    fitted = fit_description(profile, notes)
+    return profile.model_copy(update={"fitted": fitted}) if fitted is not None else profile
+
+
+def fit_description(profile: Profile, notes: list[str]) -> dict[str, Any] | None:
+    """The planner's fitted model, described, if the planner is installed (it does the fitting)."""
+    try:
+        from rubberband.planner.model import fit_performance_model
+    except ImportError:
+        notes.append("the planner's performance model is not installed; profile.fitted left empty")
+        return None
+    try:
+        described = fit_performance_model(profile).describe()
+        return json.loads(json.dumps(described, default=_jsonable))
+    except (RubberbandError, ValueError, TypeError) as exc:
+        notes.append(f"fitting the performance model failed ({type(exc).__name__}: {exc}); profile.fitted left "
+                     f"empty")
+        return None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)

@@ -1,0 +1,136 @@
+"""``rubberband profile``: measure the training's iteration latency at each trial shape, write a profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rubberband.catalog import load_catalog
+from rubberband.console import stderr, stdout
+from rubberband.errors import InputError
+from rubberband.spec import CLOUDS, JobSpec, load_spec
+from rubberband.units import format_duration, parse_duration
+
+ORDER = 30
+
+
+def _default_cloud(spec: JobSpec) -> str:
+    return "local" if "local" in spec.resources.clouds else spec.resources.clouds[0]
+
+
+def _instance_type(spec: JobSpec, cloud: str, name: str | None):
+    catalog = load_catalog([cloud])
+    if name is not None:
+        return catalog.find(name, cloud=cloud)
+    for candidate in spec.resources.instance_types or []:
+        if any(t.name == candidate for t in catalog.types):
+            return catalog.find(candidate, cloud=cloud)
+    return min(catalog.types, key=lambda t: (t.price_hr, t.name))
+
+
+def _default_workers(spec: JobSpec, per_node: int) -> str:
+    cap = min(per_node * 2, spec.resources.max_workers_per_trial)
+    return ",".join(str(w) for w in (1, 2, 4, 8) if w <= cap) or "1"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("profile")
+    def profile(
+        spec_path: Path = typer.Argument(..., metavar="SPEC", help="The job spec (YAML)."),
+        cloud: str = typer.Option(None, "--cloud", help="Where to profile: local, aws or gcp "
+                                                        "(default: local when the spec allows it)."),
+        instance_type: str = typer.Option(None, "--instance-type", help="Instance type to measure "
+                                                                        "(default: the spec's first)."),
+        workers: str = typer.Option(None, "--workers", help="Worker counts per trial, e.g. 1,2,4 "
+                                                            "(default: 1,2,4 up to two instances' worth)."),
+        budget: str = typer.Option("5m", "--budget", help="Total time for the whole profile, e.g. 90s, 5m."),
+        startup_samples: int = typer.Option(0, "--startup-samples", help="Measure this many node start-ups "
+                                                                         "(default: documented defaults)."),
+        iterations: int = typer.Option(20, "--iterations", help="Iterations timed per shape (at most)."),
+        batch_size: int = typer.Option(None, "--batch-size", help="Per-worker batch size, if the spec's "
+                                                                  "config and the batches do not tell."),
+        dataset_size: int = typer.Option(None, "--dataset-size", help="Training samples per epoch, if the "
+                                                                      "spec's config and the batches do not tell."),
+        single_node: bool = typer.Option(False, "--single-node", help="Skip the shapes spanning two nodes."),
+        out: Path = typer.Option(None, "--out", "-o", help="Where to write the profile JSON "
+                                                           "(default: the spec's profile: path)."),
+    ) -> None:
+        """Run the training briefly at each workers-per-trial count with real DDP and write a profile."""
+        spec = load_spec(spec_path)
+        cloud = cloud or _default_cloud(spec)
+        if cloud not in CLOUDS:
+            raise InputError(f"--cloud {cloud!r} is not known; use one of {', '.join(CLOUDS)}")
+        try:
+            budget_s = parse_duration(budget)
+        except ValueError as exc:
+            raise InputError(f"--budget: {exc}") from None
+        if startup_samples < 0:
+            raise InputError("--startup-samples must be 0 or more")
+        for flag, value in (("--batch-size", batch_size), ("--dataset-size", dataset_size)):
+            if value is not None and value < 1:
+                raise InputError(f"{flag} must be a positive number")
+        out = out or spec.profile_path()
+        if out is None:
+            raise InputError("no output path: pass --out profile.json or set profile: in the spec")
+        if not out.parent.is_dir():
+            raise InputError(f"--out {out}: directory {out.parent} does not exist; create it first")
+        itype = _instance_type(spec, cloud, instance_type)
+
+        from rubberband.profile import write_profile
+        from rubberband.profiler.runner import ProfileOptions, validate
+        from rubberband.profiler.shapes import parse_workers
+
+        counts = parse_workers(workers or _default_workers(spec, itype.workers))
+        options = ProfileOptions(cloud=cloud, instance_type=itype, workers=tuple(counts), budget_s=budget_s,
+                                 iterations=iterations, startup_samples=startup_samples, batch_size=batch_size,
+                                 dataset_size=dataset_size, cross_node=not single_node)
+        validate(spec, options)  # bad input fails here, before any progress output
+        result = _run_with_progress(spec, options)
+        write_profile(result.profile, out)
+        _print_summary(result, out)
+
+
+def _run_with_progress(spec, options):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rubberband.profiler.runner import run_profile
+
+    columns = (TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn(), TextColumn(f"/ {format_duration(options.budget_s)}"),
+               TextColumn("{task.description}"))
+    console = stderr()
+    # Live bar on a terminal only: captured stderr stays clean (errors are one line).
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("starting", total=1)
+
+        def update(message: str, completed: int, total: int) -> None:
+            bar.update(task, description=message, completed=completed, total=total)
+
+        return run_profile(spec, options, progress=update)
+
+
+def _print_summary(result, out: Path) -> None:
+    from rich.table import Table
+
+    import numpy as np
+
+    console = stdout()
+    profile = result.profile
+    table = Table(title=f"Profile of {profile.workload.name} → {out}", title_justify="left")
+    for column in ("device", "workers", "nodes", "iterations", "median ms", "p90 ms"):
+        table.add_column(column, justify="right")
+    for m in profile.measurements:
+        lat = np.asarray(m.iteration_latencies_s) * 1e3
+        table.add_row(m.device, str(m.workers), str(m.nodes), str(len(lat)), f"{np.median(lat):.1f}",
+                      f"{np.quantile(lat, 0.9):.1f}")
+    console.print(table)
+    w = profile.workload
+    line = (f"dataset {w.dataset_size} samples, batch {w.batch_size_per_worker} per worker; "
+            f"restart overhead {w.restart_overhead_s:.2f} s"
+            + (f" (fresh processes: {w.restart_overhead_cold_s:.2f} s)" if w.restart_overhead_cold_s else "")
+            + f"; took {format_duration(result.wall_s)}")
+    console.print(line, soft_wrap=True)
+    notes = stderr()
+    for note in result.notes:
+        notes.print(f"note: {note}", soft_wrap=True)

@@ -1,0 +1,126 @@
+"""`rubberband profile` end to end: real DDP (gloo) on local Ray nodes, and its bad-input errors."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rubberband.profile import load_profile
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture
+def synthetic_dir(tmp_path):
+    for name in ("synthetic.py", "synthetic.yaml"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    return tmp_path
+
+
+def _spec_with(directory: Path, train: str, module: str = "", source: str = "") -> Path:
+    if module:
+        (directory / f"{module}.py").write_text(textwrap.dedent(source))
+    text = (EXAMPLES / "synthetic.yaml").read_text().replace("train: synthetic:train", f"train: {train}")
+    path = directory / f"{module or 'job'}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rubberband: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
+    """Real DDP with 2 gloo workers: one node and across two; the profile validates (≈30 s)."""
+    out = synthetic_dir / "profile.json"
+    result = cli("profile", synthetic_dir / "synthetic.yaml", "--instance-type", "local.cpu2", "--workers", "1,2",
+                 "--iterations", "6", "--budget", "90s", "--out", out, timeout=240)
+    assert result.returncode == 0, result.stderr
+    profile = load_profile(out)  # validates against rubberband.profile.Profile
+    shapes = sorted((m.workers, m.nodes) for m in profile.measurements)
+    assert shapes == [(1, 1), (2, 1), (2, 2)]
+    for m in profile.measurements:
+        assert m.device == "CPU" and m.instance_type == "local.cpu2" and m.source == "measured"
+        assert 2 <= len(m.iteration_latencies_s) <= 6
+        # synthetic.yaml: t_iter(w) = 0.02 s + 0.002 s·(w − 1), lognormal noise σ = 0.05
+        median = sorted(m.iteration_latencies_s)[len(m.iteration_latencies_s) // 2]
+        assert 0.019 < median < 0.2
+    w = profile.workload
+    assert (w.dataset_size, w.batch_size_per_worker) == (640, 32)
+    assert profile.sources["dataset_size"] == "spec: config.dataset_size"
+    assert 0 < w.restart_overhead_s and w.restart_overhead_cold_s is not None and w.checkpoint_size_gb > 0
+    assert "measured" in profile.sources["restart_overhead_s"]
+    assert {s.cloud: s.source for s in profile.startup} == {"local": "default"}
+    assert {"hostname", "cpu_model", "cpu_cores"} <= set(profile.machine)
+    assert profile.torch_version and profile.created_at
+    assert "synthetic" in result.stdout and "median ms" in result.stdout
+    assert not list(synthetic_dir.glob(".*.tmp"))
+
+
+def test_entry_point_that_does_not_import(cli, synthetic_dir):
+    spec = _spec_with(synthetic_dir, "noimp:train", "noimp", "import fancy_missing_dataset_pkg\n")
+    out = synthetic_dir / "p.json"
+    result = cli("profile", spec, "--workers", "1", "--budget", "60s", "--out", out, timeout=180)
+    _assert_one_line_error(result, "cannot import entry point 'noimp:train'", "fancy_missing_dataset_pkg")
+    assert not out.exists()
+    missing = _spec_with(synthetic_dir, "nowhere:train")
+    result = cli("profile", missing, "--workers", "1", "--out", out)
+    _assert_one_line_error(result, "no module named 'nowhere'")
+    no_function = _spec_with(synthetic_dir, "synthetic:nope")
+    result = cli("profile", no_function, "--workers", "1", "--out", out)
+    _assert_one_line_error(result, "has no function 'nope'")
+    assert not out.exists()
+
+
+def test_training_function_that_raises(cli, synthetic_dir):
+    spec = _spec_with(synthetic_dir, "boom:train", "boom", """\
+        def train(config, ctx):
+            for _ in ctx.batches(range(2)):
+                pass
+            raise RuntimeError("CUDA out of memory (pretend)")
+        """)
+    out = synthetic_dir / "p.json"
+    result = cli("profile", spec, "--workers", "1", "--budget", "60s", "--out", out, timeout=180)
+    _assert_one_line_error(result, "RuntimeError", "CUDA out of memory (pretend)", "profile-w1-n1")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--instance-type", "local.cpu2", "--workers", "1,5"], "5 workers do not fit on 2 local.cpu2 instances"),
+    (["--cloud", "aws", "--instance-type", "p3.2xlarge"], "profiling on aws needs the aws cloud provider"),
+    (["--instance-type", "p3.2xlarge"], "'p3.2xlarge' is not in the catalog for local"),
+    (["--budget", "soon"], "--budget"),
+    (["--workers", "two"], "--workers"),
+])
+def test_bad_flags(cli, synthetic_dir, args, fragment):
+    out = synthetic_dir / "p.json"
+    result = cli("profile", synthetic_dir / "synthetic.yaml", *args, "--out", out)
+    _assert_one_line_error(result, fragment)
+    assert not out.exists()
+
+
+def test_budget_caps_iterations(cli, synthetic_dir):
+    """A long epoch (20 000 iterations of 20 ms) and a 30 s budget: iterations are capped, time is kept."""
+    import time
+
+    spec = synthetic_dir / "long.yaml"
+    spec.write_text((synthetic_dir / "synthetic.yaml").read_text().replace("dataset_size: 640", "dataset_size: 640000"))
+    out = synthetic_dir / "long.json"
+    began = time.monotonic()
+    result = cli("profile", spec, "--instance-type", "local.cpu2", "--workers", "1,2", "--single-node",
+                 "--iterations", "20000", "--budget", "30s", "--out", out, timeout=240)
+    elapsed = time.monotonic() - began
+    assert result.returncode == 0, result.stderr
+    assert "capped at" in result.stderr
+    profile = load_profile(out)
+    assert sorted((m.workers, m.nodes) for m in profile.measurements) == [(1, 1), (2, 1)]
+    assert all(2 <= len(m.iteration_latencies_s) < 2000 for m in profile.measurements)
+    # The budget covers the measurement; allow for interpreter start, the import check and teardown.
+    assert elapsed < 30 + 20, elapsed

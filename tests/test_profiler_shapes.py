@@ -1,0 +1,44 @@
+"""Which shapes the profiler measures, and the worker counts it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from rubberband.catalog import load_catalog
+from rubberband.errors import InputError
+from rubberband.profiler.shapes import Shape, nodes_needed, parse_workers, plan_shapes
+
+
+def _type(name: str, cloud: str = "local"):
+    return load_catalog([cloud]).find(name, cloud=cloud)
+
+
+def test_one_node_and_two_nodes_where_the_type_allows():
+    shapes = plan_shapes(_type("local.cpu2"), [1, 2, 4])
+    assert shapes == [Shape(1, 1), Shape(2, 1), Shape(2, 2), Shape(4, 2)]
+    assert nodes_needed(shapes) == 2
+    assert plan_shapes(_type("local.cpu4"), [1, 2], cross_node=False) == [Shape(1, 1), Shape(2, 1)]
+    assert plan_shapes(_type("local.cpu1"), [1, 2]) == [Shape(1, 1), Shape(2, 2)]
+
+
+def test_placement_splits_workers_over_instances_rank0_first():
+    assert Shape(3, 2).split() == (2, 1)
+    assert Shape(3, 2).placement(["rb-node-a", "rb-node-b"]) == ("rb-node-a", "rb-node-a", "rb-node-b")
+    assert Shape(2, 1).placement(["rb-node-a", "rb-node-b"]) == ("rb-node-a", "rb-node-a")
+
+
+def test_worker_count_the_type_cannot_hold():
+    with pytest.raises(InputError, match=r"5 workers do not fit on 2 local.cpu2 instances .* at most 4"):
+        plan_shapes(_type("local.cpu2"), [1, 5])
+    with pytest.raises(InputError, match="at most 2"):
+        plan_shapes(_type("p3.2xlarge", "aws"), [4])
+
+
+@pytest.mark.parametrize("text", ["", "0", "1,x", "-1,2"])
+def test_bad_worker_lists(text):
+    with pytest.raises(InputError, match="--workers"):
+        parse_workers(text)
+
+
+def test_worker_list_is_sorted_and_unique():
+    assert parse_workers("4, 1,2,2") == [1, 2, 4]
