@@ -94,6 +94,16 @@ def trial_configs(spec: JobSpec, plan: Plan) -> list[tuple[str, int, int, dict[s
     return out
 
 
+def disk_checkpoint(directory: Path) -> int | None:
+    """Newest ``epoch-<k>.pt`` the trial runtime wrote (it may be newer than the journal knows)."""
+    epochs = []
+    for path in directory.glob("epoch-*.pt"):
+        number = path.stem.split("-", 1)[1]
+        if number.isdigit():
+            epochs.append(int(number))
+    return max(epochs, default=None)
+
+
 def p90(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
@@ -333,8 +343,10 @@ class Controller:
                 metrics[trial_id] = trial.finished_stages[g]
                 continue
             start = base
-            if trial.checkpoint_epoch is not None and trial.checkpoint_epoch + 1 > base:
-                start = trial.checkpoint_epoch + 1
+            ckpt = max((e for e in (trial.checkpoint_epoch, disk_checkpoint(self.run_dir / "checkpoints" / trial_id))
+                        if e is not None), default=None)
+            if ckpt is not None and ckpt + 1 > base:
+                start = ckpt + 1
             if start >= stage.epochs and (stage.epochs - 1) in trial.epochs:
                 metrics[trial_id] = trial.epochs[stage.epochs - 1].get(self.spec.metric.name)
                 self.journal.record(J.TRIAL_STOPPED, trial_id=trial_id, stage=g, reason="finished",

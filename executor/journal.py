@@ -68,6 +68,26 @@ class Journal:
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / JOURNAL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._end_torn_line()
+
+    def _end_torn_line(self) -> None:
+        """A crash mid-write may leave a line without its newline: end it so new events start clean."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                if handle.tell() == 0:
+                    return
+                handle.seek(-1, os.SEEK_END)
+                torn = handle.read(1) != b"\n"
+        except FileNotFoundError:
+            return
+        if torn:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                os.write(fd, b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def record(self, type: str, **fields: Any) -> dict[str, Any]:
         return append_event(self.path, {"type": type, **fields})

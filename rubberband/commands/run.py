@@ -193,14 +193,11 @@ def register(app: typer.Typer) -> None:
         finally:
             signal.signal(signal.SIGTERM, previous)
         summary = result.result
-        out = stdout()
         best = summary.get("best") or {}
-        out.print(f"run {run_id} finished: best trial {best.get('trial_id')} "
-                  f"{spec.metric.name}={best.get('metric')} config={best.get('config')}", markup=False,
-                  highlight=False)
-        out.print(f"JCT {format_duration(summary['actual']['jct_s'])} (predicted "
-                  f"{format_duration(summary['predicted']['jct_s'])}), cost "
-                  f"{format_usd(summary['actual']['cost_usd'])} (predicted "
-                  f"{format_usd(summary['predicted']['cost_usd'])}); results in {run_directory / 'result.json'}",
-                  markup=False, highlight=False)
+        typer.echo(f"run {run_id} finished: best trial {best.get('trial_id')} {spec.metric.name}={best.get('metric')} "
+                   f"config={best.get('config')}")
+        typer.echo(f"JCT {format_duration(summary['actual']['jct_s'])} (predicted "
+                   f"{format_duration(summary['predicted']['jct_s'])}), cost {format_usd(summary['actual']['cost_usd'])} "
+                   f"(predicted {format_usd(summary['predicted']['cost_usd'])}); results in "
+                   f"{run_directory / 'result.json'}")
         return 0
