@@ -116,9 +116,6 @@ def register(app: typer.Typer) -> None:
         if resume is not None:
             directory = resolve_run_dir(resume)
             state = J.read_state(directory)
-            if state.finished:
-                raise RunDirError(f"run {state.run_id} in {directory} already finished; nothing to resume "
-                                  f"(results in {directory / 'result.json'})")
             events = J.iter_events(directory / J.JOURNAL_NAME)
             last_pid = None
             for event in events:
@@ -134,6 +131,9 @@ def register(app: typer.Typer) -> None:
                                       f"≠ {spec.sha256()[:12]} of {spec_path}); pass that job's spec or no spec")
             else:
                 spec = JobSpec.model_validate(state.spec)
+            if state.finished:
+                raise RunDirError(f"run {state.run_id} in {directory} already finished; nothing to resume "
+                                  f"(results in {directory / 'result.json'})")
             plan = Plan.model_validate(state.plan)
             if plan_path is not None:
                 raise PlanFileError("--plan cannot be combined with --resume: the run continues with the plan in "
