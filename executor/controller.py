@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import statistics
 import threading
 import time
@@ -182,7 +183,7 @@ class Controller:
     def __init__(self, *, spec: JobSpec, plan: Plan, catalog: Catalog, run_dir: str | Path, backend: Any,
                  runtime: TrialRuntime, run_id: str, replanner: Replanner | None = None,
                  profile: Profile | None = None, progress: Callable[[Progress], None] | None = None,
-                 deadline_s: float | None = None, trial_timeout_s: float = 600.0) -> None:
+                 deadline_s: float | None = None, trial_timeout_s: float = 600.0, elastic: bool = True) -> None:
         self.spec = spec
         self.plan = plan
         self.catalog = catalog
@@ -195,6 +196,7 @@ class Controller:
         self.progress = progress
         self.deadline_s = deadline_s or plan.deadline_s
         self.trial_timeout_s = trial_timeout_s
+        self.elastic = elastic  # False: hold every instance to the end (the static baseline, for benchmarks)
         self.journal = J.Journal(self.run_dir)
         self.pool: dict[str, PoolInstance] = {}
         self._tokens = 0
@@ -210,6 +212,8 @@ class Controller:
         self.setup_seconds: list[float] = []
         self.startup_seconds: dict[str, list[float]] = {}
         self.prefetched: set[int] = set()
+        self._saved_signals: dict[int, Any] = {}
+        self._signal: str | None = None
 
     # -- entry points ----------------------------------------------------------------------
     def run(self, *, resume: bool = False) -> RunResult:
@@ -290,7 +294,20 @@ class Controller:
         head = self.backend.start_head(self.run_id)
         self.journal.record(J.DECISION, kind="head_started", address=head.address, pid=head.pid)
         ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR")
+        self._catch_signals()  # after ray.init, which installs its own SIGTERM handler (it aborts)
         self.sink = J.start_sink(self.run_dir)
+
+    def _catch_signals(self) -> None:
+        """SIGINT / SIGTERM become :class:`Interrupted` at the next poll of the main loop, so teardown runs."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def interrupted(signum, frame):  # raising inside Ray's C code would garble it: flag, then raise in the loop
+            self._signal = signal.Signals(signum).name
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved_signals.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, interrupted)
 
     # -- stages ----------------------------------------------------------------------------
     def _stage_trials(self, g: int) -> list[str]:
@@ -472,7 +489,8 @@ class Controller:
         for p in list(self.pool.values()):
             if p.released or p.assigned_stage >= g:
                 continue
-            if p.itype.key == itype.key and p.spot == stage.spot and len(self._stage_pool(g)) < stage.instances:
+            if p.itype.key == itype.key and p.spot == stage.spot and (len(self._stage_pool(g)) < stage.instances
+                                                                      or not self.elastic):
                 p.assigned_stage = g
                 self.journal.record(J.DECISION, kind="keep", id=p.id or p.token, stage=g)
             else:
@@ -547,6 +565,11 @@ class Controller:
         """No pending trials: keep idle instances the next stage can use, release the rest now."""
         busy = {i for s in slots if not s.free for i in s.instance_ids}
         nxt = self.plan.stages[g + 1] if g + 1 < len(self.plan.stages) else None
+        if not self.elastic and (nxt is not None or not stage_done):
+            for entry in self._stage_pool(g):
+                if stage_done:
+                    entry.assigned_stage = g + 1
+            return
         for entry in self._stage_pool(g):
             if entry.id in busy or (not entry.ready and not stage_done):
                 continue
@@ -602,6 +625,9 @@ class Controller:
 
     # -- decisions -------------------------------------------------------------------------
     def _check_deadline(self) -> None:
+        if self._signal is not None:
+            raise Interrupted(f"run stopped by {self._signal}; every instance was terminated; "
+                              f"resume with `rubberband run --resume {self.run_dir}`")
         elapsed = time.time() - self.state.first_started_at
         if elapsed > self.deadline_s:
             raise DeadlineExceeded(f"run passed its deadline ({self.deadline_s:.0f}s) in stage {self.stage_index}; "
@@ -678,13 +704,11 @@ class Controller:
 
     def _teardown(self, status: str, error: str | None) -> None:
         """Stop trials, shut Ray down, terminate every instance of the run and the head; journal it."""
-        import signal as _signal
-
         main = threading.current_thread() is threading.main_thread()
-        saved = {}
         if main:
-            for sig in (_signal.SIGINT, _signal.SIGTERM):
-                saved[sig] = _signal.signal(sig, _signal.SIG_IGN)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous = signal.signal(sig, signal.SIG_IGN)
+                self._saved_signals.setdefault(sig, previous)
         try:
             for run in list(self.running.values()):
                 try:
@@ -730,8 +754,8 @@ class Controller:
             self.state = J.read_state(self.run_dir)
             self._write_result(status, error)
         finally:
-            for sig, handler in saved.items():
-                _signal.signal(sig, handler)
+            for sig, handler in self._saved_signals.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
     def _write_result(self, status: str, error: str | None) -> None:
         from rubberband.executor.result import build_result, write_result

@@ -169,7 +169,7 @@ def test_bad_inputs_exit_2_with_one_line(finished_run, cli, tmp_path):
     assert "missing SPEC" in _one_line_error(cli("run", env=env))
     # a plan made for 27 trials does not match the 9-trial spec
     spec27 = load_spec(write_job(tmp_path / "big", trials=27))
-    write_plan(make_plan(spec27, [("local.cpu2", 2, 1), ("local.cpu2", 1, 1), ("local.cpu2", 1, 1)]),
+    write_plan(make_plan(spec27, [("local.cpu2", 2, 1), ("local.cpu2", 1, 1)]),
                tmp_path / "plan27.json")
     assert "stage 0 runs 27 trials" in _one_line_error(
         cli("run", str(spec_path), "--plan", str(tmp_path / "plan27.json"), "--yes", env=env))
