@@ -229,7 +229,9 @@ class Controller:
                                 spec=self.spec.model_dump(mode="json"), plan=self.plan.model_dump(mode="json"),
                                 cloud=self.plan.stages[0].cloud, deadline_s=self.deadline_s,
                                 trial_runtime=self.runtime.module, pid=os.getpid())
-            for trial_id, bracket, index, config in trial_configs(self.spec, self.plan):
+        known = set(J.read_state(self.run_dir).trials)
+        for trial_id, bracket, index, config in trial_configs(self.spec, self.plan):
+            if trial_id not in known:  # all of them on a fresh run; any a crash cut off on resume
                 self.journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
         self.state = J.read_state(self.run_dir)
         status, error, exc_to_raise = "failed", None, None

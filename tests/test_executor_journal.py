@@ -162,3 +162,14 @@ def test_disk_checkpoint_finds_the_newest(tmp_path: Path):
         (tmp_path / f"epoch-{k}.pt").write_bytes(b"x")
     (tmp_path / "epoch-x.pt").write_bytes(b"x")
     assert disk_checkpoint(tmp_path) == 10
+
+
+def test_hyperband_brackets_get_their_own_trials(tmp_path):
+    spec = load_spec(write_job(tmp_path / "hb", trials=9, max_epochs=9))
+    spec = spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"kind": "hyperband"})})
+    plan = make_plan(spec, [("local.cpu2", 1, 1)] * 6)
+    check_plan_matches(spec, plan)
+    ids = [t[0] for t in trial_configs(spec, plan)]
+    # R=9, η=3: brackets s=2,1,0 start 9, 5 and 3 trials
+    assert ids == [f"b0-t{i:03d}" for i in range(9)] + [f"b1-t{i:03d}" for i in range(5)] + \
+        [f"b2-t{i:03d}" for i in range(3)]
