@@ -1,15 +1,15 @@
 """Executor benchmark on the local backend: plan fidelity, resize overhead, elastic vs static cost.
 
-    python bench/bench_executor.py [--runs 5] [--epoch-s 3.0] [--out DIR]
+    python bench/bench_executor.py [--runs 5] [--epoch-s 4.0] [--out DIR]
 
 * fidelity — predicted (plan) vs actual JCT and cost over ``--runs`` runs of a 9-trial SHA job
-  (η=3, 2 stages) on real local Ray nodes; prints the median relative errors (target ≤ 5%).
+  (η=3, 1 → 9 epochs, 3 stages) on real local Ray nodes; prints the median relative errors (target ≤ 5%).
   With the planner installed (``rubberband.planner.plan_job``) and ``--profile`` given, the plan
   and its predictions come from the planner; otherwise from :func:`analytic_plan` below, a
   stand-in model (waves × (epoch time + trial setup) + instance startup) whose constants are
   measured by a first calibration run — say which one was used when quoting the figures.
-* resize overhead — trial setup time (new workers + restore) of stage-1 starts (a resize from 1
-  to 2 workers per trial) versus stage-0 starts, from the journal.
+* resize overhead — trial setup time (new workers + restore) of the restarts in stages 1 and 2
+  (resizes 1 → 2 → 1 workers per trial) versus fresh stage-0 starts, from the journal.
 * elastic vs static — actual cost of the elastic plan (instances released as soon as idle,
   next-stage instances prefetched) over a static plan that holds its instances to the end
   (target ratio ≤ 0.7).
@@ -44,10 +44,12 @@ from rubberband.executor.placement import waves  # noqa: E402
 from rubberband.executor.runtime import TrialRuntime  # noqa: E402
 from rubberband.spec import load_spec  # noqa: E402
 
-# Elastic: wide for the 9-trial stage, one bigger instance for the 3 survivors (2 workers each).
-# Static: the same stage-0 cluster held for the whole job (survivors use it with 2 workers each).
-ELASTIC = [("local.cpu2", 3, 1), ("local.cpu4", 1, 2)]
-STATIC = [("local.cpu2", 3, 1), ("local.cpu2", 3, 2)]
+# The job: 9 trials, η=3, 1 → 9 epochs: stages of 9×1, 3×3 and 1×9 cumulative epochs.
+# Elastic: three instances while there are 9 and 3 trials (the survivors resized to 2 workers each),
+# one for the last trial (resized back to 1 worker); the two others are released when stage 1 ends.
+# Static: the same three instances held for the whole job.
+ELASTIC = [("local.cpu2", 3, 1), ("local.cpu2", 3, 2), ("local.cpu2", 1, 1)]
+STATIC = [("local.cpu2", 3, 1), ("local.cpu2", 3, 2), ("local.cpu2", 3, 1)]
 PRICES = {"local.cpu1": 0.05, "local.cpu2": 0.10, "local.cpu4": 0.20}
 WORKERS = {"local.cpu1": 1, "local.cpu2": 2, "local.cpu4": 4}
 
@@ -79,22 +81,69 @@ def calibrate(events: list[dict]) -> dict[str, float]:
             "epoch_s": statistics.median(per_epoch), "head_s": first_stage - started}
 
 
-def analytic_plan(spec, stages, k: dict[str, float]):
-    """Stand-in predictions: waves × (setup + epochs × epoch time) per stage, plus instance startup."""
+def simulate(spec, stages, k: dict[str, float]) -> tuple[list[float], list[float]]:
+    """Stand-in predictions (per-stage durations and costs) from a small replay of the executor's rules.
+
+    Instances start one after another (``startup_s`` each) once the head is up (``head_s``); trials go
+    to the earliest free slot and take ``setup_s`` + epochs × ``epoch_s``; same-type instances carry
+    over; the next stage's extra instances are requested ``startup_s`` before the current stage's
+    end; an instance is billed from its request to the end of its last trial (idle ones are
+    released as soon as no trial is left to dispatch).
+    """
     plan = make_plan(spec, stages, prices=PRICES)
-    durations, costs = [], []
-    previous = None
-    for s, (itype, n, w) in zip(plan.stages, stages):
-        rounds = waves(s.trials, n, WORKERS[itype], w)
-        duration = rounds * (k["setup_s"] + s.epochs_this_stage * k["epoch_s"])
-        reused = previous is not None and previous[0] == itype
-        if not reused:
-            duration += k["startup_s"]
-        durations.append(duration)
-        costs.append(PRICES[itype] * n * (duration + (0 if reused else k["startup_s"])) / 3600)
-        previous = (itype, n)
+    t = k["head_s"]
+    provisioner_free = t
+    every: list[dict] = []
+    carried: list[dict] = []
+    windows, durations = [], []
+    for g, (s, (itype, n, w)) in enumerate(zip(plan.stages, stages)):
+        stage_start = t
+        instances = [inst for inst in carried if inst["type"] == itype][:n]
+        for inst in carried:
+            if inst not in instances:
+                inst["released"] = inst["last_end"]
+        request_at = stage_start if g == 0 else max(k["head_s"], stage_start - k["startup_s"])
+        while len(instances) < n:
+            requested = max(provisioner_free, request_at)
+            provisioner_free = requested + k["startup_s"]
+            inst = {"type": itype, "requested": requested, "ready": provisioner_free, "last_end": stage_start,
+                    "released": None}
+            instances.append(inst)
+            every.append(inst)
+        per_instance = WORKERS[itype] // w
+        slots = [inst for inst in instances for _ in range(per_instance)]
+        free = [max(inst["ready"], stage_start) for inst in slots]
+        trial_s = k["setup_s"] + s.epochs_this_stage * k["epoch_s"]
+        for _ in range(s.trials):
+            i = min(range(len(free)), key=lambda j: free[j])
+            free[i] += trial_s
+            slots[i]["last_end"] = max(slots[i]["last_end"], free[i])
+        t = max(free)
+        windows.append((stage_start, t))
+        durations.append(t - stage_start)
+        carried = instances
+    for inst in carried:
+        inst["released"] = inst["last_end"]
+    costs = [0.0] * len(stages)
+    for inst in every:
+        price = PRICES[inst["type"]] / 3600
+        for g, (lo, hi) in enumerate(windows):
+            lo = -math.inf if g == 0 else lo
+            hi = math.inf if g + 1 == len(windows) else hi
+            costs[g] += price * max(0.0, min(hi, inst["released"]) - max(lo, inst["requested"]))
     durations[0] += k["head_s"]
-    return make_plan(spec, stages, durations=durations, prices=PRICES)
+    return durations, costs
+
+
+def analytic_plan(spec, stages, k: dict[str, float]):
+    durations, costs = simulate(spec, stages, k)
+    plan = make_plan(spec, stages, durations=durations, prices=PRICES)
+    total = sum(costs)
+    stage_plans = [s.model_copy(update={"predicted_cost_usd": c}) for s, c in zip(plan.stages, costs)]
+    predicted = plan.predicted.model_copy(update={
+        "cost_usd": plan.predicted.cost_usd.model_copy(update={"mean": total, "p50": total, "p95": total * 1.1}),
+        "stage_cost_usd": costs})
+    return plan.model_copy(update={"stages": stage_plans, "predicted": predicted})
 
 
 def rel(a: float, b: float) -> float:
@@ -104,14 +153,14 @@ def rel(a: float, b: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--epoch-s", type=float, default=3.0)
+    parser.add_argument("--epoch-s", type=float, default=4.0)
     parser.add_argument("--runtime", default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     runtime = args.runtime or default_runtime()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     base = args.out or Path(tempfile.mkdtemp(prefix="rb-bench-"))
-    spec = load_spec(write_job(base / "job", epoch_s=args.epoch_s, deadline="1h"))
+    spec = load_spec(write_job(base / "job", epoch_s=args.epoch_s, deadline="1h", max_epochs=9))
     print(f"runtime: {runtime}; runs under {base}")
 
     calibration = run_once(spec, make_plan(spec, ELASTIC, prices=PRICES), base / "calibrate", runtime)
@@ -130,7 +179,7 @@ def main() -> None:
         elastic_costs.append(actual["cost_usd"])
         for e in out["events"]:
             if e["type"] == J.TRIAL_STOPPED and e.get("setup_s") is not None:
-                (resize if e["stage"] == 1 else fresh).append(e["setup_s"])
+                (resize if e["stage"] > 0 else fresh).append(e["setup_s"])
         print(f"run {i}: JCT {actual['jct_s']:.1f}s (pred {plan.predicted.jct_s.p50:.1f}s), cost "
               f"${actual['cost_usd']:.5f} (pred ${plan.predicted.cost_usd.mean:.5f})")
     static = run_once(spec, make_plan(spec, STATIC, prices=PRICES), base / "static", runtime, elastic=False)
@@ -149,7 +198,7 @@ def main() -> None:
     print(json.dumps(figures, indent=2))
     print(f"fidelity: median |error| JCT {figures['median_rel_error_jct']:.1%}, cost "
           f"{figures['median_rel_error_cost']:.1%} (target ≤ 5%)")
-    print(f"resize overhead: stage-1 setup {figures['resize_setup_s_median']:.2f}s vs fresh "
+    print(f"resize overhead: restart setup {figures['resize_setup_s_median']:.2f}s vs fresh "
           f"{figures['fresh_setup_s_median']:.2f}s")
     print(f"elastic / static actual cost: {figures['elastic_over_static_cost']:.2f} (target ≤ 0.7)")
 

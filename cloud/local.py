@@ -234,6 +234,7 @@ class LocalProvider:
         with open(log, "ab") as out:
             return subprocess.Popen([self.python, "-m", "ray.scripts.scripts", "start", "--block",
                                      "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
+                                     "--include-log-monitor", "false",  # the driver takes no worker logs
                                      "--object-store-memory", str(OBJECT_STORE_BYTES), *args],
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True, close_fds=True)
