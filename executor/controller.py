@@ -381,19 +381,15 @@ class Controller:
         self._claim_instances(g, stage, itype, needed=bool(pending))
         failures: list[str] = []
         slots: list[Slot] = []
-        slot_instances: tuple[str, ...] = ()
         trial_seconds: list[float] = []
         while pending or self.running:
             self._check_deadline()
             self._collect_provisioned()
             self._collect_terminations()
-            ready = [p.id for p in self._stage_pool(g) if p.ready]
-            if tuple(ready) != slot_instances:  # more instances came up: rebuild slots keeping busy ones
-                busy = {s.instance_ids: s for s in slots if not s.free}
-                slots = make_slots(ready, itype.workers, stage.workers_per_trial)
-                slots = [busy.pop(s.instance_ids, s) if s.instance_ids in busy else s for s in slots]
-                slots.extend(busy.values())
-                slot_instances = tuple(ready)
+            used = {i for s in slots for i in s.instance_ids}
+            unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used]
+            if unused:  # instances came up: add their slots (a spanning trial waits for enough of them)
+                slots.extend(make_slots(unused, itype.workers, stage.workers_per_trial))
             for slot in slots:
                 if not pending:
                     break
