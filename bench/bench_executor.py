@@ -28,7 +28,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +39,6 @@ from rubberband.catalog import load_catalog  # noqa: E402
 from rubberband.cloud.local import LocalProvider  # noqa: E402
 from rubberband.executor import journal as J  # noqa: E402
 from rubberband.executor.controller import Controller  # noqa: E402
-from rubberband.executor.placement import waves  # noqa: E402
 from rubberband.executor.runtime import TrialRuntime  # noqa: E402
 from rubberband.spec import load_spec  # noqa: E402
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.cloud.provider import InstanceRequest
-from rubberband.errors import CloudError, ExecutionError, PlanFileError, RunDirError, TrainingError
+from rubberband.errors import CloudError, ExecutionError, PlanFileError, TrainingError
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.placement import Slot, make_slots
@@ -203,13 +203,13 @@ class Controller:
         self._provisioner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rb-provision")
         self._terminator = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rb-terminate")
         self._terminations: list[tuple[PoolInstance, Future, str]] = []
-        self._lock = threading.Lock()
         self.running: dict[Any, RunningTrial] = {}
         self.sink = None
         self.state: J.RunState | None = None
         self.stage_index = 0
         self.epoch_seconds: dict[str, list[float]] = {}
         self.setup_seconds: list[float] = []
+        self.iteration_latencies: dict[str, list[float]] = {}
         self.startup_seconds: dict[str, list[float]] = {}
         self.prefetched: set[int] = set()
         self._saved_signals: dict[int, Any] = {}
@@ -263,10 +263,7 @@ class Controller:
         known = self.state.instances
         for instance in self.backend.list(self.run_id):
             if instance.id not in known:
-                self.journal.record(J.INSTANCE_REQUESTED, t=instance.launched_at or time.time(), id=instance.id,
-                                    instance_type=instance.instance_type, cloud=instance.cloud,
-                                    price_hr=self._price(instance.instance_type, instance.cloud), spot=False,
-                                    stage=instance.stage)
+                self._journal_unrecorded(instance)
             self.backend.terminate([instance.id])
             self.journal.record(J.INSTANCE_TERMINATED, id=instance.id, reason="orphan")
         for life in known.values():  # dead without a termination record: bill it up to now
@@ -275,11 +272,15 @@ class Controller:
         if hasattr(self.backend, "stop_head") and self.backend.stop_head():
             self.journal.record(J.DECISION, kind="orphan_head_stopped")
 
-    def _price(self, name: str, cloud: str) -> float:
+    def _journal_unrecorded(self, instance: Any) -> None:
+        """Journal the request of an instance the provider lists but the journal never saw, so it is billed."""
         try:
-            return self.catalog.find(name, cloud=cloud).price_hr
+            price = self.catalog.find(instance.instance_type, cloud=instance.cloud).price_hr
         except Exception:  # noqa: BLE001 - unknown type: bill nothing rather than crash cleanup
-            return 0.0
+            price = 0.0
+        self.journal.record(J.INSTANCE_REQUESTED, t=instance.launched_at or time.time(), id=instance.id,
+                            instance_type=instance.instance_type, cloud=instance.cloud, price_hr=price, spot=False,
+                            stage=instance.stage)
 
     def _connect(self) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -377,7 +378,6 @@ class Controller:
                             instance_type=stage.instance_type, instances=stage.instances,
                             workers_per_trial=stage.workers_per_trial,
                             predicted_duration_s=stage.predicted_duration_s)
-        stage_started = time.time()
         self._claim_instances(g, stage, itype, needed=bool(pending))
         failures: list[str] = []
         slots: list[Slot] = []
@@ -406,7 +406,7 @@ class Controller:
                 metrics[run.trial_id] = metric
             if not pending:
                 self._release_idle(g, slots)
-            self._maybe_prefetch(g, stage, pending, trial_seconds, slots, stage_started)
+            self._maybe_prefetch(g, stage, pending, trial_seconds, slots)
             self._report_progress(g, len(pending))
         if trials and all(metrics.get(t) is None for t in trials) and failures:
             raise ExecutionError(f"all {len(trials)} trials of stage {g} failed; first error: {failures[0]}")
@@ -465,6 +465,9 @@ class Controller:
             if outcome.checkpoint_epoch is not None:
                 trial.checkpoint_epoch = outcome.checkpoint_epoch
             self.setup_seconds.append(float(outcome.setup_s))
+            shape = f"{self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region).device}/" \
+                    f"{len(run.slot.placement)}/{len(run.slot.instance_ids)}"
+            self.iteration_latencies.setdefault(shape, []).extend(float(x) for x in outcome.iteration_latencies_s)
             seconds = outcome.finished_at - run.started_at
             if metric is None:
                 error = (f"trial {run.trial_id} reported no metric {self.spec.metric.name!r} for epoch "
@@ -591,7 +594,7 @@ class Controller:
         return float(getattr(itype, "startup_s", None) or DEFAULT_STARTUP_S.get(itype.cloud, 60.0))
 
     def _maybe_prefetch(self, g: int, stage: StagePlan, pending: list, trial_seconds: list[float],
-                        slots: list[Slot], stage_started: float) -> None:
+                        slots: list[Slot]) -> None:
         """Request the next stage's extra instances once this stage's remaining time ≤ their startup p90."""
         if g + 1 >= len(self.plan.stages) or (g + 1) in self.prefetched:
             return
@@ -641,6 +644,9 @@ class Controller:
         remaining_pred = sum(s.predicted_duration_s or 0.0 for s in self.plan.stages[g:]) * ratio
         at_risk = elapsed + remaining_pred > self.deadline_s
         spent = bill_run(J.read_state(self.run_dir), now=time.time()).total_usd
+        running: dict[str, int] = {}
+        for entry in self._stage_pool(g):
+            running[entry.itype.key] = running.get(entry.itype.key, 0) + 1
         decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
                         slowdown=ratio, at_risk=at_risk)
         if self.replanner is None:
@@ -649,7 +655,8 @@ class Controller:
         request = ReplanRequest(spec=self.spec, plan=self.plan, next_stage=g, elapsed_s=elapsed, spent_usd=spent,
                                 remaining_deadline_s=max(1.0, self.deadline_s - elapsed),
                                 epoch_seconds=dict(self.epoch_seconds), setup_seconds=list(self.setup_seconds),
-                                startup_s=dict(self.startup_seconds), at_risk=at_risk)
+                                startup_s=dict(self.startup_seconds), at_risk=at_risk,
+                                iteration_latencies=dict(self.iteration_latencies), running=running)
         try:
             candidate = self.replanner(request)
         except Exception as exc:  # noqa: BLE001 - a failing re-plan keeps the current plan
@@ -736,10 +743,7 @@ class Controller:
             for instance in self.backend.list(self.run_id):
                 live.setdefault(instance.id, None)
                 if instance.id not in journaled:  # started but never journaled (failed mid-provisioning)
-                    self.journal.record(J.INSTANCE_REQUESTED, t=instance.launched_at or time.time(), id=instance.id,
-                                        instance_type=instance.instance_type, cloud=instance.cloud,
-                                        price_hr=self._price(instance.instance_type, instance.cloud), spot=False,
-                                        stage=instance.stage)
+                    self._journal_unrecorded(instance)
             for instance_id in live:
                 self.backend.terminate([instance_id])
                 self.journal.record(J.INSTANCE_TERMINATED, id=instance_id, reason="teardown")

@@ -61,7 +61,10 @@ class ReplanRequest:
 
     ``next_stage`` is the index (in ``plan.stages``) of the first stage not yet run;
     ``epoch_seconds`` maps ``"<instance type>/<workers per trial>"`` to measured epoch
-    times; ``startup_s`` maps an instance type to measured request→ready latencies.
+    times; ``iteration_latencies`` maps ``"<device>/<workers>/<nodes>"`` to rank 0's measured
+    iteration latencies (the profile's shape); ``startup_s`` maps an instance type to measured
+    request→ready latencies; ``running`` maps an instance type key (``cloud:region:name``) to how
+    many instances of it are up and kept for the next stage.
     """
 
     spec: JobSpec
@@ -74,6 +77,8 @@ class ReplanRequest:
     setup_seconds: list[float] = field(default_factory=list)
     startup_s: dict[str, list[float]] = field(default_factory=dict)
     at_risk: bool = False
+    iteration_latencies: dict[str, list[float]] = field(default_factory=dict)
+    running: dict[str, int] = field(default_factory=dict)
 
 
 #: Returns a plan whose ``stages`` are the remaining stages (same trials and epochs, possibly other
@@ -81,16 +86,51 @@ class ReplanRequest:
 Replanner = Callable[[ReplanRequest], "Plan | None"]
 
 
+def profile_with_measurements(profile: Any, request: ReplanRequest, *, keep: int = 500) -> Any:
+    """The profile plus what this run measured (iteration latencies, instance startups), for re-fitting."""
+    from rubberband.profile import LatencyMeasurement, StartupSamples
+
+    measurements = list(profile.measurements)
+    for key, latencies in request.iteration_latencies.items():
+        device, workers, nodes = key.split("/")
+        if latencies and int(nodes) <= int(workers):
+            measurements.append(LatencyMeasurement(device=device, workers=int(workers), nodes=int(nodes),
+                                                   iteration_latencies_s=latencies[-keep:], source="measured"))
+    startup = list(profile.startup)
+    for name, samples in request.startup_s.items():
+        if samples:
+            cloud = request.plan.stages[0].cloud
+            startup.append(StartupSamples(cloud=cloud, instance_type=name, samples_s=samples, source="measured"))
+    return profile.model_copy(update={"measurements": measurements, "startup": startup})
+
+
 def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
-    """Adapter over ``rubberband.planner.plan_stages`` (None when the planner is not installed)."""
+    """Re-plan the remaining stages with ``rubberband.planner.plan_stages`` (None without the planner).
+
+    The performance model is re-fitted from the profile plus the latencies measured so far, and
+    the instances kept for the next stage are passed as already running.
+    """
     try:
-        planner = importlib.import_module("rubberband.planner")
-        plan_stages = planner.plan_stages
+        from rubberband.planner import (RunningState, allowed_types, fit_performance_model, plan_stages,
+                                        prediction, stage_plans)
+        from rubberband.planner.schedule import Stage
     except (ImportError, AttributeError):
         return None
 
     def replan(request: ReplanRequest) -> Plan | None:
-        return plan_stages(request.spec, profile, catalog, plan=request.plan, first_stage=request.next_stage,
-                           deadline_s=request.remaining_deadline_s, measured=request)
+        spec = request.spec
+        model = fit_performance_model(profile_with_measurements(profile, request))
+        rest = request.plan.stages[request.next_stage:]
+        stages = [Stage(s.bracket, s.stage, s.trials, s.epochs, s.epochs_this_stage) for s in rest]
+        running = None
+        if request.running:
+            key, count = max(request.running.items(), key=lambda item: item[1])
+            running = RunningState(instance_type_key=key, instances=count)
+        out = plan_stages(stages, model, allowed_types(catalog, spec), deadline_s=request.remaining_deadline_s,
+                          confidence=spec.confidence, max_workers_per_trial=spec.resources.max_workers_per_trial,
+                          spot=spec.resources.spot, seed=spec.seed, running=running)
+        return request.plan.model_copy(update={
+            "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot),
+            "predicted": prediction(out.result, request.remaining_deadline_s)})
 
     return replan

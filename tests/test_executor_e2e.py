@@ -9,7 +9,6 @@ mid-stage and resumed.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -75,6 +74,18 @@ def test_sha_job_promotes_the_right_trials_releases_early_and_cleans_up(finished
     stage1 = [e for e in events if e["type"] == J.TRIAL_STARTED and e["stage"] == 1]
     assert sorted(e["trial_id"] for e in stage1) == winners
     assert all(e["workers"] == 2 and e["start_epoch"] == 1 and e["end_epoch"] == 3 for e in stage1)
+
+    # no instance ever holds more trials than its slots (2 one-worker trials on a local.cpu2, 2 two-worker
+    # trials on a local.cpu4)
+    running: dict[str, set[str]] = {}
+    for e in events:
+        if e["type"] == J.TRIAL_STARTED:
+            for instance in set(e["instances"]):
+                running.setdefault(instance, set()).add(e["trial_id"])
+                assert len(running[instance]) <= 2, (instance, running[instance])
+        elif e["type"] == J.TRIAL_STOPPED:
+            for trials in running.values():
+                trials.discard(e["trial_id"])
 
     # an instance of stage 0 is released before the stage ends (its last wave leaves it idle)
     releases = [i for i, e in enumerate(events) if e["type"] == J.DECISION and e.get("kind") == "release"
