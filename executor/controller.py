@@ -296,9 +296,24 @@ class Controller:
 
         head = self.backend.start_head(self.run_id)
         self.journal.record(J.DECISION, kind="head_started", address=head.address, pid=head.pid)
+        self._request_first_instances()  # the first node boots while the driver connects
         ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR")
         self._catch_signals()  # after ray.init, which installs its own SIGTERM handler (it aborts)
         self.sink = J.start_sink(self.run_dir)
+
+    def _request_first_instances(self) -> None:
+        """Request the instances of the stage the run starts (or resumes) with, as soon as the head is up.
+
+        Not for a stage about to be re-planned (a resumed run stopped exactly at a boundary).
+        """
+        done = set(self.state.completed_stages())
+        g = next((i for i in range(len(self.plan.stages)) if i not in done), None)
+        if g is None or (g > 0 and g not in self.state.stages):
+            return
+        stage = self.plan.stages[g]
+        itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+        for _ in range(stage.instances - len(self._stage_pool(g))):
+            self._request(g, itype, stage.spot)
 
     def _catch_signals(self) -> None:
         """SIGINT / SIGTERM become :class:`Interrupted` at the next poll of the main loop, so teardown runs."""
