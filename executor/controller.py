@@ -587,7 +587,7 @@ class Controller:
                     entry.assigned_stage = g + 1
             return
         for entry in self._stage_pool(g):
-            if entry.id in busy or (not entry.ready and not stage_done):
+            if entry.id in busy:  # a still-booting instance is idle too: kept or released at once
                 continue
             if nxt is not None and entry.itype.name == nxt.instance_type and entry.itype.cloud == nxt.cloud \
                     and entry.itype.region == nxt.region and entry.spot == nxt.spot \
