@@ -1,0 +1,358 @@
+"""The local backend: every "instance" is one Ray node on this machine.
+
+A run gets its own Ray head (``num_cpus=0``, loopback, temp dir under the run directory,
+token auth left on) and one ``ray start --block`` process per instance, started with
+``setsid`` so that the node's processes form one process group: terminating an instance
+kills that group (SIGTERM, then SIGKILL) and nothing else on the machine. Each node carries
+the custom resource ``rb-node-<id>`` (amount = the type's workers) so trials can be pinned to
+it (see CONTRACT_TRIALS.md).
+
+Every process is recorded in ``RUN_DIR/instances/<id>.json`` with the run id, pid and pgid,
+so :meth:`LocalProvider.list` also finds nodes of an executor that died (orphans) and
+``rubberband down`` can stop them. Nodes are started one after another: two ``ray start``
+processes started at once race for ports and both die.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rubberband import __version__
+from rubberband.catalog import InstanceType
+from rubberband.cloud.provider import TAG_RUN_ID, Instance, InstanceRequest
+from rubberband.errors import CloudError
+
+HEAD_ID = "head"
+#: Ray's unix socket paths must stay below 108 bytes; longer temp dirs are symlinked from /tmp.
+_MAX_TEMP_DIR_LEN = 40
+_STARTED_MARK = "Ray runtime started."
+#: Head settings: notice a dead node within ~2 s instead of ~12 s (BRIEF.md).
+HEAD_ENV = {"RAY_AUTH_MODE": "token", "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "2",
+            "RAY_health_check_timeout_ms": "1000"}
+NODE_ENV = {"RAY_AUTH_MODE": "token", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "1"}
+OBJECT_STORE_BYTES = 96 * 1024 ** 2
+
+
+def node_resource(instance_id: str) -> str:
+    """The custom Ray resource that pins trial workers to one instance."""
+    return f"rb-node-{instance_id}"
+
+
+@dataclass
+class ProcessRecord:
+    """What ``RUN_DIR/instances/<id>.json`` holds about one local node (or the head)."""
+
+    id: str
+    run_id: str
+    role: str  # head | node
+    instance_type: str
+    workers: int
+    pid: int
+    pgid: int
+    temp_dir: str
+    log: str
+    stage: int = 0
+    address: str | None = None
+    requested_at: float = 0.0
+    ready_at: float | None = None
+    terminated_at: float | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def write(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.id}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, path: Path) -> "ProcessRecord":
+        return cls(**json.loads(path.read_text()))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is ``pgid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of a ``ray start`` we started ourselves (no zombie left)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    _reap(pgid)
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return bool(_group_members(pgid))
+
+
+def _is_ours(record: ProcessRecord) -> bool:
+    """The recorded process group is alive and its leader is still our ``ray start`` (not a reused pid)."""
+    if not _group_alive(record.pgid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        # the leader exited but members of its group live on: still ours (same pgid, never reused while alive)
+        return True
+    return "ray" in cmdline and "start" in cmdline
+
+
+def kill_group(pgid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM a process group, then SIGKILL whatever is left after ``grace_s``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5.0
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def ensure_auth_token() -> Path:
+    """Ray's token auth needs ``~/.ray/auth_token``; create it (never overwrite) when missing.
+
+    All local runs of a user share it, as every ``ray.init()`` on this machine does.
+    """
+    path = Path.home() / ".ray" / "auth_token"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".auth_token.{os.getpid()}")
+    tmp.write_text(secrets.token_hex(32))
+    os.chmod(tmp, 0o600)
+    try:
+        os.link(tmp, path)  # atomic, fails if another process created it first
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def short_temp_dir(run_dir: Path) -> Path:
+    """``RUN_DIR/ray`` when its path is short enough for Ray's sockets, else a symlink to a /tmp dir."""
+    wanted = run_dir / "ray"
+    if wanted.is_symlink():
+        target = Path(os.readlink(wanted))
+        target.mkdir(parents=True, exist_ok=True)
+        return target
+    if len(str(wanted.resolve())) <= _MAX_TEMP_DIR_LEN:
+        wanted.mkdir(parents=True, exist_ok=True)
+        return wanted
+    target = Path(tempfile.mkdtemp(prefix="rb-", dir="/tmp"))
+    wanted.parent.mkdir(parents=True, exist_ok=True)
+    wanted.symlink_to(target, target_is_directory=True)
+    return target
+
+
+class LocalProvider:
+    """:class:`~rubberband.cloud.provider.Provider` for ``cloud: local``: Ray nodes on this machine."""
+
+    cloud = "local"
+
+    def __init__(self, run_dir: str | Path, *, python: str | None = None, grace_s: float = 3.0) -> None:
+        self.run_dir = Path(run_dir)
+        self.instances_dir = self.run_dir / "instances"
+        self.python = python or sys.executable
+        self.grace_s = grace_s
+        self._lock = threading.Lock()  # nodes start one after another
+
+    # -- records ---------------------------------------------------------------------------
+    def records(self) -> list[ProcessRecord]:
+        if not self.instances_dir.is_dir():
+            return []
+        out = []
+        for path in sorted(self.instances_dir.glob("*.json")):
+            try:
+                out.append(ProcessRecord.read(path))
+            except (OSError, ValueError, TypeError):
+                continue
+        return out
+
+    def record(self, instance_id: str) -> ProcessRecord:
+        return ProcessRecord.read(self.instances_dir / f"{instance_id}.json")
+
+    def head(self) -> ProcessRecord | None:
+        path = self.instances_dir / f"{HEAD_ID}.json"
+        return ProcessRecord.read(path) if path.exists() else None
+
+    def _next_id(self) -> str:
+        taken = {r.id for r in self.records()}
+        n = 1
+        while f"n{n}" in taken:
+            n += 1
+        return f"n{n}"
+
+    def _ray_start(self, args: list[str], log: Path, env_extra: dict[str, str]) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+        env.update(env_extra)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            return subprocess.Popen([self.python, "-m", "ray.scripts.scripts", "start", "--block",
+                                     "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
+                                     "--include-log-monitor", "false",  # the driver takes no worker logs
+                                     "--object-store-memory", str(OBJECT_STORE_BYTES), *args],
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True, close_fds=True)
+
+    def _wait_started(self, record: ProcessRecord, proc: subprocess.Popen, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        log = Path(record.log)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+                kill_group(record.pgid, 0.5)
+                raise CloudError(f"local Ray node {record.id} exited at start (code {proc.returncode}): "
+                                 f"{tail[0] if tail else 'no output'}; see {log}", kind="transient")
+            if log.exists() and _STARTED_MARK in log.read_text(errors="replace"):
+                return
+            time.sleep(0.1)
+        kill_group(record.pgid, 0.5)
+        raise CloudError(f"local Ray node {record.id} did not start within {timeout_s:.0f}s; see {log}",
+                         kind="transient")
+
+    # -- head ------------------------------------------------------------------------------
+    def start_head(self, run_id: str, timeout_s: float = 60.0) -> ProcessRecord:
+        """Start the run's Ray head (no CPUs: trials run on instances only); return its record."""
+        with self._lock:
+            ensure_auth_token()
+            temp_dir = short_temp_dir(self.run_dir)
+            port = _free_port()
+            log = self.instances_dir / f"{HEAD_ID}.log"
+            now = time.time()
+            proc = self._ray_start(["--head", "--port", str(port), "--num-cpus", "0", "--temp-dir", str(temp_dir),
+                                    "--include-dashboard", "false", "--ray-client-server-port", str(_free_port())],
+                                   log, {**HEAD_ENV, **NODE_ENV})
+            record = ProcessRecord(id=HEAD_ID, run_id=run_id, role="head", instance_type="head", workers=0,
+                                   pid=proc.pid, pgid=proc.pid, temp_dir=str(temp_dir), log=str(log),
+                                   address=f"127.0.0.1:{port}", requested_at=now,
+                                   tags={TAG_RUN_ID: run_id})
+            record.write(self.instances_dir)
+            self._wait_started(record, proc, timeout_s)
+            record.ready_at = time.time()
+            record.write(self.instances_dir)
+            return record
+
+    def stop_head(self) -> bool:
+        head = self.head()
+        if head is None or head.terminated_at is not None and not _is_ours(head):
+            return False
+        alive = _is_ours(head)
+        if alive:
+            kill_group(head.pgid, self.grace_s)
+        head.terminated_at = head.terminated_at or time.time()
+        head.write(self.instances_dir)
+        return alive
+
+    # -- Provider --------------------------------------------------------------------------
+    def provision(self, request: InstanceRequest, *, timeout_s: float = 120.0) -> list[Instance]:
+        """Start ``request.count`` nodes, one after another, each up before the next starts."""
+        head = self.head()
+        if head is None or not _is_ours(head):
+            raise CloudError("the run's local Ray head is not running; start it before provisioning",
+                             kind="fatal")
+        itype: InstanceType = request.instance_type
+        workers = itype.workers
+        out = []
+        for _ in range(request.count):
+            with self._lock:
+                instance_id = self._next_id()
+                log = self.instances_dir / f"{instance_id}.log"
+                now = time.time()
+                proc = self._ray_start(["--address", head.address, "--num-cpus", str(workers),
+                                        "--resources", json.dumps({node_resource(instance_id): workers}),
+                                        "--temp-dir", head.temp_dir], log, NODE_ENV)
+                record = ProcessRecord(id=instance_id, run_id=request.run_id, role="node",
+                                       instance_type=itype.name, workers=workers, pid=proc.pid, pgid=proc.pid,
+                                       temp_dir=head.temp_dir, log=str(log), stage=request.stage,
+                                       address=head.address, requested_at=now,
+                                       tags=request.tags(__version__))
+                record.write(self.instances_dir)
+                self._wait_started(record, proc, timeout_s)
+                record.ready_at = time.time()
+                record.write(self.instances_dir)
+            out.append(self._instance(record))
+        return out
+
+    def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
+        """Nodes are up when provision returns; check each is still alive."""
+        out = []
+        for instance_id in instance_ids:
+            record = self.record(instance_id)
+            if record.ready_at is None or not _is_ours(record):
+                raise CloudError(f"local Ray node {instance_id} is not running; see {record.log}",
+                                 kind="transient")
+            out.append(self._instance(record))
+        return out
+
+    def list(self, run_id: str | None = None) -> list[Instance]:
+        """Live nodes of this run directory (optionally of one run id), orphans included."""
+        return [self._instance(r) for r in self.records()
+                if r.role == "node" and (run_id is None or r.run_id == run_id) and _is_ours(r)]
+
+    def terminate(self, instance_ids: list[str]) -> None:
+        for instance_id in instance_ids:
+            path = self.instances_dir / f"{instance_id}.json"
+            if not path.exists():
+                continue
+            record = ProcessRecord.read(path)
+            if _is_ours(record):
+                kill_group(record.pgid, self.grace_s)
+            if record.terminated_at is None:
+                record.terminated_at = time.time()
+                record.write(self.instances_dir)
+
+    def _instance(self, record: ProcessRecord) -> Instance:
+        alive = _is_ours(record)
+        state = "terminated" if not alive else ("running" if record.ready_at else "pending")
+        return Instance(id=record.id, cloud=self.cloud, instance_type=record.instance_type, zone="local-a",
+                        state=state, run_id=record.run_id, stage=record.stage, address=record.address,
+                        launched_at=record.requested_at, tags=dict(record.tags))
+
+    def pids(self) -> list[int]:
+        """Every live pid of this run's process groups (head and nodes), for tests and ``down``."""
+        return sorted(pid for r in self.records() if _is_ours(r) for pid in _group_members(r.pgid))

@@ -1,0 +1,78 @@
+"""What a run cost: bills every instance from the journal's timestamps.
+
+An instance is billed under its cloud's :data:`~rubberband.catalog.BILLING_RULES` for its
+lifetime, from the moment it was requested to the moment it was terminated (what the
+clouds bill: a booting machine is paid for). An instance the journal never saw terminated
+is billed up to ``now`` (still alive, or the executor died and resume has not stopped it yet).
+Per-stage costs split each instance's bill over the stages in proportion to the time it
+lived during each stage's window (a stage's window runs from its start to the next stage's
+start; time before the first stage goes to the first one).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from rubberband.catalog import BILLING_RULES, BillingRule
+from rubberband.executor.journal import InstanceLife, RunState
+
+
+@dataclass(frozen=True)
+class InstanceBill:
+    id: str
+    instance_type: str
+    cloud: str
+    price_hr: float
+    lifetime_s: float
+    billed_s: float
+    cost_usd: float
+
+
+@dataclass(frozen=True)
+class Bill:
+    instances: tuple[InstanceBill, ...]
+    total_usd: float
+    by_stage: dict[int, float]
+
+
+def bill_instance(life: InstanceLife, *, now: float, rules: dict[str, BillingRule] = BILLING_RULES) -> InstanceBill:
+    end = life.terminated_at if life.terminated_at is not None else now
+    lifetime = max(0.0, end - life.requested_at)
+    rule = rules.get(life.cloud, BillingRule())
+    billed = rule.billed_seconds(lifetime)
+    return InstanceBill(life.id, life.instance_type, life.cloud, life.price_hr, lifetime, billed,
+                        rule.cost(lifetime, life.price_hr))
+
+
+def _stage_shares(life: InstanceLife, end: float, starts: list[tuple[float, int]]) -> dict[int, float]:
+    """Fraction of the instance's lifetime spent in each stage's window."""
+    if not starts:
+        return {life.stage: 1.0}
+    times = [t for t, _ in starts]
+    span = end - life.requested_at
+    if span <= 0:
+        index = max(0, bisect.bisect_right(times, life.requested_at) - 1)
+        return {starts[index][1]: 1.0}
+    shares: dict[int, float] = {}
+    for i, (start, stage) in enumerate(starts):
+        lo = -float("inf") if i == 0 else start
+        hi = starts[i + 1][0] if i + 1 < len(starts) else float("inf")
+        overlap = min(hi, end) - max(lo, life.requested_at)
+        if overlap > 0:
+            shares[stage] = shares.get(stage, 0.0) + overlap / span
+    return shares or {starts[-1][1]: 1.0}
+
+
+def bill_run(state: RunState, *, now: float, rules: dict[str, BillingRule] = BILLING_RULES) -> Bill:
+    """Bill every instance of the run and attribute the money to its stages."""
+    starts = sorted((rec.started_at, s) for s, rec in state.stages.items() if rec.started_at is not None)
+    bills = []
+    by_stage: dict[int, float] = {}
+    for life in sorted(state.instances.values(), key=lambda x: x.requested_at):
+        item = bill_instance(life, now=now, rules=rules)
+        bills.append(item)
+        end = life.terminated_at if life.terminated_at is not None else now
+        for stage, share in _stage_shares(life, end, starts).items():
+            by_stage[stage] = by_stage.get(stage, 0.0) + item.cost_usd * share
+    return Bill(tuple(bills), sum(b.cost_usd for b in bills), by_stage)

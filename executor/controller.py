@@ -1,0 +1,788 @@
+"""The SHA / Hyperband controller: runs a plan stage by stage on elastic instances.
+
+For each stage of the plan (Hyperband brackets one after another) it places every trial on
+the stage's instances (:mod:`rubberband.executor.placement`), trains it to the stage's
+epochs through the trial runtime, ranks the trials by the spec's metric, promotes the top
+ones and restarts them from their checkpoints with the next stage's workers on the next
+stage's instances. Around that it keeps the cluster elastic:
+
+* instances of the same type carry over from one stage to the next;
+* the next stage's extra instances are requested ahead, once the current stage's estimated
+  remaining time drops to the type's startup latency (p90);
+* an instance is released the moment no remaining work of its stage needs it and the next
+  stage does not keep it;
+* at each stage boundary an injected :data:`~rubberband.executor.runtime.Replanner` may
+  re-plan the remaining stages (deadline at risk, or a cheaper plan now meets it).
+
+Everything goes to the journal; every instance of the run is terminated in ``finally``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import statistics
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from rubberband.catalog import Catalog, InstanceType
+from rubberband.cloud.provider import InstanceRequest
+from rubberband.errors import CloudError, ExecutionError, PlanFileError, TrainingError
+from rubberband.executor import journal as J
+from rubberband.executor.accounting import bill_run
+from rubberband.executor.placement import Slot, make_slots
+from rubberband.executor.runtime import ReplanRequest, Replanner, TrialRuntime
+from rubberband.plan import Plan, StagePlan
+from rubberband.planner.schedule import stages_for
+from rubberband.profile import Profile
+from rubberband.spec import JobSpec, sample_config
+
+#: Instance startup latency used when neither this run nor the profile measured one (seconds).
+DEFAULT_STARTUP_S = {"local": 5.0, "aws": 90.0, "gcp": 90.0}
+POLL_S = 0.2
+RESULT_TIMEOUT_S = 60.0
+
+
+class DeadlineExceeded(ExecutionError):
+    """The run passed its deadline; everything was stopped."""
+
+
+class Interrupted(ExecutionError):
+    """SIGINT / SIGTERM arrived; everything was stopped."""
+
+    exit_code = 130
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def check_plan_matches(spec: JobSpec, plan: Plan, *, source: str = "plan") -> None:
+    """The plan must run exactly the spec's schedule (same stages, trials and epochs)."""
+    sched = spec.scheduler
+    expected = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
+                          max_epochs=sched.max_epochs)
+    got = [(s.bracket, s.stage, s.trials, s.epochs, s.epochs_this_stage) for s in plan.stages]
+    want = [(s.bracket, s.index, s.trials, s.epochs, s.epochs_this_stage) for s in expected]
+    if got != want:
+        for i, (g, w) in enumerate(zip(got, want)):
+            if g != w:
+                raise PlanFileError(f"{source}: stage {i} runs {g[2]} trials to {g[3]} epochs but the spec's "
+                                    f"{sched.kind} schedule needs {w[2]} trials to {w[3]} epochs; "
+                                    f"re-plan with `rubberband plan`")
+        raise PlanFileError(f"{source}: has {len(got)} stages but the spec's {sched.kind} schedule has "
+                            f"{len(want)}; re-plan with `rubberband plan`")
+    if plan.job.metric != spec.metric.name or plan.job.mode != spec.metric.mode:
+        raise PlanFileError(f"{source}: plan optimises {plan.job.metric} ({plan.job.mode}) but the spec's "
+                            f"metric is {spec.metric.name} ({spec.metric.mode}); re-plan with `rubberband plan`")
+
+
+def trial_configs(spec: JobSpec, plan: Plan) -> list[tuple[str, int, int, dict[str, Any]]]:
+    """(trial id, bracket, index, config) of every trial, sampled with the spec's seed."""
+    rng = np.random.default_rng(spec.seed)
+    out = []
+    for stage in plan.stages:
+        if stage.stage != 0:
+            continue
+        for i in range(stage.trials):
+            config = {**spec.config, **sample_config(spec.search_space, rng)}
+            out.append((f"b{stage.bracket}-t{i:03d}", stage.bracket, i, config))
+    return out
+
+
+def disk_checkpoint(directory: Path) -> int | None:
+    """Newest ``epoch-<k>.pt`` the trial runtime wrote (it may be newer than the journal knows)."""
+    epochs = []
+    for path in directory.glob("epoch-*.pt"):
+        number = path.stem.split("-", 1)[1]
+        if number.isdigit():
+            epochs.append(int(number))
+    return max(epochs, default=None)
+
+
+def p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+
+
+def _same_type(a: StagePlan, b: StagePlan) -> bool:
+    return (a.cloud, a.region, a.instance_type, a.spot) == (b.cloud, b.region, b.instance_type, b.spot)
+
+
+def rank(metrics: dict[str, float | None], mode: str, order: list[str]) -> list[str]:
+    """Trial ids best first; missing metrics last; ties keep ``order``."""
+    position = {t: i for i, t in enumerate(order)}
+    sign = 1.0 if mode == "min" else -1.0
+    return sorted(metrics, key=lambda t: (metrics[t] is None, sign * (metrics[t] or 0.0), position.get(t, 0)))
+
+
+# -- state -----------------------------------------------------------------------------------
+
+@dataclass
+class PoolInstance:
+    """An instance the run asked for: pending (provisioning), ready, or released."""
+
+    token: str
+    itype: InstanceType
+    spot: bool
+    assigned_stage: int
+    future: Future | None = None
+    id: str | None = None
+    ready: bool = False
+    released: bool = False
+    requested_at: float | None = None
+
+
+@dataclass
+class RunningTrial:
+    trial_id: str
+    slot: Slot
+    handle: Any
+    start_epoch: int
+    end_epoch: int
+    started_at: float
+
+
+@dataclass
+class Progress:
+    """A snapshot for the progress display."""
+
+    stage: int
+    stages: int
+    bracket: int
+    trials_alive: int
+    trials_pending: int
+    epochs_done: int
+    instances: int
+    spent_usd: float
+    predicted_usd: float
+    elapsed_s: float
+    deadline_s: float
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path
+    status: str
+    best_trial: str | None
+    best_metric: float | None
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+# -- the controller --------------------------------------------------------------------------
+
+class Controller:
+    """Runs one job's plan on a backend (provider + Ray head); see the module docstring."""
+
+    def __init__(self, *, spec: JobSpec, plan: Plan, catalog: Catalog, run_dir: str | Path, backend: Any,
+                 runtime: TrialRuntime, run_id: str, replanner: Replanner | None = None,
+                 profile: Profile | None = None, progress: Callable[[Progress], None] | None = None,
+                 deadline_s: float | None = None, trial_timeout_s: float = 600.0, elastic: bool = True) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.catalog = catalog
+        self.run_dir = Path(run_dir)
+        self.backend = backend
+        self.runtime = runtime
+        self.run_id = run_id
+        self.replanner = replanner
+        self.profile = profile
+        self.progress = progress
+        self.deadline_s = deadline_s or plan.deadline_s
+        self.trial_timeout_s = trial_timeout_s
+        self.elastic = elastic  # False: hold every instance to the end (the static baseline, for benchmarks)
+        self.journal = J.Journal(self.run_dir)
+        self.pool: dict[str, PoolInstance] = {}
+        self._tokens = 0
+        self._provisioner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rb-provision")
+        self._terminator = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rb-terminate")
+        self._terminations: list[tuple[PoolInstance, Future, str]] = []
+        self.running: dict[Any, RunningTrial] = {}
+        self.sink = None
+        self.state: J.RunState | None = None
+        self.stage_index = 0
+        self.epoch_seconds: dict[str, list[float]] = {}
+        self.setup_seconds: list[float] = []
+        self.iteration_latencies: dict[str, list[float]] = {}
+        self.startup_seconds: dict[str, list[float]] = {}
+        self.prefetched: set[int] = set()
+        self._saved_signals: dict[int, Any] = {}
+        self._signal: str | None = None
+
+    # -- entry points ----------------------------------------------------------------------
+    def run(self, *, resume: bool = False) -> RunResult:
+        """Run (or resume) to the end; teardown always happens, and the journal says how it ended."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "checkpoints").mkdir(exist_ok=True)
+        if resume:
+            self.state = J.read_state(self.run_dir)
+            self._stop_orphans()
+            self.journal.record(J.RUN_RESUMED, run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid())
+        else:
+            self.journal.record(J.RUN_STARTED, run_id=self.run_id, spec_sha256=self.spec.sha256(),
+                                spec=self.spec.model_dump(mode="json"), plan=self.plan.model_dump(mode="json"),
+                                cloud=self.plan.stages[0].cloud, deadline_s=self.deadline_s,
+                                trial_runtime=self.runtime.module, pid=os.getpid())
+        known = set(J.read_state(self.run_dir).trials)
+        for trial_id, bracket, index, config in trial_configs(self.spec, self.plan):
+            if trial_id not in known:  # all of them on a fresh run; any a crash cut off on resume
+                self.journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
+        self.state = J.read_state(self.run_dir)
+        status, error, exc_to_raise = "failed", None, None
+        self._best: tuple[str | None, float | None] = (None, None)
+        try:
+            self._connect()
+            self._best = self._run_stages()
+            status = "finished"
+        except KeyboardInterrupt:
+            status, error = "interrupted", "interrupted (SIGINT)"
+            exc_to_raise = Interrupted("run interrupted; every instance was terminated, resume with "
+                                       f"`rubberband run --resume {self.run_dir}`")
+        except Interrupted as exc:
+            status, error, exc_to_raise = "interrupted", str(exc), exc
+        except DeadlineExceeded as exc:
+            status, error, exc_to_raise = "failed", str(exc), exc
+        except BaseException as exc:  # noqa: BLE001 - teardown must follow any failure
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self._teardown(status, error)
+        if exc_to_raise is not None:
+            raise exc_to_raise
+        return RunResult(self.run_id, self.run_dir, status, self._best[0], self._best[1], self.result)
+
+    # -- setup -----------------------------------------------------------------------------
+    def _stop_orphans(self) -> None:
+        """Stop every node (and the head) an earlier executor of this run left running."""
+        known = self.state.instances
+        for instance in self.backend.list(self.run_id):
+            if instance.id not in known:
+                self._journal_unrecorded(instance)
+            self.backend.terminate([instance.id])
+            self.journal.record(J.INSTANCE_TERMINATED, id=instance.id, reason="orphan")
+        for life in known.values():  # dead without a termination record: bill it up to now
+            if life.terminated_at is None:
+                self.journal.record(J.INSTANCE_TERMINATED, id=life.id, reason="lost")
+        if hasattr(self.backend, "stop_head") and self.backend.stop_head():
+            self.journal.record(J.DECISION, kind="orphan_head_stopped")
+
+    def _journal_unrecorded(self, instance: Any) -> None:
+        """Journal the request of an instance the provider lists but the journal never saw, so it is billed."""
+        try:
+            price = self.catalog.find(instance.instance_type, cloud=instance.cloud).price_hr
+        except Exception:  # noqa: BLE001 - unknown type: bill nothing rather than crash cleanup
+            price = 0.0
+        self.journal.record(J.INSTANCE_REQUESTED, t=instance.launched_at or time.time(), id=instance.id,
+                            instance_type=instance.instance_type, cloud=instance.cloud, price_hr=price, spot=False,
+                            stage=instance.stage)
+
+    def _connect(self) -> None:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ["RAY_AUTH_MODE"] = "token"  # the head runs with token auth on
+        import ray
+
+        try:  # ray may have been imported (and its config cached) before the mode was set
+            from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+            _enable_token_auth()
+        except ImportError:  # pragma: no cover - other ray versions read the variable at init
+            pass
+
+        head = self.backend.start_head(self.run_id)
+        self.journal.record(J.DECISION, kind="head_started", address=head.address, pid=head.pid)
+        self._request_first_instances()  # the first node boots while the driver connects
+        ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR")
+        self._catch_signals()  # after ray.init, which installs its own SIGTERM handler (it aborts)
+        self.sink = J.start_sink(self.run_dir)
+
+    def _request_first_instances(self) -> None:
+        """Request the instances of the stage the run starts (or resumes) with, as soon as the head is up.
+
+        Not for a stage about to be re-planned (a resumed run stopped exactly at a boundary).
+        """
+        done = set(self.state.completed_stages())
+        g = next((i for i in range(len(self.plan.stages)) if i not in done), None)
+        if g is None or (g > 0 and g not in self.state.stages):
+            return
+        stage = self.plan.stages[g]
+        itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+        for _ in range(stage.instances - len(self._stage_pool(g))):
+            self._request(g, itype, stage.spot)
+
+    def _catch_signals(self) -> None:
+        """SIGINT / SIGTERM become :class:`Interrupted` at the next poll of the main loop, so teardown runs."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def interrupted(signum, frame):  # raising inside Ray's C code would garble it: flag, then raise in the loop
+            self._signal = signal.Signals(signum).name
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved_signals.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, interrupted)
+
+    # -- stages ----------------------------------------------------------------------------
+    def _stage_trials(self, g: int) -> list[str]:
+        stage = self.plan.stages[g]
+        if stage.stage == 0:
+            return sorted(t for t, s in self.state.trials.items() if s.bracket == stage.bracket)
+        return list(self.state.stages[g - 1].promoted)
+
+    def _run_stages(self) -> tuple[str | None, float | None]:
+        done = set(self.state.completed_stages())
+        finals: dict[str, float | None] = {}
+        for g, stage in enumerate(self.plan.stages):
+            last_of_bracket = g + 1 == len(self.plan.stages) or self.plan.stages[g + 1].bracket != stage.bracket
+            if g in done:
+                if last_of_bracket:
+                    finals.update(self.state.stages[g].metrics)
+                continue
+            self.stage_index = g
+            if g > 0 and (g - 1) in self.state.stages and g not in self.state.stages:
+                self._maybe_replan(g)
+            stage = self.plan.stages[g]
+            metrics = self._run_stage(g, stage)
+            order = self._stage_trials(g)
+            ranking = rank(metrics, self.spec.metric.mode, order)
+            promoted: list[str] = []
+            if not last_of_bracket:
+                promoted = ranking[:self.plan.stages[g + 1].trials]
+                for position, trial_id in enumerate(promoted):
+                    self.journal.record(J.TRIAL_PROMOTED, trial_id=trial_id, from_stage=g, to_stage=g + 1,
+                                        metric=metrics[trial_id], rank=position)
+            else:
+                finals.update(metrics)
+            self.journal.record(J.STAGE_FINISHED, stage=g, bracket=stage.bracket, metrics=metrics,
+                                promoted=promoted, ranking=ranking)
+            self.state = J.read_state(self.run_dir)
+        if not finals:
+            return None, None
+        best = rank(finals, self.spec.metric.mode, sorted(finals))[0]
+        return best, finals[best]
+
+    def _run_stage(self, g: int, stage: StagePlan) -> dict[str, float | None]:
+        itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+        trials = self._stage_trials(g)
+        metrics: dict[str, float | None] = {}
+        pending: list[tuple[str, int]] = []
+        base = stage.epochs - stage.epochs_this_stage
+        for trial_id in trials:
+            trial = self.state.trials[trial_id]
+            if g in trial.finished_stages:
+                metrics[trial_id] = trial.finished_stages[g]
+                continue
+            start = base
+            ckpt = max((e for e in (trial.checkpoint_epoch, disk_checkpoint(self.run_dir / "checkpoints" / trial_id))
+                        if e is not None), default=None)
+            if ckpt is not None and ckpt + 1 > base:
+                start = ckpt + 1
+            if start >= stage.epochs and (stage.epochs - 1) in trial.epochs:
+                metrics[trial_id] = trial.epochs[stage.epochs - 1].get(self.spec.metric.name)
+                self.journal.record(J.TRIAL_STOPPED, trial_id=trial_id, stage=g, reason="finished",
+                                    metric=metrics[trial_id], note="all epochs were checkpointed before resume")
+                continue
+            pending.append((trial_id, min(start, stage.epochs - 1)))
+        self.journal.record(J.STAGE_STARTED, stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
+                            trials=len(trials), to_run=len(pending), epochs=stage.epochs,
+                            instance_type=stage.instance_type, instances=stage.instances,
+                            workers_per_trial=stage.workers_per_trial,
+                            predicted_duration_s=stage.predicted_duration_s)
+        self._claim_instances(g, stage, itype, needed=bool(pending))
+        failures: list[str] = []
+        slots: list[Slot] = []
+        trial_seconds: list[float] = []
+        while pending or self.running:
+            self._check_deadline()
+            self._collect_provisioned()
+            self._collect_terminations()
+            used = {i for s in slots for i in s.instance_ids}
+            unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used]
+            if unused:  # instances came up: add their slots (a spanning trial waits for enough of them)
+                slots.extend(make_slots(unused, itype.workers, stage.workers_per_trial))
+            for slot in slots:
+                if not pending:
+                    break
+                if slot.free:
+                    trial_id, start = pending.pop(0)
+                    self._start_trial(g, stage, trial_id, start, slot)
+            finished = self._wait_some()
+            for run in finished:
+                metric, error, seconds = self._collect_trial(g, stage, run)
+                run.slot.trial_id = None
+                trial_seconds.append(seconds)
+                if error:
+                    failures.append(error)
+                metrics[run.trial_id] = metric
+            if not pending:
+                self._release_idle(g, slots)
+            self._maybe_prefetch(g, stage, pending, trial_seconds, slots)
+            self._report_progress(g, len(pending))
+        if trials and all(metrics.get(t) is None for t in trials) and failures:
+            raise ExecutionError(f"all {len(trials)} trials of stage {g} failed; first error: {failures[0]}")
+        self._release_idle(g, slots, stage_done=True)
+        return {t: metrics.get(t) for t in trials}
+
+    # -- trials ----------------------------------------------------------------------------
+    def _start_trial(self, g: int, stage: StagePlan, trial_id: str, start: int, slot: Slot) -> None:
+        trial = self.state.trials[trial_id]
+        ckpt_dir = self.run_dir / "checkpoints" / trial_id
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        handle = self.runtime.start(
+            event_sink=self.sink, trial_id=trial_id, config=trial.config, entry_point=self.spec.train,
+            code_dir=self.spec.base_dir, start_epoch=start, end_epoch=stage.epochs, placement=slot.placement,
+            checkpoint_dir=str(ckpt_dir), use_gpu=False, timeout_s=self.trial_timeout_s)
+        slot.trial_id = trial_id
+        run = RunningTrial(trial_id, slot, handle, start, stage.epochs, time.time())
+        self.running[handle.done_ref] = run
+        self.journal.record(J.TRIAL_STARTED, trial_id=trial_id, stage=g, start_epoch=start, end_epoch=stage.epochs,
+                            workers=len(slot.placement), instances=list(slot.instance_ids),
+                            placement=list(slot.placement))
+
+    def _wait_some(self) -> list[RunningTrial]:
+        import ray
+
+        if not self.running:
+            time.sleep(POLL_S)
+            return []
+        refs = list(self.running)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
+        return [self.running.pop(ref) for ref in ready]
+
+    def _collect_trial(self, g: int, stage: StagePlan, run: RunningTrial) -> tuple[float | None, str | None, float]:
+        trial = self.state.trials[run.trial_id]
+        metric, error = None, None
+        try:
+            outcome = run.handle.result(timeout_s=RESULT_TIMEOUT_S)
+        except TrainingError as exc:
+            error = str(exc)
+            outcome = None
+        except Exception as exc:  # noqa: BLE001 - a dead worker or a timeout fails the trial, not the run
+            error = f"{type(exc).__name__}: {exc}"
+            outcome = None
+        finally:
+            run.handle.stop()
+        seconds = time.time() - run.started_at
+        if outcome is not None:
+            reports = sorted(outcome.reports, key=lambda r: r.epoch)
+            for report in reports:
+                trial.epochs[report.epoch] = dict(report.metrics)
+                key = f"{stage.instance_type}/{stage.workers_per_trial}"
+                self.epoch_seconds.setdefault(key, []).append(float(report.seconds))
+            final = [r for r in reports if r.epoch == run.end_epoch - 1] or reports[-1:]
+            if final:
+                metric = final[0].metrics.get(self.spec.metric.name)
+            if outcome.checkpoint_epoch is not None:
+                trial.checkpoint_epoch = outcome.checkpoint_epoch
+            self.setup_seconds.append(float(outcome.setup_s))
+            shape = f"{self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region).device}/" \
+                    f"{len(run.slot.placement)}/{len(run.slot.instance_ids)}"
+            self.iteration_latencies.setdefault(shape, []).extend(float(x) for x in outcome.iteration_latencies_s)
+            seconds = outcome.finished_at - run.started_at
+            if metric is None:
+                error = (f"trial {run.trial_id} reported no metric {self.spec.metric.name!r} for epoch "
+                         f"{run.end_epoch - 1}")
+        reason = "finished" if error is None else "failed"
+        self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason=reason, metric=metric,
+                            error=error, start_epoch=run.start_epoch, end_epoch=run.end_epoch,
+                            seconds=seconds, setup_s=None if outcome is None else outcome.setup_s,
+                            checkpoint_epoch=trial.checkpoint_epoch)
+        if error is None:
+            trial.finished_stages[g] = metric
+        return metric, error, seconds
+
+    # -- instances -------------------------------------------------------------------------
+    def _stage_pool(self, g: int) -> list[PoolInstance]:
+        return [p for p in self.pool.values() if p.assigned_stage == g and not p.released]
+
+    def _claim_instances(self, g: int, stage: StagePlan, itype: InstanceType, *, needed: bool) -> None:
+        """Give stage ``g`` its instances: reuse same-type ones, request the rest, release the others."""
+        for p in list(self.pool.values()):
+            if p.released or p.assigned_stage >= g:
+                continue
+            if p.itype.key == itype.key and p.spot == stage.spot and (len(self._stage_pool(g)) < stage.instances
+                                                                      or not self.elastic):
+                p.assigned_stage = g
+                self.journal.record(J.DECISION, kind="keep", id=p.id or p.token, stage=g)
+            else:
+                self._release(p, "not needed by stage %d" % g)
+        if not needed:
+            return
+        missing = stage.instances - len(self._stage_pool(g))
+        for _ in range(max(0, missing)):
+            self._request(g, itype, stage.spot)
+
+    def _request(self, g: int, itype: InstanceType, spot: bool) -> PoolInstance:
+        self._tokens += 1
+        entry = PoolInstance(token=f"req{self._tokens}", itype=itype, spot=spot, assigned_stage=g)
+        request = InstanceRequest(run_id=self.run_id, stage=g, instance_type=itype, count=1, spot=spot)
+        entry.future = self._provisioner.submit(self.backend.provision, request)
+        self.pool[entry.token] = entry
+        return entry
+
+    def _collect_provisioned(self) -> None:
+        for entry in list(self.pool.values()):
+            if entry.future is None or not entry.future.done():
+                continue
+            future, entry.future = entry.future, None
+            if future.cancelled():  # teardown cancelled it before it started: nothing to stop
+                entry.released = True
+                continue
+            try:
+                instance = future.result()[0]
+            except CloudError as exc:
+                entry.released = True
+                raise ExecutionError(f"could not provision a {entry.itype.name}: {exc}") from None
+            entry.id, entry.ready = instance.id, True
+            entry.requested_at = instance.launched_at or time.time()
+            now = time.time()
+            self.journal.record(J.INSTANCE_REQUESTED, t=entry.requested_at, id=instance.id,
+                                instance_type=entry.itype.name, cloud=entry.itype.cloud, region=entry.itype.region,
+                                price_hr=entry.itype.price(entry.spot), spot=entry.spot, stage=entry.assigned_stage)
+            self.journal.record(J.INSTANCE_READY, t=now, id=instance.id, startup_s=now - entry.requested_at)
+            self.startup_seconds.setdefault(entry.itype.name, []).append(now - entry.requested_at)
+            if entry.released:  # no longer wanted while it was starting
+                entry.released = False
+                self._release(entry, "no longer needed when it came up")
+
+    def _release(self, entry: PoolInstance, why: str) -> None:
+        if entry.released:
+            return
+        entry.released = True
+        if entry.id is None:  # still provisioning: released as soon as it is up
+            return
+        self.journal.record(J.DECISION, kind="release", id=entry.id, stage=self.stage_index, reason=why)
+        future = self._terminator.submit(self._terminate_one, entry.id)
+        self._terminations.append((entry, future, why))
+
+    def _terminate_one(self, instance_id: str) -> float:
+        self.backend.terminate([instance_id])
+        return time.time()
+
+    def _collect_terminations(self, wait: bool = False) -> None:
+        left = []
+        for entry, future, why in self._terminations:
+            if wait or future.done():
+                try:
+                    t = future.result(timeout=60)
+                except Exception:  # noqa: BLE001 - journal it anyway; teardown lists what is still alive
+                    t = time.time()
+                self.journal.record(J.INSTANCE_TERMINATED, t=t, id=entry.id, reason=why)
+            else:
+                left.append((entry, future, why))
+        self._terminations = left
+
+    def _release_idle(self, g: int, slots: list[Slot], *, stage_done: bool = False) -> None:
+        """No pending trials: keep idle instances the next stage can use, release the rest now."""
+        busy = {i for s in slots if not s.free for i in s.instance_ids}
+        nxt = self.plan.stages[g + 1] if g + 1 < len(self.plan.stages) else None
+        if not self.elastic and (nxt is not None or not stage_done):
+            for entry in self._stage_pool(g):
+                if stage_done:
+                    entry.assigned_stage = g + 1
+            return
+        for entry in self._stage_pool(g):
+            if entry.id in busy:  # a still-booting instance is idle too: kept or released at once
+                continue
+            if nxt is not None and entry.itype.name == nxt.instance_type and entry.itype.cloud == nxt.cloud \
+                    and entry.itype.region == nxt.region and entry.spot == nxt.spot \
+                    and len(self._stage_pool(g + 1)) < nxt.instances:
+                entry.assigned_stage = g + 1
+                self.journal.record(J.DECISION, kind="keep", id=entry.id or entry.token, stage=g + 1)
+            else:
+                self._release(entry, f"idle: stage {g} needs it no more")
+
+    def _startup_p90(self, itype: InstanceType) -> float:
+        measured = self.startup_seconds.get(itype.name, [])
+        if measured:
+            return p90(measured)
+        if self.profile is not None:
+            samples = [x for s in self.profile.startup if s.cloud == itype.cloud
+                       and s.instance_type in (None, itype.name) for x in s.samples_s]
+            if samples:
+                return p90(samples)
+        return float(getattr(itype, "startup_s", None) or DEFAULT_STARTUP_S.get(itype.cloud, 60.0))
+
+    def _maybe_prefetch(self, g: int, stage: StagePlan, pending: list, trial_seconds: list[float],
+                        slots: list[Slot]) -> None:
+        """Request the next stage's extra instances once this stage's remaining time ≤ their startup p90."""
+        if g + 1 >= len(self.plan.stages) or (g + 1) in self.prefetched:
+            return
+        nxt = self.plan.stages[g + 1]
+        itype = self.catalog.find(nxt.instance_type, cloud=nxt.cloud, region=nxt.region)
+        same = _same_type(stage, nxt)
+        reusable = min(stage.instances, nxt.instances) if same else 0
+        extra = nxt.instances - reusable - len(self._stage_pool(g + 1))
+        if extra <= 0:
+            self.prefetched.add(g + 1)
+            return
+        n_slots = max(1, len(slots))
+        if trial_seconds:
+            per_trial = statistics.mean(trial_seconds)
+        elif stage.predicted_duration_s:
+            per_trial = stage.predicted_duration_s / max(1, math.ceil(stage.trials / n_slots))
+        else:
+            return
+        now = time.time()
+        running_left = max((max(0.0, per_trial - (now - r.started_at)) for r in self.running.values()), default=0.0)
+        remaining = running_left + math.ceil(len(pending) / n_slots) * per_trial
+        startup = self._startup_p90(itype)
+        if remaining <= startup:
+            self.prefetched.add(g + 1)
+            self.journal.record(J.DECISION, kind="prefetch", stage=g + 1, count=extra,
+                                instance_type=itype.name, estimated_remaining_s=remaining, startup_p90_s=startup)
+            for _ in range(extra):
+                self._request(g + 1, itype, nxt.spot)
+
+    # -- decisions -------------------------------------------------------------------------
+    def _check_deadline(self) -> None:
+        if self._signal is not None:
+            raise Interrupted(f"run stopped by {self._signal}; every instance was terminated; "
+                              f"resume with `rubberband run --resume {self.run_dir}`")
+        elapsed = time.time() - self.state.first_started_at
+        if elapsed > self.deadline_s:
+            raise DeadlineExceeded(f"run passed its deadline ({self.deadline_s:.0f}s) in stage {self.stage_index}; "
+                                   f"every instance was terminated")
+
+    def _maybe_replan(self, g: int) -> None:
+        """At the boundary before stage ``g``: re-plan the rest if the deadline is at risk or it pays."""
+        elapsed = time.time() - self.state.first_started_at
+        done = [s for s in range(g) if s in self.state.stages and self.state.stages[s].finished_at]
+        actual = sum(self.state.stages[s].finished_at - self.state.stages[s].started_at for s in done)
+        predicted_done = sum(self.plan.stages[s].predicted_duration_s or 0.0 for s in done)
+        ratio = actual / predicted_done if predicted_done > 0 else 1.0
+        remaining_pred = sum(s.predicted_duration_s or 0.0 for s in self.plan.stages[g:]) * ratio
+        at_risk = elapsed + remaining_pred > self.deadline_s
+        spent = bill_run(J.read_state(self.run_dir), now=time.time()).total_usd
+        running: dict[str, int] = {}
+        for entry in self._stage_pool(g):
+            running[entry.itype.key] = running.get(entry.itype.key, 0) + 1
+        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
+                        slowdown=ratio, at_risk=at_risk)
+        if self.replanner is None:
+            self.journal.record(J.DECISION, **decision, accepted=False, reason="no re-planner available")
+            return
+        request = ReplanRequest(spec=self.spec, plan=self.plan, next_stage=g, elapsed_s=elapsed, spent_usd=spent,
+                                remaining_deadline_s=max(1.0, self.deadline_s - elapsed),
+                                epoch_seconds=dict(self.epoch_seconds), setup_seconds=list(self.setup_seconds),
+                                startup_s=dict(self.startup_seconds), at_risk=at_risk,
+                                iteration_latencies=dict(self.iteration_latencies), running=running)
+        try:
+            candidate = self.replanner(request)
+        except Exception as exc:  # noqa: BLE001 - a failing re-plan keeps the current plan
+            self.journal.record(J.DECISION, **decision, accepted=False, reason=f"re-planner failed: {exc}")
+            return
+        if candidate is None:
+            self.journal.record(J.DECISION, **decision, accepted=False, reason="re-planner proposed nothing")
+            return
+        rest = self.plan.stages[g:]
+        shape = [(s.bracket, s.stage, s.trials, s.epochs) for s in rest]
+        if [(s.bracket, s.stage, s.trials, s.epochs) for s in candidate.stages] != shape:
+            self.journal.record(J.DECISION, **decision, accepted=False,
+                                reason="proposal does not match the remaining stages")
+            return
+        current_cost = sum(s.predicted_cost_usd or 0.0 for s in rest)
+        meets = candidate.predicted.p_meet_deadline >= self.plan.confidence
+        cheaper = candidate.predicted.cost_usd.mean < current_cost * 0.97
+        accepted = meets and (at_risk or cheaper)
+        reason = ("deadline at risk" if at_risk else "cheaper plan meets the deadline") if accepted else \
+            ("proposal misses the confidence" if not meets else "current plan is as cheap and on time")
+        self.journal.record(J.DECISION, **decision, accepted=accepted, reason=reason,
+                            proposal_cost_usd=candidate.predicted.cost_usd.mean,
+                            proposal_p_meet=candidate.predicted.p_meet_deadline, current_cost_usd=current_cost)
+        if accepted:
+            stages = list(self.plan.stages[:g]) + list(candidate.stages)
+            self.plan = self.plan.model_copy(update={"stages": stages})
+            self.prefetched.discard(g)
+            self.journal.record(J.PLAN_CHANGED, stage=g, plan=self.plan.model_dump(mode="json"))
+
+    # -- progress and the end --------------------------------------------------------------
+    def _report_progress(self, g: int, pending: int) -> None:
+        if self.progress is None:
+            return
+        stage = self.plan.stages[g]
+        epochs = sum(len(t.epochs) for t in self.state.trials.values())
+        self.progress(Progress(stage=g, stages=len(self.plan.stages), bracket=stage.bracket,
+                               trials_alive=len(self.running), trials_pending=pending, epochs_done=epochs,
+                               instances=sum(1 for p in self.pool.values() if not p.released),
+                               spent_usd=self._spent(), predicted_usd=self.plan.predicted.cost_usd.mean,
+                               elapsed_s=time.time() - self.state.first_started_at, deadline_s=self.deadline_s))
+
+    def _spent(self) -> float:
+        """Cost so far: billed instances of the journal plus the ones still alive (cheap estimate)."""
+        now = time.time()
+        total = 0.0
+        for p in self.pool.values():
+            if p.requested_at is not None:
+                total += p.itype.price(p.spot) * (now - p.requested_at) / 3600.0
+        return total
+
+    def _teardown(self, status: str, error: str | None) -> None:
+        """Stop trials, shut Ray down, terminate every instance of the run and the head; journal it."""
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous = signal.signal(sig, signal.SIG_IGN)
+                self._saved_signals.setdefault(sig, previous)
+        try:
+            for run in list(self.running.values()):
+                try:
+                    run.handle.stop()
+                except Exception:  # noqa: BLE001
+                    pass
+                self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=self.stage_index,
+                                    reason="interrupted")
+            self.running.clear()
+            try:
+                import ray
+
+                if ray.is_initialized():
+                    ray.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+            self._provisioner.shutdown(wait=True, cancel_futures=True)
+            for _ in self.pool:
+                try:
+                    self._collect_provisioned()
+                    break
+                except ExecutionError:
+                    continue
+            self._collect_terminations(wait=True)
+            live = {p.id: p for p in self.pool.values() if p.id is not None and not p.released}
+            journaled = J.read_state(self.run_dir).instances
+            for instance in self.backend.list(self.run_id):
+                live.setdefault(instance.id, None)
+                if instance.id not in journaled:  # started but never journaled (failed mid-provisioning)
+                    self._journal_unrecorded(instance)
+            for instance_id in live:
+                self.backend.terminate([instance_id])
+                self.journal.record(J.INSTANCE_TERMINATED, id=instance_id, reason="teardown")
+            for p in live.values():
+                if p is not None:
+                    p.released = True
+            self._terminator.shutdown(wait=True)
+            if hasattr(self.backend, "stop_head"):
+                self.backend.stop_head()
+            self.state = J.read_state(self.run_dir)
+            self._write_result(status, error)
+        finally:
+            for sig, handler in self._saved_signals.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    def _write_result(self, status: str, error: str | None) -> None:
+        from rubberband.executor.result import build_result, write_result
+
+        best = getattr(self, "_best", (None, None))
+        now = time.time()
+        result = build_result(self.state, self.plan, spec=self.spec, status=status, error=error,
+                              best_trial=best[0], best_metric=best[1], now=now, run_dir=self.run_dir)
+        end = {"finished": J.RUN_FINISHED, "interrupted": J.RUN_INTERRUPTED}.get(status, J.RUN_FAILED)
+        self.journal.record(end, t=now, reason=error, best_trial=best[0], best_metric=best[1],
+                            jct_s=result["actual"]["jct_s"], cost_usd=result["actual"]["cost_usd"])
+        write_result(result, self.run_dir)
+        self.result = result

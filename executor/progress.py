@@ -1,0 +1,55 @@
+"""The run's progress display on stderr: stage, trials alive, epochs, spend vs predicted, time left.
+
+On a terminal it is one live-updating line (rich); otherwise one plain line per stage change,
+so logs stay readable.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from rubberband.executor.controller import Progress
+from rubberband.units import format_duration, format_usd
+
+
+def describe(p: Progress) -> str:
+    left = p.deadline_s - p.elapsed_s
+    return (f"stage {p.stage + 1}/{p.stages} (bracket {p.bracket}) · trials running {p.trials_alive}, "
+            f"waiting {p.trials_pending} · epochs done {p.epochs_done} · instances {p.instances} · "
+            f"spent {format_usd(p.spent_usd)} of {format_usd(p.predicted_usd)} predicted · "
+            f"{format_duration(max(0.0, left))} to deadline")
+
+
+class ProgressView:
+    """Callable the controller reports to; use as a context manager."""
+
+    def __init__(self, console: Console, *, min_interval_s: float = 0.5) -> None:
+        self.console = console
+        self.min_interval_s = min_interval_s
+        self._live: Live | None = None
+        self._last = 0.0
+        self._stage: int | None = None
+
+    def __enter__(self) -> "ProgressView":
+        if self.console.is_terminal:
+            self._live = Live(Text("starting…"), console=self.console, transient=False, auto_refresh=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def __call__(self, p: Progress) -> None:
+        if self._live is not None:
+            now = time.monotonic()
+            if now - self._last >= self.min_interval_s:
+                self._live.update(Text(describe(p)), refresh=True)
+                self._last = now
+        elif p.stage != self._stage:
+            self._stage = p.stage
+            self.console.print(describe(p), markup=False, highlight=False)

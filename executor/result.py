@@ -1,0 +1,78 @@
+"""``RUN_DIR/result.json``: what a run found, what it took and what it cost, against the plan.
+
+Built from the journal (:class:`~rubberband.executor.journal.RunState`) and the plan the run
+ended with: the best configuration with its metric and checkpoint, the actual job
+completion time (first start → last stage finished, downtime between resumes included), the
+actual cost under the billing rules, the plan's predictions, and per-stage actual versus
+predicted duration and cost.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rubberband.executor.accounting import bill_run
+from rubberband.executor.journal import RunState
+from rubberband.plan import Plan
+from rubberband.spec import JobSpec
+
+RESULT_NAME = "result.json"
+
+
+def _latest_checkpoint(run_dir: Path, trial_id: str, recorded: str | None) -> str | None:
+    if recorded and Path(recorded).exists():
+        return recorded
+    directory = run_dir / "checkpoints" / trial_id
+    files = sorted(directory.glob("epoch-*"), key=lambda p: int(p.stem.split("-")[1]) if
+                   p.stem.split("-")[1].isdigit() else -1)
+    return str(files[-1]) if files else (str(directory) if directory.exists() else None)
+
+
+def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, error: str | None,
+                 best_trial: str | None, best_metric: float | None, now: float, run_dir: Path) -> dict[str, Any]:
+    bill = bill_run(state, now=now)
+    finished = [rec.finished_at for rec in state.stages.values() if rec.finished_at is not None]
+    end = max(finished) if status == "finished" and finished else now
+    stages = []
+    for g, stage in enumerate(plan.stages):
+        rec = state.stages.get(g)
+        actual = None
+        if rec is not None and rec.started_at is not None and rec.finished_at is not None:
+            actual = rec.finished_at - rec.started_at
+        stages.append({
+            "stage": g, "bracket": stage.bracket, "stage_in_bracket": stage.stage, "trials": stage.trials,
+            "epochs": stage.epochs, "instance_type": stage.instance_type, "instances": stage.instances,
+            "workers_per_trial": stage.workers_per_trial,
+            "actual_duration_s": actual, "predicted_duration_s": stage.predicted_duration_s,
+            "actual_cost_usd": bill.by_stage.get(g, 0.0), "predicted_cost_usd": stage.predicted_cost_usd,
+        })
+    best = None
+    if best_trial is not None and best_trial in state.trials:
+        trial = state.trials[best_trial]
+        best = {"trial_id": best_trial, "config": trial.config, "metric": best_metric,
+                "metric_name": spec.metric.name, "mode": spec.metric.mode,
+                "checkpoint": _latest_checkpoint(run_dir, best_trial, trial.checkpoint_path)}
+    return {
+        "run_id": state.run_id, "status": status, "error": error, "spec_sha256": state.spec_sha256,
+        "attempts": state.attempts, "best": best,
+        "actual": {"jct_s": end - state.first_started_at, "cost_usd": bill.total_usd},
+        "predicted": {"jct_s": plan.predicted.jct_s.p50, "jct_p95_s": plan.predicted.jct_s.p95,
+                      "cost_usd": plan.predicted.cost_usd.mean, "p_meet_deadline": plan.predicted.p_meet_deadline},
+        "deadline_s": state.deadline_s, "met_deadline": status == "finished" and end - state.first_started_at
+        <= state.deadline_s,
+        "stages": stages,
+        "instances": [{"id": b.id, "instance_type": b.instance_type, "cloud": b.cloud, "price_hr": b.price_hr,
+                       "lifetime_s": b.lifetime_s, "billed_s": b.billed_s, "cost_usd": b.cost_usd}
+                      for b in bill.instances],
+        "decisions": len(state.decisions),
+    }
+
+
+def write_result(result: dict[str, Any], run_dir: Path) -> Path:
+    path = Path(run_dir) / RESULT_NAME
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,136 @@
+"""The seams the controller is built on: how it launches trials and how it re-plans.
+
+* :class:`TrialRuntime` wraps a trial-runtime module that defines ``TrialSpec`` and
+  ``TrialRun`` as in CONTRACT_TRIALS.md (``rubberband.executor.trials`` by default; tests
+  pass their own small one). Swapping runtimes is one name.
+* :data:`Replanner` is any callable taking a :class:`ReplanRequest` and returning a plan for
+  the remaining stages (or ``None``); :func:`planner_replanner` adapts
+  ``rubberband.planner.plan_stages`` when the planner is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from rubberband.errors import InputError
+from rubberband.plan import Plan
+from rubberband.spec import JobSpec
+
+DEFAULT_TRIAL_RUNTIME = "rubberband.executor.trials"
+
+
+class TrialHandle(Protocol):
+    """What ``TrialRun.start`` returns (CONTRACT_TRIALS.md)."""
+
+    done_ref: Any
+
+    def result(self, timeout_s: float | None = None) -> Any: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TrialRuntime:
+    """A trial runtime: its ``TrialSpec`` dataclass and its ``TrialRun`` class."""
+
+    spec_cls: Any
+    run_cls: Any
+    module: str = ""
+
+    @classmethod
+    def load(cls, module: str = DEFAULT_TRIAL_RUNTIME) -> "TrialRuntime":
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise InputError(f"trial runtime module {module!r} cannot be imported ({exc}); "
+                             f"install rubberband with its executor.trials module") from None
+        try:
+            return cls(spec_cls=mod.TrialSpec, run_cls=mod.TrialRun, module=module)
+        except AttributeError:
+            raise InputError(f"trial runtime module {module!r} lacks TrialSpec or TrialRun") from None
+
+    def start(self, *, event_sink: Any = None, **spec_fields: Any) -> TrialHandle:
+        return self.run_cls.start(self.spec_cls(**spec_fields), event_sink=event_sink)
+
+
+@dataclass(frozen=True)
+class ReplanRequest:
+    """What the executor knows at a stage boundary, for re-planning the stages after it.
+
+    ``next_stage`` is the index (in ``plan.stages``) of the first stage not yet run;
+    ``epoch_seconds`` maps ``"<instance type>/<workers per trial>"`` to measured epoch
+    times; ``iteration_latencies`` maps ``"<device>/<workers>/<nodes>"`` to rank 0's measured
+    iteration latencies (the profile's shape); ``startup_s`` maps an instance type to measured
+    request→ready latencies; ``running`` maps an instance type key (``cloud:region:name``) to how
+    many instances of it are up and kept for the next stage.
+    """
+
+    spec: JobSpec
+    plan: Plan
+    next_stage: int
+    elapsed_s: float
+    spent_usd: float
+    remaining_deadline_s: float
+    epoch_seconds: dict[str, list[float]] = field(default_factory=dict)
+    setup_seconds: list[float] = field(default_factory=list)
+    startup_s: dict[str, list[float]] = field(default_factory=dict)
+    at_risk: bool = False
+    iteration_latencies: dict[str, list[float]] = field(default_factory=dict)
+    running: dict[str, int] = field(default_factory=dict)
+
+
+#: Returns a plan whose ``stages`` are the remaining stages (same trials and epochs, possibly other
+#: instances), with predictions for the remaining part under ``remaining_deadline_s``; or None.
+Replanner = Callable[[ReplanRequest], "Plan | None"]
+
+
+def profile_with_measurements(profile: Any, request: ReplanRequest, *, keep: int = 500) -> Any:
+    """The profile plus what this run measured (iteration latencies, instance startups), for re-fitting."""
+    from rubberband.profile import LatencyMeasurement, StartupSamples
+
+    measurements = list(profile.measurements)
+    for key, latencies in request.iteration_latencies.items():
+        device, workers, nodes = key.split("/")
+        if latencies and int(nodes) <= int(workers):
+            measurements.append(LatencyMeasurement(device=device, workers=int(workers), nodes=int(nodes),
+                                                   iteration_latencies_s=latencies[-keep:], source="measured"))
+    startup = list(profile.startup)
+    for name, samples in request.startup_s.items():
+        if samples:
+            cloud = request.plan.stages[0].cloud
+            startup.append(StartupSamples(cloud=cloud, instance_type=name, samples_s=samples, source="measured"))
+    return profile.model_copy(update={"measurements": measurements, "startup": startup})
+
+
+def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
+    """Re-plan the remaining stages with ``rubberband.planner.plan_stages`` (None without the planner).
+
+    The performance model is re-fitted from the profile plus the latencies measured so far, and
+    the instances kept for the next stage are passed as already running.
+    """
+    try:
+        from rubberband.planner import (RunningState, allowed_types, fit_performance_model, plan_stages,
+                                        prediction, stage_plans)
+        from rubberband.planner.schedule import Stage
+    except (ImportError, AttributeError):
+        return None
+
+    def replan(request: ReplanRequest) -> Plan | None:
+        spec = request.spec
+        model = fit_performance_model(profile_with_measurements(profile, request))
+        rest = request.plan.stages[request.next_stage:]
+        stages = [Stage(s.bracket, s.stage, s.trials, s.epochs, s.epochs_this_stage) for s in rest]
+        running = None
+        if request.running:
+            key, count = max(request.running.items(), key=lambda item: item[1])
+            running = RunningState(instance_type_key=key, instances=count)
+        out = plan_stages(stages, model, allowed_types(catalog, spec), deadline_s=request.remaining_deadline_s,
+                          confidence=spec.confidence, max_workers_per_trial=spec.resources.max_workers_per_trial,
+                          spot=spec.resources.spot, seed=spec.seed, running=running)
+        return request.plan.model_copy(update={
+            "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot),
+            "predicted": prediction(out.result, request.remaining_deadline_s)})
+
+    return replan

@@ -1,0 +1,203 @@
+"""``rubberband run``: execute a plan (or plan first), or resume a run after the executor died."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from rubberband.catalog import load_catalog
+from rubberband.console import stderr, stdout
+from rubberband.errors import InputError, PlanFileError, RunDirError
+from rubberband.plan import Plan, load_plan, write_plan
+from rubberband.spec import JobSpec, load_spec
+from rubberband.units import format_duration, format_usd, parse_duration
+
+ORDER = 10
+
+
+def runs_root() -> Path:
+    """Where run directories go by default: ``$RUBBERBAND_RUNS_DIR`` or ``./runs``."""
+    return Path(os.environ.get("RUBBERBAND_RUNS_DIR", "runs"))
+
+
+def resolve_run_dir(value: str) -> Path:
+    """A run directory given as a path or as a run id under :func:`runs_root`."""
+    path = Path(value)
+    if path.is_dir():
+        return path
+    candidate = runs_root() / value
+    if candidate.is_dir():
+        return candidate
+    raise RunDirError(f"run {value!r} not found: no directory {path} or {candidate}; pass a run directory or id")
+
+
+def _executor_alive(pid: int | None) -> bool:
+    if not pid or pid == os.getpid():
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return "rubberband" in cmdline or "controller" in cmdline
+
+
+def _plan_table(plan: Plan) -> Table:
+    table = Table(title=f"Plan: {plan.job.name} ({plan.job.scheduler}, η={plan.job.eta})", title_justify="left")
+    for column in ("stage", "trials", "epochs", "instance type", "instances", "workers/trial", "p50 time", "cost"):
+        table.add_column(column, justify="right")
+    for i, s in enumerate(plan.stages):
+        table.add_row(str(i), str(s.trials), str(s.epochs), s.instance_type, str(s.instances),
+                      str(s.workers_per_trial),
+                      format_duration(s.predicted_duration_s) if s.predicted_duration_s else "-",
+                      format_usd(s.predicted_cost_usd) if s.predicted_cost_usd is not None else "-")
+    table.caption = (f"predicted JCT p50 {format_duration(plan.predicted.jct_s.p50)}, cost "
+                     f"{format_usd(plan.predicted.cost_usd.mean)}, P(meet deadline) "
+                     f"{plan.predicted.p_meet_deadline:.2f}")
+    return table
+
+
+def _plan_on_the_fly(spec: JobSpec) -> Plan:
+    try:
+        from rubberband.planner import plan_job
+    except ImportError:
+        raise InputError("planning on the fly needs rubberband's planner, which is not installed; "
+                         "pass --plan PLAN.json (from `rubberband plan`)") from None
+    from rubberband.profile import load_profile
+
+    if spec.profile_path() is None:
+        raise InputError("the spec has no `profile:`; run `rubberband profile` first or pass --plan")
+    catalog = load_catalog(list(spec.resources.clouds)).filter(
+        clouds=spec.resources.clouds, regions=spec.resources.regions, names=spec.resources.instance_types,
+        spot=spec.resources.spot)
+    return plan_job(spec, load_profile(spec.profile_path()), catalog)
+
+
+def _raise_interrupted(signum, frame) -> None:
+    from rubberband.executor.controller import Interrupted
+
+    raise Interrupted(f"run stopped by signal {signal.Signals(signum).name}; every instance was terminated")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run(
+        spec_path: Path = typer.Argument(None, metavar="SPEC", help="Job spec YAML (optional with --resume)."),
+        plan_path: Path = typer.Option(None, "--plan", help="Plan JSON from `rubberband plan`; "
+                                       "without it the job is planned first."),
+        cloud: str = typer.Option(None, "--cloud", help="Backend to run on (local); default: the plan's cloud."),
+        run_dir: Path = typer.Option(None, "--run-dir", help="Run directory (default runs/<run id>)."),
+        resume: str = typer.Option(None, "--resume", metavar="RUN_DIR",
+                                   help="Continue a run whose executor died, from its journal."),
+        deadline: str = typer.Option(None, "--deadline", help="Override the spec's deadline (90m, 2h...)."),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before starting a freshly made plan."),
+        trial_runtime: str = typer.Option("rubberband.executor.trials", "--trial-runtime", hidden=True,
+                                          envvar="RUBBERBAND_TRIAL_RUNTIME"),
+    ) -> int:
+        """Run a tuning job on elastic instances (or resume one) and write RUN_DIR/result.json."""
+        from rubberband.executor import journal as J
+        from rubberband.executor.backends import make_backend
+        from rubberband.executor.controller import Controller, check_plan_matches
+        from rubberband.executor.progress import ProgressView
+        from rubberband.executor.runtime import TrialRuntime, planner_replanner
+
+        deadline_s = None
+        if deadline is not None:
+            try:
+                deadline_s = parse_duration(deadline)
+            except ValueError as exc:
+                raise InputError(f"--deadline: {exc}") from None
+        if resume is not None:
+            directory = resolve_run_dir(resume)
+            state = J.read_state(directory)
+            events = J.iter_events(directory / J.JOURNAL_NAME)
+            last_pid = None
+            for event in events:
+                if event["type"] in (J.RUN_STARTED, J.RUN_RESUMED):
+                    last_pid = event.get("pid")
+            if state.status == "running" and _executor_alive(last_pid):
+                raise RunDirError(f"run {state.run_id} is still being executed by process {last_pid}; "
+                                  f"stop it first (or `rubberband down {directory}`)")
+            if spec_path is not None:
+                spec = load_spec(spec_path)
+                if spec.sha256() != state.spec_sha256:
+                    raise RunDirError(f"{directory} is a run of another job (spec sha256 {state.spec_sha256[:12]} "
+                                      f"≠ {spec.sha256()[:12]} of {spec_path}); pass that job's spec or no spec")
+            else:
+                spec = JobSpec.model_validate(state.spec)
+            if state.finished:
+                raise RunDirError(f"run {state.run_id} in {directory} already finished; nothing to resume "
+                                  f"(results in {directory / 'result.json'})")
+            plan = Plan.model_validate(state.plan)
+            if plan_path is not None:
+                raise PlanFileError("--plan cannot be combined with --resume: the run continues with the plan in "
+                                    "its journal")
+            check_plan_matches(spec, plan, source=str(directory / J.JOURNAL_NAME))
+            run_id, run_directory = state.run_id, directory
+            deadline_s = deadline_s or state.deadline_s
+        else:
+            if spec_path is None:
+                raise InputError("missing SPEC: pass a job spec YAML (or --resume RUN_DIR)")
+            spec = load_spec(spec_path)
+            if plan_path is not None:
+                plan = load_plan(plan_path)
+                check_plan_matches(spec, plan, source=str(plan_path))
+            else:
+                plan = _plan_on_the_fly(spec)
+                check_plan_matches(spec, plan, source="the new plan")
+                stdout().print(_plan_table(plan))
+                if not yes:
+                    if not sys.stdin.isatty():
+                        raise InputError("not starting without confirmation; pass --yes to run the plan shown")
+                    if not typer.confirm("Start this run?", default=True):
+                        return 1
+            run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+            run_directory = run_dir or runs_root() / run_id
+            if (run_directory / J.JOURNAL_NAME).exists():
+                raise RunDirError(f"{run_directory} already holds a run; pass --resume {run_directory} to continue "
+                                  f"it or choose another --run-dir")
+        clouds = {s.cloud for s in plan.stages}
+        backend_cloud = cloud or next(iter(clouds))
+        if clouds != {backend_cloud}:
+            raise PlanFileError(f"the plan uses instances of {', '.join(sorted(clouds))} but --cloud is "
+                                f"{backend_cloud}; plan for that cloud (resources.clouds) or drop --cloud")
+        backend = make_backend(backend_cloud, run_directory)
+        catalog = load_catalog([backend_cloud])
+        for stage in plan.stages:  # fail before anything starts if a type is unknown
+            catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+        runtime = TrialRuntime.load(trial_runtime)
+        profile = None
+        if spec.profile_path() is not None and spec.profile_path().exists():
+            from rubberband.profile import load_profile
+
+            profile = load_profile(spec.profile_path())
+        replanner = planner_replanner(catalog, profile) if profile is not None else None
+        run_directory.mkdir(parents=True, exist_ok=True)
+        write_plan(plan, run_directory / "plan.json")
+        err = stderr()
+        err.print(f"{'resuming' if resume else 'starting'} run {run_id} in {run_directory}", markup=False,
+                  highlight=False)
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+        try:
+            with ProgressView(err) as view:
+                controller = Controller(spec=spec, plan=plan, catalog=catalog, run_dir=run_directory,
+                                        backend=backend, runtime=runtime, run_id=run_id, replanner=replanner,
+                                        profile=profile, progress=view, deadline_s=deadline_s)
+                result = controller.run(resume=resume is not None)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        summary = result.result
+        best = summary.get("best") or {}
+        typer.echo(f"run {run_id} finished: best trial {best.get('trial_id')} {spec.metric.name}={best.get('metric')} "
+                   f"config={best.get('config')}")
+        typer.echo(f"JCT {format_duration(summary['actual']['jct_s'])} (predicted "
+                   f"{format_duration(summary['predicted']['jct_s'])}), cost {format_usd(summary['actual']['cost_usd'])} "
+                   f"(predicted {format_usd(summary['predicted']['cost_usd'])}); results in "
+                   f"{run_directory / 'result.json'}")
+        return 0

@@ -1,0 +1,89 @@
+"""LocalProvider lifecycle with real Ray nodes: start, list, terminate, and orphans of a dead starter.
+
+One test (~25 s on a 2-core machine: a head and two Ray nodes, started one after another) covers
+the whole lifecycle, because starting Ray nodes is the slow part and every step builds on the last.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from executor_helpers import run_pids
+
+from rubberband.cloud.local import LocalProvider, ProcessRecord, node_resource
+from rubberband.cloud.provider import TAG_RUN_ID
+from rubberband.errors import CloudError
+
+STARTER = textwrap.dedent("""
+    import sys, time
+    from rubberband.catalog import load_catalog
+    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.provider import InstanceRequest
+
+    provider = LocalProvider(sys.argv[1])
+    provider.start_head("orphan-run")
+    itype = load_catalog(["local"]).find("local.cpu1", cloud="local")
+    provider.provision(InstanceRequest(run_id="orphan-run", stage=0, instance_type=itype, count=2))
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_nodes_outlive_their_starter_and_are_found_and_stopped(tmp_path, cli):
+    run_dir = tmp_path / "run"
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert starter.stdout.readline().strip() == "ready"
+    finally:
+        starter.send_signal(signal.SIGKILL)  # the executor dies without cleaning up
+        starter.wait(timeout=10)
+
+    provider = LocalProvider(run_dir)
+    found = provider.list("orphan-run")
+    assert sorted(i.id for i in found) == ["n1", "n2"]
+    assert all(i.state == "running" and i.tags[TAG_RUN_ID] == "orphan-run" for i in found)
+    assert provider.list("another-run") == []
+    records = {r.id: r for r in provider.records()}
+    assert records["n1"].pgid == records["n1"].pid and records["n1"].pgid != os.getpgid(0)
+    cmdline = open(f"/proc/{records['n1'].pid}/cmdline").read().replace("\0", " ")
+    assert f'"{node_resource("n1")}": 1' in cmdline and "--num-cpus 1" in cmdline
+    assert [i.id for i in provider.wait(["n1", "n2"], timeout_s=5)] == ["n1", "n2"]
+    n1_pids = [p for p in run_pids(run_dir) if os.getpgid(p) == records["n1"].pgid]
+    assert n1_pids, "node n1 should have live processes"
+
+    provider.terminate(["n1"])
+    provider.terminate(["n1"])  # idempotent
+    time.sleep(0.2)
+    assert not [p for p in n1_pids if os.path.exists(f"/proc/{p}") and _not_zombie(p)]
+    assert [i.id for i in provider.list("orphan-run")] == ["n2"]
+    assert ProcessRecord.read(run_dir / "instances" / "n1.json").terminated_at is not None
+    with pytest.raises(CloudError, match="n1 is not running"):
+        provider.wait(["n1"], timeout_s=1)
+
+    result = cli("down", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    assert "terminated n2 (local.cpu1, run orphan-run" in result.stdout
+    assert "terminated the Ray head of run orphan-run" in result.stdout
+    assert run_pids(run_dir) == []
+    again = cli("down", str(run_dir))
+    assert again.returncode == 0 and "nothing left running" in again.stdout
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_down_of_an_unknown_run_is_a_one_line_error(tmp_path, cli):
+    result = cli("down", str(tmp_path / "missing"), env={**os.environ, "RUBBERBAND_RUNS_DIR": str(tmp_path)})
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "not found" in result.stderr

@@ -1,0 +1,103 @@
+"""Re-planning at a stage boundary: when the controller asks, what it accepts, what the journal says."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from executor_helpers import make_plan, write_job
+
+from rubberband.catalog import load_catalog
+from rubberband.executor import journal as J
+from rubberband.executor.controller import Controller
+from rubberband.executor.runtime import ReplanRequest
+from rubberband.spec import load_spec
+
+
+@pytest.fixture
+def setup(tmp_path):
+    spec = load_spec(write_job(tmp_path / "job"))
+    plan = make_plan(spec, [("local.cpu2", 2, 1), ("local.cpu4", 1, 2)], durations=[12.0, 8.0])
+    journal = J.Journal(tmp_path / "run")
+    now = time.time()
+    journal.record(J.RUN_STARTED, t=now - 100, run_id="r1", spec_sha256=spec.sha256(),
+                   spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), cloud="local",
+                   deadline_s=600.0)
+    journal.record(J.STAGE_STARTED, t=now - 100, stage=0)
+    journal.record(J.STAGE_FINISHED, t=now - 40, stage=0, metrics={}, promoted=[])  # 60 s, 5× the prediction
+    return spec, plan, tmp_path / "run"
+
+
+def _controller(setup, replanner, deadline_s):
+    spec, plan, run_dir = setup
+    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=None,
+                            runtime=None, run_id="r1", replanner=replanner, deadline_s=deadline_s)
+    controller.state = J.read_state(run_dir)
+    return controller
+
+
+def _proposal(plan, instance_type: str, cost: float, p_meet: float = 0.99, trials: int | None = None):
+    stage = plan.stages[1].model_copy(update={"instance_type": instance_type, "predicted_cost_usd": cost,
+                                              **({"trials": trials} if trials else {})})
+    predicted = plan.predicted.model_copy(update={
+        "cost_usd": plan.predicted.cost_usd.model_copy(update={"mean": cost}), "p_meet_deadline": p_meet})
+    return plan.model_copy(update={"stages": [stage], "predicted": predicted})
+
+
+def _decisions(run_dir):
+    return [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.DECISION]
+
+
+def test_deadline_at_risk_accepts_a_proposal_that_meets_it(setup):
+    seen: list[ReplanRequest] = []
+
+    def replanner(request):
+        seen.append(request)
+        return _proposal(request.plan, "local.cpu2", cost=1.0)
+
+    controller = _controller(setup, replanner, deadline_s=130.0)  # 100 s gone + 8 s × 5 predicted > 130 s
+    controller._maybe_replan(1)
+    assert seen[0].at_risk and seen[0].next_stage == 1 and seen[0].remaining_deadline_s == pytest.approx(30, abs=2)
+    decision = _decisions(setup[2])[-1]
+    assert decision["accepted"] and decision["reason"] == "deadline at risk"
+    assert decision["slowdown"] == pytest.approx(5.0, rel=0.01)
+    assert controller.plan.stages[1].instance_type == "local.cpu2"
+    state = J.read_state(setup[2])
+    assert state.plan["stages"][1]["instance_type"] == "local.cpu2"  # resume continues with the new plan
+
+
+def test_a_cheaper_plan_is_taken_even_when_on_time(setup):
+    controller = _controller(setup, lambda r: _proposal(r.plan, "local.cpu2", cost=0.0), deadline_s=3600.0)
+    controller._maybe_replan(1)
+    decision = _decisions(setup[2])[-1]
+    assert decision["accepted"] and not decision["at_risk"] and decision["reason"].startswith("cheaper")
+
+
+@pytest.mark.parametrize("proposal, reason", [
+    (dict(instance_type="local.cpu2", cost=1.0), "current plan is as cheap and on time"),
+    (dict(instance_type="local.cpu2", cost=0.0, p_meet=0.5), "proposal misses the confidence"),
+    (dict(instance_type="local.cpu2", cost=0.0, trials=2), "proposal does not match the remaining stages"),
+])
+def test_proposals_that_do_not_pay_are_rejected(setup, proposal, reason):
+    controller = _controller(setup, lambda r: _proposal(r.plan, **proposal), deadline_s=3600.0)
+    controller._maybe_replan(1)
+    decision = _decisions(setup[2])[-1]
+    assert not decision["accepted"] and decision["reason"] == reason
+    assert controller.plan.stages[1].instance_type == "local.cpu4"
+
+
+def test_without_a_replanner_the_decision_is_still_journaled(setup):
+    controller = _controller(setup, None, deadline_s=130.0)
+    controller._maybe_replan(1)
+    decision = _decisions(setup[2])[-1]
+    assert decision["kind"] == "replan" and decision["at_risk"] and not decision["accepted"]
+
+
+def test_a_failing_replanner_keeps_the_plan(setup):
+    def broken(request):
+        raise RuntimeError("solver exploded")
+
+    controller = _controller(setup, broken, deadline_s=130.0)
+    controller._maybe_replan(1)
+    assert "solver exploded" in _decisions(setup[2])[-1]["reason"]
+    assert controller.plan.stages[1].instance_type == "local.cpu4"

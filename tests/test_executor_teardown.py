@@ -1,0 +1,71 @@
+"""Teardown: SIGTERM mid-run and a deadline breach both end with every instance of the run gone.
+
+Each test runs the real CLI on real Ray nodes (~20-30 s: the Ray head and a node must start
+before there is anything to tear down).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from executor_helpers import cli_env, make_plan, run_pids, write_job
+
+from rubberband.executor import journal as J
+from rubberband.plan import write_plan
+from rubberband.spec import load_spec
+
+
+def _prepare(tmp_path, epoch_s: float):
+    spec_path = write_job(tmp_path / "job", epoch_s=epoch_s)
+    write_plan(make_plan(load_spec(spec_path), [("local.cpu2", 1, 1), ("local.cpu2", 1, 2)]), tmp_path / "plan.json")
+    return spec_path
+
+
+def _check_all_terminated(run_dir):
+    events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
+    requested = {e["id"] for e in events if e["type"] == J.INSTANCE_REQUESTED}
+    terminated = {e["id"] for e in events if e["type"] == J.INSTANCE_TERMINATED}
+    assert requested and requested <= terminated
+    assert run_pids(run_dir) == []
+    return events
+
+
+def test_sigterm_mid_stage_terminates_everything(tmp_path):
+    spec_path = _prepare(tmp_path, epoch_s=5.0)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
+                             str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    try:
+        deadline = time.monotonic() + 180
+        while not any(e["type"] == J.TRIAL_STARTED for e in J.iter_events(run_dir / J.JOURNAL_NAME)):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "SIGTERM" in err.splitlines()[-1]
+    events = _check_all_terminated(run_dir)
+    assert events[-1]["type"] == J.RUN_INTERRUPTED
+    assert any(e["type"] == J.TRIAL_STOPPED and e["reason"] == "interrupted" for e in events)
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "interrupted"
+
+
+def test_a_deadline_breach_stops_the_run_and_its_instances(tmp_path, cli):
+    spec_path = _prepare(tmp_path, epoch_s=5.0)
+    run_dir = tmp_path / "run"
+    result = cli("run", str(spec_path), "--plan", str(tmp_path / "plan.json"), "--run-dir", str(run_dir),
+                 "--deadline", "20s", "--yes", env=cli_env(tmp_path))
+    assert result.returncode == 1, result.stderr
+    assert "deadline" in result.stderr.splitlines()[-1]
+    events = _check_all_terminated(run_dir)
+    assert events[-1]["type"] == J.RUN_FAILED and "deadline" in events[-1]["reason"]
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "failed" and summary["met_deadline"] is False
