@@ -1,191 +1,20 @@
-"""Test helpers for the executor: a small real trial runtime, a sleep workload, plans and specs.
+"""Test helpers for the executor: a sleep workload whose winners are known, plans and specs.
 
-``TrialSpec`` / ``TrialRun`` below follow CONTRACT_TRIALS.md (one real Ray actor per worker,
-pinned with the node's ``rb-node-<id>`` resource, calling the user's ``train(config, ctx)``,
-epoch / checkpoint events to the journal sink, checkpoints as ``epoch-<k>.pt`` + ``latest``)
-without torch.distributed, so the executor can be tested before the real runtime
-(``rubberband.executor.trials``, branch ``profiler``) is merged. Swapping it in is the one
-name :data:`TRIAL_RUNTIME`.
+The executor tests run the real trial runtime (``rubberband.executor.trials``: Ray actors with a
+torch.distributed process group) on real local Ray nodes.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import pickle
-import sys
 import textwrap
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
 
-import ray
-from ray import cloudpickle
-
-from rubberband.errors import TrainingError
 from rubberband.plan import CatalogInfo, Distribution, JobInfo, Plan, Prediction, StagePlan
-from rubberband.training import TrainContext
 
-#: The trial runtime the executor tests run with (module defining TrialSpec and TrialRun).
-TRIAL_RUNTIME = "executor_helpers"
 TESTS_DIR = Path(__file__).resolve().parent
 
-
-# -- stand-in trial runtime (CONTRACT_TRIALS.md) ---------------------------------------------
-
-@dataclass(frozen=True)
-class TrialSpec:
-    trial_id: str
-    config: dict
-    entry_point: str
-    code_dir: str
-    start_epoch: int
-    end_epoch: int
-    placement: tuple[str, ...]
-    checkpoint_dir: str
-    use_gpu: bool = False
-    max_iterations: int | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    timeout_s: float = 600
-
-    @property
-    def workers(self) -> int:
-        return len(self.placement)
-
-
-@dataclass(frozen=True)
-class EpochReport:
-    trial_id: str
-    epoch: int
-    metrics: dict
-    seconds: float
-    finished_at: float
-
-
-@dataclass(frozen=True)
-class TrialOutcome:
-    trial_id: str
-    reports: tuple
-    checkpoint_epoch: int | None
-    iteration_latencies_s: tuple
-    setup_s: float
-    started_at: float
-    finished_at: float
-
-
-class _Context(TrainContext):
-    def __init__(self, spec: TrialSpec, rank: int, sink: Any) -> None:
-        self.trial_id, self.start_epoch, self.end_epoch = spec.trial_id, spec.start_epoch, spec.end_epoch
-        self.rank, self.world_size, self.local_rank = rank, spec.workers, 0
-        self.device, self.process_group = "cpu", None
-        self._spec, self._sink = spec, sink
-        self.reports: list[EpochReport] = []
-        self.latencies: list[float] = []
-        self.checkpoint_epoch: int | None = None
-        self._epoch_started = time.time()
-        self._last_epoch = spec.start_epoch - 1
-
-    def batches(self, iterable: Iterable) -> Iterator:
-        for i, item in enumerate(iterable):
-            if self._spec.max_iterations is not None and i >= self._spec.max_iterations:
-                return
-            t = time.perf_counter()
-            yield item
-            self.latencies.append(time.perf_counter() - t)
-
-    def report(self, epoch: int, **metrics: float) -> None:
-        now = time.time()
-        self._last_epoch = epoch
-        if self.rank == 0:
-            report = EpochReport(self.trial_id, epoch, dict(metrics), now - self._epoch_started, now)
-            self.reports.append(report)
-            if self._sink is not None:
-                self._sink.record.remote({"type": "epoch", "trial_id": self.trial_id, "epoch": epoch,
-                                          "metrics": dict(metrics), "seconds": report.seconds, "t": now})
-        self._epoch_started = now
-
-    def save_checkpoint(self, state: dict) -> None:
-        if self.rank != 0:
-            return
-        directory = Path(self._spec.checkpoint_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"epoch-{self._last_epoch}.pt"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(pickle.dumps(state))
-        tmp.replace(path)
-        latest = directory / "latest"
-        tmp = directory / ".latest.tmp"
-        tmp.write_text(path.name)
-        tmp.replace(latest)
-        self.checkpoint_epoch = self._last_epoch
-        if self._sink is not None:
-            self._sink.record.remote({"type": "checkpoint", "trial_id": self.trial_id, "epoch": self._last_epoch,
-                                      "path": str(path), "t": time.time()})
-
-    def load_checkpoint(self) -> dict | None:
-        latest = Path(self._spec.checkpoint_dir) / "latest"
-        if not latest.exists():
-            return None
-        return pickle.loads((latest.parent / latest.read_text().strip()).read_bytes())
-
-
-class _Worker:
-    def run(self, spec: TrialSpec, rank: int, sink: Any, created_at: float) -> TrialOutcome:
-        started = time.time()
-        if spec.code_dir not in sys.path:
-            sys.path.insert(0, spec.code_dir)
-        module, function = spec.entry_point.split(":")
-        train = getattr(importlib.import_module(module), function)
-        ctx = _Context(spec, rank, sink)
-        setup = time.time() - created_at
-        try:
-            train(dict(spec.config), ctx)
-        except Exception as exc:  # noqa: BLE001 - becomes the trial's TrainingError
-            raise TrainingError(f"trial {spec.trial_id}: {type(exc).__name__}: {exc}") from None
-        return TrialOutcome(spec.trial_id, tuple(ctx.reports), ctx.checkpoint_epoch, tuple(ctx.latencies), setup,
-                            started, time.time())
-
-
-class TrialRun:
-    """One Ray actor per worker (1 CPU + a sliver of its instance's resource each)."""
-
-    def __init__(self, spec: TrialSpec, actors: list, refs: list) -> None:
-        self.spec, self._actors, self._refs = spec, actors, refs
-        self.done_ref = refs[0]
-
-    @classmethod
-    def start(cls, spec: TrialSpec, *, event_sink: Any = None) -> "TrialRun":
-        worker = ray.remote(_Worker)
-        created = time.time()
-        actors = [worker.options(num_cpus=1, resources={resource: 1}).remote() for resource in spec.placement]
-        refs = [actor.run.remote(spec, rank, event_sink if rank == 0 else None, created)
-                for rank, actor in enumerate(actors)]
-        return cls(spec, actors, refs)
-
-    def result(self, timeout_s: float | None = None) -> TrialOutcome:
-        try:
-            outcomes = ray.get(self._refs, timeout=timeout_s if timeout_s is not None else self.spec.timeout_s)
-        except ray.exceptions.RayTaskError as exc:
-            cause = exc.as_instanceof_cause()
-            raise TrainingError(str(getattr(cause, "message", cause)).splitlines()[-1]) from None
-        except ray.exceptions.RayError as exc:
-            raise TrainingError(f"trial {self.spec.trial_id}: worker died ({type(exc).__name__})") from None
-        return outcomes[0]
-
-    def stop(self) -> None:
-        for actor in self._actors:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-# -- a sleep workload whose metric the test knows in advance -----------------------------------
 
 WORKLOAD = textwrap.dedent('''
     import time
@@ -252,10 +81,9 @@ def make_plan(spec, stages: list[tuple[str, int, int]], *, durations: list[float
 
 
 def cli_env(tmp_path: Path) -> dict[str, str]:
-    """Environment for the CLI subprocess: the stand-in runtime importable, runs under tmp_path."""
+    """Environment for the CLI subprocess: the workload importable, runs under tmp_path."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(TESTS_DIR), env.get("PYTHONPATH", "")] if p)
-    env["RUBBERBAND_TRIAL_RUNTIME"] = TRIAL_RUNTIME
     env["RUBBERBAND_RUNS_DIR"] = str(tmp_path / "runs")
     return env
 
