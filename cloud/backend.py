@@ -27,7 +27,7 @@ from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
 from rubberband.cloud.head import worker_startup_script
-from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider
+from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider, node_resource
 from rubberband.cloud.registry import ProviderPool
 from rubberband.errors import CloudError
 
@@ -47,7 +47,7 @@ def ray_join_check(instance: Instance, timeout_s: float) -> None:
     """Block until the instance's Ray node offers ``rb-node-<id>`` (the driver is connected)."""
     import ray
 
-    resource = f"rb-node-{instance.id}"
+    resource = node_resource(instance.id)
     deadline = time.monotonic() + timeout_s
     while resource not in ray.cluster_resources():
         if time.monotonic() >= deadline:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from rubberband import __version__
 from rubberband.catalog import InstanceType
-from rubberband.cloud.provider import TAG_RUN_ID, Instance, InstanceRequest
+from rubberband.cloud.provider import TAG_RUN_ID, Instance, InstanceRequest, node_resource
 from rubberband.errors import CloudError
 
 HEAD_ID = "head"
@@ -42,11 +42,6 @@ HEAD_ENV = {"RAY_AUTH_MODE": "token", "RAY_health_check_period_ms": "1000", "RAY
             "RAY_health_check_timeout_ms": "1000"}
 NODE_ENV = {"RAY_AUTH_MODE": "token", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "1"}
 OBJECT_STORE_BYTES = 96 * 1024 ** 2
-
-
-def node_resource(instance_id: str) -> str:
-    """The custom Ray resource that pins trial workers to one instance."""
-    return f"rb-node-{instance_id}"
 
 
 @dataclass

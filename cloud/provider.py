@@ -22,6 +22,15 @@ TAG_MANAGED = "rubberband-managed"
 TAG_ROLE = "rubberband-role"  # head | worker (added by the cloud providers; optional)
 
 
+def node_resource(instance_id: str) -> str:
+    """The custom Ray resource an instance's node offers (one unit per trial worker it holds).
+
+    Trial workers ask for one unit of it, which pins them to that instance; every backend's
+    node (local, AWS, GCP bootstrap) is started with it.
+    """
+    return f"rb-node-{instance_id}"
+
+
 @dataclass(frozen=True)
 class InstanceRequest:
     """Ask for ``count`` instances of one type for one run and stage."""

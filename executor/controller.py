@@ -33,12 +33,12 @@ from typing import Any, Callable
 import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
-from rubberband.cloud.provider import InstanceRequest
+from rubberband.cloud.provider import InstanceRequest, node_resource
 from rubberband.errors import CloudError, ExecutionError, PlanFileError, TrainingError
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.placement import Slot, make_slots
-from rubberband.executor.runtime import ReplanRequest, Replanner, TrialRuntime
+from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan
 from rubberband.planner.schedule import stages_for
 from rubberband.profile import Profile
@@ -205,6 +205,7 @@ class Controller:
         self._terminations: list[tuple[PoolInstance, Future, str]] = []
         self.running: dict[Any, RunningTrial] = {}
         self.sink = None
+        self.workers: Any = None  # WorkerPool: warm worker processes per instance, reused across trials
         self.state: J.RunState | None = None
         self.stage_index = 0
         self.epoch_seconds: dict[str, list[float]] = {}
@@ -300,6 +301,12 @@ class Controller:
         ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR")
         self._catch_signals()  # after ray.init, which installs its own SIGTERM handler (it aborts)
         self.sink = J.start_sink(self.run_dir)
+        if self.runtime.module == DEFAULT_TRIAL_RUNTIME:
+            from rubberband.executor.pool import WorkerPool
+
+            # Trials take warm workers, so a stage boundary (resize) costs a process-group re-init
+            # (~0.05 s), not a process start (~2.5 s): that is what the simulator assumes.
+            self.workers = WorkerPool()
 
     def _request_first_instances(self) -> None:
         """Request the instances of the stage the run starts (or resumes) with, as soon as the head is up.
@@ -436,7 +443,7 @@ class Controller:
         handle = self.runtime.start(
             event_sink=self.sink, trial_id=trial_id, config=trial.config, entry_point=self.spec.train,
             code_dir=self.spec.base_dir, start_epoch=start, end_epoch=stage.epochs, placement=slot.placement,
-            checkpoint_dir=str(ckpt_dir), use_gpu=False, timeout_s=self.trial_timeout_s)
+            checkpoint_dir=str(ckpt_dir), use_gpu=False, timeout_s=self.trial_timeout_s, pool=self.workers)
         slot.trial_id = trial_id
         run = RunningTrial(trial_id, slot, handle, start, stage.epochs, time.time())
         self.running[handle.done_ref] = run
@@ -549,6 +556,8 @@ class Controller:
             if entry.released:  # no longer wanted while it was starting
                 entry.released = False
                 self._release(entry, "no longer needed when it came up")
+            elif self.workers is not None:  # start its worker processes now, off the critical path
+                self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False)
 
     def _release(self, entry: PoolInstance, why: str) -> None:
         if entry.released:
@@ -557,6 +566,8 @@ class Controller:
         if entry.id is None:  # still provisioning: released as soon as it is up
             return
         self.journal.record(J.DECISION, kind="release", id=entry.id, stage=self.stage_index, reason=why)
+        if self.workers is not None:
+            self.workers.shrink(node_resource(entry.id))
         future = self._terminator.submit(self._terminate_one, entry.id)
         self._terminations.append((entry, future, why))
 
@@ -738,6 +749,11 @@ class Controller:
                 self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=self.stage_index,
                                     reason="interrupted")
             self.running.clear()
+            if self.workers is not None:
+                try:
+                    self.workers.close()
+                except Exception:  # noqa: BLE001 - their nodes are terminated below anyway
+                    pass
             try:
                 import ray
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rubberband.cloud.local import node_resource
+from rubberband.cloud.provider import node_resource
 
 
 @dataclass

@@ -51,8 +51,10 @@ class TrialRuntime:
         except AttributeError:
             raise InputError(f"trial runtime module {module!r} lacks TrialSpec or TrialRun") from None
 
-    def start(self, *, event_sink: Any = None, **spec_fields: Any) -> TrialHandle:
-        return self.run_cls.start(self.spec_cls(**spec_fields), event_sink=event_sink)
+    def start(self, *, event_sink: Any = None, pool: Any = None, **spec_fields: Any) -> TrialHandle:
+        """Start a trial; with ``pool`` (a WorkerPool) its workers are warm processes reused across trials."""
+        extra = {"pool": pool} if pool is not None else {}
+        return self.run_cls.start(self.spec_cls(**spec_fields), event_sink=event_sink, **extra)
 
 
 @dataclass(frozen=True)

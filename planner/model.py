@@ -266,13 +266,20 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
     by_cloud: dict[str, list[float]] = {}
     type_source: dict[tuple[str, str], str] = {}
     cloud_source: dict[str, str] = {}
+    typed_by_cloud: dict[str, list[float]] = {}
     for s in profile.startup:
         if s.instance_type:
             by_type.setdefault((s.cloud, s.instance_type), []).extend(s.samples_s)
             type_source[(s.cloud, s.instance_type)] = s.source
+            typed_by_cloud.setdefault(s.cloud, []).extend(s.samples_s)
         else:
             by_cloud.setdefault(s.cloud, []).extend(s.samples_s)
             cloud_source[s.cloud] = s.source
+    # A cloud's other types boot like the types measured there: better than documented defaults.
+    for cloud, samples in typed_by_cloud.items():
+        if cloud not in by_cloud:
+            by_cloud[cloud] = samples
+            cloud_source[cloud] = "measured on other types of this cloud"
     return PerformanceModel(
         dataset_size=profile.workload.dataset_size,
         batch_size_per_worker=batch,

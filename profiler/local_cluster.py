@@ -28,12 +28,11 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from rubberband.cloud.provider import node_resource  # noqa: E402
 from rubberband.errors import ExecutionError  # noqa: E402
 
 
-def instance_resource(instance_id: str) -> str:
-    """The custom resource that pins a worker to an instance."""
-    return f"rb-node-{instance_id}"
+instance_resource = node_resource  # the naming every backend shares (cloud/provider.py)
 
 
 def force_loopback() -> None:

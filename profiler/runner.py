@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rubberband.catalog import InstanceType
+from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
 from rubberband.profile import PROFILE_SCHEMA_VERSION, LatencyMeasurement, Profile, StartupSamples, Workload
 from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
@@ -183,7 +184,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
             for i in range(nodes_needed(shapes)):
                 tick(f"starting local instance {i + 1} of {nodes_needed(shapes)} ({it.name})", advance=False)
                 cluster.add_instance(f"p{i}", it.workers)
-                resources.append(f"rb-node-p{i}")
+                resources.append(node_resource(f"p{i}"))
                 tick(f"local instance {i + 1} up")
             startup = _measure_startup(cluster, options, budget, notes, tick)
             from rubberband.executor.pool import WorkerPool

@@ -16,7 +16,8 @@ import time
 import pytest
 from executor_helpers import run_pids
 
-from rubberband.cloud.local import LocalProvider, ProcessRecord, node_resource
+from rubberband.cloud.local import LocalProvider, ProcessRecord
+from rubberband.cloud.provider import node_resource
 from rubberband.cloud.provider import TAG_RUN_ID
 from rubberband.errors import CloudError
 
