@@ -1,204 +1,132 @@
 """Executor benchmark on the local backend: plan fidelity, resize overhead, elastic vs static cost.
 
-    python bench/bench_executor.py [--runs 5] [--epoch-s 4.0] [--out DIR]
+    python bench/bench_executor.py [--quick] [--out DIR]
 
-* fidelity — predicted (plan) vs actual JCT and cost over ``--runs`` runs of a 9-trial SHA job
-  (η=3, 1 → 9 epochs, 3 stages) on real local Ray nodes; prints the median relative errors (target ≤ 5%).
-  With the planner installed (``rubberband.planner.plan_job``) and ``--profile`` given, the plan
-  and its predictions come from the planner; otherwise from :func:`analytic_plan` below, a
-  stand-in model (waves × (epoch time + trial setup) + instance startup) whose constants are
-  measured by a first calibration run — say which one was used when quoting the figures.
-* resize overhead — trial setup time (new workers + restore) of the restarts in stages 1 and 2
-  (resizes 1 → 2 → 1 workers per trial) versus fresh stage-0 starts, from the journal.
-* elastic vs static — actual cost of the elastic plan (instances released as soon as idle,
-  next-stage instances prefetched) over a static plan that holds its instances to the end
-  (target ratio ≤ 0.7).
+Every prediction comes from the real planner (``rubberband.planner.plan_job``) fitted on the
+shipped, measured profiles; every run is a real local run (Ray nodes on this machine, torch DDP
+in Ray actors, the real trial runtime) driven by the executor's controller:
 
-The trial runtime is ``rubberband.executor.trials`` when installed, else the tests' stand-in
-(``tests/executor_helpers.py``); ``--runtime`` overrides.
+* fidelity — predicted (plan p50 JCT, mean cost) vs actual over several runs: the synthetic
+  sleep-based workload with injected stragglers (``examples/quickstart_local.yaml``) at several
+  deadlines, and the real small torch workload (``examples/digits.yaml``); prints the median
+  relative errors (target ≤ 5%).
+* resize overhead — setup time of trials restarted from a checkpoint with a new worker count
+  (stages ≥ 1, warm worker processes) versus first starts, from the journals (target ≤ 1 s).
+* elastic vs static — the same job run for real twice: the elastic plan, and the best static plan
+  (``plan.baselines["static"]``, instances held to the end): actual cost ratio (target ≤ 0.7) and
+  both JCTs.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import math
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
+from rubberband.catalog import load_catalog
+from rubberband.cloud.local import LocalProvider
+from rubberband.executor import journal as J
+from rubberband.executor.controller import Controller
+from rubberband.executor.runtime import TrialRuntime
+from rubberband.inputs import load_job_inputs
+from rubberband.planner import plan_job
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from executor_helpers import make_plan, write_job  # noqa: E402
-
-from rubberband.catalog import load_catalog  # noqa: E402
-from rubberband.cloud.local import LocalProvider  # noqa: E402
-from rubberband.executor import journal as J  # noqa: E402
-from rubberband.executor.controller import Controller  # noqa: E402
-from rubberband.executor.runtime import TrialRuntime  # noqa: E402
-from rubberband.spec import load_spec  # noqa: E402
-
-# The job: 9 trials, η=3, 1 → 9 epochs: stages of 9×1, 3×3 and 1×9 cumulative epochs.
-# Elastic: three instances while there are 9 and 3 trials (the survivors resized to 2 workers each),
-# one for the last trial (resized back to 1 worker); the two others are released when stage 1 ends.
-# Static: the same three instances held for the whole job.
-ELASTIC = [("local.cpu2", 3, 1), ("local.cpu2", 3, 2), ("local.cpu2", 1, 1)]
-STATIC = [("local.cpu2", 3, 1), ("local.cpu2", 3, 2), ("local.cpu2", 3, 1)]
-PRICES = {"local.cpu1": 0.05, "local.cpu2": 0.10, "local.cpu4": 0.20}
-WORKERS = {"local.cpu1": 1, "local.cpu2": 2, "local.cpu4": 4}
+QUICKSTART = REPO / "examples" / "quickstart_local.yaml"
+DIGITS = REPO / "examples" / "digits.yaml"
 
 
-def default_runtime() -> str:
-    if importlib.util.find_spec("rubberband.executor.trials") is not None:
-        return "rubberband.executor.trials"
-    return "executor_helpers"
-
-
-def run_once(spec, plan, directory: Path, runtime: str, *, elastic: bool = True) -> dict:
-    run_dir = directory / "run"
+def run_once(spec, plan, run_dir: Path, *, elastic: bool = True) -> dict:
     controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir,
-                            backend=LocalProvider(run_dir), runtime=TrialRuntime.load(runtime),
-                            run_id=directory.name, elastic=elastic)
+                            backend=LocalProvider(run_dir), runtime=TrialRuntime.load(), run_id=run_dir.name,
+                            elastic=elastic)
     controller.run()
-    events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
-    return {"result": controller.result, "events": events}
+    return {"result": controller.result, "events": list(J.iter_events(run_dir / J.JOURNAL_NAME))}
 
 
-def calibrate(events: list[dict]) -> dict[str, float]:
-    """Constants of the stand-in model, measured from one run's journal."""
-    startup = [e["startup_s"] for e in events if e["type"] == J.INSTANCE_READY and "startup_s" in e]
-    setup = [e["setup_s"] for e in events if e["type"] == J.TRIAL_STOPPED and e.get("setup_s") is not None]
-    per_epoch = [e["seconds"] for e in events if e["type"] == J.EPOCH]
-    started = next(e["t"] for e in events if e["type"] == J.RUN_STARTED)
-    first_stage = next(e["t"] for e in events if e["type"] == J.STAGE_STARTED)
-    return {"startup_s": statistics.median(startup), "setup_s": statistics.median(setup),
-            "epoch_s": statistics.median(per_epoch), "head_s": first_stage - started}
+def static_plan(plan):
+    """The plan's best static baseline as an executable plan (same job, the baseline's stages)."""
+    static = plan.baselines["static"]
+    return plan.model_copy(update={"stages": static.stages, "predicted": static.predicted,
+                                   "timeline": static.timeline or plan.timeline})
 
 
-def simulate(spec, stages, k: dict[str, float]) -> tuple[list[float], list[float]]:
-    """Stand-in predictions (per-stage durations and costs) from a small replay of the executor's rules.
-
-    Instances start one after another (``startup_s`` each) once the head is up (``head_s``); trials go
-    to the earliest free slot and take ``setup_s`` + epochs × ``epoch_s``; same-type instances carry
-    over; the next stage's extra instances are requested ``startup_s`` before the current stage's
-    end; an instance is billed from its request to the end of its last trial (idle ones are
-    released as soon as no trial is left to dispatch).
-    """
-    plan = make_plan(spec, stages, prices=PRICES)
-    t = k["head_s"]
-    provisioner_free = t
-    every: list[dict] = []
-    carried: list[dict] = []
-    windows, durations = [], []
-    for g, (s, (itype, n, w)) in enumerate(zip(plan.stages, stages)):
-        stage_start = t
-        instances = [inst for inst in carried if inst["type"] == itype][:n]
-        for inst in carried:
-            if inst not in instances:
-                inst["released"] = inst["last_end"]
-        request_at = stage_start if g == 0 else max(k["head_s"], stage_start - k["startup_s"])
-        while len(instances) < n:
-            requested = max(provisioner_free, request_at)
-            provisioner_free = requested + k["startup_s"]
-            inst = {"type": itype, "requested": requested, "ready": provisioner_free, "last_end": stage_start,
-                    "released": None}
-            instances.append(inst)
-            every.append(inst)
-        per_instance = WORKERS[itype] // w
-        slots = [inst for inst in instances for _ in range(per_instance)]
-        free = [max(inst["ready"], stage_start) for inst in slots]
-        trial_s = k["setup_s"] + s.epochs_this_stage * k["epoch_s"]
-        for _ in range(s.trials):
-            i = min(range(len(free)), key=lambda j: free[j])
-            free[i] += trial_s
-            slots[i]["last_end"] = max(slots[i]["last_end"], free[i])
-        t = max(free)
-        windows.append((stage_start, t))
-        durations.append(t - stage_start)
-        carried = instances
-    for inst in carried:
-        inst["released"] = inst["last_end"]
-    costs = [0.0] * len(stages)
-    for inst in every:
-        price = PRICES[inst["type"]] / 3600
-        for g, (lo, hi) in enumerate(windows):
-            lo = -math.inf if g == 0 else lo
-            hi = math.inf if g + 1 == len(windows) else hi
-            costs[g] += price * max(0.0, min(hi, inst["released"]) - max(lo, inst["requested"]))
-    durations[0] += k["head_s"]
-    return durations, costs
-
-
-def analytic_plan(spec, stages, k: dict[str, float]):
-    durations, costs = simulate(spec, stages, k)
-    plan = make_plan(spec, stages, durations=durations, prices=PRICES)
-    total = sum(costs)
-    stage_plans = [s.model_copy(update={"predicted_cost_usd": c}) for s, c in zip(plan.stages, costs)]
-    predicted = plan.predicted.model_copy(update={
-        "cost_usd": plan.predicted.cost_usd.model_copy(update={"mean": total, "p50": total, "p95": total * 1.1}),
-        "stage_cost_usd": costs})
-    return plan.model_copy(update={"stages": stage_plans, "predicted": predicted})
-
-
-def rel(a: float, b: float) -> float:
-    return abs(a - b) / b if b else math.inf
+def rel(actual: float, predicted: float) -> float:
+    return abs(actual - predicted) / actual
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--epoch-s", type=float, default=4.0)
-    parser.add_argument("--runtime", default=None)
+    parser.add_argument("--quick", action="store_true", help="one deadline per workload (3 runs)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    runtime = args.runtime or default_runtime()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    base = args.out or Path(tempfile.mkdtemp(prefix="rb-bench-"))
-    spec = load_spec(write_job(base / "job", epoch_s=args.epoch_s, deadline="1h", max_epochs=9))
-    print(f"runtime: {runtime}; runs under {base}")
+    base = args.out or Path(tempfile.mkdtemp(prefix="rb-bench-executor-"))
+    cases = [(QUICKSTART, "3m"), (QUICKSTART, "40s"), (QUICKSTART, "28s"), (DIGITS, None), (DIGITS, "tight")]
+    if args.quick:
+        cases = [(QUICKSTART, "3m"), (QUICKSTART, "28s"), (DIGITS, None)]
+    print(f"runs under {base}")
+    rows, setups_resize, setups_first = [], [], []
+    elastic_vs_static = None
+    for i, (spec_path, deadline) in enumerate(cases):
+        inputs = load_job_inputs(spec_path)
+        spec, profile, catalog = inputs.spec, inputs.profile, inputs.catalog
+        deadline_s = None
+        if deadline == "tight":  # 1.2× the shortest feasible JCT: the planner's own infeasibility bound
+            from rubberband.errors import InfeasibleError
 
-    calibration = run_once(spec, make_plan(spec, ELASTIC, prices=PRICES), base / "calibrate", runtime)
-    k = calibrate(calibration["events"])
-    print("calibration: " + ", ".join(f"{name} {value:.2f}s" for name, value in k.items()))
-    plan = analytic_plan(spec, ELASTIC, k)
-    print(f"predictions from: stand-in analytic model (planner not used); predicted JCT "
-          f"{plan.predicted.jct_s.p50:.1f}s, cost ${plan.predicted.cost_usd.mean:.5f}")
+            try:
+                plan_job(spec, profile, catalog, deadline_s=1.0, samples=300, seed=0)
+            except InfeasibleError as exc:
+                deadline_s = 1.2 * exc.shortest_jct_s
+        elif deadline is not None:
+            from rubberband.units import parse_duration
 
-    jct_err, cost_err, resize, fresh, elastic_costs = [], [], [], [], []
-    for i in range(args.runs):
-        out = run_once(spec, plan, base / f"elastic-{i}", runtime)
+            deadline_s = parse_duration(deadline)
+        plan = plan_job(spec, profile, catalog, deadline_s=deadline_s, samples=1000, seed=0)
+        out = run_once(spec, plan, base / f"run-{i}")
         actual = out["result"]["actual"]
-        jct_err.append(rel(actual["jct_s"], plan.predicted.jct_s.p50))
-        cost_err.append(rel(actual["cost_usd"], plan.predicted.cost_usd.mean))
-        elastic_costs.append(actual["cost_usd"])
+        row = {"workload": spec.name, "deadline_s": plan.deadline_s,
+               "stages": [f"{s.instances}x{s.instance_type}/w{s.workers_per_trial}" for s in plan.stages],
+               "jct_pred_s": plan.predicted.jct_s.p50, "jct_actual_s": actual["jct_s"],
+               "cost_pred_usd": plan.predicted.cost_usd.mean, "cost_actual_usd": actual["cost_usd"]}
+        rows.append(row)
         for e in out["events"]:
             if e["type"] == J.TRIAL_STOPPED and e.get("setup_s") is not None:
-                (resize if e["stage"] > 0 else fresh).append(e["setup_s"])
-        print(f"run {i}: JCT {actual['jct_s']:.1f}s (pred {plan.predicted.jct_s.p50:.1f}s), cost "
-              f"${actual['cost_usd']:.5f} (pred ${plan.predicted.cost_usd.mean:.5f})")
-    static = run_once(spec, make_plan(spec, STATIC, prices=PRICES), base / "static", runtime, elastic=False)
-    static_cost = static["result"]["actual"]["cost_usd"]
+                (setups_resize if e.get("stage", 0) > 0 else setups_first).append(e["setup_s"])
+        print(f"{spec.name} deadline {plan.deadline_s:.0f}s {' '.join(row['stages'])}: JCT {actual['jct_s']:.1f}s "
+              f"(pred {row['jct_pred_s']:.1f}s), cost ${actual['cost_usd']:.5f} (pred ${row['cost_pred_usd']:.5f})")
+        if elastic_vs_static is None and spec_path == QUICKSTART and deadline == "28s":
+            static = run_once(spec, static_plan(plan), base / f"static-{i}", elastic=False)
+            s_actual = static["result"]["actual"]
+            elastic_vs_static = {"elastic_cost_usd": actual["cost_usd"], "static_cost_usd": s_actual["cost_usd"],
+                                 "elastic_jct_s": actual["jct_s"], "static_jct_s": s_actual["jct_s"],
+                                 "ratio": actual["cost_usd"] / s_actual["cost_usd"],
+                                 "static_stages": [f"{s.instances}x{s.instance_type}/w{s.workers_per_trial}"
+                                                   for s in static_plan(plan).stages]}
     figures = {
-        "runs": args.runs,
-        "median_rel_error_jct": statistics.median(jct_err),
-        "median_rel_error_cost": statistics.median(cost_err),
-        "resize_setup_s_median": statistics.median(resize) if resize else None,
-        "fresh_setup_s_median": statistics.median(fresh) if fresh else None,
-        "elastic_cost_usd_median": statistics.median(elastic_costs),
-        "static_cost_usd": static_cost,
-        "elastic_over_static_cost": statistics.median(elastic_costs) / static_cost,
-        "static_jct_s": static["result"]["actual"]["jct_s"],
+        "runs": len(rows),
+        "median_rel_error_jct": statistics.median(rel(r["jct_actual_s"], r["jct_pred_s"]) for r in rows),
+        "median_rel_error_cost": statistics.median(rel(r["cost_actual_usd"], r["cost_pred_usd"]) for r in rows),
+        "resize_setup_s_median": statistics.median(setups_resize) if setups_resize else None,
+        "first_start_setup_s_median": statistics.median(setups_first) if setups_first else None,
+        "elastic_vs_static": elastic_vs_static,
+        "rows": rows,
     }
-    print(json.dumps(figures, indent=2))
-    print(f"fidelity: median |error| JCT {figures['median_rel_error_jct']:.1%}, cost "
+    (base / "figures.json").write_text(json.dumps(figures, indent=2))
+    print(json.dumps({k: v for k, v in figures.items() if k != "rows"}, indent=2))
+    print(f"fidelity over {len(rows)} runs: median |error| JCT {figures['median_rel_error_jct']:.1%}, cost "
           f"{figures['median_rel_error_cost']:.1%} (target ≤ 5%)")
-    print(f"resize overhead: restart setup {figures['resize_setup_s_median']:.2f}s vs fresh "
-          f"{figures['fresh_setup_s_median']:.2f}s")
-    print(f"elastic / static actual cost: {figures['elastic_over_static_cost']:.2f} (target ≤ 0.7)")
+    if setups_resize:
+        print(f"resize overhead (restart from checkpoint with a new worker count): median "
+              f"{figures['resize_setup_s_median']:.3f}s (target ≤ 1 s); first starts "
+              f"{figures['first_start_setup_s_median']:.3f}s")
+    if elastic_vs_static:
+        print(f"elastic / static actual cost: {elastic_vs_static['ratio']:.2f} (target ≤ 0.7); JCT elastic "
+              f"{elastic_vs_static['elastic_jct_s']:.1f}s, static {elastic_vs_static['static_jct_s']:.1f}s")
 
 
 if __name__ == "__main__":
