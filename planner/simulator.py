@@ -442,7 +442,6 @@ class Simulator:
             start = prev.barrier
 
         # instances: carried ones are up at the barrier; new ones requested ahead of time
-        startup = self._startup(itype)
         request = np.empty((S, n_inst))
         ready = np.empty((S, n_inst))
         if carry:

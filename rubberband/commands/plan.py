@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import time
-
 import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from rubberband.commands._options import deadline_flag
 from rubberband.console import stdout
 from rubberband.errors import InputError
 from rubberband.inputs import CLOUD_CHOICES, load_job_inputs
 from rubberband.plan import Plan, plan_json, write_plan
-from rubberband.units import format_duration, format_usd, parse_duration
+from rubberband.planning import plan_from_inputs
+from rubberband.units import format_duration, format_usd
 
 ORDER = 20
 
 
-def _print_plan(plan: Plan) -> None:
+def print_plan(plan: Plan) -> None:
+    """The plan as a table, its totals, and how it compares with the best static plan."""
     console = stdout()
     if not console.is_terminal and console.width < 120:  # pipes and CI logs: do not squeeze the table
         console = Console(highlight=False, soft_wrap=False, width=120)
@@ -73,14 +74,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print only the plan JSON on stdout."),
     ) -> None:
         """Plan the cheapest elastic allocation that meets the deadline, and compare with static."""
-        from rubberband.planner import plan_job  # heavy imports only when planning
-
-        deadline_s = None
-        if deadline is not None:
-            try:
-                deadline_s = parse_duration(deadline)
-            except ValueError as exc:
-                raise InputError(f"--deadline: {exc}") from None
+        deadline_s = deadline_flag(deadline)
         if cloud is not None and cloud not in CLOUD_CHOICES:
             raise InputError(f"--cloud must be one of {', '.join(CLOUD_CHOICES)} (got {cloud!r})")
         if confidence is not None and not 0 < confidence < 1:
@@ -88,16 +82,13 @@ def register(app: typer.Typer) -> None:
         if samples < 10 or samples > 100_000:
             raise InputError(f"--samples must be between 10 and 100000 (got {samples})")
         inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
-        started = time.perf_counter()
-        result = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s,
-                          confidence=confidence, cloud=cloud, samples=samples, seed=seed)
-        result.planner.seconds = round(time.perf_counter() - started, 4)
-        result.profile_path = str(inputs.profile_path)
+        result = plan_from_inputs(inputs, deadline_s=deadline_s, confidence=confidence, cloud=cloud,
+                                  samples=samples, seed=seed)
         if out is not None:
             write_plan(result, out)
         if as_json:
             typer.echo(plan_json(result))
             return
-        _print_plan(result)
+        print_plan(result)
         if out is not None:
             stdout().print(f"Plan written to {out}")

@@ -10,14 +10,17 @@ import time
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from rubberband.catalog import load_catalog
-from rubberband.console import stderr, stdout
+from rubberband.commands._options import deadline_flag
+from rubberband.commands.plan import print_plan
+from rubberband.console import stderr
 from rubberband.errors import InputError, PlanFileError, RunDirError
+from rubberband.inputs import load_job_inputs
 from rubberband.plan import Plan, load_plan, write_plan
+from rubberband.planning import plan_from_inputs
 from rubberband.spec import JobSpec, load_spec
-from rubberband.units import format_duration, format_usd, parse_duration
+from rubberband.units import format_duration, format_usd
 
 ORDER = 10
 
@@ -48,37 +51,6 @@ def _executor_alive(pid: int | None) -> bool:
     return "rubberband" in cmdline or "controller" in cmdline
 
 
-def _plan_table(plan: Plan) -> Table:
-    table = Table(title=f"Plan: {plan.job.name} ({plan.job.scheduler}, η={plan.job.eta})", title_justify="left")
-    for column in ("stage", "trials", "epochs", "instance type", "instances", "workers/trial", "p50 time", "cost"):
-        table.add_column(column, justify="right")
-    for i, s in enumerate(plan.stages):
-        table.add_row(str(i), str(s.trials), str(s.epochs), s.instance_type, str(s.instances),
-                      str(s.workers_per_trial),
-                      format_duration(s.predicted_duration_s) if s.predicted_duration_s else "-",
-                      format_usd(s.predicted_cost_usd) if s.predicted_cost_usd is not None else "-")
-    table.caption = (f"predicted JCT p50 {format_duration(plan.predicted.jct_s.p50)}, cost "
-                     f"{format_usd(plan.predicted.cost_usd.mean)}, P(meet deadline) "
-                     f"{plan.predicted.p_meet_deadline:.2f}")
-    return table
-
-
-def _plan_on_the_fly(spec: JobSpec) -> Plan:
-    try:
-        from rubberband.planner import plan_job
-    except ImportError:
-        raise InputError("planning on the fly needs rubberband's planner, which is not installed; "
-                         "pass --plan PLAN.json (from `rubberband plan`)") from None
-    from rubberband.profile import load_profile
-
-    if spec.profile_path() is None:
-        raise InputError("the spec has no `profile:`; run `rubberband profile` first or pass --plan")
-    catalog = load_catalog(list(spec.resources.clouds)).filter(
-        clouds=spec.resources.clouds, regions=spec.resources.regions, names=spec.resources.instance_types,
-        spot=spec.resources.spot)
-    return plan_job(spec, load_profile(spec.profile_path()), catalog)
-
-
 def _raise_interrupted(signum, frame) -> None:
     from rubberband.executor.controller import Interrupted
 
@@ -107,12 +79,7 @@ def register(app: typer.Typer) -> None:
         from rubberband.executor.progress import ProgressView
         from rubberband.executor.runtime import TrialRuntime, planner_replanner
 
-        deadline_s = None
-        if deadline is not None:
-            try:
-                deadline_s = parse_duration(deadline)
-            except ValueError as exc:
-                raise InputError(f"--deadline: {exc}") from None
+        deadline_s = deadline_flag(deadline)
         if resume is not None:
             directory = resolve_run_dir(resume)
             state = J.read_state(directory)
@@ -149,9 +116,9 @@ def register(app: typer.Typer) -> None:
                 plan = load_plan(plan_path)
                 check_plan_matches(spec, plan, source=str(plan_path))
             else:
-                plan = _plan_on_the_fly(spec)
+                plan = plan_from_inputs(load_job_inputs(spec_path), deadline_s=deadline_s)
                 check_plan_matches(spec, plan, source="the new plan")
-                stdout().print(_plan_table(plan))
+                print_plan(plan)
                 if not yes:
                     if not sys.stdin.isatty():
                         raise InputError("not starting without confirmation; pass --yes to run the plan shown")
