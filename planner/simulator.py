@@ -449,7 +449,10 @@ class Simulator:
             ready[:, :carry] = start[:, None]
         if carry < n_inst:
             if prev is None:
-                t_req = np.zeros(S) if self.start_state is None else np.full(S, self.start_state.now_s)
+                # A fresh run first brings up its Ray head (about one instance start-up, median),
+                # then requests the first stage's instances; a re-plan starts from "now".
+                t_req = (np.full(S, self._startup(itype).quantile(0.5)) if self.start_state is None
+                         else np.full(S, self.start_state.now_s))
             else:
                 lead = max(0.0, prev.predicted_s - self._lead(itype))
                 t_req = prev.anchor + lead

@@ -53,4 +53,6 @@ def test_replanning_remaining_stages_reuses_running_instances(inputs):
                           running=RunningState(instance_type_key=types[0].key, instances=9))
     # instances already up: no start-up wait or cost for them
     assert running.result.breakdown["startup"].mean() < fresh.result.breakdown["startup"].mean()
-    assert running.result.jct_mean < fresh.result.jct_mean
+    # the planner minimises cost under the deadline: instances already up can only make it cheaper
+    assert running.result.cost_mean <= fresh.result.cost_mean
+    assert running.result.p_meet(3000) >= 0.9 and fresh.result.p_meet(3000) >= 0.9
