@@ -210,18 +210,37 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
 
 def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, notes: list[str],
                      tick: Callable[..., None]) -> list[StartupSamples]:
+    """Start-up samples through the executor's own local provider (``ray start`` nodes joining a head).
+
+    Measured the way a run pays for it: request → node registered with the head, for a throwaway head
+    and nodes in a temporary run directory, all stopped before returning. ``cluster`` (the profiling
+    cluster) is not used for this: its in-process nodes start faster than the executor's do.
+    """
+    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.provider import InstanceRequest
+
     samples: list[float] = []
-    for k in range(options.startup_samples):
-        if budget.left() < options.budget_s * 0.5:
-            notes.append(f"start-up: took {len(samples)} of {options.startup_samples} samples "
-                         f"(the rest of the budget is for the training shapes)")
-            break
-        tick(f"start-up sample {k + 1}/{options.startup_samples}: starting a local node", advance=False)
-        # The node stays until the cluster is torn down: removing a node under a connected driver
-        # makes Ray print a raylet crash report on stderr.
-        start = cluster.add_instance(f"s{k}", options.instance_type.workers, measure_ready=True)
-        samples.append(round(start.ready_s, 3))
-        tick(f"start-up sample {k + 1}: {start.ready_s:.1f} s to a running worker")
+    with tempfile.TemporaryDirectory(prefix="rb-startup-") as scratch:
+        provider = LocalProvider(scratch)
+        try:
+            tick("start-up: starting a local Ray head", advance=False)
+            provider.start_head("startup-probe")
+            for k in range(options.startup_samples):
+                if budget.left() < options.budget_s * 0.5:
+                    notes.append(f"start-up: took {len(samples)} of {options.startup_samples} samples "
+                                 f"(the rest of the budget is for the training shapes)")
+                    break
+                tick(f"start-up sample {k + 1}/{options.startup_samples}: starting a local node", advance=False)
+                requested = time.time()
+                (instance,) = provider.provision(InstanceRequest(run_id="startup-probe", stage=0,
+                                                                 instance_type=options.instance_type))
+                samples.append(round(time.time() - requested, 3))
+                provider.terminate([instance.id])
+                tick(f"start-up sample {k + 1}: {samples[-1]:.1f} s to a registered node")
+        finally:
+            for instance in provider.list():
+                provider.terminate([instance.id])
+            provider.stop_head()
     out = []
     if samples:
         out.append(StartupSamples(cloud=options.cloud, instance_type=options.instance_type.name, samples_s=samples,
@@ -428,7 +447,7 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
     for cloud in sorted(set(spec.resources.clouds) | {options.cloud}):
         if cloud not in measured_clouds and cloud in DEFAULT_STARTUP_S:
             startup.append(StartupSamples(cloud=cloud, samples_s=list(DEFAULT_STARTUP_S[cloud]), source="default"))
-    sources["startup"] = ("measured: local node request → registered → a worker process answering"
+    sources["startup"] = ("measured: `ray start` node request → registered with the run head (LocalProvider)"
                           if measured_clouds else "default: documented per-cloud figures (docs/profiling.md)")
     import torch
 
