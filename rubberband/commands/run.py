@@ -63,7 +63,8 @@ def _plan_table(plan: Plan) -> Table:
     return table
 
 
-def _plan_on_the_fly(spec: JobSpec) -> Plan:
+def _plan_on_the_fly(spec: JobSpec, cloud: str | None = None) -> Plan:
+    """Plan with the spec's profile; ``cloud`` restricts the catalog to one cloud (``--cloud aws``)."""
     try:
         from rubberband.planner import plan_job
     except ImportError:
@@ -73,10 +74,54 @@ def _plan_on_the_fly(spec: JobSpec) -> Plan:
 
     if spec.profile_path() is None:
         raise InputError("the spec has no `profile:`; run `rubberband profile` first or pass --plan")
+    if cloud is not None:
+        from rubberband.inputs import catalog_for
+
+        return plan_job(spec, load_profile(spec.profile_path()), catalog_for(spec, cloud), cloud=cloud)
     catalog = load_catalog(list(spec.resources.clouds)).filter(
         clouds=spec.resources.clouds, regions=spec.resources.regions, names=spec.resources.instance_types,
         spot=spec.resources.spot)
     return plan_job(spec, load_profile(spec.profile_path()), catalog)
+
+
+def check_cloud_choice(spec: JobSpec, plan: Plan | None, cloud: str) -> None:
+    """``--cloud aws|gcp`` must be a cloud the spec allows, and the plan (when given) must run on it."""
+    from rubberband.cloud.registry import CLOUD_PROVIDERS
+
+    if cloud not in CLOUD_PROVIDERS:
+        raise InputError(f"--cloud {cloud!r} cannot be dry-run; use one of {', '.join(CLOUD_PROVIDERS)}")
+    if cloud not in spec.resources.clouds:
+        raise InputError(f"--cloud {cloud} is not in the spec's resources.clouds "
+                         f"({', '.join(spec.resources.clouds)}); add it there or pick one of those")
+    if plan is not None:
+        clouds = sorted({s.cloud for s in plan.stages})
+        if clouds != [cloud]:
+            raise PlanFileError(f"the plan uses instances of {', '.join(clouds)} but --cloud is {cloud}; "
+                                f"plan for {cloud} (`rubberband plan SPEC --cloud {cloud}`)")
+
+
+def dry_run_plan(plan: Plan, cloud: str) -> None:
+    """Print the plan's provisioning schedule, expected bill and permission checks; create nothing.
+
+    Unknown instance types or regions fail before any cloud call (CatalogError, exit 2); a
+    denied permission or missing credentials is a one-line error with exit 2 (fix the input:
+    the credentials), not a run failure.
+    """
+    from rubberband.cloud.dryrun import dry_run, render_dry_run
+    from rubberband.cloud.registry import ProviderPool
+    from rubberband.errors import CloudError
+
+    catalog = load_catalog([cloud])
+    for stage in plan.stages:
+        catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+    try:
+        report = dry_run(plan, ProviderPool(), catalog=catalog)
+    except CloudError as exc:
+        if exc.kind == "fatal":
+            raise InputError(f"dry run on {cloud}: {exc.message}") from None
+        raise
+    stdout().print(render_dry_run(report))
+    stdout().print(f"dry run only: nothing was created on {cloud}", markup=False, highlight=False)
 
 
 def _raise_interrupted(signum, frame) -> None:
@@ -97,6 +142,8 @@ def register(app: typer.Typer) -> None:
                                    help="Continue a run whose executor died, from its journal."),
         deadline: str = typer.Option(None, "--deadline", help="Override the spec's deadline (90m, 2h...)."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before starting a freshly made plan."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="With --cloud aws|gcp: print the provisioning "
+                                     "schedule, expected bill and permission checks; create nothing."),
         trial_runtime: str = typer.Option("rubberband.executor.trials", "--trial-runtime", hidden=True,
                                           envvar="RUBBERBAND_TRIAL_RUNTIME"),
     ) -> int:
@@ -113,6 +160,25 @@ def register(app: typer.Typer) -> None:
                 deadline_s = parse_duration(deadline)
             except ValueError as exc:
                 raise InputError(f"--deadline: {exc}") from None
+        if dry_run:
+            if resume is not None:
+                raise InputError("--dry-run cannot be combined with --resume")
+            if spec_path is None:
+                raise InputError("missing SPEC: --dry-run needs a job spec YAML")
+            if cloud is None:
+                raise InputError("--dry-run needs --cloud aws or --cloud gcp")
+            spec = load_spec(spec_path)
+            check_cloud_choice(spec, None, cloud)
+            if plan_path is not None:
+                plan = load_plan(plan_path)
+                check_plan_matches(spec, plan, source=str(plan_path))
+            else:
+                plan = _plan_on_the_fly(spec, cloud)
+                check_plan_matches(spec, plan, source="the new plan")
+                stdout().print(_plan_table(plan))
+            check_cloud_choice(spec, plan, cloud)
+            dry_run_plan(plan, cloud)
+            return 0
         if resume is not None:
             directory = resolve_run_dir(resume)
             state = J.read_state(directory)
