@@ -238,3 +238,69 @@ def test_gcp_down_run_and_orphans_against_the_fake(cli, tmp_path, gce_fake):
     assert f"terminated gcp {orphan[0].id}" in result.stdout
     assert provider.list() == [] and not gce_fake.instances and not gce_fake.firewalls
 
+
+# -- end to end: `rubberband run --cloud aws` against moto, instance boots played by local Ray nodes ---------------
+
+
+def test_aws_run_end_to_end_with_failover_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
+    """Stage 0: 3 trials on 2 × p3.2xlarge, stage 1: 1 trial on 1; use1-az1 (moto's us-east-1b) has no
+    p3.2xlarge capacity, so every instance fails over to use1-az2 (us-east-1c)."""
+    ec2_faults.capacity = {"us-east-1b"}
+    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(2, 1), durations=(20.0, 20.0))
+    env = cloud_env(tmp_path, moto_env)
+    env["RUBBERBAND_TEST_BOOT"] = "local"
+    run_dir = tmp_path / "run"
+    result = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "finished: best trial" in result.stdout
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished"
+    # every instance was an EC2 instance of the moto server, placed after the failover
+    zones = [zone for zone, itype, _ in ec2_faults.calls]
+    assert "us-east-1b" in zones and "us-east-1c" in zones
+    launched = moto_instances(states=("pending", "running", "stopping", "stopped", "shutting-down", "terminated"))
+    assert launched and {i["Placement"]["AvailabilityZone"] for i in launched} == {"us-east-1c"}
+    from rubberband.executor import journal as J
+
+    requested = {e["id"] for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.INSTANCE_REQUESTED}
+    assert requested == {i["InstanceId"] for i in launched}
+    # nothing left: no instance running in moto, no security group, no local Ray process
+    assert moto_instances() == []
+    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+    assert run_pids(run_dir) == []
+
+
+def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
+    """No vCPU quota: the run fails (exit 1, one line naming the quota) with no instance, group or Ray process left."""
+    ec2_faults.quota = True
+    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(1, 1), durations=(20.0, 20.0))
+    env = cloud_env(tmp_path, moto_env)
+    env["RUBBERBAND_TEST_BOOT"] = "local"
+    run_dir = tmp_path / "run"
+    result = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=180)
+    assert result.returncode == 1, (result.stdout, result.stderr[-3000:])
+    assert "VcpuLimitExceeded" in result.stderr or "quota" in result.stderr.lower()
+    assert ec2_faults.calls  # it did try
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
+    assert moto_instances() == []
+    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+    assert run_pids(run_dir) == []
+
+
+def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_fake):
+    spec = cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
+    plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1),
+                      durations=(20.0, 20.0))
+    env = cloud_env(tmp_path)
+    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local"})
+    run_dir = tmp_path / "run"
+    result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "finished"
+    assert gce_fake.inserts and {machine for _, machine in gce_fake.inserts} == {"n1-standard-8"}
+    assert not gce_fake.instances and not gce_fake.firewalls  # every VM and firewall rule deleted
+    assert run_pids(run_dir) == []

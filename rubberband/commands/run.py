@@ -233,7 +233,7 @@ def register(app: typer.Typer) -> None:
         if clouds != {backend_cloud}:
             raise PlanFileError(f"the plan uses instances of {', '.join(sorted(clouds))} but --cloud is "
                                 f"{backend_cloud}; plan for that cloud (resources.clouds) or drop --cloud")
-        backend = make_backend(backend_cloud, run_directory)
+        backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages])
         catalog = load_catalog([backend_cloud])
         for stage in plan.stages:  # fail before anything starts if a type is unknown
             catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
