@@ -189,7 +189,13 @@ class LocalProvider:
 
     cloud = "local"
 
-    def __init__(self, run_dir: str | Path, *, python: str | None = None, grace_s: float = 3.0) -> None:
+    def __init__(self, run_dir: str | Path, *, python: str | None = None, grace_s: float = 3.0,
+                 auth_mode: str = "token") -> None:
+        """``auth_mode``: Ray's ``RAY_AUTH_MODE`` for the head and nodes (``token`` locally;
+        ``disabled`` when the head serves cloud nodes, which run without a token: docs/clouds.md)."""
+        if auth_mode not in ("token", "disabled"):
+            raise ValueError(f"auth_mode must be token or disabled, not {auth_mode!r}")
+        self.auth_mode = auth_mode
         self.run_dir = Path(run_dir)
         self.instances_dir = self.run_dir / "instances"
         self.python = python or sys.executable
@@ -251,17 +257,20 @@ class LocalProvider:
                          kind="transient")
 
     # -- head ------------------------------------------------------------------------------
-    def start_head(self, run_id: str, timeout_s: float = 60.0) -> ProcessRecord:
-        """Start the run's Ray head (no CPUs: trials run on instances only); return its record."""
+    def start_head(self, run_id: str, timeout_s: float = 60.0, *, port: int | None = None) -> ProcessRecord:
+        """Start the run's Ray head (no CPUs: trials run on instances only); return its record.
+
+        ``port``: the GCS port (default: a free one)."""
         with self._lock:
-            ensure_auth_token()
+            if self.auth_mode == "token":
+                ensure_auth_token()
             temp_dir = short_temp_dir(self.run_dir)
-            port = _free_port()
+            port = port or _free_port()
             log = self.instances_dir / f"{HEAD_ID}.log"
             now = time.time()
             proc = self._ray_start(["--head", "--port", str(port), "--num-cpus", "0", "--temp-dir", str(temp_dir),
                                     "--include-dashboard", "false", "--ray-client-server-port", str(_free_port())],
-                                   log, {**HEAD_ENV, **NODE_ENV})
+                                   log, {**HEAD_ENV, **NODE_ENV, "RAY_AUTH_MODE": self.auth_mode})
             record = ProcessRecord(id=HEAD_ID, run_id=run_id, role="head", instance_type="head", workers=0,
                                    pid=proc.pid, pgid=proc.pid, temp_dir=str(temp_dir), log=str(log),
                                    address=f"127.0.0.1:{port}", requested_at=now,
@@ -290,28 +299,41 @@ class LocalProvider:
         if head is None or not _is_ours(head):
             raise CloudError("the run's local Ray head is not running; start it before provisioning",
                              kind="fatal")
-        itype: InstanceType = request.instance_type
-        workers = itype.workers
         out = []
         for _ in range(request.count):
             with self._lock:
-                instance_id = self._next_id()
-                log = self.instances_dir / f"{instance_id}.log"
-                now = time.time()
-                proc = self._ray_start(["--address", head.address, "--num-cpus", str(workers),
-                                        "--resources", json.dumps({node_resource(instance_id): workers}),
-                                        "--temp-dir", head.temp_dir], log, NODE_ENV)
-                record = ProcessRecord(id=instance_id, run_id=request.run_id, role="node",
-                                       instance_type=itype.name, workers=workers, pid=proc.pid, pgid=proc.pid,
-                                       temp_dir=head.temp_dir, log=str(log), stage=request.stage,
-                                       address=head.address, requested_at=now,
-                                       tags=request.tags(__version__))
-                record.write(self.instances_dir)
-                self._wait_started(record, proc, timeout_s)
-                record.ready_at = time.time()
-                record.write(self.instances_dir)
+                record = self._start_node(self._next_id(), request, head, timeout_s)
             out.append(self._instance(record))
         return out
+
+    def start_node(self, instance_id: str, request: InstanceRequest, *, timeout_s: float = 120.0) -> Instance:
+        """Start one node under a given id (e.g. a cloud instance's, to stand in for its boot in tests)."""
+        head = self.head()
+        if head is None or not _is_ours(head):
+            raise CloudError("the run's local Ray head is not running; start it before starting nodes",
+                             kind="fatal")
+        with self._lock:
+            return self._instance(self._start_node(instance_id, request, head, timeout_s))
+
+    def _start_node(self, instance_id: str, request: InstanceRequest, head: ProcessRecord,
+                    timeout_s: float) -> ProcessRecord:
+        itype: InstanceType = request.instance_type
+        workers = itype.workers
+        log = self.instances_dir / f"{instance_id}.log"
+        now = time.time()
+        proc = self._ray_start(["--address", head.address, "--num-cpus", str(workers),
+                                "--resources", json.dumps({node_resource(instance_id): workers}),
+                                "--temp-dir", head.temp_dir], log, {**NODE_ENV, "RAY_AUTH_MODE": self.auth_mode})
+        record = ProcessRecord(id=instance_id, run_id=request.run_id, role="node",
+                               instance_type=itype.name, workers=workers, pid=proc.pid, pgid=proc.pid,
+                               temp_dir=head.temp_dir, log=str(log), stage=request.stage,
+                               address=head.address, requested_at=now,
+                               tags=request.tags(__version__))
+        record.write(self.instances_dir)
+        self._wait_started(record, proc, timeout_s)
+        record.ready_at = time.time()
+        record.write(self.instances_dir)
+        return record
 
     def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
         """Nodes are up when provision returns; check each is still alive."""

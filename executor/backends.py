@@ -1,23 +1,36 @@
-"""Which backend runs a plan's instances: the local Ray-node provider, or a cloud's (branch ``clouds``).
+"""Which backend runs a plan's instances: the local Ray-node provider, or a cloud's.
 
 A backend is a :class:`~rubberband.cloud.provider.Provider` plus ``start_head(run_id)`` /
-``stop_head()`` for the run's Ray head. ``down`` uses the same lookup to stop what a run left.
+``stop_head()`` for the run's Ray head (and optionally ``ray_auth_mode``, the head's Ray auth
+mode the driver must use; ``token`` when absent).
+
+* ``local``: :class:`~rubberband.cloud.local.LocalProvider` (Ray nodes on this machine).
+* ``aws`` / ``gcp``: :class:`~rubberband.cloud.local_head.LocalHeadCloudBackend` — the Ray head
+  is this machine's (the executor's machine must be inside the cloud network, reachable by the
+  run's instances); workers are cloud instances in the plan's ``regions``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rubberband.errors import InputError
 
-SUPPORTED = ("local",)
+SUPPORTED = ("local", "aws", "gcp")
 
 
-def make_backend(cloud: str, run_dir: str | Path) -> Any:
+def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = ()) -> Any:
     if cloud == "local":
         from rubberband.cloud.local import LocalProvider
 
         return LocalProvider(run_dir)
-    raise InputError(f"cloud {cloud!r} is not supported by this executor yet; use --cloud local "
-                     f"(supported: {', '.join(SUPPORTED)})")
+    if cloud in ("aws", "gcp"):
+        from rubberband.cloud.local_head import make_cloud_backend
+
+        if not regions:
+            raise InputError(f"--cloud {cloud}: the plan names no {cloud} region; re-plan for {cloud}")
+        return make_cloud_backend(cloud, run_dir, list(regions))
+    raise InputError(f"cloud {cloud!r} is not supported by this executor; use --cloud "
+                     f"{' or '.join(SUPPORTED)}")

@@ -285,13 +285,16 @@ class Controller:
 
     def _connect(self) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ["RAY_AUTH_MODE"] = "token"  # the head runs with token auth on
+        # The driver speaks the head's auth mode: token locally; a backend whose head serves cloud nodes
+        # (which run with auth disabled, docs/clouds.md) says ``ray_auth_mode = "disabled"``.
+        mode = getattr(self.backend, "ray_auth_mode", "token")
+        os.environ["RAY_AUTH_MODE"] = mode
         import ray
 
         try:  # ray may have been imported (and its config cached) before the mode was set
-            from ray._private.authentication.authentication_token_setup import _enable_token_auth
+            from ray._raylet import Config
 
-            _enable_token_auth()
+            Config.initialize("")  # what ray's _enable_token_auth does after setting the variable
         except ImportError:  # pragma: no cover - other ray versions read the variable at init
             pass
 

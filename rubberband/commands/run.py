@@ -14,7 +14,7 @@ import typer
 from rubberband.catalog import load_catalog
 from rubberband.commands._options import deadline_flag
 from rubberband.commands.plan import print_plan
-from rubberband.console import stderr
+from rubberband.console import stderr, stdout
 from rubberband.errors import InputError, PlanFileError, RunDirError
 from rubberband.inputs import load_job_inputs
 from rubberband.plan import Plan, load_plan, write_plan
@@ -51,6 +51,46 @@ def _executor_alive(pid: int | None) -> bool:
     return "rubberband" in cmdline or "controller" in cmdline
 
 
+def check_cloud_choice(spec: JobSpec, plan: Plan | None, cloud: str) -> None:
+    """``--cloud aws|gcp`` must be a cloud the spec allows, and the plan (when given) must run on it."""
+    from rubberband.cloud.registry import CLOUD_PROVIDERS
+
+    if cloud not in CLOUD_PROVIDERS:
+        raise InputError(f"--cloud {cloud!r} cannot be dry-run; use one of {', '.join(CLOUD_PROVIDERS)}")
+    if cloud not in spec.resources.clouds:
+        raise InputError(f"--cloud {cloud} is not in the spec's resources.clouds "
+                         f"({', '.join(spec.resources.clouds)}); add it there or pick one of those")
+    if plan is not None:
+        clouds = sorted({s.cloud for s in plan.stages})
+        if clouds != [cloud]:
+            raise PlanFileError(f"the plan uses instances of {', '.join(clouds)} but --cloud is {cloud}; "
+                                f"plan for {cloud} (`rubberband plan SPEC --cloud {cloud}`)")
+
+
+def dry_run_plan(plan: Plan, cloud: str) -> None:
+    """Print the plan's provisioning schedule, expected bill and permission checks; create nothing.
+
+    Unknown instance types or regions fail before any cloud call (CatalogError, exit 2); a
+    denied permission or missing credentials is a one-line error with exit 2 (fix the input:
+    the credentials), not a run failure.
+    """
+    from rubberband.cloud.dryrun import dry_run, render_dry_run
+    from rubberband.cloud.registry import ProviderPool
+    from rubberband.errors import CloudError
+
+    catalog = load_catalog([cloud])
+    for stage in plan.stages:
+        catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+    try:
+        report = dry_run(plan, ProviderPool(), catalog=catalog)
+    except CloudError as exc:
+        if exc.kind == "fatal":
+            raise InputError(f"dry run on {cloud}: {exc.message}") from None
+        raise
+    stdout().print(render_dry_run(report))
+    stdout().print(f"dry run only: nothing was created on {cloud}", markup=False, highlight=False)
+
+
 def _raise_interrupted(signum, frame) -> None:
     from rubberband.executor.controller import Interrupted
 
@@ -69,6 +109,8 @@ def register(app: typer.Typer) -> None:
                                    help="Continue a run whose executor died, from its journal."),
         deadline: str = typer.Option(None, "--deadline", help="Override the spec's deadline (90m, 2h...)."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before starting a freshly made plan."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="With --cloud aws|gcp: print the provisioning "
+                                     "schedule, expected bill and permission checks; create nothing."),
         trial_runtime: str = typer.Option("rubberband.executor.trials", "--trial-runtime", hidden=True,
                                           envvar="RUBBERBAND_TRIAL_RUNTIME"),
     ) -> int:
@@ -80,6 +122,25 @@ def register(app: typer.Typer) -> None:
         from rubberband.executor.runtime import TrialRuntime, planner_replanner
 
         deadline_s = deadline_flag(deadline)
+        if dry_run:
+            if resume is not None:
+                raise InputError("--dry-run cannot be combined with --resume")
+            if spec_path is None:
+                raise InputError("missing SPEC: --dry-run needs a job spec YAML")
+            if cloud is None:
+                raise InputError("--dry-run needs --cloud aws or --cloud gcp")
+            spec = load_spec(spec_path)
+            check_cloud_choice(spec, None, cloud)
+            if plan_path is not None:
+                plan = load_plan(plan_path)
+                check_plan_matches(spec, plan, source=str(plan_path))
+            else:
+                plan = plan_from_inputs(load_job_inputs(spec_path, cloud=cloud), deadline_s=deadline_s, cloud=cloud)
+                check_plan_matches(spec, plan, source="the new plan")
+                print_plan(plan)
+            check_cloud_choice(spec, plan, cloud)
+            dry_run_plan(plan, cloud)
+            return 0
         if resume is not None:
             directory = resolve_run_dir(resume)
             state = J.read_state(directory)
@@ -116,7 +177,7 @@ def register(app: typer.Typer) -> None:
                 plan = load_plan(plan_path)
                 check_plan_matches(spec, plan, source=str(plan_path))
             else:
-                plan = plan_from_inputs(load_job_inputs(spec_path), deadline_s=deadline_s)
+                plan = plan_from_inputs(load_job_inputs(spec_path, cloud=cloud), deadline_s=deadline_s, cloud=cloud)
                 check_plan_matches(spec, plan, source="the new plan")
                 print_plan(plan)
                 if not yes:
@@ -134,7 +195,7 @@ def register(app: typer.Typer) -> None:
         if clouds != {backend_cloud}:
             raise PlanFileError(f"the plan uses instances of {', '.join(sorted(clouds))} but --cloud is "
                                 f"{backend_cloud}; plan for that cloud (resources.clouds) or drop --cloud")
-        backend = make_backend(backend_cloud, run_directory)
+        backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages])
         catalog = load_catalog([backend_cloud])
         for stage in plan.stages:  # fail before anything starts if a type is unknown
             catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)

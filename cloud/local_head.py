@@ -1,0 +1,142 @@
+"""The executor's cloud backend when the machine running ``rubberband run --cloud aws|gcp`` is inside
+the cloud network: its own Ray head is the run's head, workers are cloud instances.
+
+This is the mode for a CLI machine that the run's instances can reach (a VM in the same VPC /
+network, or a bastion): no separate head instance is provisioned (docs/clouds.md, "Where the
+Ray head runs", describes the head-instance mode, whose shipping step is not built yet). The
+head is a local Ray head (:class:`~rubberband.cloud.local.LocalProvider`, records under
+``RUN_DIR/instances``) listening on Ray's port 6379; every worker is provisioned through
+:class:`~rubberband.cloud.backend.CloudBackend` (failover, worker startup script joining this
+head, ``rb-node-<instance id>`` resource) and found / terminated by the run's tags.
+
+Ray auth: cloud nodes run with ``RAY_AUTH_MODE=disabled`` (a token in user-data would be readable
+through the metadata server), so this head and the driver do too (``ray_auth_mode``); isolation
+comes from the run's security group / firewall tag, as on a head instance.
+
+With ``RUBBERBAND_TEST_BOOT=local`` (:mod:`rubberband.cloud.testboot`) each instance's boot is
+played by a local Ray node started under the instance's id, and the head takes a free port.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rubberband.catalog import Catalog, load_catalog
+from rubberband.cloud.backend import CloudBackend, HeadHandle, ray_join_check
+from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
+from rubberband.cloud.local import LocalProvider
+from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, Instance, InstanceRequest
+from rubberband.cloud.registry import ProviderPool
+from rubberband.cloud.teardown import terminate_run_detailed
+from rubberband.cloud.testboot import boot_mode
+from rubberband.errors import CloudError
+
+
+def _private_address() -> str:
+    """This machine's address as other machines of the network see it (the interface of the default route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))  # no packet is sent: UDP connect only picks a route
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+@dataclass
+class LocalHeadCloudBackend:
+    """Backend for ``cloud: aws|gcp`` with the Ray head on this machine (see the module docstring)."""
+
+    cloud: str
+    run_dir: Path
+    regions: list[str]
+    pool: ProviderPool = field(default_factory=ProviderPool)
+    catalog: Catalog | None = None
+    test_boot: str | None = None
+    ray_auth_mode: str = "disabled"
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+        self.local = LocalProvider(self.run_dir, auth_mode=self.ray_auth_mode)
+        self.catalog = self.catalog or load_catalog([self.cloud])
+        placeholder = Instance(id=f"local-head-{socket.gethostname()}", cloud=self.cloud, instance_type="local-head",
+                               zone="", state="running", run_id="", address=None,
+                               tags={TAG_MANAGED: "true", TAG_ROLE: "head"})
+        join = self._boot_locally if self.test_boot == "local" else ray_join_check
+        self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join,
+                                    boot_timeout_s=600.0, join_timeout_s=600.0)
+
+    # -- head --------------------------------------------------------------------------------
+
+    def start_head(self, run_id: str) -> HeadHandle:
+        """Start this machine's Ray head for the run (Ray's port 6379 unless test boots play the workers)."""
+        port = None if self.test_boot else RAY_PORT
+        record = self.local.start_head(run_id, port=port)
+        host = "127.0.0.1" if self.test_boot else _private_address()
+        self.workers.head = Instance(id=self.workers.head.id, cloud=self.cloud, instance_type="local-head", zone="",
+                                     state="running", run_id=cloud_run_id(run_id), address=host,
+                                     launched_at=record.requested_at,
+                                     tags={TAG_MANAGED: "true", TAG_ROLE: "head", TAG_RUN_ID: cloud_run_id(run_id)})
+        return HeadHandle(address=record.address or f"{host}:{port}", id=self.workers.head.id, pid=record.pid)
+
+    def stop_head(self) -> bool:
+        """Stop the local head; then make sure nothing of the run is left on the cloud (instances, groups)."""
+        stopped = self.local.stop_head()
+        run_id = self.workers.head.run_id
+        if run_id:
+            for region in self.regions:
+                terminate_run_detailed(self.pool(self.cloud, region), run_id)
+            self._stop_stand_ins()
+        return stopped
+
+    # -- Provider ----------------------------------------------------------------------------
+
+    def provision(self, request: InstanceRequest) -> list[Instance]:
+        request = InstanceRequest(run_id=cloud_run_id(request.run_id), stage=request.stage,
+                                  instance_type=request.instance_type, count=request.count, spot=request.spot,
+                                  zone=request.zone, startup_script=request.startup_script,
+                                  extra_tags=dict(request.extra_tags), max_lifetime_s=request.max_lifetime_s)
+        return self.workers.provision(request)
+
+    def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
+        return self.workers.wait(instance_ids, timeout_s)
+
+    def list(self, run_id: str | None = None) -> list[Instance]:
+        self._build_providers()
+        return self.workers.list(cloud_run_id(run_id) if run_id is not None else None)
+
+    def terminate(self, instance_ids: list[str]) -> None:
+        self._build_providers()
+        try:
+            self.workers.terminate(instance_ids)
+        finally:
+            if self.test_boot == "local":
+                self.local.terminate(instance_ids)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _build_providers(self) -> None:
+        """Every region of the plan has its provider, so list / terminate see instances of an earlier executor."""
+        for region in self.regions:
+            self.pool(self.cloud, region)
+
+    def _boot_locally(self, instance: Instance, timeout_s: float) -> None:
+        """Test boot (RUBBERBAND_TEST_BOOT=local): play the instance's user-data with a local Ray node."""
+        if instance.state != "running":
+            raise CloudError(f"{instance.cloud}: instance {instance.id} is {instance.state}, not running",
+                             kind="transient", zone=instance.zone)
+        itype = self.catalog.find(instance.instance_type, cloud=self.cloud)
+        request = InstanceRequest(run_id=instance.run_id, stage=instance.stage, instance_type=itype,
+                                  extra_tags={TAG_ROLE: "worker"})
+        self.local.start_node(instance.id, request, timeout_s=timeout_s)
+
+    def _stop_stand_ins(self) -> None:
+        if self.test_boot == "local":
+            self.local.terminate([r.id for r in self.local.records() if r.role == "node"])
+
+
+def make_cloud_backend(cloud: str, run_dir: str | Path, regions: list[str]) -> LocalHeadCloudBackend:
+    """The executor's backend for ``cloud`` in ``regions`` (the plan's), honouring the test boot hook."""
+    return LocalHeadCloudBackend(cloud=cloud, run_dir=Path(run_dir), regions=list(dict.fromkeys(regions)),
+                                 test_boot=boot_mode())

@@ -1,0 +1,306 @@
+"""The cloud CLI: `rubberband run --cloud aws|gcp --dry-run` and `rubberband down --cloud aws|gcp`, run as a user
+would (a CLI subprocess) against the moto server and the GCE fake."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+from cloud_helpers import (AWS_CATALOG_CSV, GCP_CATALOG_CSV, REGION, ec2_faults, moto_env,  # noqa: F401
+                           moto_server)
+from executor_helpers import cli_env, make_plan, run_pids, write_job
+from gce_fake import gce_fake  # noqa: F401
+
+from rubberband.catalog import parse_catalog
+from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.gcp import GcpProvider
+from rubberband.cloud.provider import InstanceRequest
+from rubberband.plan import write_plan
+from rubberband.spec import load_spec
+
+from conftest import EXAMPLES
+
+
+def cloud_job(tmp_path: Path, clouds: list[str], **job) -> Path:
+    """A small SHA spec (9 trials, η 3 unless ``job`` says otherwise) allowed on ``clouds``."""
+    spec_path = write_job(tmp_path / "job", **job)
+    data = json.loads(spec_path.read_text())
+    data["resources"] = {"clouds": clouds}
+    spec_path.write_text(json.dumps(data))
+    return spec_path
+
+
+def cloud_plan(tmp_path: Path, spec_path: Path, cloud: str, region: str, itype: str, *,
+               counts: tuple[int, ...] = (3, 1), durations: tuple[float, ...] = (600.0, 1200.0)) -> Path:
+    """A plan of the spec on ``cloud`` (no timeline: the dry run schedules one instance set per stage)."""
+    spec = load_spec(spec_path)
+    plan = make_plan(spec, [("local.cpu1", n, 1) for n in counts], durations=list(durations[:len(counts)]))
+    stages = [s.model_copy(update={"cloud": cloud, "region": region, "instance_type": itype}) for s in plan.stages]
+    plan = plan.model_copy(update={"stages": stages})
+    path = tmp_path / f"plan-{cloud}-{itype}-{region}.json"
+    write_plan(plan, path)
+    return path
+
+
+def cloud_env(tmp_path: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """CLI env with the test catalogs (only us-east-1 / us-central1) and runs under tmp_path."""
+    catalogs = tmp_path / "catalogs"
+    catalogs.mkdir(exist_ok=True)
+    (catalogs / "aws.csv").write_text(AWS_CATALOG_CSV)
+    (catalogs / "gcp.csv").write_text(GCP_CATALOG_CSV)
+    env = cli_env(tmp_path)
+    env.update(base or {})
+    env["RUBBERBAND_CATALOG_DIR"] = str(catalogs)
+    return env
+
+
+def moto_instances(states=("pending", "running", "stopping", "stopped")) -> list[dict]:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    return [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
+            if i["State"]["Name"] in states]
+
+
+def one_error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+# -- dry run ---------------------------------------------------------------------------------------
+
+
+def test_aws_dry_run_prints_schedule_bill_and_checks_and_creates_nothing(cli, tmp_path, moto_env, ec2_faults):
+    spec = cloud_job(tmp_path, ["aws"])
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge")
+    result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=cloud_env(tmp_path, moto_env))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "provisioning schedule" in out and "p3.2xlarge" in out and "m6i.large" in out
+    # stage 0: 3 × 600 s, stage 1: 1 × 1200 s of p3.2xlarge at $3.06/h, head m6i.large 0..1800+600 s at $0.096/h
+    expected = 3.06 * (3 * 600 + 1200) / 3600 + 0.096 * 2400 / 3600
+    assert f"Expected bill: ${expected:.2f}" in out
+    assert "ec2:RunInstances" in out and "allowed" in out and "DENIED" not in out
+    assert "nothing was created" in out
+    assert ec2_faults.calls == [] and moto_instances() == []
+    assert not (tmp_path / "runs").exists()
+
+
+def test_aws_dry_run_plans_on_the_fly(cli, tmp_path, moto_env):
+    env = cli_env(tmp_path)
+    env.update(moto_env)
+    env["RUBBERBAND_CATALOG_DIR"] = str(tmp_path / "no-user-catalogs")  # the shipped catalog
+    result = cli("run", EXAMPLES / "quickstart.yaml", "--cloud", "aws", "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "Plan: quickstart-resnet50" in result.stdout and "Expected bill" in result.stdout
+    assert "ec2:RunInstances" in result.stdout
+    assert moto_instances() == []
+
+
+def test_aws_dry_run_denied_permission_is_one_line_exit_2(cli, tmp_path, moto_env, ec2_faults):
+    ec2_faults.denied = {"RunInstances"}
+    spec = cloud_job(tmp_path, ["aws"])
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge")
+    result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=cloud_env(tmp_path, moto_env))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "ec2:RunInstances" in one_error_line(result)
+    assert moto_instances() == []
+
+
+def test_aws_dry_run_without_credentials_is_one_line_exit_2(cli, tmp_path, moto_env):
+    spec = cloud_job(tmp_path, ["aws"])
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge")
+    env = cloud_env(tmp_path, moto_env)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        env.pop(key, None)
+    result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=env)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "credentials" in one_error_line(result)
+    assert moto_instances() == []
+
+
+@pytest.mark.parametrize("case", ["cloud-not-in-spec", "unknown-type", "unknown-region", "plan-of-other-cloud"])
+def test_dry_run_bad_input_is_one_line_exit_2(cli, tmp_path, moto_env, ec2_faults, case):
+    spec = cloud_job(tmp_path, ["gcp"] if case == "cloud-not-in-spec" else ["aws", "gcp"])
+    itype, region, cloud = "p3.2xlarge", REGION, "aws"
+    if case == "unknown-type":
+        itype = "p9.imaginary"
+    elif case == "unknown-region":
+        region = "us-nowhere-1"
+    elif case == "plan-of-other-cloud":
+        cloud, region, itype = "gcp", "us-central1", "n1-standard-8"
+    plan = cloud_plan(tmp_path, spec, cloud, region, itype)
+    result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=cloud_env(tmp_path, moto_env))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    line = one_error_line(result)
+    expected = {"cloud-not-in-spec": "resources.clouds", "unknown-type": "p9.imaginary",
+                "unknown-region": "us-nowhere-1", "plan-of-other-cloud": "gcp"}[case]
+    assert expected in line
+    assert ec2_faults.calls == [] and moto_instances() == []
+
+
+def test_gcp_dry_run_against_the_fake(cli, tmp_path, gce_fake):
+    spec = cloud_job(tmp_path, ["gcp"])
+    plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1")
+    env = cloud_env(tmp_path)
+    env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
+    result = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "e2-standard-2" in result.stdout and "Expected bill" in result.stdout
+    assert "not checked" in result.stdout
+    assert gce_fake.inserts == [] and not gce_fake.instances and not gce_fake.firewalls
+
+
+# -- down ------------------------------------------------------------------------------------------
+
+
+def _launch_aws(run_id: str, count: int = 2) -> list[str]:
+    provider = AwsProvider(REGION, poll_s=0.05)
+    itype = parse_catalog("aws", AWS_CATALOG_CSV).find("g4dn.xlarge")
+    made = provider.provision(InstanceRequest(run_id=run_id, stage=0, instance_type=itype, count=count,
+                                              zone="use1-az1"))
+    return [i.id for i in made]
+
+
+def test_aws_down_run_terminates_its_instances_and_group(cli, tmp_path, moto_env):
+    ours = _launch_aws("run-down-a")
+    other = _launch_aws("run-down-b", count=1)
+    result = cli("down", "run-down-a", "--cloud", "aws", env=cloud_env(tmp_path, moto_env))
+    assert result.returncode == 0, result.stderr
+    for instance_id in ours:
+        assert f"terminated aws {instance_id}" in result.stdout
+    assert "deleted aws sg-" in result.stdout and "(run run-down-a)" in result.stdout  # the run's security group
+    assert [i["InstanceId"] for i in moto_instances()] == other
+    again = cli("down", "run-down-a", "--cloud", "aws", "--region", REGION, env=cloud_env(tmp_path, moto_env))
+    assert again.returncode == 0 and "nothing left on aws" in again.stdout
+
+
+def test_aws_down_run_uses_the_journal_regions(cli, tmp_path, moto_env):
+    from rubberband.executor import journal as J
+
+    run_dir = tmp_path / "runs" / "jr-run"
+    run_dir.mkdir(parents=True)
+    journal = J.Journal(run_dir)
+    journal.record(J.INSTANCE_REQUESTED, id="x", instance_type="g4dn.xlarge", cloud="aws", region=REGION,
+                   price_hr=0.526, spot=False, stage=0)
+    ids = _launch_aws("jr-run")
+    env = cloud_env(tmp_path, moto_env)
+    env["RUBBERBAND_CATALOG_DIR"] = str(tmp_path / "empty-catalogs")  # the shipped catalog: many regions
+    result = cli("down", str(run_dir), "--cloud", "aws", env=env)
+    assert result.returncode == 0, result.stderr
+    assert all(f"terminated aws {i}" in result.stdout for i in ids)
+    assert moto_instances() == []
+    terminated = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.INSTANCE_TERMINATED]
+    assert sorted(e["id"] for e in terminated) == sorted(ids) and {e["reason"] for e in terminated} == {"down"}
+
+
+def test_aws_down_all_orphans(cli, tmp_path, moto_env):
+    ids = _launch_aws("run-orphan")
+    env = cloud_env(tmp_path, moto_env)
+    young = cli("down", "--all-orphans", "--cloud", "aws", env=env)  # default 1h: nothing that old
+    assert young.returncode == 0, young.stderr
+    assert "no orphaned" in young.stdout and len(moto_instances()) == 2
+    time.sleep(1.1)
+    result = cli("down", "--all-orphans", "--cloud", "aws", "--older-than", "1s", "--region", REGION, env=env)
+    assert result.returncode == 0, result.stderr
+    assert all(f"terminated aws {i}" in result.stdout for i in ids)
+    assert moto_instances() == []
+
+
+def test_down_flags_bad_input(cli, tmp_path):
+    env = cloud_env(tmp_path)
+    for args, needle in [(["--all-orphans"], "--cloud"), (["--all-orphans", "--cloud", "azure"], "azure"),
+                         (["--all-orphans", "--cloud", "aws", "--older-than", "soon"], "--older-than"),
+                         ([], "RUN_ID")]:
+        result = cli("down", *args, env=env)
+        assert result.returncode == 2, (args, result.stderr)
+        assert needle in one_error_line(result)
+
+
+def test_gcp_down_run_and_orphans_against_the_fake(cli, tmp_path, gce_fake):
+    provider = GcpProvider("us-central1", endpoint=gce_fake.url)
+    catalog = parse_catalog("gcp", GCP_CATALOG_CSV)
+    itype = catalog.find("n1-standard-8+V100x1")
+    ours = provider.provision(InstanceRequest(run_id="run-gd", stage=0, instance_type=itype, count=2))
+    orphan = provider.provision(InstanceRequest(run_id="run-go", stage=0, instance_type=itype, count=1))
+    env = cloud_env(tmp_path)
+    env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
+    result = cli("down", "run-gd", "--cloud", "gcp", env=env)
+    assert result.returncode == 0, result.stderr
+    assert all(f"terminated gcp {i.id}" in result.stdout for i in ours)
+    assert [i.id for i in provider.list()] == [orphan[0].id]
+    time.sleep(1.1)
+    result = cli("down", "--all-orphans", "--cloud", "gcp", "--older-than", "1s", env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"terminated gcp {orphan[0].id}" in result.stdout
+    assert provider.list() == [] and not gce_fake.instances and not gce_fake.firewalls
+
+
+# -- end to end: `rubberband run --cloud aws` against moto, instance boots played by local Ray nodes ---------------
+
+
+def test_aws_run_end_to_end_with_failover_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
+    """Stage 0: 3 trials on 2 × p3.2xlarge, stage 1: 1 trial on 1; use1-az1 (moto's us-east-1b) has no
+    p3.2xlarge capacity, so every instance fails over to use1-az2 (us-east-1c)."""
+    ec2_faults.capacity = {"us-east-1b"}
+    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(2, 1), durations=(20.0, 20.0))
+    env = cloud_env(tmp_path, moto_env)
+    env["RUBBERBAND_TEST_BOOT"] = "local"
+    run_dir = tmp_path / "run"
+    result = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "finished: best trial" in result.stdout
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished"
+    # every instance was an EC2 instance of the moto server, placed after the failover
+    zones = [zone for zone, itype, _ in ec2_faults.calls]
+    assert "us-east-1b" in zones and "us-east-1c" in zones
+    launched = moto_instances(states=("pending", "running", "stopping", "stopped", "shutting-down", "terminated"))
+    assert launched and {i["Placement"]["AvailabilityZone"] for i in launched} == {"us-east-1c"}
+    from rubberband.executor import journal as J
+
+    requested = {e["id"] for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.INSTANCE_REQUESTED}
+    assert requested == {i["InstanceId"] for i in launched}
+    # nothing left: no instance running in moto, no security group, no local Ray process
+    assert moto_instances() == []
+    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+    assert run_pids(run_dir) == []
+
+
+def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
+    """No vCPU quota: the run fails (exit 1, one line naming the quota) with no instance, group or Ray process left."""
+    ec2_faults.quota = True
+    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(1, 1), durations=(20.0, 20.0))
+    env = cloud_env(tmp_path, moto_env)
+    env["RUBBERBAND_TEST_BOOT"] = "local"
+    run_dir = tmp_path / "run"
+    result = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=180)
+    assert result.returncode == 1, (result.stdout, result.stderr[-3000:])
+    assert "VcpuLimitExceeded" in result.stderr or "quota" in result.stderr.lower()
+    assert ec2_faults.calls  # it did try
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "failed"
+    assert moto_instances() == []
+    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+    assert run_pids(run_dir) == []
+
+
+def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_fake):
+    spec = cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
+    plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1),
+                      durations=(20.0, 20.0))
+    env = cloud_env(tmp_path)
+    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local"})
+    run_dir = tmp_path / "run"
+    result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "finished"
+    assert gce_fake.inserts and {machine for _, machine in gce_fake.inserts} == {"n1-standard-8"}
+    assert not gce_fake.instances and not gce_fake.firewalls  # every VM and firewall rule deleted
+    assert run_pids(run_dir) == []
