@@ -36,7 +36,7 @@ from typing import Sequence
 import networkx as nx
 import numpy as np
 
-from rubberband.catalog import BILLING_RULES, TRANSFER_USD_PER_GB, BillingRule, InstanceType
+from rubberband.catalog import BILLING_RULES, SERIAL_PROVISIONING, TRANSFER_USD_PER_GB, BillingRule, InstanceType
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
@@ -458,7 +458,10 @@ class Simulator:
                 t_req = prev.anchor + lead
             request[:, carry:] = t_req[:, None]
             _, s_all = self._draws(index, n_inst, itype)
-            ready[:, carry:] = t_req[:, None] + s_all[rows, carry:n_inst]
+            boot = s_all[rows, carry:n_inst]
+            if itype.cloud in SERIAL_PROVISIONING:
+                boot = np.cumsum(boot, axis=1)
+            ready[:, carry:] = t_req[:, None] + boot
         if prev is None and self.start_state is not None and self.start_state.instance_type_key == itype.key:
             # instances already running when re-planning mid-run: ready now, billed from now (the past is sunk)
             kept = min(self.start_state.instances, n_inst)

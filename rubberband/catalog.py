@@ -53,6 +53,10 @@ BILLING_RULES: dict[str, BillingRule] = {
 # Price of moving checkpoints between instances, $/GB (inter-AZ transfer on AWS and GCP).
 TRANSFER_USD_PER_GB: dict[str, float] = {"aws": 0.01, "gcp": 0.01, "local": 0.0}
 
+# Clouds whose instances come up one after another (local Ray nodes: two `ray start` at once race
+# for ports), so the k-th instance of a request is ready after k start-ups, not one.
+SERIAL_PROVISIONING: frozenset[str] = frozenset({"local"})
+
 
 @dataclass(frozen=True)
 class InstanceType:
