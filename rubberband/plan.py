@@ -65,6 +65,10 @@ class Prediction(_Model):
     stage_cost_usd: list[float] = Field(default_factory=list)
     cost_breakdown: CostBreakdown = Field(default_factory=CostBreakdown)
     cost_by_instance_type: dict[str, float] = Field(default_factory=dict)
+    jct_samples_s: list[float] = Field(default_factory=list, description="a few hundred simulated JCTs "
+                                       "(for report histograms); optional, empty when not kept")
+    cost_samples_usd: list[float] = Field(default_factory=list, description="the simulated costs of the "
+                                          "same samples; optional, empty when not kept")
 
 
 class TimelineInstance(_Model):

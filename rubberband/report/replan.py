@@ -1,0 +1,68 @@
+"""Re-planning for the report's what-if sections (cost-vs-deadline sweep, cloud comparison).
+
+The report never calls the planner directly: it asks an injected ``Replanner`` (a callable
+taking a :class:`ReplanRequest` and returning a :class:`~rubberband.plan.Plan`, raising
+``InfeasibleError`` when the deadline cannot be met). That keeps the report testable with a
+fake planner and lets the ``plan`` command reuse the spec, profile and catalog it already
+loaded. :func:`default_replanner` builds one from what a plan carries (its spec and profile
+path), or returns ``None`` with the reason when that is not possible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from rubberband.plan import Plan
+
+
+@dataclass(frozen=True)
+class ReplanRequest:
+    """Plan the same job again with these changes (``None`` keeps the spec's value)."""
+
+    deadline_s: float | None = None
+    cloud: str | None = None
+    spot: bool | None = None
+    samples: int = 300
+
+
+Replanner = Callable[[ReplanRequest], Plan]
+
+
+def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | None, str]:
+    """A replanner for ``plan`` from its embedded spec, or ``(None, why not)``.
+
+    Uses ``rubberband.planner.plan_job`` with the spec and profile the plan was made from and
+    the shipped catalogs.
+    """
+    if plan.spec is None:
+        return None, "the plan carries no job spec to re-plan from (re-run `rubberband plan` to embed it)"
+    try:
+        from rubberband.planner import plan_job  # type: ignore[attr-defined]
+    except ImportError:
+        return None, "the planner is not available in this installation"
+    from rubberband.catalog import load_catalog
+    from rubberband.profile import load_profile
+    from rubberband.spec import JobSpec
+
+    spec = JobSpec.model_validate(plan.spec)
+    profile_path = plan.profile_path or (str(spec.profile_path()) if spec.profile else None)
+    if profile_path is None:
+        return None, "the plan names no profile to re-plan with"
+    profile = load_profile(profile_path)
+    catalog = load_catalog()
+
+    def replan(request: ReplanRequest) -> Plan:
+        resources = spec.resources
+        changes: dict = {}
+        if request.cloud is not None:
+            changes["clouds"] = [request.cloud]
+            changes["regions"] = None
+            changes["instance_types"] = None
+        if request.spot is not None:
+            changes["spot"] = request.spot
+        job = spec.model_copy(update={"resources": resources.model_copy(update=changes)}) if changes else spec
+        return plan_job(job, profile, catalog, deadline_s=request.deadline_s, cloud=request.cloud,
+                        samples=request.samples, seed=plan.planner.seed)
+
+    return replan, ""

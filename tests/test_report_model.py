@@ -1,0 +1,33 @@
+"""ReportData and charts from a realistic plan: numbers equal the plan's, every chart is a real PNG."""
+
+from __future__ import annotations
+
+import pytest
+
+from report_helpers import FakeReplanner, make_plan
+from rubberband.report import charts
+from rubberband.report.model import build_report_data
+from rubberband.report.source import PlanSource
+
+
+def test_summary_numbers_come_from_the_plan():
+    plan = make_plan(deadline_s=900, level=2)
+    data = build_report_data(PlanSource(plan), replan=None)
+    s = data.summary
+    assert s.jct_p50_s == plan.predicted.jct_s.p50 and s.jct_p95_s == plan.predicted.jct_s.p95
+    assert s.cost_mean_usd == plan.predicted.cost_usd.mean
+    static = plan.baselines["static"].predicted.cost_usd.mean
+    assert s.savings_usd == pytest.approx(static - plan.predicted.cost_usd.mean)
+    assert [r.trials for r in data.stages] == [st.trials for st in plan.stages]
+    assert "pareto" in data.notes and data.pareto is None
+
+
+def test_replanned_sections_and_charts_are_drawn():
+    plan = make_plan(deadline_s=900, level=2)
+    data = build_report_data(PlanSource(plan), replan=FakeReplanner())
+    assert data.pareto is not None and len(data.pareto.points) >= 2
+    assert data.clouds is not None and any(row.current for row in data.clouds)
+    drawn = charts.draw_all(data).all()
+    assert {c.name for c in drawn} == {"gantt_plan", "gantt_static", "distributions", "costs", "pareto"}
+    for chart in drawn:
+        assert chart.png.startswith(b"\x89PNG") and len(chart.png) > 5000
