@@ -49,6 +49,9 @@ class StagesPlan:
     notes: list[str] = field(default_factory=list)
 
 
+#: Simulated samples kept in a plan (for histograms in reports); the rest only feed the summaries.
+SAMPLES_KEPT = 300
+
 def allowed_types(catalog: Catalog, spec: JobSpec, cloud: str | None = None) -> list[InstanceType]:
     """Offerings allowed by the spec's resources, narrowed to ``cloud`` (``any`` or None: the spec's)."""
     res = spec.resources
@@ -76,7 +79,13 @@ def prediction(result: SimResult, deadline_s: float) -> Prediction:
         stage_cost_usd=[float(c.mean()) for c in result.stage_costs],
         cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in result.breakdown.items()}),
         cost_by_instance_type={k: float(np.mean(v)) for k, v in sorted(result.by_type.items())},
+        jct_samples_s=_subsample(result.jct), cost_samples_usd=_subsample(result.cost),
     )
+
+
+def _subsample(values: np.ndarray, at_most: int = SAMPLES_KEPT) -> list[float]:
+    """The first ``at_most`` Monte Carlo samples (already i.i.d.), paired across JCT and cost, for histograms."""
+    return [round(float(v), 6) for v in values[:at_most]]
 
 
 def stage_plans(stages: Sequence[Stage], configs: Sequence[StageConfig], result: SimResult | None,
