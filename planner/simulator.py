@@ -36,7 +36,8 @@ from typing import Sequence
 import networkx as nx
 import numpy as np
 
-from rubberband.catalog import BILLING_RULES, SERIAL_PROVISIONING, TRANSFER_USD_PER_GB, BillingRule, InstanceType
+from rubberband.catalog import (BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIONING, TRANSFER_USD_PER_GB,
+                                BillingRule, InstanceType)
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
@@ -449,10 +450,10 @@ class Simulator:
             ready[:, :carry] = start[:, None]
         if carry < n_inst:
             if prev is None:
-                # A fresh run first brings up its Ray head (about one instance start-up, median),
+                # A fresh local run first brings up its Ray head (about one node start-up, median),
                 # then requests the first stage's instances; a re-plan starts from "now".
-                t_req = (np.full(S, self._startup(itype).quantile(0.5)) if self.start_state is None
-                         else np.full(S, self.start_state.now_s))
+                head = self._startup(itype).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
+                t_req = np.full(S, head) if self.start_state is None else np.full(S, self.start_state.now_s)
             else:
                 lead = max(0.0, prev.predicted_s - self._lead(itype))
                 t_req = prev.anchor + lead

@@ -57,6 +57,11 @@ TRANSFER_USD_PER_GB: dict[str, float] = {"aws": 0.01, "gcp": 0.01, "local": 0.0}
 # for ports), so the k-th instance of a request is ready after k start-ups, not one.
 SERIAL_PROVISIONING: frozenset[str] = frozenset({"local"})
 
+# Backends whose run must boot its Ray head like an instance before requesting any (the local
+# backend's head is a `ray start` process); on AWS/GCP the head is the executor's own machine,
+# already up (docs/clouds.md).
+HEAD_BOOTS_FIRST: frozenset[str] = frozenset({"local"})
+
 
 @dataclass(frozen=True)
 class InstanceType:

@@ -1,3 +1,4 @@
+import dataclasses
 import heapq
 
 import numpy as np
@@ -71,8 +72,7 @@ def test_carried_instances_are_not_provisioned_twice_and_new_ones_are_requested_
     assert sorted(i.last_stage for i in gpu1) == [0, 0, 1, 1]
     other = [i for i in timeline.instances if i.instance_type == "other1"]
     assert len(other) == 1
-    head = 30.0  # a fresh run brings its Ray head up first (median start-up), then requests instances
-    stage1_end = head + 30 + 100 + 100
+    stage1_end = 30 + 100 + 100  # on AWS the Ray head is the executor's machine: instances are requested at 0
     # requested at the predicted stage-1 end minus the start-up, so it is ready just in time
     assert other[0].requested_s == pytest.approx(stage1_end - 30.0)
     assert other[0].ready_s == pytest.approx(stage1_end)
@@ -81,6 +81,20 @@ def test_carried_instances_are_not_provisioned_twice_and_new_ones_are_requested_
     assert critical == pytest.approx(res.jct[0])
     # start-up is paid once per physical instance
     assert res.breakdown["startup"][0] == pytest.approx(4 * 30 * 3.6 / 3600 + 30 * 1.8 / 3600)
+
+
+def test_local_runs_boot_the_head_first_and_nodes_one_after_another():
+    """The local provider starts its head, then one node at a time: the k-th node is ready after k start-ups."""
+    local = itype("local.cpu1", cloud="local", gpus=1, price=0.05)
+    base = ideal_model(t_iter=1.0, dataset=100, batch=10, startup=10.0)
+    model = dataclasses.replace(base, startup_by_cloud={"local": base.startup_by_cloud["aws"]})
+    sim = Simulator(sha_stages(3, 3, 1, 1), model, samples=2)  # one stage: 3 trials of 1 epoch (10 s)
+    timeline, _, _ = sim.trace([StageConfig(local, 3, 1)], 0)
+    instances = sorted(timeline.instances, key=lambda i: i.ready_s)
+    assert [i.requested_s for i in instances] == pytest.approx([10.0] * 3)  # after the head's 10 s
+    assert [i.ready_s for i in instances] == pytest.approx([20.0, 30.0, 40.0])
+    # trials go to the first free slot: 20–30 and 30–40 on the first node, 30–40 on the second
+    assert sim.simulate([StageConfig(local, 3, 1)]).jct == pytest.approx([40.0, 40.0])
 
 
 def test_trace_dag_critical_path_matches_vectorised_jct_under_noise():
