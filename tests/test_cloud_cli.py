@@ -95,7 +95,7 @@ def test_aws_dry_run_plans_on_the_fly(cli, tmp_path, moto_env):
     env["RUBBERBAND_CATALOG_DIR"] = str(tmp_path / "no-user-catalogs")  # the shipped catalog
     result = cli("run", EXAMPLES / "quickstart.yaml", "--cloud", "aws", "--dry-run", env=env)
     assert result.returncode == 0, result.stderr
-    assert "Plan: quickstart-resnet50" in result.stdout and "Expected bill" in result.stdout
+    assert "Plan for quickstart-resnet50" in result.stdout and "Expected bill" in result.stdout
     assert "ec2:RunInstances" in result.stdout
     assert moto_instances() == []
 
