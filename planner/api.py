@@ -62,6 +62,9 @@ def allowed_types(catalog: Catalog, spec: JobSpec, cloud: str | None = None) -> 
     return list(filtered.types)
 
 
+KEPT_SAMPLES = 300  # simulated (JCT, cost) pairs a plan keeps, enough for a histogram, small in JSON
+
+
 def _distribution(values: np.ndarray) -> Distribution:
     return Distribution(mean=float(values.mean()), p50=float(np.quantile(values, 0.5)),
                         p95=float(np.quantile(values, 0.95)))
@@ -76,6 +79,9 @@ def prediction(result: SimResult, deadline_s: float) -> Prediction:
         stage_cost_usd=[float(c.mean()) for c in result.stage_costs],
         cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in result.breakdown.items()}),
         cost_by_instance_type={k: float(np.mean(v)) for k, v in sorted(result.by_type.items())},
+        # The first KEPT_SAMPLES samples (i.i.d., so an unbiased subset) for the report's histograms.
+        jct_samples_s=[round(float(x), 3) for x in result.jct[:KEPT_SAMPLES]],
+        cost_samples_usd=[round(float(x), 5) for x in result.cost[:KEPT_SAMPLES]],
     )
 
 
