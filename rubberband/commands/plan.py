@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich import box
 from rich.console import Console
@@ -72,6 +74,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(None, "--seed", help="Random seed (default: the spec's seed)."),
         out: str = typer.Option(None, "--out", help="Write the plan JSON here (atomically)."),
         as_json: bool = typer.Option(False, "--json", help="Print only the plan JSON on stdout."),
+        report: str = typer.Option(None, "--report", help="Also write an HTML/Markdown report into this folder."),
     ) -> None:
         """Plan the cheapest elastic allocation that meets the deadline, and compare with static."""
         deadline_s = deadline_flag(deadline)
@@ -81,14 +84,22 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--confidence must be between 0 and 1 exclusive (got {confidence})")
         if samples < 10 or samples > 100_000:
             raise InputError(f"--samples must be between 10 and 100000 (got {samples})")
+        if report is not None and Path(report).exists():
+            raise InputError(f"--report {report} already exists; remove it or choose another folder")
         inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
         result = plan_from_inputs(inputs, deadline_s=deadline_s, confidence=confidence, cloud=cloud,
                                   samples=samples, seed=seed)
         if out is not None:
             write_plan(result, out)
+        report_path = None
+        if report is not None:
+            from rubberband.report import write_report
+            report_path = write_report(result, report)
         if as_json:
             typer.echo(plan_json(result))
             return
         print_plan(result)
         if out is not None:
             stdout().print(f"Plan written to {out}")
+        if report_path is not None:
+            stdout().print(f"Report written to {report_path}")

@@ -21,7 +21,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from rubberband.report import fmt  # noqa: E402
-from rubberband.report.model import (ACTUAL_COLOR, PLAN_COLOR, STAGE_COLORS, STATIC_COLOR,  # noqa: E402
+from rubberband.report.model import (ACTUAL_COLOR, PLAN_COLOR, STATIC_COLOR,  # noqa: E402
                                      CostData, GanttData, ParetoData, ReportData, Share, StageRow)
 
 DPI = 144
@@ -144,6 +144,13 @@ def _marker(ax, x: float, label: str, color: str, style: str) -> None:
     ax.axvline(x, color=color, linestyle=style, linewidth=1.4, label=label)
 
 
+def _near(value: float, samples: tuple[float, ...], slack: float = 0.5) -> bool:
+    """Whether ``value`` lies within the samples' range widened by ``slack`` times that range."""
+    lo, hi = min(samples, default=value), max(samples, default=value)
+    span = max(hi - lo, abs(hi) * 0.02, 1e-9)
+    return lo - slack * span <= value <= hi + slack * span
+
+
 def distribution_chart(data: ReportData) -> Chart:
     """Histograms of simulated JCT (deadline marked) and cost (static baseline marked)."""
     s = data.summary
@@ -167,14 +174,19 @@ def distribution_chart(data: ReportData) -> Chart:
         ax2.hist(cost, bins=30, color="#54A24B", alpha=0.85, edgecolor="white", linewidth=0.5)
         _marker(ax2, s.cost_mean_usd, f"mean {fmt.usd(s.cost_mean_usd)}", INK, ":")
         _marker(ax2, s.cost_p95_usd, f"p95 {fmt.usd(s.cost_p95_usd)}", INK, "-.")
+        cost_title = "Cost"
         if s.static_cost_mean_usd is not None:
-            _marker(ax2, s.static_cost_mean_usd, f"static {fmt.usd(s.static_cost_mean_usd)}", STATIC_COLOR, "--")
+            if _near(s.static_cost_mean_usd, cost):
+                _marker(ax2, s.static_cost_mean_usd, f"static {fmt.usd(s.static_cost_mean_usd)}", STATIC_COLOR,
+                        "--")
+            else:  # a marker far away would squash the histogram into one bar: name it in the title instead
+                cost_title = f"Cost (best static plan: {fmt.usd(s.static_cost_mean_usd)}, off this scale)"
         if data.actual is not None:
             _marker(ax2, data.actual.cost_usd, f"actual {fmt.usd(data.actual.cost_usd)}", ACTUAL_COLOR, "-")
         ax2.xaxis.set_major_formatter(FuncFormatter(_usd_axis))
         ax2.set_xlabel("job cost (USD)")
         ax2.set_ylabel("simulated samples")
-        ax2.set_title("Cost")
+        ax2.set_title(cost_title)
         ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8.5)
         for ax in (ax1, ax2):
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
