@@ -93,7 +93,8 @@ def gantt_chart(gantt: GanttData, stages: tuple[StageRow, ...], *, name: str, x_
     """One row per instance: start-up shaded, each stage's work in the stage's colour, idle pale."""
     tl = gantt.timeline
     axis = _TimeAxis.for_span(x_max_s)
-    instances = sorted(tl.instances, key=lambda i: (i.requested_s, i.id))
+    # by request time, then naturally by id (i2 before i10)
+    instances = sorted(tl.instances, key=lambda i: (i.requested_s, len(i.id), i.id))
     rows = {inst.id: n for n, inst in enumerate(instances)}
     height = min(0.27 * len(instances) + 1.7, 14)
     with matplotlib.rc_context(STYLE):
