@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from rubberband.errors import PlanFileError
+from rubberband.versioned import validate_versioned
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -158,21 +159,8 @@ class Plan(_Model):
 
 
 def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:
-    if not isinstance(data, dict):
-        raise PlanFileError(f"{source}: a plan must be a JSON object; create one with `rubberband plan --out`")
-    version = data.get("schema_version")
-    if version is not None and version != PLAN_SCHEMA_VERSION:
-        raise PlanFileError(f"{source}: plan schema_version {version!r} is not supported; this rubberband "
-                            f"reads version {PLAN_SCHEMA_VERSION} (re-run `rubberband plan`)")
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "missing":
-            msg = "required field is missing"
-        raise PlanFileError(f"{source}: plan field '{field}': {msg}; regenerate it with `rubberband plan`") from None
+    return validate_versioned(Plan, data, source=source, kind="plan", version=PLAN_SCHEMA_VERSION,
+                              error=PlanFileError, remedy="regenerate it with `rubberband plan`")
 
 
 def load_plan(path: str | Path) -> Plan:

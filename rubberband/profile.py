@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rubberband.errors import ProfileError
+from rubberband.versioned import validate_versioned
 
 PROFILE_SCHEMA_VERSION = 1
 
@@ -108,23 +109,8 @@ class Profile(_Model):
 
 
 def parse_profile(data: Any, *, source: str = "<profile>") -> Profile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"{source}: a profile must be a JSON object; see docs/profile.md")
-    version = data.get("schema_version")
-    if version is not None and version != PROFILE_SCHEMA_VERSION:
-        raise ProfileError(f"{source}: profile schema_version {version!r} is not supported; "
-                           f"this rubberband reads version {PROFILE_SCHEMA_VERSION} (re-run `rubberband profile`)")
-    try:
-        return Profile.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "missing":
-            msg = "required field is missing; add it"
-        elif err["type"] == "extra_forbidden":
-            msg = "unknown field; remove it or check its spelling"
-        raise ProfileError(f"{source}: profile field '{field}': {msg}") from None
+    return validate_versioned(Profile, data, source=source, kind="profile", version=PROFILE_SCHEMA_VERSION,
+                              error=ProfileError, remedy="see docs/profile.md or re-run `rubberband profile`")
 
 
 def load_profile(path: str | Path) -> Profile:

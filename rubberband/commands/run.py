@@ -51,6 +51,21 @@ def _executor_alive(pid: int | None) -> bool:
     return "rubberband" in cmdline or "controller" in cmdline
 
 
+def _load_or_make_plan(spec: JobSpec, spec_path: Path, plan_path: Path | None, cloud: str | None,
+                       deadline_s: float | None) -> tuple[Plan, bool]:
+    """The plan from ``--plan``, or a fresh one (shown to the user); ``True`` when it was just made."""
+    from rubberband.executor.controller import check_plan_matches
+
+    if plan_path is not None:
+        plan = load_plan(plan_path)
+        check_plan_matches(spec, plan, source=str(plan_path))
+        return plan, False
+    plan = plan_from_inputs(load_job_inputs(spec_path, cloud=cloud), deadline_s=deadline_s, cloud=cloud)
+    check_plan_matches(spec, plan, source="the new plan")
+    print_plan(plan)
+    return plan, True
+
+
 def check_cloud_choice(spec: JobSpec, plan: Plan | None, cloud: str) -> None:
     """``--cloud aws|gcp`` must be a cloud the spec allows, and the plan (when given) must run on it."""
     from rubberband.cloud.registry import CLOUD_PROVIDERS
@@ -131,13 +146,7 @@ def register(app: typer.Typer) -> None:
                 raise InputError("--dry-run needs --cloud aws or --cloud gcp")
             spec = load_spec(spec_path)
             check_cloud_choice(spec, None, cloud)
-            if plan_path is not None:
-                plan = load_plan(plan_path)
-                check_plan_matches(spec, plan, source=str(plan_path))
-            else:
-                plan = plan_from_inputs(load_job_inputs(spec_path, cloud=cloud), deadline_s=deadline_s, cloud=cloud)
-                check_plan_matches(spec, plan, source="the new plan")
-                print_plan(plan)
+            plan, _ = _load_or_make_plan(spec, spec_path, plan_path, cloud, deadline_s)
             check_cloud_choice(spec, plan, cloud)
             dry_run_plan(plan, cloud)
             return 0
@@ -173,18 +182,12 @@ def register(app: typer.Typer) -> None:
             if spec_path is None:
                 raise InputError("missing SPEC: pass a job spec YAML (or --resume RUN_DIR)")
             spec = load_spec(spec_path)
-            if plan_path is not None:
-                plan = load_plan(plan_path)
-                check_plan_matches(spec, plan, source=str(plan_path))
-            else:
-                plan = plan_from_inputs(load_job_inputs(spec_path, cloud=cloud), deadline_s=deadline_s, cloud=cloud)
-                check_plan_matches(spec, plan, source="the new plan")
-                print_plan(plan)
-                if not yes:
-                    if not sys.stdin.isatty():
-                        raise InputError("not starting without confirmation; pass --yes to run the plan shown")
-                    if not typer.confirm("Start this run?", default=True):
-                        return 1
+            plan, fresh = _load_or_make_plan(spec, spec_path, plan_path, cloud, deadline_s)
+            if fresh and not yes:
+                if not sys.stdin.isatty():
+                    raise InputError("not starting without confirmation; pass --yes to run the plan shown")
+                if not typer.confirm("Start this run?", default=True):
+                    return 1
             run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
             run_directory = run_dir or runs_root() / run_id
             if (run_directory / J.JOURNAL_NAME).exists():

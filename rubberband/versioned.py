@@ -1,0 +1,37 @@
+"""Validation of versioned JSON documents (plans, profiles) into one-line input errors."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from rubberband.errors import InputError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_versioned(model: type[M], data: Any, *, source: str, kind: str, version: int, error: type[InputError],
+                       remedy: str) -> M:
+    """``model`` from parsed JSON, or ``error`` naming the first bad field and ``remedy``.
+
+    ``kind`` names the document in messages ("plan", "profile"); a ``schema_version`` other than
+    ``version`` is refused before field validation, so old files get a clear "re-create it".
+    """
+    if not isinstance(data, dict):
+        raise error(f"{source}: a {kind} must be a JSON object; {remedy}")
+    found = data.get("schema_version")
+    if found is not None and found != version:
+        raise error(f"{source}: {kind} schema_version {found!r} is not supported; this rubberband reads "
+                    f"version {version} ({remedy})")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required field is missing; add it"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field; remove it or check its spelling"
+        raise error(f"{source}: {kind} field '{field}': {msg}; {remedy}") from None
