@@ -191,3 +191,34 @@ def test_bad_inputs_exit_2_with_one_line(finished_run, cli, tmp_path):
     assert "--deadline" in _one_line_error(
         cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--deadline", "soon", env=env))
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_report_of_a_run_shows_predicted_vs_actual(finished_run, cli, tmp_path):
+    """`rubberband report RUN_DIR`: the plan's report plus the actual JCT, cost and allocation."""
+    from html.parser import HTMLParser
+
+    run_dir = finished_run["run_dir"]
+    summary = json.loads((run_dir / "result.json").read_text())
+    out = tmp_path / "run-report"
+    result = cli("report", run_dir, "--out", out, "--no-replan")
+    assert result.returncode == 0, result.stderr
+
+    class Fields(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.values, self.images = {}, 0
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if "data-field" in attrs and "data-value" in attrs:
+                self.values[attrs["data-field"]] = attrs["data-value"]
+            if tag == "img" and attrs.get("src", "").startswith("data:image/png;base64,"):
+                self.images += 1
+
+    page = Fields()
+    page.feed((out / "report.html").read_text())
+    assert float(page.values["actual.jct_s"]) == pytest.approx(summary["actual"]["jct_s"])
+    assert float(page.values["actual.cost_usd"]) == pytest.approx(summary["actual"]["cost_usd"])
+    markdown = (out / "report.md").read_text()
+    assert "(gantt_actual.png)" in markdown and (out / "gantt_actual.png").stat().st_size > 1000
+    assert page.images >= 2  # the planned and the actual allocation at least, inline

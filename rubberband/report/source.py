@@ -60,9 +60,75 @@ class PlanSource:
 
 
 def as_source(source: "ReportSource | Plan | str | Path") -> ReportSource:
-    """Accept a source, a Plan or the path of a plan JSON file."""
+    """Accept a source, a Plan, the path of a plan JSON file or a run directory."""
     if isinstance(source, Plan):
         return PlanSource(plan=source, label=source.job.name)
     if isinstance(source, (str, Path)):
-        return PlanSource.from_path(source)
+        return RunSource.from_dir(source) if Path(source).is_dir() else PlanSource.from_path(source)
     return source
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """A run directory of ``rubberband run``: the plan it ran and what actually happened.
+
+    Built from the run's journal (instance lifetimes, trial tasks) and ``result.json``
+    (actual JCT and cost under the billing rules, per-stage actuals) when the run wrote one.
+    """
+
+    plan: Plan
+    label: str
+    outcome: ActualOutcome
+
+    def actual(self) -> ActualOutcome | None:
+        return self.outcome
+
+    @classmethod
+    def from_dir(cls, run_dir: str | Path) -> "RunSource":
+        import json
+
+        from rubberband.catalog import BILLING_RULES
+        from rubberband.executor import journal as J
+        from rubberband.plan import TimelineInstance, TimelineTask
+
+        run_dir = Path(run_dir)
+        state = J.read_state(run_dir)  # RunDirError (exit 2) when it is not a run directory
+        plan = Plan.model_validate(state.plan)
+        t0 = state.first_started_at
+        end = state.ended_at or max([t0] + [life.terminated_at or life.requested_at
+                                             for life in state.instances.values()])
+        instances = []
+        for life in sorted(state.instances.values(), key=lambda i: i.requested_at):
+            released = life.terminated_at or end
+            rule = BILLING_RULES.get(life.cloud, BILLING_RULES["aws"])
+            instances.append(TimelineInstance(
+                id=life.id, instance_type=life.instance_type, cloud=life.cloud, first_stage=life.stage,
+                last_stage=life.stage, requested_s=life.requested_at - t0,
+                ready_s=(life.ready_at or released) - t0, released_s=released - t0,
+                cost_usd=rule.cost(released - life.requested_at, life.price_hr)))
+        tasks, open_tasks = [], {}
+        for event in J.iter_events(run_dir / J.JOURNAL_NAME):
+            if event["type"] == J.TRIAL_STARTED:
+                open_tasks[event["trial_id"]] = event
+            elif event["type"] == J.TRIAL_STOPPED and event["trial_id"] in open_tasks:
+                began = open_tasks.pop(event["trial_id"])
+                stage = plan.stages[began["stage"]] if began["stage"] < len(plan.stages) else None
+                tasks.append(TimelineTask(trial=int(event["trial_id"].rsplit("t", 1)[-1] or 0),
+                                          stage=stage.stage if stage else began["stage"],
+                                          bracket=stage.bracket if stage else 0,
+                                          instance_ids=list(began.get("instances", [])),
+                                          workers=int(began.get("workers", 1)),
+                                          start_s=began["t"] - t0, end_s=event["t"] - t0))
+        result_path = run_dir / "result.json"
+        result = json.loads(result_path.read_text()) if result_path.exists() else None
+        if result is not None:
+            jct, cost = float(result["actual"]["jct_s"]), float(result["actual"]["cost_usd"])
+            stages = result.get("stages", [])
+            durations = tuple(float(s.get("actual_duration_s") or 0.0) for s in stages)
+            costs = tuple(float(s.get("actual_cost_usd") or 0.0) for s in stages)
+        else:  # a run that died before writing its result: what the journal shows so far
+            jct, cost, durations, costs = end - t0, sum(i.cost_usd for i in instances), (), ()
+        outcome = ActualOutcome(jct_s=jct, cost_usd=cost, timeline=Timeline(instances=instances, tasks=tasks),
+                                stage_duration_s=durations, stage_cost_usd=costs,
+                                completed=state.status == "finished")
+        return cls(plan=plan, label=f"run {state.run_id}", outcome=outcome)
