@@ -27,7 +27,7 @@ import botocore.exceptions
 from botocore.config import Config
 
 from rubberband import __version__
-from rubberband.cloud.bootstrap import assert_no_credentials, check_ssh_cidr, validate_run_id
+from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr
 from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
@@ -220,17 +220,7 @@ class AwsProvider:
         return params
 
     def _check_request(self, request: InstanceRequest) -> None:
-        validate_run_id(request.run_id)
-        itype = request.instance_type
-        if itype.cloud != "aws":
-            raise InputError(f"instance type {itype.name!r} belongs to {itype.cloud}, not aws")
-        if itype.region != self.region:
-            raise InputError(f"instance type {itype.name} is listed for {itype.region}, but this AWS provider "
-                             f"serves {self.region}")
-        if request.zone and itype.zones and request.zone not in itype.zones:
-            raise InputError(f"zone {request.zone!r} does not offer {itype.name}; use one of {', '.join(itype.zones)}")
-        if request.count < 1:
-            raise InputError(f"instance count must be at least 1, got {request.count}")
+        check_request(request, cloud="aws", region=self.region, provider="AWS")
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
         self._check_request(request)

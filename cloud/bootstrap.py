@@ -50,6 +50,25 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
+def check_request(request, *, cloud: str, region: str, provider: str) -> None:
+    """What every cloud provider checks before any API call: run id, cloud, region, zone and count.
+
+    ``request`` is a :class:`~rubberband.cloud.provider.InstanceRequest`; bad input is an
+    InputError (exit 2) and nothing is provisioned.
+    """
+    validate_run_id(request.run_id)
+    itype = request.instance_type
+    if itype.cloud != cloud:
+        raise InputError(f"instance type {itype.name!r} belongs to {itype.cloud}, not {cloud}")
+    if itype.region != region:
+        raise InputError(f"instance type {itype.name} is listed for {itype.region}, but this {provider} provider "
+                         f"serves {region}")
+    if request.zone and itype.zones and request.zone not in itype.zones:
+        raise InputError(f"zone {request.zone!r} does not offer {itype.name}; use one of {', '.join(itype.zones)}")
+    if request.count < 1:
+        raise InputError(f"instance count must be at least 1, got {request.count}")
+
+
 def cloud_run_id(text: str) -> str:
     """Map any run id (e.g. ``MNIST_tune-20261121T0530``) onto one :func:`validate_run_id` accepts."""
     import hashlib

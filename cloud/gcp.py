@@ -37,7 +37,7 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
 from rubberband import __version__
-from rubberband.cloud.bootstrap import assert_no_credentials, check_ssh_cidr, validate_run_id
+from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr
 from rubberband.cloud.failover import ERROR_TABLE, RetryPolicy, call_with_retry, classify, gcp_quota_name
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
 from rubberband.errors import CloudError, InputError
@@ -248,17 +248,8 @@ class GcpProvider:
         return resource
 
     def _check_request(self, request: InstanceRequest) -> str:
-        validate_run_id(request.run_id)
+        check_request(request, cloud="gcp", region=self.region, provider="GCP")
         itype = request.instance_type
-        if itype.cloud != "gcp":
-            raise InputError(f"instance type {itype.name!r} belongs to {itype.cloud}, not gcp")
-        if itype.region != self.region:
-            raise InputError(f"instance type {itype.name} is listed for {itype.region}, but this GCP provider "
-                             f"serves {self.region}")
-        if request.zone and itype.zones and request.zone not in itype.zones:
-            raise InputError(f"zone {request.zone!r} does not offer {itype.name}; use one of {', '.join(itype.zones)}")
-        if request.count < 1:
-            raise InputError(f"instance count must be at least 1, got {request.count}")
         zone = request.zone or (itype.zones[0] if itype.zones else "")
         if not zone:
             raise InputError(f"{itype.name} lists no zone in {self.region}; give the request a zone")
