@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
         spec_path: Path = typer.Argument(None, metavar="SPEC", help="Job spec YAML (optional with --resume)."),
         plan_path: Path = typer.Option(None, "--plan", help="Plan JSON from `rubberband plan`; "
                                        "without it the job is planned first."),
-        cloud: str = typer.Option(None, "--cloud", help="Backend to run on (local); default: the plan's cloud."),
+        cloud: str = typer.Option(None, "--cloud", help="Backend to run on: local, aws or gcp; default: the plan's cloud."),
         run_dir: Path = typer.Option(None, "--run-dir", help="Run directory (default runs/<run id>)."),
         resume: str = typer.Option(None, "--resume", metavar="RUN_DIR",
                                    help="Continue a run whose executor died, from its journal."),
