@@ -32,7 +32,6 @@ from rubberband.cloud.provider import node_resource  # noqa: E402
 from rubberband.errors import ExecutionError  # noqa: E402
 
 
-instance_resource = node_resource  # the naming every backend shares (cloud/provider.py)
 
 
 def force_loopback() -> None:
@@ -121,7 +120,7 @@ class LocalCluster:
             raise ExecutionError("LocalCluster is not started; use it as a context manager")
         if instance_id in self.nodes:
             raise ExecutionError(f"local instance {instance_id!r} already exists")
-        args: dict[str, Any] = dict(num_cpus=slots, resources={instance_resource(instance_id): slots},
+        args: dict[str, Any] = dict(num_cpus=slots, resources={node_resource(instance_id): slots},
                                     node_ip_address="127.0.0.1", object_store_memory=80 * 1024 * 1024)
         head = self._cluster.head_node is None
         if head:
@@ -144,7 +143,7 @@ class LocalCluster:
 
         from rubberband.executor.worker import actor_class, actor_options
 
-        actor = actor_class().options(**actor_options(instance_resource(instance_id), False)).remote()
+        actor = actor_class().options(**actor_options(node_resource(instance_id), False)).remote()
         try:
             ray.get(actor.ping.remote(), timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - GetTimeoutError or a dead actor

@@ -20,7 +20,8 @@ from typing import Iterator
 
 import pytest
 
-from rubberband.profiler.local_cluster import LocalCluster, instance_resource
+from rubberband.cloud.provider import node_resource
+from rubberband.profiler.local_cluster import LocalCluster
 
 #: Instances of the shared test cluster: id -> worker slots. "a" is the head node.
 DEFAULT_INSTANCES = {"a": 2, "b": 1}
@@ -33,7 +34,7 @@ class TestCluster(LocalCluster):
 
     @staticmethod
     def resource(instance_id: str) -> str:
-        return instance_resource(instance_id)
+        return node_resource(instance_id)
 
 
 def busy_resources() -> dict[str, float]:
