@@ -37,6 +37,7 @@ from rubberband.cloud.provider import InstanceRequest, node_resource
 from rubberband.errors import CloudError, ExecutionError, PlanFileError, TrainingError
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
+from rubberband.executor.checkpoints import latest_epoch
 from rubberband.executor.placement import Slot, make_slots
 from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan
@@ -93,16 +94,6 @@ def trial_configs(spec: JobSpec, plan: Plan) -> list[tuple[str, int, int, dict[s
             config = {**spec.config, **sample_config(spec.search_space, rng)}
             out.append((f"b{stage.bracket}-t{i:03d}", stage.bracket, i, config))
     return out
-
-
-def disk_checkpoint(directory: Path) -> int | None:
-    """Newest ``epoch-<k>.pt`` the trial runtime wrote (it may be newer than the journal knows)."""
-    epochs = []
-    for path in directory.glob("epoch-*.pt"):
-        number = path.stem.split("-", 1)[1]
-        if number.isdigit():
-            epochs.append(int(number))
-    return max(epochs, default=None)
 
 
 def p90(values: list[float]) -> float:
@@ -388,7 +379,7 @@ class Controller:
                 metrics[trial_id] = trial.finished_stages[g]
                 continue
             start = base
-            ckpt = max((e for e in (trial.checkpoint_epoch, disk_checkpoint(self.run_dir / "checkpoints" / trial_id))
+            ckpt = max((e for e in (trial.checkpoint_epoch, latest_epoch(self.run_dir / "checkpoints" / trial_id))
                         if e is not None), default=None)
             if ckpt is not None and ckpt + 1 > base:
                 start = ckpt + 1
@@ -452,7 +443,7 @@ class Controller:
         self.running[handle.done_ref] = run
         self.journal.record(J.TRIAL_STARTED, trial_id=trial_id, stage=g, start_epoch=start, end_epoch=stage.epochs,
                             workers=len(slot.placement), instances=list(slot.instance_ids),
-                            placement=list(slot.placement))
+                            placement=list(slot.placement), from_checkpoint=latest_epoch(ckpt_dir))
 
     def _wait_some(self) -> list[RunningTrial]:
         import ray

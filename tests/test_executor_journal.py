@@ -12,7 +12,7 @@ from rubberband.catalog import BillingRule
 from rubberband.errors import PlanFileError, RunDirError
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_instance, bill_run
-from rubberband.executor.controller import check_plan_matches, disk_checkpoint, p90, rank, trial_configs
+from rubberband.executor.controller import check_plan_matches, p90, rank, trial_configs
 from rubberband.executor.placement import make_slots, slots_per_instance, waves
 from rubberband.spec import load_spec
 
@@ -154,14 +154,6 @@ def test_plan_must_match_the_spec(spec):
         check_plan_matches(spec, wrong)
     with pytest.raises(PlanFileError, match="has 1 stages"):
         check_plan_matches(spec, plan.model_copy(update={"stages": plan.stages[:1]}))
-
-
-def test_disk_checkpoint_finds_the_newest(tmp_path: Path):
-    assert disk_checkpoint(tmp_path) is None
-    for k in (0, 2, 10):
-        (tmp_path / f"epoch-{k}.pt").write_bytes(b"x")
-    (tmp_path / "epoch-x.pt").write_bytes(b"x")
-    assert disk_checkpoint(tmp_path) == 10
 
 
 def test_hyperband_brackets_get_their_own_trials(tmp_path):
