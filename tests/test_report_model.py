@@ -31,3 +31,13 @@ def test_replanned_sections_and_charts_are_drawn():
     assert {c.name for c in drawn} == {"gantt_plan", "gantt_static", "distributions", "costs", "pareto"}
     for chart in drawn:
         assert chart.png.startswith(b"\x89PNG") and len(chart.png) > 5000
+
+
+def test_dollar_axes_keep_tiny_local_costs_apart():
+    from rubberband.report.charts import UsdAxis, usd_decimals
+
+    assert usd_decimals([0, 0.0002, 0.0004]) == 4  # a local run's cents would all read "$0.00"
+    assert usd_decimals([0, 0.5, 1.0]) == 2 and usd_decimals([0, 100, 200]) == 0
+    axis = UsdAxis()
+    axis.set_locs([0.0, 0.0002, 0.0004])
+    assert [axis(v) for v in (0.0, 0.0002, 0.0004)] == ["$0.0000", "$0.0002", "$0.0004"]

@@ -9,6 +9,8 @@ no global matplotlib state is touched and charts can be drawn from any thread.
 from __future__ import annotations
 
 import io
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import matplotlib
@@ -18,7 +20,7 @@ matplotlib.use("Agg")  # noqa: E402 - before anything imports pyplot
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+from matplotlib.ticker import Formatter, MaxNLocator  # noqa: E402
 
 from rubberband.report import fmt  # noqa: E402
 from rubberband.report.model import (ACTUAL_COLOR, PLAN_COLOR, STATIC_COLOR,  # noqa: E402
@@ -82,8 +84,28 @@ class _TimeAxis:
         return cls(3600.0, "h") if seconds > 3 * 3600 else cls(60.0, "min")
 
 
-def _usd_axis(value: float, _pos: float) -> str:
-    return f"${value:,.0f}" if abs(value) >= 100 else f"${value:,.2f}"
+class UsdAxis(Formatter):
+    """Dollar tick labels with as many decimals as the tick spacing needs (a local run costs $0.0004)."""
+
+    ticks: Sequence[float] = ()
+
+    def set_locs(self, locs: Sequence[float]) -> None:
+        self.ticks = list(locs)
+
+    def __call__(self, value: float, pos: float | None = None) -> str:
+        return f"${value:,.{usd_decimals(self.ticks or [value])}f}"
+
+
+def usd_decimals(ticks: Sequence[float]) -> int:
+    """Fewest decimals that tell neighbouring ticks apart: none from $100 up, else 2 to 6."""
+    values = sorted(set(float(t) for t in ticks))
+    if not values:
+        return 2
+    if max(abs(v) for v in values) >= 100:
+        return 0
+    steps = [b - a for a, b in zip(values, values[1:])]
+    step = min(steps) if steps else abs(values[0])
+    return 2 if step <= 0 else min(6, max(2, -math.floor(math.log10(step))))
 
 
 # -- Gantt --------------------------------------------------------------------------------------
@@ -184,7 +206,7 @@ def distribution_chart(data: ReportData) -> Chart:
                 cost_title = f"Cost (best static plan: {fmt.usd(s.static_cost_mean_usd)}, off this scale)"
         if data.actual is not None:
             _marker(ax2, data.actual.cost_usd, f"actual {fmt.usd(data.actual.cost_usd)}", ACTUAL_COLOR, "-")
-        ax2.xaxis.set_major_formatter(FuncFormatter(_usd_axis))
+        ax2.xaxis.set_major_formatter(UsdAxis())
         ax2.set_xlabel("job cost (USD)")
         ax2.set_ylabel("simulated samples")
         ax2.set_title(cost_title)
@@ -210,7 +232,7 @@ def _share_bars(ax, shares: tuple[Share, ...], title: str) -> None:
         ax.annotate(f"{fmt.usd(sh.usd)} ({fmt.percent(sh.fraction, 0)})", (sh.usd, y), xytext=(4, 0),
                     textcoords="offset points", va="center", fontsize=8.5, color=INK)
     ax.set_xlim(0, top * 1.6)
-    ax.xaxis.set_major_formatter(FuncFormatter(_usd_axis))
+    ax.xaxis.set_major_formatter(UsdAxis())
     ax.xaxis.set_major_locator(MaxNLocator(4))
     ax.grid(axis="y", visible=False)
     ax.set_xlabel("USD (mean)")
@@ -257,7 +279,7 @@ def pareto_chart(pareto: ParetoData, deadline_s: float) -> Chart:
                     ha="right", va="top", fontsize=8.5, color="#5F6368")
         ax.set_xlim(pareto.shortest_jct_s / d * 0.8, max(xs) / d * 1.05)
         ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(FuncFormatter(_usd_axis))
+        ax.yaxis.set_major_formatter(UsdAxis())
         ax.set_xlabel(f"deadline ({axis.unit})")
         ax.set_ylabel("predicted mean cost (USD)")
         ax.set_title("Cost versus deadline")
