@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import re
 
 _UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
@@ -50,5 +52,9 @@ def format_duration(seconds: float) -> str:
 
 
 def format_usd(amount: float) -> str:
-    """Dollars with cents, or four decimals below one dollar."""
-    return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.4f}"
+    """Dollars with cents, four decimals below one dollar, two significant digits below $0.0001."""
+    if abs(amount) >= 1:
+        return f"${amount:,.2f}"
+    if amount == 0 or abs(amount) >= 0.0001:
+        return f"${amount:.4f}"
+    return f"${amount:.{1 - math.floor(math.log10(abs(amount)))}f}"

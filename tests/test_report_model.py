@@ -37,7 +37,8 @@ def test_dollar_axes_keep_tiny_local_costs_apart():
     from rubberband.report.charts import UsdAxis, usd_decimals
 
     assert usd_decimals([0, 0.0002, 0.0004]) == 4  # a local run's cents would all read "$0.00"
-    assert usd_decimals([0, 0.5, 1.0]) == 2 and usd_decimals([0, 100, 200]) == 0
+    assert usd_decimals([0, 0.00025, 0.0005]) == 5 and usd_decimals([0, 0.5, 1.0]) == 2
+    assert usd_decimals([0, 100, 200]) == 0
     axis = UsdAxis()
     axis.set_locs([0.0, 0.0002, 0.0004])
     assert [axis(v) for v in (0.0, 0.0002, 0.0004)] == ["$0.0000", "$0.0002", "$0.0004"]

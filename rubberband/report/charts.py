@@ -97,15 +97,20 @@ class UsdAxis(Formatter):
 
 
 def usd_decimals(ticks: Sequence[float]) -> int:
-    """Fewest decimals that tell neighbouring ticks apart: none from $100 up, else 2 to 6."""
-    values = sorted(set(float(t) for t in ticks))
-    if not values:
-        return 2
-    if max(abs(v) for v in values) >= 100:
+    """Fewest decimals (none from $100 up, else 2 to 6) that write every tick exactly."""
+    values = [float(t) for t in ticks]
+    if values and max(abs(v) for v in values) >= 100:
         return 0
-    steps = [b - a for a, b in zip(values, values[1:])]
-    step = min(steps) if steps else abs(values[0])
-    return 2 if step <= 0 else min(6, max(2, -math.floor(math.log10(step))))
+    for decimals in range(2, 7):
+        if all(abs(round(v, decimals) - v) <= 1e-9 * max(1.0, abs(v)) for v in values):
+            return decimals
+    return 6
+
+
+def _usd_ticks(axis, bins: int = 4) -> None:  # noqa: ANN001 - a matplotlib Axis
+    """Dollar labels on ``axis`` at round steps, few enough that small amounts do not run into each other."""
+    axis.set_major_locator(MaxNLocator(nbins=bins, steps=[1, 2, 5, 10]))
+    axis.set_major_formatter(UsdAxis())
 
 
 # -- Gantt --------------------------------------------------------------------------------------
@@ -179,7 +184,8 @@ def distribution_chart(data: ReportData) -> Chart:
     s = data.summary
     jct = data.distributions.jct_samples_s
     cost = data.distributions.cost_samples_usd
-    axis = _TimeAxis.for_span(max(max(jct, default=0.0), s.deadline_s))
+    deadline_shown = _near(s.deadline_s, jct + ((data.actual.jct_s,) if data.actual else ()), slack=1.0)
+    axis = _TimeAxis.for_span(max(max(jct, default=0.0), s.deadline_s if deadline_shown else 0.0))
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(WIDTH_IN, 4.0))
         ax1, ax2 = fig.subplots(1, 2)
@@ -187,12 +193,16 @@ def distribution_chart(data: ReportData) -> Chart:
         ax1.hist([v / d for v in jct], bins=30, color=PLAN_COLOR, alpha=0.85, edgecolor="white", linewidth=0.5)
         _marker(ax1, s.jct_p50_s / d, f"p50 {fmt.duration(s.jct_p50_s)}", INK, ":")
         _marker(ax1, s.jct_p95_s / d, f"p95 {fmt.duration(s.jct_p95_s)}", INK, "-.")
-        _marker(ax1, s.deadline_s / d, f"deadline {fmt.duration(s.deadline_s)}", DEADLINE_COLOR, "--")
+        jct_title = f"Completion time, P(meet deadline) = {fmt.percent(s.p_meet_deadline)}"
+        if deadline_shown:
+            _marker(ax1, s.deadline_s / d, f"deadline {fmt.duration(s.deadline_s)}", DEADLINE_COLOR, "--")
+        else:  # far to the right: marking it would squash the histogram into one bar
+            jct_title += f"\n(deadline {fmt.duration(s.deadline_s)}, off this scale)"
         if data.actual is not None:
             _marker(ax1, data.actual.jct_s / d, f"actual {fmt.duration(data.actual.jct_s)}", ACTUAL_COLOR, "-")
         ax1.set_xlabel(f"job completion time ({axis.unit})")
         ax1.set_ylabel("simulated samples")
-        ax1.set_title(f"Completion time, P(meet deadline) = {fmt.percent(s.p_meet_deadline)}")
+        ax1.set_title(jct_title)
         ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8.5)
         ax2.hist(cost, bins=30, color="#54A24B", alpha=0.85, edgecolor="white", linewidth=0.5)
         _marker(ax2, s.cost_mean_usd, f"mean {fmt.usd(s.cost_mean_usd)}", INK, ":")
@@ -206,7 +216,7 @@ def distribution_chart(data: ReportData) -> Chart:
                 cost_title = f"Cost (best static plan: {fmt.usd(s.static_cost_mean_usd)}, off this scale)"
         if data.actual is not None:
             _marker(ax2, data.actual.cost_usd, f"actual {fmt.usd(data.actual.cost_usd)}", ACTUAL_COLOR, "-")
-        ax2.xaxis.set_major_formatter(UsdAxis())
+        _usd_ticks(ax2.xaxis)
         ax2.set_xlabel("job cost (USD)")
         ax2.set_ylabel("simulated samples")
         ax2.set_title(cost_title)
@@ -232,8 +242,7 @@ def _share_bars(ax, shares: tuple[Share, ...], title: str) -> None:
         ax.annotate(f"{fmt.usd(sh.usd)} ({fmt.percent(sh.fraction, 0)})", (sh.usd, y), xytext=(4, 0),
                     textcoords="offset points", va="center", fontsize=8.5, color=INK)
     ax.set_xlim(0, top * 1.6)
-    ax.xaxis.set_major_formatter(UsdAxis())
-    ax.xaxis.set_major_locator(MaxNLocator(4))
+    _usd_ticks(ax.xaxis, bins=3)
     ax.grid(axis="y", visible=False)
     ax.set_xlabel("USD (mean)")
     ax.set_title(title)
@@ -275,15 +284,16 @@ def pareto_chart(pareto: ParetoData, deadline_s: float) -> Chart:
         ax.axvspan(0, pareto.shortest_jct_s / d, color="#F1F3F4", zorder=0)
         ax.axvline(pareto.shortest_jct_s / d, color="#9AA0A6", linestyle=":", linewidth=1.2)
         ax.annotate(f"shortest feasible\n{fmt.duration(pareto.shortest_jct_s)}", (pareto.shortest_jct_s / d, 1.0),
-                    xycoords=("data", "axes fraction"), xytext=(-4, -4), textcoords="offset points",
-                    ha="right", va="top", fontsize=8.5, color="#5F6368")
+                    xycoords=("data", "axes fraction"), xytext=(4, -4), textcoords="offset points",
+                    ha="left", va="top", fontsize=8.5, color="#5F6368")
         ax.set_xlim(pareto.shortest_jct_s / d * 0.8, max(xs) / d * 1.05)
-        ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(UsdAxis())
+        costs = [p.cost_usd for p in pareto.points] + [c for _, c in static] + [pareto.chosen_cost_usd]
+        ax.set_ylim(0, max(costs) * 1.35)  # head room for the legend above the curves
+        _usd_ticks(ax.yaxis)
         ax.set_xlabel(f"deadline ({axis.unit})")
         ax.set_ylabel("predicted mean cost (USD)")
         ax.set_title("Cost versus deadline")
-        ax.legend(loc="upper right")
+        ax.legend(loc="upper right", ncol=3)
         return Chart(name="pareto", filename="pareto.png",
                      alt="Predicted cost against deadline for elastic and static plans", png=_render(fig))
 

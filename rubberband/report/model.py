@@ -294,7 +294,7 @@ def _static_cost(plan: Plan) -> float | None:
 
 
 def build_pareto(plan: Plan, replan: Replanner) -> tuple[ParetoData | None, str]:
-    """Re-plan at deadlines from the shortest feasible one to PARETO_SPAN times it."""
+    """Re-plan at deadlines from the shortest feasible one to PARETO_SPAN times it (or the plan's, if later)."""
     try:
         probe = replan(ReplanRequest(deadline_s=PROBE_DEADLINE_S))
         shortest = probe.predicted.jct_s.p95  # the planner met even this deadline: take what it achieved
@@ -306,8 +306,9 @@ def build_pareto(plan: Plan, replan: Replanner) -> tuple[ParetoData | None, str]
         return None, f"re-planning failed: {exc.message}"
     points = []
     failures = []
+    longest = max(shortest * PARETO_SPAN, plan.deadline_s)  # the chosen point lies on the curve
     for k in range(PARETO_POINTS):
-        deadline = shortest * (1 + (PARETO_SPAN - 1) * k / (PARETO_POINTS - 1))
+        deadline = shortest + (longest - shortest) * k / (PARETO_POINTS - 1)
         if k == 0:
             deadline *= 1.001  # stay on the feasible side of the boundary
         try:
