@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rubberband.errors import PlanFileError
-from rubberband.versioned import validate_versioned
+from rubberband.versioned import read_json, validate_versioned
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -165,17 +165,9 @@ def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PlanFileError(f"plan file {path} does not exist; create it with `rubberband plan SPEC --out {path}`") \
-            from None
-    except IsADirectoryError:
-        raise PlanFileError(f"{path} is a directory; pass a plan JSON file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        line = getattr(exc, "lineno", None)
-        raise PlanFileError(f"{path}{':' + str(line) if line else ''}: plan is not valid JSON; "
-                            f"regenerate it with `rubberband plan`") from None
+    data = read_json(path, kind="plan file", error=PlanFileError,
+                     missing=f"create it with `rubberband plan SPEC --out {path}`",
+                     remedy="regenerate it with `rubberband plan`")
     return parse_plan(data, source=str(path))
 
 

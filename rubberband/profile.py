@@ -11,14 +11,13 @@ spread over). Devices that were not measured may be given a relative speed in
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rubberband.errors import ProfileError
-from rubberband.versioned import validate_versioned
+from rubberband.versioned import read_json, validate_versioned
 
 PROFILE_SCHEMA_VERSION = 1
 
@@ -115,13 +114,9 @@ def parse_profile(data: Any, *, source: str = "<profile>") -> Profile:
 
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"profile {path} does not exist; run `rubberband profile` or set `profile:` "
-                           f"in the spec") from None
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}:{exc.lineno}: profile is not valid JSON ({exc.msg})") from None
+    data = read_json(path, kind="profile", error=ProfileError,
+                     missing="run `rubberband profile` or set `profile:` in the spec",
+                     remedy="re-run `rubberband profile`")
     return parse_profile(data, source=str(path))
 
 

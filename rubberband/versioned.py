@@ -1,7 +1,9 @@
-"""Validation of versioned JSON documents (plans, profiles) into one-line input errors."""
+"""Reading and validation of versioned JSON documents (plans, profiles) into one-line input errors."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -35,3 +37,16 @@ def validate_versioned(model: type[M], data: Any, *, source: str, kind: str, ver
         elif err["type"] == "extra_forbidden":
             msg = "unknown field; remove it or check its spelling"
         raise error(f"{source}: {kind} field '{field}': {msg}; {remedy}") from None
+
+
+def read_json(path: Path, *, kind: str, error: type[InputError], missing: str, remedy: str) -> Any:
+    """Parsed JSON of ``path``, or ``error``: ``missing`` when it does not exist, else what is wrong and ``remedy``."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise error(f"{kind} {path} does not exist; {missing}") from None
+    except IsADirectoryError:
+        raise error(f"{path} is a directory; pass a {kind} JSON file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        line = getattr(exc, "lineno", None)
+        raise error(f"{path}{':' + str(line) if line else ''}: {kind} is not valid JSON; {remedy}") from None

@@ -66,3 +66,20 @@ def test_malformed_profile_exits_2(cli, tmp_path):
     result = cli("plan", EXAMPLES / "quickstart.yaml", "--profile", bad)
     assert result.returncode == 2
     assert "profile field" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"\xff\xfe\x00binary", "profile is not valid JSON"),
+    (b"{not json", "profile is not valid JSON"),
+    (None, "is a directory"),
+])
+def test_unreadable_profile_exits_2(cli, tmp_path, content, needle):
+    bad = tmp_path / "p.json"
+    if content is None:
+        bad.mkdir()
+    else:
+        bad.write_bytes(content)
+    result = cli("plan", EXAMPLES / "quickstart.yaml", "--profile", bad)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in result.stderr
