@@ -84,13 +84,14 @@ def cheapest_feasible(plans: list[Plan], space: PlanSpace, evaluator: Evaluator,
                       screen_slack: int | None = None) -> BaselineResult:
     """Cheapest plan (full-sample mean cost) meeting the deadline, by branch and bound.
 
-    A plan is skipped when its rigorous cost lower bound is not below the best plan found so far
-    or its JCT lower bound exceeds the deadline, so the answer is the same as evaluating every
-    plan. With ``screen_slack``, plans are first screened (few samples) and those with fewer than
-    ``ceil(confidence·n) − screen_slack`` screening samples within the deadline are skipped - a
-    rule that only skips more for a tighter deadline or a higher confidence, so the answer stays
-    monotone in both - and the rest are visited cheapest-screened first, which finds a good
-    incumbent early and lets the bound prune the others.
+    Plans are visited in order of their rigorous cost lower bound, and the search stops at the
+    first plan whose bound is not below the best plan found so far: every plan left is at least
+    as costly, so the answer is the same as evaluating every plan, and plans that cannot win are
+    never simulated at all. A plan whose JCT lower bound exceeds the deadline is skipped. With
+    ``screen_slack``, a plan is first screened (few samples) and skipped when fewer than
+    ``ceil(confidence·n) − screen_slack`` screening samples are within the deadline - a rule that
+    only skips more for a tighter deadline or a higher confidence, so the answer stays monotone
+    in both.
     """
     seen = set()
     bounded = []
@@ -101,20 +102,15 @@ def cheapest_feasible(plans: list[Plan], space: PlanSpace, evaluator: Evaluator,
             continue
         seen.add(key)
         cost_lb, jct_lb = lower_bounds(space, evaluator, plan)
-        if jct_lb > deadline_s:
-            continue
-        rank = cost_lb
-        if screen_slack is not None:
-            screened = evaluator.screen(plan)
-            if int((screened.jct <= deadline_s).sum()) < need:
-                continue
-            rank = screened.cost_mean
-        bounded.append((rank, order, cost_lb, plan))
+        if jct_lb <= deadline_s:
+            bounded.append((cost_lb, order, plan))
     bounded.sort(key=lambda x: (x[0], x[1]))
     best = incumbent
     evaluated = 0
-    for _, _, cost_lb, plan in bounded:
+    for cost_lb, _, plan in bounded:
         if best is not None and cost_lb >= best[1].cost_mean:
+            break
+        if screen_slack is not None and int((evaluator.screen(plan).jct <= deadline_s).sum()) < need:
             continue
         res = evaluator.full(plan)
         evaluated += 1

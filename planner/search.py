@@ -72,6 +72,8 @@ class PlanSpace:
         self.skipped = sorted({t.name for t in types if not model.plannable(t.device)})
         self._counts: dict[tuple, list[int]] = {}
         self._frontiers: dict[int, list[StageConfig]] = {}
+        self._options: dict[int, list[StageConfig]] = {}
+        self._estimates: dict[int, list[tuple[float, float, StageConfig]]] = {}
 
     def counts(self, stage: int, itype: InstanceType, workers: int) -> list[int]:
         key = (stage, itype.workers, workers)
@@ -81,12 +83,16 @@ class PlanSpace:
 
     def options(self, stage: int) -> list[StageConfig]:
         """Every efficient configuration of one stage (for the exact optimiser)."""
-        out = []
-        for t in self.types:
-            for w in widths_for(t, self.max_workers):
-                for n in self.counts(stage, t, w):
-                    out.append(StageConfig(t, n, w))
-        return out
+        if stage not in self._options:
+            self._options[stage] = [StageConfig(t, n, w) for t in self.types for w in widths_for(t, self.max_workers)
+                                    for n in self.counts(stage, t, w)]
+        return self._options[stage]
+
+    def estimates(self, stage: int) -> list[tuple[float, float, StageConfig]]:
+        """(duration, cost, config) of every option of one stage by :meth:`stage_estimate`."""
+        if stage not in self._estimates:
+            self._estimates[stage] = [(*self.stage_estimate(stage, c), c) for c in self.options(stage)]
+        return self._estimates[stage]
 
     def stage_time(self, stage: int, config: StageConfig) -> float:
         """Deterministic stage time at the median (no start-up): waves × task time."""
@@ -124,8 +130,7 @@ class PlanSpace:
     def frontier(self, stage: int) -> list[StageConfig]:
         """Pareto-optimal configurations of one stage by the isolated estimate, fastest first."""
         if stage not in self._frontiers:
-            scored = sorted(((*self.stage_estimate(stage, c), c) for c in self.options(stage)),
-                            key=lambda x: (x[0], x[1]))
+            scored = sorted(self.estimates(stage), key=lambda x: (x[0], x[1]))
             front: list[StageConfig] = []
             best_cost = float("inf")
             for duration, cost, config in scored:
@@ -369,8 +374,8 @@ def _knapsack(space: PlanSpace, only_type: str | None, *, buckets: int = 400, la
     depend on the deadline, so these plans can join the deadline-independent pool.
     """
     n = len(space.stages)
-    estimates = [[(*space.stage_estimate(i, c), c) for c in space.options(i)
-                  if only_type is None or c.instance_type.key == only_type] for i in range(n)]
+    estimates = [[e for e in space.estimates(i) if only_type is None or e[2].instance_type.key == only_type]
+                 for i in range(n)]
     fastest = sum(min(d for d, _, _ in opts) for opts in estimates)
     horizon = fastest * span
     step = horizon / buckets

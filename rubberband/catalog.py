@@ -19,6 +19,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -92,7 +93,7 @@ class InstanceType:
     def workers(self) -> int:
         return self.accelerator_count if self.accelerator_count > 0 else max(1, int(self.vcpus))
 
-    @property
+    @cached_property  # read millions of times while planning
     def key(self) -> str:
         """Unique id across clouds and regions: ``aws:us-east-1:p3.2xlarge``."""
         return f"{self.cloud}:{self.region}:{self.name}"
