@@ -82,6 +82,16 @@ def main() -> None:
     print(f"Hyperband R=81 eta=3 ({len(hb)} stages), deadline 1.5x shortest: wall best {best:.2f} s, median "
           f"{med:.2f} s, CPU {cpu:.2f} s (target <= 5 s), {out.candidates_evaluated} candidates")
 
+    from rubberband.inputs import load_job_inputs
+    from rubberband.planning import plan_from_inputs
+
+    mixed = load_job_inputs(ROOT / "examples/mixed.yaml")
+    started, cpu0 = time.perf_counter(), time.process_time()
+    plan = plan_from_inputs(mixed)
+    print(f"examples/mixed.yaml (Hyperband R=27 eta=3, aws + gcp catalogs): wall "
+          f"{time.perf_counter() - started:.2f} s, CPU {time.process_time() - cpu0:.2f} s, "
+          f"{plan.planner.candidates_evaluated} candidates")
+
     print("\n== plan cost / exact optimum (small cases, 3 types, <= 2 workers/trial, 300 samples)")
     small_types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge", "p3.8xlarge")]
     ratios = []
