@@ -936,8 +936,9 @@ class Controller:
     def _stand_in(self, itype: InstanceType, spot: bool, unavailable: list[str]) -> InstanceType | None:
         """What runs instead of an unavailable type: what failover obtained for it, else the cheapest alternative."""
         if itype.key in self.substitutes:
-            sub = self.substitutes[itype.key]
-            while sub.key in self.substitutes and sub.key not in unavailable + [itype.key]:
+            sub, seen = self.substitutes[itype.key], {itype.key}
+            while sub.key in self.substitutes and sub.key not in seen:  # failed over again from the stand-in
+                seen.add(sub.key)
                 sub = self.substitutes[sub.key]
             return sub
         check = getattr(self.backend, "unavailable", None)
