@@ -9,6 +9,9 @@
 
 moto has no spot interruption: the tests terminate the instance in the (in-process, threaded) moto server, set
 the state reason AWS gives a reclaimed spot instance, and stop the instance's stand-in Ray node.
+
+The two runs are slow (about 40 s and 25 s on an idle 2-core machine, twice that under the shared CI load): each
+local Ray node (head, stand-in instances, the replacement) starts one after another.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@ on a replacement node, and the run ends as an uninterrupted one would (same best
 
 The end-to-end test runs the real CLI with real Ray nodes (a one-stage job: 2 trials × 3 epochs on one
 ``local.cpu2``); the others drive the controller's loss handling and its cap with a stand-in backend, no Ray.
+
+The end-to-end test is slow (~40 s on an idle 2-core machine, ~75 s under the shared CI load) for a reason it
+cannot avoid: three Ray processes start one after another (the head, the node that dies, its replacement).
 """
 
 from __future__ import annotations
