@@ -384,4 +384,5 @@ class AwsProvider:
                         state=_STATES.get(raw.get("State", {}).get("Name", ""), "pending"),
                         run_id=tags.get(TAG_RUN_ID, ""), stage=stage, address=raw.get("PrivateIpAddress"),
                         launched_at=launched.timestamp() if launched is not None else None, tags=tags,
-                        public_address=raw.get("PublicIpAddress"))
+                        public_address=raw.get("PublicIpAddress"),
+                        state_reason=(raw.get("StateReason") or {}).get("Code", ""))

@@ -13,7 +13,11 @@ gives it that on AWS / GCP, with the executor running on the run's head instance
   kept for the whole run), waits until the instance runs and its Ray node has joined, and
   terminates it if any of that fails. Every attempt is kept in ``attempts`` for the journal;
 * ``list`` never returns the head (the executor terminates "orphans" it lists; the head is the
-  machine it runs on); ``terminate`` routes each id to the provider of its region.
+  machine it runs on); ``terminate`` routes each id to the provider of its region;
+* for the executor's failover and loss handling: ``obtained(id)`` says which type (and zone) failover
+  actually got for an instance, ``unavailable(itype)`` whether the run's failover policy has blocked
+  every zone of a type, and ``check_lost(ids)`` which instances the cloud no longer runs and why
+  (``spot-interruption`` when the cloud says so, else ``lost``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
 from rubberband.cloud.head import worker_startup_script
-from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider, node_resource
+from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider, loss_reason, node_resource
 from rubberband.cloud.registry import ProviderPool
 from rubberband.errors import CloudError
 
@@ -57,6 +61,15 @@ def ray_join_check(instance: Instance, timeout_s: float) -> None:
         time.sleep(2.0)
 
 
+@dataclass(frozen=True)
+class Obtained:
+    """What failover actually provisioned for one instance: its catalog type and zone, and every try."""
+
+    instance_type: InstanceType
+    zone: str | None
+    attempts: tuple[Attempt, ...] = ()
+
+
 @dataclass
 class CloudBackend:
     """Provider + head handling for one cloud run, as the executor expects of a backend."""
@@ -71,6 +84,7 @@ class CloudBackend:
     max_lifetime_s: float | None = None
     attempts: list[Attempt] = field(default_factory=list)
     _where: dict[str, Provider] = field(default_factory=dict, init=False, repr=False)
+    _obtained: dict[str, Obtained] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def cloud(self) -> str:
@@ -95,9 +109,10 @@ class CloudBackend:
         def render(candidate: InstanceType) -> Provider:  # the script depends on the type actually tried
             return _ScriptFor(self.pool.for_type(candidate), self.head, self.max_lifetime_s)
 
+        alternatives = [t for t in self.alternatives(request.instance_type)
+                        if not request.spot or t.spot_price_hr is not None]  # a spot request needs a spot offer
         try:
-            result = provision_with_failover(worker, render, alternatives=self.alternatives(request.instance_type),
-                                             policy=self.policy)
+            result = provision_with_failover(worker, render, alternatives=alternatives, policy=self.policy)
         except CloudError as exc:
             self.attempts.extend(getattr(exc, "attempts", []))
             raise
@@ -113,7 +128,38 @@ class CloudBackend:
         except BaseException:
             provider.terminate(ids)
             raise
+        for inst in running:
+            self._obtained[inst.id] = Obtained(result.instance_type, result.zone, tuple(result.attempts))
         return running
+
+    def obtained(self, instance_id: str) -> Obtained | None:
+        """The catalog type failover got for ``instance_id`` (it may differ from the type requested)."""
+        return self._obtained.get(instance_id)
+
+    def unavailable(self, itype: InstanceType) -> bool:
+        """True when this run's failover policy has blocked every zone of ``itype`` (or its region / cloud)."""
+        zones: list[str | None] = list(itype.zones) or [None]
+        return all(self.policy.is_blocked(itype, zone) for zone in zones)
+
+    def check_lost(self, instance_ids: list[str]) -> dict[str, str]:
+        """Which of these instances the cloud no longer runs: id → ``spot-interruption`` or ``lost``."""
+        lost: dict[str, str] = {}
+        for provider, ids in self._group(instance_ids).items():
+            describe = getattr(provider, "describe", None)
+            try:
+                seen = {i.id: i for i in (describe(ids) if describe is not None else provider.list())}
+            except CloudError as exc:
+                if not exc.code.startswith("InvalidInstanceID"):
+                    raise
+                seen = {}
+            for ident in ids:
+                inst = seen.get(ident)
+                if inst is None or not inst.alive:
+                    lost[ident] = loss_reason(inst)
+        for ident in instance_ids:  # not found in any region: gone
+            if ident not in self._where:
+                lost[ident] = "lost"
+        return lost
 
     def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
         found: list[Instance] = []

@@ -363,6 +363,18 @@ class LocalProvider:
                 record.terminated_at = time.time()
                 record.write(self.instances_dir)
 
+    def check_lost(self, instance_ids: list[str]) -> dict[str, str]:
+        """Which of these nodes are gone (their process group died, or they were never recorded): id → ``lost``.
+
+        A local node has no cloud to say why, so every loss is ``lost``.
+        """
+        lost = {}
+        for instance_id in instance_ids:
+            path = self.instances_dir / f"{instance_id}.json"
+            if not path.exists() or not _is_ours(ProcessRecord.read(path)):
+                lost[instance_id] = "lost"
+        return lost
+
     def _instance(self, record: ProcessRecord) -> Instance:
         alive = _is_ours(record)
         state = "terminated" if not alive else ("running" if record.ready_at else "pending")

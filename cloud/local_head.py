@@ -26,6 +26,7 @@ from pathlib import Path
 from rubberband.catalog import Catalog, load_catalog
 from rubberband.cloud.backend import CloudBackend, HeadHandle, ray_join_check
 from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
+from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, Instance, InstanceRequest
 from rubberband.cloud.registry import ProviderPool
@@ -64,7 +65,7 @@ class LocalHeadCloudBackend:
                                zone="", state="running", run_id="", address=None,
                                tags={TAG_MANAGED: "true", TAG_ROLE: "head"})
         join = self._boot_locally if self.test_boot == "local" else ray_join_check
-        self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join,
+        self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join, alternatives=self._alternatives,
                                     boot_timeout_s=600.0, join_timeout_s=600.0)
 
     # -- head --------------------------------------------------------------------------------
@@ -114,7 +115,28 @@ class LocalHeadCloudBackend:
             if self.test_boot == "local":
                 self.local.terminate(instance_ids)
 
+    # -- failover and losses (executor/controller.py) ---------------------------------------------
+
+    def obtained(self, instance_id: str):
+        return self.workers.obtained(instance_id)
+
+    def unavailable(self, itype) -> bool:
+        return self.workers.unavailable(itype)
+
+    def check_lost(self, instance_ids: list[str]) -> dict[str, str]:
+        """Instances the cloud no longer runs (with the cloud's reason) and, in test boots, dead stand-in nodes."""
+        self._build_providers()
+        lost = dict(self.workers.check_lost(instance_ids))
+        if self.test_boot == "local":
+            for ident, reason in self.local.check_lost([i for i in instance_ids if i not in lost]).items():
+                lost[ident] = reason
+        return lost
+
     # -- helpers -----------------------------------------------------------------------------
+
+    def _alternatives(self, itype):
+        """Failover's stand-ins for ``itype``: same workers and device, in the run's regions, cheapest first."""
+        return [t for t in alternatives_for(itype, self.catalog, clouds=[self.cloud]) if t.region in self.regions]
 
     def _build_providers(self) -> None:
         """Every region of the plan has its provider, so list / terminate see instances of an earlier executor."""

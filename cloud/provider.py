@@ -65,6 +65,9 @@ class Instance:
     launched_at: float | None = None  # POSIX seconds, from the provider
     tags: dict[str, str] = field(default_factory=dict)
     public_address: str | None = None  # for SSH from the user's machine, when the instance has one
+    #: Why the cloud says it last changed state, when it says (AWS ``StateReason.Code``, e.g.
+    #: ``Server.SpotInstanceTermination``; GCP ``preempted``); empty otherwise.
+    state_reason: str = ""
 
     @property
     def role(self) -> str:
@@ -73,6 +76,22 @@ class Instance:
     @property
     def alive(self) -> bool:
         return self.state in ("pending", "running")
+
+
+#: Cloud state reasons that mean "the cloud took a spot / preemptible instance back".
+SPOT_INTERRUPTION_REASONS = frozenset({
+    "Server.SpotInstanceTermination",  # AWS: spot interruption (terminate behaviour)
+    "Server.SpotInstanceShutdown",  # AWS: spot interruption (stop behaviour)
+    "Server.SpotInstanceHibernate",  # AWS: spot interruption (hibernate behaviour)
+    "preempted",  # GCP: a spot / preemptible VM was preempted
+})
+
+
+def loss_reason(instance: Instance | None) -> str:
+    """Why an instance that should be running is gone: ``spot-interruption`` when its cloud says so, else ``lost``."""
+    if instance is not None and instance.state_reason in SPOT_INTERRUPTION_REASONS:
+        return "spot-interruption"
+    return "lost"
 
 
 @runtime_checkable

@@ -12,7 +12,16 @@ stage's instances. Around that it keeps the cluster elastic:
 * an instance is released the moment no remaining work of its stage needs it and the next
   stage does not keep it;
 * at each stage boundary an injected :data:`~rubberband.executor.runtime.Replanner` may
-  re-plan the remaining stages (deadline at risk, or a cheaper plan now meets it).
+  re-plan the remaining stages (deadline at risk, or a cheaper plan now meets it); when failover
+  had to give another type than planned, the remaining stages are re-planned without the
+  unavailable types (the re-planner, else the type failover obtained stands in).
+
+A lost instance (spot interruption, or any node that dies mid-stage) is told apart from a trial
+whose training raised: on a trial error (and every few seconds for every instance) the backend
+and Ray's view of the ``rb-node-<id>`` resource are asked whether the instance still runs. A lost
+one is journaled (``instance_lost``), billed up to the loss, dropped from the stage, replaced
+through the same failover path, and its trials restart from their latest checkpoints — at most
+``max_instance_losses`` times per executor.
 
 Everything goes to the journal; every instance of the run is terminated in ``finally``.
 """
@@ -33,8 +42,9 @@ from typing import Any, Callable
 import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
+from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.provider import InstanceRequest, node_resource
-from rubberband.errors import CloudError, ExecutionError, PlanFileError, TrainingError
+from rubberband.errors import CatalogError, CloudError, ExecutionError, PlanFileError, TrainingError
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
@@ -49,6 +59,13 @@ from rubberband.spec import JobSpec, sample_config
 DEFAULT_STARTUP_S = {"local": 5.0, "aws": 90.0, "gcp": 90.0}
 POLL_S = 0.2
 RESULT_TIMEOUT_S = 60.0
+#: How often every ready instance's Ray node is looked for (seconds).
+LIVENESS_EVERY_S = 2.0
+#: After a trial error, how long to wait for the backend or Ray to call its instances lost (Ray marks a
+#: dead node within ~2 s on the run's head) before calling it a training failure.
+LOSS_CONFIRM_S = 5.0
+#: Instance losses one executor tolerates before it gives up (a flapping cloud must not loop forever).
+MAX_INSTANCE_LOSSES = 10
 
 
 class DeadlineExceeded(ExecutionError):
@@ -101,8 +118,9 @@ def p90(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
 
 
-def _same_type(a: StagePlan, b: StagePlan) -> bool:
-    return (a.cloud, a.region, a.instance_type, a.spot) == (b.cloud, b.region, b.instance_type, b.spot)
+def _price(itype: InstanceType, spot: bool) -> float:
+    """$/h of an instance as requested (spot when it has a spot offer)."""
+    return itype.spot_price_hr if spot and itype.spot_price_hr is not None else itype.price_hr
 
 
 def rank(metrics: dict[str, float | None], mode: str, order: list[str]) -> list[str]:
@@ -174,7 +192,8 @@ class Controller:
     def __init__(self, *, spec: JobSpec, plan: Plan, catalog: Catalog, run_dir: str | Path, backend: Any,
                  runtime: TrialRuntime, run_id: str, replanner: Replanner | None = None,
                  profile: Profile | None = None, progress: Callable[[Progress], None] | None = None,
-                 deadline_s: float | None = None, trial_timeout_s: float = 600.0, elastic: bool = True) -> None:
+                 deadline_s: float | None = None, trial_timeout_s: float = 600.0, elastic: bool = True,
+                 max_instance_losses: int = MAX_INSTANCE_LOSSES) -> None:
         self.spec = spec
         self.plan = plan
         self.catalog = catalog
@@ -204,6 +223,12 @@ class Controller:
         self.iteration_latencies: dict[str, list[float]] = {}
         self.startup_seconds: dict[str, list[float]] = {}
         self.prefetched: set[int] = set()
+        self.max_instance_losses = max_instance_losses
+        self.losses = 0  # instances lost while this executor ran
+        self.substitutes: dict[str, InstanceType] = {}  # planned type key -> the type failover obtained instead
+        self._seen_in_ray: set[str] = set()  # instances whose rb-node-<id> resource Ray has shown
+        self._lost: set[str] = set()  # instances already handled as lost
+        self._last_liveness = 0.0
         self._saved_signals: dict[int, Any] = {}
         self._signal: str | None = None
 
@@ -312,7 +337,7 @@ class Controller:
         if g is None or (g > 0 and g not in self.state.stages):
             return
         stage = self.plan.stages[g]
-        itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+        itype = self._stage_itype(stage)
         for _ in range(stage.instances - len(self._stage_pool(g))):
             self._request(g, itype, stage.spot)
 
@@ -367,22 +392,37 @@ class Controller:
         best = rank(finals, self.spec.metric.mode, sorted(finals))[0]
         return best, finals[best]
 
-    def _run_stage(self, g: int, stage: StagePlan) -> dict[str, float | None]:
+    def _stage_itype(self, stage: StagePlan) -> InstanceType:
+        """The type a stage runs on: the planned one, or what failover obtained in its place."""
         itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+        seen = {itype.key}
+        while itype.key in self.substitutes and self.substitutes[itype.key].key not in seen:
+            itype = self.substitutes[itype.key]
+            seen.add(itype.key)
+        return itype
+
+    def _same_type(self, a: StagePlan, b: StagePlan) -> bool:
+        return self._stage_itype(a).key == self._stage_itype(b).key and a.spot == b.spot
+
+    def _start_epoch(self, trial_id: str, stage: StagePlan) -> int:
+        """First epoch to run: right after the trial's newest checkpoint (journal or disk) within this stage."""
+        base = stage.epochs - stage.epochs_this_stage
+        trial = self.state.trials[trial_id]
+        ckpt = max((e for e in (trial.checkpoint_epoch, latest_epoch(self.run_dir / "checkpoints" / trial_id))
+                    if e is not None), default=None)
+        return ckpt + 1 if ckpt is not None and ckpt + 1 > base else base
+
+    def _run_stage(self, g: int, stage: StagePlan) -> dict[str, float | None]:
+        itype = self._stage_itype(stage)
         trials = self._stage_trials(g)
         metrics: dict[str, float | None] = {}
         pending: list[tuple[str, int]] = []
-        base = stage.epochs - stage.epochs_this_stage
         for trial_id in trials:
             trial = self.state.trials[trial_id]
             if g in trial.finished_stages:
                 metrics[trial_id] = trial.finished_stages[g]
                 continue
-            start = base
-            ckpt = max((e for e in (trial.checkpoint_epoch, latest_epoch(self.run_dir / "checkpoints" / trial_id))
-                        if e is not None), default=None)
-            if ckpt is not None and ckpt + 1 > base:
-                start = ckpt + 1
+            start = self._start_epoch(trial_id, stage)
             if start >= stage.epochs and (stage.epochs - 1) in trial.epochs:
                 metrics[trial_id] = trial.epochs[stage.epochs - 1].get(self.spec.metric.name)
                 self.journal.record(J.TRIAL_STOPPED, trial_id=trial_id, stage=g, reason="finished",
@@ -402,6 +442,7 @@ class Controller:
             self._check_deadline()
             self._collect_provisioned()
             self._collect_terminations()
+            self._check_liveness(g, stage, slots, pending)
             used = {i for s in slots for i in s.instance_ids}
             unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used]
             if unused:  # instances came up: add their slots (a spanning trial waits for enough of them)
@@ -413,13 +454,21 @@ class Controller:
                     trial_id, start = pending.pop(0)
                     self._start_trial(g, stage, trial_id, start, slot)
             finished = self._wait_some()
+            lost_now: dict[str, str] = {}
+            stopped: list[tuple[str, tuple[str, ...]]] = []
             for run in finished:
-                metric, error, seconds = self._collect_trial(g, stage, run)
+                metric, error, seconds, lost = self._collect_trial(g, stage, run)
                 run.slot.trial_id = None
+                if lost:  # the instance went away, not the training: restart from the checkpoint elsewhere
+                    lost_now.update(lost)
+                    stopped.append((run.trial_id, run.slot.instance_ids))
+                    continue
                 trial_seconds.append(seconds)
                 if error:
                     failures.append(error)
                 metrics[run.trial_id] = metric
+            if lost_now:
+                self._handle_lost(g, lost_now, slots, pending, stopped=stopped)
             if not pending:
                 self._release_idle(g, slots)
             self._maybe_prefetch(g, stage, pending, trial_seconds, slots)
@@ -455,7 +504,9 @@ class Controller:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
         return [self.running.pop(ref) for ref in ready]
 
-    def _collect_trial(self, g: int, stage: StagePlan, run: RunningTrial) -> tuple[float | None, str | None, float]:
+    def _collect_trial(self, g: int, stage: StagePlan,
+                       run: RunningTrial) -> tuple[float | None, str | None, float, dict[str, str]]:
+        """Gather a finished trial; journal it. On an error whose instance was lost, return those instances."""
         trial = self.state.trials[run.trial_id]
         metric, error = None, None
         try:
@@ -488,6 +539,14 @@ class Controller:
             if metric is None:
                 error = (f"trial {run.trial_id} reported no metric {self.spec.metric.name!r} for epoch "
                          f"{run.end_epoch - 1}")
+        if outcome is None and error is not None:
+            lost = self._confirm_lost(run.slot.instance_ids, wait_s=LOSS_CONFIRM_S)
+            if lost:
+                self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason="instance_lost",
+                                    metric=None, error=error, lost=sorted(lost), start_epoch=run.start_epoch,
+                                    end_epoch=run.end_epoch, seconds=seconds, setup_s=None,
+                                    checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id))
+                return None, None, seconds, lost
         reason = "finished" if error is None else "failed"
         self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason=reason, metric=metric,
                             error=error, start_epoch=run.start_epoch, end_epoch=run.end_epoch,
@@ -495,7 +554,132 @@ class Controller:
                             checkpoint_epoch=trial.checkpoint_epoch)
         if error is None:
             trial.finished_stages[g] = metric
-        return metric, error, seconds
+        return metric, error, seconds, {}
+
+    # -- lost instances --------------------------------------------------------------------
+    def _confirm_lost(self, instance_ids: tuple[str, ...] | list[str], *, wait_s: float) -> dict[str, str]:
+        """Which of these instances are gone (id → ``spot-interruption`` | ``lost``), asking for up to ``wait_s``.
+
+        The backend says whether the cloud (or the local process group) still runs it, and why not;
+        Ray says whether its node still offers ``rb-node-<id>`` (only for nodes Ray has shown before).
+        """
+        import ray
+
+        ids = list(dict.fromkeys(instance_ids))
+        deadline = time.monotonic() + wait_s
+        check = getattr(self.backend, "check_lost", None)
+        while True:
+            lost: dict[str, str] = {}
+            if check is not None:
+                try:
+                    lost.update(check(ids))
+                except Exception:  # noqa: BLE001 - a cloud hiccup: Ray's view below still counts
+                    pass
+            try:
+                resources = ray.cluster_resources()
+            except Exception:  # noqa: BLE001
+                resources = None
+            if resources is not None:
+                for ident in ids:
+                    if node_resource(ident) in resources:
+                        self._seen_in_ray.add(ident)
+                    elif ident in self._seen_in_ray:
+                        lost.setdefault(ident, "lost")
+            if lost or time.monotonic() >= deadline:
+                return lost
+            time.sleep(0.5)
+
+    def _check_liveness(self, g: int, stage: StagePlan, slots: list[Slot], pending: list[tuple[str, int]]) -> None:
+        """Every few seconds: is every ready instance's Ray node still there? Handle the ones that are gone."""
+        now = time.monotonic()
+        if now - self._last_liveness < LIVENESS_EVERY_S:
+            return
+        self._last_liveness = now
+        import ray
+
+        try:
+            resources = ray.cluster_resources()
+        except Exception:  # noqa: BLE001 - the next poll asks again
+            return
+        suspects = []
+        for entry in self.pool.values():
+            if entry.id is None or not entry.ready or entry.released:
+                continue
+            if node_resource(entry.id) in resources:
+                self._seen_in_ray.add(entry.id)
+            elif entry.id in self._seen_in_ray:
+                suspects.append(entry.id)
+        if suspects:
+            lost = self._confirm_lost(suspects, wait_s=0.0)
+            if lost:
+                self._handle_lost(g, lost, slots, pending, stopped=[])
+
+    def _handle_lost(self, g: int, lost: dict[str, str], slots: list[Slot], pending: list[tuple[str, int]], *,
+                     stopped: list[tuple[str, tuple[str, ...]]]) -> None:
+        """Journal and bill the lost instances, stop and re-queue their trials, and request replacements.
+
+        ``stopped``: (trial, its instances) already collected and journaled by the caller.
+        """
+        now = time.time()
+        gone = set(lost)
+        affected: dict[str, list[str]] = {ident: [] for ident in lost}
+        for trial_id, instance_ids in stopped:
+            for ident in gone & set(instance_ids):
+                affected[ident].append(trial_id)
+        requeue = [trial_id for trial_id, _ in stopped]
+        for ref, run in list(self.running.items()):  # the other trials on those instances die with them
+            hit = gone & set(run.slot.instance_ids)
+            if not hit:
+                continue
+            del self.running[ref]
+            try:
+                run.handle.stop()
+            except Exception:  # noqa: BLE001 - its workers are gone already
+                pass
+            run.slot.trial_id = None
+            self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason="instance_lost", metric=None,
+                                error=f"instance {', '.join(sorted(hit))} lost", lost=sorted(hit),
+                                start_epoch=run.start_epoch, end_epoch=run.end_epoch, seconds=now - run.started_at,
+                                setup_s=None,
+                                checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id))
+            requeue.append(run.trial_id)
+            for ident in hit:
+                affected[ident].append(run.trial_id)
+        stage = self.plan.stages[g]
+        for trial_id in reversed(requeue):  # they go first: their slots were taken from them
+            if all(t != trial_id for t, _ in pending):
+                pending.insert(0, (trial_id, min(self._start_epoch(trial_id, stage), stage.epochs - 1)))
+        slots[:] = [s for s in slots if not gone & set(s.instance_ids)]
+        for ident, reason in lost.items():
+            if ident in self._lost:  # handled already (another of its trials reported first)
+                continue
+            self._lost.add(ident)
+            self.losses += 1
+            entry = next((p for p in self.pool.values() if p.id == ident), None)
+            self.journal.record(J.INSTANCE_LOST, t=now, id=ident, reason=reason, stage=g,
+                                instance_type=entry.itype.name if entry is not None else None,
+                                trials=sorted(set(affected.get(ident, []))), losses=self.losses)
+            self.journal.record(J.INSTANCE_TERMINATED, t=now, id=ident, reason="lost")  # billed up to the loss
+            self._seen_in_ray.discard(ident)
+            if self.workers is not None:
+                try:
+                    self.workers.shrink(node_resource(ident))
+                except Exception:  # noqa: BLE001 - its idle workers died with it
+                    pass
+            self._terminator.submit(self._terminate_one, ident)  # make sure the cloud stops billing it
+            if entry is None:
+                continue
+            entry.released = True
+            wanted = entry.assigned_stage > g or (entry.assigned_stage == g and bool(pending))
+            if wanted and self.losses <= self.max_instance_losses:
+                target = self.plan.stages[entry.assigned_stage]
+                replacement = self._request(entry.assigned_stage, self._stage_itype(target), entry.spot)
+                self.journal.record(J.DECISION, kind="replace", id=ident, stage=entry.assigned_stage,
+                                    token=replacement.token, instance_type=replacement.itype.name, reason=reason)
+        if self.losses > self.max_instance_losses:
+            raise ExecutionError(f"{self.losses} instances were lost during this run (limit "
+                                 f"{self.max_instance_losses}); the cloud keeps taking capacity back — resume later "
+                                 f"with `rubberband run --resume {self.run_dir}` or plan with on-demand instances")
 
     # -- instances -------------------------------------------------------------------------
     def _stage_pool(self, g: int) -> list[PoolInstance]:
@@ -542,9 +726,21 @@ class Controller:
             entry.id, entry.ready = instance.id, True
             entry.requested_at = instance.launched_at or time.time()
             now = time.time()
+            requested = entry.itype
+            obtained, zone, attempts = self._obtained(entry, instance)
+            if obtained.key != requested.key:  # failover gave another type: bill it, run the stage on it
+                entry.itype = obtained
+                self.substitutes[requested.key] = obtained
+                self.journal.record(J.DECISION, kind="failover", id=instance.id, stage=entry.assigned_stage,
+                                    requested=requested.name, obtained=obtained.name, zone=zone,
+                                    requested_price_hr=_price(requested, entry.spot),
+                                    obtained_price_hr=_price(obtained, entry.spot), attempts=attempts,
+                                    reason=f"{requested.name} unavailable in every zone; failover took {obtained.name}")
+            extra = {"requested_type": requested.name} if obtained.key != requested.key else {}
             self.journal.record(J.INSTANCE_REQUESTED, t=entry.requested_at, id=instance.id,
-                                instance_type=entry.itype.name, cloud=entry.itype.cloud, region=entry.itype.region,
-                                price_hr=entry.itype.price(entry.spot), spot=entry.spot, stage=entry.assigned_stage)
+                                instance_type=obtained.name, cloud=obtained.cloud, region=obtained.region,
+                                price_hr=_price(obtained, entry.spot), spot=entry.spot, stage=entry.assigned_stage,
+                                zone=zone or instance.zone or None, **extra)
             self.journal.record(J.INSTANCE_READY, t=now, id=instance.id, startup_s=now - entry.requested_at)
             self.startup_seconds.setdefault(entry.itype.name, []).append(now - entry.requested_at)
             if entry.released:  # no longer wanted while it was starting
@@ -552,6 +748,21 @@ class Controller:
                 self._release(entry, "no longer needed when it came up")
             elif self.workers is not None:  # start its worker processes now, off the critical path
                 self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False)
+
+    def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str]]:
+        """The catalog type (and zone, and failover tries) the backend actually got for a request."""
+        getter = getattr(self.backend, "obtained", None)
+        got = getter(instance.id) if getter is not None else None
+        if got is not None:
+            tries = [f"{a.instance_type}@{a.zone or a.region}: {a.outcome}" for a in got.attempts]
+            return got.instance_type, got.zone, tries
+        if instance.instance_type and instance.instance_type != entry.itype.name:
+            try:
+                return self.catalog.find(instance.instance_type, cloud=entry.itype.cloud,
+                                         region=entry.itype.region), instance.zone, []
+            except CatalogError:
+                pass
+        return entry.itype, None, []
 
     def _release(self, entry: PoolInstance, why: str) -> None:
         if entry.released:
@@ -586,6 +797,7 @@ class Controller:
         """No pending trials: keep idle instances the next stage can use, release the rest now."""
         busy = {i for s in slots if not s.free for i in s.instance_ids}
         nxt = self.plan.stages[g + 1] if g + 1 < len(self.plan.stages) else None
+        nxt_key = self._stage_itype(nxt).key if nxt is not None else None
         if not self.elastic and (nxt is not None or not stage_done):
             for entry in self._stage_pool(g):
                 if stage_done:
@@ -594,8 +806,7 @@ class Controller:
         for entry in self._stage_pool(g):
             if entry.id in busy:  # a still-booting instance is idle too: kept or released at once
                 continue
-            if nxt is not None and entry.itype.name == nxt.instance_type and entry.itype.cloud == nxt.cloud \
-                    and entry.itype.region == nxt.region and entry.spot == nxt.spot \
+            if nxt is not None and entry.itype.key == nxt_key and entry.spot == nxt.spot \
                     and len(self._stage_pool(g + 1)) < nxt.instances:
                 entry.assigned_stage = g + 1
                 self.journal.record(J.DECISION, kind="keep", id=entry.id or entry.token, stage=g + 1)
@@ -619,8 +830,8 @@ class Controller:
         if g + 1 >= len(self.plan.stages) or (g + 1) in self.prefetched:
             return
         nxt = self.plan.stages[g + 1]
-        itype = self.catalog.find(nxt.instance_type, cloud=nxt.cloud, region=nxt.region)
-        same = _same_type(stage, nxt)
+        itype = self._stage_itype(nxt)
+        same = self._same_type(stage, nxt)
         reusable = min(stage.instances, nxt.instances) if same else 0
         extra = nxt.instances - reusable - len(self._stage_pool(g + 1))
         if extra <= 0:
@@ -669,6 +880,10 @@ class Controller:
             running[entry.itype.key] = running.get(entry.itype.key, 0) + 1
         decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
                         slowdown=ratio, at_risk=at_risk)
+        unavailable = self._unavailable(self.plan.stages[g:])
+        if unavailable:
+            self._replan_around(g, unavailable, decision, spent=spent, running=running)
+            return
         if self.replanner is None:
             self.journal.record(J.DECISION, **decision, accepted=False, reason="no re-planner available")
             return
@@ -705,6 +920,99 @@ class Controller:
             self.plan = self.plan.model_copy(update={"stages": stages})
             self.prefetched.discard(g)
             self.journal.record(J.PLAN_CHANGED, stage=g, plan=self.plan.model_dump(mode="json"))
+
+    def _unavailable(self, stages: list[StagePlan]) -> list[str]:
+        """Keys of the planned types of ``stages`` failover found unavailable (substituted, or every zone blocked)."""
+        check = getattr(self.backend, "unavailable", None)
+        out: list[str] = []
+        for stage in stages:
+            itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+            if itype.key in out:
+                continue
+            if itype.key in self.substitutes or (check is not None and check(itype)):
+                out.append(itype.key)
+        return out
+
+    def _stand_in(self, itype: InstanceType, spot: bool, unavailable: list[str]) -> InstanceType | None:
+        """What runs instead of an unavailable type: what failover obtained for it, else the cheapest alternative."""
+        if itype.key in self.substitutes:
+            sub, seen = self.substitutes[itype.key], {itype.key}
+            while sub.key in self.substitutes and sub.key not in seen:  # failed over again from the stand-in
+                seen.add(sub.key)
+                sub = self.substitutes[sub.key]
+            return sub
+        check = getattr(self.backend, "unavailable", None)
+        for alt in alternatives_for(itype, self.catalog, spot=spot, clouds=[itype.cloud]):
+            if alt.region == itype.region and alt.key not in unavailable and not (check is not None and check(alt)):
+                return alt
+        return None
+
+    def _replan_around(self, g: int, unavailable: list[str], decision: dict[str, Any], *, spent: float,
+                       running: dict[str, int]) -> None:
+        """Re-plan stages ``g…`` without the types failover found unavailable; journal the decision.
+
+        The re-planner (when there is one) plans with those types excluded; without one, or when its
+        proposal is unusable, each unavailable type is replaced by its stand-in (same workers per
+        instance, so placement and epochs are unchanged) and the stage's predicted cost re-priced.
+        """
+        rest = self.plan.stages[g:]
+        shape = [(s.bracket, s.stage, s.trials, s.epochs) for s in rest]
+        names = ", ".join(k.rsplit(":", 1)[-1] for k in unavailable)
+        decision = {**decision, "trigger": "failover", "unavailable": list(unavailable)}
+        elapsed = decision["elapsed_s"]
+        stages: list[StagePlan] | None = None
+        note = ""
+        if self.replanner is not None:
+            request = ReplanRequest(spec=self.spec, plan=self.plan, next_stage=g, elapsed_s=elapsed, spent_usd=spent,
+                                    remaining_deadline_s=max(1.0, self.deadline_s - elapsed),
+                                    epoch_seconds=dict(self.epoch_seconds), setup_seconds=list(self.setup_seconds),
+                                    startup_s=dict(self.startup_seconds), at_risk=decision["at_risk"],
+                                    iteration_latencies=dict(self.iteration_latencies), running=running,
+                                    unavailable=tuple(unavailable))
+            try:
+                candidate = self.replanner(request)
+            except Exception as exc:  # noqa: BLE001 - fall back to stand-ins
+                candidate, note = None, f"re-planner failed: {exc}"
+            if candidate is not None:
+                keys = {self.catalog.find(s.instance_type, cloud=s.cloud, region=s.region).key
+                        for s in candidate.stages}
+                if [(s.bracket, s.stage, s.trials, s.epochs) for s in candidate.stages] != shape:
+                    note = "re-planner's proposal does not match the remaining stages"
+                elif keys & set(unavailable):
+                    note = "re-planner's proposal uses an unavailable type"
+                else:
+                    stages = list(candidate.stages)
+                    decision.update(source="replanner", proposal_cost_usd=candidate.predicted.cost_usd.mean,
+                                    proposal_p_meet=candidate.predicted.p_meet_deadline)
+            else:
+                note = note or "re-planner proposed nothing"
+        if stages is None:
+            substitutions: dict[str, str] = {}
+            stages = []
+            for stage in rest:
+                itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+                sub = self._stand_in(itype, stage.spot, unavailable) if itype.key in unavailable else None
+                if sub is None:
+                    stages.append(stage)
+                    continue
+                substitutions[itype.name] = sub.name
+                ratio = _price(sub, stage.spot) / max(_price(itype, stage.spot), 1e-12)
+                cost = stage.predicted_cost_usd * ratio if stage.predicted_cost_usd is not None else None
+                stages.append(stage.model_copy(update={"instance_type": sub.name, "cloud": sub.cloud,
+                                                       "region": sub.region, "predicted_cost_usd": cost}))
+            if not substitutions:
+                self.journal.record(J.DECISION, **decision, accepted=False, source="substitution",
+                                    reason=f"failover: {names} unavailable and no available type can stand in"
+                                           f"{'; ' + note if note else ''}")
+                return
+            decision.update(source="substitution", substitutions=substitutions,
+                            proposal_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in stages))
+        reason = f"failover: {names} unavailable in every zone; remaining stages re-planned without it"
+        self.journal.record(J.DECISION, **decision, accepted=True, reason=reason + (f" ({note})" if note else ""),
+                            current_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in rest))
+        self.plan = self.plan.model_copy(update={"stages": list(self.plan.stages[:g]) + stages})
+        self.prefetched.discard(g)
+        self.journal.record(J.PLAN_CHANGED, stage=g, plan=self.plan.model_dump(mode="json"))
 
     # -- progress and the end --------------------------------------------------------------
     def _report_progress(self, g: int, pending: int) -> None:

@@ -32,6 +32,7 @@ RUN_INTERRUPTED = "run_interrupted"
 INSTANCE_REQUESTED = "instance_requested"
 INSTANCE_READY = "instance_ready"
 INSTANCE_TERMINATED = "instance_terminated"
+INSTANCE_LOST = "instance_lost"
 TRIAL_CREATED = "trial_created"
 TRIAL_STARTED = "trial_started"
 EPOCH = "epoch"
@@ -128,10 +129,16 @@ class JournalSink:
 
 
 def start_sink(run_dir: str | Path):
-    """Start the sink actor on the head (no CPUs needed) and wait until it answers."""
-    import ray
+    """Start the sink actor on the head (no CPUs needed) and wait until it answers.
 
-    actor = ray.remote(num_cpus=0, max_restarts=0)(JournalSink).remote(str(Path(run_dir) / JOURNAL_NAME))
+    It is pinned to the driver's node (the head) so that losing a worker instance never loses the sink.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    actor = ray.remote(num_cpus=0, max_restarts=0)(JournalSink).options(scheduling_strategy=here).remote(
+        str(Path(run_dir) / JOURNAL_NAME))
     ray.get(actor.ping.remote(), timeout=60)
     return actor
 
@@ -152,6 +159,7 @@ class InstanceLife:
     ready_at: float | None = None
     terminated_at: float | None = None
     reason: str | None = None
+    lost: str | None = None  # why it went away on its own (spot-interruption, lost), from instance_lost
 
 
 @dataclass
@@ -240,6 +248,8 @@ def fold(events: list[dict[str, Any]]) -> RunState:
                 stage=int(event.get("stage", 0)), requested_at=t)
         elif kind == INSTANCE_READY and event["id"] in state.instances:
             state.instances[event["id"]].ready_at = t
+        elif kind == INSTANCE_LOST and event["id"] in state.instances:
+            state.instances[event["id"]].lost = event.get("reason", "lost")
         elif kind == INSTANCE_TERMINATED and event["id"] in state.instances:
             life = state.instances[event["id"]]
             if life.terminated_at is None:

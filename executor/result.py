@@ -67,6 +67,7 @@ def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, err
                        "lifetime_s": b.lifetime_s, "billed_s": b.billed_s, "cost_usd": b.cost_usd}
                       for b in bill.instances],
         "decisions": len(state.decisions),
+        "instances_lost": sum(1 for life in state.instances.values() if life.lost),
     }
 
 

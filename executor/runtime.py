@@ -66,7 +66,8 @@ class ReplanRequest:
     times; ``iteration_latencies`` maps ``"<device>/<workers>/<nodes>"`` to rank 0's measured
     iteration latencies (the profile's shape); ``startup_s`` maps an instance type to measured
     request→ready latencies; ``running`` maps an instance type key (``cloud:region:name``) to how
-    many instances of it are up and kept for the next stage.
+    many instances of it are up and kept for the next stage; ``unavailable`` lists the type keys
+    the run's failover found sold out in every zone (or without quota): a plan must not use them.
     """
 
     spec: JobSpec
@@ -81,6 +82,7 @@ class ReplanRequest:
     at_risk: bool = False
     iteration_latencies: dict[str, list[float]] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)
+    unavailable: tuple[str, ...] = ()
 
 
 #: Returns a plan whose ``stages`` are the remaining stages (same trials and epochs, possibly other
@@ -128,7 +130,10 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
         if request.running:
             key, count = max(request.running.items(), key=lambda item: item[1])
             running = RunningState(instance_type_key=key, instances=count)
-        out = plan_stages(stages, model, allowed_types(catalog, spec), deadline_s=request.remaining_deadline_s,
+        types = [t for t in allowed_types(catalog, spec) if t.key not in request.unavailable]
+        if not types:
+            return None
+        out = plan_stages(stages, model, types, deadline_s=request.remaining_deadline_s,
                           confidence=spec.confidence, max_workers_per_trial=spec.resources.max_workers_per_trial,
                           spot=spec.resources.spot, seed=spec.seed, running=running)
         return request.plan.model_copy(update={

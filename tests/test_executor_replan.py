@@ -101,3 +101,56 @@ def test_a_failing_replanner_keeps_the_plan(setup):
     controller._maybe_replan(1)
     assert "solver exploded" in _decisions(setup[2])[-1]["reason"]
     assert controller.plan.stages[1].instance_type == "local.cpu4"
+
+
+# -- re-planning after failover obtained another type -----------------------------------------------------
+
+
+class _Blocked:
+    """A backend whose failover policy has blocked every zone of some types."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = set(names)
+
+    def unavailable(self, itype) -> bool:
+        return itype.name in self.names
+
+
+def test_failover_forces_a_replan_without_the_unavailable_type(setup):
+    seen: list[ReplanRequest] = []
+
+    def replanner(request):
+        seen.append(request)
+        return _proposal(request.plan, "local.cpu2", cost=5.0)  # dearer than the current plan: taken anyway
+
+    controller = _controller(setup, replanner, deadline_s=3600.0)
+    controller.backend = _Blocked("local.cpu4")
+    controller._maybe_replan(1)
+    assert seen[0].unavailable == ("local:local:local.cpu4",)
+    decision = _decisions(setup[2])[-1]
+    assert decision["accepted"] and decision["trigger"] == "failover" and decision["source"] == "replanner"
+    assert controller.plan.stages[1].instance_type == "local.cpu2"
+    assert J.read_state(setup[2]).plan["stages"][1]["instance_type"] == "local.cpu2"
+
+
+def test_failover_replan_falls_back_to_the_obtained_type(setup):
+    catalog = load_catalog(["local"])
+    controller = _controller(setup, lambda r: _proposal(r.plan, "local.cpu4", cost=0.0), deadline_s=3600.0)
+    controller.substitutes["local:local:local.cpu4"] = catalog.find("local.cpu2")  # what failover got instead
+    controller._maybe_replan(1)
+    decision = _decisions(setup[2])[-1]
+    assert decision["accepted"] and decision["source"] == "substitution"
+    assert decision["substitutions"] == {"local.cpu4": "local.cpu2"}
+    assert "uses an unavailable type" in decision["reason"]
+    stage = controller.plan.stages[1]
+    assert stage.instance_type == "local.cpu2"
+    assert stage.predicted_cost_usd == pytest.approx(setup[1].stages[1].predicted_cost_usd * 0.10 / 0.20)
+
+
+def test_failover_replan_without_a_stand_in_keeps_the_plan(setup):
+    controller = _controller(setup, None, deadline_s=3600.0)
+    controller.backend = _Blocked("local.cpu4")  # no other 4-worker local type exists
+    controller._maybe_replan(1)
+    decision = _decisions(setup[2])[-1]
+    assert not decision["accepted"] and "no available type can stand in" in decision["reason"]
+    assert controller.plan.stages[1].instance_type == "local.cpu4"

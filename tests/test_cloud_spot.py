@@ -1,0 +1,183 @@
+"""Spot interruptions and type failover on AWS (moto server), as the executor sees them.
+
+* ``CloudBackend`` reports what failover obtained, which types are blocked in every zone, and which instances
+  the cloud took back (``Server.SpotInstanceTermination`` → ``spot-interruption``).
+* End to end through ``rubberband run --cloud aws`` with ``RUBBERBAND_TEST_BOOT=local`` (local Ray nodes play
+  each instance's boot): a worker interrupted mid-run is replaced and its trials restart from their checkpoints;
+  a planned type sold out in every zone is replaced by failover's alternative, which the journal records and
+  bills, and the next stage is re-planned onto it. Nothing is left in moto or on this machine.
+
+moto has no spot interruption: the tests terminate the instance in the (in-process, threaded) moto server, set
+the state reason AWS gives a reclaimed spot instance, and stop the instance's stand-in Ray node.
+
+The two runs are slow (about 40 s and 25 s on an idle 2-core machine, twice that under the shared CI load): each
+local Ray node (head, stand-in instances, the replacement) starts one after another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+from cloud_helpers import AWS_CATALOG_CSV, REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
+from executor_helpers import run_pids
+from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
+
+from rubberband.catalog import parse_catalog
+from rubberband.cloud.backend import CloudBackend
+from rubberband.cloud.head import provision_head
+from rubberband.cloud.local import LocalProvider
+from rubberband.cloud.provider import InstanceRequest
+from rubberband.cloud.registry import ProviderPool
+from rubberband.cloud.teardown import terminate_run
+from rubberband.executor import journal as J
+from rubberband.plan import load_plan, write_plan
+
+SPOT_CODE = "Server.SpotInstanceTermination"
+#: The test catalog plus a second one-T4 type, so that a sold-out g4dn.xlarge has a stand-in.
+CATALOG_WITH_STAND_IN = AWS_CATALOG_CSV + "g4dn.2xlarge,T4,1,8,32,,0.752,0.2256,us-east-1,use1-az1\n"
+
+
+def interrupt_spot(instance_id: str) -> None:
+    """What AWS does to a reclaimed spot instance: terminated, state reason Server.SpotInstanceTermination."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.instances import StateReason
+
+    backend = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
+    backend.terminate_instances([instance_id])
+    backend.get_instance(instance_id).state_reason = StateReason(f"{SPOT_CODE}: Spot instance termination",
+                                                                 SPOT_CODE)
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return list(J.iter_events(run_dir / J.JOURNAL_NAME)) if (run_dir / J.JOURNAL_NAME).exists() else []
+
+
+def _nothing_left(run_dir: Path) -> None:
+    assert moto_instances() == []
+    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+    assert run_pids(run_dir) == []
+
+
+def test_backend_reports_obtained_types_blocked_types_and_spot_losses(moto_env, ec2_faults):
+    catalog = cloud_catalog()
+    p3, p3_8 = catalog.find("p3.2xlarge", region=REGION), catalog.find("p3.8xlarge", region=REGION)
+    pool = ProviderPool({"aws": {"poll_s": 0.01}})
+    provider = pool("aws", REGION)
+    head = provision_head(provider, "run-s", REGION, p3.zones, timeout_s=10)
+    backend = CloudBackend(pool, head, alternatives=lambda itype: [p3_8], join_check=lambda i, t: None)
+    ec2_faults.capacity, ec2_faults.capacity_types = {"*"}, {"p3.2xlarge"}
+    (worker,) = backend.provision(InstanceRequest("run-s", 0, p3, spot=True))
+    got = backend.obtained(worker.id)
+    assert got.instance_type == p3_8 and got.zone == "use1-az1" and [a.outcome for a in got.attempts][-1] == "ok"
+    assert backend.unavailable(p3) and not backend.unavailable(p3_8)
+    ec2_faults.capacity = set()
+    (other,) = backend.provision(InstanceRequest("run-s", 0, p3_8))
+    assert backend.check_lost([worker.id, other.id]) == {}
+    interrupt_spot(worker.id)
+    backend.terminate([other.id])  # terminated by a user: lost, but not a spot interruption
+    assert backend.check_lost([worker.id, other.id]) == {worker.id: "spot-interruption", other.id: "lost"}
+    assert terminate_run(provider, "run-s", timeout_s=10)[0].id == head.id
+    assert provider.list() == []
+
+
+def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
+    """One stage, 2 trials × 3 epochs on one spot p3.8xlarge (4 slots); it is interrupted after a checkpoint."""
+    spec = cloud_job(tmp_path, ["aws"], trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=1.0)
+    plan_path = cloud_plan(tmp_path, spec, "aws", REGION, "p3.8xlarge", counts=(1,), durations=(20.0,))
+    plan = load_plan(plan_path)
+    write_plan(plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}),
+               plan_path)
+    env = cloud_env(tmp_path, moto_env)
+    env["RUBBERBAND_TEST_BOOT"] = "local"
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--plan",
+                             str(plan_path), "--yes", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    victim = None
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            events = _events(run_dir)
+            started = {e["trial_id"]: e["instances"][0] for e in events if e["type"] == J.TRIAL_STARTED}
+            saved = [e for e in events if e["type"] == J.CHECKPOINT and e["trial_id"] in started]
+            if saved:
+                victim = started[saved[0]["trial_id"]]
+                interrupt_spot(victim)  # the cloud takes it back...
+                os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # ...and its Ray node dies
+                break
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert victim is not None, "no checkpoint was written"
+    assert proc.returncode == 0, err[-3000:]
+    events = _events(run_dir)
+    (lost,) = [e for e in events if e["type"] == J.INSTANCE_LOST]
+    assert lost["id"] == victim and lost["reason"] == "spot-interruption"
+    at = events.index(lost)
+    replacement = [e for e in events[at:] if e["type"] == J.INSTANCE_REQUESTED]
+    assert len(replacement) == 1 and replacement[0]["spot"] and replacement[0]["id"] != victim
+    restarted = [e for e in events[at:] if e["type"] == J.TRIAL_STARTED]
+    assert restarted and all(e["instances"] == [replacement[0]["id"]] and e["from_checkpoint"] is not None
+                             for e in restarted)
+    assert all(spot for _, _, spot in ec2_faults.calls) and len(ec2_faults.calls) == 2
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished" and summary["instances_lost"] == 1
+    assert "finished: best trial" in out
+    _nothing_left(run_dir)
+
+
+def test_aws_planned_type_sold_out_everywhere_is_replaced_billed_and_replanned(cli, tmp_path, moto_env, ec2_faults):
+    """g4dn.xlarge has no capacity in any zone: failover takes g4dn.2xlarge (same T4), the journal and the bill
+    say so, and at the next stage boundary the plan's remaining stage moves to g4dn.2xlarge (kept instance)."""
+    ec2_faults.capacity, ec2_faults.capacity_types = {"*"}, {"g4dn.xlarge"}
+    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(1, 1), durations=(20.0, 20.0))
+    env = cloud_env(tmp_path, moto_env)
+    (tmp_path / "catalogs" / "aws.csv").write_text(CATALOG_WITH_STAND_IN)
+    env["RUBBERBAND_TEST_BOOT"] = "local"
+    run_dir = tmp_path / "run"
+    result = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = _events(run_dir)
+    assert [(t, spot) for _, t, spot in ec2_faults.calls] == [("g4dn.xlarge", False), ("g4dn.2xlarge", False)]
+    (requested,) = [e for e in events if e["type"] == J.INSTANCE_REQUESTED]
+    assert requested["instance_type"] == "g4dn.2xlarge" and requested["requested_type"] == "g4dn.xlarge"
+    assert requested["price_hr"] == pytest.approx(0.752)
+    (failover,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "failover"]
+    assert failover["requested"] == "g4dn.xlarge" and failover["obtained"] == "g4dn.2xlarge"
+    (replan,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replan"]
+    assert replan["stage"] == 1 and replan["accepted"] and replan["trigger"] == "failover"
+    assert replan["unavailable"] == [f"aws:{REGION}:g4dn.xlarge"]
+    assert replan["substitutions"] == {"g4dn.xlarge": "g4dn.2xlarge"}
+    (changed,) = [e for e in events if e["type"] == J.PLAN_CHANGED]
+    assert changed["stage"] == 1 and changed["plan"]["stages"][1]["instance_type"] == "g4dn.2xlarge"
+    assert J.read_state(run_dir).plan["stages"][1]["instance_type"] == "g4dn.2xlarge"  # resume continues on it
+    # the one instance was kept for stage 1 (no second request) and billed at the obtained type's price
+    assert any(e["type"] == J.DECISION and e.get("kind") == "keep" and e["id"] == requested["id"] for e in events)
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished"
+    (bill,) = summary["instances"]
+    assert bill["instance_type"] == "g4dn.2xlarge" and bill["price_hr"] == pytest.approx(0.752)
+    assert bill["cost_usd"] == pytest.approx(bill["billed_s"] * 0.752 / 3600)
+    launched = moto_instances(states=("pending", "running", "stopping", "stopped", "shutting-down", "terminated"))
+    assert {i["InstanceType"] for i in launched} == {"g4dn.2xlarge"}
+    _nothing_left(run_dir)
+
+
+def test_catalog_stand_in_parses():
+    catalog = parse_catalog("aws", CATALOG_WITH_STAND_IN)
+    assert catalog.find("g4dn.2xlarge").workers == catalog.find("g4dn.xlarge").workers == 1

@@ -1,0 +1,186 @@
+"""Lost instances on the local backend: a worker node dies mid-stage, its trials restart from their checkpoints
+on a replacement node, and the run ends as an uninterrupted one would (same best trial), leaving nothing.
+
+The end-to-end test runs the real CLI with real Ray nodes (a one-stage job: 2 trials × 3 epochs on one
+``local.cpu2``); the others drive the controller's loss handling and its cap with a stand-in backend, no Ray.
+
+The end-to-end test is slow (~40 s on an idle 2-core machine, ~75 s under the shared CI load) for a reason it
+cannot avoid: three Ray processes start one after another (the head, the node that dies, its replacement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from executor_helpers import cli_env, make_plan, run_pids, write_job
+
+from rubberband.catalog import load_catalog
+from rubberband.cloud.local import LocalProvider
+from rubberband.cloud.provider import Instance
+from rubberband.errors import ExecutionError
+from rubberband.executor import journal as J
+from rubberband.executor.accounting import bill_run
+from rubberband.executor.controller import Controller, PoolInstance, trial_configs
+from rubberband.executor.placement import make_slots
+from rubberband.plan import write_plan
+from rubberband.spec import load_spec
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return list(J.iter_events(run_dir / J.JOURNAL_NAME))
+
+
+def test_lost_node_mid_stage_restarts_its_trials_from_checkpoints(tmp_path):
+    spec_path = write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=1.0)
+    spec = load_spec(spec_path)
+    plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[10.0])
+    write_plan(plan, tmp_path / "plan.json")
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
+                             str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    victim = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and victim is None:  # once epoch 0 is checkpointed, kill its node
+            events = _events(run_dir) if (run_dir / J.JOURNAL_NAME).exists() else []
+            started = {e["trial_id"]: e["instances"][0] for e in events if e["type"] == J.TRIAL_STARTED}
+            saved = [e for e in events if e["type"] == J.CHECKPOINT and e["trial_id"] in started]
+            if saved:
+                victim = started[saved[0]["trial_id"]]
+                os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # that node, nothing else
+                break
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert victim is not None, "no checkpoint was written"
+    assert proc.returncode == 0, err[-3000:]
+    events = _events(run_dir)
+    (lost,) = [e for e in events if e["type"] == J.INSTANCE_LOST]
+    assert lost["id"] == victim and lost["reason"] == "lost"
+    at = events.index(lost)
+    # billed up to the loss: terminated (reason lost) at the loss time
+    state = J.read_state(run_dir)
+    life = state.instances[victim]
+    assert life.reason == "lost" and life.lost == "lost" and life.terminated_at == pytest.approx(lost["t"])
+    bill = {b.id: b for b in bill_run(state, now=time.time()).instances}
+    assert bill[victim].lifetime_s == pytest.approx(lost["t"] - life.requested_at)
+    # its trials stopped as instance_lost (not failed), then restarted from their checkpoints on a new instance
+    stopped = [e for e in events if e["type"] == J.TRIAL_STOPPED and e["reason"] == "instance_lost"]
+    affected = sorted(e["trial_id"] for e in stopped)  # those still running on the node when it died
+    assert affected and set(lost["trials"]) <= set(affected) and all(e["lost"] == [victim] for e in stopped)
+    assert not [e for e in events if e["type"] == J.TRIAL_STOPPED and e["reason"] == "failed"]
+    replacement = [e["id"] for e in events[at:] if e["type"] == J.INSTANCE_REQUESTED]
+    assert len(replacement) == 1 and replacement[0] != victim
+    assert any(e["type"] == J.DECISION and e.get("kind") == "replace" and e["id"] == victim for e in events)
+    for trial_id in affected:
+        (again,) = [e for e in events[at:] if e["type"] == J.TRIAL_STARTED and e["trial_id"] == trial_id]
+        assert again["instances"] == replacement
+        assert again["from_checkpoint"] is not None and again["start_epoch"] == again["from_checkpoint"] + 1
+        before = max(e["epoch"] for e in events[:at] if e["type"] == J.CHECKPOINT and e["trial_id"] == trial_id)
+        assert again["from_checkpoint"] >= before
+    # the same best trial as an uninterrupted run (loss = quality / (epoch + 1): the lowest quality wins)
+    best = min(trial_configs(spec, plan), key=lambda t: t[3]["quality"])[0]
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished" and summary["best"]["trial_id"] == best
+    assert summary["instances_lost"] == 1
+    assert f"best trial {best}" in out
+    assert run_pids(run_dir) == []
+
+
+# -- the controller's loss handling without Ray ----------------------------------------------------------
+
+
+class FakeBackend:
+    """Provision returns a new instance at once; every instance checked is lost (to a spot interruption)."""
+
+    def __init__(self) -> None:
+        self.provisioned: list[str] = []
+        self.terminated: list[str] = []
+
+    def provision(self, request):
+        ident = f"i-{len(self.provisioned)}"
+        self.provisioned.append(ident)
+        return [Instance(id=ident, cloud="local", instance_type=request.instance_type.name, zone="local-a",
+                         state="running", run_id=request.run_id)]
+
+    def check_lost(self, ids):
+        return {i: "spot-interruption" for i in ids}
+
+    def terminate(self, ids):
+        self.terminated.extend(ids)
+
+
+def _controller(tmp_path, max_losses: int) -> tuple[Controller, FakeBackend]:
+    spec = load_spec(write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3))
+    plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[10.0])
+    run_dir = tmp_path / "run"
+    journal = J.Journal(run_dir)
+    journal.record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
+                   plan=plan.model_dump(mode="json"), cloud="local", deadline_s=600.0)
+    for trial_id, bracket, index, config in trial_configs(spec, plan):
+        journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
+    backend = FakeBackend()
+    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=backend,
+                            runtime=None, run_id="r1", max_instance_losses=max_losses)
+    controller.state = J.read_state(run_dir)
+    return controller, backend
+
+
+def _ready(controller: Controller, ident: str) -> PoolInstance:
+    itype = controller.catalog.find("local.cpu2", cloud="local")
+    entry = PoolInstance(token=f"t-{ident}", itype=itype, spot=True, assigned_stage=0, id=ident, ready=True,
+                         requested_at=time.time() - 5)
+    controller.pool[entry.token] = entry
+    controller.journal.record(J.INSTANCE_REQUESTED, t=entry.requested_at, id=ident, instance_type=itype.name,
+                              cloud="local", price_hr=0.04, spot=True, stage=0)
+    return entry
+
+
+def test_lost_instance_is_journaled_dropped_replaced_and_its_trials_requeued(tmp_path):
+    controller, backend = _controller(tmp_path, max_losses=3)
+    _ready(controller, "n1")
+    slots = make_slots(["n1"], 2, 1)
+    slots[0].trial_id = "b0-t000"
+    pending: list[tuple[str, int]] = [("b0-t001", 0)]
+    ckpt = controller.run_dir / "checkpoints" / "b0-t000"
+    ckpt.mkdir(parents=True)
+    (ckpt / "epoch-1.pt").write_bytes(b"x")
+    (ckpt / "latest").write_text("epoch-1.pt\n")
+    controller._handle_lost(0, {"n1": "spot-interruption"}, slots, pending, stopped=[("b0-t000", ("n1",))])
+    controller._terminator.shutdown(wait=True)
+    assert pending == [("b0-t000", 2), ("b0-t001", 0)]  # restarts after its checkpoint, first in line
+    assert slots == []
+    events = _events(controller.run_dir)
+    (event,) = [e for e in events if e["type"] == J.INSTANCE_LOST]
+    assert event["reason"] == "spot-interruption" and event["trials"] == ["b0-t000"]
+    assert J.read_state(controller.run_dir).instances["n1"].lost == "spot-interruption"
+    assert backend.terminated == ["n1"]
+    (replacement,) = [p for p in controller.pool.values() if not p.released]
+    assert replacement.future is not None and replacement.future.result()[0].id == "i-0"
+    controller._provisioner.shutdown(wait=True)
+
+
+def test_losses_beyond_the_cap_fail_the_run_with_a_clear_error(tmp_path):
+    controller, backend = _controller(tmp_path, max_losses=2)
+    pending = [("b0-t000", 0)]
+    for n in range(2):
+        _ready(controller, f"n{n}")
+        controller._handle_lost(0, {f"n{n}": "spot-interruption"}, [], pending, stopped=[])
+    _ready(controller, "n2")
+    with pytest.raises(ExecutionError, match="3 instances were lost during this run \\(limit 2\\)"):
+        controller._handle_lost(0, {"n2": "spot-interruption"}, [], pending, stopped=[])
+    controller._terminator.shutdown(wait=True)
+    controller._provisioner.shutdown(wait=True)
+    assert len(backend.provisioned) == 2  # no replacement beyond the cap
