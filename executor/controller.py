@@ -228,6 +228,7 @@ class Controller:
         self.substitutes: dict[str, InstanceType] = {}  # planned type key -> the type failover obtained instead
         self._seen_in_ray: set[str] = set()  # instances whose rb-node-<id> resource Ray has shown
         self._lost: set[str] = set()  # instances already handled as lost
+        self._rerun_last: set[tuple[int, str]] = set()  # (stage, trial): last epoch checkpointed, never reported
         self._last_liveness = 0.0
         self._saved_signals: dict[int, Any] = {}
         self._signal: str | None = None
@@ -412,6 +413,34 @@ class Controller:
                     if e is not None), default=None)
         return ckpt + 1 if ckpt is not None and ckpt + 1 > base else base
 
+    def _settle_checkpointed(self, g: int, stage: StagePlan, pending: list[tuple[str, int]],
+                             metrics: dict[str, float | None]) -> None:
+        """Move pending trials' first epochs past their newest checkpoints; finish the ones that need no more.
+
+        A checkpoint can appear after a trial was queued: the workers of a lost local node may outlive
+        it by a moment. A trial whose checkpoint covers the stage's last epoch (the executor died, or its
+        instance was lost, right after the save) takes its metric from the journal (a trial reports an
+        epoch before checkpointing it); only if that report never arrived is the last epoch run again.
+        """
+        pending[:] = [(t, start if (g, t) in self._rerun_last else max(start, self._start_epoch(t, stage)))
+                      for t, start in pending]
+        done = [item for item in pending if item[1] >= stage.epochs]
+        if not done:
+            return
+        journaled = J.read_state(self.run_dir).trials
+        for item in done:
+            trial_id = item[0]
+            pending.remove(item)
+            metric = journaled[trial_id].epochs.get(stage.epochs - 1, {}).get(self.spec.metric.name)
+            if metric is None:
+                self._rerun_last.add((g, trial_id))
+                pending.insert(0, (trial_id, stage.epochs - 1))
+                continue
+            metrics[trial_id] = metric
+            self.state.trials[trial_id].finished_stages[g] = metric
+            self.journal.record(J.TRIAL_STOPPED, trial_id=trial_id, stage=g, reason="finished", metric=metric,
+                                note="every epoch of the stage was checkpointed before the interruption")
+
     def _run_stage(self, g: int, stage: StagePlan) -> dict[str, float | None]:
         itype = self._stage_itype(stage)
         trials = self._stage_trials(g)
@@ -422,13 +451,8 @@ class Controller:
             if g in trial.finished_stages:
                 metrics[trial_id] = trial.finished_stages[g]
                 continue
-            start = self._start_epoch(trial_id, stage)
-            if start >= stage.epochs and (stage.epochs - 1) in trial.epochs:
-                metrics[trial_id] = trial.epochs[stage.epochs - 1].get(self.spec.metric.name)
-                self.journal.record(J.TRIAL_STOPPED, trial_id=trial_id, stage=g, reason="finished",
-                                    metric=metrics[trial_id], note="all epochs were checkpointed before resume")
-                continue
-            pending.append((trial_id, min(start, stage.epochs - 1)))
+            pending.append((trial_id, self._start_epoch(trial_id, stage)))
+        self._settle_checkpointed(g, stage, pending, metrics)
         self.journal.record(J.STAGE_STARTED, stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
                             trials=len(trials), to_run=len(pending), epochs=stage.epochs,
                             instance_type=stage.instance_type, instances=stage.instances,
@@ -443,6 +467,7 @@ class Controller:
             self._collect_provisioned()
             self._collect_terminations()
             self._check_liveness(g, stage, slots, pending)
+            self._settle_checkpointed(g, stage, pending, metrics)
             used = {i for s in slots for i in s.instance_ids}
             unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used]
             if unused:  # instances came up: add their slots (a spanning trial waits for enough of them)
@@ -648,7 +673,7 @@ class Controller:
         stage = self.plan.stages[g]
         for trial_id in reversed(requeue):  # they go first: their slots were taken from them
             if all(t != trial_id for t, _ in pending):
-                pending.insert(0, (trial_id, min(self._start_epoch(trial_id, stage), stage.epochs - 1)))
+                pending.insert(0, (trial_id, self._start_epoch(trial_id, stage)))
         slots[:] = [s for s in slots if not gone & set(s.instance_ids)]
         for ident, reason in lost.items():
             if ident in self._lost:  # handled already (another of its trials reported first)
