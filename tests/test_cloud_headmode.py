@@ -171,6 +171,11 @@ def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
             assert time.monotonic() < deadline, moto_instances()
             time.sleep(0.5)
         assert_nothing_left_but_the_group(record.instance_id)
+        # the head could not delete the security group it was in: `down RUN_DIR` finds the run by its head.json
+        down = cli("down", run_dir, "--cloud", "aws", env=env)
+        assert down.returncode == 0, down.stderr
+        assert "deleted aws sg-" in down.stdout and record.cloud_run_id in down.stdout
+        assert_nothing_left(record.instance_id)
     finally:
         end_run(record, test_boot="local")
     assert not (run_dir / "result.json").exists()  # nothing was fetched: the run went on without the CLI
