@@ -205,7 +205,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
             "# the run's executor arrives as a Ray job (python -m rubberband.cloud.head_job run ...)",
             f"export PATH={venv}/bin:\"$PATH\" {RUN_ROOT_ENV}={_q(config.run_root)} "
             f"{HEAD_ID_ENV}=\"${{INSTANCE_ID}}\"",
-            "# the head schedules no trial work; the dashboard and job server listen on localhost (reach them over SSH)",
+            "# the head schedules no trial work; dashboard and job server listen on localhost (reach them over SSH)",
             f"{venv}/bin/ray start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
             f"--dashboard-port={DASHBOARD_PORT} --resources='{json.dumps({'rb-head': 1})}'",
             "# self-termination watchdog: ends every worker of the run, then this head",

@@ -116,9 +116,10 @@ def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> No
     if test_boot:
         return
     if not (options.ssh_cidr and options.ssh_key and (options.key_name or cloud != "aws")):
+        key_pair = " and --key-name EC2_KEY_PAIR" if cloud == "aws" else ""
         raise InputError(f"--cloud {cloud} runs the executor on a head instance reached over SSH: pass --ssh-cidr "
-                         f"YOUR.IP/32 and --ssh-key PRIVATE_KEY{' and --key-name EC2_KEY_PAIR' if cloud == 'aws' else ''}"
-                         f" (or run with --head local from a machine inside the cloud network)")
+                         f"YOUR.IP/32 and --ssh-key PRIVATE_KEY{key_pair} (or run with --head local from a machine "
+                         f"inside the cloud network)")
     if not Path(options.ssh_key).expanduser().is_file():
         raise InputError(f"--ssh-key {options.ssh_key}: no such private key file")
 
@@ -176,7 +177,8 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
                any(part in CODE_EXCLUDES for part in p.relative_to(source).parts))
     if size > MAX_CODE_BYTES:
         raise InputError(f"the training code directory {source} holds {size / 1024 ** 2:.0f} MiB; the head takes "
-                         f"at most {MAX_CODE_BYTES // 1024 ** 2} MiB: move data sets out of it (download them in train)")
+                         f"at most {MAX_CODE_BYTES // 1024 ** 2} MiB: move data sets out of it (download them in "
+                         f"train)")
     work = into / "code"
     shutil.copytree(source, work, ignore=shutil.ignore_patterns(*CODE_EXCLUDES), symlinks=False)
     stage = work / STAGE_DIR
@@ -274,10 +276,15 @@ class HeadSession:
 
         try:
             asyncio.run(tail())
-        except (ConnectionError, OSError) as exc:  # the link dropped: fall back to polling
-            write(f"(log stream interrupted: {exc}; waiting for the run to end)\n")
-        while (status := self.status()) not in TERMINAL:
-            time.sleep(poll_s)
+        except Exception as exc:  # noqa: BLE001 - the link dropped (aiohttp errors): fall back to polling
+            write(f"(log stream interrupted: {type(exc).__name__}; waiting for the run to end)\n")
+        try:
+            while (status := self.status()) not in TERMINAL:
+                time.sleep(poll_s)
+        except Exception as exc:  # noqa: BLE001 - the link is gone; the run is not
+            raise CloudError(f"lost the link to head {self.record.instance_id} ({type(exc).__name__}); the run goes "
+                             f"on there: follow it again with `rubberband run --attach RUN_DIR`",
+                             kind="transient") from None
         return status
 
     def fetch(self, run_dir: Path, *, timeout_s: float = 300.0) -> list[str]:

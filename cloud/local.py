@@ -272,7 +272,8 @@ class LocalProvider:
             log = self.instances_dir / f"{HEAD_ID}.log"
             now = time.time()
             dashboard = ["--include-dashboard", "false"] if dashboard_port is None else \
-                ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+                ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                 "--dashboard-port", str(dashboard_port),
                  "--dashboard-agent-listen-port", str(_free_port())]  # its default (52365) may be taken
             proc = self._ray_start(["--head", "--port", str(port), "--num-cpus", "0", "--temp-dir", str(temp_dir),
                                     *dashboard, "--ray-client-server-port", str(_free_port())],

@@ -208,6 +208,14 @@ def test_pack_and_unpack_round_trip_without_checkpoints(tmp_path):
     assert sorted(names) == ["journal.jsonl", "result.json"]
     assert (tmp_path / "local" / "journal.jsonl").read_text() == '{"type": "run_started"}\n'
     assert not (tmp_path / "local" / "checkpoints").exists()
+    # streamed in pieces cut anywhere: the pack is kept, not shown
+    from rubberband.cloud.head_job import LogFilter
+
+    log_filter, shown = LogFilter(), ""
+    for i in range(0, len(logs), 7):
+        shown += log_filter.feed(logs[i:i + 7])
+    assert shown == "some log line\nanother line\n" and log_filter.packed is not None
+    assert sorted(unpack(log_filter.packed, tmp_path / "again")) == ["journal.jsonl", "result.json"]
 
 
 def _wrap(data: str) -> str:

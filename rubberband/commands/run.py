@@ -208,7 +208,7 @@ def register(app: typer.Typer) -> None:
         attach: str = typer.Option(None, "--attach", metavar="RUN_ID_OR_DIR", help="Head mode: stream a "
                                    "submitted run again, fetch its results into its run directory, end its head."),
         ssh_cidr: str = typer.Option(None, "--ssh-cidr", envvar="RUBBERBAND_SSH_CIDR", help="Head mode: the "
-                                     "only network SSH to the head is allowed from (your address, e.g. 203.0.113.7/32)."),
+                                     "only network SSH to the head is allowed from (e.g. 203.0.113.7/32)."),
         ssh_key: Path = typer.Option(None, "--ssh-key", envvar="RUBBERBAND_SSH_KEY", help="Head mode: private key "
                                      "file for the SSH tunnel to the head's job server."),
         key_name: str = typer.Option(None, "--key-name", envvar="RUBBERBAND_KEY_NAME", help="Head mode on AWS: the "
