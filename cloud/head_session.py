@@ -323,6 +323,16 @@ def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], 
     return ended
 
 
+def check_head_alive(record: HeadRecord) -> None:
+    """Fail at once (instead of waiting on a link) when the run's head is no longer running."""
+    alive = any(i.id == record.instance_id and i.alive
+                for i in _provider(record.cloud, record.region).list(record.cloud_run_id))
+    if not alive:
+        raise CloudError(f"the head {record.instance_id} of run {record.run_id} is gone: the run ended (its results "
+                         f"are in its run directory only if they were fetched); clean up any leftover with "
+                         f"`rubberband down {record.run_id} --cloud {record.cloud}`", kind="fatal")
+
+
 def find_head(cloud: str, run_id: str, regions: list[str]) -> Instance | None:
     """The running head of a run, searched by its tags (when no ``head.json`` is at hand)."""
     for region in regions:

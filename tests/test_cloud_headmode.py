@@ -176,6 +176,8 @@ def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
         assert down.returncode == 0, down.stderr
         assert "deleted aws sg-" in down.stdout and record.cloud_run_id in down.stdout
         assert_nothing_left(record.instance_id)
+        late = cli("run", "--attach", run_dir, env=env, timeout=60)  # too late: says so at once
+        assert late.returncode == 1 and "is gone" in late.stderr
     finally:
         end_run(record, test_boot="local")
     assert not (run_dir / "result.json").exists()  # nothing was fetched: the run went on without the CLI

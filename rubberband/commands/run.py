@@ -179,10 +179,12 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
 
 def attach_run(run: str, *, run_dir: Path | None, ssh_key: Path | None) -> int:
     """``rubberband run --attach RUN_ID_OR_DIR``: follow a run submitted to its head instance."""
-    from rubberband.cloud.head_session import HeadRecord
+    from rubberband.cloud.head_session import HeadRecord, check_head_alive
 
     directory = run_dir if run_dir is not None else resolve_run_dir(run)
-    return follow(HeadRecord.read(directory), directory, ssh_key=ssh_key)
+    record = HeadRecord.read(directory)
+    check_head_alive(record)
+    return follow(record, directory, ssh_key=ssh_key)
 
 
 def register(app: typer.Typer) -> None:
