@@ -31,6 +31,11 @@ RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 RAY_PORT = 6379
 VENV = "/opt/rubberband"
 RUN_ROOT = "/var/lib/rubberband/runs"
+DASHBOARD_PORT = 8265  # Ray's dashboard and job server, on the head's 127.0.0.1 only (reached over SSH)
+#: Environment the head's Ray (and so every Ray job the CLI submits to it) runs with: where run
+#: directories go and which instance is the head (read by ``rubberband.cloud.head_job``).
+RUN_ROOT_ENV = "RUBBERBAND_RUN_ROOT"
+HEAD_ID_ENV = "RUBBERBAND_HEAD_ID"
 
 # Patterns of things that must never appear in user-data, logs or journals.
 _CREDENTIAL_PATTERNS = (
@@ -197,9 +202,12 @@ def render_startup_script(config: BootstrapConfig) -> str:
     if config.role == "head":
         wd = config.watchdog
         lines += [
-            "# the head schedules no trial work; the dashboard listens on localhost (reach it over SSH)",
+            "# the run's executor arrives as a Ray job (python -m rubberband.cloud.head_job run ...)",
+            f"export PATH={venv}/bin:\"$PATH\" {RUN_ROOT_ENV}={_q(config.run_root)} "
+            f"{HEAD_ID_ENV}=\"${{INSTANCE_ID}}\"",
+            "# the head schedules no trial work; dashboard and job server listen on localhost (reach them over SSH)",
             f"{venv}/bin/ray start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
-            f"--resources='{json.dumps({'rb-head': 1})}'",
+            f"--dashboard-port={DASHBOARD_PORT} --resources='{json.dumps({'rb-head': 1})}'",
             "# self-termination watchdog: ends every worker of the run, then this head",
             f"nohup {venv}/bin/python -m rubberband.cloud.head watchdog --cloud {_q(config.cloud)} "
             f"--region {_q(config.region)} --run-id \"${{RB_RUN_ID}}\" --head-id \"${{INSTANCE_ID}}\" "

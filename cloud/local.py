@@ -257,10 +257,13 @@ class LocalProvider:
                          kind="transient")
 
     # -- head ------------------------------------------------------------------------------
-    def start_head(self, run_id: str, timeout_s: float = 60.0, *, port: int | None = None) -> ProcessRecord:
+    def start_head(self, run_id: str, timeout_s: float = 60.0, *, port: int | None = None,
+                   dashboard_port: int | None = None, env: dict[str, str] | None = None) -> ProcessRecord:
         """Start the run's Ray head (no CPUs: trials run on instances only); return its record.
 
-        ``port``: the GCS port (default: a free one)."""
+        ``port``: the GCS port (default: a free one). ``dashboard_port``: also start the dashboard
+        (and so Ray's job server) on 127.0.0.1 at that port; by default there is none. ``env``:
+        extra environment for the head (and so for the Ray jobs it runs)."""
         with self._lock:
             if self.auth_mode == "token":
                 ensure_auth_token()
@@ -268,9 +271,13 @@ class LocalProvider:
             port = port or _free_port()
             log = self.instances_dir / f"{HEAD_ID}.log"
             now = time.time()
+            dashboard = ["--include-dashboard", "false"] if dashboard_port is None else \
+                ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                 "--dashboard-port", str(dashboard_port),
+                 "--dashboard-agent-listen-port", str(_free_port())]  # its default (52365) may be taken
             proc = self._ray_start(["--head", "--port", str(port), "--num-cpus", "0", "--temp-dir", str(temp_dir),
-                                    "--include-dashboard", "false", "--ray-client-server-port", str(_free_port())],
-                                   log, {**HEAD_ENV, **NODE_ENV, "RAY_AUTH_MODE": self.auth_mode})
+                                    *dashboard, "--ray-client-server-port", str(_free_port())],
+                                   log, {**HEAD_ENV, **NODE_ENV, "RAY_AUTH_MODE": self.auth_mode, **(env or {})})
             record = ProcessRecord(id=HEAD_ID, run_id=run_id, role="head", instance_type="head", workers=0,
                                    pid=proc.pid, pgid=proc.pid, temp_dir=str(temp_dir), log=str(log),
                                    address=f"127.0.0.1:{port}", requested_at=now,

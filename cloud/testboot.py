@@ -6,13 +6,28 @@ fake in tests) reports an instance running, plays the instance's user-data itsel
 local Ray node that offers the instance's ``rb-node-<id>`` resource and joins the run's head,
 exactly what the bootstrap script would do on the instance. Terminating the instance stops that
 node too. Never set it outside tests: no real instance would ever join.
+
+In head mode (``rubberband run --cloud aws|gcp``) the CLI also plays the head instance's boot
+(:func:`play_head`): a detached process starts a local Ray head with its job server on 127.0.0.1
+and the watchdog, under the head's instance id, and stops all of it once the provider no longer
+reports that instance running — as terminating a real head ends everything on it.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 
-from rubberband.errors import InputError
+from rubberband.cloud.bootstrap import WatchdogSettings
+from rubberband.errors import CloudError, InputError
 
 TEST_BOOT_ENV = "RUBBERBAND_TEST_BOOT"
 MODES = ("local",)
@@ -27,3 +42,111 @@ def boot_mode() -> str | None:
         raise InputError(f"{TEST_BOOT_ENV}={value!r} is not a test boot mode; use one of {', '.join(MODES)} "
                          f"or unset it")
     return value
+
+
+# -- the head instance's boot (head mode: `rubberband run --cloud aws|gcp`) ------------------------------
+
+#: What a played head writes for the CLI: the URL of its job server (on 127.0.0.1).
+HEAD_URL_FILE = "dashboard.json"
+
+
+def head_disk(instance_id: str) -> Path:
+    """The played head's "disk": its Ray temp files, node records and run root (gone when it ends)."""
+    return Path(tempfile.gettempdir()) / f"rb-head-{instance_id}"
+
+
+def play_head(cloud: str, region: str, run_id: str, instance_id: str, settings: WatchdogSettings) -> None:
+    """Play a head instance's startup script: a detached local process (it outlives the CLI) that runs
+    :func:`serve_head`. Returns at once; :func:`head_url` waits for its job server."""
+    disk = head_disk(instance_id)
+    disk.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "rubberband.cloud.testboot", "--cloud", cloud, "--region", region,
+            "--run-id", run_id, "--instance-id", instance_id,
+            "--submit-timeout", f"{settings.submit_timeout_s:g}", "--stall-timeout", f"{settings.stall_timeout_s:g}",
+            "--done-grace", f"{settings.done_grace_s:g}", "--max-lifetime", f"{settings.max_lifetime_s:g}",
+            "--poll", f"{min(settings.poll_s, 1.0):g}"]
+    with open(disk / "boot.log", "ab") as log:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    (disk / "boot.pid").write_text(f"{proc.pid}\n")  # its own process group: tests stop it with it
+
+
+def head_url(instance_id: str, timeout_s: float = 60.0) -> str:
+    """The job server URL of a played head, once it is up."""
+    path = head_disk(instance_id) / HEAD_URL_FILE
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() >= deadline or not head_disk(instance_id).exists():
+            log = head_disk(instance_id) / "boot.log"
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+            raise CloudError(f"played head {instance_id} did not start its job server: {' | '.join(tail)}",
+                             kind="transient")
+        time.sleep(0.2)
+    return json.loads(path.read_text())["url"]
+
+
+def wait_head_gone(instance_id: str, timeout_s: float = 60.0) -> bool:
+    """Wait until a played head has stopped every process and removed its disk (its instance ended)."""
+    deadline = time.monotonic() + timeout_s
+    while head_disk(instance_id).exists():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings: WatchdogSettings) -> None:
+    """What the head's startup script does, on this machine: a Ray head with its job server on 127.0.0.1,
+    the watchdog; and what the instance's end does: once the provider no longer reports it running
+    (terminated by the CLI, ``down`` or the watchdog), stop every Ray node of it and remove its disk."""
+    from rubberband.cloud.bootstrap import HEAD_ID_ENV, RUN_ROOT_ENV
+    from rubberband.cloud.head import watch
+    from rubberband.cloud.local import LocalProvider, _free_port
+    from rubberband.cloud.registry import make_provider
+
+    disk = head_disk(instance_id)
+    local = LocalProvider(disk, auth_mode="disabled")
+    provider = make_provider(cloud, region)
+    run_root = disk / "runs"
+    env = {RUN_ROOT_ENV: str(run_root), HEAD_ID_ENV: instance_id,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    try:
+        port = _free_port()
+        local.start_head(run_id, dashboard_port=port, env=env)
+        tmp = disk / f".{HEAD_URL_FILE}.tmp"
+        tmp.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
+        tmp.replace(disk / HEAD_URL_FILE)
+        threading.Thread(target=watch, args=(provider, run_id, instance_id, run_root / run_id, settings),
+                         kwargs={"shutdown": lambda: None}, daemon=True).start()
+        last_answer = time.monotonic()
+        while True:
+            time.sleep(0.5)
+            try:
+                running = any(i.id == instance_id and i.alive for i in provider.list(run_id))
+                last_answer = time.monotonic()
+            except Exception:  # noqa: BLE001 - the cloud (a test server) is gone for good: the instance is too
+                running = time.monotonic() - last_answer < 10.0
+            if not running:
+                break
+    finally:
+        local.terminate([r.id for r in local.records() if r.role == "node"])
+        local.stop_head()
+        shutil.rmtree(disk, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rubberband.cloud.testboot ...``: :func:`serve_head` (started by :func:`play_head`)."""
+    parser = argparse.ArgumentParser(prog="python -m rubberband.cloud.testboot")
+    for name in ("--cloud", "--region", "--run-id", "--instance-id"):
+        parser.add_argument(name, required=True)
+    for name in ("--submit-timeout", "--stall-timeout", "--done-grace", "--max-lifetime", "--poll"):
+        parser.add_argument(name, type=float, required=True)
+    args = parser.parse_args(argv)
+    settings = WatchdogSettings(submit_timeout_s=args.submit_timeout, stall_timeout_s=args.stall_timeout,
+                                done_grace_s=args.done_grace, max_lifetime_s=args.max_lifetime, poll_s=args.poll)
+    serve_head(args.cloud, args.region, args.run_id, args.instance_id, settings)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -251,7 +251,8 @@ def test_aws_run_end_to_end_with_failover_leaves_nothing(cli, tmp_path, moto_env
     env = cloud_env(tmp_path, moto_env)
     env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=240)
+    result = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
+                 timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "finished: best trial" in result.stdout
     summary = json.loads((run_dir / "result.json").read_text())
@@ -280,7 +281,8 @@ def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, m
     env = cloud_env(tmp_path, moto_env)
     env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=180)
+    result = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
+                 timeout=180)
     assert result.returncode == 1, (result.stdout, result.stderr[-3000:])
     assert "VcpuLimitExceeded" in result.stderr or "quota" in result.stderr.lower()
     assert ec2_faults.calls  # it did try
@@ -298,7 +300,8 @@ def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_f
     env = cloud_env(tmp_path)
     env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local"})
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=240)
+    result = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
+                 timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((run_dir / "result.json").read_text())["status"] == "finished"
     assert gce_fake.inserts and {machine for _, machine in gce_fake.inserts} == {"n1-standard-8"}

@@ -100,8 +100,8 @@ def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_p
     env = cloud_env(tmp_path, moto_env)
     env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--plan",
-                             str(plan_path), "--yes", "--run-dir", str(run_dir)],
+    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--head", "local",
+                             "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     victim = None
     try:
@@ -150,7 +150,8 @@ def test_aws_planned_type_sold_out_everywhere_is_replaced_billed_and_replanned(c
     (tmp_path / "catalogs" / "aws.csv").write_text(CATALOG_WITH_STAND_IN)
     env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, env=env, timeout=240)
+    result = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir,
+                 env=env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     events = _events(run_dir)
     assert [(t, spot) for _, t, spot in ec2_faults.calls] == [("g4dn.xlarge", False), ("g4dn.2xlarge", False)]

@@ -11,6 +11,7 @@ instances, security group and firewall rules — and sweep a cloud for orphaned 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -38,12 +39,19 @@ def _run_directory(run: str) -> Path | None:
 
 
 def journal_regions(directory: Path | None, cloud: str) -> list[str]:
-    """Regions of ``cloud`` the run's journal names (requested instances, then the plan's stages)."""
+    """Regions of ``cloud`` the run names: its head (``head.json``), requested instances, the plan's stages."""
     from rubberband.executor import journal as J
 
-    if directory is None or not (directory / J.JOURNAL_NAME).exists():
-        return []
     regions: list[str] = []
+    if directory is not None and (directory / "head.json").exists():  # a run on a head instance (head mode)
+        try:
+            record = json.loads((directory / "head.json").read_text())
+            if record.get("cloud") == cloud:
+                regions += list(record.get("regions") or [record.get("region")])
+        except (OSError, ValueError):
+            pass
+    if directory is None or not (directory / J.JOURNAL_NAME).exists():
+        return [r for r in dict.fromkeys(regions) if r]
     for event in J.iter_events(directory / J.JOURNAL_NAME):
         if event.get("type") == J.INSTANCE_REQUESTED and event.get("cloud") == cloud and event.get("region"):
             regions.append(event["region"])
@@ -70,6 +78,11 @@ def _cloud_run_id(run: str, directory: Path | None) -> str:
         from rubberband.executor import journal as J
 
         run_id = directory.name
+        if (directory / "head.json").exists():  # head mode: the journal stays on the head until fetched
+            try:
+                run_id = json.loads((directory / "head.json").read_text()).get("run_id") or run_id
+            except (OSError, ValueError):
+                pass
         if (directory / J.JOURNAL_NAME).exists():
             for event in J.iter_events(directory / J.JOURNAL_NAME):
                 if event.get("type") == J.RUN_STARTED and event.get("run_id"):
@@ -79,7 +92,8 @@ def _cloud_run_id(run: str, directory: Path | None) -> str:
 
 
 def active_runs() -> set[str]:
-    """Cloud run ids of the local runs still in progress (their executor is alive): never orphans."""
+    """Cloud run ids of the local runs still in progress (their executor is alive, or they run on a head
+    instance and their results were not fetched yet): never orphans."""
     from rubberband.cloud.bootstrap import cloud_run_id
     from rubberband.commands.run import _executor_alive, runs_root
     from rubberband.executor import journal as J
@@ -98,6 +112,12 @@ def active_runs() -> set[str]:
                 pid = None
         if run_id and _executor_alive(pid):
             alive.add(cloud_run_id(run_id))
+    for record in root.glob("*/head.json"):  # head mode: submitted here, results not fetched yet
+        if not (record.parent / "result.json").exists():
+            try:
+                alive.add(cloud_run_id(json.loads(record.read_text())["run_id"]))
+            except (OSError, ValueError, KeyError):
+                continue
     return alive
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,6 @@ from rubberband.inputs import load_job_inputs
 from rubberband.plan import Plan, load_plan, write_plan
 from rubberband.planning import plan_from_inputs
 from rubberband.spec import JobSpec, load_spec
-from rubberband.units import format_duration, format_usd
 
 ORDER = 10
 
@@ -106,10 +104,87 @@ def dry_run_plan(plan: Plan, cloud: str) -> None:
     stdout().print(f"dry run only: nothing was created on {cloud}", markup=False, highlight=False)
 
 
-def _raise_interrupted(signum, frame) -> None:
-    from rubberband.executor.controller import Interrupted
+def _hints(record, run_dir: Path) -> str:
+    return (f"run {record.run_id} goes on on its head {record.instance_id} ({record.cloud} {record.zone}), which ends "
+            f"itself and every worker when the run is over or stalls.\n"
+            f"  follow it and fetch results: rubberband run --attach {run_dir} --cloud {record.cloud}\n"
+            f"  stop it now:                 rubberband down {run_dir} --cloud {record.cloud}")
 
-    raise Interrupted(f"run stopped by signal {signal.Signals(signum).name}; every instance was terminated")
+
+def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Path, options, deadline_s: float | None,
+                trial_runtime: str, detach: bool) -> int:
+    """Head mode: start the run's head instance, submit the run to it, then follow it (unless ``detach``)."""
+    from rubberband.cloud.head_session import HeadSession, check_options, end_run, link_for, start_head
+    from rubberband.cloud.testboot import boot_mode
+
+    test_boot = boot_mode()
+    err = stderr()
+    if (run_dir / "head.json").exists():
+        raise RunDirError(f"{run_dir} already holds a run; follow it with --attach {run_dir} or choose another "
+                          f"--run-dir")
+    check_options(plan.stages[0].cloud, options, test_boot)
+    err.print(f"starting the head instance of run {run_id} on {plan.stages[0].cloud} {plan.stages[0].region}",
+              markup=False, highlight=False)
+    record = start_head(plan=plan, catalog=catalog, run_id=run_id, run_dir=run_dir, metric=spec.metric.name,
+                        options=options, test_boot=test_boot)
+    write_plan(plan, run_dir / "plan.json")
+    try:
+        with HeadSession(record, link_for(record, test_boot, options.ssh_key),
+                         connect_timeout_s=options.boot_timeout_s) as session:
+            session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime)
+    except BaseException:
+        end_run(record, test_boot=test_boot)  # never leave a head without a run billing
+        raise
+    err.print(f"submitted run {run_id} to head {record.instance_id} ({record.zone})", markup=False, highlight=False)
+    if detach:
+        typer.echo(_hints(record, run_dir), err=True)
+        return 0
+    return follow(record, run_dir, ssh_key=options.ssh_key)
+
+
+def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
+    """Stream a run's progress from its head until it ends, fetch its directory, end its head.
+
+    Ctrl-C detaches: the run goes on, and the hints say how to come back or stop it."""
+    import json
+
+    from rubberband.cloud.head_session import HeadSession, end_run, link_for
+    from rubberband.cloud.testboot import boot_mode
+    from rubberband.execution import print_summary
+
+    test_boot = boot_mode()
+    err = stderr()
+
+    def write(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    with HeadSession(record, link_for(record, test_boot, ssh_key)) as session:
+        try:
+            status = session.stream(write)
+        except KeyboardInterrupt:
+            typer.echo(f"\ndetached. {_hints(record, run_dir)}", err=True)
+            return 0
+        session.fetch(run_dir)
+    end_run(record, test_boot=test_boot, echo=lambda line: err.print(line, markup=False, highlight=False))
+    result_path = run_dir / "result.json"
+    if not result_path.exists():
+        err.print(f"run {record.run_id} ended ({status}) without a result; its logs are above", markup=False,
+                  highlight=False)
+        return 1
+    summary = json.loads(result_path.read_text())
+    print_summary(record.run_id, record.metric, summary, result_path)
+    return 0 if status == "SUCCEEDED" and summary.get("status") == "finished" else 1
+
+
+def attach_run(run: str, *, run_dir: Path | None, ssh_key: Path | None) -> int:
+    """``rubberband run --attach RUN_ID_OR_DIR``: follow a run submitted to its head instance."""
+    from rubberband.cloud.head_session import HeadRecord, check_head_alive
+
+    directory = run_dir if run_dir is not None else resolve_run_dir(run)
+    record = HeadRecord.read(directory)
+    check_head_alive(record)
+    return follow(record, directory, ssh_key=ssh_key)
 
 
 def register(app: typer.Typer) -> None:
@@ -128,15 +203,37 @@ def register(app: typer.Typer) -> None:
                                      "schedule, expected bill and permission checks; create nothing."),
         trial_runtime: str = typer.Option("rubberband.executor.trials", "--trial-runtime", hidden=True,
                                           envvar="RUBBERBAND_TRIAL_RUNTIME"),
+        head: str = typer.Option("instance", "--head", help="With --cloud aws|gcp: where the executor and Ray head "
+                                 "run: 'instance' (a small CPU head instance per run; close the laptop at will) or "
+                                 "'local' (this machine; it must be inside the cloud network)."),
+        detach: bool = typer.Option(False, "--detach", help="Head mode: return once the run is submitted."),
+        attach: str = typer.Option(None, "--attach", metavar="RUN_ID_OR_DIR", help="Head mode: stream a "
+                                   "submitted run again, fetch its results into its run directory, end its head."),
+        ssh_cidr: str = typer.Option(None, "--ssh-cidr", envvar="RUBBERBAND_SSH_CIDR", help="Head mode: the "
+                                     "only network SSH to the head is allowed from (e.g. 203.0.113.7/32)."),
+        ssh_key: Path = typer.Option(None, "--ssh-key", envvar="RUBBERBAND_SSH_KEY", help="Head mode: private key "
+                                     "file for the SSH tunnel to the head's job server."),
+        key_name: str = typer.Option(None, "--key-name", envvar="RUBBERBAND_KEY_NAME", help="Head mode on AWS: the "
+                                     "EC2 key pair (public half of --ssh-key) the head starts with."),
+        ssh_user: str = typer.Option("ubuntu", "--ssh-user", help="Head mode: SSH user on the head."),
+        stall_timeout: str = typer.Option("60m", "--stall-timeout", help="Head mode: the head ends the run (and "
+                                          "every instance) when it made no progress this long."),
+        results_grace: str = typer.Option("10m", "--results-grace", help="Head mode: how long a finished run's "
+                                          "head waits for the CLI to fetch results before it ends itself."),
     ) -> int:
         """Run a tuning job on elastic instances (or resume one) and write RUN_DIR/result.json."""
+        from rubberband.execution import execute, print_summary
         from rubberband.executor import journal as J
         from rubberband.executor.backends import make_backend
-        from rubberband.executor.controller import Controller, check_plan_matches
-        from rubberband.executor.progress import ProgressView
-        from rubberband.executor.runtime import TrialRuntime, planner_replanner
+        from rubberband.executor.controller import check_plan_matches
 
         deadline_s = deadline_flag(deadline)
+        if head not in ("instance", "local"):
+            raise InputError(f"--head {head!r}: use 'instance' (a head instance per run) or 'local' (this machine)")
+        if attach is not None:
+            if spec_path is not None or resume is not None or dry_run or detach:
+                raise InputError("--attach takes no SPEC, --resume, --dry-run or --detach: it follows a submitted run")
+            return attach_run(attach, run_dir=run_dir, ssh_key=ssh_key)
         if dry_run:
             if resume is not None:
                 raise InputError("--dry-run cannot be combined with --resume")
@@ -198,37 +295,28 @@ def register(app: typer.Typer) -> None:
         if clouds != {backend_cloud}:
             raise PlanFileError(f"the plan uses instances of {', '.join(sorted(clouds))} but --cloud is "
                                 f"{backend_cloud}; plan for that cloud (resources.clouds) or drop --cloud")
-        backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages])
         catalog = load_catalog([backend_cloud])
         for stage in plan.stages:  # fail before anything starts if a type is unknown
             catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
-        runtime = TrialRuntime.load(trial_runtime)
-        profile = None
-        if spec.profile_path() is not None and spec.profile_path().exists():
-            from rubberband.profile import load_profile
+        head_mode = backend_cloud in ("aws", "gcp") and head == "instance"
+        if detach and not head_mode:
+            raise InputError("--detach needs a run on a head instance (--cloud aws|gcp without --head local)")
+        if head_mode:
+            if resume is not None:
+                raise InputError(f"--resume restarts an executor on this machine; a run on a head instance is "
+                                 f"followed with `rubberband run --attach {resume}` (or pass --head local)")
+            from rubberband.cloud.bootstrap import WatchdogSettings
+            from rubberband.cloud.head_session import HeadOptions
 
-            profile = load_profile(spec.profile_path())
-        replanner = planner_replanner(catalog, profile) if profile is not None else None
-        run_directory.mkdir(parents=True, exist_ok=True)
-        write_plan(plan, run_directory / "plan.json")
-        err = stderr()
-        err.print(f"{'resuming' if resume else 'starting'} run {run_id} in {run_directory}", markup=False,
-                  highlight=False)
-        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
-        try:
-            with ProgressView(err) as view:
-                controller = Controller(spec=spec, plan=plan, catalog=catalog, run_dir=run_directory,
-                                        backend=backend, runtime=runtime, run_id=run_id, replanner=replanner,
-                                        profile=profile, progress=view, deadline_s=deadline_s)
-                result = controller.run(resume=resume is not None)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        summary = result.result
-        best = summary.get("best") or {}
-        typer.echo(f"run {run_id} finished: best trial {best.get('trial_id')} {spec.metric.name}={best.get('metric')} "
-                   f"config={best.get('config')}")
-        typer.echo(f"JCT {format_duration(summary['actual']['jct_s'])} (predicted "
-                   f"{format_duration(summary['predicted']['jct_s'])}), cost {format_usd(summary['actual']['cost_usd'])} "
-                   f"(predicted {format_usd(summary['predicted']['cost_usd'])}); results in "
-                   f"{run_directory / 'result.json'}")
+            watchdog = WatchdogSettings(stall_timeout_s=deadline_flag(stall_timeout, "--stall-timeout"),
+                                        done_grace_s=deadline_flag(results_grace, "--results-grace"))
+            options = HeadOptions(ssh_cidr=ssh_cidr, ssh_key=ssh_key, key_name=key_name, ssh_user=ssh_user,
+                                  watchdog=watchdog)
+            return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
+                               options=options, deadline_s=deadline_s, trial_runtime=trial_runtime, detach=detach)
+        backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages])
+        result = execute(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
+                         backend=backend, trial_runtime=trial_runtime, deadline_s=deadline_s,
+                         resume=resume is not None)
+        print_summary(run_id, spec.metric.name, result.result, run_directory / "result.json")
         return 0

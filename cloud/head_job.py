@@ -1,0 +1,215 @@
+"""What runs ON the run's head instance: the executor, and the packing of its run directory.
+
+The CLI (:mod:`rubberband.cloud.head_session`) submits both as Ray jobs to the head's job server:
+
+* ``python -m rubberband.cloud.head_job run --cloud C --region R --head-id I --run-id X`` — the
+  job's working directory is the user's training code with the run's spec, plan and profile under
+  ``_rubberband/`` (:data:`STAGE_DIR`). It runs the executor with an :class:`OnHeadCloudBackend`
+  (workers join this head; failover as anywhere), in ``$RUBBERBAND_RUN_ROOT/<cloud run id>``
+  (default ``/var/lib/rubberband/runs``, the directory the head's watchdog watches), and writes
+  the ``DONE`` marker when the executor is over, however it ended: the watchdog then ends the head
+  and any worker after its grace.
+* ``python -m rubberband.cloud.head_job pack --run-id X`` — prints the run directory (journal,
+  result.json, plan.json, logs; no checkpoints and no Ray temp files) as one base64 tar.gz between
+  :data:`PACK_BEGIN` and :data:`PACK_END`, which the CLI reads back with ``get_job_logs``.
+
+Neither takes a credential: the head's cloud access comes from its instance role / service account.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import io
+import json
+import os
+import sys
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rubberband.cloud.backend import HeadHandle
+from rubberband.cloud.bootstrap import RAY_PORT, RUN_ROOT, RUN_ROOT_ENV, cloud_run_id
+from rubberband.cloud.local_head import LocalHeadCloudBackend
+from rubberband.cloud.provider import Instance
+
+STAGE_DIR = "_rubberband"  # inside the job's working directory: spec.json, plan.json, profile.json
+PACK_BEGIN = "-----BEGIN RUBBERBAND RUN DIRECTORY-----"
+PACK_END = "-----END RUBBERBAND RUN DIRECTORY-----"
+#: What a fetch leaves on the head: model checkpoints (large), Ray's temp files, local node records.
+PACK_EXCLUDE = ("checkpoints", "ray", "instances")
+
+
+def run_root() -> Path:
+    """Where the head keeps run directories (set by the head's startup script)."""
+    return Path(os.environ.get(RUN_ROOT_ENV) or RUN_ROOT)
+
+
+def head_run_dir(run_id: str) -> Path:
+    """The run's directory on the head: ``<run root>/<cloud run id>`` (what the watchdog watches)."""
+    return run_root() / cloud_run_id(run_id)
+
+
+@dataclass
+class OnHeadCloudBackend(LocalHeadCloudBackend):
+    """The executor's backend on the head instance: this machine's Ray head is already running.
+
+    Workers are provisioned exactly as with the CLI machine as head (``LocalHeadCloudBackend``:
+    failover, worker startup script joining ``head_instance``'s private address, the run's tags,
+    test boots). ``start_head`` only says where Ray listens; ``stop_head`` leaves the head to its
+    watchdog (results must still be fetched) and stops test-boot stand-ins of workers.
+    """
+
+    head_instance: Instance | None = None
+    ray_address: str = ""
+    _run_id: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.head_instance is None:
+            raise ValueError("OnHeadCloudBackend needs the head instance")
+        self.workers.head = self.head_instance
+
+    def start_head(self, run_id: str) -> HeadHandle:
+        self._run_id = cloud_run_id(run_id)
+        self.workers.head = dataclasses.replace(self.head_instance, run_id=self._run_id)
+        return HeadHandle(address=self.ray_address or f"{self.head_instance.address}:{RAY_PORT}",
+                          id=self.head_instance.id)
+
+    def stop_head(self) -> bool:
+        self._stop_stand_ins()
+        return False
+
+
+def _load_inputs(stage: Path):
+    from rubberband.plan import load_plan
+    from rubberband.spec import JobSpec
+
+    data = json.loads((stage / "spec.json").read_text())
+    data["base_dir"] = str(stage.parent)  # the job's working directory: the user's code
+    profile = stage / "profile.json"
+    return JobSpec.model_validate(data), load_plan(stage / "plan.json"), profile if profile.exists() else None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute the staged run on this head; always leave the DONE marker."""
+    from rubberband.catalog import load_catalog
+    from rubberband.cloud.head import DONE_MARKER
+    from rubberband.cloud.registry import ProviderPool
+    from rubberband.cloud.testboot import boot_mode
+    from rubberband.errors import RubberbandError
+    from rubberband.execution import execute, print_summary
+
+    run_dir = head_run_dir(args.run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    code = 1
+    try:
+        spec, plan, profile = _load_inputs(Path.cwd() / STAGE_DIR)
+        pool = ProviderPool()
+        (head,) = pool(args.cloud, args.region).wait([args.head_id], 120.0)
+        test_boot = boot_mode()
+        from rubberband.cloud.testboot import head_disk
+
+        backend = OnHeadCloudBackend(cloud=args.cloud, run_dir=head_disk(args.head_id) if test_boot else run_dir,
+                                     regions=list(dict.fromkeys(s.region for s in plan.stages)), pool=pool,
+                                     catalog=load_catalog([args.cloud]), test_boot=test_boot, head_instance=head,
+                                     ray_address=os.environ.get("RAY_ADDRESS", ""))
+        result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
+                         backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
+                         resume=(run_dir / "journal.jsonl").exists(), profile_path=profile)
+        print_summary(args.run_id, spec.metric.name, result.result, run_dir / "result.json")
+        code = 0
+    except RubberbandError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code
+    finally:
+        (run_dir / DONE_MARKER).write_text(f"{code}\n")
+        print_pack(run_dir)  # the CLI following the job's log takes the run directory from it
+    return code
+
+
+def pack(run_dir: Path) -> str:
+    """The run directory as base64 of a tar.gz (members relative to it), without :data:`PACK_EXCLUDE`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        if run_dir.is_dir():
+            for path in sorted(run_dir.iterdir()):
+                if path.name not in PACK_EXCLUDE and not path.is_symlink():
+                    tar.add(path, arcname=path.name)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def print_pack(run_dir: Path) -> None:
+    """Print :func:`pack` of ``run_dir`` between the markers (76-character lines, as base64 tools write)."""
+    data = pack(run_dir)
+    sys.stdout.flush()
+    print(PACK_BEGIN)
+    for i in range(0, len(data), 76):
+        print(data[i:i + 76])
+    print(PACK_END, flush=True)
+
+
+class LogFilter:
+    """Splits a job's log as it streams: what to show, and a packed run directory (kept, not shown)."""
+
+    def __init__(self) -> None:
+        self._partial = ""
+        self._inside = False
+        self._pack: list[str] = []
+        self.packed: str | None = None  # the last complete pack seen, markers included
+
+    def feed(self, chunk: str) -> str:
+        text, shown = self._partial + chunk, []
+        *lines, self._partial = text.split("\n")
+        for line in lines:
+            if line.strip() == PACK_BEGIN:
+                self._inside, self._pack = True, [line]
+            elif self._inside:
+                self._pack.append(line)
+                if line.strip() == PACK_END:
+                    self._inside, self.packed = False, "\n".join(self._pack)
+            else:
+                shown.append(line + "\n")
+        return "".join(shown)
+
+
+def unpack(logs: str, into: Path) -> list[str]:
+    """Extract what :func:`pack` printed (found in a job's ``logs``) into ``into``; returns the names."""
+    from rubberband.errors import CloudError
+
+    start, end = logs.rfind(PACK_BEGIN), logs.rfind(PACK_END)
+    if start < 0 or end < start:
+        raise CloudError("the head sent no run directory (see the fetch job's logs on the head)", kind="transient")
+    payload = "".join(logs[start + len(PACK_BEGIN):end].split())
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(payload)), mode="r:gz") as tar:
+        tar.extractall(into, filter="data")  # no absolute paths, links out or devices
+        return tar.getnames()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rubberband.cloud.head_job")
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="execute the run staged in the working directory on this head")
+    r.add_argument("--cloud", required=True, choices=["aws", "gcp"])
+    r.add_argument("--region", required=True)
+    r.add_argument("--head-id", required=True)
+    r.add_argument("--run-id", required=True)
+    r.add_argument("--deadline", type=float, default=None)
+    r.add_argument("--trial-runtime", default="rubberband.executor.trials")
+    p = sub.add_parser("pack", help="print the run directory as base64 tar.gz")
+    p.add_argument("--run-id", required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    print_pack(head_run_dir(args.run_id))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

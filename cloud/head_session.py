@@ -1,0 +1,342 @@
+"""The CLI side of head mode: start a run's head instance, submit the run to it, stream, fetch, end.
+
+``rubberband run SPEC --cloud aws|gcp`` (docs/clouds.md, "Where the Ray head runs"):
+
+1. :func:`start_head` provisions the run's head (:func:`rubberband.cloud.head.provision_head`,
+   tagged with the run id and role ``head``) and records it in ``RUN_DIR/head.json``
+   (:class:`HeadRecord`) so ``--attach`` and ``down`` find it;
+2. :class:`HeadSession` reaches the head's Ray job server through a
+   :class:`~rubberband.cloud.head_link.HeadLink`, ships the spec, plan, profile and the training
+   code directory as the job's ``working_dir`` (Ray Jobs packs and uploads it) and submits
+   ``python -m rubberband.cloud.head_job run ...`` with the run's cloud id as ``submission_id``;
+3. :meth:`HeadSession.stream` tails the job's logs (the executor's progress) until the job ends;
+   the user may detach at any time, the run goes on;
+4. :meth:`HeadSession.fetch` brings the run directory back (a ``pack`` job), and :func:`end_run`
+   terminates the head, any worker and the run's security group / firewall rules at once instead
+   of waiting for the watchdog's grace.
+
+Nothing here holds a credential: the job's entrypoint and runtime_env name only the run, the
+cloud, the region and the head; the head acts with its instance role / service account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rubberband.catalog import Catalog
+from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
+from rubberband.cloud.head_job import STAGE_DIR, LogFilter, unpack
+from rubberband.cloud.head_link import DirectLink, HeadLink, SshTunnel
+from rubberband.cloud.provider import Instance
+from rubberband.errors import CloudError, InputError, RunDirError
+from rubberband.plan import Plan
+from rubberband.spec import JobSpec
+
+HEAD_RECORD = "head.json"
+#: Never shipped to the head with the training code.
+CODE_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", "runs")
+MAX_CODE_BYTES = 100 * 1024 ** 2
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """How the CLI reaches the head and when the head gives up (``rubberband run`` flags)."""
+
+    ssh_cidr: str | None = None
+    ssh_key: Path | None = None
+    key_name: str | None = None  # AWS key pair the head is started with (its public half)
+    ssh_user: str = "ubuntu"
+    watchdog: WatchdogSettings = WatchdogSettings()
+    boot_timeout_s: float = 1200.0  # instance start + runtime install + Ray head
+
+
+@dataclass(frozen=True)
+class HeadRecord:
+    """``RUN_DIR/head.json``: the run's head, enough to reattach, fetch and end it from any CLI process."""
+
+    run_id: str
+    cloud: str
+    region: str
+    instance_id: str
+    zone: str
+    address: str | None
+    public_address: str | None
+    regions: list[str]
+    metric: str
+    ssh_user: str = "ubuntu"
+    ssh_key: str | None = None
+
+    @property
+    def cloud_run_id(self) -> str:
+        return cloud_run_id(self.run_id)
+
+    def write(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / f".{HEAD_RECORD}.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(run_dir / HEAD_RECORD)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> "HeadRecord":
+        path = run_dir / HEAD_RECORD
+        try:
+            return cls(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise RunDirError(f"{run_dir} has no {HEAD_RECORD}: it is not a run started in head mode "
+                              f"(pass the --run-dir of `rubberband run --cloud aws|gcp`)") from None
+        except (ValueError, TypeError) as exc:
+            raise RunDirError(f"{path} is damaged ({exc}); end the run with `rubberband down RUN_ID --cloud`") \
+                from None
+
+
+def _provider(cloud: str, region: str, options: HeadOptions | None = None):
+    from rubberband.cloud.registry import make_provider
+
+    kwargs = {}
+    if options is not None and options.ssh_cidr:
+        kwargs["ssh_cidr"] = options.ssh_cidr
+    if options is not None and options.key_name and cloud == "aws":
+        kwargs["key_name"] = options.key_name
+    return make_provider(cloud, region, **kwargs)
+
+
+def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> None:
+    """Outside tests the CLI reaches the head over SSH: it needs the CIDR to open, the key (and its EC2 key pair)."""
+    if test_boot:
+        return
+    if not (options.ssh_cidr and options.ssh_key and (options.key_name or cloud != "aws")):
+        key_pair = " and --key-name EC2_KEY_PAIR" if cloud == "aws" else ""
+        raise InputError(f"--cloud {cloud} runs the executor on a head instance reached over SSH: pass --ssh-cidr "
+                         f"YOUR.IP/32 and --ssh-key PRIVATE_KEY{key_pair} (or run with --head local from a machine "
+                         f"inside the cloud network)")
+    if not Path(options.ssh_key).expanduser().is_file():
+        raise InputError(f"--ssh-key {options.ssh_key}: no such private key file")
+
+
+def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metric: str,
+               options: HeadOptions, test_boot: str | None) -> HeadRecord:
+    """Provision the run's head where its first stage's workers go, record it, play its boot in tests."""
+    from rubberband.cloud.head import provision_head
+    from rubberband.cloud.teardown import terminate_run
+
+    first = plan.stages[0]
+    cloud, region = first.cloud, first.region
+    check_options(cloud, options, test_boot)
+    zones = catalog.find(first.instance_type, cloud=cloud, region=region).zones
+    provider = _provider(cloud, region, options)
+    crid = cloud_run_id(run_id)
+    try:
+        head = provision_head(provider, crid, region, zones, settings=options.watchdog,
+                              timeout_s=options.boot_timeout_s)
+        record = HeadRecord(run_id=run_id, cloud=cloud, region=region, instance_id=head.id, zone=head.zone,
+                            address=head.address, public_address=head.public_address,
+                            regions=list(dict.fromkeys([region, *(s.region for s in plan.stages)])), metric=metric,
+                            ssh_user=options.ssh_user, ssh_key=str(options.ssh_key) if options.ssh_key else None)
+        record.write(run_dir)
+        if test_boot:
+            from rubberband.cloud.testboot import play_head
+
+            play_head(cloud, region, crid, head.id, options.watchdog)
+    except BaseException:
+        terminate_run(provider, crid)
+        raise
+    return record
+
+
+def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = None) -> HeadLink:
+    """The way to the head's job server: the played head's local URL in tests, else an SSH tunnel."""
+    if test_boot:
+        from rubberband.cloud.testboot import head_url
+
+        return DirectLink(head_url(record.instance_id))
+    key = ssh_key or (Path(record.ssh_key) if record.ssh_key else None)
+    host = record.public_address or record.address
+    if key is None or not host:
+        raise InputError(f"cannot reach head {record.instance_id}: pass --ssh-key (the private key of the run's "
+                         f"key pair){'' if host else '; the head has no address (is it still running?)'}")
+    return SshTunnel(host=host, key_file=key, user=record.ssh_user)
+
+
+def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
+    """The job's working directory: the spec's code directory, plus ``_rubberband/`` with spec, plan, profile."""
+    from rubberband.plan import write_plan
+
+    source = Path(spec.base_dir)
+    size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file() and not
+               any(part in CODE_EXCLUDES for part in p.relative_to(source).parts))
+    if size > MAX_CODE_BYTES:
+        raise InputError(f"the training code directory {source} holds {size / 1024 ** 2:.0f} MiB; the head takes "
+                         f"at most {MAX_CODE_BYTES // 1024 ** 2} MiB: move data sets out of it (download them in "
+                         f"train)")
+    work = into / "code"
+    shutil.copytree(source, work, ignore=shutil.ignore_patterns(*CODE_EXCLUDES), symlinks=False)
+    stage = work / STAGE_DIR
+    stage.mkdir()
+    data = spec.model_dump(mode="json", exclude={"base_dir"})
+    profile = spec.profile_path()
+    if profile is not None and profile.exists():
+        shutil.copyfile(profile, stage / "profile.json")  # wherever it lives on this machine
+    (stage / "spec.json").write_text(json.dumps(data, indent=1))
+    write_plan(plan, stage / "plan.json")
+    return work
+
+
+def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str) -> str:
+    """The run job's command line on the head (names the run, never a credential)."""
+    words = ["python", "-m", "rubberband.cloud.head_job", "run", "--cloud", record.cloud, "--region", record.region,
+             "--head-id", record.instance_id, "--run-id", record.run_id, "--trial-runtime", trial_runtime]
+    if deadline_s:
+        words += ["--deadline", f"{deadline_s:g}"]
+    import shlex
+
+    return " ".join(shlex.quote(w) for w in words)
+
+
+class HeadSession:
+    """An open link to a run's head and a job client on it; use as a context manager."""
+
+    def __init__(self, record: HeadRecord, link: HeadLink, *, connect_timeout_s: float = 1200.0) -> None:
+        self.record = record
+        self.link = link
+        self.connect_timeout_s = connect_timeout_s
+        self.client = None
+
+    def __enter__(self) -> "HeadSession":
+        os.environ["RAY_AUTH_MODE"] = "disabled"  # the head's Ray runs without a token (docs/clouds.md)
+        from ray.job_submission import JobSubmissionClient
+
+        logging.getLogger("ray.dashboard").setLevel(logging.WARNING)  # no "uploading package" chatter
+
+        deadline = time.monotonic() + self.connect_timeout_s
+        url = self.link.open(self.connect_timeout_s)
+        try:
+            while True:
+                try:
+                    self.client = JobSubmissionClient(url)
+                    return self
+                except Exception as exc:  # noqa: BLE001 - ConnectionError until Ray's job server is up
+                    if time.monotonic() >= deadline:
+                        raise CloudError(f"the job server of head {self.record.instance_id} did not answer within "
+                                         f"{self.connect_timeout_s:.0f}s ({type(exc).__name__}); see "
+                                         f"/var/log/rubberband-bootstrap.log on it", kind="transient") from None
+                    time.sleep(1.0)
+        except BaseException:
+            self.link.close()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.link.close()
+
+    @property
+    def job_id(self) -> str:
+        return self.record.cloud_run_id
+
+    def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str) -> str:
+        with tempfile.TemporaryDirectory(prefix="rb-stage-") as tmp:
+            work = stage_code(spec, plan, Path(tmp))
+            return self._submit(entrypoint=entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime),
+                                runtime_env={"working_dir": str(work)}, submission_id=self.job_id,
+                                metadata={"rubberband_run": self.record.run_id})
+
+    def _submit(self, **job) -> str:
+        """``submit_job``, retried while the head's job agent is still starting (it answers 500 until then)."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            try:
+                return self.client.submit_job(**job)
+            except RuntimeError as exc:
+                if "try again later" not in str(exc) or time.monotonic() >= deadline:
+                    raise CloudError(f"head {self.record.instance_id} refused the job: {exc}", kind="fatal") from None
+                time.sleep(1.0)
+
+    def status(self, job_id: str | None = None) -> str:
+        return str(self.client.get_job_status(job_id or self.job_id).value)
+
+    def stream(self, write: Callable[[str], None], *, poll_s: float = 1.0) -> str:
+        """Write the run job's log as it grows until the job ends; return its final status.
+
+        The run directory the job prints at its end is kept (:attr:`packed`), not written."""
+        self.filter = LogFilter()
+
+        async def tail() -> None:
+            async for chunk in self.client.tail_job_logs(self.job_id):
+                if shown := self.filter.feed(chunk):
+                    write(shown)
+
+        try:
+            asyncio.run(tail())
+        except Exception as exc:  # noqa: BLE001 - the link dropped (aiohttp errors): fall back to polling
+            write(f"(log stream interrupted: {type(exc).__name__}; waiting for the run to end)\n")
+        try:
+            while (status := self.status()) not in TERMINAL:
+                time.sleep(poll_s)
+        except Exception as exc:  # noqa: BLE001 - the link is gone; the run is not
+            raise CloudError(f"lost the link to head {self.record.instance_id} ({type(exc).__name__}); the run goes "
+                             f"on there: follow it again with `rubberband run --attach RUN_DIR`",
+                             kind="transient") from None
+        return status
+
+    def fetch(self, run_dir: Path, *, timeout_s: float = 300.0) -> list[str]:
+        """Bring the head's run directory (journal, result.json, ...) into ``run_dir``: from the end of the
+        streamed log, else by a ``pack`` job (the run job was stopped before it could print it)."""
+        packed = getattr(self, "filter", None) and self.filter.packed
+        if packed:
+            return unpack(packed, run_dir)
+        job = self._submit(entrypoint=f"python -m rubberband.cloud.head_job pack --run-id {self.record.cloud_run_id}",
+                           submission_id=f"{self.job_id}-fetch-{secrets.token_hex(3)}")
+        deadline = time.monotonic() + timeout_s
+        while (status := self.status(job)) not in TERMINAL:
+            if time.monotonic() >= deadline:
+                raise CloudError(f"fetching the run directory from head {self.record.instance_id} took over "
+                                 f"{timeout_s:.0f}s", kind="transient")
+            time.sleep(0.3)
+        logs = self.client.get_job_logs(job)
+        if status != "SUCCEEDED":
+            raise CloudError(f"fetching the run directory failed on the head: {logs.strip()[-300:]}",
+                             kind="transient")
+        return unpack(logs, run_dir)
+
+
+def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], None] | None = None) -> int:
+    """Terminate the run's head, workers and security group / firewall rules now; returns instances ended."""
+    from rubberband.cloud.teardown import terminate_run_detailed
+
+    regions = record.regions[:1] if record.cloud == "gcp" else record.regions
+    ended = 0
+    for region in regions:
+        ended += len(terminate_run_detailed(_provider(record.cloud, region), record.cloud_run_id, echo=echo).instances)
+    if test_boot:
+        from rubberband.cloud.testboot import wait_head_gone
+
+        wait_head_gone(record.instance_id)
+    return ended
+
+
+def check_head_alive(record: HeadRecord) -> None:
+    """Fail at once (instead of waiting on a link) when the run's head is no longer running."""
+    alive = any(i.id == record.instance_id and i.alive
+                for i in _provider(record.cloud, record.region).list(record.cloud_run_id))
+    if not alive:
+        raise CloudError(f"the head {record.instance_id} of run {record.run_id} is gone: the run ended (its results "
+                         f"are in its run directory only if they were fetched); clean up any leftover with "
+                         f"`rubberband down {record.run_id} --cloud {record.cloud}`", kind="fatal")
+
+
+def find_head(cloud: str, run_id: str, regions: list[str]) -> Instance | None:
+    """The running head of a run, searched by its tags (when no ``head.json`` is at hand)."""
+    for region in regions:
+        for inst in _provider(cloud, region).list(cloud_run_id(run_id)):
+            if inst.role == "head" and inst.alive:
+                return inst
+    return None

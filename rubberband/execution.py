@@ -1,0 +1,68 @@
+"""Run a plan with the executor on a backend, and say how it ended.
+
+One place for what ``rubberband run`` does once the backend is chosen, shared by the CLI machine
+(``--cloud local``, ``--head local``) and the run's head instance, where the CLI submits it as a
+Ray job (:mod:`rubberband.cloud.head_job`).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from rubberband.catalog import Catalog
+from rubberband.console import stderr
+from rubberband.plan import Plan, write_plan
+from rubberband.spec import JobSpec
+from rubberband.units import format_duration, format_usd
+
+
+def _raise_interrupted(signum, frame) -> None:
+    from rubberband.executor.controller import Interrupted
+
+    raise Interrupted(f"run stopped by signal {signal.Signals(signum).name}; every instance was terminated")
+
+
+def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, backend: Any,
+            trial_runtime: str, deadline_s: float | None, resume: bool, profile_path: Path | None = None) -> Any:
+    """Run (or resume) the plan to the end on ``backend``; progress goes to stderr. Returns the RunResult.
+
+    ``profile_path``: the job's profile when it is not where the spec says (a copy shipped to the head)."""
+    from rubberband.executor.controller import Controller
+    from rubberband.executor.progress import ProgressView
+    from rubberband.executor.runtime import TrialRuntime, planner_replanner
+
+    runtime = TrialRuntime.load(trial_runtime)
+    profile = None
+    profile_path = profile_path or spec.profile_path()
+    if profile_path is not None and profile_path.exists():
+        from rubberband.profile import load_profile
+
+        profile = load_profile(profile_path)
+    replanner = planner_replanner(catalog, profile) if profile is not None else None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_plan(plan, run_dir / "plan.json")
+    err = stderr()
+    err.print(f"{'resuming' if resume else 'starting'} run {run_id} in {run_dir}", markup=False, highlight=False)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        with ProgressView(err) as view:
+            controller = Controller(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=backend,
+                                    runtime=runtime, run_id=run_id, replanner=replanner, profile=profile,
+                                    progress=view, deadline_s=deadline_s)
+            return controller.run(resume=resume)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def print_summary(run_id: str, metric: str, summary: dict[str, Any], result_path: Path) -> None:
+    """The two lines ``rubberband run`` prints at the end (stdout), from a run's result.json content."""
+    best = summary.get("best") or {}
+    typer.echo(f"run {run_id} {summary.get('status', 'finished')}: best trial {best.get('trial_id')} "
+               f"{metric}={best.get('metric')} config={best.get('config')}")
+    typer.echo(f"JCT {format_duration(summary['actual']['jct_s'])} (predicted "
+               f"{format_duration(summary['predicted']['jct_s'])}), cost {format_usd(summary['actual']['cost_usd'])} "
+               f"(predicted {format_usd(summary['predicted']['cost_usd'])}); results in {result_path}")

@@ -1,0 +1,286 @@
+"""Head mode: `rubberband run --cloud aws|gcp` starts a head instance per run, submits the run to its Ray job
+server, streams progress, fetches the run directory and ends the head — against the moto server / the GCE fake,
+with the head's and workers' boots played by local Ray nodes (RUBBERBAND_TEST_BOOT=local)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+from cloud_helpers import (FAKE_ACCESS_KEY, FAKE_SECRET_KEY, GCP_CATALOG_CSV, REGION, ec2_faults,  # noqa: F401
+                           moto_env, moto_server)
+from gce_fake import gce_fake  # noqa: F401
+from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances, one_error_line
+
+from rubberband.catalog import parse_catalog
+from rubberband.cloud.bootstrap import WatchdogSettings
+from rubberband.cloud.head_job import PACK_EXCLUDE, pack, unpack
+from rubberband.cloud.head_link import DirectLink, SshTunnel
+from rubberband.cloud.head_session import HeadOptions, HeadRecord, end_run, entrypoint, stage_code, start_head
+from rubberband.cloud.local import LocalProvider
+from rubberband.cloud.testboot import head_disk
+from rubberband.plan import load_plan
+from rubberband.spec import load_spec
+
+from conftest import REPO
+
+
+@pytest.fixture(autouse=True)
+def no_played_head_left():
+    """Whatever a test leaves, stop the played heads it started (their Ray nodes, their boot process)."""
+    import glob
+    import shutil
+
+    before = set(glob.glob(str(head_disk("*"))))
+    yield
+    for disk in map(Path, set(glob.glob(str(head_disk("*")))) - before):
+        local = LocalProvider(disk)
+        local.terminate([r.id for r in local.records() if r.role == "node"])
+        local.stop_head()
+        try:
+            os.killpg(int((disk / "boot.pid").read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(disk, ignore_errors=True)
+
+
+def head_env(tmp_path: Path, moto_env: dict[str, str]) -> dict[str, str]:
+    env = cloud_env(tmp_path, moto_env)
+    env["RUBBERBAND_TEST_BOOT"] = "local"
+    return env
+
+
+def small_job(tmp_path: Path):
+    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(1, 1), durations=(20.0, 20.0))
+    return spec, plan
+
+
+def assert_nothing_left(head_id: str) -> None:
+    """No instance in moto, no security group, no played head (Ray processes, disk)."""
+    assert_nothing_left_but_the_group(head_id)
+    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+
+
+def assert_nothing_left_but_the_group(head_id: str) -> None:
+    """No instance in moto, no played head (Ray processes, disk). (A head that ended itself cannot delete its
+    AWS security group while it is in it: `down` or the orphan sweep does; groups cost nothing.)"""
+    deadline = time.monotonic() + 30
+    while head_disk(head_id).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not head_disk(head_id).exists()
+    assert moto_instances() == []
+    ours = [p for p in Path("/proc").iterdir() if p.name.isdigit() and
+            str(head_disk(head_id)).encode() in _cmdline(p)]
+    assert ours == []
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_path, moto_env):
+    """`run --cloud aws` starts an m6i.large head tagged role=head, submits the run as a Ray job and streams it;
+    Ctrl-C detaches (the run goes on); `--attach` streams to the end, fetches the run directory (report works
+    locally) and ends the head. No credential reaches the job, the head's user-data or the journal."""
+    spec, plan = small_job(tmp_path)
+    env = head_env(tmp_path, moto_env)
+    run_dir = tmp_path / "run"
+    log = tmp_path / "cli.err"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--plan",
+                                 str(plan), "--yes", "--run-dir", str(run_dir)], env=env, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+    record = None
+    try:
+        deadline = time.monotonic() + 90
+        while "stage 1/2" not in log.read_text():  # the executor's progress, streamed from the head
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        record = HeadRecord.read(run_dir)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+        detached = log.read_text()
+        assert "detached" in detached and f"--attach {run_dir} --cloud aws" in detached
+        assert f"down {run_dir} --cloud aws" in detached
+        (head,) = [i for i in moto_instances() if i["InstanceType"] == "m6i.large"]  # the run goes on
+        tags = {t["Key"]: t["Value"] for t in head["Tags"]}
+        assert head["InstanceId"] == record.instance_id
+        assert tags["rubberband-role"] == "head" and tags["rubberband-run-id"] == record.cloud_run_id
+        # the job as the head's job server holds it: entrypoint and runtime_env, and the head's user-data
+        from ray.job_submission import JobSubmissionClient
+
+        from rubberband.cloud.testboot import head_url
+
+        info = JobSubmissionClient(head_url(record.instance_id)).get_job_info(record.cloud_run_id)
+        assert "rubberband.cloud.head_job run" in info.entrypoint and record.instance_id in info.entrypoint
+        assert info.runtime_env["working_dir"].startswith("gcs://")  # the code directory, packed by Ray Jobs
+        user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+            InstanceId=record.instance_id, Attribute="userData")["UserData"]["Value"]
+        for text in (info.entrypoint, json.dumps(info.runtime_env), user_data):
+            assert FAKE_ACCESS_KEY not in text and FAKE_SECRET_KEY not in text
+
+        attached = cli("run", "--attach", run_dir, env=env, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if record is not None:
+            end_run(record, test_boot="local")
+    assert attached.returncode == 0, attached.stderr[-3000:]
+    assert "stage 2/2" in attached.stderr and "BEGIN RUBBERBAND" not in attached.stderr
+    assert "finished: best trial" in attached.stdout and str(run_dir / "result.json") in attached.stdout
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished" and summary["best"]["trial_id"]
+    journal = (run_dir / "journal.jsonl").read_text()
+    assert FAKE_ACCESS_KEY not in journal and FAKE_SECRET_KEY not in journal
+    requested = [json.loads(line) for line in journal.splitlines() if '"instance_requested"' in line]
+    assert requested and all(r["instance_type"] == "p3.2xlarge" for r in requested)
+    assert not any((run_dir / name).exists() for name in PACK_EXCLUDE)
+    report = cli("report", run_dir, "--out", tmp_path / "report.html", env=env)
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "report.html").stat().st_size > 0
+    assert_nothing_left(record.instance_id)
+
+
+def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
+    """`--detach` returns once the run is submitted; with nobody attached (the laptop closed) the run finishes on the
+    head, and its watchdog ends the head and every worker after the results grace."""
+    spec = cloud_job(tmp_path, ["aws"], trials=2, eta=3, min_epochs=1, max_epochs=1, epoch_s=0.2)
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(1,), durations=(20.0,))
+    env = head_env(tmp_path, moto_env)
+    run_dir = tmp_path / "run"
+    submitted = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, "--detach",
+                    "--results-grace", "1s", env=env, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    assert "submitted run" in submitted.stderr and f"--attach {run_dir}" in submitted.stderr
+    record = HeadRecord.read(run_dir)
+    try:
+        deadline = time.monotonic() + 60
+        while moto_instances():
+            assert time.monotonic() < deadline, moto_instances()
+            time.sleep(0.5)
+        assert_nothing_left_but_the_group(record.instance_id)
+        # the head could not delete the security group it was in: `down RUN_DIR` finds the run by its head.json
+        down = cli("down", run_dir, "--cloud", "aws", env=env)
+        assert down.returncode == 0, down.stderr
+        assert "deleted aws sg-" in down.stdout and record.cloud_run_id in down.stdout
+        assert_nothing_left(record.instance_id)
+        late = cli("run", "--attach", run_dir, env=env, timeout=60)  # too late: says so at once
+        assert late.returncode == 1 and "is gone" in late.stderr
+    finally:
+        end_run(record, test_boot="local")
+    assert not (run_dir / "result.json").exists()  # nothing was fetched: the run went on without the CLI
+
+
+def test_head_mode_needs_ssh_settings_outside_tests(cli, tmp_path, moto_env):
+    spec, plan = small_job(tmp_path)
+    env = cloud_env(tmp_path, moto_env)
+    result = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", tmp_path / "run", env=env)
+    assert result.returncode == 2, result.stderr
+    assert "--ssh-cidr" in one_error_line(result) and "--head local" in one_error_line(result)
+    assert moto_instances() == []
+    bad = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--head", "laptop", env=env)
+    assert bad.returncode == 2 and "--head" in one_error_line(bad)
+    local_detach = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--detach", env=env)
+    assert local_detach.returncode == 2 and "--detach" in one_error_line(local_detach)
+
+
+# -- unit level --------------------------------------------------------------------------------------------------
+
+
+def test_pack_and_unpack_round_trip_without_checkpoints(tmp_path):
+    run_dir = tmp_path / "head-run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "t1.pt").write_bytes(b"x" * 1000)
+    (run_dir / "journal.jsonl").write_text('{"type": "run_started"}\n')
+    (run_dir / "result.json").write_text("{}")
+    logs = f"some log line\n{_wrap(pack(run_dir))}\nanother line\n"
+    names = unpack(logs, tmp_path / "local")
+    assert sorted(names) == ["journal.jsonl", "result.json"]
+    assert (tmp_path / "local" / "journal.jsonl").read_text() == '{"type": "run_started"}\n'
+    assert not (tmp_path / "local" / "checkpoints").exists()
+    # streamed in pieces cut anywhere: the pack is kept, not shown
+    from rubberband.cloud.head_job import LogFilter
+
+    log_filter, shown = LogFilter(), ""
+    for i in range(0, len(logs), 7):
+        shown += log_filter.feed(logs[i:i + 7])
+    assert shown == "some log line\nanother line\n" and log_filter.packed is not None
+    assert sorted(unpack(log_filter.packed, tmp_path / "again")) == ["journal.jsonl", "result.json"]
+
+
+def _wrap(data: str) -> str:
+    from rubberband.cloud.head_job import PACK_BEGIN, PACK_END
+
+    return "\n".join([PACK_BEGIN, *(data[i:i + 76] for i in range(0, len(data), 76)), PACK_END])
+
+
+def test_stage_code_ships_code_spec_plan_and_profile(tmp_path):
+    spec = load_spec(REPO / "examples" / "digits.yaml")
+    plan = _digits_plan(spec)
+    work = stage_code(spec, plan, tmp_path)
+    assert (work / "digits.py").exists() and (work / "_rubberband" / "spec.json").exists()
+    assert (work / "_rubberband" / "plan.json").exists() and (work / "_rubberband" / "profile.json").exists()
+    shipped = json.loads((work / "_rubberband" / "spec.json").read_text())
+    assert "base_dir" not in shipped and shipped["train"] == "digits:train"
+    assert not any(p.name == "__pycache__" for p in work.rglob("*"))
+
+
+def _digits_plan(spec):
+    from executor_helpers import make_plan
+
+    from rubberband.planner.schedule import stages_for
+
+    n = len(stages_for(spec.scheduler.kind, trials=spec.scheduler.trials, eta=spec.scheduler.eta,
+                       min_epochs=spec.scheduler.min_epochs, max_epochs=spec.scheduler.max_epochs))
+    return make_plan(spec, [("local.cpu1", 1, 1)] * n, durations=[10.0] * n)
+
+
+def test_entrypoint_and_ssh_tunnel_commands():
+    record = HeadRecord(run_id="My_Run-1", cloud="aws", region=REGION, instance_id="i-0abc", zone="us-east-1b",
+                        address="10.0.0.5", public_address="203.0.113.9", regions=[REGION], metric="loss")
+    words = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials").split()
+    assert words[:4] == ["python", "-m", "rubberband.cloud.head_job", "run"]
+    assert "--head-id" in words and "i-0abc" in words and "--deadline" in words
+    tunnel = SshTunnel(host="203.0.113.9", key_file=Path("/k/id_ed25519"), user="ubuntu")
+    command = tunnel.command(40001)
+    assert command[:4] == ["ssh", "-N", "-L", "40001:127.0.0.1:8265"] and command[-1] == "ubuntu@203.0.113.9"
+    assert DirectLink("http://127.0.0.1:1").open(1.0) == "http://127.0.0.1:1"
+
+
+def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path, gce_fake, monkeypatch):
+    """The head path on GCP against the GCE fake: an e2-standard-2 head labelled role=head in the zone of the
+    first stage, recorded in head.json; end_run deletes it and the run's firewall rules."""
+    monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
+    spec = load_spec(cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3))
+    plan = load_plan(cloud_plan(tmp_path, tmp_path / "job" / "job.yaml", "gcp", "us-central1",
+                                "n1-standard-8+V100x1", counts=(1, 1)))
+    catalog = parse_catalog("gcp", GCP_CATALOG_CSV)
+    run_dir = tmp_path / "run"
+    key = tmp_path / "id_ed25519"
+    key.write_text("not a real key\n")
+    record = start_head(plan=plan, catalog=catalog, run_id="gcp-head-run", run_dir=run_dir, metric="loss",
+                        options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key), test_boot=None)
+    try:
+        assert HeadRecord.read(run_dir) == record
+        assert {m for _, m in gce_fake.inserts} == {"e2-standard-2"}
+        (vm,) = gce_fake.instances.values()
+        assert vm["labels"]["rubberband-role"] == "head" and vm["labels"]["rubberband-run-id"] == "gcp-head-run"
+        assert record.zone in ("us-central1-a", "us-central1-b")
+        script = next(m["value"] for m in vm["metadata"]["items"] if m["key"] == "startup-script")
+        assert "rubberband.cloud.head watchdog" in script and "--dashboard-port=8265" in script
+        assert "RUBBERBAND_RUN_ROOT" in script
+    finally:
+        assert end_run(record, test_boot=None) == 1
+    assert not gce_fake.instances and not gce_fake.firewalls
