@@ -387,7 +387,7 @@ class Simulator:
 
         The ``carry`` instances that free last go on to the next stage. Returns the finalised
         stage costs, cost parts, cost by type, the carried instances' request times and their
-        indices (within the open stage).
+        indices (within the open stage) and the times they free (or come up, if still starting).
         """
         rec = prefix.open
         itype = rec.config.instance_type
@@ -431,7 +431,7 @@ class Simulator:
         total = {k: prefix.parts[k] + parts[k] for k in CATEGORIES}
         by_type = dict(prefix.by_type)
         by_type[itype.name] = by_type.get(itype.name, 0.0) + stage_cost
-        return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx
+        return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
 
     def _step(self, prefix: _Prefix | None, config: StageConfig, index: int, *, rows: slice,
               record: bool = False, next_config: StageConfig | None = None) -> _Prefix:
@@ -458,7 +458,7 @@ class Simulator:
             durations: tuple = ()
             start = np.zeros(S)
         else:
-            stage_costs, parts, by_type, carried_request, carried_idx = self._finalise(prefix, carry)
+            stage_costs, parts, by_type, carried_request, carried_idx, carried_free = self._finalise(prefix, carry)
             durations = prefix.durations + (prev.barrier - prev.start,)
             start = prev.barrier
 
@@ -466,8 +466,9 @@ class Simulator:
         request = np.empty((S, n_inst))
         ready = np.empty((S, n_inst))
         if carry:
+            # a carried instance is free at the barrier, or when it is up if it is still starting
             request[:, :carry] = carried_request
-            ready[:, :carry] = start[:, None]
+            ready[:, :carry] = np.maximum(start[:, None], carried_free)
         if carry < n_inst:
             if prev is None:
                 # A fresh local run first brings up its Ray head (about one node start-up, median),
@@ -551,7 +552,7 @@ class Simulator:
         return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec)
 
     def _finish(self, configs: tuple[StageConfig, ...], prefix: _Prefix, n: int) -> SimResult:
-        stage_costs, parts, by_type, _, _ = self._finalise(prefix, 0)
+        stage_costs, parts, by_type, *_ = self._finalise(prefix, 0)
         durations = prefix.durations + (prefix.open.barrier - prefix.open.start,)
         jct = prefix.open.barrier
         cost = sum(parts[k] for k in CATEGORIES)
@@ -636,10 +637,14 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
                 ids[i] = carried[i]
                 instances[ids[i]]["last_stage"] = idx
                 dag.add_edge(prev_barrier, ("ready", ids[i], idx), weight=0.0)
+                # one still starting at the barrier is ready when it is up
+                dag.add_edge(("ready", ids[i], instances[ids[i]]["ready_stage"]), ("ready", ids[i], idx), weight=0.0)
+                instances[ids[i]]["ready_stage"] = idx
             else:
                 ids[i] = next_id
                 next_id += 1
                 instances.append({"id": ids[i], "config": config, "first_stage": idx, "last_stage": idx,
+                                  "ready_stage": idx,
                                   "requested": float(tr["request"][i]), "ready": float(tr["ready"][i])})
                 if prev_first_task is None:
                     dag.add_edge("start", ("request", ids[i]), weight=float(tr["request"][i]))

@@ -369,12 +369,13 @@ def _measure_restart(spec: JobSpec, options: ProfileOptions, measured: list[Shap
         notes.append(f"restart overhead ({kind} workers): not measured, budget spent")
         tick(f"restart ({kind}): skipped")
         return None
-    source = max((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers, default=measured[0])
-    counts = sorted({r.shape.workers for r in measured})
-    others = [w for w in counts if w != source.shape.workers]
-    target_workers = others[0] if others else source.shape.workers
-    per_node = options.instance_type.workers
-    target = Shape(target_workers, 1 if target_workers <= per_node else 2)
+    # Restart onto the widest single-instance shape: with fresh processes that is what a new instance's
+    # first trial waits for (all its workers starting at once), from a checkpoint saved at another width.
+    widest = max((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers, default=measured[0])
+    others = sorted((r for r in measured if r.shape.workers != widest.shape.workers),
+                    key=lambda r: (r.shape.nodes, r.shape.workers))
+    source = others[0] if others else widest
+    target = widest.shape
     tick(f"restart ({kind} workers): {source.shape.workers} → {target.workers} workers", advance=False)
     epoch = latest_epoch(source.checkpoint_dir)
     after = 1 if epoch is None else epoch + 1

@@ -67,12 +67,14 @@ def test_simulated_instances_are_billed_exactly_as_the_accounting_bills_a_journa
                                 termination_by_cloud={"local": StartupModel((0.6, 0.9, 1.4), "test")})
     stages = sha_stages(9, 3, 1, 9)
     configs = [StageConfig(local1, 4, 1), StageConfig(local2, 2, 2), StageConfig(local1, 1, 1)]
+    carrying = [StageConfig(local1, 6, 1), StageConfig(local1, 3, 1), StageConfig(local1, 2, 2)]
     sim = Simulator(stages, model, samples=32, seed=3)
     res = sim.simulate(configs)
     gone = model.termination("local", "local.cpu1").quantile(0.5)
     assert gone == pytest.approx(0.9)
-    for i in (0, res.representative_index(), 17):
-        timeline, _, critical = sim.trace(configs, i)
+    for plan, i in [(configs, 0), (configs, res.representative_index()), (configs, 17), (carrying, 0), (carrying, 5)]:
+        res = sim.simulate(plan)
+        timeline, _, critical = sim.trace(plan, i)
         assert critical == pytest.approx(res.jct[i])
         lives = [InstanceLife(id=x.id, instance_type=x.instance_type, cloud=x.cloud,
                               price_hr=0.05 if x.instance_type == "local.cpu1" else 0.10, spot=False,
@@ -80,6 +82,12 @@ def test_simulated_instances_are_billed_exactly_as_the_accounting_bills_a_journa
                               terminated_at=x.released_s + gone) for x in timeline.instances]
         billed = sum(bill_instance(life, now=1e9, rules=BILLING_RULES).cost_usd for life in lives)
         assert billed == pytest.approx(res.cost[i], rel=1e-9)
+        # no task starts before its instances are up, carried ones still starting at the barrier included
+        ready = {x.id: x.ready_s for x in timeline.instances}
+        assert all(t.start_s >= ready[iid] - 1e-9 for t in timeline.tasks for iid in t.instance_ids)
+        if plan is carrying:  # 6 nodes one after another: the last are still starting when stage 0 ends
+            stage0_end = max(t.end_s for t in timeline.tasks if t.stage == 0)
+            assert any(x.ready_s > stage0_end and x.last_stage > 0 for x in timeline.instances)
         # nodes start one after another: each is requested (billed) when the one before is up
         first = sorted((x for x in timeline.instances if x.first_stage == 0), key=lambda x: x.requested_s)
         for before, after in zip(first, first[1:]):
