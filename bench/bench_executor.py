@@ -8,7 +8,8 @@ in Ray actors, the real trial runtime) driven by the executor's controller:
 
 * fidelity — predicted (plan p50 JCT, mean cost) vs actual over several runs: the synthetic
   sleep-based workload with injected stragglers (``examples/quickstart_local.yaml``) at several
-  deadlines, and the real small torch workload (``examples/digits.yaml``); prints the median
+  deadlines, the real small torch workload (``examples/digits.yaml``) at two, and the two runs
+  below; prints the median
   relative errors (target ≤ 5%).
 * resize overhead — setup time of trials restarted from a checkpoint with a new worker count
   (stages ≥ 1, warm worker processes) versus first starts, from the journals (target ≤ 1 s).
@@ -69,10 +70,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     base = args.out or Path(tempfile.mkdtemp(prefix="rb-bench-executor-"))
-    cases = [(QUICKSTART, "3m"), (QUICKSTART, "50s"), (QUICKSTART, "tight"), (DIGITS, None), (DIGITS, "tight"),
+    # Fixed deadlines, from loose to near the shortest the planner meets on this machine (a deadline of
+    # None is the spec's own). Not 1.2× InfeasibleError.shortest_jct_s: on the local backend, where
+    # nodes start one after another, that bound comes from the widest plan and is far from the shortest.
+    cases = [(QUICKSTART, "3m"), (QUICKSTART, "75s"), (QUICKSTART, "60s"), (DIGITS, None), (DIGITS, "45s"),
              (SHA, None)]
     if args.quick:
-        cases = [(QUICKSTART, "3m"), (QUICKSTART, "tight"), (DIGITS, None), (SHA, None)]
+        cases = [(QUICKSTART, "3m"), (QUICKSTART, "60s"), (DIGITS, None), (SHA, None)]
     print(f"runs under {base}")
     rows, setups_resize, setups_first = [], [], []
     elastic_vs_static = None
@@ -80,14 +84,7 @@ def main() -> None:
         inputs = load_job_inputs(spec_path)
         spec, profile, catalog = inputs.spec, inputs.profile, inputs.catalog
         deadline_s = None
-        if deadline == "tight":  # 1.2× the shortest feasible JCT: the planner's own infeasibility bound
-            from rubberband.errors import InfeasibleError
-
-            try:
-                plan_job(spec, profile, catalog, deadline_s=1.0, samples=300, seed=0)
-            except InfeasibleError as exc:
-                deadline_s = 1.2 * exc.shortest_jct_s
-        elif deadline is not None:
+        if deadline is not None:
             from rubberband.units import parse_duration
 
             deadline_s = parse_duration(deadline)
