@@ -66,6 +66,9 @@ class WorkerContext(TrainContext):
         self.batch_size_seen: int | None = None
         #: Wall-clock time when the first iteration began (resize cost = this − the run's start).
         self.first_iteration_at: float | None = None
+        #: (start, end) wall-clock times of every pass over ``batches``: the gaps between passes are
+        #: the per-epoch time outside the timed iterations (evaluation, data loading, checkpoints).
+        self.pass_times: list[tuple[float, float]] = []
         self._passes = 0
         self._last_reported: int | None = None
         self._mark = time.perf_counter()
@@ -78,8 +81,9 @@ class WorkerContext(TrainContext):
             self.pass_lengths.append(len(iterable))  # type: ignore[arg-type]
         except TypeError:
             self.pass_lengths.append(None)
+        began = time.time()
         if self.first_iteration_at is None:
-            self.first_iteration_at = time.time()
+            self.first_iteration_at = began
         start = time.perf_counter()
         try:
             for item in iterable:
@@ -94,6 +98,7 @@ class WorkerContext(TrainContext):
                     return
         finally:
             self._passes += 1
+            self.pass_times.append((began, time.time()))
 
     # -- metrics ---------------------------------------------------------------------------
     def report(self, epoch: int, **metrics: float) -> None:

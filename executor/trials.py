@@ -86,6 +86,8 @@ class TrialOutcome:
     batch_size_seen: int | None = None
     #: Wall-clock time rank 0 began its first iteration (start → this = restart cost).
     first_iteration_at: float | None = None
+    #: Rank 0's (start, end) wall-clock times of each pass over ``ctx.batches``.
+    pass_times: tuple[tuple[float, float], ...] = ()
 
 
 def _collateral(failure: WorkerFailure) -> bool:
@@ -272,7 +274,7 @@ class TrialRun:
                             started_at=self._started_at, finished_at=max(r.finished_at for r in results.values()),
                             warm_workers=self._warm, checkpoint_saved_s=chief.checkpoint_saved_s,
                             pass_lengths=chief.pass_lengths, batch_size_seen=chief.batch_size_seen,
-                            first_iteration_at=chief.first_iteration_at)
+                            first_iteration_at=chief.first_iteration_at, pass_times=chief.pass_times)
 
     # -- stop ------------------------------------------------------------------------------
     def stop(self) -> None:

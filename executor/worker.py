@@ -70,6 +70,7 @@ class WorkerResult:
     pass_lengths: tuple[int | None, ...] = ()
     batch_size_seen: int | None = None
     first_iteration_at: float | None = None
+    pass_times: tuple[tuple[float, float], ...] = ()
 
 
 def load_entry_point(entry_point: str, code_dir: str) -> Callable:
@@ -175,7 +176,8 @@ class TrialWorker:
             checkpoint_saved_s=tuple(ctx.checkpoint_saved_s) if ctx else (),
             pass_lengths=tuple(ctx.pass_lengths) if ctx else (),
             batch_size_seen=ctx.batch_size_seen if ctx else None,
-            first_iteration_at=ctx.first_iteration_at if ctx else None)
+            first_iteration_at=ctx.first_iteration_at if ctx else None,
+            pass_times=tuple(ctx.pass_times) if ctx else ())
 
 
 def actor_options(resource: str | None, use_gpu: bool) -> dict:

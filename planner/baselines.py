@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from rubberband.planner.search import Evaluator, Plan, PlanSpace, count_for_waves, widths_for
+from rubberband.catalog import SERIAL_PROVISIONING
 from rubberband.planner.simulator import SimResult, StageConfig, efficient_counts, layout
 
 
@@ -31,7 +32,9 @@ def _stage_min_time(space: PlanSpace, i: int, config: StageConfig, f_min: float)
     lay = layout(config.instance_type.workers, config.instances, config.workers)
     task = st.epochs_this_stage * space.model.epoch_time(config.instance_type.device, config.workers, lay.nodes)
     waves = -(-st.trials // max(1, lay.slots))
-    return waves * (task * f_min + space.model.eval_time_s)
+    # the cheapest start a task can have: warm, or a move (whichever the model makes shorter)
+    overhead = min(space.model.task_overhead(st.epochs_this_stage, moved) for moved in (False, True))
+    return waves * (task * f_min + overhead)
 
 
 def static_plans(space: PlanSpace) -> list[Plan]:
@@ -64,10 +67,8 @@ def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[fl
         price = t.price(sim.spot) / 3600.0
         lay = layout(t.workers, c.instances, c.workers)
         base = st.epochs_this_stage * model.epoch_time(t.device, c.workers, lay.nodes)
-        overhead = model.eval_time_s
-        if prev is not None and st.index > 0 and prev.placement != c.placement:
-            overhead += model.restart_overhead_s + model.transfer_time()
-        task = base * f_min + overhead
+        moved = prev is not None and st.index > 0 and prev.placement != c.placement
+        task = base * f_min + model.task_overhead(st.epochs_this_stage, moved)
         cost += st.trials * task * c.workers / t.workers * price
         times.append(-(-st.trials // max(1, lay.slots)) * task)
         prev = c
@@ -75,7 +76,13 @@ def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[fl
     startup = 0.0 if running else min(model.startup(t0.cloud, t0.name).samples_s)
     cost += plan[0].instances * startup * t0.price(sim.spot) / 3600.0
     if len({c.key for c in plan}) == 1:  # static: all instances live until the last stage starts
-        cost = max(cost, plan[0].instances * t0.price(sim.spot) / 3600.0 * (startup + sum(times[:-1])))
+        if t0.cloud in SERIAL_PROVISIONING:
+            # instances after the first are requested (and billed) only once the one before is up,
+            # so only the first is sure to live from the start; the others at least boot
+            held = (startup + sum(times[:-1])) + (plan[0].instances - 1) * startup
+        else:
+            held = plan[0].instances * (startup + sum(times[:-1]))
+        cost = max(cost, t0.price(sim.spot) / 3600.0 * held)
     return cost, startup + sum(times)
 
 

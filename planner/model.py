@@ -18,7 +18,14 @@ robust spread (MAD of log latency, warm-up iterations dropped) of the measured l
 trial runs at the pace of its slowest node.
 
 Start-up latency: empirical samples per (cloud, instance type), else per cloud, else the
-documented defaults below (marked ``source="default"``).
+documented defaults below (marked ``source="default"``). A new instance runs its first trial
+``worker_start_s`` after it is up (its worker processes start). Termination latency (billed
+after the release) follows the same lookup as start-up.
+
+Per task (one trial's run in one stage): ``task_start_s`` on warm workers (or the restart
+overhead and checkpoint transfer when the placement changed), then per epoch the iterations
+plus ``epoch_overhead_s`` (evaluation, data loading, reporting, checkpoint save), then
+``eval_time_s`` once (see :meth:`PerformanceModel.task_overhead`).
 """
 
 from __future__ import annotations
@@ -40,6 +47,16 @@ DEFAULT_STARTUP_S: dict[str, tuple[float, ...]] = {
     "aws": (62.0, 75.0, 84.0, 92.0, 100.0, 108.0, 118.0, 130.0, 148.0),
     "gcp": (42.0, 50.0, 57.0, 63.0, 70.0, 78.0, 86.0, 98.0),
     "local": (1.5, 2.0, 2.5, 3.0),
+}
+# Default termination samples (seconds from the terminate request until the instance is gone, which
+# is when billing stops), used when a profile has none for a cloud. Origin: on AWS and GCP billing
+# stops once the instance leaves the running state, which the terminate API call (≈ 1 s round trip)
+# starts; the local backend's node stops on SIGTERM within its 3 s grace (SIGKILL after), typically
+# in about a second (`rubberband profile --startup-samples` measures it).
+DEFAULT_TERMINATION_S: dict[str, tuple[float, ...]] = {
+    "aws": (1.0,),
+    "gcp": (1.0,),
+    "local": (0.6, 0.9, 1.2),
 }
 # Checkpoint transfer bandwidth between instances (GB/s), ~10 Gbit/s networking.
 TRANSFER_GB_PER_S = 1.0
@@ -127,6 +144,11 @@ class PerformanceModel:
     startup_by_type: dict[tuple[str, str], StartupModel] = field(default_factory=dict)
     startup_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
     transfer_gb_per_s: float = TRANSFER_GB_PER_S
+    epoch_overhead_s: float = 0.0
+    task_start_s: float = 0.0
+    worker_start_s: float = 0.0
+    termination_by_type: dict[tuple[str, str], StartupModel] = field(default_factory=dict)
+    termination_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
 
     # -- latency ---------------------------------------------------------------------------
     def plannable(self, device: str) -> bool:
@@ -154,6 +176,16 @@ class PerformanceModel:
     def transfer_time(self) -> float:
         return self.checkpoint_size_gb / self.transfer_gb_per_s if self.transfer_gb_per_s > 0 else 0.0
 
+    def task_overhead(self, epochs: int, moved: bool) -> float:
+        """Seconds of one task outside its timed iterations (not slowed by stragglers).
+
+        ``epochs`` × the per-epoch overhead, the evaluation pass, and the start of the run: on
+        warm workers (``task_start_s``) or, when the trial's placement changed at this promotion,
+        the measured restart overhead plus the checkpoint transfer.
+        """
+        start = self.restart_overhead_s + self.transfer_time() if moved else self.task_start_s
+        return epochs * self.epoch_overhead_s + self.eval_time_s + start
+
     # -- start-up --------------------------------------------------------------------------
     def startup(self, cloud: str, instance_type: str) -> StartupModel:
         model = self.startup_by_type.get((cloud, instance_type)) or self.startup_by_cloud.get(cloud)
@@ -162,6 +194,14 @@ class PerformanceModel:
         default = DEFAULT_STARTUP_S.get(cloud, DEFAULT_STARTUP_S["aws"])
         return StartupModel(tuple(sorted(default)), f"default ({cloud}: typical boot + Ray join)")
 
+    def termination(self, cloud: str, instance_type: str) -> StartupModel:
+        """Seconds from a terminate request until the instance is gone (and no longer billed)."""
+        model = self.termination_by_type.get((cloud, instance_type)) or self.termination_by_cloud.get(cloud)
+        if model is not None:
+            return model
+        default = DEFAULT_TERMINATION_S.get(cloud, DEFAULT_TERMINATION_S["aws"])
+        return StartupModel(tuple(sorted(default)), f"default ({cloud}: terminate request until gone)")
+
     def describe(self) -> dict[str, Any]:
         """Fitted parameters as plain data (stored as ``profile.fitted`` for inspection)."""
         return {
@@ -169,6 +209,9 @@ class PerformanceModel:
             "reference_device": self.reference_device,
             "batch_size_per_worker": self.batch_size_per_worker,
             "straggler_sigma": round(self.straggler_sigma, 6),
+            "epoch_overhead_s": self.epoch_overhead_s,
+            "task_start_s": self.task_start_s,
+            "worker_start_s": self.worker_start_s,
             "devices": {name: {
                 "alpha_grad": d.alpha_grad, "beta_grad": d.beta_grad,
                 "alpha_sync_node": d.alpha_sync_node, "beta_sync_node": d.beta_sync_node,
@@ -181,6 +224,12 @@ class PerformanceModel:
                    for (c, t), m in sorted(self.startup_by_type.items())},
                 **{c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
                    for c, m in sorted(self.startup_by_cloud.items())},
+            },
+            "termination": {
+                **{f"{c}:{t}": {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
+                   for (c, t), m in sorted(self.termination_by_type.items())},
+                **{c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
+                   for c, m in sorted(self.termination_by_cloud.items())},
             },
         }
 
@@ -262,24 +311,8 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
     for name, speed in profile.device_speed.items():
         if name not in devices:
             devices[name] = devices[reference].scaled(speed / ref_speed, reference)
-    by_type: dict[tuple[str, str], list[float]] = {}
-    by_cloud: dict[str, list[float]] = {}
-    type_source: dict[tuple[str, str], str] = {}
-    cloud_source: dict[str, str] = {}
-    typed_by_cloud: dict[str, list[float]] = {}
-    for s in profile.startup:
-        if s.instance_type:
-            by_type.setdefault((s.cloud, s.instance_type), []).extend(s.samples_s)
-            type_source[(s.cloud, s.instance_type)] = s.source
-            typed_by_cloud.setdefault(s.cloud, []).extend(s.samples_s)
-        else:
-            by_cloud.setdefault(s.cloud, []).extend(s.samples_s)
-            cloud_source[s.cloud] = s.source
-    # A cloud's other types boot like the types measured there: better than documented defaults.
-    for cloud, samples in typed_by_cloud.items():
-        if cloud not in by_cloud:
-            by_cloud[cloud] = samples
-            cloud_source[cloud] = "measured on other types of this cloud"
+    startup_by_type, startup_by_cloud = _latency_models(profile.startup)
+    termination_by_type, termination_by_cloud = _latency_models(profile.termination)
     return PerformanceModel(
         dataset_size=profile.workload.dataset_size,
         batch_size_per_worker=batch,
@@ -289,6 +322,35 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
         reference_device=reference,
         devices=devices,
         straggler_sigma=_sigma(profile),
-        startup_by_type={k: StartupModel(tuple(sorted(v)), type_source[k]) for k, v in by_type.items()},
-        startup_by_cloud={k: StartupModel(tuple(sorted(v)), cloud_source[k]) for k, v in by_cloud.items()},
+        startup_by_type=startup_by_type,
+        startup_by_cloud=startup_by_cloud,
+        epoch_overhead_s=profile.workload.epoch_overhead_s,
+        task_start_s=profile.workload.task_start_s,
+        worker_start_s=profile.workload.worker_start_s,
+        termination_by_type=termination_by_type,
+        termination_by_cloud=termination_by_cloud,
     )
+
+
+def _latency_models(entries: list) -> tuple[dict[tuple[str, str], StartupModel], dict[str, StartupModel]]:
+    """Empirical latency models (start-up or termination samples) per (cloud, type) and per cloud."""
+    by_type: dict[tuple[str, str], list[float]] = {}
+    by_cloud: dict[str, list[float]] = {}
+    type_source: dict[tuple[str, str], str] = {}
+    cloud_source: dict[str, str] = {}
+    typed_by_cloud: dict[str, list[float]] = {}
+    for s in entries:
+        if s.instance_type:
+            by_type.setdefault((s.cloud, s.instance_type), []).extend(s.samples_s)
+            type_source[(s.cloud, s.instance_type)] = s.source
+            typed_by_cloud.setdefault(s.cloud, []).extend(s.samples_s)
+        else:
+            by_cloud.setdefault(s.cloud, []).extend(s.samples_s)
+            cloud_source[s.cloud] = s.source
+    # A cloud's other types behave like the types measured there: better than documented defaults.
+    for cloud, samples in typed_by_cloud.items():
+        if cloud not in by_cloud:
+            by_cloud[cloud] = samples
+            cloud_source[cloud] = "measured on other types of this cloud"
+    return ({k: StartupModel(tuple(sorted(v)), type_source[k]) for k, v in by_type.items()},
+            {k: StartupModel(tuple(sorted(v)), cloud_source[k]) for k, v in by_cloud.items()})

@@ -123,7 +123,9 @@ class PlanSpace:
     def stage_estimate(self, stage: int, config: StageConfig) -> tuple[float, float]:
         """Deterministic (duration, cost) of one stage in isolation, at the median start-up."""
         t = config.instance_type
-        duration = self.stage_time(stage, config) + self.model.eval_time_s
+        st = self.stages[stage]
+        duration = self.stage_time(stage, config) + waves_of(st.trials, config) * self.model.task_overhead(
+            st.epochs_this_stage, False)
         startup = self.model.startup(t.cloud, t.name).quantile(0.5)
         return duration, config.instances * t.price_hr / 3600.0 * (duration + startup)
 

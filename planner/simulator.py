@@ -274,10 +274,18 @@ class Simulator:
         stage = self.stages[index]
         lay = layout(config.instance_type.workers, config.instances, config.workers)
         base = stage.epochs_this_stage * self._epoch(config.instance_type.device, config.workers, lay.nodes)
-        overhead = self.model.eval_time_s
-        if previous is not None and stage.index > 0 and previous.placement != config.placement:
-            overhead += self.model.restart_overhead_s + self.model.transfer_time()
-        return base, overhead
+        return base, self.model.task_overhead(stage.epochs_this_stage, self._moved(index, config, previous))
+
+    def _moved(self, index: int, config: StageConfig, previous: StageConfig | None) -> bool:
+        """Whether the trials of stage ``index`` change placement (restart from a checkpoint elsewhere)."""
+        return previous is not None and self.stages[index].index > 0 and previous.placement != config.placement
+
+    def _transition(self, index: int, config: StageConfig, previous: StageConfig | None) -> float:
+        """The start of one task: restart + transfer when the placement changed, else the warm start."""
+        model = self.model
+        if self._moved(index, config, previous):
+            return model.restart_overhead_s + model.transfer_time()
+        return model.task_start_s
 
     def predicted_duration(self, index: int, config: StageConfig, previous: StageConfig | None) -> float:
         """Deterministic stage duration (waves × median task), from which requests are timed."""
@@ -364,6 +372,13 @@ class Simulator:
     def _rule(self, cloud: str) -> BillingRule:
         return BILLING_RULES.get(cloud, BILLING_RULES["aws"])
 
+    def _termination(self, itype: InstanceType) -> float:
+        """Median seconds an instance stays billed after its release (terminate request → gone)."""
+        key = ("termination", itype.cloud, itype.name)
+        if key not in self._startup_cache:
+            self._startup_cache[key] = (None, self.model.termination(itype.cloud, itype.name).quantile(0.5))
+        return self._startup_cache[key][1]
+
     def _price(self, itype: InstanceType) -> float:
         return itype.price(self.spot)
 
@@ -372,7 +387,7 @@ class Simulator:
 
         The ``carry`` instances that free last go on to the next stage. Returns the finalised
         stage costs, cost parts, cost by type, the carried instances' request times and their
-        indices (within the open stage).
+        indices (within the open stage) and the times they free (or come up, if still starting).
         """
         rec = prefix.open
         itype = rec.config.instance_type
@@ -403,15 +418,20 @@ class Simulator:
             stage_cost = stage_cost + extra
             parts["idle"] = parts["idle"] + extra
         if carry < n:
+            # released instances: billed (as accounting bills the journal) from the request until
+            # they are gone, the termination latency after the release; the tail counts as idle
             life = o_release - o_request
-            billed = np.ceil(np.maximum(life, rule.minimum_s) / rule.granularity_s - 1e-9) * rule.granularity_s
-            extra = (billed - life).sum(axis=1) * price
-            stage_cost = stage_cost + extra
+            gone = self._termination(itype)
+            billed = rule.billed_seconds(life + gone)
+            tail = gone * life.shape[1] * price
+            extra = (billed - life).sum(axis=1) * price - tail
+            stage_cost = stage_cost + extra + tail
+            parts["idle"] = parts["idle"] + tail
             parts["billing_minimum"] = parts["billing_minimum"] + extra
         total = {k: prefix.parts[k] + parts[k] for k in CATEGORIES}
         by_type = dict(prefix.by_type)
         by_type[itype.name] = by_type.get(itype.name, 0.0) + stage_cost
-        return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx
+        return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
 
     def _step(self, prefix: _Prefix | None, config: StageConfig, index: int, *, rows: slice,
               record: bool = False, next_config: StageConfig | None = None) -> _Prefix:
@@ -438,7 +458,7 @@ class Simulator:
             durations: tuple = ()
             start = np.zeros(S)
         else:
-            stage_costs, parts, by_type, carried_request, carried_idx = self._finalise(prefix, carry)
+            stage_costs, parts, by_type, carried_request, carried_idx, carried_free = self._finalise(prefix, carry)
             durations = prefix.durations + (prev.barrier - prev.start,)
             start = prev.barrier
 
@@ -446,8 +466,9 @@ class Simulator:
         request = np.empty((S, n_inst))
         ready = np.empty((S, n_inst))
         if carry:
+            # a carried instance is free at the barrier, or when it is up if it is still starting
             request[:, :carry] = carried_request
-            ready[:, :carry] = start[:, None]
+            ready[:, :carry] = np.maximum(start[:, None], carried_free)
         if carry < n_inst:
             if prev is None:
                 # A fresh local run first brings up its Ray head (about one node start-up, median),
@@ -461,8 +482,11 @@ class Simulator:
             _, s_all = self._draws(index, n_inst, itype)
             boot = s_all[rows, carry:n_inst]
             if itype.cloud in SERIAL_PROVISIONING:
+                # one after another: each starts (and is billed from) when the one before is up
                 boot = np.cumsum(boot, axis=1)
-            ready[:, carry:] = t_req[:, None] + boot
+                request[:, carry + 1:] = t_req[:, None] + boot[:, :-1]
+            # its first trial waits for the new instance's worker processes
+            ready[:, carry:] = t_req[:, None] + boot + model.worker_start_s
         if prev is None and self.start_state is not None and self.start_state.instance_type_key == itype.key:
             # instances already running when re-planning mid-run: ready now, billed from now (the past is sunk)
             kept = min(self.start_state.instances, n_inst)
@@ -517,19 +541,18 @@ class Simulator:
         trace = None
         if record:
             trace = {"carried_from_prev": None if carried_idx is None else [int(x) for x in carried_idx[0]],
-                     "transition": overhead - model.eval_time_s,
+                     "transition": self._transition(index, config, None if prev is None else prev.config),
                      "request": request[0], "ready": ready[0], "release": release[0],
                      "slot_ready": slot_ready[0], "dur": dur[0], "counts": counts[0], "carry": carry,
                      "start": float(start[0]), "barrier": float(barrier[0]), "layout": lay,
-                     "anchor": float(anchor[0]), "lead": (float(request[0, carry]) - float(prev.anchor[0])
-                                                         if prev is not None and carry < n_inst else None)}
+                     "anchor": float(anchor[0]), "prev_anchor": None if prev is None else float(prev.anchor[0])}
         rec = _StageRecord(config=config, start=start, anchor=anchor, barrier=barrier, predicted_s=predicted,
                            release=release, request=request, cost=cost,
                            parts=stage_parts, trace=trace)
         return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec)
 
     def _finish(self, configs: tuple[StageConfig, ...], prefix: _Prefix, n: int) -> SimResult:
-        stage_costs, parts, by_type, _, _ = self._finalise(prefix, 0)
+        stage_costs, parts, by_type, *_ = self._finalise(prefix, 0)
         durations = prefix.durations + (prefix.open.barrier - prefix.open.start,)
         jct = prefix.open.barrier
         cost = sum(parts[k] for k in CATEGORIES)
@@ -614,15 +637,20 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
                 ids[i] = carried[i]
                 instances[ids[i]]["last_stage"] = idx
                 dag.add_edge(prev_barrier, ("ready", ids[i], idx), weight=0.0)
+                # one still starting at the barrier is ready when it is up
+                dag.add_edge(("ready", ids[i], instances[ids[i]]["ready_stage"]), ("ready", ids[i], idx), weight=0.0)
+                instances[ids[i]]["ready_stage"] = idx
             else:
                 ids[i] = next_id
                 next_id += 1
                 instances.append({"id": ids[i], "config": config, "first_stage": idx, "last_stage": idx,
+                                  "ready_stage": idx,
                                   "requested": float(tr["request"][i]), "ready": float(tr["ready"][i])})
                 if prev_first_task is None:
                     dag.add_edge("start", ("request", ids[i]), weight=float(tr["request"][i]))
-                else:
-                    dag.add_edge(prev_first_task, ("request", ids[i]), weight=tr["lead"])
+                else:  # requested ahead, timed from the previous stage's first task (serially on local)
+                    dag.add_edge(prev_first_task, ("request", ids[i]),
+                                 weight=float(tr["request"][i]) - tr["prev_anchor"])
                 dag.add_edge(("request", ids[i]), ("ready", ids[i], idx),
                              weight=float(tr["ready"][i] - tr["request"][i]))
             instances[ids[i]]["released"] = float(tr["release"][i])
@@ -682,7 +710,7 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
         config: StageConfig = inst["config"]
         itype = config.instance_type
         rule = sim._rule(itype.cloud)
-        life = inst["released"] - inst["requested"]
+        life = inst["released"] - inst["requested"] + sim._termination(itype)
         out_instances.append(TimelineInstance(
             id=f"i{inst['id']}", instance_type=itype.name, cloud=itype.cloud, first_stage=inst["first_stage"],
             last_stage=inst["last_stage"], requested_s=inst["requested"], ready_s=inst["ready"],

@@ -3,9 +3,12 @@
 For one instance type, :func:`run_profile` starts Ray nodes standing in for instances (local
 backend), runs the user's ``train`` through the trial runtime for a bounded number of
 iterations at every shape (workers × nodes), and records every iteration latency rank 0 timed.
-It also measures what a resize costs (checkpoint → restart with another worker count, with
-warm and with fresh worker processes), the checkpoint size, and optionally how long a new node
-takes to be ready. The total stays within the budget: the time left is split across the
+Each shape runs two epochs (the iterations split between them), so the gap between the two
+passes measures the per-epoch time outside the timed iterations (evaluation, data loading,
+reporting, checkpoint save). It also measures what a resize costs (checkpoint → restart with
+another worker count, with warm and with fresh worker processes: their difference is what a new
+instance's first trial waits for its worker processes), the checkpoint size, and optionally how
+long a new node takes to be ready and to be gone after its termination. The total stays within the budget: the time left is split across the
 shapes still to run and the iteration count is capped from what earlier shapes took.
 Figures that are not measured get documented defaults, and ``Profile.sources`` says which.
 """
@@ -29,7 +32,8 @@ import numpy as np
 from rubberband.catalog import InstanceType
 from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
-from rubberband.profile import PROFILE_SCHEMA_VERSION, LatencyMeasurement, Profile, StartupSamples, Workload
+from rubberband.profile import (PROFILE_SCHEMA_VERSION, LatencyMeasurement, Profile, StartupSamples,
+                                 TerminationSamples, Workload)
 from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
 from rubberband.profiler.shapes import Shape, nodes_needed, plan_shapes
 from rubberband.spec import JobSpec, sample_config
@@ -43,6 +47,8 @@ MIN_SHAPE_S = 3.0
 PROBE_ITERATIONS = 3
 #: Probe only when more iterations than this are asked for (a few cost less than a probe).
 PROBE_ABOVE = 10
+#: Each shape runs two epochs (for the per-epoch overhead) when each pass gets at least this many iterations.
+MIN_PASS_ITERATIONS = 2
 CLOUDS_WITH_PROFILING = ("local",)
 
 
@@ -70,6 +76,8 @@ class ShapeResult:
     pass_lengths: tuple[int | None, ...] = ()
     batch_size_seen: int | None = None
     skipped: str | None = None
+    #: Seconds between consecutive passes over ctx.batches (the per-epoch time outside iterations).
+    epoch_gaps_s: tuple[float, ...] = ()
 
     @property
     def median_s(self) -> float:
@@ -186,7 +194,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
                 cluster.add_instance(f"p{i}", it.workers)
                 resources.append(node_resource(f"p{i}"))
                 tick(f"local instance {i + 1} up")
-            startup = _measure_startup(cluster, options, budget, notes, tick)
+            startup, termination = _measure_startup(cluster, options, budget, notes, tick)
             from rubberband.executor.pool import WorkerPool
 
             with WorkerPool() as pool:
@@ -202,24 +210,27 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
                     if options.measure_restart else None)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    profile = _build_profile(spec, options, results, startup, warm, cold, config, notes)
+    profile = _build_profile(spec, options, results, startup, warm, cold, config, notes, termination)
     return ProfileRun(profile=profile, shapes=results, notes=notes, wall_s=budget.spent())
 
 
 # -- steps ----------------------------------------------------------------------------------
 
 def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, notes: list[str],
-                     tick: Callable[..., None]) -> list[StartupSamples]:
+                     tick: Callable[..., None]) -> tuple[list[StartupSamples], list[TerminationSamples]]:
     """Start-up samples through the executor's own local provider (``ray start`` nodes joining a head).
 
     Measured the way a run pays for it: request → node registered with the head, for a throwaway head
     and nodes in a temporary run directory, all stopped before returning. ``cluster`` (the profiling
-    cluster) is not used for this: its in-process nodes start faster than the executor's do.
+    cluster) is not used for this: its in-process nodes start faster than the executor's do. Each probe
+    node is then terminated the way a run releases one, and the time until it is gone (billing runs until
+    then) is recorded as a termination sample.
     """
     from rubberband.cloud.local import LocalProvider
     from rubberband.cloud.provider import InstanceRequest
 
     samples: list[float] = []
+    gone: list[float] = []
     with tempfile.TemporaryDirectory(prefix="rb-startup-") as scratch:
         provider = LocalProvider(scratch)
         try:
@@ -235,17 +246,22 @@ def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, not
                 (instance,) = provider.provision(InstanceRequest(run_id="startup-probe", stage=0,
                                                                  instance_type=options.instance_type))
                 samples.append(round(time.time() - requested, 3))
+                asked = time.time()
                 provider.terminate([instance.id])
+                gone.append(round(time.time() - asked, 3))
                 tick(f"start-up sample {k + 1}: {samples[-1]:.1f} s to a registered node")
         finally:
             for instance in provider.list():
                 provider.terminate([instance.id])
             provider.stop_head()
-    out = []
+    out, ended = [], []
     if samples:
         out.append(StartupSamples(cloud=options.cloud, instance_type=options.instance_type.name, samples_s=samples,
                                   source="measured"))
-    return out
+    if gone:
+        ended.append(TerminationSamples(cloud=options.cloud, instance_type=options.instance_type.name,
+                                        samples_s=gone, source="measured"))
+    return out, ended
 
 
 def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, checkpoint_dir: Path,
@@ -257,10 +273,12 @@ def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, 
     """
     from rubberband.executor.trials import TrialRun, TrialSpec
 
+    # two epochs, the iterations split between them: the gap between the passes is the epoch overhead
+    epochs = 2 if iterations >= 2 * MIN_PASS_ITERATIONS else 1
     trial = TrialSpec(trial_id=f"profile-w{shape.workers}-n{shape.nodes}", config=dict(config),
-                      entry_point=spec.train, code_dir=spec.base_dir, start_epoch=0, end_epoch=1,
+                      entry_point=spec.train, code_dir=spec.base_dir, start_epoch=0, end_epoch=epochs,
                       placement=shape.placement(resources), checkpoint_dir=str(checkpoint_dir),
-                      max_iterations=iterations, timeout_s=max(30.0, share_s))
+                      max_iterations=-(-iterations // epochs), timeout_s=max(30.0, share_s))
     run = TrialRun.start(trial, pool=pool)
     try:
         outcome = run.result(timeout_s=max(share_s, MIN_SHAPE_S))
@@ -273,7 +291,9 @@ def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, 
     result = ShapeResult(shape, latencies_s=outcome.iteration_latencies_s, setup_s=outcome.setup_s,
                          checkpoint_dir=str(checkpoint_dir),
                          checkpoint_saved_s=outcome.checkpoint_saved_s[-1] if outcome.checkpoint_saved_s else None,
-                         pass_lengths=outcome.pass_lengths, batch_size_seen=outcome.batch_size_seen)
+                         pass_lengths=outcome.pass_lengths, batch_size_seen=outcome.batch_size_seen,
+                         epoch_gaps_s=tuple(max(0.0, b[0] - a[1]) for a, b in zip(outcome.pass_times,
+                                                                                 outcome.pass_times[1:])))
     overhead = outcome.finished_at - outcome.started_at - sum(outcome.iteration_latencies_s)
     return result, max(0.0, overhead)
 
@@ -332,6 +352,8 @@ class _Restart:
     source_shape: Shape
     target_shape: Shape
     checkpoint_bytes: int | None
+    #: The run's start → its first iteration (without the checkpoint save before it).
+    start_s: float = 0.0
 
 
 def _measure_restart(spec: JobSpec, options: ProfileOptions, measured: list[ShapeResult], resources: list[str],
@@ -347,16 +369,19 @@ def _measure_restart(spec: JobSpec, options: ProfileOptions, measured: list[Shap
         notes.append(f"restart overhead ({kind} workers): not measured, budget spent")
         tick(f"restart ({kind}): skipped")
         return None
-    source = max((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers, default=measured[0])
-    counts = sorted({r.shape.workers for r in measured})
-    others = [w for w in counts if w != source.shape.workers]
-    target_workers = others[0] if others else source.shape.workers
-    per_node = options.instance_type.workers
-    target = Shape(target_workers, 1 if target_workers <= per_node else 2)
+    # Restart onto the widest single-instance shape: with fresh processes that is what a new instance's
+    # first trial waits for (all its workers starting at once), from a checkpoint saved at another width.
+    widest = max((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers, default=measured[0])
+    others = sorted((r for r in measured if r.shape.workers != widest.shape.workers),
+                    key=lambda r: (r.shape.nodes, r.shape.workers))
+    source = others[0] if others else widest
+    target = widest.shape
     tick(f"restart ({kind} workers): {source.shape.workers} → {target.workers} workers", advance=False)
     epoch = latest_epoch(source.checkpoint_dir)
+    after = 1 if epoch is None else epoch + 1
     trial = TrialSpec(trial_id=f"profile-restart-{kind}", config=dict(config), entry_point=spec.train,
-                      code_dir=spec.base_dir, start_epoch=1, end_epoch=2, placement=target.placement(resources),
+                      code_dir=spec.base_dir, start_epoch=after, end_epoch=after + 1,
+                      placement=target.placement(resources),
                       checkpoint_dir=source.checkpoint_dir, max_iterations=1,
                       timeout_s=max(30.0, budget.left()))
     run = TrialRun.start(trial, pool=pool)
@@ -374,10 +399,11 @@ def _measure_restart(spec: JobSpec, options: ProfileOptions, measured: list[Shap
     if epoch is None:
         notes.append("train() saved no checkpoint, so the restart overhead leaves out saving and loading one")
     saved = source.checkpoint_saved_s or 0.0
-    overhead = saved + max(0.0, outcome.first_iteration_at - outcome.started_at)
+    start = max(0.0, outcome.first_iteration_at - outcome.started_at)
+    overhead = saved + start
     size = checkpoint_path(source.checkpoint_dir, epoch).stat().st_size if epoch is not None else None
     tick(f"restart ({kind} workers): {overhead:.2f} s")
-    return _Restart(overhead, source.shape, target, size)
+    return _Restart(overhead, source.shape, target, size, start_s=start)
 
 
 # -- assembling the profile -----------------------------------------------------------------
@@ -414,7 +440,7 @@ def _workload_sizes(spec: JobSpec, options: ProfileOptions, results: list[ShapeR
 
 def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeResult],
                    startup: list[StartupSamples], warm: _Restart | None, cold: _Restart | None, config: dict,
-                   notes: list[str]) -> Profile:
+                   notes: list[str], termination: list[TerminationSamples] | None = None) -> Profile:
     it = options.instance_type
     info = machine_info()
     sources: dict[str, str] = {
@@ -441,14 +467,35 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
     if cold is not None and warm is not None:
         workload["restart_overhead_cold_s"] = round(cold.overhead_s, 4)
         sources["restart_overhead_cold_s"] = "measured: as restart_overhead_s, with fresh worker processes"
+        workload["worker_start_s"] = round(max(0.0, cold.start_s - warm.start_s), 4)
+        sources["worker_start_s"] = ("measured: the restart's start → first iteration with fresh worker processes "
+                                     "minus with warm ones (process start, torch and training-module import)")
+    else:
+        sources["worker_start_s"] = "default: not measured"
+    if warm is not None:
+        workload["task_start_s"] = round(warm.start_s, 4)
+        sources["task_start_s"] = ("measured: warm worker processes, run start → first iteration (process group, "
+                                   "the training function's set-up, checkpoint load)")
+    else:
+        sources["task_start_s"] = "default: not measured"
+    gaps = [g for r in results if not r.skipped for g in r.epoch_gaps_s]
+    if gaps:
+        workload["epoch_overhead_s"] = round(float(np.median(gaps)), 4)
+        sources["epoch_overhead_s"] = (f"measured: median gap between two epochs' passes over ctx.batches "
+                                       f"(evaluation, data loading, report, checkpoint save), {len(gaps)} shapes")
+    else:
+        sources["epoch_overhead_s"] = "default: not measured (too few iterations per shape for two epochs)"
     sources.setdefault("checkpoint_size_gb", "default: not measured")
-    sources["eval_time_s"] = "default: not measured"
+    sources["eval_time_s"] = "not measured separately: per-epoch evaluation is part of epoch_overhead_s"
     measured_clouds = {s.cloud for s in startup}
     for cloud in sorted(set(spec.resources.clouds) | {options.cloud}):
         if cloud not in measured_clouds and cloud in DEFAULT_STARTUP_S:
             startup.append(StartupSamples(cloud=cloud, samples_s=list(DEFAULT_STARTUP_S[cloud]), source="default"))
     sources["startup"] = ("measured: `ray start` node request → registered with the run head (LocalProvider)"
                           if measured_clouds else "default: documented per-cloud figures (docs/profiling.md)")
+    sources["termination"] = ("measured: terminate request to a start-up probe node → its processes gone "
+                              "(LocalProvider: SIGTERM, SIGKILL after the grace)" if termination else
+                              "default: documented per-cloud figures (docs/profiling.md)")
     import torch
 
     profile = Profile(
@@ -460,6 +507,7 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
                                          source="measured")
                       for r in results if not r.skipped],
         startup=startup,
+        termination=list(termination or []),
         machine=info,
         torch_version=torch.__version__,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

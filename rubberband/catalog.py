@@ -15,13 +15,15 @@ directory (``$RUBBERBAND_CATALOG_DIR`` or ``~/.rubberband/catalogs``); when it h
 from __future__ import annotations
 
 import csv
-import math
 import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
+from typing import overload
+
+import numpy as np
 
 from rubberband.errors import CatalogError
 
@@ -31,15 +33,26 @@ CATALOG_DIR_ENV = "RUBBERBAND_CATALOG_DIR"
 
 @dataclass(frozen=True)
 class BillingRule:
-    """Per-second billing with a minimum charge; a lifetime runs from request to termination."""
+    """Per-second billing with a minimum charge; a lifetime runs from request to termination.
+
+    :meth:`billed_seconds` is the one billing function: the executor's accounting bills each
+    journaled instance with it and the planner's simulator bills its simulated instances with it
+    (element-wise on arrays of lifetimes), so a prediction is billed exactly like the run.
+    """
 
     granularity_s: float = 1.0
     minimum_s: float = 60.0
 
-    def billed_seconds(self, lifetime_s: float) -> float:
-        lifetime_s = max(lifetime_s, 0.0)
-        billed = max(lifetime_s, self.minimum_s)
-        return math.ceil(billed / self.granularity_s - 1e-9) * self.granularity_s
+    @overload
+    def billed_seconds(self, lifetime_s: float) -> float: ...
+    @overload
+    def billed_seconds(self, lifetime_s: np.ndarray) -> np.ndarray: ...
+
+    def billed_seconds(self, lifetime_s):
+        """Seconds billed for a lifetime (a float, or element-wise for an array of them)."""
+        billed = np.maximum(np.maximum(lifetime_s, 0.0), self.minimum_s)
+        out = np.ceil(billed / self.granularity_s - 1e-9) * self.granularity_s
+        return float(out) if np.ndim(out) == 0 else out
 
     def cost(self, lifetime_s: float, price_per_hour: float) -> float:
         return self.billed_seconds(lifetime_s) * price_per_hour / 3600.0

@@ -37,6 +37,15 @@ class Workload(_Model):
     restart_overhead_s: float = Field(default=5.0, ge=0,
                                       description="checkpoint save + new workers + restore, per resize")
     eval_time_s: float = Field(default=0.0, ge=0, description="validation pass after each stage")
+    epoch_overhead_s: float = Field(
+        default=0.0, ge=0, description="per epoch, the trial's time outside the timed iterations: evaluation, "
+                                       "data loading, reporting, checkpoint save")
+    task_start_s: float = Field(
+        default=0.0, ge=0, description="per trial run on warm worker processes: process-group init and the "
+                                       "user's code up to the first iteration (model build, data, checkpoint load)")
+    worker_start_s: float = Field(
+        default=0.0, ge=0, description="a new instance's worker processes starting (process start + framework "
+                                       "import) after it joined; its first trial waits for them")
     restart_overhead_cold_s: float | None = Field(
         default=None, ge=0, description="restart_overhead_s when the new workers are fresh processes "
                                         "(restart_overhead_s itself may reuse warm worker processes)")
@@ -80,11 +89,27 @@ class StartupSamples(_Model):
         return self
 
 
+class TerminationSamples(_Model):
+    """Seconds from the terminate request until the instance is gone (billing runs until then)."""
+
+    cloud: str
+    instance_type: str | None = Field(default=None, description="None: any type of that cloud")
+    samples_s: list[float] = Field(min_length=1)
+    source: Literal["measured", "default"] = "measured"
+
+    @model_validator(mode="after")
+    def _check(self) -> "TerminationSamples":
+        if any(x < 0 for x in self.samples_s):
+            raise ValueError("termination samples must be non-negative seconds")
+        return self
+
+
 class Profile(_Model):
     schema_version: Literal[1] = PROFILE_SCHEMA_VERSION
     workload: Workload
     measurements: list[LatencyMeasurement] = Field(min_length=1)
     startup: list[StartupSamples] = Field(default_factory=list)
+    termination: list[TerminationSamples] = Field(default_factory=list)
     reference_device: str | None = None
     device_speed: dict[str, float] = Field(default_factory=dict)
     machine: dict[str, Any] = Field(default_factory=dict)

@@ -40,12 +40,16 @@ def synthetic_profile(shapes, *, truth: DeviceModel = TRUE, noise: float = 0.0, 
 
 def ideal_model(*, t_iter: float = 0.5, startup: float = 0.0, sigma: float = 0.0, dataset: int = 1000,
                 batch: int = 10, restart: float = 0.0, eval_s: float = 0.0, ckpt_gb: float = 0.0,
-                startup_samples=None) -> PerformanceModel:
-    """Perfect scaling (no sync cost), fixed start-up: a model with a closed form."""
+                startup_samples=None, termination: float = 0.0, epoch_overhead: float = 0.0,
+                task_start: float = 0.0, worker_start: float = 0.0) -> PerformanceModel:
+    """Perfect scaling (no sync cost), fixed start-up and termination: a model with a closed form."""
     device = DeviceModel(alpha_grad=t_iter, beta_grad=0.0, alpha_sync_node=0.0, beta_sync_node=0.0,
                          alpha_sync_cross=0.0, beta_sync_cross=0.0, gamma=1.0)
     samples = tuple(startup_samples) if startup_samples else (startup,)
     return PerformanceModel(dataset_size=dataset, batch_size_per_worker=batch, restart_overhead_s=restart,
                             checkpoint_size_gb=ckpt_gb, eval_time_s=eval_s, reference_device="V100",
                             devices={"V100": device}, straggler_sigma=sigma,
-                            startup_by_cloud={"aws": StartupModel(samples, "test")})
+                            startup_by_cloud={"aws": StartupModel(samples, "test")},
+                            termination_by_cloud={"aws": StartupModel((termination,), "test")},
+                            epoch_overhead_s=epoch_overhead, task_start_s=task_start,
+                            worker_start_s=worker_start)

@@ -91,7 +91,9 @@ def test_local_runs_boot_the_head_first_and_nodes_one_after_another():
     sim = Simulator(sha_stages(3, 3, 1, 1), model, samples=2)  # one stage: 3 trials of 1 epoch (10 s)
     timeline, _, _ = sim.trace([StageConfig(local, 3, 1)], 0)
     instances = sorted(timeline.instances, key=lambda i: i.ready_s)
-    assert [i.requested_s for i in instances] == pytest.approx([10.0] * 3)  # after the head's 10 s
+    # after the head's 10 s, each node's `ray start` begins (and its billing starts, as the local
+    # provider journals it) when the one before is up
+    assert [i.requested_s for i in instances] == pytest.approx([10.0, 20.0, 30.0])
     assert [i.ready_s for i in instances] == pytest.approx([20.0, 30.0, 40.0])
     # trials go to the first free slot: 20–30 and 30–40 on the first node, 30–40 on the second
     assert sim.simulate([StageConfig(local, 3, 1)]).jct == pytest.approx([40.0, 40.0])

@@ -57,7 +57,13 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
     assert profile.sources["dataset_size"] == "spec: config.dataset_size"
     assert 0 < w.restart_overhead_s and w.restart_overhead_cold_s is not None and w.checkpoint_size_gb > 0
     assert "measured" in profile.sources["restart_overhead_s"]
+    # two epochs per shape: the gap between the passes (report + checkpoint save) is measured per epoch;
+    # fresh worker processes (process start + torch import) cost more than a warm start
+    assert "measured" in profile.sources["epoch_overhead_s"] and 0 < w.epoch_overhead_s < 1.0
+    assert "measured" in profile.sources["task_start_s"] and 0 < w.task_start_s < w.restart_overhead_cold_s
+    assert "measured" in profile.sources["worker_start_s"] and w.worker_start_s > 0.2
     assert {s.cloud: s.source for s in profile.startup} == {"local": "default"}
+    assert profile.termination == [] and profile.sources["termination"].startswith("default")
     assert {"hostname", "cpu_model", "cpu_cores"} <= set(profile.machine)
     assert profile.torch_version and profile.created_at
     assert "synthetic" in result.stdout and "median ms" in result.stdout

@@ -129,6 +129,9 @@ def _print_summary(result, out: Path) -> None:
     line = (f"dataset {w.dataset_size} samples, batch {w.batch_size_per_worker} per worker; "
             f"restart overhead {w.restart_overhead_s:.2f} s"
             + (f" (fresh processes: {w.restart_overhead_cold_s:.2f} s)" if w.restart_overhead_cold_s else "")
+            + f"; per epoch outside iterations {w.epoch_overhead_s:.3f} s; task start {w.task_start_s:.3f} s; "
+              f"new instance's workers {w.worker_start_s:.2f} s"
+            + "".join(f"; termination {np.median(t.samples_s):.2f} s" for t in profile.termination)
             + f"; took {format_duration(result.wall_s)}")
     console.print(line, soft_wrap=True)
     notes = stderr()
