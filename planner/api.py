@@ -22,7 +22,7 @@ from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrin
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
 from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves
-from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig
+from rubberband.planner.simulator import RunningState, SimOptions, SimResult, Simulator, StageConfig
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd
@@ -123,7 +123,11 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running)
     evaluator = Evaluator(sim, screen_samples)
     statics = static_plans(space)
-    static = cheapest_feasible(statics, space, evaluator, deadline_s, confidence, screen_slack=SCREEN_SLACK)
+    # the static baseline is a fixed cluster: simulated with every instance held to the end
+    static_sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
+                           options=SimOptions(hold_to_end=True))
+    static = cheapest_feasible(statics, space, Evaluator(static_sim, screen_samples), deadline_s, confidence,
+                               screen_slack=SCREEN_SLACK)
     notes = []
     if space.skipped:
         notes.append(f"not plannable (device not in profile): {', '.join(space.skipped)}")
@@ -131,7 +135,10 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     # answer is never costlier than the best static plan
     fastest = space.fastest()
     pool = [fastest] + knapsack_plans(space) + [shrink(space, p) for p in statics]
-    incumbent = (static.plan, static.result) if static.plan is not None else None
+    # run elastically, the static plan releases what its last stages leave idle: never costlier
+    incumbent = None
+    if static.plan is not None and evaluator.full(static.plan).meets(deadline_s, confidence):
+        incumbent = (static.plan, evaluator.full(static.plan))
     best = cheapest_feasible(pool, space, evaluator, deadline_s, confidence, incumbent=incumbent,
                              screen_slack=SCREEN_SLACK)
     candidates = static.evaluated + best.evaluated
@@ -173,7 +180,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
             exact = (configs, result, None)
     static_out = None
     if static.plan is not None:
-        static_out = (static.plan, static.result, _timeline(sim, static.plan, static.result))
+        static_out = (static.plan, static.result, _timeline(static_sim, static.plan, static.result))
     return StagesPlan(stages=list(stages), configs=tuple(configs), result=result,
                       timeline=_timeline(sim, tuple(configs), result), static=static_out, exact=exact,
                       candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes)

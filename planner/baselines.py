@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rubberband.planner.search import Evaluator, Plan, PlanSpace, count_for_waves, widths_for
 from rubberband.catalog import SERIAL_PROVISIONING
+from rubberband.planner.search import Evaluator, Plan, PlanSpace, count_for_waves, widths_for
 from rubberband.planner.simulator import SimResult, StageConfig, efficient_counts, layout
 
 

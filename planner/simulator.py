@@ -14,7 +14,8 @@ time (JCT) and cost. ``docs/simulator.md`` states the semantics; in short:
 * **Instances.** Instances of the same type carry over to the next stage (``min(N_s, N_s+1)``, the
   ones that free last). Additional instances of the next stage are requested ahead, at the moment
   the current stage is predicted to end minus the start-up quantile, so start-up overlaps the
-  tail. Every instance is released as soon as no remaining task of its stage needs it.
+  tail. Every instance is released as soon as no remaining task of its stage needs it (with
+  ``SimOptions.hold_to_end``, a static cluster's, not before the stage's barrier: held to the end).
 * **Transitions.** A trial whose placement (instance type or width) changes at a promotion pays
   ``restart_overhead_s`` plus the checkpoint transfer time, and the transfer's price.
 * **Billing.** ``catalog.BILLING_RULES``: per second with a minimum, lifetime from request to
@@ -218,6 +219,10 @@ class SimOptions:
     """Knobs of the simulated executor."""
 
     lead_quantile: float = 0.5  # start-up quantile used to request next-stage instances ahead
+    #: A static cluster: no instance is released before its stage's barrier, so every instance of a
+    #: plan whose stages share one configuration lives until the job ends (the best-static baseline,
+    #: as the executor runs it with ``elastic=False``).
+    hold_to_end: bool = False
 
 
 class Simulator:
@@ -528,6 +533,8 @@ class Simulator:
             inst_end = np.full((S, n_inst), -np.inf)
             inst_end[:, :lay.slots * lay.span] = np.repeat(end_or_ready, lay.span, axis=1)
         release = np.maximum(inst_end, ready)
+        if self.options.hold_to_end:
+            release = np.maximum(release, barrier[:, None])
 
         share = config.workers / cap
         seg = (release - own_start).sum(axis=1) * price
