@@ -145,6 +145,7 @@ class PoolInstance:
     ready: bool = False
     released: bool = False
     requested_at: float | None = None
+    terminated_at: float | None = None
 
 
 @dataclass
@@ -228,6 +229,7 @@ class Controller:
         self.substitutes: dict[str, InstanceType] = {}  # planned type key -> the type failover obtained instead
         self._seen_in_ray: set[str] = set()  # instances whose rb-node-<id> resource Ray has shown
         self._lost: set[str] = set()  # instances already handled as lost
+        self._spent_earlier = 0.0  # what the run's earlier executors (before a resume) cost
         self._rerun_last: set[tuple[int, str]] = set()  # (stage, trial): last epoch checkpointed, never reported
         self._last_liveness = 0.0
         self._saved_signals: dict[int, Any] = {}
@@ -241,6 +243,7 @@ class Controller:
         if resume:
             self.state = J.read_state(self.run_dir)
             self._stop_orphans()
+            self._spent_earlier = bill_run(J.read_state(self.run_dir), now=time.time()).total_usd
             self.journal.record(J.RUN_RESUMED, run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid())
         else:
             self.journal.record(J.RUN_STARTED, run_id=self.run_id, spec_sha256=self.spec.sha256(),
@@ -685,6 +688,8 @@ class Controller:
                                 instance_type=entry.itype.name if entry is not None else None,
                                 trials=sorted(set(affected.get(ident, []))), losses=self.losses)
             self.journal.record(J.INSTANCE_TERMINATED, t=now, id=ident, reason="lost")  # billed up to the loss
+            if entry is not None:
+                entry.terminated_at = now
             self._seen_in_ray.discard(ident)
             if self.workers is not None:
                 try:
@@ -814,6 +819,7 @@ class Controller:
                 except Exception:  # noqa: BLE001 - journal it anyway; teardown lists what is still alive
                     t = time.time()
                 self.journal.record(J.INSTANCE_TERMINATED, t=t, id=entry.id, reason=why)
+                entry.terminated_at = t
             else:
                 left.append((entry, future, why))
         self._terminations = left
@@ -1052,12 +1058,12 @@ class Controller:
                                elapsed_s=time.time() - self.state.first_started_at, deadline_s=self.deadline_s))
 
     def _spent(self) -> float:
-        """Cost so far: billed instances of the journal plus the ones still alive (cheap estimate)."""
+        """Cost so far (cheap estimate, no billing minimums): earlier executors' bill plus this one's instances."""
         now = time.time()
-        total = 0.0
+        total = self._spent_earlier
         for p in self.pool.values():
             if p.requested_at is not None:
-                total += p.itype.price(p.spot) * (now - p.requested_at) / 3600.0
+                total += _price(p.itype, p.spot) * ((p.terminated_at or now) - p.requested_at) / 3600.0
         return total
 
     def _teardown(self, status: str, error: str | None) -> None:

@@ -189,3 +189,34 @@ def test_losses_beyond_the_cap_fail_the_run_with_a_clear_error(tmp_path):
     controller._terminator.shutdown(wait=True)
     controller._provisioner.shutdown(wait=True)
     assert len(backend.provisioned) == 2  # no replacement beyond the cap
+
+
+def test_spend_so_far_stops_at_each_instance_termination(tmp_path):
+    controller, _ = _controller(tmp_path, max_losses=3)
+    entry = _ready(controller, "n1")
+    price = entry.itype.price(True) / 3600.0
+    live = controller._spent()
+    assert live == pytest.approx(5 * price, rel=0.05)
+    entry.released, entry.terminated_at = True, entry.requested_at + 2.0
+    time.sleep(0.2)
+    assert controller._spent() == pytest.approx(2 * price)  # a released instance no longer adds up
+    controller._terminator.shutdown(wait=True)
+
+
+def test_settle_finishes_a_trial_whose_checkpoint_covers_the_stage(tmp_path):
+    controller, _ = _controller(tmp_path, max_losses=3)
+    stage = controller.plan.stages[0]
+    for trial_id in ("b0-t000", "b0-t001"):
+        ckpt = controller.run_dir / "checkpoints" / trial_id
+        ckpt.mkdir(parents=True)
+        (ckpt / "epoch-2.pt").write_bytes(b"x")
+        (ckpt / "latest").write_text("epoch-2.pt\n")
+    controller.journal.record(J.EPOCH, trial_id="b0-t000", epoch=2, metrics={"loss": 0.25})
+    pending: list[tuple[str, int]] = [("b0-t000", 1), ("b0-t001", 1)]
+    metrics: dict = {}
+    controller._settle_checkpointed(0, stage, pending, metrics)
+    assert metrics == {"b0-t000": 0.25}  # reported and checkpointed: finished without running again
+    assert pending == [("b0-t001", 2)]  # checkpointed but never reported: its last epoch runs again
+    controller._settle_checkpointed(0, stage, pending, metrics)
+    assert pending == [("b0-t001", 2)]  # and stays queued for that, not settled over and over
+    controller._terminator.shutdown(wait=True)
