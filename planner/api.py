@@ -30,6 +30,7 @@ from rubberband.units import format_duration, format_usd
 DEFAULT_SAMPLES = 1000
 SCREEN_SAMPLES = 32
 SCREEN_SLACK = 4  # pool plans with fewer than ceil(p·32) − 4 screening samples in time are not simulated fully
+SHORTEST_CONFIRMED = 8  # when no plan meets the deadline: pool plans confirmed in the search for the shortest JCT
 
 
 @dataclass
@@ -157,7 +158,10 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
         notes.append("no elastic plan beats the best static plan here; using the static plan")
     if chosen is None:
-        evaluated = evaluator.evaluated_full() + [evaluator.full(fastest)]
+        # The quickest plan is not always the widest (serial start-ups, spanning trials): screen the whole
+        # pool by its JCT quantile and confirm the quickest few with every sample.
+        screened = sorted(pool, key=lambda p: evaluator.screen(p).jct_quantile(confidence))[:SHORTEST_CONFIRMED]
+        evaluated = evaluator.evaluated_full() + [evaluator.full(p) for p in [fastest, *screened]]
         quickest = min(evaluated, key=lambda r: (r.jct_quantile(confidence), r.cost_mean))
         shortest = quickest.jct_quantile(confidence)
         raise InfeasibleError(

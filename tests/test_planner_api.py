@@ -56,3 +56,17 @@ def test_replanning_remaining_stages_reuses_running_instances(inputs):
     # the planner minimises cost under the deadline: instances already up can only make it cheaper
     assert running.result.cost_mean <= fresh.result.cost_mean
     assert running.result.p_meet(3000) >= 0.9 and fresh.result.p_meet(3000) >= 0.9
+
+
+def test_the_shortest_feasible_jct_of_an_infeasible_deadline_is_feasible_on_serial_local_nodes():
+    """On the local backend nodes start one after another, so the widest plan is far from the quickest."""
+    from rubberband.errors import InfeasibleError
+
+    spec = load_spec(EXAMPLES / "sha_local.yaml")
+    profile, catalog = load_profile(spec.profile_path()), load_catalog(["local"])
+    with pytest.raises(InfeasibleError) as info:
+        plan_job(spec, profile, catalog, deadline_s=10, samples=200)
+    shortest = info.value.shortest_jct_s
+    plan = plan_job(spec, profile, catalog, deadline_s=shortest * 1.02, samples=200)
+    assert plan.predicted.p_meet_deadline >= plan.confidence
+    assert plan.predicted.jct_s.p95 <= shortest * 1.3  # the bound is near what the planner then achieves
