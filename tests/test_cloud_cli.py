@@ -273,6 +273,48 @@ def test_aws_run_end_to_end_with_failover_leaves_nothing(cli, tmp_path, moto_env
     assert run_pids(run_dir) == []
 
 
+def test_aws_run_killed_with_sigkill_then_down_leaves_nothing(cli, tmp_path, moto_env):
+    """kill -9 of the executor mid-run leaves its instances billing; `rubberband down RUN_DIR --cloud aws` ends them."""
+    import signal
+    import subprocess
+    import sys
+
+    from rubberband.executor import journal as J
+
+    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=1.0)
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(2, 1), durations=(20.0, 20.0))
+    env = cloud_env(tmp_path, moto_env)
+    env["RUBBERBAND_TEST_BOOT"] = "local"
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--head", "local",
+                             "--plan", str(plan), "--yes", "--run-dir", str(run_dir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # kill once a trial trains on an instance
+            journal = run_dir / J.JOURNAL_NAME
+            if journal.exists() and any(e["type"] == J.TRIAL_STARTED for e in J.iter_events(journal)):
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("no trial started")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    left = {i["InstanceId"] for i in moto_instances()}
+    assert left, "the killed executor's instances should still be running"
+    result = cli("down", str(run_dir), "--cloud", "aws", env=env)
+    assert result.returncode == 0, result.stderr
+    assert all(f"terminated aws {i}" in result.stdout for i in left), result.stdout
+    assert moto_instances() == []
+    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+    local = cli("down", str(run_dir), env=env)  # the test's stand-in Ray nodes and the CLI machine's Ray head
+    assert local.returncode == 0, local.stderr
+    assert run_pids(run_dir) == []
+
+
 def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
     """No vCPU quota: the run fails (exit 1, one line naming the quota) with no instance, group or Ray process left."""
     ec2_faults.quota = True
