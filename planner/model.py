@@ -188,19 +188,14 @@ class PerformanceModel:
 
     # -- start-up --------------------------------------------------------------------------
     def startup(self, cloud: str, instance_type: str) -> StartupModel:
-        model = self.startup_by_type.get((cloud, instance_type)) or self.startup_by_cloud.get(cloud)
-        if model is not None:
-            return model
-        default = DEFAULT_STARTUP_S.get(cloud, DEFAULT_STARTUP_S["aws"])
-        return StartupModel(tuple(sorted(default)), f"default ({cloud}: typical boot + Ray join)")
+        """Seconds from a provisioning request until the instance can run a worker."""
+        return _measured_or_default(self.startup_by_type, self.startup_by_cloud, DEFAULT_STARTUP_S, cloud,
+                                    instance_type, "typical boot + Ray join")
 
     def termination(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a terminate request until the instance is gone (and no longer billed)."""
-        model = self.termination_by_type.get((cloud, instance_type)) or self.termination_by_cloud.get(cloud)
-        if model is not None:
-            return model
-        default = DEFAULT_TERMINATION_S.get(cloud, DEFAULT_TERMINATION_S["aws"])
-        return StartupModel(tuple(sorted(default)), f"default ({cloud}: terminate request until gone)")
+        return _measured_or_default(self.termination_by_type, self.termination_by_cloud, DEFAULT_TERMINATION_S,
+                                    cloud, instance_type, "terminate request until gone")
 
     def describe(self) -> dict[str, Any]:
         """Fitted parameters as plain data (stored as ``profile.fitted`` for inspection)."""
@@ -354,3 +349,13 @@ def _latency_models(entries: list) -> tuple[dict[tuple[str, str], StartupModel],
             cloud_source[cloud] = "measured on other types of this cloud"
     return ({k: StartupModel(tuple(sorted(v)), type_source[k]) for k, v in by_type.items()},
             {k: StartupModel(tuple(sorted(v)), cloud_source[k]) for k, v in by_cloud.items()})
+
+
+def _measured_or_default(by_type: dict, by_cloud: dict, defaults: dict, cloud: str, instance_type: str,
+                         what: str) -> StartupModel:
+    """The type's samples, else the cloud's, else the documented per-cloud default (marked as such)."""
+    model = by_type.get((cloud, instance_type)) or by_cloud.get(cloud)
+    if model is not None:
+        return model
+    default = defaults.get(cloud, defaults["aws"])
+    return StartupModel(tuple(sorted(default)), f"default ({cloud}: {what})")
