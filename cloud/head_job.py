@@ -10,7 +10,8 @@ The CLI (:mod:`rubberband.cloud.head_session`) submits both as Ray jobs to the h
   the ``DONE`` marker when the executor is over, however it ended: the watchdog then ends the head
   and any worker after its grace.
 * ``python -m rubberband.cloud.head_job pack --run-id X`` — prints the run directory (journal,
-  result.json, plan.json, logs; no checkpoints and no Ray temp files) as one base64 tar.gz between
+  result.json, plan.json, logs and the best trial's newest checkpoint when small; no other checkpoint and
+  no Ray temp files) as one base64 tar.gz between
   :data:`PACK_BEGIN` and :data:`PACK_END`, which the CLI reads back with ``get_job_logs``.
 
 Neither takes a credential: the head's cloud access comes from its instance role / service account.
@@ -39,6 +40,9 @@ PACK_BEGIN = "-----BEGIN RUBBERBAND RUN DIRECTORY-----"
 PACK_END = "-----END RUBBERBAND RUN DIRECTORY-----"
 #: What a fetch leaves on the head: model checkpoints (large), Ray's temp files, local node records.
 PACK_EXCLUDE = ("checkpoints", "ray", "instances")
+#: The best trial's newest checkpoint comes back with the run directory up to this size; a larger one stays
+#: on the head (and goes with it): copy it off before the results grace ends.
+MAX_FETCHED_CHECKPOINT_BYTES = 32 * 1024 ** 2
 
 
 def run_root() -> Path:
@@ -130,14 +134,54 @@ def run(args: argparse.Namespace) -> int:
 
 
 def pack(run_dir: Path) -> str:
-    """The run directory as base64 of a tar.gz (members relative to it), without :data:`PACK_EXCLUDE`."""
+    """The run directory as base64 of a tar.gz (members relative to it), without :data:`PACK_EXCLUDE`,
+    plus the best trial's newest checkpoint when it is at most :data:`MAX_FETCHED_CHECKPOINT_BYTES`."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         if run_dir.is_dir():
             for path in sorted(run_dir.iterdir()):
                 if path.name not in PACK_EXCLUDE and not path.is_symlink():
                     tar.add(path, arcname=path.name)
+            for path in best_checkpoint_files(run_dir):
+                tar.add(path, arcname=str(path.relative_to(run_dir)))
     return base64.b64encode(buffer.getvalue()).decode()
+
+
+def best_checkpoint_files(run_dir: Path) -> list[Path]:
+    """The best trial's newest checkpoint and its ``latest`` pointer, if small enough to fetch through the logs."""
+    from rubberband.executor.checkpoints import LATEST, checkpoint_path, latest_epoch
+
+    try:
+        best = json.loads((run_dir / "result.json").read_text()).get("best") or {}
+    except (OSError, ValueError):
+        return []
+    trial_id = best.get("trial_id")
+    if not isinstance(trial_id, str) or "/" in trial_id or trial_id in ("", ".", ".."):
+        return []
+    directory = run_dir / "checkpoints" / trial_id
+    epoch = latest_epoch(directory)
+    if epoch is None or checkpoint_path(directory, epoch).stat().st_size > MAX_FETCHED_CHECKPOINT_BYTES:
+        return []
+    return [checkpoint_path(directory, epoch), directory / LATEST]
+
+
+def localise_best_checkpoint(run_dir: Path) -> None:
+    """Point ``result.json``'s best checkpoint at the fetched copy under ``run_dir`` (it named the head's path)."""
+    path = run_dir / "result.json"
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    best = result.get("best") or {}
+    remote = best.get("checkpoint")
+    if not remote or not isinstance(best.get("trial_id"), str):
+        return
+    local = run_dir / "checkpoints" / best["trial_id"] / Path(remote).name
+    if local.is_file():
+        best["checkpoint"] = str(local.resolve())
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.replace(path)
 
 
 def print_pack(run_dir: Path) -> None:
@@ -185,7 +229,9 @@ def unpack(logs: str, into: Path) -> list[str]:
     into.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(payload)), mode="r:gz") as tar:
         tar.extractall(into, filter="data")  # no absolute paths, links out or devices
-        return tar.getnames()
+        names = tar.getnames()
+    localise_best_checkpoint(into)
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -220,6 +220,34 @@ def test_pack_and_unpack_round_trip_without_checkpoints(tmp_path):
     assert sorted(unpack(log_filter.packed, tmp_path / "again")) == ["journal.jsonl", "result.json"]
 
 
+def test_pack_brings_back_the_best_trials_newest_checkpoint_only(tmp_path):
+    import json
+
+    from rubberband.cloud import head_job
+    from rubberband.executor.checkpoints import save_checkpoint
+
+    run_dir = tmp_path / "head-run"
+    for trial_id in ("b0-t000", "b0-t001"):
+        for epoch in (0, 1):
+            save_checkpoint(run_dir / "checkpoints" / trial_id, epoch, {"w": [epoch]}, trial_id=trial_id)
+    head_path = run_dir / "checkpoints" / "b0-t001" / "epoch-1.pt"
+    (run_dir / "result.json").write_text(json.dumps({"best": {"trial_id": "b0-t001", "checkpoint": str(head_path)}}))
+    local = tmp_path / "local"
+    names = unpack(_wrap(pack(run_dir)), local)
+    assert sorted(names) == ["checkpoints/b0-t001/epoch-1.pt", "checkpoints/b0-t001/latest", "result.json"]
+    best = json.loads((local / "result.json").read_text())["best"]
+    assert best["checkpoint"] == str((local / "checkpoints" / "b0-t001" / "epoch-1.pt").resolve())
+    # a checkpoint too large for the log channel stays on the head (and result.json keeps naming it there)
+    small = head_job.MAX_FETCHED_CHECKPOINT_BYTES
+    try:
+        head_job.MAX_FETCHED_CHECKPOINT_BYTES = 10
+        names = unpack(_wrap(pack(run_dir)), tmp_path / "again")
+    finally:
+        head_job.MAX_FETCHED_CHECKPOINT_BYTES = small
+    assert names == ["result.json"]
+    assert json.loads((tmp_path / "again" / "result.json").read_text())["best"]["checkpoint"] == str(head_path)
+
+
 def _wrap(data: str) -> str:
     from rubberband.cloud.head_job import PACK_BEGIN, PACK_END
 
