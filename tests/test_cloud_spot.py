@@ -92,7 +92,8 @@ def test_backend_reports_obtained_types_blocked_types_and_spot_losses(moto_env, 
 
 def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
     """One stage, 2 trials × 3 epochs on one spot p3.8xlarge (4 slots); it is interrupted after a checkpoint."""
-    spec = cloud_job(tmp_path, ["aws"], trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=1.0)
+    # 2 s epochs: the dying stand-in's workers must not finish the stage before Ray sees the loss
+    spec = cloud_job(tmp_path, ["aws"], trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
     plan_path = cloud_plan(tmp_path, spec, "aws", REGION, "p3.8xlarge", counts=(1,), durations=(20.0,))
     plan = load_plan(plan_path)
     write_plan(plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}),
