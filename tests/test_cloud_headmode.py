@@ -146,7 +146,11 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     assert FAKE_ACCESS_KEY not in journal and FAKE_SECRET_KEY not in journal
     requested = [json.loads(line) for line in journal.splitlines() if '"instance_requested"' in line]
     assert requested and all(r["instance_type"] == "p3.2xlarge" for r in requested)
-    assert not any((run_dir / name).exists() for name in PACK_EXCLUDE)
+    # no Ray temp files or node records come back; of the checkpoints only the best trial's newest
+    assert not any((run_dir / name).exists() for name in PACK_EXCLUDE if name != "checkpoints")
+    best = summary["best"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [best["trial_id"]]
+    assert Path(best["checkpoint"]).is_file() and Path(best["checkpoint"]).is_relative_to(run_dir.resolve())
     report = cli("report", run_dir, "--out", tmp_path / "report.html", env=env)
     assert report.returncode == 0, report.stderr
     assert (tmp_path / "report.html").stat().st_size > 0
