@@ -93,3 +93,36 @@ def run_pids(run_dir: Path) -> list[int]:
     from rubberband.cloud.local import LocalProvider
 
     return LocalProvider(run_dir).pids()
+
+
+def wait_for_events(proc, run_dir: Path, found, *, timeout_s: float, poll_s: float = 0.1):
+    """Poll the run's journal until ``found(events)`` returns something truthy while ``proc`` (the executor) runs.
+
+    Returns that value; fails the test if the executor ends first or ``timeout_s`` passes.
+    """
+    import time
+
+    import pytest
+
+    from rubberband.executor import journal as J
+
+    journal = run_dir / J.JOURNAL_NAME
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = found(list(J.iter_events(journal))) if journal.exists() else None
+        if value:
+            return value
+        if proc.poll() is not None:
+            output = proc.communicate()[1] if proc.stderr is not None else ""
+            pytest.fail(f"the run ended (exit {proc.returncode}) before the awaited event: {(output or '')[-3000:]}")
+        time.sleep(poll_s)
+    pytest.fail(f"no awaited event in the journal within {timeout_s:g}s")
+
+
+def checkpointed_instance(events: list[dict]) -> str | None:
+    """The instance the first trial to save a checkpoint runs on (None before any checkpoint)."""
+    from rubberband.executor import journal as J
+
+    started = {e["trial_id"]: e["instances"][0] for e in events if e["type"] == J.TRIAL_STARTED}
+    saved = [e for e in events if e["type"] == J.CHECKPOINT and e["trial_id"] in started]
+    return started[saved[0]["trial_id"]] if saved else None

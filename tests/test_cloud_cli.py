@@ -11,7 +11,7 @@ import boto3
 import pytest
 from cloud_helpers import (AWS_CATALOG_CSV, GCP_CATALOG_CSV, REGION, ec2_faults, moto_env,  # noqa: F401
                            moto_server)
-from executor_helpers import cli_env, make_plan, run_pids, write_job
+from executor_helpers import cli_env, make_plan, run_pids, wait_for_events, write_job
 from gce_fake import gce_fake  # noqa: F401
 
 from rubberband.catalog import parse_catalog
@@ -289,16 +289,9 @@ def test_aws_run_killed_with_sigkill_then_down_leaves_nothing(cli, tmp_path, mot
     proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--head", "local",
                              "--plan", str(plan), "--yes", "--run-dir", str(run_dir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:  # kill once a trial trains on an instance
-            journal = run_dir / J.JOURNAL_NAME
-            if journal.exists() and any(e["type"] == J.TRIAL_STARTED for e in J.iter_events(journal)):
-                break
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.2)
-        else:
-            pytest.fail("no trial started")
+    try:  # kill once a trial trains on an instance
+        wait_for_events(proc, run_dir, lambda events: any(e["type"] == J.TRIAL_STARTED for e in events),
+                        timeout_s=180, poll_s=0.2)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)

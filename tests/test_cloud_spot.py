@@ -21,13 +21,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import boto3
 import pytest
 from cloud_helpers import AWS_CATALOG_CSV, REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
-from executor_helpers import run_pids
+from executor_helpers import checkpointed_instance, run_pids, wait_for_events
 from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
 
 from rubberband.catalog import parse_catalog
@@ -105,19 +104,10 @@ def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_p
                              "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     victim = None
-    try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            events = _events(run_dir)
-            started = {e["trial_id"]: e["instances"][0] for e in events if e["type"] == J.TRIAL_STARTED}
-            saved = [e for e in events if e["type"] == J.CHECKPOINT and e["trial_id"] in started]
-            if saved:
-                victim = started[saved[0]["trial_id"]]
-                interrupt_spot(victim)  # the cloud takes it back...
-                os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # ...and its Ray node dies
-                break
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            time.sleep(0.05)
+    try:  # once a trial has checkpointed, take its instance back
+        victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=150, poll_s=0.05)
+        interrupt_spot(victim)  # the cloud takes it back...
+        os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # ...and its Ray node dies
         out, err = proc.communicate(timeout=200)
     finally:
         if proc.poll() is None:

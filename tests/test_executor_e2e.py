@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from executor_helpers import cli_env, make_plan, run_pids, write_job
+from executor_helpers import cli_env, make_plan, run_pids, wait_for_events, write_job
 
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
@@ -120,17 +120,12 @@ def test_resume_after_sigkill_mid_stage(finished_run, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
                              str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:  # kill once a stage-1 epoch is checkpointed (mid-stage)
-            stage1 = {e["trial_id"] for e in _events(run_dir) if e["type"] == J.TRIAL_STARTED and e["stage"] == 1}
-            if any(e["type"] == J.CHECKPOINT and e["trial_id"] in stage1 and e["epoch"] >= 1
-                   for e in _events(run_dir)):
-                break
-            assert proc.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.1)
-        else:
-            pytest.fail("stage 1 never checkpointed")
+    def stage1_checkpointed(events: list[dict]) -> bool:
+        stage1 = {e["trial_id"] for e in events if e["type"] == J.TRIAL_STARTED and e["stage"] == 1}
+        return any(e["type"] == J.CHECKPOINT and e["trial_id"] in stage1 and e["epoch"] >= 1 for e in events)
+
+    try:  # kill once a stage-1 epoch is checkpointed (mid-stage)
+        wait_for_events(proc, run_dir, stage1_checkpointed, timeout_s=240)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)

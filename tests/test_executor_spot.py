@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from executor_helpers import cli_env, make_plan, run_pids, write_job
+from executor_helpers import checkpointed_instance, cli_env, make_plan, run_pids, wait_for_events, write_job
 
 from rubberband.catalog import load_catalog
 from rubberband.cloud.local import LocalProvider
@@ -48,18 +48,9 @@ def test_lost_node_mid_stage_restarts_its_trials_from_checkpoints(tmp_path):
                              str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
     victim = None
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and victim is None:  # once epoch 0 is checkpointed, kill its node
-            events = _events(run_dir) if (run_dir / J.JOURNAL_NAME).exists() else []
-            started = {e["trial_id"]: e["instances"][0] for e in events if e["type"] == J.TRIAL_STARTED}
-            saved = [e for e in events if e["type"] == J.CHECKPOINT and e["trial_id"] in started]
-            if saved:
-                victim = started[saved[0]["trial_id"]]
-                os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # that node, nothing else
-                break
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            time.sleep(0.05)
+    try:  # once a trial has checkpointed, kill its node
+        victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=120, poll_s=0.05)
+        os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # that node, nothing else
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
