@@ -13,8 +13,9 @@ in Ray actors, the real trial runtime) driven by the executor's controller:
   relative errors (target ≤ 5%).
 * resize overhead — setup time of trials restarted from a checkpoint with a new worker count
   (stages ≥ 1, warm worker processes) versus first starts, from the journals (target ≤ 1 s).
-* elastic vs static — a larger SHA job (``examples/sha_local.yaml``: 27 trials → 9 → 3 → 1, same
-  workload and profile as the quickstart) at its spec's deadline (100 s), run for real twice:
+* elastic vs static — a larger SHA job (``examples/sha_local.yaml``: 81 one-epoch trials → 27 → 9 → 3
+  → 1 trained for 81 epochs, same workload and profile as the quickstart) at its spec's deadline (160 s,
+  1.1× the shortest the planner meets on a 2-core machine), run for real twice:
   the elastic plan, and the best static plan the planner reports for the same deadline
   (``plan.baselines["static"]``, instances held to the end): actual cost ratio (target ≤ 0.7) and
   both JCTs. Both runs count as fidelity runs too (each against its own prediction).

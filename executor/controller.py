@@ -416,33 +416,41 @@ class Controller:
                     if e is not None), default=None)
         return ckpt + 1 if ckpt is not None and ckpt + 1 > base else base
 
-    def _settle_checkpointed(self, g: int, stage: StagePlan, pending: list[tuple[str, int]],
-                             metrics: dict[str, float | None]) -> None:
-        """Move pending trials' first epochs past their newest checkpoints; finish the ones that need no more.
+    def _settle(self, g: int, stage: StagePlan, trial_id: str, start: int,
+                metrics: dict[str, float | None]) -> int | None:
+        """The first epoch a pending trial must run, past its newest checkpoint; None if it needs none.
 
-        A checkpoint can appear after a trial was queued: the workers of a lost local node may outlive
-        it by a moment. A trial whose checkpoint covers the stage's last epoch (the executor died, or its
-        instance was lost, right after the save) takes its metric from the journal (a trial reports an
-        epoch before checkpointing it); only if that report never arrived is the last epoch run again.
+        Asked once when a stage starts and again right before the trial starts: a checkpoint can
+        appear after a trial was queued (the workers of a lost local node may outlive it by a moment).
+        A trial whose checkpoint covers the stage's last epoch (the executor died, or its instance was
+        lost, right after the save) takes its metric from the journal (a trial reports an epoch before
+        checkpointing it); only if that report never arrived is the last epoch run again.
         """
-        pending[:] = [(t, start if (g, t) in self._rerun_last else max(start, self._start_epoch(t, stage)))
-                      for t, start in pending]
-        done = [item for item in pending if item[1] >= stage.epochs]
-        if not done:
-            return
-        journaled = J.read_state(self.run_dir).trials
-        for item in done:
-            trial_id = item[0]
-            pending.remove(item)
-            metric = journaled[trial_id].epochs.get(stage.epochs - 1, {}).get(self.spec.metric.name)
-            if metric is None:
-                self._rerun_last.add((g, trial_id))
-                pending.insert(0, (trial_id, stage.epochs - 1))
-                continue
-            metrics[trial_id] = metric
-            self.state.trials[trial_id].finished_stages[g] = metric
-            self.journal.record(J.TRIAL_STOPPED, trial_id=trial_id, stage=g, reason="finished", metric=metric,
-                                note="every epoch of the stage was checkpointed before the interruption")
+        if (g, trial_id) in self._rerun_last:
+            return start
+        start = max(start, self._start_epoch(trial_id, stage))
+        if start < stage.epochs:
+            return start
+        epochs = J.read_state(self.run_dir).trials[trial_id].epochs
+        metric = epochs.get(stage.epochs - 1, {}).get(self.spec.metric.name)
+        if metric is None:
+            self._rerun_last.add((g, trial_id))
+            return stage.epochs - 1
+        metrics[trial_id] = metric
+        self.state.trials[trial_id].finished_stages[g] = metric
+        self.journal.record(J.TRIAL_STOPPED, trial_id=trial_id, stage=g, reason="finished", metric=metric,
+                            note="every epoch of the stage was checkpointed before the interruption")
+        return None
+
+    def _start_next(self, g: int, stage: StagePlan, pending: list[tuple[str, int]], slot: Slot,
+                    metrics: dict[str, float | None]) -> None:
+        """Start the first pending trial that still has epochs to run on a free slot."""
+        while pending:
+            trial_id, start = pending.pop(0)
+            settled = self._settle(g, stage, trial_id, start, metrics)
+            if settled is not None:
+                self._start_trial(g, stage, trial_id, settled, slot)
+                return
 
     def _run_stage(self, g: int, stage: StagePlan) -> dict[str, float | None]:
         itype = self._stage_itype(stage)
@@ -454,8 +462,9 @@ class Controller:
             if g in trial.finished_stages:
                 metrics[trial_id] = trial.finished_stages[g]
                 continue
-            pending.append((trial_id, self._start_epoch(trial_id, stage)))
-        self._settle_checkpointed(g, stage, pending, metrics)
+            start = self._settle(g, stage, trial_id, self._start_epoch(trial_id, stage), metrics)
+            if start is not None:
+                pending.append((trial_id, start))
         self.journal.record(J.STAGE_STARTED, stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
                             trials=len(trials), to_run=len(pending), epochs=stage.epochs,
                             instance_type=stage.instance_type, instances=stage.instances,
@@ -470,7 +479,6 @@ class Controller:
             self._collect_provisioned()
             self._collect_terminations()
             self._check_liveness(g, stage, slots, pending)
-            self._settle_checkpointed(g, stage, pending, metrics)
             used = {i for s in slots for i in s.instance_ids}
             unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used]
             if unused:  # instances came up: add their slots (a spanning trial waits for enough of them)
@@ -479,8 +487,7 @@ class Controller:
                 if not pending:
                     break
                 if slot.free:
-                    trial_id, start = pending.pop(0)
-                    self._start_trial(g, stage, trial_id, start, slot)
+                    self._start_next(g, stage, pending, slot, metrics)
             finished = self._wait_some()
             lost_now: dict[str, str] = {}
             stopped: list[tuple[str, tuple[str, ...]]] = []

@@ -208,11 +208,10 @@ def test_settle_finishes_a_trial_whose_checkpoint_covers_the_stage(tmp_path):
         (ckpt / "epoch-2.pt").write_bytes(b"x")
         (ckpt / "latest").write_text("epoch-2.pt\n")
     controller.journal.record(J.EPOCH, trial_id="b0-t000", epoch=2, metrics={"loss": 0.25})
-    pending: list[tuple[str, int]] = [("b0-t000", 1), ("b0-t001", 1)]
     metrics: dict = {}
-    controller._settle_checkpointed(0, stage, pending, metrics)
+    assert controller._settle(0, stage, "b0-t000", 1, metrics) is None
     assert metrics == {"b0-t000": 0.25}  # reported and checkpointed: finished without running again
-    assert pending == [("b0-t001", 2)]  # checkpointed but never reported: its last epoch runs again
-    controller._settle_checkpointed(0, stage, pending, metrics)
-    assert pending == [("b0-t001", 2)]  # and stays queued for that, not settled over and over
+    assert controller._settle(0, stage, "b0-t001", 1, metrics) == 2  # never reported: its last epoch runs again
+    assert controller._settle(0, stage, "b0-t001", 2, metrics) == 2  # and stays due for that, not settled again
+    assert "b0-t001" not in metrics
     controller._terminator.shutdown(wait=True)
