@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                                      ray_address=os.environ.get("RAY_ADDRESS", ""))
         result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
                          backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
-                         resume=(run_dir / "journal.jsonl").exists(), profile_path=profile)
+                         overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile)
         print_summary(args.run_id, spec.metric.name, result.result, run_dir / "result.json")
         code = 0
     except RubberbandError as exc:
@@ -243,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--head-id", required=True)
     r.add_argument("--run-id", required=True)
     r.add_argument("--deadline", type=float, default=None)
+    r.add_argument("--overrun-s", type=float, default=0.0, help="seconds a late run goes on (inf: no limit)")
     r.add_argument("--trial-runtime", default="rubberband.executor.trials")
     p = sub.add_parser("pack", help="print the run directory as base64 tar.gz")
     p.add_argument("--run-id", required=True)

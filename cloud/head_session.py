@@ -192,12 +192,14 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
     return work
 
 
-def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str) -> str:
+def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str, overrun_s: float = 0.0) -> str:
     """The run job's command line on the head (names the run, never a credential)."""
     words = ["python", "-m", "rubberband.cloud.head_job", "run", "--cloud", record.cloud, "--region", record.region,
              "--head-id", record.instance_id, "--run-id", record.run_id, "--trial-runtime", trial_runtime]
     if deadline_s:
         words += ["--deadline", f"{deadline_s:g}"]
+    if overrun_s:
+        words += ["--overrun-s", f"{overrun_s:g}"]
     import shlex
 
     return " ".join(shlex.quote(w) for w in words)
@@ -242,10 +244,12 @@ class HeadSession:
     def job_id(self) -> str:
         return self.record.cloud_run_id
 
-    def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str) -> str:
+    def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str,
+               overrun_s: float = 0.0) -> str:
         with tempfile.TemporaryDirectory(prefix="rb-stage-") as tmp:
             work = stage_code(spec, plan, Path(tmp))
-            return self._submit(entrypoint=entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime),
+            command = entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime, overrun_s=overrun_s)
+            return self._submit(entrypoint=command,
                                 runtime_env={"working_dir": str(work)}, submission_id=self.job_id,
                                 metadata={"rubberband_run": self.record.run_id})
 

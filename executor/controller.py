@@ -54,6 +54,7 @@ from rubberband.plan import Plan, StagePlan
 from rubberband.planner.schedule import stages_for
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec, sample_config
+from rubberband.units import format_duration
 
 #: Instance startup latency used when neither this run nor the profile measured one (seconds).
 DEFAULT_STARTUP_S = {"local": 5.0, "aws": 90.0, "gcp": 90.0}
@@ -69,7 +70,7 @@ MAX_INSTANCE_LOSSES = 10
 
 
 class DeadlineExceeded(ExecutionError):
-    """The run passed its deadline; everything was stopped."""
+    """The run passed its deadline by more than its allowed overrun; everything was stopped."""
 
 
 class Interrupted(ExecutionError):
@@ -193,8 +194,8 @@ class Controller:
     def __init__(self, *, spec: JobSpec, plan: Plan, catalog: Catalog, run_dir: str | Path, backend: Any,
                  runtime: TrialRuntime, run_id: str, replanner: Replanner | None = None,
                  profile: Profile | None = None, progress: Callable[[Progress], None] | None = None,
-                 deadline_s: float | None = None, trial_timeout_s: float = 600.0, elastic: bool = True,
-                 max_instance_losses: int = MAX_INSTANCE_LOSSES) -> None:
+                 deadline_s: float | None = None, overrun_s: float = 0.0, trial_timeout_s: float = 600.0,
+                 elastic: bool = True, max_instance_losses: int = MAX_INSTANCE_LOSSES) -> None:
         self.spec = spec
         self.plan = plan
         self.catalog = catalog
@@ -206,6 +207,9 @@ class Controller:
         self.profile = profile
         self.progress = progress
         self.deadline_s = deadline_s or plan.deadline_s
+        # a late run goes on this long past the deadline (math.inf: to the end), then everything is stopped
+        self.overrun_s = overrun_s
+        self._deadline_passed = False
         self.trial_timeout_s = trial_timeout_s
         self.elastic = elastic  # False: hold every instance to the end (the static baseline, for benchmarks)
         self.journal = J.Journal(self.run_dir)
@@ -899,9 +903,16 @@ class Controller:
             raise Interrupted(f"run stopped by {self._signal}; every instance was terminated; "
                               f"resume with `rubberband run --resume {self.run_dir}`")
         elapsed = time.time() - self.state.first_started_at
-        if elapsed > self.deadline_s:
-            raise DeadlineExceeded(f"run passed its deadline ({self.deadline_s:.0f}s) in stage {self.stage_index}; "
-                                   f"every instance was terminated")
+        if elapsed > self.deadline_s and not self._deadline_passed:
+            self._deadline_passed = True
+            self.journal.record(J.DECISION, kind="deadline_passed", stage=self.stage_index, elapsed_s=round(elapsed, 3),
+                                deadline_s=self.deadline_s,
+                                overrun_s=None if math.isinf(self.overrun_s) else self.overrun_s,
+                                note="late: the run goes on until the deadline plus the allowed overrun")
+        if elapsed > self.deadline_s + self.overrun_s:
+            allowed = f" plus the allowed overrun ({format_duration(self.overrun_s)})" if self.overrun_s else ""
+            raise DeadlineExceeded(f"run passed its deadline ({format_duration(self.deadline_s)}){allowed} in stage "
+                                   f"{self.stage_index}; every instance was terminated")
 
     def _maybe_replan(self, g: int) -> None:
         """At the boundary before stage ``g``: re-plan the rest if the deadline is at risk or it pays."""

@@ -27,10 +27,12 @@ def _raise_interrupted(signum, frame) -> None:
 
 
 def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, backend: Any,
-            trial_runtime: str, deadline_s: float | None, resume: bool, profile_path: Path | None = None) -> Any:
+            trial_runtime: str, deadline_s: float | None, resume: bool, profile_path: Path | None = None,
+            overrun_s: float = 0.0) -> Any:
     """Run (or resume) the plan to the end on ``backend``; progress goes to stderr. Returns the RunResult.
 
-    ``profile_path``: the job's profile when it is not where the spec says (a copy shipped to the head)."""
+    ``profile_path``: the job's profile when it is not where the spec says (a copy shipped to the head).
+    ``overrun_s``: how long a late run goes on past its deadline before it is stopped (math.inf: no limit)."""
     from rubberband.executor.controller import Controller
     from rubberband.executor.progress import ProgressView
     from rubberband.executor.runtime import TrialRuntime, planner_replanner
@@ -52,7 +54,7 @@ def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir
         with ProgressView(err) as view:
             controller = Controller(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=backend,
                                     runtime=runtime, run_id=run_id, replanner=replanner, profile=profile,
-                                    progress=view, deadline_s=deadline_s)
+                                    progress=view, deadline_s=deadline_s, overrun_s=overrun_s)
             return controller.run(resume=resume)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -37,6 +37,32 @@ def parse_duration(value: str | int | float) -> float:
     return seconds
 
 
+def parse_overrun(value: str, deadline_s: float) -> float:
+    """Seconds a late run may go past its deadline: ``10%`` (of the deadline), ``15m``, ``0`` or ``none`` (no limit).
+
+    Raises ``ValueError`` with the accepted forms on anything else.
+    """
+    text = str(value).strip().lower()
+    if text in ("none", "inf", "unlimited"):
+        return math.inf
+    if re.fullmatch(r"0+(\.0*)?s?", text):
+        return 0.0
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 <= share < math.inf:
+            raise ValueError(f"cannot read overrun {value!r}: use a share of the deadline (10%), a duration "
+                             f"(15m), 0 or none")
+        return share / 100.0 * deadline_s
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise ValueError(f"cannot read overrun {value!r}: use a share of the deadline (10%), a duration (15m), "
+                         f"0 or none") from None
+
+
 def format_duration(seconds: float) -> str:
     """Human form: ``1h 23m``, ``4m 05s``, ``12.3s``."""
     if seconds != seconds:  # NaN

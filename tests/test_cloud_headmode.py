@@ -5,6 +5,7 @@ with the head's and workers' boots played by local Ray nodes (RUBBERBAND_TEST_BO
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances, one
 
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.bootstrap import WatchdogSettings
-from rubberband.cloud.head_job import PACK_EXCLUDE, pack, unpack
+from rubberband.cloud.head_job import PACK_EXCLUDE, build_parser, pack, unpack
 from rubberband.cloud.head_link import DirectLink, SshTunnel
 from rubberband.cloud.head_session import HeadOptions, HeadRecord, end_run, entrypoint, stage_code, start_head
 from rubberband.cloud.local import LocalProvider
@@ -282,9 +283,11 @@ def _digits_plan(spec):
 def test_entrypoint_and_ssh_tunnel_commands():
     record = HeadRecord(run_id="My_Run-1", cloud="aws", region=REGION, instance_id="i-0abc", zone="us-east-1b",
                         address="10.0.0.5", public_address="203.0.113.9", regions=[REGION], metric="loss")
-    words = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials").split()
+    words = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", overrun_s=60).split()
     assert words[:4] == ["python", "-m", "rubberband.cloud.head_job", "run"]
     assert "--head-id" in words and "i-0abc" in words and "--deadline" in words
+    assert words[words.index("--overrun-s") + 1] == "60"
+    assert build_parser().parse_args(words[3:] + ["--overrun-s", "inf"]).overrun_s == math.inf
     tunnel = SshTunnel(host="203.0.113.9", key_file=Path("/k/id_ed25519"), user="ubuntu")
     command = tunnel.command(40001)
     assert command[:4] == ["ssh", "-N", "-L", "40001:127.0.0.1:8265"] and command[-1] == "ubuntu@203.0.113.9"

@@ -192,6 +192,8 @@ def test_bad_inputs_exit_2_with_one_line(finished_run, cli, tmp_path):
         cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--run-dir", str(run_dir), env=env))
     assert "--deadline" in _one_line_error(
         cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--deadline", "soon", env=env))
+    assert "--overrun: cannot read overrun 'a bit'" in _one_line_error(
+        cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--overrun", "a bit", env=env))
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 

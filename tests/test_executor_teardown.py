@@ -1,7 +1,7 @@
 """Teardown: SIGTERM mid-run and a deadline breach both end with every instance of the run gone.
 
-Each test runs the real CLI on real Ray nodes (~20-30 s: the Ray head and a node must start
-before there is anything to tear down).
+The CLI tests run the real CLI on real Ray nodes (~20-30 s: the Ray head and a node must start
+before there is anything to tear down); the overrun test drives the controller's deadline check alone.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 from executor_helpers import cli_env, make_plan, run_pids, write_job
 
+from rubberband.catalog import load_catalog
 from rubberband.executor import journal as J
+from rubberband.executor.controller import Controller, DeadlineExceeded
 from rubberband.plan import write_plan
 from rubberband.spec import load_spec
 
@@ -62,10 +65,32 @@ def test_a_deadline_breach_stops_the_run_and_its_instances(tmp_path, cli):
     spec_path = _prepare(tmp_path, epoch_s=5.0)
     run_dir = tmp_path / "run"
     result = cli("run", str(spec_path), "--plan", str(tmp_path / "plan.json"), "--run-dir", str(run_dir),
-                 "--deadline", "20s", "--yes", env=cli_env(tmp_path))
+                 "--deadline", "20s", "--overrun", "0", "--yes", env=cli_env(tmp_path))
     assert result.returncode == 1, result.stderr
-    assert "deadline" in result.stderr.splitlines()[-1]
+    assert "passed its deadline (20.0s) in stage" in result.stderr.splitlines()[-1]
     events = _check_all_terminated(run_dir)
     assert events[-1]["type"] == J.RUN_FAILED and "deadline" in events[-1]["reason"]
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "failed" and summary["met_deadline"] is False
+
+
+def test_a_late_run_goes_on_within_its_overrun_then_stops(tmp_path):
+    spec = load_spec(write_job(tmp_path / "job"))
+    plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu2", 1, 2)])
+    run_dir = tmp_path / "run"
+    J.Journal(run_dir).record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
+                              plan=plan.model_dump(mode="json"), cloud="local", deadline_s=100.0)
+    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=None,
+                            runtime=None, run_id="r1", deadline_s=100.0, overrun_s=10.0)
+    controller.state = J.read_state(run_dir)
+    controller.state.first_started_at = time.time() - 105.0
+    controller._check_deadline()  # late but within the overrun: the run goes on...
+    controller._check_deadline()
+    passed = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME)
+              if e["type"] == J.DECISION and e["kind"] == "deadline_passed"]
+    assert len(passed) == 1 and passed[0]["overrun_s"] == 10.0  # ...and the journal says so, once
+    controller.state.first_started_at = time.time() - 111.0
+    with pytest.raises(DeadlineExceeded, match=r"deadline \(1m 40s\) plus the allowed overrun \(10.0s\)"):
+        controller._check_deadline()
+    controller._terminator.shutdown(wait=True)
+    controller._provisioner.shutdown(wait=True)

@@ -1,3 +1,4 @@
+import math
 import textwrap
 
 import numpy as np
@@ -5,7 +6,7 @@ import pytest
 
 from rubberband.errors import SpecError
 from rubberband.spec import load_spec, sample_config
-from rubberband.units import parse_duration
+from rubberband.units import parse_duration, parse_overrun
 
 GOOD = textwrap.dedent("""\
     name: resnet-cifar
@@ -46,6 +47,18 @@ def test_parse_duration(value, seconds):
 def test_parse_duration_rejects(bad):
     with pytest.raises(ValueError):
         parse_duration(bad)
+
+
+@pytest.mark.parametrize("value, seconds", [("10%", 360.0), ("0%", 0.0), ("15m", 900.0), ("0", 0.0), ("0s", 0.0),
+                                            ("none", math.inf), ("NONE", math.inf), ("150%", 5400.0)])
+def test_parse_overrun_of_a_one_hour_deadline(value, seconds):
+    assert parse_overrun(value, 3600.0) == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "-5%", "%", "ten%", "-5m", ""])
+def test_parse_overrun_rejects(bad):
+    with pytest.raises(ValueError, match="share of the deadline"):
+        parse_overrun(bad, 3600.0)
 
 
 @pytest.mark.parametrize("old, new, fragment", [

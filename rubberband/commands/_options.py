@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rubberband.errors import InputError
-from rubberband.units import parse_duration
+from rubberband.units import parse_duration, parse_overrun
 
 
 def deadline_flag(value: str | None, flag: str = "--deadline") -> float | None:
@@ -14,3 +14,11 @@ def deadline_flag(value: str | None, flag: str = "--deadline") -> float | None:
         return parse_duration(value)
     except ValueError as exc:
         raise InputError(f"{flag}: {exc}") from None
+
+
+def overrun_flag(value: str, deadline_s: float) -> float:
+    """Seconds for ``--overrun`` (a share of ``deadline_s``, a duration, 0 or none → math.inf)."""
+    try:
+        return parse_overrun(value, deadline_s)
+    except ValueError as exc:
+        raise InputError(f"--overrun: {exc}") from None

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from rubberband.catalog import load_catalog
-from rubberband.commands._options import deadline_flag
+from rubberband.commands._options import deadline_flag, overrun_flag
 from rubberband.commands.plan import print_plan
 from rubberband.console import stderr, stdout
 from rubberband.errors import InputError, PlanFileError, RunDirError
@@ -112,7 +112,7 @@ def _hints(record, run_dir: Path) -> str:
 
 
 def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Path, options, deadline_s: float | None,
-                trial_runtime: str, detach: bool) -> int:
+                overrun_s: float, trial_runtime: str, detach: bool) -> int:
     """Head mode: start the run's head instance, submit the run to it, then follow it (unless ``detach``)."""
     from rubberband.cloud.head_session import HeadSession, check_options, end_run, link_for, start_head
     from rubberband.cloud.testboot import boot_mode
@@ -131,7 +131,7 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
     try:
         with HeadSession(record, link_for(record, test_boot, options.ssh_key),
                          connect_timeout_s=options.boot_timeout_s) as session:
-            session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime)
+            session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime, overrun_s=overrun_s)
     except BaseException:
         end_run(record, test_boot=test_boot)  # never leave a head without a run billing
         raise
@@ -198,6 +198,9 @@ def register(app: typer.Typer) -> None:
         resume: str = typer.Option(None, "--resume", metavar="RUN_DIR",
                                    help="Continue a run whose executor died, from its journal."),
         deadline: str = typer.Option(None, "--deadline", help="Override the spec's deadline (90m, 2h...)."),
+        overrun: str = typer.Option("10%", "--overrun", help="How far past the deadline a late run goes on before "
+                                    "it is stopped and every instance terminated: a share of the deadline (10%), "
+                                    "a duration (15m), 0 (stop at the deadline) or none (run to the end)."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before starting a freshly made plan."),
         dry_run: bool = typer.Option(False, "--dry-run", help="With --cloud aws|gcp: print the provisioning "
                                      "schedule, expected bill and permission checks; create nothing."),
@@ -228,6 +231,7 @@ def register(app: typer.Typer) -> None:
         from rubberband.executor.controller import check_plan_matches
 
         deadline_s = deadline_flag(deadline)
+        overrun_flag(overrun, 1.0)  # the form is checked before anything starts; the seconds need the plan
         if head not in ("instance", "local"):
             raise InputError(f"--head {head!r}: use 'instance' (a head instance per run) or 'local' (this machine)")
         if attach is not None:
@@ -299,6 +303,7 @@ def register(app: typer.Typer) -> None:
         for stage in plan.stages:  # fail before anything starts if a type is unknown
             catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
         head_mode = backend_cloud in ("aws", "gcp") and head == "instance"
+        overrun_s = overrun_flag(overrun, deadline_s or plan.deadline_s)
         if detach and not head_mode:
             raise InputError("--detach needs a run on a head instance (--cloud aws|gcp without --head local)")
         if head_mode:
@@ -313,10 +318,11 @@ def register(app: typer.Typer) -> None:
             options = HeadOptions(ssh_cidr=ssh_cidr, ssh_key=ssh_key, key_name=key_name, ssh_user=ssh_user,
                                   watchdog=watchdog)
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
-                               options=options, deadline_s=deadline_s, trial_runtime=trial_runtime, detach=detach)
+                               options=options, deadline_s=deadline_s, overrun_s=overrun_s,
+                               trial_runtime=trial_runtime, detach=detach)
         backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages])
         result = execute(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                          backend=backend, trial_runtime=trial_runtime, deadline_s=deadline_s,
-                         resume=resume is not None)
+                         overrun_s=overrun_s, resume=resume is not None)
         print_summary(run_id, spec.metric.name, result.result, run_directory / "result.json")
         return 0
