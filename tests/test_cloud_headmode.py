@@ -106,7 +106,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     record = None
     try:
         deadline = time.monotonic() + 90
-        while "stage 1/2" not in log.read_text():  # the executor's progress, streamed from the head
+        while "stage 0 (1 of 2" not in log.read_text():  # the executor's progress, streamed from the head
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         record = HeadRecord.read(run_dir)
@@ -139,7 +139,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         if record is not None:
             end_run(record, test_boot="local")
     assert attached.returncode == 0, attached.stderr[-3000:]
-    assert "stage 2/2" in attached.stderr and "BEGIN RUBBERBAND" not in attached.stderr
+    assert "stage 1 (2 of 2" in attached.stderr and "BEGIN RUBBERBAND" not in attached.stderr
     assert "finished: best trial" in attached.stdout and str(run_dir / "result.json") in attached.stdout
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["best"]["trial_id"]

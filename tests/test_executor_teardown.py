@@ -94,3 +94,14 @@ def test_a_late_run_goes_on_within_its_overrun_then_stops(tmp_path):
         controller._check_deadline()
     controller._terminator.shutdown(wait=True)
     controller._provisioner.shutdown(wait=True)
+
+
+def test_progress_numbers_stages_as_the_plan_does_and_says_how_late_a_run_is():
+    from rubberband.executor.controller import Progress
+    from rubberband.executor.progress import describe
+
+    snapshot = dict(stage=4, stages=5, bracket=0, trials_alive=1, trials_pending=0, epochs_done=243, instances=1,
+                    spent_usd=0.0124, predicted_usd=0.0108, deadline_s=160.0)
+    assert describe(Progress(elapsed_s=130.0, **snapshot)).startswith("stage 4 (5 of 5, bracket 0)")
+    assert describe(Progress(elapsed_s=130.0, **snapshot)).endswith("30.0s to deadline")
+    assert describe(Progress(elapsed_s=172.5, **snapshot)).endswith("12.5s past the deadline")
