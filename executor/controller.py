@@ -49,7 +49,7 @@ from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
 from rubberband.executor.placement import Slot, make_slots
-from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanRequest, Replanner, TrialRuntime
+from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, LATE_GAIN, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan
 from rubberband.planner.schedule import stages_for
 from rubberband.profile import Profile
@@ -958,9 +958,16 @@ class Controller:
         current_cost = sum(s.predicted_cost_usd or 0.0 for s in rest)
         meets = candidate.predicted.p_meet_deadline >= self.plan.confidence
         cheaper = candidate.predicted.cost_usd.mean < current_cost * 0.97
-        accepted = meets and (at_risk or cheaper)
-        reason = ("deadline at risk" if at_risk else "cheaper plan meets the deadline") if accepted else \
-            ("proposal misses the confidence" if not meets else "current plan is as cheap and on time")
+        # out of reach: a proposal that misses the deadline too, but finishes clearly sooner, makes the run less late
+        sooner = at_risk and not meets and candidate.predicted.jct_s.p50 < remaining_pred * (1 - LATE_GAIN)
+        accepted = (meets and (at_risk or cheaper)) or sooner
+        if sooner:
+            reason = (f"deadline out of reach: the quickest plan (p50 {format_duration(candidate.predicted.jct_s.p50)}"
+                      f" left, vs {format_duration(remaining_pred)}) makes the run less late")
+        elif accepted:
+            reason = "deadline at risk" if at_risk else "cheaper plan meets the deadline"
+        else:
+            reason = "proposal misses the confidence" if not meets else "current plan is as cheap and on time"
         self.journal.record(J.DECISION, **decision, accepted=accepted, reason=reason,
                             proposal_cost_usd=candidate.predicted.cost_usd.mean,
                             proposal_p_meet=candidate.predicted.p_meet_deadline, current_cost_usd=current_cost)

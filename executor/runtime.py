@@ -85,8 +85,14 @@ class ReplanRequest:
     unavailable: tuple[str, ...] = ()
 
 
+#: A late run's re-plan targets the shortest feasible JCT plus this share (the cheapest plan that quick).
+QUICKEST_SLACK = 1.02
+#: A late proposal must finish at least this share sooner than the current plan (median JCT) to be taken.
+LATE_GAIN = 0.05
+
 #: Returns a plan whose ``stages`` are the remaining stages (same trials and epochs, possibly other
-#: instances), with predictions for the remaining part under ``remaining_deadline_s``; or None.
+#: instances), with predictions for the remaining part under ``remaining_deadline_s``; or None. When
+#: the deadline is at risk and out of reach it may return the quickest plan, which then misses it.
 Replanner = Callable[[ReplanRequest], "Plan | None"]
 
 
@@ -112,14 +118,17 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
     """Re-plan the remaining stages with ``rubberband.planner.plan_stages`` (None without the planner).
 
     The performance model is re-fitted from the profile plus the latencies measured so far, and
-    the instances kept for the next stage are passed as already running.
+    the instances kept for the next stage are passed as already running. When the deadline is at
+    risk and no plan meets it any more, the proposal is the cheapest plan that finishes soonest
+    (at the shortest feasible JCT), as long as it finishes sooner than the current plan would.
     """
     try:
-        from rubberband.planner import (RunningState, allowed_types, fit_performance_model, plan_stages,
-                                        prediction, stage_plans)
+        from rubberband.planner import (RunningState, Simulator, allowed_types, configs_of,
+                                        fit_performance_model, plan_stages, prediction, stage_plans)
         from rubberband.planner.schedule import Stage
     except (ImportError, AttributeError):
         return None
+    from rubberband.errors import InfeasibleError
 
     def replan(request: ReplanRequest) -> Plan | None:
         spec = request.spec
@@ -133,9 +142,21 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
         types = [t for t in allowed_types(catalog, spec) if t.key not in request.unavailable]
         if not types:
             return None
-        out = plan_stages(stages, model, types, deadline_s=request.remaining_deadline_s,
-                          confidence=spec.confidence, max_workers_per_trial=spec.resources.max_workers_per_trial,
-                          spot=spec.resources.spot, seed=spec.seed, running=running)
+        options = dict(confidence=spec.confidence, max_workers_per_trial=spec.resources.max_workers_per_trial,
+                       spot=spec.resources.spot, seed=spec.seed, running=running)
+        try:
+            out = plan_stages(stages, model, types, deadline_s=request.remaining_deadline_s, **options)
+        except InfeasibleError as exc:
+            if not request.at_risk or exc.shortest_jct_s is None:
+                raise
+            # out of reach: be as little late as possible, if that is sooner than the current plan
+            out = plan_stages(stages, model, types, deadline_s=exc.shortest_jct_s * QUICKEST_SLACK, **options)
+            _, current = configs_of(request.plan.model_copy(update={"stages": rest}), catalog)
+            now = Simulator(stages, model, seed=spec.seed, spot=spec.resources.spot, start_state=running)
+            current_s, quickest_s = now.simulate(current).jct_quantile(0.5), out.result.jct_quantile(0.5)
+            if quickest_s >= current_s * (1 - LATE_GAIN):
+                raise InfeasibleError(f"{exc}; the current plan (p50 {current_s:.0f} s) is about as quick as "
+                                      f"any (p50 {quickest_s:.0f} s)") from None
         return request.plan.model_copy(update={
             "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot),
             "predicted": prediction(out.result, request.remaining_deadline_s)})

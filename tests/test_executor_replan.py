@@ -36,11 +36,14 @@ def _controller(setup, replanner, deadline_s):
     return controller
 
 
-def _proposal(plan, instance_type: str, cost: float, p_meet: float = 0.99, trials: int | None = None):
+def _proposal(plan, instance_type: str, cost: float, p_meet: float = 0.99, trials: int | None = None,
+              jct_p50: float | None = None):
     stage = plan.stages[1].model_copy(update={"instance_type": instance_type, "predicted_cost_usd": cost,
                                               **({"trials": trials} if trials else {})})
+    jct = plan.predicted.jct_s if jct_p50 is None else plan.predicted.jct_s.model_copy(update={"p50": jct_p50})
     predicted = plan.predicted.model_copy(update={
-        "cost_usd": plan.predicted.cost_usd.model_copy(update={"mean": cost}), "p_meet_deadline": p_meet})
+        "cost_usd": plan.predicted.cost_usd.model_copy(update={"mean": cost}), "p_meet_deadline": p_meet,
+        "jct_s": jct})
     return plan.model_copy(update={"stages": [stage], "predicted": predicted})
 
 
@@ -84,6 +87,51 @@ def test_proposals_that_do_not_pay_are_rejected(setup, proposal, reason):
     decision = _decisions(setup[2])[-1]
     assert not decision["accepted"] and decision["reason"] == reason
     assert controller.plan.stages[1].instance_type == "local.cpu4"
+
+
+@pytest.mark.parametrize("jct_p50, accepted", [(20.0, True), (39.0, False)])
+def test_out_of_reach_a_late_proposal_is_taken_only_when_clearly_sooner(setup, jct_p50, accepted):
+    # 100 s gone, 30 s left; the current plan needs about 40 s more (8 s predicted × 5 slowdown)
+    late = dict(instance_type="local.cpu2", cost=9.0, p_meet=0.0, jct_p50=jct_p50)
+    controller = _controller(setup, lambda r: _proposal(r.plan, **late), deadline_s=130.0)
+    controller._maybe_replan(1)
+    decision = _decisions(setup[2])[-1]
+    assert decision["at_risk"] and decision["accepted"] == accepted
+    if accepted:
+        assert decision["reason"].startswith("deadline out of reach: the quickest plan (p50 20.0s left, vs 40.")
+        assert controller.plan.stages[1].instance_type == "local.cpu2"
+    else:
+        assert decision["reason"] == "proposal misses the confidence"
+        assert controller.plan.stages[1].instance_type == "local.cpu4"
+
+
+def test_planner_replanner_proposes_the_quickest_plan_when_the_deadline_is_out_of_reach():
+    from rubberband.errors import InfeasibleError
+    from rubberband.executor.runtime import planner_replanner
+    from rubberband.inputs import load_job_inputs
+    from rubberband.planner import simulate_plan
+
+    from conftest import REPO
+
+    inputs = load_job_inputs(REPO / "examples" / "quickstart_local.yaml")
+    spec = inputs.spec
+    # the rest of the run on one single-worker local.cpu1: far from the quickest the remaining stages can go
+    slow = simulate_plan(make_plan(spec, [("local.cpu2", 2, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1)]),
+                         inputs.profile, inputs.catalog, samples=200)
+    replan = planner_replanner(inputs.catalog, inputs.profile)
+    request = ReplanRequest(spec=spec, plan=slow, next_stage=1, elapsed_s=170.0, spent_usd=0.001,
+                            remaining_deadline_s=10.0, at_risk=True, running={"local:local:local.cpu1": 1})
+    proposal = replan(request)
+    current_s = sum(s.predicted_duration_s for s in slow.stages[1:])
+    assert [(s.trials, s.epochs) for s in proposal.stages] == [(s.trials, s.epochs) for s in slow.stages[1:]]
+    assert proposal.predicted.p_meet_deadline < spec.confidence  # it is late too...
+    assert proposal.predicted.jct_s.p50 < 0.95 * current_s  # ...but clearly less late than the current plan
+    on_time = ReplanRequest(**{**request.__dict__, "at_risk": False})
+    with pytest.raises(InfeasibleError):  # not at risk: no late proposal
+        replan(on_time)
+    quick = slow.model_copy(update={"stages": slow.stages[:1] + proposal.stages})
+    with pytest.raises(InfeasibleError, match="about as quick as any"):  # nothing to gain: keep the plan
+        replan(ReplanRequest(**{**request.__dict__, "plan": quick}))
 
 
 def test_without_a_replanner_the_decision_is_still_journaled(setup):
