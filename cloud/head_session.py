@@ -47,6 +47,8 @@ HEAD_RECORD = "head.json"
 CODE_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", "runs")
 MAX_CODE_BYTES = 100 * 1024 ** 2
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+#: How long the link to a head may stay broken (no log, no status) before the CLI gives up following the run.
+LINK_GRACE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -267,29 +269,44 @@ class HeadSession:
     def status(self, job_id: str | None = None) -> str:
         return str(self.client.get_job_status(job_id or self.job_id).value)
 
-    def stream(self, write: Callable[[str], None], *, poll_s: float = 1.0) -> str:
+    def stream(self, write: Callable[[str], None], *, poll_s: float = 1.0, link_grace_s: float = LINK_GRACE_S) -> str:
         """Write the run job's log as it grows until the job ends; return its final status.
 
-        The run directory the job prints at its end is kept (:attr:`packed`), not written."""
+        A dropped stream is reconnected (Ray replays the log from its start; what was shown is
+        skipped) until the link has been broken for ``link_grace_s``. The run directory the job
+        prints at its end is kept (:attr:`packed`), not written."""
         self.filter = LogFilter()
+        seen = 0  # characters of the log already fed to the filter
+        broken_since: float | None = None
 
         async def tail() -> None:
+            nonlocal seen, broken_since
+            skip = seen
             async for chunk in self.client.tail_job_logs(self.job_id):
+                broken_since = None
+                if skip >= len(chunk):
+                    skip -= len(chunk)
+                    continue
+                chunk, skip = chunk[skip:], 0
+                seen += len(chunk)
                 if shown := self.filter.feed(chunk):
                     write(shown)
 
-        try:
-            asyncio.run(tail())
-        except Exception as exc:  # noqa: BLE001 - the link dropped (aiohttp errors): fall back to polling
-            write(f"(log stream interrupted: {type(exc).__name__}; waiting for the run to end)\n")
-        try:
-            while (status := self.status()) not in TERMINAL:
-                time.sleep(poll_s)
-        except Exception as exc:  # noqa: BLE001 - the link is gone; the run is not
-            raise CloudError(f"lost the link to head {self.record.instance_id} ({type(exc).__name__}); the run goes "
-                             f"on there: follow it again with `rubberband run --attach RUN_DIR`",
-                             kind="transient") from None
-        return status
+        while True:
+            try:
+                asyncio.run(tail())
+                if (status := self.status()) in TERMINAL:
+                    return status
+            except Exception as exc:  # noqa: BLE001 - the link dropped (aiohttp, requests errors); the run did not
+                now = time.monotonic()
+                if broken_since is None:
+                    broken_since = now
+                    write(f"(log stream interrupted: {type(exc).__name__}; reconnecting)\n")
+                elif now - broken_since > link_grace_s:
+                    raise CloudError(f"lost the link to head {self.record.instance_id} ({type(exc).__name__}); the "
+                                     f"run goes on there: follow it again with `rubberband run --attach RUN_DIR`",
+                                     kind="transient") from None
+            time.sleep(poll_s)
 
     def fetch(self, run_dir: Path, *, timeout_s: float = 300.0) -> list[str]:
         """Bring the head's run directory (journal, result.json, ...) into ``run_dir``: from the end of the

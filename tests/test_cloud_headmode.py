@@ -24,9 +24,11 @@ from rubberband.catalog import parse_catalog
 from rubberband.cloud.bootstrap import WatchdogSettings
 from rubberband.cloud.head_job import PACK_EXCLUDE, build_parser, pack, unpack
 from rubberband.cloud.head_link import DirectLink, SshTunnel
-from rubberband.cloud.head_session import HeadOptions, HeadRecord, end_run, entrypoint, stage_code, start_head
+from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, stage_code,
+                                           start_head)
 from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.testboot import head_disk
+from rubberband.errors import CloudError
 from rubberband.plan import load_plan
 from rubberband.spec import load_spec
 
@@ -319,3 +321,51 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
     finally:
         assert end_run(record, test_boot=None) == 1
     assert not gce_fake.instances and not gce_fake.firewalls
+
+
+class _FlakyJobServer:
+    """A job client whose log stream breaks: each connection replays the log from its start (as Ray's does)."""
+
+    def __init__(self, log: str, breaks: list[int], status_fails: int = 0) -> None:
+        self.log, self.breaks, self.status_fails, self.connections = log, list(breaks), status_fails, 0
+
+    async def tail_job_logs(self, job_id):
+        self.connections += 1
+        cut = self.breaks.pop(0) if self.breaks else None
+        for i in range(0, len(self.log) if cut is None else cut, 5):
+            yield self.log[i:min(i + 5, len(self.log) if cut is None else cut)]
+        if cut is not None:
+            raise RuntimeError("WebSocket closed with close code 1006")
+
+    def get_job_status(self, job_id):
+        if self.status_fails:
+            self.status_fails -= 1
+            raise ConnectionError("connection refused")
+        return type("Status", (), {"value": "SUCCEEDED" if not self.breaks else "RUNNING"})()
+
+
+def _session(client) -> HeadSession:
+    record = HeadRecord(run_id="r1", cloud="aws", region=REGION, instance_id="i-0abc", zone="us-east-1b",
+                        address="10.0.0.5", public_address=None, regions=[REGION], metric="loss")
+    session = HeadSession(record, DirectLink("http://127.0.0.1:1"))
+    session.client = client
+    return session
+
+
+def test_a_dropped_log_stream_reconnects_and_shows_each_line_once():
+    log = "".join(f"stage {i} line\n" for i in range(12))
+    server = _FlakyJobServer(log, breaks=[23, 23, 101], status_fails=1)
+    shown: list[str] = []
+    assert _session(server).stream(shown.append, poll_s=0.01) == "SUCCEEDED"
+    notices = [s for s in shown if s.startswith("(log stream interrupted")]
+    assert len(notices) == 4  # three drops mid-log, one failed status call
+    assert server.connections == 5  # the last one replays what was shown: skipped
+    assert "".join(s for s in shown if s not in notices) == log
+
+
+def test_a_link_broken_for_longer_than_the_grace_gives_up_saying_how_to_follow_again():
+    server = _FlakyJobServer("x\n", breaks=[0] * 1000, status_fails=1000)
+    shown: list[str] = []
+    with pytest.raises(CloudError, match="lost the link to head i-0abc .* --attach"):
+        _session(server).stream(shown.append, poll_s=0.01, link_grace_s=0.2)
+    assert server.connections > 3 and len(shown) == 1  # retried quietly: one notice for the whole outage
