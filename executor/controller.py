@@ -912,7 +912,8 @@ class Controller:
         if elapsed > self.deadline_s + self.overrun_s:
             allowed = f" plus the allowed overrun ({format_duration(self.overrun_s)})" if self.overrun_s else ""
             raise DeadlineExceeded(f"run passed its deadline ({format_duration(self.deadline_s)}){allowed} in stage "
-                                   f"{self.stage_index}; every instance was terminated")
+                                   f"{self.stage_index}; every instance was terminated; to finish it anyway: "
+                                   f"rubberband run --resume {self.run_dir} --overrun none")
 
     def _maybe_replan(self, g: int) -> None:
         """At the boundary before stage ``g``: re-plan the rest if the deadline is at risk or it pays."""
