@@ -192,10 +192,16 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
     return work
 
 
-def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str) -> str:
-    """The run job's command line on the head (names the run, never a credential)."""
+def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str,
+               head_grace_s: float | None = None) -> str:
+    """The run job's command line on the head (names the run, never a credential).
+
+    ``head_grace_s``: the watchdog's results grace the head was started with, which the run's
+    ``result.json`` bills the head for after the run ends."""
     words = ["python", "-m", "rubberband.cloud.head_job", "run", "--cloud", record.cloud, "--region", record.region,
              "--head-id", record.instance_id, "--run-id", record.run_id, "--trial-runtime", trial_runtime]
+    if head_grace_s is not None:
+        words += ["--head-grace", f"{head_grace_s:g}"]
     if deadline_s:
         words += ["--deadline", f"{deadline_s:g}"]
     import shlex
@@ -242,10 +248,12 @@ class HeadSession:
     def job_id(self) -> str:
         return self.record.cloud_run_id
 
-    def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str) -> str:
+    def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str,
+               head_grace_s: float | None = None) -> str:
         with tempfile.TemporaryDirectory(prefix="rb-stage-") as tmp:
             work = stage_code(spec, plan, Path(tmp))
-            return self._submit(entrypoint=entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime),
+            return self._submit(entrypoint=entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime,
+                                                      head_grace_s=head_grace_s),
                                 runtime_env={"working_dir": str(work)}, submission_id=self.job_id,
                                 metadata={"rubberband_run": self.record.run_id})
 
