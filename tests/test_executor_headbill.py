@@ -47,6 +47,8 @@ def _journal_with_head(run_dir, spec, plan, *, head: bool = True) -> None:
 
 def test_a_journaled_head_is_billed_launch_to_end_plus_grace_outside_the_stages(tmp_path, spec):
     plan = make_plan(spec, [("local.cpu2", 2, 1), ("local.cpu2", 1, 2)])
+    plan = plan.model_copy(update={"predicted": plan.predicted.model_copy(update={
+        "cost_breakdown": CostBreakdown(head_usd=0.05)})})  # what the planner predicted for the head
     with_head, without = tmp_path / "a", tmp_path / "b"
     _journal_with_head(with_head, spec, plan)
     _journal_with_head(without, spec, plan, head=False)
@@ -61,8 +63,6 @@ def test_a_journaled_head_is_billed_launch_to_end_plus_grace_outside_the_stages(
     assert bill.total_usd == pytest.approx(bare.total_usd + bill.head_usd)
     assert bill.workers_usd == pytest.approx(bare.total_usd) and bill.by_stage == bare.by_stage
 
-    plan = plan.model_copy(update={"predicted": plan.predicted.model_copy(update={
-        "cost_breakdown": CostBreakdown(head_usd=0.05)})})
     result = build_result(state, plan, spec=spec, status="finished", error=None, best_trial=None, best_metric=None,
                           now=1802.0, run_dir=with_head)
     assert result["actual"]["cost_usd"] == pytest.approx(bill.total_usd)

@@ -106,5 +106,8 @@ def test_dry_run_and_plan_bill_the_same_head(quickstart):
     assert head.instance_type == plan.head.instance_type and head.request_at_s == -plan.head.boot_s
     end = max(i.released_s for i in plan.timeline.instances)
     assert head.release_at_s == pytest.approx(end + plan.head.grace_s)
-    # the dry run bills the representative sample's JCT, the planner the mean over samples
-    assert head.cost_usd == pytest.approx(plan.predicted.cost_breakdown.head_usd, rel=0.02)
+    # the dry run bills the representative (median-JCT) sample, the planner every sample: the same rule
+    h = plan.head
+    assert head.cost_usd == pytest.approx(BILLING_RULES["aws"].cost(h.boot_s + plan.predicted.jct_s.p50 + h.grace_s,
+                                                                    h.price_hr), abs=5 * h.price_hr / 3600)
+    assert head.cost_usd == pytest.approx(plan.predicted.cost_breakdown.head_usd, rel=0.01)
