@@ -39,12 +39,31 @@ JoinCheck = Callable[[Instance, float], None]
 
 
 @dataclass(frozen=True)
+class BilledHead:
+    """The run's head instance as the run pays for it (head mode: the executor runs on it).
+
+    The executor journals it so ``result.json`` bills it under its cloud's billing rule, from
+    ``launched_at`` until ``grace_s`` (the watchdog's results grace) after the run ends.
+    """
+
+    id: str
+    instance_type: str
+    cloud: str
+    price_hr: float
+    launched_at: float  # POSIX seconds, from the provider
+    grace_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class HeadHandle:
-    """What the executor needs of the head: where Ray listens (and no local process id)."""
+    """What the executor needs of the head: where Ray listens (and no local process id).
+
+    ``billed``: the head instance when the run pays for it (None: the CLI machine or a local node)."""
 
     address: str
     id: str
     pid: int | None = None
+    billed: BilledHead | None = None
 
 
 def ray_join_check(instance: Instance, timeout_s: float) -> None:

@@ -69,6 +69,7 @@ class DryRunReport:
     checks: list[PermissionCheck]
     predicted_cost_usd: float
     catalog_dates: dict[str, str] = field(default_factory=dict)
+    predicted_head_usd: float = 0.0  # the planner's mean head cost (plan.predicted.cost_breakdown.head_usd)
 
     @property
     def total_usd(self) -> float:
@@ -133,7 +134,13 @@ def _timeline(plan: Plan) -> list[tuple[str, str, str, int, int, float, float, f
 
 def schedule_for(plan: Plan, catalog: Catalog, *, include_head: bool = True,
                  head_grace_s: float | None = None) -> list[ScheduledInstance]:
-    """The provisioning schedule of ``plan``, priced with ``catalog`` and each cloud's billing rule."""
+    """The provisioning schedule of ``plan``, priced with ``catalog`` and each cloud's billing rule.
+
+    With ``include_head`` the run's head comes first: requested its boot before the job starts
+    (``plan.head.boot_s``; 0 for a plan that records no head) and released the results grace after
+    the last worker (``head_grace_s``, else ``plan.head.grace_s``, else the watchdog's default), so
+    its bill matches the planner's ``cost_breakdown.head_usd`` for the same plan.
+    """
     schedule: list[ScheduledInstance] = []
     for ident, cloud, name, first, last, requested, ready, released in _timeline(plan):
         if cloud not in HEAD_TYPES:
@@ -150,7 +157,9 @@ def schedule_for(plan: Plan, catalog: Catalog, *, include_head: bool = True,
             ready_at_s=ready, release_at_s=released, billed_s=rule.billed_seconds(lifetime), price_hr=price,
             cost_usd=rule.cost(lifetime, price)))
     if include_head and schedule:
-        grace = WatchdogSettings().done_grace_s if head_grace_s is None else head_grace_s
+        grace = head_grace_s if head_grace_s is not None else (
+            plan.head.grace_s if plan.head is not None else WatchdogSettings().done_grace_s)
+        boot = plan.head.boot_s if plan.head is not None else 0.0
         first_worker = min(schedule, key=lambda s: s.request_at_s)
         head = HEAD_TYPES[first_worker.cloud]
         end = max(s.release_at_s for s in schedule) + grace
@@ -158,8 +167,8 @@ def schedule_for(plan: Plan, catalog: Catalog, *, include_head: bool = True,
         schedule.insert(0, ScheduledInstance(
             id="head", role="head", cloud=first_worker.cloud, region=first_worker.region, zone=first_worker.zone,
             instance_type=head.name, spot=False, first_stage=0, last_stage=max(s.last_stage for s in schedule),
-            request_at_s=0.0, ready_at_s=0.0, release_at_s=end, billed_s=rule.billed_seconds(end),
-            price_hr=head.price_hr, cost_usd=rule.cost(end, head.price_hr)))
+            request_at_s=-boot, ready_at_s=0.0, release_at_s=end, billed_s=rule.billed_seconds(boot + end),
+            price_hr=head.price_hr, cost_usd=rule.cost(boot + end, head.price_hr)))
     return schedule
 
 
@@ -190,12 +199,18 @@ def dry_run(plan: Plan, provider_factory: ProviderFactory, *, catalog: Catalog |
                 checks.extend(probe(request))
     report = DryRunReport(job=plan.job.name, schedule=schedule, checks=checks,
                           predicted_cost_usd=plan.predicted.cost_usd.mean,
+                          predicted_head_usd=plan.predicted.cost_breakdown.head_usd,
                           catalog_dates={c: d for c, d in catalog.dates.items() if c in clouds})
     if strict and report.denied:
         names = ", ".join(f"{c.action} ({c.cloud} {c.region})" for c in report.denied)
         raise CloudError(f"the credentials lack permission: {names}; grant them (see docs/clouds.md) and retry",
                          kind="fatal", code="UnauthorizedOperation")
     return report
+
+
+def _at(seconds: float) -> str:
+    """A time relative to the job's start; the head is requested its boot before it (negative)."""
+    return f"-{format_duration(-seconds)}" if seconds < 0 else format_duration(seconds)
 
 
 def render_dry_run(report: DryRunReport) -> RenderableType:
@@ -206,12 +221,14 @@ def render_dry_run(report: DryRunReport) -> RenderableType:
         table.add_column(column, justify="right" if column in ("billed", "$/h", "cost") else "left")
     for s in sorted(report.schedule, key=lambda s: (s.request_at_s, s.id)):
         table.add_row(s.id, s.role, s.instance_type, s.zone or s.region, "spot" if s.spot else "on-demand",
-                      format_duration(s.request_at_s), format_duration(s.ready_at_s), format_duration(s.release_at_s),
+                      _at(s.request_at_s), _at(s.ready_at_s), _at(s.release_at_s),
                       format_duration(s.billed_s), f"{s.price_hr:.4f}", format_usd(s.cost_usd))
     bill = Text()
     bill.append(f"Expected bill: {format_usd(report.total_usd)}", style="bold")
+    planned_head = f", head {format_usd(report.predicted_head_usd)}" if report.predicted_head_usd else ""
     bill.append(f"  (workers {format_usd(report.workers_usd)}, head {format_usd(report.head_usd)}; "
-                f"planner's mean {format_usd(report.predicted_cost_usd)}; peak {report.peak_instances} instances; "
+                f"planner's mean {format_usd(report.predicted_cost_usd)}{planned_head}; "
+                f"peak {report.peak_instances} instances; "
                 f"last release at {format_duration(report.end_s)})\n")
     bill.append("By type: " + ", ".join(f"{k} {format_usd(v)}" for k, v in sorted(report.cost_by_type().items())))
     if report.catalog_dates:

@@ -30,8 +30,8 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rubberband.cloud.backend import HeadHandle
-from rubberband.cloud.bootstrap import RAY_PORT, RUN_ROOT, RUN_ROOT_ENV, cloud_run_id
+from rubberband.cloud.backend import BilledHead, HeadHandle
+from rubberband.cloud.bootstrap import RAY_PORT, RUN_ROOT, RUN_ROOT_ENV, WatchdogSettings, cloud_run_id
 from rubberband.cloud.local_head import LocalHeadCloudBackend
 from rubberband.cloud.provider import Instance
 
@@ -61,12 +61,15 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
 
     Workers are provisioned exactly as with the CLI machine as head (``LocalHeadCloudBackend``:
     failover, worker startup script joining ``head_instance``'s private address, the run's tags,
-    test boots). ``start_head`` only says where Ray listens; ``stop_head`` leaves the head to its
-    watchdog (results must still be fetched) and stops test-boot stand-ins of workers.
+    test boots). ``start_head`` says where Ray listens and which instance the run pays for as its
+    head (billed until ``head_grace_s``, the watchdog's results grace, after the run ends);
+    ``stop_head`` leaves the head to its watchdog (results must still be fetched) and stops
+    test-boot stand-ins of workers.
     """
 
     head_instance: Instance | None = None
     ray_address: str = ""
+    head_grace_s: float = 0.0
     _run_id: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -79,7 +82,26 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
         self._run_id = cloud_run_id(run_id)
         self.workers.head = dataclasses.replace(self.head_instance, run_id=self._run_id)
         return HeadHandle(address=self.ray_address or f"{self.head_instance.address}:{RAY_PORT}",
-                          id=self.head_instance.id)
+                          id=self.head_instance.id, billed=self.billed_head())
+
+    def billed_head(self) -> BilledHead:
+        """This head as the run pays for it: its type's on-demand price from its launch (else from now)."""
+        import time
+
+        from rubberband.cloud.head import HEAD_TYPES
+
+        head = self.head_instance
+        itype = HEAD_TYPES.get(self.cloud)
+        if itype is not None and itype.name == head.instance_type:
+            price = itype.price_hr
+        else:  # a head of another shape: the catalog's price, else the default head's
+            try:
+                price = self.catalog.find(head.instance_type, cloud=self.cloud).price_hr
+            except Exception:  # noqa: BLE001 - unknown type: bill it like the default head
+                price = itype.price_hr if itype is not None else 0.0
+        launched = head.launched_at if head.launched_at is not None else time.time()
+        return BilledHead(id=head.id, instance_type=head.instance_type, cloud=self.cloud, price_hr=price,
+                          launched_at=launched, grace_s=self.head_grace_s)
 
     def stop_head(self) -> bool:
         self._stop_stand_ins()
@@ -118,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         backend = OnHeadCloudBackend(cloud=args.cloud, run_dir=head_disk(args.head_id) if test_boot else run_dir,
                                      regions=list(dict.fromkeys(s.region for s in plan.stages)), pool=pool,
                                      catalog=load_catalog([args.cloud]), test_boot=test_boot, head_instance=head,
-                                     ray_address=os.environ.get("RAY_ADDRESS", ""))
+                                     ray_address=os.environ.get("RAY_ADDRESS", ""), head_grace_s=args.head_grace)
         result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
                          backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
                          overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile)
@@ -245,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--deadline", type=float, default=None)
     r.add_argument("--overrun-s", type=float, default=0.0, help="seconds a late run goes on (inf: no limit)")
     r.add_argument("--trial-runtime", default="rubberband.executor.trials")
+    r.add_argument("--head-grace", type=float, default=WatchdogSettings().done_grace_s,
+                   help="the watchdog's results grace: the head is billed this long after the run ends")
     p = sub.add_parser("pack", help="print the run directory as base64 tar.gz")
     p.add_argument("--run-id", required=True)
     return parser

@@ -194,10 +194,16 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
     return work
 
 
-def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str, overrun_s: float = 0.0) -> str:
-    """The run job's command line on the head (names the run, never a credential)."""
+def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str,
+               head_grace_s: float | None = None, overrun_s: float = 0.0) -> str:
+    """The run job's command line on the head (names the run, never a credential).
+
+    ``head_grace_s``: the watchdog's results grace the head was started with, which the run's
+    ``result.json`` bills the head for after the run ends."""
     words = ["python", "-m", "rubberband.cloud.head_job", "run", "--cloud", record.cloud, "--region", record.region,
              "--head-id", record.instance_id, "--run-id", record.run_id, "--trial-runtime", trial_runtime]
+    if head_grace_s is not None:
+        words += ["--head-grace", f"{head_grace_s:g}"]
     if deadline_s:
         words += ["--deadline", f"{deadline_s:g}"]
     if overrun_s:
@@ -247,10 +253,11 @@ class HeadSession:
         return self.record.cloud_run_id
 
     def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str,
-               overrun_s: float = 0.0) -> str:
+               head_grace_s: float | None = None, overrun_s: float = 0.0) -> str:
         with tempfile.TemporaryDirectory(prefix="rb-stage-") as tmp:
             work = stage_code(spec, plan, Path(tmp))
-            command = entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime, overrun_s=overrun_s)
+            command = entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime,
+                                 head_grace_s=head_grace_s, overrun_s=overrun_s)
             return self._submit(entrypoint=command,
                                 runtime_env={"working_dir": str(work)}, submission_id=self.job_id,
                                 metadata={"rubberband_run": self.record.run_id})

@@ -7,6 +7,11 @@ is billed up to ``now`` (still alive, or the executor died and resume has not st
 Per-stage costs split each instance's bill over the stages in proportion to the time it
 lived during each stage's window (a stage's window runs from its start to the next stage's
 start; time before the first stage goes to the first one).
+
+In head mode the run's head instance (journaled once, :class:`~rubberband.executor.journal.HeadLife`)
+is billed under the same rule from its launch until ``grace_s`` after ``now`` (the run's end: the
+head's watchdog ends it after its results grace), the span the planner bills for it. It is part of
+the run's total, outside every stage.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import bisect
 from dataclasses import dataclass
 
 from rubberband.catalog import BILLING_RULES, BillingRule
-from rubberband.executor.journal import InstanceLife, RunState
+from rubberband.executor.journal import HeadLife, InstanceLife, RunState
 
 
 @dataclass(frozen=True)
@@ -32,8 +37,17 @@ class InstanceBill:
 @dataclass(frozen=True)
 class Bill:
     instances: tuple[InstanceBill, ...]
-    total_usd: float
-    by_stage: dict[int, float]
+    total_usd: float  # workers and head
+    by_stage: dict[int, float]  # workers only
+    head: InstanceBill | None = None
+
+    @property
+    def head_usd(self) -> float:
+        return self.head.cost_usd if self.head is not None else 0.0
+
+    @property
+    def workers_usd(self) -> float:
+        return self.total_usd - self.head_usd
 
 
 def bill_instance(life: InstanceLife, *, now: float, rules: dict[str, BillingRule] = BILLING_RULES) -> InstanceBill:
@@ -43,6 +57,14 @@ def bill_instance(life: InstanceLife, *, now: float, rules: dict[str, BillingRul
     billed = rule.billed_seconds(lifetime)
     return InstanceBill(life.id, life.instance_type, life.cloud, life.price_hr, lifetime, billed,
                         rule.cost(lifetime, life.price_hr))
+
+
+def bill_head(head: HeadLife, *, now: float, rules: dict[str, BillingRule] = BILLING_RULES) -> InstanceBill:
+    """The head's bill: launch until ``now`` (the run's end) plus its results grace."""
+    lifetime = max(0.0, now + head.grace_s - head.launched_at)
+    rule = rules.get(head.cloud, BillingRule())
+    return InstanceBill(head.id, head.instance_type, head.cloud, head.price_hr, lifetime,
+                        rule.billed_seconds(lifetime), rule.cost(lifetime, head.price_hr))
 
 
 def _stage_shares(life: InstanceLife, end: float, starts: list[tuple[float, int]]) -> dict[int, float]:
@@ -65,7 +87,7 @@ def _stage_shares(life: InstanceLife, end: float, starts: list[tuple[float, int]
 
 
 def bill_run(state: RunState, *, now: float, rules: dict[str, BillingRule] = BILLING_RULES) -> Bill:
-    """Bill every instance of the run and attribute the money to its stages."""
+    """Bill every instance of the run (the head too, if journaled) and attribute the workers' to stages."""
     starts = sorted((rec.started_at, s) for s, rec in state.stages.items() if rec.started_at is not None)
     bills = []
     by_stage: dict[int, float] = {}
@@ -75,4 +97,6 @@ def bill_run(state: RunState, *, now: float, rules: dict[str, BillingRule] = BIL
         end = life.terminated_at if life.terminated_at is not None else now
         for stage, share in _stage_shares(life, end, starts).items():
             by_stage[stage] = by_stage.get(stage, 0.0) + item.cost_usd * share
-    return Bill(tuple(bills), sum(b.cost_usd for b in bills), by_stage)
+    head = bill_head(state.head, now=now, rules=rules) if state.head is not None else None
+    total = sum(b.cost_usd for b in bills) + (head.cost_usd if head is not None else 0.0)
+    return Bill(tuple(bills), total, by_stage, head)

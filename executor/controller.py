@@ -247,7 +247,7 @@ class Controller:
         if resume:
             self.state = J.read_state(self.run_dir)
             self._stop_orphans()
-            self._spent_earlier = bill_run(J.read_state(self.run_dir), now=time.time()).total_usd
+            self._spent_earlier = bill_run(J.read_state(self.run_dir), now=time.time()).workers_usd
             self.journal.record(J.RUN_RESUMED, run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid())
         else:
             self.journal.record(J.RUN_STARTED, run_id=self.run_id, spec_sha256=self.spec.sha256(),
@@ -324,6 +324,12 @@ class Controller:
 
         head = self.backend.start_head(self.run_id)
         self.journal.record(J.DECISION, kind="head_started", address=head.address, pid=head.pid)
+        billed = getattr(head, "billed", None)
+        if billed is not None and (self.state.head is None or self.state.head.id != billed.id):
+            # the instance this executor runs on, which the run pays for: journaled once, so result.json bills it
+            self.journal.record(J.HEAD_INSTANCE, id=billed.id, instance_type=billed.instance_type, cloud=billed.cloud,
+                                price_hr=billed.price_hr, launched_at=billed.launched_at, grace_s=billed.grace_s)
+            self.state = J.read_state(self.run_dir)
         self._request_first_instances()  # the first node boots while the driver connects
         ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR")
         self._catch_signals()  # after ray.init, which installs its own SIGTERM handler (it aborts)
@@ -1084,9 +1090,13 @@ class Controller:
                                elapsed_s=time.time() - self.state.first_started_at, deadline_s=self.deadline_s))
 
     def _spent(self) -> float:
-        """Cost so far (cheap estimate, no billing minimums): earlier executors' bill plus this one's instances."""
+        """Cost so far (cheap estimate, no billing minimums): earlier executors' bill plus this one's instances,
+        plus the billed head's time since its launch."""
         now = time.time()
         total = self._spent_earlier
+        head = self.state.head
+        if head is not None:
+            total += head.price_hr * max(0.0, now - head.launched_at) / 3600.0
         for p in self.pool.values():
             if p.requested_at is not None:
                 total += _price(p.itype, p.spot) * ((p.terminated_at or now) - p.requested_at) / 3600.0

@@ -33,6 +33,7 @@ INSTANCE_REQUESTED = "instance_requested"
 INSTANCE_READY = "instance_ready"
 INSTANCE_TERMINATED = "instance_terminated"
 INSTANCE_LOST = "instance_lost"
+HEAD_INSTANCE = "head_instance"  # the run's billed head instance (head mode), once per head
 TRIAL_CREATED = "trial_created"
 TRIAL_STARTED = "trial_started"
 EPOCH = "epoch"
@@ -163,6 +164,19 @@ class InstanceLife:
 
 
 @dataclass
+class HeadLife:
+    """The run's head instance (head mode): the executor's own machine, billed from its launch until
+    ``grace_s`` (the watchdog's results grace) after the run ends; never terminated by the executor."""
+
+    id: str
+    instance_type: str
+    cloud: str
+    price_hr: float
+    launched_at: float
+    grace_s: float = 0.0
+
+
+@dataclass
 class TrialState:
     trial_id: str
     bracket: int
@@ -203,6 +217,7 @@ class RunState:
     end_reason: str | None = None
     result: dict[str, Any] | None = None
     instances: dict[str, InstanceLife] = field(default_factory=dict)
+    head: HeadLife | None = None  # the billed head instance (head mode only)
     trials: dict[str, TrialState] = field(default_factory=dict)
     stages: dict[int, StageRecord] = field(default_factory=dict)
     decisions: list[dict[str, Any]] = field(default_factory=list)
@@ -246,6 +261,11 @@ def fold(events: list[dict[str, Any]]) -> RunState:
                 id=event["id"], instance_type=event["instance_type"], cloud=event.get("cloud", state.cloud),
                 price_hr=float(event["price_hr"]), spot=bool(event.get("spot", False)),
                 stage=int(event.get("stage", 0)), requested_at=t)
+        elif kind == HEAD_INSTANCE:
+            state.head = HeadLife(id=event["id"], instance_type=event["instance_type"],
+                                  cloud=event.get("cloud", state.cloud), price_hr=float(event["price_hr"]),
+                                  launched_at=float(event.get("launched_at", t)),
+                                  grace_s=float(event.get("grace_s", 0.0)))
         elif kind == INSTANCE_READY and event["id"] in state.instances:
             state.instances[event["id"]].ready_at = t
         elif kind == INSTANCE_LOST and event["id"] in state.instances:

@@ -4,7 +4,9 @@ Built from the journal (:class:`~rubberband.executor.journal.RunState`) and the 
 ended with: the best configuration with its metric and checkpoint, the actual job
 completion time (first start → last stage finished, downtime between resumes included), the
 actual cost under the billing rules, the plan's predictions, and per-stage actual versus
-predicted duration and cost.
+predicted duration and cost. In head mode the run's head instance is in the actual cost
+(``actual.head_usd``, and ``head`` with its bill) as the prediction has it
+(``predicted.head_usd``); per-stage costs are the workers' only.
 """
 
 from __future__ import annotations
@@ -57,15 +59,20 @@ def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, err
     return {
         "run_id": state.run_id, "status": status, "error": error, "spec_sha256": state.spec_sha256,
         "attempts": state.attempts, "best": best,
-        "actual": {"jct_s": end - state.first_started_at, "cost_usd": bill.total_usd},
+        "actual": {"jct_s": end - state.first_started_at, "cost_usd": bill.total_usd, "head_usd": bill.head_usd},
         "predicted": {"jct_s": plan.predicted.jct_s.p50, "jct_p95_s": plan.predicted.jct_s.p95,
-                      "cost_usd": plan.predicted.cost_usd.mean, "p_meet_deadline": plan.predicted.p_meet_deadline},
+                      "cost_usd": plan.predicted.cost_usd.mean, "p_meet_deadline": plan.predicted.p_meet_deadline,
+                      "head_usd": plan.predicted.cost_breakdown.head_usd},
         "deadline_s": state.deadline_s, "met_deadline": status == "finished" and end - state.first_started_at
         <= state.deadline_s,
         "stages": stages,
         "instances": [{"id": b.id, "instance_type": b.instance_type, "cloud": b.cloud, "price_hr": b.price_hr,
                        "lifetime_s": b.lifetime_s, "billed_s": b.billed_s, "cost_usd": b.cost_usd}
                       for b in bill.instances],
+        "head": None if bill.head is None else {
+            "id": bill.head.id, "instance_type": bill.head.instance_type, "cloud": bill.head.cloud,
+            "price_hr": bill.head.price_hr, "lifetime_s": bill.head.lifetime_s, "billed_s": bill.head.billed_s,
+            "cost_usd": bill.head.cost_usd, "grace_s": state.head.grace_s if state.head is not None else 0.0},
         "decisions": len(state.decisions),
         "instances_lost": sum(1 for life in state.instances.values() if life.lost),
     }

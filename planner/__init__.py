@@ -9,9 +9,10 @@ import importlib
 # Exports resolve lazily so that light users (``rubberband schedule``) do not import scipy/networkx.
 _EXPORTS = {
     "StagesPlan": "api", "allowed_types": "api", "configs_of": "api", "plan_job": "api", "plan_stages": "api",
-    "prediction": "api", "simulate_plan": "api", "stage_plans": "api",
+    "prediction": "api", "simulate_plan": "api", "stage_plans": "api", "heads_of": "api",
     "PerformanceModel": "model", "fit_performance_model": "model",
-    "RunningState": "simulator", "SimResult": "simulator", "Simulator": "simulator", "StageConfig": "simulator",
+    "HeadSpec": "simulator", "RunningState": "simulator", "SimResult": "simulator", "Simulator": "simulator",
+    "StageConfig": "simulator",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.errors import InfeasibleError, PlanFileError
-from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distribution, JobInfo, Plan, PlannerInfo,
-                             Prediction, StagePlan, Timeline)
+from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distribution, HeadInfo, JobInfo, Plan,
+                             PlannerInfo, Prediction, StagePlan, Timeline)
 from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
 from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves
-from rubberband.planner.simulator import RunningState, SimOptions, SimResult, Simulator, StageConfig
+from rubberband.planner.simulator import HeadSpec, RunningState, SimOptions, SimResult, Simulator, StageConfig
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd
@@ -48,6 +48,7 @@ class StagesPlan:
     samples: int
     seed: int
     notes: list[str] = field(default_factory=list)
+    head: HeadSpec | None = None  # the billed head the predictions include (boot resolved)
 
 
 #: Simulated samples kept in a plan (for histograms in reports); the rest only feed the summaries.
@@ -111,22 +112,24 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                 deadline_s: float, confidence: float, max_workers_per_trial: int = 8, spot: bool = False,
                 samples: int = DEFAULT_SAMPLES, seed: int = 0, budget_usd: float | None = None,
                 running: RunningState | None = None, include_exact: bool = False,
-                screen_samples: int = SCREEN_SAMPLES) -> StagesPlan:
+                screen_samples: int = SCREEN_SAMPLES, heads: Mapping[str, HeadSpec] | None = None) -> StagesPlan:
     """Cheapest plan for ``stages`` meeting ``deadline_s`` at ``confidence`` (seconds from now).
 
     ``running`` describes instances already up (re-planning mid-run): the first stage reuses them
-    when it keeps their type. Raises InfeasibleError with the shortest achievable JCT (and its
-    cost) when no plan meets the deadline, or with the cheapest plan's cost when over budget.
+    when it keeps their type. ``heads`` (cloud → :class:`HeadSpec`) bills the run's head instance
+    in every candidate whose first stage runs on that cloud, the static baseline included. Raises
+    InfeasibleError with the shortest achievable JCT (and its cost) when no plan meets the
+    deadline, or with the cheapest plan's cost when over budget.
     """
     if not stages:
         raise ValueError("plan_stages needs at least one stage")
     space = PlanSpace(stages, types, model, max_workers_per_trial)
-    sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running)
+    sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads)
     evaluator = Evaluator(sim, screen_samples)
     statics = static_plans(space)
     # the static baseline is a fixed cluster: simulated with every instance held to the end
     static_sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
-                           options=SimOptions(hold_to_end=True))
+                           options=SimOptions(hold_to_end=True), heads=heads)
     static = cheapest_feasible(statics, space, Evaluator(static_sim, screen_samples), deadline_s, confidence,
                                screen_slack=SCREEN_SLACK)
     notes = []
@@ -187,7 +190,8 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         static_out = (static.plan, static.result, _timeline(static_sim, static.plan, static.result))
     return StagesPlan(stages=list(stages), configs=tuple(configs), result=result,
                       timeline=_timeline(sim, tuple(configs), result), static=static_out, exact=exact,
-                      candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes)
+                      candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes,
+                      head=sim.head_for(configs))
 
 
 def profile_sha256(profile: Profile) -> str:
@@ -196,8 +200,15 @@ def profile_sha256(profile: Profile) -> str:
 
 def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: float | None = None,
              confidence: float | None = None, cloud: str | None = None, samples: int = DEFAULT_SAMPLES,
-             seed: int | None = None, include_exact: bool = False) -> Plan:
-    """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines."""
+             seed: int | None = None, include_exact: bool = False,
+             heads: Mapping[str, HeadSpec] | None = None) -> Plan:
+    """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines.
+
+    ``heads`` (cloud → :class:`HeadSpec`): the run's billed head instance per cloud, chosen by the
+    caller for head mode on AWS/GCP; the plan's first stage's cloud picks one, and every prediction
+    (the chosen plan's and the baselines') includes it. None or no entry for the cloud: no head
+    is billed (local runs, ``--head local``).
+    """
     deadline = float(deadline_s if deadline_s is not None else spec.deadline_s)
     conf = float(confidence if confidence is not None else spec.confidence)
     seed = int(seed if seed is not None else spec.seed)
@@ -208,7 +219,8 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     model = fit_performance_model(profile)
     out = plan_stages(stages, model, types, deadline_s=deadline, confidence=conf,
                       max_workers_per_trial=spec.resources.max_workers_per_trial, spot=spec.resources.spot,
-                      samples=samples, seed=seed, budget_usd=spec.budget_usd, include_exact=include_exact)
+                      samples=samples, seed=seed, budget_usd=spec.budget_usd, include_exact=include_exact,
+                      heads=heads)
     baselines = {}
     if out.static is not None:
         plan_s, res_s, tl_s = out.static
@@ -231,8 +243,25 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
         planner=PlannerInfo(candidates_evaluated=out.candidates_evaluated, iterations=out.iterations,
                             samples=samples, seed=seed,
                             notes=out.notes + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
-        profile_sha256=profile_sha256(profile), spec=spec.model_dump(mode="json"),
+        profile_sha256=profile_sha256(profile), spec=spec.model_dump(mode="json"), head=head_info(out.head),
     )
+
+
+def head_info(head: HeadSpec | None) -> HeadInfo | None:
+    """The plan's record of a (resolved) billed head."""
+    if head is None:
+        return None
+    return HeadInfo(cloud=head.cloud, instance_type=head.instance_type, price_hr=head.price_hr,
+                    boot_s=float(head.boot_s or 0.0), grace_s=head.grace_s)
+
+
+def heads_of(plan: Plan) -> dict[str, HeadSpec]:
+    """The billed head a plan's predictions include, as the simulator takes it (empty: none)."""
+    h = plan.head
+    if h is None:
+        return {}
+    return {h.cloud: HeadSpec(cloud=h.cloud, instance_type=h.instance_type, price_hr=h.price_hr, grace_s=h.grace_s,
+                              boot_s=h.boot_s)}
 
 
 def configs_of(plan: Plan, catalog: Catalog) -> tuple[list[Stage], tuple[StageConfig, ...]]:
@@ -256,7 +285,8 @@ def simulate_plan(plan: Plan, profile: Profile, catalog: Catalog, *, samples: in
     for c in configs:
         model.require(c.instance_type.device)
     seed = plan.planner.seed if seed is None else seed
-    sim = Simulator(stages, model, samples=samples, seed=seed, spot=any(s.spot for s in plan.stages))
+    sim = Simulator(stages, model, samples=samples, seed=seed, spot=any(s.spot for s in plan.stages),
+                    heads=heads_of(plan))
     result = sim.simulate(configs)
     return plan.model_copy(update={
         "stages": stage_plans(stages, configs, result, any(s.spot for s in plan.stages)),

@@ -207,7 +207,7 @@ class Evaluator:
                         self._sub[sub_key] = self._subsims[b].simulate(plan[lo:hi])
                     parts.append(self._sub[sub_key])
                 jct = sum(p.jct for p in parts)
-                cost = sum(p.cost for p in parts)
+                cost = sum(p.cost for p in parts) + self.sim.head_cost(plan, jct)  # one head for the run
                 self._screen[key] = SimResult(configs=tuple(plan), jct=jct, cost=cost, stage_durations=[],
                                               stage_costs=[], breakdown={}, by_type={}, samples=len(jct))
         return self._screen[key]

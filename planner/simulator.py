@@ -20,6 +20,10 @@ time (JCT) and cost. ``docs/simulator.md`` states the semantics; in short:
   ``restart_overhead_s`` plus the checkpoint transfer time, and the transfer's price.
 * **Billing.** ``catalog.BILLING_RULES``: per second with a minimum, lifetime from request to
   release.
+* **Head.** With ``heads`` (head mode on AWS/GCP: the run's own small CPU head instance, which
+  runs the executor), every sample also pays the head of the plan's first stage's cloud, billed
+  under that cloud's rule for ``boot + JCT + grace`` (:class:`HeadSpec`): a fixed per-run
+  overhead that grows with the JCT. It is its own breakdown category, ``head``, outside the stages.
 
 Samples use common random numbers: stage ``s``'s draws come from a stream keyed by (seed, s) and
 instance index, so every candidate plan sees the same start-ups and stragglers, and a run with
@@ -32,7 +36,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -43,7 +47,33 @@ from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
 
-CATEGORIES = ("training", "startup", "idle", "billing_minimum", "transfer")
+#: Cost categories of the workers' instances, accumulated stage by stage.
+WORKER_CATEGORIES = ("training", "startup", "idle", "billing_minimum", "transfer")
+#: Every category of :attr:`SimResult.breakdown`: the workers' plus the run's head instance.
+CATEGORIES = WORKER_CATEGORIES + ("head",)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """The run's billed head instance on one cloud: a fixed per-run overhead of every plan there.
+
+    Billed (the cloud's :data:`~rubberband.catalog.BILLING_RULES`) at ``price_hr`` for
+    ``boot_s + JCT + grace_s``: it is requested ``boot_s`` before the job starts (its boot, Ray
+    head, submission; None: the performance model's median start-up of ``instance_type`` on
+    ``cloud``) and stays ``grace_s`` after the job ends (the watchdog's results grace).
+    """
+
+    cloud: str
+    instance_type: str
+    price_hr: float
+    grace_s: float = 0.0
+    boot_s: float | None = None
+
+    @classmethod
+    def of(cls, itype: InstanceType, *, grace_s: float = 0.0, boot_s: float | None = None) -> "HeadSpec":
+        """The head of ``itype`` (on-demand)."""
+        return cls(cloud=itype.cloud, instance_type=itype.name, price_hr=itype.price_hr, grace_s=grace_s,
+                   boot_s=boot_s)
 
 
 # -- plan-space elements ------------------------------------------------------------------------
@@ -230,8 +260,11 @@ class Simulator:
 
     def __init__(self, stages: Sequence[Stage], model: PerformanceModel, *, samples: int = 1000, seed: int = 0,
                  spot: bool = False, options: SimOptions | None = None,
-                 cache_size: int = 4096, cache_bytes: int = 256 << 20, start_state: "RunningState | None" = None) -> None:
+                 cache_size: int = 4096, cache_bytes: int = 256 << 20, start_state: "RunningState | None" = None,
+                 heads: Mapping[str, HeadSpec] | None = None) -> None:
         self.stages = list(stages)
+        self.heads = dict(heads or {})
+        self._heads: dict[str, HeadSpec | None] = {}  # per cloud, boot resolved
         self.model = model
         self.samples = samples
         self.seed = seed
@@ -267,8 +300,31 @@ class Simulator:
         """
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
         prefix = self._prefix(configs, len(configs), self.samples)
-        so_far = sum(prefix.parts[k] for k in CATEGORIES) + prefix.open.cost
+        so_far = sum(prefix.parts[k] for k in WORKER_CATEGORIES) + prefix.open.cost
+        # the job ends no earlier than this prefix's barrier, and the head's bill only grows with the JCT
+        so_far = so_far + self.head_cost(configs, prefix.open.barrier)
         return float(so_far.mean()), prefix.open.barrier
+
+    def head_for(self, configs: Sequence[StageConfig]) -> HeadSpec | None:
+        """The billed head of a plan (that of its first stage's cloud), its boot resolved; None: no head."""
+        if not configs:
+            return None
+        cloud = configs[0].instance_type.cloud
+        if cloud not in self._heads:
+            head = self.heads.get(cloud)
+            if head is not None and head.boot_s is None:
+                boot = self.model.startup(head.cloud, head.instance_type).quantile(0.5)
+                head = HeadSpec(head.cloud, head.instance_type, head.price_hr, head.grace_s, boot)
+            self._heads[cloud] = head
+        return self._heads[cloud]
+
+    def head_cost(self, configs: Sequence[StageConfig], jct: np.ndarray) -> np.ndarray:
+        """Per-sample cost of the plan's head for job completion times ``jct`` (zeros without a head)."""
+        head = self.head_for(configs)
+        if head is None:
+            return np.zeros(np.shape(jct))
+        billed = self._rule(head.cloud).billed_seconds(head.boot_s + np.asarray(jct, dtype=float) + head.grace_s)
+        return billed * (head.price_hr / 3600.0)
 
     def min_factor(self) -> float:
         """A lower bound of the straggler factor (6σ below the median)."""
@@ -433,7 +489,7 @@ class Simulator:
             stage_cost = stage_cost + extra + tail
             parts["idle"] = parts["idle"] + tail
             parts["billing_minimum"] = parts["billing_minimum"] + extra
-        total = {k: prefix.parts[k] + parts[k] for k in CATEGORIES}
+        total = {k: prefix.parts[k] + parts[k] for k in WORKER_CATEGORIES}
         by_type = dict(prefix.by_type)
         by_type[itype.name] = by_type.get(itype.name, 0.0) + stage_cost
         return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
@@ -458,7 +514,7 @@ class Simulator:
         if prefix is None:
             carried_idx = None
             stage_costs: tuple = ()
-            parts = {k: np.zeros(S) for k in CATEGORIES}
+            parts = {k: np.zeros(S) for k in WORKER_CATEGORIES}
             by_type: dict[str, np.ndarray] = {}
             durations: tuple = ()
             start = np.zeros(S)
@@ -562,6 +618,12 @@ class Simulator:
         stage_costs, parts, by_type, *_ = self._finalise(prefix, 0)
         durations = prefix.durations + (prefix.open.barrier - prefix.open.start,)
         jct = prefix.open.barrier
+        parts = dict(parts)
+        parts["head"] = self.head_cost(configs, jct)
+        head = self.head_for(configs)
+        if head is not None:
+            by_type = dict(by_type)
+            by_type[head.instance_type] = by_type.get(head.instance_type, 0.0) + parts["head"]
         cost = sum(parts[k] for k in CATEGORIES)
         return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=list(durations),
                          stage_costs=list(stage_costs), breakdown=parts, by_type=by_type, samples=n)

@@ -56,6 +56,8 @@ class CostBreakdown(_Model):
     idle_usd: float = 0.0
     billing_minimum_usd: float = 0.0
     transfer_usd: float = 0.0
+    head_usd: float = Field(default=0.0, description="the run's head instance (head mode on aws/gcp): its "
+                            "price from its own boot until the job ends plus the watchdog's results grace")
 
 
 class Prediction(_Model):
@@ -96,6 +98,21 @@ class TimelineTask(_Model):
     workers: int
     start_s: float
     end_s: float
+
+
+class HeadInfo(_Model):
+    """The run's head instance the prediction bills (``rubberband run --cloud aws|gcp --head instance``).
+
+    A fixed per-run overhead: the head is billed (its cloud's billing rule) from its request,
+    ``boot_s`` before the job starts, until ``grace_s`` after the job ends (the watchdog's results
+    grace). Absent for local runs and for ``--head local`` (the CLI machine is the head).
+    """
+
+    cloud: str
+    instance_type: str
+    price_hr: float = Field(ge=0)
+    boot_s: float = Field(ge=0, description="head request until the job starts (its boot + Ray head)")
+    grace_s: float = Field(ge=0, description="job end until the head is gone (the watchdog's done grace)")
 
 
 class Timeline(_Model):
@@ -156,6 +173,8 @@ class Plan(_Model):
     spec: dict[str, Any] | None = Field(default=None, description="the job spec the plan was made for "
                                         "(JobSpec dump), so reports and the executor can re-plan")
     profile_path: str | None = None
+    head: HeadInfo | None = Field(default=None, description="the billed head instance the predictions include "
+                                  "(cost_breakdown.head_usd); None when the run has no billed head")
 
 
 def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:

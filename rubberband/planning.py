@@ -1,24 +1,56 @@
 """Planning as the commands use it: load-once inputs in, a timed plan out.
 
-The planner itself is pure (no clock); this is the one place that measures how long it took.
+The planner itself is pure (no clock); this is the one place that measures how long it took, and
+the one place that tells it which head instance a run pays for (:func:`billed_heads`).
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rubberband.inputs import JobInputs
 from rubberband.plan import Plan
 
+if TYPE_CHECKING:
+    from rubberband.planner.simulator import HeadSpec
+
+HEAD_MODES: tuple[str, ...] = ("instance", "local")
+
+
+def billed_heads(head: str = "instance", grace_s: float | None = None) -> dict[str, "HeadSpec"]:
+    """The head instance a run pays for, per cloud, as the planner takes it.
+
+    ``head="instance"`` (``rubberband run --cloud aws|gcp``'s default): each AWS/GCP run starts its
+    own small CPU head (:data:`rubberband.cloud.head.HEAD_TYPES`), billed from its boot until the
+    watchdog's results grace (``grace_s``, default :class:`~rubberband.cloud.bootstrap.WatchdogSettings`)
+    after the job ends. ``head="local"``: the CLI machine is the head, nothing to bill. Local runs never
+    have a billed head (no entry for ``local``).
+    """
+    if head == "local":
+        return {}
+    from rubberband.cloud.bootstrap import WatchdogSettings
+    from rubberband.cloud.head import HEAD_TYPES
+    from rubberband.planner.simulator import HeadSpec
+
+    grace = WatchdogSettings().done_grace_s if grace_s is None else float(grace_s)
+    return {cloud: HeadSpec.of(itype, grace_s=grace) for cloud, itype in HEAD_TYPES.items()}
+
 
 def plan_from_inputs(inputs: JobInputs, *, deadline_s: float | None = None, confidence: float | None = None,
-                     cloud: str | None = None, samples: int = 1000, seed: int | None = None) -> Plan:
-    """Run the planner on a spec's inputs; fill in ``planner.seconds`` and ``profile_path``."""
+                     cloud: str | None = None, samples: int = 1000, seed: int | None = None,
+                     head: str = "instance", head_grace_s: float | None = None) -> Plan:
+    """Run the planner on a spec's inputs; fill in ``planner.seconds`` and ``profile_path``.
+
+    ``head`` / ``head_grace_s``: how the run will be executed on AWS/GCP (:func:`billed_heads`), so the
+    predictions include its head instance when it has one.
+    """
     from rubberband.planner import plan_job  # heavy imports only when planning
 
+    heads = billed_heads(head, head_grace_s)
     started = time.perf_counter()
     plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s, confidence=confidence,
-                    cloud=cloud, samples=samples, seed=seed)
+                    cloud=cloud, samples=samples, seed=seed, heads=heads)
     plan.planner.seconds = round(time.perf_counter() - started, 4)
     plan.profile_path = str(inputs.profile_path)
     return plan

@@ -4,6 +4,7 @@ would (a CLI subprocess) against the moto server and the GCE fake."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -97,6 +98,11 @@ def test_aws_dry_run_plans_on_the_fly(cli, tmp_path, moto_env):
     assert result.returncode == 0, result.stderr
     assert "Plan for quickstart-resnet50" in result.stdout and "Expected bill" in result.stdout
     assert "ec2:RunInstances" in result.stdout
+    # the plan made on the fly bills the same head the dry run schedules
+    assert re.search(r"head\s+instance\s+m6i\.large", result.stdout)
+    planned = re.search(r"planner's\s+mean\s+\$[\d.,]+,\s+head\s+\$([\d.]+)", result.stdout)
+    scheduled = re.search(r"workers\s+\$[\d.,]+,\s+head\s+\$([\d.]+)", result.stdout)
+    assert planned and scheduled and float(planned[1]) == pytest.approx(float(scheduled[1]), rel=0.03)
     assert moto_instances() == []
 
 

@@ -22,6 +22,7 @@ from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances, one
 
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.bootstrap import WatchdogSettings
+from rubberband.cloud.head import HEAD_TYPES
 from rubberband.cloud.head_job import PACK_EXCLUDE, build_parser, pack, unpack
 from rubberband.cloud.head_link import DirectLink, SshTunnel
 from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, stage_code,
@@ -145,6 +146,14 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     assert "finished: best trial" in attached.stdout and str(run_dir / "result.json") in attached.stdout
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["best"]["trial_id"]
+    # the head bills itself: from its launch until the results grace (10m by default) after the run's end
+    head = summary["head"]
+    assert head["id"] == record.instance_id and head["instance_type"] == "m6i.large" and head["grace_s"] == 600
+    assert head["lifetime_s"] > 600
+    assert head["cost_usd"] == pytest.approx(head["billed_s"] * HEAD_TYPES["aws"].price_hr / 3600)
+    workers = sum(i["cost_usd"] for i in summary["instances"])
+    assert summary["actual"]["head_usd"] == head["cost_usd"]
+    assert summary["actual"]["cost_usd"] == pytest.approx(workers + head["cost_usd"])
     journal = (run_dir / "journal.jsonl").read_text()
     assert FAKE_ACCESS_KEY not in journal and FAKE_SECRET_KEY not in journal
     requested = [json.loads(line) for line in journal.splitlines() if '"instance_requested"' in line]
@@ -285,10 +294,12 @@ def _digits_plan(spec):
 def test_entrypoint_and_ssh_tunnel_commands():
     record = HeadRecord(run_id="My_Run-1", cloud="aws", region=REGION, instance_id="i-0abc", zone="us-east-1b",
                         address="10.0.0.5", public_address="203.0.113.9", regions=[REGION], metric="loss")
-    words = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", overrun_s=60).split()
+    words = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", head_grace_s=300,
+                       overrun_s=60).split()
     assert words[:4] == ["python", "-m", "rubberband.cloud.head_job", "run"]
     assert "--head-id" in words and "i-0abc" in words and "--deadline" in words
-    assert words[words.index("--overrun-s") + 1] == "60"
+    assert words[words.index("--head-grace") + 1] == "300" and words[words.index("--overrun-s") + 1] == "60"
+    assert build_parser().parse_args(words[3:]).head_grace == 300.0
     assert build_parser().parse_args(words[3:] + ["--overrun-s", "inf"]).overrun_s == math.inf
     tunnel = SshTunnel(host="203.0.113.9", key_file=Path("/k/id_ed25519"), user="ubuntu")
     command = tunnel.command(40001)

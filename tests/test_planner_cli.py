@@ -1,7 +1,9 @@
 import json
+import re
 
 import pytest
 
+from rubberband.cloud.head import HEAD_TYPES
 from rubberband.plan import load_plan
 from conftest import EXAMPLES
 
@@ -29,6 +31,15 @@ def test_plan_json_has_the_documented_keys(cli, tmp_path):
     assert plan["timeline"]["tasks"] and plan["timeline"]["instances"]
     # the file written with --out is the same plan and loads with the shared schema
     assert load_plan(out).predicted.cost_usd.mean == pytest.approx(p["cost_usd"]["mean"])
+    # an aws run gets its own head instance by default: billed in the prediction and in the static baseline
+    head = plan["head"]
+    assert head["cloud"] == "aws" and head["instance_type"] == "m6i.large" and head["grace_s"] == 600
+    assert head["boot_s"] > 0 and head["price_hr"] > 0
+    # per second above the 60 s minimum: boot + mean JCT + grace, each sample rounded up to a second
+    expected = (head["boot_s"] + p["jct_s"]["mean"] + head["grace_s"]) * head["price_hr"] / 3600
+    assert p["cost_breakdown"]["head_usd"] == pytest.approx(expected, abs=head["price_hr"] / 3600)
+    assert p["cost_by_instance_type"]["m6i.large"] == pytest.approx(p["cost_breakdown"]["head_usd"])
+    assert static["predicted"]["cost_breakdown"]["head_usd"] > 0
 
 
 def test_plan_table_compares_with_static(cli):
@@ -36,6 +47,18 @@ def test_plan_table_compares_with_static(cli):
     assert result.returncode == 0, result.stderr
     assert "best static plan" in result.stdout and "saves" in result.stdout
     assert "g5.xlarge" in result.stdout or "p3.2xlarge" in result.stdout
+    price = re.escape(f"(${HEAD_TYPES['aws'].price_hr:.4f}/h")
+    assert re.search(r"head\s+instance\s+m6i\.large\s+" + price, result.stdout), result.stdout
+
+
+def test_a_plan_for_head_local_bills_no_head(cli):
+    result = cli("plan", EXAMPLES / "quickstart.yaml", "--json", "--samples", "200", "--head", "local")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["head"] is None and plan["predicted"]["cost_breakdown"]["head_usd"] == 0
+    assert "m6i.large" not in plan["predicted"]["cost_by_instance_type"]
+    bad = cli("plan", EXAMPLES / "quickstart.yaml", "--head", "cloud")
+    assert bad.returncode == 2 and "--head" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_infeasible_deadline_exits_3_with_shortest_jct_and_cost(cli):

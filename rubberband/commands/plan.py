@@ -14,7 +14,7 @@ from rubberband.console import stdout
 from rubberband.errors import InputError
 from rubberband.inputs import CLOUD_CHOICES, load_job_inputs
 from rubberband.plan import Plan, plan_json, write_plan
-from rubberband.planning import plan_from_inputs
+from rubberband.planning import HEAD_MODES, plan_from_inputs
 from rubberband.units import format_duration, format_usd
 
 ORDER = 20
@@ -47,6 +47,11 @@ def print_plan(plan: Plan) -> None:
     console.print(f"JCT p50 {format_duration(p.jct_s.p50)}, p95 {format_duration(p.jct_s.p95)}; "
                   f"cost mean {format_usd(p.cost_usd.mean)}, p95 {format_usd(p.cost_usd.p95)}; "
                   f"P(meet deadline) {p.p_meet_deadline:.1%}")
+    if plan.head is not None:
+        h = plan.head
+        console.print(f"Includes the head instance {h.instance_type} (${h.price_hr:.4f}/h for boot "
+                      f"{format_duration(h.boot_s)} + JCT + grace {format_duration(h.grace_s)}): "
+                      f"{format_usd(p.cost_breakdown.head_usd)} mean")
     static = plan.baselines.get("static")
     if static is not None:
         s0 = static.stages[0]
@@ -75,6 +80,9 @@ def register(app: typer.Typer) -> None:
         out: str = typer.Option(None, "--out", help="Write the plan JSON here (atomically)."),
         as_json: bool = typer.Option(False, "--json", help="Print only the plan JSON on stdout."),
         report: str = typer.Option(None, "--report", help="Also write an HTML/Markdown report into this folder."),
+        head: str = typer.Option("instance", "--head", help="How an aws/gcp run will place its executor and Ray "
+                                 "head (as `rubberband run --head`): 'instance' bills the run's own head instance "
+                                 "in the predictions, 'local' (this machine) does not."),
     ) -> None:
         """Plan the cheapest elastic allocation that meets the deadline, and compare with static."""
         deadline_s = deadline_flag(deadline)
@@ -84,11 +92,13 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--confidence must be between 0 and 1 exclusive (got {confidence})")
         if samples < 10 or samples > 100_000:
             raise InputError(f"--samples must be between 10 and 100000 (got {samples})")
+        if head not in HEAD_MODES:
+            raise InputError(f"--head {head!r}: use 'instance' (a head instance per run) or 'local' (this machine)")
         if report is not None and Path(report).exists():
             raise InputError(f"--report {report} already exists; remove it or choose another folder")
         inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
         result = plan_from_inputs(inputs, deadline_s=deadline_s, confidence=confidence, cloud=cloud,
-                                  samples=samples, seed=seed)
+                                  samples=samples, seed=seed, head=head)
         if out is not None:
             write_plan(result, out)
         report_path = None

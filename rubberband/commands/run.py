@@ -50,18 +50,35 @@ def _executor_alive(pid: int | None) -> bool:
 
 
 def _load_or_make_plan(spec: JobSpec, spec_path: Path, plan_path: Path | None, cloud: str | None,
-                       deadline_s: float | None) -> tuple[Plan, bool]:
-    """The plan from ``--plan``, or a fresh one (shown to the user); ``True`` when it was just made."""
+                       deadline_s: float | None, *, head: str = "instance",
+                       head_grace_s: float | None = None) -> tuple[Plan, bool]:
+    """The plan from ``--plan``, or a fresh one (shown to the user); ``True`` when it was just made.
+
+    A fresh plan bills the run's head instance as ``--head`` / ``--results-grace`` will run it."""
     from rubberband.executor.controller import check_plan_matches
 
     if plan_path is not None:
         plan = load_plan(plan_path)
         check_plan_matches(spec, plan, source=str(plan_path))
         return plan, False
-    plan = plan_from_inputs(load_job_inputs(spec_path, cloud=cloud), deadline_s=deadline_s, cloud=cloud)
+    plan = plan_from_inputs(load_job_inputs(spec_path, cloud=cloud), deadline_s=deadline_s, cloud=cloud,
+                            head=head, head_grace_s=head_grace_s)
     check_plan_matches(spec, plan, source="the new plan")
     print_plan(plan)
     return plan, True
+
+
+def note_head_billing(plan: Plan, head_mode: bool) -> None:
+    """Say on stderr when the plan's predictions and this run disagree on paying for a head instance."""
+    from rubberband.units import format_usd
+
+    if plan.head is not None and not head_mode:
+        stderr().print(f"note: the plan's predictions include a head instance "
+                       f"({format_usd(plan.predicted.cost_breakdown.head_usd)}) this run does not pay for "
+                       f"(plan with `--head local` to leave it out)", markup=False, highlight=False)
+    elif plan.head is None and head_mode:
+        stderr().print("note: the plan's predictions leave out the run's head instance, which result.json "
+                       "bills (plan without `--head local` to include it)", markup=False, highlight=False)
 
 
 def check_cloud_choice(spec: JobSpec, plan: Plan | None, cloud: str) -> None:
@@ -80,7 +97,7 @@ def check_cloud_choice(spec: JobSpec, plan: Plan | None, cloud: str) -> None:
                                 f"plan for {cloud} (`rubberband plan SPEC --cloud {cloud}`)")
 
 
-def dry_run_plan(plan: Plan, cloud: str) -> None:
+def dry_run_plan(plan: Plan, cloud: str, *, include_head: bool = True) -> None:
     """Print the plan's provisioning schedule, expected bill and permission checks; create nothing.
 
     Unknown instance types or regions fail before any cloud call (CatalogError, exit 2); a
@@ -95,7 +112,7 @@ def dry_run_plan(plan: Plan, cloud: str) -> None:
     for stage in plan.stages:
         catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
     try:
-        report = dry_run(plan, ProviderPool(), catalog=catalog)
+        report = dry_run(plan, ProviderPool(), catalog=catalog, include_head=include_head)
     except CloudError as exc:
         if exc.kind == "fatal":
             raise InputError(f"dry run on {cloud}: {exc.message}") from None
@@ -131,11 +148,13 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
     try:
         with HeadSession(record, link_for(record, test_boot, options.ssh_key),
                          connect_timeout_s=options.boot_timeout_s) as session:
-            session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime, overrun_s=overrun_s)
+            session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime,
+                           head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s)
     except BaseException:
         end_run(record, test_boot=test_boot)  # never leave a head without a run billing
         raise
     err.print(f"submitted run {run_id} to head {record.instance_id} ({record.zone})", markup=False, highlight=False)
+    note_head_billing(plan, head_mode=True)
     if detach:
         typer.echo(_hints(record, run_dir), err=True)
         return 0
@@ -234,6 +253,7 @@ def register(app: typer.Typer) -> None:
         overrun_flag(overrun, 1.0)  # the form is checked before anything starts; the seconds need the plan
         if head not in ("instance", "local"):
             raise InputError(f"--head {head!r}: use 'instance' (a head instance per run) or 'local' (this machine)")
+        grace_s = deadline_flag(results_grace, "--results-grace")
         if attach is not None:
             if spec_path is not None or resume is not None or dry_run or detach:
                 raise InputError("--attach takes no SPEC, --resume, --dry-run or --detach: it follows a submitted run")
@@ -247,9 +267,10 @@ def register(app: typer.Typer) -> None:
                 raise InputError("--dry-run needs --cloud aws or --cloud gcp")
             spec = load_spec(spec_path)
             check_cloud_choice(spec, None, cloud)
-            plan, _ = _load_or_make_plan(spec, spec_path, plan_path, cloud, deadline_s)
+            plan, _ = _load_or_make_plan(spec, spec_path, plan_path, cloud, deadline_s, head=head,
+                                         head_grace_s=grace_s)
             check_cloud_choice(spec, plan, cloud)
-            dry_run_plan(plan, cloud)
+            dry_run_plan(plan, cloud, include_head=head == "instance")
             return 0
         if resume is not None:
             directory = resolve_run_dir(resume)
@@ -283,7 +304,8 @@ def register(app: typer.Typer) -> None:
             if spec_path is None:
                 raise InputError("missing SPEC: pass a job spec YAML (or --resume RUN_DIR)")
             spec = load_spec(spec_path)
-            plan, fresh = _load_or_make_plan(spec, spec_path, plan_path, cloud, deadline_s)
+            plan, fresh = _load_or_make_plan(spec, spec_path, plan_path, cloud, deadline_s, head=head,
+                                             head_grace_s=grace_s)
             if fresh and not yes:
                 if not sys.stdin.isatty():
                     raise InputError("not starting without confirmation; pass --yes to run the plan shown")
@@ -314,12 +336,14 @@ def register(app: typer.Typer) -> None:
             from rubberband.cloud.head_session import HeadOptions
 
             watchdog = WatchdogSettings(stall_timeout_s=deadline_flag(stall_timeout, "--stall-timeout"),
-                                        done_grace_s=deadline_flag(results_grace, "--results-grace"))
+                                        done_grace_s=grace_s)
             options = HeadOptions(ssh_cidr=ssh_cidr, ssh_key=ssh_key, key_name=key_name, ssh_user=ssh_user,
                                   watchdog=watchdog)
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                                options=options, deadline_s=deadline_s, overrun_s=overrun_s,
                                trial_runtime=trial_runtime, detach=detach)
+        if backend_cloud in ("aws", "gcp") and resume is None:
+            note_head_billing(plan, head_mode=False)
         backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages])
         result = execute(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                          backend=backend, trial_runtime=trial_runtime, deadline_s=deadline_s,

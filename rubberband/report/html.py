@@ -157,7 +157,11 @@ def _distributions(data: ReportData, charts: ChartSet) -> str:
         body += (f"<p>Actual: JCT {_num('actual.jct_s', a.jct_s, fmt.duration(a.jct_s))} "
                  f"({escape(fmt.ratio(a.jct_vs_p50))} of p50), cost "
                  f"{_num('actual.cost_usd', a.cost_usd, fmt.usd(a.cost_usd))} "
-                 f"({escape(fmt.ratio(a.cost_vs_mean))} of mean).</p>")
+                 f"({escape(fmt.ratio(a.cost_vs_mean))} of mean).")
+        if a.head_usd or a.predicted_head_usd:
+            body += (f" Head instance: {_num('actual.head_usd', a.head_usd, fmt.usd(a.head_usd))} (predicted "
+                     f"{escape(fmt.usd(a.predicted_head_usd))}), in both.")
+        body += "</p>"
     return f'<section id="distributions"><h2>Predicted distributions</h2>{body}</section>'
 
 

@@ -70,8 +70,10 @@ def render_markdown(data: ReportData, charts: ChartSet) -> str:
     out += _image(charts.distributions) + _note(data, "distributions")
     if data.actual is not None:
         a = data.actual
+        head = (f" Head instance: {fmt.usd(a.head_usd)} (predicted {fmt.usd(a.predicted_head_usd)}), in both."
+                if a.head_usd or a.predicted_head_usd else "")
         out += [f"Actual: JCT {fmt.duration(a.jct_s)} ({fmt.ratio(a.jct_vs_p50)} of p50), cost "
-                f"{fmt.usd(a.cost_usd)} ({fmt.ratio(a.cost_vs_mean)} of mean).", ""]
+                f"{fmt.usd(a.cost_usd)} ({fmt.ratio(a.cost_vs_mean)} of mean).{head}", ""]
 
     out += ["## Cost versus deadline", ""]
     out += _image(charts.pareto)

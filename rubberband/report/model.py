@@ -22,7 +22,7 @@ from rubberband.report.source import ActualOutcome, ReportSource
 STAGE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2",
                 "#EECA3B", "#9D755D", "#FF9DA6", "#79706E", "#1F77B4", "#BCBD22")
 OVERHEAD_COLORS = {"training": "#54A24B", "startup": "#F58518", "idle": "#BAB0AC",
-                   "billing minimum": "#E45756", "data transfer": "#B279A2"}
+                   "billing minimum": "#E45756", "data transfer": "#B279A2", "head instance": "#72B7B2"}
 PLAN_COLOR = "#4C78A8"
 STATIC_COLOR = "#E45756"
 ACTUAL_COLOR = "#111111"
@@ -169,6 +169,8 @@ class ActualData:
     cost_quantile: float | None
     completed: bool
     gantt: GanttData
+    head_usd: float = 0.0            # the run's head instance, part of cost_usd
+    predicted_head_usd: float = 0.0  # the plan's mean head cost, part of the predicted mean
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,8 @@ def _costs(plan: Plan, stages: tuple[StageRow, ...]) -> CostData:
                        for i, (name, usd) in enumerate(by_type_items)], total)
     b = plan.predicted.cost_breakdown
     parts = [("training", b.training_usd), ("startup", b.startup_usd), ("idle", b.idle_usd),
-             ("billing minimum", b.billing_minimum_usd), ("data transfer", b.transfer_usd)]
+             ("billing minimum", b.billing_minimum_usd), ("data transfer", b.transfer_usd),
+             ("head instance", b.head_usd)]
     parts = [p for p in parts if p[0] == "training" or p[1] > 0]
     overhead_usd = sum(usd for label, usd in parts if label != "training")
     breakdown_total = sum(usd for _, usd in parts)
@@ -283,7 +286,8 @@ def _actual(plan: Plan, actual: ActualOutcome, dists: DistributionData) -> Actua
                       cost_vs_mean=actual.cost_usd / p.cost_usd.mean if p.cost_usd.mean > 0 else math.nan,
                       jct_quantile=_quantile_of(actual.jct_s, dists.jct_samples_s),
                       cost_quantile=_quantile_of(actual.cost_usd, dists.cost_samples_usd),
-                      completed=actual.completed, gantt=gantt)
+                      completed=actual.completed, gantt=gantt, head_usd=actual.head_usd,
+                      predicted_head_usd=p.cost_breakdown.head_usd)
 
 
 # -- re-planning sections -------------------------------------------------------------------------

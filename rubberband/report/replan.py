@@ -51,6 +51,7 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
         return None, "the plan names no profile to re-plan with"
     profile = load_profile(profile_path)
     catalog = load_catalog()
+    heads = replan_heads(plan)
 
     def replan(request: ReplanRequest) -> Plan:
         resources = spec.resources
@@ -63,6 +64,19 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
             changes["spot"] = request.spot
         job = spec.model_copy(update={"resources": resources.model_copy(update=changes)}) if changes else spec
         return plan_job(job, profile, catalog, deadline_s=request.deadline_s, cloud=request.cloud,
-                        samples=request.samples, seed=plan.planner.seed)
+                        samples=request.samples, seed=plan.planner.seed, heads=heads)
 
     return replan, ""
+
+
+def replan_heads(plan: Plan) -> dict:
+    """The billed heads re-plans include, as ``plan`` was made: its own head (and grace) on every cloud;
+    none when it is an AWS/GCP plan without one (``--head local``, or made before heads were billed);
+    the default heads for a local plan (compared with clouds a run would start a head on)."""
+    from rubberband.planning import billed_heads
+
+    if plan.head is not None:
+        return billed_heads("instance", plan.head.grace_s)
+    if any(s.cloud != "local" for s in plan.stages):
+        return {}
+    return billed_heads("instance")

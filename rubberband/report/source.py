@@ -27,6 +27,7 @@ class ActualOutcome:
     stage_duration_s: tuple[float, ...] = ()
     stage_cost_usd: tuple[float, ...] = ()
     completed: bool = True
+    head_usd: float = 0.0  # the run's head instance (head mode), part of cost_usd
 
 
 @runtime_checkable
@@ -123,12 +124,19 @@ class RunSource:
         result = json.loads(result_path.read_text()) if result_path.exists() else None
         if result is not None:
             jct, cost = float(result["actual"]["jct_s"]), float(result["actual"]["cost_usd"])
+            head_usd = float(result["actual"].get("head_usd") or 0.0)
             stages = result.get("stages", [])
             durations = tuple(float(s.get("actual_duration_s") or 0.0) for s in stages)
             costs = tuple(float(s.get("actual_cost_usd") or 0.0) for s in stages)
         else:  # a run that died before writing its result: what the journal shows so far
             jct, cost, durations, costs = end - t0, sum(i.cost_usd for i in instances), (), ()
+            head_usd = 0.0
+            if state.head is not None:  # billed as result.json would, up to the journal's end
+                from rubberband.executor.accounting import bill_head
+
+                head_usd = bill_head(state.head, now=end).cost_usd
+                cost += head_usd
         outcome = ActualOutcome(jct_s=jct, cost_usd=cost, timeline=Timeline(instances=instances, tasks=tasks),
                                 stage_duration_s=durations, stage_cost_usd=costs,
-                                completed=state.status == "finished")
+                                completed=state.status == "finished", head_usd=head_usd)
         return cls(plan=plan, label=f"run {state.run_id}", outcome=outcome)
