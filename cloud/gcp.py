@@ -209,8 +209,8 @@ class GcpProvider:
                 try:
                     op = self._call(lambda: self.firewalls.insert_unary(request=insert))
                     self._wait_global_op(op)
-                except CloudError as exc:
-                    if "already exists" not in exc.message:
+                except CloudError as exc:  # made by another process of the run (the CLI before its head)
+                    if exc.code != "alreadyExists" and "already exists" not in exc.message:  # message: cut short
                         raise
                 self._firewalls.add(rule.name)
             names.append(rule.name)

@@ -221,3 +221,13 @@ def test_preempted_spot_vms_are_reported_with_their_reason(gce_fake):
     assert len(preempted_ops) == 2
     terminate_run(p, "run-p")
     assert not gce_fake.instances and not gce_fake.firewalls
+
+
+def test_another_process_of_the_run_reuses_its_firewall(gce_fake):
+    """The head's provider finds the rule the CLI's provider made: the 409 alreadyExists answer (whose message,
+    long with the request URL, gets cut short) means the rule is there."""
+    run_id = "sleepy-20261121-115434-38a9"
+    cli_side, head_side = provider(gce_fake), provider(gce_fake)
+    assert cli_side.ensure_firewall(run_id) == head_side.ensure_firewall(run_id) == [firewall_name(run_id)]
+    assert list(gce_fake.firewalls) == [firewall_name(run_id)]
+    assert head_side.cleanup_run(run_id) == [f"firewall/{firewall_name(run_id)}"] and not gce_fake.firewalls
