@@ -1,6 +1,9 @@
 """Head mode: `rubberband run --cloud aws|gcp` starts a head instance per run, submits the run to its Ray job
 server, streams progress, fetches the run directory and ends the head — against the moto server / the GCE fake,
-with the head's and workers' boots played by local Ray nodes (RUBBERBAND_TEST_BOOT=local)."""
+with the head's and workers' boots played by local Ray nodes (RUBBERBAND_TEST_BOOT=local).
+
+The whole runs are slow (35-50 s each on the shared 2-core machine): the played head's Ray, the job's start and
+each worker's Ray node come one after another; one run per cloud, and the AWS one also covers detach / attach."""
 
 from __future__ import annotations
 
