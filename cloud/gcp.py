@@ -15,10 +15,17 @@
   operation would poll through an internal client built without our endpoint override.
 * An instance's id is its name (unique: ``rb-<run>-<stage>-<random>``); its zone is
   remembered, or found by an aggregated list.
+* Preemption: Compute Engine records it as a zone operation of type
+  ``compute.instances.preempted`` targeting the VM (kept for a while after the VM is gone). A
+  stopped spot VM, or one that vanished, with such an operation gets the state reason
+  ``preempted`` (:data:`PREEMPTED`, a spot interruption in cloud/provider.py): :meth:`list`,
+  :meth:`describe` (which also reports the deleted ones: ``instanceTerminationAction=DELETE``)
+  and :meth:`wait` (code ``InstancePreempted``) say so; anything else gone is just gone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets
@@ -53,6 +60,10 @@ ACCELERATOR_TYPES = {"V100": "nvidia-tesla-v100", "T4": "nvidia-tesla-t4", "P100
                      "A100-80GB": "nvidia-a100-80gb", "L4": "nvidia-l4", "H100": "nvidia-h100-80gb"}
 _STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running", "STOPPING": "stopping",
            "SUSPENDING": "stopping", "SUSPENDED": "stopped", "TERMINATED": "stopped", "REPAIRING": "pending"}
+#: The zone operation Compute Engine records when it preempts a spot / preemptible VM, and the state reason
+#: rubberband gives such a VM (one of cloud/provider.py's SPOT_INTERRUPTION_REASONS).
+PREEMPTED_OPERATION = "compute.instances.preempted"
+PREEMPTED = "preempted"
 _QUOTA_RE = re.compile(r"Quota '[A-Z0-9_]+' exceeded")
 #: Public Compute Engine regions (2025); an unknown name is refused before any call.
 GCP_REGIONS = frozenset(
@@ -108,6 +119,7 @@ class GcpProvider:
         self.poll_s = poll_s
         self.version = version
         self._zones: dict[str, str] = {}  # instance name -> zone
+        self._last_seen: dict[str, Instance] = {}  # instance name -> as last seen (for a VM that vanished)
         self._firewalls: set[str] = set()
         options = ClientOptions(api_endpoint=endpoint) if endpoint else None
         kwargs: dict[str, Any] = {"credentials": credentials, "client_options": options, "transport": "rest"}
@@ -197,8 +209,8 @@ class GcpProvider:
                 try:
                     op = self._call(lambda: self.firewalls.insert_unary(request=insert))
                     self._wait_global_op(op)
-                except CloudError as exc:
-                    if "already exists" not in exc.message:
+                except CloudError as exc:  # made by another process of the run (the CLI before its head)
+                    if exc.code != "alreadyExists" and "already exists" not in exc.message:  # message: cut short
                         raise
                 self._firewalls.add(rule.name)
             names.append(rule.name)
@@ -297,7 +309,36 @@ class GcpProvider:
 
     def _get(self, name: str, zone: str) -> Instance:
         raw = self._call(lambda: self.instances.get(project=self.project, zone=zone, instance=name))
-        return self._instance(raw, zone)
+        inst = self._instance(raw, zone)
+        self._last_seen[name] = inst
+        return inst
+
+    def _get_or_none(self, name: str, zone: str) -> Instance | None:
+        """The VM, or None when Compute Engine no longer has it (deleted, or preempted and deleted)."""
+        try:
+            return self._get(name, zone)
+        except CloudError as exc:
+            if exc.code != "notFound":
+                raise
+            return None
+
+    def preempted(self, zone: str) -> set[str]:
+        """Names of the VMs in ``zone`` that Compute Engine preempted (its ``compute.instances.preempted``
+        operations, which outlive the VMs for a while)."""
+        request = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone,
+                                                       filter=f'operationType="{PREEMPTED_OPERATION}"')
+        operations = self._call(lambda: list(self.zone_operations.list(request=request)), zone=zone)
+        return {op.target_link.rsplit("/", 1)[-1] for op in operations
+                if op.operation_type == PREEMPTED_OPERATION and "/instances/" in op.target_link}
+
+    def _gone_error(self, name: str, zone: str, inst: Instance | None) -> CloudError:
+        """Why a VM waited on stopped or vanished before it ran: preempted (spot capacity) or not."""
+        if name in self.preempted(zone):
+            return CloudError(f"gcp: instance {name} in {zone} was preempted before it ran (spot capacity taken "
+                              f"back)", kind="capacity", code="InstancePreempted", zone=zone, region=self.region)
+        what = "was deleted" if inst is None else f"went {inst.state}"
+        return CloudError(f"gcp: instance {name} in {zone} {what} before it ran", kind="capacity",
+                          code="InstanceGone", zone=zone, region=self.region)
 
     def _zone_of(self, name: str) -> str | None:
         if name not in self._zones:
@@ -315,14 +356,12 @@ class GcpProvider:
                 if zone is None:
                     raise CloudError(f"gcp: instance {name} does not exist (preempted or deleted)",
                                      kind="capacity", code="InstanceGone", region=self.region)
-                inst = self._get(name, zone)
-                if inst.state == "running":
+                inst = self._get_or_none(name, zone)
+                if inst is not None and inst.state == "running":
                     ready[name] = inst
                     pending.remove(name)
-                elif inst.state in ("stopping", "stopped"):
-                    raise CloudError(f"gcp: instance {name} in {zone} went {inst.state} before running "
-                                     f"(preempted)", kind="capacity", code="InstancePreempted", zone=zone,
-                                     region=self.region)
+                elif inst is None or inst.state in ("stopping", "stopped"):
+                    raise self._gone_error(name, zone, inst)
             if pending:
                 if time.monotonic() >= deadline:
                     raise CloudError(f"gcp: instances {', '.join(pending[:5])} not running after {timeout_s:g}s",
@@ -337,14 +376,40 @@ class GcpProvider:
         pager = self._call(lambda: self.instances.aggregated_list(request=compute_v1.AggregatedListInstancesRequest(
             project=self.project, filter=" AND ".join(terms))))
         found = []
+        stopped_spot: dict[str, list[int]] = {}  # zone -> indices into found
         for scope, scoped in pager:
             zone = scope.rsplit("/", 1)[-1]
             for raw in scoped.instances:
                 inst = self._instance(raw, zone)
                 if inst.tags.get(TAG_MANAGED) == "true" and (run_id is None or inst.run_id == run_id):
                     self._zones[inst.id] = zone
+                    if not inst.alive and (raw.scheduling.provisioning_model == "SPOT" or raw.scheduling.preemptible):
+                        stopped_spot.setdefault(zone, []).append(len(found))
                     found.append(inst)
+        for zone, indices in stopped_spot.items():  # one operations list per zone, only when a spot VM stopped
+            preempted = self.preempted(zone)
+            for index in indices:
+                if found[index].id in preempted:
+                    found[index] = dataclasses.replace(found[index], state_reason=PREEMPTED)
+        for inst in found:
+            self._last_seen[inst.id] = inst
         return found
+
+    def describe(self, instance_ids: list[str]) -> list[Instance]:
+        """These VMs as Compute Engine sees them now (as :meth:`list`), plus the ones this provider saw that
+        were preempted and deleted since (state ``terminated``, reason ``preempted``); others gone are left out."""
+        wanted = list(dict.fromkeys(instance_ids))
+        seen = {i.id: i for i in self.list() if i.id in wanted}
+        vanished = [name for name in wanted if name not in seen and name in self._zones]
+        preempted: set[str] = set()
+        for zone in dict.fromkeys(self._zones[name] for name in vanished):
+            preempted |= self.preempted(zone)
+        for name in vanished:
+            if name in preempted:
+                last = self._last_seen.get(name) or Instance(id=name, cloud="gcp", instance_type="",
+                                                            zone=self._zones[name], state="terminated", run_id="")
+                seen[name] = dataclasses.replace(last, state="terminated", state_reason=PREEMPTED)
+        return [seen[name] for name in wanted if name in seen]
 
     def terminate(self, instance_ids: list[str]) -> None:
         operations = []
@@ -362,6 +427,7 @@ class GcpProvider:
                 continue
             operations.append((op, zone))
             self._zones.pop(name, None)
+            self._last_seen.pop(name, None)
         for op, zone in operations:
             self._wait_zone_op(op, zone)
 

@@ -5,6 +5,11 @@ environment (``AWS_ENDPOINT_URL`` and fake keys) to pass to it. The server runs 
 of the test process, so patching moto's backend here injects faults into what the
 subprocess sees too.
 
+Head mode (``rubberband run --cloud aws|gcp`` with ``RUBBERBAND_TEST_BOOT=local``, the head's boot played by a local
+Ray head): ``no_played_head_left`` stops whatever played head a test leaves (import it into the test module: it is
+autouse there), ``assert_played_head_gone`` checks a head's Ray processes and disk are gone, and
+``assert_fetched_run`` checks what the CLI fetched from the head (and that ``rubberband report`` works on it).
+
 Usage in a test module::
 
     from cloud_helpers import ec2_faults, moto_env, moto_server  # noqa: F401  (fixtures; tests/ is on sys.path)
@@ -15,9 +20,14 @@ Usage in a test module::
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +204,66 @@ def make_plan(cloud: str, region: str, itype: str, *, spot: bool = False):
                 catalog=CatalogInfo(clouds=[cloud], regions=[region], dates={}), deadline_s=7200, confidence=0.9,
                 stages=stages, predicted=Prediction(jct_s=dist, cost_usd=dist, p_meet_deadline=0.95),
                 timeline=timeline)
+
+
+# -- head mode ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def no_played_head_left():
+    """Whatever a test leaves, stop the played heads it started (their Ray nodes, their boot process)."""
+    import glob
+    import shutil
+
+    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.testboot import head_disk
+
+    before = set(glob.glob(str(head_disk("*"))))
+    yield
+    for disk in map(Path, set(glob.glob(str(head_disk("*")))) - before):
+        local = LocalProvider(disk)
+        local.terminate([r.id for r in local.records() if r.role == "node"])
+        local.stop_head()
+        try:
+            os.killpg(int((disk / "boot.pid").read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(disk, ignore_errors=True)
+
+
+def assert_played_head_gone(head_id: str, timeout_s: float = 30.0) -> None:
+    """The played head ended with its instance: its disk is removed and no process of it is left."""
+    from rubberband.cloud.testboot import head_disk
+
+    deadline = time.monotonic() + timeout_s
+    while head_disk(head_id).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not head_disk(head_id).exists()
+    ours = [p for p in Path("/proc").iterdir() if p.name.isdigit() and
+            str(head_disk(head_id)).encode() in _cmdline(p)]
+    assert ours == []
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def assert_fetched_run(cli: Callable, run_dir: Path, report: Path, env: dict[str, str]) -> dict:
+    """The run directory fetched from the head: a finished result.json, no Ray temp files or node records, of the
+    checkpoints only the best trial's newest (result.json names the local copy); ``rubberband report`` works on it.
+    Returns result.json."""
+    from rubberband.cloud.head_job import PACK_EXCLUDE
+
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished" and summary["best"]["trial_id"]
+    assert not any((run_dir / name).exists() for name in PACK_EXCLUDE if name != "checkpoints")
+    best = summary["best"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [best["trial_id"]]
+    assert Path(best["checkpoint"]).is_file() and Path(best["checkpoint"]).is_relative_to(run_dir.resolve())
+    result = cli("report", run_dir, "--out", report, env=env)
+    assert result.returncode == 0, result.stderr
+    assert report.stat().st_size > 0
+    return summary

@@ -1,10 +1,10 @@
 """A small local stand-in for the Compute Engine REST API (stdlib HTTP), for google-cloud-compute.
 
 Serves what rubberband's GcpProvider calls: instances insert / get / list / aggregatedList /
-delete / setLabels, zoneOperations get / wait, firewalls insert / get / list / delete and
-globalOperations get / wait. State lives in memory; faults are plain attributes the test
-sets (the server runs in a thread of the test process, so a CLI subprocess pointed at it
-with ``RUBBERBAND_GCE_ENDPOINT`` sees them too):
+delete / setLabels, zoneOperations get / wait / list (``operationType`` / ``targetLink`` filters),
+firewalls insert / get / list / delete and globalOperations get / wait. State lives in memory;
+faults are plain attributes the test sets (the server runs in a thread of the test process, so a
+CLI subprocess pointed at it with ``RUBBERBAND_GCE_ENDPOINT`` sees them too):
 
 * ``stockout_zones``: inserts there end in an operation error ZONE_RESOURCE_POOL_EXHAUSTED
   (HTTP 503 on the operation), as real stockouts do;
@@ -13,7 +13,10 @@ with ``RUBBERBAND_GCE_ENDPOINT`` sees them too):
   ``quotaExceeded`` answer to the insert itself;
 * ``capacity_left``: after this many VMs every zone is sold out (a partial gang);
 * ``wait_errors``: this many operation waits answer HTTP 503 (transient, then retried);
-* ``pending_polls``: operations stay RUNNING for this many reads, so waiting is exercised.
+* ``pending_polls``: operations stay RUNNING for this many reads, so waiting is exercised;
+* :meth:`GceFake.preempt`: what Compute Engine does to a spot VM it takes back — a
+  ``compute.instances.preempted`` zone operation targeting it, then the VM deleted (its
+  ``instanceTerminationAction`` is DELETE) or TERMINATED (STOP).
 
 There is no GCE emulator in any registry reachable here; this fake implements only the
 fields rubberband reads and writes.
@@ -41,6 +44,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_PREFIX + r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$"), "get"),
     ("DELETE", re.compile(_PREFIX + r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$"), "delete"),
     ("POST", re.compile(_PREFIX + r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/setLabels$"), "set_labels"),
+    ("GET", re.compile(_PREFIX + r"/zones/(?P<zone>[^/]+)/operations$"), "op_list"),
     ("GET", re.compile(_PREFIX + r"/zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)$"), "op_get"),
     ("POST", re.compile(_PREFIX + r"/zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)/wait$"), "op_wait"),
     ("POST", re.compile(_PREFIX + r"/global/firewalls$"), "fw_insert"),
@@ -51,6 +55,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(_PREFIX + r"/global/operations/(?P<op>[^/]+)/wait$"), "op_wait"),
 ]
 _LABEL_TERM = re.compile(r'labels\.([a-z0-9_-]+)\s*=\s*"([^"]*)"')
+_OP_TERM = re.compile(r'(operationType|targetLink|status)\s*=\s*"([^"]*)"')
 
 
 class HttpError(Exception):
@@ -164,6 +169,12 @@ class GceFake:
                 found["status"] = "DONE"
         return _public(found)
 
+    def _op_list(self, project: str, zone: str, query: dict, body: dict) -> dict:
+        terms = _OP_TERM.findall(query.get("filter", ""))
+        items = [_public(op) for op in self.operations.values() if op.get("zone", "").endswith(f"/zones/{zone}")
+                 and all(op.get(key) == value for key, value in terms)]
+        return {"kind": "compute#operationList", "items": items}
+
     def _op_wait(self, project: str, op: str, query: dict, body: dict, zone: str | None = None) -> dict:
         if self.wait_errors > 0:
             self.wait_errors -= 1
@@ -258,6 +269,29 @@ class GceFake:
         instance["labels"] = body.get("labels", {})
         instance["labelFingerprint"] = uuid.uuid4().hex[:8]
         return self._operation(project, "setLabels", instance["selfLink"], zone)
+
+    def inserted(self) -> list[dict[str, Any]]:
+        """The request body of every instance insert so far (VMs deleted since included)."""
+        with self._lock:
+            return [json.loads(raw) for request, raw in zip(self.requests, self.bodies)
+                    if request.startswith("POST") and request.endswith("/instances")]
+
+    def preempt(self, name: str) -> None:
+        """Take a spot VM back as Compute Engine does: record a ``compute.instances.preempted`` operation (done,
+        by the system), then delete the VM (``instanceTerminationAction`` DELETE) or leave it TERMINATED."""
+        with self._lock:
+            (zone, instance), = [(z, i) for (z, n), i in self.instances.items() if n == name]
+            project = instance["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
+            pending, self.pending_polls = self.pending_polls, 0
+            try:
+                op = self._operation(project, "compute.instances.preempted", instance["selfLink"], zone)
+            finally:
+                self.pending_polls = pending
+            self.operations[op["name"]].update(user="system", statusMessage="Instance was preempted.")
+            if instance.get("scheduling", {}).get("instanceTerminationAction") == "DELETE":
+                del self.instances[(zone, name)]
+            else:
+                instance["status"] = "TERMINATED"
 
     # -- firewalls ------------------------------------------------------------------------------
 

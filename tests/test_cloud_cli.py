@@ -334,12 +334,19 @@ def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, m
     assert run_pids(run_dir) == []
 
 
-def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_fake):
+def small_gcp_job(tmp_path: Path, gce_fake) -> tuple[Path, Path, dict[str, str]]:
+    """Spec and plan of a small GCP run (3 trials; 2 stages on one n1-standard-8+V100x1 each) and the CLI env
+    for the GCE fake with instance boots played by local Ray nodes."""
     spec = cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
     plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1),
                       durations=(20.0, 20.0))
     env = cloud_env(tmp_path)
     env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local"})
+    return spec, plan, env
+
+
+def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_fake):
+    spec, plan, env = small_gcp_job(tmp_path, gce_fake)
     run_dir = tmp_path / "run"
     result = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
                  timeout=240)

@@ -8,9 +8,11 @@ import pytest
 from cloud_helpers import cloud_catalog
 from gce_fake import GceFake, gce_fake  # noqa: F401  (fixture)
 
+from rubberband.cloud.backend import CloudBackend
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPolicy, provision_with_failover
-from rubberband.cloud.gcp import GcpProvider, firewall_name, network_tag
+from rubberband.cloud.gcp import PREEMPTED, PREEMPTED_OPERATION, GcpProvider, firewall_name, network_tag
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE, InstanceRequest
+from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances, terminate_run
 from rubberband.errors import CloudError, InputError, RubberbandError
 
@@ -177,3 +179,55 @@ def test_orphans_and_leftover_firewalls(gce_fake):
     p.ensure_firewall("run-gone")  # a firewall whose run never got (or lost) its VMs
     assert p.leftover_runs() == ["run-gone"]
     assert cleanup_leftovers(p) == ["firewall/rubberband-run-gone-internal"] and not gce_fake.firewalls
+
+
+def test_preempted_spot_vms_are_reported_with_their_reason(gce_fake):
+    """Compute Engine records a preemption as a compute.instances.preempted zone operation: a spot VM it took back
+    is reported with the reason ``preempted`` by list (a VM left TERMINATED), describe (a VM deleted, as
+    instanceTerminationAction=DELETE does) and wait; the executor's backend calls that a spot interruption. A VM
+    deleted by someone else is only gone."""
+    p = provider(gce_fake)
+    pool = ProviderPool({"gcp": {"endpoint": gce_fake.url, "poll_s": 0.01}})
+    backend = CloudBackend(pool, p.provision(InstanceRequest("run-p", 0, V100, extra_tags={TAG_ROLE: "head"}))[0],
+                           join_check=lambda i, t: None)
+    deleted, stopped, by_user, alive = backend.provision(InstanceRequest("run-p", 0, V100, count=4, spot=True))
+    ids = [deleted.id, stopped.id, by_user.id, alive.id]
+    assert backend.check_lost(ids) == {}
+    gce_fake.instances[("us-central1-a", stopped.id)]["scheduling"]["instanceTerminationAction"] = "STOP"
+    gce_fake.preempt(deleted.id)
+    gce_fake.preempt(stopped.id)
+    p.terminate([by_user.id])  # another client (here: another provider) deletes it
+    workers = pool("gcp", "us-central1")
+    listed = {i.id: i for i in workers.list("run-p")}
+    assert deleted.id not in listed and by_user.id not in listed
+    assert (listed[stopped.id].state, listed[stopped.id].state_reason) == ("stopped", PREEMPTED)
+    assert (listed[alive.id].state, listed[alive.id].state_reason) == ("running", "")
+    described = {i.id: i for i in workers.describe(ids)}
+    assert sorted(described) == sorted([deleted.id, stopped.id, alive.id])
+    assert (described[deleted.id].state, described[deleted.id].state_reason) == ("terminated", PREEMPTED)
+    assert described[deleted.id].instance_type == V100.name and described[deleted.id].run_id == "run-p"
+    assert backend.check_lost(ids) == {deleted.id: "spot-interruption", stopped.id: "spot-interruption",
+                                       by_user.id: "lost"}
+    for gone in (deleted, stopped):
+        with pytest.raises(CloudError) as info:
+            workers.wait([gone.id], timeout_s=1)
+        assert info.value.code == "InstancePreempted" and "preempted" in info.value.message
+        assert info.value.kind == "capacity"
+    with pytest.raises(CloudError) as info:
+        workers.wait([by_user.id], timeout_s=1)
+    assert info.value.code == "InstanceGone" and "preempted" not in info.value.message
+    assert any(r.startswith("GET") and r.endswith("/zones/us-central1-a/operations") for r in gce_fake.requests)
+    preempted_ops = [o for o in gce_fake.operations.values() if o["operationType"] == PREEMPTED_OPERATION]
+    assert len(preempted_ops) == 2
+    terminate_run(p, "run-p")
+    assert not gce_fake.instances and not gce_fake.firewalls
+
+
+def test_another_process_of_the_run_reuses_its_firewall(gce_fake):
+    """The head's provider finds the rule the CLI's provider made: the 409 alreadyExists answer (whose message,
+    long with the request URL, gets cut short) means the rule is there."""
+    run_id = "sleepy-20261121-115434-38a9"
+    cli_side, head_side = provider(gce_fake), provider(gce_fake)
+    assert cli_side.ensure_firewall(run_id) == head_side.ensure_firewall(run_id) == [firewall_name(run_id)]
+    assert list(gce_fake.firewalls) == [firewall_name(run_id)]
+    assert head_side.cleanup_run(run_id) == [f"firewall/{firewall_name(run_id)}"] and not gce_fake.firewalls

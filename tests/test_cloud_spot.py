@@ -1,17 +1,20 @@
-"""Spot interruptions and type failover on AWS (moto server), as the executor sees them.
+"""Spot interruptions and type failover on AWS (moto server) and GCP (the GCE fake), as the executor sees them.
 
 * ``CloudBackend`` reports what failover obtained, which types are blocked in every zone, and which instances
   the cloud took back (``Server.SpotInstanceTermination`` → ``spot-interruption``).
-* End to end through ``rubberband run --cloud aws`` with ``RUBBERBAND_TEST_BOOT=local`` (local Ray nodes play
-  each instance's boot): a worker interrupted mid-run is replaced and its trials restart from their checkpoints;
+* End to end through ``rubberband run --cloud aws|gcp`` with ``RUBBERBAND_TEST_BOOT=local`` (local Ray nodes play
+  each instance's boot): a worker interrupted (AWS) or preempted (GCP, the GCE fake's
+  ``compute.instances.preempted`` operation) mid-run is journaled as a spot interruption, replaced, and its
+  trials restart from their checkpoints;
   a planned type sold out in every zone is replaced by failover's alternative, which the journal records and
   bills, and the next stage is re-planned onto it. Nothing is left in moto or on this machine.
 
 moto has no spot interruption: the tests terminate the instance in the (in-process, threaded) moto server, set
-the state reason AWS gives a reclaimed spot instance, and stop the instance's stand-in Ray node.
+the state reason AWS gives a reclaimed spot instance, and stop the instance's stand-in Ray node; on GCP the
+fake's ``preempt`` records the preemption operation and deletes the VM.
 
-The two runs are slow (about 40 s and 25 s on an idle 2-core machine, twice that under the shared CI load): each
-local Ray node (head, stand-in instances, the replacement) starts one after another.
+The runs are slow (about 40 s, 40 s and 25 s on an idle 2-core machine, twice that under the shared CI load):
+each local Ray node (head, stand-in instances, the replacement) starts one after another.
 """
 
 from __future__ import annotations
@@ -21,16 +24,19 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
 import pytest
 from cloud_helpers import AWS_CATALOG_CSV, REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
 from executor_helpers import checkpointed_instance, run_pids, wait_for_events
+from gce_fake import gce_fake  # noqa: F401  (fixture)
 from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
 
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.backend import CloudBackend
+from rubberband.cloud.gcp import PREEMPTED_OPERATION
 from rubberband.cloud.head import provision_head
 from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.provider import InstanceRequest
@@ -89,24 +95,29 @@ def test_backend_reports_obtained_types_blocked_types_and_spot_losses(moto_env, 
     assert provider.list() == []
 
 
-def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
-    """One stage, 2 trials × 3 epochs on one spot p3.8xlarge (4 slots); it is interrupted after a checkpoint."""
+def spot_loss_run(tmp_path: Path, cloud: str, region: str, itype: str, env: dict[str, str],
+                  take_back: Callable[[str], None], *, trials: int = 2,
+                  epochs: int = 3) -> tuple[list[dict], str, Path]:
+    """``rubberband run --cloud CLOUD --head local``: one stage, ``trials`` × ``epochs`` on one spot ``itype``
+    (4 slots); once a trial has checkpointed, ``take_back(id)`` has the cloud reclaim its instance and its stand-in
+    Ray node dies. Checks that the loss is journaled as a spot interruption, one spot replacement takes the trials,
+    which restart from their checkpoints, and the run finishes with no Ray process left; returns (events, victim,
+    run directory)."""
     # 2 s epochs: the dying stand-in's workers must not finish the stage before Ray sees the loss
-    spec = cloud_job(tmp_path, ["aws"], trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
-    plan_path = cloud_plan(tmp_path, spec, "aws", REGION, "p3.8xlarge", counts=(1,), durations=(20.0,))
+    spec = cloud_job(tmp_path, [cloud], trials=trials, eta=3, min_epochs=epochs, max_epochs=epochs, epoch_s=2.0)
+    plan_path = cloud_plan(tmp_path, spec, cloud, region, itype, counts=(1,), durations=(20.0,))
     plan = load_plan(plan_path)
     write_plan(plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}),
                plan_path)
-    env = cloud_env(tmp_path, moto_env)
-    env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--head", "local",
+    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", cloud, "--head", "local",
                              "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "RUBBERBAND_TEST_BOOT": "local"})
     victim = None
     try:  # once a trial has checkpointed, take its instance back
         victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=150, poll_s=0.05)
-        interrupt_spot(victim)  # the cloud takes it back...
+        take_back(victim)  # the cloud takes it back...
         os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # ...and its Ray node dies
         out, err = proc.communicate(timeout=200)
     finally:
@@ -124,11 +135,35 @@ def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_p
     restarted = [e for e in events[at:] if e["type"] == J.TRIAL_STARTED]
     assert restarted and all(e["instances"] == [replacement[0]["id"]] and e["from_checkpoint"] is not None
                              for e in restarted)
-    assert all(spot for _, _, spot in ec2_faults.calls) and len(ec2_faults.calls) == 2
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["instances_lost"] == 1
     assert "finished: best trial" in out
+    assert run_pids(run_dir) == []
+    return events, victim, run_dir
+
+
+def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
+    """One spot p3.8xlarge (4 slots) interrupted after a checkpoint (see :func:`spot_loss_run`)."""
+    _, _, run_dir = spot_loss_run(tmp_path, "aws", REGION, "p3.8xlarge", cloud_env(tmp_path, moto_env),
+                                  interrupt_spot)
+    assert all(spot for _, _, spot in ec2_faults.calls) and len(ec2_faults.calls) == 2
     _nothing_left(run_dir)
+
+
+def test_gcp_preemption_mid_run_is_a_spot_interruption_and_is_replaced(tmp_path, gce_fake):
+    """One spot n1-standard-8+T4x4 preempted after a checkpoint (see :func:`spot_loss_run`): Compute Engine's
+    compute.instances.preempted operation makes the loss a spot interruption, not just a lost VM. One trial (the
+    executor's side of a loss is the AWS test's; this one is about the reason) of 3 epochs: one to checkpoint,
+    one the dying stand-in may still finish, one to restart."""
+    env = cloud_env(tmp_path)
+    env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
+    _, victim, _ = spot_loss_run(tmp_path, "gcp", "us-central1", "n1-standard-8+T4x4", env, gce_fake.preempt,
+                                 trials=1, epochs=3)
+    inserted = gce_fake.inserted()
+    assert len(inserted) == 2 and {i["scheduling"]["provisioningModel"] for i in inserted} == {"SPOT"}
+    preempted = [o for o in gce_fake.operations.values() if o["operationType"] == PREEMPTED_OPERATION]
+    assert [o["targetLink"].rsplit("/", 1)[-1] for o in preempted] == [victim]
+    assert not gce_fake.instances and not gce_fake.firewalls
 
 
 def test_aws_planned_type_sold_out_everywhere_is_replaced_billed_and_replanned(cli, tmp_path, moto_env, ec2_faults):
