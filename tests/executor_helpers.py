@@ -126,3 +126,25 @@ def checkpointed_instance(events: list[dict]) -> str | None:
     started = {e["trial_id"]: e["instances"][0] for e in events if e["type"] == J.TRIAL_STARTED}
     saved = [e for e in events if e["type"] == J.CHECKPOINT and e["trial_id"] in started]
     return started[saved[0]["trial_id"]] if saved else None
+
+
+def lose_node_once_checkpointed(proc, run_dir: Path, *, before_kill=None, timeout_s: float = 150.0):
+    """Once a trial has checkpointed, SIGKILL its instance's local Ray node (after ``before_kill(id)``: e.g. the
+    cloud reclaims the instance) and wait for the run to end. Returns (victim, stdout, stderr); the executor's
+    exit status is ``proc.returncode``."""
+    import os
+    import signal
+
+    from rubberband.cloud.local import LocalProvider
+
+    try:
+        victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=timeout_s, poll_s=0.05)
+        if before_kill is not None:
+            before_kill(victim)
+        os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # that node, nothing else
+        out, err = proc.communicate(timeout=200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    return victim, out, err

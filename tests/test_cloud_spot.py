@@ -20,8 +20,6 @@ each local Ray node (head, stand-in instances, the replacement) starts one after
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,7 +28,7 @@ from pathlib import Path
 import boto3
 import pytest
 from cloud_helpers import AWS_CATALOG_CSV, REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
-from executor_helpers import checkpointed_instance, run_pids, wait_for_events
+from executor_helpers import lose_node_once_checkpointed, run_pids
 from gce_fake import gce_fake  # noqa: F401  (fixture)
 from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
 
@@ -38,7 +36,6 @@ from rubberband.catalog import parse_catalog
 from rubberband.cloud.backend import CloudBackend
 from rubberband.cloud.gcp import PREEMPTED_OPERATION
 from rubberband.cloud.head import provision_head
-from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.provider import InstanceRequest
 from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run
@@ -114,17 +111,8 @@ def spot_loss_run(tmp_path: Path, cloud: str, region: str, itype: str, env: dict
                              "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**env, "RUBBERBAND_TEST_BOOT": "local"})
-    victim = None
-    try:  # once a trial has checkpointed, take its instance back
-        victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=150, poll_s=0.05)
-        take_back(victim)  # the cloud takes it back...
-        os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # ...and its Ray node dies
-        out, err = proc.communicate(timeout=200)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-    assert victim is not None, "no checkpoint was written"
+    # once a trial has checkpointed, the cloud takes its instance back and its Ray node dies
+    victim, out, err = lose_node_once_checkpointed(proc, run_dir, before_kill=take_back)
     assert proc.returncode == 0, err[-3000:]
     events = _events(run_dir)
     (lost,) = [e for e in events if e["type"] == J.INSTANCE_LOST]

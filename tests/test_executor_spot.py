@@ -11,18 +11,15 @@ cannot avoid: three Ray processes start one after another (the head, the node th
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from executor_helpers import checkpointed_instance, cli_env, make_plan, run_pids, wait_for_events, write_job
+from executor_helpers import cli_env, lose_node_once_checkpointed, make_plan, run_pids, write_job
 
 from rubberband.catalog import load_catalog
-from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.provider import Instance
 from rubberband.errors import ExecutionError
 from rubberband.executor import journal as J
@@ -47,16 +44,7 @@ def test_lost_node_mid_stage_restarts_its_trials_from_checkpoints(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
                              str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
-    victim = None
-    try:  # once a trial has checkpointed, kill its node
-        victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=120, poll_s=0.05)
-        os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # that node, nothing else
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-    assert victim is not None, "no checkpoint was written"
+    victim, out, err = lose_node_once_checkpointed(proc, run_dir, timeout_s=120)  # once a trial has checkpointed
     assert proc.returncode == 0, err[-3000:]
     events = _events(run_dir)
     (lost,) = [e for e in events if e["type"] == J.INSTANCE_LOST]
