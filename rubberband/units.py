@@ -84,3 +84,11 @@ def format_usd(amount: float) -> str:
     if amount == 0 or abs(amount) >= 0.0001:
         return f"${amount:.4f}"
     return f"${amount:.{1 - math.floor(math.log10(abs(amount)))}f}"
+
+
+def format_usd_column(amounts: list[float]) -> list[str]:
+    """Dollars for one table column, all with the same decimals: two, or as many as give the smallest
+    non-zero amount two significant digits (``$3.79``, ``$0.94`` rather than ``$3.79``, ``$0.9376``)."""
+    smallest = min((abs(a) for a in amounts if a), default=1.0)
+    decimals = max(2, 1 - math.floor(math.log10(smallest)))
+    return [f"${a:,.{decimals}f}" for a in amounts]

@@ -6,7 +6,7 @@ import pytest
 
 from rubberband.errors import SpecError
 from rubberband.spec import load_spec, sample_config
-from rubberband.units import parse_duration, parse_overrun
+from rubberband.units import format_usd_column, parse_duration, parse_overrun
 
 GOOD = textwrap.dedent("""\
     name: resnet-cifar
@@ -53,6 +53,16 @@ def test_parse_duration_rejects(bad):
                                             ("none", math.inf), ("NONE", math.inf), ("150%", 5400.0)])
 def test_parse_overrun_of_a_one_hour_deadline(value, seconds):
     assert parse_overrun(value, 3600.0) == seconds
+
+
+@pytest.mark.parametrize("amounts, shown", [
+    ([3.79, 0.9376, 0.0], ["$3.79", "$0.94", "$0.00"]),
+    ([0.0038, 0.00172], ["$0.0038", "$0.0017"]),
+    ([1234.5, 12.0], ["$1,234.50", "$12.00"]),
+    ([], []),
+])
+def test_a_usd_column_shares_its_decimals(amounts, shown):
+    assert format_usd_column(amounts) == shown
 
 
 @pytest.mark.parametrize("bad", ["soon", "-5%", "%", "ten%", "-5m", ""])

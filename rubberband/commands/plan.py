@@ -15,7 +15,7 @@ from rubberband.errors import InputError
 from rubberband.inputs import CLOUD_CHOICES, load_job_inputs
 from rubberband.plan import Plan, plan_json, write_plan
 from rubberband.planning import HEAD_MODES, plan_from_inputs
-from rubberband.units import format_duration, format_usd
+from rubberband.units import format_duration, format_usd, format_usd_column
 
 ORDER = 20
 
@@ -37,10 +37,11 @@ def print_plan(plan: Plan) -> None:
     table.add_column("w/trial", justify="right")
     table.add_column("time p50", justify="right", no_wrap=True)
     table.add_column("cost", justify="right")
-    for s in plan.stages:
+    costs = format_usd_column([s.predicted_cost_usd or 0.0 for s in plan.stages])
+    for s, cost in zip(plan.stages, costs):
         where = f"{s.instances} × {s.instance_type}" + (f" ({s.cloud})" if several_clouds else "")
         row = [str(s.stage), str(s.trials), str(s.epochs), where, str(s.workers_per_trial),
-               format_duration(s.predicted_duration_s or 0.0), format_usd(s.predicted_cost_usd or 0.0)]
+               format_duration(s.predicted_duration_s or 0.0), cost]
         table.add_row(*([str(s.bracket)] if hyperband else []), *row)
     console.print(table)
     p = plan.predicted
