@@ -61,17 +61,24 @@ def test_sigterm_mid_stage_terminates_everything(tmp_path):
     assert json.loads((run_dir / "result.json").read_text())["status"] == "interrupted"
 
 
-def test_a_deadline_breach_stops_the_run_and_its_instances(tmp_path, cli):
-    spec_path = _prepare(tmp_path, epoch_s=5.0)
+def test_a_deadline_breach_stops_the_run_and_its_instances_and_resume_finishes_it(tmp_path, cli):
+    spec_path = _prepare(tmp_path, epoch_s=2.0)
     run_dir = tmp_path / "run"
     result = cli("run", str(spec_path), "--plan", str(tmp_path / "plan.json"), "--run-dir", str(run_dir),
-                 "--deadline", "20s", "--overrun", "0", "--yes", env=cli_env(tmp_path))
+                 "--deadline", "10s", "--overrun", "0", "--yes", env=cli_env(tmp_path))
     assert result.returncode == 1, result.stderr
-    assert "passed its deadline (20.0s) in stage" in result.stderr.splitlines()[-1]
+    last = result.stderr.splitlines()[-1]
+    assert "passed its deadline (10.0s) in stage" in last and f"--resume {run_dir} --overrun none" in last
     events = _check_all_terminated(run_dir)
     assert events[-1]["type"] == J.RUN_FAILED and "deadline" in events[-1]["reason"]
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "failed" and summary["met_deadline"] is False
+    # as the message says: resumed with no overrun limit, the late run finishes
+    resumed = cli("run", "--resume", str(run_dir), "--overrun", "none", env=cli_env(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished" and summary["met_deadline"] is False and summary["best"]["trial_id"]
+    _check_all_terminated(run_dir)
 
 
 def test_a_late_run_goes_on_within_its_overrun_then_stops(tmp_path):
