@@ -193,15 +193,20 @@ def watch(provider: Provider, run_id: str, head_id: str, run_dir: Path, settings
         sleep(settings.poll_s)
 
 
+def add_head_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that name a run's head on the head's own command lines (watchdog, run job)."""
+    parser.add_argument("--cloud", required=True, choices=["aws", "gcp"])
+    parser.add_argument("--region", required=True)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--head-id", required=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The watchdog's command line (the head's startup script writes it)."""
     parser = argparse.ArgumentParser(prog="python -m rubberband.cloud.head")
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("watchdog", help="terminate the run when it is idle, stalled, finished or too old")
-    w.add_argument("--cloud", required=True, choices=["aws", "gcp"])
-    w.add_argument("--region", required=True)
-    w.add_argument("--run-id", required=True)
-    w.add_argument("--head-id", required=True)
+    add_head_arguments(w)
     w.add_argument("--run-dir", required=True, type=Path)
     defaults = WatchdogSettings()
     w.add_argument("--submit-timeout", type=float, default=defaults.submit_timeout_s)

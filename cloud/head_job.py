@@ -32,6 +32,7 @@ from pathlib import Path
 
 from rubberband.cloud.backend import BilledHead, HeadHandle
 from rubberband.cloud.bootstrap import RAY_PORT, RUN_ROOT, RUN_ROOT_ENV, WatchdogSettings, cloud_run_id
+from rubberband.cloud.head import add_head_arguments
 from rubberband.cloud.local_head import LocalHeadCloudBackend
 from rubberband.cloud.provider import Instance
 
@@ -260,10 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rubberband.cloud.head_job")
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="execute the run staged in the working directory on this head")
-    r.add_argument("--cloud", required=True, choices=["aws", "gcp"])
-    r.add_argument("--region", required=True)
-    r.add_argument("--head-id", required=True)
-    r.add_argument("--run-id", required=True)
+    add_head_arguments(r)
     r.add_argument("--deadline", type=float, default=None)
     r.add_argument("--overrun-s", type=float, default=0.0, help="seconds a late run goes on (inf: no limit)")
     r.add_argument("--trial-runtime", default="rubberband.executor.trials")

@@ -408,7 +408,10 @@ class Controller:
 
     def _stage_itype(self, stage: StagePlan) -> InstanceType:
         """The type a stage runs on: the planned one, or what failover obtained in its place."""
-        itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+        return self._substitute(self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region))
+
+    def _substitute(self, itype: InstanceType) -> InstanceType:
+        """What failover obtained in place of ``itype`` (followed when it failed over again), else ``itype``."""
         seen = {itype.key}
         while itype.key in self.substitutes and self.substitutes[itype.key].key not in seen:
             itype = self.substitutes[itype.key]
@@ -621,18 +624,23 @@ class Controller:
                 except Exception:  # noqa: BLE001 - a cloud hiccup: Ray's view below still counts
                     pass
             try:
-                resources = ray.cluster_resources()
-            except Exception:  # noqa: BLE001
-                resources = None
-            if resources is not None:
-                for ident in ids:
-                    if node_resource(ident) in resources:
-                        self._seen_in_ray.add(ident)
-                    elif ident in self._seen_in_ray:
-                        lost.setdefault(ident, "lost")
+                for ident in self._gone_from_ray(ids, ray.cluster_resources()):
+                    lost.setdefault(ident, "lost")
+            except Exception:  # noqa: BLE001 - Ray's view is asked again on the next try
+                pass
             if lost or time.monotonic() >= deadline:
                 return lost
             time.sleep(0.5)
+
+    def _gone_from_ray(self, ids: list[str], resources: dict[str, float]) -> list[str]:
+        """Those of ``ids`` whose ``rb-node-<id>`` resource Ray showed before and no longer does."""
+        gone = []
+        for ident in ids:
+            if node_resource(ident) in resources:
+                self._seen_in_ray.add(ident)
+            elif ident in self._seen_in_ray:
+                gone.append(ident)
+        return gone
 
     def _check_liveness(self, g: int, stage: StagePlan, slots: list[Slot], pending: list[tuple[str, int]]) -> None:
         """Every few seconds: is every ready instance's Ray node still there? Handle the ones that are gone."""
@@ -646,14 +654,8 @@ class Controller:
             resources = ray.cluster_resources()
         except Exception:  # noqa: BLE001 - the next poll asks again
             return
-        suspects = []
-        for entry in self.pool.values():
-            if entry.id is None or not entry.ready or entry.released:
-                continue
-            if node_resource(entry.id) in resources:
-                self._seen_in_ray.add(entry.id)
-            elif entry.id in self._seen_in_ray:
-                suspects.append(entry.id)
+        ready = [p.id for p in self.pool.values() if p.id is not None and p.ready and not p.released]
+        suspects = self._gone_from_ray(ready, resources)
         if suspects:
             lost = self._confirm_lost(suspects, wait_s=0.0)
             if lost:
@@ -936,18 +938,18 @@ class Controller:
             running[entry.itype.key] = running.get(entry.itype.key, 0) + 1
         decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
                         slowdown=ratio, at_risk=at_risk)
-        unavailable = self._unavailable(self.plan.stages[g:])
-        if unavailable:
-            self._replan_around(g, unavailable, decision, spent=spent, running=running)
-            return
-        if self.replanner is None:
-            self.journal.record(J.DECISION, **decision, accepted=False, reason="no re-planner available")
-            return
         request = ReplanRequest(spec=self.spec, plan=self.plan, next_stage=g, elapsed_s=elapsed, spent_usd=spent,
                                 remaining_deadline_s=max(1.0, self.deadline_s - elapsed),
                                 epoch_seconds=dict(self.epoch_seconds), setup_seconds=list(self.setup_seconds),
                                 startup_s=dict(self.startup_seconds), at_risk=at_risk,
-                                iteration_latencies=dict(self.iteration_latencies), running=running)
+                                iteration_latencies=dict(self.iteration_latencies), running=running,
+                                unavailable=tuple(self._unavailable(self.plan.stages[g:])))
+        if request.unavailable:
+            self._replan_around(g, request, decision)
+            return
+        if self.replanner is None:
+            self.journal.record(J.DECISION, **decision, accepted=False, reason="no re-planner available")
+            return
         try:
             candidate = self.replanner(request)
         except Exception as exc:  # noqa: BLE001 - a failing re-plan keeps the current plan
@@ -999,19 +1001,14 @@ class Controller:
     def _stand_in(self, itype: InstanceType, spot: bool, unavailable: list[str]) -> InstanceType | None:
         """What runs instead of an unavailable type: what failover obtained for it, else the cheapest alternative."""
         if itype.key in self.substitutes:
-            sub, seen = self.substitutes[itype.key], {itype.key}
-            while sub.key in self.substitutes and sub.key not in seen:  # failed over again from the stand-in
-                seen.add(sub.key)
-                sub = self.substitutes[sub.key]
-            return sub
+            return self._substitute(itype)
         check = getattr(self.backend, "unavailable", None)
         for alt in alternatives_for(itype, self.catalog, spot=spot, clouds=[itype.cloud]):
             if alt.region == itype.region and alt.key not in unavailable and not (check is not None and check(alt)):
                 return alt
         return None
 
-    def _replan_around(self, g: int, unavailable: list[str], decision: dict[str, Any], *, spent: float,
-                       running: dict[str, int]) -> None:
+    def _replan_around(self, g: int, request: ReplanRequest, decision: dict[str, Any]) -> None:
         """Re-plan stages ``g…`` without the types failover found unavailable; journal the decision.
 
         The re-planner (when there is one) plans with those types excluded; without one, or when its
@@ -1020,18 +1017,12 @@ class Controller:
         """
         rest = self.plan.stages[g:]
         shape = [(s.bracket, s.stage, s.trials, s.epochs) for s in rest]
+        unavailable = list(request.unavailable)
         names = ", ".join(k.rsplit(":", 1)[-1] for k in unavailable)
-        decision = {**decision, "trigger": "failover", "unavailable": list(unavailable)}
-        elapsed = decision["elapsed_s"]
+        decision = {**decision, "trigger": "failover", "unavailable": unavailable}
         stages: list[StagePlan] | None = None
         note = ""
         if self.replanner is not None:
-            request = ReplanRequest(spec=self.spec, plan=self.plan, next_stage=g, elapsed_s=elapsed, spent_usd=spent,
-                                    remaining_deadline_s=max(1.0, self.deadline_s - elapsed),
-                                    epoch_seconds=dict(self.epoch_seconds), setup_seconds=list(self.setup_seconds),
-                                    startup_s=dict(self.startup_seconds), at_risk=decision["at_risk"],
-                                    iteration_latencies=dict(self.iteration_latencies), running=running,
-                                    unavailable=tuple(unavailable))
             try:
                 candidate = self.replanner(request)
             except Exception as exc:  # noqa: BLE001 - fall back to stand-ins

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import networkx as nx
@@ -314,7 +314,7 @@ class Simulator:
             head = self.heads.get(cloud)
             if head is not None and head.boot_s is None:
                 boot = self.model.startup(head.cloud, head.instance_type).quantile(0.5)
-                head = HeadSpec(head.cloud, head.instance_type, head.price_hr, head.grace_s, boot)
+                head = replace(head, boot_s=boot)
             self._heads[cloud] = head
         return self._heads[cloud]
 

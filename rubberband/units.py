@@ -47,20 +47,15 @@ def parse_overrun(value: str, deadline_s: float) -> float:
         return math.inf
     if re.fullmatch(r"0+(\.0*)?s?", text):
         return 0.0
-    if text.endswith("%"):
-        try:
-            share = float(text[:-1])
-        except ValueError:
-            share = -1.0
-        if not 0 <= share < math.inf:
-            raise ValueError(f"cannot read overrun {value!r}: use a share of the deadline (10%), a duration "
-                             f"(15m), 0 or none")
-        return share / 100.0 * deadline_s
     try:
-        return parse_duration(text)
+        if not text.endswith("%"):
+            return parse_duration(text)
+        share = float(text[:-1])
+        if 0 <= share < math.inf:
+            return share / 100.0 * deadline_s
     except ValueError:
-        raise ValueError(f"cannot read overrun {value!r}: use a share of the deadline (10%), a duration (15m), "
-                         f"0 or none") from None
+        pass
+    raise ValueError(f"cannot read overrun {value!r}: use a share of the deadline (10%), a duration (15m), 0 or none")
 
 
 def format_duration(seconds: float) -> str:
@@ -83,12 +78,16 @@ def format_usd(amount: float) -> str:
         return f"${amount:,.2f}"
     if amount == 0 or abs(amount) >= 0.0001:
         return f"${amount:.4f}"
-    return f"${amount:.{1 - math.floor(math.log10(abs(amount)))}f}"
+    return f"${amount:.{_two_digits(amount)}f}"
 
 
 def format_usd_column(amounts: list[float]) -> list[str]:
     """Dollars for one table column, all with the same decimals: two, or as many as give the smallest
     non-zero amount two significant digits (``$3.79``, ``$0.94`` rather than ``$3.79``, ``$0.9376``)."""
-    smallest = min((abs(a) for a in amounts if a), default=1.0)
-    decimals = max(2, 1 - math.floor(math.log10(smallest)))
+    decimals = max(2, _two_digits(min((abs(a) for a in amounts if a), default=1.0)))
     return [f"${a:,.{decimals}f}" for a in amounts]
+
+
+def _two_digits(amount: float) -> int:
+    """Decimals that show a non-zero ``amount`` with two significant digits."""
+    return 1 - math.floor(math.log10(abs(amount)))
