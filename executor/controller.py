@@ -187,6 +187,16 @@ class RunResult:
     result: dict[str, Any] = field(default_factory=dict)
 
 
+def _devices_used(outcome: Any) -> dict[str, Any]:
+    """Per rank, the device a trial trained on and the GPUs Ray assigned it (for the journal; {} if not known)."""
+    out: dict[str, Any] = {}
+    if getattr(outcome, "devices", ()):
+        out["devices"] = list(outcome.devices)
+    if any(getattr(outcome, "gpu_ids", ())):
+        out["gpu_ids"] = [list(ids) for ids in outcome.gpu_ids]
+    return out
+
+
 # -- the controller --------------------------------------------------------------------------
 
 class Controller:
@@ -604,7 +614,7 @@ class Controller:
         self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason=reason, metric=metric,
                             error=error, start_epoch=run.start_epoch, end_epoch=run.end_epoch,
                             seconds=seconds, setup_s=None if outcome is None else outcome.setup_s,
-                            checkpoint_epoch=trial.checkpoint_epoch)
+                            checkpoint_epoch=trial.checkpoint_epoch, **_devices_used(outcome))
         if error is None:
             trial.finished_stages[g] = metric
         return metric, error, seconds, {}
