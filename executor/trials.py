@@ -255,7 +255,7 @@ class TrialRun:
     def _training_error(self, failures: list[WorkerFailure], deaths: dict[int, str],
                         pending: list[Any]) -> RubberbandError:
         trial = self.spec.trial_id
-        unusable = next((f for f in failures if f.kind == "device"), None)
+        unusable = next((f for f in failures if f.kind == "device" and f.error_type == "GpuUnavailableError"), None)
         if unusable is not None:  # an environment fault, not the user's: its own error, never a CPU fall-back
             return GpuUnavailableError(f"trial {trial}: rank {unusable.rank}: {unusable.message}")
         if deaths and (not failures or _collateral(failures[0])):
