@@ -102,11 +102,11 @@ class NodeResources:
     slots: int
 
     def ray_start_args(self) -> list[str]:
-        """``ray start`` flags for the CPUs and GPUs (the ``rb-node-<id>`` resource is added by the caller)."""
-        args = ["--num-cpus", str(self.num_cpus)]
-        if self.num_gpus:
-            args += ["--num-gpus", str(self.num_gpus)]
-        return args
+        """``ray start`` flags for the CPUs and GPUs (the ``rb-node-<id>`` resource is added by the caller).
+
+        ``--num-gpus 0`` on CPU types: a CPU type's node never offers the host's GPUs (Ray would detect them).
+        """
+        return ["--num-cpus", str(self.num_cpus), "--num-gpus", str(self.num_gpus)]
 
 
 def node_resources(itype: InstanceType) -> NodeResources:

@@ -58,7 +58,7 @@ def test_packing_puts_at_most_the_gpu_count_of_workers_on_an_instance():
 
 def test_node_flags_for_ray_start():
     assert node_resources(_type("p3.8xlarge")).ray_start_args() == ["--num-cpus", "32", "--num-gpus", "4"]
-    assert node_resources(_type("local.cpu2")).ray_start_args() == ["--num-cpus", "2"]
+    assert node_resources(_type("local.cpu2")).ray_start_args() == ["--num-cpus", "2", "--num-gpus", "0"]
 
 
 def test_policy_injects_the_test_stand_in_and_defaults_to_none():
