@@ -88,6 +88,9 @@ class ShapeResult:
     skipped: str | None = None
     #: Seconds between consecutive passes over ctx.batches (the per-epoch time outside iterations).
     epoch_gaps_s: tuple[float, ...] = ()
+    #: What the workers trained on: rank 0's device ("cuda:0", "cpu") and the process group's backend.
+    device: str = ""
+    backend: str = ""
 
     @property
     def median_s(self) -> float:
@@ -305,7 +308,8 @@ def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, 
                          checkpoint_saved_s=outcome.checkpoint_saved_s[-1] if outcome.checkpoint_saved_s else None,
                          pass_lengths=outcome.pass_lengths, batch_size_seen=outcome.batch_size_seen,
                          epoch_gaps_s=tuple(max(0.0, b[0] - a[1]) for a, b in zip(outcome.pass_times,
-                                                                                 outcome.pass_times[1:])))
+                                                                                 outcome.pass_times[1:])),
+                         device=outcome.devices[0] if outcome.devices else "", backend=outcome.backend)
     overhead = outcome.finished_at - outcome.started_at - sum(outcome.iteration_latencies_s)
     return result, max(0.0, overhead)
 
@@ -455,10 +459,12 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
                    notes: list[str], termination: list[TerminationSamples] | None = None) -> Profile:
     it = options.instance_type
     info = machine_info()
+    # what the workers really used (a GPU type's profile is taken on GPUs: one per worker, nccl)
+    used = sorted({f"{r.backend} on {'one GPU per worker' if r.device.startswith('cuda') else r.device}"
+                   for r in results if not r.skipped and r.backend}) or [options.device.backend]
     sources: dict[str, str] = {
         "iteration_latencies": f"measured: every iteration of ctx.batches on rank 0, ≤ {options.iterations} per "
-                               f"shape, real DDP ({'nccl' if it.device != 'CPU' else 'gloo'}) on "
-                               f"{options.cloud} Ray nodes",
+                               f"shape, real DDP ({', '.join(used)}) on {options.cloud} Ray nodes",
         "config": json.dumps(config, sort_keys=True, default=str),
     }
     dataset_size, batch = _workload_sizes(spec, options, results, sources)

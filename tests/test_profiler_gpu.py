@@ -73,4 +73,4 @@ def test_profile_of_a_gpu_type_measures_gpu_workers(synthetic_dir, monkeypatch):
     assert {m.device for m in measured} == {"T4"} and all(m.iteration_latencies_s for m in measured)
     assert seen and all(d.use_gpu and d.num_gpus == 1 and d.num_cpus == 2 and d.instance_type == "local.gpu2"
                         for d in seen)
-    assert "nccl" in run.profile.sources["iteration_latencies"]
+    assert "gloo on cpu" in run.profile.sources["iteration_latencies"]  # the stand-in, said as it is
