@@ -137,6 +137,7 @@ class BootstrapConfig:
     head_address: str | None = None  # private address of the head (workers only)
     workers: int = 1  # trial workers this node holds (GPUs on GPU types)
     use_gpu: bool = True
+    cpus: int | None = None  # CPUs the node advertises (executor.devices.node_resources); None: ``workers``
     extra_packages: tuple[str, ...] = ()
     rubberband_spec: str | None = None  # pip requirement for rubberband itself (a wheel URL, a git URL)
     torch_spec: str = "torch"
@@ -218,8 +219,8 @@ def render_startup_script(config: BootstrapConfig) -> str:
         ]
     else:
         head = f"{config.head_address}:{config.ray_port}"
-        device = f"--num-gpus={config.workers} --num-cpus={config.workers}" if config.use_gpu \
-            else f"--num-cpus={config.workers}"
+        cpus = config.workers if config.cpus is None else config.cpus
+        device = f"--num-gpus={config.workers} --num-cpus={cpus}" if config.use_gpu else f"--num-cpus={cpus}"
         lines += [
             f"RB_HEAD={_q(head)}",
             f"{venv}/bin/ray start --address=\"${{RB_HEAD}}\" {device} "

@@ -36,6 +36,7 @@ from rubberband.cloud.bootstrap import BootstrapConfig, WatchdogSettings, render
 from rubberband.cloud.failover import FailoverPolicy, provision_with_failover
 from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider
 from rubberband.errors import CloudError
+from rubberband.executor.devices import node_resources
 
 log = logging.getLogger("rubberband.cloud.head")
 
@@ -74,10 +75,11 @@ def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: Instan
     """The startup script of a worker of ``itype`` that joins ``head``."""
     if not head.address:
         raise CloudError(f"{cloud}: head {head.id} has no private address yet; wait for it first", kind="transient")
+    node = node_resources(itype)  # one GPU (and its CPU share) per trial worker on GPU types
     return render_startup_script(BootstrapConfig(
         run_id=run_id, cloud=cloud, role="worker", region=itype.region,  # type: ignore[arg-type]
         rubberband_version=__version__, ray_version=ray_version(), head_address=head.address,
-        workers=itype.workers, use_gpu=itype.accelerator_count > 0, max_lifetime_s=max_lifetime_s))
+        workers=node.slots, use_gpu=node.num_gpus > 0, cpus=node.num_cpus, max_lifetime_s=max_lifetime_s))
 
 
 def provision_head(provider: Provider, run_id: str, region: str, zones: Sequence[str], *,

@@ -32,6 +32,7 @@ from rubberband import __version__
 from rubberband.catalog import InstanceType
 from rubberband.cloud.provider import TAG_RUN_ID, Instance, InstanceRequest, node_resource
 from rubberband.errors import CloudError
+from rubberband.executor.devices import node_resources
 
 HEAD_ID = "head"
 #: Ray's unix socket paths must stay below 108 bytes; longer temp dirs are symlinked from /tmp.
@@ -325,10 +326,11 @@ class LocalProvider:
     def _start_node(self, instance_id: str, request: InstanceRequest, head: ProcessRecord,
                     timeout_s: float) -> ProcessRecord:
         itype: InstanceType = request.instance_type
-        workers = itype.workers
+        node = node_resources(itype)  # a GPU type's node advertises its GPUs (logical ones without CUDA)
+        workers = node.slots
         log = self.instances_dir / f"{instance_id}.log"
         now = time.time()
-        proc = self._ray_start(["--address", head.address, "--num-cpus", str(workers),
+        proc = self._ray_start(["--address", head.address, *node.ray_start_args(),
                                 "--resources", json.dumps({node_resource(instance_id): workers}),
                                 "--temp-dir", head.temp_dir], log, {**NODE_ENV, "RAY_AUTH_MODE": self.auth_mode})
         record = ProcessRecord(id=instance_id, run_id=request.run_id, role="node",

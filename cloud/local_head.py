@@ -33,6 +33,7 @@ from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run_detailed
 from rubberband.cloud.testboot import boot_mode
 from rubberband.errors import CloudError
+from rubberband.executor.devices import DevicePolicy
 
 
 def _private_address() -> str:
@@ -67,6 +68,12 @@ class LocalHeadCloudBackend:
         join = self._boot_locally if self.test_boot == "local" else ray_join_check
         self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join, alternatives=self._alternatives,
                                     boot_timeout_s=600.0, join_timeout_s=600.0)
+
+    @property
+    def device_policy(self) -> DevicePolicy:
+        """Trials on GPU types use their GPUs (nccl). A played boot's stand-in node advertises the type's
+        GPUs as logical ones on this machine, so its trials check Ray's GPU assignment, then train on CPU."""
+        return DevicePolicy(cpu_stand_in=self.test_boot == "local")
 
     # -- head --------------------------------------------------------------------------------
 

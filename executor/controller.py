@@ -48,6 +48,7 @@ from rubberband.errors import CatalogError, CloudError, ExecutionError, PlanFile
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
+from rubberband.executor.devices import DevicePolicy
 from rubberband.executor.placement import Slot, make_slots
 from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, LATE_GAIN, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan
@@ -186,6 +187,16 @@ class RunResult:
     result: dict[str, Any] = field(default_factory=dict)
 
 
+def _devices_used(outcome: Any) -> dict[str, Any]:
+    """Per rank, the device a trial trained on and the GPUs Ray assigned it (for the journal; {} if not known)."""
+    out: dict[str, Any] = {}
+    if getattr(outcome, "devices", ()):
+        out["devices"] = list(outcome.devices)
+    if any(getattr(outcome, "gpu_ids", ())):
+        out["gpu_ids"] = [list(ids) for ids in outcome.gpu_ids]
+    return out
+
+
 # -- the controller --------------------------------------------------------------------------
 
 class Controller:
@@ -195,7 +206,8 @@ class Controller:
                  runtime: TrialRuntime, run_id: str, replanner: Replanner | None = None,
                  profile: Profile | None = None, progress: Callable[[Progress], None] | None = None,
                  deadline_s: float | None = None, overrun_s: float = 0.0, trial_timeout_s: float = 600.0,
-                 elastic: bool = True, max_instance_losses: int = MAX_INSTANCE_LOSSES) -> None:
+                 elastic: bool = True, max_instance_losses: int = MAX_INSTANCE_LOSSES,
+                 device_policy: DevicePolicy | None = None) -> None:
         self.spec = spec
         self.plan = plan
         self.catalog = catalog
@@ -211,6 +223,8 @@ class Controller:
         self.overrun_s = overrun_s
         self._deadline_passed = False
         self.trial_timeout_s = trial_timeout_s
+        # GPU + nccl on GPU types, CPU + gloo otherwise (a backend may say otherwise: test boots' logical GPUs)
+        self.devices = device_policy or getattr(backend, "device_policy", None) or DevicePolicy()
         self.elastic = elastic  # False: hold every instance to the end (the static baseline, for benchmarks)
         self.journal = J.Journal(self.run_dir)
         self.pool: dict[str, PoolInstance] = {}
@@ -534,7 +548,8 @@ class Controller:
         handle = self.runtime.start(
             event_sink=self.sink, trial_id=trial_id, config=trial.config, entry_point=self.spec.train,
             code_dir=self.spec.base_dir, start_epoch=start, end_epoch=stage.epochs, placement=slot.placement,
-            checkpoint_dir=str(ckpt_dir), use_gpu=False, timeout_s=self.trial_timeout_s, pool=self.workers)
+            checkpoint_dir=str(ckpt_dir), device=self.devices.for_type(self._stage_itype(stage)),
+            timeout_s=self.trial_timeout_s, pool=self.workers)
         slot.trial_id = trial_id
         run = RunningTrial(trial_id, slot, handle, start, stage.epochs, time.time())
         self.running[handle.done_ref] = run
@@ -599,7 +614,7 @@ class Controller:
         self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason=reason, metric=metric,
                             error=error, start_epoch=run.start_epoch, end_epoch=run.end_epoch,
                             seconds=seconds, setup_s=None if outcome is None else outcome.setup_s,
-                            checkpoint_epoch=trial.checkpoint_epoch)
+                            checkpoint_epoch=trial.checkpoint_epoch, **_devices_used(outcome))
         if error is None:
             trial.finished_stages[g] = metric
         return metric, error, seconds, {}
@@ -796,7 +811,8 @@ class Controller:
                 entry.released = False
                 self._release(entry, "no longer needed when it came up")
             elif self.workers is not None:  # start its worker processes now, off the critical path
-                self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False)
+                self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False,
+                                  device=self.devices.for_type(entry.itype))
 
     def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str]]:
         """The catalog type (and zone, and failover tries) the backend actually got for a request."""

@@ -7,8 +7,10 @@ instance (per ``rb-node-<id>`` custom resource). ``TrialRun.start(spec, pool=poo
 workers from the pool (starting any that are missing) and gives healthy ones back when the run
 ends; workers of a failed or stopped run are killed, never reused.
 
-An idle pooled worker keeps holding its slot (one CPU or GPU and one unit of the instance's
-``rb-node-<id>`` resource), exactly like a worker in a placement group: use the pool for every
+Each worker asks Ray for what its :class:`~rubberband.executor.devices.WorkerDevice` says (one
+CPU on CPU types; one GPU and the instance's vCPUs per GPU on GPU types). An idle pooled worker
+keeps holding its slot (those CPUs / that GPU and one unit of the instance's ``rb-node-<id>``
+resource), exactly like a worker in a placement group: use the pool for every
 trial of an instance, or size it so that placement groups of other trials still fit.
 """
 
@@ -18,21 +20,32 @@ import time
 from typing import Any
 
 from rubberband.errors import ExecutionError
+from rubberband.executor.devices import CPU_WORKER, WorkerDevice
 from rubberband.executor.worker import actor_class, actor_options
 
 
 class WorkerPool:
-    """Idle warm workers keyed by the instance resource they are pinned to."""
+    """Idle warm workers keyed by the instance resource they are pinned to.
 
-    def __init__(self, *, use_gpu: bool = False) -> None:
-        self.use_gpu = use_gpu
+    ``device`` is the default :class:`WorkerDevice` of workers it starts; :meth:`take` and
+    :meth:`warm` accept the device of the trial (every worker of one instance has the same one).
+    """
+
+    def __init__(self, *, device: WorkerDevice = CPU_WORKER) -> None:
+        self.device = device
         self._idle: dict[str, list[Any]] = {}
+        self._devices: dict[str, WorkerDevice] = {}  # the device the idle workers of a resource were started for
         self._cls = actor_class()
 
-    def _start(self, resource: str) -> Any:
-        return self._cls.options(**actor_options(resource, self.use_gpu)).remote()
+    def _start(self, resource: str, device: WorkerDevice | None = None) -> Any:
+        device = device or self.device
+        if self._devices.get(resource, device) != device:
+            self.shrink(resource, 0)  # idle workers started for another device hold the wrong Ray resources
+        self._devices[resource] = device
+        return self._cls.options(**actor_options(resource, device)).remote()
 
-    def warm(self, resource: str, count: int = 1, *, timeout_s: float = 60.0, wait: bool = True) -> None:
+    def warm(self, resource: str, count: int = 1, *, timeout_s: float = 60.0, wait: bool = True,
+             device: WorkerDevice | None = None) -> None:
         """Make sure ``count`` idle workers are up on ``resource``.
 
         ``wait=True`` blocks until they answer (bounded by ``timeout_s``); ``wait=False`` only starts
@@ -40,8 +53,10 @@ class WorkerPool:
         """
         import ray
 
+        if self._devices.get(resource, device or self.device) != (device or self.device):
+            self.shrink(resource, 0)
         missing = max(0, count - len(self._idle.get(resource, [])))
-        fresh = [self._start(resource) for _ in range(missing)]
+        fresh = [self._start(resource, device) for _ in range(missing)]
         if not fresh:
             return
         if not wait:
@@ -58,12 +73,12 @@ class WorkerPool:
         ray.get(ready, timeout=timeout_s)
         self._idle.setdefault(resource, []).extend(fresh)
 
-    def take(self, resource: str) -> tuple[Any, bool]:
+    def take(self, resource: str, device: WorkerDevice | None = None) -> tuple[Any, bool]:
         """An idle worker on ``resource`` (``warm=True``) or a freshly started one (``warm=False``)."""
         idle = self._idle.get(resource)
-        if idle:
+        if idle and self._devices.get(resource) == (device or self.device):
             return idle.pop(), True
-        return self._start(resource), False
+        return self._start(resource, device), False
 
     def give(self, resource: str, actor: Any) -> None:
         """Return a healthy worker after its run finished."""

@@ -4,7 +4,8 @@
 training code (see ``CONTRACT_TRIALS.md``): it places one Ray actor per worker on the instances
 named by ``TrialSpec.placement`` (a placement group, STRICT_PACK on one instance, PACK across
 several; or warm workers from a :class:`~rubberband.executor.pool.WorkerPool`), joins them in a
-torch.distributed process group (gloo on CPU, nccl on GPU) and calls ``train(config, ctx)`` in
+torch.distributed process group (gloo on CPU, nccl on GPU: ``TrialSpec.device``, chosen by
+:mod:`rubberband.executor.devices`) and calls ``train(config, ctx)`` in
 each. ``start`` returns at once; ``done_ref`` resolves when rank 0 is finished; ``result``
 gathers the outcome or raises :class:`~rubberband.errors.TrainingError` with one line naming the
 user's exception and the trial. Actors never outlive the run: ``result`` and ``stop`` release
@@ -17,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rubberband.errors import ExecutionError, TrainingError
+from rubberband.errors import ExecutionError, GpuUnavailableError, RubberbandError, TrainingError
+from rubberband.executor.devices import CPU_WORKER, WorkerDevice
 from rubberband.executor.pool import WorkerPool
 from rubberband.executor.worker import WorkerFailure, WorkerResult, WorkerTask, actor_class, actor_options
 
@@ -37,7 +39,8 @@ class TrialSpec:
     end_epoch: int
     placement: tuple[str, ...]
     checkpoint_dir: str
-    use_gpu: bool = False
+    #: What each worker asks Ray for and trains on (``executor.devices.worker_device`` of the instance type).
+    device: WorkerDevice = CPU_WORKER
     max_iterations: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 600
@@ -45,6 +48,10 @@ class TrialSpec:
     @property
     def workers(self) -> int:
         return len(self.placement)
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.device.use_gpu
 
     def validate(self) -> None:
         if not self.placement:
@@ -88,6 +95,11 @@ class TrialOutcome:
     first_iteration_at: float | None = None
     #: Rank 0's (start, end) wall-clock times of each pass over ``ctx.batches``.
     pass_times: tuple[tuple[float, float], ...] = ()
+    #: Per rank: the torch device it trained on, and the GPU ids Ray assigned it (empty on CPU types).
+    devices: tuple[str, ...] = ()
+    gpu_ids: tuple[tuple, ...] = ()
+    #: The process group's backend ("gloo" or "nccl").
+    backend: str = ""
 
 
 def _collateral(failure: WorkerFailure) -> bool:
@@ -136,16 +148,15 @@ class TrialRun:
         pg = None
         warm: tuple[bool, ...] = ()
         if pool is not None:
-            taken = [pool.take(resource) for resource in spec.placement]
+            taken = [pool.take(resource, spec.device) for resource in spec.placement]
             actors = [actor for actor, _ in taken]
             warm = tuple(is_warm for _, is_warm in taken)
         else:
-            unit = {"GPU": 1} if spec.use_gpu else {"CPU": 1}
-            bundles = [{**unit, resource: 1} for resource in spec.placement]
+            bundles = [spec.device.bundle(resource) for resource in spec.placement]
             strategy = "STRICT_PACK" if len(set(spec.placement)) == 1 else "PACK"
             pg = placement_group(bundles, strategy=strategy, name=f"rb-trial-{spec.trial_id}")
             cls_ = actor_class()
-            actors = [cls_.options(**actor_options(None, spec.use_gpu),
+            actors = [cls_.options(**actor_options(None, spec.device),
                                    scheduling_strategy=PlacementGroupSchedulingStrategy(
                                        placement_group=pg, placement_group_bundle_index=i)).remote()
                       for i in range(spec.workers)]
@@ -155,7 +166,7 @@ class TrialRun:
             task = WorkerTask(trial_id=spec.trial_id, config=dict(spec.config), entry_point=spec.entry_point,
                               code_dir=spec.code_dir, start_epoch=spec.start_epoch, end_epoch=spec.end_epoch,
                               rank=rank, world_size=spec.workers, local_rank=local_rank,
-                              checkpoint_dir=spec.checkpoint_dir, use_gpu=spec.use_gpu,
+                              checkpoint_dir=spec.checkpoint_dir, device=spec.device,
                               max_iterations=spec.max_iterations, env=dict(spec.env), timeout_s=spec.timeout_s,
                               event_sink=event_sink if rank == 0 else None)
             refs.append(actor.run.remote(task, master))
@@ -163,7 +174,8 @@ class TrialRun:
 
     # -- result ----------------------------------------------------------------------------
     def result(self, timeout_s: float | None = None) -> TrialOutcome:
-        """Wait for every worker; raise TrainingError on the first root cause.
+        """Wait for every worker; raise TrainingError on the first root cause (GpuUnavailableError when a
+        GPU worker finds no usable CUDA).
 
         ``timeout_s`` bounds this call: when it passes, ``TimeoutError`` is raised and the
         trial keeps running (call again, or ``stop``). Independently, a placement that cannot
@@ -241,8 +253,11 @@ class TrialRun:
         raise self._error
 
     def _training_error(self, failures: list[WorkerFailure], deaths: dict[int, str],
-                        pending: list[Any]) -> TrainingError:
+                        pending: list[Any]) -> RubberbandError:
         trial = self.spec.trial_id
+        unusable = next((f for f in failures if f.kind == "device" and f.error_type == "GpuUnavailableError"), None)
+        if unusable is not None:  # an environment fault, not the user's: its own error, never a CPU fall-back
+            return GpuUnavailableError(f"trial {trial}: rank {unusable.rank}: {unusable.message}")
         if deaths and (not failures or _collateral(failures[0])):
             return TrainingError(f"trial {trial}: {sorted(deaths.items())[0][1]}")
         if pending and (not failures or _collateral(failures[0])):
@@ -274,7 +289,10 @@ class TrialRun:
                             started_at=self._started_at, finished_at=max(r.finished_at for r in results.values()),
                             warm_workers=self._warm, checkpoint_saved_s=chief.checkpoint_saved_s,
                             pass_lengths=chief.pass_lengths, batch_size_seen=chief.batch_size_seen,
-                            first_iteration_at=chief.first_iteration_at, pass_times=chief.pass_times)
+                            first_iteration_at=chief.first_iteration_at, pass_times=chief.pass_times,
+                            devices=tuple(results[r].device for r in sorted(results)),
+                            gpu_ids=tuple(tuple(results[r].gpu_ids) for r in sorted(results)),
+                            backend=chief.backend)
 
     # -- stop ------------------------------------------------------------------------------
     def stop(self) -> None:

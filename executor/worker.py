@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any, Callable, Mapping
 
 from rubberband.executor.context import ReportRecord, WorkerContext
+from rubberband.executor.devices import CPU_WORKER, WorkerDevice, observe_cuda, resolve
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class WorkerTask:
     world_size: int
     local_rank: int
     checkpoint_dir: str
-    use_gpu: bool = False
+    device: WorkerDevice = CPU_WORKER
     max_iterations: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 600.0
@@ -48,7 +49,7 @@ class WorkerFailure:
     """The user's (or the runtime's) exception in one worker, as one line plus its traceback."""
 
     rank: int
-    kind: str            # "import" | "train" | "setup"
+    kind: str            # "import" | "device" | "setup" | "train"
     error_type: str
     message: str
     failed_at: float
@@ -71,6 +72,11 @@ class WorkerResult:
     batch_size_seen: int | None = None
     first_iteration_at: float | None = None
     pass_times: tuple[tuple[float, float], ...] = ()
+    #: The torch device this rank trained on ("cpu", "cuda:0") and its process group's backend.
+    device: str = ""
+    backend: str = ""
+    #: ``ray.get_gpu_ids()`` of this rank (empty on CPU types).
+    gpu_ids: tuple = ()
 
 
 def load_entry_point(entry_point: str, code_dir: str) -> Callable:
@@ -130,17 +136,18 @@ class TrialWorker:
         setup_done: float | None = None
         ctx: WorkerContext | None = None
         failure: WorkerFailure | None = None
-        stage = "import"
+        resolved = None
+        stage = "device"
         try:
+            # before the process group: a GPU rank without CUDA must fail here, not hang in nccl
+            resolved = resolve(task.device, observe_cuda())
+            stage = "import"
             train = load_entry_point(task.entry_point, task.code_dir)
             stage = "setup"
-            if task.use_gpu and torch.cuda.is_available():
-                backend = "nccl"
-                index = 0 if torch.cuda.device_count() == 1 else task.local_rank
-                device = torch.device("cuda", index)
+            device = torch.device(resolved.device)
+            if device.type == "cuda":
                 torch.cuda.set_device(device)
-            else:
-                backend, device = "gloo", torch.device("cpu")
+            backend = resolved.backend
             host, port = master
             dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=task.rank,
                                     world_size=task.world_size, timeout=timedelta(seconds=task.timeout_s))
@@ -177,16 +184,14 @@ class TrialWorker:
             pass_lengths=tuple(ctx.pass_lengths) if ctx else (),
             batch_size_seen=ctx.batch_size_seen if ctx else None,
             first_iteration_at=ctx.first_iteration_at if ctx else None,
-            pass_times=tuple(ctx.pass_times) if ctx else ())
+            pass_times=tuple(ctx.pass_times) if ctx else (),
+            device=resolved.device if resolved else "", backend=resolved.backend if resolved else "",
+            gpu_ids=tuple(resolved.gpu_ids) if resolved else ())
 
 
-def actor_options(resource: str | None, use_gpu: bool) -> dict:
-    """Ray resources of one worker: one CPU (or one GPU) and one slot of its instance."""
-    options: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0} if use_gpu else {"num_cpus": 1}
-    if resource is not None:
-        options["resources"] = {resource: 1}
-    options["max_restarts"] = 0
-    return options
+def actor_options(resource: str | None, device: WorkerDevice = CPU_WORKER) -> dict:
+    """Ray options of one worker: its device's CPUs / GPU (executor.devices) and one slot of its instance."""
+    return device.actor_options(resource)
 
 
 def actor_class():

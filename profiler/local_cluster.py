@@ -1,7 +1,9 @@
 """A throw-away Ray cluster on this machine: one Ray node per local "instance".
 
-Each node binds 127.0.0.1, has ``num_cpus`` = its worker slots and the custom resource
-``rb-node-<id>`` with the same amount (the trial contract), and keeps its temp files under a
+Each node binds 127.0.0.1, has ``num_cpus`` = its worker slots (or what ``num_cpus`` /
+``num_gpus`` say: a node of a GPU type advertises *logical* GPUs, see
+:func:`rubberband.executor.devices.node_resources`) and the custom resource ``rb-node-<id>``
+with one unit per worker slot (the trial contract), and keeps its temp files under a
 directory of this run. :class:`LocalCluster` is a context manager: every node it started is
 torn down on exit, whatever happened. It also measures local start-up latency: request →
 node registered → a worker process running on it.
@@ -109,10 +111,12 @@ class LocalCluster:
 
     # -- nodes -----------------------------------------------------------------------------
     def add_instance(self, instance_id: str, slots: int, *, measure_ready: bool = False,
-                     timeout_s: float = 60.0) -> NodeStart:
+                     timeout_s: float = 60.0, num_gpus: int = 0, num_cpus: int | None = None) -> NodeStart:
         """Start one node for ``instance_id`` with ``slots`` worker slots; the first one is the head.
 
-        With ``measure_ready`` also start a worker process pinned to it and time until it answers.
+        ``num_gpus`` GPUs (logical ones where the machine has none, as ``ray start --num-gpus``) and
+        ``num_cpus`` CPUs (default: ``slots``) are what the node advertises. With ``measure_ready``
+        also start a worker process pinned to it and time until it answers.
         """
         import ray
 
@@ -120,7 +124,8 @@ class LocalCluster:
             raise ExecutionError("LocalCluster is not started; use it as a context manager")
         if instance_id in self.nodes:
             raise ExecutionError(f"local instance {instance_id!r} already exists")
-        args: dict[str, Any] = dict(num_cpus=slots, resources={node_resource(instance_id): slots},
+        args: dict[str, Any] = dict(num_cpus=slots if num_cpus is None else num_cpus, num_gpus=num_gpus,
+                                    resources={node_resource(instance_id): slots},
                                     node_ip_address="127.0.0.1", object_store_memory=80 * 1024 * 1024)
         head = self._cluster.head_node is None
         if head:
@@ -143,7 +148,7 @@ class LocalCluster:
 
         from rubberband.executor.worker import actor_class, actor_options
 
-        actor = actor_class().options(**actor_options(node_resource(instance_id), False)).remote()
+        actor = actor_class().options(**actor_options(node_resource(instance_id))).remote()
         try:
             ray.get(actor.ping.remote(), timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - GetTimeoutError or a dead actor

@@ -11,6 +11,9 @@ instance's first trial waits for its worker processes), the checkpoint size, and
 long a new node takes to be ready and to be gone after its termination. The total stays within the budget: the time left is split across the
 shapes still to run and the iteration count is capped from what earlier shapes took.
 Figures that are not measured get documented defaults, and ``Profile.sources`` says which.
+On a GPU instance type the nodes advertise the type's GPUs and every worker trains on the GPU Ray
+assigned it with nccl (``rubberband.executor.devices``), so a GPU type's profile is a GPU
+measurement; a node without a usable CUDA stops the profile with GpuUnavailableError.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 from rubberband.catalog import InstanceType
 from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
+from rubberband.executor.devices import DevicePolicy, WorkerDevice, node_resources
 from rubberband.profile import (PROFILE_SCHEMA_VERSION, LatencyMeasurement, Profile, StartupSamples,
                                  TerminationSamples, Workload)
 from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
@@ -64,6 +68,12 @@ class ProfileOptions:
     dataset_size: int | None = None
     cross_node: bool = True
     measure_restart: bool = True
+    #: Chooses the workers' device from ``instance_type`` (tests inject ``DevicePolicy(cpu_stand_in=True)``).
+    device_policy: DevicePolicy = DevicePolicy()
+
+    @property
+    def device(self) -> WorkerDevice:
+        return self.device_policy.for_type(self.instance_type)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,9 @@ class ShapeResult:
     skipped: str | None = None
     #: Seconds between consecutive passes over ctx.batches (the per-epoch time outside iterations).
     epoch_gaps_s: tuple[float, ...] = ()
+    #: What the workers trained on: rank 0's device ("cuda:0", "cpu") and the process group's backend.
+    device: str = ""
+    backend: str = ""
 
     @property
     def median_s(self) -> float:
@@ -189,15 +202,16 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
     try:
         with LocalCluster(temp_root=run_dir / "r") as cluster:
             resources = []
+            node = node_resources(it)
             for i in range(nodes_needed(shapes)):
                 tick(f"starting local instance {i + 1} of {nodes_needed(shapes)} ({it.name})", advance=False)
-                cluster.add_instance(f"p{i}", it.workers)
+                cluster.add_instance(f"p{i}", node.slots, num_gpus=node.num_gpus, num_cpus=node.num_cpus)
                 resources.append(node_resource(f"p{i}"))
                 tick(f"local instance {i + 1} up")
             startup, termination = _measure_startup(cluster, options, budget, notes, tick)
             from rubberband.executor.pool import WorkerPool
 
-            with WorkerPool() as pool:
+            with WorkerPool(device=options.device) as pool:
                 results = _measure_shapes(spec, options, shapes, resources, config, run_dir, budget, pool,
                                           notes, tick)
                 measured = [r for r in results if not r.skipped]
@@ -265,7 +279,8 @@ def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, not
 
 
 def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, checkpoint_dir: Path,
-               iterations: int, share_s: float, pool: Any) -> tuple[ShapeResult, float] | None:
+               iterations: int, share_s: float, pool: Any,
+               device: WorkerDevice) -> tuple[ShapeResult, float] | None:
     """One bounded run of ``train`` at ``shape``; None when it ran past ``share_s``.
 
     Returns the result and the run's seconds outside the timed iterations (start-up, DDP set-up,
@@ -277,7 +292,7 @@ def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, 
     epochs = 2 if iterations >= 2 * MIN_PASS_ITERATIONS else 1
     trial = TrialSpec(trial_id=f"profile-w{shape.workers}-n{shape.nodes}", config=dict(config),
                       entry_point=spec.train, code_dir=spec.base_dir, start_epoch=0, end_epoch=epochs,
-                      placement=shape.placement(resources), checkpoint_dir=str(checkpoint_dir),
+                      placement=shape.placement(resources), checkpoint_dir=str(checkpoint_dir), device=device,
                       max_iterations=-(-iterations // epochs), timeout_s=max(30.0, share_s))
     run = TrialRun.start(trial, pool=pool)
     try:
@@ -293,7 +308,8 @@ def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, 
                          checkpoint_saved_s=outcome.checkpoint_saved_s[-1] if outcome.checkpoint_saved_s else None,
                          pass_lengths=outcome.pass_lengths, batch_size_seen=outcome.batch_size_seen,
                          epoch_gaps_s=tuple(max(0.0, b[0] - a[1]) for a, b in zip(outcome.pass_times,
-                                                                                 outcome.pass_times[1:])))
+                                                                                 outcome.pass_times[1:])),
+                         device=outcome.devices[0] if outcome.devices else "", backend=outcome.backend)
     overhead = outcome.finished_at - outcome.started_at - sum(outcome.iteration_latencies_s)
     return result, max(0.0, overhead)
 
@@ -309,7 +325,7 @@ def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape],
         share = (budget.left() - reserve) / (len(shapes) + 1)
         tick(f"probing {shapes[0].label} ({PROBE_ITERATIONS} iterations)", advance=False)
         probe = _run_shape(spec, shapes[0], resources, config, run_dir / "ckpt" / "probe", PROBE_ITERATIONS,
-                           max(share, MIN_SHAPE_S), pool)
+                           max(share, MIN_SHAPE_S), pool, options.device)
         if probe is None:
             raise InputError(f"--budget {options.budget_s:.0f}s is too small: {PROBE_ITERATIONS} iterations at "
                              f"{shapes[0].label} did not finish within {max(share, MIN_SHAPE_S):.0f} s; "
@@ -331,7 +347,7 @@ def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape],
                 notes.append(f"{shape.label}: capped at {iterations} iterations to stay within the budget")
         tick(f"measuring {shape.label} ({iterations} iterations, ≤ {share:.0f} s)", advance=False)
         ran = _run_shape(spec, shape, resources, config, run_dir / "ckpt" / f"w{shape.workers}-n{shape.nodes}",
-                         iterations, share, pool)
+                         iterations, share, pool, options.device)
         if ran is None:
             reason = f"{shape.label}: skipped, did not finish within its {share:.0f} s share of the budget"
             notes.append(reason + "; lower --iterations or raise --budget")
@@ -381,7 +397,7 @@ def _measure_restart(spec: JobSpec, options: ProfileOptions, measured: list[Shap
     after = 1 if epoch is None else epoch + 1
     trial = TrialSpec(trial_id=f"profile-restart-{kind}", config=dict(config), entry_point=spec.train,
                       code_dir=spec.base_dir, start_epoch=after, end_epoch=after + 1,
-                      placement=target.placement(resources),
+                      placement=target.placement(resources), device=options.device,
                       checkpoint_dir=source.checkpoint_dir, max_iterations=1,
                       timeout_s=max(30.0, budget.left()))
     run = TrialRun.start(trial, pool=pool)
@@ -443,10 +459,12 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
                    notes: list[str], termination: list[TerminationSamples] | None = None) -> Profile:
     it = options.instance_type
     info = machine_info()
+    # what the workers really used (a GPU type's profile is taken on GPUs: one per worker, nccl)
+    used = sorted({f"{r.backend} on {'one GPU per worker' if r.device.startswith('cuda') else r.device}"
+                   for r in results if not r.skipped and r.backend}) or [options.device.backend]
     sources: dict[str, str] = {
         "iteration_latencies": f"measured: every iteration of ctx.batches on rank 0, ≤ {options.iterations} per "
-                               f"shape, real DDP ({'nccl' if it.device != 'CPU' else 'gloo'}) on "
-                               f"{options.cloud} Ray nodes",
+                               f"shape, real DDP ({', '.join(used)}) on {options.cloud} Ray nodes",
         "config": json.dumps(config, sort_keys=True, default=str),
     }
     dataset_size, batch = _workload_sizes(spec, options, results, sources)

@@ -69,6 +69,13 @@ class ExecutionError(RubberbandError):
     exit_code = 1
 
 
+class GpuUnavailableError(ExecutionError):
+    """A node advertises GPUs (its instance type has them) but CUDA is not usable in a trial's worker.
+
+    Raised instead of training a GPU type on its CPUs; the message names the instance type.
+    """
+
+
 class CloudError(RubberbandError):
     """A cloud API failure, classified into rubberband's failover vocabulary.
 
