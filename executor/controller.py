@@ -156,6 +156,7 @@ class PoolInstance:
     released: bool = False
     requested_at: float | None = None
     terminated_at: float | None = None
+    warming: list = field(default_factory=list)  # ping refs of its warm workers, while they start
 
 
 @dataclass
@@ -166,6 +167,7 @@ class RunningTrial:
     start_epoch: int
     end_epoch: int
     started_at: float
+    cold: bool = False  # the first trial on one of its instances: its time includes the node's worker start
 
 
 @dataclass
@@ -247,6 +249,7 @@ class Controller:
         self.substitutes: dict[str, InstanceType] = {}  # planned type key -> the type failover obtained instead
         self._seen_in_ray: set[str] = set()  # instances whose rb-node-<id> resource Ray has shown
         self._lost: set[str] = set()  # instances already handled as lost
+        self._ran_on: set[str] = set()  # instances that have run a trial (their workers are warm)
         self._spent_earlier = 0.0  # what the run's earlier executors (before a resume) cost
         self._rerun_last: set[tuple[int, str]] = set()  # (stage, trial): last epoch checkpointed, never reported
         self._last_liveness = 0.0
@@ -509,7 +512,7 @@ class Controller:
             self._collect_terminations()
             self._check_liveness(g, stage, slots, pending)
             used = {i for s in slots for i in s.instance_ids}
-            unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used]
+            unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used and self._workers_up(p)]
             if unused:  # instances came up: add their slots (a spanning trial waits for enough of them)
                 slots.extend(make_slots(unused, itype.workers, stage.workers_per_trial))
             for slot in slots:
@@ -527,7 +530,8 @@ class Controller:
                     lost_now.update(lost)
                     stopped.append((run.trial_id, run.slot.instance_ids))
                     continue
-                trial_seconds.append(seconds)
+                if not run.cold:  # a task time as the simulator has it: a new node's worker start is not in it
+                    trial_seconds.append(seconds)
                 if error:
                     failures.append(error)
                 metrics[run.trial_id] = metric
@@ -552,7 +556,9 @@ class Controller:
             code_dir=self.spec.base_dir, start_epoch=start, end_epoch=stage.epochs, placement=slot.placement,
             checkpoint_dir=str(ckpt_dir), use_gpu=False, timeout_s=self.trial_timeout_s, pool=self.workers)
         slot.trial_id = trial_id
-        run = RunningTrial(trial_id, slot, handle, start, stage.epochs, time.time())
+        cold = not set(slot.instance_ids) <= self._ran_on
+        self._ran_on.update(slot.instance_ids)
+        run = RunningTrial(trial_id, slot, handle, start, stage.epochs, time.time(), cold=cold)
         self.running[handle.done_ref] = run
         self.journal.record(J.TRIAL_STARTED, trial_id=trial_id, stage=g, start_epoch=start, end_epoch=stage.epochs,
                             workers=len(slot.placement), instances=list(slot.instance_ids),
@@ -812,7 +818,7 @@ class Controller:
                 entry.released = False
                 self._release(entry, "no longer needed when it came up")
             elif self.workers is not None:  # start its worker processes now, off the critical path
-                self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False)
+                entry.warming = self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False)
 
     def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str]]:
         """The catalog type (and zone, and failover tries) the backend actually got for a request."""
@@ -828,6 +834,22 @@ class Controller:
             except CatalogError:
                 pass
         return entry.itype, None, []
+
+    def _workers_up(self, entry: PoolInstance) -> bool:
+        """Whether a ready instance's worker processes answer: only then does it take trials, as the simulator
+        has it (an instance is ready after its start-up plus the worker start), so a waiting trial goes to a
+        slot that frees sooner rather than wait on a node whose workers are still starting."""
+        if not entry.warming:
+            return True
+        import ray
+
+        try:
+            done, _ = ray.wait(entry.warming, num_returns=len(entry.warming), timeout=0)
+        except Exception:  # noqa: BLE001 - the trial on it will tell (and loss detection)
+            done = entry.warming
+        if len(done) == len(entry.warming):
+            entry.warming = []
+        return not entry.warming
 
     def _release(self, entry: PoolInstance, why: str) -> None:
         if entry.released:
@@ -907,7 +929,9 @@ class Controller:
         n_slots = max(1, len(slots))
         if trial_seconds:
             per_trial = statistics.mean(trial_seconds)
-        elif stage.predicted_duration_s:
+        elif stage.predicted_task_s:  # the simulator's own figure: prefetch timed as it predicts
+            per_trial = stage.predicted_task_s
+        elif stage.predicted_duration_s:  # an older plan: the stage's duration includes waiting for instances
             per_trial = stage.predicted_duration_s / max(1, math.ceil(stage.trials / n_slots))
         else:
             return
@@ -915,7 +939,8 @@ class Controller:
         remaining = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=len(pending), slots=n_slots,
                                               running_elapsed_s=[now - r.started_at for r in self.running.values()])
         lead = self._prefetch_lead(itype)
-        if self.prefetch.should_request(remaining, lead):
+        started = bool(self.running) or bool(trial_seconds)
+        if self.prefetch.should_request(remaining, lead, first_task_started=started):
             self.prefetched.add(g + 1)
             self.journal.record(J.DECISION, kind="prefetch", stage=g + 1, count=extra, instance_type=itype.name,
                                 estimated_remaining_s=remaining, lead_s=lead, quantile=self.prefetch.quantile)

@@ -32,21 +32,22 @@ class WorkerPool:
     def _start(self, resource: str) -> Any:
         return self._cls.options(**actor_options(resource, self.use_gpu)).remote()
 
-    def warm(self, resource: str, count: int = 1, *, timeout_s: float = 60.0, wait: bool = True) -> None:
+    def warm(self, resource: str, count: int = 1, *, timeout_s: float = 60.0, wait: bool = True) -> list[Any]:
         """Make sure ``count`` idle workers are up on ``resource``.
 
         ``wait=True`` blocks until they answer (bounded by ``timeout_s``); ``wait=False`` only starts
-        them, e.g. on a new instance before the stage boundary, so the next run finds them ready.
+        them, e.g. on a new instance before the stage boundary, so the next run finds them ready, and
+        returns their ``ping`` refs: they are up once those are ready.
         """
         import ray
 
         missing = max(0, count - len(self._idle.get(resource, [])))
         fresh = [self._start(resource) for _ in range(missing)]
         if not fresh:
-            return
+            return []
         if not wait:
             self._idle.setdefault(resource, []).extend(fresh)
-            return
+            return [a.ping.remote() for a in fresh]
         deadline = time.monotonic() + timeout_s
         refs = [a.ping.remote() for a in fresh]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -57,6 +58,7 @@ class WorkerPool:
                                  f"check that the instance is up and has free slots")
         ray.get(ready, timeout=timeout_s)
         self._idle.setdefault(resource, []).extend(fresh)
+        return []
 
     def take(self, resource: str) -> tuple[Any, bool]:
         """An idle worker on ``resource`` (``warm=True``) or a freshly started one (``warm=False``)."""

@@ -180,7 +180,7 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
             # out of reach: the quickest plan (the policy takes it only when it makes the run clearly less late)
             out = plan_stages(stages, model, types, deadline_s=exc.shortest_jct_s * QUICKEST_SLACK, **options)
         proposal = request.plan.model_copy(update={
-            "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot),
+            "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot, model),
             "predicted": prediction(out.result, deadline_s)})
         return ReplanAnswer(proposal, **figures)
 

@@ -66,9 +66,10 @@ class PrefetchPolicy:
         """Seconds after the current stage's first task started at which to request (simulator's view)."""
         return max(0.0, predicted_stage_s - lead_s)
 
-    def should_request(self, remaining_s: float, lead_s: float) -> bool:
-        """Request now? Once the current stage's estimated remaining time is at most the lead (executor's view)."""
-        return remaining_s <= lead_s
+    def should_request(self, remaining_s: float, lead_s: float, *, first_task_started: bool = True) -> bool:
+        """Request now? Once the current stage's first task has started (the simulator times requests from it)
+        and its estimated remaining time is at most the lead (executor's view)."""
+        return first_task_started and remaining_s <= lead_s
 
     @staticmethod
     def remaining_s(*, per_trial_s: float, running_elapsed_s: Sequence[float], waiting: int, slots: int) -> float:

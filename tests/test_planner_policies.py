@@ -123,3 +123,29 @@ def test_bad_settings_are_refused():
         LatenessPolicy(confidence=0.9, on_late="panic")
     with pytest.raises(ValueError, match="confidence"):
         LatenessPolicy(confidence=0.0)
+
+
+def test_no_request_before_the_stage_has_started_a_task():
+    # the simulator times requests from the stage's first task: neither engine requests while it waits for instances
+    assert not PrefetchPolicy().should_request(1.0, 10.0, first_task_started=False)
+    assert PrefetchPolicy().should_request(1.0, 10.0, first_task_started=True)
+
+
+def test_plans_carry_the_simulators_task_time_for_the_executors_prefetch():
+    from planner_helpers import ideal_model, itype
+
+    from rubberband.planner.api import stage_plans
+    from rubberband.planner.schedule import stages_for
+    from rubberband.planner.simulator import Simulator, StageConfig
+
+    model = ideal_model(t_iter=0.5, task_start=2.0, restart=7.0)  # 100 iterations per epoch: 50 s
+    stages = stages_for("sha", trials=4, eta=2, min_epochs=1, max_epochs=2)
+    configs = [StageConfig(itype("a"), 2, 1), StageConfig(itype("b"), 1, 1)]
+    plans = stage_plans(stages, configs, None, model=model)
+    assert [p.predicted_task_s for p in plans] == pytest.approx([52.0, 57.0])  # the second moves: restart
+    sim = Simulator(stages, model, samples=1)
+    lead = PrefetchPolicy().lead_s(model.startup("aws", "b").samples_s)
+    # the executor's estimate at the first task (waves × task) gives the simulator's request offset
+    remaining = PrefetchPolicy.remaining_s(per_trial_s=plans[0].predicted_task_s, running_elapsed_s=[0.0, 0.0],
+                                           waiting=2, slots=2)
+    assert sim.request_offsets(configs)[1] == pytest.approx(PrefetchPolicy().request_offset_s(remaining, lead))
