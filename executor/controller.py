@@ -1169,6 +1169,7 @@ class Controller:
                     self.workers.close()
                 except Exception:  # noqa: BLE001 - their nodes are terminated below anyway
                     pass
+                self.workers = None  # an instance that comes up during teardown gets no workers (Ray is going)
             try:
                 import ray
 
