@@ -96,7 +96,8 @@ def outcome_line(result: dict[str, Any]) -> str:
         best = result.get("best")
         if best:
             rung = best.get("rung") or {}
-            where = (f"stage {rung['stage']}, " if rung.get("stage") is not None else "") + f"{rung.get('epochs')} epochs"
+            stage = f"stage {rung['stage']}, " if rung.get("stage") is not None else ""
+            where = f"{stage}{rung.get('epochs')} epochs"
             text += f"; best so far {best['trial_id']} {best.get('metric_name')}={best.get('metric')} ({where})"
         else:
             text += "; no configuration measured yet"

@@ -88,8 +88,7 @@ class ReplanRequest:
 
 #: A late run's re-plan targets the shortest feasible JCT plus this share (the cheapest plan that quick).
 QUICKEST_SLACK = 1.02
-#: A late proposal must finish at least this share sooner than the current plan (median JCT) to be taken.
-LATE_GAIN = 0.05
+
 
 @dataclass(frozen=True)
 class ReplanAnswer:
