@@ -144,9 +144,12 @@ def run(args: argparse.Namespace) -> int:
                                      ray_address=os.environ.get("RAY_ADDRESS", ""), head_grace_s=args.head_grace)
         result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
                          backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
-                         overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile)
+                         overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile,
+                         on_late=args.on_late)
         print_summary(args.run_id, spec.metric.name, result.result, run_dir / "result.json")
-        code = 0
+        from rubberband.executor.outcome import exit_code
+
+        code = exit_code(result.result)  # met 0, late 4, stopped 5: the CLI reads the outcome from result.json
     except RubberbandError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         code = exc.exit_code
@@ -264,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_head_arguments(r)
     r.add_argument("--deadline", type=float, default=None)
     r.add_argument("--overrun-s", type=float, default=0.0, help="seconds a late run goes on (inf: no limit)")
+    r.add_argument("--on-late", choices=("finish", "stop"), default="finish",
+                   help="at a boundary where no plan meets the deadline: finish late, or stop with the best so far")
     r.add_argument("--trial-runtime", default="rubberband.executor.trials")
     r.add_argument("--head-grace", type=float, default=WatchdogSettings().done_grace_s,
                    help="the watchdog's results grace: the head is billed this long after the run ends")

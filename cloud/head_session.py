@@ -195,7 +195,7 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
 
 
 def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str,
-               head_grace_s: float | None = None, overrun_s: float = 0.0) -> str:
+               head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish") -> str:
     """The run job's command line on the head (names the run, never a credential).
 
     ``head_grace_s``: the watchdog's results grace the head was started with, which the run's
@@ -208,6 +208,8 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
         words += ["--deadline", f"{deadline_s:g}"]
     if overrun_s:
         words += ["--overrun-s", f"{overrun_s:g}"]
+    if on_late != "finish":
+        words += ["--on-late", on_late]
     import shlex
 
     return " ".join(shlex.quote(w) for w in words)
@@ -253,11 +255,11 @@ class HeadSession:
         return self.record.cloud_run_id
 
     def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str,
-               head_grace_s: float | None = None, overrun_s: float = 0.0) -> str:
+               head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish") -> str:
         with tempfile.TemporaryDirectory(prefix="rb-stage-") as tmp:
             work = stage_code(spec, plan, Path(tmp))
             command = entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime,
-                                 head_grace_s=head_grace_s, overrun_s=overrun_s)
+                                 head_grace_s=head_grace_s, overrun_s=overrun_s, on_late=on_late)
             return self._submit(entrypoint=command,
                                 runtime_env={"working_dir": str(work)}, submission_id=self.job_id,
                                 metadata={"rubberband_run": self.record.run_id})

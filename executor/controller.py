@@ -8,11 +8,15 @@ stage's instances. Around that it keeps the cluster elastic:
 
 * instances of the same type carry over from one stage to the next;
 * the next stage's extra instances are requested ahead, once the current stage's estimated
-  remaining time drops to the type's startup latency (p90);
+  remaining time drops to the lead time of the planner's own
+  :class:`~rubberband.planner.policies.PrefetchPolicy` (a start-up quantile), so the simulator's
+  prediction describes what the executor does;
 * an instance is released the moment no remaining work of its stage needs it and the next
-  stage does not keep it;
+  stage does not keep it (the same policy's carry-over);
 * at each stage boundary an injected :data:`~rubberband.executor.runtime.Replanner` may
-  re-plan the remaining stages (deadline at risk, or a cheaper plan now meets it); when failover
+  re-plan the remaining stages and the :class:`~rubberband.planner.policies.LatenessPolicy`
+  decides: go on, take a cheaper plan, buy speed, finish late or stop now with the best so far
+  (``on_late``); when failover
   had to give another type than planned, the remaining stages are re-planned without the
   unavailable types (the re-planner, else the type failover obtained stands in).
 
@@ -50,15 +54,14 @@ from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
 from rubberband.executor.devices import DevicePolicy
 from rubberband.executor.placement import Slot, make_slots
-from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, LATE_GAIN, ReplanRequest, Replanner, TrialRuntime
+from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanAnswer, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan
+from rubberband.planner.policies import Action, LatenessPolicy, Outlook, PrefetchPolicy
 from rubberband.planner.schedule import stages_for
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec, sample_config
 from rubberband.units import format_duration
 
-#: Instance startup latency used when neither this run nor the profile measured one (seconds).
-DEFAULT_STARTUP_S = {"local": 5.0, "aws": 90.0, "gcp": 90.0}
 POLL_S = 0.2
 RESULT_TIMEOUT_S = 60.0
 #: How often every ready instance's Ray node is looked for (seconds).
@@ -70,7 +73,13 @@ LOSS_CONFIRM_S = 5.0
 MAX_INSTANCE_LOSSES = 10
 
 
-class DeadlineExceeded(ExecutionError):
+class RunStopped(ExecutionError):
+    """The run was stopped early on purpose, with a partial result (outcome ``stopped``, exit 5)."""
+
+    exit_code = 5
+
+
+class DeadlineExceeded(RunStopped):
     """The run passed its deadline by more than its allowed overrun; everything was stopped."""
 
 
@@ -148,6 +157,7 @@ class PoolInstance:
     released: bool = False
     requested_at: float | None = None
     terminated_at: float | None = None
+    warming: list = field(default_factory=list)  # ping refs of its warm workers, while they start
 
 
 @dataclass
@@ -158,6 +168,7 @@ class RunningTrial:
     start_epoch: int
     end_epoch: int
     started_at: float
+    cold: bool = False  # the first trial on one of its instances: its time includes the node's worker start
 
 
 @dataclass
@@ -206,8 +217,8 @@ class Controller:
                  runtime: TrialRuntime, run_id: str, replanner: Replanner | None = None,
                  profile: Profile | None = None, progress: Callable[[Progress], None] | None = None,
                  deadline_s: float | None = None, overrun_s: float = 0.0, trial_timeout_s: float = 600.0,
-                 elastic: bool = True, max_instance_losses: int = MAX_INSTANCE_LOSSES,
-                 device_policy: DevicePolicy | None = None) -> None:
+                 elastic: bool = True, max_instance_losses: int = MAX_INSTANCE_LOSSES, on_late: str = "finish",
+                 prefetch: PrefetchPolicy | None = None, device_policy: DevicePolicy | None = None) -> None:
         self.spec = spec
         self.plan = plan
         self.catalog = catalog
@@ -222,6 +233,10 @@ class Controller:
         # a late run goes on this long past the deadline (math.inf: to the end), then everything is stopped
         self.overrun_s = overrun_s
         self._deadline_passed = False
+        # at a boundary: go on, buy speed, finish late or stop (on_late) — the decision, without I/O
+        self.lateness = LatenessPolicy(confidence=plan.confidence, on_late=on_late, overrun_s=overrun_s)
+        # prefetch lead time and carry-over: the simulator's own policy, so predictions describe this executor
+        self.prefetch = prefetch or PrefetchPolicy()
         self.trial_timeout_s = trial_timeout_s
         # GPU + nccl on GPU types, CPU + gloo otherwise (a backend may say otherwise: test boots' logical GPUs)
         self.devices = device_policy or getattr(backend, "device_policy", None) or DevicePolicy()
@@ -247,6 +262,7 @@ class Controller:
         self.substitutes: dict[str, InstanceType] = {}  # planned type key -> the type failover obtained instead
         self._seen_in_ray: set[str] = set()  # instances whose rb-node-<id> resource Ray has shown
         self._lost: set[str] = set()  # instances already handled as lost
+        self._ran_on: set[str] = set()  # instances that have run a trial (their workers are warm)
         self._spent_earlier = 0.0  # what the run's earlier executors (before a resume) cost
         self._rerun_last: set[tuple[int, str]] = set()  # (stage, trial): last epoch checkpointed, never reported
         self._last_liveness = 0.0
@@ -262,12 +278,13 @@ class Controller:
             self.state = J.read_state(self.run_dir)
             self._stop_orphans()
             self._spent_earlier = bill_run(J.read_state(self.run_dir), now=time.time()).workers_usd
-            self.journal.record(J.RUN_RESUMED, run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid())
+            self.journal.record(J.RUN_RESUMED, run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid(),
+                                on_late=self.lateness.on_late)
         else:
             self.journal.record(J.RUN_STARTED, run_id=self.run_id, spec_sha256=self.spec.sha256(),
                                 spec=self.spec.model_dump(mode="json"), plan=self.plan.model_dump(mode="json"),
                                 cloud=self.plan.stages[0].cloud, deadline_s=self.deadline_s,
-                                trial_runtime=self.runtime.module, pid=os.getpid())
+                                trial_runtime=self.runtime.module, pid=os.getpid(), on_late=self.lateness.on_late)
         known = set(J.read_state(self.run_dir).trials)
         for trial_id, bracket, index, config in trial_configs(self.spec, self.plan):
             if trial_id not in known:  # all of them on a fresh run; any a crash cut off on resume
@@ -285,8 +302,8 @@ class Controller:
                                        f"`rubberband run --resume {self.run_dir}`")
         except Interrupted as exc:
             status, error, exc_to_raise = "interrupted", str(exc), exc
-        except DeadlineExceeded as exc:
-            status, error, exc_to_raise = "failed", str(exc), exc
+        except RunStopped as exc:  # on purpose, with a partial result: returned, not raised
+            status, error = "stopped", str(exc)
         except BaseException as exc:  # noqa: BLE001 - teardown must follow any failure
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise
@@ -294,7 +311,8 @@ class Controller:
             self._teardown(status, error)
         if exc_to_raise is not None:
             raise exc_to_raise
-        return RunResult(self.run_id, self.run_dir, status, self._best[0], self._best[1], self.result)
+        best = self.result.get("best") or {}
+        return RunResult(self.run_id, self.run_dir, status, best.get("trial_id"), best.get("metric"), self.result)
 
     # -- setup -----------------------------------------------------------------------------
     def _stop_orphans(self) -> None:
@@ -501,13 +519,13 @@ class Controller:
         failures: list[str] = []
         slots: list[Slot] = []
         trial_seconds: list[float] = []
-        while pending or self.running:
+        while not self.prefetch.may_promote(len(pending) + len(self.running)):
             self._check_deadline()
             self._collect_provisioned()
             self._collect_terminations()
             self._check_liveness(g, stage, slots, pending)
             used = {i for s in slots for i in s.instance_ids}
-            unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used]
+            unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used and self._workers_up(p)]
             if unused:  # instances came up: add their slots (a spanning trial waits for enough of them)
                 slots.extend(make_slots(unused, itype.workers, stage.workers_per_trial))
             for slot in slots:
@@ -525,7 +543,8 @@ class Controller:
                     lost_now.update(lost)
                     stopped.append((run.trial_id, run.slot.instance_ids))
                     continue
-                trial_seconds.append(seconds)
+                if not run.cold:  # a task time as the simulator has it: a new node's worker start is not in it
+                    trial_seconds.append(seconds)
                 if error:
                     failures.append(error)
                 metrics[run.trial_id] = metric
@@ -551,7 +570,9 @@ class Controller:
             checkpoint_dir=str(ckpt_dir), device=self.devices.for_type(self._stage_itype(stage)),
             timeout_s=self.trial_timeout_s, pool=self.workers)
         slot.trial_id = trial_id
-        run = RunningTrial(trial_id, slot, handle, start, stage.epochs, time.time())
+        cold = not set(slot.instance_ids) <= self._ran_on
+        self._ran_on.update(slot.instance_ids)
+        run = RunningTrial(trial_id, slot, handle, start, stage.epochs, time.time(), cold=cold)
         self.running[handle.done_ref] = run
         self.journal.record(J.TRIAL_STARTED, trial_id=trial_id, stage=g, start_epoch=start, end_epoch=stage.epochs,
                             workers=len(slot.placement), instances=list(slot.instance_ids),
@@ -811,8 +832,8 @@ class Controller:
                 entry.released = False
                 self._release(entry, "no longer needed when it came up")
             elif self.workers is not None:  # start its worker processes now, off the critical path
-                self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False,
-                                  device=self.devices.for_type(entry.itype))
+                entry.warming = self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False,
+                                                  device=self.devices.for_type(entry.itype))
 
     def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str]]:
         """The catalog type (and zone, and failover tries) the backend actually got for a request."""
@@ -828,6 +849,22 @@ class Controller:
             except CatalogError:
                 pass
         return entry.itype, None, []
+
+    def _workers_up(self, entry: PoolInstance) -> bool:
+        """Whether a ready instance's worker processes answer: only then does it take trials, as the simulator
+        has it (an instance is ready after its start-up plus the worker start), so a waiting trial goes to a
+        slot that frees sooner rather than wait on a node whose workers are still starting."""
+        if not entry.warming:
+            return True
+        import ray
+
+        try:
+            done, _ = ray.wait(entry.warming, num_returns=len(entry.warming), timeout=0)
+        except Exception:  # noqa: BLE001 - the trial on it will tell (and loss detection)
+            done = entry.warming
+        if len(done) == len(entry.warming):
+            entry.warming = []
+        return not entry.warming
 
     def _release(self, entry: PoolInstance, why: str) -> None:
         if entry.released:
@@ -872,33 +909,34 @@ class Controller:
         for entry in self._stage_pool(g):
             if entry.id in busy:  # a still-booting instance is idle too: kept or released at once
                 continue
-            if nxt is not None and entry.itype.key == nxt_key and entry.spot == nxt.spot \
-                    and len(self._stage_pool(g + 1)) < nxt.instances:
+            same = nxt is not None and entry.itype.key == nxt_key and entry.spot == nxt.spot
+            if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(g + 1)), nxt.instances):
                 entry.assigned_stage = g + 1
                 self.journal.record(J.DECISION, kind="keep", id=entry.id or entry.token, stage=g + 1)
             else:
                 self._release(entry, f"idle: stage {g} needs it no more")
 
-    def _startup_p90(self, itype: InstanceType) -> float:
-        measured = self.startup_seconds.get(itype.name, [])
-        if measured:
-            return p90(measured)
-        if self.profile is not None:
+    def _prefetch_lead(self, itype: InstanceType) -> float:
+        """The prefetch policy's lead time for ``itype``: its start-up quantile over what this run measured,
+        else the profile's samples, else the planner model's documented per-cloud defaults."""
+        samples = self.startup_seconds.get(itype.name, [])
+        if not samples and self.profile is not None:
             samples = [x for s in self.profile.startup if s.cloud == itype.cloud
                        and s.instance_type in (None, itype.name) for x in s.samples_s]
-            if samples:
-                return p90(samples)
-        return float(getattr(itype, "startup_s", None) or DEFAULT_STARTUP_S.get(itype.cloud, 60.0))
+        if not samples:
+            from rubberband.planner.model import DEFAULT_STARTUP_S
+
+            samples = list(DEFAULT_STARTUP_S.get(itype.cloud, DEFAULT_STARTUP_S["aws"]))
+        return self.prefetch.lead_s(samples)
 
     def _maybe_prefetch(self, g: int, stage: StagePlan, pending: list, trial_seconds: list[float],
                         slots: list[Slot]) -> None:
-        """Request the next stage's extra instances once this stage's remaining time ≤ their startup p90."""
+        """Request the next stage's extra instances once this stage's remaining time ≤ the policy's lead time."""
         if g + 1 >= len(self.plan.stages) or (g + 1) in self.prefetched:
             return
         nxt = self.plan.stages[g + 1]
         itype = self._stage_itype(nxt)
-        same = self._same_type(stage, nxt)
-        reusable = min(stage.instances, nxt.instances) if same else 0
+        reusable = self.prefetch.carried(self._same_type(stage, nxt), stage.instances, nxt.instances)
         extra = nxt.instances - reusable - len(self._stage_pool(g + 1))
         if extra <= 0:
             self.prefetched.add(g + 1)
@@ -906,18 +944,21 @@ class Controller:
         n_slots = max(1, len(slots))
         if trial_seconds:
             per_trial = statistics.mean(trial_seconds)
-        elif stage.predicted_duration_s:
+        elif stage.predicted_task_s:  # the simulator's own figure: prefetch timed as it predicts
+            per_trial = stage.predicted_task_s
+        elif stage.predicted_duration_s:  # an older plan: the stage's duration includes waiting for instances
             per_trial = stage.predicted_duration_s / max(1, math.ceil(stage.trials / n_slots))
         else:
             return
         now = time.time()
-        running_left = max((max(0.0, per_trial - (now - r.started_at)) for r in self.running.values()), default=0.0)
-        remaining = running_left + math.ceil(len(pending) / n_slots) * per_trial
-        startup = self._startup_p90(itype)
-        if remaining <= startup:
+        remaining = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=len(pending), slots=n_slots,
+                                              running_elapsed_s=[now - r.started_at for r in self.running.values()])
+        lead = self._prefetch_lead(itype)
+        started = bool(self.running) or bool(trial_seconds)
+        if self.prefetch.should_request(remaining, lead, first_task_started=started):
             self.prefetched.add(g + 1)
-            self.journal.record(J.DECISION, kind="prefetch", stage=g + 1, count=extra,
-                                instance_type=itype.name, estimated_remaining_s=remaining, startup_p90_s=startup)
+            self.journal.record(J.DECISION, kind="prefetch", stage=g + 1, count=extra, instance_type=itype.name,
+                                estimated_remaining_s=remaining, lead_s=lead, quantile=self.prefetch.quantile)
             for _ in range(extra):
                 self._request(g + 1, itype, nxt.spot)
 
@@ -963,44 +1004,55 @@ class Controller:
         if request.unavailable:
             self._replan_around(g, request, decision)
             return
-        if self.replanner is None:
-            self.journal.record(J.DECISION, **decision, accepted=False, reason="no re-planner available")
-            return
-        try:
-            candidate = self.replanner(request)
-        except Exception as exc:  # noqa: BLE001 - a failing re-plan keeps the current plan
-            self.journal.record(J.DECISION, **decision, accepted=False, reason=f"re-planner failed: {exc}")
-            return
-        if candidate is None:
-            self.journal.record(J.DECISION, **decision, accepted=False, reason="re-planner proposed nothing")
-            return
+        answer, note = self._ask_replanner(request)
+        candidate = answer.proposal
         rest = self.plan.stages[g:]
         shape = [(s.bracket, s.stage, s.trials, s.epochs) for s in rest]
-        if [(s.bracket, s.stage, s.trials, s.epochs) for s in candidate.stages] != shape:
-            self.journal.record(J.DECISION, **decision, accepted=False,
-                                reason="proposal does not match the remaining stages")
-            return
+        if candidate is not None and [(s.bracket, s.stage, s.trials, s.epochs) for s in candidate.stages] != shape:
+            candidate, note = None, "proposal does not match the remaining stages"
         current_cost = sum(s.predicted_cost_usd or 0.0 for s in rest)
-        meets = candidate.predicted.p_meet_deadline >= self.plan.confidence
-        cheaper = candidate.predicted.cost_usd.mean < current_cost * 0.97
-        # out of reach: a proposal that misses the deadline too, but finishes clearly sooner, makes the run less late
-        sooner = at_risk and not meets and candidate.predicted.jct_s.p50 < remaining_pred * (1 - LATE_GAIN)
-        accepted = (meets and (at_risk or cheaper)) or sooner
-        if sooner:
-            reason = (f"deadline out of reach: the quickest plan (p50 {format_duration(candidate.predicted.jct_s.p50)}"
-                      f" left, vs {format_duration(remaining_pred)}) makes the run less late")
-        elif accepted:
-            reason = "deadline at risk" if at_risk else "cheaper plan meets the deadline"
-        else:
-            reason = "proposal misses the confidence" if not meets else "current plan is as cheap and on time"
-        self.journal.record(J.DECISION, **decision, accepted=accepted, reason=reason,
-                            proposal_cost_usd=candidate.predicted.cost_usd.mean,
-                            proposal_p_meet=candidate.predicted.p_meet_deadline, current_cost_usd=current_cost)
-        if accepted:
+        # the current plan under the re-planner's model when it simulated it; a run already running slower
+        # than its stage predictions (at_risk) does not meet the deadline whatever the model says
+        p_current = 0.0 if at_risk else 1.0
+        if answer.current_p_meet is not None:
+            p_current = min(p_current, answer.current_p_meet)
+        current = Outlook(p_meet=p_current, jct_p50_s=answer.current_jct_p50_s or remaining_pred,
+                          cost_usd=current_cost)
+        proposal = None if candidate is None else Outlook(
+            p_meet=candidate.predicted.p_meet_deadline, jct_p50_s=candidate.predicted.jct_s.p50,
+            cost_usd=candidate.predicted.cost_usd.mean)
+        verdict = self.lateness.decide(current, proposal, time_left_s=self.deadline_s - elapsed)
+        figures: dict[str, Any] = dict(current_cost_usd=current_cost, current_p_meet=current.p_meet,
+                                       current_jct_p50_s=current.jct_p50_s, on_late=self.lateness.on_late)
+        if proposal is not None:
+            figures.update(proposal_cost_usd=proposal.cost_usd, proposal_p_meet=proposal.p_meet,
+                           proposal_jct_p50_s=proposal.jct_p50_s)
+        reason = f"{note}; {verdict.reason}" if note else verdict.reason
+        self.journal.record(J.DECISION, **decision, action=verdict.action.value, accepted=verdict.take_proposal,
+                            reason=reason, **figures)
+        if verdict.take_proposal:
             stages = list(self.plan.stages[:g]) + list(candidate.stages)
             self.plan = self.plan.model_copy(update={"stages": stages})
             self.prefetched.discard(g)
             self.journal.record(J.PLAN_CHANGED, stage=g, plan=self.plan.model_dump(mode="json"))
+        if verdict.action is Action.STOP:
+            hint = ("--on-late finish" if self.lateness.on_late == "stop" else "--overrun none")
+            raise RunStopped(f"{verdict.reason} (before stage {g}); every instance was terminated; to go on "
+                             f"anyway: rubberband run --resume {self.run_dir} {hint}")
+
+    def _ask_replanner(self, request: ReplanRequest) -> tuple[ReplanAnswer, str]:
+        """The re-planner's answer (an empty one when there is none, it failed or proposed nothing) and a note."""
+        if self.replanner is None:
+            return ReplanAnswer(None), "no re-planner available"
+        try:
+            answer = self.replanner(request)
+        except Exception as exc:  # noqa: BLE001 - a failing re-plan keeps the current plan
+            return ReplanAnswer(None), f"re-planner failed: {exc}"
+        if answer is None:
+            return ReplanAnswer(None), "re-planner proposed nothing"
+        if not isinstance(answer, ReplanAnswer):
+            answer = ReplanAnswer(answer)
+        return answer, "" if answer.proposal is not None else "re-planner proposed nothing"
 
     def _unavailable(self, stages: list[StagePlan]) -> list[str]:
         """Keys of the planned types of ``stages`` failover found unavailable (substituted, or every zone blocked)."""
@@ -1041,6 +1093,8 @@ class Controller:
         if self.replanner is not None:
             try:
                 candidate = self.replanner(request)
+                if isinstance(candidate, ReplanAnswer):
+                    candidate = candidate.proposal
             except Exception as exc:  # noqa: BLE001 - fall back to stand-ins
                 candidate, note = None, f"re-planner failed: {exc}"
             if candidate is not None:
@@ -1130,6 +1184,7 @@ class Controller:
                     self.workers.close()
                 except Exception:  # noqa: BLE001 - their nodes are terminated below anyway
                     pass
+                self.workers = None  # an instance that comes up during teardown gets no workers (Ray is going)
             try:
                 import ray
 
@@ -1169,12 +1224,14 @@ class Controller:
     def _write_result(self, status: str, error: str | None) -> None:
         from rubberband.executor.result import build_result, write_result
 
-        best = getattr(self, "_best", (None, None))
         now = time.time()
-        result = build_result(self.state, self.plan, spec=self.spec, status=status, error=error,
-                              best_trial=best[0], best_metric=best[1], now=now, run_dir=self.run_dir)
-        end = {"finished": J.RUN_FINISHED, "interrupted": J.RUN_INTERRUPTED}.get(status, J.RUN_FAILED)
-        self.journal.record(end, t=now, reason=error, best_trial=best[0], best_metric=best[1],
-                            jct_s=result["actual"]["jct_s"], cost_usd=result["actual"]["cost_usd"])
+        result = build_result(self.state, self.plan, spec=self.spec, status=status, error=error, now=now,
+                              run_dir=self.run_dir)
+        best = result["best"] or {}  # the best so far, whatever the outcome
+        end = {"finished": J.RUN_FINISHED, "interrupted": J.RUN_INTERRUPTED,
+               "stopped": J.RUN_STOPPED}.get(status, J.RUN_FAILED)
+        self.journal.record(end, t=now, reason=error, best_trial=best.get("trial_id"), best_metric=best.get("metric"),
+                            rung=best.get("rung"), outcome=result["outcome"], jct_s=result["actual"]["jct_s"],
+                            cost_usd=result["actual"]["cost_usd"])
         write_result(result, self.run_dir)
         self.result = result

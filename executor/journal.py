@@ -29,6 +29,7 @@ RUN_RESUMED = "run_resumed"
 RUN_FINISHED = "run_finished"
 RUN_FAILED = "run_failed"
 RUN_INTERRUPTED = "run_interrupted"
+RUN_STOPPED = "run_stopped"  # stopped early with a partial result (--on-late stop, or deadline + overrun)
 INSTANCE_REQUESTED = "instance_requested"
 INSTANCE_READY = "instance_ready"
 INSTANCE_TERMINATED = "instance_terminated"
@@ -44,7 +45,7 @@ STAGE_STARTED = "stage_started"
 STAGE_FINISHED = "stage_finished"
 DECISION = "decision"
 PLAN_CHANGED = "plan_changed"
-END_EVENTS = (RUN_FINISHED, RUN_FAILED, RUN_INTERRUPTED)
+END_EVENTS = (RUN_FINISHED, RUN_FAILED, RUN_INTERRUPTED, RUN_STOPPED)
 
 
 def _line(event: dict[str, Any]) -> bytes:
@@ -212,7 +213,7 @@ class RunState:
     started_at: float
     first_started_at: float
     attempts: int = 1
-    status: str = "running"  # running | finished | failed | interrupted
+    status: str = "running"  # running | finished | stopped | failed | interrupted
     ended_at: float | None = None
     end_reason: str | None = None
     result: dict[str, Any] | None = None
@@ -306,7 +307,8 @@ def fold(events: list[dict[str, Any]]) -> RunState:
         elif kind == DECISION:
             state.decisions.append(event)
         elif kind in END_EVENTS:
-            state.status = {RUN_FINISHED: "finished", RUN_FAILED: "failed", RUN_INTERRUPTED: "interrupted"}[kind]
+            state.status = {RUN_FINISHED: "finished", RUN_FAILED: "failed", RUN_INTERRUPTED: "interrupted",
+                            RUN_STOPPED: "stopped"}[kind]
             state.ended_at = t
             state.end_reason = event.get("reason") or event.get("error")
             if kind == RUN_FINISHED:

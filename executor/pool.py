@@ -45,11 +45,12 @@ class WorkerPool:
         return self._cls.options(**actor_options(resource, device)).remote()
 
     def warm(self, resource: str, count: int = 1, *, timeout_s: float = 60.0, wait: bool = True,
-             device: WorkerDevice | None = None) -> None:
+             device: WorkerDevice | None = None) -> list[Any]:
         """Make sure ``count`` idle workers are up on ``resource``.
 
         ``wait=True`` blocks until they answer (bounded by ``timeout_s``); ``wait=False`` only starts
-        them, e.g. on a new instance before the stage boundary, so the next run finds them ready.
+        them, e.g. on a new instance before the stage boundary, so the next run finds them ready, and
+        returns their ``ping`` refs: they are up once those are ready.
         """
         import ray
 
@@ -58,10 +59,10 @@ class WorkerPool:
         missing = max(0, count - len(self._idle.get(resource, [])))
         fresh = [self._start(resource, device) for _ in range(missing)]
         if not fresh:
-            return
+            return []
         if not wait:
             self._idle.setdefault(resource, []).extend(fresh)
-            return
+            return [a.ping.remote() for a in fresh]
         deadline = time.monotonic() + timeout_s
         refs = [a.ping.remote() for a in fresh]
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -72,6 +73,7 @@ class WorkerPool:
                                  f"check that the instance is up and has free slots")
         ray.get(ready, timeout=timeout_s)
         self._idle.setdefault(resource, []).extend(fresh)
+        return []
 
     def take(self, resource: str, device: WorkerDevice | None = None) -> tuple[Any, bool]:
         """An idle worker on ``resource`` (``warm=True``) or a freshly started one (``warm=False``)."""

@@ -1,7 +1,9 @@
 """``RUN_DIR/result.json``: what a run found, what it took and what it cost, against the plan.
 
 Built from the journal (:class:`~rubberband.executor.journal.RunState`) and the plan the run
-ended with: the best configuration with its metric and checkpoint, the actual job
+ended with: the outcome (:mod:`rubberband.executor.outcome`: met, late, stopped, failed,
+interrupted) and its exit code; the best configuration found so far, whatever the outcome, with its
+metric, the rung it was measured at and its checkpoint; the actual job
 completion time (first start → last stage finished, downtime between resumes included), the
 actual cost under the billing rules, the plan's predictions, and per-stage actual versus
 predicted duration and cost. In head mode the run's head instance is in the actual cost
@@ -17,6 +19,7 @@ from typing import Any
 
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.journal import RunState
+from rubberband.executor.outcome import EXIT_CODES, best_so_far, outcome_of
 from rubberband.plan import Plan
 from rubberband.spec import JobSpec
 
@@ -33,7 +36,10 @@ def _latest_checkpoint(run_dir: Path, trial_id: str, recorded: str | None) -> st
 
 
 def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, error: str | None,
-                 best_trial: str | None, best_metric: float | None, now: float, run_dir: Path) -> dict[str, Any]:
+                 now: float, run_dir: Path, best_trial: str | None = None,
+                 best_metric: float | None = None) -> dict[str, Any]:
+    """The result of a run from its folded journal (``best_trial`` / ``best_metric`` are not used: the best
+    is found in the journal, :func:`~rubberband.executor.outcome.best_so_far`, so a stopped run has one too)."""
     bill = bill_run(state, now=now)
     finished = [rec.finished_at for rec in state.stages.values() if rec.finished_at is not None]
     end = max(finished) if status == "finished" and finished else now
@@ -50,21 +56,26 @@ def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, err
             "actual_duration_s": actual, "predicted_duration_s": stage.predicted_duration_s,
             "actual_cost_usd": bill.by_stage.get(g, 0.0), "predicted_cost_usd": stage.predicted_cost_usd,
         })
+    # the best configuration so far, whatever the outcome (for a finished run: the final ranking's winner)
     best = None
-    if best_trial is not None and best_trial in state.trials:
-        trial = state.trials[best_trial]
-        best = {"trial_id": best_trial, "config": trial.config, "metric": best_metric,
-                "metric_name": spec.metric.name, "mode": spec.metric.mode,
-                "checkpoint": _latest_checkpoint(run_dir, best_trial, trial.checkpoint_path)}
+    found = best_so_far(state, plan, metric=spec.metric.name, mode=spec.metric.mode)
+    if found is not None:
+        trial = state.trials[found["trial_id"]]
+        best = {"trial_id": found["trial_id"], "config": trial.config, "metric": found["metric"],
+                "metric_name": spec.metric.name, "mode": spec.metric.mode, "rung": found["rung"],
+                "checkpoint": _latest_checkpoint(run_dir, found["trial_id"], trial.checkpoint_path)}
+    jct = end - state.first_started_at
+    met = status == "finished" and jct <= state.deadline_s
+    outcome = outcome_of(status, met)
     return {
-        "run_id": state.run_id, "status": status, "error": error, "spec_sha256": state.spec_sha256,
-        "attempts": state.attempts, "best": best,
-        "actual": {"jct_s": end - state.first_started_at, "cost_usd": bill.total_usd, "head_usd": bill.head_usd},
+        "run_id": state.run_id, "status": status, "outcome": outcome, "exit_code": EXIT_CODES[outcome],
+        "error": error, "spec_sha256": state.spec_sha256, "attempts": state.attempts, "best": best,
+        "late_by_s": max(0.0, jct - state.deadline_s),
+        "actual": {"jct_s": jct, "cost_usd": bill.total_usd, "head_usd": bill.head_usd},
         "predicted": {"jct_s": plan.predicted.jct_s.p50, "jct_p95_s": plan.predicted.jct_s.p95,
                       "cost_usd": plan.predicted.cost_usd.mean, "p_meet_deadline": plan.predicted.p_meet_deadline,
                       "head_usd": plan.predicted.cost_breakdown.head_usd},
-        "deadline_s": state.deadline_s, "met_deadline": status == "finished" and end - state.first_started_at
-        <= state.deadline_s,
+        "deadline_s": state.deadline_s, "met_deadline": met,
         "stages": stages,
         "instances": [{"id": b.id, "instance_type": b.instance_type, "cloud": b.cloud, "price_hr": b.price_hr,
                        "lifetime_s": b.lifetime_s, "billed_s": b.billed_s, "cost_usd": b.cost_usd}

@@ -4,7 +4,8 @@
   ``TrialRun`` as in CONTRACT_TRIALS.md (``rubberband.executor.trials`` by default; tests
   pass their own small one). Swapping runtimes is one name.
 * :data:`Replanner` is any callable taking a :class:`ReplanRequest` and returning a plan for
-  the remaining stages (or ``None``); :func:`planner_replanner` adapts
+  the remaining stages (or ``None``), or a :class:`ReplanAnswer` (that plan plus the current plan's
+  outlook under the same model); :func:`planner_replanner` adapts
   ``rubberband.planner.plan_stages`` when the planner is installed.
 """
 
@@ -87,13 +88,25 @@ class ReplanRequest:
 
 #: A late run's re-plan targets the shortest feasible JCT plus this share (the cheapest plan that quick).
 QUICKEST_SLACK = 1.02
-#: A late proposal must finish at least this share sooner than the current plan (median JCT) to be taken.
-LATE_GAIN = 0.05
+
+
+@dataclass(frozen=True)
+class ReplanAnswer:
+    """A re-planner's answer: its proposal (or None) and how the current plan's remaining stages look under
+    the same re-fitted model (None when it did not simulate them: the executor then judges the current plan
+    by its stage predictions scaled by the slowdown so far)."""
+
+    proposal: "Plan | None"
+    current_p_meet: float | None = None
+    current_jct_p50_s: float | None = None
+    current_cost_usd: float | None = None
+
 
 #: Returns a plan whose ``stages`` are the remaining stages (same trials and epochs, possibly other
 #: instances), with predictions for the remaining part under ``remaining_deadline_s``; or None. When
-#: the deadline is at risk and out of reach it may return the quickest plan, which then misses it.
-Replanner = Callable[[ReplanRequest], "Plan | None"]
+#: the deadline is at risk and out of reach it may return the quickest plan, which then misses it. It may
+#: also return a :class:`ReplanAnswer`, adding the current plan's outlook.
+Replanner = Callable[[ReplanRequest], "Plan | ReplanAnswer | None"]
 
 
 def profile_with_measurements(profile: Any, request: ReplanRequest, *, keep: int = 500) -> Any:
@@ -118,9 +131,11 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
     """Re-plan the remaining stages with ``rubberband.planner.plan_stages`` (None without the planner).
 
     The performance model is re-fitted from the profile plus the latencies measured so far, and
-    the instances kept for the next stage are passed as already running. When the deadline is at
-    risk and no plan meets it any more, the proposal is the cheapest plan that finishes soonest
-    (at the shortest feasible JCT), as long as it finishes sooner than the current plan would.
+    the instances kept for the next stage are passed as already running. The answer carries the
+    current plan's outlook under that model (P(meet), median time left, cost) and the cheapest plan
+    that meets the remaining deadline at the spec's confidence; when no plan does any more, the
+    cheapest plan that finishes soonest (at the shortest feasible JCT). The executor's
+    :class:`~rubberband.planner.policies.LatenessPolicy` decides what to do with them.
     """
     try:
         from rubberband.planner import (RunningState, Simulator, allowed_types, configs_of,
@@ -130,35 +145,42 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
         return None
     from rubberband.errors import InfeasibleError
 
-    def replan(request: ReplanRequest) -> Plan | None:
+    def replan(request: ReplanRequest) -> ReplanAnswer:
         spec = request.spec
         model = fit_performance_model(profile_with_measurements(profile, request))
         rest = request.plan.stages[request.next_stage:]
         stages = [Stage(s.bracket, s.stage, s.trials, s.epochs, s.epochs_this_stage) for s in rest]
-        running = None
+        # mid-run, "now" is time 0 and nothing waits for a head (an empty key: nothing of any type runs)
+        running = RunningState(instance_type_key="", instances=0)
         if request.running:
             key, count = max(request.running.items(), key=lambda item: item[1])
             running = RunningState(instance_type_key=key, instances=count)
+        deadline_s = request.remaining_deadline_s
+        current = None
+        try:
+            _, configs = configs_of(request.plan.model_copy(update={"stages": rest}), catalog)
+            current = Simulator(stages, model, seed=spec.seed, spot=spec.resources.spot,
+                                start_state=running).simulate(configs)
+        except Exception:  # noqa: BLE001 - a type left the catalog: judge the current plan by the slowdown
+            current = None
+        figures = {} if current is None else dict(current_p_meet=current.p_meet(deadline_s),
+                                                  current_jct_p50_s=current.jct_quantile(0.5),
+                                                  current_cost_usd=current.cost_mean)
         types = [t for t in allowed_types(catalog, spec) if t.key not in request.unavailable]
         if not types:
-            return None
+            return ReplanAnswer(None, **figures)
         options = dict(confidence=spec.confidence, max_workers_per_trial=spec.resources.max_workers_per_trial,
                        spot=spec.resources.spot, seed=spec.seed, running=running)
         try:
-            out = plan_stages(stages, model, types, deadline_s=request.remaining_deadline_s, **options)
+            out = plan_stages(stages, model, types, deadline_s=deadline_s, **options)
         except InfeasibleError as exc:
-            if not request.at_risk or exc.shortest_jct_s is None:
-                raise
-            # out of reach: be as little late as possible, if that is sooner than the current plan
+            if exc.shortest_jct_s is None:
+                return ReplanAnswer(None, **figures)
+            # out of reach: the quickest plan (the policy takes it only when it makes the run clearly less late)
             out = plan_stages(stages, model, types, deadline_s=exc.shortest_jct_s * QUICKEST_SLACK, **options)
-            _, current = configs_of(request.plan.model_copy(update={"stages": rest}), catalog)
-            now = Simulator(stages, model, seed=spec.seed, spot=spec.resources.spot, start_state=running)
-            current_s, quickest_s = now.simulate(current).jct_quantile(0.5), out.result.jct_quantile(0.5)
-            if quickest_s >= current_s * (1 - LATE_GAIN):
-                raise InfeasibleError(f"{exc}; the current plan (p50 {current_s:.0f} s) is about as quick as "
-                                      f"any (p50 {quickest_s:.0f} s)") from None
-        return request.plan.model_copy(update={
-            "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot),
-            "predicted": prediction(out.result, request.remaining_deadline_s)})
+        proposal = request.plan.model_copy(update={
+            "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot, model),
+            "predicted": prediction(out.result, deadline_s)})
+        return ReplanAnswer(proposal, **figures)
 
     return replan

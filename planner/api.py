@@ -22,7 +22,8 @@ from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrin
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
 from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves
-from rubberband.planner.simulator import HeadSpec, RunningState, SimOptions, SimResult, Simulator, StageConfig
+from rubberband.planner.simulator import (HeadSpec, RunningState, SimOptions, SimResult, Simulator, StageConfig,
+                                          normalise)
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd
@@ -91,15 +92,23 @@ def _subsample(values: np.ndarray, at_most: int = SAMPLES_KEPT) -> list[float]:
 
 
 def stage_plans(stages: Sequence[Stage], configs: Sequence[StageConfig], result: SimResult | None,
-                spot: bool = False) -> list[StagePlan]:
+                spot: bool = False, model: PerformanceModel | None = None) -> list[StagePlan]:
+    """The plan's stages; with ``model``, each says its median task time (``predicted_task_s``), from which
+    the executor times the next stage's prefetch before a trial has finished, as the simulator does."""
     out = []
+    tasks: list[float | None] = [None] * len(configs)
+    if model is not None:
+        sim = Simulator(stages, model, samples=1)
+        normal = [normalise(c, s.trials) for c, s in zip(configs, stages)]
+        tasks = [sum(sim.task_time(i, c, normal[i - 1] if i else None)) for i, c in enumerate(normal)]
     for i, (st, c) in enumerate(zip(stages, configs)):
         out.append(StagePlan(
             bracket=st.bracket, stage=st.index, trials=st.trials, epochs=st.epochs,
             epochs_this_stage=st.epochs_this_stage, cloud=c.instance_type.cloud, region=c.instance_type.region,
             instance_type=c.instance_type.name, instances=c.instances, workers_per_trial=c.workers, spot=spot,
             predicted_duration_s=None if result is None else float(np.quantile(result.stage_durations[i], 0.5)),
-            predicted_cost_usd=None if result is None else float(result.stage_costs[i].mean())))
+            predicted_cost_usd=None if result is None else float(result.stage_costs[i].mean()),
+            predicted_task_s=tasks[i]))
     return out
 
 
@@ -238,7 +247,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
         catalog=CatalogInfo(clouds=sorted({t.cloud for t in types}), regions=sorted({t.region for t in types}),
                             dates={c: d for c, d in catalog.dates.items() if any(t.cloud == c for t in types)}),
         deadline_s=deadline, confidence=conf, budget_usd=spec.budget_usd,
-        stages=stage_plans(stages, out.configs, out.result, spec.resources.spot),
+        stages=stage_plans(stages, out.configs, out.result, spec.resources.spot, model),
         predicted=prediction(out.result, deadline), timeline=out.timeline, baselines=baselines,
         planner=PlannerInfo(candidates_evaluated=out.candidates_evaluated, iterations=out.iterations,
                             samples=samples, seed=seed,
@@ -289,6 +298,6 @@ def simulate_plan(plan: Plan, profile: Profile, catalog: Catalog, *, samples: in
                     heads=heads_of(plan))
     result = sim.simulate(configs)
     return plan.model_copy(update={
-        "stages": stage_plans(stages, configs, result, any(s.spot for s in plan.stages)),
+        "stages": stage_plans(stages, configs, result, any(s.spot for s in plan.stages), model),
         "predicted": prediction(result, deadline), "timeline": _timeline(sim, configs, result),
         "deadline_s": deadline})

@@ -14,7 +14,8 @@ time (JCT) and cost. ``docs/simulator.md`` states the semantics; in short:
 * **Instances.** Instances of the same type carry over to the next stage (``min(N_s, N_s+1)``, the
   ones that free last). Additional instances of the next stage are requested ahead, at the moment
   the current stage is predicted to end minus the start-up quantile, so start-up overlaps the
-  tail. Every instance is released as soon as no remaining task of its stage needs it (with
+  tail (lead time and carry-over: :class:`~rubberband.planner.policies.PrefetchPolicy`, which the
+  executor calls too). Every instance is released as soon as no remaining task of its stage needs it (with
   ``SimOptions.hold_to_end``, a static cluster's, not before the stage's barrier: held to the end).
 * **Transitions.** A trial whose placement (instance type or width) changes at a promotion pays
   ``restart_overhead_s`` plus the checkpoint transfer time, and the transfer's price.
@@ -45,6 +46,7 @@ from rubberband.catalog import (BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIO
                                 BillingRule, InstanceType)
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
+from rubberband.planner.policies import PrefetchPolicy
 from rubberband.planner.schedule import Stage
 
 #: Cost categories of the workers' instances, accumulated stage by stage.
@@ -248,7 +250,8 @@ class SimResult:
 class SimOptions:
     """Knobs of the simulated executor."""
 
-    lead_quantile: float = 0.5  # start-up quantile used to request next-stage instances ahead
+    #: When next-stage instances are requested and how many carry over: the executor's own policy object.
+    prefetch: PrefetchPolicy = PrefetchPolicy()
     #: A static cluster: no instance is released before its stage's barrier, so every instance of a
     #: plan whose stages share one configuration lives until the job ends (the best-static baseline,
     #: as the executor runs it with ``elastic=False``).
@@ -361,7 +364,7 @@ class Simulator:
         out: list[float | None] = [None]
         for i in range(1, len(configs)):
             predicted = self.predicted_duration(i - 1, configs[i - 1], configs[i - 2] if i >= 2 else None)
-            out.append(max(0.0, predicted - self._lead(configs[i].instance_type)))
+            out.append(self.options.prefetch.request_offset_s(predicted, self._lead(configs[i].instance_type)))
         return out
 
     def trace(self, configs: Sequence[StageConfig], sample: int) -> tuple[Timeline, nx.DiGraph, float]:
@@ -400,7 +403,7 @@ class Simulator:
         key = (itype.cloud, itype.name)
         if key not in self._startup_cache:
             model = self.model.startup(itype.cloud, itype.name)
-            self._startup_cache[key] = (model, model.quantile(self.options.lead_quantile))
+            self._startup_cache[key] = (model, self.options.prefetch.lead_s(model.samples_s))
         return self._startup_cache[key][0]
 
     def _lead(self, itype: InstanceType) -> float:
@@ -509,8 +512,9 @@ class Simulator:
         prev = prefix.open if prefix is not None else None
 
         carry = 0
-        if prev is not None and prev.config.instance_type.key == itype.key:
-            carry = min(prev.release.shape[1], n_inst)
+        if prev is not None:
+            carry = self.options.prefetch.carried(prev.config.instance_type.key == itype.key, prev.release.shape[1],
+                                                  n_inst)
         if prefix is None:
             carried_idx = None
             stage_costs: tuple = ()
@@ -537,8 +541,7 @@ class Simulator:
                 head = self._startup(itype).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
                 t_req = np.full(S, head) if self.start_state is None else np.full(S, self.start_state.now_s)
             else:
-                lead = max(0.0, prev.predicted_s - self._lead(itype))
-                t_req = prev.anchor + lead
+                t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self._lead(itype))
             request[:, carry:] = t_req[:, None]
             _, s_all = self._draws(index, n_inst, itype)
             boot = s_all[rows, carry:n_inst]

@@ -28,11 +28,13 @@ def _raise_interrupted(signum, frame) -> None:
 
 def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, backend: Any,
             trial_runtime: str, deadline_s: float | None, resume: bool, profile_path: Path | None = None,
-            overrun_s: float = 0.0) -> Any:
+            overrun_s: float = 0.0, on_late: str = "finish") -> Any:
     """Run (or resume) the plan to the end on ``backend``; progress goes to stderr. Returns the RunResult.
 
     ``profile_path``: the job's profile when it is not where the spec says (a copy shipped to the head).
-    ``overrun_s``: how long a late run goes on past its deadline before it is stopped (math.inf: no limit)."""
+    ``overrun_s``: how long a late run goes on past its deadline before it is stopped (math.inf: no limit).
+    ``on_late``: at a stage boundary where no plan meets the deadline any more, ``finish`` (go on, be late)
+    or ``stop`` (stop now with the best so far). A stopped run is returned (``status: stopped``), not raised."""
     from rubberband.executor.controller import Controller
     from rubberband.executor.progress import ProgressView
     from rubberband.executor.runtime import TrialRuntime, planner_replanner
@@ -54,17 +56,23 @@ def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir
         with ProgressView(err) as view:
             controller = Controller(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=backend,
                                     runtime=runtime, run_id=run_id, replanner=replanner, profile=profile,
-                                    progress=view, deadline_s=deadline_s, overrun_s=overrun_s)
+                                    progress=view, deadline_s=deadline_s, overrun_s=overrun_s, on_late=on_late)
             return controller.run(resume=resume)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
 def print_summary(run_id: str, metric: str, summary: dict[str, Any], result_path: Path) -> None:
-    """The two lines ``rubberband run`` prints at the end (stdout), from a run's result.json content."""
+    """The lines ``rubberband run`` prints at the end (stdout), from a run's result.json content: the best
+    configuration (so far), actual versus predicted, and the outcome in one line with its exit code."""
+    from rubberband.executor.outcome import outcome_line
+
     best = summary.get("best") or {}
+    rung = best.get("rung") or {}
+    at = f" (stage {rung['stage']}, {rung['epochs']} epochs)" if rung.get("stage") is not None else ""
     typer.echo(f"run {run_id} {summary.get('status', 'finished')}: best trial {best.get('trial_id')} "
-               f"{metric}={best.get('metric')} config={best.get('config')}")
+               f"{metric}={best.get('metric')}{at} config={best.get('config')}")
     typer.echo(f"JCT {format_duration(summary['actual']['jct_s'])} (predicted "
                f"{format_duration(summary['predicted']['jct_s'])}), cost {format_usd(summary['actual']['cost_usd'])} "
                f"(predicted {format_usd(summary['predicted']['cost_usd'])}); results in {result_path}")
+    typer.echo(outcome_line(summary))

@@ -45,6 +45,8 @@ class StagePlan(_Model):
     workers_per_trial: int = Field(ge=1)
     spot: bool = False
     predicted_duration_s: float | None = Field(default=None, description="p50 of the stage's duration")
+    predicted_task_s: float | None = Field(default=None, description="median seconds of one trial's task in the "
+                                           "stage (no waiting for instances); prefetch is timed from waves × this")
     predicted_cost_usd: float | None = Field(default=None, description="mean cost attributed to the stage")
 
 

@@ -291,6 +291,9 @@ def test_entrypoint_and_ssh_tunnel_commands():
     assert words[words.index("--head-grace") + 1] == "300" and words[words.index("--overrun-s") + 1] == "60"
     assert build_parser().parse_args(words[3:]).head_grace == 300.0
     assert build_parser().parse_args(words[3:] + ["--overrun-s", "inf"]).overrun_s == math.inf
+    assert build_parser().parse_args(words[3:]).on_late == "finish"  # the default is left off the command line
+    stop = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop").split()
+    assert stop[stop.index("--on-late") + 1] == "stop" and build_parser().parse_args(stop[3:]).on_late == "stop"
     tunnel = SshTunnel(host="203.0.113.9", key_file=Path("/k/id_ed25519"), user="ubuntu")
     command = tunnel.command(40001)
     assert command[:4] == ["ssh", "-N", "-L", "40001:127.0.0.1:8265"] and command[-1] == "ubuntu@203.0.113.9"

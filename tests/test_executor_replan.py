@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -28,10 +29,11 @@ def setup(tmp_path):
     return spec, plan, tmp_path / "run"
 
 
-def _controller(setup, replanner, deadline_s):
+def _controller(setup, replanner, deadline_s, **options):
     spec, plan, run_dir = setup
+    options.setdefault("overrun_s", math.inf)  # finish late, whatever it takes, unless a test says otherwise
     controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=None,
-                            runtime=None, run_id="r1", replanner=replanner, deadline_s=deadline_s)
+                            runtime=None, run_id="r1", replanner=replanner, deadline_s=deadline_s, **options)
     controller.state = J.read_state(run_dir)
     return controller
 
@@ -62,7 +64,8 @@ def test_deadline_at_risk_accepts_a_proposal_that_meets_it(setup):
     controller._maybe_replan(1)
     assert seen[0].at_risk and seen[0].next_stage == 1 and seen[0].remaining_deadline_s == pytest.approx(30, abs=2)
     decision = _decisions(setup[2])[-1]
-    assert decision["accepted"] and decision["reason"] == "deadline at risk"
+    assert decision["accepted"] and decision["action"] == "buy_speed"
+    assert decision["reason"].startswith("deadline at risk: buying speed (P(meet) 0.00 → 0.99")
     assert decision["slowdown"] == pytest.approx(5.0, rel=0.01)
     assert controller.plan.stages[1].instance_type == "local.cpu2"
     state = J.read_state(setup[2])
@@ -74,6 +77,7 @@ def test_a_cheaper_plan_is_taken_even_when_on_time(setup):
     controller._maybe_replan(1)
     decision = _decisions(setup[2])[-1]
     assert decision["accepted"] and not decision["at_risk"] and decision["reason"].startswith("cheaper")
+    assert decision["action"] == "save"
 
 
 @pytest.mark.parametrize("proposal, reason", [
@@ -85,7 +89,7 @@ def test_proposals_that_do_not_pay_are_rejected(setup, proposal, reason):
     controller = _controller(setup, lambda r: _proposal(r.plan, **proposal), deadline_s=3600.0)
     controller._maybe_replan(1)
     decision = _decisions(setup[2])[-1]
-    assert not decision["accepted"] and decision["reason"] == reason
+    assert not decision["accepted"] and decision["reason"].startswith(reason) and decision["action"] == "continue"
     assert controller.plan.stages[1].instance_type == "local.cpu4"
 
 
@@ -96,18 +100,18 @@ def test_out_of_reach_a_late_proposal_is_taken_only_when_clearly_sooner(setup, j
     controller = _controller(setup, lambda r: _proposal(r.plan, **late), deadline_s=130.0)
     controller._maybe_replan(1)
     decision = _decisions(setup[2])[-1]
-    assert decision["at_risk"] and decision["accepted"] == accepted
+    assert decision["at_risk"] and decision["accepted"] == accepted and decision["action"] == "finish_late"
     if accepted:
-        assert decision["reason"].startswith("deadline out of reach: the quickest plan (p50 20.0s left, vs 40.")
+        assert decision["reason"].startswith("deadline out of reach (best P(meet) 0.00 < 0.95): the quickest plan "
+                                             "(p50 20.0s left, vs 40.")
         assert controller.plan.stages[1].instance_type == "local.cpu2"
     else:
-        assert decision["reason"] == "proposal misses the confidence"
+        assert decision["reason"].endswith("no plan is clearly quicker; finishing late")
         assert controller.plan.stages[1].instance_type == "local.cpu4"
 
 
 def test_planner_replanner_proposes_the_quickest_plan_when_the_deadline_is_out_of_reach():
-    from rubberband.errors import InfeasibleError
-    from rubberband.executor.runtime import planner_replanner
+    from rubberband.executor.runtime import ReplanAnswer, planner_replanner
     from rubberband.inputs import load_job_inputs
     from rubberband.planner import simulate_plan
 
@@ -121,17 +125,38 @@ def test_planner_replanner_proposes_the_quickest_plan_when_the_deadline_is_out_o
     replan = planner_replanner(inputs.catalog, inputs.profile)
     request = ReplanRequest(spec=spec, plan=slow, next_stage=1, elapsed_s=170.0, spent_usd=0.001,
                             remaining_deadline_s=10.0, at_risk=True, running={"local:local:local.cpu1": 1})
-    proposal = replan(request)
-    current_s = sum(s.predicted_duration_s for s in slow.stages[1:])
+    answer = replan(request)
+    assert isinstance(answer, ReplanAnswer)
+    proposal = answer.proposal
     assert [(s.trials, s.epochs) for s in proposal.stages] == [(s.trials, s.epochs) for s in slow.stages[1:]]
     assert proposal.predicted.p_meet_deadline < spec.confidence  # it is late too...
-    assert proposal.predicted.jct_s.p50 < 0.95 * current_s  # ...but clearly less late than the current plan
-    on_time = ReplanRequest(**{**request.__dict__, "at_risk": False})
-    with pytest.raises(InfeasibleError):  # not at risk: no late proposal
-        replan(on_time)
-    quick = slow.model_copy(update={"stages": slow.stages[:1] + proposal.stages})
-    with pytest.raises(InfeasibleError, match="about as quick as any"):  # nothing to gain: keep the plan
-        replan(ReplanRequest(**{**request.__dict__, "plan": quick}))
+    # ...but clearly less late than the current plan, both under the same re-fitted model
+    assert answer.current_p_meet < spec.confidence and answer.current_cost_usd > 0
+    assert proposal.predicted.jct_s.p50 < 0.95 * answer.current_jct_p50_s
+    # whether at risk or not, the answer is the same: the lateness policy decides what to do with it
+    on_time = replan(ReplanRequest(**{**request.__dict__, "at_risk": False}))
+    assert on_time.proposal.predicted.jct_s.p50 == pytest.approx(proposal.predicted.jct_s.p50)
+
+
+def test_planner_replanner_prices_the_current_plan_and_a_faster_one_that_meets_the_deadline():
+    from rubberband.executor.runtime import planner_replanner
+    from rubberband.inputs import load_job_inputs
+    from rubberband.planner import simulate_plan
+
+    from conftest import REPO
+
+    inputs = load_job_inputs(REPO / "examples" / "quickstart_local.yaml")
+    slow = simulate_plan(make_plan(inputs.spec, [("local.cpu2", 2, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1)]),
+                         inputs.profile, inputs.catalog, samples=200)
+    quick = ReplanRequest(spec=inputs.spec, plan=slow, next_stage=1, elapsed_s=10.0, spent_usd=0.001,
+                          remaining_deadline_s=1.0, at_risk=False, running={"local:local:local.cpu1": 1})
+    first = planner_replanner(inputs.catalog, inputs.profile)(quick)
+    # a deadline the single cpu1 misses but a wider plan meets: buying speed is possible
+    between = (first.proposal.predicted.jct_s.p95 + first.current_jct_p50_s) / 2
+    answer = planner_replanner(inputs.catalog, inputs.profile)(
+        ReplanRequest(**{**quick.__dict__, "remaining_deadline_s": between}))
+    assert answer.current_p_meet < inputs.spec.confidence <= answer.proposal.predicted.p_meet_deadline
+    assert answer.proposal.predicted.jct_s.p50 < answer.current_jct_p50_s
 
 
 def test_without_a_replanner_the_decision_is_still_journaled(setup):
@@ -202,3 +227,48 @@ def test_failover_replan_without_a_stand_in_keeps_the_plan(setup):
     decision = _decisions(setup[2])[-1]
     assert not decision["accepted"] and "no available type can stand in" in decision["reason"]
     assert controller.plan.stages[1].instance_type == "local.cpu4"
+
+
+# -- admission and graceful lateness (the LatenessPolicy's decision, carried out) ---------------------------
+
+
+def test_on_late_stop_stops_before_a_stage_predicted_to_miss_the_deadline(setup):
+    from rubberband.executor.controller import RunStopped
+
+    late = dict(instance_type="local.cpu2", cost=9.0, p_meet=0.2, jct_p50=20.0)  # quicker, still late
+    controller = _controller(setup, lambda r: _proposal(r.plan, **late), deadline_s=130.0, on_late="stop")
+    with pytest.raises(RunStopped, match=r"--on-late stop: stopping before the next stage .* \(before stage 1\); "
+                                         r".* --on-late finish"):
+        controller._maybe_replan(1)
+    decision = _decisions(setup[2])[-1]
+    assert decision["action"] == "stop" and not decision["accepted"] and decision["on_late"] == "stop"
+    assert controller.plan.stages[1].instance_type == "local.cpu4"  # nothing taken, nothing started
+    assert not [e for e in J.iter_events(setup[2] / J.JOURNAL_NAME) if e["type"] == J.STAGE_STARTED
+                and e["stage"] == 1]
+
+
+def test_on_late_stop_still_buys_speed_first(setup):
+    controller = _controller(setup, lambda r: _proposal(r.plan, "local.cpu2", cost=9.0), deadline_s=130.0,
+                             on_late="stop")
+    controller._maybe_replan(1)  # the proposal meets the deadline: no stop
+    assert _decisions(setup[2])[-1]["action"] == "buy_speed"
+    assert controller.plan.stages[1].instance_type == "local.cpu2"
+
+
+def test_without_a_replanner_stop_follows_the_slowdown_estimate(setup):
+    from rubberband.executor.controller import RunStopped
+
+    controller = _controller(setup, None, deadline_s=130.0, on_late="stop")
+    with pytest.raises(RunStopped):
+        controller._maybe_replan(1)
+    decision = _decisions(setup[2])[-1]
+    assert decision["reason"].startswith("no re-planner available; deadline out of reach")
+
+
+def test_finish_stops_when_the_overrun_would_cut_the_run_anyway(setup):
+    from rubberband.executor.controller import RunStopped
+
+    # 30 s to the deadline, 5 s of overrun, about 40 s of work left on the current plan and no quicker one
+    controller = _controller(setup, None, deadline_s=130.0, overrun_s=5.0)
+    with pytest.raises(RunStopped, match="allowed overrun .* --overrun none"):
+        controller._maybe_replan(1)

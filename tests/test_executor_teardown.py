@@ -66,18 +66,20 @@ def test_a_deadline_breach_stops_the_run_and_its_instances_and_resume_finishes_i
     run_dir = tmp_path / "run"
     result = cli("run", str(spec_path), "--plan", str(tmp_path / "plan.json"), "--run-dir", str(run_dir),
                  "--deadline", "10s", "--overrun", "0", "--yes", env=cli_env(tmp_path))
-    assert result.returncode == 1, result.stderr
-    last = result.stderr.splitlines()[-1]
+    assert result.returncode == 5, result.stderr  # stopped, with whatever partial result there is
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith("outcome: stopped (exit 5): ")
     assert "passed its deadline (10.0s) in stage" in last and f"--resume {run_dir} --overrun none" in last
     events = _check_all_terminated(run_dir)
-    assert events[-1]["type"] == J.RUN_FAILED and "deadline" in events[-1]["reason"]
+    assert events[-1]["type"] == J.RUN_STOPPED and "deadline" in events[-1]["reason"]
     summary = json.loads((run_dir / "result.json").read_text())
-    assert summary["status"] == "failed" and summary["met_deadline"] is False
-    # as the message says: resumed with no overrun limit, the late run finishes
+    assert summary["status"] == "stopped" and summary["met_deadline"] is False and summary["exit_code"] == 5
+    # as the message says: resumed with no overrun limit, the late run finishes (late: exit 4)
     resumed = cli("run", "--resume", str(run_dir), "--overrun", "none", env=cli_env(tmp_path))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 4, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "result.json").read_text())
-    assert summary["status"] == "finished" and summary["met_deadline"] is False and summary["best"]["trial_id"]
+    assert summary["status"] == "finished" and summary["outcome"] == "late" and summary["best"]["trial_id"]
+    assert summary["met_deadline"] is False and summary["best"]["rung"]["stage"] == 1
     _check_all_terminated(run_dir)
 
 

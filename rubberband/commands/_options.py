@@ -16,6 +16,17 @@ def deadline_flag(value: str | None, flag: str = "--deadline") -> float | None:
         raise InputError(f"{flag}: {exc}") from None
 
 
+def on_late_flag(value: str) -> str:
+    """``--on-late``: what a run does at a stage boundary once no plan meets the deadline (finish | stop)."""
+    from rubberband.planner.policies import ON_LATE
+
+    choice = value.strip().lower()
+    if choice not in ON_LATE:
+        raise InputError(f"--on-late {value!r}: use 'finish' (go on and say how late) or 'stop' (stop now and "
+                         f"return the best configuration so far)")
+    return choice
+
+
 def overrun_flag(value: str, deadline_s: float) -> float:
     """Seconds for ``--overrun`` (a share of ``deadline_s``, a duration, 0 or none → math.inf)."""
     try:

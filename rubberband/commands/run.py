@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from rubberband.catalog import load_catalog
-from rubberband.commands._options import deadline_flag, overrun_flag
+from rubberband.commands._options import deadline_flag, on_late_flag, overrun_flag
 from rubberband.commands.plan import print_plan
 from rubberband.console import stderr, stdout
 from rubberband.errors import InputError, PlanFileError, RunDirError
@@ -129,7 +129,7 @@ def _hints(record, run_dir: Path) -> str:
 
 
 def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Path, options, deadline_s: float | None,
-                overrun_s: float, trial_runtime: str, detach: bool) -> int:
+                overrun_s: float, trial_runtime: str, detach: bool, on_late: str = "finish") -> int:
     """Head mode: start the run's head instance, submit the run to it, then follow it (unless ``detach``)."""
     from rubberband.cloud.head_session import HeadSession, check_options, end_run, link_for, start_head
     from rubberband.cloud.testboot import boot_mode
@@ -149,7 +149,7 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
         with HeadSession(record, link_for(record, test_boot, options.ssh_key),
                          connect_timeout_s=options.boot_timeout_s) as session:
             session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime,
-                           head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s)
+                           head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s, on_late=on_late)
     except BaseException:
         end_run(record, test_boot=test_boot)  # never leave a head without a run billing
         raise
@@ -193,6 +193,10 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
         return 1
     summary = json.loads(result_path.read_text())
     print_summary(record.run_id, record.metric, summary, result_path)
+    from rubberband.executor.outcome import exit_code
+
+    if "outcome" in summary:  # met 0, late 4, stopped 5, failed 1, interrupted 130
+        return exit_code(summary)
     return 0 if status == "SUCCEEDED" and summary.get("status") == "finished" else 1
 
 
@@ -220,6 +224,10 @@ def register(app: typer.Typer) -> None:
         overrun: str = typer.Option("10%", "--overrun", help="How far past the deadline a late run goes on before "
                                     "it is stopped and every instance terminated: a share of the deadline (10%), "
                                     "a duration (15m), 0 (stop at the deadline) or none (run to the end)."),
+        on_late: str = typer.Option("finish", "--on-late", help="At a stage boundary where no plan meets the "
+                                    "deadline any more (after buying speed was tried): 'finish' (go on, exit 4 "
+                                    "when late) or 'stop' (stop now, never start a stage predicted to miss it; "
+                                    "the best configuration so far is in result.json, exit 5)."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before starting a freshly made plan."),
         dry_run: bool = typer.Option(False, "--dry-run", help="With --cloud aws|gcp: print the provisioning "
                                      "schedule, expected bill and permission checks; create nothing."),
@@ -251,6 +259,7 @@ def register(app: typer.Typer) -> None:
 
         deadline_s = deadline_flag(deadline)
         overrun_flag(overrun, 1.0)  # the form is checked before anything starts; the seconds need the plan
+        on_late = on_late_flag(on_late)
         if head not in ("instance", "local"):
             raise InputError(f"--head {head!r}: use 'instance' (a head instance per run) or 'local' (this machine)")
         grace_s = deadline_flag(results_grace, "--results-grace")
@@ -341,12 +350,14 @@ def register(app: typer.Typer) -> None:
                                   watchdog=watchdog)
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                                options=options, deadline_s=deadline_s, overrun_s=overrun_s,
-                               trial_runtime=trial_runtime, detach=detach)
+                               trial_runtime=trial_runtime, detach=detach, on_late=on_late)
         if backend_cloud in ("aws", "gcp") and resume is None:
             note_head_billing(plan, head_mode=False)
         backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages])
         result = execute(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                          backend=backend, trial_runtime=trial_runtime, deadline_s=deadline_s,
-                         overrun_s=overrun_s, resume=resume is not None)
+                         overrun_s=overrun_s, resume=resume is not None, on_late=on_late)
         print_summary(run_id, spec.metric.name, result.result, run_directory / "result.json")
-        return 0
+        from rubberband.executor.outcome import exit_code
+
+        return exit_code(result.result)  # met 0, late 4, stopped 5 (failures raise: 1, interrupted 130)
