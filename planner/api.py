@@ -16,8 +16,10 @@ import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.errors import InfeasibleError, PlanFileError
-from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distribution, HeadInfo, JobInfo, Plan,
+from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distribution, Handoff, HeadInfo, JobInfo, Plan,
                              PlannerInfo, Prediction, StagePlan, Timeline)
+from rubberband.planner.brackets import (ParallelSimulator, bracket_ranges, optimise_offsets,
+                                         parallel_knapsack_plans)
 from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
@@ -49,6 +51,9 @@ class StagesPlan:
     seed: int
     notes: list[str] = field(default_factory=list)
     head: HeadSpec | None = None  # the billed head the predictions include (boot resolved)
+    brackets: str = "sequential"  # how Hyperband brackets run: sequential | parallel
+    offsets: tuple[float, ...] = ()  # parallel: each bracket's start offset (s)
+    handoffs: list = field(default_factory=list)  # parallel: brackets.Handoff of the representative sample
 
 
 #: Simulated samples kept in a plan (for histograms in reports); the rest only feed the summaries.
@@ -112,19 +117,28 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                 deadline_s: float, confidence: float, max_workers_per_trial: int = 8, spot: bool = False,
                 samples: int = DEFAULT_SAMPLES, seed: int = 0, budget_usd: float | None = None,
                 running: RunningState | None = None, include_exact: bool = False,
-                screen_samples: int = SCREEN_SAMPLES, heads: Mapping[str, HeadSpec] | None = None) -> StagesPlan:
+                screen_samples: int = SCREEN_SAMPLES, heads: Mapping[str, HeadSpec] | None = None,
+                brackets: str = "sequential") -> StagesPlan:
     """Cheapest plan for ``stages`` meeting ``deadline_s`` at ``confidence`` (seconds from now).
 
     ``running`` describes instances already up (re-planning mid-run): the first stage reuses them
     when it keeps their type. ``heads`` (cloud → :class:`HeadSpec`) bills the run's head instance
-    in every candidate whose first stage runs on that cloud, the static baseline included. Raises
+    in every candidate whose first stage runs on that cloud, the static baseline included.
+    ``brackets``: ``parallel`` runs Hyperband's brackets side by side (:mod:`~rubberband.planner.brackets`;
+    the search also picks bracket start offsets), ``sequential`` one after another; the static baseline
+    is a fixed cluster running the brackets one after another either way. Raises
     InfeasibleError with the shortest achievable JCT (and its cost) when no plan meets the
     deadline, or with the cheapest plan's cost when over budget.
     """
     if not stages:
         raise ValueError("plan_stages needs at least one stage")
     space = PlanSpace(stages, types, model, max_workers_per_trial)
-    sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads)
+    parallel = brackets == "parallel" and len(bracket_ranges(stages)) > 1
+    if parallel:
+        sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
+                                heads=heads)
+    else:
+        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads)
     evaluator = Evaluator(sim, screen_samples)
     statics = static_plans(space)
     # the static baseline is a fixed cluster: simulated with every instance held to the end
@@ -139,6 +153,8 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     # answer is never costlier than the best static plan
     fastest = space.fastest()
     pool = [fastest] + knapsack_plans(space) + [shrink(space, p) for p in statics]
+    if parallel:
+        pool += parallel_knapsack_plans(space)
     # run elastically, the static plan releases what its last stages leave idle: never costlier
     incumbent = None
     if static.plan is not None and evaluator.full(static.plan).meets(deadline_s, confidence):
@@ -157,6 +173,17 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         candidates += refined.candidates_evaluated
         if refined.result.meets(deadline_s, confidence) and (
                 chosen is None or refined.result.cost_mean < chosen[1].cost_mean):
+            chosen = (refined.plan, refined.result)
+    if parallel and chosen is not None:
+        # start shorter brackets later where that hands them instances another bracket releases,
+        # then let the greedy adapt the stages to the new offsets
+        sim, moved, tried = optimise_offsets(sim, chosen[0], chosen[1], deadline_s, confidence)
+        candidates += tried
+        if moved is not chosen[1]:
+            evaluator = Evaluator(sim, screen_samples)
+            refined = descend(space, evaluator, chosen[0], deadline_s, confidence, moves=local_moves)
+            iterations += refined.iterations
+            candidates += refined.candidates_evaluated
             chosen = (refined.plan, refined.result)
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
         notes.append("no elastic plan beats the best static plan here; using the static plan")
@@ -179,7 +206,9 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
             f"budget of {format_usd(budget_usd)}; raise budget_usd or loosen the deadline",
             shortest_jct_s=result.jct_quantile(confidence), cost_usd=result.cost_mean)
     exact = None
-    if include_exact:
+    if include_exact and parallel:
+        notes.append("the exact optimum is searched for sequential brackets only")
+    elif include_exact:
         ex = exact_optimum(space, evaluator, deadline_s, confidence, incumbent=result.cost_mean * (1 + 1e-9))
         if ex.plan is not None:
             exact = (ex.plan, ex.result, _timeline(sim, ex.plan, ex.result))
@@ -188,10 +217,13 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     static_out = None
     if static.plan is not None:
         static_out = (static.plan, static.result, _timeline(static_sim, static.plan, static.result))
+    timeline = _timeline(sim, tuple(configs), result)
     return StagesPlan(stages=list(stages), configs=tuple(configs), result=result,
-                      timeline=_timeline(sim, tuple(configs), result), static=static_out, exact=exact,
+                      timeline=timeline, static=static_out, exact=exact,
                       candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes,
-                      head=sim.head_for(configs))
+                      head=sim.head_for(configs), brackets="parallel" if parallel else "sequential",
+                      offsets=tuple(sim.offsets) if parallel else (),
+                      handoffs=list(getattr(sim, "last_handoffs", [])) if parallel else [])
 
 
 def profile_sha256(profile: Profile) -> str:
@@ -201,8 +233,10 @@ def profile_sha256(profile: Profile) -> str:
 def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: float | None = None,
              confidence: float | None = None, cloud: str | None = None, samples: int = DEFAULT_SAMPLES,
              seed: int | None = None, include_exact: bool = False,
-             heads: Mapping[str, HeadSpec] | None = None) -> Plan:
+             heads: Mapping[str, HeadSpec] | None = None, brackets: str | None = None) -> Plan:
     """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines.
+
+    ``brackets`` (``parallel`` | ``sequential``) overrides the spec's ``scheduler.brackets``.
 
     ``heads`` (cloud → :class:`HeadSpec`): the run's billed head instance per cloud, chosen by the
     caller for head mode on AWS/GCP; the plan's first stage's cloud picks one, and every prediction
@@ -220,7 +254,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     out = plan_stages(stages, model, types, deadline_s=deadline, confidence=conf,
                       max_workers_per_trial=spec.resources.max_workers_per_trial, spot=spec.resources.spot,
                       samples=samples, seed=seed, budget_usd=spec.budget_usd, include_exact=include_exact,
-                      heads=heads)
+                      heads=heads, brackets=brackets or sched.brackets)
     baselines = {}
     if out.static is not None:
         plan_s, res_s, tl_s = out.static
@@ -244,6 +278,9 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
                             samples=samples, seed=seed,
                             notes=out.notes + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
         profile_sha256=profile_sha256(profile), spec=spec.model_dump(mode="json"), head=head_info(out.head),
+        brackets=out.brackets, bracket_offsets_s=[round(o, 3) for o in out.offsets],
+        handoffs=[Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,
+                          at_s=round(h.at_s, 3), instance_id=h.instance_id) for h in out.handoffs],
     )
 
 
