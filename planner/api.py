@@ -16,10 +16,11 @@ import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.errors import InfeasibleError, PlanFileError
-from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distribution, Handoff, HeadInfo, JobInfo, Plan,
+from rubberband.plan import (Alternative, BaselineASHA, CatalogInfo, CostBreakdown, Distribution, Handoff, HeadInfo, JobInfo, Plan,
                              PlannerInfo, Prediction, StagePlan, Timeline)
 from rubberband.planner.brackets import (ParallelSimulator, bracket_ranges, optimise_offsets,
                                          parallel_knapsack_plans)
+from rubberband.planner.asha import AshaResult, AshaSimulator, asha_baseline
 from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
@@ -233,10 +234,12 @@ def profile_sha256(profile: Profile) -> str:
 def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: float | None = None,
              confidence: float | None = None, cloud: str | None = None, samples: int = DEFAULT_SAMPLES,
              seed: int | None = None, include_exact: bool = False,
-             heads: Mapping[str, HeadSpec] | None = None, brackets: str | None = None) -> Plan:
+             heads: Mapping[str, HeadSpec] | None = None, brackets: str | None = None,
+             asha: bool = True) -> Plan:
     """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines.
 
     ``brackets`` (``parallel`` | ``sequential``) overrides the spec's ``scheduler.brackets``.
+    ``asha``: also simulate ASHA on the cheapest fixed cluster meeting the deadline (``plan.asha``).
 
     ``heads`` (cloud → :class:`HeadSpec`): the run's billed head instance per cloud, chosen by the
     caller for head mode on AWS/GCP; the plan's first stage's cloud picks one, and every prediction
@@ -265,6 +268,9 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
         baselines["exact"] = Alternative(name="exact", stages=stage_plans(stages, plan_e, res_e, spec.resources.spot),
                                          predicted=prediction(res_e, deadline), timeline=tl_e)
     used = {c.instance_type for c in out.configs}
+    asha_out = None
+    if asha:
+        asha_out = asha_info(stages, model, types, spec, deadline, conf, seed, heads)
     return Plan(
         job=JobInfo(name=spec.name, spec_sha256=spec.sha256(), scheduler=sched.kind, eta=sched.eta,
                     min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, trials=sched.trials,
@@ -278,10 +284,43 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
                             samples=samples, seed=seed,
                             notes=out.notes + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
         profile_sha256=profile_sha256(profile), spec=spec.model_dump(mode="json"), head=head_info(out.head),
-        brackets=out.brackets, bracket_offsets_s=[round(o, 3) for o in out.offsets],
+        asha=asha_out, brackets=out.brackets, bracket_offsets_s=[round(o, 3) for o in out.offsets],
         handoffs=[Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,
                           at_s=round(h.at_s, 3), instance_id=h.instance_id) for h in out.handoffs],
     )
+
+
+def asha_info(stages: Sequence[Stage], model: PerformanceModel, types: Sequence[InstanceType], spec: JobSpec,
+              deadline_s: float, confidence: float, seed: int,
+              heads: Mapping[str, HeadSpec] | None) -> BaselineASHA | None:
+    """ASHA with the job's trials (every bracket's first stage), η and epochs on the cheapest fixed
+    cluster meeting the deadline (else the quickest one tried), in the plan's schema."""
+    sched = spec.scheduler
+    usable = [t for t in types if model.plannable(t.device)]
+    if not usable:
+        return None
+    billing = Simulator(stages, model, samples=1, seed=seed, spot=spec.resources.spot, heads=heads)
+    sim = AshaSimulator(model, trials=sum(s.trials for s in stages if s.index == 0), eta=sched.eta,
+                        min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, seed=seed,
+                        spot=spec.resources.spot,
+                        head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct))
+    found = asha_baseline(sim, usable, spec.resources.max_workers_per_trial, deadline_s, confidence)
+    if found is None:
+        return None
+    res, meets = found
+    c = res.cluster
+    return BaselineASHA(instance_type=c.instance_type.name, cloud=c.instance_type.cloud, instances=c.instances,
+                        workers_per_trial=c.workers, predicted=asha_prediction(res, deadline_s), meets_deadline=meets)
+
+
+def asha_prediction(res: AshaResult, deadline_s: float) -> Prediction:
+    """Summary statistics of an ASHA simulation, in the plan's schema."""
+    return Prediction(
+        jct_s=_distribution(res.jct), cost_usd=_distribution(res.cost),
+        p_meet_deadline=float(np.mean(res.jct <= deadline_s)),
+        cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in res.breakdown.items()}),
+        cost_by_instance_type={res.cluster.instance_type.name: float(res.cost.mean() - res.breakdown["head"].mean())},
+        jct_samples_s=_subsample(res.jct), cost_samples_usd=_subsample(res.cost))
 
 
 def head_info(head: HeadSpec | None) -> HeadInfo | None:

@@ -19,6 +19,10 @@ handed-over instance idles from ``D`` to ``R``), so JCTs are never optimistic. R
 in order of ``R`` by the latest-released free instance. The rule is applied per sample, i.e. it
 knows each sample's release times: exact when releases come in the predicted order.
 
+Hand-overs are matched in full evaluations only: the planner's screening (a prefix of the
+samples, :class:`~rubberband.planner.search.Evaluator`) ranks candidates without them, which keeps
+screening cheap; every plan the planner takes is confirmed with all samples, hand-overs included.
+
 Random streams are keyed by bracket (bracket ``b`` uses seed ``seed + 7919·b``), so a change to
 one bracket's configuration re-simulates only that bracket (each bracket's sub-simulator keeps its
 own prefix cache). Pure: no I/O, no clock.
@@ -168,7 +172,7 @@ class ParallelSimulator:
         sub = self.subs[b]
         result = sub.simulate(sub_configs, n)
         run = _BracketRun(result)
-        if self.share and len(self.ranges) > 1:
+        if self.share and len(self.ranges) > 1 and n == self.samples:
             self._instances(b, sub, sub_configs, n, run)
         self._runs[key] = run
         while len(self._runs) > self._cache_size:
@@ -207,7 +211,7 @@ class ParallelSimulator:
         for r in runs:
             for k, v in r.result.by_type.items():
                 by_type[k] = by_type.get(k, 0.0) + v
-        if self.share and len(runs) > 1:
+        if self.share and len(runs) > 1 and n == self.samples:
             for tkey, saved, startup, idle, per_stage in self._handoffs(configs, runs, n):
                 name = next(c.instance_type.name for c in configs if c.instance_type.key == tkey)
                 by_type[name] = by_type[name] - saved
@@ -242,9 +246,13 @@ class ParallelSimulator:
             q_bracket = np.concatenate([np.full(len(q[2]), q[3]) for q in requests])
             itype = next(c.instance_type for c in configs if c.instance_type.key == tkey)
             tail = self._termination(itype)
-            # a request can only be served by a donor released before its instance is up
-            useful = [j for j in np.argsort(R.mean(axis=0), kind="stable")
-                      if np.any((D > Q[:, j:j + 1] - tail) & (D <= R[:, j:j + 1]))]
+            # a request can only be served by another bracket's instance released while it boots:
+            # pre-filter (request, donor) column pairs on their ranges over the samples
+            overlap = ((D.max(axis=0)[:, None] > Q.min(axis=0)[None, :] - tail)
+                       & (D.min(axis=0)[:, None] <= R.max(axis=0)[None, :])
+                       & (d_bracket[:, None] != q_bracket[None, :]))
+            useful = [(int(j), np.flatnonzero(overlap[:, j])) for j in np.argsort(R.mean(axis=0), kind="stable")
+                      if overlap[:, j].any()]
             out.append((tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful))
         return out
 
@@ -263,12 +271,13 @@ class ParallelSimulator:
             startup = np.zeros(S)
             idle = np.zeros(S)
             per_stage: dict[int, np.ndarray] = {}
-            for j in useful:
-                ok = free & (D > Q[:, j:j + 1] - tail) & (D <= R[:, j:j + 1]) & (d_bracket != q_bracket[j])
+            for j, cols in useful:
+                Dc = D[:, cols]
+                ok = free[:, cols] & (Dc > Q[:, j:j + 1] - tail) & (Dc <= R[:, j:j + 1])
                 has = ok.any(axis=1)
                 if not has.any():
                     continue
-                k = np.argmax(np.where(ok, D, -np.inf), axis=1)
+                k = cols[np.argmax(np.where(ok, Dc, -np.inf), axis=1)]
                 free[rows[has], k[has]] = False
                 d = D[rows, k]
                 gain = np.where(has, (d - Q[:, j] + tail) * price, 0.0)
@@ -288,7 +297,7 @@ class ParallelSimulator:
         for tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful in \
                 self._matching(configs, runs, slice(sample, sample + 1)):
             free = np.ones(D.shape[1], dtype=bool)
-            for j in useful:
+            for j, _ in useful:
                 ok = free & (D[0] > Q[0, j] - tail) & (D[0] <= R[0, j]) & (d_bracket != q_bracket[j])
                 if not ok.any():
                     continue
