@@ -165,9 +165,12 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     candidates = static.evaluated + best.evaluated
     iterations = 0
     chosen = (best.plan, best.result) if best.plan is not None else None
-    # RubberBand's greedy from maximum useful parallelism, and from the pool's best plan
+    # RubberBand's greedy from maximum useful parallelism, and from the pool's best plan. With parallel
+    # brackets the pool (per-bracket knapsack ladders) already balances the brackets, and the walk down
+    # from the fastest plan costs twice the rest of planning for no measured gain (bench_planner.py):
+    # it runs only when the pool has no feasible plan.
     for start, moves in ((fastest, simple_moves), (None if chosen is None else chosen[0], local_moves)):
-        if start is None:
+        if start is None or (parallel and moves is simple_moves and chosen is not None):
             continue
         refined = descend(space, evaluator, start, deadline_s, confidence, moves=moves)
         iterations += refined.iterations

@@ -205,7 +205,7 @@ class ParallelSimulator:
     def _combine(self, configs: tuple[StageConfig, ...], runs: list[_BracketRun], n: int) -> SimResult:
         jct = np.max([o + r.result.jct for o, r in zip(self.offsets, runs)], axis=0)
         stage_durations = [d for r in runs for d in r.result.stage_durations]
-        stage_costs = [c.copy() for r in runs for c in r.result.stage_costs]
+        stage_costs = [c for r in runs for c in r.result.stage_costs]  # replaced, never modified in place
         breakdown = {k: sum(r.result.breakdown[k] for r in runs) for k in CATEGORIES if k != "head"}
         by_type: dict[str, np.ndarray] = {}
         for r in runs:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Mapping, Sequence
 
 import networkx as nx
@@ -86,7 +87,7 @@ class StageConfig:
     instances: int
     workers: int
 
-    @property
+    @cached_property  # read millions of times while planning
     def key(self) -> tuple[str, int, int]:
         return (self.instance_type.key, self.instances, self.workers)
 
