@@ -91,6 +91,66 @@ def bench_hyperband(model, types, repeat: int) -> None:
                   f"{med:.2f} s, CPU {cpu:.2f} s (target <= 2 s for R=243), {par.candidates_evaluated} candidates")
 
 
+def exact_parallel(stages, model, types, deadline, confidence, samples):
+    """The cheapest parallel-bracket plan with every bracket starting at once, by enumeration.
+
+    Each bracket's stage configurations are enumerated (the planner's efficient options) and kept
+    when that bracket alone meets the deadline; combinations are visited in order of a cost lower
+    bound (the brackets' costs without hand-overs, less their whole start-up and termination
+    bills, the most hand-overs can save) and the search stops when it reaches the best.
+    """
+    import itertools
+    import math
+
+    import numpy as np
+
+    from rubberband.planner.brackets import ParallelSimulator
+    from rubberband.planner.search import PlanSpace
+
+    space = PlanSpace(stages, types, model, 1)
+    sim = ParallelSimulator(stages, model, samples=samples, seed=0)
+    need = math.ceil(confidence * samples - 1e-9)
+    per_bracket = []
+    for b, (lo, hi) in enumerate(sim.ranges):
+        kept = []
+        for combo in itertools.product(*[space.options(i) for i in range(lo, hi)]):
+            res = sim.subs[b].simulate(combo)
+            if int((res.jct <= deadline).sum()) >= need:
+                # a hand-over saves at most the receiving instance's start-up bill and the giver's tail
+                tails = sum(c.instances * sim.main._termination(c.instance_type) * c.instance_type.price_hr / 3600
+                            for c in combo)
+                kept.append((res.cost_mean, res.cost_mean - res.breakdown["startup"].mean() - tails, combo))
+        per_bracket.append(kept)
+    combos = sorted(itertools.product(*per_bracket), key=lambda c: sum(x[1] for x in c))
+    best, best_cost, visited = None, float("inf"), 0
+    for combo in combos:
+        if sum(x[1] for x in combo) >= best_cost:
+            break
+        plan = tuple(c for x in combo for c in x[2])
+        res = sim.simulate(plan)
+        visited += 1
+        if res.meets(deadline, confidence) and res.cost_mean < best_cost:
+            best, best_cost = plan, res.cost_mean
+    return best, best_cost, visited, len(combos)
+
+
+def bench_exact_hyperband(model, catalog) -> None:
+    print("\n== parallel-bracket plan / exact optimum at zero offsets (small Hyperband, p3.2xlarge + g4dn.xlarge, "
+          "1 worker/trial, 300 samples)")
+    small_types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge")]
+    for eta, big_r in ((3, 9), (2, 4)):
+        hb = [s for b in hyperband_brackets(eta, 1, big_r) for s in b]
+        j = shortest_jct(hb, model, small_types, confidence=0.9, max_workers=1, samples=300, brackets="parallel")
+        for factor in (1.2, 1.5, 2.0):
+            out = plan_stages(hb, model, small_types, deadline_s=j * factor, confidence=0.9, samples=300,
+                              max_workers_per_trial=1, brackets="parallel")
+            started = time.process_time()
+            _, exact, visited, total = exact_parallel(hb, model, small_types, j * factor, 0.9, 300)
+            print(f"Hyperband R={big_r} eta={eta} deadline {factor}x: plan ${out.result.cost_mean:.3f} (offsets "
+                  f"{[round(o) for o in out.offsets]}) exact ${exact:.3f} ratio {out.result.cost_mean / exact:.3f} "
+                  f"({visited} of {total} combinations simulated, {time.process_time() - started:.1f} s)")
+
+
 def bench_asha(model, types, catalog) -> None:
     """Elastic SHA versus ASHA simulated on the cheapest fixed cluster meeting the same deadline."""
     from rubberband.planner.asha import AshaSimulator, asha_baseline
@@ -129,6 +189,7 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (other jobs inflate wall times)")
     if args.hyperband:
         bench_hyperband(model, types, repeat)
+        bench_exact_hyperband(model, catalog)
         bench_asha(model, types, catalog)
         return
     print("== planning time (1000 samples, 3 instance types: " + ", ".join(QUICKSTART_TYPES) + ")")
@@ -182,6 +243,7 @@ def main() -> None:
               f"{out.result.cost_mean / bound:.2f} (bound ${bound:.2f})")
 
     bench_hyperband(model, types, repeat)
+    bench_exact_hyperband(model, catalog)
     bench_asha(model, types, catalog)
 
 
