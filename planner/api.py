@@ -364,10 +364,17 @@ def simulate_plan(plan: Plan, profile: Profile, catalog: Catalog, *, samples: in
     for c in configs:
         model.require(c.instance_type.device)
     seed = plan.planner.seed if seed is None else seed
-    sim = Simulator(stages, model, samples=samples, seed=seed, spot=any(s.spot for s in plan.stages),
-                    heads=heads_of(plan))
+    spot = any(s.spot for s in plan.stages)
+    if plan.parallel_brackets:
+        offsets = plan.bracket_offsets_s or None
+        sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan),
+                                offsets=offsets)
+    else:
+        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan))
     result = sim.simulate(configs)
-    return plan.model_copy(update={
-        "stages": stage_plans(stages, configs, result, any(s.spot for s in plan.stages)),
-        "predicted": prediction(result, deadline), "timeline": _timeline(sim, configs, result),
-        "deadline_s": deadline})
+    update = {"stages": stage_plans(stages, configs, result, spot), "predicted": prediction(result, deadline),
+              "timeline": _timeline(sim, configs, result), "deadline_s": deadline}
+    if plan.parallel_brackets:
+        update["handoffs"] = [Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,
+                                      at_s=round(h.at_s, 3), instance_id=h.instance_id) for h in sim.last_handoffs]
+    return plan.model_copy(update=update)

@@ -160,6 +160,22 @@ def test_plan_schema_v2_records_parallel_brackets_and_reads_v1(parallel_plan):
         parse_plan({**v1, "schema_version": 7}, source="old.json")
 
 
+def test_a_parallel_plan_is_re_simulated_with_its_brackets_side_by_side(parallel_plan):
+    from pathlib import Path
+
+    from rubberband.catalog import load_catalog
+    from rubberband.planner.api import simulate_plan
+    from rubberband.profile import load_profile
+
+    profile = load_profile(Path(__file__).resolve().parents[1] / "examples/profiles/resnet50_cifar10_v100.json")
+    again = simulate_plan(parallel_plan, profile, load_catalog(["aws"]), samples=100)
+    assert again.predicted.jct_s.p50 == pytest.approx(parallel_plan.predicted.jct_s.p50, rel=1e-9)
+    assert again.predicted.cost_usd.mean == pytest.approx(parallel_plan.predicted.cost_usd.mean, rel=1e-9)
+    sequential = simulate_plan(parallel_plan.model_copy(update={"brackets": "sequential"}), profile,
+                               load_catalog(["aws"]), samples=100)
+    assert sequential.predicted.jct_s.p50 > 1.5 * again.predicted.jct_s.p50
+
+
 def test_the_executor_refuses_a_parallel_plan_with_the_fix(parallel_plan):
     from rubberband.executor.controller import check_plan_matches
 
