@@ -455,6 +455,9 @@ def parallel_knapsack_plans(space, *, targets: int = 60) -> list[tuple[StageConf
     ladders = []
     for lo, hi in ranges:
         sub = PlanSpace(space.stages[lo:hi], space.types, space.model, space.max_workers)
+        for i in range(hi - lo):  # the same stages as the job's: share their (cached) options and estimates
+            sub._options[i] = space.options(lo + i)
+            sub._estimates[i] = space.estimates(lo + i)
         scored = []
         for plan in knapsack_plans(sub):
             est = [sub.stage_estimate(i, c) for i, c in enumerate(plan)]
