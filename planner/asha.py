@@ -39,7 +39,10 @@ from rubberband.planner.simulator import layout, useful_instances
 #: Monte Carlo samples of an ASHA prediction (event-driven, so fewer than the vectorised simulator's).
 ASHA_SAMPLES = 200
 #: Samples used while searching the cluster size (the chosen size is confirmed with ASHA_SAMPLES).
-SEARCH_SAMPLES = 48
+SEARCH_SAMPLES = 32
+#: (type, width) pairs searched: those with the lowest price per trained epoch (a fixed cluster's
+#: cost is mostly its slots' time; the search is event-driven and costs ~0.5 s a pair).
+PAIRS_SEARCHED = 3
 
 
 @dataclass(frozen=True)
@@ -225,22 +228,35 @@ def _smallest_meeting(sim: AshaSimulator, itype: InstanceType, workers: int, dea
 
 def asha_baseline(sim: AshaSimulator, types: Sequence[InstanceType], max_workers: int, deadline_s: float,
                   confidence: float) -> tuple[AshaResult, bool] | None:
-    """The cheapest fixed cluster (per allowed type and trial width, its fewest instances) on which
-    ASHA meets the deadline at the confidence: (result, True); when none does, the quickest
-    cluster tried (each type and width with a slot for every trial): (result, False)."""
-    best: AshaResult | None = None
-    quickest: AshaResult | None = None
+    """The cheapest fixed cluster on which ASHA meets the deadline at the confidence: (result, True);
+    when none does, the quickest cluster tried (a slot for every trial): (result, False).
+
+    Searched over the :data:`PAIRS_SEARCHED` (type, width) pairs with the lowest price per trained
+    epoch (more when none of those meets the deadline, up to three times as many), each at its
+    fewest instances meeting the deadline (bisection on :data:`SEARCH_SAMPLES` samples, confirmed
+    with all)."""
+    model = sim.model
+    pairs = []
     for itype in types:
         for w in widths_for(itype, max_workers):
-            most = useful_instances(sim.trials, itype.workers, w)
-            res = _smallest_meeting(sim, itype, w, deadline_s, confidence, most)
-            if res is not None and res.meets(deadline_s, confidence):
-                if best is None or res.cost_mean < best.cost_mean:
-                    best = res
-            elif res is None or not res.meets(deadline_s, confidence):
-                widest = sim.simulate(AshaCluster(itype, most, w), SEARCH_SAMPLES)
-                if quickest is None or widest.jct_quantile(confidence) < quickest.jct_quantile(confidence):
-                    quickest = widest
+            nodes = layout(itype.workers, 1 if w <= itype.workers else -(-w // itype.workers), w).nodes
+            per_epoch = model.epoch_time(itype.device, w, nodes) * itype.price(sim.spot) * w / itype.workers
+            pairs.append((per_epoch, itype.key, w, itype))
+    pairs.sort(key=lambda x: (x[0], x[1], x[2]))
+    best: AshaResult | None = None
+    quickest: AshaResult | None = None
+    for rank, (_, _, w, itype) in enumerate(pairs):
+        if rank >= PAIRS_SEARCHED * (1 if best is not None else 3):
+            break
+        most = useful_instances(sim.trials, itype.workers, w)
+        res = _smallest_meeting(sim, itype, w, deadline_s, confidence, most)
+        if res is not None and res.meets(deadline_s, confidence):
+            if best is None or res.cost_mean < best.cost_mean:
+                best = res
+        elif res is None or not res.meets(deadline_s, confidence):
+            widest = sim.simulate(AshaCluster(itype, most, w), SEARCH_SAMPLES)
+            if quickest is None or widest.jct_quantile(confidence) < quickest.jct_quantile(confidence):
+                quickest = widest
     if best is not None:
         return best, True
     if quickest is None:

@@ -440,51 +440,56 @@ def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageCon
     return cost, jct
 
 
-def parallel_knapsack_plans(space, *, targets: int = 60) -> list[tuple[StageConfig, ...]]:
+def parallel_knapsack_plans(space, *, targets: int = 40) -> list[tuple[StageConfig, ...]]:
     """Deadline-independent pool plans for parallel brackets.
 
-    Each bracket gets its own knapsack ladder (:func:`~rubberband.planner.search.knapsack_plans`:
-    plans optimal under additive per-stage estimates for a ladder of time budgets); for a ladder
-    of job times ``T``, every bracket takes its cheapest ladder plan estimated to finish within
-    ``T`` (its fastest when none does) - over all types, and over each type alone (so instances
-    can be handed between brackets).
+    Each bracket gets its own knapsack ladder (plans optimal under additive per-stage estimates
+    for a ladder of time budgets, :func:`~rubberband.planner.search._knapsack`); for a ladder of
+    job times ``T``, every bracket takes its cheapest ladder plan estimated to finish within ``T``
+    (its fastest when none does) - over all types, and over each type the all-type ladders use
+    alone (so that instances can be handed between brackets).
     """
-    from rubberband.planner.search import PlanSpace, knapsack_plans
+    from rubberband.planner.search import PlanSpace, _knapsack
 
     ranges = bracket_ranges(space.stages)
-    ladders = []
+    subs = []
     for lo, hi in ranges:
         sub = PlanSpace(space.stages[lo:hi], space.types, space.model, space.max_workers)
         for i in range(hi - lo):  # the same stages as the job's: share their (cached) options and estimates
             sub._options[i] = space.options(lo + i)
             sub._estimates[i] = space.estimates(lo + i)
+        subs.append(sub)
+
+    def ladder(sub, only):
         scored = []
-        for plan in knapsack_plans(sub):
+        for plan in _knapsack(sub, only):
             est = [sub.stage_estimate(i, c) for i, c in enumerate(plan)]
             scored.append((sum(e[0] for e in est), sum(e[1] for e in est), plan))
-        ladders.append(scored)
-    times = sorted({t for ladder in ladders for t, _, _ in ladder})
-    lo_t = max(min(t for t, _, _ in ladder) for ladder in ladders)
-    times = [t for t in times if t >= lo_t]
-    if len(times) > targets:
-        times = [times[int(i * (len(times) - 1) / (targets - 1))] for i in range(targets)]
+        return scored
+
+    ladders = {None: [ladder(sub, None) for sub in subs]}
+    used = sorted({c.instance_type.key for lad in ladders[None] for _, _, plan in lad for c in plan})
+    for key in used:
+        ladders[key] = [ladder(sub, key) for sub in subs]
     out, seen = [], set()
-    type_keys = [None] + [t.key for t in space.types]
-    for only in type_keys:
+    for only, per_bracket in ladders.items():
+        if any(not lad for lad in per_bracket):
+            continue
+        times = sorted({t for lad in per_bracket for t, _, _ in lad})
+        lo_t = max(min(t for t, _, _ in lad) for lad in per_bracket)
+        times = [t for t in times if t >= lo_t]
+        if len(times) > targets:
+            times = [times[int(i * (len(times) - 1) / (targets - 1))] for i in range(targets)]
         for target in times:
             plan: list[StageConfig] = []
-            for ladder in ladders:
-                opts = [x for x in ladder if only is None or all(c.instance_type.key == only for c in x[2])]
-                if not opts:
-                    break
-                fitting = [x for x in opts if x[0] <= target * (1 + 1e-9)]
-                pick = min(fitting, key=lambda x: (x[1], x[0])) if fitting else min(opts, key=lambda x: x[0])
+            for lad in per_bracket:
+                fitting = [x for x in lad if x[0] <= target * (1 + 1e-9)]
+                pick = min(fitting, key=lambda x: (x[1], x[0])) if fitting else min(lad, key=lambda x: x[0])
                 plan.extend(pick[2])
-            else:
-                key = tuple(c.key for c in plan)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(tuple(plan))
+            key = tuple(c.key for c in plan)
+            if key not in seen:
+                seen.add(key)
+                out.append(tuple(plan))
     return out
 
 
