@@ -189,6 +189,18 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
             iterations += refined.iterations
             candidates += refined.candidates_evaluated
             chosen = (refined.plan, refined.result)
+    if parallel and chosen is not None:
+        # one bracket after another can still be cheapest (loose deadlines: instances carry over between
+        # brackets): the static plan and the chosen stages, run sequentially and elastically, compete
+        seq_sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads)
+        for option in ([] if static.plan is None else [static.plan]) + [chosen[0]]:
+            res = seq_sim.simulate(option)
+            candidates += 1
+            if res.meets(deadline_s, confidence) and res.cost_mean < chosen[1].cost_mean - 1e-12:
+                sim, parallel, chosen = seq_sim, False, (option, res)
+        if not parallel:
+            evaluator = Evaluator(seq_sim, screen_samples)
+            notes.append("running the brackets one after another is cheapest here")
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
         notes.append("no elastic plan beats the best static plan here; using the static plan")
     if chosen is None:

@@ -108,6 +108,21 @@ def test_planner_parallel_brackets_are_quicker_and_not_costlier_than_sequential(
     assert len({t.trial for t in par.timeline.tasks}) == sum(s.trials for s in HB if s.index == 0)
 
 
+def test_parallel_planning_is_never_costlier_than_static_or_sequential():
+    """With a loose deadline one bracket after another (instances carried over) can be cheapest: the
+    parallel planner then says so and returns the sequential plan."""
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0)
+    for factor in (1.0, 3.0):
+        seq = plan_stages(HB, model, [GPU1], deadline_s=4000.0 * factor, confidence=0.9, samples=100)
+        par = plan_stages(HB, model, [GPU1], deadline_s=4000.0 * factor, confidence=0.9, samples=100,
+                          brackets="parallel")
+        assert par.result.cost_mean <= seq.result.cost_mean * (1 + 1e-9)
+        if par.static is not None:
+            assert par.result.cost_mean <= par.static[1].cost_mean * (1 + 1e-9)
+        if par.brackets == "sequential":
+            assert "one after another is cheapest" in " ".join(par.notes) and par.offsets == ()
+
+
 def _spec(**scheduler):
     return parse_spec({"name": "hb", "train": "m:f", "metric": {"name": "acc", "mode": "max"},
                        "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
@@ -134,7 +149,7 @@ def _plan_json(quickstart):
     catalog = load_catalog(["aws"])
     spec = spec.model_copy(update={"resources": spec.resources.model_copy(
         update={"instance_types": ["p3.2xlarge", "g5.xlarge"]})})
-    return plan_job(spec, profile, catalog, deadline_s=3 * 3600, samples=100)
+    return plan_job(spec, profile, catalog, deadline_s=1500, samples=100)
 
 
 @pytest.fixture(scope="module")
