@@ -211,3 +211,26 @@ def test_plan_output_and_report_show_brackets_and_asha(parallel_plan, capsys):
     summary = build_report_data(PlanSource(parallel_plan), replan=None).summary
     assert summary.asha_cost_mean_usd == parallel_plan.asha.predicted.cost_usd.mean
     assert summary.brackets_text and "side by side" in summary.brackets_text
+
+
+def test_run_plans_hyperband_brackets_one_after_another_and_says_so(tmp_path, capsys):
+    """`rubberband run` (without --plan) plans sequential brackets, which the executor runs."""
+    from pathlib import Path
+
+    import yaml
+
+    from rubberband.commands.run import _load_or_make_plan
+    from rubberband.spec import load_spec
+
+    profile = Path(__file__).resolve().parents[1] / "examples/profiles/resnet50_cifar10_v100.json"
+    path = tmp_path / "hb.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "hb", "train": "m:f", "metric": {"name": "acc", "mode": "max"},
+        "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
+        "scheduler": {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 9}, "deadline": "3h",
+        "resources": {"clouds": ["aws"], "instance_types": ["g5.xlarge"], "max_workers_per_trial": 1},
+        "profile": str(profile)}))
+    spec = load_spec(path)
+    plan, fresh = _load_or_make_plan(spec, path, None, "aws", None, head="local")
+    assert fresh and plan.brackets == "sequential" and not plan.parallel_brackets
+    assert "runs Hyperband brackets one after another" in capsys.readouterr().err
