@@ -102,7 +102,6 @@ def exact_parallel(stages, model, types, deadline, confidence, samples):
     import itertools
     import math
 
-    import numpy as np
 
     from rubberband.planner.brackets import ParallelSimulator
     from rubberband.planner.search import PlanSpace

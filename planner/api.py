@@ -16,12 +16,11 @@ import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.errors import InfeasibleError, PlanFileError
-from rubberband.plan import (Alternative, BaselineASHA, CatalogInfo, CostBreakdown, Distribution, Handoff, HeadInfo, JobInfo, Plan,
-                             PlannerInfo, Prediction, StagePlan, Timeline)
-from rubberband.planner.brackets import (ParallelSimulator, bracket_ranges, optimise_offsets,
-                                         parallel_knapsack_plans)
+from rubberband.plan import (Alternative, BaselineASHA, CatalogInfo, CostBreakdown, Distribution, Handoff, HeadInfo,
+                             JobInfo, Plan, PlannerInfo, Prediction, StagePlan, Timeline)
 from rubberband.planner.asha import AshaResult, AshaSimulator, asha_baseline
 from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
+from rubberband.planner.brackets import ParallelSimulator, bracket_ranges, optimise_offsets, parallel_knapsack_plans
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
 from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves

@@ -31,7 +31,7 @@ own prefix cache). Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import networkx as nx
@@ -41,7 +41,7 @@ from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
 from rubberband.planner.simulator import (CATEGORIES, HeadSpec, RunningState, SimOptions, SimResult, Simulator,
-                                          StageConfig, _build_timeline, normalise)
+                                          StageConfig, normalise)
 
 BRACKET_MODES = ("parallel", "sequential")
 #: Seed stride between brackets' random streams.
