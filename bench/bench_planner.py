@@ -5,6 +5,9 @@
 Prints figures and ratios (no assertions). Targets: SHA n=81 η=3 with 3 instance types and 1000
 samples plans in ≤ 1 s; Hyperband R=81 η=3 in ≤ 5 s; plan cost / exact optimum ≤ 1.01 on small
 cases; best static / plan ≥ 2 at 1.2× the shortest feasible JCT on the quickstart, never < 1.
+Hyperband with parallel brackets (``--hyperband`` runs only that part): shortest feasible JCT
+near the longest bracket's instead of the sum; R=243 η=3 plans in ≤ 2 s on 2 cores; elastic
+SHA versus ASHA simulated on a fixed cluster at equal deadlines.
 """
 
 from __future__ import annotations
@@ -26,21 +29,22 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART_TYPES = ("p3.2xlarge", "g4dn.xlarge", "g5.xlarge")
 
 
-def shortest_jct(stages, model, types, *, confidence, max_workers, samples=1000) -> float:
+def shortest_jct(stages, model, types, *, confidence, max_workers, samples=1000, brackets="sequential") -> float:
     try:
         plan_stages(stages, model, types, deadline_s=1.0, confidence=confidence, samples=samples,
-                    max_workers_per_trial=max_workers)
+                    max_workers_per_trial=max_workers, brackets=brackets)
     except InfeasibleError as exc:
         return exc.shortest_jct_s
     raise RuntimeError("a 1-second deadline was feasible")
 
 
-def timed(stages, model, types, deadline, *, confidence=0.95, max_workers=1, samples=1000, repeat=3):
+def timed(stages, model, types, deadline, *, confidence=0.95, max_workers=1, samples=1000, repeat=3,
+          brackets="sequential"):
     times, cpu, out = [], [], None
     for _ in range(repeat):
         started, started_cpu = time.perf_counter(), time.process_time()
         out = plan_stages(stages, model, types, deadline_s=deadline, confidence=confidence, samples=samples,
-                          max_workers_per_trial=max_workers)
+                          max_workers_per_trial=max_workers, brackets=brackets)
         times.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
     return min(times), statistics.median(times), min(cpu), out
@@ -59,9 +63,122 @@ def work_lower_bound(stages, model, types, max_workers) -> float:
     return sum(s.trials * s.epochs_this_stage for s in stages) * best
 
 
+def bench_hyperband(model, types, repeat: int) -> None:
+    """Parallel versus sequential brackets, planning time, and the longest bracket alone (as SHA)."""
+    print("\n== Hyperband eta=3: sequential vs parallel brackets (quickstart profile and types, 1 worker/trial, "
+          "p95, 1000 samples)")
+    for big_r in (81, 243):
+        brackets = hyperband_brackets(3, 1, big_r)
+        hb = [s for b in brackets for s in b]
+        j_seq = shortest_jct(hb, model, types, confidence=0.95, max_workers=1)
+        started = time.process_time()
+        j_par = shortest_jct(hb, model, types, confidence=0.95, max_workers=1, brackets="parallel")
+        cpu_short = time.process_time() - started
+        longest = max(shortest_jct(b, model, types, confidence=0.95, max_workers=1) for b in brackets)
+        print(f"R={big_r} ({len(brackets)} brackets, {len(hb)} stages): shortest feasible JCT sequential "
+              f"{j_seq / 60:.0f} min, parallel {j_par / 60:.0f} min (CPU {cpu_short:.2f} s), longest bracket alone "
+              f"{longest / 60:.0f} min; parallel/longest {j_par / longest:.2f}, sequential/parallel "
+              f"{j_seq / j_par:.2f}x")
+        for factor in (1.2, 2.0):
+            best, med, cpu, par = timed(hb, model, types, j_par * factor, repeat=repeat, brackets="parallel")
+            seq_cost = "infeasible"
+            if j_seq <= j_par * factor:
+                seq_cost = f"${plan_stages(hb, model, types, deadline_s=j_par * factor, confidence=0.95, max_workers_per_trial=1).result.cost_mean:.2f}"
+            static = f"${par.static[1].cost_mean:.2f}" if par.static else "none"
+            print(f"  deadline {factor}x parallel shortest ({j_par * factor / 60:.0f} min): parallel ${par.result.cost_mean:.2f} "
+                  f"(offsets {[round(o) for o in par.offsets]} s, {len(par.handoffs)} hand-overs), sequential "
+                  f"{seq_cost}, static (sequential brackets) {static}; planning wall best {best:.2f} s, median "
+                  f"{med:.2f} s, CPU {cpu:.2f} s (target <= 2 s for R=243), {par.candidates_evaluated} candidates")
+
+
+def exact_parallel(stages, model, types, deadline, confidence, samples):
+    """The cheapest parallel-bracket plan with every bracket starting at once, by enumeration.
+
+    Each bracket's stage configurations are enumerated (the planner's efficient options) and kept
+    when that bracket alone meets the deadline; combinations are visited in order of a cost lower
+    bound (the brackets' costs without hand-overs, less their whole start-up and termination
+    bills, the most hand-overs can save) and the search stops when it reaches the best.
+    """
+    import itertools
+    import math
+
+
+    from rubberband.planner.brackets import ParallelSimulator
+    from rubberband.planner.search import PlanSpace
+
+    space = PlanSpace(stages, types, model, 1)
+    sim = ParallelSimulator(stages, model, samples=samples, seed=0)
+    need = math.ceil(confidence * samples - 1e-9)
+    per_bracket = []
+    for b, (lo, hi) in enumerate(sim.ranges):
+        kept = []
+        for combo in itertools.product(*[space.options(i) for i in range(lo, hi)]):
+            res = sim.subs[b].simulate(combo)
+            if int((res.jct <= deadline).sum()) >= need:
+                # a hand-over saves at most the receiving instance's start-up bill and the giver's tail
+                tails = sum(c.instances * sim.main._termination(c.instance_type) * c.instance_type.price_hr / 3600
+                            for c in combo)
+                kept.append((res.cost_mean, res.cost_mean - res.breakdown["startup"].mean() - tails, combo))
+        per_bracket.append(kept)
+    combos = sorted(itertools.product(*per_bracket), key=lambda c: sum(x[1] for x in c))
+    best, best_cost, visited = None, float("inf"), 0
+    for combo in combos:
+        if sum(x[1] for x in combo) >= best_cost:
+            break
+        plan = tuple(c for x in combo for c in x[2])
+        res = sim.simulate(plan)
+        visited += 1
+        if res.meets(deadline, confidence) and res.cost_mean < best_cost:
+            best, best_cost = plan, res.cost_mean
+    return best, best_cost, visited, len(combos)
+
+
+def bench_exact_hyperband(model, catalog) -> None:
+    print("\n== parallel-bracket plan / exact optimum at zero offsets (small Hyperband, p3.2xlarge + g4dn.xlarge, "
+          "1 worker/trial, 300 samples)")
+    small_types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge")]
+    for eta, big_r in ((3, 9), (2, 4)):
+        hb = [s for b in hyperband_brackets(eta, 1, big_r) for s in b]
+        j = shortest_jct(hb, model, small_types, confidence=0.9, max_workers=1, samples=300, brackets="parallel")
+        for factor in (1.2, 1.5, 2.0):
+            out = plan_stages(hb, model, small_types, deadline_s=j * factor, confidence=0.9, samples=300,
+                              max_workers_per_trial=1, brackets="parallel")
+            started = time.process_time()
+            _, exact, visited, total = exact_parallel(hb, model, small_types, j * factor, 0.9, 300)
+            print(f"Hyperband R={big_r} eta={eta} deadline {factor}x: plan ${out.result.cost_mean:.3f} (offsets "
+                  f"{[round(o) for o in out.offsets]}) exact ${exact:.3f} ratio {out.result.cost_mean / exact:.3f} "
+                  f"({visited} of {total} combinations simulated, {time.process_time() - started:.1f} s)")
+
+
+def bench_asha(model, types, catalog) -> None:
+    """Elastic SHA versus ASHA simulated on the cheapest fixed cluster meeting the same deadline."""
+    from rubberband.planner.asha import AshaSimulator, asha_baseline
+
+    print("\n== elastic plan vs ASHA on a fixed cluster (same profile, trials, eta, epochs; p95, 1000 / 200 samples)")
+    cases = [("SHA n=81 R=27", sha_stages(81, 3, 1, 27), 81, 27, "sequential"),
+             ("Hyperband R=81", [s for b in hyperband_brackets(3, 1, 81) for s in b], None, 81, "parallel")]
+    for name, stages, trials, big_r, brackets in cases:
+        j = shortest_jct(stages, model, types, confidence=0.95, max_workers=1, brackets=brackets)
+        n = trials or sum(s.trials for s in stages if s.index == 0)
+        sim = AshaSimulator(model, trials=n, eta=3, min_epochs=1, max_epochs=big_r)
+        for factor in (1.2, 2.0):
+            out = plan_stages(stages, model, types, deadline_s=j * factor, confidence=0.95, max_workers_per_trial=1,
+                              brackets=brackets)
+            started = time.process_time()
+            found = asha_baseline(sim, types, 1, j * factor, 0.95)
+            cpu = time.process_time() - started
+            res, meets = found
+            c = res.cluster
+            print(f"{name} ({n} trials), deadline {factor}x shortest ({j * factor / 60:.0f} min): elastic "
+                  f"${out.result.cost_mean:.2f}; ASHA {c.instances} x {c.instance_type.name} ${res.cost_mean:.2f}, "
+                  f"JCT p95 {res.jct_quantile(0.95) / 60:.0f} min{'' if meets else ' (misses the deadline)'}; "
+                  f"ASHA/elastic {res.cost_mean / out.result.cost_mean:.2f}x (ASHA search CPU {cpu:.2f} s)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repeats and cases")
+    parser.add_argument("--hyperband", action="store_true", help="only the Hyperband and ASHA figures")
     args = parser.parse_args()
     repeat = 1 if args.quick else 3
     model = fit_performance_model(load_profile(ROOT / "examples/profiles/resnet50_cifar10_v100.json"))
@@ -69,6 +186,11 @@ def main() -> None:
     types = [catalog.find(n) for n in QUICKSTART_TYPES]
 
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (other jobs inflate wall times)")
+    if args.hyperband:
+        bench_hyperband(model, types, repeat)
+        bench_exact_hyperband(model, catalog)
+        bench_asha(model, types, catalog)
+        return
     print("== planning time (1000 samples, 3 instance types: " + ", ".join(QUICKSTART_TYPES) + ")")
     sha = sha_stages(81, 3, 1, 27)
     j_sha = shortest_jct(sha, model, types, confidence=0.95, max_workers=1)
@@ -118,6 +240,10 @@ def main() -> None:
         print(f"deadline {factor}x shortest ({j_sha * factor:.0f} s): plan ${out.result.cost_mean:.2f}, static "
               f"${static:.2f}, static/plan {static / out.result.cost_mean:.2f}x, plan/work bound "
               f"{out.result.cost_mean / bound:.2f} (bound ${bound:.2f})")
+
+    bench_hyperband(model, types, repeat)
+    bench_exact_hyperband(model, catalog)
+    bench_asha(model, types, catalog)
 
 
 if __name__ == "__main__":

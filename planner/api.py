@@ -16,9 +16,11 @@ import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.errors import InfeasibleError, PlanFileError
-from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distribution, HeadInfo, JobInfo, Plan,
-                             PlannerInfo, Prediction, StagePlan, Timeline)
+from rubberband.plan import (Alternative, BaselineASHA, CatalogInfo, CostBreakdown, Distribution, Handoff, HeadInfo,
+                             JobInfo, Plan, PlannerInfo, Prediction, StagePlan, Timeline)
+from rubberband.planner.asha import AshaResult, AshaSimulator, asha_baseline
 from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
+from rubberband.planner.brackets import ParallelSimulator, bracket_ranges, optimise_offsets, parallel_knapsack_plans
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
 from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves
@@ -50,6 +52,9 @@ class StagesPlan:
     seed: int
     notes: list[str] = field(default_factory=list)
     head: HeadSpec | None = None  # the billed head the predictions include (boot resolved)
+    brackets: str = "sequential"  # how Hyperband brackets run: sequential | parallel
+    offsets: tuple[float, ...] = ()  # parallel: each bracket's start offset (s)
+    handoffs: list = field(default_factory=list)  # parallel: brackets.Handoff of the representative sample
 
 
 #: Simulated samples kept in a plan (for histograms in reports); the rest only feed the summaries.
@@ -121,19 +126,28 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                 deadline_s: float, confidence: float, max_workers_per_trial: int = 8, spot: bool = False,
                 samples: int = DEFAULT_SAMPLES, seed: int = 0, budget_usd: float | None = None,
                 running: RunningState | None = None, include_exact: bool = False,
-                screen_samples: int = SCREEN_SAMPLES, heads: Mapping[str, HeadSpec] | None = None) -> StagesPlan:
+                screen_samples: int = SCREEN_SAMPLES, heads: Mapping[str, HeadSpec] | None = None,
+                brackets: str = "sequential") -> StagesPlan:
     """Cheapest plan for ``stages`` meeting ``deadline_s`` at ``confidence`` (seconds from now).
 
     ``running`` describes instances already up (re-planning mid-run): the first stage reuses them
     when it keeps their type. ``heads`` (cloud → :class:`HeadSpec`) bills the run's head instance
-    in every candidate whose first stage runs on that cloud, the static baseline included. Raises
+    in every candidate whose first stage runs on that cloud, the static baseline included.
+    ``brackets``: ``parallel`` runs Hyperband's brackets side by side (:mod:`~rubberband.planner.brackets`;
+    the search also picks bracket start offsets), ``sequential`` one after another; the static baseline
+    is a fixed cluster running the brackets one after another either way. Raises
     InfeasibleError with the shortest achievable JCT (and its cost) when no plan meets the
     deadline, or with the cheapest plan's cost when over budget.
     """
     if not stages:
         raise ValueError("plan_stages needs at least one stage")
     space = PlanSpace(stages, types, model, max_workers_per_trial)
-    sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads)
+    parallel = brackets == "parallel" and len(bracket_ranges(stages)) > 1
+    if parallel:
+        sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
+                                heads=heads)
+    else:
+        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads)
     evaluator = Evaluator(sim, screen_samples)
     statics = static_plans(space)
     # the static baseline is a fixed cluster: simulated with every instance held to the end
@@ -148,6 +162,8 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     # answer is never costlier than the best static plan
     fastest = space.fastest()
     pool = [fastest] + knapsack_plans(space) + [shrink(space, p) for p in statics]
+    if parallel:
+        pool += parallel_knapsack_plans(space)
     # run elastically, the static plan releases what its last stages leave idle: never costlier
     incumbent = None
     if static.plan is not None and evaluator.full(static.plan).meets(deadline_s, confidence):
@@ -157,9 +173,12 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     candidates = static.evaluated + best.evaluated
     iterations = 0
     chosen = (best.plan, best.result) if best.plan is not None else None
-    # RubberBand's greedy from maximum useful parallelism, and from the pool's best plan
+    # RubberBand's greedy from maximum useful parallelism, and from the pool's best plan. With parallel
+    # brackets the pool (per-bracket knapsack ladders) already balances the brackets, and the walk down
+    # from the fastest plan costs twice the rest of planning for no measured gain (bench_planner.py):
+    # it runs only when the pool has no feasible plan.
     for start, moves in ((fastest, simple_moves), (None if chosen is None else chosen[0], local_moves)):
-        if start is None:
+        if start is None or (parallel and moves is simple_moves and chosen is not None):
             continue
         refined = descend(space, evaluator, start, deadline_s, confidence, moves=moves)
         iterations += refined.iterations
@@ -167,6 +186,29 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         if refined.result.meets(deadline_s, confidence) and (
                 chosen is None or refined.result.cost_mean < chosen[1].cost_mean):
             chosen = (refined.plan, refined.result)
+    if parallel and chosen is not None:
+        # start shorter brackets later where that hands them instances another bracket releases,
+        # then let the greedy adapt the stages to the new offsets
+        sim, moved, tried = optimise_offsets(sim, chosen[0], chosen[1], deadline_s, confidence)
+        candidates += tried
+        if moved is not chosen[1]:
+            evaluator = Evaluator(sim, screen_samples)
+            refined = descend(space, evaluator, chosen[0], deadline_s, confidence, moves=local_moves)
+            iterations += refined.iterations
+            candidates += refined.candidates_evaluated
+            chosen = (refined.plan, refined.result)
+    if parallel and chosen is not None:
+        # one bracket after another can still be cheapest (loose deadlines: instances carry over between
+        # brackets): the static plan and the chosen stages, run sequentially and elastically, compete
+        seq_sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads)
+        for option in ([] if static.plan is None else [static.plan]) + [chosen[0]]:
+            res = seq_sim.simulate(option)
+            candidates += 1
+            if res.meets(deadline_s, confidence) and res.cost_mean < chosen[1].cost_mean - 1e-12:
+                sim, parallel, chosen = seq_sim, False, (option, res)
+        if not parallel:
+            evaluator = Evaluator(seq_sim, screen_samples)
+            notes.append("running the brackets one after another is cheapest here")
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
         notes.append("no elastic plan beats the best static plan here; using the static plan")
     if chosen is None:
@@ -188,7 +230,9 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
             f"budget of {format_usd(budget_usd)}; raise budget_usd or loosen the deadline",
             shortest_jct_s=result.jct_quantile(confidence), cost_usd=result.cost_mean)
     exact = None
-    if include_exact:
+    if include_exact and parallel:
+        notes.append("the exact optimum is searched for sequential brackets only")
+    elif include_exact:
         ex = exact_optimum(space, evaluator, deadline_s, confidence, incumbent=result.cost_mean * (1 + 1e-9))
         if ex.plan is not None:
             exact = (ex.plan, ex.result, _timeline(sim, ex.plan, ex.result))
@@ -197,10 +241,13 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     static_out = None
     if static.plan is not None:
         static_out = (static.plan, static.result, _timeline(static_sim, static.plan, static.result))
+    timeline = _timeline(sim, tuple(configs), result)
     return StagesPlan(stages=list(stages), configs=tuple(configs), result=result,
-                      timeline=_timeline(sim, tuple(configs), result), static=static_out, exact=exact,
+                      timeline=timeline, static=static_out, exact=exact,
                       candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes,
-                      head=sim.head_for(configs))
+                      head=sim.head_for(configs), brackets="parallel" if parallel else "sequential",
+                      offsets=tuple(sim.offsets) if parallel else (),
+                      handoffs=list(getattr(sim, "last_handoffs", [])) if parallel else [])
 
 
 def profile_sha256(profile: Profile) -> str:
@@ -210,8 +257,12 @@ def profile_sha256(profile: Profile) -> str:
 def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: float | None = None,
              confidence: float | None = None, cloud: str | None = None, samples: int = DEFAULT_SAMPLES,
              seed: int | None = None, include_exact: bool = False,
-             heads: Mapping[str, HeadSpec] | None = None) -> Plan:
+             heads: Mapping[str, HeadSpec] | None = None, brackets: str | None = None,
+             asha: bool = True) -> Plan:
     """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines.
+
+    ``brackets`` (``parallel`` | ``sequential``) overrides the spec's ``scheduler.brackets``.
+    ``asha``: also simulate ASHA on the cheapest fixed cluster meeting the deadline (``plan.asha``).
 
     ``heads`` (cloud → :class:`HeadSpec`): the run's billed head instance per cloud, chosen by the
     caller for head mode on AWS/GCP; the plan's first stage's cloud picks one, and every prediction
@@ -229,7 +280,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     out = plan_stages(stages, model, types, deadline_s=deadline, confidence=conf,
                       max_workers_per_trial=spec.resources.max_workers_per_trial, spot=spec.resources.spot,
                       samples=samples, seed=seed, budget_usd=spec.budget_usd, include_exact=include_exact,
-                      heads=heads)
+                      heads=heads, brackets=brackets or sched.brackets)
     baselines = {}
     if out.static is not None:
         plan_s, res_s, tl_s = out.static
@@ -240,6 +291,9 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
         baselines["exact"] = Alternative(name="exact", stages=stage_plans(stages, plan_e, res_e, spec.resources.spot),
                                          predicted=prediction(res_e, deadline), timeline=tl_e)
     used = {c.instance_type for c in out.configs}
+    asha_out = None
+    if asha:
+        asha_out = asha_info(stages, model, types, spec, deadline, conf, seed, heads)
     return Plan(
         job=JobInfo(name=spec.name, spec_sha256=spec.sha256(), scheduler=sched.kind, eta=sched.eta,
                     min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, trials=sched.trials,
@@ -253,7 +307,43 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
                             samples=samples, seed=seed,
                             notes=out.notes + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
         profile_sha256=profile_sha256(profile), spec=spec.model_dump(mode="json"), head=head_info(out.head),
+        asha=asha_out, brackets=out.brackets, bracket_offsets_s=[round(o, 3) for o in out.offsets],
+        handoffs=[Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,
+                          at_s=round(h.at_s, 3), instance_id=h.instance_id) for h in out.handoffs],
     )
+
+
+def asha_info(stages: Sequence[Stage], model: PerformanceModel, types: Sequence[InstanceType], spec: JobSpec,
+              deadline_s: float, confidence: float, seed: int,
+              heads: Mapping[str, HeadSpec] | None) -> BaselineASHA | None:
+    """ASHA with the job's trials (every bracket's first stage), η and epochs on the cheapest fixed
+    cluster meeting the deadline (else the quickest one tried), in the plan's schema."""
+    sched = spec.scheduler
+    usable = [t for t in types if model.plannable(t.device)]
+    if not usable:
+        return None
+    billing = Simulator(stages, model, samples=1, seed=seed, spot=spec.resources.spot, heads=heads)
+    sim = AshaSimulator(model, trials=sum(s.trials for s in stages if s.index == 0), eta=sched.eta,
+                        min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, seed=seed,
+                        spot=spec.resources.spot,
+                        head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct))
+    found = asha_baseline(sim, usable, spec.resources.max_workers_per_trial, deadline_s, confidence)
+    if found is None:
+        return None
+    res, meets = found
+    c = res.cluster
+    return BaselineASHA(instance_type=c.instance_type.name, cloud=c.instance_type.cloud, instances=c.instances,
+                        workers_per_trial=c.workers, predicted=asha_prediction(res, deadline_s), meets_deadline=meets)
+
+
+def asha_prediction(res: AshaResult, deadline_s: float) -> Prediction:
+    """Summary statistics of an ASHA simulation, in the plan's schema."""
+    return Prediction(
+        jct_s=_distribution(res.jct), cost_usd=_distribution(res.cost),
+        p_meet_deadline=float(np.mean(res.jct <= deadline_s)),
+        cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in res.breakdown.items()}),
+        cost_by_instance_type={res.cluster.instance_type.name: float(res.cost.mean() - res.breakdown["head"].mean())},
+        jct_samples_s=_subsample(res.jct), cost_samples_usd=_subsample(res.cost))
 
 
 def head_info(head: HeadSpec | None) -> HeadInfo | None:
@@ -294,10 +384,17 @@ def simulate_plan(plan: Plan, profile: Profile, catalog: Catalog, *, samples: in
     for c in configs:
         model.require(c.instance_type.device)
     seed = plan.planner.seed if seed is None else seed
-    sim = Simulator(stages, model, samples=samples, seed=seed, spot=any(s.spot for s in plan.stages),
-                    heads=heads_of(plan))
+    spot = any(s.spot for s in plan.stages)
+    if plan.parallel_brackets:
+        offsets = plan.bracket_offsets_s or None
+        sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan),
+                                offsets=offsets)
+    else:
+        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan))
     result = sim.simulate(configs)
-    return plan.model_copy(update={
-        "stages": stage_plans(stages, configs, result, any(s.spot for s in plan.stages), model),
-        "predicted": prediction(result, deadline), "timeline": _timeline(sim, configs, result),
-        "deadline_s": deadline})
+    update = {"stages": stage_plans(stages, configs, result, spot, model), "predicted": prediction(result, deadline),
+              "timeline": _timeline(sim, configs, result), "deadline_s": deadline}
+    if plan.parallel_brackets:
+        update["handoffs"] = [Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,
+                                      at_s=round(h.at_s, 3), instance_id=h.instance_id) for h in sim.last_handoffs]
+    return plan.model_copy(update=update)

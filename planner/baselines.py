@@ -54,8 +54,12 @@ def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[fl
     Cost: every plan pays its tasks' compute (at the smallest possible straggler factor), the
     start-up of its first stage's instances and its checkpoint transfers; a plan that keeps the
     same instances through stages (static) also pays for them until its last stage starts.
+    With parallel brackets (:mod:`~rubberband.planner.brackets`) the bounds are per bracket.
     """
     sim = evaluator.sim
+    if getattr(sim, "parallel", False):
+        from rubberband.planner.brackets import parallel_lower_bounds
+        return parallel_lower_bounds(space, sim, plan)
     f_min = sim.min_factor()
     model = space.model
     running = sim.start_state is not None

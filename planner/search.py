@@ -187,7 +187,8 @@ class Evaluator:
             else:
                 self._brackets[-1] = (self._brackets[-1][0], i + 1)
         self._subsims: list[Simulator] = []
-        if len(self._brackets) > 1:
+        # brackets run one after another: screened bracket by bracket (a parallel simulator caches its own)
+        if len(self._brackets) > 1 and not getattr(sim, "parallel", False):
             for b, (lo, hi) in enumerate(self._brackets):
                 self._subsims.append(Simulator(sim.stages[lo:hi], sim.model, samples=self.screen_samples,
                                                seed=sim.seed + 7919 * (b + 1), spot=sim.spot,

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Mapping, Sequence
 
 import networkx as nx
@@ -88,7 +89,7 @@ class StageConfig:
     instances: int
     workers: int
 
-    @property
+    @cached_property  # read millions of times while planning
     def key(self) -> tuple[str, int, int]:
         return (self.instance_type.key, self.instances, self.workers)
 
@@ -198,6 +199,7 @@ class _StageRecord:
     parts: dict[str, np.ndarray]
     # recorded only for the representative trace (1 sample)
     trace: dict | None = None
+    ready: np.ndarray | None = None  # (S, N) when each instance can take its first trial (bracket hand-overs)
 
 
 @dataclass(frozen=True)
@@ -614,7 +616,7 @@ class Simulator:
                      "anchor": float(anchor[0]), "prev_anchor": None if prev is None else float(prev.anchor[0])}
         rec = _StageRecord(config=config, start=start, anchor=anchor, barrier=barrier, predicted_s=predicted,
                            release=release, request=request, cost=cost,
-                           parts=stage_parts, trace=trace)
+                           parts=stage_parts, trace=trace, ready=ready)
         return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec)
 
     def _finish(self, configs: tuple[StageConfig, ...], prefix: _Prefix, n: int) -> SimResult:

@@ -1,4 +1,4 @@
-"""The plan: per stage, which instances, how many, and how many workers per trial (schema v1).
+"""The plan: per stage, which instances, how many, and how many workers per trial (schema v2).
 
 A plan is the planner's output and the executor's input. It carries the simulator's
 predictions (JCT and cost distributions, per-stage figures, one representative
@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from rubberband.errors import PlanFileError
 from rubberband.versioned import read_json, validate_versioned
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+#: Older plan schemas this version reads (v1: Hyperband brackets always ran one after another).
+READABLE_PLAN_VERSIONS = (1,)
 
 
 class _Model(BaseModel):
@@ -122,6 +124,29 @@ class Timeline(_Model):
     tasks: list[TimelineTask] = Field(default_factory=list)
 
 
+class Handoff(_Model):
+    """An instance one Hyperband bracket hands to another instead of a release and a new request
+    (parallel brackets; in the representative sample)."""
+
+    instance_type: str
+    from_stage: int = Field(ge=0, description="position in `stages` of the stage that releases it")
+    to_stage: int = Field(ge=0, description="position in `stages` of the stage that takes it over")
+    at_s: float = Field(description="when the giving stage releases it (seconds from job start)")
+    instance_id: str = ""
+
+
+class BaselineASHA(_Model):
+    """ASHA (asynchronous successive halving) simulated on a fixed cluster, as the baseline users know."""
+
+    instance_type: str
+    cloud: str
+    instances: int = Field(ge=1)
+    workers_per_trial: int = Field(ge=1)
+    predicted: Prediction
+    meets_deadline: bool = Field(description="whether this cluster meets the deadline at the confidence "
+                                 "(false: the quickest cluster tried, shown for comparison)")
+
+
 class Alternative(_Model):
     """A plan the chosen one is compared with (best static plan, exact optimum)."""
 
@@ -160,7 +185,7 @@ class CatalogInfo(_Model):
 
 
 class Plan(_Model):
-    schema_version: Literal[1] = PLAN_SCHEMA_VERSION
+    schema_version: Literal[2] = PLAN_SCHEMA_VERSION
     job: JobInfo
     catalog: CatalogInfo
     deadline_s: float = Field(gt=0)
@@ -177,9 +202,25 @@ class Plan(_Model):
     profile_path: str | None = None
     head: HeadInfo | None = Field(default=None, description="the billed head instance the predictions include "
                                   "(cost_breakdown.head_usd); None when the run has no billed head")
+    brackets: Literal["sequential", "parallel"] = Field(
+        default="sequential", description="how Hyperband brackets run: one after another or side by side")
+    bracket_offsets_s: list[float] = Field(default_factory=list, description="parallel: each bracket's start, "
+                                           "seconds after the job starts (bracket 0 at 0)")
+    handoffs: list[Handoff] = Field(default_factory=list, description="parallel: instances handed from one "
+                                    "bracket to another in the representative sample")
+    asha: BaselineASHA | None = Field(default=None, description="ASHA simulated on a fixed cluster")
+
+    @property
+    def parallel_brackets(self) -> bool:
+        """Whether several Hyperband brackets run side by side."""
+        return self.brackets == "parallel" and len({s.bracket for s in self.stages}) > 1
 
 
 def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:
+    """A plan from parsed JSON; older schema versions (:data:`READABLE_PLAN_VERSIONS`) are upgraded."""
+    if isinstance(data, dict) and data.get("schema_version") in READABLE_PLAN_VERSIONS:
+        # v1 → v2 only added fields (defaults: sequential brackets, no hand-overs, no ASHA baseline)
+        data = {**data, "schema_version": PLAN_SCHEMA_VERSION}
     return validate_versioned(Plan, data, source=source, kind="plan", version=PLAN_SCHEMA_VERSION,
                               error=PlanFileError, remedy="regenerate it with `rubberband plan`")
 

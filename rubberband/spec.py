@@ -74,13 +74,18 @@ class Metric(_Strict):
 
 
 class SchedulerSpec(_Strict):
-    """Successive halving (``sha``) or Hyperband (``hyperband``, brackets derived from R and η)."""
+    """Successive halving (``sha``) or Hyperband (``hyperband``, brackets derived from R and η).
+
+    ``brackets`` (Hyperband): ``parallel`` runs the brackets side by side, sharing instances
+    (default); ``sequential`` runs them one after another.
+    """
 
     kind: Literal["sha", "hyperband"] = "sha"
     trials: int | None = Field(default=None, ge=1)
     eta: int = Field(default=3, ge=2)
     min_epochs: int = Field(default=1, ge=1)
     max_epochs: int = Field(ge=1)
+    brackets: Literal["parallel", "sequential"] = "parallel"
 
     @model_validator(mode="after")
     def _consistent(self) -> "SchedulerSpec":
@@ -138,6 +143,8 @@ class JobSpec(_Strict):
     def sha256(self) -> str:
         """Stable digest of the spec's content (not its location), to tie plans and runs to it."""
         payload = self.model_dump(mode="json", exclude={"base_dir"})
+        if payload["scheduler"].get("brackets") == "parallel":  # the default: digests of older specs stay
+            del payload["scheduler"]["brackets"]
         text = yaml.safe_dump(payload, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 

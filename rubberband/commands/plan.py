@@ -44,6 +44,8 @@ def print_plan(plan: Plan) -> None:
                format_duration(s.predicted_duration_s or 0.0), cost]
         table.add_row(*([str(s.bracket)] if hyperband else []), *row)
     console.print(table)
+    if plan.parallel_brackets:
+        console.print(brackets_line(plan))
     p = plan.predicted
     console.print(f"JCT p50 {format_duration(p.jct_s.p50)}, p95 {format_duration(p.jct_s.p95)}; "
                   f"cost mean {format_usd(p.cost_usd.mean)}, p95 {format_usd(p.cost_usd.p95)}; "
@@ -64,8 +66,31 @@ def print_plan(plan: Plan) -> None:
                       f"({ratio:.2f}× cheaper)")
     else:
         console.print("No static plan meets the deadline at this confidence.")
+    if plan.asha is not None:
+        console.print(asha_line(plan))
     console.print(f"Planned in {plan.planner.seconds:.2f} s ({plan.planner.candidates_evaluated} candidates, "
                   f"{plan.planner.samples} samples, seed {plan.planner.seed}).")
+
+
+def brackets_line(plan: Plan) -> str:
+    """How parallel Hyperband brackets start and share instances."""
+    late = [f"{b} at +{format_duration(o)}" for b, o in enumerate(plan.bracket_offsets_s) if o > 0]
+    starts = "all start at once" if not late else "later starts: bracket " + ", ".join(late)
+    moves = len(plan.handoffs)
+    return f"Brackets run side by side ({starts}); {moves} instance{'s' if moves != 1 else ''} handed between brackets."
+
+
+def asha_line(plan: Plan) -> str:
+    """ASHA on a fixed cluster, beside the elastic plan."""
+    a = plan.asha
+    p = plan.predicted
+    cluster = f"{a.instances} × {a.instance_type}, {a.workers_per_trial} worker{'s' if a.workers_per_trial != 1 else ''}/trial"
+    if not a.meets_deadline:
+        return (f"ASHA on a fixed cluster does not meet the deadline; its quickest ({cluster}): JCT p95 "
+                f"{format_duration(a.predicted.jct_s.p95)}, {format_usd(a.predicted.cost_usd.mean)}.")
+    ratio = a.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
+    return (f"vs ASHA on a fixed cluster ({cluster}, {format_usd(a.predicted.cost_usd.mean)}, JCT p95 "
+            f"{format_duration(a.predicted.jct_s.p95)}): {ratio:.2f}× the elastic plan's cost")
 
 
 def register(app: typer.Typer) -> None:

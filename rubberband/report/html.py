@@ -93,13 +93,20 @@ def _summary(data: ReportData) -> str:
                            f"static {_num('static_cost_mean_usd', s.static_cost_mean_usd, fmt.usd(s.static_cost_mean_usd))}"
                            f" ({escape(s.static_name or '')}), JCT p95 {escape(fmt.duration(s.static_jct_p95_s))}",
                            cls="good"))
+    if s.asha_cost_mean_usd is not None:
+        ratio = s.asha_cost_mean_usd / s.cost_mean_usd if s.cost_mean_usd > 0 else None
+        cards.append(_card("ASHA on a fixed cluster" if s.asha_meets_deadline else "ASHA (misses the deadline)",
+                           _num("asha_cost_mean_usd", s.asha_cost_mean_usd, fmt.usd(s.asha_cost_mean_usd))
+                           + (" · " + escape(fmt.ratio(ratio)) if ratio is not None else ""),
+                           f"{escape(s.asha_name or '')}, JCT p95 {escape(fmt.duration(s.asha_jct_p95_s))}"))
     cards.append(_card("Catalog", escape(s.catalog_dates_text),
                        f"region {escape(', '.join(s.regions) or fmt.DASH)}"))
     budget = f", budget {escape(fmt.usd(s.budget_usd))}" if s.budget_usd is not None else ""
     meta = (f'<p class="meta">{escape(s.scheduler.upper())} optimising {escape(s.metric)} ({escape(s.mode)}){budget}; '
             f"planned by {escape(s.planner_algorithm)} in {s.planner_seconds:.2f} s, "
             f"{escape(fmt.count(s.planner_samples))} samples, seed {s.planner_seed}.</p>")
-    notes = "".join(f'<p class="note">{escape(n)}</p>' for n in s.planner_notes)
+    notes = "".join(f'<p class="note">{escape(n)}</p>' for n in
+                    ((s.brackets_text,) if s.brackets_text else ()) + s.planner_notes)
     return (f'<section id="summary"><h2>Summary</h2><div class="cards">{"".join(cards)}</div>{meta}'
             f"{_note(data, 'summary')}{notes}</section>")
 

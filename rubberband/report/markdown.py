@@ -39,6 +39,12 @@ def render_markdown(data: ReportData, charts: ChartSet) -> str:
         rows.append(["Best static plan", f"{s.static_name}: {fmt.usd(s.static_cost_mean_usd)}, "
                                          f"JCT p95 {fmt.duration(s.static_jct_p95_s)}"])
         rows.append(["Savings vs static", f"{fmt.usd(s.savings_usd)} ({fmt.ratio(s.savings_ratio)})"])
+    if s.asha_cost_mean_usd is not None:
+        verdict = "" if s.asha_meets_deadline else " (misses the deadline: the quickest cluster tried)"
+        rows.append(["ASHA on a fixed cluster", f"{s.asha_name}: {fmt.usd(s.asha_cost_mean_usd)}, "
+                                                f"JCT p95 {fmt.duration(s.asha_jct_p95_s)}{verdict}"])
+    if s.brackets_text:
+        rows.append(["Brackets", s.brackets_text])
     rows.append(["Catalog", f"{s.catalog_dates_text}; region {', '.join(s.regions) or fmt.DASH}"])
     out += _table(["", ""], rows)
     out += [f"Planned by {s.planner_algorithm} in {s.planner_seconds:.2f} s, {fmt.count(s.planner_samples)} "

@@ -84,6 +84,13 @@ class Summary:
     planner_seed: int
     planner_seconds: float
     planner_notes: tuple[str, ...]
+    #: ASHA on a fixed cluster (plan.asha): "N × type", mean cost, JCT p95, whether it meets the deadline
+    asha_name: str | None = None
+    asha_cost_mean_usd: float | None = None
+    asha_jct_p95_s: float | None = None
+    asha_meets_deadline: bool | None = None
+    #: parallel Hyperband brackets: a one-line description (start offsets, hand-overs); None otherwise
+    brackets_text: str | None = None
 
     @property
     def catalog_dates_text(self) -> str:
@@ -268,7 +275,25 @@ def _summary(plan: Plan, static: Alternative | None) -> Summary:
         savings_usd=savings, savings_ratio=ratio, clouds=tuple(plan.catalog.clouds), regions=regions,
         catalog_dates=tuple(sorted(plan.catalog.dates.items())), planner_algorithm=plan.planner.algorithm,
         planner_samples=plan.planner.samples, planner_seed=plan.planner.seed,
-        planner_seconds=plan.planner.seconds, planner_notes=tuple(plan.planner.notes))
+        planner_seconds=plan.planner.seconds, planner_notes=tuple(plan.planner.notes),
+        **_asha_fields(plan), brackets_text=_brackets_text(plan))
+
+
+def _asha_fields(plan: Plan) -> dict:
+    a = plan.asha
+    if a is None:
+        return {}
+    return {"asha_name": f"{a.instances} × {a.instance_type}", "asha_cost_mean_usd": a.predicted.cost_usd.mean,
+            "asha_jct_p95_s": a.predicted.jct_s.p95, "asha_meets_deadline": a.meets_deadline}
+
+
+def _brackets_text(plan: Plan) -> str | None:
+    if not plan.parallel_brackets:
+        return None
+    late = [f"bracket {b} +{fmt.duration(o)}" for b, o in enumerate(plan.bracket_offsets_s) if o > 0]
+    moves = len(plan.handoffs)
+    return (f"Hyperband brackets run side by side ({'later starts: ' + ', '.join(late) if late else 'all start at once'}"
+            f"); {moves} instance{'s' if moves != 1 else ''} handed between brackets in the typical run.")
 
 
 def _quantile_of(value: float, samples: tuple[float, ...]) -> float | None:

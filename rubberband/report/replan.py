@@ -64,7 +64,8 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
             changes["spot"] = request.spot
         job = spec.model_copy(update={"resources": resources.model_copy(update=changes)}) if changes else spec
         return plan_job(job, profile, catalog, deadline_s=request.deadline_s, cloud=request.cloud,
-                        samples=request.samples, seed=plan.planner.seed, heads=heads)
+                        samples=request.samples, seed=plan.planner.seed, heads=heads,
+                        brackets=plan.brackets, asha=False)
 
     return replan, ""
 

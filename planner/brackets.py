@@ -1,0 +1,512 @@
+"""Hyperband brackets as parallel branches of one DAG, sharing instances.
+
+Hyperband's brackets are independent successive-halving runs: nothing forces one to wait for
+another. :class:`ParallelSimulator` plays a Hyperband plan with every bracket running at once
+(bracket ``b`` starting ``offsets[b]`` seconds after the job starts; bracket 0 at 0), each
+bracket on its own instances as :class:`~rubberband.planner.simulator.Simulator` plays one SHA
+run (slots, waves, barriers, carry-over, ahead-of-time requests, early release: all per bracket).
+The job ends when its last bracket ends: ``JCT = max_b(offset_b + JCT_b)``.
+
+**Hand-overs.** Instances move between brackets: an instance one bracket releases (it is not
+carried to that bracket's next stage) is handed to another bracket that requested an instance of
+the same type, instead of being terminated while a new one boots. A released instance ``d``
+(released at ``D``) can serve a request ``q`` (requested at ``Q``, its new instance up at ``R``)
+of another bracket when ``Q − tail < D ≤ R`` (``tail``: the type's termination latency): it is
+free before the new instance would be up, and keeping it costs less than the new instance's
+bill from ``Q`` plus the released one's termination tail. The hand-over saves
+``price × (D − Q + tail)`` per sample; the receiving stage keeps its simulated timing (the
+handed-over instance idles from ``D`` to ``R``), so JCTs are never optimistic. Requests are served
+in order of ``R`` by the latest-released free instance. The rule is applied per sample, i.e. it
+knows each sample's release times: exact when releases come in the predicted order.
+
+Hand-overs are matched in full evaluations only: the planner's screening (a prefix of the
+samples, :class:`~rubberband.planner.search.Evaluator`) ranks candidates without them, which keeps
+screening cheap; every plan the planner takes is confirmed with all samples, hand-overs included.
+
+Random streams are keyed by bracket (bracket ``b`` uses seed ``seed + 7919·b``), so a change to
+one bracket's configuration re-simulates only that bracket (each bracket's sub-simulator keeps its
+own prefix cache). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import networkx as nx
+import numpy as np
+
+from rubberband.plan import Timeline, TimelineInstance, TimelineTask
+from rubberband.planner.model import PerformanceModel
+from rubberband.planner.schedule import Stage
+from rubberband.planner.simulator import (CATEGORIES, HeadSpec, RunningState, SimOptions, SimResult, Simulator,
+                                          StageConfig, normalise)
+
+BRACKET_MODES = ("parallel", "sequential")
+#: Seed stride between brackets' random streams.
+BRACKET_SEED_STRIDE = 7919
+
+
+def bracket_ranges(stages: Sequence[Stage]) -> list[tuple[int, int]]:
+    """(first, end) positions in ``stages`` of each bracket (a new bracket starts at stage index 0)."""
+    out: list[tuple[int, int]] = []
+    for i, st in enumerate(stages):
+        if st.index == 0 or not out:
+            out.append((i, i + 1))
+        else:
+            out[-1] = (out[-1][0], i + 1)
+    return out
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """One instance moved from a stage of one bracket to a stage of another (representative sample)."""
+
+    instance_type: str
+    from_stage: int  # positions in the plan's stages
+    to_stage: int
+    at_s: float      # when the giving bracket released it
+    instance_id: str = ""
+
+
+@dataclass
+class _BracketRun:
+    """One bracket's simulated outcome (samples ``n``) with its instances' request/ready/release times."""
+
+    result: SimResult
+    # per type key: donors (release times, stage position) and requests (request, ready, stage position)
+    donors: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    requests: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = field(default_factory=dict)
+
+
+class ParallelSimulator:
+    """Simulates Hyperband plans with every bracket running at once (see the module docstring).
+
+    Offers the parts of :class:`Simulator`'s interface the planner uses (``simulate``,
+    ``head_for``, ``head_cost``, ``min_factor``, ``trace``, ``stages``, ``samples``, ...).
+    """
+
+    parallel = True
+
+    def __init__(self, stages: Sequence[Stage], model: PerformanceModel, *, samples: int = 1000, seed: int = 0,
+                 spot: bool = False, options: SimOptions | None = None, start_state: RunningState | None = None,
+                 heads: Mapping[str, HeadSpec] | None = None, offsets: Sequence[float] | None = None,
+                 share: bool = True, cache_size: int = 2048, _subs: list[Simulator] | None = None,
+                 _cache: OrderedDict | None = None) -> None:
+        self.stages = list(stages)
+        self.model = model
+        self.samples = samples
+        self.seed = seed
+        self.spot = spot
+        self.options = options or SimOptions()
+        self.start_state = start_state
+        self.share = share
+        self.ranges = bracket_ranges(self.stages)
+        self.offsets = tuple(float(o) for o in (offsets or [0.0] * len(self.ranges)))
+        if len(self.offsets) != len(self.ranges) or self.offsets[0] != 0.0 or min(self.offsets) < 0:
+            raise ValueError("one offset ≥ 0 per bracket is required, and bracket 0 starts at 0")
+        # the whole job's simulator: heads, billing rules and bounds (never used to simulate a plan)
+        self.main = Simulator(self.stages, model, samples=samples, seed=seed, spot=spot, options=self.options,
+                              start_state=start_state, heads=heads)
+        self.subs = _subs if _subs is not None else [
+            Simulator(self.stages[lo:hi], model, samples=samples, seed=seed + BRACKET_SEED_STRIDE * b, spot=spot,
+                      options=self.options, start_state=start_state if b == 0 else None)
+            for b, (lo, hi) in enumerate(self.ranges)]
+        self._runs: OrderedDict = _cache if _cache is not None else OrderedDict()
+        self._cache_size = cache_size
+        self.evaluations = 0
+
+    def with_offsets(self, offsets: Sequence[float]) -> "ParallelSimulator":
+        """The same job with other bracket start offsets (shares the brackets' simulations)."""
+        return ParallelSimulator(self.stages, self.model, samples=self.samples, seed=self.seed, spot=self.spot,
+                                 options=self.options, start_state=self.start_state, heads=self.main.heads,
+                                 offsets=offsets, share=self.share, _subs=self.subs, _cache=self._runs)
+
+    # -- Simulator's interface ------------------------------------------------------------------
+    def head_for(self, configs: Sequence[StageConfig]) -> HeadSpec | None:
+        return self.main.head_for(configs)
+
+    def head_cost(self, configs: Sequence[StageConfig], jct: np.ndarray) -> np.ndarray:
+        return self.main.head_cost(configs, jct)
+
+    def min_factor(self) -> float:
+        return self.main.min_factor()
+
+    def _rule(self, cloud: str):
+        return self.main._rule(cloud)
+
+    def _termination(self, itype) -> float:
+        return self.main._termination(itype)
+
+    def _price(self, itype) -> float:
+        return self.main._price(itype)
+
+    def prefix_bounds(self, configs: Sequence[StageConfig]):
+        raise NotImplementedError("the exact optimum is searched for sequential brackets only")
+
+    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
+        """Simulate a full plan (one StageConfig per stage) with the first ``samples`` samples."""
+        if len(configs) != len(self.stages):
+            raise ValueError("one StageConfig per stage is required")
+        n = self.samples if samples is None else min(samples, self.samples)
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        self.evaluations += 1
+        runs = [self._bracket(b, configs, n) for b in range(len(self.ranges))]
+        return self._combine(configs, runs, n)
+
+    def bracket_results(self, configs: Sequence[StageConfig]) -> list[SimResult]:
+        """Each bracket's own result (all samples), JCTs from its own start."""
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        return [self._bracket(b, configs, self.samples).result for b in range(len(self.ranges))]
+
+    # -- internals ------------------------------------------------------------------------------
+    def _bracket(self, b: int, configs: tuple[StageConfig, ...], n: int) -> _BracketRun:
+        lo, hi = self.ranges[b]
+        sub_configs = configs[lo:hi]
+        key = (b, n, tuple(c.key for c in sub_configs))
+        hit = self._runs.get(key)
+        if hit is not None:
+            self._runs.move_to_end(key)
+            return hit
+        sub = self.subs[b]
+        result = sub.simulate(sub_configs, n)
+        run = _BracketRun(result)
+        if self.share and len(self.ranges) > 1 and n == self.samples:
+            self._instances(b, sub, sub_configs, n, run)
+        self._runs[key] = run
+        while len(self._runs) > self._cache_size:
+            self._runs.popitem(last=False)
+        return run
+
+    def _instances(self, b: int, sub: Simulator, configs: tuple[StageConfig, ...], n: int, run: _BracketRun) -> None:
+        """Record the bracket's new requests and final releases per instance type (own-start times)."""
+        lo = self.ranges[b][0]
+        records = [sub._prefix(configs, k + 1, n).open for k in range(len(configs))]
+        for k, (config, rec) in enumerate(zip(configs, records)):
+            tkey = config.instance_type.key
+            prev = configs[k - 1] if k > 0 else None
+            carry_in = min(prev.instances, config.instances) if prev is not None and \
+                prev.instance_type.key == tkey else 0
+            # bracket 0's first stage starts the job: nothing can be handed to it (keeps cost bounds rigorous)
+            if not (k == 0 and b == 0) and carry_in < config.instances \
+                    and rec.ready is not None:
+                run.requests.setdefault(tkey, []).append(
+                    (rec.request[:, carry_in:], rec.ready[:, carry_in:], np.full(config.instances - carry_in, lo + k)))
+            nxt = configs[k + 1] if k + 1 < len(configs) else None
+            carry_out = min(nxt.instances, config.instances) if nxt is not None and \
+                nxt.instance_type.key == tkey else 0
+            released = config.instances - carry_out
+            if released > 0:
+                # the instances carried on are those that free last (the simulator's rule)
+                rel = np.sort(rec.release, axis=1)[:, :released]
+                run.donors.setdefault(tkey, []).append((rel, np.full(released, lo + k)))
+
+    def _combine(self, configs: tuple[StageConfig, ...], runs: list[_BracketRun], n: int) -> SimResult:
+        jct = np.max([o + r.result.jct for o, r in zip(self.offsets, runs)], axis=0)
+        stage_durations = [d for r in runs for d in r.result.stage_durations]
+        stage_costs = [c for r in runs for c in r.result.stage_costs]  # replaced, never modified in place
+        breakdown = {k: sum(r.result.breakdown[k] for r in runs) for k in CATEGORIES if k != "head"}
+        by_type: dict[str, np.ndarray] = {}
+        for r in runs:
+            for k, v in r.result.by_type.items():
+                by_type[k] = by_type.get(k, 0.0) + v
+        if self.share and len(runs) > 1 and n == self.samples:
+            for tkey, saved, startup, idle, per_stage in self._handoffs(configs, runs, n):
+                name = next(c.instance_type.name for c in configs if c.instance_type.key == tkey)
+                by_type[name] = by_type[name] - saved
+                breakdown["startup"] = breakdown["startup"] - startup
+                breakdown["idle"] = breakdown["idle"] + idle
+                for stage, amount in per_stage.items():
+                    stage_costs[stage] = stage_costs[stage] - amount
+        breakdown["head"] = self.head_cost(configs, jct)
+        head = self.head_for(configs)
+        if head is not None:
+            by_type[head.instance_type] = by_type.get(head.instance_type, 0.0) + breakdown["head"]
+        cost = sum(breakdown[k] for k in CATEGORIES)
+        return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=stage_durations,
+                         stage_costs=stage_costs, breakdown=breakdown, by_type=by_type, samples=n)
+
+    def _matching(self, configs, runs, rows: slice):
+        """Per type: the matched hand-overs (vectorised over samples ``rows``)."""
+        out = []
+        for tkey in sorted({k for r in runs for k in r.requests}):
+            donors = [(o + rel[rows], st, b) for b, (o, r) in enumerate(zip(self.offsets, runs))
+                      for rel, st in r.donors.get(tkey, [])]
+            requests = [(o + q[rows], o + rd[rows], st, b) for b, (o, r) in enumerate(zip(self.offsets, runs))
+                        for q, rd, st in r.requests.get(tkey, [])]
+            if not donors or not requests:
+                continue
+            D = np.concatenate([d[0] for d in donors], axis=1)
+            d_stage = np.concatenate([d[1] for d in donors])
+            d_bracket = np.concatenate([np.full(len(d[1]), d[2]) for d in donors])
+            Q = np.concatenate([q[0] for q in requests], axis=1)
+            R = np.concatenate([q[1] for q in requests], axis=1)
+            q_stage = np.concatenate([q[2] for q in requests])
+            q_bracket = np.concatenate([np.full(len(q[2]), q[3]) for q in requests])
+            itype = next(c.instance_type for c in configs if c.instance_type.key == tkey)
+            tail = self._termination(itype)
+            # a request can only be served by another bracket's instance released while it boots:
+            # pre-filter (request, donor) column pairs on their ranges over the samples
+            overlap = ((D.max(axis=0)[:, None] > Q.min(axis=0)[None, :] - tail)
+                       & (D.min(axis=0)[:, None] <= R.max(axis=0)[None, :])
+                       & (d_bracket[:, None] != q_bracket[None, :]))
+            useful = [(int(j), np.flatnonzero(overlap[:, j])) for j in np.argsort(R.mean(axis=0), kind="stable")
+                      if overlap[:, j].any()]
+            out.append((tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful))
+        return out
+
+    def _handoffs(self, configs, runs, n):
+        """Per type: (saved $, startup $ saved, idle $ added, $ saved per receiving stage) per sample."""
+        result = []
+        for tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful in \
+                self._matching(configs, runs, slice(0, n)):
+            if not useful:
+                continue
+            price = self._price(itype) / 3600.0
+            S = D.shape[0]
+            rows = np.arange(S)
+            free = np.ones(D.shape, dtype=bool)
+            saved = np.zeros(S)
+            startup = np.zeros(S)
+            idle = np.zeros(S)
+            per_stage: dict[int, np.ndarray] = {}
+            for j, cols in useful:
+                Dc = D[:, cols]
+                ok = free[:, cols] & (Dc > Q[:, j:j + 1] - tail) & (Dc <= R[:, j:j + 1])
+                has = ok.any(axis=1)
+                if not has.any():
+                    continue
+                k = cols[np.argmax(np.where(ok, Dc, -np.inf), axis=1)]
+                free[rows[has], k[has]] = False
+                d = D[rows, k]
+                gain = np.where(has, (d - Q[:, j] + tail) * price, 0.0)
+                saved += gain
+                startup += np.where(has, (R[:, j] - Q[:, j]) * price, 0.0)
+                idle += np.where(has, (R[:, j] - d - tail) * price, 0.0)
+                stage = int(q_stage[j])
+                per_stage[stage] = per_stage.get(stage, 0.0) + gain
+            result.append((tkey, saved, startup, idle, per_stage))
+        return result
+
+    def handoffs(self, configs: Sequence[StageConfig], sample: int) -> list[tuple[int, int, int, int, float]]:
+        """Hand-overs of one sample: (donor column, receiving column, from stage, to stage, time) per type."""
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        runs = [self._bracket(b, configs, self.samples) for b in range(len(self.ranges))]
+        out = []
+        for tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful in \
+                self._matching(configs, runs, slice(sample, sample + 1)):
+            free = np.ones(D.shape[1], dtype=bool)
+            for j, _ in useful:
+                ok = free & (D[0] > Q[0, j] - tail) & (D[0] <= R[0, j]) & (d_bracket != q_bracket[j])
+                if not ok.any():
+                    continue
+                k = int(np.argmax(np.where(ok, D[0], -np.inf)))
+                free[k] = False
+                out.append((tkey, int(d_stage[k]), int(q_stage[j]), float(D[0, k]), float(R[0, j])))
+        return out
+
+    def trace(self, configs: Sequence[StageConfig], sample: int) -> tuple[Timeline, nx.DiGraph, float]:
+        """Timeline of one sample: every bracket's (shifted by its offset), hand-overs merged.
+
+        Instance ids are renumbered across the job; trial ids count on from the previous
+        brackets' first stages. A handed-over instance keeps the giver's id, lives until the
+        receiver releases it, and the receiver's own instance disappears.
+        """
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        instances: list[TimelineInstance] = []
+        tasks: list[TimelineTask] = []
+        dag = nx.DiGraph()
+        critical = 0.0
+        trial_base = 0
+        per_stage_release: dict[int, list[TimelineInstance]] = {}
+        per_stage_new: dict[int, list[TimelineInstance]] = {}
+        for b, (lo, hi) in enumerate(self.ranges):
+            sub = self.subs[b]
+            off = self.offsets[b]
+            tl, sub_dag, crit = sub.trace(configs[lo:hi], sample)
+            critical = max(critical, off + crit)
+            rename = {}
+            for inst in tl.instances:
+                new_id = f"i{len(instances)}"
+                rename[inst.id] = new_id
+                moved = inst.model_copy(update={
+                    "id": new_id, "first_stage": inst.first_stage + lo, "last_stage": inst.last_stage + lo,
+                    "requested_s": inst.requested_s + off, "ready_s": inst.ready_s + off,
+                    "released_s": inst.released_s + off})
+                instances.append(moved)
+                per_stage_new.setdefault(moved.first_stage, []).append(moved)
+                per_stage_release.setdefault(moved.last_stage, []).append(moved)
+            for t in tl.tasks:
+                tasks.append(t.model_copy(update={
+                    "trial": t.trial + trial_base, "start_s": t.start_s + off, "end_s": t.end_s + off,
+                    "instance_ids": [rename[i] for i in t.instance_ids]}))
+            trial_base += self.stages[lo].trials
+            dag.update(nx.relabel_nodes(sub_dag, lambda node, b=b: (b, node)))
+        moves: list[Handoff] = []
+        if self.share and len(self.ranges) > 1:
+            taken: set[str] = set()
+            for tkey, from_stage, to_stage, at, _ in self.handoffs(configs, sample):
+                giver = next((i for i in sorted(per_stage_release.get(from_stage, []), key=lambda x: -x.released_s)
+                              if i.id not in taken and abs(i.released_s - at) < 1e-3), None)
+                receiver = next((i for i in per_stage_new.get(to_stage, []) if i.id not in taken), None)
+                if giver is None or receiver is None:
+                    continue
+                taken |= {giver.id, receiver.id}
+                moves.append(Handoff(configs[to_stage].instance_type.name, from_stage, to_stage, at, giver.id))
+                itype = configs[to_stage].instance_type
+                life = receiver.released_s - giver.requested_s + self._termination(itype)
+                merged = giver.model_copy(update={"last_stage": receiver.last_stage,
+                                                  "released_s": receiver.released_s,
+                                                  "cost_usd": self._rule(itype.cloud).cost(life, self._price(itype))})
+                instances[int(giver.id[1:])] = merged
+                instances[int(receiver.id[1:])] = None  # type: ignore[call-overload]
+                for t in tasks:
+                    if receiver.id in t.instance_ids:
+                        t.instance_ids = [giver.id if i == receiver.id else i for i in t.instance_ids]
+        self.last_handoffs = moves
+        return Timeline(instances=[i for i in instances if i is not None], tasks=tasks), dag, critical
+
+
+def offset_candidates(sim: ParallelSimulator, configs: Sequence[StageConfig], result: SimResult,
+                      bracket: int) -> list[float]:
+    """Start offsets worth trying for ``bracket``: those that make its first instances come up
+    when another bracket's stage ends (its instances are released then), without making it the
+    last bracket to finish (median)."""
+    runs = sim.bracket_results(configs)
+    longest = float(np.median(result.jct))
+    own = float(np.median(runs[bracket].jct))
+    room = longest - own
+    if room <= 0:
+        return []
+    lo = sim.ranges[bracket][0]
+    first = configs[lo].instance_type
+    ready = sim.main.model.startup(first.cloud, first.name).quantile(0.5) + sim.main.model.worker_start_s
+    out = set()
+    for b, r in enumerate(runs):
+        if b == bracket:
+            continue
+        lo_b, hi_b = sim.ranges[b]
+        end = sim.offsets[b]
+        for k, d in enumerate(r.stage_durations):
+            end += float(np.median(d))
+            if configs[lo_b + k].instance_type.key != first.key:
+                continue
+            off = end - ready
+            if 0 < off <= room:
+                out.add(round(off, 1))
+    return sorted(out)
+
+
+class _Running:
+    """A bounds view of a bracket's simulator that pays no first-stage start-up (it may be handed instances)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.spot = sim.spot
+        self.start_state = RunningState("", 0)
+
+    def min_factor(self) -> float:
+        return self.sim.min_factor()
+
+
+@dataclass
+class _View:
+    sim: object
+
+
+def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageConfig]) -> tuple[float, float]:
+    """Rigorous lower bounds on a parallel plan's mean cost and JCT: per bracket (as
+    :func:`~rubberband.planner.baselines.lower_bounds` bounds one SHA run), costs added and
+    JCTs maxed; brackets after the first may be handed instances, so their start-up is not
+    counted in the cost bound."""
+    from rubberband.planner.baselines import lower_bounds
+    from rubberband.planner.search import PlanSpace
+
+    subspaces = sim.__dict__.setdefault("_subspaces", {})
+    cost, jct = 0.0, 0.0
+    for b, (lo, hi) in enumerate(sim.ranges):
+        key = (id(space), b)
+        if key not in subspaces:
+            subspaces[key] = PlanSpace(space.stages[lo:hi], space.types, space.model, space.max_workers)
+        sub_space = subspaces[key]
+        sub_plan = tuple(plan[lo:hi])
+        c_b, j_b = lower_bounds(sub_space, _View(sim.subs[b]), sub_plan)
+        if b > 0:
+            c_b, _ = lower_bounds(sub_space, _View(_Running(sim.subs[b])), sub_plan)
+        cost += c_b
+        jct = max(jct, sim.offsets[b] + j_b)
+    cost += float(sim.head_cost(plan, np.full(1, jct))[0])
+    return cost, jct
+
+
+def parallel_knapsack_plans(space, *, targets: int = 40) -> list[tuple[StageConfig, ...]]:
+    """Deadline-independent pool plans for parallel brackets.
+
+    Each bracket gets its own knapsack ladder (plans optimal under additive per-stage estimates
+    for a ladder of time budgets, :func:`~rubberband.planner.search._knapsack`); for a ladder of
+    job times ``T``, every bracket takes its cheapest ladder plan estimated to finish within ``T``
+    (its fastest when none does) - over all types, and over each type the all-type ladders use
+    alone (so that instances can be handed between brackets).
+    """
+    from rubberband.planner.search import PlanSpace, _knapsack
+
+    ranges = bracket_ranges(space.stages)
+    subs = []
+    for lo, hi in ranges:
+        sub = PlanSpace(space.stages[lo:hi], space.types, space.model, space.max_workers)
+        for i in range(hi - lo):  # the same stages as the job's: share their (cached) options and estimates
+            sub._options[i] = space.options(lo + i)
+            sub._estimates[i] = space.estimates(lo + i)
+        subs.append(sub)
+
+    def ladder(sub, only):
+        scored = []
+        for plan in _knapsack(sub, only):
+            est = [sub.stage_estimate(i, c) for i, c in enumerate(plan)]
+            scored.append((sum(e[0] for e in est), sum(e[1] for e in est), plan))
+        return scored
+
+    ladders = {None: [ladder(sub, None) for sub in subs]}
+    used = sorted({c.instance_type.key for lad in ladders[None] for _, _, plan in lad for c in plan})
+    for key in used:
+        ladders[key] = [ladder(sub, key) for sub in subs]
+    out, seen = [], set()
+    for only, per_bracket in ladders.items():
+        if any(not lad for lad in per_bracket):
+            continue
+        times = sorted({t for lad in per_bracket for t, _, _ in lad})
+        lo_t = max(min(t for t, _, _ in lad) for lad in per_bracket)
+        times = [t for t in times if t >= lo_t]
+        if len(times) > targets:
+            times = [times[int(i * (len(times) - 1) / (targets - 1))] for i in range(targets)]
+        for target in times:
+            plan: list[StageConfig] = []
+            for lad in per_bracket:
+                fitting = [x for x in lad if x[0] <= target * (1 + 1e-9)]
+                pick = min(fitting, key=lambda x: (x[1], x[0])) if fitting else min(lad, key=lambda x: x[0])
+                plan.extend(pick[2])
+            key = tuple(c.key for c in plan)
+            if key not in seen:
+                seen.add(key)
+                out.append(tuple(plan))
+    return out
+
+
+def optimise_offsets(sim: ParallelSimulator, configs: Sequence[StageConfig], result: SimResult, deadline_s: float,
+                     confidence: float) -> tuple[ParallelSimulator, SimResult, int]:
+    """Coordinate descent over bracket start offsets: for each bracket after the first, try the
+    offsets of :func:`offset_candidates` and keep the cheapest that still meets the deadline.
+    Returns the simulator with the chosen offsets, its result and the plans simulated."""
+    best_sim, best = sim, result
+    evaluated = 0
+    for b in range(1, len(sim.ranges)):
+        for off in offset_candidates(best_sim, configs, best, b):
+            offsets = list(best_sim.offsets)
+            offsets[b] = off
+            trial_sim = best_sim.with_offsets(offsets)
+            res = trial_sim.simulate(configs)
+            evaluated += 1
+            if res.meets(deadline_s, confidence) and res.cost_mean < best.cost_mean - 1e-9:
+                best_sim, best = trial_sim, res
+    return best_sim, best, evaluated

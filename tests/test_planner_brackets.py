@@ -1,0 +1,236 @@
+"""Hyperband brackets as parallel branches: the simulator, hand-overs, the planner, the plan schema."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from planner_helpers import ideal_model, itype
+from rubberband.errors import InfeasibleError, PlanFileError, SpecError
+from rubberband.plan import PLAN_SCHEMA_VERSION, parse_plan, plan_json
+from rubberband.planner.api import plan_job, plan_stages
+from rubberband.planner.brackets import ParallelSimulator, bracket_ranges, parallel_lower_bounds
+from rubberband.planner.schedule import Stage, hyperband_brackets
+from rubberband.planner.search import PlanSpace
+from rubberband.planner.simulator import Simulator, StageConfig
+from rubberband.spec import parse_spec
+
+GPU1 = itype("gpu1", gpus=1, price=3.6)
+HB = [s for b in hyperband_brackets(3, 1, 9) for s in b]  # brackets of 9, 5 and 3 trials
+
+
+def _one(bracket: int, trials: int = 1, epochs: int = 1) -> Stage:
+    return Stage(bracket, 0, trials, epochs, epochs)
+
+
+def test_brackets_run_side_by_side_jct_is_the_longest_and_costs_add_up():
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0)  # 50 s per epoch
+    configs = [StageConfig(GPU1, 3, 1), StageConfig(GPU1, 1, 1), StageConfig(GPU1, 1, 1),
+               StageConfig(GPU1, 2, 1), StageConfig(GPU1, 1, 1), StageConfig(GPU1, 3, 1)]
+    par = ParallelSimulator(HB, model, samples=20, seed=3, share=False)
+    res = par.simulate(configs)
+    subs = [Simulator(HB[lo:hi], model, samples=20, seed=3 + 7919 * b).simulate(configs[lo:hi])
+            for b, (lo, hi) in enumerate(bracket_ranges(HB))]
+    assert np.allclose(res.jct, np.max([s.jct for s in subs], axis=0))
+    assert np.allclose(res.cost, sum(s.cost for s in subs))
+    assert len(res.stage_durations) == len(HB) == len(res.stage_costs)
+    seq = Simulator(HB, model, samples=20, seed=3).simulate(configs)
+    assert res.jct.max() < 0.6 * seq.jct.min()  # the sum of the brackets versus the longest
+
+
+def test_an_instance_released_while_another_bracket_boots_is_handed_over():
+    """Bracket 0 releases its instance at 150 s; bracket 1 (offset 100 s) asked for one at 100 s,
+    up at 200 s: it gets bracket 0's instead, saving price × (150 − 100 + termination)."""
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=100.0, termination=20.0)
+    stages = [_one(0), _one(1)]
+    configs = [StageConfig(GPU1, 1, 1), StageConfig(GPU1, 1, 1)]
+    alone = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0], share=False).simulate(configs)
+    shared_sim = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0])
+    shared = shared_sim.simulate(configs)
+    assert np.allclose(shared.jct, alone.jct) and np.allclose(shared.jct, 100 + 100 + 50)
+    saved = 3.6 / 3600 * (150 - 100 + 20)
+    assert np.allclose(alone.cost - shared.cost, saved)
+    assert np.allclose(alone.stage_costs[1] - shared.stage_costs[1], saved)
+    timeline, _, critical = shared_sim.trace(configs, 0)
+    assert critical == pytest.approx(250.0)
+    assert len(timeline.instances) == 1 and timeline.instances[0].released_s == pytest.approx(250.0)
+    assert {tuple(t.instance_ids) for t in timeline.tasks} == {("i0",)}
+    assert [(h.from_stage, h.to_stage) for h in shared_sim.last_handoffs] == [(0, 1)]
+    # started at once, bracket 1's instance is requested before anything is released: no hand-over
+    at_once = ParallelSimulator(stages, model, samples=10).simulate(configs)
+    assert np.allclose(at_once.cost, ParallelSimulator(stages, model, samples=10, share=False).simulate(configs).cost)
+
+
+def test_a_release_after_the_new_instance_is_up_is_not_handed_over():
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=100.0, termination=20.0)
+    stages = [_one(0, epochs=4), _one(1)]  # bracket 0 releases at 300 s; bracket 1's instance is up at 200 s
+    configs = [StageConfig(GPU1, 1, 1), StageConfig(GPU1, 1, 1)]
+    kw = dict(samples=10, offsets=[0.0, 100.0])
+    assert np.allclose(ParallelSimulator(stages, model, **kw).simulate(configs).cost,
+                       ParallelSimulator(stages, model, share=False, **kw).simulate(configs).cost)
+
+
+def test_parallel_lower_bounds_hold():
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.1)
+    space = PlanSpace(HB, [GPU1], model, 1)
+    sim = ParallelSimulator(HB, model, samples=50)
+    for plan in [space.fastest(), tuple(space.frontier(i)[-1] for i in range(len(HB)))]:
+        cost_lb, jct_lb = parallel_lower_bounds(space, sim, plan)
+        res = sim.simulate(plan)
+        assert cost_lb <= res.cost.min() + 1e-9 and jct_lb <= res.jct.min() + 1e-9
+
+
+def test_offsets_must_start_bracket_zero_at_once():
+    model = ideal_model()
+    with pytest.raises(ValueError, match="bracket 0 starts at 0"):
+        ParallelSimulator(HB, model, offsets=[5.0, 0.0, 0.0])
+
+
+def test_planner_parallel_brackets_are_quicker_and_not_costlier_than_sequential():
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0)
+    types = [GPU1, itype("gpu4", gpus=4, price=14.4)]
+    shortest = {}
+    for mode in ("sequential", "parallel"):
+        with pytest.raises(InfeasibleError) as exc:
+            plan_stages(HB, model, types, deadline_s=1.0, confidence=0.9, samples=100, brackets=mode)
+        shortest[mode] = exc.value.shortest_jct_s
+    assert shortest["parallel"] < 0.6 * shortest["sequential"]
+    deadline = shortest["sequential"] * 1.2
+    seq = plan_stages(HB, model, types, deadline_s=deadline, confidence=0.9, samples=100)
+    par = plan_stages(HB, model, types, deadline_s=deadline, confidence=0.9, samples=100, brackets="parallel")
+    assert par.brackets == "parallel" and len(par.offsets) == 3 and par.offsets[0] == 0
+    assert par.result.meets(deadline, 0.9)
+    assert par.result.cost_mean <= seq.result.cost_mean * 1.02
+    # the timeline holds every trial of every bracket once per stage
+    assert len(par.timeline.tasks) == sum(s.trials for s in HB)
+    assert len({t.trial for t in par.timeline.tasks}) == sum(s.trials for s in HB if s.index == 0)
+
+
+def test_parallel_planning_is_never_costlier_than_static_or_sequential():
+    """With a loose deadline one bracket after another (instances carried over) can be cheapest: the
+    parallel planner then says so and returns the sequential plan."""
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0)
+    for factor in (1.0, 3.0):
+        seq = plan_stages(HB, model, [GPU1], deadline_s=4000.0 * factor, confidence=0.9, samples=100)
+        par = plan_stages(HB, model, [GPU1], deadline_s=4000.0 * factor, confidence=0.9, samples=100,
+                          brackets="parallel")
+        assert par.result.cost_mean <= seq.result.cost_mean * (1 + 1e-9)
+        if par.static is not None:
+            assert par.result.cost_mean <= par.static[1].cost_mean * (1 + 1e-9)
+        if par.brackets == "sequential":
+            assert "one after another is cheapest" in " ".join(par.notes) and par.offsets == ()
+
+
+def _spec(**scheduler):
+    return parse_spec({"name": "hb", "train": "m:f", "metric": {"name": "acc", "mode": "max"},
+                       "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
+                       "scheduler": {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 9, **scheduler},
+                       "deadline": "2h", "resources": {"clouds": ["aws"], "max_workers_per_trial": 1}})
+
+
+def test_spec_brackets_default_parallel_and_digest_unchanged():
+    spec = _spec()
+    assert spec.scheduler.brackets == "parallel"
+    assert _spec(brackets="sequential").sha256() != spec.sha256()
+    assert _spec(brackets="parallel").sha256() == spec.sha256()
+    with pytest.raises(SpecError, match="scheduler.brackets.*parallel.*sequential"):
+        _spec(brackets="side-by-side")
+
+
+def _plan_json(quickstart):
+    """A parallel plan of the quickstart profile (small Hyperband, few samples), as JSON."""
+    from rubberband.catalog import load_catalog
+    from rubberband.profile import load_profile
+
+    spec = _spec()
+    profile = load_profile(quickstart)
+    catalog = load_catalog(["aws"])
+    spec = spec.model_copy(update={"resources": spec.resources.model_copy(
+        update={"instance_types": ["p3.2xlarge", "g5.xlarge"]})})
+    return plan_job(spec, profile, catalog, deadline_s=1500, samples=100)
+
+
+@pytest.fixture(scope="module")
+def parallel_plan():
+    from pathlib import Path
+
+    return _plan_json(Path(__file__).resolve().parents[1] / "examples/profiles/resnet50_cifar10_v100.json")
+
+
+def test_plan_schema_v2_records_parallel_brackets_and_reads_v1(parallel_plan):
+    plan = parallel_plan
+    assert plan.schema_version == PLAN_SCHEMA_VERSION == 2
+    assert plan.brackets == "parallel" and plan.parallel_brackets and len(plan.bracket_offsets_s) == 3
+    again = parse_plan(json.loads(plan_json(plan)))
+    assert again == plan
+    v1 = json.loads(plan_json(plan))
+    for key in ("brackets", "bracket_offsets_s", "handoffs", "asha"):
+        v1.pop(key)
+    v1["schema_version"] = 1
+    old = parse_plan(v1, source="old.json")
+    assert old.schema_version == 2 and old.brackets == "sequential" and not old.parallel_brackets
+    with pytest.raises(PlanFileError, match="old.json: plan schema_version 7 is not supported.*version 2"):
+        parse_plan({**v1, "schema_version": 7}, source="old.json")
+
+
+def test_a_parallel_plan_is_re_simulated_with_its_brackets_side_by_side(parallel_plan):
+    from pathlib import Path
+
+    from rubberband.catalog import load_catalog
+    from rubberband.planner.api import simulate_plan
+    from rubberband.profile import load_profile
+
+    profile = load_profile(Path(__file__).resolve().parents[1] / "examples/profiles/resnet50_cifar10_v100.json")
+    again = simulate_plan(parallel_plan, profile, load_catalog(["aws"]), samples=100)
+    assert again.predicted.jct_s.p50 == pytest.approx(parallel_plan.predicted.jct_s.p50, rel=1e-9)
+    assert again.predicted.cost_usd.mean == pytest.approx(parallel_plan.predicted.cost_usd.mean, rel=1e-9)
+    sequential = simulate_plan(parallel_plan.model_copy(update={"brackets": "sequential"}), profile,
+                               load_catalog(["aws"]), samples=100)
+    assert sequential.predicted.jct_s.p50 > 1.5 * again.predicted.jct_s.p50
+
+
+def test_the_executor_refuses_a_parallel_plan_with_the_fix(parallel_plan):
+    from rubberband.executor.controller import check_plan_matches
+
+    with pytest.raises(PlanFileError, match="side by side.*scheduler.brackets: sequential"):
+        check_plan_matches(_spec(), parallel_plan, source="p.json")
+    check_plan_matches(_spec(), parallel_plan.model_copy(update={"brackets": "sequential"}))
+
+
+def test_plan_output_and_report_show_brackets_and_asha(parallel_plan, capsys):
+    from rubberband.commands.plan import print_plan
+    from rubberband.report.model import build_report_data
+    from rubberband.report.source import PlanSource
+
+    assert parallel_plan.asha is not None
+    print_plan(parallel_plan)
+    out = capsys.readouterr().out
+    assert "Brackets run side by side" in out and "ASHA on a fixed cluster" in out
+    summary = build_report_data(PlanSource(parallel_plan), replan=None).summary
+    assert summary.asha_cost_mean_usd == parallel_plan.asha.predicted.cost_usd.mean
+    assert summary.brackets_text and "side by side" in summary.brackets_text
+
+
+def test_run_plans_hyperband_brackets_one_after_another_and_says_so(tmp_path, capsys):
+    """`rubberband run` (without --plan) plans sequential brackets, which the executor runs."""
+    from pathlib import Path
+
+    import yaml
+
+    from rubberband.commands.run import _load_or_make_plan
+    from rubberband.spec import load_spec
+
+    profile = Path(__file__).resolve().parents[1] / "examples/profiles/resnet50_cifar10_v100.json"
+    path = tmp_path / "hb.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "hb", "train": "m:f", "metric": {"name": "acc", "mode": "max"},
+        "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
+        "scheduler": {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 9}, "deadline": "3h",
+        "resources": {"clouds": ["aws"], "instance_types": ["g5.xlarge"], "max_workers_per_trial": 1},
+        "profile": str(profile)}))
+    spec = load_spec(path)
+    plan, fresh = _load_or_make_plan(spec, path, None, "aws", None, head="local")
+    assert fresh and plan.brackets == "sequential" and not plan.parallel_brackets
+    assert "runs Hyperband brackets one after another" in capsys.readouterr().err
