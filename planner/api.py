@@ -31,6 +31,8 @@ DEFAULT_SAMPLES = 1000
 SCREEN_SAMPLES = 32
 SCREEN_SLACK = 4  # pool plans with fewer than ceil(p·32) − 4 screening samples in time are not simulated fully
 SHORTEST_CONFIRMED = 8  # when no plan meets the deadline: pool plans confirmed in the search for the shortest JCT
+#: The best static plan is "as cheap" as the elastic one when it costs at most this fraction more (mean).
+STATIC_TIE = 0.01
 
 
 @dataclass
@@ -49,6 +51,8 @@ class StagesPlan:
     seed: int
     notes: list[str] = field(default_factory=list)
     head: HeadSpec | None = None  # the billed head the predictions include (boot resolved)
+    #: How far the exact search got ("proven optimal (N nodes searched)" or "capped after N nodes, ...").
+    exact_note: str | None = None
 
 
 #: Simulated samples kept in a plan (for histograms in reports); the rest only feed the summaries.
@@ -158,8 +162,13 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         if refined.result.meets(deadline_s, confidence) and (
                 chosen is None or refined.result.cost_mean < chosen[1].cost_mean):
             chosen = (refined.plan, refined.result)
+    if chosen is not None and incumbent is not None and chosen[0] != static.plan and static_is_as_good(
+            incumbent[1], chosen[1], confidence):
+        # an elastic plan a hair cheaper but not faster is no saving worth its resizes: say so, run static
+        chosen = incumbent
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
-        notes.append("no elastic plan beats the best static plan here; using the static plan")
+        notes.append(f"the best static plan is as cheap (within {STATIC_TIE:.0%}) and at least as fast as any "
+                     f"elastic plan found; using the static plan")
     if chosen is None:
         # The quickest plan is not always the widest (serial start-ups, spanning trials): screen the whole
         # pool by its JCT quantile and confirm the quickest few with every sample.
@@ -178,20 +187,29 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
             f"the cheapest plan meeting the deadline costs {format_usd(result.cost_mean)} (mean), above the "
             f"budget of {format_usd(budget_usd)}; raise budget_usd or loosen the deadline",
             shortest_jct_s=result.jct_quantile(confidence), cost_usd=result.cost_mean)
-    exact = None
+    exact = exact_note = None
     if include_exact:
-        ex = exact_optimum(space, evaluator, deadline_s, confidence, incumbent=result.cost_mean * (1 + 1e-9))
+        # independent of the plan under test: no incumbent from it, so a wrong plan cannot prune the search
+        ex = exact_optimum(space, evaluator, deadline_s, confidence)
+        exact_note = ex.optimality()
         if ex.plan is not None:
             exact = (ex.plan, ex.result, _timeline(sim, ex.plan, ex.result))
-        else:  # nothing strictly cheaper: the chosen plan is optimal
-            exact = (configs, result, None)
+        else:
+            notes.append(f"exact search: no feasible plan found ({exact_note})")
     static_out = None
     if static.plan is not None:
         static_out = (static.plan, static.result, _timeline(static_sim, static.plan, static.result))
     return StagesPlan(stages=list(stages), configs=tuple(configs), result=result,
                       timeline=_timeline(sim, tuple(configs), result), static=static_out, exact=exact,
                       candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes,
-                      head=sim.head_for(configs))
+                      head=sim.head_for(configs), exact_note=exact_note)
+
+
+def static_is_as_good(static: SimResult, elastic: SimResult, confidence: float) -> bool:
+    """Whether a static plan is as cheap (within :data:`STATIC_TIE`) and at least as fast (JCT at the
+    confidence) as an elastic one, so that the elastic plan's resizes buy nothing worth having."""
+    return (static.cost_mean <= elastic.cost_mean * (1 + STATIC_TIE)
+            and static.jct_quantile(confidence) <= elastic.jct_quantile(confidence))
 
 
 def profile_sha256(profile: Profile) -> str:
@@ -229,7 +247,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     if out.exact is not None:
         plan_e, res_e, tl_e = out.exact
         baselines["exact"] = Alternative(name="exact", stages=stage_plans(stages, plan_e, res_e, spec.resources.spot),
-                                         predicted=prediction(res_e, deadline), timeline=tl_e)
+                                         predicted=prediction(res_e, deadline), timeline=tl_e, note=out.exact_note)
     used = {c.instance_type for c in out.configs}
     return Plan(
         job=JobInfo(name=spec.name, spec_sha256=spec.sha256(), scheduler=sched.kind, eta=sched.eta,
