@@ -260,9 +260,23 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
         predicted=prediction(out.result, deadline), timeline=out.timeline, baselines=baselines,
         planner=PlannerInfo(candidates_evaluated=out.candidates_evaluated, iterations=out.iterations,
                             samples=samples, seed=seed,
-                            notes=out.notes + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
+                            notes=out.notes + variation_notes(model)
+                            + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
         profile_sha256=profile_sha256(profile), spec=spec.model_dump(mode="json"), head=head_info(out.head),
     )
+
+
+def variation_notes(model: PerformanceModel) -> list[str]:
+    """What the prediction assumes about per-epoch noise and configuration speed, when not measured."""
+    v = model.variation
+    if v.configs == 0:
+        return ["the profile has no whole-epoch times of sampled configurations (schema v1 or --configs 0): "
+                "P(meet deadline) assumes no per-epoch noise and every configuration as fast as the profiled one; "
+                "re-run `rubberband profile` to measure them"]
+    if v.configs == 1:
+        return ["the profile timed one configuration: P(meet deadline) assumes every configuration as fast as it; "
+                "profile with a larger --budget to measure their spread"]
+    return []
 
 
 def head_info(head: HeadSpec | None) -> HeadInfo | None:
