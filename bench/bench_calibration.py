@@ -22,6 +22,7 @@ planner's shortest feasible deadline at p = 0.9 and prints the realized hit rate
 |predicted − actual| of JCT and cost. Real figures depend on machine load; say how loaded it was.
 
     python bench/bench_calibration.py [--budget 180] [--replays 2000] [--profiles DIR] [--real 10]
+                                      [--without-variation]
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ def calibrate(name: str, overrides: dict, workdir: Path, args) -> list[dict]:
     if not (workdir / "profile.json").exists():
         wall = profile(spec_path, args.budget)
     inputs = load_job_inputs(spec_path)
+    if args.without_variation:  # ablation: plan as a v1 profile would (no per-epoch / per-configuration fit)
+        inputs = dataclasses.replace(inputs, profile=inputs.profile.model_copy(update={"epoch_measurements": []}))
     fitted = fit_performance_model(inputs.profile)
     truth, s_ref, e_ref = truth_model(fitted, inputs.profile, overrides)
     v = fitted.variation
@@ -206,6 +209,8 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--profiles", default=None, help="keep/reuse profiles in this folder (one per workload)")
     parser.add_argument("--real", type=int, default=0, help="real local runs of the first workload")
+    parser.add_argument("--without-variation", action="store_true",
+                        help="ablation: plan without the per-epoch / per-configuration fit (as from a v1 profile)")
     args = parser.parse_args()
     if args.replays < 500:
         raise SystemExit("--replays must be at least 500")
