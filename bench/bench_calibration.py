@@ -17,7 +17,8 @@ with what is known to be noise in it divided out: the profiled configuration's o
 latency fit's accuracy (``bench_profiler.py`` does that). Its straggler σ is the workload's
 per-iteration σ, applied as the simulator applies stragglers.
 
-``--real N`` then runs the first workload N times for real (local backend) at 1.05× the
+``--real N`` then runs the first workload N times for real (local backend, ``--overrun none``: a late run
+finishes, so its JCT and cost are measured) at 1.05× the
 planner's shortest feasible deadline at p = 0.9 and prints the realized hit rate and the median
 |predicted − actual| of JCT and cost. Real figures depend on machine load; say how loaded it was.
 
@@ -175,7 +176,7 @@ def real_runs(name: str, overrides: dict, workdir: Path, n: int, args) -> None:
         run_dir = workdir / f"run-{k}"
         began = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan", str(plan_path),
-                               "--run-dir", str(run_dir), "--yes", "--overrun", "100%"],
+                               "--run-dir", str(run_dir), "--yes", "--overrun", "none"],
                               capture_output=True, text=True)
         wall = time.monotonic() - began
         result_file = run_dir / "result.json"

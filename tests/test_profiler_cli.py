@@ -141,5 +141,9 @@ def test_budget_caps_iterations(cli, synthetic_dir):
     profile = load_profile(out)
     assert sorted((m.workers, m.nodes) for m in profile.measurements) == [(1, 1), (2, 1)]
     assert all(2 <= len(m.iteration_latencies_s) < 2000 for m in profile.measurements)
+    # start-up sampling is on by default where the type can be started (local), within the budget
+    assert [s.source for s in profile.startup if s.cloud == "local"] == ["measured"]
+    # whole epochs of 20 000 iterations do not fit: the configurations' epochs are capped too
+    assert profile.epoch_measurements and all(m.iterations_per_epoch < 20000 for m in profile.epoch_measurements)
     # The budget covers the measurement; allow for interpreter start, the import check and teardown.
     assert elapsed < 60 + 30, elapsed
