@@ -166,3 +166,28 @@ def test_v1_profiles_load_without_variation_and_v2_profiles_fit_it():
     assert model.describe()["variation"]["configs"] == 3
     with pytest.raises(Exception, match="schema_version 3"):
         parse_profile({**data, "schema_version": 3})
+
+
+def test_branch_and_bound_stays_exact_and_its_bounds_valid_with_variation():
+    import itertools
+
+    from rubberband.catalog import load_catalog
+    from rubberband.planner.baselines import cheapest_feasible, exact_optimum, lower_bounds
+    from rubberband.planner.search import Evaluator, PlanSpace
+
+    base = fit_performance_model(load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json"))
+    model = dataclasses.replace(base, variation=Variation(epoch_sigma=0.15, config_sigma=0.25, config_log_mean=-0.1))
+    catalog = load_catalog(["aws"])
+    types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge")]
+    stages = sha_stages(4, 2, 1, 4)
+    space = PlanSpace(stages, types, model, 2)
+    ev = Evaluator(Simulator(stages, model, samples=100, seed=2), 32)
+    plans = list(itertools.product(*[space.options(i) for i in range(len(stages))]))
+    results = {p: ev.full(p) for p in plans}
+    for plan, res in results.items():
+        cost_lb, jct_lb = lower_bounds(space, ev, plan)
+        assert cost_lb <= res.cost_mean + 1e-12 and jct_lb <= res.jct.min() + 1e-9
+    deadline = sorted(r.jct_quantile(0.9) for r in results.values())[len(results) // 3]
+    best_cost = min(r.cost_mean for r in results.values() if r.meets(deadline, 0.9))
+    assert exact_optimum(space, ev, deadline, 0.9).result.cost_mean == pytest.approx(best_cost)
+    assert cheapest_feasible(plans, space, ev, deadline, 0.9).result.cost_mean == pytest.approx(best_cost)
