@@ -253,7 +253,7 @@ def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, not
             tick("start-up: starting a local Ray head", advance=False)
             provider.start_head("startup-probe")
             for k in range(options.startup_samples):
-                if budget.left() < options.budget_s * 0.5:
+                if budget.left() < options.budget_s * 0.75:  # at most a quarter of the budget
                     notes.append(f"start-up: took {len(samples)} of {options.startup_samples} samples "
                                  f"(the rest of the budget is for the training shapes)")
                     break
