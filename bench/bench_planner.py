@@ -227,7 +227,7 @@ def main() -> None:
             ratio = out.result.cost_mean / out.exact[1].cost_mean
             ratios.append(ratio)
             print(f"SHA n={n} eta={eta} R={big_r} deadline {factor}x: plan ${out.result.cost_mean:.3f} exact "
-                  f"${out.exact[1].cost_mean:.3f} ratio {ratio:.3f}")
+                  f"${out.exact[1].cost_mean:.3f} ratio {ratio:.3f} (exact: {out.exact_note})")
     print(f"cases {len(ratios)}: mean ratio {statistics.mean(ratios):.3f}, max {max(ratios):.3f} (target <= 1.01); "
           f"within 1.01: {sum(r <= 1.01 for r in ratios)}/{len(ratios)}")
 

@@ -8,17 +8,23 @@ profiler's timing are exercised exactly as for real training, while the figures 
   ``t_iter(w) = iteration_s + sync_s · (w − 1)``, each rank's sleep multiplied by a lognormal
   straggler factor ``exp(N(0, straggler_sigma))``; the iteration ends when the slowest rank
   arrives (the all-reduce waits for it), as with real DDP;
+* per epoch, every rank's sleeps are multiplied by one factor ``exp(N(0, epoch_sigma))`` drawn
+  per (trial, epoch) (the same on every rank): per-epoch noise;
+* per configuration, a speed factor ``exp(N(0, config_speed_sigma))`` seeded by the config itself
+  (:func:`config_speed`), so a configuration is equally fast whenever and wherever it runs and
+  configurations differ in speed as when width or depth are hyperparameters;
 * iterations per epoch: ``ceil(dataset_size / (batch_size · w))``;
 * metric ``score`` (maximise): ``1 − (log10(lr) − log10(best_lr))² − decay / (epoch + 1)``:
   the best trial is the one whose ``lr`` is closest to ``best_lr`` (in log space) at every
   epoch, so the winners of successive halving are known from the sampled configs.
 
 Config keys: ``lr`` (sampled), ``best_lr``, ``iteration_s``, ``sync_s``, ``straggler_sigma``,
-``dataset_size``, ``batch_size``, ``decay``, ``seed``.
+``epoch_sigma``, ``config_speed_sigma``, ``dataset_size``, ``batch_size``, ``decay``, ``seed``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import zlib
@@ -28,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 DEFAULTS = {"best_lr": 0.01, "iteration_s": 0.02, "sync_s": 0.002, "straggler_sigma": 0.05,
+            "epoch_sigma": 0.0, "config_speed_sigma": 0.0,
             "dataset_size": 640, "batch_size": 32, "decay": 0.05, "seed": 0}
 
 
@@ -45,6 +52,26 @@ def iteration_seconds(workers: int, iteration_s: float, sync_s: float) -> float:
     return iteration_s + sync_s * (workers - 1)
 
 
+def config_speed(config: dict) -> float:
+    """The configuration's slowdown factor (1 = as fast as the noise-free figures), stable per config."""
+    cfg = settings(config)
+    sigma = float(cfg["config_speed_sigma"])
+    if sigma <= 0:
+        return 1.0
+    key = zlib.crc32(json.dumps(cfg, sort_keys=True, default=str).encode())
+    return float(math.exp(sigma * np.random.default_rng(key).standard_normal()))
+
+
+def epoch_factor(config: dict, trial_id: str, epoch: int) -> float:
+    """The per-epoch factor of ``trial_id``'s epoch ``epoch`` (the same on every rank)."""
+    cfg = settings(config)
+    sigma = float(cfg["epoch_sigma"])
+    if sigma <= 0:
+        return 1.0
+    key = zlib.crc32(f"{cfg['seed']}/{trial_id}/epoch/{epoch}".encode())
+    return float(math.exp(sigma * np.random.default_rng(key).standard_normal()))
+
+
 def iterations_per_epoch(workers: int, dataset_size: int, batch_size: int) -> int:
     return max(1, -(-dataset_size // (batch_size * workers)))
 
@@ -53,7 +80,7 @@ def train(config: dict, ctx) -> None:
     cfg = settings(config)
     lr = float(cfg.get("lr", cfg["best_lr"]))
     w = ctx.world_size
-    base = iteration_seconds(w, float(cfg["iteration_s"]), float(cfg["sync_s"]))
+    base = iteration_seconds(w, float(cfg["iteration_s"]), float(cfg["sync_s"])) * config_speed(config)
     iters = iterations_per_epoch(w, int(cfg["dataset_size"]), int(cfg["batch_size"]))
     seed = zlib.crc32(f"{cfg['seed']}/{ctx.trial_id}/{ctx.rank}/{ctx.start_epoch}/{w}".encode())
     rng = np.random.default_rng(seed)
@@ -61,8 +88,9 @@ def train(config: dict, ctx) -> None:
     done = int(state["epochs_done"]) if state else 0
     token = torch.ones(1)
     for epoch in range(ctx.start_epoch, ctx.end_epoch):
+        this_epoch = base * epoch_factor(config, ctx.trial_id, epoch)
         for _ in ctx.batches(range(iters)):
-            time.sleep(base * float(rng.lognormal(0.0, float(cfg["straggler_sigma"]))))
+            time.sleep(this_epoch * float(rng.lognormal(0.0, float(cfg["straggler_sigma"]))))
             dist.all_reduce(token)  # the synchronisation point of a DDP step
             token.fill_(1.0)
         done += 1

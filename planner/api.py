@@ -34,6 +34,8 @@ DEFAULT_SAMPLES = 1000
 SCREEN_SAMPLES = 32
 SCREEN_SLACK = 4  # pool plans with fewer than ceil(p·32) − 4 screening samples in time are not simulated fully
 SHORTEST_CONFIRMED = 8  # when no plan meets the deadline: pool plans confirmed in the search for the shortest JCT
+#: The best static plan is "as cheap" as the elastic one when it costs at most this fraction more (mean).
+STATIC_TIE = 0.01
 
 
 @dataclass
@@ -55,6 +57,8 @@ class StagesPlan:
     brackets: str = "sequential"  # how Hyperband brackets run: sequential | parallel
     offsets: tuple[float, ...] = ()  # parallel: each bracket's start offset (s)
     handoffs: list = field(default_factory=list)  # parallel: brackets.Handoff of the representative sample
+    #: How far the exact search got ("proven optimal (N nodes searched)" or "capped after N nodes, ...").
+    exact_note: str | None = None
 
 
 #: Simulated samples kept in a plan (for histograms in reports); the rest only feed the summaries.
@@ -209,8 +213,13 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         if not parallel:
             evaluator = Evaluator(seq_sim, screen_samples)
             notes.append("running the brackets one after another is cheapest here")
+    if chosen is not None and incumbent is not None and chosen[0] != static.plan and static_is_as_good(
+            incumbent[1], chosen[1], confidence):
+        # an elastic plan a hair cheaper but not faster is no saving worth its resizes: say so, run static
+        chosen = incumbent
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
-        notes.append("no elastic plan beats the best static plan here; using the static plan")
+        notes.append(f"the best static plan is as cheap (within {STATIC_TIE:.0%}) and at least as fast as any "
+                     f"elastic plan found; using the static plan")
     if chosen is None:
         # The quickest plan is not always the widest (serial start-ups, spanning trials): screen the whole
         # pool by its JCT quantile and confirm the quickest few with every sample.
@@ -229,15 +238,17 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
             f"the cheapest plan meeting the deadline costs {format_usd(result.cost_mean)} (mean), above the "
             f"budget of {format_usd(budget_usd)}; raise budget_usd or loosen the deadline",
             shortest_jct_s=result.jct_quantile(confidence), cost_usd=result.cost_mean)
-    exact = None
+    exact = exact_note = None
     if include_exact and parallel:
         notes.append("the exact optimum is searched for sequential brackets only")
     elif include_exact:
-        ex = exact_optimum(space, evaluator, deadline_s, confidence, incumbent=result.cost_mean * (1 + 1e-9))
+        # independent of the plan under test: no incumbent from it, so a wrong plan cannot prune the search
+        ex = exact_optimum(space, evaluator, deadline_s, confidence)
+        exact_note = ex.optimality()
         if ex.plan is not None:
             exact = (ex.plan, ex.result, _timeline(sim, ex.plan, ex.result))
-        else:  # nothing strictly cheaper: the chosen plan is optimal
-            exact = (configs, result, None)
+        else:
+            notes.append(f"exact search: no feasible plan found ({exact_note})")
     static_out = None
     if static.plan is not None:
         static_out = (static.plan, static.result, _timeline(static_sim, static.plan, static.result))
@@ -247,7 +258,15 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                       candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes,
                       head=sim.head_for(configs), brackets="parallel" if parallel else "sequential",
                       offsets=tuple(sim.offsets) if parallel else (),
-                      handoffs=list(getattr(sim, "last_handoffs", [])) if parallel else [])
+                      handoffs=list(getattr(sim, "last_handoffs", [])) if parallel else [],
+                      exact_note=exact_note)
+
+
+def static_is_as_good(static: SimResult, elastic: SimResult, confidence: float) -> bool:
+    """Whether a static plan is as cheap (within :data:`STATIC_TIE`) and at least as fast (JCT at the
+    confidence) as an elastic one, so that the elastic plan's resizes buy nothing worth having."""
+    return (static.cost_mean <= elastic.cost_mean * (1 + STATIC_TIE)
+            and static.jct_quantile(confidence) <= elastic.jct_quantile(confidence))
 
 
 def profile_sha256(profile: Profile) -> str:
@@ -289,7 +308,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     if out.exact is not None:
         plan_e, res_e, tl_e = out.exact
         baselines["exact"] = Alternative(name="exact", stages=stage_plans(stages, plan_e, res_e, spec.resources.spot),
-                                         predicted=prediction(res_e, deadline), timeline=tl_e)
+                                         predicted=prediction(res_e, deadline), timeline=tl_e, note=out.exact_note)
     used = {c.instance_type for c in out.configs}
     asha_out = None
     if asha:
@@ -305,7 +324,8 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
         predicted=prediction(out.result, deadline), timeline=out.timeline, baselines=baselines,
         planner=PlannerInfo(candidates_evaluated=out.candidates_evaluated, iterations=out.iterations,
                             samples=samples, seed=seed,
-                            notes=out.notes + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
+                            notes=out.notes + variation_notes(model)
+                            + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
         profile_sha256=profile_sha256(profile), spec=spec.model_dump(mode="json"), head=head_info(out.head),
         asha=asha_out, brackets=out.brackets, bracket_offsets_s=[round(o, 3) for o in out.offsets],
         handoffs=[Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,
@@ -344,6 +364,19 @@ def asha_prediction(res: AshaResult, deadline_s: float) -> Prediction:
         cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in res.breakdown.items()}),
         cost_by_instance_type={res.cluster.instance_type.name: float(res.cost.mean() - res.breakdown["head"].mean())},
         jct_samples_s=_subsample(res.jct), cost_samples_usd=_subsample(res.cost))
+
+
+def variation_notes(model: PerformanceModel) -> list[str]:
+    """What the prediction assumes about per-epoch noise and configuration speed, when not measured."""
+    v = model.variation
+    if v.configs == 0:
+        return ["the profile has no whole-epoch times of sampled configurations (schema v1 or --configs 0): "
+                "P(meet deadline) assumes no per-epoch noise and every configuration as fast as the profiled one; "
+                "re-run `rubberband profile` to measure them"]
+    if v.configs == 1:
+        return ["the profile timed one configuration: P(meet deadline) assumes every configuration as fast as it; "
+                "profile with a larger --budget to measure their spread"]
+    return []
 
 
 def head_info(head: HeadSpec | None) -> HeadInfo | None:

@@ -7,7 +7,10 @@
   (``cheapest_feasible(screen_slack=...)``), which keeps the result monotone in the deadline.
 * **Exact**: depth-first enumeration of every per-stage configuration in the planner's plan space,
   with prefix simulation shared through the simulator's cache and branch-and-bound pruning on the
-  cost so far. Exponential: meant for small jobs, to measure the greedy planner's gap.
+  cost so far. Exponential: meant for small jobs, to measure the greedy planner's gap. It starts
+  from nothing (no incumbent from the plan under test, so it is an independent check) and stops
+  after ``max_nodes`` search nodes; :attr:`BaselineResult.capped` then says the answer is the best
+  found, not a proven optimum (:meth:`BaselineResult.optimality` words it for the plan and the CLI).
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ class BaselineResult:
     plan: Plan | None
     result: SimResult | None
     evaluated: int
+    #: Search nodes visited (exact search: prefixes bounded plus full plans simulated).
+    nodes: int = 0
+    #: The exact search stopped at its node cap: ``plan`` is the best found, not proven optimal.
+    capped: bool = False
+
+    def optimality(self) -> str:
+        """How far the exact search got, in words (for the plan JSON, the CLI and the bench)."""
+        if self.capped:
+            return f"capped after {self.nodes} nodes, not proven optimal"
+        return f"proven optimal ({self.nodes} nodes searched)"
 
 
 def _stage_min_time(space: PlanSpace, i: int, config: StageConfig, f_min: float) -> float:
@@ -146,8 +159,13 @@ def best_static(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confi
 
 
 def exact_optimum(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confidence: float,
-                  *, incumbent: float = math.inf, max_plans: int = 200_000) -> BaselineResult:
-    """Cheapest plan of the whole plan space meeting the deadline (branch and bound)."""
+                  *, incumbent: float = math.inf, max_nodes: int = 200_000) -> BaselineResult:
+    """Cheapest plan of the whole plan space meeting the deadline (branch and bound).
+
+    ``incumbent`` (a cost bound) is for callers that know one independently; the planner passes
+    none, so the search does not depend on the plan it checks. After ``max_nodes`` search nodes
+    (prefix bounds and full simulations) it stops and returns ``capped=True``.
+    """
     sim = evaluator.sim
     f_min = sim.min_factor()
     options = [space.options(i) for i in range(len(space.stages))]
@@ -157,7 +175,8 @@ def exact_optimum(space: PlanSpace, evaluator: Evaluator, deadline_s: float, con
         rest[i] = rest[i + 1] + min(_stage_min_time(space, i, c, f_min) for c in options[i])
     need = math.ceil(confidence * sim.samples - 1e-9)
     best: list = [incumbent, None, None]
-    count = [0]
+    count = [0, 0]  # full plans simulated, nodes visited
+    capped = [False]
 
     def dfs(prefix: tuple[StageConfig, ...]) -> None:
         i = len(prefix)
@@ -167,9 +186,11 @@ def exact_optimum(space: PlanSpace, evaluator: Evaluator, deadline_s: float, con
             if res.meets(deadline_s, confidence) and res.cost_mean < best[0]:
                 best[:] = [res.cost_mean, prefix, res]
             return
-        if count[0] >= max_plans:
-            return
         for config in options[i]:
+            if count[1] >= max_nodes:
+                capped[0] = True
+                return
+            count[1] += 1
             candidate = prefix + (config,)
             if i + 1 < len(options):
                 cost_lb, barrier = sim.prefix_bounds(candidate)
@@ -180,4 +201,4 @@ def exact_optimum(space: PlanSpace, evaluator: Evaluator, deadline_s: float, con
             dfs(candidate)
 
     dfs(())
-    return BaselineResult(best[1], best[2], count[0])
+    return BaselineResult(best[1], best[2], count[0], nodes=count[1], capped=capped[0])

@@ -17,6 +17,10 @@ Stragglers: each node of a trial runs at a lognormal slowdown factor (median 1) 
 robust spread (MAD of log latency, warm-up iterations dropped) of the measured latencies; a
 trial runs at the pace of its slowest node.
 
+Per-epoch noise and per-configuration speed (:mod:`rubberband.planner.noise`): fitted from the
+profile's whole-epoch times of several sampled configurations, relative to this model's epoch
+time for the shape they ran at; absent (v1 profiles), both are 0 and ``variation.source`` says so.
+
 Start-up latency: empirical samples per (cloud, instance type), else per cloud, else the
 documented defaults below (marked ``source="default"``). A new instance runs its first trial
 ``worker_start_s`` after it is up (its worker processes start). Termination latency (billed
@@ -38,6 +42,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from rubberband.errors import ProfileError
+from rubberband.planner.noise import Variation, fit_variation
 from rubberband.profile import Profile
 
 # Default start-up samples (seconds from request to ready), used when a profile has none for a
@@ -149,6 +154,8 @@ class PerformanceModel:
     worker_start_s: float = 0.0
     termination_by_type: dict[tuple[str, str], StartupModel] = field(default_factory=dict)
     termination_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
+    #: Per-epoch noise and per-configuration speed (none: every configuration as fast as the profiled one).
+    variation: Variation = field(default_factory=Variation)
 
     # -- latency ---------------------------------------------------------------------------
     def plannable(self, device: str) -> bool:
@@ -207,6 +214,7 @@ class PerformanceModel:
             "epoch_overhead_s": self.epoch_overhead_s,
             "task_start_s": self.task_start_s,
             "worker_start_s": self.worker_start_s,
+            "variation": self.variation.describe(),
             "devices": {name: {
                 "alpha_grad": d.alpha_grad, "beta_grad": d.beta_grad,
                 "alpha_sync_node": d.alpha_sync_node, "beta_sync_node": d.beta_sync_node,
@@ -306,6 +314,7 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
     for name, speed in profile.device_speed.items():
         if name not in devices:
             devices[name] = devices[reference].scaled(speed / ref_speed, reference)
+    variation = _variation(profile, devices, batch)
     startup_by_type, startup_by_cloud = _latency_models(profile.startup)
     termination_by_type, termination_by_cloud = _latency_models(profile.termination)
     return PerformanceModel(
@@ -324,7 +333,23 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
         worker_start_s=profile.workload.worker_start_s,
         termination_by_type=termination_by_type,
         termination_by_cloud=termination_by_cloud,
+        variation=variation,
     )
+
+
+def _variation(profile: Profile, devices: dict[str, DeviceModel], batch: int) -> Variation:
+    """Per-epoch and per-configuration variation from the profile's whole-epoch times.
+
+    Each configuration's epochs are compared with this model's time for such an epoch (its
+    iterations at its shape plus the per-epoch overhead), so the configuration speed is relative
+    to what the simulator assumes for every trial.
+    """
+    usable = [m for m in profile.epoch_measurements if m.device in devices]
+    if not usable:
+        return Variation()
+    predicted = [m.iterations_per_epoch * devices[m.device].t_iter(batch, m.workers, m.nodes)
+                 + profile.workload.epoch_overhead_s for m in usable]
+    return fit_variation([m.epoch_times_s for m in usable], predicted)
 
 
 def _latency_models(entries: list) -> tuple[dict[tuple[str, str], StartupModel], dict[str, StartupModel]]:

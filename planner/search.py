@@ -316,13 +316,15 @@ def simple_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
 
 
 def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: float, confidence: float, *,
-            moves=None, confirm: int = 3, max_steps: int = 500) -> DescentResult:
+            moves=None, confirm: int = 3, max_steps: int = 500, trades: int = 4) -> DescentResult:
     """RubberBand's deadline-aware greedy: from a feasible plan, repeatedly take the cheaper
     candidate with the best marginal benefit among those that still meet the deadline.
 
     Candidates are screened with a prefix of the samples; the best few are confirmed with all
     samples, and a step is taken only when the full-sample plan is feasible and cheaper, so the
-    result is never costlier than ``start``.
+    result is never costlier than ``start``. Where no single move is both cheaper and feasible, a
+    trade of two moves (:func:`_trade`; ``trades`` savings paired, 0 turns it off) gets the greedy out
+    of the local minimum that one-move descents stop in.
     """
     current, cur = start, evaluator.full(start)
     out = DescentResult(current, cur)
@@ -348,11 +350,52 @@ def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: flo
             if res.meets(deadline_s, confidence) and res.cost_mean < cur.cost_mean:
                 step = (candidate, res)
                 break
+        if step is None and trades:
+            step = _trade(space, evaluator, current, cur, cur_screen, deadline_s, confidence, need, moves,
+                          trades, confirm, out)
         if step is None:
             break
         current, cur = step
     out.plan, out.result = current, cur
     return out
+
+
+def _trade(space: PlanSpace, evaluator: Evaluator, current: Plan, cur: SimResult, cur_screen: SimResult,
+           deadline_s: float, confidence: float, need: int, moves, width: int, confirm: int,
+           out: DescentResult) -> tuple[Plan, SimResult] | None:
+    """A two-move step out of a local minimum: a saving that alone misses the deadline, paired with
+    a second move that wins the time back, when the pair is still cheaper than ``current``.
+
+    Only the ``width`` largest single savings are paired, so the step costs ``width`` neighbourhoods
+    of screening, and it runs only where the one-move greedy is stuck.
+    """
+    misses = []
+    for candidate in (moves or local_moves)(space, current):
+        res = evaluator.screen(candidate)
+        out.candidates_evaluated += 1
+        saving = cur_screen.cost_mean - res.cost_mean
+        if saving > 1e-9 and int((res.jct <= deadline_s).sum()) < need:
+            misses.append((saving, candidate))
+    misses.sort(key=lambda x: x[0], reverse=True)
+    ranked = []
+    seen = set()
+    for _, first in misses[:width]:
+        for candidate in (moves or local_moves)(space, first):
+            key = plan_key(candidate)
+            if key in seen:
+                continue
+            seen.add(key)
+            res = evaluator.screen(candidate)
+            out.candidates_evaluated += 1
+            saving = cur_screen.cost_mean - res.cost_mean
+            if saving > 1e-9 and int((res.jct <= deadline_s).sum()) >= need:
+                ranked.append((saving, candidate))
+    ranked.sort(key=lambda x: x[0], reverse=True)
+    for _, candidate in ranked[:confirm]:
+        res = evaluator.full(candidate)
+        if res.meets(deadline_s, confidence) and res.cost_mean < cur.cost_mean:
+            return candidate, res
+    return None
 
 
 def knapsack_plans(space: PlanSpace, **kwargs) -> list[Plan]:

@@ -17,6 +17,9 @@ time (JCT) and cost. ``docs/simulator.md`` states the semantics; in short:
   tail (lead time and carry-over: :class:`~rubberband.planner.policies.PrefetchPolicy`, which the
   executor calls too). Every instance is released as soon as no remaining task of its stage needs it (with
   ``SimOptions.hold_to_end``, a static cluster's, not before the stage's barrier: held to the end).
+* **Variation.** With a fitted :class:`~rubberband.planner.noise.Variation`, each trial has a speed
+  factor for its life and each task the mean of its epochs' factors; they scale the task's
+  iterations, and tasks of unequal length are list-scheduled (:func:`noise.schedule_tasks`).
 * **Transitions.** A trial whose placement (instance type or width) changes at a promotion pays
   ``restart_overhead_s`` plus the checkpoint transfer time, and the transfer's price.
 * **Billing.** ``catalog.BILLING_RULES``: per second with a minimum, lifetime from request to
@@ -48,6 +51,7 @@ from rubberband.catalog import (BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIO
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import PrefetchPolicy
+from rubberband.planner.noise import VariationDraws, schedule_tasks, task_factors
 from rubberband.planner.schedule import Stage
 
 #: Cost categories of the workers' instances, accumulated stage by stage.
@@ -285,6 +289,7 @@ class Simulator:
         self._startup_cache: dict[tuple[str, str], tuple] = {}
         self._factor_cache: dict[int, np.ndarray] = {}
         self._startup_draws: dict[tuple, np.ndarray] = {}
+        self._variation = VariationDraws(seed, samples)
         self.evaluations = 0
 
     # -- public -----------------------------------------------------------------------------
@@ -332,8 +337,8 @@ class Simulator:
         return billed * (head.price_hr / 3600.0)
 
     def min_factor(self) -> float:
-        """A lower bound of the straggler factor (6σ below the median)."""
-        return math.exp(-6.0 * self.model.straggler_sigma)
+        """A lower bound of a task's compute factor: stragglers and variation, each 6σ below its median."""
+        return math.exp(-6.0 * self.model.straggler_sigma) * min(1.0, self.model.variation.min_factor())
 
     def task_time(self, index: int, config: StageConfig, previous: StageConfig | None) -> tuple[float, float]:
         """(median compute, overhead) seconds of one task of stage ``index`` after ``previous``."""
@@ -400,6 +405,19 @@ class Simulator:
             startup = self._startup(itype).sample(u)
             self._startup_draws[key] = startup
         return have, startup
+
+    def _task_factors(self, index: int, rows: slice) -> np.ndarray:
+        """Variation factors of stage ``index``'s tasks in dispatch order (samples ``rows``).
+
+        A bracket's trials keep their speed through its stages: stage ``i`` runs the first ``n_i``
+        of the bracket's trial draws (promotion does not depend on speed, and the draws are
+        exchangeable), each with a fresh draw for the mean of this stage's epochs.
+        """
+        stage = self.stages[index]
+        width = max(s.trials for s in self.stages if s.bracket == stage.bracket)
+        trial_z = self._variation.trials(stage.bracket, width)[rows, :stage.trials]
+        epoch_z = self._variation.epochs(index, stage.trials)[rows]
+        return task_factors(self.model.variation, trial_z, epoch_z, stage.epochs_this_stage)
 
     def _startup(self, itype: InstanceType):
         key = (itype.cloud, itype.name)
@@ -579,8 +597,14 @@ class Simulator:
         if prev is not None and stage.index > 0 and prev.config.placement != config.placement:
             transfer_usd = (stage.trials * model.checkpoint_size_gb
                             * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0))
-        dur = base * slot_factor + overhead
-        counts, last_end = _list_schedule(slot_ready, dur, stage.trials)
+        if model.variation.active:
+            counts, last_end, busy = schedule_tasks(slot_ready, base * slot_factor,
+                                                    self._task_factors(index, rows), overhead)
+            dur = np.where(counts > 0, busy / np.maximum(counts, 1), base * slot_factor + overhead)  # trace: mean
+        else:
+            dur = base * slot_factor + overhead
+            counts, last_end = _list_schedule(slot_ready, dur, stage.trials)
+            busy = counts * dur
         used_slot = counts > 0
         end_or_ready = np.where(used_slot, last_end, -np.inf)
         barrier = end_or_ready.max(axis=1)
@@ -599,7 +623,7 @@ class Simulator:
 
         share = config.workers / cap
         seg = (release - own_start).sum(axis=1) * price
-        train = (counts * dur).sum(axis=1) * share * price
+        train = busy.sum(axis=1) * share * price
         start_cost = (ready - request)[:, carry:].sum(axis=1) * price
         stage_parts = {"training": train, "startup": start_cost, "idle": seg - train - start_cost,
                        "billing_minimum": np.zeros(S), "transfer": np.full(S, transfer_usd)}

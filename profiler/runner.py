@@ -8,7 +8,10 @@ passes measures the per-epoch time outside the timed iterations (evaluation, dat
 reporting, checkpoint save). It also measures what a resize costs (checkpoint → restart with
 another worker count, with warm and with fresh worker processes: their difference is what a new
 instance's first trial waits for its worker processes), the checkpoint size, and optionally how
-long a new node takes to be ready and to be gone after its termination. The total stays within the budget: the time left is split across the
+long a new node takes to be ready and to be gone after its termination. Then it times whole epochs
+(training, evaluation, report, checkpoint) of several configurations sampled from the search space
+at the narrowest one-instance shape, from which the planner fits per-epoch noise and the spread of
+configuration speed. The total stays within the budget: the time left is split across the
 shapes still to run and the iteration count is capped from what earlier shapes took.
 Figures that are not measured get documented defaults, and ``Profile.sources`` says which.
 On a GPU instance type the nodes advertise the type's GPUs and every worker trains on the GPU Ray
@@ -36,8 +39,8 @@ from rubberband.catalog import InstanceType
 from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
 from rubberband.executor.devices import DevicePolicy, WorkerDevice, node_resources
-from rubberband.profile import (PROFILE_SCHEMA_VERSION, LatencyMeasurement, Profile, StartupSamples,
-                                 TerminationSamples, Workload)
+from rubberband.profile import (PROFILE_SCHEMA_VERSION, EpochMeasurement, LatencyMeasurement, Profile,
+                                 StartupSamples, TerminationSamples, Workload)
 from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
 from rubberband.profiler.shapes import Shape, nodes_needed, plan_shapes
 from rubberband.spec import JobSpec, sample_config
@@ -54,6 +57,12 @@ PROBE_ABOVE = 10
 #: Each shape runs two epochs (for the per-epoch overhead) when each pass gets at least this many iterations.
 MIN_PASS_ITERATIONS = 2
 CLOUDS_WITH_PROFILING = ("local",)
+#: Start-up samples taken by default where the instance type can be started (the clouds above).
+DEFAULT_STARTUP_SAMPLES = 3
+#: Configurations timed at most (more than the minimum only as the budget allows).
+MAX_CONFIGS = 8
+#: Iterations per timed epoch at least, when whole epochs do not fit the budget (partial epochs).
+MIN_EPOCH_ITERATIONS = 5
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,10 @@ class ProfileOptions:
     dataset_size: int | None = None
     cross_node: bool = True
     measure_restart: bool = True
+    #: Configurations whose whole epochs are timed (at least; more as the budget allows); 0: none.
+    configs: int = 3
+    #: Epochs timed per configuration (one more runs first, as warm-up, and is not counted).
+    config_epochs: int = 3
     #: Chooses the workers' device from ``instance_type`` (tests inject ``DevicePolicy(cpu_stand_in=True)``).
     device_policy: DevicePolicy = DevicePolicy()
 
@@ -187,7 +200,8 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
 
     budget = _Budget(options.budget_s)
     notes: list[str] = []
-    total_steps = nodes_needed(shapes) + options.startup_samples + len(shapes) + (2 if options.measure_restart else 0)
+    total_steps = (nodes_needed(shapes) + options.startup_samples + len(shapes) + options.configs
+                   + (2 if options.measure_restart else 0))
     done = 0
 
     def tick(message: str, advance: bool = True) -> None:
@@ -218,13 +232,15 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
                 if not measured:
                     raise InputError(f"--budget {options.budget_s:.0f}s is too small to measure any shape "
                                      f"({'; '.join(r.skipped or '' for r in results)}); give it more time")
+                epochs = _measure_configs(spec, options, measured, resources, config, run_dir, budget, pool,
+                                          notes, tick)
                 warm = (_measure_restart(spec, options, measured, resources, config, budget, pool, notes, tick)
                         if options.measure_restart else None)
             cold = (_measure_restart(spec, options, measured, resources, config, budget, None, notes, tick)
                     if options.measure_restart else None)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    profile = _build_profile(spec, options, results, startup, warm, cold, config, notes, termination)
+    profile = _build_profile(spec, options, results, startup, warm, cold, config, notes, termination, epochs)
     return ProfileRun(profile=profile, shapes=results, notes=notes, wall_s=budget.spent())
 
 
@@ -251,7 +267,7 @@ def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, not
             tick("start-up: starting a local Ray head", advance=False)
             provider.start_head("startup-probe")
             for k in range(options.startup_samples):
-                if budget.left() < options.budget_s * 0.5:
+                if budget.left() < options.budget_s * 0.75:  # at most a quarter of the budget
                     notes.append(f"start-up: took {len(samples)} of {options.startup_samples} samples "
                                  f"(the rest of the budget is for the training shapes)")
                     break
@@ -318,11 +334,13 @@ def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape],
                     config: dict, run_dir: Path, budget: _Budget, pool: Any, notes: list[str],
                     tick: Callable[..., None]) -> list[ShapeResult]:
     reserve = min(10.0, 0.25 * options.budget_s) if options.measure_restart else 0.0
+    # the configurations' epochs after the shapes get a share like one more shape (unused time rolls forward)
+    extra = 1 if options.configs > 0 else 0
     results: list[ShapeResult] = []
     est_iter = est_setup = 0.0
     if options.iterations > PROBE_ABOVE:
         # A short probe first, so even the first shape's iteration count fits the budget.
-        share = (budget.left() - reserve) / (len(shapes) + 1)
+        share = (budget.left() - reserve) / (len(shapes) + 1 + extra)
         tick(f"probing {shapes[0].label} ({PROBE_ITERATIONS} iterations)", advance=False)
         probe = _run_shape(spec, shapes[0], resources, config, run_dir / "ckpt" / "probe", PROBE_ITERATIONS,
                            max(share, MIN_SHAPE_S), pool, options.device)
@@ -332,7 +350,7 @@ def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape],
                              f"give it more time")
         est_iter, est_setup = probe[0].median_s, probe[1]
     for index, shape in enumerate(shapes):
-        share = (budget.left() - reserve) / (len(shapes) - index)
+        share = (budget.left() - reserve) / (len(shapes) - index + extra)
         if share < MIN_SHAPE_S:
             reason = f"{shape.label}: skipped, {max(share, 0):.1f} s of budget left for it"
             notes.append(reason)
@@ -360,6 +378,106 @@ def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape],
         est_setup = max(overhead, 0.5 * est_setup)  # the probe paid for starting processes; later runs reuse them
         tick(f"{shape.label}: median {result.median_s * 1e3:.1f} ms per iteration")
     return results
+
+
+def profiling_configs(spec: JobSpec, count: int) -> list[dict[str, Any]]:
+    """The profiled configuration (:func:`profiling_config`) and ``count − 1`` more seeded samples."""
+    rng = np.random.default_rng([spec.seed, 1])
+    more = [{**spec.config, **sample_config(spec.search_space, rng)} for _ in range(max(0, count - 1))]
+    return [profiling_config(spec), *more]
+
+
+def epoch_times(pass_times: tuple[tuple[float, float], ...]) -> list[float]:
+    """Whole-epoch times from the passes over ``ctx.batches``: start of one pass to the start of the next.
+
+    Each covers the epoch's iterations and everything until the next epoch's first batch
+    (evaluation, report, checkpoint save, data loading). The first epoch (warm-up) is dropped.
+    """
+    starts = [start for start, _ in pass_times]
+    return [b - a for a, b in zip(starts[1:], starts[2:])]
+
+
+def _measure_configs(spec: JobSpec, options: ProfileOptions, measured: list[ShapeResult], resources: list[str],
+                     config: dict, run_dir: Path, budget: _Budget, pool: Any, notes: list[str],
+                     tick: Callable[..., None]) -> list[EpochMeasurement]:
+    """Whole epochs of ``options.configs`` (or more, as the budget allows) sampled configurations.
+
+    Run at the narrowest one-instance shape measured, ``config_epochs + 1`` epochs each (the first
+    is warm-up). When whole epochs of the minimum number of configurations do not fit what is left
+    of the budget (minus the resize reserve), each epoch is capped to fewer iterations (partial
+    epochs, recorded in ``iterations_per_epoch``).
+    """
+    if options.configs <= 0:
+        return []
+    from rubberband.executor.trials import TrialRun, TrialSpec
+
+    reserve = min(10.0, 0.25 * options.budget_s) if options.measure_restart else 0.0
+    shape_result = min((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers,
+                       default=measured[0])
+    shape = shape_result.shape
+    gaps = [g for r in measured for g in r.epoch_gaps_s]
+    gap = float(np.median(gaps)) if gaps else 0.0
+    full = None
+    if shape_result.pass_lengths and shape_result.pass_lengths[0]:
+        full = int(shape_result.pass_lengths[0])
+    elif options.dataset_size or spec.config.get("dataset_size"):
+        size = int(options.dataset_size or spec.config["dataset_size"])
+        batch = int(options.batch_size or spec.config.get("batch_size") or shape_result.batch_size_seen or 1)
+        full = max(1, -(-size // (batch * shape.workers)))
+    per_iter = shape_result.median_s
+    epochs = options.config_epochs + 2  # warm-up, then config_epochs measured (start to next start)
+    setup = 1.0 + shape_result.setup_s
+
+    def run_seconds(iterations: int) -> float:
+        return setup + epochs * (iterations * per_iter + gap)
+
+    available = budget.left() - reserve
+    iterations = full or options.iterations
+    if run_seconds(iterations) * options.configs > available:
+        fit = int(((available / options.configs - setup) / epochs - gap) / max(per_iter, 1e-6))
+        iterations = max(MIN_EPOCH_ITERATIONS, min(iterations, fit))
+        notes.append(f"configurations: epochs capped at {iterations} of {full or '?'} iterations to fit the budget "
+                     f"(partial epochs)")
+    out: list[EpochMeasurement] = []
+    candidates = profiling_configs(spec, MAX_CONFIGS)
+    for k, cfg in enumerate(candidates):
+        left = budget.left() - reserve
+        if k >= options.configs and left < run_seconds(iterations) * 1.3:
+            break
+        if left < run_seconds(iterations) * 0.8:
+            notes.append(f"configurations: timed {len(out)} of {options.configs}, the budget is spent")
+            tick(f"configuration {k + 1}: skipped", advance=True)
+            break
+        tick(f"configuration {k + 1}: {epochs} epochs of {iterations} iterations at {shape.label}", advance=False)
+        trial = TrialSpec(trial_id=f"profile-config-{k}", config=dict(cfg), entry_point=spec.train,
+                          code_dir=spec.base_dir, start_epoch=0, end_epoch=epochs,
+                          placement=shape.placement(resources),
+                          checkpoint_dir=str(run_dir / "ckpt" / f"config-{k}"),
+                          max_iterations=None if full is not None and iterations >= full else iterations,
+                          timeout_s=max(30.0, left))
+        run = TrialRun.start(trial, pool=pool)
+        try:
+            outcome = run.result(timeout_s=max(left, MIN_SHAPE_S))
+        except TimeoutError:
+            run.stop()
+            notes.append(f"configuration {k + 1}: ran past the budget, not recorded")
+            break
+        times = epoch_times(outcome.pass_times)
+        ran = outcome.pass_lengths[0] if outcome.pass_lengths and outcome.pass_lengths[0] else None
+        if ran is not None:
+            ran = min(int(ran), iterations)
+        else:
+            ran = iterations
+        if times:
+            out.append(EpochMeasurement(config=json.loads(json.dumps(cfg, default=str)), device=options.instance_type.device,
+                                        instance_type=options.instance_type.name, workers=shape.workers,
+                                        nodes=shape.nodes, iterations_per_epoch=max(1, ran),
+                                        epoch_times_s=[round(t, 6) for t in times], source="measured"))
+        tick(f"configuration {k + 1}: median epoch {np.median(times) if times else float('nan'):.2f} s")
+    if 0 < len(out) < 2:
+        notes.append("configurations: fewer than two timed, so configuration speed spread is not measured; "
+                     "raise --budget")
+    return out
 
 
 @dataclass(frozen=True)
@@ -456,7 +574,8 @@ def _workload_sizes(spec: JobSpec, options: ProfileOptions, results: list[ShapeR
 
 def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeResult],
                    startup: list[StartupSamples], warm: _Restart | None, cold: _Restart | None, config: dict,
-                   notes: list[str], termination: list[TerminationSamples] | None = None) -> Profile:
+                   notes: list[str], termination: list[TerminationSamples] | None = None,
+                   epochs: list[EpochMeasurement] | None = None) -> Profile:
     it = options.instance_type
     info = machine_info()
     # what the workers really used (a GPU type's profile is taken on GPUs: one per worker, nccl)
@@ -504,6 +623,16 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
     else:
         sources["epoch_overhead_s"] = "default: not measured (too few iterations per shape for two epochs)"
     sources.setdefault("checkpoint_size_gb", "default: not measured")
+    if epochs:
+        m = epochs[0]
+        sources["epoch_measurements"] = (f"measured: {len(epochs)} configurations sampled from the search space, "
+                                         f"{len(m.epoch_times_s)} epochs each after a warm-up epoch, "
+                                         f"{m.iterations_per_epoch} iterations per epoch at {m.workers} worker"
+                                         f"{'s' if m.workers > 1 else ''}; start of one pass over ctx.batches to "
+                                         f"the start of the next")
+    else:
+        sources["epoch_measurements"] = ("not measured (--configs 0 or no budget left): the planner assumes "
+                                         "every configuration as fast as the profiled one and no per-epoch noise")
     sources["eval_time_s"] = "not measured separately: per-epoch evaluation is part of epoch_overhead_s"
     measured_clouds = {s.cloud for s in startup}
     for cloud in sorted(set(spec.resources.clouds) | {options.cloud}):
@@ -524,6 +653,7 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
                                                                                      r.latencies_s],
                                          source="measured")
                       for r in results if not r.skipped],
+        epoch_measurements=list(epochs or []),
         startup=startup,
         termination=list(termination or []),
         machine=info,

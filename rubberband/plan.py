@@ -154,6 +154,8 @@ class Alternative(_Model):
     stages: list[StagePlan]
     predicted: Prediction
     timeline: Timeline | None = None
+    #: For the exact optimum: "proven optimal (N nodes searched)" or "capped after N nodes, not proven optimal".
+    note: str | None = None
 
 
 class PlannerInfo(_Model):

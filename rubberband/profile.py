@@ -1,4 +1,4 @@
-"""The profile: measured training latencies and instance startup latencies (schema v1).
+"""The profile: measured training latencies, epoch times and instance startup latencies (schema v2).
 
 A profile is what ``rubberband profile`` writes and what the planner's performance
 model is fitted from. It is plain JSON; ``docs/profile.md`` documents every field.
@@ -7,6 +7,11 @@ Iteration latencies are recorded per device (``V100``, ``CPU``...), per trial wi
 (data-parallel workers) and per node span (how many instances the trial's workers are
 spread over). Devices that were not measured may be given a relative speed in
 ``device_speed`` (1.0 = the reference device) so the planner can still consider them.
+
+Schema v2 adds ``epoch_measurements``: whole-epoch times of several configurations sampled from
+the search space, from which the planner fits per-epoch noise and the spread of configuration
+speed. A v1 profile loads as v2 without them (the planner then assumes no such variation, and
+says so in ``fitted.variation.source``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rubberband.errors import ProfileError
 from rubberband.versioned import read_json, validate_versioned
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2
+#: Versions this rubberband reads (v1: no ``epoch_measurements``).
+PROFILE_SCHEMA_VERSIONS = (1, 2)
 
 
 class _Model(BaseModel):
@@ -74,6 +81,29 @@ class LatencyMeasurement(_Model):
         return self
 
 
+class EpochMeasurement(_Model):
+    """Whole-epoch times (training + evaluation + report + checkpoint) of one sampled configuration."""
+
+    config: dict[str, Any] = Field(default_factory=dict, description="the hyperparameters sampled")
+    device: str
+    instance_type: str | None = None
+    workers: int = Field(default=1, ge=1)
+    nodes: int = Field(default=1, ge=1)
+    iterations_per_epoch: int = Field(ge=1, description="iterations each timed epoch ran (capped epochs: fewer "
+                                                        "than the dataset's)")
+    epoch_times_s: list[float] = Field(min_length=1, description="seconds per epoch, first epoch (warm-up) "
+                                                                 "excluded")
+    source: Literal["measured", "modelled"] = "measured"
+
+    @model_validator(mode="after")
+    def _check(self) -> "EpochMeasurement":
+        if self.nodes > self.workers:
+            raise ValueError("nodes cannot exceed workers")
+        if any(not (x > 0) for x in self.epoch_times_s):
+            raise ValueError("epoch times must be positive seconds")
+        return self
+
+
 class StartupSamples(_Model):
     """Seconds from provisioning request to 'ready to run a worker', per cloud (and type)."""
 
@@ -105,9 +135,10 @@ class TerminationSamples(_Model):
 
 
 class Profile(_Model):
-    schema_version: Literal[1] = PROFILE_SCHEMA_VERSION
+    schema_version: Literal[1, 2] = PROFILE_SCHEMA_VERSION
     workload: Workload
     measurements: list[LatencyMeasurement] = Field(min_length=1)
+    epoch_measurements: list[EpochMeasurement] = Field(default_factory=list)
     startup: list[StartupSamples] = Field(default_factory=list)
     termination: list[TerminationSamples] = Field(default_factory=list)
     reference_device: str | None = None
@@ -133,7 +164,10 @@ class Profile(_Model):
 
 
 def parse_profile(data: Any, *, source: str = "<profile>") -> Profile:
-    return validate_versioned(Profile, data, source=source, kind="profile", version=PROFILE_SCHEMA_VERSION,
+    """A profile of any version this rubberband reads (v1 loads without ``epoch_measurements``)."""
+    found = data.get("schema_version") if isinstance(data, dict) else None
+    version = found if found in PROFILE_SCHEMA_VERSIONS else PROFILE_SCHEMA_VERSION
+    return validate_versioned(Profile, data, source=source, kind="profile", version=version,
                               error=ProfileError, remedy="see docs/profile.md or re-run `rubberband profile`")
 
 

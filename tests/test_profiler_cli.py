@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import textwrap
 from pathlib import Path
@@ -41,9 +42,17 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
     """Real DDP with 2 gloo workers: one node and across two; the profile validates (≈30 s)."""
     out = synthetic_dir / "profile.json"
     result = cli("profile", synthetic_dir / "synthetic.yaml", "--instance-type", "local.cpu2", "--workers", "1,2",
-                 "--iterations", "6", "--budget", "90s", "--out", out, timeout=240)
+                 "--iterations", "6", "--budget", "90s", "--startup-samples", "0", "--out", out, timeout=240)
     assert result.returncode == 0, result.stderr
     profile = load_profile(out)  # validates against rubberband.profile.Profile
+    # whole epochs (20 iterations of 20 ms + report + checkpoint) of ≥ 3 sampled configurations at 1 worker
+    epochs = profile.epoch_measurements
+    assert len(epochs) >= 3 and len({json.dumps(m.config, sort_keys=True) for m in epochs}) == len(epochs)
+    for m in epochs:
+        assert (m.workers, m.nodes, m.iterations_per_epoch, len(m.epoch_times_s)) == (1, 1, 20, 3)
+        assert all(0.35 < t < 5.0 for t in m.epoch_times_s)
+    assert profile.fitted["variation"]["configs"] == len(epochs)
+    assert "configurations" in result.stdout
     shapes = sorted((m.workers, m.nodes) for m in profile.measurements)
     assert shapes == [(1, 1), (2, 1), (2, 2)]
     for m in profile.measurements:
@@ -132,5 +141,9 @@ def test_budget_caps_iterations(cli, synthetic_dir):
     profile = load_profile(out)
     assert sorted((m.workers, m.nodes) for m in profile.measurements) == [(1, 1), (2, 1)]
     assert all(2 <= len(m.iteration_latencies_s) < 2000 for m in profile.measurements)
+    # start-up sampling is on by default where the type can be started (local), within the budget
+    assert [s.source for s in profile.startup if s.cloud == "local"] == ["measured"]
+    # whole epochs of 20 000 iterations do not fit: the configurations' epochs are capped too
+    assert profile.epoch_measurements and all(m.iterations_per_epoch < 20000 for m in profile.epoch_measurements)
     # The budget covers the measurement; allow for interpreter start, the import check and teardown.
     assert elapsed < 60 + 30, elapsed

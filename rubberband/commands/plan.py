@@ -61,13 +61,26 @@ def print_plan(plan: Plan) -> None:
         saving = static.predicted.cost_usd.mean - p.cost_usd.mean
         ratio = static.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
         workers = f"{s0.workers_per_trial} worker{'s' if s0.workers_per_trial != 1 else ''}/trial"
-        console.print(f"vs best static plan ({s0.instances} × {s0.instance_type}, {workers}, {format_usd(static.predicted.cost_usd.mean)}, JCT p95 "
-                      f"{format_duration(static.predicted.jct_s.p95)}): saves {format_usd(saving)} "
-                      f"({ratio:.2f}× cheaper)")
+        what = (f"best static plan ({s0.instances} × {s0.instance_type}, {workers}, "
+                f"{format_usd(static.predicted.cost_usd.mean)}, JCT p95 {format_duration(static.predicted.jct_s.p95)})")
+        if _same_cluster(plan, static):
+            console.print(f"This is the {what}: no elastic plan found is cheaper by more than 1% and as fast"
+                          + (f"; run elastically it releases idle instances early and costs "
+                             f"{format_usd(p.cost_usd.mean)}" if saving > 0.01 * static.predicted.cost_usd.mean
+                             else ""))
+        elif ratio < 1.01:
+            console.print(f"vs {what}: about as cheap ({ratio:.2f}×)")
+        else:
+            console.print(f"vs {what}: saves {format_usd(saving)} ({ratio:.2f}× cheaper)")
     else:
         console.print("No static plan meets the deadline at this confidence.")
     if plan.asha is not None:
         console.print(asha_line(plan))
+    exact = plan.baselines.get("exact")
+    if exact is not None:
+        gap = p.cost_usd.mean / exact.predicted.cost_usd.mean if exact.predicted.cost_usd.mean > 0 else 1.0
+        console.print(f"Exact optimum: {format_usd(exact.predicted.cost_usd.mean)} (this plan {gap:.3f}× it); "
+                      f"{exact.note or 'search extent unknown'}")
     console.print(f"Planned in {plan.planner.seconds:.2f} s ({plan.planner.candidates_evaluated} candidates, "
                   f"{plan.planner.samples} samples, seed {plan.planner.seed}).")
 
@@ -91,6 +104,10 @@ def asha_line(plan: Plan) -> str:
     ratio = a.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
     return (f"vs ASHA on a fixed cluster ({cluster}, {format_usd(a.predicted.cost_usd.mean)}, JCT p95 "
             f"{format_duration(a.predicted.jct_s.p95)}): {ratio:.2f}× the elastic plan's cost")
+def _same_cluster(plan: Plan, static) -> bool:
+    """Whether the plan runs the static plan's cluster (same type, count and width in every stage)."""
+    key = lambda s: (s.cloud, s.instance_type, s.instances, s.workers_per_trial)  # noqa: E731
+    return [key(s) for s in plan.stages] == [key(s) for s in static.stages]
 
 
 def register(app: typer.Typer) -> None:
@@ -109,6 +126,8 @@ def register(app: typer.Typer) -> None:
         head: str = typer.Option("instance", "--head", help="How an aws/gcp run will place its executor and Ray "
                                  "head (as `rubberband run --head`): 'instance' bills the run's own head instance "
                                  "in the predictions, 'local' (this machine) does not."),
+        exact: bool = typer.Option(False, "--exact", help="Also search the whole plan space exactly (branch and "
+                                   "bound, small jobs only) and report the plan's gap to it."),
     ) -> None:
         """Plan the cheapest elastic allocation that meets the deadline, and compare with static."""
         deadline_s = deadline_flag(deadline)
@@ -124,7 +143,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--report {report} already exists; remove it or choose another folder")
         inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
         result = plan_from_inputs(inputs, deadline_s=deadline_s, confidence=confidence, cloud=cloud,
-                                  samples=samples, seed=seed, head=head)
+                                  samples=samples, seed=seed, head=head, include_exact=exact)
         if out is not None:
             write_plan(result, out)
         report_path = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -45,8 +46,11 @@ def register(app: typer.Typer) -> None:
         workers: str = typer.Option(None, "--workers", help="Worker counts per trial, e.g. 1,2,4 "
                                                             "(default: 1,2,4 up to two instances' worth)."),
         budget: str = typer.Option("5m", "--budget", help="Total time for the whole profile, e.g. 90s, 5m."),
-        startup_samples: int = typer.Option(0, "--startup-samples", help="Measure this many node start-ups "
-                                                                         "(default: documented defaults)."),
+        startup_samples: int = typer.Option(None, "--startup-samples", help="Measure this many node start-ups "
+                                            "(default: 3 where the instance type can be started here, else "
+                                            "documented defaults)."),
+        configs: int = typer.Option(3, "--configs", help="Time whole epochs of at least this many configurations "
+                                    "sampled from the search space (more as --budget allows; 0: none)."),
         iterations: int = typer.Option(20, "--iterations", help="Iterations timed per shape (at most)."),
         batch_size: int = typer.Option(None, "--batch-size", help="Per-worker batch size, if the spec's "
                                                                   "config and the batches do not tell."),
@@ -65,8 +69,10 @@ def register(app: typer.Typer) -> None:
             budget_s = parse_duration(budget)
         except ValueError as exc:
             raise InputError(f"--budget: {exc}") from None
-        if startup_samples < 0:
+        if startup_samples is not None and startup_samples < 0:
             raise InputError("--startup-samples must be 0 or more")
+        if configs < 0:
+            raise InputError("--configs must be 0 or more")
         for flag, value in (("--batch-size", batch_size), ("--dataset-size", dataset_size)):
             if value is not None and value < 1:
                 raise InputError(f"{flag} must be a positive number")
@@ -78,13 +84,16 @@ def register(app: typer.Typer) -> None:
         itype = _instance_type(spec, cloud, instance_type)
 
         from rubberband.profile import write_profile
-        from rubberband.profiler.runner import ProfileOptions, validate
+        from rubberband.profiler.runner import (CLOUDS_WITH_PROFILING, DEFAULT_STARTUP_SAMPLES, ProfileOptions,
+                                                validate)
         from rubberband.profiler.shapes import parse_workers
 
         counts = parse_workers(workers or _default_workers(spec, itype.workers))
+        if startup_samples is None:
+            startup_samples = DEFAULT_STARTUP_SAMPLES if cloud in CLOUDS_WITH_PROFILING else 0
         options = ProfileOptions(cloud=cloud, instance_type=itype, workers=tuple(counts), budget_s=budget_s,
                                  iterations=iterations, startup_samples=startup_samples, batch_size=batch_size,
-                                 dataset_size=dataset_size, cross_node=not single_node)
+                                 dataset_size=dataset_size, cross_node=not single_node, configs=configs)
         validate(spec, options)  # bad input fails here, before any progress output
         result = _run_with_progress(spec, options)
         write_profile(result.profile, out)
@@ -134,6 +143,12 @@ def _print_summary(result, out: Path) -> None:
             + "".join(f"; termination {np.median(t.samples_s):.2f} s" for t in profile.termination)
             + f"; took {format_duration(result.wall_s)}")
     console.print(line, soft_wrap=True)
+    v = (profile.fitted or {}).get("variation")
+    if v and v.get("configs"):
+        console.print(f"{v['configs']} configurations, {v['epochs']} whole epochs: per-epoch σ "
+                      f"{v['epoch_sigma_fit']:.3f} (planned {v['epoch_sigma']:.3f}), configuration speed σ "
+                      f"{v['config_sigma_fit']:.3f} (planned {v['config_sigma']:.3f}), typical configuration "
+                      f"{math.exp(v['config_log_mean']):.2f}× the profiled one's epoch time", soft_wrap=True)
     notes = stderr()
     for note in result.notes:
         notes.print(f"note: {note}", soft_wrap=True)
