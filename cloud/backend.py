@@ -75,7 +75,7 @@ def ray_join_check(instance: Instance, timeout_s: float) -> None:
     while resource not in ray.cluster_resources():
         if time.monotonic() >= deadline:
             raise CloudError(f"{instance.cloud}: instance {instance.id} runs but its Ray node did not join the head "
-                             f"within {timeout_s:g}s (see /var/log/rubberband-bootstrap.log on it)",
+                             f"within {timeout_s:g}s (see /var/log/rubberband-boot.log on it)",
                              kind="transient", code="JoinTimeout", zone=instance.zone)
         time.sleep(2.0)
 
@@ -101,6 +101,7 @@ class CloudBackend:
     join_timeout_s: float = 600.0
     join_check: JoinCheck = ray_join_check
     max_lifetime_s: float | None = None
+    requirements: tuple[str, ...] = ()  # the spec's own packages, installed by each worker's boot
     attempts: list[Attempt] = field(default_factory=list)
     _where: dict[str, Provider] = field(default_factory=dict, init=False, repr=False)
     _obtained: dict[str, Obtained] = field(default_factory=dict, init=False, repr=False)
@@ -126,7 +127,7 @@ class CloudBackend:
                                      max_lifetime_s=request.max_lifetime_s or self.max_lifetime_s)
 
         def render(candidate: InstanceType) -> Provider:  # the script depends on the type actually tried
-            return _ScriptFor(self.pool.for_type(candidate), self.head, self.max_lifetime_s)
+            return _ScriptFor(self.pool.for_type(candidate), self.head, self.max_lifetime_s, self.requirements)
 
         alternatives = [t for t in self.alternatives(request.instance_type)
                         if not request.spot or t.spot_price_hr is not None]  # a spot request needs a spot offer
@@ -226,6 +227,7 @@ class _ScriptFor:
     provider: Provider
     head: Instance
     max_lifetime_s: float | None
+    requirements: tuple[str, ...] = ()
 
     @property
     def cloud(self) -> str:
@@ -233,7 +235,7 @@ class _ScriptFor:
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
         script = worker_startup_script(request.instance_type.cloud, request.run_id, self.head, request.instance_type,
-                                       max_lifetime_s=self.max_lifetime_s)
+                                       max_lifetime_s=self.max_lifetime_s, requirements=self.requirements)
         return self.provider.provision(dataclasses.replace(request, startup_script=script))
 
 

@@ -56,6 +56,7 @@ class LocalHeadCloudBackend:
     catalog: Catalog | None = None
     test_boot: str | None = None
     ray_auth_mode: str = "disabled"
+    requirements: tuple[str, ...] = ()  # the spec's `requirements`, installed by each worker's boot
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -66,7 +67,8 @@ class LocalHeadCloudBackend:
                                tags={TAG_MANAGED: "true", TAG_ROLE: "head"})
         join = self._boot_locally if self.test_boot == "local" else ray_join_check
         self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join, alternatives=self._alternatives,
-                                    boot_timeout_s=600.0, join_timeout_s=600.0)
+                                    boot_timeout_s=600.0, join_timeout_s=600.0,
+                                    requirements=tuple(self.requirements))
 
     # -- head --------------------------------------------------------------------------------
 
