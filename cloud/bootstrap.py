@@ -164,6 +164,7 @@ class BootstrapConfig:
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
     ray_port: int = RAY_PORT
     dashboard_port: int = DASHBOARD_PORT
+    ray_start_options: tuple[str, ...] = ()  # more `ray start` options (e.g. ports, where nodes share a machine)
     venv: str = VENV  # where the runtime is installed
     run_root: str = RUN_ROOT  # run directories (the head's watchdog watches <run_root>/<run id>)
     log_dir: str = "/var/log"
@@ -309,6 +310,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"mkdir -p {run_dir}",
     ]
     ray = f"{py} -m ray.scripts.scripts"
+    more = "".join(f" {_q(option)}" for option in config.ray_start_options)
     if config.role == "head":
         wd = config.watchdog
         lines += [
@@ -316,7 +318,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
             f"export {RUN_ROOT_ENV}={_q(config.run_root)} {HEAD_ID_ENV}=\"${{INSTANCE_ID}}\"",
             "# the head schedules no trial work; dashboard and job server listen on localhost (reach them over SSH)",
             f"{ray} start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
-            f"--dashboard-port={config.dashboard_port} --resources='{json.dumps({'rb-head': 1})}'",
+            f"--dashboard-port={config.dashboard_port} --resources='{json.dumps({'rb-head': 1})}'{more}",
             "# until the CLI submits the run (and its watchdog job), and whenever that watchdog asks, power off here",
             "(waited=0; while sleep 5; do waited=$((waited + 5))",
             f"   if [ -e {run_dir}/{POWEROFF_MARKER} ]; then say 'the watchdog ended the run: powering off'; "
@@ -333,7 +335,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         lines += [
             f"RB_HEAD={_q(head)}",
             f"{ray} start --address=\"${{RB_HEAD}}\" {device} "
-            f"--resources=\"{{\\\"rb-node-${{INSTANCE_ID}}\\\": {config.workers}}}\"",
+            f"--resources=\"{{\\\"rb-node-${{INSTANCE_ID}}\\\": {config.workers}}}\"{more}",
             "# head-loss watchdog: a worker whose head is gone powers off (and so terminates)",
             "(lost=0; while sleep 60; do",
             f"   if {ray} health-check --address \"${{RB_HEAD}}\" >/dev/null 2>&1; then lost=0;",
