@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rubberband.catalog import InstanceType
-from rubberband.cloud.bootstrap import RAY_PORT
+from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
 from rubberband.cloud.head import worker_startup_script
 from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider, loss_reason, node_resource
@@ -78,6 +78,19 @@ def ray_join_check(instance: Instance, timeout_s: float) -> None:
                              f"within {timeout_s:g}s (see /var/log/rubberband-boot.log on it)",
                              kind="transient", code="JoinTimeout", zone=instance.zone)
         time.sleep(2.0)
+
+
+def boot_report(provider: Provider, instance_id: str, *, lines: int = 4) -> str:
+    """Why a node's boot failed, from its serial console: the startup script's failure line with the lines
+    before it, else its last ``lines`` lines; "" where the provider cannot read consoles or nothing was there."""
+    read = getattr(provider, "console_output", None)
+    text = read(instance_id) if read is not None else ""
+    rows = [row.strip() for row in (text or "").splitlines() if row.strip()]
+    failed = [i for i, row in enumerate(rows) if BOOT_FAILED in row]
+    if failed:
+        end = failed[-1] + 1
+        return " | ".join(rows[max(0, end - lines):end])
+    return " | ".join(rows[-lines:])
 
 
 @dataclass(frozen=True)
@@ -145,6 +158,19 @@ class CloudBackend:
             running = provider.wait(ids, self.boot_timeout_s)
             for inst in running:
                 self.join_check(inst, self.join_timeout_s)
+        except CloudError as exc:
+            why = {ident: boot_report(provider, ident) for ident in ids}  # before the console goes with the instance
+            provider.terminate(ids)
+            failed = {ident: text for ident, text in why.items() if BOOT_FAILED in text}
+            if failed:  # the boot itself failed (e.g. a version skew): another zone or type would fail alike
+                ident, text = next(iter(failed.items()))
+                raise CloudError(f"{self.cloud}: instance {ident} failed to boot: {text}", kind="fatal",
+                                 code="BootFailed", zone=exc.zone) from None
+            shown = next((f"{ident}: {text}" for ident, text in why.items() if text), "")
+            if shown:
+                raise CloudError(f"{exc}; its console said: {shown}", kind=exc.kind, code=exc.code, zone=exc.zone,
+                                 region=exc.region, quota=exc.quota) from None
+            raise
         except BaseException:
             provider.terminate(ids)
             raise

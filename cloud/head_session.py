@@ -58,6 +58,8 @@ MAX_CODE_BYTES = 100 * 1024 ** 2
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 #: How long the link to a head may stay broken (no log, no status) before the CLI gives up following the run.
 LINK_GRACE_S = 120.0
+#: While the head's job server does not answer, how often the CLI reads the head's console for a failed boot.
+CONSOLE_CHECK_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -250,12 +252,16 @@ class HeadSession:
 
         deadline = time.monotonic() + self.connect_timeout_s
         url = self.link.open(self.connect_timeout_s)
+        next_console = time.monotonic() + CONSOLE_CHECK_S
         try:
             while True:
                 try:
                     self.client = JobSubmissionClient(url)
                     return self
                 except Exception as exc:  # noqa: BLE001 - ConnectionError until Ray's job server is up
+                    if time.monotonic() >= next_console:  # still booting, or did its boot fail?
+                        next_console = time.monotonic() + CONSOLE_CHECK_S
+                        self._raise_if_boot_failed()
                     if time.monotonic() >= deadline:
                         raise CloudError(f"the job server of head {self.record.instance_id} did not answer within "
                                          f"{self.connect_timeout_s:.0f}s ({type(exc).__name__}); see "
@@ -267,6 +273,19 @@ class HeadSession:
 
     def __exit__(self, *exc) -> None:
         self.link.close()
+
+    def _raise_if_boot_failed(self) -> None:
+        """Stop waiting for a head whose startup script failed: its console says why (e.g. a version skew)."""
+        from rubberband.cloud.backend import boot_report
+        from rubberband.cloud.bootstrap import BOOT_FAILED
+
+        try:
+            report = boot_report(_provider(self.record.cloud, self.record.region), self.record.instance_id)
+        except Exception:  # noqa: BLE001 - the console is a hint; the timeout still applies
+            return
+        if BOOT_FAILED in report:
+            raise CloudError(f"the head {self.record.instance_id} failed to boot: {report}", kind="fatal",
+                             code="BootFailed")
 
     @property
     def job_id(self) -> str:
