@@ -306,7 +306,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"RB_RAY=\"$({py} -c 'import ray; print(ray.__version__)')\"",
         f"[ \"$RB_RAY\" = {_q(config.ray_version)} ] || fail \"Ray $RB_RAY is installed here but the CLI runs Ray "
         f"{config.ray_version}; every node must run the CLI's version\"",
-        f"export PATH={venv}/bin:\"$PATH\"  # Ray installs each job's shipped wheel with this runtime's pip",
+        f"export PATH={venv}/bin:\"$PATH\"  # the runtime's python and pip for Ray's jobs",
         f"mkdir -p {run_dir}",
     ]
     ray = f"{py} -m ray.scripts.scripts"

@@ -108,6 +108,10 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
         self._stop_stand_ins()
         return False
 
+    def runtime_env(self, code_dir: str) -> dict | None:
+        """None: the executor runs inside the CLI's Ray job, whose runtime_env (rubberband, code) its driver inherits."""
+        return None
+
 
 def _load_inputs(stage: Path):
     from rubberband.plan import load_plan

@@ -7,7 +7,7 @@
    (:class:`HeadRecord`) so ``--attach`` and ``down`` find it;
 2. :class:`HeadSession` reaches the head's Ray job server through a
    :class:`~rubberband.cloud.head_link.HeadLink` and submits two Ray jobs, both with
-   ``runtime_env={"py_modules": [<wheel of this machine's rubberband>], ...}``
+   ``runtime_env={"py_modules": [<this machine's rubberband package>], ...}``
    (:mod:`rubberband.cloud.shipping`; the head's boot installed no rubberband): the head's
    watchdog (``python -m rubberband.cloud.head watchdog ...``), then the run
    (``python -m rubberband.cloud.head_job run ...``, the run's cloud id as ``submission_id``) whose
@@ -228,21 +228,21 @@ class HeadSession:
     """An open link to a run's head and a job client on it; use as a context manager."""
 
     def __init__(self, record: HeadRecord, link: HeadLink, *, connect_timeout_s: float = 1200.0,
-                 wheel: Path | None = None) -> None:
+                 package: Path | None = None) -> None:
         self.record = record
         self.link = link
         self.connect_timeout_s = connect_timeout_s
         self.client = None
-        self._wheel = wheel
+        self._package = package
 
     @property
-    def wheel(self) -> Path:
-        """The wheel of this machine's rubberband that every job ships (built once per content)."""
-        if self._wheel is None:
-            from rubberband.cloud.shipping import build_wheel
+    def package(self) -> Path:
+        """This machine's rubberband as every job ships it (built once per content; cloud/shipping.py)."""
+        if self._package is None:
+            from rubberband.cloud.shipping import build_package
 
-            self._wheel = build_wheel()
-        return self._wheel
+            self._package = build_package()
+        return self._package
 
     def __enter__(self) -> "HeadSession":
         os.environ["RAY_AUTH_MODE"] = "disabled"  # the head's Ray runs without a token (docs/clouds.md)
@@ -303,7 +303,7 @@ class HeadSession:
             work = stage_code(spec, plan, Path(tmp))
             command = entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime,
                                  head_grace_s=head_grace_s, overrun_s=overrun_s)
-            return self._submit(entrypoint=command, runtime_env=job_runtime_env(self.wheel, work),
+            return self._submit(entrypoint=command, runtime_env=job_runtime_env(self.package, work),
                                 submission_id=self.job_id, metadata={"rubberband_run": self.record.run_id})
 
     def submit_watchdog(self, settings: WatchdogSettings) -> str:
@@ -320,7 +320,7 @@ class HeadSession:
                  "--max-lifetime", f"{settings.max_lifetime_s:g}", "--poll", f"{settings.poll_s:g}",
                  "--poweroff-marker"]
         return self._submit(entrypoint=" ".join(shlex.quote(w) for w in words),
-                            runtime_env=job_runtime_env(self.wheel), submission_id=f"{self.job_id}-watchdog",
+                            runtime_env=job_runtime_env(self.package), submission_id=f"{self.job_id}-watchdog",
                             metadata={"rubberband_run": self.record.run_id, "rubberband_role": "watchdog"})
 
     def _submit(self, **job) -> str:
@@ -385,7 +385,7 @@ class HeadSession:
         from rubberband.cloud.shipping import job_runtime_env
 
         job = self._submit(entrypoint=f"python -m rubberband.cloud.head_job pack --run-id {self.record.cloud_run_id}",
-                           runtime_env=job_runtime_env(self.wheel),
+                           runtime_env=job_runtime_env(self.package),
                            submission_id=f"{self.job_id}-fetch-{secrets.token_hex(3)}")
         deadline = time.monotonic() + timeout_s
         while (status := self.status(job)) not in TERMINAL:

@@ -1,24 +1,25 @@
-"""Ship this machine's rubberband to a cluster the Ray way: a wheel for a job's ``runtime_env``.
+"""Ship this machine's rubberband to a cluster the Ray way: a package in each job's ``runtime_env``.
 
 A cloud node installs only pinned third-party packages at boot (``cloud/bootstrap.py``); rubberband
 itself, and the user's training code, reach it with every Ray job the CLI submits:
-``runtime_env={"py_modules": [<wheel>], "working_dir": <code dir>}``. Ray uploads both to the head's
-object store once and installs them on every node where a worker process of the job starts, so
-the head's executor and every trial actor import exactly the rubberband and the training code of
-the machine that submitted the run — edits not committed included. No package name is ever
-resolved on a public index.
+``runtime_env={"py_modules": [<rubberband package>], "working_dir": <code dir>}``. Ray uploads both
+to the head once (content-addressed) and unpacks them on every node where a worker process of the
+job starts, putting them first on its import path, so the head's executor and every trial actor
+import exactly the rubberband and the training code of the machine that submitted the run — edits
+not committed included. No package name is ever resolved on a public index.
 
-:func:`build_wheel` packs the rubberband that is imported here (an editable checkout or an
-installed copy: whatever ``import rubberband`` finds) into a pure-Python wheel:
+:func:`build_package` copies the rubberband that is imported here (an editable checkout, whose
+subpackages live in separate top-level folders, or an installed copy: whatever ``import rubberband``
+finds) into the importable layout ``<cache>/rubberband-<version>+g<hash>/rubberband/...``:
 
-* its version carries a content hash (``0.1.0+g1a2b3c4d5e6f``): Ray caches a wheel by its file
-  name, so changed code gets a new name and is uploaded again; unchanged code is built once
-  (cached under ``cache_dir``) and uploaded once;
-* it declares no dependencies: Ray installs a ``py_modules`` wheel with ``pip install --target``,
-  which would otherwise pull numpy, torch, ... again from an index into the job's directory. The
-  node's own pinned packages (boot) provide them;
-* it holds the package's sources and data only (``*.py``, the catalogs): no byte code, caches,
-  or anything outside the package directories — never a credential.
+* sources and data only (``*.py``, the catalogs): no byte code, caches or dot-files, nothing from
+  outside the package directories — never a credential;
+* no pip on the nodes: Ray unzips a directory module (a wheel would be ``pip install --target``-ed
+  on each node for each new job, which also pulls every declared dependency from an index);
+* cached by content: unchanged code is copied once per machine and uploaded once per cluster.
+
+:func:`build_wheel` packs the same files as a dependency-free wheel (for a cluster that wants one,
+e.g. ``pip install`` on a node by hand); the CLI ships :func:`build_package`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import hashlib
 import importlib
 import io
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -119,9 +121,34 @@ def build_wheel(cache_dir: Path | None = None) -> Path:
     return wheel
 
 
-def job_runtime_env(wheel: Path, working_dir: Path | None = None) -> dict:
-    """The ``runtime_env`` of every rubberband job: the shipped wheel, and the user's code as working directory."""
-    env: dict = {"py_modules": [str(wheel)]}
+def build_package(cache_dir: Path | None = None) -> Path:
+    """The imported rubberband as an importable package directory (``.../rubberband``), built once per content."""
+    from rubberband import __version__
+
+    files = package_files()
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = cache / f"rubberband-{__version__.split('+')[0]}+g{content_hash(files)}"
+    if (root / ".complete").is_file():
+        return root / "rubberband"
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".{root.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for arcname, path in files:
+        target = tmp / arcname
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    (tmp / ".complete").write_text("")
+    try:
+        tmp.replace(root)
+    except OSError:  # another process built the same content meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root / "rubberband"
+
+
+def job_runtime_env(package: Path, working_dir: Path | None = None) -> dict:
+    """The ``runtime_env`` of every rubberband job: the shipped rubberband package, and the user's code as its
+    working directory."""
+    env: dict = {"py_modules": [str(package)]}
     if working_dir is not None:
         env["working_dir"] = str(working_dir)
     return env

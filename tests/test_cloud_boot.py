@@ -13,9 +13,9 @@ would on an instance, with only what this machine cannot be replaced, each passe
 
 The head script starts a real Ray head (job server on 127.0.0.1), the worker script joins it with its
 ``rb-node-<instance id>`` resource, and a Ray job submitted the way the CLI submits runs
-(``runtime_env`` = the wheel of this checkout + the training code directory) trains a 2-worker DDP
+(``runtime_env`` = the rubberband package of this checkout + the training code directory) trains a 2-worker DDP
 trial on the worker node: the head's driver and the worker's trial processes import rubberband from
-the shipped wheel (the image has none) and the training code from the shipped working directory.
+the shipped package (the image has none) and the training code from the shipped working directory.
 
 Slow (about 1.5-2 minutes per cloud on the shared 2-core machine: two venvs, two Ray nodes, a job).
 """
@@ -38,7 +38,7 @@ import pytest
 
 from rubberband.cloud.bootstrap import BOOT_FAILED, BootstrapConfig, client_versions, render_startup_script
 from rubberband.cloud.local_head import _private_address
-from rubberband.cloud.shipping import build_wheel, job_runtime_env
+from rubberband.cloud.shipping import build_package, job_runtime_env
 
 from conftest import REPO
 
@@ -243,11 +243,11 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         code.mkdir()
         shutil.copy(REPO / "tests" / "trial_code" / "tiny_train.py", code)
         (code / "boot_job.py").write_text(JOB)
-        wheel = build_wheel(root / "wheels")
+        package = build_package(root / "cache")
         monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # cloud nodes' Ray runs without a token (docs/clouds.md)
         client = JobSubmissionClient(f"http://127.0.0.1:{dashboard_port}")
         job = client.submit_job(entrypoint=f"python boot_job.py {cloud}-worker-1 {root / 'trial'}",
-                                runtime_env=job_runtime_env(wheel, code))
+                                runtime_env=job_runtime_env(package, code))
         deadline = time.monotonic() + 420
         while (status := client.get_job_status(job)) not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
                                                               JobStatus.STOPPED):
@@ -257,8 +257,8 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         assert status == JobStatus.SUCCEEDED, logs[-4000:]
         result = json.loads(next(line for line in logs.splitlines() if line.startswith("RESULT "))[7:])
         assert result["epochs"] == [0, 1] and all(loss == loss for loss in result["loss"])  # trained, finite
-        shipped = "py_modules_files"  # where Ray installs a job's py_modules wheel on each node
-        assert shipped in result["driver"] and shipped in result["worker"]["rubberband"]  # the wheel, not a copy
+        shipped = "py_modules_files"  # where Ray unpacks a job's py_modules on each node
+        assert shipped in result["driver"] and shipped in result["worker"]["rubberband"]  # shipped, not installed
         assert str(REPO) not in result["driver"] + result["worker"]["rubberband"]
         assert "working_dir_files" in result["worker"]["train"]  # the training code came with the job
         assert result["worker"]["node"] != result["head_node"]  # the trial ran on the booted worker

@@ -109,7 +109,7 @@ def test_head_provisioned_then_watchdog_ends_a_stalled_run(moto_env, tmp_path):
     assert head.role == "head" and head.state == "running" and head.instance_type == "m6i.large"
     user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
         InstanceId=head.id, Attribute="userData")["UserData"]["Value"]
-    assert "ray start --head" in base64.b64decode(user_data).decode()
+    assert "ray.scripts.scripts start --head" in base64.b64decode(user_data).decode()
     script = worker_startup_script("aws", "run-w", head, G4)
     assert f"RB_HEAD={head.address}:6379" in script
     workers = provider.provision(InstanceRequest("run-w", 0, G4, count=2, startup_script=script,
@@ -266,3 +266,19 @@ def test_a_failed_boot_says_why_on_the_console(tmp_path):
     assert "no Python 3.99" in failed and "choose an image with Python 3.99" in failed
     assert (tmp_path / "shutdown.log").read_text().split() == ["-h", "+10"]  # powers off later, not now
     assert (tmp_path / "log" / "rubberband-boot.log").read_text() == console
+
+
+def test_watchdog_as_a_job_asks_the_boot_script_to_power_off(tmp_path):
+    """As a Ray job the watchdog has no power-off of its own: it leaves the marker the head's boot script acts on,
+    and finds the run directory under the head's run root; it polls at least ten times per shortest timeout."""
+    from rubberband.cloud.bootstrap import POWEROFF_MARKER
+    from rubberband.cloud.head import poll_interval, request_poweroff
+
+    request_poweroff(tmp_path / "run-q")()
+    assert (tmp_path / "run-q" / POWEROFF_MARKER).is_file()
+    args = build_parser().parse_args(["watchdog", "--cloud", "aws", "--region", REGION, "--run-id", "run-q",
+                                      "--head-id", "i-1", "--poweroff-marker"])
+    assert args.poweroff_marker and args.run_dir is None
+    assert poll_interval(SETTINGS) == 30 and poll_interval(WatchdogSettings(done_grace_s=1.0)) == 0.1
+    script = render_startup_script(BootstrapConfig(run_id="run-q", cloud="aws", role="head", **VERSIONS))
+    assert f'/var/lib/rubberband/runs/"${{RB_RUN_ID}}"/{POWEROFF_MARKER} ]; then' in script

@@ -99,12 +99,12 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         info = JobSubmissionClient(head_url(record.instance_id)).get_job_info(record.cloud_run_id)
         assert "rubberband.cloud.head_job run" in info.entrypoint and record.instance_id in info.entrypoint
         assert info.runtime_env["working_dir"].startswith("gcs://")  # the code directory, packed by Ray Jobs
-        # rubberband itself ships with every job as a wheel of this checkout (the head's boot installed none)
-        (wheel,) = info.runtime_env["py_modules"]
-        assert wheel.startswith("gcs://rubberband-0.1.0+g") and wheel.endswith("-py3-none-any.whl")
+        # rubberband itself ships with every job: this checkout's package (the head's boot installed none)
+        (package,) = info.runtime_env["py_modules"]
+        assert package.startswith("gcs://_ray_pkg_")
         watchdog = JobSubmissionClient(head_url(record.instance_id)).get_job_info(f"{record.cloud_run_id}-watchdog")
         assert "rubberband.cloud.head watchdog" in watchdog.entrypoint and "--poweroff-marker" in watchdog.entrypoint
-        assert watchdog.runtime_env["py_modules"] == [wheel] and watchdog.status == "RUNNING"
+        assert watchdog.runtime_env["py_modules"] == [package] and watchdog.status == "RUNNING"
         user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
             InstanceId=record.instance_id, Attribute="userData")["UserData"]["Value"]
         for text in (info.entrypoint, json.dumps(info.runtime_env), user_data):
