@@ -44,9 +44,9 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamps: the same code gives the 
 
 
 def default_cache_dir() -> Path:
-    """Where built wheels are kept between runs (the user's cache directory)."""
+    """Where shipped packages (and wheels) are kept between runs (the user's cache directory)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rubberband" / "wheels"
+    return Path(base) / "rubberband" / "shipped"
 
 
 def package_files() -> list[tuple[str, Path]]:
