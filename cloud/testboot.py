@@ -70,7 +70,7 @@ def play_head(cloud: str, region: str, run_id: str, instance_id: str, settings: 
     (disk / "boot.pid").write_text(f"{proc.pid}\n")  # its own process group: tests stop it with it
 
 
-def head_url(instance_id: str, timeout_s: float = 60.0) -> str:
+def head_url(instance_id: str, timeout_s: float = 180.0) -> str:
     """The job server URL of a played head, once it is up."""
     path = head_disk(instance_id) / HEAD_URL_FILE
     deadline = time.monotonic() + timeout_s
