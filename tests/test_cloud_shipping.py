@@ -4,6 +4,7 @@ without rubberband imports and uses it. (tests/test_cloud_boot.py ships it to a 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -53,3 +54,23 @@ def test_the_wheel_has_no_dependencies_and_installs_offline(tmp_path):
     assert (target / "rubberband" / "catalogs" / "gcp.csv").is_file()
     assert (target / "rubberband" / "executor" / "trials.py").read_bytes() == \
         (REPO / "executor" / "trials.py").read_bytes()
+
+
+def test_the_code_directory_never_ships_secrets(tmp_path):
+    """The training code directory goes with every job: files that commonly hold secrets stay behind."""
+    from rubberband.cloud.head_session import stage_code
+    from rubberband.spec import load_spec
+
+    code = tmp_path / "code"
+    shutil.copytree(REPO / "examples", code)
+    for name in (".env", "prod.pem", "id_rsa", "credentials.json", "my-service-account-key.json"):
+        (code / name).write_text("secret\n")
+    (code / ".aws").mkdir()
+    (code / ".aws" / "credentials").write_text("[default]\n")
+    spec = load_spec(code / "digits.yaml")
+    from test_cloud_headmode import _digits_plan
+
+    work = stage_code(spec, _digits_plan(spec), tmp_path / "stage")
+    shipped = {p.relative_to(work).as_posix() for p in work.rglob("*")}
+    assert "digits.py" in shipped and "_rubberband/spec.json" in shipped
+    assert not shipped & {".env", "prod.pem", "id_rsa", "credentials.json", "my-service-account-key.json", ".aws"}
