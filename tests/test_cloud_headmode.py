@@ -323,7 +323,8 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
         assert vm["labels"]["rubberband-role"] == "head" and vm["labels"]["rubberband-run-id"] == "gcp-head-run"
         assert record.zone in ("us-central1-a", "us-central1-b")
         script = next(m["value"] for m in vm["metadata"]["items"] if m["key"] == "startup-script")
-        assert "rubberband.cloud.head watchdog" in script and "--dashboard-port=8265" in script
+        assert "--dashboard-port=8265" in script and "rubberband==" not in script  # rubberband comes with the jobs
+        assert "install-nvidia-driver" not in {m["key"] for m in vm["metadata"]["items"]}  # a CPU head
         assert "RUBBERBAND_RUN_ROOT" in script
     finally:
         assert end_run(record, test_boot=None) == 1
