@@ -27,7 +27,7 @@ import botocore.exceptions
 from botocore.config import Config
 
 from rubberband import __version__
-from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr
+from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
 from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
@@ -286,6 +286,16 @@ class AwsProvider:
                     except CloudError as inner:
                         if not inner.code.startswith("InvalidInstanceID"):
                             raise
+
+    def console_output(self, instance_id: str, *, lines: int = 20) -> str:
+        """The last ``lines`` of an instance's console (its boot log: the startup script writes there); "" if none.
+
+        EC2 keeps the console output of a running or recently terminated instance for a while."""
+        try:
+            output = self.ec2.get_console_output(InstanceId=instance_id, Latest=True).get("Output") or ""
+        except Exception:  # noqa: BLE001 - best effort: an error message must not hide the original one
+            return ""
+        return redact("\n".join(output.splitlines()[-lines:]))
 
     def set_labels(self, instance_id: str, labels: dict[str, str]) -> None:
         """Merge tags into an instance's tags (e.g. a new stage when an instance is reused)."""

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rubberband.catalog import InstanceType
-from rubberband.cloud.bootstrap import RAY_PORT
+from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
 from rubberband.cloud.head import worker_startup_script
 from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider, loss_reason, node_resource
@@ -75,9 +75,22 @@ def ray_join_check(instance: Instance, timeout_s: float) -> None:
     while resource not in ray.cluster_resources():
         if time.monotonic() >= deadline:
             raise CloudError(f"{instance.cloud}: instance {instance.id} runs but its Ray node did not join the head "
-                             f"within {timeout_s:g}s (see /var/log/rubberband-bootstrap.log on it)",
+                             f"within {timeout_s:g}s (see /var/log/rubberband-boot.log on it)",
                              kind="transient", code="JoinTimeout", zone=instance.zone)
         time.sleep(2.0)
+
+
+def boot_report(provider: Provider, instance_id: str, *, lines: int = 4) -> str:
+    """Why a node's boot failed, from its serial console: the startup script's failure line with the lines
+    before it, else its last ``lines`` lines; "" where the provider cannot read consoles or nothing was there."""
+    read = getattr(provider, "console_output", None)
+    text = read(instance_id) if read is not None else ""
+    rows = [row.strip() for row in (text or "").splitlines() if row.strip()]
+    failed = [i for i, row in enumerate(rows) if BOOT_FAILED in row]
+    if failed:
+        end = failed[-1] + 1
+        return " | ".join(rows[max(0, end - lines):end])
+    return " | ".join(rows[-lines:])
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,7 @@ class CloudBackend:
     join_timeout_s: float = 600.0
     join_check: JoinCheck = ray_join_check
     max_lifetime_s: float | None = None
+    requirements: tuple[str, ...] = ()  # the spec's own packages, installed by each worker's boot
     attempts: list[Attempt] = field(default_factory=list)
     _where: dict[str, Provider] = field(default_factory=dict, init=False, repr=False)
     _obtained: dict[str, Obtained] = field(default_factory=dict, init=False, repr=False)
@@ -126,7 +140,7 @@ class CloudBackend:
                                      max_lifetime_s=request.max_lifetime_s or self.max_lifetime_s)
 
         def render(candidate: InstanceType) -> Provider:  # the script depends on the type actually tried
-            return _ScriptFor(self.pool.for_type(candidate), self.head, self.max_lifetime_s)
+            return _ScriptFor(self.pool.for_type(candidate), self.head, self.max_lifetime_s, self.requirements)
 
         alternatives = [t for t in self.alternatives(request.instance_type)
                         if not request.spot or t.spot_price_hr is not None]  # a spot request needs a spot offer
@@ -144,6 +158,19 @@ class CloudBackend:
             running = provider.wait(ids, self.boot_timeout_s)
             for inst in running:
                 self.join_check(inst, self.join_timeout_s)
+        except CloudError as exc:
+            why = {ident: boot_report(provider, ident) for ident in ids}  # before the console goes with the instance
+            provider.terminate(ids)
+            failed = {ident: text for ident, text in why.items() if BOOT_FAILED in text}
+            if failed:  # the boot itself failed (e.g. a version skew): another zone or type would fail alike
+                ident, text = next(iter(failed.items()))
+                raise CloudError(f"{self.cloud}: instance {ident} failed to boot: {text}", kind="fatal",
+                                 code="BootFailed", zone=exc.zone) from None
+            shown = next((f"{ident}: {text}" for ident, text in why.items() if text), "")
+            if shown:
+                raise CloudError(f"{exc}; its console said: {shown}", kind=exc.kind, code=exc.code, zone=exc.zone,
+                                 region=exc.region, quota=exc.quota) from None
+            raise
         except BaseException:
             provider.terminate(ids)
             raise
@@ -226,6 +253,7 @@ class _ScriptFor:
     provider: Provider
     head: Instance
     max_lifetime_s: float | None
+    requirements: tuple[str, ...] = ()
 
     @property
     def cloud(self) -> str:
@@ -233,7 +261,7 @@ class _ScriptFor:
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
         script = worker_startup_script(request.instance_type.cloud, request.run_id, self.head, request.instance_type,
-                                       max_lifetime_s=self.max_lifetime_s)
+                                       max_lifetime_s=self.max_lifetime_s, requirements=self.requirements)
         return self.provider.provision(dataclasses.replace(request, startup_script=script))
 
 

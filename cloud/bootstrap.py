@@ -1,10 +1,12 @@
 """Startup scripts (EC2 user-data, GCE ``startup-script``) for a run's head and workers.
 
-One renderer for both clouds. A script installs the runtime (a venv with rubberband,
-Ray and torch), learns the instance's own id from the metadata server (IMDSv2 on AWS),
-and then either starts the run's Ray head plus its self-termination watchdog
-(:mod:`rubberband.cloud.head`) or joins the head as a worker node that offers the custom
-resource ``rb-node-<instance id>`` (see CONTRACT_TRIALS.md).
+One renderer for both clouds. A script installs the runtime (a venv with the client's Ray,
+torch where the image lacks it, and the spec's requirements: pinned third-party packages only),
+learns the instance's own id from the metadata server (IMDSv2 on AWS), and then either starts
+the run's Ray head or joins the head as a worker node that offers the custom resource
+``rb-node-<instance id>`` (see CONTRACT_TRIALS.md). rubberband itself, the head's watchdog
+(:mod:`rubberband.cloud.head`) and the training code come with the CLI's Ray jobs
+(:mod:`rubberband.cloud.shipping`), never from a package index.
 
 Safety nets that need no API permission: the instance's ``shutdown`` terminates it
 (AWS ``InstanceInitiatedShutdownBehavior=terminate``), a hard lifetime cap schedules that
@@ -124,98 +126,208 @@ class WatchdogSettings:
     poll_s: float = 30.0
 
 
+#: Python interpreters of the images rubberband boots, tried before ``python3.X`` / ``python3`` on PATH:
+#: the PyTorch Deep Learning AMI's environment and the Deep Learning VM's conda.
+IMAGE_PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/bin/python3")
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+#: What a node's boot prints (console and log) when it fails; rubberband looks for it in the console output.
+BOOT_FAILED = "rubberband-boot: FAILED:"
+#: A file the head's watchdog (a Ray job, without the rights of the boot) writes to ask for a power-off.
+POWEROFF_MARKER = "POWEROFF"
+METADATA_URLS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
+
+
 @dataclass(frozen=True)
 class BootstrapConfig:
-    """Everything a node needs to know at boot: run, role, versions, where the head is."""
+    """Everything a node needs to know at boot: run, role, the versions that must match, where the head is.
+
+    The versions are the submitting machine's (:func:`client_versions`): every node runs the same
+    Python minor and the same Ray as the CLI that ships code to it. Paths, the metadata server and
+    the power-off command are parameters so that a test can execute the very script on one machine
+    (tests/test_cloud_boot.py); production code never changes them.
+    """
 
     run_id: str
     cloud: Literal["aws", "gcp"]
     role: Literal["head", "worker"]
-    rubberband_version: str
     ray_version: str
+    python_version: str  # "3.11": the client's major.minor, which every node's interpreter must have
+    torch_version: str | None = None  # installed (pinned) only where the image has no torch
+    rubberband_version: str = ""  # for the script's header only: rubberband itself comes with each job
     region: str = ""
     head_address: str | None = None  # private address of the head (workers only)
     workers: int = 1  # trial workers this node holds (GPUs on GPU types)
     use_gpu: bool = True
     cpus: int | None = None  # CPUs the node advertises (executor.devices.node_resources); None: ``workers``
-    extra_packages: tuple[str, ...] = ()
-    rubberband_spec: str | None = None  # pip requirement for rubberband itself (a wheel URL, a git URL)
-    torch_spec: str = "torch"
+    requirements: tuple[str, ...] = ()  # the spec's `requirements` (PEP 508, validated by the spec)
     head_lost_timeout_s: float = 900.0
     max_lifetime_s: float | None = None
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
     ray_port: int = RAY_PORT
+    dashboard_port: int = DASHBOARD_PORT
+    ray_start_options: tuple[str, ...] = ()  # more `ray start` options (e.g. ports, where nodes share a machine)
     venv: str = VENV  # where the runtime is installed
     run_root: str = RUN_ROOT  # run directories (the head's watchdog watches <run_root>/<run id>)
     log_dir: str = "/var/log"
+    console: str = "/dev/console"  # boot progress also goes here: the instance's serial console
+    #: interpreters of the image tried first (AWS Deep Learning AMI, GCP Deep Learning VM: they carry CUDA torch)
+    image_pythons: tuple[str, ...] = IMAGE_PYTHONS
+    metadata_url: str | None = None  # the cloud's metadata server (default: the cloud's own)
+    shutdown_command: str = "shutdown -h"  # + "now" / "+MINUTES": powers the instance off (terminates on AWS)
+    torch_cpu_index: str = TORCH_CPU_INDEX
+
+
+def client_versions() -> dict[str, str | None]:
+    """This machine's Python minor, Ray and torch versions: what the nodes of a run must match."""
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    return {"python_version": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "ray_version": installed("ray") or "2.60.0", "torch_version": installed("torch")}
 
 
 def _q(value: object) -> str:
     return shlex.quote(str(value))
 
 
-def _instance_id_lines(cloud: str) -> list[str]:
+def _instance_id_lines(cloud: str, url: str) -> list[str]:
+    curl = "curl -sSf --retry 10 --retry-connrefused --retry-delay 2"
     if cloud == "aws":
         return [
-            'IMDS_TOKEN="$(curl -sS -X PUT http://169.254.169.254/latest/api/token '
+            f'IMDS_TOKEN="$({curl} -X PUT {url}/latest/api/token '
             '-H "X-aws-ec2-metadata-token-ttl-seconds: 300")"',
-            'INSTANCE_ID="$(curl -sS -H "X-aws-ec2-metadata-token: ${IMDS_TOKEN}" '
-            'http://169.254.169.254/latest/meta-data/instance-id)"',
+            f'INSTANCE_ID="$({curl} -H "X-aws-ec2-metadata-token: ${{IMDS_TOKEN}}" '
+            f'{url}/latest/meta-data/instance-id)"',
             "unset IMDS_TOKEN",
         ]
-    return ['INSTANCE_ID="$(curl -sS -H "Metadata-Flavor: Google" '
-            'http://metadata.google.internal/computeMetadata/v1/instance/name)"']
+    return [f'INSTANCE_ID="$({curl} -H "Metadata-Flavor: Google" {url}/computeMetadata/v1/instance/name)"']
+
+
+def _torch_lines(config: BootstrapConfig, py: str) -> list[str]:
+    """Reuse the image's torch (the Deep Learning images carry a CUDA build); else install the client's version."""
+    if config.role == "head" or not config.torch_version:
+        return []  # the head trains nothing
+    base = config.torch_version.split("+")[0]
+    if config.use_gpu:
+        install = f"{py} -m pip install --quiet {_q(f'torch=={base}')}"  # the index's Linux build is CUDA's
+    else:
+        install = (f"{py} -m pip install --quiet --extra-index-url {_q(config.torch_cpu_index)} "
+                   f"{_q(f'torch=={base}+cpu')}")
+    return [
+        f"if {py} -c 'import torch' 2>/dev/null; then",
+        f"  say \"reusing the image's torch $({py} -c 'import torch; print(torch.__version__)')\"",
+        "else",
+        f"  say 'the image has no torch: installing torch {base}{'' if config.use_gpu else ' (CPU build)'}'",
+        f"  {install}",
+        "fi",
+    ]
 
 
 def render_startup_script(config: BootstrapConfig) -> str:
-    """The bash script a node runs at first boot (EC2 user-data / GCE startup-script)."""
+    """The bash script a node runs at first boot (EC2 user-data / GCE startup-script).
+
+    It installs pinned third-party packages only — ``ray[default]`` of the client's version, torch
+    where the image lacks it, the spec's ``requirements`` — into a venv of an interpreter with the
+    client's Python minor, then starts Ray. rubberband and the training code arrive later with each
+    Ray job (``runtime_env``: :mod:`rubberband.cloud.shipping`). Progress goes to a log file and to
+    the serial console; a failure prints :data:`BOOT_FAILED` with the reason there.
+    """
     validate_run_id(config.run_id)
     if config.role == "worker" and not config.head_address:
         raise InputError("a worker's startup script needs the head's address (head_address)")
-    packages = [config.rubberband_spec or f"rubberband=={config.rubberband_version}",
-                f"ray[default]=={config.ray_version}",
-                config.torch_spec, *config.extra_packages]
+    if not re.fullmatch(r"3\.\d{1,2}", config.python_version):
+        raise InputError(f"python_version {config.python_version!r} is not a Python 3 minor version like 3.11")
+    want = config.python_version
+    major, minor = want.split(".")
+    venv, py = _q(config.venv), f"{_q(config.venv)}/bin/python"
+    run_dir = f"{_q(config.run_root)}/\"${{RB_RUN_ID}}\""
+    url = (config.metadata_url or METADATA_URLS[config.cloud]).rstrip("/")
+    packages = [f"ray[default]=={config.ray_version}", *config.requirements]
+    candidates = " ".join(_q(p) for p in (*config.image_pythons, f"python{want}", "python3"))
     lines = [
         "#!/bin/bash",
-        f"# rubberband {config.role} node of run {config.run_id} (rubberband {config.rubberband_version}).",
+        f"# rubberband {config.role} node of run {config.run_id} (rendered by rubberband "
+        f"{config.rubberband_version or 'cli'}; Python {want}, Ray {config.ray_version}).",
         "# Rendered by rubberband.cloud.bootstrap; holds no credentials (cloud access comes from the",
-        "# instance role / service account).",
+        "# instance role / service account). rubberband itself arrives with each Ray job (runtime_env).",
         "set -euo pipefail",
-        f"exec >>{_q(config.log_dir)}/rubberband-bootstrap.log 2>&1",
+        f"mkdir -p {_q(config.log_dir)}",
+        f"exec > >(tee -a {_q(config.log_dir)}/rubberband-boot.log {_q(config.console)} >/dev/null) 2>&1",
+        "say() { echo \"rubberband-boot: $(date -u +%H:%M:%S) $*\"; }",
+        f"fail() {{ echo \"{BOOT_FAILED} $*\"; {config.shutdown_command} +10 || true; exit 1; }}",
+        "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
+        f"say 'booting a {config.role} of run {config.run_id}'",
     ]
     if config.max_lifetime_s:
         minutes = max(1, int(config.max_lifetime_s // 60))
-        lines += ["# hard lifetime cap: shutdown terminates this instance", f"shutdown -h +{minutes} || true"]
-    venv, run_dir = _q(config.venv), f"{_q(config.run_root)}/\"${{RB_RUN_ID}}\""
+        lines += ["# hard lifetime cap: powering off terminates this instance",
+                  f"{config.shutdown_command} +{minutes} || true"]
     lines += [
         f"RB_RUN_ID={_q(config.run_id)}",
-        *_instance_id_lines(config.cloud),
+        *_instance_id_lines(config.cloud, url),
         "export RAY_USAGE_STATS_ENABLED=0",
         "# cluster traffic is confined to the run's security group / firewall tag (see docs/clouds.md)",
         "export RAY_AUTH_MODE=disabled",
-        f"if [ ! -x {venv}/bin/ray ]; then",
-        f"  python3 -m venv {venv}",
-        f"  {venv}/bin/pip install --quiet --upgrade pip",
-        f"  {venv}/bin/pip install --quiet {' '.join(_q(p) for p in packages)}",
+        f"# an interpreter with the client's Python {want} (Ray needs the same minor on every node)",
+        "RB_PY=''",
+        f"for cand in {candidates}; do",
+        "  path=\"$(command -v \"$cand\" 2>/dev/null || true)\"",
+        f"  if [ -n \"$path\" ] && \"$path\" -c 'import sys; sys.exit(sys.version_info[:2] != ({major}, {minor}))' "
+        "2>/dev/null; then RB_PY=\"$path\"; break; fi",
+        "done",
+        "if [ -z \"$RB_PY\" ] && command -v apt-get >/dev/null 2>&1; then",
+        f"  say 'no Python {want} on this image: installing it from the OS packages'",
+        f"  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python{want} "
+        f"python{want}-venv) || true",
+        f"  RB_PY=\"$(command -v python{want} || true)\"",
         "fi",
+        f"[ -n \"$RB_PY\" ] || fail \"this image has no Python {want}, the version of the rubberband CLI that "
+        f"started the run (Ray needs the same Python minor on every node): run rubberband from Python "
+        f"$(python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null || echo '?') or choose an "
+        f"image with Python {want}\"",
+        f"if [ ! -x {py} ]; then",
+        f"  say \"creating the runtime in {config.venv} from $RB_PY\"",
+        f"  \"$RB_PY\" -m venv {venv} 2>/dev/null || {{ rm -rf {venv}; (apt-get update -qq && "
+        f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python{want}-venv) || true; "
+        f"\"$RB_PY\" -m venv {venv}; }}",
+        "  # the image's packages (its CUDA torch, drivers' bindings) stay importable beneath the runtime's own",
+        "  \"$RB_PY\" -c 'import sys; print(\"\\n\".join(p for p in sys.path if p.endswith((\"site-packages\", "
+        "\"dist-packages\"))))' \\",
+        f"    > \"$({py} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')/rubberband-image.pth\"",
+        "fi",
+        f"say 'installing {' '.join(packages)}'",
+        f"{py} -m pip install --quiet --disable-pip-version-check {' '.join(_q(p) for p in packages)}",
+        *_torch_lines(config, py),
+        f"RB_RAY=\"$({py} -c 'import ray; print(ray.__version__)')\"",
+        f"[ \"$RB_RAY\" = {_q(config.ray_version)} ] || fail \"Ray $RB_RAY is installed here but the CLI runs Ray "
+        f"{config.ray_version}; every node must run the CLI's version\"",
+        f"export PATH={venv}/bin:\"$PATH\"  # the runtime's python and pip for Ray's jobs",
         f"mkdir -p {run_dir}",
     ]
+    ray = f"{py} -m ray.scripts.scripts"
+    more = "".join(f" {_q(option)}" for option in config.ray_start_options)
     if config.role == "head":
         wd = config.watchdog
         lines += [
-            "# the run's executor arrives as a Ray job (python -m rubberband.cloud.head_job run ...)",
-            f"export PATH={venv}/bin:\"$PATH\" {RUN_ROOT_ENV}={_q(config.run_root)} "
-            f"{HEAD_ID_ENV}=\"${{INSTANCE_ID}}\"",
+            "# the run's executor and its watchdog arrive as Ray jobs from the CLI (python -m rubberband.cloud...)",
+            f"export {RUN_ROOT_ENV}={_q(config.run_root)} {HEAD_ID_ENV}=\"${{INSTANCE_ID}}\"",
             "# the head schedules no trial work; dashboard and job server listen on localhost (reach them over SSH)",
-            f"{venv}/bin/ray start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
-            f"--dashboard-port={DASHBOARD_PORT} --resources='{json.dumps({'rb-head': 1})}'",
-            "# self-termination watchdog: ends every worker of the run, then this head",
-            f"nohup {venv}/bin/python -m rubberband.cloud.head watchdog --cloud {_q(config.cloud)} "
-            f"--region {_q(config.region)} --run-id \"${{RB_RUN_ID}}\" --head-id \"${{INSTANCE_ID}}\" "
-            f"--run-dir {run_dir} --submit-timeout {wd.submit_timeout_s:g} "
-            f"--stall-timeout {wd.stall_timeout_s:g} --done-grace {wd.done_grace_s:g} "
-            f"--max-lifetime {wd.max_lifetime_s:g} --poll {wd.poll_s:g} "
-            f">>{_q(config.log_dir)}/rubberband-watchdog.log 2>&1 &",
+            f"{ray} start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
+            f"--dashboard-port={config.dashboard_port} --resources='{json.dumps({'rb-head': 1})}'{more}",
+            "# until the CLI submits the run (and its watchdog job), and whenever that watchdog asks, power off here",
+            "(waited=0; while sleep 5; do waited=$((waited + 5))",
+            f"   if [ -e {run_dir}/{POWEROFF_MARKER} ]; then say 'the watchdog ended the run: powering off'; "
+            f"{config.shutdown_command} now; break; fi",
+            f"   if [ \"$waited\" -ge {int(wd.submit_timeout_s)} ] && [ -z \"$(ls -A {run_dir})\" ]; then",
+            f"     say 'no run was submitted within {wd.submit_timeout_s:g}s of boot: powering off'; "
+            f"{config.shutdown_command} now; break; fi",
+            " done) </dev/null &",
         ]
     else:
         head = f"{config.head_address}:{config.ray_port}"
@@ -223,13 +335,14 @@ def render_startup_script(config: BootstrapConfig) -> str:
         device = f"--num-gpus={config.workers} --num-cpus={cpus}" if config.use_gpu else f"--num-cpus={cpus}"
         lines += [
             f"RB_HEAD={_q(head)}",
-            f"{venv}/bin/ray start --address=\"${{RB_HEAD}}\" {device} "
-            f"--resources=\"{{\\\"rb-node-${{INSTANCE_ID}}\\\": {config.workers}}}\"",
-            "# head-loss watchdog: a worker whose head is gone shuts down (and so terminates)",
+            f"{ray} start --address=\"${{RB_HEAD}}\" {device} "
+            f"--resources=\"{{\\\"rb-node-${{INSTANCE_ID}}\\\": {config.workers}}}\"{more}",
+            "# head-loss watchdog: a worker whose head is gone powers off (and so terminates)",
             "(lost=0; while sleep 60; do",
-            f"   if {venv}/bin/ray health-check --address \"${{RB_HEAD}}\" >/dev/null 2>&1; then lost=0;",
+            f"   if {ray} health-check --address \"${{RB_HEAD}}\" >/dev/null 2>&1; then lost=0;",
             "   else lost=$((lost + 60)); fi",
-            f"   if [ \"$lost\" -ge {int(config.head_lost_timeout_s)} ]; then shutdown -h now; fi",
-            " done) >/dev/null 2>&1 &",
+            f"   if [ \"$lost\" -ge {int(config.head_lost_timeout_s)} ]; then {config.shutdown_command} now; fi",
+            " done) </dev/null >/dev/null 2>&1 &",
         ]
+    lines += ["say 'ready: Ray is up'", "trap - ERR"]
     return assert_no_credentials("\n".join(lines) + "\n")

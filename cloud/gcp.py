@@ -44,7 +44,7 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
 from rubberband import __version__
-from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr
+from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
 from rubberband.cloud.failover import ERROR_TABLE, RetryPolicy, call_with_retry, classify, gcp_quota_name
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
 from rubberband.errors import CloudError, InputError
@@ -241,6 +241,8 @@ class GcpProvider:
         if request.max_lifetime_s:
             scheduling.max_run_duration = compute_v1.Duration(seconds=int(request.max_lifetime_s))
         metadata = []
+        if has_gpu:  # Deep Learning VM images install the NVIDIA driver at first boot when asked to
+            metadata.append(compute_v1.Items(key="install-nvidia-driver", value="True"))
         if request.startup_script:
             metadata.append(compute_v1.Items(key="startup-script", value=assert_no_credentials(
                 request.startup_script, what="GCE startup-script")))
@@ -339,6 +341,18 @@ class GcpProvider:
         what = "was deleted" if inst is None else f"went {inst.state}"
         return CloudError(f"gcp: instance {name} in {zone} {what} before it ran", kind="capacity",
                           code="InstanceGone", zone=zone, region=self.region)
+
+    def console_output(self, instance_id: str, *, lines: int = 20) -> str:
+        """The last ``lines`` of a VM's serial port 1 (its boot log: the startup script writes there); "" if none."""
+        zone = self._zone_of(instance_id)
+        if zone is None:
+            return ""
+        try:
+            output = self.instances.get_serial_port_output(project=self.project, zone=zone, instance=instance_id,
+                                                           port=1)
+        except Exception:  # noqa: BLE001 - best effort: an error message must not hide the original one
+            return ""
+        return redact("\n".join((output.contents or "").splitlines()[-lines:]))
 
     def _zone_of(self, name: str) -> str | None:
         if name not in self._zones:

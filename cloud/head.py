@@ -32,7 +32,8 @@ from pathlib import Path
 
 from rubberband import __version__
 from rubberband.catalog import InstanceType
-from rubberband.cloud.bootstrap import BootstrapConfig, WatchdogSettings, render_startup_script
+from rubberband.cloud.bootstrap import (POWEROFF_MARKER, BootstrapConfig, WatchdogSettings, client_versions,
+                                        render_startup_script)
 from rubberband.cloud.failover import FailoverPolicy, provision_with_failover
 from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider
 from rubberband.errors import CloudError
@@ -54,32 +55,35 @@ def head_type(cloud: str, region: str, zones: Sequence[str]) -> InstanceType:
 
 
 def ray_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ray")
-    except PackageNotFoundError:  # pragma: no cover - ray is a dependency
-        return "2.60.0"
+    return str(client_versions()["ray_version"])
 
 
 def head_startup_script(cloud: str, region: str, run_id: str, settings: WatchdogSettings | None = None) -> str:
+    """The head's startup script: the client's Python minor and Ray, no torch (the head trains nothing)."""
+    versions = client_versions()
     return render_startup_script(BootstrapConfig(
         run_id=run_id, cloud=cloud, role="head", region=region,  # type: ignore[arg-type]
-        rubberband_version=__version__,
-        ray_version=ray_version(), use_gpu=False, max_lifetime_s=(settings or WatchdogSettings()).max_lifetime_s,
-        watchdog=settings or WatchdogSettings()))
+        rubberband_version=__version__, ray_version=str(versions["ray_version"]),
+        python_version=str(versions["python_version"]), use_gpu=False,
+        max_lifetime_s=(settings or WatchdogSettings()).max_lifetime_s, watchdog=settings or WatchdogSettings()))
 
 
 def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: InstanceType, *,
-                          max_lifetime_s: float | None = None) -> str:
-    """The startup script of a worker of ``itype`` that joins ``head``."""
+                          max_lifetime_s: float | None = None, requirements: Sequence[str] = ()) -> str:
+    """The startup script of a worker of ``itype`` that joins ``head`` (with the spec's ``requirements``).
+
+    The worker is rendered where the executor runs (the head, in head mode), whose Python, Ray and
+    torch are the CLI's: the versions every node must match."""
     if not head.address:
         raise CloudError(f"{cloud}: head {head.id} has no private address yet; wait for it first", kind="transient")
     node = node_resources(itype)  # one GPU (and its CPU share) per trial worker on GPU types
+    versions = client_versions()
     return render_startup_script(BootstrapConfig(
         run_id=run_id, cloud=cloud, role="worker", region=itype.region,  # type: ignore[arg-type]
-        rubberband_version=__version__, ray_version=ray_version(), head_address=head.address,
-        workers=node.slots, use_gpu=node.num_gpus > 0, cpus=node.num_cpus, max_lifetime_s=max_lifetime_s))
+        rubberband_version=__version__, ray_version=str(versions["ray_version"]),
+        python_version=str(versions["python_version"]), torch_version=versions["torch_version"],
+        head_address=head.address, workers=node.slots, use_gpu=node.num_gpus > 0, cpus=node.num_cpus,
+        max_lifetime_s=max_lifetime_s, requirements=tuple(requirements)))
 
 
 def provision_head(provider: Provider, run_id: str, region: str, zones: Sequence[str], *,
@@ -192,7 +196,25 @@ def watch(provider: Provider, run_id: str, head_id: str, run_dir: Path, settings
             log.warning("ending run %s: %s", run_id, decision.reason)
             self_terminate(provider, run_id, head_id, shutdown=shutdown)
             return decision
-        sleep(settings.poll_s)
+        sleep(poll_interval(settings))
+
+
+def poll_interval(settings: WatchdogSettings) -> float:
+    """How often the watchdog looks: its ``poll_s``, but at least ten times within its shortest timeout."""
+    shortest = min(settings.submit_timeout_s, settings.stall_timeout_s, settings.done_grace_s)
+    return max(0.05, min(settings.poll_s, shortest / 10))
+
+
+def request_poweroff(run_dir: Path) -> Callable[[], None]:
+    """The watchdog's power-off when it runs as a Ray job: a marker the head's boot script acts on.
+
+    The job runs shipped code without the boot's rights or knowledge of how this machine powers
+    off; the startup script (which does) watches for :data:`POWEROFF_MARKER`."""
+    def shutdown() -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / POWEROFF_MARKER).write_text("the watchdog could not terminate this head through the API\n")
+
+    return shutdown
 
 
 def add_head_arguments(parser: argparse.ArgumentParser) -> None:
@@ -209,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("watchdog", help="terminate the run when it is idle, stalled, finished or too old")
     add_head_arguments(w)
-    w.add_argument("--run-dir", required=True, type=Path)
+    w.add_argument("--run-dir", type=Path, default=None,
+                   help="the run directory to watch (default: the head's run root / the run id)")
     defaults = WatchdogSettings()
     w.add_argument("--submit-timeout", type=float, default=defaults.submit_timeout_s)
     w.add_argument("--stall-timeout", type=float, default=defaults.stall_timeout_s)
@@ -217,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-lifetime", type=float, default=defaults.max_lifetime_s)
     w.add_argument("--poll", type=float, default=defaults.poll_s)
     w.add_argument("--no-shutdown", action="store_true", help="never power off this machine (tests, debugging)")
+    w.add_argument("--poweroff-marker", action="store_true",
+                   help="instead of powering off, ask the head's boot script to (the watchdog as a Ray job)")
     return parser
 
 
@@ -230,8 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = WatchdogSettings(submit_timeout_s=args.submit_timeout, stall_timeout_s=args.stall_timeout,
                                 done_grace_s=args.done_grace, max_lifetime_s=args.max_lifetime, poll_s=args.poll)
     provider = make_provider(args.cloud, args.region)
-    decision = watch(provider, args.run_id, args.head_id, args.run_dir, settings,
-                     shutdown=(lambda: None) if args.no_shutdown else _shutdown)
+    if args.run_dir is None:
+        from rubberband.cloud.head_job import head_run_dir
+
+        args.run_dir = head_run_dir(args.run_id)
+    shutdown = (lambda: None) if args.no_shutdown else request_poweroff(args.run_dir) if args.poweroff_marker \
+        else _shutdown
+    decision = watch(provider, args.run_id, args.head_id, args.run_dir, settings, shutdown=shutdown)
     print(f"rubberband watchdog: ended run {args.run_id}: {decision.reason}", flush=True)
     return 0
 

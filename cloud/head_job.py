@@ -108,6 +108,10 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
         self._stop_stand_ins()
         return False
 
+    def runtime_env(self, code_dir: str) -> dict | None:
+        """None: the executor runs inside the CLI's Ray job, whose runtime_env (rubberband, code) its driver inherits."""
+        return None
+
 
 def _load_inputs(stage: Path):
     from rubberband.plan import load_plan
@@ -141,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         backend = OnHeadCloudBackend(cloud=args.cloud, run_dir=head_disk(args.head_id) if test_boot else run_dir,
                                      regions=list(dict.fromkeys(s.region for s in plan.stages)), pool=pool,
                                      catalog=load_catalog([args.cloud]), test_boot=test_boot, head_instance=head,
-                                     ray_address=os.environ.get("RAY_ADDRESS", ""), head_grace_s=args.head_grace)
+                                     ray_address=os.environ.get("RAY_ADDRESS", ""), head_grace_s=args.head_grace,
+                                     requirements=tuple(spec.requirements))
         result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
                          backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
                          overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile,

@@ -94,7 +94,7 @@ class SshTunnel:
             if time.monotonic() >= deadline:
                 raise CloudError(f"could not open an SSH tunnel to the head {self.user}@{self.host} within "
                                  f"{timeout_s:.0f}s ({error or 'no answer'}); check --ssh-key, --ssh-cidr and the "
-                                 f"head's /var/log/rubberband-bootstrap.log", kind="transient", code="SshTunnel")
+                                 f"head's /var/log/rubberband-boot.log", kind="transient", code="SshTunnel")
             time.sleep(5.0)  # sshd is not up yet (the head is booting)
 
     def close_with_error(self) -> str:

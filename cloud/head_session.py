@@ -6,9 +6,14 @@
    tagged with the run id and role ``head``) and records it in ``RUN_DIR/head.json``
    (:class:`HeadRecord`) so ``--attach`` and ``down`` find it;
 2. :class:`HeadSession` reaches the head's Ray job server through a
-   :class:`~rubberband.cloud.head_link.HeadLink`, ships the spec, plan, profile and the training
-   code directory as the job's ``working_dir`` (Ray Jobs packs and uploads it) and submits
-   ``python -m rubberband.cloud.head_job run ...`` with the run's cloud id as ``submission_id``;
+   :class:`~rubberband.cloud.head_link.HeadLink` and submits two Ray jobs, both with
+   ``runtime_env={"py_modules": [<this machine's rubberband package>], ...}``
+   (:mod:`rubberband.cloud.shipping`; the head's boot installed no rubberband): the head's
+   watchdog (``python -m rubberband.cloud.head watchdog ...``), then the run
+   (``python -m rubberband.cloud.head_job run ...``, the run's cloud id as ``submission_id``) whose
+   ``working_dir`` is the training code directory plus the spec, plan and profile. Ray uploads
+   both and installs them on every node where the job's workers start, so the head's executor and
+   every trial run exactly this machine's rubberband and training code;
 3. :meth:`HeadSession.stream` tails the job's logs (the executor's progress) until the job ends;
    the user may detach at any time, the run goes on;
 4. :meth:`HeadSession.fetch` brings the run directory back (a ``pack`` job), and :func:`end_run`
@@ -26,6 +31,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import tempfile
 import time
@@ -43,12 +49,17 @@ from rubberband.plan import Plan
 from rubberband.spec import JobSpec
 
 HEAD_RECORD = "head.json"
-#: Never shipped to the head with the training code.
-CODE_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", "runs")
+#: Never shipped to the head with the training code: VCS and environments, caches, run directories, and
+#: files that commonly hold secrets (the head gets its cloud access from its own identity).
+CODE_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", "runs",
+                 ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", ".aws", ".ssh", ".netrc",
+                 "credentials*", "*service-account*.json", ".git-credentials")
 MAX_CODE_BYTES = 100 * 1024 ** 2
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 #: How long the link to a head may stay broken (no log, no status) before the CLI gives up following the run.
 LINK_GRACE_S = 120.0
+#: While the head's job server does not answer, how often the CLI reads the head's console for a failed boot.
+CONSOLE_CHECK_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -218,11 +229,22 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
 class HeadSession:
     """An open link to a run's head and a job client on it; use as a context manager."""
 
-    def __init__(self, record: HeadRecord, link: HeadLink, *, connect_timeout_s: float = 1200.0) -> None:
+    def __init__(self, record: HeadRecord, link: HeadLink, *, connect_timeout_s: float = 1200.0,
+                 package: Path | None = None) -> None:
         self.record = record
         self.link = link
         self.connect_timeout_s = connect_timeout_s
         self.client = None
+        self._package = package
+
+    @property
+    def package(self) -> Path:
+        """This machine's rubberband as every job ships it (built once per content; cloud/shipping.py)."""
+        if self._package is None:
+            from rubberband.cloud.shipping import build_package
+
+            self._package = build_package()
+        return self._package
 
     def __enter__(self) -> "HeadSession":
         os.environ["RAY_AUTH_MODE"] = "disabled"  # the head's Ray runs without a token (docs/clouds.md)
@@ -232,16 +254,20 @@ class HeadSession:
 
         deadline = time.monotonic() + self.connect_timeout_s
         url = self.link.open(self.connect_timeout_s)
+        next_console = time.monotonic() + CONSOLE_CHECK_S
         try:
             while True:
                 try:
                     self.client = JobSubmissionClient(url)
                     return self
                 except Exception as exc:  # noqa: BLE001 - ConnectionError until Ray's job server is up
+                    if time.monotonic() >= next_console:  # still booting, or did its boot fail?
+                        next_console = time.monotonic() + CONSOLE_CHECK_S
+                        self._raise_if_boot_failed()
                     if time.monotonic() >= deadline:
                         raise CloudError(f"the job server of head {self.record.instance_id} did not answer within "
                                          f"{self.connect_timeout_s:.0f}s ({type(exc).__name__}); see "
-                                         f"/var/log/rubberband-bootstrap.log on it", kind="transient") from None
+                                         f"/var/log/rubberband-boot.log on it", kind="transient") from None
                     time.sleep(1.0)
         except BaseException:
             self.link.close()
@@ -250,19 +276,54 @@ class HeadSession:
     def __exit__(self, *exc) -> None:
         self.link.close()
 
+    def _raise_if_boot_failed(self) -> None:
+        """Stop waiting for a head whose startup script failed: its console says why (e.g. a version skew)."""
+        from rubberband.cloud.backend import boot_report
+        from rubberband.cloud.bootstrap import BOOT_FAILED
+
+        try:
+            report = boot_report(_provider(self.record.cloud, self.record.region), self.record.instance_id)
+        except Exception:  # noqa: BLE001 - the console is a hint; the timeout still applies
+            return
+        if BOOT_FAILED in report:
+            raise CloudError(f"the head {self.record.instance_id} failed to boot: {report}", kind="fatal",
+                             code="BootFailed")
+
     @property
     def job_id(self) -> str:
         return self.record.cloud_run_id
 
     def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str,
-               head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish") -> str:
+               head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish",
+               watchdog: WatchdogSettings | None = None) -> str:
+        """Submit the head's watchdog (``watchdog``: its settings; None: none) and then the run itself."""
+        from rubberband.cloud.shipping import job_runtime_env
+
+        if watchdog is not None:
+            self.submit_watchdog(watchdog)
         with tempfile.TemporaryDirectory(prefix="rb-stage-") as tmp:
             work = stage_code(spec, plan, Path(tmp))
             command = entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime,
                                  head_grace_s=head_grace_s, overrun_s=overrun_s, on_late=on_late)
-            return self._submit(entrypoint=command,
-                                runtime_env={"working_dir": str(work)}, submission_id=self.job_id,
-                                metadata={"rubberband_run": self.record.run_id})
+            return self._submit(entrypoint=command, runtime_env=job_runtime_env(self.package, work),
+                                submission_id=self.job_id, metadata={"rubberband_run": self.record.run_id})
+
+    def submit_watchdog(self, settings: WatchdogSettings) -> str:
+        """Start the head's watchdog as a Ray job (it runs the shipped rubberband); see :mod:`rubberband.cloud.head`.
+
+        Until it runs, the head's boot script ends an unsubmitted head itself; the watchdog asks that
+        script to power off (``--poweroff-marker``) when it cannot terminate the head through the API."""
+        from rubberband.cloud.shipping import job_runtime_env
+
+        words = ["python", "-m", "rubberband.cloud.head", "watchdog", "--cloud", self.record.cloud,
+                 "--region", self.record.region, "--run-id", self.record.cloud_run_id,
+                 "--head-id", self.record.instance_id, "--submit-timeout", f"{settings.submit_timeout_s:g}",
+                 "--stall-timeout", f"{settings.stall_timeout_s:g}", "--done-grace", f"{settings.done_grace_s:g}",
+                 "--max-lifetime", f"{settings.max_lifetime_s:g}", "--poll", f"{settings.poll_s:g}",
+                 "--poweroff-marker"]
+        return self._submit(entrypoint=" ".join(shlex.quote(w) for w in words),
+                            runtime_env=job_runtime_env(self.package), submission_id=f"{self.job_id}-watchdog",
+                            metadata={"rubberband_run": self.record.run_id, "rubberband_role": "watchdog"})
 
     def _submit(self, **job) -> str:
         """``submit_job``, retried while the head's job agent is still starting (it answers 500 until then)."""
@@ -323,7 +384,10 @@ class HeadSession:
         packed = getattr(self, "filter", None) and self.filter.packed
         if packed:
             return unpack(packed, run_dir)
+        from rubberband.cloud.shipping import job_runtime_env
+
         job = self._submit(entrypoint=f"python -m rubberband.cloud.head_job pack --run-id {self.record.cloud_run_id}",
+                           runtime_env=job_runtime_env(self.package),
                            submission_id=f"{self.job_id}-fetch-{secrets.token_hex(3)}")
         deadline = time.monotonic() + timeout_s
         while (status := self.status(job)) not in TERMINAL:

@@ -57,6 +57,7 @@ class LocalHeadCloudBackend:
     catalog: Catalog | None = None
     test_boot: str | None = None
     ray_auth_mode: str = "disabled"
+    requirements: tuple[str, ...] = ()  # the spec's `requirements`, installed by each worker's boot
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -67,7 +68,8 @@ class LocalHeadCloudBackend:
                                tags={TAG_MANAGED: "true", TAG_ROLE: "head"})
         join = self._boot_locally if self.test_boot == "local" else ray_join_check
         self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join, alternatives=self._alternatives,
-                                    boot_timeout_s=600.0, join_timeout_s=600.0)
+                                    boot_timeout_s=600.0, join_timeout_s=600.0,
+                                    requirements=tuple(self.requirements))
 
     @property
     def device_policy(self) -> DevicePolicy:
@@ -97,6 +99,16 @@ class LocalHeadCloudBackend:
                 terminate_run_detailed(self.pool(self.cloud, region), run_id)
             self._stop_stand_ins()
         return stopped
+
+    def runtime_env(self, code_dir: str) -> dict | None:
+        """What the driver's job ships to the workers (cloud instances): this machine's rubberband package
+        and the training code directory (docs/clouds.md, "How code reaches the cluster")."""
+        from rubberband.cloud.head_session import CODE_EXCLUDES
+        from rubberband.cloud.shipping import build_package, job_runtime_env
+
+        env = job_runtime_env(build_package(), Path(code_dir))
+        env["excludes"] = list(CODE_EXCLUDES)
+        return env
 
     # -- Provider ----------------------------------------------------------------------------
 

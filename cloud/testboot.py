@@ -9,7 +9,7 @@ node too. Never set it outside tests: no real instance would ever join.
 
 In head mode (``rubberband run --cloud aws|gcp``) the CLI also plays the head instance's boot
 (:func:`play_head`): a detached process starts a local Ray head with its job server on 127.0.0.1
-and the watchdog, under the head's instance id, and stops all of it once the provider no longer
+(the watchdog then comes as a Ray job from the CLI, as on a real head), under the head's instance id, and stops all of it once the provider no longer
 reports that instance running — as terminating a real head ends everything on it.
 """
 
@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -71,7 +70,7 @@ def play_head(cloud: str, region: str, run_id: str, instance_id: str, settings: 
     (disk / "boot.pid").write_text(f"{proc.pid}\n")  # its own process group: tests stop it with it
 
 
-def head_url(instance_id: str, timeout_s: float = 60.0) -> str:
+def head_url(instance_id: str, timeout_s: float = 180.0) -> str:
     """The job server URL of a played head, once it is up."""
     path = head_disk(instance_id) / HEAD_URL_FILE
     deadline = time.monotonic() + timeout_s
@@ -100,7 +99,6 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
     the watchdog; and what the instance's end does: once the provider no longer reports it running
     (terminated by the CLI, ``down`` or the watchdog), stop every Ray node of it and remove its disk."""
     from rubberband.cloud.bootstrap import HEAD_ID_ENV, RUN_ROOT_ENV
-    from rubberband.cloud.head import watch
     from rubberband.cloud.local import LocalProvider, _free_port
     from rubberband.cloud.registry import make_provider
 
@@ -116,8 +114,7 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
         tmp = disk / f".{HEAD_URL_FILE}.tmp"
         tmp.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
         tmp.replace(disk / HEAD_URL_FILE)
-        threading.Thread(target=watch, args=(provider, run_id, instance_id, run_root / run_id, settings),
-                         kwargs={"shutdown": lambda: None}, daemon=True).start()
+        # the watchdog comes as a Ray job from the CLI (HeadSession.submit_watchdog), as on a real head
         last_answer = time.monotonic()
         while True:
             time.sleep(0.5)

@@ -366,7 +366,10 @@ class Controller:
                                 price_hr=billed.price_hr, launched_at=billed.launched_at, grace_s=billed.grace_s)
             self.state = J.read_state(self.run_dir)
         self._request_first_instances()  # the first node boots while the driver connects
-        ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR")
+        # a backend whose workers are other machines ships rubberband and the training code with the driver's job
+        ship = getattr(self.backend, "runtime_env", None)
+        ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR",
+                 runtime_env=ship(self.spec.base_dir) if ship is not None else None)
         self._catch_signals()  # after ray.init, which installs its own SIGTERM handler (it aborts)
         self.sink = J.start_sink(self.run_dir)
         if self.runtime.module == DEFAULT_TRIAL_RUNTIME:

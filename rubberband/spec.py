@@ -119,7 +119,25 @@ class JobSpec(_Strict):
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     profile: str | None = None
     seed: int = 0
+    #: The training code's own packages (PEP 508 strings, e.g. "transformers==4.46.0"), installed on every
+    #: cloud worker at boot next to the pinned Ray and torch (docs/clouds.md).
+    requirements: list[str] = Field(default_factory=list)
     base_dir: str = "."
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        for item in value:
+            try:
+                Requirement(item)
+            except InvalidRequirement as exc:
+                raise ValueError(f"{item!r} is not a PEP 508 requirement ({str(exc).splitlines()[0]}); write "
+                                 f"e.g. 'transformers==4.46.0'") from None
+            if item.strip().startswith("-"):
+                raise ValueError(f"{item!r}: pip options are not allowed, only package requirements")
+        return value
 
     @field_validator("deadline_s", mode="before")
     @classmethod
@@ -142,8 +160,9 @@ class JobSpec(_Strict):
 
     def sha256(self) -> str:
         """Stable digest of the spec's content (not its location), to tie plans and runs to it."""
-        payload = self.model_dump(mode="json", exclude={"base_dir"})
-        if payload["scheduler"].get("brackets") == "parallel":  # the default: digests of older specs stay
+        # defaults added later leave the digest of specs written before them unchanged
+        payload = self.model_dump(mode="json", exclude={"base_dir"} | (set() if self.requirements else {"requirements"}))
+        if payload["scheduler"].get("brackets") == "parallel":
             del payload["scheduler"]["brackets"]
         text = yaml.safe_dump(payload, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()

@@ -65,3 +65,50 @@ def test_backend_terminates_a_worker_that_never_joins(moto_env):
         backend.start_head("run-x")
     terminate_run(provider, "run-c", timeout_s=10)
     assert provider.list() == []
+
+
+def test_a_worker_whose_boot_failed_stops_the_run_with_its_console_line(moto_env):
+    """A boot that failed (here: the image lacks the client's Python) is read from the instance's console:
+    one fatal error with the script's reason, the instance terminated; no other zone or type is tried."""
+    pool = ProviderPool({"aws": {"poll_s": 0.01}})
+    provider = pool("aws", REGION)
+    head = provision_head(provider, "run-f", REGION, P3.zones, timeout_s=10)
+    assert isinstance(provider.console_output(head.id), str)  # moto serves EC2's GetConsoleOutput
+    console = ("cloud-init: running user-data\nrubberband-boot: 00:01:02 booting a worker of run run-f\n"
+               "rubberband-boot: FAILED: this image has no Python 3.11, the version of the rubberband CLI\n")
+    provider.console_output = lambda instance_id, lines=20: console
+
+    def never(instance, timeout_s):
+        raise CloudError(f"{instance.id} did not join", kind="transient", code="JoinTimeout")
+
+    backend = CloudBackend(pool, head, alternatives=lambda itype: [P3_8], join_check=never)
+    with pytest.raises(CloudError, match="failed to boot: .*FAILED: this image has no Python 3.11") as caught:
+        backend.provision(InstanceRequest("run-f", 0, P3))
+    assert caught.value.kind == "fatal" and caught.value.code == "BootFailed"
+    assert [a.instance_type for a in backend.attempts] == ["p3.2xlarge"]  # not retried elsewhere
+    assert [i.id for i in provider.list("run-f")] == [head.id]
+    terminate_run(provider, "run-f", timeout_s=10)
+
+
+def test_the_cli_stops_waiting_for_a_head_whose_boot_failed(moto_env, monkeypatch):
+    """While the head's job server does not answer, the CLI reads the head's console: a failed boot ends the
+    wait at once with the script's reason (instead of after the 20-minute boot timeout)."""
+    from rubberband.cloud import head_session
+    from rubberband.cloud.aws import AwsProvider
+    from rubberband.cloud.head_link import DirectLink
+    from rubberband.cloud.head_session import HeadRecord, HeadSession
+
+    provider = ProviderPool({"aws": {"poll_s": 0.01}})("aws", REGION)
+    head = provision_head(provider, "run-h", REGION, P3.zones, timeout_s=10)
+    record = HeadRecord(run_id="run-h", cloud="aws", region=REGION, instance_id=head.id, zone=head.zone,
+                        address=head.address, public_address=None, regions=[REGION], metric="loss")
+    monkeypatch.setattr(head_session, "CONSOLE_CHECK_S", 0.0)
+    monkeypatch.setattr(AwsProvider, "console_output", lambda self, instance_id, lines=20: (
+        "rubberband-boot: FAILED: Ray 2.9.3 is installed here but the CLI runs Ray 2.60.0\n"))
+    try:
+        with pytest.raises(CloudError, match="failed to boot: .*Ray 2.9.3 is installed here") as caught:
+            with HeadSession(record, DirectLink("http://127.0.0.1:9"), connect_timeout_s=60):
+                pass
+        assert caught.value.kind == "fatal"
+    finally:
+        terminate_run(provider, "run-h", timeout_s=10)

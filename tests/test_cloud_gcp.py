@@ -47,7 +47,8 @@ def test_insert_labels_accelerators_spot_script_and_firewall(gce_fake):
         assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
         assert body["scheduling"]["provisioningModel"] == "SPOT"
         assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
-        assert body["metadata"]["items"] == [{"key": "startup-script", "value": script}]
+        assert body["metadata"]["items"] == [{"key": "install-nvidia-driver", "value": "True"},  # GPU: the DLVM's
+                                             {"key": "startup-script", "value": script}]        # driver install
         assert body["tags"]["items"] == [network_tag("run-g")]
     internal = gce_fake.firewalls[firewall_name("run-g")]
     assert internal["sourceTags"] == internal["targetTags"] == [network_tag("run-g")]

@@ -60,27 +60,37 @@ def test_observe_reads_the_run_directory(tmp_path):
     assert observe(run_dir, 0, 2000).done_at == 1500
 
 
+VERSIONS = dict(ray_version="2.60.0", python_version="3.11", torch_version="2.13.0")
+
+
 def test_scripts_join_the_head_and_hold_no_secrets():
     head = render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head", region=REGION,
-                                                 rubberband_version="0.1.0", ray_version="2.60.0",
-                                                 max_lifetime_s=7200, watchdog=SETTINGS))
-    assert "ray start --head --port=6379 --num-cpus=0 --dashboard-host=127.0.0.1" in head
-    assert "python -m rubberband.cloud.head watchdog --cloud aws --region us-east-1" in head
-    assert "--stall-timeout 900" in head and "shutdown -h +120" in head
+                                                 rubberband_version="0.1.0", max_lifetime_s=7200, watchdog=SETTINGS,
+                                                 **VERSIONS))
+    assert "ray.scripts.scripts start --head --port=6379 --num-cpus=0 --dashboard-host=127.0.0.1" in head
+    assert "shutdown -h +120" in head and "-ge 600 ]" in head  # lifetime cap; unsubmitted head powers off
     assert "X-aws-ec2-metadata-token" in head  # IMDSv2: token first
+    assert "rubberband==" not in head and "pip install" in head and "'ray[default]==2.60.0'" in head
+    assert "torch" not in head.split("pip install", 1)[1]  # the head trains nothing: no torch
+    assert "/dev/console" in head and "rubberband-boot.log" in head  # boot progress on the serial console
     worker = render_startup_script(BootstrapConfig(run_id="run-s", cloud="gcp", role="worker",
-                                                   rubberband_version="0.1.0", ray_version="2.60.0",
-                                                   head_address="10.128.0.2", workers=4))
+                                                   head_address="10.128.0.2", workers=4,
+                                                   requirements=("transformers==4.46.0",), **VERSIONS))
     assert "RB_HEAD=10.128.0.2:6379" in worker and "--num-gpus=4" in worker
     assert 'rb-node-${INSTANCE_ID}\\": 4' in worker and "Metadata-Flavor: Google" in worker
-    assert "'ray[default]==2.60.0'" in worker and "rubberband==0.1.0" in worker
+    assert "'ray[default]==2.60.0' transformers==4.46.0" in worker and "rubberband==" not in worker
+    assert "pip install --quiet torch==2.13.0" in worker and "import torch" in worker  # only where the image has none
+    cpu = render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", head_address="10.0.0.2",
+                                                use_gpu=False, **{**VERSIONS, "torch_version": "2.13.0+cu121"}))
+    assert "torch==2.13.0+cpu" in cpu and "download.pytorch.org/whl/cpu" in cpu
     with pytest.raises(InputError, match="head_address"):
-        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker",
-                                              rubberband_version="0.1.0", ray_version="2.60.0"))
+        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", **VERSIONS))
     with pytest.raises(InputError, match="credential"):
-        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head", rubberband_version="0.1.0",
-                                              ray_version="2.60.0",
-                                              extra_packages=("AWS_SECRET_ACCESS_KEY=x",)))
+        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head",
+                                              requirements=("AWS_SECRET_ACCESS_KEY=x",), **VERSIONS))
+    with pytest.raises(InputError, match="python_version"):
+        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head",
+                                              **{**VERSIONS, "python_version": "3.11; rm -rf /"}))
     for bad in ("Run_1", "", "a;rm -rf /", "x" * 42):
         with pytest.raises(InputError):
             validate_run_id(bad)
@@ -99,7 +109,7 @@ def test_head_provisioned_then_watchdog_ends_a_stalled_run(moto_env, tmp_path):
     assert head.role == "head" and head.state == "running" and head.instance_type == "m6i.large"
     user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
         InstanceId=head.id, Attribute="userData")["UserData"]["Value"]
-    assert "ray start --head" in base64.b64decode(user_data).decode()
+    assert "ray.scripts.scripts start --head" in base64.b64decode(user_data).decode()
     script = worker_startup_script("aws", "run-w", head, G4)
     assert f"RB_HEAD={head.address}:6379" in script
     workers = provider.provision(InstanceRequest("run-w", 0, G4, count=2, startup_script=script,
@@ -165,31 +175,39 @@ def test_watchdog_process_ends_an_unsubmitted_run(moto_env, tmp_path):
 STUB = """#!/bin/bash
 printf '%s\\0' "$(basename "$0")" "$@" >> "$RB_STUB_LOG"; printf '\\n' >> "$RB_STUB_LOG"
 """
+#: The runtime's python: answers the script's questions (no torch here, Ray 2.60.0, where site-packages is).
+VENV_PYTHON = STUB + """case "$*" in
+  *"import torch"*) exit 1;;
+  *ray.__version__*) echo 2.60.0;;
+  *purelib*) echo "$(dirname "$0")";;
+esac
+"""
 
 
 def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[list[str]]:
     """Execute a rendered startup script with curl, python3, shutdown, sleep and the venv's tools stubbed.
 
-    Every stub logs its argv; python3 -m venv creates the venv's stub pip / ray / python.
-    Returns the logged command lines (after ``wait_for``, a tool a background job calls, has logged).
+    Every stub logs its argv; python3 -m venv creates the venv's stub python (its pip and Ray are
+    ``python -m ...``). Returns the logged command lines (after ``wait_for``, a tool a background job
+    calls, has logged). tests/test_cloud_boot.py executes the same scripts for real.
     """
     stubs = tmp_path / "stubs"
     stubs.mkdir(parents=True)
     log = tmp_path / "calls.log"
-    for name in ("shutdown", "pip", "ray", "python"):
-        (stubs / name).write_text(STUB)
-    (stubs / "sleep").write_text("#!/bin/bash\nexit 1\n")  # ends the worker's head-loss loop at once
+    (stubs / "shutdown").write_text(STUB)
+    (stubs / "python").write_text(VENV_PYTHON)
+    (stubs / "sleep").write_text("#!/bin/bash\nexit 1\n")  # ends the background loops at once
     (stubs / "curl").write_text(STUB + 'case "$*" in *api/token*) echo tok;; *instance-id*|*instance/name*) '
                                        'echo i-0abc;; esac\n')
-    (stubs / "python3").write_text(STUB + 'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin"; '
-                                          f'for t in pip ray python; do cp {stubs}/$t "$3/bin/$t"; done; fi\n')
+    (stubs / "python3.11").write_text(STUB + 'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin"; '
+                                             f'cp {stubs}/python "$3/bin/python"; fi\n')
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     env = {"PATH": f"{stubs}:/usr/bin:/bin", "RB_STUB_LOG": str(log), "HOME": str(tmp_path)}
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert done.returncode == 0, (done.stdout, done.stderr, (tmp_path / "console").read_text())
     deadline = time.monotonic() + 20
-    while True:  # background jobs (the watchdog) log asynchronously
+    while True:  # background jobs log asynchronously
         calls = [line.split("\0")[:-1] for line in log.read_text().splitlines() if line]
         if wait_for is None or any(c[0] == wait_for for c in calls) or time.monotonic() > deadline:
             return calls
@@ -197,24 +215,70 @@ def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[li
 
 
 def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
-    common = dict(run_id="run-s", rubberband_version="0.1.0", ray_version="2.60.0", venv=str(tmp_path / "venv"),
-                  run_root=str(tmp_path / "runs"), log_dir=str(tmp_path))
+    common = dict(run_id="run-s", venv=str(tmp_path / "venv"), run_root=str(tmp_path / "runs"),
+                  log_dir=str(tmp_path / "log"), image_pythons=(), **VERSIONS)
     head_calls = run_script(render_startup_script(BootstrapConfig(
-        cloud="aws", role="head", region=REGION, max_lifetime_s=3600, watchdog=SETTINGS, **common)),
-        tmp_path / "head", wait_for="python")
-    by_tool = {c[0]: c[1:] for c in head_calls}
-    assert by_tool["shutdown"] == ["-h", "+60"]
-    assert "rubberband==0.1.0" in by_tool["pip"] and "ray[default]==2.60.0" in by_tool["pip"]
-    assert by_tool["ray"][:2] == ["start", "--head"] and "--resources={\"rb-head\": 1}" in by_tool["ray"]
-    watchdog = build_parser().parse_args(by_tool["python"][2:])  # the real parser accepts what was rendered
-    assert (watchdog.run_id, watchdog.head_id, watchdog.stall_timeout) == ("run-s", "i-0abc", 900)
-    assert watchdog.run_dir == tmp_path / "runs" / "run-s" and watchdog.run_dir.is_dir()
+        cloud="aws", role="head", region=REGION, max_lifetime_s=3600, watchdog=SETTINGS,
+        console=str(tmp_path / "head" / "console"), **common)), tmp_path / "head")
+    shutdowns = [c[1:] for c in head_calls if c[0] == "shutdown"]
+    assert shutdowns == [["-h", "+60"]]
+    python = [c[1:] for c in head_calls if c[0] == "python"]
+    pip = next(c for c in python if c[:3] == ["-m", "pip", "install"])
+    assert "ray[default]==2.60.0" in pip and not any("rubberband" in a or "torch" in a for a in pip)
+    start = next(c for c in python if c[:3] == ["-m", "ray.scripts.scripts", "start"])
+    assert start[3] == "--head" and "--resources={\"rb-head\": 1}" in start
+    assert (tmp_path / "runs" / "run-s").is_dir()
+    console = (tmp_path / "head" / "console").read_text()
+    assert "rubberband-boot:" in console and "ready: Ray is up" in console
 
     worker_calls = run_script(render_startup_script(BootstrapConfig(
-        cloud="gcp", role="worker", head_address="10.128.0.2", workers=2, **common)), tmp_path / "worker")
-    ray_calls = [c[1:] for c in worker_calls if c[0] == "ray"]
-    start = ray_calls[0]
-    assert start[:2] == ["start", "--address=10.128.0.2:6379"] and "--num-gpus=2" in start
+        cloud="gcp", role="worker", head_address="10.128.0.2", workers=2,
+        console=str(tmp_path / "worker" / "console"), **common)), tmp_path / "worker")
+    python = [c[1:] for c in worker_calls if c[0] == "python"]
+    assert ["-m", "pip", "install", "--quiet", "torch==2.13.0"] in python  # this image has no torch
+    start = next(c for c in python if c[:3] == ["-m", "ray.scripts.scripts", "start"])
+    assert start[3] == "--address=10.128.0.2:6379" and "--num-gpus=2" in start
     resources = next(a for a in start if a.startswith("--resources="))
     assert json.loads(resources.split("=", 1)[1]) == {"rb-node-i-0abc": 2}  # the contract's resource name
     assert not any(c[0] == "shutdown" for c in worker_calls)  # no lifetime cap asked, head not lost
+
+
+def test_a_failed_boot_says_why_on_the_console(tmp_path):
+    """A node whose image lacks the client's Python minor fails at boot with one line on its serial console."""
+    script = render_startup_script(BootstrapConfig(
+        run_id="run-f", cloud="aws", role="worker", head_address="10.0.0.2", image_pythons=(),
+        venv=str(tmp_path / "venv"), run_root=str(tmp_path / "runs"), log_dir=str(tmp_path / "log"),
+        console=str(tmp_path / "console"), **{**VERSIONS, "python_version": "3.99"}))
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "curl").write_text("#!/bin/bash\necho i-0abc\n")
+    (stubs / "shutdown").write_text(f"#!/bin/bash\necho \"$@\" >> {tmp_path}/shutdown.log\n")
+    (stubs / "apt-get").write_text("#!/bin/bash\nexit 100\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    done = subprocess.run(["bash", "-c", script], env={"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    console = (tmp_path / "console").read_text()
+    from rubberband.cloud.bootstrap import BOOT_FAILED
+
+    (failed,) = [line for line in console.splitlines() if BOOT_FAILED in line]
+    assert "no Python 3.99" in failed and "choose an image with Python 3.99" in failed
+    assert (tmp_path / "shutdown.log").read_text().split() == ["-h", "+10"]  # powers off later, not now
+    assert (tmp_path / "log" / "rubberband-boot.log").read_text() == console
+
+
+def test_watchdog_as_a_job_asks_the_boot_script_to_power_off(tmp_path):
+    """As a Ray job the watchdog has no power-off of its own: it leaves the marker the head's boot script acts on,
+    and finds the run directory under the head's run root; it polls at least ten times per shortest timeout."""
+    from rubberband.cloud.bootstrap import POWEROFF_MARKER
+    from rubberband.cloud.head import poll_interval, request_poweroff
+
+    request_poweroff(tmp_path / "run-q")()
+    assert (tmp_path / "run-q" / POWEROFF_MARKER).is_file()
+    args = build_parser().parse_args(["watchdog", "--cloud", "aws", "--region", REGION, "--run-id", "run-q",
+                                      "--head-id", "i-1", "--poweroff-marker"])
+    assert args.poweroff_marker and args.run_dir is None
+    assert poll_interval(SETTINGS) == 30 and poll_interval(WatchdogSettings(done_grace_s=1.0)) == 0.1
+    script = render_startup_script(BootstrapConfig(run_id="run-q", cloud="aws", role="head", **VERSIONS))
+    assert f'/var/lib/rubberband/runs/"${{RB_RUN_ID}}"/{POWEROFF_MARKER} ]; then' in script

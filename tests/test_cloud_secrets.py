@@ -37,7 +37,7 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
     for inst in [head, *workers]:
         value = ec2.describe_instance_attribute(InstanceId=inst.id, Attribute="userData")["UserData"]["Value"]
         outputs.append(base64.b64decode(value).decode())
-    assert "ray start --head" in outputs[0] and "RB_HEAD=" in outputs[1]
+    assert "ray.scripts.scripts start --head" in outputs[0] and "RB_HEAD=" in outputs[1]
     outputs += [repr(i) for i in aws.list("run-z")]  # what a journal would record
 
     ec2_faults.capacity = {"*"}

@@ -152,7 +152,8 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
         with HeadSession(record, link_for(record, test_boot, options.ssh_key),
                          connect_timeout_s=options.boot_timeout_s) as session:
             session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime,
-                           head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s, on_late=on_late)
+                           head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s, on_late=on_late,
+                           watchdog=options.watchdog)
     except BaseException:
         end_run(record, test_boot=test_boot)  # never leave a head without a run billing
         raise

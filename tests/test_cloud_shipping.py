@@ -1,0 +1,76 @@
+"""Shipping this machine's rubberband with each Ray job: what the package holds, its caching, and that a Python
+without rubberband imports and uses it. (tests/test_cloud_boot.py ships it to a real booted cluster.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from rubberband.cloud.shipping import PACKAGES, build_package, build_wheel, content_hash, job_runtime_env, package_files
+
+from conftest import REPO
+
+
+def test_the_package_holds_sources_and_catalogs_only():
+    names = [name for name, _ in package_files()]
+    assert "rubberband/planner/__init__.py" in names and "rubberband/cloud/shipping.py" in names
+    assert "rubberband/catalogs/aws.csv" in names  # package data travels too
+    assert all(name.endswith((".py", ".csv")) for name in names), [n for n in names if not n.endswith((".py", ".csv"))]
+    assert not any("__pycache__" in name or "egg-info" in name or "/." in name for name in names)
+    assert len(names) == len(set(names)) and all(name.split("/")[0] == "rubberband" for name in names)
+    assert {".".join(n.split("/")[:-1]) for n in names if n.endswith("/__init__.py")} >= set(PACKAGES)
+
+
+def test_package_is_cached_by_content_and_imports_without_rubberband_installed(tmp_path):
+    package = build_package(tmp_path / "cache")
+    assert package.name == "rubberband" and package.parent.name == f"rubberband-0.1.0+g{content_hash(package_files())}"
+    assert build_package(tmp_path / "cache") == package  # built once
+    assert job_runtime_env(package, tmp_path) == {"py_modules": [str(package)], "working_dir": str(tmp_path)}
+    # another interpreter with the package first on its path (as Ray puts py_modules) imports and uses it
+    probe = ("import rubberband, rubberband.planner, rubberband.cloud.head_job; "
+             "from rubberband.catalog import load_catalog; "
+             "print(rubberband.__file__); print(len(load_catalog(['aws']).types) > 0)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(package.parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    where, catalog = done.stdout.split()
+    assert where.startswith(str(package)) and not where.startswith(str(REPO)) and catalog == "True"
+
+
+def test_the_wheel_has_no_dependencies_and_installs_offline(tmp_path):
+    wheel = build_wheel(tmp_path / "wheels")
+    assert wheel.name.startswith("rubberband-0.1.0+g") and wheel.name.endswith("-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    assert "Requires-Dist" not in meta  # pip --target on a node must not pull numpy, torch, ... from an index
+    target = tmp_path / "target"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--quiet", "--target", str(target),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (target / "rubberband" / "catalogs" / "gcp.csv").is_file()
+    assert (target / "rubberband" / "executor" / "trials.py").read_bytes() == \
+        (REPO / "executor" / "trials.py").read_bytes()
+
+
+def test_the_code_directory_never_ships_secrets(tmp_path):
+    """The training code directory goes with every job: files that commonly hold secrets stay behind."""
+    from rubberband.cloud.head_session import stage_code
+    from rubberband.spec import load_spec
+
+    code = tmp_path / "code"
+    shutil.copytree(REPO / "examples", code)
+    for name in (".env", "prod.pem", "id_rsa", "credentials.json", "my-service-account-key.json"):
+        (code / name).write_text("secret\n")
+    (code / ".aws").mkdir()
+    (code / ".aws" / "credentials").write_text("[default]\n")
+    spec = load_spec(code / "digits.yaml")
+    from test_cloud_headmode import _digits_plan
+
+    work = stage_code(spec, _digits_plan(spec), tmp_path / "stage")
+    shipped = {p.relative_to(work).as_posix() for p in work.rglob("*")}
+    assert "digits.py" in shipped and "_rubberband/spec.json" in shipped
+    assert not shipped & {".env", "prod.pem", "id_rsa", "credentials.json", "my-service-account-key.json", ".aws"}
