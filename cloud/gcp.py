@@ -491,4 +491,5 @@ class GcpProvider:
         return Instance(id=raw.name, cloud="gcp", instance_type=machine, zone=zone,
                         state=_STATES.get(raw.status, "pending"), run_id=labels.get(TAG_RUN_ID, ""), stage=stage,
                         address=nic.network_i_p if nic is not None else None, launched_at=launched, tags=labels,
-                        public_address=public or None)
+                        public_address=public or None,
+                        identity=raw.service_accounts[0].email if raw.service_accounts else "")
