@@ -182,9 +182,16 @@ class GcpProvider:
         return op
 
     def _wait_global_op(self, op: compute_v1.Operation, timeout_s: float = 300.0) -> compute_v1.Operation:
+        """Wait until a global operation (firewall rules) is DONE; raise its error, or a timeout, if any."""
         deadline = time.monotonic() + timeout_s
-        while op.status != compute_v1.Operation.Status.DONE and time.monotonic() < deadline:
+        while op.status != compute_v1.Operation.Status.DONE:
+            if time.monotonic() >= deadline:
+                raise CloudError(f"gcp: operation {op.name} not done after {timeout_s:g}s", kind="transient",
+                                 code="WaitTimeout", region=self.region)
             op = self._call(lambda: self.global_operations.wait(project=self.project, operation=op.name))
+        error = self._operation_error(op, zone=None, instance_type=None, spot=False)
+        if error is not None:
+            raise error
         return op
 
     # -- firewall ---------------------------------------------------------------------------

@@ -40,6 +40,7 @@ REGION = "us-east-1"
 @dataclass
 class MotoServer:
     url: str
+    iam: "IamSimulator | None" = None  # what iam:SimulatePrincipalPolicy answers (set by moto_env)
 
     def reset(self) -> None:
         request = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST")
@@ -63,8 +64,10 @@ def moto_server() -> Iterator[MotoServer]:
 @pytest.fixture
 def moto_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[dict[str, str]]:
     """Empty the moto server and point boto3 at it — in this process, and in subprocesses given the
-    returned environment. The server is emptied again afterwards."""
+    returned environment. The server is emptied again afterwards. IAM policy simulation answers as
+    :class:`IamSimulator` says (moto has none)."""
     moto_server.reset()
+    moto_server.iam = install_iam_simulator(monkeypatch)
     env = {
         "AWS_ENDPOINT_URL": moto_server.url,
         "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
@@ -316,7 +319,13 @@ class IamSimulator:
 
 
 @pytest.fixture
-def iam_simulator(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> IamSimulator:
+def iam_simulator(moto_server: MotoServer, moto_env: dict[str, str]) -> IamSimulator:
+    """The moto server's IAM policy simulator for this test (``denied``: actions the CLI's user may not do)."""
+    assert moto_server.iam is not None
+    return moto_server.iam
+
+
+def install_iam_simulator(monkeypatch: pytest.MonkeyPatch) -> IamSimulator:
     from moto.core.responses import ActionResult
     from moto.iam.responses import IamResponse
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import boto3
 import pytest
 from cloud_helpers import (REGION, cloud_catalog, ec2_faults, iam_simulator, moto_env,  # noqa: F401  (fixtures)
-                           moto_server)
+                           moto_server, no_played_head_left)
 from gce_fake import gce_fake  # noqa: F401
 
 from rubberband.cloud.aws import AwsProvider
@@ -152,3 +152,47 @@ def test_gcp_dry_run_checks_the_service_account_through_the_iam_api(gce_fake):
     denied = [c.action for c in GcpIdentities(endpoint=gce_fake.url).check_service_account(email)
               if c.allowed is False]
     assert denied == ["compute.instances.delete"]
+
+
+def test_a_head_that_cannot_start_leaves_no_role_behind(tmp_path, moto_env, ec2_faults):
+    """No vCPU quota for the head: start_head fails, and the role and instance profile it made for the run are gone
+    with the security group (nothing left half-made)."""
+    from test_cloud_cli import cloud_job, cloud_plan
+
+    from rubberband.cloud.head_session import HeadOptions, start_head
+    from rubberband.plan import load_plan
+
+    ec2_faults.quota = True
+    plan = load_plan(cloud_plan(tmp_path, cloud_job(tmp_path, ["aws"]), "aws", REGION, "p3.2xlarge"))
+    key = tmp_path / "key"
+    key.write_text("not a key\n")
+    with pytest.raises(CloudError, match="VcpuLimitExceeded"):
+        start_head(plan=plan, catalog=cloud_catalog(), run_id="quota-run", run_dir=tmp_path / "run", metric="loss",
+                   options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, key_name="rb"), test_boot=None)
+    assert ec2_faults.calls  # it did try, with the role it made
+    iam = boto3.client("iam")
+    assert iam.list_roles()["Roles"] == [] and iam.list_instance_profiles()["InstanceProfiles"] == []
+    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+
+
+@pytest.mark.e2e
+def test_a_played_head_without_an_identity_fails_its_boot_saying_so(moto_env):
+    """The test harness's played head acts with the test's credentials only when its instance was started with an
+    identity: one started without (as the head was before) fails its boot with one clear line, as a real one could
+    not call the cloud API."""
+    from rubberband.cloud.bootstrap import WatchdogSettings
+    from rubberband.cloud.testboot import head_disk, head_url, play_head, wait_head_gone
+
+    p3 = cloud_catalog().find("p3.2xlarge", region=REGION)
+    provider = AwsProvider(REGION, poll_s=0.01)
+    head = provision_head(provider, "bare-head", REGION, p3.zones, timeout_s=10)
+    assert head.identity == ""
+    try:
+        play_head("aws", REGION, "bare-head", head.id, WatchdogSettings())
+        with pytest.raises(CloudError, match="has no IAM instance profile: it cannot call the aws API"):
+            head_url(head.id, timeout_s=60)
+    finally:
+        provider.terminate([head.id])
+        assert wait_head_gone(head.id)
+    assert not head_disk(head.id).exists()
