@@ -14,8 +14,9 @@ CLI subprocess pointed at it with ``RUBBERBAND_GCE_ENDPOINT`` sees them too):
 * ``capacity_left``: after this many VMs every zone is sold out (a partial gang);
 * ``wait_errors``: this many operation waits answer HTTP 503 (transient, then retried);
 * ``pending_polls``: operations stay RUNNING for this many reads, so waiting is exercised;
-* ``stockout_types``: machine types (host names) sold out in every zone, from whenever the test sets it
-  (a capacity error in the middle of a run);
+* ``stockout_types``: machine types (host names) sold out in every zone, from whenever the test sets it;
+  ``stock``: how many more VMs of a machine type there are before it sells out everywhere (a capacity
+  error in the middle of a run, at a known request);
 * :meth:`GceFake.preempt`: what Compute Engine does to a spot VM it takes back — a
   ``compute.instances.preempted`` zone operation targeting it, then the VM deleted (its
   ``instanceTerminationAction`` is DELETE) or TERMINATED (STOP).
@@ -146,6 +147,7 @@ class GceFake:
         self.capacity_left: int | None = None  # VMs the fake still has room for (None: unlimited)
         self.wait_errors = 0  # answer this many operation reads with HTTP 503 backendError
         self.stockout_types: set[str] = set()  # machine types sold out in every zone
+        self.stock: dict[str, int] = {}  # machine type -> VMs of it left; then sold out in every zone
         self.op_delay_s = 0.0  # an operation is PENDING, then RUNNING, and DONE after this long
         self.wait_cap_s = 2.0  # operations.wait returns after this long even if not DONE (the real cap: 2 min)
         self.page_size = 500  # maxResults when a list call gives none (the real default)
@@ -367,7 +369,8 @@ class GceFake:
                 "code": "QUOTA_EXCEEDED", "message": message, "errorDetails": [{"quotaInfo": {
                     "metricName": f"compute.googleapis.com/{self.quota.lower()}", "limitName": f"{self.quota}-limit",
                     "dimensions": {"region": region}}}]})
-        sold_out = zone in self.stockout_zones or self.capacity_left == 0 or machine in self.stockout_types
+        sold_out = zone in self.stockout_zones or self.capacity_left == 0 or machine in self.stockout_types or \
+            self.stock.get(machine, 1) <= 0
         if sold_out and self.stockout_sync:
             raise HttpError(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
                                  f"available to fulfill the request.", "")
@@ -380,6 +383,8 @@ class GceFake:
             raise HttpError(409, f"The resource '{target}' already exists", "alreadyExists")
         if self.capacity_left is not None:
             self.capacity_left -= 1
+        if machine in self.stock:
+            self.stock[machine] -= 1
         self._ip += 1
         instance = json.loads(json.dumps(body))
         instance.update({"kind": "compute#instance", "id": str(10**12 + self._ip), "status": "PROVISIONING",
