@@ -196,3 +196,16 @@ def test_a_played_head_without_an_identity_fails_its_boot_saying_so(moto_env):
         provider.terminate([head.id])
         assert wait_head_gone(head.id)
     assert not head_disk(head.id).exists()
+
+
+def test_docs_list_the_exact_policies():
+    """docs/clouds.md prints the head's AWS policy statement by statement and every GCP permission, as the code
+    has them."""
+    import json
+
+    from conftest import REPO
+
+    docs = (REPO / "docs" / "clouds.md").read_text()
+    for statement in aws_head_policy("RUN")["Statement"]:
+        assert json.dumps(statement) in docs, statement["Sid"]
+    assert all(f"`{p}`" in docs for p in GCP_HEAD_PERMISSIONS)
