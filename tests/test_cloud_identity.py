@@ -209,3 +209,31 @@ def test_docs_list_the_exact_policies():
     for statement in aws_head_policy("RUN")["Statement"]:
         assert json.dumps(statement) in docs, statement["Sid"]
     assert all(f"`{p}`" in docs for p in GCP_HEAD_PERMISSIONS)
+
+
+@pytest.mark.e2e
+def test_down_all_orphans_deletes_head_roles_whose_run_left_nothing(cli, tmp_path, moto_env):
+    """A detached run whose head ended itself leaves its role behind (the head cannot delete the role it acts
+    with): `down --all-orphans` deletes the roles of runs with no instance left in the regions it sweeps (after
+    ending orphaned instances), older than --older-than; a run with an instance left keeps its role."""
+    import time
+
+    from test_cloud_cli import _launch_aws, cloud_env
+
+    identities = AwsIdentities()
+    identities.create("run-gone", REGION)
+    identities.create("run-live", REGION)
+    _launch_aws("run-live", count=1)
+    env = cloud_env(tmp_path, moto_env)
+    result = cli("down", "--all-orphans", "--cloud", "aws", "--older-than", "1h", "--region", REGION, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "role/" not in result.stdout and sorted(identities.find()) == ["rb-run-gone", "rb-run-live"]
+    time.sleep(1.1)
+    result = cli("down", "--all-orphans", "--cloud", "aws", "--older-than", "1s", "--region", "eu-west-1", env=env)
+    assert result.returncode == 0 and "role/" not in result.stdout  # another region's sweep never touches them
+    result = cli("down", "--all-orphans", "--cloud", "aws", "--older-than", "1s", "--region", REGION, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "deleted aws role/rb-run-gone (run run-gone)" in result.stdout
+    # the live run's instance is an orphan too at --older-than 1s (no head protects it): ended, then its role
+    assert "terminated aws" in result.stdout and "deleted aws role/rb-run-live (run run-live)" in result.stdout
+    assert identities.find() == {}
