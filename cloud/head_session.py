@@ -362,9 +362,8 @@ class HeadSession:
 
 def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], None] | None = None) -> int:
     """Terminate the run's head, workers and security group / firewall rules now; returns instances ended."""
-    from rubberband.cloud.teardown import terminate_run_detailed
-
     from rubberband.cloud.identity import delete_run_identity
+    from rubberband.cloud.teardown import terminate_run_detailed
 
     regions = record.regions[:1] if record.cloud == "gcp" else record.regions
     ended = 0
@@ -373,7 +372,7 @@ def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], 
             ended += len(terminate_run_detailed(_provider(record.cloud, region), record.cloud_run_id,
                                                 echo=echo).instances)
     finally:  # the identity made for the run goes with it (found by its run tag: a named one is never touched)
-        for resource in delete_run_identity(record.cloud, record.cloud_run_id):
+        for resource in (delete_run_identity(record.cloud, record.cloud_run_id) if record.identity_created else []):
             if echo:
                 echo(f"deleted {record.cloud} {resource} (run {record.cloud_run_id})")
     if test_boot:

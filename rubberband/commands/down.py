@@ -151,8 +151,15 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
             for instance in result.instances:
                 journal.record(J.INSTANCE_TERMINATED, id=instance.id, reason="down")
     from rubberband.cloud.identity import delete_run_identity
+    from rubberband.errors import CloudError
 
-    for resource in delete_run_identity(cloud, run_id):  # the head's role / profile made for the run (by tag)
+    try:
+        identity = delete_run_identity(cloud, run_id)  # the head's role / profile made for the run (by its tag)
+    except CloudError as exc:
+        identity = []
+        _echo(f"could not look for run {run_id}'s head role ({exc.message}); delete role/rb-{run_id} by hand if "
+              f"it exists")
+    for resource in identity:
         deleted += 1
         _echo(f"deleted {cloud} {resource} (run {run_id})")
     if journal is not None and terminated:
