@@ -395,4 +395,5 @@ class AwsProvider:
                         run_id=tags.get(TAG_RUN_ID, ""), stage=stage, address=raw.get("PrivateIpAddress"),
                         launched_at=launched.timestamp() if launched is not None else None, tags=tags,
                         public_address=raw.get("PublicIpAddress"),
-                        state_reason=(raw.get("StateReason") or {}).get("Code", ""))
+                        state_reason=(raw.get("StateReason") or {}).get("Code", ""),
+                        identity=(raw.get("IamInstanceProfile") or {}).get("Arn", ""))

@@ -12,7 +12,7 @@ prints :func:`render_dry_run`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rich.console import Group, RenderableType
@@ -173,17 +173,19 @@ def schedule_for(plan: Plan, catalog: Catalog, *, include_head: bool = True,
 
 
 def dry_run(plan: Plan, provider_factory: ProviderFactory, *, catalog: Catalog | None = None,
-            include_head: bool = True, check_permissions: bool = True, strict: bool = True) -> DryRunReport:
+            include_head: bool = True, check_permissions: bool = True, strict: bool = True,
+            extra_checks: Sequence[PermissionCheck] = ()) -> DryRunReport:
     """Schedule, bill and permission checks for ``plan``; provisions nothing.
 
     ``provider_factory(cloud, region)`` builds a provider (e.g.
-    :func:`rubberband.cloud.registry.make_provider`). With ``strict``, a denied permission
-    raises a fatal CloudError naming it.
+    :func:`rubberband.cloud.registry.make_provider`). ``extra_checks``: checks made elsewhere (the
+    head's identity, :func:`rubberband.cloud.identity.check_identity`). With ``strict``, a denied
+    permission raises a fatal CloudError naming it (and whose it is).
     """
     clouds = sorted({s.cloud for s in plan.stages})
     catalog = catalog or load_catalog([c for c in clouds if c in BILLING_RULES])
     schedule = schedule_for(plan, catalog, include_head=include_head)
-    checks: list[PermissionCheck] = []
+    checks: list[PermissionCheck] = list(extra_checks)
     if check_permissions:
         for cloud, region in sorted({(s.cloud, s.region) for s in schedule}):
             provider = provider_factory(cloud, region)
@@ -202,8 +204,9 @@ def dry_run(plan: Plan, provider_factory: ProviderFactory, *, catalog: Catalog |
                           predicted_head_usd=plan.predicted.cost_breakdown.head_usd,
                           catalog_dates={c: d for c, d in catalog.dates.items() if c in clouds})
     if strict and report.denied:
-        names = ", ".join(f"{c.action} ({c.cloud} {c.region})" for c in report.denied)
-        raise CloudError(f"the credentials lack permission: {names}; grant them (see docs/clouds.md) and retry",
+        names = ", ".join(f"{c.action} ({c.detail if c.region == 'global' else f'{c.cloud} {c.region}'})"
+                          for c in report.denied)
+        raise CloudError(f"permission missing: {names}; grant it (see docs/clouds.md) and retry",
                          kind="fatal", code="UnauthorizedOperation")
     return report
 

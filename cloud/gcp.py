@@ -182,9 +182,16 @@ class GcpProvider:
         return op
 
     def _wait_global_op(self, op: compute_v1.Operation, timeout_s: float = 300.0) -> compute_v1.Operation:
+        """Wait until a global operation (firewall rules) is DONE; raise its error, or a timeout, if any."""
         deadline = time.monotonic() + timeout_s
-        while op.status != compute_v1.Operation.Status.DONE and time.monotonic() < deadline:
+        while op.status != compute_v1.Operation.Status.DONE:
+            if time.monotonic() >= deadline:
+                raise CloudError(f"gcp: operation {op.name} not done after {timeout_s:g}s", kind="transient",
+                                 code="WaitTimeout", region=self.region)
             op = self._call(lambda: self.global_operations.wait(project=self.project, operation=op.name))
+        error = self._operation_error(op, zone=None, instance_type=None, spot=False)
+        if error is not None:
+            raise error
         return op
 
     # -- firewall ---------------------------------------------------------------------------
@@ -505,4 +512,5 @@ class GcpProvider:
         return Instance(id=raw.name, cloud="gcp", instance_type=machine, zone=zone,
                         state=_STATES.get(raw.status, "pending"), run_id=labels.get(TAG_RUN_ID, ""), stage=stage,
                         address=nic.network_i_p if nic is not None else None, launched_at=launched, tags=labels,
-                        public_address=public or None)
+                        public_address=public or None,
+                        identity=raw.service_accounts[0].email if raw.service_accounts else "")

@@ -72,6 +72,8 @@ class HeadOptions:
     ssh_user: str = "ubuntu"
     watchdog: WatchdogSettings = WatchdogSettings()
     boot_timeout_s: float = 1200.0  # instance start + runtime install + Ray head
+    instance_profile: str | None = None  # AWS: the head's instance profile (None: one is created for the run)
+    service_account: str | None = None  # GCP: the head's service account (required)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ class HeadRecord:
     metric: str
     ssh_user: str = "ubuntu"
     ssh_key: str | None = None
+    identity: str | None = None  # the head's instance profile name / service account email
+    identity_created: bool = False  # rubberband created it for this run (deleted when the run ends)
 
     @property
     def cloud_run_id(self) -> str:
@@ -113,10 +117,14 @@ class HeadRecord:
                 from None
 
 
-def _provider(cloud: str, region: str, options: HeadOptions | None = None):
+def _provider(cloud: str, region: str, options: HeadOptions | None = None, identity: str | None = None):
+    """A provider for the run's cloud; the one that starts the head (``identity``) gives it that identity alone:
+    workers get none."""
     from rubberband.cloud.registry import make_provider
 
     kwargs = {}
+    if identity:
+        kwargs["instance_profile" if cloud == "aws" else "service_account"] = identity
     if options is not None and options.ssh_cidr:
         kwargs["ssh_cidr"] = options.ssh_cidr
     if options is not None and options.key_name and cloud == "aws":
@@ -125,7 +133,11 @@ def _provider(cloud: str, region: str, options: HeadOptions | None = None):
 
 
 def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> None:
-    """Outside tests the CLI reaches the head over SSH: it needs the CIDR to open, the key (and its EC2 key pair)."""
+    """The head's identity flags fit the cloud; outside tests the CLI reaches the head over SSH: it needs the CIDR
+    to open, the key (and its EC2 key pair)."""
+    from rubberband.cloud.identity import from_options
+
+    from_options(cloud, options.instance_profile, options.service_account)
     if test_boot:
         return
     if not (options.ssh_cidr and options.ssh_key and (options.key_name or cloud != "aws")):
@@ -139,23 +151,31 @@ def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> No
 
 def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metric: str,
                options: HeadOptions, test_boot: str | None) -> HeadRecord:
-    """Provision the run's head where its first stage's workers go, record it, play its boot in tests."""
+    """Provision the run's head where its first stage's workers go, with its cloud identity (the one named, or one
+    created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
     from rubberband.cloud.head import provision_head
+    from rubberband.cloud.identity import head_identity, launch_with_new_identity
     from rubberband.cloud.teardown import terminate_run
 
     first = plan.stages[0]
     cloud, region = first.cloud, first.region
     check_options(cloud, options, test_boot)
     zones = catalog.find(first.instance_type, cloud=cloud, region=region).zones
-    provider = _provider(cloud, region, options)
     crid = cloud_run_id(run_id)
+    provider = _provider(cloud, region, options)
+    identity = None
     try:
-        head = provision_head(provider, crid, region, zones, settings=options.watchdog,
-                              timeout_s=options.boot_timeout_s)
+        identity = head_identity(cloud, crid, region, instance_profile=options.instance_profile,
+                                 service_account=options.service_account)
+        provider = _provider(cloud, region, options, identity=identity.name)
+        head = launch_with_new_identity(lambda: provision_head(
+            provider, crid, region, zones, settings=options.watchdog, timeout_s=options.boot_timeout_s),
+            new=identity.created)
         record = HeadRecord(run_id=run_id, cloud=cloud, region=region, instance_id=head.id, zone=head.zone,
                             address=head.address, public_address=head.public_address,
                             regions=list(dict.fromkeys([region, *(s.region for s in plan.stages)])), metric=metric,
-                            ssh_user=options.ssh_user, ssh_key=str(options.ssh_key) if options.ssh_key else None)
+                            ssh_user=options.ssh_user, ssh_key=str(options.ssh_key) if options.ssh_key else None,
+                            identity=identity.name, identity_created=identity.created)
         record.write(run_dir)
         if test_boot:
             from rubberband.cloud.testboot import play_head
@@ -163,6 +183,10 @@ def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metr
             play_head(cloud, region, crid, head.id, options.watchdog)
     except BaseException:
         terminate_run(provider, crid)
+        if identity is not None and identity.created:
+            from rubberband.cloud.identity import delete_run_identity
+
+            delete_run_identity(cloud, crid)
         raise
     return record
 
@@ -404,12 +428,19 @@ class HeadSession:
 
 def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], None] | None = None) -> int:
     """Terminate the run's head, workers and security group / firewall rules now; returns instances ended."""
+    from rubberband.cloud.identity import delete_run_identity
     from rubberband.cloud.teardown import terminate_run_detailed
 
     regions = record.regions[:1] if record.cloud == "gcp" else record.regions
     ended = 0
-    for region in regions:
-        ended += len(terminate_run_detailed(_provider(record.cloud, region), record.cloud_run_id, echo=echo).instances)
+    try:
+        for region in regions:
+            ended += len(terminate_run_detailed(_provider(record.cloud, region), record.cloud_run_id,
+                                                echo=echo).instances)
+    finally:  # the identity made for the run goes with it (found by its run tag: a named one is never touched)
+        for resource in (delete_run_identity(record.cloud, record.cloud_run_id) if record.identity_created else []):
+            if echo:
+                echo(f"deleted {record.cloud} {resource} (run {record.cloud_run_id})")
     if test_boot:
         from rubberband.cloud.testboot import wait_head_gone
 

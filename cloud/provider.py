@@ -68,6 +68,9 @@ class Instance:
     #: Why the cloud says it last changed state, when it says (AWS ``StateReason.Code``, e.g.
     #: ``Server.SpotInstanceTermination``; GCP ``preempted``); empty otherwise.
     state_reason: str = ""
+    #: The cloud identity the instance acts with: its IAM instance profile ARN (AWS) or service account email
+    #: (GCP); empty when it has none (then it cannot call the cloud API at all).
+    identity: str = ""
 
     @property
     def role(self) -> str:

@@ -7,6 +7,10 @@ local Ray node that offers the instance's ``rb-node-<id>`` resource and joins th
 exactly what the bootstrap script would do on the instance. Terminating the instance stops that
 node too. Never set it outside tests: no real instance would ever join.
 
+The played head acts with the CLI's (test) credentials, but only if the provider reports that its
+instance was started with a cloud identity (an instance profile / a service account): a head
+started without one fails its boot, as a real one could not call the cloud API.
+
 In head mode (``rubberband run --cloud aws|gcp``) the CLI also plays the head instance's boot
 (:func:`play_head`): a detached process starts a local Ray head with its job server on 127.0.0.1
 (the watchdog then comes as a Ray job from the CLI, as on a real head), under the head's instance id, and stops all of it once the provider no longer
@@ -47,6 +51,8 @@ def boot_mode() -> str | None:
 
 #: What a played head writes for the CLI: the URL of its job server (on 127.0.0.1).
 HEAD_URL_FILE = "dashboard.json"
+#: What a played head writes when its boot fails (one line): :func:`head_url` raises it.
+HEAD_FAILED_FILE = "failed.txt"
 
 
 def head_disk(instance_id: str) -> Path:
@@ -73,8 +79,11 @@ def play_head(cloud: str, region: str, run_id: str, instance_id: str, settings: 
 def head_url(instance_id: str, timeout_s: float = 180.0) -> str:
     """The job server URL of a played head, once it is up."""
     path = head_disk(instance_id) / HEAD_URL_FILE
+    failed = head_disk(instance_id) / HEAD_FAILED_FILE
     deadline = time.monotonic() + timeout_s
     while not path.exists():
+        if failed.exists():
+            raise CloudError(f"head {instance_id} failed to boot: {failed.read_text().strip()}", kind="fatal")
         if time.monotonic() >= deadline or not head_disk(instance_id).exists():
             log = head_disk(instance_id) / "boot.log"
             tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
@@ -105,16 +114,22 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
     disk = head_disk(instance_id)
     local = LocalProvider(disk, auth_mode="disabled")
     provider = make_provider(cloud, region)
+    me = next((i for i in provider.list(run_id) if i.id == instance_id), None)
+    has_identity = me is not None and bool(me.identity)
     run_root = disk / "runs"
     env = {RUN_ROOT_ENV: str(run_root), HEAD_ID_ENV: instance_id,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     try:
-        port = _free_port()
-        local.start_head(run_id, dashboard_port=port, env=env)
-        tmp = disk / f".{HEAD_URL_FILE}.tmp"
-        tmp.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
-        tmp.replace(disk / HEAD_URL_FILE)
-        # the watchdog comes as a Ray job from the CLI (HeadSession.submit_watchdog), as on a real head
+        if has_identity:
+            port = _free_port()
+            local.start_head(run_id, dashboard_port=port, env=env)
+            tmp = disk / f".{HEAD_URL_FILE}.tmp"
+            tmp.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
+            tmp.replace(disk / HEAD_URL_FILE)
+            # the watchdog comes as a Ray job from the CLI (HeadSession.submit_watchdog), as on a real head
+        else:  # a real head without one gets no credentials from its metadata server: it could do nothing
+            what = "IAM instance profile" if cloud == "aws" else "service account"
+            (disk / HEAD_FAILED_FILE).write_text(f"the instance has no {what}: it cannot call the {cloud} API\n")
         last_answer = time.monotonic()
         while True:
             time.sleep(0.5)

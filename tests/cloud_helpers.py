@@ -40,6 +40,7 @@ REGION = "us-east-1"
 @dataclass
 class MotoServer:
     url: str
+    iam: "IamSimulator | None" = None  # what iam:SimulatePrincipalPolicy answers (set by moto_env)
 
     def reset(self) -> None:
         request = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST")
@@ -63,8 +64,10 @@ def moto_server() -> Iterator[MotoServer]:
 @pytest.fixture
 def moto_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[dict[str, str]]:
     """Empty the moto server and point boto3 at it — in this process, and in subprocesses given the
-    returned environment. The server is emptied again afterwards."""
+    returned environment. The server is emptied again afterwards. IAM policy simulation answers as
+    :class:`IamSimulator` says (moto has none)."""
     moto_server.reset()
+    moto_server.iam = install_iam_simulator(monkeypatch)
     env = {
         "AWS_ENDPOINT_URL": moto_server.url,
         "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
@@ -267,3 +270,74 @@ def assert_fetched_run(cli: Callable, run_dir: Path, report: Path, env: dict[str
     assert result.returncode == 0, result.stderr
     assert report.stat().st_size > 0
     return summary
+
+
+# -- IAM policy simulation (moto has no iam:SimulatePrincipalPolicy) ------------------------------------------------
+
+
+@dataclass
+class IamSimulator:
+    """What ``iam:SimulatePrincipalPolicy`` answers on the moto server.
+
+    For a role moto holds, its inline policies are evaluated (Allow statements; ``Action`` patterns;
+    ``StringEquals`` / ``ForAllValues:StringEquals`` conditions against the request's context entries) — enough
+    to check rubberband's own head policy with a run's tag context. For any other principal (the CLI's user)
+    every action is allowed except those in ``denied``. ``calls`` records (principal ARN, action)."""
+
+    denied: set[str] = field(default_factory=set)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    def decide(self, arn: str, action: str, context: dict[str, str]) -> str:
+        import fnmatch
+
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.iam.models import iam_backends
+
+        self.calls.append((arn, action))
+        if action in self.denied:
+            return "implicitDeny"
+        if ":role/" not in arn:
+            return "allowed"
+        backend = iam_backends[DEFAULT_ACCOUNT_ID]["global"]
+        role = next((r for r in backend.roles.values() if r.arn == arn), None)
+        if role is None:
+            return "implicitDeny"
+        for document in role.policies.values():
+            for st in json.loads(document)["Statement"]:
+                actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+                if st["Effect"] != "Allow" or not any(fnmatch.fnmatch(action, a) for a in actions):
+                    continue
+                ok = True
+                for operator, terms in st.get("Condition", {}).items():
+                    for key, wanted in terms.items():
+                        wanted = wanted if isinstance(wanted, list) else [wanted]
+                        if key not in context or context[key] not in wanted:
+                            ok = False
+                if ok:
+                    return "allowed"
+        return "implicitDeny"
+
+
+@pytest.fixture
+def iam_simulator(moto_server: MotoServer, moto_env: dict[str, str]) -> IamSimulator:
+    """The moto server's IAM policy simulator for this test (``denied``: actions the CLI's user may not do)."""
+    assert moto_server.iam is not None
+    return moto_server.iam
+
+
+def install_iam_simulator(monkeypatch: pytest.MonkeyPatch) -> IamSimulator:
+    from moto.core.responses import ActionResult
+    from moto.iam.responses import IamResponse
+
+    sim = IamSimulator()
+
+    def simulate_principal_policy(self):
+        arn = self._get_param("PolicySourceArn")
+        actions = self._get_param("ActionNames", [])
+        context = {e["ContextKeyName"]: e["ContextKeyValues"][0] for e in self._get_param("ContextEntries", [])}
+        return ActionResult({"EvaluationResults": [
+            {"EvalActionName": a, "EvalResourceName": "*", "EvalDecision": sim.decide(arn, a, context)}
+            for a in actions], "IsTruncated": False})
+
+    monkeypatch.setattr(IamResponse, "simulate_principal_policy", simulate_principal_policy, raising=False)
+    return sim

@@ -14,9 +14,26 @@ CLI subprocess pointed at it with ``RUBBERBAND_GCE_ENDPOINT`` sees them too):
 * ``capacity_left``: after this many VMs every zone is sold out (a partial gang);
 * ``wait_errors``: this many operation waits answer HTTP 503 (transient, then retried);
 * ``pending_polls``: operations stay RUNNING for this many reads, so waiting is exercised;
+* ``stockout_types``: machine types (host names) sold out in every zone, from whenever the test sets it;
+  ``stock``: how many more VMs of a machine type there are before it sells out everywhere (a capacity
+  error in the middle of a run, at a known request);
 * :meth:`GceFake.preempt`: what Compute Engine does to a spot VM it takes back — a
   ``compute.instances.preempted`` zone operation targeting it, then the VM deleted (its
   ``instanceTerminationAction`` is DELETE) or TERMINATED (STOP).
+
+Where rubberband's client depends on it, the fake is as strict as the real API:
+
+* request bodies with an unknown field (anywhere in the resource) or without a required one are
+  refused with HTTP 400 and the API's message (``Invalid JSON payload received. Unknown name ...``);
+* operations go PENDING → RUNNING → DONE over ``op_delay_s`` seconds (and ``pending_polls`` reads);
+  their effect lands when they are DONE (an inserted VM is PROVISIONING until then, a deleted one
+  STOPPING), ``operations.wait`` blocks until DONE or ``wait_cap_s``, as the real one does for 2 minutes;
+* a repeated ``requestId`` answers the first request's operation and does nothing again;
+* list calls page their results: ``maxResults`` (default ``page_size``; the fixture makes it 2, so
+  every listing in the tests spans pages) and ``pageToken`` / ``nextPageToken``.
+
+It also serves the few IAM / Resource Manager calls the dry run makes about a head's service
+account (:meth:`GceFake.add_service_account`).
 
 There is no GCE emulator in any registry reachable here; this fake implements only the
 fields rubberband reads and writes.
@@ -24,9 +41,11 @@ fields rubberband reads and writes.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -53,7 +72,56 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("DELETE", re.compile(_PREFIX + r"/global/firewalls/(?P<name>[^/]+)$"), "fw_delete"),
     ("GET", re.compile(_PREFIX + r"/global/operations/(?P<op>[^/]+)$"), "op_get"),
     ("POST", re.compile(_PREFIX + r"/global/operations/(?P<op>[^/]+)/wait$"), "op_wait"),
+    # IAM and Resource Manager (the dry run's service-account checks)
+    ("GET", re.compile(r"/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<email>[^/:]+)$"), "sa_get"),
+    ("POST", re.compile(r"/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<email>[^/:]+):testIamPermissions$"),
+     "sa_test"),
+    ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):getIamPolicy$"), "get_iam_policy"),
+    ("GET", re.compile(r"/v1/(?P<role>(?:projects/[^/]+/)?roles/[^/]+)$"), "role_get"),
 ]
+#: Fields of the request bodies the real API knows (the subset of the discovery schema rubberband could send);
+#: anything else is refused, as the real API refuses unknown names. ``None``: a scalar / map, not checked inside.
+_SCHEMA: dict[str, dict[str, object]] = {
+    "instance": {k: None for k in (
+        "name", "description", "machineType", "labels", "minCpuPlatform", "canIpForward", "deletionProtection",
+        "hostname", "resourcePolicies", "sourceMachineImage", "privateIpv6GoogleAccess", "keyRevocationActionType",
+        "id", "kind", "status", "zone", "selfLink", "creationTimestamp", "labelFingerprint")} | {
+        "tags": "tags", "metadata": "metadata", "disks": "disk", "networkInterfaces": "nic",
+        "serviceAccounts": "serviceAccount", "scheduling": "scheduling", "guestAccelerators": "accelerator"},
+    "tags": {"items": None, "fingerprint": None},
+    "metadata": {"items": "item", "fingerprint": None, "kind": None},
+    "item": {"key": None, "value": None},
+    "disk": {k: None for k in ("boot", "autoDelete", "type", "mode", "deviceName", "source", "interface",
+                               "diskSizeGb", "index", "kind")} | {"initializeParams": "initializeParams"},
+    "initializeParams": {k: None for k in ("sourceImage", "diskSizeGb", "diskType", "labels", "diskName",
+                                           "description", "resourcePolicies")},
+    "nic": {k: None for k in ("network", "subnetwork", "networkIP", "name", "stackType", "nicType", "kind")} | {
+        "accessConfigs": "accessConfig"},
+    "accessConfig": {k: None for k in ("name", "type", "natIP", "networkTier", "kind")},
+    "serviceAccount": {"email": None, "scopes": None},
+    "scheduling": {k: None for k in ("onHostMaintenance", "automaticRestart", "preemptible", "provisioningModel",
+                                     "instanceTerminationAction", "maxRunDuration", "terminationTime",
+                                     "minNodeCpus", "nodeAffinities")},
+    "accelerator": {"acceleratorType": None, "acceleratorCount": None},
+    "firewall": {k: None for k in ("name", "description", "network", "direction", "priority", "sourceRanges",
+                                   "destinationRanges", "sourceTags", "targetTags", "sourceServiceAccounts",
+                                   "targetServiceAccounts", "disabled", "logConfig", "id", "kind",
+                                   "creationTimestamp", "selfLink")} | {
+        "allowed": "rule", "denied": "rule"},
+    "rule": {"IPProtocol": None, "ports": None},
+    "setLabels": {"labels": None, "labelFingerprint": None},
+}
+#: (field, why) the real API insists on, per body.
+_REQUIRED = {
+    "instance": [("name", "Required field 'resource.name' not specified"),
+                 ("machineType", "Invalid value for field 'resource.machineType': ''. Required field not specified"),
+                 ("disks", "Invalid value for field 'resource.disks': ''. No disks are specified."),
+                 ("networkInterfaces", "Invalid value for field 'resource.networkInterfaces': ''. At least one "
+                                       "network interface is required.")],
+    "firewall": [("name", "Required field 'resource.name' not specified")],
+    "setLabels": [("labelFingerprint", "Required field 'labelFingerprint' not specified")],
+}
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _LABEL_TERM = re.compile(r'labels\.([a-z0-9_-]+)\s*=\s*"([^"]*)"')
 _OP_TERM = re.compile(r'(operationType|targetLink|status)\s*=\s*"([^"]*)"')
 
@@ -78,9 +146,21 @@ class GceFake:
         self.pending_polls = 0
         self.capacity_left: int | None = None  # VMs the fake still has room for (None: unlimited)
         self.wait_errors = 0  # answer this many operation reads with HTTP 503 backendError
+        self.stockout_types: set[str] = set()  # machine types sold out in every zone
+        self.stock: dict[str, int] = {}  # machine type -> VMs of it left; then sold out in every zone
+        self.op_delay_s = 0.0  # an operation is PENDING, then RUNNING, and DONE after this long
+        self.wait_cap_s = 2.0  # operations.wait returns after this long even if not DONE (the real cap: 2 min)
+        self.page_size = 500  # maxResults when a list call gives none (the real default)
+        self.request_ids: dict[str, str] = {}  # requestId -> the operation it started
+        self.rejected: list[str] = []  # the messages of the 400s the fake answered (tests assert none)
+        self.service_accounts: set[str] = set()
+        self.iam_bindings: list[dict[str, Any]] = []  # the project's IAM policy bindings
+        self.roles: dict[str, list[str]] = {}  # role name -> included permissions
+        self.act_as = True  # the caller may attach service accounts (iam.serviceAccounts.actAs)
         self.inserts: list[tuple[str, str]] = []  # (zone, machine type) of every insert call
         self.requests: list[str] = []  # "METHOD path" of every request (tests grep it)
         self.bodies: list[str] = []  # raw request bodies (tests grep them for credentials)
+        self._fw_pending: set[str] = set()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._ip = 0
@@ -123,40 +203,122 @@ class GceFake:
     def dispatch(self, method: str, path: str, raw: str) -> tuple[int, dict[str, Any]]:
         url = urlparse(path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        for route_method, pattern, handler in _ROUTES:
+            match = pattern.match(url.path)
+            if match and route_method == method:
+                break
+        else:
+            with self._lock:
+                self.requests.append(f"{method} {url.path}")
+                self.bodies.append(raw)
+            return 404, {"error": {"code": 404, "message": f"no route {method} {url.path}",
+                                   "errors": [{"reason": "notFound", "message": "no route"}]}}
+        if handler == "op_wait":  # blocks (outside the lock) until the operation is due, as the real wait does
+            with self._lock:
+                found = self.operations.get(match["op"])
+                due = found["_due"] if found else 0.0
+            time.sleep(max(0.0, min(due - time.monotonic(), self.wait_cap_s)))
         with self._lock:
             self.requests.append(f"{method} {url.path}")
             self.bodies.append(raw)
-            for route_method, pattern, handler in _ROUTES:
-                match = pattern.match(url.path)
-                if match and route_method == method:
-                    try:
-                        body = json.loads(raw) if raw else {}
-                        return 200, getattr(self, f"_{handler}")(query=query, body=body, **match.groupdict())
-                    except HttpError as exc:
-                        return exc.status, {"error": {"code": exc.status, "message": exc.message, "errors": [
-                            {"message": exc.message, "domain": "global", "reason": exc.reason}]}}
-        return 404, {"error": {"code": 404, "message": f"no route {method} {url.path}",
-                               "errors": [{"reason": "notFound", "message": "no route"}]}}
+            self._tick()
+            request_id = query.get("requestId")
+            if request_id and request_id in self.request_ids:  # a retried request: the same operation, nothing redone
+                return 200, _public(self.operations[self.request_ids[request_id]])
+            try:
+                body = json.loads(raw) if raw else {}
+                result = getattr(self, f"_{handler}")(query=query, body=body, **match.groupdict())
+                if request_id and result.get("kind") == "compute#operation":
+                    self.request_ids[request_id] = result["name"]
+                return 200, result
+            except HttpError as exc:
+                if exc.status == 400:
+                    self.rejected.append(exc.message)
+                return exc.status, {"error": {"code": exc.status, "message": exc.message, "errors": [
+                    {"message": exc.message, "domain": "global", "reason": exc.reason}]}}
+
+    # -- strictness -----------------------------------------------------------------------------
+
+    def _validate(self, body: dict[str, Any], kind: str) -> None:
+        """Refuse what the real API refuses: unknown field names anywhere, required fields missing, bad labels."""
+        def walk(value: Any, schema: str, where: str) -> None:
+            fields = _SCHEMA[schema]
+            if isinstance(value, list):
+                for index, item in enumerate(value):
+                    walk(item, schema, f"{where}[{index}]")
+                return
+            if not isinstance(value, dict):
+                raise HttpError(400, f"Invalid JSON payload received. Expected an object at '{where}'.", "invalid")
+            for key, item in value.items():
+                if key not in fields:
+                    raise HttpError(400, f"Invalid JSON payload received. Unknown name \"{key}\" at '{where}': "
+                                         f"Cannot find field.", "invalid")
+                if fields[key] is not None:
+                    walk(item, str(fields[key]), f"{where}.{key}")
+
+        walk(body, kind, "resource")
+        for name, message in _REQUIRED.get(kind, []):
+            if not body.get(name):
+                raise HttpError(400, message, "required")
+        for key, value in (body.get("labels") or {}).items():
+            if not _LABEL_VALUE.match(str(value)) or not re.match(r"^[a-z][a-z0-9_-]{0,62}$", key):
+                raise HttpError(400, f"Invalid value for field 'resource.labels': label {key}={value!r} does not "
+                                     f"match the pattern", "invalid")
+
+    def _tick(self) -> None:
+        """Move every operation along by the clock (PENDING → RUNNING → DONE); land the effects of those done."""
+        now = time.monotonic()
+        for op in self.operations.values():
+            if op["status"] == "DONE":
+                continue
+            if op["_polls"] <= 0 and now >= op["_due"]:
+                self._finish(op)
+            elif now >= op["_started"] + (op["_due"] - op["_started"]) / 2 and op["status"] == "PENDING":
+                op["status"] = "RUNNING"
+
+    def _finish(self, op: dict[str, Any]) -> None:
+        op["status"], op["progress"], op["endTime"] = "DONE", 100, _now()
+        if op.get("_error") is not None:
+            op["error"] = {"errors": [op["_error"]]}
+            op["httpErrorStatusCode"] = op["_http_status"]
+            op["httpErrorMessage"] = "SERVICE UNAVAILABLE" if op["_http_status"] == 503 else "FORBIDDEN"
+        effect = op.pop("_effect", None)
+        if effect is not None:
+            effect()
+
+    def _page(self, items: list[Any], query: dict[str, str]) -> tuple[list[Any], dict[str, str]]:
+        """One page of ``items`` (maxResults, pageToken) and the nextPageToken field when more follow."""
+        size = int(query.get("maxResults") or self.page_size)
+        if not 0 < size <= 500:
+            raise HttpError(400, "Invalid value for field 'maxResults': must be between 0 and 500", "invalid")
+        token = query.get("pageToken")
+        start = int(base64.urlsafe_b64decode(token).decode()) if token else 0
+        page = items[start:start + size]
+        more = {"nextPageToken": base64.urlsafe_b64encode(str(start + size).encode()).decode()} \
+            if start + size < len(items) else {}
+        return page, more
 
     # -- operations -----------------------------------------------------------------------------
 
     def _operation(self, project: str, kind: str, target: str, zone: str | None, *,
-                   error: dict[str, Any] | None = None, http_status: int | None = None) -> dict[str, Any]:
+                   error: dict[str, Any] | None = None, http_status: int | None = None,
+                   effect: Any = None) -> dict[str, Any]:
+        """A new operation; ``effect`` (a callable) lands when it is DONE, ``error`` shows only then."""
         name = f"operation-{uuid.uuid4().hex[:12]}"
+        now = time.monotonic()
         op: dict[str, Any] = {"kind": "compute#operation", "id": str(abs(hash(name)) % 10**12), "name": name,
-                              "operationType": kind, "targetLink": target, "progress": 0,
-                              "status": "RUNNING" if self.pending_polls > 0 else "DONE",
-                              "insertTime": _now(), "_polls": self.pending_polls}
+                              "operationType": kind, "targetLink": target, "progress": 0, "status": "PENDING",
+                              "insertTime": _now(), "_polls": self.pending_polls, "_started": now,
+                              "_due": now + self.op_delay_s, "_effect": effect, "_error": error,
+                              "_http_status": http_status}
         if zone:
             op["zone"] = f"{self.url}/compute/v1/projects/{project}/zones/{zone}"
             op["selfLink"] = f"{op['zone']}/operations/{name}"
         else:
             op["selfLink"] = f"{self.url}/compute/v1/projects/{project}/global/operations/{name}"
-        if error is not None:
-            op["error"] = {"errors": [error]}
-            op["httpErrorStatusCode"] = http_status
-            op["httpErrorMessage"] = "SERVICE UNAVAILABLE" if http_status == 503 else "FORBIDDEN"
         self.operations[name] = op
+        if self.pending_polls <= 0 and self.op_delay_s <= 0:
+            self._finish(op)
         return _public(op)
 
     def _op_get(self, project: str, op: str, query: dict, body: dict, zone: str | None = None) -> dict:
@@ -165,15 +327,16 @@ class GceFake:
             raise HttpError(404, f"The resource 'operations/{op}' was not found", "notFound")
         if found["status"] != "DONE":
             found["_polls"] -= 1
-            if found["_polls"] <= 0:
-                found["status"] = "DONE"
+            found["status"] = "RUNNING"
+            self._tick()
         return _public(found)
 
     def _op_list(self, project: str, zone: str, query: dict, body: dict) -> dict:
         terms = _OP_TERM.findall(query.get("filter", ""))
         items = [_public(op) for op in self.operations.values() if op.get("zone", "").endswith(f"/zones/{zone}")
                  and all(op.get(key) == value for key, value in terms)]
-        return {"kind": "compute#operationList", "items": items}
+        page, more = self._page(items, query)
+        return {"kind": "compute#operationList", "items": page, **more}
 
     def _op_wait(self, project: str, op: str, query: dict, body: dict, zone: str | None = None) -> dict:
         if self.wait_errors > 0:
@@ -182,12 +345,16 @@ class GceFake:
         found = self.operations.get(op)
         if found is None:
             raise HttpError(404, f"The resource 'operations/{op}' was not found", "notFound")
-        found["status"] = "DONE"
+        if found["status"] != "DONE":  # waited until due (or the cap): done unless reads are still owed
+            found["_polls"] = min(found["_polls"], 0) if time.monotonic() >= found["_due"] else found["_polls"]
+            found["status"] = "RUNNING"
+            self._tick()
         return _public(found)
 
     # -- instances ------------------------------------------------------------------------------
 
     def _insert(self, project: str, zone: str, query: dict, body: dict) -> dict:
+        self._validate(body, "instance")
         name = body.get("name", "")
         machine = body.get("machineType", "").rsplit("/", 1)[-1]
         self.inserts.append((zone, machine))
@@ -202,10 +369,12 @@ class GceFake:
                 "code": "QUOTA_EXCEEDED", "message": message, "errorDetails": [{"quotaInfo": {
                     "metricName": f"compute.googleapis.com/{self.quota.lower()}", "limitName": f"{self.quota}-limit",
                     "dimensions": {"region": region}}}]})
-        if (zone in self.stockout_zones or self.capacity_left == 0) and self.stockout_sync:
+        sold_out = zone in self.stockout_zones or self.capacity_left == 0 or machine in self.stockout_types or \
+            self.stock.get(machine, 1) <= 0
+        if sold_out and self.stockout_sync:
             raise HttpError(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
                                  f"available to fulfill the request.", "")
-        if zone in self.stockout_zones or self.capacity_left == 0:
+        if sold_out:
             return self._operation(project, "insert", target, zone, http_status=503, error={
                 "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
                 "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available "
@@ -214,17 +383,23 @@ class GceFake:
             raise HttpError(409, f"The resource '{target}' already exists", "alreadyExists")
         if self.capacity_left is not None:
             self.capacity_left -= 1
+        if machine in self.stock:
+            self.stock[machine] -= 1
         self._ip += 1
-        instance = dict(body)
-        instance.update({"kind": "compute#instance", "id": str(10**12 + self._ip), "status": "STAGING",
+        instance = json.loads(json.dumps(body))
+        instance.update({"kind": "compute#instance", "id": str(10**12 + self._ip), "status": "PROVISIONING",
                          "zone": f"{self.url}/compute/v1/projects/{project}/zones/{zone}", "selfLink": target,
                          "creationTimestamp": _now(), "labelFingerprint": uuid.uuid4().hex[:8]})
         for nic in instance.get("networkInterfaces", []):
             nic["networkIP"] = f"10.128.0.{self._ip % 250 + 2}"
             for access in nic.get("accessConfigs", []):
                 access["natIP"] = f"34.1.0.{self._ip % 250 + 2}"
-        self.instances[(zone, name)] = instance
-        return self._operation(project, "insert", target, zone)
+        self.instances[(zone, name)] = instance  # visible (PROVISIONING) while its insert runs, as on GCE
+
+        def booted() -> None:
+            if instance.get("status") == "PROVISIONING":
+                instance["status"] = "STAGING"
+        return self._operation(project, "insert", target, zone, effect=booted)
 
     def _find(self, zone: str, name: str) -> dict:
         found = self.instances.get((zone, name))
@@ -235,7 +410,7 @@ class GceFake:
 
     def _get(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
         instance = self._find(zone, name)
-        result = dict(instance)
+        result = json.loads(json.dumps(instance))
         if instance["status"] == "STAGING":
             instance["status"] = "RUNNING"  # boots between two reads
         return result
@@ -247,28 +422,37 @@ class GceFake:
 
     def _list(self, project: str, zone: str, query: dict, body: dict) -> dict:
         items = [i for (z, _), i in self.instances.items() if z == zone and self._matches(i, query)]
-        return {"kind": "compute#instanceList", "items": items}
+        page, more = self._page(items, query)
+        return {"kind": "compute#instanceList", "items": page, **more}
 
     def _aggregated(self, project: str, query: dict, body: dict) -> dict:
+        matching = [(zone, i) for (zone, _), i in self.instances.items() if self._matches(i, query)]
+        page, more = self._page(matching, query)
         scoped: dict[str, Any] = {}
-        for (zone, _), instance in self.instances.items():
-            if self._matches(instance, query):
-                scoped.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(instance)
-        return {"kind": "compute#instanceAggregatedList", "items": scoped}
+        for zone, instance in page:
+            scoped.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(instance)
+        return {"kind": "compute#instanceAggregatedList", "items": scoped, **more}
 
     def _delete(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
         instance = self._find(zone, name)
-        del self.instances[(zone, name)]
-        return self._operation(project, "delete", instance["selfLink"], zone)
+        instance["status"] = "STOPPING"  # listed as stopping until its delete is done, as on GCE
+
+        def deleted() -> None:
+            if self.instances.get((zone, name)) is instance:
+                del self.instances[(zone, name)]
+        return self._operation(project, "delete", instance["selfLink"], zone, effect=deleted)
 
     def _set_labels(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
+        self._validate(body, "setLabels")
         instance = self._find(zone, name)
         if body.get("labelFingerprint") != instance["labelFingerprint"]:
             raise HttpError(412, "Labels fingerprint either invalid or resource labels have changed",
                             "conditionNotMet")
-        instance["labels"] = body.get("labels", {})
         instance["labelFingerprint"] = uuid.uuid4().hex[:8]
-        return self._operation(project, "setLabels", instance["selfLink"], zone)
+
+        def relabelled() -> None:
+            instance["labels"] = body.get("labels", {})
+        return self._operation(project, "setLabels", instance["selfLink"], zone, effect=relabelled)
 
     def inserted(self) -> list[dict[str, Any]]:
         """The request body of every instance insert so far (VMs deleted since included)."""
@@ -282,11 +466,11 @@ class GceFake:
         with self._lock:
             (zone, instance), = [(z, i) for (z, n), i in self.instances.items() if n == name]
             project = instance["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
-            pending, self.pending_polls = self.pending_polls, 0
+            pending, delay, self.pending_polls, self.op_delay_s = self.pending_polls, self.op_delay_s, 0, 0.0
             try:
                 op = self._operation(project, "compute.instances.preempted", instance["selfLink"], zone)
             finally:
-                self.pending_polls = pending
+                self.pending_polls, self.op_delay_s = pending, delay
             self.operations[op["name"]].update(user="system", statusMessage="Instance was preempted.")
             if instance.get("scheduling", {}).get("instanceTerminationAction") == "DELETE":
                 del self.instances[(zone, name)]
@@ -296,16 +480,25 @@ class GceFake:
     # -- firewalls ------------------------------------------------------------------------------
 
     def _fw_insert(self, project: str, query: dict, body: dict) -> dict:
+        self._validate(body, "firewall")
+        if not body.get("allowed") and not body.get("denied"):
+            raise HttpError(400, "Invalid value for field 'resource.allowed': ''. Must specify at least one allowed "
+                                 "or denied rule.", "invalid")
         name = body.get("name", "")
-        if name in self.firewalls:
+        if name in self.firewalls or name in self._fw_pending:
             raise HttpError(409, f"The resource 'projects/{project}/global/firewalls/{name}' already exists",
                             "alreadyExists")
-        self.firewalls[name] = {**body, "kind": "compute#firewall", "id": str(len(self.firewalls) + 1),
-                                "creationTimestamp": _now()}
-        return self._operation(project, "insert", name, None)
+        self._fw_pending.add(name)
+
+        def created() -> None:
+            self._fw_pending.discard(name)
+            self.firewalls[name] = {**body, "kind": "compute#firewall", "id": str(len(self.firewalls) + 1),
+                                    "creationTimestamp": _now()}
+        return self._operation(project, "insert", name, None, effect=created)
 
     def _fw_list(self, project: str, query: dict, body: dict) -> dict:
-        return {"kind": "compute#firewallList", "items": list(self.firewalls.values())}
+        page, more = self._page(list(self.firewalls.values()), query)
+        return {"kind": "compute#firewallList", "items": page, **more}
 
     def _fw_get(self, project: str, name: str, query: dict, body: dict) -> dict:
         if name not in self.firewalls:
@@ -315,8 +508,37 @@ class GceFake:
 
     def _fw_delete(self, project: str, name: str, query: dict, body: dict) -> dict:
         self._fw_get(project, name, query, body)
-        del self.firewalls[name]
-        return self._operation(project, "delete", name, None)
+        return self._operation(project, "delete", name, None, effect=lambda: self.firewalls.pop(name, None))
+
+    # -- IAM and Resource Manager (a head's service account, for the dry run) -------------------------
+
+    def add_service_account(self, email: str, permissions: list[str]) -> None:
+        """A service account bound (at project level) to one custom role granting ``permissions`` (replacing any
+        earlier binding of it)."""
+        with self._lock:
+            self.service_accounts.add(email)
+            role = f"projects/rubberband-test/roles/head_{len(self.roles)}"
+            self.roles[role] = list(permissions)
+            member = f"serviceAccount:{email}"
+            self.iam_bindings = [b for b in self.iam_bindings if member not in b["members"]]
+            self.iam_bindings.append({"role": role, "members": [member]})
+
+    def _sa_get(self, project: str, email: str, query: dict, body: dict) -> dict:
+        if email not in self.service_accounts:
+            raise HttpError(404, f"Unknown service account {email}", "notFound")
+        return {"name": f"projects/{project}/serviceAccounts/{email}", "email": email, "projectId": project}
+
+    def _sa_test(self, project: str, email: str, query: dict, body: dict) -> dict:
+        self._sa_get(project, email, query, body)
+        return {"permissions": [p for p in body.get("permissions", []) if self.act_as]}
+
+    def _get_iam_policy(self, project: str, query: dict, body: dict) -> dict:
+        return {"version": 1, "etag": "BwX=", "bindings": self.iam_bindings}
+
+    def _role_get(self, role: str, query: dict, body: dict) -> dict:
+        if role not in self.roles:
+            raise HttpError(404, f"The role named {role} was not found", "notFound")
+        return {"name": role, "includedPermissions": self.roles[role]}
 
 
 def _now() -> str:
@@ -329,8 +551,12 @@ def _public(op: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def gce_fake() -> Iterator[GceFake]:
+    """The fake as strict as the real API where it matters: every operation takes 50 ms (PENDING, RUNNING, DONE),
+    list pages hold 2 items (every listing of more spans pages); no 400 may have been needed by the test."""
     fake = GceFake().start()
+    fake.page_size, fake.op_delay_s = 2, 0.05
     try:
         yield fake
+        assert fake.rejected == [], f"the GCE fake refused request bodies: {fake.rejected}"
     finally:
         fake.stop()

@@ -25,6 +25,10 @@ from rubberband.spec import load_spec
 from conftest import EXAMPLES
 
 
+#: The service account a GCP head runs with in the tests (the fake's IAM knows it once a test adds it).
+GCP_HEAD_SA = "rb-head@rubberband-test.iam.gserviceaccount.com"
+
+
 def cloud_job(tmp_path: Path, clouds: list[str], **job) -> Path:
     """A small SHA spec (9 trials, η 3 unless ``job`` says otherwise) allowed on ``clouds``."""
     spec_path = write_job(tmp_path / "job", **job)
@@ -148,16 +152,54 @@ def test_dry_run_bad_input_is_one_line_exit_2(cli, tmp_path, moto_env, ec2_fault
     assert ec2_faults.calls == [] and moto_instances() == []
 
 
+@pytest.mark.e2e
 def test_gcp_dry_run_against_the_fake(cli, tmp_path, gce_fake):
+    """The head's service account is checked through the IAM API (exists, the CLI may attach it, its roles grant
+    every permission the head needs); one permission short is one line naming it, exit 2."""
+    from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
+
     spec = cloud_job(tmp_path, ["gcp"])
     plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1")
     env = cloud_env(tmp_path)
-    env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
-    result = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, env=env)
+    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "COLUMNS": "250"})  # permission names unwrapped
+    gce_fake.add_service_account(GCP_HEAD_SA, permissions=list(GCP_HEAD_PERMISSIONS))
+    result = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, "--service-account", GCP_HEAD_SA,
+                 env=env)
     assert result.returncode == 0, result.stderr
     assert "e2-standard-2" in result.stdout and "Expected bill" in result.stdout
-    assert "not checked" in result.stdout
+    assert "not checked" in result.stdout  # Compute Engine has no DryRun: the CLI's own rights are not probed
+    assert "compute.instances.delete" in result.stdout and "DENIED" not in result.stdout
+    gce_fake.add_service_account(GCP_HEAD_SA, permissions=[p for p in GCP_HEAD_PERMISSIONS
+                                                           if p != "compute.instances.delete"])
+    short = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, "--service-account", GCP_HEAD_SA,
+                env=env)
+    assert short.returncode == 2, (short.stdout, short.stderr)
+    line = one_error_line(short)
+    assert "compute.instances.delete" in line and GCP_HEAD_SA in line and "docs/clouds.md" in line
+    missing = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, env=env)
+    assert missing.returncode == 2 and "--service-account" in one_error_line(missing)
     assert gce_fake.inserts == [] and not gce_fake.instances and not gce_fake.firewalls
+
+
+@pytest.mark.e2e
+def test_aws_dry_run_checks_a_named_instance_profile(cli, tmp_path, moto_env):
+    """--instance-profile: it must exist (one line otherwise) and its role may do what the head does, simulated
+    with the run's tag context; without the flag the CLI's right to create the role is simulated instead."""
+    from rubberband.cloud.identity import AwsIdentities
+
+    spec = cloud_job(tmp_path, ["aws"])
+    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge")
+    env = {**cloud_env(tmp_path, moto_env), "COLUMNS": "250"}
+    absent = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, "--instance-profile", "nope", env=env)
+    assert absent.returncode == 2 and "no such IAM instance profile" in one_error_line(absent)
+    AwsIdentities().create("dry-run", REGION)
+    named = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, "--instance-profile", "rb-dry-run",
+                env=env)
+    assert named.returncode == 0, named.stderr
+    assert "iam:GetInstanceProfile" in named.stdout and "DENIED" not in named.stdout
+    own = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=env)
+    assert own.returncode == 0 and "iam:CreateRole" in own.stdout, own.stderr
+    assert moto_instances() == []
 
 
 # -- down ------------------------------------------------------------------------------------------
@@ -341,7 +383,8 @@ def small_gcp_job(tmp_path: Path, gce_fake) -> tuple[Path, Path, dict[str, str]]
     plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1),
                       durations=(20.0, 20.0))
     env = cloud_env(tmp_path)
-    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local"})
+    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local",
+                "RUBBERBAND_SERVICE_ACCOUNT": GCP_HEAD_SA})  # head mode on GCP needs one; --head local ignores it
     return spec, plan, env
 
 

@@ -37,6 +37,9 @@ from rubberband.spec import load_spec
 from conftest import REPO
 
 
+HEAD_SA = "rb-head@rubberband-test.iam.gserviceaccount.com"
+
+
 def head_env(tmp_path: Path, moto_env: dict[str, str]) -> dict[str, str]:
     env = cloud_env(tmp_path, moto_env)
     env["RUBBERBAND_TEST_BOOT"] = "local"
@@ -50,15 +53,19 @@ def small_job(tmp_path: Path):
 
 
 def assert_nothing_left(head_id: str) -> None:
-    """No instance in moto, no security group, no played head (Ray processes, disk)."""
+    """No instance in moto, no security group, no IAM role or instance profile, no played head (Ray processes,
+    disk)."""
     assert_nothing_left_but_the_group(head_id)
     groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
     assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+    iam = boto3.client("iam")
+    assert iam.list_roles()["Roles"] == [] and iam.list_instance_profiles()["InstanceProfiles"] == []
 
 
 def assert_nothing_left_but_the_group(head_id: str) -> None:
     """No instance in moto, no played head (Ray processes, disk). (A head that ended itself cannot delete its
-    AWS security group while it is in it: `down` or the orphan sweep does; groups cost nothing.)"""
+    AWS security group while it is in it, nor the role it acts with: `down` or the orphan sweep does; they cost
+    nothing.)"""
     assert_played_head_gone(head_id)
     assert moto_instances() == []
 
@@ -91,6 +98,15 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         tags = {t["Key"]: t["Value"] for t in head["Tags"]}
         assert head["InstanceId"] == record.instance_id
         assert tags["rubberband-role"] == "head" and tags["rubberband-run-id"] == record.cloud_run_id
+        # the head acts with the instance profile made for the run (least privilege: docs/clouds.md); no worker has
+        # an identity
+        assert record.identity == f"rb-{record.cloud_run_id}" and record.identity_created
+        assert head["IamInstanceProfile"]["Arn"].endswith(f"instance-profile/rubberband/{record.identity}")
+        assert all("IamInstanceProfile" not in i for i in moto_instances() if i["InstanceId"] != head["InstanceId"])
+        from rubberband.cloud.identity import aws_head_policy
+
+        assert boto3.client("iam").get_role_policy(RoleName=record.identity, PolicyName="rubberband-head")[
+            "PolicyDocument"] == aws_head_policy(record.cloud_run_id)
         # the job as the head's job server holds it: entrypoint and runtime_env, and the head's user-data
         from ray.job_submission import JobSubmissionClient
 
@@ -157,6 +173,7 @@ def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
         down = cli("down", run_dir, "--cloud", "aws", env=env)
         assert down.returncode == 0, down.stderr
         assert "deleted aws sg-" in down.stdout and record.cloud_run_id in down.stdout
+        assert f"deleted aws role/rb-{record.cloud_run_id}" in down.stdout  # the head's role, found by its tag
         assert_nothing_left(record.instance_id)
         late = cli("run", "--attach", run_dir, env=env, timeout=60)  # too late: says so at once
         assert late.returncode == 1 and "is gone" in late.stderr
@@ -198,6 +215,10 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     head = inserted.pop(record.instance_id)
     assert head["machineType"].endswith("/e2-standard-2") and head["labels"]["rubberband-role"] == "head"
     assert head["labels"]["rubberband-run-id"] == record.cloud_run_id
+    # the head acts with the service account named (RUBBERBAND_SERVICE_ACCOUNT), the workers with none
+    assert [a["email"] for a in head["serviceAccounts"]] == [env["RUBBERBAND_SERVICE_ACCOUNT"]]
+    assert record.identity == env["RUBBERBAND_SERVICE_ACCOUNT"] and not record.identity_created
+    assert all("serviceAccounts" not in b for b in inserted.values())
     assert inserted and {b["machineType"].rsplit("/", 1)[-1] for b in inserted.values()} == {"n1-standard-8"}
     assert all(b["labels"]["rubberband-role"] == "worker" for b in inserted.values())
     assert_fetched_run(cli, run_dir, tmp_path / "report.html", env)
@@ -318,12 +339,14 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
     key = tmp_path / "id_ed25519"
     key.write_text("not a real key\n")
     record = start_head(plan=plan, catalog=catalog, run_id="gcp-head-run", run_dir=run_dir, metric="loss",
-                        options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key), test_boot=None)
+                        options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, service_account=HEAD_SA),
+                        test_boot=None)
     try:
         assert HeadRecord.read(run_dir) == record
         assert {m for _, m in gce_fake.inserts} == {"e2-standard-2"}
         (vm,) = gce_fake.instances.values()
         assert vm["labels"]["rubberband-role"] == "head" and vm["labels"]["rubberband-run-id"] == "gcp-head-run"
+        assert vm["serviceAccounts"] == [{"email": HEAD_SA, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
         assert record.zone in ("us-central1-a", "us-central1-b")
         script = next(m["value"] for m in vm["metadata"]["items"] if m["key"] == "startup-script")
         assert "--dashboard-port=8265" in script and "rubberband==" not in script  # rubberband comes with the jobs

@@ -150,6 +150,18 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
         if journal is not None:
             for instance in result.instances:
                 journal.record(J.INSTANCE_TERMINATED, id=instance.id, reason="down")
+    from rubberband.cloud.identity import delete_run_identity
+    from rubberband.errors import CloudError
+
+    try:
+        identity = delete_run_identity(cloud, run_id)  # the head's role / profile made for the run (by its tag)
+    except CloudError as exc:
+        identity = []
+        _echo(f"could not look for run {run_id}'s head role ({exc.message}); delete role/rb-{run_id} by hand if "
+              f"it exists")
+    for resource in identity:
+        deleted += 1
+        _echo(f"deleted {cloud} {resource} (run {run_id})")
     if journal is not None and terminated:
         journal.record(J.DECISION, kind="down", terminated=terminated)
     if not terminated and not deleted:
@@ -164,12 +176,23 @@ def down_orphans(cloud: str, regions: list[str] | None, older_than_s: float) -> 
 
     protected = active_runs()
     terminated = deleted = 0
-    for region in _regions_for_cloud(cloud, regions, None):
+    swept = _regions_for_cloud(cloud, regions, None)
+    live: set[str] = set()
+    for region in swept:
         provider = make_provider(cloud, region)
         orphans = find_orphans(provider, older_than_s, active_runs=protected)
         result = terminate_instances(provider, orphans, echo=_echo)
         terminated += len(result.instances)
         deleted += len(result.resources) + len(cleanup_leftovers(provider, echo=_echo))
+        live |= {i.run_id for i in provider.list()}
+    if cloud == "aws":  # head roles of runs (started in the regions swept) with no instance left
+        from rubberband.cloud.identity import AwsIdentities
+
+        identities = AwsIdentities()
+        for run_id in identities.leftover_runs(live | protected, swept, older_than_s=older_than_s):
+            for resource in identities.delete(run_id):
+                deleted += 1
+                _echo(f"deleted {cloud} {resource} (run {run_id})")
     if not terminated and not deleted:
         _echo(f"no orphaned rubberband instances on {cloud} older than {older_than_s:g} s")
     return terminated

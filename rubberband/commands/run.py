@@ -100,7 +100,8 @@ def check_cloud_choice(spec: JobSpec, plan: Plan | None, cloud: str) -> None:
                                 f"plan for {cloud} (`rubberband plan SPEC --cloud {cloud}`)")
 
 
-def dry_run_plan(plan: Plan, cloud: str, *, include_head: bool = True) -> None:
+def dry_run_plan(plan: Plan, cloud: str, *, include_head: bool = True, instance_profile: str | None = None,
+                 service_account: str | None = None) -> None:
     """Print the plan's provisioning schedule, expected bill and permission checks; create nothing.
 
     Unknown instance types or regions fail before any cloud call (CatalogError, exit 2); a
@@ -115,7 +116,15 @@ def dry_run_plan(plan: Plan, cloud: str, *, include_head: bool = True) -> None:
     for stage in plan.stages:
         catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
     try:
-        report = dry_run(plan, ProviderPool(), catalog=catalog, include_head=include_head)
+        identity_checks = []
+        if include_head:  # the head's own identity: it exists and may do what the run needs
+            from rubberband.cloud.identity import check_identity, from_options
+
+            from_options(cloud, instance_profile, service_account)
+            identity_checks = check_identity(cloud, instance_profile=instance_profile,
+                                             service_account=service_account)
+        report = dry_run(plan, ProviderPool(), catalog=catalog, include_head=include_head,
+                         extra_checks=identity_checks)
     except CloudError as exc:
         if exc.kind == "fatal":
             raise InputError(f"dry run on {cloud}: {exc.message}") from None
@@ -250,6 +259,13 @@ def register(app: typer.Typer) -> None:
         key_name: str = typer.Option(None, "--key-name", envvar="RUBBERBAND_KEY_NAME", help="Head mode on AWS: the "
                                      "EC2 key pair (public half of --ssh-key) the head starts with."),
         ssh_user: str = typer.Option("ubuntu", "--ssh-user", help="Head mode: SSH user on the head."),
+        instance_profile: str = typer.Option(None, "--instance-profile", envvar="RUBBERBAND_INSTANCE_PROFILE",
+                                             help="Head mode on AWS: the IAM instance profile the head acts with "
+                                             "(default: one created for the run with the least permissions it "
+                                             "needs, deleted at its end; docs/clouds.md)."),
+        service_account: str = typer.Option(None, "--service-account", envvar="RUBBERBAND_SERVICE_ACCOUNT",
+                                            help="Head mode on GCP (required): the service account the head acts "
+                                            "with (its role: docs/clouds.md)."),
         stall_timeout: str = typer.Option("60m", "--stall-timeout", help="Head mode: the head ends the run (and "
                                           "every instance) when it made no progress this long."),
         results_grace: str = typer.Option("10m", "--results-grace", help="Head mode: how long a finished run's "
@@ -283,7 +299,8 @@ def register(app: typer.Typer) -> None:
             plan, _ = _load_or_make_plan(spec, spec_path, plan_path, cloud, deadline_s, head=head,
                                          head_grace_s=grace_s)
             check_cloud_choice(spec, plan, cloud)
-            dry_run_plan(plan, cloud, include_head=head == "instance")
+            dry_run_plan(plan, cloud, include_head=head == "instance", instance_profile=instance_profile,
+                         service_account=service_account)
             return 0
         if resume is not None:
             directory = resolve_run_dir(resume)
@@ -351,7 +368,8 @@ def register(app: typer.Typer) -> None:
             watchdog = WatchdogSettings(stall_timeout_s=deadline_flag(stall_timeout, "--stall-timeout"),
                                         done_grace_s=grace_s)
             options = HeadOptions(ssh_cidr=ssh_cidr, ssh_key=ssh_key, key_name=key_name, ssh_user=ssh_user,
-                                  watchdog=watchdog)
+                                  watchdog=watchdog, instance_profile=instance_profile,
+                                  service_account=service_account)
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                                options=options, deadline_s=deadline_s, overrun_s=overrun_s,
                                trial_runtime=trial_runtime, detach=detach, on_late=on_late)

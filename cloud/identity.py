@@ -1,0 +1,455 @@
+"""The head instance's cloud identity: the instance profile (AWS) or service account (GCP) it acts with.
+
+The head runs the executor and the watchdog, which start workers, terminate them and clean up
+the run; on a real account it can only do that with an identity of its own (nothing in
+user-data ever carries a credential). ``rubberband run --cloud aws|gcp`` gives it one:
+
+* **AWS**: ``--instance-profile NAME`` names an existing profile; without it rubberband creates,
+  for the run, an IAM role and instance profile ``rb-<run>`` under the path ``/rubberband/``,
+  tagged with the run id like everything else, whose only (inline) policy is
+  :func:`aws_head_policy`: launch instances only with the run's tags (``aws:RequestTag``),
+  terminate and re-tag only the run's instances and touch only the run's security group
+  (``ec2:ResourceTag``). Workers get no identity, so the role needs no ``iam:PassRole``.
+  :meth:`AwsIdentities.delete` removes it once the run's instances are gone (``end_run``,
+  ``rubberband down``, the orphan sweep), found by its path and tag, never by name alone.
+* **GCP**: ``--service-account EMAIL`` is required. Creating service accounts and custom roles
+  needs the IAM API, which rubberband does not depend on; docs/clouds.md lists the custom role
+  (:data:`GCP_HEAD_PERMISSIONS`) to bind to it.
+
+:func:`check_identity` is the dry run's part: the named identity exists and may do what the
+run needs (AWS ``iam:GetInstanceProfile`` + ``iam:SimulatePrincipalPolicy`` with the run's tag
+context; GCP the project's IAM policy and the roles bound to the account), or, when rubberband
+is to create the role, the CLI's credentials may create it. Each check is a
+:class:`~rubberband.cloud.dryrun.PermissionCheck`; a denied one names the missing permission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
+from rubberband.cloud.dryrun import PermissionCheck
+from rubberband.errors import CloudError, InputError
+
+#: Path of every IAM role / instance profile rubberband creates (the orphan sweep lists only these).
+IAM_PATH = "/rubberband/"
+TAG_REGION = "rubberband-region"
+#: The public SSM parameters the head reads to find the Deep Learning AMI (cloud/aws.py).
+SSM_PARAMETERS = "arn:aws:ssm:*::parameter/aws/service/deeplearning/*"
+EC2_TRUST_POLICY = {"Version": "2012-10-17", "Statement": [{
+    "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+#: What the CLI itself needs to create and delete a run's head identity (besides its EC2 permissions).
+AWS_CREATOR_ACTIONS = ("iam:CreateRole", "iam:TagRole", "iam:PutRolePolicy",
+                       "iam:CreateInstanceProfile", "iam:TagInstanceProfile", "iam:AddRoleToInstanceProfile",
+                       "iam:PassRole", "iam:ListRoles", "iam:ListRoleTags", "iam:RemoveRoleFromInstanceProfile",
+                       "iam:DeleteInstanceProfile", "iam:DeleteRolePolicy", "iam:DeleteRole")
+#: Permissions the head's service account needs on GCP (docs/clouds.md: the custom role ``rubberbandHead``).
+GCP_HEAD_PERMISSIONS = (
+    "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
+    "compute.instances.setLabels", "compute.instances.setMetadata", "compute.instances.setTags",
+    "compute.instances.setScheduling", "compute.disks.create", "compute.disks.setLabels",
+    "compute.subnetworks.use", "compute.subnetworks.useExternalIp", "compute.networks.updatePolicy",
+    "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.get", "compute.firewalls.list",
+    "compute.zoneOperations.get", "compute.zoneOperations.list", "compute.globalOperations.get",
+    "compute.images.useReadOnly")
+
+
+def identity_name(run_id: str) -> str:
+    """The role and instance profile rubberband creates for a run (IAM role names: at most 64 characters)."""
+    return f"rb-{run_id}"[:64]
+
+
+def aws_head_policy(run_id: str) -> dict[str, Any]:
+    """The head's least-privilege IAM policy for one run (pure; docs/clouds.md prints it for ``RUN``).
+
+    Launch: only instances and volumes tagged with the run id at creation, only into the run's
+    own security group. Terminate / re-tag: only instances carrying the run id, and a re-tag may
+    change the stage tag alone (never the run id or the managed marker). Security group: create it
+    only with the run's tag, change and delete only the one carrying it. Reads (Describe*) cannot
+    be narrowed by resource in EC2; the AMI lookup reads only the public Deep Learning parameters.
+    """
+    run = {f"aws:RequestTag/{TAG_RUN_ID}": run_id, f"aws:RequestTag/{TAG_MANAGED}": "true"}
+    own = {f"ec2:ResourceTag/{TAG_RUN_ID}": run_id}
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "Read", "Effect": "Allow", "Resource": "*", "Action": [
+            "ec2:DescribeInstances", "ec2:DescribeSecurityGroups", "ec2:DescribeVpcs",
+            "ec2:DescribeAvailabilityZones"]},
+        {"Sid": "FindTheImage", "Effect": "Allow", "Action": "ssm:GetParameter", "Resource": SSM_PARAMETERS},
+        {"Sid": "LaunchOnlyTheRunsInstances", "Effect": "Allow", "Action": "ec2:RunInstances",
+         "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"],
+         "Condition": {"StringEquals": run}},
+        {"Sid": "LaunchOnlyIntoTheRunsGroup", "Effect": "Allow", "Action": "ec2:RunInstances",
+         "Resource": "arn:aws:ec2:*:*:security-group/*", "Condition": {"StringEquals": own}},
+        {"Sid": "LaunchFromImagesAndSubnets", "Effect": "Allow", "Action": "ec2:RunInstances",
+         "Resource": ["arn:aws:ec2:*::image/*", "arn:aws:ec2:*:*:subnet/*", "arn:aws:ec2:*:*:network-interface/*"]},
+        {"Sid": "TagOnlyAtCreation", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*", "arn:aws:ec2:*:*:security-group/*"],
+         "Condition": {"StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateSecurityGroup"]}}},
+        {"Sid": "RetagOnlyTheRunsInstancesStage", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": "arn:aws:ec2:*:*:instance/*",
+         "Condition": {"StringEquals": own, "ForAllValues:StringEquals": {"aws:TagKeys": [TAG_STAGE]}}},
+        {"Sid": "TerminateOnlyTheRunsInstances", "Effect": "Allow", "Action": "ec2:TerminateInstances",
+         "Resource": "arn:aws:ec2:*:*:instance/*", "Condition": {"StringEquals": own}},
+        {"Sid": "CreateOnlyTheRunsGroup", "Effect": "Allow", "Action": "ec2:CreateSecurityGroup",
+         "Resource": "arn:aws:ec2:*:*:security-group/*", "Condition": {"StringEquals": run}},
+        {"Sid": "CreateTheGroupInAVpc", "Effect": "Allow", "Action": "ec2:CreateSecurityGroup",
+         "Resource": "arn:aws:ec2:*:*:vpc/*"},
+        {"Sid": "ChangeOnlyTheRunsGroup", "Effect": "Allow",
+         "Action": ["ec2:AuthorizeSecurityGroupIngress", "ec2:DeleteSecurityGroup"],
+         "Resource": "arn:aws:ec2:*:*:security-group/*", "Condition": {"StringEquals": own}},
+    ]}
+
+
+#: (action, tag context) the head's identity is simulated for: what provision / wait / teardown call.
+def aws_head_actions(run_id: str) -> list[tuple[str, dict[str, str]]]:
+    request = {f"aws:RequestTag/{TAG_RUN_ID}": run_id, f"aws:RequestTag/{TAG_MANAGED}": "true",
+               "ec2:CreateAction": "RunInstances"}
+    own = {f"ec2:ResourceTag/{TAG_RUN_ID}": run_id}
+    return [("ec2:DescribeInstances", {}), ("ec2:DescribeSecurityGroups", {}), ("ec2:DescribeVpcs", {}),
+            ("ec2:DescribeAvailabilityZones", {}), ("ec2:RunInstances", {**request, **own}),
+            ("ec2:CreateTags", request), ("ec2:TerminateInstances", own),
+            ("ec2:AuthorizeSecurityGroupIngress", own), ("ec2:DeleteSecurityGroup", own)]
+
+
+@dataclass(frozen=True)
+class HeadIdentity:
+    """The identity a run's head starts with: an instance profile name (AWS) or service account email (GCP)."""
+
+    cloud: str
+    name: str
+    created: bool = False  # rubberband created it for this run (and deletes it at the end)
+
+
+def _tags(run_id: str, region: str) -> list[dict[str, str]]:
+    return [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_RUN_ID, "Value": run_id},
+            {"Key": TAG_REGION, "Value": region}]
+
+
+class AwsIdentities:
+    """Create, check, find and delete the head identities of rubberband runs (IAM is global: no region)."""
+
+    def __init__(self, *, session: Any = None, endpoint_url: str | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.session = session or boto3.Session()
+        config = Config(retries={"total_max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=60)
+        self.iam = self.session.client("iam", endpoint_url=endpoint_url, config=config)
+        self.sleep = sleep
+
+    def _call(self, action: str, fn: Callable[[], Any]) -> Any:
+        import botocore.exceptions
+
+        from rubberband.cloud.failover import classify
+
+        try:
+            return fn()
+        except botocore.exceptions.ClientError as exc:
+            error = exc.response.get("Error", {})
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = error.get("Code", "")
+            if code in ("AccessDenied", "AccessDeniedException"):
+                code = "UnauthorizedOperation"
+            raise classify("aws", code, error.get("Message", ""), http_status=status,
+                           action=f"iam:{action}") from None
+        except botocore.exceptions.NoCredentialsError:
+            raise classify("aws", "NoCredentials", "boto3 found no credentials") from None
+        except botocore.exceptions.BotoCoreError as exc:  # a connection error, an unreadable answer
+            raise CloudError(f"aws iam:{action}: {exc}", kind="transient", code=type(exc).__name__) from None
+
+    # -- a run's own identity -------------------------------------------------------------------
+
+    def create(self, run_id: str, region: str) -> HeadIdentity:
+        """The run's role (trusted by EC2 only, :func:`aws_head_policy` inline) in an instance profile, both tagged.
+
+        Idempotent: what an earlier try of the same run created is reused. On failure, whatever was
+        created is deleted before the error propagates."""
+        name = identity_name(run_id)
+        try:
+            self._create_missing(name, run_id, region)
+        except BaseException:
+            self.delete(run_id)
+            raise
+        return HeadIdentity("aws", name, created=True)
+
+    def _create_missing(self, name: str, run_id: str, region: str) -> None:
+        try:
+            self._call("CreateRole", lambda: self.iam.create_role(
+                Path=IAM_PATH, RoleName=name, AssumeRolePolicyDocument=json.dumps(EC2_TRUST_POLICY),
+                Description=f"rubberband head of run {run_id}: its instances only", MaxSessionDuration=3600,
+                Tags=_tags(run_id, region)))
+        except CloudError as exc:
+            if exc.code != "EntityAlreadyExists":
+                raise
+        self._call("PutRolePolicy", lambda: self.iam.put_role_policy(
+            RoleName=name, PolicyName="rubberband-head", PolicyDocument=json.dumps(aws_head_policy(run_id))))
+        try:
+            self._call("CreateInstanceProfile", lambda: self.iam.create_instance_profile(
+                Path=IAM_PATH, InstanceProfileName=name, Tags=_tags(run_id, region)))
+        except CloudError as exc:
+            if exc.code != "EntityAlreadyExists":
+                raise
+        profile = self._call("GetInstanceProfile", lambda: self.iam.get_instance_profile(InstanceProfileName=name))
+        if not any(r["RoleName"] == name for r in profile["InstanceProfile"].get("Roles", [])):
+            self._call("AddRoleToInstanceProfile", lambda: self.iam.add_role_to_instance_profile(
+                InstanceProfileName=name, RoleName=name))
+
+    def find(self, run_id: str | None = None) -> dict[str, dict[str, str]]:
+        """Roles rubberband created (path ``/rubberband/``, managed tag), by name -> their tags; one run's only
+        when ``run_id`` is given (its exact tag, never a name pattern)."""
+        found: dict[str, dict[str, str]] = {}
+        for page in self._call("ListRoles", lambda: list(
+                self.iam.get_paginator("list_roles").paginate(PathPrefix=IAM_PATH))):
+            for role in page["Roles"]:
+                tags = {t["Key"]: t["Value"] for t in self._call("ListRoleTags", lambda: self.iam.list_role_tags(
+                    RoleName=role["RoleName"]))["Tags"]}
+                if tags.get(TAG_MANAGED) == "true" and (run_id is None or tags.get(TAG_RUN_ID) == run_id):
+                    found[role["RoleName"]] = {**tags, "created": role["CreateDate"].isoformat()}
+        return found
+
+    def delete(self, run_id: str) -> list[str]:
+        """Delete the run's instance profile and role (found by tag); returns what was deleted. Idempotent."""
+        deleted: list[str] = []
+        for name in self.find(run_id):
+            deleted += self._delete_one(name)
+        return deleted
+
+    def _delete_one(self, name: str) -> list[str]:
+        deleted = []
+
+        def gone(action: str, fn: Callable[[], Any]) -> bool:
+            try:
+                self._call(action, fn)
+                return True
+            except CloudError as exc:
+                if exc.code != "NoSuchEntity":
+                    raise
+                return False
+
+        profiles = self._call("ListInstanceProfilesForRole", lambda: self.iam.list_instance_profiles_for_role(
+            RoleName=name))["InstanceProfiles"]
+        for profile in profiles:
+            pname = profile["InstanceProfileName"]
+            gone("RemoveRoleFromInstanceProfile", lambda: self.iam.remove_role_from_instance_profile(
+                InstanceProfileName=pname, RoleName=name))
+            if pname == name and gone("DeleteInstanceProfile", lambda: self.iam.delete_instance_profile(
+                    InstanceProfileName=pname)):
+                deleted.append(f"instance-profile/{pname}")
+        if not any(p["InstanceProfileName"] == name for p in profiles):  # left alone by an earlier, cut-off try
+            if gone("DeleteInstanceProfile", lambda: self.iam.delete_instance_profile(InstanceProfileName=name)):
+                deleted.append(f"instance-profile/{name}")
+        for policy in self._call("ListRolePolicies", lambda: self.iam.list_role_policies(
+                RoleName=name))["PolicyNames"]:
+            gone("DeleteRolePolicy", lambda: self.iam.delete_role_policy(RoleName=name, PolicyName=policy))
+        if gone("DeleteRole", lambda: self.iam.delete_role(RoleName=name)):
+            deleted.append(f"role/{name}")
+        return deleted
+
+    def leftover_runs(self, live_runs: Iterable[str], regions: Iterable[str], *, older_than_s: float = 0.0,
+                      now: float | None = None) -> list[str]:
+        """Runs of ``regions`` whose head identity outlived their instances (none of them in ``live_runs``)."""
+        from datetime import datetime
+
+        now = time.time() if now is None else now
+        live, wanted = set(live_runs), set(regions)
+        runs = []
+        for tags in self.find().values():
+            age = now - datetime.fromisoformat(tags["created"]).timestamp()
+            if tags.get(TAG_RUN_ID) and tags[TAG_RUN_ID] not in live and tags.get(TAG_REGION) in wanted \
+                    and age >= older_than_s:
+                runs.append(tags[TAG_RUN_ID])
+        return sorted(set(runs))
+
+    # -- checks (dry run) -----------------------------------------------------------------------
+
+    def check_profile(self, profile: str, run_id: str) -> list[PermissionCheck]:
+        """The named instance profile exists, holds a role, and that role may do what the head does."""
+        what = f"head profile {profile}"
+        try:
+            found = self._call("GetInstanceProfile", lambda: self.iam.get_instance_profile(
+                InstanceProfileName=profile))["InstanceProfile"]
+        except CloudError as exc:
+            if exc.code == "NoSuchEntity":
+                raise InputError(f"--instance-profile {profile}: no such IAM instance profile; create it (policy in "
+                                 f"docs/clouds.md) or leave the flag out to let rubberband create one for the run") \
+                    from None
+            if exc.code == "UnauthorizedOperation":
+                return [PermissionCheck("aws", "global", "iam:GetInstanceProfile", False, what)]
+            raise
+        roles = found.get("Roles", [])
+        if not roles:
+            raise InputError(f"--instance-profile {profile} holds no role: add the head's role to it "
+                             f"(`aws iam add-role-to-instance-profile`)")
+        checks = [PermissionCheck("aws", "global", "iam:GetInstanceProfile", True, what)]
+        return checks + self._simulate(roles[0]["Arn"], aws_head_actions(run_id), f"{what} (role "
+                                       f"{roles[0]['RoleName']})")
+
+    def check_creator(self) -> list[PermissionCheck]:
+        """The CLI's own credentials may create (and delete) a run's head identity."""
+        try:
+            arn = self.session.client("sts", endpoint_url=self.iam.meta.endpoint_url).get_caller_identity()["Arn"]
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal: the launch checks it anyway
+            return [PermissionCheck("aws", "global", "iam:*", None, f"caller unknown ({type(exc).__name__})")]
+        return self._simulate(arn, [(a, {}) for a in AWS_CREATOR_ACTIONS], "to create the head's role")
+
+    def _simulate(self, arn: str, actions: list[tuple[str, dict[str, str]]], what: str) -> list[PermissionCheck]:
+        """``iam:SimulatePrincipalPolicy`` for each action with its tag context; unchecked where IAM cannot say."""
+        checks = []
+        for action, context in actions:
+            entries = [{"ContextKeyName": k, "ContextKeyValues": [v], "ContextKeyType": "string"}
+                       for k, v in context.items()]
+            try:
+                result = self._call("SimulatePrincipalPolicy", lambda: self.iam.simulate_principal_policy(
+                    PolicySourceArn=arn, ActionNames=[action], ContextEntries=entries))
+            except CloudError as exc:
+                detail = "the CLI may not simulate IAM policies (iam:SimulatePrincipalPolicy)" \
+                    if exc.code == "UnauthorizedOperation" else f"IAM could not simulate it ({exc.code or 'error'})"
+                return checks + [PermissionCheck("aws", "global", a, None, f"{what}: {detail}") for a, _ in
+                                 actions[len(checks):]]
+            decision = result["EvaluationResults"][0]["EvalDecision"]
+            checks.append(PermissionCheck("aws", "global", action, decision == "allowed",
+                                          what if decision == "allowed" else f"{what}: {decision}"))
+        return checks
+
+
+# -- GCP --------------------------------------------------------------------------------------------
+
+
+class GcpIdentities:
+    """Check a service account for a run's head: it exists, the CLI may attach it, its roles grant
+    :data:`GCP_HEAD_PERMISSIONS`. REST calls to the IAM and Resource Manager APIs with the same
+    credentials as Compute Engine (``RUBBERBAND_GCE_ENDPOINT`` redirects them too, for tests)."""
+
+    IAM = "https://iam.googleapis.com"
+    CRM = "https://cloudresourcemanager.googleapis.com"
+
+    def __init__(self, project: str | None = None, *, endpoint: str | None = None, session: Any = None) -> None:
+        from rubberband.cloud.gcp import ENDPOINT_ENV, PROJECT_ENV
+
+        endpoint = endpoint or os.environ.get(ENDPOINT_ENV) or None
+        self.iam_url, self.crm_url = (endpoint, endpoint) if endpoint else (self.IAM, self.CRM)
+        if session is None:
+            import requests
+
+            if endpoint:
+                session, default_project = requests.Session(), "rubberband-test"
+            else:
+                import google.auth
+                from google.auth.transport.requests import AuthorizedSession
+
+                credentials, default_project = google.auth.default(
+                    scopes=["https://www.googleapis.com/auth/cloud-platform"])
+                session = AuthorizedSession(credentials)
+            project = project or os.environ.get(PROJECT_ENV) or default_project
+        self.project = project
+        self.session = session
+
+    def _json(self, method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
+        response = self.session.request(method, url, json=body, timeout=30)
+        try:
+            data = response.json()
+        except ValueError:
+            data = {}
+        return response.status_code, data
+
+    def check_service_account(self, email: str) -> list[PermissionCheck]:
+        what = f"head service account {email}"
+        status, _ = self._json("GET", f"{self.iam_url}/v1/projects/{self.project}/serviceAccounts/{email}")
+        if status == 404:
+            raise InputError(f"--service-account {email}: no such service account in project {self.project}; "
+                             f"create it with the role in docs/clouds.md")
+        if status >= 400:
+            return [PermissionCheck("gcp", "global", "iam.serviceAccounts.get", None,
+                                    f"{what}: HTTP {status} (not checked)")]
+        checks = []
+        status, data = self._json("POST", f"{self.iam_url}/v1/projects/{self.project}/serviceAccounts/{email}"
+                                          f":testIamPermissions", {"permissions": ["iam.serviceAccounts.actAs"]})
+        if status < 400:
+            allowed = "iam.serviceAccounts.actAs" in data.get("permissions", [])
+            checks.append(PermissionCheck("gcp", "global", "iam.serviceAccounts.actAs", allowed,
+                                          f"the CLI on {email} (roles/iam.serviceAccountUser)"))
+        status, policy = self._json("POST", f"{self.crm_url}/v1/projects/{self.project}:getIamPolicy", {})
+        if status >= 400:
+            return checks + [PermissionCheck("gcp", "global", p, None, f"{what}: project policy unreadable "
+                                             f"(HTTP {status})") for p in GCP_HEAD_PERMISSIONS]
+        member = f"serviceAccount:{email}"
+        granted: set[str] = set()
+        for binding in policy.get("bindings", []):
+            if member not in binding.get("members", []):
+                continue
+            # predefined roles/NAME and custom projects/P/roles/NAME are both read at /v1/<role>
+            status, data = self._json("GET", f"{self.iam_url}/v1/{binding['role']}")
+            if status < 400:
+                granted |= set(data.get("includedPermissions", []))
+        return checks + [PermissionCheck("gcp", "global", p, p in granted, what) for p in GCP_HEAD_PERMISSIONS]
+
+
+def check_identity(cloud: str, *, instance_profile: str | None = None, service_account: str | None = None,
+                   run_id: str = "dry-run") -> list[PermissionCheck]:
+    """The dry run's identity checks for a run's head (see the module docstring)."""
+    if cloud == "aws":
+        identities = AwsIdentities()
+        return identities.check_profile(instance_profile, run_id) if instance_profile else identities.check_creator()
+    if not service_account:
+        raise InputError(GCP_NEEDS_ACCOUNT)
+    return GcpIdentities().check_service_account(service_account)
+
+
+GCP_NEEDS_ACCOUNT = ("--cloud gcp runs the executor on a head instance that needs a service account: pass "
+                     "--service-account EMAIL (one holding the role in docs/clouds.md), or run with --head local")
+
+
+def from_options(cloud: str, instance_profile: str | None, service_account: str | None) -> None:
+    """Refuse identity flags that do not fit the cloud (one line, exit 2)."""
+    if cloud == "aws" and service_account:
+        raise InputError("--service-account is for --cloud gcp; on AWS pass --instance-profile NAME (or neither)")
+    if cloud == "gcp" and instance_profile:
+        raise InputError("--instance-profile is for --cloud aws; on GCP pass --service-account EMAIL")
+    if cloud == "gcp" and not service_account:
+        raise InputError(GCP_NEEDS_ACCOUNT)
+    if service_account and "@" not in service_account:
+        raise InputError(f"--service-account {service_account!r} is not an email "
+                         f"(NAME@PROJECT.iam.gserviceaccount.com)")
+
+
+def head_identity(cloud: str, run_id: str, region: str, *, instance_profile: str | None = None,
+                  service_account: str | None = None) -> HeadIdentity:
+    """The identity the run's head starts with: the one the user named, else (AWS) one created for the run."""
+    from_options(cloud, instance_profile, service_account)
+    if cloud == "gcp":
+        return HeadIdentity("gcp", str(service_account))
+    if instance_profile:
+        return HeadIdentity("aws", instance_profile)
+    return AwsIdentities().create(run_id, region)
+
+
+#: How long a new instance profile may take to reach EC2 (IAM is eventually consistent).
+PROPAGATION_S = 90.0
+
+
+def launch_with_new_identity(launch: Callable[[], Any], *, new: bool, timeout_s: float = PROPAGATION_S,
+                             sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic
+                             ) -> Any:
+    """``launch()``, retried while EC2 does not know a just-created instance profile yet (it answers
+    ``InvalidParameterValue ... iamInstanceProfile`` for some seconds after IAM created it)."""
+    deadline = clock() + timeout_s
+    while True:
+        try:
+            return launch()
+        except CloudError as exc:
+            propagating = new and exc.code == "InvalidParameterValue" and "iaminstanceprofile" in exc.message.lower()
+            if not propagating or clock() >= deadline:
+                raise
+            sleep(5.0)
+
+
+def delete_run_identity(cloud: str, run_id: str) -> list[str]:
+    """Delete the head identity rubberband created for ``run_id`` (AWS; found by its run tag); GCP: nothing
+    (the service account is the user's)."""
+    return AwsIdentities().delete(run_id) if cloud == "aws" else []

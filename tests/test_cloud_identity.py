@@ -1,0 +1,239 @@
+"""The head's cloud identity (cloud/identity.py): the least-privilege policy, the role and instance profile created
+for a run (moto server) and deleted with it, the head launched with it, and the dry run's identity checks (moto
+plus a policy simulator, the GCE fake's IAM endpoints)."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from cloud_helpers import (REGION, cloud_catalog, ec2_faults, iam_simulator, moto_env,  # noqa: F401  (fixtures)
+                           moto_server, no_played_head_left)
+from gce_fake import gce_fake  # noqa: F401
+
+from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.head import provision_head
+from rubberband.cloud.identity import (GCP_HEAD_PERMISSIONS, IAM_PATH, AwsIdentities, GcpIdentities,
+                                       aws_head_actions, aws_head_policy, check_identity, from_options,
+                                       launch_with_new_identity)
+from rubberband.cloud.provider import TAG_RUN_ID
+from rubberband.errors import CloudError, InputError
+
+
+def test_the_head_policy_is_least_privilege():
+    """Every action that creates, changes or ends something is conditioned on the run's own tag; reads are the only
+    unconditioned EC2 actions; no IAM action at all (workers get no identity: no iam:PassRole)."""
+    policy = aws_head_policy("run-a")
+    statements = policy["Statement"]
+    for st in statements:
+        actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+        assert st["Effect"] == "Allow" and not any(a.startswith("iam:") or a.endswith("*") for a in actions)
+        if st["Sid"] in ("Read", "FindTheImage", "LaunchFromImagesAndSubnets", "CreateTheGroupInAVpc"):
+            assert all(a.startswith(("ec2:Describe", "ssm:Get", "ec2:RunInstances", "ec2:CreateSecurityGroup"))
+                       for a in actions)
+            assert st["Sid"] != "LaunchFromImagesAndSubnets" or not any(
+                ":instance/" in r or ":security-group/" in r for r in st["Resource"])
+            continue
+        values = [v for terms in st["Condition"].values() for v in terms.values()]
+        assert "run-a" in values or st["Sid"] == "TagOnlyAtCreation", st
+    by_sid = {st["Sid"]: st for st in statements}
+    assert by_sid["TerminateOnlyTheRunsInstances"]["Condition"] == {
+        "StringEquals": {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a"}}
+    assert by_sid["LaunchOnlyTheRunsInstances"]["Condition"]["StringEquals"][f"aws:RequestTag/{TAG_RUN_ID}"] == "run-a"
+    # a re-tag may change the stage alone: never the run id (which would hand another run's instance over)
+    assert by_sid["RetagOnlyTheRunsInstancesStage"]["Condition"]["ForAllValues:StringEquals"] == {
+        "aws:TagKeys": ["rubberband-stage"]}
+
+
+def test_a_role_is_created_for_the_run_found_by_its_tag_and_deleted(moto_env):
+    identities = AwsIdentities()
+    made = identities.create("run-b", REGION)
+    assert made.name == "rb-run-b" and made.created
+    assert identities.create("run-b", REGION) == made  # a retried start reuses it
+    iam = boto3.client("iam")
+    role = iam.get_role(RoleName="rb-run-b")["Role"]
+    assert role["Path"] == IAM_PATH and role["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {
+        "Service": "ec2.amazonaws.com"}
+    assert iam.get_role_policy(RoleName="rb-run-b", PolicyName="rubberband-head")["PolicyDocument"] == \
+        aws_head_policy("run-b")
+    profile = iam.get_instance_profile(InstanceProfileName="rb-run-b")["InstanceProfile"]
+    assert [r["RoleName"] for r in profile["Roles"]] == ["rb-run-b"]
+    assert {t["Key"]: t["Value"] for t in profile["Tags"]}[TAG_RUN_ID] == "run-b"
+    # a role of the user's own, even with a rubberband-like name, is never found or touched
+    iam.create_role(RoleName="rb-run-c", AssumeRolePolicyDocument="{}", Path=IAM_PATH)
+    assert list(identities.find()) == ["rb-run-b"]
+    assert identities.leftover_runs([], [REGION]) == ["run-b"]
+    assert identities.leftover_runs(["run-b"], [REGION]) == [] and identities.leftover_runs([], ["eu-west-1"]) == []
+    assert sorted(identities.delete("run-b")) == ["instance-profile/rb-run-b", "role/rb-run-b"]
+    assert identities.delete("run-b") == [] and identities.find() == {}
+    assert [r["RoleName"] for r in iam.list_roles()["Roles"]] == ["rb-run-c"]
+
+
+def test_the_head_starts_with_its_profile_and_workers_without(moto_env):
+    """The provider that starts the head gives it the instance profile; the head's own providers (the executor's,
+    the watchdog's) give workers none. moto records the association."""
+    identities = AwsIdentities()
+    identity = identities.create("run-d", REGION)
+    p3 = cloud_catalog().find("p3.2xlarge", region=REGION)
+    head = provision_head(AwsProvider(REGION, poll_s=0.01, instance_profile=identity.name), "run-d", REGION,
+                          p3.zones, timeout_s=10)
+    assert head.identity.endswith(f":instance-profile{IAM_PATH}rb-run-d")
+    from rubberband.cloud.provider import InstanceRequest
+
+    (worker,) = AwsProvider(REGION, poll_s=0.01).provision(InstanceRequest("run-d", 0, p3, zone="use1-az1"))
+    assert worker.identity == ""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    described = {i["InstanceId"]: i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]}
+    assert "IamInstanceProfile" in described[head.id] and "IamInstanceProfile" not in described[worker.id]
+    ec2.terminate_instances(InstanceIds=[head.id, worker.id])
+    identities.delete("run-d")
+
+
+def test_a_new_profile_is_retried_while_ec2_does_not_know_it_yet():
+    calls, slept = [], []
+
+    def launch():
+        calls.append(1)
+        if len(calls) < 3:
+            raise CloudError("aws InvalidParameterValue: Value (rb-x) for parameter iamInstanceProfile.name is "
+                             "invalid. Invalid IAM Instance Profile name", kind="fatal", code="InvalidParameterValue")
+        return "head"
+
+    assert launch_with_new_identity(launch, new=True, sleep=slept.append) == "head" and len(slept) == 2
+    calls.clear()
+    with pytest.raises(CloudError):  # a profile the user named is not "still propagating": fail at once
+        launch_with_new_identity(launch, new=False, sleep=slept.append)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("cloud,profile,account,fix", [
+    ("aws", None, "sa@p.iam.gserviceaccount.com", "--service-account is for --cloud gcp"),
+    ("gcp", "prof", "sa@p.iam.gserviceaccount.com", "--instance-profile is for --cloud aws"),
+    ("gcp", None, None, "pass --service-account EMAIL"),
+    ("gcp", None, "not-an-email", "is not an email"),
+])
+def test_identity_flags_that_do_not_fit_are_one_line_errors(cloud, profile, account, fix):
+    with pytest.raises(InputError, match=fix):
+        from_options(cloud, profile, account)
+
+
+def test_dry_run_checks_a_named_profile_and_names_the_missing_permission(moto_env, iam_simulator):
+    iam = boto3.client("iam")
+    identities = AwsIdentities()
+    identities.create("dry-run", REGION)  # a profile holding exactly the head's policy for the dry run's tags
+    checks = check_identity("aws", instance_profile="rb-dry-run")
+    assert [c.action for c in checks][1:] == [a for a, _ in aws_head_actions("dry-run")]
+    assert all(c.allowed for c in checks), checks
+    # the same role with the TerminateInstances statement removed: the check names it, and only it
+    import json
+
+    policy = aws_head_policy("dry-run")
+    policy["Statement"] = [s for s in policy["Statement"] if s["Sid"] != "TerminateOnlyTheRunsInstances"]
+    iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(policy))
+    denied = [c for c in check_identity("aws", instance_profile="rb-dry-run") if c.allowed is False]
+    assert [c.action for c in denied] == ["ec2:TerminateInstances"] and "rb-dry-run" in denied[0].detail
+    with pytest.raises(InputError, match="no such IAM instance profile"):
+        check_identity("aws", instance_profile="nope")
+    identities.delete("dry-run")
+    # no profile named: the CLI's credentials must be able to create one
+    iam_simulator.denied = {"iam:CreateRole"}
+    creator = check_identity("aws")
+    assert [c.action for c in creator if c.allowed is False] == ["iam:CreateRole"]
+
+
+def test_gcp_dry_run_checks_the_service_account_through_the_iam_api(gce_fake):
+    email = "head@rubberband-test.iam.gserviceaccount.com"
+    with pytest.raises(InputError, match="no such service account"):
+        GcpIdentities(endpoint=gce_fake.url).check_service_account(email)
+    gce_fake.add_service_account(email, permissions=list(GCP_HEAD_PERMISSIONS))
+    checks = GcpIdentities(endpoint=gce_fake.url).check_service_account(email)
+    assert checks[0].action == "iam.serviceAccounts.actAs" and all(c.allowed for c in checks), checks
+    gce_fake.add_service_account(email, permissions=[p for p in GCP_HEAD_PERMISSIONS
+                                                     if p != "compute.instances.delete"])
+    denied = [c.action for c in GcpIdentities(endpoint=gce_fake.url).check_service_account(email)
+              if c.allowed is False]
+    assert denied == ["compute.instances.delete"]
+
+
+def test_a_head_that_cannot_start_leaves_no_role_behind(tmp_path, moto_env, ec2_faults):
+    """No vCPU quota for the head: start_head fails, and the role and instance profile it made for the run are gone
+    with the security group (nothing left half-made)."""
+    from test_cloud_cli import cloud_job, cloud_plan
+
+    from rubberband.cloud.head_session import HeadOptions, start_head
+    from rubberband.plan import load_plan
+
+    ec2_faults.quota = True
+    plan = load_plan(cloud_plan(tmp_path, cloud_job(tmp_path, ["aws"]), "aws", REGION, "p3.2xlarge"))
+    key = tmp_path / "key"
+    key.write_text("not a key\n")
+    with pytest.raises(CloudError, match="VcpuLimitExceeded"):
+        start_head(plan=plan, catalog=cloud_catalog(), run_id="quota-run", run_dir=tmp_path / "run", metric="loss",
+                   options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, key_name="rb"), test_boot=None)
+    assert ec2_faults.calls  # it did try, with the role it made
+    iam = boto3.client("iam")
+    assert iam.list_roles()["Roles"] == [] and iam.list_instance_profiles()["InstanceProfiles"] == []
+    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
+
+
+@pytest.mark.e2e
+def test_a_played_head_without_an_identity_fails_its_boot_saying_so(moto_env):
+    """The test harness's played head acts with the test's credentials only when its instance was started with an
+    identity: one started without (as the head was before) fails its boot with one clear line, as a real one could
+    not call the cloud API."""
+    from rubberband.cloud.bootstrap import WatchdogSettings
+    from rubberband.cloud.testboot import head_disk, head_url, play_head, wait_head_gone
+
+    p3 = cloud_catalog().find("p3.2xlarge", region=REGION)
+    provider = AwsProvider(REGION, poll_s=0.01)
+    head = provision_head(provider, "bare-head", REGION, p3.zones, timeout_s=10)
+    assert head.identity == ""
+    try:
+        play_head("aws", REGION, "bare-head", head.id, WatchdogSettings())
+        with pytest.raises(CloudError, match="has no IAM instance profile: it cannot call the aws API"):
+            head_url(head.id, timeout_s=60)
+    finally:
+        provider.terminate([head.id])
+        assert wait_head_gone(head.id)
+    assert not head_disk(head.id).exists()
+
+
+def test_docs_list_the_exact_policies():
+    """docs/clouds.md prints the head's AWS policy statement by statement and every GCP permission, as the code
+    has them."""
+    import json
+
+    from conftest import REPO
+
+    docs = (REPO / "docs" / "clouds.md").read_text()
+    for statement in aws_head_policy("RUN")["Statement"]:
+        assert json.dumps(statement) in docs, statement["Sid"]
+    assert all(f"`{p}`" in docs for p in GCP_HEAD_PERMISSIONS)
+
+
+@pytest.mark.e2e
+def test_down_all_orphans_deletes_head_roles_whose_run_left_nothing(cli, tmp_path, moto_env):
+    """A detached run whose head ended itself leaves its role behind (the head cannot delete the role it acts
+    with): `down --all-orphans` deletes the roles of runs with no instance left in the regions it sweeps (after
+    ending orphaned instances), older than --older-than; a run with an instance left keeps its role."""
+    import time
+
+    from test_cloud_cli import _launch_aws, cloud_env
+
+    identities = AwsIdentities()
+    identities.create("run-gone", REGION)
+    identities.create("run-live", REGION)
+    _launch_aws("run-live", count=1)
+    env = cloud_env(tmp_path, moto_env)
+    result = cli("down", "--all-orphans", "--cloud", "aws", "--older-than", "1h", "--region", REGION, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "role/" not in result.stdout and sorted(identities.find()) == ["rb-run-gone", "rb-run-live"]
+    time.sleep(1.1)
+    result = cli("down", "--all-orphans", "--cloud", "aws", "--older-than", "1s", "--region", "eu-west-1", env=env)
+    assert result.returncode == 0 and "role/" not in result.stdout  # another region's sweep never touches them
+    result = cli("down", "--all-orphans", "--cloud", "aws", "--older-than", "1s", "--region", REGION, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "deleted aws role/rb-run-gone (run run-gone)" in result.stdout
+    # the live run's instance is an orphan too at --older-than 1s (no head protects it): ended, then its role
+    assert "terminated aws" in result.stdout and "deleted aws role/rb-run-live (run run-live)" in result.stdout
+    assert identities.find() == {}
