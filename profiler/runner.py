@@ -36,7 +36,8 @@ from rubberband.profile import (PROFILE_SCHEMA_VERSION, LatencyMeasurement, Prof
                                  TerminationSamples, Workload)
 from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
 from rubberband.profiler.shapes import Shape, nodes_needed, plan_shapes
-from rubberband.spec import JobSpec, sample_config
+from rubberband.search import first_config
+from rubberband.spec import JobSpec
 
 #: Callback for progress: (what is happening, steps done, steps in all).
 ProgressFn = Callable[[str, int, int], None]
@@ -147,8 +148,8 @@ def check_entry_point(spec: JobSpec, *, timeout_s: float = 120.0) -> None:
 
 
 def profiling_config(spec: JobSpec) -> dict[str, Any]:
-    """The hyperparameters profiled: one seeded sample of the search space over ``spec.config``."""
-    return {**spec.config, **sample_config(spec.search_space, np.random.default_rng(spec.seed))}
+    """The hyperparameters profiled: the first configuration a run proposes (seeded), over ``spec.config``."""
+    return {**spec.config, **first_config(spec)}
 
 
 def validate(spec: JobSpec, options: ProfileOptions) -> list[Shape]:
