@@ -61,10 +61,24 @@ def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir
 
 
 def print_summary(run_id: str, metric: str, summary: dict[str, Any], result_path: Path) -> None:
-    """The two lines ``rubberband run`` prints at the end (stdout), from a run's result.json content."""
+    """The lines ``rubberband run`` prints at the end (stdout), from a run's result.json content.
+
+    The last one sets the run's actual cost and JCT beside the best static plan's (predicted: the
+    planner's baseline, never run), with the ratio, when the plan had one."""
     best = summary.get("best") or {}
     typer.echo(f"run {run_id} {summary.get('status', 'finished')}: best trial {best.get('trial_id')} "
                f"{metric}={best.get('metric')} config={best.get('config')}")
     typer.echo(f"JCT {format_duration(summary['actual']['jct_s'])} (predicted "
                f"{format_duration(summary['predicted']['jct_s'])}), cost {format_usd(summary['actual']['cost_usd'])} "
                f"(predicted {format_usd(summary['predicted']['cost_usd'])}); results in {result_path}")
+    static = summary.get("static")
+    if static and static.get("cost_ratio") is not None:
+        actual = summary["actual"]
+        saved = static["predicted_cost_usd"] - actual["cost_usd"]
+        typer.echo(f"vs best static plan ({static['instances']} × {static['instance_type']}, "
+                   f"{static['workers_per_trial']} worker{'s' if static['workers_per_trial'] > 1 else ''}/trial; "
+                   f"predicted): JCT {format_duration(static['predicted_jct_s'])}, cost "
+                   f"{format_usd(static['predicted_cost_usd'])}; this run: JCT {format_duration(actual['jct_s'])}, "
+                   f"cost {format_usd(actual['cost_usd'])} = {static['cost_ratio']:.2f}× the static cost "
+                   f"({'saved' if saved >= 0 else 'spent'} {format_usd(abs(saved))}"
+                   f"{'' if saved >= 0 else ' more'})")
