@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any, Callable, Mapping
 
 from rubberband.executor.context import ReportRecord, WorkerContext
+from rubberband.raytune import adapt as adapt_trainable
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class TrialWorker:
         failure: WorkerFailure | None = None
         stage = "import"
         try:
-            train = load_entry_point(task.entry_point, task.code_dir)
+            train = adapt_trainable(load_entry_point(task.entry_point, task.code_dir))  # Ray Tune's def f(config)
             stage = "setup"
             if task.use_gpu and torch.cuda.is_available():
                 backend = "nccl"
