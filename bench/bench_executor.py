@@ -69,6 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer deadlines (5 runs)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only", default=None, help="run only the cases of this spec (e.g. quickstart_local)")
     args = parser.parse_args()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     base = args.out or Path(tempfile.mkdtemp(prefix="rb-bench-executor-"))
@@ -78,6 +79,8 @@ def main() -> None:
     cases = [(QUICKSTART, None), (QUICKSTART, "90s"), (DIGITS, None), (DIGITS, "45s"), (SHA, None)]
     if args.quick:
         cases = [(QUICKSTART, None), (DIGITS, None), (SHA, None)]
+    if args.only:
+        cases = [c for c in cases if c[0].stem == args.only]
     print(f"runs under {base}")
     rows, setups_resize, setups_first = [], [], []
     elastic_vs_static = []

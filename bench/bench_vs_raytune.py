@@ -53,26 +53,24 @@ def billed_usd(lifetimes_s: list[float], price_hr: float | list[float]) -> float
 # -- Ray Tune (one cell per process) -----------------------------------------------------------------
 
 def raytune_cell(scheduler: str, nodes: int, out: Path) -> dict:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rb-vs-tune-"))
+    # Ray Tune's trial actors import the trainable by module name: the nodes' workers inherit this path
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH")) if p)
     import yaml
+
+    from rubberband.profiler.local_cluster import LocalCluster  # one Ray node per instance, as our local runs
 
     spec = yaml.safe_load(SPEC.read_text())
     sys.path.insert(0, str(EXAMPLES))
-    import ray
     from ray import tune
-    from ray.cluster_utils import Cluster
     from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
 
     import raytune_trainable
 
     sched = spec["scheduler"]
     started = time.time()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
-    for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-    try:
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    with LocalCluster() as cluster:
+        for i in range(nodes):
+            cluster.add_instance(f"n{i}", 1)
         if scheduler == "hyperband":
             chosen = HyperBandScheduler(time_attr="training_iteration", max_t=sched["max_epochs"],
                                         reduction_factor=sched["eta"])
@@ -91,9 +89,6 @@ def raytune_cell(scheduler: str, nodes: int, out: Path) -> dict:
         jct = time.time() - started
         best = results.get_best_result(metric=spec["metric"]["name"], mode=spec["metric"]["mode"], scope="last")
         epochs = int(sum(r.metrics.get("training_iteration", 0) for r in results))
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     lifetime = time.time() - started
     return {"system": f"Ray Tune {scheduler} (reuse_actors)", "nodes": nodes, "jct_s": jct,
             "cost_usd": billed_usd([lifetime] * nodes, NODE_PRICE_HR), "best_lr": best.config["lr"],
