@@ -95,12 +95,17 @@ def raytune_cell(scheduler: str, nodes: int, out: Path) -> dict:
             "best_metric": best.metrics[spec["metric"]["name"]], "trial_epochs": epochs}
 
 
-def run_raytune(scheduler: str, nodes: int, out: Path) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--raytune-cell", scheduler, str(nodes), "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"Ray Tune {scheduler} on {nodes} nodes failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def run_raytune(scheduler: str, nodes: int, out: Path, *, tries: int = 3) -> dict:
+    """One Ray Tune cell in a fresh process; tried again when it fails (a Ray node that times out
+    starting on a loaded machine), at most ``tries`` times."""
+    for attempt in range(1, tries + 1):
+        done = subprocess.run([sys.executable, __file__, "--raytune-cell", scheduler, str(nodes), "--out", str(out)],
+                              capture_output=True, text=True, timeout=900)
+        if done.returncode == 0:
+            return json.loads(done.stdout.strip().splitlines()[-1])
+        last = done.stderr.strip().splitlines()[-1:] or ["?"]
+        print(f"Ray Tune {scheduler} on {nodes} nodes: attempt {attempt} failed ({last[0][:200]})", flush=True)
+    raise RuntimeError(f"Ray Tune {scheduler} on {nodes} nodes failed {tries} times")
 
 
 # -- rubberband ----------------------------------------------------------------------------------------

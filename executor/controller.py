@@ -257,10 +257,10 @@ class Controller:
                                 cloud=self.plan.stages[0].cloud, deadline_s=self.deadline_s,
                                 trial_runtime=self.runtime.module, pid=os.getpid())
         self.state = J.read_state(self.run_dir)
-        self.search = self._restore_search()
         status, error, exc_to_raise = "failed", None, None
         self._best: tuple[str | None, float | None] = (None, None)
         try:
+            self.search = self._restore_search()  # inside: a study that cannot be opened ends the run cleanly
             self._connect()
             self._best = self._run_stages()
             status = "finished"
