@@ -264,3 +264,28 @@ def test_hyperband_run_with_tpe_asks_each_bracket_after_the_previous_results(tmp
             assert frozen.intermediate_values[plan.stages[g].epochs] == pytest.approx(metric)
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE"] * 3 + ["PRUNED"] * 2
     assert by_trial["b0-t000"].state.name == "COMPLETE"  # the fixed, best configuration went all the way
+
+
+@pytest.mark.e2e
+def test_run_without_optuna_stops_before_planning_with_one_line(tmp_path, cli):
+    """The real CLI, where `import optuna` fails: exit 2, one line naming the field and the fix, no run dir."""
+    import os
+
+    from conftest import EXAMPLES
+
+    blocker = tmp_path / "blocker" / "optuna"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('No module named optuna')\n")
+    text = (EXAMPLES / "quickstart_local.yaml").read_text() + "search: {sampler: tpe}\n"
+    spec_path = EXAMPLES.parent / "examples" / f".test-no-optuna-{os.getpid()}.yaml"
+    spec_path.write_text(text)  # beside the example, so its train module and profile resolve
+    try:
+        env = {**os.environ, "PYTHONPATH": str(tmp_path / "blocker"), "RUBBERBAND_RUNS_DIR": str(tmp_path / "runs")}
+        done = cli("run", spec_path, "--yes", env=env)
+    finally:
+        spec_path.unlink()
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "rubberband: error: spec field 'search': sampler tpe needs Optuna, which is not installed; "
+        "pip install 'rubberband[optuna]' (or use sampler: random)"]
+    assert not (tmp_path / "runs").exists()
