@@ -9,7 +9,8 @@ trials, η = 3, 1 → 9 epochs, one worker per trial, sleep-based with a known w
 
 * Ray Tune 2.x: ``HyperBandScheduler(max_t=9, reduction_factor=3)`` (9 samples fill exactly its
   first bracket: 9 → 3 → 1, the same successive halving) and ``ASHAScheduler(max_t=9,
-  grace_period=1, reduction_factor=3)``, ``reuse_actors=True``, on a static local cluster of 1, 2
+  grace_period=1, reduction_factor=3)``, ``reuse_actors=True``, over the same 9 configurations
+  (rubberband's seeded samples, as a grid), on a static local cluster of 1, 2
   or 3 one-CPU nodes (``ray.cluster_utils.Cluster``, one trial per node at a time), each cell in
   its own process. JCT: cluster start → ``Tuner.fit()`` returns.
 * rubberband: the elastic plan for the same spec (local.cpu1 / local.cpu2 instances, real local
@@ -50,6 +51,20 @@ def billed_usd(lifetimes_s: list[float], price_hr: float | list[float]) -> float
                for t, p in zip(lifetimes_s, prices))
 
 
+def same_trials() -> list[float]:
+    """The learning rates of the trials rubberband runs for the spec (its seeded random search)."""
+    from rubberband.planner.schedule import stages_for
+    from rubberband.search import make_config_source, trial_id_for
+    from rubberband.spec import load_spec
+
+    spec = load_spec(SPEC)
+    sched = spec.scheduler
+    first = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
+                       max_epochs=sched.max_epochs)[0]
+    source = make_config_source(spec)
+    return [source.propose(trial_id_for(0, i))["lr"] for i in range(first.trials)]
+
+
 # -- Ray Tune (one cell per process) -----------------------------------------------------------------
 
 def raytune_cell(scheduler: str, nodes: int, out: Path) -> dict:
@@ -77,12 +92,12 @@ def raytune_cell(scheduler: str, nodes: int, out: Path) -> dict:
         else:
             chosen = ASHAScheduler(time_attr="training_iteration", max_t=sched["max_epochs"],
                                    grace_period=sched["min_epochs"], reduction_factor=sched["eta"])
-        space = {"lr": tune.loguniform(spec["search_space"]["lr"]["low"], spec["search_space"]["lr"]["high"]),
-                 **spec["config"], "max_epochs": sched["max_epochs"]}
+        # the same trials: rubberband's configurations (seeded), given to Ray Tune as a grid
+        space = {"lr": tune.grid_search(same_trials()), **spec["config"], "max_epochs": sched["max_epochs"]}
         tuner = tune.Tuner(
             tune.with_resources(raytune_trainable.train_fn, {"cpu": 1}), param_space=space,
             tune_config=tune.TuneConfig(metric=spec["metric"]["name"], mode=spec["metric"]["mode"],
-                                        num_samples=sched["trials"], scheduler=chosen, reuse_actors=True),
+                                        num_samples=1, scheduler=chosen, reuse_actors=True),
             run_config=tune.RunConfig(storage_path=str(out / "ray_results"), name=f"{scheduler}-{nodes}",
                                       verbose=0))
         results = tuner.fit()
