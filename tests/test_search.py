@@ -286,6 +286,6 @@ def test_run_without_optuna_stops_before_planning_with_one_line(tmp_path, cli):
         spec_path.unlink()
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "rubberband: error: spec field 'search': sampler tpe needs Optuna, which is not installed; "
-        "pip install 'rubberband[optuna]' (or use sampler: random)"]
+        ("rubberband: error: spec field 'search': sampler tpe needs Optuna, which is not installed; "
+         "pip install 'rubberband[optuna]' (or use sampler: random)")]
     assert not (tmp_path / "runs").exists()
