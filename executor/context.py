@@ -101,7 +101,7 @@ class WorkerContext(TrainContext):
             self.pass_times.append((began, time.time()))
 
     # -- metrics ---------------------------------------------------------------------------
-    def report(self, epoch: int, **metrics: float) -> None:
+    def report(self, epoch: int, /, **metrics: float) -> None:
         now = time.perf_counter()
         seconds, self._mark = now - self._mark, now
         self._last_reported = int(epoch)

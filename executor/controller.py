@@ -43,8 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.provider import InstanceRequest, node_resource
@@ -59,7 +57,8 @@ from rubberband.plan import Plan, StagePlan
 from rubberband.planner.policies import Action, LatenessPolicy, Outlook, PrefetchPolicy
 from rubberband.planner.schedule import stages_for
 from rubberband.profile import Profile
-from rubberband.spec import JobSpec, sample_config
+from rubberband.search import ConfigSource, make_config_source, trial_id_for
+from rubberband.spec import JobSpec
 from rubberband.units import format_duration
 
 POLL_S = 0.2
@@ -115,15 +114,18 @@ def check_plan_matches(spec: JobSpec, plan: Plan, *, source: str = "plan") -> No
 
 
 def trial_configs(spec: JobSpec, plan: Plan) -> list[tuple[str, int, int, dict[str, Any]]]:
-    """(trial id, bracket, index, config) of every trial, sampled with the spec's seed."""
-    rng = np.random.default_rng(spec.seed)
+    """(trial id, bracket, index, config) of every trial a run proposes when no rung result has come in.
+
+    What a run creates with the default random search (fixed configurations first, then seeded samples).
+    """
+    source = make_config_source(spec)
     out = []
     for stage in plan.stages:
         if stage.stage != 0:
             continue
         for i in range(stage.trials):
-            config = {**spec.config, **sample_config(spec.search_space, rng)}
-            out.append((f"b{stage.bracket}-t{i:03d}", stage.bracket, i, config))
+            trial_id = trial_id_for(stage.bracket, i)
+            out.append((trial_id, stage.bracket, i, {**spec.config, **source.propose(trial_id)}))
     return out
 
 
@@ -288,14 +290,11 @@ class Controller:
                                 spec=self.spec.model_dump(mode="json"), plan=self.plan.model_dump(mode="json"),
                                 cloud=self.plan.stages[0].cloud, deadline_s=self.deadline_s,
                                 trial_runtime=self.runtime.module, pid=os.getpid(), on_late=self.lateness.on_late)
-        known = set(J.read_state(self.run_dir).trials)
-        for trial_id, bracket, index, config in trial_configs(self.spec, self.plan):
-            if trial_id not in known:  # all of them on a fresh run; any a crash cut off on resume
-                self.journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
         self.state = J.read_state(self.run_dir)
         status, error, exc_to_raise = "failed", None, None
         self._best: tuple[str | None, float | None] = (None, None)
         try:
+            self.search = self._restore_search()  # inside: a study that cannot be opened ends the run cleanly
             self._connect()
             self._best = self._run_stages()
             status = "finished"
@@ -406,6 +405,27 @@ class Controller:
             signal.signal(sig, interrupted)
 
     # -- stages ----------------------------------------------------------------------------
+    def _restore_search(self) -> ConfigSource:
+        """The spec's configuration source, told every trial and completed rung an earlier executor journaled."""
+        source = make_config_source(self.spec, run_key=self.run_id)
+        for trial in sorted(self.state.trials.values(), key=lambda t: (t.bracket, t.index)):
+            source.restore(trial.trial_id, trial.config)
+        for g in self.state.completed_stages():
+            record, stage = self.state.stages[g], self.plan.stages[g]
+            last = g + 1 == len(self.plan.stages) or self.plan.stages[g + 1].bracket != stage.bracket
+            source.rung_finished(stage.epochs, record.metrics, None if last else record.promoted)
+        return source
+
+    def _create_trials(self, stage: StagePlan) -> None:
+        """Ask the search for a bracket's configurations as the bracket starts (after the earlier ones' results)."""
+        for index in range(stage.trials):
+            trial_id = trial_id_for(stage.bracket, index)
+            if trial_id not in self.state.trials:  # all of them on a fresh bracket; any a crash cut off on resume
+                config = {**self.spec.config, **self.search.propose(trial_id)}
+                self.journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=stage.bracket, index=index,
+                                    config=config)
+        self.state = J.read_state(self.run_dir)
+
     def _stage_trials(self, g: int) -> list[str]:
         stage = self.plan.stages[g]
         if stage.stage == 0:
@@ -425,6 +445,8 @@ class Controller:
             if g > 0 and (g - 1) in self.state.stages and g not in self.state.stages:
                 self._maybe_replan(g)
             stage = self.plan.stages[g]
+            if stage.stage == 0:
+                self._create_trials(stage)
             metrics = self._run_stage(g, stage)
             order = self._stage_trials(g)
             ranking = rank(metrics, self.spec.metric.mode, order)
@@ -438,6 +460,7 @@ class Controller:
                 finals.update(metrics)
             self.journal.record(J.STAGE_FINISHED, stage=g, bracket=stage.bracket, metrics=metrics,
                                 promoted=promoted, ranking=ranking)
+            self.search.rung_finished(stage.epochs, metrics, None if last_of_bracket else promoted)
             self.state = J.read_state(self.run_dir)
         if not finals:
             return None, None

@@ -35,6 +35,19 @@ def _latest_checkpoint(run_dir: Path, trial_id: str, recorded: str | None) -> st
     return str(files[-1]) if files else (str(directory) if directory.exists() else None)
 
 
+def _static(plan: Plan, actual_usd: float) -> dict[str, Any] | None:
+    """The best static plan the planner compared with (predicted), and what this run cost against it."""
+    static = plan.baselines.get("static")
+    if static is None or not static.stages:
+        return None
+    first = static.stages[0]
+    predicted = static.predicted.cost_usd.mean
+    return {"instance_type": first.instance_type, "instances": first.instances,
+            "workers_per_trial": first.workers_per_trial, "predicted_cost_usd": predicted,
+            "predicted_jct_s": static.predicted.jct_s.p50,
+            "cost_ratio": actual_usd / predicted if predicted > 0 else None}
+
+
 def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, error: str | None,
                  now: float, run_dir: Path, best_trial: str | None = None,
                  best_metric: float | None = None) -> dict[str, Any]:
@@ -84,6 +97,7 @@ def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, err
             "id": bill.head.id, "instance_type": bill.head.instance_type, "cloud": bill.head.cloud,
             "price_hr": bill.head.price_hr, "lifetime_s": bill.head.lifetime_s, "billed_s": bill.head.billed_s,
             "cost_usd": bill.head.cost_usd, "grace_s": state.head.grace_s if state.head is not None else 0.0},
+        "static": _static(plan, bill.total_usd),
         "decisions": len(state.decisions),
         "instances_lost": sum(1 for life in state.instances.values() if life.lost),
     }

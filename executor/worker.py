@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from rubberband.executor.context import ReportRecord, WorkerContext
 from rubberband.executor.devices import CPU_WORKER, WorkerDevice, observe_cuda, resolve
+from rubberband.raytune import adapt as adapt_trainable
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class TrialWorker:
             # before the process group: a GPU rank without CUDA must fail here, not hang in nccl
             resolved = resolve(task.device, observe_cuda())
             stage = "import"
-            train = load_entry_point(task.entry_point, task.code_dir)
+            train = adapt_trainable(load_entry_point(task.entry_point, task.code_dir))  # Ray Tune's def f(config)
             stage = "setup"
             device = torch.device(resolved.device)
             if device.type == "cuda":

@@ -31,6 +31,16 @@ def _floor_log(ratio_num: int, ratio_den: int, eta: int) -> int:
     return s
 
 
+def sha_default_trials(eta: int, min_epochs: int, max_epochs: int) -> int:
+    """Trials for SHA when none are given: n = η^s_max, s_max = floor(log_η(R/r)), as Hyperband's bracket s_max.
+
+    That many trials halve (by η) down to exactly one survivor at the last rung.
+    """
+    if eta < 2 or min_epochs < 1 or max_epochs < min_epochs:
+        raise ValueError("need eta ≥ 2 and 1 ≤ min_epochs ≤ max_epochs")
+    return eta ** _floor_log(max_epochs, min_epochs, eta)
+
+
 def sha_stages(trials: int, eta: int, min_epochs: int, max_epochs: int, *, bracket: int = 0) -> list[Stage]:
     """Stages of one successive-halving run."""
     if trials < 1 or eta < 2 or min_epochs < 1 or max_epochs < min_epochs:

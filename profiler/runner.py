@@ -43,7 +43,8 @@ from rubberband.profile import (PROFILE_SCHEMA_VERSION, EpochMeasurement, Latenc
                                  StartupSamples, TerminationSamples, Workload)
 from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
 from rubberband.profiler.shapes import Shape, nodes_needed, plan_shapes
-from rubberband.spec import JobSpec, sample_config
+from rubberband.search import RandomSource, first_config
+from rubberband.spec import JobSpec
 
 #: Callback for progress: (what is happening, steps done, steps in all).
 ProgressFn = Callable[[str, int, int], None]
@@ -173,8 +174,8 @@ def check_entry_point(spec: JobSpec, *, timeout_s: float = 120.0) -> None:
 
 
 def profiling_config(spec: JobSpec) -> dict[str, Any]:
-    """The hyperparameters profiled: one seeded sample of the search space over ``spec.config``."""
-    return {**spec.config, **sample_config(spec.search_space, np.random.default_rng(spec.seed))}
+    """The hyperparameters profiled: the first configuration a run proposes (seeded), over ``spec.config``."""
+    return {**spec.config, **first_config(spec)}
 
 
 def validate(spec: JobSpec, options: ProfileOptions) -> list[Shape]:
@@ -381,10 +382,17 @@ def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape],
 
 
 def profiling_configs(spec: JobSpec, count: int) -> list[dict[str, Any]]:
-    """The profiled configuration (:func:`profiling_config`) and ``count − 1`` more seeded samples."""
-    rng = np.random.default_rng([spec.seed, 1])
-    more = [{**spec.config, **sample_config(spec.search_space, rng)} for _ in range(max(0, count - 1))]
-    return [profiling_config(spec), *more]
+    """The profiled configuration (:func:`profiling_config`) and the ``count − 1`` a random search of the
+    run proposes after it (the spec's fixed configurations first), each over ``spec.config``.
+
+    A spec of fixed configurations only yields at most as many as it lists (distinct ones)."""
+    source = RandomSource(spec)
+    out: list[dict[str, Any]] = []
+    for i in range(max(1, count) if spec.search_space else min(max(1, count), len(spec.trials or []) or 1)):
+        config = {**spec.config, **source.propose(f"profile-{i}")}
+        if config not in out:
+            out.append(config)
+    return out
 
 
 def epoch_times(pass_times: tuple[tuple[float, float], ...]) -> list[float]:

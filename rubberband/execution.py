@@ -64,7 +64,9 @@ def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir
 
 def print_summary(run_id: str, metric: str, summary: dict[str, Any], result_path: Path) -> None:
     """The lines ``rubberband run`` prints at the end (stdout), from a run's result.json content: the best
-    configuration (so far), actual versus predicted, and the outcome in one line with its exit code."""
+    configuration (so far), actual versus predicted, the run's actual cost and JCT beside the best static
+    plan's (predicted: the planner's baseline, never run) with the ratio when the plan had one, and the
+    outcome in one line with its exit code."""
     from rubberband.executor.outcome import outcome_line
 
     best = summary.get("best") or {}
@@ -76,3 +78,14 @@ def print_summary(run_id: str, metric: str, summary: dict[str, Any], result_path
                f"{format_duration(summary['predicted']['jct_s'])}), cost {format_usd(summary['actual']['cost_usd'])} "
                f"(predicted {format_usd(summary['predicted']['cost_usd'])}); results in {result_path}")
     typer.echo(outcome_line(summary))
+    static = summary.get("static")
+    if static and static.get("cost_ratio") is not None:
+        actual = summary["actual"]
+        saved = static["predicted_cost_usd"] - actual["cost_usd"]
+        typer.echo(f"vs best static plan ({static['instances']} × {static['instance_type']}, "
+                   f"{static['workers_per_trial']} worker{'s' if static['workers_per_trial'] > 1 else ''}/trial; "
+                   f"predicted): JCT {format_duration(static['predicted_jct_s'])}, cost "
+                   f"{format_usd(static['predicted_cost_usd'])}; this run: JCT {format_duration(actual['jct_s'])}, "
+                   f"cost {format_usd(actual['cost_usd'])} = {static['cost_ratio']:.2f}× the static cost "
+                   f"({'saved' if saved >= 0 else 'spent'} {format_usd(abs(saved))}"
+                   f"{'' if saved >= 0 else ' more'})")

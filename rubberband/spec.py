@@ -96,6 +96,30 @@ class SchedulerSpec(_Strict):
         return self
 
 
+class SearchSpec(_Strict):
+    """How configurations are proposed: ``random`` (numpy, the default) or Optuna's ``tpe`` / ``qmc``.
+
+    A sampler proposes each bracket's configurations when the bracket starts and is told every
+    rung's results (TPE with Hyperband is BOHB). ``storage`` (an Optuna storage URL) keeps the
+    study; it needs Optuna even with ``sampler: random``.
+    """
+
+    sampler: Literal["random", "tpe", "qmc"] = "random"
+    seed: int | None = None  # default: the spec's seed
+    storage: str | None = Field(default=None, min_length=1)
+    study_name: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _named_study_needs_storage(self) -> "SearchSpec":
+        if self.study_name is not None and self.storage is None:
+            raise ValueError("study_name needs a storage URL (e.g. storage: sqlite:///study.db)")
+        return self
+
+    @property
+    def uses_optuna(self) -> bool:
+        return self.sampler != "random" or self.storage is not None
+
+
 class ResourceSpec(_Strict):
     clouds: list[Literal["aws", "gcp", "local"]] = Field(default_factory=lambda: ["aws"], min_length=1)
     regions: list[str] | None = None
@@ -110,9 +134,12 @@ class JobSpec(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     train: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     metric: Metric
-    search_space: dict[str, Param] = Field(min_length=1)
+    search_space: dict[str, Param] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
     scheduler: SchedulerSpec
+    #: fixed configurations, run first (before any sampled one); with no search_space, the only ones
+    trials: list[dict[str, Any]] | None = Field(default=None, min_length=1)
+    search: SearchSpec = Field(default_factory=SearchSpec)
     deadline_s: float
     confidence: float = Field(default=0.95, gt=0, lt=1)
     budget_usd: float | None = Field(default=None, gt=0)
@@ -160,8 +187,11 @@ class JobSpec(_Strict):
 
     def sha256(self) -> str:
         """Stable digest of the spec's content (not its location), to tie plans and runs to it."""
-        # defaults added later leave the digest of specs written before them unchanged
-        payload = self.model_dump(mode="json", exclude={"base_dir"} | (set() if self.requirements else {"requirements"}))
+        payload = self.model_dump(mode="json", exclude={"base_dir"})
+        # fields added later leave the digests of specs written before them as they were
+        for name, default in (("trials", None), ("search", SearchSpec().model_dump(mode="json")), ("requirements", [])):
+            if payload.get(name) == default:
+                del payload[name]
         if payload["scheduler"].get("brackets") == "parallel":
             del payload["scheduler"]["brackets"]
         text = yaml.safe_dump(payload, sort_keys=True)
@@ -224,10 +254,75 @@ def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | Path = ".",
     if "deadline_s" not in data:
         raise SpecError(f"{source}: spec field 'deadline': required field is missing; add e.g. deadline: 2h")
     data["base_dir"] = str(Path(base_dir).resolve())
+    sched = data.get("scheduler")
+    if (isinstance(sched, dict) and sched.get("kind", "sha") == "sha" and "trials" not in sched
+            and isinstance(data.get("trials"), list)):
+        data["scheduler"] = {**sched, "trials": len(data["trials"])}  # SHA over exactly the listed configurations
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(_describe(exc.errors()[0], lines or {}, source)) from None
+    problem = _search_problem(spec)
+    if problem is not None:
+        loc, message = problem
+        raise SpecError(_describe({"loc": loc, "msg": message, "type": "value_error"}, lines or {}, source))
+    return spec
+
+
+def _first_stage_trials(sched: SchedulerSpec) -> int:
+    """How many trials the schedule starts (every bracket's first stage)."""
+    from rubberband.planner.schedule import stages_for
+
+    stages = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
+                        max_epochs=sched.max_epochs)
+    return sum(s.trials for s in stages if s.index == 0)
+
+
+def _outside(param: Any, value: Any) -> str | None:
+    """Why ``value`` is not in ``param``'s domain, or None."""
+    if isinstance(param, ChoiceParam):
+        return None if value in param.values else f"{value!r} is not one of {param.values}"
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(param, IntParam) and not (numeric and float(value).is_integer()):
+        return f"{value!r} is not an integer"
+    if not numeric:
+        return f"{value!r} is not a number"
+    if not param.low <= value <= param.high:
+        return f"{value!r} is outside [{param.low}, {param.high}]"
+    return None
+
+
+_OPTUNA_CHOICE_TYPES = (type(None), bool, int, float, str)
+
+
+def _search_problem(spec: JobSpec) -> tuple[tuple, str] | None:
+    """(field location, message) of the first inconsistency between search_space, trials and search."""
+    if not spec.search_space and spec.trials is None:
+        return ("search_space",), "required field is missing; add it (or list fixed configurations under trials:)"
+    for i, fixed in enumerate(spec.trials or []):
+        for name, value in fixed.items():
+            if spec.search_space and name not in spec.search_space:
+                return ("trials", str(i), name), ("not in search_space; add it there or remove it from this "
+                                                  "configuration")
+            if name in spec.search_space:
+                why = _outside(spec.search_space[name], value)
+                if why is not None:
+                    return ("trials", str(i), name), f"{why} (search_space.{name}); fix the value"
+    if spec.trials is not None:
+        needed = _first_stage_trials(spec.scheduler)
+        if len(spec.trials) > needed:
+            return ("trials",), (f"lists {len(spec.trials)} configurations but the {spec.scheduler.kind} schedule "
+                                 f"starts only {needed} trials; remove some or raise scheduler.trials")
+        if not spec.search_space and len(spec.trials) < needed:
+            return ("trials",), (f"lists {len(spec.trials)} configurations but the {spec.scheduler.kind} schedule "
+                                 f"starts {needed} trials; list more, or add a search_space to sample the rest")
+    if spec.search.uses_optuna:
+        for name, param in spec.search_space.items():
+            if isinstance(param, ChoiceParam) and not all(isinstance(v, _OPTUNA_CHOICE_TYPES)
+                                                          for v in param.values):
+                return ("search_space", name, "values"), ("Optuna samplers take only strings, numbers, booleans "
+                                                          "or null as choices; use those or sampler: random")
+    return None
 
 
 def load_spec(path: str | Path) -> JobSpec:

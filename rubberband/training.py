@@ -51,8 +51,8 @@ class TrainContext(ABC):
         """Yield from ``iterable``, timing each iteration; stops early when profiling has enough."""
 
     @abstractmethod
-    def report(self, epoch: int, **metrics: float) -> None:
-        """Record metrics for a finished epoch (only rank 0's call is recorded)."""
+    def report(self, epoch: int, /, **metrics: float) -> None:
+        """Record metrics for a finished epoch (only rank 0's call is recorded); a metric may be named ``epoch``."""
 
     @abstractmethod
     def save_checkpoint(self, state: dict) -> None:

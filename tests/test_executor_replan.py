@@ -120,7 +120,7 @@ def test_planner_replanner_proposes_the_quickest_plan_when_the_deadline_is_out_o
     inputs = load_job_inputs(REPO / "examples" / "quickstart_local.yaml")
     spec = inputs.spec
     # the rest of the run on one single-worker local.cpu1: far from the quickest the remaining stages can go
-    slow = simulate_plan(make_plan(spec, [("local.cpu2", 2, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1)]),
+    slow = simulate_plan(make_plan(spec, [("local.cpu2", 2, 1)] + [("local.cpu1", 1, 1)] * 3),
                          inputs.profile, inputs.catalog, samples=200)
     replan = planner_replanner(inputs.catalog, inputs.profile)
     request = ReplanRequest(spec=spec, plan=slow, next_stage=1, elapsed_s=170.0, spent_usd=0.001,

@@ -3,7 +3,7 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from rubberband.planner.schedule import hyperband_brackets, sha_stages, stages_for
+from rubberband.planner.schedule import hyperband_brackets, sha_default_trials, sha_stages, stages_for
 
 # Li et al., Hyperband, Table 1 (R=81, η=3): (n_i, r_i) per bracket s = 4..0
 PAPER_TABLE = [
@@ -55,10 +55,30 @@ def test_schedule_cli_json(cli):
     assert [[(s["trials"], s["epochs"]) for s in b["stages"]] for b in data["brackets"]] == PAPER_TABLE
 
 
+@pytest.mark.parametrize("eta, r, R, n", [(3, 1, 81, 81), (3, 1, 27, 27), (3, 1, 10, 9), (2, 1, 8, 8),
+                                         (4, 2, 32, 16), (3, 5, 5, 1)])
+def test_sha_default_trials_leaves_one_survivor(eta, r, R, n):
+    assert sha_default_trials(eta, r, R) == n
+    assert sha_stages(n, eta, r, R)[-1].trials == 1
+    # Hyperband's most exploratory bracket starts with the same number of trials
+    assert hyperband_brackets(eta, r, R)[0][0].trials == n
+
+
+@pytest.mark.e2e
+def test_schedule_cli_derives_sha_trials(cli):
+    result = cli("schedule", "--min-epochs", "1", "--max-epochs", "81", "--eta", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["trials"] == 81
+    assert [(s["trials"], s["epochs"]) for s in data["brackets"][0]["stages"]] == PAPER_TABLE[0]
+    table = cli("schedule", "--min-epochs", "1", "--max-epochs", "27")
+    assert table.returncode == 0 and "n=27 (η^3, derived from R and η)" in table.stdout
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--min-epochs", "1", "--max-epochs", "9", "--eta", "1", "--trials", "9"], "--eta"),
     (["--min-epochs", "5", "--max-epochs", "2", "--trials", "9"], "--min-epochs"),
-    (["--min-epochs", "1", "--max-epochs", "9"], "--trials"),
+    (["--min-epochs", "1", "--max-epochs", "9", "--trials", "0"], "--trials"),
     (["--min-epochs", "x", "--max-epochs", "9"], "--min-epochs"),
     (["--bogus"], "--bogus"),
 ])

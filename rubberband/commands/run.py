@@ -276,6 +276,7 @@ def register(app: typer.Typer) -> None:
         from rubberband.executor import journal as J
         from rubberband.executor.backends import make_backend
         from rubberband.executor.controller import check_plan_matches
+        from rubberband.search import check_search
 
         deadline_s = deadline_flag(deadline)
         overrun_flag(overrun, 1.0)  # the form is checked before anything starts; the seconds need the plan
@@ -328,12 +329,14 @@ def register(app: typer.Typer) -> None:
                 raise PlanFileError("--plan cannot be combined with --resume: the run continues with the plan in "
                                     "its journal")
             check_plan_matches(spec, plan, source=str(directory / J.JOURNAL_NAME))
+            check_search(spec)
             run_id, run_directory = state.run_id, directory
             deadline_s = deadline_s or state.deadline_s
         else:
             if spec_path is None:
                 raise InputError("missing SPEC: pass a job spec YAML (or --resume RUN_DIR)")
             spec = load_spec(spec_path)
+            check_search(spec)  # an Optuna sampler without Optuna fails before planning
             plan, fresh = _load_or_make_plan(spec, spec_path, plan_path, cloud, deadline_s, head=head,
                                              head_grace_s=grace_s)
             if fresh and not yes:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 
 import typer
 from rich.table import Table
 
 from rubberband.console import stdout
 from rubberband.errors import InputError
-from rubberband.planner.schedule import hyperband_brackets, sha_stages
+from rubberband.planner.schedule import hyperband_brackets, sha_default_trials, sha_stages
 
 ORDER = 40
 
@@ -20,7 +21,8 @@ def register(app: typer.Typer) -> None:
         min_epochs: int = typer.Option(..., "--min-epochs", "-r", help="Minimum epochs per trial (r)."),
         max_epochs: int = typer.Option(..., "--max-epochs", "-R", help="Maximum epochs per trial (R)."),
         eta: int = typer.Option(3, "--eta", help="Reduction factor η (≥ 2)."),
-        trials: int = typer.Option(None, "--trials", "-n", help="Trials for SHA (required unless --hyperband)."),
+        trials: int = typer.Option(None, "--trials", "-n",
+                                   help="Trials for SHA (default η^s_max, s_max = floor(log_η(R/r)): one survivor)."),
         hyperband: bool = typer.Option(False, "--hyperband", help="Print every Hyperband bracket."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout and nothing else."),
     ) -> None:
@@ -29,23 +31,28 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--eta must be at least 2 (got {eta})")
         if min_epochs < 1 or max_epochs < min_epochs:
             raise InputError(f"need 1 ≤ --min-epochs ≤ --max-epochs (got {min_epochs} and {max_epochs})")
+        derived = ""
         if hyperband:
             brackets = hyperband_brackets(eta, min_epochs, max_epochs)
         else:
-            if trials is None or trials < 1:
-                raise InputError("--trials must be a positive number for SHA (or pass --hyperband)")
+            if trials is None:
+                trials = sha_default_trials(eta, min_epochs, max_epochs)
+                derived = f" (η^{round(math.log(trials, eta))}, derived from R and η)"
+            elif trials < 1:
+                raise InputError(f"--trials must be a positive number for SHA (got {trials}); "
+                                 "leave it out to derive it from R and η")
             brackets = [sha_stages(trials, eta, min_epochs, max_epochs)]
         if as_json:
             payload = [{"bracket": b, "s": len(stages) - 1,
                         "stages": [{"trials": s.trials, "epochs": s.epochs} for s in stages]}
                        for b, stages in enumerate(brackets)]
-            typer.echo(json.dumps({"kind": "hyperband" if hyperband else "sha", "eta": eta,
+            typer.echo(json.dumps({"kind": "hyperband" if hyperband else "sha", "eta": eta, "trials": trials,
                                    "min_epochs": min_epochs, "max_epochs": max_epochs, "brackets": payload}))
             return
         console = stdout()
         for b, stages in enumerate(brackets):
             title = (f"Hyperband bracket s={len(stages) - 1}" if hyperband
-                     else f"Successive halving: n={trials}, η={eta}, r={min_epochs}, R={max_epochs}")
+                     else f"Successive halving: n={trials}{derived}, η={eta}, r={min_epochs}, R={max_epochs}")
             table = Table(title=title, title_justify="left")
             table.add_column("stage i", justify="right")
             table.add_column("trials n_i", justify="right")

@@ -1,0 +1,230 @@
+"""rubberband vs Ray Tune, side by side, on the same trainable, trials, η and epochs.
+
+    pip install -e '.[raytune]'
+    python bench/bench_vs_raytune.py [--nodes 1,2,3] [--schedulers hyperband,asha] [--out DIR]
+
+The workload is ``examples/raytune_trainable.py``: a Ray Tune function trainable, run by Ray Tune
+itself and, unchanged, by rubberband through its Ray Tune adapter (``examples/raytune.yaml``: 9
+trials, η = 3, 1 → 9 epochs, one worker per trial, sleep-based with a known winner).
+
+* Ray Tune 2.x: ``HyperBandScheduler(max_t=9, reduction_factor=3)`` (9 samples fill exactly its
+  first bracket: 9 → 3 → 1, the same successive halving) and ``ASHAScheduler(max_t=9,
+  grace_period=1, reduction_factor=3)``, ``reuse_actors=True``, over the same 9 configurations
+  (rubberband's seeded samples, as a grid), on a static local cluster of 1, 2
+  or 3 one-CPU nodes (``ray.cluster_utils.Cluster``, one trial per node at a time), each cell in
+  its own process. JCT: cluster start → ``Tuner.fit()`` returns.
+* rubberband: the elastic plan for the same spec (local.cpu1 / local.cpu2 instances, real local
+  run by the executor), with the deadline at (a) each Ray Tune run's JCT and (b) 1.2× the shortest
+  JCT rubberband's planner can meet. JCT: run start (head start included) → last stage done.
+
+Both are billed the same way: the local catalog's price per node-second (local.cpu1 $0.05/h,
+local.cpu2 $0.10/h; Ray Tune's nodes are one-CPU nodes, priced as local.cpu1), 1-second
+granularity, 60-second minimum per node (rubberband's per-instance lifetimes from its result.json).
+Prints JCT, billed cost, the best configuration and its metric, the epochs trained over all trials
+(Ray Tune's HyperBandScheduler spreads 9 samples over several brackets and trains more of them to
+max_t than one SHA bracket does), and the cost ratios.
+
+Everything runs on this machine: the figures are only as good as its load (printed with them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+SPEC = EXAMPLES / "raytune.yaml"
+NODE_PRICE_HR = 0.05  # local.cpu1: Ray Tune's one-CPU nodes
+GRANULARITY_S, MINIMUM_S = 1.0, 60.0
+
+
+def billed_usd(lifetimes_s: list[float], price_hr: float | list[float]) -> float:
+    """Per node-second, 1 s granularity, 60 s minimum per node."""
+    prices = price_hr if isinstance(price_hr, list) else [price_hr] * len(lifetimes_s)
+    return sum(math.ceil(max(t, MINIMUM_S) / GRANULARITY_S) * GRANULARITY_S * p / 3600
+               for t, p in zip(lifetimes_s, prices))
+
+
+def same_trials() -> list[float]:
+    """The learning rates of the trials rubberband runs for the spec (its seeded random search)."""
+    from rubberband.planner.schedule import stages_for
+    from rubberband.search import make_config_source, trial_id_for
+    from rubberband.spec import load_spec
+
+    spec = load_spec(SPEC)
+    sched = spec.scheduler
+    first = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
+                       max_epochs=sched.max_epochs)[0]
+    source = make_config_source(spec)
+    return [source.propose(trial_id_for(0, i))["lr"] for i in range(first.trials)]
+
+
+# -- Ray Tune (one cell per process) -----------------------------------------------------------------
+
+def raytune_cell(scheduler: str, nodes: int, out: Path) -> dict:
+    # Ray Tune's trial actors import the trainable by module name: the nodes' workers inherit this path
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH")) if p)
+    import yaml
+
+    from rubberband.profiler.local_cluster import LocalCluster  # one Ray node per instance, as our local runs
+
+    spec = yaml.safe_load(SPEC.read_text())
+    sys.path.insert(0, str(EXAMPLES))
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
+
+    import raytune_trainable
+
+    sched = spec["scheduler"]
+    started = time.time()
+    with LocalCluster() as cluster:
+        for i in range(nodes):
+            cluster.add_instance(f"n{i}", 1)
+        if scheduler == "hyperband":
+            chosen = HyperBandScheduler(time_attr="training_iteration", max_t=sched["max_epochs"],
+                                        reduction_factor=sched["eta"])
+        else:
+            chosen = ASHAScheduler(time_attr="training_iteration", max_t=sched["max_epochs"],
+                                   grace_period=sched["min_epochs"], reduction_factor=sched["eta"])
+        # the same trials: rubberband's configurations (seeded), given to Ray Tune as a grid
+        space = {"lr": tune.grid_search(same_trials()), **spec["config"], "max_epochs": sched["max_epochs"]}
+        tuner = tune.Tuner(
+            tune.with_resources(raytune_trainable.train_fn, {"cpu": 1}), param_space=space,
+            tune_config=tune.TuneConfig(metric=spec["metric"]["name"], mode=spec["metric"]["mode"],
+                                        num_samples=1, scheduler=chosen, reuse_actors=True),
+            run_config=tune.RunConfig(storage_path=str(out / "ray_results"), name=f"{scheduler}-{nodes}",
+                                      verbose=0))
+        results = tuner.fit()
+        jct = time.time() - started
+        best = results.get_best_result(metric=spec["metric"]["name"], mode=spec["metric"]["mode"], scope="last")
+        epochs = int(sum(r.metrics.get("training_iteration", 0) for r in results))
+    lifetime = time.time() - started
+    return {"system": f"Ray Tune {scheduler} (reuse_actors)", "nodes": nodes, "jct_s": jct,
+            "cost_usd": billed_usd([lifetime] * nodes, NODE_PRICE_HR), "best_lr": best.config["lr"],
+            "best_metric": best.metrics[spec["metric"]["name"]], "trial_epochs": epochs}
+
+
+def run_raytune(scheduler: str, nodes: int, out: Path, *, tries: int = 3) -> dict:
+    """One Ray Tune cell in a fresh process; tried again when it fails (a Ray node that times out
+    starting on a loaded machine), at most ``tries`` times."""
+    for attempt in range(1, tries + 1):
+        done = subprocess.run([sys.executable, __file__, "--raytune-cell", scheduler, str(nodes), "--out", str(out)],
+                              capture_output=True, text=True, timeout=900)
+        if done.returncode == 0:
+            return json.loads(done.stdout.strip().splitlines()[-1])
+        last = done.stderr.strip().splitlines()[-1:] or ["?"]
+        print(f"Ray Tune {scheduler} on {nodes} nodes: attempt {attempt} failed ({last[0][:200]})", flush=True)
+    raise RuntimeError(f"Ray Tune {scheduler} on {nodes} nodes failed {tries} times")
+
+
+# -- rubberband ----------------------------------------------------------------------------------------
+
+def run_rubberband(deadline_s: float, out: Path, label: str) -> dict:
+    from rubberband.catalog import load_catalog
+    from rubberband.cloud.local import LocalProvider
+    from rubberband.errors import InfeasibleError
+    from rubberband.executor.controller import Controller
+    from rubberband.executor.runtime import TrialRuntime
+    from rubberband.inputs import load_job_inputs
+    from rubberband.planner import plan_job
+
+    inputs = load_job_inputs(SPEC)
+    try:
+        plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s, samples=1000, seed=0)
+    except InfeasibleError as exc:
+        return {"system": f"rubberband elastic ({label})", "deadline_s": deadline_s, "infeasible": str(exc)}
+    run_dir = out / f"rubberband-{label}"
+    controller = Controller(spec=inputs.spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir,
+                            backend=LocalProvider(run_dir), runtime=TrialRuntime.load(), run_id=run_dir.name,
+                            deadline_s=3 * deadline_s)
+    controller.run()
+    result = controller.result
+    lifetimes = [i["lifetime_s"] for i in result["instances"]]
+    prices = [i["price_hr"] for i in result["instances"]]
+    best = result["best"] or {}
+    from rubberband.executor import journal as J
+
+    epochs = sum(len(t.epochs) for t in J.read_state(run_dir).trials.values())
+    return {"system": f"rubberband elastic ({label})", "deadline_s": deadline_s,
+            "plan": " → ".join(f"{s.instances}×{s.instance_type}" for s in plan.stages),
+            "jct_s": result["actual"]["jct_s"], "cost_usd": billed_usd(lifetimes, prices),
+            "best_lr": (best.get("config") or {}).get("lr"), "best_metric": best.get("metric"),
+            "trial_epochs": epochs}
+
+
+def shortest_feasible_s() -> float:
+    from rubberband.errors import InfeasibleError
+    from rubberband.inputs import load_job_inputs
+    from rubberband.planner import plan_job
+
+    inputs = load_job_inputs(SPEC)
+    try:
+        plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=1.0, samples=1000, seed=0)
+    except InfeasibleError as exc:
+        return float(exc.shortest_jct_s)
+    raise RuntimeError("a 1-second deadline was feasible")
+
+
+# -- the table -----------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="1,2,3")
+    parser.add_argument("--schedulers", default="hyperband,asha")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--raytune-cell", nargs=2, metavar=("SCHEDULER", "NODES"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="rb-vs-raytune-"))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.raytune_cell:
+        print(json.dumps(raytune_cell(args.raytune_cell[0], int(args.raytune_cell[1]), out)))
+        return
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    print(f"runs under {out}; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    rows = []
+    for scheduler in args.schedulers.split(","):
+        for nodes in (int(n) for n in args.nodes.split(",")):
+            tune_row = run_raytune(scheduler, nodes, out)
+            rows.append(tune_row)
+            print(json.dumps(tune_row), flush=True)
+            ours = run_rubberband(tune_row["jct_s"], out, f"{scheduler}-{nodes}")
+            ours["vs"] = f"{scheduler}/{nodes}"
+            rows.append(ours)
+            print(json.dumps(ours), flush=True)
+    shortest = shortest_feasible_s()
+    tight = run_rubberband(1.2 * shortest, out, "1.2x-shortest")
+    tight["vs"] = "1.2× shortest feasible"
+    rows.append(tight)
+    print(json.dumps(tight), flush=True)
+    (out / "rows.json").write_text(json.dumps(rows, indent=2))
+
+    best_tune = min((r for r in rows if r["system"].startswith("Ray Tune")), key=lambda r: r["cost_usd"])
+    print(f"\nload average at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; billed per node-second, "
+          f"1 s granularity, 60 s minimum per node")
+    print(f"{'system':38} {'nodes / plan':46} {'deadline':>8} {'JCT':>7} {'billed $':>10} {'best lr':>8} "
+          f"{'metric':>7} {'epochs':>6} {'cost ÷ same-JCT Ray Tune':>24} {'÷ cheapest Ray Tune':>20}")
+    by_cell = {f"{r['system'].split()[2]}/{r['nodes']}": r for r in rows if r["system"].startswith("Ray Tune")}
+    for r in rows:
+        if "infeasible" in r:
+            print(f"{r['system']:38} infeasible at {r['deadline_s']:.0f} s")
+            continue
+        where = str(r.get("nodes", r.get("plan", "")))
+        deadline = f"{r['deadline_s']:.0f}s" if "deadline_s" in r else "-"
+        same = by_cell.get(r.get("vs", ""))
+        ratio = f"{r['cost_usd'] / same['cost_usd']:.2f}" if same else "-"
+        ratio_best = f"{r['cost_usd'] / best_tune['cost_usd']:.2f}"
+        print(f"{r['system']:38} {where:46} {deadline:>8} {r['jct_s']:6.1f}s {r['cost_usd']:10.6f} "
+              f"{r['best_lr']:8.4f} {r['best_metric']:7.4f} {r.get('trial_epochs', 0):6d} {ratio:>24} "
+              f"{ratio_best:>20}")
+
+
+if __name__ == "__main__":
+    main()

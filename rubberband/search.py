@@ -1,0 +1,205 @@
+"""Where trial configurations come from: the spec's fixed ones first, then a sampler.
+
+A :class:`ConfigSource` is asked for each bracket's configurations when that bracket starts
+(not before, so a model-based sampler learns from the brackets before it) and is told every
+rung's results when the rung ends: the rung's metric at its cumulative epochs; trials that are
+not promoted end there (Optuna: *pruned*), those of a bracket's last rung complete.
+
+* ``random`` (the default): numpy, seeded; imports nothing else.
+* ``tpe`` / ``qmc``, or any sampler with a ``storage``: Optuna's ask/tell API on an in-memory
+  study, or on the user's storage URL (a study they keep; each trial carries a
+  ``rubberband_trial`` user attribute ``<run id>/<trial id>``, so a resumed run finds its own).
+  TPE with Hyperband is what users know as BOHB. Needs the ``optuna`` extra.
+
+On resume the source is rebuilt from the journal: every created trial is restored in creation
+order, then every completed rung is told again.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Protocol
+
+import numpy as np
+
+from rubberband.errors import SpecError
+from rubberband.spec import ChoiceParam, IntParam, JobSpec, LogUniformParam, UniformParam, sample_config
+
+#: The user attribute that ties an Optuna trial to a rubberband run's trial.
+TRIAL_ATTR = "rubberband_trial"
+
+
+class ConfigSource(Protocol):
+    """Proposes configurations and learns from rung results (see the module docstring)."""
+
+    def propose(self, trial_id: str) -> dict[str, Any]:
+        """The hyperparameters of a new trial (without the spec's fixed ``config``)."""
+
+    def restore(self, trial_id: str, config: dict[str, Any]) -> None:
+        """Take back a trial an earlier executor of the run created with ``config``."""
+
+    def rung_finished(self, epochs: int, metrics: dict[str, float | None], promoted: list[str] | None) -> None:
+        """A rung ended at ``epochs``: ``metrics`` per trial; ``promoted`` go on (None: the bracket's last rung)."""
+
+
+def trial_id_for(bracket: int, index: int) -> str:
+    """The id of a bracket's ``index``-th trial (its journal and checkpoint name)."""
+    return f"b{bracket}-t{index:03d}"
+
+
+def first_config(spec: JobSpec) -> dict[str, Any]:
+    """The first configuration a fresh random search proposes: the spec's first fixed one, else a seeded sample."""
+    return RandomSource(spec).propose("profile")
+
+
+class RandomSource:
+    """Fixed configurations, then uniform samples of the search space from one seeded numpy generator.
+
+    Every trial consumes one full draw (a fixed configuration's values override it), so a resumed
+    run that restores k trials proposes exactly what the uninterrupted run would have.
+    """
+
+    def __init__(self, spec: JobSpec) -> None:
+        seed = spec.search.seed if spec.search.seed is not None else spec.seed
+        self._space = spec.search_space
+        self._fixed = list(spec.trials or [])
+        self._rng = np.random.default_rng(seed)
+        self._count = 0
+
+    def propose(self, trial_id: str) -> dict[str, Any]:
+        config = sample_config(self._space, self._rng)
+        if self._count < len(self._fixed):
+            config.update(self._fixed[self._count])
+        self._count += 1
+        return config
+
+    def restore(self, trial_id: str, config: dict[str, Any]) -> None:
+        self.propose(trial_id)
+
+    def rung_finished(self, epochs: int, metrics: dict[str, float | None], promoted: list[str] | None) -> None:
+        return None
+
+
+def _import_optuna(sampler: str):
+    try:
+        import optuna
+    except ImportError:
+        raise SpecError(f"spec field 'search': sampler {sampler} needs Optuna, which is not installed; "
+                        f"pip install 'rubberband[optuna]' (or use sampler: random)") from None
+    return optuna
+
+
+def _distributions(optuna, space: dict[str, Any]) -> dict[str, Any]:
+    dist = optuna.distributions
+    out = {}
+    for name, param in space.items():
+        if isinstance(param, UniformParam):
+            out[name] = dist.FloatDistribution(param.low, param.high)
+        elif isinstance(param, LogUniformParam):
+            out[name] = dist.FloatDistribution(param.low, param.high, log=True)
+        elif isinstance(param, IntParam):
+            out[name] = dist.IntDistribution(param.low, param.high)
+        elif isinstance(param, ChoiceParam):
+            out[name] = dist.CategoricalDistribution(param.values)
+    return out
+
+
+class OptunaSource:
+    """Optuna's ask/tell: each proposal is ``study.ask``; each rung's metric ``trial.report(value, epochs)``."""
+
+    def __init__(self, spec: JobSpec, *, run_key: str) -> None:
+        optuna = _import_optuna(spec.search.sampler if spec.search.sampler != "random" else "random with a storage")
+        self._optuna = optuna
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        search = spec.search
+        seed = search.seed if search.seed is not None else spec.seed
+        samplers = optuna.samplers
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental-feature warnings are not the user's business
+            if search.sampler == "tpe":
+                sampler = samplers.TPESampler(seed=seed)
+            elif search.sampler == "qmc":
+                sampler = samplers.QMCSampler(seed=seed, scramble=True, warn_independent_sampling=False)
+            else:
+                sampler = samplers.RandomSampler(seed=seed)
+            direction = "maximize" if spec.metric.mode == "max" else "minimize"
+            try:
+                self._study = optuna.create_study(storage=search.storage, sampler=sampler, direction=direction,
+                                                  study_name=search.study_name or (spec.name if search.storage
+                                                                                   else None),
+                                                  load_if_exists=True)
+            except Exception as exc:  # noqa: BLE001 - a bad URL surfaces as many driver-specific errors
+                raise SpecError(f"spec field 'search.storage': cannot open Optuna storage {search.storage!r} "
+                                f"({type(exc).__name__}: {exc}); fix the URL (e.g. sqlite:///study.db)") from None
+        self._space = _distributions(optuna, spec.search_space)
+        self._fixed = list(spec.trials or [])
+        self._run_key = run_key
+        self._count = 0
+        self._trials: dict[str, Any] = {}  # trial id -> optuna Trial still running
+        self._reported: dict[str, dict[int, float]] = {}
+
+    # -- proposing -------------------------------------------------------------------------
+    def _ask(self, trial_id: str, params: dict[str, Any] | None) -> dict[str, Any]:
+        if params:
+            self._study.enqueue_trial({k: v for k, v in params.items() if k in self._space})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trial = self._study.ask(self._space)
+        trial.set_user_attr(TRIAL_ATTR, f"{self._run_key}/{trial_id}")
+        self._trials[trial_id] = trial
+        self._reported[trial_id] = {}
+        config = dict(params or {})
+        config.update({name: trial.params[name] for name in self._space})
+        return config
+
+    def propose(self, trial_id: str) -> dict[str, Any]:
+        fixed = self._fixed[self._count] if self._count < len(self._fixed) else None
+        self._count += 1
+        return self._ask(trial_id, fixed)
+
+    def restore(self, trial_id: str, config: dict[str, Any]) -> None:
+        self._count += 1
+        key = f"{self._run_key}/{trial_id}"
+        for frozen in self._study.get_trials(deepcopy=False):  # a kept study already has it
+            if frozen.user_attrs.get(TRIAL_ATTR) == key:
+                self._reported[trial_id] = dict(frozen.intermediate_values)
+                if not frozen.state.is_finished():
+                    self._trials[trial_id] = self._optuna.trial.Trial(self._study, frozen._trial_id)
+                return
+        self._ask(trial_id, config)
+
+    # -- learning --------------------------------------------------------------------------
+    def rung_finished(self, epochs: int, metrics: dict[str, float | None], promoted: list[str] | None) -> None:
+        states = self._optuna.trial.TrialState
+        for trial_id, value in metrics.items():
+            trial = self._trials.get(trial_id)
+            if trial is None:  # finished in a kept study before a resume
+                continue
+            reported = self._reported.setdefault(trial_id, {})
+            if value is not None and math.isfinite(value) and epochs not in reported:
+                trial.report(float(value), epochs)
+                reported[epochs] = float(value)
+            if promoted is not None and trial_id in promoted:
+                continue
+            del self._trials[trial_id]
+            last = reported[max(reported)] if reported else None
+            if promoted is None and value is not None and math.isfinite(value):
+                self._study.tell(trial, float(value), skip_if_finished=True)
+            elif last is not None:
+                self._study.tell(trial, state=states.PRUNED, skip_if_finished=True)
+            else:
+                self._study.tell(trial, state=states.FAIL, skip_if_finished=True)
+
+
+def make_config_source(spec: JobSpec, *, run_key: str = "run") -> ConfigSource:
+    """The spec's configuration source (raises :class:`SpecError` if it needs Optuna and Optuna is missing)."""
+    if spec.search.uses_optuna:
+        return OptunaSource(spec, run_key=run_key)
+    return RandomSource(spec)
+
+
+def check_search(spec: JobSpec) -> None:
+    """Fail fast (before planning or starting anything) when the spec's sampler cannot be built here."""
+    if spec.search.uses_optuna:
+        _import_optuna(spec.search.sampler if spec.search.sampler != "random" else "random with a storage")
