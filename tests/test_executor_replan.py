@@ -146,7 +146,8 @@ def test_planner_replanner_prices_the_current_plan_and_a_faster_one_that_meets_t
     from conftest import REPO
 
     inputs = load_job_inputs(REPO / "examples" / "quickstart_local.yaml")
-    slow = simulate_plan(make_plan(inputs.spec, [("local.cpu2", 2, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1)]),
+    slow = simulate_plan(make_plan(inputs.spec, [("local.cpu2", 2, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1),
+                                              ("local.cpu1", 1, 1)]),
                          inputs.profile, inputs.catalog, samples=200)
     quick = ReplanRequest(spec=inputs.spec, plan=slow, next_stage=1, elapsed_s=10.0, spent_usd=0.001,
                           remaining_deadline_s=1.0, at_risk=False, running={"local:local:local.cpu1": 1})
