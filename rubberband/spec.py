@@ -77,10 +77,11 @@ class SchedulerSpec(_Strict):
     """Successive halving (``sha``) or Hyperband (``hyperband``, brackets derived from R and η)."""
 
     kind: Literal["sha", "hyperband"] = "sha"
-    trials: int | None = Field(default=None, ge=1)
-    eta: int = Field(default=3, ge=2)
-    min_epochs: int = Field(default=1, ge=1)
-    max_epochs: int = Field(ge=1)
+    # Upper bounds keep a typo (trials: 1000000000000) from planning for hours; raise them if a real job needs it.
+    trials: int | None = Field(default=None, ge=1, le=100_000)
+    eta: int = Field(default=3, ge=2, le=1000)
+    min_epochs: int = Field(default=1, ge=1, le=1_000_000)
+    max_epochs: int = Field(ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _consistent(self) -> "SchedulerSpec":
@@ -113,7 +114,7 @@ class JobSpec(_Strict):
     budget_usd: float | None = Field(default=None, gt=0)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     profile: str | None = None
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     base_dir: str = "."
 
     @field_validator("deadline_s", mode="before")

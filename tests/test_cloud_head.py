@@ -196,6 +196,7 @@ def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[li
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
 def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     common = dict(run_id="run-s", rubberband_version="0.1.0", ray_version="2.60.0", venv=str(tmp_path / "venv"),
                   run_root=str(tmp_path / "runs"), log_dir=str(tmp_path))

@@ -45,6 +45,9 @@ def _events(run_dir: Path) -> list[dict]:
     return list(J.iter_events(run_dir / J.JOURNAL_NAME))
 
 
+pytestmark = pytest.mark.e2e  # every test here runs the CLI on real local Ray nodes
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("e2e")
