@@ -146,6 +146,21 @@ def _temp_entries(root: Path) -> set[str]:
         return set()
 
 
+def _linked_from_tests(root: Path, names: set[str]) -> set[str]:
+    """Those of ``names`` a symlink in pytest's temp dirs points to: a local run's Ray temp dir, kept (for its
+    logs) beside the run directory that links it as ``RUN_DIR/ray`` when that path is too long for Ray."""
+    linked: set[str] = set()
+    for base in root.glob("pytest-of-*"):
+        for directory, subdirs, files in os.walk(base):
+            for name in subdirs + files:
+                path = Path(directory, name)
+                if name == "ray" and path.is_symlink():
+                    target = Path(os.readlink(path))
+                    if target.parent == root and target.name in names:
+                        linked.add(target.name)
+    return linked
+
+
 _servers: "weakref.WeakSet[socketserver.BaseServer]" = weakref.WeakSet()
 _server_init = socketserver.BaseServer.__init__
 
@@ -286,6 +301,8 @@ class Snapshot:
         if servers:
             found.append("server socket(s), now closed: " + ", ".join(_close_servers(servers)))
         temp = _temp_entries(self.root) - self.temp
+        if temp:
+            temp -= _linked_from_tests(self.root, temp)
         if temp:
             for name in temp:
                 path = self.root / name
