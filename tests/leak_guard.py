@@ -310,7 +310,13 @@ class Snapshot:
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
-            found.append(f"temp entries in {self.root}, now removed: {', '.join(sorted(temp)[:6])}")
+            message = f"temp entries in {self.root}, now removed: {', '.join(sorted(temp)[:6])}"
+            if os.environ.get("RUBBERBAND_STRICT_TEMP") == "1":
+                found.append(message)
+            else:  # caches (pymp-*, torchinductor_*) and Ray logs kept by design: removed, reported, not failed
+                import warnings
+
+                warnings.warn(f"{what} left behind {message}", stacklevel=1)
         return f"{what} left behind {' and '.join(found)}" if found else None
 
 

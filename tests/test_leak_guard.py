@@ -113,7 +113,8 @@ def test_a_unit_test_that_starts_a_process_or_a_server_fails(pytester):
     deselected.assert_outcomes(failed=3, deselected=2)
 
 
-def test_a_left_server_and_temp_dir_fail_their_test(pytester):
+def test_a_left_server_and_temp_dir_fail_their_test(pytester, monkeypatch):
+    monkeypatch.setenv("RUBBERBAND_STRICT_TEMP", "1")  # left temp dirs fail only when asked (else: a warning)
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_left=textwrap.dedent("""
         import tempfile, threading
