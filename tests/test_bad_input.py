@@ -377,7 +377,7 @@ def broken_csv(draw) -> tuple[str, str]:
         return "\n".join(lines) + "\n", "column"
     row = draw(st.integers(header_at + 1, len(lines) - 1))
     column = draw(st.sampled_from(["Price", "SpotPrice", "vCPUs", "MemoryGiB", "AcceleratorCount", "InstanceType"]))
-    value = draw(st.sampled_from({"Price": ["", "-1", "abc", "1e999", "nan", "३"], "SpotPrice": ["-2", "x", "inf"],
+    value = draw(st.sampled_from({"Price": ["", "-1", "abc", "1e999", "nan", "३x"], "SpotPrice": ["-2", "x", "inf"],
                                   "vCPUs": ["many", "-4"], "MemoryGiB": ["lots", "-1"],
                                   "AcceleratorCount": ["two", "-1", "1.5"], "InstanceType": [""]}[column]))
     cells = lines[row].split(",")
