@@ -33,6 +33,7 @@ from rubberband.catalog import InstanceType
 from rubberband.cloud.provider import TAG_RUN_ID, Instance, InstanceRequest, node_resource
 from rubberband.errors import CloudError
 from rubberband.executor.devices import node_resources
+from rubberband.paths import short_tmp_root
 
 HEAD_ID = "head"
 #: Ray's unix socket paths must stay below 108 bytes; longer temp dirs are symlinked from /tmp.
@@ -179,7 +180,7 @@ def short_temp_dir(run_dir: Path) -> Path:
     if len(str(wanted.resolve())) <= _MAX_TEMP_DIR_LEN:
         wanted.mkdir(parents=True, exist_ok=True)
         return wanted
-    target = Path(tempfile.mkdtemp(prefix="rb-", dir="/tmp"))
+    target = Path(tempfile.mkdtemp(prefix="rb-", dir=short_tmp_root()))
     wanted.parent.mkdir(parents=True, exist_ok=True)
     wanted.symlink_to(target, target_is_directory=True)
     return target

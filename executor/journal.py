@@ -101,15 +101,21 @@ class Journal:
 
 def iter_events(path: str | Path) -> Iterator[dict[str, Any]]:
     """Events in file order; a torn or garbled line (crash mid-write) is skipped."""
+    for _, event in numbered_events(path):
+        yield event
+
+
+def numbered_events(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line, event) in file order; a torn or garbled line (crash mid-write) is skipped."""
     try:
         with open(path, "rb") as handle:
-            for raw in handle:
+            for line, raw in enumerate(handle, start=1):
                 try:
                     event = json.loads(raw)
-                except ValueError:
+                except ValueError:  # UnicodeDecodeError included
                     continue
-                if isinstance(event, dict) and "type" in event:
-                    yield event
+                if isinstance(event, dict) and isinstance(event.get("type"), str):
+                    yield line, event
     except FileNotFoundError:
         return
 
@@ -236,11 +242,32 @@ def read_state(run_dir: str | Path) -> RunState:
     path = Path(run_dir) / JOURNAL_NAME
     if not Path(run_dir).is_dir():
         raise RunDirError(f"run directory {run_dir} does not exist; pass the directory `rubberband run` created")
-    events = list(iter_events(path))
+    numbered = list(numbered_events(path))
+    events = [event for _, event in numbered]
     if not events or events[0]["type"] != RUN_STARTED:
-        raise RunDirError(f"{run_dir} has no journal of a run ({JOURNAL_NAME} missing or empty); "
-                          f"pass the directory `rubberband run` created")
-    return fold(events)
+        raise RunDirError(f"{run_dir} has no journal of a run ({JOURNAL_NAME} missing, empty or its first line "
+                          f"damaged); pass the directory `rubberband run` created")
+    try:
+        return fold(events)
+    except _DAMAGE:
+        pass
+    # A line that parses but does not hold what its event needs (a damaged disk, a hand edit): name it,
+    # change nothing. The first prefix of the journal that no longer folds ends at that line.
+    low, high = 1, len(events)  # fold(events[:low]) works unless the first event is the damaged one
+    while low < high:
+        mid = (low + high) // 2
+        try:
+            fold(events[:mid])
+            low = mid + 1
+        except _DAMAGE:
+            high = mid
+    line, event = numbered[low - 1]
+    raise RunDirError(f"{path}:{line}: the journal's {event['type']!r} event is damaged (a field is missing or "
+                      f"of the wrong type); repair or delete that line (keep a copy), then resume; "
+                      f"`rubberband down {run_dir}` ends the run's instances")
+
+
+_DAMAGE = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 
 
 def fold(events: list[dict[str, Any]]) -> RunState:

@@ -32,6 +32,7 @@ from typing import Any  # noqa: E402
 
 from rubberband.cloud.provider import node_resource  # noqa: E402
 from rubberband.errors import ExecutionError  # noqa: E402
+from rubberband.paths import short_tmp_root  # noqa: E402
 
 
 
@@ -72,7 +73,7 @@ class LocalCluster:
 
         # Ray's unix socket paths must fit in 107 bytes: keep the temp dir short.
         if self.temp_root is None:
-            self._temp_dir = Path(tempfile.mkdtemp(prefix="rb-ray-", dir="/tmp"))
+            self._temp_dir = Path(tempfile.mkdtemp(prefix="rb-ray-", dir=short_tmp_root()))
             self._owns_temp = True
         else:
             self._temp_dir = Path(self.temp_root)

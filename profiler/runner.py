@@ -39,6 +39,7 @@ from rubberband.catalog import InstanceType
 from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
 from rubberband.executor.devices import DevicePolicy, WorkerDevice, node_resources
+from rubberband.paths import short_tmp_root
 from rubberband.profile import (PROFILE_SCHEMA_VERSION, EpochMeasurement, LatencyMeasurement, Profile,
                                  StartupSamples, TerminationSamples, Workload)
 from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
@@ -211,7 +212,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
         if progress is not None:
             progress(message, done, total_steps)
 
-    run_dir = Path(tempfile.mkdtemp(prefix="rb-prof-", dir="/tmp"))
+    run_dir = Path(tempfile.mkdtemp(prefix="rb-prof-", dir=short_tmp_root()))
     it = options.instance_type
     config = profiling_config(spec)
     try:

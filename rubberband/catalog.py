@@ -15,6 +15,7 @@ directory (``$RUBBERBAND_CATALOG_DIR`` or ``~/.rubberband/catalogs``); when it h
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -206,14 +207,27 @@ _GPU_MEMORY = {"V100": 16, "V100-32GB": 32, "T4": 16, "A10G": 24, "A100": 40, "A
                "L4": 24, "P100": 16, "P4": 8, "CPU": None}
 
 
-def _float(value: str, *, path: Path, line: int, column: str) -> float | None:
+def _float(value: str, *, path: Path, line: int, column: str, minimum: float | None = None) -> float | None:
     value = (value or "").strip()
     if value == "":
         return None
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise CatalogError(f"{path}:{line}: column {column} has {value!r}; expected a number") from None
+    if not math.isfinite(number):
+        raise CatalogError(f"{path}:{line}: column {column} has {value!r}; expected a finite number")
+    if minimum is not None and number < minimum:
+        raise CatalogError(f"{path}:{line}: column {column} has {value!r}; expected a number ≥ {minimum:g}")
+    return number
+
+
+def _count(value: str, *, path: Path, line: int, column: str) -> int:
+    """A whole number ≥ 0 (empty: 0)."""
+    number = _float(value, path=path, line=line, column=column, minimum=0) or 0.0
+    if number != int(number):
+        raise CatalogError(f"{path}:{line}: column {column} has {value!r}; expected a whole number")
+    return int(number)
 
 
 def _read_rows(path: Path, text: str, columns: list[str]) -> tuple[str, list[tuple[int, dict]]]:
@@ -257,6 +271,9 @@ def _aws_like(cloud: str, path: Path, text: str) -> tuple[str, list[InstanceType
         spot = _float(row["SpotPrice"], path=path, line=line, column="SpotPrice")
         if spot is not None and spot <= 0:
             raise CatalogError(f"{path}:{line}: SpotPrice must be a positive $/hour figure or empty")
+        for column in ("vCPUs", "MemoryGiB"):  # every row is checked, not only the one its type is read from
+            _float(row[column], path=path, line=line, column=column, minimum=0)
+        _count(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount")
         entry = grouped.setdefault((name, region), {"row": row, "line": line, "zones": [], "prices": []})
         zone = row["AvailabilityZone"].strip()
         if zone and zone not in [z for z, _ in entry["zones"]]:
@@ -266,14 +283,14 @@ def _aws_like(cloud: str, path: Path, text: str) -> tuple[str, list[InstanceType
     for (name, region), entry in grouped.items():
         row, line = entry["row"], entry["line"]
         accel = (row["AcceleratorName"] or "").strip()
-        count = int(_float(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount") or 0)
+        count = _count(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount")
         device = accel if accel and count > 0 else "CPU"
         zone_spots = _zone_spots(entry["zones"])
         types.append(InstanceType(
             cloud=cloud, name=name, region=region, zones=tuple(z for z, _ in entry["zones"]),
             device=device, accelerator_count=count if device != "CPU" else 0,
-            vcpus=_float(row["vCPUs"], path=path, line=line, column="vCPUs") or 0.0,
-            memory_gib=_float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB") or 0.0,
+            vcpus=_float(row["vCPUs"], path=path, line=line, column="vCPUs", minimum=0) or 0.0,
+            memory_gib=_float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB", minimum=0) or 0.0,
             # On-demand is one regional price; should zones disagree, plan with the dearest.
             price_hr=max(entry["prices"]),
             spot_price_hr=zone_spots[0][1] if zone_spots else None,
@@ -321,7 +338,7 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
                                                       "spot": spot})
         else:
             accel = row["AcceleratorName"].strip()
-            count = int(_float(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount") or 0)
+            count = _count(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount")
             if not accel or count <= 0:
                 raise CatalogError(f"{path}:{line}: a row without InstanceType must name an accelerator and count")
             entry = gpus.setdefault((accel, count, region), {"zones": [], "price": price, "spot": spot})
@@ -330,11 +347,11 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
     types: list[InstanceType] = []
     for (name, region), host in hosts.items():
         row, line = host["row"], host["line"]
-        vcpus = _float(row["vCPUs"], path=path, line=line, column="vCPUs") or 0.0
-        memory = _float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB") or 0.0
+        vcpus = _float(row["vCPUs"], path=path, line=line, column="vCPUs", minimum=0) or 0.0
+        memory = _float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB", minimum=0) or 0.0
         bundled = (row["AcceleratorName"] or "").strip()
         if bundled:  # a2-*/g2-*: the host comes with its accelerators, priced by a GPU row
-            count = int(_float(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount") or 0)
+            count = _count(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount")
             gpu = gpus.get((bundled, count, region))
             if gpu is None:
                 raise CatalogError(f"{path}:{line}: {name} needs a price row for {count}x {bundled} in {region}")

@@ -81,10 +81,11 @@ class SchedulerSpec(_Strict):
     """
 
     kind: Literal["sha", "hyperband"] = "sha"
-    trials: int | None = Field(default=None, ge=1)
-    eta: int = Field(default=3, ge=2)
-    min_epochs: int = Field(default=1, ge=1)
-    max_epochs: int = Field(ge=1)
+    # Upper bounds keep a typo (trials: 1000000000000) from planning for hours; raise them if a real job needs it.
+    trials: int | None = Field(default=None, ge=1, le=100_000)
+    eta: int = Field(default=3, ge=2, le=1000)
+    min_epochs: int = Field(default=1, ge=1, le=1_000_000)
+    max_epochs: int = Field(ge=1, le=1_000_000)
     brackets: Literal["parallel", "sequential"] = "parallel"
 
     @model_validator(mode="after")
@@ -145,7 +146,7 @@ class JobSpec(_Strict):
     budget_usd: float | None = Field(default=None, gt=0)
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
     profile: str | None = None
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     #: The training code's own packages (PEP 508 strings, e.g. "transformers==4.46.0"), installed on every
     #: cloud worker at boot next to the pinned Ray and torch (docs/clouds.md).
     requirements: list[str] = Field(default_factory=list)

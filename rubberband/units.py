@@ -18,7 +18,10 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 90m, 2h, 1h30m or seconds")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
     else:
         text = str(value).strip().lower().replace(" ", "")
         if re.fullmatch(r"\d+(\.\d+)?", text):
@@ -34,6 +37,8 @@ def parse_duration(value: str | int | float) -> float:
                 raise ValueError(f"cannot read duration {value!r}: use forms like 90m, 2h, 1h30m, 45s or seconds")
     if not seconds > 0:
         raise ValueError(f"duration must be positive, got {value!r}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"duration {str(value)[:40]!r} is too large; use forms like 90m, 2h, 1h30m, 45s or seconds")
     return seconds
 
 

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# Tiers (the e2e marker, checked) and the leak guard: see leak_guard.py.
+from leak_guard import (_module_leak_guard, _session_leak_guard, _test_leak_guard,  # noqa: F401
+                        pytest_collection_modifyitems, pytest_configure, pytest_unconfigure)
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 

@@ -214,6 +214,7 @@ def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[li
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
 def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     common = dict(run_id="run-s", venv=str(tmp_path / "venv"), run_root=str(tmp_path / "runs"),
                   log_dir=str(tmp_path / "log"), image_pythons=(), **VERSIONS)

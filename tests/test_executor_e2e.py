@@ -45,15 +45,19 @@ def _events(run_dir: Path) -> list[dict]:
     return list(J.iter_events(run_dir / J.JOURNAL_NAME))
 
 
+pytestmark = pytest.mark.e2e  # every test here runs the CLI on real local Ray nodes
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("e2e")
     spec_path, spec, plan = _job(base, epoch_s=0.5)
     run_dir = base / "run"
     started = time.monotonic()
+    # a relative --run-dir (Ray's temp dirs under it must be absolute: the run resolves it)
     result = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
-                             str(base / "plan.json"), "--cloud", "local", "--run-dir", str(run_dir), "--yes"],
-                            capture_output=True, text=True, env=cli_env(base), timeout=300)
+                             str(base / "plan.json"), "--cloud", "local", "--run-dir", "run", "--yes"],
+                            capture_output=True, text=True, env=cli_env(base), cwd=base, timeout=300)
     elapsed = time.monotonic() - started
     print(f"\nuninterrupted run: {elapsed:.1f}s wall")
     return {"base": base, "spec_path": spec_path, "spec": spec, "plan": plan, "run_dir": run_dir,
@@ -114,7 +118,7 @@ def test_sha_job_promotes_the_right_trials_releases_early_and_cleans_up(finished
 
 
 def test_resume_after_sigkill_mid_stage(finished_run, tmp_path):
-    spec_path, spec, plan = _job(tmp_path, epoch_s=1.5)
+    spec_path, spec, plan = _job(tmp_path, epoch_s=1.0)
     run_dir = tmp_path / "run"
     env = cli_env(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",

@@ -34,6 +34,7 @@ def _events(run_dir: Path) -> list[dict]:
     return list(J.iter_events(run_dir / J.JOURNAL_NAME))
 
 
+@pytest.mark.e2e
 def test_lost_node_mid_stage_restarts_its_trials_from_checkpoints(tmp_path):
     # 2 s epochs: after the kill the dying node's workers must not finish the stage before Ray sees the loss
     spec_path = write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)

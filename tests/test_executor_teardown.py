@@ -37,6 +37,7 @@ def _check_all_terminated(run_dir):
     return events
 
 
+@pytest.mark.e2e
 def test_sigterm_mid_stage_terminates_everything(tmp_path):
     spec_path = _prepare(tmp_path, epoch_s=5.0)
     run_dir = tmp_path / "run"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from rubberband.report import write_report
-
 ORDER = 25
 
 
@@ -21,5 +19,7 @@ def register(app: typer.Typer) -> None:
                                        help="Skip the cost-vs-deadline sweep and cloud comparison (faster)."),
     ) -> None:
         """Write report.html (one file, charts inline) and report.md for a plan or a run; print its path."""
+        from rubberband.report import write_report  # matplotlib: imported only by the commands that draw
+
         path = write_report(plan, out, force=force, replan=False if no_replan else None)
         typer.echo(str(path))

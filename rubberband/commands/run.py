@@ -32,11 +32,26 @@ def resolve_run_dir(value: str) -> Path:
     """A run directory given as a path or as a run id under :func:`runs_root`."""
     path = Path(value)
     if path.is_dir():
-        return path
+        return path.absolute()
     candidate = runs_root() / value
     if candidate.is_dir():
-        return candidate
+        return candidate.absolute()
     raise RunDirError(f"run {value!r} not found: no directory {path} or {candidate}; pass a run directory or id")
+
+
+def _journaled(directory: Path, state) -> tuple[JobSpec, Plan]:
+    """The spec and plan a run's journal holds, or RunDirError when the journal's copy is damaged."""
+    from pydantic import ValidationError
+
+    from rubberband.executor import journal as J
+
+    try:
+        return JobSpec.model_validate(state.spec), Plan.model_validate(state.plan)
+    except (ValidationError, TypeError, ValueError) as exc:
+        field = ".".join(str(p) for p in exc.errors()[0]["loc"]) if isinstance(exc, ValidationError) else "?"
+        raise RunDirError(f"{directory / J.JOURNAL_NAME}: the journaled spec or plan is damaged (field '{field}'); "
+                          f"the run cannot be resumed from it; `rubberband down {directory}` ends its "
+                          f"instances") from None
 
 
 def _executor_alive(pid: int | None) -> bool:
@@ -314,17 +329,19 @@ def register(app: typer.Typer) -> None:
             if state.status == "running" and _executor_alive(last_pid):
                 raise RunDirError(f"run {state.run_id} is still being executed by process {last_pid}; "
                                   f"stop it first (or `rubberband down {directory}`)")
+            journaled_spec, journaled_plan = _journaled(directory, state)
             if spec_path is not None:
                 spec = load_spec(spec_path)
                 if spec.sha256() != state.spec_sha256:
-                    raise RunDirError(f"{directory} is a run of another job (spec sha256 {state.spec_sha256[:12]} "
-                                      f"≠ {spec.sha256()[:12]} of {spec_path}); pass that job's spec or no spec")
+                    raise RunDirError(f"{directory} is a run of another job (spec sha256 "
+                                      f"{str(state.spec_sha256)[:12]} ≠ {spec.sha256()[:12]} of {spec_path}); pass "
+                                      f"that job's spec or no spec")
             else:
-                spec = JobSpec.model_validate(state.spec)
+                spec = journaled_spec
             if state.finished:
                 raise RunDirError(f"run {state.run_id} in {directory} already finished; nothing to resume "
                                   f"(results in {directory / 'result.json'})")
-            plan = Plan.model_validate(state.plan)
+            plan = journaled_plan
             if plan_path is not None:
                 raise PlanFileError("--plan cannot be combined with --resume: the run continues with the plan in "
                                     "its journal")
@@ -345,7 +362,8 @@ def register(app: typer.Typer) -> None:
                 if not typer.confirm("Start this run?", default=True):
                     return 1
             run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-            run_directory = run_dir or runs_root() / run_id
+            # absolute: Ray's temp dirs under it must be absolute, and the journal names it for --resume
+            run_directory = (run_dir or runs_root() / run_id).absolute()
             if (run_directory / J.JOURNAL_NAME).exists():
                 raise RunDirError(f"{run_directory} already holds a run; pass --resume {run_directory} to continue "
                                   f"it or choose another --run-dir")
