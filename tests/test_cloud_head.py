@@ -244,6 +244,7 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     assert not any(c[0] == "shutdown" for c in worker_calls)  # no lifetime cap asked, head not lost
 
 
+@pytest.mark.e2e  # executes the rendered script with bash
 def test_a_failed_boot_says_why_on_the_console(tmp_path):
     """A node whose image lacks the client's Python minor fails at boot with one line on its serial console."""
     script = render_startup_script(BootstrapConfig(

@@ -10,6 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from rubberband.cloud.shipping import PACKAGES, build_package, build_wheel, content_hash, job_runtime_env, package_files
 
 from conftest import REPO
@@ -25,6 +27,7 @@ def test_the_package_holds_sources_and_catalogs_only():
     assert {".".join(n.split("/")[:-1]) for n in names if n.endswith("/__init__.py")} >= set(PACKAGES)
 
 
+@pytest.mark.e2e  # runs Python and pip in subprocesses
 def test_package_is_cached_by_content_and_imports_without_rubberband_installed(tmp_path):
     package = build_package(tmp_path / "cache")
     assert package.name == "rubberband" and package.parent.name == f"rubberband-0.1.0+g{content_hash(package_files())}"
@@ -41,6 +44,7 @@ def test_package_is_cached_by_content_and_imports_without_rubberband_installed(t
     assert where.startswith(str(package)) and not where.startswith(str(REPO)) and catalog == "True"
 
 
+@pytest.mark.e2e  # runs Python and pip in subprocesses
 def test_the_wheel_has_no_dependencies_and_installs_offline(tmp_path):
     wheel = build_wheel(tmp_path / "wheels")
     assert wheel.name.startswith("rubberband-0.1.0+g") and wheel.name.endswith("-py3-none-any.whl")
