@@ -331,7 +331,7 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
     """The head path on GCP against the GCE fake: an e2-standard-2 head labelled role=head in the zone of the
     first stage, recorded in head.json; end_run deletes it and the run's firewall rules."""
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
-    spec = load_spec(cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3))
+    load_spec(cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3))
     plan = load_plan(cloud_plan(tmp_path, tmp_path / "job" / "job.yaml", "gcp", "us-central1",
                                 "n1-standard-8+V100x1", counts=(1, 1)))
     catalog = parse_catalog("gcp", GCP_CATALOG_CSV)

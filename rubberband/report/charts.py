@@ -9,7 +9,6 @@ no global matplotlib state is touched and charts can be drawn from any thread.
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
