@@ -147,11 +147,7 @@ class ParallelSimulator:
 
     def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
         """Simulate a full plan (one StageConfig per stage) with the first ``samples`` samples."""
-        if len(configs) != len(self.stages):
-            raise ValueError("one StageConfig per stage is required")
-        n = self.samples if samples is None else min(samples, self.samples)
-        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
-        self.evaluations += 1
+        configs, n = Simulator.prepare(self, configs, samples)
         runs = [self._bracket(b, configs, n) for b in range(len(self.ranges))]
         return self._combine(configs, runs, n)
 

@@ -293,13 +293,18 @@ class Simulator:
         self.evaluations = 0
 
     # -- public -----------------------------------------------------------------------------
-    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
-        """Simulate a full plan with the first ``samples`` samples (all by default)."""
+    def prepare(self, configs: Sequence[StageConfig], samples: int | None) -> tuple[tuple[StageConfig, ...], int]:
+        """Check a full plan (one StageConfig per stage), normalise it and count the evaluation; with the
+        number of samples to use (``samples``, at most all, None: all)."""
         if len(configs) != len(self.stages):
             raise ValueError("one StageConfig per stage is required")
-        n = self.samples if samples is None else min(samples, self.samples)
-        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
         self.evaluations += 1
+        return (tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages)),
+                self.samples if samples is None else min(samples, self.samples))
+
+    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
+        """Simulate a full plan with the first ``samples`` samples (all by default)."""
+        configs, n = self.prepare(configs, samples)
         prefix = self._prefix(configs, len(configs), n)
         return self._finish(configs, prefix, n)
 
