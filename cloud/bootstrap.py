@@ -4,7 +4,7 @@ One renderer for both clouds. A script installs the runtime (a venv with the cli
 torch where the image lacks it, and the spec's requirements: pinned third-party packages only),
 learns the instance's own id from the metadata server (IMDSv2 on AWS), and then either starts
 the run's Ray head or joins the head as a worker node that offers the custom resource
-``rb-node-<instance id>`` (see CONTRACT_TRIALS.md). rubberband itself, the head's watchdog
+``rb-node-<instance id>`` (see docs/training-api.md, "The runtime underneath"). rubberband itself, the head's watchdog
 (:mod:`rubberband.cloud.head`) and the training code come with the CLI's Ray jobs
 (:mod:`rubberband.cloud.shipping`), never from a package index.
 

@@ -4,7 +4,7 @@ Every line is one event ``{"type": ..., "t": <POSIX seconds>, ...}`` written wit
 ``write`` on an ``O_APPEND`` descriptor and fsync'd, so a crash (even ``kill -9``) leaves at
 most a torn last line, which the reader skips. The controller writes run, stage, trial,
 instance and decision events; trial workers write epoch and checkpoint events through the
-:class:`JournalSink` Ray actor (CONTRACT_TRIALS.md's ``event_sink``).
+:class:`JournalSink` Ray actor (``event_sink`` in docs/training-api.md, "The runtime underneath").
 
 :func:`read_state` folds the events into a :class:`RunState`: what resume continues from
 and what accounting bills.

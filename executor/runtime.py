@@ -1,7 +1,7 @@
 """The seams the controller is built on: how it launches trials and how it re-plans.
 
 * :class:`TrialRuntime` wraps a trial-runtime module that defines ``TrialSpec`` and
-  ``TrialRun`` as in CONTRACT_TRIALS.md (``rubberband.executor.trials`` by default; tests
+  ``TrialRun`` as in docs/training-api.md, "The runtime underneath" (``rubberband.executor.trials`` by default; tests
   pass their own small one). Swapping runtimes is one name.
 * :data:`Replanner` is any callable taking a :class:`ReplanRequest` and returning a plan for
   the remaining stages (or ``None``), or a :class:`ReplanAnswer` (that plan plus the current plan's
@@ -23,7 +23,7 @@ DEFAULT_TRIAL_RUNTIME = "rubberband.executor.trials"
 
 
 class TrialHandle(Protocol):
-    """What ``TrialRun.start`` returns (CONTRACT_TRIALS.md)."""
+    """What ``TrialRun.start`` returns (docs/training-api.md, "The runtime underneath")."""
 
     done_ref: Any
 

@@ -1,7 +1,7 @@
 """Running one trial (one stage or one resize of it) as data-parallel workers on Ray.
 
 :class:`TrialRun` is the interface between rubberband's executor / profiler and the user's
-training code (see ``CONTRACT_TRIALS.md``): it places one Ray actor per worker on the instances
+training code (see docs/training-api.md, "The runtime underneath"): it places one Ray actor per worker on the instances
 named by ``TrialSpec.placement`` (a placement group, STRICT_PACK on one instance, PACK across
 several; or warm workers from a :class:`~rubberband.executor.pool.WorkerPool`), joins them in a
 torch.distributed process group (gloo on CPU, nccl on GPU: ``TrialSpec.device``, chosen by
