@@ -52,8 +52,11 @@ def moto_server() -> Iterator[MotoServer]:
     """One moto server (server mode, in a thread of the test process) for the whole session."""
     from moto.server import ThreadedMotoServer
 
+    from leak_guard import session_owned
+
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
+    session_owned(server._server)  # closed below, at the end of the session
     host, port = server.get_host_and_port()
     try:
         yield MotoServer(url=f"http://{host}:{port}")

@@ -170,8 +170,19 @@ def _tracking_init(self, *args, **kwargs):
     _servers.add(self)
 
 
+#: Servers a session-scoped fixture owns (it closes them itself): not a module's or a test's leak, although
+#: the first module or test that needs the fixture is the one that starts them.
+_session_owned: set[int] = set()
+
+
+def session_owned(server: object) -> None:
+    """Declare ``server`` (a socketserver) owned by a session-scoped fixture, which closes it at the end."""
+    _session_owned.add(id(server))
+
+
 def _open_servers() -> set[int]:
-    return {id(s) for s in list(_servers) if getattr(getattr(s, "socket", None), "fileno", lambda: -1)() != -1}
+    return {id(s) for s in list(_servers) if id(s) not in _session_owned
+            and getattr(getattr(s, "socket", None), "fileno", lambda: -1)() != -1}
 
 
 def _close_servers(ids: set[int]) -> list[str]:
