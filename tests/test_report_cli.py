@@ -199,6 +199,7 @@ def test_plan_report_end_to_end(tmp_path, cli):
     assert r.returncode == 2 and "already exists" in r.stderr
 
 
+@pytest.mark.e2e  # starts headless Chromium
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed, so the page cannot be rendered")
 def test_report_renders_in_headless_chromium(tmp_path):
     plan_path, _ = _plan_file(tmp_path)
