@@ -271,7 +271,9 @@ class HeadSession:
         return self._package
 
     def __enter__(self) -> "HeadSession":
-        os.environ["RAY_AUTH_MODE"] = "disabled"  # the head's Ray runs without a token (docs/clouds.md)
+        # the head's Ray runs without a token (docs/clouds.md); this process's setting is restored on exit
+        self._auth_mode = os.environ.get("RAY_AUTH_MODE")
+        os.environ["RAY_AUTH_MODE"] = "disabled"
         from ray.job_submission import JobSubmissionClient
 
         logging.getLogger("ray.dashboard").setLevel(logging.WARNING)  # no "uploading package" chatter
@@ -299,6 +301,10 @@ class HeadSession:
 
     def __exit__(self, *exc) -> None:
         self.link.close()
+        if getattr(self, "_auth_mode", None) is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = self._auth_mode
 
     def _raise_if_boot_failed(self) -> None:
         """Stop waiting for a head whose startup script failed: its console says why (e.g. a version skew)."""

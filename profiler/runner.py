@@ -463,7 +463,7 @@ def _measure_configs(spec: JobSpec, options: ProfileOptions, measured: list[Shap
                           placement=shape.placement(resources),
                           checkpoint_dir=str(run_dir / "ckpt" / f"config-{k}"),
                           max_iterations=None if full is not None and iterations >= full else iterations,
-                          timeout_s=max(30.0, left))
+                          timeout_s=max(30.0, left), device=options.device)  # a GPU type's epochs on its GPUs
         run = TrialRun.start(trial, pool=pool)
         try:
             outcome = run.result(timeout_s=max(left, MIN_SHAPE_S))

@@ -43,7 +43,7 @@ E2E_FIXTURES = frozenset({
 })
 
 #: How long something a test started may take to go away on its own before it counts as left behind.
-GRACE_S = float(os.environ.get("RUBBERBAND_LEAK_GRACE_S", "5"))
+GRACE_S = float(os.environ.get("RUBBERBAND_LEAK_GRACE_S", "15"))  # a played head's watchdog job may take ~10 s to see its head gone
 
 
 class UnitTierViolation(BaseException):
