@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -143,7 +144,25 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
     finally:
         local.terminate([r.id for r in local.records() if r.role == "node"])
         local.stop_head()
+        _end_head_jobs(instance_id)
         shutil.rmtree(disk, ignore_errors=True)
+
+
+def _end_head_jobs(instance_id: str) -> None:
+    """Kill what the played head's jobs left running (a job's driver, e.g. the watchdog, outlives the
+    local Ray it ran on): the processes whose environment names this head (``HEAD_ID_ENV``), by pid.
+    On a real head the instance's termination ends them."""
+    from rubberband.cloud.bootstrap import HEAD_ID_ENV
+
+    needle = f"{HEAD_ID_ENV}={instance_id}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
 
 
 def main(argv: list[str] | None = None) -> int:
