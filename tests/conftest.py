@@ -26,3 +26,14 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def synthetic():
+    """The example workload module (examples/synthetic.py), imported from the examples folder."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import synthetic as module
+        yield module
+    finally:
+        sys.path.remove(str(EXAMPLES))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest
@@ -25,16 +24,6 @@ def test_profiled_configurations_are_the_reference_and_seeded_samples():
     assert len({c["lr"] for c in configs}) == 5
     assert profiling_configs(spec, 5) == configs  # seeded
     assert all(c["iteration_s"] == spec.config["iteration_s"] for c in configs)
-
-
-@pytest.fixture
-def synthetic():
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import synthetic as module
-        yield module
-    finally:
-        sys.path.remove(str(EXAMPLES))
 
 
 def test_synthetic_config_speed_is_stable_per_config_and_lognormal(synthetic):

@@ -13,16 +13,6 @@ from rubberband.spec import load_spec, sample_config
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@pytest.fixture
-def synthetic():
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import synthetic as module
-        yield module
-    finally:
-        sys.path.remove(str(EXAMPLES))
-
-
 @pytest.mark.parametrize("name, cloud", [("digits", "local"), ("synthetic", "local"), ("cifar_resnet", "aws")])
 def test_example_specs_load(name, cloud):
     spec = load_spec(EXAMPLES / f"{name}.yaml")
