@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import secrets
 import signal
 import socket
@@ -184,6 +185,14 @@ def short_temp_dir(run_dir: Path) -> Path:
     wanted.parent.mkdir(parents=True, exist_ok=True)
     wanted.symlink_to(target, target_is_directory=True)
     return target
+
+
+def remove_short_temp_dir(run_dir: Path) -> None:
+    """Remove what :func:`short_temp_dir` made for ``run_dir``: the /tmp target of its symlink, if any."""
+    wanted = run_dir / "ray"
+    if wanted.is_symlink():
+        shutil.rmtree(os.readlink(wanted), ignore_errors=True)
+        wanted.unlink(missing_ok=True)
 
 
 class LocalProvider:

@@ -258,7 +258,7 @@ def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, not
     node is then terminated the way a run releases one, and the time until it is gone (billing runs until
     then) is recorded as a termination sample.
     """
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local import LocalProvider, remove_short_temp_dir
     from rubberband.cloud.provider import InstanceRequest
 
     samples: list[float] = []
@@ -286,6 +286,7 @@ def _measure_startup(cluster: Any, options: ProfileOptions, budget: _Budget, not
             for instance in provider.list():
                 provider.terminate([instance.id])
             provider.stop_head()
+            remove_short_temp_dir(Path(scratch))  # its Ray temp dir may live outside the scratch dir
     out, ended = [], []
     if samples:
         out.append(StartupSamples(cloud=options.cloud, instance_type=options.instance_type.name, samples_s=samples,

@@ -135,8 +135,8 @@ def test_budget_caps_iterations(cli, synthetic_dir):
     out = synthetic_dir / "long.json"
     began = time.monotonic()
     result = cli("profile", spec, "--instance-type", "local.cpu2", "--workers", "1,2", "--single-node",
-                 "--iterations", "20000", "--budget", "60s", "--configs", "0",
-                 "--out", out, timeout=240)  # iteration capping (and default start-up sampling) without configuration epochs
+                 "--iterations", "20000", "--budget", "60s", "--configs", "1",
+                 "--out", out, timeout=240)  # iteration capping, default start-up sampling, one capped configuration
     elapsed = time.monotonic() - began
     assert result.returncode == 0, result.stderr
     assert "capped at" in result.stderr
