@@ -14,6 +14,9 @@ both engines take therefore live here, once, without I/O or a clock:
   on, take a cheaper plan, buy speed, finish late or stop now (Ray Tune's ``TrialScheduler`` style:
   a tiny vocabulary, :class:`Action`). Only the executor takes this decision; it is here because it
   is pure and the simulated-time executor (issue 13) will call it too.
+* :class:`SpotPolicy` — spot or on-demand for the next piece of work (Uniform Progress: stay on spot
+  while the slack covers one more restart), taken by the simulator at each sampled preemption and by
+  the executor on each preemption notice (issue 15).
 """
 
 from __future__ import annotations
@@ -180,3 +183,62 @@ class LatenessPolicy:
                                 f"{out_of_reach}: the quickest plan (p50 {format_duration(proposal.jct_p50_s)} left, "
                                 f"vs {format_duration(current.jct_p50_s)}) makes the run less late")
         return LateDecision(Action.FINISH_LATE, False, f"{out_of_reach}: no plan is clearly quicker; finishing late")
+
+
+class Market(str, Enum):
+    """Where a stage's (or a trial's) instances are bought."""
+
+    SPOT = "spot"
+    ON_DEMAND = "on_demand"
+
+
+@dataclass(frozen=True)
+class SpotSituation:
+    """What a spot decision looks at, from now (seconds; no clock inside).
+
+    ``time_left_s``: to the deadline. ``work_left_s``: the predicted remaining time of the run at the
+    confidence asked for, if it ran uninterrupted from now (on the plan's shapes). ``restart_s``: what
+    one preemption costs in time: a replacement's start-up (its quantile) + checkpoint restore + the
+    work lost since the last checkpoint. ``on_spot``: whether the trial (or stage) is on spot now.
+    """
+
+    time_left_s: float
+    work_left_s: float
+    restart_s: float
+    on_spot: bool = True
+
+    @property
+    def slack_s(self) -> float:
+        """Time left − work left − one restart: what one more preemption may still eat."""
+        return self.time_left_s - self.work_left_s - self.restart_s
+
+
+@dataclass(frozen=True)
+class SpotPolicy:
+    """Uniform-Progress-style fall-back (NSDI'24 "Can't Be Late"), one decision for both engines.
+
+    Stay on (or return to) spot while the slack covers one more restart; move to on-demand once the
+    slack runs short. ``margin_s``: slack kept in reserve beyond one restart (the executor's reaction
+    time). ``return_factor``: hysteresis — a trial moved to on-demand goes back to spot only when the
+    slack is at least this many restarts (never, with ``math.inf``, the default: switching back costs a
+    restart of its own). The simulator calls :meth:`decide` at every preemption and at each trial's
+    start; the executor calls it on each preemption notice and before (re)starting a trial.
+    """
+
+    margin_s: float = 0.0
+    return_factor: float = math.inf
+
+    def __post_init__(self) -> None:
+        if self.margin_s < 0 or not math.isfinite(self.margin_s):
+            raise ValueError(f"SpotPolicy.margin_s must be a finite number ≥ 0, got {self.margin_s!r}")
+        if self.return_factor < 1:
+            raise ValueError(f"SpotPolicy.return_factor must be ≥ 1, got {self.return_factor!r}")
+
+    def decide(self, situation: SpotSituation) -> Market:
+        """Spot or on-demand for the next piece of work."""
+        if situation.on_spot:
+            return Market.SPOT if situation.slack_s > self.margin_s else Market.ON_DEMAND
+        if math.isfinite(self.return_factor) and situation.slack_s >= self.return_factor * situation.restart_s \
+                + self.margin_s:
+            return Market.SPOT
+        return Market.ON_DEMAND
