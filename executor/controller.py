@@ -589,6 +589,12 @@ class Controller:
         return {t: metrics.get(t) for t in trials}
 
     # -- trials ----------------------------------------------------------------------------
+    def _slot_itype(self, slot: Slot, stage: StagePlan) -> InstanceType:
+        """The type of the instance a slot is on: a trial's workers ask Ray for what that node has (an
+        instance kept across a re-plan or a failover may be of another type than its new stage's)."""
+        entry = next((p for p in self.pool.values() if slot.instance_ids and p.id == slot.instance_ids[0]), None)
+        return entry.itype if entry is not None else self._stage_itype(stage)
+
     def _start_trial(self, g: int, stage: StagePlan, trial_id: str, start: int, slot: Slot) -> None:
         trial = self.state.trials[trial_id]
         ckpt_dir = self.run_dir / "checkpoints" / trial_id
@@ -596,7 +602,7 @@ class Controller:
         handle = self.runtime.start(
             event_sink=self.sink, trial_id=trial_id, config=trial.config, entry_point=self.spec.train,
             code_dir=self.spec.base_dir, start_epoch=start, end_epoch=stage.epochs, placement=slot.placement,
-            checkpoint_dir=str(ckpt_dir), device=self.devices.for_type(self._stage_itype(stage)),
+            checkpoint_dir=str(ckpt_dir), device=self.devices.for_type(self._slot_itype(slot, stage)),
             timeout_s=self.trial_timeout_s, pool=self.workers)
         slot.trial_id = trial_id
         cold = not set(slot.instance_ids) <= self._ran_on

@@ -3,7 +3,10 @@ instance boots played by local Ray nodes. The first n1-standard-8 VM boots and s
 n1-standard-8 insert ends in ZONE_RESOURCE_POOL_EXHAUSTED (Compute Engine's stockout, reported in the insert's
 operation). Stage 1's extra instance fails over to the stand-in type (n1-standard-16+T4x4: same T4 ×4), the journal
 and the bill say so, and at the next boundary the last stage is re-planned onto it — as the AWS test does
-(tests/test_cloud_spot.py). About 40 s on an idle 2-core machine (Ray head and two stand-in nodes)."""
+(tests/test_cloud_spot.py). About 60 s on an idle 2-core machine (Ray head and two stand-in nodes).
+
+It found a deadlock: a trial on an instance kept across the re-plan asked Ray for what a worker of the *new*
+stage's type has (4 CPUs per GPU instead of 2), and warm workers of the old shape held the node's CPUs."""
 
 from __future__ import annotations
 
@@ -23,8 +26,6 @@ CATALOG_WITH_STAND_IN = GCP_CATALOG_CSV + "n1-standard-16,16,60,,,,us-central1,u
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-@pytest.mark.skip(reason="after the merge of session 4 its `run` subprocess went past its 300 s limit in CI "
-                  "and left Ray nodes (the helper measured about 3 min before the merge); cause not found yet")
 def test_gcp_stockout_mid_run_fails_over_and_replans(cli, tmp_path, gce_fake):
     gce_fake.stock = {"n1-standard-8": 1}  # the first VM of it boots; after that it is sold out in every zone
     spec = cloud_job(tmp_path, ["gcp"], trials=9, eta=3, min_epochs=1, max_epochs=9, epoch_s=0.1)
@@ -51,10 +52,11 @@ def test_gcp_stockout_mid_run_fails_over_and_replans(cli, tmp_path, gce_fake):
     assert stand_in and stand_in[0]["requested_type"] == "n1-standard-8+T4x4"
     assert stand_in[0]["price_hr"] == pytest.approx(0.76 + 1.40)
     # re-planned at the next boundary (stage 1's extra VM is requested ahead of it, while stage 0 trains): the rest
-    # of the run goes on the stand-in
+    # of the run goes on the stand-in. The boundary may come before the stand-in is up (and its failover decision
+    # journaled): the stockout itself is what the re-plan reacts to.
     (replan,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replan"
                  and e.get("trigger") == "failover"]
-    assert replan["accepted"] and replan["stage"] in (1, 2) and events.index(replan) > events.index(failovers[0])
+    assert replan["accepted"] and replan["stage"] in (1, 2) and events.index(replan) > first_trial
     assert replan["unavailable"] == ["gcp:us-central1:n1-standard-8+T4x4"]
     (changed,) = [e for e in events if e["type"] == J.PLAN_CHANGED]
     assert [s["instance_type"] for s in changed["plan"]["stages"][replan["stage"]:]] == \
