@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,25 @@ EXAMPLES = REPO / "examples"
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the real ``rubberband`` CLI in a subprocess, as a user would."""
-    return subprocess.run([sys.executable, "-m", "rubberband", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)
+    """Run the real ``rubberband`` CLI in a subprocess, as a user would.
+
+    Past ``timeout`` it gets what a user's Ctrl-C sends (SIGINT: the CLI tears its run down, releasing its
+    instances and Ray nodes), then SIGKILL after a grace; the test fails with :class:`subprocess.TimeoutExpired`
+    carrying what it printed.
+    """
+    argv = [sys.executable, "-m", "rubberband", *map(str, args)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(argv, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @pytest.fixture
