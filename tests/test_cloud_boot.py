@@ -175,8 +175,8 @@ def leftover_pids(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.boot  # in a pytest process of its own (.ci/run): after the other e2e tests its head's
-@pytest.mark.timeout(900)  # dashboard did not come up (cause not found yet; alone it passes)
+@pytest.mark.boot  # slow (two venvs, two Ray nodes, a job): in a pytest process of its own (.ci/run)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
 def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, monkeypatch, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
@@ -204,8 +204,12 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         disk.mkdir(exist_ok=True)
         # several Ray nodes share this machine (and other tests' clusters): free ports, a small object store
         # and each "instance" its own disk for Ray's files (a worker otherwise shares the head's session directory)
+        # Ray's temp dir is kept short: its sockets (``<temp>/session_<date>_<pid>/sockets/dash_MetricsHead``) must fit
+        # AF_UNIX's 107 bytes, and a 5-digit pid made the longer ``<disk>/ray`` miss by one (the dashboard then died)
+        temp = root / role[0]
+        assert len(str(temp)) + len("/session_2026-11-24_03-14-49_511076_1234567/sockets/dash_MetricsHeadXXXX") <= 107
         ports = ["--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
-                 "--object-store-memory", str(96 * 1024 ** 2), "--temp-dir", str(disk / "ray")]
+                 "--object-store-memory", str(96 * 1024 ** 2), "--temp-dir", str(temp)]
         if role == "head":
             ports += ["--ray-client-server-port", str(free_port())]
         return BootstrapConfig(ray_start_options=tuple(ports), run_id=f"boot-{cloud}", cloud=cloud, role=role, region="r1", ray_port=ray_port,
