@@ -177,10 +177,27 @@ class BootstrapConfig:
     torch_cpu_index: str = TORCH_CPU_INDEX
 
 
+#: Set in every rubberband job's environment by the CLI (``shipping.job_runtime_env``): the versions of the
+#: machine that started the run, which the nodes a head starts must match (the head's own venv has no torch).
+RUN_VERSIONS_ENV = "RUBBERBAND_RUN_VERSIONS"
+
+
 def client_versions() -> dict[str, str | None]:
-    """This machine's Python minor, Ray and torch versions: what the nodes of a run must match."""
+    """The Python minor, Ray and torch versions the nodes of a run must match.
+
+    Those of the machine that started the run: this one's, or — in a job the CLI submitted to a head —
+    the ones it passed down in ``$RUBBERBAND_RUN_VERSIONS``. (The head trains nothing and has no torch of
+    its own, yet the worker scripts it renders must pin the CLI's torch where an image lacks one.)
+    """
+    import os
     import sys
     from importlib.metadata import PackageNotFoundError, version
+
+    passed = os.environ.get(RUN_VERSIONS_ENV)
+    if passed:
+        data = json.loads(passed)
+        return {key: (str(data[key]) if data.get(key) else None)
+                for key in ("python_version", "ray_version", "torch_version")}
 
     def installed(name: str) -> str | None:
         try:

@@ -146,9 +146,14 @@ def build_package(cache_dir: Path | None = None) -> Path:
 
 
 def job_runtime_env(package: Path, working_dir: Path | None = None) -> dict:
-    """The ``runtime_env`` of every rubberband job: the shipped rubberband package, and the user's code as its
-    working directory."""
-    env: dict = {"py_modules": [str(package)]}
+    """The ``runtime_env`` of every rubberband job: the shipped rubberband package, the user's code as its
+    working directory, and the versions the run's nodes must match (``bootstrap.RUN_VERSIONS_ENV``)."""
+    import json
+
+    from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV, client_versions
+
+    env: dict = {"py_modules": [str(package)],
+                 "env_vars": {RUN_VERSIONS_ENV: json.dumps(client_versions(), sort_keys=True)}}
     if working_dir is not None:
         env["working_dir"] = str(working_dir)
     return env

@@ -284,3 +284,22 @@ def test_watchdog_as_a_job_asks_the_boot_script_to_power_off(tmp_path):
     assert poll_interval(SETTINGS) == 30 and poll_interval(WatchdogSettings(done_grace_s=1.0)) == 0.1
     script = render_startup_script(BootstrapConfig(run_id="run-q", cloud="aws", role="head", **VERSIONS))
     assert f'/var/lib/rubberband/runs/"${{RB_RUN_ID}}"/{POWEROFF_MARKER} ]; then' in script
+
+
+def test_worker_scripts_rendered_on_a_head_pin_the_clis_torch(monkeypatch):
+    """The head's venv has Ray but no torch: the worker scripts it renders must still pin the torch of the CLI
+    that started the run (passed down in every job's environment), or an image without torch gets none."""
+    import json
+
+    from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV
+    from rubberband.cloud.provider import Instance
+
+    head = Instance(id="i-head", cloud="aws", instance_type="m6i.large", zone="us-east-1a", state="running",
+                    run_id="run-v", address="10.0.0.5", tags={"rubberband-role": "head"})
+    monkeypatch.setenv(RUN_VERSIONS_ENV, json.dumps({"python_version": "3.11", "ray_version": "2.60.0",
+                                                     "torch_version": "2.13.0+cpu"}))
+    script = worker_startup_script("aws", "run-v", head, G4)
+    assert "torch==2.13.0" in script and "ray[default]==2.60.0" in script
+    monkeypatch.setenv(RUN_VERSIONS_ENV, json.dumps({"python_version": "3.11", "ray_version": "2.60.0",
+                                                     "torch_version": None}))
+    assert "torch==" not in worker_startup_script("aws", "run-v", head, G4)  # nothing to pin: the image's own

@@ -3,6 +3,7 @@ without rubberband imports and uses it. (tests/test_cloud_boot.py ships it to a 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import zipfile
 
 import pytest
 
+from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV, client_versions
 from rubberband.cloud.shipping import PACKAGES, build_package, build_wheel, content_hash, job_runtime_env, package_files
 
 from conftest import REPO
@@ -31,7 +33,9 @@ def test_package_is_cached_by_content_and_imports_without_rubberband_installed(t
     package = build_package(tmp_path / "cache")
     assert package.name == "rubberband" and package.parent.name == f"rubberband-0.1.0+g{content_hash(package_files())}"
     assert build_package(tmp_path / "cache") == package  # built once
-    assert job_runtime_env(package, tmp_path) == {"py_modules": [str(package)], "working_dir": str(tmp_path)}
+    env = job_runtime_env(package, tmp_path)
+    assert env["py_modules"] == [str(package)] and env["working_dir"] == str(tmp_path)
+    assert json.loads(env["env_vars"][RUN_VERSIONS_ENV]) == client_versions()  # what the head's nodes must match
     # another interpreter with the package first on its path (as Ray puts py_modules) imports and uses it
     probe = ("import rubberband, rubberband.planner, rubberband.cloud.head_job; "
              "from rubberband.catalog import load_catalog; "
