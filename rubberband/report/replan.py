@@ -29,6 +29,18 @@ class ReplanRequest:
 Replanner = Callable[[ReplanRequest], Plan]
 
 
+def plan_profile_path(plan: Plan) -> str | None:
+    """The profile a plan was made with: its ``profile_path``, else its embedded spec's ``profile:``."""
+    if plan.profile_path:
+        return plan.profile_path
+    if plan.spec is None:
+        return None
+    from rubberband.spec import JobSpec
+
+    spec = JobSpec.model_validate(plan.spec)
+    return str(spec.profile_path()) if spec.profile else None
+
+
 def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | None, str]:
     """A replanner for ``plan`` from its embedded spec, or ``(None, why not)``.
 
@@ -46,7 +58,7 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
     from rubberband.spec import JobSpec
 
     spec = JobSpec.model_validate(plan.spec)
-    profile_path = plan.profile_path or (str(spec.profile_path()) if spec.profile else None)
+    profile_path = plan_profile_path(plan)
     if profile_path is None:
         return None, "the plan names no profile to re-plan with"
     profile = load_profile(profile_path)
