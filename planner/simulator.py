@@ -219,6 +219,7 @@ class _StageRecord:
     # recorded only for the representative trace (1 sample)
     trace: dict | None = None
     ready: np.ndarray | None = None  # (S, N) when each instance can take its first trial (bracket hand-overs)
+    fallback: np.ndarray | None = None  # (S,) spot stage bought on-demand (no capacity at its request)
 
 
 @dataclass(frozen=True)
@@ -612,8 +613,11 @@ class Simulator:
         if config.spot and self.spot_setup is not None:
             scenario = self.spot_setup.scenario(itype.cloud, itype.region, itype.name)
         fallback = np.zeros(S, dtype=bool)  # samples whose spot request found no capacity: the stage on on-demand
+        if scenario is not None and carry and prev.fallback is not None:
+            fallback = prev.fallback.copy()  # the on-demand instances it fell back to carry over (as on-demand)
         if scenario is not None and carry < n_inst:
-            fallback, waited = self._spot_request(scenario, index, config, prev, rows, t_req, tail_s)
+            new_fallback, waited = self._spot_request(scenario, index, config, prev, rows, t_req, tail_s)
+            fallback |= new_fallback
             request[:, carry:] += waited[:, None]  # nothing is billed while no capacity is found
             ready[:, carry:] += waited[:, None]
         if prev is None and self.start_state is not None and self.start_state.instance_type_key == itype.key:
@@ -701,7 +705,8 @@ class Simulator:
                      "anchor": float(anchor[0]), "prev_anchor": None if prev is None else float(prev.anchor[0])}
         rec = _StageRecord(config=config, start=start, anchor=anchor, barrier=barrier, predicted_s=predicted,
                            release=release, request=request, cost=cost,
-                           parts=stage_parts, trace=trace, ready=ready)
+                           parts=stage_parts, trace=trace, ready=ready,
+                           fallback=fallback if scenario is not None else None)
         return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec)
 
     # -- spot ---------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -176,8 +177,56 @@ def read_traces(directory: Path) -> list[TraceFile]:
     return [read_trace(f, directory) for f in files]
 
 
+ANY_ZONE = "*"
+
+
+def any_zone(region: str) -> str:
+    """The zone name of "any zone of ``region``": a spot request that falls over to the region's other
+    zones on a capacity error (the executor's fall-over) finds none only when every zone has none."""
+    return f"{region}{ANY_ZONE}"
+
+
+def combined_availability(traces: list[TraceFile]) -> TraceFile | None:
+    """One availability trace that is available when any of ``traces`` is (zones of one region, time-aligned:
+    same gap and length), or None when they cannot be aligned or there are fewer than two."""
+    avail = [t for t in traces if t.kind == "availability"]
+    if len(avail) < 2 or len({(t.gap_s, len(t.data)) for t in avail}) != 1:
+        return None
+    data = [min(col) for col in zip(*(t.data for t in avail))]
+    first = avail[0]
+    return TraceFile(path="+".join(sorted(t.path for t in avail)), kind="availability", cloud=first.cloud,
+                     zone=any_zone(first.region), region=first.region, instance_type=first.instance_type,
+                     gap_s=first.gap_s, data=data)
+
+
+def scenario_traces(traces: list[TraceFile], cloud: str, instance_type: str, region: str,
+                    zone: str | None) -> tuple[list[Trace], list[Trace]]:
+    """(preemption, availability) traces to replay a spot stage in ``zone`` (``region*``: any zone of the
+    region): the zone's own where there are any, else the region's, else the cloud and type's, else the cloud's."""
+    def pick(kind: str) -> list[TraceFile]:
+        pools = [[t for t in traces if t.cloud == cloud and t.instance_type == instance_type and t.zone == zone],
+                 [t for t in traces if t.cloud == cloud and t.instance_type == instance_type and t.region == region],
+                 [t for t in traces if t.cloud == cloud and t.instance_type == instance_type],
+                 [t for t in traces if t.cloud == cloud]]
+        for pool in pools:
+            mine = [t for t in pool if t.kind == kind]
+            if mine:
+                return mine
+        return []
+
+    pre = pick("preemption")
+    avail = pick("availability")
+    if zone is not None and zone.endswith(ANY_ZONE):
+        regional = [t for t in traces if (t.cloud, t.instance_type, t.region) == (cloud, instance_type, region)]
+        combined = combined_availability(regional)
+        if combined is not None:
+            avail = [combined]
+    return [t.trace() for t in pre], [t.trace() for t in avail]
+
+
 def fit_traces(traces: list[TraceFile], *, source: str) -> SpotModelFile:
-    """Fit every (cloud, type, zone) the traces cover (pure apart from the traces already read)."""
+    """Fit every (cloud, type, zone) the traces cover, and per region with several time-aligned zones an
+    "any zone" entry (:func:`any_zone`; pure apart from the traces already read)."""
     keys = sorted({(t.cloud, t.instance_type, t.region, t.zone) for t in traces})
     pooled: dict[tuple[str, str], tuple[int, float, float]] = {}
     for t in traces:
@@ -193,6 +242,17 @@ def fit_traces(traces: list[TraceFile], *, source: str) -> SpotModelFile:
                        availability=[t.stats() for t in mine if t.kind == "availability"],
                        pooled=pooled.get((cloud, itype)))
         zones.append(ZoneFit.of(fit, sorted(t.path for t in mine)))
+    for cloud, itype, region in sorted({(t.cloud, t.instance_type, t.region) for t in traces}):
+        regional = [t for t in traces if (t.cloud, t.instance_type, t.region) == (cloud, itype, region)]
+        combined = combined_availability(regional)
+        if combined is None:
+            continue
+        pre = [t.stats() for t in regional if t.kind == "preemption"]
+        fit = fit_zone(cloud, itype, region, any_zone(region), preemption=pre, availability=[combined.stats()],
+                       pooled=pooled.get((cloud, itype)))
+        if pre:
+            fit = replace(fit, rate_source="preemption traces of the region's zones")
+        zones.append(ZoneFit.of(fit, sorted(t.path for t in regional)))
     return SpotModelFile(source=source, zones=zones)
 
 

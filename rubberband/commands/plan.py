@@ -55,7 +55,9 @@ def print_plan(plan: Plan) -> None:
                   f"cost mean {format_usd(p.cost_usd.mean)}, p95 {format_usd(p.cost_usd.p95)}; "
                   f"P(meet deadline) {p.p_meet_deadline:.1%}")
     if plan.spot is not None:
-        console.print(spot_line(plan))
+        from rubberband.report.model import spot_notes
+
+        console.print(spot_notes(plan)[0])
     if plan.head is not None:
         h = plan.head
         console.print(f"Includes the head instance {h.instance_type} (${h.price_hr:.4f}/h for boot "
@@ -89,18 +91,6 @@ def print_plan(plan: Plan) -> None:
                       f"{exact.note or 'search extent unknown'}")
     console.print(f"Planned in {plan.planner.seconds:.2f} s ({plan.planner.candidates_evaluated} candidates, "
                   f"{plan.planner.samples} samples, seed {plan.planner.seed}).")
-
-
-def spot_line(plan: Plan) -> str:
-    """What the prediction assumes about spot: the model, the fall-back, checkpoints."""
-    info = plan.spot
-    spot = sum(1 for s in plan.stages if s.spot)
-    zones = ", ".join(f"{z.instance_type} {z.zone}: {z.preemption_rate_per_h:.2f} preemptions/h, "
-                      f"P(no capacity) {z.p_unavailable:.0%}" for z in info.zones
-                      if any(s.spot and s.zone == z.zone and s.instance_type == z.instance_type for s in plan.stages))
-    return (f"Spot: {spot} of {len(plan.stages)} stages on spot; P(meet) and cost include preemptions "
-            f"(checkpoint every {info.checkpoint_epochs} epoch{'s' if info.checkpoint_epochs != 1 else ''}, "
-            f"Uniform-Progress fall-back to on-demand){': ' + zones if zones else ''}.")
 
 
 def brackets_line(plan: Plan) -> str:

@@ -79,7 +79,7 @@ def trace_scenarios(plan, directory: Path, *, seed: int, samples: int) -> dict:
     (of the cloud when none names the type), preemption traces for running instances, availability
     traces for requests."""
     from rubberband.planner.spot import TraceScenario
-    from rubberband.spotmodel import SpotTraceError, read_traces
+    from rubberband.spotmodel import SpotTraceError, read_traces, scenario_traces
 
     traces = read_traces(directory)
     out = {}
@@ -87,11 +87,9 @@ def trace_scenarios(plan, directory: Path, *, seed: int, samples: int) -> dict:
         key = (s.cloud, s.region, s.instance_type)
         if not s.spot or key in out:
             continue
-        mine = [t for t in traces if t.cloud == s.cloud and t.instance_type == s.instance_type] or \
-               [t for t in traces if t.cloud == s.cloud]
-        if not mine:
+        pre, avail = scenario_traces(traces, s.cloud, s.instance_type, s.region, s.zone)
+        if not pre and not avail:
             raise SpotTraceError(f"{directory} holds no trace of cloud {s.cloud} for the plan's spot stage on "
                                  f"{s.instance_type}; add traces of that cloud")
-        out[key] = TraceScenario([t.trace() for t in mine if t.kind == "preemption"],
-                                 [t.trace() for t in mine if t.kind == "availability"], seed=seed, samples=samples)
+        out[key] = TraceScenario(pre, avail, seed=seed, samples=samples)
     return out

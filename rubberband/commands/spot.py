@@ -52,8 +52,8 @@ def _print(model) -> None:
         table.add_column(name, justify="left" if name in ("cloud", "type", "zone") else "right")
     for z in model.zones:
         table.add_row(z.cloud, z.instance_type, z.zone, f"{z.preemption_rate_per_h:.2f}"
-                      + ("*" if "pooled" in z.rate_source else ""), f"{z.running_hours:.0f}",
+                      + ("†" if "pooled" in z.rate_source else ""), f"{z.running_hours:.0f}",
                       f"{z.p_unavailable:.0%}", format_duration(z.unavailable_s[10]), format_duration(z.unavailable_s[18]))
     console.print(table)
     if any("pooled" in z.rate_source for z in model.zones):
-        console.print("* no preemption trace for the zone: the rate is pooled over the type's other zones")
+        console.print("† no preemption trace for the zone: the rate is pooled over the type's other zones")
