@@ -241,7 +241,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         notes.append(f"the best static plan is as cheap (within {STATIC_TIE:.0%}) and at least as fast as any "
                      f"elastic plan found; using the static plan")
     if chosen is not None and spot_setup is not None and spot_setup.scenarios:
-        chosen, tried, steps = _spot_descent(space, evaluator, spot_setup, chosen, fastest, deadline_s, confidence)
+        chosen, tried, steps = _spot_descent(space, evaluator, spot_setup, chosen, pool, deadline_s, confidence)
         candidates += tried
         iterations += steps
     if chosen is None:
@@ -286,9 +286,11 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                       exact_note=exact_note)
 
 
-def _spot_descent(space: PlanSpace, evaluator: Evaluator, setup: SpotSetup, chosen: tuple, fastest: tuple,
+def _spot_descent(space: PlanSpace, evaluator: Evaluator, setup: SpotSetup, chosen: tuple, pool: list,
                   deadline_s: float, confidence: float) -> tuple[tuple, int, int]:
-    """The greedy again with the market as a move dimension, from the on-demand plan and two all-spot starts."""
+    """The greedy again with the market as a move dimension: from the on-demand plan, from it all on spot,
+    and from the cheapest plan of the deadline-independent pool (its spot-capable plans, all on spot) that
+    meets the deadline with preemptions (branch and bound, as for the on-demand pool)."""
 
     def allowed(c: StageConfig) -> bool:
         t = c.instance_type
@@ -299,7 +301,11 @@ def _spot_descent(space: PlanSpace, evaluator: Evaluator, setup: SpotSetup, chos
 
     moves = with_markets(local_moves, allowed)
     tried = steps = 0
-    for start in (chosen[0], all_spot(chosen[0]), all_spot(fastest)):
+    spot_pool = [all_spot(p) for p in pool if all(allowed(c) for c in p)]
+    best_spot = cheapest_feasible(spot_pool, space, evaluator, deadline_s, confidence, screen_slack=SCREEN_SLACK)
+    tried += best_spot.evaluated
+    starts = [chosen[0], all_spot(chosen[0])] + ([best_spot.plan] if best_spot.plan is not None else [])
+    for start in starts:
         refined = descend(space, evaluator, start, deadline_s, confidence, moves=moves)
         tried += refined.candidates_evaluated + 1
         steps += refined.iterations
@@ -407,13 +413,15 @@ def spot_info(setup: SpotSetup, source: str) -> SpotInfo:
 
 
 def plan_spot_setup(plan: Plan, *, samples: int, seed: int, deadline_s: float,
-                    scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None) -> SpotSetup | None:
+                    scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
+                    policy: SpotPolicy | None = None) -> SpotSetup | None:
     """The spot setup a plan was made with (its own fitted zones), or with ``scenarios`` (e.g. trace replays)
-    in their place; None for a plan without a spot model."""
+    in their place and another fall-back ``policy`` (anything with SpotPolicy's ``decide``: baselines);
+    None for a plan without a spot model."""
     info = plan.spot
     if info is None:
         return None
-    policy = SpotPolicy(margin_s=info.margin_s)
+    policy = policy or SpotPolicy(margin_s=info.margin_s)
     if scenarios is None:
         scenarios = {}
         for z in info.zones:
@@ -504,7 +512,8 @@ def configs_of(plan: Plan, catalog: Catalog) -> tuple[list[Stage], tuple[StageCo
 
 def plan_simulator(plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES,
                    seed: int | None = None, deadline_s: float | None = None,
-                   spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None):
+                   spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
+                   spot_policy: SpotPolicy | None = None):
     """(simulator, stages, configs, model) that replay an existing plan as it was planned.
 
     ``spot_scenarios`` replaces the plan's own spot model (e.g. trace replays, ``rubberband simulate
@@ -517,7 +526,8 @@ def plan_simulator(plan: Plan, profile: Profile, catalog: Catalog, *, samples: i
     for c in configs:
         model.require(c.instance_type.device)
     seed = plan.planner.seed if seed is None else seed
-    setup = plan_spot_setup(plan, samples=samples, seed=seed, deadline_s=deadline, scenarios=spot_scenarios)
+    setup = plan_spot_setup(plan, samples=samples, seed=seed, deadline_s=deadline, scenarios=spot_scenarios,
+                            policy=spot_policy)
     spot = setup is None and any(s.spot for s in plan.stages)
     if plan.parallel_brackets:
         offsets = plan.bracket_offsets_s or None

@@ -50,6 +50,8 @@ DURATION_LEVELS = tuple(round(i / 20, 2) for i in range(21))
 MAX_PREEMPTIONS = 6
 #: Used when a zone has no unavailability run at all (it was never unavailable): one tick's worth.
 _NO_RUNS_S = 0.0
+#: The quantile of unavailability durations the fall-back counts as the wait for capacity.
+WAIT_QUANTILE = 0.9
 
 
 # -- fitting --------------------------------------------------------------------------------------
@@ -192,7 +194,8 @@ class SpotMarketModel:
 class SpotScenario(Protocol):
     """What the simulator asks about one stage's spot market, vectorised; ``rows`` selects samples."""
 
-    #: The typical wait for capacity the policy assumes when a request finds none (seconds).
+    #: The wait for capacity the policy counts when a request finds none (seconds): a high quantile
+    #: (:data:`WAIT_QUANTILE`) of how long unavailability lasts, since waiting is a gamble on its length.
     typical_wait_s: float
 
     def time_to_preemption(self, stage: int, event: int, rows: slice, t_abs: np.ndarray,
@@ -208,7 +211,7 @@ class ModelScenario:
         self.zone = zone
         self.seed = seed
         self.samples = samples
-        self.typical_wait_s = zone.unavailable_quantile(0.5)
+        self.typical_wait_s = zone.unavailable_quantile(WAIT_QUANTILE)
         self._cache: dict[tuple, np.ndarray] = {}
 
     def _uniforms(self, stage: int, event: int, kind: int, width: int) -> np.ndarray:
@@ -285,7 +288,7 @@ class TraceScenario:
         self.pre_off = gen.random(samples)
         self.avail_off = gen.random(samples)
         runs = [r for c in self.avail for r in _runs_of(c)]
-        self.typical_wait_s = float(np.median(runs)) if runs else 0.0
+        self.typical_wait_s = float(np.quantile(runs, WAIT_QUANTILE)) if runs else 0.0
         self.start_s = start_s
 
     def _lookup(self, traces, pick, off, rows: slice, t_abs: np.ndarray, table: str) -> np.ndarray:
