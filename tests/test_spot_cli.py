@@ -99,3 +99,14 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(cli, spot_plan, tmp_
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and needle in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "m.json").exists()
+
+
+def test_simulate_an_on_demand_plan_ignores_traces(cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    r = cli("plan", EXAMPLES / "quickstart.yaml", "--samples", "50", "--out", plan)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(plan.read_text())["spot"] is None
+    r = cli("simulate", plan, "--samples", "50", "--json")
+    assert r.returncode == 0, r.stderr
+    figures = json.loads(r.stdout)
+    assert figures["spot_stages"] == 0 and figures["hit_rate"] >= 0.9

@@ -310,3 +310,18 @@ def test_plans_with_a_spot_model_round_trip_and_old_plans_load(tmp_path):
     assert legacy.spot is None and legacy.schema_version == 3
     fiction = replay_plan(legacy, profile, catalog, samples=100)
     assert fiction.cost_mean < res.cost_mean
+
+
+def test_parallel_hyperband_brackets_play_spot_stages():
+    from rubberband.planner.brackets import ParallelSimulator
+
+    stages = stages_for("hyperband", trials=None, min_epochs=1, max_epochs=9, eta=3)
+    zone = _zone(rate=3.0, p=0.2)
+    configs = tuple(StageConfig(GPU, max(1, s.trials // 3), 1, "spot" if s.index == 0 else "on_demand")
+                    for s in stages)
+    od = ParallelSimulator(stages, _model(), samples=100).simulate(tuple(c.on("on_demand") for c in configs))
+    sim = ParallelSimulator(stages, _model(), samples=100, spot_setup=_setup(zone, 1e6, 100))
+    res = sim.simulate(configs)
+    assert res.cost_mean < od.cost_mean and res.jct_mean >= od.jct_mean - 1e-6
+    timeline, _, _ = sim.trace(configs, res.representative_index())
+    assert timeline.tasks

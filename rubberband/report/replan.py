@@ -75,9 +75,15 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
         if request.spot is not None:
             changes["spot"] = request.spot
         job = spec.model_copy(update={"resources": resources.model_copy(update=changes)}) if changes else spec
+        spot_model = spot_source = None
+        if job.resources.spot:  # spot per stage with preemptions, as `rubberband plan` plans it
+            from rubberband.spotmodel import load_spot_model
+
+            fitted = load_spot_model()
+            spot_model, spot_source = fitted.market_model(), f"shipped default ({fitted.source})"
         return plan_job(job, profile, catalog, deadline_s=request.deadline_s, cloud=request.cloud,
                         samples=request.samples, seed=plan.planner.seed, heads=heads,
-                        brackets=plan.brackets, asha=False)
+                        brackets=plan.brackets, asha=False, spot_model=spot_model, spot_source=spot_source or "")
 
     return replan, ""
 
