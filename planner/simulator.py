@@ -51,7 +51,7 @@ from rubberband.catalog import (BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIO
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import PrefetchPolicy
-from rubberband.planner.spot import MAX_PREEMPTIONS, SpotSetup, stay_on_spot
+from rubberband.planner.spot import MAX_PREEMPTIONS, REQUEST_EVENT, SpotSetup, stay_on_spot
 from rubberband.planner.noise import VariationDraws, schedule_tasks, task_factors
 from rubberband.planner.schedule import Stage
 
@@ -721,7 +721,7 @@ class Simulator:
         """A spot stage's request: where it finds no capacity, the policy waits for it (the wait) or
         buys the stage on-demand (``fallback``). Returns (fallback, wait) per sample."""
         setup = self.spot_setup
-        wait = scenario.unavailable_for(index, MAX_PREEMPTIONS, rows, t_req[:, None])[:, 0]
+        wait = scenario.unavailable_for(index, REQUEST_EVENT, rows, t_req[:, None])[:, 0]
         none = wait > 0
         if not none.any():
             return none, np.zeros_like(wait)
@@ -736,42 +736,59 @@ class Simulator:
         """Per task (samples × trials, dispatch order): seconds a spot stage's preemptions add, seconds run
         on-demand after the policy moved it, and seconds waited for spot capacity (unbilled).
 
-        A task runs ``base`` seconds of training from (about) ``anchor + wave × task``; a preemption at
-        progress ``p`` loses the work since the last checkpoint (every ``checkpoint_epochs`` epochs), and
-        the replacement costs its start-up, worker start and the checkpoint restore. At each preemption
+        Tasks are played wave by wave on lanes (the first wave starts as the slots come up, each later
+        task when its lane's previous task ends, preemptions included), each running ``base`` seconds of
+        training after ``overhead``. A preemption at progress ``p`` loses the work since the last
+        checkpoint (every ``checkpoint_epochs`` epochs), and the replacement costs its start-up, worker
+        start and the checkpoint restore. At each preemption
         :class:`~rubberband.planner.policies.SpotPolicy` decides, with the slack of the whole remaining
         run (this task, the stage's waves after it, the bracket's later stages), whether the replacement
         is spot (it may then find no capacity: wait, or on-demand, decided again) or on-demand (no more
         preemptions for that trial).
         """
+        stage = self.stages[index]
+        S, T = slot_ready.shape[0], stage.trials
+        lanes = max(1, min(slots, T))
+        lane_free = np.sort(slot_ready, axis=1)[:, :lanes].copy()
+        waves = -(-T // lanes)
+        extra = np.zeros((S, T))
+        od = np.zeros((S, T))
+        waited = np.zeros((S, T))
+        for w in range(waves):
+            lo, hi = w * lanes, min(T, (w + 1) * lanes)
+            width = hi - lo
+            after = (waves - 1 - w) * (base + overhead) + tail_s
+            e, o, wt = self._preempt_wave(scenario, index, w, config, rows, lane_free[:, :width] + overhead, base,
+                                          after, fallback)
+            extra[:, lo:hi], od[:, lo:hi], waited[:, lo:hi] = e, o, wt
+            lane_free[:, :width] += base + overhead + e
+        return extra, od, waited
+
+    def _preempt_wave(self, scenario, index: int, wave: int, config: StageConfig, rows: slice, now: np.ndarray,
+                      base: float, after: float, fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One wave of :meth:`_preemptions`: tasks whose training starts at ``now`` (samples × tasks)."""
         setup = self.spot_setup
         stage = self.stages[index]
         itype = config.instance_type
         model = self.model
-        S, T = slot_ready.shape[0], stage.trials
-        lay = layout(itype.workers, config.instances, config.workers)
-        task = base + overhead
-        m = np.arange(T)
-        wave = m // max(1, slots)
-        waves = -(-T // max(1, slots))
-        anchor = slot_ready.min(axis=1)
-        now = anchor[:, None] + wave[None, :] * task + overhead
-        after = (waves - 1 - wave)[None, :] * task + tail_s
+        span = layout(itype.workers, config.instances, config.workers).span
         checkpoint = max(base / stage.epochs_this_stage * setup.checkpoint_epochs, 1e-9)
         decide_restart = self._spot_restart_s(itype, checkpoint)
         restart = (self._startup(itype).quantile(0.5) + model.worker_start_s + model.restart_overhead_s
                    + model.transfer_time())
-        progress = np.zeros((S, T))
-        remaining = np.full((S, T), base)
-        on_spot = np.broadcast_to(~fallback[:, None], (S, T)).copy()
-        extra = np.zeros((S, T))
-        od = np.zeros((S, T))
-        waited = np.zeros((S, T))
+        shape = now.shape
+        progress = np.zeros(shape)
+        remaining = np.full(shape, base)
+        on_spot = np.broadcast_to(~fallback[:, None], shape).copy()
+        extra = np.zeros(shape)
+        od = np.zeros(shape)
+        waited = np.zeros(shape)
         for k in range(MAX_PREEMPTIONS):
             active = on_spot & (remaining > 0)
             if not active.any():
                 break
-            dt = scenario.time_to_preemption(index, k, rows, now, lay.span)
+            event = wave * MAX_PREEMPTIONS + k
+            dt = scenario.time_to_preemption(index, event, rows, now, span)
             hit = active & (dt < remaining)
             remaining = np.where(active & ~hit, 0.0, remaining)
             if not hit.any():
@@ -782,7 +799,7 @@ class Simulator:
             work_left = (base - saved) + after
             time_left = setup.deadline_s - t_hit
             stay = stay_on_spot(setup.policy, time_left, work_left, decide_restart)
-            none = scenario.unavailable_for(index, k, rows, t_hit) if (hit & stay).any() else np.zeros((S, T))
+            none = scenario.unavailable_for(index, event, rows, t_hit) if (hit & stay).any() else np.zeros(shape)
             wait_ok = stay_on_spot(setup.policy, time_left, work_left, decide_restart + scenario.typical_wait_s)
             spot_again = stay & ((none <= 0) | wait_ok)
             w = np.where(hit & spot_again, np.maximum(none, 0.0), 0.0)

@@ -48,6 +48,9 @@ from rubberband.planner.policies import Market, SpotPolicy, SpotSituation
 DURATION_LEVELS = tuple(round(i / 20, 2) for i in range(21))
 #: Preemptions sampled per task at most; the rest of a task after that many runs uninterrupted.
 MAX_PREEMPTIONS = 6
+#: The event number of a stage's spot request in the random streams (a task's events are
+#: ``wave × MAX_PREEMPTIONS + k``).
+REQUEST_EVENT = 1 << 20
 #: Used when a zone has no unavailability run at all (it was never unavailable): one tick's worth.
 _NO_RUNS_S = 0.0
 #: The quantile of unavailability durations the fall-back counts as the wait for capacity.

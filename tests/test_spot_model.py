@@ -17,7 +17,7 @@ from rubberband.planner.policies import Market, SpotPolicy, SpotSituation
 from rubberband.planner.schedule import stages_for
 from rubberband.planner.search import PlanSpace, local_moves, with_markets
 from rubberband.planner.simulator import Simulator, StageConfig
-from rubberband.planner.spot import (DURATION_LEVELS, ModelScenario, SpotMarketModel, SpotSetup, Trace,
+from rubberband.planner.spot import (DURATION_LEVELS, ModelScenario, SpotSetup, Trace,
                                      TraceScenario, ZoneModel, fit_zone, stay_on_spot, trace_stats)
 from rubberband.spotmodel import (SpotTraceError, fit_traces, load_spot_model, parse_spot_model, read_trace,
                                   read_traces, region_of)
