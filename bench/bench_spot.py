@@ -28,7 +28,7 @@ P(JCT ≤ deadline), cost relative to on-demand, and the same replay on the fit 
 model saw: separates the model's error from the held-out period being a different week). Goals: held-out hit rate ≥ p for the spot-aware plan,
 and ≤ 0.5× the on-demand cost at 1.5×.
 
-    python bench/bench_spot.py [--traces DIR] [--samples 300] [--replays 1000] [--fit-fraction 0.5]
+    python bench/bench_spot.py [--traces DIR] [--samples 300] [--replays 1000] [--fit-fraction 0.5] [--fit-last]
 """
 
 from __future__ import annotations
@@ -53,13 +53,15 @@ class AlwaysSpot:
         return Market.SPOT
 
 
-def split(traces, fraction: float):
-    """(fit, held-out) copies of every trace, cut in time at ``fraction``."""
+def split(traces, fraction: float, last: bool = False):
+    """(fit, held-out) copies of every trace, cut in time: the first ``fraction`` fits (``last``: the final
+    ``fraction`` fits and the beginning is held out)."""
     fit, held = [], []
     for t in traces:
-        cut = max(1, int(len(t.data) * fraction))
-        fit.append(t.model_copy(update={"data": t.data[:cut]}))
-        held.append(t.model_copy(update={"data": t.data[cut:]}))
+        cut = max(1, int(len(t.data) * (1 - fraction if last else fraction)))
+        first, rest = t.data[:cut], t.data[cut:]
+        fit.append(t.model_copy(update={"data": rest if last else first}))
+        held.append(t.model_copy(update={"data": first if last else rest}))
     return fit, held
 
 
@@ -75,6 +77,7 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=1000, help="held-out trace replays per plan")
     ap.add_argument("--fit-fraction", type=float, default=0.5)
     ap.add_argument("--workloads", default="quickstart,hyperband")
+    ap.add_argument("--fit-last", action="store_true", help="fit on the end of each trace, replay its beginning")
     args = ap.parse_args()
 
     from rubberband.catalog import load_catalog
@@ -91,8 +94,9 @@ def main() -> int:
     if not traces_dir.is_dir():
         traces_dir = Path("/work/shared/spot-traces")
     all_traces = [t for t in read_traces(traces_dir) if t.cloud == "aws"]
-    fit_part, held_part = split(all_traces, args.fit_fraction)
-    fitted = fit_traces(fit_part, source=f"{traces_dir} (first {args.fit_fraction:.0%} of each trace)")
+    fit_part, held_part = split(all_traces, args.fit_fraction, args.fit_last)
+    which = f"{'last' if args.fit_last else 'first'} {args.fit_fraction:.0%}"
+    fitted = fit_traces(fit_part, source=f"{traces_dir} ({which} of each trace)")
     market = fitted.market_model()
     catalog = load_catalog(["aws"])
     base = load_spec(EXAMPLES / "quickstart.yaml")
@@ -158,7 +162,7 @@ def main() -> int:
                              conf, _stages(spotted)))
     elapsed = time.perf_counter() - started
 
-    print(f"Spot bench: model fitted on the first {args.fit_fraction:.0%} of each AWS trace in {traces_dir}, "
+    print(f"Spot bench: model fitted on the {which} of each AWS trace in {traces_dir}, "
           f"replayed {args.replays}× on the rest; planning with {args.samples} samples; {elapsed:.0f} s")
     print("zones used:", ", ".join(f"{z.instance_type} {z.zone} ({z.preemption_rate_per_h:.2f}/h, "
                                    f"P(no capacity) {z.p_unavailable:.0%})"
