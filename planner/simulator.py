@@ -718,17 +718,24 @@ class Simulator:
 
     def _spot_request(self, scenario, index: int, config: StageConfig, prev: "_StageRecord | None", rows: slice,
                       t_req: np.ndarray, tail_s: float) -> tuple[np.ndarray, np.ndarray]:
-        """A spot stage's request: where it finds no capacity, the policy waits for it (the wait) or
-        buys the stage on-demand (``fallback``). Returns (fallback, wait) per sample."""
+        """A spot stage's request, where the policy decides for the stage's trials (as the executor does
+        before it starts them): on-demand when the slack (time left − the stage's and its bracket's later
+        stages' predicted time − one restart) is already short (``fallback``: the stage is bought
+        on-demand); where the request finds no capacity, the policy waits for it (the wait) or buys the
+        stage on-demand. Returns (fallback, wait) per sample."""
         setup = self.spot_setup
+        work = np.full_like(t_req, self.predicted_duration(index, config, None if prev is None else prev.config)
+                            + tail_s)
+        base, _ = self.task_time(index, config, None if prev is None else prev.config)
+        restart = self._spot_restart_s(config.instance_type,
+                                       base / self.stages[index].epochs_this_stage * setup.checkpoint_epochs)
+        start = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart)
         wait = scenario.unavailable_for(index, REQUEST_EVENT, rows, t_req[:, None])[:, 0]
         none = wait > 0
         if not none.any():
-            return none, np.zeros_like(wait)
-        work = self.predicted_duration(index, config, None if prev is None else prev.config) + tail_s
-        restart = self._spot_restart_s(config.instance_type, 0.0) + scenario.typical_wait_s
-        stay = stay_on_spot(setup.policy, setup.deadline_s - t_req, np.full_like(t_req, work), restart)
-        return none & ~stay, np.where(none & stay, wait, 0.0)
+            return ~start, np.zeros_like(wait)
+        stay = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart + scenario.typical_wait_s)
+        return ~start | (none & ~stay), np.where(start & none & stay, wait, 0.0)
 
     def _preemptions(self, scenario, index: int, config: StageConfig, rows: slice, slot_ready: np.ndarray,
                      slots: int, base: float, overhead: float, tail_s: float,
@@ -744,7 +751,8 @@ class Simulator:
         :class:`~rubberband.planner.policies.SpotPolicy` decides, with the slack of the whole remaining
         run (this task, the stage's waves after it, the bracket's later stages), whether the replacement
         is spot (it may then find no capacity: wait, or on-demand, decided again) or on-demand (no more
-        preemptions for that trial).
+        preemptions for that trial). Whether a trial starts on spot at all is decided for the stage, at
+        its request (:meth:`_spot_request`).
         """
         stage = self.stages[index]
         S, T = slot_ready.shape[0], stage.trials
