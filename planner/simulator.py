@@ -327,8 +327,10 @@ class Simulator:
         return self._finish(configs, prefix, n)
 
     def _tails(self, configs: tuple[StageConfig, ...]) -> tuple[float, ...]:
-        """Per stage, the predicted (median) time of its bracket's later stages: the work a spot fall-back
-        decision counts as still to come after the stage (0 where the stage is not on spot)."""
+        """Per stage, the predicted (median) time of the later stages this simulator plays (one after
+        another: with several Hyperband brackets here, the later brackets' too; a parallel bracket's
+        simulator holds its own bracket only): the work a spot fall-back decision counts as still to come
+        after the stage (0 where the stage is not on spot)."""
         if self.spot_setup is None or not any(c.spot for c in configs):
             return (0.0,) * len(configs)
         durations = [self.predicted_duration(i, c, configs[i - 1] if i else None) for i, c in enumerate(configs)]
@@ -336,7 +338,7 @@ class Simulator:
         acc = 0.0
         for i in range(len(configs) - 1, -1, -1):
             tails[i] = acc if configs[i].spot else 0.0
-            acc = 0.0 if self.stages[i].index == 0 else acc + durations[i]
+            acc += durations[i]
         return tuple(round(t, 3) for t in tails)
 
     def prefix_bounds(self, configs: Sequence[StageConfig]) -> tuple[float, np.ndarray]:
