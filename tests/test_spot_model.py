@@ -325,3 +325,16 @@ def test_parallel_hyperband_brackets_play_spot_stages():
     assert res.cost_mean < od.cost_mean and res.jct_mean >= od.jct_mean - 1e-6
     timeline, _, _ = sim.trace(configs, res.representative_index())
     assert timeline.tasks
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.lists(st.integers(0, 1), min_size=1, max_size=400), gap=st.floats(1.0, 600.0))
+def test_trace_stats_agree_with_a_direct_count(data, gap):
+    s = trace_stats(data, gap)
+    assert s.preemptions == sum(1 for a, b in zip(data, data[1:]) if (a, b) == (0, 1))
+    assert s.available_ticks == data.count(0)
+    assert sum(s.unavailable_runs_s) == pytest.approx(data.count(1) * gap)
+    assert len(s.unavailable_runs_s) == sum(1 for i, x in enumerate(data) if x == 1 and (i == 0 or data[i - 1] == 0))
+    fit = fit_zone("aws", "t", "r", "ra", availability=[s])
+    assert fit.p_unavailable == pytest.approx(data.count(1) / len(data))
+    assert list(fit.unavailable_s) == sorted(fit.unavailable_s)
