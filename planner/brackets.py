@@ -227,8 +227,13 @@ class ParallelSimulator:
         if head is not None:
             by_type[head.instance_type] = by_type.get(head.instance_type, 0.0) + breakdown["head"]
         cost = sum(breakdown[k] for k in CATEGORIES)
+        events: dict = {}
+        for r in runs:
+            for k, v in r.result.spot_events.items():
+                events[k] = events.get(k, 0.0) + v
         return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=stage_durations,
-                         stage_costs=stage_costs, breakdown=breakdown, by_type=by_type, samples=n)
+                         stage_costs=stage_costs, breakdown=breakdown, by_type=by_type, samples=n,
+                         spot_events=events)
 
     def _matching(self, configs, runs, rows: slice):
         """Per type: the matched hand-overs (vectorised over samples ``rows``)."""

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Mapping, Sequence
 
@@ -220,6 +220,7 @@ class _StageRecord:
     trace: dict | None = None
     ready: np.ndarray | None = None  # (S, N) when each instance can take its first trial (bracket hand-overs)
     fallback: np.ndarray | None = None  # (S,) spot stage bought on-demand (no capacity at its request)
+    events: dict[str, np.ndarray] | None = None  # spot stages: per-sample counts (SimResult.spot_events)
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,17 @@ class _Prefix:
     by_type: dict[str, np.ndarray]
     durations: tuple[np.ndarray, ...]
     open: _StageRecord
+    events: dict[str, np.ndarray] | None = None  # spot events of the finalised stages (summed)
+
+
+def _add_events(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {*a, *b}}
+
+
+#: What :attr:`SimResult.spot_events` counts per sample (spot stages only).
+SPOT_EVENTS = ("preemptions", "moved_to_on_demand", "stages_on_demand", "wait_s")
 
 
 @dataclass
@@ -245,6 +257,10 @@ class SimResult:
     breakdown: dict[str, np.ndarray]
     by_type: dict[str, np.ndarray]
     samples: int
+    #: Spot stages' per-sample counts (:data:`SPOT_EVENTS`): preemptions, trials the policy moved to
+    #: on-demand, spot stages bought on-demand at their request, seconds waited for capacity. Empty
+    #: without spot stages.
+    spot_events: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def cost_mean(self) -> float:
@@ -648,10 +664,12 @@ class Simulator:
         if prev is not None and stage.index > 0 and prev.config.placement != config.placement:
             transfer_usd = (stage.trials * model.checkpoint_size_gb
                             * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0))
-        spot_extra = None
+        spot_extra = events = None
         if scenario is not None:
-            spot_extra, od_s, wait_s = self._preemptions(scenario, index, config, rows, slot_ready, lay.slots, base,
-                                                         overhead, tail_s, fallback)
+            spot_extra, od_s, wait_s, counts_pm = self._preemptions(scenario, index, config, rows, slot_ready,
+                                                                    lay.slots, base, overhead, tail_s, fallback)
+            events = {"preemptions": counts_pm[0], "moved_to_on_demand": counts_pm[1],
+                      "stages_on_demand": fallback.astype(float), "wait_s": wait_s.sum(axis=1)}
         if model.variation.active or spot_extra is not None:
             factors = self._task_factors(index, rows) if model.variation.active else np.ones((S, stage.trials))
             counts, last_end, busy = schedule_tasks(slot_ready, base * slot_factor, factors, overhead,
@@ -708,8 +726,10 @@ class Simulator:
         rec = _StageRecord(config=config, start=start, anchor=anchor, barrier=barrier, predicted_s=predicted,
                            release=release, request=request, cost=cost,
                            parts=stage_parts, trace=trace, ready=ready,
-                           fallback=fallback if scenario is not None else None)
-        return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec)
+                           fallback=fallback if scenario is not None else None, events=events)
+        events = None if prefix is None else _add_events(prefix.events, prefix.open.events)
+        return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec,
+                       events=events)
 
     # -- spot ---------------------------------------------------------------------------------
     def _spot_restart_s(self, itype: InstanceType, checkpoint_s: float) -> float:
@@ -741,9 +761,10 @@ class Simulator:
 
     def _preemptions(self, scenario, index: int, config: StageConfig, rows: slice, slot_ready: np.ndarray,
                      slots: int, base: float, overhead: float, tail_s: float,
-                     fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per task (samples × trials, dispatch order): seconds a spot stage's preemptions add, seconds run
-        on-demand after the policy moved it, and seconds waited for spot capacity (unbilled).
+        on-demand after the policy moved it, and seconds waited for spot capacity (unbilled); and per
+        sample the counts of preemptions and of trials moved to on-demand (2 × samples).
 
         Tasks are played wave by wave on lanes (the first wave starts as the slots come up, each later
         task when its lane's previous task ends, preemptions included), each running ``base`` seconds of
@@ -764,15 +785,17 @@ class Simulator:
         extra = np.zeros((S, T))
         od = np.zeros((S, T))
         waited = np.zeros((S, T))
+        counts = np.zeros((2, S))
         for w in range(waves):
             lo, hi = w * lanes, min(T, (w + 1) * lanes)
             width = hi - lo
             after = (waves - 1 - w) * (base + overhead) + tail_s
-            e, o, wt = self._preempt_wave(scenario, index, w, config, rows, lane_free[:, :width] + overhead, base,
-                                          after, fallback)
+            e, o, wt, c = self._preempt_wave(scenario, index, w, config, rows, lane_free[:, :width] + overhead, base,
+                                             after, fallback)
             extra[:, lo:hi], od[:, lo:hi], waited[:, lo:hi] = e, o, wt
+            counts += c
             lane_free[:, :width] += base + overhead + e
-        return extra, od, waited
+        return extra, od, waited, counts
 
     def _preempt_wave(self, scenario, index: int, wave: int, config: StageConfig, rows: slice, now: np.ndarray,
                       base: float, after: float, fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -793,6 +816,7 @@ class Simulator:
         extra = np.zeros(shape)
         od = np.zeros(shape)
         waited = np.zeros(shape)
+        counts = np.zeros((2, shape[0]))  # preemptions, trials moved to on-demand (per sample)
         for k in range(MAX_PREEMPTIONS):
             active = on_spot & (remaining > 0)
             if not active.any():
@@ -816,13 +840,15 @@ class Simulator:
             extra += np.where(hit, (at - saved) + restart + w, 0.0)
             waited += w
             moved = hit & ~spot_again
+            counts[0] += hit.sum(axis=1)
+            counts[1] += moved.sum(axis=1)
             od += np.where(moved, base - saved + restart, 0.0)
             on_spot &= ~moved
             progress = np.where(hit, saved, progress)
             remaining = np.where(hit, base - saved, remaining)
             remaining = np.where(moved, 0.0, remaining)
             now = np.where(hit, t_hit + restart + w, now)
-        return extra, od, waited
+        return extra, od, waited, counts
 
     def _finish(self, configs: tuple[StageConfig, ...], prefix: _Prefix, n: int) -> SimResult:
         stage_costs, parts, by_type, *_ = self._finalise(prefix, 0)
@@ -835,8 +861,10 @@ class Simulator:
             by_type = dict(by_type)
             by_type[head.instance_type] = by_type.get(head.instance_type, 0.0) + parts["head"]
         cost = sum(parts[k] for k in CATEGORIES)
+        events = _add_events(prefix.events, prefix.open.events) or {}
         return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=list(durations),
-                         stage_costs=list(stage_costs), breakdown=parts, by_type=by_type, samples=n)
+                         stage_costs=list(stage_costs), breakdown=parts, by_type=by_type, samples=n,
+                         spot_events=events)
 
 
 def _nbytes(prefix: _Prefix) -> int:

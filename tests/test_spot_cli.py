@@ -67,6 +67,7 @@ def test_simulate_with_the_plans_own_model_and_with_traces(cli, spot_plan, tmp_p
     assert r.returncode == 0, r.stderr
     never = json.loads(r.stdout)
     assert never["cost_usd"]["mean"] > own["cost_usd"]["mean"] and "traces" in never["source"]
+    assert never["spot_events_mean"]["stages_on_demand"] >= 1 and never["spot_events_mean"]["preemptions"] == 0
     r = cli("simulate", plan, "--samples", "100")
     assert r.returncode == 0 and "hit rate" in r.stdout and "p90" in r.stdout
 

@@ -208,6 +208,9 @@ def test_preemptions_lengthen_the_job_and_lose_work_since_the_checkpoint():
     calm = Simulator(STAGES, _model(), samples=400, spot_setup=_setup(_zone(rate=0.0), 1e7)).simulate(_plan("spot"))
     busy = Simulator(STAGES, _model(), samples=400, spot_setup=_setup(_zone(rate=6.0), 1e7)).simulate(_plan("spot"))
     assert busy.jct_mean > calm.jct_mean + 60
+    assert calm.spot_events["preemptions"].sum() == 0 < busy.spot_events["preemptions"].mean()
+    # trials spend about 1500 s on spot here: at 6/h a few preemptions per run, fewer than six per task
+    assert 1.0 < busy.spot_events["preemptions"].mean() < 6 * 13
     assert np.all(busy.jct >= calm.jct - 1e-6)
     # with an ample deadline the policy keeps every replacement on spot: still far below on-demand
     od = Simulator(STAGES, _model(), samples=400).simulate(_plan("on_demand"))
@@ -232,6 +235,7 @@ def test_no_capacity_at_the_request_falls_back_to_on_demand_under_a_deadline():
     res = sim.simulate(_plan("spot"))
     assert res.cost_mean == pytest.approx(od.cost_mean, rel=1e-6)
     assert np.allclose(res.jct, od.jct)
+    assert np.all(res.spot_events["stages_on_demand"] >= 1) and res.spot_events["preemptions"].sum() == 0
 
 
 def test_the_representative_trace_of_a_spot_plan_builds():

@@ -52,6 +52,7 @@ def register(app: typer.Typer) -> None:
         figures = summary(result.jct, result.cost, plan.deadline_s, plan.confidence)
         figures["source"] = source
         figures["spot_stages"] = sum(1 for s in plan.stages if s.spot)
+        figures["spot_events_mean"] = {k: round(float(np.mean(v)), 4) for k, v in sorted(result.spot_events.items())}
         if as_json:
             typer.echo(json.dumps(figures, indent=2))
             return
@@ -62,6 +63,11 @@ def register(app: typer.Typer) -> None:
                        f"p95 {format_duration(figures['jct_s']['p95'])}")
         stdout().print(f"cost p10 {format_usd(c['p10'])}, p50 {format_usd(c['p50'])}, p90 {format_usd(c['p90'])}, "
                        f"mean {format_usd(c['mean'])}")
+        ev = figures["spot_events_mean"]
+        if ev:
+            stdout().print(f"per run (mean): {ev['preemptions']:.2f} preemptions, {ev['moved_to_on_demand']:.2f} trials "
+                           f"moved to on-demand, {ev['stages_on_demand']:.2f} spot stages bought on-demand (no "
+                           f"capacity or no slack at the request), {format_duration(ev['wait_s'])} waited for capacity")
 
 
 def summary(jct: np.ndarray, cost: np.ndarray, deadline_s: float, confidence: float) -> dict:
