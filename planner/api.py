@@ -17,13 +17,16 @@ import numpy as np
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.errors import InfeasibleError, PlanFileError
 from rubberband.plan import (Alternative, BaselineASHA, CatalogInfo, CostBreakdown, Distribution, Handoff, HeadInfo,
-                             JobInfo, Plan, PlannerInfo, Prediction, StagePlan, Timeline)
+                             JobInfo, Plan, PlannerInfo, Prediction, SpotInfo, SpotZoneInfo, StagePlan, Timeline)
 from rubberband.planner.asha import AshaResult, AshaSimulator, asha_baseline
 from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
 from rubberband.planner.brackets import ParallelSimulator, bracket_ranges, optimise_offsets, parallel_knapsack_plans
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
-from rubberband.planner.search import Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves
+from rubberband.planner.policies import SpotPolicy
+from rubberband.planner.search import (Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves,
+                                       with_markets)
+from rubberband.planner.spot import ModelScenario, SpotMarketModel, SpotScenario, SpotSetup, ZoneModel, model_setup
 from rubberband.planner.simulator import (HeadSpec, RunningState, SimOptions, SimResult, Simulator, StageConfig,
                                           normalise)
 from rubberband.profile import Profile
@@ -64,8 +67,12 @@ class StagesPlan:
 #: Simulated samples kept in a plan (for histograms in reports); the rest only feed the summaries.
 SAMPLES_KEPT = 300
 
-def allowed_types(catalog: Catalog, spec: JobSpec, cloud: str | None = None) -> list[InstanceType]:
-    """Offerings allowed by the spec's resources, narrowed to ``cloud`` (``any`` or None: the spec's)."""
+def allowed_types(catalog: Catalog, spec: JobSpec, cloud: str | None = None, *,
+                  spot_required: bool | None = None) -> list[InstanceType]:
+    """Offerings allowed by the spec's resources, narrowed to ``cloud`` (``any`` or None: the spec's).
+
+    ``spot_required`` (default: ``resources.spot``) keeps only types sold on spot: the old all-spot
+    pricing; with a spot model, spot is per stage and on-demand-only types stay allowed."""
     res = spec.resources
     if cloud in (None, ""):
         clouds = list(res.clouds)
@@ -73,7 +80,8 @@ def allowed_types(catalog: Catalog, spec: JobSpec, cloud: str | None = None) -> 
         clouds = catalog.clouds()
     else:
         clouds = [cloud]
-    filtered = catalog.filter(clouds=clouds, regions=res.regions, names=res.instance_types, spot=res.spot)
+    spot = res.spot if spot_required is None else spot_required
+    filtered = catalog.filter(clouds=clouds, regions=res.regions, names=res.instance_types, spot=spot)
     return list(filtered.types)
 
 
@@ -101,7 +109,8 @@ def _subsample(values: np.ndarray, at_most: int = SAMPLES_KEPT) -> list[float]:
 
 
 def stage_plans(stages: Sequence[Stage], configs: Sequence[StageConfig], result: SimResult | None,
-                spot: bool = False, model: PerformanceModel | None = None) -> list[StagePlan]:
+                spot: bool = False, model: PerformanceModel | None = None,
+                zones: Mapping[tuple[str, str, str], str] | None = None) -> list[StagePlan]:
     """The plan's stages; with ``model``, each says its median task time (``predicted_task_s``), from which
     the executor times the next stage's prefetch before a trial has finished, as the simulator does."""
     out = []
@@ -114,7 +123,10 @@ def stage_plans(stages: Sequence[Stage], configs: Sequence[StageConfig], result:
         out.append(StagePlan(
             bracket=st.bracket, stage=st.index, trials=st.trials, epochs=st.epochs,
             epochs_this_stage=st.epochs_this_stage, cloud=c.instance_type.cloud, region=c.instance_type.region,
-            instance_type=c.instance_type.name, instances=c.instances, workers_per_trial=c.workers, spot=spot,
+            instance_type=c.instance_type.name, instances=c.instances, workers_per_trial=c.workers,
+            spot=spot or c.spot,
+            zone=(zones or {}).get((c.instance_type.cloud, c.instance_type.region, c.instance_type.name))
+            if c.spot else None,
             predicted_duration_s=None if result is None else float(np.quantile(result.stage_durations[i], 0.5)),
             predicted_cost_usd=None if result is None else float(result.stage_costs[i].mean()),
             predicted_task_s=tasks[i]))
@@ -131,7 +143,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                 samples: int = DEFAULT_SAMPLES, seed: int = 0, budget_usd: float | None = None,
                 running: RunningState | None = None, include_exact: bool = False,
                 screen_samples: int = SCREEN_SAMPLES, heads: Mapping[str, HeadSpec] | None = None,
-                brackets: str = "sequential") -> StagesPlan:
+                brackets: str = "sequential", spot_setup: SpotSetup | None = None) -> StagesPlan:
     """Cheapest plan for ``stages`` meeting ``deadline_s`` at ``confidence`` (seconds from now).
 
     ``running`` describes instances already up (re-planning mid-run): the first stage reuses them
@@ -142,6 +154,12 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     is a fixed cluster running the brackets one after another either way. Raises
     InfeasibleError with the shortest achievable JCT (and its cost) when no plan meets the
     deadline, or with the cheapest plan's cost when over budget.
+
+    ``spot_setup``: spot allowed per stage (types it has a scenario for): the search first finds the
+    cheapest on-demand plan, then descends with the market as one more move dimension
+    (:func:`~rubberband.planner.search.with_markets`) from it, from it all on spot and from the fastest
+    plan all on spot; every candidate is simulated with preemptions and the SpotPolicy fall-back, so
+    P(meet) and cost include them. The static baseline stays on-demand.
     """
     if not stages:
         raise ValueError("plan_stages needs at least one stage")
@@ -149,9 +167,10 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     parallel = brackets == "parallel" and len(bracket_ranges(stages)) > 1
     if parallel:
         sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
-                                heads=heads)
+                                heads=heads, spot_setup=spot_setup)
     else:
-        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads)
+        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads,
+                        spot_setup=spot_setup)
     evaluator = Evaluator(sim, screen_samples)
     statics = static_plans(space)
     # the static baseline is a fixed cluster: simulated with every instance held to the end
@@ -204,7 +223,8 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     if parallel and chosen is not None:
         # one bracket after another can still be cheapest (loose deadlines: instances carry over between
         # brackets): the static plan and the chosen stages, run sequentially and elastically, compete
-        seq_sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads)
+        seq_sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads,
+                            spot_setup=spot_setup)
         for option in ([] if static.plan is None else [static.plan]) + [chosen[0]]:
             res = seq_sim.simulate(option)
             candidates += 1
@@ -220,6 +240,10 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
         notes.append(f"the best static plan is as cheap (within {STATIC_TIE:.0%}) and at least as fast as any "
                      f"elastic plan found; using the static plan")
+    if chosen is not None and spot_setup is not None and spot_setup.scenarios:
+        chosen, tried, steps = _spot_descent(space, evaluator, spot_setup, chosen, pool, deadline_s, confidence)
+        candidates += tried
+        iterations += steps
     if chosen is None:
         # The quickest plan is not always the widest (serial start-ups, spanning trials): screen the whole
         # pool by its JCT quantile and confirm the quickest few with every sample.
@@ -262,6 +286,34 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                       exact_note=exact_note)
 
 
+def _spot_descent(space: PlanSpace, evaluator: Evaluator, setup: SpotSetup, chosen: tuple, pool: list,
+                  deadline_s: float, confidence: float) -> tuple[tuple, int, int]:
+    """The greedy again with the market as a move dimension: from the on-demand plan, from it all on spot,
+    and from the cheapest plan of the deadline-independent pool (its spot-capable plans, all on spot) that
+    meets the deadline with preemptions (branch and bound, as for the on-demand pool)."""
+
+    def allowed(c: StageConfig) -> bool:
+        t = c.instance_type
+        return t.spot_price_hr is not None and setup.allows(t.cloud, t.region, t.name)
+
+    def all_spot(plan: tuple) -> tuple:
+        return tuple(c.on("spot") if allowed(c) else c for c in plan)
+
+    moves = with_markets(local_moves, allowed)
+    tried = steps = 0
+    spot_pool = [all_spot(p) for p in pool if all(allowed(c) for c in p)]
+    best_spot = cheapest_feasible(spot_pool, space, evaluator, deadline_s, confidence, screen_slack=SCREEN_SLACK)
+    tried += best_spot.evaluated
+    starts = [chosen[0], all_spot(chosen[0])] + ([best_spot.plan] if best_spot.plan is not None else [])
+    for start in starts:
+        refined = descend(space, evaluator, start, deadline_s, confidence, moves=moves)
+        tried += refined.candidates_evaluated + 1
+        steps += refined.iterations
+        if refined.result.meets(deadline_s, confidence) and refined.result.cost_mean < chosen[1].cost_mean - 1e-12:
+            chosen = (refined.plan, refined.result)
+    return chosen, tried, steps
+
+
 def static_is_as_good(static: SimResult, elastic: SimResult, confidence: float) -> bool:
     """Whether a static plan is as cheap (within :data:`STATIC_TIE`) and at least as fast (JCT at the
     confidence) as an elastic one, so that the elastic plan's resizes buy nothing worth having."""
@@ -277,7 +329,8 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
              confidence: float | None = None, cloud: str | None = None, samples: int = DEFAULT_SAMPLES,
              seed: int | None = None, include_exact: bool = False,
              heads: Mapping[str, HeadSpec] | None = None, brackets: str | None = None,
-             asha: bool = True) -> Plan:
+             asha: bool = True, spot_model: SpotMarketModel | None = None, spot_source: str = "",
+             spot_policy: SpotPolicy | None = None) -> Plan:
     """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines.
 
     ``brackets`` (``parallel`` | ``sequential``) overrides the spec's ``scheduler.brackets``.
@@ -287,6 +340,11 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     caller for head mode on AWS/GCP; the plan's first stage's cloud picks one, and every prediction
     (the chosen plan's and the baselines') includes it. None or no entry for the cloud: no head
     is billed (local runs, ``--head local``).
+
+    ``spot_model``: with ``resources.spot: true``, spot is allowed per stage and simulated with this
+    model's preemptions and unavailability (``spot_source`` names it in ``plan.spot``) and the
+    ``spot_policy`` fall-back; None keeps the old reading of ``spot: true`` (every stage at spot prices,
+    never preempted).
     """
     deadline = float(deadline_s if deadline_s is not None else spec.deadline_s)
     conf = float(confidence if confidence is not None else spec.confidence)
@@ -294,25 +352,31 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     sched = spec.scheduler
     stages = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
                         max_epochs=sched.max_epochs)
-    types = allowed_types(catalog, spec, cloud)
+    per_stage = spec.resources.spot and spot_model is not None
+    types = allowed_types(catalog, spec, cloud, spot_required=False if per_stage else None)
     model = fit_performance_model(profile)
+    setup = None
+    if per_stage:
+        setup = model_setup(spot_model, deadline_s=deadline, seed=seed, samples=samples, policy=spot_policy,
+                            types=[(t.cloud, t.region, t.name) for t in types if t.spot_price_hr is not None])
+    legacy_spot = spec.resources.spot and not per_stage
     out = plan_stages(stages, model, types, deadline_s=deadline, confidence=conf,
-                      max_workers_per_trial=spec.resources.max_workers_per_trial, spot=spec.resources.spot,
+                      max_workers_per_trial=spec.resources.max_workers_per_trial, spot=legacy_spot,
                       samples=samples, seed=seed, budget_usd=spec.budget_usd, include_exact=include_exact,
-                      heads=heads, brackets=brackets or sched.brackets)
+                      heads=heads, brackets=brackets or sched.brackets, spot_setup=setup)
     baselines = {}
     if out.static is not None:
         plan_s, res_s, tl_s = out.static
-        baselines["static"] = Alternative(name="static", stages=stage_plans(stages, plan_s, res_s, spec.resources.spot),
+        baselines["static"] = Alternative(name="static", stages=stage_plans(stages, plan_s, res_s, legacy_spot),
                                           predicted=prediction(res_s, deadline), timeline=tl_s)
     if out.exact is not None:
         plan_e, res_e, tl_e = out.exact
-        baselines["exact"] = Alternative(name="exact", stages=stage_plans(stages, plan_e, res_e, spec.resources.spot),
+        baselines["exact"] = Alternative(name="exact", stages=stage_plans(stages, plan_e, res_e, legacy_spot),
                                          predicted=prediction(res_e, deadline), timeline=tl_e, note=out.exact_note)
     used = {c.instance_type for c in out.configs}
     asha_out = None
     if asha:
-        asha_out = asha_info(stages, model, types, spec, deadline, conf, seed, heads)
+        asha_out = asha_info(stages, model, types, spec, deadline, conf, seed, heads, spot=legacy_spot)
     return Plan(
         job=JobInfo(name=spec.name, spec_sha256=spec.sha256(), scheduler=sched.kind, eta=sched.eta,
                     min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, trials=sched.trials,
@@ -320,7 +384,8 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
         catalog=CatalogInfo(clouds=sorted({t.cloud for t in types}), regions=sorted({t.region for t in types}),
                             dates={c: d for c, d in catalog.dates.items() if any(t.cloud == c for t in types)}),
         deadline_s=deadline, confidence=conf, budget_usd=spec.budget_usd,
-        stages=stage_plans(stages, out.configs, out.result, spec.resources.spot, model),
+        stages=stage_plans(stages, out.configs, out.result, legacy_spot, model,
+                           zones=None if setup is None else setup.zones),
         predicted=prediction(out.result, deadline), timeline=out.timeline, baselines=baselines,
         planner=PlannerInfo(candidates_evaluated=out.candidates_evaluated, iterations=out.iterations,
                             samples=samples, seed=seed,
@@ -330,22 +395,59 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
         asha=asha_out, brackets=out.brackets, bracket_offsets_s=[round(o, 3) for o in out.offsets],
         handoffs=[Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,
                           at_s=round(h.at_s, 3), instance_id=h.instance_id) for h in out.handoffs],
+        spot=None if setup is None else spot_info(setup, spot_source or "spot model"),
     )
+
+
+def spot_info(setup: SpotSetup, source: str) -> SpotInfo:
+    """The plan's record of the spot model and policy its predictions include."""
+    zones = []
+    for key in sorted(setup.scenarios):
+        z: ZoneModel | None = getattr(setup.scenarios[key], "zone", None)
+        if z is not None:
+            zones.append(SpotZoneInfo(cloud=z.cloud, instance_type=z.instance_type, region=z.region, zone=z.zone,
+                                      preemption_rate_per_h=z.preemption_rate_per_h, p_unavailable=z.p_unavailable,
+                                      unavailable_s=list(z.unavailable_s), rate_source=z.rate_source))
+    return SpotInfo(model_source=source, zones=zones, margin_s=setup.policy.margin_s,
+                    checkpoint_epochs=setup.checkpoint_epochs)
+
+
+def plan_spot_setup(plan: Plan, *, samples: int, seed: int, deadline_s: float,
+                    scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
+                    policy: SpotPolicy | None = None) -> SpotSetup | None:
+    """The spot setup a plan was made with (its own fitted zones), or with ``scenarios`` (e.g. trace replays)
+    in their place and another fall-back ``policy`` (anything with SpotPolicy's ``decide``: baselines);
+    None for a plan without a spot model."""
+    info = plan.spot
+    if info is None:
+        return None
+    policy = policy or SpotPolicy(margin_s=info.margin_s)
+    if scenarios is None:
+        scenarios = {}
+        for z in info.zones:
+            zone = ZoneModel(cloud=z.cloud, instance_type=z.instance_type, region=z.region, zone=z.zone,
+                             preemption_rate_per_h=z.preemption_rate_per_h, p_unavailable=z.p_unavailable,
+                             unavailable_s=tuple(z.unavailable_s), rate_source=z.rate_source)
+            scenarios[zone.key] = ModelScenario(zone, seed=seed, samples=samples)
+    zones = {(z.cloud, z.region, z.instance_type): z.zone for z in info.zones}
+    return SpotSetup(deadline_s=deadline_s, scenarios=dict(scenarios), policy=policy,
+                     checkpoint_epochs=info.checkpoint_epochs, zones=zones)
 
 
 def asha_info(stages: Sequence[Stage], model: PerformanceModel, types: Sequence[InstanceType], spec: JobSpec,
               deadline_s: float, confidence: float, seed: int,
-              heads: Mapping[str, HeadSpec] | None) -> BaselineASHA | None:
+              heads: Mapping[str, HeadSpec] | None, spot: bool | None = None) -> BaselineASHA | None:
     """ASHA with the job's trials (every bracket's first stage), η and epochs on the cheapest fixed
     cluster meeting the deadline (else the quickest one tried), in the plan's schema."""
     sched = spec.scheduler
     usable = [t for t in types if model.plannable(t.device)]
     if not usable:
         return None
-    billing = Simulator(stages, model, samples=1, seed=seed, spot=spec.resources.spot, heads=heads)
+    spot = spec.resources.spot if spot is None else spot
+    billing = Simulator(stages, model, samples=1, seed=seed, spot=spot, heads=heads)
     sim = AshaSimulator(model, trials=sum(s.trials for s in stages if s.index == 0), eta=sched.eta,
                         min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, seed=seed,
-                        spot=spec.resources.spot,
+                        spot=spot,
                         head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct))
     found = asha_baseline(sim, usable, spec.resources.max_workers_per_trial, deadline_s, confidence)
     if found is None:
@@ -397,18 +499,25 @@ def heads_of(plan: Plan) -> dict[str, HeadSpec]:
 
 
 def configs_of(plan: Plan, catalog: Catalog) -> tuple[list[Stage], tuple[StageConfig, ...]]:
-    """The schedule stages and stage configurations of an existing plan."""
+    """The schedule stages and stage configurations of an existing plan (a stage's market is spot when
+    the plan has a spot model and the stage says ``spot``; a v2 plan's spot stages are priced at spot)."""
     stages, configs = [], []
     for sp in plan.stages:
         itype = catalog.find(sp.instance_type, cloud=sp.cloud, region=sp.region)
         stages.append(Stage(sp.bracket, sp.stage, sp.trials, sp.epochs, sp.epochs_this_stage))
-        configs.append(StageConfig(itype, sp.instances, sp.workers_per_trial))
+        market = "spot" if sp.spot and plan.spot is not None else "on_demand"
+        configs.append(StageConfig(itype, sp.instances, sp.workers_per_trial, market))
     return stages, tuple(configs)
 
 
-def simulate_plan(plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES,
-                  seed: int | None = None, deadline_s: float | None = None) -> Plan:
-    """Re-simulate an existing plan (e.g. with a new profile); returns a copy with new predictions."""
+def plan_simulator(plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES,
+                   seed: int | None = None, deadline_s: float | None = None,
+                   spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
+                   spot_policy: SpotPolicy | None = None):
+    """(simulator, stages, configs, model) that replay an existing plan as it was planned.
+
+    ``spot_scenarios`` replaces the plan's own spot model (e.g. trace replays, ``rubberband simulate
+    --preemption-traces``) for its spot stages."""
     if not plan.stages:
         raise PlanFileError("the plan has no stages; regenerate it with `rubberband plan`")
     stages, configs = configs_of(plan, catalog)
@@ -417,15 +526,36 @@ def simulate_plan(plan: Plan, profile: Profile, catalog: Catalog, *, samples: in
     for c in configs:
         model.require(c.instance_type.device)
     seed = plan.planner.seed if seed is None else seed
-    spot = any(s.spot for s in plan.stages)
+    setup = plan_spot_setup(plan, samples=samples, seed=seed, deadline_s=deadline, scenarios=spot_scenarios,
+                            policy=spot_policy)
+    spot = setup is None and any(s.spot for s in plan.stages)
     if plan.parallel_brackets:
         offsets = plan.bracket_offsets_s or None
         sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan),
-                                offsets=offsets)
+                                offsets=offsets, spot_setup=setup)
     else:
-        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan))
+        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan), spot_setup=setup)
+    return sim, stages, configs, model
+
+
+def replay_plan(plan: Plan, profile: Profile, catalog: Catalog, **kwargs) -> SimResult:
+    """The Monte Carlo distributions of an existing plan (keyword arguments: :func:`plan_simulator`'s)."""
+    sim, _, configs, _ = plan_simulator(plan, profile, catalog, **kwargs)
+    return sim.simulate(configs)
+
+
+def simulate_plan(plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES,
+                  seed: int | None = None, deadline_s: float | None = None,
+                  spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None) -> Plan:
+    """Re-simulate an existing plan (e.g. with a new profile); returns a copy with new predictions."""
+    deadline = deadline_s if deadline_s is not None else plan.deadline_s
+    sim, stages, configs, model = plan_simulator(plan, profile, catalog, samples=samples, seed=seed,
+                                                 deadline_s=deadline, spot_scenarios=spot_scenarios)
+    setup = sim.spot_setup
+    spot = setup is None and any(s.spot for s in plan.stages)
     result = sim.simulate(configs)
-    update = {"stages": stage_plans(stages, configs, result, spot, model), "predicted": prediction(result, deadline),
+    update = {"stages": stage_plans(stages, configs, result, spot, model, zones=None if setup is None else setup.zones),
+              "predicted": prediction(result, deadline),
               "timeline": _timeline(sim, configs, result), "deadline_s": deadline}
     if plan.parallel_brackets:
         update["handoffs"] = [Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,

@@ -81,7 +81,7 @@ def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[fl
     prev = None
     for i, (st, c) in enumerate(zip(space.stages, plan)):
         t = c.instance_type
-        price = t.price(sim.spot) / 3600.0
+        price = t.price(sim.spot or c.spot) / 3600.0  # spot: preemptions and fall-backs only add to it
         lay = layout(t.workers, c.instances, c.workers)
         base = st.epochs_this_stage * model.epoch_time(t.device, c.workers, lay.nodes)
         moved = prev is not None and st.index > 0 and prev.placement != c.placement
@@ -91,7 +91,7 @@ def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[fl
         prev = c
     t0 = plan[0].instance_type
     startup = 0.0 if running else min(model.startup(t0.cloud, t0.name).samples_s)
-    cost += plan[0].instances * startup * t0.price(sim.spot) / 3600.0
+    cost += plan[0].instances * startup * t0.price(sim.spot or plan[0].spot) / 3600.0
     if len({c.key for c in plan}) == 1:  # static: all instances live until the last stage starts
         if t0.cloud in SERIAL_PROVISIONING:
             # instances after the first are requested (and billed) only once the one before is up,
@@ -99,7 +99,7 @@ def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[fl
             held = (startup + sum(times[:-1])) + (plan[0].instances - 1) * startup
         else:
             held = plan[0].instances * (startup + sum(times[:-1]))
-        cost = max(cost, t0.price(sim.spot) / 3600.0 * held)
+        cost = max(cost, t0.price(sim.spot or plan[0].spot) / 3600.0 * held)
     return cost, startup + sum(times)
 
 

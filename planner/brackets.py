@@ -93,7 +93,7 @@ class ParallelSimulator:
                  spot: bool = False, options: SimOptions | None = None, start_state: RunningState | None = None,
                  heads: Mapping[str, HeadSpec] | None = None, offsets: Sequence[float] | None = None,
                  share: bool = True, cache_size: int = 2048, _subs: list[Simulator] | None = None,
-                 _cache: OrderedDict | None = None) -> None:
+                 _cache: OrderedDict | None = None, spot_setup=None) -> None:
         self.stages = list(stages)
         self.model = model
         self.samples = samples
@@ -102,16 +102,19 @@ class ParallelSimulator:
         self.options = options or SimOptions()
         self.start_state = start_state
         self.share = share
+        # spot fall-back decisions aim at the job's deadline in every bracket (each bracket's clock starts
+        # at its offset, so a later bracket's decisions are slightly optimistic; docs/spot.md)
+        self.spot_setup = spot_setup
         self.ranges = bracket_ranges(self.stages)
         self.offsets = tuple(float(o) for o in (offsets or [0.0] * len(self.ranges)))
         if len(self.offsets) != len(self.ranges) or self.offsets[0] != 0.0 or min(self.offsets) < 0:
             raise ValueError("one offset ≥ 0 per bracket is required, and bracket 0 starts at 0")
         # the whole job's simulator: heads, billing rules and bounds (never used to simulate a plan)
         self.main = Simulator(self.stages, model, samples=samples, seed=seed, spot=spot, options=self.options,
-                              start_state=start_state, heads=heads)
+                              start_state=start_state, heads=heads, spot_setup=spot_setup)
         self.subs = _subs if _subs is not None else [
             Simulator(self.stages[lo:hi], model, samples=samples, seed=seed + BRACKET_SEED_STRIDE * b, spot=spot,
-                      options=self.options, start_state=start_state if b == 0 else None)
+                      options=self.options, start_state=start_state if b == 0 else None, spot_setup=spot_setup)
             for b, (lo, hi) in enumerate(self.ranges)]
         self._runs: OrderedDict = _cache if _cache is not None else OrderedDict()
         self._cache_size = cache_size
@@ -121,7 +124,8 @@ class ParallelSimulator:
         """The same job with other bracket start offsets (shares the brackets' simulations)."""
         return ParallelSimulator(self.stages, self.model, samples=self.samples, seed=self.seed, spot=self.spot,
                                  options=self.options, start_state=self.start_state, heads=self.main.heads,
-                                 offsets=offsets, share=self.share, _subs=self.subs, _cache=self._runs)
+                                 offsets=offsets, share=self.share, _subs=self.subs, _cache=self._runs,
+                                 spot_setup=self.spot_setup)
 
     # -- Simulator's interface ------------------------------------------------------------------
     def head_for(self, configs: Sequence[StageConfig]) -> HeadSpec | None:
@@ -139,8 +143,8 @@ class ParallelSimulator:
     def _termination(self, itype) -> float:
         return self.main._termination(itype)
 
-    def _price(self, itype) -> float:
-        return self.main._price(itype)
+    def _price(self, itype, market: str | None = None) -> float:
+        return self.main._price(itype, market)
 
     def prefix_bounds(self, configs: Sequence[StageConfig]):
         raise NotImplementedError("the exact optimum is searched for sequential brackets only")
@@ -178,12 +182,15 @@ class ParallelSimulator:
     def _instances(self, b: int, sub: Simulator, configs: tuple[StageConfig, ...], n: int, run: _BracketRun) -> None:
         """Record the bracket's new requests and final releases per instance type (own-start times)."""
         lo = self.ranges[b][0]
-        records = [sub._prefix(configs, k + 1, n).open for k in range(len(configs))]
+        tails = sub._tails(configs)
+        records = [sub._prefix(configs, k + 1, n, tails).open for k in range(len(configs))]
         for k, (config, rec) in enumerate(zip(configs, records)):
+            if config.spot:
+                continue  # spot instances are not handed over (their market's own preemptions and prices)
             tkey = config.instance_type.key
             prev = configs[k - 1] if k > 0 else None
             carry_in = min(prev.instances, config.instances) if prev is not None and \
-                prev.instance_type.key == tkey else 0
+                prev.instance_type.key == tkey and prev.market == config.market else 0
             # bracket 0's first stage starts the job: nothing can be handed to it (keeps cost bounds rigorous)
             if not (k == 0 and b == 0) and carry_in < config.instances \
                     and rec.ready is not None:
@@ -191,7 +198,7 @@ class ParallelSimulator:
                     (rec.request[:, carry_in:], rec.ready[:, carry_in:], np.full(config.instances - carry_in, lo + k)))
             nxt = configs[k + 1] if k + 1 < len(configs) else None
             carry_out = min(nxt.instances, config.instances) if nxt is not None and \
-                nxt.instance_type.key == tkey else 0
+                nxt.instance_type.key == tkey and nxt.market == config.market else 0
             released = config.instances - carry_out
             if released > 0:
                 # the instances carried on are those that free last (the simulator's rule)
@@ -220,8 +227,13 @@ class ParallelSimulator:
         if head is not None:
             by_type[head.instance_type] = by_type.get(head.instance_type, 0.0) + breakdown["head"]
         cost = sum(breakdown[k] for k in CATEGORIES)
+        events: dict = {}
+        for r in runs:
+            for k, v in r.result.spot_events.items():
+                events[k] = events.get(k, 0.0) + v
         return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=stage_durations,
-                         stage_costs=stage_costs, breakdown=breakdown, by_type=by_type, samples=n)
+                         stage_costs=stage_costs, breakdown=breakdown, by_type=by_type, samples=n,
+                         spot_events=events)
 
     def _matching(self, configs, runs, rows: slice):
         """Per type: the matched hand-overs (vectorised over samples ``rows``)."""

@@ -169,20 +169,20 @@ def task_factors(variation: Variation, trial_z: np.ndarray, epoch_z: np.ndarray,
 
 
 def schedule_tasks(ready: np.ndarray, base: np.ndarray, factor: np.ndarray,
-                   overhead: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   overhead: float, extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """List scheduling of tasks of unequal duration onto slots, vectorised over samples.
 
     Slot ``j`` is free at ``ready[:, j]``; task ``m`` (in dispatch order) on slot ``j`` takes
     ``base[:, j] · factor[:, m] + overhead``; each task goes to the slot that frees first (ties to
-    the lower index). Returns per-slot task counts, last end times (the ready time of an unused
-    slot) and busy seconds.
+    the lower index), plus ``extra[:, m]`` seconds where given (spot preemptions: lost work, restarts).
+    Returns per-slot task counts, last end times (the ready time of an unused slot) and busy seconds.
     """
     S, slots = ready.shape
     trials = factor.shape[1]
     if slots == trials:
         # one task per slot when no slot finishes its task before every slot is ready; which task
         # goes to which slot does not matter then (the factors are exchangeable)
-        dur = base * factor + overhead
+        dur = base * factor + overhead + (0.0 if extra is None else extra)
         if np.all((ready + dur).min(axis=1) > ready.max(axis=1)):
             return np.ones((S, slots), dtype=np.int64), ready + dur, dur
     free = ready.copy()
@@ -191,7 +191,7 @@ def schedule_tasks(ready: np.ndarray, base: np.ndarray, factor: np.ndarray,
     rows = np.arange(S)
     for m in range(trials):
         j = np.argmin(free, axis=1)
-        d = base[rows, j] * factor[:, m] + overhead
+        d = base[rows, j] * factor[:, m] + overhead + (0.0 if extra is None else extra[:, m])
         free[rows, j] += d
         counts[rows, j] += 1
         busy[rows, j] += d

@@ -192,7 +192,8 @@ class Evaluator:
             for b, (lo, hi) in enumerate(self._brackets):
                 self._subsims.append(Simulator(sim.stages[lo:hi], sim.model, samples=self.screen_samples,
                                                seed=sim.seed + 7919 * (b + 1), spot=sim.spot,
-                                               options=sim.options, start_state=sim.start_state if b == 0 else None))
+                                               options=sim.options, start_state=sim.start_state if b == 0 else None,
+                                               spot_setup=getattr(sim, "spot_setup", None)))
         self._sub: dict[tuple, SimResult] = {}
 
     def screen(self, plan: Plan) -> SimResult:
@@ -461,3 +462,47 @@ def _knapsack(space: PlanSpace, only_type: str | None, *, buckets: int = 400, la
                 plans.append(plan)
         budget *= ladder
     return plans
+
+
+def with_markets(moves, spot_allowed):
+    """``moves`` with the market as one more move dimension per stage (issue 15).
+
+    Every candidate of ``moves`` keeps each stage's market (a move of type, width or count leaves the
+    stage on spot if it was, where its new type may be bought on spot), and each stage, each bracket's
+    suffix of stages, and the whole plan may switch market. ``spot_allowed(config)``: whether a
+    configuration may run on spot (its type has a spot price and a fitted spot model).
+    """
+
+    def keep(plan: Plan, candidate: Plan) -> Plan:
+        return tuple(c.on(p.market) if p.market != c.market and (p.market != "spot" or spot_allowed(c)) else c
+                     for p, c in zip(plan, candidate))
+
+    def moves_with_markets(space: PlanSpace, plan: Plan) -> list[Plan]:
+        out = []
+        seen = {plan_key(plan)}
+
+        def add(candidate: Plan) -> None:
+            key = plan_key(candidate)
+            if key not in seen:
+                seen.add(key)
+                out.append(candidate)
+
+        def flipped(c: StageConfig) -> StageConfig | None:
+            if c.market == "spot":
+                return c.on("on_demand")
+            return c.on("spot") if spot_allowed(c) else None
+
+        for i, c in enumerate(plan):
+            f = flipped(c)
+            if f is not None:
+                add(plan[:i] + (f,) + plan[i + 1:])
+        for first, last in space.brackets():
+            for a in range(first, last):
+                for market in ("spot", "on_demand"):
+                    block = [c.on(market) if (market == "on_demand" or spot_allowed(c)) else c for c in plan[a:last]]
+                    add(plan[:a] + tuple(block) + plan[last:])
+        for candidate in moves(space, plan):
+            add(keep(plan, candidate))
+        return out
+
+    return moves_with_markets

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Mapping, Sequence
 
@@ -51,6 +51,7 @@ from rubberband.catalog import (BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIO
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import PrefetchPolicy
+from rubberband.planner.spot import MAX_PREEMPTIONS, REQUEST_EVENT, SpotSetup, stay_on_spot
 from rubberband.planner.noise import VariationDraws, schedule_tasks, task_factors
 from rubberband.planner.schedule import Stage
 
@@ -87,19 +88,33 @@ class HeadSpec:
 
 @dataclass(frozen=True)
 class StageConfig:
-    """Resources of one stage: ``instances`` × ``instance_type``, ``workers`` per trial."""
+    """Resources of one stage: ``instances`` × ``instance_type``, ``workers`` per trial, bought on ``market``
+    (``on_demand`` or ``spot``: :class:`~rubberband.planner.policies.Market` values)."""
 
     instance_type: InstanceType
     instances: int
     workers: int
+    market: str = "on_demand"
 
     @cached_property  # read millions of times while planning
-    def key(self) -> tuple[str, int, int]:
-        return (self.instance_type.key, self.instances, self.workers)
+    def key(self) -> tuple:
+        if self.market == "on_demand":
+            return (self.instance_type.key, self.instances, self.workers)
+        return (self.instance_type.key, self.instances, self.workers, self.market)
 
     @property
-    def placement(self) -> tuple[str, int]:
-        return (self.instance_type.key, self.workers)
+    def spot(self) -> bool:
+        return self.market == "spot"
+
+    def on(self, market: str) -> "StageConfig":
+        """The same resources bought on ``market``."""
+        return self if market == self.market else StageConfig(self.instance_type, self.instances, self.workers,
+                                                               market)
+
+    @property
+    def placement(self) -> tuple:
+        """Where a trial runs: a change of type, width or market at a promotion moves it (checkpoint restore)."""
+        return (self.instance_type.key, self.workers, self.market)
 
 
 @dataclass(frozen=True)
@@ -152,7 +167,7 @@ def normalise(config: StageConfig, trials: int) -> StageConfig:
     if config.workers > cap:
         k = -(-config.workers // cap)
         n = max(k, n // k * k)
-    return config if n == config.instances else StageConfig(config.instance_type, n, config.workers)
+    return config if n == config.instances else StageConfig(config.instance_type, n, config.workers, config.market)
 
 
 # -- random streams -----------------------------------------------------------------------------
@@ -204,6 +219,8 @@ class _StageRecord:
     # recorded only for the representative trace (1 sample)
     trace: dict | None = None
     ready: np.ndarray | None = None  # (S, N) when each instance can take its first trial (bracket hand-overs)
+    fallback: np.ndarray | None = None  # (S,) spot stage bought on-demand (no capacity at its request)
+    events: dict[str, np.ndarray] | None = None  # spot stages: per-sample counts (SimResult.spot_events)
 
 
 @dataclass(frozen=True)
@@ -215,6 +232,17 @@ class _Prefix:
     by_type: dict[str, np.ndarray]
     durations: tuple[np.ndarray, ...]
     open: _StageRecord
+    events: dict[str, np.ndarray] | None = None  # spot events of the finalised stages (summed)
+
+
+def _add_events(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {*a, *b}}
+
+
+#: What :attr:`SimResult.spot_events` counts per sample (spot stages only).
+SPOT_EVENTS = ("preemptions", "moved_to_on_demand", "stages_on_demand", "wait_s")
 
 
 @dataclass
@@ -229,6 +257,10 @@ class SimResult:
     breakdown: dict[str, np.ndarray]
     by_type: dict[str, np.ndarray]
     samples: int
+    #: Spot stages' per-sample counts (:data:`SPOT_EVENTS`): preemptions, trials the policy moved to
+    #: on-demand, spot stages bought on-demand at their request, seconds waited for capacity. Empty
+    #: without spot stages.
+    spot_events: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def cost_mean(self) -> float:
@@ -270,9 +302,11 @@ class Simulator:
     def __init__(self, stages: Sequence[Stage], model: PerformanceModel, *, samples: int = 1000, seed: int = 0,
                  spot: bool = False, options: SimOptions | None = None,
                  cache_size: int = 4096, cache_bytes: int = 256 << 20, start_state: "RunningState | None" = None,
-                 heads: Mapping[str, HeadSpec] | None = None) -> None:
+                 heads: Mapping[str, HeadSpec] | None = None, spot_setup: SpotSetup | None = None) -> None:
         self.stages = list(stages)
         self.heads = dict(heads or {})
+        #: Spot stages' preemptions and fall-back (None: a spot stage is priced at spot and never fails).
+        self.spot_setup = spot_setup
         self._heads: dict[str, HeadSpec | None] = {}  # per cloud, boot resolved
         self.model = model
         self.samples = samples
@@ -305,8 +339,23 @@ class Simulator:
     def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
         """Simulate a full plan with the first ``samples`` samples (all by default)."""
         configs, n = self.prepare(configs, samples)
-        prefix = self._prefix(configs, len(configs), n)
+        prefix = self._prefix(configs, len(configs), n, self._tails(configs))
         return self._finish(configs, prefix, n)
+
+    def _tails(self, configs: tuple[StageConfig, ...]) -> tuple[float, ...]:
+        """Per stage, the predicted (median) time of the later stages this simulator plays (one after
+        another: with several Hyperband brackets here, the later brackets' too; a parallel bracket's
+        simulator holds its own bracket only): the work a spot fall-back decision counts as still to come
+        after the stage (0 where the stage is not on spot)."""
+        if self.spot_setup is None or not any(c.spot for c in configs):
+            return (0.0,) * len(configs)
+        durations = [self.predicted_duration(i, c, configs[i - 1] if i else None) for i, c in enumerate(configs)]
+        tails = [0.0] * len(configs)
+        acc = 0.0
+        for i in range(len(configs) - 1, -1, -1):
+            tails[i] = acc if configs[i].spot else 0.0
+            acc += durations[i]
+        return tuple(round(t, 3) for t in tails)
 
     def prefix_bounds(self, configs: Sequence[StageConfig]) -> tuple[float, np.ndarray]:
         """Lower bound on the mean cost of any plan starting with ``configs``, and the barrier times.
@@ -314,7 +363,7 @@ class Simulator:
         Later stages and the open stage's finalisation only add cost, so the cost so far is a bound.
         """
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
-        prefix = self._prefix(configs, len(configs), self.samples)
+        prefix = self._prefix(configs, len(configs), self.samples, (0.0,) * len(configs))
         so_far = sum(prefix.parts[k] for k in WORKER_CATEGORIES) + prefix.open.cost
         # the job ends no earlier than this prefix's barrier, and the head's bill only grows with the JCT
         so_far = so_far + self.head_cost(configs, prefix.open.barrier)
@@ -384,8 +433,9 @@ class Simulator:
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
         prefix = None
         records: list[_StageRecord] = []
+        tails = self._tails(configs)
         for i in range(len(configs)):
-            prefix = self._step(prefix, configs[i], i, rows=slice(sample, sample + 1), record=True,
+            prefix = self._step(prefix, configs[i], i, rows=slice(sample, sample + 1), record=True, tail_s=tails[i],
                                 next_config=configs[i + 1] if i + 1 < len(configs) else None)
             records.append(prefix.open)
         return _build_timeline(self, configs, records)
@@ -441,16 +491,17 @@ class Simulator:
             self._epoch_cache[key] = self.model.epoch_time(device, workers, nodes)
         return self._epoch_cache[key]
 
-    def _prefix(self, configs: tuple[StageConfig, ...], upto: int, n: int) -> _Prefix | None:
+    def _prefix(self, configs: tuple[StageConfig, ...], upto: int, n: int,
+                tails: tuple[float, ...]) -> _Prefix | None:
         if upto == 0:
             return None
-        key = (n, tuple(c.key for c in configs[:upto]))
+        key = (n, tuple(c.key for c in configs[:upto]), tails[:upto])
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        previous = self._prefix(configs, upto - 1, n)
-        result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n))
+        previous = self._prefix(configs, upto - 1, n, tails)
+        result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n), tail_s=tails[upto - 1])
         self._cache[key] = result
         self._cached_bytes += _nbytes(result)
         while self._cache and (len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes):
@@ -468,8 +519,8 @@ class Simulator:
             self._startup_cache[key] = (None, self.model.termination(itype.cloud, itype.name).quantile(0.5))
         return self._startup_cache[key][1]
 
-    def _price(self, itype: InstanceType) -> float:
-        return itype.price(self.spot)
+    def _price(self, itype: InstanceType, market: str | None = None) -> float:
+        return itype.price(self.spot or market == "spot")
 
     def _finalise(self, prefix: _Prefix, carry: int) -> tuple:
         """Close the open stage: carried instances idle until the barrier; others pay billing minimums.
@@ -480,7 +531,7 @@ class Simulator:
         """
         rec = prefix.open
         itype = rec.config.instance_type
-        price = self._price(itype) / 3600.0
+        price = self._price(itype, rec.config.market) / 3600.0
         rule = self._rule(itype.cloud)
         n = rec.release.shape[1]
         release, request = rec.release, rec.request
@@ -523,7 +574,7 @@ class Simulator:
         return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
 
     def _step(self, prefix: _Prefix | None, config: StageConfig, index: int, *, rows: slice,
-              record: bool = False, next_config: StageConfig | None = None) -> _Prefix:
+              record: bool = False, next_config: StageConfig | None = None, tail_s: float = 0.0) -> _Prefix:
         stage = self.stages[index]
         itype = config.instance_type
         cap = itype.workers
@@ -533,13 +584,13 @@ class Simulator:
         f_all, _ = self._draws(index, n_inst, None)
         factor = f_all[rows, :n_inst]
         S = factor.shape[0]
-        price = self._price(itype) / 3600.0
+        price = self._price(itype, config.market) / 3600.0
         prev = prefix.open if prefix is not None else None
 
         carry = 0
         if prev is not None:
-            carry = self.options.prefetch.carried(prev.config.instance_type.key == itype.key, prev.release.shape[1],
-                                                  n_inst)
+            same = prev.config.instance_type.key == itype.key and prev.config.market == config.market
+            carry = self.options.prefetch.carried(same, prev.release.shape[1], n_inst)
         if prefix is None:
             carried_idx = None
             stage_costs: tuple = ()
@@ -576,6 +627,17 @@ class Simulator:
                 request[:, carry + 1:] = t_req[:, None] + boot[:, :-1]
             # its first trial waits for the new instance's worker processes
             ready[:, carry:] = t_req[:, None] + boot + model.worker_start_s
+        scenario = None
+        if config.spot and self.spot_setup is not None:
+            scenario = self.spot_setup.scenario(itype.cloud, itype.region, itype.name)
+        fallback = np.zeros(S, dtype=bool)  # samples whose spot request found no capacity: the stage on on-demand
+        if scenario is not None and carry and prev.fallback is not None:
+            fallback = prev.fallback.copy()  # the on-demand instances it fell back to carry over (as on-demand)
+        if scenario is not None and carry < n_inst:
+            new_fallback, waited = self._spot_request(scenario, index, config, prev, rows, t_req, tail_s)
+            fallback |= new_fallback
+            request[:, carry:] += waited[:, None]  # nothing is billed while no capacity is found
+            ready[:, carry:] += waited[:, None]
         if prev is None and self.start_state is not None and self.start_state.instance_type_key == itype.key:
             # instances already running when re-planning mid-run: ready now, billed from now (the past is sunk)
             kept = min(self.start_state.instances, n_inst)
@@ -602,9 +664,16 @@ class Simulator:
         if prev is not None and stage.index > 0 and prev.config.placement != config.placement:
             transfer_usd = (stage.trials * model.checkpoint_size_gb
                             * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0))
-        if model.variation.active:
-            counts, last_end, busy = schedule_tasks(slot_ready, base * slot_factor,
-                                                    self._task_factors(index, rows), overhead)
+        spot_extra = events = None
+        if scenario is not None:
+            spot_extra, od_s, wait_s, counts_pm = self._preemptions(scenario, index, config, rows, slot_ready,
+                                                                    lay.slots, base, overhead, tail_s, fallback)
+            events = {"preemptions": counts_pm[0], "moved_to_on_demand": counts_pm[1],
+                      "stages_on_demand": fallback.astype(float), "wait_s": wait_s.sum(axis=1)}
+        if model.variation.active or spot_extra is not None:
+            factors = self._task_factors(index, rows) if model.variation.active else np.ones((S, stage.trials))
+            counts, last_end, busy = schedule_tasks(slot_ready, base * slot_factor, factors, overhead,
+                                                    extra=spot_extra)
             dur = np.where(counts > 0, busy / np.maximum(counts, 1), base * slot_factor + overhead)  # trace: mean
         else:
             dur = base * slot_factor + overhead
@@ -632,6 +701,17 @@ class Simulator:
         start_cost = (ready - request)[:, carry:].sum(axis=1) * price
         stage_parts = {"training": train, "startup": start_cost, "idle": seg - train - start_cost,
                        "billing_minimum": np.zeros(S), "transfer": np.full(S, transfer_usd)}
+        if scenario is not None:
+            # on-demand where a spot stage fell back: the whole stage (no capacity at its request), or a
+            # trial's rest after the policy moved it (its replacement bought on-demand); waits for spot
+            # capacity after a preemption are not billed
+            od_price = itype.price(False) / 3600.0
+            per_trial = config.workers / cap
+            adjust = ((od_s.sum(axis=1) * (od_price - price) - wait_s.sum(axis=1) * price) * per_trial)
+            ratio = np.where(fallback, od_price / price if price > 0 else 1.0, 1.0)
+            stage_parts = {k: v * ratio for k, v in stage_parts.items()}
+            stage_parts["training"] = stage_parts["training"] + np.where(fallback, 0.0, adjust)
+            seg = seg * ratio + np.where(fallback, 0.0, adjust)
         cost = seg + transfer_usd
         predicted = -(-stage.trials // max(1, lay.slots)) * (base + overhead)
 
@@ -645,8 +725,130 @@ class Simulator:
                      "anchor": float(anchor[0]), "prev_anchor": None if prev is None else float(prev.anchor[0])}
         rec = _StageRecord(config=config, start=start, anchor=anchor, barrier=barrier, predicted_s=predicted,
                            release=release, request=request, cost=cost,
-                           parts=stage_parts, trace=trace, ready=ready)
-        return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec)
+                           parts=stage_parts, trace=trace, ready=ready,
+                           fallback=fallback if scenario is not None else None, events=events)
+        events = None if prefix is None else _add_events(prefix.events, prefix.open.events)
+        return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec,
+                       events=events)
+
+    # -- spot ---------------------------------------------------------------------------------
+    def _spot_restart_s(self, itype: InstanceType, checkpoint_s: float) -> float:
+        """What the policy counts one more preemption to cost: a replacement's start-up (the prefetch
+        quantile), its workers' start, the checkpoint restore, and half a checkpoint interval of lost work."""
+        m = self.model
+        return self._lead(itype) + m.worker_start_s + m.restart_overhead_s + m.transfer_time() + checkpoint_s / 2
+
+    def _spot_request(self, scenario, index: int, config: StageConfig, prev: "_StageRecord | None", rows: slice,
+                      t_req: np.ndarray, tail_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """A spot stage's request, where the policy decides for the stage's trials (as the executor does
+        before it starts them): on-demand when the slack (time left − the stage's and its bracket's later
+        stages' predicted time − one restart) is already short (``fallback``: the stage is bought
+        on-demand); where the request finds no capacity, the policy waits for it (the wait) or buys the
+        stage on-demand. Returns (fallback, wait) per sample."""
+        setup = self.spot_setup
+        work = np.full_like(t_req, self.predicted_duration(index, config, None if prev is None else prev.config)
+                            + tail_s)
+        base, _ = self.task_time(index, config, None if prev is None else prev.config)
+        restart = self._spot_restart_s(config.instance_type,
+                                       base / self.stages[index].epochs_this_stage * setup.checkpoint_epochs)
+        start = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart)
+        wait = scenario.unavailable_for(index, REQUEST_EVENT, rows, t_req[:, None])[:, 0]
+        none = wait > 0
+        if not none.any():
+            return ~start, np.zeros_like(wait)
+        stay = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart + scenario.typical_wait_s)
+        return ~start | (none & ~stay), np.where(start & none & stay, wait, 0.0)
+
+    def _preemptions(self, scenario, index: int, config: StageConfig, rows: slice, slot_ready: np.ndarray,
+                     slots: int, base: float, overhead: float, tail_s: float,
+                     fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per task (samples × trials, dispatch order): seconds a spot stage's preemptions add, seconds run
+        on-demand after the policy moved it, and seconds waited for spot capacity (unbilled); and per
+        sample the counts of preemptions and of trials moved to on-demand (2 × samples).
+
+        Tasks are played wave by wave on lanes (the first wave starts as the slots come up, each later
+        task when its lane's previous task ends, preemptions included), each running ``base`` seconds of
+        training after ``overhead``. A preemption at progress ``p`` loses the work since the last
+        checkpoint (every ``checkpoint_epochs`` epochs), and the replacement costs its start-up, worker
+        start and the checkpoint restore. At each preemption
+        :class:`~rubberband.planner.policies.SpotPolicy` decides, with the slack of the whole remaining
+        run (this task, the stage's waves after it, the bracket's later stages), whether the replacement
+        is spot (it may then find no capacity: wait, or on-demand, decided again) or on-demand (no more
+        preemptions for that trial). Whether a trial starts on spot at all is decided for the stage, at
+        its request (:meth:`_spot_request`).
+        """
+        stage = self.stages[index]
+        S, T = slot_ready.shape[0], stage.trials
+        lanes = max(1, min(slots, T))
+        lane_free = np.sort(slot_ready, axis=1)[:, :lanes].copy()
+        waves = -(-T // lanes)
+        extra = np.zeros((S, T))
+        od = np.zeros((S, T))
+        waited = np.zeros((S, T))
+        counts = np.zeros((2, S))
+        for w in range(waves):
+            lo, hi = w * lanes, min(T, (w + 1) * lanes)
+            width = hi - lo
+            after = (waves - 1 - w) * (base + overhead) + tail_s
+            e, o, wt, c = self._preempt_wave(scenario, index, w, config, rows, lane_free[:, :width] + overhead, base,
+                                             after, fallback)
+            extra[:, lo:hi], od[:, lo:hi], waited[:, lo:hi] = e, o, wt
+            counts += c
+            lane_free[:, :width] += base + overhead + e
+        return extra, od, waited, counts
+
+    def _preempt_wave(self, scenario, index: int, wave: int, config: StageConfig, rows: slice, now: np.ndarray,
+                      base: float, after: float, fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One wave of :meth:`_preemptions`: tasks whose training starts at ``now`` (samples × tasks)."""
+        setup = self.spot_setup
+        stage = self.stages[index]
+        itype = config.instance_type
+        model = self.model
+        span = layout(itype.workers, config.instances, config.workers).span
+        checkpoint = max(base / stage.epochs_this_stage * setup.checkpoint_epochs, 1e-9)
+        decide_restart = self._spot_restart_s(itype, checkpoint)
+        restart = (self._startup(itype).quantile(0.5) + model.worker_start_s + model.restart_overhead_s
+                   + model.transfer_time())
+        shape = now.shape
+        progress = np.zeros(shape)
+        remaining = np.full(shape, base)
+        on_spot = np.broadcast_to(~fallback[:, None], shape).copy()
+        extra = np.zeros(shape)
+        od = np.zeros(shape)
+        waited = np.zeros(shape)
+        counts = np.zeros((2, shape[0]))  # preemptions, trials moved to on-demand (per sample)
+        for k in range(MAX_PREEMPTIONS):
+            active = on_spot & (remaining > 0)
+            if not active.any():
+                break
+            event = wave * MAX_PREEMPTIONS + k
+            dt = scenario.time_to_preemption(index, event, rows, now, span)
+            hit = active & (dt < remaining)
+            remaining = np.where(active & ~hit, 0.0, remaining)
+            if not hit.any():
+                break
+            at = progress + np.where(hit, dt, 0.0)
+            saved = np.floor(at / checkpoint + 1e-9) * checkpoint
+            t_hit = now + np.where(hit, dt, 0.0)
+            work_left = (base - saved) + after
+            time_left = setup.deadline_s - t_hit
+            stay = stay_on_spot(setup.policy, time_left, work_left, decide_restart)
+            none = scenario.unavailable_for(index, event, rows, t_hit) if (hit & stay).any() else np.zeros(shape)
+            wait_ok = stay_on_spot(setup.policy, time_left, work_left, decide_restart + scenario.typical_wait_s)
+            spot_again = stay & ((none <= 0) | wait_ok)
+            w = np.where(hit & spot_again, np.maximum(none, 0.0), 0.0)
+            extra += np.where(hit, (at - saved) + restart + w, 0.0)
+            waited += w
+            moved = hit & ~spot_again
+            counts[0] += hit.sum(axis=1)
+            counts[1] += moved.sum(axis=1)
+            od += np.where(moved, base - saved + restart, 0.0)
+            on_spot &= ~moved
+            progress = np.where(hit, saved, progress)
+            remaining = np.where(hit, base - saved, remaining)
+            remaining = np.where(moved, 0.0, remaining)
+            now = np.where(hit, t_hit + restart + w, now)
+        return extra, od, waited, counts
 
     def _finish(self, configs: tuple[StageConfig, ...], prefix: _Prefix, n: int) -> SimResult:
         stage_costs, parts, by_type, *_ = self._finalise(prefix, 0)
@@ -659,8 +861,10 @@ class Simulator:
             by_type = dict(by_type)
             by_type[head.instance_type] = by_type.get(head.instance_type, 0.0) + parts["head"]
         cost = sum(parts[k] for k in CATEGORIES)
+        events = _add_events(prefix.events, prefix.open.events) or {}
         return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=list(durations),
-                         stage_costs=list(stage_costs), breakdown=parts, by_type=by_type, samples=n)
+                         stage_costs=list(stage_costs), breakdown=parts, by_type=by_type, samples=n,
+                         spot_events=events)
 
 
 def _nbytes(prefix: _Prefix) -> int:
@@ -817,6 +1021,6 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
         out_instances.append(TimelineInstance(
             id=f"i{inst['id']}", instance_type=itype.name, cloud=itype.cloud, first_stage=inst["first_stage"],
             last_stage=inst["last_stage"], requested_s=inst["requested"], ready_s=inst["ready"],
-            released_s=inst["released"], cost_usd=rule.cost(life, sim._price(itype))))
+            released_s=inst["released"], cost_usd=rule.cost(life, sim._price(itype, config.market))))
     critical = times[("barrier", len(configs) - 1)]
     return Timeline(instances=out_instances, tasks=tasks), dag, critical

@@ -1,4 +1,4 @@
-"""The plan: per stage, which instances, how many, and how many workers per trial (schema v2).
+"""The plan: per stage, which instances (and market), how many, and how many workers per trial (schema v3).
 
 A plan is the planner's output and the executor's input. It carries the simulator's
 predictions (JCT and cost distributions, per-stage figures, one representative
@@ -17,9 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from rubberband.errors import PlanFileError
 from rubberband.versioned import read_json, validate_versioned
 
-PLAN_SCHEMA_VERSION = 2
-#: Older plan schemas this version reads (v1: Hyperband brackets always ran one after another).
-READABLE_PLAN_VERSIONS = (1,)
+PLAN_SCHEMA_VERSION = 3
+#: Older plan schemas this version reads (v1: Hyperband brackets always ran one after another;
+#: v2: no spot model, a stage's ``spot`` meant spot prices with no preemptions).
+READABLE_PLAN_VERSIONS = (1, 2)
 
 
 class _Model(BaseModel):
@@ -45,7 +46,9 @@ class StagePlan(_Model):
     instance_type: str
     instances: int = Field(ge=1)
     workers_per_trial: int = Field(ge=1)
-    spot: bool = False
+    spot: bool = Field(default=False, description="the stage's market: spot (true) or on-demand")
+    zone: str | None = Field(default=None, description="spot: the zone the spot model was fitted for (the "
+                             "region's spot price applies; docs/spot.md)")
     predicted_duration_s: float | None = Field(default=None, description="p50 of the stage's duration")
     predicted_task_s: float | None = Field(default=None, description="median seconds of one trial's task in the "
                                            "stage (no waiting for instances); prefetch is timed from waves × this")
@@ -119,6 +122,29 @@ class HeadInfo(_Model):
     grace_s: float = Field(ge=0, description="job end until the head is gone (the watchdog's done grace)")
 
 
+class SpotZoneInfo(_Model):
+    """The fitted spot behaviour a spot stage was planned with (see :class:`rubberband.spotmodel.ZoneFit`)."""
+
+    cloud: str
+    instance_type: str
+    region: str
+    zone: str
+    preemption_rate_per_h: float = Field(ge=0)
+    p_unavailable: float = Field(ge=0, le=1)
+    unavailable_s: list[float] = Field(min_length=2, description="quantiles 0, 5 %, …, 100 % of unavailability")
+    rate_source: str = ""
+
+
+class SpotInfo(_Model):
+    """How the plan's spot stages were simulated: the model, the fall-back policy, checkpoints."""
+
+    model_source: str = Field(description="the spot model file (or 'shipped default') and its traces' source")
+    zones: list[SpotZoneInfo] = Field(default_factory=list, description="per spot-capable type, the zone used")
+    margin_s: float = Field(default=0.0, ge=0, description="SpotPolicy.margin_s: slack kept beyond one restart")
+    checkpoint_epochs: int = Field(default=1, ge=1, description="a trial checkpoints every this many epochs; "
+                                   "a preemption loses the work since the last one")
+
+
 class Timeline(_Model):
     instances: list[TimelineInstance] = Field(default_factory=list)
     tasks: list[TimelineTask] = Field(default_factory=list)
@@ -187,7 +213,7 @@ class CatalogInfo(_Model):
 
 
 class Plan(_Model):
-    schema_version: Literal[2] = PLAN_SCHEMA_VERSION
+    schema_version: Literal[3] = PLAN_SCHEMA_VERSION
     job: JobInfo
     catalog: CatalogInfo
     deadline_s: float = Field(gt=0)
@@ -211,6 +237,8 @@ class Plan(_Model):
     handoffs: list[Handoff] = Field(default_factory=list, description="parallel: instances handed from one "
                                     "bracket to another in the representative sample")
     asha: BaselineASHA | None = Field(default=None, description="ASHA simulated on a fixed cluster")
+    spot: SpotInfo | None = Field(default=None, description="spot allowed: the preemption model and policy the "
+                                  "predictions include (None: on-demand only, or a v2 plan)")
 
     @property
     def parallel_brackets(self) -> bool:
@@ -221,7 +249,8 @@ class Plan(_Model):
 def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:
     """A plan from parsed JSON; older schema versions (:data:`READABLE_PLAN_VERSIONS`) are upgraded."""
     if isinstance(data, dict) and data.get("schema_version") in READABLE_PLAN_VERSIONS:
-        # v1 → v2 only added fields (defaults: sequential brackets, no hand-overs, no ASHA baseline)
+        # v1 → v2 → v3 only added fields (defaults: sequential brackets, no hand-overs, no ASHA baseline,
+        # no spot model)
         data = {**data, "schema_version": PLAN_SCHEMA_VERSION}
     return validate_versioned(Plan, data, source=source, kind="plan", version=PLAN_SCHEMA_VERSION,
                               error=PlanFileError, remedy="regenerate it with `rubberband plan`")

@@ -40,20 +40,30 @@ def billed_heads(head: str = "instance", grace_s: float | None = None) -> dict[s
 def plan_from_inputs(inputs: JobInputs, *, deadline_s: float | None = None, confidence: float | None = None,
                      cloud: str | None = None, samples: int = 1000, seed: int | None = None,
                      head: str = "instance", head_grace_s: float | None = None,
-                     brackets: str | None = None, include_exact: bool = False) -> Plan:
+                     brackets: str | None = None, include_exact: bool = False,
+                     spot_model: str | None = None) -> Plan:
     """Run the planner on a spec's inputs; fill in ``planner.seconds`` and ``profile_path``.
 
     ``head`` / ``head_grace_s``: how the run will be executed on AWS/GCP (:func:`billed_heads`), so the
     predictions include its head instance when it has one. ``brackets`` overrides the spec's
     ``scheduler.brackets`` (``rubberband run`` plans sequential brackets, which the executor runs).
+    ``spot_model``: the spot model file a ``resources.spot: true`` spec is planned with (None: the
+    shipped default, fitted from the NSDI'24 "Can't Be Late" traces; docs/spot.md).
     """
     from rubberband.planner import plan_job  # heavy imports only when planning
 
     heads = billed_heads(head, head_grace_s)
+    market = source = None
+    if inputs.spec.resources.spot:
+        from rubberband.spotmodel import load_spot_model
+
+        fitted = load_spot_model(spot_model)
+        market = fitted.market_model()
+        source = f"{spot_model or 'shipped default'} ({fitted.source})"
     started = time.perf_counter()
     plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s, confidence=confidence,
                     cloud=cloud, samples=samples, seed=seed, heads=heads, brackets=brackets,
-                    include_exact=include_exact)
+                    include_exact=include_exact, spot_model=market, spot_source=source or "")
     plan.planner.seconds = round(time.perf_counter() - started, 4)
     plan.profile_path = str(inputs.profile_path)
     return plan

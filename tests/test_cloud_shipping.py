@@ -22,7 +22,9 @@ def test_the_package_holds_sources_and_catalogs_only():
     names = [name for name, _ in package_files()]
     assert "rubberband/planner/__init__.py" in names and "rubberband/cloud/shipping.py" in names
     assert "rubberband/catalogs/aws.csv" in names  # package data travels too
-    assert all(name.endswith((".py", ".csv")) for name in names), [n for n in names if not n.endswith((".py", ".csv"))]
+    assert "rubberband/catalogs/spot_model.json" in names  # the shipped spot model, for re-plans on the head
+    kinds = (".py", ".csv", "catalogs/spot_model.json")
+    assert all(name.endswith(kinds) for name in names), [n for n in names if not n.endswith(kinds)]
     assert not any("__pycache__" in name or "egg-info" in name or "/." in name for name in names)
     assert len(names) == len(set(names)) and all(name.split("/")[0] == "rubberband" for name in names)
     assert {".".join(n.split("/")[:-1]) for n in names if n.endswith("/__init__.py")} >= set(PACKAGES)

@@ -161,7 +161,7 @@ def parallel_plan():
 
 def test_plan_schema_v2_records_parallel_brackets_and_reads_v1(parallel_plan):
     plan = parallel_plan
-    assert plan.schema_version == PLAN_SCHEMA_VERSION == 2
+    assert plan.schema_version == PLAN_SCHEMA_VERSION == 3
     assert plan.brackets == "parallel" and plan.parallel_brackets and len(plan.bracket_offsets_s) == 3
     again = parse_plan(json.loads(plan_json(plan)))
     assert again == plan
@@ -170,8 +170,8 @@ def test_plan_schema_v2_records_parallel_brackets_and_reads_v1(parallel_plan):
         v1.pop(key)
     v1["schema_version"] = 1
     old = parse_plan(v1, source="old.json")
-    assert old.schema_version == 2 and old.brackets == "sequential" and not old.parallel_brackets
-    with pytest.raises(PlanFileError, match="old.json: plan schema_version 7 is not supported.*version 2"):
+    assert old.schema_version == 3 and old.brackets == "sequential" and not old.parallel_brackets
+    with pytest.raises(PlanFileError, match="old.json: plan schema_version 7 is not supported.*version 3"):
         parse_plan({**v1, "schema_version": 7}, source="old.json")
 
 

@@ -34,13 +34,17 @@ def print_plan(plan: Plan) -> None:
     for name in ("stage", "trials", "epochs"):
         table.add_column(name, justify="right")
     table.add_column("instances", no_wrap=True)
+    if plan.spot is not None:
+        table.add_column("market", no_wrap=True)
     table.add_column("w/trial", justify="right")
     table.add_column("time p50", justify="right", no_wrap=True)
     table.add_column("cost", justify="right")
     costs = format_usd_column([s.predicted_cost_usd or 0.0 for s in plan.stages])
     for s, cost in zip(plan.stages, costs):
         where = f"{s.instances} × {s.instance_type}" + (f" ({s.cloud})" if several_clouds else "")
-        row = [str(s.stage), str(s.trials), str(s.epochs), where, str(s.workers_per_trial),
+        market = ([f"spot {s.zone}" if s.spot and s.zone else "spot" if s.spot else "on-demand"]
+                  if plan.spot is not None else [])
+        row = [str(s.stage), str(s.trials), str(s.epochs), where, *market, str(s.workers_per_trial),
                format_duration(s.predicted_duration_s or 0.0), cost]
         table.add_row(*([str(s.bracket)] if hyperband else []), *row)
     console.print(table)
@@ -50,6 +54,10 @@ def print_plan(plan: Plan) -> None:
     console.print(f"JCT p50 {format_duration(p.jct_s.p50)}, p95 {format_duration(p.jct_s.p95)}; "
                   f"cost mean {format_usd(p.cost_usd.mean)}, p95 {format_usd(p.cost_usd.p95)}; "
                   f"P(meet deadline) {p.p_meet_deadline:.1%}")
+    if plan.spot is not None:
+        from rubberband.report.model import spot_notes
+
+        console.print(spot_notes(plan)[0])
     if plan.head is not None:
         h = plan.head
         console.print(f"Includes the head instance {h.instance_type} (${h.price_hr:.4f}/h for boot "
@@ -128,6 +136,8 @@ def register(app: typer.Typer) -> None:
                                  "in the predictions, 'local' (this machine) does not."),
         exact: bool = typer.Option(False, "--exact", help="Also search the whole plan space exactly (branch and "
                                    "bound, small jobs only) and report the plan's gap to it."),
+        spot_model: str = typer.Option(None, "--spot-model", help="Spot model JSON (`rubberband spot fit`) for a "
+                                       "spec with resources.spot: true (default: the shipped one)."),
     ) -> None:
         """Plan the cheapest elastic allocation that meets the deadline, and compare with static."""
         deadline_s = deadline_flag(deadline)
@@ -143,7 +153,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--report {report} already exists; remove it or choose another folder")
         inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
         result = plan_from_inputs(inputs, deadline_s=deadline_s, confidence=confidence, cloud=cloud,
-                                  samples=samples, seed=seed, head=head, include_exact=exact)
+                                  samples=samples, seed=seed, head=head, include_exact=exact, spot_model=spot_model)
         if out is not None:
             write_plan(result, out)
         report_path = None

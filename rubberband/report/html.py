@@ -119,7 +119,7 @@ def _stages(data: ReportData) -> str:
         i = r.index
         where = (f"{_num(f'stage.{i}.instances', r.instances, str(r.instances))} × "
                  f'<span data-field="stage.{i}.instance_type" data-value="{escape(r.instance_type)}">'
-                 f"{escape(r.instance_type)}</span>{' (spot)' if r.spot else ''}"
+                 f"{escape(r.instance_type)}</span>{' (' + escape(r.market) + ')' if r.spot else ''}"
                  f' <span class="meta">{escape(r.cloud)} {escape(r.region)}</span>')
         rows.append(
             f'<tr data-stage="{i}"><td class=l><span class="swatch" style="background:{r.color}"></span>'

@@ -55,7 +55,7 @@ def render_markdown(data: ReportData, charts: ChartSet) -> str:
     out += ["## Plan by stage", ""]
     out += _table(["Stage", "Trials", "Epochs", "Instances", "Workers/trial", "Duration p50", "Duration p95", "Cost"],
                   [[r.label, fmt.count(r.trials), str(r.epochs),
-                    f"{r.instances} × {r.instance_type}{' (spot)' if r.spot else ''} ({r.cloud} {r.region})",
+                    f"{r.instances} × {r.instance_type}{' (' + r.market + ')' if r.spot else ''} ({r.cloud} {r.region})",
                     str(r.workers_per_trial), fmt.duration(r.duration_s), fmt.duration(r.duration_p95_s),
                     fmt.usd(r.cost_usd)] for r in data.stages])
 

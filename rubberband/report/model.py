@@ -53,6 +53,12 @@ class StageRow:
     duration_s: float | None
     duration_p95_s: float | None
     cost_usd: float | None
+    zone: str | None = None  # spot: the zone the spot model was fitted for
+
+    @property
+    def market(self) -> str:
+        """``on-demand``, ``spot`` or ``spot <zone>``."""
+        return "on-demand" if not self.spot else f"spot {self.zone}" if self.zone else "spot"
 
 
 @dataclass(frozen=True)
@@ -215,7 +221,7 @@ def _stage_rows(plan: Plan) -> tuple[StageRow, ...]:
                              epochs_this_stage=s.epochs_this_stage, cloud=s.cloud, region=s.region,
                              instance_type=s.instance_type, instances=s.instances,
                              workers_per_trial=s.workers_per_trial, spot=s.spot, duration_s=duration,
-                             duration_p95_s=dist.p95 if dist else None, cost_usd=cost))
+                             duration_p95_s=dist.p95 if dist else None, cost_usd=cost, zone=s.zone))
     return tuple(rows)
 
 
@@ -275,7 +281,7 @@ def _summary(plan: Plan, static: Alternative | None) -> Summary:
         savings_usd=savings, savings_ratio=ratio, clouds=tuple(plan.catalog.clouds), regions=regions,
         catalog_dates=tuple(sorted(plan.catalog.dates.items())), planner_algorithm=plan.planner.algorithm,
         planner_samples=plan.planner.samples, planner_seed=plan.planner.seed,
-        planner_seconds=plan.planner.seconds, planner_notes=tuple(plan.planner.notes),
+        planner_seconds=plan.planner.seconds, planner_notes=tuple(plan.planner.notes) + spot_notes(plan),
         **_asha_fields(plan), brackets_text=_brackets_text(plan))
 
 
@@ -442,3 +448,17 @@ def build_report_data(source: ReportSource, *, replan: Replanner | None = None,
                       costs=_costs(plan, stages), plan_gantt=plan_gantt, static_gantt=static_gantt,
                       distributions=dists, pareto=pareto, clouds=clouds, actual=actual, notes=notes)
 
+
+
+def spot_notes(plan: Plan) -> tuple[str, ...]:
+    """What the prediction assumes about spot (the model, the fall-back, checkpoints); none without a spot model."""
+    info = plan.spot
+    if info is None:
+        return ()
+    spot = sum(1 for s in plan.stages if s.spot)
+    zones = ", ".join(f"{z.instance_type} {z.zone}: {z.preemption_rate_per_h:.2f} preemptions/h, "
+                      f"P(no capacity) {z.p_unavailable:.0%}" for z in info.zones
+                      if any(s.spot and s.zone == z.zone and s.instance_type == z.instance_type for s in plan.stages))
+    return (f"Spot: {spot} of {len(plan.stages)} stages on spot; P(meet) and cost include preemptions "
+            f"(checkpoint every {info.checkpoint_epochs} epoch{'s' if info.checkpoint_epochs != 1 else ''}, "
+            f"Uniform-Progress fall-back to on-demand){': ' + zones if zones else ''}; model: {info.model_source}.",)

@@ -29,6 +29,18 @@ class ReplanRequest:
 Replanner = Callable[[ReplanRequest], Plan]
 
 
+def plan_profile_path(plan: Plan) -> str | None:
+    """The profile a plan was made with: its ``profile_path``, else its embedded spec's ``profile:``."""
+    if plan.profile_path:
+        return plan.profile_path
+    if plan.spec is None:
+        return None
+    from rubberband.spec import JobSpec
+
+    spec = JobSpec.model_validate(plan.spec)
+    return str(spec.profile_path()) if spec.profile else None
+
+
 def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | None, str]:
     """A replanner for ``plan`` from its embedded spec, or ``(None, why not)``.
 
@@ -46,7 +58,7 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
     from rubberband.spec import JobSpec
 
     spec = JobSpec.model_validate(plan.spec)
-    profile_path = plan.profile_path or (str(spec.profile_path()) if spec.profile else None)
+    profile_path = plan_profile_path(plan)
     if profile_path is None:
         return None, "the plan names no profile to re-plan with"
     profile = load_profile(profile_path)
@@ -63,9 +75,15 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
         if request.spot is not None:
             changes["spot"] = request.spot
         job = spec.model_copy(update={"resources": resources.model_copy(update=changes)}) if changes else spec
+        spot_model = spot_source = None
+        if job.resources.spot:  # spot per stage with preemptions, as `rubberband plan` plans it
+            from rubberband.spotmodel import load_spot_model
+
+            fitted = load_spot_model()
+            spot_model, spot_source = fitted.market_model(), f"shipped default ({fitted.source})"
         return plan_job(job, profile, catalog, deadline_s=request.deadline_s, cloud=request.cloud,
                         samples=request.samples, seed=plan.planner.seed, heads=heads,
-                        brackets=plan.brackets, asha=False)
+                        brackets=plan.brackets, asha=False, spot_model=spot_model, spot_source=spot_source or "")
 
     return replan, ""
 
