@@ -242,12 +242,24 @@ def test_a_spec_field_out_of_range_is_named(path, value, field, good_plan, tmp_p
 @SETTINGS
 @given(cut=st.integers(min_value=0), garbage=st.sampled_from(["", ":", "\t", "- [", "{{", "\x00", "é: [1, 2"]))
 def test_malformed_yaml_is_refused(cut, garbage, good_plan):
+    from rubberband.errors import RubberbandError
+    from rubberband.spec import load_spec
+
     text = yaml.safe_dump(good_spec())
     cut %= len(text)
     with workdir() as work:
         spec = write_text(work, "job.yaml", text[:cut] + garbage)
+        try:  # a cut at a line end that drops only optional fields leaves a valid spec: planning it is right
+            load_spec(spec)
+            valid = True
+        except RubberbandError:
+            valid = False
         argv, absent = spec_command("plan", spec, work, good_plan)
-        line = invoke(*argv).refused()
+        result = invoke(*argv)
+        if valid:
+            assert result.code in (0, 3), result.err[-2000:]  # planned (or an infeasible deadline, said cleanly)
+            return
+        line = result.refused()
         assert "job.yaml" in line
         assert not any(p.exists() for p in absent)
 
