@@ -215,3 +215,41 @@ def test_resume_after_sigkill_with_one_bracket_done_and_one_under_way(parallel_r
     terminated = {e["id"] for e in events if e["type"] == J.INSTANCE_TERMINATED}
     assert requested == terminated
     assert run_pids(run_dir) == []
+
+
+@pytest.mark.e2e
+def test_report_of_a_parallel_run_draws_a_lane_per_bracket(parallel_run):
+    from rubberband.report.charts import draw_all
+    from rubberband.report.model import build_report_data
+    from rubberband.report.source import RunSource
+
+    data = build_report_data(RunSource.from_dir(parallel_run["run_dir"]), replan=None)
+    charts = draw_all(data)
+    assert "a lane per bracket (2)" in charts.actual_gantt.alt
+    assert len(charts.actual_gantt.png) > 1000
+
+
+def test_parallel_run_bills_each_instance_to_the_stages_of_the_brackets_it_served():
+    from rubberband.executor.accounting import bill_run
+
+    plan = {"brackets": "parallel", "stages": [{"bracket": 0}, {"bracket": 0}, {"bracket": 1}]}
+    events = [
+        {"type": J.RUN_STARTED, "t": 0.0, "run_id": "r", "spec_sha256": "x", "spec": {}, "plan": plan,
+         "cloud": "local", "deadline_s": 100.0},
+        {"type": J.STAGE_STARTED, "t": 0.0, "stage": 0}, {"type": J.STAGE_STARTED, "t": 0.0, "stage": 2},
+        {"type": J.STAGE_STARTED, "t": 10.0, "stage": 1},
+    ]
+    for ident in ("n1", "n2"):
+        events.append({"type": J.INSTANCE_REQUESTED, "t": 0.0, "id": ident, "instance_type": "local.cpu1",
+                       "cloud": "local", "price_hr": 3600.0, "stage": 0})
+        events.append({"type": J.INSTANCE_TERMINATED, "t": 20.0, "id": ident})
+    # n1 goes from bracket 0's stage 0 to bracket 1's stage 2 at t=5; n2 stays in bracket 0
+    events.append({"type": J.DECISION, "t": 5.0, "kind": "handoff", "id": "n1", "from_stage": 0, "to_stage": 2})
+    bill = bill_run(J.fold(events), now=30.0)
+    assert bill.workers_usd == pytest.approx(40.0)  # 2 × 20 s at $1/s
+    assert bill.by_stage[0] == pytest.approx(5.0 + 10.0)   # n1 until the hand-over, n2 in stage 0's window
+    assert bill.by_stage[1] == pytest.approx(10.0)         # n2 only: n1 was bracket 1's by then
+    assert bill.by_stage[2] == pytest.approx(15.0)         # n1 from the hand-over
+    # the same journal read as one bracket after another splits by the stage windows, as before
+    sequential = J.fold([{**events[0], "plan": {**plan, "brackets": "sequential"}}] + events[1:])
+    assert sum(bill_run(sequential, now=30.0).by_stage.values()) == pytest.approx(40.0)
