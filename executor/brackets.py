@@ -30,13 +30,13 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from rubberband.errors import ExecutionError
 from rubberband.executor import journal as J
 from rubberband.executor.controller import Controller, PoolInstance, rank
 from rubberband.executor.placement import Slot, make_slots
-from rubberband.plan import Plan, StagePlan
+from rubberband.plan import Plan
 
 
 # -- the pure part ---------------------------------------------------------------------------
@@ -125,7 +125,7 @@ class Lane:
 class ParallelController(Controller):
     """Runs a parallel-bracket plan (see the module docstring); a sequential plan runs as the Controller runs it."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.brackets = BracketPolicy.for_plan(self.plan)
         self.lanes: list[Lane] = []
@@ -429,4 +429,4 @@ def controller_for(plan: Plan) -> type[Controller]:
     return ParallelController if plan.parallel_brackets else Controller
 
 
-__all__ = ["BracketPolicy", "Lane", "ParallelController", "Waiting", "controller_for", "StagePlan"]
+__all__ = ["BracketPolicy", "Lane", "ParallelController", "Waiting", "controller_for"]
