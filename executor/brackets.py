@@ -62,6 +62,7 @@ class BracketPolicy:
 
     ranges: tuple[tuple[int, int], ...]
     offsets_s: tuple[float, ...]
+    durations_s: tuple[float, ...] = ()  # each bracket's predicted duration (its stages' p50s added)
 
     @classmethod
     def for_plan(cls, plan: Plan) -> "BracketPolicy":
@@ -73,7 +74,8 @@ class BracketPolicy:
                 ranges.append((i, i + 1))
         offsets = list(plan.bracket_offsets_s) if plan.parallel_brackets else []
         offsets = (offsets + [0.0] * len(ranges))[:len(ranges)]
-        return cls(tuple(ranges), tuple(float(o) for o in offsets))
+        durations = [sum(s.predicted_duration_s or 0.0 for s in plan.stages[lo:hi]) for lo, hi in ranges]
+        return cls(tuple(ranges), tuple(float(o) for o in offsets), tuple(durations))
 
     def bracket_of(self, g: int) -> int:
         """The bracket (its position) stage ``g`` belongs to."""
@@ -85,8 +87,17 @@ class BracketPolicy:
         return g + 1 if g + 1 < hi else None
 
     def due(self, elapsed_s: float, started: Sequence[bool]) -> list[int]:
-        """Brackets not started yet whose start offset has passed (``elapsed_s`` since the job started)."""
-        return [b for b, (off, on) in enumerate(zip(self.offsets_s, started)) if not on and elapsed_s >= off]
+        """Brackets not started yet whose start offset has passed (``elapsed_s`` since the job started), in
+        the order their instances are requested (:meth:`start_order`)."""
+        return self.start_order([b for b, (off, on) in enumerate(zip(self.offsets_s, started))
+                                 if not on and elapsed_s >= off])
+
+    def start_order(self, brackets: Sequence[int]) -> list[int]:
+        """Brackets that start together, the one predicted to end last first: where instances come up one
+        after another (the local backend), the critical path gets the first one."""
+        ends = {b: self.offsets_s[b] + (self.durations_s[b] if b < len(self.durations_s) else 0.0)
+                for b in brackets}
+        return sorted(brackets, key=lambda b: (-ends[b], b))
 
     @staticmethod
     def receiver(giver_bracket: int, waiting: Sequence[Waiting]) -> Waiting | None:
@@ -146,10 +157,12 @@ class ParallelController(Controller):
                     finals.update(self.state.stages[g].metrics)
             else:
                 lane.started = lane.done = True
-            if not lane.done and any(g in self.state.stages for g in range(lo, hi)):
-                lane.started = True  # it ran before a resume: go on at once
-                self._start_stage(lane, next(g for g in range(lo, hi) if g not in done))
             self.lanes.append(lane)
+        for b in self.brackets.start_order(range(len(self.lanes))):
+            lane = self.lanes[b]
+            if not lane.done and any(g in self.state.stages for g in range(lane.first, lane.end)):
+                lane.started = True  # it ran before a resume: go on at once
+                self._start_stage(lane, next(g for g in range(lane.first, lane.end) if g not in done))
         while not all(lane.done for lane in self.lanes):
             self._check_deadline()
             self._collect_provisioned()
@@ -414,9 +427,10 @@ class ParallelController(Controller):
             return
         done = set(self.state.completed_stages())
         elapsed = time.time() - self.state.first_started_at
-        for (lo, hi), offset in zip(self.brackets.ranges, self.brackets.offsets_s):
+        for b in self.brackets.start_order(range(len(self.brackets.ranges))):
+            lo, hi = self.brackets.ranges[b]
             g = next((i for i in range(lo, hi) if i not in done), None)
-            if g is None or elapsed < offset:
+            if g is None or elapsed < self.brackets.offsets_s[b]:
                 continue
             stage = self.plan.stages[g]
             itype = self._stage_itype(stage)

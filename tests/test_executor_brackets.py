@@ -60,6 +60,13 @@ def test_policy_reads_brackets_and_offsets_from_the_plan(tmp_path):
     assert policy.due(29.9, [True, False]) == []
     assert policy.due(30.0, [True, False]) == [1]
     assert policy.due(99.0, [True, True]) == []
+    # brackets that start together request their instances longest first (the critical path first)
+    assert policy.durations_s == (20.0, 12.0)
+    assert policy.start_order([1, 0]) == [1, 0]  # bracket 1 starts 30 s later: it ends last
+    assert BracketPolicy.for_plan(_plan(spec)).start_order([1, 0]) == [0, 1]
+    assert BracketPolicy(((0, 1), (1, 2), (2, 3)), (0.0, 0.0, 0.0), (10.0, 30.0, 10.0)).start_order([0, 1, 2]) \
+        == [1, 0, 2]
+    assert BracketPolicy(((0, 1), (1, 2)), (0.0, 0.0), (10.0, 30.0)).due(0.0, [False, False]) == [1, 0]
     # a sequential plan: one bracket after another, no offsets
     seq = BracketPolicy.for_plan(make_plan(spec, STAGES))
     assert seq.offsets_s == (0.0, 0.0)
