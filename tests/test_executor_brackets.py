@@ -33,13 +33,13 @@ def _plan(spec, offsets=(0.0, 0.0)):
     return plan.model_copy(update={"brackets": "parallel", "bracket_offsets_s": list(offsets)})
 
 
-def _job(directory: Path, epoch_s: float):
+def _job(directory: Path, epoch_s: float, offsets=(0.0, 0.0)):
     spec_path = write_job(directory / "job", epoch_s=epoch_s)
     data = json.loads(spec_path.read_text())
     data["scheduler"] = {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 3, "brackets": "parallel"}
     spec_path.write_text(json.dumps(data))
     spec = load_spec(spec_path)
-    plan = _plan(spec)
+    plan = _plan(spec, offsets)
     write_plan(plan, directory / "plan.json")
     return spec_path, spec, plan
 
@@ -186,8 +186,8 @@ def test_parallel_brackets_overlap_promote_hand_over_and_clean_up(parallel_run):
 
 
 @pytest.mark.e2e
-def test_resume_after_sigkill_with_one_bracket_done_and_one_under_way(parallel_run, tmp_path):
-    spec_path, spec, plan = _job(tmp_path, epoch_s=0.1)
+def test_resume_after_sigkill_with_one_bracket_done_and_one_under_way(tmp_path):
+    spec_path, spec, plan = _job(tmp_path, epoch_s=0.1, offsets=(0.0, 5.0))  # bracket 1 starts 5 s in
     run_dir = tmp_path / "run"
     env = cli_env(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
@@ -205,6 +205,8 @@ def test_resume_after_sigkill_with_one_bracket_done_and_one_under_way(parallel_r
         proc.wait(timeout=10)
     before = _events(run_dir)
     assert 1 not in {e["stage"] for e in before if e["type"] == J.STAGE_FINISHED}, "killed too late"
+    stage2 = next(e for e in before if e["type"] == J.STAGE_STARTED and e["stage"] == 2)
+    assert stage2["t"] - before[0]["t"] >= 5.0 and stage2["offset_s"] == 5.0  # not before its offset
 
     resumed = subprocess.run([sys.executable, "-m", "rubberband", "run", "--resume", str(run_dir)],
                              capture_output=True, text=True, env=env, timeout=300)
