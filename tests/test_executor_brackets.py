@@ -1,9 +1,10 @@
 """Parallel Hyperband brackets in the executor (``rubberband.executor.brackets``).
 
-Unit tests of the pure :class:`BracketPolicy`, and one end-to-end run through the real CLI on real
-local Ray nodes (~60-90 s on a 2-core machine, most of it starting Ray nodes one after another): a
-Hyperband job (R=3, η=3: bracket 0 runs 3 trials for 1 epoch then its best for 2 more, bracket 1
-runs 2 trials for 3 epochs) with both brackets starting at once, and a resume after SIGKILL.
+Unit tests of the pure :class:`BracketPolicy` and of parallel-run accounting, and two end-to-end runs
+through the real CLI on real local Ray nodes (most of their time is Ray nodes starting one after
+another on a 2-core machine): a Hyperband job (R=3, η=3: bracket 0 runs 3 trials for 1 epoch then its
+best for 2 more, bracket 1 runs 2 trials for 3 epochs) with both brackets starting at once (~65 s,
+shared by two tests), and one killed with SIGKILL and resumed (~120 s).
 """
 
 from __future__ import annotations
