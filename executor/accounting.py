@@ -86,8 +86,34 @@ def _stage_shares(life: InstanceLife, end: float, starts: list[tuple[float, int]
     return shares or {starts[-1][1]: 1.0}
 
 
+def _parallel_shares(life: InstanceLife, end: float, state: RunState) -> dict[int, float] | None:
+    """Parallel brackets: the instance's lifetime split over the stage windows of the bracket it served
+    at each moment (its first bracket, then each bracket it was handed to); None for other plans."""
+    plan_stages = state.plan.get("stages", []) if isinstance(state.plan, dict) else []
+    bracket_of = [int(s.get("bracket", 0)) for s in plan_stages]
+    if state.plan.get("brackets") != "parallel" or len(set(bracket_of)) < 2 or not 0 <= life.stage < len(bracket_of):
+        return None
+    moves = sorted((float(d["t"]), int(d["to_stage"])) for d in state.decisions
+                   if d.get("kind") == "handoff" and d.get("id") == life.id and 0 <= int(d["to_stage"]) < len(bracket_of))
+    cuts = [(life.requested_at, bracket_of[life.stage])] + [(t, bracket_of[g]) for t, g in moves]
+    shares: dict[int, float] = {}
+    for i, (lo, bracket) in enumerate(cuts):
+        hi = cuts[i + 1][0] if i + 1 < len(cuts) else end
+        starts = sorted((rec.started_at, g) for g, rec in state.stages.items()
+                        if rec.started_at is not None and g < len(bracket_of) and bracket_of[g] == bracket)
+        if hi <= lo or not starts:
+            continue
+        part = InstanceLife(id=life.id, instance_type=life.instance_type, cloud=life.cloud, price_hr=life.price_hr,
+                            spot=life.spot, stage=life.stage, requested_at=lo)
+        weight = (hi - lo) / max(end - life.requested_at, 1e-9)
+        for g, share in _stage_shares(part, hi, starts).items():
+            shares[g] = shares.get(g, 0.0) + share * weight
+    return shares or None
+
+
 def bill_run(state: RunState, *, now: float, rules: dict[str, BillingRule] = BILLING_RULES) -> Bill:
-    """Bill every instance of the run (the head too, if journaled) and attribute the workers' to stages."""
+    """Bill every instance of the run (the head too, if journaled) and attribute the workers' to stages
+    (with parallel brackets, to the stages of the brackets the instance served)."""
     starts = sorted((rec.started_at, s) for s, rec in state.stages.items() if rec.started_at is not None)
     bills = []
     by_stage: dict[int, float] = {}
@@ -95,7 +121,7 @@ def bill_run(state: RunState, *, now: float, rules: dict[str, BillingRule] = BIL
         item = bill_instance(life, now=now, rules=rules)
         bills.append(item)
         end = life.terminated_at if life.terminated_at is not None else now
-        for stage, share in _stage_shares(life, end, starts).items():
+        for stage, share in (_parallel_shares(life, end, state) or _stage_shares(life, end, starts)).items():
             by_stage[stage] = by_stage.get(stage, 0.0) + item.cost_usd * share
     head = bill_head(state.head, now=now, rules=rules) if state.head is not None else None
     total = sum(b.cost_usd for b in bills) + (head.cost_usd if head is not None else 0.0)

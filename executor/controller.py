@@ -105,9 +105,6 @@ def check_plan_matches(spec: JobSpec, plan: Plan, *, source: str = "plan") -> No
                                     f"re-plan with `rubberband plan`")
         raise PlanFileError(f"{source}: has {len(got)} stages but the spec's {sched.kind} schedule has "
                             f"{len(want)}; re-plan with `rubberband plan`")
-    if plan.parallel_brackets:
-        raise PlanFileError(f"{source}: runs Hyperband brackets side by side (plan brackets: parallel), which the "
-                            f"executor does not run yet; plan with `scheduler.brackets: sequential` in the spec")
     if plan.job.metric != spec.metric.name or plan.job.mode != spec.metric.mode:
         raise PlanFileError(f"{source}: plan optimises {plan.job.metric} ({plan.job.mode}) but the spec's "
                             f"metric is {spec.metric.name} ({spec.metric.mode}); re-plan with `rubberband plan`")

@@ -35,7 +35,7 @@ def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir
     ``overrun_s``: how long a late run goes on past its deadline before it is stopped (math.inf: no limit).
     ``on_late``: at a stage boundary where no plan meets the deadline any more, ``finish`` (go on, be late)
     or ``stop`` (stop now with the best so far). A stopped run is returned (``status: stopped``), not raised."""
-    from rubberband.executor.controller import Controller
+    from rubberband.executor.brackets import controller_for
     from rubberband.executor.progress import ProgressView
     from rubberband.executor.runtime import TrialRuntime, planner_replanner
 
@@ -54,9 +54,10 @@ def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         with ProgressView(err) as view:
-            controller = Controller(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=backend,
-                                    runtime=runtime, run_id=run_id, replanner=replanner, profile=profile,
-                                    progress=view, deadline_s=deadline_s, overrun_s=overrun_s, on_late=on_late)
+            controller = controller_for(plan)(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=backend,
+                                                runtime=runtime, run_id=run_id, replanner=replanner, profile=profile,
+                                                progress=view, deadline_s=deadline_s, overrun_s=overrun_s,
+                                                on_late=on_late)
             return controller.run(resume=resume)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -191,11 +191,12 @@ def test_a_parallel_plan_is_re_simulated_with_its_brackets_side_by_side(parallel
     assert sequential.predicted.jct_s.p50 > 1.5 * again.predicted.jct_s.p50
 
 
-def test_the_executor_refuses_a_parallel_plan_with_the_fix(parallel_plan):
+def test_the_executor_accepts_a_parallel_plan(parallel_plan):
+    from rubberband.executor.brackets import ParallelController, controller_for
     from rubberband.executor.controller import check_plan_matches
 
-    with pytest.raises(PlanFileError, match="side by side.*scheduler.brackets: sequential"):
-        check_plan_matches(_spec(), parallel_plan, source="p.json")
+    check_plan_matches(_spec(), parallel_plan, source="p.json")  # run by executor/brackets.py
+    assert controller_for(parallel_plan) is ParallelController
     check_plan_matches(_spec(), parallel_plan.model_copy(update={"brackets": "sequential"}))
 
 
@@ -213,8 +214,8 @@ def test_plan_output_and_report_show_brackets_and_asha(parallel_plan, capsys):
     assert summary.brackets_text and "side by side" in summary.brackets_text
 
 
-def test_run_plans_hyperband_brackets_one_after_another_and_says_so(tmp_path, capsys):
-    """`rubberband run` (without --plan) plans sequential brackets, which the executor runs."""
+def test_run_plans_hyperband_brackets_side_by_side_as_plan_does(tmp_path, capsys):
+    """`rubberband run` (without --plan) plans the spec's brackets (default parallel), as `rubberband plan` does."""
     from pathlib import Path
 
     import yaml
@@ -227,10 +228,10 @@ def test_run_plans_hyperband_brackets_one_after_another_and_says_so(tmp_path, ca
     path.write_text(yaml.safe_dump({
         "name": "hb", "train": "m:f", "metric": {"name": "acc", "mode": "max"},
         "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
-        "scheduler": {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 9}, "deadline": "3h",
+        "scheduler": {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 9}, "deadline": "40m",
         "resources": {"clouds": ["aws"], "instance_types": ["g5.xlarge"], "max_workers_per_trial": 1},
         "profile": str(profile)}))
     spec = load_spec(path)
     plan, fresh = _load_or_make_plan(spec, path, None, "aws", None, head="local")
-    assert fresh and plan.brackets == "sequential" and not plan.parallel_brackets
-    assert "runs Hyperband brackets one after another" in capsys.readouterr().err
+    assert fresh and plan.parallel_brackets
+    assert "one after another" not in capsys.readouterr().err

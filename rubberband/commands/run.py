@@ -76,11 +76,8 @@ def _load_or_make_plan(spec: JobSpec, spec_path: Path, plan_path: Path | None, c
         plan = load_plan(plan_path)
         check_plan_matches(spec, plan, source=str(plan_path))
         return plan, False
-    if spec.scheduler.kind == "hyperband" and spec.scheduler.brackets == "parallel":
-        stderr().print("note: the executor runs Hyperband brackets one after another; planning them "
-                       "sequentially (`rubberband plan` plans them side by side)", markup=False, highlight=False)
     plan = plan_from_inputs(load_job_inputs(spec_path, cloud=cloud), deadline_s=deadline_s, cloud=cloud,
-                            head=head, head_grace_s=head_grace_s, brackets="sequential")
+                            head=head, head_grace_s=head_grace_s)
     check_plan_matches(spec, plan, source="the new plan")
     print_plan(plan)
     return plan, True

@@ -116,20 +116,33 @@ def _usd_ticks(axis, bins: int = 4) -> None:  # noqa: ANN001 - a matplotlib Axis
 
 def gantt_chart(gantt: GanttData, stages: tuple[StageRow, ...], *, name: str, x_max_s: float,
                 deadline_s: float | None) -> Chart:
-    """One row per instance: start-up shaded, each stage's work in the stage's colour, idle pale."""
+    """One row per instance: start-up shaded, each stage's work in the stage's colour, idle pale.
+
+    With several Hyperband brackets the rows form a lane per bracket: an instance has a row in the
+    lane of its first stage's bracket and in the lane of every bracket that ran work on it (an
+    instance handed from one bracket to another shows in both, each lane with its bracket's work)."""
     tl = gantt.timeline
     axis = _TimeAxis.for_span(x_max_s)
-    # by request time, then naturally by id (i2 before i10)
-    instances = sorted(tl.instances, key=lambda i: (i.requested_s, len(i.id), i.id))
-    rows = {inst.id: n for n, inst in enumerate(instances)}
-    height = min(0.27 * len(instances) + 1.7, 14)
+    served: dict[str, set[int]] = {inst.id: {_bracket_of(inst.first_stage, stages)} for inst in tl.instances}
+    for task in tl.tasks:
+        for iid in task.instance_ids:
+            if iid in served:
+                served[iid].add(task.bracket)
+    lanes = sorted({b for bs in served.values() for b in bs})
+    if len(lanes) < 2:  # one bracket: one row per instance, no lanes
+        served = {iid: {lanes[0] if lanes else 0} for iid in served}
+    # by bracket (one lane each), then request time, then naturally by id (i2 before i10)
+    keyed = sorted(((b, inst) for inst in tl.instances for b in served[inst.id]),
+                   key=lambda x: (x[0], x[1].requested_s, len(x[1].id), x[1].id))
+    rows = {(b, inst.id): n for n, (b, inst) in enumerate(keyed)}
+    height = min(0.27 * len(keyed) + 1.7, 14)
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(WIDTH_IN, height))
         ax = fig.add_subplot()
         bar_h = 0.72
         d = axis.divisor
-        for inst in instances:
-            y = rows[inst.id]
+        for b, inst in keyed:
+            y = rows[(b, inst.id)]
             ax.barh(y, (inst.released_s - inst.ready_s) / d, left=inst.ready_s / d, height=bar_h,
                     color=IDLE_COLOR, edgecolor="#DADCE0", linewidth=0.6)
             ax.barh(y, (inst.ready_s - inst.requested_s) / d, left=inst.requested_s / d, height=bar_h,
@@ -138,18 +151,24 @@ def gantt_chart(gantt: GanttData, stages: tuple[StageRow, ...], *, name: str, x_
             index = gantt.stage_of.get((task.bracket, task.stage))
             color = stages[index].color if index is not None else "#777777"
             for iid in task.instance_ids:
-                if iid in rows:
-                    ax.barh(rows[iid], (task.end_s - task.start_s) / d, left=task.start_s / d,
+                row = rows.get((task.bracket, iid), rows.get((lanes[0] if len(lanes) < 2 else -1, iid)))
+                if row is not None:
+                    ax.barh(row, (task.end_s - task.start_s) / d, left=task.start_s / d,
                             height=bar_h * 0.8, color=color, edgecolor="white", linewidth=0.5)
         if deadline_s is not None:
             ax.axvline(deadline_s / d, color=DEADLINE_COLOR, linestyle="--", linewidth=1.3)
             ax.annotate("deadline", (deadline_s / d, 1.0), xycoords=("data", "axes fraction"),
                         xytext=(3, -2), textcoords="offset points", color=DEADLINE_COLOR, fontsize=9,
                         va="top")
-        ax.set_yticks(range(len(instances)))
-        ax.set_yticklabels([f"{i.id}  {i.instance_type}" for i in instances], fontsize=8.5)
+        ax.set_yticks(range(len(keyed)))
+        prefix = (lambda b: f"b{b}  ") if len(lanes) > 1 else (lambda b: "")
+        ax.set_yticklabels([f"{prefix(b)}{i.id}  {i.instance_type}" for b, i in keyed], fontsize=8.5)
+        if len(lanes) > 1:  # a line between bracket lanes
+            for n in range(1, len(keyed)):
+                if keyed[n][0] != keyed[n - 1][0]:
+                    ax.axhline(n - 0.5, color="#5F6368", linewidth=0.9)
         ax.invert_yaxis()
-        ax.set_ylim(len(instances) - 0.4, -0.6)
+        ax.set_ylim(len(keyed) - 0.4, -0.6)
         ax.set_xlim(0, x_max_s / d)
         ax.grid(axis="y", visible=False)
         ax.set_xlabel(f"time since job start ({axis.unit})")
@@ -162,7 +181,13 @@ def gantt_chart(gantt: GanttData, stages: tuple[StageRow, ...], *, name: str, x_
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.45 / height),
                   ncol=min(len(handles), 7), handlelength=1.4, columnspacing=1.2)
         return Chart(name=name, filename=f"{name}.png",
-                     alt=f"{gantt.title}: {len(instances)} instances over time, coloured by stage", png=_render(fig))
+                     alt=f"{gantt.title}: {len(tl.instances)} instances over time, coloured by stage"
+                         + (f", a lane per bracket ({len(lanes)})" if len(lanes) > 1 else ""), png=_render(fig))
+
+
+def _bracket_of(position: int, stages: tuple[StageRow, ...]) -> int:
+    """The Hyperband bracket of the stage at ``position`` in the plan (0 when out of range)."""
+    return stages[position].bracket if 0 <= position < len(stages) else 0
 
 
 # -- distributions ------------------------------------------------------------------------------

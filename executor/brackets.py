@@ -1,0 +1,446 @@
+"""Parallel Hyperband brackets: every bracket a lane of one controller loop, instances handed between them.
+
+A plan with ``brackets: parallel`` (docs/plan.md) runs Hyperband's brackets side by side, as
+:class:`~rubberband.planner.brackets.ParallelSimulator` predicts: bracket ``b`` starts
+``bracket_offsets_s[b]`` seconds after the job starts, and runs its own stages in order, each on
+the stage's planned type, count and workers per trial, with the sequential controller's rules
+inside a bracket (slots and waves, carry-over to the bracket's next stage, ahead-of-time requests
+timed by :class:`~rubberband.planner.policies.PrefetchPolicy`, early release of idle instances).
+
+:class:`ParallelController` is the :class:`~rubberband.executor.controller.Controller` with its
+stage loop replaced by one loop over :class:`Lane` s (one per bracket): each pass it starts the
+brackets that are due, gives every running stage its free slots, collects finished trials (one
+``ray.wait`` over all of them) and finishes, promotes and starts stages bracket by bracket.
+Everything else — provisioning, failover, lost instances, the journal, teardown, ``result.json``
+— is the controller's own code.
+
+**Hand-overs** (the simulator's rule): an instance a bracket releases is handed to another
+bracket that is waiting for a new instance of the same type (its request not yet up) instead of
+being terminated. The waiting request is cancelled when it has not gone out yet (the provisioner
+serves requests one at a time), else the instance it brings up is released as soon as it is up
+(or handed on in turn). Which request is served is the pure :class:`BracketPolicy`'s decision.
+
+Not done for parallel plans (yet): re-planning at stage boundaries (the lateness policy's
+``save`` / ``buy_speed`` / ``stop``); the deadline's overrun limit still applies.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from rubberband.errors import ExecutionError
+from rubberband.executor import journal as J
+from rubberband.executor.controller import Controller, PoolInstance, rank
+from rubberband.executor.placement import Slot, make_slots
+from rubberband.plan import Plan
+
+
+# -- the pure part ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request for an instance that is not up yet: who asked, and whether it has gone out."""
+
+    token: str
+    bracket: int
+    stage: int     # plan position of the stage it is for
+    order: int     # request order (earlier requests would be up first)
+    queued: bool   # not yet sent to the provider: cancelling it costs nothing
+
+
+@dataclass(frozen=True)
+class BracketPolicy:
+    """When brackets start, which stage follows which, and which waiting request a released instance serves.
+
+    ``ranges``: (first, end) plan positions of each bracket's stages; ``offsets_s``: each bracket's
+    start after the job's. Pure: no I/O, no clock.
+    """
+
+    ranges: tuple[tuple[int, int], ...]
+    offsets_s: tuple[float, ...]
+    durations_s: tuple[float, ...] = ()  # each bracket's predicted duration (its stages' p50s added)
+
+    @classmethod
+    def for_plan(cls, plan: Plan) -> "BracketPolicy":
+        ranges: list[tuple[int, int]] = []
+        for i, stage in enumerate(plan.stages):
+            if ranges and plan.stages[ranges[-1][0]].bracket == stage.bracket:
+                ranges[-1] = (ranges[-1][0], i + 1)
+            else:
+                ranges.append((i, i + 1))
+        offsets = list(plan.bracket_offsets_s) if plan.parallel_brackets else []
+        offsets = (offsets + [0.0] * len(ranges))[:len(ranges)]
+        durations = [sum(s.predicted_duration_s or 0.0 for s in plan.stages[lo:hi]) for lo, hi in ranges]
+        return cls(tuple(ranges), tuple(float(o) for o in offsets), tuple(durations))
+
+    def bracket_of(self, g: int) -> int:
+        """The bracket (its position) stage ``g`` belongs to."""
+        return next(b for b, (lo, hi) in enumerate(self.ranges) if lo <= g < hi)
+
+    def next_stage(self, g: int) -> int | None:
+        """The stage after ``g`` in its bracket (None after the bracket's last)."""
+        lo, hi = self.ranges[self.bracket_of(g)]
+        return g + 1 if g + 1 < hi else None
+
+    def due(self, elapsed_s: float, started: Sequence[bool]) -> list[int]:
+        """Brackets not started yet whose start offset has passed (``elapsed_s`` since the job started), in
+        the order their instances are requested (:meth:`start_order`)."""
+        return self.start_order([b for b, (off, on) in enumerate(zip(self.offsets_s, started))
+                                 if not on and elapsed_s >= off])
+
+    def start_order(self, brackets: Sequence[int]) -> list[int]:
+        """Brackets that start together, the one predicted to end last first: where instances come up one
+        after another (the local backend), the critical path gets the first one."""
+        ends = {b: self.offsets_s[b] + (self.durations_s[b] if b < len(self.durations_s) else 0.0)
+                for b in brackets}
+        return sorted(brackets, key=lambda b: (-ends[b], b))
+
+    @staticmethod
+    def receiver(giver_bracket: int, waiting: Sequence[Waiting]) -> Waiting | None:
+        """The request of another bracket a released instance of the same type serves, if any.
+
+        A request that has not gone out is served first (cancelling it saves its whole bill, as the
+        simulator counts a hand-over); among equals the earliest request (it would be up first: the
+        simulator serves requests in order of their ready times).
+        """
+        others = [w for w in waiting if w.bracket != giver_bracket]
+        if not others:
+            return None
+        return min(others, key=lambda w: (not w.queued, w.order))
+
+
+# -- the loop --------------------------------------------------------------------------------
+
+@dataclass
+class Lane:
+    """One bracket's progress: the stage it runs and that stage's trials and slots."""
+
+    bracket: int
+    first: int
+    end: int
+    started: bool = False
+    g: int | None = None  # plan position of the stage it runs; None before its start and after its end
+    done: bool = False
+    trials: list[str] = field(default_factory=list)
+    pending: list[tuple[str, int]] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    trial_seconds: list[float] = field(default_factory=list)
+
+
+class ParallelController(Controller):
+    """Runs a parallel-bracket plan (see the module docstring); a sequential plan runs as the Controller runs it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.brackets = BracketPolicy.for_plan(self.plan)
+        self.lanes: list[Lane] = []
+
+    # -- entry: the stage loop --------------------------------------------------------------
+    def _run_stages(self) -> tuple[str | None, float | None]:
+        if not self.plan.parallel_brackets:
+            return super()._run_stages()
+        done = set(self.state.completed_stages())
+        finals: dict[str, float | None] = {}
+        self.lanes = []
+        for b, (lo, hi) in enumerate(self.brackets.ranges):
+            lane = Lane(bracket=self.plan.stages[lo].bracket, first=lo, end=hi)
+            for g in range(lo, hi):
+                if g not in done:
+                    break
+                if g + 1 == hi:
+                    finals.update(self.state.stages[g].metrics)
+            else:
+                lane.started = lane.done = True
+            self.lanes.append(lane)
+        for b in self.brackets.start_order(range(len(self.lanes))):
+            lane = self.lanes[b]
+            if not lane.done and any(g in self.state.stages for g in range(lane.first, lane.end)):
+                lane.started = True  # it ran before a resume: go on at once
+                self._start_stage(lane, next(g for g in range(lane.first, lane.end) if g not in done))
+        while not all(lane.done for lane in self.lanes):
+            self._check_deadline()
+            self._collect_provisioned()
+            self._collect_terminations()
+            elapsed = time.time() - self.state.first_started_at
+            for b in self.brackets.due(elapsed, [lane.started for lane in self.lanes]):
+                lane = self.lanes[b]
+                lane.started = True
+                self._start_stage(lane, lane.first)
+            self._liveness()
+            for lane in self._active():
+                self._fill_slots(lane)
+            finished = self._wait_some()
+            by_lane: dict[int, list] = {}
+            for run in finished:
+                b = self._lane_of_trial(run.trial_id)
+                by_lane.setdefault(b, []).append(run)
+            for b, runs in by_lane.items():
+                self._collect(self.lanes[b], runs)
+            for lane in self._active():
+                self.stage_index = lane.g
+                if not lane.pending:
+                    self._release_lane_idle(lane)
+                self._prefetch_next(lane)
+                if self.prefetch.may_promote(len(lane.pending) + self._running_in(lane)):
+                    finals.update(self._finish_stage(lane))
+            active = self._active()
+            if active:
+                g = max(lane.g for lane in active)
+                self._report_progress(g, sum(len(lane.pending) for lane in active))
+        if not finals:
+            return None, None
+        best = rank(finals, self.spec.metric.mode, sorted(finals))[0]
+        return best, finals[best]
+
+    def _active(self) -> list[Lane]:
+        return [lane for lane in self.lanes if lane.g is not None]
+
+    def _lane_of_trial(self, trial_id: str) -> int:
+        bracket = self.state.trials[trial_id].bracket
+        return next(b for b, lane in enumerate(self.lanes) if lane.bracket == bracket)
+
+    def _lane_of_stage(self, g: int) -> Lane:
+        return self.lanes[self.brackets.bracket_of(g)]
+
+    def _running_in(self, lane: Lane) -> int:
+        return sum(1 for run in self.running.values() if self.state.trials[run.trial_id].bracket == lane.bracket)
+
+    # -- one bracket's stage ----------------------------------------------------------------
+    def _start_stage(self, lane: Lane, g: int) -> None:
+        """Start stage ``g`` of the lane's bracket: its trials (new ones for a first stage), pending list, instances."""
+        stage = self.plan.stages[g]
+        self.stage_index = g
+        if stage.stage == 0:
+            self._create_trials(stage)
+        lane.g = g
+        lane.trials = self._stage_trials(g)
+        lane.pending, lane.slots, lane.metrics, lane.failures, lane.trial_seconds = [], [], {}, [], []
+        for trial_id in lane.trials:
+            trial = self.state.trials[trial_id]
+            if g in trial.finished_stages:
+                lane.metrics[trial_id] = trial.finished_stages[g]
+                continue
+            start = self._settle(g, stage, trial_id, self._start_epoch(trial_id, stage), lane.metrics)
+            if start is not None:
+                lane.pending.append((trial_id, start))
+        self.journal.record(J.STAGE_STARTED, stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
+                            trials=len(lane.trials), to_run=len(lane.pending), epochs=stage.epochs,
+                            instance_type=stage.instance_type, instances=stage.instances,
+                            workers_per_trial=stage.workers_per_trial,
+                            predicted_duration_s=stage.predicted_duration_s,
+                            offset_s=self.brackets.offsets_s[self.brackets.bracket_of(g)])
+        if lane.pending:
+            itype = self._stage_itype(stage)
+            for _ in range(max(0, stage.instances - len(self._stage_pool(g)))):
+                self._request(g, itype, stage.spot)
+
+    def _fill_slots(self, lane: Lane) -> None:
+        """Slots on the stage's instances that came up (or were handed over); pending trials onto free slots."""
+        g = lane.g
+        stage = self.plan.stages[g]
+        used = {i for s in lane.slots for i in s.instance_ids}
+        unused = [p.id for p in self._stage_pool(g) if p.ready and p.id not in used and self._workers_up(p)]
+        if unused:
+            lane.slots.extend(make_slots(unused, self._stage_itype(stage).workers, stage.workers_per_trial))
+        for slot in lane.slots:
+            if not lane.pending:
+                break
+            if slot.free:
+                self.stage_index = g
+                self._start_next(g, stage, lane.pending, slot, lane.metrics)
+
+    def _collect(self, lane: Lane, runs: list) -> None:
+        g = lane.g
+        stage = self.plan.stages[g]
+        lost_now: dict[str, str] = {}
+        stopped: list[tuple[str, tuple[str, ...]]] = []
+        for run in runs:
+            metric, error, seconds, lost = self._collect_trial(g, stage, run)
+            run.slot.trial_id = None
+            if lost:
+                lost_now.update(lost)
+                stopped.append((run.trial_id, run.slot.instance_ids))
+                continue
+            if not run.cold:
+                lane.trial_seconds.append(seconds)
+            if error:
+                lane.failures.append(error)
+            lane.metrics[run.trial_id] = metric
+        if lost_now:
+            self.stage_index = g
+            self._handle_lost(g, lost_now, lane.slots, lane.pending, stopped=stopped)
+
+    def _finish_stage(self, lane: Lane) -> dict[str, float | None]:
+        """Rank, promote, journal; start the bracket's next stage. Returns the bracket's final metrics (last stage)."""
+        g = lane.g
+        stage = self.plan.stages[g]
+        trials = lane.trials
+        if trials and all(lane.metrics.get(t) is None for t in trials) and lane.failures:
+            raise ExecutionError(f"all {len(trials)} trials of stage {g} failed; first error: {lane.failures[0]}")
+        self._release_lane_idle(lane, stage_done=True)
+        metrics = {t: lane.metrics.get(t) for t in trials}
+        ranking = rank(metrics, self.spec.metric.mode, trials)
+        nxt = self.brackets.next_stage(g)
+        promoted: list[str] = []
+        if nxt is not None:
+            promoted = ranking[:self.plan.stages[nxt].trials]
+            for position, trial_id in enumerate(promoted):
+                self.journal.record(J.TRIAL_PROMOTED, trial_id=trial_id, from_stage=g, to_stage=nxt,
+                                    metric=metrics[trial_id], rank=position)
+        self.journal.record(J.STAGE_FINISHED, stage=g, bracket=stage.bracket, metrics=metrics,
+                            promoted=promoted, ranking=ranking)
+        self.search.rung_finished(stage.epochs, metrics, None if nxt is None else promoted)
+        self.state = J.read_state(self.run_dir)
+        if nxt is None:
+            lane.g, lane.done = None, True
+            return metrics
+        self._start_stage(lane, nxt)
+        return {}
+
+    # -- instances --------------------------------------------------------------------------
+    def _release_lane_idle(self, lane: Lane, *, stage_done: bool = False) -> None:
+        """No pending trials: keep idle instances the bracket's next stage can use, release (or hand over) the rest."""
+        g = lane.g
+        busy = {i for s in lane.slots if not s.free for i in s.instance_ids}
+        nxt_g = self.brackets.next_stage(g)
+        nxt = self.plan.stages[nxt_g] if nxt_g is not None else None
+        nxt_key = self._stage_itype(nxt).key if nxt is not None else None
+        for entry in self._stage_pool(g):
+            if entry.id in busy:
+                continue
+            same = nxt is not None and entry.itype.key == nxt_key and entry.spot == nxt.spot
+            if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(nxt_g)), nxt.instances):
+                entry.assigned_stage = nxt_g
+                self.journal.record(J.DECISION, kind="keep", id=entry.id or entry.token, stage=nxt_g)
+            else:
+                self.stage_index = g
+                self._release(entry, f"idle: stage {g} needs it no more")
+
+    def _release(self, entry: PoolInstance, why: str) -> None:
+        """Hand an instance that is up to another bracket waiting for its type; else release it as the controller does."""
+        if entry.released:
+            return
+        if entry.id is not None and self.plan.parallel_brackets and self.lanes and self._hand_over(entry):
+            return
+        super()._release(entry, why)
+
+    def _hand_over(self, entry: PoolInstance) -> bool:
+        giver = self.brackets.bracket_of(entry.assigned_stage)
+        waiting = []
+        for order, p in enumerate(self.pool.values()):
+            if p is entry or p.released or p.id is not None or p.future is None or p.future.done():
+                continue
+            if p.itype.key != entry.itype.key or p.spot != entry.spot:
+                continue
+            queued = not (p.future.running() or p.future.done())
+            waiting.append(Waiting(p.token, self.brackets.bracket_of(p.assigned_stage), p.assigned_stage, order,
+                                   queued))
+        pick = self.brackets.receiver(giver, waiting)
+        if pick is None:
+            return False
+        target = self.pool[pick.token]
+        cancelled = target.future.cancel()
+        target.released = True  # cancelled; or released (or handed on) the moment it is up
+        from_stage = entry.assigned_stage
+        entry.assigned_stage = target.assigned_stage
+        giver_lane = self.lanes[giver]
+        giver_lane.slots[:] = [s for s in giver_lane.slots if entry.id not in s.instance_ids]
+        self.journal.record(J.DECISION, kind="handoff", id=entry.id, instance_type=entry.itype.name,
+                            from_stage=from_stage, to_stage=target.assigned_stage,
+                            from_bracket=self.plan.stages[from_stage].bracket,
+                            to_bracket=self.plan.stages[target.assigned_stage].bracket, request=target.token,
+                            request_outcome="cancelled" if cancelled else "released when up")
+        return True
+
+    def _prefetch_next(self, lane: Lane) -> None:
+        """The bracket's next stage's extra instances, requested once this stage's remaining time ≤ the lead time."""
+        g = lane.g
+        nxt_g = self.brackets.next_stage(g)
+        if nxt_g is None or nxt_g in self.prefetched:
+            return
+        stage, nxt = self.plan.stages[g], self.plan.stages[nxt_g]
+        itype = self._stage_itype(nxt)
+        reusable = self.prefetch.carried(self._same_type(stage, nxt), stage.instances, nxt.instances)
+        extra = nxt.instances - reusable - len(self._stage_pool(nxt_g))
+        if extra <= 0:
+            self.prefetched.add(nxt_g)
+            return
+        n_slots = max(1, len(lane.slots))
+        if lane.trial_seconds:
+            per_trial = statistics.mean(lane.trial_seconds)
+        elif stage.predicted_task_s:
+            per_trial = stage.predicted_task_s
+        elif stage.predicted_duration_s:
+            per_trial = stage.predicted_duration_s / max(1, math.ceil(stage.trials / n_slots))
+        else:
+            return
+        now = time.time()
+        mine = [r for r in self.running.values() if self.state.trials[r.trial_id].bracket == lane.bracket]
+        remaining = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=len(lane.pending), slots=n_slots,
+                                              running_elapsed_s=[now - r.started_at for r in mine])
+        lead = self._prefetch_lead(itype)
+        if self.prefetch.should_request(remaining, lead, first_task_started=bool(mine) or bool(lane.trial_seconds)):
+            self.prefetched.add(nxt_g)
+            self.journal.record(J.DECISION, kind="prefetch", stage=nxt_g, count=extra, instance_type=itype.name,
+                                estimated_remaining_s=remaining, lead_s=lead, quantile=self.prefetch.quantile)
+            for _ in range(extra):
+                self._request(nxt_g, itype, nxt.spot)
+
+    def _liveness(self) -> None:
+        """Every few seconds: every ready instance's Ray node still there? Lost ones go to the lane they serve."""
+        now = time.monotonic()
+        if now - self._last_liveness < 2.0:
+            return
+        self._last_liveness = now
+        import ray
+
+        try:
+            resources = ray.cluster_resources()
+        except Exception:  # noqa: BLE001 - the next poll asks again
+            return
+        ready = [p.id for p in self.pool.values() if p.id is not None and p.ready and not p.released]
+        suspects = self._gone_from_ray(ready, resources)
+        if not suspects:
+            return
+        lost = self._confirm_lost(suspects, wait_s=0.0)
+        per_lane: dict[int, dict[str, str]] = {}
+        for ident, reason in lost.items():
+            entry = next((p for p in self.pool.values() if p.id == ident), None)
+            if entry is not None:
+                per_lane.setdefault(self.brackets.bracket_of(entry.assigned_stage), {})[ident] = reason
+        for b, gone in per_lane.items():
+            lane = self.lanes[b]
+            g = lane.g if lane.g is not None else min(p.assigned_stage for p in self.pool.values() if p.id in gone)
+            self.stage_index = g
+            self._handle_lost(g, gone, lane.slots, lane.pending, stopped=[])
+
+    def _request_first_instances(self) -> None:
+        """Request the instances of every bracket due at once (fresh: offset 0; resumed: every bracket under way)."""
+        if not self.plan.parallel_brackets:
+            super()._request_first_instances()
+            return
+        done = set(self.state.completed_stages())
+        elapsed = time.time() - self.state.first_started_at
+        for b in self.brackets.start_order(range(len(self.brackets.ranges))):
+            lo, hi = self.brackets.ranges[b]
+            g = next((i for i in range(lo, hi) if i not in done), None)
+            if g is None or elapsed < self.brackets.offsets_s[b]:
+                continue
+            stage = self.plan.stages[g]
+            itype = self._stage_itype(stage)
+            for _ in range(stage.instances - len(self._stage_pool(g))):
+                self._request(g, itype, stage.spot)
+
+
+def controller_for(plan: Plan) -> type[Controller]:
+    """The controller class that runs ``plan``: :class:`ParallelController` for parallel brackets."""
+    return ParallelController if plan.parallel_brackets else Controller
+
+
+__all__ = ["BracketPolicy", "Lane", "ParallelController", "Waiting", "controller_for"]
