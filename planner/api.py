@@ -249,6 +249,12 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         # pool by its JCT quantile and confirm the quickest few with every sample.
         screened = sorted(pool, key=lambda p: evaluator.screen(p).jct_quantile(confidence))[:SHORTEST_CONFIRMED]
         evaluated = evaluator.evaluated_full() + [evaluator.full(p) for p in [fastest, *screened]]
+        feasible = [r for r in evaluated if r.meets(deadline_s, confidence)]
+        if feasible:  # the screens rejected a plan that meets it: never call a feasible deadline infeasible
+            found = min(feasible, key=lambda r: r.cost_mean)
+            chosen = (tuple(found.configs), found)
+            notes.append("a plan the screening samples rejected met the deadline in the full evaluation")
+    if chosen is None:
         quickest = min(evaluated, key=lambda r: (r.jct_quantile(confidence), r.cost_mean))
         shortest = quickest.jct_quantile(confidence)
         raise InfeasibleError(

@@ -28,7 +28,7 @@ from rubberband.catalog import InstanceType
 from rubberband.errors import ProfileError
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
-from rubberband.planner.simulator import SimResult, Simulator, StageConfig, efficient_counts, layout
+from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig, efficient_counts, layout
 
 Plan = tuple[StageConfig, ...]
 
@@ -169,8 +169,8 @@ class Evaluator:
     """Caches screening and full-sample results of plans for one simulator.
 
     Screening uses the first ``screen_samples`` samples. With several Hyperband brackets, a plan
-    is screened bracket by bracket (brackets run one after another, so JCTs and costs add up,
-    ignoring instances carried across a bracket boundary) and each bracket's result is cached, so
+    is screened bracket by bracket (brackets run one after another, so JCTs and costs add up; a bracket
+    starts with the previous bracket's last instances running) and each bracket's result is cached, so
     a one-stage change re-simulates only the rest of its own bracket. Full evaluations always
     simulate the whole plan.
     """
@@ -186,27 +186,39 @@ class Evaluator:
                 self._brackets.append((i, i + 1))
             else:
                 self._brackets[-1] = (self._brackets[-1][0], i + 1)
-        self._subsims: list[Simulator] = []
         # brackets run one after another: screened bracket by bracket (a parallel simulator caches its own)
-        if len(self._brackets) > 1 and not getattr(sim, "parallel", False):
-            for b, (lo, hi) in enumerate(self._brackets):
-                self._subsims.append(Simulator(sim.stages[lo:hi], sim.model, samples=self.screen_samples,
-                                               seed=sim.seed + 7919 * (b + 1), spot=sim.spot,
-                                               options=sim.options, start_state=sim.start_state if b == 0 else None,
-                                               spot_setup=getattr(sim, "spot_setup", None)))
+        self._split = len(self._brackets) > 1 and not getattr(sim, "parallel", False)
+        self._subsims: dict[tuple, Simulator] = {}
         self._sub: dict[tuple, SimResult] = {}
+
+    def _subsim(self, b: int, before: StageConfig | None) -> Simulator:
+        """Bracket ``b``'s screening simulator. A later bracket starts where the one before ended: the run's
+        head is up and the instances of the previous bracket's last stage (``before``) are running, so the
+        bracket does not pay a head start or, on the same type, fresh start-ups again (that double count made
+        every plan fail its screen on start-up-dominated local runs)."""
+        key = (b, None if before is None else before.key)
+        if key not in self._subsims:
+            lo, hi = self._brackets[b]
+            sim = self.sim
+            start = sim.start_state if b == 0 else RunningState(
+                before.instance_type.key if before is not None else "", before.instances if before else 0, 0.0)
+            self._subsims[key] = Simulator(sim.stages[lo:hi], sim.model, samples=self.screen_samples,
+                                           seed=sim.seed + 7919 * (b + 1), spot=sim.spot, options=sim.options,
+                                           start_state=start, spot_setup=getattr(sim, "spot_setup", None))
+        return self._subsims[key]
 
     def screen(self, plan: Plan) -> SimResult:
         key = plan_key(plan)
         if key not in self._screen:
-            if not self._subsims:
+            if not self._split:
                 self._screen[key] = self.sim.simulate(plan, self.screen_samples)
             else:
                 parts = []
                 for b, (lo, hi) in enumerate(self._brackets):
-                    sub_key = (b, key[lo:hi])
+                    before = plan[lo - 1] if b else None
+                    sub_key = (b, key[lo:hi], None if before is None else before.key)
                     if sub_key not in self._sub:
-                        self._sub[sub_key] = self._subsims[b].simulate(plan[lo:hi])
+                        self._sub[sub_key] = self._subsim(b, before).simulate(plan[lo:hi])
                     parts.append(self._sub[sub_key])
                 jct = sum(p.jct for p in parts)
                 cost = sum(p.cost for p in parts) + self.sim.head_cost(plan, jct)  # one head for the run
