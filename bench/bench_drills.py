@@ -7,7 +7,7 @@ of fault and cloud: how many drills, what the run left by itself (before ``down`
 resource kind, as ``before→after`` summed over the drills. The goal is 0 after ``down`` in every cell, with the
 user's look-alike resources and a live run spared.
 
-    python bench/bench_drills.py [--per-phase 2] [--error-seeds 5] [--error-rate 0.05] [--clouds aws gcp]
+    python bench/bench_drills.py [--per-phase 2] [--error-seeds 5] [--error-rate 0.05] [--mixed 3] [--clouds aws gcp]
 
 About 3 minutes on 2 busy cores (AWS drills take ~5 s each: moto, and a boto3 session per provider; GCP ~0.3 s).
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import sys
 import tempfile
 import time
@@ -31,6 +32,8 @@ def main() -> int:
     parser.add_argument("--per-phase", type=int, default=2, help="kill points per (role, phase), spread over its calls")
     parser.add_argument("--error-seeds", type=int, default=5, help="runs with random API errors, per cloud")
     parser.add_argument("--error-rate", type=float, default=0.05)
+    parser.add_argument("--mixed", type=int, default=3, help="runs with a kill at a random call and random API "
+                        "errors, per cloud")
     parser.add_argument("--clouds", nargs="+", default=["aws", "gcp"], choices=["aws", "gcp"])
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -64,6 +67,11 @@ def main() -> int:
             for seed in range(args.error_seeds):
                 outcome = drills.run_drill(world, error_rate=args.error_rate, seed=seed)
                 rows[(f"{args.error_rate:.0%} of API calls fail", cloud)].append(outcome)
+            every = drills.kill_points(calls, per_phase=1000)
+            pick = random.Random(17)
+            for seed in range(args.mixed):
+                outcome = drills.run_drill(world, kill=pick.choice(every), error_rate=args.error_rate, seed=100 + seed)
+                rows[(f"a random kill + {args.error_rate:.0%} errors", cloud)].append(outcome)
     finally:
         server.stop()
         fake.stop()

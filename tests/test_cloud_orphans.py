@@ -210,3 +210,19 @@ def test_the_executor_on_the_head_writes_the_heartbeat_on_its_head_instance(moto
     (seen,) = p.list("run-hb")
     assert abs(float(seen.tags[TAG_HEARTBEAT]) - time.time()) < 30
     p.terminate([head.id])
+
+
+def test_with_the_cli_machine_as_head_the_heartbeat_goes_on_the_runs_workers(moto_env, tmp_path):
+    """`--head local`: the head has no instance, so the beat is written on the run's live workers (and on no other
+    run's instance)."""
+    from rubberband.cloud.heartbeat import beat_instances
+    from rubberband.cloud.local_head import LocalHeadCloudBackend
+
+    p = _aws()
+    workers = p.provision(InstanceRequest("run-lh", 0, G4, count=2, extra_tags={TAG_ROLE: "worker"}))
+    other = p.provision(InstanceRequest("run-other", 0, G4))
+    backend = LocalHeadCloudBackend(cloud="aws", run_dir=tmp_path, regions=[REGION], catalog=CATALOG)
+    backend.workers.head = dataclasses.replace(backend.workers.head, run_id="run-lh")  # as start_head sets it
+    beat_instances(backend.heartbeat_targets)(1_700_000_000.0)
+    beats = {i.id: i.tags.get(TAG_HEARTBEAT) for i in p.list()}
+    assert {beats[w.id] for w in workers} == {"1700000000"} and beats[other[0].id] is None
