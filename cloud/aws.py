@@ -89,6 +89,8 @@ class AwsProvider:
                         user_agent_extra=f"rubberband/{version}", connect_timeout=10, read_timeout=60)
         self.ec2 = self.session.client("ec2", endpoint_url=endpoint_url, config=config)
         self.ssm = self.session.client("ssm", endpoint_url=endpoint_url, config=config)
+        self._client_args = {"endpoint_url": endpoint_url, "config": config}
+        self._secrets_client: Any = None
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -357,7 +359,7 @@ class AwsProvider:
     def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
         """Delete the run's detached volumes and, once its instances are terminated, its security group (both
         found by the exact run tag); return what was deleted."""
-        deleted = self._delete_volumes(run_id)
+        deleted = self._delete_volumes(run_id) + self._delete_secrets(run_id)
         group_id = self.find_security_group(run_id)
         self._groups.pop(run_id, None)
         if group_id is None:
@@ -404,8 +406,36 @@ class AwsProvider:
                     raise
         return deleted
 
+    def _secrets(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Secrets Manager secrets carrying rubberband's tags (one run's when given), e.g. a run's Ray token."""
+        filters = [{"Key": "tag-key", "Values": [TAG_MANAGED]}, {"Key": "tag-value", "Values": ["true"]}]
+        if self._secrets_client is None:  # built on first use: only teardown and the sweep need it
+            self._secrets_client = self.session.client("secretsmanager", **self._client_args)
+        pages = self._call("ListSecrets", lambda: list(self._secrets_client.get_paginator("list_secrets").paginate(
+            Filters=filters)))
+        found = []
+        for page in pages:
+            for secret in page["SecretList"]:
+                tags = {t["Key"]: t["Value"] for t in secret.get("Tags", [])}
+                if tags.get(TAG_MANAGED) == "true" and tags.get(TAG_RUN_ID) and \
+                        (run_id is None or tags[TAG_RUN_ID] == run_id):
+                    found.append(secret)
+        return found
+
+    def _delete_secrets(self, run_id: str) -> list[str]:
+        deleted = []
+        for secret in self._secrets(run_id):
+            try:
+                self._call("DeleteSecret", lambda: self._secrets_client.delete_secret(
+                    SecretId=secret["ARN"], ForceDeleteWithoutRecovery=True))
+                deleted.append(f"secret/{secret['Name']}")
+            except CloudError as exc:
+                if exc.code != "ResourceNotFoundException":
+                    raise
+        return deleted
+
     def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> list[str]:
-        """Runs whose security group or detached volumes outlived their instances (to clean up with
+        """Runs whose security group, detached volumes or secrets outlived their instances (to clean up with
         :meth:`cleanup_run`), found by exact tags; a group younger than ``older_than_s`` (its ``rubberband-created``
         tag) belongs to a run being started and is left alone."""
         now = time.time() if now is None else now
@@ -422,6 +452,10 @@ class AwsProvider:
             created = volume.get("CreateTime")
             if tags.get(TAG_RUN_ID) and (created is None or now - created.timestamp() >= older_than_s):
                 runs.add(tags[TAG_RUN_ID])
+        for secret in self._secrets():
+            created = secret.get("CreatedDate")
+            if created is None or now - created.timestamp() >= older_than_s:
+                runs.add({t["Key"]: t["Value"] for t in secret["Tags"]}[TAG_RUN_ID])
         live = {i.run_id for i in self.list()}
         return sorted(runs - live)
 

@@ -50,8 +50,10 @@ AWS_CREATOR_ACTIONS = ("iam:CreateRole", "iam:TagRole", "iam:PutRolePolicy",
                        "iam:ListInstanceProfiles", "iam:ListInstanceProfilesForRole", "iam:ListRolePolicies",
                        "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile", "iam:DeleteRolePolicy",
                        "iam:DeleteRole")
-#: EC2 actions the CLI needs besides the head's (the orphan sweep: a run's detached volumes, found by tag).
-AWS_CLI_EC2_ACTIONS = ("ec2:DescribeVolumes", "ec2:DeleteVolume")
+#: What the CLI's teardown and orphan sweep need besides the head's actions: a run's detached volumes and its
+#: secrets (Secrets Manager), found by their exact run tag.
+AWS_CLI_SWEEP_ACTIONS = ("ec2:DescribeVolumes", "ec2:DeleteVolume", "secretsmanager:ListSecrets",
+                         "secretsmanager:DeleteSecret")
 #: Permissions the head's service account needs on GCP (docs/clouds.md: the custom role ``rubberbandHead``).
 GCP_HEAD_PERMISSIONS = (
     "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
@@ -495,8 +497,9 @@ def policy_docs() -> str:
         "```json", '{"Version": "2012-10-17", "Statement": [', statements, "]}", "```", "",
         "#### AWS: you (the CLI)", "",
         "The head's EC2 actions above for your run's resources, "
-        + ", ".join(f"`{a}`" for a in AWS_CLI_EC2_ACTIONS)
-        + " (the orphan sweep: detached volumes with the run's tags), `ssm:GetParameter`, and, to create, find and "
+        + ", ".join(f"`{a}`" for a in AWS_CLI_SWEEP_ACTIONS)
+        + " (teardown and the orphan sweep: detached volumes and secrets with the run's tags), `ssm:GetParameter`, "
+          "and, to create, find and "
           "delete the head's role: " + ", ".join(f"`{a}`" for a in AWS_CREATOR_ACTIONS)
         + f" — on `arn:aws:iam::ACCOUNT:role{IAM_PATH}*` and `arn:aws:iam::ACCOUNT:instance-profile{IAM_PATH}*` "
           "only (`iam:ListRoles`, `iam:ListInstanceProfiles` on `*`).", "",

@@ -92,6 +92,10 @@ def test_aws_sweep_ends_dead_runs_by_tags_and_heartbeat_and_spares_live_runs_and
     user_volume = ec2.create_volume(AvailabilityZone="us-east-1a", Size=1, TagSpecifications=[
         {"ResourceType": "volume", "Tags": [{"Key": "Name", "Value": "rb-run-mine-0"}]}])["VolumeId"]
     iam.create_role(RoleName="rb-run-mine", AssumeRolePolicyDocument="{}", Path="/rubberband/")
+    secrets = boto3.client("secretsmanager", region_name=REGION)
+    secrets.create_secret(Name="rubberband-run-mine", SecretString="mine")  # the user's, no tag
+    secrets.create_secret(Name="rb-run-dead-token", SecretString="t", Tags=[  # a secret of the dead run
+        {"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_RUN_ID, "Value": "run-dead"}])
     # a detached volume of the dead run (its instance was gone, the volume kept): found by its tags
     stray = ec2.create_volume(AvailabilityZone="us-east-1a", Size=1, TagSpecifications=[
         {"ResourceType": "volume", "Tags": [{"Key": TAG_MANAGED, "Value": "true"},
@@ -109,6 +113,7 @@ def test_aws_sweep_ends_dead_runs_by_tags_and_heartbeat_and_spares_live_runs_and
     assert states[user_vm] == "running" and all(states[i.id] == "terminated" for i in dead)
     roles = sorted(r["RoleName"] for r in iam.list_roles()["Roles"])
     assert roles == ["rb-run-live", "rb-run-mine"]
+    assert [s["Name"] for s in secrets.list_secrets()["SecretList"]] == ["rubberband-run-mine"]
     # the live run goes silent: the next sweep ends it too; the look-alikes still survive
     assert down_orphans("aws", [REGION], HOUR, now=now + 2 * HOUR) == 1
     assert p.list() == [] and sorted(r["RoleName"] for r in iam.list_roles()["Roles"]) == ["rb-run-mine"]
