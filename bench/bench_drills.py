@@ -7,7 +7,7 @@ of fault and cloud: how many drills, what the run left by itself (before ``down`
 resource kind, as ``before→after`` summed over the drills. The goal is 0 after ``down`` in every cell, with the
 user's look-alike resources and a live run spared.
 
-    python bench/bench_drills.py [--per-phase 2] [--error-seeds 5] [--error-rate 0.05] [--mixed 3] [--clouds aws gcp]
+    python bench/bench_drills.py [--per-phase 2] [--error-seeds 3] [--error-rate 0.05] [--mixed 2] [--clouds aws gcp]
 
 About 3 minutes on 2 busy cores (AWS drills take ~5 s each: moto, and a boto3 session per provider; GCP ~0.3 s).
 """
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--per-phase", type=int, default=2, help="kill points per (role, phase), spread over its calls")
-    parser.add_argument("--error-seeds", type=int, default=5, help="runs with random API errors, per cloud")
+    parser.add_argument("--error-seeds", type=int, default=3, help="runs with random API errors, per cloud")
     parser.add_argument("--error-rate", type=float, default=0.05)
-    parser.add_argument("--mixed", type=int, default=3, help="runs with a kill at a random call and random API "
+    parser.add_argument("--mixed", type=int, default=2, help="runs with a kill at a random call and random API "
                         "errors, per cloud")
     parser.add_argument("--clouds", nargs="+", default=["aws", "gcp"], choices=["aws", "gcp"])
     args = parser.parse_args()
