@@ -6,7 +6,8 @@
   managed marker; IMDSv2 is required; an instance-initiated shutdown terminates it.
 * One security group per run: all TCP between members of the group (Ray, object
   transfer, torch DDP pick ports freely) and SSH only from a CIDR the user gives.
-  :meth:`AwsProvider.cleanup_run` deletes it once the run's instances are gone.
+  :meth:`AwsProvider.cleanup_run` deletes it once the run's instances are gone. The group is found by
+  its exact run tag, never by its name (a look-alike group of a user is never reused nor deleted).
 * Errors are classified by :func:`rubberband.cloud.failover.classify`; transient ones are
   retried here with bounded backoff, reusing the request's ``ClientToken`` so that a retry
   never launches twice.
@@ -30,7 +31,7 @@ from rubberband import __version__
 from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
 from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify
-from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
+from rubberband.cloud.provider import TAG_CREATED, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
 from rubberband.errors import CloudError, InputError
 
 T = TypeVar("T")
@@ -88,6 +89,8 @@ class AwsProvider:
                         user_agent_extra=f"rubberband/{version}", connect_timeout=10, read_timeout=60)
         self.ec2 = self.session.client("ec2", endpoint_url=endpoint_url, config=config)
         self.ssm = self.session.client("ssm", endpoint_url=endpoint_url, config=config)
+        self._client_args = {"endpoint_url": endpoint_url, "config": config}
+        self._secrets_client: Any = None
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -155,8 +158,10 @@ class AwsProvider:
         return self.vpc_id
 
     def find_security_group(self, run_id: str) -> str | None:
+        """The run's security group, found by its exact run tag (never by its name: a group of the same
+        name that rubberband did not create is not the run's)."""
         groups = self._call("DescribeSecurityGroups", lambda: self.ec2.describe_security_groups(Filters=[
-            {"Name": "group-name", "Values": [security_group_name(run_id)]},
+            {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}, {"Name": f"tag:{TAG_RUN_ID}", "Values": [run_id]},
             {"Name": "vpc-id", "Values": [self._vpc()]}]))["SecurityGroups"]
         return groups[0]["GroupId"] if groups else None
 
@@ -166,7 +171,8 @@ class AwsProvider:
             return self._groups[run_id]
         group_id = self.find_security_group(run_id)
         if group_id is None:
-            tags = {TAG_MANAGED: "true", TAG_RUN_ID: run_id, "Name": security_group_name(run_id)}
+            tags = {TAG_MANAGED: "true", TAG_RUN_ID: run_id, "Name": security_group_name(run_id),
+                    TAG_CREATED: str(int(time.time()))}
             try:
                 group_id = self._call("CreateSecurityGroup", lambda: self.ec2.create_security_group(
                     GroupName=security_group_name(run_id), VpcId=self._vpc(),
@@ -175,8 +181,12 @@ class AwsProvider:
             except CloudError as exc:
                 if exc.code != "InvalidGroup.Duplicate":
                     raise
-                group_id = self.find_security_group(run_id)
-                assert group_id is not None
+                group_id = self.find_security_group(run_id)  # made by another process of the run
+                if group_id is None:
+                    raise CloudError(f"aws: a security group named {security_group_name(run_id)} exists in "
+                                     f"{self.region} but rubberband did not create it (no {TAG_RUN_ID} tag); "
+                                     f"rename or delete it, or use another run id", kind="fatal",
+                                     code="InvalidGroup.Duplicate", region=self.region) from None
             else:
                 permissions: list[dict[str, Any]] = [{
                     "IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535,
@@ -320,7 +330,7 @@ class AwsProvider:
                 elif exc.code == "UnauthorizedOperation":
                     checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", False,
                                                   "UnauthorizedOperation"))
-                elif exc.kind == "fatal" and exc.code.startswith(("InvalidInstanceID", "InvalidGroup")):
+                elif exc.kind == "fatal" and exc.code.startswith(("InvalidInstanceID", "InvalidGroup", "InvalidVolume")):
                     checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", None,
                                                   f"not verifiable with a placeholder id ({exc.code})"))
                 else:
@@ -341,16 +351,19 @@ class AwsProvider:
         probe("TerminateInstances", lambda: self.ec2.terminate_instances(DryRun=True,
                                                                          InstanceIds=[placeholder_instance]))
         probe("DeleteSecurityGroup", lambda: self.ec2.delete_security_group(DryRun=True, GroupId=placeholder_group))
+        probe("DeleteVolume", lambda: self.ec2.delete_volume(DryRun=True, VolumeId="vol-0000000000000000f"))
         return checks
 
     # -- run-level resources ------------------------------------------------------------------
 
     def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
-        """Delete the run's security group once its instances are terminated; return what was deleted."""
+        """Delete the run's detached volumes and, once its instances are terminated, its security group (both
+        found by the exact run tag); return what was deleted."""
+        deleted = self._delete_volumes(run_id) + self._delete_secrets(run_id)
         group_id = self.find_security_group(run_id)
         self._groups.pop(run_id, None)
         if group_id is None:
-            return []
+            return deleted
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = self._call("DescribeInstances", lambda: self.ec2.describe_instances(Filters=[
@@ -360,10 +373,10 @@ class AwsProvider:
             if not remaining:
                 try:
                     self._call("DeleteSecurityGroup", lambda: self.ec2.delete_security_group(GroupId=group_id))
-                    return [group_id]
+                    return deleted + [group_id]
                 except CloudError as exc:
                     if exc.code == "InvalidGroup.NotFound":
-                        return []
+                        return deleted
                     if exc.code != "DependencyViolation":
                         raise
             if time.monotonic() >= deadline:
@@ -372,13 +385,79 @@ class AwsProvider:
                                  f"{group_id}`", kind="transient", code="DependencyViolation", region=self.region)
             time.sleep(self.poll_s)
 
-    def leftover_runs(self) -> list[str]:
-        """Runs whose security group outlived their instances (to clean up with :meth:`cleanup_run`)."""
+    def _volumes(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Detached (``available``) EBS volumes carrying rubberband's tags (one run's when given): a volume of a
+        terminated instance that was not deleted with it, still billing."""
+        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}, {"Name": "status", "Values": ["available"]}]
+        if run_id is not None:
+            filters.append({"Name": f"tag:{TAG_RUN_ID}", "Values": [run_id]})
+        pages = self._call("DescribeVolumes", lambda: list(
+            self.ec2.get_paginator("describe_volumes").paginate(Filters=filters)))
+        return [v for page in pages for v in page["Volumes"]]
+
+    def _delete_volumes(self, run_id: str) -> list[str]:
+        deleted = []
+        for volume in self._volumes(run_id):
+            try:
+                self._call("DeleteVolume", lambda: self.ec2.delete_volume(VolumeId=volume["VolumeId"]))
+                deleted.append(volume["VolumeId"])
+            except CloudError as exc:
+                if exc.code not in ("InvalidVolume.NotFound", "VolumeInUse"):
+                    raise
+        return deleted
+
+    def _secrets(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Secrets Manager secrets carrying rubberband's tags (one run's when given), e.g. a run's Ray token."""
+        filters = [{"Key": "tag-key", "Values": [TAG_MANAGED]}, {"Key": "tag-value", "Values": ["true"]}]
+        if self._secrets_client is None:  # built on first use: only teardown and the sweep need it
+            self._secrets_client = self.session.client("secretsmanager", **self._client_args)
+        pages = self._call("ListSecrets", lambda: list(self._secrets_client.get_paginator("list_secrets").paginate(
+            Filters=filters)))
+        found = []
+        for page in pages:
+            for secret in page["SecretList"]:
+                tags = {t["Key"]: t["Value"] for t in secret.get("Tags", [])}
+                if tags.get(TAG_MANAGED) == "true" and tags.get(TAG_RUN_ID) and \
+                        (run_id is None or tags[TAG_RUN_ID] == run_id):
+                    found.append(secret)
+        return found
+
+    def _delete_secrets(self, run_id: str) -> list[str]:
+        deleted = []
+        for secret in self._secrets(run_id):
+            try:
+                self._call("DeleteSecret", lambda: self._secrets_client.delete_secret(
+                    SecretId=secret["ARN"], ForceDeleteWithoutRecovery=True))
+                deleted.append(f"secret/{secret['Name']}")
+            except CloudError as exc:
+                if exc.code != "ResourceNotFoundException":
+                    raise
+        return deleted
+
+    def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> list[str]:
+        """Runs whose security group, detached volumes or secrets outlived their instances (to clean up with
+        :meth:`cleanup_run`), found by exact tags; a group younger than ``older_than_s`` (its ``rubberband-created``
+        tag) belongs to a run being started and is left alone."""
+        now = time.time() if now is None else now
         groups = self._call("DescribeSecurityGroups", lambda: self.ec2.describe_security_groups(
             Filters=[{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]))["SecurityGroups"]
+        runs = set()
+        for group in groups:
+            tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+            created = tags.get(TAG_CREATED, "")
+            if tags.get(TAG_RUN_ID) and (not created.isdigit() or now - int(created) >= older_than_s):
+                runs.add(tags[TAG_RUN_ID])
+        for volume in self._volumes():
+            tags = {t["Key"]: t["Value"] for t in volume.get("Tags", [])}
+            created = volume.get("CreateTime")
+            if tags.get(TAG_RUN_ID) and (created is None or now - created.timestamp() >= older_than_s):
+                runs.add(tags[TAG_RUN_ID])
+        for secret in self._secrets():
+            created = secret.get("CreatedDate")
+            if created is None or now - created.timestamp() >= older_than_s:
+                runs.add({t["Key"]: t["Value"] for t in secret["Tags"]}[TAG_RUN_ID])
         live = {i.run_id for i in self.list()}
-        runs = [t["Value"] for g in groups for t in g.get("Tags", []) if t["Key"] == TAG_RUN_ID]
-        return sorted(set(runs) - live)
+        return sorted(runs - live)
 
     # -- conversion ---------------------------------------------------------------------------
 

@@ -60,6 +60,9 @@ class PermissionCheck:
     action: str
     allowed: bool | None
     detail: str = ""
+    #: "allow": the run needs it (denied fails the dry run); "deny": least privilege — the identity must NOT be
+    #: able to do it (``allowed`` True means it is broader than rubberband needs: reported, not fatal)
+    expect: str = "allow"
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,12 @@ class DryRunReport:
 
     @property
     def denied(self) -> list[PermissionCheck]:
-        return [c for c in self.checks if c.allowed is False]
+        return [c for c in self.checks if c.allowed is False and c.expect == "allow"]
+
+    @property
+    def broader(self) -> list[PermissionCheck]:
+        """Least-privilege rows the identity fails: it could do what rubberband never needs."""
+        return [c for c in self.checks if c.allowed is True and c.expect == "deny"]
 
 
 def _stage_for(plan: Plan, instance_type: str, cloud: str, first_stage: int) -> StagePlan:
@@ -239,11 +247,16 @@ def render_dry_run(report: DryRunReport) -> RenderableType:
                                                                sorted(report.catalog_dates.items())))
     parts: list[RenderableType] = [table, bill]
     if report.checks:
-        perms = Table(title="Permissions (checked with DryRun, nothing created)", title_justify="left")
+        perms = Table(title="Permissions (DryRun calls, IAM simulation / testIamPermissions; nothing created)",
+                      title_justify="left")
         for column in ("cloud", "region", "permission", "status", "detail"):
             perms.add_column(column)
         for c in report.checks:
-            status = {True: "[green]allowed[/]", False: "[red]DENIED[/]", None: "[yellow]not checked[/]"}[c.allowed]
+            if c.expect == "deny":
+                status = {True: "[yellow]BROADER than needed[/]", False: "[green]denied, as it must be[/]",
+                          None: "[yellow]not checked[/]"}[c.allowed]
+            else:
+                status = {True: "[green]allowed[/]", False: "[red]DENIED[/]", None: "[yellow]not checked[/]"}[c.allowed]
             perms.add_row(c.cloud, c.region, c.action, status, c.detail)
         parts.append(perms)
     return Group(*parts)

@@ -9,7 +9,9 @@
   ``instanceTerminationAction=DELETE`` (a preempted VM is deleted, not left with a billed disk).
 * Labels: run id, stage, version, managed marker (cloud/provider.py keys); network tag
   ``rubberband-<run>`` and one firewall rule per run that opens TCP only between VMs carrying
-  that tag (plus SSH from a user-given CIDR), deleted by :meth:`GcpProvider.cleanup_run`.
+  that tag (plus SSH from a user-given CIDR), deleted by :meth:`GcpProvider.cleanup_run`. Firewall
+  rules carry no labels: the run's ownership marker ends their description (:func:`owner_marker`), and
+  only rules carrying it are reused or deleted — never a rule matched by its name alone.
 * Operations are waited on with the ``*_unary`` calls and this provider's own
   ``ZoneOperationsClient`` / ``GlobalOperationsClient``: ``.result()`` on an extended
   operation would poll through an internal client built without our endpoint override.
@@ -45,6 +47,7 @@ from google.cloud import compute_v1
 
 from rubberband import __version__
 from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
+from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import ERROR_TABLE, RetryPolicy, call_with_retry, classify, gcp_quota_name
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
 from rubberband.errors import CloudError, InputError
@@ -83,6 +86,21 @@ def firewall_name(run_id: str, suffix: str = "internal") -> str:
     return f"rubberband-{run_id}-{suffix}"
 
 
+_MARKER_RE = re.compile(rf"\[{TAG_MANAGED}=true {TAG_RUN_ID}=([a-z0-9-]+)\]$")
+
+
+def owner_marker(run_id: str) -> str:
+    """What ends the description of every firewall rule (or other label-less resource) rubberband creates for a
+    run: Compute Engine firewall rules carry no labels, so this exact marker is their run tag."""
+    return f"[{TAG_MANAGED}=true {TAG_RUN_ID}={run_id}]"
+
+
+def marked_run(description: str | None) -> str | None:
+    """The run a resource's description marks it as created for (:func:`owner_marker`), else None."""
+    match = _MARKER_RE.search(description or "")
+    return match.group(1) if match else None
+
+
 class GcpProvider:
     """Compute Engine VMs of one region (one project) for rubberband runs."""
 
@@ -110,6 +128,7 @@ class GcpProvider:
             raise InputError("no GCP project: set RUBBERBAND_GCP_PROJECT or `gcloud config set project`")
         self.region = region
         self.project = project
+        self.endpoint = endpoint
         self.network = network
         self.image = image
         self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
@@ -127,6 +146,7 @@ class GcpProvider:
         self.zone_operations = compute_v1.ZoneOperationsClient(**kwargs)
         self.firewalls = compute_v1.FirewallsClient(**kwargs)
         self.global_operations = compute_v1.GlobalOperationsClient(**kwargs)
+        self.disks = compute_v1.DisksClient(**kwargs)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -201,12 +221,13 @@ class GcpProvider:
         tag = network_tag(run_id)
         rules = [compute_v1.Firewall(
             name=firewall_name(run_id), network=f"global/networks/{self.network}", direction="INGRESS",
-            description=f"rubberband run {run_id}: Ray and torch DDP between its VMs",
+            description=f"rubberband run {run_id}: Ray and torch DDP between its VMs {owner_marker(run_id)}",
             source_tags=[tag], target_tags=[tag], allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["0-65535"])])]
         if self.ssh_cidr:
             rules.append(compute_v1.Firewall(
                 name=firewall_name(run_id, "ssh"), network=f"global/networks/{self.network}", direction="INGRESS",
-                description=f"rubberband run {run_id}: SSH from the user", source_ranges=[self.ssh_cidr],
+                description=f"rubberband run {run_id}: SSH from the user {owner_marker(run_id)}",
+                source_ranges=[self.ssh_cidr],
                 target_tags=[tag], allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])]))
         names = []
         for rule in rules:
@@ -219,9 +240,40 @@ class GcpProvider:
                 except CloudError as exc:  # made by another process of the run (the CLI before its head)
                     if exc.code != "alreadyExists" and "already exists" not in exc.message:  # message: cut short
                         raise
+                    self._check_owned(rule.name, run_id)
                 self._firewalls.add(rule.name)
             names.append(rule.name)
         return names
+
+    def _check_owned(self, name: str, run_id: str) -> None:
+        """A firewall rule of the run's name that exists already is the run's (its marker) or a fatal error."""
+        rule = self._call(lambda: self.firewalls.get(project=self.project, firewall=name))
+        if marked_run(rule.description) != run_id:
+            raise CloudError(f"gcp: a firewall rule named {name} exists but rubberband did not create it for run "
+                             f"{run_id} (no {owner_marker(run_id)} in its description); rename or delete it, or use "
+                             f"another run id", kind="fatal", code="alreadyExists", region=self.region)
+
+    def _owned_firewalls(self) -> list[compute_v1.Firewall]:
+        """Every firewall rule of the project that carries a run's ownership marker (never matched by name)."""
+        rules = self._call(lambda: list(self.firewalls.list(project=self.project)))
+        return [r for r in rules if marked_run(r.description) is not None]
+
+    def _disks(self, run_id: str | None = None) -> list[tuple[str, compute_v1.Disk]]:
+        """(zone, disk) of the detached disks carrying rubberband's labels (one run's when given): a disk a deleted
+        VM left behind, still billing. Attached ones go with their VM (``autoDelete``)."""
+        terms = [f'(labels.{TAG_MANAGED} = "true")']
+        if run_id is not None:
+            terms.append(f'(labels.{TAG_RUN_ID} = "{run_id}")')
+        pager = self._call(lambda: list(self.disks.aggregated_list(request=compute_v1.AggregatedListDisksRequest(
+            project=self.project, filter=" AND ".join(terms)))))
+        found = []
+        for scope, scoped in pager:
+            for disk in scoped.disks:
+                labels = dict(disk.labels)
+                if labels.get(TAG_MANAGED) == "true" and (run_id is None or labels.get(TAG_RUN_ID) == run_id) \
+                        and not list(disk.users):
+                    found.append((scope.rsplit("/", 1)[-1], disk))
+        return found
 
     # -- Provider ---------------------------------------------------------------------------
 
@@ -453,24 +505,50 @@ class GcpProvider:
             self._wait_zone_op(op, zone)
 
     def set_labels(self, instance_id: str, labels: dict[str, str]) -> None:
-        """Merge ``labels`` into a VM's labels (e.g. a new stage when an instance is reused)."""
+        """Merge ``labels`` into a VM's labels (a new stage when an instance is reused, the run's heartbeat).
+
+        The write is conditioned on the labels' fingerprint: when they changed in between (another writer, or a
+        retried write that had landed), they are read again and the merge retried."""
         zone = self._zone_of(instance_id)
         if zone is None:
             raise CloudError(f"gcp: instance {instance_id} does not exist", kind="fatal", code="notFound")
-        raw = self._call(lambda: self.instances.get(project=self.project, zone=zone, instance=instance_id))
-        body = compute_v1.InstancesSetLabelsRequest(labels={**dict(raw.labels), **labels},
-                                                    label_fingerprint=raw.label_fingerprint)
-        op = self._call(lambda: self.instances.set_labels_unary(
-            project=self.project, zone=zone, instance=instance_id, instances_set_labels_request_resource=body))
-        self._wait_zone_op(op, zone)
+        for attempt in range(3):
+            raw = self._call(lambda: self.instances.get(project=self.project, zone=zone, instance=instance_id))
+            if all(raw.labels.get(k) == v for k, v in labels.items()):
+                return  # already there (a retried write that landed)
+            body = compute_v1.InstancesSetLabelsRequest(labels={**dict(raw.labels), **labels},
+                                                        label_fingerprint=raw.label_fingerprint)
+            try:
+                op = self._call(lambda: self.instances.set_labels_unary(
+                    project=self.project, zone=zone, instance=instance_id,
+                    instances_set_labels_request_resource=body))
+            except CloudError as exc:
+                if exc.code != "conditionNotMet" or attempt == 2:
+                    raise
+                continue
+            self._wait_zone_op(op, zone)
+            return
+
+    def check_permissions(self, request: InstanceRequest) -> list[PermissionCheck]:
+        """The dry run's probe: Compute Engine has no DryRun, so ask ``projects.testIamPermissions`` whether the
+        CLI's credentials hold every permission a run needs (:data:`~rubberband.cloud.identity.GCP_CLI_PERMISSIONS`);
+        nothing is created."""
+        from rubberband.cloud.identity import check_cli_permissions
+
+        self._check_request(request)
+        return [dataclasses.replace(c, region=self.region) for c in check_cli_permissions(
+            self.project, endpoint=self.endpoint)]
 
     # -- run-level resources ------------------------------------------------------------------
 
     def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
-        """Delete the run's firewall rules; return the names deleted."""
+        """Delete the run's firewall rules (those carrying its ownership marker, :func:`owner_marker`) and its
+        detached disks (by its exact labels); return what was deleted."""
         deleted = []
-        for name in (firewall_name(run_id), firewall_name(run_id, "ssh")):
-            delete = compute_v1.DeleteFirewallRequest(project=self.project, firewall=name,
+        for rule in self._owned_firewalls():
+            if marked_run(rule.description) != run_id:
+                continue
+            delete = compute_v1.DeleteFirewallRequest(project=self.project, firewall=rule.name,
                                                       request_id=str(uuid.uuid4()))
             try:
                 op = self._call(lambda: self.firewalls.delete_unary(request=delete))
@@ -479,16 +557,35 @@ class GcpProvider:
                     raise
                 continue
             self._wait_global_op(op, timeout_s)
-            self._firewalls.discard(name)
-            deleted.append(f"firewall/{name}")
+            self._firewalls.discard(rule.name)
+            deleted.append(f"firewall/{rule.name}")
+        for zone, disk in self._disks(run_id):
+            delete_disk = compute_v1.DeleteDiskRequest(project=self.project, zone=zone, disk=disk.name,
+                                                       request_id=str(uuid.uuid4()))
+            try:
+                op = self._call(lambda: self.disks.delete_unary(request=delete_disk), zone=zone)
+            except CloudError as exc:
+                if exc.code not in ("notFound", "resourceInUseByAnotherResource"):
+                    raise
+                continue
+            self._wait_zone_op(op, zone, timeout_s)
+            deleted.append(f"disk/{disk.name}")
         return deleted
 
-    def leftover_runs(self) -> list[str]:
-        """Runs whose firewall rules outlived their VMs."""
-        rules = self._call(lambda: list(self.firewalls.list(project=self.project)))
-        pattern = re.compile(r"^rubberband-(.+)-(internal|ssh)$")
-        runs = {m.group(1) for r in rules if (m := pattern.match(r.name))}
-        return sorted(runs - {i.run_id for i in self.list()})
+    def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> list[str]:
+        """Runs whose firewall rules or detached disks outlived their VMs, created at least ``older_than_s`` ago;
+        found by ownership marker and labels, never by a name pattern."""
+        now = time.time() if now is None else now
+
+        def old(created: str) -> bool:
+            return not created or now - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() \
+                >= older_than_s
+
+        runs = {marked_run(r.description) for r in self._owned_firewalls() if old(r.creation_timestamp)}
+        runs |= {dict(d.labels).get(TAG_RUN_ID) for _, d in self._disks() if old(d.creation_timestamp)}
+        runs.discard(None)
+        runs.discard("")
+        return sorted(runs - {i.run_id for i in self.list()})  # type: ignore[operator]
 
     # -- conversion ---------------------------------------------------------------------------
 

@@ -82,6 +82,7 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
     def start_head(self, run_id: str) -> HeadHandle:
         self._run_id = cloud_run_id(run_id)
         self.workers.head = dataclasses.replace(self.head_instance, run_id=self._run_id)
+        self.start_heartbeat()
         return HeadHandle(address=self.ray_address or f"{self.head_instance.address}:{RAY_PORT}",
                           id=self.head_instance.id, billed=self.billed_head())
 
@@ -105,8 +106,16 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
                           launched_at=launched, grace_s=self.head_grace_s)
 
     def stop_head(self) -> bool:
+        self.stop_heartbeat()
         self._stop_stand_ins()
         return False
+
+    def heartbeat_targets(self) -> list[tuple[object, list[str]]]:
+        """The run's heartbeat goes on this head instance (one call a beat; the head's role may re-tag it)."""
+        from rubberband.cloud.backend import _region_of
+
+        head = self.workers.head
+        return [(self.pool(self.cloud, _region_of(head)), [head.id])]
 
     def runtime_env(self, code_dir: str) -> dict | None:
         """None: the executor runs inside the CLI's Ray job, whose runtime_env (rubberband, code) its driver inherits."""

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
+from rubberband.cloud.provider import TAG_HEARTBEAT, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
 from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.errors import CloudError, InputError
 
@@ -46,17 +46,45 @@ EC2_TRUST_POLICY = {"Version": "2012-10-17", "Statement": [{
 #: What the CLI itself needs to create and delete a run's head identity (besides its EC2 permissions).
 AWS_CREATOR_ACTIONS = ("iam:CreateRole", "iam:TagRole", "iam:PutRolePolicy",
                        "iam:CreateInstanceProfile", "iam:TagInstanceProfile", "iam:AddRoleToInstanceProfile",
-                       "iam:PassRole", "iam:ListRoles", "iam:ListRoleTags", "iam:RemoveRoleFromInstanceProfile",
-                       "iam:DeleteInstanceProfile", "iam:DeleteRolePolicy", "iam:DeleteRole")
+                       "iam:GetInstanceProfile", "iam:PassRole", "iam:ListRoles", "iam:ListRoleTags",
+                       "iam:ListInstanceProfiles", "iam:ListInstanceProfilesForRole", "iam:ListRolePolicies",
+                       "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile", "iam:DeleteRolePolicy",
+                       "iam:DeleteRole")
+#: What the CLI's teardown and orphan sweep need besides the head's actions: a run's detached volumes and its
+#: secrets (Secrets Manager), found by their exact run tag.
+AWS_CLI_SWEEP_ACTIONS = ("ec2:DescribeVolumes", "ec2:DeleteVolume", "secretsmanager:ListSecrets",
+                         "secretsmanager:DeleteSecret")
 #: Permissions the head's service account needs on GCP (docs/clouds.md: the custom role ``rubberbandHead``).
 GCP_HEAD_PERMISSIONS = (
     "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
     "compute.instances.setLabels", "compute.instances.setMetadata", "compute.instances.setTags",
-    "compute.instances.setScheduling", "compute.disks.create", "compute.disks.setLabels",
-    "compute.subnetworks.use", "compute.subnetworks.useExternalIp", "compute.networks.updatePolicy",
-    "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.get", "compute.firewalls.list",
-    "compute.zoneOperations.get", "compute.zoneOperations.list", "compute.globalOperations.get",
-    "compute.images.useReadOnly")
+    "compute.instances.setScheduling", "compute.disks.create", "compute.disks.setLabels", "compute.disks.list",
+    "compute.disks.delete", "compute.subnetworks.use", "compute.subnetworks.useExternalIp",
+    "compute.networks.updatePolicy", "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.get",
+    "compute.firewalls.list", "compute.zoneOperations.get", "compute.zoneOperations.list",
+    "compute.globalOperations.get", "compute.images.useReadOnly")
+#: What the CLI needs on GCP besides the head's permissions: attach the head's service account to the head
+#: (plus ``iam.serviceAccounts.actAs`` on that account, checked on the account itself).
+GCP_CLI_PERMISSIONS = (*GCP_HEAD_PERMISSIONS, "compute.instances.setServiceAccount")
+#: Name prefixes of what rubberband creates on GCP (VMs and their boot disks ``rb-<run>-...``, firewall rules
+#: ``rubberband-<run>-...``): the head's role binding is conditioned on them (:data:`GCP_HEAD_CONDITION`).
+GCP_NAME_PREFIXES = {"Instance": ("instances", "rb-"), "Disk": ("disks", "rb-"),
+                     "Firewall": ("firewalls", "rubberband-")}
+
+
+def gcp_head_condition() -> str:
+    """The IAM condition (CEL) of the head's role binding: instances, disks and firewall rules only with
+    rubberband's name prefixes; other resource types (operations, subnetworks, images, the network) are not
+    narrowed by it. One service account serves every run, so the condition cannot name a run: per-run isolation
+    comes from the labels and the ownership marker, which teardown matches exactly."""
+    kinds = [f'resource.type != "compute.googleapis.com/{kind}"' for kind in GCP_NAME_PREFIXES]
+    named = [f'(resource.type == "compute.googleapis.com/{kind}" && '
+             f'resource.name.extract("/{collection}/{{name}}").startsWith("{prefix}"))'
+             for kind, (collection, prefix) in GCP_NAME_PREFIXES.items()]
+    return " || ".join([f"({' && '.join(kinds)})", *named])
+
+
+GCP_HEAD_CONDITION = gcp_head_condition()
 
 
 def identity_name(run_id: str) -> str:
@@ -69,7 +97,7 @@ def aws_head_policy(run_id: str) -> dict[str, Any]:
 
     Launch: only instances and volumes tagged with the run id at creation, only into the run's
     own security group. Terminate / re-tag: only instances carrying the run id, and a re-tag may
-    change the stage tag alone (never the run id or the managed marker). Security group: create it
+    change the stage and heartbeat tags alone (never the run id or the managed marker). Security group: create it
     only with the run's tag, change and delete only the one carrying it. Reads (Describe*) cannot
     be narrowed by resource in EC2; the AMI lookup reads only the public Deep Learning parameters.
     """
@@ -87,12 +115,15 @@ def aws_head_policy(run_id: str) -> dict[str, Any]:
          "Resource": "arn:aws:ec2:*:*:security-group/*", "Condition": {"StringEquals": own}},
         {"Sid": "LaunchFromImagesAndSubnets", "Effect": "Allow", "Action": "ec2:RunInstances",
          "Resource": ["arn:aws:ec2:*::image/*", "arn:aws:ec2:*:*:subnet/*", "arn:aws:ec2:*:*:network-interface/*"]},
-        {"Sid": "TagOnlyAtCreation", "Effect": "Allow", "Action": "ec2:CreateTags",
-         "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*", "arn:aws:ec2:*:*:security-group/*"],
-         "Condition": {"StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateSecurityGroup"]}}},
-        {"Sid": "RetagOnlyTheRunsInstancesStage", "Effect": "Allow", "Action": "ec2:CreateTags",
+        {"Sid": "TagInstancesOnlyAtLaunch", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"],
+         "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
+        {"Sid": "TagTheGroupOnlyAtCreation", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": "arn:aws:ec2:*:*:security-group/*",
+         "Condition": {"StringEquals": {"ec2:CreateAction": "CreateSecurityGroup"}}},
+        {"Sid": "RetagOnlyTheRunsInstancesStageAndHeartbeat", "Effect": "Allow", "Action": "ec2:CreateTags",
          "Resource": "arn:aws:ec2:*:*:instance/*",
-         "Condition": {"StringEquals": own, "ForAllValues:StringEquals": {"aws:TagKeys": [TAG_STAGE]}}},
+         "Condition": {"StringEquals": own, "ForAllValues:StringEquals": {"aws:TagKeys": [TAG_STAGE, TAG_HEARTBEAT]}}},
         {"Sid": "TerminateOnlyTheRunsInstances", "Effect": "Allow", "Action": "ec2:TerminateInstances",
          "Resource": "arn:aws:ec2:*:*:instance/*", "Condition": {"StringEquals": own}},
         {"Sid": "CreateOnlyTheRunsGroup", "Effect": "Allow", "Action": "ec2:CreateSecurityGroup",
@@ -112,8 +143,25 @@ def aws_head_actions(run_id: str) -> list[tuple[str, dict[str, str]]]:
     own = {f"ec2:ResourceTag/{TAG_RUN_ID}": run_id}
     return [("ec2:DescribeInstances", {}), ("ec2:DescribeSecurityGroups", {}), ("ec2:DescribeVpcs", {}),
             ("ec2:DescribeAvailabilityZones", {}), ("ec2:RunInstances", {**request, **own}),
-            ("ec2:CreateTags", request), ("ec2:TerminateInstances", own),
+            ("ec2:CreateTags", request), ("ec2:CreateTags", {**own, "aws:TagKeys": TAG_HEARTBEAT}),
+            ("ec2:TerminateInstances", own),
             ("ec2:AuthorizeSecurityGroupIngress", own), ("ec2:DeleteSecurityGroup", own)]
+
+
+def aws_head_denials(run_id: str) -> list[tuple[str, dict[str, str], str]]:
+    """(action, tag context, what) the head's identity must NOT be allowed: least privilege, checked by the dry run
+    against a named profile and by the tests against :func:`aws_head_policy`."""
+    other = f"{run_id}-other"
+    return [
+        ("ec2:TerminateInstances", {f"ec2:ResourceTag/{TAG_RUN_ID}": other}, "terminate another run's instance"),
+        ("ec2:CreateTags", {f"ec2:ResourceTag/{TAG_RUN_ID}": other, "aws:TagKeys": TAG_HEARTBEAT},
+         "re-tag another run's instance"),
+        ("ec2:CreateTags", {f"ec2:ResourceTag/{TAG_RUN_ID}": run_id, "aws:TagKeys": TAG_RUN_ID},
+         "change the run id of its own instance"),
+        ("ec2:AuthorizeSecurityGroupIngress", {f"ec2:ResourceTag/{TAG_RUN_ID}": other},
+         "open another run's security group"),
+        ("ec2:DeleteSecurityGroup", {f"ec2:ResourceTag/{TAG_RUN_ID}": other}, "delete another run's security group"),
+    ]
 
 
 @dataclass(frozen=True)
@@ -213,11 +261,38 @@ class AwsIdentities:
                     found[role["RoleName"]] = {**tags, "created": role["CreateDate"].isoformat()}
         return found
 
+    def find_profiles(self, run_id: str | None = None) -> dict[str, dict[str, str]]:
+        """Instance profiles rubberband created (path, managed tag), by name -> their tags (one run's when given):
+        a profile can outlive its role when a teardown was cut off between the two deletes."""
+        found: dict[str, dict[str, str]] = {}
+        for page in self._call("ListInstanceProfiles", lambda: list(
+                self.iam.get_paginator("list_instance_profiles").paginate(PathPrefix=IAM_PATH))):
+            for profile in page["InstanceProfiles"]:
+                name = profile["InstanceProfileName"]
+                try:
+                    full = self._call("GetInstanceProfile", lambda: self.iam.get_instance_profile(
+                        InstanceProfileName=name))["InstanceProfile"]
+                except CloudError as exc:
+                    if exc.code == "NoSuchEntity":
+                        continue
+                    raise
+                tags = {t["Key"]: t["Value"] for t in full.get("Tags", [])}
+                if tags.get(TAG_MANAGED) == "true" and (run_id is None or tags.get(TAG_RUN_ID) == run_id):
+                    found[name] = {**tags, "created": profile["CreateDate"].isoformat()}
+        return found
+
     def delete(self, run_id: str) -> list[str]:
         """Delete the run's instance profile and role (found by tag); returns what was deleted. Idempotent."""
         deleted: list[str] = []
         for name in self.find(run_id):
             deleted += self._delete_one(name)
+        for name in self.find_profiles(run_id):  # a profile whose role is gone already
+            try:
+                self._call("DeleteInstanceProfile", lambda: self.iam.delete_instance_profile(InstanceProfileName=name))
+                deleted.append(f"instance-profile/{name}")
+            except CloudError as exc:
+                if exc.code != "NoSuchEntity":
+                    raise
         return deleted
 
     def _delete_one(self, name: str) -> list[str]:
@@ -259,7 +334,7 @@ class AwsIdentities:
         now = time.time() if now is None else now
         live, wanted = set(live_runs), set(regions)
         runs = []
-        for tags in self.find().values():
+        for tags in [*self.find().values(), *self.find_profiles().values()]:
             age = now - datetime.fromisoformat(tags["created"]).timestamp()
             if tags.get(TAG_RUN_ID) and tags[TAG_RUN_ID] not in live and tags.get(TAG_REGION) in wanted \
                     and age >= older_than_s:
@@ -287,8 +362,16 @@ class AwsIdentities:
             raise InputError(f"--instance-profile {profile} holds no role: add the head's role to it "
                              f"(`aws iam add-role-to-instance-profile`)")
         checks = [PermissionCheck("aws", "global", "iam:GetInstanceProfile", True, what)]
-        return checks + self._simulate(roles[0]["Arn"], aws_head_actions(run_id), f"{what} (role "
-                                       f"{roles[0]['RoleName']})")
+        role = f"{what} (role {roles[0]['RoleName']})"
+        checks += self._simulate(roles[0]["Arn"], aws_head_actions(run_id), role)
+        for action, context, doing in aws_head_denials(run_id):
+            (check,) = self._simulate(roles[0]["Arn"], [(action, context)], role)
+            if check.allowed is None:
+                break  # simulation unavailable: already reported above
+            checks.append(PermissionCheck("aws", "global", action, check.allowed, f"{role} must not {doing}"
+                                          + (": broader than rubberband needs (docs/clouds.md)" if check.allowed
+                                             else ""), expect="deny"))
+        return checks
 
     def check_creator(self) -> list[PermissionCheck]:
         """The CLI's own credentials may create (and delete) a run's head identity."""
@@ -358,6 +441,19 @@ class GcpIdentities:
             data = {}
         return response.status_code, data
 
+    def test_permissions(self, permissions: Iterable[str]) -> list[PermissionCheck]:
+        """Which of ``permissions`` the caller holds on the project (``projects.testIamPermissions``, 100 a call)."""
+        wanted = list(permissions)
+        held: set[str] = set()
+        for start in range(0, len(wanted), 100):
+            status, data = self._json("POST", f"{self.crm_url}/v1/projects/{self.project}:testIamPermissions",
+                                      {"permissions": wanted[start:start + 100]})
+            if status >= 400:
+                return [PermissionCheck("gcp", "global", p, None, f"you: testIamPermissions answered HTTP {status}")
+                        for p in wanted]
+            held |= set(data.get("permissions", []))
+        return [PermissionCheck("gcp", "global", p, p in held, "you (the CLI)") for p in wanted]
+
     def check_service_account(self, email: str) -> list[PermissionCheck]:
         what = f"head service account {email}"
         status, _ = self._json("GET", f"{self.iam_url}/v1/projects/{self.project}/serviceAccounts/{email}")
@@ -388,6 +484,38 @@ class GcpIdentities:
             if status < 400:
                 granted |= set(data.get("includedPermissions", []))
         return checks + [PermissionCheck("gcp", "global", p, p in granted, what) for p in GCP_HEAD_PERMISSIONS]
+
+
+def policy_docs() -> str:
+    """The exact policies as docs/clouds.md prints them (between its ``policies`` markers); a test checks that the
+    page holds this text, so the code and the page cannot drift. ``python -m rubberband.cloud.identity``
+    prints it."""
+    statements = ",\n".join(f"  {json.dumps(st)}" for st in aws_head_policy("RUN")["Statement"])
+    gcp = "\n".join(f"* `{p}`" for p in GCP_HEAD_PERMISSIONS)
+    return "\n".join([
+        "#### AWS: the head's role (`aws_head_policy(\"RUN\")`)", "",
+        "```json", '{"Version": "2012-10-17", "Statement": [', statements, "]}", "```", "",
+        "#### AWS: you (the CLI)", "",
+        "The head's EC2 actions above for your run's resources, "
+        + ", ".join(f"`{a}`" for a in AWS_CLI_SWEEP_ACTIONS)
+        + " (teardown and the orphan sweep: detached volumes and secrets with the run's tags), `ssm:GetParameter`, "
+          "and, to create, find and "
+          "delete the head's role: " + ", ".join(f"`{a}`" for a in AWS_CREATOR_ACTIONS)
+        + f" — on `arn:aws:iam::ACCOUNT:role{IAM_PATH}*` and `arn:aws:iam::ACCOUNT:instance-profile{IAM_PATH}*` "
+          "only (`iam:ListRoles`, `iam:ListInstanceProfiles` on `*`).", "",
+        "#### GCP: the head's custom role (`GCP_HEAD_PERMISSIONS`)", "", gcp, "",
+        "bound with this IAM condition (`GCP_HEAD_CONDITION`):", "",
+        "```", GCP_HEAD_CONDITION, "```", "",
+        "#### GCP: you (the CLI)", "",
+        "The head's permissions plus " + ", ".join(f"`{p}`" for p in GCP_CLI_PERMISSIONS
+                                                   if p not in GCP_HEAD_PERMISSIONS)
+        + " (to start the head with its service account) and `iam.serviceAccounts.actAs` on that account.",
+    ])
+
+
+def check_cli_permissions(project: str | None = None, *, endpoint: str | None = None) -> list[PermissionCheck]:
+    """GCP: ``projects.testIamPermissions`` of the CLI's own credentials for :data:`GCP_CLI_PERMISSIONS`."""
+    return GcpIdentities(project, endpoint=endpoint).test_permissions(GCP_CLI_PERMISSIONS)
 
 
 def check_identity(cloud: str, *, instance_profile: str | None = None, service_account: str | None = None,
@@ -453,3 +581,7 @@ def delete_run_identity(cloud: str, run_id: str) -> list[str]:
     """Delete the head identity rubberband created for ``run_id`` (AWS; found by its run tag); GCP: nothing
     (the service account is the user's)."""
     return AwsIdentities().delete(run_id) if cloud == "aws" else []
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m rubberband.cloud.identity`: the policies for the docs
+    print(policy_docs())

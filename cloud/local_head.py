@@ -27,6 +27,7 @@ from rubberband.catalog import Catalog, load_catalog
 from rubberband.cloud.backend import CloudBackend, HeadHandle, ray_join_check
 from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
 from rubberband.cloud.failover import alternatives_for
+from rubberband.cloud.heartbeat import INTERVAL_S, Heartbeat, beat_instances
 from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, Instance, InstanceRequest
 from rubberband.cloud.registry import ProviderPool
@@ -58,6 +59,8 @@ class LocalHeadCloudBackend:
     test_boot: str | None = None
     ray_auth_mode: str = "disabled"
     requirements: tuple[str, ...] = ()  # the spec's `requirements`, installed by each worker's boot
+    heartbeat_s: float = INTERVAL_S  # how often the run's heartbeat is written on the cloud (cloud/heartbeat.py)
+    _heartbeat: Heartbeat | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -88,10 +91,12 @@ class LocalHeadCloudBackend:
                                      state="running", run_id=cloud_run_id(run_id), address=host,
                                      launched_at=record.requested_at,
                                      tags={TAG_MANAGED: "true", TAG_ROLE: "head", TAG_RUN_ID: cloud_run_id(run_id)})
+        self.start_heartbeat()
         return HeadHandle(address=record.address or f"{host}:{port}", id=self.workers.head.id, pid=record.pid)
 
     def stop_head(self) -> bool:
         """Stop the local head; then make sure nothing of the run is left on the cloud (instances, groups)."""
+        self.stop_heartbeat()
         stopped = self.local.stop_head()
         run_id = self.workers.head.run_id
         if run_id:
@@ -109,6 +114,28 @@ class LocalHeadCloudBackend:
         env = job_runtime_env(build_package(), Path(code_dir))
         env["excludes"] = list(CODE_EXCLUDES)
         return env
+
+    # -- heartbeat (what `down --all-orphans` reads: cloud/heartbeat.py) ---------------------------
+
+    def heartbeat_targets(self) -> list[tuple[object, list[str]]]:
+        """Where the run's heartbeat goes: this machine has no instance, so on the run's live workers."""
+        run_id = self.workers.head.run_id
+        targets: list[tuple[object, list[str]]] = []
+        for region in self.regions:
+            provider = self.pool(self.cloud, region)
+            ids = [i.id for i in provider.list(run_id) if i.alive and i.role != "head"]
+            if ids:
+                targets.append((provider, ids))
+        return targets
+
+    def start_heartbeat(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = Heartbeat(beat_instances(self.heartbeat_targets), interval_s=self.heartbeat_s).start()
+
+    def stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
 
     # -- Provider ----------------------------------------------------------------------------
 

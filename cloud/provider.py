@@ -20,6 +20,11 @@ TAG_STAGE = "rubberband-stage"
 TAG_VERSION = "rubberband-version"
 TAG_MANAGED = "rubberband-managed"
 TAG_ROLE = "rubberband-role"  # head | worker (added by the cloud providers; optional)
+#: POSIX seconds (an integer) of the run's last sign of life, rewritten by the executor (cloud/heartbeat.py).
+TAG_HEARTBEAT = "rubberband-heartbeat"
+#: POSIX seconds (an integer) at which a run-level resource without a creation time of its own was created
+#: (an EC2 security group): the orphan sweep leaves young ones to the run that is creating them.
+TAG_CREATED = "rubberband-created"
 
 
 def node_resource(instance_id: str) -> str:

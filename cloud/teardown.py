@@ -3,8 +3,11 @@
 ``rubberband down RUN_ID --cloud aws|gcp`` calls :func:`terminate_run`;
 ``rubberband down --all-orphans [--older-than 1h]`` calls :func:`find_orphans` and then
 :func:`terminate_instances` (plus :func:`cleanup_leftovers` for security groups / firewall
-rules that outlived their instances). Everything is found by rubberband's tags / labels,
-never by name, so a crashed CLI or a lost journal still leaves nothing billing.
+rules, detached disks that outlived their instances). Everything is found by rubberband's exact
+tags / labels (a firewall rule, which has none, by the ownership marker in its description), never by
+a name pattern, and a run is called orphaned from the cloud's own record — its instances' launch times
+and heartbeat (:mod:`rubberband.cloud.heartbeat`) — never from local files: a crashed CLI or a lost
+journal still leaves nothing billing.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+from rubberband.cloud.heartbeat import orphaned_runs
 from rubberband.cloud.provider import Instance, Provider
 
 
@@ -57,21 +61,16 @@ def terminate_run_detailed(provider: Provider, run_id: str, *, timeout_s: float 
 
 def find_orphans(provider: Provider, older_than_s: float, *, active_runs: Collection[str] = (),
                  now: float | None = None) -> list[Instance]:
-    """Rubberband instances older than ``older_than_s`` whose run is not alive.
+    """Every instance of the runs that showed no sign of life for ``older_than_s`` (the cloud's truth).
 
-    A run is alive when it is in ``active_runs`` (runs the local journal knows to be in
-    progress) or when its head instance is still running and younger than the threshold
-    (a head terminates its run itself; one older than the threshold is overdue).
+    A run is alive while one of its instances was launched, or carries a heartbeat
+    (:mod:`rubberband.cloud.heartbeat`, written by the run's executor), less than ``older_than_s``
+    before ``now``. Nothing local decides; ``active_runs`` only adds runs the caller protects.
     """
     now = time.time() if now is None else now
     instances = provider.list()
-
-    def old(inst: Instance) -> bool:
-        return inst.launched_at is None or now - inst.launched_at >= older_than_s
-
-    live_heads = {i.run_id for i in instances if i.role == "head" and i.alive and not old(i)}
-    alive = set(active_runs) | live_heads
-    return [i for i in instances if old(i) and i.run_id not in alive]
+    dead = orphaned_runs(instances, now=now, older_than_s=older_than_s, protected=active_runs)
+    return [i for i in instances if i.run_id in dead]
 
 
 def terminate_instances(provider: Provider, instances: list[Instance], *, timeout_s: float = 600.0,
@@ -94,12 +93,14 @@ def terminate_instances(provider: Provider, instances: list[Instance], *, timeou
     return TeardownResult(list(instances), resources)
 
 
-def cleanup_leftovers(provider: Provider, *, timeout_s: float = 600.0,
-                      echo: Callable[[str], None] | None = None) -> list[str]:
-    """Delete run-level resources (security groups, firewall rules) of runs with no instance left."""
+def cleanup_leftovers(provider: Provider, *, older_than_s: float = 0.0, now: float | None = None,
+                      timeout_s: float = 600.0, echo: Callable[[str], None] | None = None) -> list[str]:
+    """Delete run-level resources (security groups, firewall rules, detached disks) of runs with no instance
+    left, created at least ``older_than_s`` before ``now`` (a run being started keeps its young group)."""
     leftover = getattr(provider, "leftover_runs", None)
     deleted: list[str] = []
-    for run_id in (leftover() if leftover is not None else []):
+    now = time.time() if now is None else now
+    for run_id in (leftover(older_than_s=older_than_s, now=now) if leftover is not None else []):
         for resource in _cleanup(provider, run_id, timeout_s):
             deleted.append(resource)
             if echo:

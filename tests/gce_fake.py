@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import re
 import threading
 import time
@@ -70,6 +71,9 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_PREFIX + r"/global/firewalls$"), "fw_list"),
     ("GET", re.compile(_PREFIX + r"/global/firewalls/(?P<name>[^/]+)$"), "fw_get"),
     ("DELETE", re.compile(_PREFIX + r"/global/firewalls/(?P<name>[^/]+)$"), "fw_delete"),
+    ("GET", re.compile(_PREFIX + r"/zones/(?P<zone>[^/]+)/disks$"), "disk_list"),
+    ("GET", re.compile(_PREFIX + r"/aggregated/disks$"), "disk_aggregated"),
+    ("DELETE", re.compile(_PREFIX + r"/zones/(?P<zone>[^/]+)/disks/(?P<name>[^/]+)$"), "disk_delete"),
     ("GET", re.compile(_PREFIX + r"/global/operations/(?P<op>[^/]+)$"), "op_get"),
     ("POST", re.compile(_PREFIX + r"/global/operations/(?P<op>[^/]+)/wait$"), "op_wait"),
     # IAM and Resource Manager (the dry run's service-account checks)
@@ -77,6 +81,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<email>[^/:]+):testIamPermissions$"),
      "sa_test"),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):getIamPolicy$"), "get_iam_policy"),
+    ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):testIamPermissions$"), "test_iam_permissions"),
     ("GET", re.compile(r"/v1/(?P<role>(?:projects/[^/]+/)?roles/[^/]+)$"), "role_get"),
 ]
 #: Fields of the request bodies the real API knows (the subset of the discovery schema rubberband could send);
@@ -123,6 +128,7 @@ _REQUIRED = {
 }
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _LABEL_TERM = re.compile(r'labels\.([a-z0-9_-]+)\s*=\s*"([^"]*)"')
+_PERMISSION = re.compile(r"^(compute|iam|resourcemanager)\.[a-zA-Z]+\.[a-zA-Z]+$")
 _OP_TERM = re.compile(r'(operationType|targetLink|status)\s*=\s*"([^"]*)"')
 
 
@@ -138,6 +144,7 @@ class GceFake:
     def __init__(self) -> None:
         self.instances: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> instance JSON
         self.firewalls: dict[str, dict[str, Any]] = {}
+        self.disks: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> disk JSON (boot disks of VMs)
         self.operations: dict[str, dict[str, Any]] = {}
         self.stockout_zones: set[str] = set()
         self.stockout_sync = False  # answer stockouts as HTTP 503 on the insert itself (words only)
@@ -157,6 +164,13 @@ class GceFake:
         self.iam_bindings: list[dict[str, Any]] = []  # the project's IAM policy bindings
         self.roles: dict[str, list[str]] = {}  # role name -> included permissions
         self.act_as = True  # the caller may attach service accounts (iam.serviceAccounts.actAs)
+        #: what projects.testIamPermissions says the caller holds (None: every permission it knows)
+        self.caller_permissions: set[str] | None = None
+        #: the share of Compute Engine calls answered HTTP 503 backendError (drills), half of them after the
+        #: call took effect (the answer lost on the way back); ``rng`` draws them
+        self.error_rate = 0.0
+        self.rng = random.Random(0)
+        self.injected = 0  # errors injected so far
         self.inserts: list[tuple[str, str]] = []  # (zone, machine type) of every insert call
         self.requests: list[str] = []  # "METHOD path" of every request (tests grep it)
         self.bodies: list[str] = []  # raw request bodies (tests grep them for credentials)
@@ -223,6 +237,11 @@ class GceFake:
             self.bodies.append(raw)
             self._tick()
             request_id = query.get("requestId")
+            inject = self.error_rate > 0 and url.path.startswith("/compute/") and self.rng.random() < self.error_rate
+            after = inject and self.rng.random() < 0.5
+            if inject and not after:
+                self.injected += 1
+                return 503, _backend_error()
             if request_id and request_id in self.request_ids:  # a retried request: the same operation, nothing redone
                 return 200, _public(self.operations[self.request_ids[request_id]])
             try:
@@ -230,6 +249,9 @@ class GceFake:
                 result = getattr(self, f"_{handler}")(query=query, body=body, **match.groupdict())
                 if request_id and result.get("kind") == "compute#operation":
                     self.request_ids[request_id] = result["name"]
+                if after:  # it happened, but the caller hears an error (and retries with the same requestId)
+                    self.injected += 1
+                    return 503, _backend_error()
                 return 200, result
             except HttpError as exc:
                 if exc.status == 400:
@@ -395,6 +417,15 @@ class GceFake:
             for access in nic.get("accessConfigs", []):
                 access["natIP"] = f"34.1.0.{self._ip % 250 + 2}"
         self.instances[(zone, name)] = instance  # visible (PROVISIONING) while its insert runs, as on GCE
+        for disk in instance.get("disks", []):  # the boot disk, created from its initializeParams
+            params = disk.get("initializeParams") or {}
+            disk_name = params.get("diskName") or name
+            self.disks[(zone, disk_name)] = {
+                "kind": "compute#disk", "id": str(10**13 + self._ip), "name": disk_name,
+                "zone": instance["zone"], "sizeGb": str(params.get("diskSizeGb") or 10),
+                "labels": dict(params.get("labels") or {}), "users": [target], "creationTimestamp": _now(),
+                "selfLink": f"{self.url}/compute/v1/projects/{project}/zones/{zone}/disks/{disk_name}"}
+            disk["source"] = self.disks[(zone, disk_name)]["selfLink"]
 
         def booted() -> None:
             if instance.get("status") == "PROVISIONING":
@@ -440,6 +471,13 @@ class GceFake:
         def deleted() -> None:
             if self.instances.get((zone, name)) is instance:
                 del self.instances[(zone, name)]
+                for attached in instance.get("disks", []):  # autoDelete disks go with it, others are detached
+                    key = (zone, attached.get("source", "").rsplit("/", 1)[-1])
+                    if key in self.disks:
+                        if attached.get("autoDelete"):
+                            del self.disks[key]
+                        else:
+                            self.disks[key]["users"] = []
         return self._operation(project, "delete", instance["selfLink"], zone, effect=deleted)
 
     def _set_labels(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
@@ -510,7 +548,59 @@ class GceFake:
         self._fw_get(project, name, query, body)
         return self._operation(project, "delete", name, None, effect=lambda: self.firewalls.pop(name, None))
 
+    # -- disks --------------------------------------------------------------------------------------
+
+    def add_disk(self, zone: str, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """A detached disk (a user's own, or one a VM left behind)."""
+        with self._lock:
+            disk = {"kind": "compute#disk", "id": str(10**14 + len(self.disks)), "name": name,
+                    "zone": f"{self.url}/compute/v1/projects/rubberband-test/zones/{zone}", "sizeGb": "10",
+                    "labels": dict(labels or {}), "users": [], "creationTimestamp": _now(),
+                    "selfLink": f"{self.url}/compute/v1/projects/rubberband-test/zones/{zone}/disks/{name}"}
+            self.disks[(zone, name)] = disk
+            return disk
+
+    def _disk_list(self, project: str, zone: str, query: dict, body: dict) -> dict:
+        items = [d for (z, _), d in self.disks.items() if z == zone and self._matches(d, query)]
+        page, more = self._page(items, query)
+        return {"kind": "compute#diskList", "items": page, **more}
+
+    def _disk_aggregated(self, project: str, query: dict, body: dict) -> dict:
+        matching = [(zone, d) for (zone, _), d in self.disks.items() if self._matches(d, query)]
+        page, more = self._page(matching, query)
+        scoped: dict[str, Any] = {}
+        for zone, disk in page:
+            scoped.setdefault(f"zones/{zone}", {"disks": []})["disks"].append(disk)
+        return {"kind": "compute#diskAggregatedList", "items": scoped, **more}
+
+    def _disk_delete(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
+        disk = self.disks.get((zone, name))
+        if disk is None:
+            raise HttpError(404, f"The resource 'projects/{project}/zones/{zone}/disks/{name}' was not found",
+                            "notFound")
+        if disk["users"]:
+            raise HttpError(400, f"The disk resource '{disk['selfLink']}' is already being used by "
+                                 f"'{disk['users'][0]}'", "resourceInUseByAnotherResource")
+        return self._operation(project, "delete", disk["selfLink"], zone,
+                               effect=lambda: self.disks.pop((zone, name), None))
+
     # -- IAM and Resource Manager (a head's service account, for the dry run) -------------------------
+
+    def _test_iam_permissions(self, project: str, query: dict, body: dict) -> dict:
+        """``projects.testIamPermissions``: the subset of ``permissions`` the caller holds. As strict as the real
+        API: at most 100 names, no wildcards, only permissions that exist (here: Compute Engine, IAM and Resource
+        Manager names of the form service.resource.verb)."""
+        wanted = body.get("permissions")
+        if not isinstance(wanted, list) or not wanted:
+            raise HttpError(400, "Invalid argument: permissions must not be empty", "badRequest")
+        if len(wanted) > 100:
+            raise HttpError(400, "Invalid argument: at most 100 permissions may be tested at once", "badRequest")
+        for permission in wanted:
+            if "*" in permission or not _PERMISSION.match(permission):
+                raise HttpError(400, f"Permission {permission} is not valid for this resource.", "badRequest")
+        held = self.caller_permissions
+        return {"permissions": [p for p in wanted if held is None or p in held]}
+
 
     def add_service_account(self, email: str, permissions: list[str]) -> None:
         """A service account bound (at project level) to one custom role granting ``permissions`` (replacing any
@@ -539,6 +629,11 @@ class GceFake:
         if role not in self.roles:
             raise HttpError(404, f"The role named {role} was not found", "notFound")
         return {"name": role, "includedPermissions": self.roles[role]}
+
+
+def _backend_error() -> dict[str, Any]:
+    return {"error": {"code": 503, "message": "Internal error. Please try again or contact Google Support.",
+                      "errors": [{"message": "Internal error.", "domain": "global", "reason": "backendError"}]}}
 
 
 def _now() -> str:

@@ -167,7 +167,8 @@ def test_gcp_dry_run_against_the_fake(cli, tmp_path, gce_fake):
                  env=env)
     assert result.returncode == 0, result.stderr
     assert "e2-standard-2" in result.stdout and "Expected bill" in result.stdout
-    assert "not checked" in result.stdout  # Compute Engine has no DryRun: the CLI's own rights are not probed
+    # Compute Engine has no DryRun: the CLI's own rights are asked of projects.testIamPermissions
+    assert "compute.instances.setServiceAccount" in result.stdout and "you (the CLI)" in result.stdout
     assert "compute.instances.delete" in result.stdout and "DENIED" not in result.stdout
     gce_fake.add_service_account(GCP_HEAD_SA, permissions=[p for p in GCP_HEAD_PERMISSIONS
                                                            if p != "compute.instances.delete"])

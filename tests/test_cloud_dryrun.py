@@ -67,8 +67,31 @@ def test_gcp_dry_run_prices_composed_types_and_creates_nothing(gce_fake):
     report = dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG)
     assert report.schedule[1].price_hr == pytest.approx(0.0963 + 0.992)
     assert report.schedule[0].instance_type == "e2-standard-2"
-    assert [c.allowed for c in report.checks] == [None]
-    assert gce_fake.inserts == [] and not gce_fake.firewalls
+    # Compute Engine has no DryRun: projects.testIamPermissions says whether the CLI holds what a run needs
+    from rubberband.cloud.identity import GCP_CLI_PERMISSIONS
+
+    assert [c.action for c in report.checks] == list(GCP_CLI_PERMISSIONS) and all(c.allowed for c in report.checks)
+    assert gce_fake.inserts == [] and not gce_fake.firewalls and not gce_fake.disks
+    gce_fake.caller_permissions = set(GCP_CLI_PERMISSIONS) - {"compute.firewalls.create"}
+    with pytest.raises(CloudError, match="permission missing: compute.firewalls.create"):
+        dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG)
+    report = dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG, strict=False)
+    assert [c.action for c in report.denied] == ["compute.firewalls.create"]
+
+
+def test_the_gce_fake_tests_permissions_as_strictly_as_the_real_api(gce_fake):
+    """projects.testIamPermissions refuses wildcards, names that are no permission and more than 100 at once (HTTP
+    400), and answers the subset the caller holds."""
+    import requests
+
+    url = f"{gce_fake.url}/v1/projects/rubberband-test:testIamPermissions"
+    for bad in (["compute.*"], ["computeinstancesdelete"], [f"compute.instances.p{i}" for i in range(101)], []):
+        assert requests.post(url, json={"permissions": bad}, timeout=5).status_code == 400
+    gce_fake.rejected.clear()
+    gce_fake.caller_permissions = {"compute.instances.get"}
+    answer = requests.post(url, json={"permissions": ["compute.instances.get", "compute.instances.delete"]},
+                           timeout=5).json()
+    assert answer == {"permissions": ["compute.instances.get"]}
 
 
 def test_dry_run_refuses_local_plans():

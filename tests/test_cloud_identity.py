@@ -4,6 +4,8 @@ plus a policy simulator, the GCE fake's IAM endpoints)."""
 
 from __future__ import annotations
 
+import json
+
 import boto3
 import pytest
 from cloud_helpers import (REGION, cloud_catalog, ec2_faults, iam_simulator, moto_env,  # noqa: F401  (fixtures)
@@ -13,7 +15,7 @@ from gce_fake import gce_fake  # noqa: F401
 from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.head import provision_head
 from rubberband.cloud.identity import (GCP_HEAD_PERMISSIONS, IAM_PATH, AwsIdentities, GcpIdentities,
-                                       aws_head_actions, aws_head_policy, check_identity, from_options,
+                                       aws_head_actions, aws_head_denials, aws_head_policy, check_identity, from_options,
                                        launch_with_new_identity)
 from rubberband.cloud.provider import TAG_RUN_ID
 from rubberband.errors import CloudError, InputError
@@ -34,14 +36,16 @@ def test_the_head_policy_is_least_privilege():
                 ":instance/" in r or ":security-group/" in r for r in st["Resource"])
             continue
         values = [v for terms in st["Condition"].values() for v in terms.values()]
-        assert "run-a" in values or st["Sid"] == "TagOnlyAtCreation", st
+        assert "run-a" in values or st["Sid"] in ("TagInstancesOnlyAtLaunch", "TagTheGroupOnlyAtCreation"), st
     by_sid = {st["Sid"]: st for st in statements}
     assert by_sid["TerminateOnlyTheRunsInstances"]["Condition"] == {
         "StringEquals": {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a"}}
     assert by_sid["LaunchOnlyTheRunsInstances"]["Condition"]["StringEquals"][f"aws:RequestTag/{TAG_RUN_ID}"] == "run-a"
-    # a re-tag may change the stage alone: never the run id (which would hand another run's instance over)
-    assert by_sid["RetagOnlyTheRunsInstancesStage"]["Condition"]["ForAllValues:StringEquals"] == {
-        "aws:TagKeys": ["rubberband-stage"]}
+    # a re-tag may change the stage and the heartbeat alone: never the run id (which would hand another run's
+    # instance over); tags are otherwise written only by the call that creates the resource
+    assert by_sid["RetagOnlyTheRunsInstancesStageAndHeartbeat"]["Condition"]["ForAllValues:StringEquals"] == {
+        "aws:TagKeys": ["rubberband-stage", "rubberband-heartbeat"]}
+    assert by_sid["TagInstancesOnlyAtLaunch"]["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
 
 
 def test_a_role_is_created_for_the_run_found_by_its_tag_and_deleted(moto_env):
@@ -121,16 +125,28 @@ def test_dry_run_checks_a_named_profile_and_names_the_missing_permission(moto_en
     identities = AwsIdentities()
     identities.create("dry-run", REGION)  # a profile holding exactly the head's policy for the dry run's tags
     checks = check_identity("aws", instance_profile="rb-dry-run")
-    assert [c.action for c in checks][1:] == [a for a, _ in aws_head_actions("dry-run")]
-    assert all(c.allowed for c in checks), checks
+    needed = [c for c in checks if c.expect == "allow"]
+    assert [c.action for c in needed][1:] == [a for a, _ in aws_head_actions("dry-run")]
+    assert all(c.allowed for c in needed), checks
+    # least privilege: what the head must never do is denied by the per-run policy (simulated, not assumed)
+    must_not = [c for c in checks if c.expect == "deny"]
+    assert [(c.action, c.detail.split(" must not ")[1]) for c in must_not] == [
+        (a, doing) for a, _, doing in aws_head_denials("dry-run")]
+    assert all(c.allowed is False for c in must_not), must_not
     # the same role with the TerminateInstances statement removed: the check names it, and only it
     import json
 
     policy = aws_head_policy("dry-run")
     policy["Statement"] = [s for s in policy["Statement"] if s["Sid"] != "TerminateOnlyTheRunsInstances"]
     iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(policy))
-    denied = [c for c in check_identity("aws", instance_profile="rb-dry-run") if c.allowed is False]
+    denied = [c for c in check_identity("aws", instance_profile="rb-dry-run") if c.allowed is False and c.expect == "allow"]
     assert [c.action for c in denied] == ["ec2:TerminateInstances"] and "rb-dry-run" in denied[0].detail
+    # a profile that may do anything on EC2: every "must not" row says it is broader than needed (not fatal)
+    broad = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]}
+    iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(broad))
+    rows = check_identity("aws", instance_profile="rb-dry-run")
+    assert all(c.allowed for c in rows if c.expect == "deny") and "broader" in rows[-1].detail
+    iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(policy))
     with pytest.raises(InputError, match="no such IAM instance profile"):
         check_identity("aws", instance_profile="nope")
     identities.delete("dry-run")
@@ -198,17 +214,34 @@ def test_a_played_head_without_an_identity_fails_its_boot_saying_so(moto_env):
     assert not head_disk(head.id).exists()
 
 
-def test_docs_list_the_exact_policies():
-    """docs/clouds.md prints the head's AWS policy statement by statement and every GCP permission, as the code
-    has them."""
-    import json
+def test_docs_hold_the_generated_policies():
+    """docs/clouds.md holds, between its policies markers, exactly the text generated from the code's policy objects
+    (the AWS head policy, the CLI's actions, the GCP permissions and condition): one source of truth."""
+    import re
 
     from conftest import REPO
 
+    from rubberband.cloud.identity import policy_docs
+
     docs = (REPO / "docs" / "clouds.md").read_text()
+    block = re.search(r"<!-- policies:begin[^>]*-->\n(.*)\n<!-- policies:end -->", docs, re.S)
+    assert block is not None and block.group(1) == policy_docs(), \
+        "docs/clouds.md is out of date: paste `python -m rubberband.cloud.identity` between its policies markers"
     for statement in aws_head_policy("RUN")["Statement"]:
         assert json.dumps(statement) in docs, statement["Sid"]
     assert all(f"`{p}`" in docs for p in GCP_HEAD_PERMISSIONS)
+
+
+def test_the_gcp_condition_names_every_kind_rubberband_creates_by_its_prefix():
+    """The head's binding condition: VMs and disks only `rb-…`, firewall rules only `rubberband-…`, and the prefixes
+    are the ones the provider really names them with."""
+    from rubberband.cloud.gcp import firewall_name
+    from rubberband.cloud.identity import GCP_HEAD_CONDITION, GCP_NAME_PREFIXES
+
+    assert 'resource.name.extract("/instances/{name}").startsWith("rb-")' in GCP_HEAD_CONDITION
+    assert 'resource.name.extract("/firewalls/{name}").startsWith("rubberband-")' in GCP_HEAD_CONDITION
+    assert firewall_name("x").startswith(GCP_NAME_PREFIXES["Firewall"][1])
+    assert GCP_HEAD_CONDITION.count("(") == GCP_HEAD_CONDITION.count(")")
 
 
 @pytest.mark.e2e

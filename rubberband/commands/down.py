@@ -6,7 +6,9 @@ instances, security group and firewall rules — and sweep a cloud for orphaned 
   region of the run (``--region``, else the regions its journal names, else the catalog's regions
   of that cloud).
 * ``rubberband down --all-orphans --cloud aws|gcp [--older-than 1h] [--region R ...]``:
-  :func:`teardown.find_orphans` + :func:`teardown.terminate_instances` + :func:`teardown.cleanup_leftovers`.
+  :func:`teardown.find_orphans` + :func:`teardown.terminate_instances` + :func:`teardown.cleanup_leftovers`
+  + the head roles of runs with nothing left — decided from the cloud's tags, launch times and the runs'
+  heartbeats (cloud/heartbeat.py), never from local files.
 """
 
 from __future__ import annotations
@@ -91,36 +93,6 @@ def _cloud_run_id(run: str, directory: Path | None) -> str:
     return cloud_run_id(run_id)
 
 
-def active_runs() -> set[str]:
-    """Cloud run ids of the local runs still in progress (their executor is alive, or they run on a head
-    instance and their results were not fetched yet): never orphans."""
-    from rubberband.cloud.bootstrap import cloud_run_id
-    from rubberband.commands.run import _executor_alive, runs_root
-    from rubberband.executor import journal as J
-
-    alive: set[str] = set()
-    root = runs_root()
-    if not root.is_dir():
-        return alive
-    for journal in root.glob(f"*/{J.JOURNAL_NAME}"):
-        pid = None
-        run_id = None
-        for event in J.iter_events(journal):
-            if event.get("type") in (J.RUN_STARTED, J.RUN_RESUMED):
-                pid, run_id = event.get("pid"), event.get("run_id") or run_id
-            elif event.get("type") in (J.RUN_FINISHED, J.RUN_FAILED, J.RUN_INTERRUPTED):
-                pid = None
-        if run_id and _executor_alive(pid):
-            alive.add(cloud_run_id(run_id))
-    for record in root.glob("*/head.json"):  # head mode: submitted here, results not fetched yet
-        if not (record.parent / "result.json").exists():
-            try:
-                alive.add(cloud_run_id(json.loads(record.read_text())["run_id"]))
-            except (OSError, ValueError, KeyError):
-                continue
-    return alive
-
-
 def _regions_for_cloud(cloud: str, given: list[str] | None, directory: Path | None) -> list[str]:
     regions = list(dict.fromkeys(given or [])) or journal_regions(directory, cloud) or catalog_regions(cloud)
     if not regions:
@@ -169,32 +141,39 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
     return terminated
 
 
-def down_orphans(cloud: str, regions: list[str] | None, older_than_s: float) -> int:
-    """Terminate orphaned rubberband instances and delete leftover groups / rules; returns the count."""
+def down_orphans(cloud: str, regions: list[str] | None, older_than_s: float, *, now: float | None = None) -> int:
+    """End the runs the cloud itself shows dead (no launch, no heartbeat for ``older_than_s``): their instances,
+    then every group / rule / detached disk and head role left by a run with no instance; returns the count.
+
+    Nothing local decides (no run directory, no journal): a CLI killed right after starting a head leaves nothing
+    here that could be trusted, and a run started on another machine is judged alike."""
+    import time
+
     from rubberband.cloud.registry import make_provider
     from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances
 
-    protected = active_runs()
+    now = time.time() if now is None else now
     terminated = deleted = 0
     swept = _regions_for_cloud(cloud, regions, None)
     live: set[str] = set()
     for region in swept:
         provider = make_provider(cloud, region)
-        orphans = find_orphans(provider, older_than_s, active_runs=protected)
+        orphans = find_orphans(provider, older_than_s, now=now)
         result = terminate_instances(provider, orphans, echo=_echo)
         terminated += len(result.instances)
-        deleted += len(result.resources) + len(cleanup_leftovers(provider, echo=_echo))
+        deleted += len(result.resources) + len(cleanup_leftovers(provider, older_than_s=older_than_s, now=now,
+                                                                 echo=_echo))
         live |= {i.run_id for i in provider.list()}
     if cloud == "aws":  # head roles of runs (started in the regions swept) with no instance left
         from rubberband.cloud.identity import AwsIdentities
 
         identities = AwsIdentities()
-        for run_id in identities.leftover_runs(live | protected, swept, older_than_s=older_than_s):
+        for run_id in identities.leftover_runs(live, swept, older_than_s=older_than_s, now=now):
             for resource in identities.delete(run_id):
                 deleted += 1
                 _echo(f"deleted {cloud} {resource} (run {run_id})")
     if not terminated and not deleted:
-        _echo(f"no orphaned rubberband instances on {cloud} older than {older_than_s:g} s")
+        _echo(f"no orphaned rubberband resources on {cloud} older than {older_than_s:g} s")
     return terminated
 
 
@@ -242,10 +221,11 @@ def register(app: typer.Typer) -> None:
                                   "(default: the local backend)."),
         region: list[str] = typer.Option(None, "--region", help="Region to look in (repeatable); default: the "
                                          "run journal's regions, else every catalog region of the cloud."),
-        all_orphans: bool = typer.Option(False, "--all-orphans", help="With --cloud: terminate rubberband "
-                                         "instances whose run is no longer alive."),
-        older_than: str = typer.Option("1h", "--older-than", help="With --all-orphans: only instances older "
-                                       "than this (90m, 2h...)."),
+        all_orphans: bool = typer.Option(False, "--all-orphans", help="With --cloud: end every rubberband run "
+                                         "the cloud shows dead (no launch, no heartbeat for --older-than): its "
+                                         "instances, groups, firewall rules, disks and head role."),
+        older_than: str = typer.Option("1h", "--older-than", help="With --all-orphans: runs silent for longer "
+                                       "than this (90m, 2h...; at least a few heartbeats, 1 min each)."),
     ) -> None:
         """Terminate every instance a run left running (or every orphan) and say what was terminated."""
         from rubberband.cloud.registry import CLOUD_PROVIDERS
