@@ -165,6 +165,7 @@ class PoolInstance:
     requested_at: float | None = None
     terminated_at: float | None = None
     warming: list = field(default_factory=list)  # ping refs of its warm workers, while they start
+    replaces: str | None = None  # the noticed instance it replaces (kept while that one's trials move over)
 
 
 @dataclass
@@ -589,11 +590,13 @@ class Controller:
             finished = self._wait_some()
             lost_now: dict[str, str] = {}
             stopped: list[tuple[str, tuple[str, ...]]] = []
+            preempted: list[str] = []  # instances whose trials stopped on a notice
             for run in finished:
                 metric, error, seconds, lost = self._collect_trial(g, stage, run)
                 run.slot.trial_id = None
                 if run.preempted:  # first in line again, after its checkpoint, on another instance
                     pending.insert(0, (run.trial_id, self._start_epoch(run.trial_id, stage)))
+                    preempted.extend(run.slot.instance_ids)
                     continue
                 if lost:  # the instance went away, not the training: restart from the checkpoint elsewhere
                     lost_now.update(lost)
@@ -606,7 +609,11 @@ class Controller:
                 metrics[run.trial_id] = metric
             if lost_now:
                 self._handle_lost(g, lost_now, slots, pending, stopped=stopped)
+            if preempted:  # the workers saw a notice first: take it now, before placing anything there again
+                self._poll_notices(g, pending, ask=tuple(dict.fromkeys(preempted)))
             self._release_noticed(g, slots)
+            if pending and not self._stage_pool(g):  # every instance went (noticed, lost): the stage needs one
+                self._refill(g, stage, pending)
             if not pending:
                 self._release_idle(g, slots)
             self._maybe_prefetch(g, stage, pending, trial_seconds, slots)
@@ -992,8 +999,11 @@ class Controller:
                 if stage_done:
                     entry.assigned_stage = g + 1
             return
+        moving = {i for s in slots if not s.free for i in s.instance_ids if i in self._noticed}
         for entry in self._stage_pool(g):
             if entry.id in busy:  # a still-booting instance is idle too: kept or released at once
+                continue
+            if entry.replaces in moving and not stage_done:  # its trials come over at their next checkpoint
                 continue
             same = (nxt is not None and entry.itype.key == nxt_key and self._fits(entry.spot, nxt)
                     and entry.id not in self._noticed)
@@ -1138,6 +1148,7 @@ class Controller:
                        "preemption" if reason == "spot-interruption" else "lost")
             spot = self._buy_spot(target, trigger=trigger, waiting=waiting, instance=ident, replacing=True)
         replacement = self._request(entry.assigned_stage, self._stage_itype(target), spot)
+        replacement.replaces = ident if ident in self._noticed else None
         self._replaced.add(ident)
         self.journal.record(J.DECISION, kind="replace", id=ident, stage=entry.assigned_stage,
                             token=replacement.token, instance_type=replacement.itype.name, reason=reason, spot=spot)
@@ -1155,8 +1166,11 @@ class Controller:
 
         try:
             watcher = start_watcher(entry.id, node_resource(entry.id), source)
-        except Exception:  # noqa: BLE001 - no watcher: a preemption is still seen as a lost instance
-            watcher = None
+        except Exception as exc:  # noqa: BLE001 - no watcher: a preemption is still seen as a lost instance
+            self._watchers[entry.id] = None  # not tried again
+            self.journal.record(J.DECISION, kind="notice_watcher", id=entry.id, started=False,
+                                error=f"{type(exc).__name__}: {exc}")
+            return
         if watcher is not None:
             self._watchers[entry.id] = watcher
             self._notice_refs[entry.id] = watcher.wait_notice.remote()
@@ -1180,29 +1194,41 @@ class Controller:
         """The trial's environment: the watchers of its instances, which its workers ask at every checkpoint."""
         from rubberband.executor.notices import WATCHERS_ENV, watcher_name
 
-        names = [watcher_name(i) for i in slot.instance_ids if i in self._watchers]
+        names = [watcher_name(i) for i in slot.instance_ids if self._watchers.get(i) is not None]
         return {WATCHERS_ENV: ",".join(names)} if names else {}
 
-    def _poll_notices(self, g: int, pending: list[tuple[str, int]]) -> None:
-        """Preemption notices that came: journal each, and request its instance's replacement now."""
-        if not self._notice_refs:
+    def _poll_notices(self, g: int, pending: list[tuple[str, int]], *, ask: tuple[str, ...] = ()) -> None:
+        """Preemption notices that came: journal each, and request its instance's replacement now.
+
+        ``ask``: instances whose watchers to ask right now (a trial on them stopped on a notice: the controller
+        must know before it places anything there again).
+        """
+        if not self._notice_refs and not ask:
             return
         import ray
 
         refs = {ref: ident for ident, ref in self._notice_refs.items()}
         try:
-            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+            ready = ray.wait(list(refs), num_returns=len(refs), timeout=0)[0] if refs else []
         except Exception:  # noqa: BLE001 - asked again on the next poll
-            return
+            ready = []
+        found: dict[str, Any] = {}
         for ref in ready:
-            ident = refs[ref]
-            self._notice_refs.pop(ident, None)
             try:
-                notice = ray.get(ref, timeout=1)
+                found[refs[ref]] = ray.get(ref, timeout=1)
             except Exception:  # noqa: BLE001 - its watcher died with its node: loss detection handles it
-                continue
+                found[refs[ref]] = None
+        for ident in ask:
+            watcher = self._watchers.get(ident)
+            if ident not in found and watcher is not None:
+                try:
+                    found[ident] = ray.get(watcher.notice.remote(), timeout=5)
+                except Exception:  # noqa: BLE001 - as above
+                    continue
+        for ident, notice in found.items():
             if notice is None or ident in self._noticed:
                 continue
+            self._notice_refs.pop(ident, None)
             self._noticed[ident] = time.time()
             entry = next((p for p in self.pool.values() if p.id == ident), None)
             trials = sorted(r.trial_id for r in self.running.values() if ident in r.slot.instance_ids)
@@ -1215,6 +1241,15 @@ class Controller:
             wanted = entry.assigned_stage > g or (entry.assigned_stage == g and bool(pending or trials))
             if wanted and ident not in self._replaced:
                 self._replace(entry, ident, "preemption-notice", waiting=len(pending) + len(trials))
+
+    def _refill(self, g: int, stage: StagePlan, pending: list[tuple[str, int]]) -> None:
+        """Trials wait and the stage has no instance left (none running, none coming): request its instances."""
+        spot = self._buy_spot(stage, trigger="start", waiting=len(pending))
+        for _ in range(stage.instances):
+            entry = self._request(g, self._stage_itype(stage), spot)
+            self.journal.record(J.DECISION, kind="replace", id=None, stage=g, token=entry.token,
+                                instance_type=entry.itype.name, reason="no instance left for the stage's trials",
+                                spot=spot)
 
     def _release_noticed(self, g: int, slots: list[Slot]) -> None:
         """A noticed instance whose trials have stopped takes no more: drop its slots and release it now."""
