@@ -115,7 +115,7 @@ def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path)
 def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early_and_on_demand(tmp_path, moto_env, ec2_faults):
     """moto: one spot p3.8xlarge (4 slots, 2 trials × 4 epochs of 2 s). Once a trial has checkpointed, the local
     metadata endpoint posts the instance's interruption notice (IMDSv2). The watcher on its node sees it, the
-    controller journals it and requests the replacement at once (on-demand: an 80 s deadline leaves no slack), the
+    controller journals it and requests the replacement at once (on-demand: an 85 s deadline leaves no slack by then), the
     trials stop after their next checkpoint and resume from it on the replacement, and the noticed instance is
     terminated as soon as its trials are off it — nothing left in moto or on this machine."""
     metadata = Metadata()
@@ -131,7 +131,7 @@ def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early_and_on_dem
         run_dir = tmp_path / "run"
         proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--head",
                                  "local", "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir),
-                                 "--deadline", "80s", "--overrun", "none"],
+                                 "--deadline", "85s", "--overrun", "none"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=150, poll_s=0.05)
@@ -170,8 +170,10 @@ def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early_and_on_dem
 
 def test_gcp_preempted_spot_vm_with_short_slack_is_replaced_by_a_standard_vm(tmp_path, gce_fake):
     """GCE fake: the SPOT VM running the trial is preempted (compute.instances.preempted, VM deleted) after a
-    checkpoint; with a 40 s deadline the replacement is a STANDARD VM and the trial resumes from its checkpoint."""
+    checkpoint; with a 90 s deadline (enough for spot at the start, not for another restart by then) the
+    replacement is a STANDARD VM and the trial resumes from its checkpoint."""
     spec = cloud_job(tmp_path, ["gcp"], trials=1, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
+    _with_startup_profile(spec, "gcp", [10.0, 12.0, 14.0])
     plan_path = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+T4x4", counts=(1,),
                            durations=(20.0,))
     _spot(plan_path)
@@ -179,7 +181,7 @@ def test_gcp_preempted_spot_vm_with_short_slack_is_replaced_by_a_standard_vm(tmp
     env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local"})
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "gcp", "--head", "local",
-                             "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir), "--deadline", "40s",
+                             "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir), "--deadline", "90s",
                              "--overrun", "none"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, before_kill=gce_fake.preempt)
