@@ -406,6 +406,7 @@ class Controller:
         missing = stage.instances - len(self._stage_pool(g))
         if missing <= 0:
             return
+        self.stage_index = g  # the spot decision looks at the run from this stage on
         spot = self._buy_spot(stage, trigger="start", waiting=stage.trials)
         for _ in range(missing):
             self._request(g, itype, spot)

@@ -170,6 +170,43 @@ def test_replacement_goes_on_demand_for_good_once_the_slack_runs_short(tmp_path)
     assert back["previous"] == "on_demand" and back["market"] == "spot"
 
 
+def test_noticed_instance_takes_nothing_more_and_its_replacement_waits_for_its_trials(tmp_path):
+    controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
+    itype = controller.catalog.find("local.cpu2", cloud="local")
+    noticed = PoolInstance(token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True,
+                           requested_at=time.time() - 5)
+    controller.pool[noticed.token] = noticed
+    controller._noticed["n1"] = time.time()
+    replacement = controller._replace(noticed, "n1", "preemption-notice", waiting=2)
+    assert replacement.replaces == "n1" and "n1" in controller._replaced
+    (decision,) = [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "spot"]
+    assert decision["trigger"] == "notice"
+    slots = make_slots(["n1"], 2, 1)
+    slots[0].trial_id = "b0-t000"  # still running there: its trials move at their next checkpoint
+    controller._release_idle(0, slots)
+    assert not replacement.released  # kept although nothing waits yet
+    controller._release_noticed(0, slots)
+    assert not noticed.released  # busy: released once its trial is off it
+    slots[0].trial_id = None
+    controller._release_noticed(0, slots)
+    assert noticed.released and slots == []
+    controller._release_idle(0, slots)  # nothing moves any more and nothing waits: the replacement goes too
+    assert replacement.released
+    controller._terminator.shutdown(wait=True)
+    controller._provisioner.shutdown(wait=True)
+
+
+def test_a_stage_left_without_instances_requests_them(tmp_path):
+    controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
+    stage = controller.plan.stages[0]
+    controller._refill(0, stage, [("b0-t000", 1)])
+    controller._provisioner.shutdown(wait=True)
+    (request,) = backend.requests
+    assert request.spot and request.stage == 0
+    (replace,) = [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "replace"]
+    assert replace["id"] is None and "no instance left" in replace["reason"]
+
+
 def test_on_demand_stage_never_asks_the_spot_policy(tmp_path):
     controller, _ = _spot_controller(tmp_path, deadline_s=1.0)
     stage = controller.plan.stages[0].model_copy(update={"spot": False})
