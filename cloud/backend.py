@@ -100,6 +100,7 @@ class Obtained:
     instance_type: InstanceType
     zone: str | None
     attempts: tuple[Attempt, ...] = ()
+    spot: bool = False  # the market obtained (on-demand when a spot request fell over to it)
 
 
 @dataclass
@@ -142,10 +143,12 @@ class CloudBackend:
         def render(candidate: InstanceType) -> Provider:  # the script depends on the type actually tried
             return _ScriptFor(self.pool.for_type(candidate), self.head, self.max_lifetime_s, self.requirements)
 
-        alternatives = [t for t in self.alternatives(request.instance_type)
-                        if not request.spot or t.spot_price_hr is not None]  # a spot request needs a spot offer
+        every = list(self.alternatives(request.instance_type))
+        alternatives = [t for t in every if not request.spot or t.spot_price_hr is not None]  # spot needs an offer
         try:
-            result = provision_with_failover(worker, render, alternatives=alternatives, policy=self.policy)
+            result = provision_with_failover(worker, render, alternatives=alternatives, policy=self.policy,
+                                             on_demand_fallback=request.on_demand_fallback,
+                                             on_demand_alternatives=every)
         except CloudError as exc:
             self.attempts.extend(getattr(exc, "attempts", []))
             raise
@@ -175,7 +178,8 @@ class CloudBackend:
             provider.terminate(ids)
             raise
         for inst in running:
-            self._obtained[inst.id] = Obtained(result.instance_type, result.zone, tuple(result.attempts))
+            self._obtained[inst.id] = Obtained(result.instance_type, result.zone, tuple(result.attempts),
+                                               spot=result.spot)
         return running
 
     def obtained(self, instance_id: str) -> Obtained | None:

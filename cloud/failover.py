@@ -200,6 +200,7 @@ class Attempt:
     outcome: str  # ok | capacity | quota | transient | fatal | skipped
     code: str = ""
     message: str = ""
+    market: str = ""  # spot | on_demand ("" where the caller did not say)
 
 
 class FailoverExhausted(CloudError):
@@ -212,25 +213,36 @@ class FailoverExhausted(CloudError):
 
 @dataclass
 class FailoverPolicy:
-    """Blocked zones, regions and clouds, remembered across the provisioning calls of one run."""
+    """Blocked zones, regions and clouds, remembered across the provisioning calls of one run.
+
+    Spot and on-demand are blocked apart (``blocked_spot_*``): a zone without spot capacity may well sell the
+    type on-demand, and both clouds count spot quotas apart. An all-region GPU quota blocks both markets.
+    """
 
     blocked_zones: set[tuple[str, str, str]] = field(default_factory=set)  # (cloud, type, zone)
     blocked_regions: set[tuple[str, str]] = field(default_factory=set)  # (cloud, region)
     blocked_clouds: set[str] = field(default_factory=set)
+    blocked_spot_zones: set[tuple[str, str, str]] = field(default_factory=set)
+    blocked_spot_regions: set[tuple[str, str]] = field(default_factory=set)
 
-    def is_blocked(self, itype: InstanceType, zone: str | None) -> bool:
-        return (itype.cloud in self.blocked_clouds or (itype.cloud, itype.region) in self.blocked_regions
-                or (itype.cloud, itype.name, zone or "") in self.blocked_zones)
+    def is_blocked(self, itype: InstanceType, zone: str | None, spot: bool = False) -> bool:
+        zones, regions = (self.blocked_spot_zones, self.blocked_spot_regions) if spot else \
+            (self.blocked_zones, self.blocked_regions)
+        return (itype.cloud in self.blocked_clouds or (itype.cloud, itype.region) in regions
+                or (itype.cloud, itype.name, zone or "") in zones)
 
-    def block(self, itype: InstanceType, zone: str | None, error: CloudError) -> None:
-        """Capacity blocks the (type, zone); quota blocks the region, or the cloud for all-region quotas."""
+    def block(self, itype: InstanceType, zone: str | None, error: CloudError, spot: bool = False) -> None:
+        """Capacity blocks the (type, zone); quota blocks the region, or the cloud for all-region quotas
+        (each for the market that failed)."""
+        zones, regions = (self.blocked_spot_zones, self.blocked_spot_regions) if spot else \
+            (self.blocked_zones, self.blocked_regions)
         if error.kind == "capacity":
-            self.blocked_zones.add((itype.cloud, itype.name, zone or ""))
+            zones.add((itype.cloud, itype.name, zone or ""))
         elif error.kind == "quota":
             if error.quota == "GPUS_ALL_REGIONS":
                 self.blocked_clouds.add(itype.cloud)
             else:
-                self.blocked_regions.add((itype.cloud, itype.region))
+                regions.add((itype.cloud, itype.region))
 
     @staticmethod
     def candidates(primary: InstanceType, alternatives: Sequence[InstanceType],
@@ -263,12 +275,23 @@ class FailoverResult:
     instance_type: InstanceType
     zone: str | None
     attempts: list[Attempt]
+    spot: bool = False  # the market obtained: on-demand when a spot request fell over to it
+
+
+def _market_steps(request: InstanceRequest, on_demand_fallback: bool) -> list[bool]:
+    """The markets to try, in order: the requested one, then on-demand for a spot request that may fall back."""
+    return [True, False] if request.spot and on_demand_fallback else [request.spot]
 
 
 def provision_with_failover(request: InstanceRequest, provider_for: Callable[[InstanceType], Provider], *,
-                            alternatives: Sequence[InstanceType] = (),
-                            policy: FailoverPolicy | None = None) -> FailoverResult:
-    """Provision ``request`` somewhere: zone → alternative type, skipping what is blocked.
+                            alternatives: Sequence[InstanceType] = (), policy: FailoverPolicy | None = None,
+                            on_demand_fallback: bool = False,
+                            on_demand_alternatives: Sequence[InstanceType] | None = None) -> FailoverResult:
+    """Provision ``request`` somewhere: zone → alternative type (→ on-demand), skipping what is blocked.
+
+    A spot request with ``on_demand_fallback`` walks the same zones and types again on-demand once spot has
+    no capacity (or quota) anywhere (``on_demand_alternatives``: the types to try then, default
+    ``alternatives``); the result's ``spot`` says which market it got and each :class:`Attempt` names it.
 
     Providers retry transient errors themselves (bounded backoff, same idempotency
     token); one that still surfaces stops here, like a fatal error. Capacity and quota
@@ -278,23 +301,28 @@ def provision_with_failover(request: InstanceRequest, provider_for: Callable[[In
     policy = policy or FailoverPolicy()
     attempts: list[Attempt] = []
     last: CloudError | None = None
-    for itype, zone in policy.candidates(request.instance_type, alternatives, request.zone):
-        if policy.is_blocked(itype, zone):
-            attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, "skipped", "blocked"))
-            continue
-        provider = provider_for(itype)
-        try_request = dataclasses.replace(request, instance_type=itype, zone=zone)
-        try:
-            instances = provider.provision(try_request)
-        except CloudError as exc:
-            attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, exc.kind, exc.code, exc.message))
-            if exc.kind in ("fatal", "transient"):
-                raise FailoverExhausted(exc.message, kind=exc.kind, attempts=attempts) from exc
-            policy.block(itype, zone, exc)
-            last = exc
-            continue
-        attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, "ok"))
-        return FailoverResult(instances, itype, zone, attempts)
+    for spot in _market_steps(request, on_demand_fallback):
+        others = alternatives if spot or on_demand_alternatives is None else on_demand_alternatives
+        market = "spot" if spot else "on_demand"
+        for itype, zone in policy.candidates(request.instance_type, others, request.zone):
+            if policy.is_blocked(itype, zone, spot):
+                attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, "skipped", "blocked",
+                                        market=market))
+                continue
+            provider = provider_for(itype)
+            try_request = dataclasses.replace(request, instance_type=itype, zone=zone, spot=spot)
+            try:
+                instances = provider.provision(try_request)
+            except CloudError as exc:
+                attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, exc.kind, exc.code, exc.message,
+                                        market=market))
+                if exc.kind in ("fatal", "transient"):
+                    raise FailoverExhausted(exc.message, kind=exc.kind, attempts=attempts) from exc
+                policy.block(itype, zone, exc, spot)
+                last = exc
+                continue
+            attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, "ok", market=market))
+            return FailoverResult(instances, itype, zone, attempts, spot=spot)
     tried = "; ".join(f"{a.instance_type}@{a.zone or a.region}: {a.outcome}" for a in attempts)
     kind = last.kind if last is not None else "capacity"
     reason = f" — {last.message}" if last is not None else ""

@@ -49,6 +49,7 @@ class InstanceRequest:
     startup_script: str | None = None
     extra_tags: dict[str, str] = field(default_factory=dict)
     max_lifetime_s: float | None = None  # hard cap enforced by the cloud where it can (GCE maxRunDuration)
+    on_demand_fallback: bool = False  # a spot request may fall over to on-demand when no zone has spot capacity
 
     def tags(self, version: str) -> dict[str, str]:
         return {TAG_MANAGED: "true", TAG_RUN_ID: self.run_id, TAG_STAGE: str(self.stage),

@@ -9,11 +9,12 @@ rank 0 needs to reach the checkpoint directory).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
-from rubberband.executor import checkpoints
+from rubberband.executor import checkpoints, notices
 from rubberband.training import TrainContext
 
 
@@ -72,6 +73,11 @@ class WorkerContext(TrainContext):
         self._passes = 0
         self._last_reported: int | None = None
         self._mark = time.perf_counter()
+        # the watchers of this trial's spot instances (executor.notices): asked at every checkpoint
+        self._watchers = [n for n in os.environ.get(notices.WATCHERS_ENV, "").split(",") if n]
+        self._watcher_cache: dict[str, Any] = {}
+        #: The preemption notice of one of this trial's instances, once one was seen (None before).
+        self.preemption_notice: dict | None = None
 
     # -- timing ----------------------------------------------------------------------------
     def batches(self, iterable: Iterable) -> Iterator:
@@ -120,8 +126,22 @@ class WorkerContext(TrainContext):
         return max(self.start_epoch + self._passes - 1, 0)
 
     def save_checkpoint(self, state: dict) -> None:
-        if self.rank != 0:
+        if self.rank == 0:
+            self._save(state)
+        self._stop_if_preempted()
+
+    def _stop_if_preempted(self) -> None:
+        """After a checkpoint: when one of the trial's instances got a preemption notice, stop the trial here
+        (every rank asks; the controller restarts it from this checkpoint on the replacement)."""
+        if not self._watchers:
             return
+        notice = notices.check_watchers(self._watchers, self._watcher_cache)
+        if notice is not None:
+            self.preemption_notice = notice
+            raise notices.PreemptionNotice(f"preemption notice ({notice.get('cloud')} {notice.get('action')}): "
+                                           f"stopped after the checkpoint of epoch {self._checkpoint_label()}")
+
+    def _save(self, state: dict) -> None:
         epoch = self._checkpoint_label()
         began = time.perf_counter()
         path = checkpoints.save_checkpoint(self.checkpoint_dir, epoch, state, trial_id=self.trial_id)

@@ -46,7 +46,7 @@ from typing import Any, Callable
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.provider import InstanceRequest, node_resource
-from rubberband.errors import CatalogError, CloudError, ExecutionError, PlanFileError, TrainingError
+from rubberband.errors import CatalogError, CloudError, ExecutionError, PlanFileError, TrainingError, TrialPreempted
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
@@ -54,7 +54,9 @@ from rubberband.executor.devices import DevicePolicy
 from rubberband.executor.placement import Slot, make_slots
 from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanAnswer, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan
-from rubberband.planner.policies import Action, LatenessPolicy, Outlook, PrefetchPolicy
+from rubberband.executor import spot as S
+from rubberband.planner.policies import (Action, LatenessPolicy, Market, Outlook, PrefetchPolicy, SpotPolicy,
+                                         SpotSituation)
 from rubberband.planner.schedule import stages_for
 from rubberband.profile import Profile
 from rubberband.search import ConfigSource, make_config_source, trial_id_for
@@ -160,6 +162,7 @@ class PoolInstance:
     requested_at: float | None = None
     terminated_at: float | None = None
     warming: list = field(default_factory=list)  # ping refs of its warm workers, while they start
+    replaces: str | None = None  # the noticed instance it replaces (kept while that one's trials move over)
 
 
 @dataclass
@@ -171,6 +174,7 @@ class RunningTrial:
     end_epoch: int
     started_at: float
     cold: bool = False  # the first trial on one of its instances: its time includes the node's worker start
+    preempted: bool = False  # stopped after a checkpoint on its instance's preemption notice: restarts elsewhere
 
 
 @dataclass
@@ -220,7 +224,8 @@ class Controller:
                  profile: Profile | None = None, progress: Callable[[Progress], None] | None = None,
                  deadline_s: float | None = None, overrun_s: float = 0.0, trial_timeout_s: float = 600.0,
                  elastic: bool = True, max_instance_losses: int = MAX_INSTANCE_LOSSES, on_late: str = "finish",
-                 prefetch: PrefetchPolicy | None = None, device_policy: DevicePolicy | None = None) -> None:
+                 prefetch: PrefetchPolicy | None = None, device_policy: DevicePolicy | None = None,
+                 spot_policy: SpotPolicy | None = None) -> None:
         self.spec = spec
         self.plan = plan
         self.catalog = catalog
@@ -239,6 +244,15 @@ class Controller:
         self.lateness = LatenessPolicy(confidence=plan.confidence, on_late=on_late, overrun_s=overrun_s)
         # prefetch lead time and carry-over: the simulator's own policy, so predictions describe this executor
         self.prefetch = prefetch or PrefetchPolicy()
+        # spot or on-demand for each spot request (Uniform Progress): the simulator's own policy object
+        self.spot_policy = spot_policy or SpotPolicy()
+        self._on_spot = True  # the run's spot stages still buy spot (False once the policy moved them to on-demand)
+        self._fell_back = False  # some spot stage's instances were bought on-demand
+        self._noticed: dict[str, float] = {}  # instance -> when its preemption notice was seen
+        self._replaced: set[str] = set()  # instances whose replacement was already requested (on notice)
+        self._watchers: dict[str, Any] = {}  # instance -> its NoticeWatcher actor
+        self._notice_refs: dict[str, Any] = {}  # instance -> the pending notice() call on its watcher
+        self._stage_seconds: list[float] = []  # the current stage's task times (not cold), for estimates
         self.trial_timeout_s = trial_timeout_s
         # GPU + nccl on GPU types, CPU + gloo otherwise (a backend may say otherwise: test boots' logical GPUs)
         self.devices = device_policy or getattr(backend, "device_policy", None) or DevicePolicy()
@@ -386,8 +400,13 @@ class Controller:
             return
         stage = self.plan.stages[g]
         itype = self._stage_itype(stage)
-        for _ in range(stage.instances - len(self._stage_pool(g))):
-            self._request(g, itype, stage.spot)
+        missing = stage.instances - len(self._stage_pool(g))
+        if missing <= 0:
+            return
+        self.stage_index = g  # the spot decision looks at the run from this stage on
+        spot = self._buy_spot(stage, trigger="start", waiting=stage.trials)
+        for _ in range(missing):
+            self._request(g, itype, spot)
 
     def _catch_signals(self) -> None:
         """SIGINT / SIGTERM become :class:`Interrupted` at the next poll of the main loop, so teardown runs."""
@@ -479,6 +498,12 @@ class Controller:
     def _same_type(self, a: StagePlan, b: StagePlan) -> bool:
         return self._stage_itype(a).key == self._stage_itype(b).key and a.spot == b.spot
 
+    def _fits(self, spot: bool, stage: StagePlan) -> bool:
+        """Whether an instance bought on this market may serve ``stage``: its planned market, or on-demand for a
+        spot stage once the spot policy moved the run's spot work to on-demand (those instances carry over)."""
+        planned = S.stage_market(stage) is Market.SPOT
+        return spot == planned or (planned and not spot and self._fell_back)
+
     def _start_epoch(self, trial_id: str, stage: StagePlan) -> int:
         """First epoch to run: right after the trial's newest checkpoint (journal or disk) within this stage."""
         base = stage.epochs - stage.epochs_this_stage
@@ -545,6 +570,7 @@ class Controller:
         failures: list[str] = []
         slots: list[Slot] = []
         trial_seconds: list[float] = []
+        self._stage_seconds = trial_seconds  # the spot decisions' estimate of this stage's remainder reads them
         while not self.prefetch.may_promote(len(pending) + len(self.running)):
             self._check_deadline()
             self._collect_provisioned()
@@ -557,14 +583,19 @@ class Controller:
             for slot in slots:
                 if not pending:
                     break
-                if slot.free:
+                if slot.free and not self._noticed.keys() & set(slot.instance_ids):  # a noticed instance takes none
                     self._start_next(g, stage, pending, slot, metrics)
             finished = self._wait_some()
             lost_now: dict[str, str] = {}
             stopped: list[tuple[str, tuple[str, ...]]] = []
+            preempted: list[str] = []  # instances whose trials stopped on a notice
             for run in finished:
                 metric, error, seconds, lost = self._collect_trial(g, stage, run)
                 run.slot.trial_id = None
+                if run.preempted:  # first in line again, after its checkpoint, on another instance
+                    pending.insert(0, (run.trial_id, self._start_epoch(run.trial_id, stage)))
+                    preempted.extend(run.slot.instance_ids)
+                    continue
                 if lost:  # the instance went away, not the training: restart from the checkpoint elsewhere
                     lost_now.update(lost)
                     stopped.append((run.trial_id, run.slot.instance_ids))
@@ -576,6 +607,11 @@ class Controller:
                 metrics[run.trial_id] = metric
             if lost_now:
                 self._handle_lost(g, lost_now, slots, pending, stopped=stopped)
+            if preempted:  # the workers saw a notice first: take it now, before placing anything there again
+                self._poll_notices(g, pending, ask=tuple(dict.fromkeys(preempted)))
+            self._release_noticed(g, slots)
+            if pending and not self._stage_pool(g):  # every instance went (noticed, lost): the stage needs one
+                self._refill(g, stage, pending)
             if not pending:
                 self._release_idle(g, slots)
             self._maybe_prefetch(g, stage, pending, trial_seconds, slots)
@@ -600,7 +636,7 @@ class Controller:
             event_sink=self.sink, trial_id=trial_id, config=trial.config, entry_point=self.spec.train,
             code_dir=self.spec.base_dir, start_epoch=start, end_epoch=stage.epochs, placement=slot.placement,
             checkpoint_dir=str(ckpt_dir), device=self.devices.for_type(self._slot_itype(slot, stage)),
-            timeout_s=self.trial_timeout_s, pool=self.workers)
+            timeout_s=self.trial_timeout_s, pool=self.workers, **self._env_field(slot))
         slot.trial_id = trial_id
         cold = not set(slot.instance_ids) <= self._ran_on
         self._ran_on.update(slot.instance_ids)
@@ -627,6 +663,14 @@ class Controller:
         metric, error = None, None
         try:
             outcome = run.handle.result(timeout_s=RESULT_TIMEOUT_S)
+        except TrialPreempted as exc:  # its instance got a notice: checkpointed, restarts on the replacement
+            run.handle.stop()
+            run.preempted = True
+            self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason="preempted", metric=None,
+                                error=str(exc), start_epoch=run.start_epoch, end_epoch=run.end_epoch,
+                                seconds=time.time() - run.started_at, setup_s=None,
+                                checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id))
+            return None, None, time.time() - run.started_at, {}
         except TrainingError as exc:
             error = str(exc)
             outcome = None
@@ -716,6 +760,10 @@ class Controller:
         if now - self._last_liveness < LIVENESS_EVERY_S:
             return
         self._last_liveness = now
+        self._poll_notices(g, pending)
+        for entry in self.pool.values():  # a watcher on every ready spot instance (Ray may show a node late)
+            if entry.ready and not entry.released and entry.spot and entry.id not in self._watchers:
+                self._watch(entry)
         import ray
 
         try:
@@ -778,6 +826,7 @@ class Controller:
             if entry is not None:
                 entry.terminated_at = now
             self._seen_in_ray.discard(ident)
+            self._unwatch(ident)
             if self.workers is not None:
                 try:
                     self.workers.shrink(node_resource(ident))
@@ -788,11 +837,10 @@ class Controller:
                 continue
             entry.released = True
             wanted = entry.assigned_stage > g or (entry.assigned_stage == g and bool(pending))
+            if ident in self._replaced:  # its replacement was requested when its preemption notice came
+                continue
             if wanted and self.losses <= self.max_instance_losses:
-                target = self.plan.stages[entry.assigned_stage]
-                replacement = self._request(entry.assigned_stage, self._stage_itype(target), entry.spot)
-                self.journal.record(J.DECISION, kind="replace", id=ident, stage=entry.assigned_stage,
-                                    token=replacement.token, instance_type=replacement.itype.name, reason=reason)
+                self._replace(entry, ident, reason, waiting=len(pending))
         if self.losses > self.max_instance_losses:
             raise ExecutionError(f"{self.losses} instances were lost during this run (limit "
                                  f"{self.max_instance_losses}); the cloud keeps taking capacity back — resume later "
@@ -807,7 +855,7 @@ class Controller:
         for p in list(self.pool.values()):
             if p.released or p.assigned_stage >= g:
                 continue
-            if p.itype.key == itype.key and p.spot == stage.spot and (len(self._stage_pool(g)) < stage.instances
+            if p.itype.key == itype.key and self._fits(p.spot, stage) and (len(self._stage_pool(g)) < stage.instances
                                                                       or not self.elastic):
                 p.assigned_stage = g
                 self.journal.record(J.DECISION, kind="keep", id=p.id or p.token, stage=g)
@@ -816,13 +864,17 @@ class Controller:
         if not needed:
             return
         missing = stage.instances - len(self._stage_pool(g))
-        for _ in range(max(0, missing)):
-            self._request(g, itype, stage.spot)
+        if missing > 0:
+            spot = self._buy_spot(stage, trigger="start", waiting=stage.trials)
+            for _ in range(missing):
+                self._request(g, itype, spot)
 
     def _request(self, g: int, itype: InstanceType, spot: bool) -> PoolInstance:
         self._tokens += 1
         entry = PoolInstance(token=f"req{self._tokens}", itype=itype, spot=spot, assigned_stage=g)
-        request = InstanceRequest(run_id=self.run_id, stage=g, instance_type=itype, count=1, spot=spot)
+        fallback = spot and S.on_demand_allowed(self.plan.stages[g])  # no spot capacity anywhere: on-demand
+        request = InstanceRequest(run_id=self.run_id, stage=g, instance_type=itype, count=1, spot=spot,
+                                  on_demand_fallback=fallback)
         entry.future = self._provisioner.submit(self.backend.provision, request)
         self.pool[entry.token] = entry
         return entry
@@ -844,15 +896,24 @@ class Controller:
             entry.requested_at = instance.launched_at or time.time()
             now = time.time()
             requested = entry.itype
-            obtained, zone, attempts = self._obtained(entry, instance)
-            if obtained.key != requested.key:  # failover gave another type: bill it, run the stage on it
-                entry.itype = obtained
-                self.substitutes[requested.key] = obtained
+            obtained, zone, attempts, spot = self._obtained(entry, instance)
+            if obtained.key != requested.key or spot != entry.spot:  # failover gave another type or market
+                market = {} if spot == entry.spot else dict(requested_market="spot", obtained_market="on_demand")
+                why = (f"{requested.name} unavailable in every zone; failover took {obtained.name}"
+                       if obtained.key != requested.key else "")
+                if market:
+                    why = (why + "; " if why else "") + "no spot capacity in any zone: on-demand"
                 self.journal.record(J.DECISION, kind="failover", id=instance.id, stage=entry.assigned_stage,
                                     requested=requested.name, obtained=obtained.name, zone=zone,
                                     requested_price_hr=_price(requested, entry.spot),
-                                    obtained_price_hr=_price(obtained, entry.spot), attempts=attempts,
-                                    reason=f"{requested.name} unavailable in every zone; failover took {obtained.name}")
+                                    obtained_price_hr=_price(obtained, spot), attempts=attempts, **market,
+                                    reason=why)
+                if obtained.key != requested.key:  # bill the type obtained, run the stage on it
+                    entry.itype = obtained
+                    self.substitutes[requested.key] = obtained
+                if spot != entry.spot:  # a spot stage on on-demand: its instances carry over as the stage's
+                    entry.spot = False
+                    self._fell_back = True
             extra = {"requested_type": requested.name} if obtained.key != requested.key else {}
             self.journal.record(J.INSTANCE_REQUESTED, t=entry.requested_at, id=instance.id,
                                 instance_type=obtained.name, cloud=obtained.cloud, region=obtained.region,
@@ -866,21 +927,24 @@ class Controller:
             elif self.workers is not None:  # start its worker processes now, off the critical path
                 entry.warming = self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False,
                                                   device=self.devices.for_type(entry.itype))
+            if not entry.released:
+                self._watch(entry)
 
-    def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str]]:
-        """The catalog type (and zone, and failover tries) the backend actually got for a request."""
+    def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str], bool]:
+        """The catalog type (and zone, failover tries and market: spot?) the backend actually got for a request."""
         getter = getattr(self.backend, "obtained", None)
         got = getter(instance.id) if getter is not None else None
         if got is not None:
-            tries = [f"{a.instance_type}@{a.zone or a.region}: {a.outcome}" for a in got.attempts]
-            return got.instance_type, got.zone, tries
+            tries = [f"{a.instance_type}@{a.zone or a.region}{' ' + a.market if a.market else ''}: {a.outcome}"
+                     for a in got.attempts]
+            return got.instance_type, got.zone, tries, bool(getattr(got, "spot", entry.spot))
         if instance.instance_type and instance.instance_type != entry.itype.name:
             try:
                 return self.catalog.find(instance.instance_type, cloud=entry.itype.cloud,
-                                         region=entry.itype.region), instance.zone, []
+                                         region=entry.itype.region), instance.zone, [], entry.spot
             except CatalogError:
                 pass
-        return entry.itype, None, []
+        return entry.itype, None, [], entry.spot
 
     def _workers_up(self, entry: PoolInstance) -> bool:
         """Whether a ready instance's worker processes answer: only then does it take trials, as the simulator
@@ -905,6 +969,7 @@ class Controller:
         if entry.id is None:  # still provisioning: released as soon as it is up
             return
         self.journal.record(J.DECISION, kind="release", id=entry.id, stage=self.stage_index, reason=why)
+        self._unwatch(entry.id)
         if self.workers is not None:
             self.workers.shrink(node_resource(entry.id))
         future = self._terminator.submit(self._terminate_one, entry.id)
@@ -938,10 +1003,14 @@ class Controller:
                 if stage_done:
                     entry.assigned_stage = g + 1
             return
+        moving = {i for s in slots if not s.free for i in s.instance_ids if i in self._noticed}
         for entry in self._stage_pool(g):
             if entry.id in busy:  # a still-booting instance is idle too: kept or released at once
                 continue
-            same = nxt is not None and entry.itype.key == nxt_key and entry.spot == nxt.spot
+            if entry.replaces in moving and not stage_done:  # its trials come over at their next checkpoint
+                continue
+            same = (nxt is not None and entry.itype.key == nxt_key and self._fits(entry.spot, nxt)
+                    and entry.id not in self._noticed)
             if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(g + 1)), nxt.instances):
                 entry.assigned_stage = g + 1
                 self.journal.record(J.DECISION, kind="keep", id=entry.id or entry.token, stage=g + 1)
@@ -991,8 +1060,210 @@ class Controller:
             self.prefetched.add(g + 1)
             self.journal.record(J.DECISION, kind="prefetch", stage=g + 1, count=extra, instance_type=itype.name,
                                 estimated_remaining_s=remaining, lead_s=lead, quantile=self.prefetch.quantile)
+            spot = self._buy_spot(nxt, trigger="prefetch", waiting=len(pending))
             for _ in range(extra):
-                self._request(g + 1, itype, nxt.spot)
+                self._request(g + 1, itype, spot)
+
+    # -- spot: fall-back to on-demand, preemption notices -----------------------------------
+    def _spot_situation(self, *, waiting: int, replacing: bool) -> SpotSituation:
+        """What the spot policy looks at, from now: time to the deadline, the run's predicted remaining time at the
+        run's confidence (this stage's remainder as the prefetch estimate has it, the later stages' predictions
+        scaled by the slowdown so far; plus a replacement's start-up when one is awaited), and one restart."""
+        g = min(self.stage_index, len(self.plan.stages) - 1)
+        stage = self.plan.stages[g]
+        now = time.time()
+        itype = self._stage_itype(stage)
+        conf = self.plan.confidence
+        n_slots = max(1, len(make_slots([f"x{i}" for i in range(stage.instances)], itype.workers,
+                                        stage.workers_per_trial)))
+        if self._stage_seconds:
+            per_trial = statistics.mean(self._stage_seconds)
+        elif stage.predicted_task_s:
+            per_trial = stage.predicted_task_s
+        else:
+            per_trial = (stage.predicted_duration_s or 0.0) / max(1, math.ceil(stage.trials / n_slots))
+        current = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=waiting, slots=n_slots,
+                                            running_elapsed_s=[now - r.started_at for r in self.running.values()])
+        outlooks = [self._stage_outlook(i) for i in range(len(self.plan.stages))]
+        cur = outlooks[g]
+        ratio = S.at_confidence(cur.p50_s, cur.p95_s, conf) / cur.p50_s if cur.p50_s > 0 else 1.0
+        done = [i for i in range(g) if i in self.state.stages and self.state.stages[i].finished_at]
+        actual = sum(self.state.stages[i].finished_at - self.state.stages[i].started_at for i in done)
+        predicted = sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in done)
+        lead = self._prefetch_lead(itype)
+        work = S.work_left_s(current_remaining_s=current, current_ratio=ratio, later=outlooks[g + 1:],
+                             confidence=conf, slowdown=actual / predicted if predicted > 0 else 1.0,
+                             waiting_for_instance_s=lead if replacing else 0.0)
+        key = f"{stage.instance_type}/{stage.workers_per_trial}"
+        interval = (statistics.mean(self.epoch_seconds[key]) if self.epoch_seconds.get(key)
+                    else per_trial / max(1, stage.epochs_this_stage))
+        restart = S.restart_s(startup_s=lead, restore_s=statistics.mean(self.setup_seconds) if self.setup_seconds
+                              else 0.0, checkpoint_interval_s=interval)
+        return S.situation(time_left_s=self.deadline_s - (now - self.state.first_started_at), work_left=work,
+                           restart=restart, on_spot=self._on_spot)
+
+    def _stage_outlook(self, i: int) -> S.StageOutlook:
+        """Stage ``i``'s predicted duration: the plan's p50 (and p95 where the plan's prediction has it)."""
+        stage = self.plan.stages[i]
+        dists = self.plan.predicted.stage_duration_s
+        dist = dists[i] if i < len(dists) else None
+        p50 = stage.predicted_duration_s if stage.predicted_duration_s is not None else (dist.p50 if dist else 0.0)
+        p95 = dist.p95 * p50 / dist.p50 if dist is not None and dist.p50 > 0 else None
+        return S.StageOutlook(p50, p95)
+
+    def _buy_spot(self, stage: StagePlan, *, trigger: str, waiting: int, instance: str | None = None,
+                  replacing: bool = False) -> bool:
+        """Spot (True) or on-demand for instances of ``stage`` requested now, as :class:`SpotPolicy` decides.
+
+        Only for stages planned on spot. Journaled (``decision`` kind ``spot``) on every preemption, notice or
+        loss, and whenever the market changes; the run's spot stages stay on-demand once moved (the policy's
+        ``return_factor`` says when they may go back).
+        """
+        if S.stage_market(stage) is not Market.SPOT:
+            return False
+        situation = self._spot_situation(waiting=waiting, replacing=replacing)
+        market = self.spot_policy.decide(situation)
+        note = ""
+        if market is Market.ON_DEMAND and not S.on_demand_allowed(stage):
+            market, note = Market.SPOT, "; the plan allows no on-demand fall-back"
+        was = self._on_spot
+        self._on_spot = market is Market.SPOT
+        self._fell_back = self._fell_back or not self._on_spot
+        if trigger in ("preemption", "notice", "lost") or self._on_spot != was:
+            if market is Market.SPOT:
+                why = (f"slack {situation.slack_s:.0f} s after one more restart ({situation.restart_s:.0f} s) "
+                       f"exceeds the margin: spot")
+            else:
+                why = (f"slack {situation.slack_s:.0f} s after one more restart ({situation.restart_s:.0f} s) is at "
+                       f"most the margin ({self.spot_policy.margin_s:g} s): on-demand keeps the deadline")
+            self.journal.record(J.DECISION, kind="spot", stage=self.stage_index,
+                                for_stage=self.plan.stages.index(stage), trigger=trigger, id=instance,
+                                previous=(Market.SPOT if was else Market.ON_DEMAND).value,
+                                confidence=self.plan.confidence,
+                                **S.decision_fields(situation, market, self.spot_policy.margin_s), reason=why + note)
+        return self._on_spot
+
+    def _replace(self, entry: PoolInstance, ident: str, reason: str, *, waiting: int) -> PoolInstance:
+        """Request the replacement of a lost (or noticed) instance: on the market the spot policy says."""
+        target = self.plan.stages[entry.assigned_stage]
+        spot = entry.spot
+        if entry.spot:
+            trigger = ("notice" if ident in self._noticed else
+                       "preemption" if reason == "spot-interruption" else "lost")
+            spot = self._buy_spot(target, trigger=trigger, waiting=waiting, instance=ident, replacing=True)
+        replacement = self._request(entry.assigned_stage, self._stage_itype(target), spot)
+        replacement.replaces = ident if ident in self._noticed else None
+        self._replaced.add(ident)
+        self.journal.record(J.DECISION, kind="replace", id=ident, stage=entry.assigned_stage,
+                            token=replacement.token, instance_type=replacement.itype.name, reason=reason, spot=spot)
+        return replacement
+
+    def _watch(self, entry: PoolInstance) -> None:
+        """Start the preemption-notice watcher of a ready spot instance (when its cloud posts notices)."""
+        from rubberband.executor.notices import notice_source, start_watcher
+
+        if not entry.spot or entry.id in self._watchers:
+            return
+        source = notice_source(getattr(self.backend, "cloud", "local"))
+        if source is None:  # the local backend: no cloud posts notices
+            return
+
+        try:
+            watcher = start_watcher(entry.id, node_resource(entry.id), source)
+        except Exception as exc:  # noqa: BLE001 - no watcher: a preemption is still seen as a lost instance
+            self._watchers[entry.id] = None  # not tried again
+            self.journal.record(J.DECISION, kind="notice_watcher", id=entry.id, started=False,
+                                error=f"{type(exc).__name__}: {exc}")
+            return
+        if watcher is not None:
+            self._watchers[entry.id] = watcher
+            self._notice_refs[entry.id] = watcher.wait_notice.remote()
+
+    def _unwatch(self, ident: str) -> None:
+        self._notice_refs.pop(ident, None)
+        watcher = self._watchers.pop(ident, None)
+        if watcher is not None:
+            import ray
+
+            try:
+                ray.kill(watcher, no_restart=True)
+            except Exception:  # noqa: BLE001 - gone with its node
+                pass
+
+    def _env_field(self, slot: Slot) -> dict[str, Any]:
+        env = self._trial_env(slot)
+        return {"env": env} if env else {}  # only then: a stand-in runtime's TrialSpec need not know ``env``
+
+    def _trial_env(self, slot: Slot) -> dict[str, str]:
+        """The trial's environment: the watchers of its instances, which its workers ask at every checkpoint."""
+        from rubberband.executor.notices import WATCHERS_ENV, watcher_name
+
+        names = [watcher_name(i) for i in slot.instance_ids if self._watchers.get(i) is not None]
+        return {WATCHERS_ENV: ",".join(names)} if names else {}
+
+    def _poll_notices(self, g: int, pending: list[tuple[str, int]], *, ask: tuple[str, ...] = ()) -> None:
+        """Preemption notices that came: journal each, and request its instance's replacement now.
+
+        ``ask``: instances whose watchers to ask right now (a trial on them stopped on a notice: the controller
+        must know before it places anything there again).
+        """
+        if not self._notice_refs and not ask:
+            return
+        import ray
+
+        refs = {ref: ident for ident, ref in self._notice_refs.items()}
+        try:
+            ready = ray.wait(list(refs), num_returns=len(refs), timeout=0)[0] if refs else []
+        except Exception:  # noqa: BLE001 - asked again on the next poll
+            ready = []
+        found: dict[str, Any] = {}
+        for ref in ready:
+            try:
+                found[refs[ref]] = ray.get(ref, timeout=1)
+            except Exception:  # noqa: BLE001 - its watcher died with its node: loss detection handles it
+                found[refs[ref]] = None
+        for ident in ask:
+            watcher = self._watchers.get(ident)
+            if ident not in found and watcher is not None:
+                try:
+                    found[ident] = ray.get(watcher.notice.remote(), timeout=5)
+                except Exception:  # noqa: BLE001 - as above
+                    continue
+        for ident, notice in found.items():
+            if notice is None or ident in self._noticed:
+                continue
+            self._notice_refs.pop(ident, None)
+            self._noticed[ident] = time.time()
+            entry = next((p for p in self.pool.values() if p.id == ident), None)
+            trials = sorted(r.trial_id for r in self.running.values() if ident in r.slot.instance_ids)
+            self.journal.record(J.DECISION, kind="notice", id=ident, stage=g, cloud=notice.get("cloud"),
+                                action=notice.get("action"), notice_time=notice.get("time"), trials=trials,
+                                reason="preemption notice: its trials stop after their next checkpoint; "
+                                       "replacement requested now")
+            if entry is None or entry.released:
+                continue
+            wanted = entry.assigned_stage > g or (entry.assigned_stage == g and bool(pending or trials))
+            if wanted and ident not in self._replaced:
+                self._replace(entry, ident, "preemption-notice", waiting=len(pending) + len(trials))
+
+    def _refill(self, g: int, stage: StagePlan, pending: list[tuple[str, int]]) -> None:
+        """Trials wait and the stage has no instance left (none running, none coming): request its instances."""
+        spot = self._buy_spot(stage, trigger="start", waiting=len(pending))
+        for _ in range(stage.instances):
+            entry = self._request(g, self._stage_itype(stage), spot)
+            self.journal.record(J.DECISION, kind="replace", id=None, stage=g, token=entry.token,
+                                instance_type=entry.itype.name, reason="no instance left for the stage's trials",
+                                spot=spot)
+
+    def _release_noticed(self, g: int, slots: list[Slot]) -> None:
+        """A noticed instance whose trials have stopped takes no more: drop its slots and release it now."""
+        if not self._noticed:
+            return
+        busy = {i for s in slots if not s.free for i in s.instance_ids}
+        for entry in self._stage_pool(g) + self._stage_pool(g + 1):
+            if entry.id in self._noticed and entry.id not in busy and entry.ready:
+                slots[:] = [s for s in slots if entry.id not in s.instance_ids]
+                self._release(entry, "preemption notice")
 
     # -- decisions -------------------------------------------------------------------------
     def _check_deadline(self) -> None:

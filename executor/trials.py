@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rubberband.errors import ExecutionError, GpuUnavailableError, RubberbandError, TrainingError
+from rubberband.errors import ExecutionError, GpuUnavailableError, RubberbandError, TrainingError, TrialPreempted
 from rubberband.executor.devices import CPU_WORKER, WorkerDevice
 from rubberband.executor.pool import WorkerPool
 from rubberband.executor.worker import WorkerFailure, WorkerResult, WorkerTask, actor_class, actor_options
@@ -255,6 +255,9 @@ class TrialRun:
     def _training_error(self, failures: list[WorkerFailure], deaths: dict[int, str],
                         pending: list[Any]) -> RubberbandError:
         trial = self.spec.trial_id
+        preempted = next((f for f in failures if f.kind == "preempted"), None)
+        if preempted is not None:  # a preemption notice stopped it after a checkpoint: restart it elsewhere
+            return TrialPreempted(f"trial {trial}: rank {preempted.rank}: {preempted.message}")
         unusable = next((f for f in failures if f.kind == "device" and f.error_type == "GpuUnavailableError"), None)
         if unusable is not None:  # an environment fault, not the user's: its own error, never a CPU fall-back
             return GpuUnavailableError(f"trial {trial}: rank {unusable.rank}: {unusable.message}")

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any, Callable, Mapping
 
 from rubberband.executor.context import ReportRecord, WorkerContext
+from rubberband.executor.notices import PreemptionNotice
 from rubberband.executor.devices import CPU_WORKER, WorkerDevice, observe_cuda, resolve
 from rubberband.raytune import adapt as adapt_trainable
 
@@ -50,7 +51,7 @@ class WorkerFailure:
     """The user's (or the runtime's) exception in one worker, as one line plus its traceback."""
 
     rank: int
-    kind: str            # "import" | "device" | "setup" | "train"
+    kind: str            # "import" | "device" | "setup" | "train" | "preempted"
     error_type: str
     message: str
     failed_at: float
@@ -161,6 +162,8 @@ class TrialWorker:
             stage = "train"
             train(dict(task.config), ctx)
         except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything
+            if isinstance(exc, PreemptionNotice):  # stopped on purpose after a checkpoint: not the user's fault
+                stage = "preempted"
             failure = WorkerFailure(rank=task.rank, kind=stage, error_type=type(exc).__name__,
                                     message=_one_line(exc), failed_at=time.time(),
                                     traceback=traceback.format_exc(limit=20))

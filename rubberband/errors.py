@@ -63,6 +63,11 @@ class TrainingError(RubberbandError):
     """The user's training code failed to import or raised while running."""
 
 
+class TrialPreempted(TrainingError):
+    """A trial stopped after its checkpoint because its (spot) instance got a preemption notice; the executor
+    restarts it from that checkpoint on another instance."""
+
+
 class ExecutionError(RubberbandError):
     """The executor could not carry a run through (after cleaning up)."""
 

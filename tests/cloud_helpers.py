@@ -98,12 +98,13 @@ class Ec2Faults:
     ``capacity``: zones (or ``"*"``) where InsufficientInstanceCapacity is raised, optionally
     only for the types in ``capacity_types``; ``quota``: raise VcpuLimitExceeded (or
     MaxSpotInstanceCountExceeded for spot requests); ``throttle``: raise RequestLimitExceeded
-    this many more times; ``denied``: EC2 actions answered with UnauthorizedOperation
+    this many more times; ``capacity_spot_only``: the capacity faults hit spot requests only; ``denied``: EC2 actions answered with UnauthorizedOperation
     (also under DryRun). ``calls`` records (zone, type, spot) of every run_instances call.
     """
 
     capacity: set[str] = field(default_factory=set)
     capacity_types: set[str] = field(default_factory=set)
+    capacity_spot_only: bool = False  # the capacity faults hit spot requests only (on-demand still sells)
     quota: bool = False
     throttle: int = 0
     denied: set[str] = field(default_factory=set)
@@ -135,7 +136,8 @@ def ec2_faults(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ec2
                                  "vCPU limit of 0 allows for the instance bucket that the specified instance type "
                                  "belongs to.")
         if (zone in faults.capacity or "*" in faults.capacity) and \
-                (not faults.capacity_types or itype in faults.capacity_types):
+                (not faults.capacity_types or itype in faults.capacity_types) and \
+                (spot or not faults.capacity_spot_only):
             raise EC2ClientError("InsufficientInstanceCapacity", f"We currently do not have sufficient {itype} "
                                  f"capacity in the Availability Zone you requested ({zone}).")
         return original_run(self, image_id, count, user_data, security_group_names, **kwargs)

@@ -16,7 +16,8 @@ CLI subprocess pointed at it with ``RUBBERBAND_GCE_ENDPOINT`` sees them too):
 * ``pending_polls``: operations stay RUNNING for this many reads, so waiting is exercised;
 * ``stockout_types``: machine types (host names) sold out in every zone, from whenever the test sets it;
   ``stock``: how many more VMs of a machine type there are before it sells out everywhere (a capacity
-  error in the middle of a run, at a known request);
+  error in the middle of a run, at a known request); ``stockout_spot_only``: those stockouts hit SPOT VMs
+  only (a zone out of spot capacity still sells STANDARD VMs);
 * :meth:`GceFake.preempt`: what Compute Engine does to a spot VM it takes back — a
   ``compute.instances.preempted`` zone operation targeting it, then the VM deleted (its
   ``instanceTerminationAction`` is DELETE) or TERMINATED (STOP).
@@ -154,6 +155,7 @@ class GceFake:
         self.capacity_left: int | None = None  # VMs the fake still has room for (None: unlimited)
         self.wait_errors = 0  # answer this many operation reads with HTTP 503 backendError
         self.stockout_types: set[str] = set()  # machine types sold out in every zone
+        self.stockout_spot_only = False  # the stockouts above hit SPOT VMs only (STANDARD ones still sell)
         self.stock: dict[str, int] = {}  # machine type -> VMs of it left; then sold out in every zone
         self.op_delay_s = 0.0  # an operation is PENDING, then RUNNING, and DONE after this long
         self.wait_cap_s = 2.0  # operations.wait returns after this long even if not DONE (the real cap: 2 min)
@@ -393,6 +395,8 @@ class GceFake:
                     "dimensions": {"region": region}}}]})
         sold_out = zone in self.stockout_zones or self.capacity_left == 0 or machine in self.stockout_types or \
             self.stock.get(machine, 1) <= 0
+        if self.stockout_spot_only and body.get("scheduling", {}).get("provisioningModel") != "SPOT":
+            sold_out = False
         if sold_out and self.stockout_sync:
             raise HttpError(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
                                  f"available to fulfill the request.", "")

@@ -1,0 +1,213 @@
+"""Preemption notices: a small watcher on each spot instance, as a Ray actor on that instance's node.
+
+Clouds warn a spot instance before they take it back — neither guaranteed (an instance may simply be gone,
+which loss detection handles):
+
+* **AWS** posts an interruption notice two minutes ahead: IMDS ``latest/meta-data/spot/instance-action``
+  answers 404 until then, then ``{"action": "terminate", "time": "…"}``. IMDSv2: a session token from
+  ``PUT latest/api/token`` goes with every read.
+* **GCP** gives a preempted spot VM about 30 s: metadata ``instance/preempted`` turns ``TRUE`` (header
+  ``Metadata-Flavor: Google``).
+
+:class:`NoticeWatcher` polls its node's metadata server (the base URL is injectable: tests point it at a
+local HTTP endpoint; ``{instance}`` in it is replaced by the instance id, so one test endpoint can serve many
+stand-in instances) and answers ``notice()`` at once, so a trial's workers can ask it at every checkpoint,
+and ``wait_notice()`` blocks until the notice, so the controller learns it the moment it comes. It is no agent
+of ours: an actor of the run's Ray job (no CPU, pinned to the node), gone with the job.
+
+On a notice, a trial on that instance stops right after its next checkpoint (:class:`PreemptionNotice`,
+raised by the worker's ``save_checkpoint``), and the controller requests the replacement at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: The metadata servers (the documented link-local addresses; the injectable base URL replaces them).
+DEFAULT_METADATA = {"aws": "http://169.254.169.254/", "gcp": "http://metadata.google.internal/computeMetadata/v1/"}
+#: Environment: the metadata base URL the watchers read instead (tests), and the workers' list of watchers.
+METADATA_URL_ENV = "RUBBERBAND_METADATA_URL"
+WATCHERS_ENV = "RUBBERBAND_NOTICE_WATCHERS"
+#: How often a watcher reads its metadata server (AWS's notice comes 2 min ahead, GCP's 30 s).
+POLL_S = 2.0
+#: How long one metadata read may take (the link-local servers answer in milliseconds).
+READ_TIMEOUT_S = 2.0
+#: IMDSv2 session token lifetime asked for (seconds).
+TOKEN_TTL_S = 21600
+
+
+class PreemptionNotice(BaseException):
+    """Raised in a trial's worker after its checkpoint once its instance got a preemption notice.
+
+    A BaseException, like KeyboardInterrupt, so that a user's ``except Exception`` does not swallow it; the
+    worker reports it as a failure of kind ``preempted`` and the trial restarts elsewhere from that checkpoint.
+    """
+
+
+@dataclass(frozen=True)
+class NoticeSource:
+    """Where a watcher reads its notice: the cloud's metadata flavour and the base URL."""
+
+    cloud: str
+    base_url: str
+
+    def for_instance(self, instance_id: str) -> "NoticeSource":
+        return NoticeSource(self.cloud, self.base_url.replace("{instance}", instance_id))
+
+
+def notice_source(cloud: str, env: Mapping[str, str] | None = None) -> NoticeSource | None:
+    """The notice source of a cloud's spot instances: ``RUBBERBAND_METADATA_URL`` if set, else the cloud's own
+    metadata server; None for a cloud without notices (local, unless the variable names a server)."""
+    env = os.environ if env is None else env
+    url = env.get(METADATA_URL_ENV)
+    if cloud not in DEFAULT_METADATA:
+        return None
+    base = url or DEFAULT_METADATA[cloud]
+    return NoticeSource(cloud, base if base.endswith("/") else base + "/")
+
+
+def _open(request: urllib.request.Request, timeout_s: float) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310 - a metadata server
+            return answer.status, answer.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+class NoticeReader:
+    """One read of the metadata server: the notice as a dict, or None (no notice yet, or no answer)."""
+
+    def __init__(self, source: NoticeSource, *, timeout_s: float = READ_TIMEOUT_S) -> None:
+        self.source = source
+        self.timeout_s = timeout_s
+        self._token: str | None = None
+        self._token_at = 0.0
+
+    def _aws_token(self) -> str | None:
+        if self._token is None or time.monotonic() - self._token_at > TOKEN_TTL_S / 2:
+            request = urllib.request.Request(self.source.base_url + "latest/api/token", method="PUT",
+                                             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
+            status, body = _open(request, self.timeout_s)
+            if status != 200 or not body.strip():
+                return None
+            self._token, self._token_at = body.strip(), time.monotonic()
+        return self._token
+
+    def read(self) -> dict[str, Any] | None:
+        try:
+            if self.source.cloud == "aws":
+                return self._read_aws()
+            return self._read_gcp()
+        except (OSError, ValueError):  # no metadata server (yet), a timeout: no notice this time
+            return None
+
+    def _read_aws(self) -> dict[str, Any] | None:
+        token = self._aws_token()
+        if token is None:
+            return None
+        request = urllib.request.Request(self.source.base_url + "latest/meta-data/spot/instance-action",
+                                         headers={"X-aws-ec2-metadata-token": token})
+        status, body = _open(request, self.timeout_s)
+        if status == 401:  # the token expired early: ask again next time
+            self._token = None
+            return None
+        if status != 200:
+            return None  # 404: no interruption scheduled
+        action = json.loads(body)
+        return {"cloud": "aws", "action": str(action.get("action", "terminate")), "time": action.get("time")}
+
+    def _read_gcp(self) -> dict[str, Any] | None:
+        request = urllib.request.Request(self.source.base_url + "instance/preempted",
+                                         headers={"Metadata-Flavor": "Google"})
+        status, body = _open(request, self.timeout_s)
+        if status == 200 and body.strip().upper() == "TRUE":
+            return {"cloud": "gcp", "action": "preempted", "time": None}
+        return None
+
+
+class NoticeWatcher:
+    """The watcher (wrapped as a Ray actor by :func:`start_watcher`): polls in a thread, answers at once."""
+
+    def __init__(self, source: NoticeSource, poll_s: float = POLL_S) -> None:
+        self._reader = NoticeReader(source)
+        self._poll_s = poll_s
+        self._notice: dict[str, Any] | None = None
+        self._seen = threading.Event()
+        self._stop = threading.Event()
+        threading.Thread(target=self._poll, name="rb-notice", daemon=True).start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            notice = self._reader.read()
+            if notice is not None:
+                self._notice = {**notice, "seen_at": time.time()}
+                self._seen.set()
+                return
+            self._stop.wait(self._poll_s)
+
+    def notice(self) -> dict[str, Any] | None:
+        """The notice, once one came (None before)."""
+        return self._notice
+
+    def wait_notice(self, timeout_s: float | None = None) -> dict[str, Any] | None:
+        """Block until a notice comes (or ``timeout_s`` passes: None)."""
+        self._seen.wait(timeout_s)
+        return self._notice
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def watcher_name(instance_id: str) -> str:
+    """The Ray actor name of an instance's watcher (in the run's namespace)."""
+    return f"rb-notice-{instance_id}"
+
+
+def node_of(resource: str) -> str | None:
+    """The Ray node id of the live node that offers ``resource`` (an instance's ``rb-node-<id>``)."""
+    import ray
+
+    for node in ray.nodes():
+        if node.get("Alive") and resource in node.get("Resources", {}):
+            return node["NodeID"]
+    return None
+
+
+def start_watcher(instance_id: str, resource: str, source: NoticeSource, *, poll_s: float = POLL_S) -> Any | None:
+    """Start the watcher of one instance on its node (no CPU; threads answer while it polls); None when Ray does
+    not show the node (yet)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = node_of(resource)
+    if node is None:
+        return None
+    cls = ray.remote(NoticeWatcher)
+    return cls.options(num_cpus=0, max_concurrency=4, name=watcher_name(instance_id), get_if_exists=True,
+                       scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+        source.for_instance(instance_id), poll_s)
+
+
+def check_watchers(names: list[str], cache: dict[str, Any], *, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """In a trial's worker: the first notice any of the named watchers has (None: none, or none reachable)."""
+    import ray
+
+    for name in names:
+        try:
+            actor = cache.get(name)
+            if actor is None:
+                actor = cache[name] = ray.get_actor(name)
+            notice = ray.get(actor.notice.remote(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - a watcher gone (its instance released) tells nothing
+            continue
+        if notice is not None:
+            return notice
+    return None

@@ -1,0 +1,90 @@
+"""Spot under a deadline, the executor's side: what it feeds :class:`~rubberband.planner.policies.SpotPolicy`.
+
+The decision itself (stay on spot or move to on-demand) is the planner's pure ``SpotPolicy``, the object the
+simulator calls too. This module turns what the executor knows into the policy's
+:class:`~rubberband.planner.policies.SpotSituation`, without I/O or a clock:
+
+* :func:`stage_market` — the market a stage is planned on (one accessor, so the per-stage market of the plan
+  schema can replace the ``spot`` flag in one place);
+* :func:`at_confidence` — a stage's predicted duration at the run's confidence, from the plan's p50 and p95
+  (a normal tail between them);
+* :func:`work_left_s` — the run's predicted remaining time: the current stage's estimated remainder (the
+  prefetch policy's estimate) and the later stages at the confidence, scaled by the slowdown measured so far;
+* :func:`restart_s` — what one more preemption costs: a replacement's start-up (the prefetch quantile),
+  the checkpoint restore (trial setup), and the work lost since the last checkpoint (one checkpoint interval).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+from rubberband.planner.policies import Market, SpotSituation
+
+#: z of the 0.95 quantile: the plan's p95 is p50 + this many standard deviations.
+_Z95 = NormalDist().inv_cdf(0.95)
+
+
+def stage_market(stage: Any) -> Market:
+    """The market a stage is planned on: its ``market`` when the plan names one, else its ``spot`` flag."""
+    market = getattr(stage, "market", None)
+    if market is not None:
+        return Market(getattr(market, "value", market))
+    return Market.SPOT if getattr(stage, "spot", False) else Market.ON_DEMAND
+
+
+def on_demand_allowed(stage: Any) -> bool:
+    """Whether a spot stage may fall back to on-demand (the plan may forbid it; allowed by default)."""
+    return bool(getattr(stage, "on_demand_fallback", True))
+
+
+def at_confidence(p50: float, p95: float | None, confidence: float) -> float:
+    """A duration's ``confidence`` quantile from its median and 0.95 quantile (normal between them).
+
+    Below the median the median is used: a spot decision must not count on luck.
+    """
+    if p95 is None or confidence <= 0.5 or p95 <= p50:
+        return p50
+    z = NormalDist().inv_cdf(min(confidence, 0.9999))
+    return p50 + (p95 - p50) * z / _Z95
+
+
+@dataclass(frozen=True)
+class StageOutlook:
+    """A later stage's predicted duration (p50, p95 when the plan has it)."""
+
+    p50_s: float
+    p95_s: float | None = None
+
+
+def work_left_s(*, current_remaining_s: float, current_ratio: float, later: Sequence[StageOutlook],
+                confidence: float, slowdown: float, waiting_for_instance_s: float = 0.0) -> float:
+    """The run's predicted remaining time if nothing more were preempted.
+
+    ``current_remaining_s``: the current stage's estimated remainder (running trials' rest + waiting waves);
+    ``current_ratio``: its confidence quantile over its median (≥ 1), applied to that remainder;
+    ``later``: the stages after it, each at ``confidence`` and scaled by ``slowdown`` (actual / predicted of the
+    stages done; never below 1: an early fast stage does not buy risk); ``waiting_for_instance_s``: a replacement
+    the stage must wait for (its start-up), which spot and on-demand pay alike.
+    """
+    ratio = max(1.0, slowdown)
+    rest = sum(at_confidence(s.p50_s, s.p95_s, confidence) for s in later) * ratio
+    return max(0.0, current_remaining_s) * max(1.0, current_ratio) + rest + max(0.0, waiting_for_instance_s)
+
+
+def restart_s(*, startup_s: float, restore_s: float, checkpoint_interval_s: float) -> float:
+    """One preemption's cost in time: a replacement's start-up + checkpoint restore + work since the checkpoint."""
+    return max(0.0, startup_s) + max(0.0, restore_s) + max(0.0, checkpoint_interval_s)
+
+
+def situation(*, time_left_s: float, work_left: float, restart: float, on_spot: bool) -> SpotSituation:
+    """The policy's input (a thin constructor, so callers name every figure)."""
+    return SpotSituation(time_left_s=time_left_s, work_left_s=work_left, restart_s=restart, on_spot=on_spot)
+
+
+def decision_fields(s: SpotSituation, market: Market, margin_s: float) -> dict[str, float | str]:
+    """The figures a journaled spot decision carries (rounded to milliseconds)."""
+    return dict(market=market.value, time_left_s=round(s.time_left_s, 3), work_left_s=round(s.work_left_s, 3),
+                restart_s=round(s.restart_s, 3), slack_s=round(s.slack_s, 3), margin_s=margin_s)

@@ -1,0 +1,196 @@
+"""The executor keeps the deadline on spot, end to end with real parts: ``rubberband run`` in a subprocess, real
+local Ray nodes (standing in for the cloud instances' boots on AWS / GCP), the real trial runtime.
+
+* **AWS** (moto server): a spot worker gets an interruption notice, served by a local metadata endpoint (IMDSv2)
+  to its watcher, mid-stage: the controller requests the replacement at once — on-demand, since the slack is
+  short — the trials stop right after their next checkpoint and resume from it on the replacement, and the
+  noticed instance is released before the cloud takes it.
+* **GCP** (GCE fake): a SPOT VM is preempted mid-stage (no notice): the replacement is a STANDARD VM because the
+  slack is short, and the trials resume from their checkpoints on it.
+* **local**: a spot "instance" (a local Ray node) is preempted by killing its node by pid: with a short
+  deadline its replacement is on-demand and the trials resume from their checkpoints.
+
+A generous deadline keeps a replacement on spot: tests/test_cloud_spot.py (AWS, GCP) runs that case.
+Each run costs 30–60 s on an idle 2-core machine (head, victim node and replacement start one after another).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from cloud_helpers import REGION, ec2_faults, moto_env, moto_server  # noqa: F401  (fixtures)
+from executor_helpers import (checkpointed_instance, cli_env, lose_node_once_checkpointed, make_plan, run_pids,
+                              wait_for_events, write_job)
+from gce_fake import gce_fake  # noqa: F401  (fixture)
+from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
+from test_spot_fallback import Metadata
+
+from rubberband.executor import journal as J
+from rubberband.executor.notices import METADATA_URL_ENV
+from rubberband.plan import load_plan, write_plan
+
+pytestmark = pytest.mark.e2e
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return list(J.iter_events(run_dir / J.JOURNAL_NAME))
+
+
+def _spot(plan_path: Path) -> None:
+    plan = load_plan(plan_path)
+    write_plan(plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}),
+               plan_path)
+
+
+def _with_startup_profile(spec_path: Path, cloud: str, samples: list[float]) -> None:
+    """Give the spec a profile whose start-ups on ``cloud`` are ``samples`` (a stand-in boot takes ~10-20 s): the
+    first request's restart estimate is then not the planner's default cloud boot (~2 min), which no short test
+    deadline could cover."""
+    profile = json.loads((Path(__file__).resolve().parents[1] / "examples/profiles/quickstart_local.json").read_text())
+    profile["startup"] = [{"cloud": cloud, "samples_s": samples, "source": "measured"}]
+    (spec_path.parent / "profile.json").write_text(json.dumps(profile))
+    data = json.loads(spec_path.read_text())
+    data["profile"] = "profile.json"
+    spec_path.write_text(json.dumps(data))
+
+
+def _check_fell_back_and_resumed(events: list[dict], victim: str, *, trigger: str) -> dict:
+    """The spot decision moved the victim's replacement to on-demand; its trials resumed from checkpoints on it.
+    Returns the replacement's instance_requested event."""
+    (decision,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot"]
+    assert decision["trigger"] == trigger and decision["id"] == victim, decision
+    assert decision["market"] == "on_demand" and decision["slack_s"] <= decision["margin_s"], json.dumps(decision)
+    at = events.index(decision)
+    (replacement,) = [e for e in events[at:] if e["type"] == J.INSTANCE_REQUESTED]
+    assert replacement["spot"] is False and replacement["id"] != victim
+    (replace,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replace"]
+    assert replace["id"] == victim and replace["spot"] is False
+    restarted = [e for e in events[at:] if e["type"] == J.TRIAL_STARTED]
+    assert restarted, "no trial restarted on the replacement"
+    for again in restarted:
+        assert again["instances"] == [replacement["id"]]
+        assert again["from_checkpoint"] is not None and again["start_epoch"] == again["from_checkpoint"] + 1
+    return replacement
+
+
+def _finished(run_dir: Path, out: str) -> dict:
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished", summary.get("error")
+    assert "finished: best trial" in out or "best trial" in out
+    assert run_pids(run_dir) == []
+    return summary
+
+
+def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path):
+    """Local backend: the spot node running the trials is killed (by its pid) after a checkpoint; with a 40 s
+    deadline the slack cannot cover another restart, so the replacement is on-demand and the trials resume."""
+    spec_path = write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
+    from rubberband.spec import load_spec
+
+    plan = make_plan(load_spec(spec_path), [("local.cpu2", 1, 1)], durations=[10.0])
+    plan_path = tmp_path / "plan.json"
+    write_plan(plan, plan_path)
+    _spot(plan_path)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan", str(plan_path),
+                             "--run-dir", str(run_dir), "--yes", "--deadline", "40s", "--overrun", "none"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    victim, out, err = lose_node_once_checkpointed(proc, run_dir, timeout_s=120)
+    assert proc.returncode in (0, 4), err[-3000:]  # met or late: the point is that it finished
+    events = _events(run_dir)
+    (first,) = [e for e in events if e["type"] == J.INSTANCE_REQUESTED and e["id"] == victim]
+    assert first["spot"] is True and first["price_hr"] == pytest.approx(0.04)
+    replacement = _check_fell_back_and_resumed(events, victim, trigger="lost")
+    assert replacement["price_hr"] == pytest.approx(0.10)  # billed on-demand
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished" and summary["instances_lost"] == 1
+    assert run_pids(run_dir) == []
+
+
+def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early_and_on_demand(tmp_path, moto_env, ec2_faults):
+    """moto: one spot p3.8xlarge (4 slots, 2 trials × 4 epochs of 2 s). Once a trial has checkpointed, the local
+    metadata endpoint posts the instance's interruption notice (IMDSv2). The watcher on its node sees it, the
+    controller journals it and requests the replacement at once (on-demand: an 85 s deadline leaves no slack by then), the
+    trials stop after their next checkpoint and resume from it on the replacement, and the noticed instance is
+    terminated as soon as its trials are off it — nothing left in moto or on this machine."""
+    metadata = Metadata()
+    server = threading.Thread(target=metadata.serve_forever, daemon=True)
+    server.start()
+    try:
+        spec = cloud_job(tmp_path, ["aws"], trials=2, eta=3, min_epochs=4, max_epochs=4, epoch_s=2.0)
+        _with_startup_profile(spec, "aws", [10.0, 12.0, 14.0])
+        plan_path = cloud_plan(tmp_path, spec, "aws", REGION, "p3.8xlarge", counts=(1,), durations=(20.0,))
+        _spot(plan_path)
+        env = cloud_env(tmp_path, moto_env)
+        env.update({"RUBBERBAND_TEST_BOOT": "local", METADATA_URL_ENV: metadata.url + "{instance}/"})
+        run_dir = tmp_path / "run"
+        proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--head",
+                                 "local", "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir),
+                                 "--deadline", "85s", "--overrun", "none"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=150, poll_s=0.05)
+            metadata.noticed.add(victim)  # AWS posts the notice two minutes ahead
+            out, err = proc.communicate(timeout=200)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    finally:
+        metadata.shutdown()
+        metadata.server_close()
+        server.join(timeout=5)
+    assert proc.returncode in (0, 4), err[-3000:]
+    assert any(line.startswith(f"GET /{victim}/latest/meta-data/spot/instance-action") for line in metadata.seen)
+    events = _events(run_dir)
+    (notice,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "notice"]
+    assert notice["id"] == victim and notice["cloud"] == "aws" and notice["action"] == "terminate"
+    at = events.index(notice)
+    replacement = _check_fell_back_and_resumed(events, victim, trigger="notice")
+    assert events.index(replacement) > at
+    # the trials stopped right after a checkpoint (whether their workers or the controller saw the notice first),
+    # and nothing was placed on the noticed instance again
+    stopped = [e for e in events if e["type"] == J.TRIAL_STOPPED and e["reason"] == "preempted"]
+    assert {e["trial_id"] for e in stopped} == {"b0-t000", "b0-t001"}
+    assert all(e["checkpoint_epoch"] is not None for e in stopped)
+    first = events.index(stopped[0])
+    assert not [e for e in events[first:] if e["type"] == J.TRIAL_STARTED and victim in e["instances"]]
+    assert not [e for e in events if e["type"] == J.TRIAL_STOPPED and e["reason"] == "failed"]
+    (gone,) = [e for e in events if e["type"] == J.INSTANCE_TERMINATED and e["id"] == victim]
+    assert gone["reason"] == "preemption notice"
+    assert [spot for _, _, spot in ec2_faults.calls] == [True, False]  # the spot worker, its on-demand replacement
+    _finished(run_dir, out)
+    assert moto_instances() == []
+
+
+def test_gcp_preempted_spot_vm_with_short_slack_is_replaced_by_a_standard_vm(tmp_path, gce_fake):
+    """GCE fake: the SPOT VM running the trial is preempted (compute.instances.preempted, VM deleted) after a
+    checkpoint; with a 90 s deadline (enough for spot at the start, not for another restart by then) the
+    replacement is a STANDARD VM and the trial resumes from its checkpoint."""
+    spec = cloud_job(tmp_path, ["gcp"], trials=1, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
+    _with_startup_profile(spec, "gcp", [10.0, 12.0, 14.0])
+    plan_path = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+T4x4", counts=(1,),
+                           durations=(20.0,))
+    _spot(plan_path)
+    env = cloud_env(tmp_path)
+    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local"})
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "gcp", "--head", "local",
+                             "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir), "--deadline", "90s",
+                             "--overrun", "none"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    victim, out, err = lose_node_once_checkpointed(proc, run_dir, before_kill=gce_fake.preempt)
+    assert proc.returncode in (0, 4), err[-3000:]
+    events = _events(run_dir)
+    (lost,) = [e for e in events if e["type"] == J.INSTANCE_LOST]
+    assert lost["id"] == victim and lost["reason"] == "spot-interruption"
+    _check_fell_back_and_resumed(events, victim, trigger="preemption")
+    models = [i["scheduling"]["provisioningModel"] for i in gce_fake.inserted()]
+    assert models == ["SPOT", "STANDARD"]
+    _finished(run_dir, out)
+    assert not gce_fake.instances and not gce_fake.firewalls

@@ -1,0 +1,471 @@
+"""The executor keeps the deadline on spot: the plumbing into ``SpotPolicy``, the market step of failover, and
+preemption notices, without the slow end-to-end runs (those are in tests/test_spot_e2e.py).
+
+* pure: a stage's market, a duration at the run's confidence, the run's work left and one restart's cost;
+* the controller (stand-in backend, no Ray): a preempted spot instance's replacement stays on spot while the
+  slack covers another restart and goes on-demand (journaled, for good) when it does not;
+* failover: a spot request without spot capacity in any zone falls over to on-demand when the plan allows —
+  with fake providers, against the moto server (AWS) and the GCE fake (``provisioningModel``);
+* notices: the watcher reads AWS IMDSv2 (token, 404 until the notice) and GCP metadata (``Metadata-Flavor``)
+  from a local HTTP endpoint; a worker stops right after its checkpoint once a notice came.
+
+The tests with a server (moto, the GCE fake, the metadata endpoint) are in the e2e tier but take a second or two.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from cloud_helpers import REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401  (fixtures)
+from executor_helpers import make_plan, write_job
+from gce_fake import gce_fake  # noqa: F401  (fixture)
+
+from rubberband.catalog import load_catalog
+from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, provision_with_failover
+from rubberband.cloud.provider import Instance, InstanceRequest
+from rubberband.errors import CloudError, TrialPreempted
+from rubberband.executor import journal as J
+from rubberband.executor import notices
+from rubberband.executor import spot as S
+from rubberband.executor.controller import Controller, PoolInstance, trial_configs
+from rubberband.executor.placement import make_slots
+from rubberband.planner.policies import Market, SpotPolicy
+from rubberband.spec import load_spec
+
+# -- pure --------------------------------------------------------------------------------------------------
+
+
+def test_stage_market_reads_a_market_field_first_then_the_spot_flag():
+    @dataclass
+    class Old:
+        spot: bool
+
+    @dataclass
+    class New:
+        spot: bool
+        market: str
+
+    assert S.stage_market(Old(True)) is Market.SPOT and S.stage_market(Old(False)) is Market.ON_DEMAND
+    assert S.stage_market(New(True, "on_demand")) is Market.ON_DEMAND
+    assert S.stage_market(New(False, Market.SPOT)) is Market.SPOT
+    assert S.on_demand_allowed(Old(True))
+
+
+def test_a_duration_at_the_confidence_is_its_median_or_more():
+    assert S.at_confidence(100.0, 130.0, 0.5) == 100.0
+    assert S.at_confidence(100.0, 130.0, 0.3) == 100.0  # never counts on luck
+    assert S.at_confidence(100.0, 130.0, 0.95) == pytest.approx(130.0)
+    assert S.at_confidence(100.0, 130.0, 0.99) > 130.0
+    assert S.at_confidence(100.0, None, 0.99) == 100.0
+
+
+def test_work_left_and_one_restart():
+    later = [S.StageOutlook(100.0, 130.0), S.StageOutlook(50.0)]
+    work = S.work_left_s(current_remaining_s=40.0, current_ratio=1.5, later=later, confidence=0.95, slowdown=2.0,
+                         waiting_for_instance_s=12.0)
+    assert work == pytest.approx(40 * 1.5 + (130 + 50) * 2 + 12)
+    fast = S.work_left_s(current_remaining_s=40.0, current_ratio=0.5, later=later, confidence=0.95, slowdown=0.5)
+    assert fast == pytest.approx(40 + 180)  # a fast run so far does not shrink the estimate
+    assert S.restart_s(startup_s=20.0, restore_s=1.5, checkpoint_interval_s=6.0) == pytest.approx(27.5)
+
+
+# -- the controller's decision plumbing (no Ray) ----------------------------------------------------------
+
+
+class FakeBackend:
+    """Provision returns a new instance at once (recording the market asked for); every instance is lost."""
+
+    def __init__(self) -> None:
+        self.requests: list[InstanceRequest] = []
+        self.terminated: list[str] = []
+
+    def provision(self, request):
+        self.requests.append(request)
+        return [Instance(id=f"i-{len(self.requests)}", cloud="local", instance_type=request.instance_type.name,
+                         zone="local-a", state="running", run_id=request.run_id)]
+
+    def check_lost(self, ids):
+        return {i: "spot-interruption" for i in ids}
+
+    def terminate(self, ids):
+        self.terminated.extend(ids)
+
+
+def _spot_controller(tmp_path, *, deadline_s: float) -> tuple[Controller, FakeBackend]:
+    spec = load_spec(write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3))
+    plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[30.0])
+    plan = plan.model_copy(update={"stages": [s.model_copy(update={"spot": True, "predicted_task_s": 30.0})
+                                              for s in plan.stages]})
+    run_dir = tmp_path / "run"
+    journal = J.Journal(run_dir)
+    journal.record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
+                   plan=plan.model_dump(mode="json"), cloud="local", deadline_s=deadline_s)
+    for trial_id, bracket, index, config in trial_configs(spec, plan):
+        journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
+    backend = FakeBackend()
+    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=backend,
+                            runtime=None, run_id="r1", deadline_s=deadline_s)
+    controller.state = J.read_state(run_dir)
+    controller.startup_seconds["local.cpu2"] = [10.0, 12.0]  # measured start-ups: the restart's first part
+    return controller, backend
+
+
+def _lose_spot_instance(controller: Controller) -> list[dict]:
+    itype = controller.catalog.find("local.cpu2", cloud="local")
+    entry = PoolInstance(token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True,
+                         requested_at=time.time() - 5)
+    controller.pool[entry.token] = entry
+    controller.journal.record(J.INSTANCE_REQUESTED, t=entry.requested_at, id="n1", instance_type=itype.name,
+                              cloud="local", price_hr=0.04, spot=True, stage=0)
+    slots = make_slots(["n1"], 2, 1)
+    slots[0].trial_id = "b0-t000"
+    pending = [("b0-t001", 0)]
+    controller._handle_lost(0, {"n1": "spot-interruption"}, slots, pending, stopped=[("b0-t000", ("n1",))])
+    controller._terminator.shutdown(wait=True)
+    controller._provisioner.shutdown(wait=True)
+    return list(J.iter_events(controller.run_dir / J.JOURNAL_NAME))
+
+
+def test_preempted_spot_instance_is_replaced_on_spot_while_the_slack_covers_a_restart(tmp_path):
+    controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
+    events = _lose_spot_instance(controller)
+    (request,) = backend.requests
+    assert request.spot and request.on_demand_fallback
+    (decision,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot"]
+    assert decision["trigger"] == "preemption" and decision["id"] == "n1" and decision["market"] == "spot"
+    assert decision["slack_s"] == pytest.approx(decision["time_left_s"] - decision["work_left_s"]
+                                                - decision["restart_s"], abs=1e-2)
+    # the replacement's start-up (p90 of 10 s, 12 s) is both awaited now and in the next restart's cost
+    assert decision["restart_s"] >= 11.8 and decision["work_left_s"] >= 11.8 + 30.0
+    (replace,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replace"]
+    assert replace["spot"] is True
+    assert controller._on_spot
+
+
+def test_replacement_goes_on_demand_for_good_once_the_slack_runs_short(tmp_path):
+    controller, backend = _spot_controller(tmp_path, deadline_s=60.0)
+    events = _lose_spot_instance(controller)
+    (request,) = backend.requests
+    assert not request.spot
+    (decision,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot"]
+    assert decision["market"] == "on_demand" and decision["previous"] == "spot" and decision["slack_s"] <= 0
+    assert "on-demand keeps the deadline" in decision["reason"]
+    stage = controller.plan.stages[0]
+    # later requests of spot stages stay on-demand (no return to spot by default), quietly; and on-demand
+    # instances now serve the spot stage (they carry over as its own)
+    controller.deadline_s = 3600.0
+    assert controller._buy_spot(stage, trigger="start", waiting=2) is False
+    assert controller._fits(False, stage) and controller._fits(True, stage)
+    assert len([e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "spot"]) == 1
+    # with a policy that returns to spot when the slack is ample again, it does (and says so)
+    controller.spot_policy = SpotPolicy(return_factor=2.0)
+    assert controller._buy_spot(stage, trigger="start", waiting=2) is True
+    back = [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "spot"][-1]
+    assert back["previous"] == "on_demand" and back["market"] == "spot"
+
+
+def test_noticed_instance_takes_nothing_more_and_its_replacement_waits_for_its_trials(tmp_path):
+    controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
+    itype = controller.catalog.find("local.cpu2", cloud="local")
+    noticed = PoolInstance(token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True,
+                           requested_at=time.time() - 5)
+    controller.pool[noticed.token] = noticed
+    controller._noticed["n1"] = time.time()
+    replacement = controller._replace(noticed, "n1", "preemption-notice", waiting=2)
+    assert replacement.replaces == "n1" and "n1" in controller._replaced
+    (decision,) = [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "spot"]
+    assert decision["trigger"] == "notice"
+    slots = make_slots(["n1"], 2, 1)
+    slots[0].trial_id = "b0-t000"  # still running there: its trials move at their next checkpoint
+    controller._release_idle(0, slots)
+    assert not replacement.released  # kept although nothing waits yet
+    controller._release_noticed(0, slots)
+    assert not noticed.released  # busy: released once its trial is off it
+    slots[0].trial_id = None
+    controller._release_noticed(0, slots)
+    assert noticed.released and slots == []
+    controller._release_idle(0, slots)  # nothing moves any more and nothing waits: the replacement goes too
+    assert replacement.released
+    controller._terminator.shutdown(wait=True)
+    controller._provisioner.shutdown(wait=True)
+
+
+def test_a_stage_left_without_instances_requests_them(tmp_path):
+    controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
+    stage = controller.plan.stages[0]
+    controller._refill(0, stage, [("b0-t000", 1)])
+    controller._provisioner.shutdown(wait=True)
+    (request,) = backend.requests
+    assert request.spot and request.stage == 0
+    (replace,) = [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "replace"]
+    assert replace["id"] is None and "no instance left" in replace["reason"]
+
+
+def test_on_demand_stage_never_asks_the_spot_policy(tmp_path):
+    controller, _ = _spot_controller(tmp_path, deadline_s=1.0)
+    stage = controller.plan.stages[0].model_copy(update={"spot": False})
+    assert controller._buy_spot(stage, trigger="start", waiting=2) is False
+    assert not controller._fits(True, stage) and controller._fits(False, stage)
+    assert not [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "spot"]
+
+
+# -- failover's market step --------------------------------------------------------------------------------
+
+
+@dataclass
+class MarketProvider:
+    """Spot sold out where ``no_spot`` says (zones, or "*"); on-demand everywhere."""
+
+    no_spot: set[str]
+    calls: list[tuple[str, str | None, bool]] = field(default_factory=list)
+    cloud: str = "aws"
+
+    def provision(self, request):
+        self.calls.append((request.instance_type.name, request.zone, request.spot))
+        if request.spot and ("*" in self.no_spot or request.zone in self.no_spot):
+            raise CloudError("no spot capacity", kind="capacity", code="InsufficientInstanceCapacity",
+                             zone=request.zone)
+        return [Instance(id=f"i-{len(self.calls)}", cloud="aws", instance_type=request.instance_type.name,
+                         zone=request.zone or "", state="running", run_id=request.run_id)]
+
+
+def test_spot_capacity_falls_over_zones_then_to_on_demand_and_blocks_per_market():
+    catalog = cloud_catalog()
+    p3 = catalog.find("p3.2xlarge", region=REGION)
+    provider = MarketProvider({"*"})
+    policy = FailoverPolicy()
+    result = provision_with_failover(InstanceRequest("r", 0, p3, spot=True, on_demand_fallback=True),
+                                     lambda t: provider, policy=policy, on_demand_fallback=True)
+    assert not result.spot and result.zone == "use1-az1"
+    assert provider.calls == [("p3.2xlarge", "use1-az1", True), ("p3.2xlarge", "use1-az2", True),
+                              ("p3.2xlarge", "use1-az1", False)]
+    assert [(a.market, a.outcome) for a in result.attempts] == [("spot", "capacity"), ("spot", "capacity"),
+                                                                ("on_demand", "ok")]
+    assert policy.is_blocked(p3, "use1-az1", spot=True) and not policy.is_blocked(p3, "use1-az1")
+    # the next spot request skips the blocked spot zones at once
+    provider.calls.clear()
+    again = provision_with_failover(InstanceRequest("r", 0, p3, spot=True), lambda t: provider, policy=policy,
+                                    on_demand_fallback=True)
+    assert provider.calls == [("p3.2xlarge", "use1-az1", False)] and not again.spot
+    # a spot zone with capacity is taken on spot; without the plan's leave, no on-demand
+    provider = MarketProvider({"use1-az1"})
+    got = provision_with_failover(InstanceRequest("r", 0, p3, spot=True), lambda t: provider, on_demand_fallback=True)
+    assert got.spot and got.zone == "use1-az2"
+    provider = MarketProvider({"*"})
+    with pytest.raises(FailoverExhausted):
+        provision_with_failover(InstanceRequest("r", 0, p3, spot=True), lambda t: provider)
+    assert all(spot for _, _, spot in provider.calls)
+
+
+def test_aws_spot_without_capacity_becomes_on_demand_through_the_backend(moto_env, ec2_faults):
+    """moto server: spot sold out in every zone (on-demand still sells): the worker is on-demand, and says so."""
+    from rubberband.cloud.backend import CloudBackend
+    from rubberband.cloud.head import provision_head
+    from rubberband.cloud.registry import ProviderPool
+    from rubberband.cloud.teardown import terminate_run
+
+    catalog = cloud_catalog()
+    p3 = catalog.find("p3.2xlarge", region=REGION)
+    pool = ProviderPool({"aws": {"poll_s": 0.01}})
+    provider = pool("aws", REGION)
+    head = provision_head(provider, "run-m", REGION, p3.zones, timeout_s=10)
+    backend = CloudBackend(pool, head, join_check=lambda i, t: None)
+    ec2_faults.capacity, ec2_faults.capacity_spot_only = {"*"}, True
+    (worker,) = backend.provision(InstanceRequest("run-m", 0, p3, spot=True, on_demand_fallback=True))
+    got = backend.obtained(worker.id)
+    assert got.spot is False and got.instance_type == p3
+    assert [spot for _, _, spot in ec2_faults.calls[1:]] == [True, True, False]  # after the head's on-demand call
+    import boto3
+
+    described = boto3.client("ec2", region_name=REGION).describe_instances(InstanceIds=[worker.id])
+    (inst,) = [i for r in described["Reservations"] for i in r["Instances"]]
+    assert "InstanceLifecycle" not in inst  # on-demand (a spot instance says "spot")
+    terminate_run(provider, "run-m", timeout_s=10)
+    assert provider.list() == []
+
+
+def test_gcp_spot_stockout_becomes_a_standard_vm(gce_fake):
+    """GCE fake (strict): SPOT inserts sold out in every zone, STANDARD ones sell: the fall-back is STANDARD."""
+    from rubberband.cloud.gcp import GcpProvider
+    from rubberband.cloud.teardown import terminate_run
+
+    catalog = cloud_catalog()
+    t4 = catalog.find("n1-standard-8+T4x4", region="us-central1")
+    provider = GcpProvider("us-central1", endpoint=gce_fake.url, poll_s=0.01)
+    gce_fake.stockout_zones, gce_fake.stockout_spot_only = {"us-central1-a"}, True
+    result = provision_with_failover(InstanceRequest("run-g", 0, t4, spot=True, on_demand_fallback=True),
+                                     lambda t: provider, on_demand_fallback=True)
+    assert not result.spot
+    models = [i["scheduling"]["provisioningModel"] for i in gce_fake.inserted()]
+    assert models == ["SPOT", "STANDARD"]  # the SPOT insert's operation ended ZONE_RESOURCE_POOL_EXHAUSTED
+    (vm,) = gce_fake.instances.values()
+    assert vm["scheduling"]["provisioningModel"] == "STANDARD"
+    assert not gce_fake.rejected
+    terminate_run(provider, "run-g", timeout_s=10)
+    assert not gce_fake.instances
+
+
+# -- preemption notices --------------------------------------------------------------------------------------
+
+
+class Metadata(http.server.ThreadingHTTPServer):
+    """A local metadata server: AWS IMDSv2 (token required; instance-action 404 until ``notice``) and GCP
+    (``Metadata-Flavor: Google`` required; ``instance/preempted`` FALSE until ``notice``); per instance when the
+    path starts with ``/<instance id>/``."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.noticed: set[str] = set()  # instance ids (or "" for every path) with a notice
+        self.seen: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _send(self, status: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self):  # noqa: N802
+                server.seen.append(f"PUT {self.path}")
+                if self.path.endswith("/latest/api/token") and self.headers.get(
+                        "X-aws-ec2-metadata-token-ttl-seconds"):
+                    return self._send(200, "TOKEN-1")
+                return self._send(400)
+
+            def do_GET(self):  # noqa: N802
+                server.seen.append(f"GET {self.path}")
+                who = self.path.split("/")[1] if self.path.count("/") > 2 else ""
+                noticed = "" in server.noticed or who in server.noticed
+                if self.path.endswith("/latest/meta-data/spot/instance-action"):
+                    if self.headers.get("X-aws-ec2-metadata-token") != "TOKEN-1":
+                        return self._send(401)
+                    if not noticed:
+                        return self._send(404)
+                    return self._send(200, json.dumps({"action": "terminate", "time": "2026-11-24T04:00:00Z"}))
+                if self.path.endswith("/instance/preempted"):
+                    if self.headers.get("Metadata-Flavor") != "Google":
+                        return self._send(403)
+                    return self._send(200, "TRUE" if noticed else "FALSE")
+                return self._send(404)
+
+        server = self
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/"
+
+
+@pytest.fixture
+def metadata() -> Iterator[Metadata]:
+    server = Metadata()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.mark.e2e  # a local HTTP server (fast)
+def test_aws_notice_read_with_an_imdsv2_token(metadata):
+    reader = notices.NoticeReader(notices.NoticeSource("aws", metadata.url))
+    assert reader.read() is None  # 404: nothing scheduled
+    metadata.noticed.add("")
+    notice = reader.read()
+    assert notice == {"cloud": "aws", "action": "terminate", "time": "2026-11-24T04:00:00Z"}
+    assert metadata.seen.count("PUT /latest/api/token") == 1  # the token is reused
+
+
+@pytest.mark.e2e  # a local HTTP server (fast)
+def test_gcp_notice_and_per_instance_endpoints(metadata):
+    source = notices.notice_source("gcp", {notices.METADATA_URL_ENV: metadata.url + "{instance}"})
+    reader = notices.NoticeReader(source.for_instance("vm-1"))
+    other = notices.NoticeReader(source.for_instance("vm-2"))
+    assert reader.read() is None
+    metadata.noticed.add("vm-1")
+    assert reader.read() == {"cloud": "gcp", "action": "preempted", "time": None}
+    assert other.read() is None and "GET /vm-1/instance/preempted" in metadata.seen
+
+
+def test_notice_sources_default_to_the_clouds_metadata_servers():
+    assert notices.notice_source("aws", {}).base_url == "http://169.254.169.254/"
+    assert notices.notice_source("gcp", {}).base_url.startswith("http://metadata.google.internal/")
+    assert notices.notice_source("local", {notices.METADATA_URL_ENV: "http://x/"}) is None
+
+
+def test_no_metadata_server_is_no_notice():
+    reader = notices.NoticeReader(notices.NoticeSource("aws", "http://127.0.0.1:9/"), timeout_s=0.5)
+    assert reader.read() is None
+
+
+@pytest.mark.e2e  # a local HTTP server (fast)
+def test_watcher_polls_until_the_notice_and_answers_at_once(metadata):
+    watcher = notices.NoticeWatcher(notices.NoticeSource("aws", metadata.url), poll_s=0.05)
+    try:
+        assert watcher.notice() is None and watcher.wait_notice(0.2) is None
+        metadata.noticed.add("")
+        notice = watcher.wait_notice(5.0)
+        assert notice is not None and notice["action"] == "terminate" and notice["seen_at"] <= time.time()
+        assert watcher.notice() == notice
+    finally:
+        watcher.stop()
+
+
+def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypatch):
+    from rubberband.executor.checkpoints import latest_epoch
+    from rubberband.executor.context import WorkerContext
+
+    monkeypatch.setenv(notices.WATCHERS_ENV, "rb-notice-i-1")
+    asked: list[list[str]] = []
+    answer: dict = {}
+
+    def check(names, cache, **_):
+        asked.append(list(names))
+        return answer.get("notice")
+
+    monkeypatch.setattr(notices, "check_watchers", check)
+    ctx = WorkerContext(trial_id="b0-t000", start_epoch=0, end_epoch=3, rank=0, world_size=1, local_rank=0,
+                        device="cpu", process_group=None, checkpoint_dir=str(tmp_path / "ck"))
+    ctx.report(0, loss=1.0)
+    ctx.save_checkpoint({"w": 1})  # no notice: goes on
+    answer["notice"] = {"cloud": "aws", "action": "terminate"}
+    ctx.report(1, loss=0.5)
+    with pytest.raises(notices.PreemptionNotice, match="after the checkpoint of epoch 1"):
+        ctx.save_checkpoint({"w": 2})
+    assert latest_epoch(tmp_path / "ck") == 1 and ctx.preemption_notice["action"] == "terminate"
+    assert asked == [["rb-notice-i-1"], ["rb-notice-i-1"]]
+    other = WorkerContext(trial_id="b0-t000", start_epoch=0, end_epoch=3, rank=1, world_size=2, local_rank=1,
+                          device="cpu", process_group=None, checkpoint_dir=str(tmp_path / "ck"))
+    with pytest.raises(notices.PreemptionNotice):  # every rank stops at the same point
+        other.save_checkpoint({"w": 2})
+
+
+def test_a_preempted_rank_makes_the_trial_preempted_not_failed():
+    from rubberband.executor.trials import TrialRun, TrialSpec
+    from rubberband.executor.worker import WorkerFailure
+
+    run = TrialRun.__new__(TrialRun)
+    run.spec = TrialSpec(trial_id="b0-t000", config={}, entry_point="m:f", code_dir="", start_epoch=0, end_epoch=3,
+                         placement=("rb-node-a", "rb-node-a"), checkpoint_dir="")
+    run._refs = ["r0", "r1"]
+    failures = [WorkerFailure(rank=1, kind="train", error_type="DistBackendError", message="gloo: connection closed",
+                              failed_at=1.0),
+                WorkerFailure(rank=0, kind="preempted", error_type="PreemptionNotice",
+                              message="preemption notice (aws terminate): stopped after the checkpoint of epoch 1",
+                              failed_at=2.0)]
+    error = run._training_error(failures, {}, [])
+    assert isinstance(error, TrialPreempted) and "rank 0" in str(error)
