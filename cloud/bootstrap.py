@@ -8,10 +8,13 @@ the run's Ray head or joins the head as a worker node that offers the custom res
 (:mod:`rubberband.cloud.head`) and the training code come with the CLI's Ray jobs
 (:mod:`rubberband.cloud.shipping`), never from a package index.
 
-Safety nets that need no API permission: the instance's ``shutdown`` terminates it
-(AWS ``InstanceInitiatedShutdownBehavior=terminate``), a hard lifetime cap schedules that
-shutdown at boot, and a worker that cannot reach its head for ``head_lost_timeout_s``
-shuts itself down.
+Safety nets that need no API permission, set up before anything that can fail (pip, Ray):
+the hard lifetime cap is scheduled first (``shutdown +N``; the instance's ``shutdown`` terminates
+it on AWS, ``InstanceInitiatedShutdownBehavior=terminate``, and GCP deletes it at its
+``maxRunDuration``), then the node's watchdog (:func:`render_node_watchdog`) is installed as a
+systemd service, so it survives a reboot: it powers the node off at the cap, after a failed or
+hung boot, when a worker cannot reach its head for ``head_lost_timeout_s``, and when the head's
+run was never submitted or its run watchdog asks for it.
 
 A script never carries a credential: the renderer takes none, and
 :func:`assert_no_credentials` refuses anything that looks like one. Instances get their
@@ -126,6 +129,23 @@ class WatchdogSettings:
     poll_s: float = 30.0
 
 
+#: The longest any node of a run may live, whatever the plan says (the head's default cap).
+MAX_LIFETIME_CEILING_S = 7 * 24 * 3600.0
+#: What a lifetime cap allows beyond the run itself: booting the head, starting workers, fetching results.
+LIFETIME_MARGIN_S = 1800.0
+
+
+def lifetime_cap_s(deadline_s: float | None, overrun_s: float = 0.0, grace_s: float = 0.0, *,
+                   margin_s: float = LIFETIME_MARGIN_S, ceiling_s: float = MAX_LIFETIME_CEILING_S) -> float:
+    """A run's hard lifetime cap from its plan: deadline + overrun + results grace + a boot margin.
+
+    No deadline, or an unbounded overrun (``--overrun none``), leaves only the ceiling. Pure: the
+    head's watchdog settings and every worker's cap (measured from the run's start) come from it."""
+    if deadline_s is None or deadline_s <= 0 or overrun_s is None or overrun_s == float("inf"):
+        return ceiling_s
+    return min(ceiling_s, float(deadline_s) + max(0.0, float(overrun_s)) + max(0.0, float(grace_s)) + margin_s)
+
+
 #: Python interpreters of the images rubberband boots, tried before ``python3.X`` / ``python3`` on PATH:
 #: the PyTorch Deep Learning AMI's environment and the Deep Learning VM's conda.
 IMAGE_PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/bin/python3")
@@ -134,6 +154,8 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 BOOT_FAILED = "rubberband-boot: FAILED:"
 #: A file the head's watchdog (a Ray job, without the rights of the boot) writes to ask for a power-off.
 POWEROFF_MARKER = "POWEROFF"
+#: The node watchdog's systemd unit (installed by every startup script before anything that can fail).
+WATCHDOG_UNIT = "rubberband-watchdog.service"
 METADATA_URLS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
 
 
@@ -173,6 +195,9 @@ class BootstrapConfig:
     #: interpreters of the image tried first (AWS Deep Learning AMI, GCP Deep Learning VM: they carry CUDA torch)
     image_pythons: tuple[str, ...] = IMAGE_PYTHONS
     metadata_url: str | None = None  # the cloud's metadata server (default: the cloud's own)
+    state_dir: str = "/var/lib/rubberband"  # the node watchdog's script and state (boot time, cap, markers)
+    systemd_dir: str = "/etc/systemd/system"  # where the watchdog's unit goes
+    boot_timeout_s: float = 3600.0  # a boot not finished by then (hung pip, ...) powers the node off
     shutdown_command: str = "shutdown -h"  # + "now" / "+MINUTES": powers the instance off (terminates on AWS)
     torch_cpu_index: str = TORCH_CPU_INDEX
 
@@ -229,6 +254,120 @@ def _torch_lines(config: BootstrapConfig, py: str) -> list[str]:
     ]
 
 
+def render_node_watchdog(config: BootstrapConfig) -> str:
+    """The node's own watchdog (bash, no API permission needed), run as the systemd service :data:`WATCHDOG_UNIT`.
+
+    Every ``poll`` seconds it powers the node off (``shutdown_command now``; on AWS that terminates
+    it, on GCP the cloud's ``maxRunDuration`` deletes it) when
+
+    * the node reached its lifetime cap (``<state_dir>/expires_at``, written once at first boot);
+    * the boot failed (``<state_dir>/failed``) ten minutes ago, or did not finish within ``boot_timeout_s``;
+    * head: the run's watchdog job left :data:`POWEROFF_MARKER` (it could not terminate the head through
+      the API), or no run was submitted within ``submit_timeout_s`` of boot;
+    * worker: the head's Ray did not answer for ``head_lost_timeout_s``.
+
+    Being a service, it comes back after a reboot (which drops a pending ``shutdown +N``) and after a crash.
+    """
+    state = _q(config.state_dir)
+    run_dir = f"{_q(config.run_root)}/{_q(config.run_id)}"
+    ray = f"{_q(config.venv)}/bin/python -m ray.scripts.scripts"
+    poll = 5 if config.role == "head" else 60
+    lines = [
+        "#!/bin/bash",
+        f"# rubberband node watchdog of run {config.run_id} ({config.role}); installed by the startup script as",
+        f"# {WATCHDOG_UNIT} before anything that can fail. Needs no cloud permission.",
+        f"STATE={state}",
+        "echo $$ > \"$STATE/watchdog.pid\"",
+        f"off() {{ echo \"rubberband-boot: $(date -u +%H:%M:%S) watchdog: $*: powering off\" "
+        f">> {_q(config.console)} 2>/dev/null || true; {config.shutdown_command} now; exit 0; }}",
+        "export RAY_USAGE_STATS_ENABLED=0",
+        *_ray_auth_lines(config),
+        "booted=\"$(cat \"$STATE/booted_at\" 2>/dev/null || date +%s)\"",
+        "lost=0",
+        "while [ -d \"$STATE\" ]; do",
+        "  now=\"$(date +%s)\"",
+        "  if [ -s \"$STATE/expires_at\" ] && [ \"$now\" -ge \"$(cat \"$STATE/expires_at\")\" ]; then",
+        "    off 'the node reached its lifetime cap'; fi",
+        "  if [ -e \"$STATE/failed\" ]; then",
+        "    if [ $((now - $(stat -c %Y \"$STATE/failed\"))) -ge 600 ]; then off 'the boot failed'; fi",
+        "  elif [ ! -e \"$STATE/ready\" ]; then",
+        f"    if [ $((now - booted)) -ge {int(config.boot_timeout_s)} ]; then "
+        f"off 'the boot did not finish within {int(config.boot_timeout_s)}s'; fi",
+    ]
+    if config.role == "head":
+        wd = config.watchdog
+        lines += [
+            "  else",
+            f"    if [ -e {run_dir}/{POWEROFF_MARKER} ]; then off \"the run's watchdog ended the run\"; fi",
+            f"    if [ $((now - booted)) -ge {int(wd.submit_timeout_s)} ] && [ -z \"$(ls -A {run_dir} 2>/dev/null)\" ]; "
+            f"then off 'no run was submitted within {int(wd.submit_timeout_s)}s of boot'; fi",
+        ]
+    else:
+        head = _q(f"{config.head_address}:{config.ray_port}")
+        lines += [
+            "  else",
+            f"    if {ray} health-check --address {head} >/dev/null 2>&1; then lost=0; else lost=$((lost + {poll})); fi",
+            f"    if [ \"$lost\" -ge {int(config.head_lost_timeout_s)} ]; then off \"the head was unreachable for "
+            f"${{lost}}s\"; fi",
+        ]
+    lines += [
+        "  fi",
+        f"  sleep {poll} || exit 1",
+        "done",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _ray_auth_lines(config: BootstrapConfig) -> list[str]:
+    """Ray's authentication mode for every Ray process of the node (the boot's and the watchdog's)."""
+    return ["export RAY_AUTH_MODE=disabled"]
+
+
+def _safety_net_lines(config: BootstrapConfig) -> list[str]:
+    """The lifetime cap, then the node watchdog as a systemd service: the first things a boot does."""
+    state = _q(config.state_dir)
+    lines = [f"mkdir -p {state}", f"chmod 700 {state}",
+             f"[ -s {state}/booted_at ] || date +%s > {state}/booted_at"]
+    if config.max_lifetime_s:
+        minutes = max(1, int(config.max_lifetime_s // 60))
+        lines += ["# hard lifetime cap first: powering off terminates this instance (AWS; GCP deletes it at its "
+                  "maxRunDuration)",
+                  f"{config.shutdown_command} +{minutes} || true",
+                  f"[ -s {state}/expires_at ] || echo $(( $(date +%s) + {int(config.max_lifetime_s)} )) "
+                  f"> {state}/expires_at"]
+    unit = "\n".join([
+        "[Unit]",
+        f"Description=rubberband safety nets of run {config.run_id} (lifetime cap, failed boot, lost head)",
+        "After=network-online.target",
+        "[Service]",
+        "Type=simple",
+        f"ExecStart=/bin/bash {config.state_dir}/watchdog.sh",
+        "Restart=always",
+        "RestartSec=10",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ])
+    lines += [
+        "# the node's watchdog, as a service (it survives reboots and crashes), before anything that can fail",
+        f"cat > {state}/watchdog.sh <<'RB_WATCHDOG'",
+        render_node_watchdog(config).rstrip("\n"),
+        "RB_WATCHDOG",
+        f"chmod 700 {state}/watchdog.sh",
+        f"mkdir -p {_q(config.systemd_dir)}",
+        f"cat > {_q(config.systemd_dir)}/{WATCHDOG_UNIT} <<'RB_UNIT'",
+        unit,
+        "RB_UNIT",
+        f"if command -v systemctl >/dev/null 2>&1 && systemctl daemon-reload && systemctl enable --now {WATCHDOG_UNIT}; "
+        "then",
+        f"  say 'watchdog: systemd service {WATCHDOG_UNIT}'",
+        "else",
+        "  say 'watchdog: no systemd here; running it in the background'",
+        f"  nohup /bin/bash {state}/watchdog.sh </dev/null >/dev/null 2>&1 &",
+        "fi",
+    ]
+    return lines
+
+
 def render_startup_script(config: BootstrapConfig) -> str:
     """The bash script a node runs at first boot (EC2 user-data / GCE startup-script).
 
@@ -260,20 +399,16 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"mkdir -p {_q(config.log_dir)}",
         f"exec > >(tee -a {_q(config.log_dir)}/rubberband-boot.log {_q(config.console)} >/dev/null) 2>&1",
         "say() { echo \"rubberband-boot: $(date -u +%H:%M:%S) $*\"; }",
-        f"fail() {{ echo \"{BOOT_FAILED} $*\"; {config.shutdown_command} +10 || true; exit 1; }}",
+        f"fail() {{ echo \"{BOOT_FAILED} $*\"; touch {_q(config.state_dir)}/failed 2>/dev/null || true; "
+        f"{config.shutdown_command} +10 || true; exit 1; }}",
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
         f"say 'booting a {config.role} of run {config.run_id}'",
-    ]
-    if config.max_lifetime_s:
-        minutes = max(1, int(config.max_lifetime_s // 60))
-        lines += ["# hard lifetime cap: powering off terminates this instance",
-                  f"{config.shutdown_command} +{minutes} || true"]
-    lines += [
+        *_safety_net_lines(config),
         f"RB_RUN_ID={_q(config.run_id)}",
         *_instance_id_lines(config.cloud, url),
         "export RAY_USAGE_STATS_ENABLED=0",
-        "# cluster traffic is confined to the run's security group / firewall tag (see docs/clouds.md)",
-        "export RAY_AUTH_MODE=disabled",
+        "# cluster traffic is confined to the run's security group / firewall rules (see docs/clouds.md)",
+        *_ray_auth_lines(config),
         f"# an interpreter with the client's Python {want} (Ray needs the same minor on every node)",
         "RB_PY=''",
         f"for cand in {candidates}; do",
@@ -320,14 +455,8 @@ def render_startup_script(config: BootstrapConfig) -> str:
             "# the head schedules no trial work; dashboard and job server listen on localhost (reach them over SSH)",
             f"{ray} start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
             f"--dashboard-port={config.dashboard_port} --resources='{json.dumps({'rb-head': 1})}'{more}",
-            "# until the CLI submits the run (and its watchdog job), and whenever that watchdog asks, power off here",
-            "(waited=0; while sleep 5; do waited=$((waited + 5))",
-            f"   if [ -e {run_dir}/{POWEROFF_MARKER} ]; then say 'the watchdog ended the run: powering off'; "
-            f"{config.shutdown_command} now; break; fi",
-            f"   if [ \"$waited\" -ge {int(wd.submit_timeout_s)} ] && [ -z \"$(ls -A {run_dir})\" ]; then",
-            f"     say 'no run was submitted within {wd.submit_timeout_s:g}s of boot: powering off'; "
-            f"{config.shutdown_command} now; break; fi",
-            " done) </dev/null &",
+            f"# an unsubmitted run ({int(wd.submit_timeout_s)}s) and the run watchdog's {POWEROFF_MARKER} marker: "
+            f"the node watchdog ({WATCHDOG_UNIT})",
         ]
     else:
         head = f"{config.head_address}:{config.ray_port}"
@@ -337,12 +466,8 @@ def render_startup_script(config: BootstrapConfig) -> str:
             f"RB_HEAD={_q(head)}",
             f"{ray} start --address=\"${{RB_HEAD}}\" {device} "
             f"--resources=\"{{\\\"rb-node-${{INSTANCE_ID}}\\\": {config.workers}}}\"{more}",
-            "# head-loss watchdog: a worker whose head is gone powers off (and so terminates)",
-            "(lost=0; while sleep 60; do",
-            f"   if {ray} health-check --address \"${{RB_HEAD}}\" >/dev/null 2>&1; then lost=0;",
-            "   else lost=$((lost + 60)); fi",
-            f"   if [ \"$lost\" -ge {int(config.head_lost_timeout_s)} ]; then {config.shutdown_command} now; fi",
-            " done) </dev/null >/dev/null 2>&1 &",
+            f"# a head unreachable for {int(config.head_lost_timeout_s)}s powers this worker off: the node watchdog "
+            f"({WATCHDOG_UNIT})",
         ]
-    lines += ["say 'ready: Ray is up'", "trap - ERR"]
+    lines += [f"touch {_q(config.state_dir)}/ready", "say 'ready: Ray is up'", "trap - ERR"]
     return assert_no_credentials("\n".join(lines) + "\n")
