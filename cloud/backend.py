@@ -35,6 +35,9 @@ from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provi
 from rubberband.cloud.registry import ProviderPool
 from rubberband.errors import CloudError
 
+#: The shortest cap a worker gets, however close the run's end: time to boot and be terminated by the executor.
+MIN_WORKER_LIFETIME_S = 1200.0
+
 JoinCheck = Callable[[Instance, float], None]
 
 
@@ -115,6 +118,10 @@ class CloudBackend:
     join_check: JoinCheck = ray_join_check
     max_lifetime_s: float | None = None
     requirements: tuple[str, ...] = ()  # the spec's own packages, installed by each worker's boot
+    #: POSIX time by which every worker of the run must be gone (the run's start + :func:`lifetime_cap_s`):
+    #: each worker's cap (``shutdown +N``, GCP ``maxRunDuration``) is what is left of it when it is requested
+    expires_at: float | None = None
+    clock: Callable[[], float] = time.time
     attempts: list[Attempt] = field(default_factory=list)
     _where: dict[str, Provider] = field(default_factory=dict, init=False, repr=False)
     _obtained: dict[str, Obtained] = field(default_factory=dict, init=False, repr=False)
@@ -135,12 +142,21 @@ class CloudBackend:
 
     # -- Provider ----------------------------------------------------------------------------
 
+    def worker_lifetime_s(self) -> float | None:
+        """A worker's hard lifetime cap if requested now: ``max_lifetime_s`` and what is left until ``expires_at``
+        (at least :data:`MIN_WORKER_LIFETIME_S`, so that a late request still boots)."""
+        caps = [c for c in (self.max_lifetime_s,
+                            None if self.expires_at is None else
+                            max(MIN_WORKER_LIFETIME_S, self.expires_at - self.clock())) if c]
+        return min(caps) if caps else None
+
     def provision(self, request: InstanceRequest) -> list[Instance]:
+        cap = request.max_lifetime_s or self.worker_lifetime_s()
         worker = dataclasses.replace(request, extra_tags={**request.extra_tags, TAG_ROLE: "worker"},
-                                     max_lifetime_s=request.max_lifetime_s or self.max_lifetime_s)
+                                     max_lifetime_s=cap)
 
         def render(candidate: InstanceType) -> Provider:  # the script depends on the type actually tried
-            return _ScriptFor(self.pool.for_type(candidate), self.head, self.max_lifetime_s, self.requirements)
+            return _ScriptFor(self.pool.for_type(candidate), self.head, cap, self.requirements)
 
         alternatives = [t for t in self.alternatives(request.instance_type)
                         if not request.spot or t.spot_price_hr is not None]  # a spot request needs a spot offer

@@ -126,6 +126,9 @@ def _load_inputs(stage: Path):
 def run(args: argparse.Namespace) -> int:
     """Execute the staged run on this head; always leave the DONE marker."""
     from rubberband.catalog import load_catalog
+    import time
+
+    from rubberband.cloud.bootstrap import lifetime_cap_s
     from rubberband.cloud.head import DONE_MARKER
     from rubberband.cloud.registry import ProviderPool
     from rubberband.cloud.testboot import boot_mode
@@ -146,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
                                      regions=list(dict.fromkeys(s.region for s in plan.stages)), pool=pool,
                                      catalog=load_catalog([args.cloud]), test_boot=test_boot, head_instance=head,
                                      ray_address=os.environ.get("RAY_ADDRESS", ""), head_grace_s=args.head_grace,
-                                     requirements=tuple(spec.requirements))
+                                     requirements=tuple(spec.requirements),
+                                     expires_at=time.time() + lifetime_cap_s(args.deadline or plan.deadline_s,
+                                                                             args.overrun_s, args.head_grace))
         result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
                          backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
                          overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile,

@@ -58,6 +58,7 @@ class LocalHeadCloudBackend:
     test_boot: str | None = None
     ray_auth_mode: str = "disabled"
     requirements: tuple[str, ...] = ()  # the spec's `requirements`, installed by each worker's boot
+    expires_at: float | None = None  # POSIX time by which every worker must be gone (bootstrap.lifetime_cap_s)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -69,7 +70,7 @@ class LocalHeadCloudBackend:
         join = self._boot_locally if self.test_boot == "local" else ray_join_check
         self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join, alternatives=self._alternatives,
                                     boot_timeout_s=600.0, join_timeout_s=600.0,
-                                    requirements=tuple(self.requirements))
+                                    requirements=tuple(self.requirements), expires_at=self.expires_at)
 
     @property
     def device_policy(self) -> DevicePolicy:
@@ -177,7 +178,12 @@ class LocalHeadCloudBackend:
             self.local.terminate([r.id for r in self.local.records() if r.role == "node"])
 
 
-def make_cloud_backend(cloud: str, run_dir: str | Path, regions: list[str]) -> LocalHeadCloudBackend:
-    """The executor's backend for ``cloud`` in ``regions`` (the plan's), honouring the test boot hook."""
+def make_cloud_backend(cloud: str, run_dir: str | Path, regions: list[str], *,
+                       lifetime_cap_s: float | None = None) -> LocalHeadCloudBackend:
+    """The executor's backend for ``cloud`` in ``regions`` (the plan's), honouring the test boot hook; workers
+    live at most ``lifetime_cap_s`` from now (``bootstrap.lifetime_cap_s`` of the run)."""
+    import time
+
     return LocalHeadCloudBackend(cloud=cloud, run_dir=Path(run_dir), regions=list(dict.fromkeys(regions)),
-                                 test_boot=boot_mode())
+                                 test_boot=boot_mode(),
+                                 expires_at=None if lifetime_cap_s is None else time.time() + lifetime_cap_s)

@@ -383,11 +383,14 @@ def register(app: typer.Typer) -> None:
             if resume is not None:
                 raise InputError(f"--resume restarts an executor on this machine; a run on a head instance is "
                                  f"followed with `rubberband run --attach {resume}` (or pass --head local)")
-            from rubberband.cloud.bootstrap import WatchdogSettings
+            from rubberband.cloud.bootstrap import WatchdogSettings, lifetime_cap_s
             from rubberband.cloud.head_session import HeadOptions
 
+            # the head's hard cap comes from the plan: deadline + overrun + results grace (+ boot margin)
             watchdog = WatchdogSettings(stall_timeout_s=deadline_flag(stall_timeout, "--stall-timeout"),
-                                        done_grace_s=grace_s)
+                                        done_grace_s=grace_s,
+                                        max_lifetime_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s,
+                                                                      grace_s))
             options = HeadOptions(ssh_cidr=ssh_cidr, ssh_key=ssh_key, key_name=key_name, ssh_user=ssh_user,
                                   watchdog=watchdog, instance_profile=instance_profile,
                                   service_account=service_account)
@@ -396,7 +399,11 @@ def register(app: typer.Typer) -> None:
                                trial_runtime=trial_runtime, detach=detach, on_late=on_late)
         if backend_cloud in ("aws", "gcp") and resume is None:
             note_head_billing(plan, head_mode=False)
-        backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages])
+        from rubberband.cloud.bootstrap import lifetime_cap_s
+
+        backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages],
+                               lifetime_cap_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s,
+                                                             0.0) if backend_cloud in ("aws", "gcp") else None)
         result = execute(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                          backend=backend, trial_runtime=trial_runtime, deadline_s=deadline_s,
                          overrun_s=overrun_s, resume=resume is not None, on_late=on_late)
