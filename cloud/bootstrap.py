@@ -91,11 +91,15 @@ def cloud_run_id(text: str) -> str:
 
 
 def check_ssh_cidr(cidr: str) -> str:
-    """A CIDR SSH may come from; the whole internet (a /0) is refused."""
+    """An IPv4 CIDR SSH may come from; the whole internet (a /0) is refused, and so is IPv6: the run's head has
+    only an IPv4 public address (default VPC / network), so an IPv6 rule would let nobody in."""
     try:
         network = ipaddress.ip_network(cidr, strict=False)
     except ValueError:
         raise InputError(f"SSH CIDR {cidr!r} is not a network address; give e.g. 203.0.113.7/32") from None
+    if network.version == 6:
+        raise InputError(f"SSH CIDR {cidr} is IPv6, but the run's head has only an IPv4 public address: give your "
+                         f"IPv4 address, e.g. 203.0.113.7/32 (`curl -4 ifconfig.me` shows it)")
     if network.prefixlen == 0:
         raise InputError(f"SSH CIDR {cidr} would open SSH to the whole internet; give your own address, "
                          f"e.g. 203.0.113.7/32")

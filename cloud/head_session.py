@@ -44,16 +44,15 @@ from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
 from rubberband.cloud.head_job import STAGE_DIR, LogFilter, unpack
 from rubberband.cloud.head_link import DirectLink, HeadLink, SshTunnel
 from rubberband.cloud.provider import Instance
+from rubberband.cloud.shipping import NOISE_EXCLUDES, SECRET_EXCLUDES
 from rubberband.errors import CloudError, InputError, RunDirError
 from rubberband.plan import Plan
 from rubberband.spec import JobSpec
 
 HEAD_RECORD = "head.json"
-#: Never shipped to the head with the training code: VCS and environments, caches, run directories, and
-#: files that commonly hold secrets (the head gets its cloud access from its own identity).
-CODE_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", "runs",
-                 ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", ".aws", ".ssh", ".netrc",
-                 "credentials*", "*service-account*.json", ".git-credentials")
+#: Never shipped to the head with the training code (see :class:`rubberband.cloud.shipping.CodeFilter`, which adds the
+#: code directory's ``.gitignore`` and ``.rubberbandignore``): secrets, VCS, environments, caches, run directories.
+CODE_EXCLUDES = (*NOISE_EXCLUDES, *SECRET_EXCLUDES)
 MAX_CODE_BYTES = 100 * 1024 ** 2
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 #: How long the link to a head may stay broken (no log, no status) before the CLI gives up following the run.
@@ -137,7 +136,11 @@ def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> No
     to open, the key (and its EC2 key pair)."""
     from rubberband.cloud.identity import from_options
 
+    from rubberband.cloud.bootstrap import check_ssh_cidr
+
     from_options(cloud, options.instance_profile, options.service_account)
+    if options.ssh_cidr:
+        check_ssh_cidr(options.ssh_cidr)  # before anything is created
     if test_boot:
         return
     if not (options.ssh_cidr and options.ssh_key and (options.key_name or cloud != "aws")):
@@ -209,15 +212,17 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
     """The job's working directory: the spec's code directory, plus ``_rubberband/`` with spec, plan, profile."""
     from rubberband.plan import write_plan
 
+    from rubberband.cloud.shipping import CodeFilter
+
     source = Path(spec.base_dir)
-    size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file() and not
-               any(part in CODE_EXCLUDES for part in p.relative_to(source).parts))
+    code = CodeFilter(source)
+    size = sum((source / rel).stat().st_size for rel in code.files())
     if size > MAX_CODE_BYTES:
         raise InputError(f"the training code directory {source} holds {size / 1024 ** 2:.0f} MiB; the head takes "
                          f"at most {MAX_CODE_BYTES // 1024 ** 2} MiB: move data sets out of it (download them in "
-                         f"train)")
+                         f"train) or list them in {source}/.rubberbandignore")
     work = into / "code"
-    shutil.copytree(source, work, ignore=shutil.ignore_patterns(*CODE_EXCLUDES), symlinks=False)
+    code.copy_to(work)
     stage = work / STAGE_DIR
     stage.mkdir()
     data = spec.model_dump(mode="json", exclude={"base_dir"})

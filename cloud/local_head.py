@@ -104,11 +104,10 @@ class LocalHeadCloudBackend:
     def runtime_env(self, code_dir: str) -> dict | None:
         """What the driver's job ships to the workers (cloud instances): this machine's rubberband package
         and the training code directory (docs/clouds.md, "How code reaches the cluster")."""
-        from rubberband.cloud.head_session import CODE_EXCLUDES
-        from rubberband.cloud.shipping import build_package, job_runtime_env
+        from rubberband.cloud.shipping import CodeFilter, build_package, job_runtime_env
 
         env = job_runtime_env(build_package(), Path(code_dir))
-        env["excludes"] = list(CODE_EXCLUDES)
+        env["excludes"] = CodeFilter(Path(code_dir)).ray_excludes()
         return env
 
     # -- Provider ----------------------------------------------------------------------------

@@ -160,6 +160,8 @@ def test_bad_input_is_one_line_and_provisions_nothing(moto_env, ec2_faults, monk
         p.provision(InstanceRequest("Run_F", 0, P3))
     with pytest.raises(InputError, match="whole internet"):
         provider(ssh_cidr="0.0.0.0/0")
+    with pytest.raises(InputError, match="IPv6, but the run's head has only an IPv4"):
+        provider(ssh_cidr="2001:db8::1/128")
     monkeypatch.delenv("RUBBERBAND_AWS_AMI")
     with pytest.raises(CloudError, match="set RUBBERBAND_AWS_AMI") as no_image:
         AwsProvider(REGION).provision(InstanceRequest("run-f", 0, P3))

@@ -193,6 +193,12 @@ def test_head_mode_needs_ssh_settings_outside_tests(cli, tmp_path, moto_env):
     assert bad.returncode == 2 and "--head" in one_error_line(bad)
     local_detach = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--detach", env=env)
     assert local_detach.returncode == 2 and "--detach" in one_error_line(local_detach)
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    ipv6 = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--ssh-cidr", "2001:db8::7/128", "--ssh-key",
+               key, "--key-name", "rb", "--run-dir", tmp_path / "run6", env=env)
+    assert ipv6.returncode == 2 and "IPv6" in one_error_line(ipv6) and "Traceback" not in ipv6.stderr
+    assert moto_instances() == [] and not (tmp_path / "run6" / "head.json").exists()
 
 
 def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_path, gce_fake, monkeypatch):
