@@ -194,8 +194,10 @@ def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metr
     return record
 
 
-def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = None) -> HeadLink:
-    """The way to the head's job server: the played head's local URL in tests, else an SSH tunnel."""
+def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = None,
+             run_dir: Path | None = None) -> HeadLink:
+    """The way to the head's job server: the played head's local URL in tests, else an SSH tunnel that trusts the
+    run's own known_hosts (``RUN_DIR/known_hosts``; see head_link.run_known_hosts)."""
     if test_boot:
         from rubberband.cloud.testboot import head_url
 
@@ -205,7 +207,10 @@ def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = N
     if key is None or not host:
         raise InputError(f"cannot reach head {record.instance_id}: pass --ssh-key (the private key of the run's "
                          f"key pair){'' if host else '; the head has no address (is it still running?)'}")
-    return SshTunnel(host=host, key_file=key, user=record.ssh_user)
+    from rubberband.cloud.head_link import run_known_hosts
+
+    return SshTunnel(host=host, key_file=key, user=record.ssh_user,
+                     known_hosts=run_known_hosts(record.cloud_run_id, record.instance_id, run_dir))
 
 
 def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +28,8 @@ from rubberband.catalog import parse_catalog
 from rubberband.cloud.head import HEAD_TYPES
 from rubberband.cloud.head_job import build_parser, pack, unpack
 from rubberband.cloud.head_link import DirectLink, SshTunnel
-from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, stage_code,
+from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, link_for,
+                                           stage_code,
                                            start_head)
 from rubberband.errors import CloudError
 from rubberband.executor import journal as J
@@ -314,7 +316,8 @@ def _digits_plan(spec):
     return make_plan(spec, [("local.cpu1", 1, 1)] * n, durations=[10.0] * n)
 
 
-def test_entrypoint_and_ssh_tunnel_commands():
+@pytest.mark.e2e  # runs `ssh -G`
+def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
     record = HeadRecord(run_id="My_Run-1", cloud="aws", region=REGION, instance_id="i-0abc", zone="us-east-1b",
                         address="10.0.0.5", public_address="203.0.113.9", regions=[REGION], metric="loss")
     words = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", head_grace_s=300,
@@ -327,9 +330,17 @@ def test_entrypoint_and_ssh_tunnel_commands():
     assert build_parser().parse_args(words[3:]).on_late == "finish"  # the default is left off the command line
     stop = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop").split()
     assert stop[stop.index("--on-late") + 1] == "stop" and build_parser().parse_args(stop[3:]).on_late == "stop"
-    tunnel = SshTunnel(host="203.0.113.9", key_file=Path("/k/id_ed25519"), user="ubuntu")
+    tunnel = link_for(record, None, Path("/k/id_ed25519"), tmp_path / "run")
     command = tunnel.command(40001)
-    assert command[:4] == ["ssh", "-N", "-L", "40001:127.0.0.1:8265"] and command[-1] == "ubuntu@203.0.113.9"
+    assert command[:4] == ["ssh", "-N", "-L", "40001:127.0.0.1:8265"] and command[-1].endswith("@203.0.113.9")
+    # the run's own known_hosts, checked strictly after the first connection; never the user's
+    assert f"UserKnownHostsFile={tmp_path / 'run' / 'known_hosts'}" in command
+    assert "GlobalKnownHostsFile=/dev/null" in command and "StrictHostKeyChecking=accept-new" in command
+    if shutil.which("ssh"):  # ssh itself accepts these options (-G prints the configuration it would use)
+        shown = subprocess.run([*command[:1], "-G", *command[4:]], capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        assert f"userknownhostsfile {tmp_path / 'run' / 'known_hosts'}" in shown.stdout
+        assert "stricthostkeychecking accept-new" in shown.stdout
     assert DirectLink("http://127.0.0.1:1").open(1.0) == "http://127.0.0.1:1"
 
 

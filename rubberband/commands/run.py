@@ -173,7 +173,7 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
                         options=options, test_boot=test_boot)
     write_plan(plan, run_dir / "plan.json")
     try:
-        with HeadSession(record, link_for(record, test_boot, options.ssh_key),
+        with HeadSession(record, link_for(record, test_boot, options.ssh_key, run_dir),
                          connect_timeout_s=options.boot_timeout_s) as session:
             session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime,
                            head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s, on_late=on_late,
@@ -206,7 +206,7 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
         sys.stderr.write(text)
         sys.stderr.flush()
 
-    with HeadSession(record, link_for(record, test_boot, ssh_key)) as session:
+    with HeadSession(record, link_for(record, test_boot, ssh_key, run_dir)) as session:
         try:
             status = session.stream(write)
         except KeyboardInterrupt:
