@@ -19,6 +19,13 @@ run was never submitted or its run watchdog asks for it.
 A script never carries a credential: the renderer takes none, and
 :func:`assert_no_credentials` refuses anything that looks like one. Instances get their
 cloud access from their instance role / service account.
+
+Ray runs with token authentication (``RAY_AUTH_MODE=token``, the token in
+``<state_dir>/ray-token``, :data:`TOKEN_FILE`). The per-run token never travels in user-data or
+metadata: the CLI writes it onto the head over its SSH link, and the head's executor pushes it to
+each worker over SSH inside the run's network, to a drop account whose only authorized key is
+the head's (a forced command that can write the token file and nothing else); a node starts Ray
+only once its token is there (:func:`_token_lines`).
 """
 
 from __future__ import annotations
@@ -160,6 +167,12 @@ BOOT_FAILED = "rubberband-boot: FAILED:"
 POWEROFF_MARKER = "POWEROFF"
 #: The node watchdog's systemd unit (installed by every startup script before anything that can fail).
 WATCHDOG_UNIT = "rubberband-watchdog.service"
+#: The run's Ray token on a node, in its state directory (root only).
+TOKEN_FILE = "ray-token"
+#: The account a worker receives its token through (ssh from the head, forced command) and its home.
+TOKEN_DROP_USER = "rubberband-token"
+#: On the head: where its key for pushing the token to workers is (the executor's job reads it from the env).
+TOKEN_PUSH_KEY_ENV = "RUBBERBAND_TOKEN_PUSH_KEY"
 METADATA_URLS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
 
 
@@ -202,6 +215,11 @@ class BootstrapConfig:
     state_dir: str = "/var/lib/rubberband"  # the node watchdog's script and state (boot time, cap, markers)
     systemd_dir: str = "/etc/systemd/system"  # where the watchdog's unit goes
     boot_timeout_s: float = 3600.0  # a boot not finished by then (hung pip, ...) powers the node off
+    #: Ray's authentication: ``token`` (the run's token, delivered over SSH; see the module docstring), or
+    #: ``disabled`` for a worker of a head outside the cloud (``--head local``), which cannot push a token
+    ray_auth: Literal["token", "disabled"] = "token"
+    token_push_key: str | None = None  # worker (token mode): the head's public key that may write its token
+    token_drop_dir: str = "/var/lib/rubberband-token"  # the drop account's home (sshd wants it owned by it)
     shutdown_command: str = "shutdown -h"  # + "now" / "+MINUTES": powers the instance off (terminates on AWS)
     torch_cpu_index: str = TORCH_CPU_INDEX
 
@@ -324,7 +342,61 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
 
 def _ray_auth_lines(config: BootstrapConfig) -> list[str]:
     """Ray's authentication mode for every Ray process of the node (the boot's and the watchdog's)."""
-    return ["export RAY_AUTH_MODE=disabled"]
+    if config.ray_auth == "disabled":
+        return ["export RAY_AUTH_MODE=disabled"]
+    return ["export RAY_AUTH_MODE=token", f"export RAY_AUTH_TOKEN_PATH={_q(config.state_dir)}/{TOKEN_FILE}"]
+
+
+_PUBLIC_KEY_RE = re.compile(r"^ssh-ed25519 [A-Za-z0-9+/=]{40,120}( [A-Za-z0-9@._-]{0,60})?$")
+
+
+def _token_drop_lines(config: BootstrapConfig) -> list[str]:
+    """Worker, token mode, early in the boot: the drop account the head pushes the run's token to (over SSH from
+    inside the run's network; its one key may only write the token: ``restrict`` + a forced command)."""
+    key = (config.token_push_key or "").strip()
+    if not _PUBLIC_KEY_RE.match(key):
+        raise InputError("a worker's startup script in token mode needs the head's ed25519 public key "
+                         "(token_push_key)")
+    drop = _q(config.token_drop_dir)
+    forced = f'restrict,command="umask 077; cat > {config.token_drop_dir}/{TOKEN_FILE}.part && ' \
+             f'mv {config.token_drop_dir}/{TOKEN_FILE}.part {config.token_drop_dir}/{TOKEN_FILE}"'
+    return [
+        "# the run's Ray token arrives from the head over SSH (never in user-data): an account that can only drop it",
+        f"id -u {TOKEN_DROP_USER} >/dev/null 2>&1 || useradd --system --home-dir {drop} --shell /bin/sh "
+        f"{TOKEN_DROP_USER}",
+        f"mkdir -p {drop}/.ssh",
+        f"echo {_q(forced + ' ' + key)} > {drop}/.ssh/authorized_keys",
+        f"chown -R {TOKEN_DROP_USER}: {drop}",
+        f"chmod 700 {drop} {drop}/.ssh",
+        f"chmod 600 {drop}/.ssh/authorized_keys",
+    ]
+
+
+def _token_lines(config: BootstrapConfig) -> list[str]:
+    """Token mode, right before ``ray start``: wait for the run's token (the head: from the CLI, over SSH; a worker:
+    from the head, into its drop account), then keep it root-only in the state directory."""
+    if config.ray_auth == "disabled":
+        return []
+    state, token = _q(config.state_dir), f"{_q(config.state_dir)}/{TOKEN_FILE}"
+    if config.role == "head":
+        return [
+            "# the run's Ray token comes from the CLI over SSH (never in user-data or metadata)",
+            f"[ -s {state}/push_key ] || ssh-keygen -q -t ed25519 -N '' -C rubberband-token-push -f {state}/push_key",
+            f"export {TOKEN_PUSH_KEY_ENV}={state}/push_key",
+            "say \"waiting for the run's Ray token from the CLI\"",
+            f"waited=0; until [ -s {token} ]; do sleep 2; waited=$((waited + 2)); "
+            f"[ \"$waited\" -lt {int(config.watchdog.submit_timeout_s)} ] || "
+            f"fail \"the CLI did not deliver the run's Ray token within {int(config.watchdog.submit_timeout_s)}s\"; done",
+            f"chmod 600 {token}",
+        ]
+    drop = f"{_q(config.token_drop_dir)}/{TOKEN_FILE}"
+    return [
+        "say \"waiting for the run's Ray token from the head\"",
+        f"waited=0; until [ -s {drop} ] || [ -s {token} ]; do sleep 2; waited=$((waited + 2)); "
+        f"[ \"$waited\" -lt {int(config.boot_timeout_s)} ] || "
+        f"fail \"the head did not deliver the run's Ray token within {int(config.boot_timeout_s)}s\"; done",
+        f"if [ -s {drop} ]; then install -m 600 {drop} {token}; rm -f {drop}; fi",
+    ]
 
 
 def _safety_net_lines(config: BootstrapConfig) -> list[str]:
@@ -408,6 +480,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
         f"say 'booting a {config.role} of run {config.run_id}'",
         *_safety_net_lines(config),
+        *(_token_drop_lines(config) if config.role == "worker" and config.ray_auth == "token" else []),
         f"RB_RUN_ID={_q(config.run_id)}",
         *_instance_id_lines(config.cloud, url),
         "export RAY_USAGE_STATS_ENABLED=0",
@@ -448,6 +521,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"{config.ray_version}; every node must run the CLI's version\"",
         f"export PATH={venv}/bin:\"$PATH\"  # the runtime's python and pip for Ray's jobs",
         f"mkdir -p {run_dir}",
+        *_token_lines(config),
     ]
     ray = f"{py} -m ray.scripts.scripts"
     more = "".join(f" {_q(option)}" for option in config.ray_start_options)

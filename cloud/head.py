@@ -69,8 +69,12 @@ def head_startup_script(cloud: str, region: str, run_id: str, settings: Watchdog
 
 
 def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: InstanceType, *,
-                          max_lifetime_s: float | None = None, requirements: Sequence[str] = ()) -> str:
+                          max_lifetime_s: float | None = None, requirements: Sequence[str] = (),
+                          token_push_key: str | None = None) -> str:
     """The startup script of a worker of ``itype`` that joins ``head`` (with the spec's ``requirements``).
+
+    ``token_push_key``: the head's public push key: the worker's Ray then runs with the run's token, which the
+    head pushes over SSH (cloud/ray_token.py); without one (a head outside the cloud) Ray auth is disabled.
 
     The worker is rendered where the executor runs (the head, in head mode), whose Python, Ray and
     torch are the CLI's: the versions every node must match."""
@@ -83,7 +87,8 @@ def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: Instan
         rubberband_version=__version__, ray_version=str(versions["ray_version"]),
         python_version=str(versions["python_version"]), torch_version=versions["torch_version"],
         head_address=head.address, workers=node.slots, use_gpu=node.num_gpus > 0, cpus=node.num_cpus,
-        max_lifetime_s=max_lifetime_s, requirements=tuple(requirements)))
+        max_lifetime_s=max_lifetime_s, requirements=tuple(requirements),
+        ray_auth="token" if token_push_key else "disabled", token_push_key=token_push_key))
 
 
 def provision_head(provider: Provider, run_id: str, region: str, zones: Sequence[str], *,

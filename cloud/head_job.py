@@ -143,7 +143,15 @@ def run(args: argparse.Namespace) -> int:
         pool = ProviderPool()
         (head,) = pool(args.cloud, args.region).wait([args.head_id], 120.0)
         test_boot = boot_mode()
+        from rubberband.cloud.ray_token import FileTokenPush, SshTokenPush
         from rubberband.cloud.testboot import head_disk
+
+        # the run's Ray token for each worker: pushed over SSH with the head's key (a played head's stand-in
+        # workers read it from this process's environment instead)
+        if test_boot:
+            push = FileTokenPush() if os.environ.get("RAY_AUTH_MODE") == "token" else None
+        else:
+            push = SshTokenPush.from_env()
 
         backend = OnHeadCloudBackend(cloud=args.cloud, run_dir=head_disk(args.head_id) if test_boot else run_dir,
                                      regions=list(dict.fromkeys(s.region for s in plan.stages)), pool=pool,
@@ -151,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
                                      ray_address=os.environ.get("RAY_ADDRESS", ""), head_grace_s=args.head_grace,
                                      requirements=tuple(spec.requirements),
                                      expires_at=time.time() + lifetime_cap_s(args.deadline or plan.deadline_s,
-                                                                             args.overrun_s, args.head_grace))
+                                                                             args.overrun_s, args.head_grace),
+                                     token_push=push, ray_auth_mode="token" if push is not None else "disabled")
         result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
                          backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
                          overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile,

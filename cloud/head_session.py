@@ -194,6 +194,30 @@ def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metr
     return record
 
 
+def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_boot: str | None) -> str:
+    """Make the run's Ray token, keep it in ``RUN_DIR/ray-token`` (0600) and write it onto the head: over SSH
+    (the head's boot waits for it before starting Ray), or onto a played head's disk in tests."""
+    from rubberband.cloud.ray_token import deliver_to_head, new_token, write_run_token
+
+    token = new_token()
+    write_run_token(run_dir, token)
+    if test_boot:
+        from rubberband.cloud.testboot import deliver_token as deliver_to_played_head
+
+        deliver_to_played_head(record.instance_id, token)
+        return token
+    from rubberband.cloud.head_link import run_known_hosts
+
+    host = record.public_address or record.address
+    if not host or options.ssh_key is None:
+        raise InputError(f"cannot reach head {record.instance_id} to give it the run's Ray token: it has no address "
+                         f"or no --ssh-key was given")
+    deliver_to_head(host, record.ssh_user, Path(options.ssh_key).expanduser(),
+                    run_known_hosts(record.cloud_run_id, record.instance_id, run_dir), token,
+                    timeout_s=options.boot_timeout_s)
+    return token
+
+
 def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = None,
              run_dir: Path | None = None) -> HeadLink:
     """The way to the head's job server: the played head's local URL in tests, else an SSH tunnel that trusts the
@@ -264,9 +288,10 @@ class HeadSession:
     """An open link to a run's head and a job client on it; use as a context manager."""
 
     def __init__(self, record: HeadRecord, link: HeadLink, *, connect_timeout_s: float = 1200.0,
-                 package: Path | None = None) -> None:
+                 package: Path | None = None, token: str | None = None) -> None:
         self.record = record
         self.link = link
+        self.token = token  # the run's Ray token (RUN_DIR/ray-token): sent as a bearer header, never logged
         self.connect_timeout_s = connect_timeout_s
         self.client = None
         self._package = package
@@ -281,7 +306,8 @@ class HeadSession:
         return self._package
 
     def __enter__(self) -> "HeadSession":
-        # the head's Ray runs without a token (docs/clouds.md); this process's setting is restored on exit
+        # the run's token goes as an explicit header (Ray then adds none of its own); this process's own Ray
+        # auth setting stays out of it and is restored on exit
         self._auth_mode = os.environ.get("RAY_AUTH_MODE")
         os.environ["RAY_AUTH_MODE"] = "disabled"
         from ray.job_submission import JobSubmissionClient
@@ -294,7 +320,9 @@ class HeadSession:
         try:
             while True:
                 try:
-                    self.client = JobSubmissionClient(url)
+                    from rubberband.cloud.ray_token import auth_headers
+
+                    self.client = JobSubmissionClient(url, headers=auth_headers(self.token) or None)
                     return self
                 except Exception as exc:  # noqa: BLE001 - ConnectionError until Ray's job server is up
                     if time.monotonic() >= next_console:  # still booting, or did its boot fail?

@@ -9,9 +9,10 @@ head is a local Ray head (:class:`~rubberband.cloud.local.LocalProvider`, record
 :class:`~rubberband.cloud.backend.CloudBackend` (failover, worker startup script joining this
 head, ``rb-node-<instance id>`` resource) and found / terminated by the run's tags.
 
-Ray auth: cloud nodes run with ``RAY_AUTH_MODE=disabled`` (a token in user-data would be readable
-through the metadata server), so this head and the driver do too (``ray_auth_mode``); isolation
-comes from the run's security group / firewall tag, as on a head instance.
+Ray auth: a head outside a head instance cannot push the run's token to its workers (that needs the
+head instance's push key, cloud/ray_token.py), so here the workers, this head and the driver run with
+``RAY_AUTH_MODE=disabled`` (``ray_auth_mode``), confined by the run's security group / firewall rules.
+On a head instance (:class:`rubberband.cloud.head_job.OnHeadCloudBackend`) Ray runs with the run's token.
 
 With ``RUBBERBAND_TEST_BOOT=local`` (:mod:`rubberband.cloud.testboot`) each instance's boot is
 played by a local Ray node started under the instance's id, and the head takes a free port.
@@ -59,6 +60,7 @@ class LocalHeadCloudBackend:
     ray_auth_mode: str = "disabled"
     requirements: tuple[str, ...] = ()  # the spec's `requirements`, installed by each worker's boot
     expires_at: float | None = None  # POSIX time by which every worker must be gone (bootstrap.lifetime_cap_s)
+    token_push: object | None = None  # how workers get the run's Ray token (backend.TokenPush); None: no token
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -70,7 +72,8 @@ class LocalHeadCloudBackend:
         join = self._boot_locally if self.test_boot == "local" else ray_join_check
         self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join, alternatives=self._alternatives,
                                     boot_timeout_s=600.0, join_timeout_s=600.0,
-                                    requirements=tuple(self.requirements), expires_at=self.expires_at)
+                                    requirements=tuple(self.requirements), expires_at=self.expires_at,
+                                    token_push=self.token_push)
 
     @property
     def device_policy(self) -> DevicePolicy:

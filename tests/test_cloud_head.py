@@ -61,6 +61,8 @@ def test_observe_reads_the_run_directory(tmp_path):
 
 
 VERSIONS = dict(ray_version="2.60.0", python_version="3.11", torch_version="2.13.0")
+#: The head's public push key (cloud/ray_token.py), as a worker's user-data carries it.
+PUSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJtVq0Yq5d0Vb1s2YkF6mQy0Z6bYk8m2m3Yl1i1o9a0b rubberband-token-push"
 
 
 def test_scripts_join_the_head_and_hold_no_secrets():
@@ -74,15 +76,24 @@ def test_scripts_join_the_head_and_hold_no_secrets():
     assert "torch" not in head.split("pip install", 1)[1]  # the head trains nothing: no torch
     assert "/dev/console" in head and "rubberband-boot.log" in head  # boot progress on the serial console
     worker = render_startup_script(BootstrapConfig(run_id="run-s", cloud="gcp", role="worker",
-                                                   head_address="10.128.0.2", workers=4,
+                                                   head_address="10.128.0.2", workers=4, token_push_key=PUSH_KEY,
                                                    requirements=("transformers==4.46.0",), **VERSIONS))
     assert "RB_HEAD=10.128.0.2:6379" in worker and "--num-gpus=4" in worker
     assert 'rb-node-${INSTANCE_ID}\\": 4' in worker and "Metadata-Flavor: Google" in worker
     assert "'ray[default]==2.60.0' transformers==4.46.0" in worker and "rubberband==" not in worker
     assert "pip install --quiet torch==2.13.0" in worker and "import torch" in worker  # only where the image has none
     cpu = render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", head_address="10.0.0.2",
-                                                use_gpu=False, **{**VERSIONS, "torch_version": "2.13.0+cu121"}))
+                                                use_gpu=False, ray_auth="disabled", **{**VERSIONS, "torch_version": "2.13.0+cu121"}))
     assert "torch==2.13.0+cpu" in cpu and "download.pytorch.org/whl/cpu" in cpu
+    assert "RAY_AUTH_MODE=disabled" in cpu and "rubberband-token" not in cpu  # --head local: no token to push
+    # token mode: the head's key may only drop the token (restrict + forced command); Ray waits for the token
+    assert f'restrict,command="umask 077; cat > /var/lib/rubberband-token/ray-token.part' in worker
+    assert PUSH_KEY in worker and "export RAY_AUTH_TOKEN_PATH=/var/lib/rubberband/ray-token" in worker
+    assert worker.index("waiting for the run's Ray token") < worker.index("ray.scripts.scripts start")
+    assert head.index("waiting for the run's Ray token from the CLI") < head.index("ray.scripts.scripts start")
+    with pytest.raises(InputError, match="token_push_key"):
+        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", head_address="10.0.0.2",
+                                              token_push_key="ssh-rsa AAAA; rm -rf /", **VERSIONS))
     with pytest.raises(InputError, match="head_address"):
         render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", **VERSIONS))
     with pytest.raises(InputError, match="credential"):
@@ -196,6 +207,9 @@ def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[li
     log = tmp_path / "calls.log"
     (stubs / "shutdown").write_text(STUB)
     (stubs / "systemctl").write_text(STUB)  # records the watchdog's installation as a service
+    for tool in ("useradd", "chown"):  # the worker's token drop account: recorded, not made
+        (stubs / tool).write_text(STUB)
+    (stubs / "id").write_text(STUB + "exit 1\n")
     (stubs / "python").write_text(VENV_PYTHON)
     (stubs / "sleep").write_text("#!/bin/bash\nexit 1\n")  # ends the background loops at once
     (stubs / "curl").write_text(STUB + 'case "$*" in *api/token*) echo tok;; *instance-id*|*instance/name*) '
@@ -219,6 +233,10 @@ def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[li
 def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     common = dict(run_id="run-s", venv=str(tmp_path / "venv"), run_root=str(tmp_path / "runs"),
                   log_dir=str(tmp_path / "log"), image_pythons=(), **VERSIONS)
+    for node in ("head", "worker"):  # the run's token, as the CLI (head) and the head (worker) deliver it
+        (tmp_path / node / "drop").mkdir(parents=True)
+        (tmp_path / node / ("state" if node == "head" else "drop") / "ray-token").parent.mkdir(exist_ok=True)
+        (tmp_path / node / ("state" if node == "head" else "drop") / "ray-token").write_text("t0ken")
     head_calls = run_script(render_startup_script(BootstrapConfig(
         cloud="aws", role="head", region=REGION, max_lifetime_s=3600, watchdog=SETTINGS,
         console=str(tmp_path / "head" / "console"), state_dir=str(tmp_path / "head" / "state"),
@@ -246,7 +264,8 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     worker_calls = run_script(render_startup_script(BootstrapConfig(
         cloud="gcp", role="worker", head_address="10.128.0.2", workers=2,
         console=str(tmp_path / "worker" / "console"), state_dir=str(tmp_path / "worker" / "state"),
-        systemd_dir=str(tmp_path / "worker" / "systemd"), **common)), tmp_path / "worker")
+        systemd_dir=str(tmp_path / "worker" / "systemd"), token_push_key=PUSH_KEY,
+        token_drop_dir=str(tmp_path / "worker" / "drop"), **common)), tmp_path / "worker")
     assert [c[0] for c in worker_calls[:2]] == ["systemctl", "systemctl"]  # the watchdog before anything else
     python = [c[1:] for c in worker_calls if c[0] == "python"]
     assert ["-m", "pip", "install", "--quiet", "torch==2.13.0"] in python  # this image has no torch
@@ -256,6 +275,15 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     assert json.loads(resources.split("=", 1)[1]) == {"rb-node-i-0abc": 2}  # the contract's resource name
     assert not any(c[0] == "shutdown" for c in worker_calls)  # no lifetime cap asked, head not lost
     assert not (tmp_path / "worker" / "state" / "expires_at").exists()
+    assert ["useradd", "--system", "--home-dir", str(tmp_path / "worker" / "drop"), "--shell", "/bin/sh",
+            "rubberband-token"] in worker_calls
+    # the token moved from the drop account into the root-only state directory before Ray started
+    assert (tmp_path / "worker" / "state" / "ray-token").read_text() == "t0ken"
+    assert not (tmp_path / "worker" / "drop" / "ray-token").exists()
+    assert (tmp_path / "worker" / "state" / "ray-token").stat().st_mode & 0o077 == 0
+    keys = (tmp_path / "worker" / "drop" / ".ssh" / "authorized_keys").read_text()
+    assert keys.startswith('restrict,command="umask 077; cat > ') and keys.strip().endswith(PUSH_KEY)
+    assert (tmp_path / "head" / "state" / "push_key.pub").read_text().startswith("ssh-ed25519 ")
 
 
 @pytest.mark.e2e  # executes the rendered script with bash
@@ -265,7 +293,7 @@ def test_a_failed_boot_says_why_on_the_console(tmp_path):
         run_id="run-f", cloud="aws", role="worker", head_address="10.0.0.2", image_pythons=(),
         venv=str(tmp_path / "venv"), run_root=str(tmp_path / "runs"), log_dir=str(tmp_path / "log"),
         console=str(tmp_path / "console"), state_dir=str(tmp_path / "state"), systemd_dir=str(tmp_path / "systemd"),
-        **{**VERSIONS, "python_version": "3.99"}))
+        ray_auth="disabled", **{**VERSIONS, "python_version": "3.99"}))
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     (stubs / "systemctl").write_text("#!/bin/bash\nexit 0\n")

@@ -7,6 +7,7 @@ each worker's Ray node come one after another; one run per cloud, and the AWS on
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import shutil
@@ -114,19 +115,31 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
 
         from rubberband.cloud.testboot import head_url
 
-        info = JobSubmissionClient(head_url(record.instance_id)).get_job_info(record.cloud_run_id)
+        # the head's Ray runs with the run's token (RUN_DIR/ray-token, the user's alone): no token, no answer
+        token = (run_dir / "ray-token").read_text()
+        assert len(token) == 64 and (run_dir / "ray-token").stat().st_mode & 0o077 == 0
+        with pytest.raises(Exception, match="401|403|[Aa]uthentication"):
+            JobSubmissionClient(head_url(record.instance_id)).list_jobs()
+        authorized = {"Authorization": f"Bearer {token}"}
+        info = JobSubmissionClient(head_url(record.instance_id), headers=authorized).get_job_info(record.cloud_run_id)
         assert "rubberband.cloud.head_job run" in info.entrypoint and record.instance_id in info.entrypoint
         assert info.runtime_env["working_dir"].startswith("gcs://")  # the code directory, packed by Ray Jobs
         # rubberband itself ships with every job: this checkout's package (the head's boot installed none)
         (package,) = info.runtime_env["py_modules"]
         assert package.startswith("gcs://_ray_pkg_")
-        watchdog = JobSubmissionClient(head_url(record.instance_id)).get_job_info(f"{record.cloud_run_id}-watchdog")
+        watchdog = JobSubmissionClient(head_url(record.instance_id), headers=authorized).get_job_info(
+            f"{record.cloud_run_id}-watchdog")
         assert "rubberband.cloud.head watchdog" in watchdog.entrypoint and "--poweroff-marker" in watchdog.entrypoint
         assert watchdog.runtime_env["py_modules"] == [package] and watchdog.status == "RUNNING"
         user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
             InstanceId=record.instance_id, Attribute="userData")["UserData"]["Value"]
         for text in (info.entrypoint, json.dumps(info.runtime_env), user_data):
-            assert FAKE_ACCESS_KEY not in text and FAKE_SECRET_KEY not in text
+            assert FAKE_ACCESS_KEY not in text and FAKE_SECRET_KEY not in text and token not in text
+        workers_data = [base64.b64decode(boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+            InstanceId=i["InstanceId"], Attribute="userData")["UserData"]["Value"]).decode()
+            for i in moto_instances() if i["InstanceId"] != record.instance_id]
+        assert workers_data and all("RAY_AUTH_MODE=token" in d and token not in d for d in workers_data)
+        assert "RAY_AUTH_MODE=token" in base64.b64decode(user_data).decode()
 
         attached = cli("run", "--attach", run_dir, env=env, timeout=120)
     finally:
@@ -148,6 +161,10 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     assert summary["actual"]["cost_usd"] == pytest.approx(workers + head["cost_usd"])
     journal = (run_dir / "journal.jsonl").read_text()
     assert FAKE_ACCESS_KEY not in journal and FAKE_SECRET_KEY not in journal
+    for path in run_dir.rglob("*"):  # the token is in its own file only: not in a log, journal or fetched file
+        if path.is_file() and path.name != "ray-token":
+            assert token not in path.read_text(errors="replace"), path
+    assert token not in attached.stdout + attached.stderr + log.read_text()
     requested = [json.loads(line) for line in journal.splitlines() if '"instance_requested"' in line]
     assert requested and all(r["instance_type"] == "p3.2xlarge" for r in requested)
     assert_nothing_left(record.instance_id)
@@ -227,6 +244,11 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     assert [a["email"] for a in head["serviceAccounts"]] == [env["RUBBERBAND_SERVICE_ACCOUNT"]]
     assert record.identity == env["RUBBERBAND_SERVICE_ACCOUNT"] and not record.identity_created
     assert all("serviceAccounts" not in b for b in inserted.values())
+    token = (run_dir / "ray-token").read_text()  # in no VM's metadata: the head has it over SSH, workers from it
+    for body in (head, *inserted.values()):
+        script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
+        assert "RAY_AUTH_MODE=token" in script and token not in json.dumps(body)
+    assert token not in result.stdout + result.stderr
     assert inserted and {b["machineType"].rsplit("/", 1)[-1] for b in inserted.values()} == {"n1-standard-8"}
     assert all(b["labels"]["rubberband-role"] == "worker" for b in inserted.values())
     assert_fetched_run(cli, run_dir, tmp_path / "report.html", env)

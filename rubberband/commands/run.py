@@ -158,7 +158,7 @@ def _hints(record, run_dir: Path) -> str:
 def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Path, options, deadline_s: float | None,
                 overrun_s: float, trial_runtime: str, detach: bool, on_late: str = "finish") -> int:
     """Head mode: start the run's head instance, submit the run to it, then follow it (unless ``detach``)."""
-    from rubberband.cloud.head_session import HeadSession, check_options, end_run, link_for, start_head
+    from rubberband.cloud.head_session import HeadSession, check_options, deliver_token, end_run, link_for, start_head
     from rubberband.cloud.testboot import boot_mode
 
     test_boot = boot_mode()
@@ -173,8 +173,9 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
                         options=options, test_boot=test_boot)
     write_plan(plan, run_dir / "plan.json")
     try:
+        token = deliver_token(record, run_dir, options, test_boot)  # the head's boot waits for it to start Ray
         with HeadSession(record, link_for(record, test_boot, options.ssh_key, run_dir),
-                         connect_timeout_s=options.boot_timeout_s) as session:
+                         connect_timeout_s=options.boot_timeout_s, token=token) as session:
             session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime,
                            head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s, on_late=on_late,
                            watchdog=options.watchdog)
@@ -196,6 +197,7 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
     import json
 
     from rubberband.cloud.head_session import HeadSession, end_run, link_for
+    from rubberband.cloud.ray_token import read_run_token
     from rubberband.cloud.testboot import boot_mode
     from rubberband.execution import print_summary
 
@@ -206,7 +208,8 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
         sys.stderr.write(text)
         sys.stderr.flush()
 
-    with HeadSession(record, link_for(record, test_boot, ssh_key, run_dir)) as session:
+    token = read_run_token(run_dir)
+    with HeadSession(record, link_for(record, test_boot, ssh_key, run_dir), token=token) as session:
         try:
             status = session.stream(write)
         except KeyboardInterrupt:
