@@ -68,6 +68,12 @@ def read_run_token(run_dir: Path | None) -> str | None:
         return None
 
 
+def forget_run_token(run_dir: Path | None) -> None:
+    """Delete the run's token once its cluster is gone (it opens nothing any more; no copy is kept)."""
+    if run_dir is not None:
+        (Path(run_dir) / RUN_TOKEN_FILE).unlink(missing_ok=True)
+
+
 def auth_headers(token: str | None) -> dict[str, str]:
     """What Ray's job client sends with every request to the run's job server."""
     return {"Authorization": f"Bearer {token}"} if token else {}

@@ -87,7 +87,7 @@ def test_scripts_join_the_head_and_hold_no_secrets():
     assert "torch==2.13.0+cpu" in cpu and "download.pytorch.org/whl/cpu" in cpu
     assert "RAY_AUTH_MODE=disabled" in cpu and "rubberband-token" not in cpu  # --head local: no token to push
     # token mode: the head's key may only drop the token (restrict + forced command); Ray waits for the token
-    assert f'restrict,command="umask 077; cat > /var/lib/rubberband-token/ray-token.part' in worker
+    assert 'restrict,command="umask 077; cat > /var/lib/rubberband-token/ray-token.part' in worker
     assert PUSH_KEY in worker and "export RAY_AUTH_TOKEN_PATH=/var/lib/rubberband/ray-token" in worker
     assert worker.index("waiting for the run's Ray token") < worker.index("ray.scripts.scripts start")
     assert head.index("waiting for the run's Ray token from the CLI") < head.index("ray.scripts.scripts start")

@@ -28,7 +28,7 @@ from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances, one
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.head import HEAD_TYPES
 from rubberband.cloud.head_job import build_parser, pack, unpack
-from rubberband.cloud.head_link import DirectLink, SshTunnel
+from rubberband.cloud.head_link import DirectLink
 from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, link_for,
                                            stage_code,
                                            start_head)

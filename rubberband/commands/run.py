@@ -181,6 +181,9 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
                            watchdog=options.watchdog)
     except BaseException:
         end_run(record, test_boot=test_boot)  # never leave a head without a run billing
+        from rubberband.cloud.ray_token import forget_run_token
+
+        forget_run_token(run_dir)
         raise
     err.print(f"submitted run {run_id} to head {record.instance_id} ({record.zone})", markup=False, highlight=False)
     note_head_billing(plan, head_mode=True)
@@ -217,6 +220,9 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
             return 0
         session.fetch(run_dir)
     end_run(record, test_boot=test_boot, echo=lambda line: err.print(line, markup=False, highlight=False))
+    from rubberband.cloud.ray_token import forget_run_token
+
+    forget_run_token(run_dir)  # the cluster is gone: its token opens nothing any more
     result_path = run_dir / "result.json"
     if not result_path.exists():
         err.print(f"run {record.run_id} ended ({status}) without a result; its logs are above", markup=False,
