@@ -125,9 +125,9 @@ def _load_inputs(stage: Path):
 
 def run(args: argparse.Namespace) -> int:
     """Execute the staged run on this head; always leave the DONE marker."""
-    from rubberband.catalog import load_catalog
     import time
 
+    from rubberband.catalog import load_catalog
     from rubberband.cloud.bootstrap import lifetime_cap_s
     from rubberband.cloud.head import DONE_MARKER
     from rubberband.cloud.registry import ProviderPool
