@@ -73,6 +73,7 @@ class HeadOptions:
     boot_timeout_s: float = 1200.0  # instance start + runtime install + Ray head
     instance_profile: str | None = None  # AWS: the head's instance profile (None: one is created for the run)
     service_account: str | None = None  # GCP: the head's service account (required)
+    private_workers: bool = False  # GCP: workers without an external address (the network needs Cloud NAT)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class HeadRecord:
     ssh_key: str | None = None
     identity: str | None = None  # the head's instance profile name / service account email
     identity_created: bool = False  # rubberband created it for this run (deleted when the run ends)
+    private_workers: bool = False  # GCP: the head's executor starts workers without an external address
 
     @property
     def cloud_run_id(self) -> str:
@@ -139,6 +141,9 @@ def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> No
     from rubberband.cloud.bootstrap import check_ssh_cidr
 
     from_options(cloud, options.instance_profile, options.service_account)
+    if options.private_workers and cloud != "gcp":
+        raise InputError("--private-workers is for --cloud gcp (on AWS the run's security group already admits only "
+                         "the run's own nodes); drop it")
     if options.ssh_cidr:
         check_ssh_cidr(options.ssh_cidr)  # before anything is created
     if test_boot:
@@ -178,7 +183,8 @@ def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metr
                             address=head.address, public_address=head.public_address,
                             regions=list(dict.fromkeys([region, *(s.region for s in plan.stages)])), metric=metric,
                             ssh_user=options.ssh_user, ssh_key=str(options.ssh_key) if options.ssh_key else None,
-                            identity=identity.name, identity_created=identity.created)
+                            identity=identity.name, identity_created=identity.created,
+                            private_workers=options.private_workers)
         record.write(run_dir)
         if test_boot:
             from rubberband.cloud.testboot import play_head
@@ -279,6 +285,8 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
         words += ["--overrun-s", f"{overrun_s:g}"]
     if on_late != "finish":
         words += ["--on-late", on_late]
+    if record.private_workers:
+        words += ["--private-workers"]
     import shlex
 
     return " ".join(shlex.quote(w) for w in words)

@@ -8,8 +8,10 @@ each worker's Ray node come one after another; one run per cloud, and the AWS on
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -165,6 +167,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         if path.is_file() and path.name != "ray-token":
             assert token not in path.read_text(errors="replace"), path
     assert token not in attached.stdout + attached.stderr + log.read_text()
+    assert not (run_dir / "ray-token").exists()  # forgotten once the cluster was gone
     requested = [json.loads(line) for line in journal.splitlines() if '"instance_requested"' in line]
     assert requested and all(r["instance_type"] == "p3.2xlarge" for r in requested)
     assert_nothing_left(record.instance_id)
@@ -228,8 +231,8 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)
     run_dir = tmp_path / "run"
     try:
-        result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                     timeout=400)
+        result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir,
+                     "--private-workers", env=env, timeout=400)
     finally:
         if (run_dir / "head.json").exists():
             end_run(HeadRecord.read(run_dir), test_boot="local")
@@ -244,13 +247,18 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     assert [a["email"] for a in head["serviceAccounts"]] == [env["RUBBERBAND_SERVICE_ACCOUNT"]]
     assert record.identity == env["RUBBERBAND_SERVICE_ACCOUNT"] and not record.identity_created
     assert all("serviceAccounts" not in b for b in inserted.values())
-    token = (run_dir / "ray-token").read_text()  # in no VM's metadata: the head has it over SSH, workers from it
+    # the run's token (64 hex digits) is in no VM's metadata: the head has it over SSH, the workers from the head;
+    # the CLI forgot its own copy once the cluster was gone
+    assert not (run_dir / "ray-token").exists()
+    hex64 = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
     for body in (head, *inserted.values()):
         script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
-        assert "RAY_AUTH_MODE=token" in script and token not in json.dumps(body)
-    assert token not in result.stdout + result.stderr
+        assert "RAY_AUTH_MODE=token" in script and not hex64.search(json.dumps(body))
     assert inserted and {b["machineType"].rsplit("/", 1)[-1] for b in inserted.values()} == {"n1-standard-8"}
     assert all(b["labels"]["rubberband-role"] == "worker" for b in inserted.values())
+    # --private-workers: only the head has an external address (its SSH); the workers none
+    assert head["networkInterfaces"][0]["accessConfigs"]
+    assert all(not b["networkInterfaces"][0].get("accessConfigs") for b in inserted.values())
     assert_fetched_run(cli, run_dir, tmp_path / "report.html", env)
     requested = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.INSTANCE_REQUESTED]
     assert {e["id"] for e in requested} == set(inserted)  # the head's executor provisioned the workers
@@ -350,6 +358,9 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
     assert build_parser().parse_args(words[3:]).head_grace == 300.0
     assert build_parser().parse_args(words[3:] + ["--overrun-s", "inf"]).overrun_s == math.inf
     assert build_parser().parse_args(words[3:]).on_late == "finish"  # the default is left off the command line
+    assert not build_parser().parse_args(words[3:]).private_workers
+    private = dataclasses.replace(record, private_workers=True)
+    assert build_parser().parse_args(entrypoint(private, deadline_s=600, trial_runtime="x").split()[3:]).private_workers
     stop = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop").split()
     assert stop[stop.index("--on-late") + 1] == "stop" and build_parser().parse_args(stop[3:]).on_late == "stop"
     tunnel = link_for(record, None, Path("/k/id_ed25519"), tmp_path / "run")

@@ -283,6 +283,9 @@ def register(app: typer.Typer) -> None:
         key_name: str = typer.Option(None, "--key-name", envvar="RUBBERBAND_KEY_NAME", help="Head mode on AWS: the "
                                      "EC2 key pair (public half of --ssh-key) the head starts with."),
         ssh_user: str = typer.Option("ubuntu", "--ssh-user", help="Head mode: SSH user on the head."),
+        private_workers: bool = typer.Option(False, "--private-workers", help="Head mode on GCP: workers get no "
+                                             "external address (only the head has one); the network needs Cloud "
+                                             "NAT for the workers' boot-time installs."),
         instance_profile: str = typer.Option(None, "--instance-profile", envvar="RUBBERBAND_INSTANCE_PROFILE",
                                              help="Head mode on AWS: the IAM instance profile the head acts with "
                                              "(default: one created for the run with the least permissions it "
@@ -402,7 +405,7 @@ def register(app: typer.Typer) -> None:
                                                                       grace_s))
             options = HeadOptions(ssh_cidr=ssh_cidr, ssh_key=ssh_key, key_name=key_name, ssh_user=ssh_user,
                                   watchdog=watchdog, instance_profile=instance_profile,
-                                  service_account=service_account)
+                                  service_account=service_account, private_workers=private_workers)
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                                options=options, deadline_s=deadline_s, overrun_s=overrun_s,
                                trial_runtime=trial_runtime, detach=detach, on_late=on_late)
