@@ -26,6 +26,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
@@ -34,6 +35,17 @@ from rubberband.cloud.head import worker_startup_script
 from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider, loss_reason, node_resource
 from rubberband.cloud.registry import ProviderPool
 from rubberband.errors import CloudError
+
+class TokenPush(Protocol):
+    """How the run's Ray token reaches a worker (cloud/ray_token.py)."""
+
+    public_key: str
+
+    def push(self, instance: Instance, timeout_s: float) -> None: ...
+
+
+#: The shortest cap a worker gets, however close the run's end: time to boot and be terminated by the executor.
+MIN_WORKER_LIFETIME_S = 1200.0
 
 JoinCheck = Callable[[Instance, float], None]
 
@@ -116,6 +128,13 @@ class CloudBackend:
     join_check: JoinCheck = ray_join_check
     max_lifetime_s: float | None = None
     requirements: tuple[str, ...] = ()  # the spec's own packages, installed by each worker's boot
+    #: POSIX time by which every worker of the run must be gone (the run's start + :func:`lifetime_cap_s`):
+    #: each worker's cap (``shutdown +N``, GCP ``maxRunDuration``) is what is left of it when it is requested
+    expires_at: float | None = None
+    clock: Callable[[], float] = time.time
+    #: the run's Ray token for each worker (cloud/ray_token.py: ``SshTokenPush`` on a head instance); None: the
+    #: head is outside the cloud (``--head local``) and workers run Ray without authentication
+    token_push: TokenPush | None = None
     attempts: list[Attempt] = field(default_factory=list)
     _where: dict[str, Provider] = field(default_factory=dict, init=False, repr=False)
     _obtained: dict[str, Obtained] = field(default_factory=dict, init=False, repr=False)
@@ -136,12 +155,22 @@ class CloudBackend:
 
     # -- Provider ----------------------------------------------------------------------------
 
+    def worker_lifetime_s(self) -> float | None:
+        """A worker's hard lifetime cap if requested now: ``max_lifetime_s`` and what is left until ``expires_at``
+        (at least :data:`MIN_WORKER_LIFETIME_S`, so that a late request still boots)."""
+        caps = [c for c in (self.max_lifetime_s,
+                            None if self.expires_at is None else
+                            max(MIN_WORKER_LIFETIME_S, self.expires_at - self.clock())) if c]
+        return min(caps) if caps else None
+
     def provision(self, request: InstanceRequest) -> list[Instance]:
+        cap = request.max_lifetime_s or self.worker_lifetime_s()
         worker = dataclasses.replace(request, extra_tags={**request.extra_tags, TAG_ROLE: "worker"},
-                                     max_lifetime_s=request.max_lifetime_s or self.max_lifetime_s)
+                                     max_lifetime_s=cap)
 
         def render(candidate: InstanceType) -> Provider:  # the script depends on the type actually tried
-            return _ScriptFor(self.pool.for_type(candidate), self.head, self.max_lifetime_s, self.requirements)
+            return _ScriptFor(self.pool.for_type(candidate), self.head, cap, self.requirements,
+                              self.token_push.public_key if self.token_push is not None else None)
 
         every = list(self.alternatives(request.instance_type))
         alternatives = [t for t in every if not request.spot or t.spot_price_hr is not None]  # spot needs an offer
@@ -160,6 +189,8 @@ class CloudBackend:
         try:
             running = provider.wait(ids, self.boot_timeout_s)
             for inst in running:
+                if self.token_push is not None:  # its boot waits for the token before `ray start`
+                    self.token_push.push(inst, self.join_timeout_s)
                 self.join_check(inst, self.join_timeout_s)
         except CloudError as exc:
             why = {ident: boot_report(provider, ident) for ident in ids}  # before the console goes with the instance
@@ -258,6 +289,7 @@ class _ScriptFor:
     head: Instance
     max_lifetime_s: float | None
     requirements: tuple[str, ...] = ()
+    token_push_key: str | None = None
 
     @property
     def cloud(self) -> str:
@@ -265,7 +297,8 @@ class _ScriptFor:
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
         script = worker_startup_script(request.instance_type.cloud, request.run_id, self.head, request.instance_type,
-                                       max_lifetime_s=self.max_lifetime_s, requirements=self.requirements)
+                                       max_lifetime_s=self.max_lifetime_s, requirements=self.requirements,
+                                       token_push_key=self.token_push_key)
         return self.provider.provision(dataclasses.replace(request, startup_script=script))
 
 

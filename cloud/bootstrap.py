@@ -8,14 +8,24 @@ the run's Ray head or joins the head as a worker node that offers the custom res
 (:mod:`rubberband.cloud.head`) and the training code come with the CLI's Ray jobs
 (:mod:`rubberband.cloud.shipping`), never from a package index.
 
-Safety nets that need no API permission: the instance's ``shutdown`` terminates it
-(AWS ``InstanceInitiatedShutdownBehavior=terminate``), a hard lifetime cap schedules that
-shutdown at boot, and a worker that cannot reach its head for ``head_lost_timeout_s``
-shuts itself down.
+Safety nets that need no API permission, set up before anything that can fail (pip, Ray):
+the hard lifetime cap is scheduled first (``shutdown +N``; the instance's ``shutdown`` terminates
+it on AWS, ``InstanceInitiatedShutdownBehavior=terminate``, and GCP deletes it at its
+``maxRunDuration``), then the node's watchdog (:func:`render_node_watchdog`) is installed as a
+systemd service, so it survives a reboot: it powers the node off at the cap, after a failed or
+hung boot, when a worker cannot reach its head for ``head_lost_timeout_s``, and when the head's
+run was never submitted or its run watchdog asks for it.
 
 A script never carries a credential: the renderer takes none, and
 :func:`assert_no_credentials` refuses anything that looks like one. Instances get their
 cloud access from their instance role / service account.
+
+Ray runs with token authentication (``RAY_AUTH_MODE=token``, the token in
+``<state_dir>/ray-token``, :data:`TOKEN_FILE`). The per-run token never travels in user-data or
+metadata: the CLI writes it onto the head over its SSH link, and the head's executor pushes it to
+each worker over SSH inside the run's network, to a drop account whose only authorized key is
+the head's (a forced command that can write the token file and nothing else); a node starts Ray
+only once its token is there (:func:`_token_lines`).
 """
 
 from __future__ import annotations
@@ -88,11 +98,15 @@ def cloud_run_id(text: str) -> str:
 
 
 def check_ssh_cidr(cidr: str) -> str:
-    """A CIDR SSH may come from; the whole internet (a /0) is refused."""
+    """An IPv4 CIDR SSH may come from; the whole internet (a /0) is refused, and so is IPv6: the run's head has
+    only an IPv4 public address (default VPC / network), so an IPv6 rule would let nobody in."""
     try:
         network = ipaddress.ip_network(cidr, strict=False)
     except ValueError:
         raise InputError(f"SSH CIDR {cidr!r} is not a network address; give e.g. 203.0.113.7/32") from None
+    if network.version == 6:
+        raise InputError(f"SSH CIDR {cidr} is IPv6, but the run's head has only an IPv4 public address: give your "
+                         f"IPv4 address, e.g. 203.0.113.7/32 (`curl -4 ifconfig.me` shows it)")
     if network.prefixlen == 0:
         raise InputError(f"SSH CIDR {cidr} would open SSH to the whole internet; give your own address, "
                          f"e.g. 203.0.113.7/32")
@@ -126,6 +140,23 @@ class WatchdogSettings:
     poll_s: float = 30.0
 
 
+#: The longest any node of a run may live, whatever the plan says (the head's default cap).
+MAX_LIFETIME_CEILING_S = 7 * 24 * 3600.0
+#: What a lifetime cap allows beyond the run itself: booting the head, starting workers, fetching results.
+LIFETIME_MARGIN_S = 1800.0
+
+
+def lifetime_cap_s(deadline_s: float | None, overrun_s: float = 0.0, grace_s: float = 0.0, *,
+                   margin_s: float = LIFETIME_MARGIN_S, ceiling_s: float = MAX_LIFETIME_CEILING_S) -> float:
+    """A run's hard lifetime cap from its plan: deadline + overrun + results grace + a boot margin.
+
+    No deadline, or an unbounded overrun (``--overrun none``), leaves only the ceiling. Pure: the
+    head's watchdog settings and every worker's cap (measured from the run's start) come from it."""
+    if deadline_s is None or deadline_s <= 0 or overrun_s is None or overrun_s == float("inf"):
+        return ceiling_s
+    return min(ceiling_s, float(deadline_s) + max(0.0, float(overrun_s)) + max(0.0, float(grace_s)) + margin_s)
+
+
 #: Python interpreters of the images rubberband boots, tried before ``python3.X`` / ``python3`` on PATH:
 #: the PyTorch Deep Learning AMI's environment and the Deep Learning VM's conda.
 IMAGE_PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/bin/python3")
@@ -134,6 +165,14 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 BOOT_FAILED = "rubberband-boot: FAILED:"
 #: A file the head's watchdog (a Ray job, without the rights of the boot) writes to ask for a power-off.
 POWEROFF_MARKER = "POWEROFF"
+#: The node watchdog's systemd unit (installed by every startup script before anything that can fail).
+WATCHDOG_UNIT = "rubberband-watchdog.service"
+#: The run's Ray token on a node, in its state directory (root only).
+TOKEN_FILE = "ray-token"
+#: The account a worker receives its token through (ssh from the head, forced command) and its home.
+TOKEN_DROP_USER = "rubberband-token"
+#: On the head: where its key for pushing the token to workers is (the executor's job reads it from the env).
+TOKEN_PUSH_KEY_ENV = "RUBBERBAND_TOKEN_PUSH_KEY"
 METADATA_URLS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
 
 
@@ -173,6 +212,14 @@ class BootstrapConfig:
     #: interpreters of the image tried first (AWS Deep Learning AMI, GCP Deep Learning VM: they carry CUDA torch)
     image_pythons: tuple[str, ...] = IMAGE_PYTHONS
     metadata_url: str | None = None  # the cloud's metadata server (default: the cloud's own)
+    state_dir: str = "/var/lib/rubberband"  # the node watchdog's script and state (boot time, cap, markers)
+    systemd_dir: str = "/etc/systemd/system"  # where the watchdog's unit goes
+    boot_timeout_s: float = 3600.0  # a boot not finished by then (hung pip, ...) powers the node off
+    #: Ray's authentication: ``token`` (the run's token, delivered over SSH; see the module docstring), or
+    #: ``disabled`` for a worker of a head outside the cloud (``--head local``), which cannot push a token
+    ray_auth: Literal["token", "disabled"] = "token"
+    token_push_key: str | None = None  # worker (token mode): the head's public key that may write its token
+    token_drop_dir: str = "/var/lib/rubberband-token"  # the drop account's home (sshd wants it owned by it)
     shutdown_command: str = "shutdown -h"  # + "now" / "+MINUTES": powers the instance off (terminates on AWS)
     torch_cpu_index: str = TORCH_CPU_INDEX
 
@@ -246,6 +293,174 @@ def _torch_lines(config: BootstrapConfig, py: str) -> list[str]:
     ]
 
 
+def render_node_watchdog(config: BootstrapConfig) -> str:
+    """The node's own watchdog (bash, no API permission needed), run as the systemd service :data:`WATCHDOG_UNIT`.
+
+    Every ``poll`` seconds it powers the node off (``shutdown_command now``; on AWS that terminates
+    it, on GCP the cloud's ``maxRunDuration`` deletes it) when
+
+    * the node reached its lifetime cap (``<state_dir>/expires_at``, written once at first boot);
+    * the boot failed (``<state_dir>/failed``) ten minutes ago, or did not finish within ``boot_timeout_s``;
+    * head: the run's watchdog job left :data:`POWEROFF_MARKER` (it could not terminate the head through
+      the API), or no run was submitted within ``submit_timeout_s`` of boot;
+    * worker: the head's Ray did not answer for ``head_lost_timeout_s``.
+
+    Being a service, it comes back after a reboot (which drops a pending ``shutdown +N``) and after a crash.
+    """
+    state = _q(config.state_dir)
+    run_dir = f"{_q(config.run_root)}/{_q(config.run_id)}"
+    ray = f"{_q(config.venv)}/bin/python -m ray.scripts.scripts"
+    poll = 5 if config.role == "head" else 60
+    lines = [
+        "#!/bin/bash",
+        f"# rubberband node watchdog of run {config.run_id} ({config.role}); installed by the startup script as",
+        f"# {WATCHDOG_UNIT} before anything that can fail. Needs no cloud permission.",
+        f"STATE={state}",
+        "echo $$ > \"$STATE/watchdog.pid\"",
+        f"off() {{ echo \"rubberband-boot: $(date -u +%H:%M:%S) watchdog: $*: powering off\" "
+        f">> {_q(config.console)} 2>/dev/null || true; {config.shutdown_command} now; exit 0; }}",
+        "export RAY_USAGE_STATS_ENABLED=0",
+        *_ray_auth_lines(config),
+        "booted=\"$(cat \"$STATE/booted_at\" 2>/dev/null || date +%s)\"",
+        "lost=0",
+        "while [ -d \"$STATE\" ]; do",
+        "  now=\"$(date +%s)\"",
+        "  if [ -s \"$STATE/expires_at\" ] && [ \"$now\" -ge \"$(cat \"$STATE/expires_at\")\" ]; then",
+        "    off 'the node reached its lifetime cap'; fi",
+        "  if [ -e \"$STATE/failed\" ]; then",
+        "    if [ $((now - $(stat -c %Y \"$STATE/failed\"))) -ge 600 ]; then off 'the boot failed'; fi",
+        "  elif [ ! -e \"$STATE/ready\" ]; then",
+        f"    if [ $((now - booted)) -ge {int(config.boot_timeout_s)} ]; then "
+        f"off 'the boot did not finish within {int(config.boot_timeout_s)}s'; fi",
+    ]
+    if config.role == "head":
+        wd = config.watchdog
+        lines += [
+            "  else",
+            f"    if [ -e {run_dir}/{POWEROFF_MARKER} ]; then off \"the run's watchdog ended the run\"; fi",
+            f"    if [ $((now - booted)) -ge {int(wd.submit_timeout_s)} ] && [ -z \"$(ls -A {run_dir} 2>/dev/null)\" ]; "
+            f"then off 'no run was submitted within {int(wd.submit_timeout_s)}s of boot'; fi",
+        ]
+    else:
+        head = _q(f"{config.head_address}:{config.ray_port}")
+        lines += [
+            "  else",
+            f"    if {ray} health-check --address {head} >/dev/null 2>&1; then lost=0; else lost=$((lost + {poll})); fi",
+            f"    if [ \"$lost\" -ge {int(config.head_lost_timeout_s)} ]; then off \"the head was unreachable for "
+            f"${{lost}}s\"; fi",
+        ]
+    lines += [
+        "  fi",
+        f"  sleep {poll} || exit 1",
+        "done",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _ray_auth_lines(config: BootstrapConfig) -> list[str]:
+    """Ray's authentication mode for every Ray process of the node (the boot's and the watchdog's)."""
+    if config.ray_auth == "disabled":
+        return ["export RAY_AUTH_MODE=disabled"]
+    return ["export RAY_AUTH_MODE=token", f"export RAY_AUTH_TOKEN_PATH={_q(config.state_dir)}/{TOKEN_FILE}"]
+
+
+_PUBLIC_KEY_RE = re.compile(r"^ssh-ed25519 [A-Za-z0-9+/=]{40,120}( [A-Za-z0-9@._-]{0,60})?$")
+
+
+def _token_drop_lines(config: BootstrapConfig) -> list[str]:
+    """Worker, token mode, early in the boot: the drop account the head pushes the run's token to (over SSH from
+    inside the run's network; its one key may only write the token: ``restrict`` + a forced command)."""
+    key = (config.token_push_key or "").strip()
+    if not _PUBLIC_KEY_RE.match(key):
+        raise InputError("a worker's startup script in token mode needs the head's ed25519 public key "
+                         "(token_push_key)")
+    drop = _q(config.token_drop_dir)
+    forced = f'restrict,command="umask 077; cat > {config.token_drop_dir}/{TOKEN_FILE}.part && ' \
+             f'mv {config.token_drop_dir}/{TOKEN_FILE}.part {config.token_drop_dir}/{TOKEN_FILE}"'
+    return [
+        "# the run's Ray token arrives from the head over SSH (never in user-data): an account that can only drop it",
+        f"id -u {TOKEN_DROP_USER} >/dev/null 2>&1 || useradd --system --home-dir {drop} --shell /bin/sh "
+        f"{TOKEN_DROP_USER}",
+        f"mkdir -p {drop}/.ssh",
+        f"echo {_q(forced + ' ' + key)} > {drop}/.ssh/authorized_keys",
+        f"chown -R {TOKEN_DROP_USER}: {drop}",
+        f"chmod 700 {drop} {drop}/.ssh",
+        f"chmod 600 {drop}/.ssh/authorized_keys",
+    ]
+
+
+def _token_lines(config: BootstrapConfig) -> list[str]:
+    """Token mode, right before ``ray start``: wait for the run's token (the head: from the CLI, over SSH; a worker:
+    from the head, into its drop account), then keep it root-only in the state directory."""
+    if config.ray_auth == "disabled":
+        return []
+    state, token = _q(config.state_dir), f"{_q(config.state_dir)}/{TOKEN_FILE}"
+    if config.role == "head":
+        return [
+            "# the run's Ray token comes from the CLI over SSH (never in user-data or metadata)",
+            f"[ -s {state}/push_key ] || ssh-keygen -q -t ed25519 -N '' -C rubberband-token-push -f {state}/push_key",
+            f"export {TOKEN_PUSH_KEY_ENV}={state}/push_key",
+            "say \"waiting for the run's Ray token from the CLI\"",
+            f"waited=0; until [ -s {token} ]; do sleep 2; waited=$((waited + 2)); "
+            f"[ \"$waited\" -lt {int(config.watchdog.submit_timeout_s)} ] || "
+            f"fail \"the CLI did not deliver the run's Ray token within {int(config.watchdog.submit_timeout_s)}s\"; done",
+            f"chmod 600 {token}",
+        ]
+    drop = f"{_q(config.token_drop_dir)}/{TOKEN_FILE}"
+    return [
+        "say \"waiting for the run's Ray token from the head\"",
+        f"waited=0; until [ -s {drop} ] || [ -s {token} ]; do sleep 2; waited=$((waited + 2)); "
+        f"[ \"$waited\" -lt {int(config.boot_timeout_s)} ] || "
+        f"fail \"the head did not deliver the run's Ray token within {int(config.boot_timeout_s)}s\"; done",
+        f"if [ -s {drop} ]; then install -m 600 {drop} {token}; rm -f {drop}; fi",
+    ]
+
+
+def _safety_net_lines(config: BootstrapConfig) -> list[str]:
+    """The lifetime cap, then the node watchdog as a systemd service: the first things a boot does."""
+    state = _q(config.state_dir)
+    lines = [f"mkdir -p {state}", f"chmod 700 {state}",
+             f"[ -s {state}/booted_at ] || date +%s > {state}/booted_at"]
+    if config.max_lifetime_s:
+        minutes = max(1, int(config.max_lifetime_s // 60))
+        lines += ["# hard lifetime cap first: powering off terminates this instance (AWS; GCP deletes it at its "
+                  "maxRunDuration)",
+                  f"{config.shutdown_command} +{minutes} || true",
+                  f"[ -s {state}/expires_at ] || echo $(( $(date +%s) + {int(config.max_lifetime_s)} )) "
+                  f"> {state}/expires_at"]
+    unit = "\n".join([
+        "[Unit]",
+        f"Description=rubberband safety nets of run {config.run_id} (lifetime cap, failed boot, lost head)",
+        "After=network-online.target",
+        "[Service]",
+        "Type=simple",
+        f"ExecStart=/bin/bash {config.state_dir}/watchdog.sh",
+        "Restart=always",
+        "RestartSec=10",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ])
+    lines += [
+        "# the node's watchdog, as a service (it survives reboots and crashes), before anything that can fail",
+        f"cat > {state}/watchdog.sh <<'RB_WATCHDOG'",
+        render_node_watchdog(config).rstrip("\n"),
+        "RB_WATCHDOG",
+        f"chmod 700 {state}/watchdog.sh",
+        f"mkdir -p {_q(config.systemd_dir)}",
+        f"cat > {_q(config.systemd_dir)}/{WATCHDOG_UNIT} <<'RB_UNIT'",
+        unit,
+        "RB_UNIT",
+        f"if command -v systemctl >/dev/null 2>&1 && systemctl daemon-reload && systemctl enable --now {WATCHDOG_UNIT}; "
+        "then",
+        f"  say 'watchdog: systemd service {WATCHDOG_UNIT}'",
+        "else",
+        "  say 'watchdog: no systemd here; running it in the background'",
+        f"  nohup /bin/bash {state}/watchdog.sh </dev/null >/dev/null 2>&1 &",
+        "fi",
+    ]
+    return lines
+
+
 def render_startup_script(config: BootstrapConfig) -> str:
     """The bash script a node runs at first boot (EC2 user-data / GCE startup-script).
 
@@ -277,20 +492,17 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"mkdir -p {_q(config.log_dir)}",
         f"exec > >(tee -a {_q(config.log_dir)}/rubberband-boot.log {_q(config.console)} >/dev/null) 2>&1",
         "say() { echo \"rubberband-boot: $(date -u +%H:%M:%S) $*\"; }",
-        f"fail() {{ echo \"{BOOT_FAILED} $*\"; {config.shutdown_command} +10 || true; exit 1; }}",
+        f"fail() {{ echo \"{BOOT_FAILED} $*\"; touch {_q(config.state_dir)}/failed 2>/dev/null || true; "
+        f"{config.shutdown_command} +10 || true; exit 1; }}",
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
         f"say 'booting a {config.role} of run {config.run_id}'",
-    ]
-    if config.max_lifetime_s:
-        minutes = max(1, int(config.max_lifetime_s // 60))
-        lines += ["# hard lifetime cap: powering off terminates this instance",
-                  f"{config.shutdown_command} +{minutes} || true"]
-    lines += [
+        *_safety_net_lines(config),
+        *(_token_drop_lines(config) if config.role == "worker" and config.ray_auth == "token" else []),
         f"RB_RUN_ID={_q(config.run_id)}",
         *_instance_id_lines(config.cloud, url),
         "export RAY_USAGE_STATS_ENABLED=0",
-        "# cluster traffic is confined to the run's security group / firewall tag (see docs/clouds.md)",
-        "export RAY_AUTH_MODE=disabled",
+        "# cluster traffic is confined to the run's security group / firewall rules (see docs/clouds.md)",
+        *_ray_auth_lines(config),
         f"# an interpreter with the client's Python {want} (Ray needs the same minor on every node)",
         "RB_PY=''",
         f"for cand in {candidates}; do",
@@ -326,6 +538,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"{config.ray_version}; every node must run the CLI's version\"",
         f"export PATH={venv}/bin:\"$PATH\"  # the runtime's python and pip for Ray's jobs",
         f"mkdir -p {run_dir}",
+        *_token_lines(config),
     ]
     ray = f"{py} -m ray.scripts.scripts"
     more = "".join(f" {_q(option)}" for option in config.ray_start_options)
@@ -337,14 +550,8 @@ def render_startup_script(config: BootstrapConfig) -> str:
             "# the head schedules no trial work; dashboard and job server listen on localhost (reach them over SSH)",
             f"{ray} start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
             f"--dashboard-port={config.dashboard_port} --resources='{json.dumps({'rb-head': 1})}'{more}",
-            "# until the CLI submits the run (and its watchdog job), and whenever that watchdog asks, power off here",
-            "(waited=0; while sleep 5; do waited=$((waited + 5))",
-            f"   if [ -e {run_dir}/{POWEROFF_MARKER} ]; then say 'the watchdog ended the run: powering off'; "
-            f"{config.shutdown_command} now; break; fi",
-            f"   if [ \"$waited\" -ge {int(wd.submit_timeout_s)} ] && [ -z \"$(ls -A {run_dir})\" ]; then",
-            f"     say 'no run was submitted within {wd.submit_timeout_s:g}s of boot: powering off'; "
-            f"{config.shutdown_command} now; break; fi",
-            " done) </dev/null &",
+            f"# an unsubmitted run ({int(wd.submit_timeout_s)}s) and the run watchdog's {POWEROFF_MARKER} marker: "
+            f"the node watchdog ({WATCHDOG_UNIT})",
         ]
     else:
         head = f"{config.head_address}:{config.ray_port}"
@@ -354,12 +561,8 @@ def render_startup_script(config: BootstrapConfig) -> str:
             f"RB_HEAD={_q(head)}",
             f"{ray} start --address=\"${{RB_HEAD}}\" {device} "
             f"--resources=\"{{\\\"rb-node-${{INSTANCE_ID}}\\\": {config.workers}}}\"{more}",
-            "# head-loss watchdog: a worker whose head is gone powers off (and so terminates)",
-            "(lost=0; while sleep 60; do",
-            f"   if {ray} health-check --address \"${{RB_HEAD}}\" >/dev/null 2>&1; then lost=0;",
-            "   else lost=$((lost + 60)); fi",
-            f"   if [ \"$lost\" -ge {int(config.head_lost_timeout_s)} ]; then {config.shutdown_command} now; fi",
-            " done) </dev/null >/dev/null 2>&1 &",
+            f"# a head unreachable for {int(config.head_lost_timeout_s)}s powers this worker off: the node watchdog "
+            f"({WATCHDOG_UNIT})",
         ]
-    lines += ["say 'ready: Ray is up'", "trap - ERR"]
+    lines += [f"touch {_q(config.state_dir)}/ready", "say 'ready: Ray is up'", "trap - ERR"]
     return assert_no_credentials("\n".join(lines) + "\n")

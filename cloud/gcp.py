@@ -8,10 +8,16 @@
   ``onHostMaintenance=TERMINATE``; spot VMs the SPOT provisioning model and
   ``instanceTerminationAction=DELETE`` (a preempted VM is deleted, not left with a billed disk).
 * Labels: run id, stage, version, managed marker (cloud/provider.py keys); network tag
-  ``rubberband-<run>`` and one firewall rule per run that opens TCP only between VMs carrying
-  that tag (plus SSH from a user-given CIDR), deleted by :meth:`GcpProvider.cleanup_run`. Firewall
-  rules carry no labels: the run's ownership marker ends their description (:func:`owner_marker`), and
-  only rules carrying it are reused or deleted — never a rule matched by its name alone.
+  ``rubberband-<run>``. The run's firewall rules deny by default: a rule at priority
+  :data:`DENY_PRIORITY` denies every protocol from anywhere to the run's tag (it outranks the
+  ``default`` network's own ``default-allow-internal`` / ``default-allow-ssh`` at 65534), and
+  rules at :data:`ALLOW_PRIORITY` open TCP only between VMs carrying that tag, plus SSH from a
+  user-given CIDR to the head alone. Only the head gets an external address unless
+  ``worker_public_ip`` (workers then reach package indexes through it; no ingress is allowed
+  to them either way). :meth:`GcpProvider.cleanup_run` deletes the rules.
+  Firewall rules carry no labels: the run's ownership marker ends their description
+  (:func:`owner_marker`), and only rules carrying it are reused or deleted — never a rule matched by its
+  name alone.
 * Operations are waited on with the ``*_unary`` calls and this provider's own
   ``ZoneOperationsClient`` / ``GlobalOperationsClient``: ``.result()`` on an extended
   operation would poll through an internal client built without our endpoint override.
@@ -49,7 +55,7 @@ from rubberband import __version__
 from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
 from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import ERROR_TABLE, RetryPolicy, call_with_retry, classify, gcp_quota_name
-from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
+from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
 from rubberband.errors import CloudError, InputError
 
 T = TypeVar("T")
@@ -101,6 +107,16 @@ def marked_run(description: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+def head_tag(run_id: str) -> str:
+    """The network tag only the run's head carries (SSH is opened to it alone)."""
+    return f"rubberband-{run_id}-head"
+
+
+#: Firewall priorities (lower wins): the run's allows, then its deny-everything-else, then the default network's.
+ALLOW_PRIORITY = 900
+DENY_PRIORITY = 1000
+
+
 class GcpProvider:
     """Compute Engine VMs of one region (one project) for rubberband runs."""
 
@@ -109,6 +125,7 @@ class GcpProvider:
     def __init__(self, region: str, *, project: str | None = None, endpoint: str | None = None,
                  credentials: Credentials | None = None, network: str = "default", image: str = DEFAULT_IMAGE,
                  ssh_cidr: str | None = None, service_account: str | None = None, disk_gb: int = 100,
+                 worker_public_ip: bool = True,
                  retry: RetryPolicy | None = None, poll_s: float = 5.0, version: str = __version__) -> None:
         if region not in GCP_REGIONS:
             raise InputError(f"GCP region {region!r} is unknown; use one of e.g. us-central1, us-east1, europe-west4")
@@ -134,6 +151,7 @@ class GcpProvider:
         self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
         self.service_account = service_account
         self.disk_gb = disk_gb
+        self.worker_public_ip = worker_public_ip
         self.retry = retry or RetryPolicy()
         self.poll_s = poll_s
         self.version = version
@@ -217,18 +235,29 @@ class GcpProvider:
     # -- firewall ---------------------------------------------------------------------------
 
     def ensure_firewall(self, run_id: str) -> list[str]:
-        """TCP between the run's VMs only (network tag), SSH from ``ssh_cidr`` when given."""
+        """The run's rules: everything to its VMs denied, but TCP between them and SSH from ``ssh_cidr`` to its head.
+
+        The deny (priority :data:`DENY_PRIORITY`) outranks the network's own allow rules (the ``default``
+        network's ``default-allow-internal`` and ``default-allow-ssh`` sit at 65534), so no other VM of the
+        project and nothing on the internet reaches a Ray port; the run's allows (:data:`ALLOW_PRIORITY`)
+        outrank the deny. The deny goes in first: there is never a moment with only the allows."""
         tag = network_tag(run_id)
+        network = f"global/networks/{self.network}"
         rules = [compute_v1.Firewall(
-            name=firewall_name(run_id), network=f"global/networks/{self.network}", direction="INGRESS",
+            name=firewall_name(run_id, "deny"), network=network, direction="INGRESS", priority=DENY_PRIORITY,
+            description=f"rubberband run {run_id}: nothing reaches its VMs but what the run's other rules allow "
+                        f"{owner_marker(run_id)}",
+            source_ranges=["0.0.0.0/0"], target_tags=[tag], denied=[compute_v1.Denied(I_p_protocol="all")]),
+            compute_v1.Firewall(
+            name=firewall_name(run_id), network=network, direction="INGRESS", priority=ALLOW_PRIORITY,
             description=f"rubberband run {run_id}: Ray and torch DDP between its VMs {owner_marker(run_id)}",
             source_tags=[tag], target_tags=[tag], allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["0-65535"])])]
         if self.ssh_cidr:
             rules.append(compute_v1.Firewall(
-                name=firewall_name(run_id, "ssh"), network=f"global/networks/{self.network}", direction="INGRESS",
-                description=f"rubberband run {run_id}: SSH from the user {owner_marker(run_id)}",
+                name=firewall_name(run_id, "ssh"), network=network, direction="INGRESS", priority=ALLOW_PRIORITY,
+                description=f"rubberband run {run_id}: SSH from the user to its head {owner_marker(run_id)}",
                 source_ranges=[self.ssh_cidr],
-                target_tags=[tag], allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])]))
+                target_tags=[head_tag(run_id)], allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])]))
         names = []
         for rule in rules:
             if rule.name not in self._firewalls:
@@ -282,6 +311,7 @@ class GcpProvider:
         itype = request.instance_type
         host = itype.host_type or itype.name.split("+", 1)[0]
         labels = dict(request.tags(self.version))
+        is_head = labels.get(TAG_ROLE) == "head"
         has_gpu = itype.accelerator_count > 0
         accelerators = []
         if has_gpu and "+" in itype.name:  # n1 host + attached GPUs; a2/g2 hosts bring their own
@@ -307,14 +337,15 @@ class GcpProvider:
                 request.startup_script, what="GCE startup-script")))
         resource = compute_v1.Instance(
             name=name, machine_type=f"zones/{zone}/machineTypes/{host}", labels=labels,
-            tags=compute_v1.Tags(items=[network_tag(request.run_id)]),
+            tags=compute_v1.Tags(items=[network_tag(request.run_id), *([head_tag(request.run_id)] if is_head else [])]),
             metadata=compute_v1.Metadata(items=metadata), guest_accelerators=accelerators, scheduling=scheduling,
             disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=(
                 compute_v1.AttachedDiskInitializeParams(source_image=self.image, disk_size_gb=self.disk_gb,
                                                         labels=labels)))],
-            network_interfaces=[compute_v1.NetworkInterface(
+            network_interfaces=[compute_v1.NetworkInterface(  # an external address: the head's SSH (see above)
                 network=f"global/networks/{self.network}",
-                access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")])])
+                access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+                if is_head or self.worker_public_ip else [])])
         if self.service_account:
             resource.service_accounts = [compute_v1.ServiceAccount(
                 email=self.service_account, scopes=["https://www.googleapis.com/auth/cloud-platform"])]

@@ -69,8 +69,12 @@ def head_startup_script(cloud: str, region: str, run_id: str, settings: Watchdog
 
 
 def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: InstanceType, *,
-                          max_lifetime_s: float | None = None, requirements: Sequence[str] = ()) -> str:
+                          max_lifetime_s: float | None = None, requirements: Sequence[str] = (),
+                          token_push_key: str | None = None) -> str:
     """The startup script of a worker of ``itype`` that joins ``head`` (with the spec's ``requirements``).
+
+    ``token_push_key``: the head's public push key: the worker's Ray then runs with the run's token, which the
+    head pushes over SSH (cloud/ray_token.py); without one (a head outside the cloud) Ray auth is disabled.
 
     The worker is rendered where the executor runs (the head, in head mode), whose Python, Ray and
     torch are the CLI's: the versions every node must match."""
@@ -83,7 +87,8 @@ def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: Instan
         rubberband_version=__version__, ray_version=str(versions["ray_version"]),
         python_version=str(versions["python_version"]), torch_version=versions["torch_version"],
         head_address=head.address, workers=node.slots, use_gpu=node.num_gpus > 0, cpus=node.num_cpus,
-        max_lifetime_s=max_lifetime_s, requirements=tuple(requirements)))
+        max_lifetime_s=max_lifetime_s, requirements=tuple(requirements),
+        ray_auth="token" if token_push_key else "disabled", token_push_key=token_push_key))
 
 
 def provision_head(provider: Provider, run_id: str, region: str, zones: Sequence[str], *,
@@ -164,25 +169,52 @@ def self_terminate(provider: Provider, run_id: str, head_id: str, *,
                    shutdown: Callable[[], None] = _shutdown) -> list[Instance]:
     """Terminate every worker of the run, its run-level resources where possible, then the head.
 
-    If the head cannot terminate itself through the API, it shuts down (on AWS an
-    instance-initiated shutdown terminates it). Returns the workers terminated.
+    Every API call has a fallback: a failed listing or worker termination is logged and the head
+    still ends itself (its workers then power off on their own: their node watchdog loses the head);
+    if the head cannot terminate itself through the API, it shuts down (on AWS an
+    instance-initiated shutdown terminates it; on GCP its ``maxRunDuration`` deletes it). Returns
+    the workers terminated.
     """
-    workers = [i for i in provider.list(run_id) if i.id != head_id]
+    workers: list[Instance] = []
+    try:
+        workers = [i for i in provider.list(run_id) if i.id != head_id]
+    except Exception as exc:  # noqa: BLE001 - any failure: the head must still end
+        log.warning("could not list the instances of run %s (%s); ending the head anyway", run_id, exc)
     if workers:
-        provider.terminate([w.id for w in workers])
-        log.info("terminated %d workers of run %s: %s", len(workers), run_id, ", ".join(w.id for w in workers))
+        try:
+            provider.terminate([w.id for w in workers])
+            log.info("terminated %d workers of run %s: %s", len(workers), run_id, ", ".join(w.id for w in workers))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not terminate the workers of run %s (%s); they power off once the head is gone",
+                        run_id, exc)
+            workers = []
     cleanup = getattr(provider, "cleanup_run", None)
     if cleanup is not None and provider.cloud != "aws":  # an EC2 group cannot go while the head is in it
         try:
             cleanup(run_id, 60.0)
-        except CloudError as exc:
+        except Exception as exc:  # noqa: BLE001
             log.warning("could not delete run resources of %s: %s", run_id, exc)
     try:
         provider.terminate([head_id])
-    except CloudError as exc:
+    except Exception as exc:  # noqa: BLE001
         log.warning("could not terminate the head %s through the API (%s); shutting down", head_id, exc)
         shutdown()
     return workers
+
+
+class NoApi:
+    """The provider of a watchdog that could not build one (no credentials, no endpoint): every call fails, so
+    :func:`self_terminate` falls back to shutting the head down."""
+
+    def __init__(self, cloud: str, reason: str) -> None:
+        self.cloud = cloud
+        self.reason = reason
+
+    def list(self, run_id: str | None = None) -> list[Instance]:
+        raise CloudError(f"{self.cloud}: no API access ({self.reason})", kind="fatal")
+
+    def terminate(self, instance_ids: list[str]) -> None:
+        raise CloudError(f"{self.cloud}: no API access ({self.reason})", kind="fatal")
 
 
 def watch(provider: Provider, run_id: str, head_id: str, run_dir: Path, settings: WatchdogSettings, *,
@@ -254,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = WatchdogSettings(submit_timeout_s=args.submit_timeout, stall_timeout_s=args.stall_timeout,
                                 done_grace_s=args.done_grace, max_lifetime_s=args.max_lifetime, poll_s=args.poll)
-    provider = make_provider(args.cloud, args.region)
+    try:
+        provider = make_provider(args.cloud, args.region)
+    except Exception as exc:  # noqa: BLE001 - watch anyway; ending the run then falls back to a shutdown
+        log.warning("no %s API access for the watchdog (%s): it will shut the head down instead", args.cloud, exc)
+        provider = NoApi(args.cloud, str(exc))
     if args.run_dir is None:
         from rubberband.cloud.head_job import head_run_dir
 

@@ -134,7 +134,10 @@ def _load_inputs(stage: Path):
 
 def run(args: argparse.Namespace) -> int:
     """Execute the staged run on this head; always leave the DONE marker."""
+    import time
+
     from rubberband.catalog import load_catalog
+    from rubberband.cloud.bootstrap import lifetime_cap_s
     from rubberband.cloud.head import DONE_MARKER
     from rubberband.cloud.registry import ProviderPool
     from rubberband.cloud.testboot import boot_mode
@@ -146,16 +149,27 @@ def run(args: argparse.Namespace) -> int:
     code = 1
     try:
         spec, plan, profile = _load_inputs(Path.cwd() / STAGE_DIR)
-        pool = ProviderPool()
+        pool = ProviderPool({"gcp": {"worker_public_ip": False}} if args.private_workers else None)
         (head,) = pool(args.cloud, args.region).wait([args.head_id], 120.0)
         test_boot = boot_mode()
+        from rubberband.cloud.ray_token import FileTokenPush, SshTokenPush
         from rubberband.cloud.testboot import head_disk
+
+        # the run's Ray token for each worker: pushed over SSH with the head's key (a played head's stand-in
+        # workers read it from this process's environment instead)
+        if test_boot:
+            push = FileTokenPush() if os.environ.get("RAY_AUTH_MODE") == "token" else None
+        else:
+            push = SshTokenPush.from_env()
 
         backend = OnHeadCloudBackend(cloud=args.cloud, run_dir=head_disk(args.head_id) if test_boot else run_dir,
                                      regions=list(dict.fromkeys(s.region for s in plan.stages)), pool=pool,
                                      catalog=load_catalog([args.cloud]), test_boot=test_boot, head_instance=head,
                                      ray_address=os.environ.get("RAY_ADDRESS", ""), head_grace_s=args.head_grace,
-                                     requirements=tuple(spec.requirements))
+                                     requirements=tuple(spec.requirements),
+                                     expires_at=time.time() + lifetime_cap_s(args.deadline or plan.deadline_s,
+                                                                             args.overrun_s, args.head_grace),
+                                     token_push=push, ray_auth_mode="token" if push is not None else "disabled")
         result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
                          backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
                          overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile,
@@ -284,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--on-late", choices=("finish", "stop"), default="finish",
                    help="at a boundary where no plan meets the deadline: finish late, or stop with the best so far")
     r.add_argument("--trial-runtime", default="rubberband.executor.trials")
+    r.add_argument("--private-workers", action="store_true",
+                   help="GCP: start workers without an external address (the network needs Cloud NAT)")
     r.add_argument("--head-grace", type=float, default=WatchdogSettings().done_grace_s,
                    help="the watchdog's results grace: the head is billed this long after the run ends")
     p = sub.add_parser("pack", help="print the run directory as base64 tar.gz")

@@ -6,7 +6,10 @@ The head's Ray dashboard / job server listens on the head's 127.0.0.1 only (port
 ``ray.job_submission.JobSubmissionClient``:
 
 * :class:`SshTunnel` — ``ssh -N -L <local port>:127.0.0.1:8265 user@<head public address>`` with
-  the user's key (``--ssh-key``); retried until the head's sshd answers (it is still booting);
+  the user's key (``--ssh-key``); retried until the head's sshd answers (it is still booting). Host
+  keys go to the run's own ``known_hosts`` (:func:`run_known_hosts`), never the user's: the first
+  connection records the head's key, every later one (reattach, token delivery) must present the
+  same, and a public address the cloud hands out again to another run's head is no conflict;
 * :class:`DirectLink` — a URL as is: a CLI machine inside the network, or the tests' local head.
 """
 
@@ -57,6 +60,25 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def run_known_hosts(run_id: str, instance_id: str, run_dir: Path | None = None) -> Path:
+    """The run's own ``known_hosts``: ``RUN_DIR/known_hosts`` when the run directory is known, else one per head
+    under the user's cache (``~/.cache/rubberband/known_hosts/<run>-<instance>``)."""
+    if run_dir is not None:
+        return Path(run_dir) / "known_hosts"
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rubberband" / "known_hosts" / f"{run_id}-{instance_id}"
+
+
+def ssh_options(known_hosts: Path) -> list[str]:
+    """The options of every ssh the CLI runs to a head: the run's known_hosts only, no agent or X11 forwarding,
+    no password prompt."""
+    return ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "StrictHostKeyChecking=accept-new", "-o", "HashKnownHosts=no", "-o", "ForwardAgent=no",
+            "-o", "ForwardX11=no", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "IdentitiesOnly=yes"]
+
+
 @dataclass
 class SshTunnel:
     """An ``ssh -N -L`` forward from a free local port to the head's job server."""
@@ -66,12 +88,16 @@ class SshTunnel:
     user: str = "ubuntu"
     remote_port: int = DASHBOARD_PORT
     ssh: str = "ssh"
+    known_hosts: Path | None = None  # the run's own (run_known_hosts); None: one under the cache for this host
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.known_hosts or run_known_hosts("host", self.host)
 
     def command(self, local_port: int) -> list[str]:
         return [self.ssh, "-N", "-L", f"{local_port}:127.0.0.1:{self.remote_port}", "-i", str(self.key_file),
-                "-o", "ExitOnForwardFailure=yes", "-o", "StrictHostKeyChecking=accept-new",
-                "-o", "ServerAliveInterval=30", "-o", "ConnectTimeout=10", "-o", "BatchMode=yes",
+                *ssh_options(self.hosts_file), "-o", "ExitOnForwardFailure=yes", "-o", "ServerAliveInterval=30",
                 f"{self.user}@{self.host}"]
 
     def open(self, timeout_s: float) -> str:
@@ -81,6 +107,7 @@ class SshTunnel:
                              f"OpenSSH client or run with --head local from inside the cloud network")
         if not Path(self.key_file).expanduser().is_file():
             raise InputError(f"--ssh-key {self.key_file}: no such private key file")
+        self.hosts_file.parent.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout_s
         while True:
             port = _free_port()

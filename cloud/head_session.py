@@ -44,16 +44,15 @@ from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
 from rubberband.cloud.head_job import STAGE_DIR, LogFilter, unpack
 from rubberband.cloud.head_link import DirectLink, HeadLink, SshTunnel
 from rubberband.cloud.provider import Instance
+from rubberband.cloud.shipping import NOISE_EXCLUDES, SECRET_EXCLUDES
 from rubberband.errors import CloudError, InputError, RunDirError
 from rubberband.plan import Plan
 from rubberband.spec import JobSpec
 
 HEAD_RECORD = "head.json"
-#: Never shipped to the head with the training code: VCS and environments, caches, run directories, and
-#: files that commonly hold secrets (the head gets its cloud access from its own identity).
-CODE_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", "runs",
-                 ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", ".aws", ".ssh", ".netrc",
-                 "credentials*", "*service-account*.json", ".git-credentials")
+#: Never shipped to the head with the training code (see :class:`rubberband.cloud.shipping.CodeFilter`, which adds the
+#: code directory's ``.gitignore`` and ``.rubberbandignore``): secrets, VCS, environments, caches, run directories.
+CODE_EXCLUDES = (*NOISE_EXCLUDES, *SECRET_EXCLUDES)
 MAX_CODE_BYTES = 100 * 1024 ** 2
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 #: How long the link to a head may stay broken (no log, no status) before the CLI gives up following the run.
@@ -74,6 +73,7 @@ class HeadOptions:
     boot_timeout_s: float = 1200.0  # instance start + runtime install + Ray head
     instance_profile: str | None = None  # AWS: the head's instance profile (None: one is created for the run)
     service_account: str | None = None  # GCP: the head's service account (required)
+    private_workers: bool = False  # GCP: workers without an external address (the network needs Cloud NAT)
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,7 @@ class HeadRecord:
     ssh_key: str | None = None
     identity: str | None = None  # the head's instance profile name / service account email
     identity_created: bool = False  # rubberband created it for this run (deleted when the run ends)
+    private_workers: bool = False  # GCP: the head's executor starts workers without an external address
 
     @property
     def cloud_run_id(self) -> str:
@@ -137,7 +138,14 @@ def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> No
     to open, the key (and its EC2 key pair)."""
     from rubberband.cloud.identity import from_options
 
+    from rubberband.cloud.bootstrap import check_ssh_cidr
+
     from_options(cloud, options.instance_profile, options.service_account)
+    if options.private_workers and cloud != "gcp":
+        raise InputError("--private-workers is for --cloud gcp (on AWS the run's security group already admits only "
+                         "the run's own nodes); drop it")
+    if options.ssh_cidr:
+        check_ssh_cidr(options.ssh_cidr)  # before anything is created
     if test_boot:
         return
     if not (options.ssh_cidr and options.ssh_key and (options.key_name or cloud != "aws")):
@@ -175,7 +183,8 @@ def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metr
                             address=head.address, public_address=head.public_address,
                             regions=list(dict.fromkeys([region, *(s.region for s in plan.stages)])), metric=metric,
                             ssh_user=options.ssh_user, ssh_key=str(options.ssh_key) if options.ssh_key else None,
-                            identity=identity.name, identity_created=identity.created)
+                            identity=identity.name, identity_created=identity.created,
+                            private_workers=options.private_workers)
         record.write(run_dir)
         if test_boot:
             from rubberband.cloud.testboot import play_head
@@ -191,8 +200,34 @@ def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metr
     return record
 
 
-def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = None) -> HeadLink:
-    """The way to the head's job server: the played head's local URL in tests, else an SSH tunnel."""
+def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_boot: str | None) -> str:
+    """Make the run's Ray token, keep it in ``RUN_DIR/ray-token`` (0600) and write it onto the head: over SSH
+    (the head's boot waits for it before starting Ray), or onto a played head's disk in tests."""
+    from rubberband.cloud.ray_token import deliver_to_head, new_token, write_run_token
+
+    token = new_token()
+    write_run_token(run_dir, token)
+    if test_boot:
+        from rubberband.cloud.testboot import deliver_token as deliver_to_played_head
+
+        deliver_to_played_head(record.instance_id, token)
+        return token
+    from rubberband.cloud.head_link import run_known_hosts
+
+    host = record.public_address or record.address
+    if not host or options.ssh_key is None:
+        raise InputError(f"cannot reach head {record.instance_id} to give it the run's Ray token: it has no address "
+                         f"or no --ssh-key was given")
+    deliver_to_head(host, record.ssh_user, Path(options.ssh_key).expanduser(),
+                    run_known_hosts(record.cloud_run_id, record.instance_id, run_dir), token,
+                    timeout_s=options.boot_timeout_s)
+    return token
+
+
+def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = None,
+             run_dir: Path | None = None) -> HeadLink:
+    """The way to the head's job server: the played head's local URL in tests, else an SSH tunnel that trusts the
+    run's own known_hosts (``RUN_DIR/known_hosts``; see head_link.run_known_hosts)."""
     if test_boot:
         from rubberband.cloud.testboot import head_url
 
@@ -202,22 +237,27 @@ def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = N
     if key is None or not host:
         raise InputError(f"cannot reach head {record.instance_id}: pass --ssh-key (the private key of the run's "
                          f"key pair){'' if host else '; the head has no address (is it still running?)'}")
-    return SshTunnel(host=host, key_file=key, user=record.ssh_user)
+    from rubberband.cloud.head_link import run_known_hosts
+
+    return SshTunnel(host=host, key_file=key, user=record.ssh_user,
+                     known_hosts=run_known_hosts(record.cloud_run_id, record.instance_id, run_dir))
 
 
 def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
     """The job's working directory: the spec's code directory, plus ``_rubberband/`` with spec, plan, profile."""
     from rubberband.plan import write_plan
 
+    from rubberband.cloud.shipping import CodeFilter
+
     source = Path(spec.base_dir)
-    size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file() and not
-               any(part in CODE_EXCLUDES for part in p.relative_to(source).parts))
+    code = CodeFilter(source)
+    size = sum((source / rel).stat().st_size for rel in code.files())
     if size > MAX_CODE_BYTES:
         raise InputError(f"the training code directory {source} holds {size / 1024 ** 2:.0f} MiB; the head takes "
                          f"at most {MAX_CODE_BYTES // 1024 ** 2} MiB: move data sets out of it (download them in "
-                         f"train)")
+                         f"train) or list them in {source}/.rubberbandignore")
     work = into / "code"
-    shutil.copytree(source, work, ignore=shutil.ignore_patterns(*CODE_EXCLUDES), symlinks=False)
+    code.copy_to(work)
     stage = work / STAGE_DIR
     stage.mkdir()
     data = spec.model_dump(mode="json", exclude={"base_dir"})
@@ -245,6 +285,8 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
         words += ["--overrun-s", f"{overrun_s:g}"]
     if on_late != "finish":
         words += ["--on-late", on_late]
+    if record.private_workers:
+        words += ["--private-workers"]
     import shlex
 
     return " ".join(shlex.quote(w) for w in words)
@@ -254,9 +296,10 @@ class HeadSession:
     """An open link to a run's head and a job client on it; use as a context manager."""
 
     def __init__(self, record: HeadRecord, link: HeadLink, *, connect_timeout_s: float = 1200.0,
-                 package: Path | None = None) -> None:
+                 package: Path | None = None, token: str | None = None) -> None:
         self.record = record
         self.link = link
+        self.token = token  # the run's Ray token (RUN_DIR/ray-token): sent as a bearer header, never logged
         self.connect_timeout_s = connect_timeout_s
         self.client = None
         self._package = package
@@ -271,7 +314,8 @@ class HeadSession:
         return self._package
 
     def __enter__(self) -> "HeadSession":
-        # the head's Ray runs without a token (docs/clouds.md); this process's setting is restored on exit
+        # the run's token goes as an explicit header (Ray then adds none of its own); this process's own Ray
+        # auth setting stays out of it and is restored on exit
         self._auth_mode = os.environ.get("RAY_AUTH_MODE")
         os.environ["RAY_AUTH_MODE"] = "disabled"
         from ray.job_submission import JobSubmissionClient
@@ -284,7 +328,9 @@ class HeadSession:
         try:
             while True:
                 try:
-                    self.client = JobSubmissionClient(url)
+                    from rubberband.cloud.ray_token import auth_headers
+
+                    self.client = JobSubmissionClient(url, headers=auth_headers(self.token) or None)
                     return self
                 except Exception as exc:  # noqa: BLE001 - ConnectionError until Ray's job server is up
                     if time.monotonic() >= next_console:  # still booting, or did its boot fail?

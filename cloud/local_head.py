@@ -9,9 +9,10 @@ head is a local Ray head (:class:`~rubberband.cloud.local.LocalProvider`, record
 :class:`~rubberband.cloud.backend.CloudBackend` (failover, worker startup script joining this
 head, ``rb-node-<instance id>`` resource) and found / terminated by the run's tags.
 
-Ray auth: cloud nodes run with ``RAY_AUTH_MODE=disabled`` (a token in user-data would be readable
-through the metadata server), so this head and the driver do too (``ray_auth_mode``); isolation
-comes from the run's security group / firewall tag, as on a head instance.
+Ray auth: a head outside a head instance cannot push the run's token to its workers (that needs the
+head instance's push key, cloud/ray_token.py), so here the workers, this head and the driver run with
+``RAY_AUTH_MODE=disabled`` (``ray_auth_mode``), confined by the run's security group / firewall rules.
+On a head instance (:class:`rubberband.cloud.head_job.OnHeadCloudBackend`) Ray runs with the run's token.
 
 With ``RUBBERBAND_TEST_BOOT=local`` (:mod:`rubberband.cloud.testboot`) each instance's boot is
 played by a local Ray node started under the instance's id, and the head takes a free port.
@@ -61,6 +62,8 @@ class LocalHeadCloudBackend:
     requirements: tuple[str, ...] = ()  # the spec's `requirements`, installed by each worker's boot
     heartbeat_s: float = INTERVAL_S  # how often the run's heartbeat is written on the cloud (cloud/heartbeat.py)
     _heartbeat: Heartbeat | None = field(default=None, init=False, repr=False)
+    expires_at: float | None = None  # POSIX time by which every worker must be gone (bootstrap.lifetime_cap_s)
+    token_push: object | None = None  # how workers get the run's Ray token (backend.TokenPush); None: no token
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -72,7 +75,8 @@ class LocalHeadCloudBackend:
         join = self._boot_locally if self.test_boot == "local" else ray_join_check
         self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join, alternatives=self._alternatives,
                                     boot_timeout_s=600.0, join_timeout_s=600.0,
-                                    requirements=tuple(self.requirements))
+                                    requirements=tuple(self.requirements), expires_at=self.expires_at,
+                                    token_push=self.token_push)
 
     @property
     def device_policy(self) -> DevicePolicy:
@@ -108,11 +112,10 @@ class LocalHeadCloudBackend:
     def runtime_env(self, code_dir: str) -> dict | None:
         """What the driver's job ships to the workers (cloud instances): this machine's rubberband package
         and the training code directory (docs/clouds.md, "How code reaches the cluster")."""
-        from rubberband.cloud.head_session import CODE_EXCLUDES
-        from rubberband.cloud.shipping import build_package, job_runtime_env
+        from rubberband.cloud.shipping import CodeFilter, build_package, job_runtime_env
 
         env = job_runtime_env(build_package(), Path(code_dir))
-        env["excludes"] = list(CODE_EXCLUDES)
+        env["excludes"] = CodeFilter(Path(code_dir)).ray_excludes()
         return env
 
     # -- heartbeat (what `down --all-orphans` reads: cloud/heartbeat.py) ---------------------------
@@ -204,7 +207,12 @@ class LocalHeadCloudBackend:
             self.local.terminate([r.id for r in self.local.records() if r.role == "node"])
 
 
-def make_cloud_backend(cloud: str, run_dir: str | Path, regions: list[str]) -> LocalHeadCloudBackend:
-    """The executor's backend for ``cloud`` in ``regions`` (the plan's), honouring the test boot hook."""
+def make_cloud_backend(cloud: str, run_dir: str | Path, regions: list[str], *,
+                       lifetime_cap_s: float | None = None) -> LocalHeadCloudBackend:
+    """The executor's backend for ``cloud`` in ``regions`` (the plan's), honouring the test boot hook; workers
+    live at most ``lifetime_cap_s`` from now (``bootstrap.lifetime_cap_s`` of the run)."""
+    import time
+
     return LocalHeadCloudBackend(cloud=cloud, run_dir=Path(run_dir), regions=list(dict.fromkeys(regions)),
-                                 test_boot=boot_mode())
+                                 test_boot=boot_mode(),
+                                 expires_at=None if lifetime_cap_s is None else time.time() + lifetime_cap_s)

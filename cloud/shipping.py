@@ -157,3 +157,85 @@ def job_runtime_env(package: Path, working_dir: Path | None = None) -> dict:
     if working_dir is not None:
         env["working_dir"] = str(working_dir)
     return env
+
+
+# -- the training code directory: what is uploaded with every job ------------------------------------
+
+#: Never uploaded, whatever the user's ignore files say: files that commonly hold secrets (the nodes get their
+#: cloud access from their own identity; a key or token in the code directory would land on every node and in
+#: Ray's package store). gitignore syntax.
+SECRET_EXCLUDES = (
+    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.asc",
+    "*.gpg", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.ppk", ".ssh/", ".aws/", ".gnupg/", ".azure/",
+    ".config/gcloud/", ".kube/", "kubeconfig", ".docker/config.json", ".netrc", "_netrc", ".pgpass", ".npmrc",
+    ".pypirc", ".git-credentials", ".vault-token", "credentials", "credentials.*", "credentials-*", "*credentials*.json",
+    "*service-account*.json", "*service_account*.json", "application_default_credentials.json", "client_secret*.json",
+    "secrets.*", "*.tfstate", "*.tfstate.*", "*.tfvars", "terraform.tfvars.json", ".terraform/",
+)
+#: Never uploaded either (unless a ``.rubberbandignore`` ``!pattern`` brings one back): version control,
+#: environments, caches and run directories.
+NOISE_EXCLUDES = (".git/", ".hg/", ".svn/", ".venv/", "venv/", "env/", "__pycache__/", "*.pyc", "*.pyo",
+                  ".mypy_cache/", ".pytest_cache/", ".ruff_cache/", ".ipynb_checkpoints/", "runs/", ".DS_Store")
+#: The user's own excludes, gitignore syntax, at the top of the code directory (``.gitignore`` there counts too).
+IGNORE_FILE = ".rubberbandignore"
+
+
+def _pathspec(lines):
+    """A gitignore-style matcher: the ``pathspec`` copy Ray vendors and matches its own ``runtime_env`` excludes with
+    (so this filter and Ray's agree), else the ``pathspec`` library."""
+    try:
+        from ray._private.thirdparty.pathspec import PathSpec
+    except ImportError:  # pragma: no cover - a Ray that moved its copy
+        from pathspec import PathSpec
+    return PathSpec.from_lines("gitwildmatch", list(lines))
+
+
+class CodeFilter:
+    """Which files of a training code directory are uploaded: everything but :data:`SECRET_EXCLUDES` (always),
+    :data:`NOISE_EXCLUDES`, and the patterns of the directory's ``.gitignore`` and :data:`IGNORE_FILE`
+    (gitignore syntax; a later ``!pattern`` re-includes what an earlier line or the noise list excluded, never a
+    secret)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        lines: list[str] = []
+        for name in (".gitignore", IGNORE_FILE):
+            path = self.root / name
+            if path.is_file():
+                lines += path.read_text(errors="replace").splitlines()
+        self.user_lines = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        self._secrets = _pathspec(SECRET_EXCLUDES)
+        self._rest = _pathspec([*NOISE_EXCLUDES, *self.user_lines])
+
+    def excluded(self, relative: str, *, is_dir: bool = False) -> bool:
+        path = relative + "/" if is_dir and not relative.endswith("/") else relative
+        return self._secrets.match_file(path) or self._rest.match_file(path)
+
+    def files(self) -> list[Path]:
+        """The files uploaded, relative to the root (excluded directories are not entered; no symlinks)."""
+        found: list[Path] = []
+        for directory, subdirs, names in os.walk(self.root):
+            rel = Path(directory).relative_to(self.root)
+            subdirs[:] = sorted(d for d in subdirs if not os.path.islink(os.path.join(directory, d))
+                                and not self.excluded((rel / d).as_posix(), is_dir=True))
+            for name in sorted(names):
+                full = Path(directory) / name
+                if not full.is_symlink() and full.is_file() and not self.excluded((rel / name).as_posix()):
+                    found.append(rel / name)
+        return found
+
+    def ray_excludes(self) -> list[str]:
+        """The same rules as Ray's ``runtime_env["excludes"]`` (one gitignore spec: the last match decides, so the
+        secrets go last and no user line can bring one back)."""
+        return [*NOISE_EXCLUDES, *self.user_lines, *SECRET_EXCLUDES]
+
+    def copy_to(self, dest: Path) -> int:
+        """Copy the uploaded files into ``dest``; return their total size in bytes."""
+        total = 0
+        for rel in self.files():
+            target = Path(dest) / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.root / rel, target)
+            total += target.stat().st_size
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        return total

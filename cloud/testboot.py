@@ -56,6 +56,19 @@ HEAD_URL_FILE = "dashboard.json"
 HEAD_FAILED_FILE = "failed.txt"
 
 
+def deliver_token(instance_id: str, token: str) -> None:
+    """What the CLI's SSH delivery does for a real head: the run's Ray token onto the played head's disk."""
+    from rubberband.cloud.bootstrap import TOKEN_FILE
+
+    disk = head_disk(instance_id)
+    disk.mkdir(parents=True, exist_ok=True)
+    tmp = disk / f".{TOKEN_FILE}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token)
+    tmp.replace(disk / TOKEN_FILE)
+
+
 def head_disk(instance_id: str) -> Path:
     """The played head's "disk": its Ray temp files, node records and run root (gone when it ends)."""
     return Path(tempfile.gettempdir()) / f"rb-head-{instance_id}"
@@ -108,20 +121,27 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
     """What the head's startup script does, on this machine: a Ray head with its job server on 127.0.0.1,
     the watchdog; and what the instance's end does: once the provider no longer reports it running
     (terminated by the CLI, ``down`` or the watchdog), stop every Ray node of it and remove its disk."""
-    from rubberband.cloud.bootstrap import HEAD_ID_ENV, RUN_ROOT_ENV
+    from rubberband.cloud.bootstrap import HEAD_ID_ENV, RUN_ROOT_ENV, TOKEN_FILE
     from rubberband.cloud.local import LocalProvider, _free_port
     from rubberband.cloud.registry import make_provider
 
     disk = head_disk(instance_id)
-    local = LocalProvider(disk, auth_mode="disabled")
+    local = LocalProvider(disk, auth_mode="token")  # with the run's token, as the head's startup script starts Ray
     provider = make_provider(cloud, region)
     me = next((i for i in provider.list(run_id) if i.id == instance_id), None)
     has_identity = me is not None and bool(me.identity)
     run_root = disk / "runs"
-    env = {RUN_ROOT_ENV: str(run_root), HEAD_ID_ENV: instance_id,
+    token = disk / TOKEN_FILE  # the CLI writes it here (on a real head: over SSH)
+    env = {RUN_ROOT_ENV: str(run_root), HEAD_ID_ENV: instance_id, "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN_PATH": str(token),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     try:
-        if has_identity:
+        waited = time.monotonic()
+        while has_identity and not token.exists() and time.monotonic() - waited < settings.submit_timeout_s:
+            time.sleep(0.2)  # as the head's boot waits for its token before `ray start`
+        if has_identity and not token.exists():
+            (disk / HEAD_FAILED_FILE).write_text("the CLI did not deliver the run's Ray token\n")
+        elif has_identity:
             port = _free_port()
             local.start_head(run_id, dashboard_port=port, env=env)
             tmp = disk / f".{HEAD_URL_FILE}.tmp"

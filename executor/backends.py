@@ -25,7 +25,9 @@ from rubberband.errors import InputError
 SUPPORTED = ("local", "aws", "gcp")
 
 
-def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = ()) -> Any:
+def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *,
+                 lifetime_cap_s: float | None = None) -> Any:
+    """The executor's backend; ``lifetime_cap_s``: how long a cloud run's workers may live at most."""
     if cloud == "local":
         from rubberband.cloud.local import LocalProvider
 
@@ -35,6 +37,6 @@ def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = ()) -
 
         if not regions:
             raise InputError(f"--cloud {cloud}: the plan names no {cloud} region; re-plan for {cloud}")
-        return make_cloud_backend(cloud, run_dir, list(regions))
+        return make_cloud_backend(cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s)
     raise InputError(f"cloud {cloud!r} is not supported by this executor; use --cloud "
                      f"{' or '.join(SUPPORTED)}")

@@ -31,7 +31,15 @@ Where rubberband's client depends on it, the fake is as strict as the real API:
   STOPPING), ``operations.wait`` blocks until DONE or ``wait_cap_s``, as the real one does for 2 minutes;
 * a repeated ``requestId`` answers the first request's operation and does nothing again;
 * list calls page their results: ``maxResults`` (default ``page_size``; the fixture makes it 2, so
-  every listing in the tests spans pages) and ``pageToken`` / ``nextPageToken``.
+  every listing in the tests spans pages) and ``pageToken`` / ``nextPageToken``;
+* ``scheduling``: ``maxRunDuration`` must be a Duration (``{"seconds": "N"}``, 30 s to 120 days) and
+  needs ``instanceTerminationAction`` (DELETE or STOP), which in turn is accepted only with a
+  ``maxRunDuration`` / ``terminationTime`` or the SPOT model;
+* firewall rules: a priority in 0..65535, ``allowed`` or ``denied`` (not both), source ranges that are networks.
+
+:meth:`GceFake.ingress_allowed` evaluates the stored rules plus the ``default`` network's own
+(:data:`DEFAULT_NETWORK_RULES`) as the VPC does — lowest priority number first, a deny winning a tie,
+everything else denied — so tests can ask who reaches which port of which VM.
 
 It also serves the few IAM / Resource Manager calls the dry run makes about a head's service
 account (:meth:`GceFake.add_service_account`).
@@ -131,6 +139,44 @@ _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _LABEL_TERM = re.compile(r'labels\.([a-z0-9_-]+)\s*=\s*"([^"]*)"')
 _PERMISSION = re.compile(r"^(compute|iam|resourcemanager)\.[a-zA-Z]+\.[a-zA-Z]+$")
 _OP_TERM = re.compile(r'(operationType|targetLink|status)\s*=\s*"([^"]*)"')
+
+
+#: The ``default`` network's own ingress rules (every project has them unless removed): internal traffic from the
+#: whole internal range and SSH / RDP / ICMP from anywhere, at priority 65534.
+DEFAULT_NETWORK_RULES = [
+    {"name": "default-allow-internal", "priority": 65534, "sourceRanges": ["10.128.0.0/9"],
+     "allowed": [{"IPProtocol": "tcp", "ports": ["0-65535"]}, {"IPProtocol": "udp", "ports": ["0-65535"]},
+                 {"IPProtocol": "icmp"}]},
+    {"name": "default-allow-ssh", "priority": 65534, "sourceRanges": ["0.0.0.0/0"],
+     "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}]},
+    {"name": "default-allow-rdp", "priority": 65534, "sourceRanges": ["0.0.0.0/0"],
+     "allowed": [{"IPProtocol": "tcp", "ports": ["3389"]}]},
+]
+
+
+def _rule_matches(rule: dict[str, Any], source_ip: str, source_tags: set[str], target_tags: set[str],
+                  protocol: str, port: int) -> bool:
+    import ipaddress
+
+    if rule.get("disabled") or rule.get("direction", "INGRESS") != "INGRESS":
+        return False
+    if rule.get("targetTags") and not target_tags & set(rule["targetTags"]):
+        return False
+    by_range = any(ipaddress.ip_address(source_ip) in ipaddress.ip_network(r, strict=False)
+                   for r in rule.get("sourceRanges", []) if ipaddress.ip_network(r, strict=False).version ==
+                   ipaddress.ip_address(source_ip).version)
+    by_tag = bool(source_tags & set(rule.get("sourceTags", [])))
+    if not (by_range or by_tag):
+        return False
+    for entry in rule.get("allowed", []) or rule.get("denied", []):
+        if entry["IPProtocol"] not in ("all", protocol):
+            continue
+        ports = entry.get("ports") or ["0-65535"]
+        for spec in ports:
+            low, _, high = spec.partition("-")
+            if int(low) <= port <= int(high or low):
+                return True
+    return False
 
 
 class HttpError(Exception):
@@ -377,8 +423,44 @@ class GceFake:
 
     # -- instances ------------------------------------------------------------------------------
 
+    def _check_scheduling(self, scheduling: dict[str, Any]) -> None:
+        """What Compute Engine insists on about a VM's lifetime fields."""
+        action = scheduling.get("instanceTerminationAction")
+        duration = scheduling.get("maxRunDuration")
+        if duration is not None:
+            seconds = duration.get("seconds") if isinstance(duration, dict) else None
+            if not isinstance(seconds, str) or not seconds.isdigit() or not 30 <= int(seconds) <= 120 * 86400:
+                raise HttpError(400, f"Invalid value for field 'resource.scheduling.maxRunDuration': {duration!r}. "
+                                     f"Must be a duration between 30 seconds and 120 days.", "invalid")
+            if action not in ("DELETE", "STOP"):
+                raise HttpError(400, "Invalid value for field 'resource.scheduling.instanceTerminationAction': "
+                                     f"{action!r}. It must be set when maxRunDuration is set.", "invalid")
+        elif action is not None and scheduling.get("provisioningModel") != "SPOT" and \
+                not scheduling.get("terminationTime"):
+            raise HttpError(400, "Invalid value for field 'resource.scheduling.instanceTerminationAction': "
+                                 f"{action!r}. It can be set only for SPOT VMs or VMs with a maxRunDuration or "
+                                 f"terminationTime.", "invalid")
+        if action not in (None, "DELETE", "STOP"):
+            raise HttpError(400, f"Invalid value for field 'resource.scheduling.instanceTerminationAction': "
+                                 f"{action!r}.", "invalid")
+
+    def ingress_allowed(self, source_ip: str, target: str, port: int, *, source_tags: tuple[str, ...] = (),
+                        protocol: str = "tcp", default_rules: bool = True) -> bool:
+        """Would the network let ``source_ip`` (a VM with ``source_tags``, or an outside address) reach ``port``
+        of the VM named ``target``? The stored rules plus the default network's, lowest priority number first, a
+        deny winning a tie; nothing matching: denied (the VPC's implied deny)."""
+        (instance,) = [i for (zone, name), i in self.instances.items() if name == target]
+        target_tags = set(instance.get("tags", {}).get("items", []))
+        rules = [*self.firewalls.values(), *(DEFAULT_NETWORK_RULES if default_rules else [])]
+        matching = [r for r in rules if _rule_matches(r, source_ip, set(source_tags), target_tags, protocol, port)]
+        if not matching:
+            return False
+        best = min(r.get("priority", 1000) for r in matching)
+        return not any("denied" in r for r in matching if r.get("priority", 1000) == best)
+
     def _insert(self, project: str, zone: str, query: dict, body: dict) -> dict:
         self._validate(body, "instance")
+        self._check_scheduling(body.get("scheduling", {}))
         name = body.get("name", "")
         machine = body.get("machineType", "").rsplit("/", 1)[-1]
         self.inserts.append((zone, machine))
@@ -526,6 +608,19 @@ class GceFake:
         if not body.get("allowed") and not body.get("denied"):
             raise HttpError(400, "Invalid value for field 'resource.allowed': ''. Must specify at least one allowed "
                                  "or denied rule.", "invalid")
+        if body.get("allowed") and body.get("denied"):
+            raise HttpError(400, "A rule may specify allowed or denied, not both.", "invalid")
+        if not 0 <= int(body.get("priority", 1000)) <= 65535:
+            raise HttpError(400, f"Invalid value for field 'resource.priority': '{body.get('priority')}'. Must be "
+                                 f"between 0 and 65535.", "invalid")
+        import ipaddress
+
+        for cidr in body.get("sourceRanges", []):
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise HttpError(400, f"Invalid value for field 'resource.sourceRanges[0]': '{cidr}'. Must be a CIDR "
+                                     f"address range.", "invalid") from None
         name = body.get("name", "")
         if name in self.firewalls or name in self._fw_pending:
             raise HttpError(409, f"The resource 'projects/{project}/global/firewalls/{name}' already exists",

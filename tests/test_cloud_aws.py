@@ -72,6 +72,10 @@ def test_provision_tags_imdsv2_spot_user_data_and_group(moto_env):
     ssh_rule = next(r for r in rules if r.get("FromPort") == 22)
     assert [r["CidrIp"] for r in ssh_rule["IpRanges"]] == ["203.0.113.7/32"]
     assert all(r["CidrIp"] != "0.0.0.0/0" for rule in rules for r in rule["IpRanges"])
+    # no path from outside the run to a Ray port: every rule is the group itself, or port 22 from the user's CIDR
+    for rule in rules:
+        assert not rule.get("Ipv6Ranges") and not rule.get("PrefixListIds")
+        assert rule["UserIdGroupPairs"] or (rule["FromPort"], rule["ToPort"]) == (22, 22)
 
     assert sorted(i.id for i in p.list("run-a")) == sorted(i.id for i in made)
     assert terminate_run(p, "run-a", timeout_s=10) and not live_instances()
@@ -160,6 +164,8 @@ def test_bad_input_is_one_line_and_provisions_nothing(moto_env, ec2_faults, monk
         p.provision(InstanceRequest("Run_F", 0, P3))
     with pytest.raises(InputError, match="whole internet"):
         provider(ssh_cidr="0.0.0.0/0")
+    with pytest.raises(InputError, match="IPv6, but the run's head has only an IPv4"):
+        provider(ssh_cidr="2001:db8::1/128")
     monkeypatch.delenv("RUBBERBAND_AWS_AMI")
     with pytest.raises(CloudError, match="set RUBBERBAND_AWS_AMI") as no_image:
         AwsProvider(REGION).provision(InstanceRequest("run-f", 0, P3))

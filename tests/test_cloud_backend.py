@@ -112,3 +112,31 @@ def test_the_cli_stops_waiting_for_a_head_whose_boot_failed(moto_env, monkeypatc
         assert caught.value.kind == "fatal"
     finally:
         terminate_run(provider, "run-h", timeout_s=10)
+
+
+def test_lifetime_caps_come_from_the_plan_and_the_cloud_enforces_them(moto_env):
+    """deadline + overrun + grace (+ a boot margin) caps every node; a worker gets what is left of the run's cap
+    when it is requested, in its script (shutdown +N) and, on AWS, an instance-initiated shutdown terminates it."""
+    from rubberband.cloud.backend import MIN_WORKER_LIFETIME_S
+    from rubberband.cloud.bootstrap import LIFETIME_MARGIN_S, MAX_LIFETIME_CEILING_S, lifetime_cap_s
+
+    assert lifetime_cap_s(3600, 600, 300) == 3600 + 600 + 300 + LIFETIME_MARGIN_S
+    assert lifetime_cap_s(3600, float("inf"), 300) == MAX_LIFETIME_CEILING_S  # --overrun none: the ceiling only
+    assert lifetime_cap_s(None) == MAX_LIFETIME_CEILING_S and lifetime_cap_s(1e9) == MAX_LIFETIME_CEILING_S
+
+    pool = ProviderPool({"aws": {"poll_s": 0.01}})
+    provider = pool("aws", REGION)
+    head = provision_head(provider, "run-l", REGION, P3.zones, timeout_s=10)
+    now = [1000.0]
+    backend = CloudBackend(pool, head, join_check=lambda i, t: None, expires_at=1000.0 + 7200, clock=lambda: now[0])
+    assert backend.worker_lifetime_s() == 7200
+    now[0] += 3600
+    (worker,) = backend.provision(InstanceRequest("run-l", 0, P3))
+    assert "shutdown -h +60 || true" in user_data(worker.id)  # what was left: 3600 s
+    now[0] += 7200
+    assert backend.worker_lifetime_s() == MIN_WORKER_LIFETIME_S  # past the cap: a late request still boots
+    ec2 = boto3.client("ec2", region_name=REGION)
+    for instance in (head.id, worker.id):
+        behaviour = ec2.describe_instance_attribute(InstanceId=instance, Attribute="instanceInitiatedShutdownBehavior")
+        assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    terminate_run(provider, "run-l", timeout_s=10)

@@ -8,8 +8,12 @@ would on an instance, with only what this machine cannot be replaced, each passe
   venv creation and its ``pip install`` really run, offline);
 * the metadata server is a local HTTP endpoint speaking IMDSv2 (a PUT for a token, then the token
   header) or GCE's (``Metadata-Flavor: Google`` required);
-* paths (``/opt/rubberband``, ``/var/lib/rubberband``, ``/var/log``, ``/dev/console``) point into
-  a temporary directory, and the power-off command is a recorder.
+* paths (``/opt/rubberband``, ``/var/lib/rubberband``, ``/var/log``, ``/dev/console``, the systemd unit
+  directory, the token drop account's home) point into a temporary directory, and the power-off command is a
+  recorder; ``systemctl`` answers "no systemd" (the node watchdog then runs in the background, as the script
+  falls back to), ``useradd`` / ``chown`` are no-ops (no account is made on this machine);
+* the run's Ray token is written where the CLI (head) and the head's SSH push (worker) would put it: both nodes'
+  Ray run with token authentication, and the job is submitted with the token.
 
 The head script starts a real Ray head (job server on 127.0.0.1), the worker script joins it with its
 ``rb-node-<instance id>`` resource, and a Ray job submitted the way the CLI submits runs
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -193,8 +198,17 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
     versions = client_versions()
     ray_port, dashboard_port = free_port(), free_port()
     address = _private_address()
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(root), "RAY_TMPDIR": str(root / "ray"),
+    stubs = root / "stubs"
+    stubs.mkdir()
+    for tool, code in (("systemctl", 1), ("useradd", 0), ("chown", 0)):
+        (stubs / tool).write_text(f"#!/bin/bash\nexit {code}\n")
+        (stubs / tool).chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/local/bin:/usr/bin:/bin", "HOME": str(root), "RAY_TMPDIR": str(root / "ray"),
            "LANG": "C.UTF-8"}
+    token = secrets.token_hex(32)
+    for where in ("head/state", "worker/drop"):  # delivered by the CLI (head) and the head's push (worker)
+        (root / where).mkdir(parents=True)
+        (root / where / "ray-token").write_text(token)
     (root / "ray").mkdir()
     servers = {"head": MetadataServer(f"{cloud}-head-0"), "worker": MetadataServer(f"{cloud}-worker-1")}
     nodes: list[Node] = []
@@ -217,6 +231,8 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
                                run_root=str(disk / "var-lib-rubberband" / "runs"), log_dir=str(disk / "var-log"),
                                console=str(disk / "console"), image_pythons=(str(image / "bin" / "python3"),),
                                metadata_url=servers[role].url, shutdown_command=str(recorder),
+                               state_dir=str(disk / "state"), systemd_dir=str(disk / "systemd"),
+                               token_drop_dir=str(disk / "drop"),
                                python_version=str(versions["python_version"]), ray_version=str(versions["ray_version"]),
                                torch_version=versions["torch_version"], **kw)
 
@@ -225,7 +241,8 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         nodes.append(head)
         head.wait_booted(300)
         worker = Node("worker", render_startup_script(config(
-            "worker", head_address=address, workers=2, use_gpu=False, requirements=("numpy>=1.24",))),
+            "worker", head_address=address, workers=2, use_gpu=False, requirements=("numpy>=1.24",),
+            token_push_key=(root / "head" / "state" / "push_key.pub").read_text().strip())),
             root / "worker", env)
         nodes.append(worker)
         worker.wait_booted(300)
@@ -249,13 +266,14 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         shutil.copy(REPO / "tests" / "trial_code" / "tiny_train.py", code)
         (code / "boot_job.py").write_text(JOB)
         package = build_package(root / "cache")
-        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # cloud nodes' Ray runs without a token (docs/clouds.md)
+        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # this process's own Ray: the token goes as a header
         # `ray start` returns once the GCS is up; the dashboard's job server follows seconds later (more
         # on a busy machine): wait for it as the CLI does for a real head
         answer_by = time.monotonic() + 180
         while True:
             try:
-                client = JobSubmissionClient(f"http://127.0.0.1:{dashboard_port}")
+                client = JobSubmissionClient(f"http://127.0.0.1:{dashboard_port}",
+                                             headers={"Authorization": f"Bearer {token}"})
                 break
             except ConnectionError:
                 assert time.monotonic() < answer_by, "the head's job server never answered"

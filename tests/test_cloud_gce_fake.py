@@ -88,7 +88,7 @@ def test_the_client_follows_pages_and_waits_for_slow_operations(gce_fake):
     gce_fake.op_delay_s = 0.3
     provider = GcpProvider("us-central1", endpoint=gce_fake.url, poll_s=0.05, ssh_cidr="203.0.113.9/32")
     made = provider.provision(InstanceRequest("run-p", 0, N1, count=5, zone="us-central1-a"))
-    assert len(made) == 5 and len(gce_fake.firewalls) == 2
+    assert len(made) == 5 and len(gce_fake.firewalls) == 3  # deny, internal, ssh
     assert all(gce_fake.operations[name]["status"] == "DONE" for name in gce_fake.request_ids.values())
     assert sorted(i.id for i in provider.list("run-p")) == sorted(i.id for i in made)
     assert len(provider.wait([i.id for i in made], timeout_s=30)) == 5
@@ -96,7 +96,8 @@ def test_the_client_follows_pages_and_waits_for_slow_operations(gce_fake):
     assert len(listed) >= 3  # 5 VMs in pages of 2: three pages per listing
     provider.terminate([i.id for i in made])
     assert not gce_fake.instances  # terminate waited for the deletes to be DONE
-    assert sorted(provider.cleanup_run("run-p")) == ["firewall/rubberband-run-p-internal", "firewall/rubberband-run-p-ssh"]
+    assert sorted(provider.cleanup_run("run-p")) == ["firewall/rubberband-run-p-deny", "firewall/rubberband-run-p-internal",
+                                                     "firewall/rubberband-run-p-ssh"]
     assert not gce_fake.firewalls and provider.leftover_runs() == []
 
 

@@ -50,6 +50,7 @@ def test_insert_labels_accelerators_spot_script_and_firewall(gce_fake):
         assert body["metadata"]["items"] == [{"key": "install-nvidia-driver", "value": "True"},  # GPU: the DLVM's
                                              {"key": "startup-script", "value": script}]        # driver install
         assert body["tags"]["items"] == [network_tag("run-g")]
+        assert body["scheduling"].get("maxRunDuration") is None  # no cap asked for: spot's DELETE only
     internal = gce_fake.firewalls[firewall_name("run-g")]
     assert internal["sourceTags"] == internal["targetTags"] == [network_tag("run-g")]
     assert "sourceRanges" not in internal
@@ -179,7 +180,8 @@ def test_orphans_and_leftover_firewalls(gce_fake):
     assert "firewall/rubberband-run-m-internal" in result.resources and not gce_fake.firewalls
     p.ensure_firewall("run-gone")  # a firewall whose run never got (or lost) its VMs
     assert p.leftover_runs() == ["run-gone"]
-    assert cleanup_leftovers(p) == ["firewall/rubberband-run-gone-internal"] and not gce_fake.firewalls
+    assert sorted(cleanup_leftovers(p)) == ["firewall/rubberband-run-gone-deny",
+                                         "firewall/rubberband-run-gone-internal"] and not gce_fake.firewalls
 
 
 def test_preempted_spot_vms_are_reported_with_their_reason(gce_fake):
@@ -229,6 +231,65 @@ def test_another_process_of_the_run_reuses_its_firewall(gce_fake):
     long with the request URL, gets cut short) means the rule is there."""
     run_id = "sleepy-20261121-115434-38a9"
     cli_side, head_side = provider(gce_fake), provider(gce_fake)
-    assert cli_side.ensure_firewall(run_id) == head_side.ensure_firewall(run_id) == [firewall_name(run_id)]
-    assert list(gce_fake.firewalls) == [firewall_name(run_id)]
-    assert head_side.cleanup_run(run_id) == [f"firewall/{firewall_name(run_id)}"] and not gce_fake.firewalls
+    rules = [firewall_name(run_id, "deny"), firewall_name(run_id)]
+    assert cli_side.ensure_firewall(run_id) == head_side.ensure_firewall(run_id) == rules
+    assert list(gce_fake.firewalls) == rules
+    assert sorted(head_side.cleanup_run(run_id)) == sorted(f"firewall/{r}" for r in rules) and not gce_fake.firewalls
+
+
+def test_only_the_run_reaches_its_ray_ports_and_only_the_head_is_public(gce_fake):
+    """The run's rules, evaluated with the default network's own (internal range, SSH from anywhere) as the VPC
+    evaluates them: nothing outside the run reaches a Ray port (GCS 6379, dashboard 8265, any worker port) of
+    any of its VMs, SSH reaches the head from the user's CIDR alone, and only the head has an external address.
+    The run's VMs are capped by the cloud itself (maxRunDuration with DELETE; the fake is strict about both)."""
+    from rubberband.cloud.gcp import head_tag
+
+    p = provider(gce_fake, ssh_cidr="203.0.113.7/32", worker_public_ip=False)
+    (head,) = p.provision(InstanceRequest("run-n", 0, V100, extra_tags={TAG_ROLE: "head"}, max_lifetime_s=3600))
+    (worker,) = p.provision(InstanceRequest("run-n", 1, V100, extra_tags={TAG_ROLE: "worker"},
+                                            max_lifetime_s=1800))
+    bodies = {name: body for (_, name), body in gce_fake.instances.items()}
+    assert bodies[head.id]["networkInterfaces"][0]["accessConfigs"]  # the head's SSH
+    assert not bodies[worker.id]["networkInterfaces"][0].get("accessConfigs")  # workers: no external address
+    assert bodies[head.id]["tags"]["items"] == [network_tag("run-n"), head_tag("run-n")]
+    assert bodies[worker.id]["tags"]["items"] == [network_tag("run-n")]
+    for name, cap in ((head.id, "3600"), (worker.id, "1800")):
+        assert bodies[name]["scheduling"]["maxRunDuration"] == {"seconds": cap}
+        assert bodies[name]["scheduling"]["instanceTerminationAction"] == "DELETE"
+    rules = {r["name"]: r for r in gce_fake.firewalls.values()}
+    assert rules[firewall_name("run-n", "deny")]["priority"] < 65534  # outranks the default network's allows
+    assert all(r["priority"] < rules[firewall_name("run-n", "deny")]["priority"]
+               for n, r in rules.items() if "allowed" in r)
+
+    run_vm = dict(source_tags=(network_tag("run-n"),))
+    other_vm = "10.128.0.99"  # another VM of the project, inside default-allow-internal's range
+    for target in (head.id, worker.id):
+        for port in (6379, 8265, 10001, 20000, 29500, 22):
+            assert not gce_fake.ingress_allowed(other_vm, target, port), (target, port)
+            assert not gce_fake.ingress_allowed("198.51.100.1", target, port), (target, port)
+            assert not gce_fake.ingress_allowed("203.0.113.7", target, port) or (target, port) == (head.id, 22)
+        assert gce_fake.ingress_allowed("10.128.0.50", target, 6379, **run_vm)  # the run's own nodes
+    assert gce_fake.ingress_allowed("203.0.113.7", head.id, 22)
+    assert not gce_fake.ingress_allowed("203.0.113.7", worker.id, 22)
+    # without the run's deny the default network's own rules would let any VM of the project in
+    del gce_fake.firewalls[firewall_name("run-n", "deny")]
+    assert gce_fake.ingress_allowed(other_vm, worker.id, 6379)
+    p.terminate([head.id, worker.id])
+    p.cleanup_run("run-n")
+    assert not gce_fake.firewalls
+
+
+def test_fake_refuses_lifetime_fields_the_real_api_refuses(gce_fake):
+    """maxRunDuration without an instanceTerminationAction (or an action on a standard VM without a duration) is a
+    400, as on Compute Engine: the provider never sends either."""
+    import requests
+
+    base = f"{gce_fake.url}/compute/v1/projects/rubberband-test/zones/us-central1-a/instances"
+    body = {"name": "x", "machineType": "zones/us-central1-a/machineTypes/e2-standard-2", "disks": [{"boot": True}],
+            "networkInterfaces": [{"network": "global/networks/default"}]}
+    for scheduling in ({"maxRunDuration": {"seconds": "600"}}, {"instanceTerminationAction": "DELETE"},
+                       {"maxRunDuration": {"seconds": "5"}, "instanceTerminationAction": "DELETE"}):
+        assert requests.post(base, json={**body, "scheduling": scheduling}, timeout=10).status_code == 400
+    ok = {"maxRunDuration": {"seconds": "600"}, "instanceTerminationAction": "DELETE"}
+    assert requests.post(base, json={**body, "scheduling": ok}, timeout=10).status_code == 200
+    gce_fake.rejected.clear()

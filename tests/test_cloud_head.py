@@ -61,6 +61,8 @@ def test_observe_reads_the_run_directory(tmp_path):
 
 
 VERSIONS = dict(ray_version="2.60.0", python_version="3.11", torch_version="2.13.0")
+#: The head's public push key (cloud/ray_token.py), as a worker's user-data carries it.
+PUSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJtVq0Yq5d0Vb1s2YkF6mQy0Z6bYk8m2m3Yl1i1o9a0b rubberband-token-push"
 
 
 def test_scripts_join_the_head_and_hold_no_secrets():
@@ -74,15 +76,24 @@ def test_scripts_join_the_head_and_hold_no_secrets():
     assert "torch" not in head.split("pip install", 1)[1]  # the head trains nothing: no torch
     assert "/dev/console" in head and "rubberband-boot.log" in head  # boot progress on the serial console
     worker = render_startup_script(BootstrapConfig(run_id="run-s", cloud="gcp", role="worker",
-                                                   head_address="10.128.0.2", workers=4,
+                                                   head_address="10.128.0.2", workers=4, token_push_key=PUSH_KEY,
                                                    requirements=("transformers==4.46.0",), **VERSIONS))
     assert "RB_HEAD=10.128.0.2:6379" in worker and "--num-gpus=4" in worker
     assert 'rb-node-${INSTANCE_ID}\\": 4' in worker and "Metadata-Flavor: Google" in worker
     assert "'ray[default]==2.60.0' transformers==4.46.0" in worker and "rubberband==" not in worker
     assert "pip install --quiet torch==2.13.0" in worker and "import torch" in worker  # only where the image has none
     cpu = render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", head_address="10.0.0.2",
-                                                use_gpu=False, **{**VERSIONS, "torch_version": "2.13.0+cu121"}))
+                                                use_gpu=False, ray_auth="disabled", **{**VERSIONS, "torch_version": "2.13.0+cu121"}))
     assert "torch==2.13.0+cpu" in cpu and "download.pytorch.org/whl/cpu" in cpu
+    assert "RAY_AUTH_MODE=disabled" in cpu and "rubberband-token" not in cpu  # --head local: no token to push
+    # token mode: the head's key may only drop the token (restrict + forced command); Ray waits for the token
+    assert 'restrict,command="umask 077; cat > /var/lib/rubberband-token/ray-token.part' in worker
+    assert PUSH_KEY in worker and "export RAY_AUTH_TOKEN_PATH=/var/lib/rubberband/ray-token" in worker
+    assert worker.index("waiting for the run's Ray token") < worker.index("ray.scripts.scripts start")
+    assert head.index("waiting for the run's Ray token from the CLI") < head.index("ray.scripts.scripts start")
+    with pytest.raises(InputError, match="token_push_key"):
+        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", head_address="10.0.0.2",
+                                              token_push_key="ssh-rsa AAAA; rm -rf /", **VERSIONS))
     with pytest.raises(InputError, match="head_address"):
         render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", **VERSIONS))
     with pytest.raises(InputError, match="credential"):
@@ -195,6 +206,10 @@ def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[li
     stubs.mkdir(parents=True)
     log = tmp_path / "calls.log"
     (stubs / "shutdown").write_text(STUB)
+    (stubs / "systemctl").write_text(STUB)  # records the watchdog's installation as a service
+    for tool in ("useradd", "chown"):  # the worker's token drop account: recorded, not made
+        (stubs / tool).write_text(STUB)
+    (stubs / "id").write_text(STUB + "exit 1\n")
     (stubs / "python").write_text(VENV_PYTHON)
     (stubs / "sleep").write_text("#!/bin/bash\nexit 1\n")  # ends the background loops at once
     (stubs / "curl").write_text(STUB + 'case "$*" in *api/token*) echo tok;; *instance-id*|*instance/name*) '
@@ -218,11 +233,25 @@ def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[li
 def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     common = dict(run_id="run-s", venv=str(tmp_path / "venv"), run_root=str(tmp_path / "runs"),
                   log_dir=str(tmp_path / "log"), image_pythons=(), **VERSIONS)
+    for node in ("head", "worker"):  # the run's token, as the CLI (head) and the head (worker) deliver it
+        (tmp_path / node / "drop").mkdir(parents=True)
+        (tmp_path / node / ("state" if node == "head" else "drop") / "ray-token").parent.mkdir(exist_ok=True)
+        (tmp_path / node / ("state" if node == "head" else "drop") / "ray-token").write_text("t0ken")
     head_calls = run_script(render_startup_script(BootstrapConfig(
         cloud="aws", role="head", region=REGION, max_lifetime_s=3600, watchdog=SETTINGS,
-        console=str(tmp_path / "head" / "console"), **common)), tmp_path / "head")
+        console=str(tmp_path / "head" / "console"), state_dir=str(tmp_path / "head" / "state"),
+        systemd_dir=str(tmp_path / "head" / "systemd"), **common)), tmp_path / "head")
     shutdowns = [c[1:] for c in head_calls if c[0] == "shutdown"]
     assert shutdowns == [["-h", "+60"]]
+    # the cap and the watchdog service come first, before the metadata server, pip or Ray are touched
+    assert [c[0] for c in head_calls[:3]] == ["shutdown", "systemctl", "systemctl"]
+    assert head_calls[1][1:] == ["daemon-reload"]
+    assert head_calls[2][1:] == ["enable", "--now", "rubberband-watchdog.service"]
+    unit = (tmp_path / "head" / "systemd" / "rubberband-watchdog.service").read_text()
+    assert f"ExecStart=/bin/bash {tmp_path / 'head' / 'state'}/watchdog.sh" in unit and "Restart=always" in unit
+    expires = int((tmp_path / "head" / "state" / "expires_at").read_text())
+    assert abs(expires - (time.time() + 3600)) < 60
+    assert (tmp_path / "head" / "state" / "ready").is_file()
     python = [c[1:] for c in head_calls if c[0] == "python"]
     pip = next(c for c in python if c[:3] == ["-m", "pip", "install"])
     assert "ray[default]==2.60.0" in pip and not any("rubberband" in a or "torch" in a for a in pip)
@@ -234,7 +263,10 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
 
     worker_calls = run_script(render_startup_script(BootstrapConfig(
         cloud="gcp", role="worker", head_address="10.128.0.2", workers=2,
-        console=str(tmp_path / "worker" / "console"), **common)), tmp_path / "worker")
+        console=str(tmp_path / "worker" / "console"), state_dir=str(tmp_path / "worker" / "state"),
+        systemd_dir=str(tmp_path / "worker" / "systemd"), token_push_key=PUSH_KEY,
+        token_drop_dir=str(tmp_path / "worker" / "drop"), **common)), tmp_path / "worker")
+    assert [c[0] for c in worker_calls[:2]] == ["systemctl", "systemctl"]  # the watchdog before anything else
     python = [c[1:] for c in worker_calls if c[0] == "python"]
     assert ["-m", "pip", "install", "--quiet", "torch==2.13.0"] in python  # this image has no torch
     start = next(c for c in python if c[:3] == ["-m", "ray.scripts.scripts", "start"])
@@ -242,6 +274,16 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     resources = next(a for a in start if a.startswith("--resources="))
     assert json.loads(resources.split("=", 1)[1]) == {"rb-node-i-0abc": 2}  # the contract's resource name
     assert not any(c[0] == "shutdown" for c in worker_calls)  # no lifetime cap asked, head not lost
+    assert not (tmp_path / "worker" / "state" / "expires_at").exists()
+    assert ["useradd", "--system", "--home-dir", str(tmp_path / "worker" / "drop"), "--shell", "/bin/sh",
+            "rubberband-token"] in worker_calls
+    # the token moved from the drop account into the root-only state directory before Ray started
+    assert (tmp_path / "worker" / "state" / "ray-token").read_text() == "t0ken"
+    assert not (tmp_path / "worker" / "drop" / "ray-token").exists()
+    assert (tmp_path / "worker" / "state" / "ray-token").stat().st_mode & 0o077 == 0
+    keys = (tmp_path / "worker" / "drop" / ".ssh" / "authorized_keys").read_text()
+    assert keys.startswith('restrict,command="umask 077; cat > ') and keys.strip().endswith(PUSH_KEY)
+    assert (tmp_path / "head" / "state" / "push_key.pub").read_text().startswith("ssh-ed25519 ")
 
 
 @pytest.mark.e2e  # executes the rendered script with bash
@@ -250,9 +292,11 @@ def test_a_failed_boot_says_why_on_the_console(tmp_path):
     script = render_startup_script(BootstrapConfig(
         run_id="run-f", cloud="aws", role="worker", head_address="10.0.0.2", image_pythons=(),
         venv=str(tmp_path / "venv"), run_root=str(tmp_path / "runs"), log_dir=str(tmp_path / "log"),
-        console=str(tmp_path / "console"), **{**VERSIONS, "python_version": "3.99"}))
+        console=str(tmp_path / "console"), state_dir=str(tmp_path / "state"), systemd_dir=str(tmp_path / "systemd"),
+        ray_auth="disabled", **{**VERSIONS, "python_version": "3.99"}))
     stubs = tmp_path / "stubs"
     stubs.mkdir()
+    (stubs / "systemctl").write_text("#!/bin/bash\nexit 0\n")
     (stubs / "curl").write_text("#!/bin/bash\necho i-0abc\n")
     (stubs / "shutdown").write_text(f"#!/bin/bash\necho \"$@\" >> {tmp_path}/shutdown.log\n")
     (stubs / "apt-get").write_text("#!/bin/bash\nexit 100\n")
@@ -268,6 +312,7 @@ def test_a_failed_boot_says_why_on_the_console(tmp_path):
     assert "no Python 3.99" in failed and "choose an image with Python 3.99" in failed
     assert (tmp_path / "shutdown.log").read_text().split() == ["-h", "+10"]  # powers off later, not now
     assert (tmp_path / "log" / "rubberband-boot.log").read_text() == console
+    assert (tmp_path / "state" / "failed").is_file()  # the node watchdog powers it off even after a reboot
 
 
 def test_watchdog_as_a_job_asks_the_boot_script_to_power_off(tmp_path):
@@ -283,7 +328,7 @@ def test_watchdog_as_a_job_asks_the_boot_script_to_power_off(tmp_path):
     assert args.poweroff_marker and args.run_dir is None
     assert poll_interval(SETTINGS) == 30 and poll_interval(WatchdogSettings(done_grace_s=1.0)) == 0.1
     script = render_startup_script(BootstrapConfig(run_id="run-q", cloud="aws", role="head", **VERSIONS))
-    assert f'/var/lib/rubberband/runs/"${{RB_RUN_ID}}"/{POWEROFF_MARKER} ]; then' in script
+    assert f'/var/lib/rubberband/runs/run-q/{POWEROFF_MARKER} ]; then' in script
 
 
 def test_worker_scripts_rendered_on_a_head_pin_the_clis_torch(monkeypatch):
@@ -303,3 +348,88 @@ def test_worker_scripts_rendered_on_a_head_pin_the_clis_torch(monkeypatch):
     monkeypatch.setenv(RUN_VERSIONS_ENV, json.dumps({"python_version": "3.11", "ray_version": "2.60.0",
                                                      "torch_version": None}))
     assert "torch==" not in worker_startup_script("aws", "run-v", head, G4)  # nothing to pin: the image's own
+
+
+def run_node_watchdog(tmp_path, role: str, *, ready: bool = True, expires_in: int | None = None,
+                      health: int = 0, booted_ago: int = 0, poweroff: bool = False, **config) -> list[list[str]]:
+    """Execute the rendered node watchdog (bash) with shutdown, sleep and the runtime's python stubbed; return
+    the stubs' calls. The watchdog ends itself after powering off (or when a stub ``sleep`` fails)."""
+    state, runs = tmp_path / "state", tmp_path / "runs"
+    state.mkdir()
+    (runs / "run-n").mkdir(parents=True)
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    log = tmp_path / "calls.log"
+    (stubs / "shutdown").write_text(STUB)
+    (stubs / "sleep").write_text(STUB + f'[ "$(grep -c sleep {log})" -lt 5 ]\n')  # 5 polls at most, no waiting
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").write_text(STUB + f"exit {health}\n")  # `ray health-check`'s answer
+    for stub in [*stubs.iterdir(), tmp_path / "venv" / "bin" / "python"]:
+        stub.chmod(0o755)
+    now = int(time.time())
+    (state / "booted_at").write_text(f"{now - booted_ago}\n")
+    if expires_in is not None:
+        (state / "expires_at").write_text(f"{now + expires_in}\n")
+    if ready:
+        (state / "ready").write_text("")
+    if poweroff:
+        (runs / "run-n" / "POWEROFF").write_text("")
+    from rubberband.cloud.bootstrap import render_node_watchdog
+
+    script = render_node_watchdog(BootstrapConfig(
+        run_id="run-n", cloud="aws", role=role, head_address="10.0.0.2" if role == "worker" else None,
+        venv=str(tmp_path / "venv"), run_root=str(runs), state_dir=str(state), console=str(tmp_path / "console"),
+        **VERSIONS, **config))
+    done = subprocess.run(["bash", "-c", script], env={"PATH": f"{stubs}:/usr/bin:/bin", "RB_STUB_LOG": str(log)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode in (0, 1), done.stderr
+    return [line.split("\0")[:-1] for line in log.read_text().splitlines() if line] if log.exists() else []
+
+
+@pytest.mark.e2e  # executes the rendered watchdog with bash
+@pytest.mark.parametrize("role, case, expect", [
+    ("worker", dict(expires_in=-1), "lifetime cap"),
+    ("head", dict(expires_in=-1), "lifetime cap"),
+    ("worker", dict(ready=False, booted_ago=4000), "boot did not finish"),
+    ("worker", dict(health=1, head_lost_timeout_s=120), "head was unreachable for 120s"),
+    ("head", dict(poweroff=True), "run's watchdog ended the run"),
+    ("head", dict(booted_ago=700, watchdog=SETTINGS), "no run was submitted within 600s"),
+    ("worker", dict(expires_in=3600), None),  # healthy, within its cap: polls on
+    ("head", dict(ready=False, booted_ago=10), None),  # still booting
+])
+def test_node_watchdog_powers_the_node_off(tmp_path, role, case, expect):
+    calls = run_node_watchdog(tmp_path, role, **case)
+    offs = [c[1:] for c in calls if c[0] == "shutdown"]
+    if expect is None:
+        assert offs == [] and sum(c[0] == "sleep" for c in calls) == 5
+    else:
+        assert offs == [["-h", "now"]] and expect in (tmp_path / "console").read_text()
+
+
+def test_watchdog_shuts_down_when_every_api_call_fails(tmp_path):
+    """provider.list, terminate and cleanup all raise (any exception, not only CloudError): the watchdog still
+    ends the run, by shutting the head down."""
+    from rubberband.cloud.head import NoApi
+
+    class Broken:
+        cloud = "gcp"
+        calls: list[str] = []
+
+        def list(self, run_id=None):
+            self.calls.append("list")
+            raise ConnectionError("metadata server unreachable")
+
+        def terminate(self, ids):
+            self.calls.append("terminate")
+            raise CloudError("gcp backendError", kind="transient")
+
+        def cleanup_run(self, run_id, timeout_s):
+            self.calls.append("cleanup")
+            raise RuntimeError("boom")
+
+    shutdowns: list[int] = []
+    decision = watch(Broken(), "run-b", "rb-head", tmp_path / "never", SETTINGS, clock=iter([0, 0, 601]).__next__,
+                     sleep=lambda s: None, shutdown=lambda: shutdowns.append(1))
+    assert decision.terminate and shutdowns == [1] and Broken.calls == ["list", "cleanup", "terminate"]
+    assert self_terminate(NoApi("aws", "no credentials"), "run-b", "i-1", shutdown=lambda: shutdowns.append(2)) == []
+    assert shutdowns == [1, 2]

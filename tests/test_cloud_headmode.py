@@ -7,8 +7,12 @@ each worker's Ray node come one after another; one run per cloud, and the AWS on
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import math
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,8 +30,9 @@ from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances, one
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.head import HEAD_TYPES
 from rubberband.cloud.head_job import build_parser, pack, unpack
-from rubberband.cloud.head_link import DirectLink, SshTunnel
-from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, stage_code,
+from rubberband.cloud.head_link import DirectLink
+from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, link_for,
+                                           stage_code,
                                            start_head)
 from rubberband.errors import CloudError
 from rubberband.executor import journal as J
@@ -112,19 +117,31 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
 
         from rubberband.cloud.testboot import head_url
 
-        info = JobSubmissionClient(head_url(record.instance_id)).get_job_info(record.cloud_run_id)
+        # the head's Ray runs with the run's token (RUN_DIR/ray-token, the user's alone): no token, no answer
+        token = (run_dir / "ray-token").read_text()
+        assert len(token) == 64 and (run_dir / "ray-token").stat().st_mode & 0o077 == 0
+        with pytest.raises(Exception, match="401|403|[Aa]uthentication"):
+            JobSubmissionClient(head_url(record.instance_id)).list_jobs()
+        authorized = {"Authorization": f"Bearer {token}"}
+        info = JobSubmissionClient(head_url(record.instance_id), headers=authorized).get_job_info(record.cloud_run_id)
         assert "rubberband.cloud.head_job run" in info.entrypoint and record.instance_id in info.entrypoint
         assert info.runtime_env["working_dir"].startswith("gcs://")  # the code directory, packed by Ray Jobs
         # rubberband itself ships with every job: this checkout's package (the head's boot installed none)
         (package,) = info.runtime_env["py_modules"]
         assert package.startswith("gcs://_ray_pkg_")
-        watchdog = JobSubmissionClient(head_url(record.instance_id)).get_job_info(f"{record.cloud_run_id}-watchdog")
+        watchdog = JobSubmissionClient(head_url(record.instance_id), headers=authorized).get_job_info(
+            f"{record.cloud_run_id}-watchdog")
         assert "rubberband.cloud.head watchdog" in watchdog.entrypoint and "--poweroff-marker" in watchdog.entrypoint
         assert watchdog.runtime_env["py_modules"] == [package] and watchdog.status == "RUNNING"
         user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
             InstanceId=record.instance_id, Attribute="userData")["UserData"]["Value"]
         for text in (info.entrypoint, json.dumps(info.runtime_env), user_data):
-            assert FAKE_ACCESS_KEY not in text and FAKE_SECRET_KEY not in text
+            assert FAKE_ACCESS_KEY not in text and FAKE_SECRET_KEY not in text and token not in text
+        workers_data = [base64.b64decode(boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+            InstanceId=i["InstanceId"], Attribute="userData")["UserData"]["Value"]).decode()
+            for i in moto_instances() if i["InstanceId"] != record.instance_id]
+        assert workers_data and all("RAY_AUTH_MODE=token" in d and token not in d for d in workers_data)
+        assert "RAY_AUTH_MODE=token" in base64.b64decode(user_data).decode()
 
         attached = cli("run", "--attach", run_dir, env=env, timeout=120)
     finally:
@@ -146,6 +163,11 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     assert summary["actual"]["cost_usd"] == pytest.approx(workers + head["cost_usd"])
     journal = (run_dir / "journal.jsonl").read_text()
     assert FAKE_ACCESS_KEY not in journal and FAKE_SECRET_KEY not in journal
+    for path in run_dir.rglob("*"):  # the token is in its own file only: not in a log, journal or fetched file
+        if path.is_file() and path.name != "ray-token":
+            assert token not in path.read_text(errors="replace"), path
+    assert token not in attached.stdout + attached.stderr + log.read_text()
+    assert not (run_dir / "ray-token").exists()  # forgotten once the cluster was gone
     requested = [json.loads(line) for line in journal.splitlines() if '"instance_requested"' in line]
     assert requested and all(r["instance_type"] == "p3.2xlarge" for r in requested)
     assert_nothing_left(record.instance_id)
@@ -193,6 +215,12 @@ def test_head_mode_needs_ssh_settings_outside_tests(cli, tmp_path, moto_env):
     assert bad.returncode == 2 and "--head" in one_error_line(bad)
     local_detach = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--detach", env=env)
     assert local_detach.returncode == 2 and "--detach" in one_error_line(local_detach)
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    ipv6 = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--ssh-cidr", "2001:db8::7/128", "--ssh-key",
+               key, "--key-name", "rb", "--run-dir", tmp_path / "run6", env=env)
+    assert ipv6.returncode == 2 and "IPv6" in one_error_line(ipv6) and "Traceback" not in ipv6.stderr
+    assert moto_instances() == [] and not (tmp_path / "run6" / "head.json").exists()
 
 
 def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_path, gce_fake, monkeypatch):
@@ -203,8 +231,8 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)
     run_dir = tmp_path / "run"
     try:
-        result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                     timeout=400)
+        result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir,
+                     "--private-workers", env=env, timeout=400)
     finally:
         if (run_dir / "head.json").exists():
             end_run(HeadRecord.read(run_dir), test_boot="local")
@@ -219,8 +247,18 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     assert [a["email"] for a in head["serviceAccounts"]] == [env["RUBBERBAND_SERVICE_ACCOUNT"]]
     assert record.identity == env["RUBBERBAND_SERVICE_ACCOUNT"] and not record.identity_created
     assert all("serviceAccounts" not in b for b in inserted.values())
+    # the run's token (64 hex digits) is in no VM's metadata: the head has it over SSH, the workers from the head;
+    # the CLI forgot its own copy once the cluster was gone
+    assert not (run_dir / "ray-token").exists()
+    hex64 = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+    for body in (head, *inserted.values()):
+        script = next(i["value"] for i in body["metadata"]["items"] if i["key"] == "startup-script")
+        assert "RAY_AUTH_MODE=token" in script and not hex64.search(json.dumps(body))
     assert inserted and {b["machineType"].rsplit("/", 1)[-1] for b in inserted.values()} == {"n1-standard-8"}
     assert all(b["labels"]["rubberband-role"] == "worker" for b in inserted.values())
+    # --private-workers: only the head has an external address (its SSH); the workers none
+    assert head["networkInterfaces"][0]["accessConfigs"]
+    assert all(not b["networkInterfaces"][0].get("accessConfigs") for b in inserted.values())
     assert_fetched_run(cli, run_dir, tmp_path / "report.html", env)
     requested = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.INSTANCE_REQUESTED]
     assert {e["id"] for e in requested} == set(inserted)  # the head's executor provisioned the workers
@@ -308,7 +346,8 @@ def _digits_plan(spec):
     return make_plan(spec, [("local.cpu1", 1, 1)] * n, durations=[10.0] * n)
 
 
-def test_entrypoint_and_ssh_tunnel_commands():
+@pytest.mark.e2e  # runs `ssh -G`
+def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
     record = HeadRecord(run_id="My_Run-1", cloud="aws", region=REGION, instance_id="i-0abc", zone="us-east-1b",
                         address="10.0.0.5", public_address="203.0.113.9", regions=[REGION], metric="loss")
     words = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", head_grace_s=300,
@@ -319,11 +358,22 @@ def test_entrypoint_and_ssh_tunnel_commands():
     assert build_parser().parse_args(words[3:]).head_grace == 300.0
     assert build_parser().parse_args(words[3:] + ["--overrun-s", "inf"]).overrun_s == math.inf
     assert build_parser().parse_args(words[3:]).on_late == "finish"  # the default is left off the command line
+    assert not build_parser().parse_args(words[3:]).private_workers
+    private = dataclasses.replace(record, private_workers=True)
+    assert build_parser().parse_args(entrypoint(private, deadline_s=600, trial_runtime="x").split()[3:]).private_workers
     stop = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop").split()
     assert stop[stop.index("--on-late") + 1] == "stop" and build_parser().parse_args(stop[3:]).on_late == "stop"
-    tunnel = SshTunnel(host="203.0.113.9", key_file=Path("/k/id_ed25519"), user="ubuntu")
+    tunnel = link_for(record, None, Path("/k/id_ed25519"), tmp_path / "run")
     command = tunnel.command(40001)
-    assert command[:4] == ["ssh", "-N", "-L", "40001:127.0.0.1:8265"] and command[-1] == "ubuntu@203.0.113.9"
+    assert command[:4] == ["ssh", "-N", "-L", "40001:127.0.0.1:8265"] and command[-1].endswith("@203.0.113.9")
+    # the run's own known_hosts, checked strictly after the first connection; never the user's
+    assert f"UserKnownHostsFile={tmp_path / 'run' / 'known_hosts'}" in command
+    assert "GlobalKnownHostsFile=/dev/null" in command and "StrictHostKeyChecking=accept-new" in command
+    if shutil.which("ssh"):  # ssh itself accepts these options (-G prints the configuration it would use)
+        shown = subprocess.run([*command[:1], "-G", *command[4:]], capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        assert f"userknownhostsfile {tmp_path / 'run' / 'known_hosts'}" in shown.stdout
+        assert "stricthostkeychecking accept-new" in shown.stdout
     assert DirectLink("http://127.0.0.1:1").open(1.0) == "http://127.0.0.1:1"
 
 

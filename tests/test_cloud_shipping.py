@@ -83,3 +83,30 @@ def test_the_code_directory_never_ships_secrets(tmp_path):
     shipped = {p.relative_to(work).as_posix() for p in work.rglob("*")}
     assert "digits.py" in shipped and "_rubberband/spec.json" in shipped
     assert not shipped & {".env", "prod.pem", "id_rsa", "credentials.json", "my-service-account-key.json", ".aws"}
+
+
+def test_code_filter_keeps_secrets_out_and_honours_the_users_ignore_files(tmp_path):
+    """Secrets stay behind whatever the ignore files say; .gitignore and .rubberbandignore (gitignore syntax,
+    ``!`` re-includes) exclude more; Ray's excludes for --head local say the same."""
+    from rubberband.cloud.shipping import SECRET_EXCLUDES, CodeFilter
+
+    code = tmp_path / "code"
+    for rel in ("train.py", "pkg/model.py", "data/big.bin", "data/keep.txt", "notes.log", "config/.env.prod",
+                "deploy/server.pem", "keys/id_ed25519.pub", ".aws/credentials", "gcp/application_default_credentials.json",
+                "infra/terraform.tfstate", ".git/config", "pkg/__pycache__/m.pyc", "runs/r1/journal.jsonl",
+                "venv/bin/python", ".config/gcloud/credentials.db", "credentials"):
+        (code / rel).parent.mkdir(parents=True, exist_ok=True)
+        (code / rel).write_text("x\n")
+    (code / ".gitignore").write_text("*.log\n")
+    (code / ".rubberbandignore").write_text("# data sets are downloaded in train\ndata/\n!data/keep.txt\n"
+                                            "!deploy/server.pem\n!venv/\n")
+    code_filter = CodeFilter(code)
+    shipped = {p.as_posix() for p in code_filter.files()}
+    assert shipped == {"train.py", "pkg/model.py", ".gitignore", ".rubberbandignore", "venv/bin/python"}
+    # a directory excluded as a whole is not entered: `!data/keep.txt` cannot re-include inside it (as in git)
+    assert code_filter.excluded("deploy/server.pem") and code_filter.excluded("data/big.bin")
+    assert code_filter.ray_excludes()[-len(SECRET_EXCLUDES):] == list(SECRET_EXCLUDES)  # last: they win in Ray's spec
+    from ray._private.thirdparty.pathspec import PathSpec
+
+    ray_spec = PathSpec.from_lines("gitwildmatch", code_filter.ray_excludes())
+    assert ray_spec.match_file("deploy/server.pem") and ray_spec.match_file(".env") and not ray_spec.match_file("train.py")

@@ -155,7 +155,7 @@ def _hints(record, run_dir: Path) -> str:
 def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Path, options, deadline_s: float | None,
                 overrun_s: float, trial_runtime: str, detach: bool, on_late: str = "finish") -> int:
     """Head mode: start the run's head instance, submit the run to it, then follow it (unless ``detach``)."""
-    from rubberband.cloud.head_session import HeadSession, check_options, end_run, link_for, start_head
+    from rubberband.cloud.head_session import HeadSession, check_options, deliver_token, end_run, link_for, start_head
     from rubberband.cloud.testboot import boot_mode
 
     test_boot = boot_mode()
@@ -170,13 +170,17 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
                         options=options, test_boot=test_boot)
     write_plan(plan, run_dir / "plan.json")
     try:
-        with HeadSession(record, link_for(record, test_boot, options.ssh_key),
-                         connect_timeout_s=options.boot_timeout_s) as session:
+        token = deliver_token(record, run_dir, options, test_boot)  # the head's boot waits for it to start Ray
+        with HeadSession(record, link_for(record, test_boot, options.ssh_key, run_dir),
+                         connect_timeout_s=options.boot_timeout_s, token=token) as session:
             session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime,
                            head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s, on_late=on_late,
                            watchdog=options.watchdog)
     except BaseException:
         end_run(record, test_boot=test_boot)  # never leave a head without a run billing
+        from rubberband.cloud.ray_token import forget_run_token
+
+        forget_run_token(run_dir)
         raise
     err.print(f"submitted run {run_id} to head {record.instance_id} ({record.zone})", markup=False, highlight=False)
     note_head_billing(plan, head_mode=True)
@@ -193,6 +197,7 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
     import json
 
     from rubberband.cloud.head_session import HeadSession, end_run, link_for
+    from rubberband.cloud.ray_token import read_run_token
     from rubberband.cloud.testboot import boot_mode
     from rubberband.execution import print_summary
 
@@ -203,7 +208,8 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
         sys.stderr.write(text)
         sys.stderr.flush()
 
-    with HeadSession(record, link_for(record, test_boot, ssh_key)) as session:
+    token = read_run_token(run_dir)
+    with HeadSession(record, link_for(record, test_boot, ssh_key, run_dir), token=token) as session:
         try:
             status = session.stream(write)
         except KeyboardInterrupt:
@@ -211,6 +217,9 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
             return 0
         session.fetch(run_dir)
     end_run(record, test_boot=test_boot, echo=lambda line: err.print(line, markup=False, highlight=False))
+    from rubberband.cloud.ray_token import forget_run_token
+
+    forget_run_token(run_dir)  # the cluster is gone: its token opens nothing any more
     result_path = run_dir / "result.json"
     if not result_path.exists():
         err.print(f"run {record.run_id} ended ({status}) without a result; its logs are above", markup=False,
@@ -271,6 +280,9 @@ def register(app: typer.Typer) -> None:
         key_name: str = typer.Option(None, "--key-name", envvar="RUBBERBAND_KEY_NAME", help="Head mode on AWS: the "
                                      "EC2 key pair (public half of --ssh-key) the head starts with."),
         ssh_user: str = typer.Option("ubuntu", "--ssh-user", help="Head mode: SSH user on the head."),
+        private_workers: bool = typer.Option(False, "--private-workers", help="Head mode on GCP: workers get no "
+                                             "external address (only the head has one); the network needs Cloud "
+                                             "NAT for the workers' boot-time installs."),
         instance_profile: str = typer.Option(None, "--instance-profile", envvar="RUBBERBAND_INSTANCE_PROFILE",
                                              help="Head mode on AWS: the IAM instance profile the head acts with "
                                              "(default: one created for the run with the least permissions it "
@@ -380,20 +392,27 @@ def register(app: typer.Typer) -> None:
             if resume is not None:
                 raise InputError(f"--resume restarts an executor on this machine; a run on a head instance is "
                                  f"followed with `rubberband run --attach {resume}` (or pass --head local)")
-            from rubberband.cloud.bootstrap import WatchdogSettings
+            from rubberband.cloud.bootstrap import WatchdogSettings, lifetime_cap_s
             from rubberband.cloud.head_session import HeadOptions
 
+            # the head's hard cap comes from the plan: deadline + overrun + results grace (+ boot margin)
             watchdog = WatchdogSettings(stall_timeout_s=deadline_flag(stall_timeout, "--stall-timeout"),
-                                        done_grace_s=grace_s)
+                                        done_grace_s=grace_s,
+                                        max_lifetime_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s,
+                                                                      grace_s))
             options = HeadOptions(ssh_cidr=ssh_cidr, ssh_key=ssh_key, key_name=key_name, ssh_user=ssh_user,
                                   watchdog=watchdog, instance_profile=instance_profile,
-                                  service_account=service_account)
+                                  service_account=service_account, private_workers=private_workers)
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                                options=options, deadline_s=deadline_s, overrun_s=overrun_s,
                                trial_runtime=trial_runtime, detach=detach, on_late=on_late)
         if backend_cloud in ("aws", "gcp") and resume is None:
             note_head_billing(plan, head_mode=False)
-        backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages])
+        from rubberband.cloud.bootstrap import lifetime_cap_s
+
+        backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages],
+                               lifetime_cap_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s,
+                                                             0.0) if backend_cloud in ("aws", "gcp") else None)
         result = execute(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                          backend=backend, trial_runtime=trial_runtime, deadline_s=deadline_s,
                          overrun_s=overrun_s, resume=resume is not None, on_late=on_late)

@@ -1,0 +1,138 @@
+"""Ray token authentication on a run's cluster, for real: a local Ray head started as a cloud head starts (token mode,
+the run's own token file), and clients with no token, a wrong token and the run's token."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from rubberband.cloud.local import LocalProvider, _free_port
+
+pytestmark = pytest.mark.e2e
+
+CLIENT = r'''
+import json, sys
+from ray.job_submission import JobSubmissionClient
+try:
+    jobs = JobSubmissionClient(sys.argv[1]).list_jobs()
+    print(json.dumps({"ok": True}))
+except Exception as exc:
+    print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}))
+'''
+
+DRIVER = r'''
+import json, sys, ray
+try:
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    print(json.dumps({"ok": bool(ray.cluster_resources() is not None)}))
+    ray.shutdown()
+except BaseException as exc:
+    print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}))
+'''
+
+
+def _client(code: str, target: str, env: dict[str, str]) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    done = subprocess.run([sys.executable, "-c", code, target], env={**clean, "HOME": env.pop("HOME"), **env},
+                          capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, done.stderr[-2000:]
+    return json.loads(lines[-1])
+
+
+def test_the_runs_ray_refuses_clients_without_its_token(tmp_path):
+    token_file = tmp_path / "state" / "ray-token"
+    token_file.parent.mkdir()
+    token_file.write_text(secrets.token_hex(32))
+    token_file.chmod(0o600)
+    local = LocalProvider(tmp_path / "head", auth_mode="token")
+    port = _free_port()
+    try:
+        head = local.start_head("run-t", dashboard_port=port, env={"RAY_AUTH_TOKEN_PATH": str(token_file)})
+        url = f"http://127.0.0.1:{port}"
+        (tmp_path / "tmp").mkdir()
+        home = {"HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path / "tmp")}  # no ~/.ray/auth_token to fall on
+        assert not _client(CLIENT, url, {**home, "RAY_AUTH_MODE": "disabled"})["ok"]
+        wrong = _client(CLIENT, url, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+        assert not wrong["ok"]
+        assert _client(CLIENT, url, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token_file.read_text()})["ok"]
+        # the GCS (what a worker node or a driver joins) refuses a wrong token too
+        assert not _client(DRIVER, head.address, {**home, "RAY_AUTH_MODE": "token",
+                                                   "RAY_AUTH_TOKEN": secrets.token_hex(32)})["ok"]
+        assert _client(DRIVER, head.address, {**home, "RAY_AUTH_MODE": "token",
+                                               "RAY_AUTH_TOKEN_PATH": str(token_file)})["ok"]
+    finally:
+        local.stop_head()
+
+
+def _ssh_stub(tmp_path, *, fail_first: int = 0):
+    """An `ssh` that records its argv and stdin (and fails the first ``fail_first`` calls, as while sshd boots)."""
+    log = tmp_path / "ssh.log"
+    stub = tmp_path / "bin" / "ssh"
+    stub.parent.mkdir()
+    stub.write_text(f'''#!/bin/bash
+n=$(ls {tmp_path}/call.* 2>/dev/null | wc -l)
+printf '%s\\n' "$@" > {tmp_path}/call.$n
+cat > {tmp_path}/stdin.$n
+[ "$n" -ge {fail_first} ] || {{ echo "ssh: connect to host: Connection refused" >&2; exit 255; }}
+''')
+    stub.chmod(0o755)
+    return str(stub), log
+
+
+def test_the_token_goes_to_the_head_on_stdin_over_the_runs_known_hosts(tmp_path):
+    """deliver_to_head retries while the head's sshd is not up, sends the token on stdin only (never in argv), and
+    trusts the run's own known_hosts; write/read/forget keep it in RUN_DIR/ray-token, 0600."""
+    from rubberband.cloud.ray_token import (deliver_to_head, forget_run_token, new_token, read_run_token,
+                                            write_run_token)
+
+    token = new_token()
+    run_dir = tmp_path / "run"
+    path = write_run_token(run_dir, token)
+    assert read_run_token(run_dir) == token and path.stat().st_mode & 0o777 == 0o600
+    ssh, _ = _ssh_stub(tmp_path, fail_first=2)
+    deliver_to_head("203.0.113.9", "ubuntu", tmp_path / "key", run_dir / "known_hosts", token, timeout_s=30,
+                    ssh=ssh, poll_s=0.01)
+    calls = sorted(tmp_path.glob("call.*"))
+    assert len(calls) == 3  # two refused while "booting", then delivered
+    argv = calls[-1].read_text().splitlines()
+    assert token not in "\n".join(argv) and (tmp_path / "stdin.2").read_text() == token
+    assert f"UserKnownHostsFile={run_dir / 'known_hosts'}" in argv and "ubuntu@203.0.113.9" in argv
+    assert "/var/lib/rubberband/ray-token" in argv[-1] and argv[-1].startswith("sudo sh -c ")
+    forget_run_token(run_dir)
+    assert read_run_token(run_dir) is None
+
+
+def test_the_head_pushes_the_token_to_a_workers_drop_account(tmp_path, monkeypatch):
+    """SshTokenPush (on the head) sends the head's copy of the token on stdin to rubberband-token@<private address>
+    with the head's push key, one known_hosts per worker; from_env finds it only in token mode on a head."""
+    from rubberband.cloud.provider import Instance
+    from rubberband.cloud.ray_token import SshTokenPush
+
+    key = tmp_path / "state" / "push_key"
+    key.parent.mkdir()
+    key.write_text("private\n")
+    (tmp_path / "state" / "push_key.pub").write_text("ssh-ed25519 AAAA rubberband-token-push\n")
+    token = tmp_path / "state" / "ray-token"
+    token.write_text("t0ken")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    assert SshTokenPush.from_env() is None
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    monkeypatch.setenv("RUBBERBAND_TOKEN_PUSH_KEY", str(key))
+    ssh, _ = _ssh_stub(tmp_path)
+    push = SshTokenPush.from_env()
+    assert push is not None and push.public_key == "ssh-ed25519 AAAA rubberband-token-push"
+    push = SshTokenPush(key_file=push.key_file, token_file=push.token_file, ssh=ssh, poll_s=0.01)
+    worker = Instance(id="i-0w", cloud="aws", instance_type="p3.2xlarge", zone="us-east-1a", state="running",
+                      run_id="run-t", address="10.0.0.7")
+    push.push(worker, 10)
+    argv = (tmp_path / "call.0").read_text().splitlines()
+    assert argv[-1] == "rubberband-token@10.0.0.7" and str(key) in argv
+    assert f"UserKnownHostsFile={tmp_path / 'state' / 'known_hosts.d' / 'i-0w'}" in argv
+    assert (tmp_path / "stdin.0").read_text() == "t0ken" and "t0ken" not in "\n".join(argv)
