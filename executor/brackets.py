@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 from rubberband.errors import ExecutionError
 from rubberband.executor import journal as J
-from rubberband.executor.controller import Controller, PoolInstance, rank
+from rubberband.executor.controller import LIVENESS_EVERY_S, Controller, PoolInstance, rank
 from rubberband.executor.placement import Slot, make_slots
 from rubberband.plan import Plan
 
@@ -395,20 +395,10 @@ class ParallelController(Controller):
     def _liveness(self) -> None:
         """Every few seconds: every ready instance's Ray node still there? Lost ones go to the lane they serve."""
         now = time.monotonic()
-        if now - self._last_liveness < 2.0:
+        if now - self._last_liveness < LIVENESS_EVERY_S:
             return
         self._last_liveness = now
-        import ray
-
-        try:
-            resources = ray.cluster_resources()
-        except Exception:  # noqa: BLE001 - the next poll asks again
-            return
-        ready = [p.id for p in self.pool.values() if p.id is not None and p.ready and not p.released]
-        suspects = self._gone_from_ray(ready, resources)
-        if not suspects:
-            return
-        lost = self._confirm_lost(suspects, wait_s=0.0)
+        lost = self._poll_lost()
         per_lane: dict[int, dict[str, str]] = {}
         for ident, reason in lost.items():
             entry = next((p for p in self.pool.values() if p.id == ident), None)

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from rubberband.files import write_text_atomic
 
 LATEST = "latest"
 CHECKPOINT_FORMAT = 1
@@ -20,12 +21,6 @@ _NAME = re.compile(r"^epoch-(\d+)\.pt$")
 
 def checkpoint_path(directory: str | Path, epoch: int) -> Path:
     return Path(directory) / f"epoch-{epoch}.pt"
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -52,7 +47,7 @@ def save_checkpoint(directory: str | Path, epoch: int, state: dict, *, trial_id:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    _atomic_write_text(directory / LATEST, f"{path.name}\n")
+    write_text_atomic(directory / LATEST, f"{path.name}\n")
     _prune(directory, keep=keep, newest=epoch)
     return path
 

@@ -764,18 +764,21 @@ class Controller:
         for entry in self.pool.values():  # a watcher on every ready spot instance (Ray may show a node late)
             if entry.ready and not entry.released and entry.spot and entry.id not in self._watchers:
                 self._watch(entry)
+        lost = self._poll_lost()
+        if lost:
+            self._handle_lost(g, lost, slots, pending, stopped=[])
+
+    def _poll_lost(self) -> dict[str, str]:
+        """Ready instances whose Ray node is gone, confirmed (id → reason); none when Ray does not answer."""
         import ray
 
         try:
             resources = ray.cluster_resources()
         except Exception:  # noqa: BLE001 - the next poll asks again
-            return
+            return {}
         ready = [p.id for p in self.pool.values() if p.id is not None and p.ready and not p.released]
         suspects = self._gone_from_ray(ready, resources)
-        if suspects:
-            lost = self._confirm_lost(suspects, wait_s=0.0)
-            if lost:
-                self._handle_lost(g, lost, slots, pending, stopped=[])
+        return self._confirm_lost(suspects, wait_s=0.0) if suspects else {}
 
     def _handle_lost(self, g: int, lost: dict[str, str], slots: list[Slot], pending: list[tuple[str, int]], *,
                      stopped: list[tuple[str, tuple[str, ...]]]) -> None:

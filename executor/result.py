@@ -22,6 +22,7 @@ from rubberband.executor.journal import RunState
 from rubberband.executor.outcome import EXIT_CODES, best_so_far, outcome_of
 from rubberband.plan import Plan
 from rubberband.spec import JobSpec
+from rubberband.files import write_text_atomic
 
 RESULT_NAME = "result.json"
 
@@ -104,8 +105,4 @@ def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, err
 
 
 def write_result(result: dict[str, Any], run_dir: Path) -> Path:
-    path = Path(run_dir) / RESULT_NAME
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text_atomic(Path(run_dir) / RESULT_NAME, json.dumps(result, indent=2, default=str) + "\n")

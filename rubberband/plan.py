@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rubberband.errors import PlanFileError
 from rubberband.versioned import read_json, validate_versioned
+from rubberband.files import write_text_atomic
 
 PLAN_SCHEMA_VERSION = 3
 #: Older plan schemas this version reads (v1: Hyperband brackets always ran one after another;
@@ -266,11 +267,7 @@ def load_plan(path: str | Path) -> Plan:
 
 def write_plan(plan: Plan, path: str | Path) -> None:
     """Write atomically so an interrupted write never leaves a half plan behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(plan_json(plan) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, plan_json(plan) + "\n", make_parents=True)
 
 
 def plan_json(plan: Plan) -> str:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rubberband.errors import ProfileError
 from rubberband.versioned import read_json, validate_versioned
+from rubberband.files import write_text_atomic
 
 PROFILE_SCHEMA_VERSION = 2
 #: Versions this rubberband reads (v1: no ``epoch_measurements``).
@@ -181,7 +182,4 @@ def load_profile(path: str | Path) -> Profile:
 
 def write_profile(profile: Profile, path: str | Path) -> None:
     """Write atomically: a half-written profile never appears under ``path``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(profile.model_dump_json(indent=2, exclude_none=True) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, profile.model_dump_json(indent=2, exclude_none=True) + "\n")

@@ -30,6 +30,7 @@ from rubberband.errors import InputError
 from rubberband.planner.spot import (DURATION_LEVELS, SpotMarketModel, Trace, TraceStats, ZoneModel, fit_zone,
                                      trace_stats)
 from rubberband.versioned import read_json, validate_versioned
+from rubberband.files import write_text_atomic
 
 SPOT_MODEL_SCHEMA_VERSION = 1
 PAPER = ("Wu, Chiang, Mao, Yang, Friedman, Shenker, Stoica: Can't Be Late: Optimizing Spot Instance Savings "
@@ -279,8 +280,4 @@ def load_spot_model(path: str | Path | None = None) -> SpotModelFile:
 
 def write_spot_model(model: SpotModelFile, path: str | Path) -> None:
     """Write atomically (nothing half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(model.model_dump(mode="json"), indent=1) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(model.model_dump(mode="json"), indent=1) + "\n", make_parents=True)
