@@ -36,8 +36,12 @@ from rubberband.errors import CloudError, InputError
 
 T = TypeVar("T")
 
-#: Public SSM parameter holding the newest AWS Deep Learning Base GPU AMI (NVIDIA driver, Ubuntu 22.04).
-DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+#: Public SSM parameter holding the newest AWS Deep Learning AMI with PyTorch (NVIDIA driver, CUDA torch in
+#: /opt/pytorch, Ubuntu 24.04): the boot reuses its torch and its Python (a head boots on it, its workers
+#: follow), so no node downloads gigabytes of CUDA torch. Name per the DLAMI docs ("Finding the ID of a
+#: DLAMI"): the AMI's name without "Deep Learning" and "AMI", the framework version in it.
+DEFAULT_AMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.11-ubuntu-24.04/"
+                         "latest/ami-id")
 _STATES = {"pending": "pending", "running": "running", "shutting-down": "stopping", "stopping": "stopping",
            "stopped": "stopped", "terminated": "terminated"}
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
@@ -118,7 +122,7 @@ class AwsProvider:
         return {"Name": f"rb-{request.run_id}-{request.stage}", **request.tags(self.version)}
 
     def image_id(self) -> str:
-        """The AMI to boot: ``image_id``, ``RUBBERBAND_AWS_AMI``, or the newest Deep Learning Base AMI."""
+        """The AMI to boot: ``image_id``, ``RUBBERBAND_AWS_AMI``, or the newest PyTorch Deep Learning AMI."""
         if self._image_id is None:
             try:
                 response = self._call("GetParameter", lambda: self.ssm.get_parameter(Name=DEFAULT_AMI_PARAMETER))

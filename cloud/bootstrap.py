@@ -160,6 +160,8 @@ def lifetime_cap_s(deadline_s: float | None, overrun_s: float = 0.0, grace_s: fl
 #: Python interpreters of the images rubberband boots, tried before ``python3.X`` / ``python3`` on PATH:
 #: the PyTorch Deep Learning AMI's environment and the Deep Learning VM's conda.
 IMAGE_PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/bin/python3")
+#: The Python minors a head may boot on when it takes the image's own (``python_version=None``): Ray's wheels.
+IMAGE_PYTHON_RANGE = ((3, 10), (3, 13))
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 #: What a node's boot prints (console and log) when it fails; rubberband looks for it in the console output.
 BOOT_FAILED = "rubberband-boot: FAILED:"
@@ -190,7 +192,10 @@ class BootstrapConfig:
     cloud: Literal["aws", "gcp"]
     role: Literal["head", "worker"]
     ray_version: str
-    python_version: str  # "3.11": the client's major.minor, which every node's interpreter must have
+    #: "3.11": the Python minor the node's interpreter must have (a worker: its head's / the CLI's, Ray joins
+    #: need the same minor); None: the image's own Python, any of :data:`IMAGE_PYTHON_RANGE` (a cloud head: the
+    #: CLI only talks to it over Ray's job HTTP API, and the head renders its workers' scripts with its own)
+    python_version: str | None
     torch_version: str | None = None  # installed (pinned) only where the image has no torch
     rubberband_version: str = ""  # for the script's header only: rubberband itself comes with each job
     region: str = ""
@@ -199,6 +204,8 @@ class BootstrapConfig:
     use_gpu: bool = True
     cpus: int | None = None  # CPUs the node advertises (executor.devices.node_resources); None: ``workers``
     requirements: tuple[str, ...] = ()  # the spec's `requirements` (PEP 508, validated by the spec)
+    #: rubberband's runtime dependencies pinned to the submitting machine's versions (runtime_requirements())
+    runtime_requirements: tuple[str, ...] = ()
     head_lost_timeout_s: float = 900.0
     max_lifetime_s: float | None = None
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
@@ -224,36 +231,75 @@ class BootstrapConfig:
     torch_cpu_index: str = TORCH_CPU_INDEX
 
 
-#: Set in every rubberband job's environment by the CLI (``shipping.job_runtime_env``): the versions of the
-#: machine that started the run, which the nodes a head starts must match (the head's own venv has no torch).
+#: Set in every rubberband job's environment by the CLI (``shipping.job_runtime_env``): the Ray and torch
+#: versions and the pinned runtime packages of the machine that started the run, which the nodes a head
+#: starts must match (the head's own runtime has no torch, and rubberband arrives there without metadata).
 RUN_VERSIONS_ENV = "RUBBERBAND_RUN_VERSIONS"
+#: rubberband's own dependencies that a node does not get from its runtime pins: Ray and torch have their own
+#: rules (the client's Ray; the image's torch first), matplotlib only draws reports on the user's machine.
+NOT_PINNED = frozenset({"ray", "torch", "matplotlib"})
+#: Optional packages pinned too when the submitting machine has them (the head runs the spec's sampler).
+OPTIONAL_PINNED = ("optuna",)
 
 
-def client_versions() -> dict[str, str | None]:
-    """The Python minor, Ray and torch versions the nodes of a run must match.
+def _installed(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
 
-    Those of the machine that started the run: this one's, or — in a job the CLI submitted to a head —
-    the ones it passed down in ``$RUBBERBAND_RUN_VERSIONS``. (The head trains nothing and has no torch of
-    its own, yet the worker scripts it renders must pin the CLI's torch where an image lacks one.)
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def runtime_requirements() -> tuple[str, ...]:
+    """rubberband's runtime dependencies pinned to this machine's versions (``numpy==2.4.6``, ...), for the nodes:
+    the head runs the shipped executor and planner, every worker the trial runtime, with these exact versions."""
+    import re as _re
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        declared = requires("rubberband") or []
+    except PackageNotFoundError:
+        return ()
+    names = [_re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in declared if "extra ==" not in r]
+    names += [n for n in OPTIONAL_PINNED if _installed(n)]
+    pins = []
+    for name in dict.fromkeys(names):
+        found = _installed(name)
+        if name.lower() not in NOT_PINNED and found:
+            pins.append(f"{name}=={found}")
+    return tuple(pins)
+
+
+def passed_versions() -> dict:
+    """What the CLI passes down to its jobs in ``$RUBBERBAND_RUN_VERSIONS`` (the Python minor is each machine's)."""
+    versions = client_versions()
+    return {"ray_version": versions["ray_version"], "torch_version": versions["torch_version"],
+            "requirements": list(versions["requirements"])}
+
+
+def client_versions() -> dict:
+    """What the nodes of a run must match: this interpreter's Python minor, and the submitting machine's Ray,
+    torch and pinned runtime packages (:func:`runtime_requirements`).
+
+    The Python minor is always this machine's: the CLI's for ``--head local`` (its Ray joins the cloud
+    workers), the head's own on a head (its workers join it; the head boots on the image's Python). The rest
+    is this machine's, or — in a job the CLI submitted to a head — what the CLI passed down in
+    ``$RUBBERBAND_RUN_VERSIONS``: the head's runtime has no torch and the shipped rubberband no metadata, yet
+    the worker scripts it renders must pin the CLI's versions.
     """
     import os
     import sys
-    from importlib.metadata import PackageNotFoundError, version
 
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
     passed = os.environ.get(RUN_VERSIONS_ENV)
     if passed:
         data = json.loads(passed)
-        return {key: (str(data[key]) if data.get(key) else None)
-                for key in ("python_version", "ray_version", "torch_version")}
-
-    def installed(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    return {"python_version": f"{sys.version_info.major}.{sys.version_info.minor}",
-            "ray_version": installed("ray") or "2.60.0", "torch_version": installed("torch")}
+        return {"python_version": python, "ray_version": str(data.get("ray_version") or _installed("ray")),
+                "torch_version": str(data["torch_version"]) if data.get("torch_version") else None,
+                "requirements": tuple(str(r) for r in data.get("requirements") or ())}
+    return {"python_version": python, "ray_version": _installed("ray") or "2.60.0",
+            "torch_version": _installed("torch"), "requirements": runtime_requirements()}
 
 
 def _q(value: object) -> str:
@@ -461,6 +507,53 @@ def _safety_net_lines(config: BootstrapConfig) -> list[str]:
     return lines
 
 
+def _python_lines(config: BootstrapConfig) -> list[str]:
+    """Pick the node's interpreter into ``$RB_PY`` (and its minor into ``$RB_PYV``), or fail saying why.
+
+    A worker needs exactly ``python_version`` (its Ray joins a head of that minor): the image's first, else
+    the OS package. A cloud head (``python_version=None``) takes the image's own Python — the Deep Learning
+    images' first, where their CUDA torch lives — if Ray has wheels for it (:data:`IMAGE_PYTHON_RANGE`).
+    """
+    want = config.python_version
+    (lo_major, lo_minor), (hi_major, hi_minor) = IMAGE_PYTHON_RANGE
+    if want is None:
+        candidates = " ".join(_q(p) for p in (*config.image_pythons, "python3"))
+        test = f"sys.exit(not ({lo_major}, {lo_minor}) <= sys.version_info[:2] <= ({hi_major}, {hi_minor}))"
+        lines = ["# the image's own Python (its CUDA torch lives there); the workers will match this head's minor"]
+    else:
+        major, minor = want.split(".")
+        candidates = " ".join(_q(p) for p in (*config.image_pythons, f"python{want}", "python3"))
+        test = f"sys.exit(sys.version_info[:2] != ({major}, {minor}))"
+        lines = [f"# an interpreter with Python {want}, the minor of the Ray this node joins (Ray needs the same "
+                 f"minor on every node)"]
+    lines += [
+        "RB_PY=''",
+        f"for cand in {candidates}; do",
+        "  path=\"$(command -v \"$cand\" 2>/dev/null || true)\"",
+        f"  if [ -n \"$path\" ] && \"$path\" -c 'import sys; {test}' 2>/dev/null; then RB_PY=\"$path\"; break; fi",
+        "done",
+    ]
+    if want is None:
+        lines += [f"[ -n \"$RB_PY\" ] || fail \"this image has no Python {lo_major}.{lo_minor}-{hi_major}.{hi_minor} "
+                  f"(the ones Ray supports): choose another image\""]
+    else:
+        lines += [
+            "if [ -z \"$RB_PY\" ] && command -v apt-get >/dev/null 2>&1; then",
+            f"  say 'no Python {want} on this image: installing it from the OS packages'",
+            f"  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python{want} "
+            f"python{want}-venv) || true",
+            f"  RB_PY=\"$(command -v python{want} || true)\"",
+            "fi",
+            f"[ -n \"$RB_PY\" ] || fail \"this image has no Python {want}, the minor of the Ray this node joins (Ray "
+            f"needs the same Python minor on every node): with --head local run rubberband from the image's Python "
+            f"($(python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null || echo '?')), or "
+            f"choose an image with Python {want}\"",
+        ]
+    lines += ["RB_PYV=\"$(\"$RB_PY\" -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])')\"",
+              "say \"Python $RB_PYV: $RB_PY\""]
+    return lines
+
+
 def render_startup_script(config: BootstrapConfig) -> str:
     """The bash script a node runs at first boot (EC2 user-data / GCE startup-script).
 
@@ -473,19 +566,17 @@ def render_startup_script(config: BootstrapConfig) -> str:
     validate_run_id(config.run_id)
     if config.role == "worker" and not config.head_address:
         raise InputError("a worker's startup script needs the head's address (head_address)")
-    if not re.fullmatch(r"3\.\d{1,2}", config.python_version):
+    if config.python_version is not None and not re.fullmatch(r"3\.\d{1,2}", config.python_version):
         raise InputError(f"python_version {config.python_version!r} is not a Python 3 minor version like 3.11")
     want = config.python_version
-    major, minor = want.split(".")
     venv, py = _q(config.venv), f"{_q(config.venv)}/bin/python"
     run_dir = f"{_q(config.run_root)}/\"${{RB_RUN_ID}}\""
     url = (config.metadata_url or METADATA_URLS[config.cloud]).rstrip("/")
-    packages = [f"ray[default]=={config.ray_version}", *config.requirements]
-    candidates = " ".join(_q(p) for p in (*config.image_pythons, f"python{want}", "python3"))
+    packages = [f"ray[default]=={config.ray_version}", *config.runtime_requirements, *config.requirements]
     lines = [
         "#!/bin/bash",
         f"# rubberband {config.role} node of run {config.run_id} (rendered by rubberband "
-        f"{config.rubberband_version or 'cli'}; Python {want}, Ray {config.ray_version}).",
+        f"{config.rubberband_version or 'cli'}; Python {want or 'of the image'}, Ray {config.ray_version}).",
         "# Rendered by rubberband.cloud.bootstrap; holds no credentials (cloud access comes from the",
         "# instance role / service account). rubberband itself arrives with each Ray job (runtime_env).",
         "set -euo pipefail",
@@ -503,27 +594,11 @@ def render_startup_script(config: BootstrapConfig) -> str:
         "export RAY_USAGE_STATS_ENABLED=0",
         "# cluster traffic is confined to the run's security group / firewall rules (see docs/clouds.md)",
         *_ray_auth_lines(config),
-        f"# an interpreter with the client's Python {want} (Ray needs the same minor on every node)",
-        "RB_PY=''",
-        f"for cand in {candidates}; do",
-        "  path=\"$(command -v \"$cand\" 2>/dev/null || true)\"",
-        f"  if [ -n \"$path\" ] && \"$path\" -c 'import sys; sys.exit(sys.version_info[:2] != ({major}, {minor}))' "
-        "2>/dev/null; then RB_PY=\"$path\"; break; fi",
-        "done",
-        "if [ -z \"$RB_PY\" ] && command -v apt-get >/dev/null 2>&1; then",
-        f"  say 'no Python {want} on this image: installing it from the OS packages'",
-        f"  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python{want} "
-        f"python{want}-venv) || true",
-        f"  RB_PY=\"$(command -v python{want} || true)\"",
-        "fi",
-        f"[ -n \"$RB_PY\" ] || fail \"this image has no Python {want}, the version of the rubberband CLI that "
-        f"started the run (Ray needs the same Python minor on every node): run rubberband from Python "
-        f"$(python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null || echo '?') or choose an "
-        f"image with Python {want}\"",
+        *_python_lines(config),
         f"if [ ! -x {py} ]; then",
         f"  say \"creating the runtime in {config.venv} from $RB_PY\"",
         f"  \"$RB_PY\" -m venv {venv} 2>/dev/null || {{ rm -rf {venv}; (apt-get update -qq && "
-        f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python{want}-venv) || true; "
+        f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \"python${{RB_PYV}}-venv\") || true; "
         f"\"$RB_PY\" -m venv {venv}; }}",
         "  # the image's packages (its CUDA torch, drivers' bindings) stay importable beneath the runtime's own",
         "  \"$RB_PY\" -c 'import sys; print(\"\\n\".join(p for p in sys.path if p.endswith((\"site-packages\", "

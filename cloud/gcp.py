@@ -123,7 +123,7 @@ class GcpProvider:
     cloud = "gcp"
 
     def __init__(self, region: str, *, project: str | None = None, endpoint: str | None = None,
-                 credentials: Credentials | None = None, network: str = "default", image: str = DEFAULT_IMAGE,
+                 credentials: Credentials | None = None, network: str = "default", image: str | None = None,
                  ssh_cidr: str | None = None, service_account: str | None = None, disk_gb: int = 100,
                  worker_public_ip: bool = True,
                  retry: RetryPolicy | None = None, poll_s: float = 5.0, version: str = __version__) -> None:
@@ -147,7 +147,7 @@ class GcpProvider:
         self.project = project
         self.endpoint = endpoint
         self.network = network
-        self.image = image
+        self.image = image or os.environ.get("RUBBERBAND_GCP_IMAGE") or DEFAULT_IMAGE  # like RUBBERBAND_AWS_AMI
         self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
         self.service_account = service_account
         self.disk_gb = disk_gb

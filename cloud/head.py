@@ -59,12 +59,13 @@ def ray_version() -> str:
 
 
 def head_startup_script(cloud: str, region: str, run_id: str, settings: WatchdogSettings | None = None) -> str:
-    """The head's startup script: the client's Python minor and Ray, no torch (the head trains nothing)."""
+    """The head's startup script: the image's own Python (its workers follow the head's minor), the client's
+    Ray and pinned runtime packages, no torch (the head trains nothing)."""
     versions = client_versions()
     return render_startup_script(BootstrapConfig(
         run_id=run_id, cloud=cloud, role="head", region=region,  # type: ignore[arg-type]
         rubberband_version=__version__, ray_version=str(versions["ray_version"]),
-        python_version=str(versions["python_version"]), use_gpu=False,
+        python_version=None, runtime_requirements=tuple(versions["requirements"]), use_gpu=False,
         max_lifetime_s=(settings or WatchdogSettings()).max_lifetime_s, watchdog=settings or WatchdogSettings()))
 
 
@@ -76,8 +77,9 @@ def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: Instan
     ``token_push_key``: the head's public push key: the worker's Ray then runs with the run's token, which the
     head pushes over SSH (cloud/ray_token.py); without one (a head outside the cloud) Ray auth is disabled.
 
-    The worker is rendered where the executor runs (the head, in head mode), whose Python, Ray and
-    torch are the CLI's: the versions every node must match."""
+    The worker is rendered where the executor runs (the head, in head mode; the CLI with ``--head local``):
+    it needs that machine's Python minor, and the CLI's Ray, torch and pinned runtime packages
+    (:func:`~rubberband.cloud.bootstrap.client_versions`)."""
     if not head.address:
         raise CloudError(f"{cloud}: head {head.id} has no private address yet; wait for it first", kind="transient")
     node = node_resources(itype)  # one GPU (and its CPU share) per trial worker on GPU types
@@ -86,7 +88,7 @@ def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: Instan
         run_id=run_id, cloud=cloud, role="worker", region=itype.region,  # type: ignore[arg-type]
         rubberband_version=__version__, ray_version=str(versions["ray_version"]),
         python_version=str(versions["python_version"]), torch_version=versions["torch_version"],
-        head_address=head.address, workers=node.slots, use_gpu=node.num_gpus > 0, cpus=node.num_cpus,
+        runtime_requirements=tuple(versions["requirements"]), head_address=head.address, workers=node.slots, use_gpu=node.num_gpus > 0, cpus=node.num_cpus,
         max_lifetime_s=max_lifetime_s, requirements=tuple(requirements),
         ray_auth="token" if token_push_key else "disabled", token_push_key=token_push_key))
 

@@ -150,10 +150,10 @@ def job_runtime_env(package: Path, working_dir: Path | None = None) -> dict:
     working directory, and the versions the run's nodes must match (``bootstrap.RUN_VERSIONS_ENV``)."""
     import json
 
-    from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV, client_versions
+    from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV, passed_versions
 
     env: dict = {"py_modules": [str(package)],
-                 "env_vars": {RUN_VERSIONS_ENV: json.dumps(client_versions(), sort_keys=True)}}
+                 "env_vars": {RUN_VERSIONS_ENV: json.dumps(passed_versions(), sort_keys=True)}}
     if working_dir is not None:
         env["working_dir"] = str(working_dir)
     return env

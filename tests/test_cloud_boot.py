@@ -189,6 +189,15 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
     root = Path(tempfile.mkdtemp(prefix="rbboot-"))  # short: Ray's socket paths must stay under 108 bytes
     image = root / "image"  # the image's Python: ray, torch and the rest "preinstalled", no rubberband
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(image)], check=True)
+    # "preinstalled" means this test's own packages (in CI a fresh venv's, not the base interpreter's): the boot's
+    # pinned installs (the CLI's versions) are then found already satisfied, offline. A .pth line adds the
+    # directory without running its own .pth files, so the editable rubberband stays out of the image.
+    import sysconfig
+
+    image_site = subprocess.run([str(image / "bin" / "python3"), "-c", "import sysconfig; "
+                                 "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    Path(image_site, "preinstalled.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     assert subprocess.run([str(image / "bin" / "python3"), "-c", "import rubberband"], cwd=root,
                           capture_output=True).returncode != 0
     poweroffs = root / "poweroff.log"
@@ -233,8 +242,10 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
                                metadata_url=servers[role].url, shutdown_command=str(recorder),
                                state_dir=str(disk / "state"), systemd_dir=str(disk / "systemd"),
                                token_drop_dir=str(disk / "drop"),
-                               python_version=str(versions["python_version"]), ray_version=str(versions["ray_version"]),
-                               torch_version=versions["torch_version"], **kw)
+                               # a cloud head boots on the image's own Python; a worker needs its head's minor
+                               python_version=None if role == "head" else str(versions["python_version"]),
+                               ray_version=str(versions["ray_version"]), torch_version=versions["torch_version"],
+                               runtime_requirements=tuple(versions["requirements"]), **kw)
 
     try:
         head = Node("head", render_startup_script(config("head")), root / "head", env)

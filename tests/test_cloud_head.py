@@ -17,7 +17,8 @@ from cloud_helpers import (FAKE_ACCESS_KEY, REGION, cloud_catalog, ec2_faults, m
 from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.bootstrap import (BootstrapConfig, WatchdogSettings, cloud_run_id, render_startup_script,
                                         validate_run_id)
-from rubberband.cloud.head import (DONE_MARKER, Observation, build_parser, decide, observe, provision_head,
+from rubberband.cloud.head import (DONE_MARKER, Observation, build_parser, decide, head_startup_script, observe,
+                                   provision_head,
                                    self_terminate, watch, worker_startup_script)
 from rubberband.cloud.provider import TAG_ROLE, InstanceRequest
 from rubberband.errors import CloudError, InputError
@@ -331,23 +332,37 @@ def test_watchdog_as_a_job_asks_the_boot_script_to_power_off(tmp_path):
     assert f'/var/lib/rubberband/runs/run-q/{POWEROFF_MARKER} ]; then' in script
 
 
-def test_worker_scripts_rendered_on_a_head_pin_the_clis_torch(monkeypatch):
-    """The head's venv has Ray but no torch: the worker scripts it renders must still pin the torch of the CLI
-    that started the run (passed down in every job's environment), or an image without torch gets none."""
+def test_worker_scripts_rendered_on_a_head_pin_the_clis_versions(monkeypatch):
+    """The head's runtime has Ray but no torch, and the shipped rubberband no metadata: the worker scripts it
+    renders must still pin the torch and the runtime packages of the CLI that started the run (passed down in
+    every job's environment), and the head's own Python minor (the workers join its Ray)."""
     import json
+    import sys
 
     from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV
     from rubberband.cloud.provider import Instance
 
     head = Instance(id="i-head", cloud="aws", instance_type="m6i.large", zone="us-east-1a", state="running",
                     run_id="run-v", address="10.0.0.5", tags={"rubberband-role": "head"})
-    monkeypatch.setenv(RUN_VERSIONS_ENV, json.dumps({"python_version": "3.11", "ray_version": "2.60.0",
-                                                     "torch_version": "2.13.0+cpu"}))
+    monkeypatch.setenv(RUN_VERSIONS_ENV, json.dumps({"ray_version": "2.60.0", "torch_version": "2.13.0+cpu",
+                                                     "requirements": ["numpy==2.4.6", "pydantic==2.13.4"]}))
     script = worker_startup_script("aws", "run-v", head, G4)
-    assert "torch==2.13.0" in script and "ray[default]==2.60.0" in script
-    monkeypatch.setenv(RUN_VERSIONS_ENV, json.dumps({"python_version": "3.11", "ray_version": "2.60.0",
-                                                     "torch_version": None}))
+    assert "torch==2.13.0" in script and "'ray[default]==2.60.0' numpy==2.4.6 pydantic==2.13.4" in script
+    minor = f"{sys.version_info.major}, {sys.version_info.minor}"
+    assert f"sys.exit(sys.version_info[:2] != ({minor}))" in script  # this machine's (the head's) minor
+    monkeypatch.setenv(RUN_VERSIONS_ENV, json.dumps({"ray_version": "2.60.0", "torch_version": None}))
     assert "torch==" not in worker_startup_script("aws", "run-v", head, G4)  # nothing to pin: the image's own
+
+
+def test_a_cloud_heads_script_takes_the_images_python_and_pins_the_runtime(monkeypatch):
+    """The CLI reaches a cloud head only through Ray's job HTTP API: the head boots on the image's own Python
+    (the Deep Learning images' first, where their CUDA torch lives) if Ray supports it, whatever the CLI's."""
+    script = head_startup_script("aws", "us-east-1", "run-h")
+    assert "sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))" in script
+    assert "for cand in /opt/pytorch/bin/python3 /opt/conda/bin/python3 python3; do" in script
+    assert "apt-get install -y -qq python3." not in script  # no OS Python of the CLI's minor is forced on it
+    assert " numpy==" in script and " pydantic==" in script  # rubberband's runtime, pinned to the CLI's versions
+    assert "torch==" not in script  # the head trains nothing
 
 
 def run_node_watchdog(tmp_path, role: str, *, ready: bool = True, expires_in: int | None = None,

@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV, client_versions
+from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV, passed_versions
 from rubberband.cloud.shipping import PACKAGES, build_package, build_wheel, content_hash, job_runtime_env, package_files
 
 from conftest import REPO
@@ -37,7 +37,10 @@ def test_package_is_cached_by_content_and_imports_without_rubberband_installed(t
     assert build_package(tmp_path / "cache") == package  # built once
     env = job_runtime_env(package, tmp_path)
     assert env["py_modules"] == [str(package)] and env["working_dir"] == str(tmp_path)
-    assert json.loads(env["env_vars"][RUN_VERSIONS_ENV]) == client_versions()  # what the head's nodes must match
+    passed = json.loads(env["env_vars"][RUN_VERSIONS_ENV])  # what the head's nodes must match
+    assert passed == passed_versions() and "python_version" not in passed  # each machine's own minor
+    assert any(r.startswith("numpy==") for r in passed["requirements"])
+    assert not any(r.split("==")[0] in ("torch", "ray", "matplotlib") for r in passed["requirements"])
     # another interpreter with the package first on its path (as Ray puts py_modules) imports and uses it
     probe = ("import rubberband, rubberband.planner, rubberband.cloud.head_job; "
              "from rubberband.catalog import load_catalog; "
