@@ -217,10 +217,11 @@ class CloudBackend:
         """The catalog type failover got for ``instance_id`` (it may differ from the type requested)."""
         return self._obtained.get(instance_id)
 
-    def unavailable(self, itype: InstanceType) -> bool:
-        """True when this run's failover policy has blocked every zone of ``itype`` (or its region / cloud)."""
+    def unavailable(self, itype: InstanceType, spot: bool = False) -> bool:
+        """True when this run's failover policy has blocked every zone of ``itype`` (or its region / cloud) in
+        that market (spot and on-demand capacity are blocked separately)."""
         zones: list[str | None] = list(itype.zones) or [None]
-        return all(self.policy.is_blocked(itype, zone) for zone in zones)
+        return all(self.policy.is_blocked(itype, zone, spot=spot) for zone in zones)
 
     def check_lost(self, instance_ids: list[str]) -> dict[str, str]:
         """Which of these instances the cloud no longer runs: id → ``spot-interruption`` or ``lost``."""

@@ -169,8 +169,8 @@ class LocalHeadCloudBackend:
     def obtained(self, instance_id: str):
         return self.workers.obtained(instance_id)
 
-    def unavailable(self, itype) -> bool:
-        return self.workers.unavailable(itype)
+    def unavailable(self, itype, spot: bool = False) -> bool:
+        return self.workers.unavailable(itype, spot=spot)
 
     def check_lost(self, instance_ids: list[str]) -> dict[str, str]:
         """Instances the cloud no longer runs (with the cloud's reason) and, in test boots, dead stand-in nodes."""

@@ -4,7 +4,7 @@ A backend is a :class:`~rubberband.cloud.provider.Provider` plus ``start_head(ru
 ``stop_head()`` for the run's Ray head (and optionally ``ray_auth_mode``, the head's Ray auth
 mode the driver must use; ``token`` when absent). Optional, used when present: ``check_lost(ids)``
 (which instances are gone: id → ``spot-interruption`` | ``lost``), ``obtained(id)`` (the catalog type
-failover actually got), ``unavailable(itype)`` (every zone of a type blocked by failover) and
+failover actually got), ``unavailable(itype, spot)`` (every zone of a type blocked by failover, in that market) and
 ``device_policy`` (an :class:`~rubberband.executor.devices.DevicePolicy`; test boots' stand-in nodes
 have logical GPUs only).
 

@@ -1368,7 +1368,7 @@ class Controller:
             itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
             if itype.key in out:
                 continue
-            if itype.key in self.substitutes or (check is not None and check(itype)):
+            if itype.key in self.substitutes or (check is not None and check(itype, spot=stage.spot)):
                 out.append(itype.key)
         return out
 
@@ -1378,7 +1378,8 @@ class Controller:
             return self._substitute(itype)
         check = getattr(self.backend, "unavailable", None)
         for alt in alternatives_for(itype, self.catalog, spot=spot, clouds=[itype.cloud]):
-            if alt.region == itype.region and alt.key not in unavailable and not (check is not None and check(alt)):
+            if alt.region == itype.region and alt.key not in unavailable and not (check is not None
+                                                                                  and check(alt, spot=spot)):
                 return alt
         return None
 

@@ -173,7 +173,8 @@ def test_gcp_sweep_ends_dead_runs_and_spares_live_runs_and_look_alikes(gce_fake,
 
     assert down_orphans("gcp", ["us-central1"], HOUR, now=now) == 2
     assert [i.run_id for i in p.list()] == ["run-live"]
-    assert sorted(gce_fake.firewalls) == [firewall_name("run-live"), firewall_name("run-mine")]
+    assert sorted(gce_fake.firewalls) == sorted([firewall_name("run-live", "deny"), firewall_name("run-live"),
+                                                firewall_name("run-mine")])
     assert sorted(name for _, name in gce_fake.disks) == sorted([head[0].id, "rb-run-mine-0-abcdef"])
     assert down_orphans("gcp", ["us-central1"], HOUR, now=now + 2 * HOUR) == 1
     assert not gce_fake.instances and list(gce_fake.firewalls) == [firewall_name("run-mine")]
@@ -188,7 +189,9 @@ def test_gcp_never_reuses_nor_deletes_a_look_alike_firewall_rule(gce_fake):
     with pytest.raises(CloudError, match="rubberband did not create it") as info:
         p.provision(InstanceRequest("run-clash", 0, V100))
     assert info.value.kind == "fatal" and not gce_fake.instances
-    assert p.cleanup_run("run-clash") == [] and firewall_name("run-clash") in gce_fake.firewalls
+    # the run's own deny rule (created first, with its marker) goes; the user's look-alike stays
+    assert p.cleanup_run("run-clash") == [f"firewall/{firewall_name('run-clash', 'deny')}"]
+    assert firewall_name("run-clash") in gce_fake.firewalls
     assert p.leftover_runs() == []
     p.ensure_firewall("run-ours")
     assert gce_fake.firewalls[firewall_name("run-ours")]["description"].endswith(owner_marker("run-ours"))

@@ -81,7 +81,9 @@ def test_backend_reports_obtained_types_blocked_types_and_spot_losses(moto_env, 
     (worker,) = backend.provision(InstanceRequest("run-s", 0, p3, spot=True))
     got = backend.obtained(worker.id)
     assert got.instance_type == p3_8 and got.zone == "use1-az1" and [a.outcome for a in got.attempts][-1] == "ok"
-    assert backend.unavailable(p3) and not backend.unavailable(p3_8)
+    # the spot request found no p3.2xlarge spot capacity in any zone (its on-demand market was never tried)
+    assert backend.unavailable(p3, spot=True) and not backend.unavailable(p3, spot=False)
+    assert not backend.unavailable(p3_8, spot=True)
     ec2_faults.capacity = set()
     (other,) = backend.provision(InstanceRequest("run-s", 0, p3_8))
     assert backend.check_lost([worker.id, other.id]) == {}

@@ -186,7 +186,7 @@ class _Blocked:
     def __init__(self, *names: str) -> None:
         self.names = set(names)
 
-    def unavailable(self, itype) -> bool:
+    def unavailable(self, itype, spot: bool = False) -> bool:
         return itype.name in self.names
 
 
