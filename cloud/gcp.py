@@ -62,8 +62,10 @@ T = TypeVar("T")
 
 ENDPOINT_ENV = "RUBBERBAND_GCE_ENDPOINT"
 PROJECT_ENV = "RUBBERBAND_GCP_PROJECT"
-#: Deep Learning VM image family with CUDA drivers (Debian 11, CUDA 12.1).
-DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu121-debian-11-py310"
+#: Deep Learning VM image family with PyTorch (CUDA 12.9, NVIDIA driver 580, Ubuntu 22.04): the boot reuses its
+#: torch and its Python (a head boots on it, its workers follow), so no node downloads a CUDA build.
+DEFAULT_IMAGE = ("projects/deeplearning-platform-release/global/images/family/"
+                 "pytorch-2-9-cu129-ubuntu-2204-nvidia-580")
 ACCELERATOR_TYPES = {"V100": "nvidia-tesla-v100", "T4": "nvidia-tesla-t4", "P100": "nvidia-tesla-p100",
                      "P4": "nvidia-tesla-p4", "K80": "nvidia-tesla-k80", "A100": "nvidia-tesla-a100",
                      "A100-80GB": "nvidia-a100-80gb", "L4": "nvidia-l4", "H100": "nvidia-h100-80gb"}
