@@ -2,11 +2,15 @@
 local Ray nodes (standing in for the cloud instances' boots on AWS / GCP), the real trial runtime.
 
 * **AWS** (moto server): a spot worker gets an interruption notice, served by a local metadata endpoint (IMDSv2)
-  to its watcher, mid-stage: the controller requests the replacement at once — on-demand, since the slack is
-  short — the trials stop right after their next checkpoint and resume from it on the replacement, and the
-  noticed instance is released before the cloud takes it.
-* **GCP** (GCE fake): a SPOT VM is preempted mid-stage (no notice): the replacement is a STANDARD VM because the
-  slack is short, and the trials resume from their checkpoints on it.
+  to its watcher, mid-stage: the controller requests the replacement at once — in the market the slack allows —
+  the trials stop right after their next checkpoint and resume from it on the replacement, and the noticed
+  instance is released before the cloud takes it.
+* **GCP** (GCE fake): a SPOT VM is preempted mid-stage (no notice): the replacement is a STANDARD VM when the slack
+  is short, and the trials resume from their checkpoints on it.
+
+On the clouds the slack at the loss depends on how quickly this machine boots the stand-in nodes (a loaded machine
+leaves none, a quick one some), so those two accept either market as long as it is the one the policy's journaled
+figures give; the local run's 40 s deadline leaves no slack on any machine and requires on-demand.
 * **local**: a spot "instance" (a local Ray node) is preempted by killing its node by pid: with a short
   deadline its replacement is on-demand and the trials resume from their checkpoints.
 
@@ -59,17 +63,23 @@ def _with_startup_profile(spec_path: Path, cloud: str, samples: list[float]) -> 
     spec_path.write_text(json.dumps(data))
 
 
-def _check_fell_back_and_resumed(events: list[dict], victim: str, *, trigger: str) -> dict:
-    """The spot decision moved the victim's replacement to on-demand; its trials resumed from checkpoints on it.
-    Returns the replacement's instance_requested event."""
+def _check_replaced_and_resumed(events: list[dict], victim: str, *, trigger: str,
+                                on_demand: bool | None = True) -> dict:
+    """The spot decision for the victim's replacement followed the policy's own figures (on-demand exactly when the
+    slack no longer covers another restart), the replacement was bought in that market, and the trials resumed from
+    their checkpoints on it. ``on_demand``: the market the test requires (None: whichever the slack gave — on the
+    clouds the slack at the loss depends on how fast this machine boots the stand-in nodes). Returns the
+    replacement's instance_requested event."""
     (decision,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot"]
     assert decision["trigger"] == trigger and decision["id"] == victim, decision
-    assert decision["market"] == "on_demand" and decision["slack_s"] <= decision["margin_s"], json.dumps(decision)
+    fell_back = decision["slack_s"] <= decision["margin_s"]
+    assert decision["market"] == ("on_demand" if fell_back else "spot"), json.dumps(decision)
+    assert on_demand is None or fell_back == on_demand, json.dumps(decision)
     at = events.index(decision)
     (replacement,) = [e for e in events[at:] if e["type"] == J.INSTANCE_REQUESTED]
-    assert replacement["spot"] is False and replacement["id"] != victim
+    assert replacement["spot"] is (not fell_back) and replacement["id"] != victim
     (replace,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replace"]
-    assert replace["id"] == victim and replace["spot"] is False
+    assert replace["id"] == victim and replace["spot"] is (not fell_back)
     restarted = [e for e in events[at:] if e["type"] == J.TRIAL_STARTED]
     assert restarted, "no trial restarted on the replacement"
     for again in restarted:
@@ -105,17 +115,18 @@ def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path)
     events = _events(run_dir)
     (first,) = [e for e in events if e["type"] == J.INSTANCE_REQUESTED and e["id"] == victim]
     assert first["spot"] is True and first["price_hr"] == pytest.approx(0.04)
-    replacement = _check_fell_back_and_resumed(events, victim, trigger="lost")
+    replacement = _check_replaced_and_resumed(events, victim, trigger="lost")
     assert replacement["price_hr"] == pytest.approx(0.10)  # billed on-demand
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["instances_lost"] == 1
     assert run_pids(run_dir) == []
 
 
-def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early_and_on_demand(tmp_path, moto_env, ec2_faults):
+def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early(tmp_path, moto_env, ec2_faults):
     """moto: one spot p3.8xlarge (4 slots, 2 trials × 4 epochs of 2 s). Once a trial has checkpointed, the local
     metadata endpoint posts the instance's interruption notice (IMDSv2). The watcher on its node sees it, the
-    controller journals it and requests the replacement at once (on-demand: an 85 s deadline leaves no slack by then), the
+    controller journals it and requests the replacement at once (in the market the slack allows: on-demand when the
+    85 s deadline leaves none by then, as on a loaded machine; spot on a quick one), the
     trials stop after their next checkpoint and resume from it on the replacement, and the noticed instance is
     terminated as soon as its trials are off it — nothing left in moto or on this machine."""
     metadata = Metadata()
@@ -151,7 +162,7 @@ def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early_and_on_dem
     (notice,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "notice"]
     assert notice["id"] == victim and notice["cloud"] == "aws" and notice["action"] == "terminate"
     at = events.index(notice)
-    replacement = _check_fell_back_and_resumed(events, victim, trigger="notice")
+    replacement = _check_replaced_and_resumed(events, victim, trigger="notice", on_demand=None)
     assert events.index(replacement) > at
     # the trials stopped right after a checkpoint (whether their workers or the controller saw the notice first),
     # and nothing was placed on the noticed instance again
@@ -163,15 +174,17 @@ def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early_and_on_dem
     assert not [e for e in events if e["type"] == J.TRIAL_STOPPED and e["reason"] == "failed"]
     (gone,) = [e for e in events if e["type"] == J.INSTANCE_TERMINATED and e["id"] == victim]
     assert gone["reason"] == "preemption notice"
-    assert [spot for _, _, spot in ec2_faults.calls] == [True, False]  # the spot worker, its on-demand replacement
+    # the spot worker, then its replacement in the market the policy chose
+    assert [spot for _, _, spot in ec2_faults.calls] == [True, replacement["spot"]]
     _finished(run_dir, out)
     assert moto_instances() == []
 
 
-def test_gcp_preempted_spot_vm_with_short_slack_is_replaced_by_a_standard_vm(tmp_path, gce_fake):
+def test_gcp_preempted_spot_vm_is_replaced_in_the_market_the_slack_allows(tmp_path, gce_fake):
     """GCE fake: the SPOT VM running the trial is preempted (compute.instances.preempted, VM deleted) after a
-    checkpoint; with a 90 s deadline (enough for spot at the start, not for another restart by then) the
-    replacement is a STANDARD VM and the trial resumes from its checkpoint."""
+    checkpoint; with a 90 s deadline (enough for spot at the start; for another restart by then only on a quick
+    machine) the replacement is a STANDARD VM when the slack is short, else SPOT, and the trial resumes from its
+    checkpoint."""
     spec = cloud_job(tmp_path, ["gcp"], trials=1, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
     _with_startup_profile(spec, "gcp", [10.0, 12.0, 14.0])
     plan_path = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+T4x4", counts=(1,),
@@ -189,8 +202,8 @@ def test_gcp_preempted_spot_vm_with_short_slack_is_replaced_by_a_standard_vm(tmp
     events = _events(run_dir)
     (lost,) = [e for e in events if e["type"] == J.INSTANCE_LOST]
     assert lost["id"] == victim and lost["reason"] == "spot-interruption"
-    _check_fell_back_and_resumed(events, victim, trigger="preemption")
+    replacement = _check_replaced_and_resumed(events, victim, trigger="preemption", on_demand=None)
     models = [i["scheduling"]["provisioningModel"] for i in gce_fake.inserted()]
-    assert models == ["SPOT", "STANDARD"]
+    assert models == ["SPOT", "SPOT" if replacement["spot"] else "STANDARD"]
     _finished(run_dir, out)
     assert not gce_fake.instances and not gce_fake.firewalls
