@@ -1,7 +1,8 @@
 """Startup scripts (EC2 user-data, GCE ``startup-script``) for a run's head and workers.
 
-One renderer for both clouds. A script installs the runtime (a venv with the client's Ray,
-torch where the image lacks it, and the spec's requirements: pinned third-party packages only),
+One renderer for both clouds. A script installs the runtime (a venv with the client's Ray, rubberband's
+runtime pinned to the client's versions, torch where the image lacks it, and the spec's requirements:
+pinned third-party packages only),
 learns the instance's own id from the metadata server (IMDSv2 on AWS), and then either starts
 the run's Ray head or joins the head as a worker node that offers the custom resource
 ``rb-node-<instance id>`` (see docs/training-api.md, "The runtime underneath"). rubberband itself, the head's watchdog
@@ -557,9 +558,10 @@ def _python_lines(config: BootstrapConfig) -> list[str]:
 def render_startup_script(config: BootstrapConfig) -> str:
     """The bash script a node runs at first boot (EC2 user-data / GCE startup-script).
 
-    It installs pinned third-party packages only — ``ray[default]`` of the client's version, torch
-    where the image lacks it, the spec's ``requirements`` — into a venv of an interpreter with the
-    client's Python minor, then starts Ray. rubberband and the training code arrive later with each
+    It installs pinned third-party packages only — ``ray[default]`` of the client's version,
+    rubberband's runtime pinned to the client's versions, torch where the image lacks it, the spec's
+    ``requirements`` — into a venv of the image's Python (a head) or of the Python minor of the Ray
+    the node joins (a worker), then starts Ray. rubberband and the training code arrive later with each
     Ray job (``runtime_env``: :mod:`rubberband.cloud.shipping`). Progress goes to a log file and to
     the serial console; a failure prints :data:`BOOT_FAILED` with the reason there.
     """
