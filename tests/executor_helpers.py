@@ -148,3 +148,49 @@ def lose_node_once_checkpointed(proc, run_dir: Path, *, before_kill=None, timeou
             proc.kill()
             proc.wait(timeout=10)
     return victim, out, err
+
+
+class LosingBackend:
+    """A backend without Ray for the controller's loss handling: provision returns a new instance at once
+    (``i-0``, ``i-1``, … ; the requests, with the market asked for, are kept), and every instance checked is lost
+    to a spot interruption."""
+
+    def __init__(self) -> None:
+        self.requests: list = []
+        self.provisioned: list[str] = []
+        self.terminated: list[str] = []
+
+    def provision(self, request):
+        from rubberband.cloud.provider import Instance
+
+        ident = f"i-{len(self.provisioned)}"
+        self.requests.append(request)
+        self.provisioned.append(ident)
+        return [Instance(id=ident, cloud="local", instance_type=request.instance_type.name, zone="local-a",
+                         state="running", run_id=request.run_id)]
+
+    def check_lost(self, ids):
+        return {i: "spot-interruption" for i in ids}
+
+    def terminate(self, ids):
+        self.terminated.extend(ids)
+
+
+def journaled_controller(tmp_path: Path, spec, plan, *, deadline_s: float, **options):
+    """A Controller over a :class:`LosingBackend` for a run whose start and trials are already journaled (no Ray,
+    no runtime): what the unit tests of its loss and spot decisions drive by hand. Returns (controller, backend)."""
+    from rubberband.catalog import load_catalog
+    from rubberband.executor import journal as J
+    from rubberband.executor.controller import Controller, trial_configs
+
+    run_dir = tmp_path / "run"
+    journal = J.Journal(run_dir)
+    journal.record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
+                   plan=plan.model_dump(mode="json"), cloud="local", deadline_s=deadline_s)
+    for trial_id, bracket, index, config in trial_configs(spec, plan):
+        journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
+    backend = LosingBackend()
+    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=backend,
+                            runtime=None, run_id="r1", deadline_s=deadline_s, **options)
+    controller.state = J.read_state(run_dir)
+    return controller, backend

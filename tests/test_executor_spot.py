@@ -17,10 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from executor_helpers import cli_env, lose_node_once_checkpointed, make_plan, run_pids, write_job
+from executor_helpers import cli_env, journaled_controller, lose_node_once_checkpointed, make_plan, run_pids, write_job
 
-from rubberband.catalog import load_catalog
-from rubberband.cloud.provider import Instance
 from rubberband.errors import ExecutionError
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
@@ -92,40 +90,10 @@ def test_lost_node_mid_stage_restarts_its_trials_from_checkpoints(tmp_path):
 # -- the controller's loss handling without Ray ----------------------------------------------------------
 
 
-class FakeBackend:
-    """Provision returns a new instance at once; every instance checked is lost (to a spot interruption)."""
-
-    def __init__(self) -> None:
-        self.provisioned: list[str] = []
-        self.terminated: list[str] = []
-
-    def provision(self, request):
-        ident = f"i-{len(self.provisioned)}"
-        self.provisioned.append(ident)
-        return [Instance(id=ident, cloud="local", instance_type=request.instance_type.name, zone="local-a",
-                         state="running", run_id=request.run_id)]
-
-    def check_lost(self, ids):
-        return {i: "spot-interruption" for i in ids}
-
-    def terminate(self, ids):
-        self.terminated.extend(ids)
-
-
-def _controller(tmp_path, max_losses: int) -> tuple[Controller, FakeBackend]:
+def _controller(tmp_path, max_losses: int):
     spec = load_spec(write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3))
     plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[10.0])
-    run_dir = tmp_path / "run"
-    journal = J.Journal(run_dir)
-    journal.record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                   plan=plan.model_dump(mode="json"), cloud="local", deadline_s=600.0)
-    for trial_id, bracket, index, config in trial_configs(spec, plan):
-        journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
-    backend = FakeBackend()
-    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=backend,
-                            runtime=None, run_id="r1", max_instance_losses=max_losses)
-    controller.state = J.read_state(run_dir)
-    return controller, backend
+    return journaled_controller(tmp_path, spec, plan, deadline_s=600.0, max_instance_losses=max_losses)
 
 
 def _ready(controller: Controller, ident: str) -> PoolInstance:

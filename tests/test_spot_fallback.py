@@ -23,17 +23,16 @@ from dataclasses import dataclass, field
 
 import pytest
 from cloud_helpers import REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401  (fixtures)
-from executor_helpers import make_plan, write_job
+from executor_helpers import journaled_controller, make_plan, write_job
 from gce_fake import gce_fake  # noqa: F401  (fixture)
 
-from rubberband.catalog import load_catalog
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, provision_with_failover
 from rubberband.cloud.provider import Instance, InstanceRequest
 from rubberband.errors import CloudError, TrialPreempted
 from rubberband.executor import journal as J
 from rubberband.executor import notices
 from rubberband.executor import spot as S
-from rubberband.executor.controller import Controller, PoolInstance, trial_configs
+from rubberband.executor.controller import Controller, PoolInstance
 from rubberband.executor.placement import make_slots
 from rubberband.planner.policies import Market, SpotPolicy
 from rubberband.spec import load_spec
@@ -78,40 +77,12 @@ def test_work_left_and_one_restart():
 # -- the controller's decision plumbing (no Ray) ----------------------------------------------------------
 
 
-class FakeBackend:
-    """Provision returns a new instance at once (recording the market asked for); every instance is lost."""
-
-    def __init__(self) -> None:
-        self.requests: list[InstanceRequest] = []
-        self.terminated: list[str] = []
-
-    def provision(self, request):
-        self.requests.append(request)
-        return [Instance(id=f"i-{len(self.requests)}", cloud="local", instance_type=request.instance_type.name,
-                         zone="local-a", state="running", run_id=request.run_id)]
-
-    def check_lost(self, ids):
-        return {i: "spot-interruption" for i in ids}
-
-    def terminate(self, ids):
-        self.terminated.extend(ids)
-
-
-def _spot_controller(tmp_path, *, deadline_s: float) -> tuple[Controller, FakeBackend]:
+def _spot_controller(tmp_path, *, deadline_s: float):
     spec = load_spec(write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3))
     plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[30.0])
     plan = plan.model_copy(update={"stages": [s.model_copy(update={"spot": True, "predicted_task_s": 30.0})
                                               for s in plan.stages]})
-    run_dir = tmp_path / "run"
-    journal = J.Journal(run_dir)
-    journal.record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                   plan=plan.model_dump(mode="json"), cloud="local", deadline_s=deadline_s)
-    for trial_id, bracket, index, config in trial_configs(spec, plan):
-        journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
-    backend = FakeBackend()
-    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=backend,
-                            runtime=None, run_id="r1", deadline_s=deadline_s)
-    controller.state = J.read_state(run_dir)
+    controller, backend = journaled_controller(tmp_path, spec, plan, deadline_s=deadline_s)
     controller.startup_seconds["local.cpu2"] = [10.0, 12.0]  # measured start-ups: the restart's first part
     return controller, backend
 
