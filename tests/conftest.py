@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import signal
 import subprocess
 import sys
@@ -45,12 +47,18 @@ def cli():
     return run_cli
 
 
+@contextlib.contextmanager
+def examples_on_path():
+    """The examples folder first on ``sys.path`` for the block (its modules import as the examples' specs name them)."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
 @pytest.fixture
 def synthetic():
     """The example workload module (examples/synthetic.py), imported from the examples folder."""
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import synthetic as module
-        yield module
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    with examples_on_path():
+        yield importlib.import_module("synthetic")

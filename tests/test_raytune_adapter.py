@@ -8,6 +8,7 @@ local Ray nodes, with the real trial runtime.
 from __future__ import annotations
 
 import json
+import importlib
 import sys
 import textwrap
 import time
@@ -66,15 +67,10 @@ def _module(tmp_path, name: str, body: str):
 
 @pytest.fixture
 def example():
-    from conftest import EXAMPLES
+    from conftest import examples_on_path
 
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import raytune_trainable
-
-        yield raytune_trainable
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    with examples_on_path():
+        yield importlib.import_module("raytune_trainable")
 
 
 CONFIG = {"lr": 0.01, "best_lr": 0.01, "epoch_s": 0.05, "max_epochs": 100}

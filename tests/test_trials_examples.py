@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import EXAMPLES, examples_on_path
 
 from rubberband.spec import load_spec, sample_config
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.mark.parametrize("name, cloud", [("digits", "local"), ("synthetic", "local"), ("cifar_resnet", "aws")])
@@ -43,11 +41,8 @@ def test_cifar_without_torchvision_says_what_it_needs(monkeypatch):
     """With torchvision missing, the CIFAR example raises a TrainingError naming it."""
     from rubberband.errors import TrainingError
 
-    sys.path.insert(0, str(EXAMPLES))
-    try:
+    with examples_on_path():
         import cifar_resnet
-    finally:
-        sys.path.remove(str(EXAMPLES))
     monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision -> ImportError
     with pytest.raises(TrainingError, match="needs torchvision"):
         cifar_resnet.datasets("/nonexistent", download=False)
