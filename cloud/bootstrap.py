@@ -255,14 +255,13 @@ def _installed(name: str) -> str | None:
 def runtime_requirements() -> tuple[str, ...]:
     """rubberband's runtime dependencies pinned to this machine's versions (``numpy==2.4.6``, ...), for the nodes:
     the head runs the shipped executor and planner, every worker the trial runtime, with these exact versions."""
-    import re as _re
     from importlib.metadata import PackageNotFoundError, requires
 
     try:
         declared = requires("rubberband") or []
     except PackageNotFoundError:
         return ()
-    names = [_re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in declared if "extra ==" not in r]
+    names = [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in declared if "extra ==" not in r]
     names += [n for n in OPTIONAL_PINNED if _installed(n)]
     pins = []
     for name in dict.fromkeys(names):
