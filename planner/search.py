@@ -200,8 +200,7 @@ class Evaluator:
         if key not in self._subsims:
             lo, hi = self._brackets[b]
             sim = self.sim
-            start = sim.start_state if b == 0 else RunningState(
-                before.instance_type.key if before is not None else "", before.instances if before else 0, 0.0)
+            start = sim.start_state if before is None else RunningState(before.instance_type.key, before.instances)
             self._subsims[key] = Simulator(sim.stages[lo:hi], sim.model, samples=self.screen_samples,
                                            seed=sim.seed + 7919 * (b + 1), spot=sim.spot, options=sim.options,
                                            start_state=start, spot_setup=getattr(sim, "spot_setup", None))
