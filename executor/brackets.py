@@ -401,7 +401,7 @@ class ParallelController(Controller):
         lost = self._poll_lost()
         per_lane: dict[int, dict[str, str]] = {}
         for ident, reason in lost.items():
-            entry = next((p for p in self.pool.values() if p.id == ident), None)
+            entry = self._entry(ident)
             if entry is not None:
                 per_lane.setdefault(self.brackets.bracket_of(entry.assigned_stage), {})[ident] = reason
         for b, gone in per_lane.items():

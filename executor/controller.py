@@ -625,7 +625,7 @@ class Controller:
     def _slot_itype(self, slot: Slot, stage: StagePlan) -> InstanceType:
         """The type of the instance a slot is on: a trial's workers ask Ray for what that node has (an
         instance kept across a re-plan or a failover may be of another type than its new stage's)."""
-        entry = next((p for p in self.pool.values() if slot.instance_ids and p.id == slot.instance_ids[0]), None)
+        entry = self._entry(slot.instance_ids[0]) if slot.instance_ids else None
         return entry.itype if entry is not None else self._stage_itype(stage)
 
     def _start_trial(self, g: int, stage: StagePlan, trial_id: str, start: int, slot: Slot) -> None:
@@ -821,7 +821,7 @@ class Controller:
                 continue
             self._lost.add(ident)
             self.losses += 1
-            entry = next((p for p in self.pool.values() if p.id == ident), None)
+            entry = self._entry(ident)
             self.journal.record(J.INSTANCE_LOST, t=now, id=ident, reason=reason, stage=g,
                                 instance_type=entry.itype.name if entry is not None else None,
                                 trials=sorted(set(affected.get(ident, []))), losses=self.losses)
@@ -850,6 +850,10 @@ class Controller:
                                  f"with `rubberband run --resume {self.run_dir}` or plan with on-demand instances")
 
     # -- instances -------------------------------------------------------------------------
+    def _entry(self, instance_id: str) -> PoolInstance | None:
+        """The pool entry of a provisioned instance (None: not one of this run's, or not up yet)."""
+        return next((p for p in self.pool.values() if p.id == instance_id), None)
+
     def _stage_pool(self, g: int) -> list[PoolInstance]:
         return [p for p in self.pool.values() if p.assigned_stage == g and not p.released]
 
@@ -1237,7 +1241,7 @@ class Controller:
                 continue
             self._notice_refs.pop(ident, None)
             self._noticed[ident] = time.time()
-            entry = next((p for p in self.pool.values() if p.id == ident), None)
+            entry = self._entry(ident)
             trials = sorted(r.trial_id for r in self.running.values() if ident in r.slot.instance_ids)
             self.journal.record(J.DECISION, kind="notice", id=ident, stage=g, cloud=notice.get("cloud"),
                                 action=notice.get("action"), notice_time=notice.get("time"), trials=trials,
