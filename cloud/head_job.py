@@ -35,6 +35,7 @@ from rubberband.cloud.bootstrap import RAY_PORT, RUN_ROOT, RUN_ROOT_ENV, Watchdo
 from rubberband.cloud.head import add_head_arguments
 from rubberband.cloud.local_head import LocalHeadCloudBackend
 from rubberband.cloud.provider import Instance
+from rubberband.files import write_text_atomic
 
 STAGE_DIR = "_rubberband"  # inside the job's working directory: spec.json, plan.json, profile.json
 PACK_BEGIN = "-----BEGIN RUBBERBAND RUN DIRECTORY-----"
@@ -233,9 +234,7 @@ def localise_best_checkpoint(run_dir: Path) -> None:
     local = run_dir / "checkpoints" / best["trial_id"] / Path(remote).name
     if local.is_file():
         best["checkpoint"] = str(local.resolve())
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(result, indent=2))
 
 
 def print_pack(run_dir: Path) -> None:

@@ -35,6 +35,7 @@ from rubberband.cloud.provider import TAG_RUN_ID, Instance, InstanceRequest, nod
 from rubberband.errors import CloudError
 from rubberband.executor.devices import node_resources
 from rubberband.paths import short_tmp_root
+from rubberband.files import write_text_atomic
 
 HEAD_ID = "head"
 #: Ray's unix socket paths must stay below 108 bytes; longer temp dirs are symlinked from /tmp.
@@ -68,11 +69,7 @@ class ProcessRecord:
     tags: dict[str, str] = field(default_factory=dict)
 
     def write(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{self.id}.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)
+        write_text_atomic(directory / f"{self.id}.json", json.dumps(asdict(self), indent=1), make_parents=True)
 
     @classmethod
     def read(cls, path: Path) -> "ProcessRecord":
