@@ -51,7 +51,7 @@ from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
 from rubberband.executor.devices import DevicePolicy
-from rubberband.executor.placement import Slot, make_slots
+from rubberband.executor.placement import Slot, make_slots, slot_count
 from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanAnswer, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan
 from rubberband.executor import spot as S
@@ -1081,8 +1081,7 @@ class Controller:
         now = time.time()
         itype = self._stage_itype(stage)
         conf = self.plan.confidence
-        n_slots = max(1, len(make_slots([f"x{i}" for i in range(stage.instances)], itype.workers,
-                                        stage.workers_per_trial)))
+        n_slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
         if self._stage_seconds:
             per_trial = statistics.mean(self._stage_seconds)
         elif stage.predicted_task_s:

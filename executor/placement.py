@@ -56,9 +56,14 @@ def make_slots(instance_ids: list[str], workers_per_instance: int, workers_per_t
     return slots
 
 
+def slot_count(instances: int, workers_per_instance: int, workers_per_trial: int) -> int:
+    """How many trials ``instances`` instances hold at once (:func:`make_slots` over that many)."""
+    return len(make_slots([f"x{i}" for i in range(instances)], workers_per_instance, workers_per_trial))
+
+
 def waves(trials: int, instances: int, workers_per_instance: int, workers_per_trial: int) -> int:
     """How many rounds ``trials`` need on ``instances`` (0 slots → raises ValueError)."""
-    n_slots = len(make_slots([f"x{i}" for i in range(instances)], workers_per_instance, workers_per_trial))
+    n_slots = slot_count(instances, workers_per_instance, workers_per_trial)
     if n_slots == 0:
         raise ValueError(f"{instances} instances of {workers_per_instance} workers cannot hold a trial of "
                          f"{workers_per_trial} workers")
