@@ -1105,8 +1105,8 @@ class Controller:
                     else per_trial / max(1, stage.epochs_this_stage))
         restart = S.restart_s(startup_s=lead, restore_s=statistics.mean(self.setup_seconds) if self.setup_seconds
                               else 0.0, checkpoint_interval_s=interval)
-        return S.situation(time_left_s=self.deadline_s - (now - self.state.first_started_at), work_left=work,
-                           restart=restart, on_spot=self._on_spot)
+        return SpotSituation(time_left_s=self.deadline_s - (now - self.state.first_started_at), work_left_s=work,
+                             restart_s=restart, on_spot=self._on_spot)
 
     def _stage_outlook(self, i: int) -> S.StageOutlook:
         """Stage ``i``'s predicted duration: the plan's p50 (and p95 where the plan's prediction has it)."""

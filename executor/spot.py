@@ -79,11 +79,6 @@ def restart_s(*, startup_s: float, restore_s: float, checkpoint_interval_s: floa
     return max(0.0, startup_s) + max(0.0, restore_s) + max(0.0, checkpoint_interval_s)
 
 
-def situation(*, time_left_s: float, work_left: float, restart: float, on_spot: bool) -> SpotSituation:
-    """The policy's input (a thin constructor, so callers name every figure)."""
-    return SpotSituation(time_left_s=time_left_s, work_left_s=work_left, restart_s=restart, on_spot=on_spot)
-
-
 def decision_fields(s: SpotSituation, market: Market, margin_s: float) -> dict[str, float | str]:
     """The figures a journaled spot decision carries (rounded to milliseconds)."""
     return dict(market=market.value, time_left_s=round(s.time_left_s, 3), work_left_s=round(s.work_left_s, 3),
