@@ -37,6 +37,7 @@ from rubberband.executor import journal as J
 from rubberband.executor.controller import LIVENESS_EVERY_S, Controller, PoolInstance, rank
 from rubberband.executor.placement import Slot, make_slots
 from rubberband.plan import Plan
+from rubberband.planner.brackets import bracket_ranges
 
 
 # -- the pure part ---------------------------------------------------------------------------
@@ -66,12 +67,7 @@ class BracketPolicy:
 
     @classmethod
     def for_plan(cls, plan: Plan) -> "BracketPolicy":
-        ranges: list[tuple[int, int]] = []
-        for i, stage in enumerate(plan.stages):
-            if ranges and plan.stages[ranges[-1][0]].bracket == stage.bracket:
-                ranges[-1] = (ranges[-1][0], i + 1)
-            else:
-                ranges.append((i, i + 1))
+        ranges = bracket_ranges(plan.stages)
         offsets = list(plan.bracket_offsets_s) if plan.parallel_brackets else []
         offsets = (offsets + [0.0] * len(ranges))[:len(ranges)]
         durations = [sum(s.predicted_duration_s or 0.0 for s in plan.stages[lo:hi]) for lo, hi in ranges]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -48,14 +48,15 @@ BRACKET_MODES = ("parallel", "sequential")
 BRACKET_SEED_STRIDE = 7919
 
 
-def bracket_ranges(stages: Sequence[Stage]) -> list[tuple[int, int]]:
-    """(first, end) positions in ``stages`` of each bracket (a new bracket starts at stage index 0)."""
+def bracket_ranges(stages: Sequence[Any]) -> list[tuple[int, int]]:
+    """(first, end) positions in ``stages`` of each bracket: runs of the same ``bracket`` (planner stages and
+    a plan's stages alike)."""
     out: list[tuple[int, int]] = []
     for i, st in enumerate(stages):
-        if st.index == 0 or not out:
-            out.append((i, i + 1))
-        else:
+        if out and stages[out[-1][0]].bracket == st.bracket:
             out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
     return out
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from rubberband.catalog import InstanceType
 from rubberband.errors import ProfileError
+from rubberband.planner.brackets import bracket_ranges
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
 from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig, efficient_counts, layout
@@ -180,12 +181,7 @@ class Evaluator:
         self.screen_samples = min(screen_samples, sim.samples)
         self._screen: dict[tuple, SimResult] = {}
         self._full: dict[tuple, SimResult] = {}
-        self._brackets: list[tuple[int, int]] = []
-        for i, st in enumerate(sim.stages):
-            if st.index == 0 or not self._brackets:
-                self._brackets.append((i, i + 1))
-            else:
-                self._brackets[-1] = (self._brackets[-1][0], i + 1)
+        self._brackets = bracket_ranges(sim.stages)
         # brackets run one after another: screened bracket by bracket (a parallel simulator caches its own)
         self._split = len(self._brackets) > 1 and not getattr(sim, "parallel", False)
         self._subsims: dict[tuple, Simulator] = {}
