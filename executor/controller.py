@@ -245,7 +245,8 @@ class Controller:
         # prefetch lead time and carry-over: the simulator's own policy, so predictions describe this executor
         self.prefetch = prefetch or PrefetchPolicy()
         # spot or on-demand for each spot request (Uniform Progress): the simulator's own policy object
-        self.spot_policy = spot_policy or SpotPolicy()
+        self.spot_policy = spot_policy or SpotPolicy(
+            margin_s=plan.spot.margin_s if plan.spot is not None else spec.resources.spot_margin_s)
         self._on_spot = True  # the run's spot stages still buy spot (False once the policy moved them to on-demand)
         self._fell_back = False  # some spot stage's instances were bought on-demand
         self._noticed: dict[str, float] = {}  # instance -> when its preemption notice was seen

@@ -363,7 +363,8 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     model = fit_performance_model(profile)
     setup = None
     if per_stage:
-        setup = model_setup(spot_model, deadline_s=deadline, seed=seed, samples=samples, policy=spot_policy,
+        policy = spot_policy or SpotPolicy(margin_s=spec.resources.spot_margin_s)
+        setup = model_setup(spot_model, deadline_s=deadline, seed=seed, samples=samples, policy=policy,
                             types=[(t.cloud, t.region, t.name) for t in types if t.spot_price_hr is not None])
     legacy_spot = spec.resources.spot and not per_stage
     out = plan_stages(stages, model, types, deadline_s=deadline, confidence=conf,

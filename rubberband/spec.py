@@ -126,7 +126,17 @@ class ResourceSpec(_Strict):
     regions: list[str] | None = None
     instance_types: list[str] | None = None
     spot: bool = False
+    #: slack kept in reserve beyond one restart before a spot trial moves to on-demand (SpotPolicy.margin_s):
+    #: a larger margin gives up on spot earlier, trading cost for deadline safety
+    spot_margin_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     max_workers_per_trial: int = Field(default=8, ge=1, le=1024)
+
+    @field_validator("spot_margin_s", mode="before")
+    @classmethod
+    def _margin(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("expected a duration such as 5m, 90s or seconds")
+        return parse_duration(value) if isinstance(value, str) and value.strip() not in ("0", "") else value
 
 
 class JobSpec(_Strict):
@@ -193,6 +203,8 @@ class JobSpec(_Strict):
         for name, default in (("trials", None), ("search", SearchSpec().model_dump(mode="json")), ("requirements", [])):
             if payload.get(name) == default:
                 del payload[name]
+        if payload["resources"].get("spot_margin_s") == 0:
+            del payload["resources"]["spot_margin_s"]
         if payload["scheduler"].get("brackets") == "parallel":
             del payload["scheduler"]["brackets"]
         text = yaml.safe_dump(payload, sort_keys=True)

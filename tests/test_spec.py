@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rubberband.errors import SpecError
-from rubberband.spec import load_spec, sample_config
+from rubberband.spec import load_spec, parse_spec, sample_config
 from rubberband.units import format_usd_column, parse_duration, parse_overrun
 
 GOOD = textwrap.dedent("""\
@@ -113,3 +113,18 @@ def test_sample_config_respects_space(tmp_path):
         config = sample_config(spec.search_space, rng)
         assert 1e-4 <= config["lr"] <= 0.1 and 0.8 <= config["momentum"] <= 0.99
         assert 16 <= config["width"] <= 64 and config["depth"] in (18, 34)
+
+
+def test_spot_margin_is_a_duration_and_leaves_old_digests_alone(tmp_path):
+    base = {"name": "j", "train": "m:f", "metric": {"name": "loss", "mode": "min"},
+            "scheduler": {"kind": "sha", "trials": 9, "eta": 3, "min_epochs": 1, "max_epochs": 9},
+            "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
+            "deadline": "1h", "resources": {"clouds": ["local"]}}
+    plain = parse_spec(base)
+    margin = parse_spec({**base, "resources": {"clouds": ["local"], "spot_margin_s": "5m"}})
+    assert plain.resources.spot_margin_s == 0.0 and margin.resources.spot_margin_s == 300.0
+    zero = parse_spec({**base, "resources": {"clouds": ["local"], "spot_margin_s": 0}})
+    assert zero.sha256() == plain.sha256() != margin.sha256()
+    for bad in (-1, "soon", True):
+        with pytest.raises(SpecError, match="resources.spot_margin_s"):
+            parse_spec({**base, "resources": {"clouds": ["local"], "spot_margin_s": bad}})

@@ -7,12 +7,13 @@ local Ray nodes (standing in for the cloud instances' boots on AWS / GCP), the r
   instance is released before the cloud takes it.
 * **GCP** (GCE fake): a SPOT VM is preempted mid-stage (no notice): the replacement is a STANDARD VM when the slack
   is short, and the trials resume from their checkpoints on it.
+* **local**: a spot "instance" (a local Ray node) is preempted by killing its node by pid: with a short
+  deadline its replacement is on-demand and the trials resume from their checkpoints.
 
 On the clouds the slack at the loss depends on how quickly this machine boots the stand-in nodes (a loaded machine
 leaves none, a quick one some), so those two accept either market as long as it is the one the policy's journaled
-figures give; the local run's 40 s deadline leaves no slack on any machine and requires on-demand.
-* **local**: a spot "instance" (a local Ray node) is preempted by killing its node by pid: with a short
-  deadline its replacement is on-demand and the trials resume from their checkpoints.
+figures give; the local run's spot margin (10 s, from its spec) puts the threshold between the slack at the start and
+the slack at the loss on any machine, and requires on-demand.
 
 A generous deadline keeps a replacement on spot: tests/test_cloud_spot.py (AWS, GCP) runs that case.
 Each run costs 30–60 s on an idle 2-core machine (head, victim node and replacement start one after another).
@@ -98,8 +99,15 @@ def _finished(run_dir: Path, out: str) -> dict:
 
 def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path):
     """Local backend: the spot node running the trials is killed (by its pid) after a checkpoint; with a 40 s
-    deadline the slack cannot cover another restart, so the replacement is on-demand and the trials resume."""
+    deadline and the spec's 10 s spot margin the slack cannot cover another restart, so the replacement is
+    on-demand and the trials resume.
+
+    The margin makes the outcome independent of this machine's speed: at the start the slack is about 17 s (above
+    the margin: spot), at the loss at most about 3 s even on a quick machine (below it: on-demand)."""
     spec_path = write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
+    data = json.loads(spec_path.read_text())
+    data.setdefault("resources", {})["spot_margin_s"] = "10s"
+    spec_path.write_text(json.dumps(data))
     from rubberband.spec import load_spec
 
     plan = make_plan(load_spec(spec_path), [("local.cpu2", 1, 1)], durations=[10.0])

@@ -141,6 +141,28 @@ def test_replacement_goes_on_demand_for_good_once_the_slack_runs_short(tmp_path)
     assert back["previous"] == "on_demand" and back["market"] == "spot"
 
 
+def test_the_spot_margin_comes_from_the_plan_else_the_spec_and_moves_the_threshold(tmp_path):
+    """``resources.spot_margin_s`` (or a spot plan's ``spot.margin_s``) is the executor's margin: the same
+    loss that stays on spot with no margin goes on-demand once the slack is within the margin."""
+    from rubberband.plan import SpotInfo
+
+    controller, _ = _spot_controller(tmp_path / "a", deadline_s=3600.0)
+    assert controller.spot_policy.margin_s == 0.0
+    spec = controller.spec.model_copy(update={"resources": controller.spec.resources.model_copy(
+        update={"spot_margin_s": 7200.0})})
+    controller, backend = journaled_controller(tmp_path / "b", spec, controller.plan, deadline_s=3600.0)
+    assert controller.spot_policy.margin_s == 7200.0
+    controller.startup_seconds["local.cpu2"] = [10.0, 12.0]
+    events = _lose_spot_instance(controller)
+    (decision,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot"]
+    assert decision["market"] == "on_demand" and decision["margin_s"] == 7200.0 and decision["slack_s"] > 0
+    assert not backend.requests[0].spot
+    # a plan with a spot model carries its own margin, which wins over the spec's
+    plan = controller.plan.model_copy(update={"spot": SpotInfo(model_source="test", margin_s=60.0)})
+    controller, _ = journaled_controller(tmp_path / "c", spec, plan, deadline_s=3600.0)
+    assert controller.spot_policy.margin_s == 60.0
+
+
 def test_noticed_instance_takes_nothing_more_and_its_replacement_waits_for_its_trials(tmp_path):
     controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
     itype = controller.catalog.find("local.cpu2", cloud="local")
