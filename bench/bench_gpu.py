@@ -130,7 +130,7 @@ def nccl_trial(itype, args, policy) -> None:
     import torch
 
     from rubberband.cloud.provider import node_resource
-    from rubberband.executor.devices import node_resources
+    from rubberband.devices import node_resources
     from rubberband.executor.trials import TrialRun, TrialSpec
     from rubberband.profiler.local_cluster import LocalCluster
 
@@ -168,7 +168,7 @@ def main() -> int:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import torch
 
-    from rubberband.executor.devices import DevicePolicy
+    from rubberband.devices import DevicePolicy
 
     if args.smoke_logical:
         gpus, name, policy = args.smoke_logical, "logical", DevicePolicy(cpu_stand_in=True)

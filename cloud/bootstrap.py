@@ -203,7 +203,7 @@ class BootstrapConfig:
     head_address: str | None = None  # private address of the head (workers only)
     workers: int = 1  # trial workers this node holds (GPUs on GPU types)
     use_gpu: bool = True
-    cpus: int | None = None  # CPUs the node advertises (executor.devices.node_resources); None: ``workers``
+    cpus: int | None = None  # CPUs the node advertises (rubberband.devices.node_resources); None: ``workers``
     requirements: tuple[str, ...] = ()  # the spec's `requirements` (PEP 508, validated by the spec)
     #: rubberband's runtime dependencies pinned to the submitting machine's versions (runtime_requirements())
     runtime_requirements: tuple[str, ...] = ()

@@ -37,7 +37,7 @@ from rubberband.cloud.bootstrap import (POWEROFF_MARKER, BootstrapConfig, Watchd
 from rubberband.cloud.failover import FailoverPolicy, provision_with_failover
 from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider
 from rubberband.errors import CloudError
-from rubberband.executor.devices import node_resources
+from rubberband.devices import node_resources
 
 log = logging.getLogger("rubberband.cloud.head")
 

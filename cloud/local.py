@@ -33,7 +33,7 @@ from rubberband import __version__
 from rubberband.catalog import InstanceType
 from rubberband.cloud.provider import TAG_RUN_ID, Instance, InstanceRequest, node_resource
 from rubberband.errors import CloudError
-from rubberband.executor.devices import node_resources
+from rubberband.devices import node_resources
 from rubberband.paths import short_tmp_root
 from rubberband.files import write_text_atomic
 

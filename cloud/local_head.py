@@ -35,7 +35,7 @@ from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run_detailed
 from rubberband.cloud.testboot import boot_mode
 from rubberband.errors import CloudError
-from rubberband.executor.devices import DevicePolicy
+from rubberband.devices import DevicePolicy
 
 
 def _private_address() -> str:

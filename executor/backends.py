@@ -5,7 +5,7 @@ A backend is a :class:`~rubberband.cloud.provider.Provider` plus ``start_head(ru
 mode the driver must use; ``token`` when absent). Optional, used when present: ``check_lost(ids)``
 (which instances are gone: id → ``spot-interruption`` | ``lost``), ``obtained(id)`` (the catalog type
 failover actually got), ``unavailable(itype, spot)`` (every zone of a type blocked by failover, in that market) and
-``device_policy`` (an :class:`~rubberband.executor.devices.DevicePolicy`; test boots' stand-in nodes
+``device_policy`` (an :class:`~rubberband.devices.DevicePolicy`; test boots' stand-in nodes
 have logical GPUs only).
 
 * ``local``: :class:`~rubberband.cloud.local.LocalProvider` (Ray nodes on this machine).

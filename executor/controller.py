@@ -50,7 +50,7 @@ from rubberband.errors import CatalogError, CloudError, ExecutionError, PlanFile
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
-from rubberband.executor.devices import DevicePolicy
+from rubberband.devices import DevicePolicy
 from rubberband.executor.placement import Slot, make_slots, slot_count
 from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanAnswer, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan

@@ -7,7 +7,7 @@ instance (per ``rb-node-<id>`` custom resource). ``TrialRun.start(spec, pool=poo
 workers from the pool (starting any that are missing) and gives healthy ones back when the run
 ends; workers of a failed or stopped run are killed, never reused.
 
-Each worker asks Ray for what its :class:`~rubberband.executor.devices.WorkerDevice` says (one
+Each worker asks Ray for what its :class:`~rubberband.devices.WorkerDevice` says (one
 CPU on CPU types; one GPU and the instance's vCPUs per GPU on GPU types). An idle pooled worker
 keeps holding its slot (those CPUs / that GPU and one unit of the instance's ``rb-node-<id>``
 resource), exactly like a worker in a placement group: use the pool for every
@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from rubberband.errors import ExecutionError
-from rubberband.executor.devices import CPU_WORKER, WorkerDevice
+from rubberband.devices import CPU_WORKER, WorkerDevice
 from rubberband.executor.worker import actor_class, actor_options
 
 

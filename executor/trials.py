@@ -5,7 +5,7 @@ training code (see docs/training-api.md, "The runtime underneath"): it places on
 named by ``TrialSpec.placement`` (a placement group, STRICT_PACK on one instance, PACK across
 several; or warm workers from a :class:`~rubberband.executor.pool.WorkerPool`), joins them in a
 torch.distributed process group (gloo on CPU, nccl on GPU: ``TrialSpec.device``, chosen by
-:mod:`rubberband.executor.devices`) and calls ``train(config, ctx)`` in
+:mod:`rubberband.devices`) and calls ``train(config, ctx)`` in
 each. ``start`` returns at once; ``done_ref`` resolves when rank 0 is finished; ``result``
 gathers the outcome or raises :class:`~rubberband.errors.TrainingError` with one line naming the
 user's exception and the trial. Actors never outlive the run: ``result`` and ``stop`` release
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rubberband.errors import ExecutionError, GpuUnavailableError, RubberbandError, TrainingError, TrialPreempted
-from rubberband.executor.devices import CPU_WORKER, WorkerDevice
+from rubberband.devices import CPU_WORKER, WorkerDevice
 from rubberband.executor.pool import WorkerPool
 from rubberband.executor.worker import WorkerFailure, WorkerResult, WorkerTask, actor_class, actor_options
 
@@ -39,7 +39,7 @@ class TrialSpec:
     end_epoch: int
     placement: tuple[str, ...]
     checkpoint_dir: str
-    #: What each worker asks Ray for and trains on (``executor.devices.worker_device`` of the instance type).
+    #: What each worker asks Ray for and trains on (``rubberband.devices.worker_device`` of the instance type).
     device: WorkerDevice = CPU_WORKER
     max_iterations: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 from rubberband.executor.context import ReportRecord, WorkerContext
 from rubberband.executor.notices import PreemptionNotice
-from rubberband.executor.devices import CPU_WORKER, WorkerDevice, observe_cuda, resolve
+from rubberband.devices import CPU_WORKER, WorkerDevice, observe_cuda, resolve
 from rubberband.raytune import adapt as adapt_trainable
 
 
@@ -194,7 +194,7 @@ class TrialWorker:
 
 
 def actor_options(resource: str | None, device: WorkerDevice = CPU_WORKER) -> dict:
-    """Ray options of one worker: its device's CPUs / GPU (executor.devices) and one slot of its instance."""
+    """Ray options of one worker: its device's CPUs / GPU (rubberband.devices) and one slot of its instance."""
     return device.actor_options(resource)
 
 

@@ -2,7 +2,7 @@
 
 Each node binds 127.0.0.1, has ``num_cpus`` = its worker slots (or what ``num_cpus`` /
 ``num_gpus`` say: a node of a GPU type advertises *logical* GPUs, see
-:func:`rubberband.executor.devices.node_resources`) and the custom resource ``rb-node-<id>``
+:func:`rubberband.devices.node_resources`) and the custom resource ``rb-node-<id>``
 with one unit per worker slot (the trial contract), and keeps its temp files under a
 directory of this run. :class:`LocalCluster` is a context manager: every node it started is
 torn down on exit, whatever happened. It also measures local start-up latency: request →

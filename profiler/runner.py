@@ -15,7 +15,7 @@ configuration speed. The total stays within the budget: the time left is split a
 shapes still to run and the iteration count is capped from what earlier shapes took.
 Figures that are not measured get documented defaults, and ``Profile.sources`` says which.
 On a GPU instance type the nodes advertise the type's GPUs and every worker trains on the GPU Ray
-assigned it with nccl (``rubberband.executor.devices``), so a GPU type's profile is a GPU
+assigned it with nccl (``rubberband.devices``), so a GPU type's profile is a GPU
 measurement; a node without a usable CUDA stops the profile with GpuUnavailableError.
 """
 
@@ -38,7 +38,7 @@ import numpy as np
 from rubberband.catalog import InstanceType
 from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
-from rubberband.executor.devices import DevicePolicy, WorkerDevice, node_resources
+from rubberband.devices import DevicePolicy, WorkerDevice, node_resources
 from rubberband.paths import short_tmp_root
 from rubberband.profile import (PROFILE_SCHEMA_VERSION, EpochMeasurement, LatencyMeasurement, Profile,
                                  StartupSamples, TerminationSamples, Workload)

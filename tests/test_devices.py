@@ -1,4 +1,4 @@
-"""The device / backend policy (executor.devices): pure, no Ray, no CUDA needed."""
+"""The device / backend policy (rubberband.devices): pure, no Ray, no CUDA needed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from rubberband.catalog import load_catalog
 from rubberband.errors import ExecutionError, GpuUnavailableError
-from rubberband.executor.devices import (CPU_WORKER, CudaFacts, DevicePolicy, WorkerDevice, node_resources,
+from rubberband.devices import (CPU_WORKER, CudaFacts, DevicePolicy, WorkerDevice, node_resources,
                                          resolve, worker_device)
 from rubberband.executor.placement import make_slots
 

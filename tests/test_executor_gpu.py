@@ -1,6 +1,6 @@
 """A run on a GPU instance type, on local Ray nodes that advertise the type's GPUs (logical ones here).
 
-``LocalProvider`` starts each node of a GPU type with ``--num-gpus`` (executor.devices.node_resources)
+``LocalProvider`` starts each node of a GPU type with ``--num-gpus`` (rubberband.devices.node_resources)
 and the controller gives every trial the device policy's decision: one GPU per worker, nccl. This
 machine has no CUDA, so the real CLI run stops with one line naming the type (never a CPU fall-back)
 and leaves nothing running; the in-process run with the injected test stand-in shows each trial's
@@ -20,7 +20,7 @@ from rubberband.catalog import Catalog, InstanceType, load_catalog
 from rubberband.cloud.local import LocalProvider
 from rubberband.executor import journal as J
 from rubberband.executor.controller import Controller
-from rubberband.executor.devices import DevicePolicy
+from rubberband.devices import DevicePolicy
 from rubberband.executor.runtime import TrialRuntime
 from rubberband.plan import write_plan
 from rubberband.spec import load_spec

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rubberband.catalog import InstanceType
-from rubberband.executor.devices import DevicePolicy
+from rubberband.devices import DevicePolicy
 
 pytestmark = pytest.mark.e2e
 

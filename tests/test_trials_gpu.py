@@ -20,7 +20,7 @@ import torch
 
 from rubberband.catalog import InstanceType
 from rubberband.errors import GpuUnavailableError
-from rubberband.executor.devices import DevicePolicy, node_resources
+from rubberband.devices import DevicePolicy, node_resources
 from rubberband.executor.placement import make_slots
 from rubberband.executor.pool import WorkerPool
 from rubberband.executor.trials import TrialRun, TrialSpec

@@ -164,7 +164,7 @@ def resolve(device: WorkerDevice, facts: CudaFacts) -> ResolvedDevice:
     where = f"instance type {device.instance_type}" if device.instance_type else "this instance type"
     if not facts.gpu_ids:
         raise GpuUnavailableError(f"{where} has GPUs, but Ray assigned this worker none; the node must be "
-                                  f"started with --num-gpus (see executor.devices.node_resources)")
+                                  f"started with --num-gpus (see rubberband.devices.node_resources)")
     if not facts.available or facts.device_count < 1:
         if device.cpu_stand_in:
             return ResolvedDevice("cpu", "gloo", facts.gpu_ids, stand_in=True)
