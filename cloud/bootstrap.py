@@ -46,7 +46,7 @@ VENV = "/opt/rubberband"
 RUN_ROOT = "/var/lib/rubberband/runs"
 DASHBOARD_PORT = 8265  # Ray's dashboard and job server, on the head's 127.0.0.1 only (reached over SSH)
 #: Environment the head's Ray (and so every Ray job the CLI submits to it) runs with: where run
-#: directories go and which instance is the head (read by ``rubberband.cloud.head_job``).
+#: directories go and which instance is the head (read by ``rubberband.head_job``).
 RUN_ROOT_ENV = "RUBBERBAND_RUN_ROOT"
 HEAD_ID_ENV = "RUBBERBAND_HEAD_ID"
 

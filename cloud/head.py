@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("no %s API access for the watchdog (%s): it will shut the head down instead", args.cloud, exc)
         provider = NoApi(args.cloud, str(exc))
     if args.run_dir is None:
-        from rubberband.cloud.head_job import head_run_dir
+        from rubberband.cloud.head_run import head_run_dir
 
         args.run_dir = head_run_dir(args.run_id)
     shutdown = (lambda: None) if args.no_shutdown else request_poweroff(args.run_dir) if args.poweroff_marker \

@@ -10,7 +10,7 @@
    ``runtime_env={"py_modules": [<this machine's rubberband package>], ...}``
    (:mod:`rubberband.cloud.shipping`; the head's boot installed no rubberband): the head's
    watchdog (``python -m rubberband.cloud.head watchdog ...``), then the run
-   (``python -m rubberband.cloud.head_job run ...``, the run's cloud id as ``submission_id``) whose
+   (``python -m rubberband.head_job run ...``, the run's cloud id as ``submission_id``) whose
    ``working_dir`` is the training code directory plus the spec, plan and profile. Ray uploads
    both and installs them on every node where the job's workers start, so the head's executor and
    every trial run exactly this machine's rubberband and training code;
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from rubberband.catalog import Catalog
 from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
-from rubberband.cloud.head_job import STAGE_DIR, LogFilter, unpack
+from rubberband.cloud.head_run import STAGE_DIR, LogFilter, unpack
 from rubberband.cloud.head_link import DirectLink, HeadLink, SshTunnel
 from rubberband.cloud.provider import Instance
 from rubberband.cloud.shipping import NOISE_EXCLUDES, SECRET_EXCLUDES
@@ -275,7 +275,7 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
 
     ``head_grace_s``: the watchdog's results grace the head was started with, which the run's
     ``result.json`` bills the head for after the run ends."""
-    words = ["python", "-m", "rubberband.cloud.head_job", "run", "--cloud", record.cloud, "--region", record.region,
+    words = ["python", "-m", "rubberband.head_job", "run", "--cloud", record.cloud, "--region", record.region,
              "--head-id", record.instance_id, "--run-id", record.run_id, "--trial-runtime", trial_runtime]
     if head_grace_s is not None:
         words += ["--head-grace", f"{head_grace_s:g}"]
@@ -462,7 +462,7 @@ class HeadSession:
             return unpack(packed, run_dir)
         from rubberband.cloud.shipping import job_runtime_env
 
-        job = self._submit(entrypoint=f"python -m rubberband.cloud.head_job pack --run-id {self.record.cloud_run_id}",
+        job = self._submit(entrypoint=f"python -m rubberband.head_job pack --run-id {self.record.cloud_run_id}",
                            runtime_env=job_runtime_env(self.package),
                            submission_id=f"{self.job_id}-fetch-{secrets.token_hex(3)}")
         deadline = time.monotonic() + timeout_s

@@ -12,7 +12,7 @@ head, ``rb-node-<instance id>`` resource) and found / terminated by the run's ta
 Ray auth: a head outside a head instance cannot push the run's token to its workers (that needs the
 head instance's push key, cloud/ray_token.py), so here the workers, this head and the driver run with
 ``RAY_AUTH_MODE=disabled`` (``ray_auth_mode``), confined by the run's security group / firewall rules.
-On a head instance (:class:`rubberband.cloud.head_job.OnHeadCloudBackend`) Ray runs with the run's token.
+On a head instance (:class:`rubberband.cloud.head_run.OnHeadCloudBackend`) Ray runs with the run's token.
 
 With ``RUBBERBAND_TEST_BOOT=local`` (:mod:`rubberband.cloud.testboot`) each instance's boot is
 played by a local Ray node started under the instance's id, and the head takes a free port.

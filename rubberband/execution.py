@@ -2,7 +2,7 @@
 
 One place for what ``rubberband run`` does once the backend is chosen, shared by the CLI machine
 (``--cloud local``, ``--head local``) and the run's head instance, where the CLI submits it as a
-Ray job (:mod:`rubberband.cloud.head_job`).
+Ray job (:mod:`rubberband.head_job`).
 """
 
 from __future__ import annotations

@@ -263,7 +263,7 @@ def assert_fetched_run(cli: Callable, run_dir: Path, report: Path, env: dict[str
     """The run directory fetched from the head: a finished result.json, no Ray temp files or node records, of the
     checkpoints only the best trial's newest (result.json names the local copy); ``rubberband report`` works on it.
     Returns result.json."""
-    from rubberband.cloud.head_job import PACK_EXCLUDE
+    from rubberband.cloud.head_run import PACK_EXCLUDE
 
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["best"]["trial_id"]

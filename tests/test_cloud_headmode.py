@@ -29,7 +29,8 @@ from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances, one
 
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.head import HEAD_TYPES
-from rubberband.cloud.head_job import build_parser, pack, unpack
+from rubberband.cloud.head_run import unpack
+from rubberband.head_job import build_parser, pack
 from rubberband.cloud.head_link import DirectLink
 from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, link_for,
                                            stage_code,
@@ -124,7 +125,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
             JobSubmissionClient(head_url(record.instance_id)).list_jobs()
         authorized = {"Authorization": f"Bearer {token}"}
         info = JobSubmissionClient(head_url(record.instance_id), headers=authorized).get_job_info(record.cloud_run_id)
-        assert "rubberband.cloud.head_job run" in info.entrypoint and record.instance_id in info.entrypoint
+        assert "rubberband.head_job run" in info.entrypoint and record.instance_id in info.entrypoint
         assert info.runtime_env["working_dir"].startswith("gcs://")  # the code directory, packed by Ray Jobs
         # rubberband itself ships with every job: this checkout's package (the head's boot installed none)
         (package,) = info.runtime_env["py_modules"]
@@ -282,7 +283,7 @@ def test_pack_and_unpack_round_trip_without_checkpoints(tmp_path):
     assert (tmp_path / "local" / "journal.jsonl").read_text() == '{"type": "run_started"}\n'
     assert not (tmp_path / "local" / "checkpoints").exists()
     # streamed in pieces cut anywhere: the pack is kept, not shown
-    from rubberband.cloud.head_job import LogFilter
+    from rubberband.cloud.head_run import LogFilter
 
     log_filter, shown = LogFilter(), ""
     for i in range(0, len(logs), 7):
@@ -294,7 +295,7 @@ def test_pack_and_unpack_round_trip_without_checkpoints(tmp_path):
 def test_pack_brings_back_the_best_trials_newest_checkpoint_only(tmp_path):
     import json
 
-    from rubberband.cloud import head_job
+    from rubberband import head_job
     from rubberband.executor.checkpoints import save_checkpoint
 
     run_dir = tmp_path / "head-run"
@@ -320,7 +321,7 @@ def test_pack_brings_back_the_best_trials_newest_checkpoint_only(tmp_path):
 
 
 def _wrap(data: str) -> str:
-    from rubberband.cloud.head_job import PACK_BEGIN, PACK_END
+    from rubberband.cloud.head_run import PACK_BEGIN, PACK_END
 
     return "\n".join([PACK_BEGIN, *(data[i:i + 76] for i in range(0, len(data), 76)), PACK_END])
 
@@ -352,7 +353,7 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
                         address="10.0.0.5", public_address="203.0.113.9", regions=[REGION], metric="loss")
     words = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", head_grace_s=300,
                        overrun_s=60).split()
-    assert words[:4] == ["python", "-m", "rubberband.cloud.head_job", "run"]
+    assert words[:4] == ["python", "-m", "rubberband.head_job", "run"]
     assert "--head-id" in words and "i-0abc" in words and "--deadline" in words
     assert words[words.index("--head-grace") + 1] == "300" and words[words.index("--overrun-s") + 1] == "60"
     assert build_parser().parse_args(words[3:]).head_grace == 300.0

@@ -201,7 +201,7 @@ def test_gcp_never_reuses_nor_deletes_a_look_alike_firewall_rule(gce_fake):
 
 
 def test_the_executor_on_the_head_writes_the_heartbeat_on_its_head_instance(moto_env, tmp_path):
-    from rubberband.cloud.head_job import OnHeadCloudBackend
+    from rubberband.cloud.head_run import OnHeadCloudBackend
 
     p = _aws()
     (head,) = p.provision(InstanceRequest("run-hb", 0, G4, extra_tags={TAG_ROLE: "head"}))

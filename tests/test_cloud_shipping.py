@@ -42,7 +42,7 @@ def test_package_is_cached_by_content_and_imports_without_rubberband_installed(t
     assert any(r.startswith("numpy==") for r in passed["requirements"])
     assert not any(r.split("==")[0] in ("torch", "ray", "matplotlib") for r in passed["requirements"])
     # another interpreter with the package first on its path (as Ray puts py_modules) imports and uses it
-    probe = ("import rubberband, rubberband.planner, rubberband.cloud.head_job; "
+    probe = ("import rubberband, rubberband.planner, rubberband.head_job; "
              "from rubberband.catalog import load_catalog; "
              "print(rubberband.__file__); print(len(load_catalog(['aws']).types) > 0)")
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,

@@ -11,7 +11,7 @@ from executor_helpers import make_plan, write_job
 
 from rubberband.catalog import BILLING_RULES
 from rubberband.cloud.backend import BilledHead, HeadHandle
-from rubberband.cloud.head_job import OnHeadCloudBackend
+from rubberband.cloud.head_run import OnHeadCloudBackend
 from rubberband.cloud.provider import Instance
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
