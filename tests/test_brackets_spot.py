@@ -263,6 +263,26 @@ def test_notice_seen_by_the_watcher_is_taken_by_the_bracket_the_instance_serves(
     _close(controller)
 
 
+def test_work_left_is_the_longest_bracket_a_later_one_counted_from_its_offset(tmp_path):
+    _, spec = _spec(tmp_path)
+    plan = _spot_plan(spec).model_copy(update={"bracket_offsets_s": [0.0, 50.0]})
+    controller, _ = journaled_controller(tmp_path, spec, plan, deadline_s=600.0, controller_class=ParallelController,
+                                         runtime=FakeRuntime())
+    # no lane yet (the first requests, while the driver connects): each bracket from its first stage's prediction;
+    # bracket 1 starts 50 s in and takes 100 s, bracket 0 takes 80 + 60 s
+    assert controller._work_left_s(0, waiting=3, awaited_s=0.0) == pytest.approx(150.0, abs=0.5)
+    controller.state.first_started_at -= 30.0  # 30 s later: bracket 1 is 20 s away, bracket 0 is the longest
+    assert controller._work_left_s(0, waiting=3, awaited_s=12.0) == pytest.approx(152.0, abs=0.5)
+    assert controller._work_left_s(2, waiting=3, awaited_s=12.0) == pytest.approx(140.0, abs=0.5)
+    # the same stages one bracket after another: everything left, as the sequential controller counts it
+    sequential = plan.model_copy(update={"brackets": "sequential"})
+    other, _ = journaled_controller(tmp_path / "seq", spec, sequential, deadline_s=600.0,
+                                    controller_class=ParallelController, runtime=FakeRuntime())
+    assert other._work_left_s(0, waiting=3, awaited_s=0.0) == pytest.approx(80.0 + 60.0 + 100.0, abs=0.5)
+    _close(controller)
+    _close(other)
+
+
 # -- end to end: a local spot node of one bracket killed by its pid ------------------------------------------
 
 
