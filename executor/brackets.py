@@ -20,6 +20,13 @@ being terminated. The waiting request is cancelled when it has not gone out yet 
 serves requests one at a time), else the instance it brings up is released as soon as it is up
 (or handed on in turn). Which request is served is the pure :class:`BracketPolicy`'s decision.
 
+**Spot** (the controller's own code, per lane): a spot stage's requests go through the controller's
+:class:`~rubberband.planner.policies.SpotPolicy` decision, preemption notices are taken by the lane whose
+stage the instance serves (its trials stop after their checkpoint and go first in its queue; a noticed
+instance takes no more trials and is never handed over), and a lost one is replaced as in a sequential run.
+The policy's work left is the run's critical path: the longest remaining bracket
+(:meth:`ParallelController._work_left_s`).
+
 Not done for parallel plans (yet): re-planning at stage boundaries (the lateness policy's
 ``save`` / ``buy_speed`` / ``stop``); the deadline's overrun limit still applies.
 """
@@ -34,6 +41,7 @@ from typing import Any, Sequence
 
 from rubberband.errors import ExecutionError
 from rubberband.executor import journal as J
+from rubberband.executor import spot as S
 from rubberband.executor.controller import LIVENESS_EVERY_S, Controller, PoolInstance, rank
 from rubberband.executor.placement import Slot, make_slots
 from rubberband.plan import Plan
@@ -142,18 +150,7 @@ class ParallelController(Controller):
         if not self.plan.parallel_brackets:
             return super()._run_stages()
         done = set(self.state.completed_stages())
-        finals: dict[str, float | None] = {}
-        self.lanes = []
-        for b, (lo, hi) in enumerate(self.brackets.ranges):
-            lane = Lane(bracket=self.plan.stages[lo].bracket, first=lo, end=hi)
-            for g in range(lo, hi):
-                if g not in done:
-                    break
-                if g + 1 == hi:
-                    finals.update(self.state.stages[g].metrics)
-            else:
-                lane.started = lane.done = True
-            self.lanes.append(lane)
+        finals = self._open_lanes()
         for b in self.brackets.start_order(range(len(self.lanes))):
             lane = self.lanes[b]
             if not lane.done and any(g in self.state.stages for g in range(lane.first, lane.end)):
@@ -179,12 +176,7 @@ class ParallelController(Controller):
             for b, runs in by_lane.items():
                 self._collect(self.lanes[b], runs)
             for lane in self._active():
-                self.stage_index = lane.g
-                if not lane.pending:
-                    self._release_lane_idle(lane)
-                self._prefetch_next(lane)
-                if self.prefetch.may_promote(len(lane.pending) + self._running_in(lane)):
-                    finals.update(self._finish_stage(lane))
+                finals.update(self._tend_lane(lane))
             active = self._active()
             if active:
                 g = max(lane.g for lane in active)
@@ -193,6 +185,38 @@ class ParallelController(Controller):
             return None, None
         best = rank(finals, self.spec.metric.mode, sorted(finals))[0]
         return best, finals[best]
+
+    def _open_lanes(self) -> dict[str, float | None]:
+        """A lane per bracket (finished brackets done already); returns the final metrics of those."""
+        done = set(self.state.completed_stages())
+        finals: dict[str, float | None] = {}
+        self.lanes = []
+        for lo, hi in self.brackets.ranges:
+            lane = Lane(bracket=self.plan.stages[lo].bracket, first=lo, end=hi)
+            for g in range(lo, hi):
+                if g not in done:
+                    break
+                if g + 1 == hi:
+                    finals.update(self.state.stages[g].metrics)
+            else:
+                lane.started = lane.done = True
+            self.lanes.append(lane)
+        return finals
+
+    def _tend_lane(self, lane: Lane) -> dict[str, float | None]:
+        """After a pass's trials are collected: release what the lane's stage needs no more, request its next stage's
+        instances when due, and finish the stage at its barrier. Returns the bracket's final metrics (last stage)."""
+        g = lane.g
+        self.stage_index = g
+        self._release_noticed(g, lane.slots)
+        if lane.pending and not self._stage_pool(g):  # every instance went (noticed, lost): the stage needs one
+            self._refill(g, self.plan.stages[g], lane.pending)
+        if not lane.pending:
+            self._release_lane_idle(lane)
+        self._prefetch_next(lane)
+        if self.prefetch.may_promote(len(lane.pending) + self._running_in(lane)):
+            return self._finish_stage(lane)
+        return {}
 
     def _active(self) -> list[Lane]:
         return [lane for lane in self.lanes if lane.g is not None]
@@ -231,10 +255,12 @@ class ParallelController(Controller):
                             workers_per_trial=stage.workers_per_trial,
                             predicted_duration_s=stage.predicted_duration_s,
                             offset_s=self.brackets.offsets_s[self.brackets.bracket_of(g)])
-        if lane.pending:
+        missing = stage.instances - len(self._stage_pool(g))
+        if lane.pending and missing > 0:
+            spot = self._buy_spot(stage, trigger="start", waiting=len(lane.pending))
             itype = self._stage_itype(stage)
-            for _ in range(max(0, stage.instances - len(self._stage_pool(g)))):
-                self._request(g, itype, stage.spot)
+            for _ in range(missing):
+                self._request(g, itype, spot)
 
     def _fill_slots(self, lane: Lane) -> None:
         """Slots on the stage's instances that came up (or were handed over); pending trials onto free slots."""
@@ -247,7 +273,7 @@ class ParallelController(Controller):
         for slot in lane.slots:
             if not lane.pending:
                 break
-            if slot.free:
+            if slot.free and not self._noticed.keys() & set(slot.instance_ids):  # a noticed instance takes none
                 self.stage_index = g
                 self._start_next(g, stage, lane.pending, slot, lane.metrics)
 
@@ -256,9 +282,14 @@ class ParallelController(Controller):
         stage = self.plan.stages[g]
         lost_now: dict[str, str] = {}
         stopped: list[tuple[str, tuple[str, ...]]] = []
+        preempted: list[str] = []  # instances whose trials stopped on a notice
         for run in runs:
             metric, error, seconds, lost = self._collect_trial(g, stage, run)
             run.slot.trial_id = None
+            if run.preempted:  # first in line again, after its checkpoint, on another instance
+                lane.pending.insert(0, (run.trial_id, self._start_epoch(run.trial_id, stage)))
+                preempted.extend(run.slot.instance_ids)
+                continue
             if lost:
                 lost_now.update(lost)
                 stopped.append((run.trial_id, run.slot.instance_ids))
@@ -271,6 +302,8 @@ class ParallelController(Controller):
         if lost_now:
             self.stage_index = g
             self._handle_lost(g, lost_now, lane.slots, lane.pending, stopped=stopped)
+        if preempted:  # the workers saw a notice first: take it now, before placing anything there again
+            self._route_notices(ask=tuple(dict.fromkeys(preempted)))
 
     def _finish_stage(self, lane: Lane) -> dict[str, float | None]:
         """Rank, promote, journal; start the bracket's next stage. Returns the bracket's final metrics (last stage)."""
@@ -307,10 +340,14 @@ class ParallelController(Controller):
         nxt_g = self.brackets.next_stage(g)
         nxt = self.plan.stages[nxt_g] if nxt_g is not None else None
         nxt_key = self._stage_itype(nxt).key if nxt is not None else None
+        moving = {i for s in lane.slots if not s.free for i in s.instance_ids if i in self._noticed}
         for entry in self._stage_pool(g):
             if entry.id in busy:
                 continue
-            same = nxt is not None and entry.itype.key == nxt_key and entry.spot == nxt.spot
+            if entry.replaces in moving and not stage_done:  # its trials come over at their next checkpoint
+                continue
+            same = (nxt is not None and entry.itype.key == nxt_key and self._fits(entry.spot, nxt)
+                    and entry.id not in self._noticed)
             if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(nxt_g)), nxt.instances):
                 entry.assigned_stage = nxt_g
                 self.journal.record(J.DECISION, kind="keep", id=entry.id or entry.token, stage=nxt_g)
@@ -322,7 +359,8 @@ class ParallelController(Controller):
         """Hand an instance that is up to another bracket waiting for its type; else release it as the controller does."""
         if entry.released:
             return
-        if entry.id is not None and self.plan.parallel_brackets and self.lanes and self._hand_over(entry):
+        if (entry.id is not None and entry.id not in self._noticed and self.plan.parallel_brackets and self.lanes
+                and self._hand_over(entry)):  # a noticed instance goes: the cloud takes it back
             return
         super()._release(entry, why)
 
@@ -385,8 +423,9 @@ class ParallelController(Controller):
             self.prefetched.add(nxt_g)
             self.journal.record(J.DECISION, kind="prefetch", stage=nxt_g, count=extra, instance_type=itype.name,
                                 estimated_remaining_s=remaining, lead_s=lead, quantile=self.prefetch.quantile)
+            spot = self._buy_spot(nxt, trigger="prefetch", waiting=len(lane.pending))
             for _ in range(extra):
-                self._request(nxt_g, itype, nxt.spot)
+                self._request(nxt_g, itype, spot)
 
     def _liveness(self) -> None:
         """Every few seconds: every ready instance's Ray node still there? Lost ones go to the lane they serve."""
@@ -394,6 +433,8 @@ class ParallelController(Controller):
         if now - self._last_liveness < LIVENESS_EVERY_S:
             return
         self._last_liveness = now
+        self._route_notices()
+        self._watch_ready()
         lost = self._poll_lost()
         per_lane: dict[int, dict[str, str]] = {}
         for ident, reason in lost.items():
@@ -419,9 +460,76 @@ class ParallelController(Controller):
             if g is None or elapsed < self.brackets.offsets_s[b]:
                 continue
             stage = self.plan.stages[g]
+            missing = stage.instances - len(self._stage_pool(g))
+            if missing <= 0:
+                continue
+            self.stage_index = g  # the spot decision looks at the run from this bracket's stage
+            spot = self._buy_spot(stage, trigger="start", waiting=stage.trials)
             itype = self._stage_itype(stage)
-            for _ in range(stage.instances - len(self._stage_pool(g))):
-                self._request(g, itype, stage.spot)
+            for _ in range(missing):
+                self._request(g, itype, spot)
+
+    # -- spot: notices and the run's remaining work, per bracket ---------------------------------
+    def _route_notices(self, ask: tuple[str, ...] = ()) -> None:
+        """Preemption notices that came (and those of ``ask``, asked now), each taken by the lane its instance
+        serves: journaled, and the replacement requested through the spot policy (the controller's own code)."""
+        for ident, notice in self._notices_found(ask).items():
+            entry = self._entry(ident)
+            lane = self._lane_of_stage(entry.assigned_stage) if entry is not None and self.lanes else None
+            if lane is not None and lane.g is not None:
+                g, pending = lane.g, lane.pending
+            else:  # a bracket not started or done: nothing of it waits
+                g, pending = (entry.assigned_stage if entry is not None else self.stage_index), []
+            self.stage_index = g
+            self._take_notice(g, pending, ident, notice)
+
+    def _next_stage_of(self, g: int) -> int | None:
+        if not self.plan.parallel_brackets:
+            return super()._next_stage_of(g)
+        return self.brackets.next_stage(g)
+
+    def _stage_seconds_of(self, g: int) -> list[float]:
+        if not self.plan.parallel_brackets:
+            return super()._stage_seconds_of(g)
+        lane = self._lane_of_stage(g) if self.lanes else None
+        return lane.trial_seconds if lane is not None and lane.g == g else []
+
+    def _work_left_s(self, g: int, *, waiting: int, awaited_s: float) -> float:
+        """The run's remaining time with its brackets side by side: its critical path, the longest remaining bracket.
+
+        Each bracket under way: its current stage's remainder (its own running trials, and its waiting ones —
+        ``waiting`` for stage ``g``'s bracket) and its later stages, as the sequential run counts them; a bracket
+        not started yet: the wait for its offset and all its stages at the confidence. The bracket of stage ``g``
+        also waits ``awaited_s`` (a replacement's start-up). The market is the run's (one ``on_spot``), so the
+        run's slack decides it: a bracket off the critical path can still push the run to on-demand when the
+        longest one has no room for another restart.
+        """
+        if not self.plan.parallel_brackets:
+            return super()._work_left_s(g, waiting=waiting, awaited_s=awaited_s)
+        mine = self.brackets.bracket_of(g)
+        elapsed = time.time() - self.state.first_started_at
+        done = set(self.state.completed_stages())
+        longest = 0.0
+        for b, (lo, hi) in enumerate(self.brackets.ranges):
+            lane = self.lanes[b] if b < len(self.lanes) else None
+            awaited = awaited_s if b == mine else 0.0
+            if lane is not None and lane.done:
+                continue
+            if lane is not None and lane.g is not None:
+                running = [r for r in self.running.values()
+                           if self.state.trials[r.trial_id].bracket == lane.bracket]
+                left = self._stages_left_s(lane.g, hi, waiting=waiting if b == mine else len(lane.pending),
+                                           running=running, awaited_s=awaited)
+            else:
+                first = next((i for i in range(lo, hi) if i not in done), None)
+                if first is None:
+                    continue
+                later = [self._stage_outlook(i) for i in range(first, hi)]
+                left = max(0.0, self.brackets.offsets_s[b] - elapsed) + S.work_left_s(
+                    current_remaining_s=0.0, current_ratio=1.0, later=later, confidence=self.plan.confidence,
+                    slowdown=self._slowdown(), waiting_for_instance_s=awaited)
+            longest = max(longest, left)
+        return longest
 
 
 def controller_for(plan: Plan) -> type[Controller]:

@@ -762,12 +762,16 @@ class Controller:
             return
         self._last_liveness = now
         self._poll_notices(g, pending)
-        for entry in self.pool.values():  # a watcher on every ready spot instance (Ray may show a node late)
-            if entry.ready and not entry.released and entry.spot and entry.id not in self._watchers:
-                self._watch(entry)
+        self._watch_ready()
         lost = self._poll_lost()
         if lost:
             self._handle_lost(g, lost, slots, pending, stopped=[])
+
+    def _watch_ready(self) -> None:
+        """A notice watcher on every ready spot instance that has none yet (Ray may show a node late)."""
+        for entry in self.pool.values():
+            if entry.ready and not entry.released and entry.spot and entry.id not in self._watchers:
+                self._watch(entry)
 
     def _poll_lost(self) -> dict[str, str]:
         """Ready instances whose Ray node is gone, confirmed (id → reason); none when Ray does not answer."""
@@ -1075,39 +1079,68 @@ class Controller:
     # -- spot: fall-back to on-demand, preemption notices -----------------------------------
     def _spot_situation(self, *, waiting: int, replacing: bool) -> SpotSituation:
         """What the spot policy looks at, from now: time to the deadline, the run's predicted remaining time at the
-        run's confidence (this stage's remainder as the prefetch estimate has it, the later stages' predictions
-        scaled by the slowdown so far; plus a replacement's start-up when one is awaited), and one restart."""
+        run's confidence (:meth:`_work_left_s`; plus a replacement's start-up when one is awaited), and one restart
+        of the current stage."""
         g = min(self.stage_index, len(self.plan.stages) - 1)
         stage = self.plan.stages[g]
         now = time.time()
-        itype = self._stage_itype(stage)
-        conf = self.plan.confidence
-        n_slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
-        if self._stage_seconds:
-            per_trial = statistics.mean(self._stage_seconds)
-        elif stage.predicted_task_s:
-            per_trial = stage.predicted_task_s
-        else:
-            per_trial = (stage.predicted_duration_s or 0.0) / max(1, math.ceil(stage.trials / n_slots))
-        current = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=waiting, slots=n_slots,
-                                            running_elapsed_s=[now - r.started_at for r in self.running.values()])
-        outlooks = [self._stage_outlook(i) for i in range(len(self.plan.stages))]
-        cur = outlooks[g]
-        ratio = S.at_confidence(cur.p50_s, cur.p95_s, conf) / cur.p50_s if cur.p50_s > 0 else 1.0
-        done = [i for i in range(g) if i in self.state.stages and self.state.stages[i].finished_at]
-        actual = sum(self.state.stages[i].finished_at - self.state.stages[i].started_at for i in done)
-        predicted = sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in done)
-        lead = self._prefetch_lead(itype)
-        work = S.work_left_s(current_remaining_s=current, current_ratio=ratio, later=outlooks[g + 1:],
-                             confidence=conf, slowdown=actual / predicted if predicted > 0 else 1.0,
-                             waiting_for_instance_s=lead if replacing else 0.0)
+        lead = self._prefetch_lead(self._stage_itype(stage))
+        work = self._work_left_s(g, waiting=waiting, awaited_s=lead if replacing else 0.0)
         key = f"{stage.instance_type}/{stage.workers_per_trial}"
         interval = (statistics.mean(self.epoch_seconds[key]) if self.epoch_seconds.get(key)
-                    else per_trial / max(1, stage.epochs_this_stage))
+                    else self._per_trial_s(g) / max(1, stage.epochs_this_stage))
         restart = S.restart_s(startup_s=lead, restore_s=statistics.mean(self.setup_seconds) if self.setup_seconds
                               else 0.0, checkpoint_interval_s=interval)
         return SpotSituation(time_left_s=self.deadline_s - (now - self.state.first_started_at), work_left_s=work,
                              restart_s=restart, on_spot=self._on_spot)
+
+    def _work_left_s(self, g: int, *, waiting: int, awaited_s: float) -> float:
+        """The run's predicted remaining time: stage ``g``'s remainder (``waiting`` trials not started) and every
+        later stage; ``awaited_s``: a replacement's start-up the stage waits for. (Parallel brackets: the longest
+        remaining bracket, :class:`~rubberband.executor.brackets.ParallelController`.)"""
+        return self._stages_left_s(g, len(self.plan.stages), waiting=waiting, running=list(self.running.values()),
+                                   awaited_s=awaited_s)
+
+    def _stages_left_s(self, g: int, end: int, *, waiting: int, running: list[RunningTrial],
+                       awaited_s: float) -> float:
+        """Stages ``g … end − 1`` from now, at the run's confidence: ``g``'s remainder as the prefetch estimate has
+        it (``running`` trials' rest + waiting waves × the mean trial time) times its confidence quantile over its
+        median, the later ones' predictions at the confidence scaled by the slowdown so far, and ``awaited_s``."""
+        stage = self.plan.stages[g]
+        itype = self._stage_itype(stage)
+        n_slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
+        now = time.time()
+        current = self.prefetch.remaining_s(per_trial_s=self._per_trial_s(g), waiting=waiting, slots=n_slots,
+                                            running_elapsed_s=[now - r.started_at for r in running])
+        cur = self._stage_outlook(g)
+        conf = self.plan.confidence
+        ratio = S.at_confidence(cur.p50_s, cur.p95_s, conf) / cur.p50_s if cur.p50_s > 0 else 1.0
+        return S.work_left_s(current_remaining_s=current, current_ratio=ratio,
+                             later=[self._stage_outlook(i) for i in range(g + 1, end)], confidence=conf,
+                             slowdown=self._slowdown(), waiting_for_instance_s=awaited_s)
+
+    def _slowdown(self) -> float:
+        """Actual over predicted duration of the stages finished so far (1 before any)."""
+        done = [i for i, r in self.state.stages.items() if r.finished_at and i < len(self.plan.stages)]
+        actual = sum(self.state.stages[i].finished_at - self.state.stages[i].started_at for i in done)
+        predicted = sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in done)
+        return actual / predicted if predicted > 0 else 1.0
+
+    def _per_trial_s(self, g: int) -> float:
+        """Stage ``g``'s mean task time: measured in this run (not cold), else the plan's, else its duration per
+        wave."""
+        seconds = self._stage_seconds_of(g)
+        if seconds:
+            return statistics.mean(seconds)
+        stage = self.plan.stages[g]
+        if stage.predicted_task_s:
+            return stage.predicted_task_s
+        n_slots = max(1, slot_count(stage.instances, self._stage_itype(stage).workers, stage.workers_per_trial))
+        return (stage.predicted_duration_s or 0.0) / max(1, math.ceil(stage.trials / n_slots))
+
+    def _stage_seconds_of(self, g: int) -> list[float]:
+        """The task times (not cold) measured so far in stage ``g``, the one running."""
+        return self._stage_seconds
 
     def _stage_outlook(self, i: int) -> S.StageOutlook:
         """Stage ``i``'s predicted duration: the plan's p50 (and p95 where the plan's prediction has it)."""
@@ -1214,8 +1247,13 @@ class Controller:
         ``ask``: instances whose watchers to ask right now (a trial on them stopped on a notice: the controller
         must know before it places anything there again).
         """
+        for ident, notice in self._notices_found(ask).items():
+            self._take_notice(g, pending, ident, notice)
+
+    def _notices_found(self, ask: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Instance → notice (None: none, or its watcher is gone) of the watchers that answered, and of ``ask``."""
         if not self._notice_refs and not ask:
-            return
+            return {}
         import ray
 
         refs = {ref: ident for ident, ref in self._notice_refs.items()}
@@ -1236,22 +1274,30 @@ class Controller:
                     found[ident] = ray.get(watcher.notice.remote(), timeout=5)
                 except Exception:  # noqa: BLE001 - as above
                     continue
-        for ident, notice in found.items():
-            if notice is None or ident in self._noticed:
-                continue
-            self._notice_refs.pop(ident, None)
-            self._noticed[ident] = time.time()
-            entry = self._entry(ident)
-            trials = sorted(r.trial_id for r in self.running.values() if ident in r.slot.instance_ids)
-            self.journal.record(J.DECISION, kind="notice", id=ident, stage=g, cloud=notice.get("cloud"),
-                                action=notice.get("action"), notice_time=notice.get("time"), trials=trials,
-                                reason="preemption notice: its trials stop after their next checkpoint; "
-                                       "replacement requested now")
-            if entry is None or entry.released:
-                continue
-            wanted = entry.assigned_stage > g or (entry.assigned_stage == g and bool(pending or trials))
-            if wanted and ident not in self._replaced:
-                self._replace(entry, ident, "preemption-notice", waiting=len(pending) + len(trials))
+        return found
+
+    def _take_notice(self, g: int, pending: list[tuple[str, int]], ident: str, notice: dict[str, Any] | None) -> None:
+        """A notice for ``ident`` (serving stage ``g``, whose ``pending`` trials wait): journal it, and request the
+        instance's replacement now when the stage (or the next it is kept for) still needs it."""
+        if notice is None or ident in self._noticed:
+            return
+        self._notice_refs.pop(ident, None)
+        self._noticed[ident] = time.time()
+        entry = self._entry(ident)
+        trials = sorted(r.trial_id for r in self.running.values() if ident in r.slot.instance_ids)
+        self.journal.record(J.DECISION, kind="notice", id=ident, stage=g, cloud=notice.get("cloud"),
+                            action=notice.get("action"), notice_time=notice.get("time"), trials=trials,
+                            reason="preemption notice: its trials stop after their next checkpoint; "
+                                   "replacement requested now")
+        if entry is None or entry.released:
+            return
+        wanted = entry.assigned_stage > g or (entry.assigned_stage == g and bool(pending or trials))
+        if wanted and ident not in self._replaced:
+            self._replace(entry, ident, "preemption-notice", waiting=len(pending) + len(trials))
+
+    def _next_stage_of(self, g: int) -> int | None:
+        """The stage that follows ``g`` (and may keep its instances): the next one of the plan."""
+        return g + 1 if g + 1 < len(self.plan.stages) else None
 
     def _refill(self, g: int, stage: StagePlan, pending: list[tuple[str, int]]) -> None:
         """Trials wait and the stage has no instance left (none running, none coming): request its instances."""
@@ -1267,7 +1313,8 @@ class Controller:
         if not self._noticed:
             return
         busy = {i for s in slots if not s.free for i in s.instance_ids}
-        for entry in self._stage_pool(g) + self._stage_pool(g + 1):
+        nxt = self._next_stage_of(g)
+        for entry in self._stage_pool(g) + (self._stage_pool(nxt) if nxt is not None else []):
             if entry.id in self._noticed and entry.id not in busy and entry.ready:
                 slots[:] = [s for s in slots if entry.id not in s.instance_ids]
                 self._release(entry, "preemption notice")

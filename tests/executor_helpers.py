@@ -128,9 +128,11 @@ def checkpointed_instance(events: list[dict]) -> str | None:
     return started[saved[0]["trial_id"]] if saved else None
 
 
-def lose_node_once_checkpointed(proc, run_dir: Path, *, before_kill=None, timeout_s: float = 150.0):
+def lose_node_once_checkpointed(proc, run_dir: Path, *, before_kill=None, timeout_s: float = 150.0,
+                                victim_of=checkpointed_instance):
     """Once a trial has checkpointed, SIGKILL its instance's local Ray node (after ``before_kill(id)``: e.g. the
-    cloud reclaims the instance) and wait for the run to end. Returns (victim, stdout, stderr); the executor's
+    cloud reclaims the instance) and wait for the run to end. ``victim_of(events)``: the instance to kill once
+    there is one (default: the first trial to checkpoint's). Returns (victim, stdout, stderr); the executor's
     exit status is ``proc.returncode``."""
     import os
     import signal
@@ -138,7 +140,7 @@ def lose_node_once_checkpointed(proc, run_dir: Path, *, before_kill=None, timeou
     from rubberband.cloud.local import LocalProvider
 
     try:
-        victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=timeout_s, poll_s=0.05)
+        victim = wait_for_events(proc, run_dir, victim_of, timeout_s=timeout_s, poll_s=0.05)
         if before_kill is not None:
             before_kill(victim)
         os.killpg(LocalProvider(run_dir).record(victim).pgid, signal.SIGKILL)  # that node, nothing else
@@ -176,9 +178,57 @@ class LosingBackend:
         self.terminated.extend(ids)
 
 
-def journaled_controller(tmp_path: Path, spec, plan, *, deadline_s: float, **options):
-    """A Controller over a :class:`LosingBackend` for a run whose start and trials are already journaled (no Ray,
-    no runtime): what the unit tests of its loss and spot decisions drive by hand. Returns (controller, backend)."""
+class FakeHandle:
+    """A trial that never ran: :meth:`result` raises ``error`` if set, else returns ``outcome`` (a stand-in for
+    :class:`~rubberband.executor.trials.TrialOutcome`)."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+        self.done_ref = object()
+        self.error: BaseException | None = None
+        self.outcome = None
+        self.stopped = False
+
+    def result(self, timeout_s=None):
+        if self.error is not None:
+            raise self.error
+        return self.outcome
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class FakeRuntime:
+    """A trial runtime that starts nothing: each start is kept (its fields) with its :class:`FakeHandle`."""
+
+    module = "fake"
+
+    def __init__(self) -> None:
+        self.started: list[tuple[dict, FakeHandle]] = []
+
+    def start(self, *, event_sink=None, pool=None, **fields) -> FakeHandle:
+        handle = FakeHandle(fields["trial_id"])
+        self.started.append((fields, handle))
+        return handle
+
+
+def finished_outcome(trial_id: str, start_epoch: int, end_epoch: int, metric: float):
+    """What a trial that trained ``start_epoch … end_epoch − 1`` returns (loss ``metric`` at each epoch)."""
+    import time
+
+    from rubberband.executor.trials import EpochReport, TrialOutcome
+
+    now = time.time()
+    reports = tuple(EpochReport(trial_id, e, {"loss": metric}, 1.0, now) for e in range(start_epoch, end_epoch))
+    return TrialOutcome(trial_id=trial_id, reports=reports, checkpoint_epoch=end_epoch - 1, iteration_latencies_s=(),
+                        setup_s=0.1, started_at=now - 1.0, finished_at=now)
+
+
+def journaled_controller(tmp_path: Path, spec, plan, *, deadline_s: float, controller_class=None, runtime=None,
+                         **options):
+    """A Controller (``controller_class``, default :class:`Controller`) over a :class:`LosingBackend` for a run whose
+    start and trials are already journaled (no Ray; ``runtime``: none, or a :class:`FakeRuntime`): what the unit
+    tests of its loss and spot decisions drive by hand. Returns (controller, backend)."""
     from rubberband.catalog import load_catalog
     from rubberband.executor import journal as J
     from rubberband.executor.controller import Controller, trial_configs
@@ -190,7 +240,8 @@ def journaled_controller(tmp_path: Path, spec, plan, *, deadline_s: float, **opt
     for trial_id, bracket, index, config in trial_configs(spec, plan):
         journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
     backend = LosingBackend()
-    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=backend,
-                            runtime=None, run_id="r1", deadline_s=deadline_s, **options)
+    cls = controller_class or Controller
+    controller = cls(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=backend,
+                     runtime=runtime, run_id="r1", deadline_s=deadline_s, **options)
     controller.state = J.read_state(run_dir)
     return controller, backend
