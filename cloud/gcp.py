@@ -19,7 +19,9 @@
 * Egress (``worker_egress``, :data:`WORKER_EGRESS`): only the head gets an external address (the user's SSH).
   Workers have none; by default (``nat``) the run makes its own Cloud Router with a Cloud NAT
   (``rubberband-<run>-nat``, :meth:`GcpProvider.ensure_nat`) in the region and network before its first
-  worker, so their boot reaches package indexes, and deletes it with the run's other resources. Routers carry
+  worker, so their boot reaches package indexes, and deletes it with the run's other resources (one NAT per
+  region and network is all Compute Engine allows beside a NAT of every subnetwork: a run that finds another
+  run's uses that one, whose teardown keeps it while other runs' private VMs are in the region). Routers carry
   no labels either: the same ownership marker ends their description. ``existing``: the network already gives
   egress (the user's Cloud NAT or proxy), nothing is made; ``public``: workers get an ephemeral external address
   (no rule lets anything in through it).
@@ -180,7 +182,6 @@ class GcpProvider:
         self._zones: dict[str, str] = {}  # instance name -> zone
         self._last_seen: dict[str, Instance] = {}  # instance name -> as last seen (for a VM that vanished)
         self._firewalls: set[str] = set()
-        self._egress: dict[str, str | None] = {}  # run id -> its NAT's router (None: the network's own egress)
         options = ClientOptions(api_endpoint=endpoint) if endpoint else None
         kwargs: dict[str, Any] = {"credentials": credentials, "client_options": options, "transport": "rest"}
         self.instances = compute_v1.InstancesClient(**kwargs)
@@ -352,48 +353,46 @@ class GcpProvider:
             network.rstrip("/").endswith(f"/global/networks/{self.network}")
 
     def ensure_worker_egress(self, run_id: str) -> str | None:
-        """What the run's workers need to reach the internet in this region (``worker_egress``): with ``nat`` its
+        """What the run's workers need to reach the internet in this region (``worker_egress``): with ``nat`` a
         Cloud NAT (:meth:`ensure_nat`, whose router's name is returned); otherwise nothing (None)."""
         return self.ensure_nat(run_id) if self.worker_egress == "nat" else None
 
-    def ensure_nat(self, run_id: str) -> str | None:
-        """Outbound internet for the run's workers, which have no external address: its own Cloud Router with a
-        Cloud NAT (:func:`router_name`, NAT of every subnetwork, addresses allocated by Google) in this region and
-        network, carrying the run's ownership marker. Returns the router's name, or None when the network already
-        has a NAT of the user's that serves every subnetwork of the region (then nothing is made).
+    def ensure_nat(self, run_id: str) -> str:
+        """A Cloud NAT for the run's workers, which have no external address, in this region and network; returns
+        the name of the router that holds it. Looked up afresh on every call (before each provisioning), so a NAT
+        that went in between is made again before the next worker boots.
 
-        Compute Engine allows no second NAT beside one that serves every subnetwork of a region and network, so:
-        the run's own router (made by another process of the run) is reused; a user's NAT serving every
-        subnetwork is used as it is; a user's NAT for chosen subnetworks is a fatal error (pass ``existing`` or
-        ``public``); another run's NAT blocks the region for this run (kind ``quota``: failover tries another)."""
-        if run_id in self._egress:
-            return self._egress[run_id]
+        Normally the run's own (:func:`router_name`: one NAT of every subnetwork, addresses allocated by Google,
+        marked with the run's ownership marker). Compute Engine allows no second NAT beside one that serves every
+        subnetwork of a region and network, so one that is there already is used instead: another rubberband
+        run's (shared: its teardown keeps it while other runs' VMs are in the region, see :meth:`cleanup_run`) or
+        the user's own that serves every subnetwork; a user's NAT for chosen subnetworks is a fatal error (pass
+        ``existing`` or ``public``). Two runs making theirs at once: the loser uses the winner's."""
         name = router_name(run_id)
-        routers = self._call(lambda: list(self.routers.list(project=self.project, region=self.region)))
-        mine = [r for r in routers if r.name == name and marked_run(r.description) == run_id]
-        if not mine:
-            others = [r for r in routers if self._on_network(r.network) and list(r.nats)]
+        for attempt in range(2):
+            routers = self._call(lambda: list(self.routers.list(project=self.project, region=self.region)))
+            if any(r.name == name and marked_run(r.description) == run_id for r in routers):
+                return name
+            others = [r for r in routers if r.name != name and self._on_network(r.network) and list(r.nats)]
             if others:
-                self._egress[run_id] = self._foreign_nat(others[0], run_id)
-                return None
-            self._create_router(name, run_id)
-        self._egress[run_id] = name
-        return name
+                return self._foreign_nat(others[0])
+            try:
+                self._create_router(name, run_id)
+                return name
+            except CloudError as exc:  # another NAT may have come in between (two runs starting at once): look again
+                if attempt == 1 or exc.kind != "fatal" or exc.code == "alreadyExists":
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    def _foreign_nat(self, router: compute_v1.Router, run_id: str) -> None:
-        """Use a NAT that is not the run's (see :meth:`ensure_nat`), or say why the run cannot."""
-        owner = marked_run(router.description)
-        where = f"network {self.network} in {self.region}"
-        if owner is not None:
-            raise CloudError(f"gcp: {where} already has the Cloud NAT of rubberband run {owner} (router "
-                             f"{router.name}); Compute Engine allows no second NAT beside it: plan another region, "
-                             f"wait for that run to end, or pass --worker-egress public", kind="quota",
-                             code="NatInUse", region=self.region, quota="Cloud NAT of the region and network")
-        if any(n.source_subnetwork_ip_ranges_to_nat in _ALL_SUBNETWORKS for n in router.nats):
-            return None  # the user's NAT serves every subnetwork: the workers' egress is already there
-        raise CloudError(f"gcp: {where} has a Cloud NAT for chosen subnetworks (router {router.name}) and no room "
-                         f"for the run's own: pass --worker-egress existing if it serves the workers' subnetwork, "
-                         f"else --worker-egress public", kind="fatal", code="NatInUse", region=self.region)
+    def _foreign_nat(self, router: compute_v1.Router) -> str:
+        """The NAT that is not the run's (see :meth:`ensure_nat`) if its workers can use it; else say why not."""
+        if marked_run(router.description) is not None or \
+                any(n.source_subnetwork_ip_ranges_to_nat in _ALL_SUBNETWORKS for n in router.nats):
+            return router.name  # another run's NAT, or the user's of every subnetwork: the egress is there
+        raise CloudError(f"gcp: network {self.network} in {self.region} has a Cloud NAT for chosen subnetworks "
+                         f"(router {router.name}) and no room for the run's own: pass --worker-egress existing if it "
+                         f"serves the workers' subnetwork, else --worker-egress public", kind="fatal", code="NatInUse",
+                         region=self.region)
 
     def _create_router(self, name: str, run_id: str) -> None:
         router = compute_v1.Router(
@@ -416,6 +415,12 @@ class GcpProvider:
                                  f"create it for run {run_id} (no {owner_marker(run_id)} in its description); "
                                  f"rename or delete it, or use another run id", kind="fatal", code="alreadyExists",
                                  region=self.region) from None
+
+    def _regions_of_other_runs(self, run_id: str) -> set[str]:
+        """Regions where a rubberband VM of another run without an external address is alive: a NAT there may be
+        its egress (a head, with its own address, needs none; its workers find a NAT afresh, :meth:`ensure_nat`)."""
+        return {inst.zone.rsplit("-", 1)[0] for inst in self.list()
+                if inst.run_id != run_id and inst.alive and not inst.public_address}
 
     def _owned_routers(self) -> list[tuple[str, compute_v1.Router]]:
         """(region, router) of every Cloud Router of the project carrying a run's ownership marker (never matched
@@ -698,7 +703,8 @@ class GcpProvider:
     def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
         """Delete the run's firewall rules and Cloud Routers (those carrying its ownership marker,
         :func:`owner_marker`; routers in every region) and its detached disks (by its exact labels); return what was
-        deleted."""
+        deleted. A router stays while a private VM of another run is alive in its region (that run's workers may go
+        out through its NAT, :meth:`ensure_nat`); the orphan sweep deletes it once none is."""
         deleted = []
         for rule in self._owned_firewalls():
             if marked_run(rule.description) != run_id:
@@ -714,9 +720,11 @@ class GcpProvider:
             self._wait_global_op(op, timeout_s)
             self._firewalls.discard(rule.name)
             deleted.append(f"firewall/{rule.name}")
-        for region, router in self._owned_routers():
-            if marked_run(router.description) != run_id:
-                continue
+        routers = [(region, r) for region, r in self._owned_routers() if marked_run(r.description) == run_id]
+        served = self._regions_of_other_runs(run_id) if routers else set()
+        for region, router in routers:
+            if region in served:
+                continue  # other runs' workers go out through it: kept until the last of them is gone (the sweep)
             delete_router = compute_v1.DeleteRouterRequest(project=self.project, region=region, router=router.name,
                                                            request_id=str(uuid.uuid4()))
             try:
@@ -727,7 +735,6 @@ class GcpProvider:
                 continue
             self._wait_region_op(op, region, timeout_s)
             deleted.append(f"router/{router.name}")
-        self._egress.pop(run_id, None)
         for zone, disk in self._disks(run_id):
             delete_disk = compute_v1.DeleteDiskRequest(project=self.project, zone=zone, disk=disk.name,
                                                        request_id=str(uuid.uuid4()))

@@ -2,7 +2,8 @@
 
 Serves what rubberband's GcpProvider calls: instances insert / get / list / aggregatedList /
 delete / setLabels, zoneOperations get / wait / list (``operationType`` / ``targetLink`` filters),
-firewalls insert / get / list / delete and globalOperations get / wait. State lives in memory;
+firewalls insert / get / list / delete and globalOperations get / wait, routers (the workers' Cloud NAT)
+insert / get / list / aggregatedList / delete and regionOperations get / wait. State lives in memory;
 faults are plain attributes the test sets (the server runs in a thread of the test process, so a
 CLI subprocess pointed at it with ``RUBBERBAND_GCE_ENDPOINT`` sees them too):
 
@@ -35,7 +36,11 @@ Where rubberband's client depends on it, the fake is as strict as the real API:
 * ``scheduling``: ``maxRunDuration`` must be a Duration (``{"seconds": "N"}``, 30 s to 120 days) and
   needs ``instanceTerminationAction`` (DELETE or STOP), which in turn is accepted only with a
   ``maxRunDuration`` / ``terminationTime`` or the SPOT model;
-* firewall rules: a priority in 0..65535, ``allowed`` or ``denied`` (not both), source ranges that are networks.
+* firewall rules: a priority in 0..65535, ``allowed`` or ``denied`` (not both), source ranges that are networks;
+* routers: a name and a network reference (full or partial URL of this project), a body region that is the
+  request's, NAT sections with their source and allocation options (no addresses with AUTO_ONLY, some with
+  MANUAL_ONLY, subnetworks with LIST_OF_SUBNETWORKS), and no NAT beside one that serves every subnetwork of the
+  region and network (as the API documents); an operation is found only in its own scope (zone, region, global).
 
 :meth:`GceFake.ingress_allowed` evaluates the stored rules plus the ``default`` network's own
 (:data:`DEFAULT_NETWORK_RULES`) as the VPC does — lowest priority number first, a deny winning a tie,

@@ -13,7 +13,8 @@ from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPo
 from rubberband.cloud.gcp import PREEMPTED, PREEMPTED_OPERATION, GcpProvider, firewall_name, network_tag
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE, InstanceRequest
 from rubberband.cloud.registry import ProviderPool
-from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances, terminate_run
+from rubberband.cloud.teardown import (cleanup_leftovers, find_orphans, terminate_instances, terminate_run,
+                                       terminate_run_detailed)
 from rubberband.errors import CloudError, InputError, RubberbandError
 
 CATALOG = cloud_catalog()
@@ -344,18 +345,19 @@ def test_worker_egress_existing_or_public_makes_no_nat(gce_fake):
     terminate_run(public, "run-p")
 
 
-def test_a_nat_that_is_not_the_runs_is_used_refused_or_blocks_the_region(gce_fake):
+def test_a_nat_that_is_not_the_runs_is_used_shared_or_refused(gce_fake):
     """Compute Engine allows no NAT beside one that serves every subnetwork of a region and network: the user's such
     NAT is used as it is (nothing made, nothing deleted); the user's NAT of chosen subnetworks is a fatal one-line
-    error; another run's NAT blocks the region (failover goes on elsewhere); a look-alike router named like the
-    run's, without its marker, is never taken for it nor deleted."""
+    error; another run's NAT is shared — its run's teardown keeps it while the other run's private workers are in
+    the region, and the sweep deletes it once they are gone; a look-alike router named like the run's, without its
+    marker, is never taken for it nor deleted."""
     from rubberband.cloud.gcp import router_name
 
     every = [{"name": "mine", "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
               "natIpAllocateOption": "AUTO_ONLY"}]
     gce_fake.add_router("us-central1", "my-nat", nats=every)
     p = provider(gce_fake)
-    assert p.ensure_worker_egress("run-u") is None
+    assert p.ensure_worker_egress("run-u") == "my-nat"
     (worker,) = p.provision(InstanceRequest("run-u", 1, V100))
     assert list(gce_fake.routers) == [("us-central1", "my-nat")]
     terminate_run(p, "run-u")
@@ -370,15 +372,22 @@ def test_a_nat_that_is_not_the_runs_is_used_refused_or_blocks_the_region(gce_fak
     del gce_fake.routers[("us-central1", "my-nat")]
     provider(gce_fake).cleanup_run("run-l")
 
-    provider(gce_fake).ensure_nat("run-a")  # another run's NAT in the region
-    policy = FailoverPolicy()
-    with pytest.raises(FailoverExhausted) as exhausted:
-        provision_with_failover(InstanceRequest("run-b", 1, V100), lambda t: provider(gce_fake), policy=policy)
-    assert exhausted.value.kind == "quota" and ("gcp", "us-central1") in policy.blocked_regions
-    assert "rubberband run run-a" in str(exhausted.value) and not gce_fake.instances
-    assert provider(gce_fake).cleanup_run("run-b") == [f"firewall/{firewall_name('run-b', 'deny')}",
-                                                       f"firewall/{firewall_name('run-b')}"]  # not run-a's NAT
-    assert provider(gce_fake).cleanup_run("run-a") == [f"router/{router_name('run-a')}"]
+    a, b = provider(gce_fake), provider(gce_fake)
+    a_workers = a.provision(InstanceRequest("run-a", 1, V100))
+    a.provision(InstanceRequest("run-a", 0, V100, extra_tags={TAG_ROLE: "head"}))
+    (b_head,) = b.provision(InstanceRequest("run-b", 0, V100, extra_tags={TAG_ROLE: "head"}))
+    b_workers = b.provision(InstanceRequest("run-b", 1, V100, count=2))
+    assert list(gce_fake.routers) == [("us-central1", router_name("run-a"))]  # run-b goes out through run-a's
+    assert b.ensure_worker_egress("run-b") == router_name("run-a")
+    a.terminate([i.id for i in a_workers])
+    assert terminate_run(a, "run-a") and list(gce_fake.routers) == [("us-central1", router_name("run-a"))]
+    assert a.leftover_runs() == ["run-a"] and cleanup_leftovers(a) == []  # kept: run-b's workers use it
+    b.terminate([i.id for i in b_workers])  # run-b's workers are gone; its head (own address) needs no NAT
+    assert cleanup_leftovers(a) == [f"router/{router_name('run-a')}"] and not gce_fake.routers
+    b.provision(InstanceRequest("run-b", 2, V100))  # a later stage of run-b: a NAT of its own, made afresh
+    assert list(gce_fake.routers) == [("us-central1", router_name("run-b"))]
+    assert f"router/{router_name('run-b')}" in terminate_run_detailed(b, "run-b").resources
+    assert not gce_fake.routers and not gce_fake.instances and b_head.id
 
     gce_fake.add_router("us-central1", router_name("run-c"), description="my own router")  # a look-alike, no NAT
     with pytest.raises(CloudError, match="rubberband did not create it") as info:
@@ -399,3 +408,25 @@ def test_a_run_that_failed_over_leaves_a_nat_in_no_region(gce_fake):
     assert sorted(gce_fake.routers) == [("us-central1", "rubberband-run-f-nat"), ("us-east1", "rubberband-run-f-nat")]
     assert central.leftover_runs() == ["run-f"]  # no VM: a leftover
     assert sorted(cleanup_leftovers(central)) == ["router/rubberband-run-f-nat"] * 2 and not gce_fake.routers
+
+
+def test_two_runs_making_their_nat_at_once_end_up_sharing_one(gce_fake, monkeypatch):
+    """Run B lists the region before run A's NAT lands, then its insert is refused (no second NAT beside one of
+    every subnetwork): B looks again and goes out through A's."""
+    from rubberband.cloud.gcp import router_name
+
+    a, b = provider(gce_fake), provider(gce_fake)
+    real_list = b.routers.list
+    calls = []
+
+    def list_before_a(**kwargs):
+        found = list(real_list(**kwargs))
+        if not calls:
+            a.ensure_nat("run-a")  # lands between B's listing and B's insert
+        calls.append(1)
+        return found
+
+    monkeypatch.setattr(b.routers, "list", list_before_a)
+    assert b.ensure_nat("run-b") == router_name("run-a") and len(calls) == 2
+    assert list(gce_fake.routers) == [("us-central1", router_name("run-a"))]
+    gce_fake.rejected.clear()  # the refused insert is the point of this test
