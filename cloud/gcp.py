@@ -365,7 +365,7 @@ class GcpProvider:
         Normally the run's own (:func:`router_name`: one NAT of every subnetwork, addresses allocated by Google,
         marked with the run's ownership marker). Compute Engine allows no second NAT beside one that serves every
         subnetwork of a region and network, so one that is there already is used instead: another rubberband
-        run's (shared: its teardown keeps it while other runs' VMs are in the region, see :meth:`cleanup_run`) or
+        run's (shared: its teardown keeps it while other runs' private VMs are in the region, :meth:`cleanup_run`) or
         the user's own that serves every subnetwork; a user's NAT for chosen subnetworks is a fatal error (pass
         ``existing`` or ``public``). Two runs making theirs at once: the loser uses the winner's."""
         name = router_name(run_id)
