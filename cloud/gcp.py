@@ -12,12 +12,19 @@
   :data:`DENY_PRIORITY` denies every protocol from anywhere to the run's tag (it outranks the
   ``default`` network's own ``default-allow-internal`` / ``default-allow-ssh`` at 65534), and
   rules at :data:`ALLOW_PRIORITY` open TCP only between VMs carrying that tag, plus SSH from a
-  user-given CIDR to the head alone. Only the head gets an external address unless
-  ``worker_public_ip`` (workers then reach package indexes through it; no ingress is allowed
-  to them either way). :meth:`GcpProvider.cleanup_run` deletes the rules.
+  user-given CIDR to the head alone. :meth:`GcpProvider.cleanup_run` deletes the rules.
   Firewall rules carry no labels: the run's ownership marker ends their description
   (:func:`owner_marker`), and only rules carrying it are reused or deleted — never a rule matched by its
   name alone.
+* Egress (``worker_egress``, :data:`WORKER_EGRESS`): only the head gets an external address (the user's SSH).
+  Workers have none; by default (``nat``) the run makes its own Cloud Router with a Cloud NAT
+  (``rubberband-<run>-nat``, :meth:`GcpProvider.ensure_nat`) in the region and network before its first
+  worker, so their boot reaches package indexes, and deletes it with the run's other resources (one NAT per
+  region and network is all Compute Engine allows beside a NAT of every subnetwork: a run that finds another
+  run's uses that one, whose teardown keeps it while other runs' private VMs are in the region). Routers carry
+  no labels either: the same ownership marker ends their description. ``existing``: the network already gives
+  egress (the user's Cloud NAT or proxy), nothing is made; ``public``: workers get an ephemeral external address
+  (no rule lets anything in through it).
 * Operations are waited on with the ``*_unary`` calls and this provider's own
   ``ZoneOperationsClient`` / ``GlobalOperationsClient``: ``.result()`` on an extended
   operation would poll through an internal client built without our endpoint override.
@@ -109,6 +116,19 @@ def marked_run(description: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+def router_name(run_id: str) -> str:
+    """The Cloud Router (with its one Cloud NAT of the same name) rubberband makes for a run's private workers."""
+    return f"rubberband-{run_id}-nat"
+
+
+#: How a run's workers reach the internet (their boot installs packages): ``nat`` — no external address, the run's
+#: own Cloud NAT (the default); ``existing`` — no external address, the network already has egress (your Cloud NAT);
+#: ``public`` — an ephemeral external address each (the run's firewall still lets nothing in).
+WORKER_EGRESS = ("nat", "existing", "public")
+#: NAT source options that claim every subnetwork of a region and network: there may be no other NAT beside one.
+_ALL_SUBNETWORKS = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
+
+
 def head_tag(run_id: str) -> str:
     """The network tag only the run's head carries (SSH is opened to it alone)."""
     return f"rubberband-{run_id}-head"
@@ -127,7 +147,7 @@ class GcpProvider:
     def __init__(self, region: str, *, project: str | None = None, endpoint: str | None = None,
                  credentials: Credentials | None = None, network: str = "default", image: str | None = None,
                  ssh_cidr: str | None = None, service_account: str | None = None, disk_gb: int = 100,
-                 worker_public_ip: bool = True,
+                 worker_egress: str = "nat",
                  retry: RetryPolicy | None = None, poll_s: float = 5.0, version: str = __version__) -> None:
         if region not in GCP_REGIONS:
             raise InputError(f"GCP region {region!r} is unknown; use one of e.g. us-central1, us-east1, europe-west4")
@@ -145,6 +165,8 @@ class GcpProvider:
             project = project or os.environ.get(PROJECT_ENV) or default_project
         if not project:
             raise InputError("no GCP project: set RUBBERBAND_GCP_PROJECT or `gcloud config set project`")
+        if worker_egress not in WORKER_EGRESS:
+            raise InputError(f"--worker-egress {worker_egress!r}: use one of {', '.join(WORKER_EGRESS)}")
         self.region = region
         self.project = project
         self.endpoint = endpoint
@@ -153,7 +175,7 @@ class GcpProvider:
         self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
         self.service_account = service_account
         self.disk_gb = disk_gb
-        self.worker_public_ip = worker_public_ip
+        self.worker_egress = worker_egress
         self.retry = retry or RetryPolicy()
         self.poll_s = poll_s
         self.version = version
@@ -167,6 +189,8 @@ class GcpProvider:
         self.firewalls = compute_v1.FirewallsClient(**kwargs)
         self.global_operations = compute_v1.GlobalOperationsClient(**kwargs)
         self.disks = compute_v1.DisksClient(**kwargs)
+        self.routers = compute_v1.RoutersClient(**kwargs)
+        self.region_operations = compute_v1.RegionOperationsClient(**kwargs)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -229,6 +253,21 @@ class GcpProvider:
                 raise CloudError(f"gcp: operation {op.name} not done after {timeout_s:g}s", kind="transient",
                                  code="WaitTimeout", region=self.region)
             op = self._call(lambda: self.global_operations.wait(project=self.project, operation=op.name))
+        error = self._operation_error(op, zone=None, instance_type=None, spot=False)
+        if error is not None:
+            raise error
+        return op
+
+    def _wait_region_op(self, op: compute_v1.Operation, region: str, timeout_s: float = 300.0
+                        ) -> compute_v1.Operation:
+        """Wait until a region operation (routers) is DONE; raise its error, or a timeout, if any."""
+        deadline = time.monotonic() + timeout_s
+        while op.status != compute_v1.Operation.Status.DONE:
+            if time.monotonic() >= deadline:
+                raise CloudError(f"gcp: operation {op.name} in {region} not done after {timeout_s:g}s",
+                                 kind="transient", code="WaitTimeout", region=region)
+            op = self._call(lambda: self.region_operations.wait(project=self.project, region=region,
+                                                                operation=op.name))
         error = self._operation_error(op, zone=None, instance_type=None, spot=False)
         if error is not None:
             raise error
@@ -306,6 +345,91 @@ class GcpProvider:
                     found.append((scope.rsplit("/", 1)[-1], disk))
         return found
 
+    # -- egress: the run's Cloud NAT ---------------------------------------------------------
+
+    def _on_network(self, network: str) -> bool:
+        """Whether a router's ``network`` (a full or partial URL) is this provider's network."""
+        return network.rstrip("/") == f"global/networks/{self.network}" or \
+            network.rstrip("/").endswith(f"/global/networks/{self.network}")
+
+    def ensure_worker_egress(self, run_id: str) -> str | None:
+        """What the run's workers need to reach the internet in this region (``worker_egress``): with ``nat`` a
+        Cloud NAT (:meth:`ensure_nat`, whose router's name is returned); otherwise nothing (None)."""
+        return self.ensure_nat(run_id) if self.worker_egress == "nat" else None
+
+    def ensure_nat(self, run_id: str) -> str:
+        """A Cloud NAT for the run's workers, which have no external address, in this region and network; returns
+        the name of the router that holds it. Looked up afresh on every call (before each provisioning), so a NAT
+        that went in between is made again before the next worker boots.
+
+        Normally the run's own (:func:`router_name`: one NAT of every subnetwork, addresses allocated by Google,
+        marked with the run's ownership marker). Compute Engine allows no second NAT beside one that serves every
+        subnetwork of a region and network, so one that is there already is used instead: another rubberband
+        run's (shared: its teardown keeps it while other runs' private VMs are in the region, :meth:`cleanup_run`) or
+        the user's own that serves every subnetwork; a user's NAT for chosen subnetworks is a fatal error (pass
+        ``existing`` or ``public``). Two runs making theirs at once: the loser uses the winner's."""
+        name = router_name(run_id)
+        for attempt in range(2):
+            routers = self._call(lambda: list(self.routers.list(project=self.project, region=self.region)))
+            if any(r.name == name and marked_run(r.description) == run_id for r in routers):
+                return name
+            others = [r for r in routers if r.name != name and self._on_network(r.network) and list(r.nats)]
+            if others:
+                return self._foreign_nat(others[0])
+            try:
+                self._create_router(name, run_id)
+                return name
+            except CloudError as exc:  # another NAT may have come in between (two runs starting at once): look again
+                if attempt == 1 or exc.kind != "fatal" or exc.code == "alreadyExists":
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _foreign_nat(self, router: compute_v1.Router) -> str:
+        """The NAT that is not the run's (see :meth:`ensure_nat`) if its workers can use it; else say why not."""
+        if marked_run(router.description) is not None or \
+                any(n.source_subnetwork_ip_ranges_to_nat in _ALL_SUBNETWORKS for n in router.nats):
+            return router.name  # another run's NAT, or the user's of every subnetwork: the egress is there
+        raise CloudError(f"gcp: network {self.network} in {self.region} has a Cloud NAT for chosen subnetworks "
+                         f"(router {router.name}) and no room for the run's own: pass --worker-egress existing if it "
+                         f"serves the workers' subnetwork, else --worker-egress public", kind="fatal", code="NatInUse",
+                         region=self.region)
+
+    def _create_router(self, name: str, run_id: str) -> None:
+        router = compute_v1.Router(
+            name=name, network=f"global/networks/{self.network}",
+            description=f"rubberband run {run_id}: outbound internet for its workers, which have no external "
+                        f"address {owner_marker(run_id)}",
+            nats=[compute_v1.RouterNat(name=name, source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
+                                       nat_ip_allocate_option="AUTO_ONLY")])
+        insert = compute_v1.InsertRouterRequest(project=self.project, region=self.region, router_resource=router,
+                                                request_id=str(uuid.uuid4()))
+        try:
+            op = self._call(lambda: self.routers.insert_unary(request=insert))
+            self._wait_region_op(op, self.region)
+        except CloudError as exc:  # made in between by another process of the run, or a look-alike of the user's
+            if exc.code != "alreadyExists" and "already exists" not in exc.message:
+                raise
+            found = self._call(lambda: self.routers.get(project=self.project, region=self.region, router=name))
+            if marked_run(found.description) != run_id:
+                raise CloudError(f"gcp: a Cloud Router named {name} exists in {self.region} but rubberband did not "
+                                 f"create it for run {run_id} (no {owner_marker(run_id)} in its description); "
+                                 f"rename or delete it, or use another run id", kind="fatal", code="alreadyExists",
+                                 region=self.region) from None
+
+    def _regions_of_other_runs(self, run_id: str) -> set[str]:
+        """Regions where a rubberband VM of another run without an external address is alive: a NAT there may be
+        its egress (a head, with its own address, needs none; its workers find a NAT afresh, :meth:`ensure_nat`)."""
+        return {inst.zone.rsplit("-", 1)[0] for inst in self.list()
+                if inst.run_id != run_id and inst.alive and not inst.public_address}
+
+    def _owned_routers(self) -> list[tuple[str, compute_v1.Router]]:
+        """(region, router) of every Cloud Router of the project carrying a run's ownership marker (never matched
+        by name), in any region: a run that failed over made one in each region it put workers in."""
+        pager = self._call(lambda: list(self.routers.aggregated_list(
+            request=compute_v1.AggregatedListRoutersRequest(project=self.project))))
+        return [(scope.rsplit("/", 1)[-1], router) for scope, scoped in pager for router in scoped.routers
+                if marked_run(router.description) is not None]
+
     # -- Provider ---------------------------------------------------------------------------
 
     def instance_resource(self, request: InstanceRequest, name: str, zone: str) -> compute_v1.Instance:
@@ -347,7 +471,7 @@ class GcpProvider:
             network_interfaces=[compute_v1.NetworkInterface(  # an external address: the head's SSH (see above)
                 network=f"global/networks/{self.network}",
                 access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
-                if is_head or self.worker_public_ip else [])])
+                if is_head or self.worker_egress == "public" else [])])
         if self.service_account:
             resource.service_accounts = [compute_v1.ServiceAccount(
                 email=self.service_account, scopes=["https://www.googleapis.com/auth/cloud-platform"])]
@@ -365,6 +489,8 @@ class GcpProvider:
         """Insert ``count`` VMs (all or nothing: if one fails, the others are deleted)."""
         zone = self._check_request(request)
         self.ensure_firewall(request.run_id)
+        if request.extra_tags.get(TAG_ROLE) != "head":
+            self.ensure_worker_egress(request.run_id)  # before the first worker: its boot installs packages
         name_of = request.instance_type.name
         names: list[str] = []
         operations: list[compute_v1.Operation] = []
@@ -575,8 +701,10 @@ class GcpProvider:
     # -- run-level resources ------------------------------------------------------------------
 
     def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
-        """Delete the run's firewall rules (those carrying its ownership marker, :func:`owner_marker`) and its
-        detached disks (by its exact labels); return what was deleted."""
+        """Delete the run's firewall rules and Cloud Routers (those carrying its ownership marker,
+        :func:`owner_marker`; routers in every region) and its detached disks (by its exact labels); return what was
+        deleted. A router stays while a private VM of another run is alive in its region (that run's workers may go
+        out through its NAT, :meth:`ensure_nat`); the orphan sweep deletes it once none is."""
         deleted = []
         for rule in self._owned_firewalls():
             if marked_run(rule.description) != run_id:
@@ -592,6 +720,21 @@ class GcpProvider:
             self._wait_global_op(op, timeout_s)
             self._firewalls.discard(rule.name)
             deleted.append(f"firewall/{rule.name}")
+        routers = [(region, r) for region, r in self._owned_routers() if marked_run(r.description) == run_id]
+        served = self._regions_of_other_runs(run_id) if routers else set()
+        for region, router in routers:
+            if region in served:
+                continue  # other runs' workers go out through it: kept until the last of them is gone (the sweep)
+            delete_router = compute_v1.DeleteRouterRequest(project=self.project, region=region, router=router.name,
+                                                           request_id=str(uuid.uuid4()))
+            try:
+                op = self._call(lambda: self.routers.delete_unary(request=delete_router))
+            except CloudError as exc:
+                if exc.code != "notFound":
+                    raise
+                continue
+            self._wait_region_op(op, region, timeout_s)
+            deleted.append(f"router/{router.name}")
         for zone, disk in self._disks(run_id):
             delete_disk = compute_v1.DeleteDiskRequest(project=self.project, zone=zone, disk=disk.name,
                                                        request_id=str(uuid.uuid4()))
@@ -606,8 +749,8 @@ class GcpProvider:
         return deleted
 
     def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> list[str]:
-        """Runs whose firewall rules or detached disks outlived their VMs, created at least ``older_than_s`` ago;
-        found by ownership marker and labels, never by a name pattern."""
+        """Runs whose firewall rules, Cloud Routers or detached disks outlived their VMs, created at least
+        ``older_than_s`` ago; found by ownership marker and labels, never by a name pattern."""
         now = time.time() if now is None else now
 
         def old(created: str) -> bool:
@@ -615,6 +758,7 @@ class GcpProvider:
                 >= older_than_s
 
         runs = {marked_run(r.description) for r in self._owned_firewalls() if old(r.creation_timestamp)}
+        runs |= {marked_run(r.description) for _, r in self._owned_routers() if old(r.creation_timestamp)}
         runs |= {dict(d.labels).get(TAG_RUN_ID) for _, d in self._disks() if old(d.creation_timestamp)}
         runs.discard(None)
         runs.discard("")

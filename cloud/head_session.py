@@ -17,8 +17,8 @@
 3. :meth:`HeadSession.stream` tails the job's logs (the executor's progress) until the job ends;
    the user may detach at any time, the run goes on;
 4. :meth:`HeadSession.fetch` brings the run directory back (a ``pack`` job), and :func:`end_run`
-   terminates the head, any worker and the run's security group / firewall rules at once instead
-   of waiting for the watchdog's grace.
+   terminates the head, any worker and the run's security group / firewall rules (and, on GCP, the
+   Cloud NAT its private workers go out through) at once instead of waiting for the watchdog's grace.
 
 Nothing here holds a credential: the job's entrypoint and runtime_env name only the run, the
 cloud, the region and the head; the head acts with its instance role / service account.
@@ -73,7 +73,8 @@ class HeadOptions:
     boot_timeout_s: float = 1200.0  # instance start + runtime install + Ray head
     instance_profile: str | None = None  # AWS: the head's instance profile (None: one is created for the run)
     service_account: str | None = None  # GCP: the head's service account (required)
-    private_workers: bool = False  # GCP: workers without an external address (the network needs Cloud NAT)
+    #: GCP: how workers reach the internet (cloud/gcp.py WORKER_EGRESS: nat, existing, public); None: ``nat``
+    worker_egress: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class HeadRecord:
     ssh_key: str | None = None
     identity: str | None = None  # the head's instance profile name / service account email
     identity_created: bool = False  # rubberband created it for this run (deleted when the run ends)
-    private_workers: bool = False  # GCP: the head's executor starts workers without an external address
+    worker_egress: str = "nat"  # GCP: how the head's executor gives workers egress (cloud/gcp.py WORKER_EGRESS)
 
     @property
     def cloud_run_id(self) -> str:
@@ -109,7 +110,10 @@ class HeadRecord:
     def read(cls, run_dir: Path) -> "HeadRecord":
         path = run_dir / HEAD_RECORD
         try:
-            return cls(**json.loads(path.read_text()))
+            data = json.loads(path.read_text())
+            if "private_workers" in data:  # written before --worker-egress: private workers then meant your own NAT
+                data.setdefault("worker_egress", "existing" if data.pop("private_workers") else "public")
+            return cls(**data)
         except FileNotFoundError:
             raise RunDirError(f"{run_dir} has no {HEAD_RECORD}: it is not a run started in head mode "
                               f"(pass the --run-dir of `rubberband run --cloud aws|gcp`)") from None
@@ -130,6 +134,8 @@ def _provider(cloud: str, region: str, options: HeadOptions | None = None, ident
         kwargs["ssh_cidr"] = options.ssh_cidr
     if options is not None and options.key_name and cloud == "aws":
         kwargs["key_name"] = options.key_name
+    if options is not None and options.worker_egress and cloud == "gcp":
+        kwargs["worker_egress"] = options.worker_egress
     return make_provider(cloud, region, **kwargs)
 
 
@@ -141,9 +147,15 @@ def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> No
     from rubberband.cloud.bootstrap import check_ssh_cidr
 
     from_options(cloud, options.instance_profile, options.service_account)
-    if options.private_workers and cloud != "gcp":
-        raise InputError("--private-workers is for --cloud gcp (on AWS the run's security group already admits only "
-                         "the run's own nodes); drop it")
+    if options.worker_egress is not None:
+        if cloud != "gcp":
+            raise InputError("--worker-egress is for --cloud gcp (AWS workers keep their public address; the run's "
+                             "security group admits only the run's own nodes); drop it")
+        from rubberband.cloud.gcp import WORKER_EGRESS
+
+        if options.worker_egress not in WORKER_EGRESS:
+            raise InputError(f"--worker-egress {options.worker_egress!r}: use nat (the run's own Cloud NAT), "
+                             f"existing (your network's egress) or public (workers get an external address)")
     if options.ssh_cidr:
         check_ssh_cidr(options.ssh_cidr)  # before anything is created
     if test_boot:
@@ -176,6 +188,8 @@ def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metr
         identity = head_identity(cloud, crid, region, instance_profile=options.instance_profile,
                                  service_account=options.service_account)
         provider = _provider(cloud, region, options, identity=identity.name)
+        if cloud == "gcp":  # the workers' Cloud NAT first: a network that has no room for it fails the run now
+            provider.ensure_worker_egress(crid)
         head = launch_with_new_identity(lambda: provision_head(
             provider, crid, region, zones, settings=options.watchdog, timeout_s=options.boot_timeout_s),
             new=identity.created)
@@ -184,7 +198,7 @@ def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metr
                             regions=list(dict.fromkeys([region, *(s.region for s in plan.stages)])), metric=metric,
                             ssh_user=options.ssh_user, ssh_key=str(options.ssh_key) if options.ssh_key else None,
                             identity=identity.name, identity_created=identity.created,
-                            private_workers=options.private_workers)
+                            worker_egress=options.worker_egress or "nat")
         record.write(run_dir)
         if test_boot:
             from rubberband.cloud.testboot import play_head
@@ -285,8 +299,8 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
         words += ["--overrun-s", f"{overrun_s:g}"]
     if on_late != "finish":
         words += ["--on-late", on_late]
-    if record.private_workers:
-        words += ["--private-workers"]
+    if record.cloud == "gcp" and record.worker_egress != "nat":
+        words += ["--worker-egress", record.worker_egress]
     import shlex
 
     return " ".join(shlex.quote(w) for w in words)

@@ -61,19 +61,21 @@ GCP_HEAD_PERMISSIONS = (
     "compute.instances.setScheduling", "compute.disks.create", "compute.disks.setLabels", "compute.disks.list",
     "compute.disks.delete", "compute.subnetworks.use", "compute.subnetworks.useExternalIp",
     "compute.networks.updatePolicy", "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.get",
-    "compute.firewalls.list", "compute.zoneOperations.get", "compute.zoneOperations.list",
-    "compute.globalOperations.get", "compute.images.useReadOnly")
+    "compute.firewalls.list", "compute.routers.create", "compute.routers.delete", "compute.routers.get",
+    "compute.routers.list", "compute.zoneOperations.get", "compute.zoneOperations.list",
+    "compute.globalOperations.get", "compute.regionOperations.get", "compute.images.useReadOnly")
 #: What the CLI needs on GCP besides the head's permissions: attach the head's service account to the head
 #: (plus ``iam.serviceAccounts.actAs`` on that account, checked on the account itself).
 GCP_CLI_PERMISSIONS = (*GCP_HEAD_PERMISSIONS, "compute.instances.setServiceAccount")
-#: Name prefixes of what rubberband creates on GCP (VMs and their boot disks ``rb-<run>-...``, firewall rules
-#: ``rubberband-<run>-...``): the head's role binding is conditioned on them (:data:`GCP_HEAD_CONDITION`).
+#: Name prefixes of what rubberband creates on GCP (VMs and their boot disks ``rb-<run>-...``, firewall rules and
+#: the Cloud Router of the workers' NAT ``rubberband-<run>-...``): the head's role binding is conditioned on them
+#: (:data:`GCP_HEAD_CONDITION`).
 GCP_NAME_PREFIXES = {"Instance": ("instances", "rb-"), "Disk": ("disks", "rb-"),
-                     "Firewall": ("firewalls", "rubberband-")}
+                     "Firewall": ("firewalls", "rubberband-"), "Router": ("routers", "rubberband-")}
 
 
 def gcp_head_condition() -> str:
-    """The IAM condition (CEL) of the head's role binding: instances, disks and firewall rules only with
+    """The IAM condition (CEL) of the head's role binding: instances, disks, firewall rules and routers only with
     rubberband's name prefixes; other resource types (operations, subnetworks, images, the network) are not
     narrowed by it. One service account serves every run, so the condition cannot name a run: per-run isolation
     comes from the labels and the ownership marker, which teardown matches exactly."""

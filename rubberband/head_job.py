@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     code = 1
     try:
         spec, plan, profile = _load_inputs(Path.cwd() / STAGE_DIR)
-        pool = ProviderPool({"gcp": {"worker_public_ip": False}} if args.private_workers else None)
+        pool = ProviderPool({"gcp": {"worker_egress": args.worker_egress}})
         (head,) = pool(args.cloud, args.region).wait([args.head_id], 120.0)
         test_boot = boot_mode()
         from rubberband.cloud.ray_token import FileTokenPush, SshTokenPush
@@ -154,8 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--on-late", choices=("finish", "stop"), default="finish",
                    help="at a boundary where no plan meets the deadline: finish late, or stop with the best so far")
     r.add_argument("--trial-runtime", default="rubberband.executor.trials")
-    r.add_argument("--private-workers", action="store_true",
-                   help="GCP: start workers without an external address (the network needs Cloud NAT)")
+    r.add_argument("--worker-egress", choices=("nat", "existing", "public"), default="nat",
+                   help="GCP: workers without an external address behind the run's own Cloud NAT (nat), behind the "
+                        "network's own egress (existing), or with an external address (public); cloud/gcp.py")
     r.add_argument("--head-grace", type=float, default=WatchdogSettings().done_grace_s,
                    help="the watchdog's results grace: the head is billed this long after the run ends")
     p = sub.add_parser("pack", help="print the run directory as base64 tar.gz")

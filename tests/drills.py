@@ -3,8 +3,8 @@ errors into 5 % of calls, then run ``down --all-orphans`` and count what is left
 (the whole matrix, a printed table) and ``tests/test_cloud_drills.py`` (a subset).
 
 **The run** is played by rubberband's own code, each role in a thread of its own, against the moto server or the GCE
-fake: the CLI starts the head (``head_session.start_head``: the head's role, the run's group / firewall rules, the
-head instance, ``head.json``); the executor on the head runs two stages (``backend.CloudBackend.provision`` with
+fake: the CLI starts the head (``head_session.start_head``: the head's role, the run's group / firewall rules and,
+on GCP, the Cloud NAT of its private workers, the head instance, ``head.json``); the executor on the head runs two stages (``backend.CloudBackend.provision`` with
 failover, the run's heartbeat on the head, the stage's workers released at its end); the CLI ends the run
 (``head_session.end_run``), or, when the CLI is gone, the head's watchdog does (``head.self_terminate``). Ray is not
 started: a worker's join is taken as done (the played boots of tests/test_cloud_headmode.py cover that path).
@@ -23,7 +23,8 @@ backendError``, half of them after the call took effect). A role that then fails
 exception (its ``finally`` blocks run) and the drill goes on as for a dead role.
 
 **The count**: everything the cloud holds beyond what was there when the drill began — instances not terminated,
-security groups / firewall rules, disks / volumes, IAM roles and instance profiles, secrets — before and after
+security groups / firewall rules, disks / volumes, IAM roles and instance profiles, secrets, Cloud Routers (GCP: the
+workers' NAT) — before and after
 ``down --all-orphans --older-than 1h`` run two hours later (an injected clock; the sweep sees the same error
 rate). What was there before must still be there after: the user's own look-alike resources (rubberband's name
 shapes, no tag) and a live run whose heartbeat is fresh.
@@ -48,7 +49,7 @@ REGIONS = {"aws": "us-east-1", "gcp": "us-central1"}
 TYPES = {"aws": "g4dn.xlarge", "gcp": "n1-standard-8+V100x1"}
 SERVICE_ACCOUNT = "head@rubberband-test.iam.gserviceaccount.com"
 KEY_NAME = "rb-drill"
-CATEGORIES = ("instances", "groups/rules", "disks", "identities", "secrets")
+CATEGORIES = ("instances", "groups/rules", "disks", "identities", "secrets", "routers")
 #: (role, phase) a kill can hit. "head" kills the executor at that call and the watchdog with it (the machine).
 PHASES = (("cli", "start"), ("executor", "stage-0"), ("executor", "stage-1"), ("head", "stage-0"),
           ("head", "stage-1"), ("cli", "teardown"), ("watchdog", "teardown"))
@@ -244,7 +245,7 @@ class World:
                 return {"instances": {n for (_, n), i in fake.instances.items() if i["status"] != "TERMINATED"}
                         | {f"stopped:{n}" for (_, n), i in fake.instances.items() if i["status"] == "TERMINATED"},
                         "groups/rules": set(fake.firewalls), "disks": {n for _, n in fake.disks},
-                        "identities": set(), "secrets": set()}
+                        "identities": set(), "secrets": set(), "routers": {f"{r}/{n}" for r, n in fake.routers}}
         import boto3
 
         ec2 = boto3.client("ec2", region_name=self.region)
@@ -258,7 +259,7 @@ class World:
         secrets = {s["Name"] for s in boto3.client("secretsmanager", region_name=self.region).list_secrets()[
             "SecretList"]}
         return {"instances": instances, "groups/rules": groups, "disks": volumes, "identities": identities,
-                "secrets": secrets}
+                "secrets": secrets, "routers": set()}
 
     def left(self) -> Counter:
         now = self.inventory()
@@ -283,6 +284,12 @@ class World:
                 "name": "rubberband-mine-internal", "description": "the user's own", "network": "global/networks/default",
                 "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}], "creationTimestamp": "2020-01-01T00:00:00.000+00:00"}
             fake.add_disk("us-central1-a", "rb-mine-0-aaaaaa")
+            # a router named as rubberband names a run's NAT (no marker, no NAT: the runs' own NATs still fit beside
+            # it), and the user's NAT of another region
+            fake.add_router("us-central1", "rubberband-mine-nat", description="the user's own")
+            fake.add_router("us-east1", "rubberband-mine-east-nat", description="the user's own", nats=[{
+                "name": "nat", "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+                "natIpAllocateOption": "AUTO_ONLY"}])
         else:
             import boto3
 

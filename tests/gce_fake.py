@@ -2,7 +2,8 @@
 
 Serves what rubberband's GcpProvider calls: instances insert / get / list / aggregatedList /
 delete / setLabels, zoneOperations get / wait / list (``operationType`` / ``targetLink`` filters),
-firewalls insert / get / list / delete and globalOperations get / wait. State lives in memory;
+firewalls insert / get / list / delete and globalOperations get / wait, routers (the workers' Cloud NAT)
+insert / get / list / aggregatedList / delete and regionOperations get / wait. State lives in memory;
 faults are plain attributes the test sets (the server runs in a thread of the test process, so a
 CLI subprocess pointed at it with ``RUBBERBAND_GCE_ENDPOINT`` sees them too):
 
@@ -35,7 +36,11 @@ Where rubberband's client depends on it, the fake is as strict as the real API:
 * ``scheduling``: ``maxRunDuration`` must be a Duration (``{"seconds": "N"}``, 30 s to 120 days) and
   needs ``instanceTerminationAction`` (DELETE or STOP), which in turn is accepted only with a
   ``maxRunDuration`` / ``terminationTime`` or the SPOT model;
-* firewall rules: a priority in 0..65535, ``allowed`` or ``denied`` (not both), source ranges that are networks.
+* firewall rules: a priority in 0..65535, ``allowed`` or ``denied`` (not both), source ranges that are networks;
+* routers: a name and a network reference (full or partial URL of this project), a body region that is the
+  request's, NAT sections with their source and allocation options (no addresses with AUTO_ONLY, some with
+  MANUAL_ONLY, subnetworks with LIST_OF_SUBNETWORKS), and no NAT beside one that serves every subnetwork of the
+  region and network (as the API documents); an operation is found only in its own scope (zone, region, global).
 
 :meth:`GceFake.ingress_allowed` evaluates the stored rules plus the ``default`` network's own
 (:data:`DEFAULT_NETWORK_RULES`) as the VPC does — lowest priority number first, a deny winning a tie,
@@ -84,6 +89,13 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_PREFIX + r"/aggregated/disks$"), "disk_aggregated"),
     ("DELETE", re.compile(_PREFIX + r"/zones/(?P<zone>[^/]+)/disks/(?P<name>[^/]+)$"), "disk_delete"),
     ("GET", re.compile(_PREFIX + r"/global/operations/(?P<op>[^/]+)$"), "op_get"),
+    ("POST", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/routers$"), "router_insert"),
+    ("GET", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/routers$"), "router_list"),
+    ("GET", re.compile(_PREFIX + r"/aggregated/routers$"), "router_aggregated"),
+    ("GET", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/routers/(?P<name>[^/]+)$"), "router_get"),
+    ("DELETE", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/routers/(?P<name>[^/]+)$"), "router_delete"),
+    ("GET", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/operations/(?P<op>[^/]+)$"), "op_get"),
+    ("POST", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/operations/(?P<op>[^/]+)/wait$"), "op_wait"),
     ("POST", re.compile(_PREFIX + r"/global/operations/(?P<op>[^/]+)/wait$"), "op_wait"),
     # IAM and Resource Manager (the dry run's service-account checks)
     ("GET", re.compile(r"/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<email>[^/:]+)$"), "sa_get"),
@@ -123,6 +135,16 @@ _SCHEMA: dict[str, dict[str, object]] = {
                                    "creationTimestamp", "selfLink")} | {
         "allowed": "rule", "denied": "rule"},
     "rule": {"IPProtocol": None, "ports": None},
+    "router": {k: None for k in ("name", "description", "region", "network", "interfaces", "bgpPeers", "bgp",
+                                 "encryptedInterconnectRouter", "md5AuthenticationKeys", "id", "kind",
+                                 "creationTimestamp", "selfLink")} | {"nats": "nat"},
+    "nat": {k: None for k in ("name", "type", "sourceSubnetworkIpRangesToNat", "natIpAllocateOption", "natIps",
+                              "drainNatIps", "minPortsPerVm", "maxPortsPerVm", "enableDynamicPortAllocation",
+                              "enableEndpointIndependentMapping", "endpointTypes", "autoNetworkTier",
+                              "udpIdleTimeoutSec", "icmpIdleTimeoutSec", "tcpEstablishedIdleTimeoutSec",
+                              "tcpTransitoryIdleTimeoutSec", "tcpTimeWaitTimeoutSec", "logConfig", "rules")} | {
+        "subnetworks": "natSubnet"},
+    "natSubnet": {"name": None, "sourceIpRangesToNat": None, "secondaryIpRangeNames": None},
     "setLabels": {"labels": None, "labelFingerprint": None},
 }
 #: (field, why) the real API insists on, per body.
@@ -133,11 +155,26 @@ _REQUIRED = {
                  ("networkInterfaces", "Invalid value for field 'resource.networkInterfaces': ''. At least one "
                                        "network interface is required.")],
     "firewall": [("name", "Required field 'resource.name' not specified")],
+    "router": [("name", "Required field 'resource.name' not specified"),
+               ("network", "Invalid value for field 'resource.network': ''. The network of a router must be "
+                           "specified.")],
+    "nat": [("name", "Required field 'resource.nats[0].name' not specified"),
+            ("sourceSubnetworkIpRangesToNat", "Invalid value for field 'resource.nats[0].sourceSubnetworkIpRangesToNat'"
+                                              ": ''. Required field not specified"),
+            ("natIpAllocateOption", "Invalid value for field 'resource.nats[0].natIpAllocateOption': ''. Required "
+                                    "field not specified")],
     "setLabels": [("labelFingerprint", "Required field 'labelFingerprint' not specified")],
 }
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _LABEL_TERM = re.compile(r'labels\.([a-z0-9_-]+)\s*=\s*"([^"]*)"')
 _PERMISSION = re.compile(r"^(compute|iam|resourcemanager)\.[a-zA-Z]+\.[a-zA-Z]+$")
+#: A resource name (RFC 1035, at most 63 characters), a region name, and a network reference as the API takes it:
+#: a full URL, ``projects/P/global/networks/N`` or ``global/networks/N``.
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_NETWORK = re.compile(r"^(?:https://[^/]+/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/"
+                      r"(?P<name>[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$")
+_NAT_SOURCES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES", "LIST_OF_SUBNETWORKS")
 _OP_TERM = re.compile(r'(operationType|targetLink|status)\s*=\s*"([^"]*)"')
 
 
@@ -192,6 +229,7 @@ class GceFake:
         self.instances: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> instance JSON
         self.firewalls: dict[str, dict[str, Any]] = {}
         self.disks: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> disk JSON (boot disks of VMs)
+        self.routers: dict[tuple[str, str], dict[str, Any]] = {}  # (region, name) -> Cloud Router JSON
         self.operations: dict[str, dict[str, Any]] = {}
         self.stockout_zones: set[str] = set()
         self.stockout_sync = False  # answer stockouts as HTTP 503 on the insert itself (words only)
@@ -372,7 +410,7 @@ class GceFake:
 
     def _operation(self, project: str, kind: str, target: str, zone: str | None, *,
                    error: dict[str, Any] | None = None, http_status: int | None = None,
-                   effect: Any = None) -> dict[str, Any]:
+                   effect: Any = None, region: str | None = None) -> dict[str, Any]:
         """A new operation; ``effect`` (a callable) lands when it is DONE, ``error`` shows only then."""
         name = f"operation-{uuid.uuid4().hex[:12]}"
         now = time.monotonic()
@@ -384,6 +422,9 @@ class GceFake:
         if zone:
             op["zone"] = f"{self.url}/compute/v1/projects/{project}/zones/{zone}"
             op["selfLink"] = f"{op['zone']}/operations/{name}"
+        elif region:
+            op["region"] = f"{self.url}/compute/v1/projects/{project}/regions/{region}"
+            op["selfLink"] = f"{op['region']}/operations/{name}"
         else:
             op["selfLink"] = f"{self.url}/compute/v1/projects/{project}/global/operations/{name}"
         self.operations[name] = op
@@ -391,8 +432,9 @@ class GceFake:
             self._finish(op)
         return _public(op)
 
-    def _op_get(self, project: str, op: str, query: dict, body: dict, zone: str | None = None) -> dict:
-        found = self.operations.get(op)
+    def _op_get(self, project: str, op: str, query: dict, body: dict, zone: str | None = None,
+                region: str | None = None) -> dict:
+        found = self._scoped_op(op, zone, region)
         if found is None:
             raise HttpError(404, f"The resource 'operations/{op}' was not found", "notFound")
         if found["status"] != "DONE":
@@ -401,6 +443,18 @@ class GceFake:
             self._tick()
         return _public(found)
 
+    def _scoped_op(self, op: str, zone: str | None, region: str | None) -> dict[str, Any] | None:
+        """The operation, looked up where the caller asked: a zone's, a region's or a global one is found only in
+        its own collection (as on Compute Engine, where asking the wrong one answers 404)."""
+        found = self.operations.get(op)
+        if found is None:
+            return None
+        scope = (f"/zones/{zone}" if zone else None, f"/regions/{region}" if region else None)
+        if not (found.get("zone", "").endswith(scope[0]) if zone else "zone" not in found) or \
+                not (found.get("region", "").endswith(scope[1]) if region else "region" not in found):
+            return None
+        return found
+
     def _op_list(self, project: str, zone: str, query: dict, body: dict) -> dict:
         terms = _OP_TERM.findall(query.get("filter", ""))
         items = [_public(op) for op in self.operations.values() if op.get("zone", "").endswith(f"/zones/{zone}")
@@ -408,11 +462,12 @@ class GceFake:
         page, more = self._page(items, query)
         return {"kind": "compute#operationList", "items": page, **more}
 
-    def _op_wait(self, project: str, op: str, query: dict, body: dict, zone: str | None = None) -> dict:
+    def _op_wait(self, project: str, op: str, query: dict, body: dict, zone: str | None = None,
+                 region: str | None = None) -> dict:
         if self.wait_errors > 0:
             self.wait_errors -= 1
             raise HttpError(503, "Internal error. Please try again.", "backendError")
-        found = self.operations.get(op)
+        found = self._scoped_op(op, zone, region)
         if found is None:
             raise HttpError(404, f"The resource 'operations/{op}' was not found", "notFound")
         if found["status"] != "DONE":  # waited until due (or the cap): done unless reads are still owed
@@ -646,6 +701,115 @@ class GceFake:
     def _fw_delete(self, project: str, name: str, query: dict, body: dict) -> dict:
         self._fw_get(project, name, query, body)
         return self._operation(project, "delete", name, None, effect=lambda: self.firewalls.pop(name, None))
+
+    # -- Cloud Routers (and their NATs) ------------------------------------------------------------------
+
+    def _check_region(self, project: str, region: str) -> None:
+        if not _REGION.match(region):
+            raise HttpError(400, f"Invalid value for field 'region': '{region}'. Unknown region.", "invalid")
+
+    def _router_insert(self, project: str, region: str, query: dict, body: dict) -> dict:
+        """routers.insert as strict as the real API: known fields only, a name and a network reference, a region in
+        the body (if any) naming the path's, and NAT sections that make sense — a source option and an allocation
+        option each, no addresses with AUTO_ONLY, addresses with MANUAL_ONLY, subnetworks with LIST_OF_SUBNETWORKS —
+        and no NAT beside one serving every subnetwork of the region and network."""
+        self._check_region(project, region)
+        self._validate(body, "router")
+        name = body["name"]
+        if not _NAME.match(name):
+            raise HttpError(400, f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex "
+                                 f"'(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'", "invalid")
+        if body.get("region") and str(body["region"]).rsplit("/", 1)[-1] != region:
+            raise HttpError(400, f"Invalid value for field 'resource.region': '{body['region']}'. The region of the "
+                                 f"router must be the region of the request ({region}).", "invalid")
+        network = _NETWORK.match(str(body["network"]))
+        if network is None or (network["project"] and network["project"] != project):
+            raise HttpError(400, f"Invalid value for field 'resource.network': '{body['network']}'. The URL is "
+                                 f"malformed.", "invalid")
+        for index, nat in enumerate(body.get("nats") or []):
+            for field_name, message in _REQUIRED["nat"]:
+                if not nat.get(field_name):
+                    raise HttpError(400, message.replace("nats[0]", f"nats[{index}]"), "required")
+            if not _NAME.match(nat["name"]):
+                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}].name': '{nat['name']}'.",
+                                "invalid")
+            source, allocate = nat["sourceSubnetworkIpRangesToNat"], nat["natIpAllocateOption"]
+            if source not in _NAT_SOURCES or allocate not in ("AUTO_ONLY", "MANUAL_ONLY"):
+                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}]': '{source}' / '{allocate}'. "
+                                     f"Unknown enum value.", "invalid")
+            if allocate == "AUTO_ONLY" and nat.get("natIps"):
+                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}].natIps': NAT IPs must not be "
+                                     f"specified with AUTO_ONLY.", "invalid")
+            if allocate == "MANUAL_ONLY" and not nat.get("natIps"):
+                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}].natIps': MANUAL_ONLY needs "
+                                     f"at least one NAT IP.", "invalid")
+            if source == "LIST_OF_SUBNETWORKS" and not nat.get("subnetworks"):
+                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}].subnetworks': "
+                                     f"LIST_OF_SUBNETWORKS needs at least one subnetwork.", "invalid")
+        url = f"https://www.googleapis.com/compute/v1/projects/{project}/global/networks/{network['name']}"
+        if (region, name) in self.routers:
+            raise HttpError(409, f"The resource 'projects/{project}/regions/{region}/routers/{name}' already exists",
+                            "alreadyExists")
+        nats = body.get("nats") or []
+        for other in self.routers.values():
+            if other["network"] != url or not other["region"].endswith(f"/regions/{region}") or not other.get("nats"):
+                continue
+            if nats and any(n["sourceSubnetworkIpRangesToNat"] != "LIST_OF_SUBNETWORKS"
+                            for n in [*nats, *other["nats"]]):
+                raise HttpError(400, f"Invalid value for field 'resource.nats[0]': a NAT that serves every subnetwork "
+                                     f"of network {network['name']} in {region} excludes any other; router "
+                                     f"{other['name']} has one.", "invalid")
+        target = f"{self.url}/compute/v1/projects/{project}/regions/{region}/routers/{name}"
+        router = {**json.loads(json.dumps(body)), "kind": "compute#router", "id": str(10**15 + len(self.routers)),
+                  "network": url, "region": f"{self.url}/compute/v1/projects/{project}/regions/{region}",
+                  "creationTimestamp": _now(), "selfLink": target}
+        self.routers[(region, name)] = router  # listed while its insert runs (another insert of it: 409)
+        return self._operation(project, "insert", target, None, region=region)
+
+    def _router_find(self, project: str, region: str, name: str) -> dict[str, Any]:
+        self._check_region(project, region)
+        found = self.routers.get((region, name))
+        if found is None:
+            raise HttpError(404, f"The resource 'projects/{project}/regions/{region}/routers/{name}' was not found",
+                            "notFound")
+        return found
+
+    def _router_get(self, project: str, region: str, name: str, query: dict, body: dict) -> dict:
+        return self._router_find(project, region, name)
+
+    def _router_list(self, project: str, region: str, query: dict, body: dict) -> dict:
+        self._check_region(project, region)
+        page, more = self._page([r for (g, _), r in self.routers.items() if g == region], query)
+        return {"kind": "compute#routerList", "items": page, **more}
+
+    def _router_aggregated(self, project: str, query: dict, body: dict) -> dict:
+        page, more = self._page(list(self.routers.items()), query)
+        scoped: dict[str, Any] = {}
+        for (region, _), router in page:
+            scoped.setdefault(f"regions/{region}", {"routers": []})["routers"].append(router)
+        return {"kind": "compute#routerAggregatedList", "items": scoped, **more}
+
+    def _router_delete(self, project: str, region: str, name: str, query: dict, body: dict) -> dict:
+        router = self._router_find(project, region, name)
+
+        def deleted() -> None:
+            if self.routers.get((region, name)) is router:
+                del self.routers[(region, name)]
+        return self._operation(project, "delete", router["selfLink"], None, region=region, effect=deleted)
+
+    def add_router(self, region: str, name: str, *, description: str = "", nats: list[dict[str, Any]] | None = None,
+                   network: str = "default") -> dict[str, Any]:
+        """A Cloud Router that is there already (the user's own, with or without a NAT)."""
+        with self._lock:
+            router = {"kind": "compute#router", "id": str(10**16 + len(self.routers)), "name": name,
+                      "description": description, "nats": list(nats or []),
+                      "network": f"https://www.googleapis.com/compute/v1/projects/rubberband-test/global/networks/"
+                                 f"{network}",
+                      "region": f"{self.url}/compute/v1/projects/rubberband-test/regions/{region}",
+                      "creationTimestamp": "2020-01-01T00:00:00.000+00:00",
+                      "selfLink": f"{self.url}/compute/v1/projects/rubberband-test/regions/{region}/routers/{name}"}
+            self.routers[(region, name)] = router
+            return router
 
     # -- disks --------------------------------------------------------------------------------------
 

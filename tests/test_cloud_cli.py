@@ -179,7 +179,7 @@ def test_gcp_dry_run_against_the_fake(cli, tmp_path, gce_fake):
     assert "compute.instances.delete" in line and GCP_HEAD_SA in line and "docs/clouds.md" in line
     missing = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, env=env)
     assert missing.returncode == 2 and "--service-account" in one_error_line(missing)
-    assert gce_fake.inserts == [] and not gce_fake.instances and not gce_fake.firewalls
+    assert gce_fake.inserts == [] and not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers
 
 
 @pytest.mark.e2e
@@ -285,7 +285,7 @@ def test_gcp_down_run_and_orphans_against_the_fake(cli, tmp_path, gce_fake):
     result = cli("down", "--all-orphans", "--cloud", "gcp", "--older-than", "1s", env=env)
     assert result.returncode == 0, result.stderr
     assert f"terminated gcp {orphan[0].id}" in result.stdout
-    assert provider.list() == [] and not gce_fake.instances and not gce_fake.firewalls
+    assert provider.list() == [] and not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers
 
 
 # -- end to end: `rubberband run --cloud aws` against moto, instance boots played by local Ray nodes ---------------
@@ -392,10 +392,15 @@ def small_gcp_job(tmp_path: Path, gce_fake) -> tuple[Path, Path, dict[str, str]]
 def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_fake):
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)
     run_dir = tmp_path / "run"
+    flag = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--worker-egress", "public",
+               env=env)
+    assert flag.returncode == 2 and "--worker-egress is for a run on a head instance" in flag.stderr
+    assert not gce_fake.requests  # refused before any call
     result = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
                  timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((run_dir / "result.json").read_text())["status"] == "finished"
     assert gce_fake.inserts and {machine for _, machine in gce_fake.inserts} == {"n1-standard-8"}
-    assert not gce_fake.instances and not gce_fake.firewalls  # every VM and firewall rule deleted
+    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers  # every VM, rule, NAT deleted
+    assert any(r.startswith("POST") and r.endswith("/routers") for r in gce_fake.requests)  # workers went out via it
     assert run_pids(run_dir) == []

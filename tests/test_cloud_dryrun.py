@@ -77,6 +77,11 @@ def test_gcp_dry_run_prices_composed_types_and_creates_nothing(gce_fake):
         dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG)
     report = dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG, strict=False)
     assert [c.action for c in report.denied] == ["compute.firewalls.create"]
+    # the workers' Cloud NAT (private workers by default) is checked alike
+    gce_fake.caller_permissions = set(GCP_CLI_PERMISSIONS) - {"compute.routers.create", "compute.regionOperations.get"}
+    report = dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG, strict=False)
+    assert [c.action for c in report.denied] == ["compute.routers.create", "compute.regionOperations.get"]
+    assert not gce_fake.routers
 
 
 def test_the_gce_fake_tests_permissions_as_strictly_as_the_real_api(gce_fake):

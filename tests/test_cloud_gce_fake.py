@@ -84,11 +84,12 @@ def test_lists_are_paged(gce_fake):
 def test_the_client_follows_pages_and_waits_for_slow_operations(gce_fake):
     """GcpProvider against operations that take 0.3 s and pages of 2: a 5-VM gang comes back complete and only
     when its inserts are DONE; list() sees every VM across pages; terminate() returns once the VMs are gone, and
-    cleanup_run once the firewall rules are."""
+    cleanup_run once the firewall rules and the workers' Cloud NAT are."""
     gce_fake.op_delay_s = 0.3
     provider = GcpProvider("us-central1", endpoint=gce_fake.url, poll_s=0.05, ssh_cidr="203.0.113.9/32")
     made = provider.provision(InstanceRequest("run-p", 0, N1, count=5, zone="us-central1-a"))
     assert len(made) == 5 and len(gce_fake.firewalls) == 3  # deny, internal, ssh
+    assert list(gce_fake.routers) == [("us-central1", "rubberband-run-p-nat")]  # made (and waited on) first
     assert all(gce_fake.operations[name]["status"] == "DONE" for name in gce_fake.request_ids.values())
     assert sorted(i.id for i in provider.list("run-p")) == sorted(i.id for i in made)
     assert len(provider.wait([i.id for i in made], timeout_s=30)) == 5
@@ -97,8 +98,8 @@ def test_the_client_follows_pages_and_waits_for_slow_operations(gce_fake):
     provider.terminate([i.id for i in made])
     assert not gce_fake.instances  # terminate waited for the deletes to be DONE
     assert sorted(provider.cleanup_run("run-p")) == ["firewall/rubberband-run-p-deny", "firewall/rubberband-run-p-internal",
-                                                     "firewall/rubberband-run-p-ssh"]
-    assert not gce_fake.firewalls and provider.leftover_runs() == []
+                                                     "firewall/rubberband-run-p-ssh", "router/rubberband-run-p-nat"]
+    assert not gce_fake.firewalls and not gce_fake.routers and provider.leftover_runs() == []
 
 
 def test_a_stockout_in_a_slow_operation_surfaces_when_it_is_done(gce_fake):
@@ -110,3 +111,74 @@ def test_a_stockout_in_a_slow_operation_surfaces_when_it_is_done(gce_fake):
         provider.provision(InstanceRequest("run-s", 0, N1, zone="us-central1-b"))
     assert info.value.kind == "capacity" and info.value.code == "ZONE_RESOURCE_POOL_EXHAUSTED"
     assert not gce_fake.instances
+
+
+REGION_URL = "/compute/v1/projects/rubberband-test/regions/us-central1"
+
+
+def _router(name: str, **extra) -> dict:
+    nat = {"name": name, "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+           "natIpAllocateOption": "AUTO_ONLY"}
+    return {"name": name, "network": "global/networks/default", "nats": [nat], **extra}
+
+
+def _refused(fake, body: dict, words: str, url: str = f"{REGION_URL}/routers") -> None:
+    status, answer = _call(fake, "POST", url, body)
+    assert status == 400 and words in answer["error"]["message"], answer
+
+
+def test_routers_are_refused_and_served_as_the_api_does(gce_fake):
+    """routers.insert refuses unknown fields, a missing or malformed network, a region that is not the request's,
+    NAT sections without their options or with addresses AUTO_ONLY does not take, and a second NAT beside one that
+    serves every subnetwork; get / list / aggregatedList / delete answer as Compute Engine does (region operations,
+    paged lists, 404 once gone)."""
+    _refused(gce_fake, _router("r1", labels={"a": "b"}), 'Unknown name "labels"')  # routers have no labels
+    bad_nat = _router("r1")
+    bad_nat["nats"][0]["natIpsAuto"] = True
+    _refused(gce_fake, bad_nat, 'Unknown name "natIpsAuto" at \'resource.nats[0]\'')
+    _refused(gce_fake, {"name": "r1"}, "The network of a router must be specified")
+    _refused(gce_fake, _router("r1", network="default"), "resource.network")
+    _refused(gce_fake, _router("r1", network="projects/another/global/networks/default"), "resource.network")
+    _refused(gce_fake, _router("r1", region="us-east1"), "region of the request")
+    _refused(gce_fake, _router("R_1"), "resource.name")
+    _refused(gce_fake, _router("r1"), "Unknown region", url="/compute/v1/projects/rubberband-test/regions/moon/routers")
+    for key in ("sourceSubnetworkIpRangesToNat", "natIpAllocateOption"):
+        missing = _router("r1")
+        del missing["nats"][0][key]
+        _refused(gce_fake, missing, f"resource.nats[0].{key}")
+    auto_with_ips = _router("r1")
+    auto_with_ips["nats"][0]["natIps"] = ["regions/us-central1/addresses/a"]
+    _refused(gce_fake, auto_with_ips, "AUTO_ONLY")
+    manual = _router("r1")
+    manual["nats"][0]["natIpAllocateOption"] = "MANUAL_ONLY"
+    _refused(gce_fake, manual, "MANUAL_ONLY")
+    assert not gce_fake.routers and len(gce_fake.rejected) == 12
+
+    status, op = _call(gce_fake, "POST", f"{REGION_URL}/routers?requestId=r-1", _router("r1", region="us-central1"))
+    assert status == 200 and op["region"].endswith("/regions/us-central1") and "zone" not in op
+    status, done = _call(gce_fake, "POST", f"{REGION_URL}/operations/{op['name']}/wait")
+    assert status == 200 and done["status"] == "DONE"
+    assert _call(gce_fake, "GET", f"{ZONE_URL}/operations/{op['name']}")[0] == 404  # a region's, not a zone's
+    status, again = _call(gce_fake, "POST", f"{REGION_URL}/routers?requestId=r-1", _router("r1"))
+    assert again["name"] == op["name"] and len(gce_fake.routers) == 1  # the same request: nothing redone
+    assert _call(gce_fake, "POST", f"{REGION_URL}/routers", _router("r1"))[0] == 409
+    _refused(gce_fake, _router("r2"), "excludes any other")  # one NAT of every subnetwork per region and network
+    status, other_region = _call(gce_fake, "POST", "/compute/v1/projects/rubberband-test/regions/us-east1/routers",
+                                 _router("r2"))
+    assert status == 200  # another region: room for its own NAT
+    plain = {"name": "r3", "network": "global/networks/default"}  # a router without a NAT takes no room
+    assert _call(gce_fake, "POST", f"{REGION_URL}/routers", plain)[0] == 200
+    gce_fake.rejected.clear()
+
+    status, found = _call(gce_fake, "GET", f"{REGION_URL}/routers/r1")
+    assert status == 200 and found["network"].endswith("/projects/rubberband-test/global/networks/default")
+    assert found["nats"][0]["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
+    status, page = _call(gce_fake, "GET", f"{REGION_URL}/routers?maxResults=1")
+    assert [r["name"] for r in page["items"]] == ["r1"] and page["nextPageToken"]
+    status, every = _call(gce_fake, "GET", "/compute/v1/projects/rubberband-test/aggregated/routers")
+    assert {scope: [r["name"] for r in scoped["routers"]] for scope, scoped in every["items"].items()} == {
+        "regions/us-central1": ["r1"], "regions/us-east1": ["r2"]}  # a page of two (the fixture's page size)
+    status, op = _call(gce_fake, "DELETE", f"{REGION_URL}/routers/r1")
+    _call(gce_fake, "POST", f"{REGION_URL}/operations/{op['name']}/wait")
+    assert _call(gce_fake, "GET", f"{REGION_URL}/routers/r1")[0] == 404
+    assert _call(gce_fake, "DELETE", f"{REGION_URL}/routers/r1")[0] == 404

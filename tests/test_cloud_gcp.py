@@ -13,7 +13,8 @@ from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPo
 from rubberband.cloud.gcp import PREEMPTED, PREEMPTED_OPERATION, GcpProvider, firewall_name, network_tag
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE, InstanceRequest
 from rubberband.cloud.registry import ProviderPool
-from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances, terminate_run
+from rubberband.cloud.teardown import (cleanup_leftovers, find_orphans, terminate_instances, terminate_run,
+                                       terminate_run_detailed)
 from rubberband.errors import CloudError, InputError, RubberbandError
 
 CATALOG = cloud_catalog()
@@ -178,6 +179,7 @@ def test_orphans_and_leftover_firewalls(gce_fake):
     result = terminate_instances(p, find_orphans(p, 3600, now=now + 7200))
     assert len(result.instances) == 2 and not gce_fake.instances
     assert "firewall/rubberband-run-m-internal" in result.resources and not gce_fake.firewalls
+    assert "router/rubberband-run-m-nat" in result.resources and not gce_fake.routers
     p.ensure_firewall("run-gone")  # a firewall whose run never got (or lost) its VMs
     assert p.leftover_runs() == ["run-gone"]
     assert sorted(cleanup_leftovers(p)) == ["firewall/rubberband-run-gone-deny",
@@ -240,11 +242,12 @@ def test_another_process_of_the_run_reuses_its_firewall(gce_fake):
 def test_only_the_run_reaches_its_ray_ports_and_only_the_head_is_public(gce_fake):
     """The run's rules, evaluated with the default network's own (internal range, SSH from anywhere) as the VPC
     evaluates them: nothing outside the run reaches a Ray port (GCS 6379, dashboard 8265, any worker port) of
-    any of its VMs, SSH reaches the head from the user's CIDR alone, and only the head has an external address.
-    The run's VMs are capped by the cloud itself (maxRunDuration with DELETE; the fake is strict about both)."""
+    any of its VMs, SSH reaches the head from the user's CIDR alone, and only the head has an external address (the
+    default: workers go out through the run's Cloud NAT). The run's VMs are capped by the cloud itself
+    (maxRunDuration with DELETE; the fake is strict about both)."""
     from rubberband.cloud.gcp import head_tag
 
-    p = provider(gce_fake, ssh_cidr="203.0.113.7/32", worker_public_ip=False)
+    p = provider(gce_fake, ssh_cidr="203.0.113.7/32")
     (head,) = p.provision(InstanceRequest("run-n", 0, V100, extra_tags={TAG_ROLE: "head"}, max_lifetime_s=3600))
     (worker,) = p.provision(InstanceRequest("run-n", 1, V100, extra_tags={TAG_ROLE: "worker"},
                                             max_lifetime_s=1800))
@@ -276,7 +279,7 @@ def test_only_the_run_reaches_its_ray_ports_and_only_the_head_is_public(gce_fake
     assert gce_fake.ingress_allowed(other_vm, worker.id, 6379)
     p.terminate([head.id, worker.id])
     p.cleanup_run("run-n")
-    assert not gce_fake.firewalls
+    assert not gce_fake.firewalls and not gce_fake.routers
 
 
 def test_fake_refuses_lifetime_fields_the_real_api_refuses(gce_fake):
@@ -293,3 +296,137 @@ def test_fake_refuses_lifetime_fields_the_real_api_refuses(gce_fake):
     ok = {"maxRunDuration": {"seconds": "600"}, "instanceTerminationAction": "DELETE"}
     assert requests.post(base, json={**body, "scheduling": ok}, timeout=10).status_code == 200
     gce_fake.rejected.clear()
+
+
+# -- egress of private workers: the run's own Cloud NAT ----------------------------------------------------------
+
+
+def test_private_workers_go_out_through_the_runs_own_nat_which_goes_with_the_run(gce_fake):
+    """The default (worker_egress nat): the head alone has an external address and needs no NAT; before its first
+    worker the run makes one Cloud Router with a Cloud NAT of every subnetwork (addresses by Google) in its region
+    and network, marked as the run's; another process of the run (the head's executor) reuses it; teardown deletes
+    it, and only it."""
+    from rubberband.cloud.gcp import owner_marker, router_name
+
+    cli_side, head_side = provider(gce_fake), provider(gce_fake)
+    gce_fake.add_router("us-central1", "vpn-router")  # the user's own router without a NAT: no conflict
+    (head,) = cli_side.provision(InstanceRequest("run-q", 0, V100, extra_tags={TAG_ROLE: "head"}))
+    assert list(gce_fake.routers) == [("us-central1", "vpn-router")]
+    assert cli_side.ensure_worker_egress("run-q") == router_name("run-q")  # what start_head does before the head
+    workers = head_side.provision(InstanceRequest("run-q", 1, V100, count=2, extra_tags={TAG_ROLE: "worker"}))
+    head_side.provision(InstanceRequest("run-q", 2, V100, extra_tags={TAG_ROLE: "worker"}))
+    router = gce_fake.routers[("us-central1", router_name("run-q"))]
+    assert router["description"].endswith(owner_marker("run-q"))
+    assert router["network"].endswith("/global/networks/default") and router["region"].endswith("/us-central1")
+    assert router["nats"] == [{"name": router_name("run-q"), "sourceSubnetworkIpRangesToNat":
+                               "ALL_SUBNETWORKS_ALL_IP_RANGES", "natIpAllocateOption": "AUTO_ONLY"}]
+    assert sum(r.startswith("POST") and r.endswith("/routers") for r in gce_fake.requests) == 1
+    bodies = {name: body for (_, name), body in gce_fake.instances.items()}
+    assert bodies[head.id]["networkInterfaces"][0]["accessConfigs"]
+    assert all(not bodies[w.id]["networkInterfaces"][0].get("accessConfigs") for w in workers)
+    lines: list[str] = []
+    terminate_run(head_side, "run-q", echo=lines.append)
+    assert "deleted gcp router/rubberband-run-q-nat (run run-q)" in lines
+    assert list(gce_fake.routers) == [("us-central1", "vpn-router")] and not gce_fake.instances
+
+
+def test_worker_egress_existing_or_public_makes_no_nat(gce_fake):
+    existing = provider(gce_fake, worker_egress="existing")
+    (worker,) = existing.provision(InstanceRequest("run-e", 1, V100))
+    assert not gce_fake.routers and not gce_fake.instances[("us-central1-a", worker.id)]["networkInterfaces"][0].get(
+        "accessConfigs")
+    public = provider(gce_fake, worker_egress="public")
+    (worker,) = public.provision(InstanceRequest("run-p", 1, V100))
+    assert not gce_fake.routers and gce_fake.instances[("us-central1-a", worker.id)]["networkInterfaces"][0][
+        "accessConfigs"]
+    with pytest.raises(InputError, match="--worker-egress 'open'"):
+        provider(gce_fake, worker_egress="open")
+    terminate_run(existing, "run-e")
+    terminate_run(public, "run-p")
+
+
+def test_a_nat_that_is_not_the_runs_is_used_shared_or_refused(gce_fake):
+    """Compute Engine allows no NAT beside one that serves every subnetwork of a region and network: the user's such
+    NAT is used as it is (nothing made, nothing deleted); the user's NAT of chosen subnetworks is a fatal one-line
+    error; another run's NAT is shared — its run's teardown keeps it while the other run's private workers are in
+    the region, and the sweep deletes it once they are gone; a look-alike router named like the run's, without its
+    marker, is never taken for it nor deleted."""
+    from rubberband.cloud.gcp import router_name
+
+    every = [{"name": "mine", "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+              "natIpAllocateOption": "AUTO_ONLY"}]
+    gce_fake.add_router("us-central1", "my-nat", nats=every)
+    p = provider(gce_fake)
+    assert p.ensure_worker_egress("run-u") == "my-nat"
+    (worker,) = p.provision(InstanceRequest("run-u", 1, V100))
+    assert list(gce_fake.routers) == [("us-central1", "my-nat")]
+    terminate_run(p, "run-u")
+    assert list(gce_fake.routers) == [("us-central1", "my-nat")]  # the user's NAT stays
+
+    gce_fake.routers[("us-central1", "my-nat")]["nats"] = [{
+        "name": "mine", "sourceSubnetworkIpRangesToNat": "LIST_OF_SUBNETWORKS", "natIpAllocateOption": "AUTO_ONLY",
+        "subnetworks": [{"name": "regions/us-central1/subnetworks/other"}]}]
+    with pytest.raises(CloudError, match="--worker-egress existing") as info:
+        provider(gce_fake).provision(InstanceRequest("run-l", 1, V100))
+    assert info.value.kind == "fatal" and not gce_fake.instances and "\n" not in str(info.value)
+    del gce_fake.routers[("us-central1", "my-nat")]
+    provider(gce_fake).cleanup_run("run-l")
+
+    a, b = provider(gce_fake), provider(gce_fake)
+    a_workers = a.provision(InstanceRequest("run-a", 1, V100))
+    a.provision(InstanceRequest("run-a", 0, V100, extra_tags={TAG_ROLE: "head"}))
+    (b_head,) = b.provision(InstanceRequest("run-b", 0, V100, extra_tags={TAG_ROLE: "head"}))
+    b_workers = b.provision(InstanceRequest("run-b", 1, V100, count=2))
+    assert list(gce_fake.routers) == [("us-central1", router_name("run-a"))]  # run-b goes out through run-a's
+    assert b.ensure_worker_egress("run-b") == router_name("run-a")
+    a.terminate([i.id for i in a_workers])
+    assert terminate_run(a, "run-a") and list(gce_fake.routers) == [("us-central1", router_name("run-a"))]
+    assert a.leftover_runs() == ["run-a"] and cleanup_leftovers(a) == []  # kept: run-b's workers use it
+    b.terminate([i.id for i in b_workers])  # run-b's workers are gone; its head (own address) needs no NAT
+    assert cleanup_leftovers(a) == [f"router/{router_name('run-a')}"] and not gce_fake.routers
+    b.provision(InstanceRequest("run-b", 2, V100))  # a later stage of run-b: a NAT of its own, made afresh
+    assert list(gce_fake.routers) == [("us-central1", router_name("run-b"))]
+    assert f"router/{router_name('run-b')}" in terminate_run_detailed(b, "run-b").resources
+    assert not gce_fake.routers and not gce_fake.instances and b_head.id
+
+    gce_fake.add_router("us-central1", router_name("run-c"), description="my own router")  # a look-alike, no NAT
+    with pytest.raises(CloudError, match="rubberband did not create it") as info:
+        provider(gce_fake).provision(InstanceRequest("run-c", 1, V100))
+    assert info.value.kind == "fatal" and not gce_fake.instances
+    assert provider(gce_fake).cleanup_run("run-c") == [f"firewall/{firewall_name('run-c', 'deny')}",
+                                                       f"firewall/{firewall_name('run-c')}"]
+    assert provider(gce_fake).leftover_runs() == []
+    assert list(gce_fake.routers) == [("us-central1", router_name("run-c"))]
+
+
+def test_a_run_that_failed_over_leaves_a_nat_in_no_region(gce_fake):
+    """Workers in a second region get a NAT there; one teardown (any region's provider) deletes both, and the
+    orphan sweep finds a NAT whose run has no VM left in any region."""
+    central, east = provider(gce_fake), GcpProvider("us-east1", endpoint=gce_fake.url, poll_s=0.01)
+    central.ensure_nat("run-f")
+    east.ensure_nat("run-f")
+    assert sorted(gce_fake.routers) == [("us-central1", "rubberband-run-f-nat"), ("us-east1", "rubberband-run-f-nat")]
+    assert central.leftover_runs() == ["run-f"]  # no VM: a leftover
+    assert sorted(cleanup_leftovers(central)) == ["router/rubberband-run-f-nat"] * 2 and not gce_fake.routers
+
+
+def test_two_runs_making_their_nat_at_once_end_up_sharing_one(gce_fake, monkeypatch):
+    """Run B lists the region before run A's NAT lands, then its insert is refused (no second NAT beside one of
+    every subnetwork): B looks again and goes out through A's."""
+    from rubberband.cloud.gcp import router_name
+
+    a, b = provider(gce_fake), provider(gce_fake)
+    real_list = b.routers.list
+    calls = []
+
+    def list_before_a(**kwargs):
+        found = list(real_list(**kwargs))
+        if not calls:
+            a.ensure_nat("run-a")  # lands between B's listing and B's insert
+        calls.append(1)
+        return found
+
+    monkeypatch.setattr(b.routers, "list", list_before_a)
+    assert b.ensure_nat("run-b") == router_name("run-a") and len(calls) == 2
+    assert list(gce_fake.routers) == [("us-central1", router_name("run-a"))]
+    gce_fake.rejected.clear()  # the refused insert is the point of this test

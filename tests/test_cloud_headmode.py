@@ -35,7 +35,7 @@ from rubberband.cloud.head_link import DirectLink
 from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, link_for,
                                            stage_code,
                                            start_head)
-from rubberband.errors import CloudError
+from rubberband.errors import CloudError, InputError
 from rubberband.executor import journal as J
 from rubberband.plan import load_plan
 from rubberband.spec import load_spec
@@ -227,13 +227,24 @@ def test_head_mode_needs_ssh_settings_outside_tests(cli, tmp_path, moto_env):
 def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_path, gce_fake, monkeypatch):
     """`run --cloud gcp` against the GCE fake: an e2-standard-2 head labelled role=head runs the executor (its boot
     played by a local Ray head), n1-standard-8+V100x1 workers join it; the CLI streams the run to its end, fetches
-    the run directory (report works locally) and deletes the head, every worker and the run's firewall rules."""
+    the run directory (report works locally) and deletes the head, every worker, the run's firewall rules and the
+    Cloud NAT its private workers went out through (the default)."""
+    from rubberband.cloud.gcp import owner_marker, router_name
+
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)  # for end_run below, should the run fail
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)
     run_dir = tmp_path / "run"
+    routers_at_insert: dict[str, list] = {}  # VM name -> the routers there when it was inserted
+    insert = gce_fake._insert
+
+    def watched_insert(**kwargs):
+        routers_at_insert[kwargs["body"].get("name", "")] = [dict(r) for r in gce_fake.routers.values()]
+        return insert(**kwargs)
+
+    monkeypatch.setattr(gce_fake, "_insert", watched_insert)
     try:
-        result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir,
-                     "--private-workers", env=env, timeout=400)
+        result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
+                     timeout=400)
     finally:
         if (run_dir / "head.json").exists():
             end_run(HeadRecord.read(run_dir), test_boot="local")
@@ -257,14 +268,21 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
         assert "RAY_AUTH_MODE=token" in script and not hex64.search(json.dumps(body))
     assert inserted and {b["machineType"].rsplit("/", 1)[-1] for b in inserted.values()} == {"n1-standard-8"}
     assert all(b["labels"]["rubberband-role"] == "worker" for b in inserted.values())
-    # --private-workers: only the head has an external address (its SSH); the workers none
+    # only the head has an external address (its SSH); the workers none: they go out through the run's own Cloud
+    # NAT, made by the CLI before the head (and marked as the run's), there at every worker's insert
     assert head["networkInterfaces"][0]["accessConfigs"]
     assert all(not b["networkInterfaces"][0].get("accessConfigs") for b in inserted.values())
+    for name in (record.instance_id, *inserted):
+        (router,) = routers_at_insert[name]
+        assert router["name"] == router_name(record.cloud_run_id)
+        assert router["description"].endswith(owner_marker(record.cloud_run_id))
+        assert router["nats"][0]["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
+    assert record.worker_egress == "nat"
     assert_fetched_run(cli, run_dir, tmp_path / "report.html", env)
     requested = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.INSTANCE_REQUESTED]
     assert {e["id"] for e in requested} == set(inserted)  # the head's executor provisioned the workers
     assert all(e["instance_type"] == "n1-standard-8+V100x1" and e["cloud"] == "gcp" for e in requested)
-    assert not gce_fake.instances and not gce_fake.firewalls
+    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers
     assert_played_head_gone(record.instance_id)
 
 
@@ -359,9 +377,15 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
     assert build_parser().parse_args(words[3:]).head_grace == 300.0
     assert build_parser().parse_args(words[3:] + ["--overrun-s", "inf"]).overrun_s == math.inf
     assert build_parser().parse_args(words[3:]).on_late == "finish"  # the default is left off the command line
-    assert not build_parser().parse_args(words[3:]).private_workers
-    private = dataclasses.replace(record, private_workers=True)
-    assert build_parser().parse_args(entrypoint(private, deadline_s=600, trial_runtime="x").split()[3:]).private_workers
+    assert build_parser().parse_args(words[3:]).worker_egress == "nat"  # the default: the run's own Cloud NAT
+    for egress in ("existing", "public"):  # what the CLI was asked for reaches the head's executor (GCP)
+        gcp = dataclasses.replace(record, cloud="gcp", worker_egress=egress)
+        assert build_parser().parse_args(entrypoint(gcp, deadline_s=600, trial_runtime="x").split()[3:]
+                                         ).worker_egress == egress
+    from rubberband.cloud.gcp import WORKER_EGRESS
+
+    assert build_parser()._subparsers._group_actions[0].choices["run"]._option_string_actions[
+        "--worker-egress"].choices == WORKER_EGRESS
     stop = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop").split()
     assert stop[stop.index("--on-late") + 1] == "stop" and build_parser().parse_args(stop[3:]).on_late == "stop"
     tunnel = link_for(record, None, Path("/k/id_ed25519"), tmp_path / "run")
@@ -454,3 +478,26 @@ def test_a_link_broken_for_longer_than_the_grace_gives_up_saying_how_to_follow_a
     with pytest.raises(CloudError, match="lost the link to head i-0abc .* --attach"):
         _session(server).stream(shown.append, poll_s=0.01, link_grace_s=0.2)
     assert server.connections > 3 and len(shown) == 1  # retried quietly: one notice for the whole outage
+
+
+def test_worker_egress_is_checked_before_anything_starts_and_old_head_records_still_read(tmp_path):
+    """--worker-egress is GCP's (one line, exit 2, elsewhere or with a value it does not know); a head.json written
+    when private workers were a flag reads as the egress it meant then."""
+    from rubberband.cloud.head_session import HeadOptions, check_options
+
+    with pytest.raises(InputError, match="--worker-egress is for --cloud gcp"):
+        check_options("aws", HeadOptions(worker_egress="public"), test_boot="local")
+    with pytest.raises(InputError, match="--worker-egress 'open': use nat"):
+        check_options("gcp", HeadOptions(worker_egress="open", service_account="h@p.iam.gserviceaccount.com"),
+                      test_boot="local")
+    check_options("gcp", HeadOptions(worker_egress="existing", service_account="h@p.iam.gserviceaccount.com"),
+                  test_boot="local")
+    record = HeadRecord(run_id="r", cloud="gcp", region="us-central1", instance_id="rb-r-0-abc", zone="us-central1-a",
+                        address="10.0.0.2", public_address=None, regions=["us-central1"], metric="loss")
+    record.write(tmp_path)
+    assert HeadRecord.read(tmp_path).worker_egress == "nat"
+    for private, egress in ((True, "existing"), (False, "public")):
+        data = json.loads((tmp_path / "head.json").read_text())
+        data.pop("worker_egress", None)
+        (tmp_path / "head.json").write_text(json.dumps({**data, "private_workers": private}))
+        assert HeadRecord.read(tmp_path).worker_egress == egress

@@ -232,15 +232,30 @@ def test_docs_hold_the_generated_policies():
     assert all(f"`{p}`" in docs for p in GCP_HEAD_PERMISSIONS)
 
 
+def test_the_head_may_make_and_delete_the_workers_nat_and_nothing_more_of_routers():
+    """The head's role holds exactly what the run's Cloud NAT needs — routers create (insert), get (a router the
+    run made already), list (the region's NATs before making one; every region's at teardown), delete — and the
+    region operations it waits on; never routers.update / setIamPolicy, nor any address permission (AUTO_ONLY: Google
+    allocates the NAT's addresses)."""
+    routers = sorted(p for p in GCP_HEAD_PERMISSIONS if p.startswith("compute.routers."))
+    assert routers == ["compute.routers.create", "compute.routers.delete", "compute.routers.get",
+                       "compute.routers.list"]
+    assert "compute.regionOperations.get" in GCP_HEAD_PERMISSIONS
+    assert not [p for p in GCP_HEAD_PERMISSIONS if p.startswith("compute.addresses.")]
+
+
 def test_the_gcp_condition_names_every_kind_rubberband_creates_by_its_prefix():
-    """The head's binding condition: VMs and disks only `rb-…`, firewall rules only `rubberband-…`, and the prefixes
-    are the ones the provider really names them with."""
-    from rubberband.cloud.gcp import firewall_name
+    """The head's binding condition: VMs and disks only `rb-…`, firewall rules and the workers' Cloud Router only
+    `rubberband-…`, and the prefixes are the ones the provider really names them with."""
+    from rubberband.cloud.gcp import firewall_name, router_name
     from rubberband.cloud.identity import GCP_HEAD_CONDITION, GCP_NAME_PREFIXES
 
     assert 'resource.name.extract("/instances/{name}").startsWith("rb-")' in GCP_HEAD_CONDITION
     assert 'resource.name.extract("/firewalls/{name}").startsWith("rubberband-")' in GCP_HEAD_CONDITION
+    assert 'resource.type == "compute.googleapis.com/Router" && resource.name.extract("/routers/{name}")' \
+        '.startsWith("rubberband-")' in GCP_HEAD_CONDITION
     assert firewall_name("x").startswith(GCP_NAME_PREFIXES["Firewall"][1])
+    assert router_name("x").startswith(GCP_NAME_PREFIXES["Router"][1])
     assert GCP_HEAD_CONDITION.count("(") == GCP_HEAD_CONDITION.count(")")
 
 

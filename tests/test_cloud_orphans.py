@@ -168,17 +168,40 @@ def test_gcp_sweep_ends_dead_runs_and_spares_live_runs_and_look_alikes(gce_fake,
         "name": firewall_name("run-mine"), "description": "my own rule", "network": "global/networks/default",
         "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}], "creationTimestamp": "2020-01-01T00:00:00.000+00:00"}
     gce_fake.add_disk("us-central1-a", "rb-run-mine-0-abcdef")
+    gce_fake.add_router("us-east1", "rubberband-run-mine-nat", description="my own NAT", nats=[{
+        "name": "nat", "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+        "natIpAllocateOption": "AUTO_ONLY"}])
     # a detached disk of the dead run (its VM was deleted without it): found by its labels
     gce_fake.add_disk("us-central1-a", "rb-run-dead-0-123456", labels={TAG_MANAGED: "true", TAG_RUN_ID: "run-dead"})
 
+    assert sorted(gce_fake.routers) == [("us-central1", "rubberband-run-dead-nat"), ("us-east1", "rubberband-run-mine-nat")]
     assert down_orphans("gcp", ["us-central1"], HOUR, now=now) == 2
     assert [i.run_id for i in p.list()] == ["run-live"]
+    assert list(gce_fake.routers) == [("us-east1", "rubberband-run-mine-nat")]  # the dead run's NAT went
     assert sorted(gce_fake.firewalls) == sorted([firewall_name("run-live", "deny"), firewall_name("run-live"),
                                                 firewall_name("run-mine")])
     assert sorted(name for _, name in gce_fake.disks) == sorted([head[0].id, "rb-run-mine-0-abcdef"])
     assert down_orphans("gcp", ["us-central1"], HOUR, now=now + 2 * HOUR) == 1
     assert not gce_fake.instances and list(gce_fake.firewalls) == [firewall_name("run-mine")]
     assert [name for _, name in gce_fake.disks] == ["rb-run-mine-0-abcdef"]
+    assert list(gce_fake.routers) == [("us-east1", "rubberband-run-mine-nat")]
+
+
+def test_gcp_sweep_deletes_a_leaked_nat_of_a_run_without_vms_and_only_it(gce_fake, monkeypatch):
+    """A CLI killed right after it made the run's Cloud NAT (before the head existed) leaves a router and nothing
+    else: the sweep deletes it once it is older than the threshold (found by its marker, in any region), never a
+    young one of a run being started, nor the user's router named like it."""
+    from rubberband.cloud.gcp import router_name
+
+    monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
+    p = _gcp(gce_fake)
+    p.ensure_nat("run-leak")
+    GcpProvider("us-west1", endpoint=gce_fake.url, poll_s=0.01).ensure_nat("run-leak")
+    gce_fake.add_router("us-central1", router_name("run-yours"), description="rubberband-looking, yours")
+    assert down_orphans("gcp", ["us-central1"], HOUR) == 0  # young: a run being started keeps it
+    assert len(gce_fake.routers) == 3
+    assert down_orphans("gcp", ["us-central1"], HOUR, now=time.time() + 2 * HOUR) == 0  # no instance: 0 ended
+    assert list(gce_fake.routers) == [("us-central1", router_name("run-yours"))]
 
 
 def test_gcp_never_reuses_nor_deletes_a_look_alike_firewall_rule(gce_fake):

@@ -153,7 +153,7 @@ def test_gcp_preemption_mid_run_is_a_spot_interruption_and_is_replaced(tmp_path,
     assert len(inserted) == 2 and {i["scheduling"]["provisioningModel"] for i in inserted} == {"SPOT"}
     preempted = [o for o in gce_fake.operations.values() if o["operationType"] == PREEMPTED_OPERATION]
     assert [o["targetLink"].rsplit("/", 1)[-1] for o in preempted] == [victim]
-    assert not gce_fake.instances and not gce_fake.firewalls
+    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers
 
 
 def test_aws_planned_type_sold_out_everywhere_is_replaced_billed_and_replanned(cli, tmp_path, moto_env, ec2_faults):

@@ -280,9 +280,11 @@ def register(app: typer.Typer) -> None:
         key_name: str = typer.Option(None, "--key-name", envvar="RUBBERBAND_KEY_NAME", help="Head mode on AWS: the "
                                      "EC2 key pair (public half of --ssh-key) the head starts with."),
         ssh_user: str = typer.Option("ubuntu", "--ssh-user", help="Head mode: SSH user on the head."),
-        private_workers: bool = typer.Option(False, "--private-workers", help="Head mode on GCP: workers get no "
-                                             "external address (only the head has one); the network needs Cloud "
-                                             "NAT for the workers' boot-time installs."),
+        worker_egress: str = typer.Option(None, "--worker-egress", metavar="nat|existing|public", help="Head mode "
+                                          "on GCP: how workers, which have no external address, reach the internet "
+                                          "for their boot-time installs: 'nat' (default: the run's own Cloud NAT, "
+                                          "deleted with it), 'existing' (your network's Cloud NAT or proxy) or "
+                                          "'public' (each worker gets an external address; nothing gets in)."),
         instance_profile: str = typer.Option(None, "--instance-profile", envvar="RUBBERBAND_INSTANCE_PROFILE",
                                              help="Head mode on AWS: the IAM instance profile the head acts with "
                                              "(default: one created for the run with the least permissions it "
@@ -388,6 +390,8 @@ def register(app: typer.Typer) -> None:
         overrun_s = overrun_flag(overrun, deadline_s or plan.deadline_s)
         if detach and not head_mode:
             raise InputError("--detach needs a run on a head instance (--cloud aws|gcp without --head local)")
+        if worker_egress is not None and not head_mode:
+            raise InputError("--worker-egress is for a run on a head instance (--cloud gcp without --head local)")
         if head_mode:
             if resume is not None:
                 raise InputError(f"--resume restarts an executor on this machine; a run on a head instance is "
@@ -402,7 +406,7 @@ def register(app: typer.Typer) -> None:
                                                                       grace_s))
             options = HeadOptions(ssh_cidr=ssh_cidr, ssh_key=ssh_key, key_name=key_name, ssh_user=ssh_user,
                                   watchdog=watchdog, instance_profile=instance_profile,
-                                  service_account=service_account, private_workers=private_workers)
+                                  service_account=service_account, worker_egress=worker_egress)
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                                options=options, deadline_s=deadline_s, overrun_s=overrun_s,
                                trial_runtime=trial_runtime, detach=detach, on_late=on_late)
