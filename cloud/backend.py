@@ -1,4 +1,4 @@
-"""The executor's backend on a cloud: the Provider calls plus ``start_head`` / ``stop_head``.
+"""The executor's backend contract (:class:`ExecutorBackend`) and its cloud half (:class:`CloudBackend`).
 
 The executor (branch ``executor``, ``executor/backends.py``) drives a backend that looks like a
 :class:`~rubberband.cloud.provider.Provider` and also starts / stops the run's Ray head, and it
@@ -22,11 +22,12 @@ gives it that on AWS / GCP, with the executor running on the run's head instance
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
@@ -34,6 +35,7 @@ from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_fa
 from rubberband.cloud.head import worker_startup_script
 from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider, loss_reason, node_resource
 from rubberband.cloud.registry import ProviderPool
+from rubberband.devices import DevicePolicy
 from rubberband.errors import CloudError
 
 class TokenPush(Protocol):
@@ -115,6 +117,44 @@ class Obtained:
     spot: bool = False  # the market obtained (on-demand when a spot request fell over to it)
 
 
+@runtime_checkable
+class ExecutorBackend(Provider, Protocol):
+    """Everything the executor asks of a backend: a :class:`Provider` plus the run's Ray head and what the
+    executor's failover, loss and spot decisions read. Every backend implements every member (the local
+    provider, :class:`~rubberband.cloud.local_head.LocalHeadCloudBackend`, the on-head backend): the executor
+    calls them directly, never probing for what is there; a backend without a capability answers the neutral
+    value (no loss seen, nothing substituted, nothing blocked, nothing shipped).
+    """
+
+    #: ``ray_auth_mode``: the Ray auth mode of the run's head, which the driver must speak: ``token`` (locally
+    #: and on a head instance) or ``disabled`` (a head on this machine serving cloud nodes, docs/clouds.md)
+    @property
+    def ray_auth_mode(self) -> str:
+        """``token`` or ``disabled``."""
+
+    @property
+    def device_policy(self) -> DevicePolicy | None:
+        """How trials use an instance type's devices; None: the executor's default (GPU types on their GPUs)."""
+
+    def start_head(self, run_id: str) -> HeadHandle:
+        """Start (or find) the run's Ray head; where the driver connects."""
+
+    def stop_head(self) -> bool:
+        """Stop the run's head if this backend started it here; True when a running head was stopped."""
+
+    def check_lost(self, instance_ids: list[str]) -> dict[str, str]:
+        """Which of these instances are gone: id → ``spot-interruption`` | ``lost``."""
+
+    def obtained(self, instance_id: str) -> Obtained | None:
+        """The catalog type, zone and market failover actually got for an instance (None: as requested)."""
+
+    def unavailable(self, itype: InstanceType, spot: bool = False) -> bool:
+        """True when failover has blocked every zone of ``itype`` in that market for this run."""
+
+    def runtime_env(self, code_dir: str) -> dict | None:
+        """The Ray runtime_env the driver's job ships to the workers (None: they share this machine's files)."""
+
+
 @dataclass
 class CloudBackend:
     """Provider + head handling for one cloud run, as the executor expects of a backend."""
@@ -168,7 +208,7 @@ class CloudBackend:
         worker = dataclasses.replace(request, extra_tags={**request.extra_tags, TAG_ROLE: "worker"},
                                      max_lifetime_s=cap)
 
-        def render(candidate: InstanceType) -> Provider:  # the script depends on the type actually tried
+        def render(candidate: InstanceType) -> _ScriptFor:  # the script depends on the type actually tried
             return _ScriptFor(self.pool.for_type(candidate), self.head, cap, self.requirements,
                               self.token_push.public_key if self.token_push is not None else None)
 
@@ -258,20 +298,20 @@ class CloudBackend:
                     self._where.setdefault(inst.id, provider)
         return list(seen.values())
 
-    def terminate(self, instance_ids: list[str]) -> None:
+    def terminate(self, instance_ids: builtins.list[str]) -> None:
         ids = [i for i in instance_ids if i != self.head.id]
         for provider, group in self._group(ids).items():
             provider.terminate(group)
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _providers(self) -> list[Provider]:
+    def _providers(self) -> builtins.list[Provider]:
         """Providers built so far (build the plan's regions up front to see instances of an earlier executor)."""
         providers = self.pool.providers()
         return providers or [self.pool(self.head.cloud, _region_of(self.head))]
 
-    def _group(self, instance_ids: list[str]) -> dict[Provider, list[str]]:
-        groups: dict[Provider, list[str]] = {}
+    def _group(self, instance_ids: builtins.list[str]) -> dict[Provider, builtins.list[str]]:
+        groups: dict[Provider, builtins.list[str]] = {}
         missing = [i for i in instance_ids if i not in self._where]
         if missing:
             self.list()  # learn where they are

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from rubberband.cloud.provider import Instance, InstanceRequest, Provider
+from rubberband.cloud.provider import Instance, InstanceRequest, Provisioner
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.cloud.bootstrap import redact
 from rubberband.errors import CloudError
@@ -283,7 +283,7 @@ def _market_steps(request: InstanceRequest, on_demand_fallback: bool) -> list[bo
     return [True, False] if request.spot and on_demand_fallback else [request.spot]
 
 
-def provision_with_failover(request: InstanceRequest, provider_for: Callable[[InstanceType], Provider], *,
+def provision_with_failover(request: InstanceRequest, provider_for: Callable[[InstanceType], Provisioner], *,
                             alternatives: Sequence[InstanceType] = (), policy: FailoverPolicy | None = None,
                             on_demand_fallback: bool = False,
                             on_demand_alternatives: Sequence[InstanceType] | None = None) -> FailoverResult:

@@ -71,12 +71,19 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
             raise ValueError("OnHeadCloudBackend needs the head instance")
         self.workers.head = self.head_instance
 
+    @property
+    def _head(self) -> Instance:
+        """The head instance (never None after construction)."""
+        if self.head_instance is None:
+            raise ValueError("OnHeadCloudBackend needs the head instance")
+        return self.head_instance
+
     def start_head(self, run_id: str) -> HeadHandle:
         self._run_id = cloud_run_id(run_id)
-        self.workers.head = dataclasses.replace(self.head_instance, run_id=self._run_id)
+        self.workers.head = dataclasses.replace(self._head, run_id=self._run_id)
         self.start_heartbeat()
-        return HeadHandle(address=self.ray_address or f"{self.head_instance.address}:{RAY_PORT}",
-                          id=self.head_instance.id, billed=self.billed_head())
+        return HeadHandle(address=self.ray_address or f"{self._head.address}:{RAY_PORT}",
+                          id=self._head.id, billed=self.billed_head())
 
     def billed_head(self) -> BilledHead:
         """This head as the run pays for it: its type's on-demand price from its launch (else from now)."""
@@ -84,13 +91,13 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
 
         from rubberband.cloud.head import HEAD_TYPES
 
-        head = self.head_instance
+        head = self._head
         itype = HEAD_TYPES.get(self.cloud)
         if itype is not None and itype.name == head.instance_type:
             price = itype.price_hr
         else:  # a head of another shape: the catalog's price, else the default head's
             try:
-                price = self.catalog.find(head.instance_type, cloud=self.cloud).price_hr
+                price = self.types.find(head.instance_type, cloud=self.cloud).price_hr
             except Exception:  # noqa: BLE001 - unknown type: bill it like the default head
                 price = itype.price_hr if itype is not None else 0.0
         launched = head.launched_at if head.launched_at is not None else time.time()

@@ -15,6 +15,7 @@ processes started at once race for ports and both die.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from rubberband import __version__
 from rubberband.catalog import InstanceType
+from rubberband.cloud.backend import HeadHandle
 from rubberband.cloud.provider import TAG_RUN_ID, Instance, InstanceRequest, node_resource
 from rubberband.errors import CloudError
 from rubberband.devices import node_resources
@@ -210,6 +212,25 @@ class LocalProvider:
         self.grace_s = grace_s
         self._lock = threading.Lock()  # nodes start one after another
 
+    # -- the rest of the executor's contract (cloud.backend.ExecutorBackend) ------------------
+    device_policy = None  # the executor's default: nodes advertise an instance type's real devices
+
+    @property
+    def ray_auth_mode(self) -> str:
+        return self.auth_mode
+
+    def obtained(self, instance_id: str) -> None:
+        """Local nodes are exactly the type requested."""
+        return None
+
+    def unavailable(self, itype: InstanceType, spot: bool = False) -> bool:
+        """Local capacity is never blocked."""
+        return False
+
+    def runtime_env(self, code_dir: str) -> None:
+        """Local nodes share this machine's files: nothing to ship."""
+        return None
+
     # -- records ---------------------------------------------------------------------------
     def records(self) -> list[ProcessRecord]:
         if not self.instances_dir.is_dir():
@@ -265,8 +286,13 @@ class LocalProvider:
                          kind="transient")
 
     # -- head ------------------------------------------------------------------------------
-    def start_head(self, run_id: str, timeout_s: float = 60.0, *, port: int | None = None,
-                   dashboard_port: int | None = None, env: dict[str, str] | None = None) -> ProcessRecord:
+    def start_head(self, run_id: str) -> HeadHandle:
+        """The executor's call: start the run's Ray head on this machine; where the driver connects."""
+        record = self.start_head_process(run_id)
+        return HeadHandle(address=record.address or "", id=record.id, pid=record.pid)
+
+    def start_head_process(self, run_id: str, timeout_s: float = 60.0, *, port: int | None = None,
+                           dashboard_port: int | None = None, env: dict[str, str] | None = None) -> ProcessRecord:
         """Start the run's Ray head (no CPUs: trials run on instances only); return its record.
 
         ``port``: the GCS port (default: a free one). ``dashboard_port``: also start the dashboard
@@ -337,7 +363,7 @@ class LocalProvider:
         workers = node.slots
         log = self.instances_dir / f"{instance_id}.log"
         now = time.time()
-        proc = self._ray_start(["--address", head.address, *node.ray_start_args(),
+        proc = self._ray_start(["--address", str(head.address), *node.ray_start_args(),
                                 "--resources", json.dumps({node_resource(instance_id): workers}),
                                 "--temp-dir", head.temp_dir], log, {**NODE_ENV, "RAY_AUTH_MODE": self.auth_mode})
         record = ProcessRecord(id=instance_id, run_id=request.run_id, role="node",
@@ -367,7 +393,7 @@ class LocalProvider:
         return [self._instance(r) for r in self.records()
                 if r.role == "node" and (run_id is None or r.run_id == run_id) and _is_ours(r)]
 
-    def terminate(self, instance_ids: list[str]) -> None:
+    def terminate(self, instance_ids: builtins.list[str]) -> None:
         for instance_id in instance_ids:
             path = self.instances_dir / f"{instance_id}.json"
             if not path.exists():
@@ -379,7 +405,7 @@ class LocalProvider:
                 record.terminated_at = time.time()
                 record.write(self.instances_dir)
 
-    def check_lost(self, instance_ids: list[str]) -> dict[str, str]:
+    def check_lost(self, instance_ids: builtins.list[str]) -> dict[str, str]:
         """Which of these nodes are gone (their process group died, or they were never recorded): id → ``lost``.
 
         A local node has no cloud to say why, so every loss is ``lost``.
@@ -398,6 +424,6 @@ class LocalProvider:
                         state=state, run_id=record.run_id, stage=record.stage, address=record.address,
                         launched_at=record.requested_at, tags=dict(record.tags))
 
-    def pids(self) -> list[int]:
+    def pids(self) -> builtins.list[int]:
         """Every live pid of this run's process groups (head and nodes), for tests and ``down``."""
         return sorted(pid for r in self.records() if _is_ours(r) for pid in _group_members(r.pgid))

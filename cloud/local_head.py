@@ -20,12 +20,13 @@ played by a local Ray node started under the instance's id, and the head takes a
 
 from __future__ import annotations
 
+import builtins
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rubberband.catalog import Catalog, load_catalog
-from rubberband.cloud.backend import CloudBackend, HeadHandle, ray_join_check
+from rubberband.cloud.backend import CloudBackend, HeadHandle, TokenPush, ray_join_check
 from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
 from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.heartbeat import INTERVAL_S, Heartbeat, beat_instances
@@ -63,7 +64,7 @@ class LocalHeadCloudBackend:
     heartbeat_s: float = INTERVAL_S  # how often the run's heartbeat is written on the cloud (cloud/heartbeat.py)
     _heartbeat: Heartbeat | None = field(default=None, init=False, repr=False)
     expires_at: float | None = None  # POSIX time by which every worker must be gone (bootstrap.lifetime_cap_s)
-    token_push: object | None = None  # how workers get the run's Ray token (backend.TokenPush); None: no token
+    token_push: TokenPush | None = None  # how workers get the run's Ray token; None: no token
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -79,6 +80,13 @@ class LocalHeadCloudBackend:
                                     token_push=self.token_push)
 
     @property
+    def types(self) -> Catalog:
+        """The run's catalog (``catalog``, loaded for the cloud when not given)."""
+        if self.catalog is None:
+            self.catalog = load_catalog([self.cloud])
+        return self.catalog
+
+    @property
     def device_policy(self) -> DevicePolicy:
         """Trials on GPU types use their GPUs (nccl). A played boot's stand-in node advertises the type's
         GPUs as logical ones on this machine, so its trials check Ray's GPU assignment, then train on CPU."""
@@ -89,7 +97,7 @@ class LocalHeadCloudBackend:
     def start_head(self, run_id: str) -> HeadHandle:
         """Start this machine's Ray head for the run (Ray's port 6379 unless test boots play the workers)."""
         port = None if self.test_boot else RAY_PORT
-        record = self.local.start_head(run_id, port=port)
+        record = self.local.start_head_process(run_id, port=port)
         host = "127.0.0.1" if self.test_boot else _private_address()
         self.workers.head = Instance(id=self.workers.head.id, cloud=self.cloud, instance_type="local-head", zone="",
                                      state="running", run_id=cloud_run_id(run_id), address=host,
@@ -156,7 +164,7 @@ class LocalHeadCloudBackend:
         self._build_providers()
         return self.workers.list(cloud_run_id(run_id) if run_id is not None else None)
 
-    def terminate(self, instance_ids: list[str]) -> None:
+    def terminate(self, instance_ids: builtins.list[str]) -> None:
         self._build_providers()
         try:
             self.workers.terminate(instance_ids)
@@ -172,7 +180,7 @@ class LocalHeadCloudBackend:
     def unavailable(self, itype, spot: bool = False) -> bool:
         return self.workers.unavailable(itype, spot=spot)
 
-    def check_lost(self, instance_ids: list[str]) -> dict[str, str]:
+    def check_lost(self, instance_ids: builtins.list[str]) -> dict[str, str]:
         """Instances the cloud no longer runs (with the cloud's reason) and, in test boots, dead stand-in nodes."""
         self._build_providers()
         lost = dict(self.workers.check_lost(instance_ids))
@@ -185,7 +193,7 @@ class LocalHeadCloudBackend:
 
     def _alternatives(self, itype):
         """Failover's stand-ins for ``itype``: same workers and device, in the run's regions, cheapest first."""
-        return [t for t in alternatives_for(itype, self.catalog, clouds=[self.cloud]) if t.region in self.regions]
+        return [t for t in alternatives_for(itype, self.types, clouds=[self.cloud]) if t.region in self.regions]
 
     def _build_providers(self) -> None:
         """Every region of the plan has its provider, so list / terminate see instances of an earlier executor."""
@@ -197,7 +205,7 @@ class LocalHeadCloudBackend:
         if instance.state != "running":
             raise CloudError(f"{instance.cloud}: instance {instance.id} is {instance.state}, not running",
                              kind="transient", zone=instance.zone)
-        itype = self.catalog.find(instance.instance_type, cloud=self.cloud)
+        itype = self.types.find(instance.instance_type, cloud=self.cloud)
         request = InstanceRequest(run_id=instance.run_id, stage=instance.stage, instance_type=itype,
                                   extra_tags={TAG_ROLE: "worker"})
         self.local.start_node(instance.id, request, timeout_s=timeout_s)

@@ -9,6 +9,7 @@ shared failover vocabulary of :class:`~rubberband.errors.CloudError`
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -103,6 +104,13 @@ def loss_reason(instance: Instance | None) -> str:
     return "lost"
 
 
+class Provisioner(Protocol):
+    """What failover needs of a provider: one call that requests instances (a :class:`Provider` is one)."""
+
+    def provision(self, request: InstanceRequest) -> list[Instance]:
+        """Request instances; raise CloudError(kind=capacity|quota|transient|fatal) on failure."""
+
+
 @runtime_checkable
 class Provider(Protocol):
     """One cloud (or the local backend) behind four calls."""
@@ -118,5 +126,5 @@ class Provider(Protocol):
     def list(self, run_id: str | None = None) -> list[Instance]:
         """Every live rubberband-managed instance, optionally only those of one run."""
 
-    def terminate(self, instance_ids: list[str]) -> None:
+    def terminate(self, instance_ids: builtins.list[str]) -> None:
         """Terminate instances; idempotent (terminating a gone instance is not an error)."""

@@ -143,7 +143,7 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
             (disk / HEAD_FAILED_FILE).write_text("the CLI did not deliver the run's Ray token\n")
         elif has_identity:
             port = _free_port()
-            local.start_head(run_id, dashboard_port=port, env=env)
+            local.start_head_process(run_id, dashboard_port=port, env=env)
             tmp = disk / f".{HEAD_URL_FILE}.tmp"
             tmp.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))
             tmp.replace(disk / HEAD_URL_FILE)

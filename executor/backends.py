@@ -1,12 +1,9 @@
 """Which backend runs a plan's instances: the local Ray-node provider, or a cloud's.
 
-A backend is a :class:`~rubberband.cloud.provider.Provider` plus ``start_head(run_id)`` /
-``stop_head()`` for the run's Ray head (and optionally ``ray_auth_mode``, the head's Ray auth
-mode the driver must use; ``token`` when absent). Optional, used when present: ``check_lost(ids)``
-(which instances are gone: id → ``spot-interruption`` | ``lost``), ``obtained(id)`` (the catalog type
-failover actually got), ``unavailable(itype, spot)`` (every zone of a type blocked by failover, in that market) and
-``device_policy`` (an :class:`~rubberband.devices.DevicePolicy`; test boots' stand-in nodes
-have logical GPUs only).
+A backend is a :class:`~rubberband.cloud.backend.ExecutorBackend`: a
+:class:`~rubberband.cloud.provider.Provider` plus the run's Ray head (``start_head`` / ``stop_head``,
+``ray_auth_mode``) and what the executor's failover, loss and spot decisions read (``check_lost``,
+``obtained``, ``unavailable``, ``device_policy``, ``runtime_env``). Every backend implements all of it.
 
 * ``local``: :class:`~rubberband.cloud.local.LocalProvider` (Ray nodes on this machine).
 * ``aws`` / ``gcp``: :class:`~rubberband.cloud.local_head.LocalHeadCloudBackend` — the Ray head
@@ -18,15 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rubberband.errors import InputError
+
+if TYPE_CHECKING:
+    from rubberband.cloud.backend import ExecutorBackend
 
 SUPPORTED = ("local", "aws", "gcp")
 
 
 def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *,
-                 lifetime_cap_s: float | None = None) -> Any:
+                 lifetime_cap_s: float | None = None) -> "ExecutorBackend":
     """The executor's backend; ``lifetime_cap_s``: how long a cloud run's workers may live at most."""
     if cloud == "local":
         from rubberband.cloud.local import LocalProvider

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rubberband.catalog import Catalog, InstanceType
+from rubberband.cloud.backend import ExecutorBackend
 from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.provider import InstanceRequest, node_resource
 from rubberband.errors import CatalogError, CloudError, ExecutionError, PlanFileError, TrainingError, TrialPreempted
@@ -219,7 +220,7 @@ def _devices_used(outcome: Any) -> dict[str, Any]:
 class Controller:
     """Runs one job's plan on a backend (provider + Ray head); see the module docstring."""
 
-    def __init__(self, *, spec: JobSpec, plan: Plan, catalog: Catalog, run_dir: str | Path, backend: Any,
+    def __init__(self, *, spec: JobSpec, plan: Plan, catalog: Catalog, run_dir: str | Path, backend: ExecutorBackend,
                  runtime: TrialRuntime, run_id: str, replanner: Replanner | None = None,
                  profile: Profile | None = None, progress: Callable[[Progress], None] | None = None,
                  deadline_s: float | None = None, overrun_s: float = 0.0, trial_timeout_s: float = 600.0,
@@ -256,7 +257,7 @@ class Controller:
         self._stage_seconds: list[float] = []  # the current stage's task times (not cold), for estimates
         self.trial_timeout_s = trial_timeout_s
         # GPU + nccl on GPU types, CPU + gloo otherwise (a backend may say otherwise: test boots' logical GPUs)
-        self.devices = device_policy or getattr(backend, "device_policy", None) or DevicePolicy()
+        self.devices = device_policy or backend.device_policy or DevicePolicy()
         self.elastic = elastic  # False: hold every instance to the end (the static baseline, for benchmarks)
         self.journal = J.Journal(self.run_dir)
         self.pool: dict[str, PoolInstance] = {}
@@ -340,7 +341,7 @@ class Controller:
         for life in known.values():  # dead without a termination record: bill it up to now
             if life.terminated_at is None:
                 self.journal.record(J.INSTANCE_TERMINATED, id=life.id, reason="lost")
-        if hasattr(self.backend, "stop_head") and self.backend.stop_head():
+        if self.backend.stop_head():
             self.journal.record(J.DECISION, kind="orphan_head_stopped")
 
     def _journal_unrecorded(self, instance: Any) -> None:
@@ -357,7 +358,7 @@ class Controller:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         # The driver speaks the head's auth mode: token locally; a backend whose head serves cloud nodes
         # (which run with auth disabled, docs/clouds.md) says ``ray_auth_mode = "disabled"``.
-        mode = getattr(self.backend, "ray_auth_mode", "token")
+        mode = self.backend.ray_auth_mode
         os.environ["RAY_AUTH_MODE"] = mode
         import ray
 
@@ -370,7 +371,7 @@ class Controller:
 
         head = self.backend.start_head(self.run_id)
         self.journal.record(J.DECISION, kind="head_started", address=head.address, pid=head.pid)
-        billed = getattr(head, "billed", None)
+        billed = head.billed
         if billed is not None and (self.state.head is None or self.state.head.id != billed.id):
             # the instance this executor runs on, which the run pays for: journaled once, so result.json bills it
             self.journal.record(J.HEAD_INSTANCE, id=billed.id, instance_type=billed.instance_type, cloud=billed.cloud,
@@ -378,9 +379,8 @@ class Controller:
             self.state = J.read_state(self.run_dir)
         self._request_first_instances()  # the first node boots while the driver connects
         # a backend whose workers are other machines ships rubberband and the training code with the driver's job
-        ship = getattr(self.backend, "runtime_env", None)
         ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR",
-                 runtime_env=ship(self.spec.base_dir) if ship is not None else None)
+                 runtime_env=self.backend.runtime_env(self.spec.base_dir))
         self._catch_signals()  # after ray.init, which installs its own SIGTERM handler (it aborts)
         self.sink = J.start_sink(self.run_dir)
         if self.runtime.module == DEFAULT_TRIAL_RUNTIME:
@@ -728,14 +728,12 @@ class Controller:
 
         ids = list(dict.fromkeys(instance_ids))
         deadline = time.monotonic() + wait_s
-        check = getattr(self.backend, "check_lost", None)
         while True:
             lost: dict[str, str] = {}
-            if check is not None:
-                try:
-                    lost.update(check(ids))
-                except Exception:  # noqa: BLE001 - a cloud hiccup: Ray's view below still counts
-                    pass
+            try:
+                lost.update(self.backend.check_lost(ids))
+            except Exception:  # noqa: BLE001 - a cloud hiccup: Ray's view below still counts
+                pass
             try:
                 for ident in self._gone_from_ray(ids, ray.cluster_resources()):
                     lost.setdefault(ident, "lost")
@@ -944,8 +942,7 @@ class Controller:
 
     def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str], bool]:
         """The catalog type (and zone, failover tries and market: spot?) the backend actually got for a request."""
-        getter = getattr(self.backend, "obtained", None)
-        got = getter(instance.id) if getter is not None else None
+        got = self.backend.obtained(instance.id)
         if got is not None:
             tries = [f"{a.instance_type}@{a.zone or a.region}{' ' + a.market if a.market else ''}: {a.outcome}"
                      for a in got.attempts]
@@ -1204,7 +1201,7 @@ class Controller:
 
         if not entry.spot or entry.id in self._watchers:
             return
-        source = notice_source(getattr(self.backend, "cloud", "local"))
+        source = notice_source(self.backend.cloud)
         if source is None:  # the local backend: no cloud posts notices
             return
 
@@ -1413,13 +1410,12 @@ class Controller:
 
     def _unavailable(self, stages: list[StagePlan]) -> list[str]:
         """Keys of the planned types of ``stages`` failover found unavailable (substituted, or every zone blocked)."""
-        check = getattr(self.backend, "unavailable", None)
         out: list[str] = []
         for stage in stages:
             itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
             if itype.key in out:
                 continue
-            if itype.key in self.substitutes or (check is not None and check(itype, spot=stage.spot)):
+            if itype.key in self.substitutes or self.backend.unavailable(itype, spot=stage.spot):
                 out.append(itype.key)
         return out
 
@@ -1427,10 +1423,9 @@ class Controller:
         """What runs instead of an unavailable type: what failover obtained for it, else the cheapest alternative."""
         if itype.key in self.substitutes:
             return self._substitute(itype)
-        check = getattr(self.backend, "unavailable", None)
         for alt in alternatives_for(itype, self.catalog, spot=spot, clouds=[itype.cloud]):
-            if alt.region == itype.region and alt.key not in unavailable and not (check is not None
-                                                                                  and check(alt, spot=spot)):
+            if alt.region == itype.region and alt.key not in unavailable and not self.backend.unavailable(alt,
+                                                                                                         spot=spot):
                 return alt
         return None
 
@@ -1571,8 +1566,7 @@ class Controller:
                 if p is not None:
                     p.released = True
             self._terminator.shutdown(wait=True)
-            if hasattr(self.backend, "stop_head"):
-                self.backend.stop_head()
+            self.backend.stop_head()
             self.state = J.read_state(self.run_dir)
             self._write_result(status, error)
         finally:

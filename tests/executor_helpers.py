@@ -155,12 +155,38 @@ def lose_node_once_checkpointed(proc, run_dir: Path, *, before_kill=None, timeou
 class LosingBackend:
     """A backend without Ray for the controller's loss handling: provision returns a new instance at once
     (``i-0``, ``i-1``, … ; the requests, with the market asked for, are kept), and every instance checked is lost
-    to a spot interruption."""
+    to a spot interruption. The rest of the executor's contract (cloud.backend.ExecutorBackend) answers the
+    neutral values; tests that never reach the backend use it too."""
+
+    cloud = "local"
+    ray_auth_mode = "token"
+    device_policy = None
 
     def __init__(self) -> None:
         self.requests: list = []
         self.provisioned: list[str] = []
         self.terminated: list[str] = []
+
+    def start_head(self, run_id):
+        raise AssertionError("LosingBackend starts no Ray head")
+
+    def stop_head(self) -> bool:
+        return False
+
+    def wait(self, ids, timeout_s):
+        return []
+
+    def list(self, run_id=None):
+        return []
+
+    def obtained(self, instance_id):
+        return None
+
+    def unavailable(self, itype, spot=False) -> bool:
+        return False
+
+    def runtime_env(self, code_dir):
+        return None
 
     def provision(self, request):
         from rubberband.cloud.provider import Instance

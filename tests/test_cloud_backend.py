@@ -140,3 +140,29 @@ def test_lifetime_caps_come_from_the_plan_and_the_cloud_enforces_them(moto_env):
         behaviour = ec2.describe_instance_attribute(InstanceId=instance, Attribute="instanceInitiatedShutdownBehavior")
         assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
     terminate_run(provider, "run-l", timeout_s=10)
+
+
+def test_every_backend_the_executor_is_given_implements_the_whole_contract(tmp_path):
+    """The executor calls every :class:`ExecutorBackend` member directly (no probing): the local provider, both
+    cloud backends and the tests' stand-in have them all (names here; signatures: mypy in .ci/typecheck)."""
+    from executor_helpers import LosingBackend
+
+    from rubberband.cloud.backend import ExecutorBackend
+    from rubberband.cloud.head_run import OnHeadCloudBackend
+    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local_head import LocalHeadCloudBackend
+    from rubberband.cloud.provider import Instance
+
+    head = Instance(id="i-head", cloud="aws", instance_type="m5.large", zone="us-east-1a", state="running",
+                    run_id="", address="10.0.0.1")
+    backends = [LocalProvider(tmp_path / "l"), LosingBackend(),
+                LocalHeadCloudBackend(cloud="aws", run_dir=tmp_path / "c", regions=[REGION], catalog=CATALOG),
+                OnHeadCloudBackend(cloud="aws", run_dir=tmp_path / "h", regions=[REGION], catalog=CATALOG,
+                                   head_instance=head)]
+    for backend in backends:
+        assert isinstance(backend, ExecutorBackend), type(backend).__name__
+    local = backends[0]
+    assert (local.ray_auth_mode, local.device_policy, local.obtained("n1"), local.runtime_env(str(tmp_path))) == \
+        ("token", None, None, None)
+    assert not local.unavailable(CATALOG.find("p3.2xlarge", region=REGION), spot=True)
+    assert not isinstance(object(), ExecutorBackend)

@@ -53,7 +53,7 @@ def test_the_runs_ray_refuses_clients_without_its_token(tmp_path):
     local = LocalProvider(tmp_path / "head", auth_mode="token")
     port = _free_port()
     try:
-        head = local.start_head("run-t", dashboard_port=port, env={"RAY_AUTH_TOKEN_PATH": str(token_file)})
+        head = local.start_head_process("run-t", dashboard_port=port, env={"RAY_AUTH_TOKEN_PATH": str(token_file)})
         url = f"http://127.0.0.1:{port}"
         (tmp_path / "tmp").mkdir()
         home = {"HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path / "tmp")}  # no ~/.ray/auth_token to fall on

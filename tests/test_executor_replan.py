@@ -6,7 +6,7 @@ import math
 import time
 
 import pytest
-from executor_helpers import make_plan, write_job
+from executor_helpers import LosingBackend, make_plan, write_job
 
 from rubberband.catalog import load_catalog
 from rubberband.executor import journal as J
@@ -32,7 +32,7 @@ def setup(tmp_path):
 def _controller(setup, replanner, deadline_s, **options):
     spec, plan, run_dir = setup
     options.setdefault("overrun_s", math.inf)  # finish late, whatever it takes, unless a test says otherwise
-    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=None,
+    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=LosingBackend(),
                             runtime=None, run_id="r1", replanner=replanner, deadline_s=deadline_s, **options)
     controller.state = J.read_state(run_dir)
     return controller

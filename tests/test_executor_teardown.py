@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from executor_helpers import cli_env, make_plan, run_pids, write_job
+from executor_helpers import LosingBackend, cli_env, make_plan, run_pids, write_job
 
 from rubberband.catalog import load_catalog
 from rubberband.executor import journal as J
@@ -90,7 +90,7 @@ def test_a_late_run_goes_on_within_its_overrun_then_stops(tmp_path):
     run_dir = tmp_path / "run"
     J.Journal(run_dir).record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
                               plan=plan.model_dump(mode="json"), cloud="local", deadline_s=100.0)
-    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=None,
+    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=LosingBackend(),
                             runtime=None, run_id="r1", deadline_s=100.0, overrun_s=10.0)
     controller.state = J.read_state(run_dir)
     controller.state.first_started_at = time.time() - 105.0
