@@ -121,6 +121,8 @@ class SshTokenPush:
     token_file: Path  # the head's copy of the run's token
     ssh: str = "ssh"
     poll_s: float = 5.0
+    user: str = TOKEN_DROP_USER  # the workers' drop account (cloud/bootstrap.py makes it)
+    port: int = 22  # the workers' sshd
 
     @classmethod
     def from_env(cls) -> "SshTokenPush | None":
@@ -144,10 +146,14 @@ class SshTokenPush:
         from rubberband.cloud.head_link import ssh_options
 
         known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        command = [self.ssh, "-i", str(self.key_file), *ssh_options(known_hosts),
-                   f"{TOKEN_DROP_USER}@{instance.address}"]
+        command = [self.ssh, "-i", str(self.key_file), *ssh_options(known_hosts), *self._port_option(),
+                   f"{self.user}@{instance.address}"]
         _retry_ssh(command, self.token_file.read_text().strip(), timeout_s=timeout_s, poll_s=self.poll_s,
                    what=f"worker {instance.id} ({instance.address})")
+
+
+    def _port_option(self) -> list[str]:
+        return [] if self.port == 22 else ["-p", str(self.port)]
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ def _fit_device(points: list[tuple[int, int, int, float]]) -> DeviceModel:
     fit_beta_grad = len(batches) > 1
     priors = np.log([base * _PRIOR_REL[k] for k in ("a1", "b1", "aN", "bN")] + [_PRIOR_GAMMA - 1.0])
 
-    def unpack(theta: np.ndarray) -> tuple[float, ...]:
+    def unpack(theta: np.ndarray) -> tuple[float, float, float, float, float, float, float]:
         a_g = math.exp(theta[0])
         b_g = math.exp(theta[1]) if fit_beta_grad else 0.0
         a1, b1, an, bn = (math.exp(x) for x in theta[2:6])

@@ -136,3 +136,80 @@ def test_the_head_pushes_the_token_to_a_workers_drop_account(tmp_path, monkeypat
     assert argv[-1] == "rubberband-token@10.0.0.7" and str(key) in argv
     assert f"UserKnownHostsFile={tmp_path / 'state' / 'known_hosts.d' / 'i-0w'}" in argv
     assert (tmp_path / "stdin.0").read_text() == "t0ken" and "t0ken" not in "\n".join(argv)
+
+
+SSHD = "/usr/sbin/sshd"
+
+
+def _drop_account_lines(public_key: str, drop: str) -> list[str]:
+    """The worker boot's drop-account lines as rendered for a worker whose drop directory is ``drop`` (a
+    parameter of the boot, like its other paths), less the two that make the system account and hand it the
+    files: they need a user of that name; this test's sshd serves its own user instead."""
+    from rubberband.cloud.bootstrap import BootstrapConfig, _token_drop_lines
+
+    config = BootstrapConfig(cloud="aws", role="worker", run_id="run-s", ray_version="2.60.0", python_version=None,
+                             head_address="127.0.0.1", token_push_key=public_key, ray_auth="token",
+                             token_drop_dir=drop)
+    return [line for line in _token_drop_lines(config) if not line.startswith(("#", "id -u", "chown"))]
+
+
+@pytest.mark.skipif(not os.path.exists(SSHD), reason="needs OpenSSH's sshd (apt-get install openssh-server)")
+def test_the_pushed_token_lands_through_a_real_sshd_and_the_key_can_do_nothing_else(tmp_path):
+    """A real sshd (on a free port of 127.0.0.1) serving the authorized_keys line a worker's boot renders: the
+    head's SshTokenPush, with a real push key made as the head's boot makes it, writes the token into the drop
+    directory (0600, exactly the token); the same key asking for any other command still only runs the forced
+    drop (its output is never a shell's), and cannot open a port forward."""
+    import getpass
+    import time
+
+    from rubberband.cloud.head_link import ssh_options
+    from rubberband.cloud.provider import Instance
+    from rubberband.cloud.ray_token import SshTokenPush, new_token
+
+    state, drop = tmp_path / "state", tmp_path / "drop"
+    state.mkdir()
+    key = state / "push_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rubberband-token-push", "-f", str(key)],
+                   check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")], check=True)
+    for line in _drop_account_lines((state / "push_key.pub").read_text().strip(), str(drop)):
+        subprocess.run(["sh", "-c", line], check=True)
+    port = _free_port()
+    config = tmp_path / "sshd_config"
+    config.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path / 'host_key'}\n"
+                      f"AuthorizedKeysFile {drop}/.ssh/authorized_keys\nPidFile {tmp_path / 'sshd.pid'}\n"
+                      "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+                      "PermitRootLogin prohibit-password\nAllowTcpForwarding yes\n")
+    os.makedirs("/run/sshd", exist_ok=True)  # OpenSSH's privilege-separation directory (the package makes it at boot)
+    sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        token = new_token()
+        (state / "ray-token").write_text(token)
+        worker = Instance(id="i-0w", cloud="aws", instance_type="p3.2xlarge", zone="us-east-1a", state="running",
+                          run_id="run-s", address="127.0.0.1")
+        push = SshTokenPush(key_file=key, token_file=state / "ray-token", poll_s=0.2, user=getpass.getuser(),
+                            port=port)
+        push.push(worker, timeout_s=30)  # retried until the sshd listens
+        landed = drop / "ray-token"
+        assert landed.read_text() == token and landed.stat().st_mode & 0o777 == 0o600
+        assert not (drop / "ray-token.part").exists()
+        # the key runs nothing but the forced command: a request for a shell command writes its stdin as the token
+        base = ["ssh", "-i", str(key), *ssh_options(state / "known_hosts.d" / "i-0w"), "-p", str(port),
+                f"{getpass.getuser()}@127.0.0.1"]
+        other = subprocess.run([*base, "id; echo opened"], input="not-a-command", capture_output=True, text=True,
+                               timeout=30)
+        assert "uid=" not in other.stdout and "opened" not in other.stdout
+        assert landed.read_text() == "not-a-command"
+        # `restrict`: no port forwarding with that key
+        forward = subprocess.run([*base, "-W", f"127.0.0.1:{port}"], input="", capture_output=True, text=True,
+                                 timeout=30)
+        assert forward.returncode != 0 and "prohibited" in forward.stderr, forward.stderr
+    finally:
+        sshd.terminate()
+        try:
+            sshd.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            sshd.kill()
+            sshd.wait(timeout=10)
+        time.sleep(0.2)
