@@ -51,6 +51,7 @@ from rubberband.catalog import (BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIO
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import PrefetchPolicy
+from rubberband.planner.provisioning import ProvisionQueue
 from rubberband.planner.spot import MAX_PREEMPTIONS, REQUEST_EVENT, SpotSetup, stay_on_spot
 from rubberband.planner.noise import VariationDraws, schedule_tasks, task_factors
 from rubberband.planner.schedule import Stage
@@ -221,6 +222,9 @@ class _StageRecord:
     ready: np.ndarray | None = None  # (S, N) when each instance can take its first trial (bracket hand-overs)
     fallback: np.ndarray | None = None  # (S,) spot stage bought on-demand (no capacity at its request)
     events: dict[str, np.ndarray] | None = None  # spot stages: per-sample counts (SimResult.spot_events)
+    # serial-provisioning clouds: (submitted, busy) per sample: when the stage's new instances were asked
+    # for and how long the provisioner is busy starting them one after another (the provisioning queue)
+    provision: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -336,10 +340,14 @@ class Simulator:
         return (tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages)),
                 self.samples if samples is None else min(samples, self.samples))
 
-    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
-        """Simulate a full plan with the first ``samples`` samples (all by default)."""
+    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None,
+                 queue: ProvisionQueue | None = None) -> SimResult:
+        """Simulate a full plan with the first ``samples`` samples (all by default).
+
+        ``queue``: when the provisioner is free for each stage's new instances on a serial-provisioning
+        cloud (:class:`ProvisionQueue`, arrays over the ``samples``); None: free at once."""
         configs, n = self.prepare(configs, samples)
-        prefix = self._prefix(configs, len(configs), n, self._tails(configs))
+        prefix = self._prefix(configs, len(configs), n, self._tails(configs), queue)
         return self._finish(configs, prefix, n)
 
     def _tails(self, configs: tuple[StageConfig, ...]) -> tuple[float, ...]:
@@ -428,15 +436,19 @@ class Simulator:
             out.append(self.options.prefetch.request_offset_s(predicted, self._lead(configs[i].instance_type)))
         return out
 
-    def trace(self, configs: Sequence[StageConfig], sample: int) -> tuple[Timeline, nx.DiGraph, float]:
-        """Timeline of one sample, rebuilt as an explicit DAG; returns (timeline, dag, critical path)."""
+    def trace(self, configs: Sequence[StageConfig], sample: int,
+              queue: ProvisionQueue | None = None) -> tuple[Timeline, nx.DiGraph, float]:
+        """Timeline of one sample, rebuilt as an explicit DAG; returns (timeline, dag, critical path).
+        ``queue``: as for :meth:`simulate` (arrays over all samples)."""
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
         prefix = None
         records: list[_StageRecord] = []
         tails = self._tails(configs)
+        rows = slice(sample, sample + 1)
         for i in range(len(configs)):
-            prefix = self._step(prefix, configs[i], i, rows=slice(sample, sample + 1), record=True, tail_s=tails[i],
-                                next_config=configs[i + 1] if i + 1 < len(configs) else None)
+            prefix = self._step(prefix, configs[i], i, rows=rows, record=True, tail_s=tails[i],
+                                next_config=configs[i + 1] if i + 1 < len(configs) else None,
+                                free_at=None if queue is None else queue.at(i, rows))
             records.append(prefix.open)
         return _build_timeline(self, configs, records)
 
@@ -492,16 +504,19 @@ class Simulator:
         return self._epoch_cache[key]
 
     def _prefix(self, configs: tuple[StageConfig, ...], upto: int, n: int,
-                tails: tuple[float, ...]) -> _Prefix | None:
+                tails: tuple[float, ...], queue: ProvisionQueue | None = None) -> _Prefix | None:
         if upto == 0:
             return None
         key = (n, tuple(c.key for c in configs[:upto]), tails[:upto])
+        if queue is not None and queue.waits_before(upto):
+            key += (queue.digest(upto),)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        previous = self._prefix(configs, upto - 1, n, tails)
-        result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n), tail_s=tails[upto - 1])
+        previous = self._prefix(configs, upto - 1, n, tails, queue)
+        result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n), tail_s=tails[upto - 1],
+                            free_at=None if queue is None else queue.at(upto - 1, slice(0, n)))
         self._cache[key] = result
         self._cached_bytes += _nbytes(result)
         while self._cache and (len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes):
@@ -574,7 +589,8 @@ class Simulator:
         return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
 
     def _step(self, prefix: _Prefix | None, config: StageConfig, index: int, *, rows: slice,
-              record: bool = False, next_config: StageConfig | None = None, tail_s: float = 0.0) -> _Prefix:
+              record: bool = False, next_config: StageConfig | None = None, tail_s: float = 0.0,
+              free_at: np.ndarray | None = None) -> _Prefix:
         stage = self.stages[index]
         itype = config.instance_type
         cap = itype.workers
@@ -588,6 +604,7 @@ class Simulator:
         prev = prefix.open if prefix is not None else None
 
         carry = 0
+        provision = None
         if prev is not None:
             same = prev.config.instance_type.key == itype.key and prev.config.market == config.market
             carry = self.options.prefetch.carried(same, prev.release.shape[1], n_inst)
@@ -622,9 +639,15 @@ class Simulator:
             _, s_all = self._draws(index, n_inst, itype)
             boot = s_all[rows, carry:n_inst]
             if itype.cloud in SERIAL_PROVISIONING:
-                # one after another: each starts (and is billed from) when the one before is up
+                # one after another: each starts (and is billed from) when the one before is up; the
+                # first waits for the provisioner to finish the requests before it (another bracket's)
+                submitted = t_req
+                if free_at is not None:
+                    t_req = np.maximum(t_req, free_at)
+                    request[:, carry:] = t_req[:, None]
                 boot = np.cumsum(boot, axis=1)
                 request[:, carry + 1:] = t_req[:, None] + boot[:, :-1]
+                provision = (submitted, boot[:, -1])
             # its first trial waits for the new instance's worker processes
             ready[:, carry:] = t_req[:, None] + boot + model.worker_start_s
         scenario = None
@@ -726,7 +749,8 @@ class Simulator:
         rec = _StageRecord(config=config, start=start, anchor=anchor, barrier=barrier, predicted_s=predicted,
                            release=release, request=request, cost=cost,
                            parts=stage_parts, trace=trace, ready=ready,
-                           fallback=fallback if scenario is not None else None, events=events)
+                           fallback=fallback if scenario is not None else None, events=events,
+                           provision=provision)
         events = None if prefix is None else _add_events(prefix.events, prefix.open.events)
         return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec,
                        events=events)
