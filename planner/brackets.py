@@ -496,6 +496,8 @@ def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageCon
     from rubberband.planner.search import PlanSpace
 
     subspaces = sim.__dict__.setdefault("_subspaces", {})
+    # per bracket and its stages' configurations: pool plans share brackets (the knapsack ladders combine them)
+    bounds = sim.__dict__.setdefault("_bracket_bounds", {})
     cost, jct = 0.0, 0.0
     for b, (lo, hi) in enumerate(sim.ranges):
         key = (id(space), b)
@@ -503,9 +505,13 @@ def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageCon
             subspaces[key] = PlanSpace(space.stages[lo:hi], space.types, space.model, space.max_workers)
         sub_space = subspaces[key]
         sub_plan = tuple(plan[lo:hi])
-        c_b, j_b = lower_bounds(sub_space, _View(sim.subs[b]), sub_plan)
-        if b > 0:
-            c_b, _ = lower_bounds(sub_space, _View(_Running(sim.subs[b])), sub_plan)
+        bkey = (key, tuple(c.key for c in sub_plan))
+        if bkey not in bounds:
+            c_b, j_b = lower_bounds(sub_space, _View(sim.subs[b]), sub_plan)
+            if b > 0:
+                c_b, _ = lower_bounds(sub_space, _View(_Running(sim.subs[b])), sub_plan)
+            bounds[bkey] = (c_b, j_b)
+        c_b, j_b = bounds[bkey]
         cost += c_b
         jct = max(jct, sim.offsets[b] + j_b)
     cost += float(sim.head_cost(plan, np.full(1, jct))[0])

@@ -75,6 +75,7 @@ class PlanSpace:
         self._frontiers: dict[int, list[StageConfig]] = {}
         self._options: dict[int, list[StageConfig]] = {}
         self._estimates: dict[int, list[tuple[float, float, StageConfig]]] = {}
+        self._times: dict[tuple, float] = {}  # stage_time per (stage, type, count, width): asked for by every move
 
     def counts(self, stage: int, itype: InstanceType, workers: int) -> list[int]:
         key = (stage, itype.workers, workers)
@@ -97,10 +98,15 @@ class PlanSpace:
 
     def stage_time(self, stage: int, config: StageConfig) -> float:
         """Deterministic stage time at the median (no start-up): waves × task time."""
-        st = self.stages[stage]
-        lay = layout(config.instance_type.workers, config.instances, config.workers)
-        task = st.epochs_this_stage * self.model.epoch_time(config.instance_type.device, config.workers, lay.nodes)
-        return waves_of(st.trials, config) * task
+        key = (stage, config.instance_type.key, config.instances, config.workers)
+        out = self._times.get(key)
+        if out is None:
+            st = self.stages[stage]
+            lay = layout(config.instance_type.workers, config.instances, config.workers)
+            task = st.epochs_this_stage * self.model.epoch_time(config.instance_type.device, config.workers,
+                                                                lay.nodes)
+            out = self._times[key] = waves_of(st.trials, config) * task
+        return out
 
     def brackets(self) -> list[tuple[int, int]]:
         """(first, end) stage positions of each bracket."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Mapping, Sequence
 
 import networkx as nx
@@ -131,6 +131,7 @@ class Layout:
         return self.span
 
 
+@lru_cache(maxsize=65536)  # a pure function of three ints, called for every candidate's every stage
 def layout(capacity: int, instances: int, workers: int) -> Layout:
     if workers <= capacity:
         p = capacity // workers
