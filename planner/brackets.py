@@ -190,7 +190,8 @@ class ParallelSimulator:
         theirs (:func:`~rubberband.planner.provisioning.fifo_starts`; brackets starting together in
         :meth:`start_order`). A wait delays the bracket's later requests, so the queue is played to a fixed
         point: round ``j`` gets the first ``j`` batches in queue order right, so at most one round per batch."""
-        runs = [self._bracket(b, configs, n) for b in range(len(self.ranges))]
+        keys = tuple(c.key for c in configs)  # sliced per bracket for the run cache (built once per plan)
+        runs = [self._bracket(b, configs, n, keys=keys) for b in range(len(self.ranges))]
         if not any(c.instance_type.cloud in SERIAL_PROVISIONING for c in configs):
             return runs
         rank = {b: i for i, b in enumerate(self._order(runs))}
@@ -214,14 +215,14 @@ class ParallelSimulator:
             if all(ProvisionQueue.same(a, q) for a, q in zip(new, queues)):
                 break
             queues = new
-            runs = [self._bracket(b, configs, n, q) for b, q in enumerate(queues)]
+            runs = [self._bracket(b, configs, n, q, keys=keys) for b, q in enumerate(queues)]
         return runs
 
     def _bracket(self, b: int, configs: tuple[StageConfig, ...], n: int,
-                 queue: ProvisionQueue | None = None) -> _BracketRun:
+                 queue: ProvisionQueue | None = None, keys: tuple | None = None) -> _BracketRun:
         lo, hi = self.ranges[b]
         sub_configs = configs[lo:hi]
-        key = (b, n, tuple(c.key for c in sub_configs))
+        key = (b, n, tuple(c.key for c in sub_configs) if keys is None else keys[lo:hi])
         if queue is not None:
             key += (queue.digest(hi - lo),)
         hit = self._runs.get(key)
