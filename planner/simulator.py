@@ -914,12 +914,57 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
     form the sequence ``ready_j, ready_j + dur_j, ...``. Dispatching each task to the slot that
     frees first merges these sequences: the tasks start at the ``trials`` smallest values of their
     union (ties go to the lower slot index). Returns per-slot task counts and last end times.
+
+    The ``trials`` smallest are found by counting: each slot's starts up to a guess of the last
+    start (where ``Σ_j (t − ready_j)/dur_j + ½ = trials``), then, one start at a time per sample,
+    the largest counted start is dropped (ties: the higher slot) or the smallest uncounted one added
+    (ties: the lower slot) until ``trials`` are counted. That is the same set, compared on the same
+    start values, as :func:`_list_schedule_partition` selects (a few steps instead of a partition of
+    every start); where the guess is far off it falls back to the partition.
     """
     S, slots = ready.shape
     if slots == trials:
         # one task per slot unless some slot finishes its first task before another slot is ready
         if np.all((ready + dur).min(axis=1) > ready.max(axis=1)):
             return np.ones((S, slots), dtype=np.int64), ready + dur
+    if not float(dur.min()) > 0:
+        return _list_schedule_partition(ready, dur, trials)
+    starts = _starts(ready, dur, trials)
+    K = starts.shape[1]
+    inv = 1.0 / dur
+    guess = (trials - 0.5 * slots + (ready * inv).sum(axis=1)) / inv.sum(axis=1)
+    counts = (starts <= guess[:, None, None]).sum(axis=1)
+    off = counts.sum(axis=1) - trials
+    rows = np.arange(S)
+    columns = np.arange(slots)
+    for _ in range(2 * slots + 8):
+        over, under = off > 0, off < 0
+        if not (over.any() or under.any()):
+            break
+        if over.any():  # drop the latest counted start (ties: the higher slot)
+            r = rows[over]
+            c = counts[r]
+            last = np.where(c > 0, starts[r[:, None], np.maximum(c - 1, 0), columns], -np.inf)
+            j = slots - 1 - np.argmax(last[:, ::-1], axis=1)
+            counts[r, j] -= 1
+            off[r] -= 1
+        if under.any():  # add the earliest uncounted start (ties: the lower slot)
+            r = rows[under]
+            c = counts[r]
+            nxt = np.where(c < K, starts[r[:, None], np.minimum(c, K - 1), columns], np.inf)
+            j = np.argmin(nxt, axis=1)
+            counts[r, j] += 1
+            off[r] += 1
+    else:
+        return _list_schedule_partition(ready, dur, trials, starts)
+    last_start = np.take_along_axis(starts, np.maximum(counts - 1, 0)[:, None, :], axis=1)[:, 0, :]
+    return counts, last_start + dur
+
+
+def _starts(ready: np.ndarray, dur: np.ndarray, trials: int) -> np.ndarray:
+    """(samples, K, slots): each slot's first K task starts (repeated additions), K enough for every start
+    among the ``trials`` earliest (all slots' starts up to the last of them)."""
+    S, slots = ready.shape
     waves = -(-trials // slots)
     dmin = float(dur.min())
     dmax = float(dur.max())
@@ -929,6 +974,17 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
     starts[:, 0, :] = ready
     for k in range(1, K):
         np.add(starts[:, k - 1, :], dur, out=starts[:, k, :])
+    return starts
+
+
+def _list_schedule_partition(ready: np.ndarray, dur: np.ndarray, trials: int,
+                             starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_list_schedule` by a partition of every slot's starts: the ``trials``-th smallest start is the
+    threshold, ties at it go to the lower slots."""
+    S, slots = ready.shape
+    if starts is None:
+        starts = _starts(ready, dur, trials)
+    K = starts.shape[1]
     threshold = np.partition(starts.reshape(S, K * slots), trials - 1, axis=1)[:, trials - 1]
     counts = (starts <= threshold[:, None, None]).sum(axis=1)
     excess = counts.sum(axis=1) - trials
