@@ -226,6 +226,10 @@ class _StageRecord:
     # serial-provisioning clouds: (submitted, busy) per sample: when the stage's new instances were asked
     # for and how long the provisioner is busy starting them one after another (the provisioning queue)
     provision: tuple[np.ndarray, np.ndarray] | None = None
+    # serial-provisioning clouds: when the provisioner has started every new instance of this stage and the
+    # stages before (a later stage's first new instance starts no earlier: one provisioner, first come first
+    # served); None while no stage had new instances there
+    provisioned: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -606,6 +610,7 @@ class Simulator:
 
         carry = 0
         provision = None
+        provisioned = None if prefix is None else prefix.open.provisioned
         if prev is not None:
             same = prev.config.instance_type.key == itype.key and prev.config.market == config.market
             carry = self.options.prefetch.carried(same, prev.release.shape[1], n_inst)
@@ -641,14 +646,19 @@ class Simulator:
             boot = s_all[rows, carry:n_inst]
             if itype.cloud in SERIAL_PROVISIONING:
                 # one after another: each starts (and is billed from) when the one before is up; the
-                # first waits for the provisioner to finish the requests before it (another bracket's)
+                # first waits for the provisioner to finish the requests before it (an earlier stage's
+                # still starting, or another bracket's: ``free_at``)
                 submitted = t_req
+                if provisioned is not None:
+                    t_req = np.maximum(t_req, provisioned)
                 if free_at is not None:
                     t_req = np.maximum(t_req, free_at)
+                if t_req is not submitted:
                     request[:, carry:] = t_req[:, None]
                 boot = np.cumsum(boot, axis=1)
                 request[:, carry + 1:] = t_req[:, None] + boot[:, :-1]
                 provision = (submitted, boot[:, -1])
+                provisioned = t_req + boot[:, -1]
             # its first trial waits for the new instance's worker processes
             ready[:, carry:] = t_req[:, None] + boot + model.worker_start_s
         scenario = None
@@ -751,7 +761,7 @@ class Simulator:
                            release=release, request=request, cost=cost,
                            parts=stage_parts, trace=trace, ready=ready,
                            fallback=fallback if scenario is not None else None, events=events,
-                           provision=provision)
+                           provision=provision, provisioned=provisioned)
         events = None if prefix is None else _add_events(prefix.events, prefix.open.events)
         return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec,
                        events=events)

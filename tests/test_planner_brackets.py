@@ -332,3 +332,26 @@ def test_fifo_starts_serves_batches_in_submission_order_ties_by_rank():
     starts = fifo_starts(submitted, busy, [1, 0, 2])
     # sample 0: batch 1 first (tie, rank 0) 0→4, batch 0 4→14, batch 2 at 14; sample 1: 1 (0→2), 2 (2→4), 0 at 4
     assert starts.tolist() == [[4.0, 0.0, 14.0], [4.0, 0.0, 2.0]]
+
+
+def test_a_stage_requested_while_the_stage_before_still_starts_nodes_waits_for_them():
+    """Local SHA (one simulator): stage 0's two nodes start 10 → 20 s and 20 → 30 s; stage 1's new
+    ``local.cpu2`` is asked for at the first task's start (20 s, its 5 s stage is shorter than the lead)
+    and starts only when the provisioner is free (30 s): up at 40 s, its 5 s task ends at 45 s."""
+    model = ideal_model(t_iter=0.5, dataset=100, batch=10)  # 5 s epochs
+    from dataclasses import replace
+
+    from rubberband.planner.model import StartupModel
+
+    model = replace(model, startup_by_cloud={"local": StartupModel((10.0,), "test")},
+                    termination_by_cloud={"local": StartupModel((0.0,), "test")})
+    local2 = itype("local.cpu2", cloud="local", gpus=2, price=0.72)
+    stages = [Stage(0, 0, 2, 1, 1), Stage(0, 1, 1, 2, 1)]
+    configs = [StageConfig(LOCAL1, 2, 1), StageConfig(local2, 1, 1)]
+    sim = Simulator(stages, model, samples=4)
+    assert sim.request_offsets(configs) == [None, 0.0]
+    assert np.allclose(sim.simulate(configs).jct, 45.0)
+    timeline, _, critical = sim.trace(configs, 0)
+    assert critical == pytest.approx(45.0)
+    assert sorted((i.requested_s, i.ready_s) for i in timeline.instances) == pytest.approx(
+        [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0)])
