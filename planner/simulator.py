@@ -942,12 +942,27 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
     starts = _starts(ready, dur, trials)
     K = starts.shape[1]
     inv = 1.0 / dur
+    # the last start t where Σ_j max(0, (t − ready_j)/dur_j + ½) = trials: the root counting every slot
+    # (late ones negatively) lies above it; Newton steps from there (the sum is convex) go down to it
     guess = (trials - 0.5 * slots + (ready * inv).sum(axis=1)) / inv.sum(axis=1)
+    for _ in range(4):
+        active = ready < guess[:, None]
+        slope = np.where(active, inv, 0.0).sum(axis=1)
+        if not np.all(slope > 0):
+            break
+        value = np.where(active, (guess[:, None] - ready) * inv + 0.5, 0.0).sum(axis=1)
+        step = (value - trials) / slope
+        if not np.any(step > 1e-9 * np.abs(guess)):
+            break
+        guess = guess - np.maximum(step, 0.0)
     counts = (starts <= guess[:, None, None]).sum(axis=1)
     off = counts.sum(axis=1) - trials
+    limit = slots // 2 + 4  # one start per step; further off, the partition is quicker
+    if int(np.abs(off).max()) > limit:
+        return _list_schedule_partition(ready, dur, trials, starts)
     rows = np.arange(S)
     columns = np.arange(slots)
-    for _ in range(2 * slots + 8):
+    for _ in range(limit + 1):
         over, under = off > 0, off < 0
         if not (over.any() or under.any()):
             break
