@@ -46,6 +46,7 @@ from rubberband.executor.controller import LIVENESS_EVERY_S, Controller, PoolIns
 from rubberband.executor.placement import Slot, make_slots
 from rubberband.plan import Plan
 from rubberband.planner.brackets import bracket_ranges
+from rubberband.planner.policies import bracket_start_order
 
 
 # -- the pure part ---------------------------------------------------------------------------
@@ -99,9 +100,8 @@ class BracketPolicy:
     def start_order(self, brackets: Sequence[int]) -> list[int]:
         """Brackets that start together, the one predicted to end last first: where instances come up one
         after another (the local backend), the critical path gets the first one."""
-        ends = {b: self.offsets_s[b] + (self.durations_s[b] if b < len(self.durations_s) else 0.0)
-                for b in brackets}
-        return sorted(brackets, key=lambda b: (-ends[b], b))
+        return bracket_start_order({b: self.offsets_s[b] + (self.durations_s[b] if b < len(self.durations_s) else 0.0)
+                                    for b in brackets})
 
     @staticmethod
     def receiver(giver_bracket: int, waiting: Sequence[Waiting]) -> Waiting | None:

@@ -23,6 +23,12 @@ Hand-overs are matched in full evaluations only: the planner's screening (a pref
 samples, :class:`~rubberband.planner.search.Evaluator`) ranks candidates without them, which keeps
 screening cheap; every plan the planner takes is confirmed with all samples, hand-overs included.
 
+**One provisioner.** On a cloud that starts instances one after another (the local backend) the
+executor's single provisioner serves every bracket's requests first come first served, so brackets
+starting together come up one after another (the one predicted to end last first) and a bracket's
+request waits for the start-ups submitted before it: :mod:`~rubberband.planner.provisioning`, played
+to a fixed point in :meth:`ParallelSimulator._all`.
+
 Random streams are keyed by bracket (bracket ``b`` uses seed ``seed + 7919·b``), so a change to
 one bracket's configuration re-simulates only that bracket (each bracket's sub-simulator keeps its
 own prefix cache). Pure: no I/O, no clock.
@@ -37,8 +43,11 @@ from typing import Any, Mapping, Sequence
 import networkx as nx
 import numpy as np
 
+from rubberband.catalog import SERIAL_PROVISIONING
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
+from rubberband.planner.policies import bracket_start_order
+from rubberband.planner.provisioning import ProvisionQueue, fifo_starts
 from rubberband.planner.schedule import Stage
 from rubberband.planner.simulator import (CATEGORIES, HeadSpec, RunningState, SimOptions, SimResult, Simulator,
                                           StageConfig, normalise)
@@ -79,6 +88,9 @@ class _BracketRun:
     # per type key: donors (release times, stage position) and requests (request, ready, stage position)
     donors: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     requests: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    queue: ProvisionQueue | None = None  # the provisioning queue it was simulated with (serial clouds)
+    # per stage: (submitted, busy) of its new instances on a serial-provisioning cloud, else None
+    provision: list | None = None
 
 
 class ParallelSimulator:
@@ -153,26 +165,77 @@ class ParallelSimulator:
     def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
         """Simulate a full plan (one StageConfig per stage) with the first ``samples`` samples."""
         configs, n = Simulator.prepare(self, configs, samples)
-        runs = [self._bracket(b, configs, n) for b in range(len(self.ranges))]
-        return self._combine(configs, runs, n)
+        return self._combine(configs, self._all(configs, n), n)
 
     def bracket_results(self, configs: Sequence[StageConfig]) -> list[SimResult]:
         """Each bracket's own result (all samples), JCTs from its own start."""
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
-        return [self._bracket(b, configs, self.samples).result for b in range(len(self.ranges))]
+        return [r.result for r in self._all(configs, self.samples)]
+
+    def start_order(self, configs: Sequence[StageConfig]) -> list[int]:
+        """The order in which brackets starting together request their instances (the executor's
+        :func:`~rubberband.planner.policies.bracket_start_order`, from each bracket's offset plus its
+        stages' median durations without the shared provisioning queue)."""
+        configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
+        return self._order([self._bracket(b, configs, self.samples) for b in range(len(self.ranges))])
 
     # -- internals ------------------------------------------------------------------------------
-    def _bracket(self, b: int, configs: tuple[StageConfig, ...], n: int) -> _BracketRun:
+    def _order(self, runs: list[_BracketRun]) -> list[int]:
+        return bracket_start_order({b: self.offsets[b] + sum(float(np.median(d)) for d in r.result.stage_durations)
+                                    for b, r in enumerate(runs)})
+
+    def _all(self, configs: tuple[StageConfig, ...], n: int) -> list[_BracketRun]:
+        """Every bracket's run. On a serial-provisioning cloud (the local backend) the brackets share the
+        executor's one provisioner: each stage's new instances wait for the requests submitted before
+        theirs (:func:`~rubberband.planner.provisioning.fifo_starts`; brackets starting together in
+        :meth:`start_order`). A wait delays the bracket's later requests, so the queue is played to a fixed
+        point: round ``j`` gets the first ``j`` batches in queue order right, so at most one round per batch."""
+        keys = tuple(c.key for c in configs)  # sliced per bracket for the run cache (built once per plan)
+        runs = [self._bracket(b, configs, n, keys=keys) for b in range(len(self.ranges))]
+        if not any(c.instance_type.cloud in SERIAL_PROVISIONING for c in configs):
+            return runs
+        rank = {b: i for i, b in enumerate(self._order(runs))}
+        width = max(hi - lo for lo, hi in self.ranges) + 1
+        queues: list[ProvisionQueue | None] = [None] * len(self.ranges)
+        for _ in range(len(configs) + 1):
+            batches = [(b, k, *p) for b, r in enumerate(runs) for k, p in enumerate(r.provision or [])
+                       if p is not None]
+            if len(batches) < 2:
+                break
+            starts = fifo_starts(np.stack([self.offsets[b] + sub for b, _, sub, _ in batches], axis=1),
+                                 np.stack([busy for _, _, _, busy in batches], axis=1),
+                                 [rank[b] * width + k for b, k, _, _ in batches])
+            free: list[list] = [[None] * (hi - lo) for lo, hi in self.ranges]
+            for j, (b, k, sub, _) in enumerate(batches):
+                own = starts[:, j] - self.offsets[b]
+                waits = own > sub + 1e-9
+                if waits.any():  # a wait in some sample (else the stage is as simulated alone)
+                    free[b][k] = np.where(waits, own, -np.inf)
+            new = [None if all(f is None for f in fb) else ProvisionQueue(tuple(fb)) for fb in free]
+            if all(ProvisionQueue.same(a, q) for a, q in zip(new, queues)):
+                break
+            queues = new
+            runs = [self._bracket(b, configs, n, q, keys=keys) for b, q in enumerate(queues)]
+        return runs
+
+    def _bracket(self, b: int, configs: tuple[StageConfig, ...], n: int,
+                 queue: ProvisionQueue | None = None, keys: tuple | None = None) -> _BracketRun:
         lo, hi = self.ranges[b]
         sub_configs = configs[lo:hi]
-        key = (b, n, tuple(c.key for c in sub_configs))
+        key = (b, n, tuple(c.key for c in sub_configs) if keys is None else keys[lo:hi])
+        if queue is not None:
+            key += (queue.digest(hi - lo),)
         hit = self._runs.get(key)
         if hit is not None:
             self._runs.move_to_end(key)
             return hit
         sub = self.subs[b]
-        result = sub.simulate(sub_configs, n)
-        run = _BracketRun(result)
+        result = sub.simulate(sub_configs, n, queue=queue)
+        run = _BracketRun(result, queue=queue)
+        if any(c.instance_type.cloud in SERIAL_PROVISIONING for c in sub_configs):
+            tails = sub._tails(sub_configs)
+            run.provision = [sub._prefix(sub_configs, k + 1, n, tails, queue).open.provision
+                             for k in range(len(sub_configs))]
         if self.share and len(self.ranges) > 1 and n == self.samples:
             self._instances(b, sub, sub_configs, n, run)
         self._runs[key] = run
@@ -184,7 +247,7 @@ class ParallelSimulator:
         """Record the bracket's new requests and final releases per instance type (own-start times)."""
         lo = self.ranges[b][0]
         tails = sub._tails(configs)
-        records = [sub._prefix(configs, k + 1, n, tails).open for k in range(len(configs))]
+        records = [sub._prefix(configs, k + 1, n, tails, run.queue).open for k in range(len(configs))]
         for k, (config, rec) in enumerate(zip(configs, records)):
             if config.spot:
                 continue  # spot instances are not handed over (their market's own preemptions and prices)
@@ -301,7 +364,7 @@ class ParallelSimulator:
     def handoffs(self, configs: Sequence[StageConfig], sample: int) -> list[tuple[int, int, int, int, float]]:
         """Hand-overs of one sample: (donor column, receiving column, from stage, to stage, time) per type."""
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
-        runs = [self._bracket(b, configs, self.samples) for b in range(len(self.ranges))]
+        runs = self._all(configs, self.samples)
         out = []
         for tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful in \
                 self._matching(configs, runs, slice(sample, sample + 1)):
@@ -330,10 +393,11 @@ class ParallelSimulator:
         trial_base = 0
         per_stage_release: dict[int, list[TimelineInstance]] = {}
         per_stage_new: dict[int, list[TimelineInstance]] = {}
+        runs = self._all(configs, self.samples)
         for b, (lo, hi) in enumerate(self.ranges):
             sub = self.subs[b]
             off = self.offsets[b]
-            tl, sub_dag, crit = sub.trace(configs[lo:hi], sample)
+            tl, sub_dag, crit = sub.trace(configs[lo:hi], sample, queue=runs[b].queue)
             critical = max(critical, off + crit)
             rename = {}
             for inst in tl.instances:
@@ -433,6 +497,8 @@ def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageCon
     from rubberband.planner.search import PlanSpace
 
     subspaces = sim.__dict__.setdefault("_subspaces", {})
+    # per bracket and its stages' configurations: pool plans share brackets (the knapsack ladders combine them)
+    bounds = sim.__dict__.setdefault("_bracket_bounds", {})
     cost, jct = 0.0, 0.0
     for b, (lo, hi) in enumerate(sim.ranges):
         key = (id(space), b)
@@ -440,9 +506,13 @@ def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageCon
             subspaces[key] = PlanSpace(space.stages[lo:hi], space.types, space.model, space.max_workers)
         sub_space = subspaces[key]
         sub_plan = tuple(plan[lo:hi])
-        c_b, j_b = lower_bounds(sub_space, _View(sim.subs[b]), sub_plan)
-        if b > 0:
-            c_b, _ = lower_bounds(sub_space, _View(_Running(sim.subs[b])), sub_plan)
+        bkey = (key, tuple(c.key for c in sub_plan))
+        if bkey not in bounds:
+            c_b, j_b = lower_bounds(sub_space, _View(sim.subs[b]), sub_plan)
+            if b > 0:
+                c_b, _ = lower_bounds(sub_space, _View(_Running(sim.subs[b])), sub_plan)
+            bounds[bkey] = (c_b, j_b)
+        c_b, j_b = bounds[bkey]
         cost += c_b
         jct = max(jct, sim.offsets[b] + j_b)
     cost += float(sim.head_cost(plan, np.full(1, jct))[0])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from rubberband.units import format_duration
 
@@ -44,6 +44,15 @@ def quantile(values: Sequence[float], q: float) -> float:
     lo = int(math.floor(pos))
     hi = min(lo + 1, len(ordered) - 1)
     return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+
+
+def bracket_start_order(ends_s: Mapping[int, float]) -> list[int]:
+    """Hyperband brackets that start together, in the order their instances are requested: the one
+    predicted to end last first (``ends_s``: bracket → its start offset plus predicted duration), ties by
+    bracket. Where instances come up one after another (the local backend) the critical path gets the
+    first one. The executor requests in this order (``executor.brackets.BracketPolicy``) and the
+    simulator queues the brackets' start-ups in it (:mod:`rubberband.planner.provisioning`)."""
+    return sorted(ends_s, key=lambda b: (-ends_s[b], b))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ all static plans and the fastest plan; the pool is searched exactly by branch an
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -75,6 +76,8 @@ class PlanSpace:
         self._frontiers: dict[int, list[StageConfig]] = {}
         self._options: dict[int, list[StageConfig]] = {}
         self._estimates: dict[int, list[tuple[float, float, StageConfig]]] = {}
+        self._ladders: dict[tuple, tuple[list[StageConfig], list[float]]] = {}  # match_time's per (stage, type, width)
+        self._times: dict[tuple, float] = {}  # stage_time per (stage, type, count, width): asked for by every move
 
     def counts(self, stage: int, itype: InstanceType, workers: int) -> list[int]:
         key = (stage, itype.workers, workers)
@@ -97,10 +100,15 @@ class PlanSpace:
 
     def stage_time(self, stage: int, config: StageConfig) -> float:
         """Deterministic stage time at the median (no start-up): waves × task time."""
-        st = self.stages[stage]
-        lay = layout(config.instance_type.workers, config.instances, config.workers)
-        task = st.epochs_this_stage * self.model.epoch_time(config.instance_type.device, config.workers, lay.nodes)
-        return waves_of(st.trials, config) * task
+        key = (stage, config.instance_type.key, config.instances, config.workers)
+        out = self._times.get(key)
+        if out is None:
+            st = self.stages[stage]
+            lay = layout(config.instance_type.workers, config.instances, config.workers)
+            task = st.epochs_this_stage * self.model.epoch_time(config.instance_type.device, config.workers,
+                                                                lay.nodes)
+            out = self._times[key] = waves_of(st.trials, config) * task
+        return out
 
     def brackets(self) -> list[tuple[int, int]]:
         """(first, end) stage positions of each bracket."""
@@ -114,12 +122,15 @@ class PlanSpace:
 
     def match_time(self, stage: int, itype: InstanceType, workers: int, target_s: float) -> StageConfig:
         """The fewest instances of (type, width) whose stage time is within ``target_s`` (else the most)."""
-        counts = self.counts(stage, itype, workers)
-        for n in counts:
-            config = StageConfig(itype, n, workers)
-            if self.stage_time(stage, config) <= target_s * (1 + 1e-9):
-                return config
-        return StageConfig(itype, counts[-1], workers)
+        key = (stage, itype.key, workers)
+        ladder = self._ladders.get(key)
+        if ladder is None:
+            configs = [StageConfig(itype, n, workers) for n in self.counts(stage, itype, workers)]
+            # more instances never take longer (the waves only shrink): negated times ascend, so bisect
+            ladder = self._ladders[key] = (configs, [-self.stage_time(stage, c) for c in configs])
+        configs, negated = ladder
+        i = bisect_left(negated, -(target_s * (1 + 1e-9)))
+        return configs[min(i, len(configs) - 1)]
 
     def stage_estimate(self, stage: int, config: StageConfig) -> tuple[float, float]:
         """Deterministic (duration, cost) of one stage in isolation, at the median start-up."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Mapping, Sequence
 
 import networkx as nx
@@ -51,6 +51,7 @@ from rubberband.catalog import (BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIO
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import PrefetchPolicy
+from rubberband.planner.provisioning import ProvisionQueue
 from rubberband.planner.spot import MAX_PREEMPTIONS, REQUEST_EVENT, SpotSetup, stay_on_spot
 from rubberband.planner.noise import VariationDraws, schedule_tasks, task_factors
 from rubberband.planner.schedule import Stage
@@ -130,6 +131,7 @@ class Layout:
         return self.span
 
 
+@lru_cache(maxsize=65536)  # a pure function of three ints, called for every candidate's every stage
 def layout(capacity: int, instances: int, workers: int) -> Layout:
     if workers <= capacity:
         p = capacity // workers
@@ -221,6 +223,13 @@ class _StageRecord:
     ready: np.ndarray | None = None  # (S, N) when each instance can take its first trial (bracket hand-overs)
     fallback: np.ndarray | None = None  # (S,) spot stage bought on-demand (no capacity at its request)
     events: dict[str, np.ndarray] | None = None  # spot stages: per-sample counts (SimResult.spot_events)
+    # serial-provisioning clouds: (submitted, busy) per sample: when the stage's new instances were asked
+    # for and how long the provisioner is busy starting them one after another (the provisioning queue)
+    provision: tuple[np.ndarray, np.ndarray] | None = None
+    # serial-provisioning clouds: when the provisioner has started every new instance of this stage and the
+    # stages before (a later stage's first new instance starts no earlier: one provisioner, first come first
+    # served); None while no stage had new instances there
+    provisioned: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -336,10 +345,14 @@ class Simulator:
         return (tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages)),
                 self.samples if samples is None else min(samples, self.samples))
 
-    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
-        """Simulate a full plan with the first ``samples`` samples (all by default)."""
+    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None,
+                 queue: ProvisionQueue | None = None) -> SimResult:
+        """Simulate a full plan with the first ``samples`` samples (all by default).
+
+        ``queue``: when the provisioner is free for each stage's new instances on a serial-provisioning
+        cloud (:class:`ProvisionQueue`, arrays over the ``samples``); None: free at once."""
         configs, n = self.prepare(configs, samples)
-        prefix = self._prefix(configs, len(configs), n, self._tails(configs))
+        prefix = self._prefix(configs, len(configs), n, self._tails(configs), queue)
         return self._finish(configs, prefix, n)
 
     def _tails(self, configs: tuple[StageConfig, ...]) -> tuple[float, ...]:
@@ -428,15 +441,19 @@ class Simulator:
             out.append(self.options.prefetch.request_offset_s(predicted, self._lead(configs[i].instance_type)))
         return out
 
-    def trace(self, configs: Sequence[StageConfig], sample: int) -> tuple[Timeline, nx.DiGraph, float]:
-        """Timeline of one sample, rebuilt as an explicit DAG; returns (timeline, dag, critical path)."""
+    def trace(self, configs: Sequence[StageConfig], sample: int,
+              queue: ProvisionQueue | None = None) -> tuple[Timeline, nx.DiGraph, float]:
+        """Timeline of one sample, rebuilt as an explicit DAG; returns (timeline, dag, critical path).
+        ``queue``: as for :meth:`simulate` (arrays over all samples)."""
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
         prefix = None
         records: list[_StageRecord] = []
         tails = self._tails(configs)
+        rows = slice(sample, sample + 1)
         for i in range(len(configs)):
-            prefix = self._step(prefix, configs[i], i, rows=slice(sample, sample + 1), record=True, tail_s=tails[i],
-                                next_config=configs[i + 1] if i + 1 < len(configs) else None)
+            prefix = self._step(prefix, configs[i], i, rows=rows, record=True, tail_s=tails[i],
+                                next_config=configs[i + 1] if i + 1 < len(configs) else None,
+                                free_at=None if queue is None else queue.at(i, rows))
             records.append(prefix.open)
         return _build_timeline(self, configs, records)
 
@@ -492,16 +509,19 @@ class Simulator:
         return self._epoch_cache[key]
 
     def _prefix(self, configs: tuple[StageConfig, ...], upto: int, n: int,
-                tails: tuple[float, ...]) -> _Prefix | None:
+                tails: tuple[float, ...], queue: ProvisionQueue | None = None) -> _Prefix | None:
         if upto == 0:
             return None
         key = (n, tuple(c.key for c in configs[:upto]), tails[:upto])
+        if queue is not None and queue.waits_before(upto):
+            key += (queue.digest(upto),)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        previous = self._prefix(configs, upto - 1, n, tails)
-        result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n), tail_s=tails[upto - 1])
+        previous = self._prefix(configs, upto - 1, n, tails, queue)
+        result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n), tail_s=tails[upto - 1],
+                            free_at=None if queue is None else queue.at(upto - 1, slice(0, n)))
         self._cache[key] = result
         self._cached_bytes += _nbytes(result)
         while self._cache and (len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes):
@@ -574,7 +594,8 @@ class Simulator:
         return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
 
     def _step(self, prefix: _Prefix | None, config: StageConfig, index: int, *, rows: slice,
-              record: bool = False, next_config: StageConfig | None = None, tail_s: float = 0.0) -> _Prefix:
+              record: bool = False, next_config: StageConfig | None = None, tail_s: float = 0.0,
+              free_at: np.ndarray | None = None) -> _Prefix:
         stage = self.stages[index]
         itype = config.instance_type
         cap = itype.workers
@@ -588,6 +609,8 @@ class Simulator:
         prev = prefix.open if prefix is not None else None
 
         carry = 0
+        provision = None
+        provisioned = None if prefix is None else prefix.open.provisioned
         if prev is not None:
             same = prev.config.instance_type.key == itype.key and prev.config.market == config.market
             carry = self.options.prefetch.carried(same, prev.release.shape[1], n_inst)
@@ -622,9 +645,20 @@ class Simulator:
             _, s_all = self._draws(index, n_inst, itype)
             boot = s_all[rows, carry:n_inst]
             if itype.cloud in SERIAL_PROVISIONING:
-                # one after another: each starts (and is billed from) when the one before is up
+                # one after another: each starts (and is billed from) when the one before is up; the
+                # first waits for the provisioner to finish the requests before it (an earlier stage's
+                # still starting, or another bracket's: ``free_at``)
+                submitted = t_req
+                if provisioned is not None:
+                    t_req = np.maximum(t_req, provisioned)
+                if free_at is not None:
+                    t_req = np.maximum(t_req, free_at)
+                if t_req is not submitted:
+                    request[:, carry:] = t_req[:, None]
                 boot = np.cumsum(boot, axis=1)
                 request[:, carry + 1:] = t_req[:, None] + boot[:, :-1]
+                provision = (submitted, boot[:, -1])
+                provisioned = t_req + boot[:, -1]
             # its first trial waits for the new instance's worker processes
             ready[:, carry:] = t_req[:, None] + boot + model.worker_start_s
         scenario = None
@@ -726,7 +760,8 @@ class Simulator:
         rec = _StageRecord(config=config, start=start, anchor=anchor, barrier=barrier, predicted_s=predicted,
                            release=release, request=request, cost=cost,
                            parts=stage_parts, trace=trace, ready=ready,
-                           fallback=fallback if scenario is not None else None, events=events)
+                           fallback=fallback if scenario is not None else None, events=events,
+                           provision=provision, provisioned=provisioned)
         events = None if prefix is None else _add_events(prefix.events, prefix.open.events)
         return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec,
                        events=events)
@@ -889,12 +924,72 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
     form the sequence ``ready_j, ready_j + dur_j, ...``. Dispatching each task to the slot that
     frees first merges these sequences: the tasks start at the ``trials`` smallest values of their
     union (ties go to the lower slot index). Returns per-slot task counts and last end times.
+
+    The ``trials`` smallest are found by counting: each slot's starts up to a guess of the last
+    start (where ``Σ_j (t − ready_j)/dur_j + ½ = trials``), then, one start at a time per sample,
+    the largest counted start is dropped (ties: the higher slot) or the smallest uncounted one added
+    (ties: the lower slot) until ``trials`` are counted. That is the same set, compared on the same
+    start values, as :func:`_list_schedule_partition` selects (a few steps instead of a partition of
+    every start); where the guess is far off it falls back to the partition.
     """
     S, slots = ready.shape
     if slots == trials:
         # one task per slot unless some slot finishes its first task before another slot is ready
         if np.all((ready + dur).min(axis=1) > ready.max(axis=1)):
             return np.ones((S, slots), dtype=np.int64), ready + dur
+    if not float(dur.min()) > 0:
+        return _list_schedule_partition(ready, dur, trials)
+    starts = _starts(ready, dur, trials)
+    K = starts.shape[1]
+    inv = 1.0 / dur
+    # the last start t where Σ_j max(0, (t − ready_j)/dur_j + ½) = trials: the root counting every slot
+    # (late ones negatively) lies above it; Newton steps from there (the sum is convex) go down to it
+    guess = (trials - 0.5 * slots + (ready * inv).sum(axis=1)) / inv.sum(axis=1)
+    for _ in range(4):
+        active = ready < guess[:, None]
+        slope = np.where(active, inv, 0.0).sum(axis=1)
+        if not np.all(slope > 0):
+            break
+        value = np.where(active, (guess[:, None] - ready) * inv + 0.5, 0.0).sum(axis=1)
+        step = (value - trials) / slope
+        if not np.any(step > 1e-9 * np.abs(guess)):
+            break
+        guess = guess - np.maximum(step, 0.0)
+    counts = (starts <= guess[:, None, None]).sum(axis=1)
+    off = counts.sum(axis=1) - trials
+    limit = slots // 2 + 4  # one start per step; further off, the partition is quicker
+    if int(np.abs(off).max()) > limit:
+        return _list_schedule_partition(ready, dur, trials, starts)
+    rows = np.arange(S)
+    columns = np.arange(slots)
+    for _ in range(limit + 1):
+        over, under = off > 0, off < 0
+        if not (over.any() or under.any()):
+            break
+        if over.any():  # drop the latest counted start (ties: the higher slot)
+            r = rows[over]
+            c = counts[r]
+            last = np.where(c > 0, starts[r[:, None], np.maximum(c - 1, 0), columns], -np.inf)
+            j = slots - 1 - np.argmax(last[:, ::-1], axis=1)
+            counts[r, j] -= 1
+            off[r] -= 1
+        if under.any():  # add the earliest uncounted start (ties: the lower slot)
+            r = rows[under]
+            c = counts[r]
+            nxt = np.where(c < K, starts[r[:, None], np.minimum(c, K - 1), columns], np.inf)
+            j = np.argmin(nxt, axis=1)
+            counts[r, j] += 1
+            off[r] += 1
+    else:
+        return _list_schedule_partition(ready, dur, trials, starts)
+    last_start = np.take_along_axis(starts, np.maximum(counts - 1, 0)[:, None, :], axis=1)[:, 0, :]
+    return counts, last_start + dur
+
+
+def _starts(ready: np.ndarray, dur: np.ndarray, trials: int) -> np.ndarray:
+    """(samples, K, slots): each slot's first K task starts (repeated additions), K enough for every start
+    among the ``trials`` earliest (all slots' starts up to the last of them)."""
+    S, slots = ready.shape
     waves = -(-trials // slots)
     dmin = float(dur.min())
     dmax = float(dur.max())
@@ -904,6 +999,17 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
     starts[:, 0, :] = ready
     for k in range(1, K):
         np.add(starts[:, k - 1, :], dur, out=starts[:, k, :])
+    return starts
+
+
+def _list_schedule_partition(ready: np.ndarray, dur: np.ndarray, trials: int,
+                             starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_list_schedule` by a partition of every slot's starts: the ``trials``-th smallest start is the
+    threshold, ties at it go to the lower slots."""
+    S, slots = ready.shape
+    if starts is None:
+        starts = _starts(ready, dur, trials)
+    K = starts.shape[1]
     threshold = np.partition(starts.reshape(S, K * slots), trials - 1, axis=1)[:, trials - 1]
     counts = (starts <= threshold[:, None, None]).sum(axis=1)
     excess = counts.sum(axis=1) - trials

@@ -253,3 +253,105 @@ def test_sequential_brackets_screen_without_counting_start_ups_twice():
     deadline = float(np.quantile(sim.simulate(configs).jct, 0.95)) + 5.0
     out = plan_stages(HB, model, [GPU1], deadline_s=deadline, confidence=0.9, brackets="sequential")
     assert out.result.meets(deadline, 0.9)
+
+
+# -- the shared provisioning queue (serial start-ups on the local backend) -------------------------
+
+LOCAL1 = itype("local.cpu1", cloud="local", gpus=1, price=0.36)
+
+
+def _local_model(startup: float = 10.0):
+    """50 s epochs; local nodes start in ``startup`` s (the run's head too), gone at once."""
+    from dataclasses import replace
+
+    from rubberband.planner.model import StartupModel
+
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10)
+    return replace(model, startup_by_cloud={"local": StartupModel((startup,), "test")},
+                   termination_by_cloud={"local": StartupModel((0.0,), "test")})
+
+
+def test_local_brackets_starting_together_come_up_one_after_another_in_start_order():
+    """Head up at 10 s; then one provisioner for the whole run: bracket 0 (ends last) gets the first node
+    (10 → 20 s), bracket 1's two nodes follow (20 → 30, 30 → 40 s), bracket 2's last (40 → 50 s)."""
+    model = _local_model()
+    stages = [_one(0, epochs=3), _one(1, trials=2, epochs=2), _one(2)]
+    configs = [StageConfig(LOCAL1, 1, 1), StageConfig(LOCAL1, 2, 1), StageConfig(LOCAL1, 1, 1)]
+    sim = ParallelSimulator(stages, model, samples=8, seed=1)
+    assert sim.start_order(configs) == [0, 1, 2]
+    alone = [sim._bracket(b, tuple(configs), 8).result for b in range(3)]  # each bracket with its own queue
+    assert [float(r.jct[0]) for r in alone] == pytest.approx([170.0, 130.0, 70.0])
+    queued = sim.bracket_results(configs)
+    assert [float(r.jct[0]) for r in queued] == pytest.approx([170.0, 140.0, 100.0])
+    res = sim.simulate(configs)
+    assert np.allclose(res.jct, 170.0)
+    timeline, _, critical = sim.trace(configs, 0)
+    assert critical == pytest.approx(170.0)
+    assert sorted((i.requested_s, i.ready_s) for i in timeline.instances) == pytest.approx(
+        [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0), (40.0, 50.0)])
+    # billed from when each node starts (as the local provider journals it), not from the queue
+    assert np.allclose(res.breakdown["startup"], 4 * 10.0 * 0.36 / 3600)
+    # the same job on a cloud that starts instances at once: the brackets do not wait for each other
+    aws = [StageConfig(GPU1, c.instances, 1) for c in configs]
+    on_aws = ParallelSimulator(stages, ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=10.0), samples=8)
+    assert [float(r.jct[0]) for r in on_aws.bracket_results(aws)] == pytest.approx([160.0, 110.0, 60.0])
+
+
+def test_the_critical_bracket_gets_the_first_node():
+    """The bracket predicted to end last is served first, whatever its position."""
+    model = _local_model()
+    stages = [_one(0), _one(1, epochs=4)]
+    configs = [StageConfig(LOCAL1, 1, 1), StageConfig(LOCAL1, 1, 1)]
+    sim = ParallelSimulator(stages, model, samples=4)
+    assert sim.start_order(configs) == [1, 0]
+    assert [float(r.jct[0]) for r in sim.bracket_results(configs)] == pytest.approx([80.0, 220.0])
+
+
+def test_a_later_request_waits_for_the_start_ups_submitted_before_it():
+    """Bracket 1 starts 5 s after bracket 0: its request (5 + 10 s head) waits until bracket 0's node is
+    up at 20 s, so its node is up at 30 s, not 25 s (first come, first served, whatever the brackets'
+    order); and bracket 0's second stage's new node (asked for ahead of its first stage's end) waits
+    for nobody."""
+    model = _local_model()
+    stages = [Stage(0, 0, 2, 1, 1), Stage(0, 1, 1, 2, 1), _one(1)]
+    local2 = itype("local.cpu2", cloud="local", gpus=2, price=0.72)
+    configs = [StageConfig(LOCAL1, 1, 1), StageConfig(local2, 1, 1), StageConfig(LOCAL1, 1, 1)]
+    sim = ParallelSimulator(stages, model, samples=4, offsets=[0.0, 5.0], share=False)
+    b0, b1 = sim.bracket_results(configs)
+    assert float(b1.jct[0]) == pytest.approx(30.0 - 5.0 + 50.0)
+    alone0 = sim._bracket(0, tuple(configs), 4).result
+    assert np.allclose(b0.jct, alone0.jct)
+    assert np.allclose(sim.simulate(configs).jct, np.maximum(b0.jct, 5.0 + b1.jct))
+
+
+def test_fifo_starts_serves_batches_in_submission_order_ties_by_rank():
+    from rubberband.planner.provisioning import fifo_starts
+
+    submitted = np.array([[0.0, 0.0, 5.0], [3.0, 0.0, 1.0]])
+    busy = np.array([[10.0, 4.0, 1.0], [2.0, 2.0, 2.0]])
+    starts = fifo_starts(submitted, busy, [1, 0, 2])
+    # sample 0: batch 1 first (tie, rank 0) 0→4, batch 0 4→14, batch 2 at 14; sample 1: 1 (0→2), 2 (2→4), 0 at 4
+    assert starts.tolist() == [[4.0, 0.0, 14.0], [4.0, 0.0, 2.0]]
+
+
+def test_a_stage_requested_while_the_stage_before_still_starts_nodes_waits_for_them():
+    """Local SHA (one simulator): stage 0's two nodes start 10 → 20 s and 20 → 30 s; stage 1's new
+    ``local.cpu2`` is asked for at the first task's start (20 s, its 5 s stage is shorter than the lead)
+    and starts only when the provisioner is free (30 s): up at 40 s, its 5 s task ends at 45 s."""
+    model = ideal_model(t_iter=0.5, dataset=100, batch=10)  # 5 s epochs
+    from dataclasses import replace
+
+    from rubberband.planner.model import StartupModel
+
+    model = replace(model, startup_by_cloud={"local": StartupModel((10.0,), "test")},
+                    termination_by_cloud={"local": StartupModel((0.0,), "test")})
+    local2 = itype("local.cpu2", cloud="local", gpus=2, price=0.72)
+    stages = [Stage(0, 0, 2, 1, 1), Stage(0, 1, 1, 2, 1)]
+    configs = [StageConfig(LOCAL1, 2, 1), StageConfig(local2, 1, 1)]
+    sim = Simulator(stages, model, samples=4)
+    assert sim.request_offsets(configs) == [None, 0.0]
+    assert np.allclose(sim.simulate(configs).jct, 45.0)
+    timeline, _, critical = sim.trace(configs, 0)
+    assert critical == pytest.approx(45.0)
+    assert sorted((i.requested_s, i.ready_s) for i in timeline.instances) == pytest.approx(
+        [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0)])

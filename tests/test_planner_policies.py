@@ -149,3 +149,10 @@ def test_plans_carry_the_simulators_task_time_for_the_executors_prefetch():
     remaining = PrefetchPolicy.remaining_s(per_trial_s=plans[0].predicted_task_s, running_elapsed_s=[0.0, 0.0],
                                            waiting=2, slots=2)
     assert sim.request_offsets(configs)[1] == pytest.approx(PrefetchPolicy().request_offset_s(remaining, lead))
+
+
+def test_bracket_start_order_puts_the_bracket_ending_last_first():
+    from rubberband.planner.policies import bracket_start_order
+
+    assert bracket_start_order({0: 50.0, 1: 80.0, 2: 80.0, 3: 10.0}) == [1, 2, 0, 3]
+    assert bracket_start_order({}) == []

@@ -195,3 +195,28 @@ def test_dag_has_explicit_transitions_only_where_the_placement_changes():
     res = sim.simulate(configs)
     assert critical == pytest.approx(res.jct[0])
     assert res.breakdown["transfer"][0] == pytest.approx(2.0 * 0.01)
+
+
+def test_list_schedule_by_counting_matches_the_partition_exactly():
+    """The counting list scheduler picks the same starts as the partition (ties to the lower slot),
+    on tie-heavy integer inputs, spread start-ups and large many-wave stages alike."""
+    from rubberband.planner.simulator import _list_schedule, _list_schedule_partition
+
+    rng = np.random.default_rng(7)
+    cases = []
+    for _ in range(1500):
+        S, slots, trials = 16, int(rng.integers(1, 9)), int(rng.integers(1, 40))
+        ready = rng.integers(0, 4, (S, slots)).astype(float) * rng.choice([0.5, 1.0, 7.0])
+        dur = rng.integers(1, 4, (S, slots)).astype(float) * rng.choice([0.5, 1.0, 3.0])
+        if rng.random() < 0.5:  # spread start-ups, stragglers
+            ready = ready + 50 * rng.random((S, slots))
+            dur = dur * np.exp(0.5 * rng.standard_normal((S, slots)))
+        cases.append((ready, dur, trials))
+    for slots, trials in [(35, 243), (6, 243), (81, 243), (27, 81), (1, 27)]:
+        ready = 100 + 20 * rng.random((200, slots))
+        cases.append((ready, 300 * np.exp(0.03 * rng.standard_normal((200, slots))) + 10, trials))
+    for ready, dur, trials in cases:
+        counts, ends = _list_schedule(ready, dur, trials)
+        ref_counts, ref_ends = _list_schedule_partition(ready, dur, trials)
+        assert np.array_equal(counts, ref_counts) and np.array_equal(ends, ref_ends)
+        assert np.all(counts.sum(axis=1) == trials)
