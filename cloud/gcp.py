@@ -223,6 +223,18 @@ class GcpProvider:
                                  code="ConnectionError", region=self.region) from None
         return call_with_retry(once, self.retry)
 
+    def _delete(self, fn: Callable[[], T], *, zone: str | None = None,
+                tolerate: tuple[str, ...] = ("notFound",)) -> T | None:
+        """A delete call through :meth:`_call`; None when Compute Engine answers one of the ``tolerate`` codes
+        (by default: the resource is already gone; deleting what is not there is no error, as every teardown
+        path may run twice)."""
+        try:
+            return self._call(fn, zone=zone)
+        except CloudError as exc:
+            if exc.code not in tolerate:
+                raise
+            return None
+
     def _operation_error(self, op: compute_v1.Operation, *, zone: str | None, instance_type: str | None,
                          spot: bool) -> CloudError | None:
         if not op.error or not op.error.errors:
@@ -651,11 +663,8 @@ class GcpProvider:
                 continue  # already gone
             delete = compute_v1.DeleteInstanceRequest(project=self.project, zone=zone, instance=name,
                                                       request_id=str(uuid.uuid4()))
-            try:
-                op = self._call(lambda: self.instances.delete_unary(request=delete), zone=zone)
-            except CloudError as exc:
-                if exc.code != "notFound":
-                    raise
+            op = self._delete(lambda: self.instances.delete_unary(request=delete), zone=zone)
+            if op is None:
                 continue
             operations.append((op, zone))
             self._zones.pop(name, None)
@@ -711,11 +720,8 @@ class GcpProvider:
                 continue
             delete = compute_v1.DeleteFirewallRequest(project=self.project, firewall=rule.name,
                                                       request_id=str(uuid.uuid4()))
-            try:
-                op = self._call(lambda: self.firewalls.delete_unary(request=delete))
-            except CloudError as exc:
-                if exc.code != "notFound":
-                    raise
+            op = self._delete(lambda: self.firewalls.delete_unary(request=delete))
+            if op is None:
                 continue
             self._wait_global_op(op, timeout_s)
             self._firewalls.discard(rule.name)
@@ -727,22 +733,17 @@ class GcpProvider:
                 continue  # other runs' workers go out through it: kept until the last of them is gone (the sweep)
             delete_router = compute_v1.DeleteRouterRequest(project=self.project, region=region, router=router.name,
                                                            request_id=str(uuid.uuid4()))
-            try:
-                op = self._call(lambda: self.routers.delete_unary(request=delete_router))
-            except CloudError as exc:
-                if exc.code != "notFound":
-                    raise
+            op = self._delete(lambda: self.routers.delete_unary(request=delete_router))
+            if op is None:
                 continue
             self._wait_region_op(op, region, timeout_s)
             deleted.append(f"router/{router.name}")
         for zone, disk in self._disks(run_id):
             delete_disk = compute_v1.DeleteDiskRequest(project=self.project, zone=zone, disk=disk.name,
                                                        request_id=str(uuid.uuid4()))
-            try:
-                op = self._call(lambda: self.disks.delete_unary(request=delete_disk), zone=zone)
-            except CloudError as exc:
-                if exc.code not in ("notFound", "resourceInUseByAnotherResource"):
-                    raise
+            op = self._delete(lambda: self.disks.delete_unary(request=delete_disk), zone=zone,
+                              tolerate=("notFound", "resourceInUseByAnotherResource"))  # still attached: later
+            if op is None:
                 continue
             self._wait_zone_op(op, zone, timeout_s)
             deleted.append(f"disk/{disk.name}")

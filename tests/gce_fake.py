@@ -222,6 +222,14 @@ class HttpError(Exception):
         self.status, self.message, self.reason = status, message, reason
 
 
+
+def _existing(table: dict, key: Any, path: str) -> dict:
+    """``table[key]``, or the API's 404 naming the resource's ``path``."""
+    found = table.get(key)
+    if found is None:
+        raise HttpError(404, f"The resource '{path}' was not found", "notFound")
+    return found
+
 class GceFake:
     """In-memory Compute Engine with fault switches; ``url`` once started."""
 
@@ -574,11 +582,7 @@ class GceFake:
         return self._operation(project, "insert", target, zone, effect=booted)
 
     def _find(self, zone: str, name: str) -> dict:
-        found = self.instances.get((zone, name))
-        if found is None:
-            raise HttpError(404, f"The resource 'projects/p/zones/{zone}/instances/{name}' was not found",
-                            "notFound")
-        return found
+        return _existing(self.instances, (zone, name), f"projects/p/zones/{zone}/instances/{name}")
 
     def _get(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
         instance = self._find(zone, name)
@@ -693,10 +697,7 @@ class GceFake:
         return {"kind": "compute#firewallList", "items": page, **more}
 
     def _fw_get(self, project: str, name: str, query: dict, body: dict) -> dict:
-        if name not in self.firewalls:
-            raise HttpError(404, f"The resource 'projects/{project}/global/firewalls/{name}' was not found",
-                            "notFound")
-        return self.firewalls[name]
+        return _existing(self.firewalls, name, f"projects/{project}/global/firewalls/{name}")
 
     def _fw_delete(self, project: str, name: str, query: dict, body: dict) -> dict:
         self._fw_get(project, name, query, body)
@@ -768,11 +769,7 @@ class GceFake:
 
     def _router_find(self, project: str, region: str, name: str) -> dict[str, Any]:
         self._check_region(project, region)
-        found = self.routers.get((region, name))
-        if found is None:
-            raise HttpError(404, f"The resource 'projects/{project}/regions/{region}/routers/{name}' was not found",
-                            "notFound")
-        return found
+        return _existing(self.routers, (region, name), f"projects/{project}/regions/{region}/routers/{name}")
 
     def _router_get(self, project: str, region: str, name: str, query: dict, body: dict) -> dict:
         return self._router_find(project, region, name)
@@ -837,10 +834,7 @@ class GceFake:
         return {"kind": "compute#diskAggregatedList", "items": scoped, **more}
 
     def _disk_delete(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
-        disk = self.disks.get((zone, name))
-        if disk is None:
-            raise HttpError(404, f"The resource 'projects/{project}/zones/{zone}/disks/{name}' was not found",
-                            "notFound")
+        disk = _existing(self.disks, (zone, name), f"projects/{project}/zones/{zone}/disks/{name}")
         if disk["users"]:
             raise HttpError(400, f"The disk resource '{disk['selfLink']}' is already being used by "
                                  f"'{disk['users'][0]}'", "resourceInUseByAnotherResource")
