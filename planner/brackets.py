@@ -61,6 +61,40 @@ def bracket_ranges(stages: Sequence[Any]) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True)
+class Remainder:
+    """What is left to plan of a parallel-bracket run at one bracket's stage boundary.
+
+    ``positions``: plan positions of the stages not started yet, bracket by bracket (each bracket's in
+    order), the bracket at its boundary first; ``offsets_s``: per bracket of ``positions``, when its next
+    stage can start, in seconds from now (0 for the first): re-planned with
+    ``plan_stages(..., brackets="parallel", offsets=offsets_s)``, the JCT of the remainder is
+    ``max_b(offset_b + JCT_b)`` from now.
+    """
+
+    positions: tuple[int, ...]
+    offsets_s: tuple[float, ...]
+
+
+def parallel_remainder(parts: Sequence[tuple[Sequence[int], float]], boundary: int) -> Remainder:
+    """The :class:`Remainder` of a parallel run from each bracket's part.
+
+    ``parts``: per bracket, (plan positions of its stages not started yet, seconds from now until the
+    next of them can start: a running bracket's current stage's remaining time, a bracket not started
+    yet its start offset minus the time elapsed, the bracket at its boundary 0); ``boundary``: the
+    index in ``parts`` of the bracket at its boundary. Brackets with nothing left drop out (a bracket
+    in its last stage: nothing of it can be re-planned); the boundary's bracket goes first (it starts
+    now, on the instances already running), the others by their start, earliest first.
+    """
+    if not parts[boundary][0]:
+        raise ValueError("the bracket at its boundary must have a stage to start")
+    order = sorted((b for b, (positions, _) in enumerate(parts) if positions),
+                   key=lambda b: (b != boundary, max(0.0, parts[b][1]), b))
+    positions = tuple(g for b in order for g in parts[b][0])
+    offsets = tuple(0.0 if b == boundary else max(0.0, float(parts[b][1])) for b in order)
+    return Remainder(positions, offsets)
+
+
+@dataclass(frozen=True)
 class Handoff:
     """One instance moved from a stage of one bracket to a stage of another (representative sample)."""
 
