@@ -174,13 +174,7 @@ class ParallelController(Controller):
             self._check_deadline()
             self._collect_provisioned()
             self._collect_terminations()
-            elapsed = time.time() - self.state.first_started_at
-            for b in self.brackets.due(elapsed, [lane.started for lane in self.lanes]):
-                lane = self.lanes[b]
-                lane.started = True
-                if self.brackets.offsets_s[b] > 0 and lane.first not in self.state.stages:
-                    self._replan_lanes(lane, lane.first)  # a boundary too: the bracket's first stage starts now
-                self._start_stage(lane, lane.first)
+            self._start_due(time.time() - self.state.first_started_at)
             self._liveness()
             for lane in self._active():
                 self._fill_slots(lane)
@@ -201,6 +195,16 @@ class ParallelController(Controller):
             return None, None
         best = rank(finals, self.spec.metric.mode, sorted(finals))[0]
         return best, finals[best]
+
+    def _start_due(self, elapsed: float) -> None:
+        """Start the brackets whose offset has passed (``elapsed`` since the job started). A bracket starting
+        after the job's start is a boundary too: the run is re-planned before its first stage starts."""
+        for b in self.brackets.due(elapsed, [lane.started for lane in self.lanes]):
+            lane = self.lanes[b]
+            lane.started = True
+            if self.brackets.offsets_s[b] > 0 and lane.first not in self.state.stages:
+                self._replan_lanes(lane, lane.first)
+            self._start_stage(lane, lane.first)
 
     def _open_lanes(self) -> dict[str, float | None]:
         """A lane per bracket (finished brackets done already); returns the final metrics of those."""
