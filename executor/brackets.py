@@ -367,34 +367,49 @@ class ParallelController(Controller):
         ratio = self._slowdown()
         done = set(self.state.completed_stages())
         parts: list[tuple[list[int], float]] = []
+        kept: list[dict[str, int]] = []  # per part: instances of its bracket that its next stage may keep
         boundary = 0
         for b, other in enumerate(self.lanes):
             lo, hi = self.brackets.ranges[b]
             if other is lane:
                 boundary = len(parts)
                 parts.append((list(range(g, hi)), 0.0))
+                kept.append(self._instance_counts([g]))
             elif other.done:
                 continue
             elif other.g is not None:  # running: what follows its current stage, once that one ends
                 parts.append((list(range(other.g + 1, hi)), self._stage_rest_s(other)))
+                kept.append(self._instance_counts([other.g, other.g + 1]))
             else:  # not started yet: everything from its offset
                 first = next((i for i in range(lo, hi) if i not in done), None)
                 if first is not None:
                     parts.append((list(range(first, hi)), max(0.0, self.brackets.offsets_s[b] - elapsed)))
+                    kept.append(self._instance_counts([first]))
         remaining_pred = max(wait + ratio * sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in positions)
                              for positions, wait in parts)
         rest = parallel_remainder(parts, boundary)
+        first_of = {positions[0]: k for k, (positions, _) in enumerate(parts) if positions}
+        running = tuple(kept[first_of[i]] for i in rest.positions if i in first_of)
         at_risk = elapsed + remaining_pred > self.deadline_s
         decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
                         slowdown=ratio, at_risk=at_risk, bracket=self.plan.stages[g].bracket,
                         stages=list(rest.positions), offsets_s=[round(o, 3) for o in rest.offsets_s])
         request = self._replan_request(g, elapsed, at_risk, [self.plan.stages[i] for i in rest.positions],
-                                       stages=rest.positions, offsets_s=rest.offsets_s)
+                                       stages=rest.positions, offsets_s=rest.offsets_s, bracket_running=running)
         before = list(self.plan.stages)
         self.stage_index = g
         self._replan_decide(g, request, decision, remaining_pred)
         if self.plan.stages != before:
             self._apply_replan(before)
+
+    def _instance_counts(self, stages: list[int]) -> dict[str, int]:
+        """Instances (up or coming) serving ``stages``, by type key: what a bracket's next stage can keep."""
+        counts: dict[str, int] = {}
+        for i in stages:
+            if i < len(self.plan.stages):
+                for entry in self._stage_pool(i):
+                    counts[entry.itype.key] = counts.get(entry.itype.key, 0) + 1
+        return counts
 
     def _stage_rest_s(self, lane: Lane) -> float:
         """The estimated remaining time of the stage ``lane`` runs (its running trials' rest and its waiting

@@ -144,7 +144,8 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                 running: RunningState | None = None, include_exact: bool = False,
                 screen_samples: int = SCREEN_SAMPLES, heads: Mapping[str, HeadSpec] | None = None,
                 brackets: str = "sequential", spot_setup: SpotSetup | None = None,
-                offsets: Sequence[float] | None = None) -> StagesPlan:
+                offsets: Sequence[float] | None = None,
+                bracket_running: Sequence[RunningState | None] | None = None) -> StagesPlan:
     """Cheapest plan for ``stages`` meeting ``deadline_s`` at ``confidence`` (seconds from now).
 
     ``running`` describes instances already up (re-planning mid-run): the first stage reuses them
@@ -165,7 +166,9 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     ``offsets`` (with ``brackets="parallel"``): fixed start offsets, one per bracket of ``stages`` (the
     first 0) — the remainder of a parallel run being re-planned mid-run, where each bracket's next stage
     starts when its running stage ends or its start offset comes (:func:`parallel_remainder`). The
-    search then neither moves the offsets nor runs the brackets one after another.
+    search then neither moves the offsets nor runs the brackets one after another. ``bracket_running``:
+    with them, the instances already running for each bracket's next stage (default: ``running`` for
+    the first bracket, a fresh start for the others).
     """
     if not stages:
         raise ValueError("plan_stages needs at least one stage")
@@ -174,7 +177,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     fixed = offsets is not None
     if parallel:
         sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
-                                heads=heads, spot_setup=spot_setup, offsets=offsets)
+                                heads=heads, spot_setup=spot_setup, offsets=offsets, bracket_states=bracket_running)
     else:
         sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads,
                         spot_setup=spot_setup)

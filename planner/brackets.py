@@ -128,7 +128,8 @@ class ParallelSimulator:
                  spot: bool = False, options: SimOptions | None = None, start_state: RunningState | None = None,
                  heads: Mapping[str, HeadSpec] | None = None, offsets: Sequence[float] | None = None,
                  share: bool = True, cache_size: int = 2048, _subs: list[Simulator] | None = None,
-                 _cache: OrderedDict | None = None, spot_setup=None) -> None:
+                 _cache: OrderedDict | None = None, spot_setup=None,
+                 bracket_states: Sequence[RunningState | None] | None = None) -> None:
         self.stages = list(stages)
         self.model = model
         self.samples = samples
@@ -144,12 +145,19 @@ class ParallelSimulator:
         self.offsets = tuple(float(o) for o in (offsets or [0.0] * len(self.ranges)))
         if len(self.offsets) != len(self.ranges) or self.offsets[0] != 0.0 or min(self.offsets) < 0:
             raise ValueError("one offset ≥ 0 per bracket is required, and bracket 0 starts at 0")
+        # each bracket's instances already running (re-planning a parallel run's remainder mid-run: every
+        # bracket's next stage may keep its instances); by default only the first bracket's
+        states = list(bracket_states) if bracket_states is not None else (
+            [start_state] + [None] * (len(self.ranges) - 1))
+        if len(states) != len(self.ranges):
+            raise ValueError("one start state (or None) per bracket is required")
+        self.bracket_states = tuple(states)
         # the whole job's simulator: heads, billing rules and bounds (never used to simulate a plan)
         self.main = Simulator(self.stages, model, samples=samples, seed=seed, spot=spot, options=self.options,
                               start_state=start_state, heads=heads, spot_setup=spot_setup)
         self.subs = _subs if _subs is not None else [
             Simulator(self.stages[lo:hi], model, samples=samples, seed=seed + BRACKET_SEED_STRIDE * b, spot=spot,
-                      options=self.options, start_state=start_state if b == 0 else None, spot_setup=spot_setup)
+                      options=self.options, start_state=states[b], spot_setup=spot_setup)
             for b, (lo, hi) in enumerate(self.ranges)]
         self._runs: OrderedDict = _cache if _cache is not None else OrderedDict()
         self._cache_size = cache_size
@@ -160,7 +168,7 @@ class ParallelSimulator:
         return ParallelSimulator(self.stages, self.model, samples=self.samples, seed=self.seed, spot=self.spot,
                                  options=self.options, start_state=self.start_state, heads=self.main.heads,
                                  offsets=offsets, share=self.share, _subs=self.subs, _cache=self._runs,
-                                 spot_setup=self.spot_setup)
+                                 spot_setup=self.spot_setup, bracket_states=self.bracket_states)
 
     # -- Simulator's interface ------------------------------------------------------------------
     def head_for(self, configs: Sequence[StageConfig]) -> HeadSpec | None:
@@ -226,6 +234,9 @@ class ParallelSimulator:
             prev = configs[k - 1] if k > 0 else None
             carry_in = min(prev.instances, config.instances) if prev is not None and \
                 prev.instance_type.key == tkey and prev.market == config.market else 0
+            state = sub.start_state
+            if k == 0 and state is not None and state.instance_type_key == tkey:
+                carry_in = min(state.instances, config.instances)  # running already: not a request
             # bracket 0's first stage starts the job: nothing can be handed to it (keeps cost bounds rigorous)
             if not (k == 0 and b == 0) and carry_in < config.instances \
                     and rec.ready is not None:

@@ -14,7 +14,7 @@ from planner_helpers import ideal_model, itype
 from rubberband.errors import InfeasibleError
 from rubberband.planner.api import plan_stages
 from rubberband.planner.brackets import ParallelSimulator, Remainder, parallel_remainder
-from rubberband.planner.schedule import hyperband_brackets
+from rubberband.planner.schedule import Stage, hyperband_brackets
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
 GPU4 = itype("gpu4", gpus=4, price=14.4)
@@ -76,3 +76,25 @@ def test_a_later_start_buys_speed_for_the_delayed_bracket():
                           brackets="parallel", offsets=late)
     assert delayed.result.meets(deadline, 0.9)
     assert delayed.result.cost_mean > early.result.cost_mean
+
+
+def test_a_brackets_running_instances_are_kept_not_requested_nor_handed_over():
+    """Mid-run, bracket 1's next stage keeps the instance its current stage runs on (``bracket_states``): it
+    starts at its offset without a start-up, pays nothing for one, and no released instance is handed to it
+    (the simulator's rule for a request that boots while another bracket releases one)."""
+    from rubberband.planner.simulator import RunningState, StageConfig
+
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=100.0, termination=20.0)  # 50 s an epoch
+    stages = [Stage(0, 0, 1, 1, 1), Stage(1, 0, 1, 1, 1)]
+    configs = [StageConfig(GPU1, 1, 1), StageConfig(GPU1, 1, 1)]
+    fresh = RunningState("", 0)
+    kept = [fresh, RunningState(GPU1.key, 1)]
+    shared = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0], bracket_states=kept)
+    alone = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0], bracket_states=kept, share=False)
+    res = shared.simulate(configs)
+    assert np.allclose(res.jct, 150.0)  # bracket 0: 100 s start-up + 50 s; bracket 1: 100 s wait + 50 s
+    assert np.allclose(res.cost, alone.simulate(configs).cost)  # nothing handed over to a running instance
+    booting = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0], bracket_states=[fresh, fresh])
+    assert np.allclose(booting.simulate(configs).jct, 250.0)  # without: bracket 1 boots a new one
+    with pytest.raises(ValueError, match="one start state"):
+        ParallelSimulator(stages, model, offsets=[0.0, 100.0], bracket_states=[fresh])
