@@ -169,6 +169,7 @@ def test_a_parallel_run_on_time_goes_on_without_change(tmp_path):
     assert request.next_stage == 1 and request.stages == (1, 2)
     assert request.offsets_s[0] == 0.0 and request.offsets_s[1] == pytest.approx(100.0, abs=2.0)
     assert request.running == {"local:local:local.cpu2": 1}  # stage 1's prefetched node is up
+    assert request.bracket_running == ({"local:local:local.cpu2": 1}, {})  # bracket 1 has none yet
     (decision,) = _replans(controller)
     assert decision["action"] == "continue" and not decision["accepted"] and not decision["at_risk"]
     assert decision["stage"] == 1 and decision["bracket"] == 0 and decision["stages"] == [1, 2]
