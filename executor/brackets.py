@@ -413,14 +413,16 @@ class ParallelController(Controller):
 
     def _stage_rest_s(self, lane: Lane) -> float:
         """The estimated remaining time of the stage ``lane`` runs (its running trials' rest and its waiting
-        waves, as the prefetch estimate has it)."""
+        waves, as the prefetch estimate has it; plus the start-up lead while none of its instances is up)."""
         stage = self.plan.stages[lane.g]
-        slots = max(1, slot_count(stage.instances, self._stage_itype(stage).workers, stage.workers_per_trial))
+        itype = self._stage_itype(stage)
+        slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
         now = time.time()
         mine = [now - r.started_at for r in self.running.values()
                 if self.state.trials[r.trial_id].bracket == lane.bracket]
-        return self.prefetch.remaining_s(per_trial_s=self._per_trial_s(lane.g), running_elapsed_s=mine,
-                                         waiting=len(lane.pending), slots=slots)
+        booting = self._prefetch_lead(itype) if lane.pending and not lane.slots else 0.0
+        return booting + self.prefetch.remaining_s(per_trial_s=self._per_trial_s(lane.g), running_elapsed_s=mine,
+                                                   waiting=len(lane.pending), slots=slots)
 
     def _apply_replan(self, before: list[StagePlan]) -> None:
         """A re-plan changed stages not started yet: the lanes follow it. Instances kept, prefetched or requested

@@ -232,6 +232,25 @@ def test_a_parallel_run_behind_plan_buys_speed_for_later_bracket_stages(tmp_path
     _close(controller)
 
 
+def test_a_running_brackets_rest_starts_when_its_current_stage_is_estimated_to_end(tmp_path):
+    # bracket 1 starts at its offset while bracket 0's first stage still waits for its two nodes: bracket 0's
+    # next stage can start after their start-up lead (11.8 s) and two waves of its 3 trials on 2 slots (5 s each)
+    replanner = StubReplanner(current_p_meet=0.99)
+    controller, _ = _controller(tmp_path, replanner)
+    controller._start_due(0.0)
+    assert controller.lanes[0].pending and not controller.lanes[0].slots  # nothing up yet
+    controller._start_due(150.0)
+    (request,) = replanner.requests
+    assert request.next_stage == 2 and request.stages == (2, 1)  # the bracket at its boundary first
+    assert request.offsets_s == (0.0, pytest.approx(11.8 + 2 * 5.0, abs=0.01))
+    # bracket 0's next stage may keep its running (here: coming) nodes of the same type
+    assert request.bracket_running == ({}, {"local:local:local.cpu1": 2})
+    (decision,) = _replans(controller)
+    assert decision["stage"] == 2 and decision["bracket"] == 1 and decision["action"] == "continue"
+    _up(controller)
+    _close(controller)
+
+
 def test_on_late_stop_never_starts_a_bracket_stage_it_cannot_finish(tmp_path):
     # nothing meets the deadline any more (the quickest plan's P(meet) is 0.2): with --on-late stop the run
     # stops at the boundary, before stage 1 starts, and result.json holds the best of stage 0
