@@ -439,6 +439,9 @@ class ParallelController(Controller):
                               and e.id not in self._noticed), key=lambda e: not e.ready)  # the ones up stay
             surplus = [e for e in pool if e not in fitting] + fitting[new.instances:]
             for entry in surplus:
+                if entry.id is None and entry.future is not None and entry.future.cancel():
+                    entry.released = True  # not sent to the provider yet: nothing to boot, nothing billed
+                    continue
                 for other in self.lanes:  # a kept instance may still have (free) slots in its current stage
                     other.slots[:] = [s for s in other.slots if entry.id is None or entry.id not in s.instance_ids]
                 self._release(entry, f"re-planned: stage {i} runs {new.instances} × {new.instance_type}")
