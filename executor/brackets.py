@@ -27,8 +27,19 @@ instance takes no more trials and is never handed over), and a lost one is repla
 The policy's work left is the run's critical path: the longest remaining bracket
 (:meth:`ParallelController._work_left_s`).
 
-Not done for parallel plans (yet): re-planning at stage boundaries (the lateness policy's
-``save`` / ``buy_speed`` / ``stop``); the deadline's overrun limit still applies.
+**Re-planning** at every bracket's stage boundary (before a bracket's next stage, and before a bracket's
+first stage when it starts at its offset), as a sequential run does at its boundaries: the remaining work is
+every bracket's stages not started yet — the bracket at its boundary from the stage it starts now, a running
+bracket from the stage after its current one (which starts once the current one's estimated remaining time has
+passed), a bracket not started yet from its first stage at its offset
+(:func:`~rubberband.planner.brackets.parallel_remainder`). The re-planner plans that remainder with the
+brackets side by side at those offsets, and the controller's own decision (the
+:class:`~rubberband.planner.policies.LatenessPolicy`: go on, save, buy speed, finish late, stop) and journal
+follow. A taken plan is applied by the lanes: instances kept, prefetched or requested for a re-planned stage
+that no longer fit its type, market or count are released (or handed to a bracket waiting for their type),
+its prefetch is timed again, and its stage requests the new type when it starts. Re-planning after a failover
+(the sequential run's ``trigger: failover``) is not done here: the type failover obtained stands in, and the
+re-planner is told the unavailable types.
 """
 
 from __future__ import annotations
@@ -43,9 +54,9 @@ from rubberband.errors import ExecutionError
 from rubberband.executor import journal as J
 from rubberband.executor import spot as S
 from rubberband.executor.controller import LIVENESS_EVERY_S, Controller, PoolInstance, rank
-from rubberband.executor.placement import Slot, make_slots
-from rubberband.plan import Plan
-from rubberband.planner.brackets import bracket_ranges
+from rubberband.executor.placement import Slot, make_slots, slot_count
+from rubberband.plan import Plan, StagePlan
+from rubberband.planner.brackets import bracket_ranges, parallel_remainder
 from rubberband.planner.policies import bracket_start_order
 
 
@@ -155,16 +166,15 @@ class ParallelController(Controller):
             lane = self.lanes[b]
             if not lane.done and any(g in self.state.stages for g in range(lane.first, lane.end)):
                 lane.started = True  # it ran before a resume: go on at once
-                self._start_stage(lane, next(g for g in range(lane.first, lane.end) if g not in done))
+                g = next(g for g in range(lane.first, lane.end) if g not in done)
+                if g > lane.first and g not in self.state.stages:  # stopped exactly at its boundary
+                    self._replan_lanes(lane, g)
+                self._start_stage(lane, g)
         while not all(lane.done for lane in self.lanes):
             self._check_deadline()
             self._collect_provisioned()
             self._collect_terminations()
-            elapsed = time.time() - self.state.first_started_at
-            for b in self.brackets.due(elapsed, [lane.started for lane in self.lanes]):
-                lane = self.lanes[b]
-                lane.started = True
-                self._start_stage(lane, lane.first)
+            self._start_due(time.time() - self.state.first_started_at)
             self._liveness()
             for lane in self._active():
                 self._fill_slots(lane)
@@ -185,6 +195,16 @@ class ParallelController(Controller):
             return None, None
         best = rank(finals, self.spec.metric.mode, sorted(finals))[0]
         return best, finals[best]
+
+    def _start_due(self, elapsed: float) -> None:
+        """Start the brackets whose offset has passed (``elapsed`` since the job started). A bracket starting
+        after the job's start is a boundary too: the run is re-planned before its first stage starts."""
+        for b in self.brackets.due(elapsed, [lane.started for lane in self.lanes]):
+            lane = self.lanes[b]
+            lane.started = True
+            if self.brackets.offsets_s[b] > 0 and lane.first not in self.state.stages:
+                self._replan_lanes(lane, lane.first)
+            self._start_stage(lane, lane.first)
 
     def _open_lanes(self) -> dict[str, float | None]:
         """A lane per bracket (finished brackets done already); returns the final metrics of those."""
@@ -329,8 +349,102 @@ class ParallelController(Controller):
         if nxt is None:
             lane.g, lane.done = None, True
             return metrics
+        self._replan_lanes(lane, nxt)
         self._start_stage(lane, nxt)
         return {}
+
+    # -- re-planning at a bracket's stage boundary --------------------------------------------
+    def _replan_lanes(self, lane: Lane, g: int) -> None:
+        """At the boundary before stage ``g`` of ``lane``'s bracket: re-plan every bracket's remaining stages
+        and decide as a sequential run does (:meth:`~rubberband.executor.controller.Controller._replan_decide`:
+        go on, save, buy speed, finish late, or stop now — before ``g`` starts — with the best so far).
+
+        The remaining time by the stage predictions (``predicted_remaining_s``, what ``at_risk`` compares with
+        the deadline) is the longest bracket's: its wait (a running stage's estimated rest, or the time to its
+        offset) plus its stages not started, scaled by the slowdown so far.
+        """
+        elapsed = time.time() - self.state.first_started_at
+        ratio = self._slowdown()
+        done = set(self.state.completed_stages())
+        parts: list[tuple[list[int], float]] = []
+        kept: list[dict[str, int]] = []  # per part: instances of its bracket that its next stage may keep
+        boundary = 0
+        for b, other in enumerate(self.lanes):
+            lo, hi = self.brackets.ranges[b]
+            if other is lane:
+                boundary = len(parts)
+                parts.append((list(range(g, hi)), 0.0))
+                kept.append(self._instance_counts([g]))
+            elif other.done:
+                continue
+            elif other.g is not None:  # running: what follows its current stage, once that one ends
+                parts.append((list(range(other.g + 1, hi)), self._stage_rest_s(other)))
+                kept.append(self._instance_counts([other.g, other.g + 1]))
+            else:  # not started yet: everything from its offset
+                first = next((i for i in range(lo, hi) if i not in done), None)
+                if first is not None:
+                    parts.append((list(range(first, hi)), max(0.0, self.brackets.offsets_s[b] - elapsed)))
+                    kept.append(self._instance_counts([first]))
+        remaining_pred = max(wait + ratio * sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in positions)
+                             for positions, wait in parts)
+        rest = parallel_remainder(parts, boundary)
+        first_of = {positions[0]: k for k, (positions, _) in enumerate(parts) if positions}
+        running = tuple(kept[first_of[i]] for i in rest.positions if i in first_of)
+        at_risk = elapsed + remaining_pred > self.deadline_s
+        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
+                        slowdown=ratio, at_risk=at_risk, bracket=self.plan.stages[g].bracket,
+                        stages=list(rest.positions), offsets_s=[round(o, 3) for o in rest.offsets_s])
+        request = self._replan_request(g, elapsed, at_risk, [self.plan.stages[i] for i in rest.positions],
+                                       stages=rest.positions, offsets_s=rest.offsets_s, bracket_running=running)
+        before = list(self.plan.stages)
+        self.stage_index = g
+        self._replan_decide(g, request, decision, remaining_pred)
+        if self.plan.stages != before:
+            self._apply_replan(before)
+
+    def _instance_counts(self, stages: list[int]) -> dict[str, int]:
+        """Instances (up or coming) serving ``stages``, by type key: what a bracket's next stage can keep."""
+        counts: dict[str, int] = {}
+        for i in stages:
+            if i < len(self.plan.stages):
+                for entry in self._stage_pool(i):
+                    counts[entry.itype.key] = counts.get(entry.itype.key, 0) + 1
+        return counts
+
+    def _stage_rest_s(self, lane: Lane) -> float:
+        """The estimated remaining time of the stage ``lane`` runs (its running trials' rest and its waiting
+        waves, as the prefetch estimate has it; plus the start-up lead while none of its instances is up)."""
+        stage = self.plan.stages[lane.g]
+        itype = self._stage_itype(stage)
+        slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
+        now = time.time()
+        mine = [now - r.started_at for r in self.running.values()
+                if self.state.trials[r.trial_id].bracket == lane.bracket]
+        booting = self._prefetch_lead(itype) if lane.pending and not lane.slots else 0.0
+        return booting + self.prefetch.remaining_s(per_trial_s=self._per_trial_s(lane.g), running_elapsed_s=mine,
+                                                   waiting=len(lane.pending), slots=slots)
+
+    def _apply_replan(self, before: list[StagePlan]) -> None:
+        """A re-plan changed stages not started yet: the lanes follow it. Instances kept, prefetched or requested
+        for a changed stage that no longer fit its type, market or count are released (handed to a bracket waiting
+        for their type where one is); the stage's prefetch is timed again (:meth:`_prefetch_next`) and its start
+        requests what it still lacks (:meth:`_start_stage`)."""
+        self.brackets = BracketPolicy.for_plan(self.plan)
+        for i, (old, new) in enumerate(zip(before, self.plan.stages)):
+            if old == new or i in self.state.stages:
+                continue
+            itype = self._stage_itype(new)
+            pool = self._stage_pool(i)
+            fitting = sorted((e for e in pool if e.itype.key == itype.key and self._fits(e.spot, new)
+                              and e.id not in self._noticed), key=lambda e: not e.ready)  # the ones up stay
+            surplus = [e for e in pool if e not in fitting] + fitting[new.instances:]
+            for entry in surplus:
+                if entry.id is None and entry.future is not None and entry.future.cancel():
+                    entry.released = True  # not sent to the provider yet: nothing to boot, nothing billed
+                    continue
+                for other in self.lanes:  # a kept instance may still have (free) slots in its current stage
+                    other.slots[:] = [s for s in other.slots if entry.id is None or entry.id not in s.instance_ids]
+                self._release(entry, f"re-planned: stage {i} runs {new.instances} × {new.instance_type}")
 
     # -- instances --------------------------------------------------------------------------
     def _release_lane_idle(self, lane: Lane, *, stage_done: bool = False) -> None:

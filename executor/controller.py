@@ -1343,27 +1343,46 @@ class Controller:
         ratio = actual / predicted_done if predicted_done > 0 else 1.0
         remaining_pred = sum(s.predicted_duration_s or 0.0 for s in self.plan.stages[g:]) * ratio
         at_risk = elapsed + remaining_pred > self.deadline_s
+        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
+                        slowdown=ratio, at_risk=at_risk)
+        request = self._replan_request(g, elapsed, at_risk, self.plan.stages[g:])
+        if request.unavailable:
+            self._replan_around(g, request, decision)
+            return
+        self._replan_decide(g, request, decision, remaining_pred)
+
+    def _replan_request(self, g: int, elapsed: float, at_risk: bool, rest: list[StagePlan],
+                        **extra: Any) -> ReplanRequest:
+        """What the re-planner is told at the boundary before stage ``g`` (whose kept instances run already)
+        about the stages ``rest``; ``extra``: more :class:`ReplanRequest` fields (parallel brackets)."""
         spent = bill_run(J.read_state(self.run_dir), now=time.time()).total_usd
         running: dict[str, int] = {}
         for entry in self._stage_pool(g):
             running[entry.itype.key] = running.get(entry.itype.key, 0) + 1
-        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
-                        slowdown=ratio, at_risk=at_risk)
-        request = ReplanRequest(spec=self.spec, plan=self.plan, next_stage=g, elapsed_s=elapsed, spent_usd=spent,
-                                remaining_deadline_s=max(1.0, self.deadline_s - elapsed),
-                                epoch_seconds=dict(self.epoch_seconds), setup_seconds=list(self.setup_seconds),
-                                startup_s=dict(self.startup_seconds), at_risk=at_risk,
-                                iteration_latencies=dict(self.iteration_latencies), running=running,
-                                unavailable=tuple(self._unavailable(self.plan.stages[g:])))
-        if request.unavailable:
-            self._replan_around(g, request, decision)
-            return
+        return ReplanRequest(spec=self.spec, plan=self.plan, next_stage=g, elapsed_s=elapsed, spent_usd=spent,
+                             remaining_deadline_s=max(1.0, self.deadline_s - elapsed),
+                             epoch_seconds=dict(self.epoch_seconds), setup_seconds=list(self.setup_seconds),
+                             startup_s=dict(self.startup_seconds), at_risk=at_risk,
+                             iteration_latencies=dict(self.iteration_latencies), running=running,
+                             unavailable=tuple(self._unavailable(rest)), **extra)
+
+    def _replan_decide(self, g: int, request: ReplanRequest, decision: dict[str, Any], remaining_pred: float) -> None:
+        """Ask the re-planner for the stages of ``request`` (before stage ``g``), let the :class:`LatenessPolicy`
+        decide from both outlooks, journal the decision, take the proposal when it says so, and stop the run
+        (:class:`RunStopped`) on ``stop``. ``remaining_pred``: the run's remaining time by its stage predictions
+        scaled by the slowdown so far (the current plan's outlook without a re-planner)."""
+        at_risk = request.at_risk
+        elapsed = request.elapsed_s
+        positions = request.positions()
         answer, note = self._ask_replanner(request)
         candidate = answer.proposal
-        rest = self.plan.stages[g:]
+        rest = [self.plan.stages[i] for i in positions]
         shape = [(s.bracket, s.stage, s.trials, s.epochs) for s in rest]
         if candidate is not None and [(s.bracket, s.stage, s.trials, s.epochs) for s in candidate.stages] != shape:
             candidate, note = None, "proposal does not match the remaining stages"
+        elif candidate is not None and request.unavailable and set(request.unavailable) & {
+                self.catalog.find(s.instance_type, cloud=s.cloud, region=s.region).key for s in candidate.stages}:
+            candidate, note = None, "proposal uses an unavailable type"
         current_cost = sum(s.predicted_cost_usd or 0.0 for s in rest)
         # the current plan under the re-planner's model when it simulated it; a run already running slower
         # than its stage predictions (at_risk) does not meet the deadline whatever the model says
@@ -1385,9 +1404,11 @@ class Controller:
         self.journal.record(J.DECISION, **decision, action=verdict.action.value, accepted=verdict.take_proposal,
                             reason=reason, **figures)
         if verdict.take_proposal:
-            stages = list(self.plan.stages[:g]) + list(candidate.stages)
+            stages = list(self.plan.stages)
+            for i, stage in zip(positions, candidate.stages):
+                stages[i] = stage
+                self.prefetched.discard(i)
             self.plan = self.plan.model_copy(update={"stages": stages})
-            self.prefetched.discard(g)
             self.journal.record(J.PLAN_CHANGED, stage=g, plan=self.plan.model_dump(mode="json"))
         if verdict.action is Action.STOP:
             hint = ("--on-late finish" if self.lateness.on_late == "stop" else "--overrun none")

@@ -69,6 +69,14 @@ class ReplanRequest:
     request→ready latencies; ``running`` maps an instance type key (``cloud:region:name``) to how
     many instances of it are up and kept for the next stage; ``unavailable`` lists the type keys
     the run's failover found sold out in every zone (or without quota): a plan must not use them.
+
+    Parallel brackets (:func:`~rubberband.planner.brackets.parallel_remainder`): ``stages`` lists the
+    plan positions to re-plan, bracket by bracket, the bracket at its boundary first (empty: every
+    stage from ``next_stage`` on, one after another), and ``offsets_s`` when each of those brackets'
+    next stage can start, in seconds from now (its running stage's remaining time, or its start
+    offset); the proposal's stages come in the order of ``stages``. ``bracket_running``: per bracket of
+    ``offsets_s``, what ``running`` is for the first: the instances (type key → count) up or coming for
+    that bracket's next stage, its current stage's included (they carry over when it keeps their type).
     """
 
     spec: JobSpec
@@ -84,6 +92,13 @@ class ReplanRequest:
     iteration_latencies: dict[str, list[float]] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)
     unavailable: tuple[str, ...] = ()
+    stages: tuple[int, ...] = ()
+    offsets_s: tuple[float, ...] = ()
+    bracket_running: tuple[dict[str, int], ...] = ()
+
+    def positions(self) -> list[int]:
+        """Plan positions of the stages to re-plan, in the order a proposal gives them."""
+        return list(self.stages) if self.stages else list(range(self.next_stage, len(self.plan.stages)))
 
 
 #: A late run's re-plan targets the shortest feasible JCT plus this share (the cheapest plan that quick).
@@ -140,6 +155,7 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
     try:
         from rubberband.planner import (RunningState, Simulator, allowed_types, configs_of,
                                         fit_performance_model, plan_stages, prediction, stage_plans)
+        from rubberband.planner.brackets import ParallelSimulator
         from rubberband.planner.schedule import Stage
     except (ImportError, AttributeError):
         return None
@@ -148,19 +164,32 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
     def replan(request: ReplanRequest) -> ReplanAnswer:
         spec = request.spec
         model = fit_performance_model(profile_with_measurements(profile, request))
-        rest = request.plan.stages[request.next_stage:]
+        rest = [request.plan.stages[i] for i in request.positions()]
         stages = [Stage(s.bracket, s.stage, s.trials, s.epochs, s.epochs_this_stage) for s in rest]
-        # mid-run, "now" is time 0 and nothing waits for a head (an empty key: nothing of any type runs)
-        running = RunningState(instance_type_key="", instances=0)
-        if request.running:
-            key, count = max(request.running.items(), key=lambda item: item[1])
-            running = RunningState(instance_type_key=key, instances=count)
+        # parallel brackets: each bracket's rest starts at its own offset from now (the first's at once)
+        parallel = bool(request.offsets_s) and len(request.offsets_s) > 1
+
+        def state(counts: dict[str, int]) -> RunningState:
+            """Mid-run, "now" is time 0 and nothing waits for a head (an empty key: nothing of any type runs)."""
+            if not counts:
+                return RunningState(instance_type_key="", instances=0)
+            key, count = max(counts.items(), key=lambda item: item[1])
+            return RunningState(instance_type_key=key, instances=count)
+
+        running = state(request.running)
+        per_bracket = None
+        if parallel:  # every bracket's next stage may keep what runs for it; none of them waits for a head
+            counts = list(request.bracket_running) or [request.running]
+            per_bracket = [running] + [state(c) for c in counts[1:]]
+            per_bracket += [state({})] * (len(request.offsets_s) - len(per_bracket))
         deadline_s = request.remaining_deadline_s
         current = None
         try:
             _, configs = configs_of(request.plan.model_copy(update={"stages": rest}), catalog)
-            current = Simulator(stages, model, seed=spec.seed, spot=spec.resources.spot,
-                                start_state=running).simulate(configs)
+            sim = (ParallelSimulator(stages, model, seed=spec.seed, spot=spec.resources.spot, start_state=running,
+                                     offsets=request.offsets_s, bracket_states=per_bracket) if parallel else
+                   Simulator(stages, model, seed=spec.seed, spot=spec.resources.spot, start_state=running))
+            current = sim.simulate(configs)
         except Exception:  # noqa: BLE001 - a type left the catalog: judge the current plan by the slowdown
             current = None
         figures = {} if current is None else dict(current_p_meet=current.p_meet(deadline_s),
@@ -170,7 +199,9 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
         if not types:
             return ReplanAnswer(None, **figures)
         options = dict(confidence=spec.confidence, max_workers_per_trial=spec.resources.max_workers_per_trial,
-                       spot=spec.resources.spot, seed=spec.seed, running=running)
+                       spot=spec.resources.spot, seed=spec.seed, running=running,
+                       **(dict(brackets="parallel", offsets=request.offsets_s, bracket_running=per_bracket)
+                          if parallel else {}))
         try:
             out = plan_stages(stages, model, types, deadline_s=deadline_s, **options)
         except InfeasibleError as exc:

@@ -143,7 +143,9 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                 samples: int = DEFAULT_SAMPLES, seed: int = 0, budget_usd: float | None = None,
                 running: RunningState | None = None, include_exact: bool = False,
                 screen_samples: int = SCREEN_SAMPLES, heads: Mapping[str, HeadSpec] | None = None,
-                brackets: str = "sequential", spot_setup: SpotSetup | None = None) -> StagesPlan:
+                brackets: str = "sequential", spot_setup: SpotSetup | None = None,
+                offsets: Sequence[float] | None = None,
+                bracket_running: Sequence[RunningState | None] | None = None) -> StagesPlan:
     """Cheapest plan for ``stages`` meeting ``deadline_s`` at ``confidence`` (seconds from now).
 
     ``running`` describes instances already up (re-planning mid-run): the first stage reuses them
@@ -160,14 +162,22 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     (:func:`~rubberband.planner.search.with_markets`) from it, from it all on spot and from the fastest
     plan all on spot; every candidate is simulated with preemptions and the SpotPolicy fall-back, so
     P(meet) and cost include them. The static baseline stays on-demand.
+
+    ``offsets`` (with ``brackets="parallel"``): fixed start offsets, one per bracket of ``stages`` (the
+    first 0) — the remainder of a parallel run being re-planned mid-run, where each bracket's next stage
+    starts when its running stage ends or its start offset comes (:func:`parallel_remainder`). The
+    search then neither moves the offsets nor runs the brackets one after another. ``bracket_running``:
+    with them, the instances already running for each bracket's next stage (default: ``running`` for
+    the first bracket, a fresh start for the others).
     """
     if not stages:
         raise ValueError("plan_stages needs at least one stage")
     space = PlanSpace(stages, types, model, max_workers_per_trial)
     parallel = brackets == "parallel" and len(bracket_ranges(stages)) > 1
+    fixed = offsets is not None
     if parallel:
         sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
-                                heads=heads, spot_setup=spot_setup)
+                                heads=heads, spot_setup=spot_setup, offsets=offsets, bracket_states=bracket_running)
     else:
         sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads,
                         spot_setup=spot_setup)
@@ -209,7 +219,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         if refined.result.meets(deadline_s, confidence) and (
                 chosen is None or refined.result.cost_mean < chosen[1].cost_mean):
             chosen = (refined.plan, refined.result)
-    if parallel and chosen is not None:
+    if parallel and chosen is not None and not fixed:
         # start shorter brackets later where that hands them instances another bracket releases,
         # then let the greedy adapt the stages to the new offsets
         sim, moved, tried = optimise_offsets(sim, chosen[0], chosen[1], deadline_s, confidence)
@@ -220,7 +230,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
             iterations += refined.iterations
             candidates += refined.candidates_evaluated
             chosen = (refined.plan, refined.result)
-    if parallel and chosen is not None:
+    if parallel and chosen is not None and not fixed:
         # one bracket after another can still be cheapest (loose deadlines: instances carry over between
         # brackets): the static plan and the chosen stages, run sequentially and elastically, compete
         seq_sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads,

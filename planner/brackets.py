@@ -70,6 +70,40 @@ def bracket_ranges(stages: Sequence[Any]) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True)
+class Remainder:
+    """What is left to plan of a parallel-bracket run at one bracket's stage boundary.
+
+    ``positions``: plan positions of the stages not started yet, bracket by bracket (each bracket's in
+    order), the bracket at its boundary first; ``offsets_s``: per bracket of ``positions``, when its next
+    stage can start, in seconds from now (0 for the first): re-planned with
+    ``plan_stages(..., brackets="parallel", offsets=offsets_s)``, the JCT of the remainder is
+    ``max_b(offset_b + JCT_b)`` from now.
+    """
+
+    positions: tuple[int, ...]
+    offsets_s: tuple[float, ...]
+
+
+def parallel_remainder(parts: Sequence[tuple[Sequence[int], float]], boundary: int) -> Remainder:
+    """The :class:`Remainder` of a parallel run from each bracket's part.
+
+    ``parts``: per bracket, (plan positions of its stages not started yet, seconds from now until the
+    next of them can start: a running bracket's current stage's remaining time, a bracket not started
+    yet its start offset minus the time elapsed, the bracket at its boundary 0); ``boundary``: the
+    index in ``parts`` of the bracket at its boundary. Brackets with nothing left drop out (a bracket
+    in its last stage: nothing of it can be re-planned); the boundary's bracket goes first (it starts
+    now, on the instances already running), the others by their start, earliest first.
+    """
+    if not parts[boundary][0]:
+        raise ValueError("the bracket at its boundary must have a stage to start")
+    order = sorted((b for b, (positions, _) in enumerate(parts) if positions),
+                   key=lambda b: (b != boundary, max(0.0, parts[b][1]), b))
+    positions = tuple(g for b in order for g in parts[b][0])
+    offsets = tuple(0.0 if b == boundary else max(0.0, float(parts[b][1])) for b in order)
+    return Remainder(positions, offsets)
+
+
+@dataclass(frozen=True)
 class Handoff:
     """One instance moved from a stage of one bracket to a stage of another (representative sample)."""
 
@@ -106,7 +140,8 @@ class ParallelSimulator:
                  spot: bool = False, options: SimOptions | None = None, start_state: RunningState | None = None,
                  heads: Mapping[str, HeadSpec] | None = None, offsets: Sequence[float] | None = None,
                  share: bool = True, cache_size: int = 2048, _subs: list[Simulator] | None = None,
-                 _cache: OrderedDict | None = None, spot_setup=None) -> None:
+                 _cache: OrderedDict | None = None, spot_setup=None,
+                 bracket_states: Sequence[RunningState | None] | None = None) -> None:
         self.stages = list(stages)
         self.model = model
         self.samples = samples
@@ -122,12 +157,19 @@ class ParallelSimulator:
         self.offsets = tuple(float(o) for o in (offsets or [0.0] * len(self.ranges)))
         if len(self.offsets) != len(self.ranges) or self.offsets[0] != 0.0 or min(self.offsets) < 0:
             raise ValueError("one offset ≥ 0 per bracket is required, and bracket 0 starts at 0")
+        # each bracket's instances already running (re-planning a parallel run's remainder mid-run: every
+        # bracket's next stage may keep its instances); by default only the first bracket's
+        states = list(bracket_states) if bracket_states is not None else (
+            [start_state] + [None] * (len(self.ranges) - 1))
+        if len(states) != len(self.ranges):
+            raise ValueError("one start state (or None) per bracket is required")
+        self.bracket_states = tuple(states)
         # the whole job's simulator: heads, billing rules and bounds (never used to simulate a plan)
         self.main = Simulator(self.stages, model, samples=samples, seed=seed, spot=spot, options=self.options,
                               start_state=start_state, heads=heads, spot_setup=spot_setup)
         self.subs = _subs if _subs is not None else [
             Simulator(self.stages[lo:hi], model, samples=samples, seed=seed + BRACKET_SEED_STRIDE * b, spot=spot,
-                      options=self.options, start_state=start_state if b == 0 else None, spot_setup=spot_setup)
+                      options=self.options, start_state=states[b], spot_setup=spot_setup)
             for b, (lo, hi) in enumerate(self.ranges)]
         self._runs: OrderedDict = _cache if _cache is not None else OrderedDict()
         self._cache_size = cache_size
@@ -138,7 +180,7 @@ class ParallelSimulator:
         return ParallelSimulator(self.stages, self.model, samples=self.samples, seed=self.seed, spot=self.spot,
                                  options=self.options, start_state=self.start_state, heads=self.main.heads,
                                  offsets=offsets, share=self.share, _subs=self.subs, _cache=self._runs,
-                                 spot_setup=self.spot_setup)
+                                 spot_setup=self.spot_setup, bracket_states=self.bracket_states)
 
     # -- Simulator's interface ------------------------------------------------------------------
     def head_for(self, configs: Sequence[StageConfig]) -> HeadSpec | None:
@@ -255,6 +297,9 @@ class ParallelSimulator:
             prev = configs[k - 1] if k > 0 else None
             carry_in = min(prev.instances, config.instances) if prev is not None and \
                 prev.instance_type.key == tkey and prev.market == config.market else 0
+            state = sub.start_state
+            if k == 0 and state is not None and state.instance_type_key == tkey:
+                carry_in = min(state.instances, config.instances)  # running already: not a request
             # bracket 0's first stage starts the job: nothing can be handed to it (keeps cost bounds rigorous)
             if not (k == 0 and b == 0) and carry_in < config.instances \
                     and rec.ready is not None:
