@@ -105,11 +105,16 @@ def _controller(tmp_path, replanner, *, deadline_s: float = 400.0, **options):
     return controller, backend
 
 
-def _up(controller) -> None:
-    """Every request the stand-in backend serves is up: collect them as the loop does."""
+def _served(controller) -> None:
+    """Wait until the provisioner thread has handed every request so far to the stand-in backend."""
     for entry in list(controller.pool.values()):
         if entry.future is not None:
             entry.future.result(timeout=10)
+
+
+def _up(controller) -> None:
+    """Every request the stand-in backend serves is up: collect them as the loop does."""
+    _served(controller)
     startups = {k: list(v) for k, v in controller.startup_seconds.items()}
     controller._collect_provisioned()
     controller.startup_seconds = startups  # the stand-in's instant start-ups would shorten the lead
@@ -178,6 +183,7 @@ def test_a_parallel_run_on_time_goes_on_without_change(tmp_path):
                              "proposal_cost_usd", "proposal_jct_p50_s", "offsets_s"}
     assert not [e for e in _events(controller) if e["type"] == J.PLAN_CHANGED]
     # the prefetched node serves the stage: nothing more requested
+    _served(controller)
     assert [r.instance_type.name for r in backend.requests] == ["local.cpu1", "local.cpu1", "local.cpu2"]
     controller._fill_slots(lane)
     started = [e for e in _events(controller) if e["type"] == J.TRIAL_STARTED and e["stage"] == 1]
@@ -212,6 +218,7 @@ def test_a_parallel_run_behind_plan_buys_speed_for_later_bracket_stages(tmp_path
     assert releases and releases[0]["reason"] == "re-planned: stage 1 runs 1 × local.cpu4"
     controller._collect_terminations(wait=True)
     assert prefetched in backend.terminated
+    _served(controller)
     assert (backend.requests[-1].instance_type.name, backend.requests[-1].stage) == ("local.cpu4", 1)
     assert lane.g == 1
     _up(controller)

@@ -140,10 +140,9 @@ def test_lost_spot_instance_with_slack_on_the_critical_path_is_replaced_on_spot(
     assert decision["market"] == "spot" and decision["previous"] == "spot" and decision["slack_s"] > 0
     assert set(decision) >= {"time_left_s", "work_left_s", "restart_s", "slack_s", "margin_s", "confidence",
                              "for_stage", "reason"}
-    request = backend.requests[-1]
-    assert request.spot and request.stage == 0 and request.instance_type.name == "local.cpu1"
+    assert _replacement_requested(controller, stage=0).itype.name == "local.cpu1"
     (replace,) = _decisions(controller, "replace")
-    assert replace["id"] == victim and replace["spot"] is True
+    assert replace["id"] == victim
     assert controller.lanes[0].pending[0] == (run.trial_id, 0)  # first in line again
     replacement = backend.provisioned[-1]
     _resumes_on_replacement(controller, 0, run.trial_id, replacement, 0)
@@ -172,8 +171,7 @@ def test_lost_spot_instance_goes_on_demand_when_the_longest_bracket_leaves_no_sl
     assert decision["restart_s"] == pytest.approx(11.8 + 50.0 / 3, abs=0.01)
     assert decision["market"] == "on_demand" and decision["slack_s"] <= 0
     assert "on-demand keeps the deadline" in decision["reason"]
-    request = backend.requests[-1]
-    assert not request.spot and request.stage == 2
+    _replacement_requested(controller, stage=2, spot=False)
     replacement = backend.provisioned[-1]
     # the trial resumes from its checkpoint on the on-demand replacement
     _resumes_on_replacement(controller, 1, run.trial_id, replacement, 1)
@@ -192,8 +190,8 @@ def test_lost_spot_instance_goes_on_demand_when_the_longest_bracket_leaves_no_sl
     controller._collect(lane, [last])
     controller._tend_lane(lane)
     assert lane.g == 1
-    request = backend.requests[-1]
-    assert request.stage == 1 and request.instance_type.name == "local.cpu2" and not request.spot
+    (nxt,) = [p for p in controller.pool.values() if p.assigned_stage == 1]
+    assert nxt.itype.name == "local.cpu2" and not nxt.spot
     assert len(_decisions(controller, "spot")) == 1
     _close(controller)
 
@@ -223,8 +221,7 @@ def test_notice_stops_the_trial_after_its_checkpoint_and_replaces_the_instance_n
     assert noticed["id"] == victim and noticed["stage"] == 2 and noticed["action"] == "terminate"
     (decision,) = _decisions(controller, "spot")
     assert decision["trigger"] == "notice" and decision["id"] == victim and decision["market"] == "spot"
-    request = backend.requests[-1]
-    assert request.spot and request.stage == 2
+    _replacement_requested(controller, stage=2)
     # the noticed instance takes nothing more and is released now (not handed to bracket 0), before the replacement
     # is up
     controller._tend_lane(lane)
@@ -238,6 +235,15 @@ def test_notice_stops_the_trial_after_its_checkpoint_and_replaces_the_instance_n
     _close(controller)
 
 
+def _replacement_requested(controller, *, stage: int, spot: bool = True):
+    """The journaled replacement is a request for ``stage`` in that market (read from the controller's pool, which
+    holds it at once: the stand-in backend's request list fills from the provisioner thread, later)."""
+    (replace,) = _decisions(controller, "replace")
+    entry = controller.pool[replace["token"]]
+    assert replace["spot"] is spot and entry.spot is spot and entry.assigned_stage == stage
+    return entry
+
+
 def test_notice_seen_by_the_watcher_is_taken_by_the_bracket_the_instance_serves(tmp_path, monkeypatch):
     controller, backend = _started(tmp_path, deadline_s=3600.0)
     victim = _instance_of(controller, 0)
@@ -249,8 +255,7 @@ def test_notice_seen_by_the_watcher_is_taken_by_the_bracket_the_instance_serves(
     assert noticed["id"] == victim and noticed["stage"] == 0 and len(noticed["trials"]) == 1
     (decision,) = _decisions(controller, "spot")
     assert decision["trigger"] == "notice" and decision["stage"] == 0 and decision["market"] == "spot"
-    request = backend.requests[-1]
-    assert request.spot and request.stage == 0
+    _replacement_requested(controller, stage=0)
     # its trial stops at its next checkpoint; the waiting trial never goes onto the noticed instance
     lane = controller.lanes[0]
     run = _run_on(controller, victim)
