@@ -488,7 +488,8 @@ class _Running:
 
 @dataclass
 class _View:
-    """What :func:`~rubberband.planner.baselines.lower_bounds` takes (an evaluator's ``sim``), for one bracket."""
+    """Holds one bracket's simulator (or its :class:`_Running` view) as an evaluator holds its ``sim``: what
+    :func:`~rubberband.planner.baselines.lower_bounds` reads."""
 
     sim: Simulator | _Running
 
