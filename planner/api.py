@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -24,8 +24,8 @@ from rubberband.planner.brackets import ParallelSimulator, bracket_ranges, optim
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
 from rubberband.planner.policies import SpotPolicy
-from rubberband.planner.search import (Evaluator, PlanSpace, descend, knapsack_plans, local_moves, simple_moves,
-                                       with_markets)
+from rubberband.planner.search import (Evaluator, PlanSimulator, PlanSpace, descend, knapsack_plans, local_moves,
+                                       simple_moves, with_markets)
 from rubberband.planner.spot import ModelScenario, SpotMarketModel, SpotScenario, SpotSetup, ZoneModel, model_setup
 from rubberband.planner.simulator import (HeadSpec, RunningState, SimOptions, SimResult, Simulator, StageConfig,
                                           normalise)
@@ -57,7 +57,7 @@ class StagesPlan:
     seed: int
     notes: list[str] = field(default_factory=list)
     head: HeadSpec | None = None  # the billed head the predictions include (boot resolved)
-    brackets: str = "sequential"  # how Hyperband brackets run: sequential | parallel
+    brackets: Literal["sequential", "parallel"] = "sequential"  # how Hyperband brackets run
     offsets: tuple[float, ...] = ()  # parallel: each bracket's start offset (s)
     handoffs: list = field(default_factory=list)  # parallel: brackets.Handoff of the representative sample
     #: How far the exact search got ("proven optimal (N nodes searched)" or "capped after N nodes, ...").
@@ -74,6 +74,7 @@ def allowed_types(catalog: Catalog, spec: JobSpec, cloud: str | None = None, *,
     ``spot_required`` (default: ``resources.spot``) keeps only types sold on spot: the old all-spot
     pricing; with a spot model, spot is per stage and on-demand-only types stay allowed."""
     res = spec.resources
+    clouds: list[str]
     if cloud in (None, ""):
         clouds = list(res.clouds)
     elif cloud == "any":
@@ -133,7 +134,7 @@ def stage_plans(stages: Sequence[Stage], configs: Sequence[StageConfig], result:
     return out
 
 
-def _timeline(sim: Simulator, configs: tuple[StageConfig, ...], result: SimResult) -> Timeline:
+def _timeline(sim: PlanSimulator, configs: tuple[StageConfig, ...], result: SimResult) -> Timeline:
     timeline, _, _ = sim.trace(configs, result.representative_index())
     return timeline
 
@@ -175,6 +176,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     space = PlanSpace(stages, types, model, max_workers_per_trial)
     parallel = brackets == "parallel" and len(bracket_ranges(stages)) > 1
     fixed = offsets is not None
+    sim: PlanSimulator
     if parallel:
         sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
                                 heads=heads, spot_setup=spot_setup, offsets=offsets, bracket_states=bracket_running)
@@ -205,7 +207,9 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
                              screen_slack=SCREEN_SLACK)
     candidates = static.evaluated + best.evaluated
     iterations = 0
-    chosen = (best.plan, best.result) if best.plan is not None else None
+    chosen: tuple[tuple[StageConfig, ...], SimResult] | None = None
+    if best.plan is not None and best.result is not None:
+        chosen = (best.plan, best.result)
     # RubberBand's greedy from maximum useful parallelism, and from the pool's best plan. With parallel
     # brackets the pool (per-bracket knapsack ladders) already balances the brackets, and the walk down
     # from the fastest plan costs twice the rest of planning for no measured gain (bench_planner.py):
@@ -219,7 +223,7 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         if refined.result.meets(deadline_s, confidence) and (
                 chosen is None or refined.result.cost_mean < chosen[1].cost_mean):
             chosen = (refined.plan, refined.result)
-    if parallel and chosen is not None and not fixed:
+    if parallel and chosen is not None and not fixed and isinstance(sim, ParallelSimulator):
         # start shorter brackets later where that hands them instances another bracket releases,
         # then let the greedy adapt the stages to the new offsets
         sim, moved, tried = optimise_offsets(sim, chosen[0], chosen[1], deadline_s, confidence)
@@ -285,19 +289,19 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         # independent of the plan under test: no incumbent from it, so a wrong plan cannot prune the search
         ex = exact_optimum(space, evaluator, deadline_s, confidence)
         exact_note = ex.optimality()
-        if ex.plan is not None:
+        if ex.plan is not None and ex.result is not None:
             exact = (ex.plan, ex.result, _timeline(sim, ex.plan, ex.result))
         else:
             notes.append(f"exact search: no feasible plan found ({exact_note})")
     static_out = None
-    if static.plan is not None:
+    if static.plan is not None and static.result is not None:
         static_out = (static.plan, static.result, _timeline(static_sim, static.plan, static.result))
     timeline = _timeline(sim, tuple(configs), result)
     return StagesPlan(stages=list(stages), configs=tuple(configs), result=result,
                       timeline=timeline, static=static_out, exact=exact,
                       candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes,
                       head=sim.head_for(configs), brackets="parallel" if parallel else "sequential",
-                      offsets=tuple(sim.offsets) if parallel else (),
+                      offsets=tuple(sim.offsets) if isinstance(sim, ParallelSimulator) else (),
                       handoffs=list(getattr(sim, "last_handoffs", [])) if parallel else [],
                       exact_note=exact_note)
 
@@ -372,7 +376,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     types = allowed_types(catalog, spec, cloud, spot_required=False if per_stage else None)
     model = fit_performance_model(profile)
     setup = None
-    if per_stage:
+    if per_stage and spot_model is not None:
         policy = spot_policy or SpotPolicy(margin_s=spec.resources.spot_margin_s)
         setup = model_setup(spot_model, deadline_s=deadline, seed=seed, samples=samples, policy=policy,
                             types=[(t.cloud, t.region, t.name) for t in types if t.spot_price_hr is not None])
@@ -546,6 +550,7 @@ def plan_simulator(plan: Plan, profile: Profile, catalog: Catalog, *, samples: i
     setup = plan_spot_setup(plan, samples=samples, seed=seed, deadline_s=deadline, scenarios=spot_scenarios,
                             policy=spot_policy)
     spot = setup is None and any(s.spot for s in plan.stages)
+    sim: PlanSimulator
     if plan.parallel_brackets:
         offsets = plan.bracket_offsets_s or None
         sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan),

@@ -17,10 +17,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from rubberband.catalog import SERIAL_PROVISIONING
+from rubberband.planner.brackets import ParallelSimulator, parallel_lower_bounds
 from rubberband.planner.search import Evaluator, Plan, PlanSpace, count_for_waves, widths_for
-from rubberband.planner.simulator import SimResult, StageConfig, efficient_counts, layout
+from rubberband.planner.simulator import RunningState, SimResult, StageConfig, efficient_counts, layout
+
+
+class BoundedSimulator(Protocol):
+    """What :func:`lower_bounds` reads of a simulator: any :class:`~rubberband.planner.search.PlanSimulator`,
+    or a view of one bracket's (:mod:`~rubberband.planner.brackets`)."""
+
+    @property
+    def spot(self) -> bool: ...
+
+    @property
+    def start_state(self) -> RunningState | None: ...
+
+    def min_factor(self) -> float: ...
+
+
+class HoldsSimulator(Protocol):
+    """An :class:`~rubberband.planner.search.Evaluator`, or anything else holding the simulator to bound."""
+
+    @property
+    def sim(self) -> BoundedSimulator: ...
 
 
 @dataclass
@@ -61,7 +83,7 @@ def static_plans(space: PlanSpace) -> list[Plan]:
     return plans
 
 
-def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[float, float]:
+def lower_bounds(space: PlanSpace, evaluator: HoldsSimulator, plan: Plan) -> tuple[float, float]:
     """Rigorous lower bounds on a plan's mean cost and on every sample's JCT.
 
     Cost: every plan pays its tasks' compute (at the smallest possible straggler factor), the
@@ -70,8 +92,7 @@ def lower_bounds(space: PlanSpace, evaluator: Evaluator, plan: Plan) -> tuple[fl
     With parallel brackets (:mod:`~rubberband.planner.brackets`) the bounds are per bracket.
     """
     sim = evaluator.sim
-    if getattr(sim, "parallel", False):
-        from rubberband.planner.brackets import parallel_lower_bounds
+    if isinstance(sim, ParallelSimulator):
         return parallel_lower_bounds(space, sim, plan)
     f_min = sim.min_factor()
     model = space.model

@@ -43,14 +43,15 @@ from typing import Any, Mapping, Sequence
 import networkx as nx
 import numpy as np
 
-from rubberband.catalog import SERIAL_PROVISIONING
+from rubberband.catalog import SERIAL_PROVISIONING, BillingRule, InstanceType
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import bracket_start_order
 from rubberband.planner.provisioning import ProvisionQueue, fifo_starts
 from rubberband.planner.schedule import Stage
+from rubberband.planner.spot import SpotSetup
 from rubberband.planner.simulator import (CATEGORIES, HeadSpec, RunningState, SimOptions, SimResult, Simulator,
-                                          StageConfig, normalise)
+                                          StageConfig, normalise, prepare_plan, sum_samples)
 
 BRACKET_MODES = ("parallel", "sequential")
 #: Seed stride between brackets' random streams.
@@ -140,7 +141,7 @@ class ParallelSimulator:
                  spot: bool = False, options: SimOptions | None = None, start_state: RunningState | None = None,
                  heads: Mapping[str, HeadSpec] | None = None, offsets: Sequence[float] | None = None,
                  share: bool = True, cache_size: int = 2048, _subs: list[Simulator] | None = None,
-                 _cache: OrderedDict | None = None, spot_setup=None,
+                 _cache: OrderedDict | None = None, spot_setup: SpotSetup | None = None,
                  bracket_states: Sequence[RunningState | None] | None = None) -> None:
         self.stages = list(stages)
         self.model = model
@@ -192,21 +193,22 @@ class ParallelSimulator:
     def min_factor(self) -> float:
         return self.main.min_factor()
 
-    def _rule(self, cloud: str):
+    def _rule(self, cloud: str) -> BillingRule:
         return self.main._rule(cloud)
 
-    def _termination(self, itype) -> float:
+    def _termination(self, itype: InstanceType) -> float:
         return self.main._termination(itype)
 
-    def _price(self, itype, market: str | None = None) -> float:
+    def _price(self, itype: InstanceType, market: str | None = None) -> float:
         return self.main._price(itype, market)
 
-    def prefix_bounds(self, configs: Sequence[StageConfig]):
+    def prefix_bounds(self, configs: Sequence[StageConfig]) -> tuple[float, np.ndarray]:
         raise NotImplementedError("the exact optimum is searched for sequential brackets only")
 
     def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
         """Simulate a full plan (one StageConfig per stage) with the first ``samples`` samples."""
-        configs, n = Simulator.prepare(self, configs, samples)
+        configs, n = prepare_plan(self.stages, configs, samples, self.samples)
+        self.evaluations += 1
         return self._combine(configs, self._all(configs, n), n)
 
     def bracket_results(self, configs: Sequence[StageConfig]) -> list[SimResult]:
@@ -264,7 +266,7 @@ class ParallelSimulator:
                  queue: ProvisionQueue | None = None, keys: tuple | None = None) -> _BracketRun:
         lo, hi = self.ranges[b]
         sub_configs = configs[lo:hi]
-        key = (b, n, tuple(c.key for c in sub_configs) if keys is None else keys[lo:hi])
+        key: tuple = (b, n, tuple(c.key for c in sub_configs) if keys is None else keys[lo:hi])
         if queue is not None:
             key += (queue.digest(hi - lo),)
         hit = self._runs.get(key)
@@ -318,11 +320,11 @@ class ParallelSimulator:
         jct = np.max([o + r.result.jct for o, r in zip(self.offsets, runs)], axis=0)
         stage_durations = [d for r in runs for d in r.result.stage_durations]
         stage_costs = [c for r in runs for c in r.result.stage_costs]  # replaced, never modified in place
-        breakdown = {k: sum(r.result.breakdown[k] for r in runs) for k in CATEGORIES if k != "head"}
+        breakdown = {k: sum_samples(r.result.breakdown[k] for r in runs) for k in CATEGORIES if k != "head"}
         by_type: dict[str, np.ndarray] = {}
         for r in runs:
             for k, v in r.result.by_type.items():
-                by_type[k] = by_type.get(k, 0.0) + v
+                by_type[k] = v + by_type.get(k, 0.0)
         if self.share and len(runs) > 1 and n == self.samples:
             for tkey, saved, startup, idle, per_stage in self._handoffs(configs, runs, n):
                 name = next(c.instance_type.name for c in configs if c.instance_type.key == tkey)
@@ -335,7 +337,7 @@ class ParallelSimulator:
         head = self.head_for(configs)
         if head is not None:
             by_type[head.instance_type] = by_type.get(head.instance_type, 0.0) + breakdown["head"]
-        cost = sum(breakdown[k] for k in CATEGORIES)
+        cost = sum_samples(breakdown[k] for k in CATEGORIES)
         events: dict = {}
         for r in runs:
             for k, v in r.result.spot_events.items():
@@ -406,8 +408,9 @@ class ParallelSimulator:
             result.append((tkey, saved, startup, idle, per_stage))
         return result
 
-    def handoffs(self, configs: Sequence[StageConfig], sample: int) -> list[tuple[int, int, int, int, float]]:
-        """Hand-overs of one sample: (donor column, receiving column, from stage, to stage, time) per type."""
+    def handoffs(self, configs: Sequence[StageConfig], sample: int) -> list[tuple[str, int, int, float, float]]:
+        """Hand-overs of one sample: (type key, from stage, to stage, when released, when the receiver's own
+        instance would have been up)."""
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
         runs = self._all(configs, self.samples)
         out = []
@@ -431,7 +434,7 @@ class ParallelSimulator:
         receiver releases it, and the receiver's own instance disappears.
         """
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
-        instances: list[TimelineInstance] = []
+        instances: list[TimelineInstance | None] = []  # None: a receiver's own instance, replaced by a hand-over
         tasks: list[TimelineTask] = []
         dag = nx.DiGraph()
         critical = 0.0
@@ -478,7 +481,7 @@ class ParallelSimulator:
                                                   "released_s": receiver.released_s,
                                                   "cost_usd": self._rule(itype.cloud).cost(life, self._price(itype))})
                 instances[int(giver.id[1:])] = merged
-                instances[int(receiver.id[1:])] = None  # type: ignore[call-overload]
+                instances[int(receiver.id[1:])] = None
                 for t in tasks:
                     if receiver.id in t.instance_ids:
                         t.instance_ids = [giver.id if i == receiver.id else i for i in t.instance_ids]
@@ -530,7 +533,10 @@ class _Running:
 
 @dataclass
 class _View:
-    sim: object
+    """Holds one bracket's simulator (or its :class:`_Running` view) as an evaluator holds its ``sim``: what
+    :func:`~rubberband.planner.baselines.lower_bounds` reads."""
+
+    sim: Simulator | _Running
 
 
 def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageConfig]) -> tuple[float, float]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, TypeGuard
 
 from rubberband.units import format_duration
 
@@ -158,7 +158,8 @@ class LatenessPolicy:
         if not 0.0 < self.confidence <= 1.0:
             raise ValueError(f"confidence must be within (0, 1], got {self.confidence!r}")
 
-    def meets(self, outlook: Outlook | None) -> bool:
+    def meets(self, outlook: Outlook | None) -> TypeGuard[Outlook]:
+        """Whether ``outlook`` is a prediction that meets the deadline at the confidence."""
         return outlook is not None and outlook.p_meet >= self.confidence
 
     def decide(self, current: Outlook, proposal: Outlook | None, *, time_left_s: float) -> LateDecision:
@@ -174,8 +175,9 @@ class LatenessPolicy:
             return LateDecision(Action.BUY_SPEED, True,
                                 f"deadline at risk: buying speed (P(meet) {current.p_meet:.2f} → "
                                 f"{proposal.p_meet:.2f}, ≥ {p:g})")
-        quicker = proposal is not None and proposal.jct_p50_s < current.jct_p50_s * (1.0 - self.late_gain)
-        best = proposal if quicker else current
+        clearly_quicker = proposal is not None and proposal.jct_p50_s < current.jct_p50_s * (1.0 - self.late_gain)
+        quicker = proposal if clearly_quicker else None
+        best = current if quicker is None else quicker
         out_of_reach = (f"deadline out of reach (best P(meet) "
                         f"{max(current.p_meet, proposal.p_meet if proposal else 0.0):.2f} < {p:g})")
         if self.on_late == "stop":
@@ -187,9 +189,9 @@ class LatenessPolicy:
                                 f"ends past the deadline plus the allowed overrun "
                                 f"({format_duration(max(0.0, time_left_s + self.overrun_s))} left): stopping now "
                                 f"with the best so far")
-        if quicker:
+        if quicker is not None:
             return LateDecision(Action.FINISH_LATE, True,
-                                f"{out_of_reach}: the quickest plan (p50 {format_duration(proposal.jct_p50_s)} left, "
+                                f"{out_of_reach}: the quickest plan (p50 {format_duration(quicker.jct_p50_s)} left, "
                                 f"vs {format_duration(current.jct_p50_s)}) makes the run less late")
         return LateDecision(Action.FINISH_LATE, False, f"{out_of_reach}: no plan is clearly quicker; finishing late")
 

@@ -62,9 +62,8 @@ class ProvisionQueue:
 
     def at(self, stage: int, rows: slice) -> np.ndarray | None:
         """Stage ``stage``'s free times for samples ``rows`` (None: no wait)."""
-        if stage >= len(self.free_at) or self.free_at[stage] is None:
-            return None
-        return self.free_at[stage][rows]
+        free = self.free_at[stage] if stage < len(self.free_at) else None
+        return None if free is None else free[rows]
 
     def waits_before(self, upto: int) -> bool:
         """Whether any of the first ``upto`` stages waits."""

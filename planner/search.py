@@ -21,18 +21,63 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
+import networkx as nx
 import numpy as np
 
 from rubberband.catalog import InstanceType
 from rubberband.errors import ProfileError
+from rubberband.plan import Timeline
 from rubberband.planner.brackets import bracket_ranges
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
-from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig, efficient_counts, layout
+from rubberband.planner.simulator import (HeadSpec, RunningState, SimOptions, SimResult, Simulator, StageConfig,
+                                          efficient_counts, layout, sum_samples)
+from rubberband.planner.spot import SpotSetup
 
 Plan = tuple[StageConfig, ...]
+
+
+class PlanSimulator(Protocol):
+    """What the search, the baselines and the planner ask of a simulator of whole plans.
+
+    :class:`~rubberband.planner.simulator.Simulator` (Hyperband brackets one after another) and
+    :class:`~rubberband.planner.brackets.ParallelSimulator` (side by side) both satisfy it.
+    """
+
+    stages: list[Stage]
+    model: PerformanceModel
+    samples: int
+    seed: int
+    spot: bool
+    options: SimOptions
+    start_state: RunningState | None
+    spot_setup: SpotSetup | None
+
+    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
+        """A full plan (one StageConfig per stage) with the first ``samples`` samples (None: all)."""
+        ...
+
+    def head_for(self, configs: Sequence[StageConfig]) -> HeadSpec | None:
+        """The billed head of a plan (None: none)."""
+        ...
+
+    def head_cost(self, configs: Sequence[StageConfig], jct: np.ndarray) -> np.ndarray:
+        """Per-sample cost of the plan's head for job completion times ``jct``."""
+        ...
+
+    def min_factor(self) -> float:
+        """A lower bound of a task's compute factor (for rigorous bounds)."""
+        ...
+
+    def prefix_bounds(self, configs: Sequence[StageConfig]) -> tuple[float, np.ndarray]:
+        """Lower bound on the mean cost of any plan starting with ``configs``, and the barrier times."""
+        ...
+
+    def trace(self, configs: Sequence[StageConfig], sample: int) -> tuple[Timeline, nx.DiGraph, float]:
+        """Timeline of one sample, its DAG and critical path."""
+        ...
 
 
 def widths_for(itype: InstanceType, max_workers: int) -> list[int]:
@@ -187,7 +232,7 @@ class Evaluator:
     simulate the whole plan.
     """
 
-    def __init__(self, sim: Simulator, screen_samples: int) -> None:
+    def __init__(self, sim: PlanSimulator, screen_samples: int) -> None:
         self.sim = sim
         self.screen_samples = min(screen_samples, sim.samples)
         self._screen: dict[tuple, SimResult] = {}
@@ -226,8 +271,8 @@ class Evaluator:
                     if sub_key not in self._sub:
                         self._sub[sub_key] = self._subsim(b, before).simulate(plan[lo:hi])
                     parts.append(self._sub[sub_key])
-                jct = sum(p.jct for p in parts)
-                cost = sum(p.cost for p in parts) + self.sim.head_cost(plan, jct)  # one head for the run
+                jct = sum_samples(p.jct for p in parts)
+                cost = sum_samples(p.cost for p in parts) + self.sim.head_cost(plan, jct)  # one head for the run
                 self._screen[key] = SimResult(configs=tuple(plan), jct=jct, cost=cost, stage_durations=[],
                                               stage_costs=[], breakdown={}, by_type={}, samples=len(jct))
         return self._screen[key]
@@ -297,13 +342,13 @@ def local_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
     # keeps the stage time
     for t in {c.instance_type.key: c.instance_type for c in pairs.values()}.values():
         for a, b in sorted(blocks):
-            candidate = list(plan)
+            typed = list(plan)
             for i in range(a, b):
                 target = space.stage_time(i, plan[i])
                 options = [space.match_time(i, t, w, target) for w in widths_for(t, space.max_workers)]
                 fitting = [o for o in options if space.stage_time(i, o) <= target * (1 + 1e-9)] or options
-                candidate[i] = min(fitting, key=lambda o: (space.stage_estimate(i, o)[1], o.workers))
-            candidate = tuple(candidate)
+                typed[i] = min(fitting, key=lambda o: (space.stage_estimate(i, o)[1], o.workers))
+            candidate = tuple(typed)
             key = plan_key(candidate)
             if key not in seen:
                 seen.add(key)
@@ -467,13 +512,13 @@ def _knapsack(space: PlanSpace, only_type: str | None, *, buckets: int = 400, la
     while budget <= horizon:
         t = int(math.floor(budget / step + 1e-9))
         if np.isfinite(f[t]):
-            plan = []
+            picked = []  # last stage first
             for i in range(n - 1, -1, -1):
                 k = int(choices[i][t])
                 d, _, c = estimates[i][k]
-                plan.append(c)
+                picked.append(c)
                 t -= int(math.ceil(d / step - 1e-9))
-            plan = tuple(reversed(plan))
+            plan = tuple(reversed(picked))
             key = plan_key(plan)
             if key not in seen:
                 seen.add(key)

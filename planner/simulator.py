@@ -41,7 +41,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from typing import Mapping, Sequence
+from typing import Hashable, Iterable, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -49,10 +49,10 @@ import numpy as np
 from rubberband.catalog import (BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIONING, TRANSFER_USD_PER_GB,
                                 BillingRule, InstanceType)
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
-from rubberband.planner.model import PerformanceModel
+from rubberband.planner.model import PerformanceModel, StartupModel
 from rubberband.planner.policies import PrefetchPolicy
 from rubberband.planner.provisioning import ProvisionQueue
-from rubberband.planner.spot import MAX_PREEMPTIONS, REQUEST_EVENT, SpotSetup, stay_on_spot
+from rubberband.planner.spot import MAX_PREEMPTIONS, REQUEST_EVENT, SpotScenario, SpotSetup, stay_on_spot
 from rubberband.planner.noise import VariationDraws, schedule_tasks, task_factors
 from rubberband.planner.schedule import Stage
 
@@ -172,6 +172,16 @@ def normalise(config: StageConfig, trials: int) -> StageConfig:
     return config if n == config.instances else StageConfig(config.instance_type, n, config.workers, config.market)
 
 
+def prepare_plan(stages: Sequence[Stage], configs: Sequence[StageConfig], samples: int | None,
+                 available: int) -> tuple[tuple[StageConfig, ...], int]:
+    """A full plan (one StageConfig per stage) normalised, and the number of samples to use (``samples``, at
+    most ``available``; None: all)."""
+    if len(configs) != len(stages):
+        raise ValueError("one StageConfig per stage is required")
+    return (tuple(normalise(c, s.trials) for c, s in zip(configs, stages)),
+            available if samples is None else min(samples, available))
+
+
 # -- random streams -----------------------------------------------------------------------------
 
 class RandomStreams:
@@ -247,7 +257,12 @@ class _Prefix:
 def _add_events(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
     if a is None or b is None:
         return a if b is None else b
-    return {k: a.get(k, 0) + b.get(k, 0) for k in {*a, *b}}
+    return {k: a[k] + b.get(k, 0) if k in a else b[k].copy() for k in {*a, *b}}
+
+
+def sum_samples(arrays: Iterable[np.ndarray]) -> np.ndarray:
+    """Per-sample sum of arrays (as ``sum``, which starts from 0; here a 0-d zero, so the result is an array)."""
+    return sum(arrays, np.zeros(()))
 
 
 #: What :attr:`SimResult.spot_events` counts per sample (spot stages only).
@@ -329,7 +344,8 @@ class Simulator:
         self._cache_bytes = cache_bytes
         self._cached_bytes = 0
         self._epoch_cache: dict[tuple[str, int, int], float] = {}
-        self._startup_cache: dict[tuple[str, str], tuple] = {}
+        self._startup_cache: dict[tuple[str, str], tuple[StartupModel, float]] = {}  # (model, prefetch lead)
+        self._termination_cache: dict[tuple[str, str], float] = {}
         self._factor_cache: dict[int, np.ndarray] = {}
         self._startup_draws: dict[tuple, np.ndarray] = {}
         self._variation = VariationDraws(seed, samples)
@@ -339,11 +355,9 @@ class Simulator:
     def prepare(self, configs: Sequence[StageConfig], samples: int | None) -> tuple[tuple[StageConfig, ...], int]:
         """Check a full plan (one StageConfig per stage), normalise it and count the evaluation; with the
         number of samples to use (``samples``, at most all, None: all)."""
-        if len(configs) != len(self.stages):
-            raise ValueError("one StageConfig per stage is required")
+        prepared = prepare_plan(self.stages, configs, samples, self.samples)
         self.evaluations += 1
-        return (tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages)),
-                self.samples if samples is None else min(samples, self.samples))
+        return prepared
 
     def simulate(self, configs: Sequence[StageConfig], samples: int | None = None,
                  queue: ProvisionQueue | None = None) -> SimResult:
@@ -458,25 +472,31 @@ class Simulator:
         return _build_timeline(self, configs, records)
 
     # -- internals --------------------------------------------------------------------------
-    def _draws(self, index: int, width: int, itype: InstanceType | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """Straggler factors of stage ``index`` and, for ``itype``, start-up latencies (all samples).
+    def _factors(self, index: int, width: int) -> np.ndarray:
+        """Straggler factors of stage ``index``'s first ``width`` instances or more (all samples).
 
-        Derived once per stage (and type) from the common random streams and cached.
+        Derived once per stage from the common random streams and cached.
         """
-        z, u = self.streams.stage(index, width)
+        z, _ = self.streams.stage(index, width)
         have = self._factor_cache.get(index)
         if have is None or have.shape[1] < z.shape[1]:
             sigma = self.model.straggler_sigma
             have = np.exp(sigma * z) if sigma > 0 else np.ones_like(z)
             self._factor_cache[index] = have
-        if itype is None:
-            return have, None
+        return have
+
+    def _boots(self, index: int, width: int, itype: InstanceType) -> np.ndarray:
+        """Start-up latencies of stage ``index``'s first ``width`` instances or more of ``itype`` (all samples).
+
+        Derived once per stage and type from the common random streams and cached.
+        """
+        _, u = self.streams.stage(index, width)
         key = (index, itype.cloud, itype.name)
         startup = self._startup_draws.get(key)
         if startup is None or startup.shape[1] < u.shape[1]:
             startup = self._startup(itype).sample(u)
             self._startup_draws[key] = startup
-        return have, startup
+        return startup
 
     def _task_factors(self, index: int, rows: slice) -> np.ndarray:
         """Variation factors of stage ``index``'s tasks in dispatch order (samples ``rows``).
@@ -491,7 +511,7 @@ class Simulator:
         epoch_z = self._variation.epochs(index, stage.trials)[rows]
         return task_factors(self.model.variation, trial_z, epoch_z, stage.epochs_this_stage)
 
-    def _startup(self, itype: InstanceType):
+    def _startup(self, itype: InstanceType) -> StartupModel:
         key = (itype.cloud, itype.name)
         if key not in self._startup_cache:
             model = self.model.startup(itype.cloud, itype.name)
@@ -509,17 +529,18 @@ class Simulator:
         return self._epoch_cache[key]
 
     def _prefix(self, configs: tuple[StageConfig, ...], upto: int, n: int,
-                tails: tuple[float, ...], queue: ProvisionQueue | None = None) -> _Prefix | None:
-        if upto == 0:
-            return None
-        key = (n, tuple(c.key for c in configs[:upto]), tails[:upto])
+                tails: tuple[float, ...], queue: ProvisionQueue | None = None) -> _Prefix:
+        """The first ``upto`` (≥ 1) stages of ``configs`` played (samples ``n``), from the prefix cache."""
+        if upto < 1:
+            raise ValueError("a plan prefix has at least one stage")
+        key: tuple = (n, tuple(c.key for c in configs[:upto]), tails[:upto])
         if queue is not None and queue.waits_before(upto):
             key += (queue.digest(upto),)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        previous = self._prefix(configs, upto - 1, n, tails, queue)
+        previous = self._prefix(configs, upto - 1, n, tails, queue) if upto > 1 else None
         result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n), tail_s=tails[upto - 1],
                             free_at=None if queue is None else queue.at(upto - 1, slice(0, n)))
         self._cache[key] = result
@@ -534,10 +555,10 @@ class Simulator:
 
     def _termination(self, itype: InstanceType) -> float:
         """Median seconds an instance stays billed after its release (terminate request → gone)."""
-        key = ("termination", itype.cloud, itype.name)
-        if key not in self._startup_cache:
-            self._startup_cache[key] = (None, self.model.termination(itype.cloud, itype.name).quantile(0.5))
-        return self._startup_cache[key][1]
+        key = (itype.cloud, itype.name)
+        if key not in self._termination_cache:
+            self._termination_cache[key] = self.model.termination(itype.cloud, itype.name).quantile(0.5)
+        return self._termination_cache[key]
 
     def _price(self, itype: InstanceType, market: str | None = None) -> float:
         return itype.price(self.spot or market == "spot")
@@ -557,7 +578,7 @@ class Simulator:
         release, request = rec.release, rec.request
         carried_idx = None
         if 0 < carry < n:
-            idx = np.argpartition(release, n - carry - 1, axis=1) if n - carry - 1 >= 0 else None
+            idx = np.argpartition(release, n - carry - 1, axis=1)
             carried_idx = idx[:, n - carry:]
             kept_idx = idx[:, :n - carry]
             c_release = np.take_along_axis(release, carried_idx, axis=1)
@@ -602,7 +623,7 @@ class Simulator:
         lay = layout(cap, config.instances, config.workers)
         n_inst = config.instances
         model = self.model
-        f_all, _ = self._draws(index, n_inst, None)
+        f_all = self._factors(index, n_inst)
         factor = f_all[rows, :n_inst]
         S = factor.shape[0]
         price = self._price(itype, config.market) / 3600.0
@@ -623,8 +644,8 @@ class Simulator:
             start = np.zeros(S)
         else:
             stage_costs, parts, by_type, carried_request, carried_idx, carried_free = self._finalise(prefix, carry)
-            durations = prefix.durations + (prev.barrier - prev.start,)
-            start = prev.barrier
+            durations = prefix.durations + (prefix.open.barrier - prefix.open.start,)
+            start = prefix.open.barrier
 
         # instances: carried ones are up at the barrier; new ones requested ahead of time
         request = np.empty((S, n_inst))
@@ -642,7 +663,7 @@ class Simulator:
             else:
                 t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self._lead(itype))
             request[:, carry:] = t_req[:, None]
-            _, s_all = self._draws(index, n_inst, itype)
+            s_all = self._boots(index, n_inst, itype)
             boot = s_all[rows, carry:n_inst]
             if itype.cloud in SERIAL_PROVISIONING:
                 # one after another: each starts (and is billed from) when the one before is up; the
@@ -665,7 +686,7 @@ class Simulator:
         if config.spot and self.spot_setup is not None:
             scenario = self.spot_setup.scenario(itype.cloud, itype.region, itype.name)
         fallback = np.zeros(S, dtype=bool)  # samples whose spot request found no capacity: the stage on on-demand
-        if scenario is not None and carry and prev.fallback is not None:
+        if scenario is not None and carry and prev is not None and prev.fallback is not None:
             fallback = prev.fallback.copy()  # the on-demand instances it fell back to carry over (as on-demand)
         if scenario is not None and carry < n_inst:
             new_fallback, waited = self._spot_request(scenario, index, config, prev, rows, t_req, tail_s)
@@ -767,20 +788,26 @@ class Simulator:
                        events=events)
 
     # -- spot ---------------------------------------------------------------------------------
+    def _spot(self) -> SpotSetup:
+        """The setup a spot stage is played with (a stage has a spot scenario only from one)."""
+        if self.spot_setup is None:
+            raise AssertionError("a spot stage is played without a SpotSetup")
+        return self.spot_setup
+
     def _spot_restart_s(self, itype: InstanceType, checkpoint_s: float) -> float:
         """What the policy counts one more preemption to cost: a replacement's start-up (the prefetch
         quantile), its workers' start, the checkpoint restore, and half a checkpoint interval of lost work."""
         m = self.model
         return self._lead(itype) + m.worker_start_s + m.restart_overhead_s + m.transfer_time() + checkpoint_s / 2
 
-    def _spot_request(self, scenario, index: int, config: StageConfig, prev: "_StageRecord | None", rows: slice,
+    def _spot_request(self, scenario: SpotScenario, index: int, config: StageConfig, prev: "_StageRecord | None", rows: slice,
                       t_req: np.ndarray, tail_s: float) -> tuple[np.ndarray, np.ndarray]:
         """A spot stage's request, where the policy decides for the stage's trials (as the executor does
         before it starts them): on-demand when the slack (time left − the stage's and its bracket's later
         stages' predicted time − one restart) is already short (``fallback``: the stage is bought
         on-demand); where the request finds no capacity, the policy waits for it (the wait) or buys the
         stage on-demand. Returns (fallback, wait) per sample."""
-        setup = self.spot_setup
+        setup = self._spot()
         work = np.full_like(t_req, self.predicted_duration(index, config, None if prev is None else prev.config)
                             + tail_s)
         base, _ = self.task_time(index, config, None if prev is None else prev.config)
@@ -794,7 +821,7 @@ class Simulator:
         stay = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart + scenario.typical_wait_s)
         return ~start | (none & ~stay), np.where(start & none & stay, wait, 0.0)
 
-    def _preemptions(self, scenario, index: int, config: StageConfig, rows: slice, slot_ready: np.ndarray,
+    def _preemptions(self, scenario: SpotScenario, index: int, config: StageConfig, rows: slice, slot_ready: np.ndarray,
                      slots: int, base: float, overhead: float, tail_s: float,
                      fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per task (samples × trials, dispatch order): seconds a spot stage's preemptions add, seconds run
@@ -832,10 +859,12 @@ class Simulator:
             lane_free[:, :width] += base + overhead + e
         return extra, od, waited, counts
 
-    def _preempt_wave(self, scenario, index: int, wave: int, config: StageConfig, rows: slice, now: np.ndarray,
-                      base: float, after: float, fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One wave of :meth:`_preemptions`: tasks whose training starts at ``now`` (samples × tasks)."""
-        setup = self.spot_setup
+    def _preempt_wave(self, scenario: SpotScenario, index: int, wave: int, config: StageConfig, rows: slice,
+                      now: np.ndarray, base: float, after: float,
+                      fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One wave of :meth:`_preemptions`: tasks whose training starts at ``now`` (samples × tasks); returns
+        its per-task (extra, on-demand, waited) seconds and per-sample counts, as :meth:`_preemptions` does."""
+        setup = self._spot()
         stage = self.stages[index]
         itype = config.instance_type
         model = self.model
@@ -1033,12 +1062,14 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
     tasks: list[TimelineTask] = []
     task_nodes: list[tuple[tuple, float]] = []
     prev_ids: list[int] = []  # instance ids of the previous stage, in sorted-release order
-    prev_barrier = "start"
+    prev_barrier: Hashable = "start"
     prev_first_task = None
     next_id = 0
     trial_ids: dict[int, list[int]] = {}
     for idx, (config, rec) in enumerate(zip(configs, records)):
         tr = rec.trace
+        if tr is None:
+            raise AssertionError("a stage record without its trace (Simulator.trace plays them with record=True)")
         stage = sim.stages[idx]
         lay: Layout = tr["layout"]
         n_inst = config.instances
@@ -1120,13 +1151,13 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
         t.end_s = times[node] + d
     out_instances = []
     for inst in instances:
-        config: StageConfig = inst["config"]
-        itype = config.instance_type
+        inst_config: StageConfig = inst["config"]
+        itype = inst_config.instance_type
         rule = sim._rule(itype.cloud)
         life = inst["released"] - inst["requested"] + sim._termination(itype)
         out_instances.append(TimelineInstance(
             id=f"i{inst['id']}", instance_type=itype.name, cloud=itype.cloud, first_stage=inst["first_stage"],
             last_stage=inst["last_stage"], requested_s=inst["requested"], ready_s=inst["ready"],
-            released_s=inst["released"], cost_usd=rule.cost(life, sim._price(itype, config.market))))
+            released_s=inst["released"], cost_usd=rule.cost(life, sim._price(itype, inst_config.market))))
     critical = times[("barrier", len(configs) - 1)]
     return Timeline(instances=out_instances, tasks=tasks), dag, critical
