@@ -50,14 +50,16 @@ SMALL_MAX_T = 3
 
 
 def run_tuner(tune, trainable, qualities, *, max_t, cpus_per_trial, storage, scheduler=None):
-    """(seconds from Tuner.fit() to its return, [(start, end)] per trial and the times of every
+    """(seconds from Tuner.fit() to its return, [(start, end, score)] per trial and the times of every
     result (driver clock, from the Tuner's start), the ResultGrid)."""
     marks: dict[str, list[float]] = {}
+    scores: dict[str, float] = {}
     reports: list[float] = []
 
     class Marks(tune.Callback):
         def on_trial_start(self, iteration, trials, trial, **info):
             marks.setdefault(trial.trial_id, [time.perf_counter(), 0.0])
+            scores[trial.trial_id] = float(trial.config["q"])
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             reports.append(time.perf_counter())
@@ -75,14 +77,14 @@ def run_tuner(tune, trainable, qualities, *, max_t, cpus_per_trial, storage, sch
     started = time.perf_counter()
     results = tuner.fit()
     jct = time.perf_counter() - started
-    spans = sorted((a - started, b - started) for a, b in marks.values())
+    spans = sorted((a - started, b - started, scores[k]) for k, (a, b) in marks.items())
     return jct, spans, [t - started for t in reports], results
 
 
 def start_gaps(spans: list[tuple[float, float]], slots: int) -> list[float]:
     """Per trial after the first wave: its start − the end that freed its slot (ends in order)."""
-    ends = sorted(b for _, b in spans)
-    starts = sorted(a for a, _ in spans)
+    ends = sorted(span[1] for span in spans)
+    starts = sorted(span[0] for span in spans)
     return [starts[k] - ends[k - slots] for k in range(slots, len(starts))]
 
 
@@ -189,6 +191,10 @@ def main() -> None:
           f"error {100 * (predicted - measured) / measured:+.1f}% (target within 10%)")
     print(f"trials reaching rungs 1/3/9: measured {reached}, predicted {promoted}; measured start gaps mean "
           f"{statistics.mean(gaps):.2f} s (min {min(gaps):.2f}, max {max(gaps):.2f})")
+    order = [int(np.flatnonzero(qualities == q)[0]) for _, _, q in spans]
+    ahead = sum(1 for i, k in enumerate(order) if any(j < k for j in order[i + 1:]))
+    print(f"start order: {ahead} of {len(order)} trials started ahead of one queued before them (the simulator "
+          f"starts them in queue order; ASHA's promotions depend on the order of reports)")
     print(f"without start contention (start_concurrency None, the planning default): predicted "
           f"{predicted_free:.2f} s, error {100 * (predicted_free - measured) / measured:+.1f}%, rungs {promoted_free}")
 
