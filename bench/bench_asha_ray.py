@@ -12,8 +12,10 @@ imports take ~1.7 CPU-seconds, and most ASHA trials train one epoch only. Starts
 the node's cores. The driver's work per report is small (~15-30 ms, overlapped with the next epoch
 since a function trainable's report only waits for the driver's next ``train`` call).
 
-The simulator's parameters are calibrated first from four small Ray Tune runs, never from the ASHA
-run it predicts, each trial's start and end taken by a Tune callback on the driver:
+The simulator's parameters are calibrated from small Ray Tune runs, never from the ASHA run it
+predicts, each trial's start and end taken by a Tune callback on the driver (the start runs are
+made before and again after the ASHA run, and averaged, so that a drift of the machine's load
+during the bench is followed):
 
 * one slot (``slots`` CPUs per trial), one trial of 9 epochs: the per-epoch overhead ``o`` (from
   its first report to its last / 8 − epoch); one trial of 1 epoch: the fixed set-up ``F`` (Tuner
@@ -139,45 +141,58 @@ def main() -> None:
     try:
         _, _, nine, _ = run_tuner(tune, trainable, [0.0], max_t=9, cpus_per_trial=slots, storage=storage)
         b, _, _, _ = run_tuner(tune, trainable, [0.0], max_t=1, cpus_per_trial=slots, storage=storage)
-        _, serial, _, _ = run_tuner(tune, trainable, [float(i) for i in range(5)], max_t=1, cpus_per_trial=slots,
-                                 storage=storage)
         small_q = np.random.default_rng(1).permutation(SMALL_TRIALS).astype(float)
-        small, small_spans, _, _ = run_tuner(tune, trainable, small_q, max_t=SMALL_MAX_T, cpus_per_trial=1,
-                                          storage=storage, scheduler=ASHAScheduler(
-                                              time_attr="training_iteration", grace_period=1, reduction_factor=3,
-                                              max_t=SMALL_MAX_T))
+
+        def calibrate_starts() -> tuple[list[float], float, list]:
+            """Serial start gaps (one slot, five 1-epoch trials) and the small ASHA run (JCT, spans)."""
+            _, serial, _, _ = run_tuner(tune, trainable, [float(i) for i in range(5)], max_t=1,
+                                        cpus_per_trial=slots, storage=storage)
+            small, small_spans, _, _ = run_tuner(
+                tune, trainable, small_q, max_t=SMALL_MAX_T, cpus_per_trial=1, storage=storage,
+                scheduler=ASHAScheduler(time_attr="training_iteration", grace_period=1, reduction_factor=3,
+                                        max_t=SMALL_MAX_T))
+            return start_gaps(serial, 1), small, small_spans
+
+        before = calibrate_starts()
         load_calibrated = os.getloadavg()[0]
         scheduler = ASHAScheduler(time_attr="training_iteration", grace_period=1, reduction_factor=3, max_t=9)
         measured, spans, _, results = run_tuner(tune, trainable, qualities, max_t=9, cpus_per_trial=1,
                                              storage=storage, scheduler=scheduler)
+        load_measured = os.getloadavg()[0]
+        after = calibrate_starts()
     finally:
         ray.shutdown()
     load_after = os.getloadavg()[0]
 
     o = max(0.0, (nine[-1] - nine[0]) / (len(nine) - 1) - epoch_s)
-    s = statistics.mean(start_gaps(serial, 1))
-    fixed = max(0.0, b - s - epoch_s - o)
-    # the start concurrency reproducing the small ASHA run (its JCT falls as c grows)
-    target = small - fixed
+    fixed = max(0.0, b - statistics.mean(before[0]) - epoch_s - o)
 
-    def small_jct(c: float) -> float:
-        return simulate(SMALL_TRIALS, SMALL_MAX_T, s, o, c, small_q)[0]
+    def fit_c(s: float, target: float) -> float:
+        """The start concurrency in [1, slots] whose simulated small run takes ``target`` (JCT falls as c grows)."""
+        def small_jct(c: float) -> float:
+            return simulate(SMALL_TRIALS, SMALL_MAX_T, s, o, c, small_q)[0]
 
-    lo, hi = 1.0, float(slots)
-    if small_jct(hi) >= target:
-        c = float(slots)
-    elif small_jct(lo) <= target:
-        c = 1.0
-    else:
+        lo, hi = 1.0, float(slots)
+        if small_jct(hi) >= target:
+            return hi
+        if small_jct(lo) <= target:
+            return lo
         for _ in range(30):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if small_jct(mid) > target else (lo, mid)
-        c = (lo + hi) / 2
-    print(f"load average {load_before:.1f} before, {load_calibrated:.1f} after calibrating, {load_after:.1f} after "
-          f"ASHA, on {os.cpu_count()} CPUs")
-    print(f"calibration: 1x9 epochs {nine[-1] - nine[0]:.2f} s from the first report to the last, 1x1 {b:.2f} s, 5x1 serial starts {s:.2f} s, ASHA {SMALL_TRIALS} "
-          f"trials max_t {SMALL_MAX_T} on {slots} slots {small:.2f} s (start gaps mean "
-          f"{statistics.mean(start_gaps(small_spans, slots)):.2f} s) "
+        return (lo + hi) / 2
+
+    # the calibration runs bracket the ASHA run (before and after it): their mean follows a load drift
+    s = statistics.mean(before[0] + after[0])
+    c = fit_c(s, (before[1] + after[1]) / 2 - fixed)
+    print(f"load average {load_before:.1f} before, {load_calibrated:.1f} after calibrating, {load_measured:.1f} after "
+          f"ASHA, {load_after:.1f} after calibrating again, on {os.cpu_count()} CPUs")
+    for name, (gaps_, small, small_spans) in (("before", before), ("after", after)):
+        print(f"calibration {name} the ASHA run: 5x1 serial starts {statistics.mean(gaps_):.2f} s apart, ASHA "
+              f"{SMALL_TRIALS} trials max_t {SMALL_MAX_T} on {slots} slots {small:.2f} s (start gaps mean "
+              f"{statistics.mean(start_gaps(small_spans, slots)):.2f} s) -> alone: start concurrency c "
+              f"{fit_c(statistics.mean(gaps_), small - fixed):.2f}")
+    print(f"calibration: 1x9 epochs {nine[-1] - nine[0]:.2f} s from the first report to the last, 1x1 {b:.2f} s "
           f"-> set-up F {fixed:.2f} s, trial start s {s:.2f} s, per-epoch overhead o {o:.3f} s, "
           f"start concurrency c {c:.2f}")
 
@@ -195,6 +210,11 @@ def main() -> None:
     ahead = sum(1 for i, k in enumerate(order) if any(j < k for j in order[i + 1:]))
     print(f"start order: {ahead} of {len(order)} trials started ahead of one queued before them (the simulator "
           f"starts them in queue order; ASHA's promotions depend on the order of reports)")
+    for name, (gaps_, small, _) in (("before", before), ("after", after)):
+        s_alone = statistics.mean(gaps_)
+        alone = fixed + simulate(args.trials, 9, s_alone, o, fit_c(s_alone, small - fixed), qualities)[0]
+        print(f"calibrated {name} the run only: predicted {alone:.2f} s, error "
+              f"{100 * (alone - measured) / measured:+.1f}%")
     print(f"without start contention (start_concurrency None, the planning default): predicted "
           f"{predicted_free:.2f} s, error {100 * (predicted_free - measured) / measured:+.1f}%, rungs {promoted_free}")
 
