@@ -32,7 +32,7 @@ The simulator then predicts the ASHA run's JCT (``F`` + :class:`rubberband.plann
 with ``task_start_s = s``, ``epoch_overhead_s = o``, ``start_concurrency = c``) and the trials
 reaching each rung, compared with the measured ones (target: JCT within 10%); the prediction
 without the start contention (today's planning default) is printed beside it. Starts its own Ray
-instance (``address="local"``, own temp dir, results under it) and shuts it down. The machine's
+instance (``address="local"``, own temp dir, results under it) and shuts it down, removing the dir. The machine's
 load average is printed: other processes' load slows the starts.
 """
 
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -162,6 +163,7 @@ def main() -> None:
         after = calibrate_starts()
     finally:
         ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
     load_after = os.getloadavg()[0]
 
     o = max(0.0, (nine[-1] - nine[0]) / (len(nine) - 1) - epoch_s)
