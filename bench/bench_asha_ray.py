@@ -5,35 +5,90 @@
 A function trainable sleeps ``epoch_s`` per epoch and reports a fixed score (a permutation of the
 trials, the same latent quality order the simulator uses); ``ASHAScheduler(grace_period=1,
 reduction_factor=3, max_t=9)`` runs it on a local Ray cluster with ``slots`` CPUs, one per trial.
-Ray Tune's own overheads are calibrated first from three small runs without a scheduler (one
-trial of 9 epochs, one of 1 epoch, four of 1 epoch one at a time): a fixed set-up time ``F``, a
-per-trial start ``s`` and a per-epoch overhead ``o``. The simulator then predicts the ASHA run's
-JCT (``F`` + :class:`rubberband.planner.asha.AshaSimulator` with ``task_start_s = s``,
-``epoch_overhead_s = o``), compared with the measured one (target: within 10%). Starts its own
-Ray instance (``address="local"``, own temp dir) and shuts it down.
+
+What drives Ray Tune's JCT here is the trial start, not the training: with ``reuse_actors=False``
+(Tune's default) every trial is a new actor, i.e. a new worker process whose interpreter and Ray
+imports take ~1.7 CPU-seconds, and most ASHA trials train one epoch only. Starts that overlap share
+the node's cores. The driver's work per report is small (~15-30 ms, overlapped with the next epoch
+since a function trainable's report only waits for the driver's next ``train`` call).
+
+The simulator's parameters are calibrated from small Ray Tune runs, never from the ASHA run it
+predicts, each trial's start and end taken by a Tune callback on the driver (the start runs are
+made before and again after the ASHA run, and averaged, so that a drift of the machine's load
+during the bench is followed):
+
+* one slot (``slots`` CPUs per trial), one trial of 9 epochs: the per-epoch overhead ``o`` (from
+  its first report to its last / 8 − epoch); one trial of 1 epoch: the fixed set-up ``F`` (Tuner
+  start-up and teardown: its JCT − ``s`` − epoch − ``o``);
+* one slot, five trials of 1 epoch one after another: the per-trial start ``s`` (the mean gap
+  from a trial's end to the next trial's start);
+* ``slots`` slots, a small ASHA run (12 trials, ``max_t`` 3, other scores): the start concurrency
+  ``c`` (starts in progress share ``c`` lanes, processor sharing), fitted by bisection so that the
+  simulator reproduces that run's JCT. (Fitted on synchronous waves of ``slots`` 1-epoch trials
+  instead, ``c`` comes out near 1 and over-states the contention of ASHA's staggered starts: Ray's
+  placement groups for a wave are placed ~2 s apart and their workers boot together.)
+
+The simulator then predicts the ASHA run's JCT (``F`` + :class:`rubberband.planner.asha.AshaSimulator`
+with ``task_start_s = s``, ``epoch_overhead_s = o``, ``start_concurrency = c``) and the trials
+reaching each rung, compared with the measured ones (target: JCT within 10%); the prediction
+without the start contention (today's planning default) is printed beside it. Starts its own Ray
+instance (``address="local"``, own temp dir, results under it) and shuts it down, removing the dir. The machine's
+load average is printed: other processes' load slows the starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import statistics
 import tempfile
 import time
 
 import numpy as np
 
+#: The small ASHA run the start concurrency is fitted on (not the run predicted).
+SMALL_TRIALS = 12
+SMALL_MAX_T = 3
 
-def run_tuner(tune, trainable, qualities, *, max_t, cpus_per_trial, scheduler=None) -> float:
-    """Seconds from Tuner.fit() to its return."""
+
+def run_tuner(tune, trainable, qualities, *, max_t, cpus_per_trial, storage, scheduler=None):
+    """(seconds from Tuner.fit() to its return, [(start, end, score)] per trial and the times of every
+    result (driver clock, from the Tuner's start), the ResultGrid)."""
+    marks: dict[str, list[float]] = {}
+    scores: dict[str, float] = {}
+    reports: list[float] = []
+
+    class Marks(tune.Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            marks.setdefault(trial.trial_id, [time.perf_counter(), 0.0])
+            scores[trial.trial_id] = float(trial.config["q"])
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            reports.append(time.perf_counter())
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            marks[trial.trial_id][1] = time.perf_counter()
+
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": cpus_per_trial}),
         param_space={"q": tune.grid_search(list(qualities)), "max_t": max_t},
         tune_config=tune.TuneConfig(scheduler=scheduler, metric="score" if scheduler else None,
                                     mode="max" if scheduler else None),
+        run_config=tune.RunConfig(storage_path=storage, callbacks=[Marks()], verbose=0),
     )
     started = time.perf_counter()
-    tuner.fit()
-    return time.perf_counter() - started
+    results = tuner.fit()
+    jct = time.perf_counter() - started
+    spans = sorted((a - started, b - started, scores[k]) for k, (a, b) in marks.items())
+    return jct, spans, [t - started for t in reports], results
+
+
+def start_gaps(spans: list[tuple[float, float]], slots: int) -> list[float]:
+    """Per trial after the first wave: its start − the end that freed its slot (ends in order)."""
+    ends = sorted(span[1] for span in spans)
+    starts = sorted(span[0] for span in spans)
+    return [starts[k] - ends[k - slots] for k in range(slots, len(starts))]
 
 
 def main() -> None:
@@ -42,7 +97,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--epoch-s", type=float, default=1.0)
     args = parser.parse_args()
-    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rb-asha-"))
+    tmp = tempfile.mkdtemp(prefix="rb-asha-")
+    os.environ.setdefault("RAY_TMPDIR", tmp)
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -52,48 +108,117 @@ def main() -> None:
     from rubberband.planner.model import DeviceModel, PerformanceModel, StartupModel
 
     epoch_s = args.epoch_s
+    slots = args.slots
+    storage = os.path.join(tmp, "results")
 
     def trainable(config):
         for _ in range(int(config["max_t"])):
             time.sleep(epoch_s)
             tune.report({"score": float(config["q"])})
 
+    def simulate(trials: int, max_epochs: int, s: float, o: float, c: float | None, qualities=None):
+        device = DeviceModel(alpha_grad=epoch_s, beta_grad=0.0, alpha_sync_node=0.0, beta_sync_node=0.0,
+                             alpha_sync_cross=0.0, beta_sync_cross=0.0, gamma=1.0)
+        model = PerformanceModel(dataset_size=1, batch_size_per_worker=1, restart_overhead_s=0.0,
+                                 checkpoint_size_gb=0.0, eval_time_s=0.0, reference_device="cpu",
+                                 devices={"cpu": device}, straggler_sigma=0.0,
+                                 startup_by_cloud={"local": StartupModel((0.0,), "up")},
+                                 termination_by_cloud={"local": StartupModel((0.0,), "up")},
+                                 epoch_overhead_s=o, task_start_s=s)
+        itype = InstanceType(cloud="local", name="ray", region="local", zones=("local",), device="cpu",
+                             accelerator_count=0, vcpus=float(slots), memory_gib=8.0, price_hr=0.0,
+                             spot_price_hr=None)
+        sim = AshaSimulator(model, trials=trials, eta=3, min_epochs=1, max_epochs=max_epochs, samples=1,
+                            start_concurrency=c)
+        if qualities is not None:
+            sim._quality = np.asarray(qualities, dtype=float)[None, :]
+        res = sim.simulate(AshaCluster(itype, 1, 1))
+        return float(res.jct[0]), res.promotions[0].tolist()
+
     rng = np.random.default_rng(0)
     qualities = rng.permutation(args.trials).astype(float)
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    ray.init(address="local", num_cpus=args.slots, include_dashboard=False, log_to_driver=False)
+    load_before = os.getloadavg()[0]
+    ray.init(address="local", num_cpus=slots, include_dashboard=False, log_to_driver=False)
     try:
-        a = run_tuner(tune, trainable, [0.0], max_t=9, cpus_per_trial=args.slots)
-        b = run_tuner(tune, trainable, [0.0], max_t=1, cpus_per_trial=args.slots)
-        c = run_tuner(tune, trainable, [0.0, 1.0, 2.0, 3.0], max_t=1, cpus_per_trial=args.slots)
-        o = max(0.0, (a - b) / 8 - epoch_s)
-        s = max(0.0, (c - b) / 3 - epoch_s - o)
-        fixed = max(0.0, b - s - epoch_s - o)
-        print(f"calibration: 1x9 epochs {a:.2f} s, 1x1 {b:.2f} s, 4x1 serial {c:.2f} s -> set-up F {fixed:.2f} s, "
-              f"trial start s {s:.2f} s, per-epoch overhead o {o:.3f} s")
+        _, _, nine, _ = run_tuner(tune, trainable, [0.0], max_t=9, cpus_per_trial=slots, storage=storage)
+        b, _, _, _ = run_tuner(tune, trainable, [0.0], max_t=1, cpus_per_trial=slots, storage=storage)
+        small_q = np.random.default_rng(1).permutation(SMALL_TRIALS).astype(float)
+
+        def calibrate_starts() -> tuple[list[float], float, list]:
+            """Serial start gaps (one slot, five 1-epoch trials) and the small ASHA run (JCT, spans)."""
+            _, serial, _, _ = run_tuner(tune, trainable, [float(i) for i in range(5)], max_t=1,
+                                        cpus_per_trial=slots, storage=storage)
+            small, small_spans, _, _ = run_tuner(
+                tune, trainable, small_q, max_t=SMALL_MAX_T, cpus_per_trial=1, storage=storage,
+                scheduler=ASHAScheduler(time_attr="training_iteration", grace_period=1, reduction_factor=3,
+                                        max_t=SMALL_MAX_T))
+            return start_gaps(serial, 1), small, small_spans
+
+        before = calibrate_starts()
+        load_calibrated = os.getloadavg()[0]
         scheduler = ASHAScheduler(time_attr="training_iteration", grace_period=1, reduction_factor=3, max_t=9)
-        measured = run_tuner(tune, trainable, qualities, max_t=9, cpus_per_trial=1, scheduler=scheduler)
+        measured, spans, _, results = run_tuner(tune, trainable, qualities, max_t=9, cpus_per_trial=1,
+                                             storage=storage, scheduler=scheduler)
+        load_measured = os.getloadavg()[0]
+        after = calibrate_starts()
     finally:
         ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    load_after = os.getloadavg()[0]
 
-    device = DeviceModel(alpha_grad=epoch_s, beta_grad=0.0, alpha_sync_node=0.0, beta_sync_node=0.0,
-                         alpha_sync_cross=0.0, beta_sync_cross=0.0, gamma=1.0)
-    model = PerformanceModel(dataset_size=1, batch_size_per_worker=1, restart_overhead_s=0.0, checkpoint_size_gb=0.0,
-                             eval_time_s=0.0, reference_device="cpu", devices={"cpu": device}, straggler_sigma=0.0,
-                             startup_by_cloud={"local": StartupModel((0.0,), "up")},
-                             termination_by_cloud={"local": StartupModel((0.0,), "up")},
-                             epoch_overhead_s=o, task_start_s=s)
-    itype = InstanceType(cloud="local", name="ray", region="local", zones=("local",), device="cpu",
-                         accelerator_count=0, vcpus=float(args.slots), memory_gib=8.0, price_hr=0.0,
-                         spot_price_hr=None)
-    sim = AshaSimulator(model, trials=args.trials, eta=3, min_epochs=1, max_epochs=9, samples=1)
-    sim._quality = qualities[None, :]
-    res = sim.simulate(AshaCluster(itype, 1, 1))
-    predicted = fixed + float(res.jct[0])
-    print(f"ASHA {args.trials} trials, eta 3, rungs 1/3/9 epochs of {epoch_s:g} s, {args.slots} slots: measured "
-          f"{measured:.2f} s, predicted {predicted:.2f} s (set-up {fixed:.2f} + simulated {res.jct[0]:.2f}); "
-          f"error {100 * (predicted - measured) / measured:+.1f}% (target within 10%); trials reaching each rung "
-          f"(simulated) {res.promotions[0].tolist()}")
+    o = max(0.0, (nine[-1] - nine[0]) / (len(nine) - 1) - epoch_s)
+    fixed = max(0.0, b - statistics.mean(before[0]) - epoch_s - o)
+
+    def fit_c(s: float, target: float) -> float:
+        """The start concurrency in [1, slots] whose simulated small run takes ``target`` (JCT falls as c grows)."""
+        def small_jct(c: float) -> float:
+            return simulate(SMALL_TRIALS, SMALL_MAX_T, s, o, c, small_q)[0]
+
+        lo, hi = 1.0, float(slots)
+        if small_jct(hi) >= target:
+            return hi
+        if small_jct(lo) <= target:
+            return lo
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if small_jct(mid) > target else (lo, mid)
+        return (lo + hi) / 2
+
+    # the calibration runs bracket the ASHA run (before and after it): their mean follows a load drift
+    s = statistics.mean(before[0] + after[0])
+    c = fit_c(s, (before[1] + after[1]) / 2 - fixed)
+    print(f"load average {load_before:.1f} before, {load_calibrated:.1f} after calibrating, {load_measured:.1f} after "
+          f"ASHA, {load_after:.1f} after calibrating again, on {os.cpu_count()} CPUs")
+    for name, (gaps_, small, small_spans) in (("before", before), ("after", after)):
+        print(f"calibration {name} the ASHA run: 5x1 serial starts {statistics.mean(gaps_):.2f} s apart, ASHA "
+              f"{SMALL_TRIALS} trials max_t {SMALL_MAX_T} on {slots} slots {small:.2f} s (start gaps mean "
+              f"{statistics.mean(start_gaps(small_spans, slots)):.2f} s) -> alone: start concurrency c "
+              f"{fit_c(statistics.mean(gaps_), small - fixed):.2f}")
+    print(f"calibration: 1x9 epochs {nine[-1] - nine[0]:.2f} s from the first report to the last, 1x1 {b:.2f} s "
+          f"-> set-up F {fixed:.2f} s, trial start s {s:.2f} s, per-epoch overhead o {o:.3f} s, "
+          f"start concurrency c {c:.2f}")
+
+    reached = [sum(1 for r in results if r.metrics.get("training_iteration", 0) >= m) for m in (1, 3, 9)]
+    jct, promoted = simulate(args.trials, 9, s, o, c, qualities)
+    jct_free, promoted_free = simulate(args.trials, 9, s, o, None, qualities)
+    predicted, predicted_free = fixed + jct, fixed + jct_free
+    gaps = start_gaps(spans, slots)
+    print(f"ASHA {args.trials} trials, eta 3, rungs 1/3/9 epochs of {epoch_s:g} s, {slots} slots: measured "
+          f"{measured:.2f} s, predicted {predicted:.2f} s (set-up {fixed:.2f} + simulated {jct:.2f}); "
+          f"error {100 * (predicted - measured) / measured:+.1f}% (target within 10%)")
+    print(f"trials reaching rungs 1/3/9: measured {reached}, predicted {promoted}; measured start gaps mean "
+          f"{statistics.mean(gaps):.2f} s (min {min(gaps):.2f}, max {max(gaps):.2f})")
+    order = [int(np.flatnonzero(qualities == q)[0]) for _, _, q in spans]
+    ahead = sum(1 for i, k in enumerate(order) if any(j < k for j in order[i + 1:]))
+    print(f"start order: {ahead} of {len(order)} trials started ahead of one queued before them (the simulator "
+          f"starts them in queue order; ASHA's promotions depend on the order of reports)")
+    for name, (gaps_, small, _) in (("before", before), ("after", after)):
+        s_alone = statistics.mean(gaps_)
+        alone = fixed + simulate(args.trials, 9, s_alone, o, fit_c(s_alone, small - fixed), qualities)[0]
+        print(f"calibrated {name} the run only: predicted {alone:.2f} s, error "
+              f"{100 * (alone - measured) / measured:+.1f}%")
+    print(f"without start contention (start_concurrency None, the planning default): predicted "
+          f"{predicted_free:.2f} s, error {100 * (predicted_free - measured) / measured:+.1f}%, rungs {promoted_free}")
 
 
 if __name__ == "__main__":

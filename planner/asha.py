@@ -102,8 +102,12 @@ class AshaSimulator:
 
     def __init__(self, model: PerformanceModel, *, trials: int, eta: int, min_epochs: int, max_epochs: int,
                  samples: int = ASHA_SAMPLES, seed: int = 0, spot: bool = False,
-                 head_cost: Callable[[InstanceType, np.ndarray], np.ndarray] | None = None) -> None:
+                 head_cost: Callable[[InstanceType, np.ndarray], np.ndarray] | None = None,
+                 start_concurrency: float | None = None) -> None:
+        if start_concurrency is not None and start_concurrency < 1:
+            raise ValueError("start_concurrency must be at least 1 (or None: unlimited)")
         self.model = model
+        self.start_concurrency = start_concurrency
         self.trials = trials
         self.eta = eta
         self.milestones = rungs(eta, min_epochs, max_epochs)
@@ -153,7 +157,7 @@ class AshaSimulator:
         return AshaResult(cluster, jct, total + head, breakdown, reached)
 
     def _run(self, s: int, ready: np.ndarray, lay, epoch: float, reached: np.ndarray) -> tuple[float, float]:
-        """One sample: event-driven ASHA; returns (JCT, slot-seconds spent training)."""
+        """One sample: event-driven ASHA; returns (JCT, slot-seconds spent starting and training)."""
         model = self.model
         if lay.span == 1:
             slot_ready = np.repeat(ready, lay.per_instance)
@@ -162,35 +166,47 @@ class AshaSimulator:
         free = [(float(t), j) for j, t in enumerate(slot_ready)]
         heapq.heapify(free)
         events: list[tuple[float, int, int, int]] = []  # (time, trial, rung, slot)
-        recorded: list[list[float]] = [[] for _ in self.milestones]
+        # unlimited starts (the default) take task_start_s each: folded into the first segment
+        starts = _Starts(self.start_concurrency, model.task_start_s) if self.start_concurrency else None
+        bracket = AshaRungs(self.eta, len(self.milestones))
         quality = self._quality[s]
         factor = self._factor[s]
-        q_cut = 1.0 - 1.0 / self.eta
         per_epoch = model.epoch_overhead_s
         next_trial = 0
         end = 0.0
         busy = 0.0
+        inf = math.inf
 
         def segment(trial: int, rung: int) -> float:
             epochs = self.milestones[rung] - (self.milestones[rung - 1] if rung > 0 else 0)
             return epochs * (epoch * factor[trial] + per_epoch) + model.eval_time_s
 
-        while next_trial < self.trials or events:
-            # start new trials on every slot free before the next report
-            while next_trial < self.trials and free and (not events or free[0][0] <= events[0][0]):
-                t, j = heapq.heappop(free)
-                d = model.task_start_s + segment(next_trial, 0)
-                busy += d
-                heapq.heappush(events, (t + d, next_trial, 0, j))
-                next_trial += 1
-            if not events:
+        while True:
+            t_free = free[0][0] if next_trial < self.trials and free else inf
+            t_start = starts.next_time() if starts is not None else inf
+            t_report = events[0][0] if events else inf
+            if t_free == inf and t_start == inf and t_report == inf:
                 break
+            if t_free <= t_start and t_free <= t_report:  # a free slot starts the next trial
+                t, j = heapq.heappop(free)
+                if starts is None:
+                    d = model.task_start_s + segment(next_trial, 0)
+                    busy += d
+                    heapq.heappush(events, (t + d, next_trial, 0, j))
+                else:
+                    domain = j // lay.per_instance if lay.span == 1 else j * lay.span
+                    starts.add(t, domain, next_trial, j)
+                next_trial += 1
+                continue
+            if starts is not None and t_start <= t_report:  # trial starts done: their first segment runs
+                for t, began, trial, j in starts.pop_done():
+                    d = segment(trial, 0)
+                    busy += t - began + d
+                    heapq.heappush(events, (t + d, trial, 0, j))
+                continue
             t, trial, rung, j = heapq.heappop(events)
             reached[rung] += 1
-            rec = recorded[rung]
-            stop = bool(rec) and quality[trial] < _percentile(rec, q_cut)
-            bisect.insort(rec, float(quality[trial]))
-            if stop or rung + 1 == len(self.milestones):
+            if not bracket.on_result(rung, float(quality[trial])) or rung + 1 == len(self.milestones):
                 end = max(end, t)
                 heapq.heappush(free, (t, j))
             else:
@@ -198,6 +214,72 @@ class AshaSimulator:
                 busy += d
                 heapq.heappush(events, (t + d, trial, rung + 1, j))
         return end, busy
+
+
+class AshaRungs:
+    """The rung bookkeeping of Ray Tune's ``_Bracket`` (``ray/tune/schedulers/async_hyperband.py``,
+    one bracket, ``stop_last_trials``): per rung the results recorded so far. A trial's first result
+    at a rung continues iff it is not below the ``(1 − 1/η)`` percentile (numpy's linear one) of the
+    results recorded at that rung before it (none yet: it continues); either way it is recorded.
+    Ray stops a trial at ``max_t`` regardless."""
+
+    def __init__(self, eta: float, rungs: int) -> None:
+        self.q = 1.0 - 1.0 / eta
+        self.recorded: list[list[float]] = [[] for _ in range(rungs)]
+
+    def on_result(self, rung: int, value: float) -> bool:
+        """Record ``value`` at ``rung`` (higher is better); True: the trial continues."""
+        rec = self.recorded[rung]
+        stop = bool(rec) and value < _percentile(rec, self.q)
+        bisect.insort(rec, value)
+        return not stop
+
+
+class _Starts:
+    """Trial starts in progress when they contend: each needs ``work`` seconds alone
+    (``task_start_s``); the starts in progress on one instance (``domain``) share ``concurrency``
+    start lanes by processor sharing, each progressing at min(1, concurrency / n) while n are in
+    progress. That is how Ray Tune's trial actors start (``reuse_actors=False``, its default: a new
+    worker process per trial, whose interpreter and imports start on the node's few cores)."""
+
+    def __init__(self, concurrency: float, work: float) -> None:
+        self.concurrency = concurrency
+        self.work = work
+        self._active: dict[int, list[list[float]]] = {}  # domain -> [[remaining, began, trial, slot]]
+        self._updated: dict[int, float] = {}
+
+    def _advance(self, domain: int, t: float) -> None:
+        active = self._active.get(domain)
+        if active:
+            done = (t - self._updated[domain]) * min(1.0, self.concurrency / len(active))
+            for a in active:
+                a[0] -= done
+        self._updated[domain] = t
+
+    def add(self, t: float, domain: int, trial: int, slot: int) -> None:
+        self._advance(domain, t)
+        self._active.setdefault(domain, []).append([self.work, t, trial, slot])
+
+    def _domain_next(self, domain: int) -> float:
+        active = self._active[domain]
+        return self._updated[domain] + min(a[0] for a in active) / min(1.0, self.concurrency / len(active))
+
+    def next_time(self) -> float:
+        return min((self._domain_next(d) for d, a in self._active.items() if a), default=math.inf)
+
+    def pop_done(self) -> list[tuple[float, float, int, int]]:
+        """The starts finishing at :meth:`next_time`: (time, began, trial, slot), in trial order."""
+        t = self.next_time()
+        out = []
+        for domain, active in self._active.items():
+            if not active or self._domain_next(domain) > t + 1e-9:
+                continue
+            self._advance(domain, t)
+            keep = []
+            for a in active:
+                (out if a[0] <= 1e-9 else keep).append(a)
+            self._active[domain] = keep
+        return sorted(((t, a[1], int(a[2]), int(a[3])) for a in out), key=lambda x: x[2])
 
 
 def _smallest_meeting(sim: AshaSimulator, itype: InstanceType, workers: int, deadline_s: float, confidence: float,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from planner_helpers import ideal_model, itype
-from rubberband.planner.asha import AshaCluster, AshaSimulator, _percentile, asha_baseline, rungs
+from rubberband.planner.asha import (AshaCluster, AshaRungs, AshaSimulator, _percentile, _Starts, asha_baseline,
+                                     rungs)
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
 GPU4 = itype("gpu4", gpus=4, price=14.4)
@@ -73,3 +77,62 @@ def test_heads_are_billed_for_the_jct():
                         head_cost=lambda itype, jct: jct * 0.1 / 3600)
     res = sim.simulate(AshaCluster(GPU1, 3, 1))
     assert np.allclose(res.breakdown["head"], res.jct * 0.1 / 3600)
+
+
+def test_unlimited_start_concurrency_is_todays_model():
+    """start_concurrency None (the planning default) or at least the slots per instance: no start
+    slows another, the same run as before the parameter existed."""
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.2, task_start=7.0,
+                        epoch_overhead=1.0)
+    base = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=20)
+    lanes = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=20, start_concurrency=4)
+    for cluster in (AshaCluster(GPU4, 2, 1), AshaCluster(GPU1, 5, 1)):
+        a, b = base.simulate(cluster), lanes.simulate(cluster)
+        assert np.allclose(a.jct, b.jct) and np.array_equal(a.promotions, b.promotions)
+        assert np.allclose(a.cost, b.cost)
+    with pytest.raises(ValueError):
+        AshaSimulator(model, trials=9, eta=3, min_epochs=1, max_epochs=9, start_concurrency=0.5)
+
+
+def test_starts_on_one_instance_share_the_start_lanes():
+    """Four 1-epoch trials start together on a 4-slot instance: with c lanes each start takes
+    task_start · 4 / c (processor sharing), then its epoch of 100 iterations × 0.5 s."""
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, task_start=3.0)
+    for c, start in ((1.0, 12.0), (2.0, 6.0), (3.0, 4.0), (None, 3.0)):
+        sim = AshaSimulator(model, trials=4, eta=3, min_epochs=1, max_epochs=1, samples=2, start_concurrency=c)
+        assert np.allclose(sim.simulate(AshaCluster(GPU4, 1, 1)).jct, start + 50.0)
+    # one slot per instance: the instances' starts never contend
+    sim = AshaSimulator(model, trials=4, eta=3, min_epochs=1, max_epochs=1, samples=2, start_concurrency=1.0)
+    assert np.allclose(sim.simulate(AshaCluster(GPU1, 4, 1)).jct, 3.0 + 50.0)
+
+
+def test_overlapping_starts_progress_by_processor_sharing():
+    starts = _Starts(1.0, 2.0)
+    starts.add(0.0, 0, 0, 0)
+    starts.add(1.0, 0, 1, 1)  # trial 0 has 1 s of work left; both now progress at 1/2
+    starts.add(1.0, 1, 2, 2)  # another instance: alone, done at 3
+    assert starts.next_time() == pytest.approx(3.0)
+    assert [(t, trial) for t, _, trial, _ in starts.pop_done()] == [(pytest.approx(3.0), 0), (pytest.approx(3.0), 2)]
+    assert starts.next_time() == pytest.approx(4.0)  # trial 1: 1 s of work left, alone
+    done = starts.pop_done()
+    assert [(round(t, 9), began, trial, slot) for t, began, trial, slot in done] == [(4.0, 1.0, 1, 1)]
+    assert starts.next_time() == math.inf
+
+
+def test_rungs_decide_as_ray_tunes_bracket():
+    """The continuation rule against Ray Tune's own ``_Bracket`` on random asynchronous orders."""
+    async_hyperband = pytest.importorskip("ray.tune.schedulers.async_hyperband")
+    rng = np.random.default_rng(3)
+    milestones = [1, 3, 9]  # max_t 27: Ray stops every trial there regardless
+    for _ in range(30):
+        ray_bracket = async_hyperband._Bracket(1, 27, 3, 0)
+        ours = AshaRungs(3, len(milestones))
+        values = rng.permutation(40).astype(float) if rng.random() < 0.5 else rng.integers(0, 5, 40).astype(float)
+        pending = [(i, 0) for i in range(40)]  # (trial, next rung)
+        while pending:
+            trial, rung = pending.pop(int(rng.integers(len(pending))))
+            ray_action = ray_bracket.on_result(SimpleNamespace(trial_id=str(trial)), milestones[rung], values[trial])
+            go = ours.on_result(rung, float(values[trial]))
+            assert go == (ray_action == "CONTINUE")
+            if go and rung + 1 < len(milestones):
+                pending.append((trial, rung + 1))
