@@ -270,12 +270,12 @@ class _Starts:
     def pop_done(self) -> list[tuple[float, float, int, int]]:
         """The starts finishing at :meth:`next_time`: (time, began, trial, slot), in trial order."""
         t = self.next_time()
-        out = []
+        out: list[list[float]] = []
         for domain, active in self._active.items():
             if not active or self._domain_next(domain) > t + 1e-9:
                 continue
             self._advance(domain, t)
-            keep = []
+            keep: list[list[float]] = []
             for a in active:
                 (out if a[0] <= 1e-9 else keep).append(a)
             self._active[domain] = keep
