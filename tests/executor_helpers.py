@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 from rubberband.plan import CatalogInfo, Distribution, JobInfo, Plan, Prediction, StagePlan
+from rubberband.spec import JobSpec
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -48,6 +49,18 @@ def write_job(directory: Path, *, name: str = "sleepy", trials: int = 9, eta: in
     path = directory / "job.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML
     return path
+
+
+def write_hyperband_job(directory: Path, *, epoch_s: float = 1.0) -> tuple[Path, JobSpec]:
+    """:func:`write_job` as Hyperband (η 3, 1 to 3 epochs: two brackets) whose brackets run in parallel;
+    returns (spec path, spec)."""
+    from rubberband.spec import load_spec
+
+    spec_path = write_job(directory / "job", epoch_s=epoch_s)
+    data = json.loads(spec_path.read_text())
+    data["scheduler"] = {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 3, "brackets": "parallel"}
+    spec_path.write_text(json.dumps(data))
+    return spec_path, load_spec(spec_path)
 
 
 def make_plan(spec, stages: list[tuple[str, int, int]], *, durations: list[float] | None = None,

@@ -20,28 +20,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from executor_helpers import FakeRuntime, cli_env, finished_outcome, journaled_controller, make_plan, run_pids, write_job
+from executor_helpers import (FakeRuntime, cli_env, finished_outcome, journaled_controller, make_plan, run_pids,
+                              write_hyperband_job)
 
 from rubberband.executor import journal as J
 from rubberband.executor.brackets import ParallelController
 from rubberband.executor.controller import RunStopped
 from rubberband.executor.runtime import ReplanAnswer, ReplanRequest
 from rubberband.plan import write_plan
-from rubberband.spec import load_spec
 
 # bracket 0: 3 trials × 1 epoch on two 1-worker nodes (stage 0), then its best for 2 more epochs on a 2-worker
 # node (stage 1); bracket 1: 2 trials × 3 epochs on one 1-worker node (stage 2), starting 100 s after the job.
 STAGES = [("local.cpu1", 2, 1), ("local.cpu2", 1, 2), ("local.cpu1", 1, 1)]
 TASKS = (5.0, 20.0, 30.0)  # planned task times: bracket 0's next stage is prefetched while its last trial runs
 STARTUP = [10.0, 12.0]  # measured start-ups: the prefetch lead (p90) is 11.8 s
-
-
-def _spec(directory: Path, *, epoch_s: float = 1.0):
-    spec_path = write_job(directory / "job", epoch_s=epoch_s)
-    data = json.loads(spec_path.read_text())
-    data["scheduler"] = {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 3, "brackets": "parallel"}
-    spec_path.write_text(json.dumps(data))
-    return spec_path, load_spec(spec_path)
 
 
 def _plan(spec, offsets=(0.0, 100.0)):
@@ -93,7 +85,7 @@ class Backend:
 
 
 def _controller(tmp_path, replanner, *, deadline_s: float = 400.0, **options):
-    _, spec = _spec(tmp_path)
+    _, spec = write_hyperband_job(tmp_path)
     controller, backend = journaled_controller(tmp_path, spec, _plan(spec), deadline_s=deadline_s,
                                                controller_class=ParallelController, runtime=FakeRuntime(),
                                                replanner=replanner, **options)

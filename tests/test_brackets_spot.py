@@ -19,31 +19,21 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from executor_helpers import (FakeRuntime, cli_env, finished_outcome, journaled_controller, lose_node_once_checkpointed,
-                              make_plan, run_pids, write_job)
+                              make_plan, run_pids, write_hyperband_job)
 
 from rubberband.errors import TrainingError, TrialPreempted
 from rubberband.executor import journal as J
 from rubberband.executor.brackets import ParallelController
 from rubberband.plan import write_plan
-from rubberband.spec import load_spec
 
 # bracket 0: 3 trials × 1 epoch on two 1-worker spot nodes, then its best for 2 more on a 2-worker node;
 # bracket 1: 2 trials × 3 epochs on one 1-worker spot node. Both start at once.
 STAGES = [("local.cpu1", 2, 1), ("local.cpu2", 1, 2), ("local.cpu1", 1, 1)]
 TASKS = (40.0, 60.0, 50.0)  # each stage's planned task time (s): bracket 0 takes 80 + 60, bracket 1 100
 STARTUP = [10.0, 12.0]  # measured start-ups: the prefetch lead (p90) is 11.8 s
-
-
-def _spec(directory: Path, *, epoch_s: float = 1.0):
-    spec_path = write_job(directory / "job", epoch_s=epoch_s)
-    data = json.loads(spec_path.read_text())
-    data["scheduler"] = {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 3, "brackets": "parallel"}
-    spec_path.write_text(json.dumps(data))
-    return spec_path, load_spec(spec_path)
 
 
 def _spot_plan(spec, durations=(80.0, 60.0, 100.0), tasks=TASKS):
@@ -63,7 +53,7 @@ def _up(controller) -> None:
 def _started(tmp_path, *, deadline_s: float):
     """A parallel spot run a moment after its start: both brackets' first stages on their instances, every slot
     busy (bracket 0: two trials running, one waiting; bracket 1: one running, one waiting)."""
-    _, spec = _spec(tmp_path)
+    _, spec = write_hyperband_job(tmp_path)
     controller, backend = journaled_controller(tmp_path, spec, _spot_plan(spec), deadline_s=deadline_s,
                                                controller_class=ParallelController, runtime=FakeRuntime())
     controller.search = controller._restore_search()
@@ -269,7 +259,7 @@ def test_notice_seen_by_the_watcher_is_taken_by_the_bracket_the_instance_serves(
 
 
 def test_work_left_is_the_longest_bracket_a_later_one_counted_from_its_offset(tmp_path):
-    _, spec = _spec(tmp_path)
+    _, spec = write_hyperband_job(tmp_path)
     plan = _spot_plan(spec).model_copy(update={"bracket_offsets_s": [0.0, 50.0]})
     controller, _ = journaled_controller(tmp_path, spec, plan, deadline_s=600.0, controller_class=ParallelController,
                                          runtime=FakeRuntime())
@@ -305,7 +295,7 @@ def test_parallel_run_replaces_a_killed_spot_node_on_demand_and_resumes_its_brac
     trials on a ``local.cpu2``). Once a bracket-1 trial has checkpointed, that node is killed by its pid: with a
     40 s deadline the run's critical path leaves no slack for another restart, so the replacement is on-demand;
     bracket 1's trials resume from their checkpoints on it; bracket 0 loses nothing."""
-    spec_path, spec = _spec(tmp_path, epoch_s=2.0)
+    spec_path, spec = write_hyperband_job(tmp_path, epoch_s=2.0)
     plan = make_plan(spec, [("local.cpu1", 1, 1), ("local.cpu1", 1, 1), ("local.cpu2", 1, 1)],
                      durations=[6.0, 4.0, 6.0])
     stages = [s.model_copy(update={"spot": True, "predicted_task_s": t}) for s, t in zip(plan.stages, (2.0, 4.0, 6.0))]

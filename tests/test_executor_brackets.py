@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from executor_helpers import cli_env, make_plan, run_pids, wait_for_events, write_job
+from executor_helpers import cli_env, make_plan, run_pids, wait_for_events, write_hyperband_job
 
 from rubberband.executor import journal as J
 from rubberband.executor.brackets import BracketPolicy, ParallelController, Waiting, controller_for
@@ -35,11 +35,7 @@ def _plan(spec, offsets=(0.0, 0.0)):
 
 
 def _job(directory: Path, epoch_s: float, offsets=(0.0, 0.0)):
-    spec_path = write_job(directory / "job", epoch_s=epoch_s)
-    data = json.loads(spec_path.read_text())
-    data["scheduler"] = {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 3, "brackets": "parallel"}
-    spec_path.write_text(json.dumps(data))
-    spec = load_spec(spec_path)
+    spec_path, spec = write_hyperband_job(directory, epoch_s=epoch_s)
     plan = _plan(spec, offsets)
     write_plan(plan, directory / "plan.json")
     return spec_path, spec, plan

@@ -37,14 +37,24 @@ def _remainder(delay_s: float):
     return stages, (0.0, delay_s, 50.0)
 
 
-def test_a_parallel_remainder_is_planned_at_its_fixed_offsets():
-    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0)
-    types = [GPU1, GPU4]
-    stages, offsets = _remainder(200.0)
+def _model_and_types():
+    return (ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0),
+            [GPU1, GPU4])
+
+
+def _shortest(stages, offsets) -> float:
+    """The remainder's shortest feasible JCT at those offsets (what an impossible deadline is answered with)."""
+    model, types = _model_and_types()
     with pytest.raises(InfeasibleError) as exc:
         plan_stages(stages, model, types, deadline_s=1.0, confidence=0.9, samples=100, brackets="parallel",
                     offsets=offsets)
-    shortest = exc.value.shortest_jct_s
+    return exc.value.shortest_jct_s
+
+
+def test_a_parallel_remainder_is_planned_at_its_fixed_offsets():
+    model, types = _model_and_types()
+    stages, offsets = _remainder(200.0)
+    shortest = _shortest(stages, offsets)
     # bracket 0's rest cannot start before its running stage ends
     with pytest.raises(InfeasibleError) as alone:
         plan_stages([HB[1], HB[2]], model, types, deadline_s=1.0, confidence=0.9, samples=100)
@@ -63,13 +73,9 @@ def test_a_parallel_remainder_is_planned_at_its_fixed_offsets():
 def test_a_later_start_buys_speed_for_the_delayed_bracket():
     """The same remainder with bracket 0's rest starting 0 s or 300 s from now, at the same deadline: the
     delayed one needs a faster (costlier) plan for that bracket."""
-    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0)
-    types = [GPU1, GPU4]
+    model, types = _model_and_types()
     stages, late = _remainder(300.0)
-    with pytest.raises(InfeasibleError) as exc:
-        plan_stages(stages, model, types, deadline_s=1.0, confidence=0.9, samples=100, brackets="parallel",
-                    offsets=late)
-    deadline = exc.value.shortest_jct_s * 1.1
+    deadline = _shortest(stages, late) * 1.1
     early = plan_stages(stages, model, types, deadline_s=deadline, confidence=0.9, samples=100, brackets="parallel",
                         offsets=(0.0, 0.0, 50.0))
     delayed = plan_stages(stages, model, types, deadline_s=deadline, confidence=0.9, samples=100,
