@@ -51,14 +51,15 @@ def write_job(directory: Path, *, name: str = "sleepy", trials: int = 9, eta: in
     return path
 
 
-def write_hyperband_job(directory: Path, *, epoch_s: float = 1.0) -> tuple[Path, JobSpec]:
-    """:func:`write_job` as Hyperband (η 3, 1 to 3 epochs: two brackets) whose brackets run in parallel;
-    returns (spec path, spec)."""
+def write_hyperband_job(directory: Path, *, epoch_s: float = 1.0, spot_margin_s: float = 0.0) -> tuple[Path, JobSpec]:
+    """:func:`write_job` as Hyperband (η 3, 1 to 3 epochs: two brackets) whose brackets run in parallel, with
+    ``resources.spot_margin_s``; returns (spec path, spec)."""
     from rubberband.spec import load_spec
 
     spec_path = write_job(directory / "job", epoch_s=epoch_s)
     data = json.loads(spec_path.read_text())
     data["scheduler"] = {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 3, "brackets": "parallel"}
+    data["resources"]["spot_margin_s"] = spot_margin_s
     spec_path.write_text(json.dumps(data))
     return spec_path, load_spec(spec_path)
 

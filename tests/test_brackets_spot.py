@@ -293,9 +293,13 @@ def _bracket1_checkpointed(events: list[dict]) -> str | None:
 def test_parallel_run_replaces_a_killed_spot_node_on_demand_and_resumes_its_bracket(tmp_path):
     """Both brackets start at once on spot local nodes (bracket 0 on a ``local.cpu1``, bracket 1's two 3-epoch
     trials on a ``local.cpu2``). Once a bracket-1 trial has checkpointed, that node is killed by its pid: with a
-    40 s deadline the run's critical path leaves no slack for another restart, so the replacement is on-demand;
-    bracket 1's trials resume from their checkpoints on it; bracket 0 loses nothing."""
-    spec_path, spec = write_hyperband_job(tmp_path, epoch_s=2.0)
+    40 s deadline and the spec's 10 s spot margin the run's critical path leaves too little slack for another
+    restart, so the replacement is on-demand; bracket 1's trials resume from their checkpoints on it; bracket 0
+    loses nothing.
+
+    The margin makes the outcome independent of this machine's speed: the slack is about 22 s at the start (above
+    it: spot) and at most a few seconds at the loss (0.5 s measured on a quick run: below it: on-demand)."""
+    spec_path, spec = write_hyperband_job(tmp_path, epoch_s=2.0, spot_margin_s=10.0)
     plan = make_plan(spec, [("local.cpu1", 1, 1), ("local.cpu1", 1, 1), ("local.cpu2", 1, 1)],
                      durations=[6.0, 4.0, 6.0])
     stages = [s.model_copy(update={"spot": True, "predicted_task_s": t}) for s, t in zip(plan.stages, (2.0, 4.0, 6.0))]
