@@ -103,12 +103,17 @@ def _close(controller) -> None:
     controller._provisioner.shutdown(wait=True)
 
 
-def _resumes_on_replacement(controller, lane: int, trial_id: str, replacement: str, start_epoch: int) -> None:
+def _resumes_on_replacement(controller, lane: int, trial_id: str, start_epoch: int) -> str:
+    """Once the replacement is up, the trial starts again on it from its checkpoint; returns the replacement's id
+    (known once the provisioner thread has served the request)."""
     _up(controller)
+    (replace,) = _decisions(controller, "replace")
+    replacement = controller.pool[replace["token"]].id
     controller._fill_slots(controller.lanes[lane])
     (again,) = [e for e in _events(controller) if e["type"] == J.TRIAL_STARTED and e["trial_id"] == trial_id][1:]
     assert again["instances"] == [replacement] and again["start_epoch"] == start_epoch
     assert again["from_checkpoint"] == (start_epoch - 1 if start_epoch else None)
+    return replacement
 
 
 def test_lost_spot_instance_with_slack_on_the_critical_path_is_replaced_on_spot(tmp_path):
@@ -134,8 +139,7 @@ def test_lost_spot_instance_with_slack_on_the_critical_path_is_replaced_on_spot(
     (replace,) = _decisions(controller, "replace")
     assert replace["id"] == victim
     assert controller.lanes[0].pending[0] == (run.trial_id, 0)  # first in line again
-    replacement = backend.provisioned[-1]
-    _resumes_on_replacement(controller, 0, run.trial_id, replacement, 0)
+    _resumes_on_replacement(controller, 0, run.trial_id, 0)
     _close(controller)
 
 
@@ -162,9 +166,8 @@ def test_lost_spot_instance_goes_on_demand_when_the_longest_bracket_leaves_no_sl
     assert decision["market"] == "on_demand" and decision["slack_s"] <= 0
     assert "on-demand keeps the deadline" in decision["reason"]
     _replacement_requested(controller, stage=2, spot=False)
-    replacement = backend.provisioned[-1]
     # the trial resumes from its checkpoint on the on-demand replacement
-    _resumes_on_replacement(controller, 1, run.trial_id, replacement, 1)
+    replacement = _resumes_on_replacement(controller, 1, run.trial_id, 1)
     requested = {e["id"]: e for e in _events(controller) if e["type"] == J.INSTANCE_REQUESTED}
     assert requested[replacement]["spot"] is False and requested[victim]["spot"] is True
     # bracket 0's next stage (planned on spot) is bought on-demand too, quietly: the market moved for the run
@@ -220,8 +223,7 @@ def test_notice_stops_the_trial_after_its_checkpoint_and_replaces_the_instance_n
     controller._collect_terminations(wait=True)
     (gone,) = [e for e in _events(controller) if e["type"] == J.INSTANCE_TERMINATED and e["id"] == victim]
     assert gone["reason"] == "preemption notice" and not _decisions(controller, "handoff")
-    replacement = backend.provisioned[-1]
-    _resumes_on_replacement(controller, 1, run.trial_id, replacement, 1)
+    _resumes_on_replacement(controller, 1, run.trial_id, 1)
     _close(controller)
 
 
