@@ -11,11 +11,28 @@ from pathlib import Path
 
 import pytest
 
-# Tiers (the e2e marker, checked) and the leak guard: see leak_guard.py.
-from leak_guard import (_module_leak_guard, _session_leak_guard, _test_leak_guard,  # noqa: F401
-                        pytest_collection_modifyitems, pytest_configure, pytest_unconfigure)
+import leak_guard
+import parallel
+# Tiers (the e2e marker, checked) and the leak guard: see leak_guard.py. Parallel workers: see parallel.py.
+from leak_guard import _module_leak_guard, _session_leak_guard, _test_leak_guard  # noqa: F401
+from parallel import pytest_runtest_protocol  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    leak_guard.pytest_configure(config)
+    parallel.configure(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    parallel.unconfigure(config)
+    leak_guard.pytest_unconfigure(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    leak_guard.pytest_collection_modifyitems(config, items)  # marks e2e first: the order reads it
+    parallel.order(items)
 EXAMPLES = REPO / "examples"
 
 

@@ -126,6 +126,7 @@ def parallel_run(tmp_path_factory):
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("executor_brackets_parallel_run")  # one worker for the tests that read it: it runs once
 def test_parallel_brackets_overlap_promote_hand_over_and_clean_up(parallel_run):
     result, run_dir, spec, plan = (parallel_run[k] for k in ("result", "run_dir", "spec", "plan"))
     assert result.returncode == 0, result.stderr
@@ -224,6 +225,7 @@ def test_resume_after_sigkill_with_one_bracket_done_and_one_under_way(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.xdist_group("executor_brackets_parallel_run")
 def test_report_of_a_parallel_run_draws_a_lane_per_bracket(parallel_run):
     from rubberband.report.charts import draw_all
     from rubberband.report.model import build_report_data

@@ -45,7 +45,8 @@ def _events(run_dir: Path) -> list[dict]:
     return list(J.iter_events(run_dir / J.JOURNAL_NAME))
 
 
-pytestmark = pytest.mark.e2e  # every test here runs the CLI on real local Ray nodes
+# every test here runs the CLI on real local Ray nodes; all read one finished run (one xdist worker: it runs once)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("executor_e2e_finished_run")]
 
 
 @pytest.fixture(scope="module")

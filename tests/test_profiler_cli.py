@@ -121,6 +121,7 @@ def test_bad_flags(cli, synthetic_dir, args, fragment):
     assert not out.exists()
 
 
+@pytest.mark.exclusive  # fills a 60 s budget on the machine's own pace: nothing beside it
 def test_budget_caps_iterations(cli, synthetic_dir):
     """A long epoch (20 000 iterations of 20 ms) and a 60 s budget: iterations are capped, time is kept.
 

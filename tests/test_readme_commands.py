@@ -41,6 +41,7 @@ def run_as_user(command: str, cwd: Path, timeout: float) -> subprocess.Completed
     return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.exclusive  # the main job keeps an 80 s deadline: it runs with no other test beside it
 def test_the_main_job_runs_as_the_readme_says(tmp_path):
     """`rubberband run examples/quickstart_local.yaml --yes`: a real elastic run on local Ray nodes."""
     command = readme_command("rubberband run examples/quickstart_local.yaml")

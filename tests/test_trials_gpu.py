@@ -25,7 +25,7 @@ from rubberband.executor.placement import make_slots
 from rubberband.executor.pool import WorkerPool
 from rubberband.executor.trials import TrialRun, TrialSpec
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("trials_gpu_cluster")]  # one worker: one cluster
 
 CODE = str(Path(__file__).parent / "trial_code")
 #: A made-up GPU type: 2 GPUs and 4 vCPUs per instance → 2 workers of {"GPU": 1, "CPU": 2}.

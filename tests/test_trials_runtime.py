@@ -18,6 +18,7 @@ from rubberband.executor.pool import WorkerPool
 from rubberband.executor.trials import TrialRun, TrialSpec
 
 CODE = str(Path(__file__).parent / "trial_code")
+pytestmark = pytest.mark.xdist_group("trials_runtime_cluster")  # one worker: the module's one Ray cluster
 
 
 def _spec(tmp_path: Path, placement: tuple[str, ...], *, start: int = 0, end: int = 1, entry: str = "tiny_train:train",

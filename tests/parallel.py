@@ -1,0 +1,94 @@
+"""Running the suite on several pytest-xdist workers (pyproject's addopts: ``-n 4 --dist loadgroup``).
+
+Most end-to-end tests spend their time waiting (Ray nodes starting, trials sleeping through their epochs,
+instances booting in the fakes), so four workers on two cores keep the machine busy without slowing each
+other much. Three things make that safe and quick; all are loaded by ``conftest.py``:
+
+- **Order.** The end-to-end tests go first, the slowest modules first, and the unit tests last, so the
+  workers finish together: the last tests to be handed out are the short ones.
+- **Groups.** A module whose tests share one expensive module-scoped fixture (one finished run, one Ray
+  cluster) marks itself ``pytest.mark.xdist_group(...)``: its tests run on one worker, and the fixture once.
+- **Exclusive tests.** A test whose assertions depend on the wall-clock length of a whole run (a deadline
+  kept, a profiling budget filled) is marked ``exclusive``: it runs alone. Every test holds a lock file
+  shared; an exclusive test holds it exclusively, from its setup through its teardown. A turnstile keeps a
+  waiting exclusive test from being starved by the others' shared holds.
+
+``-n 0`` runs everything in this process, one test at a time (the lock is then uncontended).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+LOCK_ENV = "RUBBERBAND_TEST_LOCK"
+
+#: Modules slowest first (their total time on 2 cores, most first); the rest of the e2e tests follow in
+#: collection order. A hint for the order only: a module missing here costs balance, never correctness.
+SLOW_MODULES = (
+    "test_readme_commands", "test_profiler_cli", "test_executor_e2e", "test_cloud_spot", "test_spot_e2e",
+    "test_executor_teardown", "test_cloud_resume", "test_executor_brackets", "test_cloud_headmode",
+    "test_cloud_cli", "test_profiler_gpu", "test_brackets_spot", "test_brackets_replan",
+    "test_cloud_gcp_failover", "test_executor_gpu", "test_executor_spot", "test_cloud_ray_token",
+    "test_executor_prediction", "test_executor_lateness", "test_raytune_adapter", "test_search",
+    "test_executor_provider", "test_trials_runtime",
+)
+_RANK = {name: rank for rank, name in enumerate(SLOW_MODULES)}
+
+
+def configure(config: pytest.Config) -> None:
+    """In the controlling process (or a plain run): the lock file every worker shares, named in the
+    environment the workers inherit."""
+    if hasattr(config, "workerinput") or os.environ.get(LOCK_ENV):
+        return
+    root = Path(config._rb_guard_root)  # the leak guard's temp root: removed at the end of the session
+    os.environ[LOCK_ENV] = str(root / "exclusive.lock")
+    config._rb_lock_owner = True
+
+
+def unconfigure(config: pytest.Config) -> None:
+    if getattr(config, "_rb_lock_owner", False):
+        os.environ.pop(LOCK_ENV, None)
+
+
+def order(items: list[pytest.Item]) -> None:
+    """Exclusive tests, then the other e2e tests (slow modules first), then the unit tests; stable."""
+    def key(item: pytest.Item) -> tuple[int, int]:
+        if item.get_closest_marker("exclusive"):
+            return (0, 0)
+        if item.get_closest_marker("e2e"):
+            return (1, _RANK.get(item.module.__name__ if item.module else "", len(_RANK)))
+        return (2, 0)
+
+    items.sort(key=key)
+
+
+@contextlib.contextmanager
+def _held(path: Path, *, exclusive: bool) -> Iterator[None]:
+    turnstile = path.with_suffix(".turnstile")
+    with open(turnstile, "a") as gate, open(path, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            # an exclusive test keeps the gate closed while it waits: no new shared holder gets past it
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    path = os.environ.get(LOCK_ENV)
+    if not path:
+        yield
+        return
+    with _held(Path(path), exclusive=item.get_closest_marker("exclusive") is not None):
+        yield
