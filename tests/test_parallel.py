@@ -1,0 +1,82 @@
+"""The lock that lets an ``exclusive`` test run alone beside the other xdist workers (tests/parallel.py).
+
+flock locks belong to an open file description, so two opens in one process conflict as two processes'
+would: threads stand in for the workers here.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+import time
+
+from parallel import _held, order
+
+
+def _hold(path, exclusive: bool, log: list[str], name: str, release: threading.Event) -> None:
+    with _held(path, exclusive=exclusive):
+        log.append(f"{name} in")
+        release.wait(10)
+        log.append(f"{name} out")
+
+
+def test_an_exclusive_holder_waits_for_the_shared_ones_and_shuts_out_later_ones(tmp_path):
+    path = tmp_path / "exclusive.lock"
+    log: list[str] = []
+    first, writer, late = threading.Event(), threading.Event(), threading.Event()
+    a = threading.Thread(target=_hold, args=(path, False, log, "a", first))
+    a.start()
+    while log != ["a in"]:
+        time.sleep(0.01)
+    w = threading.Thread(target=_hold, args=(path, True, log, "w", writer))
+    w.start()
+    time.sleep(0.3)  # w waits behind a's shared hold, with the turnstile closed
+    b = threading.Thread(target=_hold, args=(path, False, log, "b", late))
+    b.start()
+    time.sleep(0.3)
+    assert log == ["a in"]  # neither w nor the later shared holder b got in
+    first.set()
+    while "w in" not in log:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert log == ["a in", "a out", "w in"]  # b is still kept out: w runs alone
+    writer.set()
+    late.set()
+    for thread in (a, w, b):
+        thread.join(10)
+    assert log == ["a in", "a out", "w in", "w out", "b in", "b out"]
+
+
+def test_shared_holders_run_side_by_side(tmp_path):
+    path = tmp_path / "exclusive.lock"
+    log: list[str] = []
+    release = threading.Event()
+    threads = [threading.Thread(target=_hold, args=(path, False, log, n, release)) for n in "xyz"]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while len(log) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(log) == ["x in", "y in", "z in"]
+    release.set()
+    for thread in threads:
+        thread.join(10)
+
+
+class _Item:
+    def __init__(self, module: str, *marks: str) -> None:
+        self.module = types.SimpleNamespace(__name__=module)
+        self.marks = marks
+
+    def get_closest_marker(self, name: str):
+        return name if name in self.marks else None
+
+
+def test_exclusive_first_then_slow_e2e_modules_then_the_rest_then_unit():
+    items = [_Item("test_spec"), _Item("test_other_e2e", "e2e"), _Item("test_profiler_cli", "e2e"),
+             _Item("test_readme_commands", "e2e", "exclusive"), _Item("test_readme_commands", "e2e")]
+    order(items)  # type: ignore[arg-type]
+    assert [(i.module.__name__, i.marks) for i in items] == [
+        ("test_readme_commands", ("e2e", "exclusive")), ("test_readme_commands", ("e2e",)),
+        ("test_profiler_cli", ("e2e",)), ("test_other_e2e", ("e2e",)), ("test_spec", ())]
+
