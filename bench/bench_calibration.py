@@ -17,8 +17,9 @@ with what is known to be noise in it divided out: the profiled configuration's o
 latency fit's accuracy (``bench_profiler.py`` does that). Its straggler σ is the workload's
 per-iteration σ, applied as the simulator applies stragglers.
 
-``--real N`` then runs the first workload N times for real (local backend, ``--overrun none``: a late run
-finishes, so its JCT and cost are measured) at 1.05× the
+``--real N`` then profiles the first workload again as a user would (start-up sampling on: the head's and
+the nodes' start-ups are measured) and runs it N times for real (local backend, ``--overrun none``: a late
+run finishes, so its JCT and cost are measured) at 1.05× the
 planner's shortest feasible deadline at p = 0.9 and prints the realized hit rate and the median
 |predicted − actual| of JCT and cost. Real figures depend on machine load; say how loaded it was.
 
@@ -59,8 +60,10 @@ WORKLOADS = {
 }
 
 
-def spec_for(name: str, overrides: dict, workdir: Path) -> Path:
-    """A SHA job on the synthetic workload with ``overrides``; returns the spec path."""
+def spec_for(name: str, overrides: dict, workdir: Path, *, profile_name: str = "profile.json",
+             spec_name: str = "spec.yaml") -> Path:
+    """A SHA job on the synthetic workload with ``overrides``, planned from ``profile_name``; returns the
+    spec path."""
     spec = {
         "name": f"calib-{name}", "train": "synthetic:train", "metric": {"name": "score", "mode": "max"},
         "search_space": {"lr": {"type": "loguniform", "low": 0.0001, "high": 1.0}},
@@ -70,20 +73,21 @@ def spec_for(name: str, overrides: dict, workdir: Path) -> Path:
         "deadline": "10m", "confidence": 0.9,
         "resources": {"clouds": ["local"], "instance_types": ["local.cpu1", "local.cpu2"],
                       "max_workers_per_trial": 2},
-        "profile": "profile.json",
+        "profile": profile_name,
     }
     (workdir / "synthetic.py").write_text((REPO / "examples" / "synthetic.py").read_text())
-    path = workdir / "spec.yaml"
+    path = workdir / spec_name
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 
-def profile(spec_path: Path, budget_s: float) -> float:
-    """Run the real profiler; returns its wall seconds."""
+def profile(spec_path: Path, budget_s: float, *, out: str = "profile.json", startup_samples: int = 0) -> float:
+    """Run the real profiler; returns its wall seconds. The calibration cells need no measured start-up (the
+    truth they replay under has the profile's own); the real runs do, as a user's plan would."""
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "rubberband", "profile", str(spec_path), "--workers", "1,2",
-                           "--budget", f"{budget_s:.0f}s", "--startup-samples", "0", "--out",
-                           str(spec_path.parent / "profile.json")], capture_output=True, text=True)
+                           "--budget", f"{budget_s:.0f}s", "--startup-samples", str(startup_samples), "--out",
+                           str(spec_path.parent / out)], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"profiling {spec_path} failed: {done.stderr.strip()[-500:]}")
     return time.monotonic() - started
@@ -161,8 +165,15 @@ def real_runs(name: str, overrides: dict, workdir: Path, n: int, args) -> None:
     from rubberband.planning import plan_from_inputs
     from rubberband.plan import write_plan
 
-    spec_path = spec_for(name, overrides, workdir)
+    # Planned as a user would plan it: from a profile with measured local start-ups (head and nodes),
+    # which the calibration cells' profile leaves out.
+    spec_path = spec_for(name, overrides, workdir, profile_name="profile-real.json", spec_name="spec-real.yaml")
+    if not (workdir / "profile-real.json").exists():
+        wall = profile(spec_path, args.budget, out="profile-real.json", startup_samples=3)
+        print(f"\nprofiled for the real runs in {wall:.0f} s (budget {args.budget:.0f} s, 3 start-up samples)")
     inputs = load_job_inputs(spec_path)
+    startup = inputs.profile.startup
+    print("start-up in the profile: " + "; ".join(f"{s.cloud} {s.source} {np.median(s.samples_s):.1f} s" for s in startup))
     deadline = 1.05 * shortest(inputs, 0.9)
     plan = plan_from_inputs(inputs, deadline_s=deadline, confidence=0.9)
     plan_path = workdir / "plan-real.json"
@@ -172,15 +183,16 @@ def real_runs(name: str, overrides: dict, workdir: Path, n: int, args) -> None:
           f"predicted JCT p50 {pred_jct:.1f} s, cost mean ${pred_cost:.6f}, P(meet) "
           f"{plan.predicted.p_meet_deadline:.3f}; load average at start {os.getloadavg()[0]:.1f}")
     jcts, costs, met, walls = [], [], [], []
+    runs = Path(tempfile.mkdtemp(prefix="real-", dir=workdir))  # fresh run directories every time
     for k in range(n):
-        run_dir = workdir / f"run-{k}"
+        run_dir = runs / f"run-{k}"
         began = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan", str(plan_path),
                                "--run-dir", str(run_dir), "--yes", "--overrun", "none"],
                               capture_output=True, text=True)
         wall = time.monotonic() - began
         result_file = run_dir / "result.json"
-        if not result_file.exists():
+        if done.returncode == 2 or not result_file.exists():
             print(f"run {k}: exit {done.returncode}, no result.json: {done.stderr.strip()[-300:]}")
             continue
         result = json.loads(result_file.read_text())
