@@ -37,9 +37,18 @@ brackets side by side at those offsets, and the controller's own decision (the
 :class:`~rubberband.planner.policies.LatenessPolicy`: go on, save, buy speed, finish late, stop) and journal
 follow. A taken plan is applied by the lanes: instances kept, prefetched or requested for a re-planned stage
 that no longer fit its type, market or count are released (or handed to a bracket waiting for their type),
-its prefetch is timed again, and its stage requests the new type when it starts. Re-planning after a failover
-(the sequential run's ``trigger: failover``) is not done here: the type failover obtained stands in, and the
-re-planner is told the unavailable types.
+its prefetch is timed again, and its stage requests the new type when it starts.
+
+**Re-planning after a failover** (:meth:`ParallelController._replan_on_failover`): once failover finds a type
+planned for the remaining work unavailable (every zone blocked, or another type obtained in its place), the next
+pass of the loop re-plans that same remainder of every bracket without it, not waiting for a boundary; the bracket
+whose next stage can start first goes first, the others' offsets count from then. It is the sequential run's
+failover re-plan (:meth:`~rubberband.executor.controller.Controller._replan_around`): the re-planner with the
+unavailable types excluded, else (none, or an unusable proposal) each stage's stand-in — journaled alike
+(``decision`` kind ``replan``, ``trigger: failover``, ``unavailable``, ``source``, then ``plan_changed``, which a
+resumed run follows) and applied by the lanes as above. Stages already running go on with the type failover
+obtained. Each unavailable type is re-planned around once; a boundary that sees one first makes its re-plan this
+one.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ import threading
 import time
 
 import pytest
-from executor_helpers import FakeRuntime, LosingBackend, finished_outcome
-from test_brackets_replan import Backend, StubReplanner, _close, _controller, _events, _replans, _served, _up
+from executor_helpers import FakeRuntime, LosingBackend, finished_outcome, journaled_controller, write_hyperband_job
+from test_brackets_replan import (Backend, StubReplanner, _close, _controller, _events, _plan, _replans, _served,
+                                  _up)
 
 from rubberband.cloud.backend import Obtained
 from rubberband.commands.run import _journaled
@@ -251,3 +252,46 @@ def test_a_type_found_unavailable_at_a_brackets_start_is_replanned_there_once(tm
     assert len(_replans(controller)) == 1
     _up(controller)
     _close(controller)
+
+
+def test_the_loop_replans_after_a_failover_and_runs_every_bracket_to_its_end(tmp_path, monkeypatch):
+    """The controller's own loop (``_run_stages``) with both brackets starting at once; only ``ray.wait`` is
+    replaced: each wait finishes the oldest running trial once the provisioner thread has served what was asked.
+    Stage 1's prefetched local.cpu2 comes up as a local.cpu4; the next pass re-plans (no re-planner: the stand-in),
+    and the run ends with stage 1 on that node."""
+    _, spec = write_hyperband_job(tmp_path)
+    controller, inner = journaled_controller(tmp_path, spec, _plan(spec, offsets=(0.0, 0.0)), deadline_s=400.0,
+                                             controller_class=ParallelController, runtime=FakeRuntime())
+    backend = FailoverBackend(inner, controller.catalog, {"local.cpu2": "local.cpu4"})
+    controller.backend = backend
+    controller.search = controller._restore_search()
+    controller.startup_seconds = {"local.cpu1": [10.0, 12.0], "local.cpu2": [10.0, 12.0]}
+    controller._last_liveness = time.monotonic() + 3600  # the stand-in backend calls every instance lost
+
+    def wait_some():
+        concurrent.futures.wait([e.future for e in controller.pool.values() if e.future is not None], timeout=5)
+        if not controller.running:
+            return []
+        ref = next(iter(controller.running))
+        run = controller.running.pop(ref)
+        run.handle.outcome = finished_outcome(run.trial_id, run.start_epoch, run.end_epoch,
+                                              int(run.trial_id.rsplit("t", 1)[1]) / 10)
+        return [run]
+
+    monkeypatch.setattr(controller, "_wait_some", wait_some)
+    best, _ = controller._run_stages()
+    _close(controller)
+    assert best is not None
+    events = _events(controller)
+    assert {e["stage"] for e in events if e["type"] == J.STAGE_FINISHED} == {0, 1, 2}
+    (failover,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "failover"]
+    (decision,) = _failover_replans(controller)
+    assert events.index(decision) > events.index(failover)
+    assert decision["source"] == "substitution" and decision["substitutions"] == {"local.cpu2": "local.cpu4"}
+    assert decision["stages"] == [1] and "starts_in_s" in decision  # mid-stage: bracket 1 has nothing left to plan
+    finished_0 = next(e for e in events if e["type"] == J.STAGE_FINISHED and e["stage"] == 0)
+    assert events.index(decision) < events.index(finished_0)
+    (changed,) = [e for e in events if e["type"] == J.PLAN_CHANGED]
+    assert changed["plan"]["stages"][1]["instance_type"] == "local.cpu4"
+    (started,) = [e for e in events if e["type"] == J.TRIAL_STARTED and e["stage"] == 1]
+    assert started["instances"] == [failover["id"]]
