@@ -414,13 +414,12 @@ class ParallelController(Controller):
         if not self.plan.parallel_brackets or not self.lanes:
             return
         elapsed = time.time() - self.state.first_started_at
+        parts, _, _ = self._remainder_parts(elapsed, timed=False)  # every pass: the stages only, no estimates
+        stages = [self.plan.stages[i] for positions, _ in parts for i in positions]
+        if not stages or not self._newly_unavailable(self._unavailable(stages)):
+            return  # nothing left to re-plan (every bracket in its last stage), or nothing new unavailable
         parts, kept, _ = self._remainder_parts(elapsed)
         waiting = [k for k, (positions, _) in enumerate(parts) if positions]
-        if not waiting:  # every bracket in its last stage (or done): nothing left to re-plan
-            return
-        stages = [self.plan.stages[i] for positions, _ in parts for i in positions]
-        if not self._newly_unavailable(self._unavailable(stages)):
-            return
         first = min(waiting, key=lambda k: (max(0.0, parts[k][1]), k))
         shift = max(0.0, parts[first][1])
         ratio = self._slowdown()
@@ -450,13 +449,14 @@ class ParallelController(Controller):
         self._replanned_around.update(keys)
         return bool(new)
 
-    def _remainder_parts(self, elapsed: float, lane: Lane | None = None, g: int | None = None
+    def _remainder_parts(self, elapsed: float, lane: Lane | None = None, g: int | None = None, *, timed: bool = True
                          ) -> tuple[list[tuple[list[int], float]], list[dict[str, int]], int]:
         """Each bracket's part of the remaining work (for :func:`~rubberband.planner.brackets.parallel_remainder`):
         (plan positions of its stages not started yet, seconds until the first of them can start), with the
         instances (type key → count) its next stage may keep, and the index of ``lane``'s part (at its boundary
         before stage ``g``; -1 without one). A running bracket goes on after its current stage's estimated rest
-        (:meth:`_stage_rest_s`), a bracket not started yet at its offset; a done one has no part."""
+        (:meth:`_stage_rest_s`), a bracket not started yet at its offset; a done one has no part. Not ``timed``:
+        the positions only (a running bracket's wait 0, nothing kept)."""
         done = set(self.state.completed_stages())
         parts: list[tuple[list[int], float]] = []
         kept: list[dict[str, int]] = []  # per part: instances of its bracket that its next stage may keep
@@ -470,8 +470,8 @@ class ParallelController(Controller):
             elif other.done:
                 continue
             elif other.g is not None:  # running: what follows its current stage, once that one ends
-                parts.append((list(range(other.g + 1, hi)), self._stage_rest_s(other)))
-                kept.append(self._instance_counts([other.g, other.g + 1]))
+                parts.append((list(range(other.g + 1, hi)), self._stage_rest_s(other) if timed else 0.0))
+                kept.append(self._instance_counts([other.g, other.g + 1]) if timed else {})
             else:  # not started yet: everything from its offset
                 first = next((i for i in range(lo, hi) if i not in done), None)
                 if first is not None:

@@ -107,6 +107,10 @@ def _failover_replans(controller) -> list[dict]:
     return [e for e in _replans(controller) if e.get("trigger") == "failover"]
 
 
+def events_index(controller, event: dict) -> int:
+    return _events(controller).index(event)
+
+
 def _wait_for(condition, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -167,11 +171,11 @@ def test_a_type_blocked_everywhere_is_replanned_around_at_once_and_the_lanes_run
     controller._replan_on_failover()
     assert len(_failover_replans(controller)) == 1
     assert [r.unavailable for r in replanner.requests] == [(CPU2,), ()]  # the boundary's: nothing unavailable
+    # a type only running stages use (stage 1 runs on its local.cpu4 already): nothing to re-plan
+    backend.blocked.add("local.cpu4")
+    controller._replan_on_failover()
+    assert len(_replans(controller)) == 2 and len(replanner.requests) == 2
     _close(controller)
-
-
-def events_index(controller, event: dict) -> int:
-    return _events(controller).index(event)
 
 
 @pytest.mark.parametrize("replanner, note", [
