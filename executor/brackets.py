@@ -37,9 +37,18 @@ brackets side by side at those offsets, and the controller's own decision (the
 :class:`~rubberband.planner.policies.LatenessPolicy`: go on, save, buy speed, finish late, stop) and journal
 follow. A taken plan is applied by the lanes: instances kept, prefetched or requested for a re-planned stage
 that no longer fit its type, market or count are released (or handed to a bracket waiting for their type),
-its prefetch is timed again, and its stage requests the new type when it starts. Re-planning after a failover
-(the sequential run's ``trigger: failover``) is not done here: the type failover obtained stands in, and the
-re-planner is told the unavailable types.
+its prefetch is timed again, and its stage requests the new type when it starts.
+
+**Re-planning after a failover** (:meth:`ParallelController._replan_on_failover`): once failover finds a type
+planned for the remaining work unavailable (every zone blocked, or another type obtained in its place), the next
+pass of the loop re-plans that same remainder of every bracket without it, not waiting for a boundary; the bracket
+whose next stage can start first goes first, the others' offsets count from then. It is the sequential run's
+failover re-plan (:meth:`~rubberband.executor.controller.Controller._replan_around`): the re-planner with the
+unavailable types excluded, else (none, or an unusable proposal) each stage's stand-in — journaled alike
+(``decision`` kind ``replan``, ``trigger: failover``, ``unavailable``, ``source``, then ``plan_changed``, which a
+resumed run follows) and applied by the lanes as above. Stages already running go on with the type failover
+obtained. Each unavailable type is re-planned around once; a boundary that sees one first makes its re-plan this
+one.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from rubberband.errors import ExecutionError
@@ -56,7 +65,7 @@ from rubberband.executor import spot as S
 from rubberband.executor.controller import LIVENESS_EVERY_S, Controller, PoolInstance, rank
 from rubberband.executor.placement import Slot, make_slots, slot_count
 from rubberband.plan import Plan, StagePlan
-from rubberband.planner.brackets import bracket_ranges, parallel_remainder
+from rubberband.planner.brackets import Remainder, bracket_ranges, parallel_remainder
 from rubberband.planner.policies import bracket_start_order
 
 
@@ -155,6 +164,7 @@ class ParallelController(Controller):
         super().__init__(**kwargs)
         self.brackets = BracketPolicy.for_plan(self.plan)
         self.lanes: list[Lane] = []
+        self._replanned_around: set[str] = set()  # unavailable type keys a failover re-plan has answered
 
     # -- entry: the stage loop --------------------------------------------------------------
     def _run_stages(self) -> tuple[str | None, float | None]:
@@ -173,6 +183,7 @@ class ParallelController(Controller):
         while not all(lane.done for lane in self.lanes):
             self._check_deadline()
             self._collect_provisioned()
+            self._replan_on_failover()
             self._collect_terminations()
             self._start_due(time.time() - self.state.first_started_at)
             self._liveness()
@@ -353,7 +364,7 @@ class ParallelController(Controller):
         self._start_stage(lane, nxt)
         return {}
 
-    # -- re-planning at a bracket's stage boundary --------------------------------------------
+    # -- re-planning at a bracket's stage boundary, and after a failover ------------------------
     def _replan_lanes(self, lane: Lane, g: int) -> None:
         """At the boundary before stage ``g`` of ``lane``'s bracket: re-plan every bracket's remaining stages
         and decide as a sequential run does (:meth:`~rubberband.executor.controller.Controller._replan_decide`:
@@ -361,14 +372,95 @@ class ParallelController(Controller):
 
         The remaining time by the stage predictions (``predicted_remaining_s``, what ``at_risk`` compares with
         the deadline) is the longest bracket's: its wait (a running stage's estimated rest, or the time to its
-        offset) plus its stages not started, scaled by the slowdown so far.
+        offset) plus its stages not started, scaled by the slowdown so far. When a planned type of the remainder
+        turned unavailable since the last failover re-plan (:meth:`_replan_on_failover` has not seen it yet),
+        the boundary's re-plan is that failover re-plan instead, as in a sequential run.
         """
         elapsed = time.time() - self.state.first_started_at
         ratio = self._slowdown()
+        parts, kept, boundary = self._remainder_parts(elapsed, lane, g)
+        remaining_pred = self._remaining_pred(parts, ratio)
+        rest = parallel_remainder(parts, boundary)
+        running = self._bracket_running(parts, kept, rest)
+        at_risk = elapsed + remaining_pred > self.deadline_s
+        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
+                        slowdown=ratio, at_risk=at_risk, bracket=self.plan.stages[g].bracket,
+                        stages=list(rest.positions), offsets_s=[round(o, 3) for o in rest.offsets_s])
+        request = self._replan_request(g, elapsed, at_risk, [self.plan.stages[i] for i in rest.positions],
+                                       stages=rest.positions, offsets_s=rest.offsets_s, bracket_running=running)
+        before = list(self.plan.stages)
+        self.stage_index = g
+        if self._newly_unavailable(request.unavailable):
+            self._replan_around(g, request, decision)
+        else:
+            self._replan_decide(g, request, decision, remaining_pred)
+        if self.plan.stages != before:
+            self._apply_replan(before)
+
+    def _replan_on_failover(self) -> None:
+        """Failover found a planned type of the remaining work unavailable (every zone blocked, or another type
+        obtained in its place): re-plan every bracket's remaining stages without it now, once per type.
+
+        The remainder is the boundary re-plan's (:meth:`_remainder_parts`) with no bracket at a boundary: the
+        bracket whose next stage can start first goes first, and the others' offsets count from then (the
+        re-planner's "now", so its remaining deadline is shortened by that wait, journaled as ``starts_in_s``).
+        The re-plan is the sequential run's (:meth:`~rubberband.executor.controller.Controller._replan_around`:
+        the re-planner with those types excluded, else each replaced by its stand-in; ``decision`` kind
+        ``replan`` with ``trigger: failover``, then ``plan_changed``) and a changed plan is followed by the lanes
+        (:meth:`_apply_replan`). Stages already running go on with the type failover obtained. Called after each
+        pass's provisioned instances are collected; cheap when nothing changed (the backend's blocked zones are
+        looked up in memory).
+        """
+        if not self.plan.parallel_brackets or not self.lanes:
+            return
+        elapsed = time.time() - self.state.first_started_at
+        parts, _, _ = self._remainder_parts(elapsed, timed=False)  # every pass: the stages only, no estimates
+        stages = [self.plan.stages[i] for positions, _ in parts for i in positions]
+        if not stages or not self._newly_unavailable(self._unavailable(stages)):
+            return  # nothing left to re-plan (every bracket in its last stage), or nothing new unavailable
+        parts, kept, _ = self._remainder_parts(elapsed)
+        waiting = [k for k, (positions, _) in enumerate(parts) if positions]
+        first = min(waiting, key=lambda k: (max(0.0, parts[k][1]), k))
+        shift = max(0.0, parts[first][1])
+        ratio = self._slowdown()
+        remaining_pred = self._remaining_pred(parts, ratio)
+        rest = parallel_remainder([(positions, wait - shift) for positions, wait in parts], first)
+        running = self._bracket_running(parts, kept, rest)
+        g = rest.positions[0]
+        at_risk = elapsed + remaining_pred > self.deadline_s
+        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
+                        slowdown=ratio, at_risk=at_risk, bracket=self.plan.stages[g].bracket,
+                        stages=list(rest.positions), offsets_s=[round(o, 3) for o in rest.offsets_s],
+                        starts_in_s=round(shift, 3))
+        request = self._replan_request(g, elapsed, at_risk, [self.plan.stages[i] for i in rest.positions],
+                                       stages=rest.positions, offsets_s=rest.offsets_s, bracket_running=running)
+        request = replace(request, running=dict(running[0]),
+                          remaining_deadline_s=max(1.0, request.remaining_deadline_s - shift))
+        before = list(self.plan.stages)
+        self.stage_index = g
+        self._replan_around(g, request, decision)
+        if self.plan.stages != before:
+            self._apply_replan(before)
+
+    def _newly_unavailable(self, keys: Sequence[str]) -> bool:
+        """Whether ``keys`` (unavailable type keys) hold one no failover re-plan has answered yet; from now on
+        every one of them counts as answered (a type is re-planned around once, not on every request)."""
+        new = [k for k in keys if k not in self._replanned_around]
+        self._replanned_around.update(keys)
+        return bool(new)
+
+    def _remainder_parts(self, elapsed: float, lane: Lane | None = None, g: int | None = None, *, timed: bool = True
+                         ) -> tuple[list[tuple[list[int], float]], list[dict[str, int]], int]:
+        """Each bracket's part of the remaining work (for :func:`~rubberband.planner.brackets.parallel_remainder`):
+        (plan positions of its stages not started yet, seconds until the first of them can start), with the
+        instances (type key → count) its next stage may keep, and the index of ``lane``'s part (at its boundary
+        before stage ``g``; -1 without one). A running bracket goes on after its current stage's estimated rest
+        (:meth:`_stage_rest_s`), a bracket not started yet at its offset; a done one has no part. Not ``timed``:
+        the positions only (a running bracket's wait 0, nothing kept)."""
         done = set(self.state.completed_stages())
         parts: list[tuple[list[int], float]] = []
         kept: list[dict[str, int]] = []  # per part: instances of its bracket that its next stage may keep
-        boundary = 0
+        boundary = -1
         for b, other in enumerate(self.lanes):
             lo, hi = self.brackets.ranges[b]
             if other is lane:
@@ -378,29 +470,27 @@ class ParallelController(Controller):
             elif other.done:
                 continue
             elif other.g is not None:  # running: what follows its current stage, once that one ends
-                parts.append((list(range(other.g + 1, hi)), self._stage_rest_s(other)))
-                kept.append(self._instance_counts([other.g, other.g + 1]))
+                parts.append((list(range(other.g + 1, hi)), self._stage_rest_s(other) if timed else 0.0))
+                kept.append(self._instance_counts([other.g, other.g + 1]) if timed else {})
             else:  # not started yet: everything from its offset
                 first = next((i for i in range(lo, hi) if i not in done), None)
                 if first is not None:
                     parts.append((list(range(first, hi)), max(0.0, self.brackets.offsets_s[b] - elapsed)))
                     kept.append(self._instance_counts([first]))
-        remaining_pred = max(wait + ratio * sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in positions)
-                             for positions, wait in parts)
-        rest = parallel_remainder(parts, boundary)
+        return parts, kept, boundary
+
+    def _remaining_pred(self, parts: list[tuple[list[int], float]], ratio: float) -> float:
+        """The run's remaining time by the stage predictions: the longest part's wait plus its stages' predicted
+        durations times the slowdown so far (``ratio``)."""
+        return max((wait + ratio * sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in positions)
+                    for positions, wait in parts), default=0.0)
+
+    @staticmethod
+    def _bracket_running(parts: list[tuple[list[int], float]], kept: list[dict[str, int]],
+                         rest: Remainder) -> tuple[dict[str, int], ...]:
+        """Per bracket of ``rest`` (in its order), what its next stage may keep (``ReplanRequest.bracket_running``)."""
         first_of = {positions[0]: k for k, (positions, _) in enumerate(parts) if positions}
-        running = tuple(kept[first_of[i]] for i in rest.positions if i in first_of)
-        at_risk = elapsed + remaining_pred > self.deadline_s
-        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
-                        slowdown=ratio, at_risk=at_risk, bracket=self.plan.stages[g].bracket,
-                        stages=list(rest.positions), offsets_s=[round(o, 3) for o in rest.offsets_s])
-        request = self._replan_request(g, elapsed, at_risk, [self.plan.stages[i] for i in rest.positions],
-                                       stages=rest.positions, offsets_s=rest.offsets_s, bracket_running=running)
-        before = list(self.plan.stages)
-        self.stage_index = g
-        self._replan_decide(g, request, decision, remaining_pred)
-        if self.plan.stages != before:
-            self._apply_replan(before)
+        return tuple(kept[first_of[i]] for i in rest.positions if i in first_of)
 
     def _instance_counts(self, stages: list[int]) -> dict[str, int]:
         """Instances (up or coming) serving ``stages``, by type key: what a bracket's next stage can keep."""

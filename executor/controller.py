@@ -1451,13 +1451,15 @@ class Controller:
         return None
 
     def _replan_around(self, g: int, request: ReplanRequest, decision: dict[str, Any]) -> None:
-        """Re-plan stages ``g…`` without the types failover found unavailable; journal the decision.
+        """Re-plan the stages of ``request`` (``g…``; parallel brackets: ``request.stages``) without the types
+        failover found unavailable; journal the decision.
 
         The re-planner (when there is one) plans with those types excluded; without one, or when its
         proposal is unusable, each unavailable type is replaced by its stand-in (same workers per
         instance, so placement and epochs are unchanged) and the stage's predicted cost re-priced.
         """
-        rest = self.plan.stages[g:]
+        positions = request.positions()
+        rest = [self.plan.stages[i] for i in positions]
         shape = [(s.bracket, s.stage, s.trials, s.epochs) for s in rest]
         unavailable = list(request.unavailable)
         names = ", ".join(k.rsplit(":", 1)[-1] for k in unavailable)
@@ -1508,8 +1510,11 @@ class Controller:
         reason = f"failover: {names} unavailable in every zone; remaining stages re-planned without it"
         self.journal.record(J.DECISION, **decision, accepted=True, reason=reason + (f" ({note})" if note else ""),
                             current_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in rest))
-        self.plan = self.plan.model_copy(update={"stages": list(self.plan.stages[:g]) + stages})
-        self.prefetched.discard(g)
+        changed = list(self.plan.stages)
+        for i, stage in zip(positions, stages):
+            changed[i] = stage
+            self.prefetched.discard(i)
+        self.plan = self.plan.model_copy(update={"stages": changed})
         self.journal.record(J.PLAN_CHANGED, stage=g, plan=self.plan.model_dump(mode="json"))
 
     # -- progress and the end --------------------------------------------------------------
