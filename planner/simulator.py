@@ -968,6 +968,8 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
             return np.ones((S, slots), dtype=np.int64), ready + dur
     if not float(dur.min()) > 0:
         return _list_schedule_partition(ready, dur, trials)
+    if S * _start_rows(ready, dur, trials) * slots > DENSE_STARTS_LIMIT:
+        return _list_schedule_bisect(ready, dur, trials)
     starts = _starts(ready, dur, trials)
     K = starts.shape[1]
     inv = 1.0 / dur
@@ -1015,20 +1017,67 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
     return counts, last_start + dur
 
 
-def _starts(ready: np.ndarray, dur: np.ndarray, trials: int) -> np.ndarray:
-    """(samples, K, slots): each slot's first K task starts (repeated additions), K enough for every start
-    among the ``trials`` earliest (all slots' starts up to the last of them)."""
-    S, slots = ready.shape
+#: Most task starts (samples × starts per slot × slots) the counting and partition schedulers hold at once
+#: (160 MB of float64). A larger case (tens of thousands of trials over thousands of slots that start one
+#: after another) is scheduled by :func:`_list_schedule_bisect`, in memory linear in the slots.
+DENSE_STARTS_LIMIT = 20_000_000
+
+
+def _start_rows(ready: np.ndarray, dur: np.ndarray, trials: int) -> int:
+    """K: how many starts per slot hold every start among the ``trials`` earliest."""
+    slots = ready.shape[1]
     waves = -(-trials // slots)
     dmin = float(dur.min())
     dmax = float(dur.max())
     spread = float((ready.max(axis=1) - ready.min(axis=1)).max())
-    K = int(min(trials, math.ceil((spread + (waves - 1) * dmax) / dmin) + 1)) if dmin > 0 else trials
+    return int(min(trials, math.ceil((spread + (waves - 1) * dmax) / dmin) + 1)) if dmin > 0 else trials
+
+
+def _starts(ready: np.ndarray, dur: np.ndarray, trials: int) -> np.ndarray:
+    """(samples, K, slots): each slot's first K task starts (repeated additions), K enough for every start
+    among the ``trials`` earliest (all slots' starts up to the last of them)."""
+    S, slots = ready.shape
+    K = _start_rows(ready, dur, trials)
     starts = np.empty((S, K, slots))
     starts[:, 0, :] = ready
     for k in range(1, K):
         np.add(starts[:, k - 1, :], dur, out=starts[:, k, :])
     return starts
+
+
+def _list_schedule_bisect(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_list_schedule` without holding every start: the ``trials``-th earliest start is found by
+    bisection on the count of starts up to ``t`` (per slot ``⌊(t − ready_j)/dur_j⌋ + 1``, monotone in ``t``),
+    then the starts that fall at it go to the lower slots. Memory linear in the slots; starts are
+    ``ready_j + k·dur_j`` (a product, not repeated additions: equal to the other schedulers' within
+    rounding)."""
+    S, slots = ready.shape
+
+    def count(t: np.ndarray) -> np.ndarray:
+        """Per slot, its starts ``ready + k·dur`` at or before ``t``: the quotient's floor, corrected by
+        comparing the starts themselves (so slots tied at ``t`` are counted alike, whatever the rounding)."""
+        t = t[:, None]
+        k = np.floor((t - ready) / dur)
+        k = np.where(ready + k * dur > t, k - 1, k)
+        k = np.where(ready + (k + 1) * dur <= t, k + 1, k)
+        return np.where(t >= ready, k + 1, 0.0)
+
+    lo = ready.min(axis=1) - 1.0  # nothing has started: count 0 < trials
+    hi = ready.max(axis=1) + trials * dur.max(axis=1)  # every slot has ≥ trials starts by then
+    for _ in range(200):  # halves the bracket until it stops shrinking (float resolution)
+        mid = 0.5 * (lo + hi)
+        if not np.any((mid > lo) & (mid < hi)):
+            break
+        enough = count(mid).sum(axis=1) >= trials
+        hi = np.where(enough, mid, hi)
+        lo = np.where(enough, lo, mid)
+    below = count(lo).astype(np.int64)  # fewer than `trials` starts
+    at = count(hi).astype(np.int64) - below  # starts in (lo, hi]: at the threshold, to within rounding
+    need = trials - below.sum(axis=1)
+    take = np.minimum(at, np.maximum(need[:, None] - (np.cumsum(at, axis=1) - at), 0))  # lower slots first
+    counts = below + take
+    last_start = ready + np.maximum(counts - 1, 0) * dur
+    return counts, last_start + dur
 
 
 def _list_schedule_partition(ready: np.ndarray, dur: np.ndarray, trials: int,

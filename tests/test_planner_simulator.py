@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rubberband.planner.schedule import Stage, sha_stages
-from rubberband.planner.simulator import (Simulator, StageConfig, _list_schedule, efficient_counts, layout,
+from rubberband.planner.simulator import (Simulator, StageConfig, _list_schedule, _list_schedule_bisect,
+                                          efficient_counts, layout,
                                           useful_instances)
 from planner_helpers import ideal_model, itype
 
@@ -167,13 +168,30 @@ def test_vectorised_list_scheduling_equals_heap(slots, trials, seed, ties):
     else:
         ready = rng.uniform(0, 100, (4, slots))
         dur = rng.uniform(5, 50, (4, slots))
-    counts, last_end = _list_schedule(ready, dur, trials)
-    for s in range(4):
-        c, last = _heap_schedule(list(ready[s]), list(dur[s]), trials)
-        assert list(counts[s]) == c
-        for j in range(slots):
-            if c[j]:
-                assert last_end[s, j] == pytest.approx(last[j])
+    for schedule in (_list_schedule, _list_schedule_bisect):  # the bisection: what very large stages take
+        counts, last_end = schedule(ready, dur, trials)
+        for s in range(4):
+            c, last = _heap_schedule(list(ready[s]), list(dur[s]), trials)
+            assert list(counts[s]) == c
+            for j in range(slots):
+                if c[j]:
+                    assert last_end[s, j] == pytest.approx(last[j])
+
+
+def test_a_stage_too_large_to_hold_every_start_is_scheduled_in_linear_memory():
+    """100 000 trials on 11 112 slots that came up one after another (the spec's largest SHA stage on a
+    local cluster): the dense schedulers would need ~33 GiB; the bisection gives the same counts as on a
+    case small enough to compare, and sums to the trials here."""
+    from rubberband.planner.simulator import DENSE_STARTS_LIMIT, _list_schedule_partition, _start_rows
+
+    slots, trials = 11_112, 100_000
+    ready = np.tile(np.arange(slots) * 6.0, (10, 1))
+    dur = np.full((10, slots), 1.7)
+    assert 10 * _start_rows(ready, dur, trials) * slots > DENSE_STARTS_LIMIT
+    counts, ends = _list_schedule(ready, dur, trials)
+    assert counts.shape == (10, slots) and np.all(counts.sum(axis=1) == trials)
+    small = (ready[:, :300], dur[:, :300], 2_000)
+    assert np.array_equal(_list_schedule_bisect(*small)[0], _list_schedule_partition(*small)[0])
 
 
 def test_slot_layouts_and_efficient_counts():
