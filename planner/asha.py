@@ -131,7 +131,7 @@ class AshaSimulator:
             raise ValueError("the cluster has no trial slot")
         epoch = model.epoch_time(itype.device, w, lay.nodes)
         startup = model.startup(itype.cloud, itype.name)
-        head_boot = model.head_start_s(itype.cloud, itype.name) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
+        head_boot = startup.quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
         boot = startup.sample(self._boot_u[:n, :k])
         if itype.cloud in SERIAL_PROVISIONING:
             request = head_boot + np.concatenate([np.zeros((n, 1)), np.cumsum(boot, axis=1)[:, :-1]], axis=1)

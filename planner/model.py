@@ -154,8 +154,6 @@ class PerformanceModel:
     worker_start_s: float = 0.0
     termination_by_type: dict[tuple[str, str], StartupModel] = field(default_factory=dict)
     termination_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
-    #: The run's own Ray head, per cloud, where measured (local: a head starts faster than a node joins one).
-    head_startup_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
     #: Per-epoch noise and per-configuration speed (none: every configuration as fast as the profiled one).
     variation: Variation = field(default_factory=Variation)
 
@@ -201,12 +199,6 @@ class PerformanceModel:
         return _measured_or_default(self.startup_by_type, self.startup_by_cloud, DEFAULT_STARTUP_S, cloud,
                                     instance_type, "typical boot + Ray join")
 
-    def head_start_s(self, cloud: str, instance_type: str) -> float:
-        """Seconds a run spends starting its own Ray head before it requests instances: the measured head
-        start-up (median) where the profile has one for ``cloud``, else a node's median start-up."""
-        head = self.head_startup_by_cloud.get(cloud)
-        return head.quantile(0.5) if head is not None else self.startup(cloud, instance_type).quantile(0.5)
-
     def termination(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a terminate request until the instance is gone (and no longer billed)."""
         return _measured_or_default(self.termination_by_type, self.termination_by_cloud, DEFAULT_TERMINATION_S,
@@ -236,8 +228,6 @@ class PerformanceModel:
                 **{c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
                    for c, m in sorted(self.startup_by_cloud.items())},
             },
-            "head_startup": {c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
-                             for c, m in sorted(self.head_startup_by_cloud.items())},
             "termination": {
                 **{f"{c}:{t}": {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
                    for (c, t), m in sorted(self.termination_by_type.items())},
@@ -327,7 +317,6 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
     variation = _variation(profile, devices, batch)
     startup_by_type, startup_by_cloud = _latency_models(profile.startup)
     termination_by_type, termination_by_cloud = _latency_models(profile.termination)
-    _, head_by_cloud = _latency_models(profile.head_startup)
     return PerformanceModel(
         dataset_size=profile.workload.dataset_size,
         batch_size_per_worker=batch,
@@ -344,7 +333,6 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
         worker_start_s=profile.workload.worker_start_s,
         termination_by_type=termination_by_type,
         termination_by_cloud=termination_by_cloud,
-        head_startup_by_cloud=head_by_cloud,
         variation=variation,
     )
 

@@ -656,9 +656,9 @@ class Simulator:
             ready[:, :carry] = np.maximum(start[:, None], carried_free)
         if carry < n_inst:
             if prev is None:
-                # A fresh local run first brings up its Ray head (its measured start-up, else a node's median),
+                # A fresh local run first brings up its Ray head (about one node start-up, median),
                 # then requests the first stage's instances; a re-plan starts from "now".
-                head = model.head_start_s(itype.cloud, itype.name) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
+                head = self._startup(itype).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
                 t_req = np.full(S, head) if self.start_state is None else np.full(S, self.start_state.now_s)
             else:
                 t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self._lead(itype))

@@ -216,9 +216,9 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
     it = options.instance_type
     config = profiling_config(spec)
     try:
-        # Start-ups first, on an otherwise idle machine as a run meets them: a head started beside the
-        # profiling cluster (its driver connected) came up in 7 s, against 3 s alone and in real runs.
-        startup, termination, head = _measure_startup(options, budget, notes, tick)
+        # Start-ups first, on an otherwise idle machine as a run meets them (the profiling cluster's
+        # in-process nodes and its connected driver would be beside them).
+        startup, termination = _measure_startup(options, budget, notes, tick)
         with LocalCluster(temp_root=run_dir / "r") as cluster:
             resources = []
             node = node_resources(it)
@@ -244,21 +244,19 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
                     if options.measure_restart else None)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    profile = _build_profile(spec, options, results, startup, warm, cold, config, notes, termination, epochs,
-                             head)
+    profile = _build_profile(spec, options, results, startup, warm, cold, config, notes, termination, epochs)
     return ProfileRun(profile=profile, shapes=results, notes=notes, wall_s=budget.spent())
 
 
 # -- steps ----------------------------------------------------------------------------------
 
 def _measure_startup(options: ProfileOptions, budget: _Budget, notes: list[str], tick: Callable[..., None]
-                     ) -> tuple[list[StartupSamples], list[TerminationSamples], list[StartupSamples]]:
-    """Start-up samples through the executor's own local provider (``ray start`` nodes joining a head), and
-    the start of that head itself (a run starts its own head first: part of its JCT, and no node start-up).
+                     ) -> tuple[list[StartupSamples], list[TerminationSamples]]:
+    """Start-up samples through the executor's own local provider (``ray start`` nodes joining a head).
 
     Measured the way a run pays for it: request → node registered with the head, for a throwaway head
     and nodes in a temporary run directory, all stopped before returning, before the profiling cluster
-    starts (its in-process nodes start faster than the executor's do, and its driver slows a head). Each probe
+    starts (its in-process nodes start faster than the executor's do). Each probe
     node is then terminated the way a run releases one, and the time until it is gone (billing runs until
     then) is recorded as a termination sample.
     """
@@ -267,14 +265,11 @@ def _measure_startup(options: ProfileOptions, budget: _Budget, notes: list[str],
 
     samples: list[float] = []
     gone: list[float] = []
-    head_s: float | None = None
     with tempfile.TemporaryDirectory(prefix="rb-startup-") as scratch:
         provider = LocalProvider(scratch)
         try:
             tick("start-up: starting a local Ray head", advance=False)
-            asked = time.time()
             provider.start_head("startup-probe")
-            head_s = round(time.time() - asked, 3)
             for k in range(options.startup_samples):
                 if budget.left() < options.budget_s * 0.75:  # at most a quarter of the budget
                     notes.append(f"start-up: took {len(samples)} of {options.startup_samples} samples "
@@ -301,8 +296,7 @@ def _measure_startup(options: ProfileOptions, budget: _Budget, notes: list[str],
     if gone:
         ended.append(TerminationSamples(cloud=options.cloud, instance_type=options.instance_type.name,
                                         samples_s=gone, source="measured"))
-    head = [StartupSamples(cloud=options.cloud, samples_s=[head_s], source="measured")] if head_s is not None else []
-    return out, ended, head
+    return out, ended
 
 
 def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, checkpoint_dir: Path,
@@ -593,8 +587,7 @@ def _workload_sizes(spec: JobSpec, options: ProfileOptions, results: list[ShapeR
 def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeResult],
                    startup: list[StartupSamples], warm: _Restart | None, cold: _Restart | None, config: dict,
                    notes: list[str], termination: list[TerminationSamples] | None = None,
-                   epochs: list[EpochMeasurement] | None = None,
-                   head_startup: list[StartupSamples] | None = None) -> Profile:
+                   epochs: list[EpochMeasurement] | None = None) -> Profile:
     it = options.instance_type
     info = machine_info()
     # what the workers really used (a GPU type's profile is taken on GPUs: one per worker, nccl)
@@ -659,9 +652,6 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
             startup.append(StartupSamples(cloud=cloud, samples_s=list(DEFAULT_STARTUP_S[cloud]), source="default"))
     sources["startup"] = ("measured: `ray start` node request → registered with the run head (LocalProvider)"
                           if measured_clouds else "default: documented per-cloud figures (docs/profiling.md)")
-    sources["head_startup"] = ("measured: the run's Ray head (LocalProvider.start_head, as a local run starts it): "
-                               "request → up" if head_startup else
-                               "not measured: the planner counts a node's median start-up for the run's head")
     sources["termination"] = ("measured: terminate request to a start-up probe node → its processes gone "
                               "(LocalProvider: SIGTERM, SIGKILL after the grace)" if termination else
                               "default: documented per-cloud figures (docs/profiling.md)")
@@ -678,7 +668,6 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
         epoch_measurements=list(epochs or []),
         startup=startup,
         termination=list(termination or []),
-        head_startup=list(head_startup or []),
         machine=info,
         torch_version=torch.__version__,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -141,9 +141,6 @@ class Profile(_Model):
     measurements: list[LatencyMeasurement] = Field(min_length=1)
     epoch_measurements: list[EpochMeasurement] = Field(default_factory=list)
     startup: list[StartupSamples] = Field(default_factory=list)
-    head_startup: list[StartupSamples] = Field(
-        default_factory=list, description="seconds for the run's own Ray head to come up, per cloud (measured on "
-                                          "local); none: the planner counts a node's median start-up for it")
     termination: list[TerminationSamples] = Field(default_factory=list)
     reference_device: str | None = None
     device_speed: dict[str, float] = Field(default_factory=dict)

@@ -5,7 +5,7 @@ import pytest
 
 from rubberband.errors import ProfileError
 from rubberband.planner.model import fit_performance_model
-from rubberband.profile import StartupSamples, load_profile
+from rubberband.profile import load_profile
 from conftest import EXAMPLES
 from planner_helpers import TRUE, synthetic_profile
 
@@ -60,18 +60,6 @@ def test_startup_model_falls_back_per_type_cloud_default():
     assert gcp.source.startswith("default") and 40 <= gcp.quantile(0.5) <= 100
     draws = model.startup("aws", "x").sample(np.array([0.0, 0.5, 0.999]))
     assert list(draws) == [100.0, 200.0, 300.0]
-
-
-def test_the_head_start_up_is_fitted_per_cloud_where_measured():
-    profile = synthetic_profile([(1, 1)], startup=[{"cloud": "local", "instance_type": "local.cpu1",
-                                                    "samples_s": [5.8, 6.0, 6.2]}])
-    without = fit_performance_model(profile)
-    assert without.head_start_s("local", "local.cpu1") == 6.0  # none measured: a node's median stands in
-    model = fit_performance_model(profile.model_copy(update={"head_startup": [
-        StartupSamples(cloud="local", samples_s=[3.1, 3.3], source="measured")]}))
-    assert model.head_start_s("local", "local.cpu1") == pytest.approx(3.2)
-    assert model.describe()["head_startup"]["local"]["n"] == 2
-    assert model.head_start_s("aws", "p3.2xlarge") == model.startup("aws", "p3.2xlarge").quantile(0.5)
 
 
 def test_example_profile_fits_and_describes():

@@ -100,22 +100,6 @@ def test_local_runs_boot_the_head_first_and_nodes_one_after_another():
     assert sim.simulate([StageConfig(local, 3, 1)]).jct == pytest.approx([40.0, 40.0])
 
 
-def test_a_measured_head_start_up_replaces_the_node_median_before_the_first_request():
-    """A profile that measured the run's own head (local: ~3 s, against ~6 s for a node to join) moves every
-    request and the JCT earlier by the difference; the nodes still come up one after another."""
-    from rubberband.planner.model import StartupModel
-
-    local = itype("local.cpu1", cloud="local", gpus=1, price=0.05)
-    base = ideal_model(t_iter=1.0, dataset=100, batch=10, startup=10.0)
-    model = dataclasses.replace(base, startup_by_cloud={"local": base.startup_by_cloud["aws"]},
-                                head_startup_by_cloud={"local": StartupModel((4.0,), "measured")})
-    assert model.head_start_s("local", "local.cpu1") == 4.0 and base.head_start_s("aws", "x") == 10.0
-    sim = Simulator(sha_stages(3, 3, 1, 1), model, samples=2)
-    timeline, _, _ = sim.trace([StageConfig(local, 3, 1)], 0)
-    assert sorted(i.requested_s for i in timeline.instances) == pytest.approx([4.0, 14.0, 24.0])
-    assert sim.simulate([StageConfig(local, 3, 1)]).jct == pytest.approx([34.0, 34.0])
-
-
 def test_trace_dag_critical_path_matches_vectorised_jct_under_noise():
     model = ideal_model(t_iter=0.3, dataset=1000, batch=10, sigma=0.1, startup_samples=[40, 60, 90, 130],
                         restart=5.0, eval_s=2.0)

@@ -72,7 +72,6 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
     assert "measured" in profile.sources["task_start_s"] and 0 < w.task_start_s < w.restart_overhead_cold_s
     assert "measured" in profile.sources["worker_start_s"] and w.worker_start_s > 0.2
     assert {s.cloud: s.source for s in profile.startup} == {"local": "default"}
-    assert [h.cloud for h in profile.head_startup] == ["local"]  # the probe head starts even with no samples
     assert profile.termination == [] and profile.sources["termination"].startswith("default")
     assert {"hostname", "cpu_model", "cpu_cores"} <= set(profile.machine)
     assert profile.torch_version and profile.created_at
@@ -147,9 +146,6 @@ def test_budget_caps_iterations(cli, synthetic_dir):
     assert all(2 <= len(m.iteration_latencies_s) < 2000 for m in profile.measurements)
     # start-up sampling is on by default where the type can be started (local), within the budget
     assert [s.source for s in profile.startup if s.cloud == "local"] == ["measured"]
-    # and the run's own head, started as a run starts it (LocalProvider.start_head), is measured beside them
-    (head,) = profile.head_startup
-    assert head.cloud == "local" and head.source == "measured" and 0 < head.samples_s[0] < 60
     # whole epochs of 20 000 iterations do not fit: the configurations' epochs are capped too
     assert profile.epoch_measurements and all(m.iterations_per_epoch < 20000 for m in profile.epoch_measurements)
     # The budget covers the measurement; allow for interpreter start, the import check and teardown.
