@@ -292,6 +292,7 @@ def _bracket1_checkpointed(events: list[dict]) -> str | None:
 
 
 @pytest.mark.e2e
+@pytest.mark.exclusive  # its market follows the run's slack: with other tests beside it, the start's slack is short too
 def test_parallel_run_replaces_a_killed_spot_node_on_demand_and_resumes_its_bracket(tmp_path):
     """Both brackets start at once on spot local nodes (bracket 0 on a ``local.cpu1``, bracket 1's two 3-epoch
     trials on a ``local.cpu2``). Once a bracket-1 trial has checkpointed, that node is killed by its pid: with a

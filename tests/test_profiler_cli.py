@@ -102,7 +102,9 @@ def test_training_function_that_raises(cli, synthetic_dir):
             raise RuntimeError("CUDA out of memory (pretend)")
         """)
     out = synthetic_dir / "p.json"
-    result = cli("profile", spec, "--workers", "1", "--budget", "60s", "--out", out, timeout=180)
+    # a budget whose first probe's share outlasts a cold worker start on a loaded machine (60 s gave it 4 s,
+    # too little beside three other tests): the function raises at once, so the budget never makes it longer
+    result = cli("profile", spec, "--workers", "1", "--budget", "180s", "--out", out, timeout=180)
     _assert_one_line_error(result, "RuntimeError", "CUDA out of memory (pretend)", "profile-w1-n1")
     assert not out.exists()
 

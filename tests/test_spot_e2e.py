@@ -97,6 +97,7 @@ def _finished(run_dir: Path, out: str) -> dict:
     return summary
 
 
+@pytest.mark.exclusive  # its market follows the run's slack: with other tests beside it, the start's slack is short too
 def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path):
     """Local backend: the spot node running the trials is killed (by its pid) after a checkpoint; with a 40 s
     deadline and the spec's 10 s spot margin the slack cannot cover another restart, so the replacement is
