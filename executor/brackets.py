@@ -57,12 +57,13 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rubberband.errors import ExecutionError
 from rubberband.executor import journal as J
 from rubberband.executor import spot as S
 from rubberband.executor.controller import LIVENESS_EVERY_S, Controller, PoolInstance, rank
+from rubberband.executor.runtime import ReplanRequest
 from rubberband.executor.placement import Slot, make_slots, slot_count
 from rubberband.plan import Plan, StagePlan
 from rubberband.planner.brackets import Remainder, bracket_ranges, parallel_remainder
@@ -377,25 +378,13 @@ class ParallelController(Controller):
         the boundary's re-plan is that failover re-plan instead, as in a sequential run.
         """
         elapsed = time.time() - self.state.first_started_at
-        ratio = self._slowdown()
         parts, kept, boundary = self._remainder_parts(elapsed, lane, g)
-        remaining_pred = self._remaining_pred(parts, ratio)
         rest = parallel_remainder(parts, boundary)
-        running = self._bracket_running(parts, kept, rest)
-        at_risk = elapsed + remaining_pred > self.deadline_s
-        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
-                        slowdown=ratio, at_risk=at_risk, bracket=self.plan.stages[g].bracket,
-                        stages=list(rest.positions), offsets_s=[round(o, 3) for o in rest.offsets_s])
-        request = self._replan_request(g, elapsed, at_risk, [self.plan.stages[i] for i in rest.positions],
-                                       stages=rest.positions, offsets_s=rest.offsets_s, bracket_running=running)
-        before = list(self.plan.stages)
-        self.stage_index = g
+        request, decision, remaining_pred = self._remainder_request(g, elapsed, parts, kept, rest)
         if self._newly_unavailable(request.unavailable):
-            self._replan_around(g, request, decision)
+            self._replan_and_follow(g, lambda: self._replan_around(g, request, decision))
         else:
-            self._replan_decide(g, request, decision, remaining_pred)
-        if self.plan.stages != before:
-            self._apply_replan(before)
+            self._replan_and_follow(g, lambda: self._replan_decide(g, request, decision, remaining_pred))
 
     def _replan_on_failover(self) -> None:
         """Failover found a planned type of the remaining work unavailable (every zone blocked, or another type
@@ -422,23 +411,35 @@ class ParallelController(Controller):
         waiting = [k for k, (positions, _) in enumerate(parts) if positions]
         first = min(waiting, key=lambda k: (max(0.0, parts[k][1]), k))
         shift = max(0.0, parts[first][1])
+        rest = parallel_remainder([(positions, wait - shift) for positions, wait in parts], first)
+        g = rest.positions[0]
+        request, decision, _ = self._remainder_request(g, elapsed, parts, kept, rest, starts_in_s=round(shift, 3))
+        request = replace(request, running=dict(request.bracket_running[0]),
+                          remaining_deadline_s=max(1.0, request.remaining_deadline_s - shift))
+        self._replan_and_follow(g, lambda: self._replan_around(g, request, decision))
+
+    def _remainder_request(self, g: int, elapsed: float, parts: list[tuple[list[int], float]],
+                           kept: list[dict[str, int]], rest: Remainder, **fields: Any
+                           ) -> tuple[ReplanRequest, dict[str, Any], float]:
+        """The re-planner's request for ``rest`` (first stage ``g``), the ``replan`` decision record (with
+        ``fields``) and the run's remaining time by the stage predictions (:meth:`_remaining_pred`)."""
         ratio = self._slowdown()
         remaining_pred = self._remaining_pred(parts, ratio)
-        rest = parallel_remainder([(positions, wait - shift) for positions, wait in parts], first)
-        running = self._bracket_running(parts, kept, rest)
-        g = rest.positions[0]
         at_risk = elapsed + remaining_pred > self.deadline_s
         decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
                         slowdown=ratio, at_risk=at_risk, bracket=self.plan.stages[g].bracket,
-                        stages=list(rest.positions), offsets_s=[round(o, 3) for o in rest.offsets_s],
-                        starts_in_s=round(shift, 3))
+                        stages=list(rest.positions), offsets_s=[round(o, 3) for o in rest.offsets_s], **fields)
         request = self._replan_request(g, elapsed, at_risk, [self.plan.stages[i] for i in rest.positions],
-                                       stages=rest.positions, offsets_s=rest.offsets_s, bracket_running=running)
-        request = replace(request, running=dict(running[0]),
-                          remaining_deadline_s=max(1.0, request.remaining_deadline_s - shift))
+                                       stages=rest.positions, offsets_s=rest.offsets_s,
+                                       bracket_running=self._bracket_running(parts, kept, rest))
+        return request, decision, remaining_pred
+
+    def _replan_and_follow(self, g: int, replan: Callable[[], None]) -> None:
+        """Run ``replan`` (which may change the plan) as the re-plan before stage ``g``; the lanes follow a
+        changed plan (:meth:`_apply_replan`)."""
         before = list(self.plan.stages)
         self.stage_index = g
-        self._replan_around(g, request, decision)
+        replan()
         if self.plan.stages != before:
             self._apply_replan(before)
 
