@@ -17,8 +17,8 @@ with what is known to be noise in it divided out: the profiled configuration's o
 latency fit's accuracy (``bench_profiler.py`` does that). Its straggler σ is the workload's
 per-iteration σ, applied as the simulator applies stragglers.
 
-``--real N`` then profiles the first workload again as a user would (start-up sampling on: the head's and
-the nodes' start-ups are measured) and runs it N times for real (local backend, ``--overrun none``: a late
+``--real N`` then profiles the first workload again as a user would (start-up sampling on: the nodes'
+start-ups are measured) and runs it N times for real (local backend, ``--overrun none``: a late
 run finishes, so its JCT and cost are measured) at 1.05× the
 planner's shortest feasible deadline at p = 0.9 and prints the realized hit rate and the median
 |predicted − actual| of JCT and cost. Real figures depend on machine load; say how loaded it was.
@@ -170,8 +170,8 @@ def real_runs(name: str, overrides: dict, workdir: Path, n: int, args) -> None:
     from rubberband.planning import plan_from_inputs
     from rubberband.plan import write_plan
 
-    # Planned as a user would plan it: from a profile with measured local start-ups (head and nodes),
-    # which the calibration cells' profile leaves out.
+    # Planned as a user would plan it: from a profile with measured local node start-ups, which the
+    # calibration cells' profile leaves out.
     base = spec_for(name, overrides, workdir, profile_name="profile-real.json", spec_name="spec-real.yaml")
     if not (workdir / "profile-real.json").exists():
         wall = profile(base, args.budget, out="profile-real.json", startup_samples=3)

@@ -968,10 +968,10 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
             return np.ones((S, slots), dtype=np.int64), ready + dur
     if not float(dur.min()) > 0:
         return _list_schedule_partition(ready, dur, trials)
-    if S * _start_rows(ready, dur, trials) * slots > DENSE_STARTS_LIMIT:
+    K = _start_rows(ready, dur, trials)
+    if S * K * slots > DENSE_STARTS_LIMIT:
         return _list_schedule_bisect(ready, dur, trials)
-    starts = _starts(ready, dur, trials)
-    K = starts.shape[1]
+    starts = _starts(ready, dur, trials, K)
     inv = 1.0 / dur
     # the last start t where Σ_j max(0, (t − ready_j)/dur_j + ½) = trials: the root counting every slot
     # (late ones negatively) lies above it; Newton steps from there (the sum is convex) go down to it
@@ -1033,11 +1033,11 @@ def _start_rows(ready: np.ndarray, dur: np.ndarray, trials: int) -> int:
     return int(min(trials, math.ceil((spread + (waves - 1) * dmax) / dmin) + 1)) if dmin > 0 else trials
 
 
-def _starts(ready: np.ndarray, dur: np.ndarray, trials: int) -> np.ndarray:
+def _starts(ready: np.ndarray, dur: np.ndarray, trials: int, K: int | None = None) -> np.ndarray:
     """(samples, K, slots): each slot's first K task starts (repeated additions), K enough for every start
-    among the ``trials`` earliest (all slots' starts up to the last of them)."""
+    among the ``trials`` earliest (all slots' starts up to the last of them; computed when not given)."""
     S, slots = ready.shape
-    K = _start_rows(ready, dur, trials)
+    K = _start_rows(ready, dur, trials) if K is None else K
     starts = np.empty((S, K, slots))
     starts[:, 0, :] = ready
     for k in range(1, K):

@@ -18,6 +18,7 @@ from leak_guard import _module_leak_guard, _session_leak_guard, _test_leak_guard
 from parallel import pytest_runtest_protocol  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,7 +34,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     leak_guard.pytest_collection_modifyitems(config, items)  # marks e2e first: the order reads it
     parallel.order(items)
-EXAMPLES = REPO / "examples"
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
