@@ -28,6 +28,10 @@ during the bench is followed):
   instead, ``c`` comes out near 1 and over-states the contention of ASHA's staggered starts: Ray's
   placement groups for a wave are placed ~2 s apart and their workers boot together.)
 
+* the serial start gaps' spread (log standard deviation over both calibrations): the start spread
+  ``σ``. Trial starts of uneven length finish out of queue order, as Ray's do, and ASHA's promotions
+  depend on the order in which results arrive; the prediction is the median over 64 draws of the starts.
+
 The simulator then predicts the ASHA run's JCT (``F`` + :class:`rubberband.planner.asha.AshaSimulator`
 with ``task_start_s = s``, ``epoch_overhead_s = o``, ``start_concurrency = c``) and the trials
 reaching each rung, compared with the measured ones (target: JCT within 10%); the prediction
@@ -39,6 +43,7 @@ load average is printed: other processes' load slows the starts.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import statistics
@@ -50,6 +55,8 @@ import numpy as np
 #: The small ASHA run the start concurrency is fitted on (not the run predicted).
 SMALL_TRIALS = 12
 SMALL_MAX_T = 3
+#: Draws of the trials' start lengths (lognormal, σ from the serial start gaps): the prediction is their median.
+SIGMA_SAMPLES = 64
 
 
 def run_tuner(tune, trainable, qualities, *, max_t, cpus_per_trial, storage, scheduler=None):
@@ -116,7 +123,9 @@ def main() -> None:
             time.sleep(epoch_s)
             tune.report({"score": float(config["q"])})
 
-    def simulate(trials: int, max_epochs: int, s: float, o: float, c: float | None, qualities=None):
+    def simulate(trials: int, max_epochs: int, s: float, o: float, c: float | None, qualities=None,
+                 sigma: float = 0.0, samples: int = 1):
+        """(median JCT, promotions per rung of the median sample, all JCTs)."""
         device = DeviceModel(alpha_grad=epoch_s, beta_grad=0.0, alpha_sync_node=0.0, beta_sync_node=0.0,
                              alpha_sync_cross=0.0, beta_sync_cross=0.0, gamma=1.0)
         model = PerformanceModel(dataset_size=1, batch_size_per_worker=1, restart_overhead_s=0.0,
@@ -128,12 +137,13 @@ def main() -> None:
         itype = InstanceType(cloud="local", name="ray", region="local", zones=("local",), device="cpu",
                              accelerator_count=0, vcpus=float(slots), memory_gib=8.0, price_hr=0.0,
                              spot_price_hr=None)
-        sim = AshaSimulator(model, trials=trials, eta=3, min_epochs=1, max_epochs=max_epochs, samples=1,
-                            start_concurrency=c)
+        sim = AshaSimulator(model, trials=trials, eta=3, min_epochs=1, max_epochs=max_epochs, samples=samples,
+                            start_concurrency=c, start_sigma=sigma)
         if qualities is not None:
-            sim._quality = np.asarray(qualities, dtype=float)[None, :]
+            sim.set_qualities(qualities)
         res = sim.simulate(AshaCluster(itype, 1, 1))
-        return float(res.jct[0]), res.promotions[0].tolist()
+        median = int(np.argsort(res.jct)[len(res.jct) // 2])
+        return float(np.median(res.jct)), res.promotions[median].tolist(), res.jct
 
     rng = np.random.default_rng(0)
     qualities = rng.permutation(args.trials).astype(float)
@@ -172,7 +182,7 @@ def main() -> None:
     def fit_c(s: float, target: float) -> float:
         """The start concurrency in [1, slots] whose simulated small run takes ``target`` (JCT falls as c grows)."""
         def small_jct(c: float) -> float:
-            return simulate(SMALL_TRIALS, SMALL_MAX_T, s, o, c, small_q)[0]
+            return simulate(SMALL_TRIALS, SMALL_MAX_T, s, o, c, small_q, sigma, SIGMA_SAMPLES)[0]
 
         lo, hi = 1.0, float(slots)
         if small_jct(hi) >= target:
@@ -186,6 +196,8 @@ def main() -> None:
 
     # the calibration runs bracket the ASHA run (before and after it): their mean follows a load drift
     s = statistics.mean(before[0] + after[0])
+    # uneven trial starts (the serial gaps' spread) reorder the reports, on which ASHA's promotions depend
+    sigma = statistics.pstdev([math.log(g) for g in before[0] + after[0] if g > 0])
     c = fit_c(s, (before[1] + after[1]) / 2 - fixed)
     print(f"load average {load_before:.1f} before, {load_calibrated:.1f} after calibrating, {load_measured:.1f} after "
           f"ASHA, {load_after:.1f} after calibrating again, on {os.cpu_count()} CPUs")
@@ -196,25 +208,31 @@ def main() -> None:
               f"{fit_c(statistics.mean(gaps_), small - fixed):.2f}")
     print(f"calibration: 1x9 epochs {nine[-1] - nine[0]:.2f} s from the first report to the last, 1x1 {b:.2f} s "
           f"-> set-up F {fixed:.2f} s, trial start s {s:.2f} s, per-epoch overhead o {o:.3f} s, "
-          f"start concurrency c {c:.2f}")
+          f"start concurrency c {c:.2f}, start spread σ {sigma:.2f} (log-sd of the serial gaps)")
 
     reached = [sum(1 for r in results if r.metrics.get("training_iteration", 0) >= m) for m in (1, 3, 9)]
-    jct, promoted = simulate(args.trials, 9, s, o, c, qualities)
-    jct_free, promoted_free = simulate(args.trials, 9, s, o, None, qualities)
+    jct, promoted, jcts = simulate(args.trials, 9, s, o, c, qualities, sigma, SIGMA_SAMPLES)
+    in_order, promoted_in_order, _ = simulate(args.trials, 9, s, o, c, qualities)
+    jct_free, promoted_free, _ = simulate(args.trials, 9, s, o, None, qualities)
     predicted, predicted_free = fixed + jct, fixed + jct_free
     gaps = start_gaps(spans, slots)
     print(f"ASHA {args.trials} trials, eta 3, rungs 1/3/9 epochs of {epoch_s:g} s, {slots} slots: measured "
-          f"{measured:.2f} s, predicted {predicted:.2f} s (set-up {fixed:.2f} + simulated {jct:.2f}); "
-          f"error {100 * (predicted - measured) / measured:+.1f}% (target within 10%)")
+          f"{measured:.2f} s, predicted median {predicted:.2f} s (set-up {fixed:.2f} + simulated {jct:.2f}; "
+          f"10-90% {fixed + np.quantile(jcts, 0.1):.2f}-{fixed + np.quantile(jcts, 0.9):.2f} s over "
+          f"{SIGMA_SAMPLES} draws of the start spread); error {100 * (predicted - measured) / measured:+.1f}% "
+          f"(target within 10%)")
     print(f"trials reaching rungs 1/3/9: measured {reached}, predicted {promoted}; measured start gaps mean "
           f"{statistics.mean(gaps):.2f} s (min {min(gaps):.2f}, max {max(gaps):.2f})")
     order = [int(np.flatnonzero(qualities == q)[0]) for _, _, q in spans]
     ahead = sum(1 for i, k in enumerate(order) if any(j < k for j in order[i + 1:]))
-    print(f"start order: {ahead} of {len(order)} trials started ahead of one queued before them (the simulator "
-          f"starts them in queue order; ASHA's promotions depend on the order of reports)")
+    print(f"start order: {ahead} of {len(order)} trials started ahead of one queued before them (ASHA's "
+          f"promotions depend on the order of reports); the simulator with every start alike (queue order): "
+          f"{fixed + in_order:.2f} s, error {100 * (fixed + in_order - measured) / measured:+.1f}%, rungs "
+          f"{promoted_in_order}")
     for name, (gaps_, small, _) in (("before", before), ("after", after)):
         s_alone = statistics.mean(gaps_)
-        alone = fixed + simulate(args.trials, 9, s_alone, o, fit_c(s_alone, small - fixed), qualities)[0]
+        alone = fixed + simulate(args.trials, 9, s_alone, o, fit_c(s_alone, small - fixed), qualities, sigma,
+                                 SIGMA_SAMPLES)[0]
         print(f"calibrated {name} the run only: predicted {alone:.2f} s, error "
               f"{100 * (alone - measured) / measured:+.1f}%")
     print(f"without start contention (start_concurrency None, the planning default): predicted "

@@ -17,7 +17,9 @@ then plus its termination latency (a static cluster), plus the run's head when t
 Metrics: each trial has a latent quality (a random permutation per sample) that orders it at
 every rung. Timing: per epoch the profiled epoch time × the trial's straggler factor (lognormal,
 the profile's σ) + the per-epoch overhead; each rung report adds an evaluation pass; a trial's
-start costs the warm-worker start. Instances come up after a start-up draw (serially on local)
+start costs the warm-worker start (× a lognormal factor of σ ``start_sigma`` per trial when set: trial
+starts of uneven length finish out of queue order, as Ray's do, and ASHA's promotions depend on the
+order in which results arrive). Instances come up after a start-up draw (serially on local)
 plus the worker start. Event-driven per sample (heaps); pure, deterministic given the seed.
 """
 
@@ -103,9 +105,11 @@ class AshaSimulator:
     def __init__(self, model: PerformanceModel, *, trials: int, eta: int, min_epochs: int, max_epochs: int,
                  samples: int = ASHA_SAMPLES, seed: int = 0, spot: bool = False,
                  head_cost: Callable[[InstanceType, np.ndarray], np.ndarray] | None = None,
-                 start_concurrency: float | None = None) -> None:
+                 start_concurrency: float | None = None, start_sigma: float = 0.0) -> None:
         if start_concurrency is not None and start_concurrency < 1:
             raise ValueError("start_concurrency must be at least 1 (or None: unlimited)")
+        if not (start_sigma >= 0 and math.isfinite(start_sigma)):
+            raise ValueError("start_sigma must be a finite number ≥ 0 (0: every trial start takes task_start_s)")
         self.model = model
         self.start_concurrency = start_concurrency
         self.trials = trials
@@ -121,6 +125,17 @@ class AshaSimulator:
         self._factor = np.exp(sigma * rng.standard_normal((samples, trials))) if sigma > 0 else \
             np.ones((samples, trials))
         self._boot_u = rng.random((samples, 1024))
+        # drawn after the rest, so that start_sigma 0 leaves every other draw (and so every result) unchanged
+        self._start_factor = np.exp(start_sigma * rng.standard_normal((samples, trials))) if start_sigma > 0 else \
+            np.ones((samples, trials))
+
+    def set_qualities(self, qualities: Sequence[float]) -> None:
+        """Use one fixed order of the trials' qualities (higher is better) in every sample, e.g. the scores a
+        benchmark's trials report, instead of a random permutation per sample."""
+        values = np.asarray(qualities, dtype=float)
+        if values.shape != (self.trials,):
+            raise ValueError(f"qualities must hold one value per trial ({self.trials}), not {values.shape}")
+        self._quality = np.broadcast_to(values, (self.samples, self.trials))
 
     def simulate(self, cluster: AshaCluster, samples: int | None = None) -> AshaResult:
         n = self.samples if samples is None else min(samples, self.samples)
@@ -171,6 +186,7 @@ class AshaSimulator:
         bracket = AshaRungs(self.eta, len(self.milestones))
         quality = self._quality[s]
         factor = self._factor[s]
+        start_factor = self._start_factor[s]
         per_epoch = model.epoch_overhead_s
         next_trial = 0
         end = 0.0
@@ -190,12 +206,12 @@ class AshaSimulator:
             if t_free <= t_start and t_free <= t_report:  # a free slot starts the next trial
                 t, j = heapq.heappop(free)
                 if starts is None:
-                    d = model.task_start_s + segment(next_trial, 0)
+                    d = model.task_start_s * start_factor[next_trial] + segment(next_trial, 0)
                     busy += d
                     heapq.heappush(events, (t + d, next_trial, 0, j))
                 else:
                     domain = j // lay.per_instance if lay.span == 1 else j * lay.span
-                    starts.add(t, domain, next_trial, j)
+                    starts.add(t, domain, next_trial, j, start_factor[next_trial])
                 next_trial += 1
                 continue
             if starts is not None and t_start <= t_report:  # trial starts done: their first segment runs
@@ -256,9 +272,10 @@ class _Starts:
                 a[0] -= done
         self._updated[domain] = t
 
-    def add(self, t: float, domain: int, trial: int, slot: int) -> None:
+    def add(self, t: float, domain: int, trial: int, slot: int, factor: float = 1.0) -> None:
+        """A start of ``work × factor`` seconds (alone) begins at ``t``."""
         self._advance(domain, t)
-        self._active.setdefault(domain, []).append([self.work, t, trial, slot])
+        self._active.setdefault(domain, []).append([self.work * factor, t, trial, slot])
 
     def _domain_next(self, domain: int) -> float:
         active = self._active[domain]

@@ -136,3 +136,31 @@ def test_rungs_decide_as_ray_tunes_bracket():
             assert go == (ray_action == "CONTINUE")
             if go and rung + 1 < len(milestones):
                 pending.append((trial, rung + 1))
+
+
+def test_start_sigma_zero_is_todays_model_and_uneven_starts_reorder_the_reports():
+    """start_sigma 0 (the default) draws nothing new: the same runs. With σ > 0 the trial starts differ
+    in length, so trials queued later can report first; with one fixed quality order that changes which
+    trials ASHA promotes in some samples, and the mean start time stays near task_start_s."""
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.1, task_start=5.0)
+    cluster = AshaCluster(GPU4, 1, 1)
+    base = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0)
+    zero = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0,
+                         start_sigma=0.0)
+    a, b = base.simulate(cluster), zero.simulate(cluster)
+    assert np.array_equal(a.jct, b.jct) and np.array_equal(a.promotions, b.promotions)
+    order = np.arange(27, dtype=float)[::-1]  # the first queued is the best
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.0, task_start=5.0)  # even epochs
+    fixed = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0)
+    fixed.set_qualities(order)
+    uneven = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0,
+                           start_sigma=0.5)
+    uneven.set_qualities(order)
+    same, varied = fixed.simulate(cluster).promotions, uneven.simulate(cluster).promotions
+    assert len({tuple(row) for row in same}) == 1  # one order, no start noise: every sample promotes alike
+    assert len({tuple(row) for row in varied}) > 1
+    assert abs(float(uneven._start_factor.mean()) - np.exp(0.5 ** 2 / 2)) < 0.15
+    with pytest.raises(ValueError):
+        AshaSimulator(model, trials=9, eta=3, min_epochs=1, max_epochs=9, start_sigma=-0.1)
+    with pytest.raises(ValueError):
+        fixed.set_qualities([1.0, 2.0])
