@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -186,7 +185,7 @@ class ParallelController(Controller):
             self._collect_provisioned()
             self._replan_on_failover()
             self._collect_terminations()
-            self._start_due(time.time() - self.state.first_started_at)
+            self._start_due(self.clock.time() - self.state.first_started_at)
             self._liveness()
             for lane in self._active():
                 self._fill_slots(lane)
@@ -377,7 +376,7 @@ class ParallelController(Controller):
         turned unavailable since the last failover re-plan (:meth:`_replan_on_failover` has not seen it yet),
         the boundary's re-plan is that failover re-plan instead, as in a sequential run.
         """
-        elapsed = time.time() - self.state.first_started_at
+        elapsed = self.clock.time() - self.state.first_started_at
         parts, kept, boundary = self._remainder_parts(elapsed, lane, g)
         rest = parallel_remainder(parts, boundary)
         request, decision, remaining_pred = self._remainder_request(g, elapsed, parts, kept, rest)
@@ -402,7 +401,7 @@ class ParallelController(Controller):
         """
         if not self.plan.parallel_brackets or not self.lanes:
             return
-        elapsed = time.time() - self.state.first_started_at
+        elapsed = self.clock.time() - self.state.first_started_at
         parts, _, _ = self._remainder_parts(elapsed, timed=False)  # every pass: the stages only, no estimates
         stages = [self.plan.stages[i] for positions, _ in parts for i in positions]
         if not stages or not self._newly_unavailable(self._unavailable(stages)):
@@ -508,7 +507,7 @@ class ParallelController(Controller):
         stage = self.plan.stages[lane.g]
         itype = self._stage_itype(stage)
         slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
-        now = time.time()
+        now = self.clock.time()
         mine = [now - r.started_at for r in self.running.values()
                 if self.state.trials[r.trial_id].bracket == lane.bracket]
         booting = self._prefetch_lead(itype) if lane.pending and not lane.slots else 0.0
@@ -619,7 +618,7 @@ class ParallelController(Controller):
             per_trial = stage.predicted_duration_s / max(1, math.ceil(stage.trials / n_slots))
         else:
             return
-        now = time.time()
+        now = self.clock.time()
         mine = [r for r in self.running.values() if self.state.trials[r.trial_id].bracket == lane.bracket]
         remaining = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=len(lane.pending), slots=n_slots,
                                               running_elapsed_s=[now - r.started_at for r in mine])
@@ -634,7 +633,7 @@ class ParallelController(Controller):
 
     def _liveness(self) -> None:
         """Every few seconds: every ready instance's Ray node still there? Lost ones go to the lane they serve."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self._last_liveness < LIVENESS_EVERY_S:
             return
         self._last_liveness = now
@@ -658,7 +657,7 @@ class ParallelController(Controller):
             super()._request_first_instances()
             return
         done = set(self.state.completed_stages())
-        elapsed = time.time() - self.state.first_started_at
+        elapsed = self.clock.time() - self.state.first_started_at
         for b in self.brackets.start_order(range(len(self.brackets.ranges))):
             lo, hi = self.brackets.ranges[b]
             g = next((i for i in range(lo, hi) if i not in done), None)
@@ -712,7 +711,7 @@ class ParallelController(Controller):
         if not self.plan.parallel_brackets:
             return super()._work_left_s(g, waiting=waiting, awaited_s=awaited_s)
         mine = self.brackets.bracket_of(g)
-        elapsed = time.time() - self.state.first_started_at
+        elapsed = self.clock.time() - self.state.first_started_at
         done = set(self.state.completed_stages())
         longest = 0.0
         for b, (lo, hi) in enumerate(self.brackets.ranges):

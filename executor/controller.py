@@ -37,7 +37,6 @@ import os
 import signal
 import statistics
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +50,7 @@ from rubberband.errors import CatalogError, CloudError, ExecutionError, PlanFile
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
+from rubberband.executor.clock import WALL_CLOCK, Clock
 from rubberband.devices import DevicePolicy
 from rubberband.executor.placement import Slot, make_slots, slot_count
 from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanAnswer, ReplanRequest, Replanner, TrialRuntime
@@ -226,8 +226,9 @@ class Controller:
                  deadline_s: float | None = None, overrun_s: float = 0.0, trial_timeout_s: float = 600.0,
                  elastic: bool = True, max_instance_losses: int = MAX_INSTANCE_LOSSES, on_late: str = "finish",
                  prefetch: PrefetchPolicy | None = None, device_policy: DevicePolicy | None = None,
-                 spot_policy: SpotPolicy | None = None) -> None:
+                 spot_policy: SpotPolicy | None = None, clock: Clock = WALL_CLOCK) -> None:
         self.spec = spec
+        self.clock = clock  # every reading of time (journal, deadline, durations, polling): wall or virtual
         self.plan = plan
         self.catalog = catalog
         self.run_dir = Path(run_dir)
@@ -259,7 +260,7 @@ class Controller:
         # GPU + nccl on GPU types, CPU + gloo otherwise (a backend may say otherwise: test boots' logical GPUs)
         self.devices = device_policy or backend.device_policy or DevicePolicy()
         self.elastic = elastic  # False: hold every instance to the end (the static baseline, for benchmarks)
-        self.journal = J.Journal(self.run_dir)
+        self.journal = J.Journal(self.run_dir, clock=clock)
         self.pool: dict[str, PoolInstance] = {}
         self._tokens = 0
         self._provisioner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rb-provision")
@@ -295,7 +296,7 @@ class Controller:
         if resume:
             self.state = J.read_state(self.run_dir)
             self._stop_orphans()
-            self._spent_earlier = bill_run(J.read_state(self.run_dir), now=time.time()).workers_usd
+            self._spent_earlier = bill_run(J.read_state(self.run_dir), now=self.clock.time()).workers_usd
             self.journal.record(J.RUN_RESUMED, run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid(),
                                 on_late=self.lateness.on_late)
         else:
@@ -350,7 +351,7 @@ class Controller:
             price = self.catalog.find(instance.instance_type, cloud=instance.cloud).price_hr
         except Exception:  # noqa: BLE001 - unknown type: bill nothing rather than crash cleanup
             price = 0.0
-        self.journal.record(J.INSTANCE_REQUESTED, t=instance.launched_at or time.time(), id=instance.id,
+        self.journal.record(J.INSTANCE_REQUESTED, t=instance.launched_at or self.clock.time(), id=instance.id,
                             instance_type=instance.instance_type, cloud=instance.cloud, price_hr=price, spot=False,
                             stage=instance.stage)
 
@@ -641,7 +642,7 @@ class Controller:
         slot.trial_id = trial_id
         cold = not set(slot.instance_ids) <= self._ran_on
         self._ran_on.update(slot.instance_ids)
-        run = RunningTrial(trial_id, slot, handle, start, stage.epochs, time.time(), cold=cold)
+        run = RunningTrial(trial_id, slot, handle, start, stage.epochs, self.clock.time(), cold=cold)
         self.running[handle.done_ref] = run
         self.journal.record(J.TRIAL_STARTED, trial_id=trial_id, stage=g, start_epoch=start, end_epoch=stage.epochs,
                             workers=len(slot.placement), instances=list(slot.instance_ids),
@@ -651,7 +652,7 @@ class Controller:
         import ray
 
         if not self.running:
-            time.sleep(POLL_S)
+            self.clock.sleep(POLL_S)
             return []
         refs = list(self.running)
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
@@ -669,9 +670,9 @@ class Controller:
             run.preempted = True
             self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason="preempted", metric=None,
                                 error=str(exc), start_epoch=run.start_epoch, end_epoch=run.end_epoch,
-                                seconds=time.time() - run.started_at, setup_s=None,
+                                seconds=self.clock.time() - run.started_at, setup_s=None,
                                 checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id))
-            return None, None, time.time() - run.started_at, {}
+            return None, None, self.clock.time() - run.started_at, {}
         except TrainingError as exc:
             error = str(exc)
             outcome = None
@@ -680,7 +681,7 @@ class Controller:
             outcome = None
         finally:
             run.handle.stop()
-        seconds = time.time() - run.started_at
+        seconds = self.clock.time() - run.started_at
         if outcome is not None:
             reports = sorted(outcome.reports, key=lambda r: r.epoch)
             for report in reports:
@@ -727,7 +728,7 @@ class Controller:
         import ray
 
         ids = list(dict.fromkeys(instance_ids))
-        deadline = time.monotonic() + wait_s
+        deadline = self.clock.monotonic() + wait_s
         while True:
             lost: dict[str, str] = {}
             try:
@@ -739,9 +740,9 @@ class Controller:
                     lost.setdefault(ident, "lost")
             except Exception:  # noqa: BLE001 - Ray's view is asked again on the next try
                 pass
-            if lost or time.monotonic() >= deadline:
+            if lost or self.clock.monotonic() >= deadline:
                 return lost
-            time.sleep(0.5)
+            self.clock.sleep(0.5)
 
     def _gone_from_ray(self, ids: list[str], resources: dict[str, float]) -> list[str]:
         """Those of ``ids`` whose ``rb-node-<id>`` resource Ray showed before and no longer does."""
@@ -755,7 +756,7 @@ class Controller:
 
     def _check_liveness(self, g: int, stage: StagePlan, slots: list[Slot], pending: list[tuple[str, int]]) -> None:
         """Every few seconds: is every ready instance's Ray node still there? Handle the ones that are gone."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self._last_liveness < LIVENESS_EVERY_S:
             return
         self._last_liveness = now
@@ -789,7 +790,7 @@ class Controller:
 
         ``stopped``: (trial, its instances) already collected and journaled by the caller.
         """
-        now = time.time()
+        now = self.clock.time()
         gone = set(lost)
         affected: dict[str, list[str]] = {ident: [] for ident in lost}
         for trial_id, instance_ids in stopped:
@@ -903,8 +904,8 @@ class Controller:
                 entry.released = True
                 raise ExecutionError(f"could not provision a {entry.itype.name}: {exc}") from None
             entry.id, entry.ready = instance.id, True
-            entry.requested_at = instance.launched_at or time.time()
-            now = time.time()
+            entry.requested_at = instance.launched_at or self.clock.time()
+            now = self.clock.time()
             requested = entry.itype
             obtained, zone, attempts, spot = self._obtained(entry, instance)
             if obtained.key != requested.key or spot != entry.spot:  # failover gave another type or market
@@ -986,7 +987,7 @@ class Controller:
 
     def _terminate_one(self, instance_id: str) -> float:
         self.backend.terminate([instance_id])
-        return time.time()
+        return self.clock.time()
 
     def _collect_terminations(self, wait: bool = False) -> None:
         left = []
@@ -995,7 +996,7 @@ class Controller:
                 try:
                     t = future.result(timeout=60)
                 except Exception:  # noqa: BLE001 - journal it anyway; teardown lists what is still alive
-                    t = time.time()
+                    t = self.clock.time()
                 self.journal.record(J.INSTANCE_TERMINATED, t=t, id=entry.id, reason=why)
                 entry.terminated_at = t
             else:
@@ -1060,7 +1061,7 @@ class Controller:
             per_trial = stage.predicted_duration_s / max(1, math.ceil(stage.trials / n_slots))
         else:
             return
-        now = time.time()
+        now = self.clock.time()
         remaining = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=len(pending), slots=n_slots,
                                               running_elapsed_s=[now - r.started_at for r in self.running.values()])
         lead = self._prefetch_lead(itype)
@@ -1080,7 +1081,7 @@ class Controller:
         of the current stage."""
         g = min(self.stage_index, len(self.plan.stages) - 1)
         stage = self.plan.stages[g]
-        now = time.time()
+        now = self.clock.time()
         lead = self._prefetch_lead(self._stage_itype(stage))
         work = self._work_left_s(g, waiting=waiting, awaited_s=lead if replacing else 0.0)
         key = f"{stage.instance_type}/{stage.workers_per_trial}"
@@ -1106,7 +1107,7 @@ class Controller:
         stage = self.plan.stages[g]
         itype = self._stage_itype(stage)
         n_slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
-        now = time.time()
+        now = self.clock.time()
         current = self.prefetch.remaining_s(per_trial_s=self._per_trial_s(g), waiting=waiting, slots=n_slots,
                                             running_elapsed_s=[now - r.started_at for r in running])
         cur = self._stage_outlook(g)
@@ -1279,7 +1280,7 @@ class Controller:
         if notice is None or ident in self._noticed:
             return
         self._notice_refs.pop(ident, None)
-        self._noticed[ident] = time.time()
+        self._noticed[ident] = self.clock.time()
         entry = self._entry(ident)
         trials = sorted(r.trial_id for r in self.running.values() if ident in r.slot.instance_ids)
         self.journal.record(J.DECISION, kind="notice", id=ident, stage=g, cloud=notice.get("cloud"),
@@ -1321,7 +1322,7 @@ class Controller:
         if self._signal is not None:
             raise Interrupted(f"run stopped by {self._signal}; every instance was terminated; "
                               f"resume with `rubberband run --resume {self.run_dir}`")
-        elapsed = time.time() - self.state.first_started_at
+        elapsed = self.clock.time() - self.state.first_started_at
         if elapsed > self.deadline_s and not self._deadline_passed:
             self._deadline_passed = True
             self.journal.record(J.DECISION, kind="deadline_passed", stage=self.stage_index, elapsed_s=round(elapsed, 3),
@@ -1336,7 +1337,7 @@ class Controller:
 
     def _maybe_replan(self, g: int) -> None:
         """At the boundary before stage ``g``: re-plan the rest if the deadline is at risk or it pays."""
-        elapsed = time.time() - self.state.first_started_at
+        elapsed = self.clock.time() - self.state.first_started_at
         done = [s for s in range(g) if s in self.state.stages and self.state.stages[s].finished_at]
         actual = sum(self.state.stages[s].finished_at - self.state.stages[s].started_at for s in done)
         predicted_done = sum(self.plan.stages[s].predicted_duration_s or 0.0 for s in done)
@@ -1355,7 +1356,7 @@ class Controller:
                         **extra: Any) -> ReplanRequest:
         """What the re-planner is told at the boundary before stage ``g`` (whose kept instances run already)
         about the stages ``rest``; ``extra``: more :class:`ReplanRequest` fields (parallel brackets)."""
-        spent = bill_run(J.read_state(self.run_dir), now=time.time()).total_usd
+        spent = bill_run(J.read_state(self.run_dir), now=self.clock.time()).total_usd
         running: dict[str, int] = {}
         for entry in self._stage_pool(g):
             running[entry.itype.key] = running.get(entry.itype.key, 0) + 1
@@ -1527,12 +1528,12 @@ class Controller:
                                trials_alive=len(self.running), trials_pending=pending, epochs_done=epochs,
                                instances=sum(1 for p in self.pool.values() if not p.released),
                                spent_usd=self._spent(), predicted_usd=self.plan.predicted.cost_usd.mean,
-                               elapsed_s=time.time() - self.state.first_started_at, deadline_s=self.deadline_s))
+                               elapsed_s=self.clock.time() - self.state.first_started_at, deadline_s=self.deadline_s))
 
     def _spent(self) -> float:
         """Cost so far (cheap estimate, no billing minimums): earlier executors' bill plus this one's instances,
         plus the billed head's time since its launch."""
-        now = time.time()
+        now = self.clock.time()
         total = self._spent_earlier
         head = self.state.head
         if head is not None:
@@ -1602,7 +1603,7 @@ class Controller:
     def _write_result(self, status: str, error: str | None) -> None:
         from rubberband.executor.result import build_result, write_result
 
-        now = time.time()
+        now = self.clock.time()
         result = build_result(self.state, self.plan, spec=self.spec, status=status, error=error, now=now,
                               run_dir=self.run_dir)
         best = result["best"] or {}  # the best so far, whatever the outcome

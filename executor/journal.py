@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rubberband.errors import RunDirError
+from rubberband.executor.clock import WALL_CLOCK, Clock
 
 JOURNAL_NAME = "journal.jsonl"
 
@@ -68,7 +69,8 @@ def append_event(path: str | Path, event: dict[str, Any]) -> dict[str, Any]:
 class Journal:
     """The writer side, owned by the controller."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, *, clock: Clock = WALL_CLOCK) -> None:
+        self.clock = clock  # stamps each event's ``t`` (virtual time in a run on a simulated cluster)
         self.path = Path(run_dir) / JOURNAL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._end_torn_line()
@@ -93,6 +95,7 @@ class Journal:
                 os.close(fd)
 
     def record(self, type: str, **fields: Any) -> dict[str, Any]:
+        fields.setdefault("t", self.clock.time())
         return append_event(self.path, {"type": type, **fields})
 
     def events(self) -> list[dict[str, Any]]:

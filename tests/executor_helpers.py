@@ -252,13 +252,14 @@ class FakeRuntime:
         return handle
 
 
-def finished_outcome(trial_id: str, start_epoch: int, end_epoch: int, metric: float):
-    """What a trial that trained ``start_epoch … end_epoch − 1`` returns (loss ``metric`` at each epoch)."""
+def finished_outcome(trial_id: str, start_epoch: int, end_epoch: int, metric: float, now: float | None = None):
+    """What a trial that trained ``start_epoch … end_epoch − 1`` returns (loss ``metric`` at each epoch), finished
+    ``now`` (default: the wall clock's now)."""
     import time
 
     from rubberband.executor.trials import EpochReport, TrialOutcome
 
-    now = time.time()
+    now = time.time() if now is None else now
     reports = tuple(EpochReport(trial_id, e, {"loss": metric}, 1.0, now) for e in range(start_epoch, end_epoch))
     return TrialOutcome(trial_id=trial_id, reports=reports, checkpoint_epoch=end_epoch - 1, iteration_latencies_s=(),
                         setup_s=0.1, started_at=now - 1.0, finished_at=now)
@@ -273,8 +274,10 @@ def journaled_controller(tmp_path: Path, spec, plan, *, deadline_s: float, contr
     from rubberband.executor import journal as J
     from rubberband.executor.controller import Controller, trial_configs
 
+    from rubberband.executor.clock import WALL_CLOCK
+
     run_dir = tmp_path / "run"
-    journal = J.Journal(run_dir)
+    journal = J.Journal(run_dir, clock=options.get("clock", WALL_CLOCK))  # the run started on the controller's clock
     journal.record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
                    plan=plan.model_dump(mode="json"), cloud="local", deadline_s=deadline_s)
     for trial_id, bracket, index, config in trial_configs(spec, plan):
