@@ -265,6 +265,23 @@ def finished_outcome(trial_id: str, start_epoch: int, end_epoch: int, metric: fl
                         setup_s=0.1, started_at=now - 1.0, finished_at=now)
 
 
+def finish_oldest_trial(controller, clock=None) -> list:
+    """A stand-in for the controller's ``_wait_some`` without Ray: once the provisioner thread has served what was
+    asked, the oldest running trial finishes (loss: its index / 10), ``clock``'s now (default: the wall clock's);
+    returns it in a list (empty when nothing runs)."""
+    import concurrent.futures
+
+    concurrent.futures.wait([e.future for e in controller.pool.values() if e.future is not None], timeout=5)
+    if not controller.running:
+        return []
+    ref = next(iter(controller.running))
+    run = controller.running.pop(ref)
+    run.handle.outcome = finished_outcome(run.trial_id, run.start_epoch, run.end_epoch,
+                                          int(run.trial_id.rsplit("t", 1)[1]) / 10,
+                                          now=clock.time() if clock is not None else None)
+    return [run]
+
+
 def journaled_controller(tmp_path: Path, spec, plan, *, deadline_s: float, controller_class=None, runtime=None,
                          **options):
     """A Controller (``controller_class``, default :class:`Controller`) over a :class:`LosingBackend` for a run whose

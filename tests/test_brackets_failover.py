@@ -22,7 +22,8 @@ import threading
 import time
 
 import pytest
-from executor_helpers import FakeRuntime, LosingBackend, finished_outcome, journaled_controller, write_hyperband_job
+from executor_helpers import (FakeRuntime, LosingBackend, finish_oldest_trial, finished_outcome, journaled_controller,
+                              write_hyperband_job)
 from test_brackets_replan import (Backend, StubReplanner, _close, _controller, _events, _plan, _replans, _served,
                                   _up)
 
@@ -272,17 +273,7 @@ def test_the_loop_replans_after_a_failover_and_runs_every_bracket_to_its_end(tmp
     controller.startup_seconds = {"local.cpu1": [10.0, 12.0], "local.cpu2": [10.0, 12.0]}
     controller._last_liveness = time.monotonic() + 3600  # the stand-in backend calls every instance lost
 
-    def wait_some():
-        concurrent.futures.wait([e.future for e in controller.pool.values() if e.future is not None], timeout=5)
-        if not controller.running:
-            return []
-        ref = next(iter(controller.running))
-        run = controller.running.pop(ref)
-        run.handle.outcome = finished_outcome(run.trial_id, run.start_epoch, run.end_epoch,
-                                              int(run.trial_id.rsplit("t", 1)[1]) / 10)
-        return [run]
-
-    monkeypatch.setattr(controller, "_wait_some", wait_some)
+    monkeypatch.setattr(controller, "_wait_some", lambda: finish_oldest_trial(controller))
     best, _ = controller._run_stages()
     _close(controller)
     assert best is not None

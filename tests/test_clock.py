@@ -7,12 +7,11 @@ it measures are virtual ones. The wall clock is the one every real run uses (all
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
 import time
 
 import pytest
-from executor_helpers import FakeRuntime, finished_outcome, journaled_controller, write_hyperband_job
+from executor_helpers import FakeRuntime, finish_oldest_trial, journaled_controller, write_hyperband_job
 from test_brackets_replan import _close, _events, _plan
 
 from rubberband.executor import journal as J
@@ -61,15 +60,9 @@ def test_the_controllers_loop_on_a_virtual_clock_journals_virtual_time(tmp_path,
     controller._last_liveness = clock.monotonic() + 3600  # the stand-in backend calls every instance lost
 
     def wait_some():
-        concurrent.futures.wait([e.future for e in controller.pool.values() if e.future is not None], timeout=5)
-        if not controller.running:
-            return []
-        clock.sleep(10.0)
-        ref = next(iter(controller.running))
-        run = controller.running.pop(ref)
-        run.handle.outcome = finished_outcome(run.trial_id, run.start_epoch, run.end_epoch,
-                                              int(run.trial_id.rsplit("t", 1)[1]) / 10, now=clock.time())
-        return [run]
+        if controller.running:
+            clock.sleep(10.0)
+        return finish_oldest_trial(controller, clock)
 
     monkeypatch.setattr(controller, "_wait_some", wait_some)
     best, _ = controller._run_stages()
