@@ -685,8 +685,7 @@ class Controller:
         seconds = time.time() - run.started_at
         if outcome is not None:
             reports = sorted(outcome.reports, key=lambda r: r.epoch)
-            for report in reports:
-                trial.epochs[report.epoch] = dict(report.metrics)
+            for report in reports:  # the epochs themselves reach the state through the journal (the sink's lines)
                 key = f"{stage.instance_type}/{stage.workers_per_trial}"
                 self.epoch_seconds.setdefault(key, []).append(float(report.seconds))
             final = [r for r in reports if r.epoch == run.end_epoch - 1] or reports[-1:]
@@ -1526,7 +1525,7 @@ class Controller:
         if self.progress is None:
             return
         stage = self.plan.stages[g]
-        epochs = sum(len(t.epochs) for t in self.state.trials.values())
+        epochs = sum(len(t.epochs) for t in self.journal.state.trials.values())  # the sink's epochs so far
         self.progress(Progress(stage=g, stages=len(self.plan.stages), bracket=stage.bracket,
                                trials_alive=len(self.running), trials_pending=pending, epochs_done=epochs,
                                instances=sum(1 for p in self.pool.values() if not p.released),

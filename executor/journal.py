@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from pydantic import ValidationError
 
@@ -60,6 +60,7 @@ from rubberband.executor.events import (  # noqa: F401  (re-exported: J.TrialSta
 )
 
 JOURNAL_NAME = "journal.jsonl"
+AnyEvent = TypeVar("AnyEvent", bound=_Event)
 
 # Event types (the "type" field). docs/executor.md describes each one's fields.
 RUN_STARTED = "run_started"
@@ -150,7 +151,7 @@ class Journal:
             finally:
                 os.close(fd)
 
-    def record(self, event: _Event) -> _Event:
+    def record(self, event: AnyEvent) -> AnyEvent:
         """Append ``event`` durably (``t`` from the clock when it has none; a ``run_started`` gets the current
         ``journal_version``) and fold it into :attr:`state`; return the event as written."""
         if not isinstance(event, _Event):
