@@ -401,9 +401,10 @@ class StateFold:
             if self.state is None:
                 if event["type"] != RUN_STARTED:
                     raise _no_run(self.run_dir)
-                self._check_version(event, line)
+                self._check_version(event.get("journal_version", 1), line)  # before its fields: they may differ
                 typed = parse_event(event)
                 assert isinstance(typed, RunStarted)
+                self._check_version(typed.journal_version, line)
                 if typed.t is None:
                     raise _Damaged("t", "required field is missing")
                 self.version = typed.journal_version
@@ -420,8 +421,7 @@ class StateFold:
         except _Damaged as exc:
             raise self._damage(line, event["type"], exc.field, exc.problem) from None
 
-    def _check_version(self, event: dict[str, Any], line: int) -> None:
-        version = event.get("journal_version", 1)
+    def _check_version(self, version: Any, line: int) -> None:
         if isinstance(version, int) and not isinstance(version, bool) and version > JOURNAL_VERSION:
             raise RunDirError(f"{self.path}:{line}: the journal is version {version}, newer than this rubberband "
                               f"reads (up to {JOURNAL_VERSION}); upgrade rubberband (pip install -U rubberband) "
