@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -61,6 +61,17 @@ from rubberband.executor.events import (  # noqa: F401  (re-exported: J.TrialSta
 
 JOURNAL_NAME = "journal.jsonl"
 AnyEvent = TypeVar("AnyEvent", bound=_Event)
+
+
+class Stamps(Protocol):
+    """What the journal needs of the executor's clock: the time to stamp an event's ``t`` with."""
+
+    def time(self) -> float: ...
+
+
+class _WallTime:
+    def time(self) -> float:
+        return time.time()
 
 # Event types (the "type" field). docs/executor.md describes each one's fields.
 RUN_STARTED = "run_started"
@@ -121,11 +132,11 @@ class Journal:
     the same object. So ``journal.state`` is the one source of truth for the run's state.
     """
 
-    def __init__(self, run_dir: str | Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, run_dir: str | Path, *, clock: Stamps | None = None) -> None:
+        self.clock = clock if clock is not None else _WallTime()  # stamps each event's ``t`` (the run's clock)
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / JOURNAL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._clock = clock
         self._end_torn_line()
         self._fold = StateFold(self.path, self.run_dir)
         self._live = False  # whether someone has read .state (record then keeps it current)
@@ -158,7 +169,7 @@ class Journal:
             raise TypeError(f"Journal.record takes a typed event (rubberband.executor.events), not {type(event)!r}")
         update: dict[str, Any] = {}
         if event.t is None:
-            update["t"] = self._clock()
+            update["t"] = self.clock.time()
         if isinstance(event, RunStarted):
             update["journal_version"] = JOURNAL_VERSION
         if update:

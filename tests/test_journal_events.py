@@ -7,6 +7,7 @@ import json
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -102,7 +103,7 @@ def test_writers_get_a_validation_error_for_a_wrong_or_unknown_field(tmp_path):
 
 
 def test_the_writer_stamps_the_version_and_the_time_from_its_clock(tmp_path):
-    journal = J.Journal(tmp_path, clock=lambda: 1234.5)
+    journal = J.Journal(tmp_path, clock=SimpleNamespace(time=lambda: 1234.5))
     written = journal.record(J.RunStarted(**START))
     assert isinstance(written, J.RunStarted) and written.t == 1234.5
     (line,) = J.iter_events(journal.path)
