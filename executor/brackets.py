@@ -280,12 +280,12 @@ class ParallelController(Controller):
             start = self._settle(g, stage, trial_id, self._start_epoch(trial_id, stage), lane.metrics)
             if start is not None:
                 lane.pending.append((trial_id, start))
-        self.journal.record(J.STAGE_STARTED, stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
-                            trials=len(lane.trials), to_run=len(lane.pending), epochs=stage.epochs,
-                            instance_type=stage.instance_type, instances=stage.instances,
-                            workers_per_trial=stage.workers_per_trial,
-                            predicted_duration_s=stage.predicted_duration_s,
-                            offset_s=self.brackets.offsets_s[self.brackets.bracket_of(g)])
+        self.journal.record(J.StageStarted(stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
+                                           trials=len(lane.trials), to_run=len(lane.pending), epochs=stage.epochs,
+                                           instance_type=stage.instance_type, instances=stage.instances,
+                                           workers_per_trial=stage.workers_per_trial,
+                                           predicted_duration_s=stage.predicted_duration_s,
+                                           offset_s=self.brackets.offsets_s[self.brackets.bracket_of(g)]))
         missing = stage.instances - len(self._stage_pool(g))
         if lane.pending and missing > 0:
             spot = self._buy_spot(stage, trigger="start", waiting=len(lane.pending))
@@ -351,12 +351,12 @@ class ParallelController(Controller):
         if nxt is not None:
             promoted = ranking[:self.plan.stages[nxt].trials]
             for position, trial_id in enumerate(promoted):
-                self.journal.record(J.TRIAL_PROMOTED, trial_id=trial_id, from_stage=g, to_stage=nxt,
-                                    metric=metrics[trial_id], rank=position)
-        self.journal.record(J.STAGE_FINISHED, stage=g, bracket=stage.bracket, metrics=metrics,
-                            promoted=promoted, ranking=ranking)
+                self.journal.record(J.TrialPromoted(trial_id=trial_id, from_stage=g, to_stage=nxt,
+                                                    metric=metrics[trial_id], rank=position))
+        self.journal.record(J.StageFinished(stage=g, bracket=stage.bracket, metrics=metrics,
+                                            promoted=promoted, ranking=ranking))
         self.search.rung_finished(stage.epochs, metrics, None if nxt is None else promoted)
-        self.state = J.read_state(self.run_dir)
+        self.state = self.journal.state
         if nxt is None:
             lane.g, lane.done = None, True
             return metrics
@@ -554,7 +554,7 @@ class ParallelController(Controller):
                     and entry.id not in self._noticed)
             if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(nxt_g)), nxt.instances):
                 entry.assigned_stage = nxt_g
-                self.journal.record(J.DECISION, kind="keep", id=entry.id or entry.token, stage=nxt_g)
+                self.journal.record(J.Decision(kind="keep", id=entry.id or entry.token, stage=nxt_g))
             else:
                 self.stage_index = g
                 self._release(entry, f"idle: stage {g} needs it no more")
@@ -589,11 +589,11 @@ class ParallelController(Controller):
         entry.assigned_stage = target.assigned_stage
         giver_lane = self.lanes[giver]
         giver_lane.slots[:] = [s for s in giver_lane.slots if entry.id not in s.instance_ids]
-        self.journal.record(J.DECISION, kind="handoff", id=entry.id, instance_type=entry.itype.name,
-                            from_stage=from_stage, to_stage=target.assigned_stage,
-                            from_bracket=self.plan.stages[from_stage].bracket,
-                            to_bracket=self.plan.stages[target.assigned_stage].bracket, request=target.token,
-                            request_outcome="cancelled" if cancelled else "released when up")
+        self.journal.record(J.Decision(kind="handoff", id=entry.id, instance_type=entry.itype.name,
+                                       from_stage=from_stage, to_stage=target.assigned_stage,
+                                       from_bracket=self.plan.stages[from_stage].bracket,
+                                       to_bracket=self.plan.stages[target.assigned_stage].bracket, request=target.token,
+                                       request_outcome="cancelled" if cancelled else "released when up"))
         return True
 
     def _prefetch_next(self, lane: Lane) -> None:
@@ -625,8 +625,9 @@ class ParallelController(Controller):
         lead = self._prefetch_lead(itype)
         if self.prefetch.should_request(remaining, lead, first_task_started=bool(mine) or bool(lane.trial_seconds)):
             self.prefetched.add(nxt_g)
-            self.journal.record(J.DECISION, kind="prefetch", stage=nxt_g, count=extra, instance_type=itype.name,
-                                estimated_remaining_s=remaining, lead_s=lead, quantile=self.prefetch.quantile)
+            self.journal.record(J.Decision(kind="prefetch", stage=nxt_g, count=extra, instance_type=itype.name,
+                                           estimated_remaining_s=remaining, lead_s=lead,
+                                           quantile=self.prefetch.quantile))
             spot = self._buy_spot(nxt, trigger="prefetch", waiting=len(lane.pending))
             for _ in range(extra):
                 self._request(nxt_g, itype, spot)

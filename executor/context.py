@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
-from rubberband.executor import checkpoints, notices
+from rubberband.executor import checkpoints, events, notices
 from rubberband.training import TrainContext
 
 
@@ -116,8 +116,8 @@ class WorkerContext(TrainContext):
         clean = {str(k): float(v) for k, v in metrics.items()}
         record = ReportRecord(epoch=int(epoch), metrics=clean, seconds=seconds, finished_at=time.time())
         self.reports.append(record)
-        self._emit({"type": "epoch", "trial_id": self.trial_id, "epoch": record.epoch, "metrics": clean,
-                    "seconds": seconds, "t": record.finished_at})
+        self._emit(events.Epoch(trial_id=self.trial_id, epoch=record.epoch, metrics=dict(clean), seconds=seconds,
+                                t=record.finished_at))
 
     # -- checkpoints -----------------------------------------------------------------------
     def _checkpoint_label(self) -> int:
@@ -147,8 +147,7 @@ class WorkerContext(TrainContext):
         path = checkpoints.save_checkpoint(self.checkpoint_dir, epoch, state, trial_id=self.trial_id)
         self.checkpoint_saved_s.append(time.perf_counter() - began)
         self.checkpoint_epoch = epoch
-        self._emit({"type": "checkpoint", "trial_id": self.trial_id, "epoch": epoch, "path": str(path),
-                    "t": time.time()})
+        self._emit(events.Checkpoint(trial_id=self.trial_id, epoch=epoch, path=str(path), t=time.time()))
 
     def load_checkpoint(self) -> dict | None:
         """Collective: every rank must call it; rank 0 reads the file and broadcasts the state."""
@@ -163,6 +162,7 @@ class WorkerContext(TrainContext):
         return state
 
     # -- events ----------------------------------------------------------------------------
-    def _emit(self, event: dict) -> None:
+    def _emit(self, event: events.Epoch | events.Checkpoint) -> None:
+        """Send a typed journal event (validated here, on the worker) to the run's journal sink."""
         if self._event_sink is not None:
             self._event_sink.record.remote(event)

@@ -294,17 +294,18 @@ class Controller:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "checkpoints").mkdir(exist_ok=True)
         if resume:
-            self.state = J.read_state(self.run_dir)
+            self.state = self.journal.state
             self._stop_orphans()
-            self._spent_earlier = bill_run(J.read_state(self.run_dir), now=self.clock.time()).workers_usd
-            self.journal.record(J.RUN_RESUMED, run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid(),
-                                on_late=self.lateness.on_late)
+            self._spent_earlier = bill_run(self.journal.state, now=self.clock.time()).workers_usd
+            self.journal.record(J.RunResumed(run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid(),
+                                             on_late=self.lateness.on_late))
         else:
-            self.journal.record(J.RUN_STARTED, run_id=self.run_id, spec_sha256=self.spec.sha256(),
-                                spec=self.spec.model_dump(mode="json"), plan=self.plan.model_dump(mode="json"),
-                                cloud=self.plan.stages[0].cloud, deadline_s=self.deadline_s,
-                                trial_runtime=self.runtime.module, pid=os.getpid(), on_late=self.lateness.on_late)
-        self.state = J.read_state(self.run_dir)
+            self.journal.record(J.RunStarted(run_id=self.run_id, spec_sha256=self.spec.sha256(),
+                                             spec=self.spec.model_dump(mode="json"),
+                                             plan=self.plan.model_dump(mode="json"), cloud=self.plan.stages[0].cloud,
+                                             deadline_s=self.deadline_s, trial_runtime=self.runtime.module,
+                                             pid=os.getpid(), on_late=self.lateness.on_late))
+        self.state = self.journal.state
         status, error, exc_to_raise = "failed", None, None
         self._best: tuple[str | None, float | None] = (None, None)
         try:
@@ -338,12 +339,12 @@ class Controller:
             if instance.id not in known:
                 self._journal_unrecorded(instance)
             self.backend.terminate([instance.id])
-            self.journal.record(J.INSTANCE_TERMINATED, id=instance.id, reason="orphan")
+            self.journal.record(J.InstanceTerminated(id=instance.id, reason="orphan"))
         for life in known.values():  # dead without a termination record: bill it up to now
             if life.terminated_at is None:
-                self.journal.record(J.INSTANCE_TERMINATED, id=life.id, reason="lost")
+                self.journal.record(J.InstanceTerminated(id=life.id, reason="lost"))
         if self.backend.stop_head():
-            self.journal.record(J.DECISION, kind="orphan_head_stopped")
+            self.journal.record(J.Decision(kind="orphan_head_stopped"))
 
     def _journal_unrecorded(self, instance: Any) -> None:
         """Journal the request of an instance the provider lists but the journal never saw, so it is billed."""
@@ -351,9 +352,9 @@ class Controller:
             price = self.catalog.find(instance.instance_type, cloud=instance.cloud).price_hr
         except Exception:  # noqa: BLE001 - unknown type: bill nothing rather than crash cleanup
             price = 0.0
-        self.journal.record(J.INSTANCE_REQUESTED, t=instance.launched_at or self.clock.time(), id=instance.id,
-                            instance_type=instance.instance_type, cloud=instance.cloud, price_hr=price, spot=False,
-                            stage=instance.stage)
+        self.journal.record(J.InstanceRequested(t=instance.launched_at or self.clock.time(), id=instance.id,
+                                                instance_type=instance.instance_type, cloud=instance.cloud,
+                                                price_hr=price, spot=False, stage=instance.stage))
 
     def _connect(self) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -371,13 +372,14 @@ class Controller:
             pass
 
         head = self.backend.start_head(self.run_id)
-        self.journal.record(J.DECISION, kind="head_started", address=head.address, pid=head.pid)
+        self.journal.record(J.Decision(kind="head_started", address=head.address, pid=head.pid))
         billed = head.billed
         if billed is not None and (self.state.head is None or self.state.head.id != billed.id):
             # the instance this executor runs on, which the run pays for: journaled once, so result.json bills it
-            self.journal.record(J.HEAD_INSTANCE, id=billed.id, instance_type=billed.instance_type, cloud=billed.cloud,
-                                price_hr=billed.price_hr, launched_at=billed.launched_at, grace_s=billed.grace_s)
-            self.state = J.read_state(self.run_dir)
+            self.journal.record(J.HeadInstance(id=billed.id, instance_type=billed.instance_type, cloud=billed.cloud,
+                                               price_hr=billed.price_hr, launched_at=billed.launched_at,
+                                               grace_s=billed.grace_s))
+            self.state = self.journal.state
         self._request_first_instances()  # the first node boots while the driver connects
         # a backend whose workers are other machines ships rubberband and the training code with the driver's job
         ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR",
@@ -440,9 +442,9 @@ class Controller:
             trial_id = trial_id_for(stage.bracket, index)
             if trial_id not in self.state.trials:  # all of them on a fresh bracket; any a crash cut off on resume
                 config = {**self.spec.config, **self.search.propose(trial_id)}
-                self.journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=stage.bracket, index=index,
-                                    config=config)
-        self.state = J.read_state(self.run_dir)
+                self.journal.record(J.TrialCreated(trial_id=trial_id, bracket=stage.bracket, index=index,
+                                                   config=config))
+        self.state = self.journal.state
 
     def _stage_trials(self, g: int) -> list[str]:
         stage = self.plan.stages[g]
@@ -472,14 +474,14 @@ class Controller:
             if not last_of_bracket:
                 promoted = ranking[:self.plan.stages[g + 1].trials]
                 for position, trial_id in enumerate(promoted):
-                    self.journal.record(J.TRIAL_PROMOTED, trial_id=trial_id, from_stage=g, to_stage=g + 1,
-                                        metric=metrics[trial_id], rank=position)
+                    self.journal.record(J.TrialPromoted(trial_id=trial_id, from_stage=g, to_stage=g + 1,
+                                                        metric=metrics[trial_id], rank=position))
             else:
                 finals.update(metrics)
-            self.journal.record(J.STAGE_FINISHED, stage=g, bracket=stage.bracket, metrics=metrics,
-                                promoted=promoted, ranking=ranking)
+            self.journal.record(J.StageFinished(stage=g, bracket=stage.bracket, metrics=metrics,
+                                                promoted=promoted, ranking=ranking))
             self.search.rung_finished(stage.epochs, metrics, None if last_of_bracket else promoted)
-            self.state = J.read_state(self.run_dir)
+            self.state = self.journal.state
         if not finals:
             return None, None
         best = rank(finals, self.spec.metric.mode, sorted(finals))[0]
@@ -529,15 +531,14 @@ class Controller:
         start = max(start, self._start_epoch(trial_id, stage))
         if start < stage.epochs:
             return start
-        epochs = J.read_state(self.run_dir).trials[trial_id].epochs
+        epochs = self.journal.state.trials[trial_id].epochs  # the sink's epochs included
         metric = epochs.get(stage.epochs - 1, {}).get(self.spec.metric.name)
         if metric is None:
             self._rerun_last.add((g, trial_id))
             return stage.epochs - 1
-        metrics[trial_id] = metric
-        self.state.trials[trial_id].finished_stages[g] = metric
-        self.journal.record(J.TRIAL_STOPPED, trial_id=trial_id, stage=g, reason="finished", metric=metric,
-                            note="every epoch of the stage was checkpointed before the interruption")
+        metrics[trial_id] = metric  # the journal's fold sets the trial's finished stage
+        self.journal.record(J.TrialStopped(trial_id=trial_id, stage=g, reason="finished", metric=metric,
+                                           note="every epoch of the stage was checkpointed before the interruption"))
         return None
 
     def _start_next(self, g: int, stage: StagePlan, pending: list[tuple[str, int]], slot: Slot,
@@ -563,11 +564,11 @@ class Controller:
             start = self._settle(g, stage, trial_id, self._start_epoch(trial_id, stage), metrics)
             if start is not None:
                 pending.append((trial_id, start))
-        self.journal.record(J.STAGE_STARTED, stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
-                            trials=len(trials), to_run=len(pending), epochs=stage.epochs,
-                            instance_type=stage.instance_type, instances=stage.instances,
-                            workers_per_trial=stage.workers_per_trial,
-                            predicted_duration_s=stage.predicted_duration_s)
+        self.journal.record(J.StageStarted(stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
+                                           trials=len(trials), to_run=len(pending), epochs=stage.epochs,
+                                           instance_type=stage.instance_type, instances=stage.instances,
+                                           workers_per_trial=stage.workers_per_trial,
+                                           predicted_duration_s=stage.predicted_duration_s))
         self._claim_instances(g, stage, itype, needed=bool(pending))
         failures: list[str] = []
         slots: list[Slot] = []
@@ -644,9 +645,9 @@ class Controller:
         self._ran_on.update(slot.instance_ids)
         run = RunningTrial(trial_id, slot, handle, start, stage.epochs, self.clock.time(), cold=cold)
         self.running[handle.done_ref] = run
-        self.journal.record(J.TRIAL_STARTED, trial_id=trial_id, stage=g, start_epoch=start, end_epoch=stage.epochs,
-                            workers=len(slot.placement), instances=list(slot.instance_ids),
-                            placement=list(slot.placement), from_checkpoint=latest_epoch(ckpt_dir))
+        self.journal.record(J.TrialStarted(trial_id=trial_id, stage=g, start_epoch=start, end_epoch=stage.epochs,
+                                           workers=len(slot.placement), instances=list(slot.instance_ids),
+                                           placement=list(slot.placement), from_checkpoint=latest_epoch(ckpt_dir)))
 
     def _wait_some(self) -> list[RunningTrial]:
         import ray
@@ -668,10 +669,11 @@ class Controller:
         except TrialPreempted as exc:  # its instance got a notice: checkpointed, restarts on the replacement
             run.handle.stop()
             run.preempted = True
-            self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason="preempted", metric=None,
-                                error=str(exc), start_epoch=run.start_epoch, end_epoch=run.end_epoch,
-                                seconds=self.clock.time() - run.started_at, setup_s=None,
-                                checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id))
+            self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=g, reason="preempted", metric=None,
+                                               error=str(exc), start_epoch=run.start_epoch, end_epoch=run.end_epoch,
+                                               seconds=self.clock.time() - run.started_at, setup_s=None,
+                                               checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints"
+                                                                             / run.trial_id)))
             return None, None, self.clock.time() - run.started_at, {}
         except TrainingError as exc:
             error = str(exc)
@@ -684,15 +686,12 @@ class Controller:
         seconds = self.clock.time() - run.started_at
         if outcome is not None:
             reports = sorted(outcome.reports, key=lambda r: r.epoch)
-            for report in reports:
-                trial.epochs[report.epoch] = dict(report.metrics)
+            for report in reports:  # the epochs themselves reach the state through the journal (the sink's lines)
                 key = f"{stage.instance_type}/{stage.workers_per_trial}"
                 self.epoch_seconds.setdefault(key, []).append(float(report.seconds))
             final = [r for r in reports if r.epoch == run.end_epoch - 1] or reports[-1:]
             if final:
                 metric = final[0].metrics.get(self.spec.metric.name)
-            if outcome.checkpoint_epoch is not None:
-                trial.checkpoint_epoch = outcome.checkpoint_epoch
             self.setup_seconds.append(float(outcome.setup_s))
             shape = f"{self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region).device}/" \
                     f"{len(run.slot.placement)}/{len(run.slot.instance_ids)}"
@@ -704,19 +703,19 @@ class Controller:
         if outcome is None and error is not None:
             lost = self._confirm_lost(run.slot.instance_ids, wait_s=LOSS_CONFIRM_S)
             if lost:
-                self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason="instance_lost",
-                                    metric=None, error=error, lost=sorted(lost), start_epoch=run.start_epoch,
-                                    end_epoch=run.end_epoch, seconds=seconds, setup_s=None,
-                                    checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id))
+                self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=g, reason="instance_lost", metric=None,
+                                                   error=error, lost=sorted(lost), start_epoch=run.start_epoch,
+                                                   end_epoch=run.end_epoch, seconds=seconds, setup_s=None,
+                                                   checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints"
+                                                                                 / run.trial_id)))
                 return None, None, seconds, lost
         reason = "finished" if error is None else "failed"
-        self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason=reason, metric=metric,
-                            error=error, start_epoch=run.start_epoch, end_epoch=run.end_epoch,
-                            seconds=seconds, setup_s=None if outcome is None else outcome.setup_s,
-                            checkpoint_epoch=trial.checkpoint_epoch, **_devices_used(outcome))
-        if error is None:
-            trial.finished_stages[g] = metric
-        return metric, error, seconds, {}
+        ckpt = trial.checkpoint_epoch if outcome is None or outcome.checkpoint_epoch is None else outcome.checkpoint_epoch
+        self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=g, reason=reason, metric=metric,
+                                           error=error, start_epoch=run.start_epoch, end_epoch=run.end_epoch,
+                                           seconds=seconds, setup_s=None if outcome is None else outcome.setup_s,
+                                           checkpoint_epoch=ckpt, **_devices_used(outcome)))
+        return metric, error, seconds, {}  # a finished trial's stage metric: in the state, by the journal's fold
 
     # -- lost instances --------------------------------------------------------------------
     def _confirm_lost(self, instance_ids: tuple[str, ...] | list[str], *, wait_s: float) -> dict[str, str]:
@@ -807,11 +806,12 @@ class Controller:
             except Exception:  # noqa: BLE001 - its workers are gone already
                 pass
             run.slot.trial_id = None
-            self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=g, reason="instance_lost", metric=None,
-                                error=f"instance {', '.join(sorted(hit))} lost", lost=sorted(hit),
-                                start_epoch=run.start_epoch, end_epoch=run.end_epoch, seconds=now - run.started_at,
-                                setup_s=None,
-                                checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id))
+            self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=g, reason="instance_lost", metric=None,
+                                               error=f"instance {', '.join(sorted(hit))} lost", lost=sorted(hit),
+                                               start_epoch=run.start_epoch, end_epoch=run.end_epoch,
+                                               seconds=now - run.started_at, setup_s=None,
+                                               checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints"
+                                                                             / run.trial_id)))
             requeue.append(run.trial_id)
             for ident in hit:
                 affected[ident].append(run.trial_id)
@@ -826,10 +826,10 @@ class Controller:
             self._lost.add(ident)
             self.losses += 1
             entry = self._entry(ident)
-            self.journal.record(J.INSTANCE_LOST, t=now, id=ident, reason=reason, stage=g,
-                                instance_type=entry.itype.name if entry is not None else None,
-                                trials=sorted(set(affected.get(ident, []))), losses=self.losses)
-            self.journal.record(J.INSTANCE_TERMINATED, t=now, id=ident, reason="lost")  # billed up to the loss
+            self.journal.record(J.InstanceLost(t=now, id=ident, reason=reason, stage=g,
+                                               instance_type=entry.itype.name if entry is not None else None,
+                                               trials=sorted(set(affected.get(ident, []))), losses=self.losses))
+            self.journal.record(J.InstanceTerminated(t=now, id=ident, reason="lost"))  # billed up to the loss
             if entry is not None:
                 entry.terminated_at = now
             self._seen_in_ray.discard(ident)
@@ -869,7 +869,7 @@ class Controller:
             if p.itype.key == itype.key and self._fits(p.spot, stage) and (len(self._stage_pool(g)) < stage.instances
                                                                       or not self.elastic):
                 p.assigned_stage = g
-                self.journal.record(J.DECISION, kind="keep", id=p.id or p.token, stage=g)
+                self.journal.record(J.Decision(kind="keep", id=p.id or p.token, stage=g))
             else:
                 self._release(p, "not needed by stage %d" % g)
         if not needed:
@@ -914,11 +914,11 @@ class Controller:
                        if obtained.key != requested.key else "")
                 if market:
                     why = (why + "; " if why else "") + "no spot capacity in any zone: on-demand"
-                self.journal.record(J.DECISION, kind="failover", id=instance.id, stage=entry.assigned_stage,
-                                    requested=requested.name, obtained=obtained.name, zone=zone,
-                                    requested_price_hr=_price(requested, entry.spot),
-                                    obtained_price_hr=_price(obtained, spot), attempts=attempts, **market,
-                                    reason=why)
+                self.journal.record(J.Decision(kind="failover", id=instance.id, stage=entry.assigned_stage,
+                                               requested=requested.name, obtained=obtained.name, zone=zone,
+                                               requested_price_hr=_price(requested, entry.spot),
+                                               obtained_price_hr=_price(obtained, spot), attempts=attempts, **market,
+                                               reason=why))
                 if obtained.key != requested.key:  # bill the type obtained, run the stage on it
                     entry.itype = obtained
                     self.substitutes[requested.key] = obtained
@@ -926,11 +926,12 @@ class Controller:
                     entry.spot = False
                     self._fell_back = True
             extra = {"requested_type": requested.name} if obtained.key != requested.key else {}
-            self.journal.record(J.INSTANCE_REQUESTED, t=entry.requested_at, id=instance.id,
-                                instance_type=obtained.name, cloud=obtained.cloud, region=obtained.region,
-                                price_hr=_price(obtained, entry.spot), spot=entry.spot, stage=entry.assigned_stage,
-                                zone=zone or instance.zone or None, **extra)
-            self.journal.record(J.INSTANCE_READY, t=now, id=instance.id, startup_s=now - entry.requested_at)
+            self.journal.record(J.InstanceRequested(t=entry.requested_at, id=instance.id, instance_type=obtained.name,
+                                                    cloud=obtained.cloud, region=obtained.region,
+                                                    price_hr=_price(obtained, entry.spot), spot=entry.spot,
+                                                    stage=entry.assigned_stage, zone=zone or instance.zone or None,
+                                                    **extra))
+            self.journal.record(J.InstanceReady(t=now, id=instance.id, startup_s=now - entry.requested_at))
             self.startup_seconds.setdefault(entry.itype.name, []).append(now - entry.requested_at)
             if entry.released:  # no longer wanted while it was starting
                 entry.released = False
@@ -978,7 +979,7 @@ class Controller:
         entry.released = True
         if entry.id is None:  # still provisioning: released as soon as it is up
             return
-        self.journal.record(J.DECISION, kind="release", id=entry.id, stage=self.stage_index, reason=why)
+        self.journal.record(J.Decision(kind="release", id=entry.id, stage=self.stage_index, reason=why))
         self._unwatch(entry.id)
         if self.workers is not None:
             self.workers.shrink(node_resource(entry.id))
@@ -997,7 +998,7 @@ class Controller:
                     t = future.result(timeout=60)
                 except Exception:  # noqa: BLE001 - journal it anyway; teardown lists what is still alive
                     t = self.clock.time()
-                self.journal.record(J.INSTANCE_TERMINATED, t=t, id=entry.id, reason=why)
+                self.journal.record(J.InstanceTerminated(t=t, id=entry.id, reason=why))
                 entry.terminated_at = t
             else:
                 left.append((entry, future, why))
@@ -1023,7 +1024,7 @@ class Controller:
                     and entry.id not in self._noticed)
             if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(g + 1)), nxt.instances):
                 entry.assigned_stage = g + 1
-                self.journal.record(J.DECISION, kind="keep", id=entry.id or entry.token, stage=g + 1)
+                self.journal.record(J.Decision(kind="keep", id=entry.id or entry.token, stage=g + 1))
             else:
                 self._release(entry, f"idle: stage {g} needs it no more")
 
@@ -1068,8 +1069,9 @@ class Controller:
         started = bool(self.running) or bool(trial_seconds)
         if self.prefetch.should_request(remaining, lead, first_task_started=started):
             self.prefetched.add(g + 1)
-            self.journal.record(J.DECISION, kind="prefetch", stage=g + 1, count=extra, instance_type=itype.name,
-                                estimated_remaining_s=remaining, lead_s=lead, quantile=self.prefetch.quantile)
+            self.journal.record(J.Decision(kind="prefetch", stage=g + 1, count=extra, instance_type=itype.name,
+                                           estimated_remaining_s=remaining, lead_s=lead,
+                                           quantile=self.prefetch.quantile))
             spot = self._buy_spot(nxt, trigger="prefetch", waiting=len(pending))
             for _ in range(extra):
                 self._request(g + 1, itype, spot)
@@ -1174,11 +1176,12 @@ class Controller:
             else:
                 why = (f"slack {situation.slack_s:.0f} s after one more restart ({situation.restart_s:.0f} s) is at "
                        f"most the margin ({self.spot_policy.margin_s:g} s): on-demand keeps the deadline")
-            self.journal.record(J.DECISION, kind="spot", stage=self.stage_index,
-                                for_stage=self.plan.stages.index(stage), trigger=trigger, id=instance,
-                                previous=(Market.SPOT if was else Market.ON_DEMAND).value,
-                                confidence=self.plan.confidence,
-                                **S.decision_fields(situation, market, self.spot_policy.margin_s), reason=why + note)
+            self.journal.record(J.Decision(kind="spot", stage=self.stage_index, for_stage=self.plan.stages.index(stage),
+                                           trigger=trigger, id=instance,
+                                           previous=(Market.SPOT if was else Market.ON_DEMAND).value,
+                                           confidence=self.plan.confidence,
+                                           **S.decision_fields(situation, market, self.spot_policy.margin_s),
+                                           reason=why + note))
         return self._on_spot
 
     def _replace(self, entry: PoolInstance, ident: str, reason: str, *, waiting: int) -> PoolInstance:
@@ -1192,8 +1195,8 @@ class Controller:
         replacement = self._request(entry.assigned_stage, self._stage_itype(target), spot)
         replacement.replaces = ident if ident in self._noticed else None
         self._replaced.add(ident)
-        self.journal.record(J.DECISION, kind="replace", id=ident, stage=entry.assigned_stage,
-                            token=replacement.token, instance_type=replacement.itype.name, reason=reason, spot=spot)
+        self.journal.record(J.Decision(kind="replace", id=ident, stage=entry.assigned_stage, token=replacement.token,
+                                       instance_type=replacement.itype.name, reason=reason, spot=spot))
         return replacement
 
     def _watch(self, entry: PoolInstance) -> None:
@@ -1210,8 +1213,8 @@ class Controller:
             watcher = start_watcher(entry.id, node_resource(entry.id), source)
         except Exception as exc:  # noqa: BLE001 - no watcher: a preemption is still seen as a lost instance
             self._watchers[entry.id] = None  # not tried again
-            self.journal.record(J.DECISION, kind="notice_watcher", id=entry.id, started=False,
-                                error=f"{type(exc).__name__}: {exc}")
+            self.journal.record(J.Decision(kind="notice_watcher", id=entry.id, started=False,
+                                           error=f"{type(exc).__name__}: {exc}"))
             return
         if watcher is not None:
             self._watchers[entry.id] = watcher
@@ -1283,10 +1286,10 @@ class Controller:
         self._noticed[ident] = self.clock.time()
         entry = self._entry(ident)
         trials = sorted(r.trial_id for r in self.running.values() if ident in r.slot.instance_ids)
-        self.journal.record(J.DECISION, kind="notice", id=ident, stage=g, cloud=notice.get("cloud"),
-                            action=notice.get("action"), notice_time=notice.get("time"), trials=trials,
-                            reason="preemption notice: its trials stop after their next checkpoint; "
-                                   "replacement requested now")
+        self.journal.record(J.Decision(kind="notice", id=ident, stage=g, cloud=notice.get("cloud"),
+                                       action=notice.get("action"), notice_time=notice.get("time"), trials=trials,
+                                       reason="preemption notice: its trials stop after their next checkpoint; "
+                                              "replacement requested now"))
         if entry is None or entry.released:
             return
         wanted = entry.assigned_stage > g or (entry.assigned_stage == g and bool(pending or trials))
@@ -1302,9 +1305,9 @@ class Controller:
         spot = self._buy_spot(stage, trigger="start", waiting=len(pending))
         for _ in range(stage.instances):
             entry = self._request(g, self._stage_itype(stage), spot)
-            self.journal.record(J.DECISION, kind="replace", id=None, stage=g, token=entry.token,
-                                instance_type=entry.itype.name, reason="no instance left for the stage's trials",
-                                spot=spot)
+            self.journal.record(J.Decision(kind="replace", id=None, stage=g, token=entry.token,
+                                           instance_type=entry.itype.name,
+                                           reason="no instance left for the stage's trials", spot=spot))
 
     def _release_noticed(self, g: int, slots: list[Slot]) -> None:
         """A noticed instance whose trials have stopped takes no more: drop its slots and release it now."""
@@ -1325,10 +1328,10 @@ class Controller:
         elapsed = self.clock.time() - self.state.first_started_at
         if elapsed > self.deadline_s and not self._deadline_passed:
             self._deadline_passed = True
-            self.journal.record(J.DECISION, kind="deadline_passed", stage=self.stage_index, elapsed_s=round(elapsed, 3),
-                                deadline_s=self.deadline_s,
-                                overrun_s=None if math.isinf(self.overrun_s) else self.overrun_s,
-                                note="late: the run goes on until the deadline plus the allowed overrun")
+            self.journal.record(J.Decision(kind="deadline_passed", stage=self.stage_index, elapsed_s=round(elapsed, 3),
+                                           deadline_s=self.deadline_s,
+                                           overrun_s=None if math.isinf(self.overrun_s) else self.overrun_s,
+                                           note="late: the run goes on until the deadline plus the allowed overrun"))
         if elapsed > self.deadline_s + self.overrun_s:
             allowed = f" plus the allowed overrun ({format_duration(self.overrun_s)})" if self.overrun_s else ""
             raise DeadlineExceeded(f"run passed its deadline ({format_duration(self.deadline_s)}){allowed} in stage "
@@ -1356,7 +1359,7 @@ class Controller:
                         **extra: Any) -> ReplanRequest:
         """What the re-planner is told at the boundary before stage ``g`` (whose kept instances run already)
         about the stages ``rest``; ``extra``: more :class:`ReplanRequest` fields (parallel brackets)."""
-        spent = bill_run(J.read_state(self.run_dir), now=self.clock.time()).total_usd
+        spent = bill_run(self.journal.state, now=self.clock.time()).total_usd
         running: dict[str, int] = {}
         for entry in self._stage_pool(g):
             running[entry.itype.key] = running.get(entry.itype.key, 0) + 1
@@ -1402,15 +1405,15 @@ class Controller:
             figures.update(proposal_cost_usd=proposal.cost_usd, proposal_p_meet=proposal.p_meet,
                            proposal_jct_p50_s=proposal.jct_p50_s)
         reason = f"{note}; {verdict.reason}" if note else verdict.reason
-        self.journal.record(J.DECISION, **decision, action=verdict.action.value, accepted=verdict.take_proposal,
-                            reason=reason, **figures)
+        self.journal.record(J.Decision(**decision, action=verdict.action.value, accepted=verdict.take_proposal,
+                                       reason=reason, **figures))
         if verdict.take_proposal:
             stages = list(self.plan.stages)
             for i, stage in zip(positions, candidate.stages):
                 stages[i] = stage
                 self.prefetched.discard(i)
             self.plan = self.plan.model_copy(update={"stages": stages})
-            self.journal.record(J.PLAN_CHANGED, stage=g, plan=self.plan.model_dump(mode="json"))
+            self.journal.record(J.PlanChanged(stage=g, plan=self.plan.model_dump(mode="json")))
         if verdict.action is Action.STOP:
             hint = ("--on-late finish" if self.lateness.on_late == "stop" else "--overrun none")
             raise RunStopped(f"{verdict.reason} (before stage {g}); every instance was terminated; to go on "
@@ -1502,28 +1505,28 @@ class Controller:
                 stages.append(stage.model_copy(update={"instance_type": sub.name, "cloud": sub.cloud,
                                                        "region": sub.region, "predicted_cost_usd": cost}))
             if not substitutions:
-                self.journal.record(J.DECISION, **decision, accepted=False, source="substitution",
-                                    reason=f"failover: {names} unavailable and no available type can stand in"
-                                           f"{'; ' + note if note else ''}")
+                self.journal.record(J.Decision(**decision, accepted=False, source="substitution",
+                                               reason=f"failover: {names} unavailable and no available type can "
+                                                      f"stand in{'; ' + note if note else ''}"))
                 return
             decision.update(source="substitution", substitutions=substitutions,
                             proposal_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in stages))
         reason = f"failover: {names} unavailable in every zone; remaining stages re-planned without it"
-        self.journal.record(J.DECISION, **decision, accepted=True, reason=reason + (f" ({note})" if note else ""),
-                            current_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in rest))
+        self.journal.record(J.Decision(**decision, accepted=True, reason=reason + (f" ({note})" if note else ""),
+                                       current_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in rest)))
         changed = list(self.plan.stages)
         for i, stage in zip(positions, stages):
             changed[i] = stage
             self.prefetched.discard(i)
         self.plan = self.plan.model_copy(update={"stages": changed})
-        self.journal.record(J.PLAN_CHANGED, stage=g, plan=self.plan.model_dump(mode="json"))
+        self.journal.record(J.PlanChanged(stage=g, plan=self.plan.model_dump(mode="json")))
 
     # -- progress and the end --------------------------------------------------------------
     def _report_progress(self, g: int, pending: int) -> None:
         if self.progress is None:
             return
         stage = self.plan.stages[g]
-        epochs = sum(len(t.epochs) for t in self.state.trials.values())
+        epochs = sum(len(t.epochs) for t in self.journal.state.trials.values())  # the sink's epochs so far
         self.progress(Progress(stage=g, stages=len(self.plan.stages), bracket=stage.bracket,
                                trials_alive=len(self.running), trials_pending=pending, epochs_done=epochs,
                                instances=sum(1 for p in self.pool.values() if not p.released),
@@ -1556,8 +1559,8 @@ class Controller:
                     run.handle.stop()
                 except Exception:  # noqa: BLE001
                     pass
-                self.journal.record(J.TRIAL_STOPPED, trial_id=run.trial_id, stage=self.stage_index,
-                                    reason="interrupted")
+                self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=self.stage_index,
+                                                   reason="interrupted"))
             self.running.clear()
             if self.workers is not None:
                 try:
@@ -1581,20 +1584,20 @@ class Controller:
                     continue
             self._collect_terminations(wait=True)
             live = {p.id: p for p in self.pool.values() if p.id is not None and not p.released}
-            journaled = J.read_state(self.run_dir).instances
+            journaled = self.journal.state.instances
             for instance in self.backend.list(self.run_id):
                 live.setdefault(instance.id, None)
                 if instance.id not in journaled:  # started but never journaled (failed mid-provisioning)
                     self._journal_unrecorded(instance)
             for instance_id in live:
                 self.backend.terminate([instance_id])
-                self.journal.record(J.INSTANCE_TERMINATED, id=instance_id, reason="teardown")
+                self.journal.record(J.InstanceTerminated(id=instance_id, reason="teardown"))
             for p in live.values():
                 if p is not None:
                     p.released = True
             self._terminator.shutdown(wait=True)
             self.backend.stop_head()
-            self.state = J.read_state(self.run_dir)
+            self.state = self.journal.state
             self._write_result(status, error)
         finally:
             for sig, handler in self._saved_signals.items():
@@ -1607,10 +1610,9 @@ class Controller:
         result = build_result(self.state, self.plan, spec=self.spec, status=status, error=error, now=now,
                               run_dir=self.run_dir)
         best = result["best"] or {}  # the best so far, whatever the outcome
-        end = {"finished": J.RUN_FINISHED, "interrupted": J.RUN_INTERRUPTED,
-               "stopped": J.RUN_STOPPED}.get(status, J.RUN_FAILED)
-        self.journal.record(end, t=now, reason=error, best_trial=best.get("trial_id"), best_metric=best.get("metric"),
-                            rung=best.get("rung"), outcome=result["outcome"], jct_s=result["actual"]["jct_s"],
-                            cost_usd=result["actual"]["cost_usd"])
+        end = J.END_EVENT_OF.get(status, J.RunFailed)
+        self.journal.record(end(t=now, reason=error, best_trial=best.get("trial_id"), best_metric=best.get("metric"),
+                                rung=best.get("rung"), outcome=result["outcome"], jct_s=result["actual"]["jct_s"],
+                                cost_usd=result["actual"]["cost_usd"]))
         write_result(result, self.run_dir)
         self.result = result

@@ -2,27 +2,68 @@
 
 Every line is one event ``{"type": ..., "t": <POSIX seconds>, ...}`` written with a single
 ``write`` on an ``O_APPEND`` descriptor and fsync'd, so a crash (even ``kill -9``) leaves at
-most a torn last line, which the reader skips. The controller writes run, stage, trial,
-instance and decision events; trial workers write epoch and checkpoint events through the
-:class:`JournalSink` Ray actor (``event_sink`` in docs/training-api.md, "The runtime underneath").
+most a torn last line, which the reader skips. Each event is a typed model
+(:mod:`rubberband.executor.events`, re-exported here: ``J.TrialStarted(...)``). The controller
+writes run, stage, trial, instance and decision events with :meth:`Journal.record`; trial workers
+write epoch and checkpoint events through the :class:`JournalSink` Ray actor (``event_sink`` in
+docs/training-api.md, "The runtime underneath").
 
-:func:`read_state` folds the events into a :class:`RunState`: what resume continues from
-and what accounting bills.
+The run's state is a fold of the events (:func:`apply`, in one place). :func:`read_state` folds a
+run directory's journal from disk (resume, report, ``down``, accounting); a live :class:`Journal`
+keeps its own fold current as events are appended, by whichever process (:attr:`Journal.state`
+reads only the bytes appended since it last looked), so the controller never re-reads the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
+
+from pydantic import ValidationError
 
 from rubberband.errors import RunDirError
 from rubberband.executor.clock import WALL_CLOCK, Clock
+from rubberband.executor.events import (  # noqa: F401  (re-exported: J.TrialStarted etc.)
+    EVENT_ADAPTER,
+    JOURNAL_VERSION,
+    MODELS,
+    Checkpoint,
+    Decision,
+    Epoch,
+    Event,
+    HeadInstance,
+    InstanceLost,
+    InstanceReady,
+    InstanceRequested,
+    InstanceTerminated,
+    PlanChanged,
+    RunFailed,
+    RunFinished,
+    RunInterrupted,
+    RunResumed,
+    RunStarted,
+    RunStopped,
+    StageFinished,
+    StageStarted,
+    TrialCreated,
+    TrialPromoted,
+    TrialStarted,
+    TrialStopped,
+    _Event,
+    _RunEnded,
+    parse_event,
+    to_json_dict,
+)
 
 JOURNAL_NAME = "journal.jsonl"
+AnyEvent = TypeVar("AnyEvent", bound=_Event)
+
+
 
 # Event types (the "type" field). docs/executor.md describes each one's fields.
 RUN_STARTED = "run_started"
@@ -47,33 +88,52 @@ STAGE_FINISHED = "stage_finished"
 DECISION = "decision"
 PLAN_CHANGED = "plan_changed"
 END_EVENTS = (RUN_FINISHED, RUN_FAILED, RUN_INTERRUPTED, RUN_STOPPED)
+#: the end event of each final status
+END_EVENT_OF: dict[str, type[_RunEnded]] = {"finished": RunFinished, "failed": RunFailed, "interrupted": RunInterrupted, "stopped": RunStopped}
 
 
 def _line(event: dict[str, Any]) -> bytes:
     return (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
 
 
-def append_event(path: str | Path, event: dict[str, Any]) -> dict[str, Any]:
-    """Append one event (adds ``t`` when missing) durably; return it."""
-    event = dict(event)
-    event.setdefault("t", time.time())
+def append_event(path: str | Path, event: dict[str, Any] | _Event, *, clock: Callable[[], float] = time.time
+                 ) -> dict[str, Any]:
+    """Append one event durably (``t`` from ``clock`` when missing); return what was written.
+
+    A typed event is written as :func:`~rubberband.executor.events.to_json_dict` gives it; a dict is written
+    as it is (old-journal fixtures, tools): use the typed events everywhere else.
+    """
+    data = to_json_dict(event) if isinstance(event, _Event) else dict(event)
+    if data.get("t") is None:
+        data["t"] = clock()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, _line(event))
+        os.write(fd, _line(data))
         os.fsync(fd)
     finally:
         os.close(fd)
-    return event
+    return data
 
 
 class Journal:
-    """The writer side, owned by the controller."""
+    """The writer side, owned by the controller (and ``rubberband down``), with the run's state folded live.
+
+    :meth:`record` appends a typed event. :attr:`state` is the :class:`RunState` of every complete line in the
+    file, the sink actor's epoch and checkpoint lines included: the first access folds the file, each later
+    one (and each :meth:`record` once :attr:`state` has been read) folds only what was appended since, into
+    the same object. So ``journal.state`` is the one source of truth for the run's state.
+    """
 
     def __init__(self, run_dir: str | Path, *, clock: Clock = WALL_CLOCK) -> None:
-        self.clock = clock  # stamps each event's ``t`` (virtual time in a run on a simulated cluster)
-        self.path = Path(run_dir) / JOURNAL_NAME
+        self.clock = clock  # stamps each event's ``t`` (the run's clock)
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / JOURNAL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._end_torn_line()
+        self._fold = StateFold(self.path, self.run_dir)
+        self._live = False  # whether someone has read .state (record then keeps it current)
+        self._error: RunDirError | None = None  # a damaged line met while recording: raised by .state
+        self._lock = threading.Lock()  # one append-and-fold at a time, should two threads record
 
     def _end_torn_line(self) -> None:
         """A crash mid-write may leave a line without its newline: end it so new events start clean."""
@@ -94,16 +154,42 @@ class Journal:
             finally:
                 os.close(fd)
 
-    def record(self, type: str, **fields: Any) -> dict[str, Any]:
-        fields.setdefault("t", self.clock.time())
-        return append_event(self.path, {"type": type, **fields})
+    def record(self, event: AnyEvent) -> AnyEvent:
+        """Append ``event`` durably (``t`` from the clock when it has none; a ``run_started`` gets the current
+        ``journal_version``) and fold it into :attr:`state`; return the event as written."""
+        if not isinstance(event, _Event):
+            raise TypeError(f"Journal.record takes a typed event (rubberband.executor.events), not {type(event)!r}")
+        update: dict[str, Any] = {}
+        if event.t is None:
+            update["t"] = self.clock.time()
+        if isinstance(event, RunStarted):
+            update["journal_version"] = JOURNAL_VERSION
+        if update:
+            event = event.model_copy(update=update)
+        with self._lock:
+            append_event(self.path, event)
+            if self._live and self._error is None:
+                try:  # never raise here: the event is on disk, and teardown records must not fail on a bad line
+                    self._fold.advance()
+                except RunDirError as exc:
+                    self._error = exc
+        return event
+
+    @property
+    def state(self) -> RunState:
+        """The run's state: the fold of every complete line appended so far (RunDirError if damaged)."""
+        with self._lock:
+            self._live = True
+            if self._error is not None:
+                raise self._error
+            return self._fold.advance()
 
     def events(self) -> list[dict[str, Any]]:
         return list(iter_events(self.path))
 
 
 def iter_events(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Events in file order; a torn or garbled line (crash mid-write) is skipped."""
+    """Events (the raw JSON objects) in file order; a torn or garbled line (crash mid-write) is skipped."""
     for _, event in numbered_events(path):
         yield event
 
@@ -113,33 +199,42 @@ def numbered_events(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         with open(path, "rb") as handle:
             for line, raw in enumerate(handle, start=1):
-                try:
-                    event = json.loads(raw)
-                except ValueError:  # UnicodeDecodeError included
-                    continue
-                if isinstance(event, dict) and isinstance(event.get("type"), str):
+                event = _decode(raw)
+                if event is not None:
                     yield line, event
     except FileNotFoundError:
         return
 
 
+def _decode(raw: bytes) -> dict[str, Any] | None:
+    """A line's event object, or None for a torn or garbled line (skipped)."""
+    try:
+        event = json.loads(raw)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("type"), str) else None
+
+
 class JournalSink:
     """Ray actor body: appends events sent by trial workers (epoch, checkpoint) to the journal.
 
-    Create it with :func:`start_sink`; rank 0 calls ``sink.record.remote(event)``.
+    Create it with :func:`start_sink`; rank 0 calls ``sink.record.remote(J.Epoch(...))``. A dict is validated
+    into its typed event first, so nothing the fold would refuse reaches the file.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def record(self, event: dict[str, Any]) -> None:
+    def record(self, event: _Event | dict[str, Any]) -> None:
+        if not isinstance(event, _Event):
+            event = EVENT_ADAPTER.validate_python(event)
         append_event(self.path, event)
 
     def ping(self) -> bool:
         return True
 
 
-def start_sink(run_dir: str | Path):
+def start_sink(run_dir: str | Path) -> Any:
     """Start the sink actor on the head (no CPUs needed) and wait until it answers.
 
     It is pinned to the driver's node (the head) so that losing a worker instance never loses the sink.
@@ -148,7 +243,7 @@ def start_sink(run_dir: str | Path):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    actor = ray.remote(num_cpus=0, max_restarts=0)(JournalSink).options(scheduling_strategy=here).remote(
+    actor: Any = ray.remote(num_cpus=0, max_restarts=0)(JournalSink).options(scheduling_strategy=here).remote(
         str(Path(run_dir) / JOURNAL_NAME))
     ray.get(actor.ping.remote(), timeout=60)
     return actor
@@ -241,106 +336,196 @@ class RunState:
 
 
 def read_state(run_dir: str | Path) -> RunState:
-    """Fold the journal of ``run_dir`` into a :class:`RunState` (RunDirError if it is not a run)."""
-    path = Path(run_dir) / JOURNAL_NAME
+    """Fold the journal of ``run_dir`` into a :class:`RunState` (RunDirError if it is not a run, if a line is
+    damaged, or if a newer rubberband wrote it). A torn last line (a crash mid-write) is skipped."""
     if not Path(run_dir).is_dir():
         raise RunDirError(f"run directory {run_dir} does not exist; pass the directory `rubberband run` created")
-    numbered = list(numbered_events(path))
-    events = [event for _, event in numbered]
-    if not events or events[0]["type"] != RUN_STARTED:
-        raise RunDirError(f"{run_dir} has no journal of a run ({JOURNAL_NAME} missing, empty or its first line "
-                          f"damaged); pass the directory `rubberband run` created")
-    try:
-        return fold(events)
-    except _DAMAGE:
-        pass
-    # A line that parses but does not hold what its event needs (a damaged disk, a hand edit): name it,
-    # change nothing. The first prefix of the journal that no longer folds ends at that line.
-    low, high = 1, len(events)  # fold(events[:low]) works unless the first event is the damaged one
-    while low < high:
-        mid = (low + high) // 2
+    return StateFold(Path(run_dir) / JOURNAL_NAME, Path(run_dir)).advance(final=True)
+
+
+def _no_run(run_dir: Path) -> RunDirError:
+    return RunDirError(f"{run_dir} has no journal of a run ({JOURNAL_NAME} missing, empty or its first line "
+                       f"damaged); pass the directory `rubberband run` created")
+
+
+class _Damaged(Exception):
+    """A line that parses but does not hold what its event needs (field, what is wrong)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(field, problem)
+        self.field, self.problem = field, problem
+
+
+class StateFold:
+    """The fold of one journal file, advanced over what was appended since the last call.
+
+    It remembers the byte offset of the first line it has not folded; :meth:`advance` reads from there to the
+    end of the file and folds each complete line. A last line without its newline is a write in progress (or a
+    crash's torn line): it is left for the next call, unless ``final`` (a reader of a finished file), where it
+    is folded if it parses and skipped if not. A line that does not parse as JSON is skipped (torn); one that
+    parses but is not a valid event raises a one-line RunDirError naming the line and the field, and changes
+    nothing (the fold stays where it was).
+    """
+
+    def __init__(self, path: Path, run_dir: Path) -> None:
+        self.path, self.run_dir = path, run_dir
+        self.offset = 0  # bytes folded so far
+        self.lines = 0  # lines folded so far
+        self.state: RunState | None = None
+        self.version: int | None = None  # the journal's schema version (from run_started)
+
+    def advance(self, *, final: bool = False) -> RunState:
         try:
-            fold(events[:mid])
-            low = mid + 1
-        except _DAMAGE:
-            high = mid
-    line, event = numbered[low - 1]
-    raise RunDirError(f"{path}:{line}: the journal's {event['type']!r} event is damaged (a field is missing or "
-                      f"of the wrong type); repair or delete that line (keep a copy), then resume; "
-                      f"`rubberband down {run_dir}` ends the run's instances")
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            chunk = b""
+        pieces = chunk.split(b"\n")
+        tail = pieces.pop()  # after the last newline: empty, or a line still being written (or torn)
+        for raw in pieces:
+            self._fold_line(raw)
+            self.offset += len(raw) + 1
+            self.lines += 1
+        if final and tail:
+            self._fold_line(tail)
+            self.offset += len(tail)
+            self.lines += 1
+        if self.state is None:
+            raise _no_run(self.run_dir)
+        return self.state
+
+    def _fold_line(self, raw: bytes) -> None:
+        event = _decode(raw)
+        if event is None:
+            return
+        line = self.lines + 1
+        try:
+            if self.state is None:
+                if event["type"] != RUN_STARTED:
+                    raise _no_run(self.run_dir)
+                self._check_version(event.get("journal_version", 1), line)  # before its fields: they may differ
+                typed = parse_event(event)
+                assert isinstance(typed, RunStarted)
+                self._check_version(typed.journal_version, line)
+                if typed.t is None:
+                    raise _Damaged("t", "required field is missing")
+                self.version = typed.journal_version
+                self.state = start_state(typed)
+                return
+            typed = parse_event(event)
+            if typed is not None:  # a type this code does not know (a newer minor version's): skipped
+                apply(self.state, typed)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or "(the event)"
+            problem = "required field is missing" if err["type"] == "missing" else err["msg"]
+            raise self._damage(line, event["type"], field, problem) from None
+        except _Damaged as exc:
+            raise self._damage(line, event["type"], exc.field, exc.problem) from None
+
+    def _check_version(self, version: Any, line: int) -> None:
+        if isinstance(version, int) and not isinstance(version, bool) and version > JOURNAL_VERSION:
+            raise RunDirError(f"{self.path}:{line}: the journal is version {version}, newer than this rubberband "
+                              f"reads (up to {JOURNAL_VERSION}); upgrade rubberband (pip install -U rubberband) "
+                              f"to resume or report this run; `rubberband down {self.run_dir}` ends its instances")
+
+    def _damage(self, line: int, kind: str, field: str, problem: str) -> RunDirError:
+        return RunDirError(f"{self.path}:{line}: the journal's {kind!r} event is damaged (field {field!r}: "
+                           f"{problem}); repair or delete that line (keep a copy), then resume; "
+                           f"`rubberband down {self.run_dir}` ends the run's instances")
 
 
-_DAMAGE = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+def start_state(first: RunStarted) -> RunState:
+    """The state a journal's ``run_started`` event begins."""
+    t = first.t if first.t is not None else 0.0
+    return RunState(run_id=first.run_id, spec_sha256=first.spec_sha256, spec=first.spec, plan=first.plan,
+                    cloud=first.cloud, deadline_s=first.deadline_s, started_at=t, first_started_at=t)
 
 
-def fold(events: list[dict[str, Any]]) -> RunState:
-    first = events[0]
-    state = RunState(run_id=first["run_id"], spec_sha256=first["spec_sha256"], spec=first["spec"],
-                     plan=first["plan"], cloud=first.get("cloud", "local"), deadline_s=first["deadline_s"],
-                     started_at=first["t"], first_started_at=first["t"])
-    for event in events[1:]:
-        kind = event["type"]
-        t = event.get("t", 0.0)
-        if kind == RUN_RESUMED:
-            state.attempts += 1
-            state.status, state.ended_at, state.end_reason = "running", None, None
-            state.started_at = t
-        elif kind == PLAN_CHANGED:
-            state.plan = event["plan"]
-        elif kind == INSTANCE_REQUESTED:
-            state.instances[event["id"]] = InstanceLife(
-                id=event["id"], instance_type=event["instance_type"], cloud=event.get("cloud", state.cloud),
-                price_hr=float(event["price_hr"]), spot=bool(event.get("spot", False)),
-                stage=int(event.get("stage", 0)), requested_at=t)
-        elif kind == HEAD_INSTANCE:
-            state.head = HeadLife(id=event["id"], instance_type=event["instance_type"],
-                                  cloud=event.get("cloud", state.cloud), price_hr=float(event["price_hr"]),
-                                  launched_at=float(event.get("launched_at", t)),
-                                  grace_s=float(event.get("grace_s", 0.0)))
-        elif kind == INSTANCE_READY and event["id"] in state.instances:
-            state.instances[event["id"]].ready_at = t
-        elif kind == INSTANCE_LOST and event["id"] in state.instances:
-            state.instances[event["id"]].lost = event.get("reason", "lost")
-        elif kind == INSTANCE_TERMINATED and event["id"] in state.instances:
-            life = state.instances[event["id"]]
-            if life.terminated_at is None:
-                life.terminated_at, life.reason = t, event.get("reason")
-        elif kind == TRIAL_CREATED:
-            state.trials[event["trial_id"]] = TrialState(event["trial_id"], int(event["bracket"]),
-                                                         int(event["index"]), dict(event["config"]))
-        elif kind == EPOCH and event.get("trial_id") in state.trials:
-            trial = state.trials[event["trial_id"]]
-            epoch = int(event["epoch"])
-            trial.epochs[epoch] = dict(event.get("metrics", {}))
-            trial.epoch_runs[epoch] = trial.epoch_runs.get(epoch, 0) + 1
-        elif kind == CHECKPOINT and event.get("trial_id") in state.trials:
-            trial = state.trials[event["trial_id"]]
-            epoch = int(event["epoch"])
-            if trial.checkpoint_epoch is None or epoch >= trial.checkpoint_epoch:
-                trial.checkpoint_epoch, trial.checkpoint_path = epoch, event.get("path")
-        elif kind == TRIAL_STOPPED and event.get("trial_id") in state.trials:
-            trial = state.trials[event["trial_id"]]
-            if event.get("reason") == "finished":
-                trial.finished_stages[int(event["stage"])] = event.get("metric")
-            ckpt = event.get("checkpoint_epoch")
-            if ckpt is not None and (trial.checkpoint_epoch is None or ckpt > trial.checkpoint_epoch):
-                trial.checkpoint_epoch = int(ckpt)
-        elif kind == STAGE_STARTED:
-            record = state.stages.setdefault(int(event["stage"]), StageRecord(int(event["stage"])))
-            record.started_at = record.started_at or t
-            record.predicted_duration_s = event.get("predicted_duration_s")
-        elif kind == STAGE_FINISHED:
-            record = state.stages.setdefault(int(event["stage"]), StageRecord(int(event["stage"])))
-            record.finished_at = t
-            record.metrics = dict(event.get("metrics", {}))
-            record.promoted = list(event.get("promoted", []))
-        elif kind == DECISION:
-            state.decisions.append(event)
-        elif kind in END_EVENTS:
-            state.status = {RUN_FINISHED: "finished", RUN_FAILED: "failed", RUN_INTERRUPTED: "interrupted",
-                            RUN_STOPPED: "stopped"}[kind]
-            state.ended_at = t
-            state.end_reason = event.get("reason") or event.get("error")
-            if kind == RUN_FINISHED:
-                state.result = event
+def fold(events: list[dict[str, Any]] | list[_Event]) -> RunState:
+    """The state of a list of events (typed, or raw journal objects), the first being ``run_started``.
+
+    Raw objects are validated (pydantic ``ValidationError`` on damage); unknown types are skipped.
+    """
+    typed = [e if isinstance(e, _Event) else parse_event(e) for e in events]
+    first = typed[0]
+    if not isinstance(first, RunStarted):
+        raise ValueError("a journal begins with run_started")
+    state = start_state(first)
+    for event in typed[1:]:
+        if event is not None:
+            apply(state, event)
     return state
+
+
+_END_STATUS = {RunFinished: "finished", RunFailed: "failed", RunInterrupted: "interrupted", RunStopped: "stopped"}
+
+
+def apply(state: RunState, event: _Event) -> None:
+    """Fold one event into ``state`` (in place): the one place where the run's state follows from its events."""
+    t = event.t if event.t is not None else 0.0
+    if isinstance(event, RunResumed):
+        state.attempts += 1
+        state.status, state.ended_at, state.end_reason = "running", None, None
+        state.started_at = t
+    elif isinstance(event, PlanChanged):
+        state.plan = event.plan
+    elif isinstance(event, InstanceRequested):
+        state.instances[event.id] = InstanceLife(
+            id=event.id, instance_type=event.instance_type,
+            cloud=event.cloud if event.cloud is not None else state.cloud, price_hr=event.price_hr,
+            spot=event.spot, stage=event.stage, requested_at=t)
+    elif isinstance(event, HeadInstance):
+        state.head = HeadLife(id=event.id, instance_type=event.instance_type,
+                              cloud=event.cloud if event.cloud is not None else state.cloud,
+                              price_hr=event.price_hr,
+                              launched_at=event.launched_at if event.launched_at is not None else t,
+                              grace_s=event.grace_s)
+    elif isinstance(event, InstanceReady):
+        if event.id in state.instances:
+            state.instances[event.id].ready_at = t
+    elif isinstance(event, InstanceLost):
+        if event.id in state.instances:
+            state.instances[event.id].lost = event.reason if event.reason is not None else "lost"
+    elif isinstance(event, InstanceTerminated):
+        life = state.instances.get(event.id)
+        if life is not None and life.terminated_at is None:
+            life.terminated_at, life.reason = t, event.reason
+    elif isinstance(event, TrialCreated):
+        state.trials[event.trial_id] = TrialState(event.trial_id, event.bracket, event.index, dict(event.config))
+    elif isinstance(event, Epoch):
+        trial = state.trials.get(event.trial_id)
+        if trial is not None:
+            trial.epochs[event.epoch] = dict(event.metrics)  # type: ignore[arg-type]
+            trial.epoch_runs[event.epoch] = trial.epoch_runs.get(event.epoch, 0) + 1
+    elif isinstance(event, Checkpoint):
+        trial = state.trials.get(event.trial_id)
+        if trial is not None and (trial.checkpoint_epoch is None or event.epoch >= trial.checkpoint_epoch):
+            trial.checkpoint_epoch, trial.checkpoint_path = event.epoch, event.path
+    elif isinstance(event, TrialStopped):
+        trial = state.trials.get(event.trial_id)
+        if trial is not None:
+            if event.reason == "finished":
+                trial.finished_stages[event.stage] = event.metric
+            ckpt = event.checkpoint_epoch
+            if ckpt is not None and (trial.checkpoint_epoch is None or ckpt > trial.checkpoint_epoch):
+                trial.checkpoint_epoch = ckpt
+    elif isinstance(event, StageStarted):
+        record = state.stages.setdefault(event.stage, StageRecord(event.stage))
+        record.started_at = record.started_at or t
+        record.predicted_duration_s = event.predicted_duration_s
+    elif isinstance(event, StageFinished):
+        record = state.stages.setdefault(event.stage, StageRecord(event.stage))
+        record.finished_at = t
+        record.metrics = dict(event.metrics)
+        record.promoted = list(event.promoted)
+    elif isinstance(event, Decision):
+        state.decisions.append({**to_json_dict(event), "t": t})
+    elif type(event) in _END_STATUS:
+        assert isinstance(event, (RunFinished, RunFailed, RunInterrupted, RunStopped))
+        state.status = _END_STATUS[type(event)]
+        state.ended_at = t
+        state.end_reason = event.reason or event.error
+        if isinstance(event, RunFinished):
+            state.result = to_json_dict(event)

@@ -289,19 +289,18 @@ def journaled_controller(tmp_path: Path, spec, plan, *, deadline_s: float, contr
     tests of its loss and spot decisions drive by hand. Returns (controller, backend)."""
     from rubberband.catalog import load_catalog
     from rubberband.executor import journal as J
-    from rubberband.executor.controller import Controller, trial_configs
-
     from rubberband.executor.clock import WALL_CLOCK
+    from rubberband.executor.controller import Controller, trial_configs
 
     run_dir = tmp_path / "run"
     journal = J.Journal(run_dir, clock=options.get("clock", WALL_CLOCK))  # the run started on the controller's clock
-    journal.record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                   plan=plan.model_dump(mode="json"), cloud="local", deadline_s=deadline_s)
+    journal.record(J.RunStarted(run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
+                                plan=plan.model_dump(mode="json"), cloud="local", deadline_s=deadline_s))
     for trial_id, bracket, index, config in trial_configs(spec, plan):
-        journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
+        journal.record(J.TrialCreated(trial_id=trial_id, bracket=bracket, index=index, config=config))
     backend = LosingBackend()
     cls = controller_class or Controller
     controller = cls(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=backend,
                      runtime=runtime, run_id="r1", deadline_s=deadline_s, **options)
-    controller.state = J.read_state(run_dir)
+    controller.state = controller.journal.state
     return controller, backend

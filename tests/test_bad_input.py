@@ -442,16 +442,17 @@ def write_journal(run_dir: Path, spec_path: Path, plan_path: Path, *, finished: 
     spec, plan = load_spec(spec_path), load_plan(plan_path)
     journal = J.Journal(run_dir)
     t = iter(range(1000, 2000))  # fixed times: the same journal, byte for byte, every example
-    journal.record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                   plan=plan.model_dump(mode="json"), cloud="local", deadline_s=spec.deadline_s, pid=1, t=next(t))
+    journal.record(J.RunStarted(run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
+                                plan=plan.model_dump(mode="json"), cloud="local", deadline_s=spec.deadline_s, pid=1,
+                                t=next(t)))
     for i in range(3):
-        journal.record(J.INSTANCE_REQUESTED, id=f"i{i}", instance_type="local.cpu2", price_hr=0.1, stage=0, t=next(t))
-    journal.record(J.INSTANCE_READY, id="i0", t=next(t))
-    journal.record(J.TRIAL_CREATED, trial_id="t0", bracket=0, index=0, config={"lr": 0.01}, t=next(t))
-    journal.record(J.EPOCH, trial_id="t0", epoch=0, metrics={"score": 0.5}, t=next(t))
-    journal.record(J.CHECKPOINT, trial_id="t0", epoch=0, path="ckpt/t0", t=next(t))
+        journal.record(J.InstanceRequested(id=f"i{i}", instance_type="local.cpu2", price_hr=0.1, stage=0, t=next(t)))
+    journal.record(J.InstanceReady(id="i0", t=next(t)))
+    journal.record(J.TrialCreated(trial_id="t0", bracket=0, index=0, config={"lr": 0.01}, t=next(t)))
+    journal.record(J.Epoch(trial_id="t0", epoch=0, metrics={"score": 0.5}, t=next(t)))
+    journal.record(J.Checkpoint(trial_id="t0", epoch=0, path="ckpt/t0", t=next(t)))
     if finished:
-        journal.record(J.RUN_FINISHED, reason="done", t=next(t))
+        journal.record(J.RunFinished(reason="done", t=next(t)))
     return journal.events()
 
 
@@ -537,7 +538,7 @@ def test_a_torn_last_line_is_skipped_and_the_run_resumes_from_the_rest(good_plan
     path.write_bytes(path.read_bytes()[:-7])  # the run_finished line, torn
     state = J.read_state(run_dir)
     assert not state.finished and set(state.instances) == {"i0", "i1", "i2"}
-    J.Journal(run_dir).record(J.RUN_RESUMED, pid=2)  # a resumed executor starts a fresh line
+    J.Journal(run_dir).record(J.RunResumed(pid=2))  # a resumed executor starts a fresh line
     assert [e["type"] for e in J.iter_events(path)][-1] == J.RUN_RESUMED
 
 

@@ -228,7 +228,7 @@ def test_without_a_usable_proposal_the_type_failover_obtained_stands_in(tmp_path
     fresh = LosingBackend()
     resumed = ParallelController(spec=spec, plan=plan, catalog=controller.catalog, run_dir=controller.run_dir,
                                  backend=Backend(fresh), runtime=FakeRuntime(), run_id="r1", deadline_s=400.0)
-    resumed.state = J.read_state(controller.run_dir)
+    resumed.state = resumed.journal.state
     resumed._open_lanes()
     resumed._request_first_instances()  # bracket 0 from its first unfinished stage; bracket 1 not due yet
     _served(resumed)

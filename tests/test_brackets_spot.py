@@ -87,7 +87,7 @@ def _checkpoint(controller, trial_id: str, epoch: int) -> None:
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / f"epoch-{epoch}.pt").write_bytes(b"x")
     (ckpt / "latest").write_text(f"epoch-{epoch}.pt\n")
-    controller.journal.record(J.CHECKPOINT, trial_id=trial_id, epoch=epoch)
+    controller.journal.record(J.Checkpoint(trial_id=trial_id, epoch=epoch))
 
 
 def _events(controller) -> list[dict]:

@@ -233,8 +233,8 @@ def test_aws_down_run_uses_the_journal_regions(cli, tmp_path, moto_env):
     run_dir = tmp_path / "runs" / "jr-run"
     run_dir.mkdir(parents=True)
     journal = J.Journal(run_dir)
-    journal.record(J.INSTANCE_REQUESTED, id="x", instance_type="g4dn.xlarge", cloud="aws", region=REGION,
-                   price_hr=0.526, spot=False, stage=0)
+    journal.record(J.InstanceRequested(id="x", instance_type="g4dn.xlarge", cloud="aws", region=REGION,
+                                       price_hr=0.526, spot=False, stage=0))
     ids = _launch_aws("jr-run")
     env = cloud_env(tmp_path, moto_env)
     env["RUBBERBAND_CATALOG_DIR"] = str(tmp_path / "empty-catalogs")  # the shipped catalog: many regions

@@ -30,19 +30,19 @@ def spec(tmp_path):
 
 def _journal_with_head(run_dir, spec, plan, *, head: bool = True) -> None:
     journal = J.Journal(run_dir)
-    journal.record(J.RUN_STARTED, t=1000.0, run_id="r1", spec_sha256=spec.sha256(),
-                   spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), cloud="aws",
-                   deadline_s=3600.0)
+    journal.record(J.RunStarted(t=1000.0, run_id="r1", spec_sha256=spec.sha256(),
+                                spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), cloud="aws",
+                                deadline_s=3600.0))
     if head:  # launched 90 s before the executor started on it; grace 600 s
-        journal.record(J.HEAD_INSTANCE, t=1000.5, id="i-head", instance_type="m6i.large", cloud="aws",
-                       price_hr=0.096, launched_at=910.0, grace_s=600.0)
-    journal.record(J.INSTANCE_REQUESTED, t=1001.0, id="w1", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06,
-                   stage=0)
-    journal.record(J.STAGE_STARTED, t=1060.0, stage=0)
-    journal.record(J.STAGE_FINISHED, t=1500.0, stage=0)
-    journal.record(J.STAGE_STARTED, t=1500.0, stage=1)
-    journal.record(J.STAGE_FINISHED, t=1800.0, stage=1)
-    journal.record(J.INSTANCE_TERMINATED, t=1801.0, id="w1")
+        journal.record(J.HeadInstance(t=1000.5, id="i-head", instance_type="m6i.large", cloud="aws",
+                                      price_hr=0.096, launched_at=910.0, grace_s=600.0))
+    journal.record(J.InstanceRequested(t=1001.0, id="w1", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06,
+                                       stage=0))
+    journal.record(J.StageStarted(t=1060.0, stage=0))
+    journal.record(J.StageFinished(t=1500.0, stage=0))
+    journal.record(J.StageStarted(t=1500.0, stage=1))
+    journal.record(J.StageFinished(t=1800.0, stage=1))
+    journal.record(J.InstanceTerminated(t=1801.0, id="w1"))
 
 
 def test_a_journaled_head_is_billed_launch_to_end_plus_grace_outside_the_stages(tmp_path, spec):

@@ -22,8 +22,8 @@ def spec(tmp_path):
 
 
 def _start(journal: J.Journal, spec, plan, t0: float = 1000.0) -> None:
-    journal.record(J.RUN_STARTED, t=t0, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                   plan=plan.model_dump(mode="json"), cloud="local", deadline_s=600.0)
+    journal.record(J.RunStarted(t=t0, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
+                                plan=plan.model_dump(mode="json"), cloud="local", deadline_s=600.0))
 
 
 def test_journal_round_trip_rebuilds_resume_state(tmp_path, spec):
@@ -31,17 +31,17 @@ def test_journal_round_trip_rebuilds_resume_state(tmp_path, spec):
     journal = J.Journal(tmp_path)
     _start(journal, spec, plan)
     for trial_id, bracket, index, config in trial_configs(spec, plan):
-        journal.record(J.TRIAL_CREATED, trial_id=trial_id, bracket=bracket, index=index, config=config)
-    journal.record(J.INSTANCE_REQUESTED, t=1001.0, id="n1", instance_type="local.cpu2", cloud="local",
-                   price_hr=0.10, stage=0)
-    journal.record(J.INSTANCE_READY, t=1005.0, id="n1")
-    journal.record(J.STAGE_STARTED, t=1005.0, stage=0, predicted_duration_s=20.0)
-    journal.record(J.TRIAL_STARTED, trial_id="b0-t000", stage=0, start_epoch=0, end_epoch=1)
-    journal.record(J.EPOCH, trial_id="b0-t000", epoch=0, metrics={"loss": 0.5}, seconds=1.0)
-    journal.record(J.CHECKPOINT, trial_id="b0-t000", epoch=0, path="/x/epoch-0.pt")
-    journal.record(J.TRIAL_STOPPED, trial_id="b0-t000", stage=0, reason="finished", metric=0.5, checkpoint_epoch=0)
-    journal.record(J.STAGE_FINISHED, t=1020.0, stage=0, metrics={"b0-t000": 0.5}, promoted=["b0-t000"])
-    journal.record(J.DECISION, kind="release", id="n1")
+        journal.record(J.TrialCreated(trial_id=trial_id, bracket=bracket, index=index, config=config))
+    journal.record(J.InstanceRequested(t=1001.0, id="n1", instance_type="local.cpu2", cloud="local",
+                                       price_hr=0.10, stage=0))
+    journal.record(J.InstanceReady(t=1005.0, id="n1"))
+    journal.record(J.StageStarted(t=1005.0, stage=0, predicted_duration_s=20.0))
+    journal.record(J.TrialStarted(trial_id="b0-t000", stage=0, start_epoch=0, end_epoch=1))
+    journal.record(J.Epoch(trial_id="b0-t000", epoch=0, metrics={"loss": 0.5}, seconds=1.0))
+    journal.record(J.Checkpoint(trial_id="b0-t000", epoch=0, path="/x/epoch-0.pt"))
+    journal.record(J.TrialStopped(trial_id="b0-t000", stage=0, reason="finished", metric=0.5, checkpoint_epoch=0))
+    journal.record(J.StageFinished(t=1020.0, stage=0, metrics={"b0-t000": 0.5}, promoted=["b0-t000"]))
+    journal.record(J.Decision(kind="release", id="n1"))
     # a crash mid-write leaves a torn last line: the reader skips it
     with open(journal.path, "ab") as handle:
         handle.write(b'{"type": "epoch", "trial_id": "b0-t0')
@@ -59,8 +59,8 @@ def test_journal_round_trip_rebuilds_resume_state(tmp_path, spec):
     assert state.plan["stages"][1]["workers_per_trial"] == 2
 
     journal = J.Journal(tmp_path)  # the resuming executor ends the torn line first
-    journal.record(J.RUN_RESUMED, t=2000.0, attempt=2)
-    journal.record(J.RUN_FINISHED, t=2100.0, best_trial="b0-t000")
+    journal.record(J.RunResumed(t=2000.0, attempt=2))
+    journal.record(J.RunFinished(t=2100.0, best_trial="b0-t000"))
     state = J.read_state(tmp_path)
     assert state.attempts == 2 and state.finished and state.first_started_at == 1000.0
 
@@ -74,7 +74,7 @@ def test_read_state_rejects_non_runs(tmp_path):
 
 def test_journal_lines_are_one_json_object_each(tmp_path):
     journal = J.Journal(tmp_path)
-    journal.record(J.DECISION, kind="prefetch", count=2)
+    journal.record(J.Decision(kind="prefetch", count=2))
     J.JournalSink(str(journal.path)).record({"type": "epoch", "trial_id": "b0-t001", "epoch": 3, "t": 5.0})
     lines = journal.path.read_text().splitlines()
     assert [json.loads(line)["type"] for line in lines] == ["decision", "epoch"]
@@ -86,18 +86,18 @@ def test_bills_match_hand_computed_figures(tmp_path, spec):
     journal = J.Journal(tmp_path)
     _start(journal, spec, plan, t0=0.0)
     # n1: 0 → 125.4 s on aws-like rules ($3.06/h): ceil(125.4) = 126 s → 126 * 3.06 / 3600
-    journal.record(J.INSTANCE_REQUESTED, t=0.0, id="n1", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06,
-                   stage=0)
-    journal.record(J.INSTANCE_TERMINATED, t=125.4, id="n1")
+    journal.record(J.InstanceRequested(t=0.0, id="n1", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06,
+                                       stage=0))
+    journal.record(J.InstanceTerminated(t=125.4, id="n1"))
     # n2: lives 20 s on aws → the 60 s minimum applies: 60 * 3.06 / 3600
-    journal.record(J.INSTANCE_REQUESTED, t=10.0, id="n2", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06,
-                   stage=0)
-    journal.record(J.INSTANCE_TERMINATED, t=30.0, id="n2")
+    journal.record(J.InstanceRequested(t=10.0, id="n2", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06,
+                                       stage=0))
+    journal.record(J.InstanceTerminated(t=30.0, id="n2"))
     # n3: local ($0.10/h, 1 s minimum), still alive at now=100: 40 s
-    journal.record(J.INSTANCE_REQUESTED, t=60.0, id="n3", instance_type="local.cpu2", cloud="local", price_hr=0.10,
-                   stage=1)
-    journal.record(J.STAGE_STARTED, t=5.0, stage=0)
-    journal.record(J.STAGE_STARTED, t=50.0, stage=1)
+    journal.record(J.InstanceRequested(t=60.0, id="n3", instance_type="local.cpu2", cloud="local", price_hr=0.10,
+                                       stage=1))
+    journal.record(J.StageStarted(t=5.0, stage=0))
+    journal.record(J.StageStarted(t=50.0, stage=1))
     bill = bill_run(J.read_state(tmp_path), now=100.0)
     costs = {b.id: b.cost_usd for b in bill.instances}
     assert costs["n1"] == pytest.approx(126 * 3.06 / 3600)

@@ -21,11 +21,11 @@ def setup(tmp_path):
     plan = make_plan(spec, [("local.cpu2", 2, 1), ("local.cpu4", 1, 2)], durations=[12.0, 8.0])
     journal = J.Journal(tmp_path / "run")
     now = time.time()
-    journal.record(J.RUN_STARTED, t=now - 100, run_id="r1", spec_sha256=spec.sha256(),
-                   spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), cloud="local",
-                   deadline_s=600.0)
-    journal.record(J.STAGE_STARTED, t=now - 100, stage=0)
-    journal.record(J.STAGE_FINISHED, t=now - 40, stage=0, metrics={}, promoted=[])  # 60 s, 5× the prediction
+    journal.record(J.RunStarted(t=now - 100, run_id="r1", spec_sha256=spec.sha256(),
+                                spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), cloud="local",
+                                deadline_s=600.0))
+    journal.record(J.StageStarted(t=now - 100, stage=0))
+    journal.record(J.StageFinished(t=now - 40, stage=0, metrics={}, promoted=[]))  # 60 s, 5× the prediction
     return spec, plan, tmp_path / "run"
 
 
@@ -34,7 +34,7 @@ def _controller(setup, replanner, deadline_s, **options):
     options.setdefault("overrun_s", math.inf)  # finish late, whatever it takes, unless a test says otherwise
     controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=LosingBackend(),
                             runtime=None, run_id="r1", replanner=replanner, deadline_s=deadline_s, **options)
-    controller.state = J.read_state(run_dir)
+    controller.state = controller.journal.state
     return controller
 
 

@@ -101,8 +101,8 @@ def _ready(controller: Controller, ident: str) -> PoolInstance:
     entry = PoolInstance(token=f"t-{ident}", itype=itype, spot=True, assigned_stage=0, id=ident, ready=True,
                          requested_at=time.time() - 5)
     controller.pool[entry.token] = entry
-    controller.journal.record(J.INSTANCE_REQUESTED, t=entry.requested_at, id=ident, instance_type=itype.name,
-                              cloud="local", price_hr=0.04, spot=True, stage=0)
+    controller.journal.record(J.InstanceRequested(t=entry.requested_at, id=ident, instance_type=itype.name,
+                                                  cloud="local", price_hr=0.04, spot=True, stage=0))
     return entry
 
 
@@ -164,7 +164,7 @@ def test_settle_finishes_a_trial_whose_checkpoint_covers_the_stage(tmp_path):
         ckpt.mkdir(parents=True)
         (ckpt / "epoch-2.pt").write_bytes(b"x")
         (ckpt / "latest").write_text("epoch-2.pt\n")
-    controller.journal.record(J.EPOCH, trial_id="b0-t000", epoch=2, metrics={"loss": 0.25})
+    controller.journal.record(J.Epoch(trial_id="b0-t000", epoch=2, metrics={"loss": 0.25}))
     metrics: dict = {}
     assert controller._settle(0, stage, "b0-t000", 1, metrics) is None
     assert metrics == {"b0-t000": 0.25}  # reported and checkpointed: finished without running again

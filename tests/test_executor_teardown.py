@@ -88,11 +88,11 @@ def test_a_late_run_goes_on_within_its_overrun_then_stops(tmp_path):
     spec = load_spec(write_job(tmp_path / "job"))
     plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu2", 1, 2)])
     run_dir = tmp_path / "run"
-    J.Journal(run_dir).record(J.RUN_STARTED, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                              plan=plan.model_dump(mode="json"), cloud="local", deadline_s=100.0)
+    J.Journal(run_dir).record(J.RunStarted(run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
+                                           plan=plan.model_dump(mode="json"), cloud="local", deadline_s=100.0))
     controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=LosingBackend(),
                             runtime=None, run_id="r1", deadline_s=100.0, overrun_s=10.0)
-    controller.state = J.read_state(run_dir)
+    controller.state = controller.journal.state
     controller.state.first_started_at = time.time() - 105.0
     controller._check_deadline()  # late but within the overrun: the run goes on...
     controller._check_deadline()

@@ -50,16 +50,16 @@ def test_a_run_ends_with_its_cost_beside_the_best_static_plan(tmp_path, capsys):
     plan = plan.model_copy(update={"baselines": {"static": _static_alternative(plan, 0.004, 67.0)}})
     run_dir = tmp_path / "run"
     journal = J.Journal(run_dir)
-    journal.record(J.RUN_STARTED, t=1000.0, run_id="r1", spec_sha256=spec.sha256(),
-                   spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), cloud="local",
-                   deadline_s=75.0)
-    journal.record(J.INSTANCE_REQUESTED, t=1000.0, id="n1", instance_type="local.cpu2", cloud="local",
-                   price_hr=0.10, stage=0)
-    journal.record(J.STAGE_STARTED, t=1005.0, stage=0)
-    journal.record(J.STAGE_FINISHED, t=1035.0, stage=0)
-    journal.record(J.STAGE_STARTED, t=1035.0, stage=1)
-    journal.record(J.STAGE_FINISHED, t=1072.0, stage=1)
-    journal.record(J.INSTANCE_TERMINATED, t=1072.0, id="n1")
+    journal.record(J.RunStarted(t=1000.0, run_id="r1", spec_sha256=spec.sha256(),
+                                spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), cloud="local",
+                                deadline_s=75.0))
+    journal.record(J.InstanceRequested(t=1000.0, id="n1", instance_type="local.cpu2", cloud="local",
+                                       price_hr=0.10, stage=0))
+    journal.record(J.StageStarted(t=1005.0, stage=0))
+    journal.record(J.StageFinished(t=1035.0, stage=0))
+    journal.record(J.StageStarted(t=1035.0, stage=1))
+    journal.record(J.StageFinished(t=1072.0, stage=1))
+    journal.record(J.InstanceTerminated(t=1072.0, id="n1"))
     result = build_result(J.read_state(run_dir), plan, spec=spec, status="finished", error=None, best_trial=None,
                           best_metric=None, now=1073.0, run_dir=run_dir)
     cost = 72 * 0.10 / 3600

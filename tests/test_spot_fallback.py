@@ -92,8 +92,8 @@ def _lose_spot_instance(controller: Controller) -> list[dict]:
     entry = PoolInstance(token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True,
                          requested_at=time.time() - 5)
     controller.pool[entry.token] = entry
-    controller.journal.record(J.INSTANCE_REQUESTED, t=entry.requested_at, id="n1", instance_type=itype.name,
-                              cloud="local", price_hr=0.04, spot=True, stage=0)
+    controller.journal.record(J.InstanceRequested(t=entry.requested_at, id="n1", instance_type=itype.name,
+                                                  cloud="local", price_hr=0.04, spot=True, stage=0))
     slots = make_slots(["n1"], 2, 1)
     slots[0].trial_id = "b0-t000"
     pending = [("b0-t001", 0)]

@@ -128,9 +128,9 @@ def test_event_sink_max_iterations_and_stop(local_ray_cluster, tmp_path):
     outcome = TrialRun.start(spec, event_sink=sink).result(timeout_s=120)
     assert len(outcome.iteration_latencies_s) == 6  # 3 per epoch call
     events = ray.get(sink.get.remote(), timeout=30)
-    assert [(e["type"], e["epoch"]) for e in events] == [("epoch", 0), ("checkpoint", 0), ("epoch", 1),
-                                                        ("checkpoint", 1)]
-    assert events[1]["path"].endswith("epoch-0.pt") and events[0]["trial_id"] == "p-1"
+    # typed journal events, built (and so validated) on the worker
+    assert [(e.type, e.epoch) for e in events] == [("epoch", 0), ("checkpoint", 0), ("epoch", 1), ("checkpoint", 1)]
+    assert events[1].path.endswith("epoch-0.pt") and events[0].trial_id == "p-1"
     ray.kill(sink)
 
     # A long-running trial stopped from the driver leaves nothing behind.

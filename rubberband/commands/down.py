@@ -121,7 +121,7 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
         deleted += len(result.resources)
         if journal is not None:
             for instance in result.instances:
-                journal.record(J.INSTANCE_TERMINATED, id=instance.id, reason="down")
+                journal.record(J.InstanceTerminated(id=instance.id, reason="down"))
     from rubberband.cloud.identity import delete_run_identity
     from rubberband.errors import CloudError
 
@@ -135,7 +135,7 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
         deleted += 1
         _echo(f"deleted {cloud} {resource} (run {run_id})")
     if journal is not None and terminated:
-        journal.record(J.DECISION, kind="down", terminated=terminated)
+        journal.record(J.Decision(kind="down", terminated=terminated))
     if not terminated and not deleted:
         _echo(f"nothing left on {cloud} for run {run_id}")
     return terminated
@@ -199,7 +199,7 @@ def down_local(run: str) -> None:
         provider.terminate([instance.id])
         stopped += 1
         if journal is not None:
-            journal.record(J.INSTANCE_TERMINATED, id=instance.id, reason="down")
+            journal.record(J.InstanceTerminated(id=instance.id, reason="down"))
         out.print(f"terminated {instance.id} ({instance.instance_type}, run {instance.run_id}, "
                   f"pid {record.pid})", markup=False, highlight=False)
     head = provider.head()
@@ -208,7 +208,7 @@ def down_local(run: str) -> None:
         out.print(f"terminated the Ray head of run {head.run_id} (pid {head.pid})", markup=False,
                   highlight=False)
     if journal is not None and stopped:
-        journal.record(J.DECISION, kind="down", terminated=stopped)
+        journal.record(J.Decision(kind="down", terminated=stopped))
     if not stopped:
         out.print(f"nothing left running for {directory}", markup=False, highlight=False)
 

@@ -1,0 +1,310 @@
+"""The journal's events as typed models: one pydantic model per event ``type``, a discriminated union over them.
+
+Writers build an event (``J.TrialStarted(trial_id=..., stage=...)``) and hand it to
+:meth:`rubberband.executor.journal.Journal.record`; a wrong or misspelt field fails where the event is built
+(``extra="forbid"``), not when a later resume reads the line. On disk an event is its fields as the writer
+set them (plus ``type`` and ``t``): the same JSON, field for field, as the untyped dicts of journal version 1,
+so old journals, reports and tests read alike. docs/executor.md ("Journal events") describes each field.
+
+Reading is tolerant where the journal may come from another version of rubberband: a field this code does not
+know is dropped (a newer minor version may add fields), an event ``type`` it does not know is skipped
+(:func:`parse_event` returns None). A field it knows with a value of the wrong type is damage:
+:func:`parse_event` raises pydantic's ``ValidationError``, which the reader turns into a one-line error naming
+the line and the field.
+
+``decision`` events carry a ``kind`` and kind-specific fields (a dozen kinds, some with tens of figures);
+:class:`Decision` types ``kind`` and keeps the rest as extra fields, as the journal writes them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+#: The journal schema this code writes (``run_started.journal_version``). A journal without it is version 1
+#: (the untyped journals, same fields); one with a higher version is refused with "upgrade rubberband".
+JOURNAL_VERSION = 2
+
+
+class _Event(BaseModel):
+    """Every event: ``type`` (the discriminator) and ``t``, POSIX seconds (the writer fills it in when None)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: fields written only when they apply: None leaves them out of the line (as the untyped journal did)
+    omit_none: ClassVar[frozenset[str]] = frozenset()
+
+    t: float | None = None
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+
+class RunStarted(_Event):
+    type: Literal["run_started"] = "run_started"
+    run_id: str
+    spec_sha256: str
+    spec: dict[str, Any]
+    plan: dict[str, Any]
+    cloud: str = "local"
+    deadline_s: float
+    trial_runtime: str | None = None
+    pid: int | None = None
+    on_late: str | None = None
+    #: the journal schema; absent in version-1 journals (the writer stamps the current one)
+    journal_version: int = 1
+
+
+class RunResumed(_Event):
+    type: Literal["run_resumed"] = "run_resumed"
+    run_id: str | None = None
+    attempt: int | None = None
+    pid: int | None = None
+    on_late: str | None = None
+
+
+class _RunEnded(_Event):
+    """How the run ended (the four end events share these fields)."""
+
+    reason: str | None = None
+    error: str | None = None  # older journals named the failure here
+    best_trial: str | None = None
+    best_metric: float | None = None
+    rung: dict[str, Any] | None = None
+    outcome: str | None = None
+    jct_s: float | None = None
+    cost_usd: float | None = None
+
+
+class RunFinished(_RunEnded):
+    type: Literal["run_finished"] = "run_finished"
+
+
+class RunFailed(_RunEnded):
+    type: Literal["run_failed"] = "run_failed"
+
+
+class RunInterrupted(_RunEnded):
+    type: Literal["run_interrupted"] = "run_interrupted"
+
+
+class RunStopped(_RunEnded):
+    """Stopped early with a partial result (``--on-late stop``, or the deadline plus the overrun passed)."""
+
+    type: Literal["run_stopped"] = "run_stopped"
+
+
+class PlanChanged(_Event):
+    type: Literal["plan_changed"] = "plan_changed"
+    stage: int | None = None
+    plan: dict[str, Any]
+
+
+class Decision(_Event):
+    """A decision taken (or declined) and why: ``kind`` plus that kind's fields (docs/executor.md lists them)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["decision"] = "decision"
+    kind: str
+
+
+# -- instances -------------------------------------------------------------------------------------------------
+
+class InstanceRequested(_Event):
+    """``t`` is the request time; ``instance_type`` the type obtained (``requested_type`` when failover
+    obtained another), ``price_hr`` that type's price."""
+
+    omit_none: ClassVar[frozenset[str]] = frozenset({"requested_type"})
+
+    type: Literal["instance_requested"] = "instance_requested"
+    id: str
+    instance_type: str
+    cloud: str | None = None  # the run's cloud when absent
+    region: str | None = None
+    price_hr: float
+    spot: bool = False
+    stage: int = 0
+    zone: str | None = None
+    requested_type: str | None = None
+
+
+class InstanceReady(_Event):
+    type: Literal["instance_ready"] = "instance_ready"
+    id: str
+    startup_s: float | None = None
+
+
+class InstanceTerminated(_Event):
+    type: Literal["instance_terminated"] = "instance_terminated"
+    id: str
+    reason: str | None = None
+
+
+class InstanceLost(_Event):
+    """``t`` is when the loss was seen; ``reason`` ``spot-interruption`` or ``lost``."""
+
+    type: Literal["instance_lost"] = "instance_lost"
+    id: str
+    reason: str | None = None
+    instance_type: str | None = None
+    stage: int | None = None
+    trials: list[str] = []
+    losses: int | None = None
+
+
+class HeadInstance(_Event):
+    """The run's billed head instance (head mode only), journaled once by the executor running on it."""
+
+    type: Literal["head_instance"] = "head_instance"
+    id: str
+    instance_type: str
+    cloud: str | None = None
+    price_hr: float
+    launched_at: float | None = None  # from the provider; the event's time when absent
+    grace_s: float = 0.0
+
+
+# -- stages and trials -----------------------------------------------------------------------------------------
+
+class StageStarted(_Event):
+    type: Literal["stage_started"] = "stage_started"
+    stage: int
+    bracket: int | None = None
+    stage_in_bracket: int | None = None
+    trials: int | None = None
+    to_run: int | None = None
+    epochs: int | None = None
+    instance_type: str | None = None
+    instances: int | None = None
+    workers_per_trial: int | None = None
+    predicted_duration_s: float | None = None
+    offset_s: float | None = None  # parallel brackets: the bracket's planned start offset
+
+
+class StageFinished(_Event):
+    type: Literal["stage_finished"] = "stage_finished"
+    stage: int
+    bracket: int | None = None
+    metrics: dict[str, float | None] = {}
+    promoted: list[str] = []
+    ranking: list[str] | None = None
+
+
+class TrialCreated(_Event):
+    type: Literal["trial_created"] = "trial_created"
+    trial_id: str
+    bracket: int
+    index: int
+    config: dict[str, Any]
+
+
+class TrialStarted(_Event):
+    type: Literal["trial_started"] = "trial_started"
+    trial_id: str
+    stage: int
+    start_epoch: int
+    end_epoch: int
+    workers: int | None = None
+    instances: list[str] = []
+    placement: list[str] = []
+    from_checkpoint: int | None = None
+
+
+class Epoch(_Event):
+    """From the trial's rank 0, through the sink actor."""
+
+    type: Literal["epoch"] = "epoch"
+    trial_id: str
+    epoch: int
+    metrics: dict[str, float | None] = {}
+    seconds: float | None = None
+
+
+class Checkpoint(_Event):
+    """From the trial's rank 0, through the sink actor."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    trial_id: str
+    epoch: int
+    path: str | None = None
+
+
+class TrialStopped(_Event):
+    """``reason``: finished, failed, interrupted, instance_lost or preempted."""
+
+    omit_none: ClassVar[frozenset[str]] = frozenset({"lost", "note", "devices", "gpu_ids"})
+
+    type: Literal["trial_stopped"] = "trial_stopped"
+    trial_id: str
+    stage: int
+    reason: str
+    metric: float | None = None
+    error: str | None = None
+    start_epoch: int | None = None
+    end_epoch: int | None = None
+    seconds: float | None = None
+    setup_s: float | None = None
+    checkpoint_epoch: int | None = None
+    lost: list[str] | None = None  # instance_lost only
+    note: str | None = None
+    devices: list[str] | None = None  # per rank, the device it trained on
+    gpu_ids: list[list[int | str]] | None = None  # per rank, the GPUs Ray assigned it
+
+
+class TrialPromoted(_Event):
+    type: Literal["trial_promoted"] = "trial_promoted"
+    trial_id: str
+    from_stage: int
+    to_stage: int
+    metric: float | None = None
+    rank: int | None = None
+
+
+Event = Annotated[
+    Union[RunStarted, RunResumed, RunFinished, RunFailed, RunInterrupted, RunStopped, PlanChanged, Decision,
+          InstanceRequested, InstanceReady, InstanceTerminated, InstanceLost, HeadInstance,
+          StageStarted, StageFinished, TrialCreated, TrialStarted, Epoch, Checkpoint, TrialStopped, TrialPromoted],
+    Field(discriminator="type"),
+]
+"""Any journal event (discriminated on ``type``)."""
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+#: event type -> its model
+MODELS: dict[str, type[_Event]] = {
+    model.model_fields["type"].default: model
+    for model in (RunStarted, RunResumed, RunFinished, RunFailed, RunInterrupted, RunStopped, PlanChanged, Decision,
+                  InstanceRequested, InstanceReady, InstanceTerminated, InstanceLost, HeadInstance, StageStarted,
+                  StageFinished, TrialCreated, TrialStarted, Epoch, Checkpoint, TrialStopped, TrialPromoted)
+}
+
+
+def parse_event(raw: dict[str, Any]) -> _Event | None:
+    """The typed event of a journal line's object; None for a ``type`` this code does not know (skipped).
+
+    Fields the model does not know are dropped (a newer minor version's additions); a known field with a
+    wrong value raises ``pydantic.ValidationError``.
+    """
+    model = MODELS.get(raw.get("type"))  # type: ignore[arg-type]
+    if model is None:
+        return None
+    if model.model_config.get("extra") != "allow":
+        raw = {key: value for key, value in raw.items() if key in model.model_fields}
+    return model.model_validate(raw)
+
+
+def to_json_dict(event: _Event) -> dict[str, Any]:
+    """The event as the journal writes it: ``type``, ``t`` (when set), then the fields its writer set."""
+    fields = event.model_dump(exclude_unset=True)
+    fields.pop("type", None)
+    for name in event.omit_none:
+        if fields.get(name, 0) is None:
+            del fields[name]
+    out: dict[str, Any] = {"type": type(event).model_fields["type"].default}
+    if event.t is not None:
+        out["t"] = fields.pop("t", event.t)
+    else:
+        fields.pop("t", None)
+    out.update(fields)
+    return out
