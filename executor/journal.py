@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Iterator, TypeVar
 
 from pydantic import ValidationError
 
@@ -96,16 +96,16 @@ def _line(event: dict[str, Any]) -> bytes:
     return (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
 
 
-def append_event(path: str | Path, event: dict[str, Any] | _Event, *, clock: Callable[[], float] = time.time
-                 ) -> dict[str, Any]:
-    """Append one event durably (``t`` from ``clock`` when missing); return what was written.
+def append_event(path: str | Path, event: dict[str, Any] | _Event) -> dict[str, Any]:
+    """Append one event durably (``t`` from the wall clock when missing: :class:`Journal` stamps its own
+    events from the run's clock first); return what was written.
 
     A typed event is written as :func:`~rubberband.executor.events.to_json_dict` gives it; a dict is written
     as it is (old-journal fixtures, tools): use the typed events everywhere else.
     """
     data = to_json_dict(event) if isinstance(event, _Event) else dict(event)
     if data.get("t") is None:
-        data["t"] = clock()
+        data["t"] = time.time()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, _line(data))
