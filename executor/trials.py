@@ -118,6 +118,18 @@ def _local_ranks(placement: tuple[str, ...]) -> list[int]:
     return ranks
 
 
+
+def _death_cause(exc: BaseException) -> str:
+    """Ray's reason for a worker's death on one short line: its error name and what Ray says beyond the
+    boilerplate (the exit type and detail: killed, out of memory, its node gone, an error in its creation)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith(("class_name:", "actor_id:", "pid:", "name:",
+                                                            "namespace:", "ip:"))
+            and line != "The actor died unexpectedly before finishing this task."]
+    text = " ".join(" ".join(said).split())
+    text = text[:300] + ("…" if len(text) > 300 else "")
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
 class TrialRun:
     """A running trial; create with :meth:`start`."""
 
@@ -203,7 +215,7 @@ class TrialRun:
                 try:
                     results[rank] = ray.get(ref, timeout=self.spec.timeout_s)
                 except RayActorError as exc:
-                    deaths[rank] = f"worker {rank} died ({type(exc).__name__})"
+                    deaths[rank] = f"worker {rank} on {self.spec.placement[rank]} died ({_death_cause(exc)})"
                 except (GetTimeoutError, RayError) as exc:
                     deaths[rank] = f"worker {rank} failed in the runtime ({type(exc).__name__}: {exc})"
                 failed = rank in deaths or results[rank].failure is not None
