@@ -37,7 +37,7 @@ import os
 import signal
 import statistics
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -51,6 +51,7 @@ from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
 from rubberband.executor.clock import WALL_CLOCK, Clock
+from rubberband.executor.cluster import Cluster, RayCluster
 from rubberband.devices import DevicePolicy
 from rubberband.executor.placement import Slot, make_slots, slot_count
 from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanAnswer, ReplanRequest, Replanner, TrialRuntime
@@ -226,9 +227,12 @@ class Controller:
                  deadline_s: float | None = None, overrun_s: float = 0.0, trial_timeout_s: float = 600.0,
                  elastic: bool = True, max_instance_losses: int = MAX_INSTANCE_LOSSES, on_late: str = "finish",
                  prefetch: PrefetchPolicy | None = None, device_policy: DevicePolicy | None = None,
-                 spot_policy: SpotPolicy | None = None, clock: Clock = WALL_CLOCK) -> None:
+                 spot_policy: SpotPolicy | None = None, clock: Clock = WALL_CLOCK,
+                 cluster: Cluster | None = None) -> None:
         self.spec = spec
         self.clock = clock  # every reading of time (journal, deadline, durations, polling): wall or virtual
+        # where trials run and are waited for: the run's Ray cluster, or a simulated one (executor.simulated)
+        self.cluster: Cluster = cluster if cluster is not None else RayCluster(clock)
         self.plan = plan
         self.catalog = catalog
         self.run_dir = Path(run_dir)
@@ -263,8 +267,8 @@ class Controller:
         self.journal = J.Journal(self.run_dir, clock=clock)
         self.pool: dict[str, PoolInstance] = {}
         self._tokens = 0
-        self._provisioner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rb-provision")
-        self._terminator = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rb-terminate")
+        self._provisioner = self.cluster.executor(1, "rb-provision")
+        self._terminator = self.cluster.executor(4, "rb-terminate")
         self._terminations: list[tuple[PoolInstance, Future, str]] = []
         self.running: dict[Any, RunningTrial] = {}
         self.sink = None
@@ -357,20 +361,6 @@ class Controller:
                                                 price_hr=price, spot=False, stage=instance.stage))
 
     def _connect(self) -> None:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        # The driver speaks the head's auth mode: token locally; a backend whose head serves cloud nodes
-        # (which run with auth disabled, docs/clouds.md) says ``ray_auth_mode = "disabled"``.
-        mode = self.backend.ray_auth_mode
-        os.environ["RAY_AUTH_MODE"] = mode
-        import ray
-
-        try:  # ray may have been imported (and its config cached) before the mode was set
-            from ray._raylet import Config
-
-            Config.initialize("")  # what ray's _enable_token_auth does after setting the variable
-        except ImportError:  # pragma: no cover - other ray versions read the variable at init
-            pass
-
         head = self.backend.start_head(self.run_id)
         self.journal.record(J.Decision(kind="head_started", address=head.address, pid=head.pid))
         billed = head.billed
@@ -381,11 +371,13 @@ class Controller:
                                                grace_s=billed.grace_s))
             self.state = self.journal.state
         self._request_first_instances()  # the first node boots while the driver connects
-        # a backend whose workers are other machines ships rubberband and the training code with the driver's job
-        ray.init(address=head.address, namespace=self.run_id, log_to_driver=False, logging_level="ERROR",
-                 runtime_env=self.backend.runtime_env(self.spec.base_dir))
+        # The driver speaks the head's auth mode: token locally; a backend whose head serves cloud nodes
+        # (which run with auth disabled, docs/clouds.md) says ``ray_auth_mode = "disabled"``. A backend whose
+        # workers are other machines ships rubberband and the training code with the driver's job.
+        self.cluster.connect(head.address, namespace=self.run_id, auth_mode=self.backend.ray_auth_mode,
+                             runtime_env=self.backend.runtime_env(self.spec.base_dir))
         self._catch_signals()  # after ray.init, which installs its own SIGTERM handler (it aborts)
-        self.sink = J.start_sink(self.run_dir)
+        self.sink = self.cluster.start_sink(self.run_dir)
         if self.runtime.module == DEFAULT_TRIAL_RUNTIME:
             from rubberband.executor.pool import WorkerPool
 
@@ -650,13 +642,7 @@ class Controller:
                                            placement=list(slot.placement), from_checkpoint=latest_epoch(ckpt_dir)))
 
     def _wait_some(self) -> list[RunningTrial]:
-        import ray
-
-        if not self.running:
-            self.clock.sleep(POLL_S)
-            return []
-        refs = list(self.running)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
+        ready = self.cluster.wait(list(self.running), POLL_S)
         return [self.running.pop(ref) for ref in ready]
 
     def _collect_trial(self, g: int, stage: StagePlan,
@@ -724,8 +710,6 @@ class Controller:
         The backend says whether the cloud (or the local process group) still runs it, and why not;
         Ray says whether its node still offers ``rb-node-<id>`` (only for nodes Ray has shown before).
         """
-        import ray
-
         ids = list(dict.fromkeys(instance_ids))
         deadline = self.clock.monotonic() + wait_s
         while True:
@@ -735,7 +719,7 @@ class Controller:
             except Exception:  # noqa: BLE001 - a cloud hiccup: Ray's view below still counts
                 pass
             try:
-                for ident in self._gone_from_ray(ids, ray.cluster_resources()):
+                for ident in self._gone_from_ray(ids, self.cluster.node_resources()):
                     lost.setdefault(ident, "lost")
             except Exception:  # noqa: BLE001 - Ray's view is asked again on the next try
                 pass
@@ -773,10 +757,8 @@ class Controller:
 
     def _poll_lost(self) -> dict[str, str]:
         """Ready instances whose Ray node is gone, confirmed (id → reason); none when Ray does not answer."""
-        import ray
-
         try:
-            resources = ray.cluster_resources()
+            resources = self.cluster.node_resources()
         except Exception:  # noqa: BLE001 - the next poll asks again
             return {}
         ready = [p.id for p in self.pool.values() if p.id is not None and p.ready and not p.released]
@@ -1569,10 +1551,7 @@ class Controller:
                     pass
                 self.workers = None  # an instance that comes up during teardown gets no workers (Ray is going)
             try:
-                import ray
-
-                if ray.is_initialized():
-                    ray.shutdown()
+                self.cluster.close()
             except Exception:  # noqa: BLE001
                 pass
             self._provisioner.shutdown(wait=True, cancel_futures=True)
