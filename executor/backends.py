@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from rubberband.cloud.backend import ExecutorBackend
 
 SUPPORTED = ("local", "aws", "gcp")
+#: ``--cloud sim``: not a backend of its own but the plan's cloud played on virtual time (executor/simulated.py).
+SIM_CLOUD = "sim"
+#: The trial runtime a simulated run journals (``run_started.trial_runtime``): such a run is not resumed.
+SIM_RUNTIME = "rubberband.executor.simulated"
 
 
 def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *,
@@ -39,4 +43,4 @@ def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *
             raise InputError(f"--cloud {cloud}: the plan names no {cloud} region; re-plan for {cloud}")
         return make_cloud_backend(cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s)
     raise InputError(f"cloud {cloud!r} is not supported by this executor; use --cloud "
-                     f"{' or '.join(SUPPORTED)}")
+                     f"{', '.join(SUPPORTED)} or {SIM_CLOUD}")

@@ -15,6 +15,7 @@ import typer
 
 from rubberband.catalog import Catalog
 from rubberband.console import stderr
+from rubberband.errors import InputError
 from rubberband.plan import Plan, write_plan
 from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd
@@ -28,18 +29,19 @@ def _raise_interrupted(signum, frame) -> None:
 
 def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, backend: Any,
             trial_runtime: str, deadline_s: float | None, resume: bool, profile_path: Path | None = None,
-            overrun_s: float = 0.0, on_late: str = "finish") -> Any:
+            overrun_s: float = 0.0, on_late: str = "finish", simulate: bool = False) -> Any:
     """Run (or resume) the plan to the end on ``backend``; progress goes to stderr. Returns the RunResult.
 
     ``profile_path``: the job's profile when it is not where the spec says (a copy shipped to the head).
     ``overrun_s``: how long a late run goes on past its deadline before it is stopped (math.inf: no limit).
     ``on_late``: at a stage boundary where no plan meets the deadline any more, ``finish`` (go on, be late)
-    or ``stop`` (stop now with the best so far). A stopped run is returned (``status: stopped``), not raised."""
+    or ``stop`` (stop now with the best so far). A stopped run is returned (``status: stopped``), not raised.
+    ``simulate``: run the controller on a simulated cluster on virtual time (``--cloud sim``,
+    :mod:`rubberband.executor.simulated`): ``backend`` and ``trial_runtime`` are ignored, the profile is required."""
     from rubberband.executor.brackets import controller_for
     from rubberband.executor.progress import ProgressView
     from rubberband.executor.runtime import TrialRuntime, planner_replanner
 
-    runtime = TrialRuntime.load(trial_runtime)
     profile = None
     profile_path = profile_path or spec.profile_path()
     if profile_path is not None and profile_path.exists():
@@ -47,17 +49,32 @@ def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir
 
         profile = load_profile(profile_path)
     replanner = planner_replanner(catalog, profile) if profile is not None else None
+    world: dict[str, Any] = {}
+    if simulate:
+        from rubberband.executor.simulated import simulated_for
+
+        if profile is None:
+            raise InputError(f"--cloud sim plays the job from its profile, and there is none at {profile_path}; "
+                             f"profile the job first (`rubberband profile`) or set the spec's profile")
+        sim = simulated_for(spec, plan, catalog, profile)
+        backend, runtime = sim.backend, sim.runtime
+        world = {"clock": sim.clock, "cluster": sim.cluster}
+    else:
+        runtime = TrialRuntime.load(trial_runtime)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_plan(plan, run_dir / "plan.json")
     err = stderr()
     err.print(f"{'resuming' if resume else 'starting'} run {run_id} in {run_dir}", markup=False, highlight=False)
+    if simulate:
+        err.print(f"simulated: {plan.stages[0].cloud} instances and trials played on virtual time from the profile; "
+                  f"nothing is started or billed, and the metrics are stand-ins", markup=False, highlight=False)
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         with ProgressView(err) as view:
             controller = controller_for(plan)(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=backend,
                                                 runtime=runtime, run_id=run_id, replanner=replanner, profile=profile,
                                                 progress=view, deadline_s=deadline_s, overrun_s=overrun_s,
-                                                on_late=on_late)
+                                                on_late=on_late, **world)
             return controller.run(resume=resume)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -1,5 +1,6 @@
 """Checked by mypy in CI (``.ci/typecheck``), never run: every backend the executor is given satisfies
-:class:`~rubberband.cloud.backend.ExecutorBackend`, member by member and signature by signature."""
+:class:`~rubberband.cloud.backend.ExecutorBackend`, and every cluster :class:`~rubberband.executor.cluster.Cluster`,
+member by member and signature by signature."""
 
 from __future__ import annotations
 
@@ -10,9 +11,19 @@ from rubberband.cloud.head_run import OnHeadCloudBackend
 from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.local_head import LocalHeadCloudBackend
 from rubberband.executor.backends import make_backend
+from rubberband.executor.cluster import Cluster, RayCluster
+from rubberband.executor.simulated import SimBackend, SimCluster, SimWorld
 
 
 def every_backend(run_dir: Path) -> list[ExecutorBackend]:
     return [LocalProvider(run_dir), LocalHeadCloudBackend(cloud="aws", run_dir=run_dir, regions=["us-east-1"]),
             OnHeadCloudBackend(cloud="aws", run_dir=run_dir, regions=["us-east-1"]),
             make_backend("local", run_dir)]
+
+
+def the_simulated_backend(world: SimWorld, backend: SimBackend) -> ExecutorBackend:
+    return backend
+
+
+def every_cluster(world: SimWorld) -> list[Cluster]:
+    return [RayCluster(), SimCluster(world)]

@@ -15,6 +15,7 @@ from rubberband.commands._options import deadline_flag, on_late_flag, overrun_fl
 from rubberband.commands.plan import print_plan
 from rubberband.console import stderr, stdout
 from rubberband.errors import InputError, PlanFileError, RunDirError
+from rubberband.executor.backends import SIM_CLOUD, SIM_RUNTIME
 from rubberband.inputs import load_job_inputs
 from rubberband.plan import Plan, load_plan, write_plan
 from rubberband.planning import plan_from_inputs
@@ -250,7 +251,9 @@ def register(app: typer.Typer) -> None:
         spec_path: Path = typer.Argument(None, metavar="SPEC", help="Job spec YAML (optional with --resume)."),
         plan_path: Path = typer.Option(None, "--plan", help="Plan JSON from `rubberband plan`; "
                                        "without it the job is planned first."),
-        cloud: str = typer.Option(None, "--cloud", help="Backend to run on: local, aws or gcp; default: the plan's cloud."),
+        cloud: str = typer.Option(None, "--cloud", help="Backend to run on: local, aws or gcp; default: the plan's cloud. "
+                                  "'sim': this executor on a simulated cluster of the plan's cloud, on virtual time "
+                                  "(no Ray, no cloud; seconds; docs/executor.md)."),
         run_dir: Path = typer.Option(None, "--run-dir", help="Run directory (default runs/<run id>)."),
         resume: str = typer.Option(None, "--resume", metavar="RUN_DIR",
                                    help="Continue a run whose executor died, from its journal."),
@@ -310,6 +313,12 @@ def register(app: typer.Typer) -> None:
         if head not in ("instance", "local"):
             raise InputError(f"--head {head!r}: use 'instance' (a head instance per run) or 'local' (this machine)")
         grace_s = deadline_flag(results_grace, "--results-grace")
+        simulate = cloud == SIM_CLOUD
+        if simulate:
+            if resume is not None or dry_run or detach or attach is not None:
+                raise InputError("--cloud sim takes none of --resume, --dry-run, --detach, --attach: a simulated run "
+                                 "takes seconds; run the spec again")
+            cloud = None  # plan (or take the plan) for the spec's cloud, and play that cloud
         if attach is not None:
             if spec_path is not None or resume is not None or dry_run or detach:
                 raise InputError("--attach takes no SPEC, --resume, --dry-run or --detach: it follows a submitted run")
@@ -337,6 +346,9 @@ def register(app: typer.Typer) -> None:
             for event in events:
                 if event["type"] in (J.RUN_STARTED, J.RUN_RESUMED):
                     last_pid = event.get("pid")
+                if event["type"] == J.RUN_STARTED and event.get("trial_runtime") == SIM_RUNTIME:
+                    raise RunDirError(f"{directory} is a simulated run (--cloud sim); it is not resumed: run the "
+                                      f"spec again")
             if state.status == "running" and _executor_alive(last_pid):
                 raise RunDirError(f"run {state.run_id} is still being executed by process {last_pid}; "
                                   f"stop it first (or `rubberband down {directory}`)")
@@ -386,7 +398,7 @@ def register(app: typer.Typer) -> None:
         catalog = load_catalog([backend_cloud])
         for stage in plan.stages:  # fail before anything starts if a type is unknown
             catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
-        head_mode = backend_cloud in ("aws", "gcp") and head == "instance"
+        head_mode = backend_cloud in ("aws", "gcp") and head == "instance" and not simulate
         overrun_s = overrun_flag(overrun, deadline_s or plan.deadline_s)
         if detach and not head_mode:
             raise InputError("--detach needs a run on a head instance (--cloud aws|gcp without --head local)")
@@ -410,16 +422,17 @@ def register(app: typer.Typer) -> None:
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                                options=options, deadline_s=deadline_s, overrun_s=overrun_s,
                                trial_runtime=trial_runtime, detach=detach, on_late=on_late)
-        if backend_cloud in ("aws", "gcp") and resume is None:
+        if backend_cloud in ("aws", "gcp") and resume is None and not simulate:
             note_head_billing(plan, head_mode=False)
         from rubberband.cloud.bootstrap import lifetime_cap_s
 
-        backend = make_backend(backend_cloud, run_directory, regions=[s.region for s in plan.stages],
-                               lifetime_cap_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s,
-                                                             0.0) if backend_cloud in ("aws", "gcp") else None)
+        backend = None if simulate else make_backend(
+            backend_cloud, run_directory, regions=[s.region for s in plan.stages],
+            lifetime_cap_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s,
+                                          0.0) if backend_cloud in ("aws", "gcp") else None)
         result = execute(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                          backend=backend, trial_runtime=trial_runtime, deadline_s=deadline_s,
-                         overrun_s=overrun_s, resume=resume is not None, on_late=on_late)
+                         overrun_s=overrun_s, resume=resume is not None, on_late=on_late, simulate=simulate)
         print_summary(run_id, spec.metric.name, result.result, run_directory / "result.json")
         from rubberband.executor.outcome import exit_code
 
