@@ -543,16 +543,17 @@ class ParallelController(Controller):
         busy = {i for s in lane.slots if not s.free for i in s.instance_ids}
         nxt_g = self.brackets.next_stage(g)
         nxt = self.plan.stages[nxt_g] if nxt_g is not None else None
-        nxt_key = self._stage_itype(nxt).key if nxt is not None else None
         moving = {i for s in lane.slots if not s.free for i in s.instance_ids if i in self._noticed}
-        for entry in self._stage_pool(g):
+        pool = self._stage_pool(g)
+        later = self._carriable(nxt, [p for p in pool if p.id in busy])
+        for entry in pool:
             if entry.id in busy:
                 continue
             if entry.replaces in moving and not stage_done:  # its trials come over at their next checkpoint
                 continue
-            same = (nxt is not None and entry.itype.key == nxt_key and self._fits(entry.spot, nxt)
-                    and entry.id not in self._noticed)
-            if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(nxt_g)), nxt.instances):
+            same = self._carriable(nxt, [entry]) == 1
+            if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(nxt_g)), nxt.instances,
+                                                               later=later):
                 entry.assigned_stage = nxt_g
                 self.journal.record(J.Decision(kind="keep", id=entry.id or entry.token, stage=nxt_g))
             else:

@@ -990,25 +990,33 @@ class Controller:
         """No pending trials: keep idle instances the next stage can use, release the rest now."""
         busy = {i for s in slots if not s.free for i in s.instance_ids}
         nxt = self.plan.stages[g + 1] if g + 1 < len(self.plan.stages) else None
-        nxt_key = self._stage_itype(nxt).key if nxt is not None else None
         if not self.elastic and (nxt is not None or not stage_done):
             for entry in self._stage_pool(g):
                 if stage_done:
                     entry.assigned_stage = g + 1
             return
         moving = {i for s in slots if not s.free for i in s.instance_ids if i in self._noticed}
-        for entry in self._stage_pool(g):
+        pool = self._stage_pool(g)
+        later = self._carriable(nxt, [p for p in pool if p.id in busy])
+        for entry in pool:
             if entry.id in busy:  # a still-booting instance is idle too: kept or released at once
                 continue
             if entry.replaces in moving and not stage_done:  # its trials come over at their next checkpoint
                 continue
-            same = (nxt is not None and entry.itype.key == nxt_key and self._fits(entry.spot, nxt)
-                    and entry.id not in self._noticed)
-            if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(g + 1)), nxt.instances):
+            same = self._carriable(nxt, [entry]) == 1
+            if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(g + 1)), nxt.instances,
+                                                               later=later):
                 entry.assigned_stage = g + 1
                 self.journal.record(J.Decision(kind="keep", id=entry.id or entry.token, stage=g + 1))
             else:
                 self._release(entry, f"idle: stage {g} needs it no more")
+
+    def _carriable(self, nxt: StagePlan | None, entries: list[PoolInstance]) -> int:
+        """How many of ``entries`` the stage ``nxt`` could keep: its type and market, and no preemption notice."""
+        if nxt is None:
+            return 0
+        key = self._stage_itype(nxt).key
+        return sum(1 for e in entries if e.itype.key == key and self._fits(e.spot, nxt) and e.id not in self._noticed)
 
     def _prefetch_lead(self, itype: InstanceType) -> float:
         """The prefetch policy's lead time for ``itype``: its start-up quantile over what this run measured,

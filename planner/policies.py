@@ -97,9 +97,14 @@ class PrefetchPolicy:
         their own stage no longer needs them): all it needs, when it uses the same type (and market)."""
         return min(current, following) if same_type else 0
 
-    def keep_for_next(self, same_type: bool, kept: int, following: int) -> bool:
-        """An idle instance of the current stage: keep it for the next (True) or release it now."""
-        return same_type and kept < following
+    def keep_for_next(self, same_type: bool, kept: int, following: int, later: int = 0) -> bool:
+        """An idle instance of the current stage: keep it for the next (True) or release it now.
+
+        ``later``: instances of the same type still busy in the current stage. The next stage keeps the
+        instances that free last (as :meth:`carried` has it in the simulator): an instance that went idle early
+        is kept only when ``kept`` and those still busy cannot fill the next stage, else it idles until the
+        barrier for nothing."""
+        return same_type and kept + later < following
 
     # -- promotion -------------------------------------------------------------------------
     @staticmethod
