@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rubberband.catalog import Catalog, InstanceType
+from rubberband.catalog import SERIAL_PROVISIONING, Catalog, InstanceType
 from rubberband.cloud.backend import ExecutorBackend
 from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.provider import InstanceRequest, node_resource
@@ -72,6 +72,9 @@ LIVENESS_EVERY_S = 2.0
 #: After a trial error, how long to wait for the backend or Ray to call its instances lost (Ray marks a
 #: dead node within ~2 s on the run's head) before calling it a training failure.
 LOSS_CONFIRM_S = 5.0
+#: Instance requests in flight at once on a cloud (each waits for its instance's boot and Ray join on a thread):
+#: a stage's instances start together, as the simulator has them; the cloud SDKs retry what the API throttles.
+PARALLEL_REQUESTS = 128
 #: Instance losses one executor tolerates before it gives up (a flapping cloud must not loop forever).
 MAX_INSTANCE_LOSSES = 10
 
@@ -267,7 +270,10 @@ class Controller:
         self.journal = J.Journal(self.run_dir, clock=clock)
         self.pool: dict[str, PoolInstance] = {}
         self._tokens = 0
-        self._provisioner = self.cluster.executor(1, "rb-provision")
+        # Requests run side by side, each until its instance is up and joined (the simulator's model), except on a
+        # backend whose instances come up one after another (local Ray nodes race for ports when started at once).
+        serial = plan.stages[0].cloud in SERIAL_PROVISIONING
+        self._provisioner = self.cluster.executor(1 if serial else PARALLEL_REQUESTS, "rb-provision")
         self._terminator = self.cluster.executor(4, "rb-terminate")
         self._terminations: list[tuple[PoolInstance, Future, str]] = []
         self.running: dict[Any, RunningTrial] = {}
