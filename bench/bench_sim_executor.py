@@ -1,0 +1,138 @@
+"""The real executor on simulated time (``rubberband run --cloud sim``) against the planner's prediction.
+
+For each workload the planner plans the spec as ``rubberband run`` would; then the unchanged controller runs that
+plan ``--seeds`` times on a simulated cluster (executor/simulated.py: start-ups, stragglers and trial speeds
+drawn from the same fitted model, one seed per run), with the re-planner a real run has. Printed per workload:
+
+* JCT: the median of the runs against the plan's predicted median (target: within 3%), and p10 / p90;
+* P(meet deadline): the share of runs that met it against the plan's prediction (target: within 0.03);
+* cost: the runs' mean against the predicted mean;
+* wall seconds per run (targets: an 81-trial plan in seconds, a 729-trial one in under a minute, on 2 cores).
+
+    python bench/bench_sim_executor.py [--seeds 50] [--workloads quickstart,hyperband,sha729,hyperband729]
+
+Workloads: ``quickstart`` (examples/quickstart.yaml: 81-trial SHA on AWS with its head instance),
+``hyperband`` (the same job as Hyperband, η = 3, 1–27 epochs: 49 trials in 4 brackets, side by side),
+``sha729`` (729-trial SHA, 1–243 epochs) and ``hyperband729`` (Hyperband, 1–243 epochs: 415 trials in 6
+brackets; with ``--seeds`` ≥ 2 it is timed on the first seeds only, see ``--scale-seeds``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+START = 1_800_000_000.0  # virtual start of every run (2027-01-15): far from today's wall clock
+
+#: name → (scheduler, deadline, confidence); None: the spec's own.
+WORKLOADS = {
+    "quickstart": (None, None, None),
+    "hyperband": ({"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 27}, "66m", 0.9),
+    "sha729": ({"kind": "sha", "trials": 729, "eta": 3, "min_epochs": 1, "max_epochs": 243}, "12h", 0.9),
+    "hyperband729": ({"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 243}, "30h", 0.9),
+}
+SCALE = ("sha729", "hyperband729")
+
+
+def write_spec(directory: Path, name: str) -> Path:
+    scheduler, deadline, confidence = WORKLOADS[name]
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["profile"] = str((QUICKSTART.parent / data["profile"]).resolve())
+    data["name"] = f"sim-{name}"
+    if scheduler is not None:
+        data["scheduler"] = scheduler
+    if deadline is not None:
+        data["deadline"] = deadline
+    if confidence is not None:
+        data["confidence"] = confidence
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_workload(name: str, seeds: int, base: Path) -> dict:
+    from rubberband.executor.brackets import controller_for
+    from rubberband.executor.runtime import planner_replanner
+    from rubberband.executor.simulated import simulated_for
+    from rubberband.inputs import load_job_inputs
+    from rubberband.planning import plan_from_inputs
+
+    inputs = load_job_inputs(write_spec(base, name))
+    began = time.perf_counter()
+    plan = plan_from_inputs(inputs)
+    plan_s = time.perf_counter() - began
+    spec, catalog, profile = inputs.spec, inputs.catalog, inputs.profile
+    replanner = planner_replanner(catalog, profile)
+    jcts, costs, walls, statuses = [], [], [], []
+    for seed in range(seeds):
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=base))
+        sim = simulated_for(spec, plan, catalog, profile, seed=seed, start=START)
+        began = time.perf_counter()
+        controller = controller_for(plan)(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=sim.backend,
+                                          runtime=sim.runtime, run_id=f"sim-{name}-{seed}", replanner=replanner,
+                                          profile=profile, clock=sim.clock, cluster=sim.cluster)
+        result = controller.run().result
+        walls.append(time.perf_counter() - began)
+        jcts.append(result["actual"]["jct_s"])
+        costs.append(result["actual"]["cost_usd"])
+        statuses.append(result["outcome"])
+        shutil.rmtree(run_dir, ignore_errors=True)
+    predicted = plan.predicted
+    trials = sum(s.trials for s in plan.stages if s.stage == 0)
+    met = [j <= plan.deadline_s for j in jcts]
+    return {
+        "name": name, "trials": trials, "stages": len(plan.stages), "seeds": seeds, "plan_s": plan_s,
+        "pred_p50": predicted.jct_s.p50, "pred_p10": float(np.quantile(predicted.jct_samples_s, 0.1)),
+        "pred_p90": float(np.quantile(predicted.jct_samples_s, 0.9)),
+        "run_p50": statistics.median(jcts), "run_p10": float(np.quantile(jcts, 0.1)),
+        "run_p90": float(np.quantile(jcts, 0.9)),
+        "pred_meet": predicted.p_meet_deadline, "run_meet": sum(met) / len(met),
+        "pred_cost": predicted.cost_usd.mean, "run_cost": statistics.fmean(costs),
+        "wall_median": statistics.median(walls), "wall_max": max(walls),
+        "outcomes": {o: statuses.count(o) for o in sorted(set(statuses))},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--scale-seeds", type=int, default=3, help="runs of the 729-trial workloads (timing)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; pick from {', '.join(WORKLOADS)}")
+    base = Path(tempfile.mkdtemp(prefix="bench-sim-"))
+    rows = []
+    try:
+        for name in names:
+            rows.append(run_workload(name, args.scale_seeds if name in SCALE else args.seeds, base))
+            print(f"... {name} done", file=sys.stderr)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print("| workload | trials | runs | JCT p50 run / predicted | p10 | p90 | P(meet) run − predicted | "
+          "cost run / predicted | wall s/run (median, max) | outcomes |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['name']} | {r['trials']} | {r['seeds']} | {r['run_p50']:.0f} / {r['pred_p50']:.0f} s = "
+              f"**{r['run_p50'] / r['pred_p50']:.3f}** | {r['run_p10'] / r['pred_p10']:.3f} | "
+              f"{r['run_p90'] / r['pred_p90']:.3f} | {r['run_meet']:.2f} − {r['pred_meet']:.3f} = "
+              f"**{r['run_meet'] - r['pred_meet']:+.3f}** | ${r['run_cost']:.2f} / ${r['pred_cost']:.2f} = "
+              f"{r['run_cost'] / r['pred_cost']:.3f} | {r['wall_median']:.2f}, {r['wall_max']:.2f} | "
+              f"{r['outcomes']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
