@@ -78,6 +78,16 @@ class ProcessRecord:
         return cls(**json.loads(path.read_text()))
 
 
+#: Starts of a local head whose ports another process took first (see :func:`_port_clash`).
+PORT_TRIES = 3
+
+
+def _port_clash(output: str) -> bool:
+    """Whether a Ray node's start failed on a port some other process bound first (Ray's own words)."""
+    return any(words in output for words in ("same port is not used by multiple components",
+                                             "Address already in use", "Failed to start the grpc server"))
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -302,25 +312,36 @@ class LocalProvider:
             if self.auth_mode == "token":
                 ensure_auth_token()
             temp_dir = short_temp_dir(self.run_dir)
-            port = port or _free_port()
             log = self.instances_dir / f"{HEAD_ID}.log"
             now = time.time()
-            dashboard = ["--include-dashboard", "false"] if dashboard_port is None else \
-                ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                 "--dashboard-port", str(dashboard_port),
-                 "--dashboard-agent-listen-port", str(_free_port())]  # its default (52365) may be taken
-            proc = self._ray_start(["--head", "--port", str(port), "--num-cpus", "0", "--temp-dir", str(temp_dir),
-                                    *dashboard, "--ray-client-server-port", str(_free_port())],
-                                   log, {**HEAD_ENV, **NODE_ENV, "RAY_AUTH_MODE": self.auth_mode, **(env or {})})
-            record = ProcessRecord(id=HEAD_ID, run_id=run_id, role="head", instance_type="head", workers=0,
-                                   pid=proc.pid, pgid=proc.pid, temp_dir=str(temp_dir), log=str(log),
-                                   address=f"127.0.0.1:{port}", requested_at=now,
-                                   tags={TAG_RUN_ID: run_id})
-            record.write(self.instances_dir)
-            self._wait_started(record, proc, timeout_s)
-            record.ready_at = time.time()
-            record.write(self.instances_dir)
-            return record
+            # Free ports are picked, then bound by Ray a moment later: another process on this machine (a second
+            # run, another Ray) may take one in between, and the head exits. Then it starts again on new ports.
+            tries = 1 if port is not None else PORT_TRIES
+            for attempt in range(1, tries + 1):
+                gcs_port = port or _free_port()
+                offset = log.stat().st_size if log.exists() else 0  # the log is appended to: this try's part
+                dashboard = ["--include-dashboard", "false"] if dashboard_port is None else \
+                    ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                     "--dashboard-port", str(dashboard_port),
+                     "--dashboard-agent-listen-port", str(_free_port())]  # its default (52365) may be taken
+                proc = self._ray_start(["--head", "--port", str(gcs_port), "--num-cpus", "0", "--temp-dir",
+                                        str(temp_dir), *dashboard, "--ray-client-server-port", str(_free_port())],
+                                       log, {**HEAD_ENV, **NODE_ENV, "RAY_AUTH_MODE": self.auth_mode, **(env or {})})
+                record = ProcessRecord(id=HEAD_ID, run_id=run_id, role="head", instance_type="head", workers=0,
+                                       pid=proc.pid, pgid=proc.pid, temp_dir=str(temp_dir), log=str(log),
+                                       address=f"127.0.0.1:{gcs_port}", requested_at=now,
+                                       tags={TAG_RUN_ID: run_id})
+                record.write(self.instances_dir)
+                try:
+                    self._wait_started(record, proc, timeout_s)
+                except CloudError:
+                    if attempt == tries or not _port_clash(log.read_text(errors="replace")[offset:]):
+                        raise
+                    continue
+                record.ready_at = time.time()
+                record.write(self.instances_dir)
+                return record
+            raise AssertionError("unreachable")  # pragma: no cover - the last try returns or raises
 
     def stop_head(self) -> bool:
         head = self.head()

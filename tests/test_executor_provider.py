@@ -88,3 +88,29 @@ def test_down_of_an_unknown_run_is_a_one_line_error(tmp_path, cli):
     result = cli("down", str(tmp_path / "missing"), env={**os.environ, "RUBBERBAND_RUNS_DIR": str(tmp_path)})
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "not found" in result.stderr
+
+
+@pytest.mark.e2e
+def test_a_head_whose_port_another_process_took_starts_again_on_new_ports(tmp_path, monkeypatch):
+    """Free ports are picked before Ray binds them: another process may take one first (two runs starting at once).
+    The head's first start dies on the taken port; the second, on ports picked anew, comes up."""
+    import socket
+
+    import rubberband.cloud.local as local
+
+    picked: list[int] = []
+    real = local._free_port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(local, "_free_port", lambda: picked.append(1) or (port if len(picked) == 1 else real()))
+        provider = LocalProvider(tmp_path / "run")
+        try:
+            record = provider.start_head_process("clash-run")
+            assert record.address != f"127.0.0.1:{port}" and record.ready_at is not None
+            log = (tmp_path / "run" / "instances" / "head.log").read_text(errors="replace")
+            assert local._port_clash(log)  # the first start died on the port, and said so
+        finally:
+            provider.stop_head()
+    assert run_pids(tmp_path / "run") == []
