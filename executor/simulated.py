@@ -7,7 +7,7 @@
 
 * :class:`SimBackend` — the cloud. A request is up after a start-up drawn from the model's start-up samples of
   its type (bootstrap, as the simulator draws them); a local run's head first boots like a node (the median).
-* :class:`SimTrials` — the trial runtime. A trial takes ``overhead + epochs × epoch time × straggler × speed``:
+* :class:`SimTrials` — the trial runtime (the real ``TrialSpec``, validated). A trial takes ``overhead + epochs × epoch time × straggler × speed``:
   the epoch time of its shape (device, workers, nodes), a straggler factor per instance and stage
   (lognormal, the model's σ), its configuration's speed for life and the mean of its epochs' factors (the
   fitted variation), and the task overhead (warm start, or restart + checkpoint transfer when its placement
@@ -31,7 +31,7 @@ import builtins
 import hashlib
 import math
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,6 +44,7 @@ from rubberband.executor.backends import SIM_CLOUD, SIM_RUNTIME
 from rubberband.executor.clock import VirtualClock
 from rubberband.executor.journal import JOURNAL_NAME, JournalSink
 from rubberband.executor.runtime import TrialRuntime
+from rubberband.executor.trials import TrialSpec
 from rubberband.plan import HeadInfo, Plan
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.noise import task_factors
@@ -261,28 +262,10 @@ class SimBackend:
         return None
 
 
-@dataclass
-class SimTrialSpec:
-    """What the controller passes to start a trial (the fields of ``executor.trials.TrialSpec`` it sets)."""
-
-    trial_id: str
-    config: dict[str, Any]
-    entry_point: str
-    code_dir: str
-    start_epoch: int
-    end_epoch: int
-    placement: tuple[str, ...]
-    checkpoint_dir: str
-    device: Any = None
-    timeout_s: float = 600.0
-    max_iterations: int | None = None
-    env: dict[str, str] = field(default_factory=dict)
-
-
 class SimTrial:
     """A running simulated trial: done at its drawn end; its result carries the epochs' reports."""
 
-    def __init__(self, world: SimWorld, spec: SimTrialSpec, sink: Any, *, started_at: float, epoch_s: list[float],
+    def __init__(self, world: SimWorld, spec: TrialSpec, sink: Any, *, started_at: float, epoch_s: list[float],
                  overhead_s: float) -> None:
         self.world = world
         self.spec = spec
@@ -329,7 +312,8 @@ class SimTrials:
     def __init__(self, world: SimWorld) -> None:
         self.world = world
 
-    def start(self, spec: SimTrialSpec, *, event_sink: Any = None, pool: Any = None) -> SimTrial:
+    def start(self, spec: TrialSpec, *, event_sink: Any = None, pool: Any = None) -> SimTrial:
+        spec.validate()
         world = self.world
         now = world.clock.time()
         ids = list(dict.fromkeys(world.by_resource[r] for r in spec.placement))
@@ -412,7 +396,7 @@ def simulated_run(plan: Plan, *, model: PerformanceModel, catalog: Catalog, metr
     step = max_step_s if max_step_s is not None else max(POLL_S, plan.deadline_s / 2000)
     world = SimWorld(model=model, catalog=catalog, clock=VirtualClock(start), seed=seed, max_step_s=step,
                      metric_name=metric, metric_mode=mode)
-    runtime = TrialRuntime(spec_cls=SimTrialSpec, run_cls=SimTrials(world), module=SIM_RUNTIME)
+    runtime = TrialRuntime(spec_cls=TrialSpec, run_cls=SimTrials(world), module=SIM_RUNTIME)
     return SimRun(world, SimBackend(world, head_type, plan.head), runtime, SimCluster(world))
 
 
