@@ -61,8 +61,6 @@ class RayCluster:
         _set_auth_mode(auth_mode)
         import ray
 
-        forget_stale_handles()  # this process may have run another cluster before (see there)
-
         ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.ERROR,
                  runtime_env=runtime_env)
 
@@ -95,25 +93,10 @@ class RayCluster:
         try:
             if ray is not None and ray.is_initialized():
                 ray.shutdown()
-            forget_stale_handles()
         finally:
             if self._connected:
                 self._connected = False
                 _set_auth_mode(self._saved_auth)
-
-
-def forget_stale_handles() -> None:
-    """Collect unreachable objects while no Ray session is connected: do it before each ``ray.init`` in a process
-    that was connected before.
-
-    A new session's actors get the same ids as the last one's (the same job id, the same creation order). An old
-    session's actor handle that is only freed later, by the cyclic garbage collector, would then drop the
-    reference count of the new actor with its id: Ray destroys that actor before it starts ("all references to the
-    actor were removed ... cancelled before it started running"). Collected while disconnected, it does nothing.
-    """
-    import gc
-
-    gc.collect()
 
 
 def _set_auth_mode(mode: str | None) -> None:

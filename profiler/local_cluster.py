@@ -32,7 +32,6 @@ from typing import Any  # noqa: E402
 
 from rubberband.cloud.provider import node_resource  # noqa: E402
 from rubberband.errors import ExecutionError  # noqa: E402
-from rubberband.executor.cluster import forget_stale_handles  # noqa: E402
 from rubberband.paths import short_tmp_root  # noqa: E402
 
 
@@ -95,7 +94,6 @@ class LocalCluster:
         try:
             if ray.is_initialized():
                 ray.shutdown()
-            forget_stale_handles()
         finally:
             if self._cluster is not None:
                 self._cluster.shutdown()
@@ -137,7 +135,6 @@ class LocalCluster:
         self.nodes[instance_id] = self._cluster.add_node(wait=True, **args)
         registered = time.monotonic() - began
         if head and self.connect:
-            forget_stale_handles()
             ray.init(address=self._cluster.address, logging_level="ERROR", log_to_driver=False,
                      configure_logging=True)
         ready = None
