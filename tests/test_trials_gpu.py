@@ -25,7 +25,9 @@ from rubberband.executor.placement import make_slots
 from rubberband.executor.pool import WorkerPool
 from rubberband.executor.trials import TrialRun, TrialSpec
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("trials_gpu_cluster")]  # one worker: one cluster
+# One worker, one cluster. Exclusive: in full 4-worker CI runs (never alone or in pairs) a trial's first worker
+# was destroyed before it started ("all references to the actor were removed"); the cause is not known yet.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("trials_gpu_cluster"), pytest.mark.exclusive]
 
 CODE = str(Path(__file__).parent / "trial_code")
 #: A made-up GPU type: 2 GPUs and 4 vCPUs per instance → 2 workers of {"GPU": 1, "CPU": 2}.

@@ -18,7 +18,9 @@ from rubberband.executor.pool import WorkerPool
 from rubberband.executor.trials import TrialRun, TrialSpec
 
 CODE = str(Path(__file__).parent / "trial_code")
-pytestmark = pytest.mark.xdist_group("trials_runtime_cluster")  # one worker: the module's one Ray cluster
+# One worker: the module's one Ray cluster. Exclusive: see tests/test_trials_gpu.py (workers destroyed before they
+# started, in full 4-worker CI runs only; cause not known yet).
+pytestmark = [pytest.mark.xdist_group("trials_runtime_cluster"), pytest.mark.exclusive]
 
 
 def _spec(tmp_path: Path, placement: tuple[str, ...], *, start: int = 0, end: int = 1, entry: str = "tiny_train:train",
