@@ -7,8 +7,8 @@
 
 * :class:`SimBackend` — the cloud. A request is up after a start-up drawn from the model's start-up samples of
   its type (bootstrap, as the simulator draws them); a local run's head first boots like a node (the median).
-* :class:`SimTrials` — the trial runtime (the real ``TrialSpec``, validated). A trial takes ``overhead + epochs × epoch time × straggler × speed``:
-  the epoch time of its shape (device, workers, nodes), a straggler factor per instance and stage
+* :class:`SimTrials` — the trial runtime (the real ``TrialSpec``, validated). A trial takes
+  ``overhead + epochs × epoch time × straggler × speed``: the epoch time of its shape (device, workers, nodes), a straggler factor per instance and stage
   (lognormal, the model's σ), its configuration's speed for life and the mean of its epochs' factors (the
   fitted variation), and the task overhead (warm start, or restart + checkpoint transfer when its placement
   changed; a fresh instance's worker start on its first trial).
@@ -19,8 +19,8 @@
 * the journal sink: epochs and checkpoints are appended to the run's journal, stamped with virtual time.
 
 What it does not play: training (each configuration's metric is a seeded stand-in with a falling curve, so
-promotions are made but mean nothing), spot preemptions and sold-out zones (every request gets its type), the
-head instance of a cloud run (not billed). What it is for: seeing what this executor does with a plan — its
+promotions are made but mean nothing), spot preemptions and sold-out zones (every request gets its type). A head
+instance the plan bills (head mode on a cloud) is billed as the plan has it. What it is for: seeing what this executor does with a plan — its
 JCT, its bill, its decisions, in the same journal and report as a real run — in seconds, and checking that the
 planner's prediction describes it (``bench/bench_sim_executor.py``).
 """
@@ -52,7 +52,6 @@ from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 
 
-
 @dataclass
 class SimInstance:
     instance: Instance
@@ -65,12 +64,11 @@ class SimInstance:
 class SimWorld:
     """The state the stand-ins share: clock, model, random draws, instances, running trials."""
 
-    def __init__(self, *, model: PerformanceModel, catalog: Catalog, clock: VirtualClock, seed: int,
+    def __init__(self, *, model: PerformanceModel, clock: VirtualClock, seed: int,
                  max_step_s: float, metric_name: str = "loss", metric_mode: str = "min") -> None:
         if not max_step_s > 0 or not math.isfinite(max_step_s):
             raise ValueError(f"max_step_s must be a positive number of seconds, got {max_step_s!r}")
         self.model = model
-        self.catalog = catalog
         self.clock = clock
         self.seed = seed
         self.max_step_s = max_step_s
@@ -394,7 +392,7 @@ def simulated_run(plan: Plan, *, model: PerformanceModel, catalog: Catalog, metr
     first = plan.stages[0]
     head_type = catalog.find(first.instance_type, cloud=first.cloud, region=first.region)
     step = max_step_s if max_step_s is not None else max(POLL_S, plan.deadline_s / 2000)
-    world = SimWorld(model=model, catalog=catalog, clock=VirtualClock(start), seed=seed, max_step_s=step,
+    world = SimWorld(model=model, clock=VirtualClock(start), seed=seed, max_step_s=step,
                      metric_name=metric, metric_mode=mode)
     runtime = TrialRuntime(spec_cls=TrialSpec, run_cls=SimTrials(world), module=SIM_RUNTIME)
     return SimRun(world, SimBackend(world, head_type, plan.head), runtime, SimCluster(world))

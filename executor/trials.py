@@ -118,7 +118,6 @@ def _local_ranks(placement: tuple[str, ...]) -> list[int]:
     return ranks
 
 
-
 def _death_cause(exc: BaseException) -> str:
     """Ray's reason for a worker's death on one short line: its error name and what Ray says beyond the
     boilerplate (the exit type and detail: killed, out of memory, its node gone, an error in its creation)."""
@@ -129,6 +128,7 @@ def _death_cause(exc: BaseException) -> str:
     text = " ".join(" ".join(said).split())
     text = text[:300] + ("…" if len(text) > 300 else "")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
 
 class TrialRun:
     """A running trial; create with :meth:`start`."""

@@ -118,18 +118,17 @@ def test_an_idle_instance_is_kept_only_when_later_ones_cannot_fill_the_next_stag
 
 
 def test_a_wait_skips_to_the_next_event_but_no_further_than_a_step():
-    from rubberband.catalog import load_catalog
     from rubberband.executor.clock import VirtualClock
     from rubberband.executor.simulated import SimCluster
     from rubberband.planner.model import fit_performance_model
     from rubberband.profile import load_profile
 
     model = fit_performance_model(load_profile(EXAMPLES / "profiles" / "quickstart_local.json"))
-    world = SimWorld(model=model, catalog=load_catalog(["local"]), clock=VirtualClock(START), seed=0, max_step_s=5.0)
+    world = SimWorld(model=model, clock=VirtualClock(START), seed=0, max_step_s=5.0)
     cluster = SimCluster(world)
     assert cluster.wait([], 0.2) == [] and world.clock.time() == START + 5.0  # nothing due: one step
     with pytest.raises(ValueError):
-        SimWorld(model=model, catalog=world.catalog, clock=world.clock, seed=0, max_step_s=0.0)
+        SimWorld(model=model, clock=world.clock, seed=0, max_step_s=0.0)
 
 
 def test_the_cli_runs_a_spec_on_simulated_time(tmp_path):
