@@ -61,7 +61,8 @@ from typing import Any, Callable, Sequence
 from rubberband.errors import ExecutionError
 from rubberband.executor import journal as J
 from rubberband.executor import spot as S
-from rubberband.executor.controller import LIVENESS_EVERY_S, Controller, PoolInstance, rank
+from rubberband.executor.controller import LIVENESS_EVERY_S, Controller, PoolInstance
+from rubberband.executor.decisions import promote, rank
 from rubberband.executor.runtime import ReplanRequest
 from rubberband.executor.placement import Slot, make_slots, slot_count
 from rubberband.plan import Plan, StagePlan
@@ -345,14 +346,12 @@ class ParallelController(Controller):
             raise ExecutionError(f"all {len(trials)} trials of stage {g} failed; first error: {lane.failures[0]}")
         self._release_lane_idle(lane, stage_done=True)
         metrics = {t: lane.metrics.get(t) for t in trials}
-        ranking = rank(metrics, self.spec.metric.mode, trials)
         nxt = self.brackets.next_stage(g)
-        promoted: list[str] = []
-        if nxt is not None:
-            promoted = ranking[:self.plan.stages[nxt].trials]
-            for position, trial_id in enumerate(promoted):
-                self.journal.record(J.TrialPromoted(trial_id=trial_id, from_stage=g, to_stage=nxt,
-                                                    metric=metrics[trial_id], rank=position))
+        ranking, promoted = promote(metrics, self.spec.metric.mode, trials,
+                                    None if nxt is None else self.plan.stages[nxt].trials)
+        for position, trial_id in enumerate(promoted):
+            self.journal.record(J.TrialPromoted(trial_id=trial_id, from_stage=g, to_stage=nxt,
+                                                metric=metrics[trial_id], rank=position))
         self.journal.record(J.StageFinished(stage=g, bracket=stage.bracket, metrics=metrics,
                                             promoted=promoted, ranking=ranking))
         self.search.rung_finished(stage.epochs, metrics, None if nxt is None else promoted)

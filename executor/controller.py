@@ -28,6 +28,14 @@ through the same failover path, and its trials restart from their latest checkpo
 ``max_instance_losses`` times per executor.
 
 Everything goes to the journal; every instance of the run is terminated in ``finally``.
+
+This module is the loop and its effects. The decisions it asks for are small objects without I/O:
+the planner's (:mod:`rubberband.planner.policies`: prefetch and carry-over, lateness, spot or on-demand,
+the ones the simulator takes too) and the executor's own (:mod:`rubberband.executor.decisions`: the
+deadline, lost instances, promotion, the re-plan's outlook and proposals, failover's stand-ins). The
+instances' requests, arrivals and terminations go through :class:`~rubberband.executor.instances.InstancePool`,
+the notice watchers through :class:`~rubberband.executor.notices.NoticeWatchers`, and everything Ray does
+for the loop through :class:`~rubberband.executor.cluster.Cluster` (a simulated one for ``--cloud sim``).
 """
 
 from __future__ import annotations
@@ -37,7 +45,6 @@ import os
 import signal
 import statistics
 import threading
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -45,19 +52,24 @@ from typing import Any, Callable
 from rubberband.catalog import SERIAL_PROVISIONING, Catalog, InstanceType
 from rubberband.cloud.backend import ExecutorBackend
 from rubberband.cloud.failover import alternatives_for
-from rubberband.cloud.provider import InstanceRequest, node_resource
-from rubberband.errors import CatalogError, CloudError, ExecutionError, PlanFileError, TrainingError, TrialPreempted
+from rubberband.cloud.provider import node_resource
+from rubberband.errors import ExecutionError, PlanFileError, TrainingError, TrialPreempted
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
 from rubberband.executor.clock import WALL_CLOCK, Clock
 from rubberband.executor.cluster import Cluster, RayCluster
+from rubberband.executor.decisions import (DeadlineState, DeadlineWatch, LossPolicy, boundary_outlook,
+                                           judge_proposal, price_hr, promote, proposal_problem, rank,
+                                           requeue_first, slowdown, stand_in_stages)
 from rubberband.devices import DevicePolicy
+from rubberband.executor.instances import InstancePool, PoolInstance
+from rubberband.executor.notices import WATCHERS_ENV, NoticeWatchers
 from rubberband.executor.placement import Slot, make_slots, slot_count
 from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanAnswer, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan
 from rubberband.executor import spot as S
-from rubberband.planner.policies import (Action, LatenessPolicy, Market, Outlook, PrefetchPolicy, SpotPolicy,
+from rubberband.planner.policies import (Action, LatenessPolicy, Market, PrefetchPolicy, SpotPolicy,
                                          SpotSituation)
 from rubberband.planner.schedule import stages_for
 from rubberband.profile import Profile
@@ -72,9 +84,6 @@ LIVENESS_EVERY_S = 2.0
 #: After a trial error, how long to wait for the backend or Ray to call its instances lost (Ray marks a
 #: dead node within ~2 s on the run's head) before calling it a training failure.
 LOSS_CONFIRM_S = 5.0
-#: Instance requests in flight at once on a cloud (each waits for its instance's boot and Ray join on a thread):
-#: a stage's instances start together, as the simulator has them; the cloud SDKs retry what the API throttles.
-PARALLEL_REQUESTS = 128
 #: Instance losses one executor tolerates before it gives up (a flapping cloud must not loop forever).
 MAX_INSTANCE_LOSSES = 10
 
@@ -138,37 +147,7 @@ def p90(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
 
 
-def _price(itype: InstanceType, spot: bool) -> float:
-    """$/h of an instance as requested (spot when it has a spot offer)."""
-    return itype.spot_price_hr if spot and itype.spot_price_hr is not None else itype.price_hr
-
-
-def rank(metrics: dict[str, float | None], mode: str, order: list[str]) -> list[str]:
-    """Trial ids best first; missing metrics last; ties keep ``order``."""
-    position = {t: i for i, t in enumerate(order)}
-    sign = 1.0 if mode == "min" else -1.0
-    return sorted(metrics, key=lambda t: (metrics[t] is None, sign * (metrics[t] or 0.0), position.get(t, 0)))
-
-
 # -- state -----------------------------------------------------------------------------------
-
-@dataclass
-class PoolInstance:
-    """An instance the run asked for: pending (provisioning), ready, or released."""
-
-    token: str
-    itype: InstanceType
-    spot: bool
-    assigned_stage: int
-    future: Future | None = None
-    id: str | None = None
-    ready: bool = False
-    released: bool = False
-    requested_at: float | None = None
-    terminated_at: float | None = None
-    warming: list = field(default_factory=list)  # ping refs of its warm workers, while they start
-    replaces: str | None = None  # the noticed instance it replaces (kept while that one's trials move over)
-
 
 @dataclass
 class RunningTrial:
@@ -239,7 +218,6 @@ class Controller:
         self.plan = plan
         self.catalog = catalog
         self.run_dir = Path(run_dir)
-        self.backend = backend
         self.runtime = runtime
         self.run_id = run_id
         self.replanner = replanner
@@ -248,6 +226,7 @@ class Controller:
         self.deadline_s = deadline_s or plan.deadline_s
         # a late run goes on this long past the deadline (math.inf: to the end), then everything is stopped
         self.overrun_s = overrun_s
+        self.deadline = DeadlineWatch(self.deadline_s, overrun_s)
         self._deadline_passed = False
         # at a boundary: go on, buy speed, finish late or stop (on_late) — the decision, without I/O
         self.lateness = LatenessPolicy(confidence=plan.confidence, on_late=on_late, overrun_s=overrun_s)
@@ -260,22 +239,21 @@ class Controller:
         self._fell_back = False  # some spot stage's instances were bought on-demand
         self._noticed: dict[str, float] = {}  # instance -> when its preemption notice was seen
         self._replaced: set[str] = set()  # instances whose replacement was already requested (on notice)
-        self._watchers: dict[str, Any] = {}  # instance -> its NoticeWatcher actor
-        self._notice_refs: dict[str, Any] = {}  # instance -> the pending notice() call on its watcher
+        self.watchers = NoticeWatchers(backend.cloud)  # preemption-notice watchers of the ready spot instances
         self._stage_seconds: list[float] = []  # the current stage's task times (not cold), for estimates
         self.trial_timeout_s = trial_timeout_s
         # GPU + nccl on GPU types, CPU + gloo otherwise (a backend may say otherwise: test boots' logical GPUs)
         self.devices = device_policy or backend.device_policy or DevicePolicy()
         self.elastic = elastic  # False: hold every instance to the end (the static baseline, for benchmarks)
         self.journal = J.Journal(self.run_dir, clock=clock)
-        self.pool: dict[str, PoolInstance] = {}
-        self._tokens = 0
         # Requests run side by side, each until its instance is up and joined (the simulator's model), except on a
         # backend whose instances come up one after another (local Ray nodes race for ports when started at once).
-        serial = plan.stages[0].cloud in SERIAL_PROVISIONING
-        self._provisioner = self.cluster.executor(1 if serial else PARALLEL_REQUESTS, "rb-provision")
-        self._terminator = self.cluster.executor(4, "rb-terminate")
-        self._terminations: list[tuple[PoolInstance, Future, str]] = []
+        self.instances = InstancePool(run_id=run_id, backend=backend, catalog=catalog, journal=self.journal,
+                                      clock=clock, cluster=self.cluster,
+                                      serial=plan.stages[0].cloud in SERIAL_PROVISIONING)
+        self.pool = self.instances.entries  # token -> PoolInstance: every instance this executor asked for
+        self._provisioner = self.instances.provisioner
+        self._terminator = self.instances.terminator
         self.running: dict[Any, RunningTrial] = {}
         self.sink = None
         self.workers: Any = None  # WorkerPool: warm worker processes per instance, reused across trials
@@ -287,6 +265,7 @@ class Controller:
         self.startup_seconds: dict[str, list[float]] = {}
         self.prefetched: set[int] = set()
         self.max_instance_losses = max_instance_losses
+        self.loss_policy = LossPolicy(max_instance_losses)  # replace a lost instance while needed, up to the limit
         self.losses = 0  # instances lost while this executor ran
         self.substitutes: dict[str, InstanceType] = {}  # planned type key -> the type failover obtained instead
         self._seen_in_ray: set[str] = set()  # instances whose rb-node-<id> resource Ray has shown
@@ -297,6 +276,15 @@ class Controller:
         self._last_liveness = 0.0
         self._saved_signals: dict[int, Any] = {}
         self._signal: str | None = None
+
+    @property
+    def backend(self) -> ExecutorBackend:
+        """The cloud side (provider + head): one object, held by the instance pool that talks to it."""
+        return self.instances.backend
+
+    @backend.setter
+    def backend(self, backend: ExecutorBackend) -> None:
+        self.instances.backend = backend
 
     # -- entry points ----------------------------------------------------------------------
     def run(self, *, resume: bool = False) -> RunResult:
@@ -466,15 +454,12 @@ class Controller:
             if stage.stage == 0:
                 self._create_trials(stage)
             metrics = self._run_stage(g, stage)
-            order = self._stage_trials(g)
-            ranking = rank(metrics, self.spec.metric.mode, order)
-            promoted: list[str] = []
-            if not last_of_bracket:
-                promoted = ranking[:self.plan.stages[g + 1].trials]
-                for position, trial_id in enumerate(promoted):
-                    self.journal.record(J.TrialPromoted(trial_id=trial_id, from_stage=g, to_stage=g + 1,
-                                                        metric=metrics[trial_id], rank=position))
-            else:
+            keep = None if last_of_bracket else self.plan.stages[g + 1].trials
+            ranking, promoted = promote(metrics, self.spec.metric.mode, self._stage_trials(g), keep)
+            for position, trial_id in enumerate(promoted):
+                self.journal.record(J.TrialPromoted(trial_id=trial_id, from_stage=g, to_stage=g + 1,
+                                                    metric=metrics[trial_id], rank=position))
+            if last_of_bracket:
                 finals.update(metrics)
             self.journal.record(J.StageFinished(stage=g, bracket=stage.bracket, metrics=metrics,
                                                 promoted=promoted, ranking=ranking))
@@ -487,7 +472,7 @@ class Controller:
 
     def _stage_itype(self, stage: StagePlan) -> InstanceType:
         """The type a stage runs on: the planned one, or what failover obtained in its place."""
-        return self._substitute(self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region))
+        return self._substitute(self._planned_type(stage))
 
     def _substitute(self, itype: InstanceType) -> InstanceType:
         """What failover obtained in place of ``itype`` (followed when it failed over again), else ``itype``."""
@@ -685,7 +670,7 @@ class Controller:
             if final:
                 metric = final[0].metrics.get(self.spec.metric.name)
             self.setup_seconds.append(float(outcome.setup_s))
-            shape = f"{self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region).device}/" \
+            shape = f"{self._planned_type(stage).device}/" \
                     f"{len(run.slot.placement)}/{len(run.slot.instance_ids)}"
             self.iteration_latencies.setdefault(shape, []).extend(float(x) for x in outcome.iteration_latencies_s)
             seconds = outcome.finished_at - run.started_at
@@ -758,7 +743,7 @@ class Controller:
     def _watch_ready(self) -> None:
         """A notice watcher on every ready spot instance that has none yet (Ray may show a node late)."""
         for entry in self.pool.values():
-            if entry.ready and not entry.released and entry.spot and entry.id not in self._watchers:
+            if entry.ready and not entry.released and entry.spot and not self.watchers.watching(entry.id):
                 self._watch(entry)
 
     def _poll_lost(self) -> dict[str, str]:
@@ -804,9 +789,7 @@ class Controller:
             for ident in hit:
                 affected[ident].append(run.trial_id)
         stage = self.plan.stages[g]
-        for trial_id in reversed(requeue):  # they go first: their slots were taken from them
-            if all(t != trial_id for t, _ in pending):
-                pending.insert(0, (trial_id, self._start_epoch(trial_id, stage)))
+        requeue_first(pending, requeue, lambda trial_id: self._start_epoch(trial_id, stage))
         slots[:] = [s for s in slots if not gone & set(s.instance_ids)]
         for ident, reason in lost.items():
             if ident in self._lost:  # handled already (another of its trials reported first)
@@ -827,16 +810,16 @@ class Controller:
                     self.workers.shrink(node_resource(ident))
                 except Exception:  # noqa: BLE001 - its idle workers died with it
                     pass
-            self._terminator.submit(self._terminate_one, ident)  # make sure the cloud stops billing it
+            self._terminator.submit(self.instances.terminate_now, ident)  # make sure the cloud stops billing it
             if entry is None:
                 continue
             entry.released = True
-            wanted = entry.assigned_stage > g or (entry.assigned_stage == g and bool(pending))
             if ident in self._replaced:  # its replacement was requested when its preemption notice came
                 continue
-            if wanted and self.losses <= self.max_instance_losses:
+            if self.loss_policy.replace(serves=entry.assigned_stage, current=g, work_left=bool(pending),
+                                        losses=self.losses):
                 self._replace(entry, ident, reason, waiting=len(pending))
-        if self.losses > self.max_instance_losses:
+        if self.loss_policy.exhausted(self.losses):
             raise ExecutionError(f"{self.losses} instances were lost during this run (limit "
                                  f"{self.max_instance_losses}); the cloud keeps taking capacity back — resume later "
                                  f"with `rubberband run --resume {self.run_dir}` or plan with on-demand instances")
@@ -844,10 +827,10 @@ class Controller:
     # -- instances -------------------------------------------------------------------------
     def _entry(self, instance_id: str) -> PoolInstance | None:
         """The pool entry of a provisioned instance (None: not one of this run's, or not up yet)."""
-        return next((p for p in self.pool.values() if p.id == instance_id), None)
+        return self.instances.entry(instance_id)
 
     def _stage_pool(self, g: int) -> list[PoolInstance]:
-        return [p for p in self.pool.values() if p.assigned_stage == g and not p.released]
+        return self.instances.of_stage(g)
 
     def _claim_instances(self, g: int, stage: StagePlan, itype: InstanceType, *, needed: bool) -> None:
         """Give stage ``g`` its instances: reuse same-type ones, request the rest, release the others."""
@@ -869,81 +852,27 @@ class Controller:
                 self._request(g, itype, spot)
 
     def _request(self, g: int, itype: InstanceType, spot: bool) -> PoolInstance:
-        self._tokens += 1
-        entry = PoolInstance(token=f"req{self._tokens}", itype=itype, spot=spot, assigned_stage=g)
-        fallback = spot and S.on_demand_allowed(self.plan.stages[g])  # no spot capacity anywhere: on-demand
-        request = InstanceRequest(run_id=self.run_id, stage=g, instance_type=itype, count=1, spot=spot,
-                                  on_demand_fallback=fallback)
-        entry.future = self._provisioner.submit(self.backend.provision, request)
-        self.pool[entry.token] = entry
-        return entry
+        # no spot capacity anywhere: on-demand, where the stage allows it
+        return self.instances.request(g, itype, spot,
+                                      on_demand_fallback=spot and S.on_demand_allowed(self.plan.stages[g]))
 
     def _collect_provisioned(self) -> None:
-        for entry in list(self.pool.values()):
-            if entry.future is None or not entry.future.done():
-                continue
-            future, entry.future = entry.future, None
-            if future.cancelled():  # teardown cancelled it before it started: nothing to stop
-                entry.released = True
-                continue
-            try:
-                instance = future.result()[0]
-            except CloudError as exc:
-                entry.released = True
-                raise ExecutionError(f"could not provision a {entry.itype.name}: {exc}") from None
-            entry.id, entry.ready = instance.id, True
-            entry.requested_at = instance.launched_at or self.clock.time()
-            now = self.clock.time()
-            requested = entry.itype
-            obtained, zone, attempts, spot = self._obtained(entry, instance)
-            if obtained.key != requested.key or spot != entry.spot:  # failover gave another type or market
-                market = {} if spot == entry.spot else dict(requested_market="spot", obtained_market="on_demand")
-                why = (f"{requested.name} unavailable in every zone; failover took {obtained.name}"
-                       if obtained.key != requested.key else "")
-                if market:
-                    why = (why + "; " if why else "") + "no spot capacity in any zone: on-demand"
-                self.journal.record(J.Decision(kind="failover", id=instance.id, stage=entry.assigned_stage,
-                                               requested=requested.name, obtained=obtained.name, zone=zone,
-                                               requested_price_hr=_price(requested, entry.spot),
-                                               obtained_price_hr=_price(obtained, spot), attempts=attempts, **market,
-                                               reason=why))
-                if obtained.key != requested.key:  # bill the type obtained, run the stage on it
-                    entry.itype = obtained
-                    self.substitutes[requested.key] = obtained
-                if spot != entry.spot:  # a spot stage on on-demand: its instances carry over as the stage's
-                    entry.spot = False
-                    self._fell_back = True
-            extra = {"requested_type": requested.name} if obtained.key != requested.key else {}
-            self.journal.record(J.InstanceRequested(t=entry.requested_at, id=instance.id, instance_type=obtained.name,
-                                                    cloud=obtained.cloud, region=obtained.region,
-                                                    price_hr=_price(obtained, entry.spot), spot=entry.spot,
-                                                    stage=entry.assigned_stage, zone=zone or instance.zone or None,
-                                                    **extra))
-            self.journal.record(J.InstanceReady(t=now, id=instance.id, startup_s=now - entry.requested_at))
-            self.startup_seconds.setdefault(entry.itype.name, []).append(now - entry.requested_at)
+        """Take the instances that came up: note failover's substitutes and start-ups, warm their workers and
+        watch for notices, or release one no longer wanted."""
+        for arrival in self.instances.collect():
+            entry = arrival.entry
+            if arrival.substituted:
+                self.substitutes[arrival.requested.key] = entry.itype
+            self._fell_back = self._fell_back or arrival.moved_to_on_demand
+            self.startup_seconds.setdefault(entry.itype.name, []).append(arrival.startup_s)
             if entry.released:  # no longer wanted while it was starting
                 entry.released = False
                 self._release(entry, "no longer needed when it came up")
             elif self.workers is not None:  # start its worker processes now, off the critical path
-                entry.warming = self.workers.warm(node_resource(instance.id), entry.itype.workers, wait=False,
+                entry.warming = self.workers.warm(node_resource(entry.id), entry.itype.workers, wait=False,
                                                   device=self.devices.for_type(entry.itype))
             if not entry.released:
                 self._watch(entry)
-
-    def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str], bool]:
-        """The catalog type (and zone, failover tries and market: spot?) the backend actually got for a request."""
-        got = self.backend.obtained(instance.id)
-        if got is not None:
-            tries = [f"{a.instance_type}@{a.zone or a.region}{' ' + a.market if a.market else ''}: {a.outcome}"
-                     for a in got.attempts]
-            return got.instance_type, got.zone, tries, bool(getattr(got, "spot", entry.spot))
-        if instance.instance_type and instance.instance_type != entry.itype.name:
-            try:
-                return self.catalog.find(instance.instance_type, cloud=entry.itype.cloud,
-                                         region=entry.itype.region), instance.zone, [], entry.spot
-            except CatalogError:
-                pass
-        return entry.itype, None, [], entry.spot
 
     def _workers_up(self, entry: PoolInstance) -> bool:
         """Whether a ready instance's worker processes answer: only then does it take trials, as the simulator
@@ -971,26 +900,10 @@ class Controller:
         self._unwatch(entry.id)
         if self.workers is not None:
             self.workers.shrink(node_resource(entry.id))
-        future = self._terminator.submit(self._terminate_one, entry.id)
-        self._terminations.append((entry, future, why))
-
-    def _terminate_one(self, instance_id: str) -> float:
-        self.backend.terminate([instance_id])
-        return self.clock.time()
+        self.instances.terminate(entry, why)
 
     def _collect_terminations(self, wait: bool = False) -> None:
-        left = []
-        for entry, future, why in self._terminations:
-            if wait or future.done():
-                try:
-                    t = future.result(timeout=60)
-                except Exception:  # noqa: BLE001 - journal it anyway; teardown lists what is still alive
-                    t = self.clock.time()
-                self.journal.record(J.InstanceTerminated(t=t, id=entry.id, reason=why))
-                entry.terminated_at = t
-            else:
-                left.append((entry, future, why))
-        self._terminations = left
+        self.instances.collect_terminations(wait)
 
     def _release_idle(self, g: int, slots: list[Slot], *, stage_done: bool = False) -> None:
         """No pending trials: keep idle instances the next stage can use, release the rest now."""
@@ -1118,9 +1031,12 @@ class Controller:
     def _slowdown(self) -> float:
         """Actual over predicted duration of the stages finished so far (1 before any)."""
         done = [i for i, r in self.state.stages.items() if r.finished_at and i < len(self.plan.stages)]
-        actual = sum(self.state.stages[i].finished_at - self.state.stages[i].started_at for i in done)
-        predicted = sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in done)
-        return actual / predicted if predicted > 0 else 1.0
+        return slowdown(self._finished_durations(done))
+
+    def _finished_durations(self, stages: list[int]) -> list[tuple[float, float]]:
+        """(actual, predicted) duration of each of these finished stages."""
+        return [(self.state.stages[i].finished_at - self.state.stages[i].started_at,
+                 self.plan.stages[i].predicted_duration_s or 0.0) for i in stages]
 
     def _per_trial_s(self, g: int) -> float:
         """Stage ``g``'s mean task time: measured in this run (not cold), else the plan's, else its duration per
@@ -1197,35 +1113,14 @@ class Controller:
 
     def _watch(self, entry: PoolInstance) -> None:
         """Start the preemption-notice watcher of a ready spot instance (when its cloud posts notices)."""
-        from rubberband.executor.notices import notice_source, start_watcher
-
-        if not entry.spot or entry.id in self._watchers:
+        if not entry.spot:
             return
-        source = notice_source(self.backend.cloud)
-        if source is None:  # the local backend: no cloud posts notices
-            return
-
-        try:
-            watcher = start_watcher(entry.id, node_resource(entry.id), source)
-        except Exception as exc:  # noqa: BLE001 - no watcher: a preemption is still seen as a lost instance
-            self._watchers[entry.id] = None  # not tried again
-            self.journal.record(J.Decision(kind="notice_watcher", id=entry.id, started=False,
-                                           error=f"{type(exc).__name__}: {exc}"))
-            return
-        if watcher is not None:
-            self._watchers[entry.id] = watcher
-            self._notice_refs[entry.id] = watcher.wait_notice.remote()
+        error = self.watchers.watch(entry.id, node_resource(entry.id))
+        if error is not None:
+            self.journal.record(J.Decision(kind="notice_watcher", id=entry.id, started=False, error=error))
 
     def _unwatch(self, ident: str) -> None:
-        self._notice_refs.pop(ident, None)
-        watcher = self._watchers.pop(ident, None)
-        if watcher is not None:
-            import ray
-
-            try:
-                ray.kill(watcher, no_restart=True)
-            except Exception:  # noqa: BLE001 - gone with its node
-                pass
+        self.watchers.unwatch(ident)
 
     def _env_field(self, slot: Slot) -> dict[str, Any]:
         env = self._trial_env(slot)
@@ -1233,9 +1128,7 @@ class Controller:
 
     def _trial_env(self, slot: Slot) -> dict[str, str]:
         """The trial's environment: the watchers of its instances, which its workers ask at every checkpoint."""
-        from rubberband.executor.notices import WATCHERS_ENV, watcher_name
-
-        names = [watcher_name(i) for i in slot.instance_ids if self._watchers.get(i) is not None]
+        names = self.watchers.names(slot.instance_ids)
         return {WATCHERS_ENV: ",".join(names)} if names else {}
 
     def _poll_notices(self, g: int, pending: list[tuple[str, int]], *, ask: tuple[str, ...] = ()) -> None:
@@ -1249,36 +1142,14 @@ class Controller:
 
     def _notices_found(self, ask: tuple[str, ...] = ()) -> dict[str, Any]:
         """Instance → notice (None: none, or its watcher is gone) of the watchers that answered, and of ``ask``."""
-        if not self._notice_refs and not ask:
-            return {}
-        import ray
-
-        refs = {ref: ident for ident, ref in self._notice_refs.items()}
-        try:
-            ready = ray.wait(list(refs), num_returns=len(refs), timeout=0)[0] if refs else []
-        except Exception:  # noqa: BLE001 - asked again on the next poll
-            ready = []
-        found: dict[str, Any] = {}
-        for ref in ready:
-            try:
-                found[refs[ref]] = ray.get(ref, timeout=1)
-            except Exception:  # noqa: BLE001 - its watcher died with its node: loss detection handles it
-                found[refs[ref]] = None
-        for ident in ask:
-            watcher = self._watchers.get(ident)
-            if ident not in found and watcher is not None:
-                try:
-                    found[ident] = ray.get(watcher.notice.remote(), timeout=5)
-                except Exception:  # noqa: BLE001 - as above
-                    continue
-        return found
+        return self.watchers.found(ask)
 
     def _take_notice(self, g: int, pending: list[tuple[str, int]], ident: str, notice: dict[str, Any] | None) -> None:
         """A notice for ``ident`` (serving stage ``g``, whose ``pending`` trials wait): journal it, and request the
         instance's replacement now when the stage (or the next it is kept for) still needs it."""
         if notice is None or ident in self._noticed:
             return
-        self._notice_refs.pop(ident, None)
+        self.watchers.taken(ident)
         self._noticed[ident] = self.clock.time()
         entry = self._entry(ident)
         trials = sorted(r.trial_id for r in self.running.values() if ident in r.slot.instance_ids)
@@ -1288,7 +1159,7 @@ class Controller:
                                               "replacement requested now"))
         if entry is None or entry.released:
             return
-        wanted = entry.assigned_stage > g or (entry.assigned_stage == g and bool(pending or trials))
+        wanted = LossPolicy.needed(serves=entry.assigned_stage, current=g, work_left=bool(pending or trials))
         if wanted and ident not in self._replaced:
             self._replace(entry, ident, "preemption-notice", waiting=len(pending) + len(trials))
 
@@ -1322,13 +1193,14 @@ class Controller:
             raise Interrupted(f"run stopped by {self._signal}; every instance was terminated; "
                               f"resume with `rubberband run --resume {self.run_dir}`")
         elapsed = self.clock.time() - self.state.first_started_at
-        if elapsed > self.deadline_s and not self._deadline_passed:
+        state = self.deadline.state(elapsed)
+        if state is not DeadlineState.ON_TIME and not self._deadline_passed:
             self._deadline_passed = True
             self.journal.record(J.Decision(kind="deadline_passed", stage=self.stage_index, elapsed_s=round(elapsed, 3),
                                            deadline_s=self.deadline_s,
                                            overrun_s=None if math.isinf(self.overrun_s) else self.overrun_s,
                                            note="late: the run goes on until the deadline plus the allowed overrun"))
-        if elapsed > self.deadline_s + self.overrun_s:
+        if state is DeadlineState.OVER:
             allowed = f" plus the allowed overrun ({format_duration(self.overrun_s)})" if self.overrun_s else ""
             raise DeadlineExceeded(f"run passed its deadline ({format_duration(self.deadline_s)}){allowed} in stage "
                                    f"{self.stage_index}; every instance was terminated; to finish it anyway: "
@@ -1336,20 +1208,18 @@ class Controller:
 
     def _maybe_replan(self, g: int) -> None:
         """At the boundary before stage ``g``: re-plan the rest if the deadline is at risk or it pays."""
-        elapsed = self.clock.time() - self.state.first_started_at
         done = [s for s in range(g) if s in self.state.stages and self.state.stages[s].finished_at]
-        actual = sum(self.state.stages[s].finished_at - self.state.stages[s].started_at for s in done)
-        predicted_done = sum(self.plan.stages[s].predicted_duration_s or 0.0 for s in done)
-        ratio = actual / predicted_done if predicted_done > 0 else 1.0
-        remaining_pred = sum(s.predicted_duration_s or 0.0 for s in self.plan.stages[g:]) * ratio
-        at_risk = elapsed + remaining_pred > self.deadline_s
-        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
-                        slowdown=ratio, at_risk=at_risk)
-        request = self._replan_request(g, elapsed, at_risk, self.plan.stages[g:])
+        outlook = boundary_outlook(elapsed_s=self.clock.time() - self.state.first_started_at,
+                                   finished=self._finished_durations(done),
+                                   remaining_predicted_s=sum(s.predicted_duration_s or 0.0
+                                                             for s in self.plan.stages[g:]),
+                                   deadline_s=self.deadline_s)
+        decision = outlook.decision_fields(g)
+        request = self._replan_request(g, outlook.elapsed_s, outlook.at_risk, self.plan.stages[g:])
         if request.unavailable:
             self._replan_around(g, request, decision)
             return
-        self._replan_decide(g, request, decision, remaining_pred)
+        self._replan_decide(g, request, decision, outlook.remaining_s)
 
     def _replan_request(self, g: int, elapsed: float, at_risk: bool, rest: list[StagePlan],
                         **extra: Any) -> ReplanRequest:
@@ -1371,38 +1241,22 @@ class Controller:
         decide from both outlooks, journal the decision, take the proposal when it says so, and stop the run
         (:class:`RunStopped`) on ``stop``. ``remaining_pred``: the run's remaining time by its stage predictions
         scaled by the slowdown so far (the current plan's outlook without a re-planner)."""
-        at_risk = request.at_risk
-        elapsed = request.elapsed_s
         positions = request.positions()
         answer, note = self._ask_replanner(request)
         candidate = answer.proposal
         rest = [self.plan.stages[i] for i in positions]
-        shape = [(s.bracket, s.stage, s.trials, s.epochs) for s in rest]
-        if candidate is not None and [(s.bracket, s.stage, s.trials, s.epochs) for s in candidate.stages] != shape:
-            candidate, note = None, "proposal does not match the remaining stages"
-        elif candidate is not None and request.unavailable and set(request.unavailable) & {
-                self.catalog.find(s.instance_type, cloud=s.cloud, region=s.region).key for s in candidate.stages}:
-            candidate, note = None, "proposal uses an unavailable type"
-        current_cost = sum(s.predicted_cost_usd or 0.0 for s in rest)
-        # the current plan under the re-planner's model when it simulated it; a run already running slower
-        # than its stage predictions (at_risk) does not meet the deadline whatever the model says
-        p_current = 0.0 if at_risk else 1.0
-        if answer.current_p_meet is not None:
-            p_current = min(p_current, answer.current_p_meet)
-        current = Outlook(p_meet=p_current, jct_p50_s=answer.current_jct_p50_s or remaining_pred,
-                          cost_usd=current_cost)
-        proposal = None if candidate is None else Outlook(
-            p_meet=candidate.predicted.p_meet_deadline, jct_p50_s=candidate.predicted.jct_s.p50,
-            cost_usd=candidate.predicted.cost_usd.mean)
-        verdict = self.lateness.decide(current, proposal, time_left_s=self.deadline_s - elapsed)
-        figures: dict[str, Any] = dict(current_cost_usd=current_cost, current_p_meet=current.p_meet,
-                                       current_jct_p50_s=current.jct_p50_s, on_late=self.lateness.on_late)
-        if proposal is not None:
-            figures.update(proposal_cost_usd=proposal.cost_usd, proposal_p_meet=proposal.p_meet,
-                           proposal_jct_p50_s=proposal.jct_p50_s)
+        problem = None if candidate is None else proposal_problem(candidate.stages, rest,
+                                                                   unavailable=request.unavailable,
+                                                                   key_of=self._planned_key)
+        if problem is not None:
+            candidate, note = None, problem
+        judged = judge_proposal(self.lateness, rest=rest, candidate=candidate, at_risk=request.at_risk,
+                                current_p_meet=answer.current_p_meet, current_jct_p50_s=answer.current_jct_p50_s,
+                                remaining_pred_s=remaining_pred, time_left_s=self.deadline_s - request.elapsed_s)
+        verdict = judged.verdict
         reason = f"{note}; {verdict.reason}" if note else verdict.reason
         self.journal.record(J.Decision(**decision, action=verdict.action.value, accepted=verdict.take_proposal,
-                                       reason=reason, **figures))
+                                       reason=reason, **judged.figures))
         if verdict.take_proposal:
             stages = list(self.plan.stages)
             for i, stage in zip(positions, candidate.stages):
@@ -1429,11 +1283,18 @@ class Controller:
             answer = ReplanAnswer(answer)
         return answer, "" if answer.proposal is not None else "re-planner proposed nothing"
 
+    def _planned_key(self, stage: StagePlan) -> str:
+        """The catalog key of the type a stage is planned on."""
+        return self._planned_type(stage).key
+
+    def _planned_type(self, stage: StagePlan) -> InstanceType:
+        return self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+
     def _unavailable(self, stages: list[StagePlan]) -> list[str]:
         """Keys of the planned types of ``stages`` failover found unavailable (substituted, or every zone blocked)."""
         out: list[str] = []
         for stage in stages:
-            itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+            itype = self._planned_type(stage)
             if itype.key in out:
                 continue
             if itype.key in self.substitutes or self.backend.unavailable(itype, spot=stage.spot):
@@ -1460,7 +1321,6 @@ class Controller:
         """
         positions = request.positions()
         rest = [self.plan.stages[i] for i in positions]
-        shape = [(s.bracket, s.stage, s.trials, s.epochs) for s in rest]
         unavailable = list(request.unavailable)
         names = ", ".join(k.rsplit(":", 1)[-1] for k in unavailable)
         decision = {**decision, "trigger": "failover", "unavailable": unavailable}
@@ -1474,12 +1334,9 @@ class Controller:
             except Exception as exc:  # noqa: BLE001 - fall back to stand-ins
                 candidate, note = None, f"re-planner failed: {exc}"
             if candidate is not None:
-                keys = {self.catalog.find(s.instance_type, cloud=s.cloud, region=s.region).key
-                        for s in candidate.stages}
-                if [(s.bracket, s.stage, s.trials, s.epochs) for s in candidate.stages] != shape:
-                    note = "re-planner's proposal does not match the remaining stages"
-                elif keys & set(unavailable):
-                    note = "re-planner's proposal uses an unavailable type"
+                problem = proposal_problem(candidate.stages, rest, unavailable=unavailable, key_of=self._planned_key)
+                if problem is not None:
+                    note = f"re-planner's {problem}"
                 else:
                     stages = list(candidate.stages)
                     decision.update(source="replanner", proposal_cost_usd=candidate.predicted.cost_usd.mean,
@@ -1487,19 +1344,9 @@ class Controller:
             else:
                 note = note or "re-planner proposed nothing"
         if stages is None:
-            substitutions: dict[str, str] = {}
-            stages = []
-            for stage in rest:
-                itype = self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
-                sub = self._stand_in(itype, stage.spot, unavailable) if itype.key in unavailable else None
-                if sub is None:
-                    stages.append(stage)
-                    continue
-                substitutions[itype.name] = sub.name
-                ratio = _price(sub, stage.spot) / max(_price(itype, stage.spot), 1e-12)
-                cost = stage.predicted_cost_usd * ratio if stage.predicted_cost_usd is not None else None
-                stages.append(stage.model_copy(update={"instance_type": sub.name, "cloud": sub.cloud,
-                                                       "region": sub.region, "predicted_cost_usd": cost}))
+            stages, substitutions = stand_in_stages(
+                rest, unavailable, type_of=self._planned_type,
+                stand_in=lambda itype, spot: self._stand_in(itype, spot, unavailable))
             if not substitutions:
                 self.journal.record(J.Decision(**decision, accepted=False, source="substitution",
                                                reason=f"failover: {names} unavailable and no available type can "
@@ -1539,7 +1386,7 @@ class Controller:
             total += head.price_hr * max(0.0, now - head.launched_at) / 3600.0
         for p in self.pool.values():
             if p.requested_at is not None:
-                total += _price(p.itype, p.spot) * ((p.terminated_at or now) - p.requested_at) / 3600.0
+                total += price_hr(p.itype, p.spot) * ((p.terminated_at or now) - p.requested_at) / 3600.0
         return total
 
     def _teardown(self, status: str, error: str | None) -> None:

@@ -211,3 +211,83 @@ def check_watchers(names: list[str], cache: dict[str, Any], *, timeout_s: float 
         if notice is not None:
             return notice
     return None
+
+
+class NoticeWatchers:
+    """The run's notice watchers, one per ready spot instance, as the controller keeps them (the Ray side).
+
+    ``watch`` starts one where the cloud posts notices; ``found`` says which answered (a notice, or None when
+    the watcher died with its node) without blocking, and asks ``ask``'s watchers directly; ``names`` are what a
+    trial's workers are told (``WATCHERS_ENV``) so they stop after a checkpoint on a notice.
+    """
+
+    def __init__(self, cloud: str) -> None:
+        self.source = notice_source(cloud)
+        self._actors: dict[str, Any] = {}  # instance -> its NoticeWatcher actor (None: could not start, not retried)
+        self._pending: dict[str, Any] = {}  # instance -> the pending wait_notice() call on its watcher
+
+    def watching(self, instance_id: str) -> bool:
+        """Whether a watcher was started (or tried) for this instance."""
+        return instance_id in self._actors
+
+    def watch(self, instance_id: str, resource: str) -> str | None:
+        """Start the watcher of a ready spot instance; the error when it could not start (then not tried again).
+
+        Nothing when the cloud posts no notices (local) or Ray does not show the node yet (tried again later).
+        """
+        if self.source is None or instance_id in self._actors:
+            return None
+        try:
+            actor = start_watcher(instance_id, resource, self.source)
+        except Exception as exc:  # noqa: BLE001 - no watcher: a preemption is still seen as a lost instance
+            self._actors[instance_id] = None
+            return f"{type(exc).__name__}: {exc}"
+        if actor is not None:
+            self._actors[instance_id] = actor
+            self._pending[instance_id] = actor.wait_notice.remote()
+        return None
+
+    def unwatch(self, instance_id: str) -> None:
+        self._pending.pop(instance_id, None)
+        actor = self._actors.pop(instance_id, None)
+        if actor is not None:
+            import ray
+
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - gone with its node
+                pass
+
+    def taken(self, instance_id: str) -> None:
+        """Its notice was acted on: stop waiting for it."""
+        self._pending.pop(instance_id, None)
+
+    def names(self, instance_ids: tuple[str, ...] | list[str]) -> list[str]:
+        """The watcher names of those instances that have one (what their trials' workers ask)."""
+        return [watcher_name(i) for i in instance_ids if self._actors.get(i) is not None]
+
+    def found(self, ask: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Instance → notice (None: none, or its watcher is gone) of the watchers that answered, and of ``ask``."""
+        if not self._pending and not ask:
+            return {}
+        import ray
+
+        refs = {ref: ident for ident, ref in self._pending.items()}
+        try:
+            ready = ray.wait(list(refs), num_returns=len(refs), timeout=0)[0] if refs else []
+        except Exception:  # noqa: BLE001 - asked again on the next poll
+            ready = []
+        found: dict[str, Any] = {}
+        for ref in ready:
+            try:
+                found[refs[ref]] = ray.get(ref, timeout=1)
+            except Exception:  # noqa: BLE001 - its watcher died with its node: loss detection handles it
+                found[refs[ref]] = None
+        for ident in ask:
+            actor = self._actors.get(ident)
+            if ident not in found and actor is not None:
+                try:
+                    found[ident] = ray.get(actor.notice.remote(), timeout=5)
+                except Exception:  # noqa: BLE001 - as above
+                    continue
+        return found

@@ -1,0 +1,187 @@
+"""The run's instances as the executor holds them: requested, provisioning, ready, released, terminated.
+
+:class:`InstancePool` is the edge between the controller and the cloud for instances. It sends requests
+(side by side on a cloud, one after another where instances must come up in turn), gathers the ones that
+came up and journals each (``instance_requested`` with the type and market failover actually obtained,
+``instance_ready`` with its start-up), and terminates released ones off the loop's thread, journaling when
+each stopped billing. Which instance to request, keep or release is the controller's decision (its
+policies); this module only does it and keeps the record.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from rubberband.catalog import Catalog, InstanceType
+from rubberband.cloud.backend import ExecutorBackend
+from rubberband.cloud.provider import InstanceRequest
+from rubberband.errors import CatalogError, CloudError, ExecutionError
+from rubberband.executor import journal as J
+from rubberband.executor.clock import Clock
+from rubberband.executor.cluster import Cluster
+from rubberband.executor.decisions import price_hr
+
+#: Instance requests in flight at once on a cloud (each waits for its instance's boot and Ray join on a thread):
+#: a stage's instances start together, as the simulator has them; the cloud SDKs retry what the API throttles.
+PARALLEL_REQUESTS = 128
+
+
+@dataclass
+class PoolInstance:
+    """An instance the run asked for: pending (provisioning), ready, or released."""
+
+    token: str
+    itype: InstanceType
+    spot: bool
+    assigned_stage: int
+    future: Future | None = None
+    id: str | None = None
+    ready: bool = False
+    released: bool = False
+    requested_at: float | None = None
+    terminated_at: float | None = None
+    warming: list = field(default_factory=list)  # ping refs of its warm workers, while they start
+    replaces: str | None = None  # the noticed instance it replaces (kept while that one's trials move over)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """An instance that came up: what was asked, what failover obtained, and its start-up."""
+
+    entry: PoolInstance
+    requested: InstanceType
+    startup_s: float
+    moved_to_on_demand: bool  # a spot request that found no spot capacity anywhere: on-demand
+
+    @property
+    def substituted(self) -> bool:
+        return self.entry.itype.key != self.requested.key
+
+
+class InstancePool:
+    """Requests, arrivals and terminations of one executor's instances (see the module docstring)."""
+
+    def __init__(self, *, run_id: str, backend: ExecutorBackend, catalog: Catalog, journal: J.Journal, clock: Clock,
+                 cluster: Cluster, serial: bool) -> None:
+        self.run_id = run_id
+        self.backend = backend
+        self.catalog = catalog
+        self.journal = journal
+        self.clock = clock
+        self.entries: dict[str, PoolInstance] = {}
+        self._tokens = 0
+        self.provisioner = cluster.executor(1 if serial else PARALLEL_REQUESTS, "rb-provision")
+        self.terminator = cluster.executor(4, "rb-terminate")
+        self.terminations: list[tuple[PoolInstance, str, Future, str]] = []  # entry, its id, the call, why
+
+    # -- lookups -------------------------------------------------------------------------------
+    def entry(self, instance_id: str) -> PoolInstance | None:
+        """The entry of a provisioned instance (None: not one of this run's, or not up yet)."""
+        return next((p for p in self.entries.values() if p.id == instance_id), None)
+
+    def of_stage(self, g: int) -> list[PoolInstance]:
+        """The unreleased instances assigned to stage ``g``."""
+        return [p for p in self.entries.values() if p.assigned_stage == g and not p.released]
+
+    # -- effects -------------------------------------------------------------------------------
+    def request(self, g: int, itype: InstanceType, spot: bool, *, on_demand_fallback: bool) -> PoolInstance:
+        """Send one request for stage ``g`` (it runs until the instance is up and joined)."""
+        self._tokens += 1
+        entry = PoolInstance(token=f"req{self._tokens}", itype=itype, spot=spot, assigned_stage=g)
+        request = InstanceRequest(run_id=self.run_id, stage=g, instance_type=itype, count=1, spot=spot,
+                                  on_demand_fallback=on_demand_fallback)
+        entry.future = self.provisioner.submit(self.backend.provision, request)
+        self.entries[entry.token] = entry
+        return entry
+
+    def collect(self) -> list[Arrival]:
+        """The instances that came up since the last call, each journaled; a failed request raises."""
+        arrivals = []
+        for entry in list(self.entries.values()):
+            if entry.future is None or not entry.future.done():
+                continue
+            future, entry.future = entry.future, None
+            if future.cancelled():  # teardown cancelled it before it started: nothing to stop
+                entry.released = True
+                continue
+            try:
+                instance = future.result()[0]
+            except CloudError as exc:
+                entry.released = True
+                raise ExecutionError(f"could not provision a {entry.itype.name}: {exc}") from None
+            arrivals.append(self._arrived(entry, instance))
+        return arrivals
+
+    def _arrived(self, entry: PoolInstance, instance: Any) -> Arrival:
+        entry.id, entry.ready = instance.id, True
+        entry.requested_at = instance.launched_at or self.clock.time()
+        now = self.clock.time()
+        requested = entry.itype
+        obtained, zone, attempts, spot = self._obtained(entry, instance)
+        moved = spot != entry.spot
+        if obtained.key != requested.key or moved:  # failover gave another type or market
+            why = (f"{requested.name} unavailable in every zone; failover took {obtained.name}"
+                   if obtained.key != requested.key else "")
+            fields: dict[str, Any] = dict(id=instance.id, stage=entry.assigned_stage, requested=requested.name,
+                                          obtained=obtained.name, zone=zone,
+                                          requested_price_hr=price_hr(requested, entry.spot),
+                                          obtained_price_hr=price_hr(obtained, spot), attempts=attempts)
+            if moved:
+                fields.update(requested_market="spot", obtained_market="on_demand")
+                why = (why + "; " if why else "") + "no spot capacity in any zone: on-demand"
+            fields["reason"] = why
+            self.journal.record(J.Decision(kind="failover", **fields))
+            entry.itype = obtained  # billed as the type obtained; the stage runs on it
+            entry.spot = spot  # a spot stage on on-demand: its instances carry over as the stage's
+        extra: dict[str, Any] = {"requested_type": requested.name} if obtained.key != requested.key else {}
+        self.journal.record(J.InstanceRequested(t=entry.requested_at, id=instance.id, instance_type=obtained.name,
+                                                cloud=obtained.cloud, region=obtained.region,
+                                                price_hr=price_hr(obtained, entry.spot), spot=entry.spot,
+                                                stage=entry.assigned_stage, zone=zone or instance.zone or None,
+                                                **extra))
+        self.journal.record(J.InstanceReady(t=now, id=instance.id, startup_s=now - entry.requested_at))
+        return Arrival(entry, requested, now - entry.requested_at, moved)
+
+    def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str], bool]:
+        """The catalog type (and zone, failover tries and market: spot?) the backend actually got for a request."""
+        got = self.backend.obtained(instance.id)
+        if got is not None:
+            tries = [f"{a.instance_type}@{a.zone or a.region}{' ' + a.market if a.market else ''}: {a.outcome}"
+                     for a in got.attempts]
+            return got.instance_type, got.zone, tries, bool(getattr(got, "spot", entry.spot))
+        if instance.instance_type and instance.instance_type != entry.itype.name:
+            try:
+                return self.catalog.find(instance.instance_type, cloud=entry.itype.cloud,
+                                         region=entry.itype.region), instance.zone, [], entry.spot
+            except CatalogError:
+                pass
+        return entry.itype, None, [], entry.spot
+
+    def terminate(self, entry: PoolInstance, why: str) -> None:
+        """Terminate a released instance off the loop's thread; journaled by :meth:`collect_terminations`."""
+        if entry.id is None:
+            raise ValueError(f"instance request {entry.token} has no instance to terminate yet")
+        future = self.terminator.submit(self.terminate_now, entry.id)
+        self.terminations.append((entry, entry.id, future, why))
+
+    def terminate_now(self, instance_id: str) -> float:
+        """Terminate one instance (blocking); when it was done."""
+        self.backend.terminate([instance_id])
+        return self.clock.time()
+
+    def collect_terminations(self, wait: bool = False) -> None:
+        """Journal the terminations that are done (all of them with ``wait``)."""
+        left = []
+        for entry, ident, future, why in self.terminations:
+            if wait or future.done():
+                try:
+                    t = future.result(timeout=60)
+                except Exception:  # noqa: BLE001 - journal it anyway; teardown lists what is still alive
+                    t = self.clock.time()
+                self.journal.record(J.InstanceTerminated(t=t, id=ident, reason=why))
+                entry.terminated_at = t
+            else:
+                left.append((entry, ident, future, why))
+        self.terminations = left

@@ -1,0 +1,82 @@
+"""The executor's decisions (executor/decisions.py): pure objects, checked without a run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rubberband.executor.decisions import (DeadlineState, DeadlineWatch, LossPolicy, boundary_outlook,
+                                           proposal_problem, promote, rank, requeue_first, slowdown)
+
+
+def test_the_deadline_watch_says_on_time_late_within_the_overrun_and_over():
+    watch = DeadlineWatch(deadline_s=100.0, overrun_s=20.0)
+    assert watch.state(100.0) is DeadlineState.ON_TIME
+    assert watch.state(100.5) is DeadlineState.LATE
+    assert watch.state(120.5) is DeadlineState.OVER
+    assert DeadlineWatch(100.0, math.inf).state(1e9) is DeadlineState.LATE  # --overrun none: to the end
+    assert DeadlineWatch(100.0).state(100.5) is DeadlineState.OVER  # no overrun: late is over
+
+
+@pytest.mark.parametrize("deadline, overrun", [(0.0, 0.0), (-5.0, 0.0), (math.inf, 0.0), (100.0, -1.0),
+                                               (100.0, math.nan)])
+def test_a_deadline_watch_refuses_nonsense_where_it_is_built(deadline, overrun):
+    with pytest.raises(ValueError):
+        DeadlineWatch(deadline, overrun)
+
+
+def test_a_lost_instance_is_replaced_while_its_stage_needs_it_and_until_the_loss_limit():
+    policy = LossPolicy(max_losses=2)
+    assert policy.replace(serves=1, current=1, work_left=True, losses=1)
+    assert not policy.replace(serves=1, current=1, work_left=False, losses=1)  # its stage's work is all placed
+    assert policy.replace(serves=2, current=1, work_left=False, losses=1)  # kept for the next stage
+    assert not policy.replace(serves=0, current=1, work_left=True, losses=1)  # an earlier stage's leftover
+    assert not policy.replace(serves=1, current=1, work_left=True, losses=3)  # past the limit
+    assert policy.exhausted(3) and not policy.exhausted(2)
+    with pytest.raises(ValueError):
+        LossPolicy(max_losses=-1)
+
+
+def test_trials_stopped_by_a_loss_go_first_in_their_order_and_once():
+    pending = [("t3", 0), ("t1", 0)]
+    requeue_first(pending, ["t1", "t2", "t0"], start_epoch=lambda t: 4)
+    assert pending == [("t2", 4), ("t0", 4), ("t3", 0), ("t1", 0)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from([f"t{i}" for i in range(8)]),
+                       st.one_of(st.none(), st.floats(-10, 10, allow_nan=False)), min_size=1),
+       st.sampled_from(["min", "max"]), st.integers(0, 8))
+def test_promotion_takes_the_best_first_and_missing_metrics_last(metrics, mode, keep):
+    order = sorted(metrics)
+    ranking, promoted = promote(metrics, mode, order, keep)
+    assert sorted(ranking) == order and promoted == ranking[:keep] and ranking == rank(metrics, mode, order)
+    known = [metrics[t] for t in ranking if metrics[t] is not None]
+    assert known == sorted(known, reverse=mode == "max")
+    assert all(metrics[t] is None for t in ranking[len(known):])
+    assert promote(metrics, mode, order, None)[1] == []  # a bracket's last stage promotes nobody
+
+
+def test_at_a_boundary_the_rest_is_scaled_by_the_slowdown_so_far():
+    assert slowdown([]) == 1.0
+    outlook = boundary_outlook(elapsed_s=300.0, finished=[(150.0, 100.0), (150.0, 100.0)],
+                               remaining_predicted_s=200.0, deadline_s=550.0)
+    assert outlook.slowdown == 1.5 and outlook.remaining_s == 300.0 and outlook.at_risk
+    assert not boundary_outlook(elapsed_s=300.0, finished=[(100.0, 100.0)], remaining_predicted_s=200.0,
+                                deadline_s=550.0).at_risk
+    assert outlook.decision_fields(2)["kind"] == "replan"
+
+
+def test_a_proposal_must_keep_the_remaining_stages_shape_and_avoid_unavailable_types():
+    from types import SimpleNamespace as NS
+
+    def stage(trials, itype="a"):
+        return NS(bracket=0, stage=1, trials=trials, epochs=3, instance_type=itype)
+
+    key = lambda s: s.instance_type  # noqa: E731
+    assert proposal_problem([stage(9)], [stage(9)], unavailable=(), key_of=key) is None
+    assert "does not match" in proposal_problem([stage(3)], [stage(9)], unavailable=(), key_of=key)
+    assert "unavailable" in proposal_problem([stage(9, "b")], [stage(9)], unavailable=("b",), key_of=key)
