@@ -60,8 +60,8 @@ from rubberband.executor.checkpoints import latest_epoch
 from rubberband.executor.clock import WALL_CLOCK, Clock
 from rubberband.executor.cluster import Cluster, RayCluster
 from rubberband.executor.decisions import (DeadlineState, DeadlineWatch, LossPolicy, boundary_outlook,
-                                           judge_proposal, price_hr, promote, proposal_problem, rank,
-                                           requeue_first, slowdown, stand_in_stages)
+                                           judge_proposal, mean_task_s, price_hr, promote, proposal_problem,
+                                           rank, requeue_first, slowdown, stand_in_stages, startup_samples)
 from rubberband.devices import DevicePolicy
 from rubberband.executor.instances import InstancePool, PoolInstance
 from rubberband.executor.notices import WATCHERS_ENV, NoticeWatchers
@@ -940,15 +940,7 @@ class Controller:
     def _prefetch_lead(self, itype: InstanceType) -> float:
         """The prefetch policy's lead time for ``itype``: its start-up quantile over what this run measured,
         else the profile's samples, else the planner model's documented per-cloud defaults."""
-        samples = self.startup_seconds.get(itype.name, [])
-        if not samples and self.profile is not None:
-            samples = [x for s in self.profile.startup if s.cloud == itype.cloud
-                       and s.instance_type in (None, itype.name) for x in s.samples_s]
-        if not samples:
-            from rubberband.planner.model import DEFAULT_STARTUP_S
-
-            samples = list(DEFAULT_STARTUP_S.get(itype.cloud, DEFAULT_STARTUP_S["aws"]))
-        return self.prefetch.lead_s(samples)
+        return self.prefetch.lead_s(startup_samples(itype, self.startup_seconds, self.profile))
 
     def _maybe_prefetch(self, g: int, stage: StagePlan, pending: list, trial_seconds: list[float],
                         slots: list[Slot]) -> None:
@@ -963,13 +955,8 @@ class Controller:
             self.prefetched.add(g + 1)
             return
         n_slots = max(1, len(slots))
-        if trial_seconds:
-            per_trial = statistics.mean(trial_seconds)
-        elif stage.predicted_task_s:  # the simulator's own figure: prefetch timed as it predicts
-            per_trial = stage.predicted_task_s
-        elif stage.predicted_duration_s:  # an older plan: the stage's duration includes waiting for instances
-            per_trial = stage.predicted_duration_s / max(1, math.ceil(stage.trials / n_slots))
-        else:
+        per_trial = mean_task_s(trial_seconds, stage, slots=n_slots)  # the plan's: prefetch timed as predicted
+        if per_trial is None:
             return
         now = self.clock.time()
         remaining = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=len(pending), slots=n_slots,
@@ -1041,14 +1028,9 @@ class Controller:
     def _per_trial_s(self, g: int) -> float:
         """Stage ``g``'s mean task time: measured in this run (not cold), else the plan's, else its duration per
         wave."""
-        seconds = self._stage_seconds_of(g)
-        if seconds:
-            return statistics.mean(seconds)
         stage = self.plan.stages[g]
-        if stage.predicted_task_s:
-            return stage.predicted_task_s
-        n_slots = max(1, slot_count(stage.instances, self._stage_itype(stage).workers, stage.workers_per_trial))
-        return (stage.predicted_duration_s or 0.0) / max(1, math.ceil(stage.trials / n_slots))
+        n_slots = slot_count(stage.instances, self._stage_itype(stage).workers, stage.workers_per_trial)
+        return mean_task_s(self._stage_seconds_of(g), stage, slots=n_slots) or 0.0
 
     def _stage_seconds_of(self, g: int) -> list[float]:
         """The task times (not cold) measured so far in stage ``g``, the one running."""
@@ -1056,12 +1038,7 @@ class Controller:
 
     def _stage_outlook(self, i: int) -> S.StageOutlook:
         """Stage ``i``'s predicted duration: the plan's p50 (and p95 where the plan's prediction has it)."""
-        stage = self.plan.stages[i]
-        dists = self.plan.predicted.stage_duration_s
-        dist = dists[i] if i < len(dists) else None
-        p50 = stage.predicted_duration_s if stage.predicted_duration_s is not None else (dist.p50 if dist else 0.0)
-        p95 = dist.p95 * p50 / dist.p50 if dist is not None and dist.p50 > 0 else None
-        return S.StageOutlook(p50, p95)
+        return S.stage_outlook(self.plan, i)
 
     def _buy_spot(self, stage: StagePlan, *, trigger: str, waiting: int, instance: str | None = None,
                   replacing: bool = False) -> bool:

@@ -14,7 +14,8 @@ prediction describes this executor; what only a running executor meets is decide
 * :func:`proposal_problem` and :func:`judge_proposal` — whether a re-planner's proposal is usable, and what
   the :class:`~rubberband.planner.policies.LatenessPolicy` makes of it beside the current plan;
 * :func:`stand_in_stages` — the remaining stages with each unavailable type replaced by its stand-in (failover
-  without a re-planner), re-priced.
+  without a re-planner), re-priced;
+* :func:`mean_task_s` and :func:`startup_samples` — the estimates prefetch and the spot policy are fed.
 
 Each validates its inputs where it is built, so a wrong setting fails when the run starts, not mid-run.
 """
@@ -22,6 +23,7 @@ Each validates its inputs where it is built, so a wrong setting fails when the r
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -29,7 +31,9 @@ from typing import Any
 
 from rubberband.catalog import InstanceType
 from rubberband.plan import Plan, StagePlan
+from rubberband.planner.model import DEFAULT_STARTUP_S
 from rubberband.planner.policies import LateDecision, LatenessPolicy, Outlook
+from rubberband.profile import Profile
 
 
 def price_hr(itype: InstanceType, spot: bool) -> float:
@@ -215,3 +219,30 @@ def stand_in_stages(rest: Sequence[StagePlan], unavailable: Sequence[str], *,
         stages.append(stage.model_copy(update={"instance_type": sub.name, "cloud": sub.cloud, "region": sub.region,
                                                "predicted_cost_usd": cost}))
     return stages, substitutions
+
+
+# -- estimates the decisions are fed ------------------------------------------------------------
+
+def mean_task_s(measured: Sequence[float], stage: StagePlan, *, slots: int) -> float | None:
+    """A stage's mean task time: measured in this run (not cold), else the plan's (the simulator's own figure),
+    else (an older plan) its predicted duration per wave of ``slots`` trials; None when there is nothing."""
+    if measured:
+        return statistics.mean(measured)
+    if stage.predicted_task_s:
+        return stage.predicted_task_s
+    if stage.predicted_duration_s:  # includes waiting for instances: an over-estimate
+        return stage.predicted_duration_s / max(1, math.ceil(stage.trials / max(1, slots)))
+    return None
+
+
+def startup_samples(itype: InstanceType, measured: Mapping[str, Sequence[float]],
+                    profile: Profile | None) -> list[float]:
+    """Start-up seconds of ``itype`` to take a quantile of: what this run measured, else the profile's samples of
+    its cloud (and type), else the planner model's documented per-cloud defaults."""
+    samples = list(measured.get(itype.name, []))
+    if not samples and profile is not None:
+        samples = [x for s in profile.startup if s.cloud == itype.cloud
+                   and s.instance_type in (None, itype.name) for x in s.samples_s]
+    if not samples:
+        samples = list(DEFAULT_STARTUP_S.get(itype.cloud, DEFAULT_STARTUP_S["aws"]))
+    return samples

@@ -59,6 +59,16 @@ class StageOutlook:
     p95_s: float | None = None
 
 
+def stage_outlook(plan: Any, i: int) -> StageOutlook:
+    """Stage ``i``'s predicted duration: the plan's p50 (and p95 where the plan's prediction has it)."""
+    stage = plan.stages[i]
+    dists = plan.predicted.stage_duration_s
+    dist = dists[i] if i < len(dists) else None
+    p50 = stage.predicted_duration_s if stage.predicted_duration_s is not None else (dist.p50 if dist else 0.0)
+    p95 = dist.p95 * p50 / dist.p50 if dist is not None and dist.p50 > 0 else None
+    return StageOutlook(p50, p95)
+
+
 def work_left_s(*, current_remaining_s: float, current_ratio: float, later: Sequence[StageOutlook],
                 confidence: float, slowdown: float, waiting_for_instance_s: float = 0.0) -> float:
     """The run's predicted remaining time if nothing more were preempted.

@@ -80,3 +80,15 @@ def test_a_proposal_must_keep_the_remaining_stages_shape_and_avoid_unavailable_t
     assert proposal_problem([stage(9)], [stage(9)], unavailable=(), key_of=key) is None
     assert "does not match" in proposal_problem([stage(3)], [stage(9)], unavailable=(), key_of=key)
     assert "unavailable" in proposal_problem([stage(9, "b")], [stage(9)], unavailable=("b",), key_of=key)
+
+
+def test_a_stages_task_time_is_measured_else_planned_else_its_duration_per_wave():
+    from types import SimpleNamespace as NS
+
+    from rubberband.executor.decisions import mean_task_s
+
+    stage = NS(predicted_task_s=30.0, predicted_duration_s=200.0, trials=9)
+    assert mean_task_s([10.0, 20.0], stage, slots=3) == 15.0
+    assert mean_task_s([], stage, slots=3) == 30.0
+    assert mean_task_s([], NS(predicted_task_s=None, predicted_duration_s=90.0, trials=9), slots=3) == 30.0
+    assert mean_task_s([], NS(predicted_task_s=None, predicted_duration_s=None, trials=9), slots=3) is None
