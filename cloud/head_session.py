@@ -284,11 +284,13 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
 
 
 def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str,
-               head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish") -> str:
+               head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish",
+               test_boot: str | None = None) -> str:
     """The run job's command line on the head (names the run, never a credential).
 
     ``head_grace_s``: the watchdog's results grace the head was started with, which the run's
-    ``result.json`` bills the head for after the run ends."""
+    ``result.json`` bills the head for after the run ends. ``test_boot`` (tests: a played head): the
+    on-head executor plays its workers' boots too (``--test-boot``; cloud/testboot.py)."""
     words = ["python", "-m", "rubberband.head_job", "run", "--cloud", record.cloud, "--region", record.region,
              "--head-id", record.instance_id, "--run-id", record.run_id, "--trial-runtime", trial_runtime]
     if head_grace_s is not None:
@@ -301,6 +303,8 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
         words += ["--on-late", on_late]
     if record.cloud == "gcp" and record.worker_egress != "nat":
         words += ["--worker-egress", record.worker_egress]
+    if test_boot:
+        words += ["--test-boot", test_boot]
     import shlex
 
     return " ".join(shlex.quote(w) for w in words)
@@ -385,8 +389,9 @@ class HeadSession:
 
     def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str,
                head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish",
-               watchdog: WatchdogSettings | None = None) -> str:
-        """Submit the head's watchdog (``watchdog``: its settings; None: none) and then the run itself."""
+               watchdog: WatchdogSettings | None = None, test_boot: str | None = None) -> str:
+        """Submit the head's watchdog (``watchdog``: its settings; None: none) and then the run itself
+        (``test_boot``: on a played head, its executor plays the workers' boots; see :func:`entrypoint`)."""
         from rubberband.cloud.shipping import job_runtime_env
 
         if watchdog is not None:
@@ -394,7 +399,8 @@ class HeadSession:
         with tempfile.TemporaryDirectory(prefix="rb-stage-") as tmp:
             work = stage_code(spec, plan, Path(tmp))
             command = entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime,
-                                 head_grace_s=head_grace_s, overrun_s=overrun_s, on_late=on_late)
+                                 head_grace_s=head_grace_s, overrun_s=overrun_s, on_late=on_late,
+                                 test_boot=test_boot)
             return self._submit(entrypoint=command, runtime_env=job_runtime_env(self.package, work),
                                 submission_id=self.job_id, metadata={"rubberband_run": self.record.run_id})
 

@@ -14,8 +14,8 @@ head instance's push key, cloud/ray_token.py), so here the workers, this head an
 ``RAY_AUTH_MODE=disabled`` (``ray_auth_mode``), confined by the run's security group / firewall rules.
 On a head instance (:class:`rubberband.cloud.head_run.OnHeadCloudBackend`) Ray runs with the run's token.
 
-With ``RUBBERBAND_TEST_BOOT=local`` (:mod:`rubberband.cloud.testboot`) each instance's boot is
-played by a local Ray node started under the instance's id, and the head takes a free port.
+With ``test_boot="local"`` (passed in by the test suite's CLI entry point; :mod:`rubberband.cloud.testboot`)
+each instance's boot is played by a local Ray node started under the instance's id, and the head takes a free port.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, Instance, InstanceRequest
 from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run_detailed
-from rubberband.cloud.testboot import boot_mode
 from rubberband.errors import CloudError
 from rubberband.devices import DevicePolicy
 
@@ -201,7 +200,7 @@ class LocalHeadCloudBackend:
             self.pool(self.cloud, region)
 
     def _boot_locally(self, instance: Instance, timeout_s: float) -> None:
-        """Test boot (RUBBERBAND_TEST_BOOT=local): play the instance's user-data with a local Ray node."""
+        """Test boot (``test_boot="local"``): play the instance's user-data with a local Ray node."""
         if instance.state != "running":
             raise CloudError(f"{instance.cloud}: instance {instance.id} is {instance.state}, not running",
                              kind="transient", zone=instance.zone)
@@ -216,11 +215,12 @@ class LocalHeadCloudBackend:
 
 
 def make_cloud_backend(cloud: str, run_dir: str | Path, regions: list[str], *,
-                       lifetime_cap_s: float | None = None) -> LocalHeadCloudBackend:
-    """The executor's backend for ``cloud`` in ``regions`` (the plan's), honouring the test boot hook; workers
-    live at most ``lifetime_cap_s`` from now (``bootstrap.lifetime_cap_s`` of the run)."""
+                       lifetime_cap_s: float | None = None, test_boot: str | None = None) -> LocalHeadCloudBackend:
+    """The executor's backend for ``cloud`` in ``regions`` (the plan's); workers live at most ``lifetime_cap_s``
+    from now (``bootstrap.lifetime_cap_s`` of the run). ``test_boot``: a test boot mode (cloud/testboot.py) the
+    caller passes in (tests only), else None: real boots."""
     import time
 
     return LocalHeadCloudBackend(cloud=cloud, run_dir=Path(run_dir), regions=list(dict.fromkeys(regions)),
-                                 test_boot=boot_mode(),
+                                 test_boot=test_boot,
                                  expires_at=None if lifetime_cap_s is None else time.time() + lifetime_cap_s)

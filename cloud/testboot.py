@@ -1,11 +1,18 @@
 """Test harness hook: stand in for a cloud instance's boot with a local Ray node.
 
-The ONE place that reads ``RUBBERBAND_TEST_BOOT``. With ``RUBBERBAND_TEST_BOOT=local`` the
-executor's cloud backend (``cloud/local_head.py``), once the provider (a moto server or the GCE
-fake in tests) reports an instance running, plays the instance's user-data itself: it starts a
-local Ray node that offers the instance's ``rb-node-<id>`` resource and joins the run's head,
-exactly what the bootstrap script would do on the instance. Terminating the instance stops that
-node too. Never set it outside tests: no real instance would ever join.
+Never activated by the environment: the played boot is a value passed in. The test suite runs the CLI
+through its own entry point (``python tests/cli_harness.py --test-boot local run ...``), which calls
+``rubberband.cli.run(argv, test_boot="local")``; the CLI hands ``test_boot`` on explicitly — to the
+executor's cloud backend (``make_backend(..., test_boot=...)``), to head mode's functions
+(``cloud/head_session.py``) and, on the played head, to the run job's command line
+(``python -m rubberband.head_job run ... --test-boot local``). The ``rubberband`` command itself never
+plays a boot: no real instance would ever join.
+
+With ``test_boot="local"`` the executor's cloud backend (``cloud/local_head.py``), once the provider (a
+moto server or the GCE fake in tests) reports an instance running, plays the instance's user-data
+itself: it starts a local Ray node that offers the instance's ``rb-node-<id>`` resource and joins the
+run's head, exactly what the bootstrap script would do on the instance. Terminating the instance stops
+that node too.
 
 The played head acts with the CLI's (test) credentials, but only if the provider reports that its
 instance was started with a cloud identity (an instance profile / a service account): a head
@@ -33,18 +40,17 @@ from pathlib import Path
 from rubberband.cloud.bootstrap import WatchdogSettings
 from rubberband.errors import CloudError, InputError
 
-TEST_BOOT_ENV = "RUBBERBAND_TEST_BOOT"
+#: The test boot modes: ``local`` plays each instance's boot with a local Ray node.
 MODES = ("local",)
 
 
-def boot_mode() -> str | None:
-    """``"local"`` when the test harness plays instances' boots with local Ray nodes; else None."""
-    value = os.environ.get(TEST_BOOT_ENV, "").strip()
+def check_mode(value: str | None) -> str | None:
+    """A test boot mode passed in (None or empty: real boots); InputError for an unknown one."""
+    value = (value or "").strip()
     if not value:
         return None
     if value not in MODES:
-        raise InputError(f"{TEST_BOOT_ENV}={value!r} is not a test boot mode; use one of {', '.join(MODES)} "
-                         f"or unset it")
+        raise InputError(f"test boot {value!r} is not a test boot mode; use one of {', '.join(MODES)} or none")
     return value
 
 

@@ -30,8 +30,9 @@ SIM_RUNTIME = "rubberband.executor.simulated"
 
 
 def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *,
-                 lifetime_cap_s: float | None = None) -> "ExecutorBackend":
-    """The executor's backend; ``lifetime_cap_s``: how long a cloud run's workers may live at most."""
+                 lifetime_cap_s: float | None = None, test_boot: str | None = None) -> "ExecutorBackend":
+    """The executor's backend; ``lifetime_cap_s``: how long a cloud run's workers may live at most; ``test_boot``
+    (tests only, passed in by the caller): a cloud run's instance boots played on this machine (cloud/testboot.py)."""
     if cloud == "local":
         from rubberband.cloud.local import LocalProvider
 
@@ -41,6 +42,7 @@ def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *
 
         if not regions:
             raise InputError(f"--cloud {cloud}: the plan names no {cloud} region; re-plan for {cloud}")
-        return make_cloud_backend(cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s)
+        return make_cloud_backend(cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s,
+                                  test_boot=test_boot)
     raise InputError(f"cloud {cloud!r} is not supported by this executor; use --cloud "
                      f"{', '.join(SUPPORTED)} or {SIM_CLOUD}")

@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions
 
 from rubberband import __version__, commands
+from rubberband.commands._injected import Injected
 from rubberband.errors import RubberbandError
 
 
@@ -51,11 +52,19 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def run(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code (for tests and ``main``)."""
+def run(argv: list[str] | None = None, *, test_boot: str | None = None) -> int:
+    """Run the CLI and return its exit code (for tests and ``main``).
+
+    ``test_boot`` (tests only; ``main`` never passes it): play cloud instances' boots on this machine
+    (cloud/testboot.py); the commands get it from the app's context object (commands/_injected.py)."""
     app = build_app()
     try:
-        result = app(args=argv, prog_name="rubberband", standalone_mode=False)
+        settings = Injected()
+        if test_boot is not None:
+            from rubberband.cloud.testboot import check_mode
+
+            settings = Injected(test_boot=check_mode(test_boot))
+        result = app(args=argv, prog_name="rubberband", standalone_mode=False, obj=settings)
     except RubberbandError as exc:
         return _fail(exc.message, exc.exit_code)
     except click_exceptions.NoArgsIsHelpError:

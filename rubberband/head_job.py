@@ -8,7 +8,8 @@ The CLI (:mod:`rubberband.cloud.head_session`) submits both as Ray jobs to the h
   (workers join this head; failover as anywhere), in ``$RUBBERBAND_RUN_ROOT/<cloud run id>``
   (default ``/var/lib/rubberband/runs``, the directory the head's watchdog watches), and writes
   the ``DONE`` marker when the executor is over, however it ended: the watchdog then ends the head
-  and any worker after its grace.
+  and any worker after its grace. In tests the CLI adds ``--test-boot local`` when it plays the head's
+  boot (:mod:`rubberband.cloud.testboot`): the executor then plays its workers' boots too.
 * ``python -m rubberband.head_job pack --run-id X`` — prints the run directory (journal,
   result.json, plan.json, logs and the best trial's newest checkpoint when small; no other checkpoint and
   no Ray temp files) as one base64 tar.gz between
@@ -35,6 +36,7 @@ from rubberband.cloud.bootstrap import WatchdogSettings
 from rubberband.cloud.head import add_head_arguments
 from rubberband.cloud.head_run import (MAX_FETCHED_CHECKPOINT_BYTES, PACK_BEGIN, PACK_END, PACK_EXCLUDE, STAGE_DIR,
                                        OnHeadCloudBackend, head_run_dir)
+from rubberband.cloud.testboot import MODES as TEST_BOOT_MODES
 
 
 def _load_inputs(stage: Path):
@@ -55,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
     from rubberband.cloud.bootstrap import lifetime_cap_s
     from rubberband.cloud.head import DONE_MARKER
     from rubberband.cloud.registry import ProviderPool
-    from rubberband.cloud.testboot import boot_mode
     from rubberband.errors import RubberbandError
     from rubberband.execution import execute, print_summary
 
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         spec, plan, profile = _load_inputs(Path.cwd() / STAGE_DIR)
         pool = ProviderPool({"gcp": {"worker_egress": args.worker_egress}})
         (head,) = pool(args.cloud, args.region).wait([args.head_id], 120.0)
-        test_boot = boot_mode()
+        test_boot = args.test_boot
         from rubberband.cloud.ray_token import FileTokenPush, SshTokenPush
         from rubberband.cloud.testboot import head_disk
 
@@ -159,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "network's own egress (existing), or with an external address (public); cloud/gcp.py")
     r.add_argument("--head-grace", type=float, default=WatchdogSettings().done_grace_s,
                    help="the watchdog's results grace: the head is billed this long after the run ends")
+    # tests only: on a played head (cloud/testboot.py) the CLI passes it in the job's command line
+    r.add_argument("--test-boot", choices=TEST_BOOT_MODES, default=None, help=argparse.SUPPRESS)
     p = sub.add_parser("pack", help="print the run directory as base64 tar.gz")
     p.add_argument("--run-id", required=True)
     return parser

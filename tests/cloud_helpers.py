@@ -5,8 +5,8 @@ environment (``AWS_ENDPOINT_URL`` and fake keys) to pass to it. The server runs 
 of the test process, so patching moto's backend here injects faults into what the
 subprocess sees too.
 
-Head mode (``rubberband run --cloud aws|gcp`` with ``RUBBERBAND_TEST_BOOT=local``, the head's boot played by a local
-Ray head): ``no_played_head_left`` stops whatever played head a test leaves (import it into the test module: it is
+Head mode (``rubberband run --cloud aws|gcp`` run through tests/cli_harness.py with ``--test-boot local``, the
+head's boot played by a local Ray head): ``no_played_head_left`` stops whatever played head a test leaves (import it into the test module: it is
 autouse there), ``assert_played_head_gone`` checks a head's Ray processes and disk are gone, and
 ``assert_fetched_run`` checks what the CLI fetched from the head (and that ``rubberband report`` works on it).
 

@@ -556,3 +556,26 @@ def test_run_directories_are_made_absolute(tmp_path, monkeypatch):
     monkeypatch.setenv("RUBBERBAND_RUNS_DIR", "runs")
     (tmp_path / "runs" / "r2").mkdir(parents=True)
     assert resolve_run_dir("r2") == tmp_path / "runs" / "r2"
+
+
+# -- the test boot (injected by the tests' entry point, never taken from the command line or the environment) -----
+
+
+def test_an_unknown_test_boot_is_refused_in_one_line_and_the_real_cli_takes_none():
+    from cli_harness import main as harness
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = harness(["--test-boot", "cloudy", "run", "--attach", "nowhere"])
+    line = Result(code, out.getvalue(), err.getvalue()).refused()
+    assert "test boot 'cloudy' is not a test boot mode; use one of local" in line
+    assert "--test-boot" in invoke("run", "--test-boot", "local", "--attach", "nowhere").refused()  # no such option
+
+
+def test_the_environment_plays_no_boot(tmp_path, monkeypatch):
+    """The played boot is an argument: the variable that used to switch it on does nothing any more."""
+    from rubberband.executor.backends import make_backend
+
+    monkeypatch.setenv("RUBBERBAND_TEST_BOOT", "local")
+    assert make_backend("aws", tmp_path, ["us-east-1"]).test_boot is None
+    assert make_backend("aws", tmp_path, ["us-east-1"], test_boot="local").test_boot == "local"

@@ -298,10 +298,9 @@ def test_aws_run_end_to_end_with_failover_leaves_nothing(cli, tmp_path, moto_env
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(2, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
-    env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
     result = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                 timeout=240)
+                 timeout=240, test_boot="local")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "finished: best trial" in result.stdout
     summary = json.loads((run_dir / "result.json").read_text())
@@ -326,17 +325,16 @@ def test_aws_run_killed_with_sigkill_then_down_leaves_nothing(cli, tmp_path, mot
     """kill -9 of the executor mid-run leaves its instances billing; `rubberband down RUN_DIR --cloud aws` ends them."""
     import signal
     import subprocess
-    import sys
 
+    from cli_harness import played_argv
     from rubberband.executor import journal as J
 
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=1.0)
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(2, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
-    env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--head", "local",
-                             "--plan", str(plan), "--yes", "--run-dir", str(run_dir)],
+    proc = subprocess.Popen(played_argv("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes",
+                                        "--run-dir", run_dir),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:  # kill once a trial trains on an instance
         wait_for_events(proc, run_dir, lambda events: any(e["type"] == J.TRIAL_STARTED for e in events),
@@ -363,10 +361,9 @@ def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, m
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(1, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
-    env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
     result = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                 timeout=180)
+                 timeout=180, test_boot="local")
     assert result.returncode == 1, (result.stdout, result.stderr[-3000:])
     assert "VcpuLimitExceeded" in result.stderr or "quota" in result.stderr.lower()
     assert ec2_faults.calls  # it did try
@@ -379,12 +376,12 @@ def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, m
 
 def small_gcp_job(tmp_path: Path, gce_fake) -> tuple[Path, Path, dict[str, str]]:
     """Spec and plan of a small GCP run (3 trials; 2 stages on one n1-standard-8+V100x1 each) and the CLI env
-    for the GCE fake with instance boots played by local Ray nodes."""
+    for the GCE fake (run it with ``test_boot="local"``: instance boots played by local Ray nodes)."""
     spec = cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
     plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1),
                       durations=(20.0, 20.0))
     env = cloud_env(tmp_path)
-    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local",
+    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url,
                 "RUBBERBAND_SERVICE_ACCOUNT": GCP_HEAD_SA})  # head mode on GCP needs one; --head local ignores it
     return spec, plan, env
 
@@ -393,11 +390,11 @@ def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_f
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)
     run_dir = tmp_path / "run"
     flag = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--worker-egress", "public",
-               env=env)
+               env=env, test_boot="local")
     assert flag.returncode == 2 and "--worker-egress is for a run on a head instance" in flag.stderr
     assert not gce_fake.requests  # refused before any call
     result = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                 timeout=240)
+                 timeout=240, test_boot="local")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((run_dir / "result.json").read_text())["status"] == "finished"
     assert gce_fake.inserts and {machine for _, machine in gce_fake.inserts} == {"n1-standard-8"}

@@ -33,10 +33,10 @@ def test_gcp_stockout_mid_run_fails_over_and_replans(cli, tmp_path, gce_fake):
                       durations=(20.0, 20.0, 20.0))
     env = cloud_env(tmp_path)
     (tmp_path / "catalogs" / "gcp.csv").write_text(CATALOG_WITH_STAND_IN)
-    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local"})
+    env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
     run_dir = tmp_path / "run"
     result = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir,
-                 env=env, timeout=300)
+                 env=env, timeout=300, test_boot="local")
     assert result.returncode == 0, result.stderr[-3000:]
     events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
     # the stockout came in the middle of the run: after stage 0's trials had started on the first VM

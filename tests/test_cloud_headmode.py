@@ -1,6 +1,7 @@
 """Head mode: `rubberband run --cloud aws|gcp` starts a head instance per run, submits the run to its Ray job
 server, streams progress, fetches the run directory and ends the head — against the moto server / the GCE fake,
-with the head's and workers' boots played by local Ray nodes (RUBBERBAND_TEST_BOOT=local).
+with the head's and workers' boots played by local Ray nodes (the CLI run through tests/cli_harness.py with
+``--test-boot local``).
 
 The whole runs are slow (35-50 s each on the shared 2-core machine): the played head's Ray, the job's start and
 each worker's Ray node come one after another; one run per cloud, and the AWS one also covers detach / attach."""
@@ -15,12 +16,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import boto3
 import pytest
+from cli_harness import played_argv
 from cloud_helpers import (FAKE_ACCESS_KEY, FAKE_SECRET_KEY, GCP_CATALOG_CSV, REGION,  # noqa: F401  (fixtures)
                            assert_fetched_run, assert_played_head_gone, ec2_faults, moto_env, moto_server,
                            no_played_head_left)
@@ -44,12 +45,6 @@ from conftest import REPO
 
 
 HEAD_SA = "rb-head@rubberband-test.iam.gserviceaccount.com"
-
-
-def head_env(tmp_path: Path, moto_env: dict[str, str]) -> dict[str, str]:
-    env = cloud_env(tmp_path, moto_env)
-    env["RUBBERBAND_TEST_BOOT"] = "local"
-    return env
 
 
 def small_job(tmp_path: Path):
@@ -81,13 +76,12 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     Ctrl-C detaches (the run goes on); `--attach` streams to the end, fetches the run directory (report works
     locally) and ends the head. No credential reaches the job, the head's user-data or the journal."""
     spec, plan = small_job(tmp_path)
-    env = head_env(tmp_path, moto_env)
+    env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
     log = tmp_path / "cli.err"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--plan",
-                                 str(plan), "--yes", "--run-dir", str(run_dir)], env=env, stdout=subprocess.PIPE,
-                                stderr=err, text=True)
+        proc = subprocess.Popen(played_argv("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir",
+                                            run_dir), env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     record = None
     try:
         deadline = time.monotonic() + 240  # generous: the shared test machine can be very busy
@@ -144,7 +138,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         assert workers_data and all("RAY_AUTH_MODE=token" in d and token not in d for d in workers_data)
         assert "RAY_AUTH_MODE=token" in base64.b64decode(user_data).decode()
 
-        attached = cli("run", "--attach", run_dir, env=env, timeout=120)
+        attached = cli("run", "--attach", run_dir, env=env, timeout=120, test_boot="local")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -179,10 +173,10 @@ def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
     head, and its watchdog ends the head and every worker after the results grace."""
     spec = cloud_job(tmp_path, ["aws"], trials=2, eta=3, min_epochs=1, max_epochs=1, epoch_s=0.2)
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(1,), durations=(20.0,))
-    env = head_env(tmp_path, moto_env)
+    env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
     submitted = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, "--detach",
-                    "--results-grace", "1s", env=env, timeout=120)
+                    "--results-grace", "1s", env=env, timeout=120, test_boot="local")
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     assert "submitted run" in submitted.stderr and f"--attach {run_dir}" in submitted.stderr
     record = HeadRecord.read(run_dir)
@@ -198,7 +192,7 @@ def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
         assert "deleted aws sg-" in down.stdout and record.cloud_run_id in down.stdout
         assert f"deleted aws role/rb-{record.cloud_run_id}" in down.stdout  # the head's role, found by its tag
         assert_nothing_left(record.instance_id)
-        late = cli("run", "--attach", run_dir, env=env, timeout=60)  # too late: says so at once
+        late = cli("run", "--attach", run_dir, env=env, timeout=60, test_boot="local")  # too late: says so at once
         assert late.returncode == 1 and "is gone" in late.stderr
     finally:
         end_run(record, test_boot="local")
@@ -244,7 +238,7 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     monkeypatch.setattr(gce_fake, "_insert", watched_insert)
     try:
         result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                     timeout=400)
+                     timeout=400, test_boot="local")
     finally:
         if (run_dir / "head.json").exists():
             end_run(HeadRecord.read(run_dir), test_boot="local")
@@ -388,6 +382,10 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
         "--worker-egress"].choices == WORKER_EGRESS
     stop = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop").split()
     assert stop[stop.index("--on-late") + 1] == "stop" and build_parser().parse_args(stop[3:]).on_late == "stop"
+    # a played head's run job gets the test boot on its command line (never from the environment); a real one none
+    assert "--test-boot" not in words and build_parser().parse_args(words[3:]).test_boot is None
+    played = entrypoint(record, deadline_s=600, trial_runtime="x", test_boot="local").split()
+    assert build_parser().parse_args(played[3:]).test_boot == "local"
     tunnel = link_for(record, None, Path("/k/id_ed25519"), tmp_path / "run")
     command = tunnel.command(40001)
     assert command[:4] == ["ssh", "-N", "-L", "40001:127.0.0.1:8265"] and command[-1].endswith("@203.0.113.9")

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import boto3
 import pytest
+from cli_harness import played_argv
 from cloud_helpers import REGION, moto_env, moto_server  # noqa: F401  (fixtures)
 from executor_helpers import run_pids, wait_for_events
 from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
@@ -29,10 +29,9 @@ def test_sigkill_mid_run_then_resume_and_down_loses_no_checkpointed_epoch(cli, t
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=2, max_epochs=6, epoch_s=1.5)
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(2, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
-    env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--head",
-                             "local", "--plan", str(plan), "--yes", "--run-dir", str(run_dir)],
+    proc = subprocess.Popen(played_argv("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes",
+                                        "--run-dir", run_dir),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:  # kill -9 once a trial has saved a checkpoint and goes on training
         wait_for_events(proc, run_dir, lambda events: any(e["type"] == J.CHECKPOINT for e in events),
@@ -50,7 +49,8 @@ def test_sigkill_mid_run_then_resume_and_down_loses_no_checkpointed_epoch(cli, t
     runs_before = {t: dict(trial.epoch_runs) for t, trial in state.trials.items()}
     killed_at = len(list(J.iter_events(run_dir / J.JOURNAL_NAME)))  # what the dead executor journaled
 
-    resumed = cli("run", "--resume", str(run_dir), "--cloud", "aws", "--head", "local", env=env, timeout=600)
+    resumed = cli("run", "--resume", str(run_dir), "--cloud", "aws", "--head", "local", env=env, timeout=600,
+                  test_boot="local")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["best"]["trial_id"]

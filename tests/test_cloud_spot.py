@@ -2,8 +2,8 @@
 
 * ``CloudBackend`` reports what failover obtained, which types are blocked in every zone, and which instances
   the cloud took back (``Server.SpotInstanceTermination`` → ``spot-interruption``).
-* End to end through ``rubberband run --cloud aws|gcp`` with ``RUBBERBAND_TEST_BOOT=local`` (local Ray nodes play
-  each instance's boot): a worker interrupted (AWS) or preempted (GCP, the GCE fake's
+* End to end through ``rubberband run --cloud aws|gcp`` with the test boot injected (``--test-boot local`` of
+  tests/cli_harness.py: local Ray nodes play each instance's boot): a worker interrupted (AWS) or preempted (GCP, the GCE fake's
   ``compute.instances.preempted`` operation) mid-run is journaled as a spot interruption, replaced, and its
   trials restart from their checkpoints;
   a planned type sold out in every zone is replaced by failover's alternative, which the journal records and
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import boto3
 import pytest
+from cli_harness import played_argv
 from cloud_helpers import AWS_CATALOG_CSV, REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
 from executor_helpers import lose_node_once_checkpointed, run_pids
 from gce_fake import gce_fake  # noqa: F401  (fixture)
@@ -109,10 +109,9 @@ def spot_loss_run(tmp_path: Path, cloud: str, region: str, itype: str, env: dict
     write_plan(plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}),
                plan_path)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", cloud, "--head", "local",
-                             "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**env, "RUBBERBAND_TEST_BOOT": "local"})
+    proc = subprocess.Popen(played_argv("run", spec, "--cloud", cloud, "--head", "local", "--plan", plan_path, "--yes",
+                                        "--run-dir", run_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     # once a trial has checkpointed, the cloud takes its instance back and its Ray node dies
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, before_kill=take_back)
     assert proc.returncode == 0, err[-3000:]
@@ -164,10 +163,9 @@ def test_aws_planned_type_sold_out_everywhere_is_replaced_billed_and_replanned(c
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(1, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     (tmp_path / "catalogs" / "aws.csv").write_text(CATALOG_WITH_STAND_IN)
-    env["RUBBERBAND_TEST_BOOT"] = "local"
     run_dir = tmp_path / "run"
     result = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir,
-                 env=env, timeout=240)
+                 env=env, timeout=240, test_boot="local")
     assert result.returncode == 0, result.stderr[-3000:]
     events = _events(run_dir)
     assert [(t, spot) for _, t, spot in ec2_faults.calls] == [("g4dn.xlarge", False), ("g4dn.2xlarge", False)]

@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from cli_harness import played_argv
 from cloud_helpers import REGION, ec2_faults, moto_env, moto_server  # noqa: F401  (fixtures)
 from executor_helpers import (checkpointed_instance, cli_env, lose_node_once_checkpointed, make_plan, run_pids,
                               wait_for_events, write_job)
@@ -147,11 +148,10 @@ def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early(tmp_path, 
         plan_path = cloud_plan(tmp_path, spec, "aws", REGION, "p3.8xlarge", counts=(1,), durations=(20.0,))
         _spot(plan_path)
         env = cloud_env(tmp_path, moto_env)
-        env.update({"RUBBERBAND_TEST_BOOT": "local", METADATA_URL_ENV: metadata.url + "{instance}/"})
+        env[METADATA_URL_ENV] = metadata.url + "{instance}/"
         run_dir = tmp_path / "run"
-        proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "aws", "--head",
-                                 "local", "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir),
-                                 "--deadline", "85s", "--overrun", "none"],
+        proc = subprocess.Popen(played_argv("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan_path,
+                                            "--yes", "--run-dir", run_dir, "--deadline", "85s", "--overrun", "none"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=150, poll_s=0.05)
@@ -200,11 +200,10 @@ def test_gcp_preempted_spot_vm_is_replaced_in_the_market_the_slack_allows(tmp_pa
                            durations=(20.0,))
     _spot(plan_path)
     env = cloud_env(tmp_path)
-    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_TEST_BOOT": "local"})
+    env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec), "--cloud", "gcp", "--head", "local",
-                             "--plan", str(plan_path), "--yes", "--run-dir", str(run_dir), "--deadline", "90s",
-                             "--overrun", "none"],
+    proc = subprocess.Popen(played_argv("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan_path, "--yes",
+                                        "--run-dir", run_dir, "--deadline", "90s", "--overrun", "none"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, before_kill=gce_fake.preempt)
     assert proc.returncode in (0, 4), err[-3000:]

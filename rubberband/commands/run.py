@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from rubberband.catalog import load_catalog
+from rubberband.commands._injected import injected
 from rubberband.commands._options import deadline_flag, on_late_flag, overrun_flag
 from rubberband.commands.plan import print_plan
 from rubberband.console import stderr, stdout
@@ -154,12 +155,13 @@ def _hints(record, run_dir: Path) -> str:
 
 
 def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Path, options, deadline_s: float | None,
-                overrun_s: float, trial_runtime: str, detach: bool, on_late: str = "finish") -> int:
-    """Head mode: start the run's head instance, submit the run to it, then follow it (unless ``detach``)."""
-    from rubberband.cloud.head_session import HeadSession, check_options, deliver_token, end_run, link_for, start_head
-    from rubberband.cloud.testboot import boot_mode
+                overrun_s: float, trial_runtime: str, detach: bool, on_late: str = "finish",
+                test_boot: str | None = None) -> int:
+    """Head mode: start the run's head instance, submit the run to it, then follow it (unless ``detach``).
 
-    test_boot = boot_mode()
+    ``test_boot`` (tests only, injected: commands/_injected.py): the head's and workers' boots are played."""
+    from rubberband.cloud.head_session import HeadSession, check_options, deliver_token, end_run, link_for, start_head
+
     err = stderr()
     if (run_dir / "head.json").exists():
         raise RunDirError(f"{run_dir} already holds a run; follow it with --attach {run_dir} or choose another "
@@ -176,7 +178,7 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
                          connect_timeout_s=options.boot_timeout_s, token=token) as session:
             session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime,
                            head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s, on_late=on_late,
-                           watchdog=options.watchdog)
+                           watchdog=options.watchdog, test_boot=test_boot)
     except BaseException:
         end_run(record, test_boot=test_boot)  # never leave a head without a run billing
         from rubberband.cloud.ray_token import forget_run_token
@@ -188,10 +190,10 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
     if detach:
         typer.echo(_hints(record, run_dir), err=True)
         return 0
-    return follow(record, run_dir, ssh_key=options.ssh_key)
+    return follow(record, run_dir, ssh_key=options.ssh_key, test_boot=test_boot)
 
 
-def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
+def follow(record, run_dir: Path, *, ssh_key: Path | None, test_boot: str | None = None) -> int:
     """Stream a run's progress from its head until it ends, fetch its directory, end its head.
 
     Ctrl-C detaches: the run goes on, and the hints say how to come back or stop it."""
@@ -199,10 +201,8 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
 
     from rubberband.cloud.head_session import HeadSession, end_run, link_for
     from rubberband.cloud.ray_token import read_run_token
-    from rubberband.cloud.testboot import boot_mode
     from rubberband.execution import print_summary
 
-    test_boot = boot_mode()
     err = stderr()
 
     def write(text: str) -> None:
@@ -235,19 +235,20 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None) -> int:
     return 0 if status == "SUCCEEDED" and summary.get("status") == "finished" else 1
 
 
-def attach_run(run: str, *, run_dir: Path | None, ssh_key: Path | None) -> int:
+def attach_run(run: str, *, run_dir: Path | None, ssh_key: Path | None, test_boot: str | None = None) -> int:
     """``rubberband run --attach RUN_ID_OR_DIR``: follow a run submitted to its head instance."""
     from rubberband.cloud.head_session import HeadRecord, check_head_alive
 
     directory = run_dir if run_dir is not None else resolve_run_dir(run)
     record = HeadRecord.read(directory)
     check_head_alive(record)
-    return follow(record, directory, ssh_key=ssh_key)
+    return follow(record, directory, ssh_key=ssh_key, test_boot=test_boot)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run(
+        ctx: typer.Context,
         spec_path: Path = typer.Argument(None, metavar="SPEC", help="Job spec YAML (optional with --resume)."),
         plan_path: Path = typer.Option(None, "--plan", help="Plan JSON from `rubberband plan`; "
                                        "without it the job is planned first."),
@@ -307,6 +308,7 @@ def register(app: typer.Typer) -> None:
         from rubberband.executor.controller import check_plan_matches
         from rubberband.search import check_search
 
+        test_boot = injected(ctx).test_boot  # tests only: played instance boots (cloud/testboot.py)
         deadline_s = deadline_flag(deadline)
         overrun_flag(overrun, 1.0)  # the form is checked before anything starts; the seconds need the plan
         on_late = on_late_flag(on_late)
@@ -322,7 +324,7 @@ def register(app: typer.Typer) -> None:
         if attach is not None:
             if spec_path is not None or resume is not None or dry_run or detach:
                 raise InputError("--attach takes no SPEC, --resume, --dry-run or --detach: it follows a submitted run")
-            return attach_run(attach, run_dir=run_dir, ssh_key=ssh_key)
+            return attach_run(attach, run_dir=run_dir, ssh_key=ssh_key, test_boot=test_boot)
         if dry_run:
             if resume is not None:
                 raise InputError("--dry-run cannot be combined with --resume")
@@ -421,7 +423,8 @@ def register(app: typer.Typer) -> None:
                                   service_account=service_account, worker_egress=worker_egress)
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                                options=options, deadline_s=deadline_s, overrun_s=overrun_s,
-                               trial_runtime=trial_runtime, detach=detach, on_late=on_late)
+                               trial_runtime=trial_runtime, detach=detach, on_late=on_late,
+                               test_boot=test_boot)
         if backend_cloud in ("aws", "gcp") and resume is None and not simulate:
             note_head_billing(plan, head_mode=False)
         from rubberband.cloud.bootstrap import lifetime_cap_s
@@ -429,7 +432,8 @@ def register(app: typer.Typer) -> None:
         backend = None if simulate else make_backend(
             backend_cloud, run_directory, regions=[s.region for s in plan.stages],
             lifetime_cap_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s,
-                                          0.0) if backend_cloud in ("aws", "gcp") else None)
+                                          0.0) if backend_cloud in ("aws", "gcp") else None,
+            test_boot=test_boot)
         result = execute(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                          backend=backend, trial_runtime=trial_runtime, deadline_s=deadline_s,
                          overrun_s=overrun_s, resume=resume is not None, on_late=on_late, simulate=simulate)
