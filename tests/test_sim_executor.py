@@ -8,7 +8,10 @@ tests pin what one run must do.
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -17,9 +20,11 @@ import yaml
 from conftest import EXAMPLES
 from test_bad_input import invoke
 
+from rubberband.cloud.provider import InstanceRequest, node_resource
+from rubberband.errors import CloudError, TrainingError
 from rubberband.executor import journal as J
 from rubberband.executor.brackets import controller_for
-from rubberband.executor.simulated import SimWorld, simulated_for
+from rubberband.executor.simulated import SimCluster, SimWorld, simulated_for
 from rubberband.inputs import load_job_inputs
 from rubberband.planner.policies import PrefetchPolicy
 from rubberband.planning import plan_from_inputs
@@ -148,3 +153,201 @@ def test_cloud_sim_refuses_what_a_simulated_run_does_not_do(tmp_path, flags):
     result = invoke("run", _job(tmp_path), "--cloud", "sim", "--yes", *flags)
     assert "--cloud sim takes none of" in result.refused()
     assert not (tmp_path / "runs").exists()
+
+
+# -- spot: preemptions and capacity from the plan's spot model ----------------------------------------------------
+
+SPOT_ZONE = "us-east-1*"  # the shipped model's pooled zone of p3.2xlarge in us-east-1, where spot plans go
+
+
+def _spot_model(tmp_path: Path, *, rate_per_h: float, p_unavailable: float) -> Path:
+    """The shipped spot model with its us-east-1 p3.2xlarge zone made to preempt at ``rate_per_h``."""
+    from rubberband.spotmodel import default_model_path
+
+    data = json.loads(Path(default_model_path()).read_text())
+    zone = next(z for z in data["zones"] if z["zone"] == SPOT_ZONE)
+    zone.update(preemption_rate_per_h=rate_per_h, p_unavailable=p_unavailable)
+    data["zones"] = [zone]
+    path = tmp_path / f"spot-{rate_per_h:g}-{p_unavailable:g}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _spot_plan(tmp_path: Path, deadline: str, *, rate_per_h: float = 2.0, p_unavailable: float = 0.0):
+    inputs = load_job_inputs(_job(tmp_path, deadline=deadline,
+                                  resources={"clouds": ["aws"], "instance_types": ["p3.2xlarge", "g4dn.xlarge",
+                                                                                   "g5.xlarge"],
+                                             "max_workers_per_trial": 1, "spot": True}))
+    plan = plan_from_inputs(inputs, samples=300,
+                            spot_model=str(_spot_model(tmp_path, rate_per_h=rate_per_h, p_unavailable=p_unavailable)))
+    assert all(s.spot and s.instance_type == "p3.2xlarge" for s in plan.stages) and plan.spot is not None
+    return inputs, plan
+
+
+def _run(inputs, plan, run_dir: Path, seed: int):
+    sim = simulated_for(inputs.spec, plan, inputs.catalog, inputs.profile, seed=seed, start=START)
+    controller = controller_for(plan)(spec=inputs.spec, plan=plan, catalog=inputs.catalog, run_dir=run_dir,
+                                      backend=sim.backend, runtime=sim.runtime, run_id=f"sim-{seed}",
+                                      profile=inputs.profile, clock=sim.clock, cluster=sim.cluster)
+    result = controller.run()
+    return sim, result, list(J.iter_events(run_dir / J.JOURNAL_NAME))
+
+
+@pytest.fixture(scope="module")
+def spot_2h(tmp_path_factory):
+    """The quickstart on spot with 2 h to its deadline, p3.2xlarge preempted twice an hour (seed 0)."""
+    base = tmp_path_factory.mktemp("spot")
+    inputs, plan = _spot_plan(base, "2h")
+    return (inputs, plan, *_run(inputs, plan, base / "run", 0))
+
+
+@pytest.mark.xdist_group("sim_spot_2h")  # one worker plans and runs the fixture, once
+def test_spot_instances_are_preempted_and_their_trials_restart_from_their_checkpoints(spot_2h):
+    inputs, plan, sim, result, events = spot_2h
+    assert result.status == "finished" and result.result["outcome"] == "met"
+    lost = [e for e in events if e["type"] == J.INSTANCE_LOST]
+    assert lost and all(e["reason"] == "spot-interruption" for e in lost)
+    for e in lost:  # seen the moment the cloud took it back; billed up to then; Ray no longer shows it
+        s = sim.world.instances[e["id"]]
+        assert s.spot and e["t"] == pytest.approx(s.preempted_at) and s.ended_at == pytest.approx(s.preempted_at)
+        assert any(t["type"] == J.INSTANCE_TERMINATED and t["id"] == e["id"] and t["t"] == e["t"] for t in events)
+        assert node_resource(e["id"]) not in sim.cluster.node_resources()
+    replaced = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replace"]
+    assert {e["id"] for e in replaced} == {e["id"] for e in lost}
+    price = inputs.catalog.find("p3.2xlarge", cloud="aws", region="us-east-1").spot_price_hr
+    requested = [e for e in events if e["type"] == J.INSTANCE_REQUESTED]
+    assert all(e["spot"] and e["price_hr"] == price for e in requested)  # the replacements stayed on spot
+    # a trial on a lost instance died with it (a dead worker, not a training error) after checkpointing the
+    # epochs it finished; it restarted from the epoch after its checkpoint and finished its stage
+    died = [e for e in events if e["type"] == J.TRIAL_STOPPED and e["reason"] == "instance_lost"]
+    assert died and all("SimWorkerDied" in e["error"] for e in died)
+    restarts = []
+    for stop in died:
+        checkpoints = [e["epoch"] for e in events if e["type"] == "checkpoint" and e["trial_id"] == stop["trial_id"]
+                       and e["t"] <= stop["t"] and e["epoch"] < stop["end_epoch"]]
+        after = next(e for e in events if e["type"] == J.TRIAL_STARTED and e["trial_id"] == stop["trial_id"]
+                     and e["t"] >= stop["t"])
+        assert after["start_epoch"] == max([stop["start_epoch"] - 1, *checkpoints]) + 1
+        restarts.append(after["start_epoch"] - stop["start_epoch"])
+    assert max(restarts) > 0  # at least one restart skipped the epochs its checkpoint covered
+    finished = {(e["trial_id"], e["stage"]) for e in events if e["type"] == J.TRIAL_STOPPED
+                and e["reason"] == "finished"}
+    assert {(e["trial_id"], e["stage"]) for e in died} <= finished
+
+
+@pytest.mark.xdist_group("sim_spot_2h")  # one worker plans and runs the fixture, once
+def test_spot_runs_are_the_same_for_a_seed_and_differ_between_seeds(tmp_path, spot_2h):
+    inputs, plan, _, result, events = spot_2h
+
+    def losses(evs):
+        return [(e["id"], round(e["t"], 6)) for e in evs if e["type"] == J.INSTANCE_LOST]
+
+    _, again, events_again = _run(inputs, plan, tmp_path / "again", 0)
+    _, other, events_other = _run(inputs, plan, tmp_path / "other", 1)
+    assert losses(events_again) == losses(events) and again.result["actual"] == result.result["actual"]
+    assert losses(events_other) != losses(events)
+
+
+def test_with_little_slack_the_spot_policy_moves_to_on_demand(tmp_path):
+    """95 min for a plan whose median is ~82 min: after a few preemptions the slack no longer covers another
+    restart and the controller's SpotPolicy buys the replacement on-demand (billed on-demand)."""
+    inputs, plan = _spot_plan(tmp_path, "95m")
+    _, result, events = _run(inputs, plan, tmp_path / "run", 1)
+    assert result.status == "finished"
+    moved = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot" and e["market"] == "on_demand"]
+    assert moved and moved[0]["slack_s"] <= moved[0]["margin_s"]
+    itype = inputs.catalog.find("p3.2xlarge", cloud="aws", region="us-east-1")
+    on_demand = [e for e in events if e["type"] == J.INSTANCE_REQUESTED and not e["spot"]]
+    assert on_demand and all(e["price_hr"] == itype.price_hr and e["t"] >= moved[0]["t"] for e in on_demand)
+
+
+@pytest.mark.xdist_group("sim_spot_2h")  # one worker plans and runs the fixture, once
+def test_a_spot_request_without_capacity_falls_over_to_on_demand(tmp_path, spot_2h):
+    """The cloud has no spot capacity (p_unavailable 1, which the plan did not expect): every request falls over to
+    on-demand, journaled as the failover's market change and billed on-demand; on-demand is never preempted."""
+    inputs, plan, *_ = spot_2h
+    zones = [z.model_copy(update={"p_unavailable": 1.0}) for z in plan.spot.zones]
+    sold_out = plan.model_copy(update={"spot": plan.spot.model_copy(update={"zones": zones})})
+    sim, result, events = _run(inputs, sold_out, tmp_path / "run", 0)
+    assert result.status == "finished"
+    requested = [e for e in events if e["type"] == J.INSTANCE_REQUESTED]
+    price = inputs.catalog.find("p3.2xlarge", cloud="aws", region="us-east-1").price_hr
+    assert requested and all(not e["spot"] and e["price_hr"] == price for e in requested)
+    failover = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "failover"]
+    assert len(failover) == len(requested)
+    assert all(e["requested_market"] == "spot" and e["obtained_market"] == "on_demand" for e in failover)
+    assert not [e for e in events if e["type"] == J.INSTANCE_LOST]
+    assert all(not s.spot and s.preempted_at is None for s in sim.world.instances.values())
+
+
+def _spot_world(*, rate_per_h: float = 0.0, p_unavailable: float = 0.0, seed: int = 0):
+    from rubberband.catalog import load_catalog
+    from rubberband.executor.clock import VirtualClock
+    from rubberband.executor.simulated import SimBackend
+    from rubberband.planner.model import fit_performance_model
+    from rubberband.planner.spot import DURATION_LEVELS, ZoneModel
+    from rubberband.profile import load_profile
+
+    itype = load_catalog(["aws"]).find("p3.2xlarge", cloud="aws", region="us-east-1")
+    zone = ZoneModel(cloud="aws", instance_type=itype.name, region=itype.region, zone=SPOT_ZONE,
+                     preemption_rate_per_h=rate_per_h, p_unavailable=p_unavailable,
+                     unavailable_s=tuple(600.0 + 600.0 * q for q in DURATION_LEVELS))  # 10-20 min
+    model = fit_performance_model(load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json"))
+    world = SimWorld(model=model, clock=VirtualClock(START), seed=seed, max_step_s=3600.0,
+                     spot_zones={zone.key: zone})
+    return world, SimBackend(world, itype), itype, zone
+
+
+def test_preemptions_and_sold_out_requests_are_drawn_from_the_zone_model():
+    world, _, _, zone = _spot_world(rate_per_h=2.0, p_unavailable=0.25)
+    after = [world.preemption_after_s(zone) for _ in range(4000)]
+    assert statistics.fmean(after) == pytest.approx(1800.0, rel=0.06)  # exponential, 2 an hour
+    # requests an hour apart (longer than any unavailability) find none with p_unavailable
+    found = [world.spot_capacity(zone, START + 3600.0 * i) for i in range(4000)]
+    assert 1 - statistics.fmean(found) == pytest.approx(0.25, abs=0.03)
+    # requests made together share one draw; once none is found, none is until the drawn duration ends
+    t = next(START + 3600.0 * i for i, ok in enumerate(found) if not ok)
+    assert not world.spot_capacity(zone, t) and not world.spot_capacity(zone, t + 599.0)
+    never, _, _, calm = _spot_world(rate_per_h=0.0)
+    assert never.preemption_after_s(calm) == math.inf
+
+
+def test_a_preempted_instance_is_lost_and_its_trial_dies_with_it_after_its_checkpoints():
+    from rubberband.executor.simulated import SimTrial, SimWorkerDied
+
+    world, backend, itype, _ = _spot_world(rate_per_h=1.0)
+    (instance,) = backend.provision(InstanceRequest("run", 0, itype, spot=True, on_demand_fallback=True))
+    sim = world.instances[instance.id]
+    assert sim.spot and sim.preempted_at is not None and sim.preempted_at > sim.up_at
+    sim.preempted_at = sim.up_at + 250.0  # pinned: the trial below finishes two of its epochs by then
+    world.clock.advance_to(sim.up_at)
+    assert backend.check_lost([instance.id]) == {} and node_resource(instance.id) in SimCluster(world).node_resources()
+    recorded: list = []
+    sink = types.SimpleNamespace(record=recorded.append)
+    spec = types.SimpleNamespace(trial_id="b0-t000", start_epoch=3, end_epoch=9)
+    trial = SimTrial(world, spec, sink, started_at=world.clock.time(), epoch_s=[100.0] * 6, overhead_s=20.0,
+                     lost_at=sim.preempted_at)
+    assert SimCluster(world).wait([trial], 1000.0) == [trial] and world.clock.time() == sim.preempted_at
+    with pytest.raises(SimWorkerDied) as died:
+        trial.result()
+    assert not isinstance(died.value, TrainingError)
+    assert [(e.type, e.epoch) for e in recorded] == [("epoch", 3), ("checkpoint", 3), ("epoch", 4), ("checkpoint", 4)]
+    assert world.interrupted == {"b0-t000"}  # its next task restores the checkpoint
+    assert backend.check_lost([instance.id]) == {instance.id: "spot-interruption"}
+    assert node_resource(instance.id) not in SimCluster(world).node_resources() and backend.list() == []
+    backend.terminate([instance.id])
+    assert sim.ended_at == sim.preempted_at  # billed up to the loss, as the controller journals it
+
+
+def test_a_spot_request_without_capacity_takes_on_demand_only_where_allowed():
+    world, backend, itype, _ = _spot_world(rate_per_h=1.0, p_unavailable=1.0)
+    (instance,) = backend.provision(InstanceRequest("run", 0, itype, spot=True, on_demand_fallback=True))
+    got = backend.obtained(instance.id)
+    assert got is not None and not got.spot and got.instance_type.key == itype.key
+    assert [(a.market, a.outcome) for a in got.attempts] == [("spot", "capacity"), ("on_demand", "ok")]
+    assert world.instances[instance.id].preempted_at is None  # on-demand: never taken back
+    with pytest.raises(CloudError) as exc:
+        backend.provision(InstanceRequest("run", 0, itype, spot=True))
+    assert exc.value.kind == "capacity"
+    (on_demand,) = backend.provision(InstanceRequest("run", 0, itype))  # on-demand asks nothing of the spot model
+    assert backend.obtained(on_demand.id) is None and world.instances[on_demand.id].preempted_at is None
