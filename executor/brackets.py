@@ -704,7 +704,7 @@ class ParallelController(Controller):
 
         Each bracket under way: its current stage's remainder (its own running trials, and its waiting ones —
         ``waiting`` for stage ``g``'s bracket) and its later stages, as the sequential run counts them; a bracket
-        not started yet: the wait for its offset and all its stages at the confidence. The bracket of stage ``g``
+        not started yet: the wait for its offset and all its stages. The bracket of stage ``g``
         also waits ``awaited_s`` (a replacement's start-up). The market is the run's (one ``on_spot``), so the
         run's slack decides it: a bracket off the critical path can still push the run to on-demand when the
         longest one has no room for another restart.
@@ -731,7 +731,7 @@ class ParallelController(Controller):
                     continue
                 later = [self._stage_outlook(i) for i in range(first, hi)]
                 left = max(0.0, self.brackets.offsets_s[b] - elapsed) + S.work_left_s(
-                    current_remaining_s=0.0, current_ratio=1.0, later=later, confidence=self.plan.confidence,
+                    current_remaining_s=0.0, current_ratio=1.0, later=later, confidence=S.DECISION_QUANTILE,
                     slowdown=self._slowdown(), waiting_for_instance_s=awaited)
             longest = max(longest, left)
         return longest

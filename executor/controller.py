@@ -25,7 +25,8 @@ whose training raised: on a trial error (and every few seconds for every instanc
 and Ray's view of the ``rb-node-<id>`` resource are asked whether the instance still runs. A lost
 one is journaled (``instance_lost``), billed up to the loss, dropped from the stage, replaced
 through the same failover path, and its trials restart from their latest checkpoints — at most
-``max_instance_losses`` times per executor.
+``max_instance_losses`` times per executor, spot interruptions not counted (the spot policy and the
+deadline bound those).
 
 Everything goes to the journal; every instance of the run is terminated in ``finally``.
 
@@ -84,7 +85,8 @@ LIVENESS_EVERY_S = 2.0
 #: After a trial error, how long to wait for the backend or Ray to call its instances lost (Ray marks a
 #: dead node within ~2 s on the run's head) before calling it a training failure.
 LOSS_CONFIRM_S = 5.0
-#: Instance losses one executor tolerates before it gives up (a flapping cloud must not loop forever).
+#: Instance losses one executor tolerates before it gives up (a flapping cloud must not loop forever); spot
+#: interruptions are not counted (:class:`~rubberband.executor.decisions.LossPolicy`).
 MAX_INSTANCE_LOSSES = 10
 
 
@@ -267,6 +269,7 @@ class Controller:
         self.max_instance_losses = max_instance_losses
         self.loss_policy = LossPolicy(max_instance_losses)  # replace a lost instance while needed, up to the limit
         self.losses = 0  # instances lost while this executor ran
+        self.counted_losses = 0  # those that count toward the limit (not spot interruptions)
         self.substitutes: dict[str, InstanceType] = {}  # planned type key -> the type failover obtained instead
         self._seen_in_ray: set[str] = set()  # instances whose rb-node-<id> resource Ray has shown
         self._lost: set[str] = set()  # instances already handled as lost
@@ -796,6 +799,7 @@ class Controller:
                 continue
             self._lost.add(ident)
             self.losses += 1
+            self.counted_losses += self.loss_policy.counts(reason)
             entry = self._entry(ident)
             self.journal.record(J.InstanceLost(t=now, id=ident, reason=reason, stage=g,
                                                instance_type=entry.itype.name if entry is not None else None,
@@ -817,12 +821,12 @@ class Controller:
             if ident in self._replaced:  # its replacement was requested when its preemption notice came
                 continue
             if self.loss_policy.replace(serves=entry.assigned_stage, current=g, work_left=bool(pending),
-                                        losses=self.losses):
+                                        losses=self.counted_losses):
                 self._replace(entry, ident, reason, waiting=len(pending))
-        if self.loss_policy.exhausted(self.losses):
-            raise ExecutionError(f"{self.losses} instances were lost during this run (limit "
-                                 f"{self.max_instance_losses}); the cloud keeps taking capacity back — resume later "
-                                 f"with `rubberband run --resume {self.run_dir}` or plan with on-demand instances")
+        if self.loss_policy.exhausted(self.counted_losses):
+            raise ExecutionError(f"{self.counted_losses} instances were lost during this run, not counting spot "
+                                 f"interruptions (limit {self.max_instance_losses}); the cloud keeps taking them "
+                                 f"away — resume later with `rubberband run --resume {self.run_dir}`")
 
     # -- instances -------------------------------------------------------------------------
     def _entry(self, instance_id: str) -> PoolInstance | None:
@@ -975,7 +979,7 @@ class Controller:
     # -- spot: fall-back to on-demand, preemption notices -----------------------------------
     def _spot_situation(self, *, waiting: int, replacing: bool) -> SpotSituation:
         """What the spot policy looks at, from now: time to the deadline, the run's predicted remaining time at the
-        run's confidence (:meth:`_work_left_s`; plus a replacement's start-up when one is awaited), and one restart
+        simulator's quantile (:meth:`_work_left_s`; plus a replacement's start-up when one is awaited), and one restart
         of the current stage."""
         g = min(self.stage_index, len(self.plan.stages) - 1)
         stage = self.plan.stages[g]
@@ -999,9 +1003,10 @@ class Controller:
 
     def _stages_left_s(self, g: int, end: int, *, waiting: int, running: list[RunningTrial],
                        awaited_s: float) -> float:
-        """Stages ``g … end − 1`` from now, at the run's confidence: ``g``'s remainder as the prefetch estimate has
-        it (``running`` trials' rest + waiting waves × the mean trial time) times its confidence quantile over its
-        median, the later ones' predictions at the confidence scaled by the slowdown so far, and ``awaited_s``."""
+        """Stages ``g … end − 1`` from now, as the spot decisions see them (:data:`~rubberband.executor.spot.
+        DECISION_QUANTILE`, the simulator's view): ``g``'s remainder as the prefetch estimate has it (``running``
+        trials' rest + waiting waves × the mean trial time), the later ones' predictions scaled by the slowdown so
+        far, and ``awaited_s``."""
         stage = self.plan.stages[g]
         itype = self._stage_itype(stage)
         n_slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
@@ -1009,7 +1014,7 @@ class Controller:
         current = self.prefetch.remaining_s(per_trial_s=self._per_trial_s(g), waiting=waiting, slots=n_slots,
                                             running_elapsed_s=[now - r.started_at for r in running])
         cur = self._stage_outlook(g)
-        conf = self.plan.confidence
+        conf = S.DECISION_QUANTILE
         ratio = S.at_confidence(cur.p50_s, cur.p95_s, conf) / cur.p50_s if cur.p50_s > 0 else 1.0
         return S.work_left_s(current_remaining_s=current, current_ratio=ratio,
                              later=[self._stage_outlook(i) for i in range(g + 1, end)], confidence=conf,

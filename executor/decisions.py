@@ -72,13 +72,19 @@ class DeadlineWatch:
 
 # -- lost and noticed instances ----------------------------------------------------------------
 
+#: The reason a backend gives for a spot instance the cloud took back (``check_lost``).
+SPOT_INTERRUPTION = "spot-interruption"
+
+
 @dataclass(frozen=True)
 class LossPolicy:
     """Replace a lost (or noticed) instance while its stage still needs it, up to ``max_losses`` losses.
 
     An instance serves the stage it is assigned to; it is needed when that stage is a later one (kept for
     it), or the current one with work still waiting or running on it. A flapping cloud must not loop
-    forever: past ``max_losses`` the run gives up (and can be resumed later).
+    forever: past ``max_losses`` losses the run gives up (and can be resumed later). Spot interruptions are
+    not counted: a spot plan expects them (its P(meet) and cost include them), and what bounds them is the
+    spot policy, which moves the run to on-demand once the slack is short, and the deadline.
     """
 
     max_losses: int
@@ -98,6 +104,11 @@ class LossPolicy:
 
     def exhausted(self, losses: int) -> bool:
         return losses > self.max_losses
+
+    @staticmethod
+    def counts(reason: str) -> bool:
+        """Whether a loss for this reason counts toward ``max_losses`` (a spot interruption does not)."""
+        return reason != SPOT_INTERRUPTION
 
 
 def requeue_first(pending: list[tuple[str, int]], trials: Sequence[str],

@@ -23,6 +23,10 @@ from typing import Any
 
 from rubberband.planner.policies import Market, SpotSituation
 
+#: The quantile of the predictions the spot decisions see: the median, as the planner's simulator feeds the same
+#: :class:`~rubberband.planner.policies.SpotPolicy` (its P(meet) is computed for decisions made that way, so the
+#: plan's prediction describes this executor; ``margin_s`` is the knob for more caution).
+DECISION_QUANTILE = 0.5
 #: z of the 0.95 quantile: the plan's p95 is p50 + this many standard deviations.
 _Z95 = NormalDist().inv_cdf(0.95)
 

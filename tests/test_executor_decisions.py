@@ -36,6 +36,7 @@ def test_a_lost_instance_is_replaced_while_its_stage_needs_it_and_until_the_loss
     assert not policy.replace(serves=0, current=1, work_left=True, losses=1)  # an earlier stage's leftover
     assert not policy.replace(serves=1, current=1, work_left=True, losses=3)  # past the limit
     assert policy.exhausted(3) and not policy.exhausted(2)
+    assert not LossPolicy.counts("spot-interruption") and LossPolicy.counts("lost")  # a spot plan expects those
     with pytest.raises(ValueError):
         LossPolicy(max_losses=-1)
 

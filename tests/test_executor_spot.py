@@ -130,18 +130,23 @@ def test_lost_instance_is_journaled_dropped_replaced_and_its_trials_requeued(tmp
     controller._provisioner.shutdown(wait=True)
 
 
-def test_losses_beyond_the_cap_fail_the_run_with_a_clear_error(tmp_path):
+def test_losses_beyond_the_cap_fail_the_run_with_a_clear_error_spot_interruptions_not_counted(tmp_path):
     controller, backend = _controller(tmp_path, max_losses=2)
     pending = [("b0-t000", 0)]
+    for n in range(4):  # a spot plan expects interruptions: the spot policy and the deadline bound them
+        _ready(controller, f"s{n}")
+        controller._handle_lost(0, {f"s{n}": "spot-interruption"}, [], pending, stopped=[])
     for n in range(2):
         _ready(controller, f"n{n}")
-        controller._handle_lost(0, {f"n{n}": "spot-interruption"}, [], pending, stopped=[])
+        controller._handle_lost(0, {f"n{n}": "lost"}, [], pending, stopped=[])
     _ready(controller, "n2")
-    with pytest.raises(ExecutionError, match="3 instances were lost during this run \\(limit 2\\)"):
-        controller._handle_lost(0, {"n2": "spot-interruption"}, [], pending, stopped=[])
+    with pytest.raises(ExecutionError, match="3 instances were lost during this run, not counting spot "
+                                             "interruptions \\(limit 2\\)"):
+        controller._handle_lost(0, {"n2": "lost"}, [], pending, stopped=[])
     controller._terminator.shutdown(wait=True)
     controller._provisioner.shutdown(wait=True)
-    assert len(backend.provisioned) == 2  # no replacement beyond the cap
+    assert len(backend.provisioned) == 6  # every loss replaced up to the cap, none beyond it
+    assert J.read_state(controller.run_dir).instances["n2"].lost == "lost"
 
 
 def test_spend_so_far_stops_at_each_instance_termination(tmp_path):

@@ -119,6 +119,26 @@ def test_preempted_spot_instance_is_replaced_on_spot_while_the_slack_covers_a_re
     assert controller._on_spot
 
 
+def test_spot_decisions_see_the_median_prediction_as_the_planners_simulator_does(tmp_path):
+    # the simulator feeds SpotPolicy the median of the remaining work (its P(meet) is for decisions made so): a wide
+    # tail in the plan's prediction must not move the executor to on-demand earlier than the plan assumed
+    spec = load_spec(write_job(tmp_path / "job", trials=3, eta=3, min_epochs=1, max_epochs=3))
+    plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu2", 1, 1)], durations=[30.0, 40.0])
+
+    def work_left(p95_factor: float, where) -> float:
+        dists = [d.model_copy(update={"p95": d.p50 * p95_factor}) for d in plan.predicted.stage_duration_s]
+        wide = plan.model_copy(update={"predicted": plan.predicted.model_copy(update={"stage_duration_s": dists})})
+        controller, _ = journaled_controller(where, spec, wide, deadline_s=3600.0)
+        try:
+            return controller._work_left_s(0, waiting=2, awaited_s=0.0)
+        finally:
+            controller._terminator.shutdown(wait=True)
+            controller._provisioner.shutdown(wait=True)
+
+    assert work_left(1.0, tmp_path / "narrow") == pytest.approx(work_left(3.0, tmp_path / "wide"))
+    assert S.DECISION_QUANTILE == 0.5
+
+
 def test_replacement_goes_on_demand_for_good_once_the_slack_runs_short(tmp_path):
     controller, backend = _spot_controller(tmp_path, deadline_s=60.0)
     events = _lose_spot_instance(controller)
