@@ -15,6 +15,9 @@ Workloads: ``quickstart`` (examples/quickstart.yaml: 81-trial SHA on AWS with it
 ``hyperband`` (the same job as Hyperband, η = 3, 1–27 epochs: 49 trials in 4 brackets, side by side),
 ``sha729`` (729-trial SHA, 1–243 epochs) and ``hyperband729`` (Hyperband, 1–243 epochs: 415 trials in 6
 brackets; with ``--seeds`` ≥ 2 it is timed on the first seeds only, see ``--scale-seeds``).
+
+The third leg, the same plan run for real on the local backend beside these simulated runs and the prediction,
+is ``bench/bench_sim_vs_local.py`` (it reuses :func:`simulate`).
 """
 
 from __future__ import annotations
@@ -60,38 +63,38 @@ def write_spec(directory: Path, name: str) -> Path:
     return path
 
 
-def run_workload(name: str, seeds: int, base: Path) -> dict:
+def simulate(name: str, inputs, plan, seeds: int, base: Path, *, inspect=None, **controller_kwargs) -> dict:
+    """Run ``plan`` with the unchanged controller on ``seeds`` simulated clusters (seed 0, 1, ...), as
+    ``rubberband run --cloud sim`` does; returns the figures ``main`` prints, the runs' ``results`` and, with
+    ``inspect(run_dir, result)``, what it returned for each run (before its run directory is removed)."""
     from rubberband.executor.brackets import controller_for
     from rubberband.executor.runtime import planner_replanner
     from rubberband.executor.simulated import simulated_for
-    from rubberband.inputs import load_job_inputs
-    from rubberband.planning import plan_from_inputs
 
-    inputs = load_job_inputs(write_spec(base, name))
-    began = time.perf_counter()
-    plan = plan_from_inputs(inputs)
-    plan_s = time.perf_counter() - began
     spec, catalog, profile = inputs.spec, inputs.catalog, inputs.profile
     replanner = planner_replanner(catalog, profile)
-    jcts, costs, walls, statuses = [], [], [], []
+    jcts, costs, walls, statuses, results, inspected = [], [], [], [], [], []
     for seed in range(seeds):
         run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=base))
         sim = simulated_for(spec, plan, catalog, profile, seed=seed, start=START)
         began = time.perf_counter()
         controller = controller_for(plan)(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=sim.backend,
                                           runtime=sim.runtime, run_id=f"sim-{name}-{seed}", replanner=replanner,
-                                          profile=profile, clock=sim.clock, cluster=sim.cluster)
+                                          profile=profile, clock=sim.clock, cluster=sim.cluster, **controller_kwargs)
         result = controller.run().result
         walls.append(time.perf_counter() - began)
         jcts.append(result["actual"]["jct_s"])
         costs.append(result["actual"]["cost_usd"])
         statuses.append(result["outcome"])
+        results.append(result)
+        if inspect is not None:
+            inspected.append(inspect(run_dir, result))
         shutil.rmtree(run_dir, ignore_errors=True)
     predicted = plan.predicted
     trials = sum(s.trials for s in plan.stages if s.stage == 0)
     met = [j <= plan.deadline_s for j in jcts]
     return {
-        "name": name, "trials": trials, "stages": len(plan.stages), "seeds": seeds, "plan_s": plan_s,
+        "name": name, "trials": trials, "stages": len(plan.stages), "seeds": seeds,
         "pred_p50": predicted.jct_s.p50, "pred_p10": float(np.quantile(predicted.jct_samples_s, 0.1)),
         "pred_p90": float(np.quantile(predicted.jct_samples_s, 0.9)),
         "run_p50": statistics.median(jcts), "run_p10": float(np.quantile(jcts, 0.1)),
@@ -100,7 +103,19 @@ def run_workload(name: str, seeds: int, base: Path) -> dict:
         "pred_cost": predicted.cost_usd.mean, "run_cost": statistics.fmean(costs),
         "wall_median": statistics.median(walls), "wall_max": max(walls),
         "outcomes": {o: statuses.count(o) for o in sorted(set(statuses))},
+        "results": results, "inspected": inspected,
     }
+
+
+def run_workload(name: str, seeds: int, base: Path) -> dict:
+    from rubberband.inputs import load_job_inputs
+    from rubberband.planning import plan_from_inputs
+
+    inputs = load_job_inputs(write_spec(base, name))
+    began = time.perf_counter()
+    plan = plan_from_inputs(inputs)
+    plan_s = time.perf_counter() - began
+    return {**simulate(name, inputs, plan, seeds, base), "plan_s": plan_s}
 
 
 def main(argv: list[str] | None = None) -> int:
