@@ -136,6 +136,12 @@ class ExecutorBackend(Provider, Protocol):
     def device_policy(self) -> DevicePolicy | None:
         """How trials use an instance type's devices; None: the executor's default (GPU types on their GPUs)."""
 
+    @property
+    def metadata_url(self) -> str | None:
+        """The base URL of the metadata server its instances' preemption-notice watchers read (``{instance}`` in
+        it: the instance id; executor/notices.py); None: the cloud's own. Passed in, never read from the
+        environment: tests serve notices from a local endpoint. A backend without notices answers None."""
+
     def start_head(self, run_id: str) -> HeadHandle:
         """Start (or find) the run's Ray head; where the driver connects."""
 

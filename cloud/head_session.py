@@ -285,12 +285,14 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
 
 def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str,
                head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish",
-               test_boot: str | None = None) -> str:
+               test_boot: str | None = None, metadata_url: str | None = None) -> str:
     """The run job's command line on the head (names the run, never a credential).
 
     ``head_grace_s``: the watchdog's results grace the head was started with, which the run's
     ``result.json`` bills the head for after the run ends. ``test_boot`` (tests: a played head): the
-    on-head executor plays its workers' boots too (``--test-boot``; cloud/testboot.py)."""
+    on-head executor plays its workers' boots too (``--test-boot``; cloud/testboot.py). ``metadata_url``
+    (tests: a local endpoint serving spot notices): where the on-head executor's notice watchers read
+    (``--metadata-url``; executor/notices.py)."""
     words = ["python", "-m", "rubberband.head_job", "run", "--cloud", record.cloud, "--region", record.region,
              "--head-id", record.instance_id, "--run-id", record.run_id, "--trial-runtime", trial_runtime]
     if head_grace_s is not None:
@@ -305,6 +307,8 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
         words += ["--worker-egress", record.worker_egress]
     if test_boot:
         words += ["--test-boot", test_boot]
+    if metadata_url:
+        words += ["--metadata-url", metadata_url]
     import shlex
 
     return " ".join(shlex.quote(w) for w in words)
@@ -389,9 +393,11 @@ class HeadSession:
 
     def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str,
                head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish",
-               watchdog: WatchdogSettings | None = None, test_boot: str | None = None) -> str:
+               watchdog: WatchdogSettings | None = None, test_boot: str | None = None,
+               metadata_url: str | None = None) -> str:
         """Submit the head's watchdog (``watchdog``: its settings; None: none) and then the run itself
-        (``test_boot``: on a played head, its executor plays the workers' boots; see :func:`entrypoint`)."""
+        (``test_boot``: on a played head, its executor plays the workers' boots; ``metadata_url``: where its notice
+        watchers read; see :func:`entrypoint`)."""
         from rubberband.cloud.shipping import job_runtime_env
 
         if watchdog is not None:
@@ -400,7 +406,7 @@ class HeadSession:
             work = stage_code(spec, plan, Path(tmp))
             command = entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime,
                                  head_grace_s=head_grace_s, overrun_s=overrun_s, on_late=on_late,
-                                 test_boot=test_boot)
+                                 test_boot=test_boot, metadata_url=metadata_url)
             return self._submit(entrypoint=command, runtime_env=job_runtime_env(self.package, work),
                                 submission_id=self.job_id, metadata={"rubberband_run": self.record.run_id})
 

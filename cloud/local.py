@@ -224,6 +224,7 @@ class LocalProvider:
 
     # -- the rest of the executor's contract (cloud.backend.ExecutorBackend) ------------------
     device_policy = None  # the executor's default: nodes advertise an instance type's real devices
+    metadata_url = None  # local nodes get no preemption notices
 
     @property
     def ray_auth_mode(self) -> str:

@@ -64,6 +64,9 @@ class LocalHeadCloudBackend:
     _heartbeat: Heartbeat | None = field(default=None, init=False, repr=False)
     expires_at: float | None = None  # POSIX time by which every worker must be gone (bootstrap.lifetime_cap_s)
     token_push: TokenPush | None = None  # how workers get the run's Ray token; None: no token
+    #: the metadata server's base URL the executor's notice watchers read (executor/notices.py); None: the cloud's
+    #: own. Passed in by the caller (tests: a local endpoint serving notices), never read from the environment
+    metadata_url: str | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -215,12 +218,14 @@ class LocalHeadCloudBackend:
 
 
 def make_cloud_backend(cloud: str, run_dir: str | Path, regions: list[str], *,
-                       lifetime_cap_s: float | None = None, test_boot: str | None = None) -> LocalHeadCloudBackend:
+                       lifetime_cap_s: float | None = None, test_boot: str | None = None,
+                       metadata_url: str | None = None) -> LocalHeadCloudBackend:
     """The executor's backend for ``cloud`` in ``regions`` (the plan's); workers live at most ``lifetime_cap_s``
     from now (``bootstrap.lifetime_cap_s`` of the run). ``test_boot``: a test boot mode (cloud/testboot.py) the
-    caller passes in (tests only), else None: real boots."""
+    caller passes in (tests only), else None: real boots. ``metadata_url``: where the notice watchers read
+    (tests only: a local endpoint), else None: the cloud's metadata server."""
     import time
 
     return LocalHeadCloudBackend(cloud=cloud, run_dir=Path(run_dir), regions=list(dict.fromkeys(regions)),
-                                 test_boot=test_boot,
+                                 test_boot=test_boot, metadata_url=metadata_url,
                                  expires_at=None if lifetime_cap_s is None else time.time() + lifetime_cap_s)

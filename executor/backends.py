@@ -3,7 +3,8 @@
 A backend is a :class:`~rubberband.cloud.backend.ExecutorBackend`: a
 :class:`~rubberband.cloud.provider.Provider` plus the run's Ray head (``start_head`` / ``stop_head``,
 ``ray_auth_mode``) and what the executor's failover, loss and spot decisions read (``check_lost``,
-``obtained``, ``unavailable``, ``device_policy``, ``runtime_env``). Every backend implements all of it.
+``obtained``, ``unavailable``, ``device_policy``, ``metadata_url``, ``runtime_env``). Every backend implements
+all of it.
 
 * ``local``: :class:`~rubberband.cloud.local.LocalProvider` (Ray nodes on this machine).
 * ``aws`` / ``gcp``: :class:`~rubberband.cloud.local_head.LocalHeadCloudBackend` — the Ray head
@@ -30,9 +31,12 @@ SIM_RUNTIME = "rubberband.executor.simulated"
 
 
 def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *,
-                 lifetime_cap_s: float | None = None, test_boot: str | None = None) -> "ExecutorBackend":
+                 lifetime_cap_s: float | None = None, test_boot: str | None = None,
+                 metadata_url: str | None = None) -> "ExecutorBackend":
     """The executor's backend; ``lifetime_cap_s``: how long a cloud run's workers may live at most; ``test_boot``
-    (tests only, passed in by the caller): a cloud run's instance boots played on this machine (cloud/testboot.py)."""
+    (tests only, passed in by the caller): a cloud run's instance boots played on this machine (cloud/testboot.py);
+    ``metadata_url`` (tests only, passed in): the metadata server a cloud run's notice watchers read instead of the
+    cloud's (executor/notices.py; the local backend has no notices)."""
     if cloud == "local":
         from rubberband.cloud.local import LocalProvider
 
@@ -43,6 +47,6 @@ def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *
         if not regions:
             raise InputError(f"--cloud {cloud}: the plan names no {cloud} region; re-plan for {cloud}")
         return make_cloud_backend(cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s,
-                                  test_boot=test_boot)
+                                  test_boot=test_boot, metadata_url=metadata_url)
     raise InputError(f"cloud {cloud!r} is not supported by this executor; use --cloud "
                      f"{', '.join(SUPPORTED)} or {SIM_CLOUD}")

@@ -9,9 +9,10 @@ which loss detection handles):
 * **GCP** gives a preempted spot VM about 30 s: metadata ``instance/preempted`` turns ``TRUE`` (header
   ``Metadata-Flavor: Google``).
 
-:class:`NoticeWatcher` polls its node's metadata server (the base URL is injectable: tests point it at a
-local HTTP endpoint; ``{instance}`` in it is replaced by the instance id, so one test endpoint can serve many
-stand-in instances) and answers ``notice()`` at once, so a trial's workers can ask it at every checkpoint,
+:class:`NoticeWatcher` polls its node's metadata server (the base URL is passed in, never read from the
+environment: the backend's ``metadata_url``, None for the cloud's own server; tests point it at a local HTTP
+endpoint, and ``{instance}`` in it is replaced by the instance id, so one test endpoint can serve many stand-in
+instances) and answers ``notice()`` at once, so a trial's workers can ask it at every checkpoint,
 and ``wait_notice()`` blocks until the notice, so the controller learns it the moment it comes. It is no agent
 of ours: an actor of the run's Ray job (no CPU, pinned to the node), gone with the job.
 
@@ -22,19 +23,19 @@ raised by the worker's ``save_checkpoint``), and the controller requests the rep
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
-#: The metadata servers (the documented link-local addresses; the injectable base URL replaces them).
+from rubberband.errors import InputError
+
+#: The metadata servers (the documented link-local addresses; a base URL passed in replaces them).
 DEFAULT_METADATA = {"aws": "http://169.254.169.254/", "gcp": "http://metadata.google.internal/computeMetadata/v1/"}
-#: Environment: the metadata base URL the watchers read instead (tests), and the workers' list of watchers.
-METADATA_URL_ENV = "RUBBERBAND_METADATA_URL"
+#: Environment of a trial's workers: the names of their instances' watchers (set by the controller).
 WATCHERS_ENV = "RUBBERBAND_NOTICE_WATCHERS"
 #: How often a watcher reads its metadata server (AWS's notice comes 2 min ahead, GCP's 30 s).
 POLL_S = 2.0
@@ -63,14 +64,30 @@ class NoticeSource:
         return NoticeSource(self.cloud, self.base_url.replace("{instance}", instance_id))
 
 
-def notice_source(cloud: str, env: Mapping[str, str] | None = None) -> NoticeSource | None:
-    """The notice source of a cloud's spot instances: ``RUBBERBAND_METADATA_URL`` if set, else the cloud's own
-    metadata server; None for a cloud without notices (local, unless the variable names a server)."""
-    env = os.environ if env is None else env
-    url = env.get(METADATA_URL_ENV)
+def check_metadata_url(value: str | None) -> str | None:
+    """A metadata base URL passed in (None or empty: the cloud's own server): ``http(s)://host[:port]/path``, where
+    ``{instance}`` stands for the instance id; InputError for anything else."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # raises ValueError for a port that is not a number
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query and not parts.fragment
+    except ValueError:
+        ok = False
+    if not ok:
+        raise InputError(f"metadata URL {value!r} is not an http(s)://HOST[:PORT]/PATH base URL "
+                         f"({{instance}} in it stands for the instance id)")
+    return value
+
+
+def notice_source(cloud: str, base_url: str | None = None) -> NoticeSource | None:
+    """The notice source of a cloud's spot instances: ``base_url`` (passed in: tests serve notices from a local
+    endpoint) or, when None, the cloud's own metadata server; None for a cloud without notices (local, sim)."""
     if cloud not in DEFAULT_METADATA:
         return None
-    base = url or DEFAULT_METADATA[cloud]
+    base = base_url or DEFAULT_METADATA[cloud]
     return NoticeSource(cloud, base if base.endswith("/") else base + "/")
 
 
@@ -219,10 +236,13 @@ class NoticeWatchers:
     ``watch`` starts one where the cloud posts notices; ``found`` says which answered (a notice, or None when
     the watcher died with its node) without blocking, and asks ``ask``'s watchers directly; ``names`` are what a
     trial's workers are told (``WATCHERS_ENV``) so they stop after a checkpoint on a notice.
+
+    ``metadata_url``: the metadata server's base URL the watchers read (the backend's ``metadata_url``); None: the
+    cloud's own.
     """
 
-    def __init__(self, cloud: str) -> None:
-        self.source = notice_source(cloud)
+    def __init__(self, cloud: str, metadata_url: str | None = None) -> None:
+        self.source = notice_source(cloud, metadata_url)
         self._actors: dict[str, Any] = {}  # instance -> its NoticeWatcher actor (None: could not start, not retried)
         self._pending: dict[str, Any] = {}  # instance -> the pending wait_notice() call on its watcher
 

@@ -22,6 +22,15 @@ from rubberband.spec import JobSpec
 DEFAULT_TRIAL_RUNTIME = "rubberband.executor.trials"
 
 
+def check_module_name(value: str) -> str:
+    """A trial runtime's module name as passed in (a dotted Python name); InputError for anything else. Whether
+    it imports is :meth:`TrialRuntime.load`'s to say."""
+    name = value.strip()
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        raise InputError(f"trial runtime {value!r} is not a module name (dotted, like {DEFAULT_TRIAL_RUNTIME})")
+    return name
+
+
 class TrialHandle(Protocol):
     """What ``TrialRun.start`` returns (docs/training-api.md, "The runtime underneath")."""
 

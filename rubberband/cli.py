@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions
 
 from rubberband import __version__, commands
-from rubberband.commands._injected import Injected
+from rubberband.commands._injected import inject
 from rubberband.errors import RubberbandError
 
 
@@ -52,18 +52,17 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def run(argv: list[str] | None = None, *, test_boot: str | None = None) -> int:
+def run(argv: list[str] | None = None, *, test_boot: str | None = None, trial_runtime: str | None = None,
+        metadata_url: str | None = None) -> int:
     """Run the CLI and return its exit code (for tests and ``main``).
 
-    ``test_boot`` (tests only; ``main`` never passes it): play cloud instances' boots on this machine
-    (cloud/testboot.py); the commands get it from the app's context object (commands/_injected.py)."""
+    The test seams (tests only; ``main`` never passes them): ``test_boot`` plays cloud instances' boots on this
+    machine (cloud/testboot.py), ``trial_runtime`` names the module trials run through instead of
+    ``rubberband.executor.trials``, ``metadata_url`` the metadata server the spot-notice watchers read instead of the
+    cloud's (executor/notices.py). The commands get them from the app's context object (commands/_injected.py)."""
     app = build_app()
     try:
-        settings = Injected()
-        if test_boot is not None:
-            from rubberband.cloud.testboot import check_mode
-
-            settings = Injected(test_boot=check_mode(test_boot))
+        settings = inject(test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url)
         result = app(args=argv, prog_name="rubberband", standalone_mode=False, obj=settings)
     except RubberbandError as exc:
         return _fail(exc.message, exc.exit_code)

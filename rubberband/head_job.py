@@ -9,7 +9,9 @@ The CLI (:mod:`rubberband.cloud.head_session`) submits both as Ray jobs to the h
   (default ``/var/lib/rubberband/runs``, the directory the head's watchdog watches), and writes
   the ``DONE`` marker when the executor is over, however it ended: the watchdog then ends the head
   and any worker after its grace. In tests the CLI adds ``--test-boot local`` when it plays the head's
-  boot (:mod:`rubberband.cloud.testboot`): the executor then plays its workers' boots too.
+  boot (:mod:`rubberband.cloud.testboot`): the executor then plays its workers' boots too; and
+  ``--metadata-url URL`` when the test serves spot notices from a local endpoint
+  (:mod:`rubberband.executor.notices`).
 * ``python -m rubberband.head_job pack --run-id X`` — prints the run directory (journal,
   result.json, plan.json, logs and the best trial's newest checkpoint when small; no other checkpoint and
   no Ray temp files) as one base64 tar.gz between
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                                      requirements=tuple(spec.requirements),
                                      expires_at=time.time() + lifetime_cap_s(args.deadline or plan.deadline_s,
                                                                              args.overrun_s, args.head_grace),
-                                     token_push=push, ray_auth_mode="token" if push is not None else "disabled")
+                                     token_push=push, ray_auth_mode="token" if push is not None else "disabled",
+                                     metadata_url=args.metadata_url)
         result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
                          backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
                          overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile,
@@ -145,6 +148,17 @@ def print_pack(run_dir: Path) -> None:
     print(PACK_END, flush=True)
 
 
+def _metadata_url(value: str) -> str | None:
+    """``--metadata-url``: checked as the CLI checks it (argparse's usage error for a malformed one)."""
+    from rubberband.errors import InputError
+    from rubberband.executor.notices import check_metadata_url
+
+    try:
+        return check_metadata_url(value)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rubberband.head_job")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the watchdog's results grace: the head is billed this long after the run ends")
     # tests only: on a played head (cloud/testboot.py) the CLI passes it in the job's command line
     r.add_argument("--test-boot", choices=TEST_BOOT_MODES, default=None, help=argparse.SUPPRESS)
+    # tests only: the metadata server the notice watchers read (a local endpoint; executor/notices.py)
+    r.add_argument("--metadata-url", type=_metadata_url, default=None, help=argparse.SUPPRESS)
     p = sub.add_parser("pack", help="print the run directory as base64 tar.gz")
     p.add_argument("--run-id", required=True)
     return parser

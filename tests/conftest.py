@@ -37,22 +37,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
-            timeout: float = 300, test_boot: str | None = None) -> subprocess.CompletedProcess:
+            timeout: float = 300, test_boot: str | None = None, trial_runtime: str | None = None,
+            metadata_url: str | None = None) -> subprocess.CompletedProcess:
     """Run the real ``rubberband`` CLI in a subprocess, as a user would.
 
-    ``test_boot="local"``: through the test entry point (cli_harness.py), which injects the played instance
-    boots (cloud/testboot.py) into the CLI.
+    ``test_boot="local"``, ``trial_runtime=MODULE``, ``metadata_url=URL``: through the test entry point
+    (cli_harness.py), which injects them into the CLI (played instance boots, cloud/testboot.py; a stand-in trial
+    runtime; a local metadata server serving spot notices).
 
     Past ``timeout`` it gets what a user's Ctrl-C sends (SIGINT: the CLI tears its run down, releasing its
     instances and Ray nodes), then SIGKILL after a grace; the test fails with :class:`subprocess.TimeoutExpired`
     carrying what it printed.
     """
-    if test_boot is None:
+    if test_boot is None and trial_runtime is None and metadata_url is None:
         argv = [sys.executable, "-m", "rubberband", *map(str, args)]
     else:
-        from cli_harness import played_argv
+        from cli_harness import harness_argv
 
-        argv = played_argv(*args, test_boot=test_boot)
+        argv = harness_argv(*args, test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url)
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)

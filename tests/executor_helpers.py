@@ -175,6 +175,7 @@ class LosingBackend:
     cloud = "local"
     ray_auth_mode = "token"
     device_policy = None
+    metadata_url = None
 
     def __init__(self) -> None:
         self.requests: list = []

@@ -558,16 +558,21 @@ def test_run_directories_are_made_absolute(tmp_path, monkeypatch):
     assert resolve_run_dir("r2") == tmp_path / "runs" / "r2"
 
 
-# -- the test boot (injected by the tests' entry point, never taken from the command line or the environment) -----
+# -- the test seams (injected by the tests' entry point, never taken from the command line or the environment) ----
+
+
+def harness(*args: Any) -> Result:
+    """The CLI through the tests' entry point (tests/cli_harness.py), in-process."""
+    from cli_harness import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with environ(COLUMNS="200"), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return Result(code, out.getvalue(), err.getvalue())
 
 
 def test_an_unknown_test_boot_is_refused_in_one_line_and_the_real_cli_takes_none():
-    from cli_harness import main as harness
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = harness(["--test-boot", "cloudy", "run", "--attach", "nowhere"])
-    line = Result(code, out.getvalue(), err.getvalue()).refused()
+    line = harness("--test-boot", "cloudy", "run", "--attach", "nowhere").refused()
     assert "test boot 'cloudy' is not a test boot mode; use one of local" in line
     assert "--test-boot" in invoke("run", "--test-boot", "local", "--attach", "nowhere").refused()  # no such option
 
@@ -579,3 +584,49 @@ def test_the_environment_plays_no_boot(tmp_path, monkeypatch):
     monkeypatch.setenv("RUBBERBAND_TEST_BOOT", "local")
     assert make_backend("aws", tmp_path, ["us-east-1"]).test_boot is None
     assert make_backend("aws", tmp_path, ["us-east-1"], test_boot="local").test_boot == "local"
+
+
+@pytest.mark.parametrize("seam, value, says", [
+    ("--trial-runtime", "not a module", "trial runtime 'not a module' is not a module name"),
+    ("--trial-runtime", "rubberband..trials", "is not a module name"),
+    ("--metadata-url", "169.254.169.254", "metadata URL '169.254.169.254' is not an http(s)://HOST[:PORT]/PATH"),
+    ("--metadata-url", "ftp://127.0.0.1/", "is not an http(s)://"),
+    ("--metadata-url", "http://127.0.0.1:port/", "is not an http(s)://"),
+])
+def test_a_malformed_seam_is_refused_in_one_line_and_the_real_cli_takes_none(seam, value, says):
+    assert says in harness(seam, value, "run", "--attach", "nowhere").refused()
+    assert seam in invoke("run", seam, value, "--attach", "nowhere").refused()  # no such option
+
+
+def test_an_injected_trial_runtime_reaches_the_executor(good_plan, tmp_path):
+    """The runtime module passed in is the one the run loads (one that does not import: refused before anything
+    starts); the variable that used to name it does nothing any more."""
+    spec, plan = good_plan
+    result = harness("--trial-runtime", "no_such_trial_runtime", "run", spec, "--plan", plan, "--yes", "--run-dir",
+                     tmp_path / "run")
+    assert "trial runtime module 'no_such_trial_runtime' cannot be imported" in result.refused()
+    assert not (tmp_path / "run").exists()
+
+
+def test_no_production_module_names_a_test_seams_variable():
+    """The variables that used to switch the test seams on are read nowhere (issue #13, point 5)."""
+    repo = Path(__file__).resolve().parents[1]
+    gone = ("RUBBERBAND_TEST_BOOT", "RUBBERBAND_TRIAL_RUNTIME", "RUBBERBAND_METADATA_URL")
+    named = [f"{path.relative_to(repo)}: {name}" for folder in ("rubberband", "cloud", "executor", "planner", "profiler")
+             for path in sorted((repo / folder).rglob("*.py")) for name in gone if name in path.read_text()]
+    assert named == []
+
+
+def test_the_environment_redirects_no_notice_watcher(tmp_path, monkeypatch):
+    """The metadata server is the backend's, passed in: the variable that used to redirect it does nothing."""
+    from rubberband.executor.backends import make_backend
+    from rubberband.executor.notices import DEFAULT_METADATA, NoticeWatchers
+
+    monkeypatch.setenv("RUBBERBAND_METADATA_URL", "http://127.0.0.1:9/")
+    backend = make_backend("aws", tmp_path, ["us-east-1"])
+    assert backend.metadata_url is None
+    assert NoticeWatchers("aws", backend.metadata_url).source.base_url == DEFAULT_METADATA["aws"]
+    url = "http://127.0.0.1:8/{instance}/"
+    assert make_backend("gcp", tmp_path, ["us-central1"], metadata_url=url).metadata_url == url
+    assert NoticeWatchers("gcp", url).source.for_instance("vm-1").base_url == "http://127.0.0.1:8/vm-1/"
+    assert make_backend("local", tmp_path, metadata_url=url).metadata_url is None  # no notices locally

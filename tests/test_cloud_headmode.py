@@ -14,6 +14,7 @@ import json
 import math
 import re
 import shutil
+import shlex
 import signal
 import subprocess
 import time
@@ -386,6 +387,14 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
     assert "--test-boot" not in words and build_parser().parse_args(words[3:]).test_boot is None
     played = entrypoint(record, deadline_s=600, trial_runtime="x", test_boot="local").split()
     assert build_parser().parse_args(played[3:]).test_boot == "local"
+    # so does a test's metadata server (spot notices) and trial runtime; a real one none
+    assert "--metadata-url" not in words and build_parser().parse_args(words[3:]).metadata_url is None
+    noticed = shlex.split(entrypoint(record, deadline_s=600, trial_runtime="tests.stand_in", test_boot="local",
+                                     metadata_url="http://127.0.0.1:8/{instance}/"))  # as the job's shell does
+    assert vars(build_parser().parse_args(noticed[3:])).items() >= {
+        "metadata_url": "http://127.0.0.1:8/{instance}/", "trial_runtime": "tests.stand_in"}.items()
+    with pytest.raises(SystemExit):  # malformed: argparse's usage error
+        build_parser().parse_args(words[3:] + ["--metadata-url", "169.254.169.254"])
     tunnel = link_for(record, None, Path("/k/id_ed25519"), tmp_path / "run")
     command = tunnel.command(40001)
     assert command[:4] == ["ssh", "-N", "-L", "40001:127.0.0.1:8265"] and command[-1].endswith("@203.0.113.9")

@@ -37,7 +37,6 @@ from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
 from test_spot_fallback import Metadata
 
 from rubberband.executor import journal as J
-from rubberband.executor.notices import METADATA_URL_ENV
 from rubberband.plan import load_plan, write_plan
 
 pytestmark = pytest.mark.e2e
@@ -148,10 +147,10 @@ def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early(tmp_path, 
         plan_path = cloud_plan(tmp_path, spec, "aws", REGION, "p3.8xlarge", counts=(1,), durations=(20.0,))
         _spot(plan_path)
         env = cloud_env(tmp_path, moto_env)
-        env[METADATA_URL_ENV] = metadata.url + "{instance}/"
         run_dir = tmp_path / "run"
         proc = subprocess.Popen(played_argv("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan_path,
-                                            "--yes", "--run-dir", run_dir, "--deadline", "85s", "--overrun", "none"),
+                                            "--yes", "--run-dir", run_dir, "--deadline", "85s", "--overrun", "none",
+                                            metadata_url=metadata.url + "{instance}/"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=150, poll_s=0.05)

@@ -405,7 +405,7 @@ def test_aws_notice_read_with_an_imdsv2_token(metadata):
 
 @pytest.mark.e2e  # a local HTTP server (fast)
 def test_gcp_notice_and_per_instance_endpoints(metadata):
-    source = notices.notice_source("gcp", {notices.METADATA_URL_ENV: metadata.url + "{instance}"})
+    source = notices.notice_source("gcp", metadata.url + "{instance}")
     reader = notices.NoticeReader(source.for_instance("vm-1"))
     other = notices.NoticeReader(source.for_instance("vm-2"))
     assert reader.read() is None
@@ -415,9 +415,10 @@ def test_gcp_notice_and_per_instance_endpoints(metadata):
 
 
 def test_notice_sources_default_to_the_clouds_metadata_servers():
-    assert notices.notice_source("aws", {}).base_url == "http://169.254.169.254/"
-    assert notices.notice_source("gcp", {}).base_url.startswith("http://metadata.google.internal/")
-    assert notices.notice_source("local", {notices.METADATA_URL_ENV: "http://x/"}) is None
+    assert notices.notice_source("aws").base_url == "http://169.254.169.254/"
+    assert notices.notice_source("gcp", None).base_url.startswith("http://metadata.google.internal/")
+    assert notices.notice_source("aws", "http://127.0.0.1:8/{instance}").base_url == "http://127.0.0.1:8/{instance}/"
+    assert notices.notice_source("local", "http://x/") is None and notices.notice_source("sim") is None
 
 
 def test_no_metadata_server_is_no_notice():

@@ -156,10 +156,11 @@ def _hints(record, run_dir: Path) -> str:
 
 def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Path, options, deadline_s: float | None,
                 overrun_s: float, trial_runtime: str, detach: bool, on_late: str = "finish",
-                test_boot: str | None = None) -> int:
+                test_boot: str | None = None, metadata_url: str | None = None) -> int:
     """Head mode: start the run's head instance, submit the run to it, then follow it (unless ``detach``).
 
-    ``test_boot`` (tests only, injected: commands/_injected.py): the head's and workers' boots are played."""
+    ``test_boot`` (tests only, injected: commands/_injected.py): the head's and workers' boots are played;
+    ``metadata_url`` (tests only, injected): where the on-head executor's notice watchers read."""
     from rubberband.cloud.head_session import HeadSession, check_options, deliver_token, end_run, link_for, start_head
 
     err = stderr()
@@ -178,7 +179,7 @@ def run_on_head(*, spec: JobSpec, plan: Plan, catalog, run_id: str, run_dir: Pat
                          connect_timeout_s=options.boot_timeout_s, token=token) as session:
             session.submit(spec, plan, deadline_s=deadline_s, trial_runtime=trial_runtime,
                            head_grace_s=options.watchdog.done_grace_s, overrun_s=overrun_s, on_late=on_late,
-                           watchdog=options.watchdog, test_boot=test_boot)
+                           watchdog=options.watchdog, test_boot=test_boot, metadata_url=metadata_url)
     except BaseException:
         end_run(record, test_boot=test_boot)  # never leave a head without a run billing
         from rubberband.cloud.ray_token import forget_run_token
@@ -269,8 +270,6 @@ def register(app: typer.Typer) -> None:
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before starting a freshly made plan."),
         dry_run: bool = typer.Option(False, "--dry-run", help="With --cloud aws|gcp: print the provisioning "
                                      "schedule, expected bill and permission checks; create nothing."),
-        trial_runtime: str = typer.Option("rubberband.executor.trials", "--trial-runtime", hidden=True,
-                                          envvar="RUBBERBAND_TRIAL_RUNTIME"),
         head: str = typer.Option("instance", "--head", help="With --cloud aws|gcp: where the executor and Ray head "
                                  "run: 'instance' (a small CPU head instance per run; close the laptop at will) or "
                                  "'local' (this machine; it must be inside the cloud network)."),
@@ -308,7 +307,13 @@ def register(app: typer.Typer) -> None:
         from rubberband.executor.controller import check_plan_matches
         from rubberband.search import check_search
 
-        test_boot = injected(ctx).test_boot  # tests only: played instance boots (cloud/testboot.py)
+        from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME
+
+        # tests only, passed in by their entry point (commands/_injected.py): played instance boots
+        # (cloud/testboot.py), a stand-in trial runtime, a local metadata server serving spot notices
+        seams = injected(ctx)
+        test_boot, metadata_url = seams.test_boot, seams.metadata_url
+        trial_runtime = seams.trial_runtime or DEFAULT_TRIAL_RUNTIME
         deadline_s = deadline_flag(deadline)
         overrun_flag(overrun, 1.0)  # the form is checked before anything starts; the seconds need the plan
         on_late = on_late_flag(on_late)
@@ -424,7 +429,7 @@ def register(app: typer.Typer) -> None:
             return run_on_head(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                                options=options, deadline_s=deadline_s, overrun_s=overrun_s,
                                trial_runtime=trial_runtime, detach=detach, on_late=on_late,
-                               test_boot=test_boot)
+                               test_boot=test_boot, metadata_url=metadata_url)
         if backend_cloud in ("aws", "gcp") and resume is None and not simulate:
             note_head_billing(plan, head_mode=False)
         from rubberband.cloud.bootstrap import lifetime_cap_s
@@ -433,7 +438,7 @@ def register(app: typer.Typer) -> None:
             backend_cloud, run_directory, regions=[s.region for s in plan.stages],
             lifetime_cap_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s,
                                           0.0) if backend_cloud in ("aws", "gcp") else None,
-            test_boot=test_boot)
+            test_boot=test_boot, metadata_url=metadata_url)
         result = execute(spec=spec, plan=plan, catalog=catalog, run_id=run_id, run_dir=run_directory,
                          backend=backend, trial_runtime=trial_runtime, deadline_s=deadline_s,
                          overrun_s=overrun_s, resume=resume is not None, on_late=on_late, simulate=simulate)
