@@ -241,7 +241,7 @@ class Controller:
         self._fell_back = False  # some spot stage's instances were bought on-demand
         self._noticed: dict[str, float] = {}  # instance -> when its preemption notice was seen
         self._replaced: set[str] = set()  # instances whose replacement was already requested (on notice)
-        self.watchers = NoticeWatchers(backend.cloud)  # preemption-notice watchers of the ready spot instances
+        self.watchers = NoticeWatchers(backend.cloud, backend.metadata_url)  # ready spot instances' notice watchers
         self._stage_seconds: list[float] = []  # the current stage's task times (not cold), for estimates
         self.trial_timeout_s = trial_timeout_s
         # GPU + nccl on GPU types, CPU + gloo otherwise (a backend may say otherwise: test boots' logical GPUs)

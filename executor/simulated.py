@@ -285,6 +285,7 @@ class SimBackend:
     cloud = SIM_CLOUD
     ray_auth_mode = "disabled"
     device_policy = None
+    metadata_url = None  # no preemption notices: the simulated spot model takes instances back
 
     def __init__(self, world: SimWorld, head_type: InstanceType, head: HeadInfo | None = None) -> None:
         self.world = world
