@@ -33,7 +33,8 @@ from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
 from rubberband.cloud.head import worker_startup_script
-from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider, loss_reason, node_resource
+from rubberband.cloud.provider import (TAG_ROLE, DescribesInstances, Instance, InstanceRequest, Provider,
+                                       ReadsConsoles, loss_reason, node_resource)
 from rubberband.cloud.registry import ProviderPool
 from rubberband.devices import DevicePolicy
 from rubberband.errors import CloudError
@@ -97,8 +98,7 @@ def ray_join_check(instance: Instance, timeout_s: float) -> None:
 def boot_report(provider: Provider, instance_id: str, *, lines: int = 4) -> str:
     """Why a node's boot failed, from its serial console: the startup script's failure line with the lines
     before it, else its last ``lines`` lines; "" where the provider cannot read consoles or nothing was there."""
-    read = getattr(provider, "console_output", None)
-    text = read(instance_id) if read is not None else ""
+    text = provider.console_output(instance_id) if isinstance(provider, ReadsConsoles) else ""
     rows = [row.strip() for row in (text or "").splitlines() if row.strip()]
     failed = [i for i, row in enumerate(rows) if BOOT_FAILED in row]
     if failed:
@@ -273,9 +273,9 @@ class CloudBackend:
         """Which of these instances the cloud no longer runs: id → ``spot-interruption`` or ``lost``."""
         lost: dict[str, str] = {}
         for provider, ids in self._group(instance_ids).items():
-            describe = getattr(provider, "describe", None)
             try:
-                seen = {i.id: i for i in (describe(ids) if describe is not None else provider.list())}
+                listed = provider.describe(ids) if isinstance(provider, DescribesInstances) else provider.list()
+                seen = {i.id: i for i in listed}
             except CloudError as exc:
                 if not exc.code.startswith("InvalidInstanceID"):
                     raise

@@ -22,7 +22,7 @@ from rich.text import Text
 from rubberband.catalog import BILLING_RULES, Catalog, InstanceType, load_catalog
 from rubberband.cloud.bootstrap import WatchdogSettings
 from rubberband.cloud.head import HEAD_TYPES
-from rubberband.cloud.provider import InstanceRequest, Provider
+from rubberband.cloud.provider import InstanceRequest, ProbesPermissions, Provider
 from rubberband.errors import CloudError, InputError, PlanFileError
 from rubberband.plan import Plan, StagePlan
 from rubberband.units import format_duration, format_usd
@@ -197,16 +197,15 @@ def dry_run(plan: Plan, provider_factory: ProviderFactory, *, catalog: Catalog |
     if check_permissions:
         for cloud, region in sorted({(s.cloud, s.region) for s in schedule}):
             provider = provider_factory(cloud, region)
-            probe = getattr(provider, "check_permissions", None)
             first = next(s for s in schedule if (s.cloud, s.region) == (cloud, region) and s.role == "worker")
             itype = catalog.find(first.instance_type, cloud=cloud, region=region)
             request = InstanceRequest(run_id="dry-run", stage=0, instance_type=itype, spot=first.spot,
                                       zone=first.zone or None)
-            if probe is None:
+            if isinstance(provider, ProbesPermissions):
+                checks.extend(provider.check_permissions(request))
+            else:
                 checks.append(PermissionCheck(cloud, region, "*", None,
                                               f"{cloud} has no dry-run mode; permissions are checked at launch"))
-            else:
-                checks.extend(probe(request))
     report = DryRunReport(job=plan.job.name, schedule=schedule, checks=checks,
                           predicted_cost_usd=plan.predicted.cost_usd.mean,
                           predicted_head_usd=plan.predicted.cost_breakdown.head_usd,

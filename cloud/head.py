@@ -35,7 +35,7 @@ from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import (POWEROFF_MARKER, BootstrapConfig, WatchdogSettings, client_versions,
                                         render_startup_script)
 from rubberband.cloud.failover import FailoverPolicy, provision_with_failover
-from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest, Provider
+from rubberband.cloud.provider import TAG_ROLE, CleansUpRuns, Instance, InstanceRequest, Provider
 from rubberband.errors import CloudError
 from rubberband.devices import node_resources
 
@@ -190,10 +190,9 @@ def self_terminate(provider: Provider, run_id: str, head_id: str, *,
             log.warning("could not terminate the workers of run %s (%s); they power off once the head is gone",
                         run_id, exc)
             workers = []
-    cleanup = getattr(provider, "cleanup_run", None)
-    if cleanup is not None and provider.cloud != "aws":  # an EC2 group cannot go while the head is in it
+    if isinstance(provider, CleansUpRuns) and provider.cloud != "aws":  # EC2: its group goes after the head
         try:
-            cleanup(run_id, 60.0)
+            provider.cleanup_run(run_id, 60.0)
         except Exception as exc:  # noqa: BLE001
             log.warning("could not delete run resources of %s: %s", run_id, exc)
     try:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rubberband.catalog import InstanceType
+
+if TYPE_CHECKING:  # the dry run's report type; cloud.dryrun imports this module
+    from rubberband.cloud.dryrun import PermissionCheck
 
 #: Tag / label keys put on every instance (GCP label keys allow only [a-z0-9_-]).
 TAG_RUN_ID = "rubberband-run-id"
@@ -128,3 +131,55 @@ class Provider(Protocol):
 
     def terminate(self, instance_ids: builtins.list[str]) -> None:
         """Terminate instances; idempotent (terminating a gone instance is not an error)."""
+
+
+@runtime_checkable
+class DescribesInstances(Protocol):
+    """Capability: instances' current state by id (else a provider's ``list`` answers)."""
+
+    def describe(self, instance_ids: builtins.list[str]) -> builtins.list[Instance]:
+        """These instances' current state, terminated ones included while the cloud still lists them."""
+
+
+@runtime_checkable
+class ReadsConsoles(Protocol):
+    """Capability: an instance's serial console, where a failed boot says why."""
+
+    def console_output(self, instance_id: str, *, lines: int = 20) -> str:
+        """The last ``lines`` of an instance's serial console (its boot log), secrets redacted; "" if none."""
+
+
+@runtime_checkable
+class ProbesPermissions(Protocol):
+    """Capability: a dry run of the calls a run makes (``rubberband run --dry-run``)."""
+
+    def check_permissions(self, request: InstanceRequest) -> builtins.list[PermissionCheck]:
+        """Probe, creating nothing, whether these credentials may make the calls a run makes."""
+
+
+@runtime_checkable
+class CleansUpRuns(Protocol):
+    """Capability: run-level resources beside the instances (security group, firewall rules, volumes, secrets)."""
+
+    def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> builtins.list[str]:
+        """Delete a run's run-level resources; what went."""
+
+
+@runtime_checkable
+class FindsLeftoverRuns(Protocol):
+    """Capability: the runs whose run-level resources outlived their instances (``rubberband down --all``)."""
+
+    def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> builtins.list[str]:
+        """Runs whose run-level resources outlived their instances (to ``cleanup_run``)."""
+
+
+@runtime_checkable
+class CloudProvider(Provider, DescribesInstances, ReadsConsoles, ProbesPermissions, CleansUpRuns, FindsLeftoverRuns,
+                    Protocol):
+    """A real cloud's provider: the four calls and every capability above (AWS and GCP implement them all).
+
+    The capabilities are declared here, one protocol each, and type-checked (``tests/contracts_typecheck.py``);
+    code that uses one asks ``isinstance(provider, <capability>)``, never probes for an attribute, and falls back
+    where the provider lacks it (the local backend: no console, no permission probe, no run-level resources; its
+    ``list`` answers for ``describe``).
+    """

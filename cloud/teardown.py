@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from rubberband.cloud.heartbeat import orphaned_runs
-from rubberband.cloud.provider import Instance, Provider
+from rubberband.cloud.provider import CleansUpRuns, FindsLeftoverRuns, Instance, Provider
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,7 @@ class TeardownResult:
 
 
 def _cleanup(provider: Provider, run_id: str, timeout_s: float) -> list[str]:
-    cleanup = getattr(provider, "cleanup_run", None)
-    return list(cleanup(run_id, timeout_s)) if cleanup is not None else []
+    return list(provider.cleanup_run(run_id, timeout_s)) if isinstance(provider, CleansUpRuns) else []
 
 
 def terminate_run(provider: Provider, run_id: str, *, timeout_s: float = 600.0,
@@ -97,10 +96,10 @@ def cleanup_leftovers(provider: Provider, *, older_than_s: float = 0.0, now: flo
                       timeout_s: float = 600.0, echo: Callable[[str], None] | None = None) -> list[str]:
     """Delete run-level resources (security groups, firewall rules, detached disks) of runs with no instance
     left, created at least ``older_than_s`` before ``now`` (a run being started keeps its young group)."""
-    leftover = getattr(provider, "leftover_runs", None)
     deleted: list[str] = []
     now = time.time() if now is None else now
-    for run_id in (leftover(older_than_s=older_than_s, now=now) if leftover is not None else []):
+    for run_id in (provider.leftover_runs(older_than_s=older_than_s, now=now)
+                   if isinstance(provider, FindsLeftoverRuns) else []):
         for resource in _cleanup(provider, run_id, timeout_s):
             deleted.append(resource)
             if echo:

@@ -1,15 +1,19 @@
 """Checked by mypy in CI (``.ci/typecheck``), never run: every backend the executor is given satisfies
-:class:`~rubberband.cloud.backend.ExecutorBackend`, and every cluster :class:`~rubberband.executor.cluster.Cluster`,
+:class:`~rubberband.cloud.backend.ExecutorBackend`, every real cloud's provider
+:class:`~rubberband.cloud.provider.CloudProvider`, and every cluster :class:`~rubberband.executor.cluster.Cluster`,
 member by member and signature by signature."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.backend import ExecutorBackend
+from rubberband.cloud.gcp import GcpProvider
 from rubberband.cloud.head_run import OnHeadCloudBackend
 from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.local_head import LocalHeadCloudBackend
+from rubberband.cloud.provider import CloudProvider
 from rubberband.executor.backends import make_backend
 from rubberband.executor.cluster import Cluster, RayCluster
 from rubberband.executor.simulated import SimBackend, SimCluster, SimWorld
@@ -19,6 +23,11 @@ def every_backend(run_dir: Path) -> list[ExecutorBackend]:
     return [LocalProvider(run_dir), LocalHeadCloudBackend(cloud="aws", run_dir=run_dir, regions=["us-east-1"]),
             OnHeadCloudBackend(cloud="aws", run_dir=run_dir, regions=["us-east-1"]),
             make_backend("local", run_dir)]
+
+
+def every_cloud_provider() -> list[CloudProvider]:
+    """The real clouds' providers declare every capability beyond the four calls (``CloudProvider``)."""
+    return [AwsProvider("us-east-1"), GcpProvider("us-central1")]
 
 
 def the_simulated_backend(world: SimWorld, backend: SimBackend) -> ExecutorBackend:

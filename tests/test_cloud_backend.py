@@ -166,3 +166,26 @@ def test_every_backend_the_executor_is_given_implements_the_whole_contract(tmp_p
         ("token", None, None, None)
     assert not local.unavailable(CATALOG.find("p3.2xlarge", region=REGION), spot=True)
     assert not isinstance(object(), ExecutorBackend)
+
+
+def test_cloud_capabilities_are_declared_by_a_protocol_and_the_local_provider_falls_back(tmp_path):
+    # what only a real cloud answers (describe, console, permission probe, run-level resources) is asked through
+    # one declared protocol per capability, never by probing for attributes (AWS and GCP implement them all:
+    # CloudProvider, checked by mypy in tests/contracts_typecheck.py); the local provider has none and falls back
+    from rubberband.cloud import provider as P
+    from rubberband.cloud.backend import boot_report
+    from rubberband.cloud.bootstrap import BOOT_FAILED
+    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.teardown import cleanup_leftovers
+
+    local = LocalProvider(tmp_path)
+    assert not any(isinstance(local, c) for c in (P.DescribesInstances, P.ReadsConsoles, P.ProbesPermissions,
+                                                  P.CleansUpRuns, P.FindsLeftoverRuns, P.CloudProvider))
+    assert boot_report(local, "n1") == "" and cleanup_leftovers(local) == []
+
+    class Console:
+        def console_output(self, instance_id, *, lines=20):
+            return f"booting\n{BOOT_FAILED} pip install\nmore\nlines\nafter\nit\n"
+
+    assert isinstance(Console(), P.ReadsConsoles)
+    assert boot_report(Console(), "n1") == f"booting | {BOOT_FAILED} pip install"  # the failure line, not the tail
