@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import yaml
@@ -118,24 +119,32 @@ def run_workload(name: str, seeds: int, base: Path) -> dict:
     return {**simulate(name, inputs, plan, seeds, base), "plan_s": plan_s}
 
 
+def run_named(parser: argparse.ArgumentParser, names: str, known: dict, prefix: str,
+              run_one: Callable[[str, Path], dict]) -> list[dict]:
+    """Run the comma-separated workloads ``names`` (each one of ``known``) in one temporary folder, in order."""
+    picked = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in picked if n not in known]
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; pick from {', '.join(known)}")
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    rows = []
+    try:
+        for name in picked:
+            rows.append(run_one(name, base))
+            print(f"... {name} done", file=sys.stderr)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--scale-seeds", type=int, default=3, help="runs of the 729-trial workloads (timing)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-    unknown = [n for n in names if n not in WORKLOADS]
-    if unknown:
-        parser.error(f"unknown workload(s) {unknown}; pick from {', '.join(WORKLOADS)}")
-    base = Path(tempfile.mkdtemp(prefix="bench-sim-"))
-    rows = []
-    try:
-        for name in names:
-            rows.append(run_workload(name, args.scale_seeds if name in SCALE else args.seeds, base))
-            print(f"... {name} done", file=sys.stderr)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    rows = run_named(parser, args.workloads, WORKLOADS, "bench-sim-", lambda name, base: run_workload(
+        name, args.scale_seeds if name in SCALE else args.seeds, base))
     print("| workload | trials | runs | JCT p50 run / predicted | p10 | p90 | P(meet) run − predicted | "
           "cost run / predicted | wall s/run (median, max) | outcomes |")
     print("|---|---|---|---|---|---|---|---|---|---|")

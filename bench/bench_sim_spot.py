@@ -33,6 +33,10 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_sim_executor import run_named  # noqa: E402  (workload selection and the scratch folder, shared)
+
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 START = 1_800_000_000.0  # virtual start of every run: far from today's wall clock
 
@@ -122,18 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--spot-model", default=None, help="spot model file (default: the shipped one)")
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-    unknown = [n for n in names if n not in WORKLOADS]
-    if unknown:
-        parser.error(f"unknown workload(s) {unknown}; pick from {', '.join(WORKLOADS)}")
-    base = Path(tempfile.mkdtemp(prefix="bench-sim-spot-"))
-    rows = []
-    try:
-        for name in names:
-            rows.append(run_workload(name, args.seeds, base, args.spot_model))
-            print(f"... {name} done", file=sys.stderr)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    rows = run_named(parser, args.workloads, WORKLOADS, "bench-sim-spot-",
+                     lambda name, base: run_workload(name, args.seeds, base, args.spot_model))
     print("| workload | stages | runs | JCT p50 run / predicted | P(meet) run − predicted | cost run / predicted | "
           "outcomes | wall s/run |")
     print("|---|---|---|---|---|---|---|---|")
