@@ -80,8 +80,9 @@ def run_tuner(tune, trainable, qualities, *, max_t, cpus_per_trial, storage, sch
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": cpus_per_trial}),
         param_space={"q": tune.grid_search(list(qualities)), "max_t": max_t},
-        tune_config=tune.TuneConfig(scheduler=scheduler, metric="score" if scheduler else None,
-                                    mode="max" if scheduler else None),
+        tune_config=tune.TuneConfig(
+            scheduler=scheduler, metric="score" if scheduler else None, mode="max" if scheduler else None
+        ),
         run_config=tune.RunConfig(storage_path=storage, callbacks=[Marks()], verbose=0),
     )
     started = time.perf_counter()
@@ -123,22 +124,62 @@ def main() -> None:
             time.sleep(epoch_s)
             tune.report({"score": float(config["q"])})
 
-    def simulate(trials: int, max_epochs: int, s: float, o: float, c: float | None, qualities=None,
-                 sigma: float = 0.0, samples: int = 1):
+    def simulate(
+        trials: int,
+        max_epochs: int,
+        s: float,
+        o: float,
+        c: float | None,
+        qualities=None,
+        sigma: float = 0.0,
+        samples: int = 1,
+    ):
         """(median JCT, promotions per rung of the median sample, all JCTs)."""
-        device = DeviceModel(alpha_grad=epoch_s, beta_grad=0.0, alpha_sync_node=0.0, beta_sync_node=0.0,
-                             alpha_sync_cross=0.0, beta_sync_cross=0.0, gamma=1.0)
-        model = PerformanceModel(dataset_size=1, batch_size_per_worker=1, restart_overhead_s=0.0,
-                                 checkpoint_size_gb=0.0, eval_time_s=0.0, reference_device="cpu",
-                                 devices={"cpu": device}, straggler_sigma=0.0,
-                                 startup_by_cloud={"local": StartupModel((0.0,), "up")},
-                                 termination_by_cloud={"local": StartupModel((0.0,), "up")},
-                                 epoch_overhead_s=o, task_start_s=s)
-        itype = InstanceType(cloud="local", name="ray", region="local", zones=("local",), device="cpu",
-                             accelerator_count=0, vcpus=float(slots), memory_gib=8.0, price_hr=0.0,
-                             spot_price_hr=None)
-        sim = AshaSimulator(model, trials=trials, eta=3, min_epochs=1, max_epochs=max_epochs, samples=samples,
-                            start_concurrency=c, start_sigma=sigma)
+        device = DeviceModel(
+            alpha_grad=epoch_s,
+            beta_grad=0.0,
+            alpha_sync_node=0.0,
+            beta_sync_node=0.0,
+            alpha_sync_cross=0.0,
+            beta_sync_cross=0.0,
+            gamma=1.0,
+        )
+        model = PerformanceModel(
+            dataset_size=1,
+            batch_size_per_worker=1,
+            restart_overhead_s=0.0,
+            checkpoint_size_gb=0.0,
+            eval_time_s=0.0,
+            reference_device="cpu",
+            devices={"cpu": device},
+            straggler_sigma=0.0,
+            startup_by_cloud={"local": StartupModel((0.0,), "up")},
+            termination_by_cloud={"local": StartupModel((0.0,), "up")},
+            epoch_overhead_s=o,
+            task_start_s=s,
+        )
+        itype = InstanceType(
+            cloud="local",
+            name="ray",
+            region="local",
+            zones=("local",),
+            device="cpu",
+            accelerator_count=0,
+            vcpus=float(slots),
+            memory_gib=8.0,
+            price_hr=0.0,
+            spot_price_hr=None,
+        )
+        sim = AshaSimulator(
+            model,
+            trials=trials,
+            eta=3,
+            min_epochs=1,
+            max_epochs=max_epochs,
+            samples=samples,
+            start_concurrency=c,
+            start_sigma=sigma,
+        )
         if qualities is not None:
             sim.set_qualities(qualities)
         res = sim.simulate(AshaCluster(itype, 1, 1))
@@ -156,19 +197,28 @@ def main() -> None:
 
         def calibrate_starts() -> tuple[list[float], float, list]:
             """Serial start gaps (one slot, five 1-epoch trials) and the small ASHA run (JCT, spans)."""
-            _, serial, _, _ = run_tuner(tune, trainable, [float(i) for i in range(5)], max_t=1,
-                                        cpus_per_trial=slots, storage=storage)
+            _, serial, _, _ = run_tuner(
+                tune, trainable, [float(i) for i in range(5)], max_t=1, cpus_per_trial=slots, storage=storage
+            )
             small, small_spans, _, _ = run_tuner(
-                tune, trainable, small_q, max_t=SMALL_MAX_T, cpus_per_trial=1, storage=storage,
-                scheduler=ASHAScheduler(time_attr="training_iteration", grace_period=1, reduction_factor=3,
-                                        max_t=SMALL_MAX_T))
+                tune,
+                trainable,
+                small_q,
+                max_t=SMALL_MAX_T,
+                cpus_per_trial=1,
+                storage=storage,
+                scheduler=ASHAScheduler(
+                    time_attr="training_iteration", grace_period=1, reduction_factor=3, max_t=SMALL_MAX_T
+                ),
+            )
             return start_gaps(serial, 1), small, small_spans
 
         before = calibrate_starts()
         load_calibrated = os.getloadavg()[0]
         scheduler = ASHAScheduler(time_attr="training_iteration", grace_period=1, reduction_factor=3, max_t=9)
-        measured, spans, _, results = run_tuner(tune, trainable, qualities, max_t=9, cpus_per_trial=1,
-                                             storage=storage, scheduler=scheduler)
+        measured, spans, _, results = run_tuner(
+            tune, trainable, qualities, max_t=9, cpus_per_trial=1, storage=storage, scheduler=scheduler
+        )
         load_measured = os.getloadavg()[0]
         after = calibrate_starts()
     finally:
@@ -181,6 +231,7 @@ def main() -> None:
 
     def fit_c(s: float, target: float) -> float:
         """The start concurrency in [1, slots] whose simulated small run takes ``target`` (JCT falls as c grows)."""
+
         def small_jct(c: float) -> float:
             return simulate(SMALL_TRIALS, SMALL_MAX_T, s, o, c, small_q, sigma, SIGMA_SAMPLES)[0]
 
@@ -199,16 +250,22 @@ def main() -> None:
     # uneven trial starts (the serial gaps' spread) reorder the reports, on which ASHA's promotions depend
     sigma = statistics.pstdev([math.log(g) for g in before[0] + after[0] if g > 0])
     c = fit_c(s, (before[1] + after[1]) / 2 - fixed)
-    print(f"load average {load_before:.1f} before, {load_calibrated:.1f} after calibrating, {load_measured:.1f} after "
-          f"ASHA, {load_after:.1f} after calibrating again, on {os.cpu_count()} CPUs")
+    print(
+        f"load average {load_before:.1f} before, {load_calibrated:.1f} after calibrating, {load_measured:.1f} after "
+        f"ASHA, {load_after:.1f} after calibrating again, on {os.cpu_count()} CPUs"
+    )
     for name, (gaps_, small, small_spans) in (("before", before), ("after", after)):
-        print(f"calibration {name} the ASHA run: 5x1 serial starts {statistics.mean(gaps_):.2f} s apart, ASHA "
-              f"{SMALL_TRIALS} trials max_t {SMALL_MAX_T} on {slots} slots {small:.2f} s (start gaps mean "
-              f"{statistics.mean(start_gaps(small_spans, slots)):.2f} s) -> alone: start concurrency c "
-              f"{fit_c(statistics.mean(gaps_), small - fixed):.2f}")
-    print(f"calibration: 1x9 epochs {nine[-1] - nine[0]:.2f} s from the first report to the last, 1x1 {b:.2f} s "
-          f"-> set-up F {fixed:.2f} s, trial start s {s:.2f} s, per-epoch overhead o {o:.3f} s, "
-          f"start concurrency c {c:.2f}, start spread σ {sigma:.2f} (log-sd of the serial gaps)")
+        print(
+            f"calibration {name} the ASHA run: 5x1 serial starts {statistics.mean(gaps_):.2f} s apart, ASHA "
+            f"{SMALL_TRIALS} trials max_t {SMALL_MAX_T} on {slots} slots {small:.2f} s (start gaps mean "
+            f"{statistics.mean(start_gaps(small_spans, slots)):.2f} s) -> alone: start concurrency c "
+            f"{fit_c(statistics.mean(gaps_), small - fixed):.2f}"
+        )
+    print(
+        f"calibration: 1x9 epochs {nine[-1] - nine[0]:.2f} s from the first report to the last, 1x1 {b:.2f} s "
+        f"-> set-up F {fixed:.2f} s, trial start s {s:.2f} s, per-epoch overhead o {o:.3f} s, "
+        f"start concurrency c {c:.2f}, start spread σ {sigma:.2f} (log-sd of the serial gaps)"
+    )
 
     reached = [sum(1 for r in results if r.metrics.get("training_iteration", 0) >= m) for m in (1, 3, 9)]
     jct, promoted, jcts = simulate(args.trials, 9, s, o, c, qualities, sigma, SIGMA_SAMPLES)
@@ -216,27 +273,39 @@ def main() -> None:
     jct_free, promoted_free, _ = simulate(args.trials, 9, s, o, None, qualities)
     predicted, predicted_free = fixed + jct, fixed + jct_free
     gaps = start_gaps(spans, slots)
-    print(f"ASHA {args.trials} trials, eta 3, rungs 1/3/9 epochs of {epoch_s:g} s, {slots} slots: measured "
-          f"{measured:.2f} s, predicted median {predicted:.2f} s (set-up {fixed:.2f} + simulated {jct:.2f}; "
-          f"10-90% {fixed + np.quantile(jcts, 0.1):.2f}-{fixed + np.quantile(jcts, 0.9):.2f} s over "
-          f"{SIGMA_SAMPLES} draws of the start spread); error {100 * (predicted - measured) / measured:+.1f}% "
-          f"(target within 10%)")
-    print(f"trials reaching rungs 1/3/9: measured {reached}, predicted {promoted}; measured start gaps mean "
-          f"{statistics.mean(gaps):.2f} s (min {min(gaps):.2f}, max {max(gaps):.2f})")
+    print(
+        f"ASHA {args.trials} trials, eta 3, rungs 1/3/9 epochs of {epoch_s:g} s, {slots} slots: measured "
+        f"{measured:.2f} s, predicted median {predicted:.2f} s (set-up {fixed:.2f} + simulated {jct:.2f}; "
+        f"10-90% {fixed + np.quantile(jcts, 0.1):.2f}-{fixed + np.quantile(jcts, 0.9):.2f} s over "
+        f"{SIGMA_SAMPLES} draws of the start spread); error {100 * (predicted - measured) / measured:+.1f}% "
+        f"(target within 10%)"
+    )
+    print(
+        f"trials reaching rungs 1/3/9: measured {reached}, predicted {promoted}; measured start gaps mean "
+        f"{statistics.mean(gaps):.2f} s (min {min(gaps):.2f}, max {max(gaps):.2f})"
+    )
     order = [int(np.flatnonzero(qualities == q)[0]) for _, _, q in spans]
-    ahead = sum(1 for i, k in enumerate(order) if any(j < k for j in order[i + 1:]))
-    print(f"start order: {ahead} of {len(order)} trials started ahead of one queued before them (ASHA's "
-          f"promotions depend on the order of reports); the simulator with every start alike (queue order): "
-          f"{fixed + in_order:.2f} s, error {100 * (fixed + in_order - measured) / measured:+.1f}%, rungs "
-          f"{promoted_in_order}")
+    ahead = sum(1 for i, k in enumerate(order) if any(j < k for j in order[i + 1 :]))
+    print(
+        f"start order: {ahead} of {len(order)} trials started ahead of one queued before them (ASHA's "
+        f"promotions depend on the order of reports); the simulator with every start alike (queue order): "
+        f"{fixed + in_order:.2f} s, error {100 * (fixed + in_order - measured) / measured:+.1f}%, rungs "
+        f"{promoted_in_order}"
+    )
     for name, (gaps_, small, _) in (("before", before), ("after", after)):
         s_alone = statistics.mean(gaps_)
-        alone = fixed + simulate(args.trials, 9, s_alone, o, fit_c(s_alone, small - fixed), qualities, sigma,
-                                 SIGMA_SAMPLES)[0]
-        print(f"calibrated {name} the run only: predicted {alone:.2f} s, error "
-              f"{100 * (alone - measured) / measured:+.1f}%")
-    print(f"without start contention (start_concurrency None, the planning default): predicted "
-          f"{predicted_free:.2f} s, error {100 * (predicted_free - measured) / measured:+.1f}%, rungs {promoted_free}")
+        alone = (
+            fixed
+            + simulate(args.trials, 9, s_alone, o, fit_c(s_alone, small - fixed), qualities, sigma, SIGMA_SAMPLES)[0]
+        )
+        print(
+            f"calibrated {name} the run only: predicted {alone:.2f} s, error "
+            f"{100 * (alone - measured) / measured:+.1f}%"
+        )
+    print(
+        f"without start contention (start_concurrency None, the planning default): predicted "
+        f"{predicted_free:.2f} s, error {100 * (predicted_free - measured) / measured:+.1f}%, rungs {promoted_free}"
+    )
 
 
 if __name__ == "__main__":

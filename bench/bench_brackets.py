@@ -57,29 +57,58 @@ def main() -> None:
     deadline_s = parse_duration(args.deadline)
     print(f"runs under {base}; Hyperband R={args.max_epochs}, η=3, deadline {deadline_s:.0f}s")
     rows = []
-    for mode in ([args.only] if args.only else ["parallel", "sequential"]):
-        plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s, samples=1000, seed=0,
-                        brackets=mode, asha=False)
+    for mode in [args.only] if args.only else ["parallel", "sequential"]:
+        plan = plan_job(
+            inputs.spec,
+            inputs.profile,
+            inputs.catalog,
+            deadline_s=deadline_s,
+            samples=1000,
+            seed=0,
+            brackets=mode,
+            asha=False,
+        )
         run_dir = base / f"run-{mode}"
-        controller = controller_for(plan)(spec=inputs.spec, plan=plan, catalog=load_catalog(["local"]),
-                                          run_dir=run_dir, backend=LocalProvider(run_dir),
-                                          runtime=TrialRuntime.load(), run_id=run_dir.name,
-                                          deadline_s=3 * plan.deadline_s)
+        controller = controller_for(plan)(
+            spec=inputs.spec,
+            plan=plan,
+            catalog=load_catalog(["local"]),
+            run_dir=run_dir,
+            backend=LocalProvider(run_dir),
+            runtime=TrialRuntime.load(),
+            run_id=run_dir.name,
+            deadline_s=3 * plan.deadline_s,
+        )
         controller.run()
         actual = controller.result["actual"]
         events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
         done = sum(1 for e in events if e["type"] == J.DECISION and e.get("kind") == "handoff")
-        row = (mode, plan.brackets, plan.predicted.jct_s.p50, actual["jct_s"], plan.predicted.cost_usd.mean,
-               actual["cost_usd"], len(plan.handoffs), done)
+        row = (
+            mode,
+            plan.brackets,
+            plan.predicted.jct_s.p50,
+            actual["jct_s"],
+            plan.predicted.cost_usd.mean,
+            actual["cost_usd"],
+            len(plan.handoffs),
+            done,
+        )
         rows.append(row)
-        print(f"{mode}: plan says {plan.brackets}; JCT {actual['jct_s']:.1f}s (pred {row[2]:.1f}s), cost "
-              f"${actual['cost_usd']:.5f} (pred ${row[4]:.5f}), hand-overs {done} (planned {row[6]})", flush=True)
+        print(
+            f"{mode}: plan says {plan.brackets}; JCT {actual['jct_s']:.1f}s (pred {row[2]:.1f}s), cost "
+            f"${actual['cost_usd']:.5f} (pred ${row[4]:.5f}), hand-overs {done} (planned {row[6]})",
+            flush=True,
+        )
     print()
-    print(f"{'mode':<11}{'plan':<11}{'JCT pred':>9}{'JCT act':>9}{'err':>7}{'$ pred':>10}{'$ act':>10}{'err':>7}"
-          f"{'handoffs plan/done':>20}")
+    print(
+        f"{'mode':<11}{'plan':<11}{'JCT pred':>9}{'JCT act':>9}{'err':>7}{'$ pred':>10}{'$ act':>10}{'err':>7}"
+        f"{'handoffs plan/done':>20}"
+    )
     for mode, brackets, jp, ja, cp, ca, hp, hd in rows:
-        print(f"{mode:<11}{brackets:<11}{jp:>8.1f}s{ja:>8.1f}s{abs(ja - jp) / ja:>7.1%}{cp:>10.5f}{ca:>10.5f}"
-              f"{abs(ca - cp) / ca:>7.1%}{f'{hp}/{hd}':>20}")
+        print(
+            f"{mode:<11}{brackets:<11}{jp:>8.1f}s{ja:>8.1f}s{abs(ja - jp) / ja:>7.1%}{cp:>10.5f}{ca:>10.5f}"
+            f"{abs(ca - cp) / ca:>7.1%}{f'{hp}/{hd}':>20}"
+        )
 
 
 if __name__ == "__main__":

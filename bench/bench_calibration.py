@@ -60,19 +60,29 @@ WORKLOADS = {
 }
 
 
-def spec_for(name: str, overrides: dict, workdir: Path, *, profile_name: str = "profile.json",
-             spec_name: str = "spec.yaml") -> Path:
+def spec_for(
+    name: str, overrides: dict, workdir: Path, *, profile_name: str = "profile.json", spec_name: str = "spec.yaml"
+) -> Path:
     """A SHA job on the synthetic workload with ``overrides``, planned from ``profile_name``; returns the
     spec path."""
     spec = {
-        "name": f"calib-{name}", "train": "synthetic:train", "metric": {"name": "score", "mode": "max"},
+        "name": f"calib-{name}",
+        "train": "synthetic:train",
+        "metric": {"name": "score", "mode": "max"},
         "search_space": {"lr": {"type": "loguniform", "low": 0.0001, "high": 1.0}},
-        "config": {"best_lr": 0.01, "iteration_s": 0.02, "sync_s": 0.002, "dataset_size": 640, "batch_size": 32,
-                   "decay": 0.05, **overrides},
+        "config": {
+            "best_lr": 0.01,
+            "iteration_s": 0.02,
+            "sync_s": 0.002,
+            "dataset_size": 640,
+            "batch_size": 32,
+            "decay": 0.05,
+            **overrides,
+        },
         "scheduler": {"kind": "sha", "trials": 27, "eta": 3, "min_epochs": 1, "max_epochs": 9},
-        "deadline": "10m", "confidence": 0.9,
-        "resources": {"clouds": ["local"], "instance_types": ["local.cpu1", "local.cpu2"],
-                      "max_workers_per_trial": 2},
+        "deadline": "10m",
+        "confidence": 0.9,
+        "resources": {"clouds": ["local"], "instance_types": ["local.cpu1", "local.cpu2"], "max_workers_per_trial": 2},
         "profile": profile_name,
     }
     (workdir / "synthetic.py").write_text((REPO / "examples" / "synthetic.py").read_text())
@@ -85,9 +95,25 @@ def profile(spec_path: Path, budget_s: float, *, out: str = "profile.json", star
     """Run the real profiler; returns its wall seconds. The calibration cells need no measured start-up (the
     truth they replay under has the profile's own); the real runs do, as a user's plan would."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "rubberband", "profile", str(spec_path), "--workers", "1,2",
-                           "--budget", f"{budget_s:.0f}s", "--startup-samples", str(startup_samples), "--out",
-                           str(spec_path.parent / out)], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "profile",
+            str(spec_path),
+            "--workers",
+            "1,2",
+            "--budget",
+            f"{budget_s:.0f}s",
+            "--startup-samples",
+            str(startup_samples),
+            "--out",
+            str(spec_path.parent / out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"profiling {spec_path} failed: {done.stderr.strip()[-500:]}")
     return time.monotonic() - started
@@ -102,8 +128,12 @@ def truth_model(fitted, prof, overrides: dict):
     # the w=1 shape's iterations were timed over two passes with known epoch factors
     trial = "profile-w1-n1"
     e_ref = math.exp(np.mean([math.log(synthetic.epoch_factor(config, trial, e)) for e in (0, 1)]))
-    truth = Variation(epoch_sigma=overrides["epoch_sigma"], config_sigma=overrides["config_speed_sigma"],
-                      config_log_mean=-math.log(s_ref * e_ref), source="truth")
+    truth = Variation(
+        epoch_sigma=overrides["epoch_sigma"],
+        config_sigma=overrides["config_speed_sigma"],
+        config_log_mean=-math.log(s_ref * e_ref),
+        source="truth",
+    )
     return dataclasses.replace(fitted, variation=truth, straggler_sigma=overrides["straggler_sigma"]), s_ref, e_ref
 
 
@@ -135,12 +165,16 @@ def calibrate(name: str, overrides: dict, workdir: Path, args) -> list[dict]:
     fitted = fit_performance_model(inputs.profile)
     truth, s_ref, e_ref = truth_model(fitted, inputs.profile, overrides)
     v = fitted.variation
-    print(f"\n== {name}: true σ per-iteration {overrides['straggler_sigma']}, per-epoch {overrides['epoch_sigma']}, "
-          f"config {overrides['config_speed_sigma']}"
-          + (f"; profiled in {wall:.0f} s (budget {args.budget:.0f} s)" if wall else f"; profile {workdir}"))
-    print(f"fitted: straggler σ {fitted.straggler_sigma:.3f}; per-epoch σ {v.epoch_sigma_fit:.3f} (planned "
-          f"{v.epoch_sigma:.3f}); config σ {v.config_sigma_fit:.3f} (planned {v.config_sigma:.3f}), log-mean "
-          f"{v.config_log_mean:+.3f} (truth {-math.log(s_ref * e_ref):+.3f}); {v.configs} configs, {v.epochs} epochs")
+    print(
+        f"\n== {name}: true σ per-iteration {overrides['straggler_sigma']}, per-epoch {overrides['epoch_sigma']}, "
+        f"config {overrides['config_speed_sigma']}"
+        + (f"; profiled in {wall:.0f} s (budget {args.budget:.0f} s)" if wall else f"; profile {workdir}")
+    )
+    print(
+        f"fitted: straggler σ {fitted.straggler_sigma:.3f}; per-epoch σ {v.epoch_sigma_fit:.3f} (planned "
+        f"{v.epoch_sigma:.3f}); config σ {v.config_sigma_fit:.3f} (planned {v.config_sigma:.3f}), log-mean "
+        f"{v.config_log_mean:+.3f} (truth {-math.log(s_ref * e_ref):+.3f}); {v.configs} configs, {v.epochs} epochs"
+    )
     print(f"{'p':>5} {'deadline':>9} {'x':>5} {'P(meet) planned':>16} {'realized':>9} {'ok':>3}  plan")
     rows = []
     for p in PS:
@@ -152,11 +186,22 @@ def calibrate(name: str, overrides: dict, workdir: Path, args) -> list[dict]:
             replay = Simulator(stages, truth, samples=args.replays, seed=args.seed, heads=heads_of(plan))
             hit = replay.simulate(configs).p_meet(deadline)
             ok = hit >= p - TOLERANCE
-            rows.append({"workload": name, "p": p, "deadline_s": deadline, "factor": factor,
-                         "planned": plan.predicted.p_meet_deadline, "realized": hit, "ok": ok})
+            rows.append(
+                {
+                    "workload": name,
+                    "p": p,
+                    "deadline_s": deadline,
+                    "factor": factor,
+                    "planned": plan.predicted.p_meet_deadline,
+                    "realized": hit,
+                    "ok": ok,
+                }
+            )
             where = " | ".join(f"{s.instances}×{s.instance_type} w{s.workers_per_trial}" for s in plan.stages)
-            print(f"{p:5.2f} {deadline:8.1f}s {factor:5.2f} {plan.predicted.p_meet_deadline:16.3f} {hit:9.3f} "
-                  f"{'ok' if ok else 'NO':>3}  {where}")
+            print(
+                f"{p:5.2f} {deadline:8.1f}s {factor:5.2f} {plan.predicted.p_meet_deadline:16.3f} {hit:9.3f} "
+                f"{'ok' if ok else 'NO':>3}  {where}"
+            )
     return rows
 
 
@@ -177,10 +222,12 @@ def real_runs(name: str, overrides: dict, workdir: Path, n: int, args) -> None:
         wall = profile(base, args.budget, out="profile-real.json", startup_samples=3)
         print(f"\nprofiled for the real runs in {wall:.0f} s (budget {args.budget:.0f} s, 3 start-up samples)")
     startup = load_job_inputs(base).profile.startup
-    print(f"\n== real runs of {name}, each with its own configurations (spec seed = run number), at 1.05× the "
-          f"shortest feasible deadline at p = 0.9; start-up in the profile: "
-          + "; ".join(f"{s.cloud} {s.source} {np.median(s.samples_s):.1f} s" for s in startup)
-          + f"; load average at start {os.getloadavg()[0]:.1f}")
+    print(
+        f"\n== real runs of {name}, each with its own configurations (spec seed = run number), at 1.05× the "
+        f"shortest feasible deadline at p = 0.9; start-up in the profile: "
+        + "; ".join(f"{s.cloud} {s.source} {np.median(s.samples_s):.1f} s" for s in startup)
+        + f"; load average at start {os.getloadavg()[0]:.1f}"
+    )
     rows = []
     runs = Path(tempfile.mkdtemp(prefix="real-", dir=workdir))  # fresh run directories every time
     for k in range(n):
@@ -195,33 +242,60 @@ def real_runs(name: str, overrides: dict, workdir: Path, n: int, args) -> None:
         write_plan(plan, plan_path)
         run_dir = runs / f"run-{k}"
         began = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan", str(plan_path),
-                               "--run-dir", str(run_dir), "--yes", "--overrun", "none"],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rubberband",
+                "run",
+                str(spec_path),
+                "--plan",
+                str(plan_path),
+                "--run-dir",
+                str(run_dir),
+                "--yes",
+                "--overrun",
+                "none",
+            ],
+            capture_output=True,
+            text=True,
+        )
         wall = time.monotonic() - began
         result_file = run_dir / "result.json"
         if done.returncode == 2 or not result_file.exists():
             print(f"run {k}: exit {done.returncode}, no result.json: {done.stderr.strip()[-300:]}")
             continue
         result = json.loads(result_file.read_text())
-        row = {"deadline": deadline, "p_meet": plan.predicted.p_meet_deadline, "pred_jct": plan.predicted.jct_s.p50,
-               "pred_cost": plan.predicted.cost_usd.mean, "jct": float(result["actual"]["jct_s"]),
-               "cost": float(result["actual"]["cost_usd"]), "met": bool(result.get("met_deadline")), "wall": wall}
+        row = {
+            "deadline": deadline,
+            "p_meet": plan.predicted.p_meet_deadline,
+            "pred_jct": plan.predicted.jct_s.p50,
+            "pred_cost": plan.predicted.cost_usd.mean,
+            "jct": float(result["actual"]["jct_s"]),
+            "cost": float(result["actual"]["cost_usd"]),
+            "met": bool(result.get("met_deadline")),
+            "wall": wall,
+        }
         rows.append(row)
-        print(f"run {k}: deadline {deadline:.1f} s, predicted JCT p50 {row['pred_jct']:.1f} s, cost "
-              f"${row['pred_cost']:.6f}, P(meet) {row['p_meet']:.3f} | exit {done.returncode}, JCT {row['jct']:.1f} s "
-              f"(command {wall:.1f} s), cost ${row['cost']:.6f}, {'met' if row['met'] else 'LATE'}; "
-              f"load average {os.getloadavg()[0]:.1f}")
+        print(
+            f"run {k}: deadline {deadline:.1f} s, predicted JCT p50 {row['pred_jct']:.1f} s, cost "
+            f"${row['pred_cost']:.6f}, P(meet) {row['p_meet']:.3f} | exit {done.returncode}, JCT {row['jct']:.1f} s "
+            f"(command {wall:.1f} s), cost ${row['cost']:.6f}, {'met' if row['met'] else 'LATE'}; "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
     if rows:
+
         def col(key: str) -> np.ndarray:
             return np.asarray([r[key] for r in rows], dtype=float)
 
         dj = np.abs(col("jct") - col("pred_jct")) / col("pred_jct")
         dc = np.abs(col("cost") - col("pred_cost")) / col("pred_cost")
-        print(f"realized hit rate {np.mean(col('met')):.2f} over {len(rows)} runs (planned P(meet) mean "
-              f"{np.mean(col('p_meet')):.3f}); median |pred − actual| / pred: JCT {np.median(dj):.1%}, cost "
-              f"{np.median(dc):.1%}; actual / predicted, median: JCT {np.median(col('jct') / col('pred_jct')):.3f}, "
-              f"cost {np.median(col('cost') / col('pred_cost')):.3f}; command wall median {np.median(col('wall')):.1f} s")
+        print(
+            f"realized hit rate {np.mean(col('met')):.2f} over {len(rows)} runs (planned P(meet) mean "
+            f"{np.mean(col('p_meet')):.3f}); median |pred − actual| / pred: JCT {np.median(dj):.1%}, cost "
+            f"{np.median(dc):.1%}; actual / predicted, median: JCT {np.median(col('jct') / col('pred_jct')):.3f}, "
+            f"cost {np.median(col('cost') / col('pred_cost')):.3f}; command wall median {np.median(col('wall')):.1f} s"
+        )
 
 
 def main() -> None:
@@ -232,8 +306,11 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--profiles", default=None, help="keep/reuse profiles in this folder (one per workload)")
     parser.add_argument("--real", type=int, default=0, help="real local runs of the first workload")
-    parser.add_argument("--without-variation", action="store_true",
-                        help="ablation: plan without the per-epoch / per-configuration fit (as from a v1 profile)")
+    parser.add_argument(
+        "--without-variation",
+        action="store_true",
+        help="ablation: plan without the per-epoch / per-configuration fit (as from a v1 profile)",
+    )
     args = parser.parse_args()
     if args.replays < 500:
         raise SystemExit("--replays must be at least 500")
@@ -245,8 +322,10 @@ def main() -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         rows += calibrate(name, WORKLOADS[name], workdir, args)
     failed = [r for r in rows if not r["ok"]]
-    print(f"\ncells {len(rows)}: {len(rows) - len(failed)} with realized hit rate ≥ p − {TOLERANCE}"
-          + "".join(f"\n  FAILED {r['workload']} p={r['p']} {r['factor']}×: {r['realized']:.3f}" for r in failed))
+    print(
+        f"\ncells {len(rows)}: {len(rows) - len(failed)} with realized hit rate ≥ p − {TOLERANCE}"
+        + "".join(f"\n  FAILED {r['workload']} p={r['p']} {r['factor']}×: {r['realized']:.3f}" for r in failed)
+    )
     if args.real:
         real_runs(names[0], WORKLOADS[names[0]], root / names[0], args.real, args)
 

@@ -32,8 +32,9 @@ def main() -> int:
     parser.add_argument("--per-phase", type=int, default=2, help="kill points per (role, phase), spread over its calls")
     parser.add_argument("--error-seeds", type=int, default=3, help="runs with random API errors, per cloud")
     parser.add_argument("--error-rate", type=float, default=0.05)
-    parser.add_argument("--mixed", type=int, default=2, help="runs with a kill at a random call and random API "
-                        "errors, per cloud")
+    parser.add_argument(
+        "--mixed", type=int, default=2, help="runs with a kill at a random call and random API errors, per cloud"
+    )
     parser.add_argument("--clouds", nargs="+", default=["aws", "gcp"], choices=["aws", "gcp"])
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -44,10 +45,16 @@ def main() -> int:
     server.start()
     host, port = server.get_host_and_port()
     tmp = Path(tempfile.mkdtemp(prefix="rb-drills-"))
-    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="AKIADRILLDRILLDRILL0",
-                      AWS_SECRET_ACCESS_KEY="drill", AWS_DEFAULT_REGION="us-east-1", RUBBERBAND_AWS_AMI="ami-12c6146b",
-                      AWS_CONFIG_FILE=str(tmp / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp / "none"),
-                      AWS_EC2_METADATA_DISABLED="true")
+    os.environ.update(
+        AWS_ENDPOINT_URL=f"http://{host}:{port}",
+        AWS_ACCESS_KEY_ID="AKIADRILLDRILLDRILL0",
+        AWS_SECRET_ACCESS_KEY="drill",
+        AWS_DEFAULT_REGION="us-east-1",
+        RUBBERBAND_AWS_AMI="ami-12c6146b",
+        AWS_CONFIG_FILE=str(tmp / "none"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     from gce_fake import GceFake
 
     fake = GceFake().start()
@@ -58,8 +65,9 @@ def main() -> int:
     started = time.perf_counter()
     try:
         for cloud in args.clouds:
-            world = drills.make_world(cloud, tmp, moto_url=f"http://{host}:{port}",
-                                      fake=fake if cloud == "gcp" else None)
+            world = drills.make_world(
+                cloud, tmp, moto_url=f"http://{host}:{port}", fake=fake if cloud == "gcp" else None
+            )
             calls = drills.census(world)
             for kill in drills.kill_points(calls, args.per_phase):
                 outcome = drills.run_drill(world, kill=kill)
@@ -95,14 +103,19 @@ def main() -> int:
         failed = sum(1 for o in outcomes for status in o.roles.values() if status.startswith("failed"))
         if failed:
             notes.append(f"{failed} roles failed")
-        table.append([fault, cloud, str(len(outcomes))] + [f"{before[c]}→{after[c]}" for c in drills.CATEGORIES]
-                     + ["yes" if all(o.survivors_ok for o in outcomes) else "NO", ", ".join(notes)])
+        table.append(
+            [fault, cloud, str(len(outcomes))]
+            + [f"{before[c]}→{after[c]}" for c in drills.CATEGORIES]
+            + ["yes" if all(o.survivors_ok for o in outcomes) else "NO", ", ".join(notes)]
+        )
     widths = [max(len(r[i]) for r in [head] + table) for i in range(len(head))]
     print("Left by the run itself → left after `down --all-orphans --older-than 1h` (summed over the drills)")
     for row in [head, ["-" * w for w in widths]] + table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-    print(f"\n{sum(len(o) for o in rows.values())} drills in {elapsed:.0f} s; resources left after down: {leaks}; "
-          f"look-alikes and live runs spared: {all(o.survivors_ok for v in rows.values() for o in v)}")
+    print(
+        f"\n{sum(len(o) for o in rows.values())} drills in {elapsed:.0f} s; resources left after down: {leaks}; "
+        f"look-alikes and live runs spared: {all(o.survivors_ok for v in rows.values() for o in v)}"
+    )
     return 0 if leaks == 0 and all(o.survivors_ok for v in rows.values() for o in v) else 1
 
 

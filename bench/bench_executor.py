@@ -47,9 +47,17 @@ SHA = REPO / "examples" / "sha_local.yaml"
 
 def run_once(spec, plan, run_dir: Path, *, elastic: bool = True) -> dict:
     # The deadline guard is relaxed so a run that is slower than predicted finishes and is measured.
-    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir,
-                            backend=LocalProvider(run_dir), runtime=TrialRuntime.load(), run_id=run_dir.name,
-                            elastic=elastic, deadline_s=3 * plan.deadline_s)
+    controller = Controller(
+        spec=spec,
+        plan=plan,
+        catalog=load_catalog(["local"]),
+        run_dir=run_dir,
+        backend=LocalProvider(run_dir),
+        runtime=TrialRuntime.load(),
+        run_id=run_dir.name,
+        elastic=elastic,
+        deadline_s=3 * plan.deadline_s,
+    )
     controller.run()
     return {"result": controller.result, "events": list(J.iter_events(run_dir / J.JOURNAL_NAME))}
 
@@ -57,8 +65,9 @@ def run_once(spec, plan, run_dir: Path, *, elastic: bool = True) -> dict:
 def static_plan(plan):
     """The plan's best static baseline as an executable plan (same job, the baseline's stages)."""
     static = plan.baselines["static"]
-    return plan.model_copy(update={"stages": static.stages, "predicted": static.predicted,
-                                   "timeline": static.timeline or plan.timeline})
+    return plan.model_copy(
+        update={"stages": static.stages, "predicted": static.predicted, "timeline": static.timeline or plan.timeline}
+    )
 
 
 def rel(actual: float, predicted: float) -> float:
@@ -98,30 +107,47 @@ def main() -> None:
             runs.append(("static", static_plan(plan)))
         actual_of = {}
         for kind, executed in runs:
-            out = run_once(spec, executed, base / f"{'run' if kind == 'elastic' else 'static'}-{i}",
-                           elastic=kind == "elastic")
+            out = run_once(
+                spec, executed, base / f"{'run' if kind == 'elastic' else 'static'}-{i}", elastic=kind == "elastic"
+            )
             actual = actual_of[kind] = out["result"]["actual"]
-            row = {"workload": spec.name, "plan": kind, "deadline_s": plan.deadline_s,
-                   "stages": [f"{s.instances}x{s.instance_type}/w{s.workers_per_trial}" for s in executed.stages],
-                   "jct_pred_s": executed.predicted.jct_s.p50, "jct_actual_s": actual["jct_s"],
-                   "cost_pred_usd": executed.predicted.cost_usd.mean, "cost_actual_usd": actual["cost_usd"]}
+            row = {
+                "workload": spec.name,
+                "plan": kind,
+                "deadline_s": plan.deadline_s,
+                "stages": [f"{s.instances}x{s.instance_type}/w{s.workers_per_trial}" for s in executed.stages],
+                "jct_pred_s": executed.predicted.jct_s.p50,
+                "jct_actual_s": actual["jct_s"],
+                "cost_pred_usd": executed.predicted.cost_usd.mean,
+                "cost_actual_usd": actual["cost_usd"],
+            }
             rows.append(row)
             for e in out["events"]:
                 if e["type"] == J.TRIAL_STOPPED and e.get("setup_s") is not None:
                     (setups_resize if e.get("stage", 0) > 0 else setups_first).append(e["setup_s"])
-            print(f"{spec.name} ({kind}) deadline {plan.deadline_s:.0f}s {' '.join(row['stages'])}: JCT "
-                  f"{actual['jct_s']:.1f}s (pred {row['jct_pred_s']:.1f}s), cost ${actual['cost_usd']:.5f} "
-                  f"(pred ${row['cost_pred_usd']:.5f})", flush=True)
+            print(
+                f"{spec.name} ({kind}) deadline {plan.deadline_s:.0f}s {' '.join(row['stages'])}: JCT "
+                f"{actual['jct_s']:.1f}s (pred {row['jct_pred_s']:.1f}s), cost ${actual['cost_usd']:.5f} "
+                f"(pred ${row['cost_pred_usd']:.5f})",
+                flush=True,
+            )
         if "static" in actual_of:
             e_actual, s_actual = actual_of["elastic"], actual_of["static"]
-            elastic_vs_static.append({"workload": spec.name, "deadline_s": plan.deadline_s,
-                                 "elastic_cost_usd": e_actual["cost_usd"], "static_cost_usd": s_actual["cost_usd"],
-                                 "elastic_jct_s": e_actual["jct_s"], "static_jct_s": s_actual["jct_s"],
-                                 "ratio": e_actual["cost_usd"] / s_actual["cost_usd"],
-                                 "predicted_ratio": plan.predicted.cost_usd.mean
-                                 / plan.baselines["static"].predicted.cost_usd.mean,
-                                 "static_stages": [f"{s.instances}x{s.instance_type}/w{s.workers_per_trial}"
-                                                   for s in static_plan(plan).stages]})
+            elastic_vs_static.append(
+                {
+                    "workload": spec.name,
+                    "deadline_s": plan.deadline_s,
+                    "elastic_cost_usd": e_actual["cost_usd"],
+                    "static_cost_usd": s_actual["cost_usd"],
+                    "elastic_jct_s": e_actual["jct_s"],
+                    "static_jct_s": s_actual["jct_s"],
+                    "ratio": e_actual["cost_usd"] / s_actual["cost_usd"],
+                    "predicted_ratio": plan.predicted.cost_usd.mean / plan.baselines["static"].predicted.cost_usd.mean,
+                    "static_stages": [
+                        f"{s.instances}x{s.instance_type}/w{s.workers_per_trial}" for s in static_plan(plan).stages
+                    ],
+                }
+            )
     figures = {
         "runs": len(rows),
         "median_rel_error_jct": statistics.median(rel(r["jct_actual_s"], r["jct_pred_s"]) for r in rows),
@@ -133,17 +159,23 @@ def main() -> None:
     }
     (base / "figures.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps({k: v for k, v in figures.items() if k != "rows"}, indent=2))
-    print(f"fidelity over {len(rows)} runs: median |error| JCT {figures['median_rel_error_jct']:.1%}, cost "
-          f"{figures['median_rel_error_cost']:.1%} (target ≤ 5%)")
+    print(
+        f"fidelity over {len(rows)} runs: median |error| JCT {figures['median_rel_error_jct']:.1%}, cost "
+        f"{figures['median_rel_error_cost']:.1%} (target ≤ 5%)"
+    )
     if setups_resize:
-        print(f"resize overhead (restart from checkpoint with a new worker count): median "
-              f"{figures['resize_setup_s_median']:.3f}s (target ≤ 1 s); first starts "
-              f"{figures['first_start_setup_s_median']:.3f}s")
+        print(
+            f"resize overhead (restart from checkpoint with a new worker count): median "
+            f"{figures['resize_setup_s_median']:.3f}s (target ≤ 1 s); first starts "
+            f"{figures['first_start_setup_s_median']:.3f}s"
+        )
     for pair in elastic_vs_static:
-        print(f"elastic / static actual cost ({pair['workload']}, deadline "
-              f"{pair['deadline_s']:.0f}s): {pair['ratio']:.2f} (predicted "
-              f"{pair['predicted_ratio']:.2f}; target ≤ 0.7); JCT elastic "
-              f"{pair['elastic_jct_s']:.1f}s, static {pair['static_jct_s']:.1f}s")
+        print(
+            f"elastic / static actual cost ({pair['workload']}, deadline "
+            f"{pair['deadline_s']:.0f}s): {pair['ratio']:.2f} (predicted "
+            f"{pair['predicted_ratio']:.2f}; target ≤ 0.7); JCT elastic "
+            f"{pair['elastic_jct_s']:.1f}s, static {pair['static_jct_s']:.1f}s"
+        )
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ BENCH = Path(__file__).resolve().parent
 
 # -- the workload (imported by the workers as bench_gpu:train) ---------------------------------
 
+
 def train(config, ctx):
     """A small CNN on synthetic 3×32×32 batches, DDP on ctx.device; every iteration ends synchronised."""
     import torch
@@ -49,10 +50,19 @@ def train(config, ctx):
 
     torch.manual_seed(1 + ctx.rank)  # different init per rank: DDP must broadcast rank 0's
     net = nn.Sequential(
-        nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-        nn.Conv2d(64, 128, 3, padding=1, stride=2), nn.BatchNorm2d(128), nn.ReLU(),
-        nn.Conv2d(128, 256, 3, padding=1, stride=2), nn.BatchNorm2d(256), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10)).to(ctx.device)
+        nn.Conv2d(3, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.Conv2d(64, 128, 3, padding=1, stride=2),
+        nn.BatchNorm2d(128),
+        nn.ReLU(),
+        nn.Conv2d(128, 256, 3, padding=1, stride=2),
+        nn.BatchNorm2d(256),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(256, 10),
+    ).to(ctx.device)
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     model = DDP(net, device_ids=ids)
     opt = torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.05), momentum=0.9)
@@ -78,10 +88,11 @@ def train(config, ctx):
 
 # -- the benchmark ---------------------------------------------------------------------------
 
+
 def steady_median(latencies) -> float:
     values = np.asarray(latencies, dtype=float)
     if len(values) >= 5:
-        values = values[max(1, len(values) // 10):]  # drop warm-up, as the planner's fit does
+        values = values[max(1, len(values) // 10) :]  # drop warm-up, as the planner's fit does
     return float(np.median(values))
 
 
@@ -89,19 +100,33 @@ def gpu_type(gpus: int, name: str):
     """This machine as one instance of a GPU type: its GPUs and its cores (catalog-shaped)."""
     from rubberband.catalog import InstanceType
 
-    return InstanceType(cloud="local", name=f"local.gpu{gpus}", region="local", zones=("local-a",), device=name,
-                        accelerator_count=gpus, vcpus=float(os.cpu_count() or gpus), memory_gib=0.0, price_hr=1.0,
-                        spot_price_hr=None)
+    return InstanceType(
+        cloud="local",
+        name=f"local.gpu{gpus}",
+        region="local",
+        zones=("local-a",),
+        device=name,
+        accelerator_count=gpus,
+        vcpus=float(os.cpu_count() or gpus),
+        memory_gib=0.0,
+        price_hr=1.0,
+        spot_price_hr=None,
+    )
 
 
 def job_spec(batch: int, steps: int):
     from rubberband.spec import parse_spec
 
-    data = {"name": "bench-gpu", "train": "bench_gpu:train", "metric": {"name": "loss", "mode": "min"},
-            "search_space": {"lr": {"type": "loguniform", "low": 0.01, "high": 0.1}},
-            "config": {"batch_size": batch, "steps_per_epoch": steps, "dataset_size": batch * steps},
-            "scheduler": {"kind": "sha", "trials": 3, "eta": 3, "min_epochs": 1, "max_epochs": 3},
-            "deadline": "1h", "resources": {"clouds": ["local"]}}
+    data = {
+        "name": "bench-gpu",
+        "train": "bench_gpu:train",
+        "metric": {"name": "loss", "mode": "min"},
+        "search_space": {"lr": {"type": "loguniform", "low": 0.01, "high": 0.1}},
+        "config": {"batch_size": batch, "steps_per_epoch": steps, "dataset_size": batch * steps},
+        "scheduler": {"kind": "sha", "trials": 3, "eta": 3, "min_epochs": 1, "max_epochs": 3},
+        "deadline": "1h",
+        "resources": {"clouds": ["local"]},
+    }
     return parse_spec(data, source="bench_gpu", base_dir=BENCH)
 
 
@@ -109,20 +134,34 @@ def profile(itype, args, policy) -> dict[int, float]:
     from rubberband.profiler.runner import ProfileOptions, run_profile
 
     workers = (1, 2) if itype.accelerator_count >= 2 else (1,)
-    run = run_profile(job_spec(args.batch, args.iterations), ProfileOptions(
-        cloud="local", instance_type=itype, workers=workers, budget_s=args.budget, iterations=args.iterations,
-        cross_node=False, measure_restart=False, device_policy=policy))
+    run = run_profile(
+        job_spec(args.batch, args.iterations),
+        ProfileOptions(
+            cloud="local",
+            instance_type=itype,
+            workers=workers,
+            budget_s=args.budget,
+            iterations=args.iterations,
+            cross_node=False,
+            measure_restart=False,
+            device_policy=policy,
+        ),
+    )
     print(f"profile ({run.wall_s:.0f} s wall; {run.profile.sources['iteration_latencies']})")
     medians = {}
     for m in sorted(run.profile.measurements, key=lambda m: m.workers):
         medians[m.workers] = steady_median(m.iteration_latencies_s)
-        print(f"  {m.workers} worker(s) on {m.nodes} node: median {medians[m.workers] * 1e3:8.2f} ms/iteration "
-              f"({len(m.iteration_latencies_s)} iterations, device {m.device})")
+        print(
+            f"  {m.workers} worker(s) on {m.nodes} node: median {medians[m.workers] * 1e3:8.2f} ms/iteration "
+            f"({len(m.iteration_latencies_s)} iterations, device {m.device})"
+        )
     for note in run.notes:
         print(f"  note: {note}")
     if 1 in medians and 2 in medians:
-        print(f"  2-worker scaling: {2 * medians[1] / medians[2]:.2f}× one worker's throughput "
-              f"(efficiency {medians[1] / medians[2]:.0%})")
+        print(
+            f"  2-worker scaling: {2 * medians[1] / medians[2]:.2f}× one worker's throughput "
+            f"(efficiency {medians[1] / medians[2]:.0%})"
+        )
     return medians
 
 
@@ -138,11 +177,18 @@ def nccl_trial(itype, args, policy) -> None:
     with tempfile.TemporaryDirectory(prefix="rb-bench-gpu-") as scratch, LocalCluster() as cluster:
         cluster.add_instance("g", node.slots, num_gpus=node.num_gpus, num_cpus=node.num_cpus)
         r = node_resource("g")
-        spec = TrialSpec(trial_id="bench-nccl", config={"batch_size": args.batch, "steps_per_epoch": args.iterations,
-                                                        "params_out": f"{scratch}/p"},
-                         entry_point="bench_gpu:train", code_dir=str(BENCH), start_epoch=0, end_epoch=2,
-                         placement=(r, r), checkpoint_dir=f"{scratch}/ckpt", device=policy.for_type(itype),
-                         timeout_s=300)
+        spec = TrialSpec(
+            trial_id="bench-nccl",
+            config={"batch_size": args.batch, "steps_per_epoch": args.iterations, "params_out": f"{scratch}/p"},
+            entry_point="bench_gpu:train",
+            code_dir=str(BENCH),
+            start_epoch=0,
+            end_epoch=2,
+            placement=(r, r),
+            checkpoint_dir=f"{scratch}/ckpt",
+            device=policy.for_type(itype),
+            timeout_s=300,
+        )
         began = time.monotonic()
         outcome = TrialRun.start(spec).result(timeout_s=600)
         wall = time.monotonic() - began
@@ -151,8 +197,10 @@ def nccl_trial(itype, args, policy) -> None:
     print(f"2-worker DDP trial through TrialRun ({wall:.1f} s wall, setup {outcome.setup_s:.2f} s)")
     for rank, (device, ids) in enumerate(zip(outcome.devices, outcome.gpu_ids)):
         print(f"  rank {rank}: device {device}, Ray GPU id(s) {list(ids)}")
-    print(f"  backend {outcome.backend}; median {steady_median(outcome.iteration_latencies_s) * 1e3:.2f} ms/iteration "
-          f"over {len(outcome.iteration_latencies_s)} iterations; ranks' parameters identical: {same}")
+    print(
+        f"  backend {outcome.backend}; median {steady_median(outcome.iteration_latencies_s) * 1e3:.2f} ms/iteration "
+        f"over {len(outcome.iteration_latencies_s)} iterations; ranks' parameters identical: {same}"
+    )
 
 
 def main() -> int:
@@ -160,10 +208,19 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=40, help="iterations timed per shape / per epoch")
     parser.add_argument("--budget", type=float, default=240.0, help="the profile's time budget (s)")
     parser.add_argument("--batch", type=int, default=256, help="per-worker batch size")
-    parser.add_argument("--part", choices=("all", "profile", "trial"), default="all",
-                        help="all: the profile, then the trial, each in a process of its own (one Ray session each)")
-    parser.add_argument("--smoke-logical", type=int, default=0, metavar="N",
-                        help="no CUDA needed: N logical GPUs, training on CPU (checks the script, not GPUs)")
+    parser.add_argument(
+        "--part",
+        choices=("all", "profile", "trial"),
+        default="all",
+        help="all: the profile, then the trial, each in a process of its own (one Ray session each)",
+    )
+    parser.add_argument(
+        "--smoke-logical",
+        type=int,
+        default=0,
+        metavar="N",
+        help="no CUDA needed: N logical GPUs, training on CPU (checks the script, not GPUs)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import torch
@@ -174,8 +231,10 @@ def main() -> int:
         gpus, name, policy = args.smoke_logical, "logical", DevicePolicy(cpu_stand_in=True)
         print(f"smoke run on {gpus} logical GPU(s), training on CPU: these are not GPU figures")
     elif not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        print(f"no usable CUDA on this machine (torch {torch.__version__}, CUDA build: {torch.version.cuda}); "
-              f"nothing to measure. The GPU path is tested on logical GPUs by tests/test_trials_gpu.py.")
+        print(
+            f"no usable CUDA on this machine (torch {torch.__version__}, CUDA build: {torch.version.cuda}); "
+            f"nothing to measure. The GPU path is tested on logical GPUs by tests/test_trials_gpu.py."
+        )
         return 0
     else:
         gpus, policy = torch.cuda.device_count(), DevicePolicy()
@@ -184,8 +243,10 @@ def main() -> int:
     itype = gpu_type(min(gpus, 2), name)
     if args.part == "all":
         print(f"standing in for {itype.name}: {itype.accelerator_count} GPU(s), {itype.vcpus:.0f} vCPUs", flush=True)
-        codes = [subprocess.run([sys.executable, __file__, *sys.argv[1:], "--part", part]).returncode
-                 for part in (("profile", "trial") if gpus >= 2 else ("profile",))]
+        codes = [
+            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--part", part]).returncode
+            for part in (("profile", "trial") if gpus >= 2 else ("profile",))
+        ]
         if gpus < 2:
             print("2-worker nccl trial: skipped, it needs 2 GPUs (nccl does not put two ranks on one device)")
         return max(codes)

@@ -75,43 +75,64 @@ def main() -> None:
     model = fit_performance_model(load_profile(ROOT / "examples/profiles/resnet50_cifar10_v100.json"))
     catalog = load_catalog(["aws"])
     types = [catalog.find(n) for n in TYPES]
-    print("== re-planning a parallel Hyperband run at bracket 0's first boundary (quickstart profile and types, "
-          f"p{CONFIDENCE * 100:.0f}, 1000 samples)")
+    print(
+        "== re-planning a parallel Hyperband run at bracket 0's first boundary (quickstart profile and types, "
+        f"p{CONFIDENCE * 100:.0f}, 1000 samples)"
+    )
     for big_r in (81, 243):
         hb = [s for b in hyperband_brackets(3, 1, big_r) for s in b]
         try:
-            plan_stages(hb, model, types, deadline_s=1.0, confidence=CONFIDENCE, max_workers_per_trial=1,
-                        brackets="parallel")
+            plan_stages(
+                hb, model, types, deadline_s=1.0, confidence=CONFIDENCE, max_workers_per_trial=1, brackets="parallel"
+            )
             raise RuntimeError("a 1-second deadline was feasible")
         except InfeasibleError as exc:
             deadline = exc.shortest_jct_s * 1.2
-        out = plan_stages(hb, model, types, deadline_s=deadline, confidence=CONFIDENCE, max_workers_per_trial=1,
-                          brackets="parallel")
+        out = plan_stages(
+            hb, model, types, deadline_s=deadline, confidence=CONFIDENCE, max_workers_per_trial=1, brackets="parallel"
+        )
         rest, states, now = remainder_at_first_boundary(hb, out)
         stages = [hb[i] for i in rest.positions]
         configs = [out.configs[i] for i in rest.positions]
-        current = ParallelSimulator(stages, model, offsets=rest.offsets_s, start_state=states[0],
-                                    bracket_states=states).simulate(configs)
-        print(f"R={big_r}: plan {len(hb)} stages, deadline {deadline / 60:.0f} min; at {now / 60:.1f} min the "
-              f"remainder is {len(stages)} stages of {len(rest.offsets_s)} brackets (offsets "
-              f"{[round(o) for o in rest.offsets_s]} s)")
+        current = ParallelSimulator(
+            stages, model, offsets=rest.offsets_s, start_state=states[0], bracket_states=states
+        ).simulate(configs)
+        print(
+            f"R={big_r}: plan {len(hb)} stages, deadline {deadline / 60:.0f} min; at {now / 60:.1f} min the "
+            f"remainder is {len(stages)} stages of {len(rest.offsets_s)} brackets (offsets "
+            f"{[round(o) for o in rest.offsets_s]} s)"
+        )
         for label, left in (("on plan", deadline - now), ("behind: 5% less time", 0.95 * (deadline - now))):
             walls, cpus, res = [], [], None
             for _ in range(args.repeat):
                 wall, cpu = time.perf_counter(), time.process_time()
                 try:
-                    res = plan_stages(stages, model, types, deadline_s=left, confidence=CONFIDENCE,
-                                      max_workers_per_trial=1, brackets="parallel", offsets=rest.offsets_s,
-                                      running=states[0], bracket_running=states)
+                    res = plan_stages(
+                        stages,
+                        model,
+                        types,
+                        deadline_s=left,
+                        confidence=CONFIDENCE,
+                        max_workers_per_trial=1,
+                        brackets="parallel",
+                        offsets=rest.offsets_s,
+                        running=states[0],
+                        bracket_running=states,
+                    )
                 except InfeasibleError as exc:
                     res = exc
                 walls.append(time.perf_counter() - wall)
                 cpus.append(time.process_time() - cpu)
-            after = ("infeasible (shortest " + f"{res.shortest_jct_s / 60:.1f} min)" if isinstance(res, InfeasibleError)
-                     else f"${res.result.cost_mean:.2f}, P(meet) {res.result.p_meet(left):.2f}")
-            print(f"  {label} ({left / 60:.1f} min left): current remainder ${current.cost_mean:.2f}, P(meet) "
-                  f"{current.p_meet(left):.2f}; re-plan {after}; planning wall best {min(walls):.2f} s, "
-                  f"CPU best {min(cpus):.2f} s")
+            after = (
+                "infeasible (shortest " + f"{res.shortest_jct_s / 60:.1f} min)"
+                if isinstance(res, InfeasibleError)
+                else f"${res.result.cost_mean:.2f}, P(meet) {res.result.p_meet(left):.2f}"
+            )
+            print(
+                f"  {label} ({left / 60:.1f} min left): current remainder ${current.cost_mean:.2f}, P(meet) "
+                f"{current.p_meet(left):.2f}; re-plan {after}; planning wall best {min(walls):.2f} s, "
+                f"CPU best {min(cpus):.2f} s"
+            )
 
 
 if __name__ == "__main__":

@@ -31,20 +31,37 @@ QUICKSTART_TYPES = ("p3.2xlarge", "g4dn.xlarge", "g5.xlarge")
 
 def shortest_jct(stages, model, types, *, confidence, max_workers, samples=1000, brackets="sequential") -> float:
     try:
-        plan_stages(stages, model, types, deadline_s=1.0, confidence=confidence, samples=samples,
-                    max_workers_per_trial=max_workers, brackets=brackets)
+        plan_stages(
+            stages,
+            model,
+            types,
+            deadline_s=1.0,
+            confidence=confidence,
+            samples=samples,
+            max_workers_per_trial=max_workers,
+            brackets=brackets,
+        )
     except InfeasibleError as exc:
         return exc.shortest_jct_s
     raise RuntimeError("a 1-second deadline was feasible")
 
 
-def timed(stages, model, types, deadline, *, confidence=0.95, max_workers=1, samples=1000, repeat=3,
-          brackets="sequential"):
+def timed(
+    stages, model, types, deadline, *, confidence=0.95, max_workers=1, samples=1000, repeat=3, brackets="sequential"
+):
     times, cpu, out = [], [], None
     for _ in range(repeat):
         started, started_cpu = time.perf_counter(), time.process_time()
-        out = plan_stages(stages, model, types, deadline_s=deadline, confidence=confidence, samples=samples,
-                          max_workers_per_trial=max_workers, brackets=brackets)
+        out = plan_stages(
+            stages,
+            model,
+            types,
+            deadline_s=deadline,
+            confidence=confidence,
+            samples=samples,
+            max_workers_per_trial=max_workers,
+            brackets=brackets,
+        )
         times.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
     return min(times), statistics.median(times), min(cpu), out
@@ -65,8 +82,10 @@ def work_lower_bound(stages, model, types, max_workers) -> float:
 
 def bench_hyperband(model, types, repeat: int) -> None:
     """Parallel versus sequential brackets, planning time, and the longest bracket alone (as SHA)."""
-    print("\n== Hyperband eta=3: sequential vs parallel brackets (quickstart profile and types, 1 worker/trial, "
-          "p95, 1000 samples)")
+    print(
+        "\n== Hyperband eta=3: sequential vs parallel brackets (quickstart profile and types, 1 worker/trial, "
+        "p95, 1000 samples)"
+    )
     for big_r in (81, 243):
         brackets = hyperband_brackets(3, 1, big_r)
         hb = [s for b in brackets for s in b]
@@ -75,20 +94,24 @@ def bench_hyperband(model, types, repeat: int) -> None:
         j_par = shortest_jct(hb, model, types, confidence=0.95, max_workers=1, brackets="parallel")
         cpu_short = time.process_time() - started
         longest = max(shortest_jct(b, model, types, confidence=0.95, max_workers=1) for b in brackets)
-        print(f"R={big_r} ({len(brackets)} brackets, {len(hb)} stages): shortest feasible JCT sequential "
-              f"{j_seq / 60:.0f} min, parallel {j_par / 60:.0f} min (CPU {cpu_short:.2f} s), longest bracket alone "
-              f"{longest / 60:.0f} min; parallel/longest {j_par / longest:.2f}, sequential/parallel "
-              f"{j_seq / j_par:.2f}x")
+        print(
+            f"R={big_r} ({len(brackets)} brackets, {len(hb)} stages): shortest feasible JCT sequential "
+            f"{j_seq / 60:.0f} min, parallel {j_par / 60:.0f} min (CPU {cpu_short:.2f} s), longest bracket alone "
+            f"{longest / 60:.0f} min; parallel/longest {j_par / longest:.2f}, sequential/parallel "
+            f"{j_seq / j_par:.2f}x"
+        )
         for factor in (1.2, 2.0):
             best, med, cpu, par = timed(hb, model, types, j_par * factor, repeat=repeat, brackets="parallel")
             seq_cost = "infeasible"
             if j_seq <= j_par * factor:
                 seq_cost = f"${plan_stages(hb, model, types, deadline_s=j_par * factor, confidence=0.95, max_workers_per_trial=1).result.cost_mean:.2f}"
             static = f"${par.static[1].cost_mean:.2f}" if par.static else "none"
-            print(f"  deadline {factor}x parallel shortest ({j_par * factor / 60:.0f} min): parallel ${par.result.cost_mean:.2f} "
-                  f"(offsets {[round(o) for o in par.offsets]} s, {len(par.handoffs)} hand-overs), sequential "
-                  f"{seq_cost}, static (sequential brackets) {static}; planning wall best {best:.2f} s, median "
-                  f"{med:.2f} s, CPU {cpu:.2f} s (target <= 2 s for R=243), {par.candidates_evaluated} candidates")
+            print(
+                f"  deadline {factor}x parallel shortest ({j_par * factor / 60:.0f} min): parallel ${par.result.cost_mean:.2f} "
+                f"(offsets {[round(o) for o in par.offsets]} s, {len(par.handoffs)} hand-overs), sequential "
+                f"{seq_cost}, static (sequential brackets) {static}; planning wall best {best:.2f} s, median "
+                f"{med:.2f} s, CPU {cpu:.2f} s (target <= 2 s for R=243), {par.candidates_evaluated} candidates"
+            )
 
 
 def exact_parallel(stages, model, types, deadline, confidence, samples):
@@ -101,7 +124,6 @@ def exact_parallel(stages, model, types, deadline, confidence, samples):
     """
     import itertools
     import math
-
 
     from rubberband.planner.brackets import ParallelSimulator
     from rubberband.planner.search import PlanSpace
@@ -116,8 +138,10 @@ def exact_parallel(stages, model, types, deadline, confidence, samples):
             res = sim.subs[b].simulate(combo)
             if int((res.jct <= deadline).sum()) >= need:
                 # a hand-over saves at most the receiving instance's start-up bill and the giver's tail
-                tails = sum(c.instances * sim.main._termination(c.instance_type) * c.instance_type.price_hr / 3600
-                            for c in combo)
+                tails = sum(
+                    c.instances * sim.main._termination(c.instance_type) * c.instance_type.price_hr / 3600
+                    for c in combo
+                )
                 kept.append((res.cost_mean, res.cost_mean - res.breakdown["startup"].mean() - tails, combo))
         per_bracket.append(kept)
     combos = sorted(itertools.product(*per_bracket), key=lambda c: sum(x[1] for x in c))
@@ -134,20 +158,32 @@ def exact_parallel(stages, model, types, deadline, confidence, samples):
 
 
 def bench_exact_hyperband(model, catalog) -> None:
-    print("\n== parallel-bracket plan / exact optimum at zero offsets (small Hyperband, p3.2xlarge + g4dn.xlarge, "
-          "1 worker/trial, 300 samples)")
+    print(
+        "\n== parallel-bracket plan / exact optimum at zero offsets (small Hyperband, p3.2xlarge + g4dn.xlarge, "
+        "1 worker/trial, 300 samples)"
+    )
     small_types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge")]
     for eta, big_r in ((3, 9), (2, 4)):
         hb = [s for b in hyperband_brackets(eta, 1, big_r) for s in b]
         j = shortest_jct(hb, model, small_types, confidence=0.9, max_workers=1, samples=300, brackets="parallel")
         for factor in (1.2, 1.5, 2.0):
-            out = plan_stages(hb, model, small_types, deadline_s=j * factor, confidence=0.9, samples=300,
-                              max_workers_per_trial=1, brackets="parallel")
+            out = plan_stages(
+                hb,
+                model,
+                small_types,
+                deadline_s=j * factor,
+                confidence=0.9,
+                samples=300,
+                max_workers_per_trial=1,
+                brackets="parallel",
+            )
             started = time.process_time()
             _, exact, visited, total = exact_parallel(hb, model, small_types, j * factor, 0.9, 300)
-            print(f"Hyperband R={big_r} eta={eta} deadline {factor}x: plan ${out.result.cost_mean:.3f} (offsets "
-                  f"{[round(o) for o in out.offsets]}) exact ${exact:.3f} ratio {out.result.cost_mean / exact:.3f} "
-                  f"({visited} of {total} combinations simulated, {time.process_time() - started:.1f} s)")
+            print(
+                f"Hyperband R={big_r} eta={eta} deadline {factor}x: plan ${out.result.cost_mean:.3f} (offsets "
+                f"{[round(o) for o in out.offsets]}) exact ${exact:.3f} ratio {out.result.cost_mean / exact:.3f} "
+                f"({visited} of {total} combinations simulated, {time.process_time() - started:.1f} s)"
+            )
 
 
 def bench_asha(model, types, catalog) -> None:
@@ -155,24 +191,29 @@ def bench_asha(model, types, catalog) -> None:
     from rubberband.planner.asha import AshaSimulator, asha_baseline
 
     print("\n== elastic plan vs ASHA on a fixed cluster (same profile, trials, eta, epochs; p95, 1000 / 200 samples)")
-    cases = [("SHA n=81 R=27", sha_stages(81, 3, 1, 27), 81, 27, "sequential"),
-             ("Hyperband R=81", [s for b in hyperband_brackets(3, 1, 81) for s in b], None, 81, "parallel")]
+    cases = [
+        ("SHA n=81 R=27", sha_stages(81, 3, 1, 27), 81, 27, "sequential"),
+        ("Hyperband R=81", [s for b in hyperband_brackets(3, 1, 81) for s in b], None, 81, "parallel"),
+    ]
     for name, stages, trials, big_r, brackets in cases:
         j = shortest_jct(stages, model, types, confidence=0.95, max_workers=1, brackets=brackets)
         n = trials or sum(s.trials for s in stages if s.index == 0)
         sim = AshaSimulator(model, trials=n, eta=3, min_epochs=1, max_epochs=big_r)
         for factor in (1.2, 2.0):
-            out = plan_stages(stages, model, types, deadline_s=j * factor, confidence=0.95, max_workers_per_trial=1,
-                              brackets=brackets)
+            out = plan_stages(
+                stages, model, types, deadline_s=j * factor, confidence=0.95, max_workers_per_trial=1, brackets=brackets
+            )
             started = time.process_time()
             found = asha_baseline(sim, types, 1, j * factor, 0.95)
             cpu = time.process_time() - started
             res, meets = found
             c = res.cluster
-            print(f"{name} ({n} trials), deadline {factor}x shortest ({j * factor / 60:.0f} min): elastic "
-                  f"${out.result.cost_mean:.2f}; ASHA {c.instances} x {c.instance_type.name} ${res.cost_mean:.2f}, "
-                  f"JCT p95 {res.jct_quantile(0.95) / 60:.0f} min{'' if meets else ' (misses the deadline)'}; "
-                  f"ASHA/elastic {res.cost_mean / out.result.cost_mean:.2f}x (ASHA search CPU {cpu:.2f} s)")
+            print(
+                f"{name} ({n} trials), deadline {factor}x shortest ({j * factor / 60:.0f} min): elastic "
+                f"${out.result.cost_mean:.2f}; ASHA {c.instances} x {c.instance_type.name} ${res.cost_mean:.2f}, "
+                f"JCT p95 {res.jct_quantile(0.95) / 60:.0f} min{'' if meets else ' (misses the deadline)'}; "
+                f"ASHA/elastic {res.cost_mean / out.result.cost_mean:.2f}x (ASHA search CPU {cpu:.2f} s)"
+            )
 
 
 def main() -> None:
@@ -196,13 +237,17 @@ def main() -> None:
     j_sha = shortest_jct(sha, model, types, confidence=0.95, max_workers=1)
     for factor in (1.2, 2.0):
         best, med, cpu, out = timed(sha, model, types, j_sha * factor, repeat=repeat)
-        print(f"SHA n=81 eta=3 r=1 R=27, deadline {factor}x shortest: wall best {best:.2f} s, median {med:.2f} s, "
-              f"CPU {cpu:.2f} s (target <= 1 s), {out.candidates_evaluated} candidates")
+        print(
+            f"SHA n=81 eta=3 r=1 R=27, deadline {factor}x shortest: wall best {best:.2f} s, median {med:.2f} s, "
+            f"CPU {cpu:.2f} s (target <= 1 s), {out.candidates_evaluated} candidates"
+        )
     hb = [s for b in hyperband_brackets(3, 1, 81) for s in b]
     j_hb = shortest_jct(hb, model, types, confidence=0.95, max_workers=1)
     best, med, cpu, out = timed(hb, model, types, j_hb * 1.5, repeat=repeat)
-    print(f"Hyperband R=81 eta=3 ({len(hb)} stages), deadline 1.5x shortest: wall best {best:.2f} s, median "
-          f"{med:.2f} s, CPU {cpu:.2f} s (target <= 5 s), {out.candidates_evaluated} candidates")
+    print(
+        f"Hyperband R=81 eta=3 ({len(hb)} stages), deadline 1.5x shortest: wall best {best:.2f} s, median "
+        f"{med:.2f} s, CPU {cpu:.2f} s (target <= 5 s), {out.candidates_evaluated} candidates"
+    )
 
     from rubberband.inputs import load_job_inputs
     from rubberband.planning import plan_from_inputs
@@ -210,9 +255,11 @@ def main() -> None:
     mixed = load_job_inputs(ROOT / "examples/mixed.yaml")
     started, cpu0 = time.perf_counter(), time.process_time()
     plan = plan_from_inputs(mixed)
-    print(f"examples/mixed.yaml (Hyperband R=27 eta=3, aws + gcp catalogs): wall "
-          f"{time.perf_counter() - started:.2f} s, CPU {time.process_time() - cpu0:.2f} s, "
-          f"{plan.planner.candidates_evaluated} candidates")
+    print(
+        f"examples/mixed.yaml (Hyperband R=27 eta=3, aws + gcp catalogs): wall "
+        f"{time.perf_counter() - started:.2f} s, CPU {time.process_time() - cpu0:.2f} s, "
+        f"{plan.planner.candidates_evaluated} candidates"
+    )
 
     print("\n== plan cost / exact optimum (small cases, 3 types, <= 2 workers/trial, 300 samples)")
     small_types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge", "p3.8xlarge")]
@@ -222,24 +269,39 @@ def main() -> None:
         stages = sha_stages(n, eta, 1, big_r)
         j = shortest_jct(stages, model, small_types, confidence=0.9, max_workers=2, samples=300)
         for factor in (1.2, 1.5, 2.0):
-            out = plan_stages(stages, model, small_types, deadline_s=j * factor, confidence=0.9, samples=300,
-                              max_workers_per_trial=2, include_exact=True)
+            out = plan_stages(
+                stages,
+                model,
+                small_types,
+                deadline_s=j * factor,
+                confidence=0.9,
+                samples=300,
+                max_workers_per_trial=2,
+                include_exact=True,
+            )
             ratio = out.result.cost_mean / out.exact[1].cost_mean
             ratios.append(ratio)
-            print(f"SHA n={n} eta={eta} R={big_r} deadline {factor}x: plan ${out.result.cost_mean:.3f} exact "
-                  f"${out.exact[1].cost_mean:.3f} ratio {ratio:.3f} (exact: {out.exact_note})")
-    print(f"cases {len(ratios)}: mean ratio {statistics.mean(ratios):.3f}, max {max(ratios):.3f} (target <= 1.01); "
-          f"within 1.01: {sum(r <= 1.01 for r in ratios)}/{len(ratios)}")
+            print(
+                f"SHA n={n} eta={eta} R={big_r} deadline {factor}x: plan ${out.result.cost_mean:.3f} exact "
+                f"${out.exact[1].cost_mean:.3f} ratio {ratio:.3f} (exact: {out.exact_note})"
+            )
+    print(
+        f"cases {len(ratios)}: mean ratio {statistics.mean(ratios):.3f}, max {max(ratios):.3f} (target <= 1.01); "
+        f"within 1.01: {sum(r <= 1.01 for r in ratios)}/{len(ratios)}"
+    )
 
     print("\n== best static / plan and plan / work lower bound (quickstart: SHA n=81, 3 types, 1 worker/trial)")
     bound = work_lower_bound(sha, model, types, 1)
     for factor in (1.2, 1.5, 2.0):
-        out = plan_stages(sha, model, types, deadline_s=j_sha * factor, confidence=0.95, samples=1000,
-                          max_workers_per_trial=1)
+        out = plan_stages(
+            sha, model, types, deadline_s=j_sha * factor, confidence=0.95, samples=1000, max_workers_per_trial=1
+        )
         static = out.static[1].cost_mean if out.static else float("nan")
-        print(f"deadline {factor}x shortest ({j_sha * factor:.0f} s): plan ${out.result.cost_mean:.2f}, static "
-              f"${static:.2f}, static/plan {static / out.result.cost_mean:.2f}x, plan/work bound "
-              f"{out.result.cost_mean / bound:.2f} (bound ${bound:.2f})")
+        print(
+            f"deadline {factor}x shortest ({j_sha * factor:.0f} s): plan ${out.result.cost_mean:.2f}, static "
+            f"${static:.2f}, static/plan {static / out.result.cost_mean:.2f}x, plan/work bound "
+            f"{out.result.cost_mean / bound:.2f} (bound ${bound:.2f})"
+        )
 
     bench_hyperband(model, types, repeat)
     bench_exact_hyperband(model, catalog)

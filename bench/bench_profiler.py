@@ -30,7 +30,7 @@ def steady_median(latencies: list[float]) -> float:
     """Median latency without warm-up (the first 10%, as the planner's model drops them)."""
     values = np.asarray(latencies, dtype=float)
     if len(values) >= 5:
-        values = values[max(1, len(values) // 10):]
+        values = values[max(1, len(values) // 10) :]
     return float(np.median(values))
 
 
@@ -38,8 +38,9 @@ def predict(profile, device: str, workers: int) -> tuple[float, str]:
     try:
         from rubberband.planner.model import fit_performance_model
     except ImportError:
-        points = sorted((m.workers, steady_median(m.iteration_latencies_s)) for m in profile.measurements
-                        if m.nodes == 1)
+        points = sorted(
+            (m.workers, steady_median(m.iteration_latencies_s)) for m in profile.measurements if m.nodes == 1
+        )
         (w0, t0), (w1, t1) = points[0], points[-1]
         slope = (t1 - t0) / (w1 - w0) if w1 != w0 else 0.0
         return t0 + slope * (workers - w0), "linear baseline (planner model not installed)"
@@ -55,22 +56,46 @@ def bench(workload: str, args: argparse.Namespace) -> dict:
     spec = load_spec(REPO / "examples" / f"{workload}.yaml")
     itype = load_catalog(["local"]).find(args.instance_type, cloud="local")
     train = tuple(int(w) for w in args.train.split(","))
-    fit_run = run_profile(spec, ProfileOptions(cloud="local", instance_type=itype, workers=train,
-                                               budget_s=args.budget, iterations=args.iterations,
-                                               cross_node=False, measure_restart=True))
-    held_run = run_profile(spec, ProfileOptions(cloud="local", instance_type=itype, workers=(args.held_out,),
-                                                budget_s=args.budget, iterations=args.iterations,
-                                                cross_node=False, measure_restart=False))
+    fit_run = run_profile(
+        spec,
+        ProfileOptions(
+            cloud="local",
+            instance_type=itype,
+            workers=train,
+            budget_s=args.budget,
+            iterations=args.iterations,
+            cross_node=False,
+            measure_restart=True,
+        ),
+    )
+    held_run = run_profile(
+        spec,
+        ProfileOptions(
+            cloud="local",
+            instance_type=itype,
+            workers=(args.held_out,),
+            budget_s=args.budget,
+            iterations=args.iterations,
+            cross_node=False,
+            measure_restart=False,
+        ),
+    )
     profile = fit_run.profile
     device = profile.measurements[0].device
     predicted, how = predict(profile, device, args.held_out)
     measured = steady_median(held_run.profile.measurements[0].iteration_latencies_s)
-    return {"workload": workload, "train": train, "predicted": predicted, "measured": measured, "how": how,
-            "error": (predicted - measured) / measured, "fitted_points": {
-                m.workers: steady_median(m.iteration_latencies_s) for m in profile.measurements},
-            "restart_warm": profile.workload.restart_overhead_s,
-            "restart_cold": profile.workload.restart_overhead_cold_s,
-            "restart_how": profile.sources.get("restart_overhead_s", "")}
+    return {
+        "workload": workload,
+        "train": train,
+        "predicted": predicted,
+        "measured": measured,
+        "how": how,
+        "error": (predicted - measured) / measured,
+        "fitted_points": {m.workers: steady_median(m.iteration_latencies_s) for m in profile.measurements},
+        "restart_warm": profile.workload.restart_overhead_s,
+        "restart_cold": profile.workload.restart_overhead_cold_s,
+        "restart_how": profile.sources.get("restart_overhead_s", ""),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,24 +109,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = [bench(w.strip(), args) for w in args.workloads.split(",") if w.strip()]
     print(f"\nLeave-one-out: fit on {args.train} workers, predict {args.held_out} (one {args.instance_type} node)")
-    print(f"{'workload':<10} {'fitted medians (ms)':<28} {'predicted ms':>12} {'measured ms':>12} {'error':>8}  "
-          f"model")
+    print(f"{'workload':<10} {'fitted medians (ms)':<28} {'predicted ms':>12} {'measured ms':>12} {'error':>8}  model")
     for r in rows:
         pts = ", ".join(f"{w}w {t * 1e3:.1f}" for w, t in sorted(r["fitted_points"].items()))
-        print(f"{r['workload']:<10} {pts:<28} {r['predicted'] * 1e3:>12.2f} {r['measured'] * 1e3:>12.2f} "
-              f"{r['error']:>+8.1%}  {r['how']}")
+        print(
+            f"{r['workload']:<10} {pts:<28} {r['predicted'] * 1e3:>12.2f} {r['measured'] * 1e3:>12.2f} "
+            f"{r['error']:>+8.1%}  {r['how']}"
+        )
     print("\nResize overhead (checkpoint → restart at another worker count → first iteration):")
     for r in rows:
         cold = f"{r['restart_cold']:.2f} s" if r["restart_cold"] is not None else "n/a"
-        print(f"{r['workload']:<10} warm workers {r['restart_warm']:.3f} s   fresh workers {cold}   "
-              f"ratio fresh/warm {((r['restart_cold'] or 0) / max(r['restart_warm'], 1e-9)):.0f}×")
+        print(
+            f"{r['workload']:<10} warm workers {r['restart_warm']:.3f} s   fresh workers {cold}   "
+            f"ratio fresh/warm {((r['restart_cold'] or 0) / max(r['restart_warm'], 1e-9)):.0f}×"
+        )
     worst = max(abs(r["error"]) for r in rows)
     print(f"\nworst leave-one-out error {worst:.1%} (target ≤ 10%)")
     cores, load = os.cpu_count() or 1, os.getloadavg()[0]
     print(f"machine: {cores} cores, load average {load:.1f}")
     if args.held_out > cores or load > cores:
-        print("caution: the held-out count (or the load) exceeds this machine's cores, so CPU-bound workloads "
-              "measure contention there, not the workload's scaling")
+        print(
+            "caution: the held-out count (or the load) exceeds this machine's cores, so CPU-bound workloads "
+            "measure contention there, not the workload's scaling"
+        )
     return 0
 
 

@@ -79,9 +79,20 @@ def simulate(name: str, inputs, plan, seeds: int, base: Path, *, inspect=None, *
         run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=base))
         sim = simulated_for(spec, plan, catalog, profile, seed=seed, start=START)
         began = time.perf_counter()
-        controller = controller_for(plan)(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=sim.backend,
-                                          runtime=sim.runtime, run_id=f"sim-{name}-{seed}", replanner=replanner,
-                                          profile=profile, clock=sim.clock, cluster=sim.cluster, **controller_kwargs)
+        controller = controller_for(plan)(
+            spec=spec,
+            plan=plan,
+            catalog=catalog,
+            run_dir=run_dir,
+            backend=sim.backend,
+            runtime=sim.runtime,
+            run_id=f"sim-{name}-{seed}",
+            replanner=replanner,
+            profile=profile,
+            clock=sim.clock,
+            cluster=sim.cluster,
+            **controller_kwargs,
+        )
         result = controller.run().result
         walls.append(time.perf_counter() - began)
         jcts.append(result["actual"]["jct_s"])
@@ -95,16 +106,25 @@ def simulate(name: str, inputs, plan, seeds: int, base: Path, *, inspect=None, *
     trials = sum(s.trials for s in plan.stages if s.stage == 0)
     met = [j <= plan.deadline_s for j in jcts]
     return {
-        "name": name, "trials": trials, "stages": len(plan.stages), "seeds": seeds,
-        "pred_p50": predicted.jct_s.p50, "pred_p10": float(np.quantile(predicted.jct_samples_s, 0.1)),
+        "name": name,
+        "trials": trials,
+        "stages": len(plan.stages),
+        "seeds": seeds,
+        "pred_p50": predicted.jct_s.p50,
+        "pred_p10": float(np.quantile(predicted.jct_samples_s, 0.1)),
         "pred_p90": float(np.quantile(predicted.jct_samples_s, 0.9)),
-        "run_p50": statistics.median(jcts), "run_p10": float(np.quantile(jcts, 0.1)),
+        "run_p50": statistics.median(jcts),
+        "run_p10": float(np.quantile(jcts, 0.1)),
         "run_p90": float(np.quantile(jcts, 0.9)),
-        "pred_meet": predicted.p_meet_deadline, "run_meet": sum(met) / len(met),
-        "pred_cost": predicted.cost_usd.mean, "run_cost": statistics.fmean(costs),
-        "wall_median": statistics.median(walls), "wall_max": max(walls),
+        "pred_meet": predicted.p_meet_deadline,
+        "run_meet": sum(met) / len(met),
+        "pred_cost": predicted.cost_usd.mean,
+        "run_cost": statistics.fmean(costs),
+        "wall_median": statistics.median(walls),
+        "wall_max": max(walls),
         "outcomes": {o: statuses.count(o) for o in sorted(set(statuses))},
-        "results": results, "inspected": inspected,
+        "results": results,
+        "inspected": inspected,
     }
 
 
@@ -119,8 +139,9 @@ def run_workload(name: str, seeds: int, base: Path) -> dict:
     return {**simulate(name, inputs, plan, seeds, base), "plan_s": plan_s}
 
 
-def run_named(parser: argparse.ArgumentParser, names: str, known: dict, prefix: str,
-              run_one: Callable[[str, Path], dict]) -> list[dict]:
+def run_named(
+    parser: argparse.ArgumentParser, names: str, known: dict, prefix: str, run_one: Callable[[str, Path], dict]
+) -> list[dict]:
     """Run the comma-separated workloads ``names`` (each one of ``known``) in one temporary folder, in order."""
     picked = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in picked if n not in known]
@@ -143,18 +164,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-seeds", type=int, default=3, help="runs of the 729-trial workloads (timing)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     args = parser.parse_args(argv)
-    rows = run_named(parser, args.workloads, WORKLOADS, "bench-sim-", lambda name, base: run_workload(
-        name, args.scale_seeds if name in SCALE else args.seeds, base))
-    print("| workload | trials | runs | JCT p50 run / predicted | p10 | p90 | P(meet) run − predicted | "
-          "cost run / predicted | wall s/run (median, max) | outcomes |")
+    rows = run_named(
+        parser,
+        args.workloads,
+        WORKLOADS,
+        "bench-sim-",
+        lambda name, base: run_workload(name, args.scale_seeds if name in SCALE else args.seeds, base),
+    )
+    print(
+        "| workload | trials | runs | JCT p50 run / predicted | p10 | p90 | P(meet) run − predicted | "
+        "cost run / predicted | wall s/run (median, max) | outcomes |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['name']} | {r['trials']} | {r['seeds']} | {r['run_p50']:.0f} / {r['pred_p50']:.0f} s = "
-              f"**{r['run_p50'] / r['pred_p50']:.3f}** | {r['run_p10'] / r['pred_p10']:.3f} | "
-              f"{r['run_p90'] / r['pred_p90']:.3f} | {r['run_meet']:.2f} − {r['pred_meet']:.3f} = "
-              f"**{r['run_meet'] - r['pred_meet']:+.3f}** | ${r['run_cost']:.2f} / ${r['pred_cost']:.2f} = "
-              f"{r['run_cost'] / r['pred_cost']:.3f} | {r['wall_median']:.2f}, {r['wall_max']:.2f} | "
-              f"{r['outcomes']} |")
+        print(
+            f"| {r['name']} | {r['trials']} | {r['seeds']} | {r['run_p50']:.0f} / {r['pred_p50']:.0f} s = "
+            f"**{r['run_p50'] / r['pred_p50']:.3f}** | {r['run_p10'] / r['pred_p10']:.3f} | "
+            f"{r['run_p90'] / r['pred_p90']:.3f} | {r['run_meet']:.2f} − {r['pred_meet']:.3f} = "
+            f"**{r['run_meet'] - r['pred_meet']:+.3f}** | ${r['run_cost']:.2f} / ${r['pred_cost']:.2f} = "
+            f"{r['run_cost'] / r['pred_cost']:.3f} | {r['wall_median']:.2f}, {r['wall_max']:.2f} | "
+            f"{r['outcomes']} |"
+        )
     return 0
 
 

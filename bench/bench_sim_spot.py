@@ -68,10 +68,14 @@ def spot_figures(events: list[dict]) -> dict[str, float]:
     decisions = [e for e in events if e["type"] == J.DECISION]
     return {
         "lost": sum(1 for e in events if e["type"] == J.INSTANCE_LOST),
-        "no_capacity": sum(1 for e in decisions if e.get("kind") == "failover"
-                           and e.get("obtained_market") == "on_demand"),
-        "moved": sum(1 for e in decisions if e.get("kind") == "spot" and e.get("market") == "on_demand"
-                     and e.get("previous") == "spot"),
+        "no_capacity": sum(
+            1 for e in decisions if e.get("kind") == "failover" and e.get("obtained_market") == "on_demand"
+        ),
+        "moved": sum(
+            1
+            for e in decisions
+            if e.get("kind") == "spot" and e.get("market") == "on_demand" and e.get("previous") == "spot"
+        ),
         "od_share": hours[False] / max(hours[True] + hours[False], 1e-9),
     }
 
@@ -94,9 +98,19 @@ def run_workload(name: str, seeds: int, base: Path, spot_model: str | None) -> d
         run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=base))
         sim = simulated_for(spec, plan, catalog, profile, seed=seed, start=START)
         began = time.perf_counter()
-        controller = controller_for(plan)(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=sim.backend,
-                                          runtime=sim.runtime, run_id=f"sim-{name}-{seed}", replanner=replanner,
-                                          profile=profile, clock=sim.clock, cluster=sim.cluster)
+        controller = controller_for(plan)(
+            spec=spec,
+            plan=plan,
+            catalog=catalog,
+            run_dir=run_dir,
+            backend=sim.backend,
+            runtime=sim.runtime,
+            run_id=f"sim-{name}-{seed}",
+            replanner=replanner,
+            profile=profile,
+            clock=sim.clock,
+            cluster=sim.cluster,
+        )
         try:
             result = controller.run().result
         except ExecutionError:  # too many instances lost: result.json says how far it got
@@ -109,11 +123,16 @@ def run_workload(name: str, seeds: int, base: Path, spot_model: str | None) -> d
         shutil.rmtree(run_dir, ignore_errors=True)
     met = [j <= plan.deadline_s and o != "failed" for j, o in zip(jcts, outcomes)]
     return {
-        "name": name, "deadline_s": plan.deadline_s, "seeds": seeds,
+        "name": name,
+        "deadline_s": plan.deadline_s,
+        "seeds": seeds,
         "markets": " / ".join(f"{'spot' if s.spot else 'od'}×{s.instances}" for s in plan.stages),
-        "pred_p50": plan.predicted.jct_s.p50, "pred_meet": plan.predicted.p_meet_deadline,
+        "pred_p50": plan.predicted.jct_s.p50,
+        "pred_meet": plan.predicted.p_meet_deadline,
         "pred_cost": plan.predicted.cost_usd.mean,
-        "run_p50": statistics.median(jcts), "run_meet": sum(met) / len(met), "run_cost": statistics.fmean(costs),
+        "run_p50": statistics.median(jcts),
+        "run_meet": sum(met) / len(met),
+        "run_cost": statistics.fmean(costs),
         "outcomes": {o: outcomes.count(o) for o in sorted(set(outcomes))},
         "spot": {k: statistics.fmean(f[k] for f in figures) for k in figures[0]},
         "wall_median": statistics.median(walls),
@@ -126,19 +145,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--spot-model", default=None, help="spot model file (default: the shipped one)")
     args = parser.parse_args(argv)
-    rows = run_named(parser, args.workloads, WORKLOADS, "bench-sim-spot-",
-                     lambda name, base: run_workload(name, args.seeds, base, args.spot_model))
-    print("| workload | stages | runs | JCT p50 run / predicted | P(meet) run − predicted | cost run / predicted | "
-          "outcomes | wall s/run |")
+    rows = run_named(
+        parser,
+        args.workloads,
+        WORKLOADS,
+        "bench-sim-spot-",
+        lambda name, base: run_workload(name, args.seeds, base, args.spot_model),
+    )
+    print(
+        "| workload | stages | runs | JCT p50 run / predicted | P(meet) run − predicted | cost run / predicted | "
+        "outcomes | wall s/run |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['name']} | {r['markets']} | {r['seeds']} | {r['run_p50']:.0f} / {r['pred_p50']:.0f} s = "
-              f"**{r['run_p50'] / r['pred_p50']:.3f}** | {r['run_meet']:.2f} − {r['pred_meet']:.3f} = "
-              f"**{r['run_meet'] - r['pred_meet']:+.3f}** | ${r['run_cost']:.2f} / ${r['pred_cost']:.2f} = "
-              f"**{r['run_cost'] / r['pred_cost']:.3f}** | {r['outcomes']} | {r['wall_median']:.2f} |")
+        print(
+            f"| {r['name']} | {r['markets']} | {r['seeds']} | {r['run_p50']:.0f} / {r['pred_p50']:.0f} s = "
+            f"**{r['run_p50'] / r['pred_p50']:.3f}** | {r['run_meet']:.2f} − {r['pred_meet']:.3f} = "
+            f"**{r['run_meet'] - r['pred_meet']:+.3f}** | ${r['run_cost']:.2f} / ${r['pred_cost']:.2f} = "
+            f"**{r['run_cost'] / r['pred_cost']:.3f}** | {r['outcomes']} | {r['wall_median']:.2f} |"
+        )
     print()
-    print("| workload | lost / run | no capacity → on-demand / run | moved to on-demand / run | "
-          "on-demand share of instance-hours |")
+    print(
+        "| workload | lost / run | no capacity → on-demand / run | moved to on-demand / run | "
+        "on-demand share of instance-hours |"
+    )
     print("|---|---|---|---|---|")
     for r in rows:
         s = r["spot"]

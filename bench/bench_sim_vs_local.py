@@ -54,6 +54,7 @@ RESULTS_GRACE_S = 600.0  # `rubberband run`'s default --results-grace (10m), whi
 
 # -- the journal's overheads ----------------------------------------------------------------------------------
 
+
 def overheads(run_dir: Path, result: dict) -> dict:
     """What one run's journal records beyond training: seconds, per run (medians and sums as named)."""
     from rubberband.executor import journal as J
@@ -64,8 +65,7 @@ def overheads(run_dir: Path, result: dict) -> dict:
     ready = {e["id"]: e["t"] for e in events if e["type"] == J.INSTANCE_READY}
     startups = [e["startup_s"] for e in events if e["type"] == J.INSTANCE_READY and e.get("startup_s") is not None]
     released = {e["id"]: e["t"] for e in events if e["type"] == J.DECISION and e.get("kind") == "release"}
-    gone = [e["t"] - released[e["id"]] for e in events
-            if e["type"] == J.INSTANCE_TERMINATED and e["id"] in released]
+    gone = [e["t"] - released[e["id"]] for e in events if e["type"] == J.INSTANCE_TERMINATED and e["id"] in released]
     running: dict[str, tuple[list[str], int, float, bool]] = {}
     seen: set[str] = set()
     last_end: dict[str, tuple[int, float]] = {}
@@ -137,8 +137,10 @@ def overheads(run_dir: Path, result: dict) -> dict:
         "teardown": (run_finished - max(stage_finished.values())) if run_finished and stage_finished else math.nan,
         "instances": len(ready),
         # from the previous stage's end (the run's start for stage 0), as the plan predicts a stage's duration
-        "stages": {g: t - ([t0] + [stage_finished[h] for h in sorted(stage_finished) if h < g])[-1]
-                   for g, t in stage_finished.items()},
+        "stages": {
+            g: t - ([t0] + [stage_finished[h] for h in sorted(stage_finished) if h < g])[-1]
+            for g, t in stage_finished.items()
+        },
     }
 
 
@@ -147,8 +149,7 @@ OVERHEAD_ROWS = [
     ("head_start", "head start (run start → Ray head up)", True),
     ("startup_median", "instance start-up (request → ready), median", False),
     ("worker_start_median", "worker start on a fresh instance (ready → first trial + its setup), median", False),
-    ("to_first_trial", "run start → first trial's training begins (serial: head, 1st instance, its workers)",
-     True),
+    ("to_first_trial", "run start → first trial's training begins (serial: head, 1st instance, its workers)", True),
     ("warm_setup_median", "warm trial setup (per trial), median", False),
     ("warm_setup_sum", "warm trial setup, Σ over trials (all instances)", True),
     ("dispatch_gap_median", "dispatch gap (trial end → next trial on that instance), median", False),
@@ -164,6 +165,7 @@ OVERHEAD_ROWS = [
 
 
 # -- the legs --------------------------------------------------------------------------------------------------
+
 
 def plan_as_run_does(spec_path: Path, out: Path):
     """The plan ``rubberband run SPEC`` makes (no --plan, no --deadline, default --head / --results-grace),
@@ -195,9 +197,25 @@ def leftovers(run_dir: Path) -> list[int]:
 def cli_run(spec_path: Path, plan_path: Path, run_dir: Path, *extra: str) -> tuple[dict | None, float, str]:
     """``rubberband run SPEC --plan PLAN --run-dir DIR --yes --overrun none [extra]``: (result, wall s, stderr tail)."""
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan", str(plan_path),
-                           "--run-dir", str(run_dir), "--yes", "--overrun", "none", *extra],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(plan_path),
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+            "--overrun",
+            "none",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+    )
     wall = time.monotonic() - began
     (run_dir.parent / f"{run_dir.name}.log").write_text(done.stdout + done.stderr)
     result_file = run_dir / "result.json"
@@ -214,19 +232,26 @@ def real_runs(spec_path: Path, plan_path: Path, k: int, base: Path) -> list[dict
         load_after = os.getloadavg()[0]
         left = leftovers(run_dir)
         if left:
-            print(f"WARNING real run {i}: processes of {run_dir} still alive after the CLI returned: {left}",
-                  file=sys.stderr)
+            print(
+                f"WARNING real run {i}: processes of {run_dir} still alive after the CLI returned: {left}",
+                file=sys.stderr,
+            )
         if result is None:
             print(f"real run {i}: no result.json ({tail})", file=sys.stderr)
             continue
-        runs.append({"result": result, "overheads": overheads(run_dir, result), "wall": wall,
-                     "load": (load_before, load_after)})
-        print(f"... real run {i}: JCT {result['actual']['jct_s']:.1f} s, {result['outcome']}, command {wall:.0f} s, "
-              f"load average {load_before:.1f} → {load_after:.1f}", file=sys.stderr)
+        runs.append(
+            {"result": result, "overheads": overheads(run_dir, result), "wall": wall, "load": (load_before, load_after)}
+        )
+        print(
+            f"... real run {i}: JCT {result['actual']['jct_s']:.1f} s, {result['outcome']}, command {wall:.0f} s, "
+            f"load average {load_before:.1f} → {load_after:.1f}",
+            file=sys.stderr,
+        )
     return runs
 
 
 # -- printing ------------------------------------------------------------------------------------------------------
+
 
 def _f(x: float, digits: int = 2) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
@@ -240,65 +265,90 @@ def report(plan, sim: dict, cli: dict | None, real: list[dict]) -> None:
     rj = [r["result"]["actual"]["jct_s"] for r in real]
     rc = [r["result"]["actual"]["cost_usd"] for r in real]
     met = [bool(r["result"]["met_deadline"]) for r in real]
-    stages = " → ".join(f"{s.trials}×{s.epochs}ep on {s.instances}×{s.instance_type}/w{s.workers_per_trial}"
-                        for s in plan.stages)
+    stages = " → ".join(
+        f"{s.trials}×{s.epochs}ep on {s.instances}×{s.instance_type}/w{s.workers_per_trial}" for s in plan.stages
+    )
     print(f"\nplan: deadline {plan.deadline_s:.0f} s; {stages}")
-    print(f"\n| | predicted (plan) | sim ({sim['seeds']} seeds) | real ({len(real)} runs) | real / sim | "
-          f"real / predicted |")
+    print(
+        f"\n| | predicted (plan) | sim ({sim['seeds']} seeds) | real ({len(real)} runs) | real / sim | "
+        f"real / predicted |"
+    )
     print("|---|---|---|---|---|---|")
-    print(f"| JCT s | p50 {p.jct_s.p50:.1f} (p10–p90 {sim['pred_p10']:.1f}–{sim['pred_p90']:.1f}) | median "
-          f"{sim_jct:.1f} (p10–p90 {sim['run_p10']:.1f}–{sim['run_p90']:.1f}) | "
-          f"{', '.join(f'{j:.1f}' for j in rj)} | "
-          f"{', '.join(f'{j / sim_jct:.3f}' for j in rj)} | {', '.join(f'{j / p.jct_s.p50:.3f}' for j in rj)} |")
-    print(f"| cost $ | mean {p.cost_usd.mean:.5f} | mean {sim_cost:.5f} | {', '.join(f'{c:.5f}' for c in rc)} | "
-          f"{', '.join(f'{c / sim_cost:.3f}' for c in rc)} | {', '.join(f'{c / p.cost_usd.mean:.3f}' for c in rc)} |")
-    print(f"| P(meet {plan.deadline_s:.0f} s) | {p.p_meet_deadline:.3f} | hit rate {hit:.2f} | "
-          f"{sum(met)}/{len(met)} met | | |")
+    print(
+        f"| JCT s | p50 {p.jct_s.p50:.1f} (p10–p90 {sim['pred_p10']:.1f}–{sim['pred_p90']:.1f}) | median "
+        f"{sim_jct:.1f} (p10–p90 {sim['run_p10']:.1f}–{sim['run_p90']:.1f}) | "
+        f"{', '.join(f'{j:.1f}' for j in rj)} | "
+        f"{', '.join(f'{j / sim_jct:.3f}' for j in rj)} | {', '.join(f'{j / p.jct_s.p50:.3f}' for j in rj)} |"
+    )
+    print(
+        f"| cost $ | mean {p.cost_usd.mean:.5f} | mean {sim_cost:.5f} | {', '.join(f'{c:.5f}' for c in rc)} | "
+        f"{', '.join(f'{c / sim_cost:.3f}' for c in rc)} | {', '.join(f'{c / p.cost_usd.mean:.3f}' for c in rc)} |"
+    )
+    print(
+        f"| P(meet {plan.deadline_s:.0f} s) | {p.p_meet_deadline:.3f} | hit rate {hit:.2f} | "
+        f"{sum(met)}/{len(met)} met | | |"
+    )
     print(f"| outcomes | | {sim['outcomes']} | {[r['result']['outcome'] for r in real]} | | |")
     if cli is not None:
         same = sim["results"][cli["seed"]]["actual"] if cli["seed"] < len(sim["results"]) else None
         actual = cli["result"]["actual"]
-        print(f"\nCLI `rubberband run --cloud sim` (spec seed {cli['seed']}): JCT {actual['jct_s']:.2f} s, cost"
-              f" ${actual['cost_usd']:.5f}, {cli['wall']:.1f} s for the command"
-              + (f" (in-process seed {cli['seed']}: JCT {same['jct_s']:.2f} s, cost ${same['cost_usd']:.5f})"
-                 if same else ""))
-    print("\n| stage (from the previous one's end; stage 0 from the run's start) | predicted s | sim median s | "
-          "real s |")
+        print(
+            f"\nCLI `rubberband run --cloud sim` (spec seed {cli['seed']}): JCT {actual['jct_s']:.2f} s, cost"
+            f" ${actual['cost_usd']:.5f}, {cli['wall']:.1f} s for the command"
+            + (
+                f" (in-process seed {cli['seed']}: JCT {same['jct_s']:.2f} s, cost ${same['cost_usd']:.5f})"
+                if same
+                else ""
+            )
+        )
+    print(
+        "\n| stage (from the previous one's end; stage 0 from the run's start) | predicted s | sim median s | real s |"
+    )
     print("|---|---|---|---|")
     for g, stage in enumerate(plan.stages):
         simd = [o["stages"].get(g) for o in sim["inspected"]]
         simd = [d for d in simd if d is not None]
-        print(f"| {g} ({stage.trials}×{stage.epochs}ep) | {_f(stage.predicted_duration_s, 1)} | "
-              f"{_f(statistics.median(simd) if simd else math.nan, 1)} | "
-              f"{', '.join(_f(r['overheads']['stages'].get(g), 1) for r in real)} |")
+        print(
+            f"| {g} ({stage.trials}×{stage.epochs}ep) | {_f(stage.predicted_duration_s, 1)} | "
+            f"{_f(statistics.median(simd) if simd else math.nan, 1)} | "
+            f"{', '.join(_f(r['overheads']['stages'].get(g), 1) for r in real)} |"
+        )
     print("\nOverheads the journals record (s; sim: median over the seeds, what the performance model plays):\n")
-    print(f"| | sim | {' | '.join(f'real {i}' for i in range(len(real)))} | real − sim (mean) | "
-          f"% of real JCT (mean) |")
+    print(f"| | sim | {' | '.join(f'real {i}' for i in range(len(real)))} | real − sim (mean) | % of real JCT (mean) |")
     print(f"|---|---|{'---|' * len(real)}---|---|")
     for key, label, in_jct in OVERHEAD_ROWS:
         simv = statistics.median([o[key] for o in sim["inspected"]])
         vals = [r["overheads"][key] for r in real]
         delta = statistics.fmean(vals) - simv if vals else math.nan
         share = statistics.fmean(v / j for v, j in zip(vals, rj)) if in_jct and vals else math.nan
-        print(f"| {label} | {_f(simv, 3)} | {' | '.join(_f(v, 3) for v in vals)} | {_f(delta, 3)} | "
-              f"{'' if math.isnan(share) else f'{share:.1%}'} |")
+        print(
+            f"| {label} | {_f(simv, 3)} | {' | '.join(_f(v, 3) for v in vals)} | {_f(delta, 3)} | "
+            f"{'' if math.isnan(share) else f'{share:.1%}'} |"
+        )
     if real:
         gap = statistics.fmean(rj) - sim_jct
         before = statistics.fmean(r["overheads"]["to_first_trial"] for r in real) - statistics.median(
-            o["to_first_trial"] for o in sim["inspected"])
+            o["to_first_trial"] for o in sim["inspected"]
+        )
         loads = ", ".join(f"{a:.1f}→{b:.1f}" for a, b in (r["load"] for r in real))
-        print(f"\nreal − sim JCT (mean of the real runs − sim median): {gap:+.2f} s = {gap / sim_jct:+.1%}; "
-              f"of which before the first trial's training begins {before:+.2f} s, after it {gap - before:+.2f} s. "
-              f"Load average over the real runs (before→after): {loads}; {os.cpu_count()} cores.")
+        print(
+            f"\nreal − sim JCT (mean of the real runs − sim median): {gap:+.2f} s = {gap / sim_jct:+.1%}; "
+            f"of which before the first trial's training begins {before:+.2f} s, after it {gap - before:+.2f} s. "
+            f"Load average over the real runs (before→after): {loads}; {os.cpu_count()} cores."
+        )
         billed = statistics.fmean(r["overheads"]["billed_sum"] for r in real) - statistics.median(
-            o["billed_sum"] for o in sim["inspected"])
+            o["billed_sum"] for o in sim["inspected"]
+        )
         gone = statistics.fmean(r["overheads"]["release_to_gone_sum"] for r in real) - statistics.median(
-            o["release_to_gone_sum"] for o in sim["inspected"])
-        print(f"real − sim cost (mean of the real runs − sim mean): {statistics.fmean(rc) - sim_cost:+.5f} $ = "
-              f"{(statistics.fmean(rc) - sim_cost) / sim_cost:+.1%}; billed instance-seconds real − sim median "
-              f"{billed:+.1f} s, of which release → terminated {gone:+.1f} s; the instance kept to the end was the "
-              f"first one requested (billed longest) in {sum(r['overheads']['kept_first'] for r in real)}/{len(real)} "
-              f"real runs, {sum(o['kept_first'] for o in sim['inspected'])}/{len(sim['inspected'])} simulated ones.")
+            o["release_to_gone_sum"] for o in sim["inspected"]
+        )
+        print(
+            f"real − sim cost (mean of the real runs − sim mean): {statistics.fmean(rc) - sim_cost:+.5f} $ = "
+            f"{(statistics.fmean(rc) - sim_cost) / sim_cost:+.1%}; billed instance-seconds real − sim median "
+            f"{billed:+.1f} s, of which release → terminated {gone:+.1f} s; the instance kept to the end was the "
+            f"first one requested (billed longest) in {sum(r['overheads']['kept_first'] for r in real)}/{len(real)} "
+            f"real runs, {sum(o['kept_first'] for o in sim['inspected'])}/{len(sim['inspected'])} simulated ones."
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,8 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", type=int, default=2, help="real local runs (K)")
     parser.add_argument("--seeds", type=int, default=50, help="simulated runs (--cloud sim), ≥ 50 for the table")
     parser.add_argument("--spec", type=Path, default=LOCAL, help="a spec on the local cloud")
-    parser.add_argument("--out", type=Path, default=None, help="keep the plan, runs and logs here (default: a "
-                        "temporary folder, removed at the end)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="keep the plan, runs and logs here (default: a temporary folder, removed at the end)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     base = (args.out or Path(tempfile.mkdtemp(prefix="bench-sim-vs-local-"))).absolute()
@@ -324,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         cli = None if result is None else {"result": result, "wall": wall, "seed": inputs.spec.seed}
         if result is None:
             print(f"CLI --cloud sim run: no result.json ({tail})", file=sys.stderr)
-        print(f"... simulated (median wall {sim['wall_median']:.2f} s per run); {args.real} real runs",
-              file=sys.stderr)
+        print(f"... simulated (median wall {sim['wall_median']:.2f} s per run); {args.real} real runs", file=sys.stderr)
         real = real_runs(spec_path, plan_path, args.real, base)
         report(plan, sim, cli, real)
     finally:

@@ -101,9 +101,16 @@ def main() -> int:
     catalog = load_catalog(["aws"])
     base = load_spec(EXAMPLES / "quickstart.yaml")
     profile = load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json")
-    workloads = {"quickstart": base,
-                 "hyperband": base.model_copy(update={"scheduler": base.scheduler.model_copy(update={
-                     "kind": "hyperband", "trials": None, "min_epochs": 1, "max_epochs": 27, "eta": 3})})}
+    workloads = {
+        "quickstart": base,
+        "hyperband": base.model_copy(
+            update={
+                "scheduler": base.scheduler.model_copy(
+                    update={"kind": "hyperband", "trials": None, "min_epochs": 1, "max_epochs": 27, "eta": 3}
+                )
+            }
+        ),
+    }
 
     def scenarios(plan, traces):
         out = {}
@@ -116,10 +123,24 @@ def main() -> int:
 
     def replay(plan, policy=None):
         """(held-out mean cost, held-out hit rate, fit-period hit rate)."""
-        held = replay_plan(plan, profile, catalog, samples=args.replays, seed=1,
-                           spot_scenarios=scenarios(plan, held_part), spot_policy=policy)
-        seen = replay_plan(plan, profile, catalog, samples=args.replays, seed=1,
-                           spot_scenarios=scenarios(plan, fit_part), spot_policy=policy)
+        held = replay_plan(
+            plan,
+            profile,
+            catalog,
+            samples=args.replays,
+            seed=1,
+            spot_scenarios=scenarios(plan, held_part),
+            spot_policy=policy,
+        )
+        seen = replay_plan(
+            plan,
+            profile,
+            catalog,
+            samples=args.replays,
+            seed=1,
+            spot_scenarios=scenarios(plan, fit_part),
+            spot_policy=policy,
+        )
         return held.cost_mean, held.p_meet(plan.deadline_s), seen.cost_mean, seen.p_meet(plan.deadline_s)
 
     rows = []
@@ -134,41 +155,100 @@ def main() -> int:
             shortest = exc.shortest_jct_s
         for factor in (1.2, 1.5, 2.0):
             deadline = shortest * factor
-            od = plan_job(with_spot(spec, False), profile, catalog, deadline_s=deadline, samples=args.samples,
-                          asha=False)
+            od = plan_job(
+                with_spot(spec, False), profile, catalog, deadline_s=deadline, samples=args.samples, asha=False
+            )
             od_cost = od.predicted.cost_usd.mean
             od_hit = od.predicted.p_meet_deadline
-            rows.append((name, factor, deadline, "on-demand", od_cost, od_cost, od_hit, od_cost, od_hit, conf,
-                         _stages(od)))
-            aware = plan_job(with_spot(spec, True), profile, catalog, deadline_s=deadline, samples=args.samples,
-                             asha=False, spot_model=market, spot_source=fitted.source)
-            rows.append((name, factor, deadline, "spot-aware", aware.predicted.cost_usd.mean, *replay(aware), conf,
-                         _stages(aware)))
+            rows.append(
+                (name, factor, deadline, "on-demand", od_cost, od_cost, od_hit, od_cost, od_hit, conf, _stages(od))
+            )
+            aware = plan_job(
+                with_spot(spec, True),
+                profile,
+                catalog,
+                deadline_s=deadline,
+                samples=args.samples,
+                asha=False,
+                spot_model=market,
+                spot_source=fitted.source,
+            )
+            rows.append(
+                (
+                    name,
+                    factor,
+                    deadline,
+                    "spot-aware",
+                    aware.predicted.cost_usd.mean,
+                    *replay(aware),
+                    conf,
+                    _stages(aware),
+                )
+            )
             try:
-                legacy = plan_job(with_spot(spec, True, ["p3.2xlarge"]), profile, catalog, deadline_s=deadline,
-                                  samples=args.samples, asha=False)
+                legacy = plan_job(
+                    with_spot(spec, True, ["p3.2xlarge"]),
+                    profile,
+                    catalog,
+                    deadline_s=deadline,
+                    samples=args.samples,
+                    asha=False,
+                )
             except InfeasibleError:
                 rows.append((name, factor, deadline, "all-spot naive", *[float("nan")] * 5, conf, "—"))
                 continue
             zone = market.best_zone("aws", legacy.stages[0].region, "p3.2xlarge")
-            info = SpotInfo(model_source="bench", zones=[SpotZoneInfo(
-                cloud=zone.cloud, instance_type=zone.instance_type, region=zone.region, zone=zone.zone,
-                preemption_rate_per_h=zone.preemption_rate_per_h, p_unavailable=zone.p_unavailable,
-                unavailable_s=list(zone.unavailable_s))])
-            spotted = legacy.model_copy(update={"spot": info, "stages": [
-                s.model_copy(update={"spot": True, "zone": zone.zone}) for s in legacy.stages]})
+            info = SpotInfo(
+                model_source="bench",
+                zones=[
+                    SpotZoneInfo(
+                        cloud=zone.cloud,
+                        instance_type=zone.instance_type,
+                        region=zone.region,
+                        zone=zone.zone,
+                        preemption_rate_per_h=zone.preemption_rate_per_h,
+                        p_unavailable=zone.p_unavailable,
+                        unavailable_s=list(zone.unavailable_s),
+                    )
+                ],
+            )
+            spotted = legacy.model_copy(
+                update={
+                    "spot": info,
+                    "stages": [s.model_copy(update={"spot": True, "zone": zone.zone}) for s in legacy.stages],
+                }
+            )
             for label, policy in (("all-spot naive", AlwaysSpot()), ("UP per trial", SpotPolicy())):
-                rows.append((name, factor, deadline, label, legacy.predicted.cost_usd.mean, *replay(spotted, policy),
-                             conf, _stages(spotted)))
+                rows.append(
+                    (
+                        name,
+                        factor,
+                        deadline,
+                        label,
+                        legacy.predicted.cost_usd.mean,
+                        *replay(spotted, policy),
+                        conf,
+                        _stages(spotted),
+                    )
+                )
     elapsed = time.perf_counter() - started
 
-    print(f"Spot bench: model fitted on the {which} of each AWS trace in {traces_dir}, "
-          f"replayed {args.replays}× on the rest; planning with {args.samples} samples; {elapsed:.0f} s")
-    print("zones used:", ", ".join(f"{z.instance_type} {z.zone} ({z.preemption_rate_per_h:.2f}/h, "
-                                   f"P(no capacity) {z.p_unavailable:.0%})"
-                                   for z in fitted.zones if z.zone.endswith("*")))
-    header = (f"{'workload':<11}{'deadline':>14}  {'plan':<15}{'pred $':>8}{'held-out $':>11}{'× OD':>7}"
-              f"{'hit':>8}{'fit-period $':>13}{'hit':>8}{'p':>6}  stages")
+    print(
+        f"Spot bench: model fitted on the {which} of each AWS trace in {traces_dir}, "
+        f"replayed {args.replays}× on the rest; planning with {args.samples} samples; {elapsed:.0f} s"
+    )
+    print(
+        "zones used:",
+        ", ".join(
+            f"{z.instance_type} {z.zone} ({z.preemption_rate_per_h:.2f}/h, P(no capacity) {z.p_unavailable:.0%})"
+            for z in fitted.zones
+            if z.zone.endswith("*")
+        ),
+    )
+    header = (
+        f"{'workload':<11}{'deadline':>14}  {'plan':<15}{'pred $':>8}{'held-out $':>11}{'× OD':>7}"
+        f"{'hit':>8}{'fit-period $':>13}{'hit':>8}{'p':>6}  stages"
+    )
     print(header)
     print("-" * len(header))
     od_costs = {}
@@ -177,20 +257,25 @@ def main() -> int:
             od_costs[(name, factor)] = cost
         ratio = cost / od_costs[(name, factor)] if od_costs.get((name, factor)) else float("nan")
         mark = "" if label == "on-demand" or hit >= conf else " <p"
-        print(f"{name:<11}{factor:>5.1f}× {deadline / 60:5.1f}m  {label:<15}{pred:>8.2f}{cost:>11.2f}{ratio:>7.2f}"
-              f"{hit:>8.1%}{seen_cost:>13.2f}{seen_hit:>8.1%}{conf:>6.2f}  {stages}{mark}")
+        print(
+            f"{name:<11}{factor:>5.1f}× {deadline / 60:5.1f}m  {label:<15}{pred:>8.2f}{cost:>11.2f}{ratio:>7.2f}"
+            f"{hit:>8.1%}{seen_cost:>13.2f}{seen_hit:>8.1%}{conf:>6.2f}  {stages}{mark}"
+        )
     for name, factor, _, label, _, cost, hit, _, _, conf, _ in rows:
         if label == "spot-aware" and factor == 1.5:
-            print(f"goal at 1.5× ({name}): spot-aware / on-demand = {cost / od_costs[(name, factor)]:.2f} "
-                  f"(target ≤ 0.50); held-out hit rate {hit:.1%} (target ≥ {conf:.0%})")
+            print(
+                f"goal at 1.5× ({name}): spot-aware / on-demand = {cost / od_costs[(name, factor)]:.2f} "
+                f"(target ≤ 0.50); held-out hit rate {hit:.1%} (target ≥ {conf:.0%})"
+            )
     return 0
 
 
 def _stages(plan) -> str:
     """Compact per-stage shape: count × type and market, e.g. ``9p3s 9p3s 3g5``."""
     short = {"p3.2xlarge": "p3", "g4dn.xlarge": "g4dn", "g5.xlarge": "g5"}
-    return " ".join(f"{s.instances}{short.get(s.instance_type, s.instance_type)}{'s' if s.spot else ''}"
-                    for s in plan.stages)
+    return " ".join(
+        f"{s.instances}{short.get(s.instance_type, s.instance_type)}{'s' if s.spot else ''}" for s in plan.stages
+    )
 
 
 if __name__ == "__main__":

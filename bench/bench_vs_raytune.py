@@ -49,8 +49,9 @@ GRANULARITY_S, MINIMUM_S = 1.0, 60.0
 def billed_usd(lifetimes_s: list[float], price_hr: float | list[float]) -> float:
     """Per node-second, 1 s granularity, 60 s minimum per node."""
     prices = price_hr if isinstance(price_hr, list) else [price_hr] * len(lifetimes_s)
-    return sum(math.ceil(max(t, MINIMUM_S) / GRANULARITY_S) * GRANULARITY_S * p / 3600
-               for t, p in zip(lifetimes_s, prices))
+    return sum(
+        math.ceil(max(t, MINIMUM_S) / GRANULARITY_S) * GRANULARITY_S * p / 3600 for t, p in zip(lifetimes_s, prices)
+    )
 
 
 def same_trials() -> list[float]:
@@ -61,13 +62,15 @@ def same_trials() -> list[float]:
 
     spec = load_spec(SPEC)
     sched = spec.scheduler
-    first = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
-                       max_epochs=sched.max_epochs)[0]
+    first = stages_for(
+        sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs
+    )[0]
     source = make_config_source(spec)
     return [source.propose(trial_id_for(0, i))["lr"] for i in range(first.trials)]
 
 
 # -- Ray Tune (one cell per process) -----------------------------------------------------------------
+
 
 def raytune_cell(scheduler: str, nodes: int, out: Path) -> dict:
     # Ray Tune's trial actors import the trainable by module name: the nodes' workers inherit this path
@@ -89,35 +92,56 @@ def raytune_cell(scheduler: str, nodes: int, out: Path) -> dict:
         for i in range(nodes):
             cluster.add_instance(f"n{i}", 1)
         if scheduler == "hyperband":
-            chosen = HyperBandScheduler(time_attr="training_iteration", max_t=sched["max_epochs"],
-                                        reduction_factor=sched["eta"])
+            chosen = HyperBandScheduler(
+                time_attr="training_iteration", max_t=sched["max_epochs"], reduction_factor=sched["eta"]
+            )
         else:
-            chosen = ASHAScheduler(time_attr="training_iteration", max_t=sched["max_epochs"],
-                                   grace_period=sched["min_epochs"], reduction_factor=sched["eta"])
+            chosen = ASHAScheduler(
+                time_attr="training_iteration",
+                max_t=sched["max_epochs"],
+                grace_period=sched["min_epochs"],
+                reduction_factor=sched["eta"],
+            )
         # the same trials: rubberband's configurations (seeded), given to Ray Tune as a grid
         space = {"lr": tune.grid_search(same_trials()), **spec["config"], "max_epochs": sched["max_epochs"]}
         tuner = tune.Tuner(
-            tune.with_resources(raytune_trainable.train_fn, {"cpu": 1}), param_space=space,
-            tune_config=tune.TuneConfig(metric=spec["metric"]["name"], mode=spec["metric"]["mode"],
-                                        num_samples=1, scheduler=chosen, reuse_actors=True),
-            run_config=tune.RunConfig(storage_path=str(out / "ray_results"), name=f"{scheduler}-{nodes}",
-                                      verbose=0))
+            tune.with_resources(raytune_trainable.train_fn, {"cpu": 1}),
+            param_space=space,
+            tune_config=tune.TuneConfig(
+                metric=spec["metric"]["name"],
+                mode=spec["metric"]["mode"],
+                num_samples=1,
+                scheduler=chosen,
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(storage_path=str(out / "ray_results"), name=f"{scheduler}-{nodes}", verbose=0),
+        )
         results = tuner.fit()
         jct = time.time() - started
         best = results.get_best_result(metric=spec["metric"]["name"], mode=spec["metric"]["mode"], scope="last")
         epochs = int(sum(r.metrics.get("training_iteration", 0) for r in results))
     lifetime = time.time() - started
-    return {"system": f"Ray Tune {scheduler} (reuse_actors)", "nodes": nodes, "jct_s": jct,
-            "cost_usd": billed_usd([lifetime] * nodes, NODE_PRICE_HR), "best_lr": best.config["lr"],
-            "best_metric": best.metrics[spec["metric"]["name"]], "trial_epochs": epochs}
+    return {
+        "system": f"Ray Tune {scheduler} (reuse_actors)",
+        "nodes": nodes,
+        "jct_s": jct,
+        "cost_usd": billed_usd([lifetime] * nodes, NODE_PRICE_HR),
+        "best_lr": best.config["lr"],
+        "best_metric": best.metrics[spec["metric"]["name"]],
+        "trial_epochs": epochs,
+    }
 
 
 def run_raytune(scheduler: str, nodes: int, out: Path, *, tries: int = 3) -> dict:
     """One Ray Tune cell in a fresh process; tried again when it fails (a Ray node that times out
     starting on a loaded machine), at most ``tries`` times."""
     for attempt in range(1, tries + 1):
-        done = subprocess.run([sys.executable, __file__, "--raytune-cell", scheduler, str(nodes), "--out", str(out)],
-                              capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [sys.executable, __file__, "--raytune-cell", scheduler, str(nodes), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if done.returncode == 0:
             return json.loads(done.stdout.strip().splitlines()[-1])
         last = done.stderr.strip().splitlines()[-1:] or ["?"]
@@ -126,6 +150,7 @@ def run_raytune(scheduler: str, nodes: int, out: Path, *, tries: int = 3) -> dic
 
 
 # -- rubberband ----------------------------------------------------------------------------------------
+
 
 def run_rubberband(deadline_s: float, out: Path, label: str) -> dict:
     from rubberband.catalog import load_catalog
@@ -142,9 +167,16 @@ def run_rubberband(deadline_s: float, out: Path, label: str) -> dict:
     except InfeasibleError as exc:
         return {"system": f"rubberband elastic ({label})", "deadline_s": deadline_s, "infeasible": str(exc)}
     run_dir = out / f"rubberband-{label}"
-    controller = Controller(spec=inputs.spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir,
-                            backend=LocalProvider(run_dir), runtime=TrialRuntime.load(), run_id=run_dir.name,
-                            deadline_s=3 * deadline_s)
+    controller = Controller(
+        spec=inputs.spec,
+        plan=plan,
+        catalog=load_catalog(["local"]),
+        run_dir=run_dir,
+        backend=LocalProvider(run_dir),
+        runtime=TrialRuntime.load(),
+        run_id=run_dir.name,
+        deadline_s=3 * deadline_s,
+    )
     controller.run()
     result = controller.result
     lifetimes = [i["lifetime_s"] for i in result["instances"]]
@@ -153,11 +185,16 @@ def run_rubberband(deadline_s: float, out: Path, label: str) -> dict:
     from rubberband.executor import journal as J
 
     epochs = sum(len(t.epochs) for t in J.read_state(run_dir).trials.values())
-    return {"system": f"rubberband elastic ({label})", "deadline_s": deadline_s,
-            "plan": " → ".join(f"{s.instances}×{s.instance_type}" for s in plan.stages),
-            "jct_s": result["actual"]["jct_s"], "cost_usd": billed_usd(lifetimes, prices),
-            "best_lr": (best.get("config") or {}).get("lr"), "best_metric": best.get("metric"),
-            "trial_epochs": epochs}
+    return {
+        "system": f"rubberband elastic ({label})",
+        "deadline_s": deadline_s,
+        "plan": " → ".join(f"{s.instances}×{s.instance_type}" for s in plan.stages),
+        "jct_s": result["actual"]["jct_s"],
+        "cost_usd": billed_usd(lifetimes, prices),
+        "best_lr": (best.get("config") or {}).get("lr"),
+        "best_metric": best.get("metric"),
+        "trial_epochs": epochs,
+    }
 
 
 def shortest_feasible_s() -> float:
@@ -174,6 +211,7 @@ def shortest_feasible_s() -> float:
 
 
 # -- the table -----------------------------------------------------------------------------------------
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -207,10 +245,14 @@ def main() -> None:
     (out / "rows.json").write_text(json.dumps(rows, indent=2))
 
     best_tune = min((r for r in rows if r["system"].startswith("Ray Tune")), key=lambda r: r["cost_usd"])
-    print(f"\nload average at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; billed per node-second, "
-          f"1 s granularity, 60 s minimum per node")
-    print(f"{'system':38} {'nodes / plan':46} {'deadline':>8} {'JCT':>7} {'billed $':>10} {'best lr':>8} "
-          f"{'metric':>7} {'epochs':>6} {'cost ÷ same-JCT Ray Tune':>24} {'÷ cheapest Ray Tune':>20}")
+    print(
+        f"\nload average at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; billed per node-second, "
+        f"1 s granularity, 60 s minimum per node"
+    )
+    print(
+        f"{'system':38} {'nodes / plan':46} {'deadline':>8} {'JCT':>7} {'billed $':>10} {'best lr':>8} "
+        f"{'metric':>7} {'epochs':>6} {'cost ÷ same-JCT Ray Tune':>24} {'÷ cheapest Ray Tune':>20}"
+    )
     by_cell = {f"{r['system'].split()[2]}/{r['nodes']}": r for r in rows if r["system"].startswith("Ray Tune")}
     for r in rows:
         if "infeasible" in r:
@@ -221,9 +263,11 @@ def main() -> None:
         same = by_cell.get(r.get("vs", ""))
         ratio = f"{r['cost_usd'] / same['cost_usd']:.2f}" if same else "-"
         ratio_best = f"{r['cost_usd'] / best_tune['cost_usd']:.2f}"
-        print(f"{r['system']:38} {where:46} {deadline:>8} {r['jct_s']:6.1f}s {r['cost_usd']:10.6f} "
-              f"{r['best_lr']:8.4f} {r['best_metric']:7.4f} {r.get('trial_epochs', 0):6d} {ratio:>24} "
-              f"{ratio_best:>20}")
+        print(
+            f"{r['system']:38} {where:46} {deadline:>8} {r['jct_s']:6.1f}s {r['cost_usd']:10.6f} "
+            f"{r['best_lr']:8.4f} {r['best_metric']:7.4f} {r.get('trial_epochs', 0):6d} {ratio:>24} "
+            f"{ratio_best:>20}"
+        )
 
 
 if __name__ == "__main__":

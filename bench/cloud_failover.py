@@ -26,8 +26,12 @@ def main() -> None:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="AKIABENCHBENCHBENCH0",
-                      AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    os.environ.update(
+        AWS_ENDPOINT_URL=f"http://{host}:{port}",
+        AWS_ACCESS_KEY_ID="AKIABENCHBENCHBENCH0",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     from moto.ec2.exceptions import EC2ClientError
     from moto.ec2.models.instances import InstanceBackend
 
@@ -72,8 +76,10 @@ def main() -> None:
     for name, values in figures.items():
         print(f"{name:40s} median {statistics.median(values) * 1000:7.1f} ms  (n={len(values)})")
     failover = statistics.median(figures["provision 4x, 3 zones sold out"])
-    print(f"failover overhead per sold-out zone: {(failover - base) / 3 * 1000:.1f} ms "
-          f"(ratio 3-failures / direct = {failover / base:.2f})")
+    print(
+        f"failover overhead per sold-out zone: {(failover - base) / 3 * 1000:.1f} ms "
+        f"(ratio 3-failures / direct = {failover / base:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -40,10 +40,17 @@ T = TypeVar("T")
 #: /opt/pytorch, Ubuntu 24.04): the boot reuses its torch and its Python (a head boots on it, its workers
 #: follow), so no node downloads gigabytes of CUDA torch. Name per the DLAMI docs ("Finding the ID of a
 #: DLAMI"): the AMI's name without "Deep Learning" and "AMI", the framework version in it.
-DEFAULT_AMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.11-ubuntu-24.04/"
-                         "latest/ami-id")
-_STATES = {"pending": "pending", "running": "running", "shutting-down": "stopping", "stopping": "stopping",
-           "stopped": "stopped", "terminated": "terminated"}
+DEFAULT_AMI_PARAMETER = (
+    "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.11-ubuntu-24.04/latest/ami-id"
+)
+_STATES = {
+    "pending": "pending",
+    "running": "running",
+    "shutting-down": "stopping",
+    "stopping": "stopping",
+    "stopped": "stopped",
+    "terminated": "terminated",
+}
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 _ZONE_ID_RE = re.compile(r"^[a-z]+[0-9]+-az[0-9]+$")  # use1-az1, usw2-az3
 
@@ -52,8 +59,11 @@ _ZONE_ID_RE = re.compile(r"^[a-z]+[0-9]+-az[0-9]+$")  # use1-az1, usw2-az3
 def _known_regions() -> frozenset[str]:
     """Every EC2 region botocore's bundled endpoint data knows (static data, read once)."""
     session = boto3.Session()
-    return frozenset(region for partition in session.get_available_partitions()
-                     for region in session.get_available_regions("ec2", partition_name=partition))
+    return frozenset(
+        region
+        for partition in session.get_available_partitions()
+        for region in session.get_available_regions("ec2", partition_name=partition)
+    )
 
 
 def security_group_name(run_id: str) -> str:
@@ -69,10 +79,21 @@ class AwsProvider:
 
     cloud = "aws"
 
-    def __init__(self, region: str, *, endpoint_url: str | None = None, session: boto3.Session | None = None,
-                 image_id: str | None = None, ssh_cidr: str | None = None, key_name: str | None = None,
-                 instance_profile: str | None = None, vpc_id: str | None = None,
-                 retry: RetryPolicy | None = None, poll_s: float = 5.0, version: str = __version__) -> None:
+    def __init__(
+        self,
+        region: str,
+        *,
+        endpoint_url: str | None = None,
+        session: boto3.Session | None = None,
+        image_id: str | None = None,
+        ssh_cidr: str | None = None,
+        key_name: str | None = None,
+        instance_profile: str | None = None,
+        vpc_id: str | None = None,
+        retry: RetryPolicy | None = None,
+        poll_s: float = 5.0,
+        version: str = __version__,
+    ) -> None:
         self.session = session or boto3.Session()
         if region not in _known_regions():
             raise InputError(f"AWS region {region!r} is unknown; use one of e.g. us-east-1, us-west-2, eu-west-1")
@@ -89,8 +110,13 @@ class AwsProvider:
         self._image_id = image_id or os.environ.get("RUBBERBAND_AWS_AMI") or None
         self._groups: dict[str, str] = {}
         self._zone_names: dict[str, str] | None = None  # zone ID -> this account's zone name
-        config = Config(region_name=region, retries={"total_max_attempts": 1, "mode": "standard"},
-                        user_agent_extra=f"rubberband/{version}", connect_timeout=10, read_timeout=60)
+        config = Config(
+            region_name=region,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            user_agent_extra=f"rubberband/{version}",
+            connect_timeout=10,
+            read_timeout=60,
+        )
         self.ec2 = self.session.client("ec2", endpoint_url=endpoint_url, config=config)
         self.ssm = self.session.client("ssm", endpoint_url=endpoint_url, config=config)
         self._client_args = {"endpoint_url": endpoint_url, "config": config}
@@ -98,24 +124,50 @@ class AwsProvider:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _call(self, action: str, fn: Callable[[], T], *, zone: str | None = None, instance_type: str | None = None,
-              spot: bool = False, retry: bool = True) -> T:
+    def _call(
+        self,
+        action: str,
+        fn: Callable[[], T],
+        *,
+        zone: str | None = None,
+        instance_type: str | None = None,
+        spot: bool = False,
+        retry: bool = True,
+    ) -> T:
         """Run one API call, classifying failures; transient ones are retried (bounded)."""
+
         def once() -> T:
             try:
                 return fn()
             except botocore.exceptions.ClientError as exc:
                 error = exc.response.get("Error", {})
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-                raise classify("aws", error.get("Code", ""), error.get("Message", ""), http_status=status,
-                               zone=zone, region=self.region, instance_type=instance_type, spot=spot,
-                               action=f"ec2:{action}") from None
+                raise classify(
+                    "aws",
+                    error.get("Code", ""),
+                    error.get("Message", ""),
+                    http_status=status,
+                    zone=zone,
+                    region=self.region,
+                    instance_type=instance_type,
+                    spot=spot,
+                    action=f"ec2:{action}",
+                ) from None
             except botocore.exceptions.NoCredentialsError:
                 raise classify("aws", "NoCredentials", "boto3 found no credentials", region=self.region) from None
-            except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionClosedError,
-                    botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError) as exc:
-                raise CloudError(f"aws {action} in {self.region}: {exc}", kind="transient",
-                                 code="ConnectionError", region=self.region) from None
+            except (
+                botocore.exceptions.EndpointConnectionError,
+                botocore.exceptions.ConnectionClosedError,
+                botocore.exceptions.ReadTimeoutError,
+                botocore.exceptions.ConnectTimeoutError,
+            ) as exc:
+                raise CloudError(
+                    f"aws {action} in {self.region}: {exc}",
+                    kind="transient",
+                    code="ConnectionError",
+                    region=self.region,
+                ) from None
+
         return call_with_retry(once, self.retry) if retry else once()
 
     def _tags(self, request: InstanceRequest) -> dict[str, str]:
@@ -127,8 +179,12 @@ class AwsProvider:
             try:
                 response = self._call("GetParameter", lambda: self.ssm.get_parameter(Name=DEFAULT_AMI_PARAMETER))
             except CloudError as exc:
-                raise CloudError(f"cannot look up the default AMI ({exc.message}); set RUBBERBAND_AWS_AMI",
-                                 kind="fatal", code=exc.code, region=self.region) from None
+                raise CloudError(
+                    f"cannot look up the default AMI ({exc.message}); set RUBBERBAND_AWS_AMI",
+                    kind="fatal",
+                    code=exc.code,
+                    region=self.region,
+                ) from None
             self._image_id = response["Parameter"]["Value"]
         return self._image_id
 
@@ -141,32 +197,46 @@ class AwsProvider:
         if not _ZONE_ID_RE.match(zone):
             return zone
         if self._zone_names is None:
-            zones = self._call("DescribeAvailabilityZones",
-                               lambda: self.ec2.describe_availability_zones(AllAvailabilityZones=True))
+            zones = self._call(
+                "DescribeAvailabilityZones", lambda: self.ec2.describe_availability_zones(AllAvailabilityZones=True)
+            )
             self._zone_names = {z["ZoneId"]: z["ZoneName"] for z in zones["AvailabilityZones"] if "ZoneId" in z}
         if zone not in self._zone_names:
-            raise InputError(f"zone ID {zone!r} does not exist in {self.region}; known: "
-                             f"{', '.join(sorted(self._zone_names))}")
+            raise InputError(
+                f"zone ID {zone!r} does not exist in {self.region}; known: {', '.join(sorted(self._zone_names))}"
+            )
         return self._zone_names[zone]
 
     # -- security group ---------------------------------------------------------------------
 
     def _vpc(self) -> str:
         if self.vpc_id is None:
-            vpcs = self._call("DescribeVpcs", lambda: self.ec2.describe_vpcs(
-                Filters=[{"Name": "isDefault", "Values": ["true"]}]))["Vpcs"]
+            vpcs = self._call(
+                "DescribeVpcs", lambda: self.ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])
+            )["Vpcs"]
             if not vpcs:
-                raise CloudError(f"aws: region {self.region} has no default VPC; pass vpc_id", kind="fatal",
-                                 code="NoDefaultVpc", region=self.region)
+                raise CloudError(
+                    f"aws: region {self.region} has no default VPC; pass vpc_id",
+                    kind="fatal",
+                    code="NoDefaultVpc",
+                    region=self.region,
+                )
             self.vpc_id = vpcs[0]["VpcId"]
         return self.vpc_id
 
     def find_security_group(self, run_id: str) -> str | None:
         """The run's security group, found by its exact run tag (never by its name: a group of the same
         name that rubberband did not create is not the run's)."""
-        groups = self._call("DescribeSecurityGroups", lambda: self.ec2.describe_security_groups(Filters=[
-            {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}, {"Name": f"tag:{TAG_RUN_ID}", "Values": [run_id]},
-            {"Name": "vpc-id", "Values": [self._vpc()]}]))["SecurityGroups"]
+        groups = self._call(
+            "DescribeSecurityGroups",
+            lambda: self.ec2.describe_security_groups(
+                Filters=[
+                    {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                    {"Name": f"tag:{TAG_RUN_ID}", "Values": [run_id]},
+                    {"Name": "vpc-id", "Values": [self._vpc()]},
+                ]
+            ),
+        )["SecurityGroups"]
         return groups[0]["GroupId"] if groups else None
 
     def ensure_security_group(self, run_id: str) -> str:
@@ -175,32 +245,59 @@ class AwsProvider:
             return self._groups[run_id]
         group_id = self.find_security_group(run_id)
         if group_id is None:
-            tags = {TAG_MANAGED: "true", TAG_RUN_ID: run_id, "Name": security_group_name(run_id),
-                    TAG_CREATED: str(int(time.time()))}
+            tags = {
+                TAG_MANAGED: "true",
+                TAG_RUN_ID: run_id,
+                "Name": security_group_name(run_id),
+                TAG_CREATED: str(int(time.time())),
+            }
             try:
-                group_id = self._call("CreateSecurityGroup", lambda: self.ec2.create_security_group(
-                    GroupName=security_group_name(run_id), VpcId=self._vpc(),
-                    Description=f"rubberband run {run_id}: Ray traffic within the run only",
-                    TagSpecifications=[{"ResourceType": "security-group", "Tags": _tag_list(tags)}]))["GroupId"]
+                group_id = self._call(
+                    "CreateSecurityGroup",
+                    lambda: self.ec2.create_security_group(
+                        GroupName=security_group_name(run_id),
+                        VpcId=self._vpc(),
+                        Description=f"rubberband run {run_id}: Ray traffic within the run only",
+                        TagSpecifications=[{"ResourceType": "security-group", "Tags": _tag_list(tags)}],
+                    ),
+                )["GroupId"]
             except CloudError as exc:
                 if exc.code != "InvalidGroup.Duplicate":
                     raise
                 group_id = self.find_security_group(run_id)  # made by another process of the run
                 if group_id is None:
-                    raise CloudError(f"aws: a security group named {security_group_name(run_id)} exists in "
-                                     f"{self.region} but rubberband did not create it (no {TAG_RUN_ID} tag); "
-                                     f"rename or delete it, or use another run id", kind="fatal",
-                                     code="InvalidGroup.Duplicate", region=self.region) from None
+                    raise CloudError(
+                        f"aws: a security group named {security_group_name(run_id)} exists in "
+                        f"{self.region} but rubberband did not create it (no {TAG_RUN_ID} tag); "
+                        f"rename or delete it, or use another run id",
+                        kind="fatal",
+                        code="InvalidGroup.Duplicate",
+                        region=self.region,
+                    ) from None
             else:
-                permissions: list[dict[str, Any]] = [{
-                    "IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535,
-                    "UserIdGroupPairs": [{"GroupId": group_id,
-                                          "Description": "Ray and torch DDP between nodes of this run"}]}]
+                permissions: list[dict[str, Any]] = [
+                    {
+                        "IpProtocol": "tcp",
+                        "FromPort": 0,
+                        "ToPort": 65535,
+                        "UserIdGroupPairs": [
+                            {"GroupId": group_id, "Description": "Ray and torch DDP between nodes of this run"}
+                        ],
+                    }
+                ]
                 if self.ssh_cidr:
-                    permissions.append({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [
-                        {"CidrIp": self.ssh_cidr, "Description": "SSH for the rubberband user"}]})
-                self._call("AuthorizeSecurityGroupIngress", lambda: self.ec2.authorize_security_group_ingress(
-                    GroupId=group_id, IpPermissions=permissions))
+                    permissions.append(
+                        {
+                            "IpProtocol": "tcp",
+                            "FromPort": 22,
+                            "ToPort": 22,
+                            "IpRanges": [{"CidrIp": self.ssh_cidr, "Description": "SSH for the rubberband user"}],
+                        }
+                    )
+                self._call(
+                    "AuthorizeSecurityGroupIngress",
+                    lambda: self.ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=permissions),
+                )
         self._groups[run_id] = group_id
         return group_id
 
@@ -211,10 +308,14 @@ class AwsProvider:
         itype = request.instance_type
         tags = self._tags(request)
         params: dict[str, Any] = {
-            "ImageId": self.image_id(), "InstanceType": itype.host_type or itype.name,
-            "MinCount": request.count, "MaxCount": request.count,
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": _tag_list(tags)},
-                                  {"ResourceType": "volume", "Tags": _tag_list(tags)}],
+            "ImageId": self.image_id(),
+            "InstanceType": itype.host_type or itype.name,
+            "MinCount": request.count,
+            "MaxCount": request.count,
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": _tag_list(tags)},
+                {"ResourceType": "volume", "Tags": _tag_list(tags)},
+            ],
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
             "InstanceInitiatedShutdownBehavior": "terminate",
         }
@@ -223,8 +324,10 @@ class AwsProvider:
         if request.zone:
             params["Placement"] = {"AvailabilityZone": self.zone_name(request.zone)}
         if request.spot:
-            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+            }
         if request.startup_script:
             params["UserData"] = assert_no_credentials(request.startup_script, what="EC2 user-data")
         if self.key_name:
@@ -243,15 +346,22 @@ class AwsProvider:
         params = self.run_instances_params(request, group_id)
         params["ClientToken"] = uuid.uuid4().hex  # one per request: a retried call never launches twice
         name = request.instance_type.name
-        response = self._call("RunInstances", lambda: self.ec2.run_instances(**params), zone=request.zone,
-                              instance_type=name, spot=request.spot)
+        response = self._call(
+            "RunInstances",
+            lambda: self.ec2.run_instances(**params),
+            zone=request.zone,
+            instance_type=name,
+            spot=request.spot,
+        )
         return [self._instance(raw) for raw in response["Instances"]]
 
     def describe(self, instance_ids: list[str]) -> list[Instance]:
         if not instance_ids:
             return []
-        pages = self._call("DescribeInstances", lambda: list(self.ec2.get_paginator("describe_instances").paginate(
-            InstanceIds=list(instance_ids))))
+        pages = self._call(
+            "DescribeInstances",
+            lambda: list(self.ec2.get_paginator("describe_instances").paginate(InstanceIds=list(instance_ids))),
+        )
         return [self._instance(raw) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
 
     def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
@@ -265,30 +375,42 @@ class AwsProvider:
                 instances = []
             gone = [i for i in instances if i.state in ("stopping", "stopped", "terminated")]
             if gone:
-                raise CloudError(f"aws: instance {gone[0].id} ({gone[0].instance_type}) in {gone[0].zone} went "
-                                 f"{gone[0].state} before running (capacity reclaimed)", kind="capacity",
-                                 code="InstanceTerminatedEarly", zone=gone[0].zone, region=self.region)
+                raise CloudError(
+                    f"aws: instance {gone[0].id} ({gone[0].instance_type}) in {gone[0].zone} went "
+                    f"{gone[0].state} before running (capacity reclaimed)",
+                    kind="capacity",
+                    code="InstanceTerminatedEarly",
+                    zone=gone[0].zone,
+                    region=self.region,
+                )
             if len(instances) == len(instance_ids) and all(i.state == "running" for i in instances):
                 return instances
             if time.monotonic() >= deadline:
                 waiting = [i for i in instance_ids if i not in {x.id for x in instances if x.state == "running"}]
-                raise CloudError(f"aws: instances {', '.join(waiting[:5])} not running after {timeout_s:g}s",
-                                 kind="transient", code="WaitTimeout", region=self.region)
+                raise CloudError(
+                    f"aws: instances {', '.join(waiting[:5])} not running after {timeout_s:g}s",
+                    kind="transient",
+                    code="WaitTimeout",
+                    region=self.region,
+                )
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
     def list(self, run_id: str | None = None) -> list[Instance]:
-        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-                   {"Name": "instance-state-name", "Values": _LIVE_STATES}]
+        filters = [
+            {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+            {"Name": "instance-state-name", "Values": _LIVE_STATES},
+        ]
         if run_id is not None:
             filters.append({"Name": f"tag:{TAG_RUN_ID}", "Values": [run_id]})
-        pages = self._call("DescribeInstances", lambda: list(
-            self.ec2.get_paginator("describe_instances").paginate(Filters=filters)))
+        pages = self._call(
+            "DescribeInstances", lambda: list(self.ec2.get_paginator("describe_instances").paginate(Filters=filters))
+        )
         return [self._instance(raw) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
 
     def terminate(self, instance_ids: list[str]) -> None:
         ids = list(dict.fromkeys(instance_ids))
         for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
+            chunk = ids[start : start + 500]
             try:
                 self._call("TerminateInstances", lambda: self.ec2.terminate_instances(InstanceIds=chunk))
             except CloudError as exc:
@@ -332,11 +454,19 @@ class AwsProvider:
                 if exc.code == "DryRunOperation":
                     checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", True))
                 elif exc.code == "UnauthorizedOperation":
-                    checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", False,
-                                                  "UnauthorizedOperation"))
-                elif exc.kind == "fatal" and exc.code.startswith(("InvalidInstanceID", "InvalidGroup", "InvalidVolume")):
-                    checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", None,
-                                                  f"not verifiable with a placeholder id ({exc.code})"))
+                    checks.append(PermissionCheck("aws", self.region, f"ec2:{action}", False, "UnauthorizedOperation"))
+                elif exc.kind == "fatal" and exc.code.startswith(
+                    ("InvalidInstanceID", "InvalidGroup", "InvalidVolume")
+                ):
+                    checks.append(
+                        PermissionCheck(
+                            "aws",
+                            self.region,
+                            f"ec2:{action}",
+                            None,
+                            f"not verifiable with a placeholder id ({exc.code})",
+                        )
+                    )
                 else:
                     raise
             else:  # a read-only call that went through
@@ -345,15 +475,28 @@ class AwsProvider:
         params = self.run_instances_params(request, None)
         probe("DescribeInstances", lambda: self.ec2.describe_instances(MaxResults=5))
         probe("RunInstances", lambda: self.ec2.run_instances(DryRun=True, **params))
-        probe("CreateSecurityGroup", lambda: self.ec2.create_security_group(
-            DryRun=True, GroupName=security_group_name(request.run_id), Description="rubberband dry run",
-            VpcId=self._vpc()))
-        probe("AuthorizeSecurityGroupIngress", lambda: self.ec2.authorize_security_group_ingress(
-            DryRun=True, GroupId=placeholder_group, IpPermissions=[{"IpProtocol": "tcp", "FromPort": 22,
-                                                                    "ToPort": 22, "IpRanges": [
-                                                                        {"CidrIp": "203.0.113.7/32"}]}]))
-        probe("TerminateInstances", lambda: self.ec2.terminate_instances(DryRun=True,
-                                                                         InstanceIds=[placeholder_instance]))
+        probe(
+            "CreateSecurityGroup",
+            lambda: self.ec2.create_security_group(
+                DryRun=True,
+                GroupName=security_group_name(request.run_id),
+                Description="rubberband dry run",
+                VpcId=self._vpc(),
+            ),
+        )
+        probe(
+            "AuthorizeSecurityGroupIngress",
+            lambda: self.ec2.authorize_security_group_ingress(
+                DryRun=True,
+                GroupId=placeholder_group,
+                IpPermissions=[
+                    {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "203.0.113.7/32"}]}
+                ],
+            ),
+        )
+        probe(
+            "TerminateInstances", lambda: self.ec2.terminate_instances(DryRun=True, InstanceIds=[placeholder_instance])
+        )
         probe("DeleteSecurityGroup", lambda: self.ec2.delete_security_group(DryRun=True, GroupId=placeholder_group))
         probe("DeleteVolume", lambda: self.ec2.delete_volume(DryRun=True, VolumeId="vol-0000000000000000f"))
         return checks
@@ -370,10 +513,18 @@ class AwsProvider:
             return deleted
         deadline = time.monotonic() + timeout_s
         while True:
-            remaining = self._call("DescribeInstances", lambda: self.ec2.describe_instances(Filters=[
-                {"Name": "instance.group-id", "Values": [group_id]},
-                {"Name": "instance-state-name", "Values": ["pending", "running", "shutting-down", "stopping",
-                                                            "stopped"]}]))["Reservations"]
+            remaining = self._call(
+                "DescribeInstances",
+                lambda: self.ec2.describe_instances(
+                    Filters=[
+                        {"Name": "instance.group-id", "Values": [group_id]},
+                        {
+                            "Name": "instance-state-name",
+                            "Values": ["pending", "running", "shutting-down", "stopping", "stopped"],
+                        },
+                    ]
+                ),
+            )["Reservations"]
             if not remaining:
                 try:
                     self._call("DeleteSecurityGroup", lambda: self.ec2.delete_security_group(GroupId=group_id))
@@ -384,9 +535,14 @@ class AwsProvider:
                     if exc.code != "DependencyViolation":
                         raise
             if time.monotonic() >= deadline:
-                raise CloudError(f"aws: security group {group_id} of run {run_id} is still in use after "
-                                 f"{timeout_s:g}s; delete it with `aws ec2 delete-security-group --group-id "
-                                 f"{group_id}`", kind="transient", code="DependencyViolation", region=self.region)
+                raise CloudError(
+                    f"aws: security group {group_id} of run {run_id} is still in use after "
+                    f"{timeout_s:g}s; delete it with `aws ec2 delete-security-group --group-id "
+                    f"{group_id}`",
+                    kind="transient",
+                    code="DependencyViolation",
+                    region=self.region,
+                )
             time.sleep(self.poll_s)
 
     def _volumes(self, run_id: str | None = None) -> list[dict[str, Any]]:
@@ -395,8 +551,9 @@ class AwsProvider:
         filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}, {"Name": "status", "Values": ["available"]}]
         if run_id is not None:
             filters.append({"Name": f"tag:{TAG_RUN_ID}", "Values": [run_id]})
-        pages = self._call("DescribeVolumes", lambda: list(
-            self.ec2.get_paginator("describe_volumes").paginate(Filters=filters)))
+        pages = self._call(
+            "DescribeVolumes", lambda: list(self.ec2.get_paginator("describe_volumes").paginate(Filters=filters))
+        )
         return [v for page in pages for v in page["Volumes"]]
 
     def _delete_volumes(self, run_id: str) -> list[str]:
@@ -415,14 +572,18 @@ class AwsProvider:
         filters = [{"Key": "tag-key", "Values": [TAG_MANAGED]}, {"Key": "tag-value", "Values": ["true"]}]
         if self._secrets_client is None:  # built on first use: only teardown and the sweep need it
             self._secrets_client = self.session.client("secretsmanager", **self._client_args)
-        pages = self._call("ListSecrets", lambda: list(self._secrets_client.get_paginator("list_secrets").paginate(
-            Filters=filters)))
+        pages = self._call(
+            "ListSecrets", lambda: list(self._secrets_client.get_paginator("list_secrets").paginate(Filters=filters))
+        )
         found = []
         for page in pages:
             for secret in page["SecretList"]:
                 tags = {t["Key"]: t["Value"] for t in secret.get("Tags", [])}
-                if tags.get(TAG_MANAGED) == "true" and tags.get(TAG_RUN_ID) and \
-                        (run_id is None or tags[TAG_RUN_ID] == run_id):
+                if (
+                    tags.get(TAG_MANAGED) == "true"
+                    and tags.get(TAG_RUN_ID)
+                    and (run_id is None or tags[TAG_RUN_ID] == run_id)
+                ):
                     found.append(secret)
         return found
 
@@ -430,8 +591,10 @@ class AwsProvider:
         deleted = []
         for secret in self._secrets(run_id):
             try:
-                self._call("DeleteSecret", lambda: self._secrets_client.delete_secret(
-                    SecretId=secret["ARN"], ForceDeleteWithoutRecovery=True))
+                self._call(
+                    "DeleteSecret",
+                    lambda: self._secrets_client.delete_secret(SecretId=secret["ARN"], ForceDeleteWithoutRecovery=True),
+                )
                 deleted.append(f"secret/{secret['Name']}")
             except CloudError as exc:
                 if exc.code != "ResourceNotFoundException":
@@ -443,8 +606,10 @@ class AwsProvider:
         :meth:`cleanup_run`), found by exact tags; a group younger than ``older_than_s`` (its ``rubberband-created``
         tag) belongs to a run being started and is left alone."""
         now = time.time() if now is None else now
-        groups = self._call("DescribeSecurityGroups", lambda: self.ec2.describe_security_groups(
-            Filters=[{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]))["SecurityGroups"]
+        groups = self._call(
+            "DescribeSecurityGroups",
+            lambda: self.ec2.describe_security_groups(Filters=[{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}]),
+        )["SecurityGroups"]
         runs = set()
         for group in groups:
             tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
@@ -472,11 +637,18 @@ class AwsProvider:
             stage = int(tags.get(TAG_STAGE, "0"))
         except ValueError:
             stage = 0
-        return Instance(id=raw["InstanceId"], cloud="aws", instance_type=raw.get("InstanceType", ""),
-                        zone=raw.get("Placement", {}).get("AvailabilityZone", ""),
-                        state=_STATES.get(raw.get("State", {}).get("Name", ""), "pending"),
-                        run_id=tags.get(TAG_RUN_ID, ""), stage=stage, address=raw.get("PrivateIpAddress"),
-                        launched_at=launched.timestamp() if launched is not None else None, tags=tags,
-                        public_address=raw.get("PublicIpAddress"),
-                        state_reason=(raw.get("StateReason") or {}).get("Code", ""),
-                        identity=(raw.get("IamInstanceProfile") or {}).get("Arn", ""))
+        return Instance(
+            id=raw["InstanceId"],
+            cloud="aws",
+            instance_type=raw.get("InstanceType", ""),
+            zone=raw.get("Placement", {}).get("AvailabilityZone", ""),
+            state=_STATES.get(raw.get("State", {}).get("Name", ""), "pending"),
+            run_id=tags.get(TAG_RUN_ID, ""),
+            stage=stage,
+            address=raw.get("PrivateIpAddress"),
+            launched_at=launched.timestamp() if launched is not None else None,
+            tags=tags,
+            public_address=raw.get("PublicIpAddress"),
+            state_reason=(raw.get("StateReason") or {}).get("Code", ""),
+            identity=(raw.get("IamInstanceProfile") or {}).get("Arn", ""),
+        )

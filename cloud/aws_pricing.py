@@ -28,8 +28,9 @@ from rubberband.errors import CatalogError
 
 PRICING_REGION = "us-east-1"  # the Price List API answers from us-east-1 (and two other regions)
 LINUX_SPOT_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
-AWS_HEADER = ("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,"
-              "Region,AvailabilityZone")
+AWS_HEADER = (
+    "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone"
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,10 @@ class AwsRow:
         hw = self.hardware
         spot = "" if self.spot_price is None else _number(self.spot_price)
         count = str(hw.accelerator_count) if hw.accelerator else ""
-        return (f"{self.instance_type},{hw.accelerator},{count},{_number(hw.vcpus)},{_number(hw.memory_gib)},,"
-                f"{_number(self.price)},{spot},{self.region},{self.zone}")
+        return (
+            f"{self.instance_type},{hw.accelerator},{count},{_number(hw.vcpus)},{_number(hw.memory_gib)},,"
+            f"{_number(self.price)},{spot},{self.region},{self.zone}"
+        )
 
 
 def _number(value: float) -> str:
@@ -79,8 +82,10 @@ def _client_error(exc: Exception, what: str) -> CatalogError:
     from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError, PartialCredentialsError
 
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return CatalogError("no AWS credentials found; set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-                            "(boto3's standard credential chain) and retry")
+        return CatalogError(
+            "no AWS credentials found; set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+            "(boto3's standard credential chain) and retry"
+        )
     if isinstance(exc, NoRegionError):
         return CatalogError("no AWS region configured; pass --region")
     if isinstance(exc, ClientError):
@@ -139,22 +144,25 @@ class AwsCatalogFetcher:
                     step = "ec2:DescribeInstanceTypes"
                     hardware = self._hardware(ec2, name, region)
                     if hardware is None:
-                        self.warnings.append(f"{name}: AWS does not describe it and the shipped catalog "
-                                             f"lacks it; left out")
+                        self.warnings.append(
+                            f"{name}: AWS does not describe it and the shipped catalog lacks it; left out"
+                        )
                         continue
                     zones = sorted(set(offered.get(name, ())) | set(spots.get(name, {})))
                     if not zones:
                         self.warnings.append(f"{name}: not offered in any zone of {region}; left out")
                         continue
-                    rows.extend(AwsRow(name, hardware, price, spots.get(name, {}).get(zone), region, zone)
-                                for zone in zones)
+                    rows.extend(
+                        AwsRow(name, hardware, price, spots.get(name, {}).get(zone), region, zone) for zone in zones
+                    )
         except CatalogError:
             raise
         except (BotoCoreError, ClientError) as exc:
             raise _client_error(exc, step) from None
         if not rows:
-            raise CatalogError(f"AWS returned no prices for {', '.join(instance_types)} in {', '.join(regions)}; "
-                               f"nothing written")
+            raise CatalogError(
+                f"AWS returned no prices for {', '.join(instance_types)} in {', '.join(regions)}; nothing written"
+            )
         return rows
 
     @staticmethod
@@ -166,8 +174,9 @@ class AwsCatalogFetcher:
     def _offerings(ec2, instance_types: list[str]) -> dict[str, list[str]]:
         offered: dict[str, list[str]] = {}
         paginator = ec2.get_paginator("describe_instance_type_offerings")
-        for page in paginator.paginate(LocationType="availability-zone-id",
-                                       Filters=[{"Name": "instance-type", "Values": instance_types}]):
+        for page in paginator.paginate(
+            LocationType="availability-zone-id", Filters=[{"Name": "instance-type", "Values": instance_types}]
+        ):
             for offer in page.get("InstanceTypeOfferings", []):
                 offered.setdefault(offer["InstanceType"], []).append(offer["Location"])
         return offered
@@ -178,8 +187,7 @@ class AwsCatalogFetcher:
         latest: dict[tuple[str, str], tuple[dt.datetime, float]] = {}
         paginator = ec2.get_paginator("describe_spot_price_history")
         now = dt.datetime.now(dt.timezone.utc)
-        for page in paginator.paginate(InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"],
-                                       StartTime=now):
+        for page in paginator.paginate(InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=now):
             for entry in page.get("SpotPriceHistory", []):
                 if entry.get("ProductDescription") not in LINUX_SPOT_PRODUCTS:
                     continue
@@ -195,9 +203,17 @@ class AwsCatalogFetcher:
         return spots
 
     def _on_demand_price(self, pricing, name: str, region: str) -> float | None:
-        filters = [{"Type": "TERM_MATCH", "Field": field, "Value": value} for field, value in (
-            ("instanceType", name), ("regionCode", region), ("operatingSystem", "Linux"),
-            ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]
+        filters = [
+            {"Type": "TERM_MATCH", "Field": field, "Value": value}
+            for field, value in (
+                ("instanceType", name),
+                ("regionCode", region),
+                ("operatingSystem", "Linux"),
+                ("tenancy", "Shared"),
+                ("preInstalledSw", "NA"),
+                ("capacitystatus", "Used"),
+            )
+        ]
         prices: set[float] = set()
         for page in pricing.get_paginator("get_products").paginate(ServiceCode="AmazonEC2", Filters=filters):
             for item in page.get("PriceList", []):
@@ -224,9 +240,12 @@ class AwsCatalogFetcher:
             info = described[0]
             gpus = info.get("GpuInfo", {}).get("Gpus", [])
             accel = _gpu_name(gpus[0]["Name"], gpus[0].get("MemoryInfo", {}).get("SizeInMiB", 0)) if gpus else ""
-            return Hardware(vcpus=float(info["VCpuInfo"]["DefaultVCpus"]),
-                            memory_gib=info["MemoryInfo"]["SizeInMiB"] / 1024,
-                            accelerator=accel, accelerator_count=sum(g.get("Count", 0) for g in gpus))
+            return Hardware(
+                vcpus=float(info["VCpuInfo"]["DefaultVCpus"]),
+                memory_gib=info["MemoryInfo"]["SizeInMiB"] / 1024,
+                accelerator=accel,
+                accelerator_count=sum(g.get("Count", 0) for g in gpus),
+            )
         known = self._reference_type(name, region)
         if known is None:
             return None

@@ -33,11 +33,20 @@ from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
 from rubberband.cloud.head import worker_startup_script
-from rubberband.cloud.provider import (TAG_ROLE, DescribesInstances, Instance, InstanceRequest, Provider,
-                                       ReadsConsoles, loss_reason, node_resource)
+from rubberband.cloud.provider import (
+    TAG_ROLE,
+    DescribesInstances,
+    Instance,
+    InstanceRequest,
+    Provider,
+    ReadsConsoles,
+    loss_reason,
+    node_resource,
+)
 from rubberband.cloud.registry import ProviderPool
 from rubberband.devices import DevicePolicy
 from rubberband.errors import CloudError
+
 
 class TokenPush(Protocol):
     """How the run's Ray token reaches a worker (cloud/ray_token.py)."""
@@ -89,9 +98,13 @@ def ray_join_check(instance: Instance, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while resource not in ray.cluster_resources():
         if time.monotonic() >= deadline:
-            raise CloudError(f"{instance.cloud}: instance {instance.id} runs but its Ray node did not join the head "
-                             f"within {timeout_s:g}s (see /var/log/rubberband-boot.log on it)",
-                             kind="transient", code="JoinTimeout", zone=instance.zone)
+            raise CloudError(
+                f"{instance.cloud}: instance {instance.id} runs but its Ray node did not join the head "
+                f"within {timeout_s:g}s (see /var/log/rubberband-boot.log on it)",
+                kind="transient",
+                code="JoinTimeout",
+                zone=instance.zone,
+            )
         time.sleep(2.0)
 
 
@@ -103,7 +116,7 @@ def boot_report(provider: Provider, instance_id: str, *, lines: int = 4) -> str:
     failed = [i for i, row in enumerate(rows) if BOOT_FAILED in row]
     if failed:
         end = failed[-1] + 1
-        return " | ".join(rows[max(0, end - lines):end])
+        return " | ".join(rows[max(0, end - lines) : end])
     return " | ".join(rows[-lines:])
 
 
@@ -204,26 +217,40 @@ class CloudBackend:
     def worker_lifetime_s(self) -> float | None:
         """A worker's hard lifetime cap if requested now: ``max_lifetime_s`` and what is left until ``expires_at``
         (at least :data:`MIN_WORKER_LIFETIME_S`, so that a late request still boots)."""
-        caps = [c for c in (self.max_lifetime_s,
-                            None if self.expires_at is None else
-                            max(MIN_WORKER_LIFETIME_S, self.expires_at - self.clock())) if c]
+        caps = [
+            c
+            for c in (
+                self.max_lifetime_s,
+                None if self.expires_at is None else max(MIN_WORKER_LIFETIME_S, self.expires_at - self.clock()),
+            )
+            if c
+        ]
         return min(caps) if caps else None
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
         cap = request.max_lifetime_s or self.worker_lifetime_s()
-        worker = dataclasses.replace(request, extra_tags={**request.extra_tags, TAG_ROLE: "worker"},
-                                     max_lifetime_s=cap)
+        worker = dataclasses.replace(request, extra_tags={**request.extra_tags, TAG_ROLE: "worker"}, max_lifetime_s=cap)
 
         def render(candidate: InstanceType) -> _ScriptFor:  # the script depends on the type actually tried
-            return _ScriptFor(self.pool.for_type(candidate), self.head, cap, self.requirements,
-                              self.token_push.public_key if self.token_push is not None else None)
+            return _ScriptFor(
+                self.pool.for_type(candidate),
+                self.head,
+                cap,
+                self.requirements,
+                self.token_push.public_key if self.token_push is not None else None,
+            )
 
         every = list(self.alternatives(request.instance_type))
         alternatives = [t for t in every if not request.spot or t.spot_price_hr is not None]  # spot needs an offer
         try:
-            result = provision_with_failover(worker, render, alternatives=alternatives, policy=self.policy,
-                                             on_demand_fallback=request.on_demand_fallback,
-                                             on_demand_alternatives=every)
+            result = provision_with_failover(
+                worker,
+                render,
+                alternatives=alternatives,
+                policy=self.policy,
+                on_demand_fallback=request.on_demand_fallback,
+                on_demand_alternatives=every,
+            )
         except CloudError as exc:
             self.attempts.extend(getattr(exc, "attempts", []))
             raise
@@ -244,19 +271,30 @@ class CloudBackend:
             failed = {ident: text for ident, text in why.items() if BOOT_FAILED in text}
             if failed:  # the boot itself failed (e.g. a version skew): another zone or type would fail alike
                 ident, text = next(iter(failed.items()))
-                raise CloudError(f"{self.cloud}: instance {ident} failed to boot: {text}", kind="fatal",
-                                 code="BootFailed", zone=exc.zone) from None
+                raise CloudError(
+                    f"{self.cloud}: instance {ident} failed to boot: {text}",
+                    kind="fatal",
+                    code="BootFailed",
+                    zone=exc.zone,
+                ) from None
             shown = next((f"{ident}: {text}" for ident, text in why.items() if text), "")
             if shown:
-                raise CloudError(f"{exc}; its console said: {shown}", kind=exc.kind, code=exc.code, zone=exc.zone,
-                                 region=exc.region, quota=exc.quota) from None
+                raise CloudError(
+                    f"{exc}; its console said: {shown}",
+                    kind=exc.kind,
+                    code=exc.code,
+                    zone=exc.zone,
+                    region=exc.region,
+                    quota=exc.quota,
+                ) from None
             raise
         except BaseException:
             provider.terminate(ids)
             raise
         for inst in running:
-            self._obtained[inst.id] = Obtained(result.instance_type, result.zone, tuple(result.attempts),
-                                               spot=result.spot)
+            self._obtained[inst.id] = Obtained(
+                result.instance_type, result.zone, tuple(result.attempts), spot=result.spot
+            )
         return running
 
     def obtained(self, instance_id: str) -> Obtained | None:
@@ -343,9 +381,15 @@ class _ScriptFor:
         return self.provider.cloud
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
-        script = worker_startup_script(request.instance_type.cloud, request.run_id, self.head, request.instance_type,
-                                       max_lifetime_s=self.max_lifetime_s, requirements=self.requirements,
-                                       token_push_key=self.token_push_key)
+        script = worker_startup_script(
+            request.instance_type.cloud,
+            request.run_id,
+            self.head,
+            request.instance_type,
+            max_lifetime_s=self.max_lifetime_s,
+            requirements=self.requirements,
+            token_push_key=self.token_push_key,
+        )
         return self.provider.provision(dataclasses.replace(request, startup_script=script))
 
 

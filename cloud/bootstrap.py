@@ -63,8 +63,10 @@ _CREDENTIAL_PATTERNS = (
 def validate_run_id(run_id: str) -> str:
     """Run ids become tags, GCE labels, names and shell words: keep them to [a-z0-9-]."""
     if not RUN_ID_RE.match(run_id or ""):
-        raise InputError(f"run id {run_id!r} is not usable on a cloud: use 1-41 characters of lowercase "
-                         f"letters, digits and '-', starting with a letter or digit")
+        raise InputError(
+            f"run id {run_id!r} is not usable on a cloud: use 1-41 characters of lowercase "
+            f"letters, digits and '-', starting with a letter or digit"
+        )
     return run_id
 
 
@@ -79,8 +81,9 @@ def check_request(request, *, cloud: str, region: str, provider: str) -> None:
     if itype.cloud != cloud:
         raise InputError(f"instance type {itype.name!r} belongs to {itype.cloud}, not {cloud}")
     if itype.region != region:
-        raise InputError(f"instance type {itype.name} is listed for {itype.region}, but this {provider} provider "
-                         f"serves {region}")
+        raise InputError(
+            f"instance type {itype.name} is listed for {itype.region}, but this {provider} provider serves {region}"
+        )
     if request.zone and itype.zones and request.zone not in itype.zones:
         raise InputError(f"zone {request.zone!r} does not offer {itype.name}; use one of {', '.join(itype.zones)}")
     if request.count < 1:
@@ -106,11 +109,14 @@ def check_ssh_cidr(cidr: str) -> str:
     except ValueError:
         raise InputError(f"SSH CIDR {cidr!r} is not a network address; give e.g. 203.0.113.7/32") from None
     if network.version == 6:
-        raise InputError(f"SSH CIDR {cidr} is IPv6, but the run's head has only an IPv4 public address: give your "
-                         f"IPv4 address, e.g. 203.0.113.7/32 (`curl -4 ifconfig.me` shows it)")
+        raise InputError(
+            f"SSH CIDR {cidr} is IPv6, but the run's head has only an IPv4 public address: give your "
+            f"IPv4 address, e.g. 203.0.113.7/32 (`curl -4 ifconfig.me` shows it)"
+        )
     if network.prefixlen == 0:
-        raise InputError(f"SSH CIDR {cidr} would open SSH to the whole internet; give your own address, "
-                         f"e.g. 203.0.113.7/32")
+        raise InputError(
+            f"SSH CIDR {cidr} would open SSH to the whole internet; give your own address, e.g. 203.0.113.7/32"
+        )
     return str(network)
 
 
@@ -125,8 +131,10 @@ def assert_no_credentials(text: str, *, what: str = "startup script") -> str:
     """Raise if ``text`` contains anything that looks like a credential; return it unchanged otherwise."""
     for pattern in _CREDENTIAL_PATTERNS:
         if pattern.search(text):
-            raise InputError(f"refusing to write a {what} that contains a credential-like string "
-                             f"(pattern {pattern.pattern!r}); credentials come from the instance role")
+            raise InputError(
+                f"refusing to write a {what} that contains a credential-like string "
+                f"(pattern {pattern.pattern!r}); credentials come from the instance role"
+            )
     return text
 
 
@@ -147,8 +155,14 @@ MAX_LIFETIME_CEILING_S = 7 * 24 * 3600.0
 LIFETIME_MARGIN_S = 1800.0
 
 
-def lifetime_cap_s(deadline_s: float | None, overrun_s: float = 0.0, grace_s: float = 0.0, *,
-                   margin_s: float = LIFETIME_MARGIN_S, ceiling_s: float = MAX_LIFETIME_CEILING_S) -> float:
+def lifetime_cap_s(
+    deadline_s: float | None,
+    overrun_s: float = 0.0,
+    grace_s: float = 0.0,
+    *,
+    margin_s: float = LIFETIME_MARGIN_S,
+    ceiling_s: float = MAX_LIFETIME_CEILING_S,
+) -> float:
     """A run's hard lifetime cap from its plan: deadline + overrun + results grace + a boot margin.
 
     No deadline, or an unbounded overrun (``--overrun none``), leaves only the ceiling. Pure: the
@@ -274,8 +288,11 @@ def runtime_requirements() -> tuple[str, ...]:
 def passed_versions() -> dict:
     """What the CLI passes down to its jobs in ``$RUBBERBAND_RUN_VERSIONS`` (the Python minor is each machine's)."""
     versions = client_versions()
-    return {"ray_version": versions["ray_version"], "torch_version": versions["torch_version"],
-            "requirements": list(versions["requirements"])}
+    return {
+        "ray_version": versions["ray_version"],
+        "torch_version": versions["torch_version"],
+        "requirements": list(versions["requirements"]),
+    }
 
 
 def client_versions() -> dict:
@@ -295,11 +312,18 @@ def client_versions() -> dict:
     passed = os.environ.get(RUN_VERSIONS_ENV)
     if passed:
         data = json.loads(passed)
-        return {"python_version": python, "ray_version": str(data.get("ray_version") or _installed("ray")),
-                "torch_version": str(data["torch_version"]) if data.get("torch_version") else None,
-                "requirements": tuple(str(r) for r in data.get("requirements") or ())}
-    return {"python_version": python, "ray_version": _installed("ray") or "2.60.0",
-            "torch_version": _installed("torch"), "requirements": runtime_requirements()}
+        return {
+            "python_version": python,
+            "ray_version": str(data.get("ray_version") or _installed("ray")),
+            "torch_version": str(data["torch_version"]) if data.get("torch_version") else None,
+            "requirements": tuple(str(r) for r in data.get("requirements") or ()),
+        }
+    return {
+        "python_version": python,
+        "ray_version": _installed("ray") or "2.60.0",
+        "torch_version": _installed("torch"),
+        "requirements": runtime_requirements(),
+    }
 
 
 def _q(value: object) -> str:
@@ -310,8 +334,7 @@ def _instance_id_lines(cloud: str, url: str) -> list[str]:
     curl = "curl -sSf --retry 10 --retry-connrefused --retry-delay 2"
     if cloud == "aws":
         return [
-            f'IMDS_TOKEN="$({curl} -X PUT {url}/latest/api/token '
-            '-H "X-aws-ec2-metadata-token-ttl-seconds: 300")"',
+            f'IMDS_TOKEN="$({curl} -X PUT {url}/latest/api/token -H "X-aws-ec2-metadata-token-ttl-seconds: 300")"',
             f'INSTANCE_ID="$({curl} -H "X-aws-ec2-metadata-token: ${{IMDS_TOKEN}}" '
             f'{url}/latest/meta-data/instance-id)"',
             "unset IMDS_TOKEN",
@@ -327,8 +350,9 @@ def _torch_lines(config: BootstrapConfig, py: str) -> list[str]:
     if config.use_gpu:
         install = f"{py} -m pip install --quiet {_q(f'torch=={base}')}"  # the index's Linux build is CUDA's
     else:
-        install = (f"{py} -m pip install --quiet --extra-index-url {_q(config.torch_cpu_index)} "
-                   f"{_q(f'torch=={base}+cpu')}")
+        install = (
+            f"{py} -m pip install --quiet --extra-index-url {_q(config.torch_cpu_index)} {_q(f'torch=={base}+cpu')}"
+        )
     return [
         f"if {py} -c 'import torch' 2>/dev/null; then",
         f"  say \"reusing the image's torch $({py} -c 'import torch; print(torch.__version__)')\"",
@@ -362,20 +386,20 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
         f"# rubberband node watchdog of run {config.run_id} ({config.role}); installed by the startup script as",
         f"# {WATCHDOG_UNIT} before anything that can fail. Needs no cloud permission.",
         f"STATE={state}",
-        "echo $$ > \"$STATE/watchdog.pid\"",
-        f"off() {{ echo \"rubberband-boot: $(date -u +%H:%M:%S) watchdog: $*: powering off\" "
+        'echo $$ > "$STATE/watchdog.pid"',
+        f'off() {{ echo "rubberband-boot: $(date -u +%H:%M:%S) watchdog: $*: powering off" '
         f">> {_q(config.console)} 2>/dev/null || true; {config.shutdown_command} now; exit 0; }}",
         "export RAY_USAGE_STATS_ENABLED=0",
         *_ray_auth_lines(config),
-        "booted=\"$(cat \"$STATE/booted_at\" 2>/dev/null || date +%s)\"",
+        'booted="$(cat "$STATE/booted_at" 2>/dev/null || date +%s)"',
         "lost=0",
-        "while [ -d \"$STATE\" ]; do",
-        "  now=\"$(date +%s)\"",
-        "  if [ -s \"$STATE/expires_at\" ] && [ \"$now\" -ge \"$(cat \"$STATE/expires_at\")\" ]; then",
+        'while [ -d "$STATE" ]; do',
+        '  now="$(date +%s)"',
+        '  if [ -s "$STATE/expires_at" ] && [ "$now" -ge "$(cat "$STATE/expires_at")" ]; then',
         "    off 'the node reached its lifetime cap'; fi",
-        "  if [ -e \"$STATE/failed\" ]; then",
+        '  if [ -e "$STATE/failed" ]; then',
         "    if [ $((now - $(stat -c %Y \"$STATE/failed\"))) -ge 600 ]; then off 'the boot failed'; fi",
-        "  elif [ ! -e \"$STATE/ready\" ]; then",
+        '  elif [ ! -e "$STATE/ready" ]; then',
         f"    if [ $((now - booted)) -ge {int(config.boot_timeout_s)} ]; then "
         f"off 'the boot did not finish within {int(config.boot_timeout_s)}s'; fi",
     ]
@@ -383,8 +407,8 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
         wd = config.watchdog
         lines += [
             "  else",
-            f"    if [ -e {run_dir}/{POWEROFF_MARKER} ]; then off \"the run's watchdog ended the run\"; fi",
-            f"    if [ $((now - booted)) -ge {int(wd.submit_timeout_s)} ] && [ -z \"$(ls -A {run_dir} 2>/dev/null)\" ]; "
+            f'    if [ -e {run_dir}/{POWEROFF_MARKER} ]; then off "the run\'s watchdog ended the run"; fi',
+            f'    if [ $((now - booted)) -ge {int(wd.submit_timeout_s)} ] && [ -z "$(ls -A {run_dir} 2>/dev/null)" ]; '
             f"then off 'no run was submitted within {int(wd.submit_timeout_s)}s of boot'; fi",
         ]
     else:
@@ -392,8 +416,8 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
         lines += [
             "  else",
             f"    if {ray} health-check --address {head} >/dev/null 2>&1; then lost=0; else lost=$((lost + {poll})); fi",
-            f"    if [ \"$lost\" -ge {int(config.head_lost_timeout_s)} ]; then off \"the head was unreachable for "
-            f"${{lost}}s\"; fi",
+            f'    if [ "$lost" -ge {int(config.head_lost_timeout_s)} ]; then off "the head was unreachable for '
+            f'${{lost}}s"; fi',
         ]
     lines += [
         "  fi",
@@ -418,11 +442,12 @@ def _token_drop_lines(config: BootstrapConfig) -> list[str]:
     inside the run's network; its one key may only write the token: ``restrict`` + a forced command)."""
     key = (config.token_push_key or "").strip()
     if not _PUBLIC_KEY_RE.match(key):
-        raise InputError("a worker's startup script in token mode needs the head's ed25519 public key "
-                         "(token_push_key)")
+        raise InputError("a worker's startup script in token mode needs the head's ed25519 public key (token_push_key)")
     drop = _q(config.token_drop_dir)
-    forced = f'restrict,command="umask 077; cat > {config.token_drop_dir}/{TOKEN_FILE}.part && ' \
-             f'mv {config.token_drop_dir}/{TOKEN_FILE}.part {config.token_drop_dir}/{TOKEN_FILE}"'
+    forced = (
+        f'restrict,command="umask 077; cat > {config.token_drop_dir}/{TOKEN_FILE}.part && '
+        f'mv {config.token_drop_dir}/{TOKEN_FILE}.part {config.token_drop_dir}/{TOKEN_FILE}"'
+    )
     return [
         "# the run's Ray token arrives from the head over SSH (never in user-data): an account that can only drop it",
         f"id -u {TOKEN_DROP_USER} >/dev/null 2>&1 || useradd --system --home-dir {drop} --shell /bin/sh "
@@ -446,18 +471,18 @@ def _token_lines(config: BootstrapConfig) -> list[str]:
             "# the run's Ray token comes from the CLI over SSH (never in user-data or metadata)",
             f"[ -s {state}/push_key ] || ssh-keygen -q -t ed25519 -N '' -C rubberband-token-push -f {state}/push_key",
             f"export {TOKEN_PUSH_KEY_ENV}={state}/push_key",
-            "say \"waiting for the run's Ray token from the CLI\"",
+            'say "waiting for the run\'s Ray token from the CLI"',
             f"waited=0; until [ -s {token} ]; do sleep 2; waited=$((waited + 2)); "
-            f"[ \"$waited\" -lt {int(config.watchdog.submit_timeout_s)} ] || "
-            f"fail \"the CLI did not deliver the run's Ray token within {int(config.watchdog.submit_timeout_s)}s\"; done",
+            f'[ "$waited" -lt {int(config.watchdog.submit_timeout_s)} ] || '
+            f'fail "the CLI did not deliver the run\'s Ray token within {int(config.watchdog.submit_timeout_s)}s"; done',
             f"chmod 600 {token}",
         ]
     drop = f"{_q(config.token_drop_dir)}/{TOKEN_FILE}"
     return [
-        "say \"waiting for the run's Ray token from the head\"",
+        'say "waiting for the run\'s Ray token from the head"',
         f"waited=0; until [ -s {drop} ] || [ -s {token} ]; do sleep 2; waited=$((waited + 2)); "
-        f"[ \"$waited\" -lt {int(config.boot_timeout_s)} ] || "
-        f"fail \"the head did not deliver the run's Ray token within {int(config.boot_timeout_s)}s\"; done",
+        f'[ "$waited" -lt {int(config.boot_timeout_s)} ] || '
+        f'fail "the head did not deliver the run\'s Ray token within {int(config.boot_timeout_s)}s"; done',
         f"if [ -s {drop} ]; then install -m 600 {drop} {token}; rm -f {drop}; fi",
     ]
 
@@ -465,27 +490,29 @@ def _token_lines(config: BootstrapConfig) -> list[str]:
 def _safety_net_lines(config: BootstrapConfig) -> list[str]:
     """The lifetime cap, then the node watchdog as a systemd service: the first things a boot does."""
     state = _q(config.state_dir)
-    lines = [f"mkdir -p {state}", f"chmod 700 {state}",
-             f"[ -s {state}/booted_at ] || date +%s > {state}/booted_at"]
+    lines = [f"mkdir -p {state}", f"chmod 700 {state}", f"[ -s {state}/booted_at ] || date +%s > {state}/booted_at"]
     if config.max_lifetime_s:
         minutes = max(1, int(config.max_lifetime_s // 60))
-        lines += ["# hard lifetime cap first: powering off terminates this instance (AWS; GCP deletes it at its "
-                  "maxRunDuration)",
-                  f"{config.shutdown_command} +{minutes} || true",
-                  f"[ -s {state}/expires_at ] || echo $(( $(date +%s) + {int(config.max_lifetime_s)} )) "
-                  f"> {state}/expires_at"]
-    unit = "\n".join([
-        "[Unit]",
-        f"Description=rubberband safety nets of run {config.run_id} (lifetime cap, failed boot, lost head)",
-        "After=network-online.target",
-        "[Service]",
-        "Type=simple",
-        f"ExecStart=/bin/bash {config.state_dir}/watchdog.sh",
-        "Restart=always",
-        "RestartSec=10",
-        "[Install]",
-        "WantedBy=multi-user.target",
-    ])
+        lines += [
+            "# hard lifetime cap first: powering off terminates this instance (AWS; GCP deletes it at its "
+            "maxRunDuration)",
+            f"{config.shutdown_command} +{minutes} || true",
+            f"[ -s {state}/expires_at ] || echo $(( $(date +%s) + {int(config.max_lifetime_s)} )) > {state}/expires_at",
+        ]
+    unit = "\n".join(
+        [
+            "[Unit]",
+            f"Description=rubberband safety nets of run {config.run_id} (lifetime cap, failed boot, lost head)",
+            "After=network-online.target",
+            "[Service]",
+            "Type=simple",
+            f"ExecStart=/bin/bash {config.state_dir}/watchdog.sh",
+            "Restart=always",
+            "RestartSec=10",
+            "[Install]",
+            "WantedBy=multi-user.target",
+        ]
+    )
     lines += [
         "# the node's watchdog, as a service (it survives reboots and crashes), before anything that can fail",
         f"cat > {state}/watchdog.sh <<'RB_WATCHDOG'",
@@ -524,33 +551,39 @@ def _python_lines(config: BootstrapConfig) -> list[str]:
         major, minor = want.split(".")
         candidates = " ".join(_q(p) for p in (*config.image_pythons, f"python{want}", "python3"))
         test = f"sys.exit(sys.version_info[:2] != ({major}, {minor}))"
-        lines = [f"# an interpreter with Python {want}, the minor of the Ray this node joins (Ray needs the same "
-                 f"minor on every node)"]
+        lines = [
+            f"# an interpreter with Python {want}, the minor of the Ray this node joins (Ray needs the same "
+            f"minor on every node)"
+        ]
     lines += [
         "RB_PY=''",
         f"for cand in {candidates}; do",
-        "  path=\"$(command -v \"$cand\" 2>/dev/null || true)\"",
-        f"  if [ -n \"$path\" ] && \"$path\" -c 'import sys; {test}' 2>/dev/null; then RB_PY=\"$path\"; break; fi",
+        '  path="$(command -v "$cand" 2>/dev/null || true)"',
+        f'  if [ -n "$path" ] && "$path" -c \'import sys; {test}\' 2>/dev/null; then RB_PY="$path"; break; fi',
         "done",
     ]
     if want is None:
-        lines += [f"[ -n \"$RB_PY\" ] || fail \"this image has no Python {lo_major}.{lo_minor}-{hi_major}.{hi_minor} "
-                  f"(the ones Ray supports): choose another image\""]
+        lines += [
+            f'[ -n "$RB_PY" ] || fail "this image has no Python {lo_major}.{lo_minor}-{hi_major}.{hi_minor} '
+            f'(the ones Ray supports): choose another image"'
+        ]
     else:
         lines += [
-            "if [ -z \"$RB_PY\" ] && command -v apt-get >/dev/null 2>&1; then",
+            'if [ -z "$RB_PY" ] && command -v apt-get >/dev/null 2>&1; then',
             f"  say 'no Python {want} on this image: installing it from the OS packages'",
             f"  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python{want} "
             f"python{want}-venv) || true",
-            f"  RB_PY=\"$(command -v python{want} || true)\"",
+            f'  RB_PY="$(command -v python{want} || true)"',
             "fi",
-            f"[ -n \"$RB_PY\" ] || fail \"this image has no Python {want}, the minor of the Ray this node joins (Ray "
+            f'[ -n "$RB_PY" ] || fail "this image has no Python {want}, the minor of the Ray this node joins (Ray '
             f"needs the same Python minor on every node): with --head local run rubberband from the image's Python "
             f"($(python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null || echo '?')), or "
-            f"choose an image with Python {want}\"",
+            f'choose an image with Python {want}"',
         ]
-    lines += ["RB_PYV=\"$(\"$RB_PY\" -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])')\"",
-              "say \"Python $RB_PYV: $RB_PY\""]
+    lines += [
+        'RB_PYV="$("$RB_PY" -c \'import sys; print("%d.%d" % sys.version_info[:2])\')"',
+        'say "Python $RB_PYV: $RB_PY"',
+    ]
     return lines
 
 
@@ -571,7 +604,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         raise InputError(f"python_version {config.python_version!r} is not a Python 3 minor version like 3.11")
     want = config.python_version
     venv, py = _q(config.venv), f"{_q(config.venv)}/bin/python"
-    run_dir = f"{_q(config.run_root)}/\"${{RB_RUN_ID}}\""
+    run_dir = f'{_q(config.run_root)}/"${{RB_RUN_ID}}"'
     url = (config.metadata_url or METADATA_URLS[config.cloud]).rstrip("/")
     packages = [f"ray[default]=={config.ray_version}", *config.runtime_requirements, *config.requirements]
     lines = [
@@ -583,8 +616,8 @@ def render_startup_script(config: BootstrapConfig) -> str:
         "set -euo pipefail",
         f"mkdir -p {_q(config.log_dir)}",
         f"exec > >(tee -a {_q(config.log_dir)}/rubberband-boot.log {_q(config.console)} >/dev/null) 2>&1",
-        "say() { echo \"rubberband-boot: $(date -u +%H:%M:%S) $*\"; }",
-        f"fail() {{ echo \"{BOOT_FAILED} $*\"; touch {_q(config.state_dir)}/failed 2>/dev/null || true; "
+        'say() { echo "rubberband-boot: $(date -u +%H:%M:%S) $*"; }',
+        f'fail() {{ echo "{BOOT_FAILED} $*"; touch {_q(config.state_dir)}/failed 2>/dev/null || true; '
         f"{config.shutdown_command} +10 || true; exit 1; }}",
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
         f"say 'booting a {config.role} of run {config.run_id}'",
@@ -597,20 +630,20 @@ def render_startup_script(config: BootstrapConfig) -> str:
         *_ray_auth_lines(config),
         *_python_lines(config),
         f"if [ ! -x {py} ]; then",
-        f"  say \"creating the runtime in {config.venv} from $RB_PY\"",
-        f"  \"$RB_PY\" -m venv {venv} 2>/dev/null || {{ rm -rf {venv}; (apt-get update -qq && "
-        f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \"python${{RB_PYV}}-venv\") || true; "
-        f"\"$RB_PY\" -m venv {venv}; }}",
+        f'  say "creating the runtime in {config.venv} from $RB_PY"',
+        f'  "$RB_PY" -m venv {venv} 2>/dev/null || {{ rm -rf {venv}; (apt-get update -qq && '
+        f'DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "python${{RB_PYV}}-venv") || true; '
+        f'"$RB_PY" -m venv {venv}; }}',
         "  # the image's packages (its CUDA torch, drivers' bindings) stay importable beneath the runtime's own",
-        "  \"$RB_PY\" -c 'import sys; print(\"\\n\".join(p for p in sys.path if p.endswith((\"site-packages\", "
-        "\"dist-packages\"))))' \\",
-        f"    > \"$({py} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')/rubberband-image.pth\"",
+        '  "$RB_PY" -c \'import sys; print("\\n".join(p for p in sys.path if p.endswith(("site-packages", '
+        '"dist-packages"))))\' \\',
+        f'    > "$({py} -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')/rubberband-image.pth"',
         "fi",
         f"say 'installing {' '.join(packages)}'",
         f"{py} -m pip install --quiet --disable-pip-version-check {' '.join(_q(p) for p in packages)}",
         *_torch_lines(config, py),
         f"RB_RAY=\"$({py} -c 'import ray; print(ray.__version__)')\"",
-        f"[ \"$RB_RAY\" = {_q(config.ray_version)} ] || fail \"Ray $RB_RAY is installed here but the CLI runs Ray "
+        f'[ "$RB_RAY" = {_q(config.ray_version)} ] || fail "Ray $RB_RAY is installed here but the CLI runs Ray '
         f"{config.ray_version}; every node must run the CLI's version\"",
         f"export PATH={venv}/bin:\"$PATH\"  # the runtime's python and pip for Ray's jobs",
         f"mkdir -p {run_dir}",
@@ -622,7 +655,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         wd = config.watchdog
         lines += [
             "# the run's executor and its watchdog arrive as Ray jobs from the CLI (python -m rubberband.cloud...)",
-            f"export {RUN_ROOT_ENV}={_q(config.run_root)} {HEAD_ID_ENV}=\"${{INSTANCE_ID}}\"",
+            f'export {RUN_ROOT_ENV}={_q(config.run_root)} {HEAD_ID_ENV}="${{INSTANCE_ID}}"',
             "# the head schedules no trial work; dashboard and job server listen on localhost (reach them over SSH)",
             f"{ray} start --head --port={config.ray_port} --num-cpus=0 --dashboard-host=127.0.0.1 "
             f"--dashboard-port={config.dashboard_port} --resources='{json.dumps({'rb-head': 1})}'{more}",
@@ -635,8 +668,8 @@ def render_startup_script(config: BootstrapConfig) -> str:
         device = f"--num-gpus={config.workers} --num-cpus={cpus}" if config.use_gpu else f"--num-cpus={cpus}"
         lines += [
             f"RB_HEAD={_q(head)}",
-            f"{ray} start --address=\"${{RB_HEAD}}\" {device} "
-            f"--resources=\"{{\\\"rb-node-${{INSTANCE_ID}}\\\": {config.workers}}}\"{more}",
+            f'{ray} start --address="${{RB_HEAD}}" {device} '
+            f'--resources="{{\\"rb-node-${{INSTANCE_ID}}\\": {config.workers}}}"{more}',
             f"# a head unreachable for {int(config.head_lost_timeout_s)}s powers this worker off: the node watchdog "
             f"({WATCHDOG_UNIT})",
         ]

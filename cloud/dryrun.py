@@ -92,8 +92,10 @@ class DryRunReport:
 
     @property
     def peak_instances(self) -> int:
-        events = sorted([(s.request_at_s, 1) for s in self.schedule] + [(s.release_at_s, -1) for s in self.schedule],
-                        key=lambda e: (e[0], e[1]))
+        events = sorted(
+            [(s.request_at_s, 1) for s in self.schedule] + [(s.release_at_s, -1) for s in self.schedule],
+            key=lambda e: (e[0], e[1]),
+        )
         peak = current = 0
         for _, delta in events:
             current += delta
@@ -126,22 +128,35 @@ def _stage_for(plan: Plan, instance_type: str, cloud: str, first_stage: int) -> 
 def _timeline(plan: Plan) -> list[tuple[str, str, str, int, int, float, float, float]]:
     """(id, cloud, type, first, last, requested, ready, released) — the plan's timeline, or one per stage."""
     if plan.timeline.instances:
-        return [(t.id, t.cloud, t.instance_type, t.first_stage, t.last_stage, t.requested_s, t.ready_s,
-                 t.released_s) for t in plan.timeline.instances]
+        return [
+            (t.id, t.cloud, t.instance_type, t.first_stage, t.last_stage, t.requested_s, t.ready_s, t.released_s)
+            for t in plan.timeline.instances
+        ]
     rows = []
     start = 0.0
     for index, stage in enumerate(plan.stages):
         if stage.predicted_duration_s is None:
             raise PlanFileError("plan has neither a timeline nor stage durations; regenerate it with `rubberband plan`")
         for k in range(stage.instances):
-            rows.append((f"s{index}-i{k}", stage.cloud, stage.instance_type, stage.stage, stage.stage, start, start,
-                         start + stage.predicted_duration_s))
+            rows.append(
+                (
+                    f"s{index}-i{k}",
+                    stage.cloud,
+                    stage.instance_type,
+                    stage.stage,
+                    stage.stage,
+                    start,
+                    start,
+                    start + stage.predicted_duration_s,
+                )
+            )
         start += stage.predicted_duration_s
     return rows
 
 
-def schedule_for(plan: Plan, catalog: Catalog, *, include_head: bool = True,
-                 head_grace_s: float | None = None) -> list[ScheduledInstance]:
+def schedule_for(
+    plan: Plan, catalog: Catalog, *, include_head: bool = True, head_grace_s: float | None = None
+) -> list[ScheduledInstance]:
     """The provisioning schedule of ``plan``, priced with ``catalog`` and each cloud's billing rule.
 
     With ``include_head`` the run's head comes first: requested its boot before the job starts
@@ -152,37 +167,78 @@ def schedule_for(plan: Plan, catalog: Catalog, *, include_head: bool = True,
     schedule: list[ScheduledInstance] = []
     for ident, cloud, name, first, last, requested, ready, released in _timeline(plan):
         if cloud not in HEAD_TYPES:
-            raise InputError(f"the plan runs on {cloud!r}; a cloud dry run needs a plan for aws or gcp "
-                             f"(plan with resources.clouds: [aws] or [gcp])")
+            raise InputError(
+                f"the plan runs on {cloud!r}; a cloud dry run needs a plan for aws or gcp "
+                f"(plan with resources.clouds: [aws] or [gcp])"
+            )
         stage = _stage_for(plan, name, cloud, first)
         itype: InstanceType = catalog.find(name, cloud=cloud, region=stage.region)
         price = itype.price(stage.spot)
         rule = BILLING_RULES[cloud]
         lifetime = released - requested
-        schedule.append(ScheduledInstance(
-            id=ident, role="worker", cloud=cloud, region=stage.region, zone=itype.zones[0] if itype.zones else "",
-            instance_type=name, spot=stage.spot, first_stage=first, last_stage=last, request_at_s=requested,
-            ready_at_s=ready, release_at_s=released, billed_s=rule.billed_seconds(lifetime), price_hr=price,
-            cost_usd=rule.cost(lifetime, price)))
+        schedule.append(
+            ScheduledInstance(
+                id=ident,
+                role="worker",
+                cloud=cloud,
+                region=stage.region,
+                zone=itype.zones[0] if itype.zones else "",
+                instance_type=name,
+                spot=stage.spot,
+                first_stage=first,
+                last_stage=last,
+                request_at_s=requested,
+                ready_at_s=ready,
+                release_at_s=released,
+                billed_s=rule.billed_seconds(lifetime),
+                price_hr=price,
+                cost_usd=rule.cost(lifetime, price),
+            )
+        )
     if include_head and schedule:
-        grace = head_grace_s if head_grace_s is not None else (
-            plan.head.grace_s if plan.head is not None else WatchdogSettings().done_grace_s)
+        grace = (
+            head_grace_s
+            if head_grace_s is not None
+            else (plan.head.grace_s if plan.head is not None else WatchdogSettings().done_grace_s)
+        )
         boot = plan.head.boot_s if plan.head is not None else 0.0
         first_worker = min(schedule, key=lambda s: s.request_at_s)
         head = HEAD_TYPES[first_worker.cloud]
         end = max(s.release_at_s for s in schedule) + grace
         rule = BILLING_RULES[first_worker.cloud]
-        schedule.insert(0, ScheduledInstance(
-            id="head", role="head", cloud=first_worker.cloud, region=first_worker.region, zone=first_worker.zone,
-            instance_type=head.name, spot=False, first_stage=0, last_stage=max(s.last_stage for s in schedule),
-            request_at_s=-boot, ready_at_s=0.0, release_at_s=end, billed_s=rule.billed_seconds(boot + end),
-            price_hr=head.price_hr, cost_usd=rule.cost(boot + end, head.price_hr)))
+        schedule.insert(
+            0,
+            ScheduledInstance(
+                id="head",
+                role="head",
+                cloud=first_worker.cloud,
+                region=first_worker.region,
+                zone=first_worker.zone,
+                instance_type=head.name,
+                spot=False,
+                first_stage=0,
+                last_stage=max(s.last_stage for s in schedule),
+                request_at_s=-boot,
+                ready_at_s=0.0,
+                release_at_s=end,
+                billed_s=rule.billed_seconds(boot + end),
+                price_hr=head.price_hr,
+                cost_usd=rule.cost(boot + end, head.price_hr),
+            ),
+        )
     return schedule
 
 
-def dry_run(plan: Plan, provider_factory: ProviderFactory, *, catalog: Catalog | None = None,
-            include_head: bool = True, check_permissions: bool = True, strict: bool = True,
-            extra_checks: Sequence[PermissionCheck] = ()) -> DryRunReport:
+def dry_run(
+    plan: Plan,
+    provider_factory: ProviderFactory,
+    *,
+    catalog: Catalog | None = None,
+    include_head: bool = True,
+    check_permissions: bool = True,
+    strict: bool = True,
+    extra_checks: Sequence[PermissionCheck] = (),
+) -> DryRunReport:
     """Schedule, bill and permission checks for ``plan``; provisions nothing.
 
     ``provider_factory(cloud, region)`` builds a provider (e.g.
@@ -199,22 +255,34 @@ def dry_run(plan: Plan, provider_factory: ProviderFactory, *, catalog: Catalog |
             provider = provider_factory(cloud, region)
             first = next(s for s in schedule if (s.cloud, s.region) == (cloud, region) and s.role == "worker")
             itype = catalog.find(first.instance_type, cloud=cloud, region=region)
-            request = InstanceRequest(run_id="dry-run", stage=0, instance_type=itype, spot=first.spot,
-                                      zone=first.zone or None)
+            request = InstanceRequest(
+                run_id="dry-run", stage=0, instance_type=itype, spot=first.spot, zone=first.zone or None
+            )
             if isinstance(provider, ProbesPermissions):
                 checks.extend(provider.check_permissions(request))
             else:
-                checks.append(PermissionCheck(cloud, region, "*", None,
-                                              f"{cloud} has no dry-run mode; permissions are checked at launch"))
-    report = DryRunReport(job=plan.job.name, schedule=schedule, checks=checks,
-                          predicted_cost_usd=plan.predicted.cost_usd.mean,
-                          predicted_head_usd=plan.predicted.cost_breakdown.head_usd,
-                          catalog_dates={c: d for c, d in catalog.dates.items() if c in clouds})
+                checks.append(
+                    PermissionCheck(
+                        cloud, region, "*", None, f"{cloud} has no dry-run mode; permissions are checked at launch"
+                    )
+                )
+    report = DryRunReport(
+        job=plan.job.name,
+        schedule=schedule,
+        checks=checks,
+        predicted_cost_usd=plan.predicted.cost_usd.mean,
+        predicted_head_usd=plan.predicted.cost_breakdown.head_usd,
+        catalog_dates={c: d for c, d in catalog.dates.items() if c in clouds},
+    )
     if strict and report.denied:
-        names = ", ".join(f"{c.action} ({c.detail if c.region == 'global' else f'{c.cloud} {c.region}'})"
-                          for c in report.denied)
-        raise CloudError(f"permission missing: {names}; grant it (see docs/clouds.md) and retry",
-                         kind="fatal", code="UnauthorizedOperation")
+        names = ", ".join(
+            f"{c.action} ({c.detail if c.region == 'global' else f'{c.cloud} {c.region}'})" for c in report.denied
+        )
+        raise CloudError(
+            f"permission missing: {names}; grant it (see docs/clouds.md) and retry",
+            kind="fatal",
+            code="UnauthorizedOperation",
+        )
     return report
 
 
@@ -226,34 +294,63 @@ def _at(seconds: float) -> str:
 def render_dry_run(report: DryRunReport) -> RenderableType:
     """Rich tables: the schedule, the expected bill, the permission checks."""
     table = Table(title=f"Dry run of {report.job}: provisioning schedule", title_justify="left")
-    for column in ("instance", "role", "type", "where", "market", "request", "ready", "release", "billed", "$/h",
-                   "cost"):
+    for column in (
+        "instance",
+        "role",
+        "type",
+        "where",
+        "market",
+        "request",
+        "ready",
+        "release",
+        "billed",
+        "$/h",
+        "cost",
+    ):
         table.add_column(column, justify="right" if column in ("billed", "$/h", "cost") else "left")
     for s in sorted(report.schedule, key=lambda s: (s.request_at_s, s.id)):
-        table.add_row(s.id, s.role, s.instance_type, s.zone or s.region, "spot" if s.spot else "on-demand",
-                      _at(s.request_at_s), _at(s.ready_at_s), _at(s.release_at_s),
-                      format_duration(s.billed_s), f"{s.price_hr:.4f}", format_usd(s.cost_usd))
+        table.add_row(
+            s.id,
+            s.role,
+            s.instance_type,
+            s.zone or s.region,
+            "spot" if s.spot else "on-demand",
+            _at(s.request_at_s),
+            _at(s.ready_at_s),
+            _at(s.release_at_s),
+            format_duration(s.billed_s),
+            f"{s.price_hr:.4f}",
+            format_usd(s.cost_usd),
+        )
     bill = Text()
     bill.append(f"Expected bill: {format_usd(report.total_usd)}", style="bold")
     planned_head = f", head {format_usd(report.predicted_head_usd)}" if report.predicted_head_usd else ""
-    bill.append(f"  (workers {format_usd(report.workers_usd)}, head {format_usd(report.head_usd)}; "
-                f"planner's mean {format_usd(report.predicted_cost_usd)}{planned_head}; "
-                f"peak {report.peak_instances} instances; "
-                f"last release at {format_duration(report.end_s)})\n")
+    bill.append(
+        f"  (workers {format_usd(report.workers_usd)}, head {format_usd(report.head_usd)}; "
+        f"planner's mean {format_usd(report.predicted_cost_usd)}{planned_head}; "
+        f"peak {report.peak_instances} instances; "
+        f"last release at {format_duration(report.end_s)})\n"
+    )
     bill.append("By type: " + ", ".join(f"{k} {format_usd(v)}" for k, v in sorted(report.cost_by_type().items())))
     if report.catalog_dates:
-        bill.append("\nPrices from catalogs dated " + ", ".join(f"{c} {d}" for c, d in
-                                                               sorted(report.catalog_dates.items())))
+        bill.append(
+            "\nPrices from catalogs dated " + ", ".join(f"{c} {d}" for c, d in sorted(report.catalog_dates.items()))
+        )
     parts: list[RenderableType] = [table, bill]
     if report.checks:
-        perms = Table(title="Permissions (DryRun calls, IAM simulation / testIamPermissions; nothing created)",
-                      title_justify="left")
+        perms = Table(
+            title="Permissions (DryRun calls, IAM simulation / testIamPermissions; nothing created)",
+            title_justify="left",
+        )
         for column in ("cloud", "region", "permission", "status", "detail"):
             perms.add_column(column)
         for c in report.checks:
             if c.expect == "deny":
-                status = {True: "[yellow]BROADER than needed[/]", False: "[green]denied, as it must be[/]",
-                          None: "[yellow]not checked[/]"}[c.allowed]
+                status = {
+                    True: "[yellow]BROADER than needed[/]",
+                    False: "[green]denied, as it must be[/]",
+                    None: "[yellow]not checked[/]",
+                }[c.allowed]
             else:
                 status = {True: "[green]allowed[/]", False: "[red]DENIED[/]", None: "[yellow]not checked[/]"}[c.allowed]
             perms.add_row(c.cloud, c.region, c.action, status, c.detail)

@@ -42,8 +42,9 @@ class ErrorRule:
     hint: str
 
 
-_AUTH_AWS = ("check the AWS credentials boto3 finds (AWS_PROFILE, ~/.aws/credentials, environment, SSO "
-             "or the instance role)")
+_AUTH_AWS = (
+    "check the AWS credentials boto3 finds (AWS_PROFILE, ~/.aws/credentials, environment, SSO or the instance role)"
+)
 _PERM = "grant the permission listed in docs/clouds.md"
 _CAPACITY = "no capacity for this type in this zone right now; rubberband tries other zones and types"
 _RETRY = "throttled or a server error; retried with backoff"
@@ -76,8 +77,9 @@ ERROR_TABLE: dict[str, ErrorRule] = {
     "AccessDeniedException": ErrorRule("fatal", _PERM),
     "DryRunOperation": ErrorRule("fatal", "a DryRun request would have succeeded (permission check)"),
     "OptInRequired": ErrorRule("fatal", "opt in to this region in the AWS console or choose another region"),
-    "InvalidAMIID.NotFound": ErrorRule("fatal", "the machine image does not exist in this region; "
-                                                "set RUBBERBAND_AWS_AMI or pass image_id"),
+    "InvalidAMIID.NotFound": ErrorRule(
+        "fatal", "the machine image does not exist in this region; set RUBBERBAND_AWS_AMI or pass image_id"
+    ),
     "InvalidParameterValue": ErrorRule("fatal", "the request was rejected as invalid"),
     # -- GCP Compute Engine
     "ZONE_RESOURCE_POOL_EXHAUSTED": ErrorRule("capacity", _CAPACITY),
@@ -92,18 +94,22 @@ ERROR_TABLE: dict[str, ErrorRule] = {
     "internalError": ErrorRule("transient", _RETRY),
     "PERMISSION_DENIED": ErrorRule("fatal", _PERM),
     "forbidden": ErrorRule("fatal", _PERM),
-    "UNAUTHENTICATED": ErrorRule("fatal", "run `gcloud auth application-default login` or set "
-                                          "GOOGLE_APPLICATION_CREDENTIALS"),
-    "authError": ErrorRule("fatal", "run `gcloud auth application-default login` or set "
-                                    "GOOGLE_APPLICATION_CREDENTIALS"),
+    "UNAUTHENTICATED": ErrorRule(
+        "fatal", "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+    ),
+    "authError": ErrorRule(
+        "fatal", "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+    ),
 }
 
 # AWS Service Quotas that gate GPU instances, by instance family letter (on-demand, spot).
 _AWS_QUOTAS = {
     "p": ("Running On-Demand P instances (L-417A185B)", "All P Spot Instance Requests (L-7212CCBC)"),
     "g": ("Running On-Demand G and VT instances (L-DB2E81BA)", "All G and VT Spot Instance Requests (L-3819A6DF)"),
-    "": ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances (L-1216C47A)",
-         "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests (L-34B43A08)"),
+    "": (
+        "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances (L-1216C47A)",
+        "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests (L-34B43A08)",
+    ),
 }
 _GCP_QUOTA_RE = re.compile(r"Quota '([A-Z0-9_]+)' exceeded")
 
@@ -128,9 +134,19 @@ def _one_line(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def classify(cloud: str, code: str, message: str, *, http_status: int | None = None, zone: str | None = None,
-             region: str | None = None, instance_type: str | None = None, spot: bool = False,
-             quota: str | None = None, action: str | None = None) -> CloudError:
+def classify(
+    cloud: str,
+    code: str,
+    message: str,
+    *,
+    http_status: int | None = None,
+    zone: str | None = None,
+    region: str | None = None,
+    instance_type: str | None = None,
+    spot: bool = False,
+    quota: str | None = None,
+    action: str | None = None,
+) -> CloudError:
     """Turn one provider error into a one-line :class:`CloudError` of the right kind."""
     rule = ERROR_TABLE.get(code)
     if rule is None:
@@ -145,8 +161,11 @@ def classify(cloud: str, code: str, message: str, *, http_status: int | None = N
     hint = rule.hint
     if rule.kind == "quota":
         if quota is None:
-            quota = (aws_quota_name(instance_type or "", spot) if cloud == "aws"
-                     else gcp_quota_name(message) or "GPUS_ALL_REGIONS / the GPU quota of the region")
+            quota = (
+                aws_quota_name(instance_type or "", spot)
+                if cloud == "aws"
+                else gcp_quota_name(message) or "GPUS_ALL_REGIONS / the GPU quota of the region"
+            )
         scope = "every region" if quota == "GPUS_ALL_REGIONS" else (region or where)
         console = "Service Quotas console" if cloud == "aws" else "IAM & Admin > Quotas"
         hint = f"raise the quota '{quota}' in {scope} ({console})"
@@ -170,7 +189,7 @@ class RetryPolicy:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def delay(self, attempt: int) -> float:
-        ceiling = min(self.cap_s, self.base_s * 2 ** attempt)
+        ceiling = min(self.cap_s, self.base_s * 2**attempt)
         return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
 
 
@@ -226,16 +245,21 @@ class FailoverPolicy:
     blocked_spot_regions: set[tuple[str, str]] = field(default_factory=set)
 
     def is_blocked(self, itype: InstanceType, zone: str | None, spot: bool = False) -> bool:
-        zones, regions = (self.blocked_spot_zones, self.blocked_spot_regions) if spot else \
-            (self.blocked_zones, self.blocked_regions)
-        return (itype.cloud in self.blocked_clouds or (itype.cloud, itype.region) in regions
-                or (itype.cloud, itype.name, zone or "") in zones)
+        zones, regions = (
+            (self.blocked_spot_zones, self.blocked_spot_regions) if spot else (self.blocked_zones, self.blocked_regions)
+        )
+        return (
+            itype.cloud in self.blocked_clouds
+            or (itype.cloud, itype.region) in regions
+            or (itype.cloud, itype.name, zone or "") in zones
+        )
 
     def block(self, itype: InstanceType, zone: str | None, error: CloudError, spot: bool = False) -> None:
         """Capacity blocks the (type, zone); quota blocks the region, or the cloud for all-region quotas
         (each for the market that failed)."""
-        zones, regions = (self.blocked_spot_zones, self.blocked_spot_regions) if spot else \
-            (self.blocked_zones, self.blocked_regions)
+        zones, regions = (
+            (self.blocked_spot_zones, self.blocked_spot_regions) if spot else (self.blocked_zones, self.blocked_regions)
+        )
         if error.kind == "capacity":
             zones.add((itype.cloud, itype.name, zone or ""))
         elif error.kind == "quota":
@@ -245,8 +269,9 @@ class FailoverPolicy:
                 regions.add((itype.cloud, itype.region))
 
     @staticmethod
-    def candidates(primary: InstanceType, alternatives: Sequence[InstanceType],
-                   preferred_zone: str | None = None) -> Iterator[tuple[InstanceType, str | None]]:
+    def candidates(
+        primary: InstanceType, alternatives: Sequence[InstanceType], preferred_zone: str | None = None
+    ) -> Iterator[tuple[InstanceType, str | None]]:
         """Every zone of the primary type (preferred first), then each alternative's zones, in order."""
         for itype in (primary, *alternatives):
             zones: list[str | None] = list(itype.zones) or [None]
@@ -257,15 +282,28 @@ class FailoverPolicy:
                 yield itype, zone
 
 
-def alternatives_for(primary: InstanceType, catalog: Catalog, *, spot: bool = False,
-                     same_device: bool = True, clouds: Sequence[str] | None = None) -> list[InstanceType]:
+def alternatives_for(
+    primary: InstanceType,
+    catalog: Catalog,
+    *,
+    spot: bool = False,
+    same_device: bool = True,
+    clouds: Sequence[str] | None = None,
+) -> list[InstanceType]:
     """Types that can stand in for ``primary`` (same workers per instance), cheapest first."""
+
     def price(t: InstanceType) -> float:
         return t.spot_price_hr if spot and t.spot_price_hr is not None else t.price_hr
 
-    pool = [t for t in catalog.types if t.key != primary.key and t.workers == primary.workers
-            and (not same_device or t.device == primary.device)
-            and (clouds is None or t.cloud in clouds) and (not spot or t.spot_price_hr is not None)]
+    pool = [
+        t
+        for t in catalog.types
+        if t.key != primary.key
+        and t.workers == primary.workers
+        and (not same_device or t.device == primary.device)
+        and (clouds is None or t.cloud in clouds)
+        and (not spot or t.spot_price_hr is not None)
+    ]
     return sorted(pool, key=lambda t: (price(t), t.key))
 
 
@@ -283,10 +321,15 @@ def _market_steps(request: InstanceRequest, on_demand_fallback: bool) -> list[bo
     return [True, False] if request.spot and on_demand_fallback else [request.spot]
 
 
-def provision_with_failover(request: InstanceRequest, provider_for: Callable[[InstanceType], Provisioner], *,
-                            alternatives: Sequence[InstanceType] = (), policy: FailoverPolicy | None = None,
-                            on_demand_fallback: bool = False,
-                            on_demand_alternatives: Sequence[InstanceType] | None = None) -> FailoverResult:
+def provision_with_failover(
+    request: InstanceRequest,
+    provider_for: Callable[[InstanceType], Provisioner],
+    *,
+    alternatives: Sequence[InstanceType] = (),
+    policy: FailoverPolicy | None = None,
+    on_demand_fallback: bool = False,
+    on_demand_alternatives: Sequence[InstanceType] | None = None,
+) -> FailoverResult:
     """Provision ``request`` somewhere: zone → alternative type (→ on-demand), skipping what is blocked.
 
     A spot request with ``on_demand_fallback`` walks the same zones and types again on-demand once spot has
@@ -306,16 +349,18 @@ def provision_with_failover(request: InstanceRequest, provider_for: Callable[[In
         market = "spot" if spot else "on_demand"
         for itype, zone in policy.candidates(request.instance_type, others, request.zone):
             if policy.is_blocked(itype, zone, spot):
-                attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, "skipped", "blocked",
-                                        market=market))
+                attempts.append(
+                    Attempt(itype.cloud, itype.region, zone, itype.name, "skipped", "blocked", market=market)
+                )
                 continue
             provider = provider_for(itype)
             try_request = dataclasses.replace(request, instance_type=itype, zone=zone, spot=spot)
             try:
                 instances = provider.provision(try_request)
             except CloudError as exc:
-                attempts.append(Attempt(itype.cloud, itype.region, zone, itype.name, exc.kind, exc.code, exc.message,
-                                        market=market))
+                attempts.append(
+                    Attempt(itype.cloud, itype.region, zone, itype.name, exc.kind, exc.code, exc.message, market=market)
+                )
                 if exc.kind in ("fatal", "transient"):
                     raise FailoverExhausted(exc.message, kind=exc.kind, attempts=attempts) from exc
                 policy.block(itype, zone, exc, spot)
@@ -326,6 +371,12 @@ def provision_with_failover(request: InstanceRequest, provider_for: Callable[[In
     tried = "; ".join(f"{a.instance_type}@{a.zone or a.region}: {a.outcome}" for a in attempts)
     kind = last.kind if last is not None else "capacity"
     reason = f" — {last.message}" if last is not None else ""
-    raise FailoverExhausted(_one_line(f"could not provision {request.count}x {request.instance_type.name} for "
-                                      f"run {request.run_id} (tried {tried}){reason}", 600),
-                            kind=kind, attempts=attempts)
+    raise FailoverExhausted(
+        _one_line(
+            f"could not provision {request.count}x {request.instance_type.name} for "
+            f"run {request.run_id} (tried {tried}){reason}",
+            600,
+        ),
+        kind=kind,
+        attempts=attempts,
+    )

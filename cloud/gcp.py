@@ -71,13 +71,28 @@ ENDPOINT_ENV = "RUBBERBAND_GCE_ENDPOINT"
 PROJECT_ENV = "RUBBERBAND_GCP_PROJECT"
 #: Deep Learning VM image family with PyTorch (CUDA 12.9, NVIDIA driver 580, Ubuntu 22.04): the boot reuses its
 #: torch and its Python (a head boots on it, its workers follow), so no node downloads a CUDA build.
-DEFAULT_IMAGE = ("projects/deeplearning-platform-release/global/images/family/"
-                 "pytorch-2-9-cu129-ubuntu-2204-nvidia-580")
-ACCELERATOR_TYPES = {"V100": "nvidia-tesla-v100", "T4": "nvidia-tesla-t4", "P100": "nvidia-tesla-p100",
-                     "P4": "nvidia-tesla-p4", "K80": "nvidia-tesla-k80", "A100": "nvidia-tesla-a100",
-                     "A100-80GB": "nvidia-a100-80gb", "L4": "nvidia-l4", "H100": "nvidia-h100-80gb"}
-_STATES = {"PROVISIONING": "pending", "STAGING": "pending", "RUNNING": "running", "STOPPING": "stopping",
-           "SUSPENDING": "stopping", "SUSPENDED": "stopped", "TERMINATED": "stopped", "REPAIRING": "pending"}
+DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
+ACCELERATOR_TYPES = {
+    "V100": "nvidia-tesla-v100",
+    "T4": "nvidia-tesla-t4",
+    "P100": "nvidia-tesla-p100",
+    "P4": "nvidia-tesla-p4",
+    "K80": "nvidia-tesla-k80",
+    "A100": "nvidia-tesla-a100",
+    "A100-80GB": "nvidia-a100-80gb",
+    "L4": "nvidia-l4",
+    "H100": "nvidia-h100-80gb",
+}
+_STATES = {
+    "PROVISIONING": "pending",
+    "STAGING": "pending",
+    "RUNNING": "running",
+    "STOPPING": "stopping",
+    "SUSPENDING": "stopping",
+    "SUSPENDED": "stopped",
+    "TERMINATED": "stopped",
+    "REPAIRING": "pending",
+}
 #: The zone operation Compute Engine records when it preempts a spot / preemptible VM, and the state reason
 #: rubberband gives such a VM (one of cloud/provider.py's SPOT_INTERRUPTION_REASONS).
 PREEMPTED_OPERATION = "compute.instances.preempted"
@@ -90,7 +105,8 @@ GCP_REGIONS = frozenset(
     "europe-north2 europe-southwest1 europe-west1 europe-west2 europe-west3 europe-west4 europe-west6 "
     "europe-west8 europe-west9 europe-west10 europe-west12 me-central1 me-central2 me-west1 "
     "northamerica-northeast1 northamerica-northeast2 northamerica-south1 southamerica-east1 southamerica-west1 "
-    "us-central1 us-east1 us-east4 us-east5 us-south1 us-west1 us-west2 us-west3 us-west4".split())
+    "us-central1 us-east1 us-east4 us-east5 us-south1 us-west1 us-west2 us-west3 us-west4".split()
+)
 
 
 def network_tag(run_id: str) -> str:
@@ -144,11 +160,23 @@ class GcpProvider:
 
     cloud = "gcp"
 
-    def __init__(self, region: str, *, project: str | None = None, endpoint: str | None = None,
-                 credentials: Credentials | None = None, network: str = "default", image: str | None = None,
-                 ssh_cidr: str | None = None, service_account: str | None = None, disk_gb: int = 100,
-                 worker_egress: str = "nat",
-                 retry: RetryPolicy | None = None, poll_s: float = 5.0, version: str = __version__) -> None:
+    def __init__(
+        self,
+        region: str,
+        *,
+        project: str | None = None,
+        endpoint: str | None = None,
+        credentials: Credentials | None = None,
+        network: str = "default",
+        image: str | None = None,
+        ssh_cidr: str | None = None,
+        service_account: str | None = None,
+        disk_gb: int = 100,
+        worker_egress: str = "nat",
+        retry: RetryPolicy | None = None,
+        poll_s: float = 5.0,
+        version: str = __version__,
+    ) -> None:
         if region not in GCP_REGIONS:
             raise InputError(f"GCP region {region!r} is unknown; use one of e.g. us-central1, us-east1, europe-west4")
         endpoint = endpoint or os.environ.get(ENDPOINT_ENV) or None
@@ -158,10 +186,12 @@ class GcpProvider:
         elif credentials is None:
             try:
                 credentials, default_project = google.auth.default(
-                    scopes=["https://www.googleapis.com/auth/cloud-platform"])
+                    scopes=["https://www.googleapis.com/auth/cloud-platform"]
+                )
             except google.auth.exceptions.DefaultCredentialsError:
-                raise classify("gcp", "UNAUTHENTICATED", "no Google application default credentials found",
-                               region=region) from None
+                raise classify(
+                    "gcp", "UNAUTHENTICATED", "no Google application default credentials found", region=region
+                ) from None
             project = project or os.environ.get(PROJECT_ENV) or default_project
         if not project:
             raise InputError("no GCP project: set RUBBERBAND_GCP_PROJECT or `gcloud config set project`")
@@ -194,8 +224,9 @@ class GcpProvider:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _error(self, exc: api_exceptions.GoogleAPICallError, *, zone: str | None, instance_type: str | None,
-               spot: bool) -> CloudError:
+    def _error(
+        self, exc: api_exceptions.GoogleAPICallError, *, zone: str | None, instance_type: str | None, spot: bool
+    ) -> CloudError:
         reasons = [e.get("reason", "") for e in (exc.errors or []) if isinstance(e, dict)]
         code = next((r for r in reasons if r), "") or (exc.reason or "")
         message = exc.message or ""
@@ -206,11 +237,21 @@ class GcpProvider:
                 code = "QUOTA_EXCEEDED"
         status = int(exc.code) if exc.code is not None else None
         quota = gcp_quota_name(exc.message) if code in ("quotaExceeded", "QUOTA_EXCEEDED") else None
-        return classify("gcp", code, exc.message, http_status=status, zone=zone, region=self.region,
-                        instance_type=instance_type, spot=spot, quota=quota)
+        return classify(
+            "gcp",
+            code,
+            exc.message,
+            http_status=status,
+            zone=zone,
+            region=self.region,
+            instance_type=instance_type,
+            spot=spot,
+            quota=quota,
+        )
 
-    def _call(self, fn: Callable[[], T], *, zone: str | None = None, instance_type: str | None = None,
-              spot: bool = False) -> T:
+    def _call(
+        self, fn: Callable[[], T], *, zone: str | None = None, instance_type: str | None = None, spot: bool = False
+    ) -> T:
         def once() -> T:
             try:
                 return fn()
@@ -219,12 +260,18 @@ class GcpProvider:
             except google.auth.exceptions.RefreshError as exc:
                 raise classify("gcp", "UNAUTHENTICATED", str(exc), region=self.region) from None
             except requests.exceptions.RequestException as exc:
-                raise CloudError(f"gcp: cannot reach Compute Engine: {exc}", kind="transient",
-                                 code="ConnectionError", region=self.region) from None
+                raise CloudError(
+                    f"gcp: cannot reach Compute Engine: {exc}",
+                    kind="transient",
+                    code="ConnectionError",
+                    region=self.region,
+                ) from None
+
         return call_with_retry(once, self.retry)
 
-    def _delete(self, fn: Callable[[], T], *, zone: str | None = None,
-                tolerate: tuple[str, ...] = ("notFound",)) -> T | None:
+    def _delete(
+        self, fn: Callable[[], T], *, zone: str | None = None, tolerate: tuple[str, ...] = ("notFound",)
+    ) -> T | None:
         """A delete call through :meth:`_call`; None when Compute Engine answers one of the ``tolerate`` codes
         (by default: the resource is already gone; deleting what is not there is no error, as every teardown
         path may run twice)."""
@@ -235,8 +282,9 @@ class GcpProvider:
                 raise
             return None
 
-    def _operation_error(self, op: compute_v1.Operation, *, zone: str | None, instance_type: str | None,
-                         spot: bool) -> CloudError | None:
+    def _operation_error(
+        self, op: compute_v1.Operation, *, zone: str | None, instance_type: str | None, spot: bool
+    ) -> CloudError | None:
         if not op.error or not op.error.errors:
             return None
         first = op.error.errors[0]
@@ -245,15 +293,29 @@ class GcpProvider:
             if detail.quota_info and detail.quota_info.metric_name:
                 metric = detail.quota_info.metric_name
         quota = gcp_quota_name(first.message, metric) if first.code == "QUOTA_EXCEEDED" else None
-        return classify("gcp", first.code, first.message, http_status=op.http_error_status_code or None,
-                        zone=zone, region=self.region, instance_type=instance_type, spot=spot, quota=quota)
+        return classify(
+            "gcp",
+            first.code,
+            first.message,
+            http_status=op.http_error_status_code or None,
+            zone=zone,
+            region=self.region,
+            instance_type=instance_type,
+            spot=spot,
+            quota=quota,
+        )
 
     def _wait_zone_op(self, op: compute_v1.Operation, zone: str, timeout_s: float = 600.0) -> compute_v1.Operation:
         deadline = time.monotonic() + timeout_s
         while op.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() >= deadline:
-                raise CloudError(f"gcp: operation {op.name} in {zone} not done after {timeout_s:g}s",
-                                 kind="transient", code="WaitTimeout", zone=zone, region=self.region)
+                raise CloudError(
+                    f"gcp: operation {op.name} in {zone} not done after {timeout_s:g}s",
+                    kind="transient",
+                    code="WaitTimeout",
+                    zone=zone,
+                    region=self.region,
+                )
             op = self._call(lambda: self.zone_operations.wait(project=self.project, zone=zone, operation=op.name))
         return op
 
@@ -262,24 +324,30 @@ class GcpProvider:
         deadline = time.monotonic() + timeout_s
         while op.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() >= deadline:
-                raise CloudError(f"gcp: operation {op.name} not done after {timeout_s:g}s", kind="transient",
-                                 code="WaitTimeout", region=self.region)
+                raise CloudError(
+                    f"gcp: operation {op.name} not done after {timeout_s:g}s",
+                    kind="transient",
+                    code="WaitTimeout",
+                    region=self.region,
+                )
             op = self._call(lambda: self.global_operations.wait(project=self.project, operation=op.name))
         error = self._operation_error(op, zone=None, instance_type=None, spot=False)
         if error is not None:
             raise error
         return op
 
-    def _wait_region_op(self, op: compute_v1.Operation, region: str, timeout_s: float = 300.0
-                        ) -> compute_v1.Operation:
+    def _wait_region_op(self, op: compute_v1.Operation, region: str, timeout_s: float = 300.0) -> compute_v1.Operation:
         """Wait until a region operation (routers) is DONE; raise its error, or a timeout, if any."""
         deadline = time.monotonic() + timeout_s
         while op.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() >= deadline:
-                raise CloudError(f"gcp: operation {op.name} in {region} not done after {timeout_s:g}s",
-                                 kind="transient", code="WaitTimeout", region=region)
-            op = self._call(lambda: self.region_operations.wait(project=self.project, region=region,
-                                                                operation=op.name))
+                raise CloudError(
+                    f"gcp: operation {op.name} in {region} not done after {timeout_s:g}s",
+                    kind="transient",
+                    code="WaitTimeout",
+                    region=region,
+                )
+            op = self._call(lambda: self.region_operations.wait(project=self.project, region=region, operation=op.name))
         error = self._operation_error(op, zone=None, instance_type=None, spot=False)
         if error is not None:
             raise error
@@ -296,26 +364,48 @@ class GcpProvider:
         outrank the deny. The deny goes in first: there is never a moment with only the allows."""
         tag = network_tag(run_id)
         network = f"global/networks/{self.network}"
-        rules = [compute_v1.Firewall(
-            name=firewall_name(run_id, "deny"), network=network, direction="INGRESS", priority=DENY_PRIORITY,
-            description=f"rubberband run {run_id}: nothing reaches its VMs but what the run's other rules allow "
-                        f"{owner_marker(run_id)}",
-            source_ranges=["0.0.0.0/0"], target_tags=[tag], denied=[compute_v1.Denied(I_p_protocol="all")]),
+        rules = [
             compute_v1.Firewall(
-            name=firewall_name(run_id), network=network, direction="INGRESS", priority=ALLOW_PRIORITY,
-            description=f"rubberband run {run_id}: Ray and torch DDP between its VMs {owner_marker(run_id)}",
-            source_tags=[tag], target_tags=[tag], allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["0-65535"])])]
+                name=firewall_name(run_id, "deny"),
+                network=network,
+                direction="INGRESS",
+                priority=DENY_PRIORITY,
+                description=f"rubberband run {run_id}: nothing reaches its VMs but what the run's other rules allow "
+                f"{owner_marker(run_id)}",
+                source_ranges=["0.0.0.0/0"],
+                target_tags=[tag],
+                denied=[compute_v1.Denied(I_p_protocol="all")],
+            ),
+            compute_v1.Firewall(
+                name=firewall_name(run_id),
+                network=network,
+                direction="INGRESS",
+                priority=ALLOW_PRIORITY,
+                description=f"rubberband run {run_id}: Ray and torch DDP between its VMs {owner_marker(run_id)}",
+                source_tags=[tag],
+                target_tags=[tag],
+                allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["0-65535"])],
+            ),
+        ]
         if self.ssh_cidr:
-            rules.append(compute_v1.Firewall(
-                name=firewall_name(run_id, "ssh"), network=network, direction="INGRESS", priority=ALLOW_PRIORITY,
-                description=f"rubberband run {run_id}: SSH from the user to its head {owner_marker(run_id)}",
-                source_ranges=[self.ssh_cidr],
-                target_tags=[head_tag(run_id)], allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])]))
+            rules.append(
+                compute_v1.Firewall(
+                    name=firewall_name(run_id, "ssh"),
+                    network=network,
+                    direction="INGRESS",
+                    priority=ALLOW_PRIORITY,
+                    description=f"rubberband run {run_id}: SSH from the user to its head {owner_marker(run_id)}",
+                    source_ranges=[self.ssh_cidr],
+                    target_tags=[head_tag(run_id)],
+                    allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
+                )
+            )
         names = []
         for rule in rules:
             if rule.name not in self._firewalls:
-                insert = compute_v1.InsertFirewallRequest(project=self.project, firewall_resource=rule,
-                                                          request_id=str(uuid.uuid4()))
+                insert = compute_v1.InsertFirewallRequest(
+                    project=self.project, firewall_resource=rule, request_id=str(uuid.uuid4())
+                )
                 try:
                     op = self._call(lambda: self.firewalls.insert_unary(request=insert))
                     self._wait_global_op(op)
@@ -331,9 +421,14 @@ class GcpProvider:
         """A firewall rule of the run's name that exists already is the run's (its marker) or a fatal error."""
         rule = self._call(lambda: self.firewalls.get(project=self.project, firewall=name))
         if marked_run(rule.description) != run_id:
-            raise CloudError(f"gcp: a firewall rule named {name} exists but rubberband did not create it for run "
-                             f"{run_id} (no {owner_marker(run_id)} in its description); rename or delete it, or use "
-                             f"another run id", kind="fatal", code="alreadyExists", region=self.region)
+            raise CloudError(
+                f"gcp: a firewall rule named {name} exists but rubberband did not create it for run "
+                f"{run_id} (no {owner_marker(run_id)} in its description); rename or delete it, or use "
+                f"another run id",
+                kind="fatal",
+                code="alreadyExists",
+                region=self.region,
+            )
 
     def _owned_firewalls(self) -> list[compute_v1.Firewall]:
         """Every firewall rule of the project that carries a run's ownership marker (never matched by name)."""
@@ -346,14 +441,22 @@ class GcpProvider:
         terms = [f'(labels.{TAG_MANAGED} = "true")']
         if run_id is not None:
             terms.append(f'(labels.{TAG_RUN_ID} = "{run_id}")')
-        pager = self._call(lambda: list(self.disks.aggregated_list(request=compute_v1.AggregatedListDisksRequest(
-            project=self.project, filter=" AND ".join(terms)))))
+        pager = self._call(
+            lambda: list(
+                self.disks.aggregated_list(
+                    request=compute_v1.AggregatedListDisksRequest(project=self.project, filter=" AND ".join(terms))
+                )
+            )
+        )
         found = []
         for scope, scoped in pager:
             for disk in scoped.disks:
                 labels = dict(disk.labels)
-                if labels.get(TAG_MANAGED) == "true" and (run_id is None or labels.get(TAG_RUN_ID) == run_id) \
-                        and not list(disk.users):
+                if (
+                    labels.get(TAG_MANAGED) == "true"
+                    and (run_id is None or labels.get(TAG_RUN_ID) == run_id)
+                    and not list(disk.users)
+                ):
                     found.append((scope.rsplit("/", 1)[-1], disk))
         return found
 
@@ -361,8 +464,9 @@ class GcpProvider:
 
     def _on_network(self, network: str) -> bool:
         """Whether a router's ``network`` (a full or partial URL) is this provider's network."""
-        return network.rstrip("/") == f"global/networks/{self.network}" or \
-            network.rstrip("/").endswith(f"/global/networks/{self.network}")
+        return network.rstrip("/") == f"global/networks/{self.network}" or network.rstrip("/").endswith(
+            f"/global/networks/{self.network}"
+        )
 
     def ensure_worker_egress(self, run_id: str) -> str | None:
         """What the run's workers need to reach the internet in this region (``worker_egress``): with ``nat`` a
@@ -398,23 +502,36 @@ class GcpProvider:
 
     def _foreign_nat(self, router: compute_v1.Router) -> str:
         """The NAT that is not the run's (see :meth:`ensure_nat`) if its workers can use it; else say why not."""
-        if marked_run(router.description) is not None or \
-                any(n.source_subnetwork_ip_ranges_to_nat in _ALL_SUBNETWORKS for n in router.nats):
+        if marked_run(router.description) is not None or any(
+            n.source_subnetwork_ip_ranges_to_nat in _ALL_SUBNETWORKS for n in router.nats
+        ):
             return router.name  # another run's NAT, or the user's of every subnetwork: the egress is there
-        raise CloudError(f"gcp: network {self.network} in {self.region} has a Cloud NAT for chosen subnetworks "
-                         f"(router {router.name}) and no room for the run's own: pass --worker-egress existing if it "
-                         f"serves the workers' subnetwork, else --worker-egress public", kind="fatal", code="NatInUse",
-                         region=self.region)
+        raise CloudError(
+            f"gcp: network {self.network} in {self.region} has a Cloud NAT for chosen subnetworks "
+            f"(router {router.name}) and no room for the run's own: pass --worker-egress existing if it "
+            f"serves the workers' subnetwork, else --worker-egress public",
+            kind="fatal",
+            code="NatInUse",
+            region=self.region,
+        )
 
     def _create_router(self, name: str, run_id: str) -> None:
         router = compute_v1.Router(
-            name=name, network=f"global/networks/{self.network}",
+            name=name,
+            network=f"global/networks/{self.network}",
             description=f"rubberband run {run_id}: outbound internet for its workers, which have no external "
-                        f"address {owner_marker(run_id)}",
-            nats=[compute_v1.RouterNat(name=name, source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
-                                       nat_ip_allocate_option="AUTO_ONLY")])
-        insert = compute_v1.InsertRouterRequest(project=self.project, region=self.region, router_resource=router,
-                                                request_id=str(uuid.uuid4()))
+            f"address {owner_marker(run_id)}",
+            nats=[
+                compute_v1.RouterNat(
+                    name=name,
+                    source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
+                    nat_ip_allocate_option="AUTO_ONLY",
+                )
+            ],
+        )
+        insert = compute_v1.InsertRouterRequest(
+            project=self.project, region=self.region, router_resource=router, request_id=str(uuid.uuid4())
+        )
         try:
             op = self._call(lambda: self.routers.insert_unary(request=insert))
             self._wait_region_op(op, self.region)
@@ -423,24 +540,38 @@ class GcpProvider:
                 raise
             found = self._call(lambda: self.routers.get(project=self.project, region=self.region, router=name))
             if marked_run(found.description) != run_id:
-                raise CloudError(f"gcp: a Cloud Router named {name} exists in {self.region} but rubberband did not "
-                                 f"create it for run {run_id} (no {owner_marker(run_id)} in its description); "
-                                 f"rename or delete it, or use another run id", kind="fatal", code="alreadyExists",
-                                 region=self.region) from None
+                raise CloudError(
+                    f"gcp: a Cloud Router named {name} exists in {self.region} but rubberband did not "
+                    f"create it for run {run_id} (no {owner_marker(run_id)} in its description); "
+                    f"rename or delete it, or use another run id",
+                    kind="fatal",
+                    code="alreadyExists",
+                    region=self.region,
+                ) from None
 
     def _regions_of_other_runs(self, run_id: str) -> set[str]:
         """Regions where a rubberband VM of another run without an external address is alive: a NAT there may be
         its egress (a head, with its own address, needs none; its workers find a NAT afresh, :meth:`ensure_nat`)."""
-        return {inst.zone.rsplit("-", 1)[0] for inst in self.list()
-                if inst.run_id != run_id and inst.alive and not inst.public_address}
+        return {
+            inst.zone.rsplit("-", 1)[0]
+            for inst in self.list()
+            if inst.run_id != run_id and inst.alive and not inst.public_address
+        }
 
     def _owned_routers(self) -> list[tuple[str, compute_v1.Router]]:
         """(region, router) of every Cloud Router of the project carrying a run's ownership marker (never matched
         by name), in any region: a run that failed over made one in each region it put workers in."""
-        pager = self._call(lambda: list(self.routers.aggregated_list(
-            request=compute_v1.AggregatedListRoutersRequest(project=self.project))))
-        return [(scope.rsplit("/", 1)[-1], router) for scope, scoped in pager for router in scoped.routers
-                if marked_run(router.description) is not None]
+        pager = self._call(
+            lambda: list(
+                self.routers.aggregated_list(request=compute_v1.AggregatedListRoutersRequest(project=self.project))
+            )
+        )
+        return [
+            (scope.rsplit("/", 1)[-1], router)
+            for scope, scoped in pager
+            for router in scoped.routers
+            if marked_run(router.description) is not None
+        ]
 
     # -- Provider ---------------------------------------------------------------------------
 
@@ -455,14 +586,21 @@ class GcpProvider:
         if has_gpu and "+" in itype.name:  # n1 host + attached GPUs; a2/g2 hosts bring their own
             gce_name = ACCELERATOR_TYPES.get(itype.device)
             if gce_name is None:
-                raise InputError(f"accelerator {itype.device!r} has no Compute Engine name; "
-                                 f"known: {', '.join(sorted(ACCELERATOR_TYPES))}")
-            accelerators.append(compute_v1.AcceleratorConfig(
-                accelerator_count=itype.accelerator_count,
-                accelerator_type=f"zones/{zone}/acceleratorTypes/{gce_name}"))
-        scheduling = compute_v1.Scheduling(on_host_maintenance="TERMINATE" if has_gpu else "MIGRATE",
-                                           automatic_restart=not request.spot and not has_gpu,
-                                           provisioning_model="SPOT" if request.spot else "STANDARD")
+                raise InputError(
+                    f"accelerator {itype.device!r} has no Compute Engine name; "
+                    f"known: {', '.join(sorted(ACCELERATOR_TYPES))}"
+                )
+            accelerators.append(
+                compute_v1.AcceleratorConfig(
+                    accelerator_count=itype.accelerator_count,
+                    accelerator_type=f"zones/{zone}/acceleratorTypes/{gce_name}",
+                )
+            )
+        scheduling = compute_v1.Scheduling(
+            on_host_maintenance="TERMINATE" if has_gpu else "MIGRATE",
+            automatic_restart=not request.spot and not has_gpu,
+            provisioning_model="SPOT" if request.spot else "STANDARD",
+        )
         if request.spot or request.max_lifetime_s:
             scheduling.instance_termination_action = "DELETE"  # preempted / expired: deleted, no billed disk
         if request.max_lifetime_s:
@@ -471,22 +609,45 @@ class GcpProvider:
         if has_gpu:  # Deep Learning VM images install the NVIDIA driver at first boot when asked to
             metadata.append(compute_v1.Items(key="install-nvidia-driver", value="True"))
         if request.startup_script:
-            metadata.append(compute_v1.Items(key="startup-script", value=assert_no_credentials(
-                request.startup_script, what="GCE startup-script")))
+            metadata.append(
+                compute_v1.Items(
+                    key="startup-script", value=assert_no_credentials(request.startup_script, what="GCE startup-script")
+                )
+            )
         resource = compute_v1.Instance(
-            name=name, machine_type=f"zones/{zone}/machineTypes/{host}", labels=labels,
+            name=name,
+            machine_type=f"zones/{zone}/machineTypes/{host}",
+            labels=labels,
             tags=compute_v1.Tags(items=[network_tag(request.run_id), *([head_tag(request.run_id)] if is_head else [])]),
-            metadata=compute_v1.Metadata(items=metadata), guest_accelerators=accelerators, scheduling=scheduling,
-            disks=[compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=(
-                compute_v1.AttachedDiskInitializeParams(source_image=self.image, disk_size_gb=self.disk_gb,
-                                                        labels=labels)))],
-            network_interfaces=[compute_v1.NetworkInterface(  # an external address: the head's SSH (see above)
-                network=f"global/networks/{self.network}",
-                access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
-                if is_head or self.worker_egress == "public" else [])])
+            metadata=compute_v1.Metadata(items=metadata),
+            guest_accelerators=accelerators,
+            scheduling=scheduling,
+            disks=[
+                compute_v1.AttachedDisk(
+                    boot=True,
+                    auto_delete=True,
+                    initialize_params=(
+                        compute_v1.AttachedDiskInitializeParams(
+                            source_image=self.image, disk_size_gb=self.disk_gb, labels=labels
+                        )
+                    ),
+                )
+            ],
+            network_interfaces=[
+                compute_v1.NetworkInterface(  # an external address: the head's SSH (see above)
+                    network=f"global/networks/{self.network}",
+                    access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+                    if is_head or self.worker_egress == "public"
+                    else [],
+                )
+            ],
+        )
         if self.service_account:
-            resource.service_accounts = [compute_v1.ServiceAccount(
-                email=self.service_account, scopes=["https://www.googleapis.com/auth/cloud-platform"])]
+            resource.service_accounts = [
+                compute_v1.ServiceAccount(
+                    email=self.service_account, scopes=["https://www.googleapis.com/auth/cloud-platform"]
+                )
+            ]
         return resource
 
     def _check_request(self, request: InstanceRequest) -> str:
@@ -513,10 +674,15 @@ class GcpProvider:
                 name = f"rb-{request.run_id}-{request.stage}-{secrets.token_hex(3)}"
                 body = self.instance_resource(request, name, zone)
                 insert = compute_v1.InsertInstanceRequest(  # request_id: retries of this insert are idempotent
-                    project=self.project, zone=zone, instance_resource=body, request_id=str(uuid.uuid4()))
+                    project=self.project, zone=zone, instance_resource=body, request_id=str(uuid.uuid4())
+                )
                 try:
-                    op = self._call(lambda: self.instances.insert_unary(request=insert),
-                                    zone=zone, instance_type=name_of, spot=request.spot)
+                    op = self._call(
+                        lambda: self.instances.insert_unary(request=insert),
+                        zone=zone,
+                        instance_type=name_of,
+                        spot=request.spot,
+                    )
                 except CloudError as exc:
                     failure = exc
                     break
@@ -557,20 +723,34 @@ class GcpProvider:
     def preempted(self, zone: str) -> set[str]:
         """Names of the VMs in ``zone`` that Compute Engine preempted (its ``compute.instances.preempted``
         operations, which outlive the VMs for a while)."""
-        request = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone,
-                                                       filter=f'operationType="{PREEMPTED_OPERATION}"')
+        request = compute_v1.ListZoneOperationsRequest(
+            project=self.project, zone=zone, filter=f'operationType="{PREEMPTED_OPERATION}"'
+        )
         operations = self._call(lambda: list(self.zone_operations.list(request=request)), zone=zone)
-        return {op.target_link.rsplit("/", 1)[-1] for op in operations
-                if op.operation_type == PREEMPTED_OPERATION and "/instances/" in op.target_link}
+        return {
+            op.target_link.rsplit("/", 1)[-1]
+            for op in operations
+            if op.operation_type == PREEMPTED_OPERATION and "/instances/" in op.target_link
+        }
 
     def _gone_error(self, name: str, zone: str, inst: Instance | None) -> CloudError:
         """Why a VM waited on stopped or vanished before it ran: preempted (spot capacity) or not."""
         if name in self.preempted(zone):
-            return CloudError(f"gcp: instance {name} in {zone} was preempted before it ran (spot capacity taken "
-                              f"back)", kind="capacity", code="InstancePreempted", zone=zone, region=self.region)
+            return CloudError(
+                f"gcp: instance {name} in {zone} was preempted before it ran (spot capacity taken back)",
+                kind="capacity",
+                code="InstancePreempted",
+                zone=zone,
+                region=self.region,
+            )
         what = "was deleted" if inst is None else f"went {inst.state}"
-        return CloudError(f"gcp: instance {name} in {zone} {what} before it ran", kind="capacity",
-                          code="InstanceGone", zone=zone, region=self.region)
+        return CloudError(
+            f"gcp: instance {name} in {zone} {what} before it ran",
+            kind="capacity",
+            code="InstanceGone",
+            zone=zone,
+            region=self.region,
+        )
 
     def console_output(self, instance_id: str, *, lines: int = 20) -> str:
         """The last ``lines`` of a VM's serial port 1 (its boot log: the startup script writes there); "" if none."""
@@ -578,8 +758,9 @@ class GcpProvider:
         if zone is None:
             return ""
         try:
-            output = self.instances.get_serial_port_output(project=self.project, zone=zone, instance=instance_id,
-                                                           port=1)
+            output = self.instances.get_serial_port_output(
+                project=self.project, zone=zone, instance=instance_id, port=1
+            )
         except Exception:  # noqa: BLE001 - best effort: an error message must not hide the original one
             return ""
         return redact("\n".join((output.contents or "").splitlines()[-lines:]))
@@ -598,8 +779,12 @@ class GcpProvider:
             for name in list(pending):
                 zone = self._zone_of(name)
                 if zone is None:
-                    raise CloudError(f"gcp: instance {name} does not exist (preempted or deleted)",
-                                     kind="capacity", code="InstanceGone", region=self.region)
+                    raise CloudError(
+                        f"gcp: instance {name} does not exist (preempted or deleted)",
+                        kind="capacity",
+                        code="InstanceGone",
+                        region=self.region,
+                    )
                 inst = self._get_or_none(name, zone)
                 if inst is not None and inst.state == "running":
                     ready[name] = inst
@@ -608,8 +793,12 @@ class GcpProvider:
                     raise self._gone_error(name, zone, inst)
             if pending:
                 if time.monotonic() >= deadline:
-                    raise CloudError(f"gcp: instances {', '.join(pending[:5])} not running after {timeout_s:g}s",
-                                     kind="transient", code="WaitTimeout", region=self.region)
+                    raise CloudError(
+                        f"gcp: instances {', '.join(pending[:5])} not running after {timeout_s:g}s",
+                        kind="transient",
+                        code="WaitTimeout",
+                        region=self.region,
+                    )
                 time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
         return [ready[name] for name in instance_ids]
 
@@ -617,8 +806,11 @@ class GcpProvider:
         terms = [f'(labels.{TAG_MANAGED} = "true")']
         if run_id is not None:
             terms.append(f'(labels.{TAG_RUN_ID} = "{run_id}")')
-        pager = self._call(lambda: self.instances.aggregated_list(request=compute_v1.AggregatedListInstancesRequest(
-            project=self.project, filter=" AND ".join(terms))))
+        pager = self._call(
+            lambda: self.instances.aggregated_list(
+                request=compute_v1.AggregatedListInstancesRequest(project=self.project, filter=" AND ".join(terms))
+            )
+        )
         found = []
         stopped_spot: dict[str, list[int]] = {}  # zone -> indices into found
         for scope, scoped in pager:
@@ -650,8 +842,9 @@ class GcpProvider:
             preempted |= self.preempted(zone)
         for name in vanished:
             if name in preempted:
-                last = self._last_seen.get(name) or Instance(id=name, cloud="gcp", instance_type="",
-                                                            zone=self._zones[name], state="terminated", run_id="")
+                last = self._last_seen.get(name) or Instance(
+                    id=name, cloud="gcp", instance_type="", zone=self._zones[name], state="terminated", run_id=""
+                )
                 seen[name] = dataclasses.replace(last, state="terminated", state_reason=PREEMPTED)
         return [seen[name] for name in wanted if name in seen]
 
@@ -661,8 +854,9 @@ class GcpProvider:
             zone = self._zone_of(name)
             if zone is None:
                 continue  # already gone
-            delete = compute_v1.DeleteInstanceRequest(project=self.project, zone=zone, instance=name,
-                                                      request_id=str(uuid.uuid4()))
+            delete = compute_v1.DeleteInstanceRequest(
+                project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4())
+            )
             op = self._delete(lambda: self.instances.delete_unary(request=delete), zone=zone)
             if op is None:
                 continue
@@ -684,12 +878,18 @@ class GcpProvider:
             raw = self._call(lambda: self.instances.get(project=self.project, zone=zone, instance=instance_id))
             if all(raw.labels.get(k) == v for k, v in labels.items()):
                 return  # already there (a retried write that landed)
-            body = compute_v1.InstancesSetLabelsRequest(labels={**dict(raw.labels), **labels},
-                                                        label_fingerprint=raw.label_fingerprint)
+            body = compute_v1.InstancesSetLabelsRequest(
+                labels={**dict(raw.labels), **labels}, label_fingerprint=raw.label_fingerprint
+            )
             try:
-                op = self._call(lambda: self.instances.set_labels_unary(
-                    project=self.project, zone=zone, instance=instance_id,
-                    instances_set_labels_request_resource=body))
+                op = self._call(
+                    lambda: self.instances.set_labels_unary(
+                        project=self.project,
+                        zone=zone,
+                        instance=instance_id,
+                        instances_set_labels_request_resource=body,
+                    )
+                )
             except CloudError as exc:
                 if exc.code != "conditionNotMet" or attempt == 2:
                     raise
@@ -704,8 +904,10 @@ class GcpProvider:
         from rubberband.cloud.identity import check_cli_permissions
 
         self._check_request(request)
-        return [dataclasses.replace(c, region=self.region) for c in check_cli_permissions(
-            self.project, endpoint=self.endpoint)]
+        return [
+            dataclasses.replace(c, region=self.region)
+            for c in check_cli_permissions(self.project, endpoint=self.endpoint)
+        ]
 
     # -- run-level resources ------------------------------------------------------------------
 
@@ -718,8 +920,9 @@ class GcpProvider:
         for rule in self._owned_firewalls():
             if marked_run(rule.description) != run_id:
                 continue
-            delete = compute_v1.DeleteFirewallRequest(project=self.project, firewall=rule.name,
-                                                      request_id=str(uuid.uuid4()))
+            delete = compute_v1.DeleteFirewallRequest(
+                project=self.project, firewall=rule.name, request_id=str(uuid.uuid4())
+            )
             op = self._delete(lambda: self.firewalls.delete_unary(request=delete))
             if op is None:
                 continue
@@ -731,18 +934,23 @@ class GcpProvider:
         for region, router in routers:
             if region in served:
                 continue  # other runs' workers go out through it: kept until the last of them is gone (the sweep)
-            delete_router = compute_v1.DeleteRouterRequest(project=self.project, region=region, router=router.name,
-                                                           request_id=str(uuid.uuid4()))
+            delete_router = compute_v1.DeleteRouterRequest(
+                project=self.project, region=region, router=router.name, request_id=str(uuid.uuid4())
+            )
             op = self._delete(lambda: self.routers.delete_unary(request=delete_router))
             if op is None:
                 continue
             self._wait_region_op(op, region, timeout_s)
             deleted.append(f"router/{router.name}")
         for zone, disk in self._disks(run_id):
-            delete_disk = compute_v1.DeleteDiskRequest(project=self.project, zone=zone, disk=disk.name,
-                                                       request_id=str(uuid.uuid4()))
-            op = self._delete(lambda: self.disks.delete_unary(request=delete_disk), zone=zone,
-                              tolerate=("notFound", "resourceInUseByAnotherResource"))  # still attached: later
+            delete_disk = compute_v1.DeleteDiskRequest(
+                project=self.project, zone=zone, disk=disk.name, request_id=str(uuid.uuid4())
+            )
+            op = self._delete(
+                lambda: self.disks.delete_unary(request=delete_disk),
+                zone=zone,
+                tolerate=("notFound", "resourceInUseByAnotherResource"),
+            )  # still attached: later
             if op is None:
                 continue
             self._wait_zone_op(op, zone, timeout_s)
@@ -755,8 +963,9 @@ class GcpProvider:
         now = time.time() if now is None else now
 
         def old(created: str) -> bool:
-            return not created or now - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() \
-                >= older_than_s
+            return (
+                not created or now - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() >= older_than_s
+            )
 
         runs = {marked_run(r.description) for r in self._owned_firewalls() if old(r.creation_timestamp)}
         runs |= {marked_run(r.description) for _, r in self._owned_routers() if old(r.creation_timestamp)}
@@ -781,11 +990,22 @@ class GcpProvider:
         machine = raw.machine_type.rsplit("/", 1)[-1]
         accelerators = [a for a in raw.guest_accelerators]
         if accelerators:
-            device = next((k for k, v in ACCELERATOR_TYPES.items()
-                           if v == accelerators[0].accelerator_type.rsplit("/", 1)[-1]), "GPU")
+            device = next(
+                (k for k, v in ACCELERATOR_TYPES.items() if v == accelerators[0].accelerator_type.rsplit("/", 1)[-1]),
+                "GPU",
+            )
             machine = f"{machine}+{device}x{accelerators[0].accelerator_count}"
-        return Instance(id=raw.name, cloud="gcp", instance_type=machine, zone=zone,
-                        state=_STATES.get(raw.status, "pending"), run_id=labels.get(TAG_RUN_ID, ""), stage=stage,
-                        address=nic.network_i_p if nic is not None else None, launched_at=launched, tags=labels,
-                        public_address=public or None,
-                        identity=raw.service_accounts[0].email if raw.service_accounts else "")
+        return Instance(
+            id=raw.name,
+            cloud="gcp",
+            instance_type=machine,
+            zone=zone,
+            state=_STATES.get(raw.status, "pending"),
+            run_id=labels.get(TAG_RUN_ID, ""),
+            stage=stage,
+            address=nic.network_i_p if nic is not None else None,
+            launched_at=launched,
+            tags=labels,
+            public_address=public or None,
+            identity=raw.service_accounts[0].email if raw.service_accounts else "",
+        )

@@ -32,8 +32,13 @@ from pathlib import Path
 
 from rubberband import __version__
 from rubberband.catalog import InstanceType
-from rubberband.cloud.bootstrap import (POWEROFF_MARKER, BootstrapConfig, WatchdogSettings, client_versions,
-                                        render_startup_script)
+from rubberband.cloud.bootstrap import (
+    POWEROFF_MARKER,
+    BootstrapConfig,
+    WatchdogSettings,
+    client_versions,
+    render_startup_script,
+)
 from rubberband.cloud.failover import FailoverPolicy, provision_with_failover
 from rubberband.cloud.provider import TAG_ROLE, CleansUpRuns, Instance, InstanceRequest, Provider
 from rubberband.errors import CloudError
@@ -62,16 +67,33 @@ def head_startup_script(cloud: str, region: str, run_id: str, settings: Watchdog
     """The head's startup script: the image's own Python (its workers follow the head's minor), the client's
     Ray and pinned runtime packages, no torch (the head trains nothing)."""
     versions = client_versions()
-    return render_startup_script(BootstrapConfig(
-        run_id=run_id, cloud=cloud, role="head", region=region,  # type: ignore[arg-type]
-        rubberband_version=__version__, ray_version=str(versions["ray_version"]),
-        python_version=None, runtime_requirements=tuple(versions["requirements"]), use_gpu=False,
-        max_lifetime_s=(settings or WatchdogSettings()).max_lifetime_s, watchdog=settings or WatchdogSettings()))
+    return render_startup_script(
+        BootstrapConfig(
+            run_id=run_id,
+            cloud=cloud,
+            role="head",
+            region=region,  # type: ignore[arg-type]
+            rubberband_version=__version__,
+            ray_version=str(versions["ray_version"]),
+            python_version=None,
+            runtime_requirements=tuple(versions["requirements"]),
+            use_gpu=False,
+            max_lifetime_s=(settings or WatchdogSettings()).max_lifetime_s,
+            watchdog=settings or WatchdogSettings(),
+        )
+    )
 
 
-def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: InstanceType, *,
-                          max_lifetime_s: float | None = None, requirements: Sequence[str] = (),
-                          token_push_key: str | None = None) -> str:
+def worker_startup_script(
+    cloud: str,
+    run_id: str,
+    head: Instance,
+    itype: InstanceType,
+    *,
+    max_lifetime_s: float | None = None,
+    requirements: Sequence[str] = (),
+    token_push_key: str | None = None,
+) -> str:
     """The startup script of a worker of ``itype`` that joins ``head`` (with the spec's ``requirements``).
 
     ``token_push_key``: the head's public push key: the worker's Ray then runs with the run's token, which the
@@ -84,27 +106,53 @@ def worker_startup_script(cloud: str, run_id: str, head: Instance, itype: Instan
         raise CloudError(f"{cloud}: head {head.id} has no private address yet; wait for it first", kind="transient")
     node = node_resources(itype)  # one GPU (and its CPU share) per trial worker on GPU types
     versions = client_versions()
-    return render_startup_script(BootstrapConfig(
-        run_id=run_id, cloud=cloud, role="worker", region=itype.region,  # type: ignore[arg-type]
-        rubberband_version=__version__, ray_version=str(versions["ray_version"]),
-        python_version=str(versions["python_version"]), torch_version=versions["torch_version"],
-        runtime_requirements=tuple(versions["requirements"]), head_address=head.address, workers=node.slots, use_gpu=node.num_gpus > 0, cpus=node.num_cpus,
-        max_lifetime_s=max_lifetime_s, requirements=tuple(requirements),
-        ray_auth="token" if token_push_key else "disabled", token_push_key=token_push_key))
+    return render_startup_script(
+        BootstrapConfig(
+            run_id=run_id,
+            cloud=cloud,
+            role="worker",
+            region=itype.region,  # type: ignore[arg-type]
+            rubberband_version=__version__,
+            ray_version=str(versions["ray_version"]),
+            python_version=str(versions["python_version"]),
+            torch_version=versions["torch_version"],
+            runtime_requirements=tuple(versions["requirements"]),
+            head_address=head.address,
+            workers=node.slots,
+            use_gpu=node.num_gpus > 0,
+            cpus=node.num_cpus,
+            max_lifetime_s=max_lifetime_s,
+            requirements=tuple(requirements),
+            ray_auth="token" if token_push_key else "disabled",
+            token_push_key=token_push_key,
+        )
+    )
 
 
-def provision_head(provider: Provider, run_id: str, region: str, zones: Sequence[str], *,
-                   settings: WatchdogSettings | None = None, timeout_s: float = 600.0,
-                   policy: FailoverPolicy | None = None) -> Instance:
+def provision_head(
+    provider: Provider,
+    run_id: str,
+    region: str,
+    zones: Sequence[str],
+    *,
+    settings: WatchdogSettings | None = None,
+    timeout_s: float = 600.0,
+    policy: FailoverPolicy | None = None,
+) -> Instance:
     """Start the run's head (zone failover as for workers) and wait until it runs.
 
     On any failure the head is terminated before the error propagates: nothing is left billing.
     """
     itype = head_type(provider.cloud, region, zones)
     settings = settings or WatchdogSettings()
-    request = InstanceRequest(run_id=run_id, stage=0, instance_type=itype, extra_tags={TAG_ROLE: "head"},
-                              startup_script=head_startup_script(provider.cloud, region, run_id, settings),
-                              max_lifetime_s=settings.max_lifetime_s)
+    request = InstanceRequest(
+        run_id=run_id,
+        stage=0,
+        instance_type=itype,
+        extra_tags={TAG_ROLE: "head"},
+        startup_script=head_startup_script(provider.cloud, region, run_id, settings),
+        max_lifetime_s=settings.max_lifetime_s,
+    )
     result = provision_with_failover(request, lambda t: provider, policy=policy)
     try:
         (head,) = provider.wait([i.id for i in result.instances], timeout_s)
@@ -149,8 +197,9 @@ def decide(obs: Observation, settings: WatchdogSettings) -> Decision:
         return Decision(False, "waiting for the run to be submitted")
     last = obs.last_progress_at if obs.last_progress_at is not None else obs.booted_at
     if obs.now - last >= settings.stall_timeout_s:
-        return Decision(True, f"the run made no progress for {obs.now - last:.0f}s "
-                              f"(stall timeout {settings.stall_timeout_s:g}s)")
+        return Decision(
+            True, f"the run made no progress for {obs.now - last:.0f}s (stall timeout {settings.stall_timeout_s:g}s)"
+        )
     return Decision(False, "running")
 
 
@@ -158,17 +207,22 @@ def observe(run_dir: Path, booted_at: float, now: float) -> Observation:
     """Read the run directory: anything in it means submitted; newest mtime is progress."""
     files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []
     marker = run_dir / DONE_MARKER
-    return Observation(now=now, booted_at=booted_at, submitted=bool(files),
-                       last_progress_at=max((p.stat().st_mtime for p in files), default=None),
-                       done_at=marker.stat().st_mtime if marker.is_file() else None)
+    return Observation(
+        now=now,
+        booted_at=booted_at,
+        submitted=bool(files),
+        last_progress_at=max((p.stat().st_mtime for p in files), default=None),
+        done_at=marker.stat().st_mtime if marker.is_file() else None,
+    )
 
 
 def _shutdown() -> None:  # pragma: no cover - powers the machine off
     subprocess.run(["shutdown", "-h", "now"], check=False)
 
 
-def self_terminate(provider: Provider, run_id: str, head_id: str, *,
-                   shutdown: Callable[[], None] = _shutdown) -> list[Instance]:
+def self_terminate(
+    provider: Provider, run_id: str, head_id: str, *, shutdown: Callable[[], None] = _shutdown
+) -> list[Instance]:
     """Terminate every worker of the run, its run-level resources where possible, then the head.
 
     Every API call has a fallback: a failed listing or worker termination is logged and the head
@@ -187,8 +241,9 @@ def self_terminate(provider: Provider, run_id: str, head_id: str, *,
             provider.terminate([w.id for w in workers])
             log.info("terminated %d workers of run %s: %s", len(workers), run_id, ", ".join(w.id for w in workers))
         except Exception as exc:  # noqa: BLE001
-            log.warning("could not terminate the workers of run %s (%s); they power off once the head is gone",
-                        run_id, exc)
+            log.warning(
+                "could not terminate the workers of run %s (%s); they power off once the head is gone", run_id, exc
+            )
             workers = []
     if isinstance(provider, CleansUpRuns) and provider.cloud != "aws":  # EC2: its group goes after the head
         try:
@@ -218,9 +273,17 @@ class NoApi:
         raise CloudError(f"{self.cloud}: no API access ({self.reason})", kind="fatal")
 
 
-def watch(provider: Provider, run_id: str, head_id: str, run_dir: Path, settings: WatchdogSettings, *,
-          clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-          shutdown: Callable[[], None] = _shutdown) -> Decision:
+def watch(
+    provider: Provider,
+    run_id: str,
+    head_id: str,
+    run_dir: Path,
+    settings: WatchdogSettings,
+    *,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    shutdown: Callable[[], None] = _shutdown,
+) -> Decision:
     """Poll until :func:`decide` says terminate, then :func:`self_terminate`; return the decision."""
     booted_at = clock()
     while True:
@@ -243,6 +306,7 @@ def request_poweroff(run_dir: Path) -> Callable[[], None]:
 
     The job runs shipped code without the boot's rights or knowledge of how this machine powers
     off; the startup script (which does) watches for :data:`POWEROFF_MARKER`."""
+
     def shutdown() -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / POWEROFF_MARKER).write_text("the watchdog could not terminate this head through the API\n")
@@ -264,8 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("watchdog", help="terminate the run when it is idle, stalled, finished or too old")
     add_head_arguments(w)
-    w.add_argument("--run-dir", type=Path, default=None,
-                   help="the run directory to watch (default: the head's run root / the run id)")
+    w.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="the run directory to watch (default: the head's run root / the run id)",
+    )
     defaults = WatchdogSettings()
     w.add_argument("--submit-timeout", type=float, default=defaults.submit_timeout_s)
     w.add_argument("--stall-timeout", type=float, default=defaults.stall_timeout_s)
@@ -273,8 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-lifetime", type=float, default=defaults.max_lifetime_s)
     w.add_argument("--poll", type=float, default=defaults.poll_s)
     w.add_argument("--no-shutdown", action="store_true", help="never power off this machine (tests, debugging)")
-    w.add_argument("--poweroff-marker", action="store_true",
-                   help="instead of powering off, ask the head's boot script to (the watchdog as a Ray job)")
+    w.add_argument(
+        "--poweroff-marker",
+        action="store_true",
+        help="instead of powering off, ask the head's boot script to (the watchdog as a Ray job)",
+    )
     return parser
 
 
@@ -285,8 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from rubberband.cloud.registry import make_provider
 
-    settings = WatchdogSettings(submit_timeout_s=args.submit_timeout, stall_timeout_s=args.stall_timeout,
-                                done_grace_s=args.done_grace, max_lifetime_s=args.max_lifetime, poll_s=args.poll)
+    settings = WatchdogSettings(
+        submit_timeout_s=args.submit_timeout,
+        stall_timeout_s=args.stall_timeout,
+        done_grace_s=args.done_grace,
+        max_lifetime_s=args.max_lifetime,
+        poll_s=args.poll,
+    )
     try:
         provider = make_provider(args.cloud, args.region)
     except Exception as exc:  # noqa: BLE001 - watch anyway; ending the run then falls back to a shutdown
@@ -296,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         from rubberband.cloud.head_run import head_run_dir
 
         args.run_dir = head_run_dir(args.run_id)
-    shutdown = (lambda: None) if args.no_shutdown else request_poweroff(args.run_dir) if args.poweroff_marker \
-        else _shutdown
+    shutdown = (
+        (lambda: None) if args.no_shutdown else request_poweroff(args.run_dir) if args.poweroff_marker else _shutdown
+    )
     decision = watch(provider, args.run_id, args.head_id, args.run_dir, settings, shutdown=shutdown)
     print(f"rubberband watchdog: ended run {args.run_id}: {decision.reason}", flush=True)
     return 0

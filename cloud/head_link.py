@@ -74,9 +74,26 @@ def run_known_hosts(run_id: str, instance_id: str, run_dir: Path | None = None) 
 def ssh_options(known_hosts: Path) -> list[str]:
     """The options of every ssh the CLI runs to a head: the run's known_hosts only, no agent or X11 forwarding,
     no password prompt."""
-    return ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "StrictHostKeyChecking=accept-new", "-o", "HashKnownHosts=no", "-o", "ForwardAgent=no",
-            "-o", "ForwardX11=no", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "IdentitiesOnly=yes"]
+    return [
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        "HashKnownHosts=no",
+        "-o",
+        "ForwardAgent=no",
+        "-o",
+        "ForwardX11=no",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
+        "-o",
+        "IdentitiesOnly=yes",
+    ]
 
 
 @dataclass
@@ -96,32 +113,54 @@ class SshTunnel:
         return self.known_hosts or run_known_hosts("host", self.host)
 
     def command(self, local_port: int) -> list[str]:
-        return [self.ssh, "-N", "-L", f"{local_port}:127.0.0.1:{self.remote_port}", "-i", str(self.key_file),
-                *ssh_options(self.hosts_file), "-o", "ExitOnForwardFailure=yes", "-o", "ServerAliveInterval=30",
-                f"{self.user}@{self.host}"]
+        return [
+            self.ssh,
+            "-N",
+            "-L",
+            f"{local_port}:127.0.0.1:{self.remote_port}",
+            "-i",
+            str(self.key_file),
+            *ssh_options(self.hosts_file),
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-o",
+            "ServerAliveInterval=30",
+            f"{self.user}@{self.host}",
+        ]
 
     def open(self, timeout_s: float) -> str:
         """Start the forward, retrying while the head boots; the URL once the local port listens."""
         if shutil.which(self.ssh) is None:
-            raise InputError(f"`{self.ssh}` is not installed: the CLI reaches the run's head over SSH; install an "
-                             f"OpenSSH client or run with --head local from inside the cloud network")
+            raise InputError(
+                f"`{self.ssh}` is not installed: the CLI reaches the run's head over SSH; install an "
+                f"OpenSSH client or run with --head local from inside the cloud network"
+            )
         if not Path(self.key_file).expanduser().is_file():
             raise InputError(f"--ssh-key {self.key_file}: no such private key file")
         self.hosts_file.parent.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout_s
         while True:
             port = _free_port()
-            self._proc = subprocess.Popen(self.command(port), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, start_new_session=True)
+            self._proc = subprocess.Popen(
+                self.command(port),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
             while self._proc.poll() is None and not _listening(port) and time.monotonic() < deadline:
                 time.sleep(0.2)
             if self._proc.poll() is None and _listening(port):
                 return f"http://127.0.0.1:{port}"
             error = self.close_with_error()
             if time.monotonic() >= deadline:
-                raise CloudError(f"could not open an SSH tunnel to the head {self.user}@{self.host} within "
-                                 f"{timeout_s:.0f}s ({error or 'no answer'}); check --ssh-key, --ssh-cidr and the "
-                                 f"head's /var/log/rubberband-boot.log", kind="transient", code="SshTunnel")
+                raise CloudError(
+                    f"could not open an SSH tunnel to the head {self.user}@{self.host} within "
+                    f"{timeout_s:.0f}s ({error or 'no answer'}); check --ssh-key, --ssh-cidr and the "
+                    f"head's /var/log/rubberband-boot.log",
+                    kind="transient",
+                    code="SshTunnel",
+                )
             time.sleep(5.0)  # sshd is not up yet (the head is booting)
 
     def close_with_error(self) -> str:

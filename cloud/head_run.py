@@ -35,7 +35,7 @@ PACK_END = "-----END RUBBERBAND RUN DIRECTORY-----"
 PACK_EXCLUDE = ("checkpoints", "ray", "instances")
 #: The best trial's newest checkpoint comes back with the run directory up to this size; a larger one stays
 #: on the head (and goes with it): copy it off before the results grace ends.
-MAX_FETCHED_CHECKPOINT_BYTES = 32 * 1024 ** 2
+MAX_FETCHED_CHECKPOINT_BYTES = 32 * 1024**2
 
 
 def run_root() -> Path:
@@ -82,8 +82,9 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
         self._run_id = cloud_run_id(run_id)
         self.workers.head = dataclasses.replace(self._head, run_id=self._run_id)
         self.start_heartbeat()
-        return HeadHandle(address=self.ray_address or f"{self._head.address}:{RAY_PORT}",
-                          id=self._head.id, billed=self.billed_head())
+        return HeadHandle(
+            address=self.ray_address or f"{self._head.address}:{RAY_PORT}", id=self._head.id, billed=self.billed_head()
+        )
 
     def billed_head(self) -> BilledHead:
         """This head as the run pays for it: its type's on-demand price from its launch (else from now)."""
@@ -101,8 +102,14 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
             except Exception:  # noqa: BLE001 - unknown type: bill it like the default head
                 price = itype.price_hr if itype is not None else 0.0
         launched = head.launched_at if head.launched_at is not None else time.time()
-        return BilledHead(id=head.id, instance_type=head.instance_type, cloud=self.cloud, price_hr=price,
-                          launched_at=launched, grace_s=self.head_grace_s)
+        return BilledHead(
+            id=head.id,
+            instance_type=head.instance_type,
+            cloud=self.cloud,
+            price_hr=price,
+            launched_at=launched,
+            grace_s=self.head_grace_s,
+        )
 
     def stop_head(self) -> bool:
         self.stop_heartbeat()
@@ -169,7 +176,7 @@ def unpack(logs: str, into: Path) -> list[str]:
     start, end = logs.rfind(PACK_BEGIN), logs.rfind(PACK_END)
     if start < 0 or end < start:
         raise CloudError("the head sent no run directory (see the fetch job's logs on the head)", kind="transient")
-    payload = "".join(logs[start + len(PACK_BEGIN):end].split())
+    payload = "".join(logs[start + len(PACK_BEGIN) : end].split())
     into.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(payload)), mode="r:gz") as tar:
         tar.extractall(into, filter="data")  # no absolute paths, links out or devices

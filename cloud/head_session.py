@@ -53,7 +53,7 @@ HEAD_RECORD = "head.json"
 #: Never shipped to the head with the training code (see :class:`rubberband.cloud.shipping.CodeFilter`, which adds the
 #: code directory's ``.gitignore`` and ``.rubberbandignore``): secrets, VCS, environments, caches, run directories.
 CODE_EXCLUDES = (*NOISE_EXCLUDES, *SECRET_EXCLUDES)
-MAX_CODE_BYTES = 100 * 1024 ** 2
+MAX_CODE_BYTES = 100 * 1024**2
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 #: How long the link to a head may stay broken (no log, no status) before the CLI gives up following the run.
 LINK_GRACE_S = 120.0
@@ -115,11 +115,12 @@ class HeadRecord:
                 data.setdefault("worker_egress", "existing" if data.pop("private_workers") else "public")
             return cls(**data)
         except FileNotFoundError:
-            raise RunDirError(f"{run_dir} has no {HEAD_RECORD}: it is not a run started in head mode "
-                              f"(pass the --run-dir of `rubberband run --cloud aws|gcp`)") from None
+            raise RunDirError(
+                f"{run_dir} has no {HEAD_RECORD}: it is not a run started in head mode "
+                f"(pass the --run-dir of `rubberband run --cloud aws|gcp`)"
+            ) from None
         except (ValueError, TypeError) as exc:
-            raise RunDirError(f"{path} is damaged ({exc}); end the run with `rubberband down RUN_ID --cloud`") \
-                from None
+            raise RunDirError(f"{path} is damaged ({exc}); end the run with `rubberband down RUN_ID --cloud`") from None
 
 
 def _provider(cloud: str, region: str, options: HeadOptions | None = None, identity: str | None = None):
@@ -149,28 +150,42 @@ def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> No
     from_options(cloud, options.instance_profile, options.service_account)
     if options.worker_egress is not None:
         if cloud != "gcp":
-            raise InputError("--worker-egress is for --cloud gcp (AWS workers keep their public address; the run's "
-                             "security group admits only the run's own nodes); drop it")
+            raise InputError(
+                "--worker-egress is for --cloud gcp (AWS workers keep their public address; the run's "
+                "security group admits only the run's own nodes); drop it"
+            )
         from rubberband.cloud.gcp import WORKER_EGRESS
 
         if options.worker_egress not in WORKER_EGRESS:
-            raise InputError(f"--worker-egress {options.worker_egress!r}: use nat (the run's own Cloud NAT), "
-                             f"existing (your network's egress) or public (workers get an external address)")
+            raise InputError(
+                f"--worker-egress {options.worker_egress!r}: use nat (the run's own Cloud NAT), "
+                f"existing (your network's egress) or public (workers get an external address)"
+            )
     if options.ssh_cidr:
         check_ssh_cidr(options.ssh_cidr)  # before anything is created
     if test_boot:
         return
     if not (options.ssh_cidr and options.ssh_key and (options.key_name or cloud != "aws")):
         key_pair = " and --key-name EC2_KEY_PAIR" if cloud == "aws" else ""
-        raise InputError(f"--cloud {cloud} runs the executor on a head instance reached over SSH: pass --ssh-cidr "
-                         f"YOUR.IP/32 and --ssh-key PRIVATE_KEY{key_pair} (or run with --head local from a machine "
-                         f"inside the cloud network)")
+        raise InputError(
+            f"--cloud {cloud} runs the executor on a head instance reached over SSH: pass --ssh-cidr "
+            f"YOUR.IP/32 and --ssh-key PRIVATE_KEY{key_pair} (or run with --head local from a machine "
+            f"inside the cloud network)"
+        )
     if not Path(options.ssh_key).expanduser().is_file():
         raise InputError(f"--ssh-key {options.ssh_key}: no such private key file")
 
 
-def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metric: str,
-               options: HeadOptions, test_boot: str | None) -> HeadRecord:
+def start_head(
+    *,
+    plan: Plan,
+    catalog: Catalog,
+    run_id: str,
+    run_dir: Path,
+    metric: str,
+    options: HeadOptions,
+    test_boot: str | None,
+) -> HeadRecord:
     """Provision the run's head where its first stage's workers go, with its cloud identity (the one named, or one
     created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
     from rubberband.cloud.head import provision_head
@@ -185,20 +200,34 @@ def start_head(*, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, metr
     provider = _provider(cloud, region, options)
     identity = None
     try:
-        identity = head_identity(cloud, crid, region, instance_profile=options.instance_profile,
-                                 service_account=options.service_account)
+        identity = head_identity(
+            cloud, crid, region, instance_profile=options.instance_profile, service_account=options.service_account
+        )
         provider = _provider(cloud, region, options, identity=identity.name)
         if cloud == "gcp":  # the workers' Cloud NAT first: a network that has no room for it fails the run now
             provider.ensure_worker_egress(crid)
-        head = launch_with_new_identity(lambda: provision_head(
-            provider, crid, region, zones, settings=options.watchdog, timeout_s=options.boot_timeout_s),
-            new=identity.created)
-        record = HeadRecord(run_id=run_id, cloud=cloud, region=region, instance_id=head.id, zone=head.zone,
-                            address=head.address, public_address=head.public_address,
-                            regions=list(dict.fromkeys([region, *(s.region for s in plan.stages)])), metric=metric,
-                            ssh_user=options.ssh_user, ssh_key=str(options.ssh_key) if options.ssh_key else None,
-                            identity=identity.name, identity_created=identity.created,
-                            worker_egress=options.worker_egress or "nat")
+        head = launch_with_new_identity(
+            lambda: provision_head(
+                provider, crid, region, zones, settings=options.watchdog, timeout_s=options.boot_timeout_s
+            ),
+            new=identity.created,
+        )
+        record = HeadRecord(
+            run_id=run_id,
+            cloud=cloud,
+            region=region,
+            instance_id=head.id,
+            zone=head.zone,
+            address=head.address,
+            public_address=head.public_address,
+            regions=list(dict.fromkeys([region, *(s.region for s in plan.stages)])),
+            metric=metric,
+            ssh_user=options.ssh_user,
+            ssh_key=str(options.ssh_key) if options.ssh_key else None,
+            identity=identity.name,
+            identity_created=identity.created,
+            worker_egress=options.worker_egress or "nat",
+        )
         record.write(run_dir)
         if test_boot:
             from rubberband.cloud.testboot import play_head
@@ -230,16 +259,24 @@ def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_
 
     host = record.public_address or record.address
     if not host or options.ssh_key is None:
-        raise InputError(f"cannot reach head {record.instance_id} to give it the run's Ray token: it has no address "
-                         f"or no --ssh-key was given")
-    deliver_to_head(host, record.ssh_user, Path(options.ssh_key).expanduser(),
-                    run_known_hosts(record.cloud_run_id, record.instance_id, run_dir), token,
-                    timeout_s=options.boot_timeout_s)
+        raise InputError(
+            f"cannot reach head {record.instance_id} to give it the run's Ray token: it has no address "
+            f"or no --ssh-key was given"
+        )
+    deliver_to_head(
+        host,
+        record.ssh_user,
+        Path(options.ssh_key).expanduser(),
+        run_known_hosts(record.cloud_run_id, record.instance_id, run_dir),
+        token,
+        timeout_s=options.boot_timeout_s,
+    )
     return token
 
 
-def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = None,
-             run_dir: Path | None = None) -> HeadLink:
+def link_for(
+    record: HeadRecord, test_boot: str | None, ssh_key: Path | None = None, run_dir: Path | None = None
+) -> HeadLink:
     """The way to the head's job server: the played head's local URL in tests, else an SSH tunnel that trusts the
     run's own known_hosts (``RUN_DIR/known_hosts``; see head_link.run_known_hosts)."""
     if test_boot:
@@ -249,12 +286,18 @@ def link_for(record: HeadRecord, test_boot: str | None, ssh_key: Path | None = N
     key = ssh_key or (Path(record.ssh_key) if record.ssh_key else None)
     host = record.public_address or record.address
     if key is None or not host:
-        raise InputError(f"cannot reach head {record.instance_id}: pass --ssh-key (the private key of the run's "
-                         f"key pair){'' if host else '; the head has no address (is it still running?)'}")
+        raise InputError(
+            f"cannot reach head {record.instance_id}: pass --ssh-key (the private key of the run's "
+            f"key pair){'' if host else '; the head has no address (is it still running?)'}"
+        )
     from rubberband.cloud.head_link import run_known_hosts
 
-    return SshTunnel(host=host, key_file=key, user=record.ssh_user,
-                     known_hosts=run_known_hosts(record.cloud_run_id, record.instance_id, run_dir))
+    return SshTunnel(
+        host=host,
+        key_file=key,
+        user=record.ssh_user,
+        known_hosts=run_known_hosts(record.cloud_run_id, record.instance_id, run_dir),
+    )
 
 
 def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
@@ -267,9 +310,11 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
     code = CodeFilter(source)
     size = sum((source / rel).stat().st_size for rel in code.files())
     if size > MAX_CODE_BYTES:
-        raise InputError(f"the training code directory {source} holds {size / 1024 ** 2:.0f} MiB; the head takes "
-                         f"at most {MAX_CODE_BYTES // 1024 ** 2} MiB: move data sets out of it (download them in "
-                         f"train) or list them in {source}/.rubberbandignore")
+        raise InputError(
+            f"the training code directory {source} holds {size / 1024**2:.0f} MiB; the head takes "
+            f"at most {MAX_CODE_BYTES // 1024**2} MiB: move data sets out of it (download them in "
+            f"train) or list them in {source}/.rubberbandignore"
+        )
     work = into / "code"
     code.copy_to(work)
     stage = work / STAGE_DIR
@@ -283,9 +328,17 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
     return work
 
 
-def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: str,
-               head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish",
-               test_boot: str | None = None, metadata_url: str | None = None) -> str:
+def entrypoint(
+    record: HeadRecord,
+    *,
+    deadline_s: float | None,
+    trial_runtime: str,
+    head_grace_s: float | None = None,
+    overrun_s: float = 0.0,
+    on_late: str = "finish",
+    test_boot: str | None = None,
+    metadata_url: str | None = None,
+) -> str:
     """The run job's command line on the head (names the run, never a credential).
 
     ``head_grace_s``: the watchdog's results grace the head was started with, which the run's
@@ -293,8 +346,22 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
     on-head executor plays its workers' boots too (``--test-boot``; cloud/testboot.py). ``metadata_url``
     (tests: a local endpoint serving spot notices): where the on-head executor's notice watchers read
     (``--metadata-url``; executor/notices.py)."""
-    words = ["python", "-m", "rubberband.head_job", "run", "--cloud", record.cloud, "--region", record.region,
-             "--head-id", record.instance_id, "--run-id", record.run_id, "--trial-runtime", trial_runtime]
+    words = [
+        "python",
+        "-m",
+        "rubberband.head_job",
+        "run",
+        "--cloud",
+        record.cloud,
+        "--region",
+        record.region,
+        "--head-id",
+        record.instance_id,
+        "--run-id",
+        record.run_id,
+        "--trial-runtime",
+        trial_runtime,
+    ]
     if head_grace_s is not None:
         words += ["--head-grace", f"{head_grace_s:g}"]
     if deadline_s:
@@ -317,8 +384,15 @@ def entrypoint(record: HeadRecord, *, deadline_s: float | None, trial_runtime: s
 class HeadSession:
     """An open link to a run's head and a job client on it; use as a context manager."""
 
-    def __init__(self, record: HeadRecord, link: HeadLink, *, connect_timeout_s: float = 1200.0,
-                 package: Path | None = None, token: str | None = None) -> None:
+    def __init__(
+        self,
+        record: HeadRecord,
+        link: HeadLink,
+        *,
+        connect_timeout_s: float = 1200.0,
+        package: Path | None = None,
+        token: str | None = None,
+    ) -> None:
         self.record = record
         self.link = link
         self.token = token  # the run's Ray token (RUN_DIR/ray-token): sent as a bearer header, never logged
@@ -359,9 +433,12 @@ class HeadSession:
                         next_console = time.monotonic() + CONSOLE_CHECK_S
                         self._raise_if_boot_failed()
                     if time.monotonic() >= deadline:
-                        raise CloudError(f"the job server of head {self.record.instance_id} did not answer within "
-                                         f"{self.connect_timeout_s:.0f}s ({type(exc).__name__}); see "
-                                         f"/var/log/rubberband-boot.log on it", kind="transient") from None
+                        raise CloudError(
+                            f"the job server of head {self.record.instance_id} did not answer within "
+                            f"{self.connect_timeout_s:.0f}s ({type(exc).__name__}); see "
+                            f"/var/log/rubberband-boot.log on it",
+                            kind="transient",
+                        ) from None
                     time.sleep(1.0)
         except BaseException:
             self.link.close()
@@ -384,17 +461,28 @@ class HeadSession:
         except Exception:  # noqa: BLE001 - the console is a hint; the timeout still applies
             return
         if BOOT_FAILED in report:
-            raise CloudError(f"the head {self.record.instance_id} failed to boot: {report}", kind="fatal",
-                             code="BootFailed")
+            raise CloudError(
+                f"the head {self.record.instance_id} failed to boot: {report}", kind="fatal", code="BootFailed"
+            )
 
     @property
     def job_id(self) -> str:
         return self.record.cloud_run_id
 
-    def submit(self, spec: JobSpec, plan: Plan, *, deadline_s: float | None, trial_runtime: str,
-               head_grace_s: float | None = None, overrun_s: float = 0.0, on_late: str = "finish",
-               watchdog: WatchdogSettings | None = None, test_boot: str | None = None,
-               metadata_url: str | None = None) -> str:
+    def submit(
+        self,
+        spec: JobSpec,
+        plan: Plan,
+        *,
+        deadline_s: float | None,
+        trial_runtime: str,
+        head_grace_s: float | None = None,
+        overrun_s: float = 0.0,
+        on_late: str = "finish",
+        watchdog: WatchdogSettings | None = None,
+        test_boot: str | None = None,
+        metadata_url: str | None = None,
+    ) -> str:
         """Submit the head's watchdog (``watchdog``: its settings; None: none) and then the run itself
         (``test_boot``: on a played head, its executor plays the workers' boots; ``metadata_url``: where its notice
         watchers read; see :func:`entrypoint`)."""
@@ -404,11 +492,22 @@ class HeadSession:
             self.submit_watchdog(watchdog)
         with tempfile.TemporaryDirectory(prefix="rb-stage-") as tmp:
             work = stage_code(spec, plan, Path(tmp))
-            command = entrypoint(self.record, deadline_s=deadline_s, trial_runtime=trial_runtime,
-                                 head_grace_s=head_grace_s, overrun_s=overrun_s, on_late=on_late,
-                                 test_boot=test_boot, metadata_url=metadata_url)
-            return self._submit(entrypoint=command, runtime_env=job_runtime_env(self.package, work),
-                                submission_id=self.job_id, metadata={"rubberband_run": self.record.run_id})
+            command = entrypoint(
+                self.record,
+                deadline_s=deadline_s,
+                trial_runtime=trial_runtime,
+                head_grace_s=head_grace_s,
+                overrun_s=overrun_s,
+                on_late=on_late,
+                test_boot=test_boot,
+                metadata_url=metadata_url,
+            )
+            return self._submit(
+                entrypoint=command,
+                runtime_env=job_runtime_env(self.package, work),
+                submission_id=self.job_id,
+                metadata={"rubberband_run": self.record.run_id},
+            )
 
     def submit_watchdog(self, settings: WatchdogSettings) -> str:
         """Start the head's watchdog as a Ray job (it runs the shipped rubberband); see :mod:`rubberband.cloud.head`.
@@ -417,15 +516,37 @@ class HeadSession:
         script to power off (``--poweroff-marker``) when it cannot terminate the head through the API."""
         from rubberband.cloud.shipping import job_runtime_env
 
-        words = ["python", "-m", "rubberband.cloud.head", "watchdog", "--cloud", self.record.cloud,
-                 "--region", self.record.region, "--run-id", self.record.cloud_run_id,
-                 "--head-id", self.record.instance_id, "--submit-timeout", f"{settings.submit_timeout_s:g}",
-                 "--stall-timeout", f"{settings.stall_timeout_s:g}", "--done-grace", f"{settings.done_grace_s:g}",
-                 "--max-lifetime", f"{settings.max_lifetime_s:g}", "--poll", f"{settings.poll_s:g}",
-                 "--poweroff-marker"]
-        return self._submit(entrypoint=" ".join(shlex.quote(w) for w in words),
-                            runtime_env=job_runtime_env(self.package), submission_id=f"{self.job_id}-watchdog",
-                            metadata={"rubberband_run": self.record.run_id, "rubberband_role": "watchdog"})
+        words = [
+            "python",
+            "-m",
+            "rubberband.cloud.head",
+            "watchdog",
+            "--cloud",
+            self.record.cloud,
+            "--region",
+            self.record.region,
+            "--run-id",
+            self.record.cloud_run_id,
+            "--head-id",
+            self.record.instance_id,
+            "--submit-timeout",
+            f"{settings.submit_timeout_s:g}",
+            "--stall-timeout",
+            f"{settings.stall_timeout_s:g}",
+            "--done-grace",
+            f"{settings.done_grace_s:g}",
+            "--max-lifetime",
+            f"{settings.max_lifetime_s:g}",
+            "--poll",
+            f"{settings.poll_s:g}",
+            "--poweroff-marker",
+        ]
+        return self._submit(
+            entrypoint=" ".join(shlex.quote(w) for w in words),
+            runtime_env=job_runtime_env(self.package),
+            submission_id=f"{self.job_id}-watchdog",
+            metadata={"rubberband_run": self.record.run_id, "rubberband_role": "watchdog"},
+        )
 
     def _submit(self, **job) -> str:
         """``submit_job``, retried while the head's job agent is still starting (it answers 500 until then)."""
@@ -475,9 +596,11 @@ class HeadSession:
                     broken_since = now
                     write(f"(log stream interrupted: {type(exc).__name__}; reconnecting)\n")
                 elif now - broken_since > link_grace_s:
-                    raise CloudError(f"lost the link to head {self.record.instance_id} ({type(exc).__name__}); the "
-                                     f"run goes on there: follow it again with `rubberband run --attach RUN_DIR`",
-                                     kind="transient") from None
+                    raise CloudError(
+                        f"lost the link to head {self.record.instance_id} ({type(exc).__name__}); the "
+                        f"run goes on there: follow it again with `rubberband run --attach RUN_DIR`",
+                        kind="transient",
+                    ) from None
             time.sleep(poll_s)
 
     def fetch(self, run_dir: Path, *, timeout_s: float = 300.0) -> list[str]:
@@ -488,19 +611,22 @@ class HeadSession:
             return unpack(packed, run_dir)
         from rubberband.cloud.shipping import job_runtime_env
 
-        job = self._submit(entrypoint=f"python -m rubberband.head_job pack --run-id {self.record.cloud_run_id}",
-                           runtime_env=job_runtime_env(self.package),
-                           submission_id=f"{self.job_id}-fetch-{secrets.token_hex(3)}")
+        job = self._submit(
+            entrypoint=f"python -m rubberband.head_job pack --run-id {self.record.cloud_run_id}",
+            runtime_env=job_runtime_env(self.package),
+            submission_id=f"{self.job_id}-fetch-{secrets.token_hex(3)}",
+        )
         deadline = time.monotonic() + timeout_s
         while (status := self.status(job)) not in TERMINAL:
             if time.monotonic() >= deadline:
-                raise CloudError(f"fetching the run directory from head {self.record.instance_id} took over "
-                                 f"{timeout_s:.0f}s", kind="transient")
+                raise CloudError(
+                    f"fetching the run directory from head {self.record.instance_id} took over {timeout_s:.0f}s",
+                    kind="transient",
+                )
             time.sleep(0.3)
         logs = self.client.get_job_logs(job)
         if status != "SUCCEEDED":
-            raise CloudError(f"fetching the run directory failed on the head: {logs.strip()[-300:]}",
-                             kind="transient")
+            raise CloudError(f"fetching the run directory failed on the head: {logs.strip()[-300:]}", kind="transient")
         return unpack(logs, run_dir)
 
 
@@ -513,10 +639,11 @@ def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], 
     ended = 0
     try:
         for region in regions:
-            ended += len(terminate_run_detailed(_provider(record.cloud, region), record.cloud_run_id,
-                                                echo=echo).instances)
+            ended += len(
+                terminate_run_detailed(_provider(record.cloud, region), record.cloud_run_id, echo=echo).instances
+            )
     finally:  # the identity made for the run goes with it (found by its run tag: a named one is never touched)
-        for resource in (delete_run_identity(record.cloud, record.cloud_run_id) if record.identity_created else []):
+        for resource in delete_run_identity(record.cloud, record.cloud_run_id) if record.identity_created else []:
             if echo:
                 echo(f"deleted {record.cloud} {resource} (run {record.cloud_run_id})")
     if test_boot:
@@ -528,12 +655,16 @@ def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], 
 
 def check_head_alive(record: HeadRecord) -> None:
     """Fail at once (instead of waiting on a link) when the run's head is no longer running."""
-    alive = any(i.id == record.instance_id and i.alive
-                for i in _provider(record.cloud, record.region).list(record.cloud_run_id))
+    alive = any(
+        i.id == record.instance_id and i.alive for i in _provider(record.cloud, record.region).list(record.cloud_run_id)
+    )
     if not alive:
-        raise CloudError(f"the head {record.instance_id} of run {record.run_id} is gone: the run ended (its results "
-                         f"are in its run directory only if they were fetched); clean up any leftover with "
-                         f"`rubberband down {record.run_id} --cloud {record.cloud}`", kind="fatal")
+        raise CloudError(
+            f"the head {record.instance_id} of run {record.run_id} is gone: the run ended (its results "
+            f"are in its run directory only if they were fetched); clean up any leftover with "
+            f"`rubberband down {record.run_id} --cloud {record.cloud}`",
+            kind="fatal",
+        )
 
 
 def find_head(cloud: str, run_id: str, regions: list[str]) -> Instance | None:

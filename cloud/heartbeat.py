@@ -45,8 +45,9 @@ def last_sign_of_life(instance: Instance) -> float | None:
     return max(times, default=None)
 
 
-def orphaned_runs(instances: Iterable[Instance], *, now: float, older_than_s: float,
-                  protected: Collection[str] = ()) -> set[str]:
+def orphaned_runs(
+    instances: Iterable[Instance], *, now: float, older_than_s: float, protected: Collection[str] = ()
+) -> set[str]:
     """Runs none of whose instances showed a sign of life within ``older_than_s`` before ``now`` (pure).
 
     An instance with no time at all counts as old. ``protected``: runs never called orphans."""
@@ -62,8 +63,9 @@ class Heartbeat:
 
     ``beat`` writes the heartbeat (e.g. :func:`beat_instances`); its failures are logged, never raised."""
 
-    def __init__(self, beat: Callable[[float], None], *, interval_s: float = INTERVAL_S,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, beat: Callable[[float], None], *, interval_s: float = INTERVAL_S, clock: Callable[[], float] = time.time
+    ) -> None:
         self.beat = beat
         self.interval_s = interval_s
         self.clock = clock
@@ -96,9 +98,11 @@ class Heartbeat:
 def beat_instances(targets: Callable[[], Iterable[tuple[object, list[str]]]]) -> Callable[[float], None]:
     """A ``beat`` that writes the heartbeat on instances: ``targets()`` gives (provider, instance ids) pairs, each
     provider having ``set_labels(id, labels)`` (AWS CreateTags, GCP setLabels)."""
+
     def beat(now: float) -> None:
         labels = beat_labels(now)
         for provider, ids in targets():
             for ident in ids:
                 provider.set_labels(ident, labels)  # type: ignore[attr-defined]
+
     return beat

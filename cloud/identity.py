@@ -41,37 +41,81 @@ IAM_PATH = "/rubberband/"
 TAG_REGION = "rubberband-region"
 #: The public SSM parameters the head reads to find the Deep Learning AMI (cloud/aws.py).
 SSM_PARAMETERS = "arn:aws:ssm:*::parameter/aws/service/deeplearning/*"
-EC2_TRUST_POLICY = {"Version": "2012-10-17", "Statement": [{
-    "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+EC2_TRUST_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+}
 #: What the CLI itself needs to create and delete a run's head identity (besides its EC2 permissions).
-AWS_CREATOR_ACTIONS = ("iam:CreateRole", "iam:TagRole", "iam:PutRolePolicy",
-                       "iam:CreateInstanceProfile", "iam:TagInstanceProfile", "iam:AddRoleToInstanceProfile",
-                       "iam:GetInstanceProfile", "iam:PassRole", "iam:ListRoles", "iam:ListRoleTags",
-                       "iam:ListInstanceProfiles", "iam:ListInstanceProfilesForRole", "iam:ListRolePolicies",
-                       "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile", "iam:DeleteRolePolicy",
-                       "iam:DeleteRole")
+AWS_CREATOR_ACTIONS = (
+    "iam:CreateRole",
+    "iam:TagRole",
+    "iam:PutRolePolicy",
+    "iam:CreateInstanceProfile",
+    "iam:TagInstanceProfile",
+    "iam:AddRoleToInstanceProfile",
+    "iam:GetInstanceProfile",
+    "iam:PassRole",
+    "iam:ListRoles",
+    "iam:ListRoleTags",
+    "iam:ListInstanceProfiles",
+    "iam:ListInstanceProfilesForRole",
+    "iam:ListRolePolicies",
+    "iam:RemoveRoleFromInstanceProfile",
+    "iam:DeleteInstanceProfile",
+    "iam:DeleteRolePolicy",
+    "iam:DeleteRole",
+)
 #: What the CLI's teardown and orphan sweep need besides the head's actions: a run's detached volumes and its
 #: secrets (Secrets Manager), found by their exact run tag.
-AWS_CLI_SWEEP_ACTIONS = ("ec2:DescribeVolumes", "ec2:DeleteVolume", "secretsmanager:ListSecrets",
-                         "secretsmanager:DeleteSecret")
+AWS_CLI_SWEEP_ACTIONS = (
+    "ec2:DescribeVolumes",
+    "ec2:DeleteVolume",
+    "secretsmanager:ListSecrets",
+    "secretsmanager:DeleteSecret",
+)
 #: Permissions the head's service account needs on GCP (docs/clouds.md: the custom role ``rubberbandHead``).
 GCP_HEAD_PERMISSIONS = (
-    "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
-    "compute.instances.setLabels", "compute.instances.setMetadata", "compute.instances.setTags",
-    "compute.instances.setScheduling", "compute.disks.create", "compute.disks.setLabels", "compute.disks.list",
-    "compute.disks.delete", "compute.subnetworks.use", "compute.subnetworks.useExternalIp",
-    "compute.networks.updatePolicy", "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.get",
-    "compute.firewalls.list", "compute.routers.create", "compute.routers.delete", "compute.routers.get",
-    "compute.routers.list", "compute.zoneOperations.get", "compute.zoneOperations.list",
-    "compute.globalOperations.get", "compute.regionOperations.get", "compute.images.useReadOnly")
+    "compute.instances.create",
+    "compute.instances.delete",
+    "compute.instances.get",
+    "compute.instances.list",
+    "compute.instances.setLabels",
+    "compute.instances.setMetadata",
+    "compute.instances.setTags",
+    "compute.instances.setScheduling",
+    "compute.disks.create",
+    "compute.disks.setLabels",
+    "compute.disks.list",
+    "compute.disks.delete",
+    "compute.subnetworks.use",
+    "compute.subnetworks.useExternalIp",
+    "compute.networks.updatePolicy",
+    "compute.firewalls.create",
+    "compute.firewalls.delete",
+    "compute.firewalls.get",
+    "compute.firewalls.list",
+    "compute.routers.create",
+    "compute.routers.delete",
+    "compute.routers.get",
+    "compute.routers.list",
+    "compute.zoneOperations.get",
+    "compute.zoneOperations.list",
+    "compute.globalOperations.get",
+    "compute.regionOperations.get",
+    "compute.images.useReadOnly",
+)
 #: What the CLI needs on GCP besides the head's permissions: attach the head's service account to the head
 #: (plus ``iam.serviceAccounts.actAs`` on that account, checked on the account itself).
 GCP_CLI_PERMISSIONS = (*GCP_HEAD_PERMISSIONS, "compute.instances.setServiceAccount")
 #: Name prefixes of what rubberband creates on GCP (VMs and their boot disks ``rb-<run>-...``, firewall rules and
 #: the Cloud Router of the workers' NAT ``rubberband-<run>-...``): the head's role binding is conditioned on them
 #: (:data:`GCP_HEAD_CONDITION`).
-GCP_NAME_PREFIXES = {"Instance": ("instances", "rb-"), "Disk": ("disks", "rb-"),
-                     "Firewall": ("firewalls", "rubberband-"), "Router": ("routers", "rubberband-")}
+GCP_NAME_PREFIXES = {
+    "Instance": ("instances", "rb-"),
+    "Disk": ("disks", "rb-"),
+    "Firewall": ("firewalls", "rubberband-"),
+    "Router": ("routers", "rubberband-"),
+}
 
 
 def gcp_head_condition() -> str:
@@ -80,9 +124,11 @@ def gcp_head_condition() -> str:
     narrowed by it. One service account serves every run, so the condition cannot name a run: per-run isolation
     comes from the labels and the ownership marker, which teardown matches exactly."""
     kinds = [f'resource.type != "compute.googleapis.com/{kind}"' for kind in GCP_NAME_PREFIXES]
-    named = [f'(resource.type == "compute.googleapis.com/{kind}" && '
-             f'resource.name.extract("/{collection}/{{name}}").startsWith("{prefix}"))'
-             for kind, (collection, prefix) in GCP_NAME_PREFIXES.items()]
+    named = [
+        f'(resource.type == "compute.googleapis.com/{kind}" && '
+        f'resource.name.extract("/{collection}/{{name}}").startsWith("{prefix}"))'
+        for kind, (collection, prefix) in GCP_NAME_PREFIXES.items()
+    ]
     return " || ".join([f"({' && '.join(kinds)})", *named])
 
 
@@ -105,49 +151,120 @@ def aws_head_policy(run_id: str) -> dict[str, Any]:
     """
     run = {f"aws:RequestTag/{TAG_RUN_ID}": run_id, f"aws:RequestTag/{TAG_MANAGED}": "true"}
     own = {f"ec2:ResourceTag/{TAG_RUN_ID}": run_id}
-    return {"Version": "2012-10-17", "Statement": [
-        {"Sid": "Read", "Effect": "Allow", "Resource": "*", "Action": [
-            "ec2:DescribeInstances", "ec2:DescribeSecurityGroups", "ec2:DescribeVpcs",
-            "ec2:DescribeAvailabilityZones"]},
-        {"Sid": "FindTheImage", "Effect": "Allow", "Action": "ssm:GetParameter", "Resource": SSM_PARAMETERS},
-        {"Sid": "LaunchOnlyTheRunsInstances", "Effect": "Allow", "Action": "ec2:RunInstances",
-         "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"],
-         "Condition": {"StringEquals": run}},
-        {"Sid": "LaunchOnlyIntoTheRunsGroup", "Effect": "Allow", "Action": "ec2:RunInstances",
-         "Resource": "arn:aws:ec2:*:*:security-group/*", "Condition": {"StringEquals": own}},
-        {"Sid": "LaunchFromImagesAndSubnets", "Effect": "Allow", "Action": "ec2:RunInstances",
-         "Resource": ["arn:aws:ec2:*::image/*", "arn:aws:ec2:*:*:subnet/*", "arn:aws:ec2:*:*:network-interface/*"]},
-        {"Sid": "TagInstancesOnlyAtLaunch", "Effect": "Allow", "Action": "ec2:CreateTags",
-         "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"],
-         "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
-        {"Sid": "TagTheGroupOnlyAtCreation", "Effect": "Allow", "Action": "ec2:CreateTags",
-         "Resource": "arn:aws:ec2:*:*:security-group/*",
-         "Condition": {"StringEquals": {"ec2:CreateAction": "CreateSecurityGroup"}}},
-        {"Sid": "RetagOnlyTheRunsInstancesStageAndHeartbeat", "Effect": "Allow", "Action": "ec2:CreateTags",
-         "Resource": "arn:aws:ec2:*:*:instance/*",
-         "Condition": {"StringEquals": own, "ForAllValues:StringEquals": {"aws:TagKeys": [TAG_STAGE, TAG_HEARTBEAT]}}},
-        {"Sid": "TerminateOnlyTheRunsInstances", "Effect": "Allow", "Action": "ec2:TerminateInstances",
-         "Resource": "arn:aws:ec2:*:*:instance/*", "Condition": {"StringEquals": own}},
-        {"Sid": "CreateOnlyTheRunsGroup", "Effect": "Allow", "Action": "ec2:CreateSecurityGroup",
-         "Resource": "arn:aws:ec2:*:*:security-group/*", "Condition": {"StringEquals": run}},
-        {"Sid": "CreateTheGroupInAVpc", "Effect": "Allow", "Action": "ec2:CreateSecurityGroup",
-         "Resource": "arn:aws:ec2:*:*:vpc/*"},
-        {"Sid": "ChangeOnlyTheRunsGroup", "Effect": "Allow",
-         "Action": ["ec2:AuthorizeSecurityGroupIngress", "ec2:DeleteSecurityGroup"],
-         "Resource": "arn:aws:ec2:*:*:security-group/*", "Condition": {"StringEquals": own}},
-    ]}
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "Read",
+                "Effect": "Allow",
+                "Resource": "*",
+                "Action": [
+                    "ec2:DescribeInstances",
+                    "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeVpcs",
+                    "ec2:DescribeAvailabilityZones",
+                ],
+            },
+            {"Sid": "FindTheImage", "Effect": "Allow", "Action": "ssm:GetParameter", "Resource": SSM_PARAMETERS},
+            {
+                "Sid": "LaunchOnlyTheRunsInstances",
+                "Effect": "Allow",
+                "Action": "ec2:RunInstances",
+                "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"],
+                "Condition": {"StringEquals": run},
+            },
+            {
+                "Sid": "LaunchOnlyIntoTheRunsGroup",
+                "Effect": "Allow",
+                "Action": "ec2:RunInstances",
+                "Resource": "arn:aws:ec2:*:*:security-group/*",
+                "Condition": {"StringEquals": own},
+            },
+            {
+                "Sid": "LaunchFromImagesAndSubnets",
+                "Effect": "Allow",
+                "Action": "ec2:RunInstances",
+                "Resource": [
+                    "arn:aws:ec2:*::image/*",
+                    "arn:aws:ec2:*:*:subnet/*",
+                    "arn:aws:ec2:*:*:network-interface/*",
+                ],
+            },
+            {
+                "Sid": "TagInstancesOnlyAtLaunch",
+                "Effect": "Allow",
+                "Action": "ec2:CreateTags",
+                "Resource": ["arn:aws:ec2:*:*:instance/*", "arn:aws:ec2:*:*:volume/*"],
+                "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}},
+            },
+            {
+                "Sid": "TagTheGroupOnlyAtCreation",
+                "Effect": "Allow",
+                "Action": "ec2:CreateTags",
+                "Resource": "arn:aws:ec2:*:*:security-group/*",
+                "Condition": {"StringEquals": {"ec2:CreateAction": "CreateSecurityGroup"}},
+            },
+            {
+                "Sid": "RetagOnlyTheRunsInstancesStageAndHeartbeat",
+                "Effect": "Allow",
+                "Action": "ec2:CreateTags",
+                "Resource": "arn:aws:ec2:*:*:instance/*",
+                "Condition": {
+                    "StringEquals": own,
+                    "ForAllValues:StringEquals": {"aws:TagKeys": [TAG_STAGE, TAG_HEARTBEAT]},
+                },
+            },
+            {
+                "Sid": "TerminateOnlyTheRunsInstances",
+                "Effect": "Allow",
+                "Action": "ec2:TerminateInstances",
+                "Resource": "arn:aws:ec2:*:*:instance/*",
+                "Condition": {"StringEquals": own},
+            },
+            {
+                "Sid": "CreateOnlyTheRunsGroup",
+                "Effect": "Allow",
+                "Action": "ec2:CreateSecurityGroup",
+                "Resource": "arn:aws:ec2:*:*:security-group/*",
+                "Condition": {"StringEquals": run},
+            },
+            {
+                "Sid": "CreateTheGroupInAVpc",
+                "Effect": "Allow",
+                "Action": "ec2:CreateSecurityGroup",
+                "Resource": "arn:aws:ec2:*:*:vpc/*",
+            },
+            {
+                "Sid": "ChangeOnlyTheRunsGroup",
+                "Effect": "Allow",
+                "Action": ["ec2:AuthorizeSecurityGroupIngress", "ec2:DeleteSecurityGroup"],
+                "Resource": "arn:aws:ec2:*:*:security-group/*",
+                "Condition": {"StringEquals": own},
+            },
+        ],
+    }
 
 
 #: (action, tag context) the head's identity is simulated for: what provision / wait / teardown call.
 def aws_head_actions(run_id: str) -> list[tuple[str, dict[str, str]]]:
-    request = {f"aws:RequestTag/{TAG_RUN_ID}": run_id, f"aws:RequestTag/{TAG_MANAGED}": "true",
-               "ec2:CreateAction": "RunInstances"}
+    request = {
+        f"aws:RequestTag/{TAG_RUN_ID}": run_id,
+        f"aws:RequestTag/{TAG_MANAGED}": "true",
+        "ec2:CreateAction": "RunInstances",
+    }
     own = {f"ec2:ResourceTag/{TAG_RUN_ID}": run_id}
-    return [("ec2:DescribeInstances", {}), ("ec2:DescribeSecurityGroups", {}), ("ec2:DescribeVpcs", {}),
-            ("ec2:DescribeAvailabilityZones", {}), ("ec2:RunInstances", {**request, **own}),
-            ("ec2:CreateTags", request), ("ec2:CreateTags", {**own, "aws:TagKeys": TAG_HEARTBEAT}),
-            ("ec2:TerminateInstances", own),
-            ("ec2:AuthorizeSecurityGroupIngress", own), ("ec2:DeleteSecurityGroup", own)]
+    return [
+        ("ec2:DescribeInstances", {}),
+        ("ec2:DescribeSecurityGroups", {}),
+        ("ec2:DescribeVpcs", {}),
+        ("ec2:DescribeAvailabilityZones", {}),
+        ("ec2:RunInstances", {**request, **own}),
+        ("ec2:CreateTags", request),
+        ("ec2:CreateTags", {**own, "aws:TagKeys": TAG_HEARTBEAT}),
+        ("ec2:TerminateInstances", own),
+        ("ec2:AuthorizeSecurityGroupIngress", own),
+        ("ec2:DeleteSecurityGroup", own),
+    ]
 
 
 def aws_head_denials(run_id: str) -> list[tuple[str, dict[str, str], str]]:
@@ -156,12 +273,21 @@ def aws_head_denials(run_id: str) -> list[tuple[str, dict[str, str], str]]:
     other = f"{run_id}-other"
     return [
         ("ec2:TerminateInstances", {f"ec2:ResourceTag/{TAG_RUN_ID}": other}, "terminate another run's instance"),
-        ("ec2:CreateTags", {f"ec2:ResourceTag/{TAG_RUN_ID}": other, "aws:TagKeys": TAG_HEARTBEAT},
-         "re-tag another run's instance"),
-        ("ec2:CreateTags", {f"ec2:ResourceTag/{TAG_RUN_ID}": run_id, "aws:TagKeys": TAG_RUN_ID},
-         "change the run id of its own instance"),
-        ("ec2:AuthorizeSecurityGroupIngress", {f"ec2:ResourceTag/{TAG_RUN_ID}": other},
-         "open another run's security group"),
+        (
+            "ec2:CreateTags",
+            {f"ec2:ResourceTag/{TAG_RUN_ID}": other, "aws:TagKeys": TAG_HEARTBEAT},
+            "re-tag another run's instance",
+        ),
+        (
+            "ec2:CreateTags",
+            {f"ec2:ResourceTag/{TAG_RUN_ID}": run_id, "aws:TagKeys": TAG_RUN_ID},
+            "change the run id of its own instance",
+        ),
+        (
+            "ec2:AuthorizeSecurityGroupIngress",
+            {f"ec2:ResourceTag/{TAG_RUN_ID}": other},
+            "open another run's security group",
+        ),
         ("ec2:DeleteSecurityGroup", {f"ec2:ResourceTag/{TAG_RUN_ID}": other}, "delete another run's security group"),
     ]
 
@@ -176,15 +302,19 @@ class HeadIdentity:
 
 
 def _tags(run_id: str, region: str) -> list[dict[str, str]]:
-    return [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_RUN_ID, "Value": run_id},
-            {"Key": TAG_REGION, "Value": region}]
+    return [
+        {"Key": TAG_MANAGED, "Value": "true"},
+        {"Key": TAG_RUN_ID, "Value": run_id},
+        {"Key": TAG_REGION, "Value": region},
+    ]
 
 
 class AwsIdentities:
     """Create, check, find and delete the head identities of rubberband runs (IAM is global: no region)."""
 
-    def __init__(self, *, session: Any = None, endpoint_url: str | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self, *, session: Any = None, endpoint_url: str | None = None, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         import boto3
         from botocore.config import Config
 
@@ -206,8 +336,7 @@ class AwsIdentities:
             code = error.get("Code", "")
             if code in ("AccessDenied", "AccessDeniedException"):
                 code = "UnauthorizedOperation"
-            raise classify("aws", code, error.get("Message", ""), http_status=status,
-                           action=f"iam:{action}") from None
+            raise classify("aws", code, error.get("Message", ""), http_status=status, action=f"iam:{action}") from None
         except botocore.exceptions.NoCredentialsError:
             raise classify("aws", "NoCredentials", "boto3 found no credentials") from None
         except botocore.exceptions.BotoCoreError as exc:  # a connection error, an unreadable answer
@@ -230,35 +359,57 @@ class AwsIdentities:
 
     def _create_missing(self, name: str, run_id: str, region: str) -> None:
         try:
-            self._call("CreateRole", lambda: self.iam.create_role(
-                Path=IAM_PATH, RoleName=name, AssumeRolePolicyDocument=json.dumps(EC2_TRUST_POLICY),
-                Description=f"rubberband head of run {run_id}: its instances only", MaxSessionDuration=3600,
-                Tags=_tags(run_id, region)))
+            self._call(
+                "CreateRole",
+                lambda: self.iam.create_role(
+                    Path=IAM_PATH,
+                    RoleName=name,
+                    AssumeRolePolicyDocument=json.dumps(EC2_TRUST_POLICY),
+                    Description=f"rubberband head of run {run_id}: its instances only",
+                    MaxSessionDuration=3600,
+                    Tags=_tags(run_id, region),
+                ),
+            )
         except CloudError as exc:
             if exc.code != "EntityAlreadyExists":
                 raise
-        self._call("PutRolePolicy", lambda: self.iam.put_role_policy(
-            RoleName=name, PolicyName="rubberband-head", PolicyDocument=json.dumps(aws_head_policy(run_id))))
+        self._call(
+            "PutRolePolicy",
+            lambda: self.iam.put_role_policy(
+                RoleName=name, PolicyName="rubberband-head", PolicyDocument=json.dumps(aws_head_policy(run_id))
+            ),
+        )
         try:
-            self._call("CreateInstanceProfile", lambda: self.iam.create_instance_profile(
-                Path=IAM_PATH, InstanceProfileName=name, Tags=_tags(run_id, region)))
+            self._call(
+                "CreateInstanceProfile",
+                lambda: self.iam.create_instance_profile(
+                    Path=IAM_PATH, InstanceProfileName=name, Tags=_tags(run_id, region)
+                ),
+            )
         except CloudError as exc:
             if exc.code != "EntityAlreadyExists":
                 raise
         profile = self._call("GetInstanceProfile", lambda: self.iam.get_instance_profile(InstanceProfileName=name))
         if not any(r["RoleName"] == name for r in profile["InstanceProfile"].get("Roles", [])):
-            self._call("AddRoleToInstanceProfile", lambda: self.iam.add_role_to_instance_profile(
-                InstanceProfileName=name, RoleName=name))
+            self._call(
+                "AddRoleToInstanceProfile",
+                lambda: self.iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name),
+            )
 
     def find(self, run_id: str | None = None) -> dict[str, dict[str, str]]:
         """Roles rubberband created (path ``/rubberband/``, managed tag), by name -> their tags; one run's only
         when ``run_id`` is given (its exact tag, never a name pattern)."""
         found: dict[str, dict[str, str]] = {}
-        for page in self._call("ListRoles", lambda: list(
-                self.iam.get_paginator("list_roles").paginate(PathPrefix=IAM_PATH))):
+        for page in self._call(
+            "ListRoles", lambda: list(self.iam.get_paginator("list_roles").paginate(PathPrefix=IAM_PATH))
+        ):
             for role in page["Roles"]:
-                tags = {t["Key"]: t["Value"] for t in self._call("ListRoleTags", lambda: self.iam.list_role_tags(
-                    RoleName=role["RoleName"]))["Tags"]}
+                tags = {
+                    t["Key"]: t["Value"]
+                    for t in self._call("ListRoleTags", lambda: self.iam.list_role_tags(RoleName=role["RoleName"]))[
+                        "Tags"
+                    ]
+                }
                 if tags.get(TAG_MANAGED) == "true" and (run_id is None or tags.get(TAG_RUN_ID) == run_id):
                     found[role["RoleName"]] = {**tags, "created": role["CreateDate"].isoformat()}
         return found
@@ -267,13 +418,16 @@ class AwsIdentities:
         """Instance profiles rubberband created (path, managed tag), by name -> their tags (one run's when given):
         a profile can outlive its role when a teardown was cut off between the two deletes."""
         found: dict[str, dict[str, str]] = {}
-        for page in self._call("ListInstanceProfiles", lambda: list(
-                self.iam.get_paginator("list_instance_profiles").paginate(PathPrefix=IAM_PATH))):
+        for page in self._call(
+            "ListInstanceProfiles",
+            lambda: list(self.iam.get_paginator("list_instance_profiles").paginate(PathPrefix=IAM_PATH)),
+        ):
             for profile in page["InstanceProfiles"]:
                 name = profile["InstanceProfileName"]
                 try:
-                    full = self._call("GetInstanceProfile", lambda: self.iam.get_instance_profile(
-                        InstanceProfileName=name))["InstanceProfile"]
+                    full = self._call(
+                        "GetInstanceProfile", lambda: self.iam.get_instance_profile(InstanceProfileName=name)
+                    )["InstanceProfile"]
                 except CloudError as exc:
                     if exc.code == "NoSuchEntity":
                         continue
@@ -309,27 +463,31 @@ class AwsIdentities:
                     raise
                 return False
 
-        profiles = self._call("ListInstanceProfilesForRole", lambda: self.iam.list_instance_profiles_for_role(
-            RoleName=name))["InstanceProfiles"]
+        profiles = self._call(
+            "ListInstanceProfilesForRole", lambda: self.iam.list_instance_profiles_for_role(RoleName=name)
+        )["InstanceProfiles"]
         for profile in profiles:
             pname = profile["InstanceProfileName"]
-            gone("RemoveRoleFromInstanceProfile", lambda: self.iam.remove_role_from_instance_profile(
-                InstanceProfileName=pname, RoleName=name))
-            if pname == name and gone("DeleteInstanceProfile", lambda: self.iam.delete_instance_profile(
-                    InstanceProfileName=pname)):
+            gone(
+                "RemoveRoleFromInstanceProfile",
+                lambda: self.iam.remove_role_from_instance_profile(InstanceProfileName=pname, RoleName=name),
+            )
+            if pname == name and gone(
+                "DeleteInstanceProfile", lambda: self.iam.delete_instance_profile(InstanceProfileName=pname)
+            ):
                 deleted.append(f"instance-profile/{pname}")
         if not any(p["InstanceProfileName"] == name for p in profiles):  # left alone by an earlier, cut-off try
             if gone("DeleteInstanceProfile", lambda: self.iam.delete_instance_profile(InstanceProfileName=name)):
                 deleted.append(f"instance-profile/{name}")
-        for policy in self._call("ListRolePolicies", lambda: self.iam.list_role_policies(
-                RoleName=name))["PolicyNames"]:
+        for policy in self._call("ListRolePolicies", lambda: self.iam.list_role_policies(RoleName=name))["PolicyNames"]:
             gone("DeleteRolePolicy", lambda: self.iam.delete_role_policy(RoleName=name, PolicyName=policy))
         if gone("DeleteRole", lambda: self.iam.delete_role(RoleName=name)):
             deleted.append(f"role/{name}")
         return deleted
 
-    def leftover_runs(self, live_runs: Iterable[str], regions: Iterable[str], *, older_than_s: float = 0.0,
-                      now: float | None = None) -> list[str]:
+    def leftover_runs(
+        self, live_runs: Iterable[str], regions: Iterable[str], *, older_than_s: float = 0.0, now: float | None = None
+    ) -> list[str]:
         """Runs of ``regions`` whose head identity outlived their instances (none of them in ``live_runs``)."""
         from datetime import datetime
 
@@ -338,8 +496,12 @@ class AwsIdentities:
         runs = []
         for tags in [*self.find().values(), *self.find_profiles().values()]:
             age = now - datetime.fromisoformat(tags["created"]).timestamp()
-            if tags.get(TAG_RUN_ID) and tags[TAG_RUN_ID] not in live and tags.get(TAG_REGION) in wanted \
-                    and age >= older_than_s:
+            if (
+                tags.get(TAG_RUN_ID)
+                and tags[TAG_RUN_ID] not in live
+                and tags.get(TAG_REGION) in wanted
+                and age >= older_than_s
+            ):
                 runs.append(tags[TAG_RUN_ID])
         return sorted(set(runs))
 
@@ -349,20 +511,24 @@ class AwsIdentities:
         """The named instance profile exists, holds a role, and that role may do what the head does."""
         what = f"head profile {profile}"
         try:
-            found = self._call("GetInstanceProfile", lambda: self.iam.get_instance_profile(
-                InstanceProfileName=profile))["InstanceProfile"]
+            found = self._call(
+                "GetInstanceProfile", lambda: self.iam.get_instance_profile(InstanceProfileName=profile)
+            )["InstanceProfile"]
         except CloudError as exc:
             if exc.code == "NoSuchEntity":
-                raise InputError(f"--instance-profile {profile}: no such IAM instance profile; create it (policy in "
-                                 f"docs/clouds.md) or leave the flag out to let rubberband create one for the run") \
-                    from None
+                raise InputError(
+                    f"--instance-profile {profile}: no such IAM instance profile; create it (policy in "
+                    f"docs/clouds.md) or leave the flag out to let rubberband create one for the run"
+                ) from None
             if exc.code == "UnauthorizedOperation":
                 return [PermissionCheck("aws", "global", "iam:GetInstanceProfile", False, what)]
             raise
         roles = found.get("Roles", [])
         if not roles:
-            raise InputError(f"--instance-profile {profile} holds no role: add the head's role to it "
-                             f"(`aws iam add-role-to-instance-profile`)")
+            raise InputError(
+                f"--instance-profile {profile} holds no role: add the head's role to it "
+                f"(`aws iam add-role-to-instance-profile`)"
+            )
         checks = [PermissionCheck("aws", "global", "iam:GetInstanceProfile", True, what)]
         role = f"{what} (role {roles[0]['RoleName']})"
         checks += self._simulate(roles[0]["Arn"], aws_head_actions(run_id), role)
@@ -370,9 +536,17 @@ class AwsIdentities:
             (check,) = self._simulate(roles[0]["Arn"], [(action, context)], role)
             if check.allowed is None:
                 break  # simulation unavailable: already reported above
-            checks.append(PermissionCheck("aws", "global", action, check.allowed, f"{role} must not {doing}"
-                                          + (": broader than rubberband needs (docs/clouds.md)" if check.allowed
-                                             else ""), expect="deny"))
+            checks.append(
+                PermissionCheck(
+                    "aws",
+                    "global",
+                    action,
+                    check.allowed,
+                    f"{role} must not {doing}"
+                    + (": broader than rubberband needs (docs/clouds.md)" if check.allowed else ""),
+                    expect="deny",
+                )
+            )
         return checks
 
     def check_creator(self) -> list[PermissionCheck]:
@@ -387,19 +561,35 @@ class AwsIdentities:
         """``iam:SimulatePrincipalPolicy`` for each action with its tag context; unchecked where IAM cannot say."""
         checks = []
         for action, context in actions:
-            entries = [{"ContextKeyName": k, "ContextKeyValues": [v], "ContextKeyType": "string"}
-                       for k, v in context.items()]
+            entries = [
+                {"ContextKeyName": k, "ContextKeyValues": [v], "ContextKeyType": "string"} for k, v in context.items()
+            ]
             try:
-                result = self._call("SimulatePrincipalPolicy", lambda: self.iam.simulate_principal_policy(
-                    PolicySourceArn=arn, ActionNames=[action], ContextEntries=entries))
+                result = self._call(
+                    "SimulatePrincipalPolicy",
+                    lambda: self.iam.simulate_principal_policy(
+                        PolicySourceArn=arn, ActionNames=[action], ContextEntries=entries
+                    ),
+                )
             except CloudError as exc:
-                detail = "the CLI may not simulate IAM policies (iam:SimulatePrincipalPolicy)" \
-                    if exc.code == "UnauthorizedOperation" else f"IAM could not simulate it ({exc.code or 'error'})"
-                return checks + [PermissionCheck("aws", "global", a, None, f"{what}: {detail}") for a, _ in
-                                 actions[len(checks):]]
+                detail = (
+                    "the CLI may not simulate IAM policies (iam:SimulatePrincipalPolicy)"
+                    if exc.code == "UnauthorizedOperation"
+                    else f"IAM could not simulate it ({exc.code or 'error'})"
+                )
+                return checks + [
+                    PermissionCheck("aws", "global", a, None, f"{what}: {detail}") for a, _ in actions[len(checks) :]
+                ]
             decision = result["EvaluationResults"][0]["EvalDecision"]
-            checks.append(PermissionCheck("aws", "global", action, decision == "allowed",
-                                          what if decision == "allowed" else f"{what}: {decision}"))
+            checks.append(
+                PermissionCheck(
+                    "aws",
+                    "global",
+                    action,
+                    decision == "allowed",
+                    what if decision == "allowed" else f"{what}: {decision}",
+                )
+            )
         return checks
 
 
@@ -429,7 +619,8 @@ class GcpIdentities:
                 from google.auth.transport.requests import AuthorizedSession
 
                 credentials, default_project = google.auth.default(
-                    scopes=["https://www.googleapis.com/auth/cloud-platform"])
+                    scopes=["https://www.googleapis.com/auth/cloud-platform"]
+                )
                 session = AuthorizedSession(credentials)
             project = project or os.environ.get(PROJECT_ENV) or default_project
         self.project = project
@@ -448,11 +639,16 @@ class GcpIdentities:
         wanted = list(permissions)
         held: set[str] = set()
         for start in range(0, len(wanted), 100):
-            status, data = self._json("POST", f"{self.crm_url}/v1/projects/{self.project}:testIamPermissions",
-                                      {"permissions": wanted[start:start + 100]})
+            status, data = self._json(
+                "POST",
+                f"{self.crm_url}/v1/projects/{self.project}:testIamPermissions",
+                {"permissions": wanted[start : start + 100]},
+            )
             if status >= 400:
-                return [PermissionCheck("gcp", "global", p, None, f"you: testIamPermissions answered HTTP {status}")
-                        for p in wanted]
+                return [
+                    PermissionCheck("gcp", "global", p, None, f"you: testIamPermissions answered HTTP {status}")
+                    for p in wanted
+                ]
             held |= set(data.get("permissions", []))
         return [PermissionCheck("gcp", "global", p, p in held, "you (the CLI)") for p in wanted]
 
@@ -460,22 +656,39 @@ class GcpIdentities:
         what = f"head service account {email}"
         status, _ = self._json("GET", f"{self.iam_url}/v1/projects/{self.project}/serviceAccounts/{email}")
         if status == 404:
-            raise InputError(f"--service-account {email}: no such service account in project {self.project}; "
-                             f"create it with the role in docs/clouds.md")
+            raise InputError(
+                f"--service-account {email}: no such service account in project {self.project}; "
+                f"create it with the role in docs/clouds.md"
+            )
         if status >= 400:
-            return [PermissionCheck("gcp", "global", "iam.serviceAccounts.get", None,
-                                    f"{what}: HTTP {status} (not checked)")]
+            return [
+                PermissionCheck(
+                    "gcp", "global", "iam.serviceAccounts.get", None, f"{what}: HTTP {status} (not checked)"
+                )
+            ]
         checks = []
-        status, data = self._json("POST", f"{self.iam_url}/v1/projects/{self.project}/serviceAccounts/{email}"
-                                          f":testIamPermissions", {"permissions": ["iam.serviceAccounts.actAs"]})
+        status, data = self._json(
+            "POST",
+            f"{self.iam_url}/v1/projects/{self.project}/serviceAccounts/{email}:testIamPermissions",
+            {"permissions": ["iam.serviceAccounts.actAs"]},
+        )
         if status < 400:
             allowed = "iam.serviceAccounts.actAs" in data.get("permissions", [])
-            checks.append(PermissionCheck("gcp", "global", "iam.serviceAccounts.actAs", allowed,
-                                          f"the CLI on {email} (roles/iam.serviceAccountUser)"))
+            checks.append(
+                PermissionCheck(
+                    "gcp",
+                    "global",
+                    "iam.serviceAccounts.actAs",
+                    allowed,
+                    f"the CLI on {email} (roles/iam.serviceAccountUser)",
+                )
+            )
         status, policy = self._json("POST", f"{self.crm_url}/v1/projects/{self.project}:getIamPolicy", {})
         if status >= 400:
-            return checks + [PermissionCheck("gcp", "global", p, None, f"{what}: project policy unreadable "
-                                             f"(HTTP {status})") for p in GCP_HEAD_PERMISSIONS]
+            return checks + [
+                PermissionCheck("gcp", "global", p, None, f"{what}: project policy unreadable (HTTP {status})")
+                for p in GCP_HEAD_PERMISSIONS
+            ]
         member = f"serviceAccount:{email}"
         granted: set[str] = set()
         for binding in policy.get("bindings", []):
@@ -494,25 +707,44 @@ def policy_docs() -> str:
     prints it."""
     statements = ",\n".join(f"  {json.dumps(st)}" for st in aws_head_policy("RUN")["Statement"])
     gcp = "\n".join(f"* `{p}`" for p in GCP_HEAD_PERMISSIONS)
-    return "\n".join([
-        "#### AWS: the head's role (`aws_head_policy(\"RUN\")`)", "",
-        "```json", '{"Version": "2012-10-17", "Statement": [', statements, "]}", "```", "",
-        "#### AWS: you (the CLI)", "",
-        "The head's EC2 actions above for your run's resources, "
-        + ", ".join(f"`{a}`" for a in AWS_CLI_SWEEP_ACTIONS)
-        + " (teardown and the orphan sweep: detached volumes and secrets with the run's tags), `ssm:GetParameter`, "
-          "and, to create, find and "
-          "delete the head's role: " + ", ".join(f"`{a}`" for a in AWS_CREATOR_ACTIONS)
-        + f" — on `arn:aws:iam::ACCOUNT:role{IAM_PATH}*` and `arn:aws:iam::ACCOUNT:instance-profile{IAM_PATH}*` "
-          "only (`iam:ListRoles`, `iam:ListInstanceProfiles` on `*`).", "",
-        "#### GCP: the head's custom role (`GCP_HEAD_PERMISSIONS`)", "", gcp, "",
-        "bound with this IAM condition (`GCP_HEAD_CONDITION`):", "",
-        "```", GCP_HEAD_CONDITION, "```", "",
-        "#### GCP: you (the CLI)", "",
-        "The head's permissions plus " + ", ".join(f"`{p}`" for p in GCP_CLI_PERMISSIONS
-                                                   if p not in GCP_HEAD_PERMISSIONS)
-        + " (to start the head with its service account) and `iam.serviceAccounts.actAs` on that account.",
-    ])
+    return "\n".join(
+        [
+            '#### AWS: the head\'s role (`aws_head_policy("RUN")`)',
+            "",
+            "```json",
+            '{"Version": "2012-10-17", "Statement": [',
+            statements,
+            "]}",
+            "```",
+            "",
+            "#### AWS: you (the CLI)",
+            "",
+            "The head's EC2 actions above for your run's resources, "
+            + ", ".join(f"`{a}`" for a in AWS_CLI_SWEEP_ACTIONS)
+            + " (teardown and the orphan sweep: detached volumes and secrets with the run's tags), `ssm:GetParameter`, "
+            "and, to create, find and "
+            "delete the head's role: "
+            + ", ".join(f"`{a}`" for a in AWS_CREATOR_ACTIONS)
+            + f" — on `arn:aws:iam::ACCOUNT:role{IAM_PATH}*` and `arn:aws:iam::ACCOUNT:instance-profile{IAM_PATH}*` "
+            "only (`iam:ListRoles`, `iam:ListInstanceProfiles` on `*`).",
+            "",
+            "#### GCP: the head's custom role (`GCP_HEAD_PERMISSIONS`)",
+            "",
+            gcp,
+            "",
+            "bound with this IAM condition (`GCP_HEAD_CONDITION`):",
+            "",
+            "```",
+            GCP_HEAD_CONDITION,
+            "```",
+            "",
+            "#### GCP: you (the CLI)",
+            "",
+            "The head's permissions plus "
+            + ", ".join(f"`{p}`" for p in GCP_CLI_PERMISSIONS if p not in GCP_HEAD_PERMISSIONS)
+            + " (to start the head with its service account) and `iam.serviceAccounts.actAs` on that account.",
+        ]
+    )
 
 
 def check_cli_permissions(project: str | None = None, *, endpoint: str | None = None) -> list[PermissionCheck]:
@@ -520,8 +752,9 @@ def check_cli_permissions(project: str | None = None, *, endpoint: str | None = 
     return GcpIdentities(project, endpoint=endpoint).test_permissions(GCP_CLI_PERMISSIONS)
 
 
-def check_identity(cloud: str, *, instance_profile: str | None = None, service_account: str | None = None,
-                   run_id: str = "dry-run") -> list[PermissionCheck]:
+def check_identity(
+    cloud: str, *, instance_profile: str | None = None, service_account: str | None = None, run_id: str = "dry-run"
+) -> list[PermissionCheck]:
     """The dry run's identity checks for a run's head (see the module docstring)."""
     if cloud == "aws":
         identities = AwsIdentities()
@@ -531,8 +764,10 @@ def check_identity(cloud: str, *, instance_profile: str | None = None, service_a
     return GcpIdentities().check_service_account(service_account)
 
 
-GCP_NEEDS_ACCOUNT = ("--cloud gcp runs the executor on a head instance that needs a service account: pass "
-                     "--service-account EMAIL (one holding the role in docs/clouds.md), or run with --head local")
+GCP_NEEDS_ACCOUNT = (
+    "--cloud gcp runs the executor on a head instance that needs a service account: pass "
+    "--service-account EMAIL (one holding the role in docs/clouds.md), or run with --head local"
+)
 
 
 def from_options(cloud: str, instance_profile: str | None, service_account: str | None) -> None:
@@ -544,12 +779,14 @@ def from_options(cloud: str, instance_profile: str | None, service_account: str 
     if cloud == "gcp" and not service_account:
         raise InputError(GCP_NEEDS_ACCOUNT)
     if service_account and "@" not in service_account:
-        raise InputError(f"--service-account {service_account!r} is not an email "
-                         f"(NAME@PROJECT.iam.gserviceaccount.com)")
+        raise InputError(
+            f"--service-account {service_account!r} is not an email (NAME@PROJECT.iam.gserviceaccount.com)"
+        )
 
 
-def head_identity(cloud: str, run_id: str, region: str, *, instance_profile: str | None = None,
-                  service_account: str | None = None) -> HeadIdentity:
+def head_identity(
+    cloud: str, run_id: str, region: str, *, instance_profile: str | None = None, service_account: str | None = None
+) -> HeadIdentity:
     """The identity the run's head starts with: the one the user named, else (AWS) one created for the run."""
     from_options(cloud, instance_profile, service_account)
     if cloud == "gcp":
@@ -563,9 +800,14 @@ def head_identity(cloud: str, run_id: str, region: str, *, instance_profile: str
 PROPAGATION_S = 90.0
 
 
-def launch_with_new_identity(launch: Callable[[], Any], *, new: bool, timeout_s: float = PROPAGATION_S,
-                             sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic
-                             ) -> Any:
+def launch_with_new_identity(
+    launch: Callable[[], Any],
+    *,
+    new: bool,
+    timeout_s: float = PROPAGATION_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Any:
     """``launch()``, retried while EC2 does not know a just-created instance profile yet (it answers
     ``InvalidParameterValue ... iamInstanceProfile`` for some seconds after IAM created it)."""
     deadline = clock() + timeout_s

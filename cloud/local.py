@@ -44,10 +44,14 @@ HEAD_ID = "head"
 _MAX_TEMP_DIR_LEN = 40
 _STARTED_MARK = "Ray runtime started."
 #: Head settings: notice a dead node within ~2 s instead of ~12 s (BRIEF.md).
-HEAD_ENV = {"RAY_AUTH_MODE": "token", "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "2",
-            "RAY_health_check_timeout_ms": "1000"}
+HEAD_ENV = {
+    "RAY_AUTH_MODE": "token",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_failure_threshold": "2",
+    "RAY_health_check_timeout_ms": "1000",
+}
 NODE_ENV = {"RAY_AUTH_MODE": "token", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "1"}
-OBJECT_STORE_BYTES = 96 * 1024 ** 2
+OBJECT_STORE_BYTES = 96 * 1024**2
 
 
 @dataclass
@@ -84,8 +88,14 @@ PORT_TRIES = 3
 
 def _port_clash(output: str) -> bool:
     """Whether a Ray node's start failed on a port some other process bound first (Ray's own words)."""
-    return any(words in output for words in ("same port is not used by multiple components",
-                                             "Address already in use", "Failed to start the grpc server"))
+    return any(
+        words in output
+        for words in (
+            "same port is not used by multiple components",
+            "Address already in use",
+            "Failed to start the grpc server",
+        )
+    )
 
 
 def _free_port() -> int:
@@ -104,7 +114,7 @@ def _group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] != "Z" and int(fields[2]) == pgid:
             out.append(int(entry.name))
     return out
@@ -209,8 +219,9 @@ class LocalProvider:
 
     cloud = "local"
 
-    def __init__(self, run_dir: str | Path, *, python: str | None = None, grace_s: float = 3.0,
-                 auth_mode: str = "token") -> None:
+    def __init__(
+        self, run_dir: str | Path, *, python: str | None = None, grace_s: float = 3.0, auth_mode: str = "token"
+    ) -> None:
         """``auth_mode``: Ray's ``RAY_AUTH_MODE`` for the head and nodes (``token`` locally;
         ``disabled`` when the head serves cloud nodes, which run without a token: docs/clouds.md)."""
         if auth_mode not in ("token", "disabled"):
@@ -273,12 +284,29 @@ class LocalProvider:
         env.update(env_extra)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            return subprocess.Popen([self.python, "-m", "ray.scripts.scripts", "start", "--block",
-                                     "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
-                                     "--include-log-monitor", "false",  # the driver takes no worker logs
-                                     "--object-store-memory", str(OBJECT_STORE_BYTES), *args],
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True, close_fds=True)
+            return subprocess.Popen(
+                [
+                    self.python,
+                    "-m",
+                    "ray.scripts.scripts",
+                    "start",
+                    "--block",
+                    "--disable-usage-stats",
+                    "--node-ip-address",
+                    "127.0.0.1",
+                    "--include-log-monitor",
+                    "false",  # the driver takes no worker logs
+                    "--object-store-memory",
+                    str(OBJECT_STORE_BYTES),
+                    *args,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
 
     def _wait_started(self, record: ProcessRecord, proc: subprocess.Popen, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -287,14 +315,18 @@ class LocalProvider:
             if proc.poll() is not None:
                 tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
                 kill_group(record.pgid, 0.5)
-                raise CloudError(f"local Ray node {record.id} exited at start (code {proc.returncode}): "
-                                 f"{tail[0] if tail else 'no output'}; see {log}", kind="transient")
+                raise CloudError(
+                    f"local Ray node {record.id} exited at start (code {proc.returncode}): "
+                    f"{tail[0] if tail else 'no output'}; see {log}",
+                    kind="transient",
+                )
             if log.exists() and _STARTED_MARK in log.read_text(errors="replace"):
                 return
             time.sleep(0.1)
         kill_group(record.pgid, 0.5)
-        raise CloudError(f"local Ray node {record.id} did not start within {timeout_s:.0f}s; see {log}",
-                         kind="transient")
+        raise CloudError(
+            f"local Ray node {record.id} did not start within {timeout_s:.0f}s; see {log}", kind="transient"
+        )
 
     # -- head ------------------------------------------------------------------------------
     def start_head(self, run_id: str) -> HeadHandle:
@@ -302,8 +334,15 @@ class LocalProvider:
         record = self.start_head_process(run_id)
         return HeadHandle(address=record.address or "", id=record.id, pid=record.pid)
 
-    def start_head_process(self, run_id: str, timeout_s: float = 60.0, *, port: int | None = None,
-                           dashboard_port: int | None = None, env: dict[str, str] | None = None) -> ProcessRecord:
+    def start_head_process(
+        self,
+        run_id: str,
+        timeout_s: float = 60.0,
+        *,
+        port: int | None = None,
+        dashboard_port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ProcessRecord:
         """Start the run's Ray head (no CPUs: trials run on instances only); return its record.
 
         ``port``: the GCS port (default: a free one). ``dashboard_port``: also start the dashboard
@@ -321,17 +360,50 @@ class LocalProvider:
             for attempt in range(1, tries + 1):
                 gcs_port = port or _free_port()
                 offset = log.stat().st_size if log.exists() else 0  # the log is appended to: this try's part
-                dashboard = ["--include-dashboard", "false"] if dashboard_port is None else \
-                    ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                     "--dashboard-port", str(dashboard_port),
-                     "--dashboard-agent-listen-port", str(_free_port())]  # its default (52365) may be taken
-                proc = self._ray_start(["--head", "--port", str(gcs_port), "--num-cpus", "0", "--temp-dir",
-                                        str(temp_dir), *dashboard, "--ray-client-server-port", str(_free_port())],
-                                       log, {**HEAD_ENV, **NODE_ENV, "RAY_AUTH_MODE": self.auth_mode, **(env or {})})
-                record = ProcessRecord(id=HEAD_ID, run_id=run_id, role="head", instance_type="head", workers=0,
-                                       pid=proc.pid, pgid=proc.pid, temp_dir=str(temp_dir), log=str(log),
-                                       address=f"127.0.0.1:{gcs_port}", requested_at=now,
-                                       tags={TAG_RUN_ID: run_id})
+                dashboard = (
+                    ["--include-dashboard", "false"]
+                    if dashboard_port is None
+                    else [
+                        "--include-dashboard",
+                        "true",
+                        "--dashboard-host",
+                        "127.0.0.1",
+                        "--dashboard-port",
+                        str(dashboard_port),
+                        "--dashboard-agent-listen-port",
+                        str(_free_port()),
+                    ]
+                )  # its default (52365) may be taken
+                proc = self._ray_start(
+                    [
+                        "--head",
+                        "--port",
+                        str(gcs_port),
+                        "--num-cpus",
+                        "0",
+                        "--temp-dir",
+                        str(temp_dir),
+                        *dashboard,
+                        "--ray-client-server-port",
+                        str(_free_port()),
+                    ],
+                    log,
+                    {**HEAD_ENV, **NODE_ENV, "RAY_AUTH_MODE": self.auth_mode, **(env or {})},
+                )
+                record = ProcessRecord(
+                    id=HEAD_ID,
+                    run_id=run_id,
+                    role="head",
+                    instance_type="head",
+                    workers=0,
+                    pid=proc.pid,
+                    pgid=proc.pid,
+                    temp_dir=str(temp_dir),
+                    log=str(log),
+                    address=f"127.0.0.1:{gcs_port}",
+                    requested_at=now,
+                    tags={TAG_RUN_ID: run_id},
+                )
                 record.write(self.instances_dir)
                 try:
                     self._wait_started(record, proc, timeout_s)
@@ -360,8 +432,7 @@ class LocalProvider:
         """Start ``request.count`` nodes, one after another, each up before the next starts."""
         head = self.head()
         if head is None or not _is_ours(head):
-            raise CloudError("the run's local Ray head is not running; start it before provisioning",
-                             kind="fatal")
+            raise CloudError("the run's local Ray head is not running; start it before provisioning", kind="fatal")
         out = []
         for _ in range(request.count):
             with self._lock:
@@ -373,26 +444,46 @@ class LocalProvider:
         """Start one node under a given id (e.g. a cloud instance's, to stand in for its boot in tests)."""
         head = self.head()
         if head is None or not _is_ours(head):
-            raise CloudError("the run's local Ray head is not running; start it before starting nodes",
-                             kind="fatal")
+            raise CloudError("the run's local Ray head is not running; start it before starting nodes", kind="fatal")
         with self._lock:
             return self._instance(self._start_node(instance_id, request, head, timeout_s))
 
-    def _start_node(self, instance_id: str, request: InstanceRequest, head: ProcessRecord,
-                    timeout_s: float) -> ProcessRecord:
+    def _start_node(
+        self, instance_id: str, request: InstanceRequest, head: ProcessRecord, timeout_s: float
+    ) -> ProcessRecord:
         itype: InstanceType = request.instance_type
         node = node_resources(itype)  # a GPU type's node advertises its GPUs (logical ones without CUDA)
         workers = node.slots
         log = self.instances_dir / f"{instance_id}.log"
         now = time.time()
-        proc = self._ray_start(["--address", str(head.address), *node.ray_start_args(),
-                                "--resources", json.dumps({node_resource(instance_id): workers}),
-                                "--temp-dir", head.temp_dir], log, {**NODE_ENV, "RAY_AUTH_MODE": self.auth_mode})
-        record = ProcessRecord(id=instance_id, run_id=request.run_id, role="node",
-                               instance_type=itype.name, workers=workers, pid=proc.pid, pgid=proc.pid,
-                               temp_dir=head.temp_dir, log=str(log), stage=request.stage,
-                               address=head.address, requested_at=now,
-                               tags=request.tags(__version__))
+        proc = self._ray_start(
+            [
+                "--address",
+                str(head.address),
+                *node.ray_start_args(),
+                "--resources",
+                json.dumps({node_resource(instance_id): workers}),
+                "--temp-dir",
+                head.temp_dir,
+            ],
+            log,
+            {**NODE_ENV, "RAY_AUTH_MODE": self.auth_mode},
+        )
+        record = ProcessRecord(
+            id=instance_id,
+            run_id=request.run_id,
+            role="node",
+            instance_type=itype.name,
+            workers=workers,
+            pid=proc.pid,
+            pgid=proc.pid,
+            temp_dir=head.temp_dir,
+            log=str(log),
+            stage=request.stage,
+            address=head.address,
+            requested_at=now,
+            tags=request.tags(__version__),
+        )
         record.write(self.instances_dir)
         self._wait_started(record, proc, timeout_s)
         record.ready_at = time.time()
@@ -405,15 +496,17 @@ class LocalProvider:
         for instance_id in instance_ids:
             record = self.record(instance_id)
             if record.ready_at is None or not _is_ours(record):
-                raise CloudError(f"local Ray node {instance_id} is not running; see {record.log}",
-                                 kind="transient")
+                raise CloudError(f"local Ray node {instance_id} is not running; see {record.log}", kind="transient")
             out.append(self._instance(record))
         return out
 
     def list(self, run_id: str | None = None) -> list[Instance]:
         """Live nodes of this run directory (optionally of one run id), orphans included."""
-        return [self._instance(r) for r in self.records()
-                if r.role == "node" and (run_id is None or r.run_id == run_id) and _is_ours(r)]
+        return [
+            self._instance(r)
+            for r in self.records()
+            if r.role == "node" and (run_id is None or r.run_id == run_id) and _is_ours(r)
+        ]
 
     def terminate(self, instance_ids: builtins.list[str]) -> None:
         for instance_id in instance_ids:
@@ -442,9 +535,18 @@ class LocalProvider:
     def _instance(self, record: ProcessRecord) -> Instance:
         alive = _is_ours(record)
         state = "terminated" if not alive else ("running" if record.ready_at else "pending")
-        return Instance(id=record.id, cloud=self.cloud, instance_type=record.instance_type, zone="local-a",
-                        state=state, run_id=record.run_id, stage=record.stage, address=record.address,
-                        launched_at=record.requested_at, tags=dict(record.tags))
+        return Instance(
+            id=record.id,
+            cloud=self.cloud,
+            instance_type=record.instance_type,
+            zone="local-a",
+            state=state,
+            run_id=record.run_id,
+            stage=record.stage,
+            address=record.address,
+            launched_at=record.requested_at,
+            tags=dict(record.tags),
+        )
 
     def pids(self) -> builtins.list[int]:
         """Every live pid of this run's process groups (head and nodes), for tests and ``down``."""

@@ -72,14 +72,28 @@ class LocalHeadCloudBackend:
         self.run_dir = Path(self.run_dir)
         self.local = LocalProvider(self.run_dir, auth_mode=self.ray_auth_mode)
         self.catalog = self.catalog or load_catalog([self.cloud])
-        placeholder = Instance(id=f"local-head-{socket.gethostname()}", cloud=self.cloud, instance_type="local-head",
-                               zone="", state="running", run_id="", address=None,
-                               tags={TAG_MANAGED: "true", TAG_ROLE: "head"})
+        placeholder = Instance(
+            id=f"local-head-{socket.gethostname()}",
+            cloud=self.cloud,
+            instance_type="local-head",
+            zone="",
+            state="running",
+            run_id="",
+            address=None,
+            tags={TAG_MANAGED: "true", TAG_ROLE: "head"},
+        )
         join = self._boot_locally if self.test_boot == "local" else ray_join_check
-        self.workers = CloudBackend(pool=self.pool, head=placeholder, join_check=join, alternatives=self._alternatives,
-                                    boot_timeout_s=600.0, join_timeout_s=600.0,
-                                    requirements=tuple(self.requirements), expires_at=self.expires_at,
-                                    token_push=self.token_push)
+        self.workers = CloudBackend(
+            pool=self.pool,
+            head=placeholder,
+            join_check=join,
+            alternatives=self._alternatives,
+            boot_timeout_s=600.0,
+            join_timeout_s=600.0,
+            requirements=tuple(self.requirements),
+            expires_at=self.expires_at,
+            token_push=self.token_push,
+        )
 
     @property
     def types(self) -> Catalog:
@@ -101,10 +115,17 @@ class LocalHeadCloudBackend:
         port = None if self.test_boot else RAY_PORT
         record = self.local.start_head_process(run_id, port=port)
         host = "127.0.0.1" if self.test_boot else _private_address()
-        self.workers.head = Instance(id=self.workers.head.id, cloud=self.cloud, instance_type="local-head", zone="",
-                                     state="running", run_id=cloud_run_id(run_id), address=host,
-                                     launched_at=record.requested_at,
-                                     tags={TAG_MANAGED: "true", TAG_ROLE: "head", TAG_RUN_ID: cloud_run_id(run_id)})
+        self.workers.head = Instance(
+            id=self.workers.head.id,
+            cloud=self.cloud,
+            instance_type="local-head",
+            zone="",
+            state="running",
+            run_id=cloud_run_id(run_id),
+            address=host,
+            launched_at=record.requested_at,
+            tags={TAG_MANAGED: "true", TAG_ROLE: "head", TAG_RUN_ID: cloud_run_id(run_id)},
+        )
         self.start_heartbeat()
         return HeadHandle(address=record.address or f"{host}:{port}", id=self.workers.head.id, pid=record.pid)
 
@@ -153,10 +174,17 @@ class LocalHeadCloudBackend:
     # -- Provider ----------------------------------------------------------------------------
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
-        request = InstanceRequest(run_id=cloud_run_id(request.run_id), stage=request.stage,
-                                  instance_type=request.instance_type, count=request.count, spot=request.spot,
-                                  zone=request.zone, startup_script=request.startup_script,
-                                  extra_tags=dict(request.extra_tags), max_lifetime_s=request.max_lifetime_s)
+        request = InstanceRequest(
+            run_id=cloud_run_id(request.run_id),
+            stage=request.stage,
+            instance_type=request.instance_type,
+            count=request.count,
+            spot=request.spot,
+            zone=request.zone,
+            startup_script=request.startup_script,
+            extra_tags=dict(request.extra_tags),
+            max_lifetime_s=request.max_lifetime_s,
+        )
         return self.workers.provision(request)
 
     def wait(self, instance_ids: list[str], timeout_s: float) -> list[Instance]:
@@ -205,11 +233,15 @@ class LocalHeadCloudBackend:
     def _boot_locally(self, instance: Instance, timeout_s: float) -> None:
         """Test boot (``test_boot="local"``): play the instance's user-data with a local Ray node."""
         if instance.state != "running":
-            raise CloudError(f"{instance.cloud}: instance {instance.id} is {instance.state}, not running",
-                             kind="transient", zone=instance.zone)
+            raise CloudError(
+                f"{instance.cloud}: instance {instance.id} is {instance.state}, not running",
+                kind="transient",
+                zone=instance.zone,
+            )
         itype = self.types.find(instance.instance_type, cloud=self.cloud)
-        request = InstanceRequest(run_id=instance.run_id, stage=instance.stage, instance_type=itype,
-                                  extra_tags={TAG_ROLE: "worker"})
+        request = InstanceRequest(
+            run_id=instance.run_id, stage=instance.stage, instance_type=itype, extra_tags={TAG_ROLE: "worker"}
+        )
         self.local.start_node(instance.id, request, timeout_s=timeout_s)
 
     def _stop_stand_ins(self) -> None:
@@ -217,15 +249,26 @@ class LocalHeadCloudBackend:
             self.local.terminate([r.id for r in self.local.records() if r.role == "node"])
 
 
-def make_cloud_backend(cloud: str, run_dir: str | Path, regions: list[str], *,
-                       lifetime_cap_s: float | None = None, test_boot: str | None = None,
-                       metadata_url: str | None = None) -> LocalHeadCloudBackend:
+def make_cloud_backend(
+    cloud: str,
+    run_dir: str | Path,
+    regions: list[str],
+    *,
+    lifetime_cap_s: float | None = None,
+    test_boot: str | None = None,
+    metadata_url: str | None = None,
+) -> LocalHeadCloudBackend:
     """The executor's backend for ``cloud`` in ``regions`` (the plan's); workers live at most ``lifetime_cap_s``
     from now (``bootstrap.lifetime_cap_s`` of the run). ``test_boot``: a test boot mode (cloud/testboot.py) the
     caller passes in (tests only), else None: real boots. ``metadata_url``: where the notice watchers read
     (tests only: a local endpoint), else None: the cloud's metadata server."""
     import time
 
-    return LocalHeadCloudBackend(cloud=cloud, run_dir=Path(run_dir), regions=list(dict.fromkeys(regions)),
-                                 test_boot=test_boot, metadata_url=metadata_url,
-                                 expires_at=None if lifetime_cap_s is None else time.time() + lifetime_cap_s)
+    return LocalHeadCloudBackend(
+        cloud=cloud,
+        run_dir=Path(run_dir),
+        regions=list(dict.fromkeys(regions)),
+        test_boot=test_boot,
+        metadata_url=metadata_url,
+        expires_at=None if lifetime_cap_s is None else time.time() + lifetime_cap_s,
+    )

@@ -56,8 +56,13 @@ class InstanceRequest:
     on_demand_fallback: bool = False  # a spot request may fall over to on-demand when no zone has spot capacity
 
     def tags(self, version: str) -> dict[str, str]:
-        return {TAG_MANAGED: "true", TAG_RUN_ID: self.run_id, TAG_STAGE: str(self.stage),
-                TAG_VERSION: version.replace(".", "-"), **self.extra_tags}
+        return {
+            TAG_MANAGED: "true",
+            TAG_RUN_ID: self.run_id,
+            TAG_STAGE: str(self.stage),
+            TAG_VERSION: version.replace(".", "-"),
+            **self.extra_tags,
+        }
 
 
 @dataclass(frozen=True)
@@ -92,12 +97,14 @@ class Instance:
 
 
 #: Cloud state reasons that mean "the cloud took a spot / preemptible instance back".
-SPOT_INTERRUPTION_REASONS = frozenset({
-    "Server.SpotInstanceTermination",  # AWS: spot interruption (terminate behaviour)
-    "Server.SpotInstanceShutdown",  # AWS: spot interruption (stop behaviour)
-    "Server.SpotInstanceHibernate",  # AWS: spot interruption (hibernate behaviour)
-    "preempted",  # GCP: a spot / preemptible VM was preempted
-})
+SPOT_INTERRUPTION_REASONS = frozenset(
+    {
+        "Server.SpotInstanceTermination",  # AWS: spot interruption (terminate behaviour)
+        "Server.SpotInstanceShutdown",  # AWS: spot interruption (stop behaviour)
+        "Server.SpotInstanceHibernate",  # AWS: spot interruption (hibernate behaviour)
+        "preempted",  # GCP: a spot / preemptible VM was preempted
+    }
+)
 
 
 def loss_reason(instance: Instance | None) -> str:
@@ -174,8 +181,9 @@ class FindsLeftoverRuns(Protocol):
 
 
 @runtime_checkable
-class CloudProvider(Provider, DescribesInstances, ReadsConsoles, ProbesPermissions, CleansUpRuns, FindsLeftoverRuns,
-                    Protocol):
+class CloudProvider(
+    Provider, DescribesInstances, ReadsConsoles, ProbesPermissions, CleansUpRuns, FindsLeftoverRuns, Protocol
+):
     """A real cloud's provider: the four calls and every capability above (AWS and GCP implement them all).
 
     The capabilities are declared here, one protocol each, and type-checked (``tests/contracts_typecheck.py``);

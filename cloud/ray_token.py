@@ -79,8 +79,17 @@ def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def deliver_to_head(host: str, user: str, key_file: Path, known_hosts: Path, token: str, *,
-                    timeout_s: float, ssh: str = "ssh", poll_s: float = 5.0) -> None:
+def deliver_to_head(
+    host: str,
+    user: str,
+    key_file: Path,
+    known_hosts: Path,
+    token: str,
+    *,
+    timeout_s: float,
+    ssh: str = "ssh",
+    poll_s: float = 5.0,
+) -> None:
     """Write the token onto the head (``/var/lib/rubberband/ray-token``, root only) over SSH, retried while the head
     boots; the token goes on ssh's stdin, never on a command line."""
     from rubberband.cloud.head_link import ssh_options
@@ -88,8 +97,10 @@ def deliver_to_head(host: str, user: str, key_file: Path, known_hosts: Path, tok
     if shutil.which(ssh) is None:
         raise CloudError(f"`{ssh}` is not installed: the run's Ray token reaches its head over SSH", kind="fatal")
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
-    script = (f"umask 077; mkdir -p {Path(HEAD_TOKEN_PATH).parent} && cat > {HEAD_TOKEN_PATH}.part && "
-              f"mv {HEAD_TOKEN_PATH}.part {HEAD_TOKEN_PATH}")
+    script = (
+        f"umask 077; mkdir -p {Path(HEAD_TOKEN_PATH).parent} && cat > {HEAD_TOKEN_PATH}.part && "
+        f"mv {HEAD_TOKEN_PATH}.part {HEAD_TOKEN_PATH}"
+    )
     remote = f"sudo sh -c {shlex.quote(script)}"
     command = [ssh, "-i", str(key_file), *ssh_options(known_hosts), f"{user}@{host}", remote]
     _retry_ssh(command, token, timeout_s=timeout_s, poll_s=poll_s, what=f"the head {user}@{host}")
@@ -106,9 +117,12 @@ def _retry_ssh(command: list[str], token: str, *, timeout_s: float, poll_s: floa
         if not error and done.returncode == 0:
             return
         if time.monotonic() >= deadline:
-            raise CloudError(f"could not deliver the run's Ray token to {what} within {timeout_s:.0f}s "
-                             f"({(error or ['exit ' + str(done.returncode)])[0]})", kind="transient",
-                             code="TokenDelivery")
+            raise CloudError(
+                f"could not deliver the run's Ray token to {what} within {timeout_s:.0f}s "
+                f"({(error or ['exit ' + str(done.returncode)])[0]})",
+                kind="transient",
+                code="TokenDelivery",
+            )
         time.sleep(poll_s)
 
 
@@ -146,11 +160,21 @@ class SshTokenPush:
         from rubberband.cloud.head_link import ssh_options
 
         known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        command = [self.ssh, "-i", str(self.key_file), *ssh_options(known_hosts), *self._port_option(),
-                   f"{self.user}@{instance.address}"]
-        _retry_ssh(command, self.token_file.read_text().strip(), timeout_s=timeout_s, poll_s=self.poll_s,
-                   what=f"worker {instance.id} ({instance.address})")
-
+        command = [
+            self.ssh,
+            "-i",
+            str(self.key_file),
+            *ssh_options(known_hosts),
+            *self._port_option(),
+            f"{self.user}@{instance.address}",
+        ]
+        _retry_ssh(
+            command,
+            self.token_file.read_text().strip(),
+            timeout_s=timeout_s,
+            poll_s=self.poll_s,
+            what=f"worker {instance.id} ({instance.address})",
+        )
 
     def _port_option(self) -> list[str]:
         return [] if self.port == 22 else ["-p", str(self.port)]

@@ -35,8 +35,7 @@ class ProviderPool:
     ``options`` maps a cloud to its constructor options, e.g. ``{"aws": {"ssh_cidr": "203.0.113.7/32"}}``.
     """
 
-    def __init__(self, options: dict[str, dict[str, Any]] | None = None,
-                 factory: Any = make_provider) -> None:
+    def __init__(self, options: dict[str, dict[str, Any]] | None = None, factory: Any = make_provider) -> None:
         self._options = options or {}
         self._factory = factory
         self._providers: dict[tuple[str, str], Provider] = {}

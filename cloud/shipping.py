@@ -35,8 +35,15 @@ import zipfile
 from pathlib import Path
 
 #: The importable packages of a rubberband installation (pyproject's ``[tool.setuptools] packages``).
-PACKAGES = ("rubberband", "rubberband.commands", "rubberband.report", "rubberband.planner", "rubberband.profiler",
-            "rubberband.cloud", "rubberband.executor")
+PACKAGES = (
+    "rubberband",
+    "rubberband.commands",
+    "rubberband.report",
+    "rubberband.planner",
+    "rubberband.profiler",
+    "rubberband.cloud",
+    "rubberband.executor",
+)
 #: File names never shipped (byte code, editor and OS leftovers).
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".swp", "~")
 _SKIP_DIRS = ("__pycache__",)
@@ -95,10 +102,10 @@ def build_wheel(cache_dir: Path | None = None) -> Path:
     dist_info = f"rubberband-{version}.dist-info"
     meta = {
         f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: rubberband\nVersion: {version}\n"
-                                 f"Summary: rubberband as shipped by its CLI to a run's cluster (no dependencies: "
-                                 f"the nodes install them at boot)\n",
+        f"Summary: rubberband as shipped by its CLI to a run's cluster (no dependencies: "
+        f"the nodes install them at boot)\n",
         f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: rubberband.cloud.shipping\nRoot-Is-Purelib: true\n"
-                              "Tag: py3-none-any\n",
+        "Tag: py3-none-any\n",
         f"{dist_info}/top_level.txt": "rubberband\n",
     }
     record = io.StringIO()
@@ -152,8 +159,10 @@ def job_runtime_env(package: Path, working_dir: Path | None = None) -> dict:
 
     from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV, passed_versions
 
-    env: dict = {"py_modules": [str(package)],
-                 "env_vars": {RUN_VERSIONS_ENV: json.dumps(passed_versions(), sort_keys=True)}}
+    env: dict = {
+        "py_modules": [str(package)],
+        "env_vars": {RUN_VERSIONS_ENV: json.dumps(passed_versions(), sort_keys=True)},
+    }
     if working_dir is not None:
         env["working_dir"] = str(working_dir)
     return env
@@ -165,17 +174,72 @@ def job_runtime_env(package: Path, working_dir: Path | None = None) -> dict:
 #: cloud access from their own identity; a key or token in the code directory would land on every node and in
 #: Ray's package store). gitignore syntax.
 SECRET_EXCLUDES = (
-    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.asc",
-    "*.gpg", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.ppk", ".ssh/", ".aws/", ".gnupg/", ".azure/",
-    ".config/gcloud/", ".kube/", "kubeconfig", ".docker/config.json", ".netrc", "_netrc", ".pgpass", ".npmrc",
-    ".pypirc", ".git-credentials", ".vault-token", "credentials", "credentials.*", "credentials-*", "*credentials*.json",
-    "*service-account*.json", "*service_account*.json", "application_default_credentials.json", "client_secret*.json",
-    "secrets.*", "*.tfstate", "*.tfstate.*", "*.tfvars", "terraform.tfvars.json", ".terraform/",
+    ".env",
+    ".env.*",
+    "*.env",
+    ".envrc",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    "*.keystore",
+    "*.asc",
+    "*.gpg",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    "*.ppk",
+    ".ssh/",
+    ".aws/",
+    ".gnupg/",
+    ".azure/",
+    ".config/gcloud/",
+    ".kube/",
+    "kubeconfig",
+    ".docker/config.json",
+    ".netrc",
+    "_netrc",
+    ".pgpass",
+    ".npmrc",
+    ".pypirc",
+    ".git-credentials",
+    ".vault-token",
+    "credentials",
+    "credentials.*",
+    "credentials-*",
+    "*credentials*.json",
+    "*service-account*.json",
+    "*service_account*.json",
+    "application_default_credentials.json",
+    "client_secret*.json",
+    "secrets.*",
+    "*.tfstate",
+    "*.tfstate.*",
+    "*.tfvars",
+    "terraform.tfvars.json",
+    ".terraform/",
 )
 #: Never uploaded either (unless a ``.rubberbandignore`` ``!pattern`` brings one back): version control,
 #: environments, caches and run directories.
-NOISE_EXCLUDES = (".git/", ".hg/", ".svn/", ".venv/", "venv/", "env/", "__pycache__/", "*.pyc", "*.pyo",
-                  ".mypy_cache/", ".pytest_cache/", ".ruff_cache/", ".ipynb_checkpoints/", "runs/", ".DS_Store")
+NOISE_EXCLUDES = (
+    ".git/",
+    ".hg/",
+    ".svn/",
+    ".venv/",
+    "venv/",
+    "env/",
+    "__pycache__/",
+    "*.pyc",
+    "*.pyo",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    ".ipynb_checkpoints/",
+    "runs/",
+    ".DS_Store",
+)
 #: The user's own excludes, gitignore syntax, at the top of the code directory (``.gitignore`` there counts too).
 IGNORE_FILE = ".rubberbandignore"
 
@@ -216,8 +280,12 @@ class CodeFilter:
         found: list[Path] = []
         for directory, subdirs, names in os.walk(self.root):
             rel = Path(directory).relative_to(self.root)
-            subdirs[:] = sorted(d for d in subdirs if not os.path.islink(os.path.join(directory, d))
-                                and not self.excluded((rel / d).as_posix(), is_dir=True))
+            subdirs[:] = sorted(
+                d
+                for d in subdirs
+                if not os.path.islink(os.path.join(directory, d))
+                and not self.excluded((rel / d).as_posix(), is_dir=True)
+            )
             for name in sorted(names):
                 full = Path(directory) / name
                 if not full.is_symlink() and full.is_file() and not self.excluded((rel / name).as_posix()):

@@ -32,8 +32,9 @@ def _cleanup(provider: Provider, run_id: str, timeout_s: float) -> list[str]:
     return list(provider.cleanup_run(run_id, timeout_s)) if isinstance(provider, CleansUpRuns) else []
 
 
-def terminate_run(provider: Provider, run_id: str, *, timeout_s: float = 600.0,
-                  echo: Callable[[str], None] | None = None) -> list[Instance]:
+def terminate_run(
+    provider: Provider, run_id: str, *, timeout_s: float = 600.0, echo: Callable[[str], None] | None = None
+) -> list[Instance]:
     """Terminate every instance of ``run_id`` (head included) and delete its run-level resources.
 
     Returns the instances it terminated; ``echo`` (e.g. ``print``) gets one line per instance
@@ -42,15 +43,18 @@ def terminate_run(provider: Provider, run_id: str, *, timeout_s: float = 600.0,
     return terminate_run_detailed(provider, run_id, timeout_s=timeout_s, echo=echo).instances
 
 
-def terminate_run_detailed(provider: Provider, run_id: str, *, timeout_s: float = 600.0,
-                           echo: Callable[[str], None] | None = None) -> TeardownResult:
+def terminate_run_detailed(
+    provider: Provider, run_id: str, *, timeout_s: float = 600.0, echo: Callable[[str], None] | None = None
+) -> TeardownResult:
     instances = provider.list(run_id)
     if instances:
         provider.terminate([i.id for i in instances])
     if echo:
         for inst in instances:
-            echo(f"terminated {provider.cloud} {inst.id} ({inst.instance_type}, {inst.zone}, run {inst.run_id}, "
-                 f"{inst.role})")
+            echo(
+                f"terminated {provider.cloud} {inst.id} ({inst.instance_type}, {inst.zone}, run {inst.run_id}, "
+                f"{inst.role})"
+            )
     resources = _cleanup(provider, run_id, timeout_s)
     if echo:
         for resource in resources:
@@ -58,8 +62,9 @@ def terminate_run_detailed(provider: Provider, run_id: str, *, timeout_s: float 
     return TeardownResult(instances, resources)
 
 
-def find_orphans(provider: Provider, older_than_s: float, *, active_runs: Collection[str] = (),
-                 now: float | None = None) -> list[Instance]:
+def find_orphans(
+    provider: Provider, older_than_s: float, *, active_runs: Collection[str] = (), now: float | None = None
+) -> list[Instance]:
     """Every instance of the runs that showed no sign of life for ``older_than_s`` (the cloud's truth).
 
     A run is alive while one of its instances was launched, or carries a heartbeat
@@ -72,8 +77,13 @@ def find_orphans(provider: Provider, older_than_s: float, *, active_runs: Collec
     return [i for i in instances if i.run_id in dead]
 
 
-def terminate_instances(provider: Provider, instances: list[Instance], *, timeout_s: float = 600.0,
-                        echo: Callable[[str], None] | None = None) -> TeardownResult:
+def terminate_instances(
+    provider: Provider,
+    instances: list[Instance],
+    *,
+    timeout_s: float = 600.0,
+    echo: Callable[[str], None] | None = None,
+) -> TeardownResult:
     """Terminate these instances; clean up each run that has nothing left afterwards."""
     if not instances:
         return TeardownResult([])
@@ -92,14 +102,21 @@ def terminate_instances(provider: Provider, instances: list[Instance], *, timeou
     return TeardownResult(list(instances), resources)
 
 
-def cleanup_leftovers(provider: Provider, *, older_than_s: float = 0.0, now: float | None = None,
-                      timeout_s: float = 600.0, echo: Callable[[str], None] | None = None) -> list[str]:
+def cleanup_leftovers(
+    provider: Provider,
+    *,
+    older_than_s: float = 0.0,
+    now: float | None = None,
+    timeout_s: float = 600.0,
+    echo: Callable[[str], None] | None = None,
+) -> list[str]:
     """Delete run-level resources (security groups, firewall rules, detached disks) of runs with no instance
     left, created at least ``older_than_s`` before ``now`` (a run being started keeps its young group)."""
     deleted: list[str] = []
     now = time.time() if now is None else now
-    for run_id in (provider.leftover_runs(older_than_s=older_than_s, now=now)
-                   if isinstance(provider, FindsLeftoverRuns) else []):
+    for run_id in (
+        provider.leftover_runs(older_than_s=older_than_s, now=now) if isinstance(provider, FindsLeftoverRuns) else []
+    ):
         for resource in _cleanup(provider, run_id, timeout_s):
             deleted.append(resource)
             if echo:

@@ -85,14 +85,33 @@ def play_head(cloud: str, region: str, run_id: str, instance_id: str, settings: 
     :func:`serve_head`. Returns at once; :func:`head_url` waits for its job server."""
     disk = head_disk(instance_id)
     disk.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "rubberband.cloud.testboot", "--cloud", cloud, "--region", region,
-            "--run-id", run_id, "--instance-id", instance_id,
-            "--submit-timeout", f"{settings.submit_timeout_s:g}", "--stall-timeout", f"{settings.stall_timeout_s:g}",
-            "--done-grace", f"{settings.done_grace_s:g}", "--max-lifetime", f"{settings.max_lifetime_s:g}",
-            "--poll", f"{min(settings.poll_s, 1.0):g}"]
+    args = [
+        sys.executable,
+        "-m",
+        "rubberband.cloud.testboot",
+        "--cloud",
+        cloud,
+        "--region",
+        region,
+        "--run-id",
+        run_id,
+        "--instance-id",
+        instance_id,
+        "--submit-timeout",
+        f"{settings.submit_timeout_s:g}",
+        "--stall-timeout",
+        f"{settings.stall_timeout_s:g}",
+        "--done-grace",
+        f"{settings.done_grace_s:g}",
+        "--max-lifetime",
+        f"{settings.max_lifetime_s:g}",
+        "--poll",
+        f"{min(settings.poll_s, 1.0):g}",
+    ]
     with open(disk / "boot.log", "ab") as log:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True
+        )
     (disk / "boot.pid").write_text(f"{proc.pid}\n")  # its own process group: tests stop it with it
 
 
@@ -107,8 +126,9 @@ def head_url(instance_id: str, timeout_s: float = 180.0) -> str:
         if time.monotonic() >= deadline or not head_disk(instance_id).exists():
             log = head_disk(instance_id) / "boot.log"
             tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
-            raise CloudError(f"played head {instance_id} did not start its job server: {' | '.join(tail)}",
-                             kind="transient")
+            raise CloudError(
+                f"played head {instance_id} did not start its job server: {' | '.join(tail)}", kind="transient"
+            )
         time.sleep(0.2)
     return json.loads(path.read_text())["url"]
 
@@ -138,9 +158,13 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
     has_identity = me is not None and bool(me.identity)
     run_root = disk / "runs"
     token = disk / TOKEN_FILE  # the CLI writes it here (on a real head: over SSH)
-    env = {RUN_ROOT_ENV: str(run_root), HEAD_ID_ENV: instance_id, "RAY_AUTH_MODE": "token",
-           "RAY_AUTH_TOKEN_PATH": str(token),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        RUN_ROOT_ENV: str(run_root),
+        HEAD_ID_ENV: instance_id,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     try:
         waited = time.monotonic()
         while has_identity and not token.exists() and time.monotonic() - waited < settings.submit_timeout_s:
@@ -199,8 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("--submit-timeout", "--stall-timeout", "--done-grace", "--max-lifetime", "--poll"):
         parser.add_argument(name, type=float, required=True)
     args = parser.parse_args(argv)
-    settings = WatchdogSettings(submit_timeout_s=args.submit_timeout, stall_timeout_s=args.stall_timeout,
-                                done_grace_s=args.done_grace, max_lifetime_s=args.max_lifetime, poll_s=args.poll)
+    settings = WatchdogSettings(
+        submit_timeout_s=args.submit_timeout,
+        stall_timeout_s=args.stall_timeout,
+        done_grace_s=args.done_grace,
+        max_lifetime_s=args.max_lifetime,
+        poll_s=args.poll,
+    )
     serve_head(args.cloud, args.region, args.run_id, args.instance_id, settings)
     return 0
 

@@ -30,22 +30,32 @@ def _torchvision():
         import torchvision
         from torchvision import transforms
     except ImportError:
-        raise TrainingError("examples/cifar_resnet.py needs torchvision: pip install torchvision "
-                            "(matching your torch build) on every instance") from None
+        raise TrainingError(
+            "examples/cifar_resnet.py needs torchvision: pip install torchvision "
+            "(matching your torch build) on every instance"
+        ) from None
     return torchvision, transforms
 
 
 def datasets(data_dir: str, download: bool):
     torchvision, transforms = _torchvision()
-    train_tf = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(),
-                                   transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+    train_tf = transforms.Compose(
+        [
+            transforms.RandomCrop(32, padding=4),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(MEAN, STD),
+        ]
+    )
     test_tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
     try:
         train_set = torchvision.datasets.CIFAR10(data_dir, train=True, transform=train_tf, download=download)
         val_set = torchvision.datasets.CIFAR10(data_dir, train=False, transform=test_tf, download=download)
     except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted..."
-        raise TrainingError(f"CIFAR-10 is not under {data_dir!r} ({' '.join(str(exc).split())}); "
-                            f"put it there or set config download: true") from None
+        raise TrainingError(
+            f"CIFAR-10 is not under {data_dir!r} ({' '.join(str(exc).split())}); "
+            f"put it there or set config download: true"
+        ) from None
     return train_set, val_set
 
 
@@ -64,12 +74,21 @@ def train(config: dict, ctx) -> None:
     train_set, val_set = datasets(data_dir, bool(config.get("download", False)))
     batch = int(config.get("batch_size", BATCH_SIZE))
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True)
-    loader = DataLoader(train_set, batch_size=batch, sampler=sampler, num_workers=int(config.get("workers", 4)),
-                        pin_memory=ctx.device.type == "cuda", drop_last=True)
+    loader = DataLoader(
+        train_set,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=int(config.get("workers", 4)),
+        pin_memory=ctx.device.type == "cuda",
+        drop_last=True,
+    )
     model = DDP(resnet18_cifar().to(ctx.device), device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
-    opt = torch.optim.SGD(model.parameters(), lr=float(config.get("lr", 0.1)),
-                          momentum=float(config.get("momentum", 0.9)),
-                          weight_decay=float(config.get("weight_decay", 5e-4)))
+    opt = torch.optim.SGD(
+        model.parameters(),
+        lr=float(config.get("lr", 0.1)),
+        momentum=float(config.get("momentum", 0.9)),
+        weight_decay=float(config.get("weight_decay", 5e-4)),
+    )
     state = ctx.load_checkpoint()
     if state is not None:
         model.module.load_state_dict(state["model"])

@@ -68,8 +68,9 @@ def train(config: dict, ctx) -> None:
     torch.manual_seed(seed)
     x_train, y_train, x_val, y_val = load_data(seed)
     model = DDP(DigitsCNN(int(config.get("channels", 32)), int(config.get("hidden", 64))).to(ctx.device))
-    opt = torch.optim.SGD(model.parameters(), lr=float(config.get("lr", 0.05)),
-                          momentum=float(config.get("momentum", 0.9)))
+    opt = torch.optim.SGD(
+        model.parameters(), lr=float(config.get("lr", 0.05)), momentum=float(config.get("momentum", 0.9))
+    )
     state = ctx.load_checkpoint()
     if state is not None:
         model.module.load_state_dict(state["model"])
@@ -77,7 +78,7 @@ def train(config: dict, ctx) -> None:
     for epoch in range(ctx.start_epoch, ctx.end_epoch):
         model.train()
         idx = shard(len(y_train), ctx.rank, ctx.world_size, epoch, seed)
-        steps = [idx[i:i + batch] for i in range(0, len(idx), batch)]
+        steps = [idx[i : i + batch] for i in range(0, len(idx), batch)]
         for step in ctx.batches(steps):
             opt.zero_grad()
             loss = F.cross_entropy(model(x_train[step].to(ctx.device)), y_train[step].to(ctx.device))

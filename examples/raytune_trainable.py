@@ -43,8 +43,12 @@ if __name__ == "__main__":  # the same trainable, tuned by Ray Tune itself
     tuner = tune.Tuner(
         train_fn,
         param_space={"lr": tune.loguniform(1e-4, 1.0), "best_lr": 0.01, "epoch_s": 0.5, "max_epochs": 9},
-        tune_config=tune.TuneConfig(metric="score", mode="max", num_samples=9, reuse_actors=True,
-                                    scheduler=HyperBandScheduler(time_attr="training_iteration", max_t=9,
-                                                                 reduction_factor=3)),
+        tune_config=tune.TuneConfig(
+            metric="score",
+            mode="max",
+            num_samples=9,
+            reuse_actors=True,
+            scheduler=HyperBandScheduler(time_attr="training_iteration", max_t=9, reduction_factor=3),
+        ),
     )
     print(tuner.fit().get_best_result().config)

@@ -43,7 +43,7 @@ def load_table(table: str) -> dict[str, dict[str, float]]:
 def accuracy(final: float, epoch: int, max_epochs: int) -> float:
     """The replayed learning curve: near chance at the start, exactly ``final`` after the last epoch."""
     left = max(0.0, 1.0 - (epoch + 1) / max_epochs)
-    return final - (final - min(CHANCE, final)) * left ** 2  # a cell recorded below chance stays flat
+    return final - (final - min(CHANCE, final)) * left**2  # a cell recorded below chance stays flat
 
 
 def epoch_seconds(row: dict[str, float], max_epochs: int, time_scale: float) -> float:

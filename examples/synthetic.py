@@ -33,9 +33,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-DEFAULTS = {"best_lr": 0.01, "iteration_s": 0.02, "sync_s": 0.002, "straggler_sigma": 0.05,
-            "epoch_sigma": 0.0, "config_speed_sigma": 0.0,
-            "dataset_size": 640, "batch_size": 32, "decay": 0.05, "seed": 0}
+DEFAULTS = {
+    "best_lr": 0.01,
+    "iteration_s": 0.02,
+    "sync_s": 0.002,
+    "straggler_sigma": 0.05,
+    "epoch_sigma": 0.0,
+    "config_speed_sigma": 0.0,
+    "dataset_size": 640,
+    "batch_size": 32,
+    "decay": 0.05,
+    "seed": 0,
+}
 
 
 def settings(config: dict) -> dict:
@@ -94,6 +103,5 @@ def train(config: dict, ctx) -> None:
             dist.all_reduce(token)  # the synchronisation point of a DDP step
             token.fill_(1.0)
         done += 1
-        ctx.report(epoch, score=score(lr, epoch, float(cfg["best_lr"]), float(cfg["decay"])),
-                   epochs_done=float(done))
+        ctx.report(epoch, score=score(lr, epoch, float(cfg["best_lr"]), float(cfg["decay"])), epochs_done=float(done))
         ctx.save_checkpoint({"epochs_done": done, "lr": lr})

@@ -55,16 +55,24 @@ def bill_instance(life: InstanceLife, *, now: float, rules: dict[str, BillingRul
     lifetime = max(0.0, end - life.requested_at)
     rule = rules.get(life.cloud, BillingRule())
     billed = rule.billed_seconds(lifetime)
-    return InstanceBill(life.id, life.instance_type, life.cloud, life.price_hr, lifetime, billed,
-                        rule.cost(lifetime, life.price_hr))
+    return InstanceBill(
+        life.id, life.instance_type, life.cloud, life.price_hr, lifetime, billed, rule.cost(lifetime, life.price_hr)
+    )
 
 
 def bill_head(head: HeadLife, *, now: float, rules: dict[str, BillingRule] = BILLING_RULES) -> InstanceBill:
     """The head's bill: launch until ``now`` (the run's end) plus its results grace."""
     lifetime = max(0.0, now + head.grace_s - head.launched_at)
     rule = rules.get(head.cloud, BillingRule())
-    return InstanceBill(head.id, head.instance_type, head.cloud, head.price_hr, lifetime,
-                        rule.billed_seconds(lifetime), rule.cost(lifetime, head.price_hr))
+    return InstanceBill(
+        head.id,
+        head.instance_type,
+        head.cloud,
+        head.price_hr,
+        lifetime,
+        rule.billed_seconds(lifetime),
+        rule.cost(lifetime, head.price_hr),
+    )
 
 
 def _stage_shares(life: InstanceLife, end: float, starts: list[tuple[float, int]]) -> dict[int, float]:
@@ -93,18 +101,31 @@ def _parallel_shares(life: InstanceLife, end: float, state: RunState) -> dict[in
     bracket_of = [int(s.get("bracket", 0)) for s in plan_stages]
     if state.plan.get("brackets") != "parallel" or len(set(bracket_of)) < 2 or not 0 <= life.stage < len(bracket_of):
         return None
-    moves = sorted((float(d["t"]), int(d["to_stage"])) for d in state.decisions
-                   if d.get("kind") == "handoff" and d.get("id") == life.id and 0 <= int(d["to_stage"]) < len(bracket_of))
+    moves = sorted(
+        (float(d["t"]), int(d["to_stage"]))
+        for d in state.decisions
+        if d.get("kind") == "handoff" and d.get("id") == life.id and 0 <= int(d["to_stage"]) < len(bracket_of)
+    )
     cuts = [(life.requested_at, bracket_of[life.stage])] + [(t, bracket_of[g]) for t, g in moves]
     shares: dict[int, float] = {}
     for i, (lo, bracket) in enumerate(cuts):
         hi = cuts[i + 1][0] if i + 1 < len(cuts) else end
-        starts = sorted((rec.started_at, g) for g, rec in state.stages.items()
-                        if rec.started_at is not None and g < len(bracket_of) and bracket_of[g] == bracket)
+        starts = sorted(
+            (rec.started_at, g)
+            for g, rec in state.stages.items()
+            if rec.started_at is not None and g < len(bracket_of) and bracket_of[g] == bracket
+        )
         if hi <= lo or not starts:
             continue
-        part = InstanceLife(id=life.id, instance_type=life.instance_type, cloud=life.cloud, price_hr=life.price_hr,
-                            spot=life.spot, stage=life.stage, requested_at=lo)
+        part = InstanceLife(
+            id=life.id,
+            instance_type=life.instance_type,
+            cloud=life.cloud,
+            price_hr=life.price_hr,
+            spot=life.spot,
+            stage=life.stage,
+            requested_at=lo,
+        )
         weight = (hi - lo) / max(end - life.requested_at, 1e-9)
         for g, share in _stage_shares(part, hi, starts).items():
             shares[g] = shares.get(g, 0.0) + share * weight

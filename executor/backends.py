@@ -30,9 +30,15 @@ SIM_CLOUD = "sim"
 SIM_RUNTIME = "rubberband.executor.simulated"
 
 
-def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *,
-                 lifetime_cap_s: float | None = None, test_boot: str | None = None,
-                 metadata_url: str | None = None) -> "ExecutorBackend":
+def make_backend(
+    cloud: str,
+    run_dir: str | Path,
+    regions: Sequence[str] = (),
+    *,
+    lifetime_cap_s: float | None = None,
+    test_boot: str | None = None,
+    metadata_url: str | None = None,
+) -> "ExecutorBackend":
     """The executor's backend; ``lifetime_cap_s``: how long a cloud run's workers may live at most; ``test_boot``
     (tests only, passed in by the caller): a cloud run's instance boots played on this machine (cloud/testboot.py);
     ``metadata_url`` (tests only, passed in): the metadata server a cloud run's notice watchers read instead of the
@@ -46,7 +52,9 @@ def make_backend(cloud: str, run_dir: str | Path, regions: Sequence[str] = (), *
 
         if not regions:
             raise InputError(f"--cloud {cloud}: the plan names no {cloud} region; re-plan for {cloud}")
-        return make_cloud_backend(cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s,
-                                  test_boot=test_boot, metadata_url=metadata_url)
-    raise InputError(f"cloud {cloud!r} is not supported by this executor; use --cloud "
-                     f"{', '.join(SUPPORTED)} or {SIM_CLOUD}")
+        return make_cloud_backend(
+            cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s, test_boot=test_boot, metadata_url=metadata_url
+        )
+    raise InputError(
+        f"cloud {cloud!r} is not supported by this executor; use --cloud {', '.join(SUPPORTED)} or {SIM_CLOUD}"
+    )

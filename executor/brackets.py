@@ -72,15 +72,16 @@ from rubberband.planner.policies import bracket_start_order
 
 # -- the pure part ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Waiting:
     """A request for an instance that is not up yet: who asked, and whether it has gone out."""
 
     token: str
     bracket: int
-    stage: int     # plan position of the stage it is for
-    order: int     # request order (earlier requests would be up first)
-    queued: bool   # not yet sent to the provider: cancelling it costs nothing
+    stage: int  # plan position of the stage it is for
+    order: int  # request order (earlier requests would be up first)
+    queued: bool  # not yet sent to the provider: cancelling it costs nothing
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class BracketPolicy:
     def for_plan(cls, plan: Plan) -> "BracketPolicy":
         ranges = bracket_ranges(plan.stages)
         offsets = list(plan.bracket_offsets_s) if plan.parallel_brackets else []
-        offsets = (offsets + [0.0] * len(ranges))[:len(ranges)]
+        offsets = (offsets + [0.0] * len(ranges))[: len(ranges)]
         durations = [sum(s.predicted_duration_s or 0.0 for s in plan.stages[lo:hi]) for lo, hi in ranges]
         return cls(tuple(ranges), tuple(float(o) for o in offsets), tuple(durations))
 
@@ -115,14 +116,16 @@ class BracketPolicy:
     def due(self, elapsed_s: float, started: Sequence[bool]) -> list[int]:
         """Brackets not started yet whose start offset has passed (``elapsed_s`` since the job started), in
         the order their instances are requested (:meth:`start_order`)."""
-        return self.start_order([b for b, (off, on) in enumerate(zip(self.offsets_s, started))
-                                 if not on and elapsed_s >= off])
+        return self.start_order(
+            [b for b, (off, on) in enumerate(zip(self.offsets_s, started)) if not on and elapsed_s >= off]
+        )
 
     def start_order(self, brackets: Sequence[int]) -> list[int]:
         """Brackets that start together, the one predicted to end last first: where instances come up one
         after another (the local backend), the critical path gets the first one."""
-        return bracket_start_order({b: self.offsets_s[b] + (self.durations_s[b] if b < len(self.durations_s) else 0.0)
-                                    for b in brackets})
+        return bracket_start_order(
+            {b: self.offsets_s[b] + (self.durations_s[b] if b < len(self.durations_s) else 0.0) for b in brackets}
+        )
 
     @staticmethod
     def receiver(giver_bracket: int, waiting: Sequence[Waiting]) -> Waiting | None:
@@ -139,6 +142,7 @@ class BracketPolicy:
 
 
 # -- the loop --------------------------------------------------------------------------------
+
 
 @dataclass
 class Lane:
@@ -281,12 +285,21 @@ class ParallelController(Controller):
             start = self._settle(g, stage, trial_id, self._start_epoch(trial_id, stage), lane.metrics)
             if start is not None:
                 lane.pending.append((trial_id, start))
-        self.journal.record(J.StageStarted(stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
-                                           trials=len(lane.trials), to_run=len(lane.pending), epochs=stage.epochs,
-                                           instance_type=stage.instance_type, instances=stage.instances,
-                                           workers_per_trial=stage.workers_per_trial,
-                                           predicted_duration_s=stage.predicted_duration_s,
-                                           offset_s=self.brackets.offsets_s[self.brackets.bracket_of(g)]))
+        self.journal.record(
+            J.StageStarted(
+                stage=g,
+                bracket=stage.bracket,
+                stage_in_bracket=stage.stage,
+                trials=len(lane.trials),
+                to_run=len(lane.pending),
+                epochs=stage.epochs,
+                instance_type=stage.instance_type,
+                instances=stage.instances,
+                workers_per_trial=stage.workers_per_trial,
+                predicted_duration_s=stage.predicted_duration_s,
+                offset_s=self.brackets.offsets_s[self.brackets.bracket_of(g)],
+            )
+        )
         missing = stage.instances - len(self._stage_pool(g))
         if lane.pending and missing > 0:
             spot = self._buy_spot(stage, trigger="start", waiting=len(lane.pending))
@@ -347,13 +360,16 @@ class ParallelController(Controller):
         self._release_lane_idle(lane, stage_done=True)
         metrics = {t: lane.metrics.get(t) for t in trials}
         nxt = self.brackets.next_stage(g)
-        ranking, promoted = promote(metrics, self.spec.metric.mode, trials,
-                                    None if nxt is None else self.plan.stages[nxt].trials)
+        ranking, promoted = promote(
+            metrics, self.spec.metric.mode, trials, None if nxt is None else self.plan.stages[nxt].trials
+        )
         for position, trial_id in enumerate(promoted):
-            self.journal.record(J.TrialPromoted(trial_id=trial_id, from_stage=g, to_stage=nxt,
-                                                metric=metrics[trial_id], rank=position))
-        self.journal.record(J.StageFinished(stage=g, bracket=stage.bracket, metrics=metrics,
-                                            promoted=promoted, ranking=ranking))
+            self.journal.record(
+                J.TrialPromoted(trial_id=trial_id, from_stage=g, to_stage=nxt, metric=metrics[trial_id], rank=position)
+            )
+        self.journal.record(
+            J.StageFinished(stage=g, bracket=stage.bracket, metrics=metrics, promoted=promoted, ranking=ranking)
+        )
         self.search.rung_finished(stage.epochs, metrics, None if nxt is None else promoted)
         self.state = self.journal.state
         if nxt is None:
@@ -412,24 +428,48 @@ class ParallelController(Controller):
         rest = parallel_remainder([(positions, wait - shift) for positions, wait in parts], first)
         g = rest.positions[0]
         request, decision, _ = self._remainder_request(g, elapsed, parts, kept, rest, starts_in_s=round(shift, 3))
-        request = replace(request, running=dict(request.bracket_running[0]),
-                          remaining_deadline_s=max(1.0, request.remaining_deadline_s - shift))
+        request = replace(
+            request,
+            running=dict(request.bracket_running[0]),
+            remaining_deadline_s=max(1.0, request.remaining_deadline_s - shift),
+        )
         self._replan_and_follow(g, lambda: self._replan_around(g, request, decision))
 
-    def _remainder_request(self, g: int, elapsed: float, parts: list[tuple[list[int], float]],
-                           kept: list[dict[str, int]], rest: Remainder, **fields: Any
-                           ) -> tuple[ReplanRequest, dict[str, Any], float]:
+    def _remainder_request(
+        self,
+        g: int,
+        elapsed: float,
+        parts: list[tuple[list[int], float]],
+        kept: list[dict[str, int]],
+        rest: Remainder,
+        **fields: Any,
+    ) -> tuple[ReplanRequest, dict[str, Any], float]:
         """The re-planner's request for ``rest`` (first stage ``g``), the ``replan`` decision record (with
         ``fields``) and the run's remaining time by the stage predictions (:meth:`_remaining_pred`)."""
         ratio = self._slowdown()
         remaining_pred = self._remaining_pred(parts, ratio)
         at_risk = elapsed + remaining_pred > self.deadline_s
-        decision = dict(kind="replan", stage=g, elapsed_s=elapsed, predicted_remaining_s=remaining_pred,
-                        slowdown=ratio, at_risk=at_risk, bracket=self.plan.stages[g].bracket,
-                        stages=list(rest.positions), offsets_s=[round(o, 3) for o in rest.offsets_s], **fields)
-        request = self._replan_request(g, elapsed, at_risk, [self.plan.stages[i] for i in rest.positions],
-                                       stages=rest.positions, offsets_s=rest.offsets_s,
-                                       bracket_running=self._bracket_running(parts, kept, rest))
+        decision = dict(
+            kind="replan",
+            stage=g,
+            elapsed_s=elapsed,
+            predicted_remaining_s=remaining_pred,
+            slowdown=ratio,
+            at_risk=at_risk,
+            bracket=self.plan.stages[g].bracket,
+            stages=list(rest.positions),
+            offsets_s=[round(o, 3) for o in rest.offsets_s],
+            **fields,
+        )
+        request = self._replan_request(
+            g,
+            elapsed,
+            at_risk,
+            [self.plan.stages[i] for i in rest.positions],
+            stages=rest.positions,
+            offsets_s=rest.offsets_s,
+            bracket_running=self._bracket_running(parts, kept, rest),
+        )
         return request, decision, remaining_pred
 
     def _replan_and_follow(self, g: int, replan: Callable[[], None]) -> None:
@@ -448,8 +488,9 @@ class ParallelController(Controller):
         self._replanned_around.update(keys)
         return bool(new)
 
-    def _remainder_parts(self, elapsed: float, lane: Lane | None = None, g: int | None = None, *, timed: bool = True
-                         ) -> tuple[list[tuple[list[int], float]], list[dict[str, int]], int]:
+    def _remainder_parts(
+        self, elapsed: float, lane: Lane | None = None, g: int | None = None, *, timed: bool = True
+    ) -> tuple[list[tuple[list[int], float]], list[dict[str, int]], int]:
         """Each bracket's part of the remaining work (for :func:`~rubberband.planner.brackets.parallel_remainder`):
         (plan positions of its stages not started yet, seconds until the first of them can start), with the
         instances (type key → count) its next stage may keep, and the index of ``lane``'s part (at its boundary
@@ -481,12 +522,18 @@ class ParallelController(Controller):
     def _remaining_pred(self, parts: list[tuple[list[int], float]], ratio: float) -> float:
         """The run's remaining time by the stage predictions: the longest part's wait plus its stages' predicted
         durations times the slowdown so far (``ratio``)."""
-        return max((wait + ratio * sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in positions)
-                    for positions, wait in parts), default=0.0)
+        return max(
+            (
+                wait + ratio * sum(self.plan.stages[i].predicted_duration_s or 0.0 for i in positions)
+                for positions, wait in parts
+            ),
+            default=0.0,
+        )
 
     @staticmethod
-    def _bracket_running(parts: list[tuple[list[int], float]], kept: list[dict[str, int]],
-                         rest: Remainder) -> tuple[dict[str, int], ...]:
+    def _bracket_running(
+        parts: list[tuple[list[int], float]], kept: list[dict[str, int]], rest: Remainder
+    ) -> tuple[dict[str, int], ...]:
         """Per bracket of ``rest`` (in its order), what its next stage may keep (``ReplanRequest.bracket_running``)."""
         first_of = {positions[0]: k for k, (positions, _) in enumerate(parts) if positions}
         return tuple(kept[first_of[i]] for i in rest.positions if i in first_of)
@@ -507,11 +554,13 @@ class ParallelController(Controller):
         itype = self._stage_itype(stage)
         slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
         now = self.clock.time()
-        mine = [now - r.started_at for r in self.running.values()
-                if self.state.trials[r.trial_id].bracket == lane.bracket]
+        mine = [
+            now - r.started_at for r in self.running.values() if self.state.trials[r.trial_id].bracket == lane.bracket
+        ]
         booting = self._prefetch_lead(itype) if lane.pending and not lane.slots else 0.0
-        return booting + self.prefetch.remaining_s(per_trial_s=self._per_trial_s(lane.g), running_elapsed_s=mine,
-                                                   waiting=len(lane.pending), slots=slots)
+        return booting + self.prefetch.remaining_s(
+            per_trial_s=self._per_trial_s(lane.g), running_elapsed_s=mine, waiting=len(lane.pending), slots=slots
+        )
 
     def _apply_replan(self, before: list[StagePlan]) -> None:
         """A re-plan changed stages not started yet: the lanes follow it. Instances kept, prefetched or requested
@@ -524,9 +573,11 @@ class ParallelController(Controller):
                 continue
             itype = self._stage_itype(new)
             pool = self._stage_pool(i)
-            fitting = sorted((e for e in pool if e.itype.key == itype.key and self._fits(e.spot, new)
-                              and e.id not in self._noticed), key=lambda e: not e.ready)  # the ones up stay
-            surplus = [e for e in pool if e not in fitting] + fitting[new.instances:]
+            fitting = sorted(
+                (e for e in pool if e.itype.key == itype.key and self._fits(e.spot, new) and e.id not in self._noticed),
+                key=lambda e: not e.ready,
+            )  # the ones up stay
+            surplus = [e for e in pool if e not in fitting] + fitting[new.instances :]
             for entry in surplus:
                 if entry.id is None and entry.future is not None and entry.future.cancel():
                     entry.released = True  # not sent to the provider yet: nothing to boot, nothing billed
@@ -551,8 +602,9 @@ class ParallelController(Controller):
             if entry.replaces in moving and not stage_done:  # its trials come over at their next checkpoint
                 continue
             same = self._carriable(nxt, [entry]) == 1
-            if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(nxt_g)), nxt.instances,
-                                                               later=later):
+            if nxt is not None and self.prefetch.keep_for_next(
+                same, len(self._stage_pool(nxt_g)), nxt.instances, later=later
+            ):
                 entry.assigned_stage = nxt_g
                 self.journal.record(J.Decision(kind="keep", id=entry.id or entry.token, stage=nxt_g))
             else:
@@ -563,8 +615,13 @@ class ParallelController(Controller):
         """Hand an instance that is up to another bracket waiting for its type; else release it as the controller does."""
         if entry.released:
             return
-        if (entry.id is not None and entry.id not in self._noticed and self.plan.parallel_brackets and self.lanes
-                and self._hand_over(entry)):  # a noticed instance goes: the cloud takes it back
+        if (
+            entry.id is not None
+            and entry.id not in self._noticed
+            and self.plan.parallel_brackets
+            and self.lanes
+            and self._hand_over(entry)
+        ):  # a noticed instance goes: the cloud takes it back
             return
         super()._release(entry, why)
 
@@ -577,8 +634,9 @@ class ParallelController(Controller):
             if p.itype.key != entry.itype.key or p.spot != entry.spot:
                 continue
             queued = not (p.future.running() or p.future.done())
-            waiting.append(Waiting(p.token, self.brackets.bracket_of(p.assigned_stage), p.assigned_stage, order,
-                                   queued))
+            waiting.append(
+                Waiting(p.token, self.brackets.bracket_of(p.assigned_stage), p.assigned_stage, order, queued)
+            )
         pick = self.brackets.receiver(giver, waiting)
         if pick is None:
             return False
@@ -589,11 +647,19 @@ class ParallelController(Controller):
         entry.assigned_stage = target.assigned_stage
         giver_lane = self.lanes[giver]
         giver_lane.slots[:] = [s for s in giver_lane.slots if entry.id not in s.instance_ids]
-        self.journal.record(J.Decision(kind="handoff", id=entry.id, instance_type=entry.itype.name,
-                                       from_stage=from_stage, to_stage=target.assigned_stage,
-                                       from_bracket=self.plan.stages[from_stage].bracket,
-                                       to_bracket=self.plan.stages[target.assigned_stage].bracket, request=target.token,
-                                       request_outcome="cancelled" if cancelled else "released when up"))
+        self.journal.record(
+            J.Decision(
+                kind="handoff",
+                id=entry.id,
+                instance_type=entry.itype.name,
+                from_stage=from_stage,
+                to_stage=target.assigned_stage,
+                from_bracket=self.plan.stages[from_stage].bracket,
+                to_bracket=self.plan.stages[target.assigned_stage].bracket,
+                request=target.token,
+                request_outcome="cancelled" if cancelled else "released when up",
+            )
+        )
         return True
 
     def _prefetch_next(self, lane: Lane) -> None:
@@ -620,14 +686,26 @@ class ParallelController(Controller):
             return
         now = self.clock.time()
         mine = [r for r in self.running.values() if self.state.trials[r.trial_id].bracket == lane.bracket]
-        remaining = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=len(lane.pending), slots=n_slots,
-                                              running_elapsed_s=[now - r.started_at for r in mine])
+        remaining = self.prefetch.remaining_s(
+            per_trial_s=per_trial,
+            waiting=len(lane.pending),
+            slots=n_slots,
+            running_elapsed_s=[now - r.started_at for r in mine],
+        )
         lead = self._prefetch_lead(itype)
         if self.prefetch.should_request(remaining, lead, first_task_started=bool(mine) or bool(lane.trial_seconds)):
             self.prefetched.add(nxt_g)
-            self.journal.record(J.Decision(kind="prefetch", stage=nxt_g, count=extra, instance_type=itype.name,
-                                           estimated_remaining_s=remaining, lead_s=lead,
-                                           quantile=self.prefetch.quantile))
+            self.journal.record(
+                J.Decision(
+                    kind="prefetch",
+                    stage=nxt_g,
+                    count=extra,
+                    instance_type=itype.name,
+                    estimated_remaining_s=remaining,
+                    lead_s=lead,
+                    quantile=self.prefetch.quantile,
+                )
+            )
             spot = self._buy_spot(nxt, trigger="prefetch", waiting=len(lane.pending))
             for _ in range(extra):
                 self._request(nxt_g, itype, spot)
@@ -721,18 +799,23 @@ class ParallelController(Controller):
             if lane is not None and lane.done:
                 continue
             if lane is not None and lane.g is not None:
-                running = [r for r in self.running.values()
-                           if self.state.trials[r.trial_id].bracket == lane.bracket]
-                left = self._stages_left_s(lane.g, hi, waiting=waiting if b == mine else len(lane.pending),
-                                           running=running, awaited_s=awaited)
+                running = [r for r in self.running.values() if self.state.trials[r.trial_id].bracket == lane.bracket]
+                left = self._stages_left_s(
+                    lane.g, hi, waiting=waiting if b == mine else len(lane.pending), running=running, awaited_s=awaited
+                )
             else:
                 first = next((i for i in range(lo, hi) if i not in done), None)
                 if first is None:
                     continue
                 later = [self._stage_outlook(i) for i in range(first, hi)]
                 left = max(0.0, self.brackets.offsets_s[b] - elapsed) + S.work_left_s(
-                    current_remaining_s=0.0, current_ratio=1.0, later=later, confidence=S.DECISION_QUANTILE,
-                    slowdown=self._slowdown(), waiting_for_instance_s=awaited)
+                    current_remaining_s=0.0,
+                    current_ratio=1.0,
+                    later=later,
+                    confidence=S.DECISION_QUANTILE,
+                    slowdown=self._slowdown(),
+                    waiting_for_instance_s=awaited,
+                )
             longest = max(longest, left)
         return longest
 

@@ -32,8 +32,7 @@ class Checkpoint:
     path: Path
 
 
-def save_checkpoint(directory: str | Path, epoch: int, state: dict, *, trial_id: str = "",
-                    keep: int = 2) -> Path:
+def save_checkpoint(directory: str | Path, epoch: int, state: dict, *, trial_id: str = "", keep: int = 2) -> Path:
     """Write ``state`` as the checkpoint after ``epoch``; never leaves a half-written file in place."""
     import torch
 
@@ -54,7 +53,7 @@ def save_checkpoint(directory: str | Path, epoch: int, state: dict, *, trial_id:
 
 def _prune(directory: Path, *, keep: int, newest: int) -> None:
     epochs = sorted(int(m.group(1)) for p in directory.iterdir() if (m := _NAME.match(p.name)))
-    kept = set(epochs[-max(keep, 1):]) | {newest}
+    kept = set(epochs[-max(keep, 1) :]) | {newest}
     for epoch in epochs:
         if epoch not in kept:
             checkpoint_path(directory, epoch).unlink(missing_ok=True)

@@ -61,8 +61,13 @@ class RayCluster:
         _set_auth_mode(auth_mode)
         import ray
 
-        ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.ERROR,
-                 runtime_env=runtime_env)
+        ray.init(
+            address=address,
+            namespace=namespace,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            runtime_env=runtime_env,
+        )
 
     def start_sink(self, run_dir: str | Path) -> Any:
         from rubberband.executor.journal import start_sink

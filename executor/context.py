@@ -43,9 +43,21 @@ def _leading_dim(item: Any) -> int | None:
 class WorkerContext(TrainContext):
     """One worker's view of its trial; created fresh for every ``TrialRun``."""
 
-    def __init__(self, *, trial_id: str, start_epoch: int, end_epoch: int, rank: int, world_size: int,
-                 local_rank: int, device: Any, process_group: Any, checkpoint_dir: str,
-                 max_iterations: int | None = None, event_sink: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        trial_id: str,
+        start_epoch: int,
+        end_epoch: int,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        device: Any,
+        process_group: Any,
+        checkpoint_dir: str,
+        max_iterations: int | None = None,
+        event_sink: Any = None,
+    ) -> None:
         self.trial_id = trial_id
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
@@ -116,8 +128,11 @@ class WorkerContext(TrainContext):
         clean = {str(k): float(v) for k, v in metrics.items()}
         record = ReportRecord(epoch=int(epoch), metrics=clean, seconds=seconds, finished_at=time.time())
         self.reports.append(record)
-        self._emit(events.Epoch(trial_id=self.trial_id, epoch=record.epoch, metrics=dict(clean), seconds=seconds,
-                                t=record.finished_at))
+        self._emit(
+            events.Epoch(
+                trial_id=self.trial_id, epoch=record.epoch, metrics=dict(clean), seconds=seconds, t=record.finished_at
+            )
+        )
 
     # -- checkpoints -----------------------------------------------------------------------
     def _checkpoint_label(self) -> int:
@@ -138,8 +153,10 @@ class WorkerContext(TrainContext):
         notice = notices.check_watchers(self._watchers, self._watcher_cache)
         if notice is not None:
             self.preemption_notice = notice
-            raise notices.PreemptionNotice(f"preemption notice ({notice.get('cloud')} {notice.get('action')}): "
-                                           f"stopped after the checkpoint of epoch {self._checkpoint_label()}")
+            raise notices.PreemptionNotice(
+                f"preemption notice ({notice.get('cloud')} {notice.get('action')}): "
+                f"stopped after the checkpoint of epoch {self._checkpoint_label()}"
+            )
 
     def _save(self, state: dict) -> None:
         epoch = self._checkpoint_label()

@@ -60,9 +60,22 @@ from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
 from rubberband.executor.clock import WALL_CLOCK, Clock
 from rubberband.executor.cluster import Cluster, RayCluster
-from rubberband.executor.decisions import (DeadlineState, DeadlineWatch, LossPolicy, boundary_outlook,
-                                           judge_proposal, mean_task_s, price_hr, promote, proposal_problem,
-                                           rank, requeue_first, slowdown, stand_in_stages, startup_samples)
+from rubberband.executor.decisions import (
+    DeadlineState,
+    DeadlineWatch,
+    LossPolicy,
+    boundary_outlook,
+    judge_proposal,
+    mean_task_s,
+    price_hr,
+    promote,
+    proposal_problem,
+    rank,
+    requeue_first,
+    slowdown,
+    stand_in_stages,
+    startup_samples,
+)
 from rubberband.devices import DevicePolicy
 from rubberband.executor.instances import InstancePool, PoolInstance
 from rubberband.executor.notices import WATCHERS_ENV, NoticeWatchers
@@ -70,8 +83,7 @@ from rubberband.executor.placement import Slot, make_slots, slot_count
 from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME, ReplanAnswer, ReplanRequest, Replanner, TrialRuntime
 from rubberband.plan import Plan, StagePlan
 from rubberband.executor import spot as S
-from rubberband.planner.policies import (Action, LatenessPolicy, Market, PrefetchPolicy, SpotPolicy,
-                                         SpotSituation)
+from rubberband.planner.policies import Action, LatenessPolicy, Market, PrefetchPolicy, SpotPolicy, SpotSituation
 from rubberband.planner.schedule import stages_for
 from rubberband.profile import Profile
 from rubberband.search import ConfigSource, make_config_source, trial_id_for
@@ -108,24 +120,32 @@ class Interrupted(ExecutionError):
 
 # -- helpers ---------------------------------------------------------------------------------
 
+
 def check_plan_matches(spec: JobSpec, plan: Plan, *, source: str = "plan") -> None:
     """The plan must run exactly the spec's schedule (same stages, trials and epochs)."""
     sched = spec.scheduler
-    expected = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
-                          max_epochs=sched.max_epochs)
+    expected = stages_for(
+        sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs
+    )
     got = [(s.bracket, s.stage, s.trials, s.epochs, s.epochs_this_stage) for s in plan.stages]
     want = [(s.bracket, s.index, s.trials, s.epochs, s.epochs_this_stage) for s in expected]
     if got != want:
         for i, (g, w) in enumerate(zip(got, want)):
             if g != w:
-                raise PlanFileError(f"{source}: stage {i} runs {g[2]} trials to {g[3]} epochs but the spec's "
-                                    f"{sched.kind} schedule needs {w[2]} trials to {w[3]} epochs; "
-                                    f"re-plan with `rubberband plan`")
-        raise PlanFileError(f"{source}: has {len(got)} stages but the spec's {sched.kind} schedule has "
-                            f"{len(want)}; re-plan with `rubberband plan`")
+                raise PlanFileError(
+                    f"{source}: stage {i} runs {g[2]} trials to {g[3]} epochs but the spec's "
+                    f"{sched.kind} schedule needs {w[2]} trials to {w[3]} epochs; "
+                    f"re-plan with `rubberband plan`"
+                )
+        raise PlanFileError(
+            f"{source}: has {len(got)} stages but the spec's {sched.kind} schedule has "
+            f"{len(want)}; re-plan with `rubberband plan`"
+        )
     if plan.job.metric != spec.metric.name or plan.job.mode != spec.metric.mode:
-        raise PlanFileError(f"{source}: plan optimises {plan.job.metric} ({plan.job.mode}) but the spec's "
-                            f"metric is {spec.metric.name} ({spec.metric.mode}); re-plan with `rubberband plan`")
+        raise PlanFileError(
+            f"{source}: plan optimises {plan.job.metric} ({plan.job.mode}) but the spec's "
+            f"metric is {spec.metric.name} ({spec.metric.mode}); re-plan with `rubberband plan`"
+        )
 
 
 def trial_configs(spec: JobSpec, plan: Plan) -> list[tuple[str, int, int, dict[str, Any]]]:
@@ -150,6 +170,7 @@ def p90(values: list[float]) -> float:
 
 
 # -- state -----------------------------------------------------------------------------------
+
 
 @dataclass
 class RunningTrial:
@@ -202,17 +223,35 @@ def _devices_used(outcome: Any) -> dict[str, Any]:
 
 # -- the controller --------------------------------------------------------------------------
 
+
 class Controller:
     """Runs one job's plan on a backend (provider + Ray head); see the module docstring."""
 
-    def __init__(self, *, spec: JobSpec, plan: Plan, catalog: Catalog, run_dir: str | Path, backend: ExecutorBackend,
-                 runtime: TrialRuntime, run_id: str, replanner: Replanner | None = None,
-                 profile: Profile | None = None, progress: Callable[[Progress], None] | None = None,
-                 deadline_s: float | None = None, overrun_s: float = 0.0, trial_timeout_s: float = 600.0,
-                 elastic: bool = True, max_instance_losses: int = MAX_INSTANCE_LOSSES, on_late: str = "finish",
-                 prefetch: PrefetchPolicy | None = None, device_policy: DevicePolicy | None = None,
-                 spot_policy: SpotPolicy | None = None, clock: Clock = WALL_CLOCK,
-                 cluster: Cluster | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        spec: JobSpec,
+        plan: Plan,
+        catalog: Catalog,
+        run_dir: str | Path,
+        backend: ExecutorBackend,
+        runtime: TrialRuntime,
+        run_id: str,
+        replanner: Replanner | None = None,
+        profile: Profile | None = None,
+        progress: Callable[[Progress], None] | None = None,
+        deadline_s: float | None = None,
+        overrun_s: float = 0.0,
+        trial_timeout_s: float = 600.0,
+        elastic: bool = True,
+        max_instance_losses: int = MAX_INSTANCE_LOSSES,
+        on_late: str = "finish",
+        prefetch: PrefetchPolicy | None = None,
+        device_policy: DevicePolicy | None = None,
+        spot_policy: SpotPolicy | None = None,
+        clock: Clock = WALL_CLOCK,
+        cluster: Cluster | None = None,
+    ) -> None:
         self.spec = spec
         self.clock = clock  # every reading of time (journal, deadline, durations, polling): wall or virtual
         # where trials run and are waited for: the run's Ray cluster, or a simulated one (executor.simulated)
@@ -236,7 +275,8 @@ class Controller:
         self.prefetch = prefetch or PrefetchPolicy()
         # spot or on-demand for each spot request (Uniform Progress): the simulator's own policy object
         self.spot_policy = spot_policy or SpotPolicy(
-            margin_s=plan.spot.margin_s if plan.spot is not None else spec.resources.spot_margin_s)
+            margin_s=plan.spot.margin_s if plan.spot is not None else spec.resources.spot_margin_s
+        )
         self._on_spot = True  # the run's spot stages still buy spot (False once the policy moved them to on-demand)
         self._fell_back = False  # some spot stage's instances were bought on-demand
         self._noticed: dict[str, float] = {}  # instance -> when its preemption notice was seen
@@ -250,9 +290,15 @@ class Controller:
         self.journal = J.Journal(self.run_dir, clock=clock)
         # Requests run side by side, each until its instance is up and joined (the simulator's model), except on a
         # backend whose instances come up one after another (local Ray nodes race for ports when started at once).
-        self.instances = InstancePool(run_id=run_id, backend=backend, catalog=catalog, journal=self.journal,
-                                      clock=clock, cluster=self.cluster,
-                                      serial=plan.stages[0].cloud in SERIAL_PROVISIONING)
+        self.instances = InstancePool(
+            run_id=run_id,
+            backend=backend,
+            catalog=catalog,
+            journal=self.journal,
+            clock=clock,
+            cluster=self.cluster,
+            serial=plan.stages[0].cloud in SERIAL_PROVISIONING,
+        )
         self.pool = self.instances.entries  # token -> PoolInstance: every instance this executor asked for
         self._provisioner = self.instances.provisioner
         self._terminator = self.instances.terminator
@@ -298,14 +344,25 @@ class Controller:
             self.state = self.journal.state
             self._stop_orphans()
             self._spent_earlier = bill_run(self.journal.state, now=self.clock.time()).workers_usd
-            self.journal.record(J.RunResumed(run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid(),
-                                             on_late=self.lateness.on_late))
+            self.journal.record(
+                J.RunResumed(
+                    run_id=self.run_id, attempt=self.state.attempts + 1, pid=os.getpid(), on_late=self.lateness.on_late
+                )
+            )
         else:
-            self.journal.record(J.RunStarted(run_id=self.run_id, spec_sha256=self.spec.sha256(),
-                                             spec=self.spec.model_dump(mode="json"),
-                                             plan=self.plan.model_dump(mode="json"), cloud=self.plan.stages[0].cloud,
-                                             deadline_s=self.deadline_s, trial_runtime=self.runtime.module,
-                                             pid=os.getpid(), on_late=self.lateness.on_late))
+            self.journal.record(
+                J.RunStarted(
+                    run_id=self.run_id,
+                    spec_sha256=self.spec.sha256(),
+                    spec=self.spec.model_dump(mode="json"),
+                    plan=self.plan.model_dump(mode="json"),
+                    cloud=self.plan.stages[0].cloud,
+                    deadline_s=self.deadline_s,
+                    trial_runtime=self.runtime.module,
+                    pid=os.getpid(),
+                    on_late=self.lateness.on_late,
+                )
+            )
         self.state = self.journal.state
         status, error, exc_to_raise = "failed", None, None
         self._best: tuple[str | None, float | None] = (None, None)
@@ -316,8 +373,9 @@ class Controller:
             status = "finished"
         except KeyboardInterrupt:
             status, error = "interrupted", "interrupted (SIGINT)"
-            exc_to_raise = Interrupted("run interrupted; every instance was terminated, resume with "
-                                       f"`rubberband run --resume {self.run_dir}`")
+            exc_to_raise = Interrupted(
+                f"run interrupted; every instance was terminated, resume with `rubberband run --resume {self.run_dir}`"
+            )
         except Interrupted as exc:
             status, error, exc_to_raise = "interrupted", str(exc), exc
         except RunStopped as exc:  # on purpose, with a partial result: returned, not raised
@@ -353,9 +411,17 @@ class Controller:
             price = self.catalog.find(instance.instance_type, cloud=instance.cloud).price_hr
         except Exception:  # noqa: BLE001 - unknown type: bill nothing rather than crash cleanup
             price = 0.0
-        self.journal.record(J.InstanceRequested(t=instance.launched_at or self.clock.time(), id=instance.id,
-                                                instance_type=instance.instance_type, cloud=instance.cloud,
-                                                price_hr=price, spot=False, stage=instance.stage))
+        self.journal.record(
+            J.InstanceRequested(
+                t=instance.launched_at or self.clock.time(),
+                id=instance.id,
+                instance_type=instance.instance_type,
+                cloud=instance.cloud,
+                price_hr=price,
+                spot=False,
+                stage=instance.stage,
+            )
+        )
 
     def _connect(self) -> None:
         head = self.backend.start_head(self.run_id)
@@ -363,16 +429,27 @@ class Controller:
         billed = head.billed
         if billed is not None and (self.state.head is None or self.state.head.id != billed.id):
             # the instance this executor runs on, which the run pays for: journaled once, so result.json bills it
-            self.journal.record(J.HeadInstance(id=billed.id, instance_type=billed.instance_type, cloud=billed.cloud,
-                                               price_hr=billed.price_hr, launched_at=billed.launched_at,
-                                               grace_s=billed.grace_s))
+            self.journal.record(
+                J.HeadInstance(
+                    id=billed.id,
+                    instance_type=billed.instance_type,
+                    cloud=billed.cloud,
+                    price_hr=billed.price_hr,
+                    launched_at=billed.launched_at,
+                    grace_s=billed.grace_s,
+                )
+            )
             self.state = self.journal.state
         self._request_first_instances()  # the first node boots while the driver connects
         # The driver speaks the head's auth mode: token locally; a backend whose head serves cloud nodes
         # (which run with auth disabled, docs/clouds.md) says ``ray_auth_mode = "disabled"``. A backend whose
         # workers are other machines ships rubberband and the training code with the driver's job.
-        self.cluster.connect(head.address, namespace=self.run_id, auth_mode=self.backend.ray_auth_mode,
-                             runtime_env=self.backend.runtime_env(self.spec.base_dir))
+        self.cluster.connect(
+            head.address,
+            namespace=self.run_id,
+            auth_mode=self.backend.ray_auth_mode,
+            runtime_env=self.backend.runtime_env(self.spec.base_dir),
+        )
         self._catch_signals()  # after ray.init, which installs its own SIGTERM handler (it aborts)
         self.sink = self.cluster.start_sink(self.run_dir)
         if self.runtime.module == DEFAULT_TRIAL_RUNTIME:
@@ -431,8 +508,9 @@ class Controller:
             trial_id = trial_id_for(stage.bracket, index)
             if trial_id not in self.state.trials:  # all of them on a fresh bracket; any a crash cut off on resume
                 config = {**self.spec.config, **self.search.propose(trial_id)}
-                self.journal.record(J.TrialCreated(trial_id=trial_id, bracket=stage.bracket, index=index,
-                                                   config=config))
+                self.journal.record(
+                    J.TrialCreated(trial_id=trial_id, bracket=stage.bracket, index=index, config=config)
+                )
         self.state = self.journal.state
 
     def _stage_trials(self, g: int) -> list[str]:
@@ -460,12 +538,16 @@ class Controller:
             keep = None if last_of_bracket else self.plan.stages[g + 1].trials
             ranking, promoted = promote(metrics, self.spec.metric.mode, self._stage_trials(g), keep)
             for position, trial_id in enumerate(promoted):
-                self.journal.record(J.TrialPromoted(trial_id=trial_id, from_stage=g, to_stage=g + 1,
-                                                    metric=metrics[trial_id], rank=position))
+                self.journal.record(
+                    J.TrialPromoted(
+                        trial_id=trial_id, from_stage=g, to_stage=g + 1, metric=metrics[trial_id], rank=position
+                    )
+                )
             if last_of_bracket:
                 finals.update(metrics)
-            self.journal.record(J.StageFinished(stage=g, bracket=stage.bracket, metrics=metrics,
-                                                promoted=promoted, ranking=ranking))
+            self.journal.record(
+                J.StageFinished(stage=g, bracket=stage.bracket, metrics=metrics, promoted=promoted, ranking=ranking)
+            )
             self.search.rung_finished(stage.epochs, metrics, None if last_of_bracket else promoted)
             self.state = self.journal.state
         if not finals:
@@ -498,12 +580,19 @@ class Controller:
         """First epoch to run: right after the trial's newest checkpoint (journal or disk) within this stage."""
         base = stage.epochs - stage.epochs_this_stage
         trial = self.state.trials[trial_id]
-        ckpt = max((e for e in (trial.checkpoint_epoch, latest_epoch(self.run_dir / "checkpoints" / trial_id))
-                    if e is not None), default=None)
+        ckpt = max(
+            (
+                e
+                for e in (trial.checkpoint_epoch, latest_epoch(self.run_dir / "checkpoints" / trial_id))
+                if e is not None
+            ),
+            default=None,
+        )
         return ckpt + 1 if ckpt is not None and ckpt + 1 > base else base
 
-    def _settle(self, g: int, stage: StagePlan, trial_id: str, start: int,
-                metrics: dict[str, float | None]) -> int | None:
+    def _settle(
+        self, g: int, stage: StagePlan, trial_id: str, start: int, metrics: dict[str, float | None]
+    ) -> int | None:
         """The first epoch a pending trial must run, past its newest checkpoint; None if it needs none.
 
         Asked once when a stage starts and again right before the trial starts: a checkpoint can
@@ -523,12 +612,20 @@ class Controller:
             self._rerun_last.add((g, trial_id))
             return stage.epochs - 1
         metrics[trial_id] = metric  # the journal's fold sets the trial's finished stage
-        self.journal.record(J.TrialStopped(trial_id=trial_id, stage=g, reason="finished", metric=metric,
-                                           note="every epoch of the stage was checkpointed before the interruption"))
+        self.journal.record(
+            J.TrialStopped(
+                trial_id=trial_id,
+                stage=g,
+                reason="finished",
+                metric=metric,
+                note="every epoch of the stage was checkpointed before the interruption",
+            )
+        )
         return None
 
-    def _start_next(self, g: int, stage: StagePlan, pending: list[tuple[str, int]], slot: Slot,
-                    metrics: dict[str, float | None]) -> None:
+    def _start_next(
+        self, g: int, stage: StagePlan, pending: list[tuple[str, int]], slot: Slot, metrics: dict[str, float | None]
+    ) -> None:
         """Start the first pending trial that still has epochs to run on a free slot."""
         while pending:
             trial_id, start = pending.pop(0)
@@ -550,11 +647,20 @@ class Controller:
             start = self._settle(g, stage, trial_id, self._start_epoch(trial_id, stage), metrics)
             if start is not None:
                 pending.append((trial_id, start))
-        self.journal.record(J.StageStarted(stage=g, bracket=stage.bracket, stage_in_bracket=stage.stage,
-                                           trials=len(trials), to_run=len(pending), epochs=stage.epochs,
-                                           instance_type=stage.instance_type, instances=stage.instances,
-                                           workers_per_trial=stage.workers_per_trial,
-                                           predicted_duration_s=stage.predicted_duration_s))
+        self.journal.record(
+            J.StageStarted(
+                stage=g,
+                bracket=stage.bracket,
+                stage_in_bracket=stage.stage,
+                trials=len(trials),
+                to_run=len(pending),
+                epochs=stage.epochs,
+                instance_type=stage.instance_type,
+                instances=stage.instances,
+                workers_per_trial=stage.workers_per_trial,
+                predicted_duration_s=stage.predicted_duration_s,
+            )
+        )
         self._claim_instances(g, stage, itype, needed=bool(pending))
         failures: list[str] = []
         slots: list[Slot] = []
@@ -622,25 +728,45 @@ class Controller:
         ckpt_dir = self.run_dir / "checkpoints" / trial_id
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         handle = self.runtime.start(
-            event_sink=self.sink, trial_id=trial_id, config=trial.config, entry_point=self.spec.train,
-            code_dir=self.spec.base_dir, start_epoch=start, end_epoch=stage.epochs, placement=slot.placement,
-            checkpoint_dir=str(ckpt_dir), device=self.devices.for_type(self._slot_itype(slot, stage)),
-            timeout_s=self.trial_timeout_s, pool=self.workers, **self._env_field(slot))
+            event_sink=self.sink,
+            trial_id=trial_id,
+            config=trial.config,
+            entry_point=self.spec.train,
+            code_dir=self.spec.base_dir,
+            start_epoch=start,
+            end_epoch=stage.epochs,
+            placement=slot.placement,
+            checkpoint_dir=str(ckpt_dir),
+            device=self.devices.for_type(self._slot_itype(slot, stage)),
+            timeout_s=self.trial_timeout_s,
+            pool=self.workers,
+            **self._env_field(slot),
+        )
         slot.trial_id = trial_id
         cold = not set(slot.instance_ids) <= self._ran_on
         self._ran_on.update(slot.instance_ids)
         run = RunningTrial(trial_id, slot, handle, start, stage.epochs, self.clock.time(), cold=cold)
         self.running[handle.done_ref] = run
-        self.journal.record(J.TrialStarted(trial_id=trial_id, stage=g, start_epoch=start, end_epoch=stage.epochs,
-                                           workers=len(slot.placement), instances=list(slot.instance_ids),
-                                           placement=list(slot.placement), from_checkpoint=latest_epoch(ckpt_dir)))
+        self.journal.record(
+            J.TrialStarted(
+                trial_id=trial_id,
+                stage=g,
+                start_epoch=start,
+                end_epoch=stage.epochs,
+                workers=len(slot.placement),
+                instances=list(slot.instance_ids),
+                placement=list(slot.placement),
+                from_checkpoint=latest_epoch(ckpt_dir),
+            )
+        )
 
     def _wait_some(self) -> list[RunningTrial]:
         ready = self.cluster.wait(list(self.running), POLL_S)
         return [self.running.pop(ref) for ref in ready]
 
-    def _collect_trial(self, g: int, stage: StagePlan,
-                       run: RunningTrial) -> tuple[float | None, str | None, float, dict[str, str]]:
+    def _collect_trial(
+        self, g: int, stage: StagePlan, run: RunningTrial
+    ) -> tuple[float | None, str | None, float, dict[str, str]]:
         """Gather a finished trial; journal it. On an error whose instance was lost, return those instances."""
         trial = self.state.trials[run.trial_id]
         metric, error = None, None
@@ -649,11 +775,20 @@ class Controller:
         except TrialPreempted as exc:  # its instance got a notice: checkpointed, restarts on the replacement
             run.handle.stop()
             run.preempted = True
-            self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=g, reason="preempted", metric=None,
-                                               error=str(exc), start_epoch=run.start_epoch, end_epoch=run.end_epoch,
-                                               seconds=self.clock.time() - run.started_at, setup_s=None,
-                                               checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints"
-                                                                             / run.trial_id)))
+            self.journal.record(
+                J.TrialStopped(
+                    trial_id=run.trial_id,
+                    stage=g,
+                    reason="preempted",
+                    metric=None,
+                    error=str(exc),
+                    start_epoch=run.start_epoch,
+                    end_epoch=run.end_epoch,
+                    seconds=self.clock.time() - run.started_at,
+                    setup_s=None,
+                    checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id),
+                )
+            )
             return None, None, self.clock.time() - run.started_at, {}
         except TrainingError as exc:
             error = str(exc)
@@ -673,28 +808,51 @@ class Controller:
             if final:
                 metric = final[0].metrics.get(self.spec.metric.name)
             self.setup_seconds.append(float(outcome.setup_s))
-            shape = f"{self._planned_type(stage).device}/" \
-                    f"{len(run.slot.placement)}/{len(run.slot.instance_ids)}"
+            shape = f"{self._planned_type(stage).device}/{len(run.slot.placement)}/{len(run.slot.instance_ids)}"
             self.iteration_latencies.setdefault(shape, []).extend(float(x) for x in outcome.iteration_latencies_s)
             seconds = outcome.finished_at - run.started_at
             if metric is None:
-                error = (f"trial {run.trial_id} reported no metric {self.spec.metric.name!r} for epoch "
-                         f"{run.end_epoch - 1}")
+                error = (
+                    f"trial {run.trial_id} reported no metric {self.spec.metric.name!r} for epoch {run.end_epoch - 1}"
+                )
         if outcome is None and error is not None:
             lost = self._confirm_lost(run.slot.instance_ids, wait_s=LOSS_CONFIRM_S)
             if lost:
-                self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=g, reason="instance_lost", metric=None,
-                                                   error=error, lost=sorted(lost), start_epoch=run.start_epoch,
-                                                   end_epoch=run.end_epoch, seconds=seconds, setup_s=None,
-                                                   checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints"
-                                                                                 / run.trial_id)))
+                self.journal.record(
+                    J.TrialStopped(
+                        trial_id=run.trial_id,
+                        stage=g,
+                        reason="instance_lost",
+                        metric=None,
+                        error=error,
+                        lost=sorted(lost),
+                        start_epoch=run.start_epoch,
+                        end_epoch=run.end_epoch,
+                        seconds=seconds,
+                        setup_s=None,
+                        checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id),
+                    )
+                )
                 return None, None, seconds, lost
         reason = "finished" if error is None else "failed"
-        ckpt = trial.checkpoint_epoch if outcome is None or outcome.checkpoint_epoch is None else outcome.checkpoint_epoch
-        self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=g, reason=reason, metric=metric,
-                                           error=error, start_epoch=run.start_epoch, end_epoch=run.end_epoch,
-                                           seconds=seconds, setup_s=None if outcome is None else outcome.setup_s,
-                                           checkpoint_epoch=ckpt, **_devices_used(outcome)))
+        ckpt = (
+            trial.checkpoint_epoch if outcome is None or outcome.checkpoint_epoch is None else outcome.checkpoint_epoch
+        )
+        self.journal.record(
+            J.TrialStopped(
+                trial_id=run.trial_id,
+                stage=g,
+                reason=reason,
+                metric=metric,
+                error=error,
+                start_epoch=run.start_epoch,
+                end_epoch=run.end_epoch,
+                seconds=seconds,
+                setup_s=None if outcome is None else outcome.setup_s,
+                checkpoint_epoch=ckpt,
+                **_devices_used(outcome),
+            )
+        )
         return metric, error, seconds, {}  # a finished trial's stage metric: in the state, by the journal's fold
 
     # -- lost instances --------------------------------------------------------------------
@@ -759,8 +917,15 @@ class Controller:
         suspects = self._gone_from_ray(ready, resources)
         return self._confirm_lost(suspects, wait_s=0.0) if suspects else {}
 
-    def _handle_lost(self, g: int, lost: dict[str, str], slots: list[Slot], pending: list[tuple[str, int]], *,
-                     stopped: list[tuple[str, tuple[str, ...]]]) -> None:
+    def _handle_lost(
+        self,
+        g: int,
+        lost: dict[str, str],
+        slots: list[Slot],
+        pending: list[tuple[str, int]],
+        *,
+        stopped: list[tuple[str, tuple[str, ...]]],
+    ) -> None:
         """Journal and bill the lost instances, stop and re-queue their trials, and request replacements.
 
         ``stopped``: (trial, its instances) already collected and journaled by the caller.
@@ -782,12 +947,21 @@ class Controller:
             except Exception:  # noqa: BLE001 - its workers are gone already
                 pass
             run.slot.trial_id = None
-            self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=g, reason="instance_lost", metric=None,
-                                               error=f"instance {', '.join(sorted(hit))} lost", lost=sorted(hit),
-                                               start_epoch=run.start_epoch, end_epoch=run.end_epoch,
-                                               seconds=now - run.started_at, setup_s=None,
-                                               checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints"
-                                                                             / run.trial_id)))
+            self.journal.record(
+                J.TrialStopped(
+                    trial_id=run.trial_id,
+                    stage=g,
+                    reason="instance_lost",
+                    metric=None,
+                    error=f"instance {', '.join(sorted(hit))} lost",
+                    lost=sorted(hit),
+                    start_epoch=run.start_epoch,
+                    end_epoch=run.end_epoch,
+                    seconds=now - run.started_at,
+                    setup_s=None,
+                    checkpoint_epoch=latest_epoch(self.run_dir / "checkpoints" / run.trial_id),
+                )
+            )
             requeue.append(run.trial_id)
             for ident in hit:
                 affected[ident].append(run.trial_id)
@@ -801,9 +975,17 @@ class Controller:
             self.losses += 1
             self.counted_losses += self.loss_policy.counts(reason)
             entry = self._entry(ident)
-            self.journal.record(J.InstanceLost(t=now, id=ident, reason=reason, stage=g,
-                                               instance_type=entry.itype.name if entry is not None else None,
-                                               trials=sorted(set(affected.get(ident, []))), losses=self.losses))
+            self.journal.record(
+                J.InstanceLost(
+                    t=now,
+                    id=ident,
+                    reason=reason,
+                    stage=g,
+                    instance_type=entry.itype.name if entry is not None else None,
+                    trials=sorted(set(affected.get(ident, []))),
+                    losses=self.losses,
+                )
+            )
             self.journal.record(J.InstanceTerminated(t=now, id=ident, reason="lost"))  # billed up to the loss
             if entry is not None:
                 entry.terminated_at = now
@@ -820,13 +1002,16 @@ class Controller:
             entry.released = True
             if ident in self._replaced:  # its replacement was requested when its preemption notice came
                 continue
-            if self.loss_policy.replace(serves=entry.assigned_stage, current=g, work_left=bool(pending),
-                                        losses=self.counted_losses):
+            if self.loss_policy.replace(
+                serves=entry.assigned_stage, current=g, work_left=bool(pending), losses=self.counted_losses
+            ):
                 self._replace(entry, ident, reason, waiting=len(pending))
         if self.loss_policy.exhausted(self.counted_losses):
-            raise ExecutionError(f"{self.counted_losses} instances were lost during this run, not counting spot "
-                                 f"interruptions (limit {self.max_instance_losses}); the cloud keeps taking them "
-                                 f"away — resume later with `rubberband run --resume {self.run_dir}`")
+            raise ExecutionError(
+                f"{self.counted_losses} instances were lost during this run, not counting spot "
+                f"interruptions (limit {self.max_instance_losses}); the cloud keeps taking them "
+                f"away — resume later with `rubberband run --resume {self.run_dir}`"
+            )
 
     # -- instances -------------------------------------------------------------------------
     def _entry(self, instance_id: str) -> PoolInstance | None:
@@ -841,8 +1026,11 @@ class Controller:
         for p in list(self.pool.values()):
             if p.released or p.assigned_stage >= g:
                 continue
-            if p.itype.key == itype.key and self._fits(p.spot, stage) and (len(self._stage_pool(g)) < stage.instances
-                                                                      or not self.elastic):
+            if (
+                p.itype.key == itype.key
+                and self._fits(p.spot, stage)
+                and (len(self._stage_pool(g)) < stage.instances or not self.elastic)
+            ):
                 p.assigned_stage = g
                 self.journal.record(J.Decision(kind="keep", id=p.id or p.token, stage=g))
             else:
@@ -857,8 +1045,9 @@ class Controller:
 
     def _request(self, g: int, itype: InstanceType, spot: bool) -> PoolInstance:
         # no spot capacity anywhere: on-demand, where the stage allows it
-        return self.instances.request(g, itype, spot,
-                                      on_demand_fallback=spot and S.on_demand_allowed(self.plan.stages[g]))
+        return self.instances.request(
+            g, itype, spot, on_demand_fallback=spot and S.on_demand_allowed(self.plan.stages[g])
+        )
 
     def _collect_provisioned(self) -> None:
         """Take the instances that came up: note failover's substitutes and start-ups, warm their workers and
@@ -873,8 +1062,9 @@ class Controller:
                 entry.released = False
                 self._release(entry, "no longer needed when it came up")
             elif self.workers is not None:  # start its worker processes now, off the critical path
-                entry.warming = self.workers.warm(node_resource(entry.id), entry.itype.workers, wait=False,
-                                                  device=self.devices.for_type(entry.itype))
+                entry.warming = self.workers.warm(
+                    node_resource(entry.id), entry.itype.workers, wait=False, device=self.devices.for_type(entry.itype)
+                )
             if not entry.released:
                 self._watch(entry)
 
@@ -927,8 +1117,9 @@ class Controller:
             if entry.replaces in moving and not stage_done:  # its trials come over at their next checkpoint
                 continue
             same = self._carriable(nxt, [entry]) == 1
-            if nxt is not None and self.prefetch.keep_for_next(same, len(self._stage_pool(g + 1)), nxt.instances,
-                                                               later=later):
+            if nxt is not None and self.prefetch.keep_for_next(
+                same, len(self._stage_pool(g + 1)), nxt.instances, later=later
+            ):
                 entry.assigned_stage = g + 1
                 self.journal.record(J.Decision(kind="keep", id=entry.id or entry.token, stage=g + 1))
             else:
@@ -946,8 +1137,9 @@ class Controller:
         else the profile's samples, else the planner model's documented per-cloud defaults."""
         return self.prefetch.lead_s(startup_samples(itype, self.startup_seconds, self.profile))
 
-    def _maybe_prefetch(self, g: int, stage: StagePlan, pending: list, trial_seconds: list[float],
-                        slots: list[Slot]) -> None:
+    def _maybe_prefetch(
+        self, g: int, stage: StagePlan, pending: list, trial_seconds: list[float], slots: list[Slot]
+    ) -> None:
         """Request the next stage's extra instances once this stage's remaining time ≤ the policy's lead time."""
         if g + 1 >= len(self.plan.stages) or (g + 1) in self.prefetched:
             return
@@ -963,15 +1155,27 @@ class Controller:
         if per_trial is None:
             return
         now = self.clock.time()
-        remaining = self.prefetch.remaining_s(per_trial_s=per_trial, waiting=len(pending), slots=n_slots,
-                                              running_elapsed_s=[now - r.started_at for r in self.running.values()])
+        remaining = self.prefetch.remaining_s(
+            per_trial_s=per_trial,
+            waiting=len(pending),
+            slots=n_slots,
+            running_elapsed_s=[now - r.started_at for r in self.running.values()],
+        )
         lead = self._prefetch_lead(itype)
         started = bool(self.running) or bool(trial_seconds)
         if self.prefetch.should_request(remaining, lead, first_task_started=started):
             self.prefetched.add(g + 1)
-            self.journal.record(J.Decision(kind="prefetch", stage=g + 1, count=extra, instance_type=itype.name,
-                                           estimated_remaining_s=remaining, lead_s=lead,
-                                           quantile=self.prefetch.quantile))
+            self.journal.record(
+                J.Decision(
+                    kind="prefetch",
+                    stage=g + 1,
+                    count=extra,
+                    instance_type=itype.name,
+                    estimated_remaining_s=remaining,
+                    lead_s=lead,
+                    quantile=self.prefetch.quantile,
+                )
+            )
             spot = self._buy_spot(nxt, trigger="prefetch", waiting=len(pending))
             for _ in range(extra):
                 self._request(g + 1, itype, spot)
@@ -987,22 +1191,32 @@ class Controller:
         lead = self._prefetch_lead(self._stage_itype(stage))
         work = self._work_left_s(g, waiting=waiting, awaited_s=lead if replacing else 0.0)
         key = f"{stage.instance_type}/{stage.workers_per_trial}"
-        interval = (statistics.mean(self.epoch_seconds[key]) if self.epoch_seconds.get(key)
-                    else self._per_trial_s(g) / max(1, stage.epochs_this_stage))
-        restart = S.restart_s(startup_s=lead, restore_s=statistics.mean(self.setup_seconds) if self.setup_seconds
-                              else 0.0, checkpoint_interval_s=interval)
-        return SpotSituation(time_left_s=self.deadline_s - (now - self.state.first_started_at), work_left_s=work,
-                             restart_s=restart, on_spot=self._on_spot)
+        interval = (
+            statistics.mean(self.epoch_seconds[key])
+            if self.epoch_seconds.get(key)
+            else self._per_trial_s(g) / max(1, stage.epochs_this_stage)
+        )
+        restart = S.restart_s(
+            startup_s=lead,
+            restore_s=statistics.mean(self.setup_seconds) if self.setup_seconds else 0.0,
+            checkpoint_interval_s=interval,
+        )
+        return SpotSituation(
+            time_left_s=self.deadline_s - (now - self.state.first_started_at),
+            work_left_s=work,
+            restart_s=restart,
+            on_spot=self._on_spot,
+        )
 
     def _work_left_s(self, g: int, *, waiting: int, awaited_s: float) -> float:
         """The run's predicted remaining time: stage ``g``'s remainder (``waiting`` trials not started) and every
         later stage; ``awaited_s``: a replacement's start-up the stage waits for. (Parallel brackets: the longest
         remaining bracket, :class:`~rubberband.executor.brackets.ParallelController`.)"""
-        return self._stages_left_s(g, len(self.plan.stages), waiting=waiting, running=list(self.running.values()),
-                                   awaited_s=awaited_s)
+        return self._stages_left_s(
+            g, len(self.plan.stages), waiting=waiting, running=list(self.running.values()), awaited_s=awaited_s
+        )
 
-    def _stages_left_s(self, g: int, end: int, *, waiting: int, running: list[RunningTrial],
-                       awaited_s: float) -> float:
+    def _stages_left_s(self, g: int, end: int, *, waiting: int, running: list[RunningTrial], awaited_s: float) -> float:
         """Stages ``g … end − 1`` from now, as the spot decisions see them (:data:`~rubberband.executor.spot.
         DECISION_QUANTILE`, the simulator's view): ``g``'s remainder as the prefetch estimate has it (``running``
         trials' rest + waiting waves × the mean trial time), the later ones' predictions scaled by the slowdown so
@@ -1011,14 +1225,23 @@ class Controller:
         itype = self._stage_itype(stage)
         n_slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
         now = self.clock.time()
-        current = self.prefetch.remaining_s(per_trial_s=self._per_trial_s(g), waiting=waiting, slots=n_slots,
-                                            running_elapsed_s=[now - r.started_at for r in running])
+        current = self.prefetch.remaining_s(
+            per_trial_s=self._per_trial_s(g),
+            waiting=waiting,
+            slots=n_slots,
+            running_elapsed_s=[now - r.started_at for r in running],
+        )
         cur = self._stage_outlook(g)
         conf = S.DECISION_QUANTILE
         ratio = S.at_confidence(cur.p50_s, cur.p95_s, conf) / cur.p50_s if cur.p50_s > 0 else 1.0
-        return S.work_left_s(current_remaining_s=current, current_ratio=ratio,
-                             later=[self._stage_outlook(i) for i in range(g + 1, end)], confidence=conf,
-                             slowdown=self._slowdown(), waiting_for_instance_s=awaited_s)
+        return S.work_left_s(
+            current_remaining_s=current,
+            current_ratio=ratio,
+            later=[self._stage_outlook(i) for i in range(g + 1, end)],
+            confidence=conf,
+            slowdown=self._slowdown(),
+            waiting_for_instance_s=awaited_s,
+        )
 
     def _slowdown(self) -> float:
         """Actual over predicted duration of the stages finished so far (1 before any)."""
@@ -1027,8 +1250,13 @@ class Controller:
 
     def _finished_durations(self, stages: list[int]) -> list[tuple[float, float]]:
         """(actual, predicted) duration of each of these finished stages."""
-        return [(self.state.stages[i].finished_at - self.state.stages[i].started_at,
-                 self.plan.stages[i].predicted_duration_s or 0.0) for i in stages]
+        return [
+            (
+                self.state.stages[i].finished_at - self.state.stages[i].started_at,
+                self.plan.stages[i].predicted_duration_s or 0.0,
+            )
+            for i in stages
+        ]
 
     def _per_trial_s(self, g: int) -> float:
         """Stage ``g``'s mean task time: measured in this run (not cold), else the plan's, else its duration per
@@ -1045,8 +1273,9 @@ class Controller:
         """Stage ``i``'s predicted duration: the plan's p50 (and p95 where the plan's prediction has it)."""
         return S.stage_outlook(self.plan, i)
 
-    def _buy_spot(self, stage: StagePlan, *, trigger: str, waiting: int, instance: str | None = None,
-                  replacing: bool = False) -> bool:
+    def _buy_spot(
+        self, stage: StagePlan, *, trigger: str, waiting: int, instance: str | None = None, replacing: bool = False
+    ) -> bool:
         """Spot (True) or on-demand for instances of ``stage`` requested now, as :class:`SpotPolicy` decides.
 
         Only for stages planned on spot. Journaled (``decision`` kind ``spot``) on every preemption, notice or
@@ -1065,17 +1294,28 @@ class Controller:
         self._fell_back = self._fell_back or not self._on_spot
         if trigger in ("preemption", "notice", "lost") or self._on_spot != was:
             if market is Market.SPOT:
-                why = (f"slack {situation.slack_s:.0f} s after one more restart ({situation.restart_s:.0f} s) "
-                       f"exceeds the margin: spot")
+                why = (
+                    f"slack {situation.slack_s:.0f} s after one more restart ({situation.restart_s:.0f} s) "
+                    f"exceeds the margin: spot"
+                )
             else:
-                why = (f"slack {situation.slack_s:.0f} s after one more restart ({situation.restart_s:.0f} s) is at "
-                       f"most the margin ({self.spot_policy.margin_s:g} s): on-demand keeps the deadline")
-            self.journal.record(J.Decision(kind="spot", stage=self.stage_index, for_stage=self.plan.stages.index(stage),
-                                           trigger=trigger, id=instance,
-                                           previous=(Market.SPOT if was else Market.ON_DEMAND).value,
-                                           confidence=self.plan.confidence,
-                                           **S.decision_fields(situation, market, self.spot_policy.margin_s),
-                                           reason=why + note))
+                why = (
+                    f"slack {situation.slack_s:.0f} s after one more restart ({situation.restart_s:.0f} s) is at "
+                    f"most the margin ({self.spot_policy.margin_s:g} s): on-demand keeps the deadline"
+                )
+            self.journal.record(
+                J.Decision(
+                    kind="spot",
+                    stage=self.stage_index,
+                    for_stage=self.plan.stages.index(stage),
+                    trigger=trigger,
+                    id=instance,
+                    previous=(Market.SPOT if was else Market.ON_DEMAND).value,
+                    confidence=self.plan.confidence,
+                    **S.decision_fields(situation, market, self.spot_policy.margin_s),
+                    reason=why + note,
+                )
+            )
         return self._on_spot
 
     def _replace(self, entry: PoolInstance, ident: str, reason: str, *, waiting: int) -> PoolInstance:
@@ -1083,14 +1323,22 @@ class Controller:
         target = self.plan.stages[entry.assigned_stage]
         spot = entry.spot
         if entry.spot:
-            trigger = ("notice" if ident in self._noticed else
-                       "preemption" if reason == "spot-interruption" else "lost")
+            trigger = "notice" if ident in self._noticed else "preemption" if reason == "spot-interruption" else "lost"
             spot = self._buy_spot(target, trigger=trigger, waiting=waiting, instance=ident, replacing=True)
         replacement = self._request(entry.assigned_stage, self._stage_itype(target), spot)
         replacement.replaces = ident if ident in self._noticed else None
         self._replaced.add(ident)
-        self.journal.record(J.Decision(kind="replace", id=ident, stage=entry.assigned_stage, token=replacement.token,
-                                       instance_type=replacement.itype.name, reason=reason, spot=spot))
+        self.journal.record(
+            J.Decision(
+                kind="replace",
+                id=ident,
+                stage=entry.assigned_stage,
+                token=replacement.token,
+                instance_type=replacement.itype.name,
+                reason=reason,
+                spot=spot,
+            )
+        )
         return replacement
 
     def _watch(self, entry: PoolInstance) -> None:
@@ -1135,10 +1383,18 @@ class Controller:
         self._noticed[ident] = self.clock.time()
         entry = self._entry(ident)
         trials = sorted(r.trial_id for r in self.running.values() if ident in r.slot.instance_ids)
-        self.journal.record(J.Decision(kind="notice", id=ident, stage=g, cloud=notice.get("cloud"),
-                                       action=notice.get("action"), notice_time=notice.get("time"), trials=trials,
-                                       reason="preemption notice: its trials stop after their next checkpoint; "
-                                              "replacement requested now"))
+        self.journal.record(
+            J.Decision(
+                kind="notice",
+                id=ident,
+                stage=g,
+                cloud=notice.get("cloud"),
+                action=notice.get("action"),
+                notice_time=notice.get("time"),
+                trials=trials,
+                reason="preemption notice: its trials stop after their next checkpoint; replacement requested now",
+            )
+        )
         if entry is None or entry.released:
             return
         wanted = LossPolicy.needed(serves=entry.assigned_stage, current=g, work_left=bool(pending or trials))
@@ -1154,9 +1410,17 @@ class Controller:
         spot = self._buy_spot(stage, trigger="start", waiting=len(pending))
         for _ in range(stage.instances):
             entry = self._request(g, self._stage_itype(stage), spot)
-            self.journal.record(J.Decision(kind="replace", id=None, stage=g, token=entry.token,
-                                           instance_type=entry.itype.name,
-                                           reason="no instance left for the stage's trials", spot=spot))
+            self.journal.record(
+                J.Decision(
+                    kind="replace",
+                    id=None,
+                    stage=g,
+                    token=entry.token,
+                    instance_type=entry.itype.name,
+                    reason="no instance left for the stage's trials",
+                    spot=spot,
+                )
+            )
 
     def _release_noticed(self, g: int, slots: list[Slot]) -> None:
         """A noticed instance whose trials have stopped takes no more: drop its slots and release it now."""
@@ -1172,30 +1436,41 @@ class Controller:
     # -- decisions -------------------------------------------------------------------------
     def _check_deadline(self) -> None:
         if self._signal is not None:
-            raise Interrupted(f"run stopped by {self._signal}; every instance was terminated; "
-                              f"resume with `rubberband run --resume {self.run_dir}`")
+            raise Interrupted(
+                f"run stopped by {self._signal}; every instance was terminated; "
+                f"resume with `rubberband run --resume {self.run_dir}`"
+            )
         elapsed = self.clock.time() - self.state.first_started_at
         state = self.deadline.state(elapsed)
         if state is not DeadlineState.ON_TIME and not self._deadline_passed:
             self._deadline_passed = True
-            self.journal.record(J.Decision(kind="deadline_passed", stage=self.stage_index, elapsed_s=round(elapsed, 3),
-                                           deadline_s=self.deadline_s,
-                                           overrun_s=None if math.isinf(self.overrun_s) else self.overrun_s,
-                                           note="late: the run goes on until the deadline plus the allowed overrun"))
+            self.journal.record(
+                J.Decision(
+                    kind="deadline_passed",
+                    stage=self.stage_index,
+                    elapsed_s=round(elapsed, 3),
+                    deadline_s=self.deadline_s,
+                    overrun_s=None if math.isinf(self.overrun_s) else self.overrun_s,
+                    note="late: the run goes on until the deadline plus the allowed overrun",
+                )
+            )
         if state is DeadlineState.OVER:
             allowed = f" plus the allowed overrun ({format_duration(self.overrun_s)})" if self.overrun_s else ""
-            raise DeadlineExceeded(f"run passed its deadline ({format_duration(self.deadline_s)}){allowed} in stage "
-                                   f"{self.stage_index}; every instance was terminated; to finish it anyway: "
-                                   f"rubberband run --resume {self.run_dir} --overrun none")
+            raise DeadlineExceeded(
+                f"run passed its deadline ({format_duration(self.deadline_s)}){allowed} in stage "
+                f"{self.stage_index}; every instance was terminated; to finish it anyway: "
+                f"rubberband run --resume {self.run_dir} --overrun none"
+            )
 
     def _maybe_replan(self, g: int) -> None:
         """At the boundary before stage ``g``: re-plan the rest if the deadline is at risk or it pays."""
         done = [s for s in range(g) if s in self.state.stages and self.state.stages[s].finished_at]
-        outlook = boundary_outlook(elapsed_s=self.clock.time() - self.state.first_started_at,
-                                   finished=self._finished_durations(done),
-                                   remaining_predicted_s=sum(s.predicted_duration_s or 0.0
-                                                             for s in self.plan.stages[g:]),
-                                   deadline_s=self.deadline_s)
+        outlook = boundary_outlook(
+            elapsed_s=self.clock.time() - self.state.first_started_at,
+            finished=self._finished_durations(done),
+            remaining_predicted_s=sum(s.predicted_duration_s or 0.0 for s in self.plan.stages[g:]),
+            deadline_s=self.deadline_s,
+        )
         decision = outlook.decision_fields(g)
         request = self._replan_request(g, outlook.elapsed_s, outlook.at_risk, self.plan.stages[g:])
         if request.unavailable:
@@ -1203,20 +1478,31 @@ class Controller:
             return
         self._replan_decide(g, request, decision, outlook.remaining_s)
 
-    def _replan_request(self, g: int, elapsed: float, at_risk: bool, rest: list[StagePlan],
-                        **extra: Any) -> ReplanRequest:
+    def _replan_request(
+        self, g: int, elapsed: float, at_risk: bool, rest: list[StagePlan], **extra: Any
+    ) -> ReplanRequest:
         """What the re-planner is told at the boundary before stage ``g`` (whose kept instances run already)
         about the stages ``rest``; ``extra``: more :class:`ReplanRequest` fields (parallel brackets)."""
         spent = bill_run(self.journal.state, now=self.clock.time()).total_usd
         running: dict[str, int] = {}
         for entry in self._stage_pool(g):
             running[entry.itype.key] = running.get(entry.itype.key, 0) + 1
-        return ReplanRequest(spec=self.spec, plan=self.plan, next_stage=g, elapsed_s=elapsed, spent_usd=spent,
-                             remaining_deadline_s=max(1.0, self.deadline_s - elapsed),
-                             epoch_seconds=dict(self.epoch_seconds), setup_seconds=list(self.setup_seconds),
-                             startup_s=dict(self.startup_seconds), at_risk=at_risk,
-                             iteration_latencies=dict(self.iteration_latencies), running=running,
-                             unavailable=tuple(self._unavailable(rest)), **extra)
+        return ReplanRequest(
+            spec=self.spec,
+            plan=self.plan,
+            next_stage=g,
+            elapsed_s=elapsed,
+            spent_usd=spent,
+            remaining_deadline_s=max(1.0, self.deadline_s - elapsed),
+            epoch_seconds=dict(self.epoch_seconds),
+            setup_seconds=list(self.setup_seconds),
+            startup_s=dict(self.startup_seconds),
+            at_risk=at_risk,
+            iteration_latencies=dict(self.iteration_latencies),
+            running=running,
+            unavailable=tuple(self._unavailable(rest)),
+            **extra,
+        )
 
     def _replan_decide(self, g: int, request: ReplanRequest, decision: dict[str, Any], remaining_pred: float) -> None:
         """Ask the re-planner for the stages of ``request`` (before stage ``g``), let the :class:`LatenessPolicy`
@@ -1227,18 +1513,30 @@ class Controller:
         answer, note = self._ask_replanner(request)
         candidate = answer.proposal
         rest = [self.plan.stages[i] for i in positions]
-        problem = None if candidate is None else proposal_problem(candidate.stages, rest,
-                                                                   unavailable=request.unavailable,
-                                                                   key_of=self._planned_key)
+        problem = (
+            None
+            if candidate is None
+            else proposal_problem(candidate.stages, rest, unavailable=request.unavailable, key_of=self._planned_key)
+        )
         if problem is not None:
             candidate, note = None, problem
-        judged = judge_proposal(self.lateness, rest=rest, candidate=candidate, at_risk=request.at_risk,
-                                current_p_meet=answer.current_p_meet, current_jct_p50_s=answer.current_jct_p50_s,
-                                remaining_pred_s=remaining_pred, time_left_s=self.deadline_s - request.elapsed_s)
+        judged = judge_proposal(
+            self.lateness,
+            rest=rest,
+            candidate=candidate,
+            at_risk=request.at_risk,
+            current_p_meet=answer.current_p_meet,
+            current_jct_p50_s=answer.current_jct_p50_s,
+            remaining_pred_s=remaining_pred,
+            time_left_s=self.deadline_s - request.elapsed_s,
+        )
         verdict = judged.verdict
         reason = f"{note}; {verdict.reason}" if note else verdict.reason
-        self.journal.record(J.Decision(**decision, action=verdict.action.value, accepted=verdict.take_proposal,
-                                       reason=reason, **judged.figures))
+        self.journal.record(
+            J.Decision(
+                **decision, action=verdict.action.value, accepted=verdict.take_proposal, reason=reason, **judged.figures
+            )
+        )
         if verdict.take_proposal:
             stages = list(self.plan.stages)
             for i, stage in zip(positions, candidate.stages):
@@ -1247,9 +1545,11 @@ class Controller:
             self.plan = self.plan.model_copy(update={"stages": stages})
             self.journal.record(J.PlanChanged(stage=g, plan=self.plan.model_dump(mode="json")))
         if verdict.action is Action.STOP:
-            hint = ("--on-late finish" if self.lateness.on_late == "stop" else "--overrun none")
-            raise RunStopped(f"{verdict.reason} (before stage {g}); every instance was terminated; to go on "
-                             f"anyway: rubberband run --resume {self.run_dir} {hint}")
+            hint = "--on-late finish" if self.lateness.on_late == "stop" else "--overrun none"
+            raise RunStopped(
+                f"{verdict.reason} (before stage {g}); every instance was terminated; to go on "
+                f"anyway: rubberband run --resume {self.run_dir} {hint}"
+            )
 
     def _ask_replanner(self, request: ReplanRequest) -> tuple[ReplanAnswer, str]:
         """The re-planner's answer (an empty one when there is none, it failed or proposed nothing) and a note."""
@@ -1288,8 +1588,11 @@ class Controller:
         if itype.key in self.substitutes:
             return self._substitute(itype)
         for alt in alternatives_for(itype, self.catalog, spot=spot, clouds=[itype.cloud]):
-            if alt.region == itype.region and alt.key not in unavailable and not self.backend.unavailable(alt,
-                                                                                                         spot=spot):
+            if (
+                alt.region == itype.region
+                and alt.key not in unavailable
+                and not self.backend.unavailable(alt, spot=spot)
+            ):
                 return alt
         return None
 
@@ -1321,24 +1624,45 @@ class Controller:
                     note = f"re-planner's {problem}"
                 else:
                     stages = list(candidate.stages)
-                    decision.update(source="replanner", proposal_cost_usd=candidate.predicted.cost_usd.mean,
-                                    proposal_p_meet=candidate.predicted.p_meet_deadline)
+                    decision.update(
+                        source="replanner",
+                        proposal_cost_usd=candidate.predicted.cost_usd.mean,
+                        proposal_p_meet=candidate.predicted.p_meet_deadline,
+                    )
             else:
                 note = note or "re-planner proposed nothing"
         if stages is None:
             stages, substitutions = stand_in_stages(
-                rest, unavailable, type_of=self._planned_type,
-                stand_in=lambda itype, spot: self._stand_in(itype, spot, unavailable))
+                rest,
+                unavailable,
+                type_of=self._planned_type,
+                stand_in=lambda itype, spot: self._stand_in(itype, spot, unavailable),
+            )
             if not substitutions:
-                self.journal.record(J.Decision(**decision, accepted=False, source="substitution",
-                                               reason=f"failover: {names} unavailable and no available type can "
-                                                      f"stand in{'; ' + note if note else ''}"))
+                self.journal.record(
+                    J.Decision(
+                        **decision,
+                        accepted=False,
+                        source="substitution",
+                        reason=f"failover: {names} unavailable and no available type can "
+                        f"stand in{'; ' + note if note else ''}",
+                    )
+                )
                 return
-            decision.update(source="substitution", substitutions=substitutions,
-                            proposal_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in stages))
+            decision.update(
+                source="substitution",
+                substitutions=substitutions,
+                proposal_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in stages),
+            )
         reason = f"failover: {names} unavailable in every zone; remaining stages re-planned without it"
-        self.journal.record(J.Decision(**decision, accepted=True, reason=reason + (f" ({note})" if note else ""),
-                                       current_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in rest)))
+        self.journal.record(
+            J.Decision(
+                **decision,
+                accepted=True,
+                reason=reason + (f" ({note})" if note else ""),
+                current_cost_usd=sum(s.predicted_cost_usd or 0.0 for s in rest),
+            )
+        )
         changed = list(self.plan.stages)
         for i, stage in zip(positions, stages):
             changed[i] = stage
@@ -1352,11 +1676,21 @@ class Controller:
             return
         stage = self.plan.stages[g]
         epochs = sum(len(t.epochs) for t in self.journal.state.trials.values())  # the sink's epochs so far
-        self.progress(Progress(stage=g, stages=len(self.plan.stages), bracket=stage.bracket,
-                               trials_alive=len(self.running), trials_pending=pending, epochs_done=epochs,
-                               instances=sum(1 for p in self.pool.values() if not p.released),
-                               spent_usd=self._spent(), predicted_usd=self.plan.predicted.cost_usd.mean,
-                               elapsed_s=self.clock.time() - self.state.first_started_at, deadline_s=self.deadline_s))
+        self.progress(
+            Progress(
+                stage=g,
+                stages=len(self.plan.stages),
+                bracket=stage.bracket,
+                trials_alive=len(self.running),
+                trials_pending=pending,
+                epochs_done=epochs,
+                instances=sum(1 for p in self.pool.values() if not p.released),
+                spent_usd=self._spent(),
+                predicted_usd=self.plan.predicted.cost_usd.mean,
+                elapsed_s=self.clock.time() - self.state.first_started_at,
+                deadline_s=self.deadline_s,
+            )
+        )
 
     def _spent(self) -> float:
         """Cost so far (cheap estimate, no billing minimums): earlier executors' bill plus this one's instances,
@@ -1384,8 +1718,7 @@ class Controller:
                     run.handle.stop()
                 except Exception:  # noqa: BLE001
                     pass
-                self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=self.stage_index,
-                                                   reason="interrupted"))
+                self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=self.stage_index, reason="interrupted"))
             self.running.clear()
             if self.workers is not None:
                 try:
@@ -1429,12 +1762,22 @@ class Controller:
         from rubberband.executor.result import build_result, write_result
 
         now = self.clock.time()
-        result = build_result(self.state, self.plan, spec=self.spec, status=status, error=error, now=now,
-                              run_dir=self.run_dir)
+        result = build_result(
+            self.state, self.plan, spec=self.spec, status=status, error=error, now=now, run_dir=self.run_dir
+        )
         best = result["best"] or {}  # the best so far, whatever the outcome
         end = J.END_EVENT_OF.get(status, J.RunFailed)
-        self.journal.record(end(t=now, reason=error, best_trial=best.get("trial_id"), best_metric=best.get("metric"),
-                                rung=best.get("rung"), outcome=result["outcome"], jct_s=result["actual"]["jct_s"],
-                                cost_usd=result["actual"]["cost_usd"]))
+        self.journal.record(
+            end(
+                t=now,
+                reason=error,
+                best_trial=best.get("trial_id"),
+                best_metric=best.get("metric"),
+                rung=best.get("rung"),
+                outcome=result["outcome"],
+                jct_s=result["actual"]["jct_s"],
+                cost_usd=result["actual"]["cost_usd"],
+            )
+        )
         write_result(result, self.run_dir)
         self.result = result

@@ -43,6 +43,7 @@ def price_hr(itype: InstanceType, spot: bool) -> float:
 
 # -- the deadline ------------------------------------------------------------------------------
 
+
 class DeadlineState(str, Enum):
     """Where a run stands against its deadline."""
 
@@ -111,8 +112,7 @@ class LossPolicy:
         return reason != SPOT_INTERRUPTION
 
 
-def requeue_first(pending: list[tuple[str, int]], trials: Sequence[str],
-                  start_epoch: Callable[[str], int]) -> None:
+def requeue_first(pending: list[tuple[str, int]], trials: Sequence[str], start_epoch: Callable[[str], int]) -> None:
     """Put ``trials`` (stopped by a loss) at the head of ``pending``, in order: their slots were taken from them."""
     for trial_id in reversed(trials):
         if all(t != trial_id for t, _ in pending):
@@ -121,6 +121,7 @@ def requeue_first(pending: list[tuple[str, int]], trials: Sequence[str],
 
 # -- promotion ----------------------------------------------------------------------------------
 
+
 def rank(metrics: Mapping[str, float | None], mode: str, order: Sequence[str]) -> list[str]:
     """Trial ids best first; missing metrics last; ties keep ``order``."""
     position = {t: i for i, t in enumerate(order)}
@@ -128,14 +129,16 @@ def rank(metrics: Mapping[str, float | None], mode: str, order: Sequence[str]) -
     return sorted(metrics, key=lambda t: (metrics[t] is None, sign * (metrics[t] or 0.0), position.get(t, 0)))
 
 
-def promote(metrics: Mapping[str, float | None], mode: str, order: Sequence[str],
-            keep: int | None) -> tuple[list[str], list[str]]:
+def promote(
+    metrics: Mapping[str, float | None], mode: str, order: Sequence[str], keep: int | None
+) -> tuple[list[str], list[str]]:
     """A stage's ranking and the trials promoted to the next stage (the top ``keep``; none after a bracket's last)."""
     ranking = rank(metrics, mode, order)
     return ranking, ([] if keep is None else ranking[:keep])
 
 
 # -- re-planning at a stage boundary ------------------------------------------------------------
+
 
 def slowdown(finished: Sequence[tuple[float, float]]) -> float:
     """Actual over predicted duration of the stages finished so far ((actual, predicted) each; 1 before any)."""
@@ -153,12 +156,19 @@ class BoundaryOutlook:
     at_risk: bool
 
     def decision_fields(self, stage: int) -> dict[str, Any]:
-        return dict(kind="replan", stage=stage, elapsed_s=self.elapsed_s, predicted_remaining_s=self.remaining_s,
-                    slowdown=self.slowdown, at_risk=self.at_risk)
+        return dict(
+            kind="replan",
+            stage=stage,
+            elapsed_s=self.elapsed_s,
+            predicted_remaining_s=self.remaining_s,
+            slowdown=self.slowdown,
+            at_risk=self.at_risk,
+        )
 
 
-def boundary_outlook(*, elapsed_s: float, finished: Sequence[tuple[float, float]], remaining_predicted_s: float,
-                     deadline_s: float) -> BoundaryOutlook:
+def boundary_outlook(
+    *, elapsed_s: float, finished: Sequence[tuple[float, float]], remaining_predicted_s: float, deadline_s: float
+) -> BoundaryOutlook:
     """The remaining stages' predicted durations scaled by the slowdown so far, against the deadline."""
     ratio = slowdown(finished)
     remaining = remaining_predicted_s * ratio
@@ -169,8 +179,13 @@ def _shape(stages: Sequence[StagePlan]) -> list[tuple[int, int, int, int]]:
     return [(s.bracket, s.stage, s.trials, s.epochs) for s in stages]
 
 
-def proposal_problem(proposal: Sequence[StagePlan], rest: Sequence[StagePlan], *, unavailable: Sequence[str],
-                     key_of: Callable[[StagePlan], str]) -> str | None:
+def proposal_problem(
+    proposal: Sequence[StagePlan],
+    rest: Sequence[StagePlan],
+    *,
+    unavailable: Sequence[str],
+    key_of: Callable[[StagePlan], str],
+) -> str | None:
     """Why a proposal for the stages ``rest`` cannot be taken (None: it can): another shape, or a type that
     failover found unavailable (``key_of``: a stage's catalog key)."""
     if _shape(proposal) != _shape(rest):
@@ -188,9 +203,17 @@ class Judgement:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
-def judge_proposal(lateness: LatenessPolicy, *, rest: Sequence[StagePlan], candidate: Plan | None, at_risk: bool,
-                   current_p_meet: float | None, current_jct_p50_s: float | None, remaining_pred_s: float,
-                   time_left_s: float) -> Judgement:
+def judge_proposal(
+    lateness: LatenessPolicy,
+    *,
+    rest: Sequence[StagePlan],
+    candidate: Plan | None,
+    at_risk: bool,
+    current_p_meet: float | None,
+    current_jct_p50_s: float | None,
+    remaining_pred_s: float,
+    time_left_s: float,
+) -> Judgement:
     """The current plan's outlook (at risk: it does not meet the deadline, whatever a model says) beside the
     proposal's, decided by the lateness policy."""
     current_cost = sum(s.predicted_cost_usd or 0.0 for s in rest)
@@ -198,22 +221,36 @@ def judge_proposal(lateness: LatenessPolicy, *, rest: Sequence[StagePlan], candi
     if current_p_meet is not None:
         p_current = min(p_current, current_p_meet)
     current = Outlook(p_meet=p_current, jct_p50_s=current_jct_p50_s or remaining_pred_s, cost_usd=current_cost)
-    proposal = None if candidate is None else Outlook(
-        p_meet=candidate.predicted.p_meet_deadline, jct_p50_s=candidate.predicted.jct_s.p50,
-        cost_usd=candidate.predicted.cost_usd.mean)
+    proposal = (
+        None
+        if candidate is None
+        else Outlook(
+            p_meet=candidate.predicted.p_meet_deadline,
+            jct_p50_s=candidate.predicted.jct_s.p50,
+            cost_usd=candidate.predicted.cost_usd.mean,
+        )
+    )
     verdict = lateness.decide(current, proposal, time_left_s=time_left_s)
-    figures: dict[str, Any] = dict(current_cost_usd=current_cost, current_p_meet=current.p_meet,
-                                   current_jct_p50_s=current.jct_p50_s, on_late=lateness.on_late)
+    figures: dict[str, Any] = dict(
+        current_cost_usd=current_cost,
+        current_p_meet=current.p_meet,
+        current_jct_p50_s=current.jct_p50_s,
+        on_late=lateness.on_late,
+    )
     if proposal is not None:
-        figures.update(proposal_cost_usd=proposal.cost_usd, proposal_p_meet=proposal.p_meet,
-                       proposal_jct_p50_s=proposal.jct_p50_s)
+        figures.update(
+            proposal_cost_usd=proposal.cost_usd, proposal_p_meet=proposal.p_meet, proposal_jct_p50_s=proposal.jct_p50_s
+        )
     return Judgement(verdict, figures)
 
 
-def stand_in_stages(rest: Sequence[StagePlan], unavailable: Sequence[str], *,
-                    type_of: Callable[[StagePlan], InstanceType],
-                    stand_in: Callable[[InstanceType, bool], InstanceType | None]
-                    ) -> tuple[list[StagePlan], dict[str, str]]:
+def stand_in_stages(
+    rest: Sequence[StagePlan],
+    unavailable: Sequence[str],
+    *,
+    type_of: Callable[[StagePlan], InstanceType],
+    stand_in: Callable[[InstanceType, bool], InstanceType | None],
+) -> tuple[list[StagePlan], dict[str, str]]:
     """``rest`` with each stage on an unavailable type moved to its stand-in (same workers per instance, so
     placement and epochs are unchanged) and re-priced; and the substitutions made (type name → stand-in name)."""
     stages: list[StagePlan] = []
@@ -227,12 +264,16 @@ def stand_in_stages(rest: Sequence[StagePlan], unavailable: Sequence[str], *,
         substitutions[itype.name] = sub.name
         ratio = price_hr(sub, stage.spot) / max(price_hr(itype, stage.spot), 1e-12)
         cost = stage.predicted_cost_usd * ratio if stage.predicted_cost_usd is not None else None
-        stages.append(stage.model_copy(update={"instance_type": sub.name, "cloud": sub.cloud, "region": sub.region,
-                                               "predicted_cost_usd": cost}))
+        stages.append(
+            stage.model_copy(
+                update={"instance_type": sub.name, "cloud": sub.cloud, "region": sub.region, "predicted_cost_usd": cost}
+            )
+        )
     return stages, substitutions
 
 
 # -- estimates the decisions are fed ------------------------------------------------------------
+
 
 def mean_task_s(measured: Sequence[float], stage: StagePlan, *, slots: int) -> float | None:
     """A stage's mean task time: measured in this run (not cold), else the plan's (the simulator's own figure),
@@ -246,14 +287,19 @@ def mean_task_s(measured: Sequence[float], stage: StagePlan, *, slots: int) -> f
     return None
 
 
-def startup_samples(itype: InstanceType, measured: Mapping[str, Sequence[float]],
-                    profile: Profile | None) -> list[float]:
+def startup_samples(
+    itype: InstanceType, measured: Mapping[str, Sequence[float]], profile: Profile | None
+) -> list[float]:
     """Start-up seconds of ``itype`` to take a quantile of: what this run measured, else the profile's samples of
     its cloud (and type), else the planner model's documented per-cloud defaults."""
     samples = list(measured.get(itype.name, []))
     if not samples and profile is not None:
-        samples = [x for s in profile.startup if s.cloud == itype.cloud
-                   and s.instance_type in (None, itype.name) for x in s.samples_s]
+        samples = [
+            x
+            for s in profile.startup
+            if s.cloud == itype.cloud and s.instance_type in (None, itype.name)
+            for x in s.samples_s
+        ]
     if not samples:
         samples = list(DEFAULT_STARTUP_S.get(itype.cloud, DEFAULT_STARTUP_S["aws"]))
     return samples

@@ -40,6 +40,7 @@ class _Event(BaseModel):
 
 # -- the run ---------------------------------------------------------------------------------------------------
 
+
 class RunStarted(_Event):
     type: Literal["run_started"] = "run_started"
     run_id: str
@@ -111,6 +112,7 @@ class Decision(_Event):
 
 # -- instances -------------------------------------------------------------------------------------------------
 
+
 class InstanceRequested(_Event):
     """``t`` is the request time; ``instance_type`` the type obtained (``requested_type`` when failover
     obtained another), ``price_hr`` that type's price."""
@@ -166,6 +168,7 @@ class HeadInstance(_Event):
 
 
 # -- stages and trials -----------------------------------------------------------------------------------------
+
 
 class StageStarted(_Event):
     type: Literal["stage_started"] = "stage_started"
@@ -262,9 +265,29 @@ class TrialPromoted(_Event):
 
 
 Event = Annotated[
-    Union[RunStarted, RunResumed, RunFinished, RunFailed, RunInterrupted, RunStopped, PlanChanged, Decision,
-          InstanceRequested, InstanceReady, InstanceTerminated, InstanceLost, HeadInstance,
-          StageStarted, StageFinished, TrialCreated, TrialStarted, Epoch, Checkpoint, TrialStopped, TrialPromoted],
+    Union[
+        RunStarted,
+        RunResumed,
+        RunFinished,
+        RunFailed,
+        RunInterrupted,
+        RunStopped,
+        PlanChanged,
+        Decision,
+        InstanceRequested,
+        InstanceReady,
+        InstanceTerminated,
+        InstanceLost,
+        HeadInstance,
+        StageStarted,
+        StageFinished,
+        TrialCreated,
+        TrialStarted,
+        Epoch,
+        Checkpoint,
+        TrialStopped,
+        TrialPromoted,
+    ],
     Field(discriminator="type"),
 ]
 """Any journal event (discriminated on ``type``)."""
@@ -274,9 +297,29 @@ EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 #: event type -> its model
 MODELS: dict[str, type[_Event]] = {
     model.model_fields["type"].default: model
-    for model in (RunStarted, RunResumed, RunFinished, RunFailed, RunInterrupted, RunStopped, PlanChanged, Decision,
-                  InstanceRequested, InstanceReady, InstanceTerminated, InstanceLost, HeadInstance, StageStarted,
-                  StageFinished, TrialCreated, TrialStarted, Epoch, Checkpoint, TrialStopped, TrialPromoted)
+    for model in (
+        RunStarted,
+        RunResumed,
+        RunFinished,
+        RunFailed,
+        RunInterrupted,
+        RunStopped,
+        PlanChanged,
+        Decision,
+        InstanceRequested,
+        InstanceReady,
+        InstanceTerminated,
+        InstanceLost,
+        HeadInstance,
+        StageStarted,
+        StageFinished,
+        TrialCreated,
+        TrialStarted,
+        Epoch,
+        Checkpoint,
+        TrialStopped,
+        TrialPromoted,
+    )
 }
 
 

@@ -63,8 +63,17 @@ class Arrival:
 class InstancePool:
     """Requests, arrivals and terminations of one executor's instances (see the module docstring)."""
 
-    def __init__(self, *, run_id: str, backend: ExecutorBackend, catalog: Catalog, journal: J.Journal, clock: Clock,
-                 cluster: Cluster, serial: bool) -> None:
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        backend: ExecutorBackend,
+        catalog: Catalog,
+        journal: J.Journal,
+        clock: Clock,
+        cluster: Cluster,
+        serial: bool,
+    ) -> None:
         self.run_id = run_id
         self.backend = backend
         self.catalog = catalog
@@ -90,8 +99,9 @@ class InstancePool:
         """Send one request for stage ``g`` (it runs until the instance is up and joined)."""
         self._tokens += 1
         entry = PoolInstance(token=f"req{self._tokens}", itype=itype, spot=spot, assigned_stage=g)
-        request = InstanceRequest(run_id=self.run_id, stage=g, instance_type=itype, count=1, spot=spot,
-                                  on_demand_fallback=on_demand_fallback)
+        request = InstanceRequest(
+            run_id=self.run_id, stage=g, instance_type=itype, count=1, spot=spot, on_demand_fallback=on_demand_fallback
+        )
         entry.future = self.provisioner.submit(self.backend.provision, request)
         self.entries[entry.token] = entry
         return entry
@@ -122,12 +132,21 @@ class InstancePool:
         obtained, zone, attempts, spot = self._obtained(entry, instance)
         moved = spot != entry.spot
         if obtained.key != requested.key or moved:  # failover gave another type or market
-            why = (f"{requested.name} unavailable in every zone; failover took {obtained.name}"
-                   if obtained.key != requested.key else "")
-            fields: dict[str, Any] = dict(id=instance.id, stage=entry.assigned_stage, requested=requested.name,
-                                          obtained=obtained.name, zone=zone,
-                                          requested_price_hr=price_hr(requested, entry.spot),
-                                          obtained_price_hr=price_hr(obtained, spot), attempts=attempts)
+            why = (
+                f"{requested.name} unavailable in every zone; failover took {obtained.name}"
+                if obtained.key != requested.key
+                else ""
+            )
+            fields: dict[str, Any] = dict(
+                id=instance.id,
+                stage=entry.assigned_stage,
+                requested=requested.name,
+                obtained=obtained.name,
+                zone=zone,
+                requested_price_hr=price_hr(requested, entry.spot),
+                obtained_price_hr=price_hr(obtained, spot),
+                attempts=attempts,
+            )
             if moved:
                 fields.update(requested_market="spot", obtained_market="on_demand")
                 why = (why + "; " if why else "") + "no spot capacity in any zone: on-demand"
@@ -136,11 +155,20 @@ class InstancePool:
             entry.itype = obtained  # billed as the type obtained; the stage runs on it
             entry.spot = spot  # a spot stage on on-demand: its instances carry over as the stage's
         extra: dict[str, Any] = {"requested_type": requested.name} if obtained.key != requested.key else {}
-        self.journal.record(J.InstanceRequested(t=entry.requested_at, id=instance.id, instance_type=obtained.name,
-                                                cloud=obtained.cloud, region=obtained.region,
-                                                price_hr=price_hr(obtained, entry.spot), spot=entry.spot,
-                                                stage=entry.assigned_stage, zone=zone or instance.zone or None,
-                                                **extra))
+        self.journal.record(
+            J.InstanceRequested(
+                t=entry.requested_at,
+                id=instance.id,
+                instance_type=obtained.name,
+                cloud=obtained.cloud,
+                region=obtained.region,
+                price_hr=price_hr(obtained, entry.spot),
+                spot=entry.spot,
+                stage=entry.assigned_stage,
+                zone=zone or instance.zone or None,
+                **extra,
+            )
+        )
         self.journal.record(J.InstanceReady(t=now, id=instance.id, startup_s=now - entry.requested_at))
         return Arrival(entry, requested, now - entry.requested_at, moved)
 
@@ -148,13 +176,19 @@ class InstancePool:
         """The catalog type (and zone, failover tries and market: spot?) the backend actually got for a request."""
         got = self.backend.obtained(instance.id)
         if got is not None:
-            tries = [f"{a.instance_type}@{a.zone or a.region}{' ' + a.market if a.market else ''}: {a.outcome}"
-                     for a in got.attempts]
+            tries = [
+                f"{a.instance_type}@{a.zone or a.region}{' ' + a.market if a.market else ''}: {a.outcome}"
+                for a in got.attempts
+            ]
             return got.instance_type, got.zone, tries, bool(getattr(got, "spot", entry.spot))
         if instance.instance_type and instance.instance_type != entry.itype.name:
             try:
-                return self.catalog.find(instance.instance_type, cloud=entry.itype.cloud,
-                                         region=entry.itype.region), instance.zone, [], entry.spot
+                return (
+                    self.catalog.find(instance.instance_type, cloud=entry.itype.cloud, region=entry.itype.region),
+                    instance.zone,
+                    [],
+                    entry.spot,
+                )
             except CatalogError:
                 pass
         return entry.itype, None, [], entry.spot

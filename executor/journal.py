@@ -64,7 +64,6 @@ JOURNAL_NAME = "journal.jsonl"
 AnyEvent = TypeVar("AnyEvent", bound=_Event)
 
 
-
 # Event types (the "type" field). docs/executor.md describes each one's fields.
 RUN_STARTED = "run_started"
 RUN_RESUMED = "run_resumed"
@@ -89,7 +88,12 @@ DECISION = "decision"
 PLAN_CHANGED = "plan_changed"
 END_EVENTS = (RUN_FINISHED, RUN_FAILED, RUN_INTERRUPTED, RUN_STOPPED)
 #: the end event of each final status
-END_EVENT_OF: dict[str, type[_RunEnded]] = {"finished": RunFinished, "failed": RunFailed, "interrupted": RunInterrupted, "stopped": RunStopped}
+END_EVENT_OF: dict[str, type[_RunEnded]] = {
+    "finished": RunFinished,
+    "failed": RunFailed,
+    "interrupted": RunInterrupted,
+    "stopped": RunStopped,
+}
 
 
 def _line(event: dict[str, Any]) -> bytes:
@@ -243,13 +247,17 @@ def start_sink(run_dir: str | Path) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    actor: Any = ray.remote(num_cpus=0, max_restarts=0)(JournalSink).options(scheduling_strategy=here).remote(
-        str(Path(run_dir) / JOURNAL_NAME))
+    actor: Any = (
+        ray.remote(num_cpus=0, max_restarts=0)(JournalSink)
+        .options(scheduling_strategy=here)
+        .remote(str(Path(run_dir) / JOURNAL_NAME))
+    )
     ray.get(actor.ping.remote(), timeout=60)
     return actor
 
 
 # -- the reader ------------------------------------------------------------------------------
+
 
 @dataclass
 class InstanceLife:
@@ -344,8 +352,10 @@ def read_state(run_dir: str | Path) -> RunState:
 
 
 def _no_run(run_dir: Path) -> RunDirError:
-    return RunDirError(f"{run_dir} has no journal of a run ({JOURNAL_NAME} missing, empty or its first line "
-                       f"damaged); pass the directory `rubberband run` created")
+    return RunDirError(
+        f"{run_dir} has no journal of a run ({JOURNAL_NAME} missing, empty or its first line "
+        f"damaged); pass the directory `rubberband run` created"
+    )
 
 
 class _Damaged(Exception):
@@ -426,21 +436,33 @@ class StateFold:
 
     def _check_version(self, version: Any, line: int) -> None:
         if isinstance(version, int) and not isinstance(version, bool) and version > JOURNAL_VERSION:
-            raise RunDirError(f"{self.path}:{line}: the journal is version {version}, newer than this rubberband "
-                              f"reads (up to {JOURNAL_VERSION}); upgrade rubberband (pip install -U rubberband) "
-                              f"to resume or report this run; `rubberband down {self.run_dir}` ends its instances")
+            raise RunDirError(
+                f"{self.path}:{line}: the journal is version {version}, newer than this rubberband "
+                f"reads (up to {JOURNAL_VERSION}); upgrade rubberband (pip install -U rubberband) "
+                f"to resume or report this run; `rubberband down {self.run_dir}` ends its instances"
+            )
 
     def _damage(self, line: int, kind: str, field: str, problem: str) -> RunDirError:
-        return RunDirError(f"{self.path}:{line}: the journal's {kind!r} event is damaged (field {field!r}: "
-                           f"{problem}); repair or delete that line (keep a copy), then resume; "
-                           f"`rubberband down {self.run_dir}` ends the run's instances")
+        return RunDirError(
+            f"{self.path}:{line}: the journal's {kind!r} event is damaged (field {field!r}: "
+            f"{problem}); repair or delete that line (keep a copy), then resume; "
+            f"`rubberband down {self.run_dir}` ends the run's instances"
+        )
 
 
 def start_state(first: RunStarted) -> RunState:
     """The state a journal's ``run_started`` event begins."""
     t = first.t if first.t is not None else 0.0
-    return RunState(run_id=first.run_id, spec_sha256=first.spec_sha256, spec=first.spec, plan=first.plan,
-                    cloud=first.cloud, deadline_s=first.deadline_s, started_at=t, first_started_at=t)
+    return RunState(
+        run_id=first.run_id,
+        spec_sha256=first.spec_sha256,
+        spec=first.spec,
+        plan=first.plan,
+        cloud=first.cloud,
+        deadline_s=first.deadline_s,
+        started_at=t,
+        first_started_at=t,
+    )
 
 
 def fold(events: list[dict[str, Any]] | list[_Event]) -> RunState:
@@ -473,15 +495,23 @@ def apply(state: RunState, event: _Event) -> None:
         state.plan = event.plan
     elif isinstance(event, InstanceRequested):
         state.instances[event.id] = InstanceLife(
-            id=event.id, instance_type=event.instance_type,
-            cloud=event.cloud if event.cloud is not None else state.cloud, price_hr=event.price_hr,
-            spot=event.spot, stage=event.stage, requested_at=t)
+            id=event.id,
+            instance_type=event.instance_type,
+            cloud=event.cloud if event.cloud is not None else state.cloud,
+            price_hr=event.price_hr,
+            spot=event.spot,
+            stage=event.stage,
+            requested_at=t,
+        )
     elif isinstance(event, HeadInstance):
-        state.head = HeadLife(id=event.id, instance_type=event.instance_type,
-                              cloud=event.cloud if event.cloud is not None else state.cloud,
-                              price_hr=event.price_hr,
-                              launched_at=event.launched_at if event.launched_at is not None else t,
-                              grace_s=event.grace_s)
+        state.head = HeadLife(
+            id=event.id,
+            instance_type=event.instance_type,
+            cloud=event.cloud if event.cloud is not None else state.cloud,
+            price_hr=event.price_hr,
+            launched_at=event.launched_at if event.launched_at is not None else t,
+            grace_s=event.grace_s,
+        )
     elif isinstance(event, InstanceReady):
         if event.id in state.instances:
             state.instances[event.id].ready_at = t

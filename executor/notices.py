@@ -77,8 +77,10 @@ def check_metadata_url(value: str | None) -> str | None:
     except ValueError:
         ok = False
     if not ok:
-        raise InputError(f"metadata URL {value!r} is not an http(s)://HOST[:PORT]/PATH base URL "
-                         f"({{instance}} in it stands for the instance id)")
+        raise InputError(
+            f"metadata URL {value!r} is not an http(s)://HOST[:PORT]/PATH base URL "
+            f"({{instance}} in it stands for the instance id)"
+        )
     return value
 
 
@@ -110,8 +112,11 @@ class NoticeReader:
 
     def _aws_token(self) -> str | None:
         if self._token is None or time.monotonic() - self._token_at > TOKEN_TTL_S / 2:
-            request = urllib.request.Request(self.source.base_url + "latest/api/token", method="PUT",
-                                             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
+            request = urllib.request.Request(
+                self.source.base_url + "latest/api/token",
+                method="PUT",
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)},
+            )
             status, body = _open(request, self.timeout_s)
             if status != 200 or not body.strip():
                 return None
@@ -130,8 +135,9 @@ class NoticeReader:
         token = self._aws_token()
         if token is None:
             return None
-        request = urllib.request.Request(self.source.base_url + "latest/meta-data/spot/instance-action",
-                                         headers={"X-aws-ec2-metadata-token": token})
+        request = urllib.request.Request(
+            self.source.base_url + "latest/meta-data/spot/instance-action", headers={"X-aws-ec2-metadata-token": token}
+        )
         status, body = _open(request, self.timeout_s)
         if status == 401:  # the token expired early: ask again next time
             self._token = None
@@ -142,8 +148,9 @@ class NoticeReader:
         return {"cloud": "aws", "action": str(action.get("action", "terminate")), "time": action.get("time")}
 
     def _read_gcp(self) -> dict[str, Any] | None:
-        request = urllib.request.Request(self.source.base_url + "instance/preempted",
-                                         headers={"Metadata-Flavor": "Google"})
+        request = urllib.request.Request(
+            self.source.base_url + "instance/preempted", headers={"Metadata-Flavor": "Google"}
+        )
         status, body = _open(request, self.timeout_s)
         if status == 200 and body.strip().upper() == "TRUE":
             return {"cloud": "gcp", "action": "preempted", "time": None}
@@ -208,9 +215,13 @@ def start_watcher(instance_id: str, resource: str, source: NoticeSource, *, poll
     if node is None:
         return None
     cls = ray.remote(NoticeWatcher)
-    return cls.options(num_cpus=0, max_concurrency=4, name=watcher_name(instance_id), get_if_exists=True,
-                       scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-        source.for_instance(instance_id), poll_s)
+    return cls.options(
+        num_cpus=0,
+        max_concurrency=4,
+        name=watcher_name(instance_id),
+        get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+    ).remote(source.for_instance(instance_id), poll_s)
 
 
 def check_watchers(names: list[str], cache: dict[str, Any], *, timeout_s: float = 2.0) -> dict[str, Any] | None:

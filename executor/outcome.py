@@ -58,9 +58,16 @@ def best_so_far(state: RunState, plan: Plan, *, metric: str, mode: str) -> dict[
     if stage is not None:
         rec = state.stages.get(stage)
         complete = rec is not None and rec.finished_at is not None
-    return {"trial_id": trial_id, "metric": value,
-            "rung": {"stage": stage, "bracket": plan.stages[stage].bracket if stage is not None else None,
-                     "epochs": epochs_, "complete": complete}}
+    return {
+        "trial_id": trial_id,
+        "metric": value,
+        "rung": {
+            "stage": stage,
+            "bracket": plan.stages[stage].bracket if stage is not None else None,
+            "epochs": epochs_,
+            "complete": complete,
+        },
+    }
 
 
 def outcome_of(status: str, met_deadline: bool) -> str:
@@ -84,8 +91,10 @@ def outcome_line(result: dict[str, Any]) -> str:
     if outcome == "met":
         text = f"met the deadline: JCT {format_duration(jct)} ≤ {format_duration(deadline)}"
     elif outcome == "late":
-        text = (f"finished late: {format_duration(jct - deadline)} past the deadline "
-                f"(JCT {format_duration(jct)}, deadline {format_duration(deadline)})")
+        text = (
+            f"finished late: {format_duration(jct - deadline)} past the deadline "
+            f"(JCT {format_duration(jct)}, deadline {format_duration(deadline)})"
+        )
     elif outcome == "stopped":
         text = f"stopped after {format_duration(jct)} (deadline {format_duration(deadline)}): {result.get('error')}"
     elif outcome == "interrupted":

@@ -45,7 +45,7 @@ def make_slots(instance_ids: list[str], workers_per_instance: int, workers_per_t
         return slots
     span = math.ceil(w / c)
     for start in range(0, len(instance_ids) - span + 1, span):
-        group = tuple(instance_ids[start:start + span])
+        group = tuple(instance_ids[start : start + span])
         placement: list[str] = []
         left = w
         for instance_id in group:
@@ -65,6 +65,8 @@ def waves(trials: int, instances: int, workers_per_instance: int, workers_per_tr
     """How many rounds ``trials`` need on ``instances`` (0 slots → raises ValueError)."""
     n_slots = slot_count(instances, workers_per_instance, workers_per_trial)
     if n_slots == 0:
-        raise ValueError(f"{instances} instances of {workers_per_instance} workers cannot hold a trial of "
-                         f"{workers_per_trial} workers")
+        raise ValueError(
+            f"{instances} instances of {workers_per_instance} workers cannot hold a trial of "
+            f"{workers_per_trial} workers"
+        )
     return math.ceil(trials / n_slots)

@@ -44,8 +44,15 @@ class WorkerPool:
         self._devices[resource] = device
         return self._cls.options(**actor_options(resource, device)).remote()
 
-    def warm(self, resource: str, count: int = 1, *, timeout_s: float = 60.0, wait: bool = True,
-             device: WorkerDevice | None = None) -> list[Any]:
+    def warm(
+        self,
+        resource: str,
+        count: int = 1,
+        *,
+        timeout_s: float = 60.0,
+        wait: bool = True,
+        device: WorkerDevice | None = None,
+    ) -> list[Any]:
         """Make sure ``count`` idle workers are up on ``resource``.
 
         ``wait=True`` blocks until they answer (bounded by ``timeout_s``); ``wait=False`` only starts
@@ -69,8 +76,10 @@ class WorkerPool:
         if pending or time.monotonic() > deadline:
             for actor in fresh:
                 ray.kill(actor, no_restart=True)
-            raise ExecutionError(f"could not start {missing} warm worker(s) on {resource} within {timeout_s:.0f} s; "
-                                 f"check that the instance is up and has free slots")
+            raise ExecutionError(
+                f"could not start {missing} warm worker(s) on {resource} within {timeout_s:.0f} s; "
+                f"check that the instance is up and has free slots"
+            )
         ray.get(ready, timeout=timeout_s)
         self._idle.setdefault(resource, []).extend(fresh)
         return []

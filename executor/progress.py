@@ -20,9 +20,11 @@ def describe(p: Progress) -> str:
     """One line; stages are numbered from 0 as in the plan table and the journal."""
     left = p.deadline_s - p.elapsed_s
     clock = f"{format_duration(left)} to deadline" if left >= 0 else f"{format_duration(-left)} past the deadline"
-    return (f"stage {p.stage} ({p.stage + 1} of {p.stages}, bracket {p.bracket}) · trials running {p.trials_alive}, "
-            f"waiting {p.trials_pending} · epochs done {p.epochs_done} · instances {p.instances} · "
-            f"spent {format_usd(p.spent_usd)} of {format_usd(p.predicted_usd)} predicted · {clock}")
+    return (
+        f"stage {p.stage} ({p.stage + 1} of {p.stages}, bracket {p.bracket}) · trials running {p.trials_alive}, "
+        f"waiting {p.trials_pending} · epochs done {p.epochs_done} · instances {p.instances} · "
+        f"spent {format_usd(p.spent_usd)} of {format_usd(p.predicted_usd)} predicted · {clock}"
+    )
 
 
 class ProgressView:

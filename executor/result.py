@@ -31,8 +31,9 @@ def _latest_checkpoint(run_dir: Path, trial_id: str, recorded: str | None) -> st
     if recorded and Path(recorded).exists():
         return recorded
     directory = run_dir / "checkpoints" / trial_id
-    files = sorted(directory.glob("epoch-*"), key=lambda p: int(p.stem.split("-")[1]) if
-                   p.stem.split("-")[1].isdigit() else -1)
+    files = sorted(
+        directory.glob("epoch-*"), key=lambda p: int(p.stem.split("-")[1]) if p.stem.split("-")[1].isdigit() else -1
+    )
     return str(files[-1]) if files else (str(directory) if directory.exists() else None)
 
 
@@ -43,15 +44,28 @@ def _static(plan: Plan, actual_usd: float) -> dict[str, Any] | None:
         return None
     first = static.stages[0]
     predicted = static.predicted.cost_usd.mean
-    return {"instance_type": first.instance_type, "instances": first.instances,
-            "workers_per_trial": first.workers_per_trial, "predicted_cost_usd": predicted,
-            "predicted_jct_s": static.predicted.jct_s.p50,
-            "cost_ratio": actual_usd / predicted if predicted > 0 else None}
+    return {
+        "instance_type": first.instance_type,
+        "instances": first.instances,
+        "workers_per_trial": first.workers_per_trial,
+        "predicted_cost_usd": predicted,
+        "predicted_jct_s": static.predicted.jct_s.p50,
+        "cost_ratio": actual_usd / predicted if predicted > 0 else None,
+    }
 
 
-def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, error: str | None,
-                 now: float, run_dir: Path, best_trial: str | None = None,
-                 best_metric: float | None = None) -> dict[str, Any]:
+def build_result(
+    state: RunState,
+    plan: Plan,
+    *,
+    spec: JobSpec,
+    status: str,
+    error: str | None,
+    now: float,
+    run_dir: Path,
+    best_trial: str | None = None,
+    best_metric: float | None = None,
+) -> dict[str, Any]:
     """The result of a run from its folded journal (``best_trial`` / ``best_metric`` are not used: the best
     is found in the journal, :func:`~rubberband.executor.outcome.best_so_far`, so a stopped run has one too)."""
     bill = bill_run(state, now=now)
@@ -63,41 +77,84 @@ def build_result(state: RunState, plan: Plan, *, spec: JobSpec, status: str, err
         actual = None
         if rec is not None and rec.started_at is not None and rec.finished_at is not None:
             actual = rec.finished_at - rec.started_at
-        stages.append({
-            "stage": g, "bracket": stage.bracket, "stage_in_bracket": stage.stage, "trials": stage.trials,
-            "epochs": stage.epochs, "instance_type": stage.instance_type, "instances": stage.instances,
-            "workers_per_trial": stage.workers_per_trial,
-            "actual_duration_s": actual, "predicted_duration_s": stage.predicted_duration_s,
-            "actual_cost_usd": bill.by_stage.get(g, 0.0), "predicted_cost_usd": stage.predicted_cost_usd,
-        })
+        stages.append(
+            {
+                "stage": g,
+                "bracket": stage.bracket,
+                "stage_in_bracket": stage.stage,
+                "trials": stage.trials,
+                "epochs": stage.epochs,
+                "instance_type": stage.instance_type,
+                "instances": stage.instances,
+                "workers_per_trial": stage.workers_per_trial,
+                "actual_duration_s": actual,
+                "predicted_duration_s": stage.predicted_duration_s,
+                "actual_cost_usd": bill.by_stage.get(g, 0.0),
+                "predicted_cost_usd": stage.predicted_cost_usd,
+            }
+        )
     # the best configuration so far, whatever the outcome (for a finished run: the final ranking's winner)
     best = None
     found = best_so_far(state, plan, metric=spec.metric.name, mode=spec.metric.mode)
     if found is not None:
         trial = state.trials[found["trial_id"]]
-        best = {"trial_id": found["trial_id"], "config": trial.config, "metric": found["metric"],
-                "metric_name": spec.metric.name, "mode": spec.metric.mode, "rung": found["rung"],
-                "checkpoint": _latest_checkpoint(run_dir, found["trial_id"], trial.checkpoint_path)}
+        best = {
+            "trial_id": found["trial_id"],
+            "config": trial.config,
+            "metric": found["metric"],
+            "metric_name": spec.metric.name,
+            "mode": spec.metric.mode,
+            "rung": found["rung"],
+            "checkpoint": _latest_checkpoint(run_dir, found["trial_id"], trial.checkpoint_path),
+        }
     jct = end - state.first_started_at
     met = status == "finished" and jct <= state.deadline_s
     outcome = outcome_of(status, met)
     return {
-        "run_id": state.run_id, "status": status, "outcome": outcome, "exit_code": EXIT_CODES[outcome],
-        "error": error, "spec_sha256": state.spec_sha256, "attempts": state.attempts, "best": best,
+        "run_id": state.run_id,
+        "status": status,
+        "outcome": outcome,
+        "exit_code": EXIT_CODES[outcome],
+        "error": error,
+        "spec_sha256": state.spec_sha256,
+        "attempts": state.attempts,
+        "best": best,
         "late_by_s": max(0.0, jct - state.deadline_s),
         "actual": {"jct_s": jct, "cost_usd": bill.total_usd, "head_usd": bill.head_usd},
-        "predicted": {"jct_s": plan.predicted.jct_s.p50, "jct_p95_s": plan.predicted.jct_s.p95,
-                      "cost_usd": plan.predicted.cost_usd.mean, "p_meet_deadline": plan.predicted.p_meet_deadline,
-                      "head_usd": plan.predicted.cost_breakdown.head_usd},
-        "deadline_s": state.deadline_s, "met_deadline": met,
+        "predicted": {
+            "jct_s": plan.predicted.jct_s.p50,
+            "jct_p95_s": plan.predicted.jct_s.p95,
+            "cost_usd": plan.predicted.cost_usd.mean,
+            "p_meet_deadline": plan.predicted.p_meet_deadline,
+            "head_usd": plan.predicted.cost_breakdown.head_usd,
+        },
+        "deadline_s": state.deadline_s,
+        "met_deadline": met,
         "stages": stages,
-        "instances": [{"id": b.id, "instance_type": b.instance_type, "cloud": b.cloud, "price_hr": b.price_hr,
-                       "lifetime_s": b.lifetime_s, "billed_s": b.billed_s, "cost_usd": b.cost_usd}
-                      for b in bill.instances],
-        "head": None if bill.head is None else {
-            "id": bill.head.id, "instance_type": bill.head.instance_type, "cloud": bill.head.cloud,
-            "price_hr": bill.head.price_hr, "lifetime_s": bill.head.lifetime_s, "billed_s": bill.head.billed_s,
-            "cost_usd": bill.head.cost_usd, "grace_s": state.head.grace_s if state.head is not None else 0.0},
+        "instances": [
+            {
+                "id": b.id,
+                "instance_type": b.instance_type,
+                "cloud": b.cloud,
+                "price_hr": b.price_hr,
+                "lifetime_s": b.lifetime_s,
+                "billed_s": b.billed_s,
+                "cost_usd": b.cost_usd,
+            }
+            for b in bill.instances
+        ],
+        "head": None
+        if bill.head is None
+        else {
+            "id": bill.head.id,
+            "instance_type": bill.head.instance_type,
+            "cloud": bill.head.cloud,
+            "price_hr": bill.head.price_hr,
+            "lifetime_s": bill.head.lifetime_s,
+            "billed_s": bill.head.billed_s,
+            "cost_usd": bill.head.cost_usd,
+            "grace_s": state.head.grace_s if state.head is not None else 0.0,
+        },
         "static": _static(plan, bill.total_usd),
         "decisions": len(state.decisions),
         "instances_lost": sum(1 for life in state.instances.values() if life.lost),

@@ -54,8 +54,10 @@ class TrialRuntime:
         try:
             mod = importlib.import_module(module)
         except ImportError as exc:
-            raise InputError(f"trial runtime module {module!r} cannot be imported ({exc}); "
-                             f"install rubberband with its executor.trials module") from None
+            raise InputError(
+                f"trial runtime module {module!r} cannot be imported ({exc}); "
+                f"install rubberband with its executor.trials module"
+            ) from None
         try:
             return cls(spec_cls=mod.TrialSpec, run_cls=mod.TrialRun, module=module)
         except AttributeError:
@@ -141,8 +143,15 @@ def profile_with_measurements(profile: Any, request: ReplanRequest, *, keep: int
     for key, latencies in request.iteration_latencies.items():
         device, workers, nodes = key.split("/")
         if latencies and int(nodes) <= int(workers):
-            measurements.append(LatencyMeasurement(device=device, workers=int(workers), nodes=int(nodes),
-                                                   iteration_latencies_s=latencies[-keep:], source="measured"))
+            measurements.append(
+                LatencyMeasurement(
+                    device=device,
+                    workers=int(workers),
+                    nodes=int(nodes),
+                    iteration_latencies_s=latencies[-keep:],
+                    source="measured",
+                )
+            )
     startup = list(profile.startup)
     for name, samples in request.startup_s.items():
         if samples:
@@ -162,8 +171,16 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
     :class:`~rubberband.planner.policies.LatenessPolicy` decides what to do with them.
     """
     try:
-        from rubberband.planner import (RunningState, Simulator, allowed_types, configs_of,
-                                        fit_performance_model, plan_stages, prediction, stage_plans)
+        from rubberband.planner import (
+            RunningState,
+            Simulator,
+            allowed_types,
+            configs_of,
+            fit_performance_model,
+            plan_stages,
+            prediction,
+            stage_plans,
+        )
         from rubberband.planner.brackets import ParallelSimulator
         from rubberband.planner.schedule import Stage
     except (ImportError, AttributeError):
@@ -195,22 +212,42 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
         current = None
         try:
             _, configs = configs_of(request.plan.model_copy(update={"stages": rest}), catalog)
-            sim = (ParallelSimulator(stages, model, seed=spec.seed, spot=spec.resources.spot, start_state=running,
-                                     offsets=request.offsets_s, bracket_states=per_bracket) if parallel else
-                   Simulator(stages, model, seed=spec.seed, spot=spec.resources.spot, start_state=running))
+            sim = (
+                ParallelSimulator(
+                    stages,
+                    model,
+                    seed=spec.seed,
+                    spot=spec.resources.spot,
+                    start_state=running,
+                    offsets=request.offsets_s,
+                    bracket_states=per_bracket,
+                )
+                if parallel
+                else Simulator(stages, model, seed=spec.seed, spot=spec.resources.spot, start_state=running)
+            )
             current = sim.simulate(configs)
         except Exception:  # noqa: BLE001 - a type left the catalog: judge the current plan by the slowdown
             current = None
-        figures = {} if current is None else dict(current_p_meet=current.p_meet(deadline_s),
-                                                  current_jct_p50_s=current.jct_quantile(0.5),
-                                                  current_cost_usd=current.cost_mean)
+        figures = (
+            {}
+            if current is None
+            else dict(
+                current_p_meet=current.p_meet(deadline_s),
+                current_jct_p50_s=current.jct_quantile(0.5),
+                current_cost_usd=current.cost_mean,
+            )
+        )
         types = [t for t in allowed_types(catalog, spec) if t.key not in request.unavailable]
         if not types:
             return ReplanAnswer(None, **figures)
-        options = dict(confidence=spec.confidence, max_workers_per_trial=spec.resources.max_workers_per_trial,
-                       spot=spec.resources.spot, seed=spec.seed, running=running,
-                       **(dict(brackets="parallel", offsets=request.offsets_s, bracket_running=per_bracket)
-                          if parallel else {}))
+        options = dict(
+            confidence=spec.confidence,
+            max_workers_per_trial=spec.resources.max_workers_per_trial,
+            spot=spec.resources.spot,
+            seed=spec.seed,
+            running=running,
+            **(dict(brackets="parallel", offsets=request.offsets_s, bracket_running=per_bracket) if parallel else {}),
+        )
         try:
             out = plan_stages(stages, model, types, deadline_s=deadline_s, **options)
         except InfeasibleError as exc:
@@ -218,9 +255,12 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
                 return ReplanAnswer(None, **figures)
             # out of reach: the quickest plan (the policy takes it only when it makes the run clearly less late)
             out = plan_stages(stages, model, types, deadline_s=exc.shortest_jct_s * QUICKEST_SLACK, **options)
-        proposal = request.plan.model_copy(update={
-            "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot, model),
-            "predicted": prediction(out.result, deadline_s)})
+        proposal = request.plan.model_copy(
+            update={
+                "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot, model),
+                "predicted": prediction(out.result, deadline_s),
+            }
+        )
         return ReplanAnswer(proposal, **figures)
 
     return replan

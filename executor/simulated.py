@@ -102,8 +102,11 @@ class SimInstance:
 
     def preempted(self, now: float) -> bool:
         """Whether the cloud has taken it back by ``now`` (before the controller terminated it)."""
-        return self.preempted_at is not None and self.preempted_at <= now and (
-            self.ended_at is None or self.ended_at >= self.preempted_at)
+        return (
+            self.preempted_at is not None
+            and self.preempted_at <= now
+            and (self.ended_at is None or self.ended_at >= self.preempted_at)
+        )
 
     def running(self, now: float) -> bool:
         return self.ended_at is None and not self.preempted(now)
@@ -112,9 +115,17 @@ class SimInstance:
 class SimWorld:
     """The state the stand-ins share: clock, model, random draws, instances, running trials."""
 
-    def __init__(self, *, model: PerformanceModel, clock: VirtualClock, seed: int,
-                 max_step_s: float, metric_name: str = "loss", metric_mode: str = "min",
-                 spot_zones: dict[tuple[str, str, str], ZoneModel] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: PerformanceModel,
+        clock: VirtualClock,
+        seed: int,
+        max_step_s: float,
+        metric_name: str = "loss",
+        metric_mode: str = "min",
+        spot_zones: dict[tuple[str, str, str], ZoneModel] | None = None,
+    ) -> None:
         if not max_step_s > 0 or not math.isfinite(max_step_s):
             raise ValueError(f"max_step_s must be a positive number of seconds, got {max_step_s!r}")
         self.model = model
@@ -196,7 +207,7 @@ class SimWorld:
     def quality(self, trial_id: str) -> float:
         """The stand-in quality of a trial's configuration in [0, 1): seeded by the run's seed and its id."""
         digest = hashlib.sha256(f"{self.seed}:{trial_id}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2 ** 64
+        return int.from_bytes(digest[:8], "big") / 2**64
 
     def metric(self, trial_id: str, epoch: int) -> float:
         """A learning curve that falls with epochs and ranks trials by quality (``max``: mirrored)."""
@@ -215,8 +226,11 @@ class SimWorld:
         now = self.clock.time()
         times = [self.trial_due[id(r)] for r in refs if id(r) in self.trial_due]
         times += [t for t in self.pending.values() if t > now]
-        times += [s.preempted_at for s in self.instances.values()  # an idle instance's loss is seen then
-                  if s.ended_at is None and s.preempted_at is not None and s.preempted_at > now]
+        times += [
+            s.preempted_at
+            for s in self.instances.values()  # an idle instance's loss is seen then
+            if s.ended_at is None and s.preempted_at is not None and s.preempted_at > now
+        ]
         return min(times) if times else None
 
 
@@ -301,9 +315,14 @@ class SimBackend:
             clock.sleep(self.world.model.startup(self.head_type.cloud, self.head_type.name).quantile(0.5))
         billed = None
         if self.head is not None:
-            billed = BilledHead(id="sim-head", instance_type=self.head.instance_type, cloud=self.head.cloud,
-                                price_hr=self.head.price_hr, launched_at=clock.time() - self.head.boot_s,
-                                grace_s=self.head.grace_s)
+            billed = BilledHead(
+                id="sim-head",
+                instance_type=self.head.instance_type,
+                cloud=self.head.cloud,
+                price_hr=self.head.price_hr,
+                launched_at=clock.time() - self.head.boot_s,
+                grace_s=self.head.grace_s,
+            )
         return HeadHandle(address="sim", id="sim-head", billed=billed)
 
     def stop_head(self) -> bool:
@@ -318,26 +337,54 @@ class SimBackend:
         model = world.spot_zone(itype) if spot else None
         obtained = None
         if model is not None and not world.spot_capacity(model, start):
-            tried = Attempt(itype.cloud, itype.region, zone_name, itype.name, "capacity", NO_CAPACITY,
-                            f"no spot capacity for {itype.name} in {model.zone}", market="spot")
+            tried = Attempt(
+                itype.cloud,
+                itype.region,
+                zone_name,
+                itype.name,
+                "capacity",
+                NO_CAPACITY,
+                f"no spot capacity for {itype.name} in {model.zone}",
+                market="spot",
+            )
             if not request.on_demand_fallback:
-                raise FailoverExhausted(f"could not provision {request.count}x {itype.name} for run "
-                                        f"{request.run_id} (tried {itype.name}@{zone_name}: capacity) — no spot "
-                                        f"capacity and no on-demand fall-back allowed", kind="capacity",
-                                        attempts=[tried])
+                raise FailoverExhausted(
+                    f"could not provision {request.count}x {itype.name} for run "
+                    f"{request.run_id} (tried {itype.name}@{zone_name}: capacity) — no spot "
+                    f"capacity and no on-demand fall-back allowed",
+                    kind="capacity",
+                    attempts=[tried],
+                )
             spot, model = False, None
-            obtained = Obtained(itype, zone_name, (tried, Attempt(itype.cloud, itype.region, zone_name, itype.name,
-                                                                  "ok", market="on_demand")), spot=False)
+            obtained = Obtained(
+                itype,
+                zone_name,
+                (tried, Attempt(itype.cloud, itype.region, zone_name, itype.name, "ok", market="on_demand")),
+                spot=False,
+            )
         up_at = start + world.startup_s(itype)
         world.call_due = up_at
         self._count += 1
         ident = f"sim-{self._count}"
-        instance = Instance(id=ident, cloud=itype.cloud, instance_type=itype.name, zone=zone_name, state="running",
-                            run_id=request.run_id, stage=request.stage, launched_at=start)
+        instance = Instance(
+            id=ident,
+            cloud=itype.cloud,
+            instance_type=itype.name,
+            zone=zone_name,
+            state="running",
+            run_id=request.run_id,
+            stage=request.stage,
+            launched_at=start,
+        )
         preempted_at = None if model is None else up_at + world.preemption_after_s(model)
-        world.instances[ident] = SimInstance(instance, itype, up_at, spot=spot,
-                                             preempted_at=preempted_at if math.isfinite(preempted_at or 0.0) else None,
-                                             obtained=obtained)
+        world.instances[ident] = SimInstance(
+            instance,
+            itype,
+            up_at,
+            spot=spot,
+            preempted_at=preempted_at if math.isfinite(preempted_at or 0.0) else None,
+            obtained=obtained,
+        )
         world.by_resource[node_resource(ident)] = ident
         return [instance]
 
@@ -346,8 +393,11 @@ class SimBackend:
 
     def list(self, run_id: str | None = None) -> list[Instance]:
         now = self.world.clock.time()
-        return [s.instance for s in self.world.instances.values()
-                if s.running(now) and (run_id is None or s.instance.run_id == run_id)]
+        return [
+            s.instance
+            for s in self.world.instances.values()
+            if s.running(now) and (run_id is None or s.instance.run_id == run_id)
+        ]
 
     def terminate(self, instance_ids: builtins.list[str]) -> None:
         now = self.world.clock.time()
@@ -359,8 +409,11 @@ class SimBackend:
     def check_lost(self, instance_ids: builtins.list[str]) -> dict[str, str]:
         """The spot instances the cloud has taken back (``spot-interruption``)."""
         now = self.world.clock.time()
-        return {i: "spot-interruption" for i in instance_ids
-                if i in self.world.instances and self.world.instances[i].preempted(now)}
+        return {
+            i: "spot-interruption"
+            for i in instance_ids
+            if i in self.world.instances and self.world.instances[i].preempted(now)
+        }
 
     def obtained(self, instance_id: str) -> Obtained | None:
         """On-demand in place of spot where a spot request found no capacity (None: what was asked)."""
@@ -377,8 +430,17 @@ class SimBackend:
 class SimTrial:
     """A running simulated trial: done at its drawn end; its result carries the epochs' reports."""
 
-    def __init__(self, world: SimWorld, spec: TrialSpec, sink: Any, *, started_at: float, epoch_s: list[float],
-                 overhead_s: float, lost_at: float | None = None) -> None:
+    def __init__(
+        self,
+        world: SimWorld,
+        spec: TrialSpec,
+        sink: Any,
+        *,
+        started_at: float,
+        epoch_s: list[float],
+        overhead_s: float,
+        lost_at: float | None = None,
+    ) -> None:
         self.world = world
         self.spec = spec
         self.sink = sink
@@ -409,8 +471,9 @@ class SimTrial:
             value = self.world.metric(spec.trial_id, epoch)
             self._reports.append(EpochReport(spec.trial_id, epoch, {name: value}, seconds, at))
             if self.sink is not None:
-                self.sink.record(J.Epoch(t=at, trial_id=spec.trial_id, epoch=epoch, metrics={name: value},
-                                         seconds=seconds))
+                self.sink.record(
+                    J.Epoch(t=at, trial_id=spec.trial_id, epoch=epoch, metrics={name: value}, seconds=seconds)
+                )
                 self.sink.record(J.Checkpoint(t=at, trial_id=spec.trial_id, epoch=epoch))
 
     def _died(self) -> SimWorkerDied:
@@ -418,8 +481,10 @@ class SimTrial:
         assert self.lost_at is not None
         self._record(self.lost_at)
         self.world.interrupted.add(self.spec.trial_id)
-        return SimWorkerDied(f"trial {self.spec.trial_id}: its worker died with its node (spot instance taken back "
-                             f"after {len(self._reports)} of {len(self.epoch_s)} epochs)")
+        return SimWorkerDied(
+            f"trial {self.spec.trial_id}: its worker died with its node (spot instance taken back "
+            f"after {len(self._reports)} of {len(self.epoch_s)} epochs)"
+        )
 
     def result(self, timeout_s: float | None = None) -> Any:
         from rubberband.executor.trials import TrialOutcome
@@ -436,9 +501,15 @@ class SimTrial:
             raise self._outcome
         self.world.clock.advance_to(self.finished_at)
         self._record(self.finished_at)
-        self._outcome = TrialOutcome(trial_id=spec.trial_id, reports=tuple(self._reports),
-                                     checkpoint_epoch=spec.end_epoch - 1, iteration_latencies_s=(),
-                                     setup_s=self.overhead_s, started_at=self.started_at, finished_at=self.finished_at)
+        self._outcome = TrialOutcome(
+            trial_id=spec.trial_id,
+            reports=tuple(self._reports),
+            checkpoint_epoch=spec.end_epoch - 1,
+            iteration_latencies_s=(),
+            setup_s=self.overhead_s,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+        )
         return self._outcome
 
     def stop(self) -> None:
@@ -473,8 +544,15 @@ class SimTrials:
         for s in instances:
             s.ran_trial = True
         lost = [s.preempted_at for s in instances if s.preempted_at is not None]
-        return SimTrial(world, spec, event_sink, started_at=now, epoch_s=[epoch_time * factor] * epochs,
-                        overhead_s=overhead, lost_at=min(lost) if lost else None)
+        return SimTrial(
+            world,
+            spec,
+            event_sink,
+            started_at=now,
+            epoch_s=[epoch_time * factor] * epochs,
+            overhead_s=overhead,
+            lost_at=min(lost) if lost else None,
+        )
 
 
 class SimCluster:
@@ -504,8 +582,11 @@ class SimCluster:
 
     def node_resources(self) -> dict[str, float]:
         now = self.world.clock.time()
-        return {node_resource(i): float(s.itype.workers) for i, s in self.world.instances.items()
-                if s.running(now) and s.up_at <= now}
+        return {
+            node_resource(i): float(s.itype.workers)
+            for i, s in self.world.instances.items()
+            if s.running(now) and s.up_at <= now
+        }
 
     def executor(self, workers: int, name: str) -> Executor:
         return SimExecutor(self.world, workers)
@@ -533,16 +614,35 @@ def spot_zones(plan: Plan) -> dict[tuple[str, str, str], ZoneModel]:
     empty for a plan without one (on-demand, or spot priced without preemptions)."""
     if plan.spot is None:
         return {}
-    return {(z.cloud, z.region, z.instance_type): ZoneModel(
-        cloud=z.cloud, instance_type=z.instance_type, region=z.region, zone=z.zone,
-        preemption_rate_per_h=z.preemption_rate_per_h, p_unavailable=z.p_unavailable,
-        unavailable_s=tuple(float(x) for x in np.interp(DURATION_LEVELS, np.linspace(0.0, 1.0, len(z.unavailable_s)),
-                                                        z.unavailable_s)),
-        rate_source=z.rate_source) for z in plan.spot.zones}
+    return {
+        (z.cloud, z.region, z.instance_type): ZoneModel(
+            cloud=z.cloud,
+            instance_type=z.instance_type,
+            region=z.region,
+            zone=z.zone,
+            preemption_rate_per_h=z.preemption_rate_per_h,
+            p_unavailable=z.p_unavailable,
+            unavailable_s=tuple(
+                float(x)
+                for x in np.interp(DURATION_LEVELS, np.linspace(0.0, 1.0, len(z.unavailable_s)), z.unavailable_s)
+            ),
+            rate_source=z.rate_source,
+        )
+        for z in plan.spot.zones
+    }
 
 
-def simulated_run(plan: Plan, *, model: PerformanceModel, catalog: Catalog, metric: str, mode: str, seed: int,
-                  start: float, max_step_s: float | None = None) -> SimRun:
+def simulated_run(
+    plan: Plan,
+    *,
+    model: PerformanceModel,
+    catalog: Catalog,
+    metric: str,
+    mode: str,
+    seed: int,
+    start: float,
+    max_step_s: float | None = None,
+) -> SimRun:
     """A simulated cloud, runtime and cluster for ``plan`` on a virtual clock that starts at ``start`` (POSIX
     seconds). ``max_step_s``: the longest stretch of virtual time one wait may skip (default: the deadline / 2000,
     at least the controller's poll)."""
@@ -551,19 +651,39 @@ def simulated_run(plan: Plan, *, model: PerformanceModel, catalog: Catalog, metr
     first = plan.stages[0]
     head_type = catalog.find(first.instance_type, cloud=first.cloud, region=first.region)
     step = max_step_s if max_step_s is not None else max(POLL_S, plan.deadline_s / 2000)
-    world = SimWorld(model=model, clock=VirtualClock(start), seed=seed, max_step_s=step,
-                     metric_name=metric, metric_mode=mode, spot_zones=spot_zones(plan))
+    world = SimWorld(
+        model=model,
+        clock=VirtualClock(start),
+        seed=seed,
+        max_step_s=step,
+        metric_name=metric,
+        metric_mode=mode,
+        spot_zones=spot_zones(plan),
+    )
     runtime = TrialRuntime(spec_cls=TrialSpec, run_cls=SimTrials(world), module=SIM_RUNTIME)
     return SimRun(world, SimBackend(world, head_type, plan.head), runtime, SimCluster(world))
 
 
-def simulated_for(spec: JobSpec, plan: Plan, catalog: Catalog, profile: Profile, *, seed: int | None = None,
-                  start: float | None = None) -> SimRun:
+def simulated_for(
+    spec: JobSpec,
+    plan: Plan,
+    catalog: Catalog,
+    profile: Profile,
+    *,
+    seed: int | None = None,
+    start: float | None = None,
+) -> SimRun:
     """:func:`simulated_run` for a job: its profile's model, its metric, ``seed`` (default: the spec's), now."""
     import time
 
     from rubberband.planner.model import fit_performance_model
 
-    return simulated_run(plan, model=fit_performance_model(profile), catalog=catalog, metric=spec.metric.name,
-                         mode=spec.metric.mode, seed=spec.seed if seed is None else seed,
-                         start=time.time() if start is None else start)
+    return simulated_run(
+        plan,
+        model=fit_performance_model(profile),
+        catalog=catalog,
+        metric=spec.metric.name,
+        mode=spec.metric.mode,
+        seed=spec.seed if seed is None else seed,
+        start=time.time() if start is None else start,
+    )

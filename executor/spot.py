@@ -73,8 +73,15 @@ def stage_outlook(plan: Any, i: int) -> StageOutlook:
     return StageOutlook(p50, p95)
 
 
-def work_left_s(*, current_remaining_s: float, current_ratio: float, later: Sequence[StageOutlook],
-                confidence: float, slowdown: float, waiting_for_instance_s: float = 0.0) -> float:
+def work_left_s(
+    *,
+    current_remaining_s: float,
+    current_ratio: float,
+    later: Sequence[StageOutlook],
+    confidence: float,
+    slowdown: float,
+    waiting_for_instance_s: float = 0.0,
+) -> float:
     """The run's predicted remaining time if nothing more were preempted.
 
     ``current_remaining_s``: the current stage's estimated remainder (running trials' rest + waiting waves);
@@ -95,5 +102,11 @@ def restart_s(*, startup_s: float, restore_s: float, checkpoint_interval_s: floa
 
 def decision_fields(s: SpotSituation, market: Market, margin_s: float) -> dict[str, float | str]:
     """The figures a journaled spot decision carries (rounded to milliseconds)."""
-    return dict(market=market.value, time_left_s=round(s.time_left_s, 3), work_left_s=round(s.work_left_s, 3),
-                restart_s=round(s.restart_s, 3), slack_s=round(s.slack_s, 3), margin_s=margin_s)
+    return dict(
+        market=market.value,
+        time_left_s=round(s.time_left_s, 3),
+        work_left_s=round(s.work_left_s, 3),
+        restart_s=round(s.restart_s, 3),
+        slack_s=round(s.slack_s, 3),
+        margin_s=margin_s,
+    )

@@ -59,8 +59,9 @@ class TrialSpec:
         if ":" not in self.entry_point:
             raise TrainingError(f"trial {self.trial_id}: entry point {self.entry_point!r} must be 'module:function'")
         if self.end_epoch <= self.start_epoch:
-            raise ExecutionError(f"trial {self.trial_id}: end_epoch {self.end_epoch} must exceed start_epoch "
-                                 f"{self.start_epoch}")
+            raise ExecutionError(
+                f"trial {self.trial_id}: end_epoch {self.end_epoch} must exceed start_epoch {self.start_epoch}"
+            )
         if self.max_iterations is not None and self.max_iterations < 1:
             raise ExecutionError(f"trial {self.trial_id}: max_iterations must be at least 1")
 
@@ -106,7 +107,8 @@ def _collateral(failure: WorkerFailure) -> bool:
     """A failure caused by another rank going away (a broken collective), not a root cause."""
     text = f"{failure.error_type} {failure.message}".lower()
     return failure.error_type in ("DistBackendError", "DistNetworkError", "DistStoreError") or any(
-        word in text for word in ("gloo", "connection reset", "connection closed", "broken pipe", "nccl"))
+        word in text for word in ("gloo", "connection reset", "connection closed", "broken pipe", "nccl")
+    )
 
 
 def _local_ranks(placement: tuple[str, ...]) -> list[int]:
@@ -122,9 +124,12 @@ def _death_cause(exc: BaseException) -> str:
     """Ray's reason for a worker's death on one short line: its error name and what Ray says beyond the
     boilerplate (the exit type and detail: killed, out of memory, its node gone, an error in its creation)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    said = [line for line in lines if not line.startswith(("class_name:", "actor_id:", "pid:", "name:",
-                                                            "namespace:", "ip:"))
-            and line != "The actor died unexpectedly before finishing this task."]
+    said = [
+        line
+        for line in lines
+        if not line.startswith(("class_name:", "actor_id:", "pid:", "name:", "namespace:", "ip:"))
+        and line != "The actor died unexpectedly before finishing this task."
+    ]
     text = " ".join(" ".join(said).split())
     text = text[:300] + ("…" if len(text) > 300 else "")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -133,8 +138,17 @@ def _death_cause(exc: BaseException) -> str:
 class TrialRun:
     """A running trial; create with :meth:`start`."""
 
-    def __init__(self, spec: TrialSpec, *, actors: list[Any], refs: list[Any], placement_group: Any,
-                 pool: WorkerPool | None, warm: tuple[bool, ...], started_at: float) -> None:
+    def __init__(
+        self,
+        spec: TrialSpec,
+        *,
+        actors: list[Any],
+        refs: list[Any],
+        placement_group: Any,
+        pool: WorkerPool | None,
+        warm: tuple[bool, ...],
+        started_at: float,
+    ) -> None:
         self.spec = spec
         self._actors = actors
         self._refs = refs
@@ -168,19 +182,35 @@ class TrialRun:
             strategy = "STRICT_PACK" if len(set(spec.placement)) == 1 else "PACK"
             pg = placement_group(bundles, strategy=strategy, name=f"rb-trial-{spec.trial_id}")
             cls_ = actor_class()
-            actors = [cls_.options(**actor_options(None, spec.device),
-                                   scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                       placement_group=pg, placement_group_bundle_index=i)).remote()
-                      for i in range(spec.workers)]
+            actors = [
+                cls_.options(
+                    **actor_options(None, spec.device),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=pg, placement_group_bundle_index=i
+                    ),
+                ).remote()
+                for i in range(spec.workers)
+            ]
         master = actors[0].rendezvous.remote()
         refs = []
         for rank, (actor, local_rank) in enumerate(zip(actors, _local_ranks(spec.placement))):
-            task = WorkerTask(trial_id=spec.trial_id, config=dict(spec.config), entry_point=spec.entry_point,
-                              code_dir=spec.code_dir, start_epoch=spec.start_epoch, end_epoch=spec.end_epoch,
-                              rank=rank, world_size=spec.workers, local_rank=local_rank,
-                              checkpoint_dir=spec.checkpoint_dir, device=spec.device,
-                              max_iterations=spec.max_iterations, env=dict(spec.env), timeout_s=spec.timeout_s,
-                              event_sink=event_sink if rank == 0 else None)
+            task = WorkerTask(
+                trial_id=spec.trial_id,
+                config=dict(spec.config),
+                entry_point=spec.entry_point,
+                code_dir=spec.code_dir,
+                start_epoch=spec.start_epoch,
+                end_epoch=spec.end_epoch,
+                rank=rank,
+                world_size=spec.workers,
+                local_rank=local_rank,
+                checkpoint_dir=spec.checkpoint_dir,
+                device=spec.device,
+                max_iterations=spec.max_iterations,
+                env=dict(spec.env),
+                timeout_s=spec.timeout_s,
+                event_sink=event_sink if rank == 0 else None,
+            )
             refs.append(actor.run.remote(task, master))
         return cls(spec, actors=actors, refs=refs, placement_group=pg, pool=pool, warm=warm, started_at=started)
 
@@ -229,8 +259,10 @@ class TrialRun:
                 self._check_placement()
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"trial {self.spec.trial_id} still running after {timeout_s:.1f} s")
-        failures = sorted((r.failure for r in results.values() if r.failure is not None),
-                          key=lambda f: (_collateral(f), f.kind == "setup", f.failed_at))
+        failures = sorted(
+            (r.failure for r in results.values() if r.failure is not None),
+            key=lambda f: (_collateral(f), f.kind == "setup", f.failed_at),
+        )
         if failures or deaths or pending:
             self._error = self._training_error(failures, deaths, pending)
             self._release(healthy=False)
@@ -260,12 +292,14 @@ class TrialRun:
         self._error = ExecutionError(
             f"trial {self.spec.trial_id}: could not place {self.spec.workers} worker(s) on "
             f"{', '.join(sorted(set(self.spec.placement)))} within {self.spec.timeout_s:.0f} s "
-            f"({problem}); check that those instances are up and have free slots")
+            f"({problem}); check that those instances are up and have free slots"
+        )
         self._release(healthy=False)
         raise self._error
 
-    def _training_error(self, failures: list[WorkerFailure], deaths: dict[int, str],
-                        pending: list[Any]) -> RubberbandError:
+    def _training_error(
+        self, failures: list[WorkerFailure], deaths: dict[int, str], pending: list[Any]
+    ) -> RubberbandError:
         trial = self.spec.trial_id
         preempted = next((f for f in failures if f.kind == "preempted"), None)
         if preempted is not None:  # a preemption notice stopped it after a checkpoint: restart it elsewhere
@@ -279,16 +313,19 @@ class TrialRun:
             ranks = sorted(self._refs.index(ref) for ref in pending)
             places = sorted({self.spec.placement[r] for r in ranks})
             seen = f"; rank {failures[0].rank} saw {failures[0].error_type}: {failures[0].message}" if failures else ""
-            return TrainingError(f"trial {trial}: rank(s) {', '.join(map(str, ranks))} on {', '.join(places)} "
-                                 f"stopped answering (instance lost?){seen}")
+            return TrainingError(
+                f"trial {trial}: rank(s) {', '.join(map(str, ranks))} on {', '.join(places)} "
+                f"stopped answering (instance lost?){seen}"
+            )
         if failures:
             root = failures[0]
             if root.kind == "import":
-                return TrainingError(f"trial {trial}: cannot import entry point {self.spec.entry_point!r} from "
-                                     f"{self.spec.code_dir}: {root.error_type}: {root.message}")
+                return TrainingError(
+                    f"trial {trial}: cannot import entry point {self.spec.entry_point!r} from "
+                    f"{self.spec.code_dir}: {root.error_type}: {root.message}"
+                )
             where = "in train()" if root.kind == "train" else "while joining the process group"
-            return TrainingError(f"trial {trial}: rank {root.rank} raised {root.error_type} {where}: "
-                                 f"{root.message}")
+            return TrainingError(f"trial {trial}: rank {root.rank} raised {root.error_type} {where}: {root.message}")
         if deaths:
             return TrainingError(f"trial {trial}: {sorted(deaths.items())[0][1]}")
         return TrainingError(f"trial {trial}: {len(pending)} worker(s) did not finish after another one failed")
@@ -297,17 +334,34 @@ class TrialRun:
         chief = results[0]
         setup_done = [r.setup_done_at for r in results.values() if r.setup_done_at is not None]
         setup_s = max(0.0, max(setup_done) - self._started_at) if setup_done else 0.0
-        reports = tuple(EpochReport(trial_id=self.spec.trial_id, epoch=r.epoch, metrics=dict(r.metrics),
-                                    seconds=r.seconds, finished_at=r.finished_at) for r in chief.reports)
-        return TrialOutcome(trial_id=self.spec.trial_id, reports=reports, checkpoint_epoch=chief.checkpoint_epoch,
-                            iteration_latencies_s=chief.iteration_latencies_s, setup_s=setup_s,
-                            started_at=self._started_at, finished_at=max(r.finished_at for r in results.values()),
-                            warm_workers=self._warm, checkpoint_saved_s=chief.checkpoint_saved_s,
-                            pass_lengths=chief.pass_lengths, batch_size_seen=chief.batch_size_seen,
-                            first_iteration_at=chief.first_iteration_at, pass_times=chief.pass_times,
-                            devices=tuple(results[r].device for r in sorted(results)),
-                            gpu_ids=tuple(tuple(results[r].gpu_ids) for r in sorted(results)),
-                            backend=chief.backend)
+        reports = tuple(
+            EpochReport(
+                trial_id=self.spec.trial_id,
+                epoch=r.epoch,
+                metrics=dict(r.metrics),
+                seconds=r.seconds,
+                finished_at=r.finished_at,
+            )
+            for r in chief.reports
+        )
+        return TrialOutcome(
+            trial_id=self.spec.trial_id,
+            reports=reports,
+            checkpoint_epoch=chief.checkpoint_epoch,
+            iteration_latencies_s=chief.iteration_latencies_s,
+            setup_s=setup_s,
+            started_at=self._started_at,
+            finished_at=max(r.finished_at for r in results.values()),
+            warm_workers=self._warm,
+            checkpoint_saved_s=chief.checkpoint_saved_s,
+            pass_lengths=chief.pass_lengths,
+            batch_size_seen=chief.batch_size_seen,
+            first_iteration_at=chief.first_iteration_at,
+            pass_times=chief.pass_times,
+            devices=tuple(results[r].device for r in sorted(results)),
+            gpu_ids=tuple(tuple(results[r].gpu_ids) for r in sorted(results)),
+            backend=chief.backend,
+        )
 
     # -- stop ------------------------------------------------------------------------------
     def stop(self) -> None:

@@ -51,7 +51,7 @@ class WorkerFailure:
     """The user's (or the runtime's) exception in one worker, as one line plus its traceback."""
 
     rank: int
-    kind: str            # "import" | "device" | "setup" | "train" | "preempted"
+    kind: str  # "import" | "device" | "setup" | "train" | "preempted"
     error_type: str
     message: str
     failed_at: float
@@ -151,22 +151,40 @@ class TrialWorker:
                 torch.cuda.set_device(device)
             backend = resolved.backend
             host, port = master
-            dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=task.rank,
-                                    world_size=task.world_size, timeout=timedelta(seconds=task.timeout_s))
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://{host}:{port}",
+                rank=task.rank,
+                world_size=task.world_size,
+                timeout=timedelta(seconds=task.timeout_s),
+            )
             setup_done = time.time()
-            ctx = WorkerContext(trial_id=task.trial_id, start_epoch=task.start_epoch, end_epoch=task.end_epoch,
-                                rank=task.rank, world_size=task.world_size, local_rank=task.local_rank,
-                                device=device, process_group=dist.group.WORLD,
-                                checkpoint_dir=task.checkpoint_dir, max_iterations=task.max_iterations,
-                                event_sink=task.event_sink)
+            ctx = WorkerContext(
+                trial_id=task.trial_id,
+                start_epoch=task.start_epoch,
+                end_epoch=task.end_epoch,
+                rank=task.rank,
+                world_size=task.world_size,
+                local_rank=task.local_rank,
+                device=device,
+                process_group=dist.group.WORLD,
+                checkpoint_dir=task.checkpoint_dir,
+                max_iterations=task.max_iterations,
+                event_sink=task.event_sink,
+            )
             stage = "train"
             train(dict(task.config), ctx)
         except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything
             if isinstance(exc, PreemptionNotice):  # stopped on purpose after a checkpoint: not the user's fault
                 stage = "preempted"
-            failure = WorkerFailure(rank=task.rank, kind=stage, error_type=type(exc).__name__,
-                                    message=_one_line(exc), failed_at=time.time(),
-                                    traceback=traceback.format_exc(limit=20))
+            failure = WorkerFailure(
+                rank=task.rank,
+                kind=stage,
+                error_type=type(exc).__name__,
+                message=_one_line(exc),
+                failed_at=time.time(),
+                traceback=traceback.format_exc(limit=20),
+            )
         finally:
             if dist.is_initialized():
                 try:
@@ -179,7 +197,11 @@ class TrialWorker:
                 else:
                     os.environ[key] = value
         return WorkerResult(
-            rank=task.rank, pid=self._pid, started_at=started, setup_done_at=setup_done, finished_at=time.time(),
+            rank=task.rank,
+            pid=self._pid,
+            started_at=started,
+            setup_done_at=setup_done,
+            finished_at=time.time(),
             failure=failure,
             iteration_latencies_s=tuple(ctx.iteration_latencies_s) if ctx else (),
             reports=tuple(ctx.reports) if ctx else (),
@@ -189,8 +211,10 @@ class TrialWorker:
             batch_size_seen=ctx.batch_size_seen if ctx else None,
             first_iteration_at=ctx.first_iteration_at if ctx else None,
             pass_times=tuple(ctx.pass_times) if ctx else (),
-            device=resolved.device if resolved else "", backend=resolved.backend if resolved else "",
-            gpu_ids=tuple(resolved.gpu_ids) if resolved else ())
+            device=resolved.device if resolved else "",
+            backend=resolved.backend if resolved else "",
+            gpu_ids=tuple(resolved.gpu_ids) if resolved else (),
+        )
 
 
 def actor_options(resource: str | None, device: WorkerDevice = CPU_WORKER) -> dict:

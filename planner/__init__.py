@@ -8,11 +8,23 @@ import importlib
 
 # Exports resolve lazily so that light users (``rubberband schedule``) do not import scipy/networkx.
 _EXPORTS = {
-    "StagesPlan": "api", "allowed_types": "api", "configs_of": "api", "plan_job": "api", "plan_stages": "api",
-    "prediction": "api", "simulate_plan": "api", "stage_plans": "api", "heads_of": "api",
-    "replay_plan": "api", "plan_simulator": "api",
-    "PerformanceModel": "model", "fit_performance_model": "model",
-    "HeadSpec": "simulator", "RunningState": "simulator", "SimResult": "simulator", "Simulator": "simulator",
+    "StagesPlan": "api",
+    "allowed_types": "api",
+    "configs_of": "api",
+    "plan_job": "api",
+    "plan_stages": "api",
+    "prediction": "api",
+    "simulate_plan": "api",
+    "stage_plans": "api",
+    "heads_of": "api",
+    "replay_plan": "api",
+    "plan_simulator": "api",
+    "PerformanceModel": "model",
+    "fit_performance_model": "model",
+    "HeadSpec": "simulator",
+    "RunningState": "simulator",
+    "SimResult": "simulator",
+    "Simulator": "simulator",
     "StageConfig": "simulator",
 }
 __all__ = sorted(_EXPORTS)

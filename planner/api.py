@@ -16,19 +16,49 @@ import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.errors import InfeasibleError, PlanFileError
-from rubberband.plan import (Alternative, BaselineASHA, CatalogInfo, CostBreakdown, Distribution, Handoff, HeadInfo,
-                             JobInfo, Plan, PlannerInfo, Prediction, SpotInfo, SpotZoneInfo, StagePlan, Timeline)
+from rubberband.plan import (
+    Alternative,
+    BaselineASHA,
+    CatalogInfo,
+    CostBreakdown,
+    Distribution,
+    Handoff,
+    HeadInfo,
+    JobInfo,
+    Plan,
+    PlannerInfo,
+    Prediction,
+    SpotInfo,
+    SpotZoneInfo,
+    StagePlan,
+    Timeline,
+)
 from rubberband.planner.asha import AshaResult, AshaSimulator, asha_baseline
 from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
 from rubberband.planner.brackets import ParallelSimulator, bracket_ranges, optimise_offsets, parallel_knapsack_plans
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, stages_for
 from rubberband.planner.policies import SpotPolicy
-from rubberband.planner.search import (Evaluator, PlanSimulator, PlanSpace, descend, knapsack_plans, local_moves,
-                                       simple_moves, with_markets)
+from rubberband.planner.search import (
+    Evaluator,
+    PlanSimulator,
+    PlanSpace,
+    descend,
+    knapsack_plans,
+    local_moves,
+    simple_moves,
+    with_markets,
+)
 from rubberband.planner.spot import ModelScenario, SpotMarketModel, SpotScenario, SpotSetup, ZoneModel, model_setup
-from rubberband.planner.simulator import (HeadSpec, RunningState, SimOptions, SimResult, Simulator, StageConfig,
-                                          normalise)
+from rubberband.planner.simulator import (
+    HeadSpec,
+    RunningState,
+    SimOptions,
+    SimResult,
+    Simulator,
+    StageConfig,
+    normalise,
+)
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd
@@ -67,8 +97,10 @@ class StagesPlan:
 #: Simulated samples kept in a plan (for histograms in reports); the rest only feed the summaries.
 SAMPLES_KEPT = 300
 
-def allowed_types(catalog: Catalog, spec: JobSpec, cloud: str | None = None, *,
-                  spot_required: bool | None = None) -> list[InstanceType]:
+
+def allowed_types(
+    catalog: Catalog, spec: JobSpec, cloud: str | None = None, *, spot_required: bool | None = None
+) -> list[InstanceType]:
     """Offerings allowed by the spec's resources, narrowed to ``cloud`` (``any`` or None: the spec's).
 
     ``spot_required`` (default: ``resources.spot``) keeps only types sold on spot: the old all-spot
@@ -87,20 +119,23 @@ def allowed_types(catalog: Catalog, spec: JobSpec, cloud: str | None = None, *,
 
 
 def _distribution(values: np.ndarray) -> Distribution:
-    return Distribution(mean=float(values.mean()), p50=float(np.quantile(values, 0.5)),
-                        p95=float(np.quantile(values, 0.95)))
+    return Distribution(
+        mean=float(values.mean()), p50=float(np.quantile(values, 0.5)), p95=float(np.quantile(values, 0.95))
+    )
 
 
 def prediction(result: SimResult, deadline_s: float) -> Prediction:
     """Summary statistics of a simulation, in the plan's schema."""
     return Prediction(
-        jct_s=_distribution(result.jct), cost_usd=_distribution(result.cost),
+        jct_s=_distribution(result.jct),
+        cost_usd=_distribution(result.cost),
         p_meet_deadline=result.p_meet(deadline_s),
         stage_duration_s=[_distribution(d) for d in result.stage_durations],
         stage_cost_usd=[float(c.mean()) for c in result.stage_costs],
         cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in result.breakdown.items()}),
         cost_by_instance_type={k: float(np.mean(v)) for k, v in sorted(result.by_type.items())},
-        jct_samples_s=_subsample(result.jct), cost_samples_usd=_subsample(result.cost),
+        jct_samples_s=_subsample(result.jct),
+        cost_samples_usd=_subsample(result.cost),
     )
 
 
@@ -109,9 +144,14 @@ def _subsample(values: np.ndarray, at_most: int = SAMPLES_KEPT) -> list[float]:
     return [round(float(v), 6) for v in values[:at_most]]
 
 
-def stage_plans(stages: Sequence[Stage], configs: Sequence[StageConfig], result: SimResult | None,
-                spot: bool = False, model: PerformanceModel | None = None,
-                zones: Mapping[tuple[str, str, str], str] | None = None) -> list[StagePlan]:
+def stage_plans(
+    stages: Sequence[Stage],
+    configs: Sequence[StageConfig],
+    result: SimResult | None,
+    spot: bool = False,
+    model: PerformanceModel | None = None,
+    zones: Mapping[tuple[str, str, str], str] | None = None,
+) -> list[StagePlan]:
     """The plan's stages; with ``model``, each says its median task time (``predicted_task_s``), from which
     the executor times the next stage's prefetch before a trial has finished, as the simulator does."""
     out = []
@@ -121,16 +161,27 @@ def stage_plans(stages: Sequence[Stage], configs: Sequence[StageConfig], result:
         normal = [normalise(c, s.trials) for c, s in zip(configs, stages)]
         tasks = [sum(sim.task_time(i, c, normal[i - 1] if i else None)) for i, c in enumerate(normal)]
     for i, (st, c) in enumerate(zip(stages, configs)):
-        out.append(StagePlan(
-            bracket=st.bracket, stage=st.index, trials=st.trials, epochs=st.epochs,
-            epochs_this_stage=st.epochs_this_stage, cloud=c.instance_type.cloud, region=c.instance_type.region,
-            instance_type=c.instance_type.name, instances=c.instances, workers_per_trial=c.workers,
-            spot=spot or c.spot,
-            zone=(zones or {}).get((c.instance_type.cloud, c.instance_type.region, c.instance_type.name))
-            if c.spot else None,
-            predicted_duration_s=None if result is None else float(np.quantile(result.stage_durations[i], 0.5)),
-            predicted_cost_usd=None if result is None else float(result.stage_costs[i].mean()),
-            predicted_task_s=tasks[i]))
+        out.append(
+            StagePlan(
+                bracket=st.bracket,
+                stage=st.index,
+                trials=st.trials,
+                epochs=st.epochs,
+                epochs_this_stage=st.epochs_this_stage,
+                cloud=c.instance_type.cloud,
+                region=c.instance_type.region,
+                instance_type=c.instance_type.name,
+                instances=c.instances,
+                workers_per_trial=c.workers,
+                spot=spot or c.spot,
+                zone=(zones or {}).get((c.instance_type.cloud, c.instance_type.region, c.instance_type.name))
+                if c.spot
+                else None,
+                predicted_duration_s=None if result is None else float(np.quantile(result.stage_durations[i], 0.5)),
+                predicted_cost_usd=None if result is None else float(result.stage_costs[i].mean()),
+                predicted_task_s=tasks[i],
+            )
+        )
     return out
 
 
@@ -139,14 +190,27 @@ def _timeline(sim: PlanSimulator, configs: tuple[StageConfig, ...], result: SimR
     return timeline
 
 
-def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequence[InstanceType], *,
-                deadline_s: float, confidence: float, max_workers_per_trial: int = 8, spot: bool = False,
-                samples: int = DEFAULT_SAMPLES, seed: int = 0, budget_usd: float | None = None,
-                running: RunningState | None = None, include_exact: bool = False,
-                screen_samples: int = SCREEN_SAMPLES, heads: Mapping[str, HeadSpec] | None = None,
-                brackets: str = "sequential", spot_setup: SpotSetup | None = None,
-                offsets: Sequence[float] | None = None,
-                bracket_running: Sequence[RunningState | None] | None = None) -> StagesPlan:
+def plan_stages(
+    stages: Sequence[Stage],
+    model: PerformanceModel,
+    types: Sequence[InstanceType],
+    *,
+    deadline_s: float,
+    confidence: float,
+    max_workers_per_trial: int = 8,
+    spot: bool = False,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+    budget_usd: float | None = None,
+    running: RunningState | None = None,
+    include_exact: bool = False,
+    screen_samples: int = SCREEN_SAMPLES,
+    heads: Mapping[str, HeadSpec] | None = None,
+    brackets: str = "sequential",
+    spot_setup: SpotSetup | None = None,
+    offsets: Sequence[float] | None = None,
+    bracket_running: Sequence[RunningState | None] | None = None,
+) -> StagesPlan:
     """Cheapest plan for ``stages`` meeting ``deadline_s`` at ``confidence`` (seconds from now).
 
     ``running`` describes instances already up (re-planning mid-run): the first stage reuses them
@@ -178,18 +242,45 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     fixed = offsets is not None
     sim: PlanSimulator
     if parallel:
-        sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
-                                heads=heads, spot_setup=spot_setup, offsets=offsets, bracket_states=bracket_running)
+        sim = ParallelSimulator(
+            stages,
+            model,
+            samples=samples,
+            seed=seed,
+            spot=spot,
+            start_state=running,
+            heads=heads,
+            spot_setup=spot_setup,
+            offsets=offsets,
+            bracket_states=bracket_running,
+        )
     else:
-        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads,
-                        spot_setup=spot_setup)
+        sim = Simulator(
+            stages,
+            model,
+            samples=samples,
+            seed=seed,
+            spot=spot,
+            start_state=running,
+            heads=heads,
+            spot_setup=spot_setup,
+        )
     evaluator = Evaluator(sim, screen_samples)
     statics = static_plans(space)
     # the static baseline is a fixed cluster: simulated with every instance held to the end
-    static_sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running,
-                           options=SimOptions(hold_to_end=True), heads=heads)
-    static = cheapest_feasible(statics, space, Evaluator(static_sim, screen_samples), deadline_s, confidence,
-                               screen_slack=SCREEN_SLACK)
+    static_sim = Simulator(
+        stages,
+        model,
+        samples=samples,
+        seed=seed,
+        spot=spot,
+        start_state=running,
+        options=SimOptions(hold_to_end=True),
+        heads=heads,
+    )
+    static = cheapest_feasible(
+        statics, space, Evaluator(static_sim, screen_samples), deadline_s, confidence, screen_slack=SCREEN_SLACK
+    )
     notes = []
     if space.skipped:
         notes.append(f"not plannable (device not in profile): {', '.join(space.skipped)}")
@@ -203,8 +294,9 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     incumbent = None
     if static.plan is not None and evaluator.full(static.plan).meets(deadline_s, confidence):
         incumbent = (static.plan, evaluator.full(static.plan))
-    best = cheapest_feasible(pool, space, evaluator, deadline_s, confidence, incumbent=incumbent,
-                             screen_slack=SCREEN_SLACK)
+    best = cheapest_feasible(
+        pool, space, evaluator, deadline_s, confidence, incumbent=incumbent, screen_slack=SCREEN_SLACK
+    )
     candidates = static.evaluated + best.evaluated
     iterations = 0
     chosen: tuple[tuple[StageConfig, ...], SimResult] | None = None
@@ -221,7 +313,8 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         iterations += refined.iterations
         candidates += refined.candidates_evaluated
         if refined.result.meets(deadline_s, confidence) and (
-                chosen is None or refined.result.cost_mean < chosen[1].cost_mean):
+            chosen is None or refined.result.cost_mean < chosen[1].cost_mean
+        ):
             chosen = (refined.plan, refined.result)
     if parallel and chosen is not None and not fixed and isinstance(sim, ParallelSimulator):
         # start shorter brackets later where that hands them instances another bracket releases,
@@ -237,8 +330,16 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     if parallel and chosen is not None and not fixed:
         # one bracket after another can still be cheapest (loose deadlines: instances carry over between
         # brackets): the static plan and the chosen stages, run sequentially and elastically, compete
-        seq_sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, start_state=running, heads=heads,
-                            spot_setup=spot_setup)
+        seq_sim = Simulator(
+            stages,
+            model,
+            samples=samples,
+            seed=seed,
+            spot=spot,
+            start_state=running,
+            heads=heads,
+            spot_setup=spot_setup,
+        )
         for option in ([] if static.plan is None else [static.plan]) + [chosen[0]]:
             res = seq_sim.simulate(option)
             candidates += 1
@@ -247,13 +348,19 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
         if not parallel:
             evaluator = Evaluator(seq_sim, screen_samples)
             notes.append("running the brackets one after another is cheapest here")
-    if chosen is not None and incumbent is not None and chosen[0] != static.plan and static_is_as_good(
-            incumbent[1], chosen[1], confidence):
+    if (
+        chosen is not None
+        and incumbent is not None
+        and chosen[0] != static.plan
+        and static_is_as_good(incumbent[1], chosen[1], confidence)
+    ):
         # an elastic plan a hair cheaper but not faster is no saving worth its resizes: say so, run static
         chosen = incumbent
     if chosen is not None and static.plan is not None and chosen[0] == static.plan:
-        notes.append(f"the best static plan is as cheap (within {STATIC_TIE:.0%}) and at least as fast as any "
-                     f"elastic plan found; using the static plan")
+        notes.append(
+            f"the best static plan is as cheap (within {STATIC_TIE:.0%}) and at least as fast as any "
+            f"elastic plan found; using the static plan"
+        )
     if chosen is not None and spot_setup is not None and spot_setup.scenarios:
         chosen, tried, steps = _spot_descent(space, evaluator, spot_setup, chosen, pool, deadline_s, confidence)
         candidates += tried
@@ -275,13 +382,18 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
             f"no plan meets the deadline of {format_duration(deadline_s)} with {confidence:.0%} confidence; the "
             f"shortest feasible JCT is {format_duration(shortest)} ({shortest:.0f} s at p{confidence * 100:.0f}) "
             f"costing {format_usd(quickest.cost_mean)}; set the deadline to at least {shortest:.0f} s or lower "
-            f"the confidence", shortest_jct_s=shortest, cost_usd=quickest.cost_mean)
+            f"the confidence",
+            shortest_jct_s=shortest,
+            cost_usd=quickest.cost_mean,
+        )
     configs, result = chosen
     if budget_usd is not None and result.cost_mean > budget_usd:
         raise InfeasibleError(
             f"the cheapest plan meeting the deadline costs {format_usd(result.cost_mean)} (mean), above the "
             f"budget of {format_usd(budget_usd)}; raise budget_usd or loosen the deadline",
-            shortest_jct_s=result.jct_quantile(confidence), cost_usd=result.cost_mean)
+            shortest_jct_s=result.jct_quantile(confidence),
+            cost_usd=result.cost_mean,
+        )
     exact = exact_note = None
     if include_exact and parallel:
         notes.append("the exact optimum is searched for sequential brackets only")
@@ -297,17 +409,35 @@ def plan_stages(stages: Sequence[Stage], model: PerformanceModel, types: Sequenc
     if static.plan is not None and static.result is not None:
         static_out = (static.plan, static.result, _timeline(static_sim, static.plan, static.result))
     timeline = _timeline(sim, tuple(configs), result)
-    return StagesPlan(stages=list(stages), configs=tuple(configs), result=result,
-                      timeline=timeline, static=static_out, exact=exact,
-                      candidates_evaluated=candidates, iterations=iterations, samples=samples, seed=seed, notes=notes,
-                      head=sim.head_for(configs), brackets="parallel" if parallel else "sequential",
-                      offsets=tuple(sim.offsets) if isinstance(sim, ParallelSimulator) else (),
-                      handoffs=list(getattr(sim, "last_handoffs", [])) if parallel else [],
-                      exact_note=exact_note)
+    return StagesPlan(
+        stages=list(stages),
+        configs=tuple(configs),
+        result=result,
+        timeline=timeline,
+        static=static_out,
+        exact=exact,
+        candidates_evaluated=candidates,
+        iterations=iterations,
+        samples=samples,
+        seed=seed,
+        notes=notes,
+        head=sim.head_for(configs),
+        brackets="parallel" if parallel else "sequential",
+        offsets=tuple(sim.offsets) if isinstance(sim, ParallelSimulator) else (),
+        handoffs=list(getattr(sim, "last_handoffs", [])) if parallel else [],
+        exact_note=exact_note,
+    )
 
 
-def _spot_descent(space: PlanSpace, evaluator: Evaluator, setup: SpotSetup, chosen: tuple, pool: list,
-                  deadline_s: float, confidence: float) -> tuple[tuple, int, int]:
+def _spot_descent(
+    space: PlanSpace,
+    evaluator: Evaluator,
+    setup: SpotSetup,
+    chosen: tuple,
+    pool: list,
+    deadline_s: float,
+    confidence: float,
+) -> tuple[tuple, int, int]:
     """The greedy again with the market as a move dimension: from the on-demand plan, from it all on spot,
     and from the cheapest plan of the deadline-independent pool (its spot-capable plans, all on spot) that
     meets the deadline with preemptions (branch and bound, as for the on-demand pool)."""
@@ -337,20 +467,33 @@ def _spot_descent(space: PlanSpace, evaluator: Evaluator, setup: SpotSetup, chos
 def static_is_as_good(static: SimResult, elastic: SimResult, confidence: float) -> bool:
     """Whether a static plan is as cheap (within :data:`STATIC_TIE`) and at least as fast (JCT at the
     confidence) as an elastic one, so that the elastic plan's resizes buy nothing worth having."""
-    return (static.cost_mean <= elastic.cost_mean * (1 + STATIC_TIE)
-            and static.jct_quantile(confidence) <= elastic.jct_quantile(confidence))
+    return static.cost_mean <= elastic.cost_mean * (1 + STATIC_TIE) and static.jct_quantile(
+        confidence
+    ) <= elastic.jct_quantile(confidence)
 
 
 def profile_sha256(profile: Profile) -> str:
     return hashlib.sha256(profile.model_dump_json(exclude={"fitted"}).encode()).hexdigest()
 
 
-def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: float | None = None,
-             confidence: float | None = None, cloud: str | None = None, samples: int = DEFAULT_SAMPLES,
-             seed: int | None = None, include_exact: bool = False,
-             heads: Mapping[str, HeadSpec] | None = None, brackets: str | None = None,
-             asha: bool = True, spot_model: SpotMarketModel | None = None, spot_source: str = "",
-             spot_policy: SpotPolicy | None = None) -> Plan:
+def plan_job(
+    spec: JobSpec,
+    profile: Profile,
+    catalog: Catalog,
+    *,
+    deadline_s: float | None = None,
+    confidence: float | None = None,
+    cloud: str | None = None,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int | None = None,
+    include_exact: bool = False,
+    heads: Mapping[str, HeadSpec] | None = None,
+    brackets: str | None = None,
+    asha: bool = True,
+    spot_model: SpotMarketModel | None = None,
+    spot_source: str = "",
+    spot_policy: SpotPolicy | None = None,
+) -> Plan:
     """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines.
 
     ``brackets`` (``parallel`` | ``sequential``) overrides the spec's ``scheduler.brackets``.
@@ -370,52 +513,113 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, *, deadline_s: f
     conf = float(confidence if confidence is not None else spec.confidence)
     seed = int(seed if seed is not None else spec.seed)
     sched = spec.scheduler
-    stages = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
-                        max_epochs=sched.max_epochs)
+    stages = stages_for(
+        sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs
+    )
     per_stage = spec.resources.spot and spot_model is not None
     types = allowed_types(catalog, spec, cloud, spot_required=False if per_stage else None)
     model = fit_performance_model(profile)
     setup = None
     if per_stage and spot_model is not None:
         policy = spot_policy or SpotPolicy(margin_s=spec.resources.spot_margin_s)
-        setup = model_setup(spot_model, deadline_s=deadline, seed=seed, samples=samples, policy=policy,
-                            types=[(t.cloud, t.region, t.name) for t in types if t.spot_price_hr is not None])
+        setup = model_setup(
+            spot_model,
+            deadline_s=deadline,
+            seed=seed,
+            samples=samples,
+            policy=policy,
+            types=[(t.cloud, t.region, t.name) for t in types if t.spot_price_hr is not None],
+        )
     legacy_spot = spec.resources.spot and not per_stage
-    out = plan_stages(stages, model, types, deadline_s=deadline, confidence=conf,
-                      max_workers_per_trial=spec.resources.max_workers_per_trial, spot=legacy_spot,
-                      samples=samples, seed=seed, budget_usd=spec.budget_usd, include_exact=include_exact,
-                      heads=heads, brackets=brackets or sched.brackets, spot_setup=setup)
+    out = plan_stages(
+        stages,
+        model,
+        types,
+        deadline_s=deadline,
+        confidence=conf,
+        max_workers_per_trial=spec.resources.max_workers_per_trial,
+        spot=legacy_spot,
+        samples=samples,
+        seed=seed,
+        budget_usd=spec.budget_usd,
+        include_exact=include_exact,
+        heads=heads,
+        brackets=brackets or sched.brackets,
+        spot_setup=setup,
+    )
     baselines = {}
     if out.static is not None:
         plan_s, res_s, tl_s = out.static
-        baselines["static"] = Alternative(name="static", stages=stage_plans(stages, plan_s, res_s, legacy_spot),
-                                          predicted=prediction(res_s, deadline), timeline=tl_s)
+        baselines["static"] = Alternative(
+            name="static",
+            stages=stage_plans(stages, plan_s, res_s, legacy_spot),
+            predicted=prediction(res_s, deadline),
+            timeline=tl_s,
+        )
     if out.exact is not None:
         plan_e, res_e, tl_e = out.exact
-        baselines["exact"] = Alternative(name="exact", stages=stage_plans(stages, plan_e, res_e, legacy_spot),
-                                         predicted=prediction(res_e, deadline), timeline=tl_e, note=out.exact_note)
+        baselines["exact"] = Alternative(
+            name="exact",
+            stages=stage_plans(stages, plan_e, res_e, legacy_spot),
+            predicted=prediction(res_e, deadline),
+            timeline=tl_e,
+            note=out.exact_note,
+        )
     used = {c.instance_type for c in out.configs}
     asha_out = None
     if asha:
         asha_out = asha_info(stages, model, types, spec, deadline, conf, seed, heads, spot=legacy_spot)
     return Plan(
-        job=JobInfo(name=spec.name, spec_sha256=spec.sha256(), scheduler=sched.kind, eta=sched.eta,
-                    min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, trials=sched.trials,
-                    metric=spec.metric.name, mode=spec.metric.mode),
-        catalog=CatalogInfo(clouds=sorted({t.cloud for t in types}), regions=sorted({t.region for t in types}),
-                            dates={c: d for c, d in catalog.dates.items() if any(t.cloud == c for t in types)}),
-        deadline_s=deadline, confidence=conf, budget_usd=spec.budget_usd,
-        stages=stage_plans(stages, out.configs, out.result, legacy_spot, model,
-                           zones=None if setup is None else setup.zones),
-        predicted=prediction(out.result, deadline), timeline=out.timeline, baselines=baselines,
-        planner=PlannerInfo(candidates_evaluated=out.candidates_evaluated, iterations=out.iterations,
-                            samples=samples, seed=seed,
-                            notes=out.notes + variation_notes(model)
-                            + [f"instance types used: {', '.join(sorted(t.name for t in used))}"]),
-        profile_sha256=profile_sha256(profile), spec=spec.model_dump(mode="json"), head=head_info(out.head),
-        asha=asha_out, brackets=out.brackets, bracket_offsets_s=[round(o, 3) for o in out.offsets],
-        handoffs=[Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,
-                          at_s=round(h.at_s, 3), instance_id=h.instance_id) for h in out.handoffs],
+        job=JobInfo(
+            name=spec.name,
+            spec_sha256=spec.sha256(),
+            scheduler=sched.kind,
+            eta=sched.eta,
+            min_epochs=sched.min_epochs,
+            max_epochs=sched.max_epochs,
+            trials=sched.trials,
+            metric=spec.metric.name,
+            mode=spec.metric.mode,
+        ),
+        catalog=CatalogInfo(
+            clouds=sorted({t.cloud for t in types}),
+            regions=sorted({t.region for t in types}),
+            dates={c: d for c, d in catalog.dates.items() if any(t.cloud == c for t in types)},
+        ),
+        deadline_s=deadline,
+        confidence=conf,
+        budget_usd=spec.budget_usd,
+        stages=stage_plans(
+            stages, out.configs, out.result, legacy_spot, model, zones=None if setup is None else setup.zones
+        ),
+        predicted=prediction(out.result, deadline),
+        timeline=out.timeline,
+        baselines=baselines,
+        planner=PlannerInfo(
+            candidates_evaluated=out.candidates_evaluated,
+            iterations=out.iterations,
+            samples=samples,
+            seed=seed,
+            notes=out.notes
+            + variation_notes(model)
+            + [f"instance types used: {', '.join(sorted(t.name for t in used))}"],
+        ),
+        profile_sha256=profile_sha256(profile),
+        spec=spec.model_dump(mode="json"),
+        head=head_info(out.head),
+        asha=asha_out,
+        brackets=out.brackets,
+        bracket_offsets_s=[round(o, 3) for o in out.offsets],
+        handoffs=[
+            Handoff(
+                instance_type=h.instance_type,
+                from_stage=h.from_stage,
+                to_stage=h.to_stage,
+                at_s=round(h.at_s, 3),
+                instance_id=h.instance_id,
+            )
+            for h in out.handoffs
+        ],
         spot=None if setup is None else spot_info(setup, spot_source or "spot model"),
     )
 
@@ -426,16 +630,32 @@ def spot_info(setup: SpotSetup, source: str) -> SpotInfo:
     for key in sorted(setup.scenarios):
         z: ZoneModel | None = getattr(setup.scenarios[key], "zone", None)
         if z is not None:
-            zones.append(SpotZoneInfo(cloud=z.cloud, instance_type=z.instance_type, region=z.region, zone=z.zone,
-                                      preemption_rate_per_h=z.preemption_rate_per_h, p_unavailable=z.p_unavailable,
-                                      unavailable_s=list(z.unavailable_s), rate_source=z.rate_source))
-    return SpotInfo(model_source=source, zones=zones, margin_s=setup.policy.margin_s,
-                    checkpoint_epochs=setup.checkpoint_epochs)
+            zones.append(
+                SpotZoneInfo(
+                    cloud=z.cloud,
+                    instance_type=z.instance_type,
+                    region=z.region,
+                    zone=z.zone,
+                    preemption_rate_per_h=z.preemption_rate_per_h,
+                    p_unavailable=z.p_unavailable,
+                    unavailable_s=list(z.unavailable_s),
+                    rate_source=z.rate_source,
+                )
+            )
+    return SpotInfo(
+        model_source=source, zones=zones, margin_s=setup.policy.margin_s, checkpoint_epochs=setup.checkpoint_epochs
+    )
 
 
-def plan_spot_setup(plan: Plan, *, samples: int, seed: int, deadline_s: float,
-                    scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
-                    policy: SpotPolicy | None = None) -> SpotSetup | None:
+def plan_spot_setup(
+    plan: Plan,
+    *,
+    samples: int,
+    seed: int,
+    deadline_s: float,
+    scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
+    policy: SpotPolicy | None = None,
+) -> SpotSetup | None:
     """The spot setup a plan was made with (its own fitted zones), or with ``scenarios`` (e.g. trace replays)
     in their place and another fall-back ``policy`` (anything with SpotPolicy's ``decide``: baselines);
     None for a plan without a spot model."""
@@ -446,18 +666,38 @@ def plan_spot_setup(plan: Plan, *, samples: int, seed: int, deadline_s: float,
     if scenarios is None:
         scenarios = {}
         for z in info.zones:
-            zone = ZoneModel(cloud=z.cloud, instance_type=z.instance_type, region=z.region, zone=z.zone,
-                             preemption_rate_per_h=z.preemption_rate_per_h, p_unavailable=z.p_unavailable,
-                             unavailable_s=tuple(z.unavailable_s), rate_source=z.rate_source)
+            zone = ZoneModel(
+                cloud=z.cloud,
+                instance_type=z.instance_type,
+                region=z.region,
+                zone=z.zone,
+                preemption_rate_per_h=z.preemption_rate_per_h,
+                p_unavailable=z.p_unavailable,
+                unavailable_s=tuple(z.unavailable_s),
+                rate_source=z.rate_source,
+            )
             scenarios[zone.key] = ModelScenario(zone, seed=seed, samples=samples)
     zones = {(z.cloud, z.region, z.instance_type): z.zone for z in info.zones}
-    return SpotSetup(deadline_s=deadline_s, scenarios=dict(scenarios), policy=policy,
-                     checkpoint_epochs=info.checkpoint_epochs, zones=zones)
+    return SpotSetup(
+        deadline_s=deadline_s,
+        scenarios=dict(scenarios),
+        policy=policy,
+        checkpoint_epochs=info.checkpoint_epochs,
+        zones=zones,
+    )
 
 
-def asha_info(stages: Sequence[Stage], model: PerformanceModel, types: Sequence[InstanceType], spec: JobSpec,
-              deadline_s: float, confidence: float, seed: int,
-              heads: Mapping[str, HeadSpec] | None, spot: bool | None = None) -> BaselineASHA | None:
+def asha_info(
+    stages: Sequence[Stage],
+    model: PerformanceModel,
+    types: Sequence[InstanceType],
+    spec: JobSpec,
+    deadline_s: float,
+    confidence: float,
+    seed: int,
+    heads: Mapping[str, HeadSpec] | None,
+    spot: bool | None = None,
+) -> BaselineASHA | None:
     """ASHA with the job's trials (every bracket's first stage), η and epochs on the cheapest fixed
     cluster meeting the deadline (else the quickest one tried), in the plan's schema."""
     sched = spec.scheduler
@@ -466,39 +706,58 @@ def asha_info(stages: Sequence[Stage], model: PerformanceModel, types: Sequence[
         return None
     spot = spec.resources.spot if spot is None else spot
     billing = Simulator(stages, model, samples=1, seed=seed, spot=spot, heads=heads)
-    sim = AshaSimulator(model, trials=sum(s.trials for s in stages if s.index == 0), eta=sched.eta,
-                        min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, seed=seed,
-                        spot=spot,
-                        head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct))
+    sim = AshaSimulator(
+        model,
+        trials=sum(s.trials for s in stages if s.index == 0),
+        eta=sched.eta,
+        min_epochs=sched.min_epochs,
+        max_epochs=sched.max_epochs,
+        seed=seed,
+        spot=spot,
+        head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
+    )
     found = asha_baseline(sim, usable, spec.resources.max_workers_per_trial, deadline_s, confidence)
     if found is None:
         return None
     res, meets = found
     c = res.cluster
-    return BaselineASHA(instance_type=c.instance_type.name, cloud=c.instance_type.cloud, instances=c.instances,
-                        workers_per_trial=c.workers, predicted=asha_prediction(res, deadline_s), meets_deadline=meets)
+    return BaselineASHA(
+        instance_type=c.instance_type.name,
+        cloud=c.instance_type.cloud,
+        instances=c.instances,
+        workers_per_trial=c.workers,
+        predicted=asha_prediction(res, deadline_s),
+        meets_deadline=meets,
+    )
 
 
 def asha_prediction(res: AshaResult, deadline_s: float) -> Prediction:
     """Summary statistics of an ASHA simulation, in the plan's schema."""
     return Prediction(
-        jct_s=_distribution(res.jct), cost_usd=_distribution(res.cost),
+        jct_s=_distribution(res.jct),
+        cost_usd=_distribution(res.cost),
         p_meet_deadline=float(np.mean(res.jct <= deadline_s)),
         cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in res.breakdown.items()}),
         cost_by_instance_type={res.cluster.instance_type.name: float(res.cost.mean() - res.breakdown["head"].mean())},
-        jct_samples_s=_subsample(res.jct), cost_samples_usd=_subsample(res.cost))
+        jct_samples_s=_subsample(res.jct),
+        cost_samples_usd=_subsample(res.cost),
+    )
 
 
 def variation_notes(model: PerformanceModel) -> list[str]:
     """What the prediction assumes about per-epoch noise and configuration speed, when not measured."""
     v = model.variation
     if v.configs == 0:
-        return ["the profile has no whole-epoch times of sampled configurations (schema v1 or --configs 0): "
-                "P(meet deadline) assumes no per-epoch noise and every configuration as fast as the profiled one; "
-                "re-run `rubberband profile` to measure them"]
+        return [
+            "the profile has no whole-epoch times of sampled configurations (schema v1 or --configs 0): "
+            "P(meet deadline) assumes no per-epoch noise and every configuration as fast as the profiled one; "
+            "re-run `rubberband profile` to measure them"
+        ]
     if v.configs == 1:
-        return ["the profile timed one configuration: P(meet deadline) assumes every configuration as fast as it; "
-                "profile with a larger --budget to measure their spread"]
+        return [
+            "the profile timed one configuration: P(meet deadline) assumes every configuration as fast as it; "
+            "profile with a larger --budget to measure their spread"
+        ]
     return []
 
 
@@ -506,8 +765,13 @@ def head_info(head: HeadSpec | None) -> HeadInfo | None:
     """The plan's record of a (resolved) billed head."""
     if head is None:
         return None
-    return HeadInfo(cloud=head.cloud, instance_type=head.instance_type, price_hr=head.price_hr,
-                    boot_s=float(head.boot_s or 0.0), grace_s=head.grace_s)
+    return HeadInfo(
+        cloud=head.cloud,
+        instance_type=head.instance_type,
+        price_hr=head.price_hr,
+        boot_s=float(head.boot_s or 0.0),
+        grace_s=head.grace_s,
+    )
 
 
 def heads_of(plan: Plan) -> dict[str, HeadSpec]:
@@ -515,8 +779,11 @@ def heads_of(plan: Plan) -> dict[str, HeadSpec]:
     h = plan.head
     if h is None:
         return {}
-    return {h.cloud: HeadSpec(cloud=h.cloud, instance_type=h.instance_type, price_hr=h.price_hr, grace_s=h.grace_s,
-                              boot_s=h.boot_s)}
+    return {
+        h.cloud: HeadSpec(
+            cloud=h.cloud, instance_type=h.instance_type, price_hr=h.price_hr, grace_s=h.grace_s, boot_s=h.boot_s
+        )
+    }
 
 
 def configs_of(plan: Plan, catalog: Catalog) -> tuple[list[Stage], tuple[StageConfig, ...]]:
@@ -531,10 +798,17 @@ def configs_of(plan: Plan, catalog: Catalog) -> tuple[list[Stage], tuple[StageCo
     return stages, tuple(configs)
 
 
-def plan_simulator(plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES,
-                   seed: int | None = None, deadline_s: float | None = None,
-                   spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
-                   spot_policy: SpotPolicy | None = None):
+def plan_simulator(
+    plan: Plan,
+    profile: Profile,
+    catalog: Catalog,
+    *,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int | None = None,
+    deadline_s: float | None = None,
+    spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
+    spot_policy: SpotPolicy | None = None,
+):
     """(simulator, stages, configs, model) that replay an existing plan as it was planned.
 
     ``spot_scenarios`` replaces the plan's own spot model (e.g. trace replays, ``rubberband simulate
@@ -547,14 +821,23 @@ def plan_simulator(plan: Plan, profile: Profile, catalog: Catalog, *, samples: i
     for c in configs:
         model.require(c.instance_type.device)
     seed = plan.planner.seed if seed is None else seed
-    setup = plan_spot_setup(plan, samples=samples, seed=seed, deadline_s=deadline, scenarios=spot_scenarios,
-                            policy=spot_policy)
+    setup = plan_spot_setup(
+        plan, samples=samples, seed=seed, deadline_s=deadline, scenarios=spot_scenarios, policy=spot_policy
+    )
     spot = setup is None and any(s.spot for s in plan.stages)
     sim: PlanSimulator
     if plan.parallel_brackets:
         offsets = plan.bracket_offsets_s or None
-        sim = ParallelSimulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan),
-                                offsets=offsets, spot_setup=setup)
+        sim = ParallelSimulator(
+            stages,
+            model,
+            samples=samples,
+            seed=seed,
+            spot=spot,
+            heads=heads_of(plan),
+            offsets=offsets,
+            spot_setup=setup,
+        )
     else:
         sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan), spot_setup=setup)
     return sim, stages, configs, model
@@ -566,20 +849,39 @@ def replay_plan(plan: Plan, profile: Profile, catalog: Catalog, **kwargs) -> Sim
     return sim.simulate(configs)
 
 
-def simulate_plan(plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES,
-                  seed: int | None = None, deadline_s: float | None = None,
-                  spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None) -> Plan:
+def simulate_plan(
+    plan: Plan,
+    profile: Profile,
+    catalog: Catalog,
+    *,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int | None = None,
+    deadline_s: float | None = None,
+    spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
+) -> Plan:
     """Re-simulate an existing plan (e.g. with a new profile); returns a copy with new predictions."""
     deadline = deadline_s if deadline_s is not None else plan.deadline_s
-    sim, stages, configs, model = plan_simulator(plan, profile, catalog, samples=samples, seed=seed,
-                                                 deadline_s=deadline, spot_scenarios=spot_scenarios)
+    sim, stages, configs, model = plan_simulator(
+        plan, profile, catalog, samples=samples, seed=seed, deadline_s=deadline, spot_scenarios=spot_scenarios
+    )
     setup = sim.spot_setup
     spot = setup is None and any(s.spot for s in plan.stages)
     result = sim.simulate(configs)
-    update = {"stages": stage_plans(stages, configs, result, spot, model, zones=None if setup is None else setup.zones),
-              "predicted": prediction(result, deadline),
-              "timeline": _timeline(sim, configs, result), "deadline_s": deadline}
+    update = {
+        "stages": stage_plans(stages, configs, result, spot, model, zones=None if setup is None else setup.zones),
+        "predicted": prediction(result, deadline),
+        "timeline": _timeline(sim, configs, result),
+        "deadline_s": deadline,
+    }
     if plan.parallel_brackets:
-        update["handoffs"] = [Handoff(instance_type=h.instance_type, from_stage=h.from_stage, to_stage=h.to_stage,
-                                      at_s=round(h.at_s, 3), instance_id=h.instance_id) for h in sim.last_handoffs]
+        update["handoffs"] = [
+            Handoff(
+                instance_type=h.instance_type,
+                from_stage=h.from_stage,
+                to_stage=h.to_stage,
+                at_s=round(h.at_s, 3),
+                instance_id=h.instance_id,
+            )
+            for h in sim.last_handoffs
+        ]
     return plan.model_copy(update=update)

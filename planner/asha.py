@@ -102,10 +102,21 @@ class AshaSimulator:
     array; None: no head).
     """
 
-    def __init__(self, model: PerformanceModel, *, trials: int, eta: int, min_epochs: int, max_epochs: int,
-                 samples: int = ASHA_SAMPLES, seed: int = 0, spot: bool = False,
-                 head_cost: Callable[[InstanceType, np.ndarray], np.ndarray] | None = None,
-                 start_concurrency: float | None = None, start_sigma: float = 0.0) -> None:
+    def __init__(
+        self,
+        model: PerformanceModel,
+        *,
+        trials: int,
+        eta: int,
+        min_epochs: int,
+        max_epochs: int,
+        samples: int = ASHA_SAMPLES,
+        seed: int = 0,
+        spot: bool = False,
+        head_cost: Callable[[InstanceType, np.ndarray], np.ndarray] | None = None,
+        start_concurrency: float | None = None,
+        start_sigma: float = 0.0,
+    ) -> None:
         if start_concurrency is not None and start_concurrency < 1:
             raise ValueError("start_concurrency must be at least 1 (or None: unlimited)")
         if not (start_sigma >= 0 and math.isfinite(start_sigma)):
@@ -122,12 +133,16 @@ class AshaSimulator:
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0xA5A,))))
         self._quality = np.argsort(rng.random((samples, trials)), axis=1).astype(float)
         sigma = model.straggler_sigma
-        self._factor = np.exp(sigma * rng.standard_normal((samples, trials))) if sigma > 0 else \
-            np.ones((samples, trials))
+        self._factor = (
+            np.exp(sigma * rng.standard_normal((samples, trials))) if sigma > 0 else np.ones((samples, trials))
+        )
         self._boot_u = rng.random((samples, 1024))
         # drawn after the rest, so that start_sigma 0 leaves every other draw (and so every result) unchanged
-        self._start_factor = np.exp(start_sigma * rng.standard_normal((samples, trials))) if start_sigma > 0 else \
-            np.ones((samples, trials))
+        self._start_factor = (
+            np.exp(start_sigma * rng.standard_normal((samples, trials)))
+            if start_sigma > 0
+            else np.ones((samples, trials))
+        )
 
     def set_qualities(self, qualities: Sequence[float]) -> None:
         """Use one fixed order of the trials' qualities (higher is better) in every sample, e.g. the scores a
@@ -167,8 +182,12 @@ class AshaSimulator:
         training = busy * price * w / itype.workers
         startup_cost = (ready - request).sum(axis=1) * price
         head = self.head_cost(itype, jct) if self.head_cost is not None else np.zeros(n)
-        breakdown = {"training": training, "startup": startup_cost, "idle": total - training - startup_cost,
-                     "head": head}
+        breakdown = {
+            "training": training,
+            "startup": startup_cost,
+            "idle": total - training - startup_cost,
+            "head": head,
+        }
         return AshaResult(cluster, jct, total + head, breakdown, reached)
 
     def _run(self, s: int, ready: np.ndarray, lay, epoch: float, reached: np.ndarray) -> tuple[float, float]:
@@ -177,7 +196,7 @@ class AshaSimulator:
         if lay.span == 1:
             slot_ready = np.repeat(ready, lay.per_instance)
         else:
-            slot_ready = ready[:lay.slots * lay.span].reshape(lay.slots, lay.span).max(axis=1)
+            slot_ready = ready[: lay.slots * lay.span].reshape(lay.slots, lay.span).max(axis=1)
         free = [(float(t), j) for j, t in enumerate(slot_ready)]
         heapq.heapify(free)
         events: list[tuple[float, int, int, int]] = []  # (time, trial, rung, slot)
@@ -299,8 +318,9 @@ class _Starts:
         return sorted(((t, a[1], int(a[2]), int(a[3])) for a in out), key=lambda x: x[2])
 
 
-def _smallest_meeting(sim: AshaSimulator, itype: InstanceType, workers: int, deadline_s: float, confidence: float,
-                      most: int) -> AshaResult | None:
+def _smallest_meeting(
+    sim: AshaSimulator, itype: InstanceType, workers: int, deadline_s: float, confidence: float, most: int
+) -> AshaResult | None:
     """The fewest instances of (type, width) meeting the deadline (bisection on screening samples)."""
     step = -(-workers // itype.workers) if workers > itype.workers else 1
 
@@ -325,8 +345,9 @@ def _smallest_meeting(sim: AshaSimulator, itype: InstanceType, workers: int, dea
         k += 1
 
 
-def asha_baseline(sim: AshaSimulator, types: Sequence[InstanceType], max_workers: int, deadline_s: float,
-                  confidence: float) -> tuple[AshaResult, bool] | None:
+def asha_baseline(
+    sim: AshaSimulator, types: Sequence[InstanceType], max_workers: int, deadline_s: float, confidence: float
+) -> tuple[AshaResult, bool] | None:
     """The cheapest fixed cluster on which ASHA meets the deadline at the confidence: (result, True);
     when none does, the quickest cluster tried (a slot for every trial): (result, False).
 

@@ -124,9 +124,16 @@ def lower_bounds(space: PlanSpace, evaluator: HoldsSimulator, plan: Plan) -> tup
     return cost, startup + sum(times)
 
 
-def cheapest_feasible(plans: list[Plan], space: PlanSpace, evaluator: Evaluator, deadline_s: float,
-                      confidence: float, *, incumbent: tuple[Plan, SimResult] | None = None,
-                      screen_slack: int | None = None) -> BaselineResult:
+def cheapest_feasible(
+    plans: list[Plan],
+    space: PlanSpace,
+    evaluator: Evaluator,
+    deadline_s: float,
+    confidence: float,
+    *,
+    incumbent: tuple[Plan, SimResult] | None = None,
+    screen_slack: int | None = None,
+) -> BaselineResult:
     """Cheapest plan (full-sample mean cost) meeting the deadline, by branch and bound.
 
     Plans are visited in order of their rigorous cost lower bound, and the search stops at the
@@ -169,8 +176,11 @@ def shrink(space: PlanSpace, plan: Plan) -> Plan:
     out = []
     for st, c in zip(space.stages, plan):
         waves = -(-st.trials // max(1, layout(c.instance_type.workers, c.instances, c.workers).slots))
-        out.append(StageConfig(c.instance_type, count_for_waves(st.trials, c.instance_type.workers, c.workers,
-                                                                waves), c.workers))
+        out.append(
+            StageConfig(
+                c.instance_type, count_for_waves(st.trials, c.instance_type.workers, c.workers, waves), c.workers
+            )
+        )
     return tuple(out)
 
 
@@ -179,8 +189,15 @@ def best_static(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confi
     return cheapest_feasible(static_plans(space), space, evaluator, deadline_s, confidence)
 
 
-def exact_optimum(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confidence: float,
-                  *, incumbent: float = math.inf, max_nodes: int = 200_000) -> BaselineResult:
+def exact_optimum(
+    space: PlanSpace,
+    evaluator: Evaluator,
+    deadline_s: float,
+    confidence: float,
+    *,
+    incumbent: float = math.inf,
+    max_nodes: int = 200_000,
+) -> BaselineResult:
     """Cheapest plan of the whole plan space meeting the deadline (branch and bound).
 
     ``incumbent`` (a cost bound) is for callers that know one independently; the planner passes

@@ -50,8 +50,18 @@ from rubberband.planner.policies import bracket_start_order
 from rubberband.planner.provisioning import ProvisionQueue, fifo_starts
 from rubberband.planner.schedule import Stage
 from rubberband.planner.spot import SpotSetup
-from rubberband.planner.simulator import (CATEGORIES, HeadSpec, RunningState, SimOptions, SimResult, Simulator,
-                                          StageConfig, normalise, prepare_plan, sum_samples)
+from rubberband.planner.simulator import (
+    CATEGORIES,
+    HeadSpec,
+    RunningState,
+    SimOptions,
+    SimResult,
+    Simulator,
+    StageConfig,
+    normalise,
+    prepare_plan,
+    sum_samples,
+)
 
 BRACKET_MODES = ("parallel", "sequential")
 #: Seed stride between brackets' random streams.
@@ -97,8 +107,10 @@ def parallel_remainder(parts: Sequence[tuple[Sequence[int], float]], boundary: i
     """
     if not parts[boundary][0]:
         raise ValueError("the bracket at its boundary must have a stage to start")
-    order = sorted((b for b, (positions, _) in enumerate(parts) if positions),
-                   key=lambda b: (b != boundary, max(0.0, parts[b][1]), b))
+    order = sorted(
+        (b for b, (positions, _) in enumerate(parts) if positions),
+        key=lambda b: (b != boundary, max(0.0, parts[b][1]), b),
+    )
     positions = tuple(g for b in order for g in parts[b][0])
     offsets = tuple(0.0 if b == boundary else max(0.0, float(parts[b][1])) for b in order)
     return Remainder(positions, offsets)
@@ -111,7 +123,7 @@ class Handoff:
     instance_type: str
     from_stage: int  # positions in the plan's stages
     to_stage: int
-    at_s: float      # when the giving bracket released it
+    at_s: float  # when the giving bracket released it
     instance_id: str = ""
 
 
@@ -137,12 +149,25 @@ class ParallelSimulator:
 
     parallel = True
 
-    def __init__(self, stages: Sequence[Stage], model: PerformanceModel, *, samples: int = 1000, seed: int = 0,
-                 spot: bool = False, options: SimOptions | None = None, start_state: RunningState | None = None,
-                 heads: Mapping[str, HeadSpec] | None = None, offsets: Sequence[float] | None = None,
-                 share: bool = True, cache_size: int = 2048, _subs: list[Simulator] | None = None,
-                 _cache: OrderedDict | None = None, spot_setup: SpotSetup | None = None,
-                 bracket_states: Sequence[RunningState | None] | None = None) -> None:
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        model: PerformanceModel,
+        *,
+        samples: int = 1000,
+        seed: int = 0,
+        spot: bool = False,
+        options: SimOptions | None = None,
+        start_state: RunningState | None = None,
+        heads: Mapping[str, HeadSpec] | None = None,
+        offsets: Sequence[float] | None = None,
+        share: bool = True,
+        cache_size: int = 2048,
+        _subs: list[Simulator] | None = None,
+        _cache: OrderedDict | None = None,
+        spot_setup: SpotSetup | None = None,
+        bracket_states: Sequence[RunningState | None] | None = None,
+    ) -> None:
         self.stages = list(stages)
         self.model = model
         self.samples = samples
@@ -160,28 +185,63 @@ class ParallelSimulator:
             raise ValueError("one offset ≥ 0 per bracket is required, and bracket 0 starts at 0")
         # each bracket's instances already running (re-planning a parallel run's remainder mid-run: every
         # bracket's next stage may keep its instances); by default only the first bracket's
-        states = list(bracket_states) if bracket_states is not None else (
-            [start_state] + [None] * (len(self.ranges) - 1))
+        states = (
+            list(bracket_states) if bracket_states is not None else ([start_state] + [None] * (len(self.ranges) - 1))
+        )
         if len(states) != len(self.ranges):
             raise ValueError("one start state (or None) per bracket is required")
         self.bracket_states = tuple(states)
         # the whole job's simulator: heads, billing rules and bounds (never used to simulate a plan)
-        self.main = Simulator(self.stages, model, samples=samples, seed=seed, spot=spot, options=self.options,
-                              start_state=start_state, heads=heads, spot_setup=spot_setup)
-        self.subs = _subs if _subs is not None else [
-            Simulator(self.stages[lo:hi], model, samples=samples, seed=seed + BRACKET_SEED_STRIDE * b, spot=spot,
-                      options=self.options, start_state=states[b], spot_setup=spot_setup)
-            for b, (lo, hi) in enumerate(self.ranges)]
+        self.main = Simulator(
+            self.stages,
+            model,
+            samples=samples,
+            seed=seed,
+            spot=spot,
+            options=self.options,
+            start_state=start_state,
+            heads=heads,
+            spot_setup=spot_setup,
+        )
+        self.subs = (
+            _subs
+            if _subs is not None
+            else [
+                Simulator(
+                    self.stages[lo:hi],
+                    model,
+                    samples=samples,
+                    seed=seed + BRACKET_SEED_STRIDE * b,
+                    spot=spot,
+                    options=self.options,
+                    start_state=states[b],
+                    spot_setup=spot_setup,
+                )
+                for b, (lo, hi) in enumerate(self.ranges)
+            ]
+        )
         self._runs: OrderedDict = _cache if _cache is not None else OrderedDict()
         self._cache_size = cache_size
         self.evaluations = 0
 
     def with_offsets(self, offsets: Sequence[float]) -> "ParallelSimulator":
         """The same job with other bracket start offsets (shares the brackets' simulations)."""
-        return ParallelSimulator(self.stages, self.model, samples=self.samples, seed=self.seed, spot=self.spot,
-                                 options=self.options, start_state=self.start_state, heads=self.main.heads,
-                                 offsets=offsets, share=self.share, _subs=self.subs, _cache=self._runs,
-                                 spot_setup=self.spot_setup, bracket_states=self.bracket_states)
+        return ParallelSimulator(
+            self.stages,
+            self.model,
+            samples=self.samples,
+            seed=self.seed,
+            spot=self.spot,
+            options=self.options,
+            start_state=self.start_state,
+            heads=self.main.heads,
+            offsets=offsets,
+            share=self.share,
+            _subs=self.subs,
+            _cache=self._runs,
+            spot_setup=self.spot_setup,
+            bracket_states=self.bracket_states,
+        )
 
     # -- Simulator's interface ------------------------------------------------------------------
     def head_for(self, configs: Sequence[StageConfig]) -> HeadSpec | None:
@@ -225,8 +285,12 @@ class ParallelSimulator:
 
     # -- internals ------------------------------------------------------------------------------
     def _order(self, runs: list[_BracketRun]) -> list[int]:
-        return bracket_start_order({b: self.offsets[b] + sum(float(np.median(d)) for d in r.result.stage_durations)
-                                    for b, r in enumerate(runs)})
+        return bracket_start_order(
+            {
+                b: self.offsets[b] + sum(float(np.median(d)) for d in r.result.stage_durations)
+                for b, r in enumerate(runs)
+            }
+        )
 
     def _all(self, configs: tuple[StageConfig, ...], n: int) -> list[_BracketRun]:
         """Every bracket's run. On a serial-provisioning cloud (the local backend) the brackets share the
@@ -242,13 +306,14 @@ class ParallelSimulator:
         width = max(hi - lo for lo, hi in self.ranges) + 1
         queues: list[ProvisionQueue | None] = [None] * len(self.ranges)
         for _ in range(len(configs) + 1):
-            batches = [(b, k, *p) for b, r in enumerate(runs) for k, p in enumerate(r.provision or [])
-                       if p is not None]
+            batches = [(b, k, *p) for b, r in enumerate(runs) for k, p in enumerate(r.provision or []) if p is not None]
             if len(batches) < 2:
                 break
-            starts = fifo_starts(np.stack([self.offsets[b] + sub for b, _, sub, _ in batches], axis=1),
-                                 np.stack([busy for _, _, _, busy in batches], axis=1),
-                                 [rank[b] * width + k for b, k, _, _ in batches])
+            starts = fifo_starts(
+                np.stack([self.offsets[b] + sub for b, _, sub, _ in batches], axis=1),
+                np.stack([busy for _, _, _, busy in batches], axis=1),
+                [rank[b] * width + k for b, k, _, _ in batches],
+            )
             free: list[list] = [[None] * (hi - lo) for lo, hi in self.ranges]
             for j, (b, k, sub, _) in enumerate(batches):
                 own = starts[:, j] - self.offsets[b]
@@ -262,8 +327,14 @@ class ParallelSimulator:
             runs = [self._bracket(b, configs, n, q, keys=keys) for b, q in enumerate(queues)]
         return runs
 
-    def _bracket(self, b: int, configs: tuple[StageConfig, ...], n: int,
-                 queue: ProvisionQueue | None = None, keys: tuple | None = None) -> _BracketRun:
+    def _bracket(
+        self,
+        b: int,
+        configs: tuple[StageConfig, ...],
+        n: int,
+        queue: ProvisionQueue | None = None,
+        keys: tuple | None = None,
+    ) -> _BracketRun:
         lo, hi = self.ranges[b]
         sub_configs = configs[lo:hi]
         key: tuple = (b, n, tuple(c.key for c in sub_configs) if keys is None else keys[lo:hi])
@@ -278,8 +349,9 @@ class ParallelSimulator:
         run = _BracketRun(result, queue=queue)
         if any(c.instance_type.cloud in SERIAL_PROVISIONING for c in sub_configs):
             tails = sub._tails(sub_configs)
-            run.provision = [sub._prefix(sub_configs, k + 1, n, tails, queue).open.provision
-                             for k in range(len(sub_configs))]
+            run.provision = [
+                sub._prefix(sub_configs, k + 1, n, tails, queue).open.provision for k in range(len(sub_configs))
+            ]
         if self.share and len(self.ranges) > 1 and n == self.samples:
             self._instances(b, sub, sub_configs, n, run)
         self._runs[key] = run
@@ -297,19 +369,25 @@ class ParallelSimulator:
                 continue  # spot instances are not handed over (their market's own preemptions and prices)
             tkey = config.instance_type.key
             prev = configs[k - 1] if k > 0 else None
-            carry_in = min(prev.instances, config.instances) if prev is not None and \
-                prev.instance_type.key == tkey and prev.market == config.market else 0
+            carry_in = (
+                min(prev.instances, config.instances)
+                if prev is not None and prev.instance_type.key == tkey and prev.market == config.market
+                else 0
+            )
             state = sub.start_state
             if k == 0 and state is not None and state.instance_type_key == tkey:
                 carry_in = min(state.instances, config.instances)  # running already: not a request
             # bracket 0's first stage starts the job: nothing can be handed to it (keeps cost bounds rigorous)
-            if not (k == 0 and b == 0) and carry_in < config.instances \
-                    and rec.ready is not None:
+            if not (k == 0 and b == 0) and carry_in < config.instances and rec.ready is not None:
                 run.requests.setdefault(tkey, []).append(
-                    (rec.request[:, carry_in:], rec.ready[:, carry_in:], np.full(config.instances - carry_in, lo + k)))
+                    (rec.request[:, carry_in:], rec.ready[:, carry_in:], np.full(config.instances - carry_in, lo + k))
+                )
             nxt = configs[k + 1] if k + 1 < len(configs) else None
-            carry_out = min(nxt.instances, config.instances) if nxt is not None and \
-                nxt.instance_type.key == tkey and nxt.market == config.market else 0
+            carry_out = (
+                min(nxt.instances, config.instances)
+                if nxt is not None and nxt.instance_type.key == tkey and nxt.market == config.market
+                else 0
+            )
             released = config.instances - carry_out
             if released > 0:
                 # the instances carried on are those that free last (the simulator's rule)
@@ -342,18 +420,32 @@ class ParallelSimulator:
         for r in runs:
             for k, v in r.result.spot_events.items():
                 events[k] = events.get(k, 0.0) + v
-        return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=stage_durations,
-                         stage_costs=stage_costs, breakdown=breakdown, by_type=by_type, samples=n,
-                         spot_events=events)
+        return SimResult(
+            configs=configs,
+            jct=jct,
+            cost=cost,
+            stage_durations=stage_durations,
+            stage_costs=stage_costs,
+            breakdown=breakdown,
+            by_type=by_type,
+            samples=n,
+            spot_events=events,
+        )
 
     def _matching(self, configs, runs, rows: slice):
         """Per type: the matched hand-overs (vectorised over samples ``rows``)."""
         out = []
         for tkey in sorted({k for r in runs for k in r.requests}):
-            donors = [(o + rel[rows], st, b) for b, (o, r) in enumerate(zip(self.offsets, runs))
-                      for rel, st in r.donors.get(tkey, [])]
-            requests = [(o + q[rows], o + rd[rows], st, b) for b, (o, r) in enumerate(zip(self.offsets, runs))
-                        for q, rd, st in r.requests.get(tkey, [])]
+            donors = [
+                (o + rel[rows], st, b)
+                for b, (o, r) in enumerate(zip(self.offsets, runs))
+                for rel, st in r.donors.get(tkey, [])
+            ]
+            requests = [
+                (o + q[rows], o + rd[rows], st, b)
+                for b, (o, r) in enumerate(zip(self.offsets, runs))
+                for q, rd, st in r.requests.get(tkey, [])
+            ]
             if not donors or not requests:
                 continue
             D = np.concatenate([d[0] for d in donors], axis=1)
@@ -367,19 +459,25 @@ class ParallelSimulator:
             tail = self._termination(itype)
             # a request can only be served by another bracket's instance released while it boots:
             # pre-filter (request, donor) column pairs on their ranges over the samples
-            overlap = ((D.max(axis=0)[:, None] > Q.min(axis=0)[None, :] - tail)
-                       & (D.min(axis=0)[:, None] <= R.max(axis=0)[None, :])
-                       & (d_bracket[:, None] != q_bracket[None, :]))
-            useful = [(int(j), np.flatnonzero(overlap[:, j])) for j in np.argsort(R.mean(axis=0), kind="stable")
-                      if overlap[:, j].any()]
+            overlap = (
+                (D.max(axis=0)[:, None] > Q.min(axis=0)[None, :] - tail)
+                & (D.min(axis=0)[:, None] <= R.max(axis=0)[None, :])
+                & (d_bracket[:, None] != q_bracket[None, :])
+            )
+            useful = [
+                (int(j), np.flatnonzero(overlap[:, j]))
+                for j in np.argsort(R.mean(axis=0), kind="stable")
+                if overlap[:, j].any()
+            ]
             out.append((tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful))
         return out
 
     def _handoffs(self, configs, runs, n):
         """Per type: (saved $, startup $ saved, idle $ added, $ saved per receiving stage) per sample."""
         result = []
-        for tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful in \
-                self._matching(configs, runs, slice(0, n)):
+        for tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful in self._matching(
+            configs, runs, slice(0, n)
+        ):
             if not useful:
                 continue
             price = self._price(itype) / 3600.0
@@ -392,7 +490,7 @@ class ParallelSimulator:
             per_stage: dict[int, np.ndarray] = {}
             for j, cols in useful:
                 Dc = D[:, cols]
-                ok = free[:, cols] & (Dc > Q[:, j:j + 1] - tail) & (Dc <= R[:, j:j + 1])
+                ok = free[:, cols] & (Dc > Q[:, j : j + 1] - tail) & (Dc <= R[:, j : j + 1])
                 has = ok.any(axis=1)
                 if not has.any():
                     continue
@@ -414,8 +512,9 @@ class ParallelSimulator:
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
         runs = self._all(configs, self.samples)
         out = []
-        for tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful in \
-                self._matching(configs, runs, slice(sample, sample + 1)):
+        for tkey, itype, D, d_stage, d_bracket, Q, R, q_stage, q_bracket, tail, useful in self._matching(
+            configs, runs, slice(sample, sample + 1)
+        ):
             free = np.ones(D.shape[1], dtype=bool)
             for j, _ in useful:
                 ok = free & (D[0] > Q[0, j] - tail) & (D[0] <= R[0, j]) & (d_bracket != q_bracket[j])
@@ -451,25 +550,44 @@ class ParallelSimulator:
             for inst in tl.instances:
                 new_id = f"i{len(instances)}"
                 rename[inst.id] = new_id
-                moved = inst.model_copy(update={
-                    "id": new_id, "first_stage": inst.first_stage + lo, "last_stage": inst.last_stage + lo,
-                    "requested_s": inst.requested_s + off, "ready_s": inst.ready_s + off,
-                    "released_s": inst.released_s + off})
+                moved = inst.model_copy(
+                    update={
+                        "id": new_id,
+                        "first_stage": inst.first_stage + lo,
+                        "last_stage": inst.last_stage + lo,
+                        "requested_s": inst.requested_s + off,
+                        "ready_s": inst.ready_s + off,
+                        "released_s": inst.released_s + off,
+                    }
+                )
                 instances.append(moved)
                 per_stage_new.setdefault(moved.first_stage, []).append(moved)
                 per_stage_release.setdefault(moved.last_stage, []).append(moved)
             for t in tl.tasks:
-                tasks.append(t.model_copy(update={
-                    "trial": t.trial + trial_base, "start_s": t.start_s + off, "end_s": t.end_s + off,
-                    "instance_ids": [rename[i] for i in t.instance_ids]}))
+                tasks.append(
+                    t.model_copy(
+                        update={
+                            "trial": t.trial + trial_base,
+                            "start_s": t.start_s + off,
+                            "end_s": t.end_s + off,
+                            "instance_ids": [rename[i] for i in t.instance_ids],
+                        }
+                    )
+                )
             trial_base += self.stages[lo].trials
             dag.update(nx.relabel_nodes(sub_dag, lambda node, b=b: (b, node)))
         moves: list[Handoff] = []
         if self.share and len(self.ranges) > 1:
             taken: set[str] = set()
             for tkey, from_stage, to_stage, at, _ in self.handoffs(configs, sample):
-                giver = next((i for i in sorted(per_stage_release.get(from_stage, []), key=lambda x: -x.released_s)
-                              if i.id not in taken and abs(i.released_s - at) < 1e-3), None)
+                giver = next(
+                    (
+                        i
+                        for i in sorted(per_stage_release.get(from_stage, []), key=lambda x: -x.released_s)
+                        if i.id not in taken and abs(i.released_s - at) < 1e-3
+                    ),
+                    None,
+                )
                 receiver = next((i for i in per_stage_new.get(to_stage, []) if i.id not in taken), None)
                 if giver is None or receiver is None:
                     continue
@@ -477,9 +595,13 @@ class ParallelSimulator:
                 moves.append(Handoff(configs[to_stage].instance_type.name, from_stage, to_stage, at, giver.id))
                 itype = configs[to_stage].instance_type
                 life = receiver.released_s - giver.requested_s + self._termination(itype)
-                merged = giver.model_copy(update={"last_stage": receiver.last_stage,
-                                                  "released_s": receiver.released_s,
-                                                  "cost_usd": self._rule(itype.cloud).cost(life, self._price(itype))})
+                merged = giver.model_copy(
+                    update={
+                        "last_stage": receiver.last_stage,
+                        "released_s": receiver.released_s,
+                        "cost_usd": self._rule(itype.cloud).cost(life, self._price(itype)),
+                    }
+                )
                 instances[int(giver.id[1:])] = merged
                 instances[int(receiver.id[1:])] = None
                 for t in tasks:
@@ -489,8 +611,9 @@ class ParallelSimulator:
         return Timeline(instances=[i for i in instances if i is not None], tasks=tasks), dag, critical
 
 
-def offset_candidates(sim: ParallelSimulator, configs: Sequence[StageConfig], result: SimResult,
-                      bracket: int) -> list[float]:
+def offset_candidates(
+    sim: ParallelSimulator, configs: Sequence[StageConfig], result: SimResult, bracket: int
+) -> list[float]:
     """Start offsets worth trying for ``bracket``: those that make its first instances come up
     when another bracket's stage ends (its instances are released then), without making it the
     last bracket to finish (median)."""
@@ -623,8 +746,9 @@ def parallel_knapsack_plans(space, *, targets: int = 40) -> list[tuple[StageConf
     return out
 
 
-def optimise_offsets(sim: ParallelSimulator, configs: Sequence[StageConfig], result: SimResult, deadline_s: float,
-                     confidence: float) -> tuple[ParallelSimulator, SimResult, int]:
+def optimise_offsets(
+    sim: ParallelSimulator, configs: Sequence[StageConfig], result: SimResult, deadline_s: float, confidence: float
+) -> tuple[ParallelSimulator, SimResult, int]:
     """Coordinate descent over bracket start offsets: for each bracket after the first, try the
     offsets of :func:`offset_candidates` and keep the cheapest that still meets the deadline.
     Returns the simulator with the chosen offsets, its result and the plans simulated."""

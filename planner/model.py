@@ -104,13 +104,21 @@ class DeviceModel:
         s = self.t_sync(workers, nodes)
         if s <= 0:
             return g
-        return (g ** self.gamma + s ** self.gamma) ** (1.0 / self.gamma)
+        return (g**self.gamma + s**self.gamma) ** (1.0 / self.gamma)
 
     def scaled(self, speed: float, reference: str) -> "DeviceModel":
         """The same interconnect with compute ``speed`` times faster than the reference device."""
-        return DeviceModel(self.alpha_grad / speed, self.beta_grad / speed, self.alpha_sync_node,
-                           self.beta_sync_node, self.alpha_sync_cross, self.beta_sync_cross, self.gamma,
-                           source=f"scaled from {reference} by device_speed {speed:g}", points=0)
+        return DeviceModel(
+            self.alpha_grad / speed,
+            self.beta_grad / speed,
+            self.alpha_sync_node,
+            self.beta_sync_node,
+            self.alpha_sync_cross,
+            self.beta_sync_cross,
+            self.gamma,
+            source=f"scaled from {reference} by device_speed {speed:g}",
+            points=0,
+        )
 
 
 @dataclass(frozen=True)
@@ -165,9 +173,11 @@ class PerformanceModel:
         try:
             return self.devices[device]
         except KeyError:
-            raise ProfileError(f"device {device!r} was neither measured nor given a device_speed in the "
-                               f"profile; add profile field device_speed.{device} (relative to "
-                               f"{self.reference_device}) or restrict resources.instance_types") from None
+            raise ProfileError(
+                f"device {device!r} was neither measured nor given a device_speed in the "
+                f"profile; add profile field device_speed.{device} (relative to "
+                f"{self.reference_device}) or restrict resources.instance_types"
+            ) from None
 
     def iterations_per_epoch(self, workers: int) -> int:
         global_batch = self.batch_size_per_worker * workers
@@ -196,13 +206,25 @@ class PerformanceModel:
     # -- start-up --------------------------------------------------------------------------
     def startup(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a provisioning request until the instance can run a worker."""
-        return _measured_or_default(self.startup_by_type, self.startup_by_cloud, DEFAULT_STARTUP_S, cloud,
-                                    instance_type, "typical boot + Ray join")
+        return _measured_or_default(
+            self.startup_by_type,
+            self.startup_by_cloud,
+            DEFAULT_STARTUP_S,
+            cloud,
+            instance_type,
+            "typical boot + Ray join",
+        )
 
     def termination(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a terminate request until the instance is gone (and no longer billed)."""
-        return _measured_or_default(self.termination_by_type, self.termination_by_cloud, DEFAULT_TERMINATION_S,
-                                    cloud, instance_type, "terminate request until gone")
+        return _measured_or_default(
+            self.termination_by_type,
+            self.termination_by_cloud,
+            DEFAULT_TERMINATION_S,
+            cloud,
+            instance_type,
+            "terminate request until gone",
+        )
 
     def describe(self) -> dict[str, Any]:
         """Fitted parameters as plain data (stored as ``profile.fitted`` for inspection)."""
@@ -215,35 +237,52 @@ class PerformanceModel:
             "task_start_s": self.task_start_s,
             "worker_start_s": self.worker_start_s,
             "variation": self.variation.describe(),
-            "devices": {name: {
-                "alpha_grad": d.alpha_grad, "beta_grad": d.beta_grad,
-                "alpha_sync_node": d.alpha_sync_node, "beta_sync_node": d.beta_sync_node,
-                "alpha_sync_cross": d.alpha_sync_cross, "beta_sync_cross": d.beta_sync_cross,
-                "gamma": d.gamma, "source": d.source, "points": d.points,
-                "rms_log_error": d.rms_log_error,
-            } for name, d in sorted(self.devices.items())},
+            "devices": {
+                name: {
+                    "alpha_grad": d.alpha_grad,
+                    "beta_grad": d.beta_grad,
+                    "alpha_sync_node": d.alpha_sync_node,
+                    "beta_sync_node": d.beta_sync_node,
+                    "alpha_sync_cross": d.alpha_sync_cross,
+                    "beta_sync_cross": d.beta_sync_cross,
+                    "gamma": d.gamma,
+                    "source": d.source,
+                    "points": d.points,
+                    "rms_log_error": d.rms_log_error,
+                }
+                for name, d in sorted(self.devices.items())
+            },
             "startup": {
-                **{f"{c}:{t}": {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
-                   for (c, t), m in sorted(self.startup_by_type.items())},
-                **{c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
-                   for c, m in sorted(self.startup_by_cloud.items())},
+                **{
+                    f"{c}:{t}": {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
+                    for (c, t), m in sorted(self.startup_by_type.items())
+                },
+                **{
+                    c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
+                    for c, m in sorted(self.startup_by_cloud.items())
+                },
             },
             "termination": {
-                **{f"{c}:{t}": {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
-                   for (c, t), m in sorted(self.termination_by_type.items())},
-                **{c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
-                   for c, m in sorted(self.termination_by_cloud.items())},
+                **{
+                    f"{c}:{t}": {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
+                    for (c, t), m in sorted(self.termination_by_type.items())
+                },
+                **{
+                    c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
+                    for c, m in sorted(self.termination_by_cloud.items())
+                },
             },
         }
 
 
 # -- fitting --------------------------------------------------------------------------------
 
+
 def _steady(latencies: list[float]) -> np.ndarray:
     """Latencies with warm-up iterations dropped (first 10%, at least one when there are ≥ 5)."""
     values = np.asarray(latencies, dtype=float)
     if len(values) >= 5:
-        values = values[max(1, len(values) // 10):]
+        values = values[max(1, len(values) // 10) :]
     return values
 
 
@@ -272,8 +311,7 @@ def _fit_device(points: list[tuple[int, int, int, float]]) -> DeviceModel:
         extra = [_PRIOR_WEIGHT * (theta[1] - math.log(base / max(batches) * 0.1))] if fit_beta_grad else [0.0]
         return np.concatenate([np.asarray(r), prior, np.asarray(extra)])
 
-    theta0 = np.concatenate([[math.log(base)], [math.log(base / max(batches) * 0.1) if fit_beta_grad else 0.0],
-                             priors])
+    theta0 = np.concatenate([[math.log(base)], [math.log(base / max(batches) * 0.1) if fit_beta_grad else 0.0], priors])
     lower = np.full(7, -25.0)
     upper = np.full(7, 10.0)
     upper[6] = math.log(20.0)  # γ ≤ 21
@@ -282,8 +320,9 @@ def _fit_device(points: list[tuple[int, int, int, float]]) -> DeviceModel:
     result = least_squares(residuals, theta0, bounds=(lower, upper), method="trf", x_scale=1.0)
     fitted = model(result.x)
     errors = [math.log(fitted.t_iter(b, w, n)) - math.log(lat) for b, w, n, lat in points]
-    return DeviceModel(*unpack(result.x), source="fitted", points=len(points),
-                       rms_log_error=float(np.sqrt(np.mean(np.square(errors)))))
+    return DeviceModel(
+        *unpack(result.x), source="fitted", points=len(points), rms_log_error=float(np.sqrt(np.mean(np.square(errors))))
+    )
 
 
 def _sigma(profile: Profile) -> float:
@@ -308,8 +347,10 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
     if reference is None:
         reference = max(by_device, key=lambda d: len(by_device[d]))
     if profile.device_speed and reference not in devices:
-        raise ProfileError(f"profile field 'reference_device': {reference!r} has no measurements; "
-                           f"measure it or name a measured device ({', '.join(sorted(devices))})")
+        raise ProfileError(
+            f"profile field 'reference_device': {reference!r} has no measurements; "
+            f"measure it or name a measured device ({', '.join(sorted(devices))})"
+        )
     ref_speed = profile.device_speed.get(reference, 1.0)
     for name, speed in profile.device_speed.items():
         if name not in devices:
@@ -347,8 +388,10 @@ def _variation(profile: Profile, devices: dict[str, DeviceModel], batch: int) ->
     usable = [m for m in profile.epoch_measurements if m.device in devices]
     if not usable:
         return Variation()
-    predicted = [m.iterations_per_epoch * devices[m.device].t_iter(batch, m.workers, m.nodes)
-                 + profile.workload.epoch_overhead_s for m in usable]
+    predicted = [
+        m.iterations_per_epoch * devices[m.device].t_iter(batch, m.workers, m.nodes) + profile.workload.epoch_overhead_s
+        for m in usable
+    ]
     return fit_variation([m.epoch_times_s for m in usable], predicted)
 
 
@@ -372,12 +415,15 @@ def _latency_models(entries: list) -> tuple[dict[tuple[str, str], StartupModel],
         if cloud not in by_cloud:
             by_cloud[cloud] = samples
             cloud_source[cloud] = "measured on other types of this cloud"
-    return ({k: StartupModel(tuple(sorted(v)), type_source[k]) for k, v in by_type.items()},
-            {k: StartupModel(tuple(sorted(v)), cloud_source[k]) for k, v in by_cloud.items()})
+    return (
+        {k: StartupModel(tuple(sorted(v)), type_source[k]) for k, v in by_type.items()},
+        {k: StartupModel(tuple(sorted(v)), cloud_source[k]) for k, v in by_cloud.items()},
+    )
 
 
-def _measured_or_default(by_type: dict, by_cloud: dict, defaults: dict, cloud: str, instance_type: str,
-                         what: str) -> StartupModel:
+def _measured_or_default(
+    by_type: dict, by_cloud: dict, defaults: dict, cloud: str, instance_type: str, what: str
+) -> StartupModel:
     """The type's samples, else the cloud's, else the documented per-cloud default (marked as such)."""
     model = by_type.get((cloud, instance_type)) or by_cloud.get(cloud)
     if model is not None:

@@ -62,10 +62,17 @@ class Variation:
         return math.exp(self.config_log_mean - 6.0 * self.config_sigma - 6.0 * self.epoch_sigma)
 
     def describe(self) -> dict:
-        return {"epoch_sigma": round(self.epoch_sigma, 6), "epoch_sigma_fit": round(self.epoch_sigma_fit, 6),
-                "config_sigma": round(self.config_sigma, 6), "config_sigma_fit": round(self.config_sigma_fit, 6),
-                "config_log_mean": round(self.config_log_mean, 6), "configs": self.configs, "epochs": self.epochs,
-                "fit_confidence": FIT_CONFIDENCE, "source": self.source}
+        return {
+            "epoch_sigma": round(self.epoch_sigma, 6),
+            "epoch_sigma_fit": round(self.epoch_sigma_fit, 6),
+            "config_sigma": round(self.config_sigma, 6),
+            "config_sigma_fit": round(self.config_sigma_fit, 6),
+            "config_log_mean": round(self.config_log_mean, 6),
+            "configs": self.configs,
+            "epochs": self.epochs,
+            "fit_confidence": FIT_CONFIDENCE,
+            "source": self.source,
+        }
 
 
 def _upper(variance: float, dof: int, level: float) -> float:
@@ -75,8 +82,9 @@ def _upper(variance: float, dof: int, level: float) -> float:
     return variance * dof / float(chi2.ppf(1.0 - level, dof))
 
 
-def fit_variation(epoch_times: Sequence[Sequence[float]], predicted_s: Sequence[float], *,
-                  level: float = FIT_CONFIDENCE) -> Variation:
+def fit_variation(
+    epoch_times: Sequence[Sequence[float]], predicted_s: Sequence[float], *, level: float = FIT_CONFIDENCE
+) -> Variation:
     """Fit per-epoch and per-configuration variation from whole-epoch times (pure).
 
     ``epoch_times[c]`` are the epoch times of configuration ``c``; ``predicted_s[c]`` what the
@@ -113,14 +121,21 @@ def fit_variation(epoch_times: Sequence[Sequence[float]], predicted_s: Sequence[
     else:
         config_fit = config_plan = 0.0
         notes.append("per-configuration speed not measured (one configuration): 0")
-    return Variation(epoch_sigma=min(MAX_SIGMA, epoch_plan), config_sigma=min(MAX_SIGMA, config_plan),
-                     config_log_mean=float(means.mean()), epoch_sigma_fit=epoch_fit, config_sigma_fit=config_fit,
-                     configs=k, epochs=sum(len(g) for g in groups),
-                     source=f"measured: whole epochs of sampled configurations ({'; '.join(notes)}); planned σs "
-                            f"are {level:.0%} upper confidence bounds")
+    return Variation(
+        epoch_sigma=min(MAX_SIGMA, epoch_plan),
+        config_sigma=min(MAX_SIGMA, config_plan),
+        config_log_mean=float(means.mean()),
+        epoch_sigma_fit=epoch_fit,
+        config_sigma_fit=config_fit,
+        configs=k,
+        epochs=sum(len(g) for g in groups),
+        source=f"measured: whole epochs of sampled configurations ({'; '.join(notes)}); planned σs "
+        f"are {level:.0%} upper confidence bounds",
+    )
 
 
 # -- sampling ---------------------------------------------------------------------------------
+
 
 class VariationDraws:
     """Common random numbers for the variation: standard normals per (bracket, trial) and per (stage, task).
@@ -161,15 +176,16 @@ def task_factors(variation: Variation, trial_z: np.ndarray, epoch_z: np.ndarray,
     variance (Fenton–Wilkinson), exact for one epoch.
     """
     log = variation.config_log_mean + variation.config_sigma * trial_z
-    s2 = variation.epoch_sigma ** 2
+    s2 = variation.epoch_sigma**2
     if s2 > 0:
         a2 = math.log1p(math.expm1(s2) / max(1, epochs))
         log = log + (0.5 * (s2 - a2)) + math.sqrt(a2) * epoch_z
     return np.exp(log)
 
 
-def schedule_tasks(ready: np.ndarray, base: np.ndarray, factor: np.ndarray,
-                   overhead: float, extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def schedule_tasks(
+    ready: np.ndarray, base: np.ndarray, factor: np.ndarray, overhead: float, extra: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """List scheduling of tasks of unequal duration onto slots, vectorised over samples.
 
     Slot ``j`` is free at ``ready[:, j]``; task ``m`` (in dispatch order) on slot ``j`` takes

@@ -116,11 +116,11 @@ class PrefetchPolicy:
 class Action(str, Enum):
     """What a stage boundary decides (journaled as ``decision.action``)."""
 
-    CONTINUE = "continue"        # the current plan meets the deadline: keep it
-    SAVE = "save"                # the current plan meets it, and a clearly cheaper one does too: take that
-    BUY_SPEED = "buy_speed"      # the current plan misses the confidence, a quicker one meets it: take that
+    CONTINUE = "continue"  # the current plan meets the deadline: keep it
+    SAVE = "save"  # the current plan meets it, and a clearly cheaper one does too: take that
+    BUY_SPEED = "buy_speed"  # the current plan misses the confidence, a quicker one meets it: take that
     FINISH_LATE = "finish_late"  # nothing meets it: go on (on the quicker plan when clearly quicker), be late
-    STOP = "stop"                # nothing meets it and the run must not go on: stop now, return the best so far
+    STOP = "stop"  # nothing meets it and the run must not go on: stop now, return the best so far
 
 
 @dataclass(frozen=True)
@@ -173,31 +173,47 @@ class LatenessPolicy:
         if self.meets(current):
             if self.meets(proposal) and proposal.cost_usd < current.cost_usd * (1.0 - self.cheaper_gain):
                 return LateDecision(Action.SAVE, True, "cheaper plan meets the deadline")
-            why = ("proposal misses the confidence" if proposal is not None and not self.meets(proposal)
-                   else "current plan is as cheap and on time")
+            why = (
+                "proposal misses the confidence"
+                if proposal is not None and not self.meets(proposal)
+                else "current plan is as cheap and on time"
+            )
             return LateDecision(Action.CONTINUE, False, why)
         if self.meets(proposal):
-            return LateDecision(Action.BUY_SPEED, True,
-                                f"deadline at risk: buying speed (P(meet) {current.p_meet:.2f} → "
-                                f"{proposal.p_meet:.2f}, ≥ {p:g})")
+            return LateDecision(
+                Action.BUY_SPEED,
+                True,
+                f"deadline at risk: buying speed (P(meet) {current.p_meet:.2f} → {proposal.p_meet:.2f}, ≥ {p:g})",
+            )
         clearly_quicker = proposal is not None and proposal.jct_p50_s < current.jct_p50_s * (1.0 - self.late_gain)
         quicker = proposal if clearly_quicker else None
         best = current if quicker is None else quicker
-        out_of_reach = (f"deadline out of reach (best P(meet) "
-                        f"{max(current.p_meet, proposal.p_meet if proposal else 0.0):.2f} < {p:g})")
+        out_of_reach = (
+            f"deadline out of reach (best P(meet) "
+            f"{max(current.p_meet, proposal.p_meet if proposal else 0.0):.2f} < {p:g})"
+        )
         if self.on_late == "stop":
-            return LateDecision(Action.STOP, False, f"{out_of_reach}; --on-late stop: stopping before the next "
-                                                    f"stage with the best so far")
+            return LateDecision(
+                Action.STOP,
+                False,
+                f"{out_of_reach}; --on-late stop: stopping before the next stage with the best so far",
+            )
         if math.isfinite(self.overrun_s) and best.jct_p50_s > time_left_s + self.overrun_s:
-            return LateDecision(Action.STOP, False,
-                                f"{out_of_reach}; even the quickest plan (p50 {format_duration(best.jct_p50_s)} left) "
-                                f"ends past the deadline plus the allowed overrun "
-                                f"({format_duration(max(0.0, time_left_s + self.overrun_s))} left): stopping now "
-                                f"with the best so far")
+            return LateDecision(
+                Action.STOP,
+                False,
+                f"{out_of_reach}; even the quickest plan (p50 {format_duration(best.jct_p50_s)} left) "
+                f"ends past the deadline plus the allowed overrun "
+                f"({format_duration(max(0.0, time_left_s + self.overrun_s))} left): stopping now "
+                f"with the best so far",
+            )
         if quicker is not None:
-            return LateDecision(Action.FINISH_LATE, True,
-                                f"{out_of_reach}: the quickest plan (p50 {format_duration(quicker.jct_p50_s)} left, "
-                                f"vs {format_duration(current.jct_p50_s)}) makes the run less late")
+            return LateDecision(
+                Action.FINISH_LATE,
+                True,
+                f"{out_of_reach}: the quickest plan (p50 {format_duration(quicker.jct_p50_s)} left, "
+                f"vs {format_duration(current.jct_p50_s)}) makes the run less late",
+            )
         return LateDecision(Action.FINISH_LATE, False, f"{out_of_reach}: no plan is clearly quicker; finishing late")
 
 
@@ -254,7 +270,9 @@ class SpotPolicy:
         """Spot or on-demand for the next piece of work."""
         if situation.on_spot:
             return Market.SPOT if situation.slack_s > self.margin_s else Market.ON_DEMAND
-        if math.isfinite(self.return_factor) and situation.slack_s >= self.return_factor * situation.restart_s \
-                + self.margin_s:
+        if (
+            math.isfinite(self.return_factor)
+            and situation.slack_s >= self.return_factor * situation.restart_s + self.margin_s
+        ):
             return Market.SPOT
         return Market.ON_DEMAND

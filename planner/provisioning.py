@@ -73,9 +73,10 @@ class ProvisionQueue:
         """A hashable key of the first ``upto`` stages' free times."""
         key = self._digests.get(upto)
         if key is None:
-            key = tuple(None if f is None else hashlib.blake2b(np.ascontiguousarray(f).tobytes(),
-                                                               digest_size=16).digest()
-                        for f in self.free_at[:upto])
+            key = tuple(
+                None if f is None else hashlib.blake2b(np.ascontiguousarray(f).tobytes(), digest_size=16).digest()
+                for f in self.free_at[:upto]
+            )
             self._digests[upto] = key
         return key
 
@@ -87,8 +88,10 @@ class ProvisionQueue:
         n = max(len(fa), len(fb))
         fa = tuple(fa) + (None,) * (n - len(fa))
         fb = tuple(fb) + (None,) * (n - len(fb))
-        return all((x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
-                   for x, y in zip(fa, fb))
+        return all(
+            (x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
+            for x, y in zip(fa, fb)
+        )
 
 
 __all__ = ["ProvisionQueue", "fifo_starts"]

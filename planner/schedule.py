@@ -49,10 +49,10 @@ def sha_stages(trials: int, eta: int, min_epochs: int, max_epochs: int, *, brack
     previous_epochs = 0
     i = 0
     while True:
-        n_i = trials // eta ** i
+        n_i = trials // eta**i
         if n_i < 1:
             break
-        r_i = min(min_epochs * eta ** i, max_epochs)
+        r_i = min(min_epochs * eta**i, max_epochs)
         stages.append(Stage(bracket, i, n_i, r_i, r_i - previous_epochs))
         previous_epochs = r_i
         if r_i >= max_epochs or n_i == 1:
@@ -69,12 +69,12 @@ def hyperband_brackets(eta: int, min_epochs: int, max_epochs: int) -> list[list[
     brackets = []
     for b, s in enumerate(range(s_max, -1, -1)):
         # n = ceil((s_max+1)/(s+1) · η^s), exactly
-        n = -(-((s_max + 1) * eta ** s) // (s + 1))
+        n = -(-((s_max + 1) * eta**s) // (s + 1))
         stages: list[Stage] = []
         previous = 0
         for i in range(s + 1):
-            n_i = n // eta ** i
-            r_i = max_epochs * eta ** i // eta ** s
+            n_i = n // eta**i
+            r_i = max_epochs * eta**i // eta**s
             stages.append(Stage(b, i, n_i, r_i, r_i - previous))
             previous = r_i
         brackets.append(stages)

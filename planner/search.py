@@ -32,8 +32,17 @@ from rubberband.plan import Timeline
 from rubberband.planner.brackets import bracket_ranges
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
-from rubberband.planner.simulator import (HeadSpec, RunningState, SimOptions, SimResult, Simulator, StageConfig,
-                                          efficient_counts, layout, sum_samples)
+from rubberband.planner.simulator import (
+    HeadSpec,
+    RunningState,
+    SimOptions,
+    SimResult,
+    Simulator,
+    StageConfig,
+    efficient_counts,
+    layout,
+    sum_samples,
+)
 from rubberband.planner.spot import SpotSetup
 
 Plan = tuple[StageConfig, ...]
@@ -103,18 +112,21 @@ def waves_of(trials: int, config: StageConfig) -> int:
 class PlanSpace:
     """Per-stage options over the allowed instance types."""
 
-    def __init__(self, stages: Sequence[Stage], types: Iterable[InstanceType], model: PerformanceModel,
-                 max_workers: int) -> None:
+    def __init__(
+        self, stages: Sequence[Stage], types: Iterable[InstanceType], model: PerformanceModel, max_workers: int
+    ) -> None:
         self.stages = list(stages)
         self.model = model
         self.max_workers = max_workers
         usable = [t for t in types if model.plannable(t.device)]
         if not usable:
             devices = sorted({t.device for t in types})
-            raise ProfileError(f"no allowed instance type has a device the profile covers (types offer "
-                               f"{', '.join(devices) or 'nothing'}; profile covers "
-                               f"{', '.join(sorted(model.devices))}); add device_speed entries to the "
-                               f"profile or allow other instance types")
+            raise ProfileError(
+                f"no allowed instance type has a device the profile covers (types offer "
+                f"{', '.join(devices) or 'nothing'}; profile covers "
+                f"{', '.join(sorted(model.devices))}); add device_speed entries to the "
+                f"profile or allow other instance types"
+            )
         self.types = sorted(usable, key=lambda t: (t.price_hr, t.key))
         self.skipped = sorted({t.name for t in types if not model.plannable(t.device)})
         self._counts: dict[tuple, list[int]] = {}
@@ -133,8 +145,12 @@ class PlanSpace:
     def options(self, stage: int) -> list[StageConfig]:
         """Every efficient configuration of one stage (for the exact optimiser)."""
         if stage not in self._options:
-            self._options[stage] = [StageConfig(t, n, w) for t in self.types for w in widths_for(t, self.max_workers)
-                                    for n in self.counts(stage, t, w)]
+            self._options[stage] = [
+                StageConfig(t, n, w)
+                for t in self.types
+                for w in widths_for(t, self.max_workers)
+                for n in self.counts(stage, t, w)
+            ]
         return self._options[stage]
 
     def estimates(self, stage: int) -> list[tuple[float, float, StageConfig]]:
@@ -150,8 +166,7 @@ class PlanSpace:
         if out is None:
             st = self.stages[stage]
             lay = layout(config.instance_type.workers, config.instances, config.workers)
-            task = st.epochs_this_stage * self.model.epoch_time(config.instance_type.device, config.workers,
-                                                                lay.nodes)
+            task = st.epochs_this_stage * self.model.epoch_time(config.instance_type.device, config.workers, lay.nodes)
             out = self._times[key] = waves_of(st.trials, config) * task
         return out
 
@@ -182,7 +197,8 @@ class PlanSpace:
         t = config.instance_type
         st = self.stages[stage]
         duration = self.stage_time(stage, config) + waves_of(st.trials, config) * self.model.task_overhead(
-            st.epochs_this_stage, False)
+            st.epochs_this_stage, False
+        )
         startup = self.model.startup(t.cloud, t.name).quantile(0.5)
         return duration, config.instances * t.price_hr / 3600.0 * (duration + startup)
 
@@ -212,9 +228,9 @@ class PlanSpace:
             pos = keys.index(config.key) if config.key in keys else -1
             for step in range(1, reach + 1):
                 if pos + step < len(front):
-                    out.append(plan[:i] + (front[pos + step],) + plan[i + 1:])
+                    out.append(plan[:i] + (front[pos + step],) + plan[i + 1 :])
             if pos == -1:  # a plan from elsewhere: offer the frontier points near it
-                out.extend(plan[:i] + (c,) + plan[i + 1:] for c in front[:reach])
+                out.extend(plan[:i] + (c,) + plan[i + 1 :] for c in front[:reach])
         return out
 
 
@@ -253,9 +269,16 @@ class Evaluator:
             lo, hi = self._brackets[b]
             sim = self.sim
             start = sim.start_state if before is None else RunningState(before.instance_type.key, before.instances)
-            self._subsims[key] = Simulator(sim.stages[lo:hi], sim.model, samples=self.screen_samples,
-                                           seed=sim.seed + 7919 * (b + 1), spot=sim.spot, options=sim.options,
-                                           start_state=start, spot_setup=getattr(sim, "spot_setup", None))
+            self._subsims[key] = Simulator(
+                sim.stages[lo:hi],
+                sim.model,
+                samples=self.screen_samples,
+                seed=sim.seed + 7919 * (b + 1),
+                spot=sim.spot,
+                options=sim.options,
+                start_state=start,
+                spot_setup=getattr(sim, "spot_setup", None),
+            )
         return self._subsims[key]
 
     def screen(self, plan: Plan) -> SimResult:
@@ -273,8 +296,16 @@ class Evaluator:
                     parts.append(self._sub[sub_key])
                 jct = sum_samples(p.jct for p in parts)
                 cost = sum_samples(p.cost for p in parts) + self.sim.head_cost(plan, jct)  # one head for the run
-                self._screen[key] = SimResult(configs=tuple(plan), jct=jct, cost=cost, stage_durations=[],
-                                              stage_costs=[], breakdown={}, by_type={}, samples=len(jct))
+                self._screen[key] = SimResult(
+                    configs=tuple(plan),
+                    jct=jct,
+                    cost=cost,
+                    stage_durations=[],
+                    stage_costs=[],
+                    breakdown={},
+                    by_type={},
+                    samples=len(jct),
+                )
         return self._screen[key]
 
     def full(self, plan: Plan) -> SimResult:
@@ -305,11 +336,14 @@ def local_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
                 pairs.setdefault((plan[j].instance_type.key, plan[j].workers), plan[j])
         for c in pairs.values():
             if (c.instance_type.key, c.workers) != (t.key, w):
-                changes.append(StageConfig(c.instance_type, count_for_waves(trials, c.instance_type.workers,
-                                                                            c.workers, waves), c.workers))
+                changes.append(
+                    StageConfig(
+                        c.instance_type, count_for_waves(trials, c.instance_type.workers, c.workers, waves), c.workers
+                    )
+                )
                 changes.append(space.match_time(i, c.instance_type, c.workers, space.stage_time(i, config)))
         for change in changes:
-            candidate = plan[:i] + (change,) + plan[i + 1:]
+            candidate = plan[:i] + (change,) + plan[i + 1 :]
             key = plan_key(candidate)
             if key not in seen:
                 seen.add(key)
@@ -372,15 +406,25 @@ def simple_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
         counts = space.counts(i, config.instance_type, config.workers)
         lower = [n for n in counts if n < config.instances][-1:]
         for n in lower:
-            candidate = plan[:i] + (StageConfig(config.instance_type, n, config.workers),) + plan[i + 1:]
+            candidate = plan[:i] + (StageConfig(config.instance_type, n, config.workers),) + plan[i + 1 :]
             if plan_key(candidate) not in seen:
                 seen.add(plan_key(candidate))
                 out.append(candidate)
     return out
 
 
-def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: float, confidence: float, *,
-            moves=None, confirm: int = 3, max_steps: int = 500, trades: int = 4) -> DescentResult:
+def descend(
+    space: PlanSpace,
+    evaluator: Evaluator,
+    start: Plan,
+    deadline_s: float,
+    confidence: float,
+    *,
+    moves=None,
+    confirm: int = 3,
+    max_steps: int = 500,
+    trades: int = 4,
+) -> DescentResult:
     """RubberBand's deadline-aware greedy: from a feasible plan, repeatedly take the cheaper
     candidate with the best marginal benefit among those that still meet the deadline.
 
@@ -415,8 +459,9 @@ def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: flo
                 step = (candidate, res)
                 break
         if step is None and trades:
-            step = _trade(space, evaluator, current, cur, cur_screen, deadline_s, confidence, need, moves,
-                          trades, confirm, out)
+            step = _trade(
+                space, evaluator, current, cur, cur_screen, deadline_s, confidence, need, moves, trades, confirm, out
+            )
         if step is None:
             break
         current, cur = step
@@ -424,9 +469,20 @@ def descend(space: PlanSpace, evaluator: Evaluator, start: Plan, deadline_s: flo
     return out
 
 
-def _trade(space: PlanSpace, evaluator: Evaluator, current: Plan, cur: SimResult, cur_screen: SimResult,
-           deadline_s: float, confidence: float, need: int, moves, width: int, confirm: int,
-           out: DescentResult) -> tuple[Plan, SimResult] | None:
+def _trade(
+    space: PlanSpace,
+    evaluator: Evaluator,
+    current: Plan,
+    cur: SimResult,
+    cur_screen: SimResult,
+    deadline_s: float,
+    confidence: float,
+    need: int,
+    moves,
+    width: int,
+    confirm: int,
+    out: DescentResult,
+) -> tuple[Plan, SimResult] | None:
     """A two-move step out of a local minimum: a saving that alone misses the deadline, paired with
     a second move that wins the time back, when the pair is still cheaper than ``current``.
 
@@ -474,8 +530,9 @@ def knapsack_plans(space: PlanSpace, **kwargs) -> list[Plan]:
     return plans
 
 
-def _knapsack(space: PlanSpace, only_type: str | None, *, buckets: int = 400, ladder: float = 1.01,
-              span: float = 12.0) -> list[Plan]:
+def _knapsack(
+    space: PlanSpace, only_type: str | None, *, buckets: int = 400, ladder: float = 1.01, span: float = 12.0
+) -> list[Plan]:
     """Plans that are optimal under the additive per-stage estimate, for a ladder of time budgets.
 
     A multiple-choice knapsack over stages (minimise the sum of isolated stage cost estimates
@@ -484,8 +541,9 @@ def _knapsack(space: PlanSpace, only_type: str | None, *, buckets: int = 400, la
     depend on the deadline, so these plans can join the deadline-independent pool.
     """
     n = len(space.stages)
-    estimates = [[e for e in space.estimates(i) if only_type is None or e[2].instance_type.key == only_type]
-                 for i in range(n)]
+    estimates = [
+        [e for e in space.estimates(i) if only_type is None or e[2].instance_type.key == only_type] for i in range(n)
+    ]
     fastest = sum(min(d for d, _, _ in opts) for opts in estimates)
     horizon = fastest * span
     step = horizon / buckets
@@ -500,7 +558,7 @@ def _knapsack(space: PlanSpace, only_type: str | None, *, buckets: int = 400, la
             if b > buckets:
                 continue
             shifted = np.full(buckets + 1, inf)
-            shifted[b:] = f[:buckets + 1 - b] + cost
+            shifted[b:] = f[: buckets + 1 - b] + cost
             better = shifted < g
             g[better] = shifted[better]
             arg[better] = k
@@ -537,8 +595,10 @@ def with_markets(moves, spot_allowed):
     """
 
     def keep(plan: Plan, candidate: Plan) -> Plan:
-        return tuple(c.on(p.market) if p.market != c.market and (p.market != "spot" or spot_allowed(c)) else c
-                     for p, c in zip(plan, candidate))
+        return tuple(
+            c.on(p.market) if p.market != c.market and (p.market != "spot" or spot_allowed(c)) else c
+            for p, c in zip(plan, candidate)
+        )
 
     def moves_with_markets(space: PlanSpace, plan: Plan) -> list[Plan]:
         out = []
@@ -558,7 +618,7 @@ def with_markets(moves, spot_allowed):
         for i, c in enumerate(plan):
             f = flipped(c)
             if f is not None:
-                add(plan[:i] + (f,) + plan[i + 1:])
+                add(plan[:i] + (f,) + plan[i + 1 :])
         for first, last in space.brackets():
             for a in range(first, last):
                 for market in ("spot", "on_demand"):

@@ -46,8 +46,14 @@ from typing import Hashable, Iterable, Mapping, Sequence
 import networkx as nx
 import numpy as np
 
-from rubberband.catalog import (BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIONING, TRANSFER_USD_PER_GB,
-                                BillingRule, InstanceType)
+from rubberband.catalog import (
+    BILLING_RULES,
+    HEAD_BOOTS_FIRST,
+    SERIAL_PROVISIONING,
+    TRANSFER_USD_PER_GB,
+    BillingRule,
+    InstanceType,
+)
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel, StartupModel
 from rubberband.planner.policies import PrefetchPolicy
@@ -81,11 +87,11 @@ class HeadSpec:
     @classmethod
     def of(cls, itype: InstanceType, *, grace_s: float = 0.0, boot_s: float | None = None) -> "HeadSpec":
         """The head of ``itype`` (on-demand)."""
-        return cls(cloud=itype.cloud, instance_type=itype.name, price_hr=itype.price_hr, grace_s=grace_s,
-                   boot_s=boot_s)
+        return cls(cloud=itype.cloud, instance_type=itype.name, price_hr=itype.price_hr, grace_s=grace_s, boot_s=boot_s)
 
 
 # -- plan-space elements ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class StageConfig:
@@ -109,8 +115,7 @@ class StageConfig:
 
     def on(self, market: str) -> "StageConfig":
         """The same resources bought on ``market``."""
-        return self if market == self.market else StageConfig(self.instance_type, self.instances, self.workers,
-                                                               market)
+        return self if market == self.market else StageConfig(self.instance_type, self.instances, self.workers, market)
 
     @property
     def placement(self) -> tuple:
@@ -172,17 +177,21 @@ def normalise(config: StageConfig, trials: int) -> StageConfig:
     return config if n == config.instances else StageConfig(config.instance_type, n, config.workers, config.market)
 
 
-def prepare_plan(stages: Sequence[Stage], configs: Sequence[StageConfig], samples: int | None,
-                 available: int) -> tuple[tuple[StageConfig, ...], int]:
+def prepare_plan(
+    stages: Sequence[Stage], configs: Sequence[StageConfig], samples: int | None, available: int
+) -> tuple[tuple[StageConfig, ...], int]:
     """A full plan (one StageConfig per stage) normalised, and the number of samples to use (``samples``, at
     most ``available``; None: all)."""
     if len(configs) != len(stages):
         raise ValueError("one StageConfig per stage is required")
-    return (tuple(normalise(c, s.trials) for c, s in zip(configs, stages)),
-            available if samples is None else min(samples, available))
+    return (
+        tuple(normalise(c, s.trials) for c, s in zip(configs, stages)),
+        available if samples is None else min(samples, available),
+    )
 
 
 # -- random streams -----------------------------------------------------------------------------
+
 
 class RandomStreams:
     """Common random numbers: per stage, standard normals (stragglers) and uniforms (start-up).
@@ -215,18 +224,19 @@ class RandomStreams:
 
 # -- simulation state ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _StageRecord:
     """Per-sample outcome of one stage, kept for the final result and for the next stage."""
 
     config: StageConfig
-    start: np.ndarray        # (S,) previous barrier
-    anchor: np.ndarray       # (S,) first task start (ahead-of-time requests are timed from it)
-    barrier: np.ndarray      # (S,) last task end
-    predicted_s: float       # deterministic duration estimate (waves × median task)
-    release: np.ndarray      # (S, N) release time per instance
-    request: np.ndarray      # (S, N) request time per instance
-    cost: np.ndarray         # (S,) open cost (before carry / billing-minimum finalisation)
+    start: np.ndarray  # (S,) previous barrier
+    anchor: np.ndarray  # (S,) first task start (ahead-of-time requests are timed from it)
+    barrier: np.ndarray  # (S,) last task end
+    predicted_s: float  # deterministic duration estimate (waves × median task)
+    release: np.ndarray  # (S, N) release time per instance
+    request: np.ndarray  # (S, N) request time per instance
+    cost: np.ndarray  # (S,) open cost (before carry / billing-minimum finalisation)
     parts: dict[str, np.ndarray]
     # recorded only for the representative trace (1 sample)
     trace: dict | None = None
@@ -323,10 +333,21 @@ class SimOptions:
 class Simulator:
     """Simulates plans for one job (stages, model, seed); caches shared plan prefixes."""
 
-    def __init__(self, stages: Sequence[Stage], model: PerformanceModel, *, samples: int = 1000, seed: int = 0,
-                 spot: bool = False, options: SimOptions | None = None,
-                 cache_size: int = 4096, cache_bytes: int = 256 << 20, start_state: "RunningState | None" = None,
-                 heads: Mapping[str, HeadSpec] | None = None, spot_setup: SpotSetup | None = None) -> None:
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        model: PerformanceModel,
+        *,
+        samples: int = 1000,
+        seed: int = 0,
+        spot: bool = False,
+        options: SimOptions | None = None,
+        cache_size: int = 4096,
+        cache_bytes: int = 256 << 20,
+        start_state: "RunningState | None" = None,
+        heads: Mapping[str, HeadSpec] | None = None,
+        spot_setup: SpotSetup | None = None,
+    ) -> None:
         self.stages = list(stages)
         self.heads = dict(heads or {})
         #: Spot stages' preemptions and fall-back (None: a spot stage is priced at spot and never fails).
@@ -359,8 +380,9 @@ class Simulator:
         self.evaluations += 1
         return prepared
 
-    def simulate(self, configs: Sequence[StageConfig], samples: int | None = None,
-                 queue: ProvisionQueue | None = None) -> SimResult:
+    def simulate(
+        self, configs: Sequence[StageConfig], samples: int | None = None, queue: ProvisionQueue | None = None
+    ) -> SimResult:
         """Simulate a full plan with the first ``samples`` samples (all by default).
 
         ``queue``: when the provisioner is free for each stage's new instances on a serial-provisioning
@@ -455,8 +477,9 @@ class Simulator:
             out.append(self.options.prefetch.request_offset_s(predicted, self._lead(configs[i].instance_type)))
         return out
 
-    def trace(self, configs: Sequence[StageConfig], sample: int,
-              queue: ProvisionQueue | None = None) -> tuple[Timeline, nx.DiGraph, float]:
+    def trace(
+        self, configs: Sequence[StageConfig], sample: int, queue: ProvisionQueue | None = None
+    ) -> tuple[Timeline, nx.DiGraph, float]:
         """Timeline of one sample, rebuilt as an explicit DAG; returns (timeline, dag, critical path).
         ``queue``: as for :meth:`simulate` (arrays over all samples)."""
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
@@ -465,9 +488,16 @@ class Simulator:
         tails = self._tails(configs)
         rows = slice(sample, sample + 1)
         for i in range(len(configs)):
-            prefix = self._step(prefix, configs[i], i, rows=rows, record=True, tail_s=tails[i],
-                                next_config=configs[i + 1] if i + 1 < len(configs) else None,
-                                free_at=None if queue is None else queue.at(i, rows))
+            prefix = self._step(
+                prefix,
+                configs[i],
+                i,
+                rows=rows,
+                record=True,
+                tail_s=tails[i],
+                next_config=configs[i + 1] if i + 1 < len(configs) else None,
+                free_at=None if queue is None else queue.at(i, rows),
+            )
             records.append(prefix.open)
         return _build_timeline(self, configs, records)
 
@@ -507,7 +537,7 @@ class Simulator:
         """
         stage = self.stages[index]
         width = max(s.trials for s in self.stages if s.bracket == stage.bracket)
-        trial_z = self._variation.trials(stage.bracket, width)[rows, :stage.trials]
+        trial_z = self._variation.trials(stage.bracket, width)[rows, : stage.trials]
         epoch_z = self._variation.epochs(index, stage.trials)[rows]
         return task_factors(self.model.variation, trial_z, epoch_z, stage.epochs_this_stage)
 
@@ -528,8 +558,14 @@ class Simulator:
             self._epoch_cache[key] = self.model.epoch_time(device, workers, nodes)
         return self._epoch_cache[key]
 
-    def _prefix(self, configs: tuple[StageConfig, ...], upto: int, n: int,
-                tails: tuple[float, ...], queue: ProvisionQueue | None = None) -> _Prefix:
+    def _prefix(
+        self,
+        configs: tuple[StageConfig, ...],
+        upto: int,
+        n: int,
+        tails: tuple[float, ...],
+        queue: ProvisionQueue | None = None,
+    ) -> _Prefix:
         """The first ``upto`` (≥ 1) stages of ``configs`` played (samples ``n``), from the prefix cache."""
         if upto < 1:
             raise ValueError("a plan prefix has at least one stage")
@@ -541,8 +577,14 @@ class Simulator:
             self._cache.move_to_end(key)
             return hit
         previous = self._prefix(configs, upto - 1, n, tails, queue) if upto > 1 else None
-        result = self._step(previous, configs[upto - 1], upto - 1, rows=slice(0, n), tail_s=tails[upto - 1],
-                            free_at=None if queue is None else queue.at(upto - 1, slice(0, n)))
+        result = self._step(
+            previous,
+            configs[upto - 1],
+            upto - 1,
+            rows=slice(0, n),
+            tail_s=tails[upto - 1],
+            free_at=None if queue is None else queue.at(upto - 1, slice(0, n)),
+        )
         self._cache[key] = result
         self._cached_bytes += _nbytes(result)
         while self._cache and (len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes):
@@ -579,8 +621,8 @@ class Simulator:
         carried_idx = None
         if 0 < carry < n:
             idx = np.argpartition(release, n - carry - 1, axis=1)
-            carried_idx = idx[:, n - carry:]
-            kept_idx = idx[:, :n - carry]
+            carried_idx = idx[:, n - carry :]
+            kept_idx = idx[:, : n - carry]
             c_release = np.take_along_axis(release, carried_idx, axis=1)
             c_request = np.take_along_axis(request, carried_idx, axis=1)
             o_release = np.take_along_axis(release, kept_idx, axis=1)
@@ -614,9 +656,18 @@ class Simulator:
         by_type[itype.name] = by_type.get(itype.name, 0.0) + stage_cost
         return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
 
-    def _step(self, prefix: _Prefix | None, config: StageConfig, index: int, *, rows: slice,
-              record: bool = False, next_config: StageConfig | None = None, tail_s: float = 0.0,
-              free_at: np.ndarray | None = None) -> _Prefix:
+    def _step(
+        self,
+        prefix: _Prefix | None,
+        config: StageConfig,
+        index: int,
+        *,
+        rows: slice,
+        record: bool = False,
+        next_config: StageConfig | None = None,
+        tail_s: float = 0.0,
+        free_at: np.ndarray | None = None,
+    ) -> _Prefix:
         stage = self.stages[index]
         itype = config.instance_type
         cap = itype.workers
@@ -677,7 +728,7 @@ class Simulator:
                 if t_req is not submitted:
                     request[:, carry:] = t_req[:, None]
                 boot = np.cumsum(boot, axis=1)
-                request[:, carry + 1:] = t_req[:, None] + boot[:, :-1]
+                request[:, carry + 1 :] = t_req[:, None] + boot[:, :-1]
                 provision = (submitted, boot[:, -1])
                 provisioned = t_req + boot[:, -1]
             # its first trial waits for the new instance's worker processes
@@ -717,18 +768,23 @@ class Simulator:
         base, overhead = self.task_time(index, config, None if prev is None else prev.config)
         transfer_usd = 0.0
         if prev is not None and stage.index > 0 and prev.config.placement != config.placement:
-            transfer_usd = (stage.trials * model.checkpoint_size_gb
-                            * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0))
+            transfer_usd = (
+                stage.trials * model.checkpoint_size_gb * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0)
+            )
         spot_extra = events = None
         if scenario is not None:
-            spot_extra, od_s, wait_s, counts_pm = self._preemptions(scenario, index, config, rows, slot_ready,
-                                                                    lay.slots, base, overhead, tail_s, fallback)
-            events = {"preemptions": counts_pm[0], "moved_to_on_demand": counts_pm[1],
-                      "stages_on_demand": fallback.astype(float), "wait_s": wait_s.sum(axis=1)}
+            spot_extra, od_s, wait_s, counts_pm = self._preemptions(
+                scenario, index, config, rows, slot_ready, lay.slots, base, overhead, tail_s, fallback
+            )
+            events = {
+                "preemptions": counts_pm[0],
+                "moved_to_on_demand": counts_pm[1],
+                "stages_on_demand": fallback.astype(float),
+                "wait_s": wait_s.sum(axis=1),
+            }
         if model.variation.active or spot_extra is not None:
             factors = self._task_factors(index, rows) if model.variation.active else np.ones((S, stage.trials))
-            counts, last_end, busy = schedule_tasks(slot_ready, base * slot_factor, factors, overhead,
-                                                    extra=spot_extra)
+            counts, last_end, busy = schedule_tasks(slot_ready, base * slot_factor, factors, overhead, extra=spot_extra)
             dur = np.where(counts > 0, busy / np.maximum(counts, 1), base * slot_factor + overhead)  # trace: mean
         else:
             dur = base * slot_factor + overhead
@@ -741,11 +797,12 @@ class Simulator:
 
         if lay.span == 1:
             inst_end = np.full((S, n_inst), -np.inf)
-            inst_end = (end_or_ready if lay.per_instance == 1
-                        else end_or_ready.reshape(S, n_inst, lay.per_instance).max(axis=2))
+            inst_end = (
+                end_or_ready if lay.per_instance == 1 else end_or_ready.reshape(S, n_inst, lay.per_instance).max(axis=2)
+            )
         else:
             inst_end = np.full((S, n_inst), -np.inf)
-            inst_end[:, :lay.slots * lay.span] = np.repeat(end_or_ready, lay.span, axis=1)
+            inst_end[:, : lay.slots * lay.span] = np.repeat(end_or_ready, lay.span, axis=1)
         release = np.maximum(inst_end, ready)
         if self.options.hold_to_end:
             release = np.maximum(release, barrier[:, None])
@@ -754,15 +811,20 @@ class Simulator:
         seg = (release - own_start).sum(axis=1) * price
         train = busy.sum(axis=1) * share * price
         start_cost = (ready - request)[:, carry:].sum(axis=1) * price
-        stage_parts = {"training": train, "startup": start_cost, "idle": seg - train - start_cost,
-                       "billing_minimum": np.zeros(S), "transfer": np.full(S, transfer_usd)}
+        stage_parts = {
+            "training": train,
+            "startup": start_cost,
+            "idle": seg - train - start_cost,
+            "billing_minimum": np.zeros(S),
+            "transfer": np.full(S, transfer_usd),
+        }
         if scenario is not None:
             # on-demand where a spot stage fell back: the whole stage (no capacity at its request), or a
             # trial's rest after the policy moved it (its replacement bought on-demand); waits for spot
             # capacity after a preemption are not billed
             od_price = itype.price(False) / 3600.0
             per_trial = config.workers / cap
-            adjust = ((od_s.sum(axis=1) * (od_price - price) - wait_s.sum(axis=1) * price) * per_trial)
+            adjust = (od_s.sum(axis=1) * (od_price - price) - wait_s.sum(axis=1) * price) * per_trial
             ratio = np.where(fallback, od_price / price if price > 0 else 1.0, 1.0)
             stage_parts = {k: v * ratio for k, v in stage_parts.items()}
             stage_parts["training"] = stage_parts["training"] + np.where(fallback, 0.0, adjust)
@@ -772,20 +834,43 @@ class Simulator:
 
         trace = None
         if record:
-            trace = {"carried_from_prev": None if carried_idx is None else [int(x) for x in carried_idx[0]],
-                     "transition": self._transition(index, config, None if prev is None else prev.config),
-                     "request": request[0], "ready": ready[0], "release": release[0],
-                     "slot_ready": slot_ready[0], "dur": dur[0], "counts": counts[0], "carry": carry,
-                     "start": float(start[0]), "barrier": float(barrier[0]), "layout": lay,
-                     "anchor": float(anchor[0]), "prev_anchor": None if prev is None else float(prev.anchor[0])}
-        rec = _StageRecord(config=config, start=start, anchor=anchor, barrier=barrier, predicted_s=predicted,
-                           release=release, request=request, cost=cost,
-                           parts=stage_parts, trace=trace, ready=ready,
-                           fallback=fallback if scenario is not None else None, events=events,
-                           provision=provision, provisioned=provisioned)
+            trace = {
+                "carried_from_prev": None if carried_idx is None else [int(x) for x in carried_idx[0]],
+                "transition": self._transition(index, config, None if prev is None else prev.config),
+                "request": request[0],
+                "ready": ready[0],
+                "release": release[0],
+                "slot_ready": slot_ready[0],
+                "dur": dur[0],
+                "counts": counts[0],
+                "carry": carry,
+                "start": float(start[0]),
+                "barrier": float(barrier[0]),
+                "layout": lay,
+                "anchor": float(anchor[0]),
+                "prev_anchor": None if prev is None else float(prev.anchor[0]),
+            }
+        rec = _StageRecord(
+            config=config,
+            start=start,
+            anchor=anchor,
+            barrier=barrier,
+            predicted_s=predicted,
+            release=release,
+            request=request,
+            cost=cost,
+            parts=stage_parts,
+            trace=trace,
+            ready=ready,
+            fallback=fallback if scenario is not None else None,
+            events=events,
+            provision=provision,
+            provisioned=provisioned,
+        )
         events = None if prefix is None else _add_events(prefix.events, prefix.open.events)
-        return _Prefix(stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec,
-                       events=events)
+        return _Prefix(
+            stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec, events=events
+        )
 
     # -- spot ---------------------------------------------------------------------------------
     def _spot(self) -> SpotSetup:
@@ -800,19 +885,29 @@ class Simulator:
         m = self.model
         return self._lead(itype) + m.worker_start_s + m.restart_overhead_s + m.transfer_time() + checkpoint_s / 2
 
-    def _spot_request(self, scenario: SpotScenario, index: int, config: StageConfig, prev: "_StageRecord | None", rows: slice,
-                      t_req: np.ndarray, tail_s: float) -> tuple[np.ndarray, np.ndarray]:
+    def _spot_request(
+        self,
+        scenario: SpotScenario,
+        index: int,
+        config: StageConfig,
+        prev: "_StageRecord | None",
+        rows: slice,
+        t_req: np.ndarray,
+        tail_s: float,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """A spot stage's request, where the policy decides for the stage's trials (as the executor does
         before it starts them): on-demand when the slack (time left − the stage's and its bracket's later
         stages' predicted time − one restart) is already short (``fallback``: the stage is bought
         on-demand); where the request finds no capacity, the policy waits for it (the wait) or buys the
         stage on-demand. Returns (fallback, wait) per sample."""
         setup = self._spot()
-        work = np.full_like(t_req, self.predicted_duration(index, config, None if prev is None else prev.config)
-                            + tail_s)
+        work = np.full_like(
+            t_req, self.predicted_duration(index, config, None if prev is None else prev.config) + tail_s
+        )
         base, _ = self.task_time(index, config, None if prev is None else prev.config)
-        restart = self._spot_restart_s(config.instance_type,
-                                       base / self.stages[index].epochs_this_stage * setup.checkpoint_epochs)
+        restart = self._spot_restart_s(
+            config.instance_type, base / self.stages[index].epochs_this_stage * setup.checkpoint_epochs
+        )
         start = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart)
         wait = scenario.unavailable_for(index, REQUEST_EVENT, rows, t_req[:, None])[:, 0]
         none = wait > 0
@@ -821,9 +916,19 @@ class Simulator:
         stay = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart + scenario.typical_wait_s)
         return ~start | (none & ~stay), np.where(start & none & stay, wait, 0.0)
 
-    def _preemptions(self, scenario: SpotScenario, index: int, config: StageConfig, rows: slice, slot_ready: np.ndarray,
-                     slots: int, base: float, overhead: float, tail_s: float,
-                     fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _preemptions(
+        self,
+        scenario: SpotScenario,
+        index: int,
+        config: StageConfig,
+        rows: slice,
+        slot_ready: np.ndarray,
+        slots: int,
+        base: float,
+        overhead: float,
+        tail_s: float,
+        fallback: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per task (samples × trials, dispatch order): seconds a spot stage's preemptions add, seconds run
         on-demand after the policy moved it, and seconds waited for spot capacity (unbilled); and per
         sample the counts of preemptions and of trials moved to on-demand (2 × samples).
@@ -852,16 +957,26 @@ class Simulator:
             lo, hi = w * lanes, min(T, (w + 1) * lanes)
             width = hi - lo
             after = (waves - 1 - w) * (base + overhead) + tail_s
-            e, o, wt, c = self._preempt_wave(scenario, index, w, config, rows, lane_free[:, :width] + overhead, base,
-                                             after, fallback)
+            e, o, wt, c = self._preempt_wave(
+                scenario, index, w, config, rows, lane_free[:, :width] + overhead, base, after, fallback
+            )
             extra[:, lo:hi], od[:, lo:hi], waited[:, lo:hi] = e, o, wt
             counts += c
             lane_free[:, :width] += base + overhead + e
         return extra, od, waited, counts
 
-    def _preempt_wave(self, scenario: SpotScenario, index: int, wave: int, config: StageConfig, rows: slice,
-                      now: np.ndarray, base: float, after: float,
-                      fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _preempt_wave(
+        self,
+        scenario: SpotScenario,
+        index: int,
+        wave: int,
+        config: StageConfig,
+        rows: slice,
+        now: np.ndarray,
+        base: float,
+        after: float,
+        fallback: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One wave of :meth:`_preemptions`: tasks whose training starts at ``now`` (samples × tasks); returns
         its per-task (extra, on-demand, waited) seconds and per-sample counts, as :meth:`_preemptions` does."""
         setup = self._spot()
@@ -871,8 +986,9 @@ class Simulator:
         span = layout(itype.workers, config.instances, config.workers).span
         checkpoint = max(base / stage.epochs_this_stage * setup.checkpoint_epochs, 1e-9)
         decide_restart = self._spot_restart_s(itype, checkpoint)
-        restart = (self._startup(itype).quantile(0.5) + model.worker_start_s + model.restart_overhead_s
-                   + model.transfer_time())
+        restart = (
+            self._startup(itype).quantile(0.5) + model.worker_start_s + model.restart_overhead_s + model.transfer_time()
+        )
         shape = now.shape
         progress = np.zeros(shape)
         remaining = np.full(shape, base)
@@ -926,9 +1042,17 @@ class Simulator:
             by_type[head.instance_type] = by_type.get(head.instance_type, 0.0) + parts["head"]
         cost = sum(parts[k] for k in CATEGORIES)
         events = _add_events(prefix.events, prefix.open.events) or {}
-        return SimResult(configs=configs, jct=jct, cost=cost, stage_durations=list(durations),
-                         stage_costs=list(stage_costs), breakdown=parts, by_type=by_type, samples=n,
-                         spot_events=events)
+        return SimResult(
+            configs=configs,
+            jct=jct,
+            cost=cost,
+            stage_durations=list(durations),
+            stage_costs=list(stage_costs),
+            breakdown=parts,
+            by_type=by_type,
+            samples=n,
+            spot_events=events,
+        )
 
 
 def _nbytes(prefix: _Prefix) -> int:
@@ -1080,8 +1204,9 @@ def _list_schedule_bisect(ready: np.ndarray, dur: np.ndarray, trials: int) -> tu
     return counts, last_start + dur
 
 
-def _list_schedule_partition(ready: np.ndarray, dur: np.ndarray, trials: int,
-                             starts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _list_schedule_partition(
+    ready: np.ndarray, dur: np.ndarray, trials: int, starts: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_list_schedule` by a partition of every slot's starts: the ``trials``-th smallest start is the
     threshold, ties at it go to the lower slots."""
     S, slots = ready.shape
@@ -1102,8 +1227,10 @@ def _list_schedule_partition(ready: np.ndarray, dur: np.ndarray, trials: int,
 
 # -- representative timeline ------------------------------------------------------------------
 
-def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
-                    records: list[_StageRecord]) -> tuple[Timeline, nx.DiGraph, float]:
+
+def _build_timeline(
+    sim: Simulator, configs: tuple[StageConfig, ...], records: list[_StageRecord]
+) -> tuple[Timeline, nx.DiGraph, float]:
     """Turn the recorded sample into an explicit DAG and read the timeline off it."""
     dag = nx.DiGraph()
     dag.add_node("start")
@@ -1136,22 +1263,32 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
             else:
                 ids[i] = next_id
                 next_id += 1
-                instances.append({"id": ids[i], "config": config, "first_stage": idx, "last_stage": idx,
-                                  "ready_stage": idx,
-                                  "requested": float(tr["request"][i]), "ready": float(tr["ready"][i])})
+                instances.append(
+                    {
+                        "id": ids[i],
+                        "config": config,
+                        "first_stage": idx,
+                        "last_stage": idx,
+                        "ready_stage": idx,
+                        "requested": float(tr["request"][i]),
+                        "ready": float(tr["ready"][i]),
+                    }
+                )
                 if prev_first_task is None:
                     dag.add_edge("start", ("request", ids[i]), weight=float(tr["request"][i]))
                 else:  # requested ahead, timed from the previous stage's first task (serially on local)
-                    dag.add_edge(prev_first_task, ("request", ids[i]),
-                                 weight=float(tr["request"][i]) - tr["prev_anchor"])
-                dag.add_edge(("request", ids[i]), ("ready", ids[i], idx),
-                             weight=float(tr["ready"][i] - tr["request"][i]))
+                    dag.add_edge(
+                        prev_first_task, ("request", ids[i]), weight=float(tr["request"][i]) - tr["prev_anchor"]
+                    )
+                dag.add_edge(
+                    ("request", ids[i]), ("ready", ids[i], idx), weight=float(tr["ready"][i] - tr["request"][i])
+                )
             instances[ids[i]]["released"] = float(tr["release"][i])
         # slot → instances
         if lay.span == 1:
             slot_insts = [[ids[j // lay.per_instance]] for j in range(lay.slots)]
         else:
-            slot_insts = [ids[j * lay.span:(j + 1) * lay.span] for j in range(lay.slots)]
+            slot_insts = [ids[j * lay.span : (j + 1) * lay.span] for j in range(lay.slots)]
         barrier = ("barrier", idx)
         starts = []
         for j in range(lay.slots):
@@ -1164,8 +1301,11 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
         ids_in = trial_ids.get(stage.bracket) if stage.index > 0 else None
         first_task = None
         for order, (t0, j, k) in enumerate(starts):
-            trial = ids_in[order] if ids_in else sum(s.trials for s in sim.stages[:idx]
-                                                   if s.bracket < stage.bracket and s.index == 0) + order
+            trial = (
+                ids_in[order]
+                if ids_in
+                else sum(s.trials for s in sim.stages[:idx] if s.bracket < stage.bracket and s.index == 0) + order
+            )
             # a task node starts the trial's work on its slot; when the placement changed at this
             # promotion, a transition node (checkpoint restore onto the new instances) precedes training
             node = ("task", idx, j, k)
@@ -1183,11 +1323,19 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
                 dag.add_edge(("train", idx, j, k - 1), node, weight=d - move)
             if k == int(tr["counts"][j]) - 1:
                 dag.add_edge(train, barrier, weight=d - move)
-            tasks.append(TimelineTask(trial=trial, stage=stage.index, bracket=stage.bracket,
-                                      instance_ids=[f"i{x}" for x in slot_insts[j]], workers=config.workers,
-                                      start_s=t0, end_s=t0 + d))
+            tasks.append(
+                TimelineTask(
+                    trial=trial,
+                    stage=stage.index,
+                    bracket=stage.bracket,
+                    instance_ids=[f"i{x}" for x in slot_insts[j]],
+                    workers=config.workers,
+                    start_s=t0,
+                    end_s=t0 + d,
+                )
+            )
             task_nodes.append((node, d))
-        trial_ids[stage.bracket] = [t.trial for t in tasks[-len(starts):]]
+        trial_ids[stage.bracket] = [t.trial for t in tasks[-len(starts) :]]
         prev_ids = ids
         prev_barrier = barrier
         prev_first_task = first_task
@@ -1204,9 +1352,18 @@ def _build_timeline(sim: Simulator, configs: tuple[StageConfig, ...],
         itype = inst_config.instance_type
         rule = sim._rule(itype.cloud)
         life = inst["released"] - inst["requested"] + sim._termination(itype)
-        out_instances.append(TimelineInstance(
-            id=f"i{inst['id']}", instance_type=itype.name, cloud=itype.cloud, first_stage=inst["first_stage"],
-            last_stage=inst["last_stage"], requested_s=inst["requested"], ready_s=inst["ready"],
-            released_s=inst["released"], cost_usd=rule.cost(life, sim._price(itype, inst_config.market))))
+        out_instances.append(
+            TimelineInstance(
+                id=f"i{inst['id']}",
+                instance_type=itype.name,
+                cloud=itype.cloud,
+                first_stage=inst["first_stage"],
+                last_stage=inst["last_stage"],
+                requested_s=inst["requested"],
+                ready_s=inst["ready"],
+                released_s=inst["released"],
+                cost_usd=rule.cost(life, sim._price(itype, inst_config.market)),
+            )
+        )
     critical = times[("barrier", len(configs) - 1)]
     return Timeline(instances=out_instances, tasks=tasks), dag, critical

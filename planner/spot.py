@@ -59,6 +59,7 @@ WAIT_QUANTILE = 0.9
 
 # -- fitting --------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TraceStats:
     """What one 0/1 trace says: ticks, its running (0) ticks, preemptions and unavailable runs."""
@@ -94,8 +95,13 @@ def trace_stats(data: Sequence[int], gap_s: float) -> TraceStats:
     starts = np.flatnonzero((padded[1:-1] == 1) & (padded[:-2] == 0))
     ends = np.flatnonzero((padded[1:-1] == 1) & (padded[2:] == 0))
     runs = tuple(float((e - s + 1) * gap_s) for s, e in zip(starts, ends))
-    return TraceStats(gap_s=float(gap_s), ticks=int(a.size), available_ticks=int(np.count_nonzero(a == 0)),
-                      preemptions=preemptions, unavailable_runs_s=runs)
+    return TraceStats(
+        gap_s=float(gap_s),
+        ticks=int(a.size),
+        available_ticks=int(np.count_nonzero(a == 0)),
+        preemptions=preemptions,
+        unavailable_runs_s=runs,
+    )
 
 
 @dataclass(frozen=True)
@@ -144,8 +150,16 @@ def _rate(preemptions: int, running_hours: float, gap_s: float) -> float:
     return (preemptions + 0.5) / max(running_hours, gap_s / 3600.0)
 
 
-def fit_zone(cloud: str, instance_type: str, region: str, zone: str, *, preemption: Sequence[TraceStats] = (),
-             availability: Sequence[TraceStats] = (), pooled: tuple[int, float, float] | None = None) -> ZoneModel:
+def fit_zone(
+    cloud: str,
+    instance_type: str,
+    region: str,
+    zone: str,
+    *,
+    preemption: Sequence[TraceStats] = (),
+    availability: Sequence[TraceStats] = (),
+    pooled: tuple[int, float, float] | None = None,
+) -> ZoneModel:
     """Fit one zone from its traces. ``pooled`` (preemptions, running hours, gap) stands in for the
     preemption rate when the zone has no preemption trace; raises ValueError when it has neither."""
     if not preemption and not availability:
@@ -169,11 +183,20 @@ def fit_zone(cloud: str, instance_type: str, region: str, zone: str, *, preempti
     ticks = sum(t.ticks for t in basis)
     unavailable = sum(t.ticks - t.available_ticks for t in basis)
     runs = [r for t in basis for r in t.unavailable_runs_s]
-    return ZoneModel(cloud=cloud, instance_type=instance_type, region=region, zone=zone,
-                     preemption_rate_per_h=float(rate), p_unavailable=float(unavailable / ticks) if ticks else 0.0,
-                     unavailable_s=_quantiles(runs), running_hours=float(running), preemptions=int(count),
-                     observed_hours=float(sum(t.hours for t in basis)), unavailable_runs=len(runs),
-                     rate_source=source)
+    return ZoneModel(
+        cloud=cloud,
+        instance_type=instance_type,
+        region=region,
+        zone=zone,
+        preemption_rate_per_h=float(rate),
+        p_unavailable=float(unavailable / ticks) if ticks else 0.0,
+        unavailable_s=_quantiles(runs),
+        running_hours=float(running),
+        preemptions=int(count),
+        observed_hours=float(sum(t.hours for t in basis)),
+        unavailable_runs=len(runs),
+        rate_source=source,
+    )
 
 
 @dataclass(frozen=True)
@@ -194,6 +217,7 @@ class SpotMarketModel:
 
 # -- scenarios ------------------------------------------------------------------------------------
 
+
 class SpotScenario(Protocol):
     """What the simulator asks about one stage's spot market, vectorised; ``rows`` selects samples."""
 
@@ -201,8 +225,7 @@ class SpotScenario(Protocol):
     #: (:data:`WAIT_QUANTILE`) of how long unavailability lasts, since waiting is a gamble on its length.
     typical_wait_s: float
 
-    def time_to_preemption(self, stage: int, event: int, rows: slice, t_abs: np.ndarray,
-                           span: int) -> np.ndarray: ...
+    def time_to_preemption(self, stage: int, event: int, rows: slice, t_abs: np.ndarray, span: int) -> np.ndarray: ...
 
     def unavailable_for(self, stage: int, event: int, rows: slice, t_abs: np.ndarray) -> np.ndarray: ...
 
@@ -230,7 +253,7 @@ class ModelScenario:
         rate_s = self.zone.preemption_rate_per_h * max(1, span) / 3600.0
         if rate_s <= 0:
             return np.full(t_abs.shape, np.inf)
-        u = self._uniforms(stage, event, 0, t_abs.shape[1])[rows, :t_abs.shape[1]]
+        u = self._uniforms(stage, event, 0, t_abs.shape[1])[rows, : t_abs.shape[1]]
         return -np.log1p(-u) / rate_s
 
     def unavailable_for(self, stage: int, event: int, rows: slice, t_abs: np.ndarray) -> np.ndarray:
@@ -279,8 +302,15 @@ class _Compiled:
 class TraceScenario:
     """Replays traces: per sample a random preemption trace and availability trace, each at a random offset."""
 
-    def __init__(self, preemption: Sequence[Trace], availability: Sequence[Trace], *, seed: int, samples: int,
-                 start_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        preemption: Sequence[Trace],
+        availability: Sequence[Trace],
+        *,
+        seed: int,
+        samples: int,
+        start_s: float = 0.0,
+    ) -> None:
         if not preemption and not availability:
             raise ValueError("a trace scenario needs at least one trace")
         self.pre = [_Compiled(t) for t in (preemption or availability)]
@@ -335,6 +365,7 @@ def _runs_of(c: _Compiled) -> list[float]:
 
 # -- what the simulator takes ---------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SpotSetup:
     """Everything the simulator needs to play spot stages: the deadline the fall-back decisions aim at,
@@ -357,9 +388,16 @@ class SpotSetup:
         return (cloud, region, instance_type) in self.scenarios
 
 
-def model_setup(model: SpotMarketModel, *, deadline_s: float, seed: int, samples: int,
-                policy: SpotPolicy | None = None, checkpoint_epochs: int = 1,
-                types: Sequence[tuple[str, str, str]] | None = None) -> SpotSetup:
+def model_setup(
+    model: SpotMarketModel,
+    *,
+    deadline_s: float,
+    seed: int,
+    samples: int,
+    policy: SpotPolicy | None = None,
+    checkpoint_epochs: int = 1,
+    types: Sequence[tuple[str, str, str]] | None = None,
+) -> SpotSetup:
     """A :class:`SpotSetup` sampling ``model``: per (cloud, region, type) its best zone."""
     keys = sorted({z.key for z in model.zones} if types is None else set(types))
     scenarios: dict = {}
@@ -369,12 +407,22 @@ def model_setup(model: SpotMarketModel, *, deadline_s: float, seed: int, samples
         if zone is not None:
             scenarios[key] = ModelScenario(zone, seed=seed, samples=samples)
             zones[key] = zone.zone
-    return SpotSetup(deadline_s=deadline_s, scenarios=scenarios, policy=policy or SpotPolicy(),
-                     checkpoint_epochs=checkpoint_epochs, zones=zones)
+    return SpotSetup(
+        deadline_s=deadline_s,
+        scenarios=scenarios,
+        policy=policy or SpotPolicy(),
+        checkpoint_epochs=checkpoint_epochs,
+        zones=zones,
+    )
 
 
-def stay_on_spot(policy: SpotPolicy, time_left_s: np.ndarray, work_left_s: np.ndarray, restart_s: np.ndarray | float,
-                 on_spot: bool = True) -> np.ndarray:
+def stay_on_spot(
+    policy: SpotPolicy,
+    time_left_s: np.ndarray,
+    work_left_s: np.ndarray,
+    restart_s: np.ndarray | float,
+    on_spot: bool = True,
+) -> np.ndarray:
     """``policy.decide`` over arrays of situations: True where it says spot.
 
     Each distinct situation is decided by the policy object itself (the executor's decision); the
@@ -400,8 +448,9 @@ def stay_on_spot(policy: SpotPolicy, time_left_s: np.ndarray, work_left_s: np.nd
         lo, hi = 0, s_sorted.size
         while lo < hi:
             mid = (lo + hi) // 2
-            sit = SpotSituation(time_left_s=float(s_sorted[mid] + r), work_left_s=0.0, restart_s=float(r),
-                                on_spot=on_spot)
+            sit = SpotSituation(
+                time_left_s=float(s_sorted[mid] + r), work_left_s=0.0, restart_s=float(r), on_spot=on_spot
+            )
             if policy.decide(sit) is Market.SPOT:
                 hi = mid
             else:

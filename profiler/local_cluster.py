@@ -35,8 +35,6 @@ from rubberband.errors import ExecutionError  # noqa: E402
 from rubberband.paths import short_tmp_root  # noqa: E402
 
 
-
-
 def force_loopback() -> None:
     """Apply ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` even if ray was imported before this module."""
     constants = sys.modules.get("ray._private.ray_constants")
@@ -111,8 +109,16 @@ class LocalCluster:
         return self._cluster.address
 
     # -- nodes -----------------------------------------------------------------------------
-    def add_instance(self, instance_id: str, slots: int, *, measure_ready: bool = False,
-                     timeout_s: float = 60.0, num_gpus: int = 0, num_cpus: int | None = None) -> NodeStart:
+    def add_instance(
+        self,
+        instance_id: str,
+        slots: int,
+        *,
+        measure_ready: bool = False,
+        timeout_s: float = 60.0,
+        num_gpus: int = 0,
+        num_cpus: int | None = None,
+    ) -> NodeStart:
         """Start one node for ``instance_id`` with ``slots`` worker slots; the first one is the head.
 
         ``num_gpus`` GPUs (logical ones where the machine has none, as ``ray start --num-gpus``) and
@@ -125,9 +131,13 @@ class LocalCluster:
             raise ExecutionError("LocalCluster is not started; use it as a context manager")
         if instance_id in self.nodes:
             raise ExecutionError(f"local instance {instance_id!r} already exists")
-        args: dict[str, Any] = dict(num_cpus=slots if num_cpus is None else num_cpus, num_gpus=num_gpus,
-                                    resources={node_resource(instance_id): slots},
-                                    node_ip_address="127.0.0.1", object_store_memory=80 * 1024 * 1024)
+        args: dict[str, Any] = dict(
+            num_cpus=slots if num_cpus is None else num_cpus,
+            num_gpus=num_gpus,
+            resources={node_resource(instance_id): slots},
+            node_ip_address="127.0.0.1",
+            object_store_memory=80 * 1024 * 1024,
+        )
         head = self._cluster.head_node is None
         if head:
             args.update(temp_dir=str(self._temp_dir / "ray"), include_dashboard=False)
@@ -135,8 +145,7 @@ class LocalCluster:
         self.nodes[instance_id] = self._cluster.add_node(wait=True, **args)
         registered = time.monotonic() - began
         if head and self.connect:
-            ray.init(address=self._cluster.address, logging_level="ERROR", log_to_driver=False,
-                     configure_logging=True)
+            ray.init(address=self._cluster.address, logging_level="ERROR", log_to_driver=False, configure_logging=True)
         ready = None
         if measure_ready:
             ready = self._time_worker(instance_id, began, timeout_s)
@@ -153,8 +162,9 @@ class LocalCluster:
         try:
             ray.get(actor.ping.remote(), timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - GetTimeoutError or a dead actor
-            raise ExecutionError(f"local instance {instance_id} did not run a worker within {timeout_s:.0f} s "
-                                 f"({type(exc).__name__})") from None
+            raise ExecutionError(
+                f"local instance {instance_id} did not run a worker within {timeout_s:.0f} s ({type(exc).__name__})"
+            ) from None
         finally:
             ray.kill(actor, no_restart=True)
         return time.monotonic() - began

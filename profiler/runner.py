@@ -40,8 +40,15 @@ from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
 from rubberband.devices import DevicePolicy, WorkerDevice, node_resources
 from rubberband.paths import short_tmp_root
-from rubberband.profile import (PROFILE_SCHEMA_VERSION, EpochMeasurement, LatencyMeasurement, Profile,
-                                 StartupSamples, TerminationSamples, Workload)
+from rubberband.profile import (
+    PROFILE_SCHEMA_VERSION,
+    EpochMeasurement,
+    LatencyMeasurement,
+    Profile,
+    StartupSamples,
+    TerminationSamples,
+    Workload,
+)
 from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
 from rubberband.profiler.shapes import Shape, nodes_needed, plan_shapes
 from rubberband.search import RandomSource, first_config
@@ -160,14 +167,22 @@ def check_entry_point(spec: JobSpec, *, timeout_s: float = 120.0) -> None:
     finally:
         sys.path.remove(spec.base_dir)
     if found is None:
-        raise TrainingError(f"cannot import entry point {spec.train!r} from {spec.base_dir}: no module named "
-                            f"{module!r}; check the spec's train: field and that the file sits next to the spec")
+        raise TrainingError(
+            f"cannot import entry point {spec.train!r} from {spec.base_dir}: no module named "
+            f"{module!r}; check the spec's train: field and that the file sits next to the spec"
+        )
     try:
-        done = subprocess.run([sys.executable, "-c", _IMPORT_CHECK, spec.base_dir, module, spec.train_function],
-                              capture_output=True, text=True, timeout=timeout_s, cwd=spec.base_dir)
+        done = subprocess.run(
+            [sys.executable, "-c", _IMPORT_CHECK, spec.base_dir, module, spec.train_function],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=spec.base_dir,
+        )
     except subprocess.TimeoutExpired:
-        raise TrainingError(f"importing entry point {spec.train!r} took over {timeout_s:.0f} s; "
-                            f"move slow work out of module import") from None
+        raise TrainingError(
+            f"importing entry point {spec.train!r} took over {timeout_s:.0f} s; move slow work out of module import"
+        ) from None
     if done.returncode != 0:
         lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
         reason = lines[-1] if lines else f"exit code {done.returncode}"
@@ -182,12 +197,16 @@ def profiling_config(spec: JobSpec) -> dict[str, Any]:
 def validate(spec: JobSpec, options: ProfileOptions) -> list[Shape]:
     """Check the request before anything starts; return the shapes to measure."""
     if options.cloud not in CLOUDS_WITH_PROFILING:
-        raise InputError(f"profiling on {options.cloud} needs the {options.cloud} cloud provider, which this "
-                         f"build does not have yet; profile with --cloud local (a local.* instance type) or "
-                         f"point the spec's profile: at an existing profile")
+        raise InputError(
+            f"profiling on {options.cloud} needs the {options.cloud} cloud provider, which this "
+            f"build does not have yet; profile with --cloud local (a local.* instance type) or "
+            f"point the spec's profile: at an existing profile"
+        )
     if options.instance_type.cloud != options.cloud:
-        raise InputError(f"--instance-type {options.instance_type.name} is a {options.instance_type.cloud} type; "
-                         f"pick one of the {options.cloud} catalog")
+        raise InputError(
+            f"--instance-type {options.instance_type.name} is a {options.instance_type.cloud} type; "
+            f"pick one of the {options.cloud} catalog"
+        )
     if options.iterations < 1:
         raise InputError("--iterations must be at least 1")
     shapes = plan_shapes(options.instance_type, list(options.workers), cross_node=options.cross_node)
@@ -202,8 +221,13 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
 
     budget = _Budget(options.budget_s)
     notes: list[str] = []
-    total_steps = (nodes_needed(shapes) + options.startup_samples + len(shapes) + options.configs
-                   + (2 if options.measure_restart else 0))
+    total_steps = (
+        nodes_needed(shapes)
+        + options.startup_samples
+        + len(shapes)
+        + options.configs
+        + (2 if options.measure_restart else 0)
+    )
     done = 0
 
     def tick(message: str, advance: bool = True) -> None:
@@ -230,18 +254,26 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
             from rubberband.executor.pool import WorkerPool
 
             with WorkerPool(device=options.device) as pool:
-                results = _measure_shapes(spec, options, shapes, resources, config, run_dir, budget, pool,
-                                          notes, tick)
+                results = _measure_shapes(spec, options, shapes, resources, config, run_dir, budget, pool, notes, tick)
                 measured = [r for r in results if not r.skipped]
                 if not measured:
-                    raise InputError(f"--budget {options.budget_s:.0f}s is too small to measure any shape "
-                                     f"({'; '.join(r.skipped or '' for r in results)}); give it more time")
-                epochs = _measure_configs(spec, options, measured, resources, config, run_dir, budget, pool,
-                                          notes, tick)
-                warm = (_measure_restart(spec, options, measured, resources, config, budget, pool, notes, tick)
-                        if options.measure_restart else None)
-            cold = (_measure_restart(spec, options, measured, resources, config, budget, None, notes, tick)
-                    if options.measure_restart else None)
+                    raise InputError(
+                        f"--budget {options.budget_s:.0f}s is too small to measure any shape "
+                        f"({'; '.join(r.skipped or '' for r in results)}); give it more time"
+                    )
+                epochs = _measure_configs(
+                    spec, options, measured, resources, config, run_dir, budget, pool, notes, tick
+                )
+                warm = (
+                    _measure_restart(spec, options, measured, resources, config, budget, pool, notes, tick)
+                    if options.measure_restart
+                    else None
+                )
+            cold = (
+                _measure_restart(spec, options, measured, resources, config, budget, None, notes, tick)
+                if options.measure_restart
+                else None
+            )
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     profile = _build_profile(spec, options, results, startup, warm, cold, config, notes, termination, epochs)
@@ -250,8 +282,10 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
 
 # -- steps ----------------------------------------------------------------------------------
 
-def _measure_startup(options: ProfileOptions, budget: _Budget, notes: list[str], tick: Callable[..., None]
-                     ) -> tuple[list[StartupSamples], list[TerminationSamples]]:
+
+def _measure_startup(
+    options: ProfileOptions, budget: _Budget, notes: list[str], tick: Callable[..., None]
+) -> tuple[list[StartupSamples], list[TerminationSamples]]:
     """Start-up samples through the executor's own local provider (``ray start`` nodes joining a head).
 
     Measured the way a run pays for it: request → node registered with the head, for a throwaway head
@@ -272,13 +306,16 @@ def _measure_startup(options: ProfileOptions, budget: _Budget, notes: list[str],
             provider.start_head("startup-probe")
             for k in range(options.startup_samples):
                 if budget.left() < options.budget_s * 0.75:  # at most a quarter of the budget
-                    notes.append(f"start-up: took {len(samples)} of {options.startup_samples} samples "
-                                 f"(the rest of the budget is for the training shapes)")
+                    notes.append(
+                        f"start-up: took {len(samples)} of {options.startup_samples} samples "
+                        f"(the rest of the budget is for the training shapes)"
+                    )
                     break
                 tick(f"start-up sample {k + 1}/{options.startup_samples}: starting a local node", advance=False)
                 requested = time.time()
-                (instance,) = provider.provision(InstanceRequest(run_id="startup-probe", stage=0,
-                                                                 instance_type=options.instance_type))
+                (instance,) = provider.provision(
+                    InstanceRequest(run_id="startup-probe", stage=0, instance_type=options.instance_type)
+                )
                 samples.append(round(time.time() - requested, 3))
                 asked = time.time()
                 provider.terminate([instance.id])
@@ -291,17 +328,31 @@ def _measure_startup(options: ProfileOptions, budget: _Budget, notes: list[str],
             remove_short_temp_dir(Path(scratch))  # its Ray temp dir may live outside the scratch dir
     out, ended = [], []
     if samples:
-        out.append(StartupSamples(cloud=options.cloud, instance_type=options.instance_type.name, samples_s=samples,
-                                  source="measured"))
+        out.append(
+            StartupSamples(
+                cloud=options.cloud, instance_type=options.instance_type.name, samples_s=samples, source="measured"
+            )
+        )
     if gone:
-        ended.append(TerminationSamples(cloud=options.cloud, instance_type=options.instance_type.name,
-                                        samples_s=gone, source="measured"))
+        ended.append(
+            TerminationSamples(
+                cloud=options.cloud, instance_type=options.instance_type.name, samples_s=gone, source="measured"
+            )
+        )
     return out, ended
 
 
-def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, checkpoint_dir: Path,
-               iterations: int, share_s: float, pool: Any,
-               device: WorkerDevice) -> tuple[ShapeResult, float] | None:
+def _run_shape(
+    spec: JobSpec,
+    shape: Shape,
+    resources: list[str],
+    config: dict,
+    checkpoint_dir: Path,
+    iterations: int,
+    share_s: float,
+    pool: Any,
+    device: WorkerDevice,
+) -> tuple[ShapeResult, float] | None:
     """One bounded run of ``train`` at ``shape``; None when it ran past ``share_s``.
 
     Returns the result and the run's seconds outside the timed iterations (start-up, DDP set-up,
@@ -311,10 +362,19 @@ def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, 
 
     # two epochs, the iterations split between them: the gap between the passes is the epoch overhead
     epochs = 2 if iterations >= 2 * MIN_PASS_ITERATIONS else 1
-    trial = TrialSpec(trial_id=f"profile-w{shape.workers}-n{shape.nodes}", config=dict(config),
-                      entry_point=spec.train, code_dir=spec.base_dir, start_epoch=0, end_epoch=epochs,
-                      placement=shape.placement(resources), checkpoint_dir=str(checkpoint_dir), device=device,
-                      max_iterations=-(-iterations // epochs), timeout_s=max(30.0, share_s))
+    trial = TrialSpec(
+        trial_id=f"profile-w{shape.workers}-n{shape.nodes}",
+        config=dict(config),
+        entry_point=spec.train,
+        code_dir=spec.base_dir,
+        start_epoch=0,
+        end_epoch=epochs,
+        placement=shape.placement(resources),
+        checkpoint_dir=str(checkpoint_dir),
+        device=device,
+        max_iterations=-(-iterations // epochs),
+        timeout_s=max(30.0, share_s),
+    )
     run = TrialRun.start(trial, pool=pool)
     try:
         outcome = run.result(timeout_s=max(share_s, MIN_SHAPE_S))
@@ -322,22 +382,38 @@ def _run_shape(spec: JobSpec, shape: Shape, resources: list[str], config: dict, 
         run.stop()
         return None
     if not outcome.iteration_latencies_s:
-        raise TrainingError(f"{spec.train} never iterated over ctx.batches(...); wrap the training loop's "
-                            f"iterable in ctx.batches so rubberband can time it")
-    result = ShapeResult(shape, latencies_s=outcome.iteration_latencies_s, setup_s=outcome.setup_s,
-                         checkpoint_dir=str(checkpoint_dir),
-                         checkpoint_saved_s=outcome.checkpoint_saved_s[-1] if outcome.checkpoint_saved_s else None,
-                         pass_lengths=outcome.pass_lengths, batch_size_seen=outcome.batch_size_seen,
-                         epoch_gaps_s=tuple(max(0.0, b[0] - a[1]) for a, b in zip(outcome.pass_times,
-                                                                                 outcome.pass_times[1:])),
-                         device=outcome.devices[0] if outcome.devices else "", backend=outcome.backend)
+        raise TrainingError(
+            f"{spec.train} never iterated over ctx.batches(...); wrap the training loop's "
+            f"iterable in ctx.batches so rubberband can time it"
+        )
+    result = ShapeResult(
+        shape,
+        latencies_s=outcome.iteration_latencies_s,
+        setup_s=outcome.setup_s,
+        checkpoint_dir=str(checkpoint_dir),
+        checkpoint_saved_s=outcome.checkpoint_saved_s[-1] if outcome.checkpoint_saved_s else None,
+        pass_lengths=outcome.pass_lengths,
+        batch_size_seen=outcome.batch_size_seen,
+        epoch_gaps_s=tuple(max(0.0, b[0] - a[1]) for a, b in zip(outcome.pass_times, outcome.pass_times[1:])),
+        device=outcome.devices[0] if outcome.devices else "",
+        backend=outcome.backend,
+    )
     overhead = outcome.finished_at - outcome.started_at - sum(outcome.iteration_latencies_s)
     return result, max(0.0, overhead)
 
 
-def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape], resources: list[str],
-                    config: dict, run_dir: Path, budget: _Budget, pool: Any, notes: list[str],
-                    tick: Callable[..., None]) -> list[ShapeResult]:
+def _measure_shapes(
+    spec: JobSpec,
+    options: ProfileOptions,
+    shapes: list[Shape],
+    resources: list[str],
+    config: dict,
+    run_dir: Path,
+    budget: _Budget,
+    pool: Any,
+    notes: list[str],
+    tick: Callable[..., None],
+) -> list[ShapeResult]:
     reserve = min(10.0, 0.25 * options.budget_s) if options.measure_restart else 0.0
     # the configurations' epochs after the shapes get a share like one more shape (unused time rolls forward)
     extra = 1 if options.configs > 0 else 0
@@ -347,12 +423,23 @@ def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape],
         # A short probe first, so even the first shape's iteration count fits the budget.
         share = (budget.left() - reserve) / (len(shapes) + 1 + extra)
         tick(f"probing {shapes[0].label} ({PROBE_ITERATIONS} iterations)", advance=False)
-        probe = _run_shape(spec, shapes[0], resources, config, run_dir / "ckpt" / "probe", PROBE_ITERATIONS,
-                           max(share, MIN_SHAPE_S), pool, options.device)
+        probe = _run_shape(
+            spec,
+            shapes[0],
+            resources,
+            config,
+            run_dir / "ckpt" / "probe",
+            PROBE_ITERATIONS,
+            max(share, MIN_SHAPE_S),
+            pool,
+            options.device,
+        )
         if probe is None:
-            raise InputError(f"--budget {options.budget_s:.0f}s is too small: {PROBE_ITERATIONS} iterations at "
-                             f"{shapes[0].label} did not finish within {max(share, MIN_SHAPE_S):.0f} s; "
-                             f"give it more time")
+            raise InputError(
+                f"--budget {options.budget_s:.0f}s is too small: {PROBE_ITERATIONS} iterations at "
+                f"{shapes[0].label} did not finish within {max(share, MIN_SHAPE_S):.0f} s; "
+                f"give it more time"
+            )
         est_iter, est_setup = probe[0].median_s, probe[1]
     for index, shape in enumerate(shapes):
         share = (budget.left() - reserve) / (len(shapes) - index + extra)
@@ -369,8 +456,17 @@ def _measure_shapes(spec: JobSpec, options: ProfileOptions, shapes: list[Shape],
                 iterations = max(2, cap)
                 notes.append(f"{shape.label}: capped at {iterations} iterations to stay within the budget")
         tick(f"measuring {shape.label} ({iterations} iterations, ≤ {share:.0f} s)", advance=False)
-        ran = _run_shape(spec, shape, resources, config, run_dir / "ckpt" / f"w{shape.workers}-n{shape.nodes}",
-                         iterations, share, pool, options.device)
+        ran = _run_shape(
+            spec,
+            shape,
+            resources,
+            config,
+            run_dir / "ckpt" / f"w{shape.workers}-n{shape.nodes}",
+            iterations,
+            share,
+            pool,
+            options.device,
+        )
         if ran is None:
             reason = f"{shape.label}: skipped, did not finish within its {share:.0f} s share of the budget"
             notes.append(reason + "; lower --iterations or raise --budget")
@@ -409,9 +505,18 @@ def epoch_times(pass_times: tuple[tuple[float, float], ...]) -> list[float]:
     return [b - a for a, b in zip(starts[1:], starts[2:])]
 
 
-def _measure_configs(spec: JobSpec, options: ProfileOptions, measured: list[ShapeResult], resources: list[str],
-                     config: dict, run_dir: Path, budget: _Budget, pool: Any, notes: list[str],
-                     tick: Callable[..., None]) -> list[EpochMeasurement]:
+def _measure_configs(
+    spec: JobSpec,
+    options: ProfileOptions,
+    measured: list[ShapeResult],
+    resources: list[str],
+    config: dict,
+    run_dir: Path,
+    budget: _Budget,
+    pool: Any,
+    notes: list[str],
+    tick: Callable[..., None],
+) -> list[EpochMeasurement]:
     """Whole epochs of ``options.configs`` (or more, as the budget allows) sampled configurations.
 
     Run at the narrowest one-instance shape measured, ``config_epochs + 1`` epochs each (the first
@@ -424,8 +529,7 @@ def _measure_configs(spec: JobSpec, options: ProfileOptions, measured: list[Shap
     from rubberband.executor.trials import TrialRun, TrialSpec
 
     reserve = min(10.0, 0.25 * options.budget_s) if options.measure_restart else 0.0
-    shape_result = min((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers,
-                       default=measured[0])
+    shape_result = min((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers, default=measured[0])
     shape = shape_result.shape
     gaps = [g for r in measured for g in r.epoch_gaps_s]
     gap = float(np.median(gaps)) if gaps else 0.0
@@ -448,8 +552,10 @@ def _measure_configs(spec: JobSpec, options: ProfileOptions, measured: list[Shap
     if run_seconds(iterations) * options.configs > available:
         fit = int(((available / options.configs - setup) / epochs - gap) / max(per_iter, 1e-6))
         iterations = max(MIN_EPOCH_ITERATIONS, min(iterations, fit))
-        notes.append(f"configurations: epochs capped at {iterations} of {full or '?'} iterations to fit the budget "
-                     f"(partial epochs)")
+        notes.append(
+            f"configurations: epochs capped at {iterations} of {full or '?'} iterations to fit the budget "
+            f"(partial epochs)"
+        )
     out: list[EpochMeasurement] = []
     candidates = profiling_configs(spec, MAX_CONFIGS)
     for k, cfg in enumerate(candidates):
@@ -461,12 +567,19 @@ def _measure_configs(spec: JobSpec, options: ProfileOptions, measured: list[Shap
             tick(f"configuration {k + 1}: skipped", advance=True)
             break
         tick(f"configuration {k + 1}: {epochs} epochs of {iterations} iterations at {shape.label}", advance=False)
-        trial = TrialSpec(trial_id=f"profile-config-{k}", config=dict(cfg), entry_point=spec.train,
-                          code_dir=spec.base_dir, start_epoch=0, end_epoch=epochs,
-                          placement=shape.placement(resources),
-                          checkpoint_dir=str(run_dir / "ckpt" / f"config-{k}"),
-                          max_iterations=None if full is not None and iterations >= full else iterations,
-                          timeout_s=max(30.0, left), device=options.device)  # a GPU type's epochs on its GPUs
+        trial = TrialSpec(
+            trial_id=f"profile-config-{k}",
+            config=dict(cfg),
+            entry_point=spec.train,
+            code_dir=spec.base_dir,
+            start_epoch=0,
+            end_epoch=epochs,
+            placement=shape.placement(resources),
+            checkpoint_dir=str(run_dir / "ckpt" / f"config-{k}"),
+            max_iterations=None if full is not None and iterations >= full else iterations,
+            timeout_s=max(30.0, left),
+            device=options.device,
+        )  # a GPU type's epochs on its GPUs
         run = TrialRun.start(trial, pool=pool)
         try:
             outcome = run.result(timeout_s=max(left, MIN_SHAPE_S))
@@ -481,14 +594,23 @@ def _measure_configs(spec: JobSpec, options: ProfileOptions, measured: list[Shap
         else:
             ran = iterations
         if times:
-            out.append(EpochMeasurement(config=json.loads(json.dumps(cfg, default=str)), device=options.instance_type.device,
-                                        instance_type=options.instance_type.name, workers=shape.workers,
-                                        nodes=shape.nodes, iterations_per_epoch=max(1, ran),
-                                        epoch_times_s=[round(t, 6) for t in times], source="measured"))
+            out.append(
+                EpochMeasurement(
+                    config=json.loads(json.dumps(cfg, default=str)),
+                    device=options.instance_type.device,
+                    instance_type=options.instance_type.name,
+                    workers=shape.workers,
+                    nodes=shape.nodes,
+                    iterations_per_epoch=max(1, ran),
+                    epoch_times_s=[round(t, 6) for t in times],
+                    source="measured",
+                )
+            )
         tick(f"configuration {k + 1}: median epoch {np.median(times) if times else float('nan'):.2f} s")
     if 0 < len(out) < 2:
-        notes.append("configurations: fewer than two timed, so configuration speed spread is not measured; "
-                     "raise --budget")
+        notes.append(
+            "configurations: fewer than two timed, so configuration speed spread is not measured; raise --budget"
+        )
     return out
 
 
@@ -502,9 +624,17 @@ class _Restart:
     start_s: float = 0.0
 
 
-def _measure_restart(spec: JobSpec, options: ProfileOptions, measured: list[ShapeResult], resources: list[str],
-                     config: dict, budget: _Budget, pool: Any, notes: list[str],
-                     tick: Callable[..., None]) -> _Restart | None:
+def _measure_restart(
+    spec: JobSpec,
+    options: ProfileOptions,
+    measured: list[ShapeResult],
+    resources: list[str],
+    config: dict,
+    budget: _Budget,
+    pool: Any,
+    notes: list[str],
+    tick: Callable[..., None],
+) -> _Restart | None:
     """Checkpoint at one worker count → restart at another; ``pool`` None means fresh processes."""
     from rubberband.executor.checkpoints import checkpoint_path, latest_epoch
     from rubberband.executor.trials import TrialRun, TrialSpec
@@ -518,18 +648,27 @@ def _measure_restart(spec: JobSpec, options: ProfileOptions, measured: list[Shap
     # Restart onto the widest single-instance shape: with fresh processes that is what a new instance's
     # first trial waits for (all its workers starting at once), from a checkpoint saved at another width.
     widest = max((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers, default=measured[0])
-    others = sorted((r for r in measured if r.shape.workers != widest.shape.workers),
-                    key=lambda r: (r.shape.nodes, r.shape.workers))
+    others = sorted(
+        (r for r in measured if r.shape.workers != widest.shape.workers), key=lambda r: (r.shape.nodes, r.shape.workers)
+    )
     source = others[0] if others else widest
     target = widest.shape
     tick(f"restart ({kind} workers): {source.shape.workers} → {target.workers} workers", advance=False)
     epoch = latest_epoch(source.checkpoint_dir)
     after = 1 if epoch is None else epoch + 1
-    trial = TrialSpec(trial_id=f"profile-restart-{kind}", config=dict(config), entry_point=spec.train,
-                      code_dir=spec.base_dir, start_epoch=after, end_epoch=after + 1,
-                      placement=target.placement(resources), device=options.device,
-                      checkpoint_dir=source.checkpoint_dir, max_iterations=1,
-                      timeout_s=max(30.0, budget.left()))
+    trial = TrialSpec(
+        trial_id=f"profile-restart-{kind}",
+        config=dict(config),
+        entry_point=spec.train,
+        code_dir=spec.base_dir,
+        start_epoch=after,
+        end_epoch=after + 1,
+        placement=target.placement(resources),
+        device=options.device,
+        checkpoint_dir=source.checkpoint_dir,
+        max_iterations=1,
+        timeout_s=max(30.0, budget.left()),
+    )
     run = TrialRun.start(trial, pool=pool)
     try:
         outcome = run.result(timeout_s=max(budget.left(), needed))
@@ -554,8 +693,10 @@ def _measure_restart(spec: JobSpec, options: ProfileOptions, measured: list[Shap
 
 # -- assembling the profile -----------------------------------------------------------------
 
-def _workload_sizes(spec: JobSpec, options: ProfileOptions, results: list[ShapeResult],
-                    sources: dict[str, str]) -> tuple[int, int]:
+
+def _workload_sizes(
+    spec: JobSpec, options: ProfileOptions, results: list[ShapeResult], sources: dict[str, str]
+) -> tuple[int, int]:
     measured = [r for r in results if not r.skipped]
     if options.batch_size is not None:
         batch, sources["batch_size_per_worker"] = options.batch_size, "given: --batch-size"
@@ -564,8 +705,10 @@ def _workload_sizes(spec: JobSpec, options: ProfileOptions, results: list[ShapeR
     else:
         seen = [r.batch_size_seen for r in measured if r.batch_size_seen]
         if not seen:
-            raise InputError("cannot tell the per-worker batch size (the batches are not tensors): set "
-                             "config.batch_size in the spec or pass --batch-size")
+            raise InputError(
+                "cannot tell the per-worker batch size (the batches are not tensors): set "
+                "config.batch_size in the spec or pass --batch-size"
+            )
         batch = max(seen)
         sources["batch_size_per_worker"] = "measured: first dimension of the first batch given to ctx.batches"
     if options.dataset_size is not None:
@@ -575,39 +718,62 @@ def _workload_sizes(spec: JobSpec, options: ProfileOptions, results: list[ShapeR
     else:
         lengths = [(r.shape.workers, r.pass_lengths[0]) for r in measured if r.pass_lengths and r.pass_lengths[0]]
         if not lengths:
-            raise InputError("cannot tell the dataset size (ctx.batches got an iterable without len()): set "
-                             "config.dataset_size in the spec or pass --dataset-size")
+            raise InputError(
+                "cannot tell the dataset size (ctx.batches got an iterable without len()): set "
+                "config.dataset_size in the spec or pass --dataset-size"
+            )
         workers, length = min(lengths)
         size = length * batch * workers
-        sources["dataset_size"] = (f"measured: len() of the iterable given to ctx.batches ({length} iterations "
-                                   f"at {workers} worker{'s' if workers > 1 else ''}) × batch size × workers")
+        sources["dataset_size"] = (
+            f"measured: len() of the iterable given to ctx.batches ({length} iterations "
+            f"at {workers} worker{'s' if workers > 1 else ''}) × batch size × workers"
+        )
     return size, batch
 
 
-def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeResult],
-                   startup: list[StartupSamples], warm: _Restart | None, cold: _Restart | None, config: dict,
-                   notes: list[str], termination: list[TerminationSamples] | None = None,
-                   epochs: list[EpochMeasurement] | None = None) -> Profile:
+def _build_profile(
+    spec: JobSpec,
+    options: ProfileOptions,
+    results: list[ShapeResult],
+    startup: list[StartupSamples],
+    warm: _Restart | None,
+    cold: _Restart | None,
+    config: dict,
+    notes: list[str],
+    termination: list[TerminationSamples] | None = None,
+    epochs: list[EpochMeasurement] | None = None,
+) -> Profile:
     it = options.instance_type
     info = machine_info()
     # what the workers really used (a GPU type's profile is taken on GPUs: one per worker, nccl)
-    used = sorted({f"{r.backend} on {'one GPU per worker' if r.device.startswith('cuda') else r.device}"
-                   for r in results if not r.skipped and r.backend}) or [options.device.backend]
+    used = sorted(
+        {
+            f"{r.backend} on {'one GPU per worker' if r.device.startswith('cuda') else r.device}"
+            for r in results
+            if not r.skipped and r.backend
+        }
+    ) or [options.device.backend]
     sources: dict[str, str] = {
         "iteration_latencies": f"measured: every iteration of ctx.batches on rank 0, ≤ {options.iterations} per "
-                               f"shape, real DDP ({', '.join(used)}) on {options.cloud} Ray nodes",
+        f"shape, real DDP ({', '.join(used)}) on {options.cloud} Ray nodes",
         "config": json.dumps(config, sort_keys=True, default=str),
     }
     dataset_size, batch = _workload_sizes(spec, options, results, sources)
-    workload: dict[str, Any] = {"name": spec.name, "dataset_size": dataset_size, "batch_size_per_worker": batch,
-                                "origin": f"measured by `rubberband profile` on {info['hostname']} "
-                                          f"({options.cloud} {it.name}, {info['cpu_model']})"}
+    workload: dict[str, Any] = {
+        "name": spec.name,
+        "dataset_size": dataset_size,
+        "batch_size_per_worker": batch,
+        "origin": f"measured by `rubberband profile` on {info['hostname']} "
+        f"({options.cloud} {it.name}, {info['cpu_model']})",
+    }
     chosen = warm or cold
     if chosen is not None:
         workload["restart_overhead_s"] = round(chosen.overhead_s, 4)
         how = "warm worker processes (WorkerPool)" if chosen is warm else "fresh worker processes"
-        sources["restart_overhead_s"] = (f"measured: checkpoint save at {chosen.source_shape.workers} workers → "
-                                         f"restart at {chosen.target_shape.workers} with {how} → first iteration")
+        sources["restart_overhead_s"] = (
+            f"measured: checkpoint save at {chosen.source_shape.workers} workers → "
+            f"restart at {chosen.target_shape.workers} with {how} → first iteration"
+        )
         if chosen.checkpoint_bytes is not None:
             workload["checkpoint_size_gb"] = chosen.checkpoint_bytes / 1e9
             sources["checkpoint_size_gb"] = "measured: size of the checkpoint file train() saved"
@@ -617,54 +783,77 @@ def _build_profile(spec: JobSpec, options: ProfileOptions, results: list[ShapeRe
         workload["restart_overhead_cold_s"] = round(cold.overhead_s, 4)
         sources["restart_overhead_cold_s"] = "measured: as restart_overhead_s, with fresh worker processes"
         workload["worker_start_s"] = round(max(0.0, cold.start_s - warm.start_s), 4)
-        sources["worker_start_s"] = ("measured: the restart's start → first iteration with fresh worker processes "
-                                     "minus with warm ones (process start, torch and training-module import)")
+        sources["worker_start_s"] = (
+            "measured: the restart's start → first iteration with fresh worker processes "
+            "minus with warm ones (process start, torch and training-module import)"
+        )
     else:
         sources["worker_start_s"] = "default: not measured"
     if warm is not None:
         workload["task_start_s"] = round(warm.start_s, 4)
-        sources["task_start_s"] = ("measured: warm worker processes, run start → first iteration (process group, "
-                                   "the training function's set-up, checkpoint load)")
+        sources["task_start_s"] = (
+            "measured: warm worker processes, run start → first iteration (process group, "
+            "the training function's set-up, checkpoint load)"
+        )
     else:
         sources["task_start_s"] = "default: not measured"
     gaps = [g for r in results if not r.skipped for g in r.epoch_gaps_s]
     if gaps:
         workload["epoch_overhead_s"] = round(float(np.median(gaps)), 4)
-        sources["epoch_overhead_s"] = (f"measured: median gap between two epochs' passes over ctx.batches "
-                                       f"(evaluation, data loading, report, checkpoint save), {len(gaps)} shapes")
+        sources["epoch_overhead_s"] = (
+            f"measured: median gap between two epochs' passes over ctx.batches "
+            f"(evaluation, data loading, report, checkpoint save), {len(gaps)} shapes"
+        )
     else:
         sources["epoch_overhead_s"] = "default: not measured (too few iterations per shape for two epochs)"
     sources.setdefault("checkpoint_size_gb", "default: not measured")
     if epochs:
         m = epochs[0]
-        sources["epoch_measurements"] = (f"measured: {len(epochs)} configurations sampled from the search space, "
-                                         f"{len(m.epoch_times_s)} epochs each after a warm-up epoch, "
-                                         f"{m.iterations_per_epoch} iterations per epoch at {m.workers} worker"
-                                         f"{'s' if m.workers > 1 else ''}; start of one pass over ctx.batches to "
-                                         f"the start of the next")
+        sources["epoch_measurements"] = (
+            f"measured: {len(epochs)} configurations sampled from the search space, "
+            f"{len(m.epoch_times_s)} epochs each after a warm-up epoch, "
+            f"{m.iterations_per_epoch} iterations per epoch at {m.workers} worker"
+            f"{'s' if m.workers > 1 else ''}; start of one pass over ctx.batches to "
+            f"the start of the next"
+        )
     else:
-        sources["epoch_measurements"] = ("not measured (--configs 0 or no budget left): the planner assumes "
-                                         "every configuration as fast as the profiled one and no per-epoch noise")
+        sources["epoch_measurements"] = (
+            "not measured (--configs 0 or no budget left): the planner assumes "
+            "every configuration as fast as the profiled one and no per-epoch noise"
+        )
     sources["eval_time_s"] = "not measured separately: per-epoch evaluation is part of epoch_overhead_s"
     measured_clouds = {s.cloud for s in startup}
     for cloud in sorted(set(spec.resources.clouds) | {options.cloud}):
         if cloud not in measured_clouds and cloud in DEFAULT_STARTUP_S:
             startup.append(StartupSamples(cloud=cloud, samples_s=list(DEFAULT_STARTUP_S[cloud]), source="default"))
-    sources["startup"] = ("measured: `ray start` node request → registered with the run head (LocalProvider)"
-                          if measured_clouds else "default: documented per-cloud figures (docs/profiling.md)")
-    sources["termination"] = ("measured: terminate request to a start-up probe node → its processes gone "
-                              "(LocalProvider: SIGTERM, SIGKILL after the grace)" if termination else
-                              "default: documented per-cloud figures (docs/profiling.md)")
+    sources["startup"] = (
+        "measured: `ray start` node request → registered with the run head (LocalProvider)"
+        if measured_clouds
+        else "default: documented per-cloud figures (docs/profiling.md)"
+    )
+    sources["termination"] = (
+        "measured: terminate request to a start-up probe node → its processes gone "
+        "(LocalProvider: SIGTERM, SIGKILL after the grace)"
+        if termination
+        else "default: documented per-cloud figures (docs/profiling.md)"
+    )
     import torch
 
     profile = Profile(
         schema_version=PROFILE_SCHEMA_VERSION,
         workload=Workload(**workload),
-        measurements=[LatencyMeasurement(device=it.device, instance_type=it.name, workers=r.shape.workers,
-                                         nodes=r.shape.nodes, iteration_latencies_s=[round(x, 6) for x in
-                                                                                     r.latencies_s],
-                                         source="measured")
-                      for r in results if not r.skipped],
+        measurements=[
+            LatencyMeasurement(
+                device=it.device,
+                instance_type=it.name,
+                workers=r.shape.workers,
+                nodes=r.shape.nodes,
+                iteration_latencies_s=[round(x, 6) for x in r.latencies_s],
+                source="measured",
+            )
+            for r in results
+            if not r.skipped
+        ],
         epoch_measurements=list(epochs or []),
         startup=startup,
         termination=list(termination or []),
@@ -688,8 +877,7 @@ def fit_description(profile: Profile, notes: list[str]) -> dict[str, Any] | None
         described = fit_performance_model(profile).describe()
         return json.loads(json.dumps(described, default=_jsonable))
     except (RubberbandError, ValueError, TypeError) as exc:
-        notes.append(f"fitting the performance model failed ({type(exc).__name__}: {exc}); profile.fitted left "
-                     f"empty")
+        notes.append(f"fitting the performance model failed ({type(exc).__name__}: {exc}); profile.fitted left empty")
         return None
 
 

@@ -55,9 +55,11 @@ def plan_shapes(instance_type: InstanceType, workers: list[int], *, cross_node: 
     shapes: list[Shape] = []
     for w in workers:
         if w > per_node * MAX_NODES:
-            raise InputError(f"--workers: {w} workers do not fit on {MAX_NODES} {instance_type.name} instances "
-                             f"({per_node} worker{'s' if per_node > 1 else ''} each); use at most "
-                             f"{per_node * MAX_NODES} or a larger --instance-type")
+            raise InputError(
+                f"--workers: {w} workers do not fit on {MAX_NODES} {instance_type.name} instances "
+                f"({per_node} worker{'s' if per_node > 1 else ''} each); use at most "
+                f"{per_node * MAX_NODES} or a larger --instance-type"
+            )
         if w <= per_node:
             shapes.append(Shape(w, 1))
         if cross_node and w >= 2 and -(-w // MAX_NODES) <= per_node:

@@ -142,13 +142,18 @@ class Catalog:
         return sorted({t.cloud for t in self.types})
 
     def find(self, name: str, *, cloud: str | None = None, region: str | None = None) -> InstanceType:
-        matches = [t for t in self.types if t.name == name and (cloud is None or t.cloud == cloud)
-                   and (region is None or t.region == region)]
+        matches = [
+            t
+            for t in self.types
+            if t.name == name and (cloud is None or t.cloud == cloud) and (region is None or t.region == region)
+        ]
         if not matches:
             known = ", ".join(sorted({t.name for t in self.types if cloud is None or t.cloud == cloud})[:12])
-            raise CatalogError(f"instance type {name!r} is not in the catalog"
-                               f"{' for ' + cloud if cloud else ''}{' in ' + region if region else ''}; "
-                               f"known types include: {known}")
+            raise CatalogError(
+                f"instance type {name!r} is not in the catalog"
+                f"{' for ' + cloud if cloud else ''}{' in ' + region if region else ''}; "
+                f"known types include: {known}"
+            )
         return matches[0]
 
     def by_key(self, key: str) -> InstanceType:
@@ -169,30 +174,57 @@ class Catalog:
             known = {t.region for t in types}
             unknown = sorted(set(regions) - known)
             if unknown:
-                raise CatalogError(f"region {unknown[0]!r} is not in the catalog for the allowed clouds; "
-                                   f"use one of {', '.join(sorted(known))}")
+                raise CatalogError(
+                    f"region {unknown[0]!r} is not in the catalog for the allowed clouds; "
+                    f"use one of {', '.join(sorted(known))}"
+                )
             types = [t for t in types if t.region in regions]
         if names is not None:
             known = {t.name for t in types}
             unknown = [n for n in names if n not in known]
             if unknown:
-                raise CatalogError(f"resources.instance_types: {unknown[0]!r} is not offered by the allowed "
-                                   f"clouds/regions; see `rubberband catalog show`")
+                raise CatalogError(
+                    f"resources.instance_types: {unknown[0]!r} is not offered by the allowed "
+                    f"clouds/regions; see `rubberband catalog show`"
+                )
             types = [t for t in types if t.name in names]
         if spot:
             types = [t for t in types if t.spot_price_hr is not None]
         kept = {t.cloud for t in types}
-        return Catalog(types=tuple(types), dates={c: d for c, d in self.dates.items() if c in kept},
-                       sources={c: s for c, s in self.sources.items() if c in kept})
+        return Catalog(
+            types=tuple(types),
+            dates={c: d for c, d in self.dates.items() if c in kept},
+            sources={c: s for c, s in self.sources.items() if c in kept},
+        )
 
 
 # -- loading ---------------------------------------------------------------------------------
 
 _DATE_RE = re.compile(r"^#\s*date:\s*(\d{4}-\d{2}-\d{2})", re.I)
-_AWS_COLUMNS = ["InstanceType", "AcceleratorName", "AcceleratorCount", "vCPUs", "MemoryGiB", "GpuInfo",
-                "Price", "SpotPrice", "Region", "AvailabilityZone"]
-_GCP_COLUMNS = ["InstanceType", "vCPUs", "MemoryGiB", "AcceleratorName", "AcceleratorCount", "GpuInfo",
-                "Region", "AvailabilityZone", "Price", "SpotPrice"]
+_AWS_COLUMNS = [
+    "InstanceType",
+    "AcceleratorName",
+    "AcceleratorCount",
+    "vCPUs",
+    "MemoryGiB",
+    "GpuInfo",
+    "Price",
+    "SpotPrice",
+    "Region",
+    "AvailabilityZone",
+]
+_GCP_COLUMNS = [
+    "InstanceType",
+    "vCPUs",
+    "MemoryGiB",
+    "AcceleratorName",
+    "AcceleratorCount",
+    "GpuInfo",
+    "Region",
+    "AvailabilityZone",
+    "Price",
+    "SpotPrice",
+]
 # GPUs that attach to N1 hosts, by count: the largest host GCP allows, as (max vCPUs, max memory GiB).
 # Source: cloud.google.com/compute/docs/gpus (N1 with attached GPUs; SkyPilot's gcp_catalog.py has the
 # same table). 4x P100 keeps the smaller limit of us-east1-c / europe-west1-b,d. A count missing here
@@ -203,8 +235,19 @@ N1_GPU_LIMITS: dict[str, dict[int, tuple[int, float]]] = {
     "P100": {1: (16, 104), 2: (32, 208), 4: (64, 208)},
     "P4": {1: (24, 156), 2: (48, 312), 4: (96, 624)},
 }
-_GPU_MEMORY = {"V100": 16, "V100-32GB": 32, "T4": 16, "A10G": 24, "A100": 40, "A100-80GB": 80, "H100": 80,
-               "L4": 24, "P100": 16, "P4": 8, "CPU": None}
+_GPU_MEMORY = {
+    "V100": 16,
+    "V100-32GB": 32,
+    "T4": 16,
+    "A10G": 24,
+    "A100": 40,
+    "A100-80GB": 80,
+    "H100": 80,
+    "L4": 24,
+    "P100": 16,
+    "P4": 8,
+    "CPU": None,
+}
 
 
 def _float(value: str, *, path: Path, line: int, column: str, minimum: float | None = None) -> float | None:
@@ -286,15 +329,24 @@ def _aws_like(cloud: str, path: Path, text: str) -> tuple[str, list[InstanceType
         count = _count(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount")
         device = accel if accel and count > 0 else "CPU"
         zone_spots = _zone_spots(entry["zones"])
-        types.append(InstanceType(
-            cloud=cloud, name=name, region=region, zones=tuple(z for z, _ in entry["zones"]),
-            device=device, accelerator_count=count if device != "CPU" else 0,
-            vcpus=_float(row["vCPUs"], path=path, line=line, column="vCPUs", minimum=0) or 0.0,
-            memory_gib=_float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB", minimum=0) or 0.0,
-            # On-demand is one regional price; should zones disagree, plan with the dearest.
-            price_hr=max(entry["prices"]),
-            spot_price_hr=zone_spots[0][1] if zone_spots else None,
-            host_type=name, accelerator_memory_gib=_GPU_MEMORY.get(device), zone_spot_prices=zone_spots))
+        types.append(
+            InstanceType(
+                cloud=cloud,
+                name=name,
+                region=region,
+                zones=tuple(z for z, _ in entry["zones"]),
+                device=device,
+                accelerator_count=count if device != "CPU" else 0,
+                vcpus=_float(row["vCPUs"], path=path, line=line, column="vCPUs", minimum=0) or 0.0,
+                memory_gib=_float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB", minimum=0) or 0.0,
+                # On-demand is one regional price; should zones disagree, plan with the dearest.
+                price_hr=max(entry["prices"]),
+                spot_price_hr=zone_spots[0][1] if zone_spots else None,
+                host_type=name,
+                accelerator_memory_gib=_GPU_MEMORY.get(device),
+                zone_spot_prices=zone_spots,
+            )
+        )
     return date, types
 
 
@@ -304,18 +356,30 @@ def n1_accepts(accelerator: str, count: int, vcpus: float, memory_gib: float) ->
     return limit is not None and vcpus <= limit[0] and memory_gib <= limit[1]
 
 
-def _compose(name: str, region: str, host: dict, gpu: dict, accel: str, count: int, vcpus: float,
-             memory: float, host_type: str) -> InstanceType | None:
+def _compose(
+    name: str, region: str, host: dict, gpu: dict, accel: str, count: int, vcpus: float, memory: float, host_type: str
+) -> InstanceType | None:
     """A host plus its GPU row: prices add, zones intersect; None when no zone sells both."""
     zones = tuple(z for z in host["zones"] if z in gpu["zones"])
     if not zones:
         return None
     # Rounded to the catalogs' own precision so sums print as 0.89, not 0.8899999999999999.
     spot = None if host["spot"] is None or gpu["spot"] is None else round(host["spot"] + gpu["spot"], 6)
-    return InstanceType("gcp", name, region, zones, accel, count, vcpus, memory,
-                        round(host["price"] + gpu["price"], 6),
-                        spot, host_type=host_type, accelerator_memory_gib=_GPU_MEMORY.get(accel),
-                        zone_spot_prices=() if spot is None else tuple((z, spot) for z in zones))
+    return InstanceType(
+        "gcp",
+        name,
+        region,
+        zones,
+        accel,
+        count,
+        vcpus,
+        memory,
+        round(host["price"] + gpu["price"], 6),
+        spot,
+        host_type=host_type,
+        accelerator_memory_gib=_GPU_MEMORY.get(accel),
+        zone_spot_prices=() if spot is None else tuple((z, spot) for z in zones),
+    )
 
 
 def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
@@ -334,8 +398,9 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
             raise CatalogError(f"{path}:{line}: SpotPrice must be a positive $/hour figure or empty")
         name = row["InstanceType"].strip()
         if name:
-            entry = hosts.setdefault((name, region), {"row": row, "line": line, "zones": [], "price": price,
-                                                      "spot": spot})
+            entry = hosts.setdefault(
+                (name, region), {"row": row, "line": line, "zones": [], "price": price, "spot": spot}
+            )
         else:
             accel = row["AcceleratorName"].strip()
             count = _count(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount")
@@ -363,14 +428,27 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
             for (accel, count, gpu_region), gpu in sorted(gpus.items()):
                 if gpu_region != region or not n1_accepts(accel, count, vcpus, memory):
                     continue
-                offering = _compose(f"{name}+{accel}x{count}", region, host, gpu, accel, count, vcpus, memory,
-                                    name)
+                offering = _compose(f"{name}+{accel}x{count}", region, host, gpu, accel, count, vcpus, memory, name)
                 if offering is not None:
                     types.append(offering)
         else:  # a CPU-only host (e.g. n2-*): offered as it is
             spots = _zone_spots([(z, host["spot"]) for z in host["zones"]])
-            types.append(InstanceType("gcp", name, region, tuple(host["zones"]), "CPU", 0, vcpus, memory,
-                                      host["price"], host["spot"], host_type=name, zone_spot_prices=spots))
+            types.append(
+                InstanceType(
+                    "gcp",
+                    name,
+                    region,
+                    tuple(host["zones"]),
+                    "CPU",
+                    0,
+                    vcpus,
+                    memory,
+                    host["price"],
+                    host["spot"],
+                    host_type=name,
+                    zone_spot_prices=spots,
+                )
+            )
     return date, types
 
 
@@ -401,8 +479,9 @@ def shipped_catalog_text(cloud: str) -> str:
     return resources.files(CATALOG_PACKAGE).joinpath(f"{cloud}.csv").read_text()
 
 
-def load_catalog(clouds: list[str] | None = None, *, directory: Path | str | None = None,
-                 user_dir: Path | str | None = None) -> Catalog:
+def load_catalog(
+    clouds: list[str] | None = None, *, directory: Path | str | None = None, user_dir: Path | str | None = None
+) -> Catalog:
     """Load each cloud's catalog.
 
     With ``directory`` every cloud must have ``<directory>/<cloud>.csv``. Otherwise a refreshed

@@ -39,8 +39,11 @@ def build_app() -> typer.Typer:
             typer.echo(f"rubberband {__version__}")
             raise typer.Exit(0)
 
-    modules = [importlib.import_module(f"{commands.__name__}.{info.name}")
-               for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_")]
+    modules = [
+        importlib.import_module(f"{commands.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(commands.__path__)
+        if not info.name.startswith("_")
+    ]
     for module in sorted(modules, key=lambda m: (getattr(m, "ORDER", 100), m.__name__)):
         module.register(app)
     return app
@@ -52,8 +55,13 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def run(argv: list[str] | None = None, *, test_boot: str | None = None, trial_runtime: str | None = None,
-        metadata_url: str | None = None) -> int:
+def run(
+    argv: list[str] | None = None,
+    *,
+    test_boot: str | None = None,
+    trial_runtime: str | None = None,
+    metadata_url: str | None = None,
+) -> int:
     """Run the CLI and return its exit code (for tests and ``main``).
 
     The test seams (tests only; ``main`` never passes them): ``test_boot`` plays cloud instances' boots on this

@@ -87,8 +87,9 @@ def cpus_per_gpu(itype: InstanceType) -> int:
 def worker_device(itype: InstanceType, *, cpu_stand_in: bool = False) -> WorkerDevice:
     """The device of one trial worker on ``itype``: a GPU where the catalog lists accelerators."""
     if itype.accelerator_count > 0:
-        return WorkerDevice(kind="gpu", num_cpus=float(cpus_per_gpu(itype)), instance_type=itype.name,
-                            cpu_stand_in=cpu_stand_in)
+        return WorkerDevice(
+            kind="gpu", num_cpus=float(cpus_per_gpu(itype)), instance_type=itype.name, cpu_stand_in=cpu_stand_in
+        )
     return WorkerDevice(kind="cpu", num_cpus=1.0, instance_type=itype.name, cpu_stand_in=cpu_stand_in)
 
 
@@ -133,6 +134,7 @@ class DevicePolicy:
 
 # -- inside the worker ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CudaFacts:
     """What a worker process sees of CUDA (gathered by :func:`observe_cuda`; plain data so tests can make it)."""
@@ -150,7 +152,7 @@ class CudaFacts:
 class ResolvedDevice:
     """The torch device a worker trains on and the backend of its process group."""
 
-    device: str   # "cpu" | "cuda:<index>"
+    device: str  # "cpu" | "cuda:<index>"
     backend: str  # "gloo" | "nccl"
     gpu_ids: tuple[Any, ...] = ()
     #: True when a test's cpu_stand_in made a GPU worker train on the CPU.
@@ -163,19 +165,25 @@ def resolve(device: WorkerDevice, facts: CudaFacts) -> ResolvedDevice:
         return ResolvedDevice("cpu", "gloo")
     where = f"instance type {device.instance_type}" if device.instance_type else "this instance type"
     if not facts.gpu_ids:
-        raise GpuUnavailableError(f"{where} has GPUs, but Ray assigned this worker none; the node must be "
-                                  f"started with --num-gpus (see rubberband.devices.node_resources)")
+        raise GpuUnavailableError(
+            f"{where} has GPUs, but Ray assigned this worker none; the node must be "
+            f"started with --num-gpus (see rubberband.devices.node_resources)"
+        )
     if not facts.available or facts.device_count < 1:
         if device.cpu_stand_in:
             return ResolvedDevice("cpu", "gloo", facts.gpu_ids, stand_in=True)
         if facts.torch_cuda is None:
             why = f"torch {facts.torch_version} is a CPU-only build; install a CUDA build of torch on the image"
         else:
-            why = (f"torch {facts.torch_version} (CUDA {facts.torch_cuda}) sees {facts.device_count} CUDA "
-                   f"device(s); check the NVIDIA driver on the image (nvidia-smi)")
-        raise GpuUnavailableError(f"{where}: the node advertises GPUs (Ray assigned GPU "
-                                  f"{', '.join(map(str, facts.gpu_ids))}) but CUDA is not usable in the worker: "
-                                  f"{why}. Refusing to train a GPU type on its CPUs")
+            why = (
+                f"torch {facts.torch_version} (CUDA {facts.torch_cuda}) sees {facts.device_count} CUDA "
+                f"device(s); check the NVIDIA driver on the image (nvidia-smi)"
+            )
+        raise GpuUnavailableError(
+            f"{where}: the node advertises GPUs (Ray assigned GPU "
+            f"{', '.join(map(str, facts.gpu_ids))}) but CUDA is not usable in the worker: "
+            f"{why}. Refusing to train a GPU type on its CPUs"
+        )
     if facts.device_count == 1:
         index = 0  # Ray set CUDA_VISIBLE_DEVICES to the one assigned GPU
     else:  # CUDA_VISIBLE_DEVICES was not narrowed by Ray: index by the assigned id
@@ -197,5 +205,10 @@ def observe_cuda() -> CudaFacts:
     except Exception:  # noqa: BLE001 - outside a Ray worker
         gpu_ids = ()
     available = bool(torch.cuda.is_available())
-    return CudaFacts(available=available, device_count=torch.cuda.device_count() if available else 0,
-                     gpu_ids=gpu_ids, torch_cuda=torch.version.cuda, torch_version=torch.__version__)
+    return CudaFacts(
+        available=available,
+        device_count=torch.cuda.device_count() if available else 0,
+        gpu_ids=gpu_ids,
+        torch_cuda=torch.version.cuda,
+        torch_version=torch.__version__,
+    )

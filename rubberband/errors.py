@@ -52,8 +52,7 @@ class InfeasibleError(RubberbandError):
 
     exit_code = 3
 
-    def __init__(self, message: str, *, shortest_jct_s: float | None = None,
-                 cost_usd: float | None = None) -> None:
+    def __init__(self, message: str, *, shortest_jct_s: float | None = None, cost_usd: float | None = None) -> None:
         super().__init__(message)
         self.shortest_jct_s = shortest_jct_s
         self.cost_usd = cost_usd
@@ -92,8 +91,16 @@ class CloudError(RubberbandError):
     exit_code = 1
     kinds = ("capacity", "quota", "transient", "fatal")
 
-    def __init__(self, message: str, *, kind: str, code: str = "", zone: str | None = None,
-                 region: str | None = None, quota: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str,
+        code: str = "",
+        zone: str | None = None,
+        region: str | None = None,
+        quota: str | None = None,
+    ) -> None:
         if kind not in self.kinds:
             raise ValueError(f"unknown cloud error kind {kind!r}")
         super().__init__(message)

@@ -27,9 +27,22 @@ def _raise_interrupted(signum, frame) -> None:
     raise Interrupted(f"run stopped by signal {signal.Signals(signum).name}; every instance was terminated")
 
 
-def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir: Path, backend: Any,
-            trial_runtime: str, deadline_s: float | None, resume: bool, profile_path: Path | None = None,
-            overrun_s: float = 0.0, on_late: str = "finish", simulate: bool = False) -> Any:
+def execute(
+    *,
+    spec: JobSpec,
+    plan: Plan,
+    catalog: Catalog,
+    run_id: str,
+    run_dir: Path,
+    backend: Any,
+    trial_runtime: str,
+    deadline_s: float | None,
+    resume: bool,
+    profile_path: Path | None = None,
+    overrun_s: float = 0.0,
+    on_late: str = "finish",
+    simulate: bool = False,
+) -> Any:
     """Run (or resume) the plan to the end on ``backend``; progress goes to stderr. Returns the RunResult.
 
     ``profile_path``: the job's profile when it is not where the spec says (a copy shipped to the head).
@@ -54,8 +67,10 @@ def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir
         from rubberband.executor.simulated import simulated_for
 
         if profile is None:
-            raise InputError(f"--cloud sim plays the job from its profile, and there is none at {profile_path}; "
-                             f"profile the job first (`rubberband profile`) or set the spec's profile")
+            raise InputError(
+                f"--cloud sim plays the job from its profile, and there is none at {profile_path}; "
+                f"profile the job first (`rubberband profile`) or set the spec's profile"
+            )
         sim = simulated_for(spec, plan, catalog, profile)
         backend, runtime = sim.backend, sim.runtime
         world = {"clock": sim.clock, "cluster": sim.cluster}
@@ -66,15 +81,31 @@ def execute(*, spec: JobSpec, plan: Plan, catalog: Catalog, run_id: str, run_dir
     err = stderr()
     err.print(f"{'resuming' if resume else 'starting'} run {run_id} in {run_dir}", markup=False, highlight=False)
     if simulate:
-        err.print(f"simulated: {plan.stages[0].cloud} instances and trials played on virtual time from the profile; "
-                  f"nothing is started or billed, and the metrics are stand-ins", markup=False, highlight=False)
+        err.print(
+            f"simulated: {plan.stages[0].cloud} instances and trials played on virtual time from the profile; "
+            f"nothing is started or billed, and the metrics are stand-ins",
+            markup=False,
+            highlight=False,
+        )
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         with ProgressView(err) as view:
-            controller = controller_for(plan)(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=backend,
-                                                runtime=runtime, run_id=run_id, replanner=replanner, profile=profile,
-                                                progress=view, deadline_s=deadline_s, overrun_s=overrun_s,
-                                                on_late=on_late, **world)
+            controller = controller_for(plan)(
+                spec=spec,
+                plan=plan,
+                catalog=catalog,
+                run_dir=run_dir,
+                backend=backend,
+                runtime=runtime,
+                run_id=run_id,
+                replanner=replanner,
+                profile=profile,
+                progress=view,
+                deadline_s=deadline_s,
+                overrun_s=overrun_s,
+                on_late=on_late,
+                **world,
+            )
             return controller.run(resume=resume)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -90,20 +121,26 @@ def print_summary(run_id: str, metric: str, summary: dict[str, Any], result_path
     best = summary.get("best") or {}
     rung = best.get("rung") or {}
     at = f" (stage {rung['stage']}, {rung['epochs']} epochs)" if rung.get("stage") is not None else ""
-    typer.echo(f"run {run_id} {summary.get('status', 'finished')}: best trial {best.get('trial_id')} "
-               f"{metric}={best.get('metric')}{at} config={best.get('config')}")
-    typer.echo(f"JCT {format_duration(summary['actual']['jct_s'])} (predicted "
-               f"{format_duration(summary['predicted']['jct_s'])}), cost {format_usd(summary['actual']['cost_usd'])} "
-               f"(predicted {format_usd(summary['predicted']['cost_usd'])}); results in {result_path}")
+    typer.echo(
+        f"run {run_id} {summary.get('status', 'finished')}: best trial {best.get('trial_id')} "
+        f"{metric}={best.get('metric')}{at} config={best.get('config')}"
+    )
+    typer.echo(
+        f"JCT {format_duration(summary['actual']['jct_s'])} (predicted "
+        f"{format_duration(summary['predicted']['jct_s'])}), cost {format_usd(summary['actual']['cost_usd'])} "
+        f"(predicted {format_usd(summary['predicted']['cost_usd'])}); results in {result_path}"
+    )
     typer.echo(outcome_line(summary))
     static = summary.get("static")
     if static and static.get("cost_ratio") is not None:
         actual = summary["actual"]
         saved = static["predicted_cost_usd"] - actual["cost_usd"]
-        typer.echo(f"vs best static plan ({static['instances']} × {static['instance_type']}, "
-                   f"{static['workers_per_trial']} worker{'s' if static['workers_per_trial'] > 1 else ''}/trial; "
-                   f"predicted): JCT {format_duration(static['predicted_jct_s'])}, cost "
-                   f"{format_usd(static['predicted_cost_usd'])}; this run: JCT {format_duration(actual['jct_s'])}, "
-                   f"cost {format_usd(actual['cost_usd'])} = {static['cost_ratio']:.2f}× the static cost "
-                   f"({'saved' if saved >= 0 else 'spent'} {format_usd(abs(saved))}"
-                   f"{'' if saved >= 0 else ' more'})")
+        typer.echo(
+            f"vs best static plan ({static['instances']} × {static['instance_type']}, "
+            f"{static['workers_per_trial']} worker{'s' if static['workers_per_trial'] > 1 else ''}/trial; "
+            f"predicted): JCT {format_duration(static['predicted_jct_s'])}, cost "
+            f"{format_usd(static['predicted_cost_usd'])}; this run: JCT {format_duration(actual['jct_s'])}, "
+            f"cost {format_usd(actual['cost_usd'])} = {static['cost_ratio']:.2f}× the static cost "
+            f"({'saved' if saved >= 0 else 'spent'} {format_usd(abs(saved))}"
+            f"{'' if saved >= 0 else ' more'})"
+        )

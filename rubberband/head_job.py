@@ -36,8 +36,15 @@ from pathlib import Path
 
 from rubberband.cloud.bootstrap import WatchdogSettings
 from rubberband.cloud.head import add_head_arguments
-from rubberband.cloud.head_run import (MAX_FETCHED_CHECKPOINT_BYTES, PACK_BEGIN, PACK_END, PACK_EXCLUDE, STAGE_DIR,
-                                       OnHeadCloudBackend, head_run_dir)
+from rubberband.cloud.head_run import (
+    MAX_FETCHED_CHECKPOINT_BYTES,
+    PACK_BEGIN,
+    PACK_END,
+    PACK_EXCLUDE,
+    STAGE_DIR,
+    OnHeadCloudBackend,
+    head_run_dir,
+)
 from rubberband.cloud.testboot import MODES as TEST_BOOT_MODES
 
 
@@ -80,19 +87,36 @@ def run(args: argparse.Namespace) -> int:
         else:
             push = SshTokenPush.from_env()
 
-        backend = OnHeadCloudBackend(cloud=args.cloud, run_dir=head_disk(args.head_id) if test_boot else run_dir,
-                                     regions=list(dict.fromkeys(s.region for s in plan.stages)), pool=pool,
-                                     catalog=load_catalog([args.cloud]), test_boot=test_boot, head_instance=head,
-                                     ray_address=os.environ.get("RAY_ADDRESS", ""), head_grace_s=args.head_grace,
-                                     requirements=tuple(spec.requirements),
-                                     expires_at=time.time() + lifetime_cap_s(args.deadline or plan.deadline_s,
-                                                                             args.overrun_s, args.head_grace),
-                                     token_push=push, ray_auth_mode="token" if push is not None else "disabled",
-                                     metadata_url=args.metadata_url)
-        result = execute(spec=spec, plan=plan, catalog=backend.catalog, run_id=args.run_id, run_dir=run_dir,
-                         backend=backend, trial_runtime=args.trial_runtime, deadline_s=args.deadline,
-                         overrun_s=args.overrun_s, resume=(run_dir / "journal.jsonl").exists(), profile_path=profile,
-                         on_late=args.on_late)
+        backend = OnHeadCloudBackend(
+            cloud=args.cloud,
+            run_dir=head_disk(args.head_id) if test_boot else run_dir,
+            regions=list(dict.fromkeys(s.region for s in plan.stages)),
+            pool=pool,
+            catalog=load_catalog([args.cloud]),
+            test_boot=test_boot,
+            head_instance=head,
+            ray_address=os.environ.get("RAY_ADDRESS", ""),
+            head_grace_s=args.head_grace,
+            requirements=tuple(spec.requirements),
+            expires_at=time.time() + lifetime_cap_s(args.deadline or plan.deadline_s, args.overrun_s, args.head_grace),
+            token_push=push,
+            ray_auth_mode="token" if push is not None else "disabled",
+            metadata_url=args.metadata_url,
+        )
+        result = execute(
+            spec=spec,
+            plan=plan,
+            catalog=backend.catalog,
+            run_id=args.run_id,
+            run_dir=run_dir,
+            backend=backend,
+            trial_runtime=args.trial_runtime,
+            deadline_s=args.deadline,
+            overrun_s=args.overrun_s,
+            resume=(run_dir / "journal.jsonl").exists(),
+            profile_path=profile,
+            on_late=args.on_late,
+        )
         print_summary(args.run_id, spec.metric.name, result.result, run_dir / "result.json")
         from rubberband.executor.outcome import exit_code
 
@@ -144,7 +168,7 @@ def print_pack(run_dir: Path) -> None:
     sys.stdout.flush()
     print(PACK_BEGIN)
     for i in range(0, len(data), 76):
-        print(data[i:i + 76])
+        print(data[i : i + 76])
     print(PACK_END, flush=True)
 
 
@@ -166,14 +190,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_head_arguments(r)
     r.add_argument("--deadline", type=float, default=None)
     r.add_argument("--overrun-s", type=float, default=0.0, help="seconds a late run goes on (inf: no limit)")
-    r.add_argument("--on-late", choices=("finish", "stop"), default="finish",
-                   help="at a boundary where no plan meets the deadline: finish late, or stop with the best so far")
+    r.add_argument(
+        "--on-late",
+        choices=("finish", "stop"),
+        default="finish",
+        help="at a boundary where no plan meets the deadline: finish late, or stop with the best so far",
+    )
     r.add_argument("--trial-runtime", default="rubberband.executor.trials")
-    r.add_argument("--worker-egress", choices=("nat", "existing", "public"), default="nat",
-                   help="GCP: workers without an external address behind the run's own Cloud NAT (nat), behind the "
-                        "network's own egress (existing), or with an external address (public); cloud/gcp.py")
-    r.add_argument("--head-grace", type=float, default=WatchdogSettings().done_grace_s,
-                   help="the watchdog's results grace: the head is billed this long after the run ends")
+    r.add_argument(
+        "--worker-egress",
+        choices=("nat", "existing", "public"),
+        default="nat",
+        help="GCP: workers without an external address behind the run's own Cloud NAT (nat), behind the "
+        "network's own egress (existing), or with an external address (public); cloud/gcp.py",
+    )
+    r.add_argument(
+        "--head-grace",
+        type=float,
+        default=WatchdogSettings().done_grace_s,
+        help="the watchdog's results grace: the head is billed this long after the run ends",
+    )
     # tests only: on a played head (cloud/testboot.py) the CLI passes it in the job's command line
     r.add_argument("--test-boot", choices=TEST_BOOT_MODES, default=None, help=argparse.SUPPRESS)
     # tests only: the metadata server the notice watchers read (a local endpoint; executor/notices.py)

@@ -31,8 +31,9 @@ def resolve_profile_path(spec: JobSpec, override: str | Path | None = None) -> P
         return Path(override)
     path = spec.profile_path()
     if path is None:
-        raise ProfileError("no profile given: pass --profile PATH or set `profile:` in the spec "
-                           "(create one with `rubberband profile`)")
+        raise ProfileError(
+            "no profile given: pass --profile PATH or set `profile:` in the spec (create one with `rubberband profile`)"
+        )
     return path
 
 
@@ -51,8 +52,13 @@ def catalog_for(spec: JobSpec, cloud: str | None = None, *, directory: str | Pat
     return catalog.filter(clouds=clouds, regions=res.regions, names=res.instance_types, spot=res.spot)
 
 
-def load_job_inputs(spec_path: str | Path, *, profile: str | Path | None = None, cloud: str | None = None,
-                    catalog_dir: str | Path | None = None) -> JobInputs:
+def load_job_inputs(
+    spec_path: str | Path,
+    *,
+    profile: str | Path | None = None,
+    cloud: str | None = None,
+    catalog_dir: str | Path | None = None,
+) -> JobInputs:
     spec = load_spec(spec_path)
     path = resolve_profile_path(spec, profile)
     catalog = catalog_for(spec, cloud, directory=catalog_dir)

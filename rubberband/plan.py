@@ -48,11 +48,16 @@ class StagePlan(_Model):
     instances: int = Field(ge=1)
     workers_per_trial: int = Field(ge=1)
     spot: bool = Field(default=False, description="the stage's market: spot (true) or on-demand")
-    zone: str | None = Field(default=None, description="spot: the zone the spot model was fitted for (the "
-                             "region's spot price applies; docs/spot.md)")
+    zone: str | None = Field(
+        default=None,
+        description="spot: the zone the spot model was fitted for (the region's spot price applies; docs/spot.md)",
+    )
     predicted_duration_s: float | None = Field(default=None, description="p50 of the stage's duration")
-    predicted_task_s: float | None = Field(default=None, description="median seconds of one trial's task in the "
-                                           "stage (no waiting for instances); prefetch is timed from waves × this")
+    predicted_task_s: float | None = Field(
+        default=None,
+        description="median seconds of one trial's task in the "
+        "stage (no waiting for instances); prefetch is timed from waves × this",
+    )
     predicted_cost_usd: float | None = Field(default=None, description="mean cost attributed to the stage")
 
 
@@ -64,8 +69,11 @@ class CostBreakdown(_Model):
     idle_usd: float = 0.0
     billing_minimum_usd: float = 0.0
     transfer_usd: float = 0.0
-    head_usd: float = Field(default=0.0, description="the run's head instance (head mode on aws/gcp): its "
-                            "price from its own boot until the job ends plus the watchdog's results grace")
+    head_usd: float = Field(
+        default=0.0,
+        description="the run's head instance (head mode on aws/gcp): its "
+        "price from its own boot until the job ends plus the watchdog's results grace",
+    )
 
 
 class Prediction(_Model):
@@ -76,10 +84,13 @@ class Prediction(_Model):
     stage_cost_usd: list[float] = Field(default_factory=list)
     cost_breakdown: CostBreakdown = Field(default_factory=CostBreakdown)
     cost_by_instance_type: dict[str, float] = Field(default_factory=dict)
-    jct_samples_s: list[float] = Field(default_factory=list, description="a few hundred simulated JCTs "
-                                       "(for report histograms); optional, empty when not kept")
-    cost_samples_usd: list[float] = Field(default_factory=list, description="the simulated costs of the "
-                                          "same samples; optional, empty when not kept")
+    jct_samples_s: list[float] = Field(
+        default_factory=list,
+        description="a few hundred simulated JCTs (for report histograms); optional, empty when not kept",
+    )
+    cost_samples_usd: list[float] = Field(
+        default_factory=list, description="the simulated costs of the same samples; optional, empty when not kept"
+    )
 
 
 class TimelineInstance(_Model):
@@ -142,8 +153,11 @@ class SpotInfo(_Model):
     model_source: str = Field(description="the spot model file (or 'shipped default') and its traces' source")
     zones: list[SpotZoneInfo] = Field(default_factory=list, description="per spot-capable type, the zone used")
     margin_s: float = Field(default=0.0, ge=0, description="SpotPolicy.margin_s: slack kept beyond one restart")
-    checkpoint_epochs: int = Field(default=1, ge=1, description="a trial checkpoints every this many epochs; "
-                                   "a preemption loses the work since the last one")
+    checkpoint_epochs: int = Field(
+        default=1,
+        ge=1,
+        description="a trial checkpoints every this many epochs; a preemption loses the work since the last one",
+    )
 
 
 class Timeline(_Model):
@@ -170,8 +184,10 @@ class BaselineASHA(_Model):
     instances: int = Field(ge=1)
     workers_per_trial: int = Field(ge=1)
     predicted: Prediction
-    meets_deadline: bool = Field(description="whether this cluster meets the deadline at the confidence "
-                                 "(false: the quickest cluster tried, shown for comparison)")
+    meets_deadline: bool = Field(
+        description="whether this cluster meets the deadline at the confidence "
+        "(false: the quickest cluster tried, shown for comparison)"
+    )
 
 
 class Alternative(_Model):
@@ -226,20 +242,33 @@ class Plan(_Model):
     baselines: dict[str, Alternative] = Field(default_factory=dict)
     planner: PlannerInfo = Field(default_factory=PlannerInfo)
     profile_sha256: str | None = None
-    spec: dict[str, Any] | None = Field(default=None, description="the job spec the plan was made for "
-                                        "(JobSpec dump), so reports and the executor can re-plan")
+    spec: dict[str, Any] | None = Field(
+        default=None,
+        description="the job spec the plan was made for (JobSpec dump), so reports and the executor can re-plan",
+    )
     profile_path: str | None = None
-    head: HeadInfo | None = Field(default=None, description="the billed head instance the predictions include "
-                                  "(cost_breakdown.head_usd); None when the run has no billed head")
+    head: HeadInfo | None = Field(
+        default=None,
+        description="the billed head instance the predictions include "
+        "(cost_breakdown.head_usd); None when the run has no billed head",
+    )
     brackets: Literal["sequential", "parallel"] = Field(
-        default="sequential", description="how Hyperband brackets run: one after another or side by side")
-    bracket_offsets_s: list[float] = Field(default_factory=list, description="parallel: each bracket's start, "
-                                           "seconds after the job starts (bracket 0 at 0)")
-    handoffs: list[Handoff] = Field(default_factory=list, description="parallel: instances handed from one "
-                                    "bracket to another in the representative sample")
+        default="sequential", description="how Hyperband brackets run: one after another or side by side"
+    )
+    bracket_offsets_s: list[float] = Field(
+        default_factory=list,
+        description="parallel: each bracket's start, seconds after the job starts (bracket 0 at 0)",
+    )
+    handoffs: list[Handoff] = Field(
+        default_factory=list,
+        description="parallel: instances handed from one bracket to another in the representative sample",
+    )
     asha: BaselineASHA | None = Field(default=None, description="ASHA simulated on a fixed cluster")
-    spot: SpotInfo | None = Field(default=None, description="spot allowed: the preemption model and policy the "
-                                  "predictions include (None: on-demand only, or a v2 plan)")
+    spot: SpotInfo | None = Field(
+        default=None,
+        description="spot allowed: the preemption model and policy the "
+        "predictions include (None: on-demand only, or a v2 plan)",
+    )
 
     @property
     def parallel_brackets(self) -> bool:
@@ -253,15 +282,26 @@ def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:
         # v1 → v2 → v3 only added fields (defaults: sequential brackets, no hand-overs, no ASHA baseline,
         # no spot model)
         data = {**data, "schema_version": PLAN_SCHEMA_VERSION}
-    return validate_versioned(Plan, data, source=source, kind="plan", version=PLAN_SCHEMA_VERSION,
-                              error=PlanFileError, remedy="regenerate it with `rubberband plan`")
+    return validate_versioned(
+        Plan,
+        data,
+        source=source,
+        kind="plan",
+        version=PLAN_SCHEMA_VERSION,
+        error=PlanFileError,
+        remedy="regenerate it with `rubberband plan`",
+    )
 
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
-    data = read_json(path, kind="plan file", error=PlanFileError,
-                     missing=f"create it with `rubberband plan SPEC --out {path}`",
-                     remedy="regenerate it with `rubberband plan`")
+    data = read_json(
+        path,
+        kind="plan file",
+        error=PlanFileError,
+        missing=f"create it with `rubberband plan SPEC --out {path}`",
+        remedy="regenerate it with `rubberband plan`",
+    )
     return parse_plan(data, source=str(path))
 
 

@@ -37,11 +37,20 @@ def billed_heads(head: str = "instance", grace_s: float | None = None) -> dict[s
     return {cloud: HeadSpec.of(itype, grace_s=grace) for cloud, itype in HEAD_TYPES.items()}
 
 
-def plan_from_inputs(inputs: JobInputs, *, deadline_s: float | None = None, confidence: float | None = None,
-                     cloud: str | None = None, samples: int = 1000, seed: int | None = None,
-                     head: str = "instance", head_grace_s: float | None = None,
-                     brackets: str | None = None, include_exact: bool = False,
-                     spot_model: str | None = None) -> Plan:
+def plan_from_inputs(
+    inputs: JobInputs,
+    *,
+    deadline_s: float | None = None,
+    confidence: float | None = None,
+    cloud: str | None = None,
+    samples: int = 1000,
+    seed: int | None = None,
+    head: str = "instance",
+    head_grace_s: float | None = None,
+    brackets: str | None = None,
+    include_exact: bool = False,
+    spot_model: str | None = None,
+) -> Plan:
     """Run the planner on a spec's inputs; fill in ``planner.seconds`` and ``profile_path``.
 
     ``head`` / ``head_grace_s``: how the run will be executed on AWS/GCP (:func:`billed_heads`), so the
@@ -61,9 +70,21 @@ def plan_from_inputs(inputs: JobInputs, *, deadline_s: float | None = None, conf
         market = fitted.market_model()
         source = f"{spot_model or 'shipped default'} ({fitted.source})"
     started = time.perf_counter()
-    plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s, confidence=confidence,
-                    cloud=cloud, samples=samples, seed=seed, heads=heads, brackets=brackets,
-                    include_exact=include_exact, spot_model=market, spot_source=source or "")
+    plan = plan_job(
+        inputs.spec,
+        inputs.profile,
+        inputs.catalog,
+        deadline_s=deadline_s,
+        confidence=confidence,
+        cloud=cloud,
+        samples=samples,
+        seed=seed,
+        heads=heads,
+        brackets=brackets,
+        include_exact=include_exact,
+        spot_model=market,
+        spot_source=source or "",
+    )
     plan.planner.seconds = round(time.perf_counter() - started, 4)
     plan.profile_path = str(inputs.profile_path)
     return plan

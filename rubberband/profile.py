@@ -42,21 +42,34 @@ class Workload(_Model):
     dataset_size: int = Field(gt=0, description="training samples per epoch")
     batch_size_per_worker: int = Field(gt=0)
     checkpoint_size_gb: float = Field(default=0.1, ge=0)
-    restart_overhead_s: float = Field(default=5.0, ge=0,
-                                      description="checkpoint save + new workers + restore, per resize")
+    restart_overhead_s: float = Field(
+        default=5.0, ge=0, description="checkpoint save + new workers + restore, per resize"
+    )
     eval_time_s: float = Field(default=0.0, ge=0, description="validation pass after each stage")
     epoch_overhead_s: float = Field(
-        default=0.0, ge=0, description="per epoch, the trial's time outside the timed iterations: evaluation, "
-                                       "data loading, reporting, checkpoint save")
+        default=0.0,
+        ge=0,
+        description="per epoch, the trial's time outside the timed iterations: evaluation, "
+        "data loading, reporting, checkpoint save",
+    )
     task_start_s: float = Field(
-        default=0.0, ge=0, description="per trial run on warm worker processes: process-group init and the "
-                                       "user's code up to the first iteration (model build, data, checkpoint load)")
+        default=0.0,
+        ge=0,
+        description="per trial run on warm worker processes: process-group init and the "
+        "user's code up to the first iteration (model build, data, checkpoint load)",
+    )
     worker_start_s: float = Field(
-        default=0.0, ge=0, description="a new instance's worker processes starting (process start + framework "
-                                       "import) after it joined; its first trial waits for them")
+        default=0.0,
+        ge=0,
+        description="a new instance's worker processes starting (process start + framework "
+        "import) after it joined; its first trial waits for them",
+    )
     restart_overhead_cold_s: float | None = Field(
-        default=None, ge=0, description="restart_overhead_s when the new workers are fresh processes "
-                                        "(restart_overhead_s itself may reuse warm worker processes)")
+        default=None,
+        ge=0,
+        description="restart_overhead_s when the new workers are fresh processes "
+        "(restart_overhead_s itself may reuse warm worker processes)",
+    )
 
     def iterations_per_epoch(self, workers: int) -> int:
         global_batch = self.batch_size_per_worker * workers
@@ -90,10 +103,10 @@ class EpochMeasurement(_Model):
     instance_type: str | None = None
     workers: int = Field(default=1, ge=1)
     nodes: int = Field(default=1, ge=1)
-    iterations_per_epoch: int = Field(ge=1, description="iterations each timed epoch ran (capped epochs: fewer "
-                                                        "than the dataset's)")
-    epoch_times_s: list[float] = Field(min_length=1, description="seconds per epoch, first epoch (warm-up) "
-                                                                 "excluded")
+    iterations_per_epoch: int = Field(
+        ge=1, description="iterations each timed epoch ran (capped epochs: fewer than the dataset's)"
+    )
+    epoch_times_s: list[float] = Field(min_length=1, description="seconds per epoch, first epoch (warm-up) excluded")
     source: Literal["measured", "modelled"] = "measured"
 
     @model_validator(mode="after")
@@ -148,8 +161,9 @@ class Profile(_Model):
     torch_version: str | None = None
     created_at: str | None = None
     fitted: dict[str, Any] | None = Field(default=None, description="the fitted model, for inspection only")
-    sources: dict[str, str] = Field(default_factory=dict,
-                                    description="how each workload figure was obtained (field -> how)")
+    sources: dict[str, str] = Field(
+        default_factory=dict, description="how each workload figure was obtained (field -> how)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "Profile":
@@ -168,15 +182,26 @@ def parse_profile(data: Any, *, source: str = "<profile>") -> Profile:
     """A profile of any version this rubberband reads (v1 loads without ``epoch_measurements``)."""
     found = data.get("schema_version") if isinstance(data, dict) else None
     version = found if found in PROFILE_SCHEMA_VERSIONS else PROFILE_SCHEMA_VERSION
-    return validate_versioned(Profile, data, source=source, kind="profile", version=version,
-                              error=ProfileError, remedy="see docs/profile.md or re-run `rubberband profile`")
+    return validate_versioned(
+        Profile,
+        data,
+        source=source,
+        kind="profile",
+        version=version,
+        error=ProfileError,
+        remedy="see docs/profile.md or re-run `rubberband profile`",
+    )
 
 
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
-    data = read_json(path, kind="profile", error=ProfileError,
-                     missing="run `rubberband profile` or set `profile:` in the spec",
-                     remedy="re-run `rubberband profile`")
+    data = read_json(
+        path,
+        kind="profile",
+        error=ProfileError,
+        missing="run `rubberband profile` or set `profile:` in the spec",
+        remedy="re-run `rubberband profile`",
+    )
     return parse_profile(data, source=str(path))
 
 

@@ -63,8 +63,10 @@ def is_tune_trainable(fn: Callable) -> bool:
 def adapt(fn: Callable) -> Callable:
     """``fn`` as a ``train(config, ctx)``: unchanged unless it is a Ray Tune function trainable."""
     if inspect.isclass(fn):
-        raise TypeError(f"{fn.__name__} is a class; rubberband runs Ray Tune *function* trainables "
-                        f"(def train(config)) or train(config, ctx)")
+        raise TypeError(
+            f"{fn.__name__} is a class; rubberband runs Ray Tune *function* trainables "
+            f"(def train(config)) or train(config, ctx)"
+        )
     if not is_tune_trainable(fn):
         return fn
 
@@ -77,6 +79,7 @@ def adapt(fn: Callable) -> Callable:
 
 
 # -- the session ---------------------------------------------------------------------------------
+
 
 class _TuneContext:
     """What ``get_context()`` returns inside an adapted trainable (the commonly used getters)."""
@@ -113,8 +116,7 @@ class _TuneContext:
 
 
 def _numeric(metrics: dict) -> dict[str, float]:
-    return {str(k): float(v) for k, v in metrics.items()
-            if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    return {str(k): float(v) for k, v in metrics.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
 
 
 def _read_directory(checkpoint: Any) -> dict[str, bytes]:

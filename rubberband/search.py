@@ -85,8 +85,10 @@ def _import_optuna(sampler: str):
     try:
         import optuna
     except ImportError:
-        raise SpecError(f"spec field 'search': sampler {sampler} needs Optuna, which is not installed; "
-                        f"pip install 'rubberband[optuna]' (or use sampler: random)") from None
+        raise SpecError(
+            f"spec field 'search': sampler {sampler} needs Optuna, which is not installed; "
+            f"pip install 'rubberband[optuna]' (or use sampler: random)"
+        ) from None
     return optuna
 
 
@@ -125,13 +127,18 @@ class OptunaSource:
                 sampler = samplers.RandomSampler(seed=seed)
             direction = "maximize" if spec.metric.mode == "max" else "minimize"
             try:
-                self._study = optuna.create_study(storage=search.storage, sampler=sampler, direction=direction,
-                                                  study_name=search.study_name or (spec.name if search.storage
-                                                                                   else None),
-                                                  load_if_exists=True)
+                self._study = optuna.create_study(
+                    storage=search.storage,
+                    sampler=sampler,
+                    direction=direction,
+                    study_name=search.study_name or (spec.name if search.storage else None),
+                    load_if_exists=True,
+                )
             except Exception as exc:  # noqa: BLE001 - a bad URL surfaces as many driver-specific errors
-                raise SpecError(f"spec field 'search.storage': cannot open Optuna storage {search.storage!r} "
-                                f"({type(exc).__name__}: {exc}); fix the URL (e.g. sqlite:///study.db)") from None
+                raise SpecError(
+                    f"spec field 'search.storage': cannot open Optuna storage {search.storage!r} "
+                    f"({type(exc).__name__}: {exc}); fix the URL (e.g. sqlite:///study.db)"
+                ) from None
         self._space = _distributions(optuna, spec.search_space)
         self._fixed = list(spec.trials or [])
         self._run_key = run_key

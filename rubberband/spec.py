@@ -171,8 +171,10 @@ class JobSpec(_Strict):
             try:
                 Requirement(item)
             except InvalidRequirement as exc:
-                raise ValueError(f"{item!r} is not a PEP 508 requirement ({str(exc).splitlines()[0]}); write "
-                                 f"e.g. 'transformers==4.46.0'") from None
+                raise ValueError(
+                    f"{item!r} is not a PEP 508 requirement ({str(exc).splitlines()[0]}); write "
+                    f"e.g. 'transformers==4.46.0'"
+                ) from None
             if item.strip().startswith("-"):
                 raise ValueError(f"{item!r}: pip options are not allowed, only package requirements")
         return value
@@ -258,8 +260,9 @@ _TAGS = {"uniform", "loguniform", "int", "choice"}
 _YAML_NAMES = {v: k for k, v in _FIELD_ALIASES.items()}
 
 
-def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | Path = ".",
-               lines: dict[tuple, int] | None = None) -> JobSpec:
+def parse_spec(
+    data: Any, *, source: str = "<spec>", base_dir: str | Path = ".", lines: dict[tuple, int] | None = None
+) -> JobSpec:
     """Validate an already-parsed spec mapping; raise :class:`SpecError` on the first problem."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: the spec must be a YAML mapping of fields (name, train, metric, ...)")
@@ -268,8 +271,12 @@ def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | Path = ".",
         raise SpecError(f"{source}: spec field 'deadline': required field is missing; add e.g. deadline: 2h")
     data["base_dir"] = str(Path(base_dir).resolve())
     sched = data.get("scheduler")
-    if (isinstance(sched, dict) and sched.get("kind", "sha") == "sha" and "trials" not in sched
-            and isinstance(data.get("trials"), list)):
+    if (
+        isinstance(sched, dict)
+        and sched.get("kind", "sha") == "sha"
+        and "trials" not in sched
+        and isinstance(data.get("trials"), list)
+    ):
         data["scheduler"] = {**sched, "trials": len(data["trials"])}  # SHA over exactly the listed configurations
     try:
         spec = JobSpec.model_validate(data)
@@ -286,8 +293,9 @@ def _first_stage_trials(sched: SchedulerSpec) -> int:
     """How many trials the schedule starts (every bracket's first stage)."""
     from rubberband.planner.schedule import stages_for
 
-    stages = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
-                        max_epochs=sched.max_epochs)
+    stages = stages_for(
+        sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs
+    )
     return sum(s.trials for s in stages if s.index == 0)
 
 
@@ -315,8 +323,9 @@ def _search_problem(spec: JobSpec) -> tuple[tuple, str] | None:
     for i, fixed in enumerate(spec.trials or []):
         for name, value in fixed.items():
             if spec.search_space and name not in spec.search_space:
-                return ("trials", str(i), name), ("not in search_space; add it there or remove it from this "
-                                                  "configuration")
+                return ("trials", str(i), name), (
+                    "not in search_space; add it there or remove it from this configuration"
+                )
             if name in spec.search_space:
                 why = _outside(spec.search_space[name], value)
                 if why is not None:
@@ -324,17 +333,22 @@ def _search_problem(spec: JobSpec) -> tuple[tuple, str] | None:
     if spec.trials is not None:
         needed = _first_stage_trials(spec.scheduler)
         if len(spec.trials) > needed:
-            return ("trials",), (f"lists {len(spec.trials)} configurations but the {spec.scheduler.kind} schedule "
-                                 f"starts only {needed} trials; remove some or raise scheduler.trials")
+            return ("trials",), (
+                f"lists {len(spec.trials)} configurations but the {spec.scheduler.kind} schedule "
+                f"starts only {needed} trials; remove some or raise scheduler.trials"
+            )
         if not spec.search_space and len(spec.trials) < needed:
-            return ("trials",), (f"lists {len(spec.trials)} configurations but the {spec.scheduler.kind} schedule "
-                                 f"starts {needed} trials; list more, or add a search_space to sample the rest")
+            return ("trials",), (
+                f"lists {len(spec.trials)} configurations but the {spec.scheduler.kind} schedule "
+                f"starts {needed} trials; list more, or add a search_space to sample the rest"
+            )
     if spec.search.uses_optuna:
         for name, param in spec.search_space.items():
-            if isinstance(param, ChoiceParam) and not all(isinstance(v, _OPTUNA_CHOICE_TYPES)
-                                                          for v in param.values):
-                return ("search_space", name, "values"), ("Optuna samplers take only strings, numbers, booleans "
-                                                          "or null as choices; use those or sampler: random")
+            if isinstance(param, ChoiceParam) and not all(isinstance(v, _OPTUNA_CHOICE_TYPES) for v in param.values):
+                return ("search_space", name, "values"), (
+                    "Optuna samplers take only strings, numbers, booleans "
+                    "or null as choices; use those or sampler: random"
+                )
     return None
 
 

@@ -27,17 +27,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rubberband.errors import InputError
-from rubberband.planner.spot import (DURATION_LEVELS, SpotMarketModel, Trace, TraceStats, ZoneModel, fit_zone,
-                                     trace_stats)
+from rubberband.planner.spot import (
+    DURATION_LEVELS,
+    SpotMarketModel,
+    Trace,
+    TraceStats,
+    ZoneModel,
+    fit_zone,
+    trace_stats,
+)
 from rubberband.versioned import read_json, validate_versioned
 from rubberband.files import write_text_atomic
 
 SPOT_MODEL_SCHEMA_VERSION = 1
-PAPER = ("Wu, Chiang, Mao, Yang, Friedman, Shenker, Stoica: Can't Be Late: Optimizing Spot Instance Savings "
-         "under Deadlines, NSDI'24")
+PAPER = (
+    "Wu, Chiang, Mao, Yang, Friedman, Shenker, Stoica: Can't Be Late: Optimizing Spot Instance Savings "
+    "under Deadlines, NSDI'24"
+)
 #: Instance kinds in trace file names, per cloud → the catalog's instance type.
-TRACE_KINDS: dict[tuple[str, str], str] = {("aws", "v100"): "p3.2xlarge", ("gcp", "c3-88"): "c3-highcpu-88",
-                                           ("aws", "k80"): "p2.xlarge", ("aws", "t4"): "g4dn.xlarge"}
+TRACE_KINDS: dict[tuple[str, str], str] = {
+    ("aws", "v100"): "p3.2xlarge",
+    ("gcp", "c3-88"): "c3-highcpu-88",
+    ("aws", "k80"): "p2.xlarge",
+    ("aws", "t4"): "g4dn.xlarge",
+}
 CLOUDS = ("aws", "gcp", "local")
 
 
@@ -58,8 +71,11 @@ class ZoneFit(_Model):
     zone: str
     preemption_rate_per_h: float = Field(ge=0, description="preemptions per hour a spot instance runs")
     p_unavailable: float = Field(ge=0, le=1, description="probability that a spot request finds no capacity")
-    unavailable_s: list[float] = Field(min_length=len(DURATION_LEVELS), max_length=len(DURATION_LEVELS),
-                                       description="quantiles 0, 5 %, …, 100 % of how long unavailability lasts")
+    unavailable_s: list[float] = Field(
+        min_length=len(DURATION_LEVELS),
+        max_length=len(DURATION_LEVELS),
+        description="quantiles 0, 5 %, …, 100 % of how long unavailability lasts",
+    )
     running_hours: float = Field(default=0.0, ge=0, description="hours of running spot the rate is fitted on")
     preemptions: int = Field(default=0, ge=0)
     observed_hours: float = Field(default=0.0, ge=0, description="hours of traces p_unavailable is fitted on")
@@ -68,19 +84,38 @@ class ZoneFit(_Model):
     traces: list[str] = Field(default_factory=list, description="the trace files fitted (relative paths)")
 
     def zone_model(self) -> ZoneModel:
-        return ZoneModel(cloud=self.cloud, instance_type=self.instance_type, region=self.region, zone=self.zone,
-                         preemption_rate_per_h=self.preemption_rate_per_h, p_unavailable=self.p_unavailable,
-                         unavailable_s=tuple(self.unavailable_s), running_hours=self.running_hours,
-                         preemptions=self.preemptions, observed_hours=self.observed_hours,
-                         unavailable_runs=self.unavailable_runs, rate_source=self.rate_source)
+        return ZoneModel(
+            cloud=self.cloud,
+            instance_type=self.instance_type,
+            region=self.region,
+            zone=self.zone,
+            preemption_rate_per_h=self.preemption_rate_per_h,
+            p_unavailable=self.p_unavailable,
+            unavailable_s=tuple(self.unavailable_s),
+            running_hours=self.running_hours,
+            preemptions=self.preemptions,
+            observed_hours=self.observed_hours,
+            unavailable_runs=self.unavailable_runs,
+            rate_source=self.rate_source,
+        )
 
     @classmethod
     def of(cls, z: ZoneModel, traces: list[str] | None = None) -> "ZoneFit":
-        return cls(cloud=z.cloud, instance_type=z.instance_type, region=z.region, zone=z.zone,
-                   preemption_rate_per_h=round(z.preemption_rate_per_h, 6), p_unavailable=round(z.p_unavailable, 6),
-                   unavailable_s=[round(x, 3) for x in z.unavailable_s], running_hours=round(z.running_hours, 4),
-                   preemptions=z.preemptions, observed_hours=round(z.observed_hours, 4),
-                   unavailable_runs=z.unavailable_runs, rate_source=z.rate_source, traces=traces or [])
+        return cls(
+            cloud=z.cloud,
+            instance_type=z.instance_type,
+            region=z.region,
+            zone=z.zone,
+            preemption_rate_per_h=round(z.preemption_rate_per_h, 6),
+            p_unavailable=round(z.p_unavailable, 6),
+            unavailable_s=[round(x, 3) for x in z.unavailable_s],
+            running_hours=round(z.running_hours, 4),
+            preemptions=z.preemptions,
+            observed_hours=round(z.observed_hours, 4),
+            unavailable_runs=z.unavailable_runs,
+            rate_source=z.rate_source,
+            traces=traces or [],
+        )
 
 
 class SpotModelFile(_Model):
@@ -94,6 +129,7 @@ class SpotModelFile(_Model):
 
 
 # -- traces ---------------------------------------------------------------------------------------
+
 
 class TraceFile(_Model):
     """One trace file as read (its kind and what it covers, from its path or metadata)."""
@@ -123,9 +159,10 @@ def region_of(cloud: str, zone: str) -> str:
 
 def read_trace(path: Path, root: Path | None = None) -> TraceFile:
     """One trace file, or SpotTraceError naming the file, the field and the fix."""
-    fix = "a trace is {\"metadata\": {\"gap_seconds\": N}, \"data\": [0, 1, ...]} (docs/spot.md)"
-    data = read_json(path, kind="spot trace", error=SpotTraceError, missing="pass a directory of trace files",
-                     remedy=fix)
+    fix = 'a trace is {"metadata": {"gap_seconds": N}, "data": [0, 1, ...]} (docs/spot.md)'
+    data = read_json(
+        path, kind="spot trace", error=SpotTraceError, missing="pass a directory of trace files", remedy=fix
+    )
     if not isinstance(data, dict):
         raise SpotTraceError(f"{path}: a spot trace must be a JSON object; {fix}")
     meta = data.get("metadata")
@@ -133,43 +170,59 @@ def read_trace(path: Path, root: Path | None = None) -> TraceFile:
         raise SpotTraceError(f"{path}: spot trace field 'metadata': required object is missing; {fix}")
     gap = meta.get("gap_seconds")
     if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap <= 0:
-        raise SpotTraceError(f"{path}: spot trace field 'metadata.gap_seconds': must be a positive number of "
-                             f"seconds, got {gap!r}; {fix}")
+        raise SpotTraceError(
+            f"{path}: spot trace field 'metadata.gap_seconds': must be a positive number of seconds, got {gap!r}; {fix}"
+        )
     ticks = data.get("data")
     if not isinstance(ticks, list) or not ticks:
         raise SpotTraceError(f"{path}: spot trace field 'data': must be a non-empty list of 0/1 ticks; {fix}")
     for i, x in enumerate(ticks):
         if isinstance(x, bool) or x not in (0, 1):
-            raise SpotTraceError(f"{path}: spot trace field 'data.{i}': must be 0 (available) or 1 (not), "
-                                 f"got {x!r}; {fix}")
+            raise SpotTraceError(
+                f"{path}: spot trace field 'data.{i}': must be 0 (available) or 1 (not), got {x!r}; {fix}"
+            )
     rel = str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else str(path)
     parts = [p.lower() for p in Path(rel).parts]
-    kind = meta.get("kind") or ("availability" if "availability" in parts else
-                                "preemption" if "preemption" in parts else None)
+    kind = meta.get("kind") or (
+        "availability" if "availability" in parts else "preemption" if "preemption" in parts else None
+    )
     if kind not in ("availability", "preemption"):
-        raise SpotTraceError(f"{path}: cannot tell whether this is an availability or a preemption trace; put it "
-                             f"under a folder named 'availability' or 'preemption', or set metadata.kind")
+        raise SpotTraceError(
+            f"{path}: cannot tell whether this is an availability or a preemption trace; put it "
+            f"under a folder named 'availability' or 'preemption', or set metadata.kind"
+        )
     cloud = meta.get("cloud") or next((p.split("-", 1)[0] for p in parts if p.split("-", 1)[0] in CLOUDS), None)
     if cloud not in CLOUDS:
-        raise SpotTraceError(f"{path}: cannot tell the cloud; put it under a folder named like 'aws-02-15-2023' "
-                             f"or set metadata.cloud (one of {', '.join(CLOUDS)})")
+        raise SpotTraceError(
+            f"{path}: cannot tell the cloud; put it under a folder named like 'aws-02-15-2023' "
+            f"or set metadata.cloud (one of {', '.join(CLOUDS)})"
+        )
     stem = path.stem.split("_")
     zone = meta.get("zone") or stem[0]
-    label = meta.get("instance_type") or (TRACE_KINDS.get((cloud, stem[1].lower()), stem[1]) if len(stem) > 1
-                                          else None)
+    label = meta.get("instance_type") or (TRACE_KINDS.get((cloud, stem[1].lower()), stem[1]) if len(stem) > 1 else None)
     if not label:
-        raise SpotTraceError(f"{path}: cannot tell the instance type; name the file <zone>_<kind>_<n>.json "
-                             f"or set metadata.instance_type")
-    return TraceFile(path=rel, kind=kind, cloud=cloud, zone=zone, region=meta.get("region") or region_of(cloud, zone),
-                     instance_type=label, gap_s=float(gap), data=[int(x) for x in ticks])
+        raise SpotTraceError(
+            f"{path}: cannot tell the instance type; name the file <zone>_<kind>_<n>.json or set metadata.instance_type"
+        )
+    return TraceFile(
+        path=rel,
+        kind=kind,
+        cloud=cloud,
+        zone=zone,
+        region=meta.get("region") or region_of(cloud, zone),
+        instance_type=label,
+        gap_s=float(gap),
+        data=[int(x) for x in ticks],
+    )
 
 
 def read_traces(directory: Path) -> list[TraceFile]:
     """Every ``*.json`` trace under ``directory`` (recursively), or SpotTraceError."""
     directory = Path(directory)
     if not directory.exists():
-        raise SpotTraceError(f"spot trace directory {directory} does not exist; pass --traces DIR with trace "
-                             f"JSON files (docs/spot.md)")
+        raise SpotTraceError(
+            f"spot trace directory {directory} does not exist; pass --traces DIR with trace JSON files (docs/spot.md)"
+        )
     if not directory.is_dir():
         raise SpotTraceError(f"{directory} is not a directory; pass --traces DIR with trace JSON files")
     files = sorted(directory.rglob("*.json"))
@@ -195,20 +248,31 @@ def combined_availability(traces: list[TraceFile]) -> TraceFile | None:
         return None
     data = [min(col) for col in zip(*(t.data for t in avail))]
     first = avail[0]
-    return TraceFile(path="+".join(sorted(t.path for t in avail)), kind="availability", cloud=first.cloud,
-                     zone=any_zone(first.region), region=first.region, instance_type=first.instance_type,
-                     gap_s=first.gap_s, data=data)
+    return TraceFile(
+        path="+".join(sorted(t.path for t in avail)),
+        kind="availability",
+        cloud=first.cloud,
+        zone=any_zone(first.region),
+        region=first.region,
+        instance_type=first.instance_type,
+        gap_s=first.gap_s,
+        data=data,
+    )
 
 
-def scenario_traces(traces: list[TraceFile], cloud: str, instance_type: str, region: str,
-                    zone: str | None) -> tuple[list[Trace], list[Trace]]:
+def scenario_traces(
+    traces: list[TraceFile], cloud: str, instance_type: str, region: str, zone: str | None
+) -> tuple[list[Trace], list[Trace]]:
     """(preemption, availability) traces to replay a spot stage in ``zone`` (``region*``: any zone of the
     region): the zone's own where there are any, else the region's, else the cloud and type's, else the cloud's."""
+
     def pick(kind: str) -> list[TraceFile]:
-        pools = [[t for t in traces if t.cloud == cloud and t.instance_type == instance_type and t.zone == zone],
-                 [t for t in traces if t.cloud == cloud and t.instance_type == instance_type and t.region == region],
-                 [t for t in traces if t.cloud == cloud and t.instance_type == instance_type],
-                 [t for t in traces if t.cloud == cloud]]
+        pools = [
+            [t for t in traces if t.cloud == cloud and t.instance_type == instance_type and t.zone == zone],
+            [t for t in traces if t.cloud == cloud and t.instance_type == instance_type and t.region == region],
+            [t for t in traces if t.cloud == cloud and t.instance_type == instance_type],
+            [t for t in traces if t.cloud == cloud],
+        ]
         for pool in pools:
             mine = [t for t in pool if t.kind == kind]
             if mine:
@@ -238,10 +302,15 @@ def fit_traces(traces: list[TraceFile], *, source: str) -> SpotModelFile:
     zones = []
     for cloud, itype, region, zone in keys:
         mine = [t for t in traces if (t.cloud, t.instance_type, t.zone) == (cloud, itype, zone)]
-        fit = fit_zone(cloud, itype, region, zone,
-                       preemption=[t.stats() for t in mine if t.kind == "preemption"],
-                       availability=[t.stats() for t in mine if t.kind == "availability"],
-                       pooled=pooled.get((cloud, itype)))
+        fit = fit_zone(
+            cloud,
+            itype,
+            region,
+            zone,
+            preemption=[t.stats() for t in mine if t.kind == "preemption"],
+            availability=[t.stats() for t in mine if t.kind == "availability"],
+            pooled=pooled.get((cloud, itype)),
+        )
         zones.append(ZoneFit.of(fit, sorted(t.path for t in mine)))
     for cloud, itype, region in sorted({(t.cloud, t.instance_type, t.region) for t in traces}):
         regional = [t for t in traces if (t.cloud, t.instance_type, t.region) == (cloud, itype, region)]
@@ -249,8 +318,15 @@ def fit_traces(traces: list[TraceFile], *, source: str) -> SpotModelFile:
         if combined is None:
             continue
         pre = [t.stats() for t in regional if t.kind == "preemption"]
-        fit = fit_zone(cloud, itype, region, any_zone(region), preemption=pre, availability=[combined.stats()],
-                       pooled=pooled.get((cloud, itype)))
+        fit = fit_zone(
+            cloud,
+            itype,
+            region,
+            any_zone(region),
+            preemption=pre,
+            availability=[combined.stats()],
+            pooled=pooled.get((cloud, itype)),
+        )
         if pre:
             fit = replace(fit, rate_source="preemption traces of the region's zones")
         zones.append(ZoneFit.of(fit, sorted(t.path for t in regional)))
@@ -259,22 +335,33 @@ def fit_traces(traces: list[TraceFile], *, source: str) -> SpotModelFile:
 
 # -- model files ----------------------------------------------------------------------------------
 
+
 def default_model_path() -> Path:
     return Path(str(resources.files("rubberband.catalogs").joinpath("spot_model.json")))
 
 
 def parse_spot_model(data: Any, *, source: str) -> SpotModelFile:
-    return validate_versioned(SpotModelFile, data, source=source, kind="spot model",
-                              version=SPOT_MODEL_SCHEMA_VERSION, error=SpotTraceError,
-                              remedy="fit it again with `rubberband spot fit --traces DIR`")
+    return validate_versioned(
+        SpotModelFile,
+        data,
+        source=source,
+        kind="spot model",
+        version=SPOT_MODEL_SCHEMA_VERSION,
+        error=SpotTraceError,
+        remedy="fit it again with `rubberband spot fit --traces DIR`",
+    )
 
 
 def load_spot_model(path: str | Path | None = None) -> SpotModelFile:
     """A spot model file (None: the shipped default)."""
     path = Path(path) if path is not None else default_model_path()
-    data = read_json(path, kind="spot model", error=SpotTraceError,
-                     missing="fit one with `rubberband spot fit --traces DIR --out FILE`",
-                     remedy="fit it again with `rubberband spot fit --traces DIR`")
+    data = read_json(
+        path,
+        kind="spot model",
+        error=SpotTraceError,
+        missing="fit one with `rubberband spot fit --traces DIR --out FILE`",
+        remedy="fit it again with `rubberband spot fit --traces DIR`",
+    )
     return parse_spot_model(data, source=str(path))
 
 

@@ -13,8 +13,9 @@ from rubberband.errors import InputError
 M = TypeVar("M", bound=BaseModel)
 
 
-def validate_versioned(model: type[M], data: Any, *, source: str, kind: str, version: int, error: type[InputError],
-                       remedy: str) -> M:
+def validate_versioned(
+    model: type[M], data: Any, *, source: str, kind: str, version: int, error: type[InputError], remedy: str
+) -> M:
     """``model`` from parsed JSON, or ``error`` naming the first bad field and ``remedy``.
 
     ``kind`` names the document in messages ("plan", "profile"); a ``schema_version`` other than
@@ -24,8 +25,10 @@ def validate_versioned(model: type[M], data: Any, *, source: str, kind: str, ver
         raise error(f"{source}: a {kind} must be a JSON object; {remedy}")
     found = data.get("schema_version")
     if found is not None and found != version:
-        raise error(f"{source}: {kind} schema_version {found!r} is not supported; this rubberband reads "
-                    f"version {version} ({remedy})")
+        raise error(
+            f"{source}: {kind} schema_version {found!r} is not supported; this rubberband reads "
+            f"version {version} ({remedy})"
+        )
     try:
         return model.model_validate(data)
     except ValidationError as exc:

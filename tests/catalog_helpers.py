@@ -18,17 +18,38 @@ from moto.server import ThreadedMotoServer
 def price_list_product(instance_type: str, region: str, usd_per_hour: float) -> str:
     """One GetProducts ``PriceList`` entry, shaped like AWS's (a JSON string)."""
     sku = f"SKU{abs(hash((instance_type, region))) % 10**8}"
-    return json.dumps({
-        "product": {"productFamily": "Compute Instance", "sku": sku,
-                    "attributes": {"instanceType": instance_type, "regionCode": region, "operatingSystem": "Linux",
-                                   "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used"}},
-        "serviceCode": "AmazonEC2",
-        "terms": {"OnDemand": {f"{sku}.JRTCKXETXF": {
-            "sku": sku, "offerTermCode": "JRTCKXETXF",
-            "priceDimensions": {f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
-                "unit": "Hrs", "description": f"${usd_per_hour} per On Demand Linux {instance_type} Instance Hour",
-                "pricePerUnit": {"USD": f"{usd_per_hour:.10f}"}}}}}},
-    })
+    return json.dumps(
+        {
+            "product": {
+                "productFamily": "Compute Instance",
+                "sku": sku,
+                "attributes": {
+                    "instanceType": instance_type,
+                    "regionCode": region,
+                    "operatingSystem": "Linux",
+                    "tenancy": "Shared",
+                    "preInstalledSw": "NA",
+                    "capacitystatus": "Used",
+                },
+            },
+            "serviceCode": "AmazonEC2",
+            "terms": {
+                "OnDemand": {
+                    f"{sku}.JRTCKXETXF": {
+                        "sku": sku,
+                        "offerTermCode": "JRTCKXETXF",
+                        "priceDimensions": {
+                            f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
+                                "unit": "Hrs",
+                                "description": f"${usd_per_hour} per On Demand Linux {instance_type} Instance Hour",
+                                "pricePerUnit": {"USD": f"{usd_per_hour:.10f}"},
+                            }
+                        },
+                    }
+                }
+            },
+        }
+    )
 
 
 class FakePriceList:
@@ -53,12 +74,12 @@ class FakePriceList:
         self.calls.append(filters)
         if self.fail_with:
             body = json.dumps({"__type": self.fail_with, "message": "injected by the test harness"}).encode()
-            start_response("400 Bad Request", [("Content-Type", "application/x-amz-json-1.1"),
-                                               ("Content-Length", str(len(body)))])
+            start_response(
+                "400 Bad Request", [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(body)))]
+            )
             return [body]
         price = self.prices.get((filters.get("instanceType"), filters.get("regionCode")))
-        products = [] if price is None else [price_list_product(filters["instanceType"], filters["regionCode"],
-                                                                price)]
+        products = [] if price is None else [price_list_product(filters["instanceType"], filters["regionCode"], price)]
         body = json.dumps({"FormatVersion": "aws_v1", "PriceList": products}).encode()
         start_response("200 OK", [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(body)))])
         return [body]
@@ -85,10 +106,17 @@ def aws_env(endpoint: str, home: Path, *, credentials: bool = True) -> dict[str,
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1",
-                "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(home / "no-aws-config"),
-                "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"), "HOME": str(home),
-                "RUBBERBAND_CATALOG_DIR": str(home / "catalogs")})
+    env.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": str(home / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"),
+            "HOME": str(home),
+            "RUBBERBAND_CATALOG_DIR": str(home / "catalogs"),
+        }
+    )
     if credentials:
         env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
     return env

@@ -30,16 +30,18 @@ HARNESS = Path(__file__).resolve()
 OPTIONS = {"--test-boot": "test_boot", "--trial-runtime": "trial_runtime", "--metadata-url": "metadata_url"}
 
 
-def harness_argv(*args: object, test_boot: str | None = None, trial_runtime: str | None = None,
-                 metadata_url: str | None = None) -> list[str]:
+def harness_argv(
+    *args: object, test_boot: str | None = None, trial_runtime: str | None = None, metadata_url: str | None = None
+) -> list[str]:
     """The command line of ``rubberband ARGS...`` with the given test seams injected (None: not injected)."""
     seams = {"--test-boot": test_boot, "--trial-runtime": trial_runtime, "--metadata-url": metadata_url}
     words = [word for flag, value in seams.items() if value is not None for word in (flag, value)]
     return [sys.executable, str(HARNESS), *words, *map(str, args)]
 
 
-def played_argv(*args: object, test_boot: str = "local", trial_runtime: str | None = None,
-                metadata_url: str | None = None) -> list[str]:
+def played_argv(
+    *args: object, test_boot: str = "local", trial_runtime: str | None = None, metadata_url: str | None = None
+) -> list[str]:
     """The command line of ``rubberband ARGS...`` with instance boots played (``test_boot``) and, if given, the
     other seams."""
     return harness_argv(*args, test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url)

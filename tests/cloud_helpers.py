@@ -132,21 +132,31 @@ def ec2_faults(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ec2
         if faults.quota:
             if spot:
                 raise EC2ClientError("MaxSpotInstanceCountExceeded", "Max spot instance count exceeded")
-            raise EC2ClientError("VcpuLimitExceeded", "You have requested more vCPU capacity than your current "
-                                 "vCPU limit of 0 allows for the instance bucket that the specified instance type "
-                                 "belongs to.")
-        if (zone in faults.capacity or "*" in faults.capacity) and \
-                (not faults.capacity_types or itype in faults.capacity_types) and \
-                (spot or not faults.capacity_spot_only):
-            raise EC2ClientError("InsufficientInstanceCapacity", f"We currently do not have sufficient {itype} "
-                                 f"capacity in the Availability Zone you requested ({zone}).")
+            raise EC2ClientError(
+                "VcpuLimitExceeded",
+                "You have requested more vCPU capacity than your current "
+                "vCPU limit of 0 allows for the instance bucket that the specified instance type "
+                "belongs to.",
+            )
+        if (
+            (zone in faults.capacity or "*" in faults.capacity)
+            and (not faults.capacity_types or itype in faults.capacity_types)
+            and (spot or not faults.capacity_spot_only)
+        ):
+            raise EC2ClientError(
+                "InsufficientInstanceCapacity",
+                f"We currently do not have sufficient {itype} "
+                f"capacity in the Availability Zone you requested ({zone}).",
+            )
         return original_run(self, image_id, count, user_data, security_group_names, **kwargs)
 
     def error_on_dryrun(self):
         action = self._get_action()
         if action in faults.denied:
-            raise EC2ClientError("UnauthorizedOperation", "You are not authorized to perform this operation. "
-                                 "Encoded authorization failure message: abc123")
+            raise EC2ClientError(
+                "UnauthorizedOperation",
+                "You are not authorized to perform this operation. Encoded authorization failure message: abc123",
+            )
         return original_dryrun(self)
 
     monkeypatch.setattr(InstanceBackend, "run_instances", run_instances)
@@ -194,24 +204,88 @@ def moto_ami(region: str = REGION) -> str:
 
 def make_plan(cloud: str, region: str, itype: str, *, spot: bool = False):
     """A two-stage plan whose timeline has one instance spanning both stages and one that lives 30 s."""
-    from rubberband.plan import (CatalogInfo, Distribution, JobInfo, Plan, Prediction, StagePlan, Timeline,
-                                 TimelineInstance)
+    from rubberband.plan import (
+        CatalogInfo,
+        Distribution,
+        JobInfo,
+        Plan,
+        Prediction,
+        StagePlan,
+        Timeline,
+        TimelineInstance,
+    )
 
-    stages = [StagePlan(stage=0, trials=4, epochs=1, epochs_this_stage=1, cloud=cloud, region=region,
-                        instance_type=itype, instances=2, workers_per_trial=1, spot=spot),
-              StagePlan(stage=1, trials=2, epochs=3, epochs_this_stage=2, cloud=cloud, region=region,
-                        instance_type=itype, instances=1, workers_per_trial=1, spot=spot)]
-    timeline = Timeline(instances=[
-        TimelineInstance(id="i0", instance_type=itype, cloud=cloud, first_stage=0, last_stage=1, requested_s=0,
-                         ready_s=120, released_s=3600, cost_usd=0),
-        TimelineInstance(id="i1", instance_type=itype, cloud=cloud, first_stage=0, last_stage=0, requested_s=0,
-                         ready_s=20, released_s=30, cost_usd=0)])  # lives 30 s: billed the 60 s minimum
+    stages = [
+        StagePlan(
+            stage=0,
+            trials=4,
+            epochs=1,
+            epochs_this_stage=1,
+            cloud=cloud,
+            region=region,
+            instance_type=itype,
+            instances=2,
+            workers_per_trial=1,
+            spot=spot,
+        ),
+        StagePlan(
+            stage=1,
+            trials=2,
+            epochs=3,
+            epochs_this_stage=2,
+            cloud=cloud,
+            region=region,
+            instance_type=itype,
+            instances=1,
+            workers_per_trial=1,
+            spot=spot,
+        ),
+    ]
+    timeline = Timeline(
+        instances=[
+            TimelineInstance(
+                id="i0",
+                instance_type=itype,
+                cloud=cloud,
+                first_stage=0,
+                last_stage=1,
+                requested_s=0,
+                ready_s=120,
+                released_s=3600,
+                cost_usd=0,
+            ),
+            TimelineInstance(
+                id="i1",
+                instance_type=itype,
+                cloud=cloud,
+                first_stage=0,
+                last_stage=0,
+                requested_s=0,
+                ready_s=20,
+                released_s=30,
+                cost_usd=0,
+            ),
+        ]
+    )  # lives 30 s: billed the 60 s minimum
     dist = Distribution(mean=3.2, p50=3.1, p95=3.9)
-    return Plan(job=JobInfo(name="mnist", spec_sha256="0" * 64, scheduler="sha", eta=2, min_epochs=1, max_epochs=3,
-                            metric="loss", mode="min"),
-                catalog=CatalogInfo(clouds=[cloud], regions=[region], dates={}), deadline_s=7200, confidence=0.9,
-                stages=stages, predicted=Prediction(jct_s=dist, cost_usd=dist, p_meet_deadline=0.95),
-                timeline=timeline)
+    return Plan(
+        job=JobInfo(
+            name="mnist",
+            spec_sha256="0" * 64,
+            scheduler="sha",
+            eta=2,
+            min_epochs=1,
+            max_epochs=3,
+            metric="loss",
+            mode="min",
+        ),
+        catalog=CatalogInfo(clouds=[cloud], regions=[region], dates={}),
+        deadline_s=7200,
+        confidence=0.9,
+        stages=stages,
+        predicted=Prediction(jct_s=dist, cost_usd=dist, p_meet_deadline=0.95),
+        timeline=timeline,
+    )
 
 
 # -- head mode ---------------------------------------------------------------------------------------------------
@@ -247,8 +321,7 @@ def assert_played_head_gone(head_id: str, timeout_s: float = 30.0) -> None:
     while head_disk(head_id).exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not head_disk(head_id).exists()
-    ours = [p for p in Path("/proc").iterdir() if p.name.isdigit() and
-            str(head_disk(head_id)).encode() in _cmdline(p)]
+    ours = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(head_disk(head_id)).encode() in _cmdline(p)]
     assert ours == []
 
 
@@ -340,9 +413,15 @@ def install_iam_simulator(monkeypatch: pytest.MonkeyPatch) -> IamSimulator:
         arn = self._get_param("PolicySourceArn")
         actions = self._get_param("ActionNames", [])
         context = {e["ContextKeyName"]: e["ContextKeyValues"][0] for e in self._get_param("ContextEntries", [])}
-        return ActionResult({"EvaluationResults": [
-            {"EvalActionName": a, "EvalResourceName": "*", "EvalDecision": sim.decide(arn, a, context)}
-            for a in actions], "IsTruncated": False})
+        return ActionResult(
+            {
+                "EvaluationResults": [
+                    {"EvalActionName": a, "EvalResourceName": "*", "EvalDecision": sim.decide(arn, a, context)}
+                    for a in actions
+                ],
+                "IsTruncated": False,
+            }
+        )
 
     monkeypatch.setattr(IamResponse, "simulate_principal_policy", simulate_principal_policy, raising=False)
     return sim

@@ -13,6 +13,7 @@ import pytest
 
 import leak_guard
 import parallel
+
 # Tiers (the e2e marker, checked) and the leak guard: see leak_guard.py. Parallel workers: see parallel.py.
 from leak_guard import _module_leak_guard, _session_leak_guard, _test_leak_guard  # noqa: F401
 from parallel import pytest_runtest_protocol  # noqa: F401
@@ -36,9 +37,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     parallel.order(items)
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
-            timeout: float = 300, test_boot: str | None = None, trial_runtime: str | None = None,
-            metadata_url: str | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 300,
+    test_boot: str | None = None,
+    trial_runtime: str | None = None,
+    metadata_url: str | None = None,
+) -> subprocess.CompletedProcess:
     """Run the real ``rubberband`` CLI in a subprocess, as a user would.
 
     ``test_boot="local"``, ``trial_runtime=MODULE``, ``metadata_url=URL``: through the test entry point

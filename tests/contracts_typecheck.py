@@ -20,9 +20,12 @@ from rubberband.executor.simulated import SimBackend, SimCluster, SimWorld
 
 
 def every_backend(run_dir: Path) -> list[ExecutorBackend]:
-    return [LocalProvider(run_dir), LocalHeadCloudBackend(cloud="aws", run_dir=run_dir, regions=["us-east-1"]),
-            OnHeadCloudBackend(cloud="aws", run_dir=run_dir, regions=["us-east-1"]),
-            make_backend("local", run_dir)]
+    return [
+        LocalProvider(run_dir),
+        LocalHeadCloudBackend(cloud="aws", run_dir=run_dir, regions=["us-east-1"]),
+        OnHeadCloudBackend(cloud="aws", run_dir=run_dir, regions=["us-east-1"]),
+        make_backend("local", run_dir),
+    ]
 
 
 def every_cloud_provider() -> list[CloudProvider]:

@@ -51,8 +51,15 @@ SERVICE_ACCOUNT = "head@rubberband-test.iam.gserviceaccount.com"
 KEY_NAME = "rb-drill"
 CATEGORIES = ("instances", "groups/rules", "disks", "identities", "secrets", "routers")
 #: (role, phase) a kill can hit. "head" kills the executor at that call and the watchdog with it (the machine).
-PHASES = (("cli", "start"), ("executor", "stage-0"), ("executor", "stage-1"), ("head", "stage-0"),
-          ("head", "stage-1"), ("cli", "teardown"), ("watchdog", "teardown"))
+PHASES = (
+    ("cli", "start"),
+    ("executor", "stage-0"),
+    ("executor", "stage-1"),
+    ("head", "stage-0"),
+    ("head", "stage-1"),
+    ("cli", "teardown"),
+    ("watchdog", "teardown"),
+)
 
 
 class Dead(BaseException):
@@ -113,8 +120,11 @@ class Hooks:
         with self._lock:
             self.calls[(role, phase)] += 1
         kill = self.kill
-        victim = kill is not None and phase == kill.phase and (role == kill.role or
-                                                               (kill.role == "head" and role == "executor"))
+        victim = (
+            kill is not None
+            and phase == kill.phase
+            and (role == kill.role or (kill.role == "head" and role == "executor"))
+        )
         if victim:
             if self._local.count == kill.call:
                 self._freeze()
@@ -155,8 +165,11 @@ class _Raw:
         yield self._body
 
 
-_AWS_ERRORS = [(503, "RequestLimitExceeded", "Request limit exceeded."), (500, "InternalError", "An internal error "
-               "has occurred"), (503, "Unavailable", "The server is overloaded")]
+_AWS_ERRORS = [
+    (503, "RequestLimitExceeded", "Request limit exceeded."),
+    (500, "InternalError", "An internal error has occurred"),
+    (503, "Unavailable", "The server is overloaded"),
+]
 
 
 def _aws_error(request: Any, service: str) -> Any:
@@ -165,12 +178,16 @@ def _aws_error(request: Any, service: str) -> Any:
     HOOKS.injected += 1
     status, code, message = HOOKS.rng.choice(_AWS_ERRORS)
     if service == "ec2":
-        body = (f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}</Code><Message>{message}'
-                f'</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>')
+        body = (
+            f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}</Code><Message>{message}'
+            f"</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>"
+        )
     else:  # IAM, STS, SSM (query protocol)
         status, code = 400, "Throttling"
-        body = (f"<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code><Message>Rate exceeded</Message>"
-                f"</Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>")
+        body = (
+            f"<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code><Message>Rate exceeded</Message>"
+            f"</Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
+        )
     return AWSResponse(request.url, status, {}, _Raw(body.encode()))
 
 
@@ -242,24 +259,41 @@ class World:
         if self.cloud == "gcp":
             fake = self.fake
             with fake._lock:
-                return {"instances": {n for (_, n), i in fake.instances.items() if i["status"] != "TERMINATED"}
-                        | {f"stopped:{n}" for (_, n), i in fake.instances.items() if i["status"] == "TERMINATED"},
-                        "groups/rules": set(fake.firewalls), "disks": {n for _, n in fake.disks},
-                        "identities": set(), "secrets": set(), "routers": {f"{r}/{n}" for r, n in fake.routers}}
+                return {
+                    "instances": {n for (_, n), i in fake.instances.items() if i["status"] != "TERMINATED"}
+                    | {f"stopped:{n}" for (_, n), i in fake.instances.items() if i["status"] == "TERMINATED"},
+                    "groups/rules": set(fake.firewalls),
+                    "disks": {n for _, n in fake.disks},
+                    "identities": set(),
+                    "secrets": set(),
+                    "routers": {f"{r}/{n}" for r, n in fake.routers},
+                }
         import boto3
 
         ec2 = boto3.client("ec2", region_name=self.region)
         iam = boto3.client("iam")
-        instances = {i["InstanceId"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
-                     if i["State"]["Name"] != "terminated"}
+        instances = {
+            i["InstanceId"]
+            for r in ec2.describe_instances()["Reservations"]
+            for i in r["Instances"]
+            if i["State"]["Name"] != "terminated"
+        }
         groups = {g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"] != "default"}
         volumes = {v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]}
         identities = {f"role/{r['RoleName']}" for r in iam.list_roles()["Roles"]} | {
-            f"profile/{p['InstanceProfileName']}" for p in iam.list_instance_profiles()["InstanceProfiles"]}
-        secrets = {s["Name"] for s in boto3.client("secretsmanager", region_name=self.region).list_secrets()[
-            "SecretList"]}
-        return {"instances": instances, "groups/rules": groups, "disks": volumes, "identities": identities,
-                "secrets": secrets, "routers": set()}
+            f"profile/{p['InstanceProfileName']}" for p in iam.list_instance_profiles()["InstanceProfiles"]
+        }
+        secrets = {
+            s["Name"] for s in boto3.client("secretsmanager", region_name=self.region).list_secrets()["SecretList"]
+        }
+        return {
+            "instances": instances,
+            "groups/rules": groups,
+            "disks": volumes,
+            "identities": identities,
+            "secrets": secrets,
+            "routers": set(),
+        }
 
     def left(self) -> Counter:
         now = self.inventory()
@@ -281,15 +315,28 @@ class World:
         if self.cloud == "gcp":
             fake = self.fake
             fake.firewalls["rubberband-mine-internal"] = {
-                "name": "rubberband-mine-internal", "description": "the user's own", "network": "global/networks/default",
-                "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}], "creationTimestamp": "2020-01-01T00:00:00.000+00:00"}
+                "name": "rubberband-mine-internal",
+                "description": "the user's own",
+                "network": "global/networks/default",
+                "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+                "creationTimestamp": "2020-01-01T00:00:00.000+00:00",
+            }
             fake.add_disk("us-central1-a", "rb-mine-0-aaaaaa")
             # a router named as rubberband names a run's NAT (no marker, no NAT: the runs' own NATs still fit beside
             # it), and the user's NAT of another region
             fake.add_router("us-central1", "rubberband-mine-nat", description="the user's own")
-            fake.add_router("us-east1", "rubberband-mine-east-nat", description="the user's own", nats=[{
-                "name": "nat", "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
-                "natIpAllocateOption": "AUTO_ONLY"}])
+            fake.add_router(
+                "us-east1",
+                "rubberband-mine-east-nat",
+                description="the user's own",
+                nats=[
+                    {
+                        "name": "nat",
+                        "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+                        "natIpAllocateOption": "AUTO_ONLY",
+                    }
+                ],
+            )
         else:
             import boto3
 
@@ -297,13 +344,18 @@ class World:
             ec2.create_key_pair(KeyName=KEY_NAME)
             vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
             ec2.create_security_group(GroupName="rubberband-mine", Description="the user's own", VpcId=vpc)
-            ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="t3.micro",
-                              TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                                  {"Key": "Name", "Value": "rb-mine-0"}]}])
+            ec2.run_instances(
+                ImageId="ami-12c6146b",
+                MinCount=1,
+                MaxCount=1,
+                InstanceType="t3.micro",
+                TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": "rb-mine-0"}]}],
+            )
             ec2.create_volume(AvailabilityZone="us-east-1a", Size=1)
             boto3.client("iam").create_role(RoleName="rb-mine", AssumeRolePolicyDocument="{}", Path="/rubberband/")
-            boto3.client("secretsmanager", region_name=self.region).create_secret(Name="rubberband-mine",
-                                                                                  SecretString="x")
+            boto3.client("secretsmanager", region_name=self.region).create_secret(
+                Name="rubberband-mine", SecretString="x"
+            )
         provider = make_provider(self.cloud, self.region)
         itype = _catalog().find(TYPES[self.cloud], cloud=self.cloud, region=self.region)
         (live,) = provider.provision(InstanceRequest(self.live_run, 0, itype, extra_tags={TAG_ROLE: "head"}))
@@ -373,8 +425,9 @@ def _in_thread(role: str, fn: Callable[[], Any], timeout_s: float = 300.0) -> tu
     return box.get("status", "failed: ?"), box.get("result")
 
 
-def run_drill(world: World, *, kill: Kill | None = None, error_rate: float = 0.0, seed: int = 0,
-              name: str = "") -> Outcome:
+def run_drill(
+    world: World, *, kill: Kill | None = None, error_rate: float = 0.0, seed: int = 0, name: str = ""
+) -> Outcome:
     """One run with one fault, then the sweep; see the module docstring."""
     from rubberband.cloud.backend import CloudBackend
     from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
@@ -397,16 +450,28 @@ def run_drill(world: World, *, kill: Kill | None = None, error_rate: float = 0.0
     catalog = _catalog()
     key = world.tmp / "key.pem"
     key.write_text("not a key\n")
-    options = HeadOptions(ssh_cidr="203.0.113.7/32", ssh_key=key, key_name=KEY_NAME if cloud == "aws" else None,
-                          watchdog=WatchdogSettings(), boot_timeout_s=60.0,
-                          service_account=SERVICE_ACCOUNT if cloud == "gcp" else None)
+    options = HeadOptions(
+        ssh_cidr="203.0.113.7/32",
+        ssh_key=key,
+        key_name=KEY_NAME if cloud == "aws" else None,
+        watchdog=WatchdogSettings(),
+        boot_timeout_s=60.0,
+        service_account=SERVICE_ACCOUNT if cloud == "gcp" else None,
+    )
     roles: dict[str, str] = {}
     state: dict[str, Any] = {}
 
     def cli_start() -> Any:
         HOOKS.enter("cli", "start")
-        return start_head(plan=plan, catalog=catalog, run_id=run_id, run_dir=world.tmp / run_id, metric="loss",
-                          options=options, test_boot=None)
+        return start_head(
+            plan=plan,
+            catalog=catalog,
+            run_id=run_id,
+            run_dir=world.tmp / run_id,
+            metric="loss",
+            options=options,
+            test_boot=None,
+        )
 
     def executor() -> None:
         record = state["record"]
@@ -429,13 +494,15 @@ def run_drill(world: World, *, kill: Kill | None = None, error_rate: float = 0.0
     def watchdog() -> None:
         HOOKS.enter("watchdog", "teardown")
         record = state["record"]
-        self_terminate(make_provider(cloud, region), crid, record.instance_id,
-                       shutdown=lambda: world.poweroff(record.instance_id))
+        self_terminate(
+            make_provider(cloud, region), crid, record.instance_id, shutdown=lambda: world.poweroff(record.instance_id)
+        )
 
     def head_alive() -> bool:
         record = state.get("record")
-        return record is not None and any(i.id == record.instance_id and i.alive
-                                          for i in make_provider(cloud, region).list(crid))
+        return record is not None and any(
+            i.id == record.instance_id and i.alive for i in make_provider(cloud, region).list(crid)
+        )
 
     roles["cli"], state["record"] = _in_thread("cli", cli_start)
     if roles["cli"] == "done":
@@ -454,8 +521,10 @@ def run_drill(world: World, *, kill: Kill | None = None, error_rate: float = 0.0
     sweep_errors = 0
     for _attempt in range(3):  # a sweep that fails on an API error is run again, as its user would
         with contextlib.redirect_stdout(io.StringIO()):  # its one line per resource
-            status, _ = _in_thread("down", lambda: (HOOKS.enter("down", "sweep"),
-                                                    down_orphans(cloud, [region], HOUR, now=time.time() + 2 * HOUR)))
+            status, _ = _in_thread(
+                "down",
+                lambda: (HOOKS.enter("down", "sweep"), down_orphans(cloud, [region], HOUR, now=time.time() + 2 * HOUR)),
+            )
         if status == "done":
             break
         sweep_errors += 1
@@ -464,8 +533,16 @@ def run_drill(world: World, *, kill: Kill | None = None, error_rate: float = 0.0
     if world.fake is not None:
         world.fake.error_rate = 0.0
     after = world.left()
-    return Outcome(cloud, name or (f"{kill.role} killed at call {kill.call} of {kill.phase}" if kill else "no kill"),
-                   roles, before, after, world.survivors_ok(), sweep_errors, injected)
+    return Outcome(
+        cloud,
+        name or (f"{kill.role} killed at call {kill.call} of {kill.phase}" if kill else "no kill"),
+        roles,
+        before,
+        after,
+        world.survivors_ok(),
+        sweep_errors,
+        injected,
+    )
 
 
 def census(world: World) -> Counter:
@@ -473,7 +550,7 @@ def census(world: World) -> Counter:
     end, one whose CLI detached so that the watchdog ends it (a kill that never comes)."""
     run_drill(world)
     calls = Counter(HOOKS.calls)
-    run_drill(world, kill=Kill("watchdog", "teardown", 10 ** 6))
+    run_drill(world, kill=Kill("watchdog", "teardown", 10**6))
     calls[("watchdog", "teardown")] = HOOKS.calls[("watchdog", "teardown")]
     return calls
 
@@ -486,14 +563,14 @@ def kill_points(calls: Counter, per_phase: int) -> list[Kill]:
         n = calls.get((counted, phase), 0)
         if n == 0:
             continue
-        picks = sorted({round(i * (n - 1) / max(1, per_phase - 1)) for i in range(per_phase)}) if per_phase > 1 \
-            else [0]
+        picks = sorted({round(i * (n - 1) / max(1, per_phase - 1)) for i in range(per_phase)}) if per_phase > 1 else [0]
         kills += [Kill(role, phase, k) for k in picks]
     return kills
 
 
-def make_world(cloud: str, tmp: Path, *, moto_url: str = "", fake: Any = None,
-               patch: Callable[[Any, str, Any], None] = setattr) -> World:
+def make_world(
+    cloud: str, tmp: Path, *, moto_url: str = "", fake: Any = None, patch: Callable[[Any, str, Any], None] = setattr
+) -> World:
     """A world ready for drills: hooks installed, fast providers, the look-alikes and the live run made."""
     install_hooks()
     fast_providers(patch)
@@ -502,5 +579,3 @@ def make_world(cloud: str, tmp: Path, *, moto_url: str = "", fake: Any = None,
     world = World(cloud=cloud, tmp=tmp, fake=fake, moto_url=moto_url)
     world.setup()
     return world
-
-

@@ -33,18 +33,31 @@ WORKLOAD = textwrap.dedent('''
 ''')
 
 
-def write_job(directory: Path, *, name: str = "sleepy", trials: int = 9, eta: int = 3, min_epochs: int = 1,
-              max_epochs: int = 3, epoch_s: float = 1.0, deadline: str = "10m", seed: int = 0) -> Path:
+def write_job(
+    directory: Path,
+    *,
+    name: str = "sleepy",
+    trials: int = 9,
+    eta: int = 3,
+    min_epochs: int = 1,
+    max_epochs: int = 3,
+    epoch_s: float = 1.0,
+    deadline: str = "10m",
+    seed: int = 0,
+) -> Path:
     """A spec + workload module in ``directory``; returns the spec path."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sleepy_train.py").write_text(WORKLOAD)
     spec = {
-        "name": name, "train": "sleepy_train:train", "metric": {"name": "loss", "mode": "min"},
+        "name": name,
+        "train": "sleepy_train:train",
+        "metric": {"name": "loss", "mode": "min"},
         "search_space": {"quality": {"type": "uniform", "low": 0.0, "high": 1.0}},
         "config": {"epoch_s": epoch_s},
-        "scheduler": {"kind": "sha", "trials": trials, "eta": eta, "min_epochs": min_epochs,
-                      "max_epochs": max_epochs},
-        "deadline": deadline, "resources": {"clouds": ["local"]}, "seed": seed,
+        "scheduler": {"kind": "sha", "trials": trials, "eta": eta, "min_epochs": min_epochs, "max_epochs": max_epochs},
+        "deadline": deadline,
+        "resources": {"clouds": ["local"]},
+        "seed": seed,
     }
     path = directory / "job.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML
@@ -64,34 +77,66 @@ def write_hyperband_job(directory: Path, *, epoch_s: float = 1.0, spot_margin_s:
     return spec_path, load_spec(spec_path)
 
 
-def make_plan(spec, stages: list[tuple[str, int, int]], *, durations: list[float] | None = None,
-              prices: dict[str, float] | None = None) -> Plan:
+def make_plan(
+    spec,
+    stages: list[tuple[str, int, int]],
+    *,
+    durations: list[float] | None = None,
+    prices: dict[str, float] | None = None,
+) -> Plan:
     """A plan for ``spec`` with (instance type, instances, workers per trial) per stage."""
     from rubberband.planner.schedule import stages_for
 
     sched = spec.scheduler
-    schedule = stages_for(sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
-                          max_epochs=sched.max_epochs)
+    schedule = stages_for(
+        sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs
+    )
     assert len(schedule) == len(stages)
     prices = prices or {"local.cpu1": 0.05, "local.cpu2": 0.10, "local.cpu4": 0.20}
     durations = durations or [20.0] * len(stages)
-    stage_plans = [StagePlan(bracket=s.bracket, stage=s.index, trials=s.trials, epochs=s.epochs,
-                             epochs_this_stage=s.epochs_this_stage, cloud="local", region="local",
-                             instance_type=t, instances=n, workers_per_trial=w, predicted_duration_s=d,
-                             predicted_cost_usd=prices[t] * n * d / 3600)
-                   for s, (t, n, w), d in zip(schedule, stages, durations)]
+    stage_plans = [
+        StagePlan(
+            bracket=s.bracket,
+            stage=s.index,
+            trials=s.trials,
+            epochs=s.epochs,
+            epochs_this_stage=s.epochs_this_stage,
+            cloud="local",
+            region="local",
+            instance_type=t,
+            instances=n,
+            workers_per_trial=w,
+            predicted_duration_s=d,
+            predicted_cost_usd=prices[t] * n * d / 3600,
+        )
+        for s, (t, n, w), d in zip(schedule, stages, durations)
+    ]
     total = sum(durations)
     cost = sum(s.predicted_cost_usd for s in stage_plans)
-    return Plan(job=JobInfo(name=spec.name, spec_sha256=spec.sha256(), scheduler=sched.kind, eta=sched.eta,
-                            min_epochs=sched.min_epochs, max_epochs=sched.max_epochs, trials=sched.trials,
-                            metric=spec.metric.name, mode=spec.metric.mode),
-                catalog=CatalogInfo(clouds=["local"], regions=["local"], dates={"local": "2026-11-21"}),
-                deadline_s=spec.deadline_s, confidence=spec.confidence, stages=stage_plans,
-                predicted=Prediction(jct_s=Distribution(mean=total, p50=total, p95=total * 1.1),
-                                     cost_usd=Distribution(mean=cost, p50=cost, p95=cost * 1.1),
-                                     p_meet_deadline=0.99,
-                                     stage_duration_s=[Distribution(mean=d, p50=d, p95=d) for d in durations],
-                                     stage_cost_usd=[s.predicted_cost_usd for s in stage_plans]))
+    return Plan(
+        job=JobInfo(
+            name=spec.name,
+            spec_sha256=spec.sha256(),
+            scheduler=sched.kind,
+            eta=sched.eta,
+            min_epochs=sched.min_epochs,
+            max_epochs=sched.max_epochs,
+            trials=sched.trials,
+            metric=spec.metric.name,
+            mode=spec.metric.mode,
+        ),
+        catalog=CatalogInfo(clouds=["local"], regions=["local"], dates={"local": "2026-11-21"}),
+        deadline_s=spec.deadline_s,
+        confidence=spec.confidence,
+        stages=stage_plans,
+        predicted=Prediction(
+            jct_s=Distribution(mean=total, p50=total, p95=total * 1.1),
+            cost_usd=Distribution(mean=cost, p50=cost, p95=cost * 1.1),
+            p_meet_deadline=0.99,
+            stage_duration_s=[Distribution(mean=d, p50=d, p95=d) for d in durations],
+            stage_cost_usd=[s.predicted_cost_usd for s in stage_plans],
+        ),
+    )
 
 
 def cli_env(tmp_path: Path) -> dict[str, str]:
@@ -142,8 +187,9 @@ def checkpointed_instance(events: list[dict]) -> str | None:
     return started[saved[0]["trial_id"]] if saved else None
 
 
-def lose_node_once_checkpointed(proc, run_dir: Path, *, before_kill=None, timeout_s: float = 150.0,
-                                victim_of=checkpointed_instance):
+def lose_node_once_checkpointed(
+    proc, run_dir: Path, *, before_kill=None, timeout_s: float = 150.0, victim_of=checkpointed_instance
+):
     """Once a trial has checkpointed, SIGKILL its instance's local Ray node (after ``before_kill(id)``: e.g. the
     cloud reclaims the instance) and wait for the run to end. ``victim_of(events)``: the instance to kill once
     there is one (default: the first trial to checkpoint's). Returns (victim, stdout, stderr); the executor's
@@ -209,8 +255,16 @@ class LosingBackend:
         ident = f"i-{len(self.provisioned)}"
         self.requests.append(request)
         self.provisioned.append(ident)
-        return [Instance(id=ident, cloud="local", instance_type=request.instance_type.name, zone="local-a",
-                         state="running", run_id=request.run_id)]
+        return [
+            Instance(
+                id=ident,
+                cloud="local",
+                instance_type=request.instance_type.name,
+                zone="local-a",
+                state="running",
+                run_id=request.run_id,
+            )
+        ]
 
     def check_lost(self, ids):
         return {i: "spot-interruption" for i in ids}
@@ -262,8 +316,15 @@ def finished_outcome(trial_id: str, start_epoch: int, end_epoch: int, metric: fl
 
     now = time.time() if now is None else now
     reports = tuple(EpochReport(trial_id, e, {"loss": metric}, 1.0, now) for e in range(start_epoch, end_epoch))
-    return TrialOutcome(trial_id=trial_id, reports=reports, checkpoint_epoch=end_epoch - 1, iteration_latencies_s=(),
-                        setup_s=0.1, started_at=now - 1.0, finished_at=now)
+    return TrialOutcome(
+        trial_id=trial_id,
+        reports=reports,
+        checkpoint_epoch=end_epoch - 1,
+        iteration_latencies_s=(),
+        setup_s=0.1,
+        started_at=now - 1.0,
+        finished_at=now,
+    )
 
 
 def finish_oldest_trial(controller, clock=None) -> list:
@@ -277,14 +338,19 @@ def finish_oldest_trial(controller, clock=None) -> list:
         return []
     ref = next(iter(controller.running))
     run = controller.running.pop(ref)
-    run.handle.outcome = finished_outcome(run.trial_id, run.start_epoch, run.end_epoch,
-                                          int(run.trial_id.rsplit("t", 1)[1]) / 10,
-                                          now=clock.time() if clock is not None else None)
+    run.handle.outcome = finished_outcome(
+        run.trial_id,
+        run.start_epoch,
+        run.end_epoch,
+        int(run.trial_id.rsplit("t", 1)[1]) / 10,
+        now=clock.time() if clock is not None else None,
+    )
     return [run]
 
 
-def journaled_controller(tmp_path: Path, spec, plan, *, deadline_s: float, controller_class=None, runtime=None,
-                         **options):
+def journaled_controller(
+    tmp_path: Path, spec, plan, *, deadline_s: float, controller_class=None, runtime=None, **options
+):
     """A Controller (``controller_class``, default :class:`Controller`) over a :class:`LosingBackend` for a run whose
     start and trials are already journaled (no Ray; ``runtime``: none, or a :class:`FakeRuntime`): what the unit
     tests of its loss and spot decisions drive by hand. Returns (controller, backend)."""
@@ -295,13 +361,30 @@ def journaled_controller(tmp_path: Path, spec, plan, *, deadline_s: float, contr
 
     run_dir = tmp_path / "run"
     journal = J.Journal(run_dir, clock=options.get("clock", WALL_CLOCK))  # the run started on the controller's clock
-    journal.record(J.RunStarted(run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                                plan=plan.model_dump(mode="json"), cloud="local", deadline_s=deadline_s))
+    journal.record(
+        J.RunStarted(
+            run_id="r1",
+            spec_sha256=spec.sha256(),
+            spec=spec.model_dump(mode="json"),
+            plan=plan.model_dump(mode="json"),
+            cloud="local",
+            deadline_s=deadline_s,
+        )
+    )
     for trial_id, bracket, index, config in trial_configs(spec, plan):
         journal.record(J.TrialCreated(trial_id=trial_id, bracket=bracket, index=index, config=config))
     backend = LosingBackend()
     cls = controller_class or Controller
-    controller = cls(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=backend,
-                     runtime=runtime, run_id="r1", deadline_s=deadline_s, **options)
+    controller = cls(
+        spec=spec,
+        plan=plan,
+        catalog=load_catalog(["local"]),
+        run_dir=run_dir,
+        backend=backend,
+        runtime=runtime,
+        run_id="r1",
+        deadline_s=deadline_s,
+        **options,
+    )
     controller.state = controller.journal.state
     return controller, backend

@@ -99,8 +99,11 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(_PREFIX + r"/global/operations/(?P<op>[^/]+)/wait$"), "op_wait"),
     # IAM and Resource Manager (the dry run's service-account checks)
     ("GET", re.compile(r"/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<email>[^/:]+)$"), "sa_get"),
-    ("POST", re.compile(r"/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<email>[^/:]+):testIamPermissions$"),
-     "sa_test"),
+    (
+        "POST",
+        re.compile(r"/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<email>[^/:]+):testIamPermissions$"),
+        "sa_test",
+    ),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):getIamPolicy$"), "get_iam_policy"),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):testIamPermissions$"), "test_iam_permissions"),
     ("GET", re.compile(r"/v1/(?P<role>(?:projects/[^/]+/)?roles/[^/]+)$"), "role_get"),
@@ -108,61 +111,180 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 #: Fields of the request bodies the real API knows (the subset of the discovery schema rubberband could send);
 #: anything else is refused, as the real API refuses unknown names. ``None``: a scalar / map, not checked inside.
 _SCHEMA: dict[str, dict[str, object]] = {
-    "instance": {k: None for k in (
-        "name", "description", "machineType", "labels", "minCpuPlatform", "canIpForward", "deletionProtection",
-        "hostname", "resourcePolicies", "sourceMachineImage", "privateIpv6GoogleAccess", "keyRevocationActionType",
-        "id", "kind", "status", "zone", "selfLink", "creationTimestamp", "labelFingerprint")} | {
-        "tags": "tags", "metadata": "metadata", "disks": "disk", "networkInterfaces": "nic",
-        "serviceAccounts": "serviceAccount", "scheduling": "scheduling", "guestAccelerators": "accelerator"},
+    "instance": {
+        k: None
+        for k in (
+            "name",
+            "description",
+            "machineType",
+            "labels",
+            "minCpuPlatform",
+            "canIpForward",
+            "deletionProtection",
+            "hostname",
+            "resourcePolicies",
+            "sourceMachineImage",
+            "privateIpv6GoogleAccess",
+            "keyRevocationActionType",
+            "id",
+            "kind",
+            "status",
+            "zone",
+            "selfLink",
+            "creationTimestamp",
+            "labelFingerprint",
+        )
+    }
+    | {
+        "tags": "tags",
+        "metadata": "metadata",
+        "disks": "disk",
+        "networkInterfaces": "nic",
+        "serviceAccounts": "serviceAccount",
+        "scheduling": "scheduling",
+        "guestAccelerators": "accelerator",
+    },
     "tags": {"items": None, "fingerprint": None},
     "metadata": {"items": "item", "fingerprint": None, "kind": None},
     "item": {"key": None, "value": None},
-    "disk": {k: None for k in ("boot", "autoDelete", "type", "mode", "deviceName", "source", "interface",
-                               "diskSizeGb", "index", "kind")} | {"initializeParams": "initializeParams"},
-    "initializeParams": {k: None for k in ("sourceImage", "diskSizeGb", "diskType", "labels", "diskName",
-                                           "description", "resourcePolicies")},
-    "nic": {k: None for k in ("network", "subnetwork", "networkIP", "name", "stackType", "nicType", "kind")} | {
-        "accessConfigs": "accessConfig"},
+    "disk": {
+        k: None
+        for k in (
+            "boot",
+            "autoDelete",
+            "type",
+            "mode",
+            "deviceName",
+            "source",
+            "interface",
+            "diskSizeGb",
+            "index",
+            "kind",
+        )
+    }
+    | {"initializeParams": "initializeParams"},
+    "initializeParams": {
+        k: None
+        for k in ("sourceImage", "diskSizeGb", "diskType", "labels", "diskName", "description", "resourcePolicies")
+    },
+    "nic": {k: None for k in ("network", "subnetwork", "networkIP", "name", "stackType", "nicType", "kind")}
+    | {"accessConfigs": "accessConfig"},
     "accessConfig": {k: None for k in ("name", "type", "natIP", "networkTier", "kind")},
     "serviceAccount": {"email": None, "scopes": None},
-    "scheduling": {k: None for k in ("onHostMaintenance", "automaticRestart", "preemptible", "provisioningModel",
-                                     "instanceTerminationAction", "maxRunDuration", "terminationTime",
-                                     "minNodeCpus", "nodeAffinities")},
+    "scheduling": {
+        k: None
+        for k in (
+            "onHostMaintenance",
+            "automaticRestart",
+            "preemptible",
+            "provisioningModel",
+            "instanceTerminationAction",
+            "maxRunDuration",
+            "terminationTime",
+            "minNodeCpus",
+            "nodeAffinities",
+        )
+    },
     "accelerator": {"acceleratorType": None, "acceleratorCount": None},
-    "firewall": {k: None for k in ("name", "description", "network", "direction", "priority", "sourceRanges",
-                                   "destinationRanges", "sourceTags", "targetTags", "sourceServiceAccounts",
-                                   "targetServiceAccounts", "disabled", "logConfig", "id", "kind",
-                                   "creationTimestamp", "selfLink")} | {
-        "allowed": "rule", "denied": "rule"},
+    "firewall": {
+        k: None
+        for k in (
+            "name",
+            "description",
+            "network",
+            "direction",
+            "priority",
+            "sourceRanges",
+            "destinationRanges",
+            "sourceTags",
+            "targetTags",
+            "sourceServiceAccounts",
+            "targetServiceAccounts",
+            "disabled",
+            "logConfig",
+            "id",
+            "kind",
+            "creationTimestamp",
+            "selfLink",
+        )
+    }
+    | {"allowed": "rule", "denied": "rule"},
     "rule": {"IPProtocol": None, "ports": None},
-    "router": {k: None for k in ("name", "description", "region", "network", "interfaces", "bgpPeers", "bgp",
-                                 "encryptedInterconnectRouter", "md5AuthenticationKeys", "id", "kind",
-                                 "creationTimestamp", "selfLink")} | {"nats": "nat"},
-    "nat": {k: None for k in ("name", "type", "sourceSubnetworkIpRangesToNat", "natIpAllocateOption", "natIps",
-                              "drainNatIps", "minPortsPerVm", "maxPortsPerVm", "enableDynamicPortAllocation",
-                              "enableEndpointIndependentMapping", "endpointTypes", "autoNetworkTier",
-                              "udpIdleTimeoutSec", "icmpIdleTimeoutSec", "tcpEstablishedIdleTimeoutSec",
-                              "tcpTransitoryIdleTimeoutSec", "tcpTimeWaitTimeoutSec", "logConfig", "rules")} | {
-        "subnetworks": "natSubnet"},
+    "router": {
+        k: None
+        for k in (
+            "name",
+            "description",
+            "region",
+            "network",
+            "interfaces",
+            "bgpPeers",
+            "bgp",
+            "encryptedInterconnectRouter",
+            "md5AuthenticationKeys",
+            "id",
+            "kind",
+            "creationTimestamp",
+            "selfLink",
+        )
+    }
+    | {"nats": "nat"},
+    "nat": {
+        k: None
+        for k in (
+            "name",
+            "type",
+            "sourceSubnetworkIpRangesToNat",
+            "natIpAllocateOption",
+            "natIps",
+            "drainNatIps",
+            "minPortsPerVm",
+            "maxPortsPerVm",
+            "enableDynamicPortAllocation",
+            "enableEndpointIndependentMapping",
+            "endpointTypes",
+            "autoNetworkTier",
+            "udpIdleTimeoutSec",
+            "icmpIdleTimeoutSec",
+            "tcpEstablishedIdleTimeoutSec",
+            "tcpTransitoryIdleTimeoutSec",
+            "tcpTimeWaitTimeoutSec",
+            "logConfig",
+            "rules",
+        )
+    }
+    | {"subnetworks": "natSubnet"},
     "natSubnet": {"name": None, "sourceIpRangesToNat": None, "secondaryIpRangeNames": None},
     "setLabels": {"labels": None, "labelFingerprint": None},
 }
 #: (field, why) the real API insists on, per body.
 _REQUIRED = {
-    "instance": [("name", "Required field 'resource.name' not specified"),
-                 ("machineType", "Invalid value for field 'resource.machineType': ''. Required field not specified"),
-                 ("disks", "Invalid value for field 'resource.disks': ''. No disks are specified."),
-                 ("networkInterfaces", "Invalid value for field 'resource.networkInterfaces': ''. At least one "
-                                       "network interface is required.")],
+    "instance": [
+        ("name", "Required field 'resource.name' not specified"),
+        ("machineType", "Invalid value for field 'resource.machineType': ''. Required field not specified"),
+        ("disks", "Invalid value for field 'resource.disks': ''. No disks are specified."),
+        (
+            "networkInterfaces",
+            "Invalid value for field 'resource.networkInterfaces': ''. At least one network interface is required.",
+        ),
+    ],
     "firewall": [("name", "Required field 'resource.name' not specified")],
-    "router": [("name", "Required field 'resource.name' not specified"),
-               ("network", "Invalid value for field 'resource.network': ''. The network of a router must be "
-                           "specified.")],
-    "nat": [("name", "Required field 'resource.nats[0].name' not specified"),
-            ("sourceSubnetworkIpRangesToNat", "Invalid value for field 'resource.nats[0].sourceSubnetworkIpRangesToNat'"
-                                              ": ''. Required field not specified"),
-            ("natIpAllocateOption", "Invalid value for field 'resource.nats[0].natIpAllocateOption': ''. Required "
-                                    "field not specified")],
+    "router": [
+        ("name", "Required field 'resource.name' not specified"),
+        ("network", "Invalid value for field 'resource.network': ''. The network of a router must be specified."),
+    ],
+    "nat": [
+        ("name", "Required field 'resource.nats[0].name' not specified"),
+        (
+            "sourceSubnetworkIpRangesToNat",
+            "Invalid value for field 'resource.nats[0].sourceSubnetworkIpRangesToNat'"
+            ": ''. Required field not specified",
+        ),
+        (
+            "natIpAllocateOption",
+            "Invalid value for field 'resource.nats[0].natIpAllocateOption': ''. Required field not specified",
+        ),
+    ],
     "setLabels": [("labelFingerprint", "Required field 'labelFingerprint' not specified")],
 }
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -172,8 +294,10 @@ _PERMISSION = re.compile(r"^(compute|iam|resourcemanager)\.[a-zA-Z]+\.[a-zA-Z]+$
 #: a full URL, ``projects/P/global/networks/N`` or ``global/networks/N``.
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
-_NETWORK = re.compile(r"^(?:https://[^/]+/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/"
-                      r"(?P<name>[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$")
+_NETWORK = re.compile(
+    r"^(?:https://[^/]+/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?global/networks/"
+    r"(?P<name>[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$"
+)
 _NAT_SOURCES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES", "LIST_OF_SUBNETWORKS")
 _OP_TERM = re.compile(r'(operationType|targetLink|status)\s*=\s*"([^"]*)"')
 
@@ -181,27 +305,45 @@ _OP_TERM = re.compile(r'(operationType|targetLink|status)\s*=\s*"([^"]*)"')
 #: The ``default`` network's own ingress rules (every project has them unless removed): internal traffic from the
 #: whole internal range and SSH / RDP / ICMP from anywhere, at priority 65534.
 DEFAULT_NETWORK_RULES = [
-    {"name": "default-allow-internal", "priority": 65534, "sourceRanges": ["10.128.0.0/9"],
-     "allowed": [{"IPProtocol": "tcp", "ports": ["0-65535"]}, {"IPProtocol": "udp", "ports": ["0-65535"]},
-                 {"IPProtocol": "icmp"}]},
-    {"name": "default-allow-ssh", "priority": 65534, "sourceRanges": ["0.0.0.0/0"],
-     "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}]},
-    {"name": "default-allow-rdp", "priority": 65534, "sourceRanges": ["0.0.0.0/0"],
-     "allowed": [{"IPProtocol": "tcp", "ports": ["3389"]}]},
+    {
+        "name": "default-allow-internal",
+        "priority": 65534,
+        "sourceRanges": ["10.128.0.0/9"],
+        "allowed": [
+            {"IPProtocol": "tcp", "ports": ["0-65535"]},
+            {"IPProtocol": "udp", "ports": ["0-65535"]},
+            {"IPProtocol": "icmp"},
+        ],
+    },
+    {
+        "name": "default-allow-ssh",
+        "priority": 65534,
+        "sourceRanges": ["0.0.0.0/0"],
+        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+    },
+    {
+        "name": "default-allow-rdp",
+        "priority": 65534,
+        "sourceRanges": ["0.0.0.0/0"],
+        "allowed": [{"IPProtocol": "tcp", "ports": ["3389"]}],
+    },
 ]
 
 
-def _rule_matches(rule: dict[str, Any], source_ip: str, source_tags: set[str], target_tags: set[str],
-                  protocol: str, port: int) -> bool:
+def _rule_matches(
+    rule: dict[str, Any], source_ip: str, source_tags: set[str], target_tags: set[str], protocol: str, port: int
+) -> bool:
     import ipaddress
 
     if rule.get("disabled") or rule.get("direction", "INGRESS") != "INGRESS":
         return False
     if rule.get("targetTags") and not target_tags & set(rule["targetTags"]):
         return False
-    by_range = any(ipaddress.ip_address(source_ip) in ipaddress.ip_network(r, strict=False)
-                   for r in rule.get("sourceRanges", []) if ipaddress.ip_network(r, strict=False).version ==
-                   ipaddress.ip_address(source_ip).version)
+    by_range = any(
+        ipaddress.ip_address(source_ip) in ipaddress.ip_network(r, strict=False)
+        for r in rule.get("sourceRanges", [])
+        if ipaddress.ip_network(r, strict=False).version == ipaddress.ip_address(source_ip).version
+    )
     by_tag = bool(source_tags & set(rule.get("sourceTags", [])))
     if not (by_range or by_tag):
         return False
@@ -222,13 +364,13 @@ class HttpError(Exception):
         self.status, self.message, self.reason = status, message, reason
 
 
-
 def _existing(table: dict, key: Any, path: str) -> dict:
     """``table[key]``, or the API's 404 naming the resource's ``path``."""
     found = table.get(key)
     if found is None:
         raise HttpError(404, f"The resource '{path}' was not found", "notFound")
     return found
+
 
 class GceFake:
     """In-memory Compute Engine with fault switches; ``url`` once started."""
@@ -319,8 +461,13 @@ class GceFake:
             with self._lock:
                 self.requests.append(f"{method} {url.path}")
                 self.bodies.append(raw)
-            return 404, {"error": {"code": 404, "message": f"no route {method} {url.path}",
-                                   "errors": [{"reason": "notFound", "message": "no route"}]}}
+            return 404, {
+                "error": {
+                    "code": 404,
+                    "message": f"no route {method} {url.path}",
+                    "errors": [{"reason": "notFound", "message": "no route"}],
+                }
+            }
         if handler == "op_wait":  # blocks (outside the lock) until the operation is due, as the real wait does
             with self._lock:
                 found = self.operations.get(match["op"])
@@ -350,13 +497,19 @@ class GceFake:
             except HttpError as exc:
                 if exc.status == 400:
                     self.rejected.append(exc.message)
-                return exc.status, {"error": {"code": exc.status, "message": exc.message, "errors": [
-                    {"message": exc.message, "domain": "global", "reason": exc.reason}]}}
+                return exc.status, {
+                    "error": {
+                        "code": exc.status,
+                        "message": exc.message,
+                        "errors": [{"message": exc.message, "domain": "global", "reason": exc.reason}],
+                    }
+                }
 
     # -- strictness -----------------------------------------------------------------------------
 
     def _validate(self, body: dict[str, Any], kind: str) -> None:
         """Refuse what the real API refuses: unknown field names anywhere, required fields missing, bad labels."""
+
         def walk(value: Any, schema: str, where: str) -> None:
             fields = _SCHEMA[schema]
             if isinstance(value, list):
@@ -367,8 +520,11 @@ class GceFake:
                 raise HttpError(400, f"Invalid JSON payload received. Expected an object at '{where}'.", "invalid")
             for key, item in value.items():
                 if key not in fields:
-                    raise HttpError(400, f"Invalid JSON payload received. Unknown name \"{key}\" at '{where}': "
-                                         f"Cannot find field.", "invalid")
+                    raise HttpError(
+                        400,
+                        f"Invalid JSON payload received. Unknown name \"{key}\" at '{where}': Cannot find field.",
+                        "invalid",
+                    )
                 if fields[key] is not None:
                     walk(item, str(fields[key]), f"{where}.{key}")
 
@@ -378,8 +534,11 @@ class GceFake:
                 raise HttpError(400, message, "required")
         for key, value in (body.get("labels") or {}).items():
             if not _LABEL_VALUE.match(str(value)) or not re.match(r"^[a-z][a-z0-9_-]{0,62}$", key):
-                raise HttpError(400, f"Invalid value for field 'resource.labels': label {key}={value!r} does not "
-                                     f"match the pattern", "invalid")
+                raise HttpError(
+                    400,
+                    f"Invalid value for field 'resource.labels': label {key}={value!r} does not match the pattern",
+                    "invalid",
+                )
 
     def _tick(self) -> None:
         """Move every operation along by the clock (PENDING → RUNNING → DONE); land the effects of those done."""
@@ -409,24 +568,47 @@ class GceFake:
             raise HttpError(400, "Invalid value for field 'maxResults': must be between 0 and 500", "invalid")
         token = query.get("pageToken")
         start = int(base64.urlsafe_b64decode(token).decode()) if token else 0
-        page = items[start:start + size]
-        more = {"nextPageToken": base64.urlsafe_b64encode(str(start + size).encode()).decode()} \
-            if start + size < len(items) else {}
+        page = items[start : start + size]
+        more = (
+            {"nextPageToken": base64.urlsafe_b64encode(str(start + size).encode()).decode()}
+            if start + size < len(items)
+            else {}
+        )
         return page, more
 
     # -- operations -----------------------------------------------------------------------------
 
-    def _operation(self, project: str, kind: str, target: str, zone: str | None, *,
-                   error: dict[str, Any] | None = None, http_status: int | None = None,
-                   effect: Any = None, region: str | None = None) -> dict[str, Any]:
+    def _operation(
+        self,
+        project: str,
+        kind: str,
+        target: str,
+        zone: str | None,
+        *,
+        error: dict[str, Any] | None = None,
+        http_status: int | None = None,
+        effect: Any = None,
+        region: str | None = None,
+    ) -> dict[str, Any]:
         """A new operation; ``effect`` (a callable) lands when it is DONE, ``error`` shows only then."""
         name = f"operation-{uuid.uuid4().hex[:12]}"
         now = time.monotonic()
-        op: dict[str, Any] = {"kind": "compute#operation", "id": str(abs(hash(name)) % 10**12), "name": name,
-                              "operationType": kind, "targetLink": target, "progress": 0, "status": "PENDING",
-                              "insertTime": _now(), "_polls": self.pending_polls, "_started": now,
-                              "_due": now + self.op_delay_s, "_effect": effect, "_error": error,
-                              "_http_status": http_status}
+        op: dict[str, Any] = {
+            "kind": "compute#operation",
+            "id": str(abs(hash(name)) % 10**12),
+            "name": name,
+            "operationType": kind,
+            "targetLink": target,
+            "progress": 0,
+            "status": "PENDING",
+            "insertTime": _now(),
+            "_polls": self.pending_polls,
+            "_started": now,
+            "_due": now + self.op_delay_s,
+            "_effect": effect,
+            "_error": error,
+            "_http_status": http_status,
+        }
         if zone:
             op["zone"] = f"{self.url}/compute/v1/projects/{project}/zones/{zone}"
             op["selfLink"] = f"{op['zone']}/operations/{name}"
@@ -440,8 +622,9 @@ class GceFake:
             self._finish(op)
         return _public(op)
 
-    def _op_get(self, project: str, op: str, query: dict, body: dict, zone: str | None = None,
-                region: str | None = None) -> dict:
+    def _op_get(
+        self, project: str, op: str, query: dict, body: dict, zone: str | None = None, region: str | None = None
+    ) -> dict:
         found = self._scoped_op(op, zone, region)
         if found is None:
             raise HttpError(404, f"The resource 'operations/{op}' was not found", "notFound")
@@ -458,20 +641,25 @@ class GceFake:
         if found is None:
             return None
         scope = (f"/zones/{zone}" if zone else None, f"/regions/{region}" if region else None)
-        if not (found.get("zone", "").endswith(scope[0]) if zone else "zone" not in found) or \
-                not (found.get("region", "").endswith(scope[1]) if region else "region" not in found):
+        if not (found.get("zone", "").endswith(scope[0]) if zone else "zone" not in found) or not (
+            found.get("region", "").endswith(scope[1]) if region else "region" not in found
+        ):
             return None
         return found
 
     def _op_list(self, project: str, zone: str, query: dict, body: dict) -> dict:
         terms = _OP_TERM.findall(query.get("filter", ""))
-        items = [_public(op) for op in self.operations.values() if op.get("zone", "").endswith(f"/zones/{zone}")
-                 and all(op.get(key) == value for key, value in terms)]
+        items = [
+            _public(op)
+            for op in self.operations.values()
+            if op.get("zone", "").endswith(f"/zones/{zone}") and all(op.get(key) == value for key, value in terms)
+        ]
         page, more = self._page(items, query)
         return {"kind": "compute#operationList", "items": page, **more}
 
-    def _op_wait(self, project: str, op: str, query: dict, body: dict, zone: str | None = None,
-                 region: str | None = None) -> dict:
+    def _op_wait(
+        self, project: str, op: str, query: dict, body: dict, zone: str | None = None, region: str | None = None
+    ) -> dict:
         if self.wait_errors > 0:
             self.wait_errors -= 1
             raise HttpError(503, "Internal error. Please try again.", "backendError")
@@ -493,22 +681,46 @@ class GceFake:
         if duration is not None:
             seconds = duration.get("seconds") if isinstance(duration, dict) else None
             if not isinstance(seconds, str) or not seconds.isdigit() or not 30 <= int(seconds) <= 120 * 86400:
-                raise HttpError(400, f"Invalid value for field 'resource.scheduling.maxRunDuration': {duration!r}. "
-                                     f"Must be a duration between 30 seconds and 120 days.", "invalid")
+                raise HttpError(
+                    400,
+                    f"Invalid value for field 'resource.scheduling.maxRunDuration': {duration!r}. "
+                    f"Must be a duration between 30 seconds and 120 days.",
+                    "invalid",
+                )
             if action not in ("DELETE", "STOP"):
-                raise HttpError(400, "Invalid value for field 'resource.scheduling.instanceTerminationAction': "
-                                     f"{action!r}. It must be set when maxRunDuration is set.", "invalid")
-        elif action is not None and scheduling.get("provisioningModel") != "SPOT" and \
-                not scheduling.get("terminationTime"):
-            raise HttpError(400, "Invalid value for field 'resource.scheduling.instanceTerminationAction': "
-                                 f"{action!r}. It can be set only for SPOT VMs or VMs with a maxRunDuration or "
-                                 f"terminationTime.", "invalid")
+                raise HttpError(
+                    400,
+                    "Invalid value for field 'resource.scheduling.instanceTerminationAction': "
+                    f"{action!r}. It must be set when maxRunDuration is set.",
+                    "invalid",
+                )
+        elif (
+            action is not None
+            and scheduling.get("provisioningModel") != "SPOT"
+            and not scheduling.get("terminationTime")
+        ):
+            raise HttpError(
+                400,
+                "Invalid value for field 'resource.scheduling.instanceTerminationAction': "
+                f"{action!r}. It can be set only for SPOT VMs or VMs with a maxRunDuration or "
+                f"terminationTime.",
+                "invalid",
+            )
         if action not in (None, "DELETE", "STOP"):
-            raise HttpError(400, f"Invalid value for field 'resource.scheduling.instanceTerminationAction': "
-                                 f"{action!r}.", "invalid")
+            raise HttpError(
+                400, f"Invalid value for field 'resource.scheduling.instanceTerminationAction': {action!r}.", "invalid"
+            )
 
-    def ingress_allowed(self, source_ip: str, target: str, port: int, *, source_tags: tuple[str, ...] = (),
-                        protocol: str = "tcp", default_rules: bool = True) -> bool:
+    def ingress_allowed(
+        self,
+        source_ip: str,
+        target: str,
+        port: int,
+        *,
+        source_tags: tuple[str, ...] = (),
+        protocol: str = "tcp",
+        default_rules: bool = True,
+    ) -> bool:
         """Would the network let ``source_ip`` (a VM with ``source_tags``, or an outside address) reach ``port``
         of the VM named ``target``? The stored rules plus the default network's, lowest priority number first, a
         deny winning a tie; nothing matching: denied (the VPC's implied deny)."""
@@ -534,22 +746,54 @@ class GceFake:
             message = f"Quota '{self.quota}' exceeded.  Limit: 0.0 {where}."
             if self.quota_sync:
                 raise HttpError(403, message, "quotaExceeded")
-            return self._operation(project, "insert", target, zone, http_status=403, error={
-                "code": "QUOTA_EXCEEDED", "message": message, "errorDetails": [{"quotaInfo": {
-                    "metricName": f"compute.googleapis.com/{self.quota.lower()}", "limitName": f"{self.quota}-limit",
-                    "dimensions": {"region": region}}}]})
-        sold_out = zone in self.stockout_zones or self.capacity_left == 0 or machine in self.stockout_types or \
-            self.stock.get(machine, 1) <= 0
+            return self._operation(
+                project,
+                "insert",
+                target,
+                zone,
+                http_status=403,
+                error={
+                    "code": "QUOTA_EXCEEDED",
+                    "message": message,
+                    "errorDetails": [
+                        {
+                            "quotaInfo": {
+                                "metricName": f"compute.googleapis.com/{self.quota.lower()}",
+                                "limitName": f"{self.quota}-limit",
+                                "dimensions": {"region": region},
+                            }
+                        }
+                    ],
+                },
+            )
+        sold_out = (
+            zone in self.stockout_zones
+            or self.capacity_left == 0
+            or machine in self.stockout_types
+            or self.stock.get(machine, 1) <= 0
+        )
         if self.stockout_spot_only and body.get("scheduling", {}).get("provisioningModel") != "SPOT":
             sold_out = False
         if sold_out and self.stockout_sync:
-            raise HttpError(503, f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
-                                 f"available to fulfill the request.", "")
+            raise HttpError(
+                503,
+                f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
+                f"available to fulfill the request.",
+                "",
+            )
         if sold_out:
-            return self._operation(project, "insert", target, zone, http_status=503, error={
-                "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
-                "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available "
-                           f"to fulfill the request.  Try a different zone, or try again later."})
+            return self._operation(
+                project,
+                "insert",
+                target,
+                zone,
+                http_status=503,
+                error={
+                    "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                    "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available "
+                    f"to fulfill the request.  Try a different zone, or try again later.",
+                },
+            )
         if (zone, name) in self.instances:
             raise HttpError(409, f"The resource '{target}' already exists", "alreadyExists")
         if self.capacity_left is not None:
@@ -558,9 +802,17 @@ class GceFake:
             self.stock[machine] -= 1
         self._ip += 1
         instance = json.loads(json.dumps(body))
-        instance.update({"kind": "compute#instance", "id": str(10**12 + self._ip), "status": "PROVISIONING",
-                         "zone": f"{self.url}/compute/v1/projects/{project}/zones/{zone}", "selfLink": target,
-                         "creationTimestamp": _now(), "labelFingerprint": uuid.uuid4().hex[:8]})
+        instance.update(
+            {
+                "kind": "compute#instance",
+                "id": str(10**12 + self._ip),
+                "status": "PROVISIONING",
+                "zone": f"{self.url}/compute/v1/projects/{project}/zones/{zone}",
+                "selfLink": target,
+                "creationTimestamp": _now(),
+                "labelFingerprint": uuid.uuid4().hex[:8],
+            }
+        )
         for nic in instance.get("networkInterfaces", []):
             nic["networkIP"] = f"10.128.0.{self._ip % 250 + 2}"
             for access in nic.get("accessConfigs", []):
@@ -570,15 +822,22 @@ class GceFake:
             params = disk.get("initializeParams") or {}
             disk_name = params.get("diskName") or name
             self.disks[(zone, disk_name)] = {
-                "kind": "compute#disk", "id": str(10**13 + self._ip), "name": disk_name,
-                "zone": instance["zone"], "sizeGb": str(params.get("diskSizeGb") or 10),
-                "labels": dict(params.get("labels") or {}), "users": [target], "creationTimestamp": _now(),
-                "selfLink": f"{self.url}/compute/v1/projects/{project}/zones/{zone}/disks/{disk_name}"}
+                "kind": "compute#disk",
+                "id": str(10**13 + self._ip),
+                "name": disk_name,
+                "zone": instance["zone"],
+                "sizeGb": str(params.get("diskSizeGb") or 10),
+                "labels": dict(params.get("labels") or {}),
+                "users": [target],
+                "creationTimestamp": _now(),
+                "selfLink": f"{self.url}/compute/v1/projects/{project}/zones/{zone}/disks/{disk_name}",
+            }
             disk["source"] = self.disks[(zone, disk_name)]["selfLink"]
 
         def booted() -> None:
             if instance.get("status") == "PROVISIONING":
                 instance["status"] = "STAGING"
+
         return self._operation(project, "insert", target, zone, effect=booted)
 
     def _find(self, zone: str, name: str) -> dict:
@@ -623,31 +882,35 @@ class GceFake:
                             del self.disks[key]
                         else:
                             self.disks[key]["users"] = []
+
         return self._operation(project, "delete", instance["selfLink"], zone, effect=deleted)
 
     def _set_labels(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
         self._validate(body, "setLabels")
         instance = self._find(zone, name)
         if body.get("labelFingerprint") != instance["labelFingerprint"]:
-            raise HttpError(412, "Labels fingerprint either invalid or resource labels have changed",
-                            "conditionNotMet")
+            raise HttpError(412, "Labels fingerprint either invalid or resource labels have changed", "conditionNotMet")
         instance["labelFingerprint"] = uuid.uuid4().hex[:8]
 
         def relabelled() -> None:
             instance["labels"] = body.get("labels", {})
+
         return self._operation(project, "setLabels", instance["selfLink"], zone, effect=relabelled)
 
     def inserted(self) -> list[dict[str, Any]]:
         """The request body of every instance insert so far (VMs deleted since included)."""
         with self._lock:
-            return [json.loads(raw) for request, raw in zip(self.requests, self.bodies)
-                    if request.startswith("POST") and request.endswith("/instances")]
+            return [
+                json.loads(raw)
+                for request, raw in zip(self.requests, self.bodies)
+                if request.startswith("POST") and request.endswith("/instances")
+            ]
 
     def preempt(self, name: str) -> None:
         """Take a spot VM back as Compute Engine does: record a ``compute.instances.preempted`` operation (done,
         by the system), then delete the VM (``instanceTerminationAction`` DELETE) or leave it TERMINATED."""
         with self._lock:
-            (zone, instance), = [(z, i) for (z, n), i in self.instances.items() if n == name]
+            ((zone, instance),) = [(z, i) for (z, n), i in self.instances.items() if n == name]
             project = instance["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
             pending, delay, self.pending_polls, self.op_delay_s = self.pending_polls, self.op_delay_s, 0, 0.0
             try:
@@ -665,31 +928,46 @@ class GceFake:
     def _fw_insert(self, project: str, query: dict, body: dict) -> dict:
         self._validate(body, "firewall")
         if not body.get("allowed") and not body.get("denied"):
-            raise HttpError(400, "Invalid value for field 'resource.allowed': ''. Must specify at least one allowed "
-                                 "or denied rule.", "invalid")
+            raise HttpError(
+                400,
+                "Invalid value for field 'resource.allowed': ''. Must specify at least one allowed or denied rule.",
+                "invalid",
+            )
         if body.get("allowed") and body.get("denied"):
             raise HttpError(400, "A rule may specify allowed or denied, not both.", "invalid")
         if not 0 <= int(body.get("priority", 1000)) <= 65535:
-            raise HttpError(400, f"Invalid value for field 'resource.priority': '{body.get('priority')}'. Must be "
-                                 f"between 0 and 65535.", "invalid")
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.priority': '{body.get('priority')}'. Must be between 0 and 65535.",
+                "invalid",
+            )
         import ipaddress
 
         for cidr in body.get("sourceRanges", []):
             try:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError:
-                raise HttpError(400, f"Invalid value for field 'resource.sourceRanges[0]': '{cidr}'. Must be a CIDR "
-                                     f"address range.", "invalid") from None
+                raise HttpError(
+                    400,
+                    f"Invalid value for field 'resource.sourceRanges[0]': '{cidr}'. Must be a CIDR address range.",
+                    "invalid",
+                ) from None
         name = body.get("name", "")
         if name in self.firewalls or name in self._fw_pending:
-            raise HttpError(409, f"The resource 'projects/{project}/global/firewalls/{name}' already exists",
-                            "alreadyExists")
+            raise HttpError(
+                409, f"The resource 'projects/{project}/global/firewalls/{name}' already exists", "alreadyExists"
+            )
         self._fw_pending.add(name)
 
         def created() -> None:
             self._fw_pending.discard(name)
-            self.firewalls[name] = {**body, "kind": "compute#firewall", "id": str(len(self.firewalls) + 1),
-                                    "creationTimestamp": _now()}
+            self.firewalls[name] = {
+                **body,
+                "kind": "compute#firewall",
+                "id": str(len(self.firewalls) + 1),
+                "creationTimestamp": _now(),
+            }
+
         return self._operation(project, "insert", name, None, effect=created)
 
     def _fw_list(self, project: str, query: dict, body: dict) -> dict:
@@ -718,52 +996,92 @@ class GceFake:
         self._validate(body, "router")
         name = body["name"]
         if not _NAME.match(name):
-            raise HttpError(400, f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex "
-                                 f"'(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'", "invalid")
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.name': '{name}'. Must be a match of regex "
+                f"'(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'",
+                "invalid",
+            )
         if body.get("region") and str(body["region"]).rsplit("/", 1)[-1] != region:
-            raise HttpError(400, f"Invalid value for field 'resource.region': '{body['region']}'. The region of the "
-                                 f"router must be the region of the request ({region}).", "invalid")
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.region': '{body['region']}'. The region of the "
+                f"router must be the region of the request ({region}).",
+                "invalid",
+            )
         network = _NETWORK.match(str(body["network"]))
         if network is None or (network["project"] and network["project"] != project):
-            raise HttpError(400, f"Invalid value for field 'resource.network': '{body['network']}'. The URL is "
-                                 f"malformed.", "invalid")
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.network': '{body['network']}'. The URL is malformed.",
+                "invalid",
+            )
         for index, nat in enumerate(body.get("nats") or []):
             for field_name, message in _REQUIRED["nat"]:
                 if not nat.get(field_name):
                     raise HttpError(400, message.replace("nats[0]", f"nats[{index}]"), "required")
             if not _NAME.match(nat["name"]):
-                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}].name': '{nat['name']}'.",
-                                "invalid")
+                raise HttpError(
+                    400, f"Invalid value for field 'resource.nats[{index}].name': '{nat['name']}'.", "invalid"
+                )
             source, allocate = nat["sourceSubnetworkIpRangesToNat"], nat["natIpAllocateOption"]
             if source not in _NAT_SOURCES or allocate not in ("AUTO_ONLY", "MANUAL_ONLY"):
-                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}]': '{source}' / '{allocate}'. "
-                                     f"Unknown enum value.", "invalid")
+                raise HttpError(
+                    400,
+                    f"Invalid value for field 'resource.nats[{index}]': '{source}' / '{allocate}'. Unknown enum value.",
+                    "invalid",
+                )
             if allocate == "AUTO_ONLY" and nat.get("natIps"):
-                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}].natIps': NAT IPs must not be "
-                                     f"specified with AUTO_ONLY.", "invalid")
+                raise HttpError(
+                    400,
+                    f"Invalid value for field 'resource.nats[{index}].natIps': NAT IPs must not be "
+                    f"specified with AUTO_ONLY.",
+                    "invalid",
+                )
             if allocate == "MANUAL_ONLY" and not nat.get("natIps"):
-                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}].natIps': MANUAL_ONLY needs "
-                                     f"at least one NAT IP.", "invalid")
+                raise HttpError(
+                    400,
+                    f"Invalid value for field 'resource.nats[{index}].natIps': MANUAL_ONLY needs at least one NAT IP.",
+                    "invalid",
+                )
             if source == "LIST_OF_SUBNETWORKS" and not nat.get("subnetworks"):
-                raise HttpError(400, f"Invalid value for field 'resource.nats[{index}].subnetworks': "
-                                     f"LIST_OF_SUBNETWORKS needs at least one subnetwork.", "invalid")
+                raise HttpError(
+                    400,
+                    f"Invalid value for field 'resource.nats[{index}].subnetworks': "
+                    f"LIST_OF_SUBNETWORKS needs at least one subnetwork.",
+                    "invalid",
+                )
         url = f"https://www.googleapis.com/compute/v1/projects/{project}/global/networks/{network['name']}"
         if (region, name) in self.routers:
-            raise HttpError(409, f"The resource 'projects/{project}/regions/{region}/routers/{name}' already exists",
-                            "alreadyExists")
+            raise HttpError(
+                409,
+                f"The resource 'projects/{project}/regions/{region}/routers/{name}' already exists",
+                "alreadyExists",
+            )
         nats = body.get("nats") or []
         for other in self.routers.values():
             if other["network"] != url or not other["region"].endswith(f"/regions/{region}") or not other.get("nats"):
                 continue
-            if nats and any(n["sourceSubnetworkIpRangesToNat"] != "LIST_OF_SUBNETWORKS"
-                            for n in [*nats, *other["nats"]]):
-                raise HttpError(400, f"Invalid value for field 'resource.nats[0]': a NAT that serves every subnetwork "
-                                     f"of network {network['name']} in {region} excludes any other; router "
-                                     f"{other['name']} has one.", "invalid")
+            if nats and any(
+                n["sourceSubnetworkIpRangesToNat"] != "LIST_OF_SUBNETWORKS" for n in [*nats, *other["nats"]]
+            ):
+                raise HttpError(
+                    400,
+                    f"Invalid value for field 'resource.nats[0]': a NAT that serves every subnetwork "
+                    f"of network {network['name']} in {region} excludes any other; router "
+                    f"{other['name']} has one.",
+                    "invalid",
+                )
         target = f"{self.url}/compute/v1/projects/{project}/regions/{region}/routers/{name}"
-        router = {**json.loads(json.dumps(body)), "kind": "compute#router", "id": str(10**15 + len(self.routers)),
-                  "network": url, "region": f"{self.url}/compute/v1/projects/{project}/regions/{region}",
-                  "creationTimestamp": _now(), "selfLink": target}
+        router = {
+            **json.loads(json.dumps(body)),
+            "kind": "compute#router",
+            "id": str(10**15 + len(self.routers)),
+            "network": url,
+            "region": f"{self.url}/compute/v1/projects/{project}/regions/{region}",
+            "creationTimestamp": _now(),
+            "selfLink": target,
+        }
         self.routers[(region, name)] = router  # listed while its insert runs (another insert of it: 409)
         return self._operation(project, "insert", target, None, region=region)
 
@@ -792,19 +1110,31 @@ class GceFake:
         def deleted() -> None:
             if self.routers.get((region, name)) is router:
                 del self.routers[(region, name)]
+
         return self._operation(project, "delete", router["selfLink"], None, region=region, effect=deleted)
 
-    def add_router(self, region: str, name: str, *, description: str = "", nats: list[dict[str, Any]] | None = None,
-                   network: str = "default") -> dict[str, Any]:
+    def add_router(
+        self,
+        region: str,
+        name: str,
+        *,
+        description: str = "",
+        nats: list[dict[str, Any]] | None = None,
+        network: str = "default",
+    ) -> dict[str, Any]:
         """A Cloud Router that is there already (the user's own, with or without a NAT)."""
         with self._lock:
-            router = {"kind": "compute#router", "id": str(10**16 + len(self.routers)), "name": name,
-                      "description": description, "nats": list(nats or []),
-                      "network": f"https://www.googleapis.com/compute/v1/projects/rubberband-test/global/networks/"
-                                 f"{network}",
-                      "region": f"{self.url}/compute/v1/projects/rubberband-test/regions/{region}",
-                      "creationTimestamp": "2020-01-01T00:00:00.000+00:00",
-                      "selfLink": f"{self.url}/compute/v1/projects/rubberband-test/regions/{region}/routers/{name}"}
+            router = {
+                "kind": "compute#router",
+                "id": str(10**16 + len(self.routers)),
+                "name": name,
+                "description": description,
+                "nats": list(nats or []),
+                "network": f"https://www.googleapis.com/compute/v1/projects/rubberband-test/global/networks/{network}",
+                "region": f"{self.url}/compute/v1/projects/rubberband-test/regions/{region}",
+                "creationTimestamp": "2020-01-01T00:00:00.000+00:00",
+                "selfLink": f"{self.url}/compute/v1/projects/rubberband-test/regions/{region}/routers/{name}",
+            }
             self.routers[(region, name)] = router
             return router
 
@@ -813,10 +1143,17 @@ class GceFake:
     def add_disk(self, zone: str, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
         """A detached disk (a user's own, or one a VM left behind)."""
         with self._lock:
-            disk = {"kind": "compute#disk", "id": str(10**14 + len(self.disks)), "name": name,
-                    "zone": f"{self.url}/compute/v1/projects/rubberband-test/zones/{zone}", "sizeGb": "10",
-                    "labels": dict(labels or {}), "users": [], "creationTimestamp": _now(),
-                    "selfLink": f"{self.url}/compute/v1/projects/rubberband-test/zones/{zone}/disks/{name}"}
+            disk = {
+                "kind": "compute#disk",
+                "id": str(10**14 + len(self.disks)),
+                "name": name,
+                "zone": f"{self.url}/compute/v1/projects/rubberband-test/zones/{zone}",
+                "sizeGb": "10",
+                "labels": dict(labels or {}),
+                "users": [],
+                "creationTimestamp": _now(),
+                "selfLink": f"{self.url}/compute/v1/projects/rubberband-test/zones/{zone}/disks/{name}",
+            }
             self.disks[(zone, name)] = disk
             return disk
 
@@ -836,10 +1173,14 @@ class GceFake:
     def _disk_delete(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
         disk = _existing(self.disks, (zone, name), f"projects/{project}/zones/{zone}/disks/{name}")
         if disk["users"]:
-            raise HttpError(400, f"The disk resource '{disk['selfLink']}' is already being used by "
-                                 f"'{disk['users'][0]}'", "resourceInUseByAnotherResource")
-        return self._operation(project, "delete", disk["selfLink"], zone,
-                               effect=lambda: self.disks.pop((zone, name), None))
+            raise HttpError(
+                400,
+                f"The disk resource '{disk['selfLink']}' is already being used by '{disk['users'][0]}'",
+                "resourceInUseByAnotherResource",
+            )
+        return self._operation(
+            project, "delete", disk["selfLink"], zone, effect=lambda: self.disks.pop((zone, name), None)
+        )
 
     # -- IAM and Resource Manager (a head's service account, for the dry run) -------------------------
 
@@ -857,7 +1198,6 @@ class GceFake:
                 raise HttpError(400, f"Permission {permission} is not valid for this resource.", "badRequest")
         held = self.caller_permissions
         return {"permissions": [p for p in wanted if held is None or p in held]}
-
 
     def add_service_account(self, email: str, permissions: list[str]) -> None:
         """A service account bound (at project level) to one custom role granting ``permissions`` (replacing any
@@ -889,8 +1229,13 @@ class GceFake:
 
 
 def _backend_error() -> dict[str, Any]:
-    return {"error": {"code": 503, "message": "Internal error. Please try again or contact Google Support.",
-                      "errors": [{"message": "Internal error.", "domain": "global", "reason": "backendError"}]}}
+    return {
+        "error": {
+            "code": 503,
+            "message": "Internal error. Please try again or contact Google Support.",
+            "errors": [{"message": "Internal error.", "domain": "global", "reason": "backendError"}],
+        }
+    }
 
 
 def _now() -> str:

@@ -38,12 +38,23 @@ SESSION_ENV = "RUBBERBAND_TEST_SESSION"
 TMP_ROOT_ENV = "RUBBERBAND_TMP_ROOT"
 
 #: Fixtures that make a test end-to-end (they start Ray, a server or the CLI in a subprocess).
-E2E_FIXTURES = frozenset({
-    "cli", "local_ray_cluster", "moto_server", "moto_env", "ec2_faults", "gce_fake", "gce_env", "pytester",
-})
+E2E_FIXTURES = frozenset(
+    {
+        "cli",
+        "local_ray_cluster",
+        "moto_server",
+        "moto_env",
+        "ec2_faults",
+        "gce_fake",
+        "gce_env",
+        "pytester",
+    }
+)
 
 #: How long something a test started may take to go away on its own before it counts as left behind.
-GRACE_S = float(os.environ.get("RUBBERBAND_LEAK_GRACE_S", "15"))  # a played head's watchdog job may take ~10 s to see its head gone
+GRACE_S = float(
+    os.environ.get("RUBBERBAND_LEAK_GRACE_S", "15")
+)  # a played head's watchdog job may take ~10 s to see its head gone
 
 
 class UnitTierViolation(BaseException):
@@ -71,7 +82,7 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    fields = raw[raw.rfind(b")") + 2:].split()
+    fields = raw[raw.rfind(b")") + 2 :].split()
     return int(fields[1]), int(fields[19]), fields[0].decode()
 
 
@@ -181,8 +192,11 @@ def session_owned(server: object) -> None:
 
 
 def _open_servers() -> set[int]:
-    return {id(s) for s in list(_servers) if id(s) not in _session_owned
-            and getattr(getattr(s, "socket", None), "fileno", lambda: -1)() != -1}
+    return {
+        id(s)
+        for s in list(_servers)
+        if id(s) not in _session_owned and getattr(getattr(s, "socket", None), "fileno", lambda: -1)() != -1
+    }
 
 
 def _close_servers(ids: set[int]) -> list[str]:
@@ -214,8 +228,10 @@ class _UnitTierCheck:
         self.test = test
 
     def _refuse(self, what: str) -> None:
-        raise UnitTierViolation(f"{self.test} is not marked e2e but {what}; mark it @pytest.mark.e2e "
-                                f"(or keep the unit tier free of processes and servers)")
+        raise UnitTierViolation(
+            f"{self.test} is not marked e2e but {what}; mark it @pytest.mark.e2e "
+            f"(or keep the unit tier free of processes and servers)"
+        )
 
     def __enter__(self) -> "_UnitTierCheck":
         check = self
@@ -247,8 +263,9 @@ class _UnitTierCheck:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "e2e: starts Ray, a server, a subprocess CLI or real training "
-                                       "(deselect with -m 'not e2e')")
+    config.addinivalue_line(
+        "markers", "e2e: starts Ray, a server, a subprocess CLI or real training (deselect with -m 'not e2e')"
+    )
     if getattr(config, "_rb_guard_root", None) is not None:
         return
     token = uuid.uuid4().hex[:12]
@@ -306,8 +323,10 @@ class Snapshot:
             procs = _left_behind(self.processes, self.token, grace_s)
             if procs:
                 _kill(procs)
-                found.append(f"{len(procs)} process(es), now killed: " +
-                             "; ".join(f"pid {p.pid} `{p.cmdline}`" for p in procs[:6]))
+                found.append(
+                    f"{len(procs)} process(es), now killed: "
+                    + "; ".join(f"pid {p.pid} `{p.cmdline}`" for p in procs[:6])
+                )
         servers = _open_servers() - self.servers
         if servers:
             found.append("server socket(s), now closed: " + ", ".join(_close_servers(servers)))

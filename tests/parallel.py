@@ -31,12 +31,29 @@ LOCK_ENV = "RUBBERBAND_TEST_LOCK"
 #: Modules slowest first (their total time on 2 cores, most first); the rest of the e2e tests follow in
 #: collection order. A hint for the order only: a module missing here costs balance, never correctness.
 SLOW_MODULES = (
-    "test_readme_commands", "test_profiler_cli", "test_executor_e2e", "test_cloud_spot", "test_spot_e2e",
-    "test_executor_teardown", "test_cloud_resume", "test_executor_brackets", "test_cloud_headmode",
-    "test_cloud_cli", "test_profiler_gpu", "test_brackets_spot", "test_brackets_replan",
-    "test_cloud_gcp_failover", "test_executor_gpu", "test_executor_spot", "test_cloud_ray_token",
-    "test_executor_prediction", "test_executor_lateness", "test_raytune_adapter", "test_search",
-    "test_executor_provider", "test_trials_runtime",
+    "test_readme_commands",
+    "test_profiler_cli",
+    "test_executor_e2e",
+    "test_cloud_spot",
+    "test_spot_e2e",
+    "test_executor_teardown",
+    "test_cloud_resume",
+    "test_executor_brackets",
+    "test_cloud_headmode",
+    "test_cloud_cli",
+    "test_profiler_gpu",
+    "test_brackets_spot",
+    "test_brackets_replan",
+    "test_cloud_gcp_failover",
+    "test_executor_gpu",
+    "test_executor_spot",
+    "test_cloud_ray_token",
+    "test_executor_prediction",
+    "test_executor_lateness",
+    "test_raytune_adapter",
+    "test_search",
+    "test_executor_provider",
+    "test_trials_runtime",
 )
 _RANK = {name: rank for rank, name in enumerate(SLOW_MODULES)}
 
@@ -58,6 +75,7 @@ def unconfigure(config: pytest.Config) -> None:
 
 def order(items: list[pytest.Item]) -> None:
     """Exclusive tests, then the other e2e tests (slow modules first), then the unit tests; stable."""
+
     def key(item: pytest.Item) -> tuple[int, int]:
         if item.get_closest_marker("exclusive"):
             return (0, 0)

@@ -42,8 +42,11 @@ def busy_resources() -> dict[str, float]:
     import ray
 
     total, free = ray.cluster_resources(), ray.available_resources()
-    return {k: v - free.get(k, 0.0) for k, v in total.items()
-            if (k in ("CPU", "GPU") or k.startswith("rb-node-")) and v - free.get(k, 0.0) > 1e-9}
+    return {
+        k: v - free.get(k, 0.0)
+        for k, v in total.items()
+        if (k in ("CPU", "GPU") or k.startswith("rb-node-")) and v - free.get(k, 0.0) > 1e-9
+    }
 
 
 def live_placement_groups() -> list[str]:

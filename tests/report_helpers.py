@@ -21,19 +21,39 @@ import numpy as np
 
 from rubberband.planner.schedule import sha_stages
 from rubberband.errors import CatalogError, InfeasibleError
-from rubberband.plan import (Alternative, CatalogInfo, CostBreakdown, Distribution, JobInfo, Plan,
-                             PlannerInfo, Prediction, StagePlan, Timeline, TimelineInstance, TimelineTask)
+from rubberband.plan import (
+    Alternative,
+    CatalogInfo,
+    CostBreakdown,
+    Distribution,
+    JobInfo,
+    Plan,
+    PlannerInfo,
+    Prediction,
+    StagePlan,
+    Timeline,
+    TimelineInstance,
+    TimelineTask,
+)
 from rubberband.report.replan import ReplanRequest
 
 CLOUDS = {
-    "aws": {"region": "us-east-1", "gpu_hr": 3.06, "spot_gpu_hr": 0.65,
-            "types": {1: "p3.2xlarge", 4: "p3.8xlarge", 8: "p3.16xlarge"}},
-    "gcp": {"region": "us-central1", "gpu_hr": 2.86, "spot_gpu_hr": 1.09,
-            "types": {1: "n1-standard-8+1xV100", 4: "n1-standard-32+4xV100", 8: "n1-standard-64+8xV100"}},
+    "aws": {
+        "region": "us-east-1",
+        "gpu_hr": 3.06,
+        "spot_gpu_hr": 0.65,
+        "types": {1: "p3.2xlarge", 4: "p3.8xlarge", 8: "p3.16xlarge"},
+    },
+    "gcp": {
+        "region": "us-central1",
+        "gpu_hr": 2.86,
+        "spot_gpu_hr": 1.09,
+        "types": {1: "n1-standard-8+1xV100", 4: "n1-standard-32+4xV100", 8: "n1-standard-64+8xV100"},
+    },
 }
-EPOCH_S = 40.0          # one epoch on one GPU
-STARTUP_S = 95.0        # requested -> ready
-SCALING = 0.85          # speedup(w) = w ** SCALING
+EPOCH_S = 40.0  # one epoch on one GPU
+STARTUP_S = 95.0  # requested -> ready
+SCALING = 0.85  # speedup(w) = w ** SCALING
 # per level: workers per trial in each stage and the most 4-GPU instances held at once
 LEVELS = {3: ((1, 2, 4, 8), 7), 2: ((1, 1, 2, 4), 4), 1: ((1, 1, 1, 2), 2)}
 
@@ -71,8 +91,15 @@ def _layout(stages, workers, cap, *, static: bool, cloud: str, spot: bool, seed:
         for _ in range(count - len(keep)):
             counter += 1
             iid = f"{cloud}-{counter:02d}"
-            instances[iid] = {"type": itype, "gpus": gpus, "requested": t, "ready": t + STARTUP_S + rng.uniform(-10, 25),
-                              "released": None, "first": i, "last": i}
+            instances[iid] = {
+                "type": itype,
+                "gpus": gpus,
+                "requested": t,
+                "ready": t + STARTUP_S + rng.uniform(-10, 25),
+                "released": None,
+                "first": i,
+                "last": i,
+            }
             new.append(iid)
         alive = keep + new
         for iid in alive:
@@ -85,20 +112,40 @@ def _layout(stages, workers, cap, *, static: bool, cloud: str, spot: bool, seed:
         else:
             span = w // gpus
             for k in range(0, len(alive) - span + 1, span):
-                group = alive[k:k + span]
+                group = alive[k : k + span]
                 lanes.append(_Lane(group, max(t, *(instances[g]["ready"] for g in group))))
-        base = st.epochs_this_stage * EPOCH_S / (w ** SCALING)
+        base = st.epochs_this_stage * EPOCH_S / (w**SCALING)
         for trial in range(st.trials):
             lane = min(lanes, key=lambda ln: ln.free_at)
             dur = base * rng.lognormal(0.0, 0.08)
-            tasks.append(TimelineTask(trial=trial, stage=st.index, bracket=0, instance_ids=list(lane.instance_ids),
-                                      workers=w, start_s=lane.free_at, end_s=lane.free_at + dur))
+            tasks.append(
+                TimelineTask(
+                    trial=trial,
+                    stage=st.index,
+                    bracket=0,
+                    instance_ids=list(lane.instance_ids),
+                    workers=w,
+                    start_s=lane.free_at,
+                    end_s=lane.free_at + dur,
+                )
+            )
             lane.free_at += dur
         end = max(ln.free_at for ln in lanes)
         stage_windows.append((t, end))
-        stage_plans.append(StagePlan(stage=st.index, trials=st.trials, epochs=st.epochs,
-                                     epochs_this_stage=st.epochs_this_stage, cloud=cloud, region=info["region"],
-                                     instance_type=itype, instances=count, workers_per_trial=w, spot=spot))
+        stage_plans.append(
+            StagePlan(
+                stage=st.index,
+                trials=st.trials,
+                epochs=st.epochs,
+                epochs_this_stage=st.epochs_this_stage,
+                cloud=cloud,
+                region=info["region"],
+                instance_type=itype,
+                instances=count,
+                workers_per_trial=w,
+                spot=spot,
+            )
+        )
         t = end
     for iid in alive:
         instances[iid]["released"] = t
@@ -112,8 +159,11 @@ def _layout(stages, workers, cap, *, static: bool, cloud: str, spot: bool, seed:
         life = inst["released"] - inst["requested"]
         billed = max(life, 60.0)
         cost = rate * billed
-        busy = sum((tk.end_s - tk.start_s) * tk.workers / inst["gpus"] / len(tk.instance_ids)
-                   for tk in tasks if iid in tk.instance_ids)
+        busy = sum(
+            (tk.end_s - tk.start_s) * tk.workers / inst["gpus"] / len(tk.instance_ids)
+            for tk in tasks
+            if iid in tk.instance_ids
+        )
         startup = inst["ready"] - inst["requested"]
         breakdown["training"] += rate * busy
         breakdown["startup"] += rate * startup
@@ -123,18 +173,36 @@ def _layout(stages, workers, cap, *, static: bool, cloud: str, spot: bool, seed:
         for s, (a, b) in enumerate(stage_windows):
             overlap = max(0.0, min(b, inst["released"]) - max(a, inst["requested"]))
             stage_cost[s] += rate * overlap
-        timeline_instances.append(TimelineInstance(id=iid, instance_type=inst["type"], cloud=cloud,
-                                                   first_stage=inst["first"], last_stage=inst["last"],
-                                                   requested_s=inst["requested"], ready_s=inst["ready"],
-                                                   released_s=inst["released"], cost_usd=round(cost, 6)))
+        timeline_instances.append(
+            TimelineInstance(
+                id=iid,
+                instance_type=inst["type"],
+                cloud=cloud,
+                first_stage=inst["first"],
+                last_stage=inst["last"],
+                requested_s=inst["requested"],
+                ready_s=inst["ready"],
+                released_s=inst["released"],
+                cost_usd=round(cost, 6),
+            )
+        )
     total = sum(i.cost_usd for i in timeline_instances)
-    return stage_plans, Timeline(instances=timeline_instances, tasks=tasks), jct, stage_windows, stage_cost, \
-        breakdown, by_type, total
+    return (
+        stage_plans,
+        Timeline(instances=timeline_instances, tasks=tasks),
+        jct,
+        stage_windows,
+        stage_cost,
+        breakdown,
+        by_type,
+        total,
+    )
 
 
 def _dist(values: np.ndarray) -> Distribution:
-    return Distribution(mean=float(np.mean(values)), p50=float(np.percentile(values, 50)),
-                        p95=float(np.percentile(values, 95)))
+    return Distribution(
+        mean=float(np.mean(values)), p50=float(np.percentile(values, 50)), p95=float(np.percentile(values, 95))
+    )
 
 
 def _prediction(deadline_s, jct, windows, stage_cost, breakdown, by_type, total, seed, n_samples) -> Prediction:
@@ -146,57 +214,108 @@ def _prediction(deadline_s, jct, windows, stage_cost, breakdown, by_type, total,
     scale = cost_dist.mean / total
     stage_durations = [Distribution(mean=(b - a) * 1.01, p50=b - a, p95=(b - a) * 1.12) for a, b in windows]
     return Prediction(
-        jct_s=_dist(jct_samples), cost_usd=cost_dist,
+        jct_s=_dist(jct_samples),
+        cost_usd=cost_dist,
         p_meet_deadline=float(np.mean(jct_samples <= deadline_s)),
         stage_duration_s=stage_durations,
         stage_cost_usd=[c * cost_dist.mean / sum(stage_cost) for c in stage_cost],
-        cost_breakdown=CostBreakdown(training_usd=breakdown["training"] * scale, startup_usd=breakdown["startup"] * scale,
-                                     idle_usd=breakdown["idle"] * scale,
-                                     billing_minimum_usd=breakdown["billing_minimum"] * scale, transfer_usd=0.0),
+        cost_breakdown=CostBreakdown(
+            training_usd=breakdown["training"] * scale,
+            startup_usd=breakdown["startup"] * scale,
+            idle_usd=breakdown["idle"] * scale,
+            billing_minimum_usd=breakdown["billing_minimum"] * scale,
+            transfer_usd=0.0,
+        ),
         cost_by_instance_type={k: v * scale for k, v in by_type.items()},
         jct_samples_s=[float(x) for x in jct_samples[:n_samples]],
         cost_samples_usd=[float(x) for x in cost_samples[:n_samples]],
     )
 
 
-def make_plan(*, deadline_s: float = 3600.0, level: int = 3, cloud: str = "aws", spot: bool = False,
-              trials: int = 27, eta: int = 3, min_epochs: int = 1, max_epochs: int = 27, seed: int = 7,
-              samples: int = 400, with_static: bool = True, with_spec: bool = True,
-              catalog_clouds: tuple[str, ...] = ("aws", "gcp")) -> Plan:
+def make_plan(
+    *,
+    deadline_s: float = 3600.0,
+    level: int = 3,
+    cloud: str = "aws",
+    spot: bool = False,
+    trials: int = 27,
+    eta: int = 3,
+    min_epochs: int = 1,
+    max_epochs: int = 27,
+    seed: int = 7,
+    samples: int = 400,
+    with_static: bool = True,
+    with_spec: bool = True,
+    catalog_clouds: tuple[str, ...] = ("aws", "gcp"),
+) -> Plan:
     """A self-consistent SHA plan with a timeline, distributions and a static baseline."""
     stages = sha_stages(trials, eta, min_epochs, max_epochs)
     workers, cap = LEVELS[level]
     workers = tuple(workers[min(i, len(workers) - 1)] for i in range(len(stages)))
     sp, timeline, jct, windows, stage_cost, breakdown, by_type, total = _layout(
-        stages, workers, cap, static=False, cloud=cloud, spot=spot, seed=seed)
+        stages, workers, cap, static=False, cloud=cloud, spot=spot, seed=seed
+    )
     predicted = _prediction(deadline_s, jct, windows, stage_cost, breakdown, by_type, total, seed, samples)
-    sp = [s.model_copy(update={"predicted_duration_s": d.p50, "predicted_cost_usd": c})
-          for s, d, c in zip(sp, predicted.stage_duration_s, predicted.stage_cost_usd)]
+    sp = [
+        s.model_copy(update={"predicted_duration_s": d.p50, "predicted_cost_usd": c})
+        for s, d, c in zip(sp, predicted.stage_duration_s, predicted.stage_cost_usd)
+    ]
     baselines = {}
     if with_static:
         static_workers = tuple(min(w, 4) for w in workers)
         ssp, stl, sjct, swin, scost, sbreak, sbytype, stotal = _layout(
-            stages, static_workers, max(2, cap - 1), static=True, cloud=cloud, spot=spot, seed=seed + 100)
+            stages, static_workers, max(2, cap - 1), static=True, cloud=cloud, spot=spot, seed=seed + 100
+        )
         spred = _prediction(deadline_s, sjct, swin, scost, sbreak, sbytype, stotal, seed + 100, samples)
-        baselines["static"] = Alternative(name=f"{ssp[0].instances}× {ssp[0].instance_type} for the whole job",
-                                          stages=ssp, predicted=spred, timeline=stl)
+        baselines["static"] = Alternative(
+            name=f"{ssp[0].instances}× {ssp[0].instance_type} for the whole job",
+            stages=ssp,
+            predicted=spred,
+            timeline=stl,
+        )
     spec = None
     if with_spec:
-        spec = {"name": "quickstart", "train": "examples.quickstart:train",
-                "metric": {"name": "val_loss", "mode": "min"},
-                "search_space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1}},
-                "scheduler": {"kind": "sha", "trials": trials, "eta": eta, "min_epochs": min_epochs,
-                              "max_epochs": max_epochs},
-                "deadline_s": deadline_s, "resources": {"clouds": [cloud], "spot": spot}}
+        spec = {
+            "name": "quickstart",
+            "train": "examples.quickstart:train",
+            "metric": {"name": "val_loss", "mode": "min"},
+            "search_space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1}},
+            "scheduler": {
+                "kind": "sha",
+                "trials": trials,
+                "eta": eta,
+                "min_epochs": min_epochs,
+                "max_epochs": max_epochs,
+            },
+            "deadline_s": deadline_s,
+            "resources": {"clouds": [cloud], "spot": spot},
+        }
     return Plan(
-        job=JobInfo(name="quickstart", spec_sha256="0" * 64, scheduler="sha", eta=eta, min_epochs=min_epochs,
-                    max_epochs=max_epochs, trials=trials, metric="val_loss", mode="min"),
-        catalog=CatalogInfo(clouds=list(catalog_clouds), regions=[CLOUDS[cloud]["region"]],
-                            dates={c: "2025-01-01" for c in catalog_clouds}),
-        deadline_s=deadline_s, confidence=0.95, stages=sp, predicted=predicted, timeline=timeline,
+        job=JobInfo(
+            name="quickstart",
+            spec_sha256="0" * 64,
+            scheduler="sha",
+            eta=eta,
+            min_epochs=min_epochs,
+            max_epochs=max_epochs,
+            trials=trials,
+            metric="val_loss",
+            mode="min",
+        ),
+        catalog=CatalogInfo(
+            clouds=list(catalog_clouds),
+            regions=[CLOUDS[cloud]["region"]],
+            dates={c: "2025-01-01" for c in catalog_clouds},
+        ),
+        deadline_s=deadline_s,
+        confidence=0.95,
+        stages=sp,
+        predicted=predicted,
+        timeline=timeline,
         baselines=baselines,
         planner=PlannerInfo(candidates_evaluated=212, iterations=9, seconds=1.8, samples=1000, seed=seed),
-        spec=spec)
+        spec=spec,
+    )
 
 
 @dataclass
@@ -221,8 +340,17 @@ class FakeReplanner:
         deadline = request.deadline_s or 3600.0
         for level in (1, 2, 3):
             if self._p95(level, cloud, spot) <= deadline:
-                return make_plan(deadline_s=deadline, level=level, cloud=cloud, spot=spot, samples=self.samples,
-                                 catalog_clouds=self.catalog_clouds)
+                return make_plan(
+                    deadline_s=deadline,
+                    level=level,
+                    cloud=cloud,
+                    spot=spot,
+                    samples=self.samples,
+                    catalog_clouds=self.catalog_clouds,
+                )
         fastest = make_plan(level=3, cloud=cloud, spot=spot, samples=0, with_static=False)
-        raise InfeasibleError(f"no plan meets {deadline:.0f}s", shortest_jct_s=fastest.predicted.jct_s.p95,
-                              cost_usd=fastest.predicted.cost_usd.mean)
+        raise InfeasibleError(
+            f"no plan meets {deadline:.0f}s",
+            shortest_jct_s=fastest.predicted.jct_s.p95,
+            cost_usd=fastest.predicted.cost_usd.mean,
+        )

@@ -24,8 +24,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import EXAMPLES
 from rubberband.cli import run as cli_run
 
-SETTINGS = settings(max_examples=int(os.environ.get("RUBBERBAND_FUZZ_EXAMPLES", "30")), deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("RUBBERBAND_FUZZ_EXAMPLES", "30")),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 # -- the CLI, in-process ---------------------------------------------------------------------------------------
 
@@ -136,7 +140,7 @@ def get(doc: Any, path: Path_) -> Any:
 
 def free(path: Path_, free_prefixes: tuple[Path_, ...]) -> bool:
     """Inside a free-form part (any value is valid there)."""
-    return any(path[:len(p)] == p for p in free_prefixes)
+    return any(path[: len(p)] == p for p in free_prefixes)
 
 
 @dataclass
@@ -160,8 +164,11 @@ def broken(draw, doc: Any, free_prefixes: tuple[Path_, ...] = (), required: tupl
     if how == "unknown key":
         parents = [()] + [p for p in candidates if isinstance(get(doc, p), dict)]
         parent = draw(st.sampled_from(parents))
-        key = draw(st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=12)
-                   .filter(lambda k: k not in get(doc, parent) and k.lower() not in ("deadline", "budget")))
+        key = draw(
+            st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=12).filter(
+                lambda k: k not in get(doc, parent) and k.lower() not in ("deadline", "budget")
+            )
+        )
         get(doc, parent)[f"x{key}"] = {"rb_unknown": 1}  # a dict: not a valid value of any typed field either
         return Break(doc, f"x{key}" if not parent else str(parent[0]), how)
     path = draw(st.sampled_from(candidates))
@@ -173,24 +180,47 @@ def broken(draw, doc: Any, free_prefixes: tuple[Path_, ...] = (), required: tupl
 # -- specs -----------------------------------------------------------------------------------------------------
 
 SPEC_FREE = (("config",),)
-SPEC_REQUIRED = (("name",), ("train",), ("metric",), ("metric", "name"), ("search_space",), ("scheduler",),
-                 ("scheduler", "max_epochs"), ("deadline",))
+SPEC_REQUIRED = (
+    ("name",),
+    ("train",),
+    ("metric",),
+    ("metric", "name"),
+    ("search_space",),
+    ("scheduler",),
+    ("scheduler", "max_epochs"),
+    ("deadline",),
+)
 
 # Out of range (and malformed) values of single fields: (path, value, what the error line names).
 SPEC_OUT_OF_RANGE = [
-    (("scheduler", "eta"), 1, "scheduler.eta"), (("scheduler", "trials"), 0, "scheduler.trials"),
-    (("scheduler", "trials"), 10**12, "scheduler.trials"), (("scheduler", "max_epochs"), 10**9, "scheduler.max_epochs"),
-    (("scheduler", "min_epochs"), 0, "scheduler.min_epochs"), (("scheduler", "kind"), "asha", "scheduler.kind"),
-    (("confidence",), 1.5, "confidence"), (("confidence",), 0, "confidence"), (("budget",), -1, "budget"),
-    (("deadline",), "-5m", "deadline"), (("deadline",), "soon", "deadline"), (("deadline",), float("inf"), "deadline"),
-    (("deadline",), float("nan"), "deadline"), (("deadline",), 10**400, "deadline"), (("deadline",), "1e999", "deadline"),
-    (("name",), "bad name!", "name"), (("name",), "ünïcødé✓", "name"), (("train",), "no_colon", "train"),
-    (("metric", "mode"), "median", "metric.mode"), (("resources", "clouds"), [], "resources.clouds"),
+    (("scheduler", "eta"), 1, "scheduler.eta"),
+    (("scheduler", "trials"), 0, "scheduler.trials"),
+    (("scheduler", "trials"), 10**12, "scheduler.trials"),
+    (("scheduler", "max_epochs"), 10**9, "scheduler.max_epochs"),
+    (("scheduler", "min_epochs"), 0, "scheduler.min_epochs"),
+    (("scheduler", "kind"), "asha", "scheduler.kind"),
+    (("confidence",), 1.5, "confidence"),
+    (("confidence",), 0, "confidence"),
+    (("budget",), -1, "budget"),
+    (("deadline",), "-5m", "deadline"),
+    (("deadline",), "soon", "deadline"),
+    (("deadline",), float("inf"), "deadline"),
+    (("deadline",), float("nan"), "deadline"),
+    (("deadline",), 10**400, "deadline"),
+    (("deadline",), "1e999", "deadline"),
+    (("name",), "bad name!", "name"),
+    (("name",), "ünïcødé✓", "name"),
+    (("train",), "no_colon", "train"),
+    (("metric", "mode"), "median", "metric.mode"),
+    (("resources", "clouds"), [], "resources.clouds"),
     (("resources", "clouds"), ["azure"], "resources.clouds"),
     (("resources", "max_workers_per_trial"), 10**30, "resources.max_workers_per_trial"),
-    (("search_space", "lr", "low"), 0, "search_space.lr"), (("search_space", "lr", "high"), 1e-9, "search_space.lr"),
-    (("search_space", "lr", "type"), "gaussian", "search_space.lr"), (("seed",), -1, "seed"),
-    (("seed",), 2**64, "seed"), (("scheduler", "eta"), 10**6, "scheduler.eta"),
+    (("search_space", "lr", "low"), 0, "search_space.lr"),
+    (("search_space", "lr", "high"), 1e-9, "search_space.lr"),
+    (("search_space", "lr", "type"), "gaussian", "search_space.lr"),
+    (("seed",), -1, "seed"),
+    (("seed",), 2**64, "seed"),
+    (("scheduler", "eta"), 10**6, "scheduler.eta"),
 ]
 
 SPEC_COMMANDS = ["plan", "run", "dry-run", "profile"]
@@ -200,8 +230,18 @@ def spec_command(which: str, spec: Path, work: Path, good_plan: tuple[Path, Path
     """argv for a command reading ``spec``, and the paths it must not create."""
     out = work / "out"
     if which == "plan":
-        return ["plan", spec, "--profile", GOOD_PROFILE, "--samples", "10", "--out", out / "plan.json",
-                "--report", out / "report"], [out]
+        return [
+            "plan",
+            spec,
+            "--profile",
+            GOOD_PROFILE,
+            "--samples",
+            "10",
+            "--out",
+            out / "plan.json",
+            "--report",
+            out / "report",
+        ], [out]
     if which == "run":
         return ["run", spec, "--plan", good_plan[1], "--run-dir", out / "run", "--yes"], [out]
     if which == "dry-run":
@@ -264,8 +304,15 @@ def test_malformed_yaml_is_refused(cut, garbage, good_plan):
         assert not any(p.exists() for p in absent)
 
 
-ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=30),
-                      st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=30),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
 
 
 @SETTINGS
@@ -292,8 +339,14 @@ def test_any_value_in_any_spec_field_plans_or_is_refused_cleanly(data, value, de
 # -- profiles --------------------------------------------------------------------------------------------------
 
 PROFILE_FREE = (("machine",), ("fitted",))
-PROFILE_REQUIRED = (("workload",), ("workload", "dataset_size"), ("workload", "name"), ("measurements",),
-                    ("measurements", 0, "workers"), ("measurements", 0, "iteration_latencies_s"))
+PROFILE_REQUIRED = (
+    ("workload",),
+    ("workload", "dataset_size"),
+    ("workload", "name"),
+    ("measurements",),
+    ("measurements", 0, "workers"),
+    ("measurements", 0, "iteration_latencies_s"),
+)
 
 
 @SETTINGS
@@ -308,14 +361,22 @@ def test_a_profile_broken_in_one_field_is_refused(data, good_plan):
         assert not (work / "plan.json").exists()
 
 
-@pytest.mark.parametrize("path, value", [
-    (("workload", "dataset_size"), 0), (("workload", "batch_size_per_worker"), -3),
-    (("workload", "dataset_size"), float("inf")),
-    (("measurements", 0, "iteration_latencies_s"), [float("nan")]), (("measurements", 0, "workers"), 0),
-    (("measurements", 0, "iteration_latencies_s"), []), (("measurements", 0, "iteration_latencies_s"), [-1.0]),
-    (("measurements", 0, "source"), "guessed"), (("schema_version",), 99),
-    (("workload", "restart_overhead_s"), -1.0), (("measurements", 0, "nodes"), 5),
-])
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        (("workload", "dataset_size"), 0),
+        (("workload", "batch_size_per_worker"), -3),
+        (("workload", "dataset_size"), float("inf")),
+        (("measurements", 0, "iteration_latencies_s"), [float("nan")]),
+        (("measurements", 0, "workers"), 0),
+        (("measurements", 0, "iteration_latencies_s"), []),
+        (("measurements", 0, "iteration_latencies_s"), [-1.0]),
+        (("measurements", 0, "source"), "guessed"),
+        (("schema_version",), 99),
+        (("workload", "restart_overhead_s"), -1.0),
+        (("measurements", 0, "nodes"), 5),
+    ],
+)
 def test_a_profile_field_out_of_range_is_named(path, value, good_plan, tmp_path):
     doc = good_profile()
     get(doc, path[:-1])[path[-1]] = value
@@ -330,11 +391,11 @@ def test_a_profile_field_out_of_range_is_named(path, value, good_plan, tmp_path)
 def test_a_truncated_profile_or_plan_is_refused(cut, good_plan):
     with workdir() as work:
         text = GOOD_PROFILE.read_text().rstrip()
-        profile = write_text(work, "profile.json", text[:cut % (len(text) - 1)])
+        profile = write_text(work, "profile.json", text[: cut % (len(text) - 1)])
         result = invoke("plan", good_plan[0], "--profile", profile, "--out", work / "plan.json")
         assert "profile" in result.refused() and not (work / "plan.json").exists()
         text = good_plan[1].read_text().rstrip()
-        plan = write_text(work, "plan.json", text[:cut % (len(text) - 1)])
+        plan = write_text(work, "plan.json", text[: cut % (len(text) - 1)])
         assert "plan" in invoke("report", plan, "--out", work / "report").refused()
         assert not (work / "report").exists()
 
@@ -370,8 +431,7 @@ def aws_job(work: Path) -> tuple[Path, Path]:
     doc["resources"] = {"clouds": ["aws"], "instance_types": ["g4dn.xlarge"]}
     profile = good_profile()
     profile.update(reference_device="CPU", device_speed={"CPU": 1.0, "T4": 4.0})
-    return (write_text(work, "job.yaml", yaml.safe_dump(doc)),
-            write_text(work, "profile.json", json.dumps(profile)))
+    return (write_text(work, "job.yaml", yaml.safe_dump(doc)), write_text(work, "profile.json", json.dumps(profile)))
 
 
 @st.composite
@@ -389,9 +449,18 @@ def broken_csv(draw) -> tuple[str, str]:
         return "\n".join(lines) + "\n", "column"
     row = draw(st.integers(header_at + 1, len(lines) - 1))
     column = draw(st.sampled_from(["Price", "SpotPrice", "vCPUs", "MemoryGiB", "AcceleratorCount", "InstanceType"]))
-    value = draw(st.sampled_from({"Price": ["", "-1", "abc", "1e999", "nan", "३x"], "SpotPrice": ["-2", "x", "inf"],
-                                  "vCPUs": ["many", "-4"], "MemoryGiB": ["lots", "-1"],
-                                  "AcceleratorCount": ["two", "-1", "1.5"], "InstanceType": [""]}[column]))
+    value = draw(
+        st.sampled_from(
+            {
+                "Price": ["", "-1", "abc", "1e999", "nan", "३x"],
+                "SpotPrice": ["-2", "x", "inf"],
+                "vCPUs": ["many", "-4"],
+                "MemoryGiB": ["lots", "-1"],
+                "AcceleratorCount": ["two", "-1", "1.5"],
+                "InstanceType": [""],
+            }[column]
+        )
+    )
     cells = lines[row].split(",")
     cells[header.index(column)] = value
     lines[row] = ",".join(cells)
@@ -442,9 +511,18 @@ def write_journal(run_dir: Path, spec_path: Path, plan_path: Path, *, finished: 
     spec, plan = load_spec(spec_path), load_plan(plan_path)
     journal = J.Journal(run_dir)
     t = iter(range(1000, 2000))  # fixed times: the same journal, byte for byte, every example
-    journal.record(J.RunStarted(run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                                plan=plan.model_dump(mode="json"), cloud="local", deadline_s=spec.deadline_s, pid=1,
-                                t=next(t)))
+    journal.record(
+        J.RunStarted(
+            run_id="r1",
+            spec_sha256=spec.sha256(),
+            spec=spec.model_dump(mode="json"),
+            plan=plan.model_dump(mode="json"),
+            cloud="local",
+            deadline_s=spec.deadline_s,
+            pid=1,
+            t=next(t),
+        )
+    )
     for i in range(3):
         journal.record(J.InstanceRequested(id=f"i{i}", instance_type="local.cpu2", price_hr=0.1, stage=0, t=next(t)))
     journal.record(J.InstanceReady(id="i0", t=next(t)))
@@ -461,10 +539,10 @@ def corrupted(draw, text: bytes) -> bytes:
     """The journal cut short (a crash mid-write), one byte changed, or one event's field given a wrong type."""
     how = draw(st.sampled_from(["truncate", "byte", "field"]))
     if how == "truncate":
-        return text[:draw(st.integers(0, len(text) - 1))]
+        return text[: draw(st.integers(0, len(text) - 1))]
     if how == "byte":
         at = draw(st.integers(0, len(text) - 1))
-        return text[:at] + bytes([draw(st.integers(0, 255))]) + text[at + 1:]
+        return text[:at] + bytes([draw(st.integers(0, 255))]) + text[at + 1 :]
     lines = text.split(b"\n")
     at = draw(st.integers(0, len(lines) - 2))
     event = json.loads(lines[at])
@@ -586,13 +664,16 @@ def test_the_environment_plays_no_boot(tmp_path, monkeypatch):
     assert make_backend("aws", tmp_path, ["us-east-1"], test_boot="local").test_boot == "local"
 
 
-@pytest.mark.parametrize("seam, value, says", [
-    ("--trial-runtime", "not a module", "trial runtime 'not a module' is not a module name"),
-    ("--trial-runtime", "rubberband..trials", "is not a module name"),
-    ("--metadata-url", "169.254.169.254", "metadata URL '169.254.169.254' is not an http(s)://HOST[:PORT]/PATH"),
-    ("--metadata-url", "ftp://127.0.0.1/", "is not an http(s)://"),
-    ("--metadata-url", "http://127.0.0.1:port/", "is not an http(s)://"),
-])
+@pytest.mark.parametrize(
+    "seam, value, says",
+    [
+        ("--trial-runtime", "not a module", "trial runtime 'not a module' is not a module name"),
+        ("--trial-runtime", "rubberband..trials", "is not a module name"),
+        ("--metadata-url", "169.254.169.254", "metadata URL '169.254.169.254' is not an http(s)://HOST[:PORT]/PATH"),
+        ("--metadata-url", "ftp://127.0.0.1/", "is not an http(s)://"),
+        ("--metadata-url", "http://127.0.0.1:port/", "is not an http(s)://"),
+    ],
+)
 def test_a_malformed_seam_is_refused_in_one_line_and_the_real_cli_takes_none(seam, value, says):
     assert says in harness(seam, value, "run", "--attach", "nowhere").refused()
     assert seam in invoke("run", seam, value, "--attach", "nowhere").refused()  # no such option
@@ -602,8 +683,9 @@ def test_an_injected_trial_runtime_reaches_the_executor(good_plan, tmp_path):
     """The runtime module passed in is the one the run loads (one that does not import: refused before anything
     starts); the variable that used to name it does nothing any more."""
     spec, plan = good_plan
-    result = harness("--trial-runtime", "no_such_trial_runtime", "run", spec, "--plan", plan, "--yes", "--run-dir",
-                     tmp_path / "run")
+    result = harness(
+        "--trial-runtime", "no_such_trial_runtime", "run", spec, "--plan", plan, "--yes", "--run-dir", tmp_path / "run"
+    )
     assert "trial runtime module 'no_such_trial_runtime' cannot be imported" in result.refused()
     assert not (tmp_path / "run").exists()
 
@@ -612,8 +694,13 @@ def test_no_production_module_names_a_test_seams_variable():
     """The variables that used to switch the test seams on are read nowhere (issue #13, point 5)."""
     repo = Path(__file__).resolve().parents[1]
     gone = ("RUBBERBAND_TEST_BOOT", "RUBBERBAND_TRIAL_RUNTIME", "RUBBERBAND_METADATA_URL")
-    named = [f"{path.relative_to(repo)}: {name}" for folder in ("rubberband", "cloud", "executor", "planner", "profiler")
-             for path in sorted((repo / folder).rglob("*.py")) for name in gone if name in path.read_text()]
+    named = [
+        f"{path.relative_to(repo)}: {name}"
+        for folder in ("rubberband", "cloud", "executor", "planner", "profiler")
+        for path in sorted((repo / folder).rglob("*.py"))
+        for name in gone
+        if name in path.read_text()
+    ]
     assert named == []
 
 

@@ -13,8 +13,12 @@ from test_bad_input import GOOD_PROFILE, SPEC_FREE, SPEC_REQUIRED, broken, good_
 
 pytestmark = pytest.mark.e2e  # each example starts the CLI in a subprocess
 
-FEW = settings(max_examples=3, deadline=None, database=None,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FEW = settings(
+    max_examples=3,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def one_line_refusal(result) -> str:
@@ -41,7 +45,8 @@ def test_a_truncated_profile_through_the_real_cli(cut, cli):
     text = json.dumps(good_profile())
     with workdir() as work:
         (work / "job.yaml").write_text(yaml.safe_dump(good_spec()))
-        (work / "profile.json").write_text(text[:cut % (len(text) - 1)])
-        line = one_line_refusal(cli("plan", work / "job.yaml", "--profile", work / "profile.json",
-                                    "--out", work / "p.json"))
+        (work / "profile.json").write_text(text[: cut % (len(text) - 1)])
+        line = one_line_refusal(
+            cli("plan", work / "job.yaml", "--profile", work / "profile.json", "--out", work / "p.json")
+        )
         assert "profile" in line and not (work / "p.json").exists()

@@ -22,10 +22,15 @@ import threading
 import time
 
 import pytest
-from executor_helpers import (FakeRuntime, LosingBackend, finish_oldest_trial, finished_outcome, journaled_controller,
-                              write_hyperband_job)
-from test_brackets_replan import (Backend, StubReplanner, _close, _controller, _events, _plan, _replans, _served,
-                                  _up)
+from executor_helpers import (
+    FakeRuntime,
+    LosingBackend,
+    finish_oldest_trial,
+    finished_outcome,
+    journaled_controller,
+    write_hyperband_job,
+)
+from test_brackets_replan import Backend, StubReplanner, _close, _controller, _events, _plan, _replans, _served, _up
 
 from rubberband.cloud.backend import Obtained
 from rubberband.commands.run import _journaled
@@ -83,13 +88,17 @@ def _pass(controller, lane) -> None:
     controller.startup_seconds = startups  # the stand-in's instant start-ups would shorten the prefetch lead
     controller._replan_on_failover()
     controller._fill_slots(lane)
-    mine = [(ref, run) for ref, run in controller.running.items()
-            if controller.state.trials[run.trial_id].bracket == lane.bracket]
+    mine = [
+        (ref, run)
+        for ref, run in controller.running.items()
+        if controller.state.trials[run.trial_id].bracket == lane.bracket
+    ]
     if mine:
         ref, run = mine[0]
         del controller.running[ref]
-        run.handle.outcome = finished_outcome(run.trial_id, run.start_epoch, run.end_epoch,
-                                              int(run.trial_id.rsplit("t", 1)[1]) / 10)
+        run.handle.outcome = finished_outcome(
+            run.trial_id, run.start_epoch, run.end_epoch, int(run.trial_id.rsplit("t", 1)[1]) / 10
+        )
         controller._collect(lane, [run])
     controller._tend_lane(lane)
 
@@ -179,11 +188,14 @@ def test_a_type_blocked_everywhere_is_replanned_around_at_once_and_the_lanes_run
     _close(controller)
 
 
-@pytest.mark.parametrize("replanner, note", [
-    (None, None),
-    # the re-planner's proposal keeps the unavailable type: unusable, the stand-ins take over
-    (StubReplanner(current_p_meet=0.99), "re-planner's proposal uses an unavailable type"),
-])
+@pytest.mark.parametrize(
+    "replanner, note",
+    [
+        (None, None),
+        # the re-planner's proposal keeps the unavailable type: unusable, the stand-ins take over
+        (StubReplanner(current_p_meet=0.99), "re-planner's proposal uses an unavailable type"),
+    ],
+)
 def test_without_a_usable_proposal_the_type_failover_obtained_stands_in(tmp_path, replanner, note):
     controller, backend = _failover_controller(tmp_path, replanner, {"local.cpu2": "local.cpu4"})
     before = controller.plan.stages[1].predicted_cost_usd
@@ -226,8 +238,16 @@ def test_without_a_usable_proposal_the_type_failover_obtained_stands_in(tmp_path
     spec, plan = _journaled(controller.run_dir, J.read_state(controller.run_dir))
     assert plan.stages[1].instance_type == "local.cpu4"
     fresh = LosingBackend()
-    resumed = ParallelController(spec=spec, plan=plan, catalog=controller.catalog, run_dir=controller.run_dir,
-                                 backend=Backend(fresh), runtime=FakeRuntime(), run_id="r1", deadline_s=400.0)
+    resumed = ParallelController(
+        spec=spec,
+        plan=plan,
+        catalog=controller.catalog,
+        run_dir=controller.run_dir,
+        backend=Backend(fresh),
+        runtime=FakeRuntime(),
+        run_id="r1",
+        deadline_s=400.0,
+    )
     resumed.state = resumed.journal.state
     resumed._open_lanes()
     resumed._request_first_instances()  # bracket 0 from its first unfinished stage; bracket 1 not due yet
@@ -265,8 +285,14 @@ def test_the_loop_replans_after_a_failover_and_runs_every_bracket_to_its_end(tmp
     Stage 1's prefetched local.cpu2 comes up as a local.cpu4; the next pass re-plans (no re-planner: the stand-in),
     and the run ends with stage 1 on that node."""
     _, spec = write_hyperband_job(tmp_path)
-    controller, inner = journaled_controller(tmp_path, spec, _plan(spec, offsets=(0.0, 0.0)), deadline_s=400.0,
-                                             controller_class=ParallelController, runtime=FakeRuntime())
+    controller, inner = journaled_controller(
+        tmp_path,
+        spec,
+        _plan(spec, offsets=(0.0, 0.0)),
+        deadline_s=400.0,
+        controller_class=ParallelController,
+        runtime=FakeRuntime(),
+    )
     backend = FailoverBackend(inner, controller.catalog, {"local.cpu2": "local.cpu4"})
     controller.backend = backend
     controller.search = controller._restore_search()

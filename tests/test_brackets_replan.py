@@ -20,8 +20,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from executor_helpers import (FakeRuntime, cli_env, finished_outcome, journaled_controller, make_plan, run_pids,
-                              write_hyperband_job)
+from executor_helpers import (
+    FakeRuntime,
+    cli_env,
+    finished_outcome,
+    journaled_controller,
+    make_plan,
+    run_pids,
+    write_hyperband_job,
+)
 
 from rubberband.executor import journal as J
 from rubberband.executor.brackets import ParallelController
@@ -46,8 +53,14 @@ class StubReplanner:
     """Answers every request with the requested stages, ``changes`` (plan position → (type, instances, workers))
     applied, at ``p_meet`` and ``cost``; the current plan's outlook at ``current_p_meet``. Keeps the requests."""
 
-    def __init__(self, *, current_p_meet: float, p_meet: float = 0.99, cost: float | None = None,
-                 changes: dict[int, tuple[str, int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        current_p_meet: float,
+        p_meet: float = 0.99,
+        cost: float | None = None,
+        changes: dict[int, tuple[str, int, int]] | None = None,
+    ) -> None:
         self.current_p_meet, self.p_meet, self.cost = current_p_meet, p_meet, cost
         self.changes = changes or {}
         self.requests: list[ReplanRequest] = []
@@ -63,12 +76,17 @@ class StubReplanner:
             stages.append(stage)
         current = sum(request.plan.stages[g].predicted_cost_usd for g in request.positions())
         cost = current if self.cost is None else self.cost
-        predicted = request.plan.predicted.model_copy(update={
-            "p_meet_deadline": self.p_meet, "cost_usd": request.plan.predicted.cost_usd.model_copy(update={"mean": cost}),
-            "jct_s": request.plan.predicted.jct_s.model_copy(update={"p50": 50.0})})
+        predicted = request.plan.predicted.model_copy(
+            update={
+                "p_meet_deadline": self.p_meet,
+                "cost_usd": request.plan.predicted.cost_usd.model_copy(update={"mean": cost}),
+                "jct_s": request.plan.predicted.jct_s.model_copy(update={"p50": 50.0}),
+            }
+        )
         proposal = request.plan.model_copy(update={"stages": stages, "predicted": predicted})
-        return ReplanAnswer(proposal, current_p_meet=self.current_p_meet, current_jct_p50_s=80.0,
-                            current_cost_usd=current)
+        return ReplanAnswer(
+            proposal, current_p_meet=self.current_p_meet, current_jct_p50_s=80.0, current_cost_usd=current
+        )
 
 
 class Backend:
@@ -86,13 +104,19 @@ class Backend:
 
 def _controller(tmp_path, replanner, *, deadline_s: float = 400.0, **options):
     _, spec = write_hyperband_job(tmp_path)
-    controller, backend = journaled_controller(tmp_path, spec, _plan(spec), deadline_s=deadline_s,
-                                               controller_class=ParallelController, runtime=FakeRuntime(),
-                                               replanner=replanner, **options)
+    controller, backend = journaled_controller(
+        tmp_path,
+        spec,
+        _plan(spec),
+        deadline_s=deadline_s,
+        controller_class=ParallelController,
+        runtime=FakeRuntime(),
+        replanner=replanner,
+        **options,
+    )
     controller.backend = Backend(backend)
     controller.search = controller._restore_search()
-    controller.startup_seconds = {"local.cpu1": list(STARTUP), "local.cpu2": list(STARTUP),
-                                  "local.cpu4": list(STARTUP)}
+    controller.startup_seconds = {"local.cpu1": list(STARTUP), "local.cpu2": list(STARTUP), "local.cpu4": list(STARTUP)}
     controller._open_lanes()
     return controller, backend
 
@@ -117,8 +141,11 @@ def _finish(controller, lane, metric=lambda trial_id: int(trial_id.rsplit("t", 1
     the lane is tended after each wave, as the loop does."""
     while True:
         controller._fill_slots(lane)
-        mine = [(ref, run) for ref, run in controller.running.items()
-                if controller.state.trials[run.trial_id].bracket == lane.bracket]
+        mine = [
+            (ref, run)
+            for ref, run in controller.running.items()
+            if controller.state.trials[run.trial_id].bracket == lane.bracket
+        ]
         if not mine:
             return
         ref, run = mine[0]
@@ -170,9 +197,20 @@ def test_a_parallel_run_on_time_goes_on_without_change(tmp_path):
     (decision,) = _replans(controller)
     assert decision["action"] == "continue" and not decision["accepted"] and not decision["at_risk"]
     assert decision["stage"] == 1 and decision["bracket"] == 0 and decision["stages"] == [1, 2]
-    assert set(decision) >= {"elapsed_s", "predicted_remaining_s", "slowdown", "reason", "on_late",
-                             "current_p_meet", "current_jct_p50_s", "current_cost_usd", "proposal_p_meet",
-                             "proposal_cost_usd", "proposal_jct_p50_s", "offsets_s"}
+    assert set(decision) >= {
+        "elapsed_s",
+        "predicted_remaining_s",
+        "slowdown",
+        "reason",
+        "on_late",
+        "current_p_meet",
+        "current_jct_p50_s",
+        "current_cost_usd",
+        "proposal_p_meet",
+        "proposal_cost_usd",
+        "proposal_jct_p50_s",
+        "offsets_s",
+    }
     assert not [e for e in _events(controller) if e["type"] == J.PLAN_CHANGED]
     # the prefetched node serves the stage: nothing more requested
     _served(controller)
@@ -191,8 +229,7 @@ def test_a_parallel_run_on_time_goes_on_without_change(tmp_path):
 def test_a_parallel_run_behind_plan_buys_speed_for_later_bracket_stages(tmp_path):
     # the re-planner's model says the current plan misses the deadline; its proposal meets it with a faster
     # stage 1 (one 4-worker node) and bracket 1 (not started) on a 2-worker node with a trial per worker
-    replanner = StubReplanner(current_p_meet=0.3, cost=1.0,
-                              changes={1: ("local.cpu4", 1, 2), 2: ("local.cpu2", 1, 1)})
+    replanner = StubReplanner(current_p_meet=0.3, cost=1.0, changes={1: ("local.cpu4", 1, 2), 2: ("local.cpu2", 1, 1)})
     controller, backend = _controller(tmp_path, replanner)
     lane = _to_first_boundary(controller)
     (decision,) = _replans(controller)
@@ -201,12 +238,18 @@ def test_a_parallel_run_behind_plan_buys_speed_for_later_bracket_stages(tmp_path
     changed = [e for e in _events(controller) if e["type"] == J.PLAN_CHANGED]
     assert len(changed) == 1 and changed[0]["stage"] == 1
     assert [(s["instance_type"], s["instances"], s["workers_per_trial"]) for s in changed[0]["plan"]["stages"]] == [
-        ("local.cpu1", 2, 1), ("local.cpu4", 1, 2), ("local.cpu2", 1, 1)]
+        ("local.cpu1", 2, 1),
+        ("local.cpu4", 1, 2),
+        ("local.cpu2", 1, 1),
+    ]
     assert J.read_state(controller.run_dir).plan["stages"][2]["instance_type"] == "local.cpu2"  # resume follows
     # the lanes follow: stage 1's prefetched cpu2 node is released, a cpu4 requested; its trial runs there
     prefetched = backend.provisioned[2]
-    releases = [e for e in _events(controller) if e["type"] == J.DECISION and e.get("kind") == "release"
-                and e["id"] == prefetched]
+    releases = [
+        e
+        for e in _events(controller)
+        if e["type"] == J.DECISION and e.get("kind") == "release" and e["id"] == prefetched
+    ]
     assert releases and releases[0]["reason"] == "re-planned: stage 1 runs 1 × local.cpu4"
     controller._collect_terminations(wait=True)
     assert prefetched in backend.terminated
@@ -285,8 +328,17 @@ def test_planner_replanner_plans_the_parallel_remainder_at_its_offsets(tmp_path)
     replan = planner_replanner(inputs.catalog, inputs.profile)
     answers = {}
     for wait in (10.0, 100.0):
-        request = ReplanRequest(spec=inputs.spec, plan=plan, next_stage=2, elapsed_s=20.0, spent_usd=0.001,
-                                remaining_deadline_s=150.0, running={}, stages=(2, 1), offsets_s=(0.0, wait))
+        request = ReplanRequest(
+            spec=inputs.spec,
+            plan=plan,
+            next_stage=2,
+            elapsed_s=20.0,
+            spent_usd=0.001,
+            remaining_deadline_s=150.0,
+            running={},
+            stages=(2, 1),
+            offsets_s=(0.0, wait),
+        )
         answers[wait] = answer = replan(request)
         assert [(s.bracket, s.stage) for s in answer.proposal.stages] == [(1, 0), (0, 1)]
         assert answer.current_jct_p50_s > wait and answer.proposal.predicted.jct_s.p50 > wait
@@ -324,8 +376,12 @@ def _optimistic_hyperband(base: Path, offsets=(0.0, 0.0)):
     plan = make_plan(inputs.spec, [("local.cpu1", 1, 1)] * 3, prices={"local.cpu1": 0.05})
     plan = plan.model_copy(update={"brackets": "parallel", "bracket_offsets_s": list(offsets)})
     plan = simulate_plan(plan, inputs.profile, inputs.catalog, samples=200)
-    optimistic = [s.model_copy(update={"predicted_duration_s": s.predicted_duration_s / 4,
-                                       "predicted_task_s": s.predicted_task_s / 4}) for s in plan.stages]
+    optimistic = [
+        s.model_copy(
+            update={"predicted_duration_s": s.predicted_duration_s / 4, "predicted_task_s": s.predicted_task_s / 4}
+        )
+        for s in plan.stages
+    ]
     plan = plan.model_copy(update={"stages": optimistic})
     write_plan(plan, base / "plan.json")
     return spec_path, base / "plan.json"
@@ -341,17 +397,40 @@ def test_parallel_run_replans_at_every_bracket_boundary_e2e(tmp_path):
     brackets side by side. At bracket 0's boundary the run is behind (slowdown > 1.5); it finishes with its best."""
     spec_path, plan_path = _optimistic_hyperband(tmp_path / "job", offsets=(0.0, 15.0))
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan", str(plan_path),
-                             "--cloud", "local", "--run-dir", str(run_dir), "--yes", "--on-late", "finish",
-                             "--overrun", "none"],
-                            capture_output=True, text=True, env=cli_env(tmp_path), cwd=tmp_path, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(plan_path),
+            "--cloud",
+            "local",
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+            "--on-late",
+            "finish",
+            "--overrun",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(tmp_path),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode in (0, 4), result.stderr[-3000:]
     events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
     replans = {e["stage"]: e for e in events if e["type"] == J.DECISION and e.get("kind") == "replan"}
     for e in replans.values():
-        print(f"replan before stage {e['stage']}: stages {e['stages']} offsets {e['offsets_s']} "
-              f"slowdown {e['slowdown']:.2f} P(meet) {e['current_p_meet']} -> {e.get('proposal_p_meet')}: "
-              f"{e['action']} ({e['reason']})")
+        print(
+            f"replan before stage {e['stage']}: stages {e['stages']} offsets {e['offsets_s']} "
+            f"slowdown {e['slowdown']:.2f} P(meet) {e['current_p_meet']} -> {e.get('proposal_p_meet')}: "
+            f"{e['action']} ({e['reason']})"
+        )
     assert set(replans) == {1, 2}, replans  # bracket 0's next stage, bracket 1's start at its offset
     assert replans[1]["bracket"] == 0 and replans[2]["bracket"] == 1
     assert any(len(e["offsets_s"]) == 2 for e in replans.values()), replans  # both brackets side by side

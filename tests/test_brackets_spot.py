@@ -21,8 +21,16 @@ import sys
 import time
 
 import pytest
-from executor_helpers import (FakeRuntime, cli_env, finished_outcome, journaled_controller, lose_node_once_checkpointed,
-                              make_plan, run_pids, write_hyperband_job)
+from executor_helpers import (
+    FakeRuntime,
+    cli_env,
+    finished_outcome,
+    journaled_controller,
+    lose_node_once_checkpointed,
+    make_plan,
+    run_pids,
+    write_hyperband_job,
+)
 
 from rubberband.errors import TrainingError, TrialPreempted
 from rubberband.executor import journal as J
@@ -54,8 +62,14 @@ def _started(tmp_path, *, deadline_s: float):
     """A parallel spot run a moment after its start: both brackets' first stages on their instances, every slot
     busy (bracket 0: two trials running, one waiting; bracket 1: one running, one waiting)."""
     _, spec = write_hyperband_job(tmp_path)
-    controller, backend = journaled_controller(tmp_path, spec, _spot_plan(spec), deadline_s=deadline_s,
-                                               controller_class=ParallelController, runtime=FakeRuntime())
+    controller, backend = journaled_controller(
+        tmp_path,
+        spec,
+        _spot_plan(spec),
+        deadline_s=deadline_s,
+        controller_class=ParallelController,
+        runtime=FakeRuntime(),
+    )
     controller.search = controller._restore_search()
     # start-ups as measured on a cloud (the stand-in backend's are instant: set again once its instances are up)
     controller.startup_seconds = {"local.cpu1": list(STARTUP), "local.cpu2": list(STARTUP)}
@@ -130,11 +144,20 @@ def test_lost_spot_instance_with_slack_on_the_critical_path_is_replaced_on_spot(
     assert decision["trigger"] == "preemption" and decision["id"] == victim and decision["stage"] == 0
     assert decision["work_left_s"] == pytest.approx(151.8, abs=1.5)  # the running trial's first second(s) passed
     assert decision["restart_s"] == pytest.approx(51.8, abs=0.01)
-    assert decision["slack_s"] == pytest.approx(decision["time_left_s"] - decision["work_left_s"]
-                                                - decision["restart_s"], abs=1e-2)
+    assert decision["slack_s"] == pytest.approx(
+        decision["time_left_s"] - decision["work_left_s"] - decision["restart_s"], abs=1e-2
+    )
     assert decision["market"] == "spot" and decision["previous"] == "spot" and decision["slack_s"] > 0
-    assert set(decision) >= {"time_left_s", "work_left_s", "restart_s", "slack_s", "margin_s", "confidence",
-                             "for_stage", "reason"}
+    assert set(decision) >= {
+        "time_left_s",
+        "work_left_s",
+        "restart_s",
+        "slack_s",
+        "margin_s",
+        "confidence",
+        "for_stage",
+        "reason",
+    }
     assert _replacement_requested(controller, stage=0).itype.name == "local.cpu1"
     (replace,) = _decisions(controller, "replace")
     assert replace["id"] == victim
@@ -177,8 +200,10 @@ def test_lost_spot_instance_goes_on_demand_when_the_longest_bracket_leaves_no_sl
         done.handle.outcome = finished_outcome(done.trial_id, 0, 1, 0.5)
         controller._collect(lane, [done])
     controller._fill_slots(lane)
-    last = _run_on(controller, next(i for r in controller.running.values() if r.trial_id == lane.trials[-1]
-                                     for i in r.slot.instance_ids))
+    last = _run_on(
+        controller,
+        next(i for r in controller.running.values() if r.trial_id == lane.trials[-1] for i in r.slot.instance_ids),
+    )
     last.handle.outcome = finished_outcome(last.trial_id, 0, 1, 0.1)
     controller._collect(lane, [last])
     controller._tend_lane(lane)
@@ -263,8 +288,9 @@ def test_notice_seen_by_the_watcher_is_taken_by_the_bracket_the_instance_serves(
 def test_work_left_is_the_longest_bracket_a_later_one_counted_from_its_offset(tmp_path):
     _, spec = write_hyperband_job(tmp_path)
     plan = _spot_plan(spec).model_copy(update={"bracket_offsets_s": [0.0, 50.0]})
-    controller, _ = journaled_controller(tmp_path, spec, plan, deadline_s=600.0, controller_class=ParallelController,
-                                         runtime=FakeRuntime())
+    controller, _ = journaled_controller(
+        tmp_path, spec, plan, deadline_s=600.0, controller_class=ParallelController, runtime=FakeRuntime()
+    )
     # no lane yet (the first requests, while the driver connects): each bracket from its first stage's prediction;
     # bracket 1 starts 50 s in and takes 100 s, bracket 0 takes 80 + 60 s
     assert controller._work_left_s(0, waiting=3, awaited_s=0.0) == pytest.approx(150.0, abs=0.5)
@@ -273,8 +299,9 @@ def test_work_left_is_the_longest_bracket_a_later_one_counted_from_its_offset(tm
     assert controller._work_left_s(2, waiting=3, awaited_s=12.0) == pytest.approx(140.0, abs=0.5)
     # the same stages one bracket after another: everything left, as the sequential controller counts it
     sequential = plan.model_copy(update={"brackets": "sequential"})
-    other, _ = journaled_controller(tmp_path / "seq", spec, sequential, deadline_s=600.0,
-                                    controller_class=ParallelController, runtime=FakeRuntime())
+    other, _ = journaled_controller(
+        tmp_path / "seq", spec, sequential, deadline_s=600.0, controller_class=ParallelController, runtime=FakeRuntime()
+    )
     assert other._work_left_s(0, waiting=3, awaited_s=0.0) == pytest.approx(80.0 + 60.0 + 100.0, abs=0.5)
     _close(controller)
     _close(other)
@@ -285,8 +312,11 @@ def test_work_left_is_the_longest_bracket_a_later_one_counted_from_its_offset(tm
 
 def _bracket1_checkpointed(events: list[dict]) -> str | None:
     """The instance of the first trial of bracket 1 to save a checkpoint (None before one has)."""
-    started = {e["trial_id"]: e["instances"][0] for e in events
-               if e["type"] == J.TRIAL_STARTED and e["trial_id"].startswith("b1-")}
+    started = {
+        e["trial_id"]: e["instances"][0]
+        for e in events
+        if e["type"] == J.TRIAL_STARTED and e["trial_id"].startswith("b1-")
+    }
     saved = [e for e in events if e["type"] == J.CHECKPOINT and e["trial_id"] in started]
     return started[saved[0]["trial_id"]] if saved else None
 
@@ -303,17 +333,36 @@ def test_parallel_run_replaces_a_killed_spot_node_on_demand_and_resumes_its_brac
     The margin makes the outcome independent of this machine's speed: the slack is about 22 s at the start (above
     it: spot) and at most a few seconds at the loss (0.5 s measured on a quick run: below it: on-demand)."""
     spec_path, spec = write_hyperband_job(tmp_path, epoch_s=2.0, spot_margin_s=10.0)
-    plan = make_plan(spec, [("local.cpu1", 1, 1), ("local.cpu1", 1, 1), ("local.cpu2", 1, 1)],
-                     durations=[6.0, 4.0, 6.0])
+    plan = make_plan(
+        spec, [("local.cpu1", 1, 1), ("local.cpu1", 1, 1), ("local.cpu2", 1, 1)], durations=[6.0, 4.0, 6.0]
+    )
     stages = [s.model_copy(update={"spot": True, "predicted_task_s": t}) for s, t in zip(plan.stages, (2.0, 4.0, 6.0))]
     plan = plan.model_copy(update={"stages": stages, "brackets": "parallel", "bracket_offsets_s": [0.0, 0.0]})
     write_plan(plan, tmp_path / "plan.json")
     run_dir = tmp_path / "run"
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
-                             str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes", "--deadline", "40s",
-                             "--overrun", "none"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+            "--deadline",
+            "40s",
+            "--overrun",
+            "none",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(tmp_path),
+    )
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, timeout_s=150, victim_of=_bracket1_checkpointed)
     print(f"\nparallel spot run with a killed node: {time.monotonic() - started:.1f}s wall")
     assert proc.returncode in (0, 4), err[-3000:]  # met or late: the point is that it finished

@@ -47,8 +47,10 @@ def test_filter_names_unknown_things():
 
 
 def test_malformed_catalogs_fail_with_line():
-    header = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region," \
-             "AvailabilityZone\n"
+    header = (
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
+        "AvailabilityZone\n"
+    )
     with pytest.raises(CatalogError, match="date"):
         parse_catalog("aws", header + "p3.2xlarge,V100,1,8,61,,3.06,,us-east-1,us-east-1a\n")
     with pytest.raises(CatalogError, match=":3: column Price"):

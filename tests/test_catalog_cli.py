@@ -53,13 +53,18 @@ def test_show_json_carries_dates_sources_and_prices(cli, env):
     assert {t["cloud"] for t in payload["types"]} == {"aws", "gcp", "local"}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--cloud", "azure"], "rubberband: error: --cloud must be one of aws, gcp, local (got 'azure')"),
-    (["--gpu", "K80"], "rubberband: error: --gpu 'K80' is not in the catalog; use one of"),
-    (["--cloud", "aws", "--region", "us-central1"], "rubberband: error: --region 'us-central1' is not in the "
-                                                    "catalog for aws; use one of us-east-1, us-west-2"),
-    (["--frobnicate"], "rubberband: error: No such option: --frobnicate"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cloud", "azure"], "rubberband: error: --cloud must be one of aws, gcp, local (got 'azure')"),
+        (["--gpu", "K80"], "rubberband: error: --gpu 'K80' is not in the catalog; use one of"),
+        (
+            ["--cloud", "aws", "--region", "us-central1"],
+            "rubberband: error: --region 'us-central1' is not in the catalog for aws; use one of us-east-1, us-west-2",
+        ),
+        (["--frobnicate"], "rubberband: error: No such option: --frobnicate"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line(cli, env, args, message):
     result = cli("catalog", "show", *args, env=env)
     assert result.returncode == 2
@@ -70,5 +75,6 @@ def test_bad_flags_exit_2_with_one_line(cli, env, args, message):
 def test_update_refuses_other_clouds(cli, env):
     result = cli("catalog", "update", "gcp", env=env)
     assert result.returncode == 2
-    assert result.stderr == ("rubberband: error: catalog update supports aws only (got 'gcp'); GCP prices ship "
-                             "with rubberband\n")
+    assert result.stderr == (
+        "rubberband: error: catalog update supports aws only (got 'gcp'); GCP prices ship with rubberband\n"
+    )

@@ -11,12 +11,32 @@ import pytest
 
 from rubberband.catalog import N1_GPU_LIMITS, load_catalog, parse_catalog, shipped_catalog_text
 
-AWS_TYPES = ["p3.2xlarge", "p3.8xlarge", "p3.16xlarge", "g4dn.xlarge", "g4dn.12xlarge", "g5.xlarge", "g5.12xlarge",
-             "g5.48xlarge", "p4d.24xlarge", "p5.48xlarge"]
+AWS_TYPES = [
+    "p3.2xlarge",
+    "p3.8xlarge",
+    "p3.16xlarge",
+    "g4dn.xlarge",
+    "g4dn.12xlarge",
+    "g5.xlarge",
+    "g5.12xlarge",
+    "g5.48xlarge",
+    "p4d.24xlarge",
+    "p5.48xlarge",
+]
 AWS_REGIONS = ["us-east-1", "us-west-2"]
 GCP_REGIONS = ["us-central1", "us-east1"]
-GCP_TYPES = ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g", "g2-standard-4", "g2-standard-48",
-             "n1-standard-8+V100x1", "n1-standard-4+V100x8", "n1-standard-4+T4x1", "n1-standard-32+T4x4"]
+GCP_TYPES = [
+    "a2-highgpu-1g",
+    "a2-highgpu-2g",
+    "a2-highgpu-4g",
+    "a2-highgpu-8g",
+    "g2-standard-4",
+    "g2-standard-48",
+    "n1-standard-8+V100x1",
+    "n1-standard-4+V100x8",
+    "n1-standard-4+T4x1",
+    "n1-standard-32+T4x4",
+]
 
 
 def _rows(cloud: str) -> list[dict]:
@@ -44,15 +64,19 @@ def test_every_shipped_row_parses_and_is_dated(cloud):
             assert 0 < float(row["SpotPrice"]) < price, row
         assert row["Region"] and row["AvailabilityZone"], row
     # One CSV row becomes exactly one (type, region, zone) fact: no duplicates.
-    keys = [(r["InstanceType"], r["AcceleratorName"], r["AcceleratorCount"], r["Region"], r["AvailabilityZone"])
-            for r in rows]
+    keys = [
+        (r["InstanceType"], r["AcceleratorName"], r["AcceleratorCount"], r["Region"], r["AvailabilityZone"])
+        for r in rows
+    ]
     assert len(keys) == len(set(keys))
     assert parse_catalog(cloud, text).types
 
 
 def test_catalog_data_comes_from_skypilot_commits():
-    for cloud, commit in (("aws", "001367d22a0033fac286a8c71aeac7109e431bcb"),
-                          ("gcp", "017e2502fb63c7a28757acd94002b2d6099d3e3d")):
+    for cloud, commit in (
+        ("aws", "001367d22a0033fac286a8c71aeac7109e431bcb"),
+        ("gcp", "017e2502fb63c7a28757acd94002b2d6099d3e3d"),
+    ):
         text = resources.files("rubberband.catalogs").joinpath(f"{cloud}.csv").read_text()
         assert "skypilot-org/skypilot-catalog" in text and commit in text
 
@@ -77,8 +101,14 @@ def test_gcp_offerings_exist_in_both_regions(shipped, name, region):
 
 def test_aws_prices_match_the_brief(shipped):
     """BRIEF.md's us-east-1 rows are the first zone (use1-az1) of the same snapshot."""
-    brief = {"p3.2xlarge": (3.06, 0.5197), "p3.8xlarge": (12.24, 1.8029), "p3.16xlarge": (24.48, 4.8549),
-             "g4dn.xlarge": (0.526, 0.2010), "g5.xlarge": (1.006, 0.4177), "p4d.24xlarge": (32.7726, 6.7915)}
+    brief = {
+        "p3.2xlarge": (3.06, 0.5197),
+        "p3.8xlarge": (12.24, 1.8029),
+        "p3.16xlarge": (24.48, 4.8549),
+        "g4dn.xlarge": (0.526, 0.2010),
+        "g5.xlarge": (1.006, 0.4177),
+        "p4d.24xlarge": (32.7726, 6.7915),
+    }
     for name, (on_demand, spot) in brief.items():
         t = shipped.find(name, cloud="aws", region="us-east-1")
         assert t.price_hr == pytest.approx(on_demand)
@@ -93,8 +123,14 @@ def test_aws_zone_without_spot_keeps_its_on_demand_row(shipped):
 
 
 def _gcp_part(accel: str, count: int, region: str, column: str) -> float:
-    values = {float(r[column]) for r in _rows("gcp") if not r["InstanceType"] and r["AcceleratorName"] == accel
-              and int(r["AcceleratorCount"]) == count and r["Region"] == region}
+    values = {
+        float(r[column])
+        for r in _rows("gcp")
+        if not r["InstanceType"]
+        and r["AcceleratorName"] == accel
+        and int(r["AcceleratorCount"]) == count
+        and r["Region"] == region
+    }
     assert len(values) == 1
     return values.pop()
 
@@ -147,12 +183,15 @@ def test_gpu_naming(shipped):
     assert aws["g5.xlarge"].device == "A10G"
 
 
-@pytest.mark.parametrize("cloud, region, order", [
-    ("aws", "us-east-1", ["T4", "A10G", "V100", "A100", "H100"]),
-    ("aws", "us-west-2", ["T4", "A10G", "V100", "A100", "H100"]),
-    ("gcp", "us-central1", ["T4", "L4", "V100", "A100"]),
-    ("gcp", "us-east1", ["T4", "L4", "V100", "A100"]),
-])
+@pytest.mark.parametrize(
+    "cloud, region, order",
+    [
+        ("aws", "us-east-1", ["T4", "A10G", "V100", "A100", "H100"]),
+        ("aws", "us-west-2", ["T4", "A10G", "V100", "A100", "H100"]),
+        ("gcp", "us-central1", ["T4", "L4", "V100", "A100"]),
+        ("gcp", "us-east1", ["T4", "L4", "V100", "A100"]),
+    ],
+)
 def test_per_worker_prices_order_by_gpu_generation(shipped, cloud, region, order):
     types = [t for t in shipped.types if t.cloud == cloud and t.region == region]
     cheapest = [min(t.price_per_worker() for t in types if t.device == device) for device in order]

@@ -7,10 +7,12 @@ import pytest
 from rubberband.catalog import CATALOG_DIR_ENV, load_catalog, n1_accepts, parse_catalog, user_catalog_dir
 from rubberband.errors import CatalogError
 
-AWS_HEADER = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region," \
-             "AvailabilityZone\n"
-GCP_HEADER = "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,AvailabilityZone," \
-             "Price,SpotPrice\n"
+AWS_HEADER = (
+    "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone\n"
+)
+GCP_HEADER = (
+    "InstanceType,vCPUs,MemoryGiB,AcceleratorName,AcceleratorCount,GpuInfo,Region,AvailabilityZone,Price,SpotPrice\n"
+)
 REFRESHED = "# date: 2026-01-02\n" + AWS_HEADER + "p3.2xlarge,V100,1,8,61,,2.50,0.40,us-east-1,use1-az1\n"
 
 
@@ -52,10 +54,15 @@ def test_explicit_directory_needs_every_cloud(tmp_path):
 
 
 def test_spot_is_per_zone_and_the_cheapest_zone_wins():
-    text = "# date: 2025-01-01\n" + AWS_HEADER + (
-        "p3.2xlarge,V100,1,8,61,,3.06,0.70,us-east-1,use1-az2\n"
-        "p3.2xlarge,V100,1,8,61,,3.06,,us-east-1,use1-az3\n"
-        "p3.2xlarge,V100,1,8,61,,3.06,0.52,us-east-1,use1-az1\n")
+    text = (
+        "# date: 2025-01-01\n"
+        + AWS_HEADER
+        + (
+            "p3.2xlarge,V100,1,8,61,,3.06,0.70,us-east-1,use1-az2\n"
+            "p3.2xlarge,V100,1,8,61,,3.06,,us-east-1,use1-az3\n"
+            "p3.2xlarge,V100,1,8,61,,3.06,0.52,us-east-1,use1-az1\n"
+        )
+    )
     t = parse_catalog("aws", text).types[0]
     assert t.zones == ("use1-az2", "use1-az3", "use1-az1")
     assert t.spot_price_hr == 0.52 and t.zone_spot_prices == (("use1-az1", 0.52), ("use1-az2", 0.70))
@@ -91,11 +98,16 @@ def test_bundled_host_needs_its_gpu_row_in_a_shared_zone():
 
 
 def test_n1_host_composes_only_where_both_are_sold():
-    text = "# date: 2025-01-01\n" + GCP_HEADER + (
-        "n1-standard-8,8,30,,,,us-east1,us-east1-b,0.38,0.0963\n"
-        "n1-standard-8,8,30,,,,us-east1,us-east1-c,0.38,0.0963\n"
-        ",,,V100,1,,us-east1,us-east1-c,2.48,0.992\n"
-        ",,,T4,1,,us-east1,us-east1-d,0.35,0.14\n")
+    text = (
+        "# date: 2025-01-01\n"
+        + GCP_HEADER
+        + (
+            "n1-standard-8,8,30,,,,us-east1,us-east1-b,0.38,0.0963\n"
+            "n1-standard-8,8,30,,,,us-east1,us-east1-c,0.38,0.0963\n"
+            ",,,V100,1,,us-east1,us-east1-c,2.48,0.992\n"
+            ",,,T4,1,,us-east1,us-east1-d,0.35,0.14\n"
+        )
+    )
     names = {t.name: t for t in parse_catalog("gcp", text).types}
     assert set(names) == {"n1-standard-8+V100x1"}  # T4 only in zone d, where no host is sold
     v100 = names["n1-standard-8+V100x1"]

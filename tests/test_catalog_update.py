@@ -13,14 +13,23 @@ from rubberband.catalog import load_catalog, parse_catalog
 from rubberband.cloud.aws_pricing import zone_names_by_id
 from catalog_helpers import aws_env, moto_with_prices
 
-PRICES = {("g5.xlarge", "us-east-1"): 1.006, ("p4d.24xlarge", "us-east-1"): 32.7726,
-          ("p3.8xlarge", "us-east-1"): 12.24, ("g4dn.xlarge", "us-east-1"): 0.526}
+PRICES = {
+    ("g5.xlarge", "us-east-1"): 1.006,
+    ("p4d.24xlarge", "us-east-1"): 32.7726,
+    ("p3.8xlarge", "us-east-1"): 12.24,
+    ("g4dn.xlarge", "us-east-1"): 0.526,
+}
 
 
 def _zone_ids(endpoint: str) -> dict[str, str]:
     """Zone name -> zone ID as the moto server reports them (checked against zone_names_by_id)."""
-    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint, aws_access_key_id="testing",
-                       aws_secret_access_key="testing")
+    ec2 = boto3.client(
+        "ec2",
+        region_name="us-east-1",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     ids = {z["ZoneName"]: z["ZoneId"] for z in ec2.describe_availability_zones()["AvailabilityZones"]}
     assert zone_names_by_id(ec2) == {zone_id: name for name, zone_id in ids.items()}
     assert len(set(ids.values())) == len(ids)
@@ -30,11 +39,24 @@ def _zone_ids(endpoint: str) -> dict[str, str]:
 def test_update_writes_a_dated_catalog_that_load_catalog_then_prefers(cli, tmp_path):
     with moto_with_prices(PRICES) as price_list:
         env = aws_env(price_list.endpoint, tmp_path)
-        result = cli("catalog", "update", "aws", "--region", "us-east-1", "--type", "g5.xlarge",
-                     "--type", "p4d.24xlarge", env=env, timeout=120)
+        result = cli(
+            "catalog",
+            "update",
+            "aws",
+            "--region",
+            "us-east-1",
+            "--type",
+            "g5.xlarge",
+            "--type",
+            "p4d.24xlarge",
+            env=env,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr
-        assert {(c["instanceType"], c["regionCode"], c["operatingSystem"], c["tenancy"]) for c in price_list.calls} \
-            == {("g5.xlarge", "us-east-1", "Linux", "Shared"), ("p4d.24xlarge", "us-east-1", "Linux", "Shared")}
+        assert {(c["instanceType"], c["regionCode"], c["operatingSystem"], c["tenancy"]) for c in price_list.calls} == {
+            ("g5.xlarge", "us-east-1", "Linux", "Shared"),
+            ("p4d.24xlarge", "us-east-1", "Linux", "Shared"),
+        }
         zone_ids = _zone_ids(price_list.endpoint)
 
     written = tmp_path / "catalogs" / "aws.csv"
@@ -57,6 +79,7 @@ def test_update_writes_a_dated_catalog_that_load_catalog_then_prefers(cli, tmp_p
     shown = cli("catalog", "show", "--cloud", "aws", "--json", env=env)
     assert shown.returncode == 0, shown.stderr
     import json
+
     payload = json.loads(shown.stdout)
     assert payload["sources"] == {"aws": str(written)}
     assert {t["name"] for t in payload["types"]} == {"g5.xlarge", "p4d.24xlarge"}
@@ -76,17 +99,41 @@ def test_update_keeps_the_latest_linux_spot_price_per_zone(cli, tmp_path, monkey
 
     def describe_spot_price_history(self):
         wanted = set(self._get_param("InstanceTypes", []))
-        return ActionResult({"SpotPriceHistory": [
-            {"InstanceType": t, "AvailabilityZone": z, "ProductDescription": d, "SpotPrice": p,
-             "Timestamp": (now - age).strftime("%Y-%m-%dT%H:%M:%S.000Z")}
-            for t, z, d, p, age in history if not wanted or t in wanted]})
+        return ActionResult(
+            {
+                "SpotPriceHistory": [
+                    {
+                        "InstanceType": t,
+                        "AvailabilityZone": z,
+                        "ProductDescription": d,
+                        "SpotPrice": p,
+                        "Timestamp": (now - age).strftime("%Y-%m-%dT%H:%M:%S.000Z"),
+                    }
+                    for t, z, d, p, age in history
+                    if not wanted or t in wanted
+                ]
+            }
+        )
 
     monkeypatch.setattr(SpotInstances, "describe_spot_price_history", describe_spot_price_history)
     with moto_with_prices(PRICES) as price_list:
         env = aws_env(price_list.endpoint, tmp_path)
         out = tmp_path / "elsewhere"
-        result = cli("catalog", "update", "aws", "--region", "us-east-1", "--type", "p3.8xlarge",
-                     "--type", "g4dn.xlarge", "--out", str(out), env=env, timeout=120)
+        result = cli(
+            "catalog",
+            "update",
+            "aws",
+            "--region",
+            "us-east-1",
+            "--type",
+            "p3.8xlarge",
+            "--type",
+            "g4dn.xlarge",
+            "--out",
+            str(out),
+            env=env,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr
         zone_ids = _zone_ids(price_list.endpoint)
 
@@ -104,8 +151,17 @@ def test_update_keeps_the_latest_linux_spot_price_per_zone(cli, tmp_path, monkey
 
 def test_update_without_credentials_fails_in_one_line_and_writes_nothing(cli, tmp_path):
     with moto_with_prices(PRICES) as price_list:
-        result = cli("catalog", "update", "aws", "--region", "us-east-1", "--type", "g5.xlarge",
-                     env=aws_env(price_list.endpoint, tmp_path, credentials=False), timeout=120)
+        result = cli(
+            "catalog",
+            "update",
+            "aws",
+            "--region",
+            "us-east-1",
+            "--type",
+            "g5.xlarge",
+            env=aws_env(price_list.endpoint, tmp_path, credentials=False),
+            timeout=120,
+        )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "no AWS credentials found" in result.stderr
     assert "Traceback" not in result.stderr
@@ -117,19 +173,38 @@ def test_update_api_error_keeps_the_previous_catalog(cli, tmp_path):
     previous.parent.mkdir()
     previous.write_text("# date: 2025-01-01\nprevious file\n")
     with moto_with_prices(PRICES, fail_with="AccessDeniedException") as price_list:
-        result = cli("catalog", "update", "aws", "--region", "us-east-1", "--type", "g5.xlarge",
-                     env=aws_env(price_list.endpoint, tmp_path), timeout=120)
+        result = cli(
+            "catalog",
+            "update",
+            "aws",
+            "--region",
+            "us-east-1",
+            "--type",
+            "g5.xlarge",
+            env=aws_env(price_list.endpoint, tmp_path),
+            timeout=120,
+        )
     assert result.returncode == 2
-    assert result.stderr.strip() == ("rubberband: error: AWS pricing:GetProducts failed: AccessDeniedException: "
-                                     "injected by the test harness")
+    assert result.stderr.strip() == (
+        "rubberband: error: AWS pricing:GetProducts failed: AccessDeniedException: injected by the test harness"
+    )
     assert previous.read_text() == "# date: 2025-01-01\nprevious file\n"
     assert [p.name for p in previous.parent.iterdir()] == ["aws.csv"]
 
 
 def test_update_with_no_prices_writes_nothing(cli, tmp_path):
     with moto_with_prices({}) as price_list:
-        result = cli("catalog", "update", "aws", "--region", "us-east-1", "--type", "g5.xlarge",
-                     env=aws_env(price_list.endpoint, tmp_path), timeout=120)
+        result = cli(
+            "catalog",
+            "update",
+            "aws",
+            "--region",
+            "us-east-1",
+            "--type",
+            "g5.xlarge",
+            env=aws_env(price_list.endpoint, tmp_path),
+            timeout=120,
+        )
     assert result.returncode == 2
     assert "AWS returned no prices for g5.xlarge in us-east-1; nothing written" in result.stderr
     assert not (tmp_path / "catalogs").exists()

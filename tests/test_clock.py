@@ -53,8 +53,15 @@ def test_the_controllers_loop_on_a_virtual_clock_journals_virtual_time(tmp_path,
     durations are the virtual ones."""
     _, spec = write_hyperband_job(tmp_path)
     clock = VirtualClock(VIRTUAL_START)
-    controller, _ = journaled_controller(tmp_path, spec, _plan(spec, offsets=(0.0, 0.0)), deadline_s=400.0,
-                                         controller_class=ParallelController, runtime=FakeRuntime(), clock=clock)
+    controller, _ = journaled_controller(
+        tmp_path,
+        spec,
+        _plan(spec, offsets=(0.0, 0.0)),
+        deadline_s=400.0,
+        controller_class=ParallelController,
+        runtime=FakeRuntime(),
+        clock=clock,
+    )
     controller.search = controller._restore_search()
     controller.startup_seconds = {"local.cpu1": [10.0, 12.0], "local.cpu2": [10.0, 12.0]}
     controller._last_liveness = clock.monotonic() + 3600  # the stand-in backend calls every instance lost
@@ -68,11 +75,12 @@ def test_the_controllers_loop_on_a_virtual_clock_journals_virtual_time(tmp_path,
     best, _ = controller._run_stages()
     _close(controller)
     assert best is not None
-    written = _events(controller)[len(J.read_state(controller.run_dir).trials) + 1:]  # after the helper's own
+    written = _events(controller)[len(J.read_state(controller.run_dir).trials) + 1 :]  # after the helper's own
     assert written and {e["stage"] for e in written if e["type"] == J.STAGE_FINISHED} == {0, 1, 2}
     stamps = [e["t"] for e in written]
     assert all(VIRTUAL_START <= t <= clock.time() for t in stamps), stamps
     assert stamps == sorted(stamps)
     stopped = [e for e in written if e["type"] == J.TRIAL_STOPPED]
-    assert stopped and all(e["seconds"] % 10.0 == pytest.approx(0.0, abs=1e-6) and e["seconds"] >= 10.0
-                           for e in stopped)
+    assert stopped and all(
+        e["seconds"] % 10.0 == pytest.approx(0.0, abs=1e-6) and e["seconds"] >= 10.0 for e in stopped
+    )

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from cloud_helpers import (MOTO_ZONES, REGION, cloud_catalog, ec2_faults, moto_ami, moto_env,  # noqa: F401
-                           moto_server)
+from cloud_helpers import (
+    MOTO_ZONES,
+    REGION,
+    cloud_catalog,
+    ec2_faults,  # noqa: F401
+    moto_ami,
+    moto_env,  # noqa: F401
+    moto_server,  # noqa: F401
+)
 
 from rubberband.cloud.aws import AwsProvider, security_group_name
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPolicy, provision_with_failover
@@ -31,16 +38,16 @@ def ec2():
 
 
 def live_instances() -> list[dict]:
-    reservations = ec2().describe_instances(Filters=[{"Name": "instance-state-name",
-                                                      "Values": ["pending", "running"]}])["Reservations"]
+    reservations = ec2().describe_instances(
+        Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+    )["Reservations"]
     return [i for r in reservations for i in r["Instances"]]
 
 
 def test_provision_tags_imdsv2_spot_user_data_and_group(moto_env):
     p = provider(ssh_cidr="203.0.113.7/32")
     script = "#!/bin/bash\necho join the head\n"
-    made = p.provision(InstanceRequest("run-a", 2, P3, count=2, spot=True, zone="use1-az2",
-                                       startup_script=script))
+    made = p.provision(InstanceRequest("run-a", 2, P3, count=2, spot=True, zone="use1-az2", startup_script=script))
     running = p.wait([i.id for i in made], timeout_s=10)
     assert [i.state for i in running] == ["running", "running"]
     assert {i.run_id for i in running} == {"run-a"} and {i.stage for i in running} == {2}
@@ -57,13 +64,16 @@ def test_provision_tags_imdsv2_spot_user_data_and_group(moto_env):
         assert inst["Placement"]["AvailabilityZone"] == MOTO_ZONES["use1-az2"]  # zone ID → this account's name
         user_data = ec2().describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
         import base64
+
         assert base64.b64decode(user_data["UserData"]["Value"]).decode() == script
-        behaviour = ec2().describe_instance_attribute(InstanceId=inst["InstanceId"],
-                                                      Attribute="instanceInitiatedShutdownBehavior")
+        behaviour = ec2().describe_instance_attribute(
+            InstanceId=inst["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+        )
         assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
 
-    (group,) = ec2().describe_security_groups(Filters=[{"Name": "group-name",
-                                                        "Values": [security_group_name("run-a")]}])["SecurityGroups"]
+    (group,) = ec2().describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [security_group_name("run-a")]}]
+    )["SecurityGroups"]
     assert {g["GroupId"] for g in raw[0]["SecurityGroups"]} == {group["GroupId"]}
     rules = group["IpPermissions"]
     ray_rule = next(r for r in rules if r["UserIdGroupPairs"])
@@ -79,8 +89,9 @@ def test_provision_tags_imdsv2_spot_user_data_and_group(moto_env):
 
     assert sorted(i.id for i in p.list("run-a")) == sorted(i.id for i in made)
     assert terminate_run(p, "run-a", timeout_s=10) and not live_instances()
-    assert not ec2().describe_security_groups(Filters=[{"Name": "group-name",
-                                                        "Values": [security_group_name("run-a")]}])["SecurityGroups"]
+    assert not ec2().describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [security_group_name("run-a")]}]
+    )["SecurityGroups"]
     assert terminate_run(p, "run-a", timeout_s=10) == []  # idempotent
 
 
@@ -105,11 +116,14 @@ def test_capacity_fails_over_zone_then_alternative_type(moto_env, ec2_faults):
 
     policy = FailoverPolicy()
     ec2_faults.capacity, ec2_faults.capacity_types = {"*"}, {"p3.2xlarge"}
-    result = provision_with_failover(InstanceRequest("run-c", 1, P3, zone="use1-az2"), lambda t: p,
-                                     alternatives=[G4], policy=policy)
+    result = provision_with_failover(
+        InstanceRequest("run-c", 1, P3, zone="use1-az2"), lambda t: p, alternatives=[G4], policy=policy
+    )
     assert [(a.instance_type, a.zone, a.outcome) for a in result.attempts] == [
-        ("p3.2xlarge", "use1-az2", "capacity"), ("p3.2xlarge", "use1-az1", "capacity"),
-        ("g4dn.xlarge", "use1-az1", "ok")]
+        ("p3.2xlarge", "use1-az2", "capacity"),
+        ("p3.2xlarge", "use1-az1", "capacity"),
+        ("g4dn.xlarge", "use1-az1", "ok"),
+    ]
     assert result.instances[0].instance_type == "g4dn.xlarge"
     assert ("aws", "p3.2xlarge", "use1-az1") in policy.blocked_zones
     assert len(live_instances()) == 2

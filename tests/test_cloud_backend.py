@@ -22,7 +22,8 @@ P3_8 = CATALOG.find("p3.8xlarge", region=REGION)
 
 def user_data(instance_id: str) -> str:
     value = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
-        InstanceId=instance_id, Attribute="userData")["UserData"]["Value"]
+        InstanceId=instance_id, Attribute="userData"
+    )["UserData"]["Value"]
     return base64.b64decode(value).decode()
 
 
@@ -39,7 +40,10 @@ def test_backend_provisions_workers_that_join_this_head(moto_env, ec2_faults):
     (worker,) = backend.provision(InstanceRequest("run-b", 0, P3))
     assert worker.instance_type == "p3.8xlarge" and worker.role == "worker" and joined == [worker.id]
     assert [(a.instance_type, a.outcome) for a in backend.attempts] == [
-        ("p3.2xlarge", "capacity"), ("p3.2xlarge", "capacity"), ("p3.8xlarge", "ok")]
+        ("p3.2xlarge", "capacity"),
+        ("p3.2xlarge", "capacity"),
+        ("p3.8xlarge", "ok"),
+    ]
     script = user_data(worker.id)
     assert f"RB_HEAD={head.address}:6379" in script and "--num-gpus=4" in script  # rendered for the type used
 
@@ -74,8 +78,10 @@ def test_a_worker_whose_boot_failed_stops_the_run_with_its_console_line(moto_env
     provider = pool("aws", REGION)
     head = provision_head(provider, "run-f", REGION, P3.zones, timeout_s=10)
     assert isinstance(provider.console_output(head.id), str)  # moto serves EC2's GetConsoleOutput
-    console = ("cloud-init: running user-data\nrubberband-boot: 00:01:02 booting a worker of run run-f\n"
-               "rubberband-boot: FAILED: this image has no Python 3.11, the version of the rubberband CLI\n")
+    console = (
+        "cloud-init: running user-data\nrubberband-boot: 00:01:02 booting a worker of run run-f\n"
+        "rubberband-boot: FAILED: this image has no Python 3.11, the version of the rubberband CLI\n"
+    )
     provider.console_output = lambda instance_id, lines=20: console
 
     def never(instance, timeout_s):
@@ -100,11 +106,25 @@ def test_the_cli_stops_waiting_for_a_head_whose_boot_failed(moto_env, monkeypatc
 
     provider = ProviderPool({"aws": {"poll_s": 0.01}})("aws", REGION)
     head = provision_head(provider, "run-h", REGION, P3.zones, timeout_s=10)
-    record = HeadRecord(run_id="run-h", cloud="aws", region=REGION, instance_id=head.id, zone=head.zone,
-                        address=head.address, public_address=None, regions=[REGION], metric="loss")
+    record = HeadRecord(
+        run_id="run-h",
+        cloud="aws",
+        region=REGION,
+        instance_id=head.id,
+        zone=head.zone,
+        address=head.address,
+        public_address=None,
+        regions=[REGION],
+        metric="loss",
+    )
     monkeypatch.setattr(head_session, "CONSOLE_CHECK_S", 0.0)
-    monkeypatch.setattr(AwsProvider, "console_output", lambda self, instance_id, lines=20: (
-        "rubberband-boot: FAILED: Ray 2.9.3 is installed here but the CLI runs Ray 2.60.0\n"))
+    monkeypatch.setattr(
+        AwsProvider,
+        "console_output",
+        lambda self, instance_id, lines=20: (
+            "rubberband-boot: FAILED: Ray 2.9.3 is installed here but the CLI runs Ray 2.60.0\n"
+        ),
+    )
     try:
         with pytest.raises(CloudError, match="failed to boot: .*Ray 2.9.3 is installed here") as caught:
             with HeadSession(record, DirectLink("http://127.0.0.1:9"), connect_timeout_s=60):
@@ -153,17 +173,30 @@ def test_every_backend_the_executor_is_given_implements_the_whole_contract(tmp_p
     from rubberband.cloud.local_head import LocalHeadCloudBackend
     from rubberband.cloud.provider import Instance
 
-    head = Instance(id="i-head", cloud="aws", instance_type="m5.large", zone="us-east-1a", state="running",
-                    run_id="", address="10.0.0.1")
-    backends = [LocalProvider(tmp_path / "l"), LosingBackend(),
-                LocalHeadCloudBackend(cloud="aws", run_dir=tmp_path / "c", regions=[REGION], catalog=CATALOG),
-                OnHeadCloudBackend(cloud="aws", run_dir=tmp_path / "h", regions=[REGION], catalog=CATALOG,
-                                   head_instance=head)]
+    head = Instance(
+        id="i-head",
+        cloud="aws",
+        instance_type="m5.large",
+        zone="us-east-1a",
+        state="running",
+        run_id="",
+        address="10.0.0.1",
+    )
+    backends = [
+        LocalProvider(tmp_path / "l"),
+        LosingBackend(),
+        LocalHeadCloudBackend(cloud="aws", run_dir=tmp_path / "c", regions=[REGION], catalog=CATALOG),
+        OnHeadCloudBackend(cloud="aws", run_dir=tmp_path / "h", regions=[REGION], catalog=CATALOG, head_instance=head),
+    ]
     for backend in backends:
         assert isinstance(backend, ExecutorBackend), type(backend).__name__
     local = backends[0]
-    assert (local.ray_auth_mode, local.device_policy, local.obtained("n1"), local.runtime_env(str(tmp_path))) == \
-        ("token", None, None, None)
+    assert (local.ray_auth_mode, local.device_policy, local.obtained("n1"), local.runtime_env(str(tmp_path))) == (
+        "token",
+        None,
+        None,
+        None,
+    )
     assert not local.unavailable(CATALOG.find("p3.2xlarge", region=REGION), spot=True)
     assert not isinstance(object(), ExecutorBackend)
 
@@ -179,8 +212,17 @@ def test_cloud_capabilities_are_declared_by_a_protocol_and_the_local_provider_fa
     from rubberband.cloud.teardown import cleanup_leftovers
 
     local = LocalProvider(tmp_path)
-    assert not any(isinstance(local, c) for c in (P.DescribesInstances, P.ReadsConsoles, P.ProbesPermissions,
-                                                  P.CleansUpRuns, P.FindsLeftoverRuns, P.CloudProvider))
+    assert not any(
+        isinstance(local, c)
+        for c in (
+            P.DescribesInstances,
+            P.ReadsConsoles,
+            P.ProbesPermissions,
+            P.CleansUpRuns,
+            P.FindsLeftoverRuns,
+            P.CloudProvider,
+        )
+    )
     assert boot_report(local, "n1") == "" and cleanup_leftovers(local) == []
 
     class Console:

@@ -107,7 +107,7 @@ def free_port() -> int:
 
 #: The job the test submits as the CLI submits a run: it runs on the head (driver) and trains one trial on the
 #: worker node through rubberband's trial runtime, then says where everything was imported from.
-JOB = '''
+JOB = """
 import json, os, sys
 import ray
 import rubberband
@@ -132,7 +132,7 @@ print("RESULT " + json.dumps({"driver": rubberband.__file__, "worker": ray.get(w
                               "epochs": [r.epoch for r in outcome.reports],
                               "loss": [r.metrics["loss"] for r in outcome.reports],
                               "head_node": ray.get_runtime_context().get_node_id()}), flush=True)
-'''
+"""
 
 
 class Node:
@@ -142,8 +142,14 @@ class Node:
         self.name, self.root = name, root
         (root / "user-data.sh").write_text(script)
         self.out = open(root / "bash.out", "wb")
-        self.proc = subprocess.Popen(["bash", str(root / "user-data.sh")], stdin=subprocess.DEVNULL, stdout=self.out,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            ["bash", str(root / "user-data.sh")],
+            stdin=subprocess.DEVNULL,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
     def wait_booted(self, timeout_s: float) -> None:
         try:
@@ -194,15 +200,22 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
     # directory without running its own .pth files, so the editable rubberband stays out of the image.
     import sysconfig
 
-    image_site = subprocess.run([str(image / "bin" / "python3"), "-c", "import sysconfig; "
-                                 "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
-                                check=True).stdout.strip()
+    image_site = subprocess.run(
+        [str(image / "bin" / "python3"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(image_site, "preinstalled.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    assert subprocess.run([str(image / "bin" / "python3"), "-c", "import rubberband"], cwd=root,
-                          capture_output=True).returncode != 0
+    assert (
+        subprocess.run(
+            [str(image / "bin" / "python3"), "-c", "import rubberband"], cwd=root, capture_output=True
+        ).returncode
+        != 0
+    )
     poweroffs = root / "poweroff.log"
     recorder = root / "poweroff"
-    recorder.write_text(f"#!/bin/bash\necho \"$@\" >> {poweroffs}\n")
+    recorder.write_text(f'#!/bin/bash\necho "$@" >> {poweroffs}\n')
     recorder.chmod(0o755)
     versions = client_versions()
     ray_port, dashboard_port = free_port(), free_port()
@@ -212,8 +225,12 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
     for tool, code in (("systemctl", 1), ("useradd", 0), ("chown", 0)):
         (stubs / tool).write_text(f"#!/bin/bash\nexit {code}\n")
         (stubs / tool).chmod(0o755)
-    env = {"PATH": f"{stubs}:/usr/local/bin:/usr/bin:/bin", "HOME": str(root), "RAY_TMPDIR": str(root / "ray"),
-           "LANG": "C.UTF-8"}
+    env = {
+        "PATH": f"{stubs}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(root),
+        "RAY_TMPDIR": str(root / "ray"),
+        "LANG": "C.UTF-8",
+    }
     token = secrets.token_hex(32)
     for where in ("head/state", "worker/drop"):  # delivered by the CLI (head) and the head's push (worker)
         (root / where).mkdir(parents=True)
@@ -231,30 +248,63 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         # AF_UNIX's 107 bytes, and a 5-digit pid made the longer ``<disk>/ray`` miss by one (the dashboard then died)
         temp = root / role[0]
         assert len(str(temp)) + len("/session_2026-11-24_03-14-49_511076_1234567/sockets/dash_MetricsHeadXXXX") <= 107
-        ports = ["--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
-                 "--object-store-memory", str(96 * 1024 ** 2), "--temp-dir", str(temp)]
+        ports = [
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            "--metrics-export-port",
+            str(free_port()),
+            "--object-store-memory",
+            str(96 * 1024**2),
+            "--temp-dir",
+            str(temp),
+        ]
         if role == "head":
             ports += ["--ray-client-server-port", str(free_port())]
-        return BootstrapConfig(ray_start_options=tuple(ports), run_id=f"boot-{cloud}", cloud=cloud, role=role, region="r1", ray_port=ray_port,
-                               dashboard_port=dashboard_port, venv=str(disk / "opt-rubberband"),
-                               run_root=str(disk / "var-lib-rubberband" / "runs"), log_dir=str(disk / "var-log"),
-                               console=str(disk / "console"), image_pythons=(str(image / "bin" / "python3"),),
-                               metadata_url=servers[role].url, shutdown_command=str(recorder),
-                               state_dir=str(disk / "state"), systemd_dir=str(disk / "systemd"),
-                               token_drop_dir=str(disk / "drop"),
-                               # a cloud head boots on the image's own Python; a worker needs its head's minor
-                               python_version=None if role == "head" else str(versions["python_version"]),
-                               ray_version=str(versions["ray_version"]), torch_version=versions["torch_version"],
-                               runtime_requirements=tuple(versions["requirements"]), **kw)
+        return BootstrapConfig(
+            ray_start_options=tuple(ports),
+            run_id=f"boot-{cloud}",
+            cloud=cloud,
+            role=role,
+            region="r1",
+            ray_port=ray_port,
+            dashboard_port=dashboard_port,
+            venv=str(disk / "opt-rubberband"),
+            run_root=str(disk / "var-lib-rubberband" / "runs"),
+            log_dir=str(disk / "var-log"),
+            console=str(disk / "console"),
+            image_pythons=(str(image / "bin" / "python3"),),
+            metadata_url=servers[role].url,
+            shutdown_command=str(recorder),
+            state_dir=str(disk / "state"),
+            systemd_dir=str(disk / "systemd"),
+            token_drop_dir=str(disk / "drop"),
+            # a cloud head boots on the image's own Python; a worker needs its head's minor
+            python_version=None if role == "head" else str(versions["python_version"]),
+            ray_version=str(versions["ray_version"]),
+            torch_version=versions["torch_version"],
+            runtime_requirements=tuple(versions["requirements"]),
+            **kw,
+        )
 
     try:
         head = Node("head", render_startup_script(config("head")), root / "head", env)
         nodes.append(head)
         head.wait_booted(300)
-        worker = Node("worker", render_startup_script(config(
-            "worker", head_address=address, workers=2, use_gpu=False, requirements=("numpy>=1.24",),
-            token_push_key=(root / "head" / "state" / "push_key.pub").read_text().strip())),
-            root / "worker", env)
+        worker = Node(
+            "worker",
+            render_startup_script(
+                config(
+                    "worker",
+                    head_address=address,
+                    workers=2,
+                    use_gpu=False,
+                    requirements=("numpy>=1.24",),
+                    token_push_key=(root / "head" / "state" / "push_key.pub").read_text().strip(),
+                )
+            ),
+            root / "worker",
+            env,
+        )
         nodes.append(worker)
         worker.wait_booted(300)
         for node in nodes:
@@ -267,8 +317,10 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         assert "reusing the image's torch" in worker.console()
         # the metadata flows the cloud's way: IMDSv2 asks for a token first; GCE needs its header
         if cloud == "aws":
-            assert [r[:2] for r in servers["worker"].requests] == [("PUT", "/latest/api/token"),
-                                                                  ("GET", "/latest/meta-data/instance-id")]
+            assert [r[:2] for r in servers["worker"].requests] == [
+                ("PUT", "/latest/api/token"),
+                ("GET", "/latest/meta-data/instance-id"),
+            ]
         else:
             assert servers["worker"].requests == [("GET", "/computeMetadata/v1/instance/name", 200)]
 
@@ -283,17 +335,19 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         answer_by = time.monotonic() + 180
         while True:
             try:
-                client = JobSubmissionClient(f"http://127.0.0.1:{dashboard_port}",
-                                             headers={"Authorization": f"Bearer {token}"})
+                client = JobSubmissionClient(
+                    f"http://127.0.0.1:{dashboard_port}", headers={"Authorization": f"Bearer {token}"}
+                )
                 break
             except ConnectionError:
                 assert time.monotonic() < answer_by, "the head's job server never answered"
                 time.sleep(2.0)
-        job = client.submit_job(entrypoint=f"python boot_job.py {cloud}-worker-1 {root / 'trial'}",
-                                runtime_env=job_runtime_env(package, code))
+        job = client.submit_job(
+            entrypoint=f"python boot_job.py {cloud}-worker-1 {root / 'trial'}",
+            runtime_env=job_runtime_env(package, code),
+        )
         deadline = time.monotonic() + 420
-        while (status := client.get_job_status(job)) not in (JobStatus.SUCCEEDED, JobStatus.FAILED,
-                                                              JobStatus.STOPPED):
+        while (status := client.get_job_status(job)) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
             assert time.monotonic() < deadline, client.get_job_logs(job)[-3000:]
             time.sleep(1.0)
         logs = client.get_job_logs(job)
@@ -313,9 +367,14 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
             node.kill()
         keep = tmp_path / "cluster"  # consoles, boot logs and Ray's logs, for a failure's post-mortem
         for path in root.rglob("*"):
-            if path.is_file() and not path.is_symlink() and "opt-rubberband" not in path.parts \
-                    and "image" not in path.parts and path.suffix in (".log", ".out", ".err", ".sh", "") \
-                    and path.stat().st_size < 2 * 1024 ** 2:
+            if (
+                path.is_file()
+                and not path.is_symlink()
+                and "opt-rubberband" not in path.parts
+                and "image" not in path.parts
+                and path.suffix in (".log", ".out", ".err", ".sh", "")
+                and path.stat().st_size < 2 * 1024**2
+            ):
                 target = keep / path.relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 try:

@@ -10,8 +10,14 @@ from pathlib import Path
 
 import boto3
 import pytest
-from cloud_helpers import (AWS_CATALOG_CSV, GCP_CATALOG_CSV, REGION, ec2_faults, moto_env,  # noqa: F401
-                           moto_server)
+from cloud_helpers import (
+    AWS_CATALOG_CSV,
+    GCP_CATALOG_CSV,
+    REGION,
+    ec2_faults,  # noqa: F401
+    moto_env,  # noqa: F401
+    moto_server,  # noqa: F401
+)
 from executor_helpers import cli_env, make_plan, run_pids, wait_for_events, write_job
 from gce_fake import gce_fake  # noqa: F401
 
@@ -38,11 +44,19 @@ def cloud_job(tmp_path: Path, clouds: list[str], **job) -> Path:
     return spec_path
 
 
-def cloud_plan(tmp_path: Path, spec_path: Path, cloud: str, region: str, itype: str, *,
-               counts: tuple[int, ...] = (3, 1), durations: tuple[float, ...] = (600.0, 1200.0)) -> Path:
+def cloud_plan(
+    tmp_path: Path,
+    spec_path: Path,
+    cloud: str,
+    region: str,
+    itype: str,
+    *,
+    counts: tuple[int, ...] = (3, 1),
+    durations: tuple[float, ...] = (600.0, 1200.0),
+) -> Path:
     """A plan of the spec on ``cloud`` (no timeline: the dry run schedules one instance set per stage)."""
     spec = load_spec(spec_path)
-    plan = make_plan(spec, [("local.cpu1", n, 1) for n in counts], durations=list(durations[:len(counts)]))
+    plan = make_plan(spec, [("local.cpu1", n, 1) for n in counts], durations=list(durations[: len(counts)]))
     stages = [s.model_copy(update={"cloud": cloud, "region": region, "instance_type": itype}) for s in plan.stages]
     plan = plan.model_copy(update={"stages": stages})
     path = tmp_path / f"plan-{cloud}-{itype}-{region}.json"
@@ -64,8 +78,7 @@ def cloud_env(tmp_path: Path, base: dict[str, str] | None = None) -> dict[str, s
 
 def moto_instances(states=("pending", "running", "stopping", "stopped")) -> list[dict]:
     ec2 = boto3.client("ec2", region_name=REGION)
-    return [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
-            if i["State"]["Name"] in states]
+    return [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"] if i["State"]["Name"] in states]
 
 
 def one_error_line(result) -> str:
@@ -146,8 +159,12 @@ def test_dry_run_bad_input_is_one_line_exit_2(cli, tmp_path, moto_env, ec2_fault
     result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=cloud_env(tmp_path, moto_env))
     assert result.returncode == 2, (result.stdout, result.stderr)
     line = one_error_line(result)
-    expected = {"cloud-not-in-spec": "resources.clouds", "unknown-type": "p9.imaginary",
-                "unknown-region": "us-nowhere-1", "plan-of-other-cloud": "gcp"}[case]
+    expected = {
+        "cloud-not-in-spec": "resources.clouds",
+        "unknown-type": "p9.imaginary",
+        "unknown-region": "us-nowhere-1",
+        "plan-of-other-cloud": "gcp",
+    }[case]
     assert expected in line
     assert ec2_faults.calls == [] and moto_instances() == []
 
@@ -163,17 +180,16 @@ def test_gcp_dry_run_against_the_fake(cli, tmp_path, gce_fake):
     env = cloud_env(tmp_path)
     env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "COLUMNS": "250"})  # permission names unwrapped
     gce_fake.add_service_account(GCP_HEAD_SA, permissions=list(GCP_HEAD_PERMISSIONS))
-    result = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, "--service-account", GCP_HEAD_SA,
-                 env=env)
+    result = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, "--service-account", GCP_HEAD_SA, env=env)
     assert result.returncode == 0, result.stderr
     assert "e2-standard-2" in result.stdout and "Expected bill" in result.stdout
     # Compute Engine has no DryRun: the CLI's own rights are asked of projects.testIamPermissions
     assert "compute.instances.setServiceAccount" in result.stdout and "you (the CLI)" in result.stdout
     assert "compute.instances.delete" in result.stdout and "DENIED" not in result.stdout
-    gce_fake.add_service_account(GCP_HEAD_SA, permissions=[p for p in GCP_HEAD_PERMISSIONS
-                                                           if p != "compute.instances.delete"])
-    short = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, "--service-account", GCP_HEAD_SA,
-                env=env)
+    gce_fake.add_service_account(
+        GCP_HEAD_SA, permissions=[p for p in GCP_HEAD_PERMISSIONS if p != "compute.instances.delete"]
+    )
+    short = cli("run", spec, "--cloud", "gcp", "--dry-run", "--plan", plan, "--service-account", GCP_HEAD_SA, env=env)
     assert short.returncode == 2, (short.stdout, short.stderr)
     line = one_error_line(short)
     assert "compute.instances.delete" in line and GCP_HEAD_SA in line and "docs/clouds.md" in line
@@ -194,8 +210,7 @@ def test_aws_dry_run_checks_a_named_instance_profile(cli, tmp_path, moto_env):
     absent = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, "--instance-profile", "nope", env=env)
     assert absent.returncode == 2 and "no such IAM instance profile" in one_error_line(absent)
     AwsIdentities().create("dry-run", REGION)
-    named = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, "--instance-profile", "rb-dry-run",
-                env=env)
+    named = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, "--instance-profile", "rb-dry-run", env=env)
     assert named.returncode == 0, named.stderr
     assert "iam:GetInstanceProfile" in named.stdout and "DENIED" not in named.stdout
     own = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=env)
@@ -209,8 +224,9 @@ def test_aws_dry_run_checks_a_named_instance_profile(cli, tmp_path, moto_env):
 def _launch_aws(run_id: str, count: int = 2) -> list[str]:
     provider = AwsProvider(REGION, poll_s=0.05)
     itype = parse_catalog("aws", AWS_CATALOG_CSV).find("g4dn.xlarge")
-    made = provider.provision(InstanceRequest(run_id=run_id, stage=0, instance_type=itype, count=count,
-                                              zone="use1-az1"))
+    made = provider.provision(
+        InstanceRequest(run_id=run_id, stage=0, instance_type=itype, count=count, zone="use1-az1")
+    )
     return [i.id for i in made]
 
 
@@ -233,8 +249,11 @@ def test_aws_down_run_uses_the_journal_regions(cli, tmp_path, moto_env):
     run_dir = tmp_path / "runs" / "jr-run"
     run_dir.mkdir(parents=True)
     journal = J.Journal(run_dir)
-    journal.record(J.InstanceRequested(id="x", instance_type="g4dn.xlarge", cloud="aws", region=REGION,
-                                       price_hr=0.526, spot=False, stage=0))
+    journal.record(
+        J.InstanceRequested(
+            id="x", instance_type="g4dn.xlarge", cloud="aws", region=REGION, price_hr=0.526, spot=False, stage=0
+        )
+    )
     ids = _launch_aws("jr-run")
     env = cloud_env(tmp_path, moto_env)
     env["RUBBERBAND_CATALOG_DIR"] = str(tmp_path / "empty-catalogs")  # the shipped catalog: many regions
@@ -261,9 +280,12 @@ def test_aws_down_all_orphans(cli, tmp_path, moto_env):
 
 def test_down_flags_bad_input(cli, tmp_path):
     env = cloud_env(tmp_path)
-    for args, needle in [(["--all-orphans"], "--cloud"), (["--all-orphans", "--cloud", "azure"], "azure"),
-                         (["--all-orphans", "--cloud", "aws", "--older-than", "soon"], "--older-than"),
-                         ([], "RUN_ID")]:
+    for args, needle in [
+        (["--all-orphans"], "--cloud"),
+        (["--all-orphans", "--cloud", "azure"], "azure"),
+        (["--all-orphans", "--cloud", "aws", "--older-than", "soon"], "--older-than"),
+        ([], "RUN_ID"),
+    ]:
         result = cli("down", *args, env=env)
         assert result.returncode == 2, (args, result.stderr)
         assert needle in one_error_line(result)
@@ -299,8 +321,22 @@ def test_aws_run_end_to_end_with_failover_leaves_nothing(cli, tmp_path, moto_env
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(2, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                 timeout=240, test_boot="local")
+    result = cli(
+        "run",
+        spec,
+        "--cloud",
+        "aws",
+        "--head",
+        "local",
+        "--plan",
+        plan,
+        "--yes",
+        "--run-dir",
+        run_dir,
+        env=env,
+        timeout=240,
+        test_boot="local",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "finished: best trial" in result.stdout
     summary = json.loads((run_dir / "result.json").read_text())
@@ -333,12 +369,16 @@ def test_aws_run_killed_with_sigkill_then_down_leaves_nothing(cli, tmp_path, mot
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(2, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(played_argv("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes",
-                                        "--run-dir", run_dir),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        played_argv("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     try:  # kill once a trial trains on an instance
-        wait_for_events(proc, run_dir, lambda events: any(e["type"] == J.TRIAL_STARTED for e in events),
-                        timeout_s=180, poll_s=0.2)
+        wait_for_events(
+            proc, run_dir, lambda events: any(e["type"] == J.TRIAL_STARTED for e in events), timeout_s=180, poll_s=0.2
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
@@ -362,8 +402,22 @@ def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, m
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(1, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                 timeout=180, test_boot="local")
+    result = cli(
+        "run",
+        spec,
+        "--cloud",
+        "aws",
+        "--head",
+        "local",
+        "--plan",
+        plan,
+        "--yes",
+        "--run-dir",
+        run_dir,
+        env=env,
+        timeout=180,
+        test_boot="local",
+    )
     assert result.returncode == 1, (result.stdout, result.stderr[-3000:])
     assert "VcpuLimitExceeded" in result.stderr or "quota" in result.stderr.lower()
     assert ec2_faults.calls  # it did try
@@ -378,23 +432,52 @@ def small_gcp_job(tmp_path: Path, gce_fake) -> tuple[Path, Path, dict[str, str]]
     """Spec and plan of a small GCP run (3 trials; 2 stages on one n1-standard-8+V100x1 each) and the CLI env
     for the GCE fake (run it with ``test_boot="local"``: instance boots played by local Ray nodes)."""
     spec = cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
-    plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1),
-                      durations=(20.0, 20.0))
+    plan = cloud_plan(
+        tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1), durations=(20.0, 20.0)
+    )
     env = cloud_env(tmp_path)
-    env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url,
-                "RUBBERBAND_SERVICE_ACCOUNT": GCP_HEAD_SA})  # head mode on GCP needs one; --head local ignores it
+    env.update(
+        {"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_SERVICE_ACCOUNT": GCP_HEAD_SA}
+    )  # head mode on GCP needs one; --head local ignores it
     return spec, plan, env
 
 
 def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_fake):
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)
     run_dir = tmp_path / "run"
-    flag = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--worker-egress", "public",
-               env=env, test_boot="local")
+    flag = cli(
+        "run",
+        spec,
+        "--cloud",
+        "gcp",
+        "--head",
+        "local",
+        "--plan",
+        plan,
+        "--yes",
+        "--worker-egress",
+        "public",
+        env=env,
+        test_boot="local",
+    )
     assert flag.returncode == 2 and "--worker-egress is for a run on a head instance" in flag.stderr
     assert not gce_fake.requests  # refused before any call
-    result = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                 timeout=240, test_boot="local")
+    result = cli(
+        "run",
+        spec,
+        "--cloud",
+        "gcp",
+        "--head",
+        "local",
+        "--plan",
+        plan,
+        "--yes",
+        "--run-dir",
+        run_dir,
+        env=env,
+        timeout=240,
+        test_boot="local",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((run_dir / "result.json").read_text())["status"] == "finished"
     assert gce_fake.inserts and {machine for _, machine in gce_fake.inserts} == {"n1-standard-8"}

@@ -56,8 +56,9 @@ def test_aws_roles_killed_mid_phase_leave_nothing_after_down(aws_world):
     every phase)."""
     calls = drills.census(aws_world)
     phases = [("cli", "start"), ("head", "stage-1"), ("cli", "teardown"), ("watchdog", "teardown")]
-    kills = [drills.Kill(role, phase, calls[("executor" if role == "head" else role, phase)] // 2)
-             for role, phase in phases]
+    kills = [
+        drills.Kill(role, phase, calls[("executor" if role == "head" else role, phase)] // 2) for role, phase in phases
+    ]
     outcomes = [drills.run_drill(aws_world, kill=kill) for kill in kills]
     _check(aws_world, outcomes)
 

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from cloud_helpers import (REGION, cloud_catalog, ec2_faults, make_plan, moto_ami, moto_env,  # noqa: F401
-                           moto_server)
+from cloud_helpers import (
+    REGION,
+    cloud_catalog,
+    ec2_faults,  # noqa: F401
+    make_plan,
+    moto_ami,
+    moto_env,  # noqa: F401
+    moto_server,  # noqa: F401
+)
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
 
@@ -27,18 +34,22 @@ def ec2_counts() -> tuple[int, int]:
 
 def test_aws_dry_run_schedules_bills_and_checks_without_creating(moto_env, ec2_faults):
     ami = moto_ami()
-    report = dry_run(make_plan("aws", REGION, "p3.2xlarge"), lambda c, r: AwsProvider(r, image_id=ami),
-                     catalog=CATALOG)
+    report = dry_run(make_plan("aws", REGION, "p3.2xlarge"), lambda c, r: AwsProvider(r, image_id=ami), catalog=CATALOG)
     workers = [s for s in report.schedule if s.role == "worker"]
     assert [(s.id, s.zone, s.billed_s, s.price_hr) for s in workers] == [
-        ("i0", "use1-az1", 3600, 3.06), ("i1", "use1-az1", 60, 3.06)]
+        ("i0", "use1-az1", 3600, 3.06),
+        ("i1", "use1-az1", 60, 3.06),
+    ]
     assert workers[0].cost_usd == pytest.approx(3.06) and workers[1].cost_usd == pytest.approx(3.06 / 60)
     (head,) = [s for s in report.schedule if s.role == "head"]
     assert head.instance_type == "m6i.large" and head.release_at_s == 3600 + 600 and not head.spot
     assert report.total_usd == pytest.approx(3.06 + 3.06 / 60 + 0.096 * 4200 / 3600)
     assert report.peak_instances == 3 and report.end_s == 4200
-    assert {c.action for c in report.checks} >= {"ec2:RunInstances", "ec2:CreateSecurityGroup",
-                                                 "ec2:TerminateInstances"}
+    assert {c.action for c in report.checks} >= {
+        "ec2:RunInstances",
+        "ec2:CreateSecurityGroup",
+        "ec2:TerminateInstances",
+    }
     assert all(c.allowed for c in report.checks), report.checks
     assert ec2_faults.calls == [] and ec2_counts() == (0, 0)
 
@@ -94,8 +105,9 @@ def test_the_gce_fake_tests_permissions_as_strictly_as_the_real_api(gce_fake):
         assert requests.post(url, json={"permissions": bad}, timeout=5).status_code == 400
     gce_fake.rejected.clear()
     gce_fake.caller_permissions = {"compute.instances.get"}
-    answer = requests.post(url, json={"permissions": ["compute.instances.get", "compute.instances.delete"]},
-                           timeout=5).json()
+    answer = requests.post(
+        url, json={"permissions": ["compute.instances.get", "compute.instances.delete"]}, timeout=5
+    ).json()
     assert answer == {"permissions": ["compute.instances.get"]}
 
 

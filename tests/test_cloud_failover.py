@@ -10,8 +10,16 @@ import pytest
 from cloud_helpers import cloud_catalog
 
 from rubberband.catalog import InstanceType
-from rubberband.cloud.failover import (ERROR_TABLE, FailoverExhausted, FailoverPolicy, RetryPolicy, alternatives_for,
-                                       call_with_retry, classify, provision_with_failover)
+from rubberband.cloud.failover import (
+    ERROR_TABLE,
+    FailoverExhausted,
+    FailoverPolicy,
+    RetryPolicy,
+    alternatives_for,
+    call_with_retry,
+    classify,
+    provision_with_failover,
+)
 from rubberband.cloud.provider import Instance, InstanceRequest
 from rubberband.errors import CloudError
 
@@ -19,17 +27,32 @@ CATALOG = cloud_catalog()
 P3 = CATALOG.find("p3.2xlarge", cloud="aws")
 
 
-@pytest.mark.parametrize("cloud, code, kind", [
-    ("aws", "InsufficientInstanceCapacity", "capacity"), ("aws", "VcpuLimitExceeded", "quota"),
-    ("aws", "MaxSpotInstanceCountExceeded", "quota"), ("aws", "RequestLimitExceeded", "transient"),
-    ("aws", "AuthFailure", "fatal"), ("aws", "UnauthorizedOperation", "fatal"),
-    ("gcp", "ZONE_RESOURCE_POOL_EXHAUSTED", "capacity"), ("gcp", "QUOTA_EXCEEDED", "quota"),
-    ("gcp", "rateLimitExceeded", "transient"), ("gcp", "PERMISSION_DENIED", "fatal"),
-])
+@pytest.mark.parametrize(
+    "cloud, code, kind",
+    [
+        ("aws", "InsufficientInstanceCapacity", "capacity"),
+        ("aws", "VcpuLimitExceeded", "quota"),
+        ("aws", "MaxSpotInstanceCountExceeded", "quota"),
+        ("aws", "RequestLimitExceeded", "transient"),
+        ("aws", "AuthFailure", "fatal"),
+        ("aws", "UnauthorizedOperation", "fatal"),
+        ("gcp", "ZONE_RESOURCE_POOL_EXHAUSTED", "capacity"),
+        ("gcp", "QUOTA_EXCEEDED", "quota"),
+        ("gcp", "rateLimitExceeded", "transient"),
+        ("gcp", "PERMISSION_DENIED", "fatal"),
+    ],
+)
 def test_error_table(cloud, code, kind):
     assert ERROR_TABLE[code].kind == kind
-    err = classify(cloud, code, "details\nover two lines", zone="z-1", region="r-1", instance_type="p3.2xlarge",
-                   quota="GPUS_ALL_REGIONS" if cloud == "gcp" else None)
+    err = classify(
+        cloud,
+        code,
+        "details\nover two lines",
+        zone="z-1",
+        region="r-1",
+        instance_type="p3.2xlarge",
+        quota="GPUS_ALL_REGIONS" if cloud == "gcp" else None,
+    )
     assert err.kind == kind and err.code == code and "\n" not in err.message and "p3.2xlarge" in err.message
 
 
@@ -55,7 +78,7 @@ def test_backoff_is_exponential_and_bounded():
         call_with_retry(flaky, retry)
     assert len(calls) == 6 and len(delays) == 5
     for attempt, delay in enumerate(delays):
-        ceiling = min(10, 2 ** attempt)
+        ceiling = min(10, 2**attempt)
         assert ceiling / 2 <= delay <= ceiling
     fatal_calls = []
 
@@ -92,8 +115,9 @@ class ScriptedProvider:
             raise CloudError("quota", kind="quota", quota="GPUS_ALL_REGIONS")
         if kind != "ok":
             raise CloudError(f"{kind} at {key}", kind=kind)
-        return [Instance(id="i-1", cloud="aws", instance_type=key[0], zone=key[1], state="pending",
-                         run_id=request.run_id)]
+        return [
+            Instance(id="i-1", cloud="aws", instance_type=key[0], zone=key[1], state="pending", run_id=request.run_id)
+        ]
 
 
 def test_failover_order_blocking_and_fatal_stop():
@@ -101,14 +125,17 @@ def test_failover_order_blocking_and_fatal_stop():
     alt = InstanceType("aws", "p3.alt", "us-east-1", ("use1-az4",), "V100", 1, 8, 61, 3.5, None)
     scripted = ScriptedProvider({("p3.2xlarge", "use1-az1"): "capacity", ("p3.2xlarge", "use1-az2"): "quota"})
     policy = FailoverPolicy()
-    result = provision_with_failover(InstanceRequest("r", 0, P3), lambda t: scripted,
-                                     alternatives=[alt, other_region], policy=policy)
+    result = provision_with_failover(
+        InstanceRequest("r", 0, P3), lambda t: scripted, alternatives=[alt, other_region], policy=policy
+    )
     # capacity → next zone; quota → whole region blocked (alt skipped) → next region
     assert [(a.instance_type, a.region, a.outcome) for a in result.attempts] == [
-        ("p3.2xlarge", "us-east-1", "capacity"), ("p3.2xlarge", "us-east-1", "quota"),
-        ("p3.alt", "us-east-1", "skipped"), ("p3.2xlarge", "us-west-2", "ok")]
-    assert scripted.calls == [("p3.2xlarge", "use1-az1"), ("p3.2xlarge", "use1-az2"),
-                              ("p3.2xlarge", "us-west-2a")]
+        ("p3.2xlarge", "us-east-1", "capacity"),
+        ("p3.2xlarge", "us-east-1", "quota"),
+        ("p3.alt", "us-east-1", "skipped"),
+        ("p3.2xlarge", "us-west-2", "ok"),
+    ]
+    assert scripted.calls == [("p3.2xlarge", "use1-az1"), ("p3.2xlarge", "use1-az2"), ("p3.2xlarge", "us-west-2a")]
     fatal = ScriptedProvider({("p3.2xlarge", "use1-az1"): "fatal"})
     with pytest.raises(FailoverExhausted) as info:
         provision_with_failover(InstanceRequest("r", 0, P3), lambda t: fatal, alternatives=[alt])
@@ -116,8 +143,9 @@ def test_failover_order_blocking_and_fatal_stop():
     everywhere = ScriptedProvider({("p3.2xlarge", "use1-az1"): "quota-all"})
     policy = FailoverPolicy()
     with pytest.raises(FailoverExhausted):
-        provision_with_failover(InstanceRequest("r", 0, P3), lambda t: everywhere, alternatives=[other_region],
-                                policy=policy)
+        provision_with_failover(
+            InstanceRequest("r", 0, P3), lambda t: everywhere, alternatives=[other_region], policy=policy
+        )
     assert policy.blocked_clouds == {"aws"} and len(everywhere.calls) == 1
 
 
@@ -133,7 +161,10 @@ def test_provider_pool_builds_one_provider_per_region():
 
     pool = ProviderPool({"aws": {"ssh_cidr": "203.0.113.7/32"}}, factory=factory)
     assert pool("aws", "us-east-1") is pool.for_type(P3) and pool("aws", "us-west-2") is not pool.for_type(P3)
-    assert built == [("aws", "us-east-1", {"ssh_cidr": "203.0.113.7/32"}),
-                     ("aws", "us-west-2", {"ssh_cidr": "203.0.113.7/32"})] and len(pool.providers()) == 2
+    assert (
+        built
+        == [("aws", "us-east-1", {"ssh_cidr": "203.0.113.7/32"}), ("aws", "us-west-2", {"ssh_cidr": "203.0.113.7/32"})]
+        and len(pool.providers()) == 2
+    )
     with pytest.raises(InputError, match="not a cloud provider"):
         make_provider("local", "local")

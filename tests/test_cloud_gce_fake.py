@@ -21,8 +21,12 @@ ZONE_URL = "/compute/v1/projects/rubberband-test/zones/us-central1-a"
 
 
 def _call(fake, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(fake.url + path, method=method, data=json.dumps(body).encode() if body else None,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        fake.url + path,
+        method=method,
+        data=json.dumps(body).encode() if body else None,
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -31,23 +35,32 @@ def _call(fake, method: str, path: str, body: dict | None = None) -> tuple[int, 
 
 
 def _vm(name: str, **extra) -> dict:
-    return {"name": name, "machineType": "zones/us-central1-a/machineTypes/n1-standard-8",
-            "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/p/global/images/i"}}],
-            "networkInterfaces": [{"network": "global/networks/default"}], **extra}
+    return {
+        "name": name,
+        "machineType": "zones/us-central1-a/machineTypes/n1-standard-8",
+        "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/p/global/images/i"}}],
+        "networkInterfaces": [{"network": "global/networks/default"}],
+        **extra,
+    }
 
 
 def test_bodies_with_unknown_or_missing_fields_are_refused_as_the_api_does(gce_fake):
     status, answer = _call(gce_fake, "POST", f"{ZONE_URL}/instances", _vm("a", gpus=1))
-    assert status == 400 and 'Unknown name "gpus" at \'resource\'' in answer["error"]["message"]
-    status, answer = _call(gce_fake, "POST", f"{ZONE_URL}/instances",
-                           _vm("b", scheduling={"provisioningModel": "SPOT", "spotty": True}))
+    assert status == 400 and "Unknown name \"gpus\" at 'resource'" in answer["error"]["message"]
+    status, answer = _call(
+        gce_fake, "POST", f"{ZONE_URL}/instances", _vm("b", scheduling={"provisioningModel": "SPOT", "spotty": True})
+    )
     assert status == 400 and "resource.scheduling" in answer["error"]["message"]
     body = _vm("c")
     del body["networkInterfaces"]
     status, answer = _call(gce_fake, "POST", f"{ZONE_URL}/instances", body)
     assert status == 400 and "At least one network interface is required" in answer["error"]["message"]
-    status, answer = _call(gce_fake, "POST", "/compute/v1/projects/rubberband-test/global/firewalls",
-                           {"name": "fw", "network": "global/networks/default"})
+    status, answer = _call(
+        gce_fake,
+        "POST",
+        "/compute/v1/projects/rubberband-test/global/firewalls",
+        {"name": "fw", "network": "global/networks/default"},
+    )
     assert status == 400 and "allowed or denied" in answer["error"]["message"]
     assert not gce_fake.instances and not gce_fake.firewalls
     assert len(gce_fake.rejected) == 4
@@ -97,8 +110,12 @@ def test_the_client_follows_pages_and_waits_for_slow_operations(gce_fake):
     assert len(listed) >= 3  # 5 VMs in pages of 2: three pages per listing
     provider.terminate([i.id for i in made])
     assert not gce_fake.instances  # terminate waited for the deletes to be DONE
-    assert sorted(provider.cleanup_run("run-p")) == ["firewall/rubberband-run-p-deny", "firewall/rubberband-run-p-internal",
-                                                     "firewall/rubberband-run-p-ssh", "router/rubberband-run-p-nat"]
+    assert sorted(provider.cleanup_run("run-p")) == [
+        "firewall/rubberband-run-p-deny",
+        "firewall/rubberband-run-p-internal",
+        "firewall/rubberband-run-p-ssh",
+        "router/rubberband-run-p-nat",
+    ]
     assert not gce_fake.firewalls and not gce_fake.routers and provider.leftover_runs() == []
 
 
@@ -117,8 +134,11 @@ REGION_URL = "/compute/v1/projects/rubberband-test/regions/us-central1"
 
 
 def _router(name: str, **extra) -> dict:
-    nat = {"name": name, "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
-           "natIpAllocateOption": "AUTO_ONLY"}
+    nat = {
+        "name": name,
+        "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+        "natIpAllocateOption": "AUTO_ONLY",
+    }
     return {"name": name, "network": "global/networks/default", "nats": [nat], **extra}
 
 
@@ -135,7 +155,7 @@ def test_routers_are_refused_and_served_as_the_api_does(gce_fake):
     _refused(gce_fake, _router("r1", labels={"a": "b"}), 'Unknown name "labels"')  # routers have no labels
     bad_nat = _router("r1")
     bad_nat["nats"][0]["natIpsAuto"] = True
-    _refused(gce_fake, bad_nat, 'Unknown name "natIpsAuto" at \'resource.nats[0]\'')
+    _refused(gce_fake, bad_nat, "Unknown name \"natIpsAuto\" at 'resource.nats[0]'")
     _refused(gce_fake, {"name": "r1"}, "The network of a router must be specified")
     _refused(gce_fake, _router("r1", network="default"), "resource.network")
     _refused(gce_fake, _router("r1", network="projects/another/global/networks/default"), "resource.network")
@@ -163,8 +183,9 @@ def test_routers_are_refused_and_served_as_the_api_does(gce_fake):
     assert again["name"] == op["name"] and len(gce_fake.routers) == 1  # the same request: nothing redone
     assert _call(gce_fake, "POST", f"{REGION_URL}/routers", _router("r1"))[0] == 409
     _refused(gce_fake, _router("r2"), "excludes any other")  # one NAT of every subnetwork per region and network
-    status, other_region = _call(gce_fake, "POST", "/compute/v1/projects/rubberband-test/regions/us-east1/routers",
-                                 _router("r2"))
+    status, other_region = _call(
+        gce_fake, "POST", "/compute/v1/projects/rubberband-test/regions/us-east1/routers", _router("r2")
+    )
     assert status == 200  # another region: room for its own NAT
     plain = {"name": "r3", "network": "global/networks/default"}  # a router without a NAT takes no room
     assert _call(gce_fake, "POST", f"{REGION_URL}/routers", plain)[0] == 200
@@ -177,7 +198,9 @@ def test_routers_are_refused_and_served_as_the_api_does(gce_fake):
     assert [r["name"] for r in page["items"]] == ["r1"] and page["nextPageToken"]
     status, every = _call(gce_fake, "GET", "/compute/v1/projects/rubberband-test/aggregated/routers")
     assert {scope: [r["name"] for r in scoped["routers"]] for scope, scoped in every["items"].items()} == {
-        "regions/us-central1": ["r1"], "regions/us-east1": ["r2"]}  # a page of two (the fixture's page size)
+        "regions/us-central1": ["r1"],
+        "regions/us-east1": ["r2"],
+    }  # a page of two (the fixture's page size)
     status, op = _call(gce_fake, "DELETE", f"{REGION_URL}/routers/r1")
     _call(gce_fake, "POST", f"{REGION_URL}/operations/{op['name']}/wait")
     assert _call(gce_fake, "GET", f"{REGION_URL}/routers/r1")[0] == 404

@@ -13,8 +13,13 @@ from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPo
 from rubberband.cloud.gcp import PREEMPTED, PREEMPTED_OPERATION, GcpProvider, firewall_name, network_tag
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE, InstanceRequest
 from rubberband.cloud.registry import ProviderPool
-from rubberband.cloud.teardown import (cleanup_leftovers, find_orphans, terminate_instances, terminate_run,
-                                       terminate_run_detailed)
+from rubberband.cloud.teardown import (
+    cleanup_leftovers,
+    find_orphans,
+    terminate_instances,
+    terminate_run,
+    terminate_run_detailed,
+)
 from rubberband.errors import CloudError, InputError, RubberbandError
 
 CATALOG = cloud_catalog()
@@ -33,8 +38,9 @@ def test_insert_labels_accelerators_spot_script_and_firewall(gce_fake):
     gce_fake.pending_polls = 2  # operations are RUNNING at first: the provider must wait on them
     p = provider(gce_fake, ssh_cidr="198.51.100.0/24")
     script = "#!/bin/bash\necho join\n"
-    made = p.provision(InstanceRequest("run-g", 1, V100, count=2, spot=True, startup_script=script,
-                                       extra_tags={TAG_ROLE: "worker"}))
+    made = p.provision(
+        InstanceRequest("run-g", 1, V100, count=2, spot=True, startup_script=script, extra_tags={TAG_ROLE: "worker"})
+    )
     assert len(made) == 2 and all(i.zone == "us-central1-a" for i in made)
     running = p.wait([i.id for i in made], timeout_s=10)
     assert {i.state for i in running} == {"running"} and {i.instance_type for i in running} == {V100.name}
@@ -43,13 +49,16 @@ def test_insert_labels_accelerators_spot_script_and_firewall(gce_fake):
         labels = body["labels"]
         assert labels[TAG_MANAGED] == "true" and labels[TAG_RUN_ID] == "run-g" and labels[TAG_STAGE] == "1"
         assert body["machineType"] == "zones/us-central1-a/machineTypes/n1-standard-8"
-        assert body["guestAccelerators"] == [{"acceleratorType": "zones/us-central1-a/acceleratorTypes/"
-                                                                 "nvidia-tesla-v100", "acceleratorCount": 1}]
+        assert body["guestAccelerators"] == [
+            {"acceleratorType": "zones/us-central1-a/acceleratorTypes/nvidia-tesla-v100", "acceleratorCount": 1}
+        ]
         assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
         assert body["scheduling"]["provisioningModel"] == "SPOT"
         assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
-        assert body["metadata"]["items"] == [{"key": "install-nvidia-driver", "value": "True"},  # GPU: the DLVM's
-                                             {"key": "startup-script", "value": script}]        # driver install
+        assert body["metadata"]["items"] == [
+            {"key": "install-nvidia-driver", "value": "True"},  # GPU: the DLVM's
+            {"key": "startup-script", "value": script},
+        ]  # driver install
         assert body["tags"]["items"] == [network_tag("run-g")]
         assert body["scheduling"].get("maxRunDuration") is None  # no cap asked for: spot's DELETE only
     internal = gce_fake.firewalls[firewall_name("run-g")]
@@ -88,16 +97,20 @@ def test_stockout_fails_over_zone_then_type_and_gangs_roll_back(gce_fake):
     p = provider(gce_fake)
     gce_fake.stockout_zones = {"us-central1-a"}
     policy = FailoverPolicy()
-    result = provision_with_failover(InstanceRequest("run-i", 0, V100_2Z), lambda t: p, alternatives=[T4X4],
-                                     policy=policy)
+    result = provision_with_failover(
+        InstanceRequest("run-i", 0, V100_2Z), lambda t: p, alternatives=[T4X4], policy=policy
+    )
     assert [(a.zone, a.outcome) for a in result.attempts] == [("us-central1-a", "capacity"), ("us-central1-b", "ok")]
     assert result.attempts[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
     gce_fake.stockout_zones = {"us-central1-b"}
-    result = provision_with_failover(InstanceRequest("run-i", 1, V100_2Z), lambda t: p, alternatives=[T4X4],
-                                     policy=policy)  # zone a is already blocked for V100: not tried again
+    result = provision_with_failover(
+        InstanceRequest("run-i", 1, V100_2Z), lambda t: p, alternatives=[T4X4], policy=policy
+    )  # zone a is already blocked for V100: not tried again
     assert [(a.instance_type, a.zone, a.outcome) for a in result.attempts] == [
-        (V100.name, "us-central1-a", "skipped"), (V100.name, "us-central1-b", "capacity"),
-        (T4X4.name, "us-central1-a", "ok")]
+        (V100.name, "us-central1-a", "skipped"),
+        (V100.name, "us-central1-b", "capacity"),
+        (T4X4.name, "us-central1-a", "ok"),
+    ]
     assert len(gce_fake.instances) == 2
     gce_fake.stockout_sync, gce_fake.stockout_zones = True, {"us-central1-a"}  # a 503 that says it in words
     with pytest.raises(CloudError) as sync:
@@ -129,8 +142,7 @@ def test_quota_blocks_region_or_cloud_and_names_the_quota(gce_fake):
     gce_fake.quota = "NVIDIA_V100_GPUS"
     policy = FailoverPolicy()
     with pytest.raises(FailoverExhausted) as info:
-        provision_with_failover(InstanceRequest("run-k", 0, V100_2Z), lambda t: p, alternatives=[T4X4],
-                                policy=policy)
+        provision_with_failover(InstanceRequest("run-k", 0, V100_2Z), lambda t: p, alternatives=[T4X4], policy=policy)
     assert info.value.kind == "quota" and "NVIDIA_V100_GPUS" in info.value.message
     assert [a.outcome for a in info.value.attempts] == ["quota", "skipped", "skipped"]
     assert ("gcp", "us-central1") in policy.blocked_regions and len(gce_fake.inserts) == 1
@@ -182,8 +194,10 @@ def test_orphans_and_leftover_firewalls(gce_fake):
     assert "router/rubberband-run-m-nat" in result.resources and not gce_fake.routers
     p.ensure_firewall("run-gone")  # a firewall whose run never got (or lost) its VMs
     assert p.leftover_runs() == ["run-gone"]
-    assert sorted(cleanup_leftovers(p)) == ["firewall/rubberband-run-gone-deny",
-                                         "firewall/rubberband-run-gone-internal"] and not gce_fake.firewalls
+    assert (
+        sorted(cleanup_leftovers(p)) == ["firewall/rubberband-run-gone-deny", "firewall/rubberband-run-gone-internal"]
+        and not gce_fake.firewalls
+    )
 
 
 def test_preempted_spot_vms_are_reported_with_their_reason(gce_fake):
@@ -193,8 +207,11 @@ def test_preempted_spot_vms_are_reported_with_their_reason(gce_fake):
     deleted by someone else is only gone."""
     p = provider(gce_fake)
     pool = ProviderPool({"gcp": {"endpoint": gce_fake.url, "poll_s": 0.01}})
-    backend = CloudBackend(pool, p.provision(InstanceRequest("run-p", 0, V100, extra_tags={TAG_ROLE: "head"}))[0],
-                           join_check=lambda i, t: None)
+    backend = CloudBackend(
+        pool,
+        p.provision(InstanceRequest("run-p", 0, V100, extra_tags={TAG_ROLE: "head"}))[0],
+        join_check=lambda i, t: None,
+    )
     deleted, stopped, by_user, alive = backend.provision(InstanceRequest("run-p", 0, V100, count=4, spot=True))
     ids = [deleted.id, stopped.id, by_user.id, alive.id]
     assert backend.check_lost(ids) == {}
@@ -211,8 +228,11 @@ def test_preempted_spot_vms_are_reported_with_their_reason(gce_fake):
     assert sorted(described) == sorted([deleted.id, stopped.id, alive.id])
     assert (described[deleted.id].state, described[deleted.id].state_reason) == ("terminated", PREEMPTED)
     assert described[deleted.id].instance_type == V100.name and described[deleted.id].run_id == "run-p"
-    assert backend.check_lost(ids) == {deleted.id: "spot-interruption", stopped.id: "spot-interruption",
-                                       by_user.id: "lost"}
+    assert backend.check_lost(ids) == {
+        deleted.id: "spot-interruption",
+        stopped.id: "spot-interruption",
+        by_user.id: "lost",
+    }
     for gone in (deleted, stopped):
         with pytest.raises(CloudError) as info:
             workers.wait([gone.id], timeout_s=1)
@@ -249,8 +269,7 @@ def test_only_the_run_reaches_its_ray_ports_and_only_the_head_is_public(gce_fake
 
     p = provider(gce_fake, ssh_cidr="203.0.113.7/32")
     (head,) = p.provision(InstanceRequest("run-n", 0, V100, extra_tags={TAG_ROLE: "head"}, max_lifetime_s=3600))
-    (worker,) = p.provision(InstanceRequest("run-n", 1, V100, extra_tags={TAG_ROLE: "worker"},
-                                            max_lifetime_s=1800))
+    (worker,) = p.provision(InstanceRequest("run-n", 1, V100, extra_tags={TAG_ROLE: "worker"}, max_lifetime_s=1800))
     bodies = {name: body for (_, name), body in gce_fake.instances.items()}
     assert bodies[head.id]["networkInterfaces"][0]["accessConfigs"]  # the head's SSH
     assert not bodies[worker.id]["networkInterfaces"][0].get("accessConfigs")  # workers: no external address
@@ -261,8 +280,9 @@ def test_only_the_run_reaches_its_ray_ports_and_only_the_head_is_public(gce_fake
         assert bodies[name]["scheduling"]["instanceTerminationAction"] == "DELETE"
     rules = {r["name"]: r for r in gce_fake.firewalls.values()}
     assert rules[firewall_name("run-n", "deny")]["priority"] < 65534  # outranks the default network's allows
-    assert all(r["priority"] < rules[firewall_name("run-n", "deny")]["priority"]
-               for n, r in rules.items() if "allowed" in r)
+    assert all(
+        r["priority"] < rules[firewall_name("run-n", "deny")]["priority"] for n, r in rules.items() if "allowed" in r
+    )
 
     run_vm = dict(source_tags=(network_tag("run-n"),))
     other_vm = "10.128.0.99"  # another VM of the project, inside default-allow-internal's range
@@ -288,10 +308,17 @@ def test_fake_refuses_lifetime_fields_the_real_api_refuses(gce_fake):
     import requests
 
     base = f"{gce_fake.url}/compute/v1/projects/rubberband-test/zones/us-central1-a/instances"
-    body = {"name": "x", "machineType": "zones/us-central1-a/machineTypes/e2-standard-2", "disks": [{"boot": True}],
-            "networkInterfaces": [{"network": "global/networks/default"}]}
-    for scheduling in ({"maxRunDuration": {"seconds": "600"}}, {"instanceTerminationAction": "DELETE"},
-                       {"maxRunDuration": {"seconds": "5"}, "instanceTerminationAction": "DELETE"}):
+    body = {
+        "name": "x",
+        "machineType": "zones/us-central1-a/machineTypes/e2-standard-2",
+        "disks": [{"boot": True}],
+        "networkInterfaces": [{"network": "global/networks/default"}],
+    }
+    for scheduling in (
+        {"maxRunDuration": {"seconds": "600"}},
+        {"instanceTerminationAction": "DELETE"},
+        {"maxRunDuration": {"seconds": "5"}, "instanceTerminationAction": "DELETE"},
+    ):
         assert requests.post(base, json={**body, "scheduling": scheduling}, timeout=10).status_code == 400
     ok = {"maxRunDuration": {"seconds": "600"}, "instanceTerminationAction": "DELETE"}
     assert requests.post(base, json={**body, "scheduling": ok}, timeout=10).status_code == 200
@@ -318,8 +345,13 @@ def test_private_workers_go_out_through_the_runs_own_nat_which_goes_with_the_run
     router = gce_fake.routers[("us-central1", router_name("run-q"))]
     assert router["description"].endswith(owner_marker("run-q"))
     assert router["network"].endswith("/global/networks/default") and router["region"].endswith("/us-central1")
-    assert router["nats"] == [{"name": router_name("run-q"), "sourceSubnetworkIpRangesToNat":
-                               "ALL_SUBNETWORKS_ALL_IP_RANGES", "natIpAllocateOption": "AUTO_ONLY"}]
+    assert router["nats"] == [
+        {
+            "name": router_name("run-q"),
+            "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+            "natIpAllocateOption": "AUTO_ONLY",
+        }
+    ]
     assert sum(r.startswith("POST") and r.endswith("/routers") for r in gce_fake.requests) == 1
     bodies = {name: body for (_, name), body in gce_fake.instances.items()}
     assert bodies[head.id]["networkInterfaces"][0]["accessConfigs"]
@@ -334,11 +366,14 @@ def test_worker_egress_existing_or_public_makes_no_nat(gce_fake):
     existing = provider(gce_fake, worker_egress="existing")
     (worker,) = existing.provision(InstanceRequest("run-e", 1, V100))
     assert not gce_fake.routers and not gce_fake.instances[("us-central1-a", worker.id)]["networkInterfaces"][0].get(
-        "accessConfigs")
+        "accessConfigs"
+    )
     public = provider(gce_fake, worker_egress="public")
     (worker,) = public.provision(InstanceRequest("run-p", 1, V100))
-    assert not gce_fake.routers and gce_fake.instances[("us-central1-a", worker.id)]["networkInterfaces"][0][
-        "accessConfigs"]
+    assert (
+        not gce_fake.routers
+        and gce_fake.instances[("us-central1-a", worker.id)]["networkInterfaces"][0]["accessConfigs"]
+    )
     with pytest.raises(InputError, match="--worker-egress 'open'"):
         provider(gce_fake, worker_egress="open")
     terminate_run(existing, "run-e")
@@ -353,8 +388,13 @@ def test_a_nat_that_is_not_the_runs_is_used_shared_or_refused(gce_fake):
     marker, is never taken for it nor deleted."""
     from rubberband.cloud.gcp import router_name
 
-    every = [{"name": "mine", "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
-              "natIpAllocateOption": "AUTO_ONLY"}]
+    every = [
+        {
+            "name": "mine",
+            "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+            "natIpAllocateOption": "AUTO_ONLY",
+        }
+    ]
     gce_fake.add_router("us-central1", "my-nat", nats=every)
     p = provider(gce_fake)
     assert p.ensure_worker_egress("run-u") == "my-nat"
@@ -363,9 +403,14 @@ def test_a_nat_that_is_not_the_runs_is_used_shared_or_refused(gce_fake):
     terminate_run(p, "run-u")
     assert list(gce_fake.routers) == [("us-central1", "my-nat")]  # the user's NAT stays
 
-    gce_fake.routers[("us-central1", "my-nat")]["nats"] = [{
-        "name": "mine", "sourceSubnetworkIpRangesToNat": "LIST_OF_SUBNETWORKS", "natIpAllocateOption": "AUTO_ONLY",
-        "subnetworks": [{"name": "regions/us-central1/subnetworks/other"}]}]
+    gce_fake.routers[("us-central1", "my-nat")]["nats"] = [
+        {
+            "name": "mine",
+            "sourceSubnetworkIpRangesToNat": "LIST_OF_SUBNETWORKS",
+            "natIpAllocateOption": "AUTO_ONLY",
+            "subnetworks": [{"name": "regions/us-central1/subnetworks/other"}],
+        }
+    ]
     with pytest.raises(CloudError, match="--worker-egress existing") as info:
         provider(gce_fake).provision(InstanceRequest("run-l", 1, V100))
     assert info.value.kind == "fatal" and not gce_fake.instances and "\n" not in str(info.value)
@@ -393,8 +438,10 @@ def test_a_nat_that_is_not_the_runs_is_used_shared_or_refused(gce_fake):
     with pytest.raises(CloudError, match="rubberband did not create it") as info:
         provider(gce_fake).provision(InstanceRequest("run-c", 1, V100))
     assert info.value.kind == "fatal" and not gce_fake.instances
-    assert provider(gce_fake).cleanup_run("run-c") == [f"firewall/{firewall_name('run-c', 'deny')}",
-                                                       f"firewall/{firewall_name('run-c')}"]
+    assert provider(gce_fake).cleanup_run("run-c") == [
+        f"firewall/{firewall_name('run-c', 'deny')}",
+        f"firewall/{firewall_name('run-c')}",
+    ]
     assert provider(gce_fake).leftover_runs() == []
     assert list(gce_fake.routers) == [("us-central1", router_name("run-c"))]
 

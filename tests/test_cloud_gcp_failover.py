@@ -29,14 +29,29 @@ CATALOG_WITH_STAND_IN = GCP_CATALOG_CSV + "n1-standard-16,16,60,,,,us-central1,u
 def test_gcp_stockout_mid_run_fails_over_and_replans(cli, tmp_path, gce_fake):
     gce_fake.stock = {"n1-standard-8": 1}  # the first VM of it boots; after that it is sold out in every zone
     spec = cloud_job(tmp_path, ["gcp"], trials=9, eta=3, min_epochs=1, max_epochs=9, epoch_s=0.1)
-    plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+T4x4", counts=(1, 2, 1),
-                      durations=(20.0, 20.0, 20.0))
+    plan = cloud_plan(
+        tmp_path, spec, "gcp", "us-central1", "n1-standard-8+T4x4", counts=(1, 2, 1), durations=(20.0, 20.0, 20.0)
+    )
     env = cloud_env(tmp_path)
     (tmp_path / "catalogs" / "gcp.csv").write_text(CATALOG_WITH_STAND_IN)
     env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir,
-                 env=env, timeout=300, test_boot="local")
+    result = cli(
+        "run",
+        spec,
+        "--cloud",
+        "gcp",
+        "--head",
+        "local",
+        "--plan",
+        plan,
+        "--yes",
+        "--run-dir",
+        run_dir,
+        env=env,
+        timeout=300,
+        test_boot="local",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
     # the stockout came in the middle of the run: after stage 0's trials had started on the first VM
@@ -54,13 +69,15 @@ def test_gcp_stockout_mid_run_fails_over_and_replans(cli, tmp_path, gce_fake):
     # re-planned at the next boundary (stage 1's extra VM is requested ahead of it, while stage 0 trains): the rest
     # of the run goes on the stand-in. The boundary may come before the stand-in is up (and its failover decision
     # journaled): the stockout itself is what the re-plan reacts to.
-    (replan,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replan"
-                 and e.get("trigger") == "failover"]
+    (replan,) = [
+        e for e in events if e["type"] == J.DECISION and e.get("kind") == "replan" and e.get("trigger") == "failover"
+    ]
     assert replan["accepted"] and replan["stage"] in (1, 2) and events.index(replan) > first_trial
     assert replan["unavailable"] == ["gcp:us-central1:n1-standard-8+T4x4"]
     (changed,) = [e for e in events if e["type"] == J.PLAN_CHANGED]
-    assert [s["instance_type"] for s in changed["plan"]["stages"][replan["stage"]:]] == \
-        ["n1-standard-16+T4x4"] * (3 - replan["stage"])
+    assert [s["instance_type"] for s in changed["plan"]["stages"][replan["stage"] :]] == ["n1-standard-16+T4x4"] * (
+        3 - replan["stage"]
+    )
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["best"]["trial_id"]
     billed = {i["instance_type"] for i in summary["instances"]}

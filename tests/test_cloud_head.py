@@ -11,20 +11,42 @@ import time
 
 import boto3
 import pytest
-from cloud_helpers import (FAKE_ACCESS_KEY, REGION, cloud_catalog, ec2_faults, moto_ami, moto_env,  # noqa: F401
-                           moto_server)
+from cloud_helpers import (
+    FAKE_ACCESS_KEY,
+    REGION,
+    cloud_catalog,
+    ec2_faults,  # noqa: F401
+    moto_ami,
+    moto_env,  # noqa: F401
+    moto_server,  # noqa: F401
+)
 
 from rubberband.cloud.aws import AwsProvider
-from rubberband.cloud.bootstrap import (BootstrapConfig, WatchdogSettings, cloud_run_id, render_startup_script,
-                                        validate_run_id)
-from rubberband.cloud.head import (DONE_MARKER, Observation, build_parser, decide, head_startup_script, observe,
-                                   provision_head,
-                                   self_terminate, watch, worker_startup_script)
+from rubberband.cloud.bootstrap import (
+    BootstrapConfig,
+    WatchdogSettings,
+    cloud_run_id,
+    render_startup_script,
+    validate_run_id,
+)
+from rubberband.cloud.head import (
+    DONE_MARKER,
+    Observation,
+    build_parser,
+    decide,
+    head_startup_script,
+    observe,
+    provision_head,
+    self_terminate,
+    watch,
+    worker_startup_script,
+)
 from rubberband.cloud.provider import TAG_ROLE, InstanceRequest
 from rubberband.errors import CloudError, InputError
 
-SETTINGS = WatchdogSettings(submit_timeout_s=600, stall_timeout_s=900, done_grace_s=300, max_lifetime_s=86400,
-                            poll_s=30)
+SETTINGS = WatchdogSettings(
+    submit_timeout_s=600, stall_timeout_s=900, done_grace_s=300, max_lifetime_s=86400, poll_s=30
+)
 G4 = cloud_catalog().find("g4dn.xlarge", region=REGION)
 
 
@@ -32,16 +54,19 @@ def obs(now, *, submitted=True, progress=None, done=None, booted=0.0) -> Observa
     return Observation(now=now, booted_at=booted, submitted=submitted, last_progress_at=progress, done_at=done)
 
 
-@pytest.mark.parametrize("observation, terminate, reason", [
-    (obs(100, submitted=False), False, "waiting for the run"),
-    (obs(600, submitted=False), True, "no run was submitted within 600s"),
-    (obs(1000, progress=500), False, "running"),
-    (obs(1400, progress=500), True, "no progress for 900s"),
-    (obs(1000, progress=None), True, "no progress for 1000s"),  # submitted but never progressed
-    (obs(1000, progress=900, done=900), False, "waiting for the CLI"),
-    (obs(1200, progress=900, done=900), True, "finished 300s ago"),
-    (obs(86400, progress=86399), True, "maximum lifetime"),
-])
+@pytest.mark.parametrize(
+    "observation, terminate, reason",
+    [
+        (obs(100, submitted=False), False, "waiting for the run"),
+        (obs(600, submitted=False), True, "no run was submitted within 600s"),
+        (obs(1000, progress=500), False, "running"),
+        (obs(1400, progress=500), True, "no progress for 900s"),
+        (obs(1000, progress=None), True, "no progress for 1000s"),  # submitted but never progressed
+        (obs(1000, progress=900, done=900), False, "waiting for the CLI"),
+        (obs(1200, progress=900, done=900), True, "finished 300s ago"),
+        (obs(86400, progress=86399), True, "maximum lifetime"),
+    ],
+)
 def test_decide(observation, terminate, reason):
     decision = decide(observation, SETTINGS)
     assert decision.terminate is terminate and reason in decision.reason
@@ -67,24 +92,51 @@ PUSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJtVq0Yq5d0Vb1s2YkF6mQy0Z6bYk8m2
 
 
 def test_scripts_join_the_head_and_hold_no_secrets():
-    head = render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head", region=REGION,
-                                                 rubberband_version="0.1.0", max_lifetime_s=7200, watchdog=SETTINGS,
-                                                 **VERSIONS))
+    head = render_startup_script(
+        BootstrapConfig(
+            run_id="run-s",
+            cloud="aws",
+            role="head",
+            region=REGION,
+            rubberband_version="0.1.0",
+            max_lifetime_s=7200,
+            watchdog=SETTINGS,
+            **VERSIONS,
+        )
+    )
     assert "ray.scripts.scripts start --head --port=6379 --num-cpus=0 --dashboard-host=127.0.0.1" in head
     assert "shutdown -h +120" in head and "-ge 600 ]" in head  # lifetime cap; unsubmitted head powers off
     assert "X-aws-ec2-metadata-token" in head  # IMDSv2: token first
     assert "rubberband==" not in head and "pip install" in head and "'ray[default]==2.60.0'" in head
     assert "torch" not in head.split("pip install", 1)[1]  # the head trains nothing: no torch
     assert "/dev/console" in head and "rubberband-boot.log" in head  # boot progress on the serial console
-    worker = render_startup_script(BootstrapConfig(run_id="run-s", cloud="gcp", role="worker",
-                                                   head_address="10.128.0.2", workers=4, token_push_key=PUSH_KEY,
-                                                   requirements=("transformers==4.46.0",), **VERSIONS))
+    worker = render_startup_script(
+        BootstrapConfig(
+            run_id="run-s",
+            cloud="gcp",
+            role="worker",
+            head_address="10.128.0.2",
+            workers=4,
+            token_push_key=PUSH_KEY,
+            requirements=("transformers==4.46.0",),
+            **VERSIONS,
+        )
+    )
     assert "RB_HEAD=10.128.0.2:6379" in worker and "--num-gpus=4" in worker
     assert 'rb-node-${INSTANCE_ID}\\": 4' in worker and "Metadata-Flavor: Google" in worker
     assert "'ray[default]==2.60.0' transformers==4.46.0" in worker and "rubberband==" not in worker
     assert "pip install --quiet torch==2.13.0" in worker and "import torch" in worker  # only where the image has none
-    cpu = render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", head_address="10.0.0.2",
-                                                use_gpu=False, ray_auth="disabled", **{**VERSIONS, "torch_version": "2.13.0+cu121"}))
+    cpu = render_startup_script(
+        BootstrapConfig(
+            run_id="run-s",
+            cloud="aws",
+            role="worker",
+            head_address="10.0.0.2",
+            use_gpu=False,
+            ray_auth="disabled",
+            **{**VERSIONS, "torch_version": "2.13.0+cu121"},
+        )
+    )
     assert "torch==2.13.0+cpu" in cpu and "download.pytorch.org/whl/cpu" in cpu
     assert "RAY_AUTH_MODE=disabled" in cpu and "rubberband-token" not in cpu  # --head local: no token to push
     # token mode: the head's key may only drop the token (restrict + forced command); Ray waits for the token
@@ -93,16 +145,30 @@ def test_scripts_join_the_head_and_hold_no_secrets():
     assert worker.index("waiting for the run's Ray token") < worker.index("ray.scripts.scripts start")
     assert head.index("waiting for the run's Ray token from the CLI") < head.index("ray.scripts.scripts start")
     with pytest.raises(InputError, match="token_push_key"):
-        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", head_address="10.0.0.2",
-                                              token_push_key="ssh-rsa AAAA; rm -rf /", **VERSIONS))
+        render_startup_script(
+            BootstrapConfig(
+                run_id="run-s",
+                cloud="aws",
+                role="worker",
+                head_address="10.0.0.2",
+                token_push_key="ssh-rsa AAAA; rm -rf /",
+                **VERSIONS,
+            )
+        )
     with pytest.raises(InputError, match="head_address"):
         render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", **VERSIONS))
     with pytest.raises(InputError, match="credential"):
-        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head",
-                                              requirements=("AWS_SECRET_ACCESS_KEY=x",), **VERSIONS))
+        render_startup_script(
+            BootstrapConfig(
+                run_id="run-s", cloud="aws", role="head", requirements=("AWS_SECRET_ACCESS_KEY=x",), **VERSIONS
+            )
+        )
     with pytest.raises(InputError, match="python_version"):
-        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="head",
-                                              **{**VERSIONS, "python_version": "3.11; rm -rf /"}))
+        render_startup_script(
+            BootstrapConfig(
+                run_id="run-s", cloud="aws", role="head", **{**VERSIONS, "python_version": "3.11; rm -rf /"}
+            )
+        )
     for bad in ("Run_1", "", "a;rm -rf /", "x" * 42):
         with pytest.raises(InputError):
             validate_run_id(bad)
@@ -120,12 +186,14 @@ def test_head_provisioned_then_watchdog_ends_a_stalled_run(moto_env, tmp_path):
     head = provision_head(provider, "run-w", REGION, G4.zones, settings=SETTINGS, timeout_s=10)
     assert head.role == "head" and head.state == "running" and head.instance_type == "m6i.large"
     user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
-        InstanceId=head.id, Attribute="userData")["UserData"]["Value"]
+        InstanceId=head.id, Attribute="userData"
+    )["UserData"]["Value"]
     assert "ray.scripts.scripts start --head" in base64.b64decode(user_data).decode()
     script = worker_startup_script("aws", "run-w", head, G4)
     assert f"RB_HEAD={head.address}:6379" in script
-    workers = provider.provision(InstanceRequest("run-w", 0, G4, count=2, startup_script=script,
-                                                 extra_tags={TAG_ROLE: "worker"}))
+    workers = provider.provision(
+        InstanceRequest("run-w", 0, G4, count=2, startup_script=script, extra_tags={TAG_ROLE: "worker"})
+    )
 
     run_dir = tmp_path / "run-w"
     run_dir.mkdir()
@@ -133,8 +201,16 @@ def test_head_provisioned_then_watchdog_ends_a_stalled_run(moto_env, tmp_path):
     start = time.time()
     ticks = iter(range(1000))
     shutdowns: list[int] = []
-    decision = watch(provider, "run-w", head.id, run_dir, SETTINGS, clock=lambda: start + 30 * next(ticks),
-                     sleep=lambda s: None, shutdown=lambda: shutdowns.append(1))
+    decision = watch(
+        provider,
+        "run-w",
+        head.id,
+        run_dir,
+        SETTINGS,
+        clock=lambda: start + 30 * next(ticks),
+        sleep=lambda s: None,
+        shutdown=lambda: shutdowns.append(1),
+    )
     assert decision.terminate and "no progress" in decision.reason
     states = ec2_states()
     assert {states[w.id] for w in workers} == {"terminated"} and states[head.id] == "terminated"
@@ -171,11 +247,33 @@ def test_watchdog_process_ends_an_unsubmitted_run(moto_env, tmp_path):
     provider = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
     (head,) = provider.provision(InstanceRequest("run-p", 0, G4, extra_tags={TAG_ROLE: "head"}))
     (worker,) = provider.provision(InstanceRequest("run-p", 0, G4))
-    done = subprocess.run([sys.executable, "-m", "rubberband.cloud.head", "watchdog", "--cloud", "aws",
-                           "--region", REGION, "--run-id", "run-p", "--head-id", head.id,
-                           "--run-dir", str(tmp_path / "never-submitted"), "--submit-timeout", "0", "--poll", "0.1",
-                           "--no-shutdown"], env={**os.environ, **moto_env}, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rubberband.cloud.head",
+            "watchdog",
+            "--cloud",
+            "aws",
+            "--region",
+            REGION,
+            "--run-id",
+            "run-p",
+            "--head-id",
+            head.id,
+            "--run-dir",
+            str(tmp_path / "never-submitted"),
+            "--submit-timeout",
+            "0",
+            "--poll",
+            "0.1",
+            "--no-shutdown",
+        ],
+        env={**os.environ, **moto_env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "no run was submitted" in done.stdout
     states = ec2_states()
@@ -188,12 +286,15 @@ STUB = """#!/bin/bash
 printf '%s\\0' "$(basename "$0")" "$@" >> "$RB_STUB_LOG"; printf '\\n' >> "$RB_STUB_LOG"
 """
 #: The runtime's python: answers the script's questions (no torch here, Ray 2.60.0, where site-packages is).
-VENV_PYTHON = STUB + """case "$*" in
+VENV_PYTHON = (
+    STUB
+    + """case "$*" in
   *"import torch"*) exit 1;;
   *ray.__version__*) echo 2.60.0;;
   *purelib*) echo "$(dirname "$0")";;
 esac
 """
+)
 
 
 def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[list[str]]:
@@ -213,10 +314,12 @@ def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[li
     (stubs / "id").write_text(STUB + "exit 1\n")
     (stubs / "python").write_text(VENV_PYTHON)
     (stubs / "sleep").write_text("#!/bin/bash\nexit 1\n")  # ends the background loops at once
-    (stubs / "curl").write_text(STUB + 'case "$*" in *api/token*) echo tok;; *instance-id*|*instance/name*) '
-                                       'echo i-0abc;; esac\n')
-    (stubs / "python3.11").write_text(STUB + 'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin"; '
-                                             f'cp {stubs}/python "$3/bin/python"; fi\n')
+    (stubs / "curl").write_text(
+        STUB + 'case "$*" in *api/token*) echo tok;; *instance-id*|*instance/name*) echo i-0abc;; esac\n'
+    )
+    (stubs / "python3.11").write_text(
+        STUB + f'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin"; cp {stubs}/python "$3/bin/python"; fi\n'
+    )
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     env = {"PATH": f"{stubs}:/usr/bin:/bin", "RB_STUB_LOG": str(log), "HOME": str(tmp_path)}
@@ -232,16 +335,34 @@ def run_script(script: str, tmp_path, *, wait_for: str | None = None) -> list[li
 
 @pytest.mark.e2e
 def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
-    common = dict(run_id="run-s", venv=str(tmp_path / "venv"), run_root=str(tmp_path / "runs"),
-                  log_dir=str(tmp_path / "log"), image_pythons=(), **VERSIONS)
+    common = dict(
+        run_id="run-s",
+        venv=str(tmp_path / "venv"),
+        run_root=str(tmp_path / "runs"),
+        log_dir=str(tmp_path / "log"),
+        image_pythons=(),
+        **VERSIONS,
+    )
     for node in ("head", "worker"):  # the run's token, as the CLI (head) and the head (worker) deliver it
         (tmp_path / node / "drop").mkdir(parents=True)
         (tmp_path / node / ("state" if node == "head" else "drop") / "ray-token").parent.mkdir(exist_ok=True)
         (tmp_path / node / ("state" if node == "head" else "drop") / "ray-token").write_text("t0ken")
-    head_calls = run_script(render_startup_script(BootstrapConfig(
-        cloud="aws", role="head", region=REGION, max_lifetime_s=3600, watchdog=SETTINGS,
-        console=str(tmp_path / "head" / "console"), state_dir=str(tmp_path / "head" / "state"),
-        systemd_dir=str(tmp_path / "head" / "systemd"), **common)), tmp_path / "head")
+    head_calls = run_script(
+        render_startup_script(
+            BootstrapConfig(
+                cloud="aws",
+                role="head",
+                region=REGION,
+                max_lifetime_s=3600,
+                watchdog=SETTINGS,
+                console=str(tmp_path / "head" / "console"),
+                state_dir=str(tmp_path / "head" / "state"),
+                systemd_dir=str(tmp_path / "head" / "systemd"),
+                **common,
+            )
+        ),
+        tmp_path / "head",
+    )
     shutdowns = [c[1:] for c in head_calls if c[0] == "shutdown"]
     assert shutdowns == [["-h", "+60"]]
     # the cap and the watchdog service come first, before the metadata server, pip or Ray are touched
@@ -257,16 +378,28 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     pip = next(c for c in python if c[:3] == ["-m", "pip", "install"])
     assert "ray[default]==2.60.0" in pip and not any("rubberband" in a or "torch" in a for a in pip)
     start = next(c for c in python if c[:3] == ["-m", "ray.scripts.scripts", "start"])
-    assert start[3] == "--head" and "--resources={\"rb-head\": 1}" in start
+    assert start[3] == "--head" and '--resources={"rb-head": 1}' in start
     assert (tmp_path / "runs" / "run-s").is_dir()
     console = (tmp_path / "head" / "console").read_text()
     assert "rubberband-boot:" in console and "ready: Ray is up" in console
 
-    worker_calls = run_script(render_startup_script(BootstrapConfig(
-        cloud="gcp", role="worker", head_address="10.128.0.2", workers=2,
-        console=str(tmp_path / "worker" / "console"), state_dir=str(tmp_path / "worker" / "state"),
-        systemd_dir=str(tmp_path / "worker" / "systemd"), token_push_key=PUSH_KEY,
-        token_drop_dir=str(tmp_path / "worker" / "drop"), **common)), tmp_path / "worker")
+    worker_calls = run_script(
+        render_startup_script(
+            BootstrapConfig(
+                cloud="gcp",
+                role="worker",
+                head_address="10.128.0.2",
+                workers=2,
+                console=str(tmp_path / "worker" / "console"),
+                state_dir=str(tmp_path / "worker" / "state"),
+                systemd_dir=str(tmp_path / "worker" / "systemd"),
+                token_push_key=PUSH_KEY,
+                token_drop_dir=str(tmp_path / "worker" / "drop"),
+                **common,
+            )
+        ),
+        tmp_path / "worker",
+    )
     assert [c[0] for c in worker_calls[:2]] == ["systemctl", "systemctl"]  # the watchdog before anything else
     python = [c[1:] for c in worker_calls if c[0] == "python"]
     assert ["-m", "pip", "install", "--quiet", "torch==2.13.0"] in python  # this image has no torch
@@ -276,8 +409,15 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     assert json.loads(resources.split("=", 1)[1]) == {"rb-node-i-0abc": 2}  # the contract's resource name
     assert not any(c[0] == "shutdown" for c in worker_calls)  # no lifetime cap asked, head not lost
     assert not (tmp_path / "worker" / "state" / "expires_at").exists()
-    assert ["useradd", "--system", "--home-dir", str(tmp_path / "worker" / "drop"), "--shell", "/bin/sh",
-            "rubberband-token"] in worker_calls
+    assert [
+        "useradd",
+        "--system",
+        "--home-dir",
+        str(tmp_path / "worker" / "drop"),
+        "--shell",
+        "/bin/sh",
+        "rubberband-token",
+    ] in worker_calls
     # the token moved from the drop account into the root-only state directory before Ray started
     assert (tmp_path / "worker" / "state" / "ray-token").read_text() == "t0ken"
     assert not (tmp_path / "worker" / "drop" / "ray-token").exists()
@@ -290,21 +430,38 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
 @pytest.mark.e2e  # executes the rendered script with bash
 def test_a_failed_boot_says_why_on_the_console(tmp_path):
     """A node whose image lacks the client's Python minor fails at boot with one line on its serial console."""
-    script = render_startup_script(BootstrapConfig(
-        run_id="run-f", cloud="aws", role="worker", head_address="10.0.0.2", image_pythons=(),
-        venv=str(tmp_path / "venv"), run_root=str(tmp_path / "runs"), log_dir=str(tmp_path / "log"),
-        console=str(tmp_path / "console"), state_dir=str(tmp_path / "state"), systemd_dir=str(tmp_path / "systemd"),
-        ray_auth="disabled", **{**VERSIONS, "python_version": "3.99"}))
+    script = render_startup_script(
+        BootstrapConfig(
+            run_id="run-f",
+            cloud="aws",
+            role="worker",
+            head_address="10.0.0.2",
+            image_pythons=(),
+            venv=str(tmp_path / "venv"),
+            run_root=str(tmp_path / "runs"),
+            log_dir=str(tmp_path / "log"),
+            console=str(tmp_path / "console"),
+            state_dir=str(tmp_path / "state"),
+            systemd_dir=str(tmp_path / "systemd"),
+            ray_auth="disabled",
+            **{**VERSIONS, "python_version": "3.99"},
+        )
+    )
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     (stubs / "systemctl").write_text("#!/bin/bash\nexit 0\n")
     (stubs / "curl").write_text("#!/bin/bash\necho i-0abc\n")
-    (stubs / "shutdown").write_text(f"#!/bin/bash\necho \"$@\" >> {tmp_path}/shutdown.log\n")
+    (stubs / "shutdown").write_text(f'#!/bin/bash\necho "$@" >> {tmp_path}/shutdown.log\n')
     (stubs / "apt-get").write_text("#!/bin/bash\nexit 100\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
-    done = subprocess.run(["bash", "-c", script], env={"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path)},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     console = (tmp_path / "console").read_text()
     from rubberband.cloud.bootstrap import BOOT_FAILED
@@ -324,12 +481,13 @@ def test_watchdog_as_a_job_asks_the_boot_script_to_power_off(tmp_path):
 
     request_poweroff(tmp_path / "run-q")()
     assert (tmp_path / "run-q" / POWEROFF_MARKER).is_file()
-    args = build_parser().parse_args(["watchdog", "--cloud", "aws", "--region", REGION, "--run-id", "run-q",
-                                      "--head-id", "i-1", "--poweroff-marker"])
+    args = build_parser().parse_args(
+        ["watchdog", "--cloud", "aws", "--region", REGION, "--run-id", "run-q", "--head-id", "i-1", "--poweroff-marker"]
+    )
     assert args.poweroff_marker and args.run_dir is None
     assert poll_interval(SETTINGS) == 30 and poll_interval(WatchdogSettings(done_grace_s=1.0)) == 0.1
     script = render_startup_script(BootstrapConfig(run_id="run-q", cloud="aws", role="head", **VERSIONS))
-    assert f'/var/lib/rubberband/runs/run-q/{POWEROFF_MARKER} ]; then' in script
+    assert f"/var/lib/rubberband/runs/run-q/{POWEROFF_MARKER} ]; then" in script
 
 
 def test_worker_scripts_rendered_on_a_head_pin_the_clis_versions(monkeypatch):
@@ -342,10 +500,26 @@ def test_worker_scripts_rendered_on_a_head_pin_the_clis_versions(monkeypatch):
     from rubberband.cloud.bootstrap import RUN_VERSIONS_ENV
     from rubberband.cloud.provider import Instance
 
-    head = Instance(id="i-head", cloud="aws", instance_type="m6i.large", zone="us-east-1a", state="running",
-                    run_id="run-v", address="10.0.0.5", tags={"rubberband-role": "head"})
-    monkeypatch.setenv(RUN_VERSIONS_ENV, json.dumps({"ray_version": "2.60.0", "torch_version": "2.13.0+cpu",
-                                                     "requirements": ["numpy==2.4.6", "pydantic==2.13.4"]}))
+    head = Instance(
+        id="i-head",
+        cloud="aws",
+        instance_type="m6i.large",
+        zone="us-east-1a",
+        state="running",
+        run_id="run-v",
+        address="10.0.0.5",
+        tags={"rubberband-role": "head"},
+    )
+    monkeypatch.setenv(
+        RUN_VERSIONS_ENV,
+        json.dumps(
+            {
+                "ray_version": "2.60.0",
+                "torch_version": "2.13.0+cpu",
+                "requirements": ["numpy==2.4.6", "pydantic==2.13.4"],
+            }
+        ),
+    )
     script = worker_startup_script("aws", "run-v", head, G4)
     assert "torch==2.13.0" in script and "'ray[default]==2.60.0' numpy==2.4.6 pydantic==2.13.4" in script
     minor = f"{sys.version_info.major}, {sys.version_info.minor}"
@@ -365,8 +539,17 @@ def test_a_cloud_heads_script_takes_the_images_python_and_pins_the_runtime(monke
     assert "torch==" not in script  # the head trains nothing
 
 
-def run_node_watchdog(tmp_path, role: str, *, ready: bool = True, expires_in: int | None = None,
-                      health: int = 0, booted_ago: int = 0, poweroff: bool = False, **config) -> list[list[str]]:
+def run_node_watchdog(
+    tmp_path,
+    role: str,
+    *,
+    ready: bool = True,
+    expires_in: int | None = None,
+    health: int = 0,
+    booted_ago: int = 0,
+    poweroff: bool = False,
+    **config,
+) -> list[list[str]]:
     """Execute the rendered node watchdog (bash) with shutdown, sleep and the runtime's python stubbed; return
     the stubs' calls. The watchdog ends itself after powering off (or when a stub ``sleep`` fails)."""
     state, runs = tmp_path / "state", tmp_path / "runs"
@@ -391,27 +574,45 @@ def run_node_watchdog(tmp_path, role: str, *, ready: bool = True, expires_in: in
         (runs / "run-n" / "POWEROFF").write_text("")
     from rubberband.cloud.bootstrap import render_node_watchdog
 
-    script = render_node_watchdog(BootstrapConfig(
-        run_id="run-n", cloud="aws", role=role, head_address="10.0.0.2" if role == "worker" else None,
-        venv=str(tmp_path / "venv"), run_root=str(runs), state_dir=str(state), console=str(tmp_path / "console"),
-        **VERSIONS, **config))
-    done = subprocess.run(["bash", "-c", script], env={"PATH": f"{stubs}:/usr/bin:/bin", "RB_STUB_LOG": str(log)},
-                          capture_output=True, text=True, timeout=60)
+    script = render_node_watchdog(
+        BootstrapConfig(
+            run_id="run-n",
+            cloud="aws",
+            role=role,
+            head_address="10.0.0.2" if role == "worker" else None,
+            venv=str(tmp_path / "venv"),
+            run_root=str(runs),
+            state_dir=str(state),
+            console=str(tmp_path / "console"),
+            **VERSIONS,
+            **config,
+        )
+    )
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": f"{stubs}:/usr/bin:/bin", "RB_STUB_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode in (0, 1), done.stderr
     return [line.split("\0")[:-1] for line in log.read_text().splitlines() if line] if log.exists() else []
 
 
 @pytest.mark.e2e  # executes the rendered watchdog with bash
-@pytest.mark.parametrize("role, case, expect", [
-    ("worker", dict(expires_in=-1), "lifetime cap"),
-    ("head", dict(expires_in=-1), "lifetime cap"),
-    ("worker", dict(ready=False, booted_ago=4000), "boot did not finish"),
-    ("worker", dict(health=1, head_lost_timeout_s=120), "head was unreachable for 120s"),
-    ("head", dict(poweroff=True), "run's watchdog ended the run"),
-    ("head", dict(booted_ago=700, watchdog=SETTINGS), "no run was submitted within 600s"),
-    ("worker", dict(expires_in=3600), None),  # healthy, within its cap: polls on
-    ("head", dict(ready=False, booted_ago=10), None),  # still booting
-])
+@pytest.mark.parametrize(
+    "role, case, expect",
+    [
+        ("worker", dict(expires_in=-1), "lifetime cap"),
+        ("head", dict(expires_in=-1), "lifetime cap"),
+        ("worker", dict(ready=False, booted_ago=4000), "boot did not finish"),
+        ("worker", dict(health=1, head_lost_timeout_s=120), "head was unreachable for 120s"),
+        ("head", dict(poweroff=True), "run's watchdog ended the run"),
+        ("head", dict(booted_ago=700, watchdog=SETTINGS), "no run was submitted within 600s"),
+        ("worker", dict(expires_in=3600), None),  # healthy, within its cap: polls on
+        ("head", dict(ready=False, booted_ago=10), None),  # still booting
+    ],
+)
 def test_node_watchdog_powers_the_node_off(tmp_path, role, case, expect):
     calls = run_node_watchdog(tmp_path, role, **case)
     offs = [c[1:] for c in calls if c[0] == "shutdown"]
@@ -443,8 +644,16 @@ def test_watchdog_shuts_down_when_every_api_call_fails(tmp_path):
             raise RuntimeError("boom")
 
     shutdowns: list[int] = []
-    decision = watch(Broken(), "run-b", "rb-head", tmp_path / "never", SETTINGS, clock=iter([0, 0, 601]).__next__,
-                     sleep=lambda s: None, shutdown=lambda: shutdowns.append(1))
+    decision = watch(
+        Broken(),
+        "run-b",
+        "rb-head",
+        tmp_path / "never",
+        SETTINGS,
+        clock=iter([0, 0, 601]).__next__,
+        sleep=lambda s: None,
+        shutdown=lambda: shutdowns.append(1),
+    )
     assert decision.terminate and shutdowns == [1] and Broken.calls == ["list", "cleanup", "terminate"]
     assert self_terminate(NoApi("aws", "no credentials"), "run-b", "i-1", shutdown=lambda: shutdowns.append(2)) == []
     assert shutdowns == [1, 2]

@@ -23,9 +23,18 @@ from pathlib import Path
 import boto3
 import pytest
 from cli_harness import played_argv
-from cloud_helpers import (FAKE_ACCESS_KEY, FAKE_SECRET_KEY, GCP_CATALOG_CSV, REGION,  # noqa: F401  (fixtures)
-                           assert_fetched_run, assert_played_head_gone, ec2_faults, moto_env, moto_server,
-                           no_played_head_left)
+from cloud_helpers import (
+    FAKE_ACCESS_KEY,
+    FAKE_SECRET_KEY,
+    GCP_CATALOG_CSV,
+    REGION,  # noqa: F401  (fixtures)
+    assert_fetched_run,
+    assert_played_head_gone,
+    ec2_faults,  # noqa: F401
+    moto_env,  # noqa: F401
+    moto_server,  # noqa: F401
+    no_played_head_left,  # noqa: F401
+)
 from gce_fake import gce_fake  # noqa: F401
 from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances, one_error_line, small_gcp_job
 
@@ -34,9 +43,16 @@ from rubberband.cloud.head import HEAD_TYPES
 from rubberband.cloud.head_run import unpack
 from rubberband.head_job import build_parser, pack
 from rubberband.cloud.head_link import DirectLink
-from rubberband.cloud.head_session import (HeadOptions, HeadRecord, HeadSession, end_run, entrypoint, link_for,
-                                           stage_code,
-                                           start_head)
+from rubberband.cloud.head_session import (
+    HeadOptions,
+    HeadRecord,
+    HeadSession,
+    end_run,
+    entrypoint,
+    link_for,
+    stage_code,
+    start_head,
+)
 from rubberband.errors import CloudError, InputError
 from rubberband.executor import journal as J
 from rubberband.plan import load_plan
@@ -81,8 +97,13 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     run_dir = tmp_path / "run"
     log = tmp_path / "cli.err"
     with open(log, "w") as err:
-        proc = subprocess.Popen(played_argv("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir",
-                                            run_dir), env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.Popen(
+            played_argv("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     record = None
     try:
         deadline = time.monotonic() + 240  # generous: the shared test machine can be very busy
@@ -107,7 +128,8 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         from rubberband.cloud.identity import aws_head_policy
 
         assert boto3.client("iam").get_role_policy(RoleName=record.identity, PolicyName="rubberband-head")[
-            "PolicyDocument"] == aws_head_policy(record.cloud_run_id)
+            "PolicyDocument"
+        ] == aws_head_policy(record.cloud_run_id)
         # the job as the head's job server holds it: entrypoint and runtime_env, and the head's user-data
         from ray.job_submission import JobSubmissionClient
 
@@ -126,16 +148,24 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         (package,) = info.runtime_env["py_modules"]
         assert package.startswith("gcs://_ray_pkg_")
         watchdog = JobSubmissionClient(head_url(record.instance_id), headers=authorized).get_job_info(
-            f"{record.cloud_run_id}-watchdog")
+            f"{record.cloud_run_id}-watchdog"
+        )
         assert "rubberband.cloud.head watchdog" in watchdog.entrypoint and "--poweroff-marker" in watchdog.entrypoint
         assert watchdog.runtime_env["py_modules"] == [package] and watchdog.status == "RUNNING"
         user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
-            InstanceId=record.instance_id, Attribute="userData")["UserData"]["Value"]
+            InstanceId=record.instance_id, Attribute="userData"
+        )["UserData"]["Value"]
         for text in (info.entrypoint, json.dumps(info.runtime_env), user_data):
             assert FAKE_ACCESS_KEY not in text and FAKE_SECRET_KEY not in text and token not in text
-        workers_data = [base64.b64decode(boto3.client("ec2", region_name=REGION).describe_instance_attribute(
-            InstanceId=i["InstanceId"], Attribute="userData")["UserData"]["Value"]).decode()
-            for i in moto_instances() if i["InstanceId"] != record.instance_id]
+        workers_data = [
+            base64.b64decode(
+                boto3.client("ec2", region_name=REGION).describe_instance_attribute(
+                    InstanceId=i["InstanceId"], Attribute="userData"
+                )["UserData"]["Value"]
+            ).decode()
+            for i in moto_instances()
+            if i["InstanceId"] != record.instance_id
+        ]
         assert workers_data and all("RAY_AUTH_MODE=token" in d and token not in d for d in workers_data)
         assert "RAY_AUTH_MODE=token" in base64.b64decode(user_data).decode()
 
@@ -176,8 +206,23 @@ def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(1,), durations=(20.0,))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
-    submitted = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--run-dir", run_dir, "--detach",
-                    "--results-grace", "1s", env=env, timeout=120, test_boot="local")
+    submitted = cli(
+        "run",
+        spec,
+        "--cloud",
+        "aws",
+        "--plan",
+        plan,
+        "--yes",
+        "--run-dir",
+        run_dir,
+        "--detach",
+        "--results-grace",
+        "1s",
+        env=env,
+        timeout=120,
+        test_boot="local",
+    )
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     assert "submitted run" in submitted.stderr and f"--attach {run_dir}" in submitted.stderr
     record = HeadRecord.read(run_dir)
@@ -213,8 +258,24 @@ def test_head_mode_needs_ssh_settings_outside_tests(cli, tmp_path, moto_env):
     assert local_detach.returncode == 2 and "--detach" in one_error_line(local_detach)
     key = tmp_path / "key"
     key.write_text("k\n")
-    ipv6 = cli("run", spec, "--cloud", "aws", "--plan", plan, "--yes", "--ssh-cidr", "2001:db8::7/128", "--ssh-key",
-               key, "--key-name", "rb", "--run-dir", tmp_path / "run6", env=env)
+    ipv6 = cli(
+        "run",
+        spec,
+        "--cloud",
+        "aws",
+        "--plan",
+        plan,
+        "--yes",
+        "--ssh-cidr",
+        "2001:db8::7/128",
+        "--ssh-key",
+        key,
+        "--key-name",
+        "rb",
+        "--run-dir",
+        tmp_path / "run6",
+        env=env,
+    )
     assert ipv6.returncode == 2 and "IPv6" in one_error_line(ipv6) and "Traceback" not in ipv6.stderr
     assert moto_instances() == [] and not (tmp_path / "run6" / "head.json").exists()
 
@@ -238,8 +299,20 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
 
     monkeypatch.setattr(gce_fake, "_insert", watched_insert)
     try:
-        result = cli("run", spec, "--cloud", "gcp", "--plan", plan, "--yes", "--run-dir", run_dir, env=env,
-                     timeout=400, test_boot="local")
+        result = cli(
+            "run",
+            spec,
+            "--cloud",
+            "gcp",
+            "--plan",
+            plan,
+            "--yes",
+            "--run-dir",
+            run_dir,
+            env=env,
+            timeout=400,
+            test_boot="local",
+        )
     finally:
         if (run_dir / "head.json").exists():
             end_run(HeadRecord.read(run_dir), test_boot="local")
@@ -300,7 +373,7 @@ def test_pack_and_unpack_round_trip_without_checkpoints(tmp_path):
 
     log_filter, shown = LogFilter(), ""
     for i in range(0, len(logs), 7):
-        shown += log_filter.feed(logs[i:i + 7])
+        shown += log_filter.feed(logs[i : i + 7])
     assert shown == "some log line\nanother line\n" and log_filter.packed is not None
     assert sorted(unpack(log_filter.packed, tmp_path / "again")) == ["journal.jsonl", "result.json"]
 
@@ -336,7 +409,7 @@ def test_pack_brings_back_the_best_trials_newest_checkpoint_only(tmp_path):
 def _wrap(data: str) -> str:
     from rubberband.cloud.head_run import PACK_BEGIN, PACK_END
 
-    return "\n".join([PACK_BEGIN, *(data[i:i + 76] for i in range(0, len(data), 76)), PACK_END])
+    return "\n".join([PACK_BEGIN, *(data[i : i + 76] for i in range(0, len(data), 76)), PACK_END])
 
 
 def test_stage_code_ships_code_spec_plan_and_profile(tmp_path):
@@ -355,17 +428,34 @@ def _digits_plan(spec):
 
     from rubberband.planner.schedule import stages_for
 
-    n = len(stages_for(spec.scheduler.kind, trials=spec.scheduler.trials, eta=spec.scheduler.eta,
-                       min_epochs=spec.scheduler.min_epochs, max_epochs=spec.scheduler.max_epochs))
+    n = len(
+        stages_for(
+            spec.scheduler.kind,
+            trials=spec.scheduler.trials,
+            eta=spec.scheduler.eta,
+            min_epochs=spec.scheduler.min_epochs,
+            max_epochs=spec.scheduler.max_epochs,
+        )
+    )
     return make_plan(spec, [("local.cpu1", 1, 1)] * n, durations=[10.0] * n)
 
 
 @pytest.mark.e2e  # runs `ssh -G`
 def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
-    record = HeadRecord(run_id="My_Run-1", cloud="aws", region=REGION, instance_id="i-0abc", zone="us-east-1b",
-                        address="10.0.0.5", public_address="203.0.113.9", regions=[REGION], metric="loss")
-    words = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", head_grace_s=300,
-                       overrun_s=60).split()
+    record = HeadRecord(
+        run_id="My_Run-1",
+        cloud="aws",
+        region=REGION,
+        instance_id="i-0abc",
+        zone="us-east-1b",
+        address="10.0.0.5",
+        public_address="203.0.113.9",
+        regions=[REGION],
+        metric="loss",
+    )
+    words = entrypoint(
+        record, deadline_s=600, trial_runtime="rubberband.executor.trials", head_grace_s=300, overrun_s=60
+    ).split()
     assert words[:4] == ["python", "-m", "rubberband.head_job", "run"]
     assert "--head-id" in words and "i-0abc" in words and "--deadline" in words
     assert words[words.index("--head-grace") + 1] == "300" and words[words.index("--overrun-s") + 1] == "60"
@@ -375,12 +465,16 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
     assert build_parser().parse_args(words[3:]).worker_egress == "nat"  # the default: the run's own Cloud NAT
     for egress in ("existing", "public"):  # what the CLI was asked for reaches the head's executor (GCP)
         gcp = dataclasses.replace(record, cloud="gcp", worker_egress=egress)
-        assert build_parser().parse_args(entrypoint(gcp, deadline_s=600, trial_runtime="x").split()[3:]
-                                         ).worker_egress == egress
+        assert (
+            build_parser().parse_args(entrypoint(gcp, deadline_s=600, trial_runtime="x").split()[3:]).worker_egress
+            == egress
+        )
     from rubberband.cloud.gcp import WORKER_EGRESS
 
-    assert build_parser()._subparsers._group_actions[0].choices["run"]._option_string_actions[
-        "--worker-egress"].choices == WORKER_EGRESS
+    assert (
+        build_parser()._subparsers._group_actions[0].choices["run"]._option_string_actions["--worker-egress"].choices
+        == WORKER_EGRESS
+    )
     stop = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop").split()
     assert stop[stop.index("--on-late") + 1] == "stop" and build_parser().parse_args(stop[3:]).on_late == "stop"
     # a played head's run job gets the test boot on its command line (never from the environment); a real one none
@@ -389,10 +483,19 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
     assert build_parser().parse_args(played[3:]).test_boot == "local"
     # so does a test's metadata server (spot notices) and trial runtime; a real one none
     assert "--metadata-url" not in words and build_parser().parse_args(words[3:]).metadata_url is None
-    noticed = shlex.split(entrypoint(record, deadline_s=600, trial_runtime="tests.stand_in", test_boot="local",
-                                     metadata_url="http://127.0.0.1:8/{instance}/"))  # as the job's shell does
-    assert vars(build_parser().parse_args(noticed[3:])).items() >= {
-        "metadata_url": "http://127.0.0.1:8/{instance}/", "trial_runtime": "tests.stand_in"}.items()
+    noticed = shlex.split(
+        entrypoint(
+            record,
+            deadline_s=600,
+            trial_runtime="tests.stand_in",
+            test_boot="local",
+            metadata_url="http://127.0.0.1:8/{instance}/",
+        )
+    )  # as the job's shell does
+    assert (
+        vars(build_parser().parse_args(noticed[3:])).items()
+        >= {"metadata_url": "http://127.0.0.1:8/{instance}/", "trial_runtime": "tests.stand_in"}.items()
+    )
     with pytest.raises(SystemExit):  # malformed: argparse's usage error
         build_parser().parse_args(words[3:] + ["--metadata-url", "169.254.169.254"])
     tunnel = link_for(record, None, Path("/k/id_ed25519"), tmp_path / "run")
@@ -414,21 +517,30 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
     first stage, recorded in head.json; end_run deletes it and the run's firewall rules."""
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
     load_spec(cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3))
-    plan = load_plan(cloud_plan(tmp_path, tmp_path / "job" / "job.yaml", "gcp", "us-central1",
-                                "n1-standard-8+V100x1", counts=(1, 1)))
+    plan = load_plan(
+        cloud_plan(tmp_path, tmp_path / "job" / "job.yaml", "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1))
+    )
     catalog = parse_catalog("gcp", GCP_CATALOG_CSV)
     run_dir = tmp_path / "run"
     key = tmp_path / "id_ed25519"
     key.write_text("not a real key\n")
-    record = start_head(plan=plan, catalog=catalog, run_id="gcp-head-run", run_dir=run_dir, metric="loss",
-                        options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, service_account=HEAD_SA),
-                        test_boot=None)
+    record = start_head(
+        plan=plan,
+        catalog=catalog,
+        run_id="gcp-head-run",
+        run_dir=run_dir,
+        metric="loss",
+        options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, service_account=HEAD_SA),
+        test_boot=None,
+    )
     try:
         assert HeadRecord.read(run_dir) == record
         assert {m for _, m in gce_fake.inserts} == {"e2-standard-2"}
         (vm,) = gce_fake.instances.values()
         assert vm["labels"]["rubberband-role"] == "head" and vm["labels"]["rubberband-run-id"] == "gcp-head-run"
-        assert vm["serviceAccounts"] == [{"email": HEAD_SA, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
+        assert vm["serviceAccounts"] == [
+            {"email": HEAD_SA, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
+        ]
         assert record.zone in ("us-central1-a", "us-central1-b")
         script = next(m["value"] for m in vm["metadata"]["items"] if m["key"] == "startup-script")
         assert "--dashboard-port=8265" in script and "rubberband==" not in script  # rubberband comes with the jobs
@@ -449,7 +561,7 @@ class _FlakyJobServer:
         self.connections += 1
         cut = self.breaks.pop(0) if self.breaks else None
         for i in range(0, len(self.log) if cut is None else cut, 5):
-            yield self.log[i:min(i + 5, len(self.log) if cut is None else cut)]
+            yield self.log[i : min(i + 5, len(self.log) if cut is None else cut)]
         if cut is not None:
             raise RuntimeError("WebSocket closed with close code 1006")
 
@@ -461,8 +573,17 @@ class _FlakyJobServer:
 
 
 def _session(client) -> HeadSession:
-    record = HeadRecord(run_id="r1", cloud="aws", region=REGION, instance_id="i-0abc", zone="us-east-1b",
-                        address="10.0.0.5", public_address=None, regions=[REGION], metric="loss")
+    record = HeadRecord(
+        run_id="r1",
+        cloud="aws",
+        region=REGION,
+        instance_id="i-0abc",
+        zone="us-east-1b",
+        address="10.0.0.5",
+        public_address=None,
+        regions=[REGION],
+        metric="loss",
+    )
     session = HeadSession(record, DirectLink("http://127.0.0.1:1"))
     session.client = client
     return session
@@ -495,12 +616,23 @@ def test_worker_egress_is_checked_before_anything_starts_and_old_head_records_st
     with pytest.raises(InputError, match="--worker-egress is for --cloud gcp"):
         check_options("aws", HeadOptions(worker_egress="public"), test_boot="local")
     with pytest.raises(InputError, match="--worker-egress 'open': use nat"):
-        check_options("gcp", HeadOptions(worker_egress="open", service_account="h@p.iam.gserviceaccount.com"),
-                      test_boot="local")
-    check_options("gcp", HeadOptions(worker_egress="existing", service_account="h@p.iam.gserviceaccount.com"),
-                  test_boot="local")
-    record = HeadRecord(run_id="r", cloud="gcp", region="us-central1", instance_id="rb-r-0-abc", zone="us-central1-a",
-                        address="10.0.0.2", public_address=None, regions=["us-central1"], metric="loss")
+        check_options(
+            "gcp", HeadOptions(worker_egress="open", service_account="h@p.iam.gserviceaccount.com"), test_boot="local"
+        )
+    check_options(
+        "gcp", HeadOptions(worker_egress="existing", service_account="h@p.iam.gserviceaccount.com"), test_boot="local"
+    )
+    record = HeadRecord(
+        run_id="r",
+        cloud="gcp",
+        region="us-central1",
+        instance_id="rb-r-0-abc",
+        zone="us-central1-a",
+        address="10.0.0.2",
+        public_address=None,
+        regions=["us-central1"],
+        metric="loss",
+    )
     record.write(tmp_path)
     assert HeadRecord.read(tmp_path).worker_egress == "nat"
     for private, egress in ((True, "existing"), (False, "public")):

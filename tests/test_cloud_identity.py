@@ -8,15 +8,31 @@ import json
 
 import boto3
 import pytest
-from cloud_helpers import (REGION, cloud_catalog, ec2_faults, iam_simulator, moto_env,  # noqa: F401  (fixtures)
-                           moto_server, no_played_head_left)
+from cloud_helpers import (
+    REGION,
+    cloud_catalog,
+    ec2_faults,  # noqa: F401
+    iam_simulator,  # noqa: F401
+    moto_env,  # noqa: F401  (fixtures)
+    moto_server,  # noqa: F401
+    no_played_head_left,  # noqa: F401
+)
 from gce_fake import gce_fake  # noqa: F401
 
 from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.head import provision_head
-from rubberband.cloud.identity import (GCP_HEAD_PERMISSIONS, IAM_PATH, AwsIdentities, GcpIdentities,
-                                       aws_head_actions, aws_head_denials, aws_head_policy, check_identity, from_options,
-                                       launch_with_new_identity)
+from rubberband.cloud.identity import (
+    GCP_HEAD_PERMISSIONS,
+    IAM_PATH,
+    AwsIdentities,
+    GcpIdentities,
+    aws_head_actions,
+    aws_head_denials,
+    aws_head_policy,
+    check_identity,
+    from_options,
+    launch_with_new_identity,
+)
 from rubberband.cloud.provider import TAG_RUN_ID
 from rubberband.errors import CloudError, InputError
 
@@ -30,21 +46,26 @@ def test_the_head_policy_is_least_privilege():
         actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
         assert st["Effect"] == "Allow" and not any(a.startswith("iam:") or a.endswith("*") for a in actions)
         if st["Sid"] in ("Read", "FindTheImage", "LaunchFromImagesAndSubnets", "CreateTheGroupInAVpc"):
-            assert all(a.startswith(("ec2:Describe", "ssm:Get", "ec2:RunInstances", "ec2:CreateSecurityGroup"))
-                       for a in actions)
+            assert all(
+                a.startswith(("ec2:Describe", "ssm:Get", "ec2:RunInstances", "ec2:CreateSecurityGroup"))
+                for a in actions
+            )
             assert st["Sid"] != "LaunchFromImagesAndSubnets" or not any(
-                ":instance/" in r or ":security-group/" in r for r in st["Resource"])
+                ":instance/" in r or ":security-group/" in r for r in st["Resource"]
+            )
             continue
         values = [v for terms in st["Condition"].values() for v in terms.values()]
         assert "run-a" in values or st["Sid"] in ("TagInstancesOnlyAtLaunch", "TagTheGroupOnlyAtCreation"), st
     by_sid = {st["Sid"]: st for st in statements}
     assert by_sid["TerminateOnlyTheRunsInstances"]["Condition"] == {
-        "StringEquals": {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a"}}
+        "StringEquals": {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a"}
+    }
     assert by_sid["LaunchOnlyTheRunsInstances"]["Condition"]["StringEquals"][f"aws:RequestTag/{TAG_RUN_ID}"] == "run-a"
     # a re-tag may change the stage and the heartbeat alone: never the run id (which would hand another run's
     # instance over); tags are otherwise written only by the call that creates the resource
     assert by_sid["RetagOnlyTheRunsInstancesStageAndHeartbeat"]["Condition"]["ForAllValues:StringEquals"] == {
-        "aws:TagKeys": ["rubberband-stage", "rubberband-heartbeat"]}
+        "aws:TagKeys": ["rubberband-stage", "rubberband-heartbeat"]
+    }
     assert by_sid["TagInstancesOnlyAtLaunch"]["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
 
 
@@ -56,9 +77,11 @@ def test_a_role_is_created_for_the_run_found_by_its_tag_and_deleted(moto_env):
     iam = boto3.client("iam")
     role = iam.get_role(RoleName="rb-run-b")["Role"]
     assert role["Path"] == IAM_PATH and role["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {
-        "Service": "ec2.amazonaws.com"}
-    assert iam.get_role_policy(RoleName="rb-run-b", PolicyName="rubberband-head")["PolicyDocument"] == \
-        aws_head_policy("run-b")
+        "Service": "ec2.amazonaws.com"
+    }
+    assert iam.get_role_policy(RoleName="rb-run-b", PolicyName="rubberband-head")["PolicyDocument"] == aws_head_policy(
+        "run-b"
+    )
     profile = iam.get_instance_profile(InstanceProfileName="rb-run-b")["InstanceProfile"]
     assert [r["RoleName"] for r in profile["Roles"]] == ["rb-run-b"]
     assert {t["Key"]: t["Value"] for t in profile["Tags"]}[TAG_RUN_ID] == "run-b"
@@ -78,8 +101,9 @@ def test_the_head_starts_with_its_profile_and_workers_without(moto_env):
     identities = AwsIdentities()
     identity = identities.create("run-d", REGION)
     p3 = cloud_catalog().find("p3.2xlarge", region=REGION)
-    head = provision_head(AwsProvider(REGION, poll_s=0.01, instance_profile=identity.name), "run-d", REGION,
-                          p3.zones, timeout_s=10)
+    head = provision_head(
+        AwsProvider(REGION, poll_s=0.01, instance_profile=identity.name), "run-d", REGION, p3.zones, timeout_s=10
+    )
     assert head.identity.endswith(f":instance-profile{IAM_PATH}rb-run-d")
     from rubberband.cloud.provider import InstanceRequest
 
@@ -98,8 +122,12 @@ def test_a_new_profile_is_retried_while_ec2_does_not_know_it_yet():
     def launch():
         calls.append(1)
         if len(calls) < 3:
-            raise CloudError("aws InvalidParameterValue: Value (rb-x) for parameter iamInstanceProfile.name is "
-                             "invalid. Invalid IAM Instance Profile name", kind="fatal", code="InvalidParameterValue")
+            raise CloudError(
+                "aws InvalidParameterValue: Value (rb-x) for parameter iamInstanceProfile.name is "
+                "invalid. Invalid IAM Instance Profile name",
+                kind="fatal",
+                code="InvalidParameterValue",
+            )
         return "head"
 
     assert launch_with_new_identity(launch, new=True, sleep=slept.append) == "head" and len(slept) == 2
@@ -109,12 +137,15 @@ def test_a_new_profile_is_retried_while_ec2_does_not_know_it_yet():
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("cloud,profile,account,fix", [
-    ("aws", None, "sa@p.iam.gserviceaccount.com", "--service-account is for --cloud gcp"),
-    ("gcp", "prof", "sa@p.iam.gserviceaccount.com", "--instance-profile is for --cloud aws"),
-    ("gcp", None, None, "pass --service-account EMAIL"),
-    ("gcp", None, "not-an-email", "is not an email"),
-])
+@pytest.mark.parametrize(
+    "cloud,profile,account,fix",
+    [
+        ("aws", None, "sa@p.iam.gserviceaccount.com", "--service-account is for --cloud gcp"),
+        ("gcp", "prof", "sa@p.iam.gserviceaccount.com", "--instance-profile is for --cloud aws"),
+        ("gcp", None, None, "pass --service-account EMAIL"),
+        ("gcp", None, "not-an-email", "is not an email"),
+    ],
+)
 def test_identity_flags_that_do_not_fit_are_one_line_errors(cloud, profile, account, fix):
     with pytest.raises(InputError, match=fix):
         from_options(cloud, profile, account)
@@ -131,7 +162,8 @@ def test_dry_run_checks_a_named_profile_and_names_the_missing_permission(moto_en
     # least privilege: what the head must never do is denied by the per-run policy (simulated, not assumed)
     must_not = [c for c in checks if c.expect == "deny"]
     assert [(c.action, c.detail.split(" must not ")[1]) for c in must_not] == [
-        (a, doing) for a, _, doing in aws_head_denials("dry-run")]
+        (a, doing) for a, _, doing in aws_head_denials("dry-run")
+    ]
     assert all(c.allowed is False for c in must_not), must_not
     # the same role with the TerminateInstances statement removed: the check names it, and only it
     import json
@@ -139,7 +171,9 @@ def test_dry_run_checks_a_named_profile_and_names_the_missing_permission(moto_en
     policy = aws_head_policy("dry-run")
     policy["Statement"] = [s for s in policy["Statement"] if s["Sid"] != "TerminateOnlyTheRunsInstances"]
     iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(policy))
-    denied = [c for c in check_identity("aws", instance_profile="rb-dry-run") if c.allowed is False and c.expect == "allow"]
+    denied = [
+        c for c in check_identity("aws", instance_profile="rb-dry-run") if c.allowed is False and c.expect == "allow"
+    ]
     assert [c.action for c in denied] == ["ec2:TerminateInstances"] and "rb-dry-run" in denied[0].detail
     # a profile that may do anything on EC2: every "must not" row says it is broader than needed (not fatal)
     broad = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]}
@@ -163,10 +197,10 @@ def test_gcp_dry_run_checks_the_service_account_through_the_iam_api(gce_fake):
     gce_fake.add_service_account(email, permissions=list(GCP_HEAD_PERMISSIONS))
     checks = GcpIdentities(endpoint=gce_fake.url).check_service_account(email)
     assert checks[0].action == "iam.serviceAccounts.actAs" and all(c.allowed for c in checks), checks
-    gce_fake.add_service_account(email, permissions=[p for p in GCP_HEAD_PERMISSIONS
-                                                     if p != "compute.instances.delete"])
-    denied = [c.action for c in GcpIdentities(endpoint=gce_fake.url).check_service_account(email)
-              if c.allowed is False]
+    gce_fake.add_service_account(
+        email, permissions=[p for p in GCP_HEAD_PERMISSIONS if p != "compute.instances.delete"]
+    )
+    denied = [c.action for c in GcpIdentities(endpoint=gce_fake.url).check_service_account(email) if c.allowed is False]
     assert denied == ["compute.instances.delete"]
 
 
@@ -183,8 +217,15 @@ def test_a_head_that_cannot_start_leaves_no_role_behind(tmp_path, moto_env, ec2_
     key = tmp_path / "key"
     key.write_text("not a key\n")
     with pytest.raises(CloudError, match="VcpuLimitExceeded"):
-        start_head(plan=plan, catalog=cloud_catalog(), run_id="quota-run", run_dir=tmp_path / "run", metric="loss",
-                   options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, key_name="rb"), test_boot=None)
+        start_head(
+            plan=plan,
+            catalog=cloud_catalog(),
+            run_id="quota-run",
+            run_dir=tmp_path / "run",
+            metric="loss",
+            options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, key_name="rb"),
+            test_boot=None,
+        )
     assert ec2_faults.calls  # it did try, with the role it made
     iam = boto3.client("iam")
     assert iam.list_roles()["Roles"] == [] and iam.list_instance_profiles()["InstanceProfiles"] == []
@@ -225,8 +266,9 @@ def test_docs_hold_the_generated_policies():
 
     docs = (REPO / "docs" / "clouds.md").read_text()
     block = re.search(r"<!-- policies:begin[^>]*-->\n(.*)\n<!-- policies:end -->", docs, re.S)
-    assert block is not None and block.group(1) == policy_docs(), \
+    assert block is not None and block.group(1) == policy_docs(), (
         "docs/clouds.md is out of date: paste `python -m rubberband.cloud.identity` between its policies markers"
+    )
     for statement in aws_head_policy("RUN")["Statement"]:
         assert json.dumps(statement) in docs, statement["Sid"]
     assert all(f"`{p}`" in docs for p in GCP_HEAD_PERMISSIONS)
@@ -238,8 +280,12 @@ def test_the_head_may_make_and_delete_the_workers_nat_and_nothing_more_of_router
     region operations it waits on; never routers.update / setIamPolicy, nor any address permission (AUTO_ONLY: Google
     allocates the NAT's addresses)."""
     routers = sorted(p for p in GCP_HEAD_PERMISSIONS if p.startswith("compute.routers."))
-    assert routers == ["compute.routers.create", "compute.routers.delete", "compute.routers.get",
-                       "compute.routers.list"]
+    assert routers == [
+        "compute.routers.create",
+        "compute.routers.delete",
+        "compute.routers.get",
+        "compute.routers.list",
+    ]
     assert "compute.regionOperations.get" in GCP_HEAD_PERMISSIONS
     assert not [p for p in GCP_HEAD_PERMISSIONS if p.startswith("compute.addresses.")]
 
@@ -252,8 +298,10 @@ def test_the_gcp_condition_names_every_kind_rubberband_creates_by_its_prefix():
 
     assert 'resource.name.extract("/instances/{name}").startsWith("rb-")' in GCP_HEAD_CONDITION
     assert 'resource.name.extract("/firewalls/{name}").startsWith("rubberband-")' in GCP_HEAD_CONDITION
-    assert 'resource.type == "compute.googleapis.com/Router" && resource.name.extract("/routers/{name}")' \
+    assert (
+        'resource.type == "compute.googleapis.com/Router" && resource.name.extract("/routers/{name}")'
         '.startsWith("rubberband-")' in GCP_HEAD_CONDITION
+    )
     assert firewall_name("x").startswith(GCP_NAME_PREFIXES["Firewall"][1])
     assert router_name("x").startswith(GCP_NAME_PREFIXES["Router"][1])
     assert GCP_HEAD_CONDITION.count("(") == GCP_HEAD_CONDITION.count(")")

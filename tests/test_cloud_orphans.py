@@ -31,17 +31,30 @@ HOUR = 3600.0
 
 def _inst(run: str, launched: float | None, beat: float | None = None) -> Instance:
     tags = {TAG_MANAGED: "true", TAG_RUN_ID: run, **({TAG_HEARTBEAT: str(int(beat))} if beat is not None else {})}
-    return Instance(id=f"i-{run}-{launched}", cloud="aws", instance_type="t", zone="z", state="running", run_id=run,
-                    launched_at=launched, tags=tags)
+    return Instance(
+        id=f"i-{run}-{launched}",
+        cloud="aws",
+        instance_type="t",
+        zone="z",
+        state="running",
+        run_id=run,
+        launched_at=launched,
+        tags=tags,
+    )
 
 
 def test_a_run_is_orphaned_only_when_none_of_its_instances_showed_life_for_the_threshold():
     now = 100_000.0
-    instances = [_inst("old", now - 2 * HOUR), _inst("old", now - 3 * HOUR),
-                 _inst("beating", now - 5 * HOUR, beat=now - 60),  # launched long ago, heartbeat a minute ago
-                 _inst("young", now - 60),  # no heartbeat yet: its launch counts
-                 _inst("mixed", now - 5 * HOUR), _inst("mixed", now - 120),  # one young worker keeps it alive
-                 _inst("stale", now - 5 * HOUR, beat=now - 2 * HOUR), _inst("timeless", None)]
+    instances = [
+        _inst("old", now - 2 * HOUR),
+        _inst("old", now - 3 * HOUR),
+        _inst("beating", now - 5 * HOUR, beat=now - 60),  # launched long ago, heartbeat a minute ago
+        _inst("young", now - 60),  # no heartbeat yet: its launch counts
+        _inst("mixed", now - 5 * HOUR),
+        _inst("mixed", now - 120),  # one young worker keeps it alive
+        _inst("stale", now - 5 * HOUR, beat=now - 2 * HOUR),
+        _inst("timeless", None),
+    ]
     assert orphaned_runs(instances, now=now, older_than_s=HOUR) == {"old", "stale", "timeless"}
     assert orphaned_runs(instances, now=now, older_than_s=HOUR, protected={"old"}) == {"stale", "timeless"}
     assert orphaned_runs(instances, now=now, older_than_s=10 * HOUR) == {"timeless"}
@@ -84,22 +97,43 @@ def test_aws_sweep_ends_dead_runs_by_tags_and_heartbeat_and_spares_live_runs_and
     p.set_labels(head[0].id, beat_labels(now - 60))
     # the user's own look-alikes: same names as rubberband would give, no rubberband tag
     vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
-    user_sg = ec2.create_security_group(GroupName=security_group_name("run-mine"), Description="mine",
-                                        VpcId=vpc)["GroupId"]
-    user_vm = ec2.run_instances(ImageId=moto_ami(), MinCount=1, MaxCount=1, InstanceType="t3.micro",
-                                TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                                    {"Key": "Name", "Value": "rb-run-mine-0"}]}])["Instances"][0]["InstanceId"]
-    user_volume = ec2.create_volume(AvailabilityZone="us-east-1a", Size=1, TagSpecifications=[
-        {"ResourceType": "volume", "Tags": [{"Key": "Name", "Value": "rb-run-mine-0"}]}])["VolumeId"]
+    user_sg = ec2.create_security_group(GroupName=security_group_name("run-mine"), Description="mine", VpcId=vpc)[
+        "GroupId"
+    ]
+    user_vm = ec2.run_instances(
+        ImageId=moto_ami(),
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="t3.micro",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": "rb-run-mine-0"}]}],
+    )["Instances"][0]["InstanceId"]
+    user_volume = ec2.create_volume(
+        AvailabilityZone="us-east-1a",
+        Size=1,
+        TagSpecifications=[{"ResourceType": "volume", "Tags": [{"Key": "Name", "Value": "rb-run-mine-0"}]}],
+    )["VolumeId"]
     iam.create_role(RoleName="rb-run-mine", AssumeRolePolicyDocument="{}", Path="/rubberband/")
     secrets = boto3.client("secretsmanager", region_name=REGION)
     secrets.create_secret(Name="rubberband-run-mine", SecretString="mine")  # the user's, no tag
-    secrets.create_secret(Name="rb-run-dead-token", SecretString="t", Tags=[  # a secret of the dead run
-        {"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_RUN_ID, "Value": "run-dead"}])
+    secrets.create_secret(
+        Name="rb-run-dead-token",
+        SecretString="t",
+        Tags=[  # a secret of the dead run
+            {"Key": TAG_MANAGED, "Value": "true"},
+            {"Key": TAG_RUN_ID, "Value": "run-dead"},
+        ],
+    )
     # a detached volume of the dead run (its instance was gone, the volume kept): found by its tags
-    stray = ec2.create_volume(AvailabilityZone="us-east-1a", Size=1, TagSpecifications=[
-        {"ResourceType": "volume", "Tags": [{"Key": TAG_MANAGED, "Value": "true"},
-                                            {"Key": TAG_RUN_ID, "Value": "run-dead"}]}])["VolumeId"]
+    stray = ec2.create_volume(
+        AvailabilityZone="us-east-1a",
+        Size=1,
+        TagSpecifications=[
+            {
+                "ResourceType": "volume",
+                "Tags": [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_RUN_ID, "Value": "run-dead"}],
+            }
+        ],
+    )["VolumeId"]
 
     assert down_orphans("aws", [REGION], HOUR, now=now) == 2
     assert sorted(i.run_id for i in p.list()) == ["run-live"]
@@ -108,8 +142,9 @@ def test_aws_sweep_ends_dead_runs_by_tags_and_heartbeat_and_spares_live_runs_and
     assert p.find_security_group("run-dead") is None
     volumes = {v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]}
     assert user_volume in volumes and stray not in volumes
-    states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"]
-              for i in r["Instances"]}
+    states = {
+        i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
+    }
     assert states[user_vm] == "running" and all(states[i.id] == "terminated" for i in dead)
     roles = sorted(r["RoleName"] for r in iam.list_roles()["Roles"])
     assert roles == ["rb-run-live", "rb-run-mine"]
@@ -165,21 +200,38 @@ def test_gcp_sweep_ends_dead_runs_and_spares_live_runs_and_look_alikes(gce_fake,
     p.set_labels(head[0].id, beat_labels(now - 60))
     # the user's own look-alikes: a rule and a disk named as rubberband names its own, without its marker / labels
     gce_fake.firewalls[firewall_name("run-mine")] = {
-        "name": firewall_name("run-mine"), "description": "my own rule", "network": "global/networks/default",
-        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}], "creationTimestamp": "2020-01-01T00:00:00.000+00:00"}
+        "name": firewall_name("run-mine"),
+        "description": "my own rule",
+        "network": "global/networks/default",
+        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+        "creationTimestamp": "2020-01-01T00:00:00.000+00:00",
+    }
     gce_fake.add_disk("us-central1-a", "rb-run-mine-0-abcdef")
-    gce_fake.add_router("us-east1", "rubberband-run-mine-nat", description="my own NAT", nats=[{
-        "name": "nat", "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
-        "natIpAllocateOption": "AUTO_ONLY"}])
+    gce_fake.add_router(
+        "us-east1",
+        "rubberband-run-mine-nat",
+        description="my own NAT",
+        nats=[
+            {
+                "name": "nat",
+                "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+                "natIpAllocateOption": "AUTO_ONLY",
+            }
+        ],
+    )
     # a detached disk of the dead run (its VM was deleted without it): found by its labels
     gce_fake.add_disk("us-central1-a", "rb-run-dead-0-123456", labels={TAG_MANAGED: "true", TAG_RUN_ID: "run-dead"})
 
-    assert sorted(gce_fake.routers) == [("us-central1", "rubberband-run-dead-nat"), ("us-east1", "rubberband-run-mine-nat")]
+    assert sorted(gce_fake.routers) == [
+        ("us-central1", "rubberband-run-dead-nat"),
+        ("us-east1", "rubberband-run-mine-nat"),
+    ]
     assert down_orphans("gcp", ["us-central1"], HOUR, now=now) == 2
     assert [i.run_id for i in p.list()] == ["run-live"]
     assert list(gce_fake.routers) == [("us-east1", "rubberband-run-mine-nat")]  # the dead run's NAT went
-    assert sorted(gce_fake.firewalls) == sorted([firewall_name("run-live", "deny"), firewall_name("run-live"),
-                                                firewall_name("run-mine")])
+    assert sorted(gce_fake.firewalls) == sorted(
+        [firewall_name("run-live", "deny"), firewall_name("run-live"), firewall_name("run-mine")]
+    )
     assert sorted(name for _, name in gce_fake.disks) == sorted([head[0].id, "rb-run-mine-0-abcdef"])
     assert down_orphans("gcp", ["us-central1"], HOUR, now=now + 2 * HOUR) == 1
     assert not gce_fake.instances and list(gce_fake.firewalls) == [firewall_name("run-mine")]
@@ -206,8 +258,12 @@ def test_gcp_sweep_deletes_a_leaked_nat_of_a_run_without_vms_and_only_it(gce_fak
 
 def test_gcp_never_reuses_nor_deletes_a_look_alike_firewall_rule(gce_fake):
     gce_fake.firewalls[firewall_name("run-clash")] = {
-        "name": firewall_name("run-clash"), "description": "my own rule", "network": "global/networks/default",
-        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}], "creationTimestamp": "2020-01-01T00:00:00.000+00:00"}
+        "name": firewall_name("run-clash"),
+        "description": "my own rule",
+        "network": "global/networks/default",
+        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+        "creationTimestamp": "2020-01-01T00:00:00.000+00:00",
+    }
     p = _gcp(gce_fake)
     with pytest.raises(CloudError, match="rubberband did not create it") as info:
         p.provision(InstanceRequest("run-clash", 0, V100))
@@ -229,8 +285,9 @@ def test_the_executor_on_the_head_writes_the_heartbeat_on_its_head_instance(moto
     p = _aws()
     (head,) = p.provision(InstanceRequest("run-hb", 0, G4, extra_tags={TAG_ROLE: "head"}))
     (head,) = p.wait([head.id], 10)
-    backend = OnHeadCloudBackend(cloud="aws", run_dir=tmp_path, regions=[REGION], catalog=CATALOG,
-                                 head_instance=head, heartbeat_s=0.05)
+    backend = OnHeadCloudBackend(
+        cloud="aws", run_dir=tmp_path, regions=[REGION], catalog=CATALOG, head_instance=head, heartbeat_s=0.05
+    )
     backend.start_head("run-hb")
     try:
         deadline = time.monotonic() + 20

@@ -15,7 +15,7 @@ from rubberband.cloud.local import LocalProvider, _free_port
 
 pytestmark = pytest.mark.e2e
 
-CLIENT = r'''
+CLIENT = r"""
 import json, sys
 from ray.job_submission import JobSubmissionClient
 try:
@@ -23,9 +23,9 @@ try:
     print(json.dumps({"ok": True}))
 except Exception as exc:
     print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}))
-'''
+"""
 
-DRIVER = r'''
+DRIVER = r"""
 import json, sys, ray
 try:
     ray.init(address=sys.argv[1], log_to_driver=False)
@@ -33,13 +33,18 @@ try:
     ray.shutdown()
 except BaseException as exc:
     print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}))
-'''
+"""
 
 
 def _client(code: str, target: str, env: dict[str, str]) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    done = subprocess.run([sys.executable, "-c", code, target], env={**clean, "HOME": env.pop("HOME"), **env},
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code, target],
+        env={**clean, "HOME": env.pop("HOME"), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, done.stderr[-2000:]
     return json.loads(lines[-1])
@@ -62,10 +67,12 @@ def test_the_runs_ray_refuses_clients_without_its_token(tmp_path):
         assert not wrong["ok"]
         assert _client(CLIENT, url, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token_file.read_text()})["ok"]
         # the GCS (what a worker node or a driver joins) refuses a wrong token too
-        assert not _client(DRIVER, head.address, {**home, "RAY_AUTH_MODE": "token",
-                                                   "RAY_AUTH_TOKEN": secrets.token_hex(32)})["ok"]
-        assert _client(DRIVER, head.address, {**home, "RAY_AUTH_MODE": "token",
-                                               "RAY_AUTH_TOKEN_PATH": str(token_file)})["ok"]
+        assert not _client(
+            DRIVER, head.address, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        )["ok"]
+        assert _client(
+            DRIVER, head.address, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+        )["ok"]
     finally:
         local.stop_head()
 
@@ -75,12 +82,12 @@ def _ssh_stub(tmp_path, *, fail_first: int = 0):
     log = tmp_path / "ssh.log"
     stub = tmp_path / "bin" / "ssh"
     stub.parent.mkdir()
-    stub.write_text(f'''#!/bin/bash
+    stub.write_text(f"""#!/bin/bash
 n=$(ls {tmp_path}/call.* 2>/dev/null | wc -l)
 printf '%s\\n' "$@" > {tmp_path}/call.$n
 cat > {tmp_path}/stdin.$n
 [ "$n" -ge {fail_first} ] || {{ echo "ssh: connect to host: Connection refused" >&2; exit 255; }}
-''')
+""")
     stub.chmod(0o755)
     return str(stub), log
 
@@ -88,16 +95,16 @@ cat > {tmp_path}/stdin.$n
 def test_the_token_goes_to_the_head_on_stdin_over_the_runs_known_hosts(tmp_path):
     """deliver_to_head retries while the head's sshd is not up, sends the token on stdin only (never in argv), and
     trusts the run's own known_hosts; write/read/forget keep it in RUN_DIR/ray-token, 0600."""
-    from rubberband.cloud.ray_token import (deliver_to_head, forget_run_token, new_token, read_run_token,
-                                            write_run_token)
+    from rubberband.cloud.ray_token import deliver_to_head, forget_run_token, new_token, read_run_token, write_run_token
 
     token = new_token()
     run_dir = tmp_path / "run"
     path = write_run_token(run_dir, token)
     assert read_run_token(run_dir) == token and path.stat().st_mode & 0o777 == 0o600
     ssh, _ = _ssh_stub(tmp_path, fail_first=2)
-    deliver_to_head("203.0.113.9", "ubuntu", tmp_path / "key", run_dir / "known_hosts", token, timeout_s=30,
-                    ssh=ssh, poll_s=0.01)
+    deliver_to_head(
+        "203.0.113.9", "ubuntu", tmp_path / "key", run_dir / "known_hosts", token, timeout_s=30, ssh=ssh, poll_s=0.01
+    )
     calls = sorted(tmp_path.glob("call.*"))
     assert len(calls) == 3  # two refused while "booting", then delivered
     argv = calls[-1].read_text().splitlines()
@@ -129,8 +136,15 @@ def test_the_head_pushes_the_token_to_a_workers_drop_account(tmp_path, monkeypat
     push = SshTokenPush.from_env()
     assert push is not None and push.public_key == "ssh-ed25519 AAAA rubberband-token-push"
     push = SshTokenPush(key_file=push.key_file, token_file=push.token_file, ssh=ssh, poll_s=0.01)
-    worker = Instance(id="i-0w", cloud="aws", instance_type="p3.2xlarge", zone="us-east-1a", state="running",
-                      run_id="run-t", address="10.0.0.7")
+    worker = Instance(
+        id="i-0w",
+        cloud="aws",
+        instance_type="p3.2xlarge",
+        zone="us-east-1a",
+        state="running",
+        run_id="run-t",
+        address="10.0.0.7",
+    )
     push.push(worker, 10)
     argv = (tmp_path / "call.0").read_text().splitlines()
     assert argv[-1] == "rubberband-token@10.0.0.7" and str(key) in argv
@@ -147,9 +161,17 @@ def _drop_account_lines(public_key: str, drop: str) -> list[str]:
     files: they need a user of that name; this test's sshd serves its own user instead."""
     from rubberband.cloud.bootstrap import BootstrapConfig, _token_drop_lines
 
-    config = BootstrapConfig(cloud="aws", role="worker", run_id="run-s", ray_version="2.60.0", python_version=None,
-                             head_address="127.0.0.1", token_push_key=public_key, ray_auth="token",
-                             token_drop_dir=drop)
+    config = BootstrapConfig(
+        cloud="aws",
+        role="worker",
+        run_id="run-s",
+        ray_version="2.60.0",
+        python_version=None,
+        head_address="127.0.0.1",
+        token_push_key=public_key,
+        ray_auth="token",
+        token_drop_dir=drop,
+    )
     return [line for line in _token_drop_lines(config) if not line.startswith(("#", "id -u", "chown"))]
 
 
@@ -169,41 +191,60 @@ def test_the_pushed_token_lands_through_a_real_sshd_and_the_key_can_do_nothing_e
     state, drop = tmp_path / "state", tmp_path / "drop"
     state.mkdir()
     key = state / "push_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rubberband-token-push", "-f", str(key)],
-                   check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rubberband-token-push", "-f", str(key)], check=True
+    )
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")], check=True)
     for line in _drop_account_lines((state / "push_key.pub").read_text().strip(), str(drop)):
         subprocess.run(["sh", "-c", line], check=True)
     port = _free_port()
     config = tmp_path / "sshd_config"
-    config.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path / 'host_key'}\n"
-                      f"AuthorizedKeysFile {drop}/.ssh/authorized_keys\nPidFile {tmp_path / 'sshd.pid'}\n"
-                      "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-                      "PermitRootLogin prohibit-password\nAllowTcpForwarding yes\n")
+    config.write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path / 'host_key'}\n"
+        f"AuthorizedKeysFile {drop}/.ssh/authorized_keys\nPidFile {tmp_path / 'sshd.pid'}\n"
+        "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "PermitRootLogin prohibit-password\nAllowTcpForwarding yes\n"
+    )
     os.makedirs("/run/sshd", exist_ok=True)  # OpenSSH's privilege-separation directory (the package makes it at boot)
-    sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    sshd = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         token = new_token()
         (state / "ray-token").write_text(token)
-        worker = Instance(id="i-0w", cloud="aws", instance_type="p3.2xlarge", zone="us-east-1a", state="running",
-                          run_id="run-s", address="127.0.0.1")
-        push = SshTokenPush(key_file=key, token_file=state / "ray-token", poll_s=0.2, user=getpass.getuser(),
-                            port=port)
+        worker = Instance(
+            id="i-0w",
+            cloud="aws",
+            instance_type="p3.2xlarge",
+            zone="us-east-1a",
+            state="running",
+            run_id="run-s",
+            address="127.0.0.1",
+        )
+        push = SshTokenPush(key_file=key, token_file=state / "ray-token", poll_s=0.2, user=getpass.getuser(), port=port)
         push.push(worker, timeout_s=30)  # retried until the sshd listens
         landed = drop / "ray-token"
         assert landed.read_text() == token and landed.stat().st_mode & 0o777 == 0o600
         assert not (drop / "ray-token.part").exists()
         # the key runs nothing but the forced command: a request for a shell command writes its stdin as the token
-        base = ["ssh", "-i", str(key), *ssh_options(state / "known_hosts.d" / "i-0w"), "-p", str(port),
-                f"{getpass.getuser()}@127.0.0.1"]
-        other = subprocess.run([*base, "id; echo opened"], input="not-a-command", capture_output=True, text=True,
-                               timeout=30)
+        base = [
+            "ssh",
+            "-i",
+            str(key),
+            *ssh_options(state / "known_hosts.d" / "i-0w"),
+            "-p",
+            str(port),
+            f"{getpass.getuser()}@127.0.0.1",
+        ]
+        other = subprocess.run(
+            [*base, "id; echo opened"], input="not-a-command", capture_output=True, text=True, timeout=30
+        )
         assert "uid=" not in other.stdout and "opened" not in other.stdout
         assert landed.read_text() == "not-a-command"
         # `restrict`: no port forwarding with that key
-        forward = subprocess.run([*base, "-W", f"127.0.0.1:{port}"], input="", capture_output=True, text=True,
-                                 timeout=30)
+        forward = subprocess.run(
+            [*base, "-W", f"127.0.0.1:{port}"], input="", capture_output=True, text=True, timeout=30
+        )
         assert forward.returncode != 0 and "prohibited" in forward.stderr, forward.stderr
     finally:
         sshd.terminate()

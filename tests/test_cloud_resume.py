@@ -30,12 +30,17 @@ def test_sigkill_mid_run_then_resume_and_down_loses_no_checkpointed_epoch(cli, t
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(2, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(played_argv("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes",
-                                        "--run-dir", run_dir),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        played_argv("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:  # kill -9 once a trial has saved a checkpoint and goes on training
-        wait_for_events(proc, run_dir, lambda events: any(e["type"] == J.CHECKPOINT for e in events),
-                        timeout_s=400, poll_s=0.1)
+        wait_for_events(
+            proc, run_dir, lambda events: any(e["type"] == J.CHECKPOINT for e in events), timeout_s=400, poll_s=0.1
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
@@ -49,8 +54,9 @@ def test_sigkill_mid_run_then_resume_and_down_loses_no_checkpointed_epoch(cli, t
     runs_before = {t: dict(trial.epoch_runs) for t, trial in state.trials.items()}
     killed_at = len(list(J.iter_events(run_dir / J.JOURNAL_NAME)))  # what the dead executor journaled
 
-    resumed = cli("run", "--resume", str(run_dir), "--cloud", "aws", "--head", "local", env=env, timeout=600,
-                  test_boot="local")
+    resumed = cli(
+        "run", "--resume", str(run_dir), "--cloud", "aws", "--head", "local", env=env, timeout=600, test_boot="local"
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["best"]["trial_id"]
@@ -75,8 +81,12 @@ def test_sigkill_mid_run_then_resume_and_down_loses_no_checkpointed_epoch(cli, t
     final = J.read_state(run_dir)
     for trial_id, trial in final.trials.items():
         repeated = [epoch for epoch, runs in trial.epoch_runs.items() if runs > 1]
-        assert all(at_kill[trial_id] is None or epoch > at_kill[trial_id] for epoch in repeated), \
-            (trial_id, at_kill[trial_id], runs_before[trial_id], trial.epoch_runs)
+        assert all(at_kill[trial_id] is None or epoch > at_kill[trial_id] for epoch in repeated), (
+            trial_id,
+            at_kill[trial_id],
+            runs_before[trial_id],
+            trial.epoch_runs,
+        )
         assert sorted(trial.epochs) == list(range(len(trial.epochs)))  # no epoch missing either
     # `down` finds nothing more to end; nothing is left in moto or on this machine
     down = cli("down", str(run_dir), "--cloud", "aws", env=env)

@@ -7,8 +7,17 @@ import logging
 
 import boto3
 import pytest
-from cloud_helpers import (FAKE_ACCESS_KEY, FAKE_SECRET_KEY, REGION, ec2_faults,  # noqa: F401
-                           cloud_catalog, make_plan, moto_ami, moto_env, moto_server)
+from cloud_helpers import (
+    FAKE_ACCESS_KEY,
+    FAKE_SECRET_KEY,
+    REGION,
+    ec2_faults,  # noqa: F401
+    cloud_catalog,
+    make_plan,
+    moto_ami,
+    moto_env,  # noqa: F401
+    moto_server,  # noqa: F401
+)
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
 
@@ -56,8 +65,9 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
     gcp = GcpProvider("us-central1", endpoint=gce_fake.url, poll_s=0.01)
     v100 = catalog.find("n1-standard-8+V100x1")
     gcp_head = provision_head(gcp, "run-z", "us-central1", v100.zones, timeout_s=10)
-    gcp.provision(InstanceRequest("run-z", 0, v100, startup_script=worker_startup_script("gcp", "run-z", gcp_head,
-                                                                                         v100)))
+    gcp.provision(
+        InstanceRequest("run-z", 0, v100, startup_script=worker_startup_script("gcp", "run-z", gcp_head, v100))
+    )
     terminate_run(gcp, "run-z")
     outputs += gce_fake.bodies
     assert any("startup-script" in body for body in gce_fake.bodies)
@@ -69,6 +79,7 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
 
 
 def test_provider_messages_are_redacted():
-    err = classify("aws", "SignatureDoesNotMatch", f"Credential={FAKE_ACCESS_KEY}/20261121/us-east-1/ec2",
-                   region=REGION)
+    err = classify(
+        "aws", "SignatureDoesNotMatch", f"Credential={FAKE_ACCESS_KEY}/20261121/us-east-1/ec2", region=REGION
+    )
     assert FAKE_ACCESS_KEY not in err.message and "[redacted]" in err.message and err.kind == "fatal"

@@ -42,11 +42,19 @@ def test_package_is_cached_by_content_and_imports_without_rubberband_installed(t
     assert any(r.startswith("numpy==") for r in passed["requirements"])
     assert not any(r.split("==")[0] in ("torch", "ray", "matplotlib") for r in passed["requirements"])
     # another interpreter with the package first on its path (as Ray puts py_modules) imports and uses it
-    probe = ("import rubberband, rubberband.planner, rubberband.head_job; "
-             "from rubberband.catalog import load_catalog; "
-             "print(rubberband.__file__); print(len(load_catalog(['aws']).types) > 0)")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(package.parent)})
+    probe = (
+        "import rubberband, rubberband.planner, rubberband.head_job; "
+        "from rubberband.catalog import load_catalog; "
+        "print(rubberband.__file__); print(len(load_catalog(['aws']).types) > 0)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(package.parent)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     where, catalog = done.stdout.split()
     assert where.startswith(str(package)) and not where.startswith(str(REPO)) and catalog == "True"
@@ -60,12 +68,17 @@ def test_the_wheel_has_no_dependencies_and_installs_offline(tmp_path):
         meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     assert "Requires-Dist" not in meta  # pip --target on a node must not pull numpy, torch, ... from an index
     target = tmp_path / "target"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--quiet", "--target", str(target),
-                           str(wheel)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-index", "--quiet", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (target / "rubberband" / "catalogs" / "gcp.csv").is_file()
-    assert (target / "rubberband" / "executor" / "trials.py").read_bytes() == \
-        (REPO / "executor" / "trials.py").read_bytes()
+    assert (target / "rubberband" / "executor" / "trials.py").read_bytes() == (
+        REPO / "executor" / "trials.py"
+    ).read_bytes()
 
 
 def test_the_code_directory_never_ships_secrets(tmp_path):
@@ -94,22 +107,40 @@ def test_code_filter_keeps_secrets_out_and_honours_the_users_ignore_files(tmp_pa
     from rubberband.cloud.shipping import SECRET_EXCLUDES, CodeFilter
 
     code = tmp_path / "code"
-    for rel in ("train.py", "pkg/model.py", "data/big.bin", "data/keep.txt", "notes.log", "config/.env.prod",
-                "deploy/server.pem", "keys/id_ed25519.pub", ".aws/credentials", "gcp/application_default_credentials.json",
-                "infra/terraform.tfstate", ".git/config", "pkg/__pycache__/m.pyc", "runs/r1/journal.jsonl",
-                "venv/bin/python", ".config/gcloud/credentials.db", "credentials"):
+    for rel in (
+        "train.py",
+        "pkg/model.py",
+        "data/big.bin",
+        "data/keep.txt",
+        "notes.log",
+        "config/.env.prod",
+        "deploy/server.pem",
+        "keys/id_ed25519.pub",
+        ".aws/credentials",
+        "gcp/application_default_credentials.json",
+        "infra/terraform.tfstate",
+        ".git/config",
+        "pkg/__pycache__/m.pyc",
+        "runs/r1/journal.jsonl",
+        "venv/bin/python",
+        ".config/gcloud/credentials.db",
+        "credentials",
+    ):
         (code / rel).parent.mkdir(parents=True, exist_ok=True)
         (code / rel).write_text("x\n")
     (code / ".gitignore").write_text("*.log\n")
-    (code / ".rubberbandignore").write_text("# data sets are downloaded in train\ndata/\n!data/keep.txt\n"
-                                            "!deploy/server.pem\n!venv/\n")
+    (code / ".rubberbandignore").write_text(
+        "# data sets are downloaded in train\ndata/\n!data/keep.txt\n!deploy/server.pem\n!venv/\n"
+    )
     code_filter = CodeFilter(code)
     shipped = {p.as_posix() for p in code_filter.files()}
     assert shipped == {"train.py", "pkg/model.py", ".gitignore", ".rubberbandignore", "venv/bin/python"}
     # a directory excluded as a whole is not entered: `!data/keep.txt` cannot re-include inside it (as in git)
     assert code_filter.excluded("deploy/server.pem") and code_filter.excluded("data/big.bin")
-    assert code_filter.ray_excludes()[-len(SECRET_EXCLUDES):] == list(SECRET_EXCLUDES)  # last: they win in Ray's spec
+    assert code_filter.ray_excludes()[-len(SECRET_EXCLUDES) :] == list(SECRET_EXCLUDES)  # last: they win in Ray's spec
     from ray._private.thirdparty.pathspec import PathSpec
 
     ray_spec = PathSpec.from_lines("gitwildmatch", code_filter.ray_excludes())
-    assert ray_spec.match_file("deploy/server.pem") and ray_spec.match_file(".env") and not ray_spec.match_file("train.py")
+    assert (
+        ray_spec.match_file("deploy/server.pem") and ray_spec.match_file(".env") and not ray_spec.match_file("train.py")
+    )

@@ -55,8 +55,7 @@ def interrupt_spot(instance_id: str) -> None:
 
     backend = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
     backend.terminate_instances([instance_id])
-    backend.get_instance(instance_id).state_reason = StateReason(f"{SPOT_CODE}: Spot instance termination",
-                                                                 SPOT_CODE)
+    backend.get_instance(instance_id).state_reason = StateReason(f"{SPOT_CODE}: Spot instance termination", SPOT_CODE)
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -94,9 +93,17 @@ def test_backend_reports_obtained_types_blocked_types_and_spot_losses(moto_env, 
     assert provider.list() == []
 
 
-def spot_loss_run(tmp_path: Path, cloud: str, region: str, itype: str, env: dict[str, str],
-                  take_back: Callable[[str], None], *, trials: int = 2,
-                  epochs: int = 3) -> tuple[list[dict], str, Path]:
+def spot_loss_run(
+    tmp_path: Path,
+    cloud: str,
+    region: str,
+    itype: str,
+    env: dict[str, str],
+    take_back: Callable[[str], None],
+    *,
+    trials: int = 2,
+    epochs: int = 3,
+) -> tuple[list[dict], str, Path]:
     """``rubberband run --cloud CLOUD --head local``: one stage, ``trials`` × ``epochs`` on one spot ``itype``
     (4 slots); once a trial has checkpointed, ``take_back(id)`` has the cloud reclaim its instance and its stand-in
     Ray node dies. Checks that the loss is journaled as a spot interruption, one spot replacement takes the trials,
@@ -106,12 +113,19 @@ def spot_loss_run(tmp_path: Path, cloud: str, region: str, itype: str, env: dict
     spec = cloud_job(tmp_path, [cloud], trials=trials, eta=3, min_epochs=epochs, max_epochs=epochs, epoch_s=2.0)
     plan_path = cloud_plan(tmp_path, spec, cloud, region, itype, counts=(1,), durations=(20.0,))
     plan = load_plan(plan_path)
-    write_plan(plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}),
-               plan_path)
+    write_plan(
+        plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}), plan_path
+    )
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(played_argv("run", spec, "--cloud", cloud, "--head", "local", "--plan", plan_path, "--yes",
-                                        "--run-dir", run_dir),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        played_argv(
+            "run", spec, "--cloud", cloud, "--head", "local", "--plan", plan_path, "--yes", "--run-dir", run_dir
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     # once a trial has checkpointed, the cloud takes its instance back and its Ray node dies
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, before_kill=take_back)
     assert proc.returncode == 0, err[-3000:]
@@ -122,8 +136,9 @@ def spot_loss_run(tmp_path: Path, cloud: str, region: str, itype: str, env: dict
     replacement = [e for e in events[at:] if e["type"] == J.INSTANCE_REQUESTED]
     assert len(replacement) == 1 and replacement[0]["spot"] and replacement[0]["id"] != victim
     restarted = [e for e in events[at:] if e["type"] == J.TRIAL_STARTED]
-    assert restarted and all(e["instances"] == [replacement[0]["id"]] and e["from_checkpoint"] is not None
-                             for e in restarted)
+    assert restarted and all(
+        e["instances"] == [replacement[0]["id"]] and e["from_checkpoint"] is not None for e in restarted
+    )
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["instances_lost"] == 1
     assert "finished: best trial" in out
@@ -133,8 +148,7 @@ def spot_loss_run(tmp_path: Path, cloud: str, region: str, itype: str, env: dict
 
 def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
     """One spot p3.8xlarge (4 slots) interrupted after a checkpoint (see :func:`spot_loss_run`)."""
-    _, _, run_dir = spot_loss_run(tmp_path, "aws", REGION, "p3.8xlarge", cloud_env(tmp_path, moto_env),
-                                  interrupt_spot)
+    _, _, run_dir = spot_loss_run(tmp_path, "aws", REGION, "p3.8xlarge", cloud_env(tmp_path, moto_env), interrupt_spot)
     assert all(spot for _, _, spot in ec2_faults.calls) and len(ec2_faults.calls) == 2
     _nothing_left(run_dir)
 
@@ -146,8 +160,9 @@ def test_gcp_preemption_mid_run_is_a_spot_interruption_and_is_replaced(tmp_path,
     one the dying stand-in may still finish, one to restart."""
     env = cloud_env(tmp_path)
     env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
-    _, victim, _ = spot_loss_run(tmp_path, "gcp", "us-central1", "n1-standard-8+T4x4", env, gce_fake.preempt,
-                                 trials=1, epochs=3)
+    _, victim, _ = spot_loss_run(
+        tmp_path, "gcp", "us-central1", "n1-standard-8+T4x4", env, gce_fake.preempt, trials=1, epochs=3
+    )
     inserted = gce_fake.inserted()
     assert len(inserted) == 2 and {i["scheduling"]["provisioningModel"] for i in inserted} == {"SPOT"}
     preempted = [o for o in gce_fake.operations.values() if o["operationType"] == PREEMPTED_OPERATION]
@@ -164,8 +179,22 @@ def test_aws_planned_type_sold_out_everywhere_is_replaced_billed_and_replanned(c
     env = cloud_env(tmp_path, moto_env)
     (tmp_path / "catalogs" / "aws.csv").write_text(CATALOG_WITH_STAND_IN)
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan, "--yes", "--run-dir", run_dir,
-                 env=env, timeout=240, test_boot="local")
+    result = cli(
+        "run",
+        spec,
+        "--cloud",
+        "aws",
+        "--head",
+        "local",
+        "--plan",
+        plan,
+        "--yes",
+        "--run-dir",
+        run_dir,
+        env=env,
+        timeout=240,
+        test_boot="local",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     events = _events(run_dir)
     assert [(t, spot) for _, t, spot in ec2_faults.calls] == [("g4dn.xlarge", False), ("g4dn.2xlarge", False)]

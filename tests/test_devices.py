@@ -6,8 +6,7 @@ import pytest
 
 from rubberband.catalog import load_catalog
 from rubberband.errors import ExecutionError, GpuUnavailableError
-from rubberband.devices import (CPU_WORKER, CudaFacts, DevicePolicy, WorkerDevice, node_resources,
-                                         resolve, worker_device)
+from rubberband.devices import CPU_WORKER, CudaFacts, DevicePolicy, WorkerDevice, node_resources, resolve, worker_device
 from rubberband.executor.placement import make_slots
 
 CATALOG = load_catalog(["aws", "gcp", "local"])
@@ -17,15 +16,21 @@ def _type(name: str):
     return next(t for t in CATALOG.types if t.name == name)
 
 
-@pytest.mark.parametrize("name, cpus", [("p3.2xlarge", 8), ("p3.8xlarge", 8), ("g5.xlarge", 4),
-                                        ("a2-highgpu-1g", 12), ("n1-standard-8+V100x1", 8)])
+@pytest.mark.parametrize(
+    "name, cpus",
+    [("p3.2xlarge", 8), ("p3.8xlarge", 8), ("g5.xlarge", 4), ("a2-highgpu-1g", 12), ("n1-standard-8+V100x1", 8)],
+)
 def test_gpu_types_get_one_gpu_and_their_cpu_share_per_worker_with_nccl(name, cpus):
     device = worker_device(_type(name))
     assert device.use_gpu and device.backend == "nccl" and device.instance_type == name
     assert device.num_gpus == 1 and device.num_cpus == cpus
     assert device.bundle("rb-node-i1") == {"GPU": 1, "CPU": cpus, "rb-node-i1": 1}
-    assert device.actor_options("rb-node-i1") == {"num_gpus": 1, "num_cpus": cpus, "max_restarts": 0,
-                                                  "resources": {"rb-node-i1": 1}}
+    assert device.actor_options("rb-node-i1") == {
+        "num_gpus": 1,
+        "num_cpus": cpus,
+        "max_restarts": 0,
+        "resources": {"rb-node-i1": 1},
+    }
     assert device.actor_options(None) == {"num_gpus": 1, "num_cpus": cpus, "max_restarts": 0}
 
 
@@ -88,13 +93,20 @@ def test_gpu_worker_indexes_by_its_ray_id_when_every_device_is_visible():
     assert resolve(GPU, CudaFacts(True, 4, gpu_ids=("GPU-uuid",), torch_cuda="12.4")).device == "cuda:0"
 
 
-@pytest.mark.parametrize("facts, hint", [
-    (CudaFacts(available=False, device_count=0, gpu_ids=(0,), torch_cuda=None, torch_version="2.13.0+cpu"),
-     "CPU-only build"),
-    (CudaFacts(available=False, device_count=0, gpu_ids=(1,), torch_cuda="12.4", torch_version="2.13.0"),
-     "NVIDIA driver"),
-    (CudaFacts(available=True, device_count=0, gpu_ids=(1,), torch_cuda="12.4"), "NVIDIA driver"),
-])
+@pytest.mark.parametrize(
+    "facts, hint",
+    [
+        (
+            CudaFacts(available=False, device_count=0, gpu_ids=(0,), torch_cuda=None, torch_version="2.13.0+cpu"),
+            "CPU-only build",
+        ),
+        (
+            CudaFacts(available=False, device_count=0, gpu_ids=(1,), torch_cuda="12.4", torch_version="2.13.0"),
+            "NVIDIA driver",
+        ),
+        (CudaFacts(available=True, device_count=0, gpu_ids=(1,), torch_cuda="12.4"), "NVIDIA driver"),
+    ],
+)
 def test_gpu_worker_without_usable_cuda_fails_naming_the_instance_type(facts, hint):
     with pytest.raises(GpuUnavailableError) as err:
         resolve(GPU, facts)

@@ -47,6 +47,7 @@ def _events(run_dir: Path) -> list[dict]:
 
 # -- the pure policy ---------------------------------------------------------------------------
 
+
 def test_policy_reads_brackets_and_offsets_from_the_plan(tmp_path):
     spec = load_spec(_job(tmp_path, 0.1)[0])
     policy = BracketPolicy.for_plan(_plan(spec, offsets=(0.0, 30.0)))
@@ -61,8 +62,11 @@ def test_policy_reads_brackets_and_offsets_from_the_plan(tmp_path):
     assert policy.durations_s == (20.0, 12.0)
     assert policy.start_order([1, 0]) == [1, 0]  # bracket 1 starts 30 s later: it ends last
     assert BracketPolicy.for_plan(_plan(spec)).start_order([1, 0]) == [0, 1]
-    assert BracketPolicy(((0, 1), (1, 2), (2, 3)), (0.0, 0.0, 0.0), (10.0, 30.0, 10.0)).start_order([0, 1, 2]) \
-        == [1, 0, 2]
+    assert BracketPolicy(((0, 1), (1, 2), (2, 3)), (0.0, 0.0, 0.0), (10.0, 30.0, 10.0)).start_order([0, 1, 2]) == [
+        1,
+        0,
+        2,
+    ]
     assert BracketPolicy(((0, 1), (1, 2)), (0.0, 0.0), (10.0, 30.0)).due(0.0, [False, False]) == [1, 0]
     # a sequential plan: one bracket after another, no offsets
     seq = BracketPolicy.for_plan(make_plan(spec, STAGES))
@@ -70,10 +74,12 @@ def test_policy_reads_brackets_and_offsets_from_the_plan(tmp_path):
 
 
 def test_policy_hands_a_released_instance_to_another_brackets_waiting_request():
-    w = [Waiting("a", bracket=0, stage=1, order=0, queued=True),       # the giver's own bracket: never
-         Waiting("b", bracket=1, stage=2, order=1, queued=False),      # booting: kept only if nothing queued
-         Waiting("c", bracket=2, stage=3, order=3, queued=True),
-         Waiting("d", bracket=1, stage=2, order=2, queued=True)]
+    w = [
+        Waiting("a", bracket=0, stage=1, order=0, queued=True),  # the giver's own bracket: never
+        Waiting("b", bracket=1, stage=2, order=1, queued=False),  # booting: kept only if nothing queued
+        Waiting("c", bracket=2, stage=3, order=3, queued=True),
+        Waiting("d", bracket=1, stage=2, order=2, queued=True),
+    ]
     assert BracketPolicy.receiver(0, w).token == "d"  # queued first (cancelling it saves its bill), earliest
     assert BracketPolicy.receiver(0, [w[0], w[1]]).token == "b"
     assert BracketPolicy.receiver(0, [w[0]]) is None
@@ -90,6 +96,7 @@ def test_parallel_plans_are_accepted_and_run_by_the_parallel_controller(tmp_path
 
 
 # -- end to end ------------------------------------------------------------------------------
+
 
 def _winners(spec, plan) -> dict[int, str]:
     """Bracket 0's stage-0 winner (promoted) and the job's best, from the sampled configs."""
@@ -118,9 +125,27 @@ def parallel_run(tmp_path_factory):
     spec_path, spec, plan = _job(base, epoch_s=0.1)
     run_dir = base / "run"
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
-                             str(base / "plan.json"), "--cloud", "local", "--run-dir", str(run_dir), "--yes"],
-                            capture_output=True, text=True, env=cli_env(base), cwd=base, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(base / "plan.json"),
+            "--cloud",
+            "local",
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(base),
+        cwd=base,
+        timeout=300,
+    )
     print(f"\nparallel-bracket run: {time.monotonic() - started:.1f}s wall")
     return {"spec": spec, "plan": plan, "run_dir": run_dir, "result": result}
 
@@ -139,8 +164,9 @@ def test_parallel_brackets_overlap_promote_hand_over_and_clean_up(parallel_run):
     # bracket 0 was still under way (one after another, they would all run after bracket 0's last stage)
     assert started[2]["t"] < finished[0]["t"] and started[0]["t"] < finished[2]["t"]
     runs = _intervals(events)
-    assert [r for r in runs if r[0] == 1] and all(started[0]["t"] < s < e < finished[1]["t"]
-                                                  for b, s, e in runs if b == 1), runs
+    assert [r for r in runs if r[0] == 1] and all(
+        started[0]["t"] < s < e < finished[1]["t"] for b, s, e in runs if b == 1
+    ), runs
 
     # no instance ever holds more trials than its slots, whichever bracket they come from
     holding: dict[str, set[str]] = {}
@@ -161,8 +187,9 @@ def test_parallel_brackets_overlap_promote_hand_over_and_clean_up(parallel_run):
     promotions = [e for e in events if e["type"] == J.TRIAL_PROMOTED]
     assert [(e["trial_id"], e["from_stage"], e["to_stage"]) for e in promotions] == [(winners["promoted"], 0, 1)]
     assert finished[1]["promoted"] == [] and finished[2]["promoted"] == []
-    assert {e["trial_id"] for e in events if e["type"] == J.TRIAL_STARTED and e["stage"] == 2} == \
-        {t for t, b, _, _ in trial_configs(spec, plan) if b == 1}
+    assert {e["trial_id"] for e in events if e["type"] == J.TRIAL_STARTED and e["stage"] == 2} == {
+        t for t, b, _, _ in trial_configs(spec, plan) if b == 1
+    }
 
     # an instance bracket 0's first stage released went to bracket 1's first stage (same type) and ran its trials
     handoffs = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "handoff"]
@@ -188,9 +215,23 @@ def test_resume_after_sigkill_with_one_bracket_done_and_one_under_way(tmp_path):
     spec_path, spec, plan = _job(tmp_path, epoch_s=0.1, offsets=(0.0, 5.0))  # bracket 1 starts 5 s in
     run_dir = tmp_path / "run"
     env = cli_env(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
-                             str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
 
     def bracket1_done_bracket0_not(events: list[dict]) -> bool:
         done = {e["stage"] for e in events if e["type"] == J.STAGE_FINISHED}
@@ -206,11 +247,16 @@ def test_resume_after_sigkill_with_one_bracket_done_and_one_under_way(tmp_path):
     stage2 = next(e for e in before if e["type"] == J.STAGE_STARTED and e["stage"] == 2)
     assert stage2["t"] - before[0]["t"] >= 5.0 and stage2["offset_s"] == 5.0  # not before its offset
 
-    resumed = subprocess.run([sys.executable, "-m", "rubberband", "run", "--resume", str(run_dir)],
-                             capture_output=True, text=True, env=env, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "rubberband", "run", "--resume", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
     events = _events(run_dir)
-    after = events[len(before):]
+    after = events[len(before) :]
     # finished stages stay finished: only bracket 0's last stage runs (again), once, with its promoted trial
     assert {e["stage"] for e in after if e["type"] == J.TRIAL_STARTED} == {1}
     assert [e["stage"] for e in after if e["type"] == J.STAGE_FINISHED] == [1]
@@ -242,22 +288,40 @@ def test_parallel_run_bills_each_instance_to_the_stages_of_the_brackets_it_serve
 
     plan = {"brackets": "parallel", "stages": [{"bracket": 0}, {"bracket": 0}, {"bracket": 1}]}
     events = [
-        {"type": J.RUN_STARTED, "t": 0.0, "run_id": "r", "spec_sha256": "x", "spec": {}, "plan": plan,
-         "cloud": "local", "deadline_s": 100.0},
-        {"type": J.STAGE_STARTED, "t": 0.0, "stage": 0}, {"type": J.STAGE_STARTED, "t": 0.0, "stage": 2},
+        {
+            "type": J.RUN_STARTED,
+            "t": 0.0,
+            "run_id": "r",
+            "spec_sha256": "x",
+            "spec": {},
+            "plan": plan,
+            "cloud": "local",
+            "deadline_s": 100.0,
+        },
+        {"type": J.STAGE_STARTED, "t": 0.0, "stage": 0},
+        {"type": J.STAGE_STARTED, "t": 0.0, "stage": 2},
         {"type": J.STAGE_STARTED, "t": 10.0, "stage": 1},
     ]
     for ident in ("n1", "n2"):
-        events.append({"type": J.INSTANCE_REQUESTED, "t": 0.0, "id": ident, "instance_type": "local.cpu1",
-                       "cloud": "local", "price_hr": 3600.0, "stage": 0})
+        events.append(
+            {
+                "type": J.INSTANCE_REQUESTED,
+                "t": 0.0,
+                "id": ident,
+                "instance_type": "local.cpu1",
+                "cloud": "local",
+                "price_hr": 3600.0,
+                "stage": 0,
+            }
+        )
         events.append({"type": J.INSTANCE_TERMINATED, "t": 20.0, "id": ident})
     # n1 goes from bracket 0's stage 0 to bracket 1's stage 2 at t=5; n2 stays in bracket 0
     events.append({"type": J.DECISION, "t": 5.0, "kind": "handoff", "id": "n1", "from_stage": 0, "to_stage": 2})
     bill = bill_run(J.fold(events), now=30.0)
     assert bill.workers_usd == pytest.approx(40.0)  # 2 × 20 s at $1/s
-    assert bill.by_stage[0] == pytest.approx(5.0 + 10.0)   # n1 until the hand-over, n2 in stage 0's window
-    assert bill.by_stage[1] == pytest.approx(10.0)         # n2 only: n1 was bracket 1's by then
-    assert bill.by_stage[2] == pytest.approx(15.0)         # n1 from the hand-over
+    assert bill.by_stage[0] == pytest.approx(5.0 + 10.0)  # n1 until the hand-over, n2 in stage 0's window
+    assert bill.by_stage[1] == pytest.approx(10.0)  # n2 only: n1 was bracket 1's by then
+    assert bill.by_stage[2] == pytest.approx(15.0)  # n1 from the hand-over
     # the same journal read as one bracket after another splits by the stage windows, as before
     sequential = J.fold([{**events[0], "plan": {**plan, "brackets": "sequential"}}] + events[1:])
     assert sum(bill_run(sequential, now=30.0).by_stage.values()) == pytest.approx(40.0)

@@ -8,8 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rubberband.executor.decisions import (DeadlineState, DeadlineWatch, LossPolicy, boundary_outlook,
-                                           proposal_problem, promote, rank, requeue_first, slowdown)
+from rubberband.executor.decisions import (
+    DeadlineState,
+    DeadlineWatch,
+    LossPolicy,
+    boundary_outlook,
+    proposal_problem,
+    promote,
+    rank,
+    requeue_first,
+    slowdown,
+)
 
 
 def test_the_deadline_watch_says_on_time_late_within_the_overrun_and_over():
@@ -21,8 +30,9 @@ def test_the_deadline_watch_says_on_time_late_within_the_overrun_and_over():
     assert DeadlineWatch(100.0).state(100.5) is DeadlineState.OVER  # no overrun: late is over
 
 
-@pytest.mark.parametrize("deadline, overrun", [(0.0, 0.0), (-5.0, 0.0), (math.inf, 0.0), (100.0, -1.0),
-                                               (100.0, math.nan)])
+@pytest.mark.parametrize(
+    "deadline, overrun", [(0.0, 0.0), (-5.0, 0.0), (math.inf, 0.0), (100.0, -1.0), (100.0, math.nan)]
+)
 def test_a_deadline_watch_refuses_nonsense_where_it_is_built(deadline, overrun):
     with pytest.raises(ValueError):
         DeadlineWatch(deadline, overrun)
@@ -48,26 +58,34 @@ def test_trials_stopped_by_a_loss_go_first_in_their_order_and_once():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.sampled_from([f"t{i}" for i in range(8)]),
-                       st.one_of(st.none(), st.floats(-10, 10, allow_nan=False)), min_size=1),
-       st.sampled_from(["min", "max"]), st.integers(0, 8))
+@given(
+    st.dictionaries(
+        st.sampled_from([f"t{i}" for i in range(8)]),
+        st.one_of(st.none(), st.floats(-10, 10, allow_nan=False)),
+        min_size=1,
+    ),
+    st.sampled_from(["min", "max"]),
+    st.integers(0, 8),
+)
 def test_promotion_takes_the_best_first_and_missing_metrics_last(metrics, mode, keep):
     order = sorted(metrics)
     ranking, promoted = promote(metrics, mode, order, keep)
     assert sorted(ranking) == order and promoted == ranking[:keep] and ranking == rank(metrics, mode, order)
     known = [metrics[t] for t in ranking if metrics[t] is not None]
     assert known == sorted(known, reverse=mode == "max")
-    assert all(metrics[t] is None for t in ranking[len(known):])
+    assert all(metrics[t] is None for t in ranking[len(known) :])
     assert promote(metrics, mode, order, None)[1] == []  # a bracket's last stage promotes nobody
 
 
 def test_at_a_boundary_the_rest_is_scaled_by_the_slowdown_so_far():
     assert slowdown([]) == 1.0
-    outlook = boundary_outlook(elapsed_s=300.0, finished=[(150.0, 100.0), (150.0, 100.0)],
-                               remaining_predicted_s=200.0, deadline_s=550.0)
+    outlook = boundary_outlook(
+        elapsed_s=300.0, finished=[(150.0, 100.0), (150.0, 100.0)], remaining_predicted_s=200.0, deadline_s=550.0
+    )
     assert outlook.slowdown == 1.5 and outlook.remaining_s == 300.0 and outlook.at_risk
-    assert not boundary_outlook(elapsed_s=300.0, finished=[(100.0, 100.0)], remaining_predicted_s=200.0,
-                                deadline_s=550.0).at_risk
+    assert not boundary_outlook(
+        elapsed_s=300.0, finished=[(100.0, 100.0)], remaining_predicted_s=200.0, deadline_s=550.0
+    ).at_risk
     assert outlook.decision_fields(2)["kind"] == "replan"
 
 

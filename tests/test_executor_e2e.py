@@ -56,13 +56,38 @@ def finished_run(tmp_path_factory):
     run_dir = base / "run"
     started = time.monotonic()
     # a relative --run-dir (Ray's temp dirs under it must be absolute: the run resolves it)
-    result = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
-                             str(base / "plan.json"), "--cloud", "local", "--run-dir", "run", "--yes"],
-                            capture_output=True, text=True, env=cli_env(base), cwd=base, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(base / "plan.json"),
+            "--cloud",
+            "local",
+            "--run-dir",
+            "run",
+            "--yes",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(base),
+        cwd=base,
+        timeout=300,
+    )
     elapsed = time.monotonic() - started
     print(f"\nuninterrupted run: {elapsed:.1f}s wall")
-    return {"base": base, "spec_path": spec_path, "spec": spec, "plan": plan, "run_dir": run_dir,
-            "result": result, "elapsed": elapsed}
+    return {
+        "base": base,
+        "spec_path": spec_path,
+        "spec": spec,
+        "plan": plan,
+        "run_dir": run_dir,
+        "result": result,
+        "elapsed": elapsed,
+    }
 
 
 def test_sha_job_promotes_the_right_trials_releases_early_and_cleans_up(finished_run):
@@ -93,8 +118,11 @@ def test_sha_job_promotes_the_right_trials_releases_early_and_cleans_up(finished
                 trials.discard(e["trial_id"])
 
     # an instance of stage 0 is released before the stage ends (its last wave leaves it idle)
-    releases = [i for i, e in enumerate(events) if e["type"] == J.DECISION and e.get("kind") == "release"
-                and e.get("stage") == 0]
+    releases = [
+        i
+        for i, e in enumerate(events)
+        if e["type"] == J.DECISION and e.get("kind") == "release" and e.get("stage") == 0
+    ]
     assert releases and releases[0] < stage0_end
 
     # every instance requested was terminated; nothing of the run is left alive
@@ -122,9 +150,24 @@ def test_resume_after_sigkill_mid_stage(finished_run, tmp_path):
     spec_path, spec, plan = _job(tmp_path, epoch_s=1.0)
     run_dir = tmp_path / "run"
     env = cli_env(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
-                             str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+
     def stage1_checkpointed(events: list[dict]) -> bool:
         stage1 = {e["trial_id"] for e in events if e["type"] == J.TRIAL_STARTED and e["stage"] == 1}
         return any(e["type"] == J.CHECKPOINT and e["trial_id"] in stage1 and e["epoch"] >= 1 for e in events)
@@ -141,11 +184,16 @@ def test_resume_after_sigkill_mid_stage(finished_run, tmp_path):
         if e["type"] == J.CHECKPOINT:
             checkpoint_before[e["trial_id"]] = max(e["epoch"], checkpoint_before.get(e["trial_id"], -1))
 
-    resumed = subprocess.run([sys.executable, "-m", "rubberband", "run", "--resume", str(run_dir)],
-                             capture_output=True, text=True, env=env, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "rubberband", "run", "--resume", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
     events = _events(run_dir)
-    after = events[len(before):]
+    after = events[len(before) :]
     assert after[0]["type"] == J.INSTANCE_TERMINATED and after[0]["reason"] == "orphan"
     # finished work stays finished: no stage-0 trial runs again
     assert not [e for e in after if e["type"] == J.TRIAL_STARTED and e["stage"] == 0]
@@ -187,18 +235,22 @@ def test_bad_inputs_exit_2_with_one_line(finished_run, cli, tmp_path):
     assert "missing SPEC" in _one_line_error(cli("run", env=env))
     # a plan made for 27 trials does not match the 9-trial spec
     spec27 = load_spec(write_job(tmp_path / "big", trials=27))
-    write_plan(make_plan(spec27, [("local.cpu2", 2, 1), ("local.cpu2", 1, 1)]),
-               tmp_path / "plan27.json")
+    write_plan(make_plan(spec27, [("local.cpu2", 2, 1), ("local.cpu2", 1, 1)]), tmp_path / "plan27.json")
     assert "stage 0 runs 27 trials" in _one_line_error(
-        cli("run", str(spec_path), "--plan", str(tmp_path / "plan27.json"), "--yes", env=env))
+        cli("run", str(spec_path), "--plan", str(tmp_path / "plan27.json"), "--yes", env=env)
+    )
     assert "--cloud is aws" in _one_line_error(
-        cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--cloud", "aws", "--yes", env=env))
+        cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--cloud", "aws", "--yes", env=env)
+    )
     assert "already holds a run" in _one_line_error(
-        cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--run-dir", str(run_dir), env=env))
+        cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--run-dir", str(run_dir), env=env)
+    )
     assert "--deadline" in _one_line_error(
-        cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--deadline", "soon", env=env))
+        cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--deadline", "soon", env=env)
+    )
     assert "--overrun: cannot read overrun 'a bit'" in _one_line_error(
-        cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--overrun", "a bit", env=env))
+        cli("run", str(spec_path), "--plan", str(base / "plan.json"), "--overrun", "a bit", env=env)
+    )
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 

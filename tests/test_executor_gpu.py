@@ -49,12 +49,24 @@ def test_run_on_a_gpu_type_without_cuda_stops_with_one_line_naming_the_type(cli,
     catalogs, spec_path, _, _ = _job(tmp_path)
     run_dir = tmp_path / "run"
     env = {**cli_env(tmp_path), "RUBBERBAND_CATALOG_DIR": str(catalogs)}
-    result = cli("run", spec_path, "--plan", tmp_path / "plan.json", "--cloud", "local", "--run-dir", run_dir,
-                 "--yes", env=env, timeout=300)
+    result = cli(
+        "run",
+        spec_path,
+        "--plan",
+        tmp_path / "plan.json",
+        "--cloud",
+        "local",
+        "--run-dir",
+        run_dir,
+        "--yes",
+        env=env,
+        timeout=300,
+    )
     lines = [line for line in result.stderr.splitlines() if line.startswith("rubberband: error: ")]
     assert result.returncode == 1, result.stderr[-3000:]
-    assert len(lines) == 1 and "instance type local.gpu2" in lines[0] and "CUDA is not usable" in lines[0], \
+    assert len(lines) == 1 and "instance type local.gpu2" in lines[0] and "CUDA is not usable" in lines[0], (
         result.stderr[-3000:]
+    )
     stopped = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.TRIAL_STOPPED]
     assert stopped and all(e["reason"] == "failed" and "GpuUnavailableError" in e["error"] for e in stopped)
     assert run_pids(run_dir) == []
@@ -64,13 +76,31 @@ def test_run_on_a_gpu_type_gives_each_rank_its_own_gpu(tmp_path):
     """In process, with the test stand-in injected into the controller (trains on CPU after the check)."""
     _, _, spec, plan = _job(tmp_path)
     local = load_catalog(["local"])
-    gpu2 = InstanceType(cloud="local", name="local.gpu2", region="local", zones=("local-a",), device="T4",
-                        accelerator_count=2, vcpus=4, memory_gib=8, price_hr=1.0, spot_price_hr=0.4)
+    gpu2 = InstanceType(
+        cloud="local",
+        name="local.gpu2",
+        region="local",
+        zones=("local-a",),
+        device="T4",
+        accelerator_count=2,
+        vcpus=4,
+        memory_gib=8,
+        price_hr=1.0,
+        spot_price_hr=0.4,
+    )
     catalog = Catalog(types=local.types + (gpu2,), dates=dict(local.dates))
     run_dir = tmp_path / "run"
-    controller = Controller(spec=spec, plan=plan, catalog=catalog, run_dir=run_dir, backend=LocalProvider(run_dir),
-                            runtime=TrialRuntime.load(), run_id="gpu-run", deadline_s=600,
-                            device_policy=DevicePolicy(cpu_stand_in=True))
+    controller = Controller(
+        spec=spec,
+        plan=plan,
+        catalog=catalog,
+        run_dir=run_dir,
+        backend=LocalProvider(run_dir),
+        runtime=TrialRuntime.load(),
+        run_id="gpu-run",
+        deadline_s=600,
+        device_policy=DevicePolicy(cpu_stand_in=True),
+    )
     controller.run()
     events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
     stopped = [e for e in events if e["type"] == J.TRIAL_STOPPED]

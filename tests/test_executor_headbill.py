@@ -30,14 +30,32 @@ def spec(tmp_path):
 
 def _journal_with_head(run_dir, spec, plan, *, head: bool = True) -> None:
     journal = J.Journal(run_dir)
-    journal.record(J.RunStarted(t=1000.0, run_id="r1", spec_sha256=spec.sha256(),
-                                spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), cloud="aws",
-                                deadline_s=3600.0))
+    journal.record(
+        J.RunStarted(
+            t=1000.0,
+            run_id="r1",
+            spec_sha256=spec.sha256(),
+            spec=spec.model_dump(mode="json"),
+            plan=plan.model_dump(mode="json"),
+            cloud="aws",
+            deadline_s=3600.0,
+        )
+    )
     if head:  # launched 90 s before the executor started on it; grace 600 s
-        journal.record(J.HeadInstance(t=1000.5, id="i-head", instance_type="m6i.large", cloud="aws",
-                                      price_hr=0.096, launched_at=910.0, grace_s=600.0))
-    journal.record(J.InstanceRequested(t=1001.0, id="w1", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06,
-                                       stage=0))
+        journal.record(
+            J.HeadInstance(
+                t=1000.5,
+                id="i-head",
+                instance_type="m6i.large",
+                cloud="aws",
+                price_hr=0.096,
+                launched_at=910.0,
+                grace_s=600.0,
+            )
+        )
+    journal.record(
+        J.InstanceRequested(t=1001.0, id="w1", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06, stage=0)
+    )
     journal.record(J.StageStarted(t=1060.0, stage=0))
     journal.record(J.StageFinished(t=1500.0, stage=0))
     journal.record(J.StageStarted(t=1500.0, stage=1))
@@ -47,8 +65,9 @@ def _journal_with_head(run_dir, spec, plan, *, head: bool = True) -> None:
 
 def test_a_journaled_head_is_billed_launch_to_end_plus_grace_outside_the_stages(tmp_path, spec):
     plan = make_plan(spec, [("local.cpu2", 2, 1), ("local.cpu2", 1, 2)])
-    plan = plan.model_copy(update={"predicted": plan.predicted.model_copy(update={
-        "cost_breakdown": CostBreakdown(head_usd=0.05)})})  # what the planner predicted for the head
+    plan = plan.model_copy(
+        update={"predicted": plan.predicted.model_copy(update={"cost_breakdown": CostBreakdown(head_usd=0.05)})}
+    )  # what the planner predicted for the head
     with_head, without = tmp_path / "a", tmp_path / "b"
     _journal_with_head(with_head, spec, plan)
     _journal_with_head(without, spec, plan, head=False)
@@ -63,8 +82,17 @@ def test_a_journaled_head_is_billed_launch_to_end_plus_grace_outside_the_stages(
     assert bill.total_usd == pytest.approx(bare.total_usd + bill.head_usd)
     assert bill.workers_usd == pytest.approx(bare.total_usd) and bill.by_stage == bare.by_stage
 
-    result = build_result(state, plan, spec=spec, status="finished", error=None, best_trial=None, best_metric=None,
-                          now=1802.0, run_dir=with_head)
+    result = build_result(
+        state,
+        plan,
+        spec=spec,
+        status="finished",
+        error=None,
+        best_trial=None,
+        best_metric=None,
+        now=1802.0,
+        run_dir=with_head,
+    )
     assert result["actual"]["cost_usd"] == pytest.approx(bill.total_usd)
     assert result["actual"]["head_usd"] == pytest.approx(bill.head_usd) and result["predicted"]["head_usd"] == 0.05
     assert result["head"]["id"] == "i-head" and result["head"]["grace_s"] == 600.0
@@ -85,11 +113,21 @@ def test_a_journaled_head_is_billed_launch_to_end_plus_grace_outside_the_stages(
 
 
 def test_the_head_backend_names_the_billed_head_and_a_local_head_bills_nothing(tmp_path):
-    head = Instance(id="i-head", cloud="aws", instance_type="m6i.large", zone="us-east-1a", state="running",
-                    run_id="rb-r1", address="10.0.0.5", launched_at=123.0)
-    backend = OnHeadCloudBackend(cloud="aws", run_dir=tmp_path, regions=["us-east-1"], head_instance=head,
-                                 head_grace_s=300.0)
+    head = Instance(
+        id="i-head",
+        cloud="aws",
+        instance_type="m6i.large",
+        zone="us-east-1a",
+        state="running",
+        run_id="rb-r1",
+        address="10.0.0.5",
+        launched_at=123.0,
+    )
+    backend = OnHeadCloudBackend(
+        cloud="aws", run_dir=tmp_path, regions=["us-east-1"], head_instance=head, head_grace_s=300.0
+    )
     handle = backend.start_head("r1")
-    assert handle.billed == BilledHead(id="i-head", instance_type="m6i.large", cloud="aws", price_hr=0.096,
-                                       launched_at=123.0, grace_s=300.0)
+    assert handle.billed == BilledHead(
+        id="i-head", instance_type="m6i.large", cloud="aws", price_hr=0.096, launched_at=123.0, grace_s=300.0
+    )
     assert HeadHandle(address="127.0.0.1:1", id="x").billed is None

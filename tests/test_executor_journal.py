@@ -22,8 +22,17 @@ def spec(tmp_path):
 
 
 def _start(journal: J.Journal, spec, plan, t0: float = 1000.0) -> None:
-    journal.record(J.RunStarted(t=t0, run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                                plan=plan.model_dump(mode="json"), cloud="local", deadline_s=600.0))
+    journal.record(
+        J.RunStarted(
+            t=t0,
+            run_id="r1",
+            spec_sha256=spec.sha256(),
+            spec=spec.model_dump(mode="json"),
+            plan=plan.model_dump(mode="json"),
+            cloud="local",
+            deadline_s=600.0,
+        )
+    )
 
 
 def test_journal_round_trip_rebuilds_resume_state(tmp_path, spec):
@@ -32,8 +41,9 @@ def test_journal_round_trip_rebuilds_resume_state(tmp_path, spec):
     _start(journal, spec, plan)
     for trial_id, bracket, index, config in trial_configs(spec, plan):
         journal.record(J.TrialCreated(trial_id=trial_id, bracket=bracket, index=index, config=config))
-    journal.record(J.InstanceRequested(t=1001.0, id="n1", instance_type="local.cpu2", cloud="local",
-                                       price_hr=0.10, stage=0))
+    journal.record(
+        J.InstanceRequested(t=1001.0, id="n1", instance_type="local.cpu2", cloud="local", price_hr=0.10, stage=0)
+    )
     journal.record(J.InstanceReady(t=1005.0, id="n1"))
     journal.record(J.StageStarted(t=1005.0, stage=0, predicted_duration_s=20.0))
     journal.record(J.TrialStarted(trial_id="b0-t000", stage=0, start_epoch=0, end_epoch=1))
@@ -86,16 +96,17 @@ def test_bills_match_hand_computed_figures(tmp_path, spec):
     journal = J.Journal(tmp_path)
     _start(journal, spec, plan, t0=0.0)
     # n1: 0 → 125.4 s on aws-like rules ($3.06/h): ceil(125.4) = 126 s → 126 * 3.06 / 3600
-    journal.record(J.InstanceRequested(t=0.0, id="n1", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06,
-                                       stage=0))
+    journal.record(J.InstanceRequested(t=0.0, id="n1", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06, stage=0))
     journal.record(J.InstanceTerminated(t=125.4, id="n1"))
     # n2: lives 20 s on aws → the 60 s minimum applies: 60 * 3.06 / 3600
-    journal.record(J.InstanceRequested(t=10.0, id="n2", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06,
-                                       stage=0))
+    journal.record(
+        J.InstanceRequested(t=10.0, id="n2", instance_type="p3.2xlarge", cloud="aws", price_hr=3.06, stage=0)
+    )
     journal.record(J.InstanceTerminated(t=30.0, id="n2"))
     # n3: local ($0.10/h, 1 s minimum), still alive at now=100: 40 s
-    journal.record(J.InstanceRequested(t=60.0, id="n3", instance_type="local.cpu2", cloud="local", price_hr=0.10,
-                                       stage=1))
+    journal.record(
+        J.InstanceRequested(t=60.0, id="n3", instance_type="local.cpu2", cloud="local", price_hr=0.10, stage=1)
+    )
     journal.record(J.StageStarted(t=5.0, stage=0))
     journal.record(J.StageStarted(t=50.0, stage=1))
     bill = bill_run(J.read_state(tmp_path), now=100.0)
@@ -162,5 +173,6 @@ def test_hyperband_brackets_get_their_own_trials(tmp_path):
     check_plan_matches(spec, plan)
     ids = [t[0] for t in trial_configs(spec, plan)]
     # R=9, η=3: brackets s=2,1,0 start 9, 5 and 3 trials
-    assert ids == [f"b0-t{i:03d}" for i in range(9)] + [f"b1-t{i:03d}" for i in range(5)] + \
-        [f"b2-t{i:03d}" for i in range(3)]
+    assert ids == [f"b0-t{i:03d}" for i in range(9)] + [f"b1-t{i:03d}" for i in range(5)] + [
+        f"b2-t{i:03d}" for i in range(3)
+    ]

@@ -42,8 +42,20 @@ def _all_terminated(run_dir):
 def test_a_run_that_cannot_meet_its_deadline_finishes_late_and_says_how_late(tmp_path, cli):
     spec_path, winner = _job(tmp_path)
     run_dir = tmp_path / "run"
-    result = cli("run", str(spec_path), "--plan", str(tmp_path / "plan.json"), "--run-dir", str(run_dir),
-                 "--deadline", "5s", "--overrun", "none", "--yes", env=cli_env(tmp_path))
+    result = cli(
+        "run",
+        str(spec_path),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "--run-dir",
+        str(run_dir),
+        "--deadline",
+        "5s",
+        "--overrun",
+        "none",
+        "--yes",
+        env=cli_env(tmp_path),
+    )
     assert result.returncode == 4, result.stderr[-3000:]
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("outcome: late (exit 4): finished late: ") and "past the deadline" in last
@@ -60,8 +72,22 @@ def test_a_run_that_cannot_meet_its_deadline_finishes_late_and_says_how_late(tmp
 def test_on_late_stop_returns_the_best_so_far_and_leaves_nothing_running(tmp_path, cli):
     spec_path, winner = _job(tmp_path)
     run_dir = tmp_path / "run"
-    result = cli("run", str(spec_path), "--plan", str(tmp_path / "plan.json"), "--run-dir", str(run_dir),
-                 "--deadline", "5s", "--overrun", "none", "--on-late", "stop", "--yes", env=cli_env(tmp_path))
+    result = cli(
+        "run",
+        str(spec_path),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "--run-dir",
+        str(run_dir),
+        "--deadline",
+        "5s",
+        "--overrun",
+        "none",
+        "--on-late",
+        "stop",
+        "--yes",
+        env=cli_env(tmp_path),
+    )
     assert result.returncode == 5, result.stderr[-3000:]
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("outcome: stopped (exit 5): stopped after ")
@@ -80,8 +106,16 @@ def test_on_late_stop_returns_the_best_so_far_and_leaves_nothing_running(tmp_pat
 
 def test_on_late_is_checked_before_anything_starts(tmp_path, cli):
     spec_path, _ = _job(tmp_path)
-    result = cli("run", str(spec_path), "--plan", str(tmp_path / "plan.json"), "--on-late", "later", "--yes",
-                 env=cli_env(tmp_path))
+    result = cli(
+        "run",
+        str(spec_path),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "--on-late",
+        "later",
+        "--yes",
+        env=cli_env(tmp_path),
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("rubberband: error: --on-late 'later': use 'finish'")
     assert not (tmp_path / "runs").exists()

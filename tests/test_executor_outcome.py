@@ -22,11 +22,27 @@ def job(tmp_path):
 
 def _state(spec, plan, events):
     t = time.time() - 50
-    start = {"type": J.RUN_STARTED, "t": t, "run_id": "r1", "spec_sha256": spec.sha256(),
-             "spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json"), "cloud": "local",
-             "deadline_s": 40.0}
-    trials = [{"type": J.TRIAL_CREATED, "t": t, "trial_id": f"b0-t{i:03d}", "bracket": 0, "index": i,
-               "config": {"quality": i / 10}} for i in range(9)]
+    start = {
+        "type": J.RUN_STARTED,
+        "t": t,
+        "run_id": "r1",
+        "spec_sha256": spec.sha256(),
+        "spec": spec.model_dump(mode="json"),
+        "plan": plan.model_dump(mode="json"),
+        "cloud": "local",
+        "deadline_s": 40.0,
+    }
+    trials = [
+        {
+            "type": J.TRIAL_CREATED,
+            "t": t,
+            "trial_id": f"b0-t{i:03d}",
+            "bracket": 0,
+            "index": i,
+            "config": {"quality": i / 10},
+        }
+        for i in range(9)
+    ]
     return J.fold([start, *trials, *events])
 
 
@@ -42,8 +58,9 @@ def test_best_so_far_is_the_best_trial_of_the_deepest_rung(job):
     assert best["trial_id"] == "b0-t001" and best["metric"] == 0.2
     assert best["rung"] == {"stage": 0, "bracket": 0, "epochs": 1, "complete": False}
     # a deeper rung outranks a better metric measured earlier
-    state = _state(spec, plan, events + [{"type": J.STAGE_FINISHED, "stage": 0, "metrics": {}},
-                                         _finished("b0-t002", 1, 0.3)])
+    state = _state(
+        spec, plan, events + [{"type": J.STAGE_FINISHED, "stage": 0, "metrics": {}}, _finished("b0-t002", 1, 0.3)]
+    )
     best = best_so_far(state, plan, metric="loss", mode="min")
     assert best["trial_id"] == "b0-t002" and best["rung"]["stage"] == 1 and best["rung"]["epochs"] == 3
     assert best_so_far(state, plan, metric="loss", mode="max")["trial_id"] == "b0-t002"  # alone at that rung
@@ -52,23 +69,43 @@ def test_best_so_far_is_the_best_trial_of_the_deepest_rung(job):
 def test_before_any_stage_the_reported_epochs_count(job):
     spec, plan = job
     assert best_so_far(_state(spec, plan, []), plan, metric="loss", mode="min") is None
-    epochs = [{"type": J.EPOCH, "trial_id": "b0-t004", "epoch": 0, "metrics": {"loss": 0.7}},
-              {"type": J.EPOCH, "trial_id": "b0-t005", "epoch": 0, "metrics": {"loss": 0.6}}]
+    epochs = [
+        {"type": J.EPOCH, "trial_id": "b0-t004", "epoch": 0, "metrics": {"loss": 0.7}},
+        {"type": J.EPOCH, "trial_id": "b0-t005", "epoch": 0, "metrics": {"loss": 0.6}},
+    ]
     best = best_so_far(_state(spec, plan, epochs), plan, metric="loss", mode="min")
-    assert best["trial_id"] == "b0-t005" and best["rung"] == {"stage": None, "bracket": None, "epochs": 1,
-                                                              "complete": False}
+    assert best["trial_id"] == "b0-t005" and best["rung"] == {
+        "stage": None,
+        "bracket": None,
+        "epochs": 1,
+        "complete": False,
+    }
 
 
-@pytest.mark.parametrize("status, late, outcome", [
-    ("finished", False, "met"), ("finished", True, "late"), ("stopped", True, "stopped"),
-    ("failed", False, "failed"), ("interrupted", False, "interrupted")])
+@pytest.mark.parametrize(
+    "status, late, outcome",
+    [
+        ("finished", False, "met"),
+        ("finished", True, "late"),
+        ("stopped", True, "stopped"),
+        ("failed", False, "failed"),
+        ("interrupted", False, "interrupted"),
+    ],
+)
 def test_result_json_says_the_outcome_with_its_exit_code_and_the_best_so_far(job, tmp_path, status, late, outcome):
     spec, plan = job
     events = [_finished("b0-t003", 0, 0.4)]
     state = _state(spec, plan, events)
     state.deadline_s = 10.0 if late else 3600.0
-    result = build_result(state, plan, spec=spec, status=status, error="why" if status != "finished" else None,
-                          now=time.time(), run_dir=tmp_path)
+    result = build_result(
+        state,
+        plan,
+        spec=spec,
+        status=status,
+        error="why" if status != "finished" else None,
+        now=time.time(),
+        run_dir=tmp_path,
+    )
     assert result["outcome"] == outcome and result["exit_code"] == EXIT_CODES[outcome] == exit_code(result)
     assert result["best"]["trial_id"] == "b0-t003" and result["best"]["rung"]["epochs"] == 1  # whatever the outcome
     assert (result["late_by_s"] > 0) == late

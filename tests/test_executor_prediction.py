@@ -33,14 +33,29 @@ STAGES = [("local.cpu1", 1, 1), ("local.cpu1", 2, 1)]
 
 def _measured_model(*, epoch_s: float, task_s: float, worker_start_s: float, startup_s: float) -> PerformanceModel:
     """A deterministic model: one iteration per epoch, fixed task start, fixed node start-up."""
-    device = DeviceModel(alpha_grad=epoch_s, beta_grad=0.0, alpha_sync_node=0.0, beta_sync_node=0.0,
-                         alpha_sync_cross=0.0, beta_sync_cross=0.0, gamma=1.0)
-    return PerformanceModel(dataset_size=1, batch_size_per_worker=1, restart_overhead_s=task_s - epoch_s,
-                            checkpoint_size_gb=0.0, eval_time_s=0.0, reference_device="CPU",
-                            devices={"CPU": device}, straggler_sigma=0.0,
-                            startup_by_cloud={"local": StartupModel((startup_s,), "measured")},
-                            termination_by_cloud={"local": StartupModel((1.0,), "test")},
-                            task_start_s=task_s - epoch_s, worker_start_s=worker_start_s)
+    device = DeviceModel(
+        alpha_grad=epoch_s,
+        beta_grad=0.0,
+        alpha_sync_node=0.0,
+        beta_sync_node=0.0,
+        alpha_sync_cross=0.0,
+        beta_sync_cross=0.0,
+        gamma=1.0,
+    )
+    return PerformanceModel(
+        dataset_size=1,
+        batch_size_per_worker=1,
+        restart_overhead_s=task_s - epoch_s,
+        checkpoint_size_gb=0.0,
+        eval_time_s=0.0,
+        reference_device="CPU",
+        devices={"CPU": device},
+        straggler_sigma=0.0,
+        startup_by_cloud={"local": StartupModel((startup_s,), "measured")},
+        termination_by_cloud={"local": StartupModel((1.0,), "test")},
+        task_start_s=task_s - epoch_s,
+        worker_start_s=worker_start_s,
+    )
 
 
 @pytest.mark.e2e
@@ -49,12 +64,19 @@ def test_the_real_jct_is_the_simulators_within_the_measured_overhead(tmp_path, c
     spec = load_spec(spec_path)
     guess_s = 2.05  # the plan's task time (a 2 s epoch plus the trial's start), before the run measures it
     plan = make_plan(spec, STAGES, durations=[4 * guess_s, guess_s])
-    plan = plan.model_copy(update={"stages": [s.model_copy(update={"predicted_task_s": guess_s})
-                                              for s in plan.stages]})
+    plan = plan.model_copy(update={"stages": [s.model_copy(update={"predicted_task_s": guess_s}) for s in plan.stages]})
     write_plan(plan, tmp_path / "plan.json")
     run_dir = tmp_path / "run"
-    result = cli("run", str(spec_path), "--plan", str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes",
-                 env=cli_env(tmp_path))
+    result = cli(
+        "run",
+        str(spec_path),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "--run-dir",
+        str(run_dir),
+        "--yes",
+        env=cli_env(tmp_path),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
     summary = json.loads((run_dir / "result.json").read_text())
@@ -90,8 +112,9 @@ def _compare(events: list[dict], summary: dict, spec, guess_s: float) -> None:
     # the simulator, told what the run measured, with the executor's own prefetch policy
     model = _measured_model(epoch_s=epoch_s, task_s=task_s, worker_start_s=w0, startup_s=s0)
     sched = spec.scheduler
-    stages = stages_for("sha", trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs,
-                        max_epochs=sched.max_epochs)
+    stages = stages_for(
+        "sha", trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs
+    )
     catalog = load_catalog(["local"])
     configs = [StageConfig(catalog.find(t, cloud="local"), n, w) for t, n, w in STAGES]
     sim = Simulator(stages, model, samples=1)
@@ -101,8 +124,10 @@ def _compare(events: list[dict], summary: dict, spec, guess_s: float) -> None:
 
     # what the simulator does not model, measured: the controller's dispatch / promotion gaps per stage
     # (a new node's first trial starts once its workers answer: that wait is the modelled worker start)
-    workers_up = {first_id: ready[first_id]["t"] + w0,
-                  second_id: ready[second_id]["t"] + (w1 if w1 is not None else 0.0)}
+    workers_up = {
+        first_id: ready[first_id]["t"] + w0,
+        second_id: ready[second_id]["t"] + (w1 if w1 is not None else 0.0),
+    }
     overhead = 0.0
     for g in (0, 1):
         first = min((e for e in of(J.TRIAL_STARTED, stage=g)), key=lambda e: e["t"])
@@ -116,9 +141,11 @@ def _compare(events: list[dict], summary: dict, spec, guess_s: float) -> None:
     if prefetch["t"] < stage0[0][0] + stage0[0][1]:  # before any trial ended the executor used the plan's guess
         noise += len(stage0) * abs(guess_s - task_s)
     tolerance = overhead + noise + POLL_S
-    print(f"\nreal {real_after_head:.2f}s, simulated {sim_after_head:.2f}s after the head; tolerance {tolerance:.2f}s "
-          f"(overhead {overhead:.2f}s, measured spread {noise:.2f}s); node start-ups {s0:.2f}/{s1:.2f}s, "
-          f"worker starts {w0:.2f}/{w1}s, task {task_s:.2f}s")
+    print(
+        f"\nreal {real_after_head:.2f}s, simulated {sim_after_head:.2f}s after the head; tolerance {tolerance:.2f}s "
+        f"(overhead {overhead:.2f}s, measured spread {noise:.2f}s); node start-ups {s0:.2f}/{s1:.2f}s, "
+        f"worker starts {w0:.2f}/{w1}s, task {task_s:.2f}s"
+    )
     assert real_after_head == pytest.approx(sim_after_head, abs=tolerance)
 
     # and the prefetch itself: requested when the shared policy says, seconds after stage 0's first task

@@ -21,9 +21,17 @@ def setup(tmp_path):
     plan = make_plan(spec, [("local.cpu2", 2, 1), ("local.cpu4", 1, 2)], durations=[12.0, 8.0])
     journal = J.Journal(tmp_path / "run")
     now = time.time()
-    journal.record(J.RunStarted(t=now - 100, run_id="r1", spec_sha256=spec.sha256(),
-                                spec=spec.model_dump(mode="json"), plan=plan.model_dump(mode="json"), cloud="local",
-                                deadline_s=600.0))
+    journal.record(
+        J.RunStarted(
+            t=now - 100,
+            run_id="r1",
+            spec_sha256=spec.sha256(),
+            spec=spec.model_dump(mode="json"),
+            plan=plan.model_dump(mode="json"),
+            cloud="local",
+            deadline_s=600.0,
+        )
+    )
     journal.record(J.StageStarted(t=now - 100, stage=0))
     journal.record(J.StageFinished(t=now - 40, stage=0, metrics={}, promoted=[]))  # 60 s, 5× the prediction
     return spec, plan, tmp_path / "run"
@@ -32,20 +40,36 @@ def setup(tmp_path):
 def _controller(setup, replanner, deadline_s, **options):
     spec, plan, run_dir = setup
     options.setdefault("overrun_s", math.inf)  # finish late, whatever it takes, unless a test says otherwise
-    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=LosingBackend(),
-                            runtime=None, run_id="r1", replanner=replanner, deadline_s=deadline_s, **options)
+    controller = Controller(
+        spec=spec,
+        plan=plan,
+        catalog=load_catalog(["local"]),
+        run_dir=run_dir,
+        backend=LosingBackend(),
+        runtime=None,
+        run_id="r1",
+        replanner=replanner,
+        deadline_s=deadline_s,
+        **options,
+    )
     controller.state = controller.journal.state
     return controller
 
 
-def _proposal(plan, instance_type: str, cost: float, p_meet: float = 0.99, trials: int | None = None,
-              jct_p50: float | None = None):
-    stage = plan.stages[1].model_copy(update={"instance_type": instance_type, "predicted_cost_usd": cost,
-                                              **({"trials": trials} if trials else {})})
+def _proposal(
+    plan, instance_type: str, cost: float, p_meet: float = 0.99, trials: int | None = None, jct_p50: float | None = None
+):
+    stage = plan.stages[1].model_copy(
+        update={"instance_type": instance_type, "predicted_cost_usd": cost, **({"trials": trials} if trials else {})}
+    )
     jct = plan.predicted.jct_s if jct_p50 is None else plan.predicted.jct_s.model_copy(update={"p50": jct_p50})
-    predicted = plan.predicted.model_copy(update={
-        "cost_usd": plan.predicted.cost_usd.model_copy(update={"mean": cost}), "p_meet_deadline": p_meet,
-        "jct_s": jct})
+    predicted = plan.predicted.model_copy(
+        update={
+            "cost_usd": plan.predicted.cost_usd.model_copy(update={"mean": cost}),
+            "p_meet_deadline": p_meet,
+            "jct_s": jct,
+        }
+    )
     return plan.model_copy(update={"stages": [stage], "predicted": predicted})
 
 
@@ -80,11 +104,14 @@ def test_a_cheaper_plan_is_taken_even_when_on_time(setup):
     assert decision["action"] == "save"
 
 
-@pytest.mark.parametrize("proposal, reason", [
-    (dict(instance_type="local.cpu2", cost=1.0), "current plan is as cheap and on time"),
-    (dict(instance_type="local.cpu2", cost=0.0, p_meet=0.5), "proposal misses the confidence"),
-    (dict(instance_type="local.cpu2", cost=0.0, trials=2), "proposal does not match the remaining stages"),
-])
+@pytest.mark.parametrize(
+    "proposal, reason",
+    [
+        (dict(instance_type="local.cpu2", cost=1.0), "current plan is as cheap and on time"),
+        (dict(instance_type="local.cpu2", cost=0.0, p_meet=0.5), "proposal misses the confidence"),
+        (dict(instance_type="local.cpu2", cost=0.0, trials=2), "proposal does not match the remaining stages"),
+    ],
+)
 def test_proposals_that_do_not_pay_are_rejected(setup, proposal, reason):
     controller = _controller(setup, lambda r: _proposal(r.plan, **proposal), deadline_s=3600.0)
     controller._maybe_replan(1)
@@ -102,8 +129,9 @@ def test_out_of_reach_a_late_proposal_is_taken_only_when_clearly_sooner(setup, j
     decision = _decisions(setup[2])[-1]
     assert decision["at_risk"] and decision["accepted"] == accepted and decision["action"] == "finish_late"
     if accepted:
-        assert decision["reason"].startswith("deadline out of reach (best P(meet) 0.00 < 0.95): the quickest plan "
-                                             "(p50 20.0s left, vs 40.")
+        assert decision["reason"].startswith(
+            "deadline out of reach (best P(meet) 0.00 < 0.95): the quickest plan (p50 20.0s left, vs 40."
+        )
         assert controller.plan.stages[1].instance_type == "local.cpu2"
     else:
         assert decision["reason"].endswith("no plan is clearly quicker; finishing late")
@@ -120,11 +148,23 @@ def test_planner_replanner_proposes_the_quickest_plan_when_the_deadline_is_out_o
     inputs = load_job_inputs(REPO / "examples" / "quickstart_local.yaml")
     spec = inputs.spec
     # the rest of the run on one single-worker local.cpu1: far from the quickest the remaining stages can go
-    slow = simulate_plan(make_plan(spec, [("local.cpu2", 2, 1)] + [("local.cpu1", 1, 1)] * 3),
-                         inputs.profile, inputs.catalog, samples=200)
+    slow = simulate_plan(
+        make_plan(spec, [("local.cpu2", 2, 1)] + [("local.cpu1", 1, 1)] * 3),
+        inputs.profile,
+        inputs.catalog,
+        samples=200,
+    )
     replan = planner_replanner(inputs.catalog, inputs.profile)
-    request = ReplanRequest(spec=spec, plan=slow, next_stage=1, elapsed_s=170.0, spent_usd=0.001,
-                            remaining_deadline_s=10.0, at_risk=True, running={"local:local:local.cpu1": 1})
+    request = ReplanRequest(
+        spec=spec,
+        plan=slow,
+        next_stage=1,
+        elapsed_s=170.0,
+        spent_usd=0.001,
+        remaining_deadline_s=10.0,
+        at_risk=True,
+        running={"local:local:local.cpu1": 1},
+    )
     answer = replan(request)
     assert isinstance(answer, ReplanAnswer)
     proposal = answer.proposal
@@ -146,16 +186,30 @@ def test_planner_replanner_prices_the_current_plan_and_a_faster_one_that_meets_t
     from conftest import REPO
 
     inputs = load_job_inputs(REPO / "examples" / "quickstart_local.yaml")
-    slow = simulate_plan(make_plan(inputs.spec, [("local.cpu2", 2, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1),
-                                              ("local.cpu1", 1, 1)]),
-                         inputs.profile, inputs.catalog, samples=200)
-    quick = ReplanRequest(spec=inputs.spec, plan=slow, next_stage=1, elapsed_s=10.0, spent_usd=0.001,
-                          remaining_deadline_s=1.0, at_risk=False, running={"local:local:local.cpu1": 1})
+    slow = simulate_plan(
+        make_plan(
+            inputs.spec, [("local.cpu2", 2, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1)]
+        ),
+        inputs.profile,
+        inputs.catalog,
+        samples=200,
+    )
+    quick = ReplanRequest(
+        spec=inputs.spec,
+        plan=slow,
+        next_stage=1,
+        elapsed_s=10.0,
+        spent_usd=0.001,
+        remaining_deadline_s=1.0,
+        at_risk=False,
+        running={"local:local:local.cpu1": 1},
+    )
     first = planner_replanner(inputs.catalog, inputs.profile)(quick)
     # a deadline the single cpu1 misses but a wider plan meets: buying speed is possible
     between = (first.proposal.predicted.jct_s.p95 + first.current_jct_p50_s) / 2
     answer = planner_replanner(inputs.catalog, inputs.profile)(
-        ReplanRequest(**{**quick.__dict__, "remaining_deadline_s": between}))
+        ReplanRequest(**{**quick.__dict__, "remaining_deadline_s": between})
+    )
     assert answer.current_p_meet < inputs.spec.confidence <= answer.proposal.predicted.p_meet_deadline
     assert answer.proposal.predicted.jct_s.p50 < answer.current_jct_p50_s
 
@@ -238,19 +292,22 @@ def test_on_late_stop_stops_before_a_stage_predicted_to_miss_the_deadline(setup)
 
     late = dict(instance_type="local.cpu2", cost=9.0, p_meet=0.2, jct_p50=20.0)  # quicker, still late
     controller = _controller(setup, lambda r: _proposal(r.plan, **late), deadline_s=130.0, on_late="stop")
-    with pytest.raises(RunStopped, match=r"--on-late stop: stopping before the next stage .* \(before stage 1\); "
-                                         r".* --on-late finish"):
+    with pytest.raises(
+        RunStopped,
+        match=r"--on-late stop: stopping before the next stage .* \(before stage 1\); "
+        r".* --on-late finish",
+    ):
         controller._maybe_replan(1)
     decision = _decisions(setup[2])[-1]
     assert decision["action"] == "stop" and not decision["accepted"] and decision["on_late"] == "stop"
     assert controller.plan.stages[1].instance_type == "local.cpu4"  # nothing taken, nothing started
-    assert not [e for e in J.iter_events(setup[2] / J.JOURNAL_NAME) if e["type"] == J.STAGE_STARTED
-                and e["stage"] == 1]
+    assert not [e for e in J.iter_events(setup[2] / J.JOURNAL_NAME) if e["type"] == J.STAGE_STARTED and e["stage"] == 1]
 
 
 def test_on_late_stop_still_buys_speed_first(setup):
-    controller = _controller(setup, lambda r: _proposal(r.plan, "local.cpu2", cost=9.0), deadline_s=130.0,
-                             on_late="stop")
+    controller = _controller(
+        setup, lambda r: _proposal(r.plan, "local.cpu2", cost=9.0), deadline_s=130.0, on_late="stop"
+    )
     controller._maybe_replan(1)  # the proposal meets the deadline: no stop
     assert _decisions(setup[2])[-1]["action"] == "buy_speed"
     assert controller.plan.stages[1].instance_type == "local.cpu2"

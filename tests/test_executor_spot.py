@@ -40,9 +40,24 @@ def test_lost_node_mid_stage_restarts_its_trials_from_checkpoints(tmp_path):
     plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[10.0])
     write_plan(plan, tmp_path / "plan.json")
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
-                             str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(tmp_path),
+    )
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, timeout_s=120)  # once a trial has checkpointed
     assert proc.returncode == 0, err[-3000:]
     events = _events(run_dir)
@@ -98,11 +113,15 @@ def _controller(tmp_path, max_losses: int):
 
 def _ready(controller: Controller, ident: str) -> PoolInstance:
     itype = controller.catalog.find("local.cpu2", cloud="local")
-    entry = PoolInstance(token=f"t-{ident}", itype=itype, spot=True, assigned_stage=0, id=ident, ready=True,
-                         requested_at=time.time() - 5)
+    entry = PoolInstance(
+        token=f"t-{ident}", itype=itype, spot=True, assigned_stage=0, id=ident, ready=True, requested_at=time.time() - 5
+    )
     controller.pool[entry.token] = entry
-    controller.journal.record(J.InstanceRequested(t=entry.requested_at, id=ident, instance_type=itype.name,
-                                                  cloud="local", price_hr=0.04, spot=True, stage=0))
+    controller.journal.record(
+        J.InstanceRequested(
+            t=entry.requested_at, id=ident, instance_type=itype.name, cloud="local", price_hr=0.04, spot=True, stage=0
+        )
+    )
     return entry
 
 
@@ -140,8 +159,9 @@ def test_losses_beyond_the_cap_fail_the_run_with_a_clear_error_spot_interruption
         _ready(controller, f"n{n}")
         controller._handle_lost(0, {f"n{n}": "lost"}, [], pending, stopped=[])
     _ready(controller, "n2")
-    with pytest.raises(ExecutionError, match="3 instances were lost during this run, not counting spot "
-                                             "interruptions \\(limit 2\\)"):
+    with pytest.raises(
+        ExecutionError, match="3 instances were lost during this run, not counting spot interruptions \\(limit 2\\)"
+    ):
         controller._handle_lost(0, {"n2": "lost"}, [], pending, stopped=[])
     controller._terminator.shutdown(wait=True)
     controller._provisioner.shutdown(wait=True)

@@ -41,9 +41,24 @@ def _check_all_terminated(run_dir):
 def test_sigterm_mid_stage_terminates_everything(tmp_path):
     spec_path = _prepare(tmp_path, epoch_s=5.0)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
-                             str(tmp_path / "plan.json"), "--run-dir", str(run_dir), "--yes"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(tmp_path),
+    )
     try:
         deadline = time.monotonic() + 180
         while not any(e["type"] == J.TRIAL_STARTED for e in J.iter_events(run_dir / J.JOURNAL_NAME)):
@@ -65,8 +80,20 @@ def test_sigterm_mid_stage_terminates_everything(tmp_path):
 def test_a_deadline_breach_stops_the_run_and_its_instances_and_resume_finishes_it(tmp_path, cli):
     spec_path = _prepare(tmp_path, epoch_s=2.0)
     run_dir = tmp_path / "run"
-    result = cli("run", str(spec_path), "--plan", str(tmp_path / "plan.json"), "--run-dir", str(run_dir),
-                 "--deadline", "10s", "--overrun", "0", "--yes", env=cli_env(tmp_path))
+    result = cli(
+        "run",
+        str(spec_path),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "--run-dir",
+        str(run_dir),
+        "--deadline",
+        "10s",
+        "--overrun",
+        "0",
+        "--yes",
+        env=cli_env(tmp_path),
+    )
     assert result.returncode == 5, result.stderr  # stopped, with whatever partial result there is
     last = result.stdout.splitlines()[-1]
     assert last.startswith("outcome: stopped (exit 5): ")
@@ -88,16 +115,34 @@ def test_a_late_run_goes_on_within_its_overrun_then_stops(tmp_path):
     spec = load_spec(write_job(tmp_path / "job"))
     plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu2", 1, 2)])
     run_dir = tmp_path / "run"
-    J.Journal(run_dir).record(J.RunStarted(run_id="r1", spec_sha256=spec.sha256(), spec=spec.model_dump(mode="json"),
-                                           plan=plan.model_dump(mode="json"), cloud="local", deadline_s=100.0))
-    controller = Controller(spec=spec, plan=plan, catalog=load_catalog(["local"]), run_dir=run_dir, backend=LosingBackend(),
-                            runtime=None, run_id="r1", deadline_s=100.0, overrun_s=10.0)
+    J.Journal(run_dir).record(
+        J.RunStarted(
+            run_id="r1",
+            spec_sha256=spec.sha256(),
+            spec=spec.model_dump(mode="json"),
+            plan=plan.model_dump(mode="json"),
+            cloud="local",
+            deadline_s=100.0,
+        )
+    )
+    controller = Controller(
+        spec=spec,
+        plan=plan,
+        catalog=load_catalog(["local"]),
+        run_dir=run_dir,
+        backend=LosingBackend(),
+        runtime=None,
+        run_id="r1",
+        deadline_s=100.0,
+        overrun_s=10.0,
+    )
     controller.state = controller.journal.state
     controller.state.first_started_at = time.time() - 105.0
     controller._check_deadline()  # late but within the overrun: the run goes on...
     controller._check_deadline()
-    passed = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME)
-              if e["type"] == J.DECISION and e["kind"] == "deadline_passed"]
+    passed = [
+        e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.DECISION and e["kind"] == "deadline_passed"
+    ]
     assert len(passed) == 1 and passed[0]["overrun_s"] == 10.0  # ...and the journal says so, once
     controller.state.first_started_at = time.time() - 111.0
     with pytest.raises(DeadlineExceeded, match=r"deadline \(1m 40s\) plus the allowed overrun \(10.0s\)"):
@@ -110,8 +155,18 @@ def test_progress_numbers_stages_as_the_plan_does_and_says_how_late_a_run_is():
     from rubberband.executor.controller import Progress
     from rubberband.executor.progress import describe
 
-    snapshot = dict(stage=4, stages=5, bracket=0, trials_alive=1, trials_pending=0, epochs_done=243, instances=1,
-                    spent_usd=0.0124, predicted_usd=0.0108, deadline_s=160.0)
+    snapshot = dict(
+        stage=4,
+        stages=5,
+        bracket=0,
+        trials_alive=1,
+        trials_pending=0,
+        epochs_done=243,
+        instances=1,
+        spent_usd=0.0124,
+        predicted_usd=0.0108,
+        deadline_s=160.0,
+    )
     assert describe(Progress(elapsed_s=130.0, **snapshot)).startswith("stage 4 (5 of 5, bracket 0)")
     assert describe(Progress(elapsed_s=130.0, **snapshot)).endswith("30.0s to deadline")
     assert describe(Progress(elapsed_s=172.5, **snapshot)).endswith("12.5s past the deadline")

@@ -10,8 +10,8 @@ from rubberband.files import write_text_atomic
 def test_write_replaces_whole_and_leaves_no_temp_file(tmp_path):
     path = write_text_atomic(tmp_path / "a" / "plan.json", "{}\n", make_parents=True)
     assert path.read_text() == "{}\n"
-    write_text_atomic(path, "{\"v\": 2}\n")
-    assert path.read_text() == "{\"v\": 2}\n" and [p.name for p in path.parent.iterdir()] == ["plan.json"]
+    write_text_atomic(path, '{"v": 2}\n')
+    assert path.read_text() == '{"v": 2}\n' and [p.name for p in path.parent.iterdir()] == ["plan.json"]
 
 
 def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):

@@ -20,43 +20,118 @@ from rubberband.executor import journal as J
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "executor.md"
 
-START = dict(run_id="r1", spec_sha256="abc", spec={"name": "job"}, plan={"stages": [{"bracket": 0}]},
-             cloud="local", deadline_s=600.0)
+START = dict(
+    run_id="r1",
+    spec_sha256="abc",
+    spec={"name": "job"},
+    plan={"stages": [{"bracket": 0}]},
+    cloud="local",
+    deadline_s=600.0,
+)
 
 #: one event of every type, with every field its writers set
 SAMPLES: list[E._Event] = [
     J.RunStarted(t=1.0, **START, trial_runtime="rubberband.executor.trials", pid=7, on_late="finish"),
     J.RunResumed(t=2.0, run_id="r1", attempt=2, pid=8, on_late="stop"),
-    J.RunFinished(t=3.0, reason=None, best_trial="b0-t000", best_metric=0.5, rung={"stage": 1, "bracket": 0},
-                  outcome="met", jct_s=100.0, cost_usd=1.5),
-    J.RunFailed(t=3.0, reason="boom", best_trial=None, best_metric=None, rung=None, outcome="failed", jct_s=1.0,
-                cost_usd=0.0),
+    J.RunFinished(
+        t=3.0,
+        reason=None,
+        best_trial="b0-t000",
+        best_metric=0.5,
+        rung={"stage": 1, "bracket": 0},
+        outcome="met",
+        jct_s=100.0,
+        cost_usd=1.5,
+    ),
+    J.RunFailed(
+        t=3.0, reason="boom", best_trial=None, best_metric=None, rung=None, outcome="failed", jct_s=1.0, cost_usd=0.0
+    ),
     J.RunInterrupted(t=3.0, reason="SIGINT"),
     J.RunStopped(t=3.0, reason="deadline", outcome="stopped"),
     J.PlanChanged(t=4.0, stage=1, plan={"stages": [{"bracket": 0}, {"bracket": 0}]}),
-    J.Decision(t=5.0, kind="prefetch", stage=1, count=2, instance_type="local.cpu2", estimated_remaining_s=3.0,
-               lead_s=2.0, quantile=0.9),
-    J.InstanceRequested(t=6.0, id="n1", instance_type="g4dn.2xlarge", cloud="aws", region="us-east-1",
-                        price_hr=0.75, spot=True, stage=0, zone="us-east-1a", requested_type="g4dn.xlarge"),
+    J.Decision(
+        t=5.0,
+        kind="prefetch",
+        stage=1,
+        count=2,
+        instance_type="local.cpu2",
+        estimated_remaining_s=3.0,
+        lead_s=2.0,
+        quantile=0.9,
+    ),
+    J.InstanceRequested(
+        t=6.0,
+        id="n1",
+        instance_type="g4dn.2xlarge",
+        cloud="aws",
+        region="us-east-1",
+        price_hr=0.75,
+        spot=True,
+        stage=0,
+        zone="us-east-1a",
+        requested_type="g4dn.xlarge",
+    ),
     J.InstanceReady(t=7.0, id="n1", startup_s=1.0),
-    J.InstanceLost(t=8.0, id="n1", reason="spot-interruption", instance_type="g4dn.2xlarge", stage=0,
-                   trials=["b0-t000"], losses=1),
+    J.InstanceLost(
+        t=8.0, id="n1", reason="spot-interruption", instance_type="g4dn.2xlarge", stage=0, trials=["b0-t000"], losses=1
+    ),
     J.InstanceTerminated(t=8.0, id="n1", reason="lost"),
-    J.HeadInstance(t=1.5, id="i-head", instance_type="m6i.large", cloud="aws", price_hr=0.096, launched_at=0.5,
-                   grace_s=600.0),
-    J.StageStarted(t=9.0, stage=0, bracket=0, stage_in_bracket=0, trials=9, to_run=9, epochs=1,
-                   instance_type="local.cpu2", instances=2, workers_per_trial=1, predicted_duration_s=20.0,
-                   offset_s=0.0),
-    J.StageFinished(t=10.0, stage=0, bracket=0, metrics={"b0-t000": 0.5, "b0-t001": None},
-                    promoted=["b0-t000"], ranking=["b0-t000", "b0-t001"]),
+    J.HeadInstance(
+        t=1.5, id="i-head", instance_type="m6i.large", cloud="aws", price_hr=0.096, launched_at=0.5, grace_s=600.0
+    ),
+    J.StageStarted(
+        t=9.0,
+        stage=0,
+        bracket=0,
+        stage_in_bracket=0,
+        trials=9,
+        to_run=9,
+        epochs=1,
+        instance_type="local.cpu2",
+        instances=2,
+        workers_per_trial=1,
+        predicted_duration_s=20.0,
+        offset_s=0.0,
+    ),
+    J.StageFinished(
+        t=10.0,
+        stage=0,
+        bracket=0,
+        metrics={"b0-t000": 0.5, "b0-t001": None},
+        promoted=["b0-t000"],
+        ranking=["b0-t000", "b0-t001"],
+    ),
     J.TrialCreated(t=1.0, trial_id="b0-t000", bracket=0, index=0, config={"lr": 0.01, "opt": "adam"}),
-    J.TrialStarted(t=9.5, trial_id="b0-t000", stage=0, start_epoch=0, end_epoch=1, workers=2,
-                   instances=["n1", "n2"], placement=["n1", "n2"], from_checkpoint=None),
+    J.TrialStarted(
+        t=9.5,
+        trial_id="b0-t000",
+        stage=0,
+        start_epoch=0,
+        end_epoch=1,
+        workers=2,
+        instances=["n1", "n2"],
+        placement=["n1", "n2"],
+        from_checkpoint=None,
+    ),
     J.Epoch(t=9.6, trial_id="b0-t000", epoch=0, metrics={"loss": 0.5}, seconds=0.1),
     J.Checkpoint(t=9.7, trial_id="b0-t000", epoch=0, path="/x/epoch-0.pt"),
-    J.TrialStopped(t=9.8, trial_id="b0-t000", stage=0, reason="instance_lost", metric=None, error="lost",
-                   start_epoch=0, end_epoch=1, seconds=0.3, setup_s=None, checkpoint_epoch=0, lost=["n1"],
-                   note="x", devices=["cpu", "cpu"], gpu_ids=[[0], [1]]),
+    J.TrialStopped(
+        t=9.8,
+        trial_id="b0-t000",
+        stage=0,
+        reason="instance_lost",
+        metric=None,
+        error="lost",
+        start_epoch=0,
+        end_epoch=1,
+        seconds=0.3,
+        setup_s=None,
+        checkpoint_epoch=0,
+        lost=["n1"],
+        note="x",
+        devices=["cpu", "cpu"],
+        gpu_ids=[[0], [1]],
+    ),
     J.TrialPromoted(t=10.0, trial_id="b0-t000", from_stage=0, to_stage=1, metric=0.5, rank=0),
 ]
 
@@ -84,10 +159,10 @@ def test_every_event_round_trips_through_its_journal_line(event, tmp_path):
 def test_the_line_holds_what_the_writer_set_under_the_old_field_names():
     """The JSON is the untyped journal's: fields the writer set (None included), optional ones left out."""
     line = E.to_json_dict(J.TrialStopped(t=1.0, trial_id="a", stage=0, reason="failed", metric=None))
-    assert line == {"type": "trial_stopped", "t": 1.0, "trial_id": "a", "stage": 0, "reason": "failed",
-                    "metric": None}
-    only_when = E.to_json_dict(J.InstanceRequested(id="n", instance_type="x", price_hr=1.0, requested_type=None,
-                                                   zone=None))
+    assert line == {"type": "trial_stopped", "t": 1.0, "trial_id": "a", "stage": 0, "reason": "failed", "metric": None}
+    only_when = E.to_json_dict(
+        J.InstanceRequested(id="n", instance_type="x", price_hr=1.0, requested_type=None, zone=None)
+    )
     assert "requested_type" not in only_when and only_when["zone"] is None
 
 
@@ -115,29 +190,98 @@ def test_the_writer_stamps_the_version_and_the_time_from_its_clock(tmp_path):
 # -- versions --------------------------------------------------------------------------------------------------
 
 V1_JOURNAL = [  # as the untyped writer (journal version 1) wrote them: no journal_version, fields as dicts had them
-    {"type": "run_started", "run_id": "r1", "spec_sha256": "abc", "spec": {"name": "job"},
-     "plan": {"stages": [{"bracket": 0}, {"bracket": 0}]}, "cloud": "local", "deadline_s": 600.0,
-     "trial_runtime": "rubberband.executor.trials", "pid": 7, "on_late": "finish", "t": 1000.0},
+    {
+        "type": "run_started",
+        "run_id": "r1",
+        "spec_sha256": "abc",
+        "spec": {"name": "job"},
+        "plan": {"stages": [{"bracket": 0}, {"bracket": 0}]},
+        "cloud": "local",
+        "deadline_s": 600.0,
+        "trial_runtime": "rubberband.executor.trials",
+        "pid": 7,
+        "on_late": "finish",
+        "t": 1000.0,
+    },
     {"type": "trial_created", "trial_id": "b0-t000", "bracket": 0, "index": 0, "config": {"lr": 0.1}, "t": 1000.1},
-    {"type": "instance_requested", "t": 1001.0, "id": "n1", "instance_type": "local.cpu2", "cloud": "local",
-     "region": None, "price_hr": 0.1, "spot": False, "stage": 0, "zone": None},
+    {
+        "type": "instance_requested",
+        "t": 1001.0,
+        "id": "n1",
+        "instance_type": "local.cpu2",
+        "cloud": "local",
+        "region": None,
+        "price_hr": 0.1,
+        "spot": False,
+        "stage": 0,
+        "zone": None,
+    },
     {"type": "instance_ready", "t": 1005.0, "id": "n1", "startup_s": 4.0},
-    {"type": "stage_started", "stage": 0, "bracket": 0, "stage_in_bracket": 0, "trials": 1, "to_run": 1,
-     "epochs": 1, "instance_type": "local.cpu2", "instances": 1, "workers_per_trial": 1,
-     "predicted_duration_s": 20.0, "t": 1005.0},
-    {"type": "trial_started", "trial_id": "b0-t000", "stage": 0, "start_epoch": 0, "end_epoch": 1, "workers": 1,
-     "instances": ["n1"], "placement": ["n1"], "from_checkpoint": None, "t": 1005.5},
+    {
+        "type": "stage_started",
+        "stage": 0,
+        "bracket": 0,
+        "stage_in_bracket": 0,
+        "trials": 1,
+        "to_run": 1,
+        "epochs": 1,
+        "instance_type": "local.cpu2",
+        "instances": 1,
+        "workers_per_trial": 1,
+        "predicted_duration_s": 20.0,
+        "t": 1005.0,
+    },
+    {
+        "type": "trial_started",
+        "trial_id": "b0-t000",
+        "stage": 0,
+        "start_epoch": 0,
+        "end_epoch": 1,
+        "workers": 1,
+        "instances": ["n1"],
+        "placement": ["n1"],
+        "from_checkpoint": None,
+        "t": 1005.5,
+    },
     {"type": "epoch", "trial_id": "b0-t000", "epoch": 0, "metrics": {"loss": 0.25}, "seconds": 1.0, "t": 1006.0},
     {"type": "checkpoint", "trial_id": "b0-t000", "epoch": 0, "path": "/c/epoch-0.pt", "t": 1006.1},
-    {"type": "trial_stopped", "trial_id": "b0-t000", "stage": 0, "reason": "finished", "metric": 0.25,
-     "error": None, "start_epoch": 0, "end_epoch": 1, "seconds": 1.2, "setup_s": 0.1, "checkpoint_epoch": 0,
-     "devices": ["cpu"], "t": 1006.2},
-    {"type": "stage_finished", "stage": 0, "bracket": 0, "metrics": {"b0-t000": 0.25}, "promoted": ["b0-t000"],
-     "ranking": ["b0-t000"], "t": 1006.3},
+    {
+        "type": "trial_stopped",
+        "trial_id": "b0-t000",
+        "stage": 0,
+        "reason": "finished",
+        "metric": 0.25,
+        "error": None,
+        "start_epoch": 0,
+        "end_epoch": 1,
+        "seconds": 1.2,
+        "setup_s": 0.1,
+        "checkpoint_epoch": 0,
+        "devices": ["cpu"],
+        "t": 1006.2,
+    },
+    {
+        "type": "stage_finished",
+        "stage": 0,
+        "bracket": 0,
+        "metrics": {"b0-t000": 0.25},
+        "promoted": ["b0-t000"],
+        "ranking": ["b0-t000"],
+        "t": 1006.3,
+    },
     {"type": "decision", "kind": "release", "id": "n1", "stage": 0, "reason": "idle", "t": 1006.4},
     {"type": "instance_terminated", "t": 1007.0, "id": "n1", "reason": "idle: stage 0 needs it no more"},
-    {"type": "run_finished", "t": 1008.0, "reason": None, "best_trial": "b0-t000", "best_metric": 0.25,
-     "rung": {"stage": 0}, "outcome": "met", "jct_s": 8.0, "cost_usd": 0.01},
+    {
+        "type": "run_finished",
+        "t": 1008.0,
+        "reason": None,
+        "best_trial": "b0-t000",
+        "best_metric": 0.25,
+        "rung": {"stage": 0},
+        "outcome": "met",
+        "jct_s": 8.0,
+        "cost_usd": 0.01,
+    },
 ]
 
 
@@ -164,8 +308,9 @@ def test_a_version_1_journal_loads_as_before(tmp_path):
 
 @pytest.mark.parametrize("written", [E.JOURNAL_VERSION + 1, str(E.JOURNAL_VERSION + 1)])
 def test_a_journal_from_a_newer_rubberband_is_refused_in_one_line(tmp_path, written):
-    path = _write_raw(tmp_path, [{**V1_JOURNAL[0], "journal_version": written, "a_field_of_the_future": 1},
-                                 *V1_JOURNAL[1:]])
+    path = _write_raw(
+        tmp_path, [{**V1_JOURNAL[0], "journal_version": written, "a_field_of_the_future": 1}, *V1_JOURNAL[1:]]
+    )
     with pytest.raises(RunDirError) as caught:
         J.read_state(tmp_path)
     message = str(caught.value)
@@ -174,9 +319,12 @@ def test_a_journal_from_a_newer_rubberband_is_refused_in_one_line(tmp_path, writ
 
 
 def test_unknown_event_types_and_fields_of_a_newer_minor_version_are_skipped(tmp_path):
-    events = [{**V1_JOURNAL[0], "journal_version": E.JOURNAL_VERSION}, *V1_JOURNAL[1:3],
-              {"type": "a_future_event", "t": 1002.0, "whatever": [1]},
-              {**V1_JOURNAL[3], "a_future_field": {"x": 1}}]
+    events = [
+        {**V1_JOURNAL[0], "journal_version": E.JOURNAL_VERSION},
+        *V1_JOURNAL[1:3],
+        {"type": "a_future_event", "t": 1002.0, "whatever": [1]},
+        {**V1_JOURNAL[3], "a_future_field": {"x": 1}},
+    ]
     _write_raw(tmp_path, events)
     state = J.read_state(tmp_path)
     assert state.instances["n1"].ready_at == 1005.0
@@ -184,8 +332,11 @@ def test_unknown_event_types_and_fields_of_a_newer_minor_version_are_skipped(tmp
 
 # -- damage ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("line, field, value", [(3, "price_hr", {"usd": 1}), (6, "start_epoch", "first"),
-                                                (2, "config", None), (7, "epoch", None)])
+
+@pytest.mark.parametrize(
+    "line, field, value",
+    [(3, "price_hr", {"usd": 1}), (6, "start_epoch", "first"), (2, "config", None), (7, "epoch", None)],
+)
 def test_a_damaged_line_is_named_with_its_field(tmp_path, line, field, value):
     events = [dict(e) for e in V1_JOURNAL]
     if value is None and field == "epoch":
@@ -207,8 +358,9 @@ def test_a_damaged_line_is_named_with_its_field(tmp_path, line, field, value):
 
 def test_run_started_without_its_time_is_damage(tmp_path):
     path = _write_raw(tmp_path, [{k: v for k, v in V1_JOURNAL[0].items() if k != "t"}])
-    with pytest.raises(RunDirError, match=re.escape(f"{path}:1: the journal's 'run_started' event is damaged "
-                                                    f"(field 't'")):
+    with pytest.raises(
+        RunDirError, match=re.escape(f"{path}:1: the journal's 'run_started' event is damaged (field 't'")
+    ):
         J.read_state(tmp_path)
 
 
@@ -251,39 +403,89 @@ metric = st.one_of(st.none(), st.floats(-1e3, 1e3, allow_nan=False))
 
 
 def _events() -> st.SearchStrategy:
-    trial, inst, stage, epoch = (st.sampled_from(TRIALS), st.sampled_from(INSTANCES), st.integers(0, 3),
-                                 st.integers(0, 4))
+    trial, inst, stage, epoch = (
+        st.sampled_from(TRIALS),
+        st.sampled_from(INSTANCES),
+        st.integers(0, 3),
+        st.integers(0, 4),
+    )
     return st.one_of(
-        st.builds(J.TrialCreated, t=times, trial_id=trial, bracket=st.integers(0, 1), index=st.integers(0, 9),
-                  config=st.fixed_dictionaries({"lr": st.floats(0.001, 1.0)})),
-        st.builds(J.Epoch, t=times, trial_id=trial, epoch=epoch,
-                  metrics=st.fixed_dictionaries({"loss": st.floats(0, 10)}), seconds=times),
+        st.builds(
+            J.TrialCreated,
+            t=times,
+            trial_id=trial,
+            bracket=st.integers(0, 1),
+            index=st.integers(0, 9),
+            config=st.fixed_dictionaries({"lr": st.floats(0.001, 1.0)}),
+        ),
+        st.builds(
+            J.Epoch,
+            t=times,
+            trial_id=trial,
+            epoch=epoch,
+            metrics=st.fixed_dictionaries({"loss": st.floats(0, 10)}),
+            seconds=times,
+        ),
         st.builds(J.Checkpoint, t=times, trial_id=trial, epoch=epoch, path=st.just("/p")),
-        st.builds(J.TrialStopped, t=times, trial_id=trial, stage=stage,
-                  reason=st.sampled_from(["finished", "failed", "instance_lost"]), metric=metric,
-                  checkpoint_epoch=st.one_of(st.none(), epoch)),
-        st.builds(J.InstanceRequested, t=times, id=inst, instance_type=st.just("local.cpu2"),
-                  price_hr=st.floats(0, 10), spot=st.booleans(), stage=stage),
+        st.builds(
+            J.TrialStopped,
+            t=times,
+            trial_id=trial,
+            stage=stage,
+            reason=st.sampled_from(["finished", "failed", "instance_lost"]),
+            metric=metric,
+            checkpoint_epoch=st.one_of(st.none(), epoch),
+        ),
+        st.builds(
+            J.InstanceRequested,
+            t=times,
+            id=inst,
+            instance_type=st.just("local.cpu2"),
+            price_hr=st.floats(0, 10),
+            spot=st.booleans(),
+            stage=stage,
+        ),
         st.builds(J.InstanceReady, t=times, id=inst, startup_s=times),
         st.builds(J.InstanceLost, t=times, id=inst, reason=st.sampled_from(["lost", "spot-interruption", None])),
         st.builds(J.InstanceTerminated, t=times, id=inst, reason=st.sampled_from(["lost", "teardown"])),
-        st.builds(J.HeadInstance, t=times, id=st.just("h"), instance_type=st.just("m6i.large"), price_hr=st.just(0.1),
-                  launched_at=st.one_of(st.none(), times)),
+        st.builds(
+            J.HeadInstance,
+            t=times,
+            id=st.just("h"),
+            instance_type=st.just("m6i.large"),
+            price_hr=st.just(0.1),
+            launched_at=st.one_of(st.none(), times),
+        ),
         st.builds(J.StageStarted, t=times, stage=stage, predicted_duration_s=st.one_of(st.none(), times)),
-        st.builds(J.StageFinished, t=times, stage=stage, metrics=st.dictionaries(trial, metric, max_size=3),
-                  promoted=st.lists(trial, max_size=2)),
+        st.builds(
+            J.StageFinished,
+            t=times,
+            stage=stage,
+            metrics=st.dictionaries(trial, metric, max_size=3),
+            promoted=st.lists(trial, max_size=2),
+        ),
         st.builds(J.Decision, t=times, kind=st.just("handoff"), id=inst, to_stage=stage),
         st.builds(J.PlanChanged, t=times, stage=stage, plan=st.just({"stages": [{"bracket": 1}]})),
         st.builds(J.RunResumed, t=times, attempt=st.integers(2, 5)),
-        st.sampled_from([J.RunFinished(t=5.0, best_trial="t0"), J.RunFailed(t=6.0, reason="x"),
-                         J.RunInterrupted(t=7.0, error="y"), J.RunStopped(t=8.0)]),
+        st.sampled_from(
+            [
+                J.RunFinished(t=5.0, best_trial="t0"),
+                J.RunFailed(t=6.0, reason="x"),
+                J.RunInterrupted(t=7.0, error="y"),
+                J.RunStopped(t=8.0),
+            ]
+        ),
     )
 
 
 # each step: (who writes: the controller's Journal or the sink (another process), the event,
 #             whether the sink's line lands in two writes with a look at the state in between, look at the state)
-steps = st.lists(st.tuples(st.sampled_from(["journal", "sink"]), st.one_of(_events(), st.just("unknown")),
-                           st.booleans(), st.booleans()), max_size=40)
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["journal", "sink"]), st.one_of(_events(), st.just("unknown")), st.booleans(), st.booleans()
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=int(os.environ.get("RUBBERBAND_FUZZ_EXAMPLES", "60")), deadline=None, database=None)

@@ -16,8 +16,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 #: Source folder → its package (pyproject's ``package-dir``).
-PACKAGES = {"rubberband": "rubberband", "planner": "rubberband.planner", "profiler": "rubberband.profiler",
-            "cloud": "rubberband.cloud", "executor": "rubberband.executor"}
+PACKAGES = {
+    "rubberband": "rubberband",
+    "planner": "rubberband.planner",
+    "profiler": "rubberband.profiler",
+    "cloud": "rubberband.cloud",
+    "executor": "rubberband.executor",
+}
 CLI = ("rubberband.cli", "rubberband.commands", "rubberband.head_job")
 
 
@@ -26,7 +31,11 @@ def _modules() -> dict[str, Path]:
     for folder, package in PACKAGES.items():
         for path in sorted((REPO / folder).rglob("*.py")):
             if folder == "rubberband" and path.relative_to(REPO / folder).parts[0] in (
-                    "planner", "profiler", "cloud", "executor"):
+                "planner",
+                "profiler",
+                "cloud",
+                "executor",
+            ):
                 continue  # not there, but be safe
             rel = path.relative_to(REPO / folder).with_suffix("")
             parts = [p for p in rel.parts if p != "__init__"]
@@ -71,8 +80,12 @@ def _graph(*, top_level_only: bool) -> nx.DiGraph:
 
 
 def _offenders(graph: nx.DiGraph, source: str, forbidden: tuple[str, ...]) -> list[str]:
-    return sorted(f"{a} -> {b}" for a, b in graph.edges if a.startswith(source + ".") or a == source
-                  if any(b == f or b.startswith(f + ".") for f in forbidden))
+    return sorted(
+        f"{a} -> {b}"
+        for a, b in graph.edges
+        if a.startswith(source + ".") or a == source
+        if any(b == f or b.startswith(f + ".") for f in forbidden)
+    )
 
 
 def test_the_module_list_is_real():
@@ -80,11 +93,14 @@ def test_the_module_list_is_real():
     assert "rubberband.planner.simulator" in MODULES and "rubberband.cli" in MODULES
 
 
-@pytest.mark.parametrize("layer, forbidden", [
-    ("rubberband.planner", ("rubberband.executor", "rubberband.cloud", "rubberband.profiler", *CLI)),
-    ("rubberband.cloud", ("rubberband.executor", *CLI)),
-    ("rubberband.executor", CLI),
-])
+@pytest.mark.parametrize(
+    "layer, forbidden",
+    [
+        ("rubberband.planner", ("rubberband.executor", "rubberband.cloud", "rubberband.profiler", *CLI)),
+        ("rubberband.cloud", ("rubberband.executor", *CLI)),
+        ("rubberband.executor", CLI),
+    ],
+)
 def test_a_layer_imports_nothing_above_it(layer, forbidden):
     assert _offenders(_graph(top_level_only=False), layer, forbidden) == []
 

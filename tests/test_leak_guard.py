@@ -36,7 +36,8 @@ def test_a_test_that_leaks_a_ray_node_fails_and_the_node_is_killed(pytester, tmp
     next test of the session passes."""
     pids_file = tmp_path / "pids"
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_leaky=textwrap.dedent(f"""
+    pytester.makepyfile(
+        test_leaky=textwrap.dedent(f"""
         import os, subprocess, sys, tempfile, time
         from pathlib import Path
         import pytest
@@ -64,12 +65,14 @@ def test_a_test_that_leaks_a_ray_node_fails_and_the_node_is_killed(pytester, tmp
         @pytest.mark.e2e
         def test_after_it_runs_clean():
             pass
-    """))
+    """)
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", timeout=240)
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed") == 2 and outcomes.get("errors") == 1, result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaks_a_ray_node*",
-                                 "*test_leaks_a_ray_node left behind*process(es), now killed*"])
+    result.stdout.fnmatch_lines(
+        ["*ERROR at teardown of test_leaks_a_ray_node*", "*test_leaks_a_ray_node left behind*process(es), now killed*"]
+    )
     assert "test_after_it_runs_clean" not in "".join(l for l in result.stdout.lines if "ERROR" in l)
     pids = [int(p) for p in pids_file.read_text().split()]
     assert pids and not [p for p in pids if _alive(p)]
@@ -77,7 +80,8 @@ def test_a_test_that_leaks_a_ray_node_fails_and_the_node_is_killed(pytester, tmp
 
 def test_a_unit_test_that_starts_a_process_or_a_server_fails(pytester):
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_tiers=textwrap.dedent("""
+    pytester.makepyfile(
+        test_tiers=textwrap.dedent("""
         import subprocess, sys
         from http.server import HTTPServer, BaseHTTPRequestHandler
         import pytest
@@ -104,11 +108,16 @@ def test_a_unit_test_that_starts_a_process_or_a_server_fails(pytester):
         @pytest.fixture
         def cli():
             return None
-    """))
+    """)
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-rf", timeout=120)
     result.assert_outcomes(failed=3, passed=2)
-    result.stdout.fnmatch_lines(["*test_starts_a_process is not marked e2e but started the process*",
-                                 "*test_opens_a_server is not marked e2e but opened the server HTTPServer*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_starts_a_process is not marked e2e but started the process*",
+            "*test_opens_a_server is not marked e2e but opened the server HTTPServer*",
+        ]
+    )
     deselected = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-m", "not e2e", timeout=120)
     deselected.assert_outcomes(failed=3, deselected=2)
 
@@ -116,7 +125,8 @@ def test_a_unit_test_that_starts_a_process_or_a_server_fails(pytester):
 def test_a_left_server_and_temp_dir_fail_their_test(pytester, monkeypatch):
     monkeypatch.setenv("RUBBERBAND_STRICT_TEMP", "1")  # left temp dirs fail only when asked (else: a warning)
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_left=textwrap.dedent("""
+    pytester.makepyfile(
+        test_left=textwrap.dedent("""
         import tempfile, threading
         from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
         import pytest
@@ -128,8 +138,13 @@ def test_a_left_server_and_temp_dir_fail_their_test(pytester, monkeypatch):
 
         def test_leaves_a_temp_dir():
             tempfile.mkdtemp(prefix="forgotten-")
-    """))
+    """)
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", timeout=120)
     result.assert_outcomes(passed=2, errors=2)
-    result.stdout.fnmatch_lines(["*test_leaves_a_server left behind server socket(s), now closed: ThreadingHTTPServer*",
-                                 "*test_leaves_a_temp_dir left behind temp entries in *forgotten-*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_leaves_a_server left behind server socket(s), now closed: ThreadingHTTPServer*",
+            "*test_leaves_a_temp_dir left behind temp entries in *forgotten-*",
+        ]
+    )

@@ -73,10 +73,18 @@ class _Item:
 
 
 def test_exclusive_first_then_slow_e2e_modules_then_the_rest_then_unit():
-    items = [_Item("test_spec"), _Item("test_other_e2e", "e2e"), _Item("test_profiler_cli", "e2e"),
-             _Item("test_readme_commands", "e2e", "exclusive"), _Item("test_readme_commands", "e2e")]
+    items = [
+        _Item("test_spec"),
+        _Item("test_other_e2e", "e2e"),
+        _Item("test_profiler_cli", "e2e"),
+        _Item("test_readme_commands", "e2e", "exclusive"),
+        _Item("test_readme_commands", "e2e"),
+    ]
     order(items)  # type: ignore[arg-type]
     assert [(i.module.__name__, i.marks) for i in items] == [
-        ("test_readme_commands", ("e2e", "exclusive")), ("test_readme_commands", ("e2e",)),
-        ("test_profiler_cli", ("e2e",)), ("test_other_e2e", ("e2e",)), ("test_spec", ())]
-
+        ("test_readme_commands", ("e2e", "exclusive")),
+        ("test_readme_commands", ("e2e",)),
+        ("test_profiler_cli", ("e2e",)),
+        ("test_other_e2e", ("e2e",)),
+        ("test_spec", ()),
+    ]

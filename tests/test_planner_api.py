@@ -46,11 +46,17 @@ def test_replanning_remaining_stages_reuses_running_instances(inputs):
     model = fit_performance_model(profile)
     types = [catalog.find("p3.2xlarge")]
     remaining = sha_stages(81, 3, 1, 27)[2:]  # 9 trials then 3, mid-run
-    fresh = plan_stages(remaining, model, types, deadline_s=3000, confidence=0.9, samples=200,
-                        max_workers_per_trial=1)
-    running = plan_stages(remaining, model, types, deadline_s=3000, confidence=0.9, samples=200,
-                          max_workers_per_trial=1,
-                          running=RunningState(instance_type_key=types[0].key, instances=9))
+    fresh = plan_stages(remaining, model, types, deadline_s=3000, confidence=0.9, samples=200, max_workers_per_trial=1)
+    running = plan_stages(
+        remaining,
+        model,
+        types,
+        deadline_s=3000,
+        confidence=0.9,
+        samples=200,
+        max_workers_per_trial=1,
+        running=RunningState(instance_type_key=types[0].key, instances=9),
+    )
     # instances already up: no start-up wait or cost for them
     assert running.result.breakdown["startup"].mean() < fresh.result.breakdown["startup"].mean()
     # the planner minimises cost under the deadline: instances already up can only make it cheaper

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from planner_helpers import ideal_model, itype
-from rubberband.planner.asha import (AshaCluster, AshaRungs, AshaSimulator, _percentile, _Starts, asha_baseline,
-                                     rungs)
+from rubberband.planner.asha import AshaCluster, AshaRungs, AshaSimulator, _percentile, _Starts, asha_baseline, rungs
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
 GPU4 = itype("gpu4", gpus=4, price=14.4)
@@ -73,8 +72,9 @@ def test_cheapest_cluster_meeting_the_deadline_and_the_quickest_when_none_does()
 
 def test_heads_are_billed_for_the_jct():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0)
-    sim = AshaSimulator(model, trials=9, eta=3, min_epochs=1, max_epochs=9, samples=10,
-                        head_cost=lambda itype, jct: jct * 0.1 / 3600)
+    sim = AshaSimulator(
+        model, trials=9, eta=3, min_epochs=1, max_epochs=9, samples=10, head_cost=lambda itype, jct: jct * 0.1 / 3600
+    )
     res = sim.simulate(AshaCluster(GPU1, 3, 1))
     assert np.allclose(res.breakdown["head"], res.jct * 0.1 / 3600)
 
@@ -82,8 +82,7 @@ def test_heads_are_billed_for_the_jct():
 def test_unlimited_start_concurrency_is_todays_model():
     """start_concurrency None (the planning default) or at least the slots per instance: no start
     slows another, the same run as before the parameter existed."""
-    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.2, task_start=7.0,
-                        epoch_overhead=1.0)
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.2, task_start=7.0, epoch_overhead=1.0)
     base = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=20)
     lanes = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=20, start_concurrency=4)
     for cluster in (AshaCluster(GPU4, 2, 1), AshaCluster(GPU1, 5, 1)):
@@ -145,21 +144,23 @@ def test_start_sigma_zero_is_todays_model_and_uneven_starts_reorder_the_reports(
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.1, task_start=5.0)
     cluster = AshaCluster(GPU4, 1, 1)
     base = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0)
-    zero = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0,
-                         start_sigma=0.0)
+    zero = AshaSimulator(
+        model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0, start_sigma=0.0
+    )
     a, b = base.simulate(cluster), zero.simulate(cluster)
     assert np.array_equal(a.jct, b.jct) and np.array_equal(a.promotions, b.promotions)
     order = np.arange(27, dtype=float)[::-1]  # the first queued is the best
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.0, task_start=5.0)  # even epochs
     fixed = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0)
     fixed.set_qualities(order)
-    uneven = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0,
-                           start_sigma=0.5)
+    uneven = AshaSimulator(
+        model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0, start_sigma=0.5
+    )
     uneven.set_qualities(order)
     same, varied = fixed.simulate(cluster).promotions, uneven.simulate(cluster).promotions
     assert len({tuple(row) for row in same}) == 1  # one order, no start noise: every sample promotes alike
     assert len({tuple(row) for row in varied}) > 1
-    assert abs(float(uneven._start_factor.mean()) - np.exp(0.5 ** 2 / 2)) < 0.15
+    assert abs(float(uneven._start_factor.mean()) - np.exp(0.5**2 / 2)) < 0.15
     with pytest.raises(ValueError):
         AshaSimulator(model, trials=9, eta=3, min_epochs=1, max_epochs=9, start_sigma=-0.1)
     with pytest.raises(ValueError):

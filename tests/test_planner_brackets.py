@@ -27,12 +27,20 @@ def _one(bracket: int, trials: int = 1, epochs: int = 1) -> Stage:
 
 def test_brackets_run_side_by_side_jct_is_the_longest_and_costs_add_up():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0)  # 50 s per epoch
-    configs = [StageConfig(GPU1, 3, 1), StageConfig(GPU1, 1, 1), StageConfig(GPU1, 1, 1),
-               StageConfig(GPU1, 2, 1), StageConfig(GPU1, 1, 1), StageConfig(GPU1, 3, 1)]
+    configs = [
+        StageConfig(GPU1, 3, 1),
+        StageConfig(GPU1, 1, 1),
+        StageConfig(GPU1, 1, 1),
+        StageConfig(GPU1, 2, 1),
+        StageConfig(GPU1, 1, 1),
+        StageConfig(GPU1, 3, 1),
+    ]
     par = ParallelSimulator(HB, model, samples=20, seed=3, share=False)
     res = par.simulate(configs)
-    subs = [Simulator(HB[lo:hi], model, samples=20, seed=3 + 7919 * b).simulate(configs[lo:hi])
-            for b, (lo, hi) in enumerate(bracket_ranges(HB))]
+    subs = [
+        Simulator(HB[lo:hi], model, samples=20, seed=3 + 7919 * b).simulate(configs[lo:hi])
+        for b, (lo, hi) in enumerate(bracket_ranges(HB))
+    ]
     assert np.allclose(res.jct, np.max([s.jct for s in subs], axis=0))
     assert np.allclose(res.cost, sum(s.cost for s in subs))
     assert len(res.stage_durations) == len(HB) == len(res.stage_costs)
@@ -68,8 +76,10 @@ def test_a_release_after_the_new_instance_is_up_is_not_handed_over():
     stages = [_one(0, epochs=4), _one(1)]  # bracket 0 releases at 300 s; bracket 1's instance is up at 200 s
     configs = [StageConfig(GPU1, 1, 1), StageConfig(GPU1, 1, 1)]
     kw = dict(samples=10, offsets=[0.0, 100.0])
-    assert np.allclose(ParallelSimulator(stages, model, **kw).simulate(configs).cost,
-                       ParallelSimulator(stages, model, share=False, **kw).simulate(configs).cost)
+    assert np.allclose(
+        ParallelSimulator(stages, model, **kw).simulate(configs).cost,
+        ParallelSimulator(stages, model, share=False, **kw).simulate(configs).cost,
+    )
 
 
 def test_parallel_lower_bounds_hold():
@@ -114,8 +124,9 @@ def test_parallel_planning_is_never_costlier_than_static_or_sequential():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0)
     for factor in (1.0, 3.0):
         seq = plan_stages(HB, model, [GPU1], deadline_s=4000.0 * factor, confidence=0.9, samples=100)
-        par = plan_stages(HB, model, [GPU1], deadline_s=4000.0 * factor, confidence=0.9, samples=100,
-                          brackets="parallel")
+        par = plan_stages(
+            HB, model, [GPU1], deadline_s=4000.0 * factor, confidence=0.9, samples=100, brackets="parallel"
+        )
         assert par.result.cost_mean <= seq.result.cost_mean * (1 + 1e-9)
         if par.static is not None:
             assert par.result.cost_mean <= par.static[1].cost_mean * (1 + 1e-9)
@@ -124,10 +135,17 @@ def test_parallel_planning_is_never_costlier_than_static_or_sequential():
 
 
 def _spec(**scheduler):
-    return parse_spec({"name": "hb", "train": "m:f", "metric": {"name": "acc", "mode": "max"},
-                       "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
-                       "scheduler": {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 9, **scheduler},
-                       "deadline": "2h", "resources": {"clouds": ["aws"], "max_workers_per_trial": 1}})
+    return parse_spec(
+        {
+            "name": "hb",
+            "train": "m:f",
+            "metric": {"name": "acc", "mode": "max"},
+            "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
+            "scheduler": {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 9, **scheduler},
+            "deadline": "2h",
+            "resources": {"clouds": ["aws"], "max_workers_per_trial": 1},
+        }
+    )
 
 
 def test_spec_brackets_default_parallel_and_digest_unchanged():
@@ -147,8 +165,9 @@ def _plan_json(quickstart):
     spec = _spec()
     profile = load_profile(quickstart)
     catalog = load_catalog(["aws"])
-    spec = spec.model_copy(update={"resources": spec.resources.model_copy(
-        update={"instance_types": ["p3.2xlarge", "g5.xlarge"]})})
+    spec = spec.model_copy(
+        update={"resources": spec.resources.model_copy(update={"instance_types": ["p3.2xlarge", "g5.xlarge"]})}
+    )
     return plan_job(spec, profile, catalog, deadline_s=1500, samples=100)
 
 
@@ -186,8 +205,9 @@ def test_a_parallel_plan_is_re_simulated_with_its_brackets_side_by_side(parallel
     again = simulate_plan(parallel_plan, profile, load_catalog(["aws"]), samples=100)
     assert again.predicted.jct_s.p50 == pytest.approx(parallel_plan.predicted.jct_s.p50, rel=1e-9)
     assert again.predicted.cost_usd.mean == pytest.approx(parallel_plan.predicted.cost_usd.mean, rel=1e-9)
-    sequential = simulate_plan(parallel_plan.model_copy(update={"brackets": "sequential"}), profile,
-                               load_catalog(["aws"]), samples=100)
+    sequential = simulate_plan(
+        parallel_plan.model_copy(update={"brackets": "sequential"}), profile, load_catalog(["aws"]), samples=100
+    )
     assert sequential.predicted.jct_s.p50 > 1.5 * again.predicted.jct_s.p50
 
 
@@ -225,12 +245,20 @@ def test_run_plans_hyperband_brackets_side_by_side_as_plan_does(tmp_path, capsys
 
     profile = Path(__file__).resolve().parents[1] / "examples/profiles/resnet50_cifar10_v100.json"
     path = tmp_path / "hb.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "hb", "train": "m:f", "metric": {"name": "acc", "mode": "max"},
-        "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
-        "scheduler": {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 9}, "deadline": "40m",
-        "resources": {"clouds": ["aws"], "instance_types": ["g5.xlarge"], "max_workers_per_trial": 1},
-        "profile": str(profile)}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "hb",
+                "train": "m:f",
+                "metric": {"name": "acc", "mode": "max"},
+                "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
+                "scheduler": {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 9},
+                "deadline": "40m",
+                "resources": {"clouds": ["aws"], "instance_types": ["g5.xlarge"], "max_workers_per_trial": 1},
+                "profile": str(profile),
+            }
+        )
+    )
     spec = load_spec(path)
     plan, fresh = _load_or_make_plan(spec, path, None, "aws", None, head="local")
     assert fresh and plan.parallel_brackets
@@ -267,8 +295,11 @@ def _local_model(startup: float = 10.0):
     from rubberband.planner.model import StartupModel
 
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10)
-    return replace(model, startup_by_cloud={"local": StartupModel((startup,), "test")},
-                   termination_by_cloud={"local": StartupModel((0.0,), "test")})
+    return replace(
+        model,
+        startup_by_cloud={"local": StartupModel((startup,), "test")},
+        termination_by_cloud={"local": StartupModel((0.0,), "test")},
+    )
 
 
 def test_local_brackets_starting_together_come_up_one_after_another_in_start_order():
@@ -287,8 +318,10 @@ def test_local_brackets_starting_together_come_up_one_after_another_in_start_ord
     assert np.allclose(res.jct, 170.0)
     timeline, _, critical = sim.trace(configs, 0)
     assert critical == pytest.approx(170.0)
-    assert np.allclose(sorted((i.requested_s, i.ready_s) for i in timeline.instances),
-                       [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0), (40.0, 50.0)])
+    assert np.allclose(
+        sorted((i.requested_s, i.ready_s) for i in timeline.instances),
+        [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0), (40.0, 50.0)],
+    )
     # billed from when each node starts (as the local provider journals it), not from the queue
     assert np.allclose(res.breakdown["startup"], 4 * 10.0 * 0.36 / 3600)
     # the same job on a cloud that starts instances at once: the brackets do not wait for each other
@@ -343,8 +376,11 @@ def test_a_stage_requested_while_the_stage_before_still_starts_nodes_waits_for_t
 
     from rubberband.planner.model import StartupModel
 
-    model = replace(model, startup_by_cloud={"local": StartupModel((10.0,), "test")},
-                    termination_by_cloud={"local": StartupModel((0.0,), "test")})
+    model = replace(
+        model,
+        startup_by_cloud={"local": StartupModel((10.0,), "test")},
+        termination_by_cloud={"local": StartupModel((0.0,), "test")},
+    )
     local2 = itype("local.cpu2", cloud="local", gpus=2, price=0.72)
     stages = [Stage(0, 0, 2, 1, 1), Stage(0, 1, 1, 2, 1)]
     configs = [StageConfig(LOCAL1, 2, 1), StageConfig(local2, 1, 1)]
@@ -353,5 +389,6 @@ def test_a_stage_requested_while_the_stage_before_still_starts_nodes_waits_for_t
     assert np.allclose(sim.simulate(configs).jct, 45.0)
     timeline, _, critical = sim.trace(configs, 0)
     assert critical == pytest.approx(45.0)
-    assert np.allclose(sorted((i.requested_s, i.ready_s) for i in timeline.instances),
-                       [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0)])
+    assert np.allclose(
+        sorted((i.requested_s, i.ready_s) for i in timeline.instances), [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0)]
+    )

@@ -69,13 +69,16 @@ def test_infeasible_deadline_exits_3_with_shortest_jct_and_cost(cli):
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--cloud", "mars"], "--cloud"),
-    (["--confidence", "1.5"], "--confidence"),
-    (["--deadline", "soon"], "--deadline"),
-    (["--samples", "0"], "--samples"),
-    (["--profile", "/nonexistent/profile.json"], "profile"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--cloud", "mars"], "--cloud"),
+        (["--confidence", "1.5"], "--confidence"),
+        (["--deadline", "soon"], "--deadline"),
+        (["--samples", "0"], "--samples"),
+        (["--profile", "/nonexistent/profile.json"], "profile"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line(cli, args, needle):
     result = cli("plan", EXAMPLES / "quickstart.yaml", *args)
     assert result.returncode == 2
@@ -91,11 +94,14 @@ def test_malformed_profile_exits_2(cli, tmp_path):
     assert "profile field" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("content, needle", [
-    (b"\xff\xfe\x00binary", "profile is not valid JSON"),
-    (b"{not json", "profile is not valid JSON"),
-    (None, "is a directory"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b"\xff\xfe\x00binary", "profile is not valid JSON"),
+        (b"{not json", "profile is not valid JSON"),
+        (None, "is a directory"),
+    ],
+)
 def test_unreadable_profile_exits_2(cli, tmp_path, content, needle):
     bad = tmp_path / "p.json"
     if content is None:

@@ -27,8 +27,9 @@ HEAD = HeadSpec(cloud="aws", instance_type="m6i.large", price_hr=0.096, grace_s=
 
 
 def _noisy_sim(heads=None, **kw) -> Simulator:
-    model = ideal_model(t_iter=0.5, dataset=400, batch=10, sigma=0.3, startup_samples=(40.0, 55.0, 70.0, 90.0),
-                        termination=1.0)
+    model = ideal_model(
+        t_iter=0.5, dataset=400, batch=10, sigma=0.3, startup_samples=(40.0, 55.0, 70.0, 90.0), termination=1.0
+    )
     return Simulator(sha_stages(9, 3, 1, 9), model, samples=64, seed=3, heads=heads, **kw)
 
 
@@ -50,10 +51,15 @@ def test_head_cost_is_price_times_boot_jct_grace_under_the_billing_rule_per_samp
     assert all(np.array_equal(a, b) for a, b in zip(bare.stage_costs, with_head.stage_costs))
     # an explicit boot replaces the model's; a short run still pays the cloud's 60 s minimum
     fixed = _noisy_sim({"aws": HeadSpec("aws", "m6i.large", 0.096, grace_s=0.0, boot_s=5.0)})
-    assert np.allclose(fixed.simulate(PLAN).breakdown["head"],
-                       BILLING_RULES["aws"].billed_seconds(5.0 + bare.jct) * 0.096 / 3600)
-    tiny = Simulator(sha_stages(1, 3, 1, 1), ideal_model(t_iter=0.01, dataset=10, batch=10), samples=4,
-                     heads={"aws": HeadSpec("aws", "m6i.large", 0.096, grace_s=0.0, boot_s=1.0)})
+    assert np.allclose(
+        fixed.simulate(PLAN).breakdown["head"], BILLING_RULES["aws"].billed_seconds(5.0 + bare.jct) * 0.096 / 3600
+    )
+    tiny = Simulator(
+        sha_stages(1, 3, 1, 1),
+        ideal_model(t_iter=0.01, dataset=10, batch=10),
+        samples=4,
+        heads={"aws": HeadSpec("aws", "m6i.large", 0.096, grace_s=0.0, boot_s=1.0)},
+    )
     assert np.allclose(tiny.simulate([StageConfig(GPU, 1, 1)]).breakdown["head"], 60 * 0.096 / 3600)
 
 
@@ -108,6 +114,8 @@ def test_dry_run_and_plan_bill_the_same_head(quickstart):
     assert head.release_at_s == pytest.approx(end + plan.head.grace_s)
     # the dry run bills the representative (median-JCT) sample, the planner every sample: the same rule
     h = plan.head
-    assert head.cost_usd == pytest.approx(BILLING_RULES["aws"].cost(h.boot_s + plan.predicted.jct_s.p50 + h.grace_s,
-                                                                    h.price_hr), abs=5 * h.price_hr / 3600)
+    assert head.cost_usd == pytest.approx(
+        BILLING_RULES["aws"].cost(h.boot_s + plan.predicted.jct_s.p50 + h.grace_s, h.price_hr),
+        abs=5 * h.price_hr / 3600,
+    )
     assert head.cost_usd == pytest.approx(plan.predicted.cost_breakdown.head_usd, rel=0.01)

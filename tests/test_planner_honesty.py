@@ -37,8 +37,15 @@ def setup():
 def shortest(case):
     model, types = setup()
     with pytest.raises(InfeasibleError) as info:
-        plan_stages(sha_stages(*case[:2], 1, case[2]), model, types, deadline_s=1.0, confidence=0.9,
-                    samples=SAMPLES, max_workers_per_trial=2)
+        plan_stages(
+            sha_stages(*case[:2], 1, case[2]),
+            model,
+            types,
+            deadline_s=1.0,
+            confidence=0.9,
+            samples=SAMPLES,
+            max_workers_per_trial=2,
+        )
     return info.value.shortest_jct_s
 
 
@@ -58,11 +65,15 @@ def gaps():
             start = space.fastest()
             alone = descend(space, evaluator, start, deadline, 0.9, moves=local_moves)
             assert alone.result.meets(deadline, 0.9)
-            whole = plan_stages(stages, model, types, deadline_s=deadline, confidence=0.9, samples=SAMPLES,
-                                max_workers_per_trial=2)
+            whole = plan_stages(
+                stages, model, types, deadline_s=deadline, confidence=0.9, samples=SAMPLES, max_workers_per_trial=2
+            )
             e = exact.result.cost_mean
-            out[(case, factor)] = (evaluator.full(start).cost_mean / e, alone.result.cost_mean / e,
-                                   whole.result.cost_mean / e)
+            out[(case, factor)] = (
+                evaluator.full(start).cost_mean / e,
+                alone.result.cost_mean / e,
+                whole.result.cost_mean / e,
+            )
     return out
 
 
@@ -97,8 +108,16 @@ def test_the_exact_search_says_when_it_hit_its_cap():
     full = exact_optimum(space, evaluator, shortest(case) * 1.5, 0.9)
     assert not full.capped and full.optimality().startswith("proven optimal")
     # the planner reports the extent of its exact check
-    out = plan_stages(stages, model, types, deadline_s=shortest(case) * 1.5, confidence=0.9, samples=SAMPLES,
-                      max_workers_per_trial=2, include_exact=True)
+    out = plan_stages(
+        stages,
+        model,
+        types,
+        deadline_s=shortest(case) * 1.5,
+        confidence=0.9,
+        samples=SAMPLES,
+        max_workers_per_trial=2,
+        include_exact=True,
+    )
     assert out.exact_note.startswith("proven optimal")
 
 
@@ -108,8 +127,16 @@ def test_a_static_plan_as_cheap_and_as_fast_is_preferred():
     from rubberband.planner.simulator import SimResult
 
     def result(cost, jct):
-        return SimResult(configs=(), jct=np.full(10, jct), cost=np.full(10, cost), stage_durations=[],
-                         stage_costs=[], breakdown={}, by_type={}, samples=10)
+        return SimResult(
+            configs=(),
+            jct=np.full(10, jct),
+            cost=np.full(10, cost),
+            stage_durations=[],
+            stage_costs=[],
+            breakdown={},
+            by_type={},
+            samples=10,
+        )
 
     assert static_is_as_good(result(1.0000015, 100.0), result(1.0, 100.0), 0.9)
     assert not static_is_as_good(result(1.0000015, 101.0), result(1.0, 100.0), 0.9)  # slower

@@ -19,7 +19,8 @@ def test_fit_recovers_known_parameters_and_predicts_held_out_shapes():
     assert dev.rms_log_error < 0.01
     for workers, nodes in [(3, 1), (6, 1), (8, 2), (16, 2), (16, 4)]:  # never measured
         assert model.iteration_time("V100", workers, nodes) == pytest.approx(
-            TRUE.t_iter(64, workers, nodes), rel=0.03), (workers, nodes)
+            TRUE.t_iter(64, workers, nodes), rel=0.03
+        ), (workers, nodes)
 
 
 def test_fit_with_noise_and_warmup_is_robust():
@@ -50,9 +51,13 @@ def test_device_speed_scales_reference_and_unknown_devices_are_not_plannable():
 
 
 def test_startup_model_falls_back_per_type_cloud_default():
-    profile = synthetic_profile([(1, 1)], startup=[
-        {"cloud": "aws", "instance_type": "p3.2xlarge", "samples_s": [10, 20]},
-        {"cloud": "aws", "samples_s": [100, 200, 300]}])
+    profile = synthetic_profile(
+        [(1, 1)],
+        startup=[
+            {"cloud": "aws", "instance_type": "p3.2xlarge", "samples_s": [10, 20]},
+            {"cloud": "aws", "samples_s": [100, 200, 300]},
+        ],
+    )
     model = fit_performance_model(profile)
     assert model.startup("aws", "p3.2xlarge").samples_s == (10.0, 20.0)
     assert model.startup("aws", "g5.xlarge").quantile(0.5) == 200.0

@@ -120,8 +120,9 @@ def test_the_simulator_samples_trial_speed_and_epoch_noise():
     assert np.log(jct / 4.0).mean() == pytest.approx(0.1 + 0.5 * (0.04 - a2), abs=0.005)
     assert np.log(jct / 4.0).std() == pytest.approx(math.sqrt(0.01 + a2), rel=0.03)
     # without variation the job takes exactly its median time
-    assert np.allclose(Simulator(stages, model_with(Variation()), samples=10).simulate(
-        [StageConfig(itype(), 1, 1)]).jct, 4.0)
+    assert np.allclose(
+        Simulator(stages, model_with(Variation()), samples=10).simulate([StageConfig(itype(), 1, 1)]).jct, 4.0
+    )
 
 
 def test_a_trial_keeps_its_speed_through_the_stages():
@@ -158,8 +159,15 @@ def test_v1_profiles_load_without_variation_and_v2_profiles_fit_it():
     data["schema_version"] = 2
     t = 100 * 0.10  # 6400 / 64 iterations × 0.1 s
     data["epoch_measurements"] = [
-        {"config": {"lr": i}, "device": "V100", "workers": 1, "iterations_per_epoch": 100,
-         "epoch_times_s": [t * s * e for e in (0.95, 1.0, 1.05)]} for i, s in enumerate((0.8, 1.0, 1.25))]
+        {
+            "config": {"lr": i},
+            "device": "V100",
+            "workers": 1,
+            "iterations_per_epoch": 100,
+            "epoch_times_s": [t * s * e for e in (0.95, 1.0, 1.05)],
+        }
+        for i, s in enumerate((0.8, 1.0, 1.25))
+    ]
     model = fit_performance_model(parse_profile(data))
     v = model.variation
     assert v.active and v.configs == 3 and v.config_sigma > v.config_sigma_fit > 0.1

@@ -24,14 +24,22 @@ GPU1 = itype("gpu1", gpus=1, price=3.6)
 
 def test_epoch_overhead_task_start_worker_start_and_termination_closed_form():
     """2 trials × 3 epochs of 10 s on one instance: every overhead lands where the executor pays it."""
-    model = ideal_model(t_iter=1.0, dataset=100, batch=10, startup=10.0, termination=2.0, epoch_overhead=0.5,
-                        task_start=0.2, worker_start=3.0)
+    model = ideal_model(
+        t_iter=1.0,
+        dataset=100,
+        batch=10,
+        startup=10.0,
+        termination=2.0,
+        epoch_overhead=0.5,
+        task_start=0.2,
+        worker_start=3.0,
+    )
     sim = Simulator([Stage(0, 0, 2, 3, 3)], model, samples=4)
     res = sim.simulate([StageConfig(GPU1, 1, 1)])
-    ready = 10.0 + 3.0                       # node start-up, then its worker processes
-    task = 3 * 10.0 + 3 * 0.5 + 0.2          # epochs, per-epoch overhead, warm start of the run
+    ready = 10.0 + 3.0  # node start-up, then its worker processes
+    task = 3 * 10.0 + 3 * 0.5 + 0.2  # epochs, per-epoch overhead, warm start of the run
     assert np.allclose(res.jct, ready + 2 * task)
-    life = ready + 2 * task + 2.0            # billed until it is gone, 2 s after the release
+    life = ready + 2 * task + 2.0  # billed until it is gone, 2 s after the release
     assert np.allclose(res.cost, np.ceil(life) * 3.6 / 3600)
     assert np.allclose(res.breakdown["startup"], ready * 3.6 / 3600)
     assert np.allclose(res.breakdown["idle"], 2.0 * 3.6 / 3600)
@@ -61,10 +69,22 @@ def test_simulated_instances_are_billed_exactly_as_the_accounting_bills_a_journa
     instance from its request until it is gone with ``accounting.bill_instance`` gives the simulated cost."""
     local1 = itype("local.cpu1", cloud="local", gpus=1, price=0.05)
     local2 = itype("local.cpu2", cloud="local", gpus=2, price=0.10)
-    base = ideal_model(t_iter=0.05, dataset=640, batch=32, sigma=0.05, startup_samples=[5.5, 6.0, 7.5],
-                       epoch_overhead=0.1, task_start=0.05, worker_start=2.5, restart=0.3)
-    model = dataclasses.replace(base, startup_by_cloud={"local": StartupModel((5.5, 6.0, 7.5), "test")},
-                                termination_by_cloud={"local": StartupModel((0.6, 0.9, 1.4), "test")})
+    base = ideal_model(
+        t_iter=0.05,
+        dataset=640,
+        batch=32,
+        sigma=0.05,
+        startup_samples=[5.5, 6.0, 7.5],
+        epoch_overhead=0.1,
+        task_start=0.05,
+        worker_start=2.5,
+        restart=0.3,
+    )
+    model = dataclasses.replace(
+        base,
+        startup_by_cloud={"local": StartupModel((5.5, 6.0, 7.5), "test")},
+        termination_by_cloud={"local": StartupModel((0.6, 0.9, 1.4), "test")},
+    )
     stages = sha_stages(9, 3, 1, 9)
     configs = [StageConfig(local1, 4, 1), StageConfig(local2, 2, 2), StageConfig(local1, 1, 1)]
     carrying = [StageConfig(local1, 6, 1), StageConfig(local1, 3, 1), StageConfig(local1, 2, 2)]
@@ -76,10 +96,20 @@ def test_simulated_instances_are_billed_exactly_as_the_accounting_bills_a_journa
         res = sim.simulate(plan)
         timeline, _, critical = sim.trace(plan, i)
         assert critical == pytest.approx(res.jct[i])
-        lives = [InstanceLife(id=x.id, instance_type=x.instance_type, cloud=x.cloud,
-                              price_hr=0.05 if x.instance_type == "local.cpu1" else 0.10, spot=False,
-                              stage=x.first_stage, requested_at=x.requested_s, ready_at=x.ready_s,
-                              terminated_at=x.released_s + gone) for x in timeline.instances]
+        lives = [
+            InstanceLife(
+                id=x.id,
+                instance_type=x.instance_type,
+                cloud=x.cloud,
+                price_hr=0.05 if x.instance_type == "local.cpu1" else 0.10,
+                spot=False,
+                stage=x.first_stage,
+                requested_at=x.requested_s,
+                ready_at=x.ready_s,
+                terminated_at=x.released_s + gone,
+            )
+            for x in timeline.instances
+        ]
         billed = sum(bill_instance(life, now=1e9, rules=BILLING_RULES).cost_usd for life in lives)
         assert billed == pytest.approx(res.cost[i], rel=1e-9)
         # no task starts before its instances are up, carried ones still starting at the barrier included

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rubberband.planner.policies import (Action, LatenessPolicy, Outlook, PrefetchPolicy, quantile)
+from rubberband.planner.policies import Action, LatenessPolicy, Outlook, PrefetchPolicy, quantile
 
 # -- prefetch ------------------------------------------------------------------------------------------
 
@@ -146,8 +146,9 @@ def test_plans_carry_the_simulators_task_time_for_the_executors_prefetch():
     sim = Simulator(stages, model, samples=1)
     lead = PrefetchPolicy().lead_s(model.startup("aws", "b").samples_s)
     # the executor's estimate at the first task (waves × task) gives the simulator's request offset
-    remaining = PrefetchPolicy.remaining_s(per_trial_s=plans[0].predicted_task_s, running_elapsed_s=[0.0, 0.0],
-                                           waiting=2, slots=2)
+    remaining = PrefetchPolicy.remaining_s(
+        per_trial_s=plans[0].predicted_task_s, running_elapsed_s=[0.0, 0.0], waiting=2, slots=2
+    )
     assert sim.request_offsets(configs)[1] == pytest.approx(PrefetchPolicy().request_offset_s(remaining, lead))
 
 

@@ -38,16 +38,16 @@ def _remainder(delay_s: float):
 
 
 def _model_and_types():
-    return (ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0),
-            [GPU1, GPU4])
+    return (ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0), [GPU1, GPU4])
 
 
 def _shortest(stages, offsets) -> float:
     """The remainder's shortest feasible JCT at those offsets (what an impossible deadline is answered with)."""
     model, types = _model_and_types()
     with pytest.raises(InfeasibleError) as exc:
-        plan_stages(stages, model, types, deadline_s=1.0, confidence=0.9, samples=100, brackets="parallel",
-                    offsets=offsets)
+        plan_stages(
+            stages, model, types, deadline_s=1.0, confidence=0.9, samples=100, brackets="parallel", offsets=offsets
+        )
     return exc.value.shortest_jct_s
 
 
@@ -62,8 +62,9 @@ def test_a_parallel_remainder_is_planned_at_its_fixed_offsets():
     # a deadline that loose makes one bracket after another cheapest for a fresh plan (test_planner_brackets);
     # mid-run the brackets run side by side whatever: the offsets stay as given, never searched
     for deadline in (shortest * 1.3, shortest * 5):
-        out = plan_stages(stages, model, types, deadline_s=deadline, confidence=0.9, samples=100,
-                          brackets="parallel", offsets=offsets)
+        out = plan_stages(
+            stages, model, types, deadline_s=deadline, confidence=0.9, samples=100, brackets="parallel", offsets=offsets
+        )
         assert out.brackets == "parallel" and out.offsets == offsets
         assert out.result.meets(deadline, 0.9) and out.result.jct.min() >= 200.0
         again = ParallelSimulator(stages, model, samples=100, offsets=offsets).simulate(out.configs)
@@ -76,10 +77,19 @@ def test_a_later_start_buys_speed_for_the_delayed_bracket():
     model, types = _model_and_types()
     stages, late = _remainder(300.0)
     deadline = _shortest(stages, late) * 1.1
-    early = plan_stages(stages, model, types, deadline_s=deadline, confidence=0.9, samples=100, brackets="parallel",
-                        offsets=(0.0, 0.0, 50.0))
-    delayed = plan_stages(stages, model, types, deadline_s=deadline, confidence=0.9, samples=100,
-                          brackets="parallel", offsets=late)
+    early = plan_stages(
+        stages,
+        model,
+        types,
+        deadline_s=deadline,
+        confidence=0.9,
+        samples=100,
+        brackets="parallel",
+        offsets=(0.0, 0.0, 50.0),
+    )
+    delayed = plan_stages(
+        stages, model, types, deadline_s=deadline, confidence=0.9, samples=100, brackets="parallel", offsets=late
+    )
     assert delayed.result.meets(deadline, 0.9)
     assert delayed.result.cost_mean > early.result.cost_mean
 

@@ -24,8 +24,7 @@ def setup():
     types = tuple(catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge", "p3.8xlarge"))
     stages = tuple(sha_stages(9, 3, 1, 9))
     with pytest.raises(InfeasibleError) as info:
-        plan_stages(stages, model, types, deadline_s=1.0, confidence=0.9, samples=SAMPLES,
-                    max_workers_per_trial=2)
+        plan_stages(stages, model, types, deadline_s=1.0, confidence=0.9, samples=SAMPLES, max_workers_per_trial=2)
     return model, types, stages, info.value.shortest_jct_s
 
 
@@ -33,8 +32,15 @@ def setup():
 def cost(factor: float, confidence: float = 0.9) -> float | None:
     model, types, stages, shortest = setup()
     try:
-        out = plan_stages(stages, model, types, deadline_s=shortest * factor, confidence=confidence,
-                          samples=SAMPLES, max_workers_per_trial=2)
+        out = plan_stages(
+            stages,
+            model,
+            types,
+            deadline_s=shortest * factor,
+            confidence=confidence,
+            samples=SAMPLES,
+            max_workers_per_trial=2,
+        )
     except InfeasibleError:
         return None
     assert out.result.meets(shortest * factor, confidence)
@@ -67,8 +73,16 @@ def test_higher_confidence_never_costs_less(p1, p2, factor):
 
 def test_elastic_plan_beats_static_and_matches_exact_on_a_small_case():
     model, types, stages, shortest = setup()
-    out = plan_stages(stages, model, types, deadline_s=shortest * 2.0, confidence=0.9, samples=SAMPLES,
-                      max_workers_per_trial=2, include_exact=True)
+    out = plan_stages(
+        stages,
+        model,
+        types,
+        deadline_s=shortest * 2.0,
+        confidence=0.9,
+        samples=SAMPLES,
+        max_workers_per_trial=2,
+        include_exact=True,
+    )
     assert out.static is not None and out.result.cost_mean < out.static[1].cost_mean
     exact = out.exact[1].cost_mean
     assert exact <= out.result.cost_mean + 1e-12
@@ -80,8 +94,9 @@ def test_elastic_plan_beats_static_and_matches_exact_on_a_small_case():
 def test_infeasible_deadline_reports_shortest_jct_and_its_cost():
     model, types, stages, shortest = setup()
     with pytest.raises(InfeasibleError) as info:
-        plan_stages(stages, model, types, deadline_s=shortest * 0.5, confidence=0.9, samples=SAMPLES,
-                    max_workers_per_trial=2)
+        plan_stages(
+            stages, model, types, deadline_s=shortest * 0.5, confidence=0.9, samples=SAMPLES, max_workers_per_trial=2
+        )
     assert info.value.shortest_jct_s == pytest.approx(shortest)
     assert info.value.cost_usd > 0
     assert "shortest feasible JCT" in str(info.value) and "$" in str(info.value)
@@ -90,8 +105,16 @@ def test_infeasible_deadline_reports_shortest_jct_and_its_cost():
 def test_budget_cap_reports_cheapest_plan_cost():
     model, types, stages, shortest = setup()
     with pytest.raises(InfeasibleError, match="budget") as info:
-        plan_stages(stages, model, types, deadline_s=shortest * 3, confidence=0.9, samples=SAMPLES,
-                    max_workers_per_trial=2, budget_usd=0.01)
+        plan_stages(
+            stages,
+            model,
+            types,
+            deadline_s=shortest * 3,
+            confidence=0.9,
+            samples=SAMPLES,
+            max_workers_per_trial=2,
+            budget_usd=0.01,
+        )
     assert info.value.cost_usd == pytest.approx(cost(3.0))
 
 

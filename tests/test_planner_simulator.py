@@ -6,9 +6,15 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rubberband.planner.schedule import Stage, sha_stages
-from rubberband.planner.simulator import (Simulator, StageConfig, _list_schedule, _list_schedule_bisect,
-                                          efficient_counts, layout,
-                                          useful_instances)
+from rubberband.planner.simulator import (
+    Simulator,
+    StageConfig,
+    _list_schedule,
+    _list_schedule_bisect,
+    efficient_counts,
+    layout,
+    useful_instances,
+)
 from planner_helpers import ideal_model, itype
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
@@ -24,9 +30,9 @@ def test_closed_form_without_noise_startup_or_scaling_loss():
     sim = Simulator(stages, model, samples=50, seed=1)
     res = sim.simulate(configs)
     epoch = {1: 50.0, 2: 25.0}
-    d0 = 3 * 2 * epoch[1]         # 3 waves of 2 epochs
-    d1 = 1 * 4 * epoch[1]         # one wave of 4 more epochs
-    d2 = 1 * 12 * epoch[2]        # 12 more epochs at 2 workers on one node
+    d0 = 3 * 2 * epoch[1]  # 3 waves of 2 epochs
+    d1 = 1 * 4 * epoch[1]  # one wave of 4 more epochs
+    d2 = 1 * 12 * epoch[2]  # 12 more epochs at 2 workers on one node
     assert np.allclose(res.jct, d0 + d1 + d2)
     assert np.allclose(res.stage_durations[0], d0) and np.allclose(res.stage_durations[2], d2)
     # gpu1 × 3 live through stages 0-1, then gpu4 × 1 through stage 2 (released at its end)
@@ -101,8 +107,9 @@ def test_local_runs_boot_the_head_first_and_nodes_one_after_another():
 
 
 def test_trace_dag_critical_path_matches_vectorised_jct_under_noise():
-    model = ideal_model(t_iter=0.3, dataset=1000, batch=10, sigma=0.1, startup_samples=[40, 60, 90, 130],
-                        restart=5.0, eval_s=2.0)
+    model = ideal_model(
+        t_iter=0.3, dataset=1000, batch=10, sigma=0.1, startup_samples=[40, 60, 90, 130], restart=5.0, eval_s=2.0
+    )
     stages = sha_stages(27, 3, 1, 9)
     configs = [StageConfig(GPU1, 10, 1), StageConfig(GPU4, 2, 2), StageConfig(GPU4, 1, 4)]
     sim = Simulator(stages, model, samples=64, seed=7)
@@ -143,7 +150,7 @@ def _heap_schedule(ready, dur, trials):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 6), st.integers(1, 20), st.integers(0, 2 ** 31), st.booleans())
+@given(st.integers(1, 6), st.integers(1, 20), st.integers(0, 2**31), st.booleans())
 def test_vectorised_list_scheduling_equals_heap(slots, trials, seed, ties):
     rng = np.random.default_rng(seed)
     if ties:
@@ -179,7 +186,7 @@ def test_a_stage_too_large_to_hold_every_start_is_scheduled_in_linear_memory():
 
 
 def test_slot_layouts_and_efficient_counts():
-    assert layout(4, 3, 2) .slots == 6 and layout(4, 3, 3).slots == 3
+    assert layout(4, 3, 2).slots == 6 and layout(4, 3, 3).slots == 3
     assert layout(1, 8, 4).slots == 2 and layout(1, 8, 4).span == 4
     assert useful_instances(9, 4, 2) == 5 and useful_instances(3, 1, 2) == 6
     assert efficient_counts(9, 1, 1) == [1, 2, 3, 5, 9]
@@ -187,8 +194,7 @@ def test_slot_layouts_and_efficient_counts():
 
 
 def test_request_offsets_match_the_simulated_requests():
-    model = ideal_model(t_iter=0.2, dataset=1000, batch=10, sigma=0.05, startup_samples=[30, 60, 90],
-                        restart=4.0)
+    model = ideal_model(t_iter=0.2, dataset=1000, batch=10, sigma=0.05, startup_samples=[30, 60, 90], restart=4.0)
     stages = sha_stages(9, 3, 1, 9)
     configs = [StageConfig(GPU1, 5, 1), StageConfig(GPU4, 1, 2), StageConfig(OTHER, 2, 2)]
     sim = Simulator(stages, model, samples=16, seed=1)

@@ -45,8 +45,23 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
     other end-to-end tests beside this one did not meet for any shape (exit 2). 300 s leaves it ≈40 s each.
     """
     out = synthetic_dir / "profile.json"
-    result = cli("profile", synthetic_dir / "synthetic.yaml", "--instance-type", "local.cpu2", "--workers", "1,2",
-                 "--iterations", "6", "--budget", "300s", "--startup-samples", "0", "--out", out, timeout=420)
+    result = cli(
+        "profile",
+        synthetic_dir / "synthetic.yaml",
+        "--instance-type",
+        "local.cpu2",
+        "--workers",
+        "1,2",
+        "--iterations",
+        "6",
+        "--budget",
+        "300s",
+        "--startup-samples",
+        "0",
+        "--out",
+        out,
+        timeout=420,
+    )
     assert result.returncode == 0, result.stderr
     profile = load_profile(out)  # validates against rubberband.profile.Profile
     # whole epochs (20 iterations of 20 ms + report + checkpoint) of ≥ 3 sampled configurations at 1 worker
@@ -99,12 +114,17 @@ def test_entry_point_that_does_not_import(cli, synthetic_dir):
 
 
 def test_training_function_that_raises(cli, synthetic_dir):
-    spec = _spec_with(synthetic_dir, "boom:train", "boom", """\
+    spec = _spec_with(
+        synthetic_dir,
+        "boom:train",
+        "boom",
+        """\
         def train(config, ctx):
             for _ in ctx.batches(range(2)):
                 pass
             raise RuntimeError("CUDA out of memory (pretend)")
-        """)
+        """,
+    )
     out = synthetic_dir / "p.json"
     # a budget whose first probe's share outlasts a cold worker start on a loaded machine (60 s gave it 4 s,
     # too little beside three other tests): the function raises at once, so the budget never makes it longer
@@ -113,13 +133,16 @@ def test_training_function_that_raises(cli, synthetic_dir):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--instance-type", "local.cpu2", "--workers", "1,5"], "5 workers do not fit on 2 local.cpu2 instances"),
-    (["--cloud", "aws", "--instance-type", "p3.2xlarge"], "profiling on aws needs the aws cloud provider"),
-    (["--instance-type", "p3.2xlarge"], "'p3.2xlarge' is not in the catalog for local"),
-    (["--budget", "soon"], "--budget"),
-    (["--workers", "two"], "--workers"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--instance-type", "local.cpu2", "--workers", "1,5"], "5 workers do not fit on 2 local.cpu2 instances"),
+        (["--cloud", "aws", "--instance-type", "p3.2xlarge"], "profiling on aws needs the aws cloud provider"),
+        (["--instance-type", "p3.2xlarge"], "'p3.2xlarge' is not in the catalog for local"),
+        (["--budget", "soon"], "--budget"),
+        (["--workers", "two"], "--workers"),
+    ],
+)
 def test_bad_flags(cli, synthetic_dir, args, fragment):
     out = synthetic_dir / "p.json"
     result = cli("profile", synthetic_dir / "synthetic.yaml", *args, "--out", out)
@@ -141,9 +164,24 @@ def test_budget_caps_iterations(cli, synthetic_dir):
     spec.write_text((synthetic_dir / "synthetic.yaml").read_text().replace("dataset_size: 640", "dataset_size: 640000"))
     out = synthetic_dir / "long.json"
     began = time.monotonic()
-    result = cli("profile", spec, "--instance-type", "local.cpu2", "--workers", "1,2", "--single-node",
-                 "--iterations", "20000", "--budget", "60s", "--configs", "1",
-                 "--out", out, timeout=240)  # iteration capping, default start-up sampling, one capped configuration
+    result = cli(
+        "profile",
+        spec,
+        "--instance-type",
+        "local.cpu2",
+        "--workers",
+        "1,2",
+        "--single-node",
+        "--iterations",
+        "20000",
+        "--budget",
+        "60s",
+        "--configs",
+        "1",
+        "--out",
+        out,
+        timeout=240,
+    )  # iteration capping, default start-up sampling, one capped configuration
     elapsed = time.monotonic() - began
     assert result.returncode == 0, result.stderr
     assert "capped at" in result.stderr

@@ -28,7 +28,7 @@ def test_profiled_configurations_are_the_reference_and_seeded_samples():
 
 def test_synthetic_config_speed_is_stable_per_config_and_lognormal(synthetic):
     base = {"config_speed_sigma": 0.2, "epoch_sigma": 0.1}
-    speeds = np.array([synthetic.config_speed({**base, "lr": 10 ** -x}) for x in np.linspace(0.5, 3.5, 400)])
+    speeds = np.array([synthetic.config_speed({**base, "lr": 10**-x}) for x in np.linspace(0.5, 3.5, 400)])
     assert synthetic.config_speed({**base, "lr": 0.01}) == synthetic.config_speed({**base, "lr": 0.01})
     assert np.log(speeds).std() == pytest.approx(0.2, rel=0.15)
     assert abs(np.log(speeds).mean()) < 0.04

@@ -21,8 +21,18 @@ pytestmark = pytest.mark.e2e
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 LOCAL_CSV = Path(__file__).resolve().parents[1] / "rubberband" / "catalogs" / "local.csv"
-GPU2 = InstanceType(cloud="local", name="local.gpu2", region="local", zones=("local-a",), device="T4",
-                    accelerator_count=2, vcpus=4, memory_gib=8, price_hr=1.0, spot_price_hr=None)
+GPU2 = InstanceType(
+    cloud="local",
+    name="local.gpu2",
+    region="local",
+    zones=("local-a",),
+    device="T4",
+    accelerator_count=2,
+    vcpus=4,
+    memory_gib=8,
+    price_hr=1.0,
+    spot_price_hr=None,
+)
 
 
 @pytest.fixture
@@ -39,8 +49,22 @@ def test_profile_cli_on_a_gpu_type_without_cuda_stops_naming_the_type(cli, synth
     (catalogs / "local.csv").write_text(LOCAL_CSV.read_text() + "local.gpu2,T4,2,4,8,,1.00,0.40,local,local-a\n")
     out = tmp_path / "p.json"
     env = {**os.environ, "RUBBERBAND_CATALOG_DIR": str(catalogs)}
-    result = cli("profile", synthetic_dir / "synthetic.yaml", "--instance-type", "local.gpu2", "--workers", "1,2",
-                 "--single-node", "--iterations", "4", "--budget", "2m", "--out", out, env=env)
+    result = cli(
+        "profile",
+        synthetic_dir / "synthetic.yaml",
+        "--instance-type",
+        "local.gpu2",
+        "--workers",
+        "1,2",
+        "--single-node",
+        "--iterations",
+        "4",
+        "--budget",
+        "2m",
+        "--out",
+        out,
+        env=env,
+    )
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1, result.stderr
     assert len(lines) == 1 and lines[0].startswith("rubberband: error: "), result.stderr
@@ -64,13 +88,21 @@ def test_profile_of_a_gpu_type_measures_gpu_workers(synthetic_dir, monkeypatch):
 
     monkeypatch.setattr(trials.TrialRun, "start", staticmethod(spy))
     spec = load_spec(synthetic_dir / "synthetic.yaml")
-    options = runner.ProfileOptions(cloud="local", instance_type=GPU2, workers=(1, 2), budget_s=120, iterations=4,
-                                    cross_node=False, measure_restart=False,
-                                    device_policy=DevicePolicy(cpu_stand_in=True))
+    options = runner.ProfileOptions(
+        cloud="local",
+        instance_type=GPU2,
+        workers=(1, 2),
+        budget_s=120,
+        iterations=4,
+        cross_node=False,
+        measure_restart=False,
+        device_policy=DevicePolicy(cpu_stand_in=True),
+    )
     run = runner.run_profile(spec, options)
     measured = run.profile.measurements
     assert sorted((m.workers, m.nodes) for m in measured) == [(1, 1), (2, 1)]
     assert {m.device for m in measured} == {"T4"} and all(m.iteration_latencies_s for m in measured)
-    assert seen and all(d.use_gpu and d.num_gpus == 1 and d.num_cpus == 2 and d.instance_type == "local.gpu2"
-                        for d in seen)
+    assert seen and all(
+        d.use_gpu and d.num_gpus == 1 and d.num_cpus == 2 and d.instance_type == "local.gpu2" for d in seen
+    )
     assert "gloo on cpu" in run.profile.sources["iteration_latencies"]  # the stand-in, said as it is

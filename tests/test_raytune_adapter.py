@@ -24,8 +24,16 @@ tune = pytest.importorskip("ray.tune")
 class MemoryContext(TrainContext):
     """A one-worker TrainContext keeping reports and checkpoints in memory (the real one: executor/context.py)."""
 
-    def __init__(self, start: int, end: int, *, saved: dict | None = None, max_iterations: int | None = None,
-                 rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        start: int,
+        end: int,
+        *,
+        saved: dict | None = None,
+        max_iterations: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         self.trial_id, self.start_epoch, self.end_epoch = "b0-t000", start, end
         self.rank, self.world_size, self.local_rank, self.device, self.process_group = rank, world_size, 0, "cpu", None
         self.saved = saved
@@ -121,7 +129,10 @@ def test_other_ranks_only_join_the_checkpoint_load(example):
 
 
 def test_names_imported_from_ray_and_ray_train_report_work(tmp_path):
-    module = _module(tmp_path, "tune_style_b", """
+    module = _module(
+        tmp_path,
+        "tune_style_b",
+        """
         import os, tempfile
         from ray.tune import report, get_checkpoint, get_context, Checkpoint
 
@@ -136,20 +147,25 @@ def test_names_imported_from_ray_and_ray_train_report_work(tmp_path):
                                checkpoint=Checkpoint.from_directory(d))
                 except Exception:  # a trainable swallowing errors must still be stopped
                     pass
-        """)
+        """,
+    )
     ctx = MemoryContext(2, 4, saved={STATE_KEY: {"n": b"1"}})
     adapt(module.trainable)(dict(CONFIG), ctx)
     assert ctx.reports == [(2, {"loss": pytest.approx(1 / 3)}), (3, {"loss": pytest.approx(1 / 4)})]
     assert module.report.__module__.startswith("ray.")  # restored in the module too
 
     pytest.importorskip("ray.train")
-    legacy = _module(tmp_path, "train_style", """
+    legacy = _module(
+        tmp_path,
+        "train_style",
+        """
         import ray.train
 
         def trainable(config):
             for i in range(100):
                 ray.train.report({"acc": i})
-        """)
+        """,
+    )
     ctx = MemoryContext(0, 2)
     adapt(legacy.trainable)(dict(CONFIG), ctx)
     assert ctx.reports == [(0, {"acc": 0.0}), (1, {"acc": 1.0})] and ctx.saved is None
@@ -168,13 +184,33 @@ def test_an_unchanged_ray_tune_trainable_runs_end_to_end(tmp_path):
     from rubberband.spec import load_spec
 
     spec = load_spec(EXAMPLES / "raytune.yaml")
-    plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1)],
-                     durations=[5.0, 4.0, 4.0])
+    plan = make_plan(
+        spec, [("local.cpu2", 1, 1), ("local.cpu1", 1, 1), ("local.cpu1", 1, 1)], durations=[5.0, 4.0, 4.0]
+    )
     write_plan(plan, tmp_path / "plan.json")
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "rubberband", "run", str(EXAMPLES / "raytune.yaml"), "--plan",
-                           str(tmp_path / "plan.json"), "--cloud", "local", "--run-dir", str(run_dir), "--yes",
-                           "--overrun", "none"], capture_output=True, text=True, env=cli_env(tmp_path), timeout=400)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(EXAMPLES / "raytune.yaml"),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--cloud",
+            "local",
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+            "--overrun",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(tmp_path),
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr
     assert run_pids(run_dir) == []
     state = J.read_state(run_dir)
@@ -185,6 +221,9 @@ def test_an_unchanged_ray_tune_trainable_runs_end_to_end(tmp_path):
     best = state.trials[closest[0]]
     assert sorted(best.epochs) == list(range(9))  # every epoch reported once, in order, across three rungs
     assert [best.epochs[e]["epoch"] for e in range(9)] == [float(e) for e in range(9)]  # resumed, not restarted
-    started = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.TRIAL_STARTED
-               and e["trial_id"] == closest[0]]
+    started = [
+        e
+        for e in J.iter_events(run_dir / J.JOURNAL_NAME)
+        if e["type"] == J.TRIAL_STARTED and e["trial_id"] == closest[0]
+    ]
     assert [(e["start_epoch"], e["end_epoch"]) for e in started] == [(0, 1), (1, 3), (3, 9)]

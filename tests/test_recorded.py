@@ -58,8 +58,9 @@ def test_a_replay_run_finds_the_recorded_best(tmp_path):
     spec_data = __import__("yaml").safe_load((EXAMPLES / "nasbench201.yaml").read_text())
     archs = sorted(TABLE, key=lambda a: TABLE[a]["train_time_s"])[:8] + [BEST]
     spec_data.update(trials=[{"arch": a} for a in archs], deadline="5m", profile=None)
-    spec_data["config"].update(table=str(EXAMPLES / "data" / "nasbench201_cifar10_slice.json"), max_epochs=3,
-                               time_scale=1200)
+    spec_data["config"].update(
+        table=str(EXAMPLES / "data" / "nasbench201_cifar10_slice.json"), max_epochs=3, time_scale=1200
+    )
     spec_data["scheduler"] = {"kind": "sha", "eta": 3, "min_epochs": 1, "max_epochs": 3}
     (tmp_path / "recorded.py").write_text((EXAMPLES / "recorded.py").read_text())
     spec_path = tmp_path / "job.yaml"
@@ -68,9 +69,28 @@ def test_a_replay_run_finds_the_recorded_best(tmp_path):
     plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu2", 1, 1)], durations=[8.0, 6.0])
     write_plan(plan, tmp_path / "plan.json")
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan", str(tmp_path / "plan.json"),
-                           "--cloud", "local", "--run-dir", str(run_dir), "--yes", "--overrun", "none"],
-                          capture_output=True, text=True, env=cli_env(tmp_path), timeout=400)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--cloud",
+            "local",
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+            "--overrun",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(tmp_path),
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr
     assert run_pids(run_dir) == []
     result = json.loads((run_dir / "result.json").read_text())

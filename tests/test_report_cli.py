@@ -91,8 +91,15 @@ def _check_markdown(out: Path, expected_images: int) -> str:
     for ref in refs:
         path = out / ref
         assert path.parent == out and path.read_bytes().startswith(PNG) and path.stat().st_size > 5000
-    for heading in ("## Summary", "## Plan by stage", "## Cost breakdown", "## Allocation over time",
-                    "## Predicted distributions", "## Cost versus deadline", "## Cloud comparison"):
+    for heading in (
+        "## Summary",
+        "## Plan by stage",
+        "## Cost breakdown",
+        "## Allocation over time",
+        "## Predicted distributions",
+        "## Cost versus deadline",
+        "## Cloud comparison",
+    ):
         assert heading in md
     return md
 
@@ -114,8 +121,16 @@ def test_report_numbers_images_and_markdown(tmp_path):
     md = _check_markdown(out, 5)
     assert "Note:" not in md  # every section is present
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["report.html", "report.md", "costs.png", "distributions.png", "gantt_plan.png", "gantt_static.png",
-         "pareto.png"])
+        [
+            "report.html",
+            "report.md",
+            "costs.png",
+            "distributions.png",
+            "gantt_plan.png",
+            "gantt_static.png",
+            "pareto.png",
+        ]
+    )
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rep")]  # no temp folder left
     text = html.read_text()
     assert "GCP, on-demand" in text and "AWS, spot allowed" in text
@@ -186,8 +201,9 @@ def test_plan_report_end_to_end(tmp_path, cli):
     """The real planner on the quickstart, re-planned for the sweep and the cloud comparison."""
     out = tmp_path / "rep"
     plan_path = tmp_path / "p.json"
-    r = cli("plan", ROOT / "examples" / "quickstart.yaml", "--samples", "200", "--out", plan_path,
-            "--report", out, cwd=ROOT)
+    r = cli(
+        "plan", ROOT / "examples" / "quickstart.yaml", "--samples", "200", "--out", plan_path, "--report", out, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr
     assert f"Report written to {out / 'report.html'}" in r.stdout.replace("\n", "")
     plan = json.loads(plan_path.read_text())
@@ -217,9 +233,21 @@ def test_report_renders_in_headless_chromium(tmp_path):
     </script>"""
     copy = tmp_path / "probe.html"
     copy.write_text(html.read_text().replace("</body>", probe + "</body>"))
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'chromium'}", "--virtual-time-budget=5000", "--dump-dom", copy.as_uri()]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        copy.as_uri(),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     found = re.search(r'<div id="rb-probe">IMAGES (\d+) (\S+) WIDTH ([\d.]+)</div>', r.stdout)
     assert found, r.stderr[-2000:]

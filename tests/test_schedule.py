@@ -23,7 +23,11 @@ def test_hyperband_matches_paper_table():
 def test_sha_stages_and_increments():
     stages = sha_stages(81, 3, 1, 27)
     assert [(s.trials, s.epochs, s.epochs_this_stage) for s in stages] == [
-        (81, 1, 1), (27, 3, 2), (9, 9, 6), (3, 27, 18)]
+        (81, 1, 1),
+        (27, 3, 2),
+        (9, 9, 6),
+        (3, 27, 18),
+    ]
 
 
 def test_sha_stops_when_one_trial_left():
@@ -55,8 +59,9 @@ def test_schedule_cli_json(cli):
     assert [[(s["trials"], s["epochs"]) for s in b["stages"]] for b in data["brackets"]] == PAPER_TABLE
 
 
-@pytest.mark.parametrize("eta, r, R, n", [(3, 1, 81, 81), (3, 1, 27, 27), (3, 1, 10, 9), (2, 1, 8, 8),
-                                         (4, 2, 32, 16), (3, 5, 5, 1)])
+@pytest.mark.parametrize(
+    "eta, r, R, n", [(3, 1, 81, 81), (3, 1, 27, 27), (3, 1, 10, 9), (2, 1, 8, 8), (4, 2, 32, 16), (3, 5, 5, 1)]
+)
 def test_sha_default_trials_leaves_one_survivor(eta, r, R, n):
     assert sha_default_trials(eta, r, R) == n
     assert sha_stages(n, eta, r, R)[-1].trials == 1
@@ -75,13 +80,16 @@ def test_schedule_cli_derives_sha_trials(cli):
     assert table.returncode == 0 and "n=27 (η^3, derived from R and η)" in table.stdout
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--min-epochs", "1", "--max-epochs", "9", "--eta", "1", "--trials", "9"], "--eta"),
-    (["--min-epochs", "5", "--max-epochs", "2", "--trials", "9"], "--min-epochs"),
-    (["--min-epochs", "1", "--max-epochs", "9", "--trials", "0"], "--trials"),
-    (["--min-epochs", "x", "--max-epochs", "9"], "--min-epochs"),
-    (["--bogus"], "--bogus"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--min-epochs", "1", "--max-epochs", "9", "--eta", "1", "--trials", "9"], "--eta"),
+        (["--min-epochs", "5", "--max-epochs", "2", "--trials", "9"], "--min-epochs"),
+        (["--min-epochs", "1", "--max-epochs", "9", "--trials", "0"], "--trials"),
+        (["--min-epochs", "x", "--max-epochs", "9"], "--min-epochs"),
+        (["--bogus"], "--bogus"),
+    ],
+)
 def test_schedule_cli_bad_flags(cli, args, fragment):
     result = cli("schedule", *args)
     assert result.returncode == 2

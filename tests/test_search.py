@@ -35,6 +35,7 @@ def spec_from(tmp_path, text=BASE, **extra):
 
 # -- the spec ------------------------------------------------------------------------------------
 
+
 def test_fixed_configurations_run_first_then_samples(tmp_path):
     spec = spec_from(tmp_path, trials=[{"lr": 0.1, "depth": 4}, {"lr": 0.01}])
     source = RandomSource(spec)
@@ -64,18 +65,21 @@ def test_specs_without_the_new_fields_keep_their_digest(tmp_path):
     assert spec_from(tmp_path, search={"sampler": "tpe"}).sha256() != plain.sha256()
 
 
-@pytest.mark.parametrize("extra, fragment", [
-    ({"trials": [{"lr": 5.0}]}, "'trials.0.lr': 5.0 is outside [0.001, 1.0]"),
-    ({"trials": [{"lr": 0.1}, {"width": 3}]}, "'trials.1.width': not in search_space"),
-    ({"trials": [{"depth": 3}]}, "'trials.0.depth': 3 is not one of [2, 4]"),
-    ({"trials": [{"lr": "fast"}]}, "'trials.0.lr': 'fast' is not a number"),
-    ({"trials": [{"lr": 0.1}] * 10}, "'trials': lists 10 configurations but the sha schedule starts only 9"),
-    ({"trials": []}, "'trials'"),
-    ({"trials": [5]}, "'trials.0'"),
-    ({"search": {"sampler": "cmaes"}}, "'search.sampler': must be one of 'random', 'tpe' or 'qmc'"),
-    ({"search": {"study_name": "s"}}, "'search': study_name needs a storage URL"),
-    ({"search": {"sampler": "tpe", "seeds": 3}}, "'search.seeds': unknown field"),
-])
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        ({"trials": [{"lr": 5.0}]}, "'trials.0.lr': 5.0 is outside [0.001, 1.0]"),
+        ({"trials": [{"lr": 0.1}, {"width": 3}]}, "'trials.1.width': not in search_space"),
+        ({"trials": [{"depth": 3}]}, "'trials.0.depth': 3 is not one of [2, 4]"),
+        ({"trials": [{"lr": "fast"}]}, "'trials.0.lr': 'fast' is not a number"),
+        ({"trials": [{"lr": 0.1}] * 10}, "'trials': lists 10 configurations but the sha schedule starts only 9"),
+        ({"trials": []}, "'trials'"),
+        ({"trials": [5]}, "'trials.0'"),
+        ({"search": {"sampler": "cmaes"}}, "'search.sampler': must be one of 'random', 'tpe' or 'qmc'"),
+        ({"search": {"study_name": "s"}}, "'search': study_name needs a storage URL"),
+        ({"search": {"sampler": "tpe", "seeds": 3}}, "'search.seeds': unknown field"),
+    ],
+)
 def test_bad_search_fields_are_named(tmp_path, extra, fragment):
     with pytest.raises(SpecError) as info:
         spec_from(tmp_path, **extra)
@@ -118,16 +122,20 @@ def test_missing_optuna_is_one_clear_line(tmp_path, monkeypatch):
     spec = spec_from(tmp_path, search={"sampler": "tpe"})
     with pytest.raises(SpecError) as info:
         make_config_source(spec)
-    assert str(info.value) == ("spec field 'search': sampler tpe needs Optuna, which is not installed; "
-                               "pip install 'rubberband[optuna]' (or use sampler: random)")
+    assert str(info.value) == (
+        "spec field 'search': sampler tpe needs Optuna, which is not installed; "
+        "pip install 'rubberband[optuna]' (or use sampler: random)"
+    )
     assert isinstance(make_config_source(spec_from(tmp_path)), RandomSource)  # random needs nothing
 
 
 @pytest.mark.e2e
 def test_random_default_does_not_import_optuna(tmp_path):
-    code = ("import sys; from rubberband.spec import load_spec; from rubberband.search import make_config_source; "
-            f"make_config_source(load_spec({str(tmp_path / 'job.yaml')!r})).propose('x'); "
-            "assert 'optuna' not in sys.modules")
+    code = (
+        "import sys; from rubberband.spec import load_spec; from rubberband.search import make_config_source; "
+        f"make_config_source(load_spec({str(tmp_path / 'job.yaml')!r})).propose('x'); "
+        "assert 'optuna' not in sys.modules"
+    )
     spec_from(tmp_path)
     import subprocess
 
@@ -151,8 +159,11 @@ def _loss(config) -> float:
 @pytest.mark.parametrize("sampler", ["tpe", "qmc", "random"])
 def test_optuna_samplers_propose_in_the_space_and_start_with_fixed(tmp_path, sampler):
     storage = f"sqlite:///{tmp_path / 'study.db'}" if sampler == "random" else None
-    spec = spec_from(tmp_path, trials=[{"depth": 2}], search={"sampler": sampler, "seed": 3,
-                                                             **({"storage": storage} if storage else {})})
+    spec = spec_from(
+        tmp_path,
+        trials=[{"depth": 2}],
+        search={"sampler": sampler, "seed": 3, **({"storage": storage} if storage else {})},
+    )
     source = make_config_source(spec)
     assert isinstance(source, OptunaSource)
     configs = list(_bracket(source, 0, 9).values())
@@ -219,6 +230,7 @@ def test_bad_storage_url_names_the_field(tmp_path):
 
 # -- a real run --------------------------------------------------------------------------------------
 
+
 @pytest.mark.e2e
 def test_hyperband_run_with_tpe_asks_each_bracket_after_the_previous_results(tmp_path):
     """The real CLI on local Ray nodes: Hyperband (R=3, η=3: brackets of 3 and 2 trials) with TPE in a kept
@@ -235,16 +247,34 @@ def test_hyperband_run_with_tpe_asks_each_bracket_after_the_previous_results(tmp
     data = json.loads(spec_path.read_text())
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     data["scheduler"] = {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 3}
-    data.update(trials=[{"quality": 0.01}], search={"sampler": "tpe", "seed": 1, "storage": storage,
-                                                    "study_name": "sleepy"})
+    data.update(
+        trials=[{"quality": 0.01}], search={"sampler": "tpe", "seed": 1, "storage": storage, "study_name": "sleepy"}
+    )
     spec_path.write_text(json.dumps(data))
     spec = load_spec(spec_path)
     plan = make_plan(spec, [("local.cpu2", 1, 1)] * 3, durations=[3.0, 3.0, 3.0])
     write_plan(plan, tmp_path / "plan.json")
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan",
-                           str(tmp_path / "plan.json"), "--cloud", "local", "--run-dir", str(run_dir), "--yes"],
-                          capture_output=True, text=True, env=cli_env(tmp_path), timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--cloud",
+            "local",
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(tmp_path),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert run_pids(run_dir) == []
     events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
@@ -286,6 +316,9 @@ def test_run_without_optuna_stops_before_planning_with_one_line(tmp_path, cli):
         spec_path.unlink()
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        ("rubberband: error: spec field 'search': sampler tpe needs Optuna, which is not installed; "
-         "pip install 'rubberband[optuna]' (or use sampler: random)")]
+        (
+            "rubberband: error: spec field 'search': sampler tpe needs Optuna, which is not installed; "
+            "pip install 'rubberband[optuna]' (or use sampler: random)"
+        )
+    ]
     assert not (tmp_path / "runs").exists()

@@ -45,9 +45,18 @@ def _simulate(spec_path: Path, run_dir: Path, *, seed: int = 0):
     inputs = load_job_inputs(spec_path)
     plan = plan_from_inputs(inputs, samples=300)
     sim = simulated_for(inputs.spec, plan, inputs.catalog, inputs.profile, seed=seed, start=START)
-    controller = controller_for(plan)(spec=inputs.spec, plan=plan, catalog=inputs.catalog, run_dir=run_dir,
-                                      backend=sim.backend, runtime=sim.runtime, run_id=f"sim-{seed}",
-                                      profile=inputs.profile, clock=sim.clock, cluster=sim.cluster)
+    controller = controller_for(plan)(
+        spec=inputs.spec,
+        plan=plan,
+        catalog=inputs.catalog,
+        run_dir=run_dir,
+        backend=sim.backend,
+        runtime=sim.runtime,
+        run_id=f"sim-{seed}",
+        profile=inputs.profile,
+        clock=sim.clock,
+        cluster=sim.cluster,
+    )
     return plan, sim, controller.run()
 
 
@@ -88,8 +97,7 @@ def test_a_clouds_stage_instances_start_side_by_side(quickstart_run):
 def test_the_plans_head_instance_is_billed(quickstart_run):
     plan, _, result = quickstart_run
     assert plan.head is not None
-    assert result.result["actual"]["head_usd"] == pytest.approx(
-        plan.predicted.cost_breakdown.head_usd, rel=0.1)
+    assert result.result["actual"]["head_usd"] == pytest.approx(plan.predicted.cost_breakdown.head_usd, rel=0.1)
 
 
 def test_a_local_plans_nodes_come_up_one_after_another(tmp_path):
@@ -110,8 +118,10 @@ def test_a_local_plans_nodes_come_up_one_after_another(tmp_path):
 
 def test_the_same_seed_plays_the_same_run_and_another_seed_another(tmp_path):
     spec_path = _job(tmp_path, scheduler={"kind": "sha", "trials": 9, "eta": 3, "min_epochs": 1, "max_epochs": 9})
-    runs = [_simulate(spec_path, tmp_path / f"run{i}", seed=seed)[2].result["actual"]["jct_s"]
-            for i, seed in enumerate((3, 3, 4))]
+    runs = [
+        _simulate(spec_path, tmp_path / f"run{i}", seed=seed)[2].result["actual"]["jct_s"]
+        for i, seed in enumerate((3, 3, 4))
+    ]
     assert runs[0] == runs[1] != runs[2]
 
 
@@ -174,21 +184,39 @@ def _spot_model(tmp_path: Path, *, rate_per_h: float, p_unavailable: float) -> P
 
 
 def _spot_plan(tmp_path: Path, deadline: str, *, rate_per_h: float = 2.0, p_unavailable: float = 0.0):
-    inputs = load_job_inputs(_job(tmp_path, deadline=deadline,
-                                  resources={"clouds": ["aws"], "instance_types": ["p3.2xlarge", "g4dn.xlarge",
-                                                                                   "g5.xlarge"],
-                                             "max_workers_per_trial": 1, "spot": True}))
-    plan = plan_from_inputs(inputs, samples=300,
-                            spot_model=str(_spot_model(tmp_path, rate_per_h=rate_per_h, p_unavailable=p_unavailable)))
+    inputs = load_job_inputs(
+        _job(
+            tmp_path,
+            deadline=deadline,
+            resources={
+                "clouds": ["aws"],
+                "instance_types": ["p3.2xlarge", "g4dn.xlarge", "g5.xlarge"],
+                "max_workers_per_trial": 1,
+                "spot": True,
+            },
+        )
+    )
+    plan = plan_from_inputs(
+        inputs, samples=300, spot_model=str(_spot_model(tmp_path, rate_per_h=rate_per_h, p_unavailable=p_unavailable))
+    )
     assert all(s.spot and s.instance_type == "p3.2xlarge" for s in plan.stages) and plan.spot is not None
     return inputs, plan
 
 
 def _run(inputs, plan, run_dir: Path, seed: int):
     sim = simulated_for(inputs.spec, plan, inputs.catalog, inputs.profile, seed=seed, start=START)
-    controller = controller_for(plan)(spec=inputs.spec, plan=plan, catalog=inputs.catalog, run_dir=run_dir,
-                                      backend=sim.backend, runtime=sim.runtime, run_id=f"sim-{seed}",
-                                      profile=inputs.profile, clock=sim.clock, cluster=sim.cluster)
+    controller = controller_for(plan)(
+        spec=inputs.spec,
+        plan=plan,
+        catalog=inputs.catalog,
+        run_dir=run_dir,
+        backend=sim.backend,
+        runtime=sim.runtime,
+        run_id=f"sim-{seed}",
+        profile=inputs.profile,
+        clock=sim.clock,
+        cluster=sim.cluster,
+    )
     result = controller.run()
     return sim, result, list(J.iter_events(run_dir / J.JOURNAL_NAME))
 
@@ -223,15 +251,25 @@ def test_spot_instances_are_preempted_and_their_trials_restart_from_their_checkp
     assert died and all("SimWorkerDied" in e["error"] for e in died)
     restarts = []
     for stop in died:
-        checkpoints = [e["epoch"] for e in events if e["type"] == "checkpoint" and e["trial_id"] == stop["trial_id"]
-                       and e["t"] <= stop["t"] and e["epoch"] < stop["end_epoch"]]
-        after = next(e for e in events if e["type"] == J.TRIAL_STARTED and e["trial_id"] == stop["trial_id"]
-                     and e["t"] >= stop["t"])
+        checkpoints = [
+            e["epoch"]
+            for e in events
+            if e["type"] == "checkpoint"
+            and e["trial_id"] == stop["trial_id"]
+            and e["t"] <= stop["t"]
+            and e["epoch"] < stop["end_epoch"]
+        ]
+        after = next(
+            e
+            for e in events
+            if e["type"] == J.TRIAL_STARTED and e["trial_id"] == stop["trial_id"] and e["t"] >= stop["t"]
+        )
         assert after["start_epoch"] == max([stop["start_epoch"] - 1, *checkpoints]) + 1
         restarts.append(after["start_epoch"] - stop["start_epoch"])
     assert max(restarts) > 0  # at least one restart skipped the epochs its checkpoint covered
-    finished = {(e["trial_id"], e["stage"]) for e in events if e["type"] == J.TRIAL_STOPPED
-                and e["reason"] == "finished"}
+    finished = {
+        (e["trial_id"], e["stage"]) for e in events if e["type"] == J.TRIAL_STOPPED and e["reason"] == "finished"
+    }
     assert {(e["trial_id"], e["stage"]) for e in died} <= finished
 
 
@@ -289,12 +327,17 @@ def _spot_world(*, rate_per_h: float = 0.0, p_unavailable: float = 0.0, seed: in
     from rubberband.profile import load_profile
 
     itype = load_catalog(["aws"]).find("p3.2xlarge", cloud="aws", region="us-east-1")
-    zone = ZoneModel(cloud="aws", instance_type=itype.name, region=itype.region, zone=SPOT_ZONE,
-                     preemption_rate_per_h=rate_per_h, p_unavailable=p_unavailable,
-                     unavailable_s=tuple(600.0 + 600.0 * q for q in DURATION_LEVELS))  # 10-20 min
+    zone = ZoneModel(
+        cloud="aws",
+        instance_type=itype.name,
+        region=itype.region,
+        zone=SPOT_ZONE,
+        preemption_rate_per_h=rate_per_h,
+        p_unavailable=p_unavailable,
+        unavailable_s=tuple(600.0 + 600.0 * q for q in DURATION_LEVELS),
+    )  # 10-20 min
     model = fit_performance_model(load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json"))
-    world = SimWorld(model=model, clock=VirtualClock(START), seed=seed, max_step_s=3600.0,
-                     spot_zones={zone.key: zone})
+    world = SimWorld(model=model, clock=VirtualClock(START), seed=seed, max_step_s=3600.0, spot_zones={zone.key: zone})
     return world, SimBackend(world, itype), itype, zone
 
 
@@ -325,8 +368,9 @@ def test_a_preempted_instance_is_lost_and_its_trial_dies_with_it_after_its_check
     recorded: list = []
     sink = types.SimpleNamespace(record=recorded.append)
     spec = types.SimpleNamespace(trial_id="b0-t000", start_epoch=3, end_epoch=9)
-    trial = SimTrial(world, spec, sink, started_at=world.clock.time(), epoch_s=[100.0] * 6, overhead_s=20.0,
-                     lost_at=sim.preempted_at)
+    trial = SimTrial(
+        world, spec, sink, started_at=world.clock.time(), epoch_s=[100.0] * 6, overhead_s=20.0, lost_at=sim.preempted_at
+    )
     assert SimCluster(world).wait([trial], 1000.0) == [trial] and world.clock.time() == sim.preempted_at
     with pytest.raises(SimWorkerDied) as died:
         trial.result()

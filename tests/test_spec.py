@@ -37,8 +37,10 @@ def test_good_spec_loads(tmp_path):
     assert len(spec.sha256()) == 64
 
 
-@pytest.mark.parametrize("value, seconds", [("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("45s", 45),
-                                            (3600, 3600), ("3600", 3600), ("1.5h", 5400)])
+@pytest.mark.parametrize(
+    "value, seconds",
+    [("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("45s", 45), (3600, 3600), ("3600", 3600), ("1.5h", 5400)],
+)
 def test_parse_duration(value, seconds):
     assert parse_duration(value) == seconds
 
@@ -49,18 +51,32 @@ def test_parse_duration_rejects(bad):
         parse_duration(bad)
 
 
-@pytest.mark.parametrize("value, seconds", [("10%", 360.0), ("0%", 0.0), ("15m", 900.0), ("0", 0.0), ("0s", 0.0),
-                                            ("none", math.inf), ("NONE", math.inf), ("150%", 5400.0)])
+@pytest.mark.parametrize(
+    "value, seconds",
+    [
+        ("10%", 360.0),
+        ("0%", 0.0),
+        ("15m", 900.0),
+        ("0", 0.0),
+        ("0s", 0.0),
+        ("none", math.inf),
+        ("NONE", math.inf),
+        ("150%", 5400.0),
+    ],
+)
 def test_parse_overrun_of_a_one_hour_deadline(value, seconds):
     assert parse_overrun(value, 3600.0) == seconds
 
 
-@pytest.mark.parametrize("amounts, shown", [
-    ([3.79, 0.9376, 0.0], ["$3.79", "$0.94", "$0.00"]),
-    ([0.0038, 0.00172], ["$0.0038", "$0.0017"]),
-    ([1234.5, 12.0], ["$1,234.50", "$12.00"]),
-    ([], []),
-])
+@pytest.mark.parametrize(
+    "amounts, shown",
+    [
+        ([3.79, 0.9376, 0.0], ["$3.79", "$0.94", "$0.00"]),
+        ([0.0038, 0.00172], ["$0.0038", "$0.0017"]),
+        ([1234.5, 12.0], ["$1,234.50", "$12.00"]),
+        ([], []),
+    ],
+)
 def test_a_usd_column_shares_its_decimals(amounts, shown):
     assert format_usd_column(amounts) == shown
 
@@ -71,19 +87,22 @@ def test_parse_overrun_rejects(bad):
         parse_overrun(bad, 3600.0)
 
 
-@pytest.mark.parametrize("old, new, fragment", [
-    ("deadline: 2h", "deadline: tomorrow", "'deadline'"),
-    ("deadline: 2h", "", "'deadline'"),
-    ("mode: max", "mode: maximum", "'metric.mode'"),
-    ("type: loguniform, low: 0.0001", "type: loguniform, low: -1", "'search_space.lr.low'"),
-    ("type: uniform, low: 0.8, high: 0.99", "type: uniform, low: 0.99, high: 0.8", "'search_space.momentum'"),
-    ("type: choice", "type: normal", "'search_space.depth'"),
-    ("eta: 3", "eta: 1", "'scheduler.eta'"),
-    ("trials: 81, ", "", "'scheduler'"),
-    ("clouds: [aws]", "clouds: [azure]", "'resources.clouds.0'"),
-    ("train: train_cifar:train", "train: train_cifar", "'train'"),
-    ("name: resnet-cifar", "name: resnet-cifar\ncolour: blue", "'colour'"),
-])
+@pytest.mark.parametrize(
+    "old, new, fragment",
+    [
+        ("deadline: 2h", "deadline: tomorrow", "'deadline'"),
+        ("deadline: 2h", "", "'deadline'"),
+        ("mode: max", "mode: maximum", "'metric.mode'"),
+        ("type: loguniform, low: 0.0001", "type: loguniform, low: -1", "'search_space.lr.low'"),
+        ("type: uniform, low: 0.8, high: 0.99", "type: uniform, low: 0.99, high: 0.8", "'search_space.momentum'"),
+        ("type: choice", "type: normal", "'search_space.depth'"),
+        ("eta: 3", "eta: 1", "'scheduler.eta'"),
+        ("trials: 81, ", "", "'scheduler'"),
+        ("clouds: [aws]", "clouds: [azure]", "'resources.clouds.0'"),
+        ("train: train_cifar:train", "train: train_cifar", "'train'"),
+        ("name: resnet-cifar", "name: resnet-cifar\ncolour: blue", "'colour'"),
+    ],
+)
 def test_bad_specs_name_the_field_and_line(tmp_path, old, new, fragment):
     text = GOOD.replace(old, new)
     assert text != GOOD
@@ -116,10 +135,15 @@ def test_sample_config_respects_space(tmp_path):
 
 
 def test_spot_margin_is_a_duration_and_leaves_old_digests_alone(tmp_path):
-    base = {"name": "j", "train": "m:f", "metric": {"name": "loss", "mode": "min"},
-            "scheduler": {"kind": "sha", "trials": 9, "eta": 3, "min_epochs": 1, "max_epochs": 9},
-            "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
-            "deadline": "1h", "resources": {"clouds": ["local"]}}
+    base = {
+        "name": "j",
+        "train": "m:f",
+        "metric": {"name": "loss", "mode": "min"},
+        "scheduler": {"kind": "sha", "trials": 9, "eta": 3, "min_epochs": 1, "max_epochs": 9},
+        "search_space": {"lr": {"type": "uniform", "low": 0.0, "high": 1.0}},
+        "deadline": "1h",
+        "resources": {"clouds": ["local"]},
+    }
     plain = parse_spec(base)
     margin = parse_spec({**base, "resources": {"clouds": ["local"], "spot_margin_s": "5m"}})
     assert plain.resources.spot_margin_s == 0.0 and margin.resources.spot_margin_s == 300.0

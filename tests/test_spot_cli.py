@@ -83,14 +83,17 @@ def test_spot_fit_and_show(cli, tmp_path):
     assert r.returncode == 0 and "us-east-1a" in r.stdout and "p3.2xlarge" in r.stdout
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["spot", "fit", "--traces", "{tmp}/missing", "--out", "{tmp}/m.json"], "does not exist"),
-    (["spot", "fit", "--traces", "{tmp}/bad", "--out", "{tmp}/m.json"], "gap_seconds"),
-    (["simulate", "{tmp}/nope.json"], "does not exist"),
-    (["simulate", "{plan}", "--preemption-traces", "{tmp}/bad"], "gap_seconds"),
-    (["simulate", "{plan}", "--samples", "3"], "--samples"),
-    (["spot", "show", "{tmp}/bad/preemption/aws-x/us-east-1a_v100_1.json"], "spot model"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["spot", "fit", "--traces", "{tmp}/missing", "--out", "{tmp}/m.json"], "does not exist"),
+        (["spot", "fit", "--traces", "{tmp}/bad", "--out", "{tmp}/m.json"], "gap_seconds"),
+        (["simulate", "{tmp}/nope.json"], "does not exist"),
+        (["simulate", "{plan}", "--preemption-traces", "{tmp}/bad"], "gap_seconds"),
+        (["simulate", "{plan}", "--samples", "3"], "--samples"),
+        (["spot", "show", "{tmp}/bad/preemption/aws-x/us-east-1a_v100_1.json"], "spot model"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(cli, spot_plan, tmp_path, args, needle):
     _, plan, _ = spot_plan
     bad = tmp_path / "bad" / "preemption" / "aws-x" / "us-east-1a_v100_1.json"

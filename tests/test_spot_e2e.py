@@ -30,8 +30,15 @@ from pathlib import Path
 import pytest
 from cli_harness import played_argv
 from cloud_helpers import REGION, ec2_faults, moto_env, moto_server  # noqa: F401  (fixtures)
-from executor_helpers import (checkpointed_instance, cli_env, lose_node_once_checkpointed, make_plan, run_pids,
-                              wait_for_events, write_job)
+from executor_helpers import (
+    checkpointed_instance,
+    cli_env,
+    lose_node_once_checkpointed,
+    make_plan,
+    run_pids,
+    wait_for_events,
+    write_job,
+)
 from gce_fake import gce_fake  # noqa: F401  (fixture)
 from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
 from test_spot_fallback import Metadata
@@ -48,8 +55,9 @@ def _events(run_dir: Path) -> list[dict]:
 
 def _spot(plan_path: Path) -> None:
     plan = load_plan(plan_path)
-    write_plan(plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}),
-               plan_path)
+    write_plan(
+        plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}), plan_path
+    )
 
 
 def _with_startup_profile(spec_path: Path, cloud: str, samples: list[float]) -> None:
@@ -64,8 +72,9 @@ def _with_startup_profile(spec_path: Path, cloud: str, samples: list[float]) -> 
     spec_path.write_text(json.dumps(data))
 
 
-def _check_replaced_and_resumed(events: list[dict], victim: str, *, trigger: str,
-                                on_demand: bool | None = True) -> dict:
+def _check_replaced_and_resumed(
+    events: list[dict], victim: str, *, trigger: str, on_demand: bool | None = True
+) -> dict:
     """The spot decision for the victim's replacement followed the policy's own figures (on-demand exactly when the
     slack no longer covers another restart), the replacement was bought in that market, and the trials resumed from
     their checkpoints on it. ``on_demand``: the market the test requires (None: whichever the slack gave — on the
@@ -116,9 +125,28 @@ def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path)
     write_plan(plan, plan_path)
     _spot(plan_path)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "rubberband", "run", str(spec_path), "--plan", str(plan_path),
-                             "--run-dir", str(run_dir), "--yes", "--deadline", "40s", "--overrun", "none"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rubberband",
+            "run",
+            str(spec_path),
+            "--plan",
+            str(plan_path),
+            "--run-dir",
+            str(run_dir),
+            "--yes",
+            "--deadline",
+            "40s",
+            "--overrun",
+            "none",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(tmp_path),
+    )
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, timeout_s=120)
     assert proc.returncode in (0, 4), err[-3000:]  # met or late: the point is that it finished
     events = _events(run_dir)
@@ -148,10 +176,30 @@ def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early(tmp_path, 
         _spot(plan_path)
         env = cloud_env(tmp_path, moto_env)
         run_dir = tmp_path / "run"
-        proc = subprocess.Popen(played_argv("run", spec, "--cloud", "aws", "--head", "local", "--plan", plan_path,
-                                            "--yes", "--run-dir", run_dir, "--deadline", "85s", "--overrun", "none",
-                                            metadata_url=metadata.url + "{instance}/"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(
+            played_argv(
+                "run",
+                spec,
+                "--cloud",
+                "aws",
+                "--head",
+                "local",
+                "--plan",
+                plan_path,
+                "--yes",
+                "--run-dir",
+                run_dir,
+                "--deadline",
+                "85s",
+                "--overrun",
+                "none",
+                metadata_url=metadata.url + "{instance}/",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         try:
             victim = wait_for_events(proc, run_dir, checkpointed_instance, timeout_s=150, poll_s=0.05)
             metadata.noticed.add(victim)  # AWS posts the notice two minutes ahead
@@ -195,15 +243,34 @@ def test_gcp_preempted_spot_vm_is_replaced_in_the_market_the_slack_allows(tmp_pa
     checkpoint."""
     spec = cloud_job(tmp_path, ["gcp"], trials=1, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
     _with_startup_profile(spec, "gcp", [10.0, 12.0, 14.0])
-    plan_path = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+T4x4", counts=(1,),
-                           durations=(20.0,))
+    plan_path = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+T4x4", counts=(1,), durations=(20.0,))
     _spot(plan_path)
     env = cloud_env(tmp_path)
     env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(played_argv("run", spec, "--cloud", "gcp", "--head", "local", "--plan", plan_path, "--yes",
-                                        "--run-dir", run_dir, "--deadline", "90s", "--overrun", "none"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        played_argv(
+            "run",
+            spec,
+            "--cloud",
+            "gcp",
+            "--head",
+            "local",
+            "--plan",
+            plan_path,
+            "--yes",
+            "--run-dir",
+            run_dir,
+            "--deadline",
+            "90s",
+            "--overrun",
+            "none",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, before_kill=gce_fake.preempt)
     assert proc.returncode in (0, 4), err[-3000:]
     events = _events(run_dir)

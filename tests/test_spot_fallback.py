@@ -66,8 +66,14 @@ def test_a_duration_at_the_confidence_is_its_median_or_more():
 
 def test_work_left_and_one_restart():
     later = [S.StageOutlook(100.0, 130.0), S.StageOutlook(50.0)]
-    work = S.work_left_s(current_remaining_s=40.0, current_ratio=1.5, later=later, confidence=0.95, slowdown=2.0,
-                         waiting_for_instance_s=12.0)
+    work = S.work_left_s(
+        current_remaining_s=40.0,
+        current_ratio=1.5,
+        later=later,
+        confidence=0.95,
+        slowdown=2.0,
+        waiting_for_instance_s=12.0,
+    )
     assert work == pytest.approx(40 * 1.5 + (130 + 50) * 2 + 12)
     fast = S.work_left_s(current_remaining_s=40.0, current_ratio=0.5, later=later, confidence=0.95, slowdown=0.5)
     assert fast == pytest.approx(40 + 180)  # a fast run so far does not shrink the estimate
@@ -80,8 +86,9 @@ def test_work_left_and_one_restart():
 def _spot_controller(tmp_path, *, deadline_s: float):
     spec = load_spec(write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3))
     plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[30.0])
-    plan = plan.model_copy(update={"stages": [s.model_copy(update={"spot": True, "predicted_task_s": 30.0})
-                                              for s in plan.stages]})
+    plan = plan.model_copy(
+        update={"stages": [s.model_copy(update={"spot": True, "predicted_task_s": 30.0}) for s in plan.stages]}
+    )
     controller, backend = journaled_controller(tmp_path, spec, plan, deadline_s=deadline_s)
     controller.startup_seconds["local.cpu2"] = [10.0, 12.0]  # measured start-ups: the restart's first part
     return controller, backend
@@ -89,11 +96,15 @@ def _spot_controller(tmp_path, *, deadline_s: float):
 
 def _lose_spot_instance(controller: Controller) -> list[dict]:
     itype = controller.catalog.find("local.cpu2", cloud="local")
-    entry = PoolInstance(token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True,
-                         requested_at=time.time() - 5)
+    entry = PoolInstance(
+        token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True, requested_at=time.time() - 5
+    )
     controller.pool[entry.token] = entry
-    controller.journal.record(J.InstanceRequested(t=entry.requested_at, id="n1", instance_type=itype.name,
-                                                  cloud="local", price_hr=0.04, spot=True, stage=0))
+    controller.journal.record(
+        J.InstanceRequested(
+            t=entry.requested_at, id="n1", instance_type=itype.name, cloud="local", price_hr=0.04, spot=True, stage=0
+        )
+    )
     slots = make_slots(["n1"], 2, 1)
     slots[0].trial_id = "b0-t000"
     pending = [("b0-t001", 0)]
@@ -110,8 +121,9 @@ def test_preempted_spot_instance_is_replaced_on_spot_while_the_slack_covers_a_re
     assert request.spot and request.on_demand_fallback
     (decision,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot"]
     assert decision["trigger"] == "preemption" and decision["id"] == "n1" and decision["market"] == "spot"
-    assert decision["slack_s"] == pytest.approx(decision["time_left_s"] - decision["work_left_s"]
-                                                - decision["restart_s"], abs=1e-2)
+    assert decision["slack_s"] == pytest.approx(
+        decision["time_left_s"] - decision["work_left_s"] - decision["restart_s"], abs=1e-2
+    )
     # the replacement's start-up (p90 of 10 s, 12 s) is both awaited now and in the next restart's cost
     assert decision["restart_s"] >= 11.8 and decision["work_left_s"] >= 11.8 + 30.0
     (replace,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replace"]
@@ -168,8 +180,9 @@ def test_the_spot_margin_comes_from_the_plan_else_the_spec_and_moves_the_thresho
 
     controller, _ = _spot_controller(tmp_path / "a", deadline_s=3600.0)
     assert controller.spot_policy.margin_s == 0.0
-    spec = controller.spec.model_copy(update={"resources": controller.spec.resources.model_copy(
-        update={"spot_margin_s": 7200.0})})
+    spec = controller.spec.model_copy(
+        update={"resources": controller.spec.resources.model_copy(update={"spot_margin_s": 7200.0})}
+    )
     controller, backend = journaled_controller(tmp_path / "b", spec, controller.plan, deadline_s=3600.0)
     assert controller.spot_policy.margin_s == 7200.0
     controller.startup_seconds["local.cpu2"] = [10.0, 12.0]
@@ -186,8 +199,9 @@ def test_the_spot_margin_comes_from_the_plan_else_the_spec_and_moves_the_thresho
 def test_noticed_instance_takes_nothing_more_and_its_replacement_waits_for_its_trials(tmp_path):
     controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
     itype = controller.catalog.find("local.cpu2", cloud="local")
-    noticed = PoolInstance(token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True,
-                           requested_at=time.time() - 5)
+    noticed = PoolInstance(
+        token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True, requested_at=time.time() - 5
+    )
     controller.pool[noticed.token] = noticed
     controller._noticed["n1"] = time.time()
     replacement = controller._replace(noticed, "n1", "preemption-notice", waiting=2)
@@ -242,10 +256,19 @@ class MarketProvider:
     def provision(self, request):
         self.calls.append((request.instance_type.name, request.zone, request.spot))
         if request.spot and ("*" in self.no_spot or request.zone in self.no_spot):
-            raise CloudError("no spot capacity", kind="capacity", code="InsufficientInstanceCapacity",
-                             zone=request.zone)
-        return [Instance(id=f"i-{len(self.calls)}", cloud="aws", instance_type=request.instance_type.name,
-                         zone=request.zone or "", state="running", run_id=request.run_id)]
+            raise CloudError(
+                "no spot capacity", kind="capacity", code="InsufficientInstanceCapacity", zone=request.zone
+            )
+        return [
+            Instance(
+                id=f"i-{len(self.calls)}",
+                cloud="aws",
+                instance_type=request.instance_type.name,
+                zone=request.zone or "",
+                state="running",
+                run_id=request.run_id,
+            )
+        ]
 
 
 def test_spot_capacity_falls_over_zones_then_to_on_demand_and_blocks_per_market():
@@ -253,18 +276,29 @@ def test_spot_capacity_falls_over_zones_then_to_on_demand_and_blocks_per_market(
     p3 = catalog.find("p3.2xlarge", region=REGION)
     provider = MarketProvider({"*"})
     policy = FailoverPolicy()
-    result = provision_with_failover(InstanceRequest("r", 0, p3, spot=True, on_demand_fallback=True),
-                                     lambda t: provider, policy=policy, on_demand_fallback=True)
+    result = provision_with_failover(
+        InstanceRequest("r", 0, p3, spot=True, on_demand_fallback=True),
+        lambda t: provider,
+        policy=policy,
+        on_demand_fallback=True,
+    )
     assert not result.spot and result.zone == "use1-az1"
-    assert provider.calls == [("p3.2xlarge", "use1-az1", True), ("p3.2xlarge", "use1-az2", True),
-                              ("p3.2xlarge", "use1-az1", False)]
-    assert [(a.market, a.outcome) for a in result.attempts] == [("spot", "capacity"), ("spot", "capacity"),
-                                                                ("on_demand", "ok")]
+    assert provider.calls == [
+        ("p3.2xlarge", "use1-az1", True),
+        ("p3.2xlarge", "use1-az2", True),
+        ("p3.2xlarge", "use1-az1", False),
+    ]
+    assert [(a.market, a.outcome) for a in result.attempts] == [
+        ("spot", "capacity"),
+        ("spot", "capacity"),
+        ("on_demand", "ok"),
+    ]
     assert policy.is_blocked(p3, "use1-az1", spot=True) and not policy.is_blocked(p3, "use1-az1")
     # the next spot request skips the blocked spot zones at once
     provider.calls.clear()
-    again = provision_with_failover(InstanceRequest("r", 0, p3, spot=True), lambda t: provider, policy=policy,
-                                    on_demand_fallback=True)
+    again = provision_with_failover(
+        InstanceRequest("r", 0, p3, spot=True), lambda t: provider, policy=policy, on_demand_fallback=True
+    )
     assert provider.calls == [("p3.2xlarge", "use1-az1", False)] and not again.spot
     # a spot zone with capacity is taken on spot; without the plan's leave, no on-demand
     provider = MarketProvider({"use1-az1"})
@@ -312,8 +346,9 @@ def test_gcp_spot_stockout_becomes_a_standard_vm(gce_fake):
     t4 = catalog.find("n1-standard-8+T4x4", region="us-central1")
     provider = GcpProvider("us-central1", endpoint=gce_fake.url, poll_s=0.01)
     gce_fake.stockout_zones, gce_fake.stockout_spot_only = {"us-central1-a"}, True
-    result = provision_with_failover(InstanceRequest("run-g", 0, t4, spot=True, on_demand_fallback=True),
-                                     lambda t: provider, on_demand_fallback=True)
+    result = provision_with_failover(
+        InstanceRequest("run-g", 0, t4, spot=True, on_demand_fallback=True), lambda t: provider, on_demand_fallback=True
+    )
     assert not result.spot
     models = [i["scheduling"]["provisioningModel"] for i in gce_fake.inserted()]
     assert models == ["SPOT", "STANDARD"]  # the SPOT insert's operation ended ZONE_RESOURCE_POOL_EXHAUSTED
@@ -351,8 +386,7 @@ class Metadata(http.server.ThreadingHTTPServer):
 
             def do_PUT(self):  # noqa: N802
                 server.seen.append(f"PUT {self.path}")
-                if self.path.endswith("/latest/api/token") and self.headers.get(
-                        "X-aws-ec2-metadata-token-ttl-seconds"):
+                if self.path.endswith("/latest/api/token") and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
                     return self._send(200, "TOKEN-1")
                 return self._send(400)
 
@@ -452,8 +486,17 @@ def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypat
         return answer.get("notice")
 
     monkeypatch.setattr(notices, "check_watchers", check)
-    ctx = WorkerContext(trial_id="b0-t000", start_epoch=0, end_epoch=3, rank=0, world_size=1, local_rank=0,
-                        device="cpu", process_group=None, checkpoint_dir=str(tmp_path / "ck"))
+    ctx = WorkerContext(
+        trial_id="b0-t000",
+        start_epoch=0,
+        end_epoch=3,
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device="cpu",
+        process_group=None,
+        checkpoint_dir=str(tmp_path / "ck"),
+    )
     ctx.report(0, loss=1.0)
     ctx.save_checkpoint({"w": 1})  # no notice: goes on
     answer["notice"] = {"cloud": "aws", "action": "terminate"}
@@ -462,8 +505,17 @@ def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypat
         ctx.save_checkpoint({"w": 2})
     assert latest_epoch(tmp_path / "ck") == 1 and ctx.preemption_notice["action"] == "terminate"
     assert asked == [["rb-notice-i-1"], ["rb-notice-i-1"]]
-    other = WorkerContext(trial_id="b0-t000", start_epoch=0, end_epoch=3, rank=1, world_size=2, local_rank=1,
-                          device="cpu", process_group=None, checkpoint_dir=str(tmp_path / "ck"))
+    other = WorkerContext(
+        trial_id="b0-t000",
+        start_epoch=0,
+        end_epoch=3,
+        rank=1,
+        world_size=2,
+        local_rank=1,
+        device="cpu",
+        process_group=None,
+        checkpoint_dir=str(tmp_path / "ck"),
+    )
     with pytest.raises(notices.PreemptionNotice):  # every rank stops at the same point
         other.save_checkpoint({"w": 2})
 
@@ -473,13 +525,28 @@ def test_a_preempted_rank_makes_the_trial_preempted_not_failed():
     from rubberband.executor.worker import WorkerFailure
 
     run = TrialRun.__new__(TrialRun)
-    run.spec = TrialSpec(trial_id="b0-t000", config={}, entry_point="m:f", code_dir="", start_epoch=0, end_epoch=3,
-                         placement=("rb-node-a", "rb-node-a"), checkpoint_dir="")
+    run.spec = TrialSpec(
+        trial_id="b0-t000",
+        config={},
+        entry_point="m:f",
+        code_dir="",
+        start_epoch=0,
+        end_epoch=3,
+        placement=("rb-node-a", "rb-node-a"),
+        checkpoint_dir="",
+    )
     run._refs = ["r0", "r1"]
-    failures = [WorkerFailure(rank=1, kind="train", error_type="DistBackendError", message="gloo: connection closed",
-                              failed_at=1.0),
-                WorkerFailure(rank=0, kind="preempted", error_type="PreemptionNotice",
-                              message="preemption notice (aws terminate): stopped after the checkpoint of epoch 1",
-                              failed_at=2.0)]
+    failures = [
+        WorkerFailure(
+            rank=1, kind="train", error_type="DistBackendError", message="gloo: connection closed", failed_at=1.0
+        ),
+        WorkerFailure(
+            rank=0,
+            kind="preempted",
+            error_type="PreemptionNotice",
+            message="preemption notice (aws terminate): stopped after the checkpoint of epoch 1",
+            failed_at=2.0,
+        ),
+    ]
     error = run._training_error(failures, {}, [])
     assert isinstance(error, TrialPreempted) and "rank 0" in str(error)

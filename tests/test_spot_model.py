@@ -17,10 +17,26 @@ from rubberband.planner.policies import Market, SpotPolicy, SpotSituation
 from rubberband.planner.schedule import stages_for
 from rubberband.planner.search import PlanSpace, local_moves, with_markets
 from rubberband.planner.simulator import Simulator, StageConfig
-from rubberband.planner.spot import (DURATION_LEVELS, ModelScenario, SpotSetup, Trace,
-                                     TraceScenario, ZoneModel, fit_zone, stay_on_spot, trace_stats)
-from rubberband.spotmodel import (SpotTraceError, fit_traces, load_spot_model, parse_spot_model, read_trace,
-                                  read_traces, region_of)
+from rubberband.planner.spot import (
+    DURATION_LEVELS,
+    ModelScenario,
+    SpotSetup,
+    Trace,
+    TraceScenario,
+    ZoneModel,
+    fit_zone,
+    stay_on_spot,
+    trace_stats,
+)
+from rubberband.spotmodel import (
+    SpotTraceError,
+    fit_traces,
+    load_spot_model,
+    parse_spot_model,
+    read_trace,
+    read_traces,
+    region_of,
+)
 
 
 def _write(path, data, gap=60):
@@ -30,6 +46,7 @@ def _write(path, data, gap=60):
 
 
 # -- fitting ----------------------------------------------------------------------------------------
+
 
 def test_trace_stats_count_preemptions_runs_and_running_hours():
     data = [0] * 60 + [1] * 30 + [0] * 60 + [1] * 10 + [0] * 40  # 200 ticks of 60 s
@@ -103,14 +120,17 @@ def test_region_of_zones():
     assert region_of("gcp", "us-central1-a") == "us-central1"
 
 
-@pytest.mark.parametrize("content, needle", [
-    ("not json", "not valid JSON"),
-    ('{"data": [0, 1]}', "'metadata'"),
-    ('{"metadata": {"gap_seconds": -3}, "data": [0]}', "gap_seconds"),
-    ('{"metadata": {"gap_seconds": 30}, "data": []}', "'data'"),
-    ('{"metadata": {"gap_seconds": 30}, "data": [0, 2]}', "data.1"),
-    ('[1, 2]', "JSON object"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("not json", "not valid JSON"),
+        ('{"data": [0, 1]}', "'metadata'"),
+        ('{"metadata": {"gap_seconds": -3}, "data": [0]}', "gap_seconds"),
+        ('{"metadata": {"gap_seconds": 30}, "data": []}', "'data'"),
+        ('{"metadata": {"gap_seconds": 30}, "data": [0, 2]}', "data.1"),
+        ("[1, 2]", "JSON object"),
+    ],
+)
 def test_bad_trace_files_raise_one_line_errors_naming_the_field(tmp_path, content, needle):
     path = tmp_path / "preemption" / "aws-x" / "us-east-1a_v100_1.json"
     path.parent.mkdir(parents=True)
@@ -131,9 +151,17 @@ def test_a_trace_whose_kind_or_cloud_cannot_be_told_is_refused(tmp_path):
 
 # -- sampling ---------------------------------------------------------------------------------------
 
+
 def _zone(rate=1.0, p=0.0, wait=3600.0) -> ZoneModel:
-    return ZoneModel(cloud="aws", instance_type="gpu1", region="r1", zone="r1a", preemption_rate_per_h=rate,
-                     p_unavailable=p, unavailable_s=tuple(wait for _ in DURATION_LEVELS))
+    return ZoneModel(
+        cloud="aws",
+        instance_type="gpu1",
+        region="r1",
+        zone="r1a",
+        preemption_rate_per_h=rate,
+        p_unavailable=p,
+        unavailable_s=tuple(wait for _ in DURATION_LEVELS),
+    )
 
 
 def test_model_scenario_samples_poisson_preemptions_at_the_rate():
@@ -144,8 +172,9 @@ def test_model_scenario_samples_poisson_preemptions_at_the_rate():
     # an instance spanning two nodes is preempted when either is: twice the rate
     assert sc.time_to_preemption(0, 0, slice(0, 4000), t, span=2).mean() == pytest.approx(900.0, rel=0.05)
     # common random numbers: the same stage and event see the same draws
-    assert np.array_equal(gaps, ModelScenario(_zone(rate=2.0), seed=1, samples=4000).time_to_preemption(
-        0, 0, slice(0, 4000), t, span=1))
+    assert np.array_equal(
+        gaps, ModelScenario(_zone(rate=2.0), seed=1, samples=4000).time_to_preemption(0, 0, slice(0, 4000), t, span=1)
+    )
 
 
 def test_model_scenario_unavailability_hits_at_its_probability_with_its_durations():
@@ -167,9 +196,14 @@ def test_trace_scenario_replays_the_next_transition_and_the_rest_of_a_down_run()
 
 
 @settings(max_examples=60, deadline=None)
-@given(time_left=st.lists(st.floats(0, 1e5), min_size=1, max_size=30), work=st.floats(0, 5e4),
-       restart=st.floats(0, 5e3), margin=st.floats(0, 1e3), on_spot=st.booleans(),
-       back=st.sampled_from([math.inf, 1.0, 3.0]))
+@given(
+    time_left=st.lists(st.floats(0, 1e5), min_size=1, max_size=30),
+    work=st.floats(0, 5e4),
+    restart=st.floats(0, 5e3),
+    margin=st.floats(0, 1e3),
+    on_spot=st.booleans(),
+    back=st.sampled_from([math.inf, 1.0, 3.0]),
+)
 def test_the_vectorised_decision_is_the_policy_objects_own(time_left, work, restart, margin, on_spot, back):
     policy = SpotPolicy(margin_s=margin, return_factor=back)
     got = stay_on_spot(policy, np.array(time_left), np.full(len(time_left), work), restart, on_spot=on_spot)
@@ -184,8 +218,12 @@ GPU = itype("gpu1", price=3.0)
 
 
 def _setup(zone: ZoneModel, deadline_s: float, samples: int = 400, margin: float = 0.0) -> SpotSetup:
-    return SpotSetup(deadline_s=deadline_s, scenarios={zone.key: ModelScenario(zone, seed=0, samples=samples)},
-                     policy=SpotPolicy(margin_s=margin), zones={zone.key: zone.zone})
+    return SpotSetup(
+        deadline_s=deadline_s,
+        scenarios={zone.key: ModelScenario(zone, seed=0, samples=samples)},
+        policy=SpotPolicy(margin_s=margin),
+        zones={zone.key: zone.zone},
+    )
 
 
 def _plan(market: str, n: int = 9) -> tuple[StageConfig, ...]:
@@ -222,7 +260,8 @@ def test_a_tight_deadline_moves_preempted_trials_to_on_demand():
     deadline = float(od.jct.max()) + 200.0
     loose = Simulator(STAGES, _model(), samples=400, spot_setup=_setup(_zone(rate=6.0), 1e7)).simulate(_plan("spot"))
     tight = Simulator(STAGES, _model(), samples=400, spot_setup=_setup(_zone(rate=6.0), deadline)).simulate(
-        _plan("spot"))
+        _plan("spot")
+    )
     # falling back keeps more samples on time, and costs more than staying on spot
     assert tight.p_meet(deadline) > loose.p_meet(deadline)
     assert tight.cost_mean > loose.cost_mean
@@ -249,13 +288,22 @@ def test_the_representative_trace_of_a_spot_plan_builds():
 
 # -- the search -------------------------------------------------------------------------------------
 
+
 def _plan_with(deadline_s: float, rate: float):
     from rubberband.planner.api import plan_stages
 
     zone = _zone(rate=rate, p=0.2, wait=7200.0)
     types = [GPU]
-    return plan_stages(STAGES, _model(), types, deadline_s=deadline_s, confidence=0.9, samples=200,
-                       max_workers_per_trial=1, spot_setup=_setup(zone, deadline_s, 200))
+    return plan_stages(
+        STAGES,
+        _model(),
+        types,
+        deadline_s=deadline_s,
+        confidence=0.9,
+        samples=200,
+        max_workers_per_trial=1,
+        spot_setup=_setup(zone, deadline_s, 200),
+    )
 
 
 def test_the_search_takes_spot_when_the_slack_is_ample_and_on_demand_when_tight():
@@ -284,6 +332,7 @@ def test_market_moves_flip_stages_and_keep_markets_through_other_moves():
 
 # -- plan JSON ----------------------------------------------------------------------------------------
 
+
 def test_plans_with_a_spot_model_round_trip_and_old_plans_load(tmp_path):
     from rubberband.catalog import load_catalog
     from rubberband.planner.api import plan_job, replay_plan
@@ -295,8 +344,16 @@ def test_plans_with_a_spot_model_round_trip_and_old_plans_load(tmp_path):
     spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"spot": True})})
     profile = load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json")
     catalog = load_catalog(["aws"])
-    plan = plan_job(spec, profile, catalog, samples=100, asha=False, deadline_s=2700.0,
-                    spot_model=load_spot_model().market_model(), spot_source="shipped")
+    plan = plan_job(
+        spec,
+        profile,
+        catalog,
+        samples=100,
+        asha=False,
+        deadline_s=2700.0,
+        spot_model=load_spot_model().market_model(),
+        spot_source="shipped",
+    )
     assert plan.schema_version == PLAN_SCHEMA_VERSION == 3 and plan.spot is not None
     assert any(s.spot and s.zone for s in plan.stages)
     again = parse_plan(json.loads(plan_json(plan)))
@@ -321,8 +378,7 @@ def test_parallel_hyperband_brackets_play_spot_stages():
 
     stages = stages_for("hyperband", trials=None, min_epochs=1, max_epochs=9, eta=3)
     zone = _zone(rate=3.0, p=0.2)
-    configs = tuple(StageConfig(GPU, max(1, s.trials // 3), 1, "spot" if s.index == 0 else "on_demand")
-                    for s in stages)
+    configs = tuple(StageConfig(GPU, max(1, s.trials // 3), 1, "spot" if s.index == 0 else "on_demand") for s in stages)
     od = ParallelSimulator(stages, _model(), samples=100).simulate(tuple(c.on("on_demand") for c in configs))
     sim = ParallelSimulator(stages, _model(), samples=100, spot_setup=_setup(zone, 1e6, 100))
     res = sim.simulate(configs)

@@ -31,8 +31,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("trials_gpu_cluster"), py
 
 CODE = str(Path(__file__).parent / "trial_code")
 #: A made-up GPU type: 2 GPUs and 4 vCPUs per instance → 2 workers of {"GPU": 1, "CPU": 2}.
-GPU2 = InstanceType(cloud="local", name="local.gpu2", region="local", zones=("local-a",), device="T4",
-                    accelerator_count=2, vcpus=4, memory_gib=8, price_hr=1.0, spot_price_hr=None)
+GPU2 = InstanceType(
+    cloud="local",
+    name="local.gpu2",
+    region="local",
+    zones=("local-a",),
+    device="T4",
+    accelerator_count=2,
+    vcpus=4,
+    memory_gib=8,
+    price_hr=1.0,
+    spot_price_hr=None,
+)
 STAND_IN = DevicePolicy(cpu_stand_in=True).for_type(GPU2)
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: logical GPUs would be real")
 
@@ -51,9 +61,18 @@ def gpu_cluster():
 
 
 def _spec(tmp_path: Path, placement: tuple[str, ...], device, *, trial_id: str = "g0-t000", **config) -> TrialSpec:
-    return TrialSpec(trial_id=trial_id, config=config, entry_point="tiny_train:train", code_dir=CODE,
-                     start_epoch=0, end_epoch=1, placement=placement, device=device,
-                     checkpoint_dir=str(tmp_path / "ckpt" / trial_id), timeout_s=60)
+    return TrialSpec(
+        trial_id=trial_id,
+        config=config,
+        entry_point="tiny_train:train",
+        code_dir=CODE,
+        start_epoch=0,
+        end_epoch=1,
+        placement=placement,
+        device=device,
+        checkpoint_dir=str(tmp_path / "ckpt" / trial_id),
+        timeout_s=60,
+    )
 
 
 def _held_while_running(run: TrialRun, timeout_s: float = 60.0) -> dict[str, float]:

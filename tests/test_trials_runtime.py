@@ -23,11 +23,27 @@ CODE = str(Path(__file__).parent / "trial_code")
 pytestmark = [pytest.mark.xdist_group("trials_runtime_cluster"), pytest.mark.exclusive]
 
 
-def _spec(tmp_path: Path, placement: tuple[str, ...], *, start: int = 0, end: int = 1, entry: str = "tiny_train:train",
-          trial_id: str = "b0-t000", **config) -> TrialSpec:
-    return TrialSpec(trial_id=trial_id, config=config, entry_point=entry, code_dir=CODE, start_epoch=start,
-                     end_epoch=end, placement=placement, checkpoint_dir=str(tmp_path / "ckpt" / trial_id),
-                     timeout_s=60)
+def _spec(
+    tmp_path: Path,
+    placement: tuple[str, ...],
+    *,
+    start: int = 0,
+    end: int = 1,
+    entry: str = "tiny_train:train",
+    trial_id: str = "b0-t000",
+    **config,
+) -> TrialSpec:
+    return TrialSpec(
+        trial_id=trial_id,
+        config=config,
+        entry_point=entry,
+        code_dir=CODE,
+        start_epoch=start,
+        end_epoch=end,
+        placement=placement,
+        checkpoint_dir=str(tmp_path / "ckpt" / trial_id),
+        timeout_s=60,
+    )
 
 
 def _params(prefix: Path, rank: int) -> dict:
@@ -64,8 +80,9 @@ def test_checkpoint_at_two_workers_resumes_at_one_and_three(local_ray_cluster, t
 
     one = TrialRun.start(_spec(tmp_path, (b,), start=1, end=2)).result(timeout_s=120)
     assert [r.epoch for r in one.reports] == [1]
-    assert one.reports[0].metrics == pytest.approx({"loss": one.reports[0].metrics["loss"], "world_size": 1.0,
-                                                   "resumed": 1.0})
+    assert one.reports[0].metrics == pytest.approx(
+        {"loss": one.reports[0].metrics["loss"], "world_size": 1.0, "resumed": 1.0}
+    )
     assert one.checkpoint_epoch == 1
 
     # Three workers over two instances (PACK placement group), resuming from the 1-worker checkpoint.
@@ -101,8 +118,11 @@ def test_raising_train_gives_one_line_training_error(local_ray_cluster, tmp_path
 
 def test_entry_point_that_does_not_import(local_ray_cluster, tmp_path):
     a = local_ray_cluster.resource("a")
-    for entry, expected in (("broken_import:train", "fancy_dataset"), ("no_such_module:train", "no_such_module"),
-                            ("tiny_train:missing", "has no function 'missing'")):
+    for entry, expected in (
+        ("broken_import:train", "fancy_dataset"),
+        ("no_such_module:train", "no_such_module"),
+        ("tiny_train:missing", "has no function 'missing'"),
+    ):
         with pytest.raises(TrainingError) as info:
             TrialRun.start(_spec(tmp_path, (a,), entry=entry, trial_id="b1-t002")).result(timeout_s=120)
         assert "b1-t002" in str(info.value) and "cannot import" in str(info.value) and expected in str(info.value)
@@ -125,8 +145,18 @@ def test_event_sink_max_iterations_and_stop(local_ray_cluster, tmp_path):
 
     sink = Sink.remote()
     a = local_ray_cluster.resource("a")
-    spec = TrialSpec(trial_id="p-1", config={}, entry_point="tiny_train:train", code_dir=CODE, start_epoch=0,
-                     end_epoch=2, placement=(a,), checkpoint_dir=str(tmp_path / "c"), max_iterations=3, timeout_s=60)
+    spec = TrialSpec(
+        trial_id="p-1",
+        config={},
+        entry_point="tiny_train:train",
+        code_dir=CODE,
+        start_epoch=0,
+        end_epoch=2,
+        placement=(a,),
+        checkpoint_dir=str(tmp_path / "c"),
+        max_iterations=3,
+        timeout_s=60,
+    )
     outcome = TrialRun.start(spec, event_sink=sink).result(timeout_s=120)
     assert len(outcome.iteration_latencies_s) == 6  # 3 per epoch call
     events = ray.get(sink.get.remote(), timeout=30)
@@ -146,8 +176,17 @@ def test_event_sink_max_iterations_and_stop(local_ray_cluster, tmp_path):
 
 
 def test_unplaceable_trial_raises_and_cleans_up(local_ray_cluster, tmp_path):
-    spec = TrialSpec(trial_id="b0-t010", config={}, entry_point="tiny_train:train", code_dir=CODE, start_epoch=0,
-                     end_epoch=1, placement=("rb-node-nowhere",), checkpoint_dir=str(tmp_path / "c"), timeout_s=1.5)
+    spec = TrialSpec(
+        trial_id="b0-t010",
+        config={},
+        entry_point="tiny_train:train",
+        code_dir=CODE,
+        start_epoch=0,
+        end_epoch=1,
+        placement=("rb-node-nowhere",),
+        checkpoint_dir=str(tmp_path / "c"),
+        timeout_s=1.5,
+    )
     with pytest.raises(ExecutionError, match="rb-node-nowhere"):
         TrialRun.start(spec).result(timeout_s=30)
     with WorkerPool() as pool, pytest.raises(ExecutionError, match="no instance offers rb-node-nowhere"):
@@ -169,8 +208,9 @@ def test_pool_reuses_warm_workers_across_a_resize(local_ray_cluster, tmp_path):
         assert small.setup_s < 1.5 and resize_s < 5  # loose bounds: a shared 2-core CI box (bench measures it)
         # A failed run's workers are not given back.
         with pytest.raises(TrainingError):
-            TrialRun.start(_spec(tmp_path, (a,), entry="tiny_train:train_raises", trial_id="x"),
-                           pool=pool).result(timeout_s=120)
+            TrialRun.start(_spec(tmp_path, (a,), entry="tiny_train:train_raises", trial_id="x"), pool=pool).result(
+                timeout_s=120
+            )
         assert pool.idle() == {a: 1}
         pool.warm(a, 2, wait=False)  # start one more in the background
         assert pool.idle() == {a: 2}
@@ -182,9 +222,17 @@ def test_pool_reuses_warm_workers_across_a_resize(local_ray_cluster, tmp_path):
 def test_digits_example_learns_on_two_workers(local_ray_cluster, tmp_path):
     a = local_ray_cluster.resource("a")
     examples = Path(__file__).resolve().parents[1] / "examples"
-    spec = TrialSpec(trial_id="digits-0", config={"lr": 0.05, "momentum": 0.9, "hidden": 64, "batch_size": 32},
-                     entry_point="digits:train", code_dir=str(examples), start_epoch=0, end_epoch=2,
-                     placement=(a, a), checkpoint_dir=str(tmp_path / "c"), timeout_s=120)
+    spec = TrialSpec(
+        trial_id="digits-0",
+        config={"lr": 0.05, "momentum": 0.9, "hidden": 64, "batch_size": 32},
+        entry_point="digits:train",
+        code_dir=str(examples),
+        start_epoch=0,
+        end_epoch=2,
+        placement=(a, a),
+        checkpoint_dir=str(tmp_path / "c"),
+        timeout_s=120,
+    )
     outcome = TrialRun.start(spec).result(timeout_s=240)
     assert [r.epoch for r in outcome.reports] == [0, 1]
     assert outcome.reports[-1].metrics["val_acc"] > 0.6  # chance is 0.1
@@ -197,8 +245,15 @@ def test_losing_an_instance_mid_trial_fails_fast(local_ray_cluster, tmp_path):
     """A node dies under a running 2-node trial: TrainingError within seconds, survivors cleaned up."""
     a = local_ray_cluster.resource("a")
     local_ray_cluster.add_instance("c", 1)
-    run = TrialRun.start(_spec(tmp_path, (a, local_ray_cluster.resource("c")), entry="tiny_train:train_allreduce",
-                               trial_id="b0-t011", pid_dir=str(tmp_path)))
+    run = TrialRun.start(
+        _spec(
+            tmp_path,
+            (a, local_ray_cluster.resource("c")),
+            entry="tiny_train:train_allreduce",
+            trial_id="b0-t011",
+            pid_dir=str(tmp_path),
+        )
+    )
     pid_file = tmp_path / "rank1.pid"
     deadline = time.monotonic() + 60
     while not pid_file.exists():  # rank 1 is up and iterating

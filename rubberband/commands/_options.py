@@ -22,8 +22,10 @@ def on_late_flag(value: str) -> str:
 
     choice = value.strip().lower()
     if choice not in ON_LATE:
-        raise InputError(f"--on-late {value!r}: use 'finish' (go on and say how late) or 'stop' (stop now and "
-                         f"return the best configuration so far)")
+        raise InputError(
+            f"--on-late {value!r}: use 'finish' (go on and say how late) or 'stop' (stop now and "
+            f"return the best configuration so far)"
+        )
     return choice
 
 

@@ -23,7 +23,7 @@ def _short_zones(t: InstanceType) -> str:
     out = []
     for zone in t.zones:
         if zone.startswith(t.region + "-"):
-            out.append(zone[len(t.region) + 1:])
+            out.append(zone[len(t.region) + 1 :])
         elif "-" in zone:
             out.append(zone.rsplit("-", 1)[1])
         else:
@@ -35,8 +35,9 @@ def _money(value: float | None) -> str:
     return "—" if value is None else f"{value:.4f}"
 
 
-def select(catalog: Catalog, *, cloud: str | None, gpu: str | None, region: str | None,
-           spot: bool) -> list[InstanceType]:
+def select(
+    catalog: Catalog, *, cloud: str | None, gpu: str | None, region: str | None, spot: bool
+) -> list[InstanceType]:
     """The rows ``catalog show`` prints, cheapest per worker first within each cloud and region."""
     types = list(catalog.types)
     if gpu is not None:
@@ -48,8 +49,10 @@ def select(catalog: Catalog, *, cloud: str | None, gpu: str | None, region: str 
     if region is not None:
         regions = sorted({t.region for t in types})
         if region not in regions:
-            raise InputError(f"--region {region!r} is not in the catalog{' for ' + cloud if cloud else ''}; "
-                             f"use one of {', '.join(regions)}")
+            raise InputError(
+                f"--region {region!r} is not in the catalog{' for ' + cloud if cloud else ''}; "
+                f"use one of {', '.join(regions)}"
+            )
         types = [t for t in types if t.region == region]
     if spot:
         types = [t for t in types if t.spot_price_hr is not None]
@@ -57,11 +60,22 @@ def select(catalog: Catalog, *, cloud: str | None, gpu: str | None, region: str 
 
 
 def _as_dict(t: InstanceType, spot: bool) -> dict:
-    return {"cloud": t.cloud, "region": t.region, "name": t.name, "host_type": t.host_type, "device": t.device,
-            "accelerator_count": t.accelerator_count, "workers": t.workers, "vcpus": t.vcpus,
-            "memory_gib": t.memory_gib, "price_hr": t.price_hr, "spot_price_hr": t.spot_price_hr,
-            "price_per_worker_hr": round(t.price_per_worker(spot), 6), "zones": list(t.zones),
-            "spot_zones": list(t.spot_zones)}
+    return {
+        "cloud": t.cloud,
+        "region": t.region,
+        "name": t.name,
+        "host_type": t.host_type,
+        "device": t.device,
+        "accelerator_count": t.accelerator_count,
+        "workers": t.workers,
+        "vcpus": t.vcpus,
+        "memory_gib": t.memory_gib,
+        "price_hr": t.price_hr,
+        "spot_price_hr": t.spot_price_hr,
+        "price_per_worker_hr": round(t.price_per_worker(spot), 6),
+        "zones": list(t.zones),
+        "spot_zones": list(t.spot_zones),
+    }
 
 
 def register(app: typer.Typer) -> None:
@@ -82,20 +96,45 @@ def register(app: typer.Typer) -> None:
         catalog = load_catalog([cloud] if cloud else None)
         types = select(catalog, cloud=cloud, gpu=gpu, region=region, spot=spot)
         if as_json:
-            typer.echo(json.dumps({"dates": catalog.dates, "sources": catalog.sources, "spot": spot,
-                                   "types": [_as_dict(t, spot) for t in types]}))
+            typer.echo(
+                json.dumps(
+                    {
+                        "dates": catalog.dates,
+                        "sources": catalog.sources,
+                        "spot": spot,
+                        "types": [_as_dict(t, spot) for t in types],
+                    }
+                )
+            )
             return
         dated = ", ".join(f"{c} {catalog.dates[c]} ({catalog.sources.get(c, '?')})" for c in sorted(catalog.dates))
         table = Table(title=f"Instance catalog — prices as of {dated}", title_justify="left")
-        for header, justify in (("cloud", "left"), ("region", "left"), ("type", "left"), ("device × n", "left"),
-                                ("vCPUs", "right"), ("mem GiB", "right"), ("$/h on-demand", "right"),
-                                ("$/h spot", "right"), (f"$/h per worker{' (spot)' if spot else ''}", "right"),
-                                ("zones", "left")):
+        for header, justify in (
+            ("cloud", "left"),
+            ("region", "left"),
+            ("type", "left"),
+            ("device × n", "left"),
+            ("vCPUs", "right"),
+            ("mem GiB", "right"),
+            ("$/h on-demand", "right"),
+            ("$/h spot", "right"),
+            (f"$/h per worker{' (spot)' if spot else ''}", "right"),
+            ("zones", "left"),
+        ):
             table.add_column(header, justify=justify, no_wrap=header != "zones")
         for t in types:
-            table.add_row(t.cloud, t.region, t.name, f"{t.device} × {t.workers if t.device == 'CPU' else t.accelerator_count}",
-                          f"{t.vcpus:g}", f"{t.memory_gib:g}", _money(t.price_hr), _money(t.spot_price_hr),
-                          _money(t.price_per_worker(spot)), _short_zones(t))
+            table.add_row(
+                t.cloud,
+                t.region,
+                t.name,
+                f"{t.device} × {t.workers if t.device == 'CPU' else t.accelerator_count}",
+                f"{t.vcpus:g}",
+                f"{t.memory_gib:g}",
+                _money(t.price_hr),
+                _money(t.spot_price_hr),
+                _money(t.price_per_worker(spot)),
+                _short_zones(t),
+            )
         console = stdout()
         if not console.is_terminal:  # piped or captured: keep rows whole rather than squeeze to 80 columns
             console.width = max(console.width, 180)
@@ -106,12 +145,17 @@ def register(app: typer.Typer) -> None:
     @catalog_app.command("update")
     def update(
         cloud: str = typer.Argument(..., help="Which catalog to refresh (aws)."),
-        regions: list[str] = typer.Option(None, "--region", help="Region to refresh (repeat); default: the "
-                                          "shipped catalog's regions."),
-        types: list[str] = typer.Option(None, "--type", help="Instance type to refresh (repeat); default: the "
-                                        "shipped catalog's types."),
-        out: str = typer.Option(None, "--out", help="Directory for the refreshed aws.csv; default "
-                                "$RUBBERBAND_CATALOG_DIR or ~/.rubberband/catalogs."),
+        regions: list[str] = typer.Option(
+            None, "--region", help="Region to refresh (repeat); default: the shipped catalog's regions."
+        ),
+        types: list[str] = typer.Option(
+            None, "--type", help="Instance type to refresh (repeat); default: the shipped catalog's types."
+        ),
+        out: str = typer.Option(
+            None,
+            "--out",
+            help="Directory for the refreshed aws.csv; default $RUBBERBAND_CATALOG_DIR or ~/.rubberband/catalogs.",
+        ),
     ) -> None:
         """Refresh AWS prices through boto3 (Price List API + spot price history) into a dated CSV."""
         if cloud != "aws":
@@ -123,16 +167,17 @@ def register(app: typer.Typer) -> None:
         rows = fetcher.fetch(regions, types)
         now = dt.datetime.now(dt.timezone.utc)
         endpoint = os.environ.get("AWS_ENDPOINT_URL", "").strip()
-        source = (f"AWS Price List API (GetProducts: AmazonEC2, Linux, Shared tenancy, on-demand) and "
-                  f"ec2:DescribeSpotPriceHistory (latest per type and zone), fetched {now:%Y-%m-%dT%H:%MZ}"
-                  f"{' from ' + endpoint if endpoint else ''} by `rubberband catalog update aws`")
+        source = (
+            f"AWS Price List API (GetProducts: AmazonEC2, Linux, Shared tenancy, on-demand) and "
+            f"ec2:DescribeSpotPriceHistory (latest per type and zone), fetched {now:%Y-%m-%dT%H:%MZ}"
+            f"{' from ' + endpoint if endpoint else ''} by `rubberband catalog update aws`"
+        )
         text = render_aws_csv(rows, date=now.strftime("%Y-%m-%d"), source=source)
         target = write_atomically(user_catalog_dir() if out is None else _out_dir(out), "aws.csv", text)
         for warning in fetcher.warnings:
             typer.echo(f"warning: {warning}", err=True)
         kinds = len({r.instance_type for r in rows})
-        typer.echo(f"wrote {target}: {len(rows)} rows, {kinds} instance types, regions {', '.join(regions)}",
-                   err=True)
+        typer.echo(f"wrote {target}: {len(rows)} rows, {kinds} instance types, regions {', '.join(regions)}", err=True)
 
 
 def _out_dir(out: str):

@@ -129,8 +129,9 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
         identity = delete_run_identity(cloud, run_id)  # the head's role / profile made for the run (by its tag)
     except CloudError as exc:
         identity = []
-        _echo(f"could not look for run {run_id}'s head role ({exc.message}); delete role/rb-{run_id} by hand if "
-              f"it exists")
+        _echo(
+            f"could not look for run {run_id}'s head role ({exc.message}); delete role/rb-{run_id} by hand if it exists"
+        )
     for resource in identity:
         deleted += 1
         _echo(f"deleted {cloud} {resource} (run {run_id})")
@@ -161,8 +162,9 @@ def down_orphans(cloud: str, regions: list[str] | None, older_than_s: float, *, 
         orphans = find_orphans(provider, older_than_s, now=now)
         result = terminate_instances(provider, orphans, echo=_echo)
         terminated += len(result.instances)
-        deleted += len(result.resources) + len(cleanup_leftovers(provider, older_than_s=older_than_s, now=now,
-                                                                 echo=_echo))
+        deleted += len(result.resources) + len(
+            cleanup_leftovers(provider, older_than_s=older_than_s, now=now, echo=_echo)
+        )
         live |= {i.run_id for i in provider.list()}
     if cloud == "aws":  # head roles of runs (started in the regions swept) with no instance left
         from rubberband.cloud.identity import AwsIdentities
@@ -189,8 +191,10 @@ def down_local(run: str) -> None:
     if not records and not (directory / J.JOURNAL_NAME).exists():
         from rubberband.errors import RunDirError
 
-        raise RunDirError(f"{directory} is not a run directory (no journal, no instances/); "
-                          f"pass the directory `rubberband run` created")
+        raise RunDirError(
+            f"{directory} is not a run directory (no journal, no instances/); "
+            f"pass the directory `rubberband run` created"
+        )
     journal = J.Journal(directory) if (directory / J.JOURNAL_NAME).exists() else None
     out = stdout()
     stopped = 0
@@ -200,13 +204,15 @@ def down_local(run: str) -> None:
         stopped += 1
         if journal is not None:
             journal.record(J.InstanceTerminated(id=instance.id, reason="down"))
-        out.print(f"terminated {instance.id} ({instance.instance_type}, run {instance.run_id}, "
-                  f"pid {record.pid})", markup=False, highlight=False)
+        out.print(
+            f"terminated {instance.id} ({instance.instance_type}, run {instance.run_id}, pid {record.pid})",
+            markup=False,
+            highlight=False,
+        )
     head = provider.head()
     if head is not None and provider.stop_head():
         stopped += 1
-        out.print(f"terminated the Ray head of run {head.run_id} (pid {head.pid})", markup=False,
-                  highlight=False)
+        out.print(f"terminated the Ray head of run {head.run_id} (pid {head.pid})", markup=False, highlight=False)
     if journal is not None and stopped:
         journal.record(J.Decision(kind="down", terminated=stopped))
     if not stopped:
@@ -217,15 +223,28 @@ def register(app: typer.Typer) -> None:
     @app.command("down")
     def down(
         run: str = typer.Argument(None, metavar="RUN_ID_OR_DIR", help="Run directory or run id."),
-        cloud: str = typer.Option(None, "--cloud", help="aws or gcp: terminate the run's cloud instances "
-                                  "(default: the local backend)."),
-        region: list[str] = typer.Option(None, "--region", help="Region to look in (repeatable); default: the "
-                                         "run journal's regions, else every catalog region of the cloud."),
-        all_orphans: bool = typer.Option(False, "--all-orphans", help="With --cloud: end every rubberband run "
-                                         "the cloud shows dead (no launch, no heartbeat for --older-than): its "
-                                         "instances, groups, firewall rules, disks and head role."),
-        older_than: str = typer.Option("1h", "--older-than", help="With --all-orphans: runs silent for longer "
-                                       "than this (90m, 2h...; at least a few heartbeats, 1 min each)."),
+        cloud: str = typer.Option(
+            None, "--cloud", help="aws or gcp: terminate the run's cloud instances (default: the local backend)."
+        ),
+        region: list[str] = typer.Option(
+            None,
+            "--region",
+            help="Region to look in (repeatable); default: the "
+            "run journal's regions, else every catalog region of the cloud.",
+        ),
+        all_orphans: bool = typer.Option(
+            False,
+            "--all-orphans",
+            help="With --cloud: end every rubberband run "
+            "the cloud shows dead (no launch, no heartbeat for --older-than): its "
+            "instances, groups, firewall rules, disks and head role.",
+        ),
+        older_than: str = typer.Option(
+            "1h",
+            "--older-than",
+            help="With --all-orphans: runs silent for longer "
+            "than this (90m, 2h...; at least a few heartbeats, 1 min each).",
+        ),
     ) -> None:
         """Terminate every instance a run left running (or every orphan) and say what was terminated."""
         from rubberband.cloud.registry import CLOUD_PROVIDERS

@@ -25,8 +25,12 @@ def print_plan(plan: Plan) -> None:
     console = stdout()
     if not console.is_terminal and console.width < 120:  # pipes and CI logs: do not squeeze the table
         console = Console(highlight=False, soft_wrap=False, width=120)
-    table = Table(title=f"Plan for {plan.job.name}: deadline {format_duration(plan.deadline_s)} at "
-                        f"{plan.confidence:.0%} confidence", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(
+        title=f"Plan for {plan.job.name}: deadline {format_duration(plan.deadline_s)} at "
+        f"{plan.confidence:.0%} confidence",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
     hyperband = plan.job.scheduler == "hyperband"
     several_clouds = len({s.cloud for s in plan.stages}) > 1 or len(plan.catalog.clouds) > 1
     if hyperband:
@@ -42,40 +46,61 @@ def print_plan(plan: Plan) -> None:
     costs = format_usd_column([s.predicted_cost_usd or 0.0 for s in plan.stages])
     for s, cost in zip(plan.stages, costs):
         where = f"{s.instances} × {s.instance_type}" + (f" ({s.cloud})" if several_clouds else "")
-        market = ([f"spot {s.zone}" if s.spot and s.zone else "spot" if s.spot else "on-demand"]
-                  if plan.spot is not None else [])
-        row = [str(s.stage), str(s.trials), str(s.epochs), where, *market, str(s.workers_per_trial),
-               format_duration(s.predicted_duration_s or 0.0), cost]
+        market = (
+            [f"spot {s.zone}" if s.spot and s.zone else "spot" if s.spot else "on-demand"]
+            if plan.spot is not None
+            else []
+        )
+        row = [
+            str(s.stage),
+            str(s.trials),
+            str(s.epochs),
+            where,
+            *market,
+            str(s.workers_per_trial),
+            format_duration(s.predicted_duration_s or 0.0),
+            cost,
+        ]
         table.add_row(*([str(s.bracket)] if hyperband else []), *row)
     console.print(table)
     if plan.parallel_brackets:
         console.print(brackets_line(plan))
     p = plan.predicted
-    console.print(f"JCT p50 {format_duration(p.jct_s.p50)}, p95 {format_duration(p.jct_s.p95)}; "
-                  f"cost mean {format_usd(p.cost_usd.mean)}, p95 {format_usd(p.cost_usd.p95)}; "
-                  f"P(meet deadline) {p.p_meet_deadline:.1%}")
+    console.print(
+        f"JCT p50 {format_duration(p.jct_s.p50)}, p95 {format_duration(p.jct_s.p95)}; "
+        f"cost mean {format_usd(p.cost_usd.mean)}, p95 {format_usd(p.cost_usd.p95)}; "
+        f"P(meet deadline) {p.p_meet_deadline:.1%}"
+    )
     if plan.spot is not None:
         from rubberband.report.model import spot_notes
 
         console.print(spot_notes(plan)[0])
     if plan.head is not None:
         h = plan.head
-        console.print(f"Includes the head instance {h.instance_type} (${h.price_hr:.4f}/h for boot "
-                      f"{format_duration(h.boot_s)} + JCT + grace {format_duration(h.grace_s)}): "
-                      f"{format_usd(p.cost_breakdown.head_usd)} mean")
+        console.print(
+            f"Includes the head instance {h.instance_type} (${h.price_hr:.4f}/h for boot "
+            f"{format_duration(h.boot_s)} + JCT + grace {format_duration(h.grace_s)}): "
+            f"{format_usd(p.cost_breakdown.head_usd)} mean"
+        )
     static = plan.baselines.get("static")
     if static is not None:
         s0 = static.stages[0]
         saving = static.predicted.cost_usd.mean - p.cost_usd.mean
         ratio = static.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
         workers = f"{s0.workers_per_trial} worker{'s' if s0.workers_per_trial != 1 else ''}/trial"
-        what = (f"best static plan ({s0.instances} × {s0.instance_type}, {workers}, "
-                f"{format_usd(static.predicted.cost_usd.mean)}, JCT p95 {format_duration(static.predicted.jct_s.p95)})")
+        what = (
+            f"best static plan ({s0.instances} × {s0.instance_type}, {workers}, "
+            f"{format_usd(static.predicted.cost_usd.mean)}, JCT p95 {format_duration(static.predicted.jct_s.p95)})"
+        )
         if _same_cluster(plan, static):
-            console.print(f"This is the {what}: no elastic plan found is cheaper by more than 1% and as fast"
-                          + (f"; run elastically it releases idle instances early and costs "
-                             f"{format_usd(p.cost_usd.mean)}" if saving > 0.01 * static.predicted.cost_usd.mean
-                             else ""))
+            console.print(
+                f"This is the {what}: no elastic plan found is cheaper by more than 1% and as fast"
+                + (
+                    f"; run elastically it releases idle instances early and costs {format_usd(p.cost_usd.mean)}"
+                    if saving > 0.01 * static.predicted.cost_usd.mean
+                    else ""
+                )
+            )
         elif ratio < 1.01:
             console.print(f"vs {what}: about as cheap ({ratio:.2f}×)")
         else:
@@ -87,10 +112,14 @@ def print_plan(plan: Plan) -> None:
     exact = plan.baselines.get("exact")
     if exact is not None:
         gap = p.cost_usd.mean / exact.predicted.cost_usd.mean if exact.predicted.cost_usd.mean > 0 else 1.0
-        console.print(f"Exact optimum: {format_usd(exact.predicted.cost_usd.mean)} (this plan {gap:.3f}× it); "
-                      f"{exact.note or 'search extent unknown'}")
-    console.print(f"Planned in {plan.planner.seconds:.2f} s ({plan.planner.candidates_evaluated} candidates, "
-                  f"{plan.planner.samples} samples, seed {plan.planner.seed}).")
+        console.print(
+            f"Exact optimum: {format_usd(exact.predicted.cost_usd.mean)} (this plan {gap:.3f}× it); "
+            f"{exact.note or 'search extent unknown'}"
+        )
+    console.print(
+        f"Planned in {plan.planner.seconds:.2f} s ({plan.planner.candidates_evaluated} candidates, "
+        f"{plan.planner.samples} samples, seed {plan.planner.seed})."
+    )
 
 
 def brackets_line(plan: Plan) -> str:
@@ -107,11 +136,17 @@ def asha_line(plan: Plan) -> str:
     p = plan.predicted
     cluster = f"{a.instances} × {a.instance_type}, {a.workers_per_trial} worker{'s' if a.workers_per_trial != 1 else ''}/trial"
     if not a.meets_deadline:
-        return (f"ASHA on a fixed cluster does not meet the deadline; its quickest ({cluster}): JCT p95 "
-                f"{format_duration(a.predicted.jct_s.p95)}, {format_usd(a.predicted.cost_usd.mean)}.")
+        return (
+            f"ASHA on a fixed cluster does not meet the deadline; its quickest ({cluster}): JCT p95 "
+            f"{format_duration(a.predicted.jct_s.p95)}, {format_usd(a.predicted.cost_usd.mean)}."
+        )
     ratio = a.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
-    return (f"vs ASHA on a fixed cluster ({cluster}, {format_usd(a.predicted.cost_usd.mean)}, JCT p95 "
-            f"{format_duration(a.predicted.jct_s.p95)}): {ratio:.2f}× the elastic plan's cost")
+    return (
+        f"vs ASHA on a fixed cluster ({cluster}, {format_usd(a.predicted.cost_usd.mean)}, JCT p95 "
+        f"{format_duration(a.predicted.jct_s.p95)}): {ratio:.2f}× the elastic plan's cost"
+    )
+
+
 def _same_cluster(plan: Plan, static) -> bool:
     """Whether the plan runs the static plan's cluster (same type, count and width in every stage)."""
     key = lambda s: (s.cloud, s.instance_type, s.instances, s.workers_per_trial)  # noqa: E731
@@ -131,13 +166,25 @@ def register(app: typer.Typer) -> None:
         out: str = typer.Option(None, "--out", help="Write the plan JSON here (atomically)."),
         as_json: bool = typer.Option(False, "--json", help="Print only the plan JSON on stdout."),
         report: str = typer.Option(None, "--report", help="Also write an HTML/Markdown report into this folder."),
-        head: str = typer.Option("instance", "--head", help="How an aws/gcp run will place its executor and Ray "
-                                 "head (as `rubberband run --head`): 'instance' bills the run's own head instance "
-                                 "in the predictions, 'local' (this machine) does not."),
-        exact: bool = typer.Option(False, "--exact", help="Also search the whole plan space exactly (branch and "
-                                   "bound, small jobs only) and report the plan's gap to it."),
-        spot_model: str = typer.Option(None, "--spot-model", help="Spot model JSON (`rubberband spot fit`) for a "
-                                       "spec with resources.spot: true (default: the shipped one)."),
+        head: str = typer.Option(
+            "instance",
+            "--head",
+            help="How an aws/gcp run will place its executor and Ray "
+            "head (as `rubberband run --head`): 'instance' bills the run's own head instance "
+            "in the predictions, 'local' (this machine) does not.",
+        ),
+        exact: bool = typer.Option(
+            False,
+            "--exact",
+            help="Also search the whole plan space exactly (branch and "
+            "bound, small jobs only) and report the plan's gap to it.",
+        ),
+        spot_model: str = typer.Option(
+            None,
+            "--spot-model",
+            help="Spot model JSON (`rubberband spot fit`) for a "
+            "spec with resources.spot: true (default: the shipped one).",
+        ),
     ) -> None:
         """Plan the cheapest elastic allocation that meets the deadline, and compare with static."""
         deadline_s = deadline_flag(deadline)
@@ -152,13 +199,23 @@ def register(app: typer.Typer) -> None:
         if report is not None and Path(report).exists():
             raise InputError(f"--report {report} already exists; remove it or choose another folder")
         inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
-        result = plan_from_inputs(inputs, deadline_s=deadline_s, confidence=confidence, cloud=cloud,
-                                  samples=samples, seed=seed, head=head, include_exact=exact, spot_model=spot_model)
+        result = plan_from_inputs(
+            inputs,
+            deadline_s=deadline_s,
+            confidence=confidence,
+            cloud=cloud,
+            samples=samples,
+            seed=seed,
+            head=head,
+            include_exact=exact,
+            spot_model=spot_model,
+        )
         if out is not None:
             write_plan(result, out)
         report_path = None
         if report is not None:
             from rubberband.report import write_report
+
             report_path = write_report(result, report)
         if as_json:
             typer.echo(plan_json(result))

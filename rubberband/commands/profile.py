@@ -39,26 +39,40 @@ def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile(
         spec_path: Path = typer.Argument(..., metavar="SPEC", help="The job spec (YAML)."),
-        cloud: str = typer.Option(None, "--cloud", help="Where to profile: local, aws or gcp "
-                                                        "(default: local when the spec allows it)."),
-        instance_type: str = typer.Option(None, "--instance-type", help="Instance type to measure "
-                                                                        "(default: the spec's first)."),
-        workers: str = typer.Option(None, "--workers", help="Worker counts per trial, e.g. 1,2,4 "
-                                                            "(default: 1,2,4 up to two instances' worth)."),
+        cloud: str = typer.Option(
+            None, "--cloud", help="Where to profile: local, aws or gcp (default: local when the spec allows it)."
+        ),
+        instance_type: str = typer.Option(
+            None, "--instance-type", help="Instance type to measure (default: the spec's first)."
+        ),
+        workers: str = typer.Option(
+            None, "--workers", help="Worker counts per trial, e.g. 1,2,4 (default: 1,2,4 up to two instances' worth)."
+        ),
         budget: str = typer.Option("5m", "--budget", help="Total time for the whole profile, e.g. 90s, 5m."),
-        startup_samples: int = typer.Option(None, "--startup-samples", help="Measure this many node start-ups "
-                                            "(default: 3 where the instance type can be started here, else "
-                                            "documented defaults)."),
-        configs: int = typer.Option(3, "--configs", help="Time whole epochs of at least this many configurations "
-                                    "sampled from the search space (more as --budget allows; 0: none)."),
+        startup_samples: int = typer.Option(
+            None,
+            "--startup-samples",
+            help="Measure this many node start-ups "
+            "(default: 3 where the instance type can be started here, else "
+            "documented defaults).",
+        ),
+        configs: int = typer.Option(
+            3,
+            "--configs",
+            help="Time whole epochs of at least this many configurations "
+            "sampled from the search space (more as --budget allows; 0: none).",
+        ),
         iterations: int = typer.Option(20, "--iterations", help="Iterations timed per shape (at most)."),
-        batch_size: int = typer.Option(None, "--batch-size", help="Per-worker batch size, if the spec's "
-                                                                  "config and the batches do not tell."),
-        dataset_size: int = typer.Option(None, "--dataset-size", help="Training samples per epoch, if the "
-                                                                      "spec's config and the batches do not tell."),
+        batch_size: int = typer.Option(
+            None, "--batch-size", help="Per-worker batch size, if the spec's config and the batches do not tell."
+        ),
+        dataset_size: int = typer.Option(
+            None, "--dataset-size", help="Training samples per epoch, if the spec's config and the batches do not tell."
+        ),
         single_node: bool = typer.Option(False, "--single-node", help="Skip the shapes spanning two nodes."),
-        out: Path = typer.Option(None, "--out", "-o", help="Where to write the profile JSON "
-                                                           "(default: the spec's profile: path)."),
+        out: Path = typer.Option(
+            None, "--out", "-o", help="Where to write the profile JSON (default: the spec's profile: path)."
+        ),
     ) -> None:
         """Run the training briefly at each workers-per-trial count with real DDP and write a profile."""
         spec = load_spec(spec_path)
@@ -84,16 +98,24 @@ def register(app: typer.Typer) -> None:
         itype = _instance_type(spec, cloud, instance_type)
 
         from rubberband.profile import write_profile
-        from rubberband.profiler.runner import (CLOUDS_WITH_PROFILING, DEFAULT_STARTUP_SAMPLES, ProfileOptions,
-                                                validate)
+        from rubberband.profiler.runner import CLOUDS_WITH_PROFILING, DEFAULT_STARTUP_SAMPLES, ProfileOptions, validate
         from rubberband.profiler.shapes import parse_workers
 
         counts = parse_workers(workers or _default_workers(spec, itype.workers))
         if startup_samples is None:
             startup_samples = DEFAULT_STARTUP_SAMPLES if cloud in CLOUDS_WITH_PROFILING else 0
-        options = ProfileOptions(cloud=cloud, instance_type=itype, workers=tuple(counts), budget_s=budget_s,
-                                 iterations=iterations, startup_samples=startup_samples, batch_size=batch_size,
-                                 dataset_size=dataset_size, cross_node=not single_node, configs=configs)
+        options = ProfileOptions(
+            cloud=cloud,
+            instance_type=itype,
+            workers=tuple(counts),
+            budget_s=budget_s,
+            iterations=iterations,
+            startup_samples=startup_samples,
+            batch_size=batch_size,
+            dataset_size=dataset_size,
+            cross_node=not single_node,
+            configs=configs,
+        )
         validate(spec, options)  # bad input fails here, before any progress output
         result = _run_with_progress(spec, options)
         write_profile(result.profile, out)
@@ -105,9 +127,14 @@ def _run_with_progress(spec, options):
 
     from rubberband.profiler.runner import run_profile
 
-    columns = (TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn(), TextColumn(f"/ {format_duration(options.budget_s)}"),
-               TextColumn("{task.description}"))
+    columns = (
+        TextColumn("[bold]profile[/]"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TextColumn(f"/ {format_duration(options.budget_s)}"),
+        TextColumn("{task.description}"),
+    )
     console = stderr()
     # Live bar on a terminal only: captured stderr stays clean (errors are one line).
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -131,24 +158,35 @@ def _print_summary(result, out: Path) -> None:
         table.add_column(column, justify="right")
     for m in profile.measurements:
         lat = np.asarray(m.iteration_latencies_s) * 1e3
-        table.add_row(m.device, str(m.workers), str(m.nodes), str(len(lat)), f"{np.median(lat):.1f}",
-                      f"{np.quantile(lat, 0.9):.1f}")
+        table.add_row(
+            m.device,
+            str(m.workers),
+            str(m.nodes),
+            str(len(lat)),
+            f"{np.median(lat):.1f}",
+            f"{np.quantile(lat, 0.9):.1f}",
+        )
     console.print(table)
     w = profile.workload
-    line = (f"dataset {w.dataset_size} samples, batch {w.batch_size_per_worker} per worker; "
-            f"restart overhead {w.restart_overhead_s:.2f} s"
-            + (f" (fresh processes: {w.restart_overhead_cold_s:.2f} s)" if w.restart_overhead_cold_s else "")
-            + f"; per epoch outside iterations {w.epoch_overhead_s:.3f} s; task start {w.task_start_s:.3f} s; "
-              f"new instance's workers {w.worker_start_s:.2f} s"
-            + "".join(f"; termination {np.median(t.samples_s):.2f} s" for t in profile.termination)
-            + f"; took {format_duration(result.wall_s)}")
+    line = (
+        f"dataset {w.dataset_size} samples, batch {w.batch_size_per_worker} per worker; "
+        f"restart overhead {w.restart_overhead_s:.2f} s"
+        + (f" (fresh processes: {w.restart_overhead_cold_s:.2f} s)" if w.restart_overhead_cold_s else "")
+        + f"; per epoch outside iterations {w.epoch_overhead_s:.3f} s; task start {w.task_start_s:.3f} s; "
+        f"new instance's workers {w.worker_start_s:.2f} s"
+        + "".join(f"; termination {np.median(t.samples_s):.2f} s" for t in profile.termination)
+        + f"; took {format_duration(result.wall_s)}"
+    )
     console.print(line, soft_wrap=True)
     v = (profile.fitted or {}).get("variation")
     if v and v.get("configs"):
-        console.print(f"{v['configs']} configurations, {v['epochs']} whole epochs: per-epoch σ "
-                      f"{v['epoch_sigma_fit']:.3f} (planned {v['epoch_sigma']:.3f}), configuration speed σ "
-                      f"{v['config_sigma_fit']:.3f} (planned {v['config_sigma']:.3f}), typical configuration "
-                      f"{math.exp(v['config_log_mean']):.2f}× the profiled one's epoch time", soft_wrap=True)
+        console.print(
+            f"{v['configs']} configurations, {v['epochs']} whole epochs: per-epoch σ "
+            f"{v['epoch_sigma_fit']:.3f} (planned {v['epoch_sigma']:.3f}), configuration speed σ "
+            f"{v['config_sigma_fit']:.3f} (planned {v['config_sigma']:.3f}), typical configuration "
+            f"{math.exp(v['config_log_mean']):.2f}× the profiled one's epoch time",
+            soft_wrap=True,
+        )
     notes = stderr()
     for note in result.notes:
         notes.print(f"note: {note}", soft_wrap=True)

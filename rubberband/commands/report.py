@@ -10,13 +10,17 @@ ORDER = 25
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
-        plan: str = typer.Argument(..., metavar="PLAN_OR_RUN_DIR",
-                                   help="Plan JSON (from `rubberband plan --out`) or a run directory "
-                                        "(from `rubberband run`: adds predicted vs actual)."),
+        plan: str = typer.Argument(
+            ...,
+            metavar="PLAN_OR_RUN_DIR",
+            help="Plan JSON (from `rubberband plan --out`) or a run directory "
+            "(from `rubberband run`: adds predicted vs actual).",
+        ),
         out: str = typer.Option(..., "--out", help="Folder to write report.html, report.md and charts into."),
         force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
-        no_replan: bool = typer.Option(False, "--no-replan",
-                                       help="Skip the cost-vs-deadline sweep and cloud comparison (faster)."),
+        no_replan: bool = typer.Option(
+            False, "--no-replan", help="Skip the cost-vs-deadline sweep and cloud comparison (faster)."
+        ),
     ) -> None:
         """Write report.html (one file, charts inline) and report.md for a plan or a run; print its path."""
         from rubberband.report import write_report  # matplotlib: imported only by the commands that draw

@@ -21,8 +21,9 @@ def register(app: typer.Typer) -> None:
         min_epochs: int = typer.Option(..., "--min-epochs", "-r", help="Minimum epochs per trial (r)."),
         max_epochs: int = typer.Option(..., "--max-epochs", "-R", help="Maximum epochs per trial (R)."),
         eta: int = typer.Option(3, "--eta", help="Reduction factor η (≥ 2)."),
-        trials: int = typer.Option(None, "--trials", "-n",
-                                   help="Trials for SHA (default η^s_max, s_max = floor(log_η(R/r)): one survivor)."),
+        trials: int = typer.Option(
+            None, "--trials", "-n", help="Trials for SHA (default η^s_max, s_max = floor(log_η(R/r)): one survivor)."
+        ),
         hyperband: bool = typer.Option(False, "--hyperband", help="Print every Hyperband bracket."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout and nothing else."),
     ) -> None:
@@ -39,20 +40,39 @@ def register(app: typer.Typer) -> None:
                 trials = sha_default_trials(eta, min_epochs, max_epochs)
                 derived = f" (η^{round(math.log(trials, eta))}, derived from R and η)"
             elif trials < 1:
-                raise InputError(f"--trials must be a positive number for SHA (got {trials}); "
-                                 "leave it out to derive it from R and η")
+                raise InputError(
+                    f"--trials must be a positive number for SHA (got {trials}); leave it out to derive it from R and η"
+                )
             brackets = [sha_stages(trials, eta, min_epochs, max_epochs)]
         if as_json:
-            payload = [{"bracket": b, "s": len(stages) - 1,
-                        "stages": [{"trials": s.trials, "epochs": s.epochs} for s in stages]}
-                       for b, stages in enumerate(brackets)]
-            typer.echo(json.dumps({"kind": "hyperband" if hyperband else "sha", "eta": eta, "trials": trials,
-                                   "min_epochs": min_epochs, "max_epochs": max_epochs, "brackets": payload}))
+            payload = [
+                {
+                    "bracket": b,
+                    "s": len(stages) - 1,
+                    "stages": [{"trials": s.trials, "epochs": s.epochs} for s in stages],
+                }
+                for b, stages in enumerate(brackets)
+            ]
+            typer.echo(
+                json.dumps(
+                    {
+                        "kind": "hyperband" if hyperband else "sha",
+                        "eta": eta,
+                        "trials": trials,
+                        "min_epochs": min_epochs,
+                        "max_epochs": max_epochs,
+                        "brackets": payload,
+                    }
+                )
+            )
             return
         console = stdout()
         for b, stages in enumerate(brackets):
-            title = (f"Hyperband bracket s={len(stages) - 1}" if hyperband
-                     else f"Successive halving: n={trials}{derived}, η={eta}, r={min_epochs}, R={max_epochs}")
+            title = (
+                f"Hyperband bracket s={len(stages) - 1}"
+                if hyperband
+                else f"Successive halving: n={trials}{derived}, η={eta}, r={min_epochs}, R={max_epochs}"
+            )
             table = Table(title=title, title_justify="left")
             table.add_column("stage i", justify="right")
             table.add_column("trials n_i", justify="right")

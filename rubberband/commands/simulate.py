@@ -19,9 +19,13 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
         plan_path: Path = typer.Argument(..., metavar="PLAN", help="Plan JSON (from `rubberband plan --out`)."),
-        preemption_traces: Path = typer.Option(None, "--preemption-traces", help="Folder of spot traces: each "
-                                               "sample replays a random trace from a random point instead of the "
-                                               "plan's fitted spot model (docs/spot.md)."),
+        preemption_traces: Path = typer.Option(
+            None,
+            "--preemption-traces",
+            help="Folder of spot traces: each "
+            "sample replays a random trace from a random point instead of the "
+            "plan's fitted spot model (docs/spot.md).",
+        ),
         samples: int = typer.Option(1000, "--samples", help="Monte Carlo samples."),
         seed: int = typer.Option(None, "--seed", help="Random seed (default: the plan's)."),
         as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
@@ -38,8 +42,9 @@ def register(app: typer.Typer) -> None:
         plan = load_plan(plan_path)
         profile_path = plan_profile_path(plan)
         if profile_path is None:
-            raise InputError(f"{plan_path}: the plan names no profile to simulate with; re-run `rubberband plan "
-                             f"--out` to record it")
+            raise InputError(
+                f"{plan_path}: the plan names no profile to simulate with; re-run `rubberband plan --out` to record it"
+            )
         profile = load_profile(profile_path)
         catalog = load_catalog(sorted({s.cloud for s in plan.stages}))
         seed = plan.planner.seed if seed is None else seed
@@ -58,26 +63,40 @@ def register(app: typer.Typer) -> None:
             return
         c = figures["cost_usd"]
         stdout().print(f"{plan.job.name}: {samples} samples under {source}")
-        stdout().print(f"hit rate P(JCT ≤ {format_duration(plan.deadline_s)}) {figures['hit_rate']:.1%} "
-                       f"(asked {plan.confidence:.0%}); JCT p50 {format_duration(figures['jct_s']['p50'])}, "
-                       f"p95 {format_duration(figures['jct_s']['p95'])}")
-        stdout().print(f"cost p10 {format_usd(c['p10'])}, p50 {format_usd(c['p50'])}, p90 {format_usd(c['p90'])}, "
-                       f"mean {format_usd(c['mean'])}")
+        stdout().print(
+            f"hit rate P(JCT ≤ {format_duration(plan.deadline_s)}) {figures['hit_rate']:.1%} "
+            f"(asked {plan.confidence:.0%}); JCT p50 {format_duration(figures['jct_s']['p50'])}, "
+            f"p95 {format_duration(figures['jct_s']['p95'])}"
+        )
+        stdout().print(
+            f"cost p10 {format_usd(c['p10'])}, p50 {format_usd(c['p50'])}, p90 {format_usd(c['p90'])}, "
+            f"mean {format_usd(c['mean'])}"
+        )
         ev = figures["spot_events_mean"]
         if ev:
-            stdout().print(f"per run (mean): {ev['preemptions']:.2f} preemptions, {ev['moved_to_on_demand']:.2f} trials "
-                           f"moved to on-demand, {ev['stages_on_demand']:.2f} spot stages bought on-demand (no "
-                           f"capacity or no slack at the request), {format_duration(ev['wait_s'])} waited for capacity")
+            stdout().print(
+                f"per run (mean): {ev['preemptions']:.2f} preemptions, {ev['moved_to_on_demand']:.2f} trials "
+                f"moved to on-demand, {ev['stages_on_demand']:.2f} spot stages bought on-demand (no "
+                f"capacity or no slack at the request), {format_duration(ev['wait_s'])} waited for capacity"
+            )
 
 
 def summary(jct: np.ndarray, cost: np.ndarray, deadline_s: float, confidence: float) -> dict:
     """The figures ``rubberband simulate`` prints."""
     q = lambda a, p: round(float(np.quantile(a, p)), 4)  # noqa: E731
-    return {"samples": int(len(jct)), "deadline_s": deadline_s, "confidence": confidence,
-            "hit_rate": float(np.mean(jct <= deadline_s)),
-            "jct_s": {"p50": q(jct, 0.5), "p95": q(jct, 0.95), "mean": round(float(jct.mean()), 4)},
-            "cost_usd": {"p10": q(cost, 0.1), "p50": q(cost, 0.5), "p90": q(cost, 0.9),
-                         "mean": round(float(cost.mean()), 4)}}
+    return {
+        "samples": int(len(jct)),
+        "deadline_s": deadline_s,
+        "confidence": confidence,
+        "hit_rate": float(np.mean(jct <= deadline_s)),
+        "jct_s": {"p50": q(jct, 0.5), "p95": q(jct, 0.95), "mean": round(float(jct.mean()), 4)},
+        "cost_usd": {
+            "p10": q(cost, 0.1),
+            "p50": q(cost, 0.5),
+            "p90": q(cost, 0.9),
+            "mean": round(float(cost.mean()), 4),
+        },
+    }
 
 
 def trace_scenarios(plan, directory: Path, *, seed: int, samples: int) -> dict:
@@ -95,7 +114,9 @@ def trace_scenarios(plan, directory: Path, *, seed: int, samples: int) -> dict:
             continue
         pre, avail = scenario_traces(traces, s.cloud, s.instance_type, s.region, s.zone)
         if not pre and not avail:
-            raise SpotTraceError(f"{directory} holds no trace of cloud {s.cloud} for the plan's spot stage on "
-                                 f"{s.instance_type}; add traces of that cloud")
+            raise SpotTraceError(
+                f"{directory} holds no trace of cloud {s.cloud} for the plan's spot stage on "
+                f"{s.instance_type}; add traces of that cloud"
+            )
         out[key] = TraceScenario(pre, avail, seed=seed, samples=samples)
     return out

@@ -19,8 +19,12 @@ def register(app: typer.Typer) -> None:
 
     @spot.command("fit")
     def fit(
-        traces: Path = typer.Option(..., "--traces", help="Folder of trace JSON files (the format of the NSDI'24 "
-                                    "'Can't Be Late' traces; docs/spot.md), searched recursively."),
+        traces: Path = typer.Option(
+            ...,
+            "--traces",
+            help="Folder of trace JSON files (the format of the NSDI'24 "
+            "'Can't Be Late' traces; docs/spot.md), searched recursively.",
+        ),
         out: Path = typer.Option(..., "--out", "-o", help="Where to write the fitted spot model JSON."),
         source: str = typer.Option(None, "--source", help="Where the traces come from (recorded in the model)."),
     ) -> None:
@@ -51,9 +55,16 @@ def _print(model) -> None:
     for name in ("cloud", "type", "zone", "preempt/h", "hours run", "P(no capacity)", "unavail p50", "unavail p90"):
         table.add_column(name, justify="left" if name in ("cloud", "type", "zone") else "right")
     for z in model.zones:
-        table.add_row(z.cloud, z.instance_type, z.zone, f"{z.preemption_rate_per_h:.2f}"
-                      + ("†" if "pooled" in z.rate_source else ""), f"{z.running_hours:.0f}",
-                      f"{z.p_unavailable:.0%}", format_duration(z.unavailable_s[10]), format_duration(z.unavailable_s[18]))
+        table.add_row(
+            z.cloud,
+            z.instance_type,
+            z.zone,
+            f"{z.preemption_rate_per_h:.2f}" + ("†" if "pooled" in z.rate_source else ""),
+            f"{z.running_hours:.0f}",
+            f"{z.p_unavailable:.0%}",
+            format_duration(z.unavailable_s[10]),
+            format_duration(z.unavailable_s[18]),
+        )
     console.print(table)
     if any("pooled" in z.rate_source for z in model.zones):
         console.print("† no preemption trace for the zone: the rate is pooled over the type's other zones")

@@ -21,8 +21,13 @@ __all__ = ["write_report"]
 _NO_REPLAN = "re-planning was turned off (--no-replan)"
 
 
-def write_report(plan_or_path: "ReportSource | Plan | str | Path", out_dir: str | Path, *, force: bool = False,
-                 replan: Replanner | None | bool = None) -> Path:
+def write_report(
+    plan_or_path: "ReportSource | Plan | str | Path",
+    out_dir: str | Path,
+    *,
+    force: bool = False,
+    replan: Replanner | None | bool = None,
+) -> Path:
     """Write report.html, report.md and the chart PNGs into ``out_dir``; return report.html's path.
 
     ``replan``: a Replanner to use, ``None`` to build the default one from the plan's embedded

@@ -22,8 +22,17 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import Formatter, MaxNLocator  # noqa: E402
 
 from rubberband.report import fmt  # noqa: E402
-from rubberband.report.model import (ACTUAL_COLOR, PLAN_COLOR, STATIC_COLOR,  # noqa: E402
-                                     CostData, GanttData, ParetoData, ReportData, Share, StageRow)
+from rubberband.report.model import (
+    ACTUAL_COLOR,
+    PLAN_COLOR,
+    STATIC_COLOR,  # noqa: E402
+    CostData,
+    GanttData,
+    ParetoData,
+    ReportData,
+    Share,
+    StageRow,
+)
 
 DPI = 144
 WIDTH_IN = 9.6
@@ -114,8 +123,10 @@ def _usd_ticks(axis, bins: int = 4) -> None:  # noqa: ANN001 - a matplotlib Axis
 
 # -- Gantt --------------------------------------------------------------------------------------
 
-def gantt_chart(gantt: GanttData, stages: tuple[StageRow, ...], *, name: str, x_max_s: float,
-                deadline_s: float | None) -> Chart:
+
+def gantt_chart(
+    gantt: GanttData, stages: tuple[StageRow, ...], *, name: str, x_max_s: float, deadline_s: float | None
+) -> Chart:
     """One row per instance: start-up shaded, each stage's work in the stage's colour, idle pale.
 
     With several Hyperband brackets the rows form a lane per bracket: an instance has a row in the
@@ -132,8 +143,10 @@ def gantt_chart(gantt: GanttData, stages: tuple[StageRow, ...], *, name: str, x_
     if len(lanes) < 2:  # one bracket: one row per instance, no lanes
         served = {iid: {lanes[0] if lanes else 0} for iid in served}
     # by bracket (one lane each), then request time, then naturally by id (i2 before i10)
-    keyed = sorted(((b, inst) for inst in tl.instances for b in served[inst.id]),
-                   key=lambda x: (x[0], x[1].requested_s, len(x[1].id), x[1].id))
+    keyed = sorted(
+        ((b, inst) for inst in tl.instances for b in served[inst.id]),
+        key=lambda x: (x[0], x[1].requested_s, len(x[1].id), x[1].id),
+    )
     rows = {(b, inst.id): n for n, (b, inst) in enumerate(keyed)}
     height = min(0.27 * len(keyed) + 1.7, 14)
     with matplotlib.rc_context(STYLE):
@@ -143,23 +156,52 @@ def gantt_chart(gantt: GanttData, stages: tuple[StageRow, ...], *, name: str, x_
         d = axis.divisor
         for b, inst in keyed:
             y = rows[(b, inst.id)]
-            ax.barh(y, (inst.released_s - inst.ready_s) / d, left=inst.ready_s / d, height=bar_h,
-                    color=IDLE_COLOR, edgecolor="#DADCE0", linewidth=0.6)
-            ax.barh(y, (inst.ready_s - inst.requested_s) / d, left=inst.requested_s / d, height=bar_h,
-                    color=STARTUP_COLOR, edgecolor="#9AA0A6", linewidth=0.4, hatch="////")
+            ax.barh(
+                y,
+                (inst.released_s - inst.ready_s) / d,
+                left=inst.ready_s / d,
+                height=bar_h,
+                color=IDLE_COLOR,
+                edgecolor="#DADCE0",
+                linewidth=0.6,
+            )
+            ax.barh(
+                y,
+                (inst.ready_s - inst.requested_s) / d,
+                left=inst.requested_s / d,
+                height=bar_h,
+                color=STARTUP_COLOR,
+                edgecolor="#9AA0A6",
+                linewidth=0.4,
+                hatch="////",
+            )
         for task in tl.tasks:
             index = gantt.stage_of.get((task.bracket, task.stage))
             color = stages[index].color if index is not None else "#777777"
             for iid in task.instance_ids:
                 row = rows.get((task.bracket, iid), rows.get((lanes[0] if len(lanes) < 2 else -1, iid)))
                 if row is not None:
-                    ax.barh(row, (task.end_s - task.start_s) / d, left=task.start_s / d,
-                            height=bar_h * 0.8, color=color, edgecolor="white", linewidth=0.5)
+                    ax.barh(
+                        row,
+                        (task.end_s - task.start_s) / d,
+                        left=task.start_s / d,
+                        height=bar_h * 0.8,
+                        color=color,
+                        edgecolor="white",
+                        linewidth=0.5,
+                    )
         if deadline_s is not None:
             ax.axvline(deadline_s / d, color=DEADLINE_COLOR, linestyle="--", linewidth=1.3)
-            ax.annotate("deadline", (deadline_s / d, 1.0), xycoords=("data", "axes fraction"),
-                        xytext=(3, -2), textcoords="offset points", color=DEADLINE_COLOR, fontsize=9,
-                        va="top")
+            ax.annotate(
+                "deadline",
+                (deadline_s / d, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -2),
+                textcoords="offset points",
+                color=DEADLINE_COLOR,
+                fontsize=9,
+                va="top",
+            )
         ax.set_yticks(range(len(keyed)))
         prefix = (lambda b: f"b{b}  ") if len(lanes) > 1 else (lambda b: "")
         ax.set_yticklabels([f"{prefix(b)}{i.id}  {i.instance_type}" for b, i in keyed], fontsize=8.5)
@@ -173,16 +215,29 @@ def gantt_chart(gantt: GanttData, stages: tuple[StageRow, ...], *, name: str, x_
         ax.grid(axis="y", visible=False)
         ax.set_xlabel(f"time since job start ({axis.unit})")
         ax.set_title(gantt.title)
-        used = sorted({gantt.stage_of[(t.bracket, t.stage)] for t in tl.tasks
-                       if (t.bracket, t.stage) in gantt.stage_of})
+        used = sorted(
+            {gantt.stage_of[(t.bracket, t.stage)] for t in tl.tasks if (t.bracket, t.stage) in gantt.stage_of}
+        )
         handles = [Patch(facecolor=stages[i].color, label=stages[i].label) for i in used]
-        handles += [Patch(facecolor=STARTUP_COLOR, hatch="////", edgecolor="#9AA0A6", label="start-up"),
-                    Patch(facecolor=IDLE_COLOR, edgecolor="#DADCE0", label="idle (billed)")]
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.45 / height),
-                  ncol=min(len(handles), 7), handlelength=1.4, columnspacing=1.2)
-        return Chart(name=name, filename=f"{name}.png",
-                     alt=f"{gantt.title}: {len(tl.instances)} instances over time, coloured by stage"
-                         + (f", a lane per bracket ({len(lanes)})" if len(lanes) > 1 else ""), png=_render(fig))
+        handles += [
+            Patch(facecolor=STARTUP_COLOR, hatch="////", edgecolor="#9AA0A6", label="start-up"),
+            Patch(facecolor=IDLE_COLOR, edgecolor="#DADCE0", label="idle (billed)"),
+        ]
+        ax.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.1 - 0.45 / height),
+            ncol=min(len(handles), 7),
+            handlelength=1.4,
+            columnspacing=1.2,
+        )
+        return Chart(
+            name=name,
+            filename=f"{name}.png",
+            alt=f"{gantt.title}: {len(tl.instances)} instances over time, coloured by stage"
+            + (f", a lane per bracket ({len(lanes)})" if len(lanes) > 1 else ""),
+            png=_render(fig),
+        )
 
 
 def _bracket_of(position: int, stages: tuple[StageRow, ...]) -> int:
@@ -191,6 +246,7 @@ def _bracket_of(position: int, stages: tuple[StageRow, ...]) -> int:
 
 
 # -- distributions ------------------------------------------------------------------------------
+
 
 def _marker(ax, x: float, label: str, color: str, style: str) -> None:
     ax.axvline(x, color=color, linestyle=style, linewidth=1.4, label=label)
@@ -234,8 +290,7 @@ def distribution_chart(data: ReportData) -> Chart:
         cost_title = "Cost"
         if s.static_cost_mean_usd is not None:
             if _near(s.static_cost_mean_usd, cost):
-                _marker(ax2, s.static_cost_mean_usd, f"static {fmt.usd(s.static_cost_mean_usd)}", STATIC_COLOR,
-                        "--")
+                _marker(ax2, s.static_cost_mean_usd, f"static {fmt.usd(s.static_cost_mean_usd)}", STATIC_COLOR, "--")
             else:  # a marker far away would squash the histogram into one bar: name it in the title instead
                 cost_title = f"Cost (best static plan: {fmt.usd(s.static_cost_mean_usd)}, off this scale)"
         if data.actual is not None:
@@ -248,11 +303,16 @@ def distribution_chart(data: ReportData) -> Chart:
         for ax in (ax1, ax2):
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout(w_pad=2.5)
-        return Chart(name="distributions", filename="distributions.png",
-                     alt="Histograms of simulated job completion time and cost", png=_render(fig))
+        return Chart(
+            name="distributions",
+            filename="distributions.png",
+            alt="Histograms of simulated job completion time and cost",
+            png=_render(fig),
+        )
 
 
 # -- cost breakdown -----------------------------------------------------------------------------
+
 
 def _share_bars(ax, shares: tuple[Share, ...], title: str) -> None:
     labels = [sh.label for sh in shares]
@@ -263,8 +323,15 @@ def _share_bars(ax, shares: tuple[Share, ...], title: str) -> None:
     ax.invert_yaxis()
     top = max(values, default=0.0) or 1.0
     for y, sh in enumerate(shares):
-        ax.annotate(f"{fmt.usd(sh.usd)} ({fmt.percent(sh.fraction, 0)})", (sh.usd, y), xytext=(4, 0),
-                    textcoords="offset points", va="center", fontsize=8.5, color=INK)
+        ax.annotate(
+            f"{fmt.usd(sh.usd)} ({fmt.percent(sh.fraction, 0)})",
+            (sh.usd, y),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8.5,
+            color=INK,
+        )
     ax.set_xlim(0, top * 1.6)
     _usd_ticks(ax.xaxis, bins=3)
     ax.grid(axis="y", visible=False)
@@ -282,12 +349,16 @@ def cost_chart(costs: CostData) -> Chart:
         _share_bars(axes[1], costs.by_instance_type, "By instance type")
         _share_bars(axes[2], costs.overhead, "Training vs overhead")
         fig.tight_layout(w_pad=1.5)
-        return Chart(name="costs", filename="costs.png",
-                     alt="Cost broken down by stage, by instance type and into training and overheads",
-                     png=_render(fig))
+        return Chart(
+            name="costs",
+            filename="costs.png",
+            alt="Cost broken down by stage, by instance type and into training and overheads",
+            png=_render(fig),
+        )
 
 
 # -- Pareto -------------------------------------------------------------------------------------
+
 
 def pareto_chart(pareto: ParetoData, deadline_s: float) -> Chart:
     """Mean cost against deadline for elastic plans and the best static plan; the chosen plan starred."""
@@ -297,19 +368,43 @@ def pareto_chart(pareto: ParetoData, deadline_s: float) -> Chart:
     with matplotlib.rc_context(STYLE):
         fig = Figure(figsize=(WIDTH_IN, 3.9))
         ax = fig.add_subplot()
-        ax.plot([p.deadline_s / d for p in pareto.points], [p.cost_usd for p in pareto.points], marker="o",
-                color=PLAN_COLOR, linewidth=2, label="elastic plan (rubberband)")
+        ax.plot(
+            [p.deadline_s / d for p in pareto.points],
+            [p.cost_usd for p in pareto.points],
+            marker="o",
+            color=PLAN_COLOR,
+            linewidth=2,
+            label="elastic plan (rubberband)",
+        )
         static = [(p.deadline_s / d, p.static_cost_usd) for p in pareto.points if p.static_cost_usd is not None]
         if static:
-            ax.plot(*zip(*static), marker="s", color=STATIC_COLOR, linewidth=1.6, linestyle="--",
-                    label="best static plan")
-        ax.scatter([pareto.chosen_deadline_s / d], [pareto.chosen_cost_usd], marker="*", s=260, color="#F9AB00",
-                   edgecolor=INK, linewidth=0.8, zorder=5, label=f"this plan ({fmt.duration(deadline_s)})")
+            ax.plot(
+                *zip(*static), marker="s", color=STATIC_COLOR, linewidth=1.6, linestyle="--", label="best static plan"
+            )
+        ax.scatter(
+            [pareto.chosen_deadline_s / d],
+            [pareto.chosen_cost_usd],
+            marker="*",
+            s=260,
+            color="#F9AB00",
+            edgecolor=INK,
+            linewidth=0.8,
+            zorder=5,
+            label=f"this plan ({fmt.duration(deadline_s)})",
+        )
         ax.axvspan(0, pareto.shortest_jct_s / d, color="#F1F3F4", zorder=0)
         ax.axvline(pareto.shortest_jct_s / d, color="#9AA0A6", linestyle=":", linewidth=1.2)
-        ax.annotate(f"shortest feasible\n{fmt.duration(pareto.shortest_jct_s)}", (pareto.shortest_jct_s / d, 1.0),
-                    xycoords=("data", "axes fraction"), xytext=(4, -4), textcoords="offset points",
-                    ha="left", va="top", fontsize=8.5, color="#5F6368")
+        ax.annotate(
+            f"shortest feasible\n{fmt.duration(pareto.shortest_jct_s)}",
+            (pareto.shortest_jct_s / d, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, -4),
+            textcoords="offset points",
+            ha="left",
+            va="top",
+            fontsize=8.5,
+            color="#5F6368",
+        )
         ax.set_xlim(pareto.shortest_jct_s / d * 0.8, max(xs) / d * 1.05)
         costs = [p.cost_usd for p in pareto.points] + [c for _, c in static] + [pareto.chosen_cost_usd]
         ax.set_ylim(0, max(costs) * 1.35)  # head room for the legend above the curves
@@ -318,11 +413,16 @@ def pareto_chart(pareto: ParetoData, deadline_s: float) -> Chart:
         ax.set_ylabel("predicted mean cost (USD)")
         ax.set_title("Cost versus deadline")
         ax.legend(loc="upper right", ncol=3)
-        return Chart(name="pareto", filename="pareto.png",
-                     alt="Predicted cost against deadline for elastic and static plans", png=_render(fig))
+        return Chart(
+            name="pareto",
+            filename="pareto.png",
+            alt="Predicted cost against deadline for elastic and static plans",
+            png=_render(fig),
+        )
 
 
 # -- all ----------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ChartSet:
@@ -334,8 +434,18 @@ class ChartSet:
     pareto: Chart | None
 
     def all(self) -> list[Chart]:
-        return [c for c in (self.plan_gantt, self.static_gantt, self.actual_gantt, self.distributions,
-                            self.costs, self.pareto) if c is not None]
+        return [
+            c
+            for c in (
+                self.plan_gantt,
+                self.static_gantt,
+                self.actual_gantt,
+                self.distributions,
+                self.costs,
+                self.pareto,
+            )
+            if c is not None
+        ]
 
 
 def draw_all(data: ReportData) -> ChartSet:

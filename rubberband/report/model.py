@@ -19,17 +19,35 @@ from rubberband.report.replan import ReplanRequest, Replanner
 from rubberband.report.source import ActualOutcome, ReportSource
 
 # Colour-blind-friendly, distinct at a glance; stage i always gets STAGE_COLORS[i % len].
-STAGE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2",
-                "#EECA3B", "#9D755D", "#FF9DA6", "#79706E", "#1F77B4", "#BCBD22")
-OVERHEAD_COLORS = {"training": "#54A24B", "startup": "#F58518", "idle": "#BAB0AC",
-                   "billing minimum": "#E45756", "data transfer": "#B279A2", "head instance": "#72B7B2"}
+STAGE_COLORS = (
+    "#4C78A8",
+    "#F58518",
+    "#54A24B",
+    "#E45756",
+    "#72B7B2",
+    "#B279A2",
+    "#EECA3B",
+    "#9D755D",
+    "#FF9DA6",
+    "#79706E",
+    "#1F77B4",
+    "#BCBD22",
+)
+OVERHEAD_COLORS = {
+    "training": "#54A24B",
+    "startup": "#F58518",
+    "idle": "#BAB0AC",
+    "billing minimum": "#E45756",
+    "data transfer": "#B279A2",
+    "head instance": "#72B7B2",
+}
 PLAN_COLOR = "#4C78A8"
 STATIC_COLOR = "#E45756"
 ACTUAL_COLOR = "#111111"
 
-PARETO_POINTS = 8          # deadlines in the sweep, from the shortest feasible to PARETO_SPAN times it
+PARETO_POINTS = 8  # deadlines in the sweep, from the shortest feasible to PARETO_SPAN times it
 PARETO_SPAN = 3.0
-PROBE_DEADLINE_S = 1.0     # a deadline no job meets: the planner answers with the shortest feasible one
+PROBE_DEADLINE_S = 1.0  # a deadline no job meets: the planner answers with the shortest feasible one
 
 
 @dataclass(frozen=True)
@@ -118,7 +136,7 @@ class CostData:
     total_usd: float
     by_stage: tuple[Share, ...]
     by_instance_type: tuple[Share, ...]
-    overhead: tuple[Share, ...]          # training first, then each overhead
+    overhead: tuple[Share, ...]  # training first, then each overhead
     overhead_usd: float
     overhead_fraction: float
 
@@ -129,7 +147,7 @@ class GanttData:
 
     title: str
     timeline: Timeline
-    stage_of: dict[tuple[int, int], int]   # (bracket, stage) -> row index in the stage table
+    stage_of: dict[tuple[int, int], int]  # (bracket, stage) -> row index in the stage table
     horizon_s: float
 
 
@@ -176,13 +194,13 @@ class CloudRow:
 class ActualData:
     jct_s: float
     cost_usd: float
-    jct_vs_p50: float          # actual / predicted p50
-    cost_vs_mean: float        # actual / predicted mean
+    jct_vs_p50: float  # actual / predicted p50
+    cost_vs_mean: float  # actual / predicted mean
     jct_quantile: float | None  # share of simulated JCTs below the actual one
     cost_quantile: float | None
     completed: bool
     gantt: GanttData
-    head_usd: float = 0.0            # the run's head instance, part of cost_usd
+    head_usd: float = 0.0  # the run's head instance, part of cost_usd
     predicted_head_usd: float = 0.0  # the plan's mean head cost, part of the predicted mean
 
 
@@ -198,10 +216,11 @@ class ReportData:
     pareto: ParetoData | None
     clouds: tuple[CloudRow, ...] | None
     actual: ActualData | None
-    notes: dict[str, str] = field(default_factory=dict)   # section id -> why it is missing or partial
+    notes: dict[str, str] = field(default_factory=dict)  # section id -> why it is missing or partial
 
 
 # -- building -----------------------------------------------------------------------------------
+
 
 def stage_label(stage: StagePlan, hyperband: bool) -> str:
     return f"B{stage.bracket}·S{stage.stage}" if hyperband else f"stage {stage.stage}"
@@ -216,12 +235,28 @@ def _stage_rows(plan: Plan) -> tuple[StageRow, ...]:
         dist = durations[i] if i < len(durations) else None
         duration = s.predicted_duration_s if s.predicted_duration_s is not None else (dist.p50 if dist else None)
         cost = s.predicted_cost_usd if s.predicted_cost_usd is not None else (costs[i] if i < len(costs) else None)
-        rows.append(StageRow(index=i, label=stage_label(s, hyperband), color=STAGE_COLORS[i % len(STAGE_COLORS)],
-                             bracket=s.bracket, stage=s.stage, trials=s.trials, epochs=s.epochs,
-                             epochs_this_stage=s.epochs_this_stage, cloud=s.cloud, region=s.region,
-                             instance_type=s.instance_type, instances=s.instances,
-                             workers_per_trial=s.workers_per_trial, spot=s.spot, duration_s=duration,
-                             duration_p95_s=dist.p95 if dist else None, cost_usd=cost, zone=s.zone))
+        rows.append(
+            StageRow(
+                index=i,
+                label=stage_label(s, hyperband),
+                color=STAGE_COLORS[i % len(STAGE_COLORS)],
+                bracket=s.bracket,
+                stage=s.stage,
+                trials=s.trials,
+                epochs=s.epochs,
+                epochs_this_stage=s.epochs_this_stage,
+                cloud=s.cloud,
+                region=s.region,
+                instance_type=s.instance_type,
+                instances=s.instances,
+                workers_per_trial=s.workers_per_trial,
+                spot=s.spot,
+                duration_s=duration,
+                duration_p95_s=dist.p95 if dist else None,
+                cost_usd=cost,
+                zone=s.zone,
+            )
+        )
     return tuple(rows)
 
 
@@ -233,19 +268,30 @@ def _costs(plan: Plan, stages: tuple[StageRow, ...]) -> CostData:
     total = plan.predicted.cost_usd.mean
     by_stage = _shares([(r.label, r.cost_usd or 0.0, r.color) for r in stages], total)
     by_type_items = sorted(plan.predicted.cost_by_instance_type.items(), key=lambda kv: -kv[1])
-    by_type = _shares([(name, usd, STAGE_COLORS[i % len(STAGE_COLORS)])
-                       for i, (name, usd) in enumerate(by_type_items)], total)
+    by_type = _shares(
+        [(name, usd, STAGE_COLORS[i % len(STAGE_COLORS)]) for i, (name, usd) in enumerate(by_type_items)], total
+    )
     b = plan.predicted.cost_breakdown
-    parts = [("training", b.training_usd), ("startup", b.startup_usd), ("idle", b.idle_usd),
-             ("billing minimum", b.billing_minimum_usd), ("data transfer", b.transfer_usd),
-             ("head instance", b.head_usd)]
+    parts = [
+        ("training", b.training_usd),
+        ("startup", b.startup_usd),
+        ("idle", b.idle_usd),
+        ("billing minimum", b.billing_minimum_usd),
+        ("data transfer", b.transfer_usd),
+        ("head instance", b.head_usd),
+    ]
     parts = [p for p in parts if p[0] == "training" or p[1] > 0]
     overhead_usd = sum(usd for label, usd in parts if label != "training")
     breakdown_total = sum(usd for _, usd in parts)
     overhead = _shares([(label, usd, OVERHEAD_COLORS[label]) for label, usd in parts], breakdown_total)
-    return CostData(total_usd=total, by_stage=by_stage, by_instance_type=by_type, overhead=overhead,
-                    overhead_usd=overhead_usd,
-                    overhead_fraction=overhead_usd / breakdown_total if breakdown_total > 0 else 0.0)
+    return CostData(
+        total_usd=total,
+        by_stage=by_stage,
+        by_instance_type=by_type,
+        overhead=overhead,
+        overhead_usd=overhead_usd,
+        overhead_fraction=overhead_usd / breakdown_total if breakdown_total > 0 else 0.0,
+    )
 
 
 def _stage_index(plan: Plan) -> dict[tuple[int, int], int]:
@@ -272,25 +318,48 @@ def _summary(plan: Plan, static: Alternative | None) -> Summary:
     ratio = static_cost / p.cost_usd.mean if static_cost is not None and p.cost_usd.mean > 0 else None
     regions = tuple(dict.fromkeys(plan.catalog.regions or [s.region for s in plan.stages]))
     return Summary(
-        job_name=plan.job.name, scheduler=plan.job.scheduler, metric=plan.job.metric, mode=plan.job.mode,
-        deadline_s=plan.deadline_s, confidence=plan.confidence, budget_usd=plan.budget_usd,
-        jct_mean_s=p.jct_s.mean, jct_p50_s=p.jct_s.p50, jct_p95_s=p.jct_s.p95,
-        cost_mean_usd=p.cost_usd.mean, cost_p50_usd=p.cost_usd.p50, cost_p95_usd=p.cost_usd.p95,
-        p_meet_deadline=p.p_meet_deadline, static_name=static.name if static else None,
-        static_cost_mean_usd=static_cost, static_jct_p95_s=static.predicted.jct_s.p95 if static else None,
-        savings_usd=savings, savings_ratio=ratio, clouds=tuple(plan.catalog.clouds), regions=regions,
-        catalog_dates=tuple(sorted(plan.catalog.dates.items())), planner_algorithm=plan.planner.algorithm,
-        planner_samples=plan.planner.samples, planner_seed=plan.planner.seed,
-        planner_seconds=plan.planner.seconds, planner_notes=tuple(plan.planner.notes) + spot_notes(plan),
-        **_asha_fields(plan), brackets_text=_brackets_text(plan))
+        job_name=plan.job.name,
+        scheduler=plan.job.scheduler,
+        metric=plan.job.metric,
+        mode=plan.job.mode,
+        deadline_s=plan.deadline_s,
+        confidence=plan.confidence,
+        budget_usd=plan.budget_usd,
+        jct_mean_s=p.jct_s.mean,
+        jct_p50_s=p.jct_s.p50,
+        jct_p95_s=p.jct_s.p95,
+        cost_mean_usd=p.cost_usd.mean,
+        cost_p50_usd=p.cost_usd.p50,
+        cost_p95_usd=p.cost_usd.p95,
+        p_meet_deadline=p.p_meet_deadline,
+        static_name=static.name if static else None,
+        static_cost_mean_usd=static_cost,
+        static_jct_p95_s=static.predicted.jct_s.p95 if static else None,
+        savings_usd=savings,
+        savings_ratio=ratio,
+        clouds=tuple(plan.catalog.clouds),
+        regions=regions,
+        catalog_dates=tuple(sorted(plan.catalog.dates.items())),
+        planner_algorithm=plan.planner.algorithm,
+        planner_samples=plan.planner.samples,
+        planner_seed=plan.planner.seed,
+        planner_seconds=plan.planner.seconds,
+        planner_notes=tuple(plan.planner.notes) + spot_notes(plan),
+        **_asha_fields(plan),
+        brackets_text=_brackets_text(plan),
+    )
 
 
 def _asha_fields(plan: Plan) -> dict:
     a = plan.asha
     if a is None:
         return {}
-    return {"asha_name": f"{a.instances} × {a.instance_type}", "asha_cost_mean_usd": a.predicted.cost_usd.mean,
-            "asha_jct_p95_s": a.predicted.jct_s.p95, "asha_meets_deadline": a.meets_deadline}
+    return {
+        "asha_name": f"{a.instances} × {a.instance_type}",
+        "asha_cost_mean_usd": a.predicted.cost_usd.mean,
+        "asha_jct_p95_s": a.predicted.jct_s.p95,
+        "asha_meets_deadline": a.meets_deadline,
+    }
 
 
 def _brackets_text(plan: Plan) -> str | None:
@@ -298,8 +367,10 @@ def _brackets_text(plan: Plan) -> str | None:
         return None
     late = [f"bracket {b} +{fmt.duration(o)}" for b, o in enumerate(plan.bracket_offsets_s) if o > 0]
     moves = len(plan.handoffs)
-    return (f"Hyperband brackets run side by side ({'later starts: ' + ', '.join(late) if late else 'all start at once'}"
-            f"); {moves} instance{'s' if moves != 1 else ''} handed between brackets in the typical run.")
+    return (
+        f"Hyperband brackets run side by side ({'later starts: ' + ', '.join(late) if late else 'all start at once'}"
+        f"); {moves} instance{'s' if moves != 1 else ''} handed between brackets in the typical run."
+    )
 
 
 def _quantile_of(value: float, samples: tuple[float, ...]) -> float | None:
@@ -310,18 +381,28 @@ def _quantile_of(value: float, samples: tuple[float, ...]) -> float | None:
 
 def _actual(plan: Plan, actual: ActualOutcome, dists: DistributionData) -> ActualData:
     p = plan.predicted
-    gantt = GanttData(title="Actual allocation", timeline=actual.timeline, stage_of=_stage_index(plan),
-                      horizon_s=max(_horizon(actual.timeline), actual.jct_s))
-    return ActualData(jct_s=actual.jct_s, cost_usd=actual.cost_usd,
-                      jct_vs_p50=actual.jct_s / p.jct_s.p50 if p.jct_s.p50 > 0 else math.nan,
-                      cost_vs_mean=actual.cost_usd / p.cost_usd.mean if p.cost_usd.mean > 0 else math.nan,
-                      jct_quantile=_quantile_of(actual.jct_s, dists.jct_samples_s),
-                      cost_quantile=_quantile_of(actual.cost_usd, dists.cost_samples_usd),
-                      completed=actual.completed, gantt=gantt, head_usd=actual.head_usd,
-                      predicted_head_usd=p.cost_breakdown.head_usd)
+    gantt = GanttData(
+        title="Actual allocation",
+        timeline=actual.timeline,
+        stage_of=_stage_index(plan),
+        horizon_s=max(_horizon(actual.timeline), actual.jct_s),
+    )
+    return ActualData(
+        jct_s=actual.jct_s,
+        cost_usd=actual.cost_usd,
+        jct_vs_p50=actual.jct_s / p.jct_s.p50 if p.jct_s.p50 > 0 else math.nan,
+        cost_vs_mean=actual.cost_usd / p.cost_usd.mean if p.cost_usd.mean > 0 else math.nan,
+        jct_quantile=_quantile_of(actual.jct_s, dists.jct_samples_s),
+        cost_quantile=_quantile_of(actual.cost_usd, dists.cost_samples_usd),
+        completed=actual.completed,
+        gantt=gantt,
+        head_usd=actual.head_usd,
+        predicted_head_usd=p.cost_breakdown.head_usd,
+    )
 
 
 # -- re-planning sections -------------------------------------------------------------------------
+
 
 def _static_cost(plan: Plan) -> float | None:
     static = plan.baselines.get("static")
@@ -351,15 +432,25 @@ def build_pareto(plan: Plan, replan: Replanner) -> tuple[ParetoData | None, str]
         except RubberbandError as exc:
             failures.append(f"{fmt.duration(deadline)}: {exc.message}")
             continue
-        points.append(ParetoPoint(deadline_s=deadline, cost_usd=alt.predicted.cost_usd.mean,
-                                  jct_p95_s=alt.predicted.jct_s.p95, p_meet_deadline=alt.predicted.p_meet_deadline,
-                                  static_cost_usd=_static_cost(alt)))
+        points.append(
+            ParetoPoint(
+                deadline_s=deadline,
+                cost_usd=alt.predicted.cost_usd.mean,
+                jct_p95_s=alt.predicted.jct_s.p95,
+                p_meet_deadline=alt.predicted.p_meet_deadline,
+                static_cost_usd=_static_cost(alt),
+            )
+        )
     if not points:
         return None, "no deadline in the sweep could be planned (" + "; ".join(failures[:2]) + ")"
     note = f"{len(failures)} of {PARETO_POINTS} deadlines could not be planned" if failures else ""
-    return ParetoData(shortest_jct_s=shortest, points=tuple(points), chosen_deadline_s=plan.deadline_s,
-                      chosen_cost_usd=plan.predicted.cost_usd.mean,
-                      chosen_static_cost_usd=_static_cost(plan)), note
+    return ParetoData(
+        shortest_jct_s=shortest,
+        points=tuple(points),
+        chosen_deadline_s=plan.deadline_s,
+        chosen_cost_usd=plan.predicted.cost_usd.mean,
+        chosen_static_cost_usd=_static_cost(plan),
+    ), note
 
 
 def _types_text(plan: Plan) -> str:
@@ -371,9 +462,18 @@ def _types_text(plan: Plan) -> str:
 
 def _row_from_plan(label: str, cloud: str, spot: bool, current: bool, plan: Plan) -> CloudRow:
     p = plan.predicted
-    return CloudRow(label=label, cloud=cloud, spot=spot, current=current, feasible=True,
-                    instance_types=_types_text(plan), jct_p50_s=p.jct_s.p50, jct_p95_s=p.jct_s.p95,
-                    cost_mean_usd=p.cost_usd.mean, p_meet_deadline=p.p_meet_deadline)
+    return CloudRow(
+        label=label,
+        cloud=cloud,
+        spot=spot,
+        current=current,
+        feasible=True,
+        instance_types=_types_text(plan),
+        jct_p50_s=p.jct_s.p50,
+        jct_p95_s=p.jct_s.p95,
+        cost_mean_usd=p.cost_usd.mean,
+        p_meet_deadline=p.p_meet_deadline,
+    )
 
 
 def build_clouds(plan: Plan, replan: Replanner) -> tuple[CloudRow, ...]:
@@ -381,12 +481,22 @@ def build_clouds(plan: Plan, replan: Replanner) -> tuple[CloudRow, ...]:
     own_clouds = sorted({s.cloud for s in plan.stages})
     own_spot = any(s.spot for s in plan.stages)
     spot_cloud = own_clouds[0] if len(own_clouds) == 1 else None
-    variants = [("AWS, on-demand", "aws", False), ("GCP, on-demand", "gcp", False),
-                (f"{spot_cloud.upper()}, spot allowed" if spot_cloud else "spot allowed", spot_cloud or "", True)]
+    variants = [
+        ("AWS, on-demand", "aws", False),
+        ("GCP, on-demand", "gcp", False),
+        (f"{spot_cloud.upper()}, spot allowed" if spot_cloud else "spot allowed", spot_cloud or "", True),
+    ]
     rows: list[CloudRow] = []
     if not any((cloud, spot) == (spot_cloud, own_spot) for _, cloud, spot in variants):
-        rows.append(_row_from_plan(f"this plan ({', '.join(own_clouds)}{', spot' if own_spot else ''})",
-                                   "+".join(own_clouds), own_spot, True, plan))
+        rows.append(
+            _row_from_plan(
+                f"this plan ({', '.join(own_clouds)}{', spot' if own_spot else ''})",
+                "+".join(own_clouds),
+                own_spot,
+                True,
+                plan,
+            )
+        )
     for label, cloud, spot in variants:
         if (cloud, spot) == (spot_cloud, own_spot):
             rows.append(_row_from_plan(label, cloud, spot, True, plan))
@@ -398,12 +508,19 @@ def build_clouds(plan: Plan, replan: Replanner) -> tuple[CloudRow, ...]:
             extra = ""
             if exc.shortest_jct_s is not None:
                 extra = f"; shortest feasible deadline {fmt.duration(exc.shortest_jct_s)}"
-            rows.append(CloudRow(label=label, cloud=cloud, spot=spot, current=False, feasible=False,
-                                 note=f"cannot meet the deadline{extra}"))
+            rows.append(
+                CloudRow(
+                    label=label,
+                    cloud=cloud,
+                    spot=spot,
+                    current=False,
+                    feasible=False,
+                    note=f"cannot meet the deadline{extra}",
+                )
+            )
             continue
         except RubberbandError as exc:
-            rows.append(CloudRow(label=label, cloud=cloud, spot=spot, current=False, feasible=False,
-                                 note=exc.message))
+            rows.append(CloudRow(label=label, cloud=cloud, spot=spot, current=False, feasible=False, note=exc.message))
             continue
         rows.append(_row_from_plan(label, cloud, spot, False, alt))
     return tuple(rows)
@@ -411,8 +528,13 @@ def build_clouds(plan: Plan, replan: Replanner) -> tuple[CloudRow, ...]:
 
 # -- entry point ----------------------------------------------------------------------------------
 
-def build_report_data(source: ReportSource, *, replan: Replanner | None = None,
-                      replan_missing: str = "no planner was given to re-plan with") -> ReportData:
+
+def build_report_data(
+    source: ReportSource,
+    *,
+    replan: Replanner | None = None,
+    replan_missing: str = "no planner was given to re-plan with",
+) -> ReportData:
     """Compute everything the report shows. ``replan`` feeds the what-if sections."""
     plan = source.plan
     notes: dict[str, str] = {}
@@ -429,11 +551,14 @@ def build_report_data(source: ReportSource, *, replan: Replanner | None = None,
         static_gantt = _gantt(f"Static baseline ({static.name})", static.timeline, stage_of)
     if static_gantt is None:
         notes["gantt_static"] = "no static baseline timeline in the plan"
-    dists = DistributionData(jct_samples_s=tuple(plan.predicted.jct_samples_s),
-                             cost_samples_usd=tuple(plan.predicted.cost_samples_usd))
+    dists = DistributionData(
+        jct_samples_s=tuple(plan.predicted.jct_samples_s), cost_samples_usd=tuple(plan.predicted.cost_samples_usd)
+    )
     if not dists.jct_samples_s:
-        notes["distributions"] = ("the plan carries summary statistics only (no simulated samples); "
-                                  "re-run `rubberband plan` with a planner that keeps samples")
+        notes["distributions"] = (
+            "the plan carries summary statistics only (no simulated samples); "
+            "re-run `rubberband plan` with a planner that keeps samples"
+        )
     pareto = clouds = None
     if replan is None:
         notes["pareto"] = notes["clouds"] = f"omitted: {replan_missing}"
@@ -444,10 +569,19 @@ def build_report_data(source: ReportSource, *, replan: Replanner | None = None,
         clouds = build_clouds(plan, replan)
     actual_outcome = source.actual()
     actual = _actual(plan, actual_outcome, dists) if actual_outcome is not None else None
-    return ReportData(source_label=source.label, summary=_summary(plan, static), stages=stages,
-                      costs=_costs(plan, stages), plan_gantt=plan_gantt, static_gantt=static_gantt,
-                      distributions=dists, pareto=pareto, clouds=clouds, actual=actual, notes=notes)
-
+    return ReportData(
+        source_label=source.label,
+        summary=_summary(plan, static),
+        stages=stages,
+        costs=_costs(plan, stages),
+        plan_gantt=plan_gantt,
+        static_gantt=static_gantt,
+        distributions=dists,
+        pareto=pareto,
+        clouds=clouds,
+        actual=actual,
+        notes=notes,
+    )
 
 
 def spot_notes(plan: Plan) -> tuple[str, ...]:
@@ -456,9 +590,13 @@ def spot_notes(plan: Plan) -> tuple[str, ...]:
     if info is None:
         return ()
     spot = sum(1 for s in plan.stages if s.spot)
-    zones = ", ".join(f"{z.instance_type} {z.zone}: {z.preemption_rate_per_h:.2f} preemptions/h, "
-                      f"P(no capacity) {z.p_unavailable:.0%}" for z in info.zones
-                      if any(s.spot and s.zone == z.zone and s.instance_type == z.instance_type for s in plan.stages))
-    return (f"Spot: {spot} of {len(plan.stages)} stages on spot; P(meet) and cost include preemptions "
-            f"(checkpoint every {info.checkpoint_epochs} epoch{'s' if info.checkpoint_epochs != 1 else ''}, "
-            f"Uniform-Progress fall-back to on-demand){': ' + zones if zones else ''}; model: {info.model_source}.",)
+    zones = ", ".join(
+        f"{z.instance_type} {z.zone}: {z.preemption_rate_per_h:.2f} preemptions/h, P(no capacity) {z.p_unavailable:.0%}"
+        for z in info.zones
+        if any(s.spot and s.zone == z.zone and s.instance_type == z.instance_type for s in plan.stages)
+    )
+    return (
+        f"Spot: {spot} of {len(plan.stages)} stages on spot; P(meet) and cost include preemptions "
+        f"(checkpoint every {info.checkpoint_epochs} epoch{'s' if info.checkpoint_epochs != 1 else ''}, "
+        f"Uniform-Progress fall-back to on-demand){': ' + zones if zones else ''}; model: {info.model_source}.",
+    )

@@ -81,9 +81,20 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
 
             fitted = load_spot_model()
             spot_model, spot_source = fitted.market_model(), f"shipped default ({fitted.source})"
-        return plan_job(job, profile, catalog, deadline_s=request.deadline_s, cloud=request.cloud,
-                        samples=request.samples, seed=plan.planner.seed, heads=heads,
-                        brackets=plan.brackets, asha=False, spot_model=spot_model, spot_source=spot_source or "")
+        return plan_job(
+            job,
+            profile,
+            catalog,
+            deadline_s=request.deadline_s,
+            cloud=request.cloud,
+            samples=request.samples,
+            seed=plan.planner.seed,
+            heads=heads,
+            brackets=plan.brackets,
+            asha=False,
+            spot_model=spot_model,
+            spot_source=spot_source or "",
+        )
 
     return replan, ""
 

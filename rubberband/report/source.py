@@ -96,17 +96,26 @@ class RunSource:
         state = J.read_state(run_dir)  # RunDirError (exit 2) when it is not a run directory
         plan = Plan.model_validate(state.plan)
         t0 = state.first_started_at
-        end = state.ended_at or max([t0] + [life.terminated_at or life.requested_at
-                                             for life in state.instances.values()])
+        end = state.ended_at or max(
+            [t0] + [life.terminated_at or life.requested_at for life in state.instances.values()]
+        )
         instances = []
         for life in sorted(state.instances.values(), key=lambda i: i.requested_at):
             released = life.terminated_at or end
             rule = BILLING_RULES.get(life.cloud, BILLING_RULES["aws"])
-            instances.append(TimelineInstance(
-                id=life.id, instance_type=life.instance_type, cloud=life.cloud, first_stage=life.stage,
-                last_stage=life.stage, requested_s=life.requested_at - t0,
-                ready_s=(life.ready_at or released) - t0, released_s=released - t0,
-                cost_usd=rule.cost(released - life.requested_at, life.price_hr)))
+            instances.append(
+                TimelineInstance(
+                    id=life.id,
+                    instance_type=life.instance_type,
+                    cloud=life.cloud,
+                    first_stage=life.stage,
+                    last_stage=life.stage,
+                    requested_s=life.requested_at - t0,
+                    ready_s=(life.ready_at or released) - t0,
+                    released_s=released - t0,
+                    cost_usd=rule.cost(released - life.requested_at, life.price_hr),
+                )
+            )
         tasks, open_tasks = [], {}
         for event in J.iter_events(run_dir / J.JOURNAL_NAME):
             if event["type"] == J.TRIAL_STARTED:
@@ -114,12 +123,17 @@ class RunSource:
             elif event["type"] == J.TRIAL_STOPPED and event["trial_id"] in open_tasks:
                 began = open_tasks.pop(event["trial_id"])
                 stage = plan.stages[began["stage"]] if began["stage"] < len(plan.stages) else None
-                tasks.append(TimelineTask(trial=int(event["trial_id"].rsplit("t", 1)[-1] or 0),
-                                          stage=stage.stage if stage else began["stage"],
-                                          bracket=stage.bracket if stage else 0,
-                                          instance_ids=list(began.get("instances", [])),
-                                          workers=int(began.get("workers", 1)),
-                                          start_s=began["t"] - t0, end_s=event["t"] - t0))
+                tasks.append(
+                    TimelineTask(
+                        trial=int(event["trial_id"].rsplit("t", 1)[-1] or 0),
+                        stage=stage.stage if stage else began["stage"],
+                        bracket=stage.bracket if stage else 0,
+                        instance_ids=list(began.get("instances", [])),
+                        workers=int(began.get("workers", 1)),
+                        start_s=began["t"] - t0,
+                        end_s=event["t"] - t0,
+                    )
+                )
         result_path = run_dir / "result.json"
         result = json.loads(result_path.read_text()) if result_path.exists() else None
         if result is not None:
@@ -136,7 +150,13 @@ class RunSource:
 
                 head_usd = bill_head(state.head, now=end).cost_usd
                 cost += head_usd
-        outcome = ActualOutcome(jct_s=jct, cost_usd=cost, timeline=Timeline(instances=instances, tasks=tasks),
-                                stage_duration_s=durations, stage_cost_usd=costs,
-                                completed=state.status == "finished", head_usd=head_usd)
+        outcome = ActualOutcome(
+            jct_s=jct,
+            cost_usd=cost,
+            timeline=Timeline(instances=instances, tasks=tasks),
+            stage_duration_s=durations,
+            stage_cost_usd=costs,
+            completed=state.status == "finished",
+            head_usd=head_usd,
+        )
         return cls(plan=plan, label=f"run {state.run_id}", outcome=outcome)

@@ -15,7 +15,7 @@ def _data(rank: int, world_size: int, n: int = 64):
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     idx = list(range(rank, n, world_size))  # DistributedSampler-style sharding
     xs, ys = x[idx], y[idx]
-    return [(xs[j:j + 4], ys[j:j + 4]) for j in range(0, len(idx), 4)]
+    return [(xs[j : j + 4], ys[j : j + 4]) for j in range(0, len(idx), 4)]
 
 
 def train(config, ctx):
