@@ -1312,6 +1312,7 @@ class Controller:
                     id=instance,
                     previous=(Market.SPOT if was else Market.ON_DEMAND).value,
                     confidence=self.plan.confidence,
+                    quantile=S.DECISION_QUANTILE,  # of the predictions the decision saw (the simulator's)
                     **S.decision_fields(situation, market, self.spot_policy.margin_s),
                     reason=why + note,
                 )

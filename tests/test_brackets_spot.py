@@ -155,6 +155,7 @@ def test_lost_spot_instance_with_slack_on_the_critical_path_is_replaced_on_spot(
         "slack_s",
         "margin_s",
         "confidence",
+        "quantile",
         "for_stage",
         "reason",
     }
