@@ -1612,13 +1612,9 @@ class Controller:
         decision = {**decision, "trigger": "failover", "unavailable": unavailable}
         stages: list[StagePlan] | None = None
         note = ""
-        if self.replanner is not None:
-            try:
-                candidate = self.replanner(request)
-                if isinstance(candidate, ReplanAnswer):
-                    candidate = candidate.proposal
-            except Exception as exc:  # noqa: BLE001 - fall back to stand-ins
-                candidate, note = None, f"re-planner failed: {exc}"
+        if self.replanner is not None:  # without one: stand-ins, and no note
+            answer, note = self._ask_replanner(request)  # failed or proposed nothing: stand-ins, and why
+            candidate = answer.proposal
             if candidate is not None:
                 problem = proposal_problem(candidate.stages, rest, unavailable=unavailable, key_of=self._planned_key)
                 if problem is not None:
@@ -1630,8 +1626,6 @@ class Controller:
                         proposal_cost_usd=candidate.predicted.cost_usd.mean,
                         proposal_p_meet=candidate.predicted.p_meet_deadline,
                     )
-            else:
-                note = note or "re-planner proposed nothing"
         if stages is None:
             stages, substitutions = stand_in_stages(
                 rest,
