@@ -45,8 +45,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(REPO / "bench"))
 
 import synthetic  # noqa: E402  (the workload whose truth is known)
+from bench_sim_vs_local import cli_run  # noqa: E402  (`rubberband run SPEC --plan PLAN ...`, shared)
 
 PS = (0.5, 0.9, 0.99)
 FACTORS = (1.0, 1.1, 1.25, 1.5, 2.0)
@@ -241,31 +243,10 @@ def real_runs(name: str, overrides: dict, workdir: Path, n: int, args) -> None:
         plan_path = runs / f"plan-{k}.json"
         write_plan(plan, plan_path)
         run_dir = runs / f"run-{k}"
-        began = time.monotonic()
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rubberband",
-                "run",
-                str(spec_path),
-                "--plan",
-                str(plan_path),
-                "--run-dir",
-                str(run_dir),
-                "--yes",
-                "--overrun",
-                "none",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        wall = time.monotonic() - began
-        result_file = run_dir / "result.json"
-        if done.returncode == 2 or not result_file.exists():
-            print(f"run {k}: exit {done.returncode}, no result.json: {done.stderr.strip()[-300:]}")
+        result, wall, code, tail = cli_run(spec_path, plan_path, run_dir)
+        if code == 2 or result is None:
+            print(f"run {k}: no result.json: {tail[-300:]}")
             continue
-        result = json.loads(result_file.read_text())
         row = {
             "deadline": deadline,
             "p_meet": plan.predicted.p_meet_deadline,
@@ -279,7 +260,7 @@ def real_runs(name: str, overrides: dict, workdir: Path, n: int, args) -> None:
         rows.append(row)
         print(
             f"run {k}: deadline {deadline:.1f} s, predicted JCT p50 {row['pred_jct']:.1f} s, cost "
-            f"${row['pred_cost']:.6f}, P(meet) {row['p_meet']:.3f} | exit {done.returncode}, JCT {row['jct']:.1f} s "
+            f"${row['pred_cost']:.6f}, P(meet) {row['p_meet']:.3f} | exit {code}, JCT {row['jct']:.1f} s "
             f"(command {wall:.1f} s), cost ${row['cost']:.6f}, {'met' if row['met'] else 'LATE'}; "
             f"load average {os.getloadavg()[0]:.1f}"
         )

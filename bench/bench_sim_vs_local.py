@@ -194,8 +194,9 @@ def leftovers(run_dir: Path) -> list[int]:
     return pids
 
 
-def cli_run(spec_path: Path, plan_path: Path, run_dir: Path, *extra: str) -> tuple[dict | None, float, str]:
-    """``rubberband run SPEC --plan PLAN --run-dir DIR --yes --overrun none [extra]``: (result, wall s, stderr tail)."""
+def cli_run(spec_path: Path, plan_path: Path, run_dir: Path, *extra: str) -> tuple[dict | None, float, int, str]:
+    """``rubberband run SPEC --plan PLAN --run-dir DIR --yes --overrun none [extra]``: (result, wall s, exit code,
+    stderr tail); the run's output is kept beside its directory (``DIR.log``)."""
     began = time.monotonic()
     done = subprocess.run(
         [
@@ -220,7 +221,7 @@ def cli_run(spec_path: Path, plan_path: Path, run_dir: Path, *extra: str) -> tup
     (run_dir.parent / f"{run_dir.name}.log").write_text(done.stdout + done.stderr)
     result_file = run_dir / "result.json"
     result = json.loads(result_file.read_text()) if result_file.exists() else None
-    return result, wall, f"exit {done.returncode}: {done.stderr.strip()[-400:]}"
+    return result, wall, done.returncode, f"exit {done.returncode}: {done.stderr.strip()[-400:]}"
 
 
 def real_runs(spec_path: Path, plan_path: Path, k: int, base: Path) -> list[dict]:
@@ -228,7 +229,7 @@ def real_runs(spec_path: Path, plan_path: Path, k: int, base: Path) -> list[dict
     for i in range(k):
         run_dir = base / f"real-{i}"
         load_before = os.getloadavg()[0]
-        result, wall, tail = cli_run(spec_path, plan_path, run_dir)
+        result, wall, _, tail = cli_run(spec_path, plan_path, run_dir)
         load_after = os.getloadavg()[0]
         left = leftovers(run_dir)
         if left:
@@ -374,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.spec} plans for {plan.stages[0].cloud}; this bench runs the local backend")
         print(f"... planned; simulating {args.seeds} seeds", file=sys.stderr)
         sim = simulate("local", inputs, plan, args.seeds, base, inspect=overheads, overrun_s=math.inf)
-        result, wall, tail = cli_run(spec_path, plan_path, base / "cli-sim", "--cloud", "sim")
+        result, wall, _, tail = cli_run(spec_path, plan_path, base / "cli-sim", "--cloud", "sim")
         cli = None if result is None else {"result": result, "wall": wall, "seed": inputs.spec.seed}
         if result is None:
             print(f"CLI --cloud sim run: no result.json ({tail})", file=sys.stderr)
