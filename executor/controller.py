@@ -312,7 +312,6 @@ class Controller:
         self.iteration_latencies: dict[str, list[float]] = {}
         self.startup_seconds: dict[str, list[float]] = {}
         self.prefetched: set[int] = set()
-        self.max_instance_losses = max_instance_losses
         self.loss_policy = LossPolicy(max_instance_losses)  # replace a lost instance while needed, up to the limit
         self.losses = 0  # instances lost while this executor ran
         self.counted_losses = 0  # those that count toward the limit (not spot interruptions)
@@ -1009,7 +1008,7 @@ class Controller:
         if self.loss_policy.exhausted(self.counted_losses):
             raise ExecutionError(
                 f"{self.counted_losses} instances were lost during this run, not counting spot "
-                f"interruptions (limit {self.max_instance_losses}); the cloud keeps taking them "
+                f"interruptions (limit {self.loss_policy.max_losses}); the cloud keeps taking them "
                 f"away — resume later with `rubberband run --resume {self.run_dir}`"
             )
 
