@@ -334,7 +334,8 @@ def provision_with_failover(
 
     A spot request with ``on_demand_fallback`` walks the same zones and types again on-demand once spot has
     no capacity (or quota) anywhere (``on_demand_alternatives``: the types to try then, default
-    ``alternatives``); the result's ``spot`` says which market it got and each :class:`Attempt` names it.
+    ``alternatives``; the request's ``on_demand_type``, where set, before all of them); the result's ``spot``
+    says which market it got and each :class:`Attempt` names it.
 
     Providers retry transient errors themselves (bounded backoff, same idempotency
     token); one that still surfaces stops here, like a fatal error. Capacity and quota
@@ -347,7 +348,15 @@ def provision_with_failover(
     for spot in _market_steps(request, on_demand_fallback):
         others = alternatives if spot or on_demand_alternatives is None else on_demand_alternatives
         market = "spot" if spot else "on_demand"
-        for itype, zone in policy.candidates(request.instance_type, others, request.zone):
+        primary, preferred = request.instance_type, request.zone
+        if not spot and request.on_demand_type is not None and request.on_demand_type.key != primary.key:
+            # on-demand for a spot stage: the plan's fall-back type first, then the requested type, then the rest
+            primary, preferred = request.on_demand_type, None
+            others = [
+                request.instance_type,
+                *(t for t in others if t.key not in (primary.key, request.instance_type.key)),
+            ]
+        for itype, zone in policy.candidates(primary, others, preferred):
             if policy.is_blocked(itype, zone, spot):
                 attempts.append(
                     Attempt(itype.cloud, itype.region, zone, itype.name, "skipped", "blocked", market=market)

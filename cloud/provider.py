@@ -54,6 +54,8 @@ class InstanceRequest:
     extra_tags: dict[str, str] = field(default_factory=dict)
     max_lifetime_s: float | None = None  # hard cap enforced by the cloud where it can (GCE maxRunDuration)
     on_demand_fallback: bool = False  # a spot request may fall over to on-demand when no zone has spot capacity
+    # the type that fall-over tries first (the plan's fall-back type for the stage); None: ``instance_type``
+    on_demand_type: InstanceType | None = None
 
     def tags(self, version: str) -> dict[str, str]:
         return {

@@ -569,6 +569,15 @@ class Controller:
     def _same_type(self, a: StagePlan, b: StagePlan) -> bool:
         return self._stage_itype(a).key == self._stage_itype(b).key and a.spot == b.spot
 
+    def _serves(self, entry: PoolInstance, stage: StagePlan) -> bool:
+        """Whether ``entry`` may run ``stage``'s trials: the stage's type on a market that fits, or (a spot stage
+        moved to on-demand) its fall-back type bought on-demand."""
+        if not self._fits(entry.spot, stage):
+            return False
+        if entry.itype.key == self._stage_itype(stage).key:
+            return True
+        return not entry.spot and entry.itype.key == self._fallback_itype(stage).key
+
     def _fits(self, spot: bool, stage: StagePlan) -> bool:
         """Whether an instance bought on this market may serve ``stage``: its planned market, or on-demand for a
         spot stage once the spot policy moved the run's spot work to on-demand (those instances carry over)."""
@@ -1025,11 +1034,7 @@ class Controller:
         for p in list(self.pool.values()):
             if p.released or p.assigned_stage >= g:
                 continue
-            if (
-                p.itype.key == itype.key
-                and self._fits(p.spot, stage)
-                and (len(self._stage_pool(g)) < stage.instances or not self.elastic)
-            ):
+            if self._serves(p, stage) and (len(self._stage_pool(g)) < stage.instances or not self.elastic):
                 p.assigned_stage = g
                 self.journal.record(J.Decision(kind="keep", id=p.id or p.token, stage=g))
             else:
@@ -1043,9 +1048,14 @@ class Controller:
                 self._request(g, itype, spot)
 
     def _request(self, g: int, itype: InstanceType, spot: bool) -> PoolInstance:
-        # no spot capacity anywhere: on-demand, where the stage allows it
+        """Request one ``itype`` for stage ``g``; a spot stage's instance bought on-demand (the spot policy's
+        decision, or no spot capacity anywhere where the stage allows it) is of its fall-back type."""
+        stage = self.plan.stages[g]
+        fallback = self._fallback_itype(stage) if S.stage_market(stage) is Market.SPOT else None
+        if fallback is not None and not spot:
+            itype = fallback
         return self.instances.request(
-            g, itype, spot, on_demand_fallback=spot and S.on_demand_allowed(self.plan.stages[g])
+            g, itype, spot, on_demand_fallback=spot and S.on_demand_allowed(stage), on_demand_type=fallback
         )
 
     def _collect_provisioned(self) -> None:
@@ -1128,8 +1138,7 @@ class Controller:
         """How many of ``entries`` the stage ``nxt`` could keep: its type and market, and no preemption notice."""
         if nxt is None:
             return 0
-        key = self._stage_itype(nxt).key
-        return sum(1 for e in entries if e.itype.key == key and self._fits(e.spot, nxt) and e.id not in self._noticed)
+        return sum(1 for e in entries if self._serves(e, nxt) and e.id not in self._noticed)
 
     def _prefetch_lead(self, itype: InstanceType) -> float:
         """The prefetch policy's lead time for ``itype``: its start-up quantile over what this run measured,
@@ -1183,12 +1192,23 @@ class Controller:
     def _spot_situation(self, *, waiting: int, replacing: bool) -> SpotSituation:
         """What the spot policy looks at, from now: time to the deadline, the run's predicted remaining time at the
         simulator's quantile (:meth:`_work_left_s`; plus a replacement's start-up when one is awaited), and one restart
-        of the current stage."""
+        of the current stage.
+
+        Where the stage falls back to a slower (or faster) type, the work that would run there counts at that
+        type's speed, as the simulator counts it: one trial's task for a replacement, else the stage's rest."""
         g = min(self.stage_index, len(self.plan.stages) - 1)
         stage = self.plan.stages[g]
         now = self.clock.time()
         lead = self._prefetch_lead(self._stage_itype(stage))
         work = self._work_left_s(g, waiting=waiting, awaited_s=lead if replacing else 0.0)
+        slow = stage.fallback_slowdown if stage.fallback_instance_type and stage.fallback_slowdown else 1.0
+        if slow != 1.0:
+            moved = (
+                self._per_trial_s(g)
+                if replacing
+                else self._stages_left_s(g, g + 1, waiting=waiting, running=list(self.running.values()), awaited_s=0.0)
+            )
+            work = max(0.0, work + (slow - 1.0) * moved)
         key = f"{stage.instance_type}/{stage.workers_per_trial}"
         interval = (
             statistics.mean(self.epoch_seconds[key])
@@ -1571,6 +1591,13 @@ class Controller:
 
     def _planned_type(self, stage: StagePlan) -> InstanceType:
         return self.catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+
+    def _fallback_itype(self, stage: StagePlan) -> InstanceType:
+        """What a spot stage's instances are bought as on-demand: the plan's fall-back type (cheaper per epoch),
+        else the stage's own type."""
+        if stage.fallback_instance_type and S.stage_market(stage) is Market.SPOT:
+            return self.catalog.find(stage.fallback_instance_type, cloud=stage.cloud, region=stage.region)
+        return self._stage_itype(stage)
 
     def _unavailable(self, stages: list[StagePlan]) -> list[str]:
         """Keys of the planned types of ``stages`` failover found unavailable (substituted, or every zone blocked)."""

@@ -44,6 +44,7 @@ class PoolInstance:
     terminated_at: float | None = None
     warming: list = field(default_factory=list)  # ping refs of its warm workers, while they start
     replaces: str | None = None  # the noticed instance it replaces (kept while that one's trials move over)
+    on_demand_type: InstanceType | None = None  # a spot request's fall-back type, if it falls over to on-demand
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,10 @@ class Arrival:
 
     @property
     def substituted(self) -> bool:
-        return self.entry.itype.key != self.requested.key
+        """Failover took another type (not the plan's fall-back type of a spot request bought on-demand)."""
+        fallback = self.entry.on_demand_type
+        planned = self.moved_to_on_demand and fallback is not None and self.entry.itype.key == fallback.key
+        return self.entry.itype.key != self.requested.key and not planned
 
 
 class InstancePool:
@@ -95,12 +99,29 @@ class InstancePool:
         return [p for p in self.entries.values() if p.assigned_stage == g and not p.released]
 
     # -- effects -------------------------------------------------------------------------------
-    def request(self, g: int, itype: InstanceType, spot: bool, *, on_demand_fallback: bool) -> PoolInstance:
-        """Send one request for stage ``g`` (it runs until the instance is up and joined)."""
+    def request(
+        self,
+        g: int,
+        itype: InstanceType,
+        spot: bool,
+        *,
+        on_demand_fallback: bool,
+        on_demand_type: InstanceType | None = None,
+    ) -> PoolInstance:
+        """Send one request for stage ``g`` (it runs until the instance is up and joined); ``on_demand_type``: what
+        a spot request that finds no spot capacity buys on-demand (default ``itype``)."""
         self._tokens += 1
-        entry = PoolInstance(token=f"req{self._tokens}", itype=itype, spot=spot, assigned_stage=g)
+        entry = PoolInstance(
+            token=f"req{self._tokens}", itype=itype, spot=spot, assigned_stage=g, on_demand_type=on_demand_type
+        )
         request = InstanceRequest(
-            run_id=self.run_id, stage=g, instance_type=itype, count=1, spot=spot, on_demand_fallback=on_demand_fallback
+            run_id=self.run_id,
+            stage=g,
+            instance_type=itype,
+            count=1,
+            spot=spot,
+            on_demand_fallback=on_demand_fallback,
+            on_demand_type=on_demand_type,
         )
         entry.future = self.provisioner.submit(self.backend.provision, request)
         self.entries[entry.token] = entry
@@ -131,10 +152,11 @@ class InstancePool:
         requested = entry.itype
         obtained, zone, attempts, spot = self._obtained(entry, instance)
         moved = spot != entry.spot
+        planned = moved and entry.on_demand_type is not None and obtained.key == entry.on_demand_type.key
         if obtained.key != requested.key or moved:  # failover gave another type or market
             why = (
                 f"{requested.name} unavailable in every zone; failover took {obtained.name}"
-                if obtained.key != requested.key
+                if obtained.key != requested.key and not planned
                 else ""
             )
             fields: dict[str, Any] = dict(
@@ -150,6 +172,7 @@ class InstancePool:
             if moved:
                 fields.update(requested_market="spot", obtained_market="on_demand")
                 why = (why + "; " if why else "") + "no spot capacity in any zone: on-demand"
+                why += f" on the plan's fall-back type {obtained.name}" if planned else ""
             fields["reason"] = why
             self.journal.record(J.Decision(kind="failover", **fields))
             entry.itype = obtained  # billed as the type obtained; the stage runs on it

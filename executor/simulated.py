@@ -356,6 +356,8 @@ class SimBackend:
                     attempts=[tried],
                 )
             spot, model = False, None
+            itype = request.on_demand_type or itype  # the plan's fall-back type, where it names one
+            zone_name = itype.zones[0] if itype.zones else itype.region
             obtained = Obtained(
                 itype,
                 zone_name,

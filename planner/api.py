@@ -49,7 +49,15 @@ from rubberband.planner.search import (
     simple_moves,
     with_markets,
 )
-from rubberband.planner.spot import ModelScenario, SpotMarketModel, SpotScenario, SpotSetup, ZoneModel, model_setup
+from rubberband.planner.spot import (
+    ModelScenario,
+    SpotMarketModel,
+    SpotScenario,
+    SpotSetup,
+    ZoneModel,
+    cheapest_fallbacks,
+    model_setup,
+)
 from rubberband.planner.simulator import (
     HeadSpec,
     RunningState,
@@ -150,17 +158,23 @@ def stage_plans(
     result: SimResult | None,
     spot: bool = False,
     model: PerformanceModel | None = None,
-    zones: Mapping[tuple[str, str, str], str] | None = None,
+    spot_setup: SpotSetup | None = None,
 ) -> list[StagePlan]:
     """The plan's stages; with ``model``, each says its median task time (``predicted_task_s``), from which
-    the executor times the next stage's prefetch before a trial has finished, as the simulator does."""
+    the executor times the next stage's prefetch before a trial has finished, as the simulator does. With
+    ``spot_setup`` too, a spot stage says its zone and its trials' fall-back type (and how much slower it is)."""
     out = []
     tasks: list[float | None] = [None] * len(configs)
+    sim = None
     if model is not None:
-        sim = Simulator(stages, model, samples=1)
+        sim = Simulator(stages, model, samples=1, spot_setup=spot_setup)
         normal = [normalise(c, s.trials) for c, s in zip(configs, stages)]
         tasks = [sum(sim.task_time(i, c, normal[i - 1] if i else None)) for i, c in enumerate(normal)]
+    zones = {} if spot_setup is None else spot_setup.zones
     for i, (st, c) in enumerate(zip(stages, configs)):
+        moved_to = None if spot_setup is None or not c.spot else spot_setup.fallback(c.instance_type)
+        if moved_to is not None and moved_to.key == c.instance_type.key:
+            moved_to = None
         out.append(
             StagePlan(
                 bracket=st.bracket,
@@ -174,9 +188,13 @@ def stage_plans(
                 instances=c.instances,
                 workers_per_trial=c.workers,
                 spot=spot or c.spot,
-                zone=(zones or {}).get((c.instance_type.cloud, c.instance_type.region, c.instance_type.name))
+                zone=zones.get((c.instance_type.cloud, c.instance_type.region, c.instance_type.name))
                 if c.spot
                 else None,
+                fallback_instance_type=None if moved_to is None else moved_to.name,
+                fallback_slowdown=None
+                if moved_to is None or sim is None
+                else round(sim.fallback_slowdown(normalise(c, st.trials)), 6),
                 predicted_duration_s=None if result is None else float(np.quantile(result.stage_durations[i], 0.5)),
                 predicted_cost_usd=None if result is None else float(result.stage_costs[i].mean()),
                 predicted_task_s=tasks[i],
@@ -529,6 +547,9 @@ def plan_job(
             samples=samples,
             policy=policy,
             types=[(t.cloud, t.region, t.name) for t in types if t.spot_price_hr is not None],
+            fallbacks=cheapest_fallbacks(
+                types, lambda t: model.epoch_time(t.device, 1, 1) if model.plannable(t.device) else None
+            ),
         )
     legacy_spot = spec.resources.spot and not per_stage
     out = plan_stages(
@@ -589,9 +610,7 @@ def plan_job(
         deadline_s=deadline,
         confidence=conf,
         budget_usd=spec.budget_usd,
-        stages=stage_plans(
-            stages, out.configs, out.result, legacy_spot, model, zones=None if setup is None else setup.zones
-        ),
+        stages=stage_plans(stages, out.configs, out.result, legacy_spot, model, spot_setup=setup),
         predicted=prediction(out.result, deadline),
         timeline=out.timeline,
         baselines=baselines,
@@ -655,10 +674,12 @@ def plan_spot_setup(
     deadline_s: float,
     scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
     policy: SpotPolicy | None = None,
+    catalog: Catalog | None = None,
 ) -> SpotSetup | None:
     """The spot setup a plan was made with (its own fitted zones), or with ``scenarios`` (e.g. trace replays)
     in their place and another fall-back ``policy`` (anything with SpotPolicy's ``decide``: baselines);
-    None for a plan without a spot model."""
+    None for a plan without a spot model. ``catalog`` resolves the stages' fall-back types (without it, every
+    trial falls back to its own type)."""
     info = plan.spot
     if info is None:
         return None
@@ -678,12 +699,18 @@ def plan_spot_setup(
             )
             scenarios[zone.key] = ModelScenario(zone, seed=seed, samples=samples)
     zones = {(z.cloud, z.region, z.instance_type): z.zone for z in info.zones}
+    fallbacks = {}
+    for sp in plan.stages:
+        if sp.spot and sp.fallback_instance_type and catalog is not None:
+            own = catalog.find(sp.instance_type, cloud=sp.cloud, region=sp.region)
+            fallbacks[own.key] = catalog.find(sp.fallback_instance_type, cloud=sp.cloud, region=sp.region)
     return SpotSetup(
         deadline_s=deadline_s,
         scenarios=dict(scenarios),
         policy=policy,
         checkpoint_epochs=info.checkpoint_epochs,
         zones=zones,
+        fallbacks=fallbacks,
     )
 
 
@@ -822,7 +849,13 @@ def plan_simulator(
         model.require(c.instance_type.device)
     seed = plan.planner.seed if seed is None else seed
     setup = plan_spot_setup(
-        plan, samples=samples, seed=seed, deadline_s=deadline, scenarios=spot_scenarios, policy=spot_policy
+        plan,
+        samples=samples,
+        seed=seed,
+        deadline_s=deadline,
+        scenarios=spot_scenarios,
+        policy=spot_policy,
+        catalog=catalog,
     )
     spot = setup is None and any(s.spot for s in plan.stages)
     sim: PlanSimulator
@@ -868,7 +901,7 @@ def simulate_plan(
     spot = setup is None and any(s.spot for s in plan.stages)
     result = sim.simulate(configs)
     update = {
-        "stages": stage_plans(stages, configs, result, spot, model, zones=None if setup is None else setup.zones),
+        "stages": stage_plans(stages, configs, result, spot, model, spot_setup=setup),
         "predicted": prediction(result, deadline),
         "timeline": _timeline(sim, configs, result),
         "deadline_s": deadline,

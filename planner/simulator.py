@@ -242,6 +242,9 @@ class _StageRecord:
     trace: dict | None = None
     ready: np.ndarray | None = None  # (S, N) when each instance can take its first trial (bracket hand-overs)
     fallback: np.ndarray | None = None  # (S,) spot stage bought on-demand (no capacity at its request)
+    # (S,) of ``cost``, what trials the policy moved to a fall-back type other than the stage's own paid there
+    # (0 where the whole stage was bought on-demand: all of its cost is the fall-back type's)
+    fallback_usd: np.ndarray | None = None
     events: dict[str, np.ndarray] | None = None  # spot stages: per-sample counts (SimResult.spot_events)
     # serial-provisioning clouds: (submitted, busy) per sample: when the stage's new instances were asked
     # for and how long the provisioner is busy starting them one after another (the provisioning queue)
@@ -614,7 +617,11 @@ class Simulator:
         """
         rec = prefix.open
         itype = rec.config.instance_type
-        price = self._price(itype, rec.config.market) / 3600.0
+        price: float | np.ndarray = self._price(itype, rec.config.market) / 3600.0
+        moved_to = None if rec.fallback is None else self._spot().fallback(itype)
+        if moved_to is not None and rec.fallback is not None and rec.fallback.any():
+            # samples whose spot stage was bought on-demand: on the fall-back type, at its price
+            price = np.where(rec.fallback, moved_to.price(False) / 3600.0, price)
         rule = self._rule(itype.cloud)
         n = rec.release.shape[1]
         release, request = rec.release, rec.request
@@ -653,7 +660,12 @@ class Simulator:
             parts["billing_minimum"] = parts["billing_minimum"] + extra
         total = {k: prefix.parts[k] + parts[k] for k in WORKER_CATEGORIES}
         by_type = dict(prefix.by_type)
-        by_type[itype.name] = by_type.get(itype.name, 0.0) + stage_cost
+        moved_usd: float | np.ndarray = 0.0
+        if moved_to is not None and rec.fallback is not None and moved_to.key != itype.key:
+            # what the fall-back type was paid: whole stages bought on-demand, and moved trials' rest
+            moved_usd = np.where(rec.fallback, stage_cost, 0.0 if rec.fallback_usd is None else rec.fallback_usd)
+            by_type[moved_to.name] = by_type.get(moved_to.name, 0.0) + moved_usd
+        by_type[itype.name] = by_type.get(itype.name, 0.0) + stage_cost - moved_usd
         return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
 
     def _step(
@@ -764,6 +776,8 @@ class Simulator:
             slot_ready = ready[:, :used].reshape(S, lay.slots, k).max(axis=2)
             slot_factor = factor[:, :used].reshape(S, lay.slots, k).max(axis=2)
         slot_ready = np.maximum(slot_ready, start[:, None])
+        if scenario is not None and fallback.any():  # a stage bought on-demand runs on the fall-back type
+            slot_factor = slot_factor * np.where(fallback, self.fallback_slowdown(config), 1.0)[:, None]
 
         base, overhead = self.task_time(index, config, None if prev is None else prev.config)
         transfer_usd = 0.0
@@ -771,7 +785,7 @@ class Simulator:
             transfer_usd = (
                 stage.trials * model.checkpoint_size_gb * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0)
             )
-        spot_extra = events = None
+        spot_extra = events = fallback_usd = None
         if scenario is not None:
             spot_extra, od_s, wait_s, counts_pm = self._preemptions(
                 scenario, index, config, rows, slot_ready, lay.slots, base, overhead, tail_s, fallback
@@ -822,13 +836,16 @@ class Simulator:
             # on-demand where a spot stage fell back: the whole stage (no capacity at its request), or a
             # trial's rest after the policy moved it (its replacement bought on-demand); waits for spot
             # capacity after a preemption are not billed
-            od_price = itype.price(False) / 3600.0
+            moved_to = self._spot().fallback(itype)
+            od_price = moved_to.price(False) / 3600.0
             per_trial = config.workers / cap
             adjust = (od_s.sum(axis=1) * (od_price - price) - wait_s.sum(axis=1) * price) * per_trial
             ratio = np.where(fallback, od_price / price if price > 0 else 1.0, 1.0)
             stage_parts = {k: v * ratio for k, v in stage_parts.items()}
             stage_parts["training"] = stage_parts["training"] + np.where(fallback, 0.0, adjust)
             seg = seg * ratio + np.where(fallback, 0.0, adjust)
+            if moved_to.key != itype.key:  # what moved trials paid on the fall-back type (cost by type)
+                fallback_usd = np.where(fallback, 0.0, od_s.sum(axis=1) * od_price * per_trial)
         cost = seg + transfer_usd
         predicted = -(-stage.trials // max(1, lay.slots)) * (base + overhead)
 
@@ -863,6 +880,7 @@ class Simulator:
             trace=trace,
             ready=ready,
             fallback=fallback if scenario is not None else None,
+            fallback_usd=fallback_usd,
             events=events,
             provision=provision,
             provisioned=provisioned,
@@ -878,6 +896,20 @@ class Simulator:
         if self.spot_setup is None:
             raise AssertionError("a spot stage is played without a SpotSetup")
         return self.spot_setup
+
+    def _replacement_s(self, itype: InstanceType) -> float:
+        """Seconds until a replacement ``itype`` trains again: its start-up (median), workers, checkpoint restore."""
+        m = self.model
+        return self._startup(itype).quantile(0.5) + m.worker_start_s + m.restart_overhead_s + m.transfer_time()
+
+    def fallback_slowdown(self, config: StageConfig) -> float:
+        """A spot stage's trial on its fall-back type: epoch time there over epoch time on the stage's type."""
+        itype = config.instance_type
+        moved_to = itype if self.spot_setup is None else self.spot_setup.fallback(itype)
+        if moved_to.key == itype.key:
+            return 1.0
+        span = layout(itype.workers, config.instances, config.workers).span
+        return self._epoch(moved_to.device, config.workers, span) / self._epoch(itype.device, config.workers, span)
 
     def _spot_restart_s(self, itype: InstanceType, checkpoint_s: float) -> float:
         """What the policy counts one more preemption to cost: a replacement's start-up (the prefetch
@@ -896,14 +928,15 @@ class Simulator:
         tail_s: float,
     ) -> tuple[np.ndarray, np.ndarray]:
         """A spot stage's request, where the policy decides for the stage's trials (as the executor does
-        before it starts them): on-demand when the slack (time left − the stage's and its bracket's later
-        stages' predicted time − one restart) is already short (``fallback``: the stage is bought
-        on-demand); where the request finds no capacity, the policy waits for it (the wait) or buys the
-        stage on-demand. Returns (fallback, wait) per sample."""
+        before it starts them): on-demand when the slack (time left − the stage's predicted time on its
+        fall-back type − its bracket's later stages' predicted time − one restart) is already short
+        (``fallback``: the stage is bought on-demand, on the fall-back type); where the request finds no
+        capacity, the policy waits for it (the wait) or buys the stage on-demand. Returns (fallback, wait)
+        per sample."""
         setup = self._spot()
-        work = np.full_like(
-            t_req, self.predicted_duration(index, config, None if prev is None else prev.config) + tail_s
-        )
+        predicted = self.predicted_duration(index, config, None if prev is None else prev.config)
+        # the stage as it would run bought on-demand (on the fall-back type), and the later stages
+        work = np.full_like(t_req, predicted * self.fallback_slowdown(config) + tail_s)
         base, _ = self.task_time(index, config, None if prev is None else prev.config)
         restart = self._spot_restart_s(
             config.instance_type, base / self.stages[index].epochs_this_stage * setup.checkpoint_epochs
@@ -982,13 +1015,13 @@ class Simulator:
         setup = self._spot()
         stage = self.stages[index]
         itype = config.instance_type
-        model = self.model
         span = layout(itype.workers, config.instances, config.workers).span
         checkpoint = max(base / stage.epochs_this_stage * setup.checkpoint_epochs, 1e-9)
         decide_restart = self._spot_restart_s(itype, checkpoint)
-        restart = (
-            self._startup(itype).quantile(0.5) + model.worker_start_s + model.restart_overhead_s + model.transfer_time()
-        )
+        restart = self._replacement_s(itype)
+        moved_to = setup.fallback(itype)  # where the policy moves a trial: its own type on-demand, or a cheaper one
+        slow = self.fallback_slowdown(config)
+        restart_moved = self._replacement_s(moved_to)
         shape = now.shape
         progress = np.zeros(shape)
         remaining = np.full(shape, base)
@@ -1010,19 +1043,22 @@ class Simulator:
             at = progress + np.where(hit, dt, 0.0)
             saved = np.floor(at / checkpoint + 1e-9) * checkpoint
             t_hit = now + np.where(hit, dt, 0.0)
-            work_left = (base - saved) + after
+            work_left = (base - saved) * slow + after  # the trial's rest as it would run on the fall-back
             time_left = setup.deadline_s - t_hit
             stay = stay_on_spot(setup.policy, time_left, work_left, decide_restart)
             none = scenario.unavailable_for(index, event, rows, t_hit) if (hit & stay).any() else np.zeros(shape)
             wait_ok = stay_on_spot(setup.policy, time_left, work_left, decide_restart + scenario.typical_wait_s)
             spot_again = stay & ((none <= 0) | wait_ok)
             w = np.where(hit & spot_again, np.maximum(none, 0.0), 0.0)
-            extra += np.where(hit, (at - saved) + restart + w, 0.0)
-            waited += w
             moved = hit & ~spot_again
+            # on the lane: the lost work and the replacement's start; a moved trial's rest runs at the
+            # fall-back's speed (its extra time here, the rest is in ``base`` already)
+            extra += np.where(hit & ~moved, (at - saved) + restart + w, 0.0)
+            extra += np.where(moved, (at - saved) + restart_moved + (base - saved) * (slow - 1.0), 0.0)
+            waited += w
             counts[0] += hit.sum(axis=1)
             counts[1] += moved.sum(axis=1)
-            od += np.where(moved, base - saved + restart, 0.0)
+            od += np.where(moved, (base - saved) * slow + restart_moved, 0.0)
             on_spot &= ~moved
             progress = np.where(hit, saved, progress)
             remaining = np.where(hit, base - saved, remaining)

@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from rubberband.catalog import InstanceType
 from rubberband.planner.policies import Market, SpotPolicy, SpotSituation
 
 #: Quantile levels at which unavailability durations are kept (0, 5 %, …, 100 %).
@@ -373,6 +374,9 @@ class SpotSetup:
 
     ``checkpoint_epochs``: a trial checkpoints every this many epochs (1: each epoch, as the executor
     does at each reported epoch); a preemption loses the work since the last one.
+
+    ``fallbacks``: per spot type (its ``key``), the on-demand type a trial moves to when the policy gives up
+    on spot (:func:`cheapest_fallbacks`); a type not listed falls back to itself, on-demand.
     """
 
     deadline_s: float
@@ -380,6 +384,11 @@ class SpotSetup:
     policy: SpotPolicy = field(default_factory=SpotPolicy)
     checkpoint_epochs: int = 1
     zones: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    fallbacks: Mapping[str, InstanceType] = field(default_factory=dict)
+
+    def fallback(self, itype: InstanceType) -> InstanceType:
+        """The on-demand type a trial of a spot stage on ``itype`` moves to (``itype`` itself by default)."""
+        return self.fallbacks.get(itype.key, itype)
 
     def scenario(self, cloud: str, region: str, instance_type: str) -> SpotScenario | None:
         return self.scenarios.get((cloud, region, instance_type))
@@ -397,8 +406,10 @@ def model_setup(
     policy: SpotPolicy | None = None,
     checkpoint_epochs: int = 1,
     types: Sequence[tuple[str, str, str]] | None = None,
+    fallbacks: Mapping[str, InstanceType] | None = None,
 ) -> SpotSetup:
-    """A :class:`SpotSetup` sampling ``model``: per (cloud, region, type) its best zone."""
+    """A :class:`SpotSetup` sampling ``model``: per (cloud, region, type) its best zone; ``fallbacks`` as
+    :class:`SpotSetup` takes them."""
     keys = sorted({z.key for z in model.zones} if types is None else set(types))
     scenarios: dict = {}
     zones: dict = {}
@@ -413,7 +424,42 @@ def model_setup(
         policy=policy or SpotPolicy(),
         checkpoint_epochs=checkpoint_epochs,
         zones=zones,
+        fallbacks=dict(fallbacks or {}),
     )
+
+
+def cheapest_fallbacks(
+    types: Sequence[InstanceType], epoch_s: Callable[[InstanceType], float | None]
+) -> dict[str, InstanceType]:
+    """Per type sold on spot, the on-demand type its trials fall back to, where that is not the type itself.
+
+    The fall-back is bought when the deadline is at stake, so it is chosen for the price of the work it does:
+    among ``types`` in the same cloud and region with as many workers per instance (a trial's layout stays
+    as planned), the least on-demand price × ``epoch_s`` (seconds per epoch; None: the profile cannot time
+    that type, which is skipped). On a tie the type keeps itself. The slower fall-back's time is in every
+    decision to fall back (the simulator's and the executor's), so a slower, cheaper type is taken earlier.
+    """
+    timed = {t.key: epoch_s(t) for t in types}
+    out: dict[str, InstanceType] = {}
+    for own in types:
+        own_s = timed.get(own.key)
+        if own.spot_price_hr is None or own_s is None:
+            continue
+        best, best_cost = own, own.price(False) * own_s
+        for other in types:
+            other_s = timed.get(other.key)
+            if (
+                other_s is None
+                or other.key == own.key
+                or (other.cloud, other.region, other.workers) != (own.cloud, own.region, own.workers)
+            ):
+                continue
+            cost = other.price(False) * other_s
+            if cost < best_cost - 1e-12:
+                best, best_cost = other, cost
+        if best.key != own.key:
+            out[own.key] = best
+    return out
 
 
 def stay_on_spot(

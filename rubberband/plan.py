@@ -52,6 +52,14 @@ class StagePlan(_Model):
         default=None,
         description="spot: the zone the spot model was fitted for (the region's spot price applies; docs/spot.md)",
     )
+    fallback_instance_type: str | None = Field(
+        default=None,
+        description="spot: the on-demand type (same cloud and region) a preempted trial moves to when the spot "
+        "policy gives up on spot, where cheaper per epoch than the stage's own type (None: its own type)",
+    )
+    fallback_slowdown: float | None = Field(
+        default=None, gt=0, description="epoch time on fallback_instance_type over epoch time on instance_type"
+    )
     predicted_duration_s: float | None = Field(default=None, description="p50 of the stage's duration")
     predicted_task_s: float | None = Field(
         default=None,

@@ -288,32 +288,48 @@ def test_spot_runs_are_the_same_for_a_seed_and_differ_between_seeds(tmp_path, sp
 
 def test_with_little_slack_the_spot_policy_moves_to_on_demand(tmp_path):
     """95 min for a plan whose median is ~82 min: after a few preemptions the slack no longer covers another
-    restart and the controller's SpotPolicy buys the replacement on-demand (billed on-demand)."""
+    restart and the controller's SpotPolicy buys the replacement on-demand: of the plan's fall-back type (g5.xlarge,
+    cheaper per epoch than an on-demand p3.2xlarge), billed at its on-demand price."""
     inputs, plan = _spot_plan(tmp_path, "95m")
+    assert {(s.instance_type, s.fallback_instance_type) for s in plan.stages if s.spot} == {("p3.2xlarge", "g5.xlarge")}
     _, result, events = _run(inputs, plan, tmp_path / "run", 1)
     assert result.status == "finished"
     moved = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot" and e["market"] == "on_demand"]
     assert moved and moved[0]["slack_s"] <= moved[0]["margin_s"]
-    itype = inputs.catalog.find("p3.2xlarge", cloud="aws", region="us-east-1")
+    fallback = inputs.catalog.find("g5.xlarge", cloud="aws", region="us-east-1")
     on_demand = [e for e in events if e["type"] == J.INSTANCE_REQUESTED and not e["spot"]]
-    assert on_demand and all(e["price_hr"] == itype.price_hr and e["t"] >= moved[0]["t"] for e in on_demand)
+    assert on_demand and all(
+        e["instance_type"] == "g5.xlarge" and e["price_hr"] == fallback.price_hr and e["t"] >= moved[0]["t"]
+        for e in on_demand
+    )
+    assert not [e for e in events if e["type"] == J.DECISION and e.get("kind") == "failover"]  # the plan's choice
 
 
 @pytest.mark.xdist_group("sim_spot_2h")  # one worker plans and runs the fixture, once
 def test_a_spot_request_without_capacity_falls_over_to_on_demand(tmp_path, spot_2h):
     """The cloud has no spot capacity (p_unavailable 1, which the plan did not expect): every request falls over to
-    on-demand, journaled as the failover's market change and billed on-demand; on-demand is never preempted."""
+    on-demand on the plan's fall-back type, journaled as the failover's market change and billed on-demand; on-demand
+    is never preempted, and the fall-back type is no failover substitute (later requests still ask for spot
+    p3.2xlarge)."""
     inputs, plan, *_ = spot_2h
     zones = [z.model_copy(update={"p_unavailable": 1.0}) for z in plan.spot.zones]
     sold_out = plan.model_copy(update={"spot": plan.spot.model_copy(update={"zones": zones})})
     sim, result, events = _run(inputs, sold_out, tmp_path / "run", 0)
     assert result.status == "finished"
     requested = [e for e in events if e["type"] == J.INSTANCE_REQUESTED]
-    price = inputs.catalog.find("p3.2xlarge", cloud="aws", region="us-east-1").price_hr
-    assert requested and all(not e["spot"] and e["price_hr"] == price for e in requested)
+    price = inputs.catalog.find("g5.xlarge", cloud="aws", region="us-east-1").price_hr
+    assert requested and all(
+        not e["spot"] and e["instance_type"] == "g5.xlarge" and e["price_hr"] == price for e in requested
+    )
     failover = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "failover"]
     assert len(failover) == len(requested)
-    assert all(e["requested_market"] == "spot" and e["obtained_market"] == "on_demand" for e in failover)
+    assert all(
+        e["requested"] == "p3.2xlarge"
+        and e["requested_market"] == "spot"
+        and e["obtained_market"] == "on_demand"
+        and "fall-back type g5.xlarge" in e["reason"]
+        for e in failover
+    )
     assert not [e for e in events if e["type"] == J.INSTANCE_LOST]
     assert all(not s.spot and s.preempted_at is None for s in sim.world.instances.values())
 

@@ -310,6 +310,69 @@ def test_spot_capacity_falls_over_zones_then_to_on_demand_and_blocks_per_market(
     assert all(spot for _, _, spot in provider.calls)
 
 
+def test_a_spot_request_falls_over_to_its_plans_on_demand_type_first():
+    """``on_demand_type`` (the plan's fall-back type): on-demand tries it first, then the requested type."""
+    catalog = cloud_catalog()
+    p3, g4dn = catalog.find("p3.2xlarge", region=REGION), catalog.find("g4dn.xlarge", region=REGION)
+    provider = MarketProvider({"*"})
+    result = provision_with_failover(
+        InstanceRequest("r", 0, p3, spot=True, on_demand_fallback=True, on_demand_type=g4dn),
+        lambda t: provider,
+        on_demand_fallback=True,
+    )
+    assert not result.spot and result.instance_type == g4dn
+    assert provider.calls == [
+        ("p3.2xlarge", "use1-az1", True),
+        ("p3.2xlarge", "use1-az2", True),
+        ("g4dn.xlarge", "use1-az1", False),
+    ]
+
+    class NoG4dn(MarketProvider):
+        def provision(self, request):
+            if request.instance_type.name == "g4dn.xlarge":
+                self.calls.append((request.instance_type.name, request.zone, request.spot))
+                raise CloudError("sold out", kind="capacity", code="InsufficientInstanceCapacity", zone=request.zone)
+            return super().provision(request)
+
+    provider = NoG4dn({"*"})
+    result = provision_with_failover(
+        InstanceRequest("r", 0, p3, spot=True, on_demand_fallback=True, on_demand_type=g4dn),
+        lambda t: provider,
+        on_demand_fallback=True,
+    )
+    assert not result.spot and result.instance_type == p3 and provider.calls[-1] == ("p3.2xlarge", "use1-az1", False)
+
+
+def test_aws_spot_without_capacity_buys_the_plans_fallback_type_on_demand(moto_env, ec2_faults):
+    """moto server: spot p3.2xlarge sold out in every zone; the request names g4dn.xlarge as its on-demand type:
+    the worker EC2 launches is an on-demand g4dn.xlarge, and the backend says so."""
+    from rubberband.cloud.backend import CloudBackend
+    from rubberband.cloud.head import provision_head
+    from rubberband.cloud.registry import ProviderPool
+    from rubberband.cloud.teardown import terminate_run
+
+    catalog = cloud_catalog()
+    p3, g4dn = catalog.find("p3.2xlarge", region=REGION), catalog.find("g4dn.xlarge", region=REGION)
+    pool = ProviderPool({"aws": {"poll_s": 0.01}})
+    provider = pool("aws", REGION)
+    head = provision_head(provider, "run-f", REGION, p3.zones, timeout_s=10)
+    try:
+        backend = CloudBackend(pool, head, join_check=lambda i, t: None)
+        ec2_faults.capacity, ec2_faults.capacity_spot_only = {"*"}, True
+        request = InstanceRequest("run-f", 0, p3, spot=True, on_demand_fallback=True, on_demand_type=g4dn)
+        (worker,) = backend.provision(request)
+        got = backend.obtained(worker.id)
+        assert got.spot is False and got.instance_type == g4dn
+        import boto3
+
+        described = boto3.client("ec2", region_name=REGION).describe_instances(InstanceIds=[worker.id])
+        (inst,) = [i for r in described["Reservations"] for i in r["Instances"]]
+        assert inst["InstanceType"] == "g4dn.xlarge" and "InstanceLifecycle" not in inst
+    finally:
+        terminate_run(provider, "run-f", timeout_s=10)
+    assert provider.list() == []
+
+
 def test_aws_spot_without_capacity_becomes_on_demand_through_the_backend(moto_env, ec2_faults):
     """moto server: spot sold out in every zone (on-demand still sells): the worker is on-demand, and says so."""
     from rubberband.cloud.backend import CloudBackend

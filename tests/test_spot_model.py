@@ -24,6 +24,7 @@ from rubberband.planner.spot import (
     Trace,
     TraceScenario,
     ZoneModel,
+    cheapest_fallbacks,
     fit_zone,
     stay_on_spot,
     trace_stats,
@@ -275,6 +276,67 @@ def test_no_capacity_at_the_request_falls_back_to_on_demand_under_a_deadline():
     assert res.cost_mean == pytest.approx(od.cost_mean, rel=1e-6)
     assert np.allclose(res.jct, od.jct)
     assert np.all(res.spot_events["stages_on_demand"] >= 1) and res.spot_events["preemptions"].sum() == 0
+
+
+# -- the fall-back type ------------------------------------------------------------------------------
+
+SLOW = itype("slow1", price=0.5, device="T4")  # half the speed at a sixth of the price: a third per epoch
+
+
+def _two_device_model():
+    from dataclasses import replace
+
+    model = _model()
+    v100 = model.devices["V100"]
+    return replace(model, devices={"V100": v100, "T4": replace(v100, alpha_grad=2 * v100.alpha_grad)})
+
+
+def test_the_fallback_is_the_cheapest_type_per_epoch_with_the_same_workers_per_instance():
+    model = _two_device_model()
+    mid = itype("mid1", price=1.8, device="V100")  # as fast as gpu1, cheaper: the cheapest per epoch
+    quad = itype("quad", gpus=4, price=0.1, device="T4")  # cheapest of all, but 4 workers per instance
+    unknown = itype("odd1", price=0.01, device="H100")  # no speed in the profile: never chosen
+    epoch = lambda t: model.epoch_time(t.device, 1, 1) if model.plannable(t.device) else None  # noqa: E731
+    assert cheapest_fallbacks([GPU, SLOW, quad, unknown], epoch) == {GPU.key: SLOW}
+    assert cheapest_fallbacks([GPU, SLOW, mid, quad, unknown], epoch) == {GPU.key: SLOW, mid.key: SLOW}
+    assert cheapest_fallbacks([GPU], epoch) == {}  # alone it falls back to itself
+    far = itype("slow1", price=0.5, device="T4")
+    far = type(far)(**{**far.__dict__, "region": "r2", "zones": ("r2a",)})
+    assert cheapest_fallbacks([GPU, far], epoch) == {}  # another region is no fall-back
+
+
+def test_a_stage_bought_on_demand_runs_on_the_fallback_type_at_its_speed_and_price():
+    """No spot capacity ever, under a deadline: every stage is bought on-demand, on the fall-back type: the same
+    JCT and cost as the all-on-demand plan on that type, and the cost is that type's."""
+    model = _two_device_model()
+    on_slow = tuple(StageConfig(SLOW, c.instances, 1, "on_demand") for c in _plan("on_demand"))
+    od = Simulator(STAGES, model, samples=200).simulate(on_slow)
+    never = _zone(rate=0.0, p=1.0, wait=36000.0)
+    setup = _setup(never, float(od.jct.max()) + 600, samples=200)
+    setup = SpotSetup(**{**setup.__dict__, "fallbacks": {GPU.key: SLOW}})
+    res = Simulator(STAGES, model, samples=200, spot_setup=setup).simulate(_plan("spot"))
+    assert np.all(res.spot_events["stages_on_demand"] >= 1)
+    assert np.allclose(res.jct, od.jct) and res.cost_mean == pytest.approx(od.cost_mean, rel=1e-6)
+    assert float(np.mean(res.by_type["slow1"])) == pytest.approx(res.cost_mean, rel=1e-9)
+    assert float(np.abs(res.by_type.get("gpu1", 0.0)).max()) < 1e-9
+
+
+def test_preempted_trials_moved_to_a_cheaper_fallback_cost_less_and_are_billed_to_it():
+    """Many preemptions and a tight deadline: the trials the policy moves run on the fall-back type; moving them to
+    one that costs a third per epoch saves money against moving them to the stage's own type on-demand, and the
+    cost by type shows what the fall-back type was paid."""
+    model = _two_device_model()
+    od = Simulator(STAGES, model, samples=400).simulate(_plan("on_demand"))
+    deadline = float(od.jct.max()) * 1.5
+    own = _setup(_zone(rate=6.0), deadline)
+    cheaper = SpotSetup(**{**own.__dict__, "fallbacks": {GPU.key: SLOW}})
+    to_own = Simulator(STAGES, model, samples=400, spot_setup=own).simulate(_plan("spot"))
+    to_slow = Simulator(STAGES, model, samples=400, spot_setup=cheaper).simulate(_plan("spot"))
+    assert to_own.spot_events["moved_to_on_demand"].mean() > 0 and to_slow.spot_events["moved_to_on_demand"].mean() > 0
+    assert to_slow.cost_mean < to_own.cost_mean
+    assert "slow1" not in to_own.by_type and float(np.mean(to_slow.by_type["slow1"])) > 0
+    total = sum(np.mean(v) for v in to_slow.by_type.values())
+    assert total == pytest.approx(to_slow.cost_mean, rel=1e-9)
 
 
 def test_the_representative_trace_of_a_spot_plan_builds():

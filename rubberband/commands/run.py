@@ -140,6 +140,13 @@ def check_cloud_choice(spec: JobSpec, plan: Plan | None, cloud: str) -> None:
             )
 
 
+def check_plan_types(plan: Plan, catalog) -> None:
+    """Every type the plan names (its stages' and their spot fall-backs') is in ``catalog`` (else CatalogError)."""
+    for stage in plan.stages:
+        for name in filter(None, (stage.instance_type, stage.fallback_instance_type)):
+            catalog.find(name, cloud=stage.cloud, region=stage.region)
+
+
 def dry_run_plan(
     plan: Plan,
     cloud: str,
@@ -159,8 +166,7 @@ def dry_run_plan(
     from rubberband.errors import CloudError
 
     catalog = load_catalog([cloud])
-    for stage in plan.stages:
-        catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+    check_plan_types(plan, catalog)
     try:
         identity_checks = []
         if include_head:  # the head's own identity: it exists and may do what the run needs
@@ -548,8 +554,7 @@ def register(app: typer.Typer) -> None:
                 f"{backend_cloud}; plan for that cloud (resources.clouds) or drop --cloud"
             )
         catalog = load_catalog([backend_cloud])
-        for stage in plan.stages:  # fail before anything starts if a type is unknown
-            catalog.find(stage.instance_type, cloud=stage.cloud, region=stage.region)
+        check_plan_types(plan, catalog)  # fail before anything starts if a type is unknown
         head_mode = backend_cloud in ("aws", "gcp") and head == "instance" and not simulate
         overrun_s = overrun_flag(overrun, deadline_s or plan.deadline_s)
         if detach and not head_mode:

@@ -595,8 +595,16 @@ def spot_notes(plan: Plan) -> tuple[str, ...]:
         for z in info.zones
         if any(s.spot and s.zone == z.zone and s.instance_type == z.instance_type for s in plan.stages)
     )
+    moves = sorted(
+        {
+            f"{s.instance_type} → {s.fallback_instance_type} ({s.fallback_slowdown or 1.0:.2f}× the epoch time)"
+            for s in plan.stages
+            if s.spot and s.fallback_instance_type
+        }
+    )
+    to = f"on-demand {', '.join(moves)}" if moves else "on-demand"
     return (
         f"Spot: {spot} of {len(plan.stages)} stages on spot; P(meet) and cost include preemptions "
         f"(checkpoint every {info.checkpoint_epochs} epoch{'s' if info.checkpoint_epochs != 1 else ''}, "
-        f"Uniform-Progress fall-back to on-demand){': ' + zones if zones else ''}; model: {info.model_source}.",
+        f"Uniform-Progress fall-back to {to}){': ' + zones if zones else ''}; model: {info.model_source}.",
     )
