@@ -54,7 +54,7 @@ from rubberband.catalog import SERIAL_PROVISIONING, Catalog, InstanceType
 from rubberband.cloud.backend import ExecutorBackend
 from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.provider import node_resource
-from rubberband.errors import ExecutionError, PlanFileError, TrainingError, TrialPreempted
+from rubberband.errors import ExecutionError, GpuUnavailableError, PlanFileError, TrainingError, TrialPreempted
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.checkpoints import latest_epoch
@@ -775,9 +775,14 @@ class Controller:
     def _collect_trial(
         self, g: int, stage: StagePlan, run: RunningTrial
     ) -> tuple[float | None, str | None, float, dict[str, str]]:
-        """Gather a finished trial; journal it. On an error whose instance was lost, return those instances."""
+        """Gather a finished trial; journal it. On an error whose instance was lost, return those instances.
+
+        A GPU type whose workers find no usable CUDA fails every trial placed on it: that trial is journaled as
+        failed and the run stops at once (:class:`GpuUnavailableError`, naming the type) instead of paying for
+        the rest of the stage to fail the same way."""
         trial = self.state.trials[run.trial_id]
         metric, error = None, None
+        unusable: GpuUnavailableError | None = None
         try:
             outcome = run.handle.result(timeout_s=RESULT_TIMEOUT_S)
         except TrialPreempted as exc:  # its instance got a notice: checkpointed, restarts on the replacement
@@ -804,6 +809,7 @@ class Controller:
         except Exception as exc:  # noqa: BLE001 - a dead worker or a timeout fails the trial, not the run
             error = f"{type(exc).__name__}: {exc}"
             outcome = None
+            unusable = exc if isinstance(exc, GpuUnavailableError) else None
         finally:
             run.handle.stop()
         seconds = self.clock.time() - run.started_at
@@ -861,6 +867,8 @@ class Controller:
                 **_devices_used(outcome),
             )
         )
+        if unusable is not None:
+            raise unusable
         return metric, error, seconds, {}  # a finished trial's stage metric: in the state, by the journal's fold
 
     # -- lost instances --------------------------------------------------------------------

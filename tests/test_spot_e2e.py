@@ -110,7 +110,8 @@ def _finished(run_dir: Path, out: str) -> dict:
 def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path):
     """Local backend: the spot node running the trials is killed (by its pid) after a checkpoint; with a 40 s
     deadline and the spec's 10 s spot margin the slack cannot cover another restart, so the replacement is
-    on-demand and the trials resume.
+    on-demand, of the plan's fall-back type (a cheaper 2-worker type in this test's catalog), and the trials
+    resume on it.
 
     The margin makes the outcome independent of this machine's speed: at the start the slack is about 17 s (above
     the margin: spot), at the loss at most about 3 s even on a quick machine (below it: on-demand)."""
@@ -120,7 +121,14 @@ def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path)
     spec_path.write_text(json.dumps(data))
     from rubberband.spec import load_spec
 
+    catalogs = tmp_path / "catalogs"
+    catalogs.mkdir()
+    local_csv = Path(__file__).resolve().parents[1] / "rubberband" / "catalogs" / "local.csv"
+    (catalogs / "local.csv").write_text(local_csv.read_text() + "local.cpu2b,,0,2,4,,0.08,0.03,local,local-a\n")
     plan = make_plan(load_spec(spec_path), [("local.cpu2", 1, 1)], durations=[10.0])
+    plan = plan.model_copy(
+        update={"stages": [s.model_copy(update={"fallback_instance_type": "local.cpu2b"}) for s in plan.stages]}
+    )
     plan_path = tmp_path / "plan.json"
     write_plan(plan, plan_path)
     _spot(plan_path)
@@ -145,7 +153,7 @@ def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=cli_env(tmp_path),
+        env={**cli_env(tmp_path), "RUBBERBAND_CATALOG_DIR": str(catalogs)},
     )
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, timeout_s=120)
     assert proc.returncode in (0, 4), err[-3000:]  # met or late: the point is that it finished
@@ -153,7 +161,8 @@ def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path)
     (first,) = [e for e in events if e["type"] == J.INSTANCE_REQUESTED and e["id"] == victim]
     assert first["spot"] is True and first["price_hr"] == pytest.approx(0.04)
     replacement = _check_replaced_and_resumed(events, victim, trigger="lost")
-    assert replacement["price_hr"] == pytest.approx(0.10)  # billed on-demand
+    assert replacement["instance_type"] == "local.cpu2b" and replacement["price_hr"] == pytest.approx(0.08)
+    assert not replacement["spot"]  # billed on-demand, at the fall-back type's price
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["instances_lost"] == 1
     assert run_pids(run_dir) == []

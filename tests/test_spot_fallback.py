@@ -422,6 +422,34 @@ def test_gcp_spot_stockout_becomes_a_standard_vm(gce_fake):
     assert not gce_fake.instances
 
 
+def test_gcp_spot_stockout_buys_the_plans_fallback_type_as_a_standard_vm(gce_fake):
+    """GCE fake (strict): SPOT n1-standard-8+V100x1 sold out in every zone; the request names a2-highgpu-1g as its
+    on-demand type: the VM inserted after the SPOT tries is a STANDARD a2-highgpu-1g."""
+    from rubberband.cloud.gcp import GcpProvider
+    from rubberband.cloud.teardown import terminate_run
+
+    catalog = cloud_catalog()
+    v100 = catalog.find("n1-standard-8+V100x1", region="us-central1")
+    a100 = catalog.find("a2-highgpu-1g", region="us-central1")
+    provider = GcpProvider("us-central1", endpoint=gce_fake.url, poll_s=0.01)
+    gce_fake.stockout_zones, gce_fake.stockout_spot_only = {"us-central1-a", "us-central1-b"}, True
+    try:
+        result = provision_with_failover(
+            InstanceRequest("run-h", 0, v100, spot=True, on_demand_fallback=True, on_demand_type=a100),
+            lambda t: provider,
+            on_demand_fallback=True,
+        )
+        assert not result.spot and result.instance_type == a100
+        models = [i["scheduling"]["provisioningModel"] for i in gce_fake.inserted()]
+        assert models == ["SPOT", "SPOT", "STANDARD"]
+        (vm,) = gce_fake.instances.values()
+        assert vm["scheduling"]["provisioningModel"] == "STANDARD" and vm["machineType"].endswith("/a2-highgpu-1g")
+        assert not gce_fake.rejected
+    finally:
+        terminate_run(provider, "run-h", timeout_s=10)
+    assert not gce_fake.instances
+
+
 # -- preemption notices --------------------------------------------------------------------------------------
 
 
