@@ -807,7 +807,7 @@ class ParallelController(Controller):
                 first = next((i for i in range(lo, hi) if i not in done), None)
                 if first is None:
                     continue
-                later = [self._stage_outlook(i) for i in range(first, hi)]
+                later = [S.decision_outlook(self.plan, i) for i in range(first, hi)]
                 left = max(0.0, self.brackets.offsets_s[b] - elapsed) + S.work_left_s(
                     current_remaining_s=0.0,
                     current_ratio=1.0,

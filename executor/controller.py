@@ -1200,23 +1200,12 @@ class Controller:
     def _spot_situation(self, *, waiting: int, replacing: bool) -> SpotSituation:
         """What the spot policy looks at, from now: time to the deadline, the run's predicted remaining time at the
         simulator's quantile (:meth:`_work_left_s`; plus a replacement's start-up when one is awaited), and one restart
-        of the current stage.
-
-        Where the stage falls back to a slower (or faster) type, the work that would run there counts at that
-        type's speed, as the simulator counts it: one trial's task for a replacement, else the stage's rest."""
+        of the current stage."""
         g = min(self.stage_index, len(self.plan.stages) - 1)
         stage = self.plan.stages[g]
         now = self.clock.time()
         lead = self._prefetch_lead(self._stage_itype(stage))
         work = self._work_left_s(g, waiting=waiting, awaited_s=lead if replacing else 0.0)
-        slow = stage.fallback_slowdown if stage.fallback_instance_type and stage.fallback_slowdown else 1.0
-        if slow != 1.0:
-            moved = (
-                self._per_trial_s(g)
-                if replacing
-                else self._stages_left_s(g, g + 1, waiting=waiting, running=list(self.running.values()), awaited_s=0.0)
-            )
-            work = max(0.0, work + (slow - 1.0) * moved)
         key = f"{stage.instance_type}/{stage.workers_per_trial}"
         interval = (
             statistics.mean(self.epoch_seconds[key])
@@ -1247,7 +1236,8 @@ class Controller:
         """Stages ``g … end − 1`` from now, as the spot decisions see them (:data:`~rubberband.executor.spot.
         DECISION_QUANTILE`, the simulator's view): ``g``'s remainder as the prefetch estimate has it (``running``
         trials' rest + waiting waves × the mean trial time), the later ones' predictions scaled by the slowdown so
-        far, and ``awaited_s``."""
+        far, and ``awaited_s``; each stage's work on its fall-back type (:func:`~rubberband.executor.spot.
+        decision_outlook`), where Uniform Progress measures it."""
         stage = self.plan.stages[g]
         itype = self._stage_itype(stage)
         n_slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
@@ -1262,9 +1252,9 @@ class Controller:
         conf = S.DECISION_QUANTILE
         ratio = S.at_confidence(cur.p50_s, cur.p95_s, conf) / cur.p50_s if cur.p50_s > 0 else 1.0
         return S.work_left_s(
-            current_remaining_s=current,
+            current_remaining_s=current * S.fallback_slowdown(stage),
             current_ratio=ratio,
-            later=[self._stage_outlook(i) for i in range(g + 1, end)],
+            later=[S.decision_outlook(self.plan, i) for i in range(g + 1, end)],
             confidence=conf,
             slowdown=self._slowdown(),
             waiting_for_instance_s=awaited_s,

@@ -8,6 +8,8 @@ simulator calls too. This module turns what the executor knows into the policy's
   schema can replace the ``spot`` flag in one place);
 * :func:`at_confidence` — a stage's predicted duration at the run's confidence, from the plan's p50 and p95
   (a normal tail between them);
+* :func:`decision_outlook` — a stage's predicted duration on the type its spot work falls back to
+  (:func:`fallback_slowdown`): the work left is measured there, as Uniform Progress measures it on on-demand;
 * :func:`work_left_s` — the run's predicted remaining time: the current stage's estimated remainder (the
   prefetch policy's estimate) and the later stages at the confidence, scaled by the slowdown measured so far;
 * :func:`restart_s` — what one more preemption costs: a replacement's start-up (the prefetch quantile),
@@ -71,6 +73,22 @@ def stage_outlook(plan: Any, i: int) -> StageOutlook:
     p50 = stage.predicted_duration_s if stage.predicted_duration_s is not None else (dist.p50 if dist else 0.0)
     p95 = dist.p95 * p50 / dist.p50 if dist is not None and dist.p50 > 0 else None
     return StageOutlook(p50, p95)
+
+
+def fallback_slowdown(stage: Any) -> float:
+    """How much longer a stage's work takes on the type it falls back to (epoch time there over here): the plan's
+    ``fallback_slowdown`` for a spot stage with a ``fallback_instance_type``, else 1."""
+    if stage_market(stage) is not Market.SPOT or not getattr(stage, "fallback_instance_type", None):
+        return 1.0
+    return float(getattr(stage, "fallback_slowdown", None) or 1.0)
+
+
+def decision_outlook(plan: Any, i: int) -> StageOutlook:
+    """Stage ``i`` as the spot decisions count it: on its fall-back type, where Uniform Progress measures the work
+    left (the simulator's tails too)."""
+    out = stage_outlook(plan, i)
+    slow = fallback_slowdown(plan.stages[i])
+    return out if slow == 1.0 else StageOutlook(out.p50_s * slow, None if out.p95_s is None else out.p95_s * slow)
 
 
 def work_left_s(

@@ -398,7 +398,8 @@ class Simulator:
         """Per stage, the predicted (median) time of the later stages this simulator plays (one after
         another: with several Hyperband brackets here, the later brackets' too; a parallel bracket's
         simulator holds its own bracket only): the work a spot fall-back decision counts as still to come
-        after the stage (0 where the stage is not on spot)."""
+        after the stage (0 where the stage is not on spot), each spot stage on its fall-back type (Uniform Progress
+        measures the work left on the market it would fall back to)."""
         if self.spot_setup is None or not any(c.spot for c in configs):
             return (0.0,) * len(configs)
         durations = [self.predicted_duration(i, c, configs[i - 1] if i else None) for i, c in enumerate(configs)]
@@ -406,7 +407,7 @@ class Simulator:
         acc = 0.0
         for i in range(len(configs) - 1, -1, -1):
             tails[i] = acc if configs[i].spot else 0.0
-            acc += durations[i]
+            acc += durations[i] * self.fallback_slowdown(configs[i])  # measured on the fall-back, as the policy does
         return tuple(round(t, 3) for t in tails)
 
     def prefix_bounds(self, configs: Sequence[StageConfig]) -> tuple[float, np.ndarray]:
@@ -905,7 +906,7 @@ class Simulator:
     def fallback_slowdown(self, config: StageConfig) -> float:
         """A spot stage's trial on its fall-back type: epoch time there over epoch time on the stage's type."""
         itype = config.instance_type
-        moved_to = itype if self.spot_setup is None else self.spot_setup.fallback(itype)
+        moved_to = itype if self.spot_setup is None or not config.spot else self.spot_setup.fallback(itype)
         if moved_to.key == itype.key:
             return 1.0
         span = layout(itype.workers, config.instances, config.workers).span
@@ -982,6 +983,7 @@ class Simulator:
         lanes = max(1, min(slots, T))
         lane_free = np.sort(slot_ready, axis=1)[:, :lanes].copy()
         waves = -(-T // lanes)
+        slow = self.fallback_slowdown(config)
         extra = np.zeros((S, T))
         od = np.zeros((S, T))
         waited = np.zeros((S, T))
@@ -989,7 +991,7 @@ class Simulator:
         for w in range(waves):
             lo, hi = w * lanes, min(T, (w + 1) * lanes)
             width = hi - lo
-            after = (waves - 1 - w) * (base + overhead) + tail_s
+            after = (waves - 1 - w) * (base + overhead) * slow + tail_s  # the stage's later waves on the fall-back
             e, o, wt, c = self._preempt_wave(
                 scenario, index, w, config, rows, lane_free[:, :width] + overhead, base, after, fallback
             )

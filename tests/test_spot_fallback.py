@@ -56,6 +56,29 @@ def test_stage_market_reads_a_market_field_first_then_the_spot_flag():
     assert S.on_demand_allowed(Old(True))
 
 
+def test_the_decisions_count_a_spot_stages_work_on_its_fallback_type():
+    @dataclass
+    class Stage:
+        spot: bool
+        fallback_instance_type: str | None = None
+        fallback_slowdown: float | None = None
+        predicted_duration_s: float = 100.0
+
+    @dataclass
+    class Predicted:
+        stage_duration_s: list
+
+    @dataclass
+    class Plan:
+        stages: list
+        predicted: Predicted
+
+    stages = [Stage(True, "g5.xlarge", 1.25), Stage(True), Stage(False, "g5.xlarge", 1.25), Stage(True, "g5", None)]
+    assert [S.fallback_slowdown(s) for s in stages] == [1.25, 1.0, 1.0, 1.0]
+    plan = Plan(stages, Predicted([]))
+    assert [S.decision_outlook(plan, i).p50_s for i in range(4)] == [125.0, 100.0, 100.0, 100.0]
+
+
 def test_a_duration_at_the_confidence_is_its_median_or_more():
     assert S.at_confidence(100.0, 130.0, 0.5) == 100.0
     assert S.at_confidence(100.0, 130.0, 0.3) == 100.0  # never counts on luck

@@ -321,22 +321,23 @@ def test_a_stage_bought_on_demand_runs_on_the_fallback_type_at_its_speed_and_pri
     assert float(np.abs(res.by_type.get("gpu1", 0.0)).max()) < 1e-9
 
 
-def test_preempted_trials_moved_to_a_cheaper_fallback_cost_less_and_are_billed_to_it():
-    """Many preemptions and a tight deadline: the trials the policy moves run on the fall-back type; moving them to
-    one that costs a third per epoch saves money against moving them to the stage's own type on-demand, and the
-    cost by type shows what the fall-back type was paid."""
+def test_work_moved_to_a_cheaper_fallback_costs_less_and_is_billed_to_it():
+    """Many preemptions and a deadline: what the policy moves to on-demand runs on the fall-back type. Moving it to
+    one that costs a third per epoch (but takes twice as long) saves money against moving it to the stage's own
+    type; the decisions count the work at its speed, so with less slack whole stages go there at their request
+    (1.5×) and with more only preempted trials do (2.5×). The cost by type shows what the fall-back type was paid."""
     model = _two_device_model()
     od = Simulator(STAGES, model, samples=400).simulate(_plan("on_demand"))
-    deadline = float(od.jct.max()) * 1.5
-    own = _setup(_zone(rate=6.0), deadline)
-    cheaper = SpotSetup(**{**own.__dict__, "fallbacks": {GPU.key: SLOW}})
-    to_own = Simulator(STAGES, model, samples=400, spot_setup=own).simulate(_plan("spot"))
-    to_slow = Simulator(STAGES, model, samples=400, spot_setup=cheaper).simulate(_plan("spot"))
-    assert to_own.spot_events["moved_to_on_demand"].mean() > 0 and to_slow.spot_events["moved_to_on_demand"].mean() > 0
-    assert to_slow.cost_mean < to_own.cost_mean
-    assert "slow1" not in to_own.by_type and float(np.mean(to_slow.by_type["slow1"])) > 0
-    total = sum(np.mean(v) for v in to_slow.by_type.values())
-    assert total == pytest.approx(to_slow.cost_mean, rel=1e-9)
+    for factor, moved in ((1.5, "stages_on_demand"), (2.5, "moved_to_on_demand")):
+        own = _setup(_zone(rate=6.0), float(od.jct.max()) * factor)
+        cheaper = SpotSetup(**{**own.__dict__, "fallbacks": {GPU.key: SLOW}})
+        to_own = Simulator(STAGES, model, samples=400, spot_setup=own).simulate(_plan("spot"))
+        to_slow = Simulator(STAGES, model, samples=400, spot_setup=cheaper).simulate(_plan("spot"))
+        assert to_slow.spot_events[moved].mean() > 0
+        assert to_slow.cost_mean < to_own.cost_mean
+        assert "slow1" not in to_own.by_type and float(np.mean(to_slow.by_type["slow1"])) > 0
+        total = sum(np.mean(v) for v in to_slow.by_type.values())
+        assert total == pytest.approx(to_slow.cost_mean, rel=1e-9)
 
 
 def test_the_representative_trace_of_a_spot_plan_builds():
