@@ -571,10 +571,9 @@ class ParallelController(Controller):
         for i, (old, new) in enumerate(zip(before, self.plan.stages)):
             if old == new or i in self.state.stages:
                 continue
-            itype = self._stage_itype(new)
             pool = self._stage_pool(i)
             fitting = sorted(
-                (e for e in pool if e.itype.key == itype.key and self._fits(e.spot, new) and e.id not in self._noticed),
+                (e for e in pool if self._serves(e, new) and e.id not in self._noticed),
                 key=lambda e: not e.ready,
             )  # the ones up stay
             surplus = [e for e in pool if e not in fitting] + fitting[new.instances :]
