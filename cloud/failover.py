@@ -230,38 +230,50 @@ class FailoverExhausted(CloudError):
         self.attempts = attempts
 
 
+#: Seconds a (type, zone) out of capacity stays skipped before it is tried again. Capacity comes back: in the
+#: shipped spot traces an outage of p3.2xlarge lasts 10 to 20 minutes at the median (rubberband/catalogs/
+#: spot_model.json, ``unavailable_s``), and the planner's simulator draws every spot request afresh.
+CAPACITY_RETRY_S = 600.0
+
+
 @dataclass
 class FailoverPolicy:
     """Blocked zones, regions and clouds, remembered across the provisioning calls of one run.
 
     Spot and on-demand are blocked apart (``blocked_spot_*``): a zone without spot capacity may well sell the
     type on-demand, and both clouds count spot quotas apart. An all-region GPU quota blocks both markets.
+    A quota block lasts the run; a capacity block lasts ``capacity_retry_s`` (time from ``clock``), after which
+    the zone is tried again.
     """
 
-    blocked_zones: set[tuple[str, str, str]] = field(default_factory=set)  # (cloud, type, zone)
+    #: (cloud, type, zone) → when it was found out of capacity (``clock``)
+    blocked_zones: dict[tuple[str, str, str], float] = field(default_factory=dict)
     blocked_regions: set[tuple[str, str]] = field(default_factory=set)  # (cloud, region)
     blocked_clouds: set[str] = field(default_factory=set)
-    blocked_spot_zones: set[tuple[str, str, str]] = field(default_factory=set)
+    blocked_spot_zones: dict[tuple[str, str, str], float] = field(default_factory=dict)
     blocked_spot_regions: set[tuple[str, str]] = field(default_factory=set)
+    capacity_retry_s: float = CAPACITY_RETRY_S
+    clock: Callable[[], float] = time.monotonic
 
     def is_blocked(self, itype: InstanceType, zone: str | None, spot: bool = False) -> bool:
         zones, regions = (
             (self.blocked_spot_zones, self.blocked_spot_regions) if spot else (self.blocked_zones, self.blocked_regions)
         )
+        since = zones.get((itype.cloud, itype.name, zone or ""))
         return (
             itype.cloud in self.blocked_clouds
             or (itype.cloud, itype.region) in regions
-            or (itype.cloud, itype.name, zone or "") in zones
+            or (since is not None and self.clock() - since < self.capacity_retry_s)
         )
 
     def block(self, itype: InstanceType, zone: str | None, error: CloudError, spot: bool = False) -> None:
-        """Capacity blocks the (type, zone); quota blocks the region, or the cloud for all-region quotas
-        (each for the market that failed)."""
+        """Capacity blocks the (type, zone) for ``capacity_retry_s``; quota blocks the region, or the cloud for
+        all-region quotas (each for the market that failed), for the run."""
         zones, regions = (
             (self.blocked_spot_zones, self.blocked_spot_regions) if spot else (self.blocked_zones, self.blocked_regions)
         )
         if error.kind == "capacity":
-            zones.add((itype.cloud, itype.name, zone or ""))
+            zones[(itype.cloud, itype.name, zone or "")] = self.clock()
         elif error.kind == "quota":
             if error.quota == "GPUS_ALL_REGIONS":
                 self.blocked_clouds.add(itype.cloud)

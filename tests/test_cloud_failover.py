@@ -168,3 +168,26 @@ def test_provider_pool_builds_one_provider_per_region():
     )
     with pytest.raises(InputError, match="not a cloud provider"):
         make_provider("local", "local")
+
+
+def test_a_zone_out_of_capacity_is_tried_again_after_the_retry_time_a_region_without_quota_never():
+    """Capacity comes back (spot outages last minutes to hours): a capacity block expires after
+    ``capacity_retry_s``; a quota block lasts the run."""
+    now = [0.0]
+    policy = FailoverPolicy(capacity_retry_s=600.0, clock=lambda: now[0])
+    sold_out = ScriptedProvider({("p3.2xlarge", "use1-az1"): "capacity"})
+    provision_with_failover(InstanceRequest("r", 0, P3), lambda t: sold_out, policy=policy)
+    assert sold_out.calls == [("p3.2xlarge", "use1-az1"), ("p3.2xlarge", "use1-az2")]
+    now[0] = 599.0
+    sold_out.calls.clear()
+    provision_with_failover(InstanceRequest("r", 0, P3), lambda t: sold_out, policy=policy)
+    assert sold_out.calls == [("p3.2xlarge", "use1-az2")]  # still skipped
+    now[0] = 601.0
+    back = ScriptedProvider({})
+    provision_with_failover(InstanceRequest("r", 0, P3), lambda t: back, policy=policy)
+    assert back.calls == [("p3.2xlarge", "use1-az1")]  # tried again, and it sells
+    no_quota = ScriptedProvider({("p3.2xlarge", "use1-az1"): "quota"})
+    with pytest.raises(FailoverExhausted):
+        provision_with_failover(InstanceRequest("r", 0, P3), lambda t: no_quota, policy=policy)
+    now[0] = 1e9
+    assert policy.is_blocked(P3, "use1-az1") and policy.is_blocked(P3, "use1-az2")
