@@ -231,8 +231,9 @@ class FailoverExhausted(CloudError):
 
 
 #: Seconds a (type, zone) out of capacity stays skipped before it is tried again. Capacity comes back: in the
-#: shipped spot traces an outage of p3.2xlarge lasts 10 to 20 minutes at the median (rubberband/catalogs/
-#: spot_model.json, ``unavailable_s``), and the planner's simulator draws every spot request afresh.
+#: shipped spot traces an outage of p3.2xlarge lasts 20 to 85 minutes at the median, depending on the zone
+#: (rubberband/catalogs/spot_model.json, ``unavailable_s``), and the planner's simulator draws every spot
+#: request afresh. Ten minutes asks again well within an outage's typical length, at one failed call a zone.
 CAPACITY_RETRY_S = 600.0
 
 
