@@ -19,6 +19,13 @@ CHECKPOINT_FORMAT = 1
 _NAME = re.compile(r"^epoch-(\d+)\.pt$")
 
 
+def due(epoch: int, end_epoch: int, every: int) -> bool:
+    """Whether the checkpoint after ``epoch`` (0-based, cumulative) is written when the plan checkpoints every
+    ``every`` epochs: after each ``every``-th epoch, and always after the task's last (``end_epoch`` − 1), which
+    the next stage resumes from."""
+    return every <= 1 or (epoch + 1) % every == 0 or epoch >= end_epoch - 1
+
+
 def checkpoint_path(directory: str | Path, epoch: int) -> Path:
     return Path(directory) / f"epoch-{epoch}.pt"
 

@@ -57,8 +57,10 @@ class WorkerContext(TrainContext):
         checkpoint_dir: str,
         max_iterations: int | None = None,
         event_sink: Any = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.trial_id = trial_id
+        self.checkpoint_every = max(1, int(checkpoint_every))
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
         self.rank = rank
@@ -141,16 +143,15 @@ class WorkerContext(TrainContext):
         return max(self.start_epoch + self._passes - 1, 0)
 
     def save_checkpoint(self, state: dict) -> None:
-        if self.rank == 0:
+        """Save the trial's state after this epoch (rank 0 writes it) — when it is due: the plan may checkpoint a
+        spot stage every few epochs (:func:`~rubberband.executor.checkpoints.due`), and always after the task's
+        last epoch and when one of the trial's instances got a preemption notice, after which the trial stops
+        here (every rank asks; the controller restarts it from this checkpoint on the replacement)."""
+        notice = notices.check_watchers(self._watchers, self._watcher_cache) if self._watchers else None
+        if self.rank == 0 and (
+            notice is not None or checkpoints.due(self._checkpoint_label(), self.end_epoch, self.checkpoint_every)
+        ):
             self._save(state)
-        self._stop_if_preempted()
-
-    def _stop_if_preempted(self) -> None:
-        """After a checkpoint: when one of the trial's instances got a preemption notice, stop the trial here
-        (every rank asks; the controller restarts it from this checkpoint on the replacement)."""
-        if not self._watchers:
-            return
-        notice = notices.check_watchers(self._watchers, self._watcher_cache)
         if notice is not None:
             self.preemption_notice = notice
             raise notices.PreemptionNotice(

@@ -745,6 +745,7 @@ class Controller:
             end_epoch=stage.epochs,
             placement=slot.placement,
             checkpoint_dir=str(ckpt_dir),
+            checkpoint_every=S.checkpoint_every(self.plan, stage),
             device=self.devices.for_type(self._slot_itype(slot, stage)),
             timeout_s=self.trial_timeout_s,
             pool=self.workers,

@@ -66,6 +66,7 @@ from rubberband.cloud.backend import BilledHead, HeadHandle, Obtained
 from rubberband.cloud.failover import Attempt, FailoverExhausted
 from rubberband.cloud.provider import Instance, InstanceRequest, node_resource
 from rubberband.executor.backends import SIM_CLOUD, SIM_RUNTIME
+from rubberband.executor.checkpoints import due
 from rubberband.executor.clock import VirtualClock
 from rubberband.executor.journal import JOURNAL_NAME, JournalSink
 from rubberband.executor.runtime import TrialRuntime
@@ -458,7 +459,7 @@ class SimTrial:
         world.trial_due[id(self)] = self.finished_at if self.lost_at is None else self.lost_at
 
     def _record(self, until: float) -> None:
-        """Report (and checkpoint, through the sink) each epoch that ended by ``until`` not reported yet."""
+        """Report (and checkpoint where due, through the sink) each epoch that ended by ``until`` not reported yet."""
         from rubberband.executor import journal as J
         from rubberband.executor.trials import EpochReport
 
@@ -476,10 +477,11 @@ class SimTrial:
                 self.sink.record(
                     J.Epoch(t=at, trial_id=spec.trial_id, epoch=epoch, metrics={name: value}, seconds=seconds)
                 )
-                self.sink.record(J.Checkpoint(t=at, trial_id=spec.trial_id, epoch=epoch))
+                if due(epoch, spec.end_epoch, spec.checkpoint_every):
+                    self.sink.record(J.Checkpoint(t=at, trial_id=spec.trial_id, epoch=epoch))
 
     def _died(self) -> SimWorkerDied:
-        """Its instance was taken back: the epochs before are reported and checkpointed; the next task restores."""
+        """Its instance was taken back: the epochs before are reported (checkpointed where due); the next task restores."""
         assert self.lost_at is not None
         self._record(self.lost_at)
         self.world.interrupted.add(self.spec.trial_id)
@@ -540,7 +542,7 @@ class SimTrials:
         moved = world.moved(spec.trial_id, (itype.key, workers)) and spec.start_epoch > 0
         restored = spec.trial_id in world.interrupted  # after its instance was taken back: a checkpoint restore
         world.interrupted.discard(spec.trial_id)
-        overhead = model.task_overhead(epochs, moved or restored)
+        overhead = model.task_overhead(epochs, moved or restored, spec.checkpoint_every)
         if not all(s.ran_trial for s in instances):  # a fresh instance: its worker processes start first
             overhead += model.worker_start_s
         for s in instances:

@@ -75,6 +75,15 @@ def stage_outlook(plan: Any, i: int) -> StageOutlook:
     return StageOutlook(p50, p95)
 
 
+def checkpoint_every(plan: Any, stage: Any) -> int:
+    """Epochs between a trial's checkpoints in ``stage``: the plan's spot interval (``plan.spot.checkpoint_epochs``,
+    chosen with the preemptions) on a spot stage, else every epoch (what the simulator plays)."""
+    spot = getattr(plan, "spot", None)
+    if spot is None or stage_market(stage) is not Market.SPOT:
+        return 1
+    return max(1, int(getattr(spot, "checkpoint_epochs", 1) or 1))
+
+
 def fallback_slowdown(stage: Any) -> float:
     """How much longer a stage's work takes on the type it falls back to (epoch time there over here): the plan's
     ``fallback_slowdown`` for a spot stage with a ``fallback_instance_type``, else 1."""

@@ -44,6 +44,9 @@ class TrialSpec:
     max_iterations: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 600
+    #: Save a checkpoint every this many epochs (and after the last, and on a preemption notice): the plan's
+    #: interval for spot stages (``plan.spot.checkpoint_epochs``), 1 elsewhere.
+    checkpoint_every: int = 1
 
     @property
     def workers(self) -> int:
@@ -205,6 +208,7 @@ class TrialRun:
                 world_size=spec.workers,
                 local_rank=local_rank,
                 checkpoint_dir=spec.checkpoint_dir,
+                checkpoint_every=spec.checkpoint_every,
                 device=spec.device,
                 max_iterations=spec.max_iterations,
                 env=dict(spec.env),

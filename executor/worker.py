@@ -44,6 +44,7 @@ class WorkerTask:
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 600.0
     event_sink: Any = None
+    checkpoint_every: int = 1
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ class TrialWorker:
                 checkpoint_dir=task.checkpoint_dir,
                 max_iterations=task.max_iterations,
                 event_sink=task.event_sink,
+                checkpoint_every=task.checkpoint_every,
             )
             stage = "train"
             train(dict(task.config), ctx)

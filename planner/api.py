@@ -9,7 +9,8 @@ the caller times the planner and fills ``plan.planner.seconds``.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
@@ -552,22 +553,48 @@ def plan_job(
             ),
         )
     legacy_spot = spec.resources.spot and not per_stage
-    out = plan_stages(
-        stages,
-        model,
-        types,
-        deadline_s=deadline,
-        confidence=conf,
-        max_workers_per_trial=spec.resources.max_workers_per_trial,
-        spot=legacy_spot,
-        samples=samples,
-        seed=seed,
-        budget_usd=spec.budget_usd,
-        include_exact=include_exact,
-        heads=heads,
-        brackets=brackets or sched.brackets,
-        spot_setup=setup,
-    )
+
+    def search(spot_setup: SpotSetup | None):
+        return plan_stages(
+            stages,
+            model,
+            types,
+            deadline_s=deadline,
+            confidence=conf,
+            max_workers_per_trial=spec.resources.max_workers_per_trial,
+            spot=legacy_spot,
+            samples=samples,
+            seed=seed,
+            budget_usd=spec.budget_usd,
+            include_exact=include_exact,
+            heads=heads,
+            brackets=brackets or sched.brackets,
+            spot_setup=spot_setup,
+        )
+
+    out = search(setup)
+    if setup is not None and out.result is not None:
+        # where a checkpoint save takes time, a longer interval on spot stages may pay: plan again with the best
+        every = checkpoint_interval(
+            stages,
+            model,
+            out.configs,
+            setup,
+            deadline_s=deadline,
+            confidence=conf,
+            heads=heads,
+            samples=samples,
+            seed=seed,
+        )
+        if every != setup.checkpoint_epochs:
+            sparser = replace(setup, checkpoint_epochs=every)
+            again = search(sparser)
+            if (
+                again.result is not None
+                and again.result.meets(deadline, conf)
+                and again.result.cost_mean < out.result.cost_mean - 1e-12
+            ):
+                out, setup = again, sparser
     baselines = {}
     if out.static is not None:
         plan_s, res_s, tl_s = out.static
@@ -641,6 +668,44 @@ def plan_job(
         ],
         spot=None if setup is None else spot_info(setup, spot_source or "spot model"),
     )
+
+
+#: Checkpoint intervals (epochs) tried for a plan with spot stages whose checkpoint save takes time.
+CHECKPOINT_INTERVALS = (1, 2, 3, 5, 10)
+
+
+def checkpoint_interval(
+    stages: Sequence[Stage],
+    model: PerformanceModel,
+    configs: Sequence[StageConfig],
+    setup: SpotSetup,
+    *,
+    deadline_s: float,
+    confidence: float,
+    heads: Mapping[str, HeadSpec] | None = None,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+) -> int:
+    """The checkpoint interval on spot stages (:data:`CHECKPOINT_INTERVALS`) at which ``configs``, played one stage
+    after another, cost least while meeting the deadline: each save skipped saves its time
+    (``model.checkpoint_save_s``), each epoch between saves is work a preemption loses. 1 where saves take no
+    time or no stage is on spot, or where no interval meets the deadline."""
+    if model.checkpoint_save_s <= 0 or not any(c.spot for c in configs):
+        return 1
+    best, best_cost = 1, math.inf
+    for every in CHECKPOINT_INTERVALS:
+        sim = Simulator(
+            stages,
+            model,
+            samples=samples,
+            seed=seed,
+            heads=heads,
+            spot_setup=replace(setup, checkpoint_epochs=every),
+        )
+        result = sim.simulate(configs)
+        if result.meets(deadline_s, confidence) and result.cost_mean < best_cost - 1e-12:
+            best, best_cost = every, result.cost_mean
+    return best
 
 
 def spot_info(setup: SpotSetup, source: str) -> SpotInfo:

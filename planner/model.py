@@ -160,6 +160,8 @@ class PerformanceModel:
     epoch_overhead_s: float = 0.0
     task_start_s: float = 0.0
     worker_start_s: float = 0.0
+    #: One checkpoint save, part of ``epoch_overhead_s`` (which has one per epoch); 0: not measured.
+    checkpoint_save_s: float = 0.0
     termination_by_type: dict[tuple[str, str], StartupModel] = field(default_factory=dict)
     termination_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
     #: Per-epoch noise and per-configuration speed (none: every configuration as fast as the profiled one).
@@ -193,15 +195,18 @@ class PerformanceModel:
     def transfer_time(self) -> float:
         return self.checkpoint_size_gb / self.transfer_gb_per_s if self.transfer_gb_per_s > 0 else 0.0
 
-    def task_overhead(self, epochs: int, moved: bool) -> float:
+    def task_overhead(self, epochs: int, moved: bool, checkpoint_every: int = 1) -> float:
         """Seconds of one task outside its timed iterations (not slowed by stragglers).
 
         ``epochs`` × the per-epoch overhead, the evaluation pass, and the start of the run: on
         warm workers (``task_start_s``) or, when the trial's placement changed at this promotion,
-        the measured restart overhead plus the checkpoint transfer.
+        the measured restart overhead plus the checkpoint transfer. ``checkpoint_every`` > 1: a checkpoint
+        every that many epochs (and at the task's last), so the other epochs' saves are not paid.
         """
         start = self.restart_overhead_s + self.transfer_time() if moved else self.task_start_s
-        return epochs * self.epoch_overhead_s + self.eval_time_s + start
+        save = min(self.checkpoint_save_s, self.epoch_overhead_s)
+        saves = -(-epochs // max(1, checkpoint_every))
+        return epochs * (self.epoch_overhead_s - save) + saves * save + self.eval_time_s + start
 
     # -- start-up --------------------------------------------------------------------------
     def startup(self, cloud: str, instance_type: str) -> StartupModel:
@@ -372,6 +377,7 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
         epoch_overhead_s=profile.workload.epoch_overhead_s,
         task_start_s=profile.workload.task_start_s,
         worker_start_s=profile.workload.worker_start_s,
+        checkpoint_save_s=profile.workload.checkpoint_save_s,
         termination_by_type=termination_by_type,
         termination_by_cloud=termination_by_cloud,
         variation=variation,

@@ -452,7 +452,8 @@ class Simulator:
         stage = self.stages[index]
         lay = layout(config.instance_type.workers, config.instances, config.workers)
         base = stage.epochs_this_stage * self._epoch(config.instance_type.device, config.workers, lay.nodes)
-        return base, self.model.task_overhead(stage.epochs_this_stage, self._moved(index, config, previous))
+        every = self.spot_setup.checkpoint_epochs if config.spot and self.spot_setup is not None else 1
+        return base, self.model.task_overhead(stage.epochs_this_stage, self._moved(index, config, previous), every)
 
     def _moved(self, index: int, config: StageConfig, previous: StageConfig | None) -> bool:
         """Whether the trials of stage ``index`` change placement (restart from a checkpoint elsewhere)."""

@@ -622,6 +622,8 @@ class _Restart:
     checkpoint_bytes: int | None
     #: The run's start → its first iteration (without the checkpoint save before it).
     start_s: float = 0.0
+    #: The checkpoint save before the restart (None: train() saved none).
+    save_s: float | None = None
 
 
 def _measure_restart(
@@ -688,7 +690,7 @@ def _measure_restart(
     overhead = saved + start
     size = checkpoint_path(source.checkpoint_dir, epoch).stat().st_size if epoch is not None else None
     tick(f"restart ({kind} workers): {overhead:.2f} s")
-    return _Restart(overhead, source.shape, target, size, start_s=start)
+    return _Restart(overhead, source.shape, target, size, start_s=start, save_s=source.checkpoint_saved_s)
 
 
 # -- assembling the profile -----------------------------------------------------------------
@@ -769,6 +771,9 @@ def _build_profile(
     chosen = warm or cold
     if chosen is not None:
         workload["restart_overhead_s"] = round(chosen.overhead_s, 4)
+        if chosen.save_s is not None:
+            workload["checkpoint_save_s"] = round(chosen.save_s, 4)
+            sources["checkpoint_save_s"] = "measured: the checkpoint save before the restart (ctx.save_checkpoint)"
         how = "warm worker processes (WorkerPool)" if chosen is warm else "fresh worker processes"
         sources["restart_overhead_s"] = (
             f"measured: checkpoint save at {chosen.source_shape.workers} workers → "
@@ -807,6 +812,7 @@ def _build_profile(
     else:
         sources["epoch_overhead_s"] = "default: not measured (too few iterations per shape for two epochs)"
     sources.setdefault("checkpoint_size_gb", "default: not measured")
+    sources.setdefault("checkpoint_save_s", "default: not measured")
     if epochs:
         m = epochs[0]
         sources["epoch_measurements"] = (

@@ -58,6 +58,12 @@ class Workload(_Model):
         description="per trial run on warm worker processes: process-group init and the "
         "user's code up to the first iteration (model build, data, checkpoint load)",
     )
+    checkpoint_save_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="one checkpoint save (ctx.save_checkpoint), part of epoch_overhead_s where train() saves "
+        "each epoch: what a longer checkpoint interval saves on spot (0: not measured)",
+    )
     worker_start_s: float = Field(
         default=0.0,
         ge=0,

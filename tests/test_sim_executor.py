@@ -305,6 +305,47 @@ def test_with_little_slack_the_spot_policy_moves_to_on_demand(tmp_path):
     assert not [e for e in events if e["type"] == J.DECISION and e.get("kind") == "failover"]  # the plan's choice
 
 
+def test_slow_checkpoint_saves_make_the_plan_checkpoint_spot_stages_every_few_epochs(tmp_path):
+    """The profile says a save takes 25 s of the epoch's 30 s overhead and spot is preempted rarely: the plan checkpoints
+    its spot stages every few epochs (``spot.checkpoint_epochs``) and the executor's trials save only then (and after
+    their last epoch); a trial whose instance is taken back restarts from such a checkpoint."""
+    from dataclasses import replace
+
+    inputs = load_job_inputs(
+        _job(
+            tmp_path,
+            deadline="2h",
+            resources={
+                "clouds": ["aws"],
+                "instance_types": ["p3.2xlarge", "g4dn.xlarge", "g5.xlarge"],
+                "max_workers_per_trial": 1,
+                "spot": True,
+            },
+        )
+    )
+    workload = inputs.profile.workload.model_copy(update={"epoch_overhead_s": 30.0, "checkpoint_save_s": 25.0})
+    inputs = replace(inputs, profile=inputs.profile.model_copy(update={"workload": workload}))
+    plan = plan_from_inputs(inputs, samples=300, spot_model=str(_spot_model(tmp_path, rate_per_h=1.0, p_unavailable=0.0)))
+    every = plan.spot.checkpoint_epochs
+    assert every > 1 and any(s.spot for s in plan.stages)
+    _, result, events = _run(inputs, plan, tmp_path / "run", 0)
+    assert result.status == "finished" and any(e["type"] == J.INSTANCE_LOST for e in events)
+    ends = {s.epochs - 1 for s in plan.stages}
+    saved = [e["epoch"] for e in events if e["type"] == J.CHECKPOINT]
+    assert saved and all((epoch + 1) % every == 0 or epoch in ends for epoch in saved)
+    firsts = {s.epochs - s.epochs_this_stage for s in plan.stages}
+    lost = {e["trial_id"] for e in events if e["type"] == J.TRIAL_STOPPED and e["reason"] == "instance_lost"}
+    redone = 0  # epochs a restarted trial had reported, past its last due checkpoint: trained again
+    for trial in lost:
+        mine = [e for e in events if e.get("trial_id") == trial]
+        for i, e in enumerate(mine):
+            if e["type"] == J.TRIAL_STARTED and i and any(x["type"] == J.TRIAL_STOPPED for x in mine[:i]):
+                start = e["start_epoch"]
+                assert start in firsts or start % every == 0  # right after a due checkpoint
+                redone += sum(1 for x in mine[:i] if x["type"] == J.EPOCH and x["epoch"] >= start)
+    assert lost and redone > 0
+
+
 @pytest.mark.xdist_group("sim_spot_2h")  # one worker plans and runs the fixture, once
 def test_a_spot_request_without_capacity_falls_over_to_on_demand(tmp_path, spot_2h):
     """The cloud has no spot capacity (p_unavailable 1, which the plan did not expect): every request falls over to
@@ -383,7 +424,7 @@ def test_a_preempted_instance_is_lost_and_its_trial_dies_with_it_after_its_check
     assert backend.check_lost([instance.id]) == {} and node_resource(instance.id) in SimCluster(world).node_resources()
     recorded: list = []
     sink = types.SimpleNamespace(record=recorded.append)
-    spec = types.SimpleNamespace(trial_id="b0-t000", start_epoch=3, end_epoch=9)
+    spec = types.SimpleNamespace(trial_id="b0-t000", start_epoch=3, end_epoch=9, checkpoint_every=1)
     trial = SimTrial(
         world, spec, sink, started_at=world.clock.time(), epoch_s=[100.0] * 6, overhead_s=20.0, lost_at=sim.preempted_at
     )

@@ -634,6 +634,53 @@ def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypat
         other.save_checkpoint({"w": 2})
 
 
+def test_a_plan_interval_skips_saves_but_never_the_last_nor_one_on_a_notice(tmp_path, monkeypatch):
+    """``checkpoint_every`` 3 over epochs 0–6 of a task ending at 7: saves after epochs 2 and 5 and the last (6);
+    a notice after epoch 3 saves there at once and stops the trial."""
+    from rubberband.executor.checkpoints import due, latest_epoch
+    from rubberband.executor.context import WorkerContext
+
+    assert [e for e in range(7) if due(e, 7, 3)] == [2, 5, 6] and all(due(e, 7, 1) for e in range(7))
+    saved: list[int] = []
+
+    def context(directory: str) -> WorkerContext:
+        ctx = WorkerContext(
+            trial_id="b0-t000",
+            start_epoch=0,
+            end_epoch=7,
+            rank=0,
+            world_size=1,
+            local_rank=0,
+            device="cpu",
+            process_group=None,
+            checkpoint_dir=directory,
+            checkpoint_every=3,
+        )
+        monkeypatch.setattr(ctx, "_emit", lambda event: saved.append(event.epoch))
+        return ctx
+
+    ctx = context(str(tmp_path / "a"))
+    for epoch in range(7):
+        ctx.report(epoch, loss=1.0)
+        ctx.save_checkpoint({"epoch": epoch})
+    assert [e for e in saved if e is not None] == [0, 1, 2, 2, 3, 4, 5, 5, 6, 6]  # epochs reported, saves after 2, 5, 6
+    assert latest_epoch(tmp_path / "a") == 6 and len(ctx.checkpoint_saved_s) == 3
+
+    monkeypatch.setenv(notices.WATCHERS_ENV, "rb-notice-i-1")
+    answer: dict = {}
+    monkeypatch.setattr(notices, "check_watchers", lambda names, cache, **_: answer.get("notice"))
+    saved.clear()
+    ctx = context(str(tmp_path / "b"))
+    for epoch in range(3):
+        ctx.report(epoch, loss=1.0)
+        ctx.save_checkpoint({"epoch": epoch})
+    answer["notice"] = {"cloud": "gcp", "action": "preempted"}
+    ctx.report(3, loss=1.0)
+    with pytest.raises(notices.PreemptionNotice, match="after the checkpoint of epoch 3"):
+        ctx.save_checkpoint({"epoch": 3})
+    assert latest_epoch(tmp_path / "b") == 3 and len(ctx.checkpoint_saved_s) == 2  # after 2, and on the notice
+
+
 def test_a_preempted_rank_makes_the_trial_preempted_not_failed():
     from rubberband.executor.trials import TrialRun, TrialSpec
     from rubberband.executor.worker import WorkerFailure

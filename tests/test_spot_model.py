@@ -340,6 +340,40 @@ def test_work_moved_to_a_cheaper_fallback_costs_less_and_is_billed_to_it():
         assert total == pytest.approx(to_slow.cost_mean, rel=1e-9)
 
 
+# -- the checkpoint interval -------------------------------------------------------------------------
+
+
+def test_a_longer_checkpoint_interval_pays_the_saves_it_makes_only():
+    from dataclasses import replace
+
+    model = replace(_model(), epoch_overhead_s=12.0, checkpoint_save_s=10.0)
+    assert model.task_overhead(6, False) == pytest.approx(6 * 12.0)
+    assert model.task_overhead(6, False, 3) == pytest.approx(6 * 2.0 + 2 * 10.0)
+    assert model.task_overhead(7, False, 3) == pytest.approx(7 * 2.0 + 3 * 10.0)  # and after the last epoch
+    # a save can not take longer than the whole per-epoch overhead it is part of
+    assert replace(model, checkpoint_save_s=50.0).task_overhead(4, False, 4) == pytest.approx(12.0)
+
+
+def test_the_interval_is_longer_where_saves_are_slow_and_preemptions_rare():
+    """Saves of 30 s an epoch (of 100 s): with rare preemptions the plan saves every few epochs; with saves that
+    take no time, or on-demand only, every epoch."""
+    from dataclasses import replace
+
+    from rubberband.planner.api import checkpoint_interval
+
+    slow_saves = replace(_model(), epoch_overhead_s=30.0, checkpoint_save_s=30.0)
+    deadline = 1e6
+    rare = _setup(_zone(rate=0.05), deadline, samples=200)
+    every = checkpoint_interval(STAGES, slow_saves, _plan("spot"), rare, deadline_s=deadline, confidence=0.9, samples=200)
+    assert every > 1
+    free_saves = replace(slow_saves, checkpoint_save_s=0.0)
+    assert checkpoint_interval(STAGES, free_saves, _plan("spot"), rare, deadline_s=deadline, confidence=0.9) == 1
+    assert checkpoint_interval(STAGES, slow_saves, _plan("on_demand"), rare, deadline_s=deadline, confidence=0.9) == 1
+    sparse = Simulator(STAGES, slow_saves, samples=200, spot_setup=replace(rare, checkpoint_epochs=every))
+    dense = Simulator(STAGES, slow_saves, samples=200, spot_setup=rare)
+    assert sparse.simulate(_plan("spot")).cost_mean < dense.simulate(_plan("spot")).cost_mean
+
+
 def test_the_representative_trace_of_a_spot_plan_builds():
     sim = Simulator(STAGES, _model(), samples=50, spot_setup=_setup(_zone(rate=3.0), 1e6, 50))
     configs = _plan("spot")
