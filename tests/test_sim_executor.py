@@ -325,7 +325,9 @@ def test_slow_checkpoint_saves_make_the_plan_checkpoint_spot_stages_every_few_ep
     )
     workload = inputs.profile.workload.model_copy(update={"epoch_overhead_s": 30.0, "checkpoint_save_s": 25.0})
     inputs = replace(inputs, profile=inputs.profile.model_copy(update={"workload": workload}))
-    plan = plan_from_inputs(inputs, samples=300, spot_model=str(_spot_model(tmp_path, rate_per_h=1.0, p_unavailable=0.0)))
+    plan = plan_from_inputs(
+        inputs, samples=300, spot_model=str(_spot_model(tmp_path, rate_per_h=1.0, p_unavailable=0.0))
+    )
     every = plan.spot.checkpoint_epochs
     assert every > 1 and any(s.spot for s in plan.stages)
     _, result, events = _run(inputs, plan, tmp_path / "run", 0)

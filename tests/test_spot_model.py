@@ -364,7 +364,9 @@ def test_the_interval_is_longer_where_saves_are_slow_and_preemptions_rare():
     slow_saves = replace(_model(), epoch_overhead_s=30.0, checkpoint_save_s=30.0)
     deadline = 1e6
     rare = _setup(_zone(rate=0.05), deadline, samples=200)
-    every = checkpoint_interval(STAGES, slow_saves, _plan("spot"), rare, deadline_s=deadline, confidence=0.9, samples=200)
+    every = checkpoint_interval(
+        STAGES, slow_saves, _plan("spot"), rare, deadline_s=deadline, confidence=0.9, samples=200
+    )
     assert every > 1
     free_saves = replace(slow_saves, checkpoint_save_s=0.0)
     assert checkpoint_interval(STAGES, free_saves, _plan("spot"), rare, deadline_s=deadline, confidence=0.9) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ray_helpers import busy_resources, local_ray_cluster, wait_until_idle  # noqa: F401  (import first)
 
 import os
@@ -164,6 +166,17 @@ def test_event_sink_max_iterations_and_stop(local_ray_cluster, tmp_path):
     assert [(e.type, e.epoch) for e in events] == [("epoch", 0), ("checkpoint", 0), ("epoch", 1), ("checkpoint", 1)]
     assert events[1].path.endswith("epoch-0.pt") and events[0].trial_id == "p-1"
     ray.kill(sink)
+
+    # A spot stage's interval (checkpoint every 2 epochs): the workers save after epoch 1 and the last (2) only.
+    sparse = Sink.remote()
+    spec = dataclasses.replace(
+        spec, trial_id="p-2", end_epoch=3, checkpoint_dir=str(tmp_path / "c2"), checkpoint_every=2
+    )
+    outcome = TrialRun.start(spec, event_sink=sparse).result(timeout_s=120)
+    events = ray.get(sparse.get.remote(), timeout=30)
+    assert [(e.type, e.epoch) for e in events if e.type == "checkpoint"] == [("checkpoint", 1), ("checkpoint", 2)]
+    assert outcome.checkpoint_epoch == 2 and latest_epoch(spec.checkpoint_dir) == 2
+    ray.kill(sparse)
 
     # A long-running trial stopped from the driver leaves nothing behind.
     run = TrialRun.start(_spec(tmp_path, (a, a), entry="tiny_train:train_sleeps", trial_id="b0-t009"))
