@@ -372,8 +372,9 @@ class SpotSetup:
     """Everything the simulator needs to play spot stages: the deadline the fall-back decisions aim at,
     the shared :class:`~rubberband.planner.policies.SpotPolicy`, and one scenario per (cloud, region, type).
 
-    ``checkpoint_epochs``: a trial checkpoints every this many epochs (1: each epoch, as the executor
-    does at each reported epoch); a preemption loses the work since the last one.
+    ``checkpoint_epochs``: a trial of a spot stage checkpoints every this many epochs (and after its last; the
+    interval :func:`rubberband.planner.api.checkpoint_interval` chooses, which the executor's trials keep); a
+    preemption loses the work since the last one, and the saves not made are not paid.
 
     ``fallbacks``: per spot type (its ``key``), the on-demand type a trial moves to when the policy gives up
     on spot (:func:`cheapest_fallbacks`); a type not listed falls back to itself, on-demand.
