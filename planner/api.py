@@ -672,6 +672,9 @@ def plan_job(
 
 #: Checkpoint intervals (epochs) tried for a plan with spot stages whose checkpoint save takes time.
 CHECKPOINT_INTERVALS = (1, 2, 3, 5, 10)
+#: A longer interval is taken only when it makes the plan at least this much cheaper (else planning again
+#: for it costs more time than it can save money).
+CHECKPOINT_GAIN = 0.01
 
 
 def checkpoint_interval(
@@ -689,10 +692,10 @@ def checkpoint_interval(
     """The checkpoint interval on spot stages (:data:`CHECKPOINT_INTERVALS`) at which ``configs``, played one stage
     after another, cost least while meeting the deadline: each save skipped saves its time
     (``model.checkpoint_save_s``), each epoch between saves is work a preemption loses. 1 where saves take no
-    time or no stage is on spot, or where no interval meets the deadline."""
+    time or no stage is on spot, or where no interval meets the deadline, or none saves :data:`CHECKPOINT_GAIN`."""
     if model.checkpoint_save_s <= 0 or not any(c.spot for c in configs):
         return 1
-    best, best_cost = 1, math.inf
+    best, best_cost, every_epoch = 1, math.inf, math.inf
     for every in CHECKPOINT_INTERVALS:
         sim = Simulator(
             stages,
@@ -703,9 +706,11 @@ def checkpoint_interval(
             spot_setup=replace(setup, checkpoint_epochs=every),
         )
         result = sim.simulate(configs)
+        if every == 1:
+            every_epoch = result.cost_mean
         if result.meets(deadline_s, confidence) and result.cost_mean < best_cost - 1e-12:
             best, best_cost = every, result.cost_mean
-    return best
+    return best if best_cost < every_epoch * (1 - CHECKPOINT_GAIN) else 1
 
 
 def spot_info(setup: SpotSetup, source: str) -> SpotInfo:
