@@ -85,6 +85,8 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
     assert profile.sources["dataset_size"] == "spec: config.dataset_size"
     assert 0 < w.restart_overhead_s and w.restart_overhead_cold_s is not None and w.checkpoint_size_gb > 0
     assert "measured" in profile.sources["restart_overhead_s"]
+    # the checkpoint save before the restart: what a longer checkpoint interval on spot would not pay
+    assert "measured" in profile.sources["checkpoint_save_s"] and 0 < w.checkpoint_save_s < 1.0
     # two epochs per shape: the gap between the passes (report + checkpoint save) is measured per epoch;
     # fresh worker processes (process start + torch import) cost more than a warm start
     assert "measured" in profile.sources["epoch_overhead_s"] and 0 < w.epoch_overhead_s < 1.0
