@@ -587,9 +587,26 @@ def test_watcher_polls_until_the_notice_and_answers_at_once(metadata):
         watcher.stop()
 
 
+def _context(directory, *, end_epoch: int = 3, rank: int = 0, world_size: int = 1, checkpoint_every: int = 1):
+    """A rank's WorkerContext of trial b0-t000 from epoch 0, outside Ray (no process group)."""
+    from rubberband.executor.context import WorkerContext
+
+    return WorkerContext(
+        trial_id="b0-t000",
+        start_epoch=0,
+        end_epoch=end_epoch,
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank,
+        device="cpu",
+        process_group=None,
+        checkpoint_dir=str(directory),
+        checkpoint_every=checkpoint_every,
+    )
+
+
 def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypatch):
     from rubberband.executor.checkpoints import latest_epoch
-    from rubberband.executor.context import WorkerContext
 
     monkeypatch.setenv(notices.WATCHERS_ENV, "rb-notice-i-1")
     asked: list[list[str]] = []
@@ -600,17 +617,7 @@ def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypat
         return answer.get("notice")
 
     monkeypatch.setattr(notices, "check_watchers", check)
-    ctx = WorkerContext(
-        trial_id="b0-t000",
-        start_epoch=0,
-        end_epoch=3,
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        device="cpu",
-        process_group=None,
-        checkpoint_dir=str(tmp_path / "ck"),
-    )
+    ctx = _context(tmp_path / "ck")
     ctx.report(0, loss=1.0)
     ctx.save_checkpoint({"w": 1})  # no notice: goes on
     answer["notice"] = {"cloud": "aws", "action": "terminate"}
@@ -619,17 +626,7 @@ def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypat
         ctx.save_checkpoint({"w": 2})
     assert latest_epoch(tmp_path / "ck") == 1 and ctx.preemption_notice["action"] == "terminate"
     assert asked == [["rb-notice-i-1"], ["rb-notice-i-1"]]
-    other = WorkerContext(
-        trial_id="b0-t000",
-        start_epoch=0,
-        end_epoch=3,
-        rank=1,
-        world_size=2,
-        local_rank=1,
-        device="cpu",
-        process_group=None,
-        checkpoint_dir=str(tmp_path / "ck"),
-    )
+    other = _context(tmp_path / "ck", rank=1, world_size=2)
     with pytest.raises(notices.PreemptionNotice):  # every rank stops at the same point
         other.save_checkpoint({"w": 2})
 
@@ -638,28 +635,16 @@ def test_a_plan_interval_skips_saves_but_never_the_last_nor_one_on_a_notice(tmp_
     """``checkpoint_every`` 3 over epochs 0–6 of a task ending at 7: saves after epochs 2 and 5 and the last (6);
     a notice after epoch 3 saves there at once and stops the trial."""
     from rubberband.executor.checkpoints import due, latest_epoch
-    from rubberband.executor.context import WorkerContext
 
     assert [e for e in range(7) if due(e, 7, 3)] == [2, 5, 6] and all(due(e, 7, 1) for e in range(7))
     saved: list[int] = []
 
-    def context(directory: str) -> WorkerContext:
-        ctx = WorkerContext(
-            trial_id="b0-t000",
-            start_epoch=0,
-            end_epoch=7,
-            rank=0,
-            world_size=1,
-            local_rank=0,
-            device="cpu",
-            process_group=None,
-            checkpoint_dir=directory,
-            checkpoint_every=3,
-        )
+    def context(directory):
+        ctx = _context(directory, end_epoch=7, checkpoint_every=3)
         monkeypatch.setattr(ctx, "_emit", lambda event: saved.append(event.epoch))
         return ctx
 
-    ctx = context(str(tmp_path / "a"))
+    ctx = context(tmp_path / "a")
     for epoch in range(7):
         ctx.report(epoch, loss=1.0)
         ctx.save_checkpoint({"epoch": epoch})
@@ -670,7 +655,7 @@ def test_a_plan_interval_skips_saves_but_never_the_last_nor_one_on_a_notice(tmp_
     answer: dict = {}
     monkeypatch.setattr(notices, "check_watchers", lambda names, cache, **_: answer.get("notice"))
     saved.clear()
-    ctx = context(str(tmp_path / "b"))
+    ctx = context(tmp_path / "b")
     for epoch in range(3):
         ctx.report(epoch, loss=1.0)
         ctx.save_checkpoint({"epoch": epoch})
