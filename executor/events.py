@@ -18,7 +18,7 @@ the line and the field.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -294,33 +294,8 @@ Event = Annotated[
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
-#: event type -> its model
-MODELS: dict[str, type[_Event]] = {
-    model.model_fields["type"].default: model
-    for model in (
-        RunStarted,
-        RunResumed,
-        RunFinished,
-        RunFailed,
-        RunInterrupted,
-        RunStopped,
-        PlanChanged,
-        Decision,
-        InstanceRequested,
-        InstanceReady,
-        InstanceTerminated,
-        InstanceLost,
-        HeadInstance,
-        StageStarted,
-        StageFinished,
-        TrialCreated,
-        TrialStarted,
-        Epoch,
-        Checkpoint,
-        TrialStopped,
-        TrialPromoted,
-    )
-}
+#: event type -> its model (the members of :data:`Event`, listed once there)
+MODELS: dict[str, type[_Event]] = {model.model_fields["type"].default: model for model in get_args(get_args(Event)[0])}
 
 
 def parse_event(raw: dict[str, Any]) -> _Event | None:
