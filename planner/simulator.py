@@ -994,7 +994,7 @@ class Simulator:
             width = hi - lo
             after = (waves - 1 - w) * (base + overhead) * slow + tail_s  # the stage's later waves on the fall-back
             e, o, wt, c = self._preempt_wave(
-                scenario, index, w, config, rows, lane_free[:, :width] + overhead, base, after, fallback
+                scenario, index, w, config, rows, lane_free[:, :width] + overhead, base, after, fallback, slow
             )
             extra[:, lo:hi], od[:, lo:hi], waited[:, lo:hi] = e, o, wt
             counts += c
@@ -1012,9 +1012,11 @@ class Simulator:
         base: float,
         after: float,
         fallback: np.ndarray,
+        slow: float,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One wave of :meth:`_preemptions`: tasks whose training starts at ``now`` (samples × tasks); returns
-        its per-task (extra, on-demand, waited) seconds and per-sample counts, as :meth:`_preemptions` does."""
+        its per-task (extra, on-demand, waited) seconds and per-sample counts, as :meth:`_preemptions` does.
+        ``slow``: the stage's :meth:`fallback_slowdown`."""
         setup = self._spot()
         stage = self.stages[index]
         itype = config.instance_type
@@ -1023,7 +1025,6 @@ class Simulator:
         decide_restart = self._spot_restart_s(itype, checkpoint)
         restart = self._replacement_s(itype)
         moved_to = setup.fallback(itype)  # where the policy moves a trial: its own type on-demand, or a cheaper one
-        slow = self.fallback_slowdown(config)
         restart_moved = self._replacement_s(moved_to)
         shape = now.shape
         progress = np.zeros(shape)
