@@ -618,17 +618,7 @@ def plan_job(
     if asha:
         asha_out = asha_info(stages, model, types, spec, deadline, conf, seed, heads, spot=legacy_spot)
     return Plan(
-        job=JobInfo(
-            name=spec.name,
-            spec_sha256=spec.sha256(),
-            scheduler=sched.kind,
-            eta=sched.eta,
-            min_epochs=sched.min_epochs,
-            max_epochs=sched.max_epochs,
-            trials=sched.trials,
-            metric=spec.metric.name,
-            mode=spec.metric.mode,
-        ),
+        job=job_info(spec),
         catalog=CatalogInfo(
             clouds=sorted({t.cloud for t in types}),
             regions=sorted({t.region for t in types}),
@@ -675,6 +665,22 @@ CHECKPOINT_INTERVALS = (1, 2, 3, 5, 10)
 #: A longer interval is taken only when it makes the plan at least this much cheaper (else planning again
 #: for it costs more time than it can save money).
 CHECKPOINT_GAIN = 0.01
+
+
+def job_info(spec: JobSpec) -> JobInfo:
+    """What a plan records of the job it was made for (the spec's name, hash, schedule and metric)."""
+    sched = spec.scheduler
+    return JobInfo(
+        name=spec.name,
+        spec_sha256=spec.sha256(),
+        scheduler=sched.kind,
+        eta=sched.eta,
+        min_epochs=sched.min_epochs,
+        max_epochs=sched.max_epochs,
+        trials=sched.trials,
+        metric=spec.metric.name,
+        mode=spec.metric.mode,
+    )
 
 
 def checkpoint_interval(

@@ -11,7 +11,8 @@ import os
 import textwrap
 from pathlib import Path
 
-from rubberband.plan import CatalogInfo, Distribution, JobInfo, Plan, Prediction, StagePlan
+from rubberband.plan import CatalogInfo, Distribution, Plan, Prediction, StagePlan
+from rubberband.planner.api import job_info
 from rubberband.spec import JobSpec
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -114,17 +115,7 @@ def make_plan(
     total = sum(durations)
     cost = sum(s.predicted_cost_usd for s in stage_plans)
     return Plan(
-        job=JobInfo(
-            name=spec.name,
-            spec_sha256=spec.sha256(),
-            scheduler=sched.kind,
-            eta=sched.eta,
-            min_epochs=sched.min_epochs,
-            max_epochs=sched.max_epochs,
-            trials=sched.trials,
-            metric=spec.metric.name,
-            mode=spec.metric.mode,
-        ),
+        job=job_info(spec),
         catalog=CatalogInfo(clouds=["local"], regions=["local"], dates={"local": "2026-11-21"}),
         deadline_s=spec.deadline_s,
         confidence=spec.confidence,
