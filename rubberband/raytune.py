@@ -9,11 +9,13 @@ replaces, in the Ray modules already imported and in the function's own module g
 
 * the i-th ``report`` is epoch ``ctx.start_epoch + i``: its numeric metrics go to ``ctx.report``,
   its checkpoint directory (every file, as bytes) to ``ctx.save_checkpoint``, world-size
-  independent; the time between two reports is one timed "iteration" of ``ctx.batches``, so the
-  profiler sees a Ray Tune trainable as one iteration per epoch;
+  independent; each epoch is one pass of ``ctx.batches`` with one timed "iteration" (from the
+  end of the last report to this one), so the profiler sees a Ray Tune trainable as one iteration
+  per epoch, the report and the checkpoint save as the time between epochs, and whole epochs of
+  several configurations (their speed spread);
 * ``get_checkpoint`` returns the trial's newest checkpoint, written back into a temporary
   directory as a ``Checkpoint`` of the module it was called through (``None`` on a fresh trial);
-* at the rung boundary (``ctx.end_epoch``), or when profiling has timed enough, the report call
+* at the rung boundary (``ctx.end_epoch``), or when profiling has timed ``ctx.max_iterations`` epochs, the report call
   raises :class:`StopTrainable` (a ``BaseException``, so the trainable's ``except Exception``
   does not swallow it) after recording the epoch, and the adapter returns.
 
@@ -136,7 +138,7 @@ class _Session:
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
         self.reports = 0
-        self._epochs: Iterator | None = None
+        self._epoch: Iterator | None = None  # the running epoch's pass of ctx.batches
         self._restored: dict[str, bytes] | None = None
         self._latest: Any = None  # the newest checkpoint the trainable reported in this call
         self._dirs: list[str] = []
@@ -146,30 +148,32 @@ class _Session:
         state = self.ctx.load_checkpoint()
         if isinstance(state, dict) and isinstance(state.get(STATE_KEY), dict):
             self._restored = state[STATE_KEY]
-        epochs = self.ctx.end_epoch - self.ctx.start_epoch
-        if epochs <= 0:
+        if self.ctx.end_epoch <= self.ctx.start_epoch:
             return False
-        self._epochs = iter(self.ctx.batches(range(epochs)))
-        next(self._epochs)  # the first epoch's timer starts now
+        self._begin_epoch()
         return True
 
+    def _begin_epoch(self) -> None:
+        self._epoch = iter(self.ctx.batches(range(1)))
+        next(self._epoch)  # this epoch's timer starts now
+
     def report(self, metrics: dict, *, checkpoint: Any = None, **_: Any) -> None:
-        if self._epochs is None:
+        if self._epoch is None:
             raise StopTrainable()
         epoch = self.ctx.start_epoch + self.reports
         self.reports += 1
-        try:
-            next(self._epochs)  # records this epoch's time; the next one's starts
-            more = True
-        except StopIteration:
-            more = False
+        for _ in self._epoch:  # ends the epoch's pass: its time is recorded
+            pass
+        limit = self.ctx.max_iterations
+        more = epoch + 1 < self.ctx.end_epoch and (limit is None or self.reports < limit)
         self.ctx.report(epoch, **_numeric(dict(metrics or {})))
         if checkpoint is not None:
             self._latest = checkpoint
             self.ctx.save_checkpoint({STATE_KEY: _read_directory(checkpoint), "epoch": epoch})
         if not more:
-            self._epochs = None
+            self._epoch = None
             raise StopTrainable()
+        self._begin_epoch()
 
     def get_checkpoint(self, checkpoint_class: Any) -> Any:
         if self._latest is not None:
@@ -185,8 +189,8 @@ class _Session:
         return checkpoint_class.from_directory(directory)
 
     def close(self) -> None:
-        if self._epochs is not None and hasattr(self._epochs, "close"):
-            self._epochs.close()
+        if self._epoch is not None and hasattr(self._epoch, "close"):
+            self._epoch.close()
         for directory in self._dirs:
             shutil.rmtree(directory, ignore_errors=True)
 
