@@ -7,7 +7,10 @@ through the Ray Tune adapter (``rubberband/raytune.py``, ``docs/raytune.md``): e
 ``tune.report`` is one epoch, its checkpoint becomes the trial's rubberband checkpoint, and the
 trial is stopped at the end of its rung.
 
-The workload is the synthetic one (sleep, known winner): ``score`` peaks at ``lr = best_lr``.
+The workload is the synthetic one (sleep, known winner): ``score`` peaks at ``lr = best_lr``. An
+epoch sleeps ``epoch_s`` times the configuration's speed factor ``exp(speed_sigma · z)``, ``z`` a
+standard normal seeded by the configuration's ``lr`` (``speed_sigma: 0``, the default, makes every
+configuration equally fast): configurations differ in speed, as when width or depth are tuned.
 """
 
 from __future__ import annotations
@@ -15,10 +18,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import tempfile
 import time
 
 from ray import tune
+
+
+def speed_factor(config):
+    """The configuration's slowdown (1 = ``epoch_s``), the same wherever and whenever it runs."""
+    sigma = float(config.get("speed_sigma", 0.0))
+    return math.exp(sigma * random.Random(repr(float(config["lr"]))).gauss(0.0, 1.0)) if sigma > 0 else 1.0
 
 
 def train_fn(config):
@@ -29,7 +39,7 @@ def train_fn(config):
             with open(os.path.join(directory, "state.json")) as f:
                 start = json.load(f)["epoch"] + 1
     for epoch in range(start, config.get("max_epochs", 100)):
-        time.sleep(config["epoch_s"])
+        time.sleep(config["epoch_s"] * speed_factor(config))
         score = 1.0 - (math.log10(config["lr"]) - math.log10(config["best_lr"])) ** 2 - 0.05 / (epoch + 1)
         with tempfile.TemporaryDirectory() as directory:
             with open(os.path.join(directory, "state.json"), "w") as f:

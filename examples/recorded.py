@@ -15,6 +15,10 @@ whole training:
   last epoch. It keeps the recorded
   order of the architectures at every epoch, so successive halving finds the recorded best.
 
+``train_fn(config)`` is the same replay written as a Ray Tune function trainable (one process, one
+``tune.report`` per epoch, a checkpoint each epoch): what a Ray Tune user runs, used by
+``bench/bench_vs_raytune.py`` to tune the same workload with Ray Tune and with rubberband.
+
 Config keys: ``arch`` (a NAS-Bench-201 cell, e.g. ``"311021"``; a row of the table), ``table`` (path,
 relative to this file), ``max_epochs``, ``time_scale``, ``dataset_size`` and ``batch_size`` (iterations
 per epoch).
@@ -68,3 +72,27 @@ def train(config: dict, ctx) -> None:
         state["epochs_done"] += 1
         ctx.report(epoch, val_acc=accuracy(row["val_acc"], epoch, max_epochs))
         ctx.save_checkpoint(state)
+
+
+def train_fn(config: dict) -> None:
+    """The replay as a Ray Tune function trainable: one process, the whole recorded epoch per report."""
+    import os
+    import tempfile
+
+    from ray import tune
+
+    row = load_table(str(config.get("table", "data/nasbench201_cifar10_slice.json")))[str(config["arch"])]
+    max_epochs = int(config["max_epochs"])
+    start = 0
+    checkpoint = tune.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as directory:
+            start = json.loads(Path(directory, "state.json").read_text())["epoch"] + 1
+    for epoch in range(start, max_epochs):
+        time.sleep(epoch_seconds(row, max_epochs, float(config.get("time_scale", 60.0))))
+        with tempfile.TemporaryDirectory() as directory:
+            Path(directory, "state.json").write_text(json.dumps({"epoch": epoch}))
+            tune.report(
+                {"val_acc": accuracy(row["val_acc"], epoch, max_epochs)},
+                checkpoint=tune.Checkpoint.from_directory(os.fspath(directory)),
+            )

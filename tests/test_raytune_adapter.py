@@ -116,6 +116,62 @@ def test_reports_become_epochs_checkpoints_carry_over_and_the_rung_stops_it(exam
     assert tune.report.__module__.startswith("ray.") and tune.get_checkpoint.__module__.startswith("ray.")
 
 
+def test_speed_spread_is_per_configuration_and_off_by_default(example):
+    assert example.speed_factor({"lr": 0.01}) == 1.0
+    spread = {lr: example.speed_factor({"lr": lr, "speed_sigma": 0.4}) for lr in (0.001, 0.01, 0.1, 0.3)}
+    assert spread == {lr: example.speed_factor({"lr": lr, "speed_sigma": 0.4}) for lr in spread}  # stable
+    assert len(set(spread.values())) == 4 and max(spread.values()) / min(spread.values()) > 1.1
+    ctx = MemoryContext(0, 1)
+    slow = max(spread, key=spread.get)
+    adapt(example.train_fn)({**CONFIG, "lr": slow, "speed_sigma": 0.4}, ctx)
+    assert ctx.latencies[0] >= CONFIG["epoch_s"] * spread[slow]
+
+
+def test_each_epoch_is_a_pass_of_the_real_context_so_the_profiler_times_whole_epochs(example, tmp_path):
+    """On the real WorkerContext every report ends one pass of ``ctx.batches``: the profiler's whole-epoch
+    times (its measurement of several configurations' speeds) exist for a Ray Tune trainable too."""
+    from rubberband.executor.context import WorkerContext
+    from rubberband.profiler.runner import epoch_times
+
+    ctx = WorkerContext(
+        trial_id="b0-t000",
+        start_epoch=0,
+        end_epoch=4,
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device="cpu",
+        process_group=None,
+        checkpoint_dir=str(tmp_path),
+    )
+    adapt(example.train_fn)({**CONFIG, "speed_sigma": 0.4}, ctx)
+    assert [r.epoch for r in ctx.reports] == [0, 1, 2, 3] and ctx.pass_lengths == [1, 1, 1, 1]
+    expected = CONFIG["epoch_s"] * example.speed_factor({**CONFIG, "speed_sigma": 0.4})
+    assert len(ctx.iteration_latencies_s) == 4 and min(ctx.iteration_latencies_s) >= expected
+    assert len(epoch_times(ctx.pass_times)) == 2 and min(epoch_times(ctx.pass_times)) >= expected
+
+
+def test_the_recorded_replay_written_for_ray_tune_reports_the_same_curve():
+    """examples/recorded.py's ``train_fn`` (the Ray Tune user's form of the replay, bench_vs_raytune's Ray Tune
+    side) reports what rubberband's ``train`` does, epoch for epoch, and resumes from its checkpoint."""
+    from conftest import examples_on_path
+
+    with examples_on_path():
+        recorded = importlib.import_module("recorded")
+    table = recorded.load_table("data/nasbench201_cifar10_slice.json")
+    arch = min(table, key=lambda a: table[a]["train_time_s"])
+    config = {"arch": arch, "max_epochs": 3, "time_scale": 6000.0}
+    train = adapt(recorded.train_fn)
+    first = MemoryContext(0, 1)
+    train(dict(config), first)
+    second = MemoryContext(1, 3, saved=first.saved)
+    train(dict(config), second)
+    curve = [recorded.accuracy(table[arch]["val_acc"], e, 3) for e in range(3)]
+    assert [m["val_acc"] for _, m in first.reports + second.reports] == pytest.approx(curve)
+    assert [e for e, _ in second.reports] == [1, 2]
+    assert min(first.latencies + second.latencies) >= recorded.epoch_seconds(table[arch], 3, 6000.0)
+
+
 def test_profiling_stops_it_after_the_iterations_it_needs(example):
     ctx = MemoryContext(0, 50, max_iterations=2)
     adapt(example.train_fn)(dict(CONFIG), ctx)
