@@ -379,3 +379,31 @@ def journaled_controller(
     )
     controller.state = controller.journal.state
     return controller, backend
+
+
+def worker_context(
+    directory: Path | str,
+    *,
+    end_epoch: int = 3,
+    rank: int = 0,
+    world_size: int = 1,
+    checkpoint_every: int = 1,
+    max_iterations: int | None = None,
+    trial_id: str = "b0-t000",
+):
+    """A rank's real WorkerContext of ``trial_id`` from epoch 0, outside Ray (no process group)."""
+    from rubberband.executor.context import WorkerContext
+
+    return WorkerContext(
+        trial_id=trial_id,
+        start_epoch=0,
+        end_epoch=end_epoch,
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank,
+        device="cpu",
+        process_group=None,
+        checkpoint_dir=str(directory),
+        checkpoint_every=checkpoint_every,
+        max_iterations=max_iterations,
+    )

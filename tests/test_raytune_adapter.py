@@ -130,20 +130,11 @@ def test_speed_spread_is_per_configuration_and_off_by_default(example):
 def test_each_epoch_is_a_pass_of_the_real_context_so_the_profiler_times_whole_epochs(example, tmp_path):
     """On the real WorkerContext every report ends one pass of ``ctx.batches``: the profiler's whole-epoch
     times (its measurement of several configurations' speeds) exist for a Ray Tune trainable too."""
-    from rubberband.executor.context import WorkerContext
+    from executor_helpers import worker_context
+
     from rubberband.profiler.runner import epoch_times
 
-    ctx = WorkerContext(
-        trial_id="b0-t000",
-        start_epoch=0,
-        end_epoch=4,
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        device="cpu",
-        process_group=None,
-        checkpoint_dir=str(tmp_path),
-    )
+    ctx = worker_context(tmp_path, end_epoch=4)
     adapt(example.train_fn)({**CONFIG, "speed_sigma": 0.4}, ctx)
     assert [r.epoch for r in ctx.reports] == [0, 1, 2, 3] and ctx.pass_lengths == [1, 1, 1, 1]
     expected = CONFIG["epoch_s"] * example.speed_factor({**CONFIG, "speed_sigma": 0.4})

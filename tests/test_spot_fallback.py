@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from cloud_helpers import REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401  (fixtures)
-from executor_helpers import journaled_controller, make_plan, write_job
+from executor_helpers import journaled_controller, make_plan, worker_context, write_job
 from gce_fake import gce_fake  # noqa: F401  (fixture)
 
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, provision_with_failover
@@ -587,24 +587,6 @@ def test_watcher_polls_until_the_notice_and_answers_at_once(metadata):
         watcher.stop()
 
 
-def _context(directory, *, end_epoch: int = 3, rank: int = 0, world_size: int = 1, checkpoint_every: int = 1):
-    """A rank's WorkerContext of trial b0-t000 from epoch 0, outside Ray (no process group)."""
-    from rubberband.executor.context import WorkerContext
-
-    return WorkerContext(
-        trial_id="b0-t000",
-        start_epoch=0,
-        end_epoch=end_epoch,
-        rank=rank,
-        world_size=world_size,
-        local_rank=rank,
-        device="cpu",
-        process_group=None,
-        checkpoint_dir=str(directory),
-        checkpoint_every=checkpoint_every,
-    )
-
-
 def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypatch):
     from rubberband.executor.checkpoints import latest_epoch
 
@@ -617,7 +599,7 @@ def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypat
         return answer.get("notice")
 
     monkeypatch.setattr(notices, "check_watchers", check)
-    ctx = _context(tmp_path / "ck")
+    ctx = worker_context(tmp_path / "ck")
     ctx.report(0, loss=1.0)
     ctx.save_checkpoint({"w": 1})  # no notice: goes on
     answer["notice"] = {"cloud": "aws", "action": "terminate"}
@@ -626,7 +608,7 @@ def test_worker_stops_right_after_its_checkpoint_on_a_notice(tmp_path, monkeypat
         ctx.save_checkpoint({"w": 2})
     assert latest_epoch(tmp_path / "ck") == 1 and ctx.preemption_notice["action"] == "terminate"
     assert asked == [["rb-notice-i-1"], ["rb-notice-i-1"]]
-    other = _context(tmp_path / "ck", rank=1, world_size=2)
+    other = worker_context(tmp_path / "ck", rank=1, world_size=2)
     with pytest.raises(notices.PreemptionNotice):  # every rank stops at the same point
         other.save_checkpoint({"w": 2})
 
@@ -640,7 +622,7 @@ def test_a_plan_interval_skips_saves_but_never_the_last_nor_one_on_a_notice(tmp_
     saved: list[int] = []
 
     def context(directory):
-        ctx = _context(directory, end_epoch=7, checkpoint_every=3)
+        ctx = worker_context(directory, end_epoch=7, checkpoint_every=3)
         monkeypatch.setattr(ctx, "_emit", lambda event: saved.append(event.epoch))
         return ctx
 

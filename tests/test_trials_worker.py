@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from rubberband.executor.context import WorkerContext
+from executor_helpers import worker_context
 from rubberband.executor.worker import load_entry_point
 
 
@@ -27,18 +27,7 @@ def test_same_module_name_from_two_code_dirs(tmp_path, monkeypatch):
 
 
 def test_batches_times_every_iteration_and_stops_at_max(tmp_path):
-    ctx = WorkerContext(
-        trial_id="t",
-        start_epoch=0,
-        end_epoch=1,
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        device=torch.device("cpu"),
-        process_group=None,
-        checkpoint_dir=str(tmp_path),
-        max_iterations=4,
-    )
+    ctx = worker_context(tmp_path, end_epoch=1, max_iterations=4)
     seen = list(ctx.batches([(torch.zeros(8, 3), torch.zeros(8)) for _ in range(10)]))
     assert len(seen) == 4 and len(ctx.iteration_latencies_s) == 4
     assert ctx.pass_lengths == [10] and ctx.batch_size_seen == 8 and ctx.first_iteration_at is not None
