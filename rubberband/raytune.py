@@ -15,9 +15,9 @@ replaces, in the Ray modules already imported and in the function's own module g
   several configurations (their speed spread);
 * ``get_checkpoint`` returns the trial's newest checkpoint, written back into a temporary
   directory as a ``Checkpoint`` of the module it was called through (``None`` on a fresh trial);
-* at the rung boundary (``ctx.end_epoch``), or when profiling has timed ``ctx.max_iterations`` epochs, the report call
-  raises :class:`StopTrainable` (a ``BaseException``, so the trainable's ``except Exception``
-  does not swallow it) after recording the epoch, and the adapter returns.
+* at the rung boundary (``ctx.end_epoch``), or when profiling has timed ``ctx.max_iterations``
+  epochs, the report call raises :class:`StopTrainable` (a ``BaseException``, so the trainable's
+  ``except Exception`` does not swallow it) after recording the epoch, and the adapter returns.
 
 A trainable is single-process: with more than one worker only rank 0 runs it (keep
 ``resources.max_workers_per_trial: 1``). Nothing here imports Ray Tune unless a trainable is
