@@ -197,11 +197,13 @@ def run_raytune(workload: str, scheduler: str, nodes: int, out: Path, *, tries: 
 
 
 def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) -> dict:
+    """A real local run, as ``rubberband run SPEC --deadline D --overrun none`` makes it: the plan for the
+    deadline, the re-planner at every stage boundary, and a late run finished rather than stopped."""
     from rubberband.catalog import load_catalog
     from rubberband.cloud.local import LocalProvider
     from rubberband.errors import InfeasibleError
-    from rubberband.executor.controller import Controller
-    from rubberband.executor.runtime import TrialRuntime
+    from rubberband.executor.brackets import controller_for
+    from rubberband.executor.runtime import TrialRuntime, planner_replanner
     from rubberband.inputs import load_job_inputs
     from rubberband.planner import plan_job
 
@@ -212,15 +214,19 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
     except InfeasibleError as exc:
         return {"system": f"rubberband elastic ({label})", "deadline_s": deadline_s, "infeasible": str(exc)}
     run_dir = out / f"rubberband-{label}"
-    controller = Controller(
+    catalog = load_catalog(["local"])
+    controller = controller_for(plan)(
         spec=inputs.spec,
         plan=plan,
-        catalog=load_catalog(["local"]),
+        catalog=catalog,
         run_dir=run_dir,
         backend=LocalProvider(run_dir),
         runtime=TrialRuntime.load(),
         run_id=run_dir.name,
-        deadline_s=3 * deadline_s,
+        replanner=planner_replanner(catalog, inputs.profile),
+        profile=inputs.profile,
+        deadline_s=deadline_s,
+        overrun_s=math.inf,
     )
     controller.run()
     result = controller.result
@@ -297,6 +303,13 @@ def main() -> None:
     parser.add_argument("--nodes", default="1,2,3")
     parser.add_argument("--schedulers", default="hyperband,asha")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--raytune-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="take the Ray Tune rows from an earlier run's DIR/rows.json (same workload) instead of running them",
+    )
     parser.add_argument("--raytune-cell", nargs=2, metavar=("SCHEDULER", "NODES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     workload = WORKLOADS[args.workload]
@@ -310,10 +323,17 @@ def main() -> None:
         f"{args.workload}: runs under {out}; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores",
         flush=True,
     )
+    earlier = {}
+    if args.raytune_from is not None:
+        earlier = {
+            f"{r['system'].split()[2]}/{r['nodes']}": r
+            for r in json.loads((args.raytune_from / "rows.json").read_text())
+            if r["system"].startswith("Ray Tune")
+        }
     rows = []
     for scheduler in args.schedulers.split(","):
         for nodes in (int(n) for n in args.nodes.split(",")):
-            tune_row = run_raytune(args.workload, scheduler, nodes, out)
+            tune_row = earlier.get(f"{scheduler}/{nodes}") or run_raytune(args.workload, scheduler, nodes, out)
             rows.append(tune_row)
             print(json.dumps(tune_row), flush=True)
             ours = run_rubberband(workload.spec, tune_row["jct_s"], out, f"{scheduler}-{nodes}")
