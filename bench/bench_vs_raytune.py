@@ -236,10 +236,16 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
     from rubberband.executor import journal as J
 
     epochs = sum(len(t.epochs) for t in J.read_state(run_dir).trials.values())
+    planned = " → ".join(f"{s.instances}×{s.instance_type}" for s in plan.stages)
+    ran = " → ".join(  # what each stage started with, after the re-planner's changes
+        f"{e['instances']}×{e['instance_type']}"
+        for e in J.iter_events(run_dir / "journal.jsonl")
+        if e["type"] == "stage_started"
+    )
     return {
         "system": f"rubberband elastic ({label})",
         "deadline_s": deadline_s,
-        "plan": " → ".join(f"{s.instances}×{s.instance_type}" for s in plan.stages),
+        "plan": ran if ran == planned else f"{ran} (planned {planned})",
         "jct_s": result["actual"]["jct_s"],
         "cost_usd": billed_usd(lifetimes, prices),
         "best": (best.get("config") or {}).get(key),
@@ -276,7 +282,7 @@ def print_table(rows: list[dict], workload: str) -> None:
         f"node-second, 1 s granularity, 60 s minimum per node"
     )
     print(
-        f"{'system':38} {'nodes / plan':46} {'deadline':>8} {'JCT':>7} {'billed $':>10} {'best':>8} "
+        f"{'system':38} {'nodes / plan (as run)':46} {'deadline':>8} {'JCT':>7} {'billed $':>10} {'best':>8} "
         f"{'metric':>7} {'epochs':>6} {'÷ Ray Tune at its JCT':>21} {'÷ cheapest no sooner':>20}"
     )
     by_cell = {f"{r['system'].split()[2]}/{r['nodes']}": r for r in rows if r["system"].startswith("Ray Tune")}
