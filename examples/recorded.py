@@ -54,13 +54,19 @@ def epoch_seconds(row: dict[str, float], max_epochs: int, time_scale: float) -> 
     return row["train_time_s"] / max_epochs / time_scale
 
 
-def train(config: dict, ctx) -> None:
+def replayed(config: dict) -> tuple[dict[str, float], int, float]:
+    """The configuration's table row, its ``max_epochs`` and the seconds one of its epochs sleeps."""
     row = load_table(str(config.get("table", "data/nasbench201_cifar10_slice.json")))[str(config["arch"])]
     max_epochs = int(config["max_epochs"])
+    return row, max_epochs, epoch_seconds(row, max_epochs, float(config.get("time_scale", 60.0)))
+
+
+def train(config: dict, ctx) -> None:
+    row, max_epochs, epoch_s = replayed(config)
     w = ctx.world_size
     iters = max(1, -(-int(config.get("dataset_size", 320)) // (int(config.get("batch_size", 32)) * w)))
     total_iters = max(1, -(-int(config.get("dataset_size", 320)) // int(config.get("batch_size", 32))))
-    per_iter = epoch_seconds(row, max_epochs, float(config.get("time_scale", 60.0))) / total_iters
+    per_iter = epoch_s / total_iters
     state = ctx.load_checkpoint() or {"epochs_done": 0}
     token = torch.ones(1)
     for epoch in range(ctx.start_epoch, ctx.end_epoch):
@@ -81,15 +87,14 @@ def train_fn(config: dict) -> None:
 
     from ray import tune
 
-    row = load_table(str(config.get("table", "data/nasbench201_cifar10_slice.json")))[str(config["arch"])]
-    max_epochs = int(config["max_epochs"])
+    row, max_epochs, epoch_s = replayed(config)
     start = 0
     checkpoint = tune.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as directory:
             start = json.loads(Path(directory, "state.json").read_text())["epoch"] + 1
     for epoch in range(start, max_epochs):
-        time.sleep(epoch_seconds(row, max_epochs, float(config.get("time_scale", 60.0))))
+        time.sleep(epoch_s)
         with tempfile.TemporaryDirectory() as directory:
             Path(directory, "state.json").write_text(json.dumps({"epoch": epoch}))
             tune.report(
