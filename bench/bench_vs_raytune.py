@@ -49,6 +49,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rubberband.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -79,14 +83,12 @@ def billed_usd(lifetimes_s: list[float], price_hr: float | list[float]) -> float
     )
 
 
-def same_trials(spec_path: Path) -> tuple[str, list]:
+def same_trials(spec: "JobSpec") -> tuple[str, list]:
     """The hyperparameter that varies and its values over the trials rubberband runs for the spec
     (its fixed configurations, then its seeded samples)."""
     from rubberband.planner.schedule import stages_for
     from rubberband.search import make_config_source, trial_id_for
-    from rubberband.spec import load_spec
 
-    spec = load_spec(spec_path)
     sched = spec.scheduler
     first = stages_for(
         sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs
@@ -95,7 +97,7 @@ def same_trials(spec_path: Path) -> tuple[str, list]:
     configs = [source.propose(trial_id_for(0, i)) for i in range(first.trials)]
     keys = sorted({k for c in configs for k in c})
     if len(keys) != 1:
-        raise SystemExit(f"{spec_path}: the bench grids one hyperparameter; its trials vary {keys}")
+        raise SystemExit(f"{spec.name}: the bench grids one hyperparameter; its trials vary {keys}")
     return keys[0], [c[keys[0]] for c in configs]
 
 
@@ -107,12 +109,11 @@ def raytune_cell(workload: Workload, scheduler: str, nodes: int, out: Path) -> d
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH")) if p)
     import importlib
 
-    import yaml
-
     from rubberband.profiler.local_cluster import LocalCluster  # one Ray node per instance, as our local runs
+    from rubberband.spec import load_spec
 
-    spec = yaml.safe_load(workload.spec.read_text())
-    key, values = same_trials(workload.spec)
+    spec = load_spec(workload.spec)
+    key, values = same_trials(spec)
     sys.path.insert(0, str(EXAMPLES))
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
@@ -120,30 +121,30 @@ def raytune_cell(workload: Workload, scheduler: str, nodes: int, out: Path) -> d
     module, function = workload.trainable.split(":")
     trainable = getattr(importlib.import_module(module), function)
 
-    sched = spec["scheduler"]
+    sched, metric = spec.scheduler, spec.metric
     started = time.time()
     with LocalCluster() as cluster:
         for i in range(nodes):
             cluster.add_instance(f"n{i}", 1)
         if scheduler == "hyperband":
             chosen = HyperBandScheduler(
-                time_attr="training_iteration", max_t=sched["max_epochs"], reduction_factor=sched["eta"]
+                time_attr="training_iteration", max_t=sched.max_epochs, reduction_factor=sched.eta
             )
         else:
             chosen = ASHAScheduler(
                 time_attr="training_iteration",
-                max_t=sched["max_epochs"],
-                grace_period=sched["min_epochs"],
-                reduction_factor=sched["eta"],
+                max_t=sched.max_epochs,
+                grace_period=sched.min_epochs,
+                reduction_factor=sched.eta,
             )
         # the same trials: rubberband's configurations, given to Ray Tune as a grid
-        space = {key: tune.grid_search(values), **spec["config"], "max_epochs": sched["max_epochs"]}
+        space = {key: tune.grid_search(values), **spec.config, "max_epochs": sched.max_epochs}
         tuner = tune.Tuner(
             tune.with_resources(trainable, {"cpu": 1}),
             param_space=space,
             tune_config=tune.TuneConfig(
-                metric=spec["metric"]["name"],
-                mode=spec["metric"]["mode"],
+                metric=metric.name,
+                mode=metric.mode,
                 num_samples=1,
                 scheduler=chosen,
                 reuse_actors=True,
@@ -152,7 +153,7 @@ def raytune_cell(workload: Workload, scheduler: str, nodes: int, out: Path) -> d
         )
         results = tuner.fit()
         jct = time.time() - started
-        best = results.get_best_result(metric=spec["metric"]["name"], mode=spec["metric"]["mode"], scope="last")
+        best = results.get_best_result(metric=metric.name, mode=metric.mode, scope="last")
         epochs = int(sum(r.metrics.get("training_iteration", 0) for r in results))
     lifetime = time.time() - started
     return {
@@ -161,7 +162,7 @@ def raytune_cell(workload: Workload, scheduler: str, nodes: int, out: Path) -> d
         "jct_s": jct,
         "cost_usd": billed_usd([lifetime] * nodes, NODE_PRICE_HR),
         "best": best.config[key],
-        "best_metric": best.metrics[spec["metric"]["name"]],
+        "best_metric": best.metrics[metric.name],
         "trial_epochs": epochs,
     }
 
@@ -208,7 +209,7 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
     from rubberband.planner import plan_job
 
     inputs = load_job_inputs(spec_path)
-    key, _ = same_trials(spec_path)
+    key, _ = same_trials(inputs.spec)
     try:
         plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s, samples=1000, seed=0)
     except InfeasibleError as exc:
@@ -270,9 +271,18 @@ def shortest_feasible_s(spec_path: Path) -> float:
 # -- the table -----------------------------------------------------------------------------------------
 
 
+def is_raytune(row: dict) -> bool:
+    return row["system"].startswith("Ray Tune")
+
+
+def cell(row: dict) -> str:
+    """A Ray Tune row's scheduler/nodes ("asha/1"), as rubberband rows name it in ``vs``."""
+    return f"{row['system'].split()[2]}/{row['nodes']}"
+
+
 def cheapest_no_sooner(rows: list[dict], jct_s: float) -> dict | None:
     """The cheapest Ray Tune run that finished no sooner than ``jct_s``: what a run that fast must beat."""
-    slower = [r for r in rows if r["system"].startswith("Ray Tune") and r["jct_s"] >= jct_s]
+    slower = [r for r in rows if is_raytune(r) and r["jct_s"] >= jct_s]
     return min(slower, key=lambda r: r["cost_usd"]) if slower else None
 
 
@@ -285,7 +295,7 @@ def print_table(rows: list[dict], workload: str) -> None:
         f"{'system':38} {'nodes / plan (as run)':46} {'deadline':>8} {'JCT':>7} {'billed $':>10} {'best':>8} "
         f"{'metric':>7} {'epochs':>6} {'÷ Ray Tune at its JCT':>21} {'÷ cheapest no sooner':>20}"
     )
-    by_cell = {f"{r['system'].split()[2]}/{r['nodes']}": r for r in rows if r["system"].startswith("Ray Tune")}
+    by_cell = {cell(r): r for r in rows if is_raytune(r)}
     for r in rows:
         if "infeasible" in r:
             print(f"{r['system']:38} infeasible at {r['deadline_s']:.0f} s")
@@ -294,8 +304,8 @@ def print_table(rows: list[dict], workload: str) -> None:
         deadline = f"{r['deadline_s']:.0f}s" if "deadline_s" in r else "-"
         same = by_cell.get(r.get("vs", ""))
         ratio = f"{r['cost_usd'] / same['cost_usd']:.2f}" if same else "-"
-        bar = None if r["system"].startswith("Ray Tune") else cheapest_no_sooner(rows, r["jct_s"])
-        ratio_bar = f"{r['cost_usd'] / bar['cost_usd']:.2f} ({bar['system'].split()[2]}/{bar['nodes']})" if bar else "-"
+        bar = None if is_raytune(r) else cheapest_no_sooner(rows, r["jct_s"])
+        ratio_bar = f"{r['cost_usd'] / bar['cost_usd']:.2f} ({cell(bar)})" if bar else "-"
         best = r["best"] if isinstance(r["best"], str) else f"{r['best']:.4f}"
         print(
             f"{r['system']:38} {where:46} {deadline:>8} {r['jct_s']:6.1f}s {r['cost_usd']:10.6f} "
@@ -331,11 +341,7 @@ def main() -> None:
     )
     earlier = {}
     if args.raytune_from is not None:
-        earlier = {
-            f"{r['system'].split()[2]}/{r['nodes']}": r
-            for r in json.loads((args.raytune_from / "rows.json").read_text())
-            if r["system"].startswith("Ray Tune")
-        }
+        earlier = {cell(r): r for r in json.loads((args.raytune_from / "rows.json").read_text()) if is_raytune(r)}
     rows = []
     for scheduler in args.schedulers.split(","):
         for nodes in (int(n) for n in args.nodes.split(",")):
