@@ -55,6 +55,18 @@ def test_the_planned_sigmas_cover_the_truth_at_the_bound_level(configs, epochs):
     assert covered_c / runs >= 0.88
 
 
+def test_a_bound_is_capped_but_a_measured_spread_above_the_cap_is_planned_as_measured():
+    """Configurations that really differ more than the cap (conv width tuned 16-128 channels: σ ≈ 0.8) are
+    planned at their measured σ, not cut to the cap below it; a few samples' bound beyond it is capped."""
+    from rubberband.planner.noise import MAX_SIGMA
+
+    rng = np.random.default_rng(7)
+    wide = fit_variation(samples(rng, configs=8, epochs=3, config_sigma=0.8, epoch_sigma=0.05), [10.0] * 8)
+    assert wide.config_sigma_fit > MAX_SIGMA and wide.config_sigma == wide.config_sigma_fit
+    narrow = fit_variation(samples(rng, configs=3, epochs=3, config_sigma=0.35, epoch_sigma=0.05), [10.0] * 3)
+    assert narrow.config_sigma_fit < MAX_SIGMA and narrow.config_sigma == MAX_SIGMA  # its bound, capped
+
+
 def test_one_configuration_leaves_config_speed_unmeasured():
     v = fit_variation([[1.0, 1.1, 0.9]], [1.0])
     assert v.config_sigma == 0.0 and v.epoch_sigma > 0 and "not measured" in v.source
