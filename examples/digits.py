@@ -62,39 +62,85 @@ def shard(n: int, rank: int, world_size: int, epoch: int, seed: int) -> torch.Te
     return order[rank::world_size]
 
 
-def train(config: dict, ctx) -> None:
-    seed = int(config.get("seed", 0))
-    batch = int(config.get("batch_size", BATCH_SIZE))
-    torch.manual_seed(seed)
-    x_train, y_train, x_val, y_val = load_data(seed)
-    model = DDP(DigitsCNN(int(config.get("channels", 32)), int(config.get("hidden", 64))).to(ctx.device))
+def setup(config: dict, device: str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The configuration's model (on ``device``) and its SGD optimizer, seeded by the config's ``seed``."""
+    torch.manual_seed(int(config.get("seed", 0)))
+    model = DigitsCNN(int(config.get("channels", 32)), int(config.get("hidden", 64))).to(device)
     opt = torch.optim.SGD(
         model.parameters(), lr=float(config.get("lr", 0.05)), momentum=float(config.get("momentum", 0.9))
     )
+    return model, opt
+
+
+def train_epoch(model, opt, data, config: dict, epoch: int, rank: int, world_size: int, batches=iter, device="cpu"):
+    """One epoch over this rank's shard of the training set; the last step's loss. ``batches`` wraps the
+    steps (rubberband's ``ctx.batches`` times them)."""
+    x_train, y_train = data[0], data[1]
+    batch = int(config.get("batch_size", BATCH_SIZE))
+    idx = shard(len(y_train), rank, world_size, epoch, int(config.get("seed", 0)))
+    loss = torch.zeros(())
+    for step in batches([idx[i : i + batch] for i in range(0, len(idx), batch)]):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x_train[step].to(device)), y_train[step].to(device))
+        loss.backward()
+        opt.step()
+    return float(loss.detach())
+
+
+def train(config: dict, ctx) -> None:
+    """The rubberband training function: data-parallel over the trial's workers (DDP)."""
+    data = load_data(int(config.get("seed", 0)))
+    module, opt = setup(config, ctx.device)
+    model = DDP(module)  # the optimizer's parameters are the module's: DDP wraps, it does not copy
     state = ctx.load_checkpoint()
     if state is not None:
-        model.module.load_state_dict(state["model"])
+        module.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
     for epoch in range(ctx.start_epoch, ctx.end_epoch):
         model.train()
-        idx = shard(len(y_train), ctx.rank, ctx.world_size, epoch, seed)
-        steps = [idx[i : i + batch] for i in range(0, len(idx), batch)]
-        for step in ctx.batches(steps):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x_train[step].to(ctx.device)), y_train[step].to(ctx.device))
-            loss.backward()
-            opt.step()
-        ctx.report(epoch, val_acc=evaluate(model.module, x_val, y_val, ctx), loss=float(loss.detach()))
-        ctx.save_checkpoint({"model": model.module.state_dict(), "opt": opt.state_dict()})
+        loss = train_epoch(model, opt, data, config, epoch, ctx.rank, ctx.world_size, ctx.batches, ctx.device)
+        val_acc = evaluate(module, data[2], data[3], ctx.rank, ctx.world_size, ctx.device)
+        ctx.report(epoch, val_acc=val_acc, loss=loss)
+        ctx.save_checkpoint({"model": module.state_dict(), "opt": opt.state_dict()})
+
+
+def train_fn(config: dict) -> None:
+    """The same training written as a Ray Tune function trainable (one process per trial): what a Ray Tune user
+    has, and what ``bench/bench_vs_raytune.py --workload digits`` gives Ray Tune. Epochs up to ``max_epochs``."""
+    import os
+    import tempfile
+
+    from ray import tune
+
+    data = load_data(int(config.get("seed", 0)))
+    model, opt = setup(config)
+    start = 0
+    checkpoint = tune.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as directory:
+            state = torch.load(os.path.join(directory, "state.pt"))
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["epoch"] + 1
+    for epoch in range(start, int(config.get("max_epochs", 9))):
+        model.train()
+        loss = train_epoch(model, opt, data, config, epoch, 0, 1)
+        val_acc = evaluate(model, data[2], data[3], 0, 1)
+        with tempfile.TemporaryDirectory() as directory:
+            torch.save(
+                {"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch},
+                os.path.join(directory, "state.pt"),
+            )
+            tune.report({"val_acc": val_acc, "loss": loss}, checkpoint=tune.Checkpoint.from_directory(directory))
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx) -> float:
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int, world_size: int, device="cpu") -> float:
     """Accuracy on the whole validation set: each rank scores its shard, counts are summed."""
     model.eval()
-    mine = torch.arange(ctx.rank, len(y), ctx.world_size)
-    pred = model(x[mine].to(ctx.device)).argmax(1).cpu()
+    mine = torch.arange(rank, len(y), world_size)
+    pred = model(x[mine].to(device)).argmax(1).cpu()
     counts = torch.tensor([float((pred == y[mine]).sum()), float(len(mine))])
-    if ctx.world_size > 1:
+    if world_size > 1:
         dist.all_reduce(counts)
     return float(counts[0] / counts[1])

@@ -163,6 +163,28 @@ def test_the_recorded_replay_written_for_ray_tune_reports_the_same_curve():
     assert min(first.latencies + second.latencies) >= recorded.epoch_seconds(table[arch], 3, 6000.0)
 
 
+@pytest.mark.e2e  # real training
+def test_the_digits_cnn_written_for_ray_tune_learns_and_resumes_from_its_checkpoint():
+    """examples/digits.py's ``train_fn`` (bench_vs_raytune's Ray Tune side of the torch workload): real
+    training, its torch checkpoint carried through the adapter, and the run resumed from it trains on
+    from the saved weights (the same accuracies as an uninterrupted run)."""
+    from conftest import examples_on_path
+
+    with examples_on_path():
+        digits = importlib.import_module("digits")
+    config = {"lr": 0.05, "momentum": 0.9, "channels": 8, "hidden": 16, "max_epochs": 3}
+    train = adapt(digits.train_fn)
+    first = MemoryContext(0, 1)
+    train(dict(config), first)
+    second = MemoryContext(1, 3, saved=first.saved)
+    train(dict(config), second)
+    whole = MemoryContext(0, 3)
+    train(dict(config), whole)
+    resumed = [m["val_acc"] for _, m in first.reports + second.reports]
+    assert resumed == pytest.approx([m["val_acc"] for _, m in whole.reports])
+    assert [e for e, _ in second.reports] == [1, 2] and resumed[-1] > 0.5  # ten classes: chance is 0.1
+
+
 def test_profiling_stops_it_after_the_iterations_it_needs(example):
     ctx = MemoryContext(0, 50, max_iterations=2)
     adapt(example.train_fn)(dict(CONFIG), ctx)
