@@ -12,12 +12,16 @@ Tune function trainable Ray Tune runs:
 * ``nasbench201``: ``examples/nasbench201.yaml``, the 27 recorded NAS-Bench-201 architectures replayed
   (``examples/recorded.py``: rubberband runs ``train``, Ray Tune the same replay as ``train_fn``);
   recorded speeds differ 3×, the recorded best is ``311021``;
+* ``digits``: ``examples/digits_spread.yaml``, the torch CNN on scikit-learn's digits (real training:
+  rubberband runs ``train`` with DDP over the workers its plan gives a trial, Ray Tune runs the same
+  model, data and optimizer as the function trainable ``train_fn``, one process per trial): 27
+  configurations of learning rate, momentum and conv width (16–128 channels, so speeds differ);
 * ``tiny``: ``examples/raytune.yaml``, 9 trials of 0.5-second epochs: every run fits in the 60-second
   minimum, so it shows the floors, not the schedulers.
 
 * Ray Tune 2.x: ``HyperBandScheduler(max_t=R, reduction_factor=η)`` and ``ASHAScheduler(max_t=R,
   grace_period=r, reduction_factor=η)``, ``reuse_actors=True``, over the same configurations
-  (rubberband's first-stage trials, as a grid over the one hyperparameter that varies), on a static
+  (rubberband's first-stage trials, in its order, as ``BasicVariantGenerator(points_to_evaluate=...)``), on a static
   local cluster of 1, 2 or 3 one-CPU nodes (``ray.cluster_utils.Cluster``, one trial per node at a
   time), each cell in its own process. JCT: cluster start → ``Tuner.fit()`` returns.
 * rubberband: the elastic plan for the same spec (local.cpu1 / local.cpu2 instances, real local
@@ -69,6 +73,7 @@ class Workload:
 WORKLOADS = {
     "spread": Workload(EXAMPLES / "raytune_spread.yaml", "raytune_trainable:train_fn"),
     "nasbench201": Workload(EXAMPLES / "nasbench201.yaml", "recorded:train_fn"),
+    "digits": Workload(EXAMPLES / "digits_spread.yaml", "digits:train_fn"),
     "tiny": Workload(EXAMPLES / "raytune.yaml", "raytune_trainable:train_fn"),
 }
 NODE_PRICE_HR = 0.05  # local.cpu1: Ray Tune's one-CPU nodes
@@ -83,9 +88,9 @@ def billed_usd(lifetimes_s: list[float], price_hr: float | list[float]) -> float
     )
 
 
-def same_trials(spec: "JobSpec") -> tuple[str, list]:
-    """The hyperparameter that varies and its values over the trials rubberband runs for the spec
-    (its fixed configurations, then its seeded samples)."""
+def same_trials(spec: "JobSpec") -> list[dict]:
+    """The configurations rubberband's first stage runs for the spec (its fixed configurations, then its
+    seeded samples), each reduced to the hyperparameters that vary between them."""
     from rubberband.planner.schedule import stages_for
     from rubberband.search import make_config_source, trial_id_for
 
@@ -95,10 +100,16 @@ def same_trials(spec: "JobSpec") -> tuple[str, list]:
     )[0]
     source = make_config_source(spec)
     configs = [source.propose(trial_id_for(0, i)) for i in range(first.trials)]
-    keys = sorted({k for c in configs for k in c})
-    if len(keys) != 1:
-        raise SystemExit(f"{spec.name}: the bench grids one hyperparameter; its trials vary {keys}")
-    return keys[0], [c[keys[0]] for c in configs]
+    varying = sorted({k for c in configs for k in c if k not in spec.config})
+    return [{k: c[k] for k in varying} for c in configs]
+
+
+def trial_number(config: dict, trials: list[dict]) -> str:
+    """``#i``: which of the same trials ``config`` (a full configuration) is, by its varying hyperparameters."""
+    for i, trial in enumerate(trials):
+        if all(config.get(k) == v for k, v in trial.items()):
+            return f"#{i}"
+    return "?"
 
 
 # -- Ray Tune (one cell per process) -----------------------------------------------------------------
@@ -113,10 +124,11 @@ def raytune_cell(workload: Workload, scheduler: str, nodes: int, out: Path) -> d
     from rubberband.spec import load_spec
 
     spec = load_spec(workload.spec)
-    key, values = same_trials(spec)
+    trials = same_trials(spec)
     sys.path.insert(0, str(EXAMPLES))
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
 
     module, function = workload.trainable.split(":")
     trainable = getattr(importlib.import_module(module), function)
@@ -137,15 +149,17 @@ def raytune_cell(workload: Workload, scheduler: str, nodes: int, out: Path) -> d
                 grace_period=sched.min_epochs,
                 reduction_factor=sched.eta,
             )
-        # the same trials: rubberband's configurations, given to Ray Tune as a grid
-        space = {key: tune.grid_search(values), **spec.config, "max_epochs": sched.max_epochs}
+        # the same trials: rubberband's configurations, in its order, as Ray Tune's points to evaluate
+        varying = {k: tune.choice(sorted({t[k] for t in trials})) for k in trials[0]}
+        space = {**varying, **spec.config, "max_epochs": sched.max_epochs}
         tuner = tune.Tuner(
             tune.with_resources(trainable, {"cpu": 1}),
             param_space=space,
             tune_config=tune.TuneConfig(
                 metric=metric.name,
                 mode=metric.mode,
-                num_samples=1,
+                num_samples=len(trials),
+                search_alg=BasicVariantGenerator(points_to_evaluate=[dict(t) for t in trials]),
                 scheduler=chosen,
                 reuse_actors=True,
             ),
@@ -161,7 +175,7 @@ def raytune_cell(workload: Workload, scheduler: str, nodes: int, out: Path) -> d
         "nodes": nodes,
         "jct_s": jct,
         "cost_usd": billed_usd([lifetime] * nodes, NODE_PRICE_HR),
-        "best": best.config[key],
+        "best": trial_number(best.config, trials),
         "best_metric": best.metrics[metric.name],
         "trial_epochs": epochs,
     }
@@ -209,7 +223,7 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
     from rubberband.planner import plan_job
 
     inputs = load_job_inputs(spec_path)
-    key, _ = same_trials(inputs.spec)
+    trials = same_trials(inputs.spec)
     try:
         plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s, samples=1000, seed=0)
     except InfeasibleError as exc:
@@ -249,7 +263,7 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
         "plan": ran if ran == planned else f"{ran} (planned {planned})",
         "jct_s": result["actual"]["jct_s"],
         "cost_usd": billed_usd(lifetimes, prices),
-        "best": (best.get("config") or {}).get(key),
+        "best": trial_number(best.get("config") or {}, trials),
         "best_metric": best.get("metric"),
         "trial_epochs": epochs,
     }
@@ -286,7 +300,7 @@ def cheapest_no_sooner(rows: list[dict], jct_s: float) -> dict | None:
     return min(slower, key=lambda r: r["cost_usd"]) if slower else None
 
 
-def print_table(rows: list[dict], workload: str) -> None:
+def print_table(rows: list[dict], workload: str, trials: list[dict]) -> None:
     print(
         f"\n{workload}: load average at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; billed per "
         f"node-second, 1 s granularity, 60 s minimum per node"
@@ -306,11 +320,12 @@ def print_table(rows: list[dict], workload: str) -> None:
         ratio = f"{r['cost_usd'] / same['cost_usd']:.2f}" if same else "-"
         bar = None if is_raytune(r) else cheapest_no_sooner(rows, r["jct_s"])
         ratio_bar = f"{r['cost_usd'] / bar['cost_usd']:.2f} ({cell(bar)})" if bar else "-"
-        best = r["best"] if isinstance(r["best"], str) else f"{r['best']:.4f}"
         print(
             f"{r['system']:38} {where:46} {deadline:>8} {r['jct_s']:6.1f}s {r['cost_usd']:10.6f} "
-            f"{best:>8} {r['best_metric']:7.4f} {r.get('trial_epochs', 0):6d} {ratio:>21} {ratio_bar:>20}"
+            f"{r['best']:>8} {r['best_metric']:7.4f} {r.get('trial_epochs', 0):6d} {ratio:>21} {ratio_bar:>20}"
         )
+    for number in sorted({r["best"] for r in rows if "best" in r and r["best"] != "?"}):
+        print(f"best {number}: {trials[int(number[1:])]}")
 
 
 def main() -> None:
@@ -358,7 +373,9 @@ def main() -> None:
     rows.append(tight)
     print(json.dumps(tight), flush=True)
     (out / "rows.json").write_text(json.dumps(rows, indent=2))
-    print_table(rows, args.workload)
+    from rubberband.spec import load_spec
+
+    print_table(rows, args.workload, same_trials(load_spec(workload.spec)))
 
 
 if __name__ == "__main__":
