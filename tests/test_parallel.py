@@ -6,11 +6,17 @@ would: threads stand in for the workers here.
 
 from __future__ import annotations
 
+import os
+import textwrap
 import threading
-import types
 import time
+import types
+
+import pytest
 
 from parallel import _held, order
+
+pytest_plugins = ["pytester"]
 
 
 def _hold(path, exclusive: bool, log: list[str], name: str, release: threading.Event) -> None:
@@ -88,3 +94,42 @@ def test_exclusive_first_then_slow_e2e_modules_then_the_rest_then_unit():
         ("test_other_e2e", ("e2e",)),
         ("test_spec", ()),
     ]
+
+
+@pytest.mark.e2e  # a pytest session on two xdist workers, in a subprocess
+def test_a_group_runs_on_one_worker_and_sets_its_module_fixture_up_once(pytester):
+    """``--dist loadgroup`` as pyproject's addopts give it: the tests of an ``xdist_group`` module go to one worker,
+    so the module's expensive fixture (one finished run, one Ray cluster) is made once. pytest 9.2 silently broke
+    this with pytest-xdist 3.8 (the group's suffix on the node id was ignored: every worker made the fixture)."""
+    pytester.makepyfile(
+        test_grouped=textwrap.dedent("""
+        import os
+        import pytest
+
+        pytestmark = pytest.mark.xdist_group("one_cluster")
+
+        @pytest.fixture(scope="module")
+        def cluster():
+            with open(os.environ["SETUPS"], "a") as out:
+                out.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+        @pytest.mark.parametrize("n", range(8))
+        def test_uses_the_cluster(cluster, n):
+            pass
+        """),
+        test_other=textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.parametrize("n", range(8))
+        def test_other(n):
+            pass
+        """),
+    )
+    setups = pytester.path / "setups"
+    os.environ["SETUPS"] = str(setups)
+    try:
+        result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "--dist", "loadgroup", "-q")
+    finally:
+        del os.environ["SETUPS"]
+    result.assert_outcomes(passed=16)
+    assert len(setups.read_text().split()) == 1, setups.read_text()
