@@ -130,7 +130,10 @@ def test_training_function_that_raises(cli, synthetic_dir):
     out = synthetic_dir / "p.json"
     # a budget whose first probe's share outlasts a cold worker start on a loaded machine (60 s gave it 4 s,
     # too little beside three other tests): the function raises at once, so the budget never makes it longer
-    result = cli("profile", spec, "--workers", "1", "--budget", "180s", "--out", out, timeout=180)
+    # (no start-up sampling: the error comes from the first training shape, and sampling first only delays it)
+    result = cli(
+        "profile", spec, "--workers", "1", "--budget", "180s", "--startup-samples", "0", "--out", out, timeout=180
+    )
     _assert_one_line_error(result, "RuntimeError", "CUDA out of memory (pretend)", "profile-w1-n1")
     assert not out.exists()
 
@@ -152,14 +155,18 @@ def test_bad_flags(cli, synthetic_dir, args, fragment):
     assert not out.exists()
 
 
-@pytest.mark.exclusive  # fills a 60 s budget on the machine's own pace: nothing beside it
 def test_budget_caps_iterations(cli, synthetic_dir):
     """A long epoch (20 000 iterations of 20 ms) and a 60 s budget: iterations are capped, time is kept.
 
     60 s rather than less: on a loaded 2-core machine starting the profiling cluster alone can take
     ten seconds and more, start-up sampling and configuration epochs take their share, and a budget
     too small to measure anything is (correctly) an error (30 s failed so in CI).
+
+    The budget is what the profiler measures itself (``took`` on its summary line: from its start-up samples to its
+    last measurement), so the test runs beside others: the shares adapt to the machine's pace. Interpreter
+    start and the entry point's import check come on top, bounded loosely here.
     """
+    import re
     import time
 
     spec = synthetic_dir / "long.yaml"
@@ -194,5 +201,11 @@ def test_budget_caps_iterations(cli, synthetic_dir):
     assert [s.source for s in profile.startup if s.cloud == "local"] == ["measured"]
     # whole epochs of 20 000 iterations do not fit: the configurations' epochs are capped too
     assert profile.epoch_measurements and all(m.iterations_per_epoch < 20000 for m in profile.epoch_measurements)
-    # The budget covers the measurement; allow for interpreter start, the import check and teardown.
-    assert elapsed < 60 + 30, elapsed
+    # The budget covers the measurement (10 % for the last step's teardown); the command as a whole also pays
+    # for interpreter start, the import check and teardown, slower on a loaded machine.
+    took = re.search(r"took (?:(\d+)m (\d+)s|([\d.]+)s)", result.stdout)
+    assert took, result.stdout[-2000:]
+    minutes, seconds, short = took.groups()
+    took_s = float(short) if short else 60 * int(minutes) + int(seconds)
+    assert took_s <= 60 * 1.1, (took_s, result.stdout[-2000:])
+    assert elapsed < 60 + 90, elapsed
