@@ -25,6 +25,7 @@ from typing import Protocol
 
 from rubberband.cloud.bootstrap import DASHBOARD_PORT
 from rubberband.errors import CloudError, InputError
+from rubberband.net import free_port
 
 
 class HeadLink(Protocol):
@@ -46,12 +47,6 @@ class DirectLink:
 
     def close(self) -> None:
         return None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -140,7 +135,7 @@ class SshTunnel:
         self.hosts_file.parent.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout_s
         while True:
-            port = _free_port()
+            port = free_port()
             self._proc = subprocess.Popen(
                 self.command(port),
                 stdin=subprocess.DEVNULL,

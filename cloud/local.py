@@ -21,7 +21,6 @@ import os
 import shutil
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from rubberband.cloud.provider import TAG_RUN_ID, Instance, InstanceRequest, nod
 from rubberband.errors import CloudError
 from rubberband.devices import node_resources
 from rubberband.paths import short_tmp_root
+from rubberband.net import free_port
 from rubberband.files import write_text_atomic
 
 HEAD_ID = "head"
@@ -96,12 +96,6 @@ def _port_clash(output: str) -> bool:
             "Failed to start the grpc server",
         )
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -298,6 +292,10 @@ class LocalProvider:
                     "false",  # the driver takes no worker logs
                     "--object-store-memory",
                     str(OBJECT_STORE_BYTES),
+                    # every node's dashboard agent binds 52365 by default: on one machine all but the first
+                    # would retry it for ~3.4 s at start, then run without it
+                    "--dashboard-agent-listen-port",
+                    str(free_port()),
                     *args,
                 ],
                 stdin=subprocess.DEVNULL,
@@ -358,7 +356,7 @@ class LocalProvider:
             # run, another Ray) may take one in between, and the head exits. Then it starts again on new ports.
             tries = 1 if port is not None else PORT_TRIES
             for attempt in range(1, tries + 1):
-                gcs_port = port or _free_port()
+                gcs_port = port or free_port()
                 offset = log.stat().st_size if log.exists() else 0  # the log is appended to: this try's part
                 dashboard = (
                     ["--include-dashboard", "false"]
@@ -370,10 +368,8 @@ class LocalProvider:
                         "127.0.0.1",
                         "--dashboard-port",
                         str(dashboard_port),
-                        "--dashboard-agent-listen-port",
-                        str(_free_port()),
                     ]
-                )  # its default (52365) may be taken
+                )
                 proc = self._ray_start(
                     [
                         "--head",
@@ -385,7 +381,7 @@ class LocalProvider:
                         str(temp_dir),
                         *dashboard,
                         "--ray-client-server-port",
-                        str(_free_port()),
+                        str(free_port()),
                     ],
                     log,
                     {**HEAD_ENV, **NODE_ENV, "RAY_AUTH_MODE": self.auth_mode, **(env or {})},

@@ -148,7 +148,8 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
     the watchdog; and what the instance's end does: once the provider no longer reports it running
     (terminated by the CLI, ``down`` or the watchdog), stop every Ray node of it and remove its disk."""
     from rubberband.cloud.bootstrap import HEAD_ID_ENV, RUN_ROOT_ENV, TOKEN_FILE
-    from rubberband.cloud.local import LocalProvider, _free_port
+    from rubberband.cloud.local import LocalProvider
+    from rubberband.net import free_port
     from rubberband.cloud.registry import make_provider
 
     disk = head_disk(instance_id)
@@ -172,7 +173,7 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
         if has_identity and not token.exists():
             (disk / HEAD_FAILED_FILE).write_text("the CLI did not deliver the run's Ray token\n")
         elif has_identity:
-            port = _free_port()
+            port = free_port()
             local.start_head_process(run_id, dashboard_port=port, env=env)
             tmp = disk / f".{HEAD_URL_FILE}.tmp"
             tmp.write_text(json.dumps({"url": f"http://127.0.0.1:{port}"}))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 import sys
 import time
 import traceback
@@ -21,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from rubberband.executor.context import ReportRecord, WorkerContext
 from rubberband.executor.notices import PreemptionNotice
+from rubberband.net import free_port
 from rubberband.devices import CPU_WORKER, WorkerDevice, observe_cuda, resolve
 from rubberband.raytune import adapt as adapt_trainable
 
@@ -99,12 +99,6 @@ def load_entry_point(entry_point: str, code_dir: str) -> Callable:
         return getattr(module, func_name)
     except AttributeError:
         raise AttributeError(f"module {module_name!r} has no function {func_name!r}") from None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def _one_line(exc: BaseException) -> str:

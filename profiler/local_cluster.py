@@ -32,6 +32,7 @@ from typing import Any  # noqa: E402
 
 from rubberband.cloud.provider import node_resource  # noqa: E402
 from rubberband.errors import ExecutionError  # noqa: E402
+from rubberband.net import free_port  # noqa: E402
 from rubberband.paths import short_tmp_root  # noqa: E402
 
 
@@ -137,6 +138,9 @@ class LocalCluster:
             resources={node_resource(instance_id): slots},
             node_ip_address="127.0.0.1",
             object_store_memory=80 * 1024 * 1024,
+            # each node's dashboard agent binds 52365 by default: on one machine all but the first would retry it
+            # for ~3.4 s at start, then run without it
+            dashboard_agent_listen_port=free_port(),
         )
         head = self._cluster.head_node is None
         if head:

@@ -365,7 +365,9 @@ def test_parallel_run_replaces_a_killed_spot_node_on_demand_and_resumes_its_brac
         text=True,
         env=cli_env(tmp_path),
     )
-    victim, out, err = lose_node_once_checkpointed(proc, run_dir, timeout_s=150, victim_of=once_time_left_is_below(20, _bracket1_checkpointed))
+    victim, out, err = lose_node_once_checkpointed(
+        proc, run_dir, timeout_s=150, victim_of=once_time_left_is_below(20, _bracket1_checkpointed)
+    )
     print(f"\nparallel spot run with a killed node: {time.monotonic() - started:.1f}s wall")
     assert proc.returncode in (0, 4), err[-3000:]  # met or late: the point is that it finished
     events = list(J.iter_events(run_dir / J.JOURNAL_NAME))

@@ -44,6 +44,7 @@ import pytest
 from rubberband.cloud.bootstrap import BOOT_FAILED, BootstrapConfig, client_versions, render_startup_script
 from rubberband.cloud.local_head import _private_address
 from rubberband.cloud.shipping import build_package, job_runtime_env
+from rubberband.net import free_port
 
 from conftest import REPO
 
@@ -95,14 +96,6 @@ class MetadataServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 #: The job the test submits as the CLI submits a run: it runs on the head (driver) and trains one trial on the

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from rubberband.cloud.local import LocalProvider, _free_port
+from rubberband.cloud.local import LocalProvider
+from rubberband.net import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +57,7 @@ def test_the_runs_ray_refuses_clients_without_its_token(tmp_path):
     token_file.write_text(secrets.token_hex(32))
     token_file.chmod(0o600)
     local = LocalProvider(tmp_path / "head", auth_mode="token")
-    port = _free_port()
+    port = free_port()
     try:
         head = local.start_head_process("run-t", dashboard_port=port, env={"RAY_AUTH_TOKEN_PATH": str(token_file)})
         url = f"http://127.0.0.1:{port}"
@@ -197,7 +198,7 @@ def test_the_pushed_token_lands_through_a_real_sshd_and_the_key_can_do_nothing_e
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")], check=True)
     for line in _drop_account_lines((state / "push_key.pub").read_text().strip(), str(drop)):
         subprocess.run(["sh", "-c", line], check=True)
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "sshd_config"
     config.write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path / 'host_key'}\n"

@@ -99,12 +99,12 @@ def test_a_head_whose_port_another_process_took_starts_again_on_new_ports(tmp_pa
     import rubberband.cloud.local as local
 
     picked: list[int] = []
-    real = local._free_port
+    real = local.free_port
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        monkeypatch.setattr(local, "_free_port", lambda: picked.append(1) or (port if len(picked) == 1 else real()))
+        monkeypatch.setattr(local, "free_port", lambda: picked.append(1) or (port if len(picked) == 1 else real()))
         provider = LocalProvider(tmp_path / "run")
         try:
             record = provider.start_head_process("clash-run")
