@@ -98,6 +98,21 @@ def _port_clash(output: str) -> bool:
     )
 
 
+def _gcs_port_clash(temp_dir: Path, ray_start_pid: int) -> str | None:
+    """Ray's words, when the GCS that the ``ray start --head`` of ``ray_start_pid`` launched (its session directory
+    ends in that pid) exited on a port clash; Ray's ``ray start`` only reports it after waiting 40 s for the GCS."""
+    for logs in temp_dir.glob(f"session_*_{ray_start_pid}/logs"):
+        for name in ("gcs_server.out", "gcs_server.err"):
+            try:
+                lines = (logs / name).read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            clash = [line for line in lines if _port_clash(line)]
+            if clash:
+                return clash[-1]
+    return None
+
+
 def _group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids whose process group is ``pgid``."""
     out = []
@@ -310,6 +325,13 @@ class LocalProvider:
         deadline = time.monotonic() + timeout_s
         log = Path(record.log)
         while time.monotonic() < deadline:
+            clash = _gcs_port_clash(Path(record.temp_dir), proc.pid) if record.role == "head" else None
+            if clash:  # the GCS died on a port another process took; `ray start` would wait 40 s to say so
+                kill_group(record.pgid, 0.5)
+                proc.wait(timeout=10)
+                with open(log, "a") as out:
+                    out.write(f"rubberband: the head's GCS exited: {clash}\n")
+                raise CloudError(f"local Ray head {record.id}: its GCS port was taken; see {log}", kind="transient")
             if proc.poll() is not None:
                 tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
                 kill_group(record.pgid, 0.5)
