@@ -8,10 +8,12 @@ other much. Three things make that safe and quick; all are loaded by ``conftest.
   workers finish together: the last tests to be handed out are the short ones.
 - **Groups.** A module whose tests share one expensive module-scoped fixture (one finished run, one Ray
   cluster) marks itself ``pytest.mark.xdist_group(...)``: its tests run on one worker, and the fixture once.
-- **Exclusive tests.** A test whose assertions depend on the wall-clock length of a whole run (a deadline
-  kept, a profiling budget filled) is marked ``exclusive``: it runs alone. Every test holds a lock file
-  shared; an exclusive test holds it exclusively, from its setup through its teardown. A turnstile keeps a
-  waiting exclusive test from being starved by the others' shared holds.
+- **Exclusive tests.** A test that must run with nothing beside it is marked ``exclusive``: it runs alone.
+  Every test holds a lock file shared; an exclusive test holds it exclusively, from its setup through its
+  teardown, and keeps it through the exclusive tests that follow it on its worker. A turnstile keeps a
+  waiting exclusive test from being starved by the others' shared holds. Tests that time a run against a
+  deadline or a budget are written to hold on a loaded machine instead (they read the run's own clock or
+  wait for the run's time to pass), so that only the trial-runtime modules are exclusive (tests/test_trials_gpu.py).
 
 ``-n 0`` runs everything in this process, one test at a time (the lock is then uncontended).
 """
@@ -102,11 +104,34 @@ def _held(path: Path, *, exclusive: bool) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+_EXCLUSIVE_HOLD = pytest.StashKey[contextlib.ExitStack]()
+
+
+def _exclusive(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("exclusive") is not None
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A shared hold for each test; an exclusive hold kept from an exclusive test through the next ones on this
+    worker while they are exclusive too (a module of them, sharing one Ray cluster), so the worker does not hand
+    the lock back and wait for the other workers' running tests between each two of them."""
     path = os.environ.get(LOCK_ENV)
     if not path:
         yield
         return
-    with _held(Path(path), exclusive=item.get_closest_marker("exclusive") is not None):
+    if not _exclusive(item):
+        with _held(Path(path), exclusive=False):
+            yield
+        return
+    hold = item.config.stash.get(_EXCLUSIVE_HOLD, None)
+    if hold is None:
+        hold = contextlib.ExitStack()
+        hold.enter_context(_held(Path(path), exclusive=True))
+        item.config.stash[_EXCLUSIVE_HOLD] = hold
+    try:
         yield
+    finally:
+        if not _exclusive(nextitem):
+            del item.config.stash[_EXCLUSIVE_HOLD]
+            hold.close()

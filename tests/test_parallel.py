@@ -14,7 +14,7 @@ import types
 
 import pytest
 
-from parallel import _held, order
+from parallel import LOCK_ENV, _held, order, pytest_runtest_protocol
 
 pytest_plugins = ["pytester"]
 
@@ -70,9 +70,10 @@ def test_shared_holders_run_side_by_side(tmp_path):
 
 
 class _Item:
-    def __init__(self, module: str, *marks: str) -> None:
+    def __init__(self, module: str, *marks: str, config=None) -> None:
         self.module = types.SimpleNamespace(__name__=module)
         self.marks = marks
+        self.config = config
 
     def get_closest_marker(self, name: str):
         return name if name in self.marks else None
@@ -133,3 +134,35 @@ def test_a_group_runs_on_one_worker_and_sets_its_module_fixture_up_once(pytester
         del os.environ["SETUPS"]
     result.assert_outcomes(passed=16)
     assert len(setups.read_text().split()) == 1, setups.read_text()
+
+
+def _run(item, nextitem) -> None:
+    """The hook around one test, as pytest drives a hookwrapper: up to the test, then the rest."""
+    hook = pytest_runtest_protocol(item, nextitem)
+    next(hook)
+    try:
+        next(hook)
+    except StopIteration:
+        pass
+
+
+def test_an_exclusive_hold_is_kept_through_the_next_exclusive_tests_of_the_worker(tmp_path, monkeypatch):
+    """Between two exclusive tests of one worker (one module sharing a Ray cluster) no shared holder gets in: the
+    worker keeps the lock instead of waiting for the other workers' running tests again; after the last it is free."""
+    monkeypatch.setenv(LOCK_ENV, str(tmp_path / "exclusive.lock"))
+    config = types.SimpleNamespace(stash=pytest.Stash())
+    first, second = (_Item("test_trials_runtime", "e2e", "exclusive", config=config) for _ in range(2))
+    _run(first, second)
+    log: list[str] = []
+    release = threading.Event()
+    shared = threading.Thread(target=_hold, args=(tmp_path / "exclusive.lock", False, log, "other", release))
+    shared.start()
+    time.sleep(0.3)
+    assert log == []  # still held between the two exclusive tests
+    _run(second, _Item("test_spec", config=config))
+    deadline = time.monotonic() + 10
+    while not log and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert log == ["other in"]  # released after the last of them
+    release.set()
+    shared.join(10)
