@@ -75,11 +75,15 @@ def unconfigure(config: pytest.Config) -> None:
         os.environ.pop(LOCK_ENV, None)
 
 
+def _exclusive(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("exclusive") is not None
+
+
 def order(items: list[pytest.Item]) -> None:
     """Exclusive tests, then the other e2e tests (slow modules first), then the unit tests; stable."""
 
     def key(item: pytest.Item) -> tuple[int, int]:
-        if item.get_closest_marker("exclusive"):
+        if _exclusive(item):
             return (0, 0)
         if item.get_closest_marker("e2e"):
             return (1, _RANK.get(item.module.__name__ if item.module else "", len(_RANK)))
@@ -105,10 +109,6 @@ def _held(path: Path, *, exclusive: bool) -> Iterator[None]:
 
 
 _EXCLUSIVE_HOLD = pytest.StashKey[contextlib.ExitStack]()
-
-
-def _exclusive(item: pytest.Item | None) -> bool:
-    return item is not None and item.get_closest_marker("exclusive") is not None
 
 
 @pytest.hookimpl(hookwrapper=True)
