@@ -155,6 +155,7 @@ def test_bad_flags(cli, synthetic_dir, args, fragment):
     assert not out.exists()
 
 
+@pytest.mark.exclusive  # fills a 60 s budget on the machine's own pace: nothing beside it
 def test_budget_caps_iterations(cli, synthetic_dir):
     """A long epoch (20 000 iterations of 20 ms) and a 60 s budget: iterations are capped, time is kept.
 
@@ -162,9 +163,9 @@ def test_budget_caps_iterations(cli, synthetic_dir):
     ten seconds and more, start-up sampling and configuration epochs take their share, and a budget
     too small to measure anything is (correctly) an error (30 s failed so in CI).
 
-    The budget is what the profiler measures itself (``took`` on its summary line: from its start-up samples to its
-    last measurement), so the test runs beside others: the shares adapt to the machine's pace. Interpreter
-    start and the entry point's import check come on top, bounded loosely here.
+    It runs alone: beside three other tests, the first shape's probe (a cold worker importing torch) outgrew
+    its 3 s share of the budget, which the profiler rightly calls too small. The budget is also checked as
+    the profiler measures it (``took`` on its summary line: from its start-up samples to its last measurement).
     """
     import re
     import time
@@ -202,10 +203,10 @@ def test_budget_caps_iterations(cli, synthetic_dir):
     # whole epochs of 20 000 iterations do not fit: the configurations' epochs are capped too
     assert profile.epoch_measurements and all(m.iterations_per_epoch < 20000 for m in profile.epoch_measurements)
     # The budget covers the measurement (10 % for the last step's teardown); the command as a whole also pays
-    # for interpreter start, the import check and teardown, slower on a loaded machine.
+    # for interpreter start, the import check and teardown.
     took = re.search(r"took (?:(\d+)m (\d+)s|([\d.]+)s)", result.stdout)
     assert took, result.stdout[-2000:]
     minutes, seconds, short = took.groups()
     took_s = float(short) if short else 60 * int(minutes) + int(seconds)
     assert took_s <= 60 * 1.1, (took_s, result.stdout[-2000:])
-    assert elapsed < 60 + 90, elapsed
+    assert elapsed < 60 + 30, elapsed
