@@ -6,7 +6,6 @@ would: threads stand in for the workers here.
 
 from __future__ import annotations
 
-import os
 import textwrap
 import threading
 import time
@@ -98,7 +97,7 @@ def test_exclusive_first_then_slow_e2e_modules_then_the_rest_then_unit():
 
 
 @pytest.mark.e2e  # a pytest session on two xdist workers, in a subprocess
-def test_a_group_runs_on_one_worker_and_sets_its_module_fixture_up_once(pytester):
+def test_a_group_runs_on_one_worker_and_sets_its_module_fixture_up_once(pytester, monkeypatch):
     """``--dist loadgroup`` as pyproject's addopts give it: the tests of an ``xdist_group`` module go to one worker,
     so the module's expensive fixture (one finished run, one Ray cluster) is made once. pytest 9.2 silently broke
     this with pytest-xdist 3.8 (the group's suffix on the node id was ignored: every worker made the fixture)."""
@@ -127,11 +126,8 @@ def test_a_group_runs_on_one_worker_and_sets_its_module_fixture_up_once(pytester
         """),
     )
     setups = pytester.path / "setups"
-    os.environ["SETUPS"] = str(setups)
-    try:
-        result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "--dist", "loadgroup", "-q")
-    finally:
-        del os.environ["SETUPS"]
+    monkeypatch.setenv("SETUPS", str(setups))
+    result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "--dist", "loadgroup", "-q")
     result.assert_outcomes(passed=16)
     assert len(setups.read_text().split()) == 1, setups.read_text()
 
