@@ -38,7 +38,10 @@ reached its rung *so far*), and two cost ratios per rubberband row: against the 
 JCT was its deadline, and against the cheapest Ray Tune run that finished no sooner than it (the
 goal: ≤ 0.6×).
 
-Everything runs on this machine: the figures are only as good as its load (printed with them).
+Everything runs on this machine: the figures are only as good as its load (printed with them). Local
+nodes share its cores: with real training (``digits``), more training processes than cores slow each one
+down, which neither Ray Tune's static clusters nor rubberband's planner allow for (the planner models each
+local node as a machine of its own).
 """
 
 from __future__ import annotations
