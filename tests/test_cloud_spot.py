@@ -1,19 +1,18 @@
-"""Spot interruptions and type failover on AWS (moto server) and GCP (the GCE fake), as the executor sees them.
+"""Spot interruptions and type failover on AWS (moto server), as the executor sees them.
 
 * ``CloudBackend`` reports what failover obtained, which types are blocked in every zone, and which instances
   the cloud took back (``Server.SpotInstanceTermination`` → ``spot-interruption``).
-* End to end through ``rubberband run --cloud aws|gcp`` with the test boot injected (``--test-boot local`` of
-  tests/cli_harness.py: local Ray nodes play each instance's boot): a worker interrupted (AWS) or preempted (GCP, the GCE fake's
-  ``compute.instances.preempted`` operation) mid-run is journaled as a spot interruption, replaced, and its
-  trials restart from their checkpoints;
+* End to end through ``rubberband run --cloud aws`` with the test boot injected (``--test-boot local`` of
+  tests/cli_harness.py: local Ray nodes play each instance's boot): a worker interrupted mid-run is journaled as a
+  spot interruption, replaced, and its trials restart from their checkpoints (a GCP preemption, the GCE fake's
+  ``compute.instances.preempted`` operation, end to end: tests/test_spot_e2e.py);
   a planned type sold out in every zone is replaced by failover's alternative, which the journal records and
   bills, and the next stage is re-planned onto it. Nothing is left in moto or on this machine.
 
 moto has no spot interruption: the tests terminate the instance in the (in-process, threaded) moto server, set
-the state reason AWS gives a reclaimed spot instance, and stop the instance's stand-in Ray node; on GCP the
-fake's ``preempt`` records the preemption operation and deletes the VM.
+the state reason AWS gives a reclaimed spot instance, and stop the instance's stand-in Ray node.
 
-The runs are slow (about 40 s, 40 s and 25 s on an idle 2-core machine, twice that under the shared CI load):
+The runs are slow (about 40 s and 25 s on an idle 2-core machine, twice that under the shared CI load):
 each local Ray node (head, stand-in instances, the replacement) starts one after another.
 """
 
@@ -29,12 +28,10 @@ import pytest
 from cli_harness import played_argv
 from cloud_helpers import AWS_CATALOG_CSV, REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
 from executor_helpers import lose_node_once_checkpointed, run_pids
-from gce_fake import gce_fake  # noqa: F401  (fixture)
 from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
 
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.backend import CloudBackend
-from rubberband.cloud.gcp import PREEMPTED_OPERATION
 from rubberband.cloud.head import provision_head
 from rubberband.cloud.provider import InstanceRequest
 from rubberband.cloud.registry import ProviderPool
@@ -151,23 +148,6 @@ def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_p
     _, _, run_dir = spot_loss_run(tmp_path, "aws", REGION, "p3.8xlarge", cloud_env(tmp_path, moto_env), interrupt_spot)
     assert all(spot for _, _, spot in ec2_faults.calls) and len(ec2_faults.calls) == 2
     _nothing_left(run_dir)
-
-
-def test_gcp_preemption_mid_run_is_a_spot_interruption_and_is_replaced(tmp_path, gce_fake):
-    """One spot n1-standard-8+T4x4 preempted after a checkpoint (see :func:`spot_loss_run`): Compute Engine's
-    compute.instances.preempted operation makes the loss a spot interruption, not just a lost VM. One trial (the
-    executor's side of a loss is the AWS test's; this one is about the reason) of 3 epochs: one to checkpoint,
-    one the dying stand-in may still finish, one to restart."""
-    env = cloud_env(tmp_path)
-    env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
-    _, victim, _ = spot_loss_run(
-        tmp_path, "gcp", "us-central1", "n1-standard-8+T4x4", env, gce_fake.preempt, trials=1, epochs=3
-    )
-    inserted = gce_fake.inserted()
-    assert len(inserted) == 2 and {i["scheduling"]["provisioningModel"] for i in inserted} == {"SPOT"}
-    preempted = [o for o in gce_fake.operations.values() if o["operationType"] == PREEMPTED_OPERATION]
-    assert [o["targetLink"].rsplit("/", 1)[-1] for o in preempted] == [victim]
-    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers
 
 
 def test_aws_planned_type_sold_out_everywhere_is_replaced_billed_and_replanned(cli, tmp_path, moto_env, ec2_faults):

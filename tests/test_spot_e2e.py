@@ -15,7 +15,7 @@ leaves none, a quick one some), so those two accept either market as long as it 
 figures give; the local run's spot margin (10 s, from its spec) puts the threshold between the slack at the start and
 the slack at the loss on any machine, and requires on-demand.
 
-A generous deadline keeps a replacement on spot: tests/test_cloud_spot.py (AWS, GCP) runs that case.
+A generous deadline keeps a replacement on spot: tests/test_cloud_spot.py (AWS) runs that case.
 Each run costs 30–60 s on an idle 2-core machine (head, victim node and replacement start one after another).
 """
 
@@ -44,6 +44,7 @@ from gce_fake import gce_fake  # noqa: F401  (fixture)
 from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
 from test_spot_fallback import Metadata
 
+from rubberband.cloud.gcp import PREEMPTED_OPERATION
 from rubberband.executor import journal as J
 from rubberband.plan import load_plan, write_plan
 
@@ -284,10 +285,13 @@ def test_gcp_preempted_spot_vm_is_replaced_in_the_market_the_slack_allows(tmp_pa
     victim, out, err = lose_node_once_checkpointed(proc, run_dir, before_kill=gce_fake.preempt)
     assert proc.returncode in (0, 4), err[-3000:]
     events = _events(run_dir)
+    # Compute Engine's compute.instances.preempted operation makes the loss a spot interruption, not just a lost VM
+    preempted = [o for o in gce_fake.operations.values() if o["operationType"] == PREEMPTED_OPERATION]
+    assert [o["targetLink"].rsplit("/", 1)[-1] for o in preempted] == [victim]
     (lost,) = [e for e in events if e["type"] == J.INSTANCE_LOST]
     assert lost["id"] == victim and lost["reason"] == "spot-interruption"
     replacement = _check_replaced_and_resumed(events, victim, trigger="preemption", on_demand=None)
     models = [i["scheduling"]["provisioningModel"] for i in gce_fake.inserted()]
     assert models == ["SPOT", "SPOT" if replacement["spot"] else "STANDARD"]
-    _finished(run_dir, out)
-    assert not gce_fake.instances and not gce_fake.firewalls
+    assert _finished(run_dir, out)["instances_lost"] == 1
+    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers
