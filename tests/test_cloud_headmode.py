@@ -64,8 +64,8 @@ from conftest import REPO
 HEAD_SA = "rb-head@rubberband-test.iam.gserviceaccount.com"
 
 
-def small_job(tmp_path: Path):
-    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
+def small_job(tmp_path: Path, epoch_s: float = 0.2):
+    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=epoch_s)
     plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(1, 1), durations=(20.0, 20.0))
     return spec, plan
 
@@ -91,8 +91,11 @@ def assert_nothing_left_but_the_group(head_id: str) -> None:
 def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_path, moto_env):
     """`run --cloud aws` starts an m6i.large head tagged role=head, submits the run as a Ray job and streams it;
     Ctrl-C detaches (the run goes on); `--attach` streams to the end, fetches the run directory (report works
-    locally) and ends the head. No credential reaches the job, the head's user-data or the journal."""
-    spec, plan = small_job(tmp_path)
+    locally) and ends the head. No credential reaches the job, the head's user-data or the journal.
+
+    2-second epochs: the run must still be going when Ctrl-C comes. With 0.2-second ones, on a loaded machine the
+    streamed log once caught up with the job only as it ended, and Ctrl-C came after the stream had returned."""
+    spec, plan = small_job(tmp_path, epoch_s=2.0)
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
     log = tmp_path / "cli.err"
