@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import chi2
+from scipy.special import chdtri  # chi2.ppf(q, k) = chdtri(k, 1 - q), without importing scipy.stats (~0.5 s)
 
 #: Level of the one-sided upper confidence bounds on the fitted σs.
 FIT_CONFIDENCE = 0.9
@@ -81,7 +81,7 @@ def _upper(variance: float, dof: int, level: float) -> float:
     """One-sided upper confidence bound of a variance estimated with ``dof`` degrees of freedom."""
     if dof <= 0:
         return variance
-    return variance * dof / float(chi2.ppf(1.0 - level, dof))
+    return variance * dof / float(chdtri(dof, level))  # the (1 - level) quantile of χ²(dof)
 
 
 def fit_variation(
