@@ -34,12 +34,10 @@ import secrets
 import shlex
 import shutil
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from rubberband.catalog import Catalog
 from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
@@ -383,32 +381,6 @@ def entrypoint(
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _run_off_the_main_thread(tail: Callable[[], Coroutine[Any, Any, None]], detached: threading.Event) -> None:
-    """``asyncio.run(tail())`` in a daemon thread, waited for on this (the main) thread.
-
-    Ctrl-C then raises KeyboardInterrupt here at once, and the caller detaches. Run on the main thread,
-    ``asyncio.run`` turns Ctrl-C into a cancel of its task, and code under the task that swallows the cancel
-    loses the Ctrl-C: under load a user's Ctrl-C once did not detach, and the CLI followed the run to its end."""
-    failed: list[BaseException] = []
-
-    def pump() -> None:
-        try:
-            asyncio.run(tail())
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread as it is
-            failed.append(exc)
-
-    thread = threading.Thread(target=pump, name="rubberband-log-tail", daemon=True)
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.2)
-    except KeyboardInterrupt:
-        detached.set()  # the daemon thread may still deliver a chunk: it is dropped, and the thread ends with the CLI
-        raise
-    if failed:
-        raise failed[0]
-
-
 class HeadSession:
     """An open link to a run's head and a job client on it; use as a context manager."""
 
@@ -599,14 +571,11 @@ class HeadSession:
         self.filter = LogFilter()
         seen = 0  # characters of the log already fed to the filter
         broken_since: float | None = None
-        detached = threading.Event()  # Ctrl-C: the tail shows nothing more
 
         async def tail() -> None:
             nonlocal seen, broken_since
             skip = seen
             async for chunk in self.client.tail_job_logs(self.job_id):
-                if detached.is_set():
-                    return
                 broken_since = None
                 if skip >= len(chunk):
                     skip -= len(chunk)
@@ -618,7 +587,7 @@ class HeadSession:
 
         while True:
             try:
-                _run_off_the_main_thread(tail, detached)
+                asyncio.run(tail())
                 if (status := self.status()) in TERMINAL:
                     return status
             except Exception as exc:  # noqa: BLE001 - the link dropped (aiohttp, requests errors); the run did not

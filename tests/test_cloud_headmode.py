@@ -8,18 +8,15 @@ each worker's Ray node come one after another; one run per cloud, and the AWS on
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import json
 import math
-import os
 import re
 import shutil
 import shlex
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -96,8 +93,8 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     Ctrl-C detaches (the run goes on); `--attach` streams to the end, fetches the run directory (report works
     locally) and ends the head. No credential reaches the job, the head's user-data or the journal.
 
-    2-second epochs: the run is still going when Ctrl-C comes (what a lost Ctrl-C looks like: the CLI follows the
-    run to its end; see test_ctrl_c_while_the_log_is_tailed_raises_at_once_even_if_the_stream_swallows_a_cancel)."""
+    2-second epochs: the run must still be going when Ctrl-C comes. With 0.2-second ones, on a loaded machine the
+    streamed log once caught up with the job only as it ended, and Ctrl-C came after the stream had returned."""
     spec, plan = small_job(tmp_path, epoch_s=2.0)
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
@@ -613,45 +610,6 @@ def test_a_link_broken_for_longer_than_the_grace_gives_up_saying_how_to_follow_a
     with pytest.raises(CloudError, match="lost the link to head i-0abc .* --attach"):
         _session(server).stream(shown.append, poll_s=0.01, link_grace_s=0.2)
     assert server.connections > 3 and len(shown) == 1  # retried quietly: one notice for the whole outage
-
-
-class _DeafJobServer:
-    """A log stream that shows one line, then waits for more and swallows a cancel (for 5 s at most)."""
-
-    async def tail_job_logs(self, job_id):
-        yield "stage 0 (1 of 2)\n"
-        until = time.monotonic() + 5.0
-        while time.monotonic() < until:
-            try:
-                await asyncio.sleep(0.05)
-            except asyncio.CancelledError:
-                pass
-
-    def get_job_status(self, job_id):
-        return type("Status", (), {"value": "SUCCEEDED"})()
-
-
-def test_ctrl_c_while_the_log_is_tailed_raises_at_once_even_if_the_stream_swallows_a_cancel():
-    """A real SIGINT to this process while the log is tailed: KeyboardInterrupt (which `run` turns into "detached")
-    comes at once. With the tail run by asyncio on the main thread, Ctrl-C only cancelled the tail's task; a stream
-    that swallows the cancel kept the CLI following the run to its end."""
-    shown: list[str] = []
-    first_line = threading.Event()
-
-    def write(text: str) -> None:
-        shown.append(text)
-        first_line.set()
-
-    def interrupt() -> None:
-        if first_line.wait(10):
-            os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt, daemon=True).start()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        _session(_DeafJobServer()).stream(write, poll_s=0.01)
-    assert time.monotonic() - started < 3.0
-    assert shown == ["stage 0 (1 of 2)\n"]
 
 
 def test_worker_egress_is_checked_before_anything_starts_and_old_head_records_still_read(tmp_path):
