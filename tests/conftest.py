@@ -23,8 +23,20 @@ EXAMPLES = REPO / "examples"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    take_sigint()
     leak_guard.pytest_configure(config)
     parallel.configure(config)
+
+
+def take_sigint() -> None:
+    """Undo an ignored SIGINT, so that the processes the tests start take a Ctrl-C as a user's would.
+
+    A command started in the background of a non-interactive shell (``cmd &`` in a script) has SIGINT set to
+    ignored, every process it starts inherits that, and Python then installs no KeyboardInterrupt. The tests that
+    send SIGINT (Ctrl-C detaches a head-mode run; ``run_cli``'s timeout) would all see it ignored. A Python handler
+    is not inherited: the children start with SIGINT's default."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -6,10 +6,14 @@ would: threads stand in for the workers here.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +166,31 @@ def test_an_exclusive_hold_is_kept_through_the_next_exclusive_tests_of_the_worke
     assert log == ["other in"]  # released after the last of them
     release.set()
     shared.join(10)
+
+
+@pytest.mark.e2e  # starts Python processes
+def test_a_suite_started_with_sigint_ignored_still_gives_its_children_a_ctrl_c():
+    """conftest.take_sigint: a suite launched in the background of a non-interactive shell (SIGINT ignored, and
+    inherited) still starts processes that a test's SIGINT interrupts, as a user's Ctrl-C would."""
+    child = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    probe = (
+        "import subprocess, sys\n"
+        "from conftest import take_sigint\n"
+        "TAKE\n"
+        f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout.strip())\n"
+    )
+
+    def launched_in_the_background(code: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=Path(__file__).parent,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert launched_in_the_background(probe.replace("TAKE", "pass")) == "False"  # what the children inherit
+    assert launched_in_the_background(probe.replace("TAKE", "take_sigint()")) == "True"
