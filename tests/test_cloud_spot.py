@@ -97,17 +97,14 @@ def spot_loss_run(
     itype: str,
     env: dict[str, str],
     take_back: Callable[[str], None],
-    *,
-    trials: int = 2,
-    epochs: int = 3,
-) -> tuple[list[dict], str, Path]:
-    """``rubberband run --cloud CLOUD --head local``: one stage, ``trials`` × ``epochs`` on one spot ``itype``
+) -> Path:
+    """``rubberband run --cloud CLOUD --head local``: one stage, 2 trials × 3 epochs on one spot ``itype``
     (4 slots); once a trial has checkpointed, ``take_back(id)`` has the cloud reclaim its instance and its stand-in
     Ray node dies. Checks that the loss is journaled as a spot interruption, one spot replacement takes the trials,
-    which restart from their checkpoints, and the run finishes with no Ray process left; returns (events, victim,
-    run directory)."""
+    which restart from their checkpoints, and the run finishes with no Ray process left; returns the run
+    directory."""
     # 2 s epochs: the dying stand-in's workers must not finish the stage before Ray sees the loss
-    spec = cloud_job(tmp_path, [cloud], trials=trials, eta=3, min_epochs=epochs, max_epochs=epochs, epoch_s=2.0)
+    spec = cloud_job(tmp_path, [cloud], trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
     plan_path = cloud_plan(tmp_path, spec, cloud, region, itype, counts=(1,), durations=(20.0,))
     plan = load_plan(plan_path)
     write_plan(
@@ -140,12 +137,12 @@ def spot_loss_run(
     assert summary["status"] == "finished" and summary["instances_lost"] == 1
     assert "finished: best trial" in out
     assert run_pids(run_dir) == []
-    return events, victim, run_dir
+    return run_dir
 
 
 def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
     """One spot p3.8xlarge (4 slots) interrupted after a checkpoint (see :func:`spot_loss_run`)."""
-    _, _, run_dir = spot_loss_run(tmp_path, "aws", REGION, "p3.8xlarge", cloud_env(tmp_path, moto_env), interrupt_spot)
+    run_dir = spot_loss_run(tmp_path, "aws", REGION, "p3.8xlarge", cloud_env(tmp_path, moto_env), interrupt_spot)
     assert all(spot for _, _, spot in ec2_faults.calls) and len(ec2_faults.calls) == 2
     _nothing_left(run_dir)
 
