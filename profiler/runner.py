@@ -402,6 +402,17 @@ def _run_shape(
     return result, max(0.0, overhead)
 
 
+def probe_limit_s(left_s: float, *, later_runs: int) -> float:
+    """How long the probe before the first shape may run, of ``left_s`` seconds for it and ``later_runs``.
+
+    The probe pays for the workers' cold start (Python, torch, the entry point's imports): a fixed cost
+    that no share of the budget scales with, and that a loaded machine can stretch to tens of seconds.
+    So it may use all but the smallest share (``MIN_SHAPE_S``) of each run after it: a probe that cannot
+    finish leaves nothing to measure, and the shapes after a long one are capped to what is left.
+    """
+    return max(MIN_SHAPE_S, left_s - later_runs * MIN_SHAPE_S)
+
+
 def _measure_shapes(
     spec: JobSpec,
     options: ProfileOptions,
@@ -421,7 +432,7 @@ def _measure_shapes(
     est_iter = est_setup = 0.0
     if options.iterations > PROBE_ABOVE:
         # A short probe first, so even the first shape's iteration count fits the budget.
-        share = (budget.left() - reserve) / (len(shapes) + 1 + extra)
+        share = probe_limit_s(budget.left() - reserve, later_runs=len(shapes) + extra)
         tick(f"probing {shapes[0].label} ({PROBE_ITERATIONS} iterations)", advance=False)
         probe = _run_shape(
             spec,
@@ -430,14 +441,14 @@ def _measure_shapes(
             config,
             run_dir / "ckpt" / "probe",
             PROBE_ITERATIONS,
-            max(share, MIN_SHAPE_S),
+            share,
             pool,
             options.device,
         )
         if probe is None:
             raise InputError(
                 f"--budget {options.budget_s:.0f}s is too small: {PROBE_ITERATIONS} iterations at "
-                f"{shapes[0].label} did not finish within {max(share, MIN_SHAPE_S):.0f} s; "
+                f"{shapes[0].label} did not finish within {share:.0f} s; "
                 f"give it more time"
             )
         est_iter, est_setup = probe[0].median_s, probe[1]

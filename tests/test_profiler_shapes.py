@@ -42,3 +42,12 @@ def test_bad_worker_lists(text):
 
 def test_worker_list_is_sorted_and_unique():
     assert parse_workers("4, 1,2,2") == [1, 2, 4]
+
+
+def test_the_probe_may_use_all_but_the_smallest_share_of_each_later_run():
+    """The probe's limit is not its even share: a cold worker start on a loaded machine outlasted a third of
+    180 s in CI, and the profile then failed as "budget too small" before its function's own error."""
+    from rubberband.profiler.runner import MIN_SHAPE_S, probe_limit_s
+
+    assert probe_limit_s(129.0, later_runs=2) == 129.0 - 2 * MIN_SHAPE_S
+    assert probe_limit_s(5.0, later_runs=4) == MIN_SHAPE_S  # nothing left: the shortest run still gets its floor
