@@ -28,6 +28,7 @@ import botocore.exceptions
 from botocore.config import Config
 
 from rubberband import __version__
+from rubberband.cloud.aws_session import new_session
 from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
 from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify
@@ -58,7 +59,7 @@ _ZONE_ID_RE = re.compile(r"^[a-z]+[0-9]+-az[0-9]+$")  # use1-az1, usw2-az3
 @functools.lru_cache(maxsize=1)
 def _known_regions() -> frozenset[str]:
     """Every EC2 region botocore's bundled endpoint data knows (static data, read once)."""
-    session = boto3.Session()
+    session = new_session()
     return frozenset(
         region
         for partition in session.get_available_partitions()
@@ -94,7 +95,7 @@ class AwsProvider:
         poll_s: float = 5.0,
         version: str = __version__,
     ) -> None:
-        self.session = session or boto3.Session()
+        self.session = session or new_session()
         if region not in _known_regions():
             raise InputError(f"AWS region {region!r} is unknown; use one of e.g. us-east-1, us-west-2, eu-west-1")
         if self.session.get_credentials() is None:

@@ -106,10 +106,11 @@ class AwsCatalogFetcher:
     """Reads prices, zones and hardware for a set of types and regions from AWS."""
 
     def __init__(self, session=None, reference: Catalog | None = None) -> None:
-        import boto3
         from botocore.config import Config
 
-        self._session = session or boto3.session.Session()
+        from rubberband.cloud.aws_session import new_session
+
+        self._session = session or new_session()
         self._config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=30)
         self._reference = reference
         self.warnings: list[str] = []

@@ -315,10 +315,11 @@ class AwsIdentities:
     def __init__(
         self, *, session: Any = None, endpoint_url: str | None = None, sleep: Callable[[float], None] = time.sleep
     ) -> None:
-        import boto3
         from botocore.config import Config
 
-        self.session = session or boto3.Session()
+        from rubberband.cloud.aws_session import new_session
+
+        self.session = session or new_session()
         config = Config(retries={"total_max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=60)
         self.iam = self.session.client("iam", endpoint_url=endpoint_url, config=config)
         self.sleep = sleep

@@ -222,3 +222,19 @@ def test_orphans_and_leftover_groups(moto_env):
     assert p.leftover_runs() == ["run-active"]
     assert len(cleanup_leftovers(p, timeout_s=10)) == 1 and p.leftover_runs() == []
     assert not live_instances() and headed
+
+
+def test_sessions_share_the_service_models_and_keep_their_own_credentials(monkeypatch):
+    """Each provider's session reads EC2's model from the one loader (not megabytes of JSON again); credentials are
+    still each session's own, resolved as boto3 does (on first use)."""
+    from rubberband.cloud.aws_session import new_session
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "first")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    first = new_session()
+    assert first.get_credentials().access_key == "first"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "second")
+    second = new_session()
+    assert second.get_credentials().access_key == "second" and first.get_credentials().access_key == "first"
+    assert second._session.get_component("data_loader") is first._session.get_component("data_loader")
+    assert first.client("ec2", region_name="us-east-1").meta.service_model.service_name == "ec2"
