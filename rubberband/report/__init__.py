@@ -7,14 +7,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from rubberband.errors import InputError, RubberbandError
-from rubberband.plan import Plan
-from rubberband.report.charts import draw_all
-from rubberband.report.html import render_html
-from rubberband.report.markdown import render_markdown
-from rubberband.report.model import build_report_data
-from rubberband.report.replan import Replanner, default_replanner
-from rubberband.report.source import ReportSource, as_source
+
+if TYPE_CHECKING:  # the package is imported for its light modules too (model, replan, fmt): no matplotlib then
+    from rubberband.plan import Plan
+    from rubberband.report.replan import Replanner
+    from rubberband.report.source import ReportSource
 
 __all__ = ["write_report"]
 
@@ -34,6 +34,13 @@ def write_report(
     spec, or ``False`` to skip the what-if sections. Everything is built in a temp folder next to
     ``out_dir`` and renamed into place at the end, so a failure leaves nothing half-written.
     """
+    from rubberband.report.charts import draw_all  # matplotlib: only where a report is drawn
+    from rubberband.report.html import render_html
+    from rubberband.report.markdown import render_markdown
+    from rubberband.report.model import build_report_data
+    from rubberband.report.replan import default_replanner
+    from rubberband.report.source import as_source
+
     out = Path(out_dir)
     if out.exists() and not force:
         raise InputError(f"{out} already exists; pass --force to replace it or choose another --out")
