@@ -6,7 +6,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from rubberband.errors import InputError, RubberbandError
