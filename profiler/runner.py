@@ -99,6 +99,40 @@ class ProfileOptions:
 
 
 @dataclass(frozen=True)
+class ConfigRunCost:
+    """What one run of a sampled configuration's epochs costs, to fit their iterations to the budget.
+
+    ``setup_s`` is what the measured shape's run took to set up. It was the first run on its workers, so
+    it paid their cold start (Python, torch, the entry point's imports): tens of seconds on a loaded
+    machine. When the pool holds warm workers for the placement (``warm``), the configurations reuse
+    them and pay a process-group init instead, so charging the cold start per configuration would cap
+    their epochs for nothing.
+    """
+
+    epochs: int
+    iteration_s: float
+    epoch_gap_s: float
+    setup_s: float
+    warm: bool
+    #: Per run, beyond set-up: the entry point's own start, the first report, the worker's hand-back.
+    slack_s: float = 1.0
+
+    def seconds(self, iterations: int) -> float:
+        """One run of ``epochs`` epochs of ``iterations`` iterations each."""
+        setup = self.slack_s + (0.0 if self.warm else self.setup_s)
+        return setup + self.epochs * (iterations * self.iteration_s + self.epoch_gap_s)
+
+    def iterations_within(self, available_s: float, *, runs: int, wanted: int) -> int:
+        """``wanted`` when ``runs`` runs of it fit ``available_s``; else the most that fit, but at least
+        ``MIN_EPOCH_ITERATIONS`` (partial epochs)."""
+        if self.seconds(wanted) * runs <= available_s:
+            return wanted
+        per_epoch = (available_s / runs - self.seconds(0)) / self.epochs
+        fit = int(per_epoch / max(self.iteration_s, 1e-6))
+        return max(MIN_EPOCH_ITERATIONS, min(wanted, fit))
+
+
+@dataclass(frozen=True)
 class ShapeResult:
     shape: Shape
     latencies_s: tuple[float, ...] = ()
@@ -551,18 +585,18 @@ def _measure_configs(
         size = int(options.dataset_size or spec.config["dataset_size"])
         batch = int(options.batch_size or spec.config.get("batch_size") or shape_result.batch_size_seen or 1)
         full = max(1, -(-size // (batch * shape.workers)))
-    per_iter = shape_result.median_s
-    epochs = options.config_epochs + 2  # warm-up, then config_epochs measured (start to next start)
-    setup = 1.0 + shape_result.setup_s
-
-    def run_seconds(iterations: int) -> float:
-        return setup + epochs * (iterations * per_iter + gap)
-
-    available = budget.left() - reserve
-    iterations = full or options.iterations
-    if run_seconds(iterations) * options.configs > available:
-        fit = int(((available / options.configs - setup) / epochs - gap) / max(per_iter, 1e-6))
-        iterations = max(MIN_EPOCH_ITERATIONS, min(iterations, fit))
+    placement = shape.placement(resources)
+    idle = pool.idle() if pool is not None else {}
+    cost = ConfigRunCost(
+        epochs=options.config_epochs + 2,  # warm-up, then config_epochs measured (start to next start)
+        iteration_s=shape_result.median_s,
+        epoch_gap_s=gap,
+        setup_s=shape_result.setup_s,
+        warm=all(idle.get(r, 0) >= placement.count(r) for r in set(placement)),
+    )
+    wanted = full or options.iterations
+    iterations = cost.iterations_within(budget.left() - reserve, runs=options.configs, wanted=wanted)
+    if iterations < wanted:
         notes.append(
             f"configurations: epochs capped at {iterations} of {full or '?'} iterations to fit the budget "
             f"(partial epochs)"
@@ -571,21 +605,21 @@ def _measure_configs(
     candidates = profiling_configs(spec, MAX_CONFIGS)
     for k, cfg in enumerate(candidates):
         left = budget.left() - reserve
-        if k >= options.configs and left < run_seconds(iterations) * 1.3:
+        if k >= options.configs and left < cost.seconds(iterations) * 1.3:
             break
-        if left < run_seconds(iterations) * 0.8:
+        if left < cost.seconds(iterations) * 0.8:
             notes.append(f"configurations: timed {len(out)} of {options.configs}, the budget is spent")
             tick(f"configuration {k + 1}: skipped", advance=True)
             break
-        tick(f"configuration {k + 1}: {epochs} epochs of {iterations} iterations at {shape.label}", advance=False)
+        tick(f"configuration {k + 1}: {cost.epochs} epochs of {iterations} iterations at {shape.label}", advance=False)
         trial = TrialSpec(
             trial_id=f"profile-config-{k}",
             config=dict(cfg),
             entry_point=spec.train,
             code_dir=spec.base_dir,
             start_epoch=0,
-            end_epoch=epochs,
-            placement=shape.placement(resources),
+            end_epoch=cost.epochs,
+            placement=placement,
             checkpoint_dir=str(run_dir / "ckpt" / f"config-{k}"),
             max_iterations=None if full is not None and iterations >= full else iterations,
             timeout_s=max(30.0, left),

@@ -51,3 +51,20 @@ def test_the_probe_may_use_all_but_the_smallest_share_of_each_later_run():
 
     assert probe_limit_s(129.0, later_runs=2) == 129.0 - 2 * MIN_SHAPE_S
     assert probe_limit_s(5.0, later_runs=4) == MIN_SHAPE_S  # nothing left: the shortest run still gets its floor
+
+
+def test_configurations_on_warm_workers_are_not_charged_the_cold_start():
+    """The shape's set-up paid the workers' cold start (40 s on a loaded CI machine); configurations reuse
+    those workers, so charging it per configuration capped their epochs at 5 of 20 iterations in CI."""
+    from rubberband.profiler.runner import MIN_EPOCH_ITERATIONS, ConfigRunCost
+
+    cold = ConfigRunCost(epochs=5, iteration_s=0.02, epoch_gap_s=0.01, setup_s=40.0, warm=False)
+    warm = ConfigRunCost(epochs=5, iteration_s=0.02, epoch_gap_s=0.01, setup_s=40.0, warm=True)
+    assert warm.seconds(20) == pytest.approx(1.0 + 5 * (20 * 0.02 + 0.01))
+    assert cold.seconds(20) == pytest.approx(warm.seconds(20) + 40.0)
+    assert warm.iterations_within(100.0, runs=3, wanted=20) == 20
+    assert cold.iterations_within(100.0, runs=3, wanted=20) == MIN_EPOCH_ITERATIONS  # 3 cold starts do not fit
+    # capped to what fits, never above what is wanted nor below the floor
+    capped = warm.iterations_within(3 * warm.seconds(12), runs=3, wanted=20)
+    assert capped in (11, 12) and warm.seconds(capped) * 3 <= 3 * warm.seconds(12) + 1e-9
+    assert warm.iterations_within(1.0, runs=3, wanted=20) == MIN_EPOCH_ITERATIONS
