@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -110,6 +111,8 @@ class AwsProvider:
         self.version = version
         self._image_id = image_id or os.environ.get("RUBBERBAND_AWS_AMI") or None
         self._groups: dict[str, str] = {}
+        # one find-or-create of a run's group at a time: the run's instances are launched from several threads
+        self._group_lock = threading.Lock()
         self._zone_names: dict[str, str] | None = None  # zone ID -> this account's zone name
         config = Config(
             region_name=region,
@@ -228,6 +231,11 @@ class AwsProvider:
     def find_security_group(self, run_id: str) -> str | None:
         """The run's security group, found by its exact run tag (never by its name: a group of the same
         name that rubberband did not create is not the run's)."""
+        groups = self._run_groups(run_id)
+        return groups[0] if groups else None
+
+    def _run_groups(self, run_id: str) -> list[str]:
+        """Every security group in the VPC tagged with the run: one, unless something else made a second."""
         groups = self._call(
             "DescribeSecurityGroups",
             lambda: self.ec2.describe_security_groups(
@@ -238,10 +246,19 @@ class AwsProvider:
                 ]
             ),
         )["SecurityGroups"]
-        return groups[0]["GroupId"] if groups else None
+        return [g["GroupId"] for g in groups]
 
     def ensure_security_group(self, run_id: str) -> str:
-        """The run's security group: Ray/DDP traffic only among its members, SSH only from ``ssh_cidr``."""
+        """The run's security group: Ray/DDP traffic only among its members, SSH only from ``ssh_cidr``.
+
+        One thread at a time finds or creates it. The run's instances are launched from several threads; two
+        that both found none both called CreateSecurityGroup, and the second was kept out only by EC2's check
+        of the name (moto's is not atomic: it once made two groups, and the run's teardown deleted one).
+        """
+        with self._group_lock:
+            return self._ensure_security_group(run_id)
+
+    def _ensure_security_group(self, run_id: str) -> str:
         if run_id in self._groups:
             return self._groups[run_id]
         group_id = self.find_security_group(run_id)
@@ -505,14 +522,20 @@ class AwsProvider:
     # -- run-level resources ------------------------------------------------------------------
 
     def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
-        """Delete the run's detached volumes and, once its instances are terminated, its security group (both
-        found by the exact run tag); return what was deleted."""
+        """Delete the run's detached volumes and secrets and, once their instances are terminated, its security
+        groups (all found by the exact run tag: every group of the run, should there be more than one); return
+        what was deleted."""
         deleted = self._delete_volumes(run_id) + self._delete_secrets(run_id)
-        group_id = self.find_security_group(run_id)
         self._groups.pop(run_id, None)
-        if group_id is None:
-            return deleted
         deadline = time.monotonic() + timeout_s
+        for group_id in self._run_groups(run_id):
+            if self._delete_group_when_unused(run_id, group_id, deadline, timeout_s):
+                deleted.append(group_id)
+        return deleted
+
+    def _delete_group_when_unused(self, run_id: str, group_id: str, deadline: float, timeout_s: float) -> bool:
+        """Delete ``group_id`` once no instance uses it (False: it was gone already); CloudError at ``deadline``
+        (``timeout_s`` after the cleanup began)."""
         while True:
             remaining = self._call(
                 "DescribeInstances",
@@ -529,10 +552,10 @@ class AwsProvider:
             if not remaining:
                 try:
                     self._call("DeleteSecurityGroup", lambda: self.ec2.delete_security_group(GroupId=group_id))
-                    return deleted + [group_id]
+                    return True
                 except CloudError as exc:
                     if exc.code == "InvalidGroup.NotFound":
-                        return deleted
+                        return False
                     if exc.code != "DependencyViolation":
                         raise
             if time.monotonic() >= deadline:

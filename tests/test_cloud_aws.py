@@ -224,6 +224,43 @@ def test_orphans_and_leftover_groups(moto_env):
     assert not live_instances() and headed
 
 
+def test_concurrent_launches_of_a_run_create_one_group_and_teardown_deletes_every_group_of_the_run(moto_env):
+    """The run's launches come from several threads. Each found no group and called CreateSecurityGroup, and
+    moto's name check is not atomic: once, in CI, it made two groups, and the run's teardown deleted only the
+    first. Now one thread at a time finds or creates the group, and cleanup deletes every group of the run."""
+    import threading
+
+    p = provider()
+    creates: list[str] = []
+    p.ec2.meta.events.register("before-call.ec2.CreateSecurityGroup", lambda **kwargs: creates.append("call"))
+    barrier = threading.Barrier(6)
+    got: list[str] = []
+
+    def launch_thread() -> None:
+        barrier.wait()
+        got.append(p.ensure_security_group("run-g"))
+
+    threads = [threading.Thread(target=launch_thread) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(creates) == 1 and len(set(got)) == 1 and len(got) == 6
+    # a second group of the run, however it came to be (another VPC tool, a stand-in's race): teardown ends both
+    tags = [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_RUN_ID, "Value": "run-g"}]
+    other = ec2().create_security_group(
+        GroupName="rubberband-run-g-second",
+        Description="a second group of the run",
+        VpcId=ec2().describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"],
+        TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
+    )["GroupId"]
+    p.provision(InstanceRequest("run-g", 0, G4))
+    lines: list[str] = []
+    terminate_run(p, "run-g", timeout_s=10, echo=lines.append)
+    assert {got[0], other} <= {line.split()[2] for line in lines if line.startswith("deleted")}
+    assert p.find_security_group("run-g") is None and p.leftover_runs() == []
+
+
 def test_sessions_share_the_service_models_and_keep_their_own_credentials(monkeypatch):
     """Each provider's session reads EC2's model from the one loader (not megabytes of JSON again); credentials are
     still each session's own, resolved as boto3 does (on first use)."""
