@@ -564,8 +564,9 @@ def _measure_configs(
 ) -> list[EpochMeasurement]:
     """Whole epochs of ``options.configs`` (or more, as the budget allows) sampled configurations.
 
-    Run at the narrowest one-instance shape measured, ``config_epochs + 1`` epochs each (the first
-    is warm-up). When whole epochs of the minimum number of configurations do not fit what is left
+    Run at the narrowest one-instance shape measured, ``config_epochs + 2`` epochs each: a warm-up, then
+    ``config_epochs`` timed from one epoch's start to the next's, and the epoch whose start ends the last
+    timing. When whole epochs of the minimum number of configurations do not fit what is left
     of the budget (minus the resize reserve), each epoch is capped to fewer iterations (partial
     epochs, recorded in ``iterations_per_epoch``).
     """
