@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from rubberband.cloud.provider import Provider
@@ -39,16 +40,21 @@ class ProviderPool:
         self._options = options or {}
         self._factory = factory
         self._providers: dict[tuple[str, str], Provider] = {}
+        # the run's launches ask from several threads: two first asks of one region must not build two providers
+        # (each would keep its own security-group cache and lock); reentrant, should a factory ask the pool
+        self._lock = threading.RLock()
 
     def __call__(self, cloud: str, region: str) -> Provider:
         key = (cloud, region)
-        if key not in self._providers:
-            self._providers[key] = self._factory(cloud, region, **self._options.get(cloud, {}))
-        return self._providers[key]
+        with self._lock:
+            if key not in self._providers:
+                self._providers[key] = self._factory(cloud, region, **self._options.get(cloud, {}))
+            return self._providers[key]
 
     def for_type(self, itype: Any) -> Provider:
         return self(itype.cloud, itype.region)
 
     def providers(self) -> list[Provider]:
         """Every provider built so far (to tear a run down wherever it went)."""
-        return list(self._providers.values())
+        with self._lock:
+            return list(self._providers.values())

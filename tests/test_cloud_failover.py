@@ -170,6 +170,37 @@ def test_provider_pool_builds_one_provider_per_region():
         make_provider("local", "local")
 
 
+def test_provider_pool_builds_one_provider_per_region_when_threads_ask_at_once():
+    """A run's launches ask the pool from several threads. Two first asks of one region built two providers,
+    each with its own security-group cache and lock, so each launch could create the run's group."""
+    import threading
+    import time
+
+    from rubberband.cloud.registry import ProviderPool
+
+    built = []
+
+    def slow_factory(cloud, region, **options):
+        built.append(region)
+        time.sleep(0.05)  # a provider's build: its session and clients
+        return ScriptedProvider({})
+
+    pool = ProviderPool(factory=slow_factory)
+    barrier = threading.Barrier(6)
+    got = []
+
+    def ask() -> None:
+        barrier.wait()
+        got.append(pool("aws", "us-east-1"))
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert built == ["us-east-1"] and len(got) == 6 and all(p is got[0] for p in got)
+
+
 def test_a_zone_out_of_capacity_is_tried_again_after_the_retry_time_a_region_without_quota_never():
     """Capacity comes back (spot outages last minutes to hours): a capacity block expires after
     ``capacity_retry_s``; a quota block lasts the run."""
