@@ -54,7 +54,7 @@ def test_the_probe_may_use_all_but_the_smallest_share_of_each_later_run():
 
 
 def test_configurations_on_warm_workers_are_not_charged_the_cold_start():
-    """The shape's set-up paid the workers' cold start (40 s on a loaded CI machine); configurations reuse
+    """The shape's set-up paid the workers' cold start (tens of seconds on a loaded machine); configurations reuse
     those workers, so charging it per configuration capped their epochs at 5 of 20 iterations in CI."""
     from rubberband.profiler.runner import MIN_EPOCH_ITERATIONS, ConfigRunCost
 
