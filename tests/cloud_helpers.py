@@ -23,11 +23,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -184,6 +187,23 @@ a2-highgpu-1g,12,85,A100,1,,us-central1,us-central1-a,0.73948,0.29576
 ,,,A100,1,,us-central1,us-central1-a,2.93391,1.1
 """
 MOTO_ZONES = {"use1-az6": "us-east-1a", "use1-az1": "us-east-1b", "use1-az2": "us-east-1c", "use1-az4": "us-east-1d"}
+
+
+_T = TypeVar("_T")
+
+
+def at_once(call: Callable[[], _T], threads: int = 6) -> list[_T]:
+    """``call()`` in ``threads`` threads released together (as a run's launches are), its results in a list; the
+    first exception a thread raised is raised here."""
+    barrier = threading.Barrier(threads)
+
+    def released() -> _T:
+        barrier.wait()
+        return call()
+
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(released) for _ in range(threads)]
+        return [f.result() for f in futures]
 
 
 def cloud_catalog():

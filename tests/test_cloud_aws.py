@@ -7,6 +7,7 @@ import pytest
 from cloud_helpers import (
     MOTO_ZONES,
     REGION,
+    at_once,
     cloud_catalog,
     ec2_faults,  # noqa: F401
     moto_ami,
@@ -228,23 +229,10 @@ def test_concurrent_launches_of_a_run_create_one_group_and_teardown_deletes_ever
     """The run's launches come from several threads. Each found no group and called CreateSecurityGroup, and
     moto's name check is not atomic: once, in CI, it made two groups, and the run's teardown deleted only the
     first. Now one thread at a time finds or creates the group, and cleanup deletes every group of the run."""
-    import threading
-
     p = provider()
     creates: list[str] = []
     p.ec2.meta.events.register("before-call.ec2.CreateSecurityGroup", lambda **kwargs: creates.append("call"))
-    barrier = threading.Barrier(6)
-    got: list[str] = []
-
-    def launch_thread() -> None:
-        barrier.wait()
-        got.append(p.ensure_security_group("run-g"))
-
-    threads = [threading.Thread(target=launch_thread) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    got = at_once(lambda: p.ensure_security_group("run-g"), threads=6)
     assert len(creates) == 1 and len(set(got)) == 1 and len(got) == 6
     # a second group of the run, however it came to be (another VPC tool, a stand-in's race): teardown ends both
     tags = [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_RUN_ID, "Value": "run-g"}]

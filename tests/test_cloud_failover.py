@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cloud_helpers import cloud_catalog
+from cloud_helpers import at_once, cloud_catalog
 
 from rubberband.catalog import InstanceType
 from rubberband.cloud.failover import (
@@ -173,7 +173,6 @@ def test_provider_pool_builds_one_provider_per_region():
 def test_provider_pool_builds_one_provider_per_region_when_threads_ask_at_once():
     """A run's launches ask the pool from several threads. Two first asks of one region built two providers,
     each with its own security-group cache and lock, so each launch could create the run's group."""
-    import threading
     import time
 
     from rubberband.cloud.registry import ProviderPool
@@ -186,18 +185,7 @@ def test_provider_pool_builds_one_provider_per_region_when_threads_ask_at_once()
         return ScriptedProvider({})
 
     pool = ProviderPool(factory=slow_factory)
-    barrier = threading.Barrier(6)
-    got = []
-
-    def ask() -> None:
-        barrier.wait()
-        got.append(pool("aws", "us-east-1"))
-
-    threads = [threading.Thread(target=ask) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    got = at_once(lambda: pool("aws", "us-east-1"), threads=6)
     assert built == ["us-east-1"] and len(got) == 6 and all(p is got[0] for p in got)
 
 
