@@ -16,7 +16,7 @@ import parallel
 
 # Tiers (the e2e marker, checked) and the leak guard: see leak_guard.py. Parallel workers: see parallel.py.
 from leak_guard import _module_leak_guard, _session_leak_guard, _test_leak_guard  # noqa: F401
-from parallel import pytest_runtest_protocol  # noqa: F401
+from parallel import pytest_runtest_protocol, pytest_xdist_auto_num_workers  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -1,8 +1,12 @@
-"""Running the suite on several pytest-xdist workers (pyproject's addopts: ``-n 4 --dist loadgroup``).
+"""Running the suite on several pytest-xdist workers (pyproject's addopts: ``-n auto --dist loadgroup``).
 
-Most end-to-end tests spend their time waiting (Ray nodes starting, trials sleeping through their epochs,
-instances booting in the fakes), so four workers on two cores keep the machine busy without slowing each
-other much. Three things make that safe and quick; all are loaded by ``conftest.py``:
+**How many.** Most end-to-end tests spend their time waiting (Ray nodes starting, trials sleeping through their
+epochs, instances booting in the fakes), so a run that includes them gets two workers per core (four on two
+cores), which keep the machine busy without slowing each other much. The unit tier (``-m "not e2e"``) only
+computes: it gets one worker per core, since every extra worker costs a whole collection of the suite (about
+13 CPU-seconds) and buys nothing (:func:`worker_count`; ``-n N`` on the command line still wins).
+
+Three things make the parallel run safe and quick; all are loaded by ``conftest.py``:
 
 - **Order.** The end-to-end tests go first, the slowest modules first, and the unit tests last, so the
   workers finish together: the last tests to be handed out are the short ones.
@@ -59,6 +63,21 @@ SLOW_MODULES = (
     "test_trials_runtime",
 )
 _RANK = {name: rank for rank, name in enumerate(SLOW_MODULES)}
+
+#: At most this many workers, whatever the machine: each one collects the whole suite and holds its imports.
+MAX_WORKERS = 8
+
+
+def worker_count(markexpr: str, cores: int) -> int:
+    """The workers ``-n auto`` starts: one per core for the unit tier (a marker expression that deselects the
+    e2e tests), two per core otherwise (the e2e tests mostly wait); at least one, at most :data:`MAX_WORKERS`."""
+    unit_tier_only = "not e2e" in " ".join(markexpr.split())
+    return max(1, min(MAX_WORKERS, cores if unit_tier_only else 2 * cores))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """pytest-xdist's hook for ``-n auto``: :func:`worker_count` for this run's ``-m`` and this machine's cores."""
+    return worker_count(config.option.markexpr or "", len(os.sched_getaffinity(0)))
 
 
 def configure(config: pytest.Config) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from parallel import LOCK_ENV, _held, order, pytest_runtest_protocol
+from parallel import LOCK_ENV, MAX_WORKERS, _held, order, pytest_runtest_protocol, worker_count
 
 pytest_plugins = ["pytester"]
 
@@ -101,6 +101,22 @@ def test_exclusive_first_then_slow_e2e_modules_then_the_rest_then_unit():
 
 
 @pytest.mark.e2e  # a pytest session on two xdist workers, in a subprocess
+@pytest.mark.parametrize(
+    ("markexpr", "cores", "workers"),
+    [
+        ("not boot", 2, 4),  # the whole suite (pyproject's default -m): two per core, the e2e tests mostly wait
+        ("e2e", 2, 4),
+        ("not e2e", 2, 2),  # the unit tier only computes: one per core
+        ("not  e2e and not boot", 2, 2),
+        ("not e2e", 1, 1),
+        ("", 1, 2),
+        ("not boot", 64, MAX_WORKERS),  # each worker collects the whole suite: a few are enough
+    ],
+)
+def test_auto_starts_two_workers_per_core_with_the_e2e_tests_and_one_per_core_without(markexpr, cores, workers):
+    assert worker_count(markexpr, cores) == workers
+
+
 def test_a_group_runs_on_one_worker_and_sets_its_module_fixture_up_once(pytester, monkeypatch):
     """``--dist loadgroup`` as pyproject's addopts give it: the tests of an ``xdist_group`` module go to one worker,
     so the module's expensive fixture (one finished run, one Ray cluster) is made once. pytest 9.2 silently broke
