@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
+import os
 import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -91,6 +94,55 @@ def run_cli(
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def run_cli_here(*args: object, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a ``rubberband`` command in this process: what :func:`run_cli` checks, without a Python to start.
+
+    It calls ``rubberband.cli.run`` — all that the entry point ``main`` does but ``sys.exit`` — with the command's
+    output captured, ``env`` as the whole environment and ``cwd`` as the working directory for the call, and
+    returns what :func:`run_cli` returns. An exception that escapes the CLI is printed to stderr with exit code 1,
+    as Python does at the top of a real process. A subprocess costs a second or two of CPU (the interpreter and
+    its imports) per call; this costs the command's own work.
+
+    For the commands that start nothing and install no signal handler (``plan``, ``report``, ``schedule``,
+    ``simulate``, ``spot``, ``catalog``). ``run``, ``profile`` and ``down`` stay in subprocesses (:func:`run_cli`),
+    as do the tests of the entry point itself (test_bad_input_e2e.py, test_readme_commands.py) and one test of
+    each command family that runs here otherwise (``schedule``, ``spot``; ``plan``, ``report`` and ``catalog`` have
+    theirs in other modules)."""
+    from rubberband.cli import run
+
+    argv = [str(arg) for arg in args]
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_streams = sys.stdin, sys.stdout, sys.stderr
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.stdin, sys.stdout, sys.stderr = io.StringIO(), out, err
+        try:
+            code = run(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except Exception:  # noqa: BLE001 - what the interpreter would print, and its exit code
+            traceback.print_exc(file=err)
+            code = 1
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        os.chdir(saved_cwd)
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["rubberband", *argv], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli_here():
+    """:func:`run_cli_here`: a ``rubberband`` command that starts nothing, run in this process."""
+    return run_cli_here
 
 
 @contextlib.contextmanager

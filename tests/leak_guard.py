@@ -1,7 +1,7 @@
 """Test tiers and the leak guard: loaded by ``conftest.py`` (and by the sandboxed sessions that test it).
 
-**Tiers.** A test that starts Ray, a server (moto, the GCE fake), a subprocess (the CLI) or real training
-is marked ``e2e``; the rest is the unit tier (``pytest -m "not e2e"``, about a minute). A test is marked
+**Tiers.** A test that starts Ray, a server (moto, the GCE fake), a subprocess (the CLI), a whole CLI command
+in its own process (``cli_here``) or real training is marked ``e2e``; the rest is the unit tier (``pytest -m "not e2e"``, about a minute). A test is marked
 ``e2e`` explicitly (``@pytest.mark.e2e`` or a module's ``pytestmark``) or by using a fixture of
 :data:`E2E_FIXTURES`. The tier is checked, not trusted: in a test that is *not* marked e2e, starting a
 process or binding a server socket raises :class:`UnitTierViolation` naming what was started, so the unit
@@ -37,10 +37,12 @@ import pytest
 SESSION_ENV = "RUBBERBAND_TEST_SESSION"
 TMP_ROOT_ENV = "RUBBERBAND_TMP_ROOT"
 
-#: Fixtures that make a test end-to-end (they start Ray, a server or the CLI in a subprocess).
+#: Fixtures that make a test end-to-end (they start Ray, a server or the CLI in a subprocess, or run a whole CLI
+#: command in this process: ``cli_here``).
 E2E_FIXTURES = frozenset(
     {
         "cli",
+        "cli_here",
         "local_ray_cluster",
         "moto_server",
         "moto_env",
@@ -264,7 +266,7 @@ class _UnitTierCheck:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "e2e: starts Ray, a server, a subprocess CLI or real training (deselect with -m 'not e2e')"
+        "markers", "e2e: starts Ray, a server, a whole CLI command or real training (deselect with -m 'not e2e')"
     )
     if getattr(config, "_rb_guard_root", None) is not None:
         return

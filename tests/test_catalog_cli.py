@@ -15,8 +15,8 @@ def env(tmp_path):
     return environment
 
 
-def test_show_prints_a_dated_table(cli, env):
-    result = cli("catalog", "show", "--cloud", "gcp", "--gpu", "v100", "--region", "us-east1", env=env)
+def test_show_prints_a_dated_table(cli_here, env):
+    result = cli_here("catalog", "show", "--cloud", "gcp", "--gpu", "v100", "--region", "us-east1", env=env)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "prices as of gcp 2025-05-31 (shipped:gcp.csv)" in out
@@ -28,8 +28,8 @@ def test_show_prints_a_dated_table(cli, env):
     assert "n1-standard-4+V100x8" in first[3] and first[9].strip() == "2.5038" and first[10].strip() == "c"
 
 
-def test_show_spot_prices_per_worker_at_spot(cli, env):
-    result = cli("catalog", "show", "--cloud", "aws", "--region", "us-east-1", "--spot", "--gpu", "V100", env=env)
+def test_show_spot_prices_per_worker_at_spot(cli_here, env):
+    result = cli_here("catalog", "show", "--cloud", "aws", "--region", "us-east-1", "--spot", "--gpu", "V100", env=env)
     assert result.returncode == 0, result.stderr
     rows = [line.split("│") for line in result.stdout.splitlines() if "p3." in line]
     per_worker = [float(r[9]) for r in rows]
@@ -38,8 +38,8 @@ def test_show_spot_prices_per_worker_at_spot(cli, env):
     assert per_worker[0] == pytest.approx(2.7531 / 8, abs=1e-4)
 
 
-def test_show_json_carries_dates_sources_and_prices(cli, env):
-    result = cli("catalog", "show", "--json", env=env)
+def test_show_json_carries_dates_sources_and_prices(cli_here, env):
+    result = cli_here("catalog", "show", "--json", env=env)
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert payload["dates"] == {"aws": "2025-05-31", "gcp": "2025-05-31", "local": "2026-11-21"}
@@ -65,15 +65,15 @@ def test_show_json_carries_dates_sources_and_prices(cli, env):
         (["--frobnicate"], "rubberband: error: No such option: --frobnicate"),
     ],
 )
-def test_bad_flags_exit_2_with_one_line(cli, env, args, message):
-    result = cli("catalog", "show", *args, env=env)
+def test_bad_flags_exit_2_with_one_line(cli_here, env, args, message):
+    result = cli_here("catalog", "show", *args, env=env)
     assert result.returncode == 2
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1
     assert result.stdout == ""
 
 
-def test_update_refuses_other_clouds(cli, env):
-    result = cli("catalog", "update", "gcp", env=env)
+def test_update_refuses_other_clouds(cli_here, env):
+    result = cli_here("catalog", "update", "gcp", env=env)
     assert result.returncode == 2
     assert result.stderr == (
         "rubberband: error: catalog update supports aws only (got 'gcp'); GCP prices ship with rubberband\n"

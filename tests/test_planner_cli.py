@@ -8,9 +8,9 @@ from rubberband.plan import load_plan
 from conftest import EXAMPLES
 
 
-def test_plan_json_has_the_documented_keys(cli, tmp_path):
+def test_plan_json_has_the_documented_keys(cli_here, tmp_path):
     out = tmp_path / "plan.json"
-    result = cli("plan", EXAMPLES / "quickstart.yaml", "--json", "--samples", "200", "--out", out)
+    result = cli_here("plan", EXAMPLES / "quickstart.yaml", "--json", "--samples", "200", "--out", out)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)  # stdout is only the plan JSON
     p = plan["predicted"]
@@ -42,8 +42,8 @@ def test_plan_json_has_the_documented_keys(cli, tmp_path):
     assert static["predicted"]["cost_breakdown"]["head_usd"] > 0
 
 
-def test_plan_table_compares_with_static(cli):
-    result = cli("plan", EXAMPLES / "quickstart.yaml", "--samples", "200")
+def test_plan_table_compares_with_static(cli_here):
+    result = cli_here("plan", EXAMPLES / "quickstart.yaml", "--samples", "200")
     assert result.returncode == 0, result.stderr
     assert "best static plan" in result.stdout and "saves" in result.stdout
     assert "g5.xlarge" in result.stdout or "p3.2xlarge" in result.stdout
@@ -51,18 +51,18 @@ def test_plan_table_compares_with_static(cli):
     assert re.search(r"head\s+instance\s+m6i\.large\s+" + price, result.stdout), result.stdout
 
 
-def test_a_plan_for_head_local_bills_no_head(cli):
-    result = cli("plan", EXAMPLES / "quickstart.yaml", "--json", "--samples", "200", "--head", "local")
+def test_a_plan_for_head_local_bills_no_head(cli_here):
+    result = cli_here("plan", EXAMPLES / "quickstart.yaml", "--json", "--samples", "200", "--head", "local")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["head"] is None and plan["predicted"]["cost_breakdown"]["head_usd"] == 0
     assert "m6i.large" not in plan["predicted"]["cost_by_instance_type"]
-    bad = cli("plan", EXAMPLES / "quickstart.yaml", "--head", "cloud")
+    bad = cli_here("plan", EXAMPLES / "quickstart.yaml", "--head", "cloud")
     assert bad.returncode == 2 and "--head" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_infeasible_deadline_exits_3_with_shortest_jct_and_cost(cli):
-    result = cli("plan", EXAMPLES / "quickstart.yaml", "--deadline", "10m", "--samples", "100")
+def test_infeasible_deadline_exits_3_with_shortest_jct_and_cost(cli_here):
+    result = cli_here("plan", EXAMPLES / "quickstart.yaml", "--deadline", "10m", "--samples", "100")
     assert result.returncode == 3
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "shortest feasible JCT" in lines[0] and "$" in lines[0]
@@ -79,17 +79,17 @@ def test_infeasible_deadline_exits_3_with_shortest_jct_and_cost(cli):
         (["--profile", "/nonexistent/profile.json"], "profile"),
     ],
 )
-def test_bad_flags_exit_2_with_one_line(cli, args, needle):
-    result = cli("plan", EXAMPLES / "quickstart.yaml", *args)
+def test_bad_flags_exit_2_with_one_line(cli_here, args, needle):
+    result = cli_here("plan", EXAMPLES / "quickstart.yaml", *args)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in result.stderr
 
 
-def test_malformed_profile_exits_2(cli, tmp_path):
+def test_malformed_profile_exits_2(cli_here, tmp_path):
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps({"schema_version": 1, "workload": {"name": "x"}, "measurements": []}))
-    result = cli("plan", EXAMPLES / "quickstart.yaml", "--profile", bad)
+    result = cli_here("plan", EXAMPLES / "quickstart.yaml", "--profile", bad)
     assert result.returncode == 2
     assert "profile field" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
@@ -102,13 +102,13 @@ def test_malformed_profile_exits_2(cli, tmp_path):
         (None, "is a directory"),
     ],
 )
-def test_unreadable_profile_exits_2(cli, tmp_path, content, needle):
+def test_unreadable_profile_exits_2(cli_here, tmp_path, content, needle):
     bad = tmp_path / "p.json"
     if content is None:
         bad.mkdir()
     else:
         bad.write_bytes(content)
-    result = cli("plan", EXAMPLES / "quickstart.yaml", "--profile", bad)
+    result = cli_here("plan", EXAMPLES / "quickstart.yaml", "--profile", bad)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in result.stderr

@@ -144,7 +144,7 @@ def test_a_static_plan_as_cheap_and_as_fast_is_preferred():
 
 
 @pytest.mark.e2e
-def test_plan_cli_reports_the_exact_search_extent(cli, tmp_path):
+def test_plan_cli_reports_the_exact_search_extent(cli_here, tmp_path):
     import yaml
 
     spec = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
@@ -153,7 +153,7 @@ def test_plan_cli_reports_the_exact_search_extent(cli, tmp_path):
     spec["profile"] = str(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json")
     (tmp_path / "small.yaml").write_text(yaml.safe_dump(spec))
     out = tmp_path / "plan.json"
-    result = cli("plan", tmp_path / "small.yaml", "--samples", "200", "--exact", "--head", "local", "--out", out)
+    result = cli_here("plan", tmp_path / "small.yaml", "--samples", "200", "--exact", "--head", "local", "--out", out)
     assert result.returncode == 0, result.stderr
     assert "Exact optimum:" in result.stdout and "proven optimal" in result.stdout
     assert "1.00× cheaper" not in result.stdout

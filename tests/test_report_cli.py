@@ -174,34 +174,34 @@ def test_failure_leaves_nothing_behind(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
 
 
-def test_cli_report_force_and_bad_plans(tmp_path, cli):
+def test_cli_report_force_and_bad_plans(tmp_path, cli_here):
     plan_path, plan = _plan_file(tmp_path, with_spec=False)  # no spec: the report notes it cannot re-plan
     out = tmp_path / "rep"
-    r = cli("report", plan_path, "--out", out)
+    r = cli_here("report", plan_path, "--out", out)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(out / "report.html")
     _check_numbers(_parse(out / "report.html"), plan)
     assert "no job spec" in (out / "report.html").read_text()
-    r = cli("report", plan_path, "--out", out)
+    r = cli_here("report", plan_path, "--out", out)
     assert r.returncode == 2 and "--force" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = cli("report", plan_path, "--out", out, "--force", "--no-replan")
+    r = cli_here("report", plan_path, "--out", out, "--force", "--no-replan")
     assert r.returncode == 0, r.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     for path in (bad, tmp_path / "missing.json"):
         target = tmp_path / "never"
-        r = cli("report", path, "--out", target)
+        r = cli_here("report", path, "--out", target)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
         assert not target.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "plan.json", "rep"]
 
 
-def test_plan_report_end_to_end(tmp_path, cli):
+def test_plan_report_end_to_end(tmp_path, cli_here):
     """The real planner on the quickstart, re-planned for the sweep and the cloud comparison."""
     out = tmp_path / "rep"
     plan_path = tmp_path / "p.json"
-    r = cli(
+    r = cli_here(
         "plan", ROOT / "examples" / "quickstart.yaml", "--samples", "200", "--out", plan_path, "--report", out, cwd=ROOT
     )
     assert r.returncode == 0, r.stderr
@@ -211,7 +211,7 @@ def test_plan_report_end_to_end(tmp_path, cli):
     _check_images(page, 5)
     _check_numbers(page, plan)
     _check_markdown(out, 5)
-    r = cli("plan", ROOT / "examples" / "quickstart.yaml", "--samples", "200", "--report", out, cwd=ROOT)
+    r = cli_here("plan", ROOT / "examples" / "quickstart.yaml", "--samples", "200", "--report", out, cwd=ROOT)
     assert r.returncode == 2 and "already exists" in r.stderr
 
 

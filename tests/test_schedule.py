@@ -52,7 +52,7 @@ def test_stages_for_hyperband_runs_brackets_in_order():
     assert len(stages) == 15
 
 
-def test_schedule_cli_json(cli):
+def test_schedule_cli_json(cli):  # through the real entry point, in a subprocess (the others run in this process)
     result = cli("schedule", "--min-epochs", "1", "--max-epochs", "81", "--eta", "3", "--hyperband", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -70,13 +70,13 @@ def test_sha_default_trials_leaves_one_survivor(eta, r, R, n):
 
 
 @pytest.mark.e2e
-def test_schedule_cli_derives_sha_trials(cli):
-    result = cli("schedule", "--min-epochs", "1", "--max-epochs", "81", "--eta", "3", "--json")
+def test_schedule_cli_derives_sha_trials(cli_here):
+    result = cli_here("schedule", "--min-epochs", "1", "--max-epochs", "81", "--eta", "3", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["trials"] == 81
     assert [(s["trials"], s["epochs"]) for s in data["brackets"][0]["stages"]] == PAPER_TABLE[0]
-    table = cli("schedule", "--min-epochs", "1", "--max-epochs", "27")
+    table = cli_here("schedule", "--min-epochs", "1", "--max-epochs", "27")
     assert table.returncode == 0 and "n=27 (η^3, derived from R and η)" in table.stdout
 
 
@@ -90,8 +90,8 @@ def test_schedule_cli_derives_sha_trials(cli):
         (["--bogus"], "--bogus"),
     ],
 )
-def test_schedule_cli_bad_flags(cli, args, fragment):
-    result = cli("schedule", *args)
+def test_schedule_cli_bad_flags(cli_here, args, fragment):
+    result = cli_here("schedule", *args)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in result.stderr

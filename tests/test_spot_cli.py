@@ -35,13 +35,13 @@ def _trace(path, data, gap=60):
 
 @pytest.fixture(scope="module")
 def spot_plan(tmp_path_factory):
-    from conftest import run_cli
+    from conftest import run_cli_here
 
     d = tmp_path_factory.mktemp("spot")
     spec = d / "spot.yaml"
     spec.write_text(SPEC.format(deadline="40m", profile=EXAMPLES / "profiles" / "resnet50_cifar10_v100.json"))
     plan = d / "plan.json"
-    r = run_cli("plan", spec, "--samples", "100", "--out", plan)
+    r = run_cli_here("plan", spec, "--samples", "100", "--out", plan)
     assert r.returncode == 0, r.stderr
     return d, plan, r.stdout
 
@@ -54,25 +54,25 @@ def test_plan_shows_the_market_per_stage_and_the_spot_assumptions(spot_plan):
     assert any(s["spot"] for s in data["stages"])
 
 
-def test_simulate_with_the_plans_own_model_and_with_traces(cli, spot_plan, tmp_path):
+def test_simulate_with_the_plans_own_model_and_with_traces(cli_here, spot_plan, tmp_path):
     d, plan, _ = spot_plan
-    r = cli("simulate", plan, "--samples", "100", "--json")
+    r = cli_here("simulate", plan, "--samples", "100", "--json")
     assert r.returncode == 0, r.stderr
     own = json.loads(r.stdout)
     assert 0 <= own["hit_rate"] <= 1 and own["cost_usd"]["p10"] <= own["cost_usd"]["p50"] <= own["cost_usd"]["p90"]
     # traces where spot never has capacity: every spot stage falls back to on-demand (dearer, never preempted)
     _trace(tmp_path / "availability" / "aws-x" / "us-east-1a_v100_1.json", [1] * 500)
     _trace(tmp_path / "preemption" / "aws-x" / "us-east-1a_v100_1.json", [1] * 500)
-    r = cli("simulate", plan, "--samples", "100", "--json", "--preemption-traces", tmp_path)
+    r = cli_here("simulate", plan, "--samples", "100", "--json", "--preemption-traces", tmp_path)
     assert r.returncode == 0, r.stderr
     never = json.loads(r.stdout)
     assert never["cost_usd"]["mean"] > own["cost_usd"]["mean"] and "traces" in never["source"]
     assert never["spot_events_mean"]["stages_on_demand"] >= 1 and never["spot_events_mean"]["preemptions"] == 0
-    r = cli("simulate", plan, "--samples", "100")
+    r = cli_here("simulate", plan, "--samples", "100")
     assert r.returncode == 0 and "hit rate" in r.stdout and "p90" in r.stdout
 
 
-def test_spot_fit_and_show(cli, tmp_path):
+def test_spot_fit_and_show(cli, tmp_path):  # the real entry point, in a subprocess (the others run in this process)
     _trace(tmp_path / "t" / "preemption" / "aws-x" / "us-east-1a_v100_1.json", [0] * 50 + [1] * 10 + [0] * 60)
     out = tmp_path / "model.json"
     r = cli("spot", "fit", "--traces", tmp_path / "t", "--out", out)
@@ -94,23 +94,23 @@ def test_spot_fit_and_show(cli, tmp_path):
         (["spot", "show", "{tmp}/bad/preemption/aws-x/us-east-1a_v100_1.json"], "spot model"),
     ],
 )
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(cli, spot_plan, tmp_path, args, needle):
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(cli_here, spot_plan, tmp_path, args, needle):
     _, plan, _ = spot_plan
     bad = tmp_path / "bad" / "preemption" / "aws-x" / "us-east-1a_v100_1.json"
     bad.parent.mkdir(parents=True)
     bad.write_text('{"metadata": {"gap_seconds": 0}, "data": [0]}')
-    r = cli(*[a.format(tmp=tmp_path, plan=plan) for a in args])
+    r = cli_here(*[a.format(tmp=tmp_path, plan=plan) for a in args])
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and needle in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "m.json").exists()
 
 
-def test_simulate_an_on_demand_plan_ignores_traces(cli, tmp_path):
+def test_simulate_an_on_demand_plan_ignores_traces(cli_here, tmp_path):
     plan = tmp_path / "plan.json"
-    r = cli("plan", EXAMPLES / "quickstart.yaml", "--samples", "50", "--out", plan)
+    r = cli_here("plan", EXAMPLES / "quickstart.yaml", "--samples", "50", "--out", plan)
     assert r.returncode == 0, r.stderr
     assert json.loads(plan.read_text())["spot"] is None
-    r = cli("simulate", plan, "--samples", "50", "--json")
+    r = cli_here("simulate", plan, "--samples", "50", "--json")
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout)
     assert figures["spot_stages"] == 0 and figures["hit_rate"] >= 0.9
