@@ -1,0 +1,168 @@
+"""Where the test suite's time goes: the CPU of every process a pytest run starts, by what the process is.
+
+    python bench/bench_suite.py [--interval S] [--out FILE] [-- PYTEST ARGS...]
+
+Runs ``python -m pytest -q -p no:cacheprovider PYTEST ARGS...`` (the README's test command when none are given)
+and samples ``/proc`` every ``--interval`` seconds. A process counts once it is seen with the pytest process or
+a process already counted as its parent: the CLI subprocesses, the Ray nodes they start (``ray start --block``
+stays their parent), Ray's workers. Each process's CPU (user + system, from ``/proc/PID/stat``) goes to what it
+was last seen to be: a Ray worker that became a trial worker counts as a trial worker, its start-up included.
+A process that lives entirely between two samples is missed (a few per cent at the default interval).
+
+Prints the run's wall time and pytest's summary, the CPU it used against what the machine's cores offered, what
+the 8-minute target allows (``--target``, minutes: cores × target CPU-minutes at best), and a table of the
+process kinds: how many, CPU-minutes, share and the median per process. Why: the suite is bound by CPU on two
+cores, so its wall time follows from how much CPU its processes need; this says which of them to cut.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+#: (kind, substrings of the command line): the first kind whose substring is in it. Order matters: a Ray agent's
+#: title starts with ``ray::`` too, and a worker's command line names the raylet's socket.
+KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Ray dashboard agent (per node)", ("ray::DashboardAgent", "dashboard/agent.py")),
+    ("Ray runtime-env agent (per node)", ("ray::RuntimeEnvAgent", "runtime_env/agent/main.py")),
+    ("trial workers (Ray + torch + DDP)", ("ray::TrialWorker",)),
+    ("journal sink actor", ("ray::JournalSink",)),
+    ("other Ray workers (tasks, idle, never used)", ("ray::", "default_worker.py")),
+    ("raylet (per node)", ("/raylet/raylet",)),
+    ("gcs_server (per head)", ("gcs_server",)),
+    ("Ray dashboard / API server (per head)", ("dashboard/dashboard.py", "ray-dashboard-")),
+    ("Ray client server (per head)", ("ray.util.client.server",)),
+    ("Ray autoscaler monitor (per head)", ("autoscaler/_private/monitor.py",)),
+    ("Ray log monitor (per node)", ("log_monitor.py",)),
+    ("`ray start --block` (per node)", ("ray.scripts.scripts start", "bin/ray start")),
+    (
+        "played head job / watchdog / boot",
+        ("rubberband.head_job", "rubberband.cloud.head", "rubberband.cloud.testboot"),
+    ),
+    ("CLI processes", ("-m rubberband", "cli_harness.py", "bin/rubberband")),
+    ("pytest (controller and workers, moto and the GCE fake in them)", ("pytest", "execnet", "sys.stdin.readline")),
+)
+OTHER = "other"
+
+
+def kind_of(cmdline: str) -> str:
+    for kind, needles in KINDS:
+        if any(needle in cmdline for needle in needles):
+            return kind
+    return OTHER
+
+
+@dataclass
+class Seen:
+    """One process (pid and start time): its last CPU reading and what it was last seen to be."""
+
+    cpu_ticks: int = 0
+    kind: str = OTHER
+
+
+@dataclass
+class Sampler:
+    root: int
+    processes: dict[tuple[int, int], Seen] = field(default_factory=dict)
+    samples: int = 0
+
+    def sample(self) -> None:
+        table: list[tuple[int, int, int, int, str]] = []  # pid, ppid, start, cpu, cmdline
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                raw = Path(entry.path, "stat").read_bytes()
+                cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            fields = raw[raw.rfind(b")") + 2 :].split()
+            table.append((int(entry.name), int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12]), cmdline))
+        table.sort(key=lambda row: row[2])  # parents before their children
+        counted_pids = {pid for (pid, _start) in self.processes}
+        for pid, ppid, start, cpu, cmdline in table:
+            key = (pid, start)
+            if key not in self.processes and not (pid == self.root or ppid in counted_pids):
+                continue
+            seen = self.processes.setdefault(key, Seen())
+            counted_pids.add(pid)
+            seen.cpu_ticks = max(seen.cpu_ticks, cpu)
+            if cmdline.strip():
+                seen.kind = kind_of(cmdline)
+        self.samples += 1
+
+
+def report(sampler: Sampler, wall_s: float, cores: int, target_min: float, summary: str) -> str:
+    by_kind: dict[str, list[float]] = {}
+    for seen in sampler.processes.values():
+        by_kind.setdefault(seen.kind, []).append(seen.cpu_ticks / TICKS)
+    total_s = sum(sum(v) for v in by_kind.values())
+    budget_s = cores * target_min * 60
+    lines = [
+        f"suite: {summary or '(no pytest summary line)'}",
+        f"wall {wall_s / 60:.1f} min on {cores} cores; CPU {total_s / 60:.1f} CPU-min = "
+        f"{100 * total_s / (cores * wall_s):.0f}% of what the cores offered in that time",
+        f"{target_min:g}-minute target: at most {budget_s / 60:.1f} CPU-min on {cores} cores; this run needed "
+        f"{total_s / budget_s:.2f}x that",
+        "",
+        f"{'process kind':64} {'count':>6} {'CPU-min':>8} {'share':>6} {'median s':>9}",
+    ]
+    for kind, cpus in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(
+            f"{kind:64} {len(cpus):6d} {sum(cpus) / 60:8.2f} {100 * sum(cpus) / total_s:5.1f}% "
+            f"{statistics.median(cpus):9.2f}"
+        )
+    lines.append(f"({sampler.samples} samples of /proc)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples of /proc")
+    parser.add_argument("--target", type=float, default=8.0, help="the wall-time target, minutes")
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: none)")
+    args = parser.parse_args(argv)
+    if args.interval <= 0:
+        parser.error("--interval must be above 0 seconds")
+    cores = len(os.sched_getaffinity(0))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args]
+    began = time.monotonic()
+    output: list[str] = []
+
+    def echo(stream) -> None:  # pytest's output, shown as it comes and kept for its summary line
+        for line in stream:
+            output.append(line)
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+        sampler = Sampler(root=proc.pid)
+        reader = threading.Thread(target=echo, args=(proc.stdout,), daemon=True)
+        reader.start()
+        while proc.poll() is None:
+            sampler.sample()
+            time.sleep(args.interval)
+        reader.join(timeout=10)
+    wall_s = time.monotonic() - began
+    sampler.sample()
+    lines = "".join(output).splitlines()
+    summary = next((line.strip("= ") for line in reversed(lines) if " in " in line and "passed" in line), "")
+    table = report(sampler, wall_s, cores, args.target, summary)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""bench/bench_suite.py's accounting: which kind each process of a suite run is, and the figures it prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_suite.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_suite", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "kind"),
+    [
+        ("ray::DashboardAgent", "Ray dashboard agent (per node)"),
+        (
+            "/v/bin/python -u /v/lib/python3.11/site-packages/ray/dashboard/agent.py --node-ip-address=127.0.0.1",
+            "Ray dashboard agent (per node)",
+        ),
+        ("ray::TrialWorker.run", "trial workers (Ray + torch + DDP)"),
+        ("ray::IDLE", "other Ray workers (tasks, idle, never used)"),
+        # a worker before its title names the raylet's socket: a worker, not the raylet
+        (
+            "/v/bin/python /v/ray/_private/workers/default_worker.py --raylet-name=/tmp/x/raylet",
+            "other Ray workers (tasks, idle, never used)",
+        ),
+        ("/v/site-packages/ray/core/src/ray/raylet/raylet --raylet_socket_name=/tmp/x", "raylet (per node)"),
+        ("/v/bin/python3 -m ray.scripts.scripts start --block --address=127.0.0.1:1", "`ray start --block` (per node)"),
+        ("/v/bin/python -m rubberband plan examples/quickstart.yaml", "CLI processes"),
+        ("/v/bin/python tests/cli_harness.py --test-boot local run spec.yaml", "CLI processes"),
+        ("/v/bin/python -m pytest -q", "pytest (controller and workers, moto and the GCE fake in them)"),
+        ("sleep 5", "other"),
+    ],
+)
+def test_each_process_is_counted_as_what_it_is(bench, cmdline, kind):
+    assert bench.kind_of(cmdline) == kind
+
+
+def test_the_report_compares_the_cpu_used_with_what_the_target_allows(bench):
+    sampler = bench.Sampler(root=1)
+    ticks = bench.TICKS
+    sampler.processes = {
+        (10, 1): bench.Seen(cpu_ticks=120 * ticks, kind="trial workers (Ray + torch + DDP)"),
+        (11, 2): bench.Seen(cpu_ticks=60 * ticks, kind="CLI processes"),
+    }
+    text = bench.report(sampler, wall_s=600.0, cores=2, target_min=8.0, summary="3 passed in 600.00s")
+    assert "CPU 3.0 CPU-min = 15% of what the cores offered" in text
+    assert "at most 16.0 CPU-min on 2 cores; this run needed 0.19x that" in text
+    first, second = [line for line in text.splitlines() if "CPU-min" not in line and "%" in line][:2]
+    assert first.startswith("trial workers") and "66.7%" in first and second.startswith("CLI processes")
