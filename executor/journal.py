@@ -203,14 +203,14 @@ def numbered_events(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         with open(path, "rb") as handle:
             for line, raw in enumerate(handle, start=1):
-                event = _decode(raw)
+                event = decode_line(raw)
                 if event is not None:
                     yield line, event
     except FileNotFoundError:
         return
 
 
-def _decode(raw: bytes) -> dict[str, Any] | None:
+def decode_line(raw: bytes) -> dict[str, Any] | None:
     """A line's event object, or None for a torn or garbled line (skipped)."""
     try:
         event = json.loads(raw)
@@ -406,7 +406,7 @@ class StateFold:
         return self.state
 
     def _fold_line(self, raw: bytes) -> None:
-        event = _decode(raw)
+        event = decode_line(raw)
         if event is None:
             return
         line = self.lines + 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from executor_helpers import make_plan, write_job
+from executor_helpers import JournalTail, make_plan, write_job
 
 from rubberband.catalog import BillingRule
 from rubberband.errors import PlanFileError, RunDirError
@@ -176,3 +176,26 @@ def test_hyperband_brackets_get_their_own_trials(tmp_path):
     assert ids == [f"b0-t{i:03d}" for i in range(9)] + [f"b1-t{i:03d}" for i in range(5)] + [
         f"b2-t{i:03d}" for i in range(3)
     ]
+
+
+def test_the_tail_a_waiting_test_reads_is_the_whole_journal_at_every_write(tmp_path):
+    """executor_helpers.JournalTail (what wait_for_events polls) reads only what was appended, and sees what
+    iter_events sees: a line being written shows once its newline is there, a garbled line is skipped."""
+    path = tmp_path / J.JOURNAL_NAME
+    tail = JournalTail(path)
+    assert tail.events() is None  # no journal yet
+    writes = [
+        b'{"type": "run_started", "t": 1}\n',
+        b'{"type": "epoch", "t"',  # a write in progress
+        b': 2}\n{"type": "epoch", "t": 3}\n',
+        b"garbled\n",
+        b'{"type": "checkpoint", "t": 4}\n{"type": "epo',
+        b'ch", "t": 5}\n',
+    ]
+    for chunk in writes:
+        with open(path, "ab") as handle:
+            handle.write(chunk)
+        complete = path.read_bytes().rpartition(b"\n")[0] + b"\n"
+        expected = [e for e in map(J.decode_line, complete.split(b"\n")) if e is not None]
+        assert tail.events() == expected == list(J.iter_events(path))[: len(expected)]
+    assert [e["t"] for e in tail.events()] == [1, 2, 3, 4, 5]
