@@ -2,10 +2,10 @@
 
 **Tiers.** A test that starts Ray, a server (moto, the GCE fake), a subprocess (the CLI), real training or
 runs a whole CLI command in the test's process (``cli_here``) is marked ``e2e``; the rest is the unit tier
-(``pytest -m "not e2e"``, about a minute). A test is marked ``e2e`` explicitly (``@pytest.mark.e2e`` or a module's ``pytestmark``) or by using a fixture of
-:data:`E2E_FIXTURES`. The tier is checked, not trusted: in a test that is *not* marked e2e, starting a
-process or binding a server socket raises :class:`UnitTierViolation` naming what was started, so the unit
-tier cannot silently grow slow.
+(``pytest -m "not e2e"``, about a minute). A test is marked ``e2e`` explicitly (``@pytest.mark.e2e`` or a
+module's ``pytestmark``) or by using a fixture of :data:`E2E_FIXTURES`. The tier is checked, not trusted: in a
+test that is *not* marked e2e, starting a process or binding a server socket raises :class:`UnitTierViolation`
+naming what was started, so the unit tier cannot silently grow slow.
 
 **Leak guard.** The session tags every process it starts (``$RUBBERBAND_TEST_SESSION``, inherited by the
 CLI subprocesses, the Ray nodes they start and Ray's workers, even once they are orphaned) and points
