@@ -106,7 +106,8 @@ def run_cli_here(*args: object, cwd: Path | None = None, env: dict | None = None
     its imports) per call; this costs the command's own work.
 
     For the commands that start nothing and install no signal handler (``plan``, ``report``, ``schedule``,
-    ``simulate``, ``spot``, ``catalog``). ``run``, ``profile`` and ``down`` stay in subprocesses (:func:`run_cli`),
+    ``simulate``, ``spot``, ``catalog``, and ``run`` where it refuses its input or runs on simulated time:
+    test_bad_input.invoke). Runs that start Ray, ``profile`` and ``down`` stay in subprocesses (:func:`run_cli`),
     as do the tests of the entry point itself (test_bad_input_e2e.py, test_readme_commands.py) and one test of
     each command family that runs here otherwise (``schedule``, ``spot``; ``plan``, ``report`` and ``catalog`` have
     theirs in other modules)."""

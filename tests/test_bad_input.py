@@ -21,8 +21,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import EXAMPLES
-from rubberband.cli import run as cli_run
+from conftest import EXAMPLES, run_cli_here
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("RUBBERBAND_FUZZ_EXAMPLES", "30")),
@@ -67,16 +66,16 @@ def environ(**values: str | None) -> Iterator[None]:
 
 
 def invoke(*args: Any, env: dict[str, str | None] | None = None, cwd: Path | None = None) -> Result:
-    out, err = io.StringIO(), io.StringIO()
-    previous = os.getcwd()
-    with environ(COLUMNS="200", **(env or {})), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            if cwd is not None:
-                os.chdir(cwd)
-            code = cli_run([str(a) for a in args])
-        finally:
-            os.chdir(previous)
-    return Result(code, out.getvalue(), err.getvalue())
+    """The CLI in this process (conftest.run_cli_here), 200 columns wide, with ``env`` over this process's
+    environment (a None value unsets the variable)."""
+    whole = {**os.environ, "COLUMNS": "200"}
+    for key, value in (env or {}).items():
+        if value is None:
+            whole.pop(key, None)
+        else:
+            whole[key] = value
+    result = run_cli_here(*args, env=whole, cwd=cwd)
+    return Result(result.returncode, result.stdout, result.stderr)
 
 
 @contextlib.contextmanager
