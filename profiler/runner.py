@@ -437,12 +437,13 @@ def _run_shape(
 
 
 def probe_limit_s(left_s: float, *, later_runs: int) -> float:
-    """How long the probe before the first shape may run, of ``left_s`` seconds for it and ``later_runs``.
+    """How long the first run (the probe, or the first shape when no probe runs) may take, of ``left_s``
+    seconds for it and ``later_runs``.
 
-    The probe pays for the workers' cold start (Python, torch, the entry point's imports): a fixed cost
+    That run pays for the workers' cold start (Python, torch, the entry point's imports): a fixed cost
     that no share of the budget scales with, and that a loaded machine can stretch to tens of seconds.
-    So it may use all but the smallest share (``MIN_SHAPE_S``) of each run after it: a probe that cannot
-    finish leaves nothing to measure, and the shapes after a long one are capped to what is left.
+    So it may use all but the smallest share (``MIN_SHAPE_S``) of each run after it: a first run that
+    cannot finish leaves nothing to measure, and the shapes after a long one are capped to what is left.
     """
     return max(MIN_SHAPE_S, left_s - later_runs * MIN_SHAPE_S)
 
@@ -487,7 +488,12 @@ def _measure_shapes(
             )
         est_iter, est_setup = probe[0].median_s, probe[1]
     for index, shape in enumerate(shapes):
-        share = (budget.left() - reserve) / (len(shapes) - index + extra)
+        later_runs = len(shapes) - index - 1 + extra
+        if index == 0 and est_iter == 0.0:
+            # no probe ran: this first shape pays the workers' cold start, as the probe would have
+            share = probe_limit_s(budget.left() - reserve, later_runs=later_runs)
+        else:
+            share = (budget.left() - reserve) / (later_runs + 1)
         if share < MIN_SHAPE_S:
             reason = f"{shape.label}: skipped, {max(share, 0):.1f} s of budget left for it"
             notes.append(reason)

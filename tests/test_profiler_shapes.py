@@ -68,3 +68,29 @@ def test_configurations_on_warm_workers_are_not_charged_the_cold_start():
     capped = warm.iterations_within(3 * warm.seconds(12), runs=3, wanted=20)
     assert capped in (11, 12) and warm.seconds(capped) * 3 <= 3 * warm.seconds(12) + 1e-9
     assert warm.iterations_within(1.0, runs=3, wanted=20) == MIN_EPOCH_ITERATIONS
+
+
+def test_without_a_probe_the_first_shape_may_use_all_but_the_smallest_share_of_each_later_run(monkeypatch, tmp_path):
+    """With few iterations no probe runs, so the first shape pays the workers' cold start: an even third of 120 s
+    ran out in CI beside three other tests, and the profile failed as "budget too small" before the error the
+    test expected. The shapes after it share what is left evenly."""
+    from rubberband.profiler import runner
+    from rubberband.profiler.runner import MIN_SHAPE_S, ProfileOptions, _Budget, _measure_shapes
+
+    shares: list[float] = []
+    monkeypatch.setattr(runner, "_run_shape", lambda *args: shares.append(args[6]))  # every run times out
+    options = ProfileOptions(
+        cloud="local",
+        instance_type=_type("local.cpu2"),
+        workers=(1, 2),
+        budget_s=120.0,
+        iterations=4,
+        measure_restart=False,
+    )
+    shapes = [Shape(1, 1), Shape(2, 1)]
+    budget = _Budget(120.0)
+    notes: list[str] = []
+    _measure_shapes(None, options, shapes, [], {}, tmp_path, budget, None, notes, lambda *a, **k: None)
+    assert shares[0] == pytest.approx(120.0 - 2 * MIN_SHAPE_S, abs=1.0)  # one later shape, and the configurations
+    assert shares[1] == pytest.approx(budget.left() / 2, abs=1.0)
+    assert len(notes) == 2 and all("did not finish within" in note for note in notes)
