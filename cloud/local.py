@@ -215,6 +215,47 @@ def short_temp_dir(run_dir: Path) -> Path:
     return target
 
 
+#: Where a run directory keeps its Ray logs once the run's cluster is gone: ``RUN_DIR/ray-logs/<session>/``.
+RAY_LOGS_DIR = "ray-logs"
+
+
+def settle_ray_logs(run_dir: Path) -> Path | None:
+    """Keep the run's Ray logs in ``RUN_DIR/ray-logs`` and remove the rest of its Ray temp dir.
+
+    Call it once none of the run's Ray processes is left. Ray's temp dir holds, per session, its sockets,
+    runtime-env resources and logs; only the logs are worth keeping. When :func:`short_temp_dir` put the
+    temp dir under /tmp, that dir would otherwise stay there after the run (one per run, never reclaimed)
+    and the run directory's ``ray`` link would dangle once /tmp is wiped: so each session's ``logs`` moves
+    into the run directory, and the temp dir and its link go. A later resume starts a new temp dir.
+
+    Returns the logs dir, or None when there was no temp dir. Never raises for a file it cannot move or
+    remove: losing a log must not fail a run's teardown.
+    """
+    wanted = run_dir / "ray"
+    if wanted.is_symlink():
+        temp = Path(os.readlink(wanted))
+    elif wanted.is_dir():
+        temp = wanted
+    else:
+        return None
+    logs = run_dir / RAY_LOGS_DIR
+    sessions = [p for p in temp.glob("session_*") if p.is_dir() and not p.is_symlink()] if temp.is_dir() else []
+    for session in sessions:
+        source = session / "logs"
+        target = logs / session.name
+        if not source.is_dir() or target.exists():
+            continue
+        try:
+            logs.mkdir(exist_ok=True)
+            shutil.move(str(source), str(target))  # a rename when /tmp and the run dir share a filesystem
+        except OSError:
+            pass
+    shutil.rmtree(temp, ignore_errors=True)
+    if wanted.is_symlink():
+        wanted.unlink(missing_ok=True)
+    return logs if logs.is_dir() else None
+
+
 def remove_short_temp_dir(run_dir: Path) -> None:
     """Remove what :func:`short_temp_dir` made for ``run_dir``: the /tmp target of its symlink, if any."""
     wanted = run_dir / "ray"
@@ -435,6 +476,11 @@ class LocalProvider:
             raise AssertionError("unreachable")  # pragma: no cover - the last try returns or raises
 
     def stop_head(self) -> bool:
+        """Stop the run's Ray head, if it is ours and alive; True when it was.
+
+        The head goes last (the executor's teardown and ``down`` terminate the nodes first): once no node
+        of this run directory is left either, the run's Ray logs move into the run directory
+        (:func:`settle_ray_logs`)."""
         head = self.head()
         if head is None or head.terminated_at is not None and not _is_ours(head):
             return False
@@ -443,6 +489,9 @@ class LocalProvider:
             kill_group(head.pgid, self.grace_s)
         head.terminated_at = head.terminated_at or time.time()
         head.write(self.instances_dir)
+        with self._lock:
+            if not any(_is_ours(record) for record in self.records()):
+                settle_ray_logs(self.run_dir)
         return alive
 
     # -- Provider --------------------------------------------------------------------------

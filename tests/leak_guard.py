@@ -12,8 +12,9 @@ CLI subprocesses, the Ray nodes they start and Ray's workers, even once they are
 every temp dir at a root of its own (``$TMPDIR`` and ``$RUBBERBAND_TMP_ROOT``). Per test (e2e), per module
 and per session it compares what is tagged and what is in that root before and after: a process, a temp
 dir, a Ray connection or a server socket left behind is removed (processes killed by pid, after checking
-that the pid still names the same process) and the test that left it fails. Nothing is ever looked up by
-name across the machine: other test sessions' Ray clusters run on it too.
+that the pid still names the same process) and the test that left it fails; of temp entries only the caches
+libraries keep there by design (:data:`THIRD_PARTY_CACHES`) are removed without failing it. Nothing is ever
+looked up by name across the machine: other test sessions' Ray clusters run on it too.
 """
 
 from __future__ import annotations
@@ -159,19 +160,10 @@ def _temp_entries(root: Path) -> set[str]:
         return set()
 
 
-def _linked_from_tests(root: Path, names: set[str]) -> set[str]:
-    """Those of ``names`` a symlink in pytest's temp dirs points to: a local run's Ray temp dir, kept (for its
-    logs) beside the run directory that links it as ``RUN_DIR/ray`` when that path is too long for Ray."""
-    linked: set[str] = set()
-    for base in root.glob("pytest-of-*"):
-        for directory, subdirs, files in os.walk(base):
-            for name in subdirs + files:
-                path = Path(directory, name)
-                if name == "ray" and path.is_symlink():
-                    target = Path(os.readlink(path))
-                    if target.parent == root and target.name in names:
-                        linked.add(target.name)
-    return linked
+#: What libraries leave in ``$TMPDIR`` by design, not rubberband: torch's compile cache (DDP's constructor imports
+#: torch._dynamo, which creates it) and multiprocessing's per-process dir (left when its process is killed). Removed
+#: after each test like any other entry, but not held against it.
+THIRD_PARTY_CACHES = ("torchinductor_", "pymp-")
 
 
 _servers: "weakref.WeakSet[socketserver.BaseServer]" = weakref.WeakSet()
@@ -333,22 +325,15 @@ class Snapshot:
         if servers:
             found.append("server socket(s), now closed: " + ", ".join(_close_servers(servers)))
         temp = _temp_entries(self.root) - self.temp
-        if temp:
-            temp -= _linked_from_tests(self.root, temp)
-        if temp:
-            for name in temp:
-                path = self.root / name
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
-            message = f"temp entries in {self.root}, now removed: {', '.join(sorted(temp)[:6])}"
-            if os.environ.get("RUBBERBAND_STRICT_TEMP") == "1":
-                found.append(message)
-            else:  # caches (pymp-*, torchinductor_*) and Ray logs kept by design: removed, reported, not failed
-                import warnings
-
-                warnings.warn(f"{what} left behind {message}", stacklevel=1)
+        for name in temp:
+            path = self.root / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        ours = sorted(name for name in temp if not name.startswith(THIRD_PARTY_CACHES))
+        if ours:
+            found.append(f"temp entries in {self.root}, now removed: {', '.join(ours[:6])}")
         return f"{what} left behind {' and '.join(found)}" if found else None
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from executor_helpers import run_pids
@@ -67,8 +68,13 @@ def test_nodes_outlive_their_starter_and_are_found_and_stopped(tmp_path, cli):
     with pytest.raises(CloudError, match="n1 is not running"):
         provider.wait(["n1"], timeout_s=1)
 
+    temp = Path(os.readlink(run_dir / "ray"))  # the run dir's path is too long for Ray's sockets: a /tmp dir
+    assert temp.is_dir() and (run_dir / "ray").is_symlink()
     result = cli("down", str(run_dir))
     assert result.returncode == 0, result.stderr
+    # nothing of the run left in /tmp: its Ray logs moved into the run dir
+    assert not temp.exists() and not (run_dir / "ray").is_symlink()
+    assert list((run_dir / "ray-logs").glob("session_*/raylet.out"))
     assert "terminated n2 (local.cpu1, run orphan-run" in result.stdout
     assert "terminated the Ray head of run orphan-run" in result.stdout
     assert run_pids(run_dir) == []
@@ -114,3 +120,40 @@ def test_a_head_whose_port_another_process_took_starts_again_on_new_ports(tmp_pa
         finally:
             provider.stop_head()
     assert run_pids(tmp_path / "run") == []
+
+
+def _ray_temp_dir(root: Path, *sessions: str) -> Path:
+    """A Ray temp dir as a stopped cluster leaves it: per session its logs, sockets and runtime resources."""
+    for name in sessions:
+        (root / name / "logs").mkdir(parents=True)
+        (root / name / "logs" / "raylet.out").write_text(f"{name} raylet\n")
+        (root / name / "sockets").mkdir()
+        (root / name / "runtime_resources").mkdir()
+    (root / "session_latest").symlink_to(root / sessions[-1])
+    return root
+
+
+def test_a_stopped_runs_ray_logs_move_into_its_run_dir_and_its_tmp_dir_goes(tmp_path):
+    """The /tmp dir a long run-dir path needs for Ray's sockets is removed; each session's logs are kept."""
+    from rubberband.cloud.local import RAY_LOGS_DIR, settle_ray_logs
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    temp = _ray_temp_dir(tmp_path / "rb-short", "session_1", "session_2")  # a run and its resume
+    (run_dir / "ray").symlink_to(temp, target_is_directory=True)
+    assert settle_ray_logs(run_dir) == run_dir / RAY_LOGS_DIR
+    assert not temp.exists() and not (run_dir / "ray").is_symlink()
+    assert sorted(p.name for p in (run_dir / RAY_LOGS_DIR).iterdir()) == ["session_1", "session_2"]
+    assert (run_dir / RAY_LOGS_DIR / "session_2" / "raylet.out").read_text() == "session_2 raylet\n"
+    assert settle_ray_logs(run_dir) is None  # nothing left to settle
+
+
+def test_a_short_run_dirs_own_ray_temp_dir_is_settled_the_same_way(tmp_path):
+    from rubberband.cloud.local import RAY_LOGS_DIR, settle_ray_logs
+
+    run_dir = tmp_path / "run"
+    _ray_temp_dir(run_dir / "ray", "session_1")
+    (run_dir / RAY_LOGS_DIR / "session_0").mkdir(parents=True)  # an earlier attempt's, settled before
+    settle_ray_logs(run_dir)
+    assert not (run_dir / "ray").exists()
+    assert sorted(p.name for p in (run_dir / RAY_LOGS_DIR).iterdir()) == ["session_0", "session_1"]

@@ -207,7 +207,10 @@ def test_names_imported_from_ray_and_ray_train_report_work(tmp_path):
 
         def trainable(config):
             ckpt = get_checkpoint()
-            start = 0 if ckpt is None else int(open(os.path.join(ckpt.to_directory(), "n")).read()) + 1
+            start = 0
+            if ckpt is not None:
+                with ckpt.as_directory() as path:
+                    start = int(open(os.path.join(path, "n")).read()) + 1
             for i in range(start, 1000):
                 try:
                     with tempfile.TemporaryDirectory() as d:
