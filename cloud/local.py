@@ -1,7 +1,7 @@
 """The local backend: every "instance" is one Ray node on this machine.
 
-A run gets its own Ray head (``num_cpus=0``, loopback, temp dir under the run directory,
-token auth left on) and one ``ray start --block`` process per instance, started with
+A run gets its own Ray head (``num_cpus=0``, loopback, temp dir under the run directory whose
+logs stay in ``RUN_DIR/ray-logs`` once the run's nodes and head are stopped, token auth left on) and one ``ray start --block`` process per instance, started with
 ``setsid`` so that the node's processes form one process group: terminating an instance
 kills that group (SIGTERM, then SIGKILL) and nothing else on the machine. Each node carries
 the custom resource ``rb-node-<id>`` (amount = the type's workers) so trials can be pinned to
@@ -228,8 +228,10 @@ def settle_ray_logs(run_dir: Path) -> Path | None:
     and the run directory's ``ray`` link would dangle once /tmp is wiped: so each session's ``logs`` moves
     into the run directory, and the temp dir and its link go. A later resume starts a new temp dir.
 
-    Returns the logs dir, or None when there was no temp dir. Never raises for a file it cannot move or
-    remove: losing a log must not fail a run's teardown.
+    Only what Ray writes there is removed (``session_*``, ``ray_current_cluster``): a temp dir that holds
+    anything else (a user's own ``RUN_DIR/ray`` link to a dir of theirs) is left, link and all. Returns the
+    logs dir, or None when there was no temp dir. Never raises for a file it cannot move or remove: losing
+    a log must not fail a run's teardown.
     """
     wanted = run_dir / "ray"
     if wanted.is_symlink():
@@ -239,20 +241,31 @@ def settle_ray_logs(run_dir: Path) -> Path | None:
     else:
         return None
     logs = run_dir / RAY_LOGS_DIR
-    sessions = [p for p in temp.glob("session_*") if p.is_dir() and not p.is_symlink()] if temp.is_dir() else []
-    for session in sessions:
+    if not temp.is_dir():  # /tmp was wiped since (a reboot): nothing left to keep
+        wanted.unlink(missing_ok=True)
+        return logs if logs.is_dir() else None
+    entries = [p for p in temp.iterdir() if p.name.startswith("session_") or p.name == "ray_current_cluster"]
+    for session in entries:
         source = session / "logs"
-        target = logs / session.name
-        if not source.is_dir() or target.exists():
+        if session.is_symlink() or not source.is_dir() or (logs / session.name).exists():
             continue
         try:
             logs.mkdir(exist_ok=True)
-            shutil.move(str(source), str(target))  # a rename when /tmp and the run dir share a filesystem
+            shutil.move(str(source), str(logs / session.name))  # a rename when /tmp and the run dir share a disk
         except OSError:
             pass
-    shutil.rmtree(temp, ignore_errors=True)
-    if wanted.is_symlink():
-        wanted.unlink(missing_ok=True)
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    try:
+        temp.rmdir()  # only when nothing but Ray's was in it
+    except OSError:
+        pass
+    else:
+        if wanted.is_symlink():
+            wanted.unlink(missing_ok=True)
     return logs if logs.is_dir() else None
 
 

@@ -146,6 +146,8 @@ def test_a_stopped_runs_ray_logs_move_into_its_run_dir_and_its_tmp_dir_goes(tmp_
     assert sorted(p.name for p in (run_dir / RAY_LOGS_DIR).iterdir()) == ["session_1", "session_2"]
     assert (run_dir / RAY_LOGS_DIR / "session_2" / "raylet.out").read_text() == "session_2 raylet\n"
     assert settle_ray_logs(run_dir) is None  # nothing left to settle
+    (run_dir / "ray").symlink_to(tmp_path / "wiped-by-a-reboot", target_is_directory=True)
+    assert settle_ray_logs(run_dir) == run_dir / RAY_LOGS_DIR and not (run_dir / "ray").is_symlink()
 
 
 def test_a_short_run_dirs_own_ray_temp_dir_is_settled_the_same_way(tmp_path):
@@ -157,3 +159,17 @@ def test_a_short_run_dirs_own_ray_temp_dir_is_settled_the_same_way(tmp_path):
     settle_ray_logs(run_dir)
     assert not (run_dir / "ray").exists()
     assert sorted(p.name for p in (run_dir / RAY_LOGS_DIR).iterdir()) == ["session_0", "session_1"]
+
+
+def test_a_ray_link_the_user_made_keeps_its_dir_and_what_is_theirs_in_it(tmp_path):
+    """Only what Ray wrote is removed: a ``RUN_DIR/ray`` link to a dir of the user's stays, with their files."""
+    from rubberband.cloud.local import RAY_LOGS_DIR, settle_ray_logs
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    theirs = _ray_temp_dir(tmp_path / "fast-disk", "session_1")
+    (theirs / "notes.txt").write_text("mine\n")
+    (run_dir / "ray").symlink_to(theirs, target_is_directory=True)
+    settle_ray_logs(run_dir)
+    assert (run_dir / RAY_LOGS_DIR / "session_1" / "raylet.out").exists()
+    assert (run_dir / "ray").is_symlink() and sorted(p.name for p in theirs.iterdir()) == ["notes.txt"]
