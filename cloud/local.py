@@ -217,6 +217,9 @@ def short_temp_dir(run_dir: Path) -> Path:
 
 #: Where a run directory keeps its Ray logs once the run's cluster is gone: ``RUN_DIR/ray-logs/<session>/``.
 RAY_LOGS_DIR = "ray-logs"
+#: What Ray writes at the top of its temp dir (name prefixes): the sessions and their ``session_latest`` link, the
+#: address file, and the dashboard's copy of its Prometheus service-discovery file (and the temp file it writes first).
+RAY_TEMP_ENTRIES = ("session_", "ray_current_cluster", "prom_metrics_service_discovery", "tmp_prom_metrics_")
 
 
 def settle_ray_logs(run_dir: Path) -> Path | None:
@@ -228,10 +231,10 @@ def settle_ray_logs(run_dir: Path) -> Path | None:
     and the run directory's ``ray`` link would dangle once /tmp is wiped: so each session's ``logs`` moves
     into the run directory, and the temp dir and its link go. A later resume starts a new temp dir.
 
-    Only what Ray writes there is removed (``session_*``, ``ray_current_cluster``): a temp dir that holds
-    anything else (a user's own ``RUN_DIR/ray`` link to a dir of theirs) is left, link and all. Returns the
-    logs dir, or None when there was no temp dir. Never raises for a file it cannot move or remove: losing
-    a log must not fail a run's teardown.
+    Only what Ray writes there is removed (:data:`RAY_TEMP_ENTRIES`): a temp dir that holds anything else
+    (a user's own ``RUN_DIR/ray`` link to a dir of theirs) is left, link and all. Returns the logs dir, or
+    None when there was no temp dir. Never raises for a file it cannot move or remove: losing a log must
+    not fail a run's teardown.
     """
     wanted = run_dir / "ray"
     if wanted.is_symlink():
@@ -244,7 +247,7 @@ def settle_ray_logs(run_dir: Path) -> Path | None:
     if not temp.is_dir():  # /tmp was wiped since (a reboot): nothing left to keep
         wanted.unlink(missing_ok=True)
         return logs if logs.is_dir() else None
-    entries = [p for p in temp.iterdir() if p.name.startswith("session_") or p.name == "ray_current_cluster"]
+    entries = [p for p in temp.iterdir() if p.name.startswith(RAY_TEMP_ENTRIES)]
     for session in entries:
         source = session / "logs"
         if session.is_symlink() or not source.is_dir() or (logs / session.name).exists():

@@ -130,6 +130,7 @@ def _ray_temp_dir(root: Path, *sessions: str) -> Path:
         (root / name / "sockets").mkdir()
         (root / name / "runtime_resources").mkdir()
     (root / "session_latest").symlink_to(root / sessions[-1])
+    (root / "prom_metrics_service_discovery.json").write_text("[]")  # the dashboard's, beside the sessions
     return root
 
 
