@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,9 @@ def cli():
     return run_cli
 
 
-def run_cli_here(*args: object, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli_here(
+    *args: object, cwd: Path | None = None, env: dict | None = None, entry: Callable[[list[str]], int] | None = None
+) -> subprocess.CompletedProcess:
     """Run a ``rubberband`` command in this process: what :func:`run_cli` checks, without a Python to start.
 
     It calls ``rubberband.cli.run`` — all that the entry point ``main`` does but ``sys.exit`` — with the command's
@@ -110,9 +113,13 @@ def run_cli_here(*args: object, cwd: Path | None = None, env: dict | None = None
     test_bad_input.invoke). Runs that start Ray, ``profile`` and ``down`` stay in subprocesses (:func:`run_cli`),
     as do the tests of the entry point itself (test_bad_input_e2e.py, test_readme_commands.py) and one test of
     each command family that runs here otherwise (``schedule``, ``spot``; ``plan``, ``report`` and ``catalog`` have
-    theirs in other modules)."""
+    theirs in other modules).
+
+    ``entry``: what stands for the entry point, ``rubberband.cli.run`` by default (the tests' own entry point,
+    ``cli_harness.main``, for the test seams)."""
     from rubberband.cli import run
 
+    entry = entry or run
     argv = [str(arg) for arg in args]
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
@@ -125,7 +132,7 @@ def run_cli_here(*args: object, cwd: Path | None = None, env: dict | None = None
             os.chdir(cwd)
         sys.stdin, sys.stdout, sys.stderr = io.StringIO(), out, err
         try:
-            code = run(argv)
+            code = entry(argv)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except Exception:  # noqa: BLE001 - what the interpreter would print, and its exit code

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import io
 import json
 import os
 import tempfile
@@ -48,33 +47,16 @@ class Result:
         return lines[0]
 
 
-@contextlib.contextmanager
-def environ(**values: str | None) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update({k: v for k, v in values.items() if v is not None})
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def invoke(*args: Any, env: dict[str, str | None] | None = None, cwd: Path | None = None) -> Result:
-    """The CLI in this process (conftest.run_cli_here), 200 columns wide, with ``env`` over this process's
-    environment (a None value unsets the variable)."""
+def invoke(*args: Any, env: dict[str, str | None] | None = None, cwd: Path | None = None, entry: Any = None) -> Result:
+    """The CLI in this process (conftest.run_cli_here, ``entry`` standing for the entry point), 200 columns wide,
+    with ``env`` over this process's environment (a None value unsets the variable)."""
     whole = {**os.environ, "COLUMNS": "200"}
     for key, value in (env or {}).items():
         if value is None:
             whole.pop(key, None)
         else:
             whole[key] = value
-    result = run_cli_here(*args, env=whole, cwd=cwd)
+    result = run_cli_here(*args, env=whole, cwd=cwd, entry=entry)
     return Result(result.returncode, result.stdout, result.stderr)
 
 
@@ -642,10 +624,7 @@ def harness(*args: Any) -> Result:
     """The CLI through the tests' entry point (tests/cli_harness.py), in-process."""
     from cli_harness import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with environ(COLUMNS="200"), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return Result(code, out.getvalue(), err.getvalue())
+    return invoke(*args, entry=main)
 
 
 def test_an_unknown_test_boot_is_refused_in_one_line_and_the_real_cli_takes_none():
