@@ -10,8 +10,9 @@ was last seen to be: a Ray worker that became a trial worker counts as a trial w
 A process that lives entirely between two samples is missed (a few per cent at the default interval).
 
 Prints the run's wall time and pytest's summary, the CPU it used against what the machine's cores offered, what
-the 8-minute target allows (``--target``, minutes: cores × target CPU-minutes at best), and a table of the
-process kinds: how many, CPU-minutes, share and the median per process. Why: the suite is bound by CPU on two
+the 8-minute target allows (``--target``, minutes: cores × target CPU-minutes at best), a table of the
+process kinds: how many, CPU-minutes, share and the median per process, and the ``--top`` tests whose processes
+used the most CPU (each process goes to the test named by ``PYTEST_CURRENT_TEST`` in its environment). Why: the suite is bound by CPU on two
 cores, so its wall time follows from how much CPU its processes need; this says which of them to cut.
 """
 
@@ -63,10 +64,23 @@ def kind_of(cmdline: str) -> str:
 
 @dataclass
 class Seen:
-    """One process (pid and start time): its last CPU reading and what it was last seen to be."""
+    """One process (pid and start time): its last CPU reading, what it was last seen to be, and the test it ran
+    for (``""`` when its environment names none: pytest's own processes)."""
 
     cpu_ticks: int = 0
     kind: str = OTHER
+    test: str = ""
+
+
+def test_of(environ: bytes) -> str:
+    """The test a process was started for: pytest's ``PYTEST_CURRENT_TEST`` in its environment (which a CLI
+    subprocess, the Ray nodes it starts and their workers all inherit), without the phase. A module fixture's
+    processes go to the test whose setup started them."""
+    for entry in environ.split(b"\0"):
+        if entry.startswith(b"PYTEST_CURRENT_TEST="):
+            value = entry.split(b"=", 1)[1].decode(errors="replace")
+            return value.rsplit(" (", 1)[0]
+    return ""
 
 
 @dataclass
@@ -93,7 +107,9 @@ class Sampler:
             key = (pid, start)
             if key not in self.processes and not (pid == self.root or ppid in counted_pids):
                 continue
-            seen = self.processes.setdefault(key, Seen())
+            seen = self.processes.get(key)
+            if seen is None:
+                seen = self.processes[key] = Seen(test=_read_test(pid))
             counted_pids.add(pid)
             seen.cpu_ticks = max(seen.cpu_ticks, cpu)
             if cmdline.strip():
@@ -101,7 +117,14 @@ class Sampler:
         self.samples += 1
 
 
-def report(sampler: Sampler, wall_s: float, cores: int, target_min: float, summary: str) -> str:
+def _read_test(pid: int) -> str:
+    try:
+        return test_of(Path(f"/proc/{pid}/environ").read_bytes())
+    except OSError:
+        return ""
+
+
+def report(sampler: Sampler, wall_s: float, cores: int, target_min: float, summary: str, top: int = 25) -> str:
     by_kind: dict[str, list[float]] = {}
     for seen in sampler.processes.values():
         by_kind.setdefault(seen.kind, []).append(seen.cpu_ticks / TICKS)
@@ -122,7 +145,33 @@ def report(sampler: Sampler, wall_s: float, cores: int, target_min: float, summa
             f"{statistics.median(cpus):9.2f}"
         )
     lines.append(f"({sampler.samples} samples of /proc)")
+    lines += ["", *by_test(sampler, top)]
     return "\n".join(lines)
+
+
+NODE_KIND = "`ray start --block` (per node)"
+WORKER_KIND = "trial workers (Ray + torch + DDP)"
+
+
+def by_test(sampler: Sampler, top: int) -> list[str]:
+    """The ``top`` tests whose processes used the most CPU, with the Ray nodes and trial workers they started: the
+    tests to merge or shrink first. pytest's own CPU is not in it (its processes name no test)."""
+    cpu: dict[str, float] = {}
+    nodes: dict[str, int] = {}
+    workers: dict[str, int] = {}
+    for seen in sampler.processes.values():
+        if not seen.test:
+            continue
+        cpu[seen.test] = cpu.get(seen.test, 0.0) + seen.cpu_ticks / TICKS
+        nodes[seen.test] = nodes.get(seen.test, 0) + (seen.kind == NODE_KIND)
+        workers[seen.test] = workers.get(seen.test, 0) + (seen.kind == WORKER_KIND)
+    if not cpu:
+        return ["(no process named its test)"]
+    lines = [f"{'test (its processes only)':100} {'CPU s':>7} {'nodes':>6} {'workers':>8}"]
+    for test, seconds in sorted(cpu.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{test[-100:]:100} {seconds:7.1f} {nodes[test]:6d} {workers[test]:8d}")
+    lines.append(f"({len(cpu)} tests started processes; they used {sum(cpu.values()) / 60:.1f} CPU-min in all)")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples of /proc")
     parser.add_argument("--target", type=float, default=8.0, help="the wall-time target, minutes")
     parser.add_argument("--out", type=Path, help="also write the table here")
+    parser.add_argument("--top", type=int, default=25, help="how many of the costliest tests to list")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: none)")
     args = parser.parse_args(argv)
     if args.interval <= 0:
@@ -157,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler.sample()
     lines = "".join(output).splitlines()
     summary = next((line.strip("= ") for line in reversed(lines) if " in " in line and "passed" in line), "")
-    table = report(sampler, wall_s, cores, args.target, summary)
+    table = report(sampler, wall_s, cores, args.target, summary, args.top)
     print(table)
     if args.out:
         args.out.write_text(table + "\n")

@@ -62,3 +62,24 @@ def test_the_report_compares_the_cpu_used_with_what_the_target_allows(bench):
     assert "at most 16.0 CPU-min on 2 cores; this run needed 0.19x that" in text
     first, second = [line for line in text.splitlines() if "CPU-min" not in line and "%" in line][:2]
     assert first.startswith("trial workers") and "66.7%" in first and second.startswith("CLI processes")
+
+
+def test_each_process_goes_to_the_test_its_environment_names(bench):
+    environ = b"HOME=/root\0PYTEST_CURRENT_TEST=tests/test_x.py::test_y[a (b)] (call)\0PATH=/bin\0"
+    assert bench.test_of(environ) == "tests/test_x.py::test_y[a (b)]"
+    assert bench.test_of(b"HOME=/root\0") == ""
+
+
+def test_the_costliest_tests_are_listed_with_the_nodes_and_workers_they_started(bench):
+    ticks = bench.TICKS
+    sampler = bench.Sampler(root=1)
+    sampler.processes = {
+        (10, 1): bench.Seen(cpu_ticks=3 * ticks, kind=bench.WORKER_KIND, test="t::costly"),
+        (11, 1): bench.Seen(cpu_ticks=2 * ticks, kind=bench.NODE_KIND, test="t::costly"),
+        (12, 1): bench.Seen(cpu_ticks=1 * ticks, kind=bench.NODE_KIND, test="t::cheap"),
+        (13, 1): bench.Seen(cpu_ticks=9 * ticks, kind="pytest (controller and workers, moto and the GCE fake in them)"),
+    }
+    rows = bench.by_test(sampler, top=1)
+    assert rows[1].split() == ["t::costly", "5.0", "1", "1"]
+    assert len(rows) == 3 and "2 tests started processes; they used 0.1 CPU-min" in rows[2]
+    assert bench.by_test(bench.Sampler(root=1), top=5) == ["(no process named its test)"]
