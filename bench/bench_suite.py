@@ -10,10 +10,11 @@ was last seen to be: a Ray worker that became a trial worker counts as a trial w
 A process that lives entirely between two samples is missed (a few per cent at the default interval).
 
 Prints the run's wall time and pytest's summary, the CPU it used against what the machine's cores offered, what
-the 8-minute target allows (``--target``, minutes: cores × target CPU-minutes at best), a table of the
-process kinds: how many, CPU-minutes, share and the median per process, and the ``--top`` tests whose processes
-used the most CPU (each process goes to the test named by ``PYTEST_CURRENT_TEST`` in its environment). Why: the suite is bound by CPU on two
-cores, so its wall time follows from how much CPU its processes need; this says which of them to cut.
+the 8-minute target allows (``--target``, minutes: cores × target CPU-minutes at best), a table of the process
+kinds (how many, CPU-minutes, share and the median per process) and the ``--top`` tests whose processes used the
+most CPU (a process goes to the test that ``PYTEST_CURRENT_TEST`` names in its environment). Why: the suite is
+bound by CPU on two cores, so its wall time follows from how much CPU its processes need; this says which of them
+to cut.
 """
 
 from __future__ import annotations
@@ -184,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.interval <= 0:
         parser.error("--interval must be above 0 seconds")
+    if args.top < 1:
+        parser.error("--top must be at least 1")
     cores = len(os.sched_getaffinity(0))
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args]
     began = time.monotonic()
