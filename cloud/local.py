@@ -1,11 +1,12 @@
 """The local backend: every "instance" is one Ray node on this machine.
 
 A run gets its own Ray head (``num_cpus=0``, loopback, temp dir under the run directory whose
-logs stay in ``RUN_DIR/ray-logs`` once the run's nodes and head are stopped, token auth left on) and one ``ray start --block`` process per instance, started with
-``setsid`` so that the node's processes form one process group: terminating an instance
-kills that group (SIGTERM, then SIGKILL) and nothing else on the machine. Each node carries
-the custom resource ``rb-node-<id>`` (amount = the type's workers) so trials can be pinned to
-it (see docs/training-api.md, "The runtime underneath").
+logs stay in ``RUN_DIR/ray-logs`` once the run's nodes and head are stopped, token auth left on)
+and one ``ray start --block`` process per instance, started with ``setsid`` so that the node's
+processes form one process group: terminating an instance kills that group (SIGTERM, then SIGKILL)
+and nothing else on the machine. Each node carries the custom resource ``rb-node-<id>`` (amount =
+the type's workers) so trials can be pinned to it (see docs/training-api.md, "The runtime
+underneath").
 
 Every process is recorded in ``RUN_DIR/instances/<id>.json`` with the run id, pid and pgid,
 so :meth:`LocalProvider.list` also finds nodes of an executor that died (orphans) and

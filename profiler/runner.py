@@ -465,7 +465,8 @@ def _measure_shapes(
     extra = 1 if options.configs > 0 else 0
     results: list[ShapeResult] = []
     est_iter = est_setup = 0.0
-    if options.iterations > PROBE_ABOVE:
+    probed = options.iterations > PROBE_ABOVE
+    if probed:
         # A short probe first, so even the first shape's iteration count fits the budget.
         share = probe_limit_s(budget.left() - reserve, later_runs=len(shapes) + extra)
         tick(f"probing {shapes[0].label} ({PROBE_ITERATIONS} iterations)", advance=False)
@@ -489,7 +490,7 @@ def _measure_shapes(
         est_iter, est_setup = probe[0].median_s, probe[1]
     for index, shape in enumerate(shapes):
         later_runs = len(shapes) - index - 1 + extra
-        if index == 0 and est_iter == 0.0:
+        if index == 0 and not probed:
             # no probe ran: this first shape pays the workers' cold start, as the probe would have
             share = probe_limit_s(budget.left() - reserve, later_runs=later_runs)
         else:

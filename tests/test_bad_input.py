@@ -14,6 +14,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Iterator
 
 import pytest
@@ -47,7 +48,12 @@ class Result:
         return lines[0]
 
 
-def invoke(*args: Any, env: dict[str, str | None] | None = None, cwd: Path | None = None, entry: Any = None) -> Result:
+def invoke(
+    *args: Any,
+    env: dict[str, str | None] | None = None,
+    cwd: Path | None = None,
+    entry: Callable[[list[str]], int] | None = None,
+) -> Result:
     """The CLI in this process (conftest.run_cli_here, ``entry`` standing for the entry point), 200 columns wide,
     with ``env`` over this process's environment (a None value unsets the variable)."""
     whole = {**os.environ, "COLUMNS": "200"}
