@@ -99,6 +99,27 @@ def _port_clash(output: str) -> bool:
     )
 
 
+def _log_size(log: Path) -> int:
+    """How much of an instance's log is there before a start appends to it: where that start's output begins."""
+    try:
+        return log.stat().st_size
+    except OSError:
+        return 0
+
+
+def _log_since(log: Path, offset: int) -> str:
+    """What one start wrote to an instance's log, from ``offset`` (:func:`_log_size` before it) on.
+
+    A head's log is appended to by every start of the run's head: its port-clash retries and, after a resume,
+    the earlier executor's head. Their "started" lines must not count for this start."""
+    try:
+        with open(log, "rb") as out:
+            out.seek(offset)
+            return out.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _gcs_port_clash(temp_dir: Path, ray_start_pid: int) -> str | None:
     """Ray's words, when the GCS that the ``ray start --head`` of ``ray_start_pid`` launched (its session directory
     ends in that pid) exited on a port clash; Ray's ``ray start`` only reports it after waiting 40 s for the GCS."""
@@ -379,7 +400,9 @@ class LocalProvider:
                 close_fds=True,
             )
 
-    def _wait_started(self, record: ProcessRecord, proc: subprocess.Popen, timeout_s: float) -> None:
+    def _wait_started(self, record: ProcessRecord, proc: subprocess.Popen, timeout_s: float, since: int) -> None:
+        """Wait until this start's part of the log (from byte ``since``) says Ray is up; CloudError (transient)
+        when the node exits, its GCS loses its port, or ``timeout_s`` passes."""
         deadline = time.monotonic() + timeout_s
         log = Path(record.log)
         while time.monotonic() < deadline:
@@ -391,14 +414,14 @@ class LocalProvider:
                     out.write(f"rubberband: the head's GCS exited: {clash}\n")
                 raise CloudError(f"local Ray head {record.id}: its GCS port was taken; see {log}", kind="transient")
             if proc.poll() is not None:
-                tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+                tail = _log_since(log, since).strip().splitlines()[-1:]
                 kill_group(record.pgid, 0.5)
                 raise CloudError(
                     f"local Ray node {record.id} exited at start (code {proc.returncode}): "
                     f"{tail[0] if tail else 'no output'}; see {log}",
                     kind="transient",
                 )
-            if log.exists() and _STARTED_MARK in log.read_text(errors="replace"):
+            if _STARTED_MARK in _log_since(log, since):
                 return
             time.sleep(0.1)
         kill_group(record.pgid, 0.5)
@@ -437,7 +460,7 @@ class LocalProvider:
             tries = 1 if port is not None else PORT_TRIES
             for attempt in range(1, tries + 1):
                 gcs_port = port or free_port()
-                offset = log.stat().st_size if log.exists() else 0  # the log is appended to: this try's part
+                offset = _log_size(log)  # the log is appended to: this try's part
                 dashboard = (
                     ["--include-dashboard", "false"]
                     if dashboard_port is None
@@ -482,9 +505,9 @@ class LocalProvider:
                 )
                 record.write(self.instances_dir)
                 try:
-                    self._wait_started(record, proc, timeout_s)
+                    self._wait_started(record, proc, timeout_s, offset)
                 except CloudError:
-                    if attempt == tries or not _port_clash(log.read_text(errors="replace")[offset:]):
+                    if attempt == tries or not _port_clash(_log_since(log, offset)):
                         raise
                     continue
                 record.ready_at = time.time()
@@ -539,6 +562,7 @@ class LocalProvider:
         node = node_resources(itype)  # a GPU type's node advertises its GPUs (logical ones without CUDA)
         workers = node.slots
         log = self.instances_dir / f"{instance_id}.log"
+        offset = _log_size(log)
         now = time.time()
         proc = self._ray_start(
             [
@@ -569,7 +593,7 @@ class LocalProvider:
             tags=request.tags(__version__),
         )
         record.write(self.instances_dir)
-        self._wait_started(record, proc, timeout_s)
+        self._wait_started(record, proc, timeout_s, offset)
         record.ready_at = time.time()
         record.write(self.instances_dir)
         return record

@@ -99,7 +99,11 @@ def test_down_of_an_unknown_run_is_a_one_line_error(tmp_path, cli):
 @pytest.mark.e2e
 def test_a_head_whose_port_another_process_took_starts_again_on_new_ports(tmp_path, monkeypatch):
     """Free ports are picked before Ray binds them: another process may take one first (two runs starting at once).
-    The head's first start dies on the taken port; the second, on ports picked anew, comes up."""
+    The head's first start dies on the taken port; the second, on ports picked anew, comes up.
+
+    The run dir is a resumed one: its head log already holds the earlier executor's head's "started" line. Only
+    this start's part of the log counts; reading the whole log, the start returned at once, with a head that then
+    died on the port, and the resumed run's driver gave up on its GCS a minute later."""
     import socket
 
     import rubberband.cloud.local as local
@@ -112,6 +116,9 @@ def test_a_head_whose_port_another_process_took_starts_again_on_new_ports(tmp_pa
         port = taken.getsockname()[1]
         monkeypatch.setattr(local, "free_port", lambda: picked.append(1) or (port if len(picked) == 1 else real()))
         provider = LocalProvider(tmp_path / "run")
+        earlier = tmp_path / "run" / "instances" / "head.log"
+        earlier.parent.mkdir(parents=True)
+        earlier.write_text(f"{local._STARTED_MARK}\n")  # the earlier executor's head, since stopped
         try:
             record = provider.start_head_process("clash-run")
             assert record.address != f"127.0.0.1:{port}" and record.ready_at is not None
