@@ -276,3 +276,47 @@ class SpotPolicy:
         ):
             return Market.SPOT
         return Market.ON_DEMAND
+
+
+@dataclass(frozen=True)
+class AshaPhasePolicy:
+    """Elastic ASHA, one rule for both engines: how many instances each phase of the rung ladder holds.
+
+    ASHA (asynchronous successive halving) has no stage barriers, but its ladder empties from the bottom:
+    every trial starts at rung 0, and once every trial has started, the work left moves up the rungs. Phase
+    ``k`` is the part of the run where the lowest rung any trial still trains toward (or waits to train
+    toward) is ``k``; phase 0 also lasts while a trial has not started. ``instances[k]`` is the cluster
+    phase ``k`` holds (non-increasing: the wide rungs first, fewer instances as the ladder empties). On
+    entering a phase that holds fewer instances than are alive, idle instances are released at once and
+    busy ones the moment their trial's task ends (the ones that go idle first go first). The planner's
+    simulator (:mod:`rubberband.planner.asha`) and the executor's ASHA scheduler both follow this rule, so
+    a prediction describes the run. Pure: no I/O, no clock.
+    """
+
+    instances: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.instances or any(n < 1 for n in self.instances):
+            raise ValueError(f"AshaPhasePolicy.instances must be ≥ 1 per phase, got {self.instances!r}")
+        if any(b > a for a, b in zip(self.instances, self.instances[1:])):
+            raise ValueError(f"AshaPhasePolicy.instances must not grow from one phase to the next: {self.instances!r}")
+
+    @property
+    def phases(self) -> int:
+        return len(self.instances)
+
+    def phase(self, *, unstarted: int, lowest_rung: int | None) -> int:
+        """The phase now: ``unstarted`` trials not started yet; ``lowest_rung``: the lowest rung index a running
+        or waiting trial trains toward (None: none runs or waits)."""
+        if unstarted > 0:
+            return 0
+        last = len(self.instances) - 1
+        return last if lowest_rung is None else max(0, min(lowest_rung, last))
+
+    def target(self, phase: int) -> int:
+        """Instances phase ``phase`` holds."""
+        return self.instances[max(0, min(phase, len(self.instances) - 1))]
+
+    def surplus(self, phase: int, alive: int) -> int:
+        """How many of ``alive`` instances phase ``phase`` no longer needs (released as they go idle)."""
+        return max(0, alive - self.target(phase))
