@@ -95,7 +95,7 @@ def events(trials: int) -> list:
                 checkpoint_epoch=2,
             )
         )
-        out.append(J.Decision(t=t, kind="keep", id=f"n{i - i % 9}", stage=0))
+        out.append(J.Keep(t=t, id=f"n{i - i % 9}", stage=0))
     out.append(
         J.StageFinished(
             t=t, stage=0, bracket=0, metrics={f"b0-t{i:04d}": 0.5 for i in range(trials)}, promoted=[], ranking=[]

@@ -12,30 +12,22 @@ know is dropped (a newer minor version may add fields), an event ``type`` it doe
 :func:`parse_event` raises pydantic's ``ValidationError``, which the reader turns into a one-line error naming
 the line and the field.
 
-``decision`` events carry a ``kind`` and kind-specific fields (a dozen kinds, some with tens of figures);
-:class:`Decision` types ``kind`` and keeps the rest as extra fields, as the journal writes them.
+``decision`` events are typed by their ``kind`` too (:mod:`rubberband.executor.decision_events`), a union
+nested in this one; a decision kind this code does not know is skipped like an unknown type.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import Field, TypeAdapter
+
+from rubberband.executor.decision_events import DECISIONS, DecisionEvent
+from rubberband.executor.event_base import _Event
 
 #: The journal schema this code writes (``run_started.journal_version``). A journal without it is version 1
 #: (the untyped journals, same fields); one with a higher version is refused with "upgrade rubberband".
 JOURNAL_VERSION = 2
-
-
-class _Event(BaseModel):
-    """Every event: ``type`` (the discriminator) and ``t``, POSIX seconds (the writer fills it in when None)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    #: fields written only when they apply: None leaves them out of the line (as the untyped journal did)
-    omit_none: ClassVar[frozenset[str]] = frozenset()
-
-    t: float | None = None
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
@@ -96,18 +88,13 @@ class RunStopped(_RunEnded):
 
 
 class PlanChanged(_Event):
+    """The plan the run follows from now; ``changed``: the plan positions whose stage a re-plan changed (their
+    prefetch, if any, is void: it is timed again for the new stage)."""
+
     type: Literal["plan_changed"] = "plan_changed"
     stage: int | None = None
     plan: dict[str, Any]
-
-
-class Decision(_Event):
-    """A decision taken (or declined) and why: ``kind`` plus that kind's fields (docs/executor.md lists them)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["decision"] = "decision"
-    kind: str
+    changed: list[int] = []
 
 
 # -- instances -------------------------------------------------------------------------------------------------
@@ -273,7 +260,7 @@ Event = Annotated[
         RunInterrupted,
         RunStopped,
         PlanChanged,
-        Decision,
+        DecisionEvent,
         InstanceRequested,
         InstanceReady,
         InstanceTerminated,
@@ -294,22 +281,29 @@ Event = Annotated[
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
-#: event type -> its model (the members of :data:`Event`, listed once there)
-MODELS: dict[str, type[_Event]] = {model.model_fields["type"].default: model for model in get_args(get_args(Event)[0])}
+def _members(union: Any) -> tuple[Any, ...]:
+    return get_args(get_args(union)[0])
+
+
+#: event type -> its model (the members of :data:`Event`, listed once there); ``decision`` events are typed by
+#: their kind (:data:`~rubberband.executor.decision_events.DECISIONS`)
+MODELS: dict[str, type[_Event]] = {
+    model.model_fields["type"].default: model for model in _members(Event) if isinstance(model, type)
+}
 
 
 def parse_event(raw: dict[str, Any]) -> _Event | None:
-    """The typed event of a journal line's object; None for a ``type`` this code does not know (skipped).
+    """The typed event of a journal line's object; None for a ``type`` (or a decision ``kind``) this code does not
+    know (skipped).
 
     Fields the model does not know are dropped (a newer minor version's additions); a known field with a
     wrong value raises ``pydantic.ValidationError``.
     """
-    model = MODELS.get(raw.get("type"))  # type: ignore[arg-type]
+    kind = raw.get("type")
+    model = DECISIONS.get(raw.get("kind")) if kind == "decision" else MODELS.get(kind)  # type: ignore[arg-type]
     if model is None:
         return None
-    if model.model_config.get("extra") != "allow":
-        raw = {key: value for key, value in raw.items() if key in model.model_fields}
-    return model.model_validate(raw)
+    return model.model_validate({key: value for key, value in raw.items() if key in model.model_fields})
 
 
 def to_json_dict(event: _Event) -> dict[str, Any]:
@@ -320,6 +314,10 @@ def to_json_dict(event: _Event) -> dict[str, Any]:
         if fields.get(name, 0) is None:
             del fields[name]
     out: dict[str, Any] = {"type": type(event).model_fields["type"].default}
+    kind = type(event).model_fields.get("kind")
+    if kind is not None:  # a decision: its kind comes first, as the journal always wrote it
+        fields.pop("kind", None)
+        fields = {"kind": kind.default, **fields}
     if event.t is not None:
         out["t"] = fields.pop("t", event.t)
     else:

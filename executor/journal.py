@@ -4,11 +4,12 @@ Every line is one event ``{"type": ..., "t": <POSIX seconds>, ...}`` written wit
 ``write`` on an ``O_APPEND`` descriptor and fsync'd, so a crash (even ``kill -9``) leaves at
 most a torn last line, which the reader skips. Each event is a typed model
 (:mod:`rubberband.executor.events`, re-exported here: ``J.TrialStarted(...)``). The controller
-writes run, stage, trial, instance and decision events with :meth:`Journal.record`; trial workers
+writes run, stage, trial, instance and decision events (:mod:`~rubberband.executor.decision_events`) with :meth:`Journal.record`; trial workers
 write epoch and checkpoint events through the :class:`JournalSink` Ray actor (``event_sink`` in
 docs/training-api.md, "The runtime underneath").
 
-The run's state is a fold of the events (:func:`apply`, in one place). :func:`read_state` folds a
+The run's state is a fold of the events (:func:`~rubberband.executor.runstate.apply`, in one place, decisions
+included: :mod:`rubberband.executor.runstate`). :func:`read_state` folds a
 run directory's journal from disk (resume, report, ``down``, accounting); a live :class:`Journal`
 keeps its own fold current as events are appended, by whichever process (:attr:`Journal.state`
 reads only the bytes appended since it last looked), so the controller never re-reads the file.
@@ -20,7 +21,6 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
@@ -28,12 +28,29 @@ from pydantic import ValidationError
 
 from rubberband.errors import RunDirError
 from rubberband.executor.clock import WALL_CLOCK, Clock
+from rubberband.executor.decision_events import (  # noqa: F401  (re-exported: J.Keep etc.)
+    AshaPhase,
+    DeadlinePassed,
+    Down,
+    Failover,
+    Handoff,
+    HeadStarted,
+    Keep,
+    NoticeTaken,
+    NoticeWatcherFailed,
+    OrphanHeadStopped,
+    Prefetch,
+    Release,
+    Replace,
+    Replan,
+    SpotDecision,
+)
+from rubberband.executor.event_base import _Event
 from rubberband.executor.events import (  # noqa: F401  (re-exported: J.TrialStarted etc.)
     EVENT_ADAPTER,
     JOURNAL_VERSION,
     MODELS,
     Checkpoint,
-    Decision,
     Epoch,
     Event,
     HeadInstance,
@@ -54,10 +71,20 @@ from rubberband.executor.events import (  # noqa: F401  (re-exported: J.TrialSta
     TrialPromoted,
     TrialStarted,
     TrialStopped,
-    _Event,
     _RunEnded,
     parse_event,
     to_json_dict,
+)
+from rubberband.executor.runstate import (  # noqa: F401  (re-exported: J.RunState etc.)
+    DecisionState,
+    HeadLife,
+    InstanceLife,
+    RunState,
+    StageRecord,
+    TrialState,
+    apply,
+    fold,
+    start_state,
 )
 
 JOURNAL_NAME = "journal.jsonl"
@@ -259,90 +286,6 @@ def start_sink(run_dir: str | Path) -> Any:
 # -- the reader ------------------------------------------------------------------------------
 
 
-@dataclass
-class InstanceLife:
-    """One instance's life as the journal tells it (POSIX seconds)."""
-
-    id: str
-    instance_type: str
-    cloud: str
-    price_hr: float
-    spot: bool
-    stage: int
-    requested_at: float
-    ready_at: float | None = None
-    terminated_at: float | None = None
-    reason: str | None = None
-    lost: str | None = None  # why it went away on its own (spot-interruption, lost), from instance_lost
-
-
-@dataclass
-class HeadLife:
-    """The run's head instance (head mode): the executor's own machine, billed from its launch until
-    ``grace_s`` (the watchdog's results grace) after the run ends; never terminated by the executor."""
-
-    id: str
-    instance_type: str
-    cloud: str
-    price_hr: float
-    launched_at: float
-    grace_s: float = 0.0
-
-
-@dataclass
-class TrialState:
-    trial_id: str
-    bracket: int
-    index: int
-    config: dict[str, Any]
-    checkpoint_epoch: int | None = None
-    checkpoint_path: str | None = None
-    epochs: dict[int, dict[str, float]] = field(default_factory=dict)
-    epoch_runs: dict[int, int] = field(default_factory=dict)  # epoch -> how many times it was reported
-    finished_stages: dict[int, float | None] = field(default_factory=dict)  # stage -> metric
-
-
-@dataclass
-class StageRecord:
-    stage: int
-    started_at: float | None = None
-    finished_at: float | None = None
-    predicted_duration_s: float | None = None
-    metrics: dict[str, float | None] = field(default_factory=dict)
-    promoted: list[str] = field(default_factory=list)
-
-
-@dataclass
-class RunState:
-    """Everything resume and accounting need, rebuilt from the journal."""
-
-    run_id: str
-    spec_sha256: str
-    spec: dict[str, Any]
-    plan: dict[str, Any]
-    cloud: str
-    deadline_s: float
-    started_at: float
-    first_started_at: float
-    attempts: int = 1
-    status: str = "running"  # running | finished | stopped | failed | interrupted
-    ended_at: float | None = None
-    end_reason: str | None = None
-    result: dict[str, Any] | None = None
-    instances: dict[str, InstanceLife] = field(default_factory=dict)
-    head: HeadLife | None = None  # the billed head instance (head mode only)
-    trials: dict[str, TrialState] = field(default_factory=dict)
-    stages: dict[int, StageRecord] = field(default_factory=dict)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        return self.status == "finished"
-
-    def completed_stages(self) -> list[int]:
-        return sorted(s for s, rec in self.stages.items() if rec.finished_at is not None)
-
-
 def read_state(run_dir: str | Path) -> RunState:
     """Fold the journal of ``run_dir`` into a :class:`RunState` (RunDirError if it is not a run, if a line is
     damaged, or if a newer rubberband wrote it). A torn last line (a crash mid-write) is skipped."""
@@ -448,114 +391,3 @@ class StateFold:
             f"{problem}); repair or delete that line (keep a copy), then resume; "
             f"`rubberband down {self.run_dir}` ends the run's instances"
         )
-
-
-def start_state(first: RunStarted) -> RunState:
-    """The state a journal's ``run_started`` event begins."""
-    t = first.t if first.t is not None else 0.0
-    return RunState(
-        run_id=first.run_id,
-        spec_sha256=first.spec_sha256,
-        spec=first.spec,
-        plan=first.plan,
-        cloud=first.cloud,
-        deadline_s=first.deadline_s,
-        started_at=t,
-        first_started_at=t,
-    )
-
-
-def fold(events: list[dict[str, Any]] | list[_Event]) -> RunState:
-    """The state of a list of events (typed, or raw journal objects), the first being ``run_started``.
-
-    Raw objects are validated (pydantic ``ValidationError`` on damage); unknown types are skipped.
-    """
-    typed = [e if isinstance(e, _Event) else parse_event(e) for e in events]
-    first = typed[0]
-    if not isinstance(first, RunStarted):
-        raise ValueError("a journal begins with run_started")
-    state = start_state(first)
-    for event in typed[1:]:
-        if event is not None:
-            apply(state, event)
-    return state
-
-
-_END_STATUS = {RunFinished: "finished", RunFailed: "failed", RunInterrupted: "interrupted", RunStopped: "stopped"}
-
-
-def apply(state: RunState, event: _Event) -> None:
-    """Fold one event into ``state`` (in place): the one place where the run's state follows from its events."""
-    t = event.t if event.t is not None else 0.0
-    if isinstance(event, RunResumed):
-        state.attempts += 1
-        state.status, state.ended_at, state.end_reason = "running", None, None
-        state.started_at = t
-    elif isinstance(event, PlanChanged):
-        state.plan = event.plan
-    elif isinstance(event, InstanceRequested):
-        state.instances[event.id] = InstanceLife(
-            id=event.id,
-            instance_type=event.instance_type,
-            cloud=event.cloud if event.cloud is not None else state.cloud,
-            price_hr=event.price_hr,
-            spot=event.spot,
-            stage=event.stage,
-            requested_at=t,
-        )
-    elif isinstance(event, HeadInstance):
-        state.head = HeadLife(
-            id=event.id,
-            instance_type=event.instance_type,
-            cloud=event.cloud if event.cloud is not None else state.cloud,
-            price_hr=event.price_hr,
-            launched_at=event.launched_at if event.launched_at is not None else t,
-            grace_s=event.grace_s,
-        )
-    elif isinstance(event, InstanceReady):
-        if event.id in state.instances:
-            state.instances[event.id].ready_at = t
-    elif isinstance(event, InstanceLost):
-        if event.id in state.instances:
-            state.instances[event.id].lost = event.reason if event.reason is not None else "lost"
-    elif isinstance(event, InstanceTerminated):
-        life = state.instances.get(event.id)
-        if life is not None and life.terminated_at is None:
-            life.terminated_at, life.reason = t, event.reason
-    elif isinstance(event, TrialCreated):
-        state.trials[event.trial_id] = TrialState(event.trial_id, event.bracket, event.index, dict(event.config))
-    elif isinstance(event, Epoch):
-        trial = state.trials.get(event.trial_id)
-        if trial is not None:
-            trial.epochs[event.epoch] = dict(event.metrics)  # type: ignore[arg-type]
-            trial.epoch_runs[event.epoch] = trial.epoch_runs.get(event.epoch, 0) + 1
-    elif isinstance(event, Checkpoint):
-        trial = state.trials.get(event.trial_id)
-        if trial is not None and (trial.checkpoint_epoch is None or event.epoch >= trial.checkpoint_epoch):
-            trial.checkpoint_epoch, trial.checkpoint_path = event.epoch, event.path
-    elif isinstance(event, TrialStopped):
-        trial = state.trials.get(event.trial_id)
-        if trial is not None:
-            if event.reason == "finished":
-                trial.finished_stages[event.stage] = event.metric
-            ckpt = event.checkpoint_epoch
-            if ckpt is not None and (trial.checkpoint_epoch is None or ckpt > trial.checkpoint_epoch):
-                trial.checkpoint_epoch = ckpt
-    elif isinstance(event, StageStarted):
-        record = state.stages.setdefault(event.stage, StageRecord(event.stage))
-        record.started_at = record.started_at or t
-        record.predicted_duration_s = event.predicted_duration_s
-    elif isinstance(event, StageFinished):
-        record = state.stages.setdefault(event.stage, StageRecord(event.stage))
-        record.finished_at = t
-        record.metrics = dict(event.metrics)
-        record.promoted = list(event.promoted)
-    elif isinstance(event, Decision):
-        state.decisions.append({**to_json_dict(event), "t": t})
-    elif type(event) in _END_STATUS:
-        assert isinstance(event, (RunFinished, RunFailed, RunInterrupted, RunStopped))
-        state.status = _END_STATUS[type(event)]
-        state.ended_at = t
-        state.end_reason = event.reason or event.error
-        if isinstance(event, RunFinished):
-            state.result = to_json_dict(event)

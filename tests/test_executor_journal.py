@@ -51,7 +51,7 @@ def test_journal_round_trip_rebuilds_resume_state(tmp_path, spec):
     journal.record(J.Checkpoint(trial_id="b0-t000", epoch=0, path="/x/epoch-0.pt"))
     journal.record(J.TrialStopped(trial_id="b0-t000", stage=0, reason="finished", metric=0.5, checkpoint_epoch=0))
     journal.record(J.StageFinished(t=1020.0, stage=0, metrics={"b0-t000": 0.5}, promoted=["b0-t000"]))
-    journal.record(J.Decision(kind="release", id="n1"))
+    journal.record(J.Release(id="n1"))
     # a crash mid-write leaves a torn last line: the reader skips it
     with open(journal.path, "ab") as handle:
         handle.write(b'{"type": "epoch", "trial_id": "b0-t0')
@@ -84,7 +84,7 @@ def test_read_state_rejects_non_runs(tmp_path):
 
 def test_journal_lines_are_one_json_object_each(tmp_path):
     journal = J.Journal(tmp_path)
-    journal.record(J.Decision(kind="prefetch", count=2))
+    journal.record(J.Prefetch(stage=1, count=2))
     J.JournalSink(str(journal.path)).record({"type": "epoch", "trial_id": "b0-t001", "epoch": 3, "t": 5.0})
     lines = journal.path.read_text().splitlines()
     assert [json.loads(line)["type"] for line in lines] == ["decision", "epoch"]

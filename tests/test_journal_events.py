@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from rubberband.errors import RunDirError
+from rubberband.executor import decision_events as D
 from rubberband.executor import events as E
 from rubberband.executor import journal as J
 
@@ -49,9 +50,8 @@ SAMPLES: list[E._Event] = [
     J.RunInterrupted(t=3.0, reason="SIGINT"),
     J.RunStopped(t=3.0, reason="deadline", outcome="stopped"),
     J.PlanChanged(t=4.0, stage=1, plan={"stages": [{"bracket": 0}, {"bracket": 0}]}),
-    J.Decision(
+    J.Prefetch(
         t=5.0,
-        kind="prefetch",
         stage=1,
         count=2,
         instance_type="local.cpu2",
@@ -136,12 +136,101 @@ SAMPLES: list[E._Event] = [
 ]
 
 
+#: one decision of each kind, with the fields the executor writes
+DECISION_SAMPLES: list[E._Event] = [
+    J.HeadStarted(t=1.0, address="127.0.0.1:6379", pid=42),
+    J.OrphanHeadStopped(t=1.0),
+    J.Down(t=1.0, terminated=["n1"]),
+    J.Keep(t=1.0, id="n1", stage=1),
+    J.Release(t=1.0, id="n1", stage=0, reason="idle: stage 0 needs it no more"),
+    J.Handoff(
+        t=1.0,
+        id="n1",
+        instance_type="local.cpu2",
+        from_stage=0,
+        to_stage=3,
+        from_bracket=0,
+        to_bracket=1,
+        request="req4",
+        request_outcome="cancelled",
+    ),
+    J.Replace(t=1.0, id="n1", stage=0, token="req5", instance_type="local.cpu2", reason="lost", spot=True),
+    J.Failover(
+        t=1.0,
+        id="n2",
+        stage=0,
+        requested="g5.xlarge",
+        obtained="g4dn.xlarge",
+        requested_key="aws:us-east-1:g5.xlarge",
+        obtained_key="aws:us-east-1:g4dn.xlarge",
+        substituted=True,
+        zone="us-east-1a",
+        requested_price_hr=1.0,
+        obtained_price_hr=0.5,
+        attempts=["g5.xlarge@us-east-1a: capacity"],
+        reason="g5.xlarge unavailable in every zone; failover took g4dn.xlarge",
+    ),
+    J.AshaPhase(t=1.0, phase=1, instances=2, alive=4),
+    J.SpotDecision(
+        t=1.0,
+        stage=0,
+        for_stage=0,
+        trigger="preemption",
+        id="n1",
+        previous="spot",
+        market="on_demand",
+        confidence=0.9,
+        quantile=0.5,
+        time_left_s=100.0,
+        work_left_s=90.0,
+        restart_s=20.0,
+        slack_s=-10.0,
+        margin_s=0.0,
+        reason="slack short",
+    ),
+    J.NoticeTaken(t=1.0, id="n1", stage=0, cloud="aws", action="terminate", notice_time="T", trials=["b0-t000"]),
+    J.NoticeWatcherFailed(t=1.0, id="n1", started=False, error="no node"),
+    J.DeadlinePassed(t=1.0, stage=2, elapsed_s=80.0, deadline_s=75.0, overrun_s=None, note="late"),
+    J.Replan(
+        t=1.0,
+        stage=1,
+        elapsed_s=30.0,
+        predicted_remaining_s=40.0,
+        slowdown=1.1,
+        at_risk=False,
+        action="continue",
+        accepted=False,
+        reason="current plan is as cheap and on time",
+        trigger="failover",
+        unavailable=["aws:us-east-1:g5.xlarge"],
+        substitutions={"g5.xlarge": "g4dn.xlarge"},
+        stages=[1, 2],
+        offsets_s=[0.0],
+    ),
+]
+SAMPLES = SAMPLES + DECISION_SAMPLES
+
+
 def test_every_event_type_has_a_sample_and_the_docs_name_each_one():
-    assert {type(e).model_fields["type"].default for e in SAMPLES} == set(E.MODELS)
+    assert {type(e).model_fields["type"].default for e in SAMPLES} == set(E.MODELS) | {"decision"}
     documented: set[str] = set()
     for row in re.findall(r"^\| (`[a-z_]+`(?: / `[a-z_]+`)*) \|", DOCS.read_text(), flags=re.M):
         documented |= set(re.findall(r"`([a-z_]+)`", row))
-    assert documented == set(E.MODELS)
+    assert documented == set(E.MODELS) | {"decision"}
+
+
+def test_every_decision_kind_has_a_sample_and_the_docs_name_each_one():
+    assert {e.kind for e in SAMPLES if isinstance(e, D._Decision)} == set(D.DECISIONS)
+    (row,) = re.findall(r"^\| `decision` \|(.*)\|$", DOCS.read_text(), flags=re.M)
+    assert set(D.DECISIONS) <= set(re.findall(r"`([a-z_]+)`", row))
+
+
+def test_a_decision_of_a_kind_this_code_does_not_know_is_skipped_and_unknown_fields_dropped():
+    assert E.parse_event({"type": "decision", "kind": "from_the_future", "t": 1.0}) is None
+    keep = E.parse_event({"type": "decision", "kind": "keep", "t": 1.0, "id": "n1", "stage": 0, "newer": 1})
+    assert keep == J.Keep(t=1.0, id="n1", stage=0)
+    with pytest.raises(ValidationError, match="stage"):
+        E.parse_event({"type": "decision", "kind": "keep", "t": 1.0, "id": "n1", "stage": "first"})
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)
@@ -183,7 +272,7 @@ def test_the_writer_stamps_the_version_and_the_time_from_its_clock(tmp_path):
     assert isinstance(written, J.RunStarted) and written.t == 1234.5
     (line,) = J.iter_events(journal.path)
     assert line["journal_version"] == E.JOURNAL_VERSION == 2 and line["t"] == 1234.5
-    journal.record(J.Decision(kind="keep", id="n1", stage=0))
+    journal.record(J.Keep(id="n1", stage=0))
     assert journal.state.decisions == [{"type": "decision", "t": 1234.5, "kind": "keep", "id": "n1", "stage": 0}]
 
 
@@ -464,7 +553,7 @@ def _events() -> st.SearchStrategy:
             metrics=st.dictionaries(trial, metric, max_size=3),
             promoted=st.lists(trial, max_size=2),
         ),
-        st.builds(J.Decision, t=times, kind=st.just("handoff"), id=inst, to_stage=stage),
+        st.builds(J.Handoff, t=times, id=inst, to_stage=stage),
         st.builds(J.PlanChanged, t=times, stage=stage, plan=st.just({"stages": [{"bracket": 1}]})),
         st.builds(J.RunResumed, t=times, attempt=st.integers(2, 5)),
         st.sampled_from(

@@ -136,7 +136,7 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
         deleted += 1
         _echo(f"deleted {cloud} {resource} (run {run_id})")
     if journal is not None and terminated:
-        journal.record(J.Decision(kind="down", terminated=terminated))
+        journal.record(J.Down(terminated=terminated))
     if not terminated and not deleted:
         _echo(f"nothing left on {cloud} for run {run_id}")
     return terminated
@@ -214,7 +214,7 @@ def down_local(run: str) -> None:
         stopped += 1
         out.print(f"terminated the Ray head of run {head.run_id} (pid {head.pid})", markup=False, highlight=False)
     if journal is not None and stopped:
-        journal.record(J.Decision(kind="down", terminated=stopped))
+        journal.record(J.Down(terminated=stopped))
     if not stopped:
         out.print(f"nothing left running for {directory}", markup=False, highlight=False)
 
