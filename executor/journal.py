@@ -391,3 +391,10 @@ class StateFold:
             f"{problem}); repair or delete that line (keep a copy), then resume; "
             f"`rubberband down {self.run_dir}` ends the run's instances"
         )
+
+
+def Decision(kind: str, **fields: Any) -> _Event:  # noqa: N802 - transitional: the controller's old call shape
+    """The typed decision of ``kind`` (transitional, while the controller is rewritten onto the typed events)."""
+    from rubberband.executor.decision_events import DECISIONS
+
+    return DECISIONS[kind](**fields)
