@@ -4,7 +4,11 @@ SHA with n trials, reduction factor η, minimum r and maximum R epochs runs stag
 n_i = floor(n·η^-i) trials to r_i = min(r·η^i, R) cumulative epochs, until R is reached or
 a single trial is left. Hyperband (Li et al.) runs brackets s = s_max..0 with
 s_max = floor(log_η(R/r)), B = (s_max+1)·R, n = ceil(B/R · η^s/(s+1)) trials starting at
-R·η^-s epochs. Pure functions; integer arithmetic so R=81, η=3 matches the paper exactly.
+R·η^-s epochs. ASHA (asynchronous SHA, Ray Tune's ``ASHAScheduler``) has no stages, only rungs at
+r·η^k < R and R (:func:`rungs`); :func:`asha_stages` gives one stage per rung so that an ASHA plan
+has the shape of a SHA plan (its stages are the rungs, the phases of :mod:`~rubberband.planner.asha`).
+Pure functions; integer arithmetic so R=81, η=3 matches the paper exactly. No imports from the rest
+of the planner: the spec loads this module, and the planner's modules import it.
 """
 
 from __future__ import annotations
@@ -81,10 +85,41 @@ def hyperband_brackets(eta: int, min_epochs: int, max_epochs: int) -> list[list[
     return brackets
 
 
+def rungs(eta: int, min_epochs: int, max_epochs: int) -> list[int]:
+    """Cumulative epochs at which a trial reports (Ray Tune's milestones), ending with ``max_epochs``."""
+    out = []
+    r = min_epochs
+    while r < max_epochs:
+        out.append(r)
+        r *= eta
+    return out + [max_epochs]
+
+
+def asha_stages(trials: int, eta: int, min_epochs: int, max_epochs: int) -> list[Stage]:
+    """One stage per ASHA rung (bracket 0, stage ``k`` = rung ``k``), trained to the rung's cumulative epochs.
+
+    ``trials`` of stage ``k`` is ``max(1, trials // η^k)``, the survivors synchronous SHA would promote: ASHA's
+    own count varies from run to run (a trial continues when its result is in the top 1/η of those reported
+    so far), so it serves for display and per-rung figures only. Unlike :func:`sha_stages` the rungs go on to
+    ``max_epochs`` even where that figure reaches 1 (ASHA has no "one trial left" stop)."""
+    if trials < 1 or eta < 2 or min_epochs < 1 or max_epochs < min_epochs:
+        raise ValueError("need trials ≥ 1, eta ≥ 2 and 1 ≤ min_epochs ≤ max_epochs")
+    stages: list[Stage] = []
+    previous = 0
+    for k, epochs in enumerate(rungs(eta, min_epochs, max_epochs)):
+        stages.append(Stage(0, k, max(1, trials // eta**k), epochs, epochs - previous))
+        previous = epochs
+    return stages
+
+
 def stages_for(kind: str, *, trials: int | None, eta: int, min_epochs: int, max_epochs: int) -> list[Stage]:
-    """All stages of a job in execution order (Hyperband brackets run one after another)."""
-    if kind == "sha":
+    """All stages of a job in execution order (Hyperband brackets run one after another; ASHA: its rungs)."""
+    if kind in ("sha", "asha"):
         if trials is None:
-            raise ValueError("SHA needs a number of trials")
+            raise ValueError(f"{kind.upper()} needs a number of trials")
+        if kind == "asha":
+            return asha_stages(trials, eta, min_epochs, max_epochs)
         return sha_stages(trials, eta, min_epochs, max_epochs)
+    if kind != "hyperband":
+        raise ValueError(f"unknown scheduler kind {kind!r}: use sha, hyperband or asha")
     return [stage for bracket in hyperband_brackets(eta, min_epochs, max_epochs) for stage in bracket]

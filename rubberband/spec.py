@@ -74,13 +74,15 @@ class Metric(_Strict):
 
 
 class SchedulerSpec(_Strict):
-    """Successive halving (``sha``) or Hyperband (``hyperband``, brackets derived from R and η).
+    """Successive halving (``sha``), Hyperband (``hyperband``, brackets derived from R and η) or ASHA
+    (``asha``: asynchronous successive halving, Ray Tune's ``ASHAScheduler``, one bracket of ``trials``
+    with rungs at min_epochs·η^k up to max_epochs, planned as an elastic cluster that shrinks rung by rung).
 
     ``brackets`` (Hyperband): ``parallel`` runs the brackets side by side, sharing instances
-    (default); ``sequential`` runs them one after another.
+    (default); ``sequential`` runs them one after another. SHA and ASHA ignore it.
     """
 
-    kind: Literal["sha", "hyperband"] = "sha"
+    kind: Literal["sha", "hyperband", "asha"] = "sha"
     # Upper bounds keep a typo (trials: 1000000000000) from planning for hours; raise them if a real job needs it.
     trials: int | None = Field(default=None, ge=1, le=100_000)
     eta: int = Field(default=3, ge=2, le=1000)
@@ -92,8 +94,8 @@ class SchedulerSpec(_Strict):
     def _consistent(self) -> "SchedulerSpec":
         if self.min_epochs > self.max_epochs:
             raise ValueError("min_epochs must not exceed max_epochs")
-        if self.kind == "sha" and self.trials is None:
-            raise ValueError("trials is required for kind: sha")
+        if self.kind in ("sha", "asha") and self.trials is None:
+            raise ValueError(f"trials is required for kind: {self.kind}")
         return self
 
 
@@ -273,20 +275,33 @@ def parse_spec(
     sched = data.get("scheduler")
     if (
         isinstance(sched, dict)
-        and sched.get("kind", "sha") == "sha"
+        and sched.get("kind", "sha") in ("sha", "asha")
         and "trials" not in sched
         and isinstance(data.get("trials"), list)
     ):
-        data["scheduler"] = {**sched, "trials": len(data["trials"])}  # SHA over exactly the listed configurations
+        # (A)SHA over exactly the listed configurations
+        data["scheduler"] = {**sched, "trials": len(data["trials"])}
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(_describe(exc.errors()[0], lines or {}, source)) from None
-    problem = _search_problem(spec)
+    problem = _scheduler_problem(spec) or _search_problem(spec)
     if problem is not None:
         loc, message = problem
         raise SpecError(_describe({"loc": loc, "msg": message, "type": "value_error"}, lines or {}, source))
     return spec
+
+
+def _scheduler_problem(spec: JobSpec) -> tuple[tuple, str] | None:
+    """(field location, message) where the scheduler cannot run on the spec's resources, or None.
+
+    ASHA is planned and run on on-demand instances only: its phases release instances as the rung ladder
+    empties, with no spot model or fall-back policy behind them (SHA's spot stages have both)."""
+    if spec.scheduler.kind == "asha" and spec.resources.spot:
+        return ("resources", "spot"), (
+            "scheduler.kind asha runs on on-demand instances; set resources.spot: false or use kind: sha"
+        )
+    return None
 
 
 def _first_stage_trials(sched: SchedulerSpec) -> int:

@@ -3,7 +3,14 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from rubberband.planner.schedule import hyperband_brackets, sha_default_trials, sha_stages, stages_for
+from rubberband.planner.schedule import (
+    asha_stages,
+    hyperband_brackets,
+    rungs,
+    sha_default_trials,
+    sha_stages,
+    stages_for,
+)
 
 # Li et al., Hyperband, Table 1 (R=81, η=3): (n_i, r_i) per bracket s = 4..0
 PAPER_TABLE = [
@@ -95,3 +102,29 @@ def test_schedule_cli_bad_flags(cli_here, args, fragment):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in result.stderr
+
+
+def test_asha_stages_are_the_rungs_with_shas_survivors_for_scale():
+    stages = asha_stages(81, 3, 1, 27)
+    assert [(s.bracket, s.index, s.trials, s.epochs, s.epochs_this_stage) for s in stages] == [
+        (0, 0, 81, 1, 1),
+        (0, 1, 27, 3, 2),
+        (0, 2, 9, 9, 6),
+        (0, 3, 3, 27, 18),
+    ]
+    # unlike SHA, the rungs go on to max_epochs (at least one trial each), and end there
+    assert [(s.trials, s.epochs) for s in asha_stages(9, 3, 1, 81)] == [(9, 1), (3, 3), (1, 9), (1, 27), (1, 81)]
+    assert [s.epochs for s in asha_stages(5, 4, 1, 100)] == rungs(4, 1, 100) == [1, 4, 16, 64, 100]
+    assert stages_for("asha", trials=81, eta=3, min_epochs=1, max_epochs=27) == stages
+    with pytest.raises(ValueError, match="ASHA needs a number of trials"):
+        stages_for("asha", trials=None, eta=3, min_epochs=1, max_epochs=27)
+    with pytest.raises(ValueError, match="unknown scheduler kind"):
+        stages_for("bohb", trials=9, eta=3, min_epochs=1, max_epochs=27)
+    with pytest.raises(ValueError):
+        asha_stages(0, 3, 1, 27)
+
+
+def test_asha_reexports_the_rungs_of_the_schedule():
+    from rubberband.planner import asha
+
+    assert asha.rungs is rungs

@@ -152,3 +152,35 @@ def test_spot_margin_is_a_duration_and_leaves_old_digests_alone(tmp_path):
     for bad in (-1, "soon", True):
         with pytest.raises(SpecError, match="resources.spot_margin_s"):
             parse_spec({**base, "resources": {"clouds": ["local"], "spot_margin_s": bad}})
+
+
+def test_asha_specs_need_trials_and_on_demand_instances(tmp_path):
+    asha = GOOD.replace("kind: sha", "kind: asha")
+    spec = load_spec(write(tmp_path, asha))
+    assert spec.scheduler.kind == "asha" and spec.scheduler.trials == 81
+    with pytest.raises(SpecError, match=r"spec field 'scheduler': trials is required for kind: asha"):
+        load_spec(write(tmp_path, asha.replace("trials: 81, ", "")))
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, asha.replace("spot: false", "spot: true")))
+    message = str(info.value)
+    assert message == (
+        f"{tmp_path / 'job.yaml'}:11: spec field 'resources.spot': scheduler.kind asha runs on on-demand "
+        f"instances; set resources.spot: false or use kind: sha"
+    )
+    # brackets is Hyperband's; ASHA takes it and ignores it
+    assert load_spec(write(tmp_path, asha.replace("max_epochs: 27}", "max_epochs: 27, brackets: sequential}")))
+    with pytest.raises(SpecError, match="'scheduler.kind': must be one of 'sha', 'hyperband' or 'asha'"):
+        load_spec(write(tmp_path, GOOD.replace("kind: sha", "kind: bohb")))
+
+
+def test_asha_over_listed_configurations_takes_their_number_as_trials():
+    data = {
+        "name": "j",
+        "train": "m:f",
+        "metric": {"name": "loss", "mode": "min"},
+        "scheduler": {"kind": "asha", "eta": 3, "min_epochs": 1, "max_epochs": 9},
+        "trials": [{"lr": 0.1}, {"lr": 0.2}, {"lr": 0.3}, {"lr": 0.4}],
+        "deadline": "1h",
+        "resources": {"clouds": ["local"]},
+    }
+    assert parse_spec(data).scheduler.trials == 4
