@@ -1,8 +1,10 @@
-"""ASHA (asynchronous successive halving) simulated on a fixed cluster: the baseline users know.
+"""ASHA (asynchronous successive halving) simulated on a fixed cluster, the baseline users know, and elastic.
 
 Users who tune with Ray Tune mostly run ``ASHAScheduler`` (Li et al., MLSys'20) on a fixed
 cluster. This module predicts its JCT and cost with the same performance model as the elastic
-plans, so ``rubberband plan`` can show elastic SHA, static SHA and ASHA side by side.
+plans, so ``rubberband plan`` can show elastic SHA, static SHA and ASHA side by side; and it plans
+``scheduler.kind: asha`` as an elastic cluster that shrinks as the rung ladder empties
+(:func:`elastic_asha`).
 
 Semantics (as Ray Tune's ``ASHAScheduler`` runs it, one bracket): rungs at
 ``min_epochs·η^k`` cumulative epochs below ``max_epochs``. A fixed cluster of ``instances`` ×
@@ -21,6 +23,19 @@ start costs the warm-worker start (× a lognormal factor of σ ``start_sigma`` p
 starts of uneven length finish out of queue order, as Ray's do, and ASHA's promotions depend on the
 order in which results arrive). Instances come up after a start-up draw (serially on local)
 plus the worker start. Event-driven per sample (heaps); pure, deterministic given the seed.
+
+Elastic ASHA (:class:`AshaPhases`): the cluster shrinks phase by phase under
+:class:`~rubberband.planner.policies.AshaPhasePolicy`. Phase ``k`` is the part of the run where every
+trial has started and the lowest rung a running trial trains toward is ``k`` (phase 0 while a trial
+has not started); phase ``k`` holds ``instances[k]`` instances (non-increasing). Entering a phase that
+holds fewer than are alive, the idle instances (no trial on any of their slots; one never used is idle
+from its ready time) are released at once, the others the moment they go idle, the first idle first.
+Releases start only once every trial has started, and ASHA never gives a freed slot work again after
+that, so they never change which slot runs what: one event run of the peak cluster
+(:meth:`AshaSimulator.trace`) serves every phase count, and :meth:`AshaSimulator.bill` derives when
+each instance goes from it: the phases cost less and never change the JCT. An instance is billed
+from its request until its release (at the latest the job's end) plus the type's termination
+latency; the fixed cluster (every phase at its size) releases none and is billed as above.
 """
 
 from __future__ import annotations
@@ -34,9 +49,27 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rubberband.catalog import BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIONING, InstanceType
+from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
+from rubberband.planner.policies import AshaPhasePolicy
+from rubberband.planner.schedule import rungs
 from rubberband.planner.search import widths_for
-from rubberband.planner.simulator import layout, useful_instances
+from rubberband.planner.simulator import Layout, layout, useful_instances
+
+__all__ = [
+    "ASHA_SAMPLES",
+    "AshaCluster",
+    "AshaPhases",
+    "AshaResult",
+    "AshaRungs",
+    "AshaSearch",
+    "AshaSimulator",
+    "AshaTrace",
+    "asha_baseline",
+    "elastic_asha",
+    "rungs",
+    "shrink_phases",
+]
 
 #: Monte Carlo samples of an ASHA prediction (event-driven, so fewer than the vectorised simulator's).
 ASHA_SAMPLES = 200
@@ -56,15 +89,53 @@ class AshaCluster:
     workers: int
 
 
+@dataclass(frozen=True)
+class AshaPhases:
+    """An elastic ASHA cluster: ``instance_type`` and ``workers`` per trial throughout, ``instances[k]``
+    instances held in phase ``k`` (one count per rung, non-increasing; :class:`AshaPhasePolicy`'s rule).
+    ``instances[0]`` is the peak: the cluster every trial starts on."""
+
+    instance_type: InstanceType
+    instances: tuple[int, ...]
+    workers: int
+
+    def __post_init__(self) -> None:
+        AshaPhasePolicy(self.instances)  # validates: ≥ 1 per phase, never growing
+        if self.workers < 1:
+            raise ValueError(f"AshaPhases.workers must be ≥ 1, got {self.workers!r}")
+
+    @classmethod
+    def fixed(cls, cluster: AshaCluster, phases: int) -> AshaPhases:
+        """The fixed cluster as ``phases`` phases of the same size (it releases nothing)."""
+        return cls(cluster.instance_type, (cluster.instances,) * phases, cluster.workers)
+
+    @property
+    def policy(self) -> AshaPhasePolicy:
+        return AshaPhasePolicy(self.instances)
+
+    @property
+    def peak(self) -> AshaCluster:
+        """The cluster phase 0 holds."""
+        return AshaCluster(self.instance_type, self.instances[0], self.workers)
+
+
 @dataclass
 class AshaResult:
-    """Distributions over samples of one ASHA run on one cluster."""
+    """Distributions over samples of one ASHA run on one cluster (fixed, or elastic by phase).
+
+    ``cluster`` is the peak cluster (phase 0's); ``phases`` the instances of each phase (all equal for a
+    fixed cluster). ``phase_durations`` / ``phase_costs`` (samples, phases): seconds spent in each phase
+    (phase 0 from the job's start, the last until its end) and the instances' bills attributed to each
+    phase by the share of their billed life spent in it (head excluded; they sum to cost − head)."""
 
     cluster: AshaCluster
     jct: np.ndarray
     cost: np.ndarray
     breakdown: dict[str, np.ndarray]
     promotions: np.ndarray  # (samples, rungs): trials that reached each rung
+    phases: tuple[int, ...] = ()
+    phase_durations: np.ndarray | None = None
+    phase_costs: np.ndarray | None = None
 
     @property
     def cost_mean(self) -> float:
@@ -76,15 +147,37 @@ class AshaResult:
     def jct_quantile(self, q: float) -> float:
         return float(np.quantile(self.jct, q))
 
+    def representative_index(self) -> int:
+        """The sample whose JCT is closest to the median (the plan's timeline shows it)."""
+        return int(np.argmin(np.abs(self.jct - np.median(self.jct))))
 
-def rungs(eta: int, min_epochs: int, max_epochs: int) -> list[int]:
-    """Cumulative epochs at which a trial reports (Ray Tune's milestones), ending with ``max_epochs``."""
-    out = []
-    r = min_epochs
-    while r < max_epochs:
-        out.append(r)
-        r *= eta
-    return out + [max_epochs]
+    @property
+    def elastic(self) -> AshaPhases:
+        """The cluster by phase."""
+        c = self.cluster
+        return AshaPhases(c.instance_type, self.phases or (c.instances,), c.workers)
+
+
+@dataclass(frozen=True)
+class AshaTrace:
+    """One event run of ASHA on a peak cluster, ``samples`` rows: what billing any phase counts needs.
+
+    ``request`` / ``ready`` / ``idle_from`` (samples, instances): when each instance was requested, came
+    up, and went idle for good (its slots' last trial ended; never used: its ready time).
+    ``bounds`` (samples, phases): when each phase began (phase 0 at 0; a phase skipped begins with the
+    next one; one never reached begins at the JCT). ``tasks``: a trace of one ``sample``, that sample's
+    (trial, rung, slot, start, end) of every trial's segment toward a rung (empty otherwise)."""
+
+    cluster: AshaCluster
+    jct: np.ndarray
+    busy: np.ndarray
+    promotions: np.ndarray
+    request: np.ndarray
+    ready: np.ndarray
+    idle_from: np.ndarray
+    bounds: np.ndarray
+    layout: Layout
+    tasks: tuple[tuple[int, int, int, float, float], ...] = ()
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -95,8 +188,61 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+@dataclass(frozen=True)
+class _SampleOut:
+    """Where one sample's event run writes (rows of the trace's arrays; ``tasks``: None, or a list to record in)."""
+
+    reached: np.ndarray
+    idle_from: np.ndarray
+    bounds: np.ndarray
+    tasks: list[tuple[int, int, int, float, float]] | None
+
+
+def _releases(idle_from: np.ndarray, bounds: np.ndarray, instances: Sequence[int]) -> np.ndarray:
+    """When each instance is released under :class:`AshaPhasePolicy` (inf: kept to the job's end).
+
+    The instances go idle for good in the order of ``idle_from`` (ties: by index), and the rule releases
+    them in that order: the ``r``-th to go idle (from 0) goes once it is idle and a phase holding at most
+    ``peak − r − 1`` instances has begun (released so far = min(idle so far, peak − the phase's count))."""
+    n, peak = idle_from.shape
+    phases = len(instances)
+    first = [next((ph for ph in range(1, phases) if instances[ph] <= peak - r - 1), phases) for r in range(peak)]
+    begins = np.concatenate([bounds, np.full((n, 1), math.inf)], axis=1)  # column `phases`: never
+    order = np.argsort(idle_from, axis=1, kind="stable")
+    went = np.maximum(np.take_along_axis(idle_from, order, axis=1), begins[:, first])
+    release = np.empty_like(went)
+    np.put_along_axis(release, order, went, axis=1)
+    return release
+
+
+def _phase_figures(
+    bounds: np.ndarray, jct: np.ndarray, request: np.ndarray, gone: np.ndarray, cost: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds in each phase, cost attributed to each phase), per sample: phase ``k`` lasts from ``bounds[k]``
+    (0 for phase 0) to the next phase's start (the JCT for the last); each instance's bill ``cost`` goes to the
+    phases in proportion to its life (``request`` → ``gone``) spent in each, the first phase reaching to the
+    past and the last to the future (a life of no length: to the phase it was requested in)."""
+    n, phases = bounds.shape
+    durations = np.concatenate([bounds[:, 1:], jct[:, None]], axis=1) - bounds
+    lo = np.concatenate([np.full((n, 1), -math.inf), bounds[:, 1:]], axis=1)[:, None, :]
+    hi = np.concatenate([bounds[:, 1:], np.full((n, 1), math.inf)], axis=1)[:, None, :]
+    overlap = np.clip(np.minimum(gone[:, :, None], hi) - np.maximum(request[:, :, None], lo), 0.0, None)
+    span = overlap.sum(axis=2, keepdims=True)
+    at_request = np.count_nonzero(bounds[:, None, 1:] <= request[:, :, None], axis=2)
+    point = np.arange(phases)[None, None, :] == at_request[:, :, None]
+    share = np.where(span > 0, overlap / np.where(span > 0, span, 1.0), point)
+    return durations, (share * cost[:, :, None]).sum(axis=1)
+
+
+def _slot_instances(lay: Layout, slot: int) -> range:
+    """The instances (indices) slot ``slot`` runs on."""
+    if lay.span == 1:
+        return range(slot // lay.per_instance, slot // lay.per_instance + 1)
+    return range(slot * lay.span, (slot + 1) * lay.span)
+
+
 class AshaSimulator:
-    """Simulates ASHA for one job (trials, η, epochs) on fixed clusters; see the module docstring.
+    """Simulates ASHA for one job (trials, η, epochs) on fixed or elastic clusters; see the module docstring.
 
     ``head_cost(instance_type, jct)`` bills the run's head for a cluster of that type (per-sample
     array; None: no head).
@@ -126,6 +272,10 @@ class AshaSimulator:
         self.trials = trials
         self.eta = eta
         self.milestones = rungs(eta, min_epochs, max_epochs)
+        # the phase rule of this rung ladder (which phase the run is in depends on the rungs only, not the counts)
+        self._ladder = AshaPhasePolicy((1,) * len(self.milestones))
+        #: event runs (:meth:`trace` calls) so far: what a search reports as candidates simulated
+        self.runs = 0
         self.samples = samples
         self.seed = seed
         self.spot = spot
@@ -152,52 +302,134 @@ class AshaSimulator:
             raise ValueError(f"qualities must hold one value per trial ({self.trials}), not {values.shape}")
         self._quality = np.broadcast_to(values, (self.samples, self.trials))
 
-    def simulate(self, cluster: AshaCluster, samples: int | None = None) -> AshaResult:
+    def simulate(self, cluster: AshaCluster | AshaPhases, samples: int | None = None) -> AshaResult:
+        """ASHA on ``cluster`` (fixed, or elastic by phase) over the first ``samples`` samples (default: all)."""
+        phases = cluster if isinstance(cluster, AshaPhases) else AshaPhases.fixed(cluster, len(self.milestones))
+        return self.bill(self.trace(phases.peak, samples), phases)
+
+    def trace(self, cluster: AshaCluster, samples: int | None = None, *, sample: int | None = None) -> AshaTrace:
+        """One event run of ASHA on ``cluster`` over the first ``samples`` samples; with ``sample``, that one
+        sample alone, its tasks recorded (for a timeline). Phase counts do not change it (module docstring)."""
         n = self.samples if samples is None else min(samples, self.samples)
+        rows = range(n) if sample is None else range(sample, sample + 1)
+        if sample is not None and not 0 <= sample < self.samples:
+            raise ValueError(f"sample must be within [0, {self.samples}), got {sample}")
         itype, k, w = cluster.instance_type, cluster.instances, cluster.workers
         model = self.model
         lay = layout(itype.workers, k, w)
         if lay.slots < 1:
             raise ValueError("the cluster has no trial slot")
+        self.runs += 1
         epoch = model.epoch_time(itype.device, w, lay.nodes)
         startup = model.startup(itype.cloud, itype.name)
         head_boot = startup.quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
-        boot = startup.sample(self._boot_u[:n, :k])
+        boot = startup.sample(self._boot_u[rows.start : rows.stop, :k])
+        m = len(rows)
         if itype.cloud in SERIAL_PROVISIONING:
-            request = head_boot + np.concatenate([np.zeros((n, 1)), np.cumsum(boot, axis=1)[:, :-1]], axis=1)
+            request = head_boot + np.concatenate([np.zeros((m, 1)), np.cumsum(boot, axis=1)[:, :-1]], axis=1)
         else:
-            request = np.full((n, k), head_boot)
+            request = np.full((m, k), head_boot)
         ready = request + boot + model.worker_start_s
-        jct = np.empty(n)
-        reached = np.zeros((n, len(self.milestones)), dtype=np.int64)
-        busy = np.zeros(n)
-        for s in range(n):
-            jct[s], busy[s] = self._run(s, ready[s], lay, epoch, reached[s])
+        jct = np.empty(m)
+        reached = np.zeros((m, len(self.milestones)), dtype=np.int64)
+        busy = np.zeros(m)
+        idle_from = np.empty((m, k))
+        bounds = np.zeros((m, len(self.milestones)))
+        tasks: list[tuple[int, int, int, float, float]] | None = None if sample is None else []
+        for row, s in enumerate(rows):
+            out = _SampleOut(reached[row], idle_from[row], bounds[row], tasks)
+            jct[row], busy[row] = self._run(s, ready[row], lay, epoch, out)
+        return AshaTrace(cluster, jct, busy, reached, request, ready, idle_from, bounds, lay, tuple(tasks or ()))
+
+    def bill(self, trace: AshaTrace, cluster: AshaPhases) -> AshaResult:
+        """What ``cluster`` costs on ``trace`` (an event run of its peak cluster): every instance billed from its
+        request until its release under the phase rule (at the latest the job's end) plus the type's termination
+        latency, the run's head on top; and the per-phase figures."""
+        if cluster.peak != trace.cluster:
+            raise ValueError(f"the trace ran on {trace.cluster}, not on {cluster.peak} (phase 0 of the cluster billed)")
+        if len(cluster.instances) != len(self.milestones):
+            raise ValueError(
+                f"an ASHA cluster needs one instance count per rung ({len(self.milestones)}), got {cluster.instances}"
+            )
+        itype, w = cluster.instance_type, cluster.workers
         price = itype.price(self.spot) / 3600.0
         rule = BILLING_RULES.get(itype.cloud, BILLING_RULES["aws"])
-        gone = model.termination(itype.cloud, itype.name).quantile(0.5)
-        life = jct[:, None] - request
-        billed = rule.billed_seconds(life + gone)
+        gone = self.model.termination(itype.cloud, itype.name).quantile(0.5)
+        jct = trace.jct
+        release = _releases(trace.idle_from, trace.bounds, cluster.instances)
+        end = np.minimum(release, jct[:, None])
+        billed = rule.billed_seconds(end - trace.request + gone)
         total = billed.sum(axis=1) * price
-        training = busy * price * w / itype.workers
-        startup_cost = (ready - request).sum(axis=1) * price
-        head = self.head_cost(itype, jct) if self.head_cost is not None else np.zeros(n)
+        training = trace.busy * price * w / itype.workers
+        # an instance released before it came up stops booting then
+        booted = np.where(np.isfinite(release), np.minimum(trace.ready, end), trace.ready)
+        startup_cost = (booted - trace.request).sum(axis=1) * price
+        head = self.head_cost(itype, jct) if self.head_cost is not None else np.zeros(len(jct))
         breakdown = {
             "training": training,
             "startup": startup_cost,
             "idle": total - training - startup_cost,
             "head": head,
         }
-        return AshaResult(cluster, jct, total + head, breakdown, reached)
+        durations, costs = _phase_figures(trace.bounds, jct, trace.request, end + gone, billed * price)
+        return AshaResult(
+            trace.cluster, jct, total + head, breakdown, trace.promotions, cluster.instances, durations, costs
+        )
 
-    def _run(self, s: int, ready: np.ndarray, lay, epoch: float, reached: np.ndarray) -> tuple[float, float]:
-        """One sample: event-driven ASHA; returns (JCT, slot-seconds spent starting and training)."""
+    def timeline(self, cluster: AshaPhases, sample: int) -> Timeline:
+        """Instances and tasks of one sample (e.g. :meth:`AshaResult.representative_index`) in the plan's schema:
+        each instance's first and last phase (``first_stage``, ``last_stage``: positions in the rung ladder), each
+        trial's segment toward a rung as a task of that rung's stage."""
+        trace = self.trace(cluster.peak, sample=sample)
+        release = _releases(trace.idle_from, trace.bounds, cluster.instances)[0]
+        jct = float(trace.jct[0])
+        itype = cluster.instance_type
+        rule = BILLING_RULES.get(itype.cloud, BILLING_RULES["aws"])
+        gone = self.model.termination(itype.cloud, itype.name).quantile(0.5)
+        bounds = trace.bounds[0]
+        lay = trace.layout
+        instances = []
+        for i in range(cluster.instances[0]):
+            end = min(float(release[i]), jct)
+            requested = float(trace.request[0, i])
+            instances.append(
+                TimelineInstance(
+                    id=f"i{i}",
+                    instance_type=itype.name,
+                    cloud=itype.cloud,
+                    first_stage=0,
+                    last_stage=int(np.count_nonzero(bounds[1:] < end)),
+                    requested_s=requested,
+                    ready_s=min(float(trace.ready[0, i]), end),
+                    released_s=end,
+                    cost_usd=rule.cost(end - requested + gone, itype.price(self.spot)),
+                )
+            )
+        tasks = [
+            TimelineTask(
+                trial=trial,
+                stage=rung,
+                bracket=0,
+                instance_ids=[f"i{x}" for x in _slot_instances(lay, slot)],
+                workers=cluster.workers,
+                start_s=start,
+                end_s=end,
+            )
+            for trial, rung, slot, start, end in sorted(trace.tasks, key=lambda t: (t[3], t[0]))
+        ]
+        return Timeline(instances=instances, tasks=tasks)
+
+    def _run(self, s: int, ready: np.ndarray, lay: Layout, epoch: float, out: _SampleOut) -> tuple[float, float]:
+        """One sample: event-driven ASHA; returns (JCT, slot-seconds spent starting and training) and fills
+        ``out`` (rungs reached, when each instance went idle for good, when each phase began, the tasks)."""
+        reached, idle_from, bounds, tasks = out.reached, out.idle_from, out.bounds, out.tasks
         model = self.model
         if lay.span == 1:
             slot_ready = np.repeat(ready, lay.per_instance)
         else:
             slot_ready = ready[: lay.slots * lay.span].reshape(lay.slots, lay.span).max(axis=1)
         free = [(float(t), j) for j, t in enumerate(slot_ready)]
+        freed = [t for t, _ in free]  # when each slot last became free
         heapq.heapify(free)
         events: list[tuple[float, int, int, int]] = []  # (time, trial, rung, slot)
         # unlimited starts (the default) take task_start_s each: folded into the first segment
@@ -211,6 +443,10 @@ class AshaSimulator:
         end = 0.0
         busy = 0.0
         inf = math.inf
+        last_phase = len(self.milestones) - 1
+        toward = [0] * len(self.milestones)  # trials training (or starting) toward each rung
+        began = [0.0] * self.trials  # when each trial's current segment began
+        phase = 0
 
         def segment(trial: int, rung: int) -> float:
             epochs = self.milestones[rung] - (self.milestones[rung - 1] if rung > 0 else 0)
@@ -224,6 +460,8 @@ class AshaSimulator:
                 break
             if t_free <= t_start and t_free <= t_report:  # a free slot starts the next trial
                 t, j = heapq.heappop(free)
+                toward[0] += 1
+                began[next_trial] = t
                 if starts is None:
                     d = model.task_start_s * start_factor[next_trial] + segment(next_trial, 0)
                     busy += d
@@ -234,20 +472,38 @@ class AshaSimulator:
                 next_trial += 1
                 continue
             if starts is not None and t_start <= t_report:  # trial starts done: their first segment runs
-                for t, began, trial, j in starts.pop_done():
+                for t, began_at, trial, j in starts.pop_done():
                     d = segment(trial, 0)
-                    busy += t - began + d
+                    busy += t - began_at + d
                     heapq.heappush(events, (t + d, trial, 0, j))
                 continue
             t, trial, rung, j = heapq.heappop(events)
             reached[rung] += 1
+            toward[rung] -= 1
+            if tasks is not None:
+                tasks.append((trial, rung, j, began[trial], t))
             if not bracket.on_result(rung, float(quality[trial])) or rung + 1 == len(self.milestones):
                 end = max(end, t)
                 heapq.heappush(free, (t, j))
+                freed[j] = t
             else:
                 d = segment(trial, rung + 1)
                 busy += d
+                toward[rung + 1] += 1
+                began[trial] = t
                 heapq.heappush(events, (t + d, trial, rung + 1, j))
+            if next_trial == self.trials and phase < last_phase:
+                lowest = next((r for r, c in enumerate(toward) if c), None)
+                now = self._ladder.phase(unstarted=0, lowest_rung=lowest)
+                while phase < now:
+                    phase += 1
+                    bounds[phase] = t
+        bounds[phase + 1 :] = end  # phases never reached begin (and end) with the job
+        if lay.span == 1:
+            idle_from[:] = np.asarray(freed).reshape(-1, lay.per_instance).max(axis=1)
+        else:
+            idle_from[:] = ready  # instances no slot spans are idle once up
+            idle_from[: lay.slots * lay.span] = np.repeat(freed, lay.span)
         return end, busy
 
 
@@ -345,6 +601,52 @@ def _smallest_meeting(
         k += 1
 
 
+def _ranked_pairs(
+    sim: AshaSimulator, types: Sequence[InstanceType], max_workers: int
+) -> list[tuple[InstanceType, int]]:
+    """Every (type, width) pair, by price per trained epoch (then type key and width): a fixed cluster's cost is
+    mostly its slots' time."""
+    model = sim.model
+    pairs = []
+    for itype in types:
+        for w in widths_for(itype, max_workers):
+            nodes = layout(itype.workers, 1 if w <= itype.workers else -(-w // itype.workers), w).nodes
+            per_epoch = model.epoch_time(itype.device, w, nodes) * itype.price(sim.spot) * w / itype.workers
+            pairs.append((per_epoch, itype.key, w, itype))
+    pairs.sort(key=lambda x: (x[0], x[1], x[2]))
+    return [(itype, w) for _, _, w, itype in pairs]
+
+
+def _fixed_search(
+    sim: AshaSimulator, types: Sequence[InstanceType], max_workers: int, deadline_s: float, confidence: float
+) -> tuple[list[AshaResult], AshaResult | None]:
+    """(each pair searched: its fewest instances meeting the deadline, confirmed with all samples; the quickest
+    cluster tried where a pair meets it nowhere, on screening samples), pairs as :func:`asha_baseline` says."""
+    meeting: list[AshaResult] = []
+    quickest: AshaResult | None = None
+    for rank, (itype, w) in enumerate(_ranked_pairs(sim, types, max_workers)):
+        if rank >= PAIRS_SEARCHED * (1 if meeting else 3):
+            break
+        most = useful_instances(sim.trials, itype.workers, w)
+        res = _smallest_meeting(sim, itype, w, deadline_s, confidence, most)
+        if res is not None and res.meets(deadline_s, confidence):
+            meeting.append(res)
+        else:
+            widest = sim.simulate(AshaCluster(itype, most, w), SEARCH_SAMPLES)
+            if quickest is None or widest.jct_quantile(confidence) < quickest.jct_quantile(confidence):
+                quickest = widest
+    return meeting, quickest
+
+
+def _cheapest(results: Sequence[AshaResult]) -> AshaResult | None:
+    """The cheapest result (mean cost; the first of equals)."""
+    best: AshaResult | None = None
+    for res in results:
+        if best is None or res.cost_mean < best.cost_mean:
+            best = res
+    return best
+
+
 def asha_baseline(
     sim: AshaSimulator, types: Sequence[InstanceType], max_workers: int, deadline_s: float, confidence: float
 ) -> tuple[AshaResult, bool] | None:
@@ -355,30 +657,86 @@ def asha_baseline(
     epoch (more when none of those meets the deadline, up to three times as many), each at its
     fewest instances meeting the deadline (bisection on :data:`SEARCH_SAMPLES` samples, confirmed
     with all)."""
-    model = sim.model
-    pairs = []
-    for itype in types:
-        for w in widths_for(itype, max_workers):
-            nodes = layout(itype.workers, 1 if w <= itype.workers else -(-w // itype.workers), w).nodes
-            per_epoch = model.epoch_time(itype.device, w, nodes) * itype.price(sim.spot) * w / itype.workers
-            pairs.append((per_epoch, itype.key, w, itype))
-    pairs.sort(key=lambda x: (x[0], x[1], x[2]))
-    best: AshaResult | None = None
-    quickest: AshaResult | None = None
-    for rank, (_, _, w, itype) in enumerate(pairs):
-        if rank >= PAIRS_SEARCHED * (1 if best is not None else 3):
-            break
-        most = useful_instances(sim.trials, itype.workers, w)
-        res = _smallest_meeting(sim, itype, w, deadline_s, confidence, most)
-        if res is not None and res.meets(deadline_s, confidence):
-            if best is None or res.cost_mean < best.cost_mean:
-                best = res
-        elif res is None or not res.meets(deadline_s, confidence):
-            widest = sim.simulate(AshaCluster(itype, most, w), SEARCH_SAMPLES)
-            if quickest is None or widest.jct_quantile(confidence) < quickest.jct_quantile(confidence):
-                quickest = widest
+    meeting, quickest = _fixed_search(sim, types, max_workers, deadline_s, confidence)
+    best = _cheapest(meeting)
     if best is not None:
         return best, True
     if quickest is None:
         return None
     return sim.simulate(quickest.cluster), False
+
+
+def shrink_phases(
+    sim: AshaSimulator, cluster: AshaCluster, deadline_s: float, confidence: float
+) -> tuple[AshaResult, int, int]:
+    """The cheapest phase counts found from the fixed ``cluster`` (every phase at its size): (result, phase counts
+    billed, steps taken).
+
+    Greedy: each step tries, for every phase ``k`` ≥ 1, one step fewer instances (whole slots: a spanning trial's
+    instances together) and the fewest (one slot's worth), later phases capped at the new count (the counts
+    never grow), and takes the move that saves most while the deadline is still met at the confidence; it stops
+    when no move saves. Every candidate is billed on one event run of ``cluster`` with all samples (phase
+    counts change when instances go, never the run itself: the module docstring), so nothing needs confirming."""
+    itype, peak, w = cluster.instance_type, cluster.instances, cluster.workers
+    step = -(-w // itype.workers) if w > itype.workers else 1
+    trace = sim.trace(cluster)
+    counts = (peak,) * len(sim.milestones)
+    best = sim.bill(trace, AshaPhases(itype, counts, w))
+    billed = steps = 0
+    while True:
+        moves: list[tuple[float, int, tuple[int, ...], AshaResult]] = []
+        for k in range(1, len(counts)):
+            for to in sorted({counts[k] - step, step}, reverse=True):
+                if not step <= to < counts[k]:
+                    continue
+                trial = counts[:k] + tuple(min(c, to) for c in counts[k:])
+                res = sim.bill(trace, AshaPhases(itype, trial, w))
+                billed += 1
+                if res.meets(deadline_s, confidence) and res.cost_mean < best.cost_mean - 1e-12:
+                    moves.append((best.cost_mean - res.cost_mean, -k, trial, res))
+        if not moves:
+            return best, billed + 1, steps
+        _, _, counts, best = max(moves, key=lambda m: (m[0], m[1], m[2]))
+        steps += 1
+
+
+@dataclass
+class AshaSearch:
+    """What :func:`elastic_asha` found: the cheapest elastic cluster meeting the deadline (None when none does),
+    the cheapest fixed one (:func:`asha_baseline`'s answer), and, when none meets it, the quickest fixed
+    cluster tried (all samples) and that cluster elastic (its own JCT at the confidence as the deadline)."""
+
+    elastic: AshaResult | None
+    fixed: AshaResult | None
+    quickest: AshaResult | None
+    quickest_elastic: AshaResult | None
+    candidates: int  # event runs plus phase counts billed
+    steps: int  # greedy steps over every start searched
+
+
+def elastic_asha(
+    sim: AshaSimulator, types: Sequence[InstanceType], max_workers: int, deadline_s: float, confidence: float
+) -> AshaSearch:
+    """The cheapest elastic ASHA cluster meeting the deadline at the confidence.
+
+    Starts from each (type, width) pair's fewest instances meeting the deadline on a fixed cluster (the pairs
+    :func:`asha_baseline` searches, so its answer comes along), lowers the later phases' counts
+    (:func:`shrink_phases`) and keeps the cheapest. Never costlier than the best fixed cluster: shrinking that
+    one alone costs at most as much."""
+    runs = sim.runs
+    meeting, quickest = _fixed_search(sim, types, max_workers, deadline_s, confidence)
+    fixed = _cheapest(meeting)
+    billed = steps = 0
+    shrunk = []
+    for res in meeting:
+        found, tried, taken = shrink_phases(sim, res.cluster, deadline_s, confidence)
+        shrunk.append(found)
+        billed, steps = billed + tried, steps + taken
+    quickest_all = quickest_elastic = None
+    if fixed is None and quickest is not None:
+        quickest_all = sim.simulate(quickest.cluster)
+        quickest_elastic, tried, taken = shrink_phases(
+            sim, quickest.cluster, quickest_all.jct_quantile(confidence), confidence
+        )
+        billed, steps = billed + tried, steps + taken
+    return AshaSearch(_cheapest(shrunk), fixed, quickest_all, quickest_elastic, sim.runs - runs + billed, steps)

@@ -222,7 +222,7 @@ class PlannerInfo(_Model):
 class JobInfo(_Model):
     name: str
     spec_sha256: str
-    scheduler: Literal["sha", "hyperband"]
+    scheduler: Literal["sha", "hyperband", "asha"]
     eta: int
     min_epochs: int
     max_epochs: int
@@ -282,6 +282,19 @@ class Plan(_Model):
     def parallel_brackets(self) -> bool:
         """Whether several Hyperband brackets run side by side."""
         return self.brackets == "parallel" and len({s.bracket for s in self.stages}) > 1
+
+    @property
+    def is_asha(self) -> bool:
+        """Whether the plan runs ASHA: one elastic cluster whose stages are the rung ladder's phases (stage ``k``
+        holds ``instances`` instances once every trial has started and none trains below rung ``k``)."""
+        return self.job.scheduler == "asha"
+
+    @property
+    def phase_instances(self) -> tuple[int, ...]:
+        """ASHA: the instances each phase holds, phase by phase (``AshaPhasePolicy.instances``)."""
+        if not self.is_asha:
+            raise PlanFileError(f"the plan runs {self.job.scheduler}, not ASHA: it has no phases")
+        return tuple(s.instances for s in self.stages)
 
 
 def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:

@@ -25,6 +25,49 @@ def print_plan(plan: Plan) -> None:
     console = stdout()
     if not console.is_terminal and console.width < 120:  # pipes and CI logs: do not squeeze the table
         console = Console(highlight=False, soft_wrap=False, width=120)
+    if plan.is_asha:
+        console.print(asha_table(plan))
+        console.print(
+            "Phase k: every trial has started and none trains below rung k; it holds that many instances "
+            "(idle ones beyond released at once, busy ones as they go idle). ≈trials: SHA's survivors, for scale."
+        )
+    else:
+        console.print(stage_table(plan))
+    if plan.parallel_brackets:
+        console.print(brackets_line(plan))
+    print_totals(plan, console)
+
+
+def asha_table(plan: Plan) -> Table:
+    """An ASHA plan by phase of the rung ladder: rung, its cumulative epochs, the cluster the phase holds."""
+    table = Table(
+        title=f"ASHA plan for {plan.job.name} (η={plan.job.eta}, {plan.job.trials} trials): deadline "
+        f"{format_duration(plan.deadline_s)} at {plan.confidence:.0%} confidence",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for name in ("phase", "rung epochs", "≈trials"):
+        table.add_column(name, justify="right")
+    table.add_column("instances", no_wrap=True)
+    table.add_column("w/trial", justify="right")
+    table.add_column("time p50", justify="right", no_wrap=True)
+    table.add_column("cost", justify="right")
+    costs = format_usd_column([s.predicted_cost_usd or 0.0 for s in plan.stages])
+    for s, cost in zip(plan.stages, costs):
+        table.add_row(
+            str(s.stage),
+            str(s.epochs),
+            str(s.trials),
+            f"{s.instances} × {s.instance_type}",
+            str(s.workers_per_trial),
+            format_duration(s.predicted_duration_s or 0.0),
+            cost,
+        )
+    return table
+
+
+def stage_table(plan: Plan) -> Table:
+    """A SHA or Hyperband plan by stage."""
     table = Table(
         title=f"Plan for {plan.job.name}: deadline {format_duration(plan.deadline_s)} at "
         f"{plan.confidence:.0%} confidence",
@@ -62,9 +105,11 @@ def print_plan(plan: Plan) -> None:
             cost,
         ]
         table.add_row(*([str(s.bracket)] if hyperband else []), *row)
-    console.print(table)
-    if plan.parallel_brackets:
-        console.print(brackets_line(plan))
+    return table
+
+
+def print_totals(plan: Plan, console: Console) -> None:
+    """The plan's predicted totals and how it compares with its baselines."""
     p = plan.predicted
     console.print(
         f"JCT p50 {format_duration(p.jct_s.p50)}, p95 {format_duration(p.jct_s.p95)}; "
@@ -89,7 +134,8 @@ def print_plan(plan: Plan) -> None:
         ratio = static.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
         workers = f"{s0.workers_per_trial} worker{'s' if s0.workers_per_trial != 1 else ''}/trial"
         what = (
-            f"best static plan ({s0.instances} × {s0.instance_type}, {workers}, "
+            f"{'best fixed ASHA cluster' if plan.is_asha else 'best static plan'} ({s0.instances} × "
+            f"{s0.instance_type}, {workers}, "
             f"{format_usd(static.predicted.cost_usd.mean)}, JCT p95 {format_duration(static.predicted.jct_s.p95)})"
         )
         if _same_cluster(plan, static):
@@ -107,7 +153,7 @@ def print_plan(plan: Plan) -> None:
             console.print(f"vs {what}: saves {format_usd(saving)} ({ratio:.2f}× cheaper)")
     else:
         console.print("No static plan meets the deadline at this confidence.")
-    if plan.asha is not None:
+    if plan.asha is not None and not plan.is_asha:  # an ASHA plan's static baseline is that cluster
         console.print(asha_line(plan))
     exact = plan.baselines.get("exact")
     if exact is not None:

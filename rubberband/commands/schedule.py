@@ -1,4 +1,4 @@
-"""``rubberband schedule``: print the SHA stages or every Hyperband bracket."""
+"""``rubberband schedule``: print the SHA stages, every Hyperband bracket, or ASHA's rungs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.table import Table
 
 from rubberband.console import stdout
 from rubberband.errors import InputError
-from rubberband.planner.schedule import hyperband_brackets, sha_default_trials, sha_stages
+from rubberband.planner.schedule import asha_stages, hyperband_brackets, sha_default_trials, sha_stages
 
 ORDER = 40
 
@@ -25,9 +25,14 @@ def register(app: typer.Typer) -> None:
             None, "--trials", "-n", help="Trials for SHA (default η^s_max, s_max = floor(log_η(R/r)): one survivor)."
         ),
         hyperband: bool = typer.Option(False, "--hyperband", help="Print every Hyperband bracket."),
+        asha: bool = typer.Option(
+            False, "--asha", help="Print ASHA's rungs (trials: SHA's survivors at each, for scale; ASHA's vary)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout and nothing else."),
     ) -> None:
-        """Print the (n_i, r_i) stages of successive halving, or of every Hyperband bracket."""
+        """Print the (n_i, r_i) stages of successive halving, of every Hyperband bracket, or ASHA's rungs."""
+        if hyperband and asha:
+            raise InputError("--hyperband and --asha: choose one schedule")
         if eta < 2:
             raise InputError(f"--eta must be at least 2 (got {eta})")
         if min_epochs < 1 or max_epochs < min_epochs:
@@ -43,7 +48,7 @@ def register(app: typer.Typer) -> None:
                 raise InputError(
                     f"--trials must be a positive number for SHA (got {trials}); leave it out to derive it from R and η"
                 )
-            brackets = [sha_stages(trials, eta, min_epochs, max_epochs)]
+            brackets = [(asha_stages if asha else sha_stages)(trials, eta, min_epochs, max_epochs)]
         if as_json:
             payload = [
                 {
@@ -56,7 +61,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(
                 json.dumps(
                     {
-                        "kind": "hyperband" if hyperband else "sha",
+                        "kind": "hyperband" if hyperband else "asha" if asha else "sha",
                         "eta": eta,
                         "trials": trials,
                         "min_epochs": min_epochs,
@@ -68,10 +73,11 @@ def register(app: typer.Typer) -> None:
             return
         console = stdout()
         for b, stages in enumerate(brackets):
+            name = "ASHA rungs" if asha else "Successive halving"
             title = (
                 f"Hyperband bracket s={len(stages) - 1}"
                 if hyperband
-                else f"Successive halving: n={trials}{derived}, η={eta}, r={min_epochs}, R={max_epochs}"
+                else f"{name}: n={trials}{derived}, η={eta}, r={min_epochs}, R={max_epochs}"
             )
             table = Table(title=title, title_justify="left")
             table.add_column("stage i", justify="right")

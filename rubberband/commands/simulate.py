@@ -48,6 +48,11 @@ def register(app: typer.Typer) -> None:
         profile = load_profile(profile_path)
         catalog = load_catalog(sorted({s.cloud for s in plan.stages}))
         seed = plan.planner.seed if seed is None else seed
+        if plan.is_asha:
+            if preemption_traces is not None:
+                raise InputError("--preemption-traces: ASHA plans run on on-demand instances; leave the option out")
+            show_asha(plan, asha_figures(plan, profile, catalog, samples=samples, seed=seed), as_json=as_json)
+            return
         scenarios = None
         source = "the plan's own model" + (" (spot model)" if plan.spot is not None else "")
         if preemption_traces is not None:
@@ -79,6 +84,41 @@ def register(app: typer.Typer) -> None:
                 f"moved to on-demand, {ev['stages_on_demand']:.2f} spot stages bought on-demand (no "
                 f"capacity or no slack at the request), {format_duration(ev['wait_s'])} waited for capacity"
             )
+
+
+def asha_figures(plan, profile, catalog, *, samples: int, seed: int) -> dict:
+    """An ASHA plan replayed with the elastic ASHA simulator (its phase counts; at most ASHA_SAMPLES samples, the
+    event-driven simulator's own): the figures ``rubberband simulate`` prints."""
+    from rubberband.planner.api import replay_asha_plan
+    from rubberband.planner.asha import ASHA_SAMPLES
+
+    result = replay_asha_plan(plan, profile, catalog, samples=min(samples, ASHA_SAMPLES), seed=seed)
+    figures = summary(result.jct, result.cost, plan.deadline_s, plan.confidence)
+    figures["source"] = "the plan's own model (elastic ASHA)"
+    figures["phase_instances"] = list(plan.phase_instances)
+    return figures
+
+
+def show_asha(plan, figures: dict, *, as_json: bool) -> None:
+    """Print :func:`asha_figures` (as JSON, or as three lines)."""
+    if as_json:
+        typer.echo(json.dumps(figures, indent=2))
+        return
+    c = figures["cost_usd"]
+    phases = ", ".join(str(k) for k in figures["phase_instances"])
+    stdout().print(
+        f"{plan.job.name}: ASHA, {figures['samples']} samples under {figures['source']}, instances by phase "
+        f"{phases} × {plan.stages[0].instance_type}"
+    )
+    stdout().print(
+        f"hit rate P(JCT ≤ {format_duration(plan.deadline_s)}) {figures['hit_rate']:.1%} "
+        f"(asked {plan.confidence:.0%}); JCT p50 {format_duration(figures['jct_s']['p50'])}, "
+        f"p95 {format_duration(figures['jct_s']['p95'])}"
+    )
+    stdout().print(
+        f"cost p10 {format_usd(c['p10'])}, p50 {format_usd(c['p50'])}, p90 {format_usd(c['p90'])}, "
+        f"mean {format_usd(c['mean'])}"
+    )
 
 
 def summary(jct: np.ndarray, cost: np.ndarray, deadline_s: float, confidence: float) -> dict:
