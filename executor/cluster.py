@@ -1,32 +1,82 @@
 """How the executor reaches the cluster its trials run on: Ray for a real run, a simulated one on virtual time.
 
-The controller asks the cluster five things, and nothing else of Ray (the warm worker pool and the spot-notice
-watchers are the default trial runtime's and a cloud's, and stay Ray's):
+The executor asks the cluster these things, and nothing else of Ray (the warm worker pool is the default trial
+runtime's, and stays Ray's):
 
 * ``connect`` to the run's head, and ``close`` at teardown;
 * ``start_sink``: where trial workers send their epoch and checkpoint events (a journal sink);
-* ``wait`` until some of the running trials are done (their handles' ``done_ref``), or ``timeout_s`` passes;
+* ``wait`` until one of ``refs`` is ready (a trial's ``done_ref``, a notice watcher's pending answer), ``wake``
+  is called (a side call finished on its thread), or ``timeout_s`` passes — the loop's one blocking call;
 * ``node_resources``: what the cluster's nodes offer now (``rb-node-<id>`` per live instance), for loss detection;
-* ``executor``: where the side calls to the cloud (provisioning, termination) run — threads on wall time.
+* ``executor``: where the side calls to the cloud (provisioning, termination) run — threads on wall time — each
+  returning a :class:`SideCall`;
+* ``watchers``: the preemption-notice watchers of the run's spot instances (Ray actors on their nodes).
 
 :class:`RayCluster` is the real one. :class:`rubberband.executor.simulated.SimCluster` plays a cluster on a
-:class:`~rubberband.executor.clock.VirtualClock` (``rubberband run --cloud sim``): the same controller, no Ray.
+:class:`~rubberband.executor.clock.VirtualClock` (``rubberband run --cloud sim``): the same executor, no Ray.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
-from rubberband.executor.clock import WALL_CLOCK, Clock
+from rubberband.executor.clock import WALL_CLOCK, Clock, WallClock
+
+#: While trials run, how often a wait on Ray looks whether a side call woke it (Ray's wait cannot be woken from
+#: another thread; a wait with nothing running blocks on the wake alone).
+WAKE_SLICE_S = 0.5
+
+
+@runtime_checkable
+class SideCall(Protocol):
+    """A call running beside the loop (provisioning, termination): what ``concurrent.futures.Future`` offers, and
+    what the simulated cluster's calls implement too, so the executor treats both alike."""
+
+    def done(self) -> bool: ...
+
+    def running(self) -> bool: ...
+
+    def cancel(self) -> bool: ...
+
+    def cancelled(self) -> bool: ...
+
+    def result(self, timeout: float | None = None) -> Any: ...
+
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None: ...
+
+
+@runtime_checkable
+class NoticeWatching(Protocol):
+    """The run's preemption-notice watchers (:class:`~rubberband.executor.notices.NoticeWatchers` on Ray)."""
+
+    def watching(self, instance_id: str) -> bool: ...
+
+    def watch(self, instance_id: str, resource: str) -> str | None: ...
+
+    def unwatch(self, instance_id: str) -> None: ...
+
+    def taken(self, instance_id: str) -> None: ...
+
+    def names(self, instance_ids: tuple[str, ...] | list[str]) -> list[str]: ...
+
+    def found(self, ask: tuple[str, ...] = ()) -> dict[str, Any]: ...
+
+    def refs(self) -> list[Any]: ...
 
 
 @runtime_checkable
 class Cluster(Protocol):
-    """What the controller needs of the cluster its trials run on (see the module docstring)."""
+    """What the executor needs of the cluster its trials run on (see the module docstring). ``idle_tick_s``: how
+    often the loop looks at the time-driven things (the progress display, the liveness of idle nodes) while
+    nothing happens."""
+
+    @property
+    def idle_tick_s(self) -> float: ...
 
     def connect(self, address: str, *, namespace: str, runtime_env: dict | None, auth_mode: str) -> None: ...
 
@@ -34,9 +84,13 @@ class Cluster(Protocol):
 
     def wait(self, refs: list[Any], timeout_s: float) -> list[Any]: ...
 
+    def wake(self) -> None: ...
+
     def node_resources(self) -> dict[str, float]: ...
 
     def executor(self, workers: int, name: str) -> Executor: ...
+
+    def watchers(self, cloud: str, metadata_url: str | None) -> NoticeWatching: ...
 
     def close(self) -> None: ...
 
@@ -53,6 +107,11 @@ class RayCluster:
         self.clock = clock
         self._saved_auth: str | None = None
         self._connected = False
+        self._woken = threading.Event()
+
+    @property
+    def idle_tick_s(self) -> float:
+        return 1.0
 
     def connect(self, address: str, *, namespace: str, runtime_env: dict | None, auth_mode: str) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -75,13 +134,33 @@ class RayCluster:
         return start_sink(run_dir)
 
     def wait(self, refs: list[Any], timeout_s: float) -> list[Any]:
+        """The refs ready once one is, :meth:`wake` was called, or ``timeout_s`` passed (then [])."""
         if not refs:
-            self.clock.sleep(timeout_s)
+            self._pause(timeout_s)
             return []
         import ray
 
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        return ready
+        end = self.clock.monotonic() + max(0.0, timeout_s)
+        while True:
+            left = end - self.clock.monotonic()
+            ready, _ = ray.wait(refs, num_returns=1, timeout=max(0.0, min(left, WAKE_SLICE_S)))
+            if ready:
+                return ray.wait(refs, num_returns=len(refs), timeout=0)[0]
+            if self._woken.is_set() or left <= WAKE_SLICE_S:
+                self._woken.clear()
+                return []
+
+    def _pause(self, seconds: float) -> None:
+        """Nothing to wait on but time and a wake: block on the wake (wall time), or let the clock move."""
+        if isinstance(self.clock, WallClock):
+            self._woken.wait(max(0.0, seconds))
+        else:
+            self.clock.sleep(seconds)
+        self._woken.clear()
+
+    def wake(self) -> None:
+        """End a :meth:`wait` in progress (thread-safe): a side call finished."""
+        self._woken.set()
 
     def node_resources(self) -> dict[str, float]:
         import ray
@@ -90,6 +169,11 @@ class RayCluster:
 
     def executor(self, workers: int, name: str) -> Executor:
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+
+    def watchers(self, cloud: str, metadata_url: str | None) -> NoticeWatching:
+        from rubberband.executor.notices import NoticeWatchers
+
+        return NoticeWatchers(cloud, metadata_url)
 
     def close(self) -> None:
         import sys

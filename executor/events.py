@@ -221,7 +221,8 @@ class Checkpoint(_Event):
 
 
 class TrialStopped(_Event):
-    """``reason``: finished, failed, interrupted, instance_lost or preempted."""
+    """``reason``: finished, failed, interrupted, instance_lost, preempted, or pruned (ASHA stopped it at the rung
+    ``stage``, its metric below the rung's cut)."""
 
     omit_none: ClassVar[frozenset[str]] = frozenset({"lost", "note", "devices", "gpu_ids"})
 

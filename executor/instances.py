@@ -10,18 +10,17 @@ policies); this module only does it and keeps the record.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.cloud.backend import ExecutorBackend
 from rubberband.cloud.provider import InstanceRequest
 from rubberband.errors import CatalogError, CloudError, ExecutionError
 from rubberband.executor import journal as J
-from rubberband.executor.clock import Clock
-from rubberband.executor.cluster import Cluster
+from rubberband.executor.cluster import SideCall
 from rubberband.executor.decisions import price_hr
+from rubberband.executor.services import Services
 
 #: Instance requests in flight at once on a cloud (each waits for its instance's boot and Ray join on a thread):
 #: a stage's instances start together, as the simulator has them; the cloud SDKs retry what the API throttles.
@@ -36,15 +35,17 @@ class PoolInstance:
     itype: InstanceType
     spot: bool
     assigned_stage: int
-    future: Future | None = None
+    future: SideCall | None = None
     id: str | None = None
     ready: bool = False
     released: bool = False
     requested_at: float | None = None
+    ready_at: float | None = None
     terminated_at: float | None = None
     warming: list = field(default_factory=list)  # ping refs of its warm workers, while they start
     replaces: str | None = None  # the noticed instance it replaces (kept while that one's trials move over)
     on_demand_type: InstanceType | None = None  # a spot request's fall-back type, if it falls over to on-demand
+    unwanted: bool = False  # released while it was starting: let go the moment it is up
 
 
 @dataclass(frozen=True)
@@ -64,30 +65,42 @@ class Arrival:
         return self.entry.itype.key != self.requested.key and not planned
 
 
-class InstancePool:
-    """Requests, arrivals and terminations of one executor's instances (see the module docstring)."""
+@dataclass(frozen=True)
+class Order:
+    """One instance to request for stage ``stage``: its type and market, and what a spot request that finds no spot
+    capacity may buy on-demand instead (``on_demand_type``, default the same type; none without
+    ``on_demand_fallback``)."""
 
-    def __init__(
-        self,
-        *,
-        run_id: str,
-        backend: ExecutorBackend,
-        catalog: Catalog,
-        journal: J.Journal,
-        clock: Clock,
-        cluster: Cluster,
-        serial: bool,
-    ) -> None:
-        self.run_id = run_id
-        self.backend = backend
-        self.catalog = catalog
-        self.journal = journal
-        self.clock = clock
+    stage: int
+    itype: InstanceType
+    spot: bool
+    on_demand_fallback: bool = False
+    on_demand_type: InstanceType | None = None
+
+
+class InstancePool:
+    """Requests, arrivals and terminations of one executor's instances (see the module docstring).
+
+    ``serial``: requests one after another (instances that must come up in turn); ``wake``: called (from the
+    provisioner's thread) whenever a request is done, so the loop wakes at once rather than at its next timer.
+    """
+
+    def __init__(self, services: Services, *, serial: bool, wake: Callable[[], None] | None = None) -> None:
+        self.run_id = services.run_id
+        self.services = services
+        self.catalog = services.catalog
+        self.journal = services.journal
+        self.clock = services.clock
         self.entries: dict[str, PoolInstance] = {}
         self._tokens = 0
-        self.provisioner = cluster.executor(1 if serial else PARALLEL_REQUESTS, "rb-provision")
-        self.terminator = cluster.executor(4, "rb-terminate")
-        self.terminations: list[tuple[PoolInstance, str, Future, str]] = []  # entry, its id, the call, why
+        self._wake = wake
+        self.provisioner = services.cluster.executor(1 if serial else PARALLEL_REQUESTS, "rb-provision")
+        self.terminator = services.cluster.executor(4, "rb-terminate")
+        self.terminations: list[tuple[PoolInstance, str, Any, str]] = []  # entry, its id, the call, why
+
+    @property
+    def backend(self) -> ExecutorBackend:
+        return self.services.backend
 
     # -- lookups -------------------------------------------------------------------------------
     def entry(self, instance_id: str) -> PoolInstance | None:
@@ -99,31 +112,29 @@ class InstancePool:
         return [p for p in self.entries.values() if p.assigned_stage == g and not p.released]
 
     # -- effects -------------------------------------------------------------------------------
-    def request(
-        self,
-        g: int,
-        itype: InstanceType,
-        spot: bool,
-        *,
-        on_demand_fallback: bool,
-        on_demand_type: InstanceType | None = None,
-    ) -> PoolInstance:
-        """Send one request for stage ``g`` (it runs until the instance is up and joined); ``on_demand_type``: what
-        a spot request that finds no spot capacity buys on-demand (default ``itype``)."""
+    def request(self, order: Order) -> PoolInstance:
+        """Send one request (it runs until the instance is up and joined)."""
         self._tokens += 1
         entry = PoolInstance(
-            token=f"req{self._tokens}", itype=itype, spot=spot, assigned_stage=g, on_demand_type=on_demand_type
+            token=f"req{self._tokens}",
+            itype=order.itype,
+            spot=order.spot,
+            assigned_stage=order.stage,
+            on_demand_type=order.on_demand_type,
         )
         request = InstanceRequest(
             run_id=self.run_id,
-            stage=g,
-            instance_type=itype,
+            stage=order.stage,
+            instance_type=order.itype,
             count=1,
-            spot=spot,
-            on_demand_fallback=on_demand_fallback,
-            on_demand_type=on_demand_type,
+            spot=order.spot,
+            on_demand_fallback=order.on_demand_fallback,
+            on_demand_type=order.on_demand_type,
         )
         entry.future = self.provisioner.submit(self.backend.provision, request)
+        if self._wake is not None:
+            wake = self._wake
+            entry.future.add_done_callback(lambda _: wake())
         self.entries[entry.token] = entry
         return entry
 
@@ -149,32 +160,12 @@ class InstancePool:
         entry.id, entry.ready = instance.id, True
         entry.requested_at = instance.launched_at or self.clock.time()
         now = self.clock.time()
+        entry.ready_at = now
         requested = entry.itype
         obtained, zone, attempts, spot = self._obtained(entry, instance)
         moved = spot != entry.spot
-        planned = moved and entry.on_demand_type is not None and obtained.key == entry.on_demand_type.key
         if obtained.key != requested.key or moved:  # failover gave another type or market
-            why = (
-                f"{requested.name} unavailable in every zone; failover took {obtained.name}"
-                if obtained.key != requested.key and not planned
-                else ""
-            )
-            fields: dict[str, Any] = dict(
-                id=instance.id,
-                stage=entry.assigned_stage,
-                requested=requested.name,
-                obtained=obtained.name,
-                zone=zone,
-                requested_price_hr=price_hr(requested, entry.spot),
-                obtained_price_hr=price_hr(obtained, spot),
-                attempts=attempts,
-            )
-            if moved:
-                fields.update(requested_market="spot", obtained_market="on_demand")
-                why = (why + "; " if why else "") + "no spot capacity in any zone: on-demand"
-                why += f" on the plan's fall-back type {obtained.name}" if planned else ""
-            fields["reason"] = why
-            self.journal.record(J.Decision(kind="failover", **fields))
+            self.journal.record(self._failover(entry, instance.id, requested, obtained, zone, attempts, spot))
             entry.itype = obtained  # billed as the type obtained; the stage runs on it
             entry.spot = spot  # a spot stage on on-demand: its instances carry over as the stage's
         extra: dict[str, Any] = {"requested_type": requested.name} if obtained.key != requested.key else {}
@@ -194,6 +185,42 @@ class InstancePool:
         )
         self.journal.record(J.InstanceReady(t=now, id=instance.id, startup_s=now - entry.requested_at))
         return Arrival(entry, requested, now - entry.requested_at, moved)
+
+    @staticmethod
+    def _failover(
+        entry: PoolInstance,
+        ident: str,
+        requested: InstanceType,
+        obtained: InstanceType,
+        zone: str | None,
+        attempts: list[str],
+        spot: bool,
+    ) -> J.Failover:
+        """The ``failover`` decision of an instance obtained as another type or market than requested."""
+        moved = spot != entry.spot
+        planned = moved and entry.on_demand_type is not None and obtained.key == entry.on_demand_type.key
+        substituted = obtained.key != requested.key and not planned
+        why = f"{requested.name} unavailable in every zone; failover took {obtained.name}" if substituted else ""
+        markets: dict[str, Any] = {}
+        if moved:
+            markets = dict(requested_market="spot", obtained_market="on_demand")
+            why = (why + "; " if why else "") + "no spot capacity in any zone: on-demand"
+            why += f" on the plan's fall-back type {obtained.name}" if planned else ""
+        return J.Failover(
+            id=ident,
+            stage=entry.assigned_stage,
+            requested=requested.name,
+            obtained=obtained.name,
+            requested_key=requested.key,
+            obtained_key=obtained.key,
+            substituted=substituted,
+            zone=zone,
+            requested_price_hr=price_hr(requested, entry.spot),
+            obtained_price_hr=price_hr(obtained, spot),
+            attempts=attempts,
+            reason=why,
+            **markets,
+        )
 
     def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str], bool]:
         """The catalog type (and zone, failover tries and market: spot?) the backend actually got for a request."""

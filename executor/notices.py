@@ -289,6 +289,10 @@ class NoticeWatchers:
             except Exception:  # noqa: BLE001 - gone with its node
                 pass
 
+    def refs(self) -> list[Any]:
+        """The pending ``wait_notice`` calls: each is ready when its notice comes (or its watcher dies)."""
+        return list(self._pending.values())
+
     def taken(self, instance_id: str) -> None:
         """Its notice was acted on: stop waiting for it."""
         self._pending.pop(instance_id, None)

@@ -84,6 +84,20 @@ class WorkerPool:
         self._idle.setdefault(resource, []).extend(fresh)
         return []
 
+    @staticmethod
+    def started(refs: list[Any]) -> bool:
+        """Whether the workers whose ``ping`` refs :meth:`warm` returned (``wait=False``) all answer now; a failed
+        ping counts as answered (the trial placed there, and loss detection, will tell)."""
+        if not refs:
+            return True
+        import ray
+
+        try:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        except Exception:  # noqa: BLE001 - see the docstring
+            return True
+        return len(done) == len(refs)
+
     def take(self, resource: str, device: WorkerDevice | None = None) -> tuple[Any, bool]:
         """An idle worker on ``resource`` (``warm=True``) or a freshly started one (``warm=False``)."""
         idle = self._idle.get(resource)

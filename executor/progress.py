@@ -7,13 +7,30 @@ so logs stay readable.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from rubberband.executor.controller import Progress
 from rubberband.units import format_duration, format_usd
+
+
+@dataclass
+class Progress:
+    """A snapshot for the progress display."""
+
+    stage: int
+    stages: int
+    bracket: int
+    trials_alive: int
+    trials_pending: int
+    epochs_done: int
+    instances: int
+    spent_usd: float
+    predicted_usd: float
+    elapsed_s: float
+    deadline_s: float
 
 
 def describe(p: Progress) -> str:

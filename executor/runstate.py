@@ -63,6 +63,8 @@ class TrialState:
     epochs: dict[int, dict[str, float]] = field(default_factory=dict)
     epoch_runs: dict[int, int] = field(default_factory=dict)  # epoch -> how many times it was reported
     finished_stages: dict[int, float | None] = field(default_factory=dict)  # stage (or ASHA rung) -> metric
+    promoted_from: set[int] = field(default_factory=set)  # stages (rungs) it was promoted from
+    pruned_at: int | None = None  # ASHA: the rung where it was stopped
 
 
 @dataclass
@@ -263,9 +265,17 @@ def _trial_stopped(state: RunState, event: Any, t: float) -> None:
         return
     if event.reason == "finished":
         trial.finished_stages[event.stage] = event.metric
+    elif event.reason == "pruned":
+        trial.pruned_at = event.stage
     ckpt = event.checkpoint_epoch
     if ckpt is not None and (trial.checkpoint_epoch is None or ckpt > trial.checkpoint_epoch):
         trial.checkpoint_epoch = ckpt
+
+
+def _promoted(state: RunState, event: Any, t: float) -> None:
+    trial = state.trials.get(event.trial_id)
+    if trial is not None:
+        trial.promoted_from.add(event.from_stage)
 
 
 def _stage_started(state: RunState, event: Any, t: float) -> None:
@@ -301,6 +311,7 @@ _HANDLERS: dict[type, Callable[[RunState, Any, float], None]] = {
     E.Epoch: _epoch,
     E.Checkpoint: _checkpoint,
     E.TrialStopped: _trial_stopped,
+    E.TrialPromoted: _promoted,
     E.StageStarted: _stage_started,
     E.StageFinished: _stage_finished,
 }

@@ -8,6 +8,7 @@ Ray job (:mod:`rubberband.head_job`).
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,94 +22,91 @@ from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd
 
 
-def _raise_interrupted(signum, frame) -> None:
-    from rubberband.executor.controller import Interrupted
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    from rubberband.executor.stopping import Interrupted
 
     raise Interrupted(f"run stopped by signal {signal.Signals(signum).name}; every instance was terminated")
 
 
-def execute(
-    *,
-    spec: JobSpec,
-    plan: Plan,
-    catalog: Catalog,
-    run_id: str,
-    run_dir: Path,
-    backend: Any,
-    trial_runtime: str,
-    deadline_s: float | None,
-    resume: bool,
-    profile_path: Path | None = None,
-    overrun_s: float = 0.0,
-    on_late: str = "finish",
-    simulate: bool = False,
-) -> Any:
-    """Run (or resume) the plan to the end on ``backend``; progress goes to stderr. Returns the RunResult.
+@dataclass(frozen=True)
+class Execution:
+    """What ``rubberband run`` hands the executor once the backend is chosen.
 
     ``profile_path``: the job's profile when it is not where the spec says (a copy shipped to the head).
     ``overrun_s``: how long a late run goes on past its deadline before it is stopped (math.inf: no limit).
-    ``on_late``: at a stage boundary where no plan meets the deadline any more, ``finish`` (go on, be late)
-    or ``stop`` (stop now with the best so far). A stopped run is returned (``status: stopped``), not raised.
-    ``simulate``: run the controller on a simulated cluster on virtual time (``--cloud sim``,
-    :mod:`rubberband.executor.simulated`): ``backend`` and ``trial_runtime`` are ignored, the profile is required."""
-    from rubberband.executor.brackets import controller_for
+    ``on_late``: at a stage boundary where no plan meets the deadline any more, ``finish`` (go on, be late) or
+    ``stop`` (stop now with the best so far). ``simulate``: run the executor on a simulated cluster on virtual
+    time (``--cloud sim``, :mod:`rubberband.executor.simulated`): ``backend`` and ``trial_runtime`` are ignored,
+    the profile is required.
+    """
+
+    spec: JobSpec
+    plan: Plan
+    catalog: Catalog
+    run_id: str
+    run_dir: Path
+    backend: Any = None
+    trial_runtime: str = "rubberband.executor.trials"
+    deadline_s: float | None = None
+    resume: bool = False
+    profile_path: Path | None = None
+    overrun_s: float = 0.0
+    on_late: str = "finish"
+    simulate: bool = False
+
+
+def execute(run: Execution) -> Any:
+    """Run (or resume) the plan to the end; progress goes to stderr. Returns the RunResult (a stopped run is
+    returned, ``status: stopped``, not raised)."""
     from rubberband.executor.progress import ProgressView
+    from rubberband.executor.run import Executor, Job, Settings, Target
     from rubberband.executor.runtime import TrialRuntime, planner_replanner
 
+    spec, plan = run.spec, run.plan
+    profile_path = run.profile_path or spec.profile_path()
     profile = None
-    profile_path = profile_path or spec.profile_path()
     if profile_path is not None and profile_path.exists():
         from rubberband.profile import load_profile
 
         profile = load_profile(profile_path)
-    replanner = planner_replanner(catalog, profile) if profile is not None else None
-    world: dict[str, Any] = {}
-    if simulate:
-        from rubberband.executor.simulated import simulated_for
-
+    job = Job(spec, plan, run.catalog, profile)
+    if run.simulate:
         if profile is None:
             raise InputError(
                 f"--cloud sim plays the job from its profile, and there is none at {profile_path}; "
                 f"profile the job first (`rubberband profile`) or set the spec's profile"
             )
-        sim = simulated_for(spec, plan, catalog, profile)
-        backend, runtime = sim.backend, sim.runtime
-        world = {"clock": sim.clock, "cluster": sim.cluster}
+        from rubberband.executor.simulated import simulated_for
+
+        sim = simulated_for(job)
+        target = Target(run.run_id, run.run_dir, sim.backend, sim.runtime, cluster=sim.cluster, clock=sim.clock)
     else:
-        runtime = TrialRuntime.load(trial_runtime)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_plan(plan, run_dir / "plan.json")
+        target = Target(run.run_id, run.run_dir, run.backend, TrialRuntime.load(run.trial_runtime))
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    write_plan(plan, run.run_dir / "plan.json")
+    _announce(run)
+    settings = Settings(deadline_s=run.deadline_s, overrun_s=run.overrun_s, on_late=run.on_late)
+    replanner = planner_replanner(run.catalog, profile) if profile is not None else None
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        with ProgressView(stderr()) as view:
+            executor = Executor(job, target, settings, replanner=replanner, progress=view)
+            return executor.run(resume=run.resume)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _announce(run: Execution) -> None:
     err = stderr()
-    err.print(f"{'resuming' if resume else 'starting'} run {run_id} in {run_dir}", markup=False, highlight=False)
-    if simulate:
+    verb = "resuming" if run.resume else "starting"
+    err.print(f"{verb} run {run.run_id} in {run.run_dir}", markup=False, highlight=False)
+    if run.simulate:
         err.print(
-            f"simulated: {plan.stages[0].cloud} instances and trials played on virtual time from the profile; "
+            f"simulated: {run.plan.stages[0].cloud} instances and trials played on virtual time from the profile; "
             f"nothing is started or billed, and the metrics are stand-ins",
             markup=False,
             highlight=False,
         )
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
-    try:
-        with ProgressView(err) as view:
-            controller = controller_for(plan)(
-                spec=spec,
-                plan=plan,
-                catalog=catalog,
-                run_dir=run_dir,
-                backend=backend,
-                runtime=runtime,
-                run_id=run_id,
-                replanner=replanner,
-                profile=profile,
-                progress=view,
-                deadline_s=deadline_s,
-                overrun_s=overrun_s,
-                on_late=on_late,
-                **world,
-            )
-            return controller.run(resume=resume)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def print_summary(run_id: str, metric: str, summary: dict[str, Any], result_path: Path) -> None:

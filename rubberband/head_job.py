@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from rubberband.cloud.head import DONE_MARKER
     from rubberband.cloud.registry import ProviderPool
     from rubberband.errors import RubberbandError
-    from rubberband.execution import execute, print_summary
+    from rubberband.execution import Execution, execute, print_summary
 
     run_dir = head_run_dir(args.run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -104,18 +104,20 @@ def run(args: argparse.Namespace) -> int:
             metadata_url=args.metadata_url,
         )
         result = execute(
-            spec=spec,
-            plan=plan,
-            catalog=backend.catalog,
-            run_id=args.run_id,
-            run_dir=run_dir,
-            backend=backend,
-            trial_runtime=args.trial_runtime,
-            deadline_s=args.deadline,
-            overrun_s=args.overrun_s,
-            resume=(run_dir / "journal.jsonl").exists(),
-            profile_path=profile,
-            on_late=args.on_late,
+            Execution(
+                spec=spec,
+                plan=plan,
+                catalog=backend.catalog,
+                run_id=args.run_id,
+                run_dir=run_dir,
+                backend=backend,
+                trial_runtime=args.trial_runtime,
+                deadline_s=args.deadline,
+                overrun_s=args.overrun_s,
+                resume=(run_dir / "journal.jsonl").exists(),
+                profile_path=profile,
+                on_late=args.on_late,
+            )
         )
         print_summary(args.run_id, spec.metric.name, result.result, run_dir / "result.json")
         from rubberband.executor.outcome import exit_code

@@ -185,7 +185,7 @@ SPEC_OUT_OF_RANGE = [
     (("scheduler", "trials"), 10**12, "scheduler.trials"),
     (("scheduler", "max_epochs"), 10**9, "scheduler.max_epochs"),
     (("scheduler", "min_epochs"), 0, "scheduler.min_epochs"),
-    (("scheduler", "kind"), "asha", "scheduler.kind"),
+    (("scheduler", "kind"), "bohb", "scheduler.kind"),
     (("confidence",), 1.5, "confidence"),
     (("confidence",), 0, "confidence"),
     (("budget",), -1, "budget"),

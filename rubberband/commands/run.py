@@ -81,7 +81,7 @@ def _load_or_make_plan(
     """The plan from ``--plan``, or a fresh one (shown to the user); ``True`` when it was just made.
 
     A fresh plan bills the run's head instance as ``--head`` / ``--results-grace`` will run it."""
-    from rubberband.executor.controller import check_plan_matches
+    from rubberband.executor.plan_checks import check_plan_matches
 
     if plan_path is not None:
         plan = load_plan(plan_path)
@@ -433,10 +433,10 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> int:
         """Run a tuning job on elastic instances (or resume one) and write RUN_DIR/result.json."""
-        from rubberband.execution import execute, print_summary
+        from rubberband.execution import Execution, execute, print_summary
         from rubberband.executor import journal as J
         from rubberband.executor.backends import make_backend
-        from rubberband.executor.controller import check_plan_matches
+        from rubberband.executor.plan_checks import check_plan_matches
         from rubberband.search import check_search
 
         from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME
@@ -620,18 +620,20 @@ def register(app: typer.Typer) -> None:
             )
         )
         result = execute(
-            spec=spec,
-            plan=plan,
-            catalog=catalog,
-            run_id=run_id,
-            run_dir=run_directory,
-            backend=backend,
-            trial_runtime=trial_runtime,
-            deadline_s=deadline_s,
-            overrun_s=overrun_s,
-            resume=resume is not None,
-            on_late=on_late,
-            simulate=simulate,
+            Execution(
+                spec=spec,
+                plan=plan,
+                catalog=catalog,
+                run_id=run_id,
+                run_dir=run_directory,
+                backend=backend,
+                trial_runtime=trial_runtime,
+                deadline_s=deadline_s,
+                overrun_s=overrun_s,
+                resume=resume is not None,
+                on_late=on_late,
+                simulate=simulate,
+            )
         )
         print_summary(run_id, spec.metric.name, result.result, run_directory / "result.json")
         from rubberband.executor.outcome import exit_code
