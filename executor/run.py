@@ -64,7 +64,8 @@ class Job:
 @dataclass(frozen=True)
 class Target:
     """Where it runs: the run's id and directory, the cloud side (provider + head), the trial runtime, the
-    cluster (Ray, or a simulated one) and the clock (wall, or virtual)."""
+    cluster (Ray, or a simulated one), the clock (wall, or virtual) and the journal (default: the run
+    directory's)."""
 
     run_id: str
     run_dir: Path
@@ -72,6 +73,7 @@ class Target:
     runtime: TrialRuntime
     cluster: Cluster | None = None
     clock: Clock = WALL_CLOCK
+    journal: J.Journal | None = None
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ class Executor:
             run_dir=self.run_dir,
             spec=job.spec,
             catalog=job.catalog,
-            journal=J.Journal(self.run_dir, clock=target.clock),
+            journal=target.journal or J.Journal(self.run_dir, clock=target.clock),
             clock=target.clock,
             cluster=target.cluster if target.cluster is not None else RayCluster(target.clock),
             backend=target.backend,
