@@ -86,7 +86,10 @@ class StageRunning:
         if g is None:
             return
         stage = view.plan.stage(g)
-        serving = {p.id for p in view.of_stage(g)}  # free slots on instances gone elsewhere (released, handed over)
+        # free slots on instances gone elsewhere (released, handed over) go; one kept for the next stage still
+        # takes this stage's trials meanwhile (a trial a loss stopped, say)
+        nxt = view.plan.layout.next_stage(g)
+        serving = {p.id for p in view.of_stage(g) + (view.of_stage(nxt) if nxt is not None else [])}
         lane.slots[:] = [s for s in lane.slots if not s.free or set(s.instance_ids) <= serving]
         used = {i for s in lane.slots for i in s.instance_ids}
         fresh = [p.id for p in view.usable(g) if p.id is not None and p.id not in used]

@@ -1,4 +1,4 @@
-"""The real controller on a simulated cluster on virtual time (``rubberband run --cloud sim``; no Ray, no cloud).
+"""The real executor on a simulated cluster on virtual time (``rubberband run --cloud sim``; no Ray, no cloud).
 
 What is simulated is the cluster (executor/simulated.py); what runs is the executor's own loop, policies, journal
 and result. ``bench/bench_sim_executor.py`` checks it against the planner's prediction over many seeds; these
@@ -23,7 +23,8 @@ from test_bad_input import invoke
 from rubberband.cloud.provider import InstanceRequest, node_resource
 from rubberband.errors import CloudError, TrainingError
 from rubberband.executor import journal as J
-from rubberband.executor.brackets import controller_for
+from rubberband.executor.run import Executor, Job, Target
+from rubberband.executor.sim_world import SimSettings
 from rubberband.executor.simulated import SimCluster, SimWorld, simulated_for
 from rubberband.inputs import load_job_inputs
 from rubberband.planner.policies import PrefetchPolicy
@@ -41,23 +42,19 @@ def _job(tmp_path: Path, **changes) -> Path:
     return path
 
 
+def _execute(inputs, plan, run_dir: Path, seed: int):
+    """The unchanged executor on a simulated cluster for ``plan`` (seed ``seed``): (sim, result)."""
+    job = Job(inputs.spec, plan, inputs.catalog, inputs.profile)
+    sim = simulated_for(job, seed=seed, start=START)
+    target = Target(f"sim-{seed}", run_dir, sim.backend, sim.runtime, cluster=sim.cluster, clock=sim.clock)
+    return sim, Executor(job, target).run()
+
+
 def _simulate(spec_path: Path, run_dir: Path, *, seed: int = 0):
     inputs = load_job_inputs(spec_path)
     plan = plan_from_inputs(inputs, samples=300)
-    sim = simulated_for(inputs.spec, plan, inputs.catalog, inputs.profile, seed=seed, start=START)
-    controller = controller_for(plan)(
-        spec=inputs.spec,
-        plan=plan,
-        catalog=inputs.catalog,
-        run_dir=run_dir,
-        backend=sim.backend,
-        runtime=sim.runtime,
-        run_id=f"sim-{seed}",
-        profile=inputs.profile,
-        clock=sim.clock,
-        cluster=sim.cluster,
-    )
-    return plan, sim, controller.run()
+    sim, result = _execute(inputs, plan, run_dir, seed)
+    return plan, sim, result
 
 
 @pytest.fixture(scope="module")
@@ -132,18 +129,19 @@ def test_an_idle_instance_is_kept_only_when_later_ones_cannot_fill_the_next_stag
     assert not policy.keep_for_next(False, 0, 3, later=0)
 
 
-def test_a_wait_skips_to_the_next_event_but_no_further_than_a_step():
+def test_a_wait_skips_to_the_next_event_but_no_further_than_a_step_or_the_timeout():
     from rubberband.executor.clock import VirtualClock
     from rubberband.executor.simulated import SimCluster
     from rubberband.planner.model import fit_performance_model
     from rubberband.profile import load_profile
 
     model = fit_performance_model(load_profile(EXAMPLES / "profiles" / "quickstart_local.json"))
-    world = SimWorld(model=model, clock=VirtualClock(START), seed=0, max_step_s=5.0)
+    world = SimWorld(model, VirtualClock(START), SimSettings(max_step_s=5.0))
     cluster = SimCluster(world)
-    assert cluster.wait([], 0.2) == [] and world.clock.time() == START + 5.0  # nothing due: one step
+    assert cluster.wait([], 60.0) == [] and world.clock.time() == START + 5.0  # nothing due: one step
+    assert cluster.wait([], 0.2) == [] and world.clock.time() == START + 5.2  # or as far as the loop's timer
     with pytest.raises(ValueError):
-        SimWorld(model=model, clock=world.clock, seed=0, max_step_s=0.0)
+        SimWorld(model, world.clock, SimSettings(max_step_s=0.0))
 
 
 def test_the_cli_runs_a_spec_on_simulated_time(tmp_path):
@@ -204,20 +202,7 @@ def _spot_plan(tmp_path: Path, deadline: str, *, rate_per_h: float = 2.0, p_unav
 
 
 def _run(inputs, plan, run_dir: Path, seed: int):
-    sim = simulated_for(inputs.spec, plan, inputs.catalog, inputs.profile, seed=seed, start=START)
-    controller = controller_for(plan)(
-        spec=inputs.spec,
-        plan=plan,
-        catalog=inputs.catalog,
-        run_dir=run_dir,
-        backend=sim.backend,
-        runtime=sim.runtime,
-        run_id=f"sim-{seed}",
-        profile=inputs.profile,
-        clock=sim.clock,
-        cluster=sim.cluster,
-    )
-    result = controller.run()
+    sim, result = _execute(inputs, plan, run_dir, seed)
     return sim, result, list(J.iter_events(run_dir / J.JOURNAL_NAME))
 
 
@@ -237,7 +222,7 @@ def test_spot_instances_are_preempted_and_their_trials_restart_from_their_checkp
     assert lost and all(e["reason"] == "spot-interruption" for e in lost)
     for e in lost:  # seen the moment the cloud took it back; billed up to then; Ray no longer shows it
         s = sim.world.instances[e["id"]]
-        assert s.spot and e["t"] == pytest.approx(s.preempted_at) and s.ended_at == pytest.approx(s.preempted_at)
+        assert s.spot and e["t"] == pytest.approx(s.taken_at) and s.ended_at == pytest.approx(s.taken_at)
         assert any(t["type"] == J.INSTANCE_TERMINATED and t["id"] == e["id"] and t["t"] == e["t"] for t in events)
         assert node_resource(e["id"]) not in sim.cluster.node_resources()
     replaced = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replace"]
@@ -374,7 +359,7 @@ def test_a_spot_request_without_capacity_falls_over_to_on_demand(tmp_path, spot_
         for e in failover
     )
     assert not [e for e in events if e["type"] == J.INSTANCE_LOST]
-    assert all(not s.spot and s.preempted_at is None for s in sim.world.instances.values())
+    assert all(not s.spot and s.taken_at is None for s in sim.world.instances.values())
 
 
 def _spot_world(*, rate_per_h: float = 0.0, p_unavailable: float = 0.0, seed: int = 0):
@@ -396,8 +381,8 @@ def _spot_world(*, rate_per_h: float = 0.0, p_unavailable: float = 0.0, seed: in
         unavailable_s=tuple(600.0 + 600.0 * q for q in DURATION_LEVELS),
     )  # 10-20 min
     model = fit_performance_model(load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json"))
-    world = SimWorld(model=model, clock=VirtualClock(START), seed=seed, max_step_s=3600.0, spot_zones={zone.key: zone})
-    return world, SimBackend(world, itype), itype, zone
+    world = SimWorld(model, VirtualClock(START), SimSettings(seed=seed, max_step_s=3600.0, spot_zones={zone.key: zone}))
+    return world, SimBackend(world, load_catalog(["aws"]), itype), itype, zone
 
 
 def test_preemptions_and_sold_out_requests_are_drawn_from_the_zone_model():
@@ -415,22 +400,21 @@ def test_preemptions_and_sold_out_requests_are_drawn_from_the_zone_model():
 
 
 def test_a_preempted_instance_is_lost_and_its_trial_dies_with_it_after_its_checkpoints():
-    from rubberband.executor.simulated import SimTrial, SimWorkerDied
+    from rubberband.executor.simulated import SimTrial, Span, SimWorkerDied
 
     world, backend, itype, _ = _spot_world(rate_per_h=1.0)
     (instance,) = backend.provision(InstanceRequest("run", 0, itype, spot=True, on_demand_fallback=True))
     sim = world.instances[instance.id]
-    assert sim.spot and sim.preempted_at is not None and sim.preempted_at > sim.up_at
-    sim.preempted_at = sim.up_at + 250.0  # pinned: the trial below finishes two of its epochs by then
+    assert sim.spot and sim.taken_at is not None and sim.taken_at > sim.up_at
+    sim.taken_at = sim.up_at + 250.0  # pinned: the trial below finishes two of its epochs by then
     world.clock.advance_to(sim.up_at)
     assert backend.check_lost([instance.id]) == {} and node_resource(instance.id) in SimCluster(world).node_resources()
     recorded: list = []
     sink = types.SimpleNamespace(record=recorded.append)
     spec = types.SimpleNamespace(trial_id="b0-t000", start_epoch=3, end_epoch=9, checkpoint_every=1)
-    trial = SimTrial(
-        world, spec, sink, started_at=world.clock.time(), epoch_s=[100.0] * 6, overhead_s=20.0, lost_at=sim.preempted_at
-    )
-    assert SimCluster(world).wait([trial], 1000.0) == [trial] and world.clock.time() == sim.preempted_at
+    span = Span(started_at=world.clock.time(), overhead_s=20.0, epoch_s=(100.0,) * 6, lost_at=sim.taken_at)
+    trial = SimTrial(world, spec, sink, span)
+    assert SimCluster(world).wait([trial], 1000.0) == [trial] and world.clock.time() == sim.taken_at
     with pytest.raises(SimWorkerDied) as died:
         trial.result()
     assert not isinstance(died.value, TrainingError)
@@ -439,7 +423,7 @@ def test_a_preempted_instance_is_lost_and_its_trial_dies_with_it_after_its_check
     assert backend.check_lost([instance.id]) == {instance.id: "spot-interruption"}
     assert node_resource(instance.id) not in SimCluster(world).node_resources() and backend.list() == []
     backend.terminate([instance.id])
-    assert sim.ended_at == sim.preempted_at  # billed up to the loss, as the controller journals it
+    assert sim.ended_at == sim.taken_at  # billed up to the loss, as the executor journals it
 
 
 def test_a_spot_request_without_capacity_takes_on_demand_only_where_allowed():
@@ -448,9 +432,9 @@ def test_a_spot_request_without_capacity_takes_on_demand_only_where_allowed():
     got = backend.obtained(instance.id)
     assert got is not None and not got.spot and got.instance_type.key == itype.key
     assert [(a.market, a.outcome) for a in got.attempts] == [("spot", "capacity"), ("on_demand", "ok")]
-    assert world.instances[instance.id].preempted_at is None  # on-demand: never taken back
+    assert world.instances[instance.id].taken_at is None  # on-demand: never taken back
     with pytest.raises(CloudError) as exc:
         backend.provision(InstanceRequest("run", 0, itype, spot=True))
     assert exc.value.kind == "capacity"
     (on_demand,) = backend.provision(InstanceRequest("run", 0, itype))  # on-demand asks nothing of the spot model
-    assert backend.obtained(on_demand.id) is None and world.instances[on_demand.id].preempted_at is None
+    assert backend.obtained(on_demand.id) is None and world.instances[on_demand.id].taken_at is None
