@@ -22,7 +22,7 @@ import yaml
 from rubberband.catalog import load_catalog
 from rubberband.cloud.local import LocalProvider
 from rubberband.executor import journal as J
-from rubberband.executor.brackets import controller_for
+from rubberband.executor.run import Executor, Job, Settings, Target
 from rubberband.executor.runtime import TrialRuntime
 from rubberband.inputs import load_job_inputs
 from rubberband.planner import plan_job
@@ -69,18 +69,12 @@ def main() -> None:
             asha=False,
         )
         run_dir = base / f"run-{mode}"
-        controller = controller_for(plan)(
-            spec=inputs.spec,
-            plan=plan,
-            catalog=load_catalog(["local"]),
-            run_dir=run_dir,
-            backend=LocalProvider(run_dir),
-            runtime=TrialRuntime.load(),
-            run_id=run_dir.name,
-            deadline_s=3 * plan.deadline_s,
+        executor = Executor(
+            Job(inputs.spec, plan, load_catalog(["local"])),
+            Target(run_dir.name, run_dir, LocalProvider(run_dir), TrialRuntime.load()),
+            Settings(deadline_s=3 * plan.deadline_s),
         )
-        controller.run()
-        actual = controller.result["actual"]
+        actual = executor.run().result["actual"]
         events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
         done = sum(1 for e in events if e["type"] == J.DECISION and e.get("kind") == "handoff")
         row = (

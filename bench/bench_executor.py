@@ -34,7 +34,7 @@ from pathlib import Path
 from rubberband.catalog import load_catalog
 from rubberband.cloud.local import LocalProvider
 from rubberband.executor import journal as J
-from rubberband.executor.controller import Controller
+from rubberband.executor.run import Executor, Job, Settings, Target
 from rubberband.executor.runtime import TrialRuntime
 from rubberband.inputs import load_job_inputs
 from rubberband.planner import plan_job
@@ -47,19 +47,13 @@ SHA = REPO / "examples" / "sha_local.yaml"
 
 def run_once(spec, plan, run_dir: Path, *, elastic: bool = True) -> dict:
     # The deadline guard is relaxed so a run that is slower than predicted finishes and is measured.
-    controller = Controller(
-        spec=spec,
-        plan=plan,
-        catalog=load_catalog(["local"]),
-        run_dir=run_dir,
-        backend=LocalProvider(run_dir),
-        runtime=TrialRuntime.load(),
-        run_id=run_dir.name,
-        elastic=elastic,
-        deadline_s=3 * plan.deadline_s,
+    executor = Executor(
+        Job(spec, plan, load_catalog(["local"])),
+        Target(run_dir.name, run_dir, LocalProvider(run_dir), TrialRuntime.load()),
+        Settings(deadline_s=3 * plan.deadline_s, elastic=elastic),
     )
-    controller.run()
-    return {"result": controller.result, "events": list(J.iter_events(run_dir / J.JOURNAL_NAME))}
+    executor.run()
+    return {"result": executor.result, "events": list(J.iter_events(run_dir / J.JOURNAL_NAME))}
 
 
 def static_plan(plan):

@@ -64,36 +64,24 @@ def write_spec(directory: Path, name: str) -> Path:
     return path
 
 
-def simulate(name: str, inputs, plan, seeds: int, base: Path, *, inspect=None, **controller_kwargs) -> dict:
-    """Run ``plan`` with the unchanged controller on ``seeds`` simulated clusters (seed 0, 1, ...), as
+def simulate(name: str, inputs, plan, seeds: int, base: Path, *, inspect=None, settings=None) -> dict:
+    """Run ``plan`` with the unchanged executor on ``seeds`` simulated clusters (seed 0, 1, ...), as
     ``rubberband run --cloud sim`` does; returns the figures ``main`` prints, the runs' ``results`` and, with
     ``inspect(run_dir, result)``, what it returned for each run (before its run directory is removed)."""
-    from rubberband.executor.brackets import controller_for
+    from rubberband.executor.run import Executor, Job, Settings, Target
     from rubberband.executor.runtime import planner_replanner
     from rubberband.executor.simulated import simulated_for
 
     spec, catalog, profile = inputs.spec, inputs.catalog, inputs.profile
+    job = Job(spec, plan, catalog, profile)
     replanner = planner_replanner(catalog, profile)
     jcts, costs, walls, statuses, results, inspected = [], [], [], [], [], []
     for seed in range(seeds):
         run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=base))
-        sim = simulated_for(spec, plan, catalog, profile, seed=seed, start=START)
+        sim = simulated_for(job, seed=seed, start=START)
         began = time.perf_counter()
-        controller = controller_for(plan)(
-            spec=spec,
-            plan=plan,
-            catalog=catalog,
-            run_dir=run_dir,
-            backend=sim.backend,
-            runtime=sim.runtime,
-            run_id=f"sim-{name}-{seed}",
-            replanner=replanner,
-            profile=profile,
-            clock=sim.clock,
-            cluster=sim.cluster,
-            **controller_kwargs,
-        )
-        result = controller.run().result
+        target = Target(f"sim-{name}-{seed}", run_dir, sim.backend, sim.runtime, cluster=sim.cluster, clock=sim.clock)
+        result = Executor(job, target, settings or Settings(), replanner=replanner).run().result
         walls.append(time.perf_counter() - began)
         jcts.append(result["actual"]["jct_s"])
         costs.append(result["actual"]["cost_usd"])

@@ -83,7 +83,7 @@ def spot_figures(events: list[dict]) -> dict[str, float]:
 def run_workload(name: str, seeds: int, base: Path, spot_model: str | None) -> dict:
     from rubberband.errors import ExecutionError
     from rubberband.executor import journal as J
-    from rubberband.executor.brackets import controller_for
+    from rubberband.executor.run import Executor, Job, Target
     from rubberband.executor.runtime import planner_replanner
     from rubberband.executor.simulated import simulated_for
     from rubberband.inputs import load_job_inputs
@@ -93,26 +93,15 @@ def run_workload(name: str, seeds: int, base: Path, spot_model: str | None) -> d
     plan = plan_from_inputs(inputs, spot_model=spot_model)
     spec, catalog, profile = inputs.spec, inputs.catalog, inputs.profile
     replanner = planner_replanner(catalog, profile)
+    job = Job(spec, plan, catalog, profile)
     jcts, costs, outcomes, figures, walls = [], [], [], [], []
     for seed in range(seeds):
         run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=base))
-        sim = simulated_for(spec, plan, catalog, profile, seed=seed, start=START)
+        sim = simulated_for(job, seed=seed, start=START)
         began = time.perf_counter()
-        controller = controller_for(plan)(
-            spec=spec,
-            plan=plan,
-            catalog=catalog,
-            run_dir=run_dir,
-            backend=sim.backend,
-            runtime=sim.runtime,
-            run_id=f"sim-{name}-{seed}",
-            replanner=replanner,
-            profile=profile,
-            clock=sim.clock,
-            cluster=sim.cluster,
-        )
+        target = Target(f"sim-{name}-{seed}", run_dir, sim.backend, sim.runtime, cluster=sim.cluster, clock=sim.clock)
         try:
-            result = controller.run().result
+            result = Executor(job, target, replanner=replanner).run().result
         except ExecutionError:  # too many instances lost: result.json says how far it got
             result = json.loads((run_dir / "result.json").read_text())
         walls.append(time.perf_counter() - began)

@@ -220,7 +220,7 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
     from rubberband.catalog import load_catalog
     from rubberband.cloud.local import LocalProvider
     from rubberband.errors import InfeasibleError
-    from rubberband.executor.brackets import controller_for
+    from rubberband.executor.run import Executor, Job, Settings, Target
     from rubberband.executor.runtime import TrialRuntime, planner_replanner
     from rubberband.inputs import load_job_inputs
     from rubberband.planner import plan_job
@@ -233,21 +233,13 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
         return {"system": f"rubberband elastic ({label})", "deadline_s": deadline_s, "infeasible": str(exc)}
     run_dir = out / f"rubberband-{label}"
     catalog = load_catalog(["local"])
-    controller = controller_for(plan)(
-        spec=inputs.spec,
-        plan=plan,
-        catalog=catalog,
-        run_dir=run_dir,
-        backend=LocalProvider(run_dir),
-        runtime=TrialRuntime.load(),
-        run_id=run_dir.name,
+    executor = Executor(
+        Job(inputs.spec, plan, catalog, inputs.profile),
+        Target(run_dir.name, run_dir, LocalProvider(run_dir), TrialRuntime.load()),
+        Settings(deadline_s=deadline_s, overrun_s=math.inf),
         replanner=planner_replanner(catalog, inputs.profile),
-        profile=inputs.profile,
-        deadline_s=deadline_s,
-        overrun_s=math.inf,
     )
-    controller.run()
-    result = controller.result
+    result = executor.run().result
     lifetimes = [i["lifetime_s"] for i in result["instances"]]
     prices = [i["price_hr"] for i in result["instances"]]
     best = result["best"] or {}

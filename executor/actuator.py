@@ -93,7 +93,7 @@ class Actuator:
     def _open(self, action: OpenStage, view: RunView) -> None:
         stage = view.plan.stage(action.stage)
         layout = view.plan.layout
-        offset = {"offset_s": layout.offsets_s[layout.lane_of(action.stage)]} if layout.parallel else {}
+        offset: dict[str, Any] = {"offset_s": layout.offsets_s[layout.lane_of(action.stage)]} if layout.parallel else {}
         self.journal.record(
             J.StageStarted(
                 stage=action.stage,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Generator, Iterator
 
 from rubberband.executor.actions import (
     Action,
@@ -239,7 +239,7 @@ class AshaScheduler:
                 return
             yield from self._start(work, slot, view)
 
-    def _next_work(self) -> Iterator[Action]:
+    def _next_work(self) -> Generator[Action, None, Work | None]:
         """Generator returning the next :class:`Work` (a new trial is created for it), or None."""
         if self.queue:
             return self.queue.pop(0)

@@ -10,7 +10,7 @@ bracket's next stage with the promoted trials — re-planned first, at the bound
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Generator
 
 from rubberband.errors import ExecutionError
 from rubberband.executor.actions import Action, CloseStage, Promote
@@ -35,7 +35,7 @@ class Boundaries:
     def __init__(self, mode: str) -> None:
         self.mode = mode  # the spec's metric mode: min or max
 
-    def cross(self, lane: Lane, view: RunView) -> Iterator[Action]:
+    def cross(self, lane: Lane, view: RunView) -> Generator[Action, None, Crossing]:
         """Generator returning the :class:`Crossing` of the lane's stage once its barrier is reached: its ranking,
         promotions and close; a stage whose every trial failed fails the run."""
         g = lane.g

@@ -1,16 +1,14 @@
 """The executor's own decisions, as small policy objects without I/O, clock or cloud.
 
-The controller (:mod:`rubberband.executor.controller`) is the loop and the effects: it gathers what
-happened (an instance up or lost, a trial done, a notice, a stage boundary, a clock tick), asks the
-objects here what to do, and does it (journal, backend, Ray). What the planner's simulator decides too
+The executor's loop (:mod:`rubberband.executor.loop`) gathers what happened (an instance up or lost, a trial
+done, a notice, a stage boundary, a clock tick); its scheduler and desks ask the objects here what to do, and
+its actuator does it (journal, backend, Ray). What the planner's simulator decides too
 lives in :mod:`rubberband.planner.policies` (prefetch and carry-over, lateness, spot or on-demand), so a
 prediction describes this executor; what only a running executor meets is decided here:
 
 * :class:`DeadlineWatch` — on time, late but within the allowed overrun, or over it (stop now);
 * :class:`LossPolicy` — whether a lost or noticed instance is replaced, and when losses are too many;
 * :func:`promote` — a stage's ranking and the trials that go on;
-* :func:`boundary_outlook` — at a stage boundary: the slowdown so far, the predicted rest and whether the
-  deadline is at risk (what the re-planner is asked with);
 * :func:`proposal_problem` and :func:`judge_proposal` — whether a re-planner's proposal is usable, and what
   the :class:`~rubberband.planner.policies.LatenessPolicy` makes of it beside the current plan;
 * :func:`stand_in_stages` — the remaining stages with each unavailable type replaced by its stand-in (failover
@@ -144,35 +142,6 @@ def slowdown(finished: Sequence[tuple[float, float]]) -> float:
     """Actual over predicted duration of the stages finished so far ((actual, predicted) each; 1 before any)."""
     predicted = sum(p for _, p in finished)
     return sum(a for a, _ in finished) / predicted if predicted > 0 else 1.0
-
-
-@dataclass(frozen=True)
-class BoundaryOutlook:
-    """The run at a stage boundary: the slowdown so far, the rest at that pace, and whether it is late."""
-
-    elapsed_s: float
-    slowdown: float
-    remaining_s: float
-    at_risk: bool
-
-    def decision_fields(self, stage: int) -> dict[str, Any]:
-        return dict(
-            kind="replan",
-            stage=stage,
-            elapsed_s=self.elapsed_s,
-            predicted_remaining_s=self.remaining_s,
-            slowdown=self.slowdown,
-            at_risk=self.at_risk,
-        )
-
-
-def boundary_outlook(
-    *, elapsed_s: float, finished: Sequence[tuple[float, float]], remaining_predicted_s: float, deadline_s: float
-) -> BoundaryOutlook:
-    """The remaining stages' predicted durations scaled by the slowdown so far, against the deadline."""
-    ratio = slowdown(finished)
-    remaining = remaining_predicted_s * ratio
-    return BoundaryOutlook(elapsed_s, ratio, remaining, elapsed_s + remaining > deadline_s)
 
 
 def _shape(stages: Sequence[StagePlan]) -> list[tuple[int, int, int, int]]:

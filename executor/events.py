@@ -289,7 +289,7 @@ def _members(union: Any) -> tuple[Any, ...]:
 #: event type -> its model (the members of :data:`Event`, listed once there); ``decision`` events are typed by
 #: their kind (:data:`~rubberband.executor.decision_events.DECISIONS`)
 MODELS: dict[str, type[_Event]] = {
-    model.model_fields["type"].default: model for model in _members(Event) if isinstance(model, type)
+    model.model_fields["type"].default: model for model in _members(Event) if isinstance(model, type)  # type: ignore[attr-defined]
 }
 
 

@@ -133,6 +133,7 @@ class Fleet:
             self.runplan.learn(entry.itype)
             self.measured.startup_seconds.setdefault(entry.itype.name, []).append(arrival.startup_s)
             entry.unwanted, entry.released = entry.released, False
+            assert entry.id is not None  # up: it has its id
             if not entry.unwanted and self.workers is not None:  # start its worker processes now
                 device = self.devices.for_type(entry.itype)
                 entry.warming = self.workers.warm(node_resource(entry.id), entry.itype.workers, wait=False, device=device)

@@ -229,9 +229,9 @@ class ShaScheduler:
             lane.drop_instances(set(lost.lost))
         for ident, reason in lost.lost.items():
             entry = view.entry(ident)
-            lane = self._lane_of_stage(entry.assigned_stage, view) if entry is not None else None
-            current = lane.g if lane is not None and lane.g is not None else lost.stage.get(ident, 0)
-            yield from self.instances.replace_lost(ident, reason, lane, view, current)
+            served = self._lane_of_stage(entry.assigned_stage, view) if entry is not None else None
+            current = served.g if served is not None and served.g is not None else lost.stage.get(ident, 0)
+            yield from self.instances.replace_lost(ident, reason, served, view, current)
 
     def _noticed(self, seen: NoticeSeen, view: RunView) -> Iterator[Action]:
         entry = view.entry(seen.instance_id)

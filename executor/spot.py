@@ -125,15 +125,3 @@ def work_left_s(
 def restart_s(*, startup_s: float, restore_s: float, checkpoint_interval_s: float) -> float:
     """One preemption's cost in time: a replacement's start-up + checkpoint restore + work since the checkpoint."""
     return max(0.0, startup_s) + max(0.0, restore_s) + max(0.0, checkpoint_interval_s)
-
-
-def decision_fields(s: SpotSituation, market: Market, margin_s: float) -> dict[str, float | str]:
-    """The figures a journaled spot decision carries (rounded to milliseconds)."""
-    return dict(
-        market=market.value,
-        time_left_s=round(s.time_left_s, 3),
-        work_left_s=round(s.work_left_s, 3),
-        restart_s=round(s.restart_s, 3),
-        slack_s=round(s.slack_s, 3),
-        margin_s=margin_s,
-    )

@@ -100,7 +100,12 @@ class SpotDesk:
                 previous=(Market.SPOT if was else Market.ON_DEMAND).value,
                 confidence=self.fleet.runplan.plan.confidence,
                 quantile=S.DECISION_QUANTILE,  # of the predictions the decision saw (the simulator's)
-                **S.decision_fields(situation, market, self.policy.margin_s),
+                market=market.value,
+                time_left_s=round(situation.time_left_s, 3),
+                work_left_s=round(situation.work_left_s, 3),
+                restart_s=round(situation.restart_s, 3),
+                slack_s=round(slack, 3),
+                margin_s=self.policy.margin_s,
                 reason=why + note,
             )
         )

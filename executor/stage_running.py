@@ -10,7 +10,7 @@ from its checkpoint (its instance was lost or noticed).
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Generator, Iterator, Sequence
 
 from rubberband.executor.actions import Action, CreateTrials, FinishFromCheckpoint, OpenStage, StartTrial
 from rubberband.executor.decisions import requeue_first
@@ -54,7 +54,7 @@ class StageRunning:
                 lane.pending.append((trial_id, start))
         yield OpenStage(stage=g, trials=len(trials), to_run=len(lane.pending))
 
-    def _settle(self, lane: Lane, trial_id: str, start: int, view: RunView) -> Iterator[Action]:
+    def _settle(self, lane: Lane, trial_id: str, start: int, view: RunView) -> Generator[Action, None, int | None]:
         """Generator returning the first epoch a waiting trial must run, past its newest checkpoint; None if it
         needs none (it then finishes from the journal's metric: :class:`FinishFromCheckpoint`).
 

@@ -1,10 +1,12 @@
 """Checked by mypy in CI (``.ci/typecheck``), never run: every backend the executor is given satisfies
 :class:`~rubberband.cloud.backend.ExecutorBackend`, every real cloud's provider
-:class:`~rubberband.cloud.provider.CloudProvider`, and every cluster :class:`~rubberband.executor.cluster.Cluster`,
-member by member and signature by signature."""
+:class:`~rubberband.cloud.provider.CloudProvider`, every cluster :class:`~rubberband.executor.cluster.Cluster`,
+the real and the simulated side calls :class:`~rubberband.executor.cluster.SideCall` and notice watchers
+:class:`~rubberband.executor.cluster.NoticeWatching`, member by member and signature by signature."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 
 from rubberband.cloud.aws import AwsProvider
@@ -15,8 +17,9 @@ from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.local_head import LocalHeadCloudBackend
 from rubberband.cloud.provider import CloudProvider
 from rubberband.executor.backends import make_backend
-from rubberband.executor.cluster import Cluster, RayCluster
-from rubberband.executor.simulated import SimBackend, SimCluster, SimWorld
+from rubberband.executor.cluster import Cluster, NoticeWatching, RayCluster, SideCall
+from rubberband.executor.notices import NoticeWatchers
+from rubberband.executor.simulated import SimBackend, SimCluster, SimFuture, SimNotices, SimWorld
 
 
 def every_backend(run_dir: Path) -> list[ExecutorBackend]:
@@ -39,3 +42,12 @@ def the_simulated_backend(world: SimWorld, backend: SimBackend) -> ExecutorBacke
 
 def every_cluster(world: SimWorld) -> list[Cluster]:
     return [RayCluster(), SimCluster(world)]
+
+
+def every_side_call(world: SimWorld) -> list[SideCall]:
+    """A provisioning call on a thread pool, and one on virtual time: one interface (``running`` included)."""
+    return [Future(), SimFuture(world, (0.0, 0.0))]
+
+
+def every_notice_watching(world: SimWorld) -> list[NoticeWatching]:
+    return [NoticeWatchers("aws"), SimNotices(world)]

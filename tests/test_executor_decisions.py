@@ -12,7 +12,6 @@ from rubberband.executor.decisions import (
     DeadlineState,
     DeadlineWatch,
     LossPolicy,
-    boundary_outlook,
     proposal_problem,
     promote,
     rank,
@@ -77,16 +76,10 @@ def test_promotion_takes_the_best_first_and_missing_metrics_last(metrics, mode, 
     assert promote(metrics, mode, order, None)[1] == []  # a bracket's last stage promotes nobody
 
 
-def test_at_a_boundary_the_rest_is_scaled_by_the_slowdown_so_far():
+def test_the_slowdown_so_far_is_actual_over_predicted_of_the_stages_finished():
     assert slowdown([]) == 1.0
-    outlook = boundary_outlook(
-        elapsed_s=300.0, finished=[(150.0, 100.0), (150.0, 100.0)], remaining_predicted_s=200.0, deadline_s=550.0
-    )
-    assert outlook.slowdown == 1.5 and outlook.remaining_s == 300.0 and outlook.at_risk
-    assert not boundary_outlook(
-        elapsed_s=300.0, finished=[(100.0, 100.0)], remaining_predicted_s=200.0, deadline_s=550.0
-    ).at_risk
-    assert outlook.decision_fields(2)["kind"] == "replan"
+    assert slowdown([(150.0, 100.0), (150.0, 100.0)]) == 1.5
+    assert slowdown([(50.0, 0.0)]) == 1.0  # nothing predicted: no scale
 
 
 def test_a_proposal_must_keep_the_remaining_stages_shape_and_avoid_unavailable_types():

@@ -20,7 +20,7 @@ from executor_helpers import cli_env, make_plan, run_pids, wait_for_events, writ
 
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
-from rubberband.executor.controller import trial_configs
+from rubberband.executor.plan_checks import trial_configs
 from rubberband.plan import write_plan
 from rubberband.spec import load_spec
 

@@ -1,7 +1,7 @@
 """A run on a GPU instance type, on local Ray nodes that advertise the type's GPUs (logical ones here).
 
 ``LocalProvider`` starts each node of a GPU type with ``--num-gpus`` (rubberband.devices.node_resources)
-and the controller gives every trial the device policy's decision: one GPU per worker, nccl. This
+and the executor gives every trial the device policy's decision: one GPU per worker, nccl. This
 machine has no CUDA, so the real CLI run stops with one line naming the type (never a CPU fall-back)
 and leaves nothing running; the in-process run with the injected test stand-in shows each trial's
 ranks got distinct GPUs from Ray and the journal records them.
@@ -19,7 +19,7 @@ from executor_helpers import cli_env, make_plan, run_pids, write_job
 from rubberband.catalog import Catalog, InstanceType, load_catalog
 from rubberband.cloud.local import LocalProvider
 from rubberband.executor import journal as J
-from rubberband.executor.controller import Controller
+from rubberband.executor.run import Executor, Job, Settings, Target
 from rubberband.devices import DevicePolicy
 from rubberband.executor.runtime import TrialRuntime
 from rubberband.plan import write_plan
@@ -74,7 +74,7 @@ def test_run_on_a_gpu_type_without_cuda_stops_with_one_line_naming_the_type(cli,
 
 
 def test_run_on_a_gpu_type_gives_each_rank_its_own_gpu(tmp_path):
-    """In process, with the test stand-in injected into the controller (trains on CPU after the check)."""
+    """In process, with the test stand-in injected into the executor (trains on CPU after the check)."""
     _, _, spec, plan = _job(tmp_path)
     local = load_catalog(["local"])
     gpu2 = InstanceType(
@@ -91,18 +91,12 @@ def test_run_on_a_gpu_type_gives_each_rank_its_own_gpu(tmp_path):
     )
     catalog = Catalog(types=local.types + (gpu2,), dates=dict(local.dates))
     run_dir = tmp_path / "run"
-    controller = Controller(
-        spec=spec,
-        plan=plan,
-        catalog=catalog,
-        run_dir=run_dir,
-        backend=LocalProvider(run_dir),
-        runtime=TrialRuntime.load(),
-        run_id="gpu-run",
-        deadline_s=600,
-        device_policy=DevicePolicy(cpu_stand_in=True),
+    executor = Executor(
+        Job(spec, plan, catalog),
+        Target("gpu-run", run_dir, LocalProvider(run_dir), TrialRuntime.load()),
+        Settings(deadline_s=600, device_policy=DevicePolicy(cpu_stand_in=True)),
     )
-    controller.run()
+    executor.run()
     events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
     stopped = [e for e in events if e["type"] == J.TRIAL_STOPPED]
     assert len(stopped) == 4 and all(e["reason"] == "finished" for e in stopped), json.dumps(stopped)[:2000]

@@ -14,7 +14,7 @@ import pytest
 from executor_helpers import cli_env, make_plan, run_pids, write_job
 
 from rubberband.executor import journal as J
-from rubberband.executor.controller import trial_configs
+from rubberband.executor.plan_checks import trial_configs
 from rubberband.plan import write_plan
 from rubberband.spec import load_spec
 

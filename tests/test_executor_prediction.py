@@ -6,8 +6,8 @@ on two, so the second instance is requested ahead while stage 0 runs — when, t
 :class:`~rubberband.planner.policies.PrefetchPolicy` says (lead time: the start-up quantile of what the
 run measured for that type). The simulator is then given a deterministic model made of what the run
 measured (node start-up, the worker start of a new node, the task time) and must predict the run's JCT
-within what it does not model: the controller's own per-stage overhead (dispatch and promotion gaps, one
-poll each), measured in the journal, and the spread of the two real node start-ups. About 40 s.
+within what it does not model: the executor's own per-stage overhead (dispatch and promotion gaps, one
+wake each), measured in the journal, and the spread of the two real node start-ups. About 40 s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from executor_helpers import cli_env, make_plan, write_job
 
 from rubberband.catalog import load_catalog
 from rubberband.executor import journal as J
-from rubberband.executor.controller import POLL_S
+from rubberband.executor.cluster import WAKE_SLICE_S as POLL_S  # the loop's longest wake latency on Ray
 from rubberband.plan import write_plan
 from rubberband.planner.model import DeviceModel, PerformanceModel, StartupModel
 from rubberband.planner.policies import PrefetchPolicy
