@@ -68,6 +68,7 @@ def simulate(name: str, inputs, plan, seeds: int, base: Path, *, inspect=None, s
     """Run ``plan`` with the unchanged executor on ``seeds`` simulated clusters (seed 0, 1, ...), as
     ``rubberband run --cloud sim`` does; returns the figures ``main`` prints, the runs' ``results`` and, with
     ``inspect(run_dir, result)``, what it returned for each run (before its run directory is removed)."""
+    from rubberband.executor.journal import Journal
     from rubberband.executor.run import Executor, Job, Settings, Target
     from rubberband.executor.runtime import planner_replanner
     from rubberband.executor.simulated import simulated_for
@@ -80,7 +81,8 @@ def simulate(name: str, inputs, plan, seeds: int, base: Path, *, inspect=None, s
         run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=base))
         sim = simulated_for(job, seed=seed, start=START)
         began = time.perf_counter()
-        target = Target(f"sim-{name}-{seed}", run_dir, sim.backend, sim.runtime, cluster=sim.cluster, clock=sim.clock)
+        journal = Journal(run_dir, clock=sim.clock, durable=False)
+        target = Target(f"sim-{name}-{seed}", run_dir, sim.backend, sim.runtime, sim.cluster, sim.clock, journal)
         result = Executor(job, target, settings or Settings(), replanner=replanner).run().result
         walls.append(time.perf_counter() - began)
         jcts.append(result["actual"]["jct_s"])

@@ -72,11 +72,14 @@ class NoticeWatching(Protocol):
 @runtime_checkable
 class Cluster(Protocol):
     """What the executor needs of the cluster its trials run on (see the module docstring). ``idle_tick_s``: how
-    often the loop looks at the time-driven things (the progress display, the liveness of idle nodes) while
-    nothing happens."""
+    often the loop refreshes the progress display while nothing happens; ``liveness_every_s``: how often it asks
+    whether the nodes are still there (0: at every turn — a cluster whose wait returns when a node goes away)."""
 
     @property
     def idle_tick_s(self) -> float: ...
+
+    @property
+    def liveness_every_s(self) -> float: ...
 
     def connect(self, address: str, *, namespace: str, runtime_env: dict | None, auth_mode: str) -> None: ...
 
@@ -112,6 +115,10 @@ class RayCluster:
     @property
     def idle_tick_s(self) -> float:
         return 1.0
+
+    @property
+    def liveness_every_s(self) -> float:
+        return 2.0  # Ray marks a dead node within ~2 s on the run's head
 
     def connect(self, address: str, *, namespace: str, runtime_env: dict | None, auth_mode: str) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

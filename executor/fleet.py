@@ -89,7 +89,7 @@ class Fleet:
 
     def usable(self, g: int) -> list[PoolInstance]:
         """Stage ``g``'s instances that are up, whose worker processes answer and that got no preemption notice."""
-        noticed = self.journal.state.choices.noticed
+        noticed = self.journal.current.choices.noticed
         return [p for p in self.of_stage(g) if p.ready and p.id not in noticed and self.workers_up(p)]
 
     def workers_up(self, entry: PoolInstance) -> bool:
@@ -221,7 +221,7 @@ class Fleet:
         """Cost so far (cheap estimate, no billing minimums): earlier executors' bill plus this one's instances,
         plus the billed head's time since its launch."""
         total = earlier_usd
-        head = self.journal.state.head
+        head = self.journal.current.head
         if head is not None:
             total += head.price_hr * max(0.0, now - head.launched_at) / 3600.0
         for p in self.entries.values():

@@ -127,9 +127,10 @@ def _line(event: dict[str, Any]) -> bytes:
     return (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
 
 
-def append_event(path: str | Path, event: dict[str, Any] | _Event) -> dict[str, Any]:
+def append_event(path: str | Path, event: dict[str, Any] | _Event, *, durable: bool = True) -> dict[str, Any]:
     """Append one event durably (``t`` from the wall clock when missing: :class:`Journal` stamps its own
-    events from the run's clock first); return what was written.
+    events from the run's clock first); return what was written. ``durable=False`` skips the fsync (a run on
+    virtual time, which is never resumed: nothing to recover after a crash).
 
     A typed event is written as :func:`~rubberband.executor.events.to_json_dict` gives it; a dict is written
     as it is (old-journal fixtures, tools): use the typed events everywhere else.
@@ -140,7 +141,8 @@ def append_event(path: str | Path, event: dict[str, Any] | _Event) -> dict[str, 
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, _line(data))
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     return data
@@ -155,8 +157,9 @@ class Journal:
     the same object. So ``journal.state`` is the one source of truth for the run's state.
     """
 
-    def __init__(self, run_dir: str | Path, *, clock: Clock = WALL_CLOCK) -> None:
+    def __init__(self, run_dir: str | Path, *, clock: Clock = WALL_CLOCK, durable: bool = True) -> None:
         self.clock = clock  # stamps each event's ``t`` (the run's clock)
+        self.durable = durable  # fsync each line (False: a run on virtual time, never resumed)
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / JOURNAL_NAME
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,7 +201,7 @@ class Journal:
         if update:
             event = event.model_copy(update=update)
         with self._lock:
-            append_event(self.path, event)
+            append_event(self.path, event, durable=self.durable)
             if self._live and self._error is None:
                 try:  # never raise here: the event is on disk, and teardown records must not fail on a bad line
                     self._fold.advance()
@@ -214,6 +217,17 @@ class Journal:
             if self._error is not None:
                 raise self._error
             return self._fold.advance()
+
+    @property
+    def current(self) -> RunState:
+        """The state as folded so far, without looking at the file again: every event this journal recorded is
+        in it; lines another writer (the trial workers' sink) appended since the last :attr:`state` are not.
+        The loop reads :attr:`state` once a turn and everything else this, so a turn opens the file once."""
+        with self._lock:
+            folded = self._fold.state
+            if not self._live or folded is None or self._error is not None:
+                folded = None
+        return folded if folded is not None else self.state
 
     def events(self) -> list[dict[str, Any]]:
         return list(iter_events(self.path))
@@ -253,13 +267,14 @@ class JournalSink:
     into its typed event first, so nothing the fold would refuse reaches the file.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, durable: bool = True) -> None:
         self.path = path
+        self.durable = durable
 
     def record(self, event: _Event | dict[str, Any]) -> None:
         if not isinstance(event, _Event):
             event = EVENT_ADAPTER.validate_python(event)
-        append_event(self.path, event)
+        append_event(self.path, event, durable=self.durable)
 
     def ping(self) -> bool:
         return True

@@ -78,13 +78,14 @@ class RunLoop:
         wanted = self.scheduler.next_tick_s(self.view)
         if wanted is not None:
             due.append(wanted)
-        if self.fleet.alive():
+        if self.fleet.alive() and self.losses.every_s > 0:
             due.append(self.losses.next_due_s())
         if self.progress is not None:
             due.append(self.services.cluster.idle_tick_s)
         return max(0.0, min(d for d in due if not math.isnan(d)))
 
     def _observe(self) -> list[Observation]:
+        self.services.journal.state  # once a turn: the workers' epochs and checkpoints the sink appended
         trials = self.runner.refs()
         notices = self.fleet.watchers.refs()
         ready = self.services.cluster.wait(trials + notices, self._timeout())
@@ -123,7 +124,7 @@ class RunLoop:
     def _epochs(self) -> list[Observation]:
         """Epochs the running trials reported since the last turn (through the journal sink)."""
         out: list[Observation] = []
-        trials = self.services.journal.state.trials
+        trials = self.services.journal.current.trials
         for run in self.runner.runs():
             epochs = trials[run.trial_id].epochs
             seen = self._epochs_seen.get(run.trial_id, 0)

@@ -19,8 +19,6 @@ from rubberband.executor.fleet import Fleet
 from rubberband.executor.observations import InstancesLost
 from rubberband.executor.services import Services
 
-#: How often every ready instance's Ray node is looked for (seconds).
-LIVENESS_EVERY_S = 2.0
 
 
 class LossDesk:
@@ -32,7 +30,7 @@ class LossDesk:
         self.policy = policy
         self._seen_in_ray: set[str] = set()  # instances whose rb-node-<id> resource Ray has shown
         self.last_check = -float("inf")
-        self.every_s = max(LIVENESS_EVERY_S, services.cluster.idle_tick_s)  # virtual time: as often as it steps
+        self.every_s = services.cluster.liveness_every_s
 
     def confirm(self, instance_ids: tuple[str, ...], wait_s: float) -> dict[str, str]:
         """Which of these instances are gone (id → ``spot-interruption`` | ``lost``), asking for up to ``wait_s``.
@@ -69,7 +67,7 @@ class LossDesk:
         return gone
 
     def due(self) -> bool:
-        """Whether the periodic liveness check is due (every :data:`LIVENESS_EVERY_S` on wall time)."""
+        """Whether the periodic liveness check is due (the cluster's ``liveness_every_s``; 0: every turn)."""
         return self.services.clock.monotonic() - self.last_check >= self.every_s
 
     def next_due_s(self) -> float:
@@ -98,7 +96,7 @@ class LossDesk:
         for ident, reason in lost.items():
             entry = self.fleet.entry(ident)
             stages[ident] = entry.assigned_stage if entry is not None else current
-            if ident in journal.state.choices.lost:  # handled already (another of its trials reported first)
+            if ident in journal.current.choices.lost:  # handled already (another of its trials reported first)
                 continue
             journal.record(
                 J.InstanceLost(
@@ -108,13 +106,13 @@ class LossDesk:
                     stage=stages[ident],
                     instance_type=entry.itype.name if entry is not None else None,
                     trials=sorted(set(affected[ident])),
-                    losses=journal.state.choices.losses + 1,
+                    losses=journal.current.choices.losses + 1,
                 )
             )
             journal.record(J.InstanceTerminated(t=now, id=ident, reason="lost"))  # billed up to the loss
             self._seen_in_ray.discard(ident)
             self.fleet.lost(ident, now)
-        counted = journal.state.choices.counted_losses
+        counted = journal.current.choices.counted_losses
         if self.policy.exhausted(counted):
             raise ExecutionError(
                 f"{counted} instances were lost during this run, not counting spot "

@@ -133,12 +133,19 @@ class Replanning:
             at_risk=at_risk,
             iteration_latencies=dict(measured.iteration_latencies),
             running=outlook.instance_counts([g], view),
-            unavailable=tuple(self.runplan.unavailable([view.plan.stage(i) for i in rest.positions], self.services.backend)),
+            unavailable=self._unavailable(rest.positions, view),
             stages=rest.positions,
             offsets_s=rest.offsets_s,
             bracket_running=tuple(first_of[i].kept for i in rest.positions if i in first_of),
         )
         return Asked(request, decision, remaining_pred)
+
+    def _unavailable(self, positions: tuple[int, ...], view: RunView) -> tuple[str, ...]:
+        """The type keys a proposal must not use: the remaining stages' planned types failover found unavailable,
+        and every type an earlier failover re-plan answered (the remaining stages no longer use it, and a proposal
+        must not bring it back)."""
+        keys = self.runplan.unavailable([view.plan.stage(i) for i in positions], self.services.backend)
+        return tuple(dict.fromkeys([*keys, *sorted(view.choices.replanned_around)]))
 
     def _answer(self, request: ReplanRequest) -> tuple[ReplanAnswer, str]:
         """The re-planner's answer (an empty one when there is none, it failed or proposed nothing) and a note."""

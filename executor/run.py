@@ -278,7 +278,7 @@ class Executor:
         assert self.progress is not None
         services, plan = self.services, self.fleet.runplan.plan
         stage, bracket, pending = self.scheduler.progress()
-        state = services.journal.state
+        state = services.journal.current
         now = services.clock.time()
         self.progress(
             Progress(

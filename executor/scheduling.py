@@ -53,7 +53,7 @@ class RunView:
 
     @property
     def state(self) -> RunState:
-        return self._services.journal.state
+        return self._services.journal.current
 
     @property
     def choices(self) -> DecisionState:

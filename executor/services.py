@@ -32,4 +32,4 @@ class Services:
 
     def elapsed(self) -> float:
         """Seconds since the run first started (the deadline's clock)."""
-        return self.clock.time() - self.journal.state.first_started_at
+        return self.clock.time() - self.journal.current.first_started_at

@@ -295,11 +295,16 @@ class SimCluster:
     def idle_tick_s(self) -> float:
         return self.world.max_step_s
 
+    @property
+    def liveness_every_s(self) -> float:
+        return 0.0  # a wait returns when the world takes an instance back: look at every turn
+
     def connect(self, address: str, *, namespace: str, runtime_env: dict | None, auth_mode: str) -> None:
         return None
 
     def start_sink(self, run_dir: str | Path) -> Any:
-        return J.JournalSink(str(Path(run_dir) / J.JOURNAL_NAME))  # in this process: appended as the trial ends
+        # in this process, appended as the trial ends; not fsync'd (a simulated run is never resumed)
+        return J.JournalSink(str(Path(run_dir) / J.JOURNAL_NAME), durable=False)
 
     def wait(self, refs: list[Any], timeout_s: float) -> list[Any]:
         """Move the clock to the next thing that happens (or the timeout, or ``max_step_s``); the refs ready then."""
@@ -373,8 +378,9 @@ def spot_zones(plan: Plan) -> dict[tuple[str, str, str], ZoneModel]:
 
 
 def default_step_s(plan: Plan) -> float:
-    """The longest stretch one wait may skip by default: the deadline / 2000, at least 0.2 s."""
-    return max(0.2, plan.deadline_s / 2000)
+    """The longest stretch one wait may skip by default (a safety net: every timer of the loop is exact): the
+    deadline / 100, at least 0.2 s."""
+    return max(0.2, plan.deadline_s / 100)
 
 
 def simulated_run(plan: Plan, model: PerformanceModel, catalog: Catalog, settings: SimSettings, start: float) -> SimRun:

@@ -84,7 +84,7 @@ class RunGuard:
         elapsed = self.services.elapsed()
         state = self.watch.state(elapsed)
         journal = self.services.journal
-        if state is not DeadlineState.ON_TIME and not journal.state.choices.deadline_passed:
+        if state is not DeadlineState.ON_TIME and not journal.current.choices.deadline_passed:
             overrun = self.watch.overrun_s
             journal.record(
                 J.DeadlinePassed(

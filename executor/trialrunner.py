@@ -78,7 +78,7 @@ class TrialRunner:
     # -- start ------------------------------------------------------------------------------------
     def start(self, action: StartTrial, stage: StagePlan) -> None:
         """Start a trial's task as the scheduler placed it, and journal it."""
-        trial = self.journal.state.trials[action.trial_id]
+        trial = self.journal.current.trials[action.trial_id]
         slot = action.slot
         ckpt_dir = self.checkpoint_dir(action.trial_id)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +163,7 @@ class TrialRunner:
     def _finished(self, run: RunningTrial, outcome: Any, error: str | None) -> TrialEnded:
         seconds = self.services.clock.time() - run.started_at
         metric = None
-        trial = self.journal.state.trials[run.trial_id]
+        trial = self.journal.current.trials[run.trial_id]
         ckpt = trial.checkpoint_epoch
         if outcome is not None:
             metric, error = self._measure(run, outcome)

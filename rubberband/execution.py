@@ -78,8 +78,13 @@ def execute(run: Execution) -> Any:
             )
         from rubberband.executor.simulated import simulated_for
 
+        from rubberband.executor.journal import Journal
+
         sim = simulated_for(job)
-        target = Target(run.run_id, run.run_dir, sim.backend, sim.runtime, cluster=sim.cluster, clock=sim.clock)
+        journal = Journal(run.run_dir, clock=sim.clock, durable=False)  # never resumed: no fsync
+        target = Target(
+            run.run_id, run.run_dir, sim.backend, sim.runtime, cluster=sim.cluster, clock=sim.clock, journal=journal
+        )
     else:
         target = Target(run.run_id, run.run_dir, run.backend, TrialRuntime.load(run.trial_runtime))
     run.run_dir.mkdir(parents=True, exist_ok=True)

@@ -119,6 +119,7 @@ class SimCase:
         nothing more once it is dead."""
         job = Job(self.spec, self.plan, self.catalog_or_local())
         backend: Any = Mortal(sim.backend, journal) if isinstance(journal, KillingJournal) else sim.backend
+        journal = journal or J.Journal(run_dir, clock=sim.clock, durable=False)
         target = Target("sim-run", run_dir, backend, sim.runtime, cluster=sim.cluster, clock=sim.clock, journal=journal)
         return Executor(job, target, self.settings, replanner=self.replanner)
 
