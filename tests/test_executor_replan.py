@@ -1,59 +1,53 @@
-"""Re-planning at a stage boundary: when the controller asks, what it accepts, what the journal says."""
+"""Re-planning at a stage boundary: when the executor asks, what it accepts, what the journal says.
+
+Each run is the real executor on virtual time (tests/sim_helpers.py): the head and then the first instance take
+1 s each to boot, 9 trials × 1 epoch on that ``local.cpu2`` (two one-worker slots: five waves of 12 s) predicted at
+12.2 s take 61 s — 5× the prediction — then 3 trials × 2 more epochs on one ``local.cpu4`` (2 workers each),
+predicted at 8 s. At the boundary 62 s are gone and the current plan needs about 40 s more (8 s × 5). A stub re-planner builds its proposal from the request, as a planner would.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
-import time
+import re
 
 import pytest
-from executor_helpers import LosingBackend, make_plan, write_job
+from executor_helpers import make_plan, write_job
+from sim_helpers import SimCase, cpu_model
 
-from rubberband.catalog import load_catalog
+from rubberband.catalog import Catalog, load_catalog
 from rubberband.executor import journal as J
-from rubberband.executor.controller import Controller
+from rubberband.executor.run import Settings
 from rubberband.executor.runtime import ReplanRequest
+from rubberband.executor.simulated import SimScript
 from rubberband.spec import load_spec
+
+#: One epoch on one worker: stage 0's five waves take 60 s (61 s with its instance's start-up), 5× 12.2 s.
+EPOCH_S = 12.0
+#: Stage 0's and stage 1's predicted durations.
+DURATIONS = [12.2, 8.0]
+#: A deadline the current plan misses at the boundary (62 s gone + 8 s × 5 predicted > 92 s): 30 s left.
+AT_RISK_S = 92.0
 
 
 @pytest.fixture
-def setup(tmp_path):
+def case(tmp_path) -> SimCase:
     spec = load_spec(write_job(tmp_path / "job"))
-    plan = make_plan(spec, [("local.cpu2", 2, 1), ("local.cpu4", 1, 2)], durations=[12.0, 8.0])
-    journal = J.Journal(tmp_path / "run")
-    now = time.time()
-    journal.record(
-        J.RunStarted(
-            t=now - 100,
-            run_id="r1",
-            spec_sha256=spec.sha256(),
-            spec=spec.model_dump(mode="json"),
-            plan=plan.model_dump(mode="json"),
-            cloud="local",
-            deadline_s=600.0,
-        )
+    plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu4", 1, 2)], durations=DURATIONS)
+    return SimCase(
+        spec,
+        plan,
+        model=cpu_model(epoch_s=EPOCH_S, startup_s=1.0),
+        # finish late, whatever it takes, unless a test says otherwise
+        settings=Settings(deadline_s=3600.0, overrun_s=math.inf),
     )
-    journal.record(J.StageStarted(t=now - 100, stage=0))
-    journal.record(J.StageFinished(t=now - 40, stage=0, metrics={}, promoted=[]))  # 60 s, 5× the prediction
-    return spec, plan, tmp_path / "run"
 
 
-def _controller(setup, replanner, deadline_s, **options):
-    spec, plan, run_dir = setup
-    options.setdefault("overrun_s", math.inf)  # finish late, whatever it takes, unless a test says otherwise
-    controller = Controller(
-        spec=spec,
-        plan=plan,
-        catalog=load_catalog(["local"]),
-        run_dir=run_dir,
-        backend=LosingBackend(),
-        runtime=None,
-        run_id="r1",
-        replanner=replanner,
-        deadline_s=deadline_s,
-        **options,
-    )
-    controller.state = controller.journal.state
-    return controller
+def _run(case: SimCase, tmp_path, replanner, deadline_s: float, **settings):
+    settings = {"deadline_s": deadline_s, "overrun_s": math.inf, **settings}
+    return case.but(replanner=replanner, settings=Settings(**settings)).run(tmp_path / "run")
 
 
 def _proposal(
@@ -73,35 +67,48 @@ def _proposal(
     return plan.model_copy(update={"stages": [stage], "predicted": predicted})
 
 
-def _decisions(run_dir):
-    return [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.DECISION]
+def _boundary(out) -> dict:
+    """The re-plan decision before stage 1."""
+    (decision,) = [e for e in out.of("replan") if e["stage"] == 1 and e.get("trigger") != "failover"]
+    return decision
 
 
-def test_deadline_at_risk_accepts_a_proposal_that_meets_it(setup):
+def _stage_type(out, g: int) -> str | None:
+    """The type stage ``g`` started on (None: it never started)."""
+    started = [e for e in out.of(J.STAGE_STARTED) if e["stage"] == g]
+    return started[0]["instance_type"] if started else None
+
+
+def test_deadline_at_risk_accepts_a_proposal_that_meets_it(case, tmp_path):
     seen: list[ReplanRequest] = []
 
     def replanner(request):
         seen.append(request)
         return _proposal(request.plan, "local.cpu2", cost=1.0)
 
-    controller = _controller(setup, replanner, deadline_s=130.0)  # 100 s gone + 8 s × 5 predicted > 130 s
-    controller._maybe_replan(1)
-    assert seen[0].at_risk and seen[0].next_stage == 1 and seen[0].remaining_deadline_s == pytest.approx(30, abs=2)
-    decision = _decisions(setup[2])[-1]
+    out = _run(case, tmp_path, replanner, AT_RISK_S)
+    assert out.result.status == "finished"
+    (request,) = seen
+    assert request.at_risk and request.next_stage == 1 and request.remaining_deadline_s == pytest.approx(30, abs=2)
+    decision = _boundary(out)
     assert decision["accepted"] and decision["action"] == "buy_speed"
     assert decision["reason"].startswith("deadline at risk: buying speed (P(meet) 0.00 → 0.99")
     assert decision["slowdown"] == pytest.approx(5.0, rel=0.01)
-    assert controller.plan.stages[1].instance_type == "local.cpu2"
-    state = J.read_state(setup[2])
-    assert state.plan["stages"][1]["instance_type"] == "local.cpu2"  # resume continues with the new plan
+    assert _stage_type(out, 1) == "local.cpu2"  # the run follows the new plan
+    (changed,) = out.of(J.PLAN_CHANGED)
+    assert changed["stage"] == 1 and changed["changed"] == [1]
+    assert out.state.plan["stages"][1]["instance_type"] == "local.cpu2"  # resume continues with the new plan
+    stage1 = [e for e in out.of(J.TRIAL_STARTED) if e["stage"] == 1]
+    requested = {e["id"]: e["instance_type"] for e in out.of(J.INSTANCE_REQUESTED)}
+    assert stage1 and {requested[e["instances"][0]] for e in stage1} == {"local.cpu2"}
 
 
-def test_a_cheaper_plan_is_taken_even_when_on_time(setup):
-    controller = _controller(setup, lambda r: _proposal(r.plan, "local.cpu2", cost=0.0), deadline_s=3600.0)
-    controller._maybe_replan(1)
-    decision = _decisions(setup[2])[-1]
+def test_a_cheaper_plan_is_taken_even_when_on_time(case, tmp_path):
+    out = _run(case, tmp_path, lambda r: _proposal(r.plan, "local.cpu2", cost=0.0), 3600.0)
+    decision = _boundary(out)
     assert decision["accepted"] and not decision["at_risk"] and decision["reason"].startswith("cheaper")
     assert decision["action"] == "save"
+    assert _stage_type(out, 1) == "local.cpu2"
 
 
 @pytest.mark.parametrize(
@@ -112,30 +119,30 @@ def test_a_cheaper_plan_is_taken_even_when_on_time(setup):
         (dict(instance_type="local.cpu2", cost=0.0, trials=2), "proposal does not match the remaining stages"),
     ],
 )
-def test_proposals_that_do_not_pay_are_rejected(setup, proposal, reason):
-    controller = _controller(setup, lambda r: _proposal(r.plan, **proposal), deadline_s=3600.0)
-    controller._maybe_replan(1)
-    decision = _decisions(setup[2])[-1]
+def test_proposals_that_do_not_pay_are_rejected(case, tmp_path, proposal, reason):
+    out = _run(case, tmp_path, lambda r: _proposal(r.plan, **proposal), 3600.0)
+    decision = _boundary(out)
     assert not decision["accepted"] and decision["reason"].startswith(reason) and decision["action"] == "continue"
-    assert controller.plan.stages[1].instance_type == "local.cpu4"
+    assert _stage_type(out, 1) == "local.cpu4" and not out.of(J.PLAN_CHANGED)
+    assert out.result.status == "finished"
 
 
 @pytest.mark.parametrize("jct_p50, accepted", [(20.0, True), (39.0, False)])
-def test_out_of_reach_a_late_proposal_is_taken_only_when_clearly_sooner(setup, jct_p50, accepted):
-    # 100 s gone, 30 s left; the current plan needs about 40 s more (8 s predicted × 5 slowdown)
+def test_out_of_reach_a_late_proposal_is_taken_only_when_clearly_sooner(case, tmp_path, jct_p50, accepted):
+    # 62 s gone, 30 s left; the current plan needs about 40 s more (8 s predicted × 5 slowdown)
     late = dict(instance_type="local.cpu2", cost=9.0, p_meet=0.0, jct_p50=jct_p50)
-    controller = _controller(setup, lambda r: _proposal(r.plan, **late), deadline_s=130.0)
-    controller._maybe_replan(1)
-    decision = _decisions(setup[2])[-1]
+    out = _run(case, tmp_path, lambda r: _proposal(r.plan, **late), AT_RISK_S)
+    decision = _boundary(out)
     assert decision["at_risk"] and decision["accepted"] == accepted and decision["action"] == "finish_late"
     if accepted:
         assert decision["reason"].startswith(
             "deadline out of reach (best P(meet) 0.00 < 0.95): the quickest plan (p50 20.0s left, vs 40."
         )
-        assert controller.plan.stages[1].instance_type == "local.cpu2"
+        assert _stage_type(out, 1) == "local.cpu2"
     else:
         assert decision["reason"].endswith("no plan is clearly quicker; finishing late")
-        assert controller.plan.stages[1].instance_type == "local.cpu4"
+        assert _stage_type(out, 1) == "local.cpu4"
+    assert out.result.status == "finished"
 
 
 def test_planner_replanner_proposes_the_quickest_plan_when_the_deadline_is_out_of_reach():
@@ -214,119 +221,128 @@ def test_planner_replanner_prices_the_current_plan_and_a_faster_one_that_meets_t
     assert answer.proposal.predicted.jct_s.p50 < answer.current_jct_p50_s
 
 
-def test_without_a_replanner_the_decision_is_still_journaled(setup):
-    controller = _controller(setup, None, deadline_s=130.0)
-    controller._maybe_replan(1)
-    decision = _decisions(setup[2])[-1]
+def test_without_a_replanner_the_decision_is_still_journaled(case, tmp_path):
+    out = _run(case, tmp_path, None, AT_RISK_S)
+    decision = _boundary(out)
     assert decision["kind"] == "replan" and decision["at_risk"] and not decision["accepted"]
+    assert decision["reason"].startswith("no re-planner available")
+    assert out.result.status == "finished"
 
 
-def test_a_failing_replanner_keeps_the_plan(setup):
+def test_a_failing_replanner_keeps_the_plan(case, tmp_path):
     def broken(request):
         raise RuntimeError("solver exploded")
 
-    controller = _controller(setup, broken, deadline_s=130.0)
-    controller._maybe_replan(1)
-    assert "solver exploded" in _decisions(setup[2])[-1]["reason"]
-    assert controller.plan.stages[1].instance_type == "local.cpu4"
+    out = _run(case, tmp_path, broken, AT_RISK_S)
+    assert "solver exploded" in _boundary(out)["reason"]
+    assert _stage_type(out, 1) == "local.cpu4" and out.result.status == "finished"
 
 
 # -- re-planning after failover obtained another type -----------------------------------------------------
 
 
-class _Blocked:
-    """A backend whose failover policy has blocked every zone of some types."""
-
-    def __init__(self, *names: str) -> None:
-        self.names = set(names)
-
-    def unavailable(self, itype, spot: bool = False) -> bool:
-        return itype.name in self.names
+def _failover(out) -> dict:
+    (decision,) = [e for e in out.of("replan") if e.get("trigger") == "failover"]
+    return decision
 
 
-def test_failover_forces_a_replan_without_the_unavailable_type(setup):
+def test_failover_forces_a_replan_without_the_unavailable_type(case, tmp_path):
     seen: list[ReplanRequest] = []
 
     def replanner(request):
         seen.append(request)
         return _proposal(request.plan, "local.cpu2", cost=5.0)  # dearer than the current plan: taken anyway
 
-    controller = _controller(setup, replanner, deadline_s=3600.0)
-    controller.backend = _Blocked("local.cpu4")
-    controller._maybe_replan(1)
+    # local.cpu4 is sold out in every zone: failover finds no local type of 4 workers to stand in
+    out = case.but(replanner=replanner, script=SimScript(sold_out=frozenset({"local.cpu4"}))).run(tmp_path / "run")
     assert seen[0].unavailable == ("local:local:local.cpu4",)
-    decision = _decisions(setup[2])[-1]
-    assert decision["accepted"] and decision["trigger"] == "failover" and decision["source"] == "replanner"
-    assert controller.plan.stages[1].instance_type == "local.cpu2"
-    assert J.read_state(setup[2]).plan["stages"][1]["instance_type"] == "local.cpu2"
+    decision = _failover(out)
+    assert decision["accepted"] and decision["source"] == "replanner"
+    assert decision["unavailable"] == ["local:local:local.cpu4"]
+    assert _stage_type(out, 1) == "local.cpu2"
+    assert out.state.plan["stages"][1]["instance_type"] == "local.cpu2"
+    assert out.result.status == "finished"  # nothing asked the sold-out type for an instance
 
 
-def test_failover_replan_falls_back_to_the_obtained_type(setup):
-    catalog = load_catalog(["local"])
-    controller = _controller(setup, lambda r: _proposal(r.plan, "local.cpu4", cost=0.0), deadline_s=3600.0)
-    controller.substitutes["local:local:local.cpu4"] = catalog.find("local.cpu2")  # what failover got instead
-    controller._maybe_replan(1)
-    decision = _decisions(setup[2])[-1]
+def _with_a_second_4_worker_type() -> Catalog:
+    """The local catalog plus ``local.cpu4b``: 4 workers at half local.cpu4's price (what failover can obtain)."""
+    local = load_catalog(["local"])
+    cpu4 = local.find("local.cpu4")
+    cpu4b = dataclasses.replace(cpu4, name="local.cpu4b", price_hr=0.10, spot_price_hr=0.04)
+    return Catalog(types=local.types + (cpu4b,), dates=dict(local.dates))
+
+
+def test_failover_replan_falls_back_to_the_obtained_type(tmp_path):
+    # both stages on local.cpu4, sold out: failover obtains local.cpu4b for stage 0; the re-planner insists on cpu4
+    spec = load_spec(write_job(tmp_path / "job"))
+    plan = make_plan(spec, [("local.cpu4", 1, 1), ("local.cpu4", 1, 2)], durations=DURATIONS)
+    case = SimCase(
+        spec,
+        plan,
+        model=cpu_model(epoch_s=EPOCH_S, startup_s=1.0),
+        catalog=_with_a_second_4_worker_type(),
+        script=SimScript(sold_out=frozenset({"local.cpu4"})),
+        settings=Settings(deadline_s=3600.0, overrun_s=math.inf),
+        replanner=lambda r: _proposal(r.plan, "local.cpu4", cost=0.0),
+    )
+    out = case.run(tmp_path / "run")
+    (failover,) = out.of("failover")
+    assert failover["obtained"] == "local.cpu4b" and failover["substituted"]
+    decision = _failover(out)
     assert decision["accepted"] and decision["source"] == "substitution"
-    assert decision["substitutions"] == {"local.cpu4": "local.cpu2"}
+    assert decision["substitutions"] == {"local.cpu4": "local.cpu4b"}
     assert "uses an unavailable type" in decision["reason"]
-    stage = controller.plan.stages[1]
-    assert stage.instance_type == "local.cpu2"
-    assert stage.predicted_cost_usd == pytest.approx(setup[1].stages[1].predicted_cost_usd * 0.10 / 0.20)
+    stage = out.state.plan["stages"][1]
+    assert stage["instance_type"] == "local.cpu4b"
+    assert stage["predicted_cost_usd"] == pytest.approx(plan.stages[1].predicted_cost_usd * 0.10 / 0.20)
+    # at the boundary the re-planner insists again: a proposal must not bring the unavailable type back
+    boundary = _boundary(out)
+    assert not boundary["accepted"] and boundary["reason"].startswith("proposal uses an unavailable type")
+    assert _stage_type(out, 1) == "local.cpu4b" and out.result.status == "finished"
 
 
-def test_failover_replan_without_a_stand_in_keeps_the_plan(setup):
-    controller = _controller(setup, None, deadline_s=3600.0)
-    controller.backend = _Blocked("local.cpu4")  # no other 4-worker local type exists
-    controller._maybe_replan(1)
-    decision = _decisions(setup[2])[-1]
+def test_failover_replan_without_a_stand_in_keeps_the_plan(case, tmp_path):
+    out = case.but(script=SimScript(sold_out=frozenset({"local.cpu4"}))).run(tmp_path / "run")
+    decision = _failover(out)
     assert not decision["accepted"] and "no available type can stand in" in decision["reason"]
-    assert controller.plan.stages[1].instance_type == "local.cpu4"
+    assert out.state.plan["stages"][1]["instance_type"] == "local.cpu4"
+    # the plan is kept, so stage 1's instance is asked of the sold-out type: the run fails, saying so
+    assert out.result is None and "could not provision a local.cpu4" in str(out.error)
+    assert json.loads((out.run_dir / "result.json").read_text())["status"] == "failed"
 
 
 # -- admission and graceful lateness (the LatenessPolicy's decision, carried out) ---------------------------
 
 
-def test_on_late_stop_stops_before_a_stage_predicted_to_miss_the_deadline(setup):
-    from rubberband.executor.controller import RunStopped
-
+def test_on_late_stop_stops_before_a_stage_predicted_to_miss_the_deadline(case, tmp_path):
     late = dict(instance_type="local.cpu2", cost=9.0, p_meet=0.2, jct_p50=20.0)  # quicker, still late
-    controller = _controller(setup, lambda r: _proposal(r.plan, **late), deadline_s=130.0, on_late="stop")
-    with pytest.raises(
-        RunStopped,
-        match=r"--on-late stop: stopping before the next stage .* \(before stage 1\); "
-        r".* --on-late finish",
-    ):
-        controller._maybe_replan(1)
-    decision = _decisions(setup[2])[-1]
-    assert decision["action"] == "stop" and not decision["accepted"] and decision["on_late"] == "stop"
-    assert controller.plan.stages[1].instance_type == "local.cpu4"  # nothing taken, nothing started
-    assert not [e for e in J.iter_events(setup[2] / J.JOURNAL_NAME) if e["type"] == J.STAGE_STARTED and e["stage"] == 1]
-
-
-def test_on_late_stop_still_buys_speed_first(setup):
-    controller = _controller(
-        setup, lambda r: _proposal(r.plan, "local.cpu2", cost=9.0), deadline_s=130.0, on_late="stop"
+    out = _run(case, tmp_path, lambda r: _proposal(r.plan, **late), AT_RISK_S, on_late="stop")
+    assert out.result.status == "stopped"
+    assert re.search(
+        r"--on-late stop: stopping before the next stage .* \(before stage 1\); .* --on-late finish",
+        out.result.result["error"],
     )
-    controller._maybe_replan(1)  # the proposal meets the deadline: no stop
-    assert _decisions(setup[2])[-1]["action"] == "buy_speed"
-    assert controller.plan.stages[1].instance_type == "local.cpu2"
+    decision = _boundary(out)
+    assert decision["action"] == "stop" and not decision["accepted"] and decision["on_late"] == "stop"
+    assert out.state.plan["stages"][1]["instance_type"] == "local.cpu4"  # nothing taken, nothing started
+    assert _stage_type(out, 1) is None
+    assert out.events[-1]["type"] == J.RUN_STOPPED
 
 
-def test_without_a_replanner_stop_follows_the_slowdown_estimate(setup):
-    from rubberband.executor.controller import RunStopped
-
-    controller = _controller(setup, None, deadline_s=130.0, on_late="stop")
-    with pytest.raises(RunStopped):
-        controller._maybe_replan(1)
-    decision = _decisions(setup[2])[-1]
-    assert decision["reason"].startswith("no re-planner available; deadline out of reach")
+def test_on_late_stop_still_buys_speed_first(case, tmp_path):
+    out = _run(case, tmp_path, lambda r: _proposal(r.plan, "local.cpu2", cost=9.0), AT_RISK_S, on_late="stop")
+    assert _boundary(out)["action"] == "buy_speed"  # the proposal meets the deadline: no stop
+    assert _stage_type(out, 1) == "local.cpu2" and out.result.status == "finished"
 
 
-def test_finish_stops_when_the_overrun_would_cut_the_run_anyway(setup):
-    from rubberband.executor.controller import RunStopped
+def test_without_a_replanner_stop_follows_the_slowdown_estimate(case, tmp_path):
+    out = _run(case, tmp_path, None, AT_RISK_S, on_late="stop")
+    assert out.result.status == "stopped" and _stage_type(out, 1) is None
+    assert _boundary(out)["reason"].startswith("no re-planner available; deadline out of reach")
 
+
+def test_finish_stops_when_the_overrun_would_cut_the_run_anyway(case, tmp_path):
     # 30 s to the deadline, 5 s of overrun, about 40 s of work left on the current plan and no quicker one
-    controller = _controller(setup, None, deadline_s=130.0, overrun_s=5.0)
-    with pytest.raises(RunStopped, match="allowed overrun .* --overrun none"):
-        controller._maybe_replan(1)
+    out = _run(case, tmp_path, None, AT_RISK_S, overrun_s=5.0)
+    assert out.result.status == "stopped" and _stage_type(out, 1) is None
+    assert "allowed overrun" in out.result.result["error"] and "--overrun none" in out.result.result["error"]
