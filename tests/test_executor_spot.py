@@ -2,7 +2,8 @@
 on a replacement node, and the run ends as an uninterrupted one would (same best trial), leaving nothing.
 
 The end-to-end test runs the real CLI with real Ray nodes (a one-stage job: 2 trials × 3 epochs on one
-``local.cpu2``); the others drive the controller's loss handling and its cap with a stand-in backend, no Ray.
+``local.cpu2``); the others run the real executor on virtual time (tests/sim_helpers.py) with scripted losses, and
+look at its journal, its result and its progress reports.
 
 The end-to-end test is slow (~40 s on an idle 2-core machine, ~75 s under the shared CI load) for a reason it
 cannot avoid: three Ray processes start one after another (the head, the node that dies, its replacement).
@@ -17,13 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from executor_helpers import cli_env, journaled_controller, lose_node_once_checkpointed, make_plan, run_pids, write_job
+from executor_helpers import cli_env, lose_node_once_checkpointed, make_plan, run_pids, write_job
+from sim_helpers import START, SimCase, cpu_model
 
 from rubberband.errors import ExecutionError
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
-from rubberband.executor.controller import Controller, PoolInstance, trial_configs
-from rubberband.executor.placement import make_slots
+from rubberband.executor.plan_checks import trial_configs
+from rubberband.executor.progress import Progress
+from rubberband.executor.run import Executor, Job, Settings, Target
+from rubberband.executor.simulated import SimScript
 from rubberband.plan import write_plan
 from rubberband.spec import load_spec
 
@@ -102,98 +106,150 @@ def test_lost_node_mid_stage_restarts_its_trials_from_checkpoints(tmp_path):
     assert run_pids(run_dir) == []
 
 
-# -- the controller's loss handling without Ray ----------------------------------------------------------
+# -- loss handling on virtual time (no Ray) ---------------------------------------------------------------
+
+#: One epoch on one worker, and every instance's start-up (the head boots first, as a local run's does).
+EPOCH_S, STARTUP_S = 10.0, 10.0
 
 
-def _controller(tmp_path, max_losses: int):
-    spec = load_spec(write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3))
-    plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[10.0])
-    return journaled_controller(tmp_path, spec, plan, deadline_s=600.0, max_instance_losses=max_losses)
-
-
-def _ready(controller: Controller, ident: str) -> PoolInstance:
-    itype = controller.catalog.find("local.cpu2", cloud="local")
-    entry = PoolInstance(
-        token=f"t-{ident}", itype=itype, spot=True, assigned_stage=0, id=ident, ready=True, requested_at=time.time() - 5
-    )
-    controller.pool[entry.token] = entry
-    controller.journal.record(
-        J.InstanceRequested(
-            t=entry.requested_at, id=ident, instance_type=itype.name, cloud="local", price_hr=0.04, spot=True, stage=0
-        )
-    )
-    return entry
+def _case(tmp_path, *, trials: int = 3, spot: bool = True, **options) -> SimCase:
+    """``trials`` trials × 3 epochs in one stage on one ``local.cpu2`` (two one-worker slots), on spot."""
+    spec = load_spec(write_job(tmp_path / "job", trials=trials, eta=3, min_epochs=3, max_epochs=3))
+    plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[30.0])
+    plan = plan.model_copy(update={"stages": [s.model_copy(update={"spot": spot}) for s in plan.stages]})
+    return SimCase(spec, plan, model=cpu_model(epoch_s=EPOCH_S, startup_s=STARTUP_S), **options)
 
 
 def test_lost_instance_is_journaled_dropped_replaced_and_its_trials_requeued(tmp_path):
-    controller, backend = _controller(tmp_path, max_losses=3)
-    _ready(controller, "n1")
-    slots = make_slots(["n1"], 2, 1)
-    slots[0].trial_id = "b0-t000"
-    pending: list[tuple[str, int]] = [("b0-t001", 0)]
-    ckpt = controller.run_dir / "checkpoints" / "b0-t000"
-    ckpt.mkdir(parents=True)
-    (ckpt / "epoch-1.pt").write_bytes(b"x")
-    (ckpt / "latest").write_text("epoch-1.pt\n")
-    controller._handle_lost(0, {"n1": "spot-interruption"}, slots, pending, stopped=[("b0-t000", ("n1",))])
-    controller._terminator.shutdown(wait=True)
-    assert pending == [("b0-t000", 2), ("b0-t001", 0)]  # restarts after its checkpoint, first in line
-    assert slots == []
-    events = _events(controller.run_dir)
-    (event,) = [e for e in events if e["type"] == J.INSTANCE_LOST]
-    assert event["reason"] == "spot-interruption" and event["trials"] == ["b0-t000"]
-    assert J.read_state(controller.run_dir).instances["n1"].lost == "spot-interruption"
-    assert backend.terminated == ["n1"]
-    (replacement,) = [p for p in controller.pool.values() if not p.released]
-    assert replacement.future is not None and replacement.future.result()[0].id == "i-0"
-    controller._provisioner.shutdown(wait=True)
+    # the first instance goes 15 s after it is up: its two trials have checkpointed epoch 0; the third waits
+    out = _case(tmp_path, script=SimScript(losses={1: 15.0})).run(tmp_path / "run")
+    assert out.result.status == "finished"
+    events = out.events
+    (lost,) = [e for e in events if e["type"] == J.INSTANCE_LOST]
+    assert lost["id"] == "sim-1" and lost["reason"] == "spot-interruption"
+    assert lost["trials"] == ["b0-t000", "b0-t001"]
+    at = events.index(lost)
+    life = out.state.instances["sim-1"]
+    assert life.lost == "spot-interruption" and life.reason == "lost" and life.terminated_at == lost["t"]
+    assert out.sim.world.instances["sim-1"].ended_at == lost["t"]  # the cloud was told to stop it
+    # replaced (the replacement requested at the loss), and dropped: nothing runs on it any more
+    (replace,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replace"]
+    assert replace["id"] == "sim-1" and replace["spot"] is True
+    requested = [e["id"] for e in events[at:] if e["type"] == J.INSTANCE_REQUESTED]
+    assert requested == ["sim-2"]
+    restarted = [e for e in events[at:] if e["type"] == J.TRIAL_STARTED]
+    assert {i for e in restarted for i in e["instances"]} == {"sim-2"}
+    # the trials the loss stopped go first, each right after its checkpoint; then the one that waited
+    assert [e["trial_id"] for e in restarted] == ["b0-t000", "b0-t001", "b0-t002"]
+    for e in restarted[:2]:
+        checkpoints = [c["epoch"] for c in events[:at] if c["type"] == J.CHECKPOINT and c["trial_id"] == e["trial_id"]]
+        assert checkpoints == [0] and e["start_epoch"] == 1
+    assert restarted[2]["start_epoch"] == 0
+    assert out.result.result["instances_lost"] == 1
 
 
 def test_losses_beyond_the_cap_fail_the_run_with_a_clear_error_spot_interruptions_not_counted(tmp_path):
-    controller, backend = _controller(tmp_path, max_losses=2)
-    pending = [("b0-t000", 0)]
-    for n in range(4):  # a spot plan expects interruptions: the spot policy and the deadline bound them
-        _ready(controller, f"s{n}")
-        controller._handle_lost(0, {f"s{n}": "spot-interruption"}, [], pending, stopped=[])
-    for n in range(2):
-        _ready(controller, f"n{n}")
-        controller._handle_lost(0, {f"n{n}": "lost"}, [], pending, stopped=[])
-    _ready(controller, "n2")
-    with pytest.raises(
-        ExecutionError, match="3 instances were lost during this run, not counting spot interruptions \\(limit 2\\)"
-    ):
-        controller._handle_lost(0, {"n2": "lost"}, [], pending, stopped=[])
-    controller._terminator.shutdown(wait=True)
-    controller._provisioner.shutdown(wait=True)
-    assert len(backend.provisioned) == 6  # every loss replaced up to the cap, none beyond it
-    assert J.read_state(controller.run_dir).instances["n2"].lost == "lost"
+    # stage 0 on spot loses its first four instances (spot interruptions: not counted); stage 1, on-demand,
+    # loses three: the third is one more than the cap of 2
+    spec = load_spec(write_job(tmp_path / "job", trials=3, eta=3, min_epochs=1, max_epochs=3))
+    plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu1", 1, 1)], durations=[20.0, 30.0])
+    plan = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"spot": True}), plan.stages[1]]})
+    losses = {n: 5.0 for n in (1, 2, 3, 4, 6, 7, 8)}
+    case = SimCase(
+        spec,
+        plan,
+        model=cpu_model(epoch_s=EPOCH_S, startup_s=STARTUP_S),
+        settings=Settings(max_instance_losses=2),
+        script=SimScript(losses=losses),
+    )
+    out = case.run(tmp_path / "run")
+    assert isinstance(out.error, ExecutionError)
+    assert "3 instances were lost during this run, not counting spot interruptions (limit 2)" in str(out.error)
+    lost = {e["id"]: e["reason"] for e in out.of(J.INSTANCE_LOST)}
+    assert list(lost.values()) == ["spot-interruption"] * 4 + ["lost"] * 3
+    # every loss replaced up to the cap, none beyond it: the five of stage 0, the first and two replacements of
+    # stage 1
+    assert len(out.of(J.INSTANCE_REQUESTED)) == 8
+    assert [e["id"] for e in out.of("replace")] == [i for i in lost][:-1]
+    assert out.state.instances["sim-8"].lost == "lost"
+    assert json.loads((out.run_dir / "result.json").read_text())["status"] == "failed"
+
+
+def _expected_spend(state: J.RunState, now: float) -> float:
+    """What the instances journaled up to ``now`` cost by then, each billed from its request to its termination."""
+    total = 0.0
+    for life in state.instances.values():
+        if life.ready_at is None or life.ready_at > now:
+            continue
+        end = min(now, life.terminated_at) if life.terminated_at is not None else now
+        total += life.price_hr * (end - life.requested_at) / 3600.0
+    return total
 
 
 def test_spend_so_far_stops_at_each_instance_termination(tmp_path):
-    controller, _ = _controller(tmp_path, max_losses=3)
-    entry = _ready(controller, "n1")
-    price = entry.itype.price(True) / 3600.0
-    live = controller._spent()
-    assert live == pytest.approx(5 * price, rel=0.05)
-    entry.released, entry.terminated_at = True, entry.requested_at + 2.0
-    time.sleep(0.2)
-    assert controller._spent() == pytest.approx(2 * price)  # a released instance no longer adds up
-    controller._terminator.shutdown(wait=True)
+    case = _case(tmp_path, script=SimScript(losses={1: 15.0}))
+    sim = case.world()
+    snapshots: list[Progress] = []
+    job = Job(case.spec, case.plan, case.catalog_or_local())
+    target = Target("sim-run", tmp_path / "run", sim.backend, sim.runtime, cluster=sim.cluster, clock=sim.clock)
+    result = Executor(job, target, case.settings, progress=snapshots.append).run()
+    assert result.status == "finished" and snapshots
+    state = J.read_state(tmp_path / "run")
+    lost = state.instances["sim-1"]
+    after = [p for p in snapshots if START + p.elapsed_s > lost.terminated_at + 1.0]
+    assert after  # the run went on after the loss
+    for p in snapshots:
+        assert p.spent_usd == pytest.approx(_expected_spend(state, START + p.elapsed_s), rel=1e-6, abs=1e-12)
+    # after the loss only its replacement adds up: between two reports while it runs, at its price alone
+    replacement = state.instances["sim-2"]
+    running = [p for p in after if replacement.ready_at <= START + p.elapsed_s < replacement.terminated_at]
+    assert len(running) >= 2
+    first, last = running[0], running[-1]
+    rate = (last.spent_usd - first.spent_usd) / (last.elapsed_s - first.elapsed_s) * 3600.0
+    assert rate == pytest.approx(replacement.price_hr) and lost.price_hr > 0
 
 
 def test_settle_finishes_a_trial_whose_checkpoint_covers_the_stage(tmp_path):
-    controller, _ = _controller(tmp_path, max_losses=3)
-    stage = controller.plan.stages[0]
+    """A run died with both trials' last epoch (2) checkpointed: b0-t000 had reported it (loss 0.25), b0-t001's
+    report never reached the journal. Resumed, b0-t000 finishes from the journal without running again; b0-t001
+    runs its last epoch again, once."""
+    case = _case(tmp_path, trials=2)
+    spec, plan, run_dir = case.spec, case.plan, tmp_path / "run"
+    journal = J.Journal(run_dir)
+    t0 = START - 100.0
+    journal.record(
+        J.RunStarted(
+            t=t0,
+            run_id="sim-run",
+            spec_sha256=spec.sha256(),
+            spec=spec.model_dump(mode="json"),
+            plan=plan.model_dump(mode="json"),
+            cloud="local",
+            deadline_s=600.0,
+        )
+    )
+    for trial_id, bracket, index, config in trial_configs(spec, plan):
+        journal.record(J.TrialCreated(t=t0, trial_id=trial_id, bracket=bracket, index=index, config=config))
+    journal.record(J.StageStarted(t=t0, stage=0, trials=2, to_run=2, epochs=3))
     for trial_id in ("b0-t000", "b0-t001"):
-        ckpt = controller.run_dir / "checkpoints" / trial_id
-        ckpt.mkdir(parents=True)
-        (ckpt / "epoch-2.pt").write_bytes(b"x")
-        (ckpt / "latest").write_text("epoch-2.pt\n")
-    controller.journal.record(J.Epoch(trial_id="b0-t000", epoch=2, metrics={"loss": 0.25}))
-    metrics: dict = {}
-    assert controller._settle(0, stage, "b0-t000", 1, metrics) is None
-    assert metrics == {"b0-t000": 0.25}  # reported and checkpointed: finished without running again
-    assert controller._settle(0, stage, "b0-t001", 1, metrics) == 2  # never reported: its last epoch runs again
-    assert controller._settle(0, stage, "b0-t001", 2, metrics) == 2  # and stays due for that, not settled again
-    assert "b0-t001" not in metrics
-    controller._terminator.shutdown(wait=True)
+        journal.record(J.TrialStarted(t=t0, trial_id=trial_id, stage=0, start_epoch=0, end_epoch=3))
+        for epoch in range(3):
+            if (trial_id, epoch) != ("b0-t001", 2):
+                metrics = {"loss": 0.25 if trial_id == "b0-t000" else 0.5}
+                journal.record(J.Epoch(t=t0 + epoch, trial_id=trial_id, epoch=epoch, metrics=metrics, seconds=1.0))
+            journal.record(J.Checkpoint(t=t0 + epoch, trial_id=trial_id, epoch=epoch))
+
+    out = case.run(run_dir, resume=True)
+    assert out.result.status == "finished"
+    events = out.events
+    resumed = next(i for i, e in enumerate(events) if e["type"] == J.RUN_RESUMED)
+    started = [e for e in events[resumed:] if e["type"] == J.TRIAL_STARTED]
+    stopped = {e["trial_id"]: e for e in events[resumed:] if e["type"] == J.TRIAL_STOPPED}
+    # reported and checkpointed: finished without running again
+    assert stopped["b0-t000"]["reason"] == "finished" and stopped["b0-t000"]["metric"] == 0.25
+    assert "b0-t000" not in {e["trial_id"] for e in started}
+    # never reported: its last epoch runs again, once
+    (again,) = started
+    assert again["trial_id"] == "b0-t001" and (again["start_epoch"], again["end_epoch"]) == (2, 3)
+    assert stopped["b0-t001"]["reason"] == "finished"
+    assert out.result.best_trial == "b0-t000" and out.result.best_metric == 0.25
