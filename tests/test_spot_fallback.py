@@ -2,8 +2,9 @@
 preemption notices, without the slow end-to-end runs (those are in tests/test_spot_e2e.py).
 
 * pure: a stage's market, a duration at the run's confidence, the run's work left and one restart's cost;
-* the controller (stand-in backend, no Ray): a preempted spot instance's replacement stays on spot while the
-  slack covers another restart and goes on-demand (journaled, for good) when it does not;
+* the executor on virtual time (tests/sim_helpers.py, scripted losses and notices, no Ray): a preempted spot
+  instance's replacement stays on spot while the slack covers another restart and goes on-demand (journaled, for
+  good) when it does not;
 * failover: a spot request without spot capacity in any zone falls over to on-demand when the plan allows —
   with fake providers, against the moto server (AWS) and the GCE fake (``provisioningModel``);
 * notices: the watcher reads AWS IMDSv2 (token, 404 until the notice) and GCP metadata (``Metadata-Flavor``)
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -23,8 +25,9 @@ from dataclasses import dataclass, field
 
 import pytest
 from cloud_helpers import REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401  (fixtures)
-from executor_helpers import journaled_controller, make_plan, worker_context, write_job
+from executor_helpers import make_plan, worker_context, write_job
 from gce_fake import gce_fake  # noqa: F401  (fixture)
+from sim_helpers import SimCase, cpu_model
 
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, provision_with_failover
 from rubberband.cloud.provider import Instance, InstanceRequest
@@ -32,8 +35,8 @@ from rubberband.errors import CloudError, TrialPreempted
 from rubberband.executor import journal as J
 from rubberband.executor import notices
 from rubberband.executor import spot as S
-from rubberband.executor.controller import Controller, PoolInstance
-from rubberband.executor.placement import make_slots
+from rubberband.executor.run import Settings
+from rubberband.executor.simulated import SimScript
 from rubberband.planner.policies import Market, SpotPolicy
 from rubberband.spec import load_spec
 
@@ -103,97 +106,112 @@ def test_work_left_and_one_restart():
     assert S.restart_s(startup_s=20.0, restore_s=1.5, checkpoint_interval_s=6.0) == pytest.approx(27.5)
 
 
-# -- the controller's decision plumbing (no Ray) ----------------------------------------------------------
+# -- the executor's decision plumbing, on virtual time (no Ray) ------------------------------------------
+
+#: One epoch on one worker, and every instance's start-up (measured by the run: the restart's first part).
+EPOCH_S, STARTUP_S = 10.0, 10.0
 
 
-def _spot_controller(tmp_path, *, deadline_s: float):
-    spec = load_spec(write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3))
-    plan = make_plan(spec, [("local.cpu2", 1, 1)], durations=[30.0])
-    plan = plan.model_copy(
-        update={"stages": [s.model_copy(update={"spot": True, "predicted_task_s": 30.0}) for s in plan.stages]}
-    )
-    controller, backend = journaled_controller(tmp_path, spec, plan, deadline_s=deadline_s)
-    controller.startup_seconds["local.cpu2"] = [10.0, 12.0]  # measured start-ups: the restart's first part
-    return controller, backend
+def _spot_case(tmp_path, *, deadline_s: float, spec=None, plan=None, **options) -> SimCase:
+    """2 trials × 3 epochs in one spot stage on one ``local.cpu2`` (two slots), predicted at 30 s a trial; the
+    run may go past its deadline (``overrun_s`` inf)."""
+    spec = spec or load_spec(write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3))
+    plan = plan or _spot_plan(spec, [("local.cpu2", 1, 1)], [30.0], task_s=[30.0])
+    options.setdefault("model", cpu_model(epoch_s=EPOCH_S, startup_s=STARTUP_S))
+    settings = options.pop("settings", {})
+    return SimCase(spec, plan, settings=Settings(deadline_s=deadline_s, overrun_s=math.inf, **settings), **options)
 
 
-def _lose_spot_instance(controller: Controller) -> list[dict]:
-    itype = controller.catalog.find("local.cpu2", cloud="local")
-    entry = PoolInstance(
-        token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True, requested_at=time.time() - 5
-    )
-    controller.pool[entry.token] = entry
-    controller.journal.record(
-        J.InstanceRequested(
-            t=entry.requested_at, id="n1", instance_type=itype.name, cloud="local", price_hr=0.04, spot=True, stage=0
-        )
-    )
-    slots = make_slots(["n1"], 2, 1)
-    slots[0].trial_id = "b0-t000"
-    pending = [("b0-t001", 0)]
-    controller._handle_lost(0, {"n1": "spot-interruption"}, slots, pending, stopped=[("b0-t000", ("n1",))])
-    controller._terminator.shutdown(wait=True)
-    controller._provisioner.shutdown(wait=True)
-    return list(J.iter_events(controller.run_dir / J.JOURNAL_NAME))
+def _spot_plan(spec, stages, durations, *, task_s=None, spot=True):
+    plan = make_plan(spec, stages, durations=durations)
+    updates = [{"spot": spot, **({"predicted_task_s": task_s[i]} if task_s else {})} for i in range(len(stages))]
+    return plan.model_copy(update={"stages": [s.model_copy(update=u) for s, u in zip(plan.stages, updates)]})
+
+
+#: The first instance is taken back 15 s after it is up (its trials checkpointed epoch 0).
+LOSE_THE_FIRST = SimScript(losses={1: 15.0})
 
 
 def test_preempted_spot_instance_is_replaced_on_spot_while_the_slack_covers_a_restart(tmp_path):
-    controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
-    events = _lose_spot_instance(controller)
-    (request,) = backend.requests
-    assert request.spot and request.on_demand_fallback
-    (decision,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot"]
-    assert decision["trigger"] == "preemption" and decision["id"] == "n1" and decision["market"] == "spot"
+    out = _spot_case(tmp_path, deadline_s=3600.0, script=LOSE_THE_FIRST).run(tmp_path / "run")
+    assert out.result.status == "finished"
+    (decision,) = out.of("spot")
+    assert decision["trigger"] == "preemption" and decision["id"] == "sim-1" and decision["market"] == "spot"
+    assert decision["margin_s"] == 0.0  # neither the spec nor the plan sets one
     assert decision["slack_s"] == pytest.approx(
         decision["time_left_s"] - decision["work_left_s"] - decision["restart_s"], abs=1e-2
     )
-    # the replacement's start-up (p90 of 10 s, 12 s) is both awaited now and in the next restart's cost
-    assert decision["restart_s"] >= 11.8 and decision["work_left_s"] >= 11.8 + 30.0
-    (replace,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "replace"]
-    assert replace["spot"] is True
-    assert controller._on_spot
+    # the replacement's start-up (10 s, measured) is both awaited now and in the next restart's cost
+    assert decision["restart_s"] >= STARTUP_S and decision["work_left_s"] >= STARTUP_S + 30.0
+    (replace,) = out.of("replace")
+    assert replace["id"] == "sim-1" and replace["spot"] is True
+    requested = {e["id"]: e["spot"] for e in out.of(J.INSTANCE_REQUESTED)}
+    assert requested == {"sim-1": True, "sim-2": True}
+    assert out.state.choices.on_spot
 
 
 def test_spot_decisions_see_the_median_prediction_as_the_planners_simulator_does(tmp_path):
     # the simulator feeds SpotPolicy the median of the remaining work (its P(meet) is for decisions made so): a wide
     # tail in the plan's prediction must not move the executor to on-demand earlier than the plan assumed
     spec = load_spec(write_job(tmp_path / "job", trials=3, eta=3, min_epochs=1, max_epochs=3))
-    plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu2", 1, 1)], durations=[30.0, 40.0])
+    plan = _spot_plan(spec, [("local.cpu2", 1, 1), ("local.cpu2", 1, 1)], [30.0, 40.0])
 
-    def work_left(p95_factor: float, where) -> float:
+    def decision(p95_factor: float, where) -> dict:
         dists = [d.model_copy(update={"p95": d.p50 * p95_factor}) for d in plan.predicted.stage_duration_s]
         wide = plan.model_copy(update={"predicted": plan.predicted.model_copy(update={"stage_duration_s": dists})})
-        controller, _ = journaled_controller(where, spec, wide, deadline_s=3600.0)
-        try:
-            return controller._work_left_s(0, waiting=2, awaited_s=0.0)
-        finally:
-            controller._terminator.shutdown(wait=True)
-            controller._provisioner.shutdown(wait=True)
+        case = _spot_case(tmp_path, deadline_s=3600.0, spec=spec, plan=wide, script=SimScript(losses={1: 5.0}))
+        (spot,) = case.run(where).of("spot")
+        return spot
 
-    assert work_left(1.0, tmp_path / "narrow") == pytest.approx(work_left(3.0, tmp_path / "wide"))
-    assert S.DECISION_QUANTILE == 0.5
+    narrow, wide = decision(1.0, tmp_path / "narrow"), decision(3.0, tmp_path / "wide")
+    assert narrow["trigger"] == "preemption" and narrow["work_left_s"] >= 40.0  # stage 1 counted, at its median
+    assert narrow["work_left_s"] == pytest.approx(wide["work_left_s"])
+    assert narrow["quantile"] == wide["quantile"] == S.DECISION_QUANTILE == 0.5
 
 
 def test_replacement_goes_on_demand_for_good_once_the_slack_runs_short(tmp_path):
-    controller, backend = _spot_controller(tmp_path, deadline_s=60.0)
-    events = _lose_spot_instance(controller)
-    (request,) = backend.requests
-    assert not request.spot
-    (decision,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot"]
+    # 25 s to the deadline at the loss, 40 s of work left: on-demand
+    out = _spot_case(tmp_path, deadline_s=60.0, script=LOSE_THE_FIRST).run(tmp_path / "run")
+    (decision,) = out.of("spot")
     assert decision["market"] == "on_demand" and decision["previous"] == "spot" and decision["slack_s"] <= 0
     assert "on-demand keeps the deadline" in decision["reason"]
-    stage = controller.plan.stages[0]
-    # later requests of spot stages stay on-demand (no return to spot by default), quietly; and on-demand
-    # instances now serve the spot stage (they carry over as its own)
-    controller.deadline_s = 3600.0
-    assert controller._buy_spot(stage, trigger="start", waiting=2) is False
-    assert controller._fits(False, stage) and controller._fits(True, stage)
-    assert len([e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "spot"]) == 1
+    (replace,) = out.of("replace")
+    assert replace["spot"] is False
+    requested = {e["id"]: e["spot"] for e in out.of(J.INSTANCE_REQUESTED)}
+    assert requested == {"sim-1": True, "sim-2": False}
+    # the on-demand replacement serves the spot stage: the stopped trials finish on it
+    after = [e for e in out.of(J.TRIAL_STARTED) if e["t"] > decision["t"]]
+    assert after and {i for e in after for i in e["instances"]} == {"sim-2"}
+    assert out.result.status == "finished" and not out.state.choices.on_spot and out.state.choices.fell_back
+
+
+def _two_spot_stages(tmp_path, **settings) -> SimCase:
+    """3 trials × 1 epoch on a ``local.cpu2`` then the best one 2 more epochs on a ``local.cpu1``, both on spot;
+    stage 0's prediction is pessimistic (30 s a trial; they take 10 s). The first instance is lost 5 s after it is
+    up: with 140 s to the deadline the slack is short then (the replacement goes on-demand) and ample by the time
+    stage 1's instance is requested."""
+    spec = load_spec(write_job(tmp_path / "job", trials=3, eta=3, min_epochs=1, max_epochs=3))
+    plan = _spot_plan(spec, [("local.cpu2", 1, 1), ("local.cpu1", 1, 1)], [60.0, 10.0], task_s=[30.0, 10.0])
+    return _spot_case(
+        tmp_path, deadline_s=140.0, spec=spec, plan=plan, script=SimScript(losses={1: 5.0}), settings=settings
+    )
+
+
+def test_later_spot_requests_stay_on_demand_quietly_unless_the_policy_returns_to_spot(tmp_path):
+    out = _two_spot_stages(tmp_path).run(tmp_path / "run")
+    (decision,) = out.of("spot")  # the move to on-demand, and nothing after it
+    assert decision["trigger"] == "preemption" and decision["market"] == "on_demand"
+    stage1 = [e for e in out.of(J.INSTANCE_REQUESTED) if e["stage"] == 1]
+    assert stage1 and not any(e["spot"] for e in stage1)  # no return to spot by default
+    assert out.result.status == "finished"
     # with a policy that returns to spot when the slack is ample again, it does (and says so)
-    controller.spot_policy = SpotPolicy(return_factor=2.0)
-    assert controller._buy_spot(stage, trigger="start", waiting=2) is True
-    back = [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "spot"][-1]
-    assert back["previous"] == "on_demand" and back["market"] == "spot"
+    back = _two_spot_stages(tmp_path, spot_policy=SpotPolicy(return_factor=2.0)).run(tmp_path / "back")
+    first, again = back.of("spot")
+    assert first["market"] == "on_demand"
+    assert again["for_stage"] == 1 and again["previous"] == "on_demand" and again["market"] == "spot"
+    assert again["slack_s"] >= 2.0 * again["restart_s"]
+    stage1 = [e for e in back.of(J.INSTANCE_REQUESTED) if e["stage"] == 1]
+    assert stage1 and all(e["spot"] for e in stage1)
 
 
 def test_the_spot_margin_comes_from_the_plan_else_the_spec_and_moves_the_threshold(tmp_path):
@@ -201,68 +219,80 @@ def test_the_spot_margin_comes_from_the_plan_else_the_spec_and_moves_the_thresho
     loss that stays on spot with no margin goes on-demand once the slack is within the margin."""
     from rubberband.plan import SpotInfo
 
-    controller, _ = _spot_controller(tmp_path / "a", deadline_s=3600.0)
-    assert controller.spot_policy.margin_s == 0.0
-    spec = controller.spec.model_copy(
-        update={"resources": controller.spec.resources.model_copy(update={"spot_margin_s": 7200.0})}
-    )
-    controller, backend = journaled_controller(tmp_path / "b", spec, controller.plan, deadline_s=3600.0)
-    assert controller.spot_policy.margin_s == 7200.0
-    controller.startup_seconds["local.cpu2"] = [10.0, 12.0]
-    events = _lose_spot_instance(controller)
-    (decision,) = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "spot"]
-    assert decision["market"] == "on_demand" and decision["margin_s"] == 7200.0 and decision["slack_s"] > 0
-    assert not backend.requests[0].spot
+    free = _spot_case(tmp_path, deadline_s=600.0, script=LOSE_THE_FIRST).run(tmp_path / "none")
+    (decision,) = free.of("spot")
+    assert decision["market"] == "spot" and decision["margin_s"] == 0.0
+    # a margin just above the slack at the loss (the first request, 25 s earlier, had about 40 s more of it)
+    margin = round(decision["slack_s"]) + 10.0
+    spec = _spot_case(tmp_path, deadline_s=600.0).spec
+    spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"spot_margin_s": margin})})
+    case = _spot_case(tmp_path, deadline_s=600.0, spec=spec, script=LOSE_THE_FIRST)
+    out = case.run(tmp_path / "spec")
+    (decision,) = out.of("spot")
+    assert decision["trigger"] == "preemption" and decision["market"] == "on_demand"
+    assert decision["margin_s"] == margin and decision["slack_s"] > 0
+    assert [e["spot"] for e in out.of(J.INSTANCE_REQUESTED)] == [True, False]
     # a plan with a spot model carries its own margin, which wins over the spec's
-    plan = controller.plan.model_copy(update={"spot": SpotInfo(model_source="test", margin_s=60.0)})
-    controller, _ = journaled_controller(tmp_path / "c", spec, plan, deadline_s=3600.0)
-    assert controller.spot_policy.margin_s == 60.0
+    plan = case.plan.model_copy(update={"spot": SpotInfo(model_source="test", margin_s=60.0)})
+    (decision,) = case.but(plan=plan).run(tmp_path / "plan").of("spot")
+    assert decision["margin_s"] == 60.0 and decision["market"] == "spot"
 
 
 def test_noticed_instance_takes_nothing_more_and_its_replacement_waits_for_its_trials(tmp_path):
-    controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
-    itype = controller.catalog.find("local.cpu2", cloud="local")
-    noticed = PoolInstance(
-        token="t-n1", itype=itype, spot=True, assigned_stage=0, id="n1", ready=True, requested_at=time.time() - 5
-    )
-    controller.pool[noticed.token] = noticed
-    controller._noticed["n1"] = time.time()
-    replacement = controller._replace(noticed, "n1", "preemption-notice", waiting=2)
-    assert replacement.replaces == "n1" and "n1" in controller._replaced
-    (decision,) = [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "spot"]
+    # the notice comes 11 s after the first instance is up; its trials stop after their next checkpoint (epoch 1,
+    # 20 s after it is up); the replacement (5 s start-up) is up before that, with nothing to run yet
+    model = cpu_model(epoch_s=EPOCH_S, startup_s=5.0)
+    case = _spot_case(tmp_path, deadline_s=3600.0, model=model, script=SimScript(notices={1: 11.0}))
+    out = case.run(tmp_path / "run")
+    assert out.result.status == "finished"
+    events = out.events
+    (notice,) = out.of("notice")
+    assert notice["id"] == "sim-1" and notice["trials"] == ["b0-t000", "b0-t001"]
+    (decision,) = out.of("spot")
     assert decision["trigger"] == "notice"
-    slots = make_slots(["n1"], 2, 1)
-    slots[0].trial_id = "b0-t000"  # still running there: its trials move at their next checkpoint
-    controller._release_idle(0, slots)
-    assert not replacement.released  # kept although nothing waits yet
-    controller._release_noticed(0, slots)
-    assert not noticed.released  # busy: released once its trial is off it
-    slots[0].trial_id = None
-    controller._release_noticed(0, slots)
-    assert noticed.released and slots == []
-    controller._release_idle(0, slots)  # nothing moves any more and nothing waits: the replacement goes too
-    assert replacement.released
-    controller._terminator.shutdown(wait=True)
-    controller._provisioner.shutdown(wait=True)
+    (replace,) = out.of("replace")
+    assert replace["id"] == "sim-1" and replace["reason"] == "preemption-notice"
+    ready = {e["id"]: e["t"] for e in out.of(J.INSTANCE_READY)}
+    preempted = [e for e in out.of(J.TRIAL_STOPPED) if e["reason"] == "preempted"]
+    assert len(preempted) == 2 and ready["sim-2"] < min(e["t"] for e in preempted)
+    # the noticed instance takes nothing more; it goes once its trials are off it
+    assert not [e for e in out.of(J.TRIAL_STARTED) if e["t"] > notice["t"] and "sim-1" in e["instances"]]
+    releases = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "release"]
+    (noticed,) = [e for e in releases if e["id"] == "sim-1"]
+    assert noticed["reason"] == "preemption notice"
+    assert events.index(noticed) > max(events.index(e) for e in preempted)
+    # the replacement, idle while they moved over, was kept for them: they resume on it after their checkpoint
+    (kept,) = [e for e in releases if e["id"] == "sim-2"]
+    moved = [e for e in out.of(J.TRIAL_STARTED) if e["instances"] == ["sim-2"]]
+    assert sorted(e["trial_id"] for e in moved) == ["b0-t000", "b0-t001"] and {e["start_epoch"] for e in moved} == {2}
+    assert events.index(kept) > max(events.index(e) for e in moved)  # released only once nothing moves or waits
+    assert kept["reason"].startswith("idle")
 
 
 def test_a_stage_left_without_instances_requests_them(tmp_path):
-    controller, backend = _spot_controller(tmp_path, deadline_s=3600.0)
-    stage = controller.plan.stages[0]
-    controller._refill(0, stage, [("b0-t000", 1)])
-    controller._provisioner.shutdown(wait=True)
-    (request,) = backend.requests
-    assert request.spot and request.stage == 0
-    (replace,) = [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "replace"]
-    assert replace["id"] is None and "no instance left" in replace["reason"]
+    # the first instance's notice comes 3 s after it is up; its replacement gets one too, 0.5 s after it is up,
+    # while nothing runs on it: it goes, not replaced. Once the first instance's trials stop, no instance is left
+    model = cpu_model(epoch_s=EPOCH_S, startup_s=2.0)
+    case = _spot_case(tmp_path, deadline_s=3600.0, model=model, script=SimScript(notices={1: 3.0, 2: 0.5}))
+    out = case.run(tmp_path / "run")
+    assert out.result.status == "finished"
+    refill = [e for e in out.of("replace") if e["id"] is None]
+    (request,) = refill
+    assert "no instance left" in request["reason"] and request["stage"] == 0 and request["spot"] is True
+    requested = [e for e in out.of(J.INSTANCE_REQUESTED) if e["t"] >= request["t"]]
+    assert [e["id"] for e in requested] == ["sim-3"] and requested[0]["spot"]
+    assert {i for e in out.of(J.TRIAL_STARTED) if e["t"] >= request["t"] for i in e["instances"]} == {"sim-3"}
 
 
 def test_on_demand_stage_never_asks_the_spot_policy(tmp_path):
-    controller, _ = _spot_controller(tmp_path, deadline_s=1.0)
-    stage = controller.plan.stages[0].model_copy(update={"spot": False})
-    assert controller._buy_spot(stage, trigger="start", waiting=2) is False
-    assert not controller._fits(True, stage) and controller._fits(False, stage)
-    assert not [e for e in J.iter_events(controller.run_dir / J.JOURNAL_NAME) if e.get("kind") == "spot"]
+    spec = load_spec(write_job(tmp_path / "job", trials=2, eta=3, min_epochs=3, max_epochs=3))
+    plan = _spot_plan(spec, [("local.cpu2", 1, 1)], [30.0], task_s=[30.0], spot=False)
+    # a deadline long gone and an instance lost: nothing asks the spot policy, nothing is bought on spot
+    out = _spot_case(tmp_path, deadline_s=1.0, spec=spec, plan=plan, script=LOSE_THE_FIRST).run(tmp_path / "run")
+    assert out.result.status == "finished" and len(out.of(J.INSTANCE_LOST)) == 1
+    assert not out.of("spot")
+    assert [e["spot"] for e in out.of(J.INSTANCE_REQUESTED)] == [False, False]
+    assert out.of("replace")[0]["spot"] is False
 
 
 # -- failover's market step --------------------------------------------------------------------------------
