@@ -1,23 +1,25 @@
 """Teardown: SIGTERM mid-run and a deadline breach both end with every instance of the run gone.
 
 The CLI tests run the real CLI on real Ray nodes (~20-30 s: the Ray head and a node must start
-before there is anything to tear down); the overrun test drives the controller's deadline check alone.
+before there is anything to tear down); the overrun test runs the executor on virtual time (tests/sim_helpers.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from executor_helpers import LosingBackend, cli_env, make_plan, run_pids, write_job
+from executor_helpers import cli_env, make_plan, run_pids, write_job
+from sim_helpers import START, SimCase, cpu_model
 
-from rubberband.catalog import load_catalog
 from rubberband.executor import journal as J
-from rubberband.executor.controller import Controller, DeadlineExceeded
+from rubberband.executor.progress import Progress
+from rubberband.executor.run import Settings
 from rubberband.plan import write_plan
 from rubberband.spec import load_spec
 
@@ -112,47 +114,24 @@ def test_a_deadline_breach_stops_the_run_and_its_instances_and_resume_finishes_i
 
 
 def test_a_late_run_goes_on_within_its_overrun_then_stops(tmp_path):
+    # on virtual time (tests/sim_helpers.py): 25 s epochs, five waves of them in stage 0, on one local.cpu2 up at 4 s;
+    # a wave ends 104 s in, between the deadline (100 s) and the end of its overrun (110 s)
     spec = load_spec(write_job(tmp_path / "job"))
     plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu2", 1, 2)])
-    run_dir = tmp_path / "run"
-    J.Journal(run_dir).record(
-        J.RunStarted(
-            run_id="r1",
-            spec_sha256=spec.sha256(),
-            spec=spec.model_dump(mode="json"),
-            plan=plan.model_dump(mode="json"),
-            cloud="local",
-            deadline_s=100.0,
-        )
-    )
-    controller = Controller(
-        spec=spec,
-        plan=plan,
-        catalog=load_catalog(["local"]),
-        run_dir=run_dir,
-        backend=LosingBackend(),
-        runtime=None,
-        run_id="r1",
-        deadline_s=100.0,
-        overrun_s=10.0,
-    )
-    controller.state = controller.journal.state
-    controller.state.first_started_at = time.time() - 105.0
-    controller._check_deadline()  # late but within the overrun: the run goes on...
-    controller._check_deadline()
-    passed = [
-        e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.DECISION and e["kind"] == "deadline_passed"
-    ]
-    assert len(passed) == 1 and passed[0]["overrun_s"] == 10.0  # ...and the journal says so, once
-    controller.state.first_started_at = time.time() - 111.0
-    with pytest.raises(DeadlineExceeded, match=r"deadline \(1m 40s\) plus the allowed overrun \(10.0s\)"):
-        controller._check_deadline()
-    controller._terminator.shutdown(wait=True)
-    controller._provisioner.shutdown(wait=True)
+    case = SimCase(spec, plan, model=cpu_model(epoch_s=25.0), settings=Settings(deadline_s=100.0, overrun_s=10.0))
+    out = case.run(tmp_path / "run")
+    assert out.result.status == "stopped"
+    assert re.search(r"deadline \(1m 40s\) plus the allowed overrun \(10.0s\)", out.result.result["error"])
+    (passed,) = out.of("deadline_passed")  # late but within the overrun: the run goes on, and the journal says so once
+    assert passed["overrun_s"] == 10.0 and passed["elapsed_s"] >= 100.0
+    finished = [e["t"] - START for e in out.of(J.TRIAL_STOPPED) if e["reason"] == "finished"]
+    assert any(100.0 < t <= 110.0 for t in finished)  # trials went on finishing past the deadline...
+    end = out.events[-1]
+    assert end["type"] == J.RUN_STOPPED and end["t"] - START == pytest.approx(110.0, abs=0.01)  # ...until its end
+    _check_all_terminated(tmp_path / "run")
 
 
 def test_progress_numbers_stages_as_the_plan_does_and_says_how_late_a_run_is():
-    from rubberband.executor.controller import Progress
     from rubberband.executor.progress import describe
 
     snapshot = dict(
