@@ -1,6 +1,7 @@
 """Elastic ASHA against the best fixed ASHA cluster, and against elastic SHA, on the quickstart profile.
 
     python bench/bench_asha_elastic.py [--seeds 50] [--trials 81] [--eta 3] [--min-epochs 1] [--max-epochs 27]
+        [--executor] [--real]
 
 Prints figures and ratios (no assertions). The job is ``scheduler.kind: asha`` with the quickstart's
 profile and instance types (examples/quickstart.yaml: p3.2xlarge, g4dn.xlarge, g5.xlarge, 1 worker per
@@ -16,8 +17,11 @@ feasible one (the planner's InfeasibleError at a 1 s deadline names it).
   deadlines, replayed the same way (the stage simulator, 1000 samples per seed). SHA waits at each rung's
   barrier and promotes exactly the top 1/η; ASHA never waits and promotes more (its rule continues any trial
   above the (1 − 1/η) percentile of the results in so far), so it trains more trial-epochs.
-* ``executor_runs``: virtual-time runs of the executor's ASHA scheduler on the same plans (a hook, filled when
-  the executor has an ASHA scheduler; ``--executor`` calls it).
+* ``--executor``: the executor itself (its ASHA and SHA schedulers) run on the same plans on virtual time
+  (``rubberband run --cloud sim``'s simulated cloud and cluster), one run per seed: elastic ASHA vs the best
+  fixed ASHA cluster, and elastic SHA beside them.
+* ``--real``: one real local run (Ray nodes on this machine) of examples/asha_local.yaml's elastic ASHA plan
+  and of its best fixed cluster.
 """
 
 from __future__ import annotations
@@ -143,10 +147,56 @@ def line(label: str, plan: Plan, figures: Figures) -> str:
 
 
 def executor_runs(plan: Plan, profile, catalog, *, seeds: int) -> Figures:
-    """HOOK: virtual-time runs of the executor's ASHA scheduler on ``plan`` (one run per seed, the simulated
-    backend and clock), pooled as :func:`pooled` pools the simulator's samples, so that the executor's cost and
-    JCT can be set beside the planner's prediction. Filled in with the executor's ASHA scheduler."""
-    raise NotImplementedError("virtual-time runs of the executor: added with the executor's ASHA scheduler")
+    """The executor (ASHA or SHA scheduler, as the plan says) run on ``plan`` on virtual time, one run per seed
+    (0 .. ``seeds`` − 1: the simulated cloud and cluster of ``rubberband run --cloud sim``), pooled: each run is
+    one sample, so P(meet) is the share of runs meeting the deadline."""
+    import tempfile
+
+    from rubberband.executor.journal import Journal
+    from rubberband.executor.run import Executor, Job, Target
+    from rubberband.executor.simulated import simulated_for
+
+    spec = JobSpec.model_validate(plan.spec)
+    job = Job(spec, plan, catalog, profile)
+    jcts, costs = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-asha-") as base:
+        for seed in range(seeds):
+            run_dir = Path(base) / f"run-{seed}"
+            sim = simulated_for(job, seed=seed, start=1_800_000_000.0)
+            journal = Journal(run_dir, clock=sim.clock, durable=False)
+            target = Target(f"bench-{seed}", run_dir, sim.backend, sim.runtime, sim.cluster, sim.clock, journal)
+            actual = Executor(job, target).run().result["actual"]
+            jcts.append(actual["jct_s"])
+            costs.append(actual["cost_usd"])
+    runs = [(np.array(jcts), np.array(costs))]
+    figures = pooled(runs, plan.deadline_s, plan.confidence)
+    return Figures(figures.cost_mean, figures.jct_p50, figures.jct_p95, figures.p_meet, figures.p_meet)
+
+
+def real_local_runs() -> None:
+    """One real local run (Ray nodes on this machine, the real trial runtime) of examples/asha_local.yaml's
+    elastic ASHA plan and of its best fixed cluster, as ``rubberband run`` makes them."""
+    import tempfile
+
+    from rubberband.cloud.local import LocalProvider
+    from rubberband.executor.run import Executor, Job, Settings, Target
+    from rubberband.executor.runtime import TrialRuntime
+    from rubberband.inputs import load_job_inputs
+    from rubberband.planning import plan_from_inputs
+
+    inputs = load_job_inputs(ROOT / "examples/asha_local.yaml")
+    plan = plan_from_inputs(inputs)
+    print(f"{'plan':<13} {'instances by stage':<26}  {'cost':>8}  {'JCT s':>7}  predicted cost / JCT p50")
+    with tempfile.TemporaryDirectory(prefix="bench-asha-real-") as base:
+        for label, ran in (("elastic ASHA", plan), ("fixed ASHA", fixed_of(plan))):
+            run_dir = Path(base) / label.replace(" ", "-")
+            target = Target(run_dir.name, run_dir, LocalProvider(run_dir), TrialRuntime.load())
+            executor = Executor(Job(inputs.spec, ran, inputs.catalog, inputs.profile), target, Settings())
+            actual = executor.run().result["actual"]
+            print(
+                f"{label:<13} {phases_text(ran):<26}  {'$' + format(actual['cost_usd'], '.4f'):>8}  "
+                f"{actual['jct_s']:7.1f}  ${ran.predicted.cost_usd.mean:.4f} / {ran.predicted.jct_s.p50:.1f} s"
+            )
 
 
 def main() -> None:
@@ -156,7 +206,10 @@ def main() -> None:
     parser.add_argument("--eta", type=int, default=3)
     parser.add_argument("--min-epochs", type=int, default=1)
     parser.add_argument("--max-epochs", type=int, default=27)
-    parser.add_argument("--executor", action="store_true", help="also run the executor's hook (executor_runs)")
+    parser.add_argument(
+        "--executor", action="store_true", help="also run the executor on virtual time on each plan (--seeds runs)"
+    )
+    parser.add_argument("--real", action="store_true", help="also one real local run of elastic and fixed ASHA")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
@@ -215,14 +268,27 @@ def main() -> None:
         print(f"SHA/ASHA cost {s.cost_mean / e.cost_mean:.2f}x, JCT p95 {s.jct_p95 / e.jct_p95:.2f}x")
 
     if args.executor:
-        print("\n== the executor's ASHA scheduler, virtual time (executor_runs)")
+        print(f"\n== the executor on virtual time (--cloud sim), {args.seeds} runs each (seeds 0..{args.seeds - 1})")
         for factor, plan in plans.items():
+            print(f"deadline {factor}x ({plan.deadline_s / 60:.1f} min)\n{HEADER}")
+            e = executor_runs(plan, profile, catalog, seeds=args.seeds)
+            f = executor_runs(fixed_of(plan), profile, catalog, seeds=args.seeds)
+            print(line("elastic ASHA", plan, e))
+            print(line("fixed ASHA", fixed_of(plan), f))
+            print(
+                f"fixed/elastic cost {f.cost_mean / e.cost_mean:.2f}x, JCT p95 elastic/fixed {e.jct_p95 / f.jct_p95:.3f}"
+            )
             try:
-                x = executor_runs(plan, profile, catalog, seeds=args.seeds)
-            except NotImplementedError as exc:
-                print(f"skipped: {exc}")
-                break
-            print(line(f"executor {factor}x", plan, x))
+                sha = plan_job(sha_spec, profile, catalog, deadline_s=plan.deadline_s, heads=heads, asha=False)
+            except InfeasibleError as exc:
+                print(f"{'elastic SHA':<13} infeasible (shortest {exc.shortest_jct_s / 60:.1f} min)")
+                continue
+            s = executor_runs(sha, profile, catalog, seeds=args.seeds)
+            print(line("elastic SHA", sha, s))
+            print(f"SHA/ASHA cost {s.cost_mean / e.cost_mean:.2f}x, JCT p95 {s.jct_p95 / e.jct_p95:.2f}x")
+    if args.real:
+        print("\n== one real local run each (examples/asha_local.yaml: Ray nodes on this machine)")
+        real_local_runs()
 
 
 if __name__ == "__main__":
