@@ -1,10 +1,12 @@
-"""Parallel Hyperband brackets in the executor (``rubberband.executor.brackets``).
+"""Parallel Hyperband brackets in the executor: lanes side by side (``rubberband.executor.lanes``, ``sha``).
 
-Unit tests of the pure :class:`BracketPolicy` and of parallel-run accounting, and two end-to-end runs
-through the real CLI on real local Ray nodes (most of their time is Ray nodes starting one after
-another on a 2-core machine): a Hyperband job (R=3, η=3: bracket 0 runs 3 trials for 1 epoch then its
-best for 2 more, bracket 1 runs 2 trials for 3 epochs) with both brackets starting at once (~65 s,
-shared by two tests), and one killed with SIGKILL and resumed (~120 s).
+Unit tests of the pure :class:`~rubberband.executor.lanes.LaneLayout`, runs of the real executor on virtual time
+(tests/sim_helpers.py: a Hyperband job whose brackets run side by side, and Hyperband R=243 on the quickstart
+profile through ``rubberband run --cloud sim``), parallel-run accounting, and two end-to-end runs through the
+real CLI on real local Ray nodes (most of their time is Ray nodes starting one after another on a 2-core
+machine): a Hyperband job (R=3, η=3: bracket 0 runs 3 trials for 1 epoch then its best for 2 more, bracket 1
+runs 2 trials for 3 epochs) with both brackets starting at once (~65 s, shared by two tests), and one killed
+with SIGKILL and resumed (~120 s).
 """
 
 from __future__ import annotations
@@ -17,12 +19,20 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from executor_helpers import cli_env, make_plan, run_pids, wait_for_events, write_hyperband_job
+from sim_helpers import SimCase, cpu_model
 
+from conftest import EXAMPLES
+from rubberband.catalog import load_catalog
 from rubberband.executor import journal as J
-from rubberband.executor.brackets import BracketPolicy, ParallelController, Waiting, controller_for
-from rubberband.executor.controller import Controller, check_plan_matches, trial_configs
-from rubberband.plan import write_plan
+from rubberband.executor.decisions import LossPolicy
+from rubberband.executor.lanes import LaneLayout, Waiting
+from rubberband.executor.plan_checks import check_plan_matches, trial_configs
+from rubberband.executor.run import Job, Settings
+from rubberband.executor.schedulers import scheduler_for
+from rubberband.executor.sha import ShaScheduler
+from rubberband.plan import parse_plan, write_plan
 from rubberband.spec import load_spec
 
 # bracket 0: 3 trials on two 1-worker nodes, its best on a 2-worker node; bracket 1: 2 trials on one 1-worker node
@@ -45,54 +55,158 @@ def _events(run_dir: Path) -> list[dict]:
     return list(J.iter_events(run_dir / J.JOURNAL_NAME))
 
 
-# -- the pure policy ---------------------------------------------------------------------------
+# -- the pure layout ---------------------------------------------------------------------------
 
 
-def test_policy_reads_brackets_and_offsets_from_the_plan(tmp_path):
+def test_the_layout_reads_brackets_and_offsets_from_the_plan(tmp_path):
     spec = load_spec(_job(tmp_path, 0.1)[0])
-    policy = BracketPolicy.for_plan(_plan(spec, offsets=(0.0, 30.0)))
-    assert policy.ranges == ((0, 2), (2, 3)) and policy.offsets_s == (0.0, 30.0)
-    assert [policy.bracket_of(g) for g in range(3)] == [0, 0, 1]
-    assert [policy.next_stage(g) for g in range(3)] == [1, None, None]  # never into another bracket
-    assert policy.due(0.0, [False, False]) == [0]
-    assert policy.due(29.9, [True, False]) == []
-    assert policy.due(30.0, [True, False]) == [1]
-    assert policy.due(99.0, [True, True]) == []
+    layout = LaneLayout.for_plan(_plan(spec, offsets=(0.0, 30.0)))
+    assert layout.parallel and layout.ranges == ((0, 2), (2, 3)) and layout.offsets_s == (0.0, 30.0)
+    assert [layout.lane_of(g) for g in range(3)] == [0, 0, 1]
+    assert [layout.next_stage(g) for g in range(3)] == [1, None, None]  # never into another bracket
+    assert layout.due(0.0, [False, False], [False, False]) == [0]
+    assert layout.due(29.9, [True, False], [False, False]) == []
+    assert layout.due(30.0, [True, False], [False, False]) == [1]
+    assert layout.due(99.0, [True, True], [True, False]) == []
     # brackets that start together request their instances longest first (the critical path first)
-    assert policy.durations_s == (20.0, 12.0)
-    assert policy.start_order([1, 0]) == [1, 0]  # bracket 1 starts 30 s later: it ends last
-    assert BracketPolicy.for_plan(_plan(spec)).start_order([1, 0]) == [0, 1]
-    assert BracketPolicy(((0, 1), (1, 2), (2, 3)), (0.0, 0.0, 0.0), (10.0, 30.0, 10.0)).start_order([0, 1, 2]) == [
-        1,
-        0,
-        2,
-    ]
-    assert BracketPolicy(((0, 1), (1, 2)), (0.0, 0.0), (10.0, 30.0)).due(0.0, [False, False]) == [1, 0]
-    # a sequential plan: one bracket after another, no offsets
-    seq = BracketPolicy.for_plan(make_plan(spec, STAGES))
-    assert seq.offsets_s == (0.0, 0.0)
+    assert layout.durations_s == (20.0, 12.0)
+    assert layout.start_order([1, 0]) == [1, 0]  # bracket 1 starts 30 s later: it ends last
+    assert LaneLayout.for_plan(_plan(spec)).start_order([1, 0]) == [0, 1]
+    three = LaneLayout(((0, 1), (1, 2), (2, 3)), (0.0, 0.0, 0.0), (10.0, 30.0, 10.0), parallel=True)
+    assert three.start_order([0, 1, 2]) == [1, 0, 2]
+    assert LaneLayout(((0, 1), (1, 2)), (0.0, 0.0), (10.0, 30.0), parallel=True).due(
+        0.0, [False, False], [False, False]
+    ) == [1, 0]
+    # a sequential plan: one bracket after another, no offsets; a stage's successor is the plan's next stage
+    seq = LaneLayout.for_plan(make_plan(spec, STAGES))
+    assert not seq.parallel and seq.offsets_s == (0.0, 0.0)
+    assert [seq.next_stage(g) for g in range(3)] == [1, 2, None]
+    assert seq.due(0.0, [False, False], [False, False]) == [0]
+    assert seq.due(500.0, [True, False], [False, False]) == []  # bracket 1 waits for bracket 0's end
+    assert seq.due(500.0, [True, False], [True, False]) == [1]
 
 
-def test_policy_hands_a_released_instance_to_another_brackets_waiting_request():
+def test_the_layout_hands_a_released_instance_to_another_brackets_waiting_request(tmp_path):
     w = [
         Waiting("a", bracket=0, stage=1, order=0, queued=True),  # the giver's own bracket: never
         Waiting("b", bracket=1, stage=2, order=1, queued=False),  # booting: kept only if nothing queued
         Waiting("c", bracket=2, stage=3, order=3, queued=True),
         Waiting("d", bracket=1, stage=2, order=2, queued=True),
     ]
-    assert BracketPolicy.receiver(0, w).token == "d"  # queued first (cancelling it saves its bill), earliest
-    assert BracketPolicy.receiver(0, [w[0], w[1]]).token == "b"
-    assert BracketPolicy.receiver(0, [w[0]]) is None
-    assert BracketPolicy.receiver(1, w).token == "a"
-    assert BracketPolicy.receiver(1, []) is None
+    parallel = LaneLayout(((0, 2), (2, 3), (3, 4)), (0.0, 0.0, 0.0), parallel=True)
+    assert parallel.receiver(0, w).token == "d"  # queued first (cancelling it saves its bill), earliest
+    assert parallel.receiver(0, [w[0], w[1]]).token == "b"
+    assert parallel.receiver(0, [w[0]]) is None
+    assert parallel.receiver(1, w).token == "a"
+    assert parallel.receiver(1, []) is None
+    # one bracket after another: nothing is handed over (the next bracket keeps what the one before leaves)
+    assert LaneLayout(parallel.ranges, parallel.offsets_s).receiver(0, w) is None
 
 
-def test_parallel_plans_are_accepted_and_run_by_the_parallel_controller(tmp_path):
+def test_parallel_plans_are_accepted_and_their_brackets_run_side_by_side(tmp_path):
+    """The plan check accepts a parallel plan; the same scheduler (lanes) runs either bracket mode, and the plan
+    says which: side by side, bracket 1 starts with the job; one after another, once bracket 0 has ended."""
     spec = load_spec(_job(tmp_path, 0.1)[0])
     plan = _plan(spec)
+    sequential = plan.model_copy(update={"brackets": "sequential"})
     check_plan_matches(spec, plan)  # no longer refused
-    assert controller_for(plan) is ParallelController
-    assert controller_for(plan.model_copy(update={"brackets": "sequential"})) is Controller
+    check_plan_matches(spec, sequential)
+    for p in (plan, sequential):
+        scheduler = scheduler_for(Job(spec, p, load_catalog(["local"])), Settings(), LossPolicy(10))
+        assert isinstance(scheduler, ShaScheduler)
+    starts = {}
+    for name, p in (("parallel", plan), ("sequential", sequential)):
+        out = SimCase(spec, p, model=cpu_model(epoch_s=5.0)).run(tmp_path / name)
+        assert out.result.status == "finished", out.error
+        started = {e["stage"]: e["t"] for e in out.of(J.STAGE_STARTED)}
+        finished = {e["stage"]: e["t"] for e in out.of(J.STAGE_FINISHED)}
+        assert sorted(finished) == [0, 1, 2]
+        starts[name] = (started, finished)
+    started, finished = starts["parallel"]
+    assert started[2] == started[0] < finished[0]  # both brackets start with the job
+    started, finished = starts["sequential"]
+    assert started[2] >= finished[1]  # bracket 1 once bracket 0 has ended
+
+
+def test_a_parallel_run_journals_every_decision_its_lanes_take(tmp_path):
+    """Bracket 0 runs 3 one-epoch trials on one local.cpu1, then its best for 2 more epochs on two (one more
+    requested ahead, the first kept); bracket 1 starts 55 s after the job, asks for a local.cpu1 and gets
+    bracket 0's the moment bracket 0 ends (its own request is let go when up). Every decision is journaled."""
+    _, spec = write_hyperband_job(tmp_path)
+    plan = make_plan(spec, [("local.cpu1", 1, 1), ("local.cpu1", 2, 2), ("local.cpu1", 1, 1)], durations=[30, 10, 60])
+    plan = plan.model_copy(update={"brackets": "parallel", "bracket_offsets_s": [0.0, 55.0]})
+    out = SimCase(spec, plan, model=cpu_model(epoch_s=10.0, startup_s=10.0)).run(tmp_path / "run")
+    assert out.result.status == "finished", out.error
+    kinds = {e["kind"] for e in out.of(J.DECISION)}
+    assert {"handoff", "keep", "release", "prefetch", "replan"} <= kinds, kinds
+    (prefetch,) = out.of("prefetch")
+    assert prefetch["stage"] == 1 and prefetch["count"] == 1
+    (keep,) = out.of("keep")
+    assert keep["stage"] == 1
+    first_node = next(e["id"] for e in out.of(J.INSTANCE_REQUESTED) if e["stage"] == 0)
+    assert keep["id"] == first_node
+    (stage1,) = [e for e in out.of(J.TRIAL_STARTED) if e["stage"] == 1]
+    assert first_node in stage1["instances"] and len(stage1["instances"]) == 2
+    assert [(e["stage"], e["bracket"]) for e in out.of("replan")] == [(1, 0), (2, 1)]  # a boundary, an offset
+    (handoff,) = out.of("handoff")
+    assert (handoff["from_bracket"], handoff["to_bracket"], handoff["from_stage"], handoff["to_stage"]) == (0, 1, 1, 2)
+    assert handoff["instance_type"] == "local.cpu1"
+    assert all(handoff["id"] in e["instances"] for e in out.of(J.TRIAL_STARTED) if e["stage"] == 2)
+    released = {e["id"] for e in out.of("release")}
+    requested = {e["id"] for e in out.of(J.INSTANCE_REQUESTED)}
+    assert released == requested  # each instance let go by a decision when no stage needed it any more
+    assert {e["id"] for e in out.of(J.INSTANCE_TERMINATED)} == requested
+
+
+# -- Hyperband R=243 on virtual time ------------------------------------------------------------
+
+
+def _hyperband_243(directory: Path, brackets: str, deadline: str) -> Path:
+    """The quickstart spec as Hyperband R=243 (η 3, 1 to 243 epochs: 6 brackets, 21 stages, 415 trials)."""
+    data = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    data["profile"] = str((EXAMPLES / data["profile"]).resolve())
+    data["scheduler"] = {"kind": "hyperband", "eta": 3, "min_epochs": 1, "max_epochs": 243, "brackets": brackets}
+    data["deadline"] = deadline
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"hyperband-{brackets}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.e2e  # the whole CLI, planning included: ~25 s (parallel) and ~35 s (sequential) on 2 cores
+@pytest.mark.parametrize("brackets, deadline", [("parallel", "8h"), ("sequential", "24h")])
+def test_hyperband_r243_runs_to_its_end_on_virtual_time(tmp_path, cli_here, brackets, deadline):
+    """``rubberband run --cloud sim`` plans and runs Hyperband R=243 in either bracket mode to its end (it once
+    crashed on a simulated request's future: ``SimFuture.running`` was missing). Side by side, the later brackets
+    start while bracket 0 still runs; one after another, each once the one before has ended."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = cli_here(
+        "run", _hyperband_243(tmp_path, brackets, deadline), "--cloud", "sim", "--yes", "--run-dir", run_dir
+    )
+    print(f"\nHyperband R=243 ({brackets}) on --cloud sim: {time.monotonic() - started:.1f}s wall")
+    assert result.returncode in (0, 4), result.stderr[-3000:]  # met (or late): the point is that it ends
+    summary = json.loads((run_dir / "result.json").read_text())
+    assert summary["status"] == "finished" and summary["best"] is not None
+    events = _events(run_dir)
+    plan = J.read_state(run_dir).plan
+    assert plan["brackets"] == brackets and len(plan["stages"]) == 21
+    finished = {e["stage"]: e for e in events if e["type"] == J.STAGE_FINISHED}
+    started_at = {e["stage"]: e["t"] for e in events if e["type"] == J.STAGE_STARTED}
+    assert sorted(finished) == list(range(21))
+    ranges = LaneLayout.for_plan(parse_plan(plan)).ranges
+    assert len(ranges) == 6
+    bracket0_end = finished[ranges[0][1] - 1]["t"]
+    later_starts = [started_at[lo] for lo, _ in ranges[1:]]
+    if brackets == "parallel":
+        assert min(later_starts) < bracket0_end
+    else:
+        for (_, before_end), (lo, _) in zip(ranges, ranges[1:]):
+            assert started_at[lo] >= finished[before_end - 1]["t"]
+    requested = {e["id"] for e in events if e["type"] == J.INSTANCE_REQUESTED}
+    terminated = {e["id"] for e in events if e["type"] == J.INSTANCE_TERMINATED}
+    assert requested and requested == terminated
+    assert events[-1]["type"] == J.RUN_FINISHED
 
 
 # -- end to end ------------------------------------------------------------------------------

@@ -212,12 +212,15 @@ def test_a_parallel_plan_is_re_simulated_with_its_brackets_side_by_side(parallel
 
 
 def test_the_executor_accepts_a_parallel_plan(parallel_plan):
-    from rubberband.executor.brackets import ParallelController, controller_for
-    from rubberband.executor.controller import check_plan_matches
+    from rubberband.executor.lanes import LaneLayout
+    from rubberband.executor.plan_checks import check_plan_matches
 
-    check_plan_matches(_spec(), parallel_plan, source="p.json")  # run by executor/brackets.py
-    assert controller_for(parallel_plan) is ParallelController
-    check_plan_matches(_spec(), parallel_plan.model_copy(update={"brackets": "sequential"}))
+    check_plan_matches(_spec(), parallel_plan, source="p.json")  # run by the executor's lanes, side by side
+    layout = LaneLayout.for_plan(parallel_plan)
+    assert layout.parallel and len(layout.ranges) == len({s.bracket for s in parallel_plan.stages})
+    sequential = parallel_plan.model_copy(update={"brackets": "sequential"})
+    check_plan_matches(_spec(), sequential)
+    assert not LaneLayout.for_plan(sequential).parallel  # one lane after another
 
 
 def test_plan_output_and_report_show_brackets_and_asha(parallel_plan, capsys):
