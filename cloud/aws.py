@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -22,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import boto3
 import botocore.exceptions
@@ -32,9 +33,20 @@ from rubberband import __version__
 from rubberband.cloud.aws_session import new_session
 from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
 from rubberband.cloud.dryrun import PermissionCheck
-from rubberband.cloud.failover import RetryPolicy, call_with_retry, classify
-from rubberband.cloud.provider import TAG_CREATED, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
+from rubberband.cloud.failover import CallContext, RetryPolicy, call_with_retry, classify
+from rubberband.cloud.provider import (
+    TAG_CREATED,
+    TAG_MANAGED,
+    TAG_RUN_ID,
+    TAG_STAGE,
+    Instance,
+    InstanceRequest,
+    check_option_names,
+)
 from rubberband.errors import CloudError, InputError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 T = TypeVar("T")
 
@@ -76,40 +88,45 @@ def _tag_list(tags: dict[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in tags.items()]
 
 
+class AwsOptions(TypedDict, total=False):
+    """:class:`AwsProvider`'s options, each optional (for ``aws``, :class:`~rubberband.cloud.registry.ProviderPool`
+    passes these as keywords)."""
+
+    endpoint_url: str | None  # EC2's and SSM's endpoint (default: boto3's own, e.g. ``AWS_ENDPOINT_URL``)
+    session: boto3.Session | None  # default: a new session from boto3's default credential chain
+    image_id: str | None  # the AMI (default: ``RUBBERBAND_AWS_AMI``, else the newest PyTorch DLAMI)
+    ssh_cidr: str | None  # the run's security group admits SSH from this CIDR only (default: from nowhere)
+    key_name: str | None  # the EC2 key pair instances start with
+    instance_profile: str | None  # the IAM instance profile instances start with
+    vpc_id: str | None  # the VPC of the run's security group (default: the region's default VPC)
+    retry: RetryPolicy | None  # backoff for transient errors (default: ``RetryPolicy()``)
+    poll_s: float  # how often :meth:`AwsProvider.wait` looks (default 5 s)
+    version: str  # the rubberband version in tags and the user agent (default: this one)
+
+
 class AwsProvider:
     """EC2 instances of one region for rubberband runs."""
 
     cloud = "aws"
 
-    def __init__(
-        self,
-        region: str,
-        *,
-        endpoint_url: str | None = None,
-        session: boto3.Session | None = None,
-        image_id: str | None = None,
-        ssh_cidr: str | None = None,
-        key_name: str | None = None,
-        instance_profile: str | None = None,
-        vpc_id: str | None = None,
-        retry: RetryPolicy | None = None,
-        poll_s: float = 5.0,
-        version: str = __version__,
-    ) -> None:
-        self.session = session or new_session()
+    def __init__(self, region: str, **options: Unpack[AwsOptions]) -> None:
+        check_option_names("AwsProvider", options, AwsOptions.__optional_keys__)
+        self.session = options.get("session") or new_session()
         if region not in _known_regions():
             raise InputError(f"AWS region {region!r} is unknown; use one of e.g. us-east-1, us-west-2, eu-west-1")
         if self.session.get_credentials() is None:
-            raise classify("aws", "NoCredentials", "boto3 found no credentials", region=region)
+            raise classify("NoCredentials", "boto3 found no credentials", CallContext("aws", region=region))
+        ssh_cidr = options.get("ssh_cidr")
+        version = options.get("version", __version__)
         self.region = region
         self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
-        self.key_name = key_name
-        self.instance_profile = instance_profile
-        self.vpc_id = vpc_id
-        self.retry = retry or RetryPolicy()
-        self.poll_s = poll_s
+        self.key_name = options.get("key_name")
+        self.instance_profile = options.get("instance_profile")
+        self.vpc_id = options.get("vpc_id")
+        self.retry = options.get("retry") or RetryPolicy()
+        self.poll_s = options.get("poll_s", 5.0)
         self.version = version
-        self._image_id = image_id or os.environ.get("RUBBERBAND_AWS_AMI") or None
+        self._image_id = options.get("image_id") or os.environ.get("RUBBERBAND_AWS_AMI") or None
         self._groups: dict[str, str] = {}
         # one find-or-create of a run's group at a time: the run's instances are launched from several threads
         self._group_lock = threading.Lock()
@@ -121,6 +138,7 @@ class AwsProvider:
             connect_timeout=10,
             read_timeout=60,
         )
+        endpoint_url = options.get("endpoint_url")
         self.ec2 = self.session.client("ec2", endpoint_url=endpoint_url, config=config)
         self.ssm = self.session.client("ssm", endpoint_url=endpoint_url, config=config)
         self._client_args = {"endpoint_url": endpoint_url, "config": config}
@@ -129,16 +147,15 @@ class AwsProvider:
     # -- plumbing ---------------------------------------------------------------------------
 
     def _call(
-        self,
-        action: str,
-        fn: Callable[[], T],
-        *,
-        zone: str | None = None,
-        instance_type: str | None = None,
-        spot: bool = False,
-        retry: bool = True,
+        self, action: str, fn: Callable[[], T], *, request: InstanceRequest | None = None, retry: bool = True
     ) -> T:
-        """Run one API call, classifying failures; transient ones are retried (bounded)."""
+        """Run one API call, classifying failures (``request``: the launch it makes, named in its errors);
+        transient ones are retried (bounded)."""
+        context = CallContext("aws", region=self.region, action=f"ec2:{action}")
+        if request is not None:
+            context = dataclasses.replace(
+                context, zone=request.zone, instance_type=request.instance_type.name, spot=request.spot
+            )
 
         def once() -> T:
             try:
@@ -146,19 +163,11 @@ class AwsProvider:
             except botocore.exceptions.ClientError as exc:
                 error = exc.response.get("Error", {})
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-                raise classify(
-                    "aws",
-                    error.get("Code", ""),
-                    error.get("Message", ""),
-                    http_status=status,
-                    zone=zone,
-                    region=self.region,
-                    instance_type=instance_type,
-                    spot=spot,
-                    action=f"ec2:{action}",
-                ) from None
+                raise classify(error.get("Code", ""), error.get("Message", ""), context, http_status=status) from None
             except botocore.exceptions.NoCredentialsError:
-                raise classify("aws", "NoCredentials", "boto3 found no credentials", region=self.region) from None
+                raise classify(
+                    "NoCredentials", "boto3 found no credentials", CallContext("aws", region=self.region)
+                ) from None
             except (
                 botocore.exceptions.EndpointConnectionError,
                 botocore.exceptions.ConnectionClosedError,
@@ -363,14 +372,7 @@ class AwsProvider:
         group_id = self.ensure_security_group(request.run_id)
         params = self.run_instances_params(request, group_id)
         params["ClientToken"] = uuid.uuid4().hex  # one per request: a retried call never launches twice
-        name = request.instance_type.name
-        response = self._call(
-            "RunInstances",
-            lambda: self.ec2.run_instances(**params),
-            zone=request.zone,
-            instance_type=name,
-            spot=request.spot,
-        )
+        response = self._call("RunInstances", lambda: self.ec2.run_instances(**params), request=request)
         return [self._instance(raw) for raw in response["Instances"]]
 
     def describe(self, instance_ids: list[str]) -> list[Instance]:

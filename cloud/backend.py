@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
-from rubberband.cloud.head import worker_startup_script
+from rubberband.cloud.head import WorkerBoot, worker_startup_script
 from rubberband.cloud.provider import (
     TAG_ROLE,
     DescribesInstances,
@@ -232,24 +232,20 @@ class CloudBackend:
         worker = dataclasses.replace(request, extra_tags={**request.extra_tags, TAG_ROLE: "worker"}, max_lifetime_s=cap)
 
         def render(candidate: InstanceType) -> _ScriptFor:  # the script depends on the type actually tried
-            return _ScriptFor(
-                self.pool.for_type(candidate),
-                self.head,
-                cap,
-                self.requirements,
-                self.token_push.public_key if self.token_push is not None else None,
+            boot = WorkerBoot(
+                max_lifetime_s=cap,
+                requirements=tuple(self.requirements),
+                token_push_key=self.token_push.public_key if self.token_push is not None else None,
             )
+            return _ScriptFor(self.pool.for_type(candidate), self.head, boot)
 
-        every = list(self.alternatives(request.instance_type))
-        alternatives = [t for t in every if not request.spot or t.spot_price_hr is not None]  # spot needs an offer
         try:
             result = provision_with_failover(
                 worker,
                 render,
-                alternatives=alternatives,
+                alternatives=list(self.alternatives(request.instance_type)),  # on spot: those with a spot offer
                 policy=self.policy,
                 on_demand_fallback=request.on_demand_fallback,
-                on_demand_alternatives=every,
             )
         except CloudError as exc:
             self.attempts.extend(getattr(exc, "attempts", []))
@@ -372,9 +368,7 @@ class _ScriptFor:
 
     provider: Provider
     head: Instance
-    max_lifetime_s: float | None
-    requirements: tuple[str, ...] = ()
-    token_push_key: str | None = None
+    boot: WorkerBoot
 
     @property
     def cloud(self) -> str:
@@ -382,13 +376,7 @@ class _ScriptFor:
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
         script = worker_startup_script(
-            request.instance_type.cloud,
-            request.run_id,
-            self.head,
-            request.instance_type,
-            max_lifetime_s=self.max_lifetime_s,
-            requirements=self.requirements,
-            token_push_key=self.token_push_key,
+            request.instance_type.cloud, request.run_id, self.head, request.instance_type, self.boot
         )
         return self.provider.provision(dataclasses.replace(request, startup_script=script))
 

@@ -134,20 +134,24 @@ def _one_line(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+@dataclass(frozen=True)
+class CallContext:
+    """What a failed provider call was about: the cloud, where (zone, region), for which instance type and
+    market, and the API action (``ec2:RunInstances``), each where known; the message and the quota hint name them."""
+
+    cloud: str
+    region: str | None = None
+    zone: str | None = None
+    instance_type: str | None = None
+    spot: bool = False
+    action: str | None = None
+
+
 def classify(
-    cloud: str,
-    code: str,
-    message: str,
-    *,
-    http_status: int | None = None,
-    zone: str | None = None,
-    region: str | None = None,
-    instance_type: str | None = None,
-    spot: bool = False,
-    quota: str | None = None,
-    action: str | None = None,
+    code: str, message: str, context: CallContext, *, http_status: int | None = None, quota: str | None = None
 ) -> CloudError:
     """Turn one provider error into a one-line :class:`CloudError` of the right kind."""
+    cloud, zone, region, instance_type = context.cloud, context.zone, context.region, context.instance_type
     rule = ERROR_TABLE.get(code)
     if rule is None:
         if http_status is not None and (http_status >= 500 or http_status == 429):
@@ -162,15 +166,15 @@ def classify(
     if rule.kind == "quota":
         if quota is None:
             quota = (
-                aws_quota_name(instance_type or "", spot)
+                aws_quota_name(instance_type or "", context.spot)
                 if cloud == "aws"
                 else gcp_quota_name(message) or "GPUS_ALL_REGIONS / the GPU quota of the region"
             )
         scope = "every region" if quota == "GPUS_ALL_REGIONS" else (region or where)
         console = "Service Quotas console" if cloud == "aws" else "IAM & Admin > Quotas"
         hint = f"raise the quota '{quota}' in {scope} ({console})"
-    if code == "UnauthorizedOperation" and action:
-        hint = f"the credentials lack the permission {action}; {_PERM}"
+    if code == "UnauthorizedOperation" and context.action:
+        hint = f"the credentials lack the permission {context.action}; {_PERM}"
     text = f"{cloud} {code or http_status}{what} in {where}: {_one_line(message)} — {hint}"
     return CloudError(_one_line(text, 400), kind=rule.kind, code=code, zone=zone, region=region, quota=quota)
 
@@ -341,14 +345,13 @@ def provision_with_failover(
     alternatives: Sequence[InstanceType] = (),
     policy: FailoverPolicy | None = None,
     on_demand_fallback: bool = False,
-    on_demand_alternatives: Sequence[InstanceType] | None = None,
 ) -> FailoverResult:
     """Provision ``request`` somewhere: zone → alternative type (→ on-demand), skipping what is blocked.
 
-    A spot request with ``on_demand_fallback`` walks the same zones and types again on-demand once spot has
-    no capacity (or quota) anywhere (``on_demand_alternatives``: the types to try then, default
-    ``alternatives``; the request's ``on_demand_type``, where set, before all of them); the result's ``spot``
-    says which market it got and each :class:`Attempt` names it.
+    On spot, only the ``alternatives`` with a spot offer (a ``spot_price_hr``) are tried. A spot request with
+    ``on_demand_fallback`` walks the zones and types again on-demand (every alternative; the request's
+    ``on_demand_type``, where set, before all of them) once spot has no capacity (or quota) anywhere; the
+    result's ``spot`` says which market it got and each :class:`Attempt` names it.
 
     Providers retry transient errors themselves (bounded backoff, same idempotency
     token); one that still surfaces stops here, like a fatal error. Capacity and quota
@@ -359,7 +362,9 @@ def provision_with_failover(
     attempts: list[Attempt] = []
     last: CloudError | None = None
     for spot in _market_steps(request, on_demand_fallback):
-        others = alternatives if spot or on_demand_alternatives is None else on_demand_alternatives
+        others: Sequence[InstanceType] = (
+            [t for t in alternatives if t.spot_price_hr is not None] if spot else alternatives
+        )  # spot needs an offer
         market = "spot" if spot else "on_demand"
         primary, preferred = request.instance_type, request.zone
         if not spot and request.on_demand_type is not None and request.on_demand_type.key != primary.key:

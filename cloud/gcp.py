@@ -48,7 +48,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import google.auth
 import google.auth.exceptions
@@ -61,9 +61,27 @@ from google.cloud import compute_v1
 from rubberband import __version__
 from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
 from rubberband.cloud.dryrun import PermissionCheck
-from rubberband.cloud.failover import ERROR_TABLE, RetryPolicy, call_with_retry, classify, gcp_quota_name
-from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE, Instance, InstanceRequest
+from rubberband.cloud.failover import (
+    ERROR_TABLE,
+    CallContext,
+    RetryPolicy,
+    call_with_retry,
+    classify,
+    gcp_quota_name,
+)
+from rubberband.cloud.provider import (
+    TAG_MANAGED,
+    TAG_ROLE,
+    TAG_RUN_ID,
+    TAG_STAGE,
+    Instance,
+    InstanceRequest,
+    check_option_names,
+)
 from rubberband.errors import CloudError, InputError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 T = TypeVar("T")
 
@@ -155,65 +173,78 @@ ALLOW_PRIORITY = 900
 DENY_PRIORITY = 1000
 
 
+class GcpOptions(TypedDict, total=False):
+    """:class:`GcpProvider`'s options, each optional (for ``gcp``, :class:`~rubberband.cloud.registry.ProviderPool`
+    passes these as keywords)."""
+
+    project: str | None  # default: ``RUBBERBAND_GCP_PROJECT``, else the credentials' project
+    endpoint: str | None  # Compute Engine's endpoint (default: ``RUBBERBAND_GCE_ENDPOINT``, else Google's)
+    credentials: Credentials | None  # default: anonymous with an endpoint, else application default credentials
+    network: str  # the VPC network of the run's VMs (default ``default``)
+    image: str | None  # the boot image (default: ``RUBBERBAND_GCP_IMAGE``, else :data:`DEFAULT_IMAGE`)
+    ssh_cidr: str | None  # the run's firewall admits SSH to its head from this CIDR only (default: from nowhere)
+    service_account: str | None  # the service account VMs start with
+    disk_gb: int  # each VM's boot disk (default 100 GB)
+    worker_egress: str  # how workers reach the internet: one of :data:`WORKER_EGRESS` (default ``nat``)
+    retry: RetryPolicy | None  # backoff for transient errors (default: ``RetryPolicy()``)
+    poll_s: float  # how often :meth:`GcpProvider.wait` looks (default 5 s)
+    version: str  # the rubberband version in labels (default: this one)
+
+
+def _access(region: str, options: GcpOptions) -> tuple[str | None, Credentials, str]:
+    """The endpoint, credentials and project the options give, or the environment's and the defaults'."""
+    endpoint = options.get("endpoint") or os.environ.get(ENDPOINT_ENV) or None
+    credentials, project = options.get("credentials"), options.get("project")
+    if endpoint:
+        credentials = credentials or AnonymousCredentials()
+        project = project or os.environ.get(PROJECT_ENV) or "rubberband-test"
+    elif credentials is None:
+        try:
+            credentials, default_project = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/cloud-platform"]
+            )
+        except google.auth.exceptions.DefaultCredentialsError:
+            raise classify(
+                "UNAUTHENTICATED", "no Google application default credentials found", CallContext("gcp", region=region)
+            ) from None
+        project = project or os.environ.get(PROJECT_ENV) or default_project
+    if not project:
+        raise InputError("no GCP project: set RUBBERBAND_GCP_PROJECT or `gcloud config set project`")
+    return endpoint, credentials, project
+
+
 class GcpProvider:
     """Compute Engine VMs of one region (one project) for rubberband runs."""
 
     cloud = "gcp"
 
-    def __init__(
-        self,
-        region: str,
-        *,
-        project: str | None = None,
-        endpoint: str | None = None,
-        credentials: Credentials | None = None,
-        network: str = "default",
-        image: str | None = None,
-        ssh_cidr: str | None = None,
-        service_account: str | None = None,
-        disk_gb: int = 100,
-        worker_egress: str = "nat",
-        retry: RetryPolicy | None = None,
-        poll_s: float = 5.0,
-        version: str = __version__,
-    ) -> None:
+    def __init__(self, region: str, **options: Unpack[GcpOptions]) -> None:
+        check_option_names("GcpProvider", options, GcpOptions.__optional_keys__)
         if region not in GCP_REGIONS:
             raise InputError(f"GCP region {region!r} is unknown; use one of e.g. us-central1, us-east1, europe-west4")
-        endpoint = endpoint or os.environ.get(ENDPOINT_ENV) or None
-        if endpoint:
-            credentials = credentials or AnonymousCredentials()
-            project = project or os.environ.get(PROJECT_ENV) or "rubberband-test"
-        elif credentials is None:
-            try:
-                credentials, default_project = google.auth.default(
-                    scopes=["https://www.googleapis.com/auth/cloud-platform"]
-                )
-            except google.auth.exceptions.DefaultCredentialsError:
-                raise classify(
-                    "gcp", "UNAUTHENTICATED", "no Google application default credentials found", region=region
-                ) from None
-            project = project or os.environ.get(PROJECT_ENV) or default_project
-        if not project:
-            raise InputError("no GCP project: set RUBBERBAND_GCP_PROJECT or `gcloud config set project`")
+        endpoint, credentials, project = _access(region, options)
+        worker_egress = options.get("worker_egress", "nat")
         if worker_egress not in WORKER_EGRESS:
             raise InputError(f"--worker-egress {worker_egress!r}: use one of {', '.join(WORKER_EGRESS)}")
+        ssh_cidr = options.get("ssh_cidr")
         self.region = region
         self.project = project
         self.endpoint = endpoint
-        self.network = network
-        self.image = image or os.environ.get("RUBBERBAND_GCP_IMAGE") or DEFAULT_IMAGE  # like RUBBERBAND_AWS_AMI
+        self.network = options.get("network", "default")
+        # like RUBBERBAND_AWS_AMI
+        self.image = options.get("image") or os.environ.get("RUBBERBAND_GCP_IMAGE") or DEFAULT_IMAGE
         self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
-        self.service_account = service_account
-        self.disk_gb = disk_gb
+        self.service_account = options.get("service_account")
+        self.disk_gb = options.get("disk_gb", 100)
         self.worker_egress = worker_egress
-        self.retry = retry or RetryPolicy()
-        self.poll_s = poll_s
-        self.version = version
+        self.retry = options.get("retry") or RetryPolicy()
+        self.poll_s = options.get("poll_s", 5.0)
+        self.version = options.get("version", __version__)
         self._zones: dict[str, str] = {}  # instance name -> zone
         self._last_seen: dict[str, Instance] = {}  # instance name -> as last seen (for a VM that vanished)
         self._firewalls: set[str] = set()
-        options = ClientOptions(api_endpoint=endpoint) if endpoint else None
-        kwargs: dict[str, Any] = {"credentials": credentials, "client_options": options, "transport": "rest"}
+        client_options = ClientOptions(api_endpoint=endpoint) if endpoint else None
+        kwargs: dict[str, Any] = {"credentials": credentials, "client_options": client_options, "transport": "rest"}
         self.instances = compute_v1.InstancesClient(**kwargs)
         self.zone_operations = compute_v1.ZoneOperationsClient(**kwargs)
         self.firewalls = compute_v1.FirewallsClient(**kwargs)
@@ -237,17 +268,8 @@ class GcpProvider:
                 code = "QUOTA_EXCEEDED"
         status = int(exc.code) if exc.code is not None else None
         quota = gcp_quota_name(exc.message) if code in ("quotaExceeded", "QUOTA_EXCEEDED") else None
-        return classify(
-            "gcp",
-            code,
-            exc.message,
-            http_status=status,
-            zone=zone,
-            region=self.region,
-            instance_type=instance_type,
-            spot=spot,
-            quota=quota,
-        )
+        context = CallContext("gcp", region=self.region, zone=zone, instance_type=instance_type, spot=spot)
+        return classify(code, exc.message, context, http_status=status, quota=quota)
 
     def _call(
         self, fn: Callable[[], T], *, zone: str | None = None, instance_type: str | None = None, spot: bool = False
@@ -258,7 +280,7 @@ class GcpProvider:
             except api_exceptions.GoogleAPICallError as exc:
                 raise self._error(exc, zone=zone, instance_type=instance_type, spot=spot) from None
             except google.auth.exceptions.RefreshError as exc:
-                raise classify("gcp", "UNAUTHENTICATED", str(exc), region=self.region) from None
+                raise classify("UNAUTHENTICATED", str(exc), CallContext("gcp", region=self.region)) from None
             except requests.exceptions.RequestException as exc:
                 raise CloudError(
                     f"gcp: cannot reach Compute Engine: {exc}",
@@ -293,17 +315,8 @@ class GcpProvider:
             if detail.quota_info and detail.quota_info.metric_name:
                 metric = detail.quota_info.metric_name
         quota = gcp_quota_name(first.message, metric) if first.code == "QUOTA_EXCEEDED" else None
-        return classify(
-            "gcp",
-            first.code,
-            first.message,
-            http_status=op.http_error_status_code or None,
-            zone=zone,
-            region=self.region,
-            instance_type=instance_type,
-            spot=spot,
-            quota=quota,
-        )
+        context = CallContext("gcp", region=self.region, zone=zone, instance_type=instance_type, spot=spot)
+        return classify(first.code, first.message, context, http_status=op.http_error_status_code or None, quota=quota)
 
     def _wait_zone_op(self, op: compute_v1.Operation, zone: str, timeout_s: float = 600.0) -> compute_v1.Operation:
         deadline = time.monotonic() + timeout_s

@@ -84,20 +84,23 @@ def head_startup_script(cloud: str, region: str, run_id: str, settings: Watchdog
     )
 
 
-def worker_startup_script(
-    cloud: str,
-    run_id: str,
-    head: Instance,
-    itype: InstanceType,
-    *,
-    max_lifetime_s: float | None = None,
-    requirements: Sequence[str] = (),
-    token_push_key: str | None = None,
-) -> str:
-    """The startup script of a worker of ``itype`` that joins ``head`` (with the spec's ``requirements``).
+@dataclass(frozen=True)
+class WorkerBoot:
+    """What every worker of a run boots with, beside its head and its type.
 
+    ``max_lifetime_s``: the cap after which the worker ends itself; ``requirements``: the spec's extra packages;
     ``token_push_key``: the head's public push key: the worker's Ray then runs with the run's token, which the
-    head pushes over SSH (cloud/ray_token.py); without one (a head outside the cloud) Ray auth is disabled.
+    head pushes over SSH (cloud/ray_token.py); without one (a head outside the cloud) Ray auth is disabled."""
+
+    max_lifetime_s: float | None = None
+    requirements: tuple[str, ...] = ()
+    token_push_key: str | None = None
+
+
+def worker_startup_script(
+    cloud: str, run_id: str, head: Instance, itype: InstanceType, boot: WorkerBoot = WorkerBoot()
+) -> str:
+    """The startup script of a worker of ``itype`` that joins ``head``, booted as ``boot`` says.
 
     The worker is rendered where the executor runs (the head, in head mode; the CLI with ``--head local``):
     it needs that machine's Python minor, and the CLI's Ray, torch and pinned runtime packages
@@ -121,10 +124,10 @@ def worker_startup_script(
             workers=node.slots,
             use_gpu=node.num_gpus > 0,
             cpus=node.num_cpus,
-            max_lifetime_s=max_lifetime_s,
-            requirements=tuple(requirements),
-            ray_auth="token" if token_push_key else "disabled",
-            token_push_key=token_push_key,
+            max_lifetime_s=boot.max_lifetime_s,
+            requirements=tuple(boot.requirements),
+            ray_auth="token" if boot.token_push_key else "disabled",
+            token_push_key=boot.token_push_key,
         )
     )
 
@@ -273,11 +276,18 @@ class NoApi:
         raise CloudError(f"{self.cloud}: no API access ({self.reason})", kind="fatal")
 
 
+@dataclass(frozen=True)
+class WatchedRun:
+    """The run a watchdog looks after: its head (``head_id``), the provider that ends it, its run directory."""
+
+    provider: Provider
+    run_id: str
+    head_id: str
+    run_dir: Path
+
+
 def watch(
-    provider: Provider,
-    run_id: str,
-    head_id: str,
-    run_dir: Path,
+    run: WatchedRun,
     settings: WatchdogSettings,
     *,
     clock: Callable[[], float] = time.time,
@@ -287,10 +297,10 @@ def watch(
     """Poll until :func:`decide` says terminate, then :func:`self_terminate`; return the decision."""
     booted_at = clock()
     while True:
-        decision = decide(observe(run_dir, booted_at, clock()), settings)
+        decision = decide(observe(run.run_dir, booted_at, clock()), settings)
         if decision.terminate:
-            log.warning("ending run %s: %s", run_id, decision.reason)
-            self_terminate(provider, run_id, head_id, shutdown=shutdown)
+            log.warning("ending run %s: %s", run.run_id, decision.reason)
+            self_terminate(run.provider, run.run_id, run.head_id, shutdown=shutdown)
             return decision
         sleep(poll_interval(settings))
 
@@ -375,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     shutdown = (
         (lambda: None) if args.no_shutdown else request_poweroff(args.run_dir) if args.poweroff_marker else _shutdown
     )
-    decision = watch(provider, args.run_id, args.head_id, args.run_dir, settings, shutdown=shutdown)
+    decision = watch(WatchedRun(provider, args.run_id, args.head_id, args.run_dir), settings, shutdown=shutdown)
     print(f"rubberband watchdog: ended run {args.run_id}: {decision.reason}", flush=True)
     return 0
 

@@ -327,7 +327,7 @@ class AwsIdentities:
     def _call(self, action: str, fn: Callable[[], Any]) -> Any:
         import botocore.exceptions
 
-        from rubberband.cloud.failover import classify
+        from rubberband.cloud.failover import CallContext, classify
 
         try:
             return fn()
@@ -337,9 +337,10 @@ class AwsIdentities:
             code = error.get("Code", "")
             if code in ("AccessDenied", "AccessDeniedException"):
                 code = "UnauthorizedOperation"
-            raise classify("aws", code, error.get("Message", ""), http_status=status, action=f"iam:{action}") from None
+            context = CallContext("aws", action=f"iam:{action}")
+            raise classify(code, error.get("Message", ""), context, http_status=status) from None
         except botocore.exceptions.NoCredentialsError:
-            raise classify("aws", "NoCredentials", "boto3 found no credentials") from None
+            raise classify("NoCredentials", "boto3 found no credentials", CallContext("aws")) from None
         except botocore.exceptions.BotoCoreError as exc:  # a connection error, an unreadable answer
             raise CloudError(f"aws iam:{action}: {exc}", kind="transient", code=type(exc).__name__) from None
 

@@ -10,6 +10,7 @@ shared failover vocabulary of :class:`~rubberband.errors.CloudError`
 from __future__ import annotations
 
 import builtins
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -29,6 +30,13 @@ TAG_HEARTBEAT = "rubberband-heartbeat"
 #: POSIX seconds (an integer) at which a run-level resource without a creation time of its own was created
 #: (an EC2 security group): the orphan sweep leaves young ones to the run that is creating them.
 TAG_CREATED = "rubberband-created"
+
+
+def check_option_names(owner: str, options: Mapping[str, object], known: Collection[str]) -> None:
+    """Refuse a provider option ``owner`` does not know, as a misspelt keyword argument is refused."""
+    for name in options:
+        if name not in known:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
 
 
 def node_resource(instance_id: str) -> str:

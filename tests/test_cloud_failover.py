@@ -12,6 +12,7 @@ from cloud_helpers import at_once, cloud_catalog
 from rubberband.catalog import InstanceType
 from rubberband.cloud.failover import (
     ERROR_TABLE,
+    CallContext,
     FailoverExhausted,
     FailoverPolicy,
     RetryPolicy,
@@ -45,24 +46,24 @@ P3 = CATALOG.find("p3.2xlarge", cloud="aws")
 def test_error_table(cloud, code, kind):
     assert ERROR_TABLE[code].kind == kind
     err = classify(
-        cloud,
         code,
         "details\nover two lines",
-        zone="z-1",
-        region="r-1",
-        instance_type="p3.2xlarge",
+        CallContext(cloud, zone="z-1", region="r-1", instance_type="p3.2xlarge"),
         quota="GPUS_ALL_REGIONS" if cloud == "gcp" else None,
     )
     assert err.kind == kind and err.code == code and "\n" not in err.message and "p3.2xlarge" in err.message
 
 
 def test_unknown_codes_fall_back_on_http_status():
-    assert classify("aws", "Weird", "x", http_status=503).kind == "transient"
-    assert classify("gcp", "", "x", http_status=429).kind == "transient"
-    assert classify("gcp", "", "x", http_status=403).kind == "fatal"
-    assert classify("aws", "Weird", "x", http_status=400).kind == "fatal"
-    assert "Running On-Demand G and VT" in classify("aws", "VcpuLimitExceeded", "x", instance_type="g5.xlarge").message
-    assert "Standard" in classify("aws", "VcpuLimitExceeded", "x", instance_type="m6i.large").message
+    assert classify("Weird", "x", CallContext("aws"), http_status=503).kind == "transient"
+    assert classify("", "x", CallContext("gcp"), http_status=429).kind == "transient"
+    assert classify("", "x", CallContext("gcp"), http_status=403).kind == "fatal"
+    assert classify("Weird", "x", CallContext("aws"), http_status=400).kind == "fatal"
+    assert (
+        "Running On-Demand G and VT"
+        in classify("VcpuLimitExceeded", "x", CallContext("aws", instance_type="g5.xlarge")).message
+    )
+    assert "Standard" in classify("VcpuLimitExceeded", "x", CallContext("aws", instance_type="m6i.large")).message
 
 
 def test_backoff_is_exponential_and_bounded():

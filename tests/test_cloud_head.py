@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import boto3
 import pytest
@@ -32,6 +33,7 @@ from rubberband.cloud.bootstrap import (
 from rubberband.cloud.head import (
     DONE_MARKER,
     Observation,
+    WatchedRun,
     build_parser,
     decide,
     head_startup_script,
@@ -202,10 +204,7 @@ def test_head_provisioned_then_watchdog_ends_a_stalled_run(moto_env, tmp_path):
     ticks = iter(range(1000))
     shutdowns: list[int] = []
     decision = watch(
-        provider,
-        "run-w",
-        head.id,
-        run_dir,
+        WatchedRun(provider, "run-w", head.id, run_dir),
         SETTINGS,
         clock=lambda: start + 30 * next(ticks),
         sleep=lambda s: None,
@@ -539,19 +538,23 @@ def test_a_cloud_heads_script_takes_the_images_python_and_pins_the_runtime(monke
     assert "torch==" not in script  # the head trains nothing
 
 
-def run_node_watchdog(
-    tmp_path,
-    role: str,
-    *,
-    ready: bool = True,
-    expires_in: int | None = None,
-    health: int = 0,
-    booted_ago: int = 0,
-    poweroff: bool = False,
-    **config,
-) -> list[list[str]]:
-    """Execute the rendered node watchdog (bash) with shutdown, sleep and the runtime's python stubbed; return
-    the stubs' calls. The watchdog ends itself after powering off (or when a stub ``sleep`` fails)."""
+@dataclass(frozen=True)
+class NodeState:
+    """What a node's watchdog finds: its boot finished (``ready``), its lifetime cap ``expires_in`` seconds away
+    (None: none), ``ray health-check``'s exit code, booted ``booted_ago`` seconds ago, the run's watchdog asking
+    it to power off (``poweroff``)."""
+
+    ready: bool = True
+    expires_in: int | None = None
+    health: int = 0
+    booted_ago: int = 0
+    poweroff: bool = False
+
+
+def run_node_watchdog(tmp_path, role: str, node: NodeState, **config) -> list[list[str]]:
+    """Execute the rendered node watchdog (bash) of a ``role`` node in state ``node`` (``config``: more
+    BootstrapConfig fields) with shutdown, sleep and the runtime's python stubbed; return the stubs' calls. The
+    watchdog ends itself after powering off (or when a stub ``sleep`` fails)."""
     state, runs = tmp_path / "state", tmp_path / "runs"
     state.mkdir()
     (runs / "run-n").mkdir(parents=True)
@@ -561,16 +564,16 @@ def run_node_watchdog(
     (stubs / "shutdown").write_text(STUB)
     (stubs / "sleep").write_text(STUB + f'[ "$(grep -c sleep {log})" -lt 5 ]\n')  # 5 polls at most, no waiting
     (tmp_path / "venv" / "bin").mkdir(parents=True)
-    (tmp_path / "venv" / "bin" / "python").write_text(STUB + f"exit {health}\n")  # `ray health-check`'s answer
+    (tmp_path / "venv" / "bin" / "python").write_text(STUB + f"exit {node.health}\n")  # `ray health-check`'s answer
     for stub in [*stubs.iterdir(), tmp_path / "venv" / "bin" / "python"]:
         stub.chmod(0o755)
     now = int(time.time())
-    (state / "booted_at").write_text(f"{now - booted_ago}\n")
-    if expires_in is not None:
-        (state / "expires_at").write_text(f"{now + expires_in}\n")
-    if ready:
+    (state / "booted_at").write_text(f"{now - node.booted_ago}\n")
+    if node.expires_in is not None:
+        (state / "expires_at").write_text(f"{now + node.expires_in}\n")
+    if node.ready:
         (state / "ready").write_text("")
-    if poweroff:
+    if node.poweroff:
         (runs / "run-n" / "POWEROFF").write_text("")
     from rubberband.cloud.bootstrap import render_node_watchdog
 
@@ -601,20 +604,20 @@ def run_node_watchdog(
 
 @pytest.mark.e2e  # executes the rendered watchdog with bash
 @pytest.mark.parametrize(
-    "role, case, expect",
+    "role, node, config, expect",
     [
-        ("worker", dict(expires_in=-1), "lifetime cap"),
-        ("head", dict(expires_in=-1), "lifetime cap"),
-        ("worker", dict(ready=False, booted_ago=4000), "boot did not finish"),
-        ("worker", dict(health=1, head_lost_timeout_s=120), "head was unreachable for 120s"),
-        ("head", dict(poweroff=True), "run's watchdog ended the run"),
-        ("head", dict(booted_ago=700, watchdog=SETTINGS), "no run was submitted within 600s"),
-        ("worker", dict(expires_in=3600), None),  # healthy, within its cap: polls on
-        ("head", dict(ready=False, booted_ago=10), None),  # still booting
+        ("worker", NodeState(expires_in=-1), {}, "lifetime cap"),
+        ("head", NodeState(expires_in=-1), {}, "lifetime cap"),
+        ("worker", NodeState(ready=False, booted_ago=4000), {}, "boot did not finish"),
+        ("worker", NodeState(health=1), dict(head_lost_timeout_s=120), "head was unreachable for 120s"),
+        ("head", NodeState(poweroff=True), {}, "run's watchdog ended the run"),
+        ("head", NodeState(booted_ago=700), dict(watchdog=SETTINGS), "no run was submitted within 600s"),
+        ("worker", NodeState(expires_in=3600), {}, None),  # healthy, within its cap: polls on
+        ("head", NodeState(ready=False, booted_ago=10), {}, None),  # still booting
     ],
 )
-def test_node_watchdog_powers_the_node_off(tmp_path, role, case, expect):
-    calls = run_node_watchdog(tmp_path, role, **case)
+def test_node_watchdog_powers_the_node_off(tmp_path, role, node, config, expect):
+    calls = run_node_watchdog(tmp_path, role, node, **config)
     offs = [c[1:] for c in calls if c[0] == "shutdown"]
     if expect is None:
         assert offs == [] and sum(c[0] == "sleep" for c in calls) == 5
@@ -645,10 +648,7 @@ def test_watchdog_shuts_down_when_every_api_call_fails(tmp_path):
 
     shutdowns: list[int] = []
     decision = watch(
-        Broken(),
-        "run-b",
-        "rb-head",
-        tmp_path / "never",
+        WatchedRun(Broken(), "run-b", "rb-head", tmp_path / "never"),
         SETTINGS,
         clock=iter([0, 0, 601]).__next__,
         sleep=lambda s: None,

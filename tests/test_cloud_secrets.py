@@ -23,7 +23,7 @@ from rich.console import Console
 
 from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.dryrun import dry_run, render_dry_run
-from rubberband.cloud.failover import classify, provision_with_failover
+from rubberband.cloud.failover import CallContext, classify, provision_with_failover
 from rubberband.cloud.gcp import GcpProvider
 from rubberband.cloud.head import provision_head, self_terminate, worker_startup_script
 from rubberband.cloud.provider import InstanceRequest
@@ -80,6 +80,8 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
 
 def test_provider_messages_are_redacted():
     err = classify(
-        "aws", "SignatureDoesNotMatch", f"Credential={FAKE_ACCESS_KEY}/20261121/us-east-1/ec2", region=REGION
+        "SignatureDoesNotMatch",
+        f"Credential={FAKE_ACCESS_KEY}/20261121/us-east-1/ec2",
+        CallContext("aws", region=REGION),
     )
     assert FAKE_ACCESS_KEY not in err.message and "[redacted]" in err.message and err.kind == "fatal"
