@@ -229,28 +229,26 @@ def schedule_for(
     return schedule
 
 
-def dry_run(
+def dry_run_report(
     plan: Plan,
-    provider_factory: ProviderFactory,
+    provider_factory: ProviderFactory | None,
     *,
     catalog: Catalog | None = None,
     include_head: bool = True,
-    check_permissions: bool = True,
-    strict: bool = True,
     extra_checks: Sequence[PermissionCheck] = (),
 ) -> DryRunReport:
-    """Schedule, bill and permission checks for ``plan``; provisions nothing.
+    """Schedule, bill and permission checks for ``plan``; provisions nothing, refuses nothing.
 
     ``provider_factory(cloud, region)`` builds a provider (e.g.
-    :func:`rubberband.cloud.registry.make_provider`). ``extra_checks``: checks made elsewhere (the
-    head's identity, :func:`rubberband.cloud.identity.check_identity`). With ``strict``, a denied
-    permission raises a fatal CloudError naming it (and whose it is).
+    :func:`rubberband.cloud.registry.make_provider`) whose permissions are probed; None: none are.
+    ``extra_checks``: checks made elsewhere (the head's identity,
+    :func:`rubberband.cloud.identity.check_identity`).
     """
     clouds = sorted({s.cloud for s in plan.stages})
     catalog = catalog or load_catalog([c for c in clouds if c in BILLING_RULES])
     schedule = schedule_for(plan, catalog, include_head=include_head)
     checks: list[PermissionCheck] = list(extra_checks)
-    if check_permissions:
+    if provider_factory is not None:
         for cloud, region in sorted({(s.cloud, s.region) for s in schedule}):
             provider = provider_factory(cloud, region)
             first = next(s for s in schedule if (s.cloud, s.region) == (cloud, region) and s.role == "worker")
@@ -266,7 +264,7 @@ def dry_run(
                         cloud, region, "*", None, f"{cloud} has no dry-run mode; permissions are checked at launch"
                     )
                 )
-    report = DryRunReport(
+    return DryRunReport(
         job=plan.job.name,
         schedule=schedule,
         checks=checks,
@@ -274,7 +272,22 @@ def dry_run(
         predicted_head_usd=plan.predicted.cost_breakdown.head_usd,
         catalog_dates={c: d for c, d in catalog.dates.items() if c in clouds},
     )
-    if strict and report.denied:
+
+
+def dry_run(
+    plan: Plan,
+    provider_factory: ProviderFactory | None,
+    *,
+    catalog: Catalog | None = None,
+    include_head: bool = True,
+    extra_checks: Sequence[PermissionCheck] = (),
+) -> DryRunReport:
+    """:func:`dry_run_report`, which must find no permission denied: a denied one raises a fatal CloudError
+    naming it (and whose it is)."""
+    report = dry_run_report(
+        plan, provider_factory, catalog=catalog, include_head=include_head, extra_checks=extra_checks
+    )
+    if report.denied:
         names = ", ".join(
             f"{c.action} ({c.detail if c.region == 'global' else f'{c.cloud} {c.region}'})" for c in report.denied
         )

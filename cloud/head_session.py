@@ -246,7 +246,7 @@ def start_head(
 def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_boot: str | None) -> str:
     """Make the run's Ray token, keep it in ``RUN_DIR/ray-token`` (0600) and write it onto the head: over SSH
     (the head's boot waits for it before starting Ray), or onto a played head's disk in tests."""
-    from rubberband.cloud.ray_token import deliver_to_head, new_token, write_run_token
+    from rubberband.cloud.ray_token import SshLogin, deliver_to_head, new_token, write_run_token
 
     token = new_token()
     write_run_token(run_dir, token)
@@ -263,14 +263,13 @@ def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_
             f"cannot reach head {record.instance_id} to give it the run's Ray token: it has no address "
             f"or no --ssh-key was given"
         )
-    deliver_to_head(
+    login = SshLogin(
         host,
         record.ssh_user,
         Path(options.ssh_key).expanduser(),
         run_known_hosts(record.cloud_run_id, record.instance_id, run_dir),
-        token,
-        timeout_s=options.boot_timeout_s,
     )
+    deliver_to_head(login, token, timeout_s=options.boot_timeout_s)
     return token
 
 
@@ -328,24 +327,27 @@ def stage_code(spec: JobSpec, plan: Plan, into: Path) -> Path:
     return work
 
 
-def entrypoint(
-    record: HeadRecord,
-    *,
-    deadline_s: float | None,
-    trial_runtime: str,
-    head_grace_s: float | None = None,
-    overrun_s: float = 0.0,
-    on_late: str = "finish",
-    test_boot: str | None = None,
-    metadata_url: str | None = None,
-) -> str:
-    """The run job's command line on the head (names the run, never a credential).
+@dataclass(frozen=True)
+class RunJob:
+    """How the run job runs the executor on the head (its command line's options; never a credential).
 
     ``head_grace_s``: the watchdog's results grace the head was started with, which the run's
     ``result.json`` bills the head for after the run ends. ``test_boot`` (tests: a played head): the
     on-head executor plays its workers' boots too (``--test-boot``; cloud/testboot.py). ``metadata_url``
     (tests: a local endpoint serving spot notices): where the on-head executor's notice watchers read
     (``--metadata-url``; executor/notices.py)."""
+
+    deadline_s: float | None
+    trial_runtime: str
+    head_grace_s: float | None = None
+    overrun_s: float = 0.0
+    on_late: str = "finish"
+    test_boot: str | None = None
+    metadata_url: str | None = None
+
+
+def entrypoint(record: HeadRecord, job: RunJob) -> str:
+    """The run job's command line on the head (names the run, never a credential)."""
     words = [
         "python",
         "-m",
@@ -360,22 +362,22 @@ def entrypoint(
         "--run-id",
         record.run_id,
         "--trial-runtime",
-        trial_runtime,
+        job.trial_runtime,
     ]
-    if head_grace_s is not None:
-        words += ["--head-grace", f"{head_grace_s:g}"]
-    if deadline_s:
-        words += ["--deadline", f"{deadline_s:g}"]
-    if overrun_s:
-        words += ["--overrun-s", f"{overrun_s:g}"]
-    if on_late != "finish":
-        words += ["--on-late", on_late]
+    if job.head_grace_s is not None:
+        words += ["--head-grace", f"{job.head_grace_s:g}"]
+    if job.deadline_s:
+        words += ["--deadline", f"{job.deadline_s:g}"]
+    if job.overrun_s:
+        words += ["--overrun-s", f"{job.overrun_s:g}"]
+    if job.on_late != "finish":
+        words += ["--on-late", job.on_late]
     if record.cloud == "gcp" and record.worker_egress != "nat":
         words += ["--worker-egress", record.worker_egress]
-    if test_boot:
-        words += ["--test-boot", test_boot]
-    if metadata_url:
-        words += ["--metadata-url", metadata_url]
+    if job.test_boot:
+        words += ["--test-boot", job.test_boot]
+    if job.metadata_url:
+        words += ["--metadata-url", job.metadata_url]
     import shlex
 
     return " ".join(shlex.quote(w) for w in words)
@@ -485,7 +487,7 @@ class HeadSession:
     ) -> str:
         """Submit the head's watchdog (``watchdog``: its settings; None: none) and then the run itself
         (``test_boot``: on a played head, its executor plays the workers' boots; ``metadata_url``: where its notice
-        watchers read; see :func:`entrypoint`)."""
+        watchers read; see :class:`RunJob`)."""
         from rubberband.cloud.shipping import job_runtime_env
 
         if watchdog is not None:
@@ -494,13 +496,15 @@ class HeadSession:
             work = stage_code(spec, plan, Path(tmp))
             command = entrypoint(
                 self.record,
-                deadline_s=deadline_s,
-                trial_runtime=trial_runtime,
-                head_grace_s=head_grace_s,
-                overrun_s=overrun_s,
-                on_late=on_late,
-                test_boot=test_boot,
-                metadata_url=metadata_url,
+                RunJob(
+                    deadline_s=deadline_s,
+                    trial_runtime=trial_runtime,
+                    head_grace_s=head_grace_s,
+                    overrun_s=overrun_s,
+                    on_late=on_late,
+                    test_boot=test_boot,
+                    metadata_url=metadata_url,
+                ),
             )
             return self._submit(
                 entrypoint=command,

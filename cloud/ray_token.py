@@ -79,31 +79,31 @@ def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def deliver_to_head(
-    host: str,
-    user: str,
-    key_file: Path,
-    known_hosts: Path,
-    token: str,
-    *,
-    timeout_s: float,
-    ssh: str = "ssh",
-    poll_s: float = 5.0,
-) -> None:
+@dataclass(frozen=True)
+class SshLogin:
+    """How the CLI logs in to a run's head over SSH: its address, the user and private key, the run's known_hosts."""
+
+    host: str
+    user: str
+    key_file: Path
+    known_hosts: Path
+
+
+def deliver_to_head(login: SshLogin, token: str, *, timeout_s: float, ssh: str = "ssh", poll_s: float = 5.0) -> None:
     """Write the token onto the head (``/var/lib/rubberband/ray-token``, root only) over SSH, retried while the head
     boots; the token goes on ssh's stdin, never on a command line."""
     from rubberband.cloud.head_link import ssh_options
 
     if shutil.which(ssh) is None:
         raise CloudError(f"`{ssh}` is not installed: the run's Ray token reaches its head over SSH", kind="fatal")
-    known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    login.known_hosts.parent.mkdir(parents=True, exist_ok=True)
     script = (
         f"umask 077; mkdir -p {Path(HEAD_TOKEN_PATH).parent} && cat > {HEAD_TOKEN_PATH}.part && "
         f"mv {HEAD_TOKEN_PATH}.part {HEAD_TOKEN_PATH}"
     )
     remote = f"sudo sh -c {shlex.quote(script)}"
-    command = [ssh, "-i", str(key_file), *ssh_options(known_hosts), f"{user}@{host}", remote]
-    _retry_ssh(command, token, timeout_s=timeout_s, poll_s=poll_s, what=f"the head {user}@{host}")
+    command = [ssh, "-i", str(login.key_file), *ssh_options(login.known_hosts), f"{login.user}@{login.host}", remote]
+    _retry_ssh(command, token, timeout_s=timeout_s, poll_s=poll_s, what=f"the head {login.user}@{login.host}")
 
 
 def _retry_ssh(command: list[str], token: str, *, timeout_s: float, poll_s: float, what: str) -> None:

@@ -17,7 +17,7 @@ from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
 
 from rubberband.cloud.aws import AwsProvider
-from rubberband.cloud.dryrun import dry_run, render_dry_run
+from rubberband.cloud.dryrun import dry_run, dry_run_report, render_dry_run
 from rubberband.cloud.gcp import GcpProvider
 from rubberband.errors import CloudError, InputError
 
@@ -67,7 +67,7 @@ def test_aws_dry_run_names_a_denied_permission(moto_env, ec2_faults):
         dry_run(plan, lambda c, r: AwsProvider(r, image_id=ami), catalog=CATALOG)
     assert info.value.kind == "fatal" and "ec2:RunInstances" in info.value.message
     assert "\n" not in info.value.message
-    report = dry_run(plan, lambda c, r: AwsProvider(r, image_id=ami), catalog=CATALOG, strict=False)
+    report = dry_run_report(plan, lambda c, r: AwsProvider(r, image_id=ami), catalog=CATALOG)
     assert [c.action for c in report.denied] == ["ec2:RunInstances"]
     assert report.schedule[1].spot and report.schedule[1].price_hr == 0.2010
     assert ec2_counts() == (0, 0)
@@ -86,11 +86,11 @@ def test_gcp_dry_run_prices_composed_types_and_creates_nothing(gce_fake):
     gce_fake.caller_permissions = set(GCP_CLI_PERMISSIONS) - {"compute.firewalls.create"}
     with pytest.raises(CloudError, match="permission missing: compute.firewalls.create"):
         dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG)
-    report = dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG, strict=False)
+    report = dry_run_report(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG)
     assert [c.action for c in report.denied] == ["compute.firewalls.create"]
     # the workers' Cloud NAT (private workers by default) is checked alike
     gce_fake.caller_permissions = set(GCP_CLI_PERMISSIONS) - {"compute.routers.create", "compute.regionOperations.get"}
-    report = dry_run(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG, strict=False)
+    report = dry_run_report(plan, lambda c, r: GcpProvider(r, endpoint=gce_fake.url), catalog=CATALOG)
     assert [c.action for c in report.denied] == ["compute.routers.create", "compute.regionOperations.get"]
     assert not gce_fake.routers
 
@@ -113,4 +113,4 @@ def test_the_gce_fake_tests_permissions_as_strictly_as_the_real_api(gce_fake):
 
 def test_dry_run_refuses_local_plans():
     with pytest.raises(InputError, match="needs a plan for aws or gcp"):
-        dry_run(make_plan("local", "local", "local.cpu1"), lambda c, r: None, check_permissions=False)
+        dry_run(make_plan("local", "local", "local.cpu1"), None)

@@ -47,6 +47,7 @@ from rubberband.cloud.head_session import (
     HeadOptions,
     HeadRecord,
     HeadSession,
+    RunJob,
     end_run,
     entrypoint,
     link_for,
@@ -458,7 +459,7 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
         metric="loss",
     )
     words = entrypoint(
-        record, deadline_s=600, trial_runtime="rubberband.executor.trials", head_grace_s=300, overrun_s=60
+        record, RunJob(deadline_s=600, trial_runtime="rubberband.executor.trials", head_grace_s=300, overrun_s=60)
     ).split()
     assert words[:4] == ["python", "-m", "rubberband.head_job", "run"]
     assert "--head-id" in words and "i-0abc" in words and "--deadline" in words
@@ -470,7 +471,9 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
     for egress in ("existing", "public"):  # what the CLI was asked for reaches the head's executor (GCP)
         gcp = dataclasses.replace(record, cloud="gcp", worker_egress=egress)
         assert (
-            build_parser().parse_args(entrypoint(gcp, deadline_s=600, trial_runtime="x").split()[3:]).worker_egress
+            build_parser()
+            .parse_args(entrypoint(gcp, RunJob(deadline_s=600, trial_runtime="x")).split()[3:])
+            .worker_egress
             == egress
         )
     from rubberband.cloud.gcp import WORKER_EGRESS
@@ -479,21 +482,25 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
         build_parser()._subparsers._group_actions[0].choices["run"]._option_string_actions["--worker-egress"].choices
         == WORKER_EGRESS
     )
-    stop = entrypoint(record, deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop").split()
+    stop = entrypoint(
+        record, RunJob(deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop")
+    ).split()
     assert stop[stop.index("--on-late") + 1] == "stop" and build_parser().parse_args(stop[3:]).on_late == "stop"
     # a played head's run job gets the test boot on its command line (never from the environment); a real one none
     assert "--test-boot" not in words and build_parser().parse_args(words[3:]).test_boot is None
-    played = entrypoint(record, deadline_s=600, trial_runtime="x", test_boot="local").split()
+    played = entrypoint(record, RunJob(deadline_s=600, trial_runtime="x", test_boot="local")).split()
     assert build_parser().parse_args(played[3:]).test_boot == "local"
     # so does a test's metadata server (spot notices) and trial runtime; a real one none
     assert "--metadata-url" not in words and build_parser().parse_args(words[3:]).metadata_url is None
     noticed = shlex.split(
         entrypoint(
             record,
-            deadline_s=600,
-            trial_runtime="tests.stand_in",
-            test_boot="local",
-            metadata_url="http://127.0.0.1:8/{instance}/",
+            RunJob(
+                deadline_s=600,
+                trial_runtime="tests.stand_in",
+                test_boot="local",
+                metadata_url="http://127.0.0.1:8/{instance}/",
+            ),
         )
     )  # as the job's shell does
     assert (

@@ -96,16 +96,22 @@ cat > {tmp_path}/stdin.$n
 def test_the_token_goes_to_the_head_on_stdin_over_the_runs_known_hosts(tmp_path):
     """deliver_to_head retries while the head's sshd is not up, sends the token on stdin only (never in argv), and
     trusts the run's own known_hosts; write/read/forget keep it in RUN_DIR/ray-token, 0600."""
-    from rubberband.cloud.ray_token import deliver_to_head, forget_run_token, new_token, read_run_token, write_run_token
+    from rubberband.cloud.ray_token import (
+        SshLogin,
+        deliver_to_head,
+        forget_run_token,
+        new_token,
+        read_run_token,
+        write_run_token,
+    )
 
     token = new_token()
     run_dir = tmp_path / "run"
     path = write_run_token(run_dir, token)
     assert read_run_token(run_dir) == token and path.stat().st_mode & 0o777 == 0o600
     ssh, _ = _ssh_stub(tmp_path, fail_first=2)
-    deliver_to_head(
-        "203.0.113.9", "ubuntu", tmp_path / "key", run_dir / "known_hosts", token, timeout_s=30, ssh=ssh, poll_s=0.01
-    )
+    login = SshLogin("203.0.113.9", "ubuntu", tmp_path / "key", run_dir / "known_hosts")
+    deliver_to_head(login, token, timeout_s=30, ssh=ssh, poll_s=0.01)
     calls = sorted(tmp_path.glob("call.*"))
     assert len(calls) == 3  # two refused while "booting", then delivered
     argv = calls[-1].read_text().splitlines()
