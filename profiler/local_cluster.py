@@ -115,16 +115,15 @@ class LocalCluster:
         instance_id: str,
         slots: int,
         *,
-        measure_ready: bool = False,
-        timeout_s: float = 60.0,
+        ready_timeout_s: float | None = None,
         num_gpus: int = 0,
         num_cpus: int | None = None,
     ) -> NodeStart:
         """Start one node for ``instance_id`` with ``slots`` worker slots; the first one is the head.
 
         ``num_gpus`` GPUs (logical ones where the machine has none, as ``ray start --num-gpus``) and
-        ``num_cpus`` CPUs (default: ``slots``) are what the node advertises. With ``measure_ready``
-        also start a worker process pinned to it and time until it answers.
+        ``num_cpus`` CPUs (default: ``slots``) are what the node advertises. With ``ready_timeout_s``
+        also start a worker process pinned to it and time until it answers (waiting that long at most).
         """
         import ray
 
@@ -151,8 +150,8 @@ class LocalCluster:
         if head and self.connect:
             ray.init(address=self._cluster.address, logging_level="ERROR", log_to_driver=False, configure_logging=True)
         ready = None
-        if measure_ready:
-            ready = self._time_worker(instance_id, began, timeout_s)
+        if ready_timeout_s is not None:
+            ready = self._time_worker(instance_id, began, ready_timeout_s)
         start = NodeStart(instance_id, registered, ready)
         self.starts.append(start)
         return start

@@ -295,26 +295,34 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
                         f"--budget {options.budget_s:.0f}s is too small to measure any shape "
                         f"({'; '.join(r.skipped or '' for r in results)}); give it more time"
                     )
-                epochs = _measure_configs(
-                    spec, options, measured, resources, config, run_dir, budget, pool, notes, tick
-                )
-                warm = (
-                    _measure_restart(spec, options, measured, resources, config, budget, pool, notes, tick)
-                    if options.measure_restart
-                    else None
-                )
-            cold = (
-                _measure_restart(spec, options, measured, resources, config, budget, None, notes, tick)
-                if options.measure_restart
-                else None
-            )
+                steps = _Steps(spec, options, config, resources, run_dir, budget, notes, tick)
+                epochs = _measure_configs(steps, measured, pool)
+                warm = _measure_restart(steps, measured, pool) if options.measure_restart else None
+            cold = _measure_restart(steps, measured, None) if options.measure_restart else None
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    profile = _build_profile(spec, options, results, startup, warm, cold, config, notes, termination, epochs)
+    found = _Measured(results, startup, termination, warm, cold, epochs)
+    profile = _build_profile(spec, options, config, notes, found)
     return ProfileRun(profile=profile, shapes=results, notes=notes, wall_s=budget.spent())
 
 
 # -- steps ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """What the measuring steps after the shapes share: the job, the options, the profiled configuration, the
+    profiling cluster's instances (their node resources), the scratch run directory, the budget, the notes
+    for the user and the progress callback."""
+
+    spec: JobSpec
+    options: ProfileOptions
+    config: dict
+    resources: list[str]
+    run_dir: Path
+    budget: _Budget
+    notes: list[str]
+    tick: Callable[..., None]
 
 
 def _measure_startup(
@@ -557,18 +565,7 @@ def epoch_times(pass_times: tuple[tuple[float, float], ...]) -> list[float]:
     return [b - a for a, b in zip(starts[1:], starts[2:])]
 
 
-def _measure_configs(
-    spec: JobSpec,
-    options: ProfileOptions,
-    measured: list[ShapeResult],
-    resources: list[str],
-    config: dict,
-    run_dir: Path,
-    budget: _Budget,
-    pool: Any,
-    notes: list[str],
-    tick: Callable[..., None],
-) -> list[EpochMeasurement]:
+def _measure_configs(steps: _Steps, measured: list[ShapeResult], pool: Any) -> list[EpochMeasurement]:
     """Whole epochs of ``options.configs`` (or more, as the budget allows) sampled configurations.
 
     Run at the narrowest one-instance shape measured, ``config_epochs + 2`` epochs each: a warm-up, then
@@ -577,6 +574,8 @@ def _measure_configs(
     of the budget (minus the resize reserve), each epoch is capped to fewer iterations (partial
     epochs, recorded in ``iterations_per_epoch``).
     """
+    spec, options, resources, run_dir = steps.spec, steps.options, steps.resources, steps.run_dir
+    budget, notes, tick = steps.budget, steps.notes, steps.tick
     if options.configs <= 0:
         return []
     from rubberband.executor.trials import TrialRun, TrialSpec
@@ -679,18 +678,10 @@ class _Restart:
     save_s: float | None = None
 
 
-def _measure_restart(
-    spec: JobSpec,
-    options: ProfileOptions,
-    measured: list[ShapeResult],
-    resources: list[str],
-    config: dict,
-    budget: _Budget,
-    pool: Any,
-    notes: list[str],
-    tick: Callable[..., None],
-) -> _Restart | None:
+def _measure_restart(steps: _Steps, measured: list[ShapeResult], pool: Any) -> _Restart | None:
     """Checkpoint at one worker count → restart at another; ``pool`` None means fresh processes."""
+    spec, options, resources, config = steps.spec, steps.options, steps.resources, steps.config
+    budget, notes, tick = steps.budget, steps.notes, steps.tick
     from rubberband.executor.checkpoints import checkpoint_path, latest_epoch
     from rubberband.executor.trials import TrialRun, TrialSpec
 
@@ -786,18 +777,24 @@ def _workload_sizes(
     return size, batch
 
 
+@dataclass(frozen=True)
+class _Measured:
+    """What a profile run measured: the shapes, start-ups and terminations, the restart with warm and with fresh
+    worker processes (None: not measured) and the configurations' epochs."""
+
+    shapes: list[ShapeResult]
+    startup: list[StartupSamples]
+    termination: list[TerminationSamples] | None = None
+    warm: _Restart | None = None
+    cold: _Restart | None = None
+    epochs: list[EpochMeasurement] | None = None
+
+
 def _build_profile(
-    spec: JobSpec,
-    options: ProfileOptions,
-    results: list[ShapeResult],
-    startup: list[StartupSamples],
-    warm: _Restart | None,
-    cold: _Restart | None,
-    config: dict,
-    notes: list[str],
-    termination: list[TerminationSamples] | None = None,
-    epochs: list[EpochMeasurement] | None = None,
+    spec: JobSpec, options: ProfileOptions, config: dict, notes: list[str], measured: _Measured
 ) -> Profile:
+    results, startup, termination = measured.shapes, measured.startup, measured.termination
+    warm, cold, epochs = measured.warm, measured.cold, measured.epochs
     it = options.instance_type
     info = machine_info()
     # what the workers really used (a GPU type's profile is taken on GPUs: one per worker, nccl)
