@@ -356,27 +356,38 @@ def n1_accepts(accelerator: str, count: int, vcpus: float, memory_gib: float) ->
     return limit is not None and vcpus <= limit[0] and memory_gib <= limit[1]
 
 
-def _compose(
-    name: str, region: str, host: dict, gpu: dict, accel: str, count: int, vcpus: float, memory: float, host_type: str
-) -> InstanceType | None:
-    """A host plus its GPU row: prices add, zones intersect; None when no zone sells both."""
-    zones = tuple(z for z in host["zones"] if z in gpu["zones"])
+@dataclass(frozen=True)
+class _GcpHost:
+    """A GCP host row (a machine type in a region, without its GPUs): where it is sold, what it costs and has."""
+
+    name: str
+    region: str
+    zones: tuple[str, ...]
+    price: float
+    spot: float | None
+    vcpus: float
+    memory_gib: float
+
+
+def _compose(host: _GcpHost, gpu: dict, accel: str, count: int, name: str) -> InstanceType | None:
+    """A host plus its GPU row, offered as ``name``: prices add, zones intersect; None when no zone sells both."""
+    zones = tuple(z for z in host.zones if z in gpu["zones"])
     if not zones:
         return None
     # Rounded to the catalogs' own precision so sums print as 0.89, not 0.8899999999999999.
-    spot = None if host["spot"] is None or gpu["spot"] is None else round(host["spot"] + gpu["spot"], 6)
+    spot = None if host.spot is None or gpu["spot"] is None else round(host.spot + gpu["spot"], 6)
     return InstanceType(
         "gcp",
         name,
-        region,
+        host.region,
         zones,
         accel,
         count,
-        vcpus,
-        memory,
-        round(host["price"] + gpu["price"], 6),
+        host.vcpus,
+        host.memory_gib,
+        round(host.price + gpu["price"], 6),
         spot,
-        host_type=host_type,
+        host_type=host.name,
         accelerator_memory_gib=_GPU_MEMORY.get(accel),
         zone_spot_prices=() if spot is None else tuple((z, spot) for z in zones),
     )
@@ -410,17 +421,18 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
         if zone not in entry["zones"]:  # upstream files sometimes repeat a zone
             entry["zones"].append(zone)
     types: list[InstanceType] = []
-    for (name, region), host in hosts.items():
-        row, line = host["row"], host["line"]
+    for (name, region), entry in hosts.items():
+        row, line = entry["row"], entry["line"]
         vcpus = _float(row["vCPUs"], path=path, line=line, column="vCPUs", minimum=0) or 0.0
         memory = _float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB", minimum=0) or 0.0
+        host = _GcpHost(name, region, tuple(entry["zones"]), entry["price"], entry["spot"], vcpus, memory)
         bundled = (row["AcceleratorName"] or "").strip()
         if bundled:  # a2-*/g2-*: the host comes with its accelerators, priced by a GPU row
             count = _count(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount")
             gpu = gpus.get((bundled, count, region))
             if gpu is None:
                 raise CatalogError(f"{path}:{line}: {name} needs a price row for {count}x {bundled} in {region}")
-            offering = _compose(name, region, host, gpu, bundled, count, vcpus, memory, name)
+            offering = _compose(host, gpu, bundled, count, name)
             if offering is None:
                 raise CatalogError(f"{path}:{line}: {name} and its {count}x {bundled} row share no zone in {region}")
             types.append(offering)
@@ -428,23 +440,23 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
             for (accel, count, gpu_region), gpu in sorted(gpus.items()):
                 if gpu_region != region or not n1_accepts(accel, count, vcpus, memory):
                     continue
-                offering = _compose(f"{name}+{accel}x{count}", region, host, gpu, accel, count, vcpus, memory, name)
+                offering = _compose(host, gpu, accel, count, f"{name}+{accel}x{count}")
                 if offering is not None:
                     types.append(offering)
         else:  # a CPU-only host (e.g. n2-*): offered as it is
-            spots = _zone_spots([(z, host["spot"]) for z in host["zones"]])
+            spots = _zone_spots([(z, host.spot) for z in host.zones])
             types.append(
                 InstanceType(
                     "gcp",
                     name,
                     region,
-                    tuple(host["zones"]),
+                    host.zones,
                     "CPU",
                     0,
                     vcpus,
                     memory,
-                    host["price"],
-                    host["spot"],
+                    host.price,
+                    host.spot,
                     host_type=name,
                     zone_spot_prices=spots,
                 )
