@@ -72,14 +72,19 @@ def setup(config: dict, device: str = "cpu") -> tuple[nn.Module, torch.optim.Opt
     return model, opt
 
 
-def train_epoch(model, opt, data, config: dict, epoch: int, rank: int, world_size: int, batches=iter, device="cpu"):
-    """One epoch over this rank's shard of the training set; the last step's loss. ``batches`` wraps the
-    steps (rubberband's ``ctx.batches`` times them)."""
-    x_train, y_train = data[0], data[1]
+def epoch_steps(config: dict, n: int, epoch: int, rank: int, world_size: int) -> list[torch.Tensor]:
+    """This rank's mini-batches of sample indices for one epoch over ``n`` training samples."""
     batch = int(config.get("batch_size", BATCH_SIZE))
-    idx = shard(len(y_train), rank, world_size, epoch, int(config.get("seed", 0)))
+    idx = shard(n, rank, world_size, epoch, int(config.get("seed", 0)))
+    return [idx[i : i + batch] for i in range(0, len(idx), batch)]
+
+
+def train_epoch(model, opt, data, steps, device="cpu") -> float:
+    """One epoch: an SGD step on each of ``steps`` (this rank's mini-batches of training-set indices,
+    :func:`epoch_steps`; rubberband's ``ctx.batches`` wrapping them times each); the last step's loss."""
+    x_train, y_train = data[0], data[1]
     loss = torch.zeros(())
-    for step in batches([idx[i : i + batch] for i in range(0, len(idx), batch)]):
+    for step in steps:
         opt.zero_grad()
         loss = F.cross_entropy(model(x_train[step].to(device)), y_train[step].to(device))
         loss.backward()
@@ -98,8 +103,9 @@ def train(config: dict, ctx) -> None:
         opt.load_state_dict(state["opt"])
     for epoch in range(ctx.start_epoch, ctx.end_epoch):
         model.train()
-        loss = train_epoch(model, opt, data, config, epoch, ctx.rank, ctx.world_size, ctx.batches, ctx.device)
-        val_acc = evaluate(module, data[2], data[3], ctx.rank, ctx.world_size, ctx.device)
+        steps = epoch_steps(config, len(data[1]), epoch, ctx.rank, ctx.world_size)
+        loss = train_epoch(model, opt, data, ctx.batches(steps), ctx.device)
+        val_acc = evaluate(module, data, ctx.rank, ctx.world_size, ctx.device)
         ctx.report(epoch, val_acc=val_acc, loss=loss)
         ctx.save_checkpoint({"model": module.state_dict(), "opt": opt.state_dict()})
 
@@ -124,8 +130,8 @@ def train_fn(config: dict) -> None:
         start = state["epoch"] + 1
     for epoch in range(start, int(config.get("max_epochs", 9))):
         model.train()
-        loss = train_epoch(model, opt, data, config, epoch, 0, 1)
-        val_acc = evaluate(model, data[2], data[3], 0, 1)
+        loss = train_epoch(model, opt, data, epoch_steps(config, len(data[1]), epoch, 0, 1))
+        val_acc = evaluate(model, data, 0, 1)
         with tempfile.TemporaryDirectory() as directory:
             torch.save(
                 {"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch},
@@ -135,8 +141,10 @@ def train_fn(config: dict) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int, world_size: int, device="cpu") -> float:
-    """Accuracy on the whole validation set: each rank scores its shard, counts are summed."""
+def evaluate(model: nn.Module, data, rank: int, world_size: int, device="cpu") -> float:
+    """Accuracy on the whole validation set (``data``'s last two tensors): each rank scores its shard, counts are
+    summed."""
+    x, y = data[2], data[3]
     model.eval()
     mine = torch.arange(rank, len(y), world_size)
     pred = model(x[mine].to(device)).argmax(1).cpu()
