@@ -49,6 +49,8 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -59,9 +61,19 @@ SMALL_MAX_T = 3
 SIGMA_SAMPLES = 64
 
 
-def run_tuner(tune, trainable, qualities, *, max_t, cpus_per_trial, storage, scheduler=None):
+@dataclass(frozen=True)
+class Tuning:
+    """What every Ray Tune run of the bench shares: Ray Tune itself, the trainable and where results go."""
+
+    tune: Any
+    trainable: Any
+    storage: str
+
+
+def run_tuner(tuning: Tuning, qualities, *, max_t, cpus_per_trial, scheduler=None):
     """(seconds from Tuner.fit() to its return, [(start, end, score)] per trial and the times of every
     result (driver clock, from the Tuner's start), the ResultGrid)."""
+    tune = tuning.tune
     marks: dict[str, list[float]] = {}
     scores: dict[str, float] = {}
     reports: list[float] = []
@@ -78,18 +90,30 @@ def run_tuner(tune, trainable, qualities, *, max_t, cpus_per_trial, storage, sch
             marks[trial.trial_id][1] = time.perf_counter()
 
     tuner = tune.Tuner(
-        tune.with_resources(trainable, {"cpu": cpus_per_trial}),
+        tune.with_resources(tuning.trainable, {"cpu": cpus_per_trial}),
         param_space={"q": tune.grid_search(list(qualities)), "max_t": max_t},
         tune_config=tune.TuneConfig(
             scheduler=scheduler, metric="score" if scheduler else None, mode="max" if scheduler else None
         ),
-        run_config=tune.RunConfig(storage_path=storage, callbacks=[Marks()], verbose=0),
+        run_config=tune.RunConfig(storage_path=tuning.storage, callbacks=[Marks()], verbose=0),
     )
     started = time.perf_counter()
     results = tuner.fit()
     jct = time.perf_counter() - started
     spans = sorted((a - started, b - started, scores[k]) for k, (a, b) in marks.items())
     return jct, spans, [t - started for t in reports], results
+
+
+@dataclass(frozen=True)
+class Starts:
+    """The fitted trial-start figures the simulator is run with: each trial's start ``start_s``, the per-epoch
+    overhead, the start concurrency (None: no start contention) and the start lengths' spread ``sigma``
+    (log-sd; 0: every start alike)."""
+
+    start_s: float
+    epoch_overhead_s: float
+    concurrency: float | None
+    sigma: float = 0.0
 
 
 def start_gaps(spans: list[tuple[float, float]], slots: int) -> list[float]:
@@ -124,17 +148,9 @@ def main() -> None:
             time.sleep(epoch_s)
             tune.report({"score": float(config["q"])})
 
-    def simulate(
-        trials: int,
-        max_epochs: int,
-        s: float,
-        o: float,
-        c: float | None,
-        qualities=None,
-        sigma: float = 0.0,
-        samples: int = 1,
-    ):
+    def simulate(trials: int, max_epochs: int, starts: Starts, qualities=None, samples: int = 1):
         """(median JCT, promotions per rung of the median sample, all JCTs)."""
+        s, o, c, sigma = starts.start_s, starts.epoch_overhead_s, starts.concurrency, starts.sigma
         device = DeviceModel(
             alpha_grad=epoch_s,
             beta_grad=0.0,
@@ -191,22 +207,19 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     ray.init(address="local", num_cpus=slots, include_dashboard=False, log_to_driver=False)
     try:
-        _, _, nine, _ = run_tuner(tune, trainable, [0.0], max_t=9, cpus_per_trial=slots, storage=storage)
-        b, _, _, _ = run_tuner(tune, trainable, [0.0], max_t=1, cpus_per_trial=slots, storage=storage)
+        tuning = Tuning(tune, trainable, storage)
+        _, _, nine, _ = run_tuner(tuning, [0.0], max_t=9, cpus_per_trial=slots)
+        b, _, _, _ = run_tuner(tuning, [0.0], max_t=1, cpus_per_trial=slots)
         small_q = np.random.default_rng(1).permutation(SMALL_TRIALS).astype(float)
 
         def calibrate_starts() -> tuple[list[float], float, list]:
             """Serial start gaps (one slot, five 1-epoch trials) and the small ASHA run (JCT, spans)."""
-            _, serial, _, _ = run_tuner(
-                tune, trainable, [float(i) for i in range(5)], max_t=1, cpus_per_trial=slots, storage=storage
-            )
+            _, serial, _, _ = run_tuner(tuning, [float(i) for i in range(5)], max_t=1, cpus_per_trial=slots)
             small, small_spans, _, _ = run_tuner(
-                tune,
-                trainable,
+                tuning,
                 small_q,
                 max_t=SMALL_MAX_T,
                 cpus_per_trial=1,
-                storage=storage,
                 scheduler=ASHAScheduler(
                     time_attr="training_iteration", grace_period=1, reduction_factor=3, max_t=SMALL_MAX_T
                 ),
@@ -216,9 +229,7 @@ def main() -> None:
         before = calibrate_starts()
         load_calibrated = os.getloadavg()[0]
         scheduler = ASHAScheduler(time_attr="training_iteration", grace_period=1, reduction_factor=3, max_t=9)
-        measured, spans, _, results = run_tuner(
-            tune, trainable, qualities, max_t=9, cpus_per_trial=1, storage=storage, scheduler=scheduler
-        )
+        measured, spans, _, results = run_tuner(tuning, qualities, max_t=9, cpus_per_trial=1, scheduler=scheduler)
         load_measured = os.getloadavg()[0]
         after = calibrate_starts()
     finally:
@@ -233,7 +244,7 @@ def main() -> None:
         """The start concurrency in [1, slots] whose simulated small run takes ``target`` (JCT falls as c grows)."""
 
         def small_jct(c: float) -> float:
-            return simulate(SMALL_TRIALS, SMALL_MAX_T, s, o, c, small_q, sigma, SIGMA_SAMPLES)[0]
+            return simulate(SMALL_TRIALS, SMALL_MAX_T, Starts(s, o, c, sigma), small_q, SIGMA_SAMPLES)[0]
 
         lo, hi = 1.0, float(slots)
         if small_jct(hi) >= target:
@@ -268,9 +279,9 @@ def main() -> None:
     )
 
     reached = [sum(1 for r in results if r.metrics.get("training_iteration", 0) >= m) for m in (1, 3, 9)]
-    jct, promoted, jcts = simulate(args.trials, 9, s, o, c, qualities, sigma, SIGMA_SAMPLES)
-    in_order, promoted_in_order, _ = simulate(args.trials, 9, s, o, c, qualities)
-    jct_free, promoted_free, _ = simulate(args.trials, 9, s, o, None, qualities)
+    jct, promoted, jcts = simulate(args.trials, 9, Starts(s, o, c, sigma), qualities, SIGMA_SAMPLES)
+    in_order, promoted_in_order, _ = simulate(args.trials, 9, Starts(s, o, c), qualities)
+    jct_free, promoted_free, _ = simulate(args.trials, 9, Starts(s, o, None), qualities)
     predicted, predicted_free = fixed + jct, fixed + jct_free
     gaps = start_gaps(spans, slots)
     print(
@@ -296,7 +307,9 @@ def main() -> None:
         s_alone = statistics.mean(gaps_)
         alone = (
             fixed
-            + simulate(args.trials, 9, s_alone, o, fit_c(s_alone, small - fixed), qualities, sigma, SIGMA_SAMPLES)[0]
+            + simulate(
+                args.trials, 9, Starts(s_alone, o, fit_c(s_alone, small - fixed), sigma), qualities, SIGMA_SAMPLES
+            )[0]
         )
         print(
             f"calibrated {name} the run only: predicted {alone:.2f} s, error "

@@ -16,7 +16,9 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
@@ -29,39 +31,44 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART_TYPES = ("p3.2xlarge", "g4dn.xlarge", "g5.xlarge")
 
 
-def shortest_jct(stages, model, types, *, confidence, max_workers, samples=1000, brackets="sequential") -> float:
-    try:
-        plan_stages(
-            stages,
-            model,
-            types,
-            deadline_s=1.0,
+@dataclass(frozen=True)
+class Problem:
+    """What the planner is asked to plan, but for the deadline and confidence: the stages, the model, the instance
+    types, the workers per trial at most, the samples and how the brackets run."""
+
+    stages: list
+    model: Any
+    types: list
+    max_workers: int = 1
+    samples: int = 1000
+    brackets: str = "sequential"
+
+    def plan(self, deadline_s: float, confidence: float):
+        return plan_stages(
+            self.stages,
+            self.model,
+            self.types,
+            deadline_s=deadline_s,
             confidence=confidence,
-            samples=samples,
-            max_workers_per_trial=max_workers,
-            brackets=brackets,
+            samples=self.samples,
+            max_workers_per_trial=self.max_workers,
+            brackets=self.brackets,
         )
+
+
+def shortest_jct(problem: Problem, *, confidence: float) -> float:
+    try:
+        problem.plan(1.0, confidence)
     except InfeasibleError as exc:
         return exc.shortest_jct_s
     raise RuntimeError("a 1-second deadline was feasible")
 
 
-def timed(
-    stages, model, types, deadline, *, confidence=0.95, max_workers=1, samples=1000, repeat=3, brackets="sequential"
-):
+def timed(problem: Problem, deadline: float, *, confidence: float = 0.95, repeat: int = 3):
     times, cpu, out = [], [], None
     for _ in range(repeat):
         started, started_cpu = time.perf_counter(), time.process_time()
-        out = plan_stages(
-            stages,
-            model,
-            types,
-            deadline_s=deadline,
-            confidence=confidence,
-            samples=samples,
-            max_workers_per_trial=max_workers,
-            brackets=brackets,
-        )
+        out = problem.plan(deadline, confidence)
         times.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
     return min(times), statistics.median(times), min(cpu), out
@@ -89,11 +96,11 @@ def bench_hyperband(model, types, repeat: int) -> None:
     for big_r in (81, 243):
         brackets = hyperband_brackets(3, 1, big_r)
         hb = [s for b in brackets for s in b]
-        j_seq = shortest_jct(hb, model, types, confidence=0.95, max_workers=1)
+        j_seq = shortest_jct(Problem(hb, model, types), confidence=0.95)
         started = time.process_time()
-        j_par = shortest_jct(hb, model, types, confidence=0.95, max_workers=1, brackets="parallel")
+        j_par = shortest_jct(Problem(hb, model, types, brackets="parallel"), confidence=0.95)
         cpu_short = time.process_time() - started
-        longest = max(shortest_jct(b, model, types, confidence=0.95, max_workers=1) for b in brackets)
+        longest = max(shortest_jct(Problem(b, model, types), confidence=0.95) for b in brackets)
         print(
             f"R={big_r} ({len(brackets)} brackets, {len(hb)} stages): shortest feasible JCT sequential "
             f"{j_seq / 60:.0f} min, parallel {j_par / 60:.0f} min (CPU {cpu_short:.2f} s), longest bracket alone "
@@ -101,7 +108,7 @@ def bench_hyperband(model, types, repeat: int) -> None:
             f"{j_seq / j_par:.2f}x"
         )
         for factor in (1.2, 2.0):
-            best, med, cpu, par = timed(hb, model, types, j_par * factor, repeat=repeat, brackets="parallel")
+            best, med, cpu, par = timed(Problem(hb, model, types, brackets="parallel"), j_par * factor, repeat=repeat)
             seq_cost = "infeasible"
             if j_seq <= j_par * factor:
                 seq_cost = f"${plan_stages(hb, model, types, deadline_s=j_par * factor, confidence=0.95, max_workers_per_trial=1).result.cost_mean:.2f}"
@@ -114,7 +121,7 @@ def bench_hyperband(model, types, repeat: int) -> None:
             )
 
 
-def exact_parallel(stages, model, types, deadline, confidence, samples):
+def exact_parallel(problem: Problem, deadline: float, confidence: float):
     """The cheapest parallel-bracket plan with every bracket starting at once, by enumeration.
 
     Each bracket's stage configurations are enumerated (the planner's efficient options) and kept
@@ -128,7 +135,8 @@ def exact_parallel(stages, model, types, deadline, confidence, samples):
     from rubberband.planner.brackets import ParallelSimulator
     from rubberband.planner.search import PlanSpace
 
-    space = PlanSpace(stages, types, model, 1)
+    stages, model, samples = problem.stages, problem.model, problem.samples
+    space = PlanSpace(stages, problem.types, model, 1)
     sim = ParallelSimulator(stages, model, samples=samples, seed=0)
     need = math.ceil(confidence * samples - 1e-9)
     per_bracket = []
@@ -165,7 +173,7 @@ def bench_exact_hyperband(model, catalog) -> None:
     small_types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge")]
     for eta, big_r in ((3, 9), (2, 4)):
         hb = [s for b in hyperband_brackets(eta, 1, big_r) for s in b]
-        j = shortest_jct(hb, model, small_types, confidence=0.9, max_workers=1, samples=300, brackets="parallel")
+        j = shortest_jct(Problem(hb, model, small_types, samples=300, brackets="parallel"), confidence=0.9)
         for factor in (1.2, 1.5, 2.0):
             out = plan_stages(
                 hb,
@@ -178,7 +186,7 @@ def bench_exact_hyperband(model, catalog) -> None:
                 brackets="parallel",
             )
             started = time.process_time()
-            _, exact, visited, total = exact_parallel(hb, model, small_types, j * factor, 0.9, 300)
+            _, exact, visited, total = exact_parallel(Problem(hb, model, small_types, samples=300), j * factor, 0.9)
             print(
                 f"Hyperband R={big_r} eta={eta} deadline {factor}x: plan ${out.result.cost_mean:.3f} (offsets "
                 f"{[round(o) for o in out.offsets]}) exact ${exact:.3f} ratio {out.result.cost_mean / exact:.3f} "
@@ -196,7 +204,7 @@ def bench_asha(model, types, catalog) -> None:
         ("Hyperband R=81", [s for b in hyperband_brackets(3, 1, 81) for s in b], None, 81, "parallel"),
     ]
     for name, stages, trials, big_r, brackets in cases:
-        j = shortest_jct(stages, model, types, confidence=0.95, max_workers=1, brackets=brackets)
+        j = shortest_jct(Problem(stages, model, types, brackets=brackets), confidence=0.95)
         n = trials or sum(s.trials for s in stages if s.index == 0)
         sim = AshaSimulator(model, trials=n, eta=3, min_epochs=1, max_epochs=big_r)
         for factor in (1.2, 2.0):
@@ -234,16 +242,16 @@ def main() -> None:
         return
     print("== planning time (1000 samples, 3 instance types: " + ", ".join(QUICKSTART_TYPES) + ")")
     sha = sha_stages(81, 3, 1, 27)
-    j_sha = shortest_jct(sha, model, types, confidence=0.95, max_workers=1)
+    j_sha = shortest_jct(Problem(sha, model, types), confidence=0.95)
     for factor in (1.2, 2.0):
-        best, med, cpu, out = timed(sha, model, types, j_sha * factor, repeat=repeat)
+        best, med, cpu, out = timed(Problem(sha, model, types), j_sha * factor, repeat=repeat)
         print(
             f"SHA n=81 eta=3 r=1 R=27, deadline {factor}x shortest: wall best {best:.2f} s, median {med:.2f} s, "
             f"CPU {cpu:.2f} s (target <= 1 s), {out.candidates_evaluated} candidates"
         )
     hb = [s for b in hyperband_brackets(3, 1, 81) for s in b]
-    j_hb = shortest_jct(hb, model, types, confidence=0.95, max_workers=1)
-    best, med, cpu, out = timed(hb, model, types, j_hb * 1.5, repeat=repeat)
+    j_hb = shortest_jct(Problem(hb, model, types), confidence=0.95)
+    best, med, cpu, out = timed(Problem(hb, model, types), j_hb * 1.5, repeat=repeat)
     print(
         f"Hyperband R=81 eta=3 ({len(hb)} stages), deadline 1.5x shortest: wall best {best:.2f} s, median "
         f"{med:.2f} s, CPU {cpu:.2f} s (target <= 5 s), {out.candidates_evaluated} candidates"
@@ -267,7 +275,7 @@ def main() -> None:
     cases = [(9, 3, 9), (12, 3, 16), (27, 3, 9), (18, 3, 6), (8, 2, 8)] if not args.quick else [(9, 3, 9), (27, 3, 9)]
     for n, eta, big_r in cases:
         stages = sha_stages(n, eta, 1, big_r)
-        j = shortest_jct(stages, model, small_types, confidence=0.9, max_workers=2, samples=300)
+        j = shortest_jct(Problem(stages, model, small_types, max_workers=2, samples=300), confidence=0.9)
         for factor in (1.2, 1.5, 2.0):
             out = plan_stages(
                 stages,

@@ -125,7 +125,8 @@ def _read_test(pid: int) -> str:
         return ""
 
 
-def report(sampler: Sampler, wall_s: float, cores: int, target_min: float, summary: str, top: int = 25) -> str:
+def report(sampler: Sampler, wall_s: float, cores: int, target_min: float, summary: str) -> str:
+    """The CPU used per process kind against what the target allows (the costliest tests: :func:`by_test`)."""
     by_kind: dict[str, list[float]] = {}
     for seen in sampler.processes.values():
         by_kind.setdefault(seen.kind, []).append(seen.cpu_ticks / TICKS)
@@ -146,7 +147,6 @@ def report(sampler: Sampler, wall_s: float, cores: int, target_min: float, summa
             f"{statistics.median(cpus):9.2f}"
         )
     lines.append(f"({sampler.samples} samples of /proc)")
-    lines += ["", *by_test(sampler, top)]
     return "\n".join(lines)
 
 
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler.sample()
     lines = "".join(output).splitlines()
     summary = next((line.strip("= ") for line in reversed(lines) if " in " in line and "passed" in line), "")
-    table = report(sampler, wall_s, cores, args.target, summary, args.top)
+    table = "\n".join([report(sampler, wall_s, cores, args.target, summary), "", *by_test(sampler, args.top)])
     print(table)
     if args.out:
         args.out.write_text(table + "\n")
