@@ -54,17 +54,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def run_cli(
-    *args: str,
-    cwd: Path | None = None,
-    env: dict | None = None,
-    timeout: float = 300,
-    test_boot: str | None = None,
-    trial_runtime: str | None = None,
-    metadata_url: str | None = None,
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300, **seams: str | None
 ) -> subprocess.CompletedProcess:
     """Run the real ``rubberband`` CLI in a subprocess, as a user would.
 
-    ``test_boot="local"``, ``trial_runtime=MODULE``, ``metadata_url=URL``: through the test entry point
+    ``seams``, the test seams of :func:`cli_harness.harness_argv` (``test_boot="local"``,
+    ``trial_runtime=MODULE``, ``metadata_url=URL``; None: not injected): through the test entry point
     (cli_harness.py), which injects them into the CLI (played instance boots, cloud/testboot.py; a stand-in trial
     runtime; a local metadata server serving spot notices).
 
@@ -72,12 +67,12 @@ def run_cli(
     instances and Ray nodes), then SIGKILL after a grace; the test fails with :class:`subprocess.TimeoutExpired`
     carrying what it printed.
     """
-    if test_boot is None and trial_runtime is None and metadata_url is None:
+    if all(value is None for value in seams.values()):
         argv = [sys.executable, "-m", "rubberband", *map(str, args)]
     else:
         from cli_harness import harness_argv
 
-        argv = harness_argv(*args, test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url)
+        argv = harness_argv(*args, **seams)
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)

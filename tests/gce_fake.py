@@ -63,6 +63,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -330,38 +331,104 @@ DEFAULT_NETWORK_RULES = [
 ]
 
 
-def _rule_matches(
-    rule: dict[str, Any], source_ip: str, source_tags: set[str], target_tags: set[str], protocol: str, port: int
-) -> bool:
+@dataclass(frozen=True)
+class _Connection:
+    """One connection a firewall rule judges: from ``source_ip`` (a VM with ``source_tags``, or an outside address)
+    to ``port`` over ``protocol`` of a VM with ``target_tags``."""
+
+    source_ip: str
+    source_tags: frozenset[str]
+    target_tags: frozenset[str]
+    protocol: str
+    port: int
+
+
+def _rule_matches(rule: dict[str, Any], conn: _Connection) -> bool:
     import ipaddress
 
     if rule.get("disabled") or rule.get("direction", "INGRESS") != "INGRESS":
         return False
-    if rule.get("targetTags") and not target_tags & set(rule["targetTags"]):
+    if rule.get("targetTags") and not conn.target_tags & set(rule["targetTags"]):
         return False
     by_range = any(
-        ipaddress.ip_address(source_ip) in ipaddress.ip_network(r, strict=False)
+        ipaddress.ip_address(conn.source_ip) in ipaddress.ip_network(r, strict=False)
         for r in rule.get("sourceRanges", [])
-        if ipaddress.ip_network(r, strict=False).version == ipaddress.ip_address(source_ip).version
+        if ipaddress.ip_network(r, strict=False).version == ipaddress.ip_address(conn.source_ip).version
     )
-    by_tag = bool(source_tags & set(rule.get("sourceTags", [])))
+    by_tag = bool(conn.source_tags & set(rule.get("sourceTags", [])))
     if not (by_range or by_tag):
         return False
     for entry in rule.get("allowed", []) or rule.get("denied", []):
-        if entry["IPProtocol"] not in ("all", protocol):
+        if entry["IPProtocol"] not in ("all", conn.protocol):
             continue
         ports = entry.get("ports") or ["0-65535"]
         for spec in ports:
             low, _, high = spec.partition("-")
-            if int(low) <= port <= int(high or low):
+            if int(low) <= conn.port <= int(high or low):
                 return True
     return False
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """Where an operation lives: a zone's collection, a region's, or (neither) the project's global one."""
+
+    project: str
+    zone: str | None = None
+    region: str | None = None
+
+
+@dataclass(frozen=True)
+class _OpError:
+    """How an operation fails once it is DONE: its HTTP status and its error entry."""
+
+    http_status: int
+    error: dict[str, Any]
 
 
 class HttpError(Exception):
     def __init__(self, status: int, message: str, reason: str) -> None:
         super().__init__(message)
         self.status, self.message, self.reason = status, message, reason
+
+
+def _check_nat_sections(nats: list[dict[str, Any]]) -> None:
+    """A router's NAT sections as strict as the real API: the required fields, a valid name, a source option and
+    an allocation option each, no addresses with AUTO_ONLY, addresses with MANUAL_ONLY, subnetworks with
+    LIST_OF_SUBNETWORKS."""
+    for index, nat in enumerate(nats):
+        for field_name, message in _REQUIRED["nat"]:
+            if not nat.get(field_name):
+                raise HttpError(400, message.replace("nats[0]", f"nats[{index}]"), "required")
+        if not _NAME.match(nat["name"]):
+            raise HttpError(400, f"Invalid value for field 'resource.nats[{index}].name': '{nat['name']}'.", "invalid")
+        source, allocate = nat["sourceSubnetworkIpRangesToNat"], nat["natIpAllocateOption"]
+        if source not in _NAT_SOURCES or allocate not in ("AUTO_ONLY", "MANUAL_ONLY"):
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.nats[{index}]': '{source}' / '{allocate}'. Unknown enum value.",
+                "invalid",
+            )
+        if allocate == "AUTO_ONLY" and nat.get("natIps"):
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.nats[{index}].natIps': NAT IPs must not be "
+                f"specified with AUTO_ONLY.",
+                "invalid",
+            )
+        if allocate == "MANUAL_ONLY" and not nat.get("natIps"):
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.nats[{index}].natIps': MANUAL_ONLY needs at least one NAT IP.",
+                "invalid",
+            )
+        if source == "LIST_OF_SUBNETWORKS" and not nat.get("subnetworks"):
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.nats[{index}].subnetworks': "
+                f"LIST_OF_SUBNETWORKS needs at least one subnetwork.",
+                "invalid",
+            )
 
 
 def _existing(table: dict, key: Any, path: str) -> dict:
@@ -579,18 +646,10 @@ class GceFake:
     # -- operations -----------------------------------------------------------------------------
 
     def _operation(
-        self,
-        project: str,
-        kind: str,
-        target: str,
-        zone: str | None,
-        *,
-        error: dict[str, Any] | None = None,
-        http_status: int | None = None,
-        effect: Any = None,
-        region: str | None = None,
+        self, scope: _Scope, kind: str, target: str, *, effect: Any = None, failure: _OpError | None = None
     ) -> dict[str, Any]:
-        """A new operation; ``effect`` (a callable) lands when it is DONE, ``error`` shows only then."""
+        """A new operation; ``effect`` (a callable) lands when it is DONE, ``failure`` shows only then."""
+        project, zone, region = scope.project, scope.zone, scope.region
         name = f"operation-{uuid.uuid4().hex[:12]}"
         now = time.monotonic()
         op: dict[str, Any] = {
@@ -606,8 +665,8 @@ class GceFake:
             "_started": now,
             "_due": now + self.op_delay_s,
             "_effect": effect,
-            "_error": error,
-            "_http_status": http_status,
+            "_error": failure.error if failure is not None else None,
+            "_http_status": failure.http_status if failure is not None else None,
         }
         if zone:
             op["zone"] = f"{self.url}/compute/v1/projects/{project}/zones/{zone}"
@@ -622,10 +681,10 @@ class GceFake:
             self._finish(op)
         return _public(op)
 
-    def _op_get(
-        self, project: str, op: str, query: dict, body: dict, zone: str | None = None, region: str | None = None
-    ) -> dict:
-        found = self._scoped_op(op, zone, region)
+    def _op_get(self, project: str, op: str, query: dict, body: dict, **where: str) -> dict:
+        """operations.get of a zone's or a region's operation (``where``: its route's ``zone`` or ``region``) or,
+        neither given, a global one."""
+        found = self._scoped_op(op, _Scope(project, **where))
         if found is None:
             raise HttpError(404, f"The resource 'operations/{op}' was not found", "notFound")
         if found["status"] != "DONE":
@@ -634,9 +693,10 @@ class GceFake:
             self._tick()
         return _public(found)
 
-    def _scoped_op(self, op: str, zone: str | None, region: str | None) -> dict[str, Any] | None:
+    def _scoped_op(self, op: str, scope: _Scope) -> dict[str, Any] | None:
         """The operation, looked up where the caller asked: a zone's, a region's or a global one is found only in
         its own collection (as on Compute Engine, where asking the wrong one answers 404)."""
+        zone, region = scope.zone, scope.region
         found = self.operations.get(op)
         if found is None:
             return None
@@ -657,13 +717,12 @@ class GceFake:
         page, more = self._page(items, query)
         return {"kind": "compute#operationList", "items": page, **more}
 
-    def _op_wait(
-        self, project: str, op: str, query: dict, body: dict, zone: str | None = None, region: str | None = None
-    ) -> dict:
+    def _op_wait(self, project: str, op: str, query: dict, body: dict, **where: str) -> dict:
+        """operations.wait, scoped as :meth:`_op_get`."""
         if self.wait_errors > 0:
             self.wait_errors -= 1
             raise HttpError(503, "Internal error. Please try again.", "backendError")
-        found = self._scoped_op(op, zone, region)
+        found = self._scoped_op(op, _Scope(project, **where))
         if found is None:
             raise HttpError(404, f"The resource 'operations/{op}' was not found", "notFound")
         if found["status"] != "DONE":  # waited until due (or the cap): done unless reads are still owed
@@ -719,15 +778,15 @@ class GceFake:
         *,
         source_tags: tuple[str, ...] = (),
         protocol: str = "tcp",
-        default_rules: bool = True,
     ) -> bool:
         """Would the network let ``source_ip`` (a VM with ``source_tags``, or an outside address) reach ``port``
         of the VM named ``target``? The stored rules plus the default network's, lowest priority number first, a
         deny winning a tie; nothing matching: denied (the VPC's implied deny)."""
         (instance,) = [i for (zone, name), i in self.instances.items() if name == target]
         target_tags = set(instance.get("tags", {}).get("items", []))
-        rules = [*self.firewalls.values(), *(DEFAULT_NETWORK_RULES if default_rules else [])]
-        matching = [r for r in rules if _rule_matches(r, source_ip, set(source_tags), target_tags, protocol, port)]
+        rules = [*self.firewalls.values(), *DEFAULT_NETWORK_RULES]
+        conn = _Connection(source_ip, frozenset(source_tags), frozenset(target_tags), protocol, port)
+        matching = [r for r in rules if _rule_matches(r, conn)]
         if not matching:
             return False
         best = min(r.get("priority", 1000) for r in matching)
@@ -747,24 +806,25 @@ class GceFake:
             if self.quota_sync:
                 raise HttpError(403, message, "quotaExceeded")
             return self._operation(
-                project,
+                _Scope(project, zone=zone),
                 "insert",
                 target,
-                zone,
-                http_status=403,
-                error={
-                    "code": "QUOTA_EXCEEDED",
-                    "message": message,
-                    "errorDetails": [
-                        {
-                            "quotaInfo": {
-                                "metricName": f"compute.googleapis.com/{self.quota.lower()}",
-                                "limitName": f"{self.quota}-limit",
-                                "dimensions": {"region": region},
+                failure=_OpError(
+                    403,
+                    {
+                        "code": "QUOTA_EXCEEDED",
+                        "message": message,
+                        "errorDetails": [
+                            {
+                                "quotaInfo": {
+                                    "metricName": f"compute.googleapis.com/{self.quota.lower()}",
+                                    "limitName": f"{self.quota}-limit",
+                                    "dimensions": {"region": region},
+                                }
                             }
-                        }
-                    ],
-                },
+                        ],
+                    },
+                ),
             )
         sold_out = (
             zone in self.stockout_zones
@@ -783,16 +843,17 @@ class GceFake:
             )
         if sold_out:
             return self._operation(
-                project,
+                _Scope(project, zone=zone),
                 "insert",
                 target,
-                zone,
-                http_status=503,
-                error={
-                    "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
-                    "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available "
-                    f"to fulfill the request.  Try a different zone, or try again later.",
-                },
+                failure=_OpError(
+                    503,
+                    {
+                        "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                        "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources "
+                        f"available to fulfill the request.  Try a different zone, or try again later.",
+                    },
+                ),
             )
         if (zone, name) in self.instances:
             raise HttpError(409, f"The resource '{target}' already exists", "alreadyExists")
@@ -838,7 +899,7 @@ class GceFake:
             if instance.get("status") == "PROVISIONING":
                 instance["status"] = "STAGING"
 
-        return self._operation(project, "insert", target, zone, effect=booted)
+        return self._operation(_Scope(project, zone=zone), "insert", target, effect=booted)
 
     def _find(self, zone: str, name: str) -> dict:
         return _existing(self.instances, (zone, name), f"projects/p/zones/{zone}/instances/{name}")
@@ -883,7 +944,7 @@ class GceFake:
                         else:
                             self.disks[key]["users"] = []
 
-        return self._operation(project, "delete", instance["selfLink"], zone, effect=deleted)
+        return self._operation(_Scope(project, zone=zone), "delete", instance["selfLink"], effect=deleted)
 
     def _set_labels(self, project: str, zone: str, name: str, query: dict, body: dict) -> dict:
         self._validate(body, "setLabels")
@@ -895,7 +956,7 @@ class GceFake:
         def relabelled() -> None:
             instance["labels"] = body.get("labels", {})
 
-        return self._operation(project, "setLabels", instance["selfLink"], zone, effect=relabelled)
+        return self._operation(_Scope(project, zone=zone), "setLabels", instance["selfLink"], effect=relabelled)
 
     def inserted(self) -> list[dict[str, Any]]:
         """The request body of every instance insert so far (VMs deleted since included)."""
@@ -914,7 +975,7 @@ class GceFake:
             project = instance["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
             pending, delay, self.pending_polls, self.op_delay_s = self.pending_polls, self.op_delay_s, 0, 0.0
             try:
-                op = self._operation(project, "compute.instances.preempted", instance["selfLink"], zone)
+                op = self._operation(_Scope(project, zone=zone), "compute.instances.preempted", instance["selfLink"])
             finally:
                 self.pending_polls, self.op_delay_s = pending, delay
             self.operations[op["name"]].update(user="system", statusMessage="Instance was preempted.")
@@ -968,7 +1029,7 @@ class GceFake:
                 "creationTimestamp": _now(),
             }
 
-        return self._operation(project, "insert", name, None, effect=created)
+        return self._operation(_Scope(project), "insert", name, effect=created)
 
     def _fw_list(self, project: str, query: dict, body: dict) -> dict:
         page, more = self._page(list(self.firewalls.values()), query)
@@ -979,7 +1040,7 @@ class GceFake:
 
     def _fw_delete(self, project: str, name: str, query: dict, body: dict) -> dict:
         self._fw_get(project, name, query, body)
-        return self._operation(project, "delete", name, None, effect=lambda: self.firewalls.pop(name, None))
+        return self._operation(_Scope(project), "delete", name, effect=lambda: self.firewalls.pop(name, None))
 
     # -- Cloud Routers (and their NATs) ------------------------------------------------------------------
 
@@ -1016,41 +1077,7 @@ class GceFake:
                 f"Invalid value for field 'resource.network': '{body['network']}'. The URL is malformed.",
                 "invalid",
             )
-        for index, nat in enumerate(body.get("nats") or []):
-            for field_name, message in _REQUIRED["nat"]:
-                if not nat.get(field_name):
-                    raise HttpError(400, message.replace("nats[0]", f"nats[{index}]"), "required")
-            if not _NAME.match(nat["name"]):
-                raise HttpError(
-                    400, f"Invalid value for field 'resource.nats[{index}].name': '{nat['name']}'.", "invalid"
-                )
-            source, allocate = nat["sourceSubnetworkIpRangesToNat"], nat["natIpAllocateOption"]
-            if source not in _NAT_SOURCES or allocate not in ("AUTO_ONLY", "MANUAL_ONLY"):
-                raise HttpError(
-                    400,
-                    f"Invalid value for field 'resource.nats[{index}]': '{source}' / '{allocate}'. Unknown enum value.",
-                    "invalid",
-                )
-            if allocate == "AUTO_ONLY" and nat.get("natIps"):
-                raise HttpError(
-                    400,
-                    f"Invalid value for field 'resource.nats[{index}].natIps': NAT IPs must not be "
-                    f"specified with AUTO_ONLY.",
-                    "invalid",
-                )
-            if allocate == "MANUAL_ONLY" and not nat.get("natIps"):
-                raise HttpError(
-                    400,
-                    f"Invalid value for field 'resource.nats[{index}].natIps': MANUAL_ONLY needs at least one NAT IP.",
-                    "invalid",
-                )
-            if source == "LIST_OF_SUBNETWORKS" and not nat.get("subnetworks"):
-                raise HttpError(
-                    400,
-                    f"Invalid value for field 'resource.nats[{index}].subnetworks': "
-                    f"LIST_OF_SUBNETWORKS needs at least one subnetwork.",
-                    "invalid",
-                )
+        _check_nat_sections(body.get("nats") or [])
         url = f"https://www.googleapis.com/compute/v1/projects/{project}/global/networks/{network['name']}"
         if (region, name) in self.routers:
             raise HttpError(
@@ -1083,7 +1110,7 @@ class GceFake:
             "selfLink": target,
         }
         self.routers[(region, name)] = router  # listed while its insert runs (another insert of it: 409)
-        return self._operation(project, "insert", target, None, region=region)
+        return self._operation(_Scope(project, region=region), "insert", target)
 
     def _router_find(self, project: str, region: str, name: str) -> dict[str, Any]:
         self._check_region(project, region)
@@ -1111,7 +1138,7 @@ class GceFake:
             if self.routers.get((region, name)) is router:
                 del self.routers[(region, name)]
 
-        return self._operation(project, "delete", router["selfLink"], None, region=region, effect=deleted)
+        return self._operation(_Scope(project, region=region), "delete", router["selfLink"], effect=deleted)
 
     def add_router(
         self,
@@ -1179,7 +1206,7 @@ class GceFake:
                 "resourceInUseByAnotherResource",
             )
         return self._operation(
-            project, "delete", disk["selfLink"], zone, effect=lambda: self.disks.pop((zone, name), None)
+            _Scope(project, zone=zone), "delete", disk["selfLink"], effect=lambda: self.disks.pop((zone, name), None)
         )
 
     # -- IAM and Resource Manager (a head's service account, for the dry run) -------------------------

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
 from rubberband.catalog import InstanceType
 from rubberband.planner.model import DeviceModel, PerformanceModel, StartupModel
 from rubberband.profile import Profile
@@ -34,84 +38,102 @@ def itype(
     )
 
 
-def synthetic_profile(
-    shapes,
-    *,
-    truth: DeviceModel = TRUE,
-    noise: float = 0.0,
-    n: int = 20,
-    seed: int = 0,
-    startup=None,
-    device_speed=None,
-) -> Profile:
-    """A profile whose latencies follow ``truth`` exactly (or with lognormal ``noise``)."""
-    import numpy as np
+@dataclass(frozen=True)
+class SyntheticProfile:
+    """A profile whose latencies follow ``truth`` exactly (or with lognormal ``noise``): ``n`` latencies per
+    (workers, nodes) shape, drawn with ``seed``; ``startup``: its start-up samples; ``device_speed``: other devices'
+    speeds relative to the V100 measured."""
 
-    rng = np.random.default_rng(seed)
-    measurements = []
-    for workers, nodes in shapes:
-        t = truth.t_iter(64, workers, nodes)
-        lat = t * np.exp(noise * rng.standard_normal(n)) if noise else np.full(n, t)
-        measurements.append(
-            {"device": "V100", "workers": workers, "nodes": nodes, "iteration_latencies_s": [float(x) for x in lat]}
+    shapes: tuple[tuple[int, int], ...]
+    truth: DeviceModel = TRUE
+    noise: float = 0.0
+    n: int = 20
+    seed: int = 0
+    startup: list | None = None
+    device_speed: dict[str, float] | None = None
+
+    def build(self) -> Profile:
+        import numpy as np
+
+        rng = np.random.default_rng(self.seed)
+        measurements = []
+        for workers, nodes in self.shapes:
+            t = self.truth.t_iter(64, workers, nodes)
+            lat = t * np.exp(self.noise * rng.standard_normal(self.n)) if self.noise else np.full(self.n, t)
+            measurements.append(
+                {"device": "V100", "workers": workers, "nodes": nodes, "iteration_latencies_s": [float(x) for x in lat]}
+            )
+        data = {
+            "workload": {
+                "name": "synthetic",
+                "origin": "tests",
+                "dataset_size": 6400,
+                "batch_size_per_worker": 64,
+                "restart_overhead_s": 5.0,
+                "checkpoint_size_gb": 0.5,
+            },
+            "measurements": measurements,
+            "startup": self.startup or [],
+        }
+        if self.device_speed:
+            data["reference_device"] = "V100"
+            data["device_speed"] = self.device_speed
+        return Profile.model_validate(data)
+
+
+def synthetic_profile(shapes, **options: Any) -> Profile:
+    """``SyntheticProfile(shapes, **options).build()``: see :class:`SyntheticProfile` for the options."""
+    return SyntheticProfile(tuple(shapes), **options).build()
+
+
+@dataclass(frozen=True)
+class IdealModel:
+    """The figures of a model with perfect scaling (no sync cost) and fixed start-up and termination (one
+    sample each, unless ``startup_samples``): a model with a closed form."""
+
+    t_iter: float = 0.5
+    startup: float = 0.0
+    sigma: float = 0.0
+    dataset: int = 1000
+    batch: int = 10
+    restart: float = 0.0
+    eval_s: float = 0.0
+    ckpt_gb: float = 0.0
+    startup_samples: Sequence[float] | None = None
+    termination: float = 0.0
+    epoch_overhead: float = 0.0
+    task_start: float = 0.0
+    worker_start: float = 0.0
+
+    def build(self) -> PerformanceModel:
+        device = DeviceModel(
+            alpha_grad=self.t_iter,
+            beta_grad=0.0,
+            alpha_sync_node=0.0,
+            beta_sync_node=0.0,
+            alpha_sync_cross=0.0,
+            beta_sync_cross=0.0,
+            gamma=1.0,
         )
-    data = {
-        "workload": {
-            "name": "synthetic",
-            "origin": "tests",
-            "dataset_size": 6400,
-            "batch_size_per_worker": 64,
-            "restart_overhead_s": 5.0,
-            "checkpoint_size_gb": 0.5,
-        },
-        "measurements": measurements,
-        "startup": startup or [],
-    }
-    if device_speed:
-        data["reference_device"] = "V100"
-        data["device_speed"] = device_speed
-    return Profile.model_validate(data)
+        samples = tuple(self.startup_samples) if self.startup_samples else (self.startup,)
+        return PerformanceModel(
+            dataset_size=self.dataset,
+            batch_size_per_worker=self.batch,
+            restart_overhead_s=self.restart,
+            checkpoint_size_gb=self.ckpt_gb,
+            eval_time_s=self.eval_s,
+            reference_device="V100",
+            devices={"V100": device},
+            straggler_sigma=self.sigma,
+            startup_by_cloud={"aws": StartupModel(samples, "test")},
+            termination_by_cloud={"aws": StartupModel((self.termination,), "test")},
+            epoch_overhead_s=self.epoch_overhead,
+            task_start_s=self.task_start,
+            worker_start_s=self.worker_start,
+        )
 
 
-def ideal_model(
-    *,
-    t_iter: float = 0.5,
-    startup: float = 0.0,
-    sigma: float = 0.0,
-    dataset: int = 1000,
-    batch: int = 10,
-    restart: float = 0.0,
-    eval_s: float = 0.0,
-    ckpt_gb: float = 0.0,
-    startup_samples=None,
-    termination: float = 0.0,
-    epoch_overhead: float = 0.0,
-    task_start: float = 0.0,
-    worker_start: float = 0.0,
-) -> PerformanceModel:
-    """Perfect scaling (no sync cost), fixed start-up and termination: a model with a closed form."""
-    device = DeviceModel(
-        alpha_grad=t_iter,
-        beta_grad=0.0,
-        alpha_sync_node=0.0,
-        beta_sync_node=0.0,
-        alpha_sync_cross=0.0,
-        beta_sync_cross=0.0,
-        gamma=1.0,
-    )
-    samples = tuple(startup_samples) if startup_samples else (startup,)
-    return PerformanceModel(
-        dataset_size=dataset,
-        batch_size_per_worker=batch,
-        restart_overhead_s=restart,
-        checkpoint_size_gb=ckpt_gb,
-        eval_time_s=eval_s,
-        reference_device="V100",
-        devices={"V100": device},
-        straggler_sigma=sigma,
-        startup_by_cloud={"aws": StartupModel(samples, "test")},
-        termination_by_cloud={"aws": StartupModel((termination,), "test")},
-        epoch_overhead_s=epoch_overhead,
-        task_start_s=task_start,
-        worker_start_s=worker_start,
-    )
+def ideal_model(**figures: Any) -> PerformanceModel:
+    """``IdealModel(**figures).build()``: perfect scaling (no sync cost), fixed start-up and termination; see
+    :class:`IdealModel` for the figures."""
+    return IdealModel(**figures).build()

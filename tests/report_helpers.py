@@ -64,8 +64,34 @@ class _Lane:
     free_at: float
 
 
-def _layout(stages, workers, cap, *, static: bool, cloud: str, spot: bool, seed: int):
+@dataclass(frozen=True)
+class _Fleet:
+    """How a plan holds its instances: the workers per trial in each stage, the most instances held at once and
+    whether it holds that many the whole run (the static baseline)."""
+
+    workers: tuple[int, ...]
+    cap: int
+    static: bool = False
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One simulated sample of a plan: its stages, timeline and JCT, the stages' windows and costs, the cost
+    breakdown, the cost per instance type and the total."""
+
+    stage_plans: list[StagePlan]
+    timeline: Timeline
+    jct: float
+    stage_windows: list[tuple[float, float]]
+    stage_cost: list[float]
+    breakdown: dict[str, float]
+    by_type: dict[str, float]
+    total: float
+
+
+def _layout(stages, fleet: _Fleet, *, cloud: str, spot: bool, seed: int) -> _Layout:
     """Simulate one sample: returns stage plans, timeline, jct, per-stage durations/costs and breakdown."""
+    workers, cap, static = fleet.workers, fleet.cap, fleet.static
     info = CLOUDS[cloud]
     gpu_hr = info["spot_gpu_hr"] if spot else info["gpu_hr"]
     rng = np.random.default_rng(seed)
@@ -187,7 +213,7 @@ def _layout(stages, workers, cap, *, static: bool, cloud: str, spot: bool, seed:
             )
         )
     total = sum(i.cost_usd for i in timeline_instances)
-    return (
+    return _Layout(
         stage_plans,
         Timeline(instances=timeline_instances, tasks=tasks),
         jct,
@@ -205,7 +231,9 @@ def _dist(values: np.ndarray) -> Distribution:
     )
 
 
-def _prediction(deadline_s, jct, windows, stage_cost, breakdown, by_type, total, seed, n_samples) -> Prediction:
+def _prediction(layout: _Layout, deadline_s: float, seed: int, n_samples: int) -> Prediction:
+    jct, windows, stage_cost = layout.jct, layout.stage_windows, layout.stage_cost
+    breakdown, by_type, total = layout.breakdown, layout.by_type, layout.total
     rng = np.random.default_rng(seed + 1)
     noise = rng.lognormal(0.0, 0.06, size=400)
     jct_samples = jct * noise
@@ -232,80 +260,94 @@ def _prediction(deadline_s, jct, windows, stage_cost, breakdown, by_type, total,
     )
 
 
-def make_plan(
-    *,
-    deadline_s: float = 3600.0,
-    level: int = 3,
-    cloud: str = "aws",
-    spot: bool = False,
-    trials: int = 27,
-    eta: int = 3,
-    min_epochs: int = 1,
-    max_epochs: int = 27,
-    seed: int = 7,
-    samples: int = 400,
-    with_static: bool = True,
-    with_spec: bool = True,
-    catalog_clouds: tuple[str, ...] = ("aws", "gcp"),
-) -> Plan:
-    """A self-consistent SHA plan with a timeline, distributions and a static baseline."""
-    stages = sha_stages(trials, eta, min_epochs, max_epochs)
-    workers, cap = LEVELS[level]
-    workers = tuple(workers[min(i, len(workers) - 1)] for i in range(len(stages)))
-    sp, timeline, jct, windows, stage_cost, breakdown, by_type, total = _layout(
-        stages, workers, cap, static=False, cloud=cloud, spot=spot, seed=seed
-    )
-    predicted = _prediction(deadline_s, jct, windows, stage_cost, breakdown, by_type, total, seed, samples)
-    sp = [
-        s.model_copy(update={"predicted_duration_s": d.p50, "predicted_cost_usd": c})
-        for s, d, c in zip(sp, predicted.stage_duration_s, predicted.stage_cost_usd)
-    ]
-    baselines = {}
-    if with_static:
-        static_workers = tuple(min(w, 4) for w in workers)
-        ssp, stl, sjct, swin, scost, sbreak, sbytype, stotal = _layout(
-            stages, static_workers, max(2, cap - 1), static=True, cloud=cloud, spot=spot, seed=seed + 100
-        )
-        spred = _prediction(deadline_s, sjct, swin, scost, sbreak, sbytype, stotal, seed + 100, samples)
-        baselines["static"] = Alternative(
-            name=f"{ssp[0].instances}× {ssp[0].instance_type} for the whole job",
-            stages=ssp,
-            predicted=spred,
-            timeline=stl,
-        )
-    spec = None
-    if with_spec:
-        spec = {
+@dataclass(frozen=True)
+class SyntheticPlan:
+    """The knobs of :func:`make_plan`: the SHA job (``trials``, ``eta``, epochs), its deadline, the parallelism
+    ``level`` (:data:`LEVELS`), the cloud and market, the seed and the distributions' kept ``samples``, and
+    whether the plan carries a static baseline, its spec and which catalogs."""
+
+    deadline_s: float = 3600.0
+    level: int = 3
+    cloud: str = "aws"
+    spot: bool = False
+    trials: int = 27
+    eta: int = 3
+    min_epochs: int = 1
+    max_epochs: int = 27
+    seed: int = 7
+    samples: int = 400
+    with_static: bool = True
+    with_spec: bool = True
+    catalog_clouds: tuple[str, ...] = ("aws", "gcp")
+
+    def spec(self) -> dict | None:
+        if not self.with_spec:
+            return None
+        return {
             "name": "quickstart",
             "train": "examples.quickstart:train",
             "metric": {"name": "val_loss", "mode": "min"},
             "search_space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1}},
             "scheduler": {
                 "kind": "sha",
-                "trials": trials,
-                "eta": eta,
-                "min_epochs": min_epochs,
-                "max_epochs": max_epochs,
+                "trials": self.trials,
+                "eta": self.eta,
+                "min_epochs": self.min_epochs,
+                "max_epochs": self.max_epochs,
             },
-            "deadline_s": deadline_s,
-            "resources": {"clouds": [cloud], "spot": spot},
+            "deadline_s": self.deadline_s,
+            "resources": {"clouds": [self.cloud], "spot": self.spot},
         }
+
+
+def make_plan(**knobs) -> Plan:
+    """A self-consistent SHA plan with a timeline, distributions and a static baseline (``knobs``: the fields of
+    :class:`SyntheticPlan`)."""
+    o = SyntheticPlan(**knobs)
+    deadline_s, cloud, spot, seed, samples = o.deadline_s, o.cloud, o.spot, o.seed, o.samples
+    stages = sha_stages(o.trials, o.eta, o.min_epochs, o.max_epochs)
+    workers, cap = LEVELS[o.level]
+    workers = tuple(workers[min(i, len(workers) - 1)] for i in range(len(stages)))
+    laid = _layout(stages, _Fleet(workers, cap), cloud=cloud, spot=spot, seed=seed)
+    predicted = _prediction(laid, deadline_s, seed, samples)
+    sp = [
+        s.model_copy(update={"predicted_duration_s": d.p50, "predicted_cost_usd": c})
+        for s, d, c in zip(laid.stage_plans, predicted.stage_duration_s, predicted.stage_cost_usd)
+    ]
+    baselines = {}
+    if o.with_static:
+        static = _layout(
+            stages,
+            _Fleet(tuple(min(w, 4) for w in workers), max(2, cap - 1), static=True),
+            cloud=cloud,
+            spot=spot,
+            seed=seed + 100,
+        )
+        ssp = static.stage_plans
+        baselines["static"] = Alternative(
+            name=f"{ssp[0].instances}× {ssp[0].instance_type} for the whole job",
+            stages=ssp,
+            predicted=_prediction(static, deadline_s, seed + 100, samples),
+            timeline=static.timeline,
+        )
+    spec = o.spec()
+    timeline = laid.timeline
     return Plan(
         job=JobInfo(
             name="quickstart",
             spec_sha256="0" * 64,
             scheduler="sha",
-            eta=eta,
-            min_epochs=min_epochs,
-            max_epochs=max_epochs,
-            trials=trials,
+            eta=o.eta,
+            min_epochs=o.min_epochs,
+            max_epochs=o.max_epochs,
+            trials=o.trials,
             metric="val_loss",
             mode="min",
         ),
         catalog=CatalogInfo(
-            clouds=list(catalog_clouds),
+            clouds=list(o.catalog_clouds),
             regions=[CLOUDS[cloud]["region"]],
-            dates={c: "2025-01-01" for c in catalog_clouds},
+            dates={c: "2025-01-01" for c in o.catalog_clouds},
         ),
         deadline_s=deadline_s,
         confidence=0.95,

@@ -179,14 +179,9 @@ def leftover_pids(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.boot  # slow (two venvs, two Ray nodes, a job): in a pytest process of its own (.ci/run)
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("cloud", ["aws", "gcp"])
-def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, monkeypatch, tmp_path):
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
-    root = Path(tempfile.mkdtemp(prefix="rbboot-"))  # short: Ray's socket paths must stay under 108 bytes
-    image = root / "image"  # the image's Python: ray, torch and the rest "preinstalled", no rubberband
+def _image(root: Path) -> Path:
+    """The image's Python (``root/image``): ray, torch and the rest "preinstalled", no rubberband."""
+    image = root / "image"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(image)], check=True)
     # "preinstalled" means this test's own packages (in CI a fresh venv's, not the base interpreter's): the boot's
     # pinned installs (the CLI's versions) are then found already satisfied, offline. A .pth line adds the
@@ -206,6 +201,53 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         ).returncode
         != 0
     )
+    return image
+
+
+def _job_client(dashboard_port: int, token: str):
+    """A job client of the head's job server, with the run's token. `ray start` returns once the GCS is up; the
+    dashboard's job server follows seconds later (more on a busy machine): wait for it as the CLI does for a real
+    head."""
+    from ray.job_submission import JobSubmissionClient
+
+    answer_by = time.monotonic() + 180
+    while True:
+        try:
+            return JobSubmissionClient(
+                f"http://127.0.0.1:{dashboard_port}", headers={"Authorization": f"Bearer {token}"}
+            )
+        except ConnectionError:
+            assert time.monotonic() < answer_by, "the head's job server never answered"
+            time.sleep(2.0)
+
+
+def _keep_logs(root: Path, keep: Path) -> None:
+    """Copy the cluster's small text files (consoles, boot logs, Ray's logs) from ``root`` into ``keep``."""
+    for path in root.rglob("*"):
+        if (
+            path.is_file()
+            and not path.is_symlink()
+            and "opt-rubberband" not in path.parts
+            and "image" not in path.parts
+            and path.suffix in (".log", ".out", ".err", ".sh", "")
+            and path.stat().st_size < 2 * 1024**2
+        ):
+            target = keep / path.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                shutil.copyfile(path, target)
+            except OSError:
+                pass
+
+
+@pytest.mark.boot  # slow (two venvs, two Ray nodes, a job): in a pytest process of its own (.ci/run)
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, monkeypatch, tmp_path):
+    from ray.job_submission import JobStatus
+
+    root = Path(tempfile.mkdtemp(prefix="rbboot-"))  # short: Ray's socket paths must stay under 108 bytes
+    image = _image(root)
     poweroffs = root / "poweroff.log"
     recorder = root / "poweroff"
     recorder.write_text(f'#!/bin/bash\necho "$@" >> {poweroffs}\n')
@@ -323,18 +365,7 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         (code / "boot_job.py").write_text(JOB)
         package = build_package(root / "cache")
         monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # this process's own Ray: the token goes as a header
-        # `ray start` returns once the GCS is up; the dashboard's job server follows seconds later (more
-        # on a busy machine): wait for it as the CLI does for a real head
-        answer_by = time.monotonic() + 180
-        while True:
-            try:
-                client = JobSubmissionClient(
-                    f"http://127.0.0.1:{dashboard_port}", headers={"Authorization": f"Bearer {token}"}
-                )
-                break
-            except ConnectionError:
-                assert time.monotonic() < answer_by, "the head's job server never answered"
-                time.sleep(2.0)
+        client = _job_client(dashboard_port, token)
         job = client.submit_job(
             entrypoint=f"python boot_job.py {cloud}-worker-1 {root / 'trial'}",
             runtime_env=job_runtime_env(package, code),
@@ -358,22 +389,7 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
     finally:
         for node in reversed(nodes):
             node.kill()
-        keep = tmp_path / "cluster"  # consoles, boot logs and Ray's logs, for a failure's post-mortem
-        for path in root.rglob("*"):
-            if (
-                path.is_file()
-                and not path.is_symlink()
-                and "opt-rubberband" not in path.parts
-                and "image" not in path.parts
-                and path.suffix in (".log", ".out", ".err", ".sh", "")
-                and path.stat().st_size < 2 * 1024**2
-            ):
-                target = keep / path.relative_to(root)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    shutil.copyfile(path, target)
-                except OSError:
-                    pass
+        _keep_logs(root, tmp_path / "cluster")  # consoles, boot logs and Ray's logs, for a failure's post-mortem
         for server in servers.values():
             server.close()
         for pid in leftover_pids(str(root)):  # anything of this cluster that left the nodes' sessions

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
@@ -90,22 +91,25 @@ def test_backend_reports_obtained_types_blocked_types_and_spot_losses(moto_env, 
     assert provider.list() == []
 
 
-def spot_loss_run(
-    tmp_path: Path,
-    cloud: str,
-    region: str,
-    itype: str,
-    env: dict[str, str],
-    take_back: Callable[[str], None],
-) -> Path:
-    """``rubberband run --cloud CLOUD --head local``: one stage, 2 trials × 3 epochs on one spot ``itype``
+@dataclass(frozen=True)
+class SpotOffer:
+    """Where a spot run's stage goes: the cloud, the region and the instance type."""
+
+    cloud: str
+    region: str
+    itype: str
+
+
+def spot_loss_run(tmp_path: Path, offer: SpotOffer, env: dict[str, str], take_back: Callable[[str], None]) -> Path:
+    """``rubberband run --cloud CLOUD --head local``: one stage, 2 trials × 3 epochs on one spot ``offer.itype``
     (4 slots); once a trial has checkpointed, ``take_back(id)`` has the cloud reclaim its instance and its stand-in
     Ray node dies. Checks that the loss is journaled as a spot interruption, one spot replacement takes the trials,
     which restart from their checkpoints, and the run finishes with no Ray process left; returns the run
     directory."""
     # 2 s epochs: the dying stand-in's workers must not finish the stage before Ray sees the loss
+    cloud = offer.cloud
     spec = cloud_job(tmp_path, [cloud], trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
-    plan_path = cloud_plan(tmp_path, spec, cloud, region, itype, counts=(1,), durations=(20.0,))
+    plan_path = cloud_plan(tmp_path, spec, cloud, offer.region, offer.itype, counts=(1,), durations=(20.0,))
     plan = load_plan(plan_path)
     write_plan(
         plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}), plan_path
@@ -142,7 +146,9 @@ def spot_loss_run(
 
 def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
     """One spot p3.8xlarge (4 slots) interrupted after a checkpoint (see :func:`spot_loss_run`)."""
-    run_dir = spot_loss_run(tmp_path, "aws", REGION, "p3.8xlarge", cloud_env(tmp_path, moto_env), interrupt_spot)
+    run_dir = spot_loss_run(
+        tmp_path, SpotOffer("aws", REGION, "p3.8xlarge"), cloud_env(tmp_path, moto_env), interrupt_spot
+    )
     assert all(spot for _, _, spot in ec2_faults.calls) and len(ec2_faults.calls) == 2
     _nothing_left(run_dir)
 

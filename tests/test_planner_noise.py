@@ -16,14 +16,25 @@ from conftest import EXAMPLES
 from planner_helpers import ideal_model, itype, synthetic_profile
 
 
-def samples(rng, *, configs, epochs, config_sigma, epoch_sigma, log_mean=0.0, predicted=10.0):
-    speeds = np.exp(log_mean + config_sigma * rng.standard_normal(configs))
-    return [list(predicted * s * np.exp(epoch_sigma * rng.standard_normal(epochs))) for s in speeds]
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """The true variation of epoch times: each configuration's speed lognormal (``config_sigma`` around
+    ``log_mean``), each epoch's around it (``epoch_sigma``), relative to a ``predicted`` epoch time."""
+
+    config_sigma: float
+    epoch_sigma: float
+    log_mean: float = 0.0
+    predicted: float = 10.0
+
+
+def samples(rng, spread: Spread, *, configs, epochs):
+    speeds = np.exp(spread.log_mean + spread.config_sigma * rng.standard_normal(configs))
+    return [list(spread.predicted * s * np.exp(spread.epoch_sigma * rng.standard_normal(epochs))) for s in speeds]
 
 
 def test_fit_recovers_known_sigmas_from_many_configurations():
     rng = np.random.default_rng(1)
-    times = samples(rng, configs=200, epochs=8, config_sigma=0.2, epoch_sigma=0.1, log_mean=0.3)
+    times = samples(rng, Spread(0.2, 0.1, log_mean=0.3), configs=200, epochs=8)
     v = fit_variation(times, [10.0] * len(times))
     assert v.epoch_sigma_fit == pytest.approx(0.1, rel=0.05)
     assert v.config_sigma_fit == pytest.approx(0.2, rel=0.12)
@@ -47,7 +58,7 @@ def test_the_planned_sigmas_cover_the_truth_at_the_bound_level(configs, epochs):
     covered_c = covered_e = 0
     runs = 1500
     for _ in range(runs):
-        times = samples(rng, configs=configs, epochs=epochs, config_sigma=0.15, epoch_sigma=0.05)
+        times = samples(rng, Spread(0.15, 0.05), configs=configs, epochs=epochs)
         v = fit_variation(times, [10.0] * configs)
         covered_c += v.config_sigma >= 0.15
         covered_e += v.epoch_sigma >= 0.05
@@ -61,9 +72,9 @@ def test_a_bound_is_capped_but_a_measured_spread_above_the_cap_is_planned_as_mea
     from rubberband.planner.noise import MAX_SIGMA
 
     rng = np.random.default_rng(7)
-    wide = fit_variation(samples(rng, configs=8, epochs=3, config_sigma=0.8, epoch_sigma=0.05), [10.0] * 8)
+    wide = fit_variation(samples(rng, Spread(0.8, 0.05), configs=8, epochs=3), [10.0] * 8)
     assert wide.config_sigma_fit > MAX_SIGMA and wide.config_sigma == wide.config_sigma_fit
-    narrow = fit_variation(samples(rng, configs=3, epochs=3, config_sigma=0.35, epoch_sigma=0.05), [10.0] * 3)
+    narrow = fit_variation(samples(rng, Spread(0.35, 0.05), configs=3, epochs=3), [10.0] * 3)
     assert narrow.config_sigma_fit < MAX_SIGMA and narrow.config_sigma == MAX_SIGMA  # its bound, capped
 
 

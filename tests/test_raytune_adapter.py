@@ -31,11 +31,11 @@ class MemoryContext(TrainContext):
         *,
         saved: dict | None = None,
         max_iterations: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
+        rank_of: tuple[int, int] = (0, 1),
     ) -> None:
+        """Epochs ``start`` to ``end``, as rank ``rank_of[0]`` of ``rank_of[1]`` workers."""
         self.trial_id, self.start_epoch, self.end_epoch = "b0-t000", start, end
-        self.rank, self.world_size, self.local_rank, self.device, self.process_group = rank, world_size, 0, "cpu", None
+        (self.rank, self.world_size), self.local_rank, self.device, self.process_group = rank_of, 0, "cpu", None
         self.saved = saved
         self.max_iterations = max_iterations
         self.reports: list[tuple[int, dict]] = []
@@ -192,7 +192,7 @@ def test_profiling_stops_it_after_the_iterations_it_needs(example):
 
 
 def test_other_ranks_only_join_the_checkpoint_load(example):
-    ctx = MemoryContext(0, 3, rank=1, world_size=2)
+    ctx = MemoryContext(0, 3, rank_of=(1, 2))
     adapt(example.train_fn)(dict(CONFIG), ctx)
     assert ctx.reports == []
 

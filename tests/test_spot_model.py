@@ -201,12 +201,10 @@ def test_trace_scenario_replays_the_next_transition_and_the_rest_of_a_down_run()
     time_left=st.lists(st.floats(0, 1e5), min_size=1, max_size=30),
     work=st.floats(0, 5e4),
     restart=st.floats(0, 5e3),
-    margin=st.floats(0, 1e3),
     on_spot=st.booleans(),
-    back=st.sampled_from([math.inf, 1.0, 3.0]),
+    policy=st.builds(SpotPolicy, margin_s=st.floats(0, 1e3), return_factor=st.sampled_from([math.inf, 1.0, 3.0])),
 )
-def test_the_vectorised_decision_is_the_policy_objects_own(time_left, work, restart, margin, on_spot, back):
-    policy = SpotPolicy(margin_s=margin, return_factor=back)
+def test_the_vectorised_decision_is_the_policy_objects_own(time_left, work, restart, on_spot, policy):
     got = stay_on_spot(policy, np.array(time_left), np.full(len(time_left), work), restart, on_spot=on_spot)
     want = [policy.decide(SpotSituation(t, work, restart, on_spot)) is Market.SPOT for t in time_left]
     assert list(got) == want

@@ -28,20 +28,20 @@ pytestmark = [pytest.mark.xdist_group("trials_runtime_cluster"), pytest.mark.exc
 def _spec(
     tmp_path: Path,
     placement: tuple[str, ...],
+    epochs: tuple[int, int] = (0, 1),
     *,
-    start: int = 0,
-    end: int = 1,
     entry: str = "tiny_train:train",
     trial_id: str = "b0-t000",
     **config,
 ) -> TrialSpec:
+    """A trial of ``entry`` over ``placement`` from epoch ``epochs[0]`` to ``epochs[1]`` (``config``: its config)."""
     return TrialSpec(
         trial_id=trial_id,
         config=config,
         entry_point=entry,
         code_dir=CODE,
-        start_epoch=start,
-        end_epoch=end,
+        start_epoch=epochs[0],
+        end_epoch=epochs[1],
         placement=placement,
         checkpoint_dir=str(tmp_path / "ckpt" / trial_id),
         timeout_s=60,
@@ -54,7 +54,7 @@ def _params(prefix: Path, rank: int) -> dict:
 
 def test_two_gloo_workers_train_in_lockstep(local_ray_cluster, tmp_path):
     a = local_ray_cluster.resource("a")
-    spec = _spec(tmp_path, (a, a), end=2, params_out=str(tmp_path / "p"))
+    spec = _spec(tmp_path, (a, a), (0, 2), params_out=str(tmp_path / "p"))
     run = TrialRun.start(spec)
     outcome = run.result(timeout_s=120)
 
@@ -75,12 +75,12 @@ def test_two_gloo_workers_train_in_lockstep(local_ray_cluster, tmp_path):
 def test_checkpoint_at_two_workers_resumes_at_one_and_three(local_ray_cluster, tmp_path):
     """Three runs with fresh worker processes (2, 1, then 3 workers over two instances): ~20 s on 2 cores."""
     a, b = local_ray_cluster.resource("a"), local_ray_cluster.resource("b")
-    first = TrialRun.start(_spec(tmp_path, (a, a), end=1)).result(timeout_s=120)
+    first = TrialRun.start(_spec(tmp_path, (a, a))).result(timeout_s=120)
     assert first.checkpoint_epoch == 0 and first.reports[0].metrics["resumed"] == 0.0
     saved = load_latest(tmp_path / "ckpt" / "b0-t000")
     assert saved is not None and saved.epoch == 0 and set(saved.state) == {"model", "opt"}
 
-    one = TrialRun.start(_spec(tmp_path, (b,), start=1, end=2)).result(timeout_s=120)
+    one = TrialRun.start(_spec(tmp_path, (b,), (1, 2))).result(timeout_s=120)
     assert [r.epoch for r in one.reports] == [1]
     assert one.reports[0].metrics == pytest.approx(
         {"loss": one.reports[0].metrics["loss"], "world_size": 1.0, "resumed": 1.0}
@@ -88,7 +88,7 @@ def test_checkpoint_at_two_workers_resumes_at_one_and_three(local_ray_cluster, t
     assert one.checkpoint_epoch == 1
 
     # Three workers over two instances (PACK placement group), resuming from the 1-worker checkpoint.
-    three = TrialRun.start(_spec(tmp_path, (a, a, b), start=2, end=3, params_out=str(tmp_path / "q")))
+    three = TrialRun.start(_spec(tmp_path, (a, a, b), (2, 3), params_out=str(tmp_path / "q")))
     out3 = three.result(timeout_s=120)
     assert out3.reports[0].metrics["world_size"] == 3.0 and out3.reports[0].metrics["resumed"] == 1.0
     assert out3.checkpoint_epoch == 2
@@ -212,10 +212,10 @@ def test_pool_reuses_warm_workers_across_a_resize(local_ray_cluster, tmp_path):
     with WorkerPool() as pool:
         pool.warm(a, 2, timeout_s=60)
         assert pool.idle() == {a: 2}
-        big = TrialRun.start(_spec(tmp_path, (a, a), end=1), pool=pool).result(timeout_s=120)
+        big = TrialRun.start(_spec(tmp_path, (a, a)), pool=pool).result(timeout_s=120)
         assert big.warm_workers == (True, True) and pool.idle() == {a: 2}
         began = time.monotonic()
-        small = TrialRun.start(_spec(tmp_path, (a,), start=1, end=2), pool=pool).result(timeout_s=120)
+        small = TrialRun.start(_spec(tmp_path, (a,), (1, 2)), pool=pool).result(timeout_s=120)
         resize_s = time.monotonic() - began
         assert small.warm_workers == (True,) and small.reports[0].metrics["resumed"] == 1.0
         assert small.setup_s < 1.5 and resize_s < 5  # loose bounds: a shared 2-core CI box (bench measures it)
