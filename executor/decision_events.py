@@ -44,10 +44,10 @@ class OrphanHeadStopped(_Decision):
 
 
 class Down(_Decision):
-    """``rubberband down`` terminated what the run left."""
+    """``rubberband down`` terminated what the run left (``terminated``: how many instances and processes)."""
 
     kind: Literal["down"] = "down"
-    terminated: list[str] = []
+    terminated: int = 0
 
 
 # -- instances ---------------------------------------------------------------------------------------------------

@@ -84,6 +84,10 @@ class Fleet:
         """The unreleased instances (up or coming) assigned to stage ``g``."""
         return self.pool.of_stage(g)
 
+    def arrived(self) -> bool:
+        """Whether a request is done that :meth:`collect` has not taken yet."""
+        return any(p.future is not None and p.future.done() for p in self.entries.values())
+
     def alive(self) -> list[PoolInstance]:
         return [p for p in self.entries.values() if not p.released]
 

@@ -82,6 +82,8 @@ class RunLoop:
             due.append(self.losses.next_due_s())
         if self.progress is not None:
             due.append(self.services.cluster.idle_tick_s)
+        if self.fleet.arrived():  # an instance is up already: take it now
+            due.append(0.0)
         return max(0.0, min(d for d in due if not math.isnan(d)))
 
     def _observe(self) -> list[Observation]:

@@ -115,7 +115,7 @@ class TrialRunner:
                 workers=len(slot.placement),
                 instances=list(slot.instance_ids),
                 placement=list(slot.placement),
-                from_checkpoint=latest_epoch(ckpt_dir),
+                from_checkpoint=_newest(trial.checkpoint_epoch, latest_epoch(ckpt_dir)),
             )
         )
 
@@ -253,6 +253,12 @@ class TrialRunner:
                 pass
             self.journal.record(J.TrialStopped(trial_id=run.trial_id, stage=run.stage, reason="interrupted"))
         self.running.clear()
+
+
+def _newest(*epochs: int | None) -> int | None:
+    """The newest of the checkpoints the journal and the disk know (None: none)."""
+    known = [e for e in epochs if e is not None]
+    return max(known) if known else None
 
 
 def _devices_used(outcome: Any) -> dict[str, Any]:

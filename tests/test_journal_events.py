@@ -140,7 +140,7 @@ SAMPLES: list[E._Event] = [
 DECISION_SAMPLES: list[E._Event] = [
     J.HeadStarted(t=1.0, address="127.0.0.1:6379", pid=42),
     J.OrphanHeadStopped(t=1.0),
-    J.Down(t=1.0, terminated=["n1"]),
+    J.Down(t=1.0, terminated=2),
     J.Keep(t=1.0, id="n1", stage=1),
     J.Release(t=1.0, id="n1", stage=0, reason="idle: stage 0 needs it no more"),
     J.Handoff(
