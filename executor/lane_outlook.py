@@ -167,7 +167,8 @@ class LaneOutlook:
         slots = max(1, slot_count(stage.instances, itype.workers, stage.workers_per_trial))
         now = view.now()
         mine = [now - r.started_at for r in view.running_of(lane.bracket)]
-        booting = view.lead_s(itype) if lane.pending and not lane.slots else 0.0
+        up = any(entry.ready for entry in view.of_stage(lane.g))  # one may be up before the lane has its slots
+        booting = view.lead_s(itype) if lane.pending and not lane.slots and not up else 0.0
         return booting + self.prefetch.remaining_s(
             per_trial_s=self.per_trial_s(lane.g, view), running_elapsed_s=mine, waiting=len(lane.pending), slots=slots
         )
