@@ -1,4 +1,4 @@
-"""Re-planning at the stage boundaries of a run whose Hyperband brackets run side by side (``ParallelController``).
+"""Re-planning at the stage boundaries of a run whose Hyperband brackets run side by side (the executor's lanes).
 
 At each bracket's stage boundary (and when a bracket starts at its offset) the run is re-planned as a sequential
 run is: the remainder is every bracket's stages not started yet, each bracket's from when it can go on (the
@@ -7,40 +7,39 @@ offset); the same :class:`~rubberband.planner.policies.LatenessPolicy` decides a
 ``replan`` is journaled. A taken plan is followed by the lanes (requests, prefetched instances); with
 ``--on-late stop`` a hopeless run stops before the stage and ``result.json`` holds the best so far.
 
-The unit tests drive the controller's pieces by hand (a stand-in backend whose instances are up at once, a
-stand-in trial runtime, a stand-in re-planner); ``test_parallel_run_replans_at_every_bracket_boundary_e2e`` runs
+The unit tests run the real executor on virtual time (tests/sim_helpers.py) with a stand-in re-planner and look
+at what it asked, the journal and the result; ``test_parallel_run_replans_at_every_bracket_boundary_e2e`` runs
 the real CLI with the real re-planner on local Ray nodes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from executor_helpers import (
-    FakeRuntime,
-    cli_env,
-    finished_outcome,
-    journaled_controller,
-    make_plan,
-    run_pids,
-    write_hyperband_job,
-)
+from executor_helpers import cli_env, make_plan, run_pids, write_hyperband_job
+from sim_helpers import SimCase, cpu_model
 
+from rubberband.catalog import load_catalog
 from rubberband.executor import journal as J
-from rubberband.executor.brackets import ParallelController
-from rubberband.executor.controller import RunStopped
+from rubberband.executor.decisions import startup_samples
+from rubberband.executor.run import Settings
 from rubberband.executor.runtime import ReplanAnswer, ReplanRequest
 from rubberband.plan import write_plan
+from rubberband.planner.policies import PrefetchPolicy
 
 # bracket 0: 3 trials × 1 epoch on two 1-worker nodes (stage 0), then its best for 2 more epochs on a 2-worker
 # node (stage 1); bracket 1: 2 trials × 3 epochs on one 1-worker node (stage 2), starting 100 s after the job.
 STAGES = [("local.cpu1", 2, 1), ("local.cpu2", 1, 2), ("local.cpu1", 1, 1)]
 TASKS = (5.0, 20.0, 30.0)  # planned task times: bracket 0's next stage is prefetched while its last trial runs
-STARTUP = [10.0, 12.0]  # measured start-ups: the prefetch lead (p90) is 11.8 s
+#: An epoch on one worker takes 5 s (stage 0's tasks as planned); every instance (and the run's head) is up 2 s
+#: after its request, one after another (the local backend): stage 1's prefetched node is up at the boundary.
+MODEL = cpu_model(epoch_s=5.0, startup_s=2.0)
+CPU1, CPU2 = "local:local:local.cpu1", "local:local:local.cpu2"
 
 
 def _plan(spec, offsets=(0.0, 100.0)):
@@ -51,7 +50,9 @@ def _plan(spec, offsets=(0.0, 100.0)):
 
 class StubReplanner:
     """Answers every request with the requested stages, ``changes`` (plan position → (type, instances, workers))
-    applied, at ``p_meet`` and ``cost``; the current plan's outlook at ``current_p_meet``. Keeps the requests."""
+    applied, at ``p_meet`` and ``cost``; the current plan's outlook at ``current_p_meet``. ``first_only``: only
+    the first request is answered so; later ones find the run on time (P(meet) 0.99) and change nothing. Keeps
+    the requests."""
 
     def __init__(
         self,
@@ -60,22 +61,26 @@ class StubReplanner:
         p_meet: float = 0.99,
         cost: float | None = None,
         changes: dict[int, tuple[str, int, int]] | None = None,
+        first_only: bool = False,
     ) -> None:
         self.current_p_meet, self.p_meet, self.cost = current_p_meet, p_meet, cost
         self.changes = changes or {}
+        self.first_only = first_only
         self.requests: list[ReplanRequest] = []
 
     def __call__(self, request: ReplanRequest) -> ReplanAnswer:
         self.requests.append(request)
+        later = self.first_only and len(self.requests) > 1
+        changes = {} if later else self.changes
         stages = []
         for g in request.positions():
             stage = request.plan.stages[g]
-            if g in self.changes:
-                name, n, w = self.changes[g]
+            if g in changes:
+                name, n, w = changes[g]
                 stage = stage.model_copy(update={"instance_type": name, "instances": n, "workers_per_trial": w})
             stages.append(stage)
         current = sum(request.plan.stages[g].predicted_cost_usd for g in request.positions())
-        cost = current if self.cost is None else self.cost
+        cost = current if self.cost is None or later else self.cost
         predicted = request.plan.predicted.model_copy(
             update={
                 "p_meet_deadline": self.p_meet,
@@ -85,119 +90,44 @@ class StubReplanner:
         )
         proposal = request.plan.model_copy(update={"stages": stages, "predicted": predicted})
         return ReplanAnswer(
-            proposal, current_p_meet=self.current_p_meet, current_jct_p50_s=80.0, current_cost_usd=current
+            proposal,
+            current_p_meet=0.99 if later else self.current_p_meet,
+            current_jct_p50_s=80.0,
+            current_cost_usd=current,
         )
 
 
-class Backend:
-    """The stand-in backend of executor_helpers (instances up at once), listing nothing for teardown."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def list(self, run_id):
-        return []
-
-
-def _controller(tmp_path, replanner, *, deadline_s: float = 400.0, **options):
+def _case(tmp_path, replanner, *, offsets=(0.0, 100.0), deadline_s: float = 400.0, **settings) -> SimCase:
     _, spec = write_hyperband_job(tmp_path)
-    controller, backend = journaled_controller(
-        tmp_path,
+    return SimCase(
         spec,
-        _plan(spec),
-        deadline_s=deadline_s,
-        controller_class=ParallelController,
-        runtime=FakeRuntime(),
+        _plan(spec, offsets),
+        model=MODEL,
+        settings=Settings(deadline_s=deadline_s, **settings),
         replanner=replanner,
-        **options,
     )
-    controller.backend = Backend(backend)
-    controller.search = controller._restore_search()
-    controller.startup_seconds = {"local.cpu1": list(STARTUP), "local.cpu2": list(STARTUP), "local.cpu4": list(STARTUP)}
-    controller._open_lanes()
-    return controller, backend
 
 
-def _served(controller) -> None:
-    """Wait until the provisioner thread has handed every request so far to the stand-in backend."""
-    for entry in list(controller.pool.values()):
-        if entry.future is not None:
-            entry.future.result(timeout=10)
-
-
-def _up(controller) -> None:
-    """Every request the stand-in backend serves is up: collect them as the loop does."""
-    _served(controller)
-    startups = {k: list(v) for k, v in controller.startup_seconds.items()}
-    controller._collect_provisioned()
-    controller.startup_seconds = startups  # the stand-in's instant start-ups would shorten the lead
-
-
-def _finish(controller, lane, metric=lambda trial_id: int(trial_id.rsplit("t", 1)[1]) / 10) -> None:
-    """Every running trial of ``lane`` finishes (loss: its index / 10); waiting ones start and finish in turn;
-    the lane is tended after each wave, as the loop does."""
-    while True:
-        controller._fill_slots(lane)
-        mine = [
-            (ref, run)
-            for ref, run in controller.running.items()
-            if controller.state.trials[run.trial_id].bracket == lane.bracket
-        ]
-        if not mine:
-            return
-        ref, run = mine[0]
-        del controller.running[ref]
-        run.handle.outcome = finished_outcome(run.trial_id, run.start_epoch, run.end_epoch, metric(run.trial_id))
-        controller._collect(lane, [run])
-        g = lane.g
-        controller._tend_lane(lane)
-        _up(controller)
-        if lane.g != g:
-            return
-
-
-def _events(controller) -> list[dict]:
-    return list(J.iter_events(controller.run_dir / J.JOURNAL_NAME))
-
-
-def _replans(controller) -> list[dict]:
-    return [e for e in _events(controller) if e["type"] == J.DECISION and e.get("kind") == "replan"]
-
-
-def _close(controller) -> None:
-    controller._terminator.shutdown(wait=True)
-    controller._provisioner.shutdown(wait=True)
-
-
-def _to_first_boundary(controller):
-    """Bracket 0 starts with the job, its stage 0 runs to its end (stage 1's node prefetched meanwhile); the
-    boundary before stage 1 is re-planned. Returns bracket 0's lane."""
-    controller._start_due(0.0)
-    lane = controller.lanes[0]
-    assert lane.g == 0 and not controller.lanes[1].started  # bracket 1 waits for its offset
-    _up(controller)
-    _finish(controller, lane)
-    return lane
+def _requested(out) -> dict[str, dict]:
+    """Each instance's request (id → ``instance_requested``)."""
+    return {e["id"]: e for e in out.of(J.INSTANCE_REQUESTED)}
 
 
 def test_a_parallel_run_on_time_goes_on_without_change(tmp_path):
     replanner = StubReplanner(current_p_meet=0.99)
-    controller, backend = _controller(tmp_path, replanner)
-    lane = _to_first_boundary(controller)
-    assert lane.g == 1
-    # the remainder: bracket 0 from its next stage now, bracket 1 (not started) from its offset, ~100 s away
-    (request,) = replanner.requests
+    out = _case(tmp_path, replanner).run(tmp_path / "run")
+    assert out.result.status == "finished", out.error
+    first, last = out.of("replan")
+    # bracket 0's boundary: the remainder is bracket 0 from its next stage now, bracket 1 (not started) from its
+    # offset, 100 s after the job
+    request = replanner.requests[0]
     assert request.next_stage == 1 and request.stages == (1, 2)
-    assert request.offsets_s[0] == 0.0 and request.offsets_s[1] == pytest.approx(100.0, abs=2.0)
-    assert request.running == {"local:local:local.cpu2": 1}  # stage 1's prefetched node is up
-    assert request.bracket_running == ({"local:local:local.cpu2": 1}, {})  # bracket 1 has none yet
-    (decision,) = _replans(controller)
-    assert decision["action"] == "continue" and not decision["accepted"] and not decision["at_risk"]
-    assert decision["stage"] == 1 and decision["bracket"] == 0 and decision["stages"] == [1, 2]
-    assert set(decision) >= {
+    assert request.offsets_s == (0.0, pytest.approx(100.0 - first["elapsed_s"], abs=1e-3))
+    assert request.running == {CPU2: 1}  # stage 1's prefetched node, up already
+    assert request.bracket_running == ({CPU2: 1}, {})  # bracket 1 has none yet
+    assert first["action"] == "continue" and not first["accepted"] and not first["at_risk"]
+    assert first["stage"] == 1 and first["bracket"] == 0 and first["stages"] == [1, 2]
+    assert set(first) >= {
         "elapsed_s",
         "predicted_remaining_s",
         "slowdown",
@@ -211,105 +141,109 @@ def test_a_parallel_run_on_time_goes_on_without_change(tmp_path):
         "proposal_jct_p50_s",
         "offsets_s",
     }
-    assert not [e for e in _events(controller) if e["type"] == J.PLAN_CHANGED]
-    # the prefetched node serves the stage: nothing more requested
-    _served(controller)
-    assert [r.instance_type.name for r in backend.requests] == ["local.cpu1", "local.cpu1", "local.cpu2"]
-    controller._fill_slots(lane)
-    started = [e for e in _events(controller) if e["type"] == J.TRIAL_STARTED and e["stage"] == 1]
-    assert len(started) == 1 and started[0]["workers"] == 2
-    # bracket 1 starts at its offset: a boundary too (bracket 0 runs its last stage: nothing of it is left)
-    controller._start_due(150.0)
+    assert not out.of(J.PLAN_CHANGED)
+    # the prefetched node serves the stage: nothing more is requested for it, and its trial runs there
+    requested = _requested(out)
+    assert [(e["instance_type"], e["stage"]) for e in requested.values()] == [
+        ("local.cpu1", 0),
+        ("local.cpu1", 0),
+        ("local.cpu2", 1),
+        ("local.cpu1", 2),
+    ]
+    (prefetch,) = out.of("prefetch")
+    assert prefetch["stage"] == 1 and prefetch["t"] < first["t"]
+    (started,) = [e for e in out.of(J.TRIAL_STARTED) if e["stage"] == 1]
+    assert started["workers"] == 2 and requested[started["instances"][0]]["stage"] == 1
+    # bracket 1 starts at its offset: a boundary too (bracket 0 has ended by then: nothing of it is left)
     assert replanner.requests[-1].stages == (2,) and replanner.requests[-1].offsets_s == (0.0,)
-    assert [d["stage"] for d in _replans(controller)] == [1, 2]
-    assert controller.lanes[1].g == 2
-    _close(controller)
+    assert last["stage"] == 2 and last["bracket"] == 1 and last["elapsed_s"] == pytest.approx(100.0, abs=1e-3)
+    assert len(replanner.requests) == 2
+    (stage2,) = [e for e in out.of(J.STAGE_STARTED) if e["stage"] == 2]
+    assert stage2["offset_s"] == 100.0 and stage2["t"] >= last["t"]  # decided before the bracket started
 
 
 def test_a_parallel_run_behind_plan_buys_speed_for_later_bracket_stages(tmp_path):
     # the re-planner's model says the current plan misses the deadline; its proposal meets it with a faster
     # stage 1 (one 4-worker node) and bracket 1 (not started) on a 2-worker node with a trial per worker
-    replanner = StubReplanner(current_p_meet=0.3, cost=1.0, changes={1: ("local.cpu4", 1, 2), 2: ("local.cpu2", 1, 1)})
-    controller, backend = _controller(tmp_path, replanner)
-    lane = _to_first_boundary(controller)
-    (decision,) = _replans(controller)
+    replanner = StubReplanner(
+        current_p_meet=0.3, cost=1.0, changes={1: ("local.cpu4", 1, 2), 2: ("local.cpu2", 1, 1)}, first_only=True
+    )
+    out = _case(tmp_path, replanner).run(tmp_path / "run")
+    assert out.result.status == "finished", out.error
+    decision, at_offset = out.of("replan")
     assert decision["action"] == "buy_speed" and decision["accepted"] and decision["stages"] == [1, 2]
     assert decision["current_p_meet"] == 0.3 and decision["proposal_p_meet"] == 0.99
-    changed = [e for e in _events(controller) if e["type"] == J.PLAN_CHANGED]
-    assert len(changed) == 1 and changed[0]["stage"] == 1
-    assert [(s["instance_type"], s["instances"], s["workers_per_trial"]) for s in changed[0]["plan"]["stages"]] == [
+    (changed,) = out.of(J.PLAN_CHANGED)
+    assert changed["stage"] == 1 and changed["changed"] == [1, 2]
+    assert [(s["instance_type"], s["instances"], s["workers_per_trial"]) for s in changed["plan"]["stages"]] == [
         ("local.cpu1", 2, 1),
         ("local.cpu4", 1, 2),
         ("local.cpu2", 1, 1),
     ]
-    assert J.read_state(controller.run_dir).plan["stages"][2]["instance_type"] == "local.cpu2"  # resume follows
+    assert out.state.plan["stages"][2]["instance_type"] == "local.cpu2"  # resume follows
     # the lanes follow: stage 1's prefetched cpu2 node is released, a cpu4 requested; its trial runs there
-    prefetched = backend.provisioned[2]
-    releases = [
-        e
-        for e in _events(controller)
-        if e["type"] == J.DECISION and e.get("kind") == "release" and e["id"] == prefetched
-    ]
-    assert releases and releases[0]["reason"] == "re-planned: stage 1 runs 1 × local.cpu4"
-    controller._collect_terminations(wait=True)
-    assert prefetched in backend.terminated
-    _served(controller)
-    assert (backend.requests[-1].instance_type.name, backend.requests[-1].stage) == ("local.cpu4", 1)
-    assert lane.g == 1
-    _up(controller)
-    controller._fill_slots(lane)
-    (started,) = [e for e in _events(controller) if e["type"] == J.TRIAL_STARTED and e["stage"] == 1]
-    assert started["instances"] == [backend.provisioned[-1]] and started["workers"] == 2
+    requested = _requested(out)
+    (prefetched,) = [i for i, e in requested.items() if e["instance_type"] == "local.cpu2" and e["stage"] == 1]
+    (release,) = [e for e in out.of("release") if e["id"] == prefetched]
+    assert release["reason"] == "re-planned: stage 1 runs 1 × local.cpu4" and release["t"] == decision["t"]
+    assert prefetched in {e["id"] for e in out.of(J.INSTANCE_TERMINATED)}
+    (started,) = [e for e in out.of(J.TRIAL_STARTED) if e["stage"] == 1]
+    (node,) = started["instances"]
+    assert (requested[node]["instance_type"], requested[node]["stage"]) == ("local.cpu4", 1)
+    assert started["workers"] == 2
     # bracket 1 starts at its offset on the new stage config: one cpu2 node, both trials side by side on it
-    replanner.changes = {}
-    replanner.current_p_meet = 0.99
-    controller._start_due(150.0)
-    assert _replans(controller)[-1]["action"] == "continue"
-    _up(controller)  # the stand-in backend sees a request once the provisioner thread runs it
-    assert (backend.requests[-1].instance_type.name, backend.requests[-1].stage) == ("local.cpu2", 2)
-    controller._fill_slots(controller.lanes[1])
-    started = [e for e in _events(controller) if e["type"] == J.TRIAL_STARTED and e["stage"] == 2]
-    assert len(started) == 2 and {tuple(e["instances"]) for e in started} == {(backend.provisioned[-1],)}
-    assert all(e["workers"] == 1 for e in started)
-    _close(controller)
+    assert at_offset["stage"] == 2 and at_offset["action"] == "continue"
+    started = [e for e in out.of(J.TRIAL_STARTED) if e["stage"] == 2]
+    assert len(started) == 2 and all(e["workers"] == 1 for e in started)
+    (node,) = {tuple(e["instances"]) for e in started}
+    assert (requested[node[0]]["instance_type"], requested[node[0]]["stage"]) == ("local.cpu2", 2)
+    assert len({e["t"] for e in started}) == 1  # side by side, not one after the other
 
 
 def test_a_running_brackets_rest_starts_when_its_current_stage_is_estimated_to_end(tmp_path):
-    # bracket 1 starts at its offset while bracket 0's first stage still waits for its two nodes: bracket 0's
-    # next stage can start after their start-up lead (11.8 s) and two waves of its 3 trials on 2 slots (5 s each)
+    # bracket 1 starts at its offset (3 s) while bracket 0's first stage still waits for its two nodes (the run's
+    # head was up at 2 s, the first node is at 4 s): bracket 0's next stage can start after the start-up lead
+    # (a quantile of the local cloud's start-ups: none measured yet) and two waves of its 3 trials on 2 slots
+    # (5 s each, as planned)
     replanner = StubReplanner(current_p_meet=0.99)
-    controller, _ = _controller(tmp_path, replanner)
-    controller._start_due(0.0)
-    assert controller.lanes[0].pending and not controller.lanes[0].slots  # nothing up yet
-    controller._start_due(150.0)
-    (request,) = replanner.requests
+    out = _case(tmp_path, replanner, offsets=(0.0, 3.0)).run(tmp_path / "run")
+    assert out.result.status == "finished", out.error
+    request = replanner.requests[0]
     assert request.next_stage == 2 and request.stages == (2, 1)  # the bracket at its boundary first
-    assert request.offsets_s == (0.0, pytest.approx(11.8 + 2 * 5.0, abs=0.01))
+    lead = PrefetchPolicy().lead_s(startup_samples(load_catalog(["local"]).find("local.cpu1"), {}, None))
+    assert request.offsets_s == (0.0, pytest.approx(lead + 2 * 5.0, abs=0.01))
     # bracket 0's next stage may keep its running (here: coming) nodes of the same type
-    assert request.bracket_running == ({}, {"local:local:local.cpu1": 2})
-    (decision,) = _replans(controller)
+    assert request.bracket_running == ({}, {CPU1: 2})
+    decision = out.of("replan")[0]
     assert decision["stage"] == 2 and decision["bracket"] == 1 and decision["action"] == "continue"
-    _up(controller)
-    _close(controller)
+    assert decision["elapsed_s"] == pytest.approx(3.0, abs=1e-3)
+    assert not [e for e in out.of(J.INSTANCE_READY) if e["t"] <= decision["t"]]  # nothing was up yet
+    assert decision["offsets_s"] == [0.0, pytest.approx(lead + 10.0, abs=0.01)]
 
 
 def test_on_late_stop_never_starts_a_bracket_stage_it_cannot_finish(tmp_path):
     # nothing meets the deadline any more (the quickest plan's P(meet) is 0.2): with --on-late stop the run
     # stops at the boundary, before stage 1 starts, and result.json holds the best of stage 0
     replanner = StubReplanner(current_p_meet=0.0, p_meet=0.2)
-    controller, backend = _controller(tmp_path, replanner, on_late="stop")
-    with pytest.raises(RunStopped, match=r"--on-late stop: stopping before the next stage .* \(before stage 1\)"):
-        _to_first_boundary(controller)
-    (decision,) = _replans(controller)
+    out = _case(tmp_path, replanner, on_late="stop").run(tmp_path / "run")
+    assert out.result.status == "stopped", out.error
+    assert re.search(
+        r"--on-late stop: stopping before the next stage .* \(before stage 1\)", out.result.result["error"]
+    )
+    (decision,) = out.of("replan")
     assert decision["action"] == "stop" and not decision["accepted"] and decision["on_late"] == "stop"
-    assert not [e for e in _events(controller) if e["type"] == J.STAGE_STARTED and e["stage"] != 0]
-    controller._teardown("stopped", decision["reason"])
-    result = json.loads((controller.run_dir / "result.json").read_text())
+    assert [e["stage"] for e in out.of(J.STAGE_STARTED)] == [0]  # nor bracket 1, due 100 s after the job
+    result = json.loads((out.run_dir / "result.json").read_text())
     assert result["outcome"] == "stopped" and result["exit_code"] == 5
+    (stage0,) = out.of(J.STAGE_FINISHED)
     best = result["best"]
-    assert best["trial_id"] == "b0-t000" and best["metric"] == pytest.approx(0.0)
+    assert best["trial_id"] == stage0["ranking"][0] and best["metric"] == pytest.approx(
+        stage0["metrics"][best["trial_id"]]
+    )
     assert best["rung"]["stage"] == 0 and best["rung"]["complete"]
-    assert set(backend.provisioned) <= set(backend.terminated)  # every instance terminated, prefetched one too
+    requested = set(_requested(out))
+    assert requested and requested <= {e["id"] for e in out.of(J.INSTANCE_TERMINATED)}  # the prefetched one too
+    assert out.events[-1]["type"] == J.RUN_STOPPED
 
 
 def test_planner_replanner_plans_the_parallel_remainder_at_its_offsets(tmp_path):
