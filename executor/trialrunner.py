@@ -208,6 +208,7 @@ class TrialRunner:
     def _stopped(self, run: RunningTrial, ending: Ending, error: str | None, lost: dict[str, str]) -> TrialEnded:
         """Journal a task that stopped before its end (a notice, a lost instance): it restarts from its checkpoint."""
         seconds = self.services.clock.time() - run.started_at
+        trial = self.journal.state.trials[run.trial_id]  # with the checkpoints its workers journaled until now
         self.journal.record(
             J.TrialStopped(
                 trial_id=run.trial_id,
@@ -220,7 +221,7 @@ class TrialRunner:
                 end_epoch=run.end_epoch,
                 seconds=seconds,
                 setup_s=None,
-                checkpoint_epoch=latest_epoch(self.checkpoint_dir(run.trial_id)),
+                checkpoint_epoch=_newest(trial.checkpoint_epoch, latest_epoch(self.checkpoint_dir(run.trial_id))),
             )
         )
         gone = tuple(sorted(lost.items()))
