@@ -1,154 +1,110 @@
-"""Spot under a deadline when Hyperband's brackets run side by side (``ParallelController``).
+"""Spot under a deadline when Hyperband's brackets run side by side (the executor's lanes).
 
-What the sequential loop does on a lost or noticed spot instance (tests/test_spot_fallback.py), a parallel run
+What a sequential run does on a lost or noticed spot instance (tests/test_spot_fallback.py), a parallel run
 does too, per bracket: the same :class:`~rubberband.planner.policies.SpotPolicy` decides spot or on-demand for
-the replacement, with the run's work left taken as its critical path (the longest remaining bracket); the
-decision is journaled (``decision`` kind ``spot``), the replacement bought in that market, and the trials
-resume from their checkpoints on it. A notice stops the trials on that instance after their checkpoint,
-requests the replacement at once and releases the instance as soon as it is free (never handed to another
-bracket).
+the replacement, with the run's work left taken as its critical path (the longest remaining bracket, one not
+started yet counted from its offset); the decision is journaled (``decision`` kind ``spot``), the replacement
+bought in that market, and the trials resume from their checkpoints on it. A notice stops the trials on that
+instance after their checkpoint, requests the replacement at once and releases the instance as soon as it is
+free (never handed to another bracket).
 
-The unit tests drive the controller's pieces by hand: a stand-in backend (instances up at once), a stand-in
-trial runtime (no Ray), a journaled run start. The end-to-end test runs the real CLI on real local Ray nodes and
-kills a spot node by its pid.
+The unit tests run the real executor on virtual time (tests/sim_helpers.py) with scripted spot losses and
+notices, and read the decisions' figures from the journal. The end-to-end test runs the real CLI on real local
+Ray nodes and kills a spot node by its pid.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
 
 import pytest
 from executor_helpers import (
-    FakeRuntime,
     cli_env,
-    finished_outcome,
-    journaled_controller,
     lose_node_once_checkpointed,
     make_plan,
     once_time_left_is_below,
     run_pids,
     write_hyperband_job,
 )
+from sim_helpers import SimCase, cpu_model
 
-from rubberband.errors import TrainingError, TrialPreempted
 from rubberband.executor import journal as J
-from rubberband.executor.brackets import ParallelController
+from rubberband.executor.run import Settings
+from rubberband.executor.simulated import SimScript
 from rubberband.plan import write_plan
 
 # bracket 0: 3 trials × 1 epoch on two 1-worker spot nodes, then its best for 2 more on a 2-worker node;
-# bracket 1: 2 trials × 3 epochs on one 1-worker spot node. Both start at once.
+# bracket 1: 2 trials × 3 epochs on one 1-worker spot node. Both start with the job, bracket 0 first (it is
+# predicted to end last); the local backend starts nodes one after another: bracket 0's two nodes (instances 1
+# and 2, up 20 s and 30 s into the run: the run's head boots first), then bracket 1's (instance 3, up at 40 s).
 STAGES = [("local.cpu1", 2, 1), ("local.cpu2", 1, 2), ("local.cpu1", 1, 1)]
 TASKS = (40.0, 60.0, 50.0)  # each stage's planned task time (s): bracket 0 takes 80 + 60, bracket 1 100
-STARTUP = [10.0, 12.0]  # measured start-ups: the prefetch lead (p90) is 11.8 s
+DURATIONS = (80.0, 60.0, 100.0)
+#: An epoch on one worker takes 40 s (stage 0's tasks as planned); every instance is up 10 s after its request.
+MODEL = cpu_model(epoch_s=40.0, startup_s=10.0)
 
 
-def _spot_plan(spec, durations=(80.0, 60.0, 100.0), tasks=TASKS):
-    plan = make_plan(spec, STAGES, durations=list(durations))
-    stages = [s.model_copy(update={"spot": True, "predicted_task_s": t}) for s, t in zip(plan.stages, tasks)]
-    return plan.model_copy(update={"stages": stages, "brackets": "parallel", "bracket_offsets_s": [0.0, 0.0]})
+#: The job's plan: its stages (type, instances, workers per trial), their planned task times and durations, the
+#: brackets' offsets and mode; a test changes some (``_case``'s ``changes``).
+PLAN = dict(stages=STAGES, tasks=TASKS, durations=DURATIONS, offsets=(0.0, 0.0), brackets="parallel")
 
 
-def _up(controller) -> None:
-    """Every request the stand-in backend serves is up: collect them as the loop does."""
-    for entry in list(controller.pool.values()):
-        if entry.future is not None:
-            entry.future.result(timeout=10)
-    controller._collect_provisioned()
-
-
-def _started(tmp_path, *, deadline_s: float):
-    """A parallel spot run a moment after its start: both brackets' first stages on their instances, every slot
-    busy (bracket 0: two trials running, one waiting; bracket 1: one running, one waiting)."""
+def _case(tmp_path, deadline_s: float, script: SimScript, **changes) -> SimCase:
+    """The job on spot nodes (no spot margin; a late run finishes), ``script``'s losses and notices played."""
+    layout = {**PLAN, **changes}
     _, spec = write_hyperband_job(tmp_path)
-    controller, backend = journaled_controller(
-        tmp_path,
-        spec,
-        _spot_plan(spec),
-        deadline_s=deadline_s,
-        controller_class=ParallelController,
-        runtime=FakeRuntime(),
+    plan = make_plan(spec, layout["stages"], durations=list(layout["durations"]))
+    stages = [s.model_copy(update={"spot": True, "predicted_task_s": t}) for s, t in zip(plan.stages, layout["tasks"])]
+    plan = plan.model_copy(
+        update={"stages": stages, "brackets": layout["brackets"], "bracket_offsets_s": list(layout["offsets"])}
     )
-    controller.search = controller._restore_search()
-    # start-ups as measured on a cloud (the stand-in backend's are instant: set again once its instances are up)
-    controller.startup_seconds = {"local.cpu1": list(STARTUP), "local.cpu2": list(STARTUP)}
-    controller._open_lanes()
-    for b in controller.brackets.due(0.0, [False, False]):
-        lane = controller.lanes[b]
-        lane.started = True
-        controller._start_stage(lane, lane.first)
-    _up(controller)
-    controller.startup_seconds = {"local.cpu1": list(STARTUP), "local.cpu2": list(STARTUP)}
-    for lane in controller.lanes:
-        controller._fill_slots(lane)
-    assert [len(lane.pending) for lane in controller.lanes] == [1, 1] and len(controller.running) == 3
-    return controller, backend
+    return SimCase(spec, plan, model=MODEL, script=script, settings=Settings(deadline_s=deadline_s, overrun_s=math.inf))
 
 
-def _instance_of(controller, stage: int) -> str:
-    return next(p.id for p in controller.pool.values() if p.assigned_stage == stage and not p.released)
+def _requested(out) -> list[dict]:
+    """The ``instance_requested`` events in the order the instances came into being (the script's count)."""
+    return sorted(out.of(J.INSTANCE_REQUESTED), key=lambda e: int(e["id"].rsplit("-", 1)[1]))
 
 
-def _run_on(controller, ident: str):
-    ref, run = next((ref, run) for ref, run in controller.running.items() if ident in run.slot.instance_ids)
-    del controller.running[ref]  # what _wait_some does with a finished trial
-    return run
+def _started(out, trial_id: str) -> list[dict]:
+    return [e for e in out.of(J.TRIAL_STARTED) if e["trial_id"] == trial_id]
 
 
-def _checkpoint(controller, trial_id: str, epoch: int) -> None:
-    ckpt = controller.run_dir / "checkpoints" / trial_id
-    ckpt.mkdir(parents=True, exist_ok=True)
-    (ckpt / f"epoch-{epoch}.pt").write_bytes(b"x")
-    (ckpt / "latest").write_text(f"epoch-{epoch}.pt\n")
-    controller.journal.record(J.Checkpoint(trial_id=trial_id, epoch=epoch))
-
-
-def _events(controller) -> list[dict]:
-    return list(J.iter_events(controller.run_dir / J.JOURNAL_NAME))
-
-
-def _decisions(controller, kind: str) -> list[dict]:
-    return [e for e in _events(controller) if e["type"] == J.DECISION and e.get("kind") == kind]
-
-
-def _close(controller) -> None:
-    controller._terminator.shutdown(wait=True)
-    controller._provisioner.shutdown(wait=True)
-
-
-def _resumes_on_replacement(controller, lane: int, trial_id: str, start_epoch: int) -> str:
-    """Once the replacement is up, the trial starts again on it from its checkpoint; returns the replacement's id
-    (known once the provisioner thread has served the request)."""
-    _up(controller)
-    (replace,) = _decisions(controller, "replace")
-    replacement = controller.pool[replace["token"]].id
-    controller._fill_slots(controller.lanes[lane])
-    (again,) = [e for e in _events(controller) if e["type"] == J.TRIAL_STARTED and e["trial_id"] == trial_id][1:]
-    assert again["instances"] == [replacement] and again["start_epoch"] == start_epoch
-    assert again["from_checkpoint"] == (start_epoch - 1 if start_epoch else None)
-    return replacement
+def _replacement(out, victim: str, *, stage: int, spot: bool) -> str:
+    """The journaled replacement of ``victim``: a request for ``stage`` in that market, sent at the decision."""
+    (replace,) = out.of("replace")
+    assert replace["id"] == victim and replace["stage"] == stage and replace["spot"] is spot
+    later = [e for e in _requested(out) if e["t"] >= replace["t"] and e["stage"] == stage]
+    assert later and later[0]["spot"] is spot
+    return later[0]["id"]
 
 
 def test_lost_spot_instance_with_slack_on_the_critical_path_is_replaced_on_spot(tmp_path):
-    # bracket 0 loses one of its two nodes. Its rest: the running trial's 40 s + one wave of 40 s (the lost and the
-    # waiting trial on two slots) + its last stage's 60 s + the replacement's start-up 11.8 s = 151.8 s; bracket 1
-    # has 100 s left. Side by side the run has 151.8 s left (not 251.8 s, one after another): at 240 s to the
-    # deadline the slack covers one more restart (11.8 s start-up + one 40 s checkpoint interval) — spot.
-    controller, backend = _started(tmp_path, deadline_s=240.0)
-    victim = _instance_of(controller, 0)
-    run = _run_on(controller, victim)
-    run.handle.error = TrainingError("worker died")
-    controller._collect(controller.lanes[0], [run])
-    (decision,) = _decisions(controller, "spot")
+    # bracket 0 loses its second node 5 s after it came up (35 s in). Its rest: the running trial's 25 s (40 s,
+    # started 15 s before) + one wave of 40 s (the lost and the waiting trial on two slots) + its last stage's
+    # 60 s + the replacement's start-up 10 s = 135 s; bracket 1 has 100 s (two trials of 50 s on its slot, its
+    # node still booting). Side by side the run has 135 s left (not 235 s, one after another): at 205 s to the
+    # deadline the slack covers one more restart (10 s start-up + one 40 s checkpoint interval) — spot.
+    out = _case(tmp_path, 240.0, SimScript(losses={2: 5.0})).run(tmp_path / "run")
+    assert out.result.status == "finished", out.error
+    victim = _requested(out)[1]["id"]
+    (lost,) = out.of(J.INSTANCE_LOST)
+    assert lost["id"] == victim and lost["reason"] == "spot-interruption"
+    (decision,) = out.of("spot")  # started on spot, as planned: nothing journaled before the loss
     assert decision["trigger"] == "preemption" and decision["id"] == victim and decision["stage"] == 0
-    assert decision["work_left_s"] == pytest.approx(151.8, abs=1.5)  # the running trial's first second(s) passed
-    assert decision["restart_s"] == pytest.approx(51.8, abs=0.01)
+    assert decision["time_left_s"] == pytest.approx(240.0 - 35.0, abs=1e-3)
+    assert decision["work_left_s"] == pytest.approx(25.0 + 40.0 + 60.0 + 10.0, abs=1e-3)
+    assert decision["restart_s"] == pytest.approx(10.0 + 40.0, abs=1e-3)
     assert decision["slack_s"] == pytest.approx(
         decision["time_left_s"] - decision["work_left_s"] - decision["restart_s"], abs=1e-2
     )
     assert decision["market"] == "spot" and decision["previous"] == "spot" and decision["slack_s"] > 0
+    # one bracket after another the same run would have bracket 1's 100 s on top: no slack, on-demand
+    assert decision["time_left_s"] - (decision["work_left_s"] + 100.0) - decision["restart_s"] < 0
     assert set(decision) >= {
         "time_left_s",
         "work_left_s",
@@ -160,153 +116,135 @@ def test_lost_spot_instance_with_slack_on_the_critical_path_is_replaced_on_spot(
         "for_stage",
         "reason",
     }
-    assert _replacement_requested(controller, stage=0).itype.name == "local.cpu1"
-    (replace,) = _decisions(controller, "replace")
-    assert replace["id"] == victim
-    assert controller.lanes[0].pending[0] == (run.trial_id, 0)  # first in line again
-    _resumes_on_replacement(controller, 0, run.trial_id, 0)
-    _close(controller)
+    assert all(e["spot"] for e in out.of(J.INSTANCE_REQUESTED))
+    replacement = _replacement(out, victim, stage=0, spot=True)
+    assert next(e for e in _requested(out) if e["id"] == replacement)["instance_type"] == "local.cpu1"
+    # the lost trial goes first again: it starts over on the replacement before the trial that waited
+    (trial_id,) = lost["trials"]
+    again = _started(out, trial_id)[1]
+    assert again["instances"] == [replacement] and again["start_epoch"] == 0 and again["from_checkpoint"] is None
+    waited = [e for e in out.of(J.TRIAL_STARTED) if e["stage"] == 0 and e["trial_id"] not in (trial_id, "b0-t000")]
+    assert waited and all(again["t"] <= e["t"] for e in waited)
 
 
 def test_lost_spot_instance_goes_on_demand_when_the_longest_bracket_leaves_no_slack(tmp_path):
-    # 200 s deadline: at the start the critical path (bracket 0: 2 waves of 40 s + 60 s) leaves room for a restart
-    # (11.8 s + one 40 s checkpoint interval), so the brackets start on spot. 45 s later (their nodes took that long
-    # to come up: the trials just started) bracket 1 loses its node after its trial's checkpoint of epoch 0.
-    # Bracket 1 alone would still have slack (155 s to go, 2 × 50 s + 11.8 s left, one restart of 11.8 + 50/3 s),
-    # but bracket 0 has 140 s left: the run's critical path leaves less than one restart — on-demand, and the
-    # run's spot stages stay on-demand.
-    controller, backend = _started(tmp_path, deadline_s=200.0)
-    assert not _decisions(controller, "spot")  # started on spot, as planned
-    controller.state.first_started_at -= 45.0
-    victim = _instance_of(controller, 2)
-    run = _run_on(controller, victim)
-    _checkpoint(controller, run.trial_id, 0)
-    run.handle.error = TrainingError("worker died")
-    controller._collect(controller.lanes[1], [run])
-    (decision,) = _decisions(controller, "spot")
+    # bracket 0: its 3 trials on one local.cpu1 (3 waves of 30 s, as planned) then 60 s; bracket 1: its 2 trials
+    # side by side on one local.cpu2 (80 s planned). 210 s deadline: at the start the critical path (bracket 0:
+    # 90 + 60 s) leaves room for a restart (a start-up quantile of 2.85 s + one 30 s checkpoint interval), so the
+    # brackets start on spot. Bracket 1's node is lost 41 s after it came up (71 s in), after its trials'
+    # checkpoints of epoch 0. Bracket 1 alone would still have slack (139 s to go: one wave of 80 s + the
+    # replacement's 10 s start-up, and one restart of 10 + 80/3 s), but bracket 0 has 109 s left (its running
+    # trial's 19 s, one more trial of 30 s, its last stage's 60 s): the run's critical path leaves less than one
+    # restart — on-demand, and the run's spot stages stay on-demand.
+    out = _case(
+        tmp_path,
+        210.0,
+        SimScript(losses={2: 41.0}),
+        stages=[("local.cpu1", 1, 1), ("local.cpu2", 1, 2), ("local.cpu2", 1, 1)],
+        tasks=(30.0, 60.0, 80.0),
+        durations=(90.0, 60.0, 80.0),
+    ).run(tmp_path / "run")
+    assert out.result.status == "finished", out.error
+    victim = _requested(out)[1]["id"]
+    (decision,) = out.of("spot")
     assert decision["trigger"] == "preemption" and decision["id"] == victim and decision["stage"] == 2
-    assert decision["work_left_s"] == pytest.approx(140.0, abs=1.5)
-    assert decision["time_left_s"] == pytest.approx(155.0, abs=1.5)
-    assert decision["restart_s"] == pytest.approx(11.8 + 50.0 / 3, abs=0.01)
+    assert decision["work_left_s"] == pytest.approx(19.0 + 30.0 + 60.0, abs=1e-3)
+    assert decision["time_left_s"] == pytest.approx(210.0 - 71.0, abs=1e-3)
+    assert decision["restart_s"] == pytest.approx(10.0 + 80.0 / 3, abs=0.01)
     assert decision["market"] == "on_demand" and decision["slack_s"] <= 0
     assert "on-demand keeps the deadline" in decision["reason"]
-    _replacement_requested(controller, stage=2, spot=False)
-    # the trial resumes from its checkpoint on the on-demand replacement
-    replacement = _resumes_on_replacement(controller, 1, run.trial_id, 1)
-    requested = {e["id"]: e for e in _events(controller) if e["type"] == J.INSTANCE_REQUESTED}
-    assert requested[replacement]["spot"] is False and requested[victim]["spot"] is True
+    assert decision["time_left_s"] - (80.0 + 10.0) - decision["restart_s"] > 0  # bracket 1 alone: spot
+    requested = {e["id"]: e for e in out.of(J.INSTANCE_REQUESTED)}
+    assert requested[victim]["spot"] is True and requested[victim]["stage"] == 2
+    replacement = _replacement(out, victim, stage=2, spot=False)
+    # both of bracket 1's trials stopped after their checkpoint of epoch 0, and resume from it on the replacement
+    stopped = [e for e in out.of(J.TRIAL_STOPPED) if e["reason"] == "instance_lost"]
+    assert sorted(e["trial_id"] for e in stopped) == ["b1-t000", "b1-t001"]
+    assert all(e["checkpoint_epoch"] == 0 for e in stopped)
+    for e in stopped:
+        again = _started(out, e["trial_id"])[1]
+        assert again["instances"] == [replacement] and again["start_epoch"] == 1 and again["from_checkpoint"] == 0
     # bracket 0's next stage (planned on spot) is bought on-demand too, quietly: the market moved for the run
-    lane = controller.lanes[0]
-    for ident in [p.id for p in controller.pool.values() if p.assigned_stage == 0 and not p.released]:
-        done = _run_on(controller, ident)
-        done.handle.outcome = finished_outcome(done.trial_id, 0, 1, 0.5)
-        controller._collect(lane, [done])
-    controller._fill_slots(lane)
-    last = _run_on(
-        controller,
-        next(i for r in controller.running.values() if r.trial_id == lane.trials[-1] for i in r.slot.instance_ids),
-    )
-    last.handle.outcome = finished_outcome(last.trial_id, 0, 1, 0.1)
-    controller._collect(lane, [last])
-    controller._tend_lane(lane)
-    assert lane.g == 1
-    (nxt,) = [p for p in controller.pool.values() if p.assigned_stage == 1]
-    assert nxt.itype.name == "local.cpu2" and not nxt.spot
-    assert len(_decisions(controller, "spot")) == 1
-    _close(controller)
+    (nxt,) = [e for e in out.of(J.INSTANCE_REQUESTED) if e["stage"] == 1]
+    assert nxt["instance_type"] == "local.cpu2" and nxt["spot"] is False
+    assert len(out.of("spot")) == 1
 
 
-def test_notice_stops_the_trial_after_its_checkpoint_and_replaces_the_instance_now(tmp_path, monkeypatch):
-    # bracket 1's node gets a preemption notice; its trial's workers see it at their checkpoint of epoch 0 and stop
-    controller, backend = _started(tmp_path, deadline_s=3600.0)
-    victim = _instance_of(controller, 2)
-    notice = {"cloud": "aws", "action": "terminate", "time": "2026-11-24T04:00:00Z"}
-    asked: list[tuple] = []
-
-    def found(ask=()):  # the watcher's answer (its Ray part is tested with the sequential loop, tests/test_spot_e2e)
-        asked.append(tuple(ask))
-        return {victim: notice} if victim in ask else {}
-
-    monkeypatch.setattr(controller, "_notices_found", found)
-    run = _run_on(controller, victim)
-    _checkpoint(controller, run.trial_id, 0)
-    run.handle.error = TrialPreempted("preemption notice (aws terminate): stopped after the checkpoint of epoch 0")
-    lane = controller.lanes[1]
-    controller._collect(lane, [run])
-    assert asked == [(victim,)]
-    (stopped,) = [e for e in _events(controller) if e["type"] == J.TRIAL_STOPPED]
-    assert stopped["reason"] == "preempted" and stopped["checkpoint_epoch"] == 0
-    assert lane.pending[0] == (run.trial_id, 1) and run.trial_id not in lane.metrics  # not finished: requeued
-    (noticed,) = _decisions(controller, "notice")
+def test_notice_stops_the_trial_after_its_checkpoint_and_replaces_the_instance_now(tmp_path):
+    # bracket 1's node gets a preemption notice 5 s after it came up (45 s in), in its first trial's first epoch;
+    # the trial's workers see it at their checkpoint of epoch 0 (80 s in) and stop
+    out = _case(tmp_path, 3600.0, SimScript(notices={3: 5.0})).run(tmp_path / "run")
+    assert out.result.status == "finished", out.error
+    victim = _requested(out)[2]["id"]
+    (noticed,) = out.of("notice")
     assert noticed["id"] == victim and noticed["stage"] == 2 and noticed["action"] == "terminate"
-    (decision,) = _decisions(controller, "spot")
+    assert noticed["trials"] == ["b1-t000"]
+    (decision,) = out.of("spot")
     assert decision["trigger"] == "notice" and decision["id"] == victim and decision["market"] == "spot"
-    _replacement_requested(controller, stage=2)
-    # the noticed instance takes nothing more and is released now (not handed to bracket 0), before the replacement
-    # is up
-    controller._tend_lane(lane)
-    controller._fill_slots(lane)
-    assert not [e for e in _events(controller) if e["type"] == J.TRIAL_STARTED and e["trial_id"] == run.trial_id][1:]
-    controller._collect_terminations(wait=True)
-    (gone,) = [e for e in _events(controller) if e["type"] == J.INSTANCE_TERMINATED and e["id"] == victim]
-    assert gone["reason"] == "preemption notice" and not _decisions(controller, "handoff")
-    _resumes_on_replacement(controller, 1, run.trial_id, 1)
-    _close(controller)
+    assert decision["t"] == noticed["t"]
+    replacement = _replacement(out, victim, stage=2, spot=True)
+    (replace,) = out.of("replace")
+    assert replace["t"] == noticed["t"]  # now: not once the trial has stopped
+    (stopped,) = [e for e in out.of(J.TRIAL_STOPPED) if e["reason"] == "preempted"]
+    assert stopped["trial_id"] == "b1-t000" and stopped["checkpoint_epoch"] == 0
+    (checkpoint,) = [e for e in out.of("checkpoint") if e["trial_id"] == "b1-t000" and e["epoch"] == 0]
+    assert stopped["t"] == checkpoint["t"] > noticed["t"]  # right after its checkpoint
+    # the noticed instance takes nothing more (the waiting trial goes to the replacement) and is released as soon
+    # as its trial stopped, before its work is done elsewhere; never handed to bracket 0
+    assert not [e for e in out.of(J.TRIAL_STARTED) if victim in e["instances"] and e["t"] > noticed["t"]]
+    assert _started(out, "b1-t001")[0]["instances"] == [replacement]
+    (release,) = [e for e in out.of("release") if e["id"] == victim]
+    assert release["reason"] == "preemption notice" and release["t"] == stopped["t"]
+    (gone,) = [e for e in out.of(J.INSTANCE_TERMINATED) if e["id"] == victim]
+    assert gone["reason"] == "preemption notice" and not out.of("handoff")
+    # the trial resumes from its checkpoint on the replacement
+    again = _started(out, "b1-t000")[1]
+    assert again["instances"] == [replacement] and again["start_epoch"] == 1 and again["from_checkpoint"] == 0
 
 
-def _replacement_requested(controller, *, stage: int, spot: bool = True):
-    """The journaled replacement is a request for ``stage`` in that market (read from the controller's pool, which
-    holds it at once: the stand-in backend's request list fills from the provisioner thread, later)."""
-    (replace,) = _decisions(controller, "replace")
-    entry = controller.pool[replace["token"]]
-    assert replace["spot"] is spot and entry.spot is spot and entry.assigned_stage == stage
-    return entry
-
-
-def test_notice_seen_by_the_watcher_is_taken_by_the_bracket_the_instance_serves(tmp_path, monkeypatch):
-    controller, backend = _started(tmp_path, deadline_s=3600.0)
-    victim = _instance_of(controller, 0)
-    notice = {"cloud": "gcp", "action": "preempted", "time": None}
-    monkeypatch.setattr(controller, "_notices_found", lambda ask=(): {victim: notice})
-    controller._last_liveness = 0.0
-    controller._liveness()
-    (noticed,) = _decisions(controller, "notice")
-    assert noticed["id"] == victim and noticed["stage"] == 0 and len(noticed["trials"]) == 1
-    (decision,) = _decisions(controller, "spot")
+def test_notice_seen_by_the_watcher_is_taken_by_the_bracket_the_instance_serves(tmp_path):
+    # bracket 0's first node gets a notice 5 s after it came up (25 s in), while its first trial runs
+    out = _case(tmp_path, 3600.0, SimScript(notices={1: 5.0})).run(tmp_path / "run")
+    assert out.result.status == "finished", out.error
+    victim = _requested(out)[0]["id"]
+    (noticed,) = out.of("notice")
+    assert noticed["id"] == victim and noticed["stage"] == 0 and noticed["trials"] == ["b0-t000"]
+    (decision,) = out.of("spot")
     assert decision["trigger"] == "notice" and decision["stage"] == 0 and decision["market"] == "spot"
-    _replacement_requested(controller, stage=0)
-    # its trial stops at its next checkpoint; the waiting trial never goes onto the noticed instance
-    lane = controller.lanes[0]
-    run = _run_on(controller, victim)
-    run.handle.error = TrialPreempted("preemption notice (gcp preempted)")
-    controller._collect(lane, [run])
-    controller._tend_lane(lane)
-    controller._fill_slots(lane)
-    assert not [e for e in _events(controller) if e["type"] == J.TRIAL_STARTED and victim in e["instances"]][1:]
-    assert len(_decisions(controller, "spot")) == 1 and len(_decisions(controller, "replace")) == 1
-    _close(controller)
+    replacement = _replacement(out, victim, stage=0, spot=True)
+    # its trial runs to its next checkpoint (a one-epoch trial: its end); the waiting trial never goes onto the
+    # noticed instance but onto the replacement; the noticed one is released once free
+    (first,) = _started(out, "b0-t000")
+    assert first["instances"] == [victim]
+    assert not [e for e in out.of(J.TRIAL_STARTED) if victim in e["instances"] and e["t"] > noticed["t"]]
+    assert _started(out, "b0-t002")[0]["instances"] == [replacement]
+    (release,) = [e for e in out.of("release") if e["id"] == victim]
+    assert release["reason"] == "preemption notice"
+    assert len(out.of("spot")) == 1 and len(out.of("replace")) == 1
 
 
-def test_work_left_is_the_longest_bracket_a_later_one_counted_from_its_offset(tmp_path):
-    _, spec = write_hyperband_job(tmp_path)
-    plan = _spot_plan(spec).model_copy(update={"bracket_offsets_s": [0.0, 50.0]})
-    controller, _ = journaled_controller(
-        tmp_path, spec, plan, deadline_s=600.0, controller_class=ParallelController, runtime=FakeRuntime()
-    )
-    # no lane yet (the first requests, while the driver connects): each bracket from its first stage's prediction;
-    # bracket 1 starts 50 s in and takes 100 s, bracket 0 takes 80 + 60 s
-    assert controller._work_left_s(0, waiting=3, awaited_s=0.0) == pytest.approx(150.0, abs=0.5)
-    controller.state.first_started_at -= 30.0  # 30 s later: bracket 1 is 20 s away, bracket 0 is the longest
-    assert controller._work_left_s(0, waiting=3, awaited_s=12.0) == pytest.approx(152.0, abs=0.5)
-    assert controller._work_left_s(2, waiting=3, awaited_s=12.0) == pytest.approx(140.0, abs=0.5)
-    # the same stages one bracket after another: everything left, as the sequential controller counts it
-    sequential = plan.model_copy(update={"brackets": "sequential"})
-    other, _ = journaled_controller(
-        tmp_path / "seq", spec, sequential, deadline_s=600.0, controller_class=ParallelController, runtime=FakeRuntime()
-    )
-    assert other._work_left_s(0, waiting=3, awaited_s=0.0) == pytest.approx(80.0 + 60.0 + 100.0, abs=0.5)
-    _close(controller)
-    _close(other)
+@pytest.mark.parametrize(
+    "offsets, brackets, work_left_s",
+    [
+        # bracket 1 starts 100 s after the job: 79 s away, then its predicted 100 s — the longest
+        ((0.0, 100.0), "parallel", 79.0 + 100.0),
+        # 50 s after the job: 29 + 100 s; bracket 0 is the longest: two waves of 40 s (its 3 trials on 2 slots),
+        # its last stage's 60 s and the replacement's start-up of 10 s
+        ((0.0, 50.0), "parallel", 2 * 40.0 + 60.0 + 10.0),
+        # the same stages one bracket after another: everything left, in one chain
+        ((0.0, 0.0), "sequential", 2 * 40.0 + 60.0 + 100.0 + 10.0),
+    ],
+)
+def test_work_left_is_the_longest_bracket_a_later_one_counted_from_its_offset(tmp_path, offsets, brackets, work_left_s):
+    # bracket 0's first node is lost a second after it came up (21 s in), its trial with it; its second node is
+    # still booting
+    case = _case(tmp_path, 600.0, SimScript(losses={1: 1.0}), offsets=offsets, brackets=brackets)
+    out = case.run(tmp_path / "run")
+    assert out.result.status == "finished", out.error
+    (decision,) = out.of("spot")
+    assert decision["trigger"] == "preemption" and decision["stage"] == 0
+    assert decision["time_left_s"] == pytest.approx(600.0 - 21.0, abs=1e-3)
+    assert decision["work_left_s"] == pytest.approx(work_left_s, abs=1e-3)
 
 
 # -- end to end: a local spot node of one bracket killed by its pid ------------------------------------------
