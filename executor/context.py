@@ -11,11 +11,34 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
 
+from rubberband.devices import CPU_WORKER, WorkerDevice
 from rubberband.executor import checkpoints, events, notices
 from rubberband.training import TrainContext
+
+
+@dataclass(frozen=True)
+class WorkerTask:
+    """Everything one worker needs for one run of a trial."""
+
+    trial_id: str
+    config: dict
+    entry_point: str
+    code_dir: str
+    start_epoch: int
+    end_epoch: int
+    rank: int
+    world_size: int
+    local_rank: int
+    checkpoint_dir: str
+    device: WorkerDevice = CPU_WORKER
+    max_iterations: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    event_sink: Any = None
+    checkpoint_every: int = 1
 
 
 @dataclass(frozen=True)
@@ -43,34 +66,21 @@ def _leading_dim(item: Any) -> int | None:
 class WorkerContext(TrainContext):
     """One worker's view of its trial; created fresh for every ``TrialRun``."""
 
-    def __init__(
-        self,
-        *,
-        trial_id: str,
-        start_epoch: int,
-        end_epoch: int,
-        rank: int,
-        world_size: int,
-        local_rank: int,
-        device: Any,
-        process_group: Any,
-        checkpoint_dir: str,
-        max_iterations: int | None = None,
-        event_sink: Any = None,
-        checkpoint_every: int = 1,
-    ) -> None:
-        self.trial_id = trial_id
-        self.checkpoint_every = max(1, int(checkpoint_every))
-        self.start_epoch = start_epoch
-        self.end_epoch = end_epoch
-        self.rank = rank
-        self.world_size = world_size
-        self.local_rank = local_rank
+    def __init__(self, task: WorkerTask, *, device: Any, process_group: Any) -> None:
+        """``task``: the worker's share of the trial; ``device``: the torch device it trains on; ``process_group``:
+        the trial's (None: a single worker, or outside a run)."""
+        self.trial_id = task.trial_id
+        self.checkpoint_every = max(1, int(task.checkpoint_every))
+        self.start_epoch = task.start_epoch
+        self.end_epoch = task.end_epoch
+        self.rank = rank = task.rank
+        self.world_size = task.world_size
+        self.local_rank = task.local_rank
         self.device = device
         self.process_group = process_group
-        self.checkpoint_dir = checkpoint_dir
-        self.max_iterations = max_iterations
-        self._event_sink = event_sink
+        self.checkpoint_dir = checkpoint_dir = task.checkpoint_dir
+        self.max_iterations = task.max_iterations
+        self._event_sink = task.event_sink
         self.iteration_latencies_s: list[float] = []
         self.reports: list[ReportRecord] = []
         self.checkpoint_epoch: int | None = checkpoints.latest_epoch(checkpoint_dir) if rank == 0 else None

@@ -172,24 +172,28 @@ class Judgement:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Standing:
+    """The current plan at a boundary: whether it is at risk by its stage predictions scaled by the slowdown
+    (and that remaining time), and the re-planner's outlook of it under its model where it gave one."""
+
+    at_risk: bool
+    remaining_pred_s: float
+    p_meet: float | None = None
+    jct_p50_s: float | None = None
+
+
 def judge_proposal(
-    lateness: LatenessPolicy,
-    *,
-    rest: Sequence[StagePlan],
-    candidate: Plan | None,
-    at_risk: bool,
-    current_p_meet: float | None,
-    current_jct_p50_s: float | None,
-    remaining_pred_s: float,
-    time_left_s: float,
+    lateness: LatenessPolicy, rest: Sequence[StagePlan], candidate: Plan | None, standing: Standing, time_left_s: float
 ) -> Judgement:
     """The current plan's outlook (at risk: it does not meet the deadline, whatever a model says) beside the
-    proposal's, decided by the lateness policy."""
+    proposal's for the stages ``rest``, decided by the lateness policy (``time_left_s``: to the deadline)."""
     current_cost = sum(s.predicted_cost_usd or 0.0 for s in rest)
-    p_current = 0.0 if at_risk else 1.0
-    if current_p_meet is not None:
-        p_current = min(p_current, current_p_meet)
-    current = Outlook(p_meet=p_current, jct_p50_s=current_jct_p50_s or remaining_pred_s, cost_usd=current_cost)
+    p_current = 0.0 if standing.at_risk else 1.0
+    if standing.p_meet is not None:
+        p_current = min(p_current, standing.p_meet)
+    jct = standing.jct_p50_s or standing.remaining_pred_s
+    current = Outlook(p_meet=p_current, jct_p50_s=jct, cost_usd=current_cost)
     proposal = (
         None
         if candidate is None

@@ -282,6 +282,7 @@ Event = Annotated[
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
+
 def _members(union: Any) -> tuple[Any, ...]:
     return get_args(get_args(union)[0])
 
@@ -289,7 +290,9 @@ def _members(union: Any) -> tuple[Any, ...]:
 #: event type -> its model (the members of :data:`Event`, listed once there); ``decision`` events are typed by
 #: their kind (:data:`~rubberband.executor.decision_events.DECISIONS`)
 MODELS: dict[str, type[_Event]] = {
-    model.model_fields["type"].default: model for model in _members(Event) if isinstance(model, type)  # type: ignore[attr-defined]
+    model.model_fields["type"].default: model
+    for model in _members(Event)
+    if isinstance(model, type) and issubclass(model, _Event)
 }
 
 

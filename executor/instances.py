@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rubberband.catalog import Catalog, InstanceType
+from rubberband.catalog import InstanceType
 from rubberband.cloud.backend import ExecutorBackend
 from rubberband.cloud.provider import InstanceRequest
 from rubberband.errors import CatalogError, CloudError, ExecutionError
@@ -63,6 +63,16 @@ class Arrival:
         fallback = self.entry.on_demand_type
         planned = self.moved_to_on_demand and fallback is not None and self.entry.itype.key == fallback.key
         return self.entry.itype.key != self.requested.key and not planned
+
+
+@dataclass(frozen=True)
+class Got:
+    """What a request obtained: the type, zone and market, and failover's tries (one line each)."""
+
+    itype: InstanceType
+    zone: str | None
+    attempts: list[str]
+    spot: bool
 
 
 @dataclass(frozen=True)
@@ -162,10 +172,11 @@ class InstancePool:
         now = self.clock.time()
         entry.ready_at = now
         requested = entry.itype
-        obtained, zone, attempts, spot = self._obtained(entry, instance)
+        got = self._obtained(entry, instance)
+        obtained, zone, spot = got.itype, got.zone, got.spot
         moved = spot != entry.spot
         if obtained.key != requested.key or moved:  # failover gave another type or market
-            self.journal.record(self._failover(entry, instance.id, requested, obtained, zone, attempts, spot))
+            self.journal.record(self._failover(entry, instance.id, requested, got))
             entry.itype = obtained  # billed as the type obtained; the stage runs on it
             entry.spot = spot  # a spot stage on on-demand: its instances carry over as the stage's
         extra: dict[str, Any] = {"requested_type": requested.name} if obtained.key != requested.key else {}
@@ -187,16 +198,9 @@ class InstancePool:
         return Arrival(entry, requested, now - entry.requested_at, moved)
 
     @staticmethod
-    def _failover(
-        entry: PoolInstance,
-        ident: str,
-        requested: InstanceType,
-        obtained: InstanceType,
-        zone: str | None,
-        attempts: list[str],
-        spot: bool,
-    ) -> J.Failover:
+    def _failover(entry: PoolInstance, ident: str, requested: InstanceType, got: Got) -> J.Failover:
         """The ``failover`` decision of an instance obtained as another type or market than requested."""
+        obtained, zone, attempts, spot = got.itype, got.zone, got.attempts, got.spot
         moved = spot != entry.spot
         planned = moved and entry.on_demand_type is not None and obtained.key == entry.on_demand_type.key
         substituted = obtained.key != requested.key and not planned
@@ -222,26 +226,22 @@ class InstancePool:
             **markets,
         )
 
-    def _obtained(self, entry: PoolInstance, instance: Any) -> tuple[InstanceType, str | None, list[str], bool]:
-        """The catalog type (and zone, failover tries and market: spot?) the backend actually got for a request."""
+    def _obtained(self, entry: PoolInstance, instance: Any) -> Got:
+        """The catalog type (and zone, failover tries and market) the backend actually got for a request."""
         got = self.backend.obtained(instance.id)
         if got is not None:
             tries = [
                 f"{a.instance_type}@{a.zone or a.region}{' ' + a.market if a.market else ''}: {a.outcome}"
                 for a in got.attempts
             ]
-            return got.instance_type, got.zone, tries, bool(getattr(got, "spot", entry.spot))
+            return Got(got.instance_type, got.zone, tries, bool(getattr(got, "spot", entry.spot)))
         if instance.instance_type and instance.instance_type != entry.itype.name:
             try:
-                return (
-                    self.catalog.find(instance.instance_type, cloud=entry.itype.cloud, region=entry.itype.region),
-                    instance.zone,
-                    [],
-                    entry.spot,
-                )
+                itype = self.catalog.find(instance.instance_type, cloud=entry.itype.cloud, region=entry.itype.region)
+                return Got(itype, instance.zone, [], entry.spot)
             except CatalogError:
                 pass
-        return entry.itype, None, [], entry.spot
+        return Got(entry.itype, None, [], entry.spot)
 
     def terminate(self, entry: PoolInstance, why: str) -> None:
         """Terminate a released instance off the loop's thread; journaled by :meth:`collect_terminations`."""

@@ -25,6 +25,16 @@ from rubberband.planner.policies import PrefetchPolicy
 
 
 @dataclass(frozen=True)
+class Now:
+    """A chain's running stage now: the trials it still has to start, those running, and the replacement start-up
+    it waits for."""
+
+    waiting: int
+    running: list[RunningTrial]
+    awaited_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Chain:
     """A piece of the remaining work: plan positions ``positions``, able to start in ``wait_s``; ``kept``: the
     instances (type key → count) up or coming that its first stage may keep; ``lane``: whose it is."""
@@ -56,9 +66,8 @@ class LaneOutlook:
             awaited = awaited_s if b == mine else 0.0
             if lane.g is not None:
                 runs = view.running_of(lane.bracket) if layout.parallel else view.running()
-                left = self._stages_left_s(
-                    lane.g, hi, waiting=waiting if b == mine else len(lane.pending), running=runs, awaited_s=awaited, view=view
-                )
+                now = Now(waiting if b == mine else len(lane.pending), runs, awaited)
+                left = self._stages_left_s(lane.g, hi, now, view)
             else:
                 first = next((i for i in range(lo, hi) if i not in done), None)
                 if first is None:
@@ -66,9 +75,8 @@ class LaneOutlook:
                 later = [S.decision_outlook(view.plan.plan, i) for i in range(first, hi)]
                 offset = layout.offsets_s[b] if layout.parallel else 0.0
                 left = max(0.0, offset - elapsed) + S.work_left_s(
-                    current_remaining_s=0.0,
-                    current_ratio=1.0,
-                    later=later,
+                    S.StageRest(),
+                    later,
                     confidence=S.DECISION_QUANTILE,
                     slowdown=self.slowdown(view),
                     waiting_for_instance_s=awaited,
@@ -81,37 +89,36 @@ class LaneOutlook:
         by side; one after another, the lane running (or the first not done) up to the plan's end."""
         layout = view.plan.layout
         if layout.parallel:
-            return [(b, lane, lo, hi) for b, (lane, (lo, hi)) in enumerate(zip(self.lanes, layout.ranges)) if not lane.done]
+            return [
+                (b, lane, lo, hi) for b, (lane, (lo, hi)) in enumerate(zip(self.lanes, layout.ranges)) if not lane.done
+            ]
         for b, lane in enumerate(self.lanes):
             if not lane.done:
                 return [(b, lane, layout.ranges[b][0], layout.stages)]
         return []
 
-    def _stages_left_s(
-        self, g: int, end: int, *, waiting: int, running: list[RunningTrial], awaited_s: float, view: RunView
-    ) -> float:
+    def _stages_left_s(self, g: int, end: int, now: Now, view: RunView) -> float:
         """Stages ``g … end − 1`` from now: ``g``'s remainder as the prefetch estimate has it, the later ones'
-        predictions at the decisions' quantile scaled by the slowdown so far, and ``awaited_s``."""
+        predictions at the decisions' quantile scaled by the slowdown so far, and the replacement awaited."""
         plan = view.plan
         stage = plan.stage(g)
         n_slots = max(1, slot_count(stage.instances, plan.stage_itype(stage).workers, stage.workers_per_trial))
-        now = view.now()
+        at = view.now()
         current = self.prefetch.remaining_s(
             per_trial_s=self.per_trial_s(g, view),
-            waiting=waiting,
+            waiting=now.waiting,
             slots=n_slots,
-            running_elapsed_s=[now - r.started_at for r in running],
+            running_elapsed_s=[at - r.started_at for r in now.running],
         )
         cur = S.stage_outlook(plan.plan, g)
         conf = S.DECISION_QUANTILE
         ratio = S.at_confidence(cur.p50_s, cur.p95_s, conf) / cur.p50_s if cur.p50_s > 0 else 1.0
         return S.work_left_s(
-            current_remaining_s=current * S.fallback_slowdown(stage),
-            current_ratio=ratio,
-            later=[S.decision_outlook(plan.plan, i) for i in range(g + 1, end)],
+            S.StageRest(current * S.fallback_slowdown(stage), ratio),
+            [S.decision_outlook(plan.plan, i) for i in range(g + 1, end)],
             confidence=conf,
             slowdown=self.slowdown(view),
-            waiting_for_instance_s=awaited_s,
+            waiting_for_instance_s=now.awaited_s,
         )
 
     def per_trial_s(self, g: int, view: RunView) -> float:
@@ -178,7 +185,10 @@ class LaneOutlook:
         """The run's remaining time by the stage predictions: the longest chain's wait plus its stages' predicted
         durations times the slowdown so far (``ratio``)."""
         plan = view.plan.stages
-        return max((c.wait_s + ratio * sum(plan[i].predicted_duration_s or 0.0 for i in c.positions) for c in chains), default=0.0)
+        return max(
+            (c.wait_s + ratio * sum(plan[i].predicted_duration_s or 0.0 for i in c.positions) for c in chains),
+            default=0.0,
+        )
 
     @staticmethod
     def instance_counts(stages: Sequence[int], view: RunView) -> dict[str, int]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
-from rubberband.executor.decisions import judge_proposal, proposal_problem, stand_in_stages
+from rubberband.executor.decisions import Standing, judge_proposal, proposal_problem, stand_in_stages
 from rubberband.executor.fleet import Fleet
 from rubberband.executor.lane_outlook import Chain, LaneOutlook
 from rubberband.executor.runplan import RunPlan
@@ -171,24 +171,22 @@ class Replanning:
         rest = [self.runplan.stage(i) for i in request.positions()]
         problem = None
         if candidate is not None:
-            problem = proposal_problem(candidate.stages, rest, unavailable=request.unavailable, key_of=self.runplan.planned_key)
+            problem = proposal_problem(
+                candidate.stages, rest, unavailable=request.unavailable, key_of=self.runplan.planned_key
+            )
         if problem is not None:
             candidate, note = None, problem
-        judged = judge_proposal(
-            self.lateness,
-            rest=rest,
-            candidate=candidate,
-            at_risk=request.at_risk,
-            current_p_meet=answer.current_p_meet,
-            current_jct_p50_s=answer.current_jct_p50_s,
-            remaining_pred_s=asked.remaining_pred_s,
-            time_left_s=self.deadline_s - request.elapsed_s,
-        )
+        standing = Standing(request.at_risk, asked.remaining_pred_s, answer.current_p_meet, answer.current_jct_p50_s)
+        judged = judge_proposal(self.lateness, rest, candidate, standing, self.deadline_s - request.elapsed_s)
         verdict = judged.verdict
         reason = f"{note}; {verdict.reason}" if note else verdict.reason
         self.services.journal.record(
             J.Replan(
-                **asked.decision, action=verdict.action.value, accepted=verdict.take_proposal, reason=reason, **judged.figures
+                **asked.decision,
+                action=verdict.action.value,
+                accepted=verdict.take_proposal,
+                reason=reason,
+                **judged.figures,
             )
         )
         changed = self._take(g, request, candidate.stages) if verdict.take_proposal and candidate is not None else []

@@ -13,6 +13,8 @@ predicted duration and cost. In head mode the run's head instance is in the actu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import json
 from pathlib import Path
 from typing import Any
@@ -54,20 +56,20 @@ def _static(plan: Plan, actual_usd: float) -> dict[str, Any] | None:
     }
 
 
-def build_result(
-    state: RunState,
-    plan: Plan,
-    *,
-    spec: JobSpec,
-    status: str,
-    error: str | None,
-    now: float,
-    run_dir: Path,
-    best_trial: str | None = None,
-    best_metric: float | None = None,
-) -> dict[str, Any]:
-    """The result of a run from its folded journal (``best_trial`` / ``best_metric`` are not used: the best
-    is found in the journal, :func:`~rubberband.executor.outcome.best_so_far`, so a stopped run has one too)."""
+@dataclass(frozen=True)
+class Ending:
+    """How a run ended: its status (finished, stopped, failed, interrupted), the error or reason (None when it
+    finished), and when (POSIX seconds)."""
+
+    status: str
+    error: str | None
+    now: float
+
+
+def build_result(state: RunState, plan: Plan, spec: JobSpec, ending: Ending, run_dir: Path) -> dict[str, Any]:
+    """The result of a run from its folded journal (the best trial is found in the journal,
+    :func:`~rubberband.executor.outcome.best_so_far`, so a stopped run has one too)."""
+    status, error, now = ending.status, ending.error, ending.now
     bill = bill_run(state, now=now)
     finished = [rec.finished_at for rec in state.stages.values() if rec.finished_at is not None]
     end = max(finished) if status == "finished" and finished else now

@@ -211,7 +211,9 @@ class Executor:
         )
         margin = job.plan.spot.margin_s if job.plan.spot is not None else job.spec.resources.spot_margin_s
         spot = SpotDesk(services, fleet, settings.spot_policy or SpotPolicy(margin_s=margin), self.deadline_s)
-        lateness = LatenessPolicy(confidence=job.plan.confidence, on_late=settings.on_late, overrun_s=settings.overrun_s)
+        lateness = LatenessPolicy(
+            confidence=job.plan.confidence, on_late=settings.on_late, overrun_s=settings.overrun_s
+        )
         replanning = Replanning(services, fleet, self.replanner, lateness, self.deadline_s)
         self.scheduler: Scheduler = scheduler_for(job, settings, LossPolicy(settings.max_instance_losses))
         self.actuator = Actuator(services, fleet, runner, spot, replanning)
@@ -317,19 +319,12 @@ class Executor:
             self.guard.restore_signals()
 
     def _write_result(self, status: str, error: str | None) -> None:
-        from rubberband.executor.result import build_result, write_result
+        from rubberband.executor.result import Ending, build_result, write_result
 
         services = self.services
         now = services.clock.time()
-        result = build_result(
-            services.journal.state,
-            self.fleet.runplan.plan,
-            spec=self.job.spec,
-            status=status,
-            error=error,
-            now=now,
-            run_dir=self.run_dir,
-        )
+        state, plan = services.journal.state, self.fleet.runplan.plan
+        result = build_result(state, plan, self.job.spec, Ending(status, error, now), self.run_dir)
         best = result["best"] or {}  # the best so far, whatever the outcome
         end = J.END_EVENT_OF.get(status, J.RunFailed)
         services.journal.record(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from rubberband.planner.policies import Market, SpotSituation
+from rubberband.planner.policies import Market
 
 #: The quantile of the predictions the spot decisions see: the median, as the planner's simulator feeds the same
 #: :class:`~rubberband.planner.policies.SpotPolicy` (its P(meet) is computed for decisions made that way, so the
@@ -100,26 +100,31 @@ def decision_outlook(plan: Any, i: int) -> StageOutlook:
     return out if slow == 1.0 else StageOutlook(out.p50_s * slow, None if out.p95_s is None else out.p95_s * slow)
 
 
+@dataclass(frozen=True)
+class StageRest:
+    """The current stage's estimated remainder (running trials' rest + waiting waves) and its confidence quantile
+    over its median (≥ 1), applied to that remainder."""
+
+    remaining_s: float = 0.0
+    ratio: float = 1.0
+
+
 def work_left_s(
-    *,
-    current_remaining_s: float,
-    current_ratio: float,
+    current: StageRest,
     later: Sequence[StageOutlook],
+    *,
     confidence: float,
     slowdown: float,
     waiting_for_instance_s: float = 0.0,
 ) -> float:
-    """The run's predicted remaining time if nothing more were preempted.
-
-    ``current_remaining_s``: the current stage's estimated remainder (running trials' rest + waiting waves);
-    ``current_ratio``: its confidence quantile over its median (≥ 1), applied to that remainder;
-    ``later``: the stages after it, each at ``confidence`` and scaled by ``slowdown`` (actual / predicted of the
-    stages done; never below 1: an early fast stage does not buy risk); ``waiting_for_instance_s``: a replacement
-    the stage must wait for (its start-up), which spot and on-demand pay alike.
+    """The run's predicted remaining time if nothing more were preempted: the ``current`` stage's rest, ``later``
+    stages each at ``confidence`` and scaled by ``slowdown`` (actual / predicted of the stages done; never below
+    1: an early fast stage does not buy risk), and ``waiting_for_instance_s``: a replacement the stage must wait
+    for (its start-up), which spot and on-demand pay alike.
     """
     ratio = max(1.0, slowdown)
     rest = sum(at_confidence(s.p50_s, s.p95_s, confidence) for s in later) * ratio
-    return max(0.0, current_remaining_s) * max(1.0, current_ratio) + rest + max(0.0, waiting_for_instance_s)
+    return max(0.0, current.remaining_s) * max(1.0, current.ratio) + rest + max(0.0, waiting_for_instance_s)
 
 
 def restart_s(*, startup_s: float, restore_s: float, checkpoint_interval_s: float) -> float:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from rubberband.executor import journal as J
@@ -23,6 +24,16 @@ from rubberband.executor.observations import NoticeSeen
 from rubberband.executor.scheduling import Outlook, RunView
 from rubberband.executor.services import Services
 from rubberband.planner.policies import Market, SpotPolicy, SpotSituation
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A market decision: the market chosen, whether the run was on spot before, and a note on why it differs
+    from the policy's (the plan allows no on-demand fall-back)."""
+
+    market: Market
+    was_on_spot: bool
+    note: str = ""
 
 
 class SpotDesk:
@@ -51,7 +62,7 @@ class SpotDesk:
             market, note = Market.SPOT, "; the plan allows no on-demand fall-back"
         was = view.choices.on_spot
         if request.trigger in ("preemption", "notice", "lost") or (market is Market.SPOT) != was:
-            self._journal(request, at, situation, market, was, note)
+            self._journal(request, at, situation, Verdict(market, was, note))
         return market is Market.SPOT
 
     def _situation(self, at: int, request: RequestInstances, outlook: Outlook, view: RunView) -> SpotSituation:
@@ -80,9 +91,8 @@ class SpotDesk:
             on_spot=view.choices.on_spot,
         )
 
-    def _journal(
-        self, request: RequestInstances, at: int, situation: SpotSituation, market: Market, was: bool, note: str
-    ) -> None:
+    def _journal(self, request: RequestInstances, at: int, situation: SpotSituation, verdict: Verdict) -> None:
+        market, was, note = verdict.market, verdict.was_on_spot, verdict.note
         slack, restart = situation.slack_s, situation.restart_s
         if market is Market.SPOT:
             why = f"slack {slack:.0f} s after one more restart ({restart:.0f} s) exceeds the margin: spot"

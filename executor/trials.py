@@ -21,7 +21,8 @@ from typing import Any, Mapping
 from rubberband.errors import ExecutionError, GpuUnavailableError, RubberbandError, TrainingError, TrialPreempted
 from rubberband.devices import CPU_WORKER, WorkerDevice
 from rubberband.executor.pool import WorkerPool
-from rubberband.executor.worker import WorkerFailure, WorkerResult, WorkerTask, actor_class, actor_options
+from rubberband.executor.context import WorkerTask
+from rubberband.executor.worker import WorkerFailure, WorkerResult, actor_class, actor_options
 
 #: After the first worker fails, how long to wait for the others to report before killing them.
 FAILURE_GRACE_S = 3.0
@@ -138,27 +139,30 @@ def _death_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+@dataclass(frozen=True)
+class PlacedWorkers:
+    """A trial's worker actors as placed: their ``run`` calls, their placement group (None: taken from the warm
+    pool), the pool, and which workers were warm."""
+
+    actors: list[Any]
+    refs: list[Any]
+    placement_group: Any = None
+    pool: WorkerPool | None = None
+    warm: tuple[bool, ...] = ()
+
+
 class TrialRun:
     """A running trial; create with :meth:`start`."""
 
-    def __init__(
-        self,
-        spec: TrialSpec,
-        *,
-        actors: list[Any],
-        refs: list[Any],
-        placement_group: Any,
-        pool: WorkerPool | None,
-        warm: tuple[bool, ...],
-        started_at: float,
-    ) -> None:
+    def __init__(self, spec: TrialSpec, workers: PlacedWorkers, started_at: float) -> None:
         self.spec = spec
-        self._actors = actors
-        self._refs = refs
-        self._pg = placement_group
-        self._pool = pool
-        self._warm = warm
+        self._actors = workers.actors
+        self._refs = workers.refs
+        self._pg = workers.placement_group
+        self._pool = workers.pool
+        self._warm = workers.warm
         self._started_at = started_at
+        refs = workers.refs
         self._outcome: TrialOutcome | None = None
         self._error: Exception | None = None
         self._released = False
@@ -216,7 +220,7 @@ class TrialRun:
                 event_sink=event_sink if rank == 0 else None,
             )
             refs.append(actor.run.remote(task, master))
-        return cls(spec, actors=actors, refs=refs, placement_group=pg, pool=pool, warm=warm, started_at=started)
+        return cls(spec, PlacedWorkers(actors, refs, pg, pool, warm), started)
 
     # -- result ----------------------------------------------------------------------------
     def result(self, timeout_s: float | None = None) -> TrialOutcome:

@@ -14,37 +14,15 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Mapping
+from typing import Callable
 
-from rubberband.executor.context import ReportRecord, WorkerContext
+from rubberband.executor.context import ReportRecord, WorkerContext, WorkerTask
 from rubberband.executor.notices import PreemptionNotice
 from rubberband.net import free_port
 from rubberband.devices import CPU_WORKER, WorkerDevice, observe_cuda, resolve
 from rubberband.raytune import adapt as adapt_trainable
-
-
-@dataclass(frozen=True)
-class WorkerTask:
-    """Everything one worker needs for one run of a trial."""
-
-    trial_id: str
-    config: dict
-    entry_point: str
-    code_dir: str
-    start_epoch: int
-    end_epoch: int
-    rank: int
-    world_size: int
-    local_rank: int
-    checkpoint_dir: str
-    device: WorkerDevice = CPU_WORKER
-    max_iterations: int | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    timeout_s: float = 600.0
-    event_sink: Any = None
-    checkpoint_every: int = 1
 
 
 @dataclass(frozen=True)
@@ -154,20 +132,7 @@ class TrialWorker:
                 timeout=timedelta(seconds=task.timeout_s),
             )
             setup_done = time.time()
-            ctx = WorkerContext(
-                trial_id=task.trial_id,
-                start_epoch=task.start_epoch,
-                end_epoch=task.end_epoch,
-                rank=task.rank,
-                world_size=task.world_size,
-                local_rank=task.local_rank,
-                device=device,
-                process_group=dist.group.WORLD,
-                checkpoint_dir=task.checkpoint_dir,
-                max_iterations=task.max_iterations,
-                event_sink=task.event_sink,
-                checkpoint_every=task.checkpoint_every,
-            )
+            ctx = WorkerContext(task, device=device, process_group=dist.group.WORLD)
             stage = "train"
             train(dict(task.config), ctx)
         except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything

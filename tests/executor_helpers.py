@@ -442,18 +442,20 @@ def worker_context(
     trial_id: str = "b0-t000",
 ):
     """A rank's real WorkerContext of ``trial_id`` from epoch 0, outside Ray (no process group)."""
-    from rubberband.executor.context import WorkerContext
+    from rubberband.executor.context import WorkerContext, WorkerTask
 
-    return WorkerContext(
+    task = WorkerTask(
         trial_id=trial_id,
+        config={},
+        entry_point="",
+        code_dir="",
         start_epoch=0,
         end_epoch=end_epoch,
         rank=rank,
         world_size=world_size,
         local_rank=rank,
-        device="cpu",
-        process_group=None,
         checkpoint_dir=str(directory),
         checkpoint_every=checkpoint_every,
         max_iterations=max_iterations,
     )
+    return WorkerContext(task, device="cpu", process_group=None)

@@ -15,7 +15,7 @@ from rubberband.cloud.head_run import OnHeadCloudBackend
 from rubberband.cloud.provider import Instance
 from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
-from rubberband.executor.result import build_result, write_result
+from rubberband.executor.result import Ending, build_result, write_result
 from rubberband.plan import CostBreakdown
 from rubberband.report import write_report
 from rubberband.report.model import build_report_data
@@ -85,13 +85,9 @@ def test_a_journaled_head_is_billed_launch_to_end_plus_grace_outside_the_stages(
     result = build_result(
         state,
         plan,
-        spec=spec,
-        status="finished",
-        error=None,
-        best_trial=None,
-        best_metric=None,
-        now=1802.0,
-        run_dir=with_head,
+        spec,
+        Ending("finished", None, 1802.0),
+        with_head,
     )
     assert result["actual"]["cost_usd"] == pytest.approx(bill.total_usd)
     assert result["actual"]["head_usd"] == pytest.approx(bill.head_usd) and result["predicted"]["head_usd"] == 0.05

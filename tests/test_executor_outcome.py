@@ -9,7 +9,7 @@ from executor_helpers import make_plan, write_job
 
 from rubberband.executor import journal as J
 from rubberband.executor.outcome import EXIT_CODES, best_so_far, exit_code, outcome_line
-from rubberband.executor.result import build_result
+from rubberband.executor.result import Ending, build_result
 from rubberband.spec import load_spec
 
 
@@ -100,11 +100,9 @@ def test_result_json_says_the_outcome_with_its_exit_code_and_the_best_so_far(job
     result = build_result(
         state,
         plan,
-        spec=spec,
-        status=status,
-        error="why" if status != "finished" else None,
-        now=time.time(),
-        run_dir=tmp_path,
+        spec,
+        Ending(status, "why" if status != "finished" else None, time.time()),
+        tmp_path,
     )
     assert result["outcome"] == outcome and result["exit_code"] == EXIT_CODES[outcome] == exit_code(result)
     assert result["best"]["trial_id"] == "b0-t003" and result["best"]["rung"]["epochs"] == 1  # whatever the outcome

@@ -13,7 +13,7 @@ from executor_helpers import make_plan, write_job
 
 from rubberband.execution import print_summary
 from rubberband.executor import journal as J
-from rubberband.executor.result import build_result
+from rubberband.executor.result import Ending, build_result
 from rubberband.inputs import load_job_inputs
 from rubberband.plan import Alternative
 from rubberband.planner import plan_job
@@ -78,13 +78,9 @@ def test_a_run_ends_with_its_cost_beside_the_best_static_plan(tmp_path, capsys):
     result = build_result(
         J.read_state(run_dir),
         plan,
-        spec=spec,
-        status="finished",
-        error=None,
-        best_trial=None,
-        best_metric=None,
-        now=1073.0,
-        run_dir=run_dir,
+        spec,
+        Ending("finished", None, 1073.0),
+        run_dir,
     )
     cost = 72 * 0.10 / 3600
     assert result["actual"]["cost_usd"] == pytest.approx(cost)
@@ -108,13 +104,9 @@ def test_a_run_ends_with_its_cost_beside_the_best_static_plan(tmp_path, capsys):
         build_result(
             J.read_state(run_dir),
             no_static,
-            spec=spec,
-            status="finished",
-            error=None,
-            best_trial=None,
-            best_metric=None,
-            now=1073.0,
-            run_dir=run_dir,
+            spec,
+            Ending("finished", None, 1073.0),
+            run_dir,
         )["static"]
         is None
     )

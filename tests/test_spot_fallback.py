@@ -92,16 +92,9 @@ def test_a_duration_at_the_confidence_is_its_median_or_more():
 
 def test_work_left_and_one_restart():
     later = [S.StageOutlook(100.0, 130.0), S.StageOutlook(50.0)]
-    work = S.work_left_s(
-        current_remaining_s=40.0,
-        current_ratio=1.5,
-        later=later,
-        confidence=0.95,
-        slowdown=2.0,
-        waiting_for_instance_s=12.0,
-    )
+    work = S.work_left_s(S.StageRest(40.0, 1.5), later, confidence=0.95, slowdown=2.0, waiting_for_instance_s=12.0)
     assert work == pytest.approx(40 * 1.5 + (130 + 50) * 2 + 12)
-    fast = S.work_left_s(current_remaining_s=40.0, current_ratio=0.5, later=later, confidence=0.95, slowdown=0.5)
+    fast = S.work_left_s(S.StageRest(40.0, 0.5), later, confidence=0.95, slowdown=0.5)
     assert fast == pytest.approx(40 + 180)  # a fast run so far does not shrink the estimate
     assert S.restart_s(startup_s=20.0, restore_s=1.5, checkpoint_interval_s=6.0) == pytest.approx(27.5)
 
