@@ -313,4 +313,6 @@ class AshaScheduler:
         if short and self.loss_policy.replace(
             serves=0, current=0, work_left=work_left, losses=view.choices.counted_losses
         ):
-            yield RequestInstances(stage=0, count=1, trigger=trigger, waiting=len(self.queue), replaces=ident, reason=reason)
+            yield RequestInstances(
+                stage=0, count=1, trigger=trigger, waiting=len(self.queue), replaces=ident, reason=reason
+            )

@@ -65,9 +65,7 @@ class Fleet:
         self.measured = Measurements()
         serial = runplan.stages[0].cloud in SERIAL_PROVISIONING
         self.pool = InstancePool(services, serial=serial, wake=services.cluster.wake)
-        self.watchers: NoticeWatching = services.cluster.watchers(
-            services.backend.cloud, services.backend.metadata_url
-        )
+        self.watchers: NoticeWatching = services.cluster.watchers(services.backend.cloud, services.backend.metadata_url)
         self.workers: Any = None  # WorkerPool: warm worker processes per instance, reused across trials
         self.ran_on: set[str] = set()  # instances that have run a trial (their workers are warm)
 
@@ -140,7 +138,9 @@ class Fleet:
             assert entry.id is not None  # up: it has its id
             if not entry.unwanted and self.workers is not None:  # start its worker processes now
                 device = self.devices.for_type(entry.itype)
-                entry.warming = self.workers.warm(node_resource(entry.id), entry.itype.workers, wait=False, device=device)
+                entry.warming = self.workers.warm(
+                    node_resource(entry.id), entry.itype.workers, wait=False, device=device
+                )
             if not entry.unwanted:
                 self.watch(entry)
             up.append(entry)

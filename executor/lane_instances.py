@@ -173,12 +173,16 @@ class LaneInstances:
                 continue
             new = view.plan.stage(i)
             pool = view.of_stage(i)
-            fitting = sorted((e for e in pool if view.plan.serves(e, new) and e.id not in noticed), key=lambda e: not e.ready)
+            fitting = sorted(
+                (e for e in pool if view.plan.serves(e, new) and e.id not in noticed), key=lambda e: not e.ready
+            )
             for entry in [e for e in pool if e not in fitting] + fitting[new.instances :]:
                 for lane in lanes:  # a kept instance may still have (free) slots in its current stage
                     if entry.id is not None:
                         lane.drop_instances({entry.id})
-                yield from self.let_go(entry, f"re-planned: stage {i} runs {new.instances} × {new.instance_type}", i, view)
+                yield from self.let_go(
+                    entry, f"re-planned: stage {i} runs {new.instances} × {new.instance_type}", i, view
+                )
 
     def let_go(self, entry: PoolInstance, why: str, g: int, view: RunView) -> Iterator[Action]:
         """An instance a lane no longer needs: handed to another lane waiting for its type (parallel brackets; not
@@ -189,7 +193,9 @@ class LaneInstances:
         if entry.id is not None and entry.id not in view.choices.noticed and layout.parallel:
             giver = layout.lane_of(entry.assigned_stage)
             waiting = [
-                Waiting(w.entry.token, layout.lane_of(w.entry.assigned_stage), w.entry.assigned_stage, w.order, w.queued)
+                Waiting(
+                    w.entry.token, layout.lane_of(w.entry.assigned_stage), w.entry.assigned_stage, w.order, w.queued
+                )
                 for w in view.waiting_for(entry)
             ]
             pick = layout.receiver(giver, waiting)
@@ -199,9 +205,7 @@ class LaneInstances:
         yield ReleaseInstance(entry.token, why, g)
 
     # -- replacements ---------------------------------------------------------------------------------
-    def replace_lost(
-        self, ident: str, reason: str, lane: Lane | None, view: RunView, current: int
-    ) -> Iterator[Action]:
+    def replace_lost(self, ident: str, reason: str, lane: Lane | None, view: RunView, current: int) -> Iterator[Action]:
         """A lost instance is replaced while its stage still needs it, up to the loss limit (not twice: one whose
         notice came was replaced then)."""
         entry = view.entry(ident)
@@ -211,7 +215,9 @@ class LaneInstances:
         if self.loss_policy.replace(
             serves=entry.assigned_stage, current=current, work_left=bool(pending), losses=view.choices.counted_losses
         ):
-            trigger = "notice" if ident in view.choices.noticed else "preemption" if reason == SPOT_INTERRUPTION else "lost"
+            trigger = (
+                "notice" if ident in view.choices.noticed else "preemption" if reason == SPOT_INTERRUPTION else "lost"
+            )
             yield RequestInstances(
                 stage=entry.assigned_stage,
                 count=1,

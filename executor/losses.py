@@ -20,7 +20,6 @@ from rubberband.executor.observations import InstancesLost
 from rubberband.executor.services import Services
 
 
-
 class LossDesk:
     """Loss detection and its record (see the module docstring)."""
 

@@ -120,7 +120,9 @@ class SimBackend:
     device_policy = None
     metadata_url = None
 
-    def __init__(self, world: SimWorld, catalog: Catalog, head_type: InstanceType, head: HeadInfo | None = None) -> None:
+    def __init__(
+        self, world: SimWorld, catalog: Catalog, head_type: InstanceType, head: HeadInfo | None = None
+    ) -> None:
         self.world = world
         self.catalog = catalog
         self.head_type = head_type
@@ -181,11 +183,17 @@ class SimBackend:
         if world.sold_out(itype):
             tried.append(self._attempt(itype, "sold out in every zone", spot))
             alt = next(
-                (a for a in alternatives_for(itype, self.catalog, spot=spot, clouds=[itype.cloud]) if not world.sold_out(a)),
+                (
+                    a
+                    for a in alternatives_for(itype, self.catalog, spot=spot, clouds=[itype.cloud])
+                    if not world.sold_out(a)
+                ),
                 None,
             )
             if alt is None:
-                raise FailoverExhausted(f"no capacity for {itype.name} nor any alternative", kind="capacity", attempts=tried)
+                raise FailoverExhausted(
+                    f"no capacity for {itype.name} nor any alternative", kind="capacity", attempts=tried
+                )
             itype = alt
         zone = world.spot_zone(itype) if spot else None
         if zone is not None and not world.spot_capacity(zone, start):

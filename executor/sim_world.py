@@ -108,7 +108,9 @@ class SimWorld:
         self.script = settings.script
         self.rng = np.random.default_rng(settings.seed)
         self.spot_zones = dict(settings.spot_zones)
-        self.spot_rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=(_SPOT_STREAM,))))
+        self.spot_rng = np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=(_SPOT_STREAM,)))
+        )
         self._no_capacity_until: dict[tuple[str, str, str], float] = {}
         self._capacity_drawn: dict[tuple[str, str, str], tuple[float, bool]] = {}  # key -> (at, had capacity)
         self.interrupted: set[str] = set()  # trials whose last task died with its instance: the next one restores

@@ -111,7 +111,9 @@ class StageRunning:
             settled = yield from self._settle(lane, trial_id, start, view)
             if settled is not None:
                 slot.trial_id = trial_id
-                yield StartTrial(trial_id=trial_id, stage=lane.g, start_epoch=settled, end_epoch=stage.epochs, slot=slot)
+                yield StartTrial(
+                    trial_id=trial_id, stage=lane.g, start_epoch=settled, end_epoch=stage.epochs, slot=slot
+                )
                 return
 
     # -- what ended --------------------------------------------------------------------------------------

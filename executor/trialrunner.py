@@ -225,7 +225,9 @@ class TrialRunner:
             )
         )
         gone = tuple(sorted(lost.items()))
-        return TrialEnded(run.trial_id, run.stage, ending, run.slot.instance_ids, error=error, seconds=seconds, gone=gone)
+        return TrialEnded(
+            run.trial_id, run.stage, ending, run.slot.instance_ids, error=error, seconds=seconds, gone=gone
+        )
 
     # -- stop -------------------------------------------------------------------------------------
     def stop_on(self, gone: set[str]) -> list[TrialEnded]:
