@@ -10,7 +10,7 @@ was last seen to be: a Ray worker that became a trial worker counts as a trial w
 A process that lives entirely between two samples is missed (a few per cent at the default interval).
 
 Prints the run's wall time and pytest's summary, the CPU it used against what the machine's cores offered, what
-the 8-minute target allows (``--target``, minutes: cores × target CPU-minutes at best), a table of the process
+the 10-minute target allows (``--target``, minutes: cores × target CPU-minutes at best), a table of the process
 kinds (how many, CPU-minutes, share and the median per process) and the ``--top`` tests whose processes used the
 most CPU (a process goes to the test that ``PYTEST_CURRENT_TEST`` names in its environment). Why: the suite is
 bound by CPU on two cores, so its wall time follows from how much CPU its processes need; this says which of them
@@ -178,7 +178,7 @@ def by_test(sampler: Sampler, top: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples of /proc")
-    parser.add_argument("--target", type=float, default=8.0, help="the wall-time target, minutes")
+    parser.add_argument("--target", type=float, default=10.0, help="the wall-time target, minutes")
     parser.add_argument("--out", type=Path, help="also write the table here")
     parser.add_argument("--top", type=int, default=25, help="how many of the costliest tests to list")
     parser.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: none)")
