@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rubberband.errors import PlanFileError
-from rubberband.versioned import read_json, validate_versioned
+from rubberband.versioned import DocumentSchema, read_json, validate_versioned
 from rubberband.files import write_text_atomic
 
 PLAN_SCHEMA_VERSION = 3
@@ -303,15 +303,14 @@ def parse_plan(data: Any, *, source: str = "<plan>") -> Plan:
         # v1 → v2 → v3 only added fields (defaults: sequential brackets, no hand-overs, no ASHA baseline,
         # no spot model)
         data = {**data, "schema_version": PLAN_SCHEMA_VERSION}
-    return validate_versioned(
+    schema = DocumentSchema(
         Plan,
-        data,
-        source=source,
         kind="plan",
         version=PLAN_SCHEMA_VERSION,
         error=PlanFileError,
         remedy="regenerate it with `rubberband plan`",
     )
+    return validate_versioned(schema, data, source=source)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rubberband.errors import ProfileError
-from rubberband.versioned import read_json, validate_versioned
+from rubberband.versioned import DocumentSchema, read_json, validate_versioned
 from rubberband.files import write_text_atomic
 
 PROFILE_SCHEMA_VERSION = 2
@@ -188,15 +188,14 @@ def parse_profile(data: Any, *, source: str = "<profile>") -> Profile:
     """A profile of any version this rubberband reads (v1 loads without ``epoch_measurements``)."""
     found = data.get("schema_version") if isinstance(data, dict) else None
     version = found if found in PROFILE_SCHEMA_VERSIONS else PROFILE_SCHEMA_VERSION
-    return validate_versioned(
+    schema = DocumentSchema(
         Profile,
-        data,
-        source=source,
         kind="profile",
         version=version,
         error=ProfileError,
         remedy="see docs/profile.md or re-run `rubberband profile`",
     )
+    return validate_versioned(schema, data, source=source)
 
 
 def load_profile(path: str | Path) -> Profile:

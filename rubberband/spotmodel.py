@@ -36,7 +36,7 @@ from rubberband.planner.spot import (
     fit_zone,
     trace_stats,
 )
-from rubberband.versioned import read_json, validate_versioned
+from rubberband.versioned import DocumentSchema, read_json, validate_versioned
 from rubberband.files import write_text_atomic
 
 SPOT_MODEL_SCHEMA_VERSION = 1
@@ -341,15 +341,14 @@ def default_model_path() -> Path:
 
 
 def parse_spot_model(data: Any, *, source: str) -> SpotModelFile:
-    return validate_versioned(
+    schema = DocumentSchema(
         SpotModelFile,
-        data,
-        source=source,
         kind="spot model",
         version=SPOT_MODEL_SCHEMA_VERSION,
         error=SpotTraceError,
         remedy="fit it again with `rubberband spot fit --traces DIR`",
     )
+    return validate_versioned(schema, data, source=source)
 
 
 def load_spot_model(path: str | Path | None = None) -> SpotModelFile:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -13,14 +14,29 @@ from rubberband.errors import InputError
 M = TypeVar("M", bound=BaseModel)
 
 
-def validate_versioned(
-    model: type[M], data: Any, *, source: str, kind: str, version: int, error: type[InputError], remedy: str
-) -> M:
-    """``model`` from parsed JSON, or ``error`` naming the first bad field and ``remedy``.
+@dataclass(frozen=True)
+class DocumentSchema(Generic[M]):
+    """A kind of versioned JSON document, as :func:`validate_versioned` checks it.
 
-    ``kind`` names the document in messages ("plan", "profile"); a ``schema_version`` other than
-    ``version`` is refused before field validation, so old files get a clear "re-create it".
+    ``model``: the pydantic model it validates into; ``kind``: its name in messages ("plan", "profile");
+    ``version``: the ``schema_version`` it must have; ``error``: the InputError subclass its problems raise;
+    ``remedy``: what those messages tell the user to do ("regenerate it with `rubberband plan`")."""
+
+    model: type[M]
+    kind: str
+    version: int
+    error: type[InputError]
+    remedy: str
+
+
+def validate_versioned(schema: DocumentSchema[M], data: Any, *, source: str) -> M:
+    """``schema.model`` from parsed JSON (read from ``source``), or ``schema.error`` naming the first bad field and
+    the remedy.
+
+    A ``schema_version`` other than ``schema.version`` is refused before field validation, so old files get a clear
+    "re-create it".
     """
+    model, kind, version, error, remedy = schema.model, schema.kind, schema.version, schema.error, schema.remedy
     if not isinstance(data, dict):
         raise error(f"{source}: a {kind} must be a JSON object; {remedy}")
     found = data.get("schema_version")
