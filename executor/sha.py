@@ -131,6 +131,19 @@ class ShaScheduler:
             missing = view.plan.stage(g).instances - len(view.of_stage(g))
             if missing > 0:
                 yield RequestInstances(stage=g, count=missing, trigger="start", waiting=view.plan.stage(g).trials)
+            yield from self._prefetched_again(g, view)
+
+    def _prefetched_again(self, g: int, view: RunView) -> Iterator[Action]:
+        """A resumed run whose next stage's instances were requested ahead (they went with the orphans): asked
+        for again now, as the decision stands (not journaled again)."""
+        nxt = view.plan.layout.next_stage(g)
+        if nxt is None or nxt not in view.choices.prefetched or nxt in view.state.stages:
+            return
+        stage, following = view.plan.stage(g), view.plan.stage(nxt)
+        carried = self.prefetch.carried(view.plan.same_type(stage, following), stage.instances, following.instances)
+        extra = following.instances - carried - len(view.of_stage(nxt))
+        if extra > 0:
+            yield RequestInstances(stage=nxt, count=extra, trigger="prefetch", at=g)
 
     def _start_resumed(self, view: RunView) -> Iterator[Action]:
         """Lanes a resumed run had under way go on at once (one stopped exactly at a boundary is re-planned)."""

@@ -7,9 +7,10 @@ reaches the journal or the cloud, :class:`~sim_helpers.KillingJournal`) between 
 decision kinds it takes, and resumed in the same simulated world (its instances still running, as a real
 cloud's would be). The resumed run must (1) find exactly the unkilled run's decision state at that point,
 (2) take no decision that state rules out — buy spot after the run moved to on-demand, fail over again to a
-type failover already replaced, re-plan around a type again, journal the deadline's passing twice, prefetch
-a stage again, replace an instance twice, number losses afresh — and (3) end as the unkilled run ends, with
-the same best trial.
+type failover already replaced, re-plan around a type again, journal the deadline's passing twice, decide a
+prefetch again (though a prefetched stage's instances, gone with the orphans, are requested again before it
+starts), replace an instance twice, number losses afresh — and (3) end as the unkilled run ends, with the same
+best trial.
 """
 
 from __future__ import annotations
@@ -131,8 +132,21 @@ def test_a_run_killed_between_any_two_decisions_resumes_with_the_same_decisions(
         written = resumed.events
         after = written[next(i for i, e in enumerate(written) if e["type"] == J.RUN_RESUMED) :]
         _assert_takes_up(before.choices, after, case, k)
+        _assert_prefetched_again(before, after, k)
         # (3) it ends as the unkilled run does
         assert resumed.result.status == "finished" and resumed.result.best_trial == whole.result.best_trial, k
+
+
+def _assert_prefetched_again(before: J.RunState, after: list[dict], k: int) -> None:
+    """A stage whose instances were requested ahead (they went with the orphans) has them requested again while
+    the stage before still runs, not only at its start."""
+    for g in before.choices.prefetched - set(before.stages):
+        unfinished = [t for t in before.trials.values() if g - 1 not in t.finished_stages and g - 1 in before.stages]
+        if not unfinished:  # the stage before had nothing left to run: the next one starts at once anyway
+            continue
+        started = [e["t"] for e in after if e["type"] == J.STAGE_STARTED and e["stage"] == g]
+        asked = [e["t"] for e in after if e["type"] == J.INSTANCE_REQUESTED and e["stage"] == g]
+        assert started and asked and min(asked) < min(started), (k, g)
 
 
 def _assert_takes_up(choices: J.DecisionState, after: list[dict], case: SimCase, k: int) -> None:
