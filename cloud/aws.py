@@ -43,7 +43,7 @@ from rubberband.cloud.provider import (
     InstanceRequest,
     check_option_names,
 )
-from rubberband.errors import CloudError, InputError
+from rubberband.errors import CloudError, InputError, Location
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -178,7 +178,7 @@ class AwsProvider:
                     f"aws {action} in {self.region}: {exc}",
                     kind="transient",
                     code="ConnectionError",
-                    region=self.region,
+                    where=Location(region=self.region),
                 ) from None
 
         return call_with_retry(once, self.retry) if retry else once()
@@ -196,7 +196,7 @@ class AwsProvider:
                     f"cannot look up the default AMI ({exc.message}); set RUBBERBAND_AWS_AMI",
                     kind="fatal",
                     code=exc.code,
-                    region=self.region,
+                    where=Location(region=self.region),
                 ) from None
             self._image_id = response["Parameter"]["Value"]
         return self._image_id
@@ -232,7 +232,7 @@ class AwsProvider:
                     f"aws: region {self.region} has no default VPC; pass vpc_id",
                     kind="fatal",
                     code="NoDefaultVpc",
-                    region=self.region,
+                    where=Location(region=self.region),
                 )
             self.vpc_id = vpcs[0]["VpcId"]
         return self.vpc_id
@@ -299,7 +299,7 @@ class AwsProvider:
                         f"rename or delete it, or use another run id",
                         kind="fatal",
                         code="InvalidGroup.Duplicate",
-                        region=self.region,
+                        where=Location(region=self.region),
                     ) from None
             else:
                 permissions: list[dict[str, Any]] = [
@@ -400,8 +400,7 @@ class AwsProvider:
                     f"{gone[0].state} before running (capacity reclaimed)",
                     kind="capacity",
                     code="InstanceTerminatedEarly",
-                    zone=gone[0].zone,
-                    region=self.region,
+                    where=Location(region=self.region, zone=gone[0].zone),
                 )
             if len(instances) == len(instance_ids) and all(i.state == "running" for i in instances):
                 return instances
@@ -411,7 +410,7 @@ class AwsProvider:
                     f"aws: instances {', '.join(waiting[:5])} not running after {timeout_s:g}s",
                     kind="transient",
                     code="WaitTimeout",
-                    region=self.region,
+                    where=Location(region=self.region),
                 )
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
@@ -567,7 +566,7 @@ class AwsProvider:
                     f"{group_id}`",
                     kind="transient",
                     code="DependencyViolation",
-                    region=self.region,
+                    where=Location(region=self.region),
                 )
             time.sleep(self.poll_s)
 

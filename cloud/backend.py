@@ -45,7 +45,7 @@ from rubberband.cloud.provider import (
 )
 from rubberband.cloud.registry import ProviderPool
 from rubberband.devices import DevicePolicy
-from rubberband.errors import CloudError
+from rubberband.errors import CloudError, Location
 
 
 class TokenPush(Protocol):
@@ -103,7 +103,7 @@ def ray_join_check(instance: Instance, timeout_s: float) -> None:
                 f"within {timeout_s:g}s (see /var/log/rubberband-boot.log on it)",
                 kind="transient",
                 code="JoinTimeout",
-                zone=instance.zone,
+                where=Location(zone=instance.zone),
             )
         time.sleep(2.0)
 
@@ -271,7 +271,7 @@ class CloudBackend:
                     f"{self.cloud}: instance {ident} failed to boot: {text}",
                     kind="fatal",
                     code="BootFailed",
-                    zone=exc.zone,
+                    where=Location(zone=exc.zone),
                 ) from None
             shown = next((f"{ident}: {text}" for ident, text in why.items() if text), "")
             if shown:
@@ -279,8 +279,7 @@ class CloudBackend:
                     f"{exc}; its console said: {shown}",
                     kind=exc.kind,
                     code=exc.code,
-                    zone=exc.zone,
-                    region=exc.region,
+                    where=exc.where,
                     quota=exc.quota,
                 ) from None
             raise

@@ -29,7 +29,7 @@ from typing import TypeVar
 from rubberband.cloud.provider import Instance, InstanceRequest, Provisioner
 from rubberband.catalog import Catalog, InstanceType
 from rubberband.cloud.bootstrap import redact
-from rubberband.errors import CloudError
+from rubberband.errors import CloudError, Location
 
 T = TypeVar("T")
 
@@ -176,7 +176,9 @@ def classify(
     if code == "UnauthorizedOperation" and context.action:
         hint = f"the credentials lack the permission {context.action}; {_PERM}"
     text = f"{cloud} {code or http_status}{what} in {where}: {_one_line(message)} — {hint}"
-    return CloudError(_one_line(text, 400), kind=rule.kind, code=code, zone=zone, region=region, quota=quota)
+    return CloudError(
+        _one_line(text, 400), kind=rule.kind, code=code, where=Location(region=region, zone=zone), quota=quota
+    )
 
 
 # -- retries -----------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ from rubberband.cloud.provider import (
     InstanceRequest,
     check_option_names,
 )
-from rubberband.errors import CloudError, InputError
+from rubberband.errors import CloudError, InputError, Location
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -286,7 +286,7 @@ class GcpProvider:
                     f"gcp: cannot reach Compute Engine: {exc}",
                     kind="transient",
                     code="ConnectionError",
-                    region=self.region,
+                    where=Location(region=self.region),
                 ) from None
 
         return call_with_retry(once, self.retry)
@@ -326,8 +326,7 @@ class GcpProvider:
                     f"gcp: operation {op.name} in {zone} not done after {timeout_s:g}s",
                     kind="transient",
                     code="WaitTimeout",
-                    zone=zone,
-                    region=self.region,
+                    where=Location(region=self.region, zone=zone),
                 )
             op = self._call(lambda: self.zone_operations.wait(project=self.project, zone=zone, operation=op.name))
         return op
@@ -341,7 +340,7 @@ class GcpProvider:
                     f"gcp: operation {op.name} not done after {timeout_s:g}s",
                     kind="transient",
                     code="WaitTimeout",
-                    region=self.region,
+                    where=Location(region=self.region),
                 )
             op = self._call(lambda: self.global_operations.wait(project=self.project, operation=op.name))
         error = self._operation_error(op, zone=None, instance_type=None, spot=False)
@@ -358,7 +357,7 @@ class GcpProvider:
                     f"gcp: operation {op.name} in {region} not done after {timeout_s:g}s",
                     kind="transient",
                     code="WaitTimeout",
-                    region=region,
+                    where=Location(region=region),
                 )
             op = self._call(lambda: self.region_operations.wait(project=self.project, region=region, operation=op.name))
         error = self._operation_error(op, zone=None, instance_type=None, spot=False)
@@ -440,7 +439,7 @@ class GcpProvider:
                 f"another run id",
                 kind="fatal",
                 code="alreadyExists",
-                region=self.region,
+                where=Location(region=self.region),
             )
 
     def _owned_firewalls(self) -> list[compute_v1.Firewall]:
@@ -525,7 +524,7 @@ class GcpProvider:
             f"serves the workers' subnetwork, else --worker-egress public",
             kind="fatal",
             code="NatInUse",
-            region=self.region,
+            where=Location(region=self.region),
         )
 
     def _create_router(self, name: str, run_id: str) -> None:
@@ -559,7 +558,7 @@ class GcpProvider:
                     f"rename or delete it, or use another run id",
                     kind="fatal",
                     code="alreadyExists",
-                    region=self.region,
+                    where=Location(region=self.region),
                 ) from None
 
     def _regions_of_other_runs(self, run_id: str) -> set[str]:
@@ -753,16 +752,14 @@ class GcpProvider:
                 f"gcp: instance {name} in {zone} was preempted before it ran (spot capacity taken back)",
                 kind="capacity",
                 code="InstancePreempted",
-                zone=zone,
-                region=self.region,
+                where=Location(region=self.region, zone=zone),
             )
         what = "was deleted" if inst is None else f"went {inst.state}"
         return CloudError(
             f"gcp: instance {name} in {zone} {what} before it ran",
             kind="capacity",
             code="InstanceGone",
-            zone=zone,
-            region=self.region,
+            where=Location(region=self.region, zone=zone),
         )
 
     def console_output(self, instance_id: str, *, lines: int = 20) -> str:
@@ -796,7 +793,7 @@ class GcpProvider:
                         f"gcp: instance {name} does not exist (preempted or deleted)",
                         kind="capacity",
                         code="InstanceGone",
-                        region=self.region,
+                        where=Location(region=self.region),
                     )
                 inst = self._get_or_none(name, zone)
                 if inst is not None and inst.state == "running":
@@ -810,7 +807,7 @@ class GcpProvider:
                         f"gcp: instances {', '.join(pending[:5])} not running after {timeout_s:g}s",
                         kind="transient",
                         code="WaitTimeout",
-                        region=self.region,
+                        where=Location(region=self.region),
                     )
                 time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
         return [ready[name] for name in instance_ids]

@@ -34,7 +34,7 @@ from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, Instance, InstanceRequest
 from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run_detailed
-from rubberband.errors import CloudError
+from rubberband.errors import CloudError, Location
 from rubberband.devices import DevicePolicy
 
 
@@ -236,7 +236,7 @@ class LocalHeadCloudBackend:
             raise CloudError(
                 f"{instance.cloud}: instance {instance.id} is {instance.state}, not running",
                 kind="transient",
-                zone=instance.zone,
+                where=Location(zone=instance.zone),
             )
         itype = self.types.find(instance.instance_type, cloud=self.cloud)
         request = InstanceRequest(

@@ -6,6 +6,8 @@ The CLI turns a :class:`RubberbandError` into a single line on stderr and its
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class RubberbandError(Exception):
     """Base of all user-facing errors: a one-line message and an exit code."""
@@ -80,6 +82,18 @@ class GpuUnavailableError(ExecutionError):
     """
 
 
+@dataclass(frozen=True)
+class Location:
+    """Where in a cloud a :class:`CloudError` happened: the region and the zone, each None where unknown."""
+
+    region: str | None = None
+    zone: str | None = None
+
+
+#: A :class:`CloudError` of no particular region or zone.
+NOWHERE = Location()
+
+
 class CloudError(RubberbandError):
     """A cloud API failure, classified into rubberband's failover vocabulary.
 
@@ -92,20 +106,22 @@ class CloudError(RubberbandError):
     kinds = ("capacity", "quota", "transient", "fatal")
 
     def __init__(
-        self,
-        message: str,
-        *,
-        kind: str,
-        code: str = "",
-        zone: str | None = None,
-        region: str | None = None,
-        quota: str | None = None,
+        self, message: str, *, kind: str, code: str = "", where: Location = NOWHERE, quota: str | None = None
     ) -> None:
+        """``code``: the cloud's own error code; ``where``: the region and zone the failed call was about, each where
+        known (failover blocks what failed there); ``quota``: the quota to raise (``kind="quota"``)."""
         if kind not in self.kinds:
             raise ValueError(f"unknown cloud error kind {kind!r}")
         super().__init__(message)
         self.kind = kind
         self.code = code
-        self.zone = zone
-        self.region = region
+        self.where = where
         self.quota = quota
+
+    @property
+    def zone(self) -> str | None:
+        return self.where.zone
+
+    @property
+    def region(self) -> str | None:
+        return self.where.region

@@ -31,7 +31,7 @@ from sim_helpers import SimCase, cpu_model
 
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, provision_with_failover
 from rubberband.cloud.provider import Instance, InstanceRequest
-from rubberband.errors import CloudError, TrialPreempted
+from rubberband.errors import CloudError, Location, TrialPreempted
 from rubberband.executor import journal as J
 from rubberband.executor import notices
 from rubberband.executor import spot as S
@@ -303,7 +303,10 @@ class MarketProvider:
         self.calls.append((request.instance_type.name, request.zone, request.spot))
         if request.spot and ("*" in self.no_spot or request.zone in self.no_spot):
             raise CloudError(
-                "no spot capacity", kind="capacity", code="InsufficientInstanceCapacity", zone=request.zone
+                "no spot capacity",
+                kind="capacity",
+                code="InsufficientInstanceCapacity",
+                where=Location(zone=request.zone),
             )
         return [
             Instance(
@@ -377,7 +380,9 @@ def test_a_spot_request_falls_over_to_its_plans_on_demand_type_first():
         def provision(self, request):
             if request.instance_type.name == "g4dn.xlarge":
                 self.calls.append((request.instance_type.name, request.zone, request.spot))
-                raise CloudError("sold out", kind="capacity", code="InsufficientInstanceCapacity", zone=request.zone)
+                raise CloudError(
+                    "sold out", kind="capacity", code="InsufficientInstanceCapacity", where=Location(zone=request.zone)
+                )
             return super().provision(request)
 
     provider = NoG4dn({"*"})
