@@ -173,7 +173,7 @@ def _hyperband_243(directory: Path, brackets: str, deadline: str) -> Path:
     return path
 
 
-@pytest.mark.e2e  # the whole CLI, planning included: ~25 s (parallel) and ~35 s (sequential) on 2 cores
+@pytest.mark.e2e  # the whole CLI, planning included: 10-35 s each on 2 cores
 @pytest.mark.parametrize("brackets, deadline", [("parallel", "8h"), ("sequential", "24h")])
 def test_hyperband_r243_runs_to_its_end_on_virtual_time(tmp_path, cli_here, brackets, deadline):
     """``rubberband run --cloud sim`` plans and runs Hyperband R=243 in either bracket mode to its end (it once
