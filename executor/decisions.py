@@ -187,9 +187,11 @@ def judge_proposal(
     lateness: LatenessPolicy, rest: Sequence[StagePlan], candidate: Plan | None, standing: Standing, time_left_s: float
 ) -> Judgement:
     """The current plan's outlook (at risk: it does not meet the deadline, whatever a model says) beside the
-    proposal's for the stages ``rest``, decided by the lateness policy (``time_left_s``: to the deadline)."""
+    proposal's for the stages ``rest``, decided by the lateness policy (``time_left_s``: to the deadline). Past
+    the deadline nothing meets it, whatever P(meet) a re-plan for the shortest remaining deadline claims."""
     current_cost = sum(s.predicted_cost_usd or 0.0 for s in rest)
-    p_current = 0.0 if standing.at_risk else 1.0
+    past = time_left_s <= 0
+    p_current = 0.0 if standing.at_risk or past else 1.0
     if standing.p_meet is not None:
         p_current = min(p_current, standing.p_meet)
     jct = standing.jct_p50_s or standing.remaining_pred_s
@@ -198,7 +200,7 @@ def judge_proposal(
         None
         if candidate is None
         else Outlook(
-            p_meet=candidate.predicted.p_meet_deadline,
+            p_meet=0.0 if past else candidate.predicted.p_meet_deadline,
             jct_p50_s=candidate.predicted.jct_s.p50,
             cost_usd=candidate.predicted.cost_usd.mean,
         )

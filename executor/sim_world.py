@@ -46,8 +46,8 @@ class SimScript:
 
     ``notices``: when an instance's preemption notice is posted (its trials stop after their next checkpoint);
     ``losses``: when an instance is taken away (spot: a spot interruption; else lost, as a dead node);
-    ``sold_out``: instance type names with no capacity in any zone (failover obtains an alternative, and the
-    type is reported unavailable from then on).
+    ``sold_out``: instance type names with no capacity in any zone for the whole run (failover obtains an
+    alternative for every request of them, and the cloud reports them unavailable throughout).
     """
 
     notices: Mapping[int, float] = field(default_factory=dict)

@@ -30,8 +30,8 @@ with the cloud's capacity error.
 
 **Scripted events** (:class:`~rubberband.executor.sim_world.SimScript`, for tests of the executor's reactions on
 virtual time): an instance's preemption notice (its trials stop right after their next checkpoint, as real
-workers do: ``TrialPreempted``), an instance lost (a dead node), and types sold out in every zone (failover
-obtains an alternative, and the type is unavailable from then on).
+workers do: ``TrialPreempted``), an instance lost (a dead node), and types sold out in every zone for the whole
+run (failover obtains an alternative for each request, and the type is reported unavailable throughout).
 
 What it does not play: training (each configuration's metric is a seeded stand-in with a falling curve, so
 promotions are made but mean nothing); spot types the plan has no zone model for (spot prices, never preempted).

@@ -50,7 +50,7 @@ def bracket_start_order(ends_s: Mapping[int, float]) -> list[int]:
     """Hyperband brackets that start together, in the order their instances are requested: the one
     predicted to end last first (``ends_s``: bracket → its start offset plus predicted duration), ties by
     bracket. Where instances come up one after another (the local backend) the critical path gets the
-    first one. The executor requests in this order (``executor.brackets.BracketPolicy``) and the
+    first one. The executor requests in this order (``executor.lanes.LaneLayout``) and the
     simulator queues the brackets' start-ups in it (:mod:`rubberband.planner.provisioning`)."""
     return sorted(ends_s, key=lambda b: (-ends_s[b], b))
 

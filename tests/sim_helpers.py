@@ -180,3 +180,26 @@ class Mortal:
 
     def stop_head(self) -> bool:
         return False if self._journal.dead else self._backend.stop_head()
+
+
+def write_cpu_profile(path: Path, *, epoch_s: float = 1.0, startup_s: float = 2.0) -> Path:
+    """A profile of the local CPU types in which an epoch on one worker takes ``epoch_s`` and every instance is up
+    ``startup_s`` after its request: what ``rubberband run --cloud sim`` plays a job with (tests/executor_helpers'
+    sleep workload, whose ``epoch_s`` it matches)."""
+    import json
+
+    data = {
+        "workload": {
+            "name": "sleepy",
+            "origin": "tests (sim_helpers.write_cpu_profile)",
+            "dataset_size": 10,
+            "batch_size_per_worker": 1,
+            "restart_overhead_s": 0.0,
+            "checkpoint_size_gb": 0.0,
+        },
+        "measurements": [{"device": "CPU", "workers": 1, "nodes": 1, "iteration_latencies_s": [epoch_s / 10] * 5}],
+        "startup": [{"cloud": "local", "samples_s": [startup_s] * 3}],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path

@@ -104,3 +104,23 @@ def test_a_stages_task_time_is_measured_else_planned_else_its_duration_per_wave(
     assert mean_task_s([], stage, slots=3) == 30.0
     assert mean_task_s([], NS(predicted_task_s=None, predicted_duration_s=90.0, trials=9), slots=3) == 30.0
     assert mean_task_s([], NS(predicted_task_s=None, predicted_duration_s=None, trials=9), slots=3) is None
+
+
+def test_past_the_deadline_no_proposal_meets_it_whatever_its_prediction_says():
+    from rubberband.executor.decisions import Standing, judge_proposal
+    from rubberband.plan import Distribution, Prediction
+    from rubberband.planner.policies import LatenessPolicy
+
+    class _Plan:  # what judge_proposal reads of a proposal
+        predicted = Prediction(
+            jct_s=Distribution(mean=1.0, p50=1.0, p95=1.0),
+            cost_usd=Distribution(mean=1.0, p50=1.0, p95=1.0),
+            p_meet_deadline=1.0,
+        )
+
+    lateness = LatenessPolicy(confidence=0.9, on_late="stop")
+    standing = Standing(at_risk=True, remaining_pred_s=10.0)
+    late = judge_proposal(lateness, [], _Plan(), standing, time_left_s=-2.0)  # type: ignore[arg-type]
+    assert late.verdict.action.value == "stop" and late.figures["proposal_p_meet"] == 0.0
+    on_time = judge_proposal(lateness, [], _Plan(), standing, time_left_s=30.0)  # type: ignore[arg-type]
+    assert on_time.verdict.action.value == "buy_speed"
