@@ -39,7 +39,7 @@ from rubberband.cloud.bootstrap import (
     client_versions,
     render_startup_script,
 )
-from rubberband.cloud.failover import FailoverPolicy, provision_with_failover
+from rubberband.cloud.failover import provision_with_failover
 from rubberband.cloud.provider import TAG_ROLE, CleansUpRuns, Instance, InstanceRequest, Provider
 from rubberband.errors import CloudError
 from rubberband.devices import node_resources
@@ -132,33 +132,35 @@ def worker_startup_script(
     )
 
 
+@dataclass(frozen=True)
+class HeadBoot:
+    """How a run's head boots: the ``watchdog`` its startup script starts (whose ``max_lifetime_s`` also caps the
+    instance), and how long :func:`provision_head` waits for it to run (``timeout_s``)."""
+
+    watchdog: WatchdogSettings = WatchdogSettings()
+    timeout_s: float = 600.0
+
+
 def provision_head(
-    provider: Provider,
-    run_id: str,
-    region: str,
-    zones: Sequence[str],
-    *,
-    settings: WatchdogSettings | None = None,
-    timeout_s: float = 600.0,
-    policy: FailoverPolicy | None = None,
+    provider: Provider, run_id: str, region: str, zones: Sequence[str], boot: HeadBoot = HeadBoot()
 ) -> Instance:
-    """Start the run's head (zone failover as for workers) and wait until it runs.
+    """Start the run's head in ``region`` (``zones``: where its workers go, first preferred; zone failover as for
+    workers) and wait until it runs.
 
     On any failure the head is terminated before the error propagates: nothing is left billing.
     """
     itype = head_type(provider.cloud, region, zones)
-    settings = settings or WatchdogSettings()
     request = InstanceRequest(
         run_id=run_id,
         stage=0,
         instance_type=itype,
         extra_tags={TAG_ROLE: "head"},
-        startup_script=head_startup_script(provider.cloud, region, run_id, settings),
-        max_lifetime_s=settings.max_lifetime_s,
+        startup_script=head_startup_script(provider.cloud, region, run_id, boot.watchdog),
+        max_lifetime_s=boot.watchdog.max_lifetime_s,
     )
-    result = provision_with_failover(request, lambda t: provider, policy=policy)
+    result = provision_with_failover(request, lambda t: provider)
     try:
-        (head,) = provider.wait([i.id for i in result.instances], timeout_s)
+        (head,) = provider.wait([i.id for i in result.instances], boot.timeout_s)
     except BaseException:
         provider.terminate([i.id for i in result.instances])
         raise

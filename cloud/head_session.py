@@ -188,7 +188,7 @@ def start_head(
 ) -> HeadRecord:
     """Provision the run's head where its first stage's workers go, with its cloud identity (the one named, or one
     created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
-    from rubberband.cloud.head import provision_head
+    from rubberband.cloud.head import HeadBoot, provision_head
     from rubberband.cloud.identity import head_identity, launch_with_new_identity
     from rubberband.cloud.teardown import terminate_run
 
@@ -208,7 +208,7 @@ def start_head(
             provider.ensure_worker_egress(crid)
         head = launch_with_new_identity(
             lambda: provision_head(
-                provider, crid, region, zones, settings=options.watchdog, timeout_s=options.boot_timeout_s
+                provider, crid, region, zones, HeadBoot(options.watchdog, timeout_s=options.boot_timeout_s)
             ),
             new=identity.created,
         )

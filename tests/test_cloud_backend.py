@@ -9,7 +9,7 @@ import pytest
 from cloud_helpers import REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
 
 from rubberband.cloud.backend import CloudBackend
-from rubberband.cloud.head import provision_head
+from rubberband.cloud.head import HeadBoot, provision_head
 from rubberband.cloud.provider import InstanceRequest
 from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run
@@ -30,7 +30,7 @@ def user_data(instance_id: str) -> str:
 def test_backend_provisions_workers_that_join_this_head(moto_env, ec2_faults):
     pool = ProviderPool({"aws": {"poll_s": 0.01}})
     provider = pool("aws", REGION)
-    head = provision_head(provider, "run-b", REGION, P3.zones, timeout_s=10)
+    head = provision_head(provider, "run-b", REGION, P3.zones, HeadBoot(timeout_s=10))
     joined: list[str] = []
     backend = CloudBackend(pool, head, alternatives=lambda itype: [P3_8], join_check=lambda i, t: joined.append(i.id))
     handle = backend.start_head("run-b")
@@ -56,7 +56,7 @@ def test_backend_provisions_workers_that_join_this_head(moto_env, ec2_faults):
 def test_backend_terminates_a_worker_that_never_joins(moto_env):
     pool = ProviderPool({"aws": {"poll_s": 0.01}})
     provider = pool("aws", REGION)
-    head = provision_head(provider, "run-c", REGION, P3.zones, timeout_s=10)
+    head = provision_head(provider, "run-c", REGION, P3.zones, HeadBoot(timeout_s=10))
 
     def never(instance, timeout_s):
         raise CloudError(f"{instance.id} did not join", kind="transient", code="JoinTimeout")
@@ -76,7 +76,7 @@ def test_a_worker_whose_boot_failed_stops_the_run_with_its_console_line(moto_env
     one fatal error with the script's reason, the instance terminated; no other zone or type is tried."""
     pool = ProviderPool({"aws": {"poll_s": 0.01}})
     provider = pool("aws", REGION)
-    head = provision_head(provider, "run-f", REGION, P3.zones, timeout_s=10)
+    head = provision_head(provider, "run-f", REGION, P3.zones, HeadBoot(timeout_s=10))
     assert isinstance(provider.console_output(head.id), str)  # moto serves EC2's GetConsoleOutput
     console = (
         "cloud-init: running user-data\nrubberband-boot: 00:01:02 booting a worker of run run-f\n"
@@ -105,7 +105,7 @@ def test_the_cli_stops_waiting_for_a_head_whose_boot_failed(moto_env, monkeypatc
     from rubberband.cloud.head_session import HeadRecord, HeadSession
 
     provider = ProviderPool({"aws": {"poll_s": 0.01}})("aws", REGION)
-    head = provision_head(provider, "run-h", REGION, P3.zones, timeout_s=10)
+    head = provision_head(provider, "run-h", REGION, P3.zones, HeadBoot(timeout_s=10))
     record = HeadRecord(
         run_id="run-h",
         cloud="aws",
@@ -146,7 +146,7 @@ def test_lifetime_caps_come_from_the_plan_and_the_cloud_enforces_them(moto_env):
 
     pool = ProviderPool({"aws": {"poll_s": 0.01}})
     provider = pool("aws", REGION)
-    head = provision_head(provider, "run-l", REGION, P3.zones, timeout_s=10)
+    head = provision_head(provider, "run-l", REGION, P3.zones, HeadBoot(timeout_s=10))
     now = [1000.0]
     backend = CloudBackend(pool, head, join_check=lambda i, t: None, expires_at=1000.0 + 7200, clock=lambda: now[0])
     assert backend.worker_lifetime_s() == 7200

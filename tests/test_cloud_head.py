@@ -32,6 +32,7 @@ from rubberband.cloud.bootstrap import (
 )
 from rubberband.cloud.head import (
     DONE_MARKER,
+    HeadBoot,
     Observation,
     WatchedRun,
     build_parser,
@@ -185,7 +186,7 @@ def ec2_states() -> dict[str, str]:
 
 def test_head_provisioned_then_watchdog_ends_a_stalled_run(moto_env, tmp_path):
     provider = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
-    head = provision_head(provider, "run-w", REGION, G4.zones, settings=SETTINGS, timeout_s=10)
+    head = provision_head(provider, "run-w", REGION, G4.zones, HeadBoot(SETTINGS, timeout_s=10))
     assert head.role == "head" and head.state == "running" and head.instance_type == "m6i.large"
     user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
         InstanceId=head.id, Attribute="userData"

@@ -20,7 +20,7 @@ from cloud_helpers import (
 from gce_fake import gce_fake  # noqa: F401
 
 from rubberband.cloud.aws import AwsProvider
-from rubberband.cloud.head import provision_head
+from rubberband.cloud.head import HeadBoot, provision_head
 from rubberband.cloud.identity import (
     GCP_HEAD_PERMISSIONS,
     IAM_PATH,
@@ -102,7 +102,11 @@ def test_the_head_starts_with_its_profile_and_workers_without(moto_env):
     identity = identities.create("run-d", REGION)
     p3 = cloud_catalog().find("p3.2xlarge", region=REGION)
     head = provision_head(
-        AwsProvider(REGION, poll_s=0.01, instance_profile=identity.name), "run-d", REGION, p3.zones, timeout_s=10
+        AwsProvider(REGION, poll_s=0.01, instance_profile=identity.name),
+        "run-d",
+        REGION,
+        p3.zones,
+        HeadBoot(timeout_s=10),
     )
     assert head.identity.endswith(f":instance-profile{IAM_PATH}rb-run-d")
     from rubberband.cloud.provider import InstanceRequest
@@ -243,7 +247,7 @@ def test_a_played_head_without_an_identity_fails_its_boot_saying_so(moto_env):
 
     p3 = cloud_catalog().find("p3.2xlarge", region=REGION)
     provider = AwsProvider(REGION, poll_s=0.01)
-    head = provision_head(provider, "bare-head", REGION, p3.zones, timeout_s=10)
+    head = provision_head(provider, "bare-head", REGION, p3.zones, HeadBoot(timeout_s=10))
     assert head.identity == ""
     try:
         play_head("aws", REGION, "bare-head", head.id, WatchdogSettings())

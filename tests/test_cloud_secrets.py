@@ -25,7 +25,7 @@ from rubberband.cloud.aws import AwsProvider
 from rubberband.cloud.dryrun import dry_run, render_dry_run
 from rubberband.cloud.failover import CallContext, classify, provision_with_failover
 from rubberband.cloud.gcp import GcpProvider
-from rubberband.cloud.head import provision_head, self_terminate, worker_startup_script
+from rubberband.cloud.head import HeadBoot, provision_head, self_terminate, worker_startup_script
 from rubberband.cloud.provider import InstanceRequest
 from rubberband.cloud.teardown import terminate_run
 from rubberband.errors import CloudError
@@ -39,7 +39,7 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
     g4 = catalog.find("g4dn.xlarge", region=REGION)
     aws = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
 
-    head = provision_head(aws, "run-z", REGION, g4.zones, timeout_s=10)
+    head = provision_head(aws, "run-z", REGION, g4.zones, HeadBoot(timeout_s=10))
     script = worker_startup_script("aws", "run-z", head, g4)
     workers = aws.provision(InstanceRequest("run-z", 0, g4, count=2, startup_script=script))
     ec2 = boto3.client("ec2", region_name=REGION)
@@ -64,7 +64,7 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
 
     gcp = GcpProvider("us-central1", endpoint=gce_fake.url, poll_s=0.01)
     v100 = catalog.find("n1-standard-8+V100x1")
-    gcp_head = provision_head(gcp, "run-z", "us-central1", v100.zones, timeout_s=10)
+    gcp_head = provision_head(gcp, "run-z", "us-central1", v100.zones, HeadBoot(timeout_s=10))
     gcp.provision(
         InstanceRequest("run-z", 0, v100, startup_script=worker_startup_script("gcp", "run-z", gcp_head, v100))
     )

@@ -33,7 +33,7 @@ from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
 
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.backend import CloudBackend
-from rubberband.cloud.head import provision_head
+from rubberband.cloud.head import HeadBoot, provision_head
 from rubberband.cloud.provider import InstanceRequest
 from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run
@@ -72,7 +72,7 @@ def test_backend_reports_obtained_types_blocked_types_and_spot_losses(moto_env, 
     p3, p3_8 = catalog.find("p3.2xlarge", region=REGION), catalog.find("p3.8xlarge", region=REGION)
     pool = ProviderPool({"aws": {"poll_s": 0.01}})
     provider = pool("aws", REGION)
-    head = provision_head(provider, "run-s", REGION, p3.zones, timeout_s=10)
+    head = provision_head(provider, "run-s", REGION, p3.zones, HeadBoot(timeout_s=10))
     backend = CloudBackend(pool, head, alternatives=lambda itype: [p3_8], join_check=lambda i, t: None)
     ec2_faults.capacity, ec2_faults.capacity_types = {"*"}, {"p3.2xlarge"}
     (worker,) = backend.provision(InstanceRequest("run-s", 0, p3, spot=True))

@@ -398,7 +398,7 @@ def test_aws_spot_without_capacity_buys_the_plans_fallback_type_on_demand(moto_e
     """moto server: spot p3.2xlarge sold out in every zone; the request names g4dn.xlarge as its on-demand type:
     the worker EC2 launches is an on-demand g4dn.xlarge, and the backend says so."""
     from rubberband.cloud.backend import CloudBackend
-    from rubberband.cloud.head import provision_head
+    from rubberband.cloud.head import HeadBoot, provision_head
     from rubberband.cloud.registry import ProviderPool
     from rubberband.cloud.teardown import terminate_run
 
@@ -406,7 +406,7 @@ def test_aws_spot_without_capacity_buys_the_plans_fallback_type_on_demand(moto_e
     p3, g4dn = catalog.find("p3.2xlarge", region=REGION), catalog.find("g4dn.xlarge", region=REGION)
     pool = ProviderPool({"aws": {"poll_s": 0.01}})
     provider = pool("aws", REGION)
-    head = provision_head(provider, "run-f", REGION, p3.zones, timeout_s=10)
+    head = provision_head(provider, "run-f", REGION, p3.zones, HeadBoot(timeout_s=10))
     try:
         backend = CloudBackend(pool, head, join_check=lambda i, t: None)
         ec2_faults.capacity, ec2_faults.capacity_spot_only = {"*"}, True
@@ -427,7 +427,7 @@ def test_aws_spot_without_capacity_buys_the_plans_fallback_type_on_demand(moto_e
 def test_aws_spot_without_capacity_becomes_on_demand_through_the_backend(moto_env, ec2_faults):
     """moto server: spot sold out in every zone (on-demand still sells): the worker is on-demand, and says so."""
     from rubberband.cloud.backend import CloudBackend
-    from rubberband.cloud.head import provision_head
+    from rubberband.cloud.head import HeadBoot, provision_head
     from rubberband.cloud.registry import ProviderPool
     from rubberband.cloud.teardown import terminate_run
 
@@ -435,7 +435,7 @@ def test_aws_spot_without_capacity_becomes_on_demand_through_the_backend(moto_en
     p3 = catalog.find("p3.2xlarge", region=REGION)
     pool = ProviderPool({"aws": {"poll_s": 0.01}})
     provider = pool("aws", REGION)
-    head = provision_head(provider, "run-m", REGION, p3.zones, timeout_s=10)
+    head = provision_head(provider, "run-m", REGION, p3.zones, HeadBoot(timeout_s=10))
     backend = CloudBackend(pool, head, join_check=lambda i, t: None)
     ec2_faults.capacity, ec2_faults.capacity_spot_only = {"*"}, True
     (worker,) = backend.provision(InstanceRequest("run-m", 0, p3, spot=True, on_demand_fallback=True))
