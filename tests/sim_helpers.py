@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rubberband.catalog import Catalog, load_catalog
 from rubberband.executor import journal as J
@@ -143,13 +143,16 @@ class Killed(BaseException):
 
 
 class KillingJournal(J.Journal):
-    """A journal whose process dies right after its ``after``-th decision is written: that decision is on disk,
-    nothing later is (the executor's teardown included), and the cloud is no longer told anything (``dead``:
-    the test's backend wrapper asks it)."""
+    """A journal whose process dies right after its ``after``-th decision is written (or, with ``when``, right
+    after the first event ``when`` is true of): that event is on disk, nothing later is (the executor's teardown
+    included), and the cloud is no longer told anything (``dead``: the test's backend wrapper asks it)."""
 
-    def __init__(self, run_dir: Path, *, after: int, clock: Any) -> None:
+    def __init__(
+        self, run_dir: Path, *, clock: Any, after: int | None = None, when: Callable[[Any], bool] | None = None
+    ) -> None:
         super().__init__(run_dir, clock=clock)
         self.after = after
+        self.when = when
         self.decisions = 0
         self.dead = False
 
@@ -159,9 +162,9 @@ class KillingJournal(J.Journal):
         written = super().record(event)
         if type(written) in DECISIONS.values():
             self.decisions += 1
-            if self.decisions >= self.after:
-                self.dead = True
-                raise Killed(f"killed after decision {self.decisions}")
+        if (self.after is not None and self.decisions >= self.after) or (self.when is not None and self.when(written)):
+            self.dead = True
+            raise Killed(f"killed after decision {self.decisions} ({type(written).__name__})")
         return written
 
 

@@ -1,27 +1,23 @@
 """Parallel Hyperband brackets in the executor: lanes side by side (``rubberband.executor.lanes``, ``sha``).
 
 Unit tests of the pure :class:`~rubberband.executor.lanes.LaneLayout`, runs of the real executor on virtual time
-(tests/sim_helpers.py: a Hyperband job whose brackets run side by side, and Hyperband R=243 on the quickstart
-profile through ``rubberband run --cloud sim``), parallel-run accounting, and two end-to-end runs through the
-real CLI on real local Ray nodes (most of their time is Ray nodes starting one after another on a 2-core
-machine): a Hyperband job (R=3, η=3: bracket 0 runs 3 trials for 1 epoch then its best for 2 more, bracket 1
-runs 2 trials for 3 epochs) with both brackets starting at once (~65 s, shared by two tests), and one killed
-with SIGKILL and resumed (~120 s).
+(tests/sim_helpers.py: a Hyperband job — R=3, η=3: bracket 0 runs 3 trials for 1 epoch then its best for 2 more,
+bracket 1 runs 2 trials for 3 epochs — whose brackets run side by side, killed and resumed, its report; and
+Hyperband R=243 on the quickstart profile through ``rubberband run --cloud sim``), and parallel-run accounting.
+What only real Ray nodes prove (a run's processes, SIGKILL and ``--resume``) is proven once, on a SHA run
+(tests/test_executor_e2e.py).
 """
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from executor_helpers import cli_env, make_plan, run_pids, wait_for_events, write_hyperband_job
-from sim_helpers import SimCase, cpu_model
+from executor_helpers import make_plan, write_hyperband_job
+from sim_helpers import KillingJournal, Killed, SimCase, cpu_model
 
 from conftest import EXAMPLES
 from rubberband.catalog import load_catalog
@@ -220,6 +216,16 @@ def _winners(spec, plan) -> dict[int, str]:
     return {"promoted": b0[0][0], "best": everyone[0][0]}
 
 
+def _sim_winners(out, spec, plan) -> dict[str, str]:
+    """Bracket 0's stage-0 winner and the job's best by the simulated world's stand-in metric (a loss)."""
+    world = out.sim.world
+    configs = trial_configs(spec, plan)
+    b0 = [t for t, b, _, _ in configs if b == 0]
+    promoted = min(b0, key=lambda t: world.metric(t, 0))
+    finals = [promoted] + [t for t, b, _, _ in configs if b == 1]
+    return {"promoted": promoted, "best": min(finals, key=lambda t: world.metric(t, 2))}
+
+
 def _intervals(events: list[dict]) -> list[tuple[int, float, float]]:
     """(bracket, start, end) of every trial run."""
     bracket = {e["trial_id"]: e["bracket"] for e in events if e["type"] == J.TRIAL_CREATED}
@@ -235,40 +241,16 @@ def _intervals(events: list[dict]) -> list[tuple[int, float, float]]:
 
 @pytest.fixture(scope="module")
 def parallel_run(tmp_path_factory):
+    """The Hyperband job (both brackets starting at once) run on virtual time."""
     base = tmp_path_factory.mktemp("brackets")
-    spec_path, spec, plan = _job(base, epoch_s=0.1)
-    run_dir = base / "run"
-    started = time.monotonic()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rubberband",
-            "run",
-            str(spec_path),
-            "--plan",
-            str(base / "plan.json"),
-            "--cloud",
-            "local",
-            "--run-dir",
-            str(run_dir),
-            "--yes",
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env(base),
-        cwd=base,
-        timeout=300,
-    )
-    print(f"\nparallel-bracket run: {time.monotonic() - started:.1f}s wall")
-    return {"spec": spec, "plan": plan, "run_dir": run_dir, "result": result}
+    _, spec, plan = _job(base, epoch_s=0.1)
+    out = SimCase(spec, plan, model=cpu_model(epoch_s=0.1, startup_s=2.0)).run(base / "run")
+    return {"spec": spec, "plan": plan, "run_dir": base / "run", "out": out}
 
 
-@pytest.mark.e2e
-@pytest.mark.xdist_group("executor_brackets_parallel_run")  # one worker for the tests that read it: it runs once
 def test_parallel_brackets_overlap_promote_hand_over_and_clean_up(parallel_run):
-    result, run_dir, spec, plan = (parallel_run[k] for k in ("result", "run_dir", "spec", "plan"))
-    assert result.returncode == 0, result.stderr
+    out, run_dir, spec, plan = (parallel_run[k] for k in ("out", "run_dir", "spec", "plan"))
+    assert out.error is None and out.result.status == "finished", out.error
     events = _events(run_dir)
     finished = {e["stage"]: e for e in events if e["type"] == J.STAGE_FINISHED}
     started = {e["stage"]: e for e in events if e["type"] == J.STAGE_STARTED}
@@ -278,9 +260,7 @@ def test_parallel_brackets_overlap_promote_hand_over_and_clean_up(parallel_run):
     # bracket 0 was still under way (one after another, they would all run after bracket 0's last stage)
     assert started[2]["t"] < finished[0]["t"] and started[0]["t"] < finished[2]["t"]
     runs = _intervals(events)
-    assert [r for r in runs if r[0] == 1] and all(
-        started[0]["t"] < s < e < finished[1]["t"] for b, s, e in runs if b == 1
-    ), runs
+    assert [r for r in runs if r[0] == 1] and all(started[0]["t"] < s < finished[1]["t"] for b, s, e in runs if b == 1)
 
     # no instance ever holds more trials than its slots, whichever bracket they come from
     holding: dict[str, set[str]] = {}
@@ -296,7 +276,7 @@ def test_parallel_brackets_overlap_promote_hand_over_and_clean_up(parallel_run):
                 trials.discard(e["trial_id"])
 
     # every bracket's promotions are right: bracket 0 promotes its best stage-0 trial to its own stage 1 only
-    winners = _winners(spec, plan)
+    winners = _sim_winners(out, spec, plan)
     assert finished[0]["promoted"] == [winners["promoted"]]
     promotions = [e for e in events if e["type"] == J.TRIAL_PROMOTED]
     assert [(e["trial_id"], e["from_stage"], e["to_stage"]) for e in promotions] == [(winners["promoted"], 0, 1)]
@@ -305,87 +285,47 @@ def test_parallel_brackets_overlap_promote_hand_over_and_clean_up(parallel_run):
         t for t, b, _, _ in trial_configs(spec, plan) if b == 1
     }
 
-    # an instance bracket 0's first stage released went to bracket 1's first stage (same type) and ran its trials
-    handoffs = [e for e in events if e["type"] == J.DECISION and e.get("kind") == "handoff"]
-    assert handoffs, "no instance was handed between brackets"
-    h = handoffs[0]
-    assert (h["from_bracket"], h["to_bracket"], h["instance_type"]) == (0, 1, "local.cpu1")
-    assert any(e["type"] == J.TRIAL_STARTED and e["stage"] == 2 and h["id"] in e["instances"] for e in events)
-
-    # nothing is left: every instance requested was terminated, no process of the run is alive
+    # nothing is left: every instance requested was terminated, and the simulated cloud runs none of them
     requested = {e["id"] for e in events if e["type"] == J.INSTANCE_REQUESTED}
     terminated = {e["id"] for e in events if e["type"] == J.INSTANCE_TERMINATED}
     assert requested and requested == terminated
-    assert run_pids(run_dir) == []
+    assert all(s.ended_at is not None for s in out.sim.world.instances.values())
     assert events[-1]["type"] == J.RUN_FINISHED
-
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["best"]["trial_id"] == winners["best"]
     assert summary["actual"]["cost_usd"] > 0
 
 
-@pytest.mark.e2e
-def test_resume_after_sigkill_with_one_bracket_done_and_one_under_way(tmp_path):
-    spec_path, spec, plan = _job(tmp_path, epoch_s=0.1, offsets=(0.0, 5.0))  # bracket 1 starts 5 s in
-    run_dir = tmp_path / "run"
-    env = cli_env(tmp_path)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rubberband",
-            "run",
-            str(spec_path),
-            "--plan",
-            str(tmp_path / "plan.json"),
-            "--run-dir",
-            str(run_dir),
-            "--yes",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
+def test_resume_after_kill_with_one_bracket_done_and_one_under_way(tmp_path):
+    _, spec, plan = _job(tmp_path, epoch_s=0.1, offsets=(0.0, 5.0))  # bracket 1 starts 5 s in
+    case = SimCase(spec, plan, model=cpu_model(epoch_s=0.1, startup_s=2.0))
+    run_dir, sim = tmp_path / "run", case.world()
+    bracket1_done = KillingJournal(
+        run_dir, clock=sim.clock, when=lambda e: isinstance(e, J.StageFinished) and e.stage == 2
     )
-
-    def bracket1_done_bracket0_not(events: list[dict]) -> bool:
-        done = {e["stage"] for e in events if e["type"] == J.STAGE_FINISHED}
-        return 2 in done and 1 not in done
-
-    try:
-        wait_for_events(proc, run_dir, bracket1_done_bracket0_not, timeout_s=240, poll_s=0.05)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+    killed = case.run(run_dir, sim=sim, journal=bracket1_done)
+    assert isinstance(killed.error, Killed)
     before = _events(run_dir)
     assert 1 not in {e["stage"] for e in before if e["type"] == J.STAGE_FINISHED}, "killed too late"
     stage2 = next(e for e in before if e["type"] == J.STAGE_STARTED and e["stage"] == 2)
     assert stage2["t"] - before[0]["t"] >= 5.0 and stage2["offset_s"] == 5.0  # not before its offset
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "rubberband", "run", "--resume", str(run_dir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = case.run(run_dir, sim=sim, resume=True)
+    assert resumed.error is None and resumed.result.status == "finished", resumed.error
     events = _events(run_dir)
     after = events[len(before) :]
     # finished stages stay finished: only bracket 0's last stage runs (again), once, with its promoted trial
     assert {e["stage"] for e in after if e["type"] == J.TRIAL_STARTED} == {1}
     assert [e["stage"] for e in after if e["type"] == J.STAGE_FINISHED] == [1]
-    winners = _winners(spec, plan)
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["attempts"] == 2
-    assert summary["best"]["trial_id"] == winners["best"]
+    unkilled = case.run(tmp_path / "unkilled")
+    assert summary["best"]["trial_id"] == unkilled.result.best_trial
     requested = {e["id"] for e in events if e["type"] == J.INSTANCE_REQUESTED}
     terminated = {e["id"] for e in events if e["type"] == J.INSTANCE_TERMINATED}
     assert requested == terminated
-    assert run_pids(run_dir) == []
 
 
-@pytest.mark.e2e
-@pytest.mark.xdist_group("executor_brackets_parallel_run")
 def test_report_of_a_parallel_run_draws_a_lane_per_bracket(parallel_run):
     from rubberband.report.charts import draw_all
     from rubberband.report.model import build_report_data

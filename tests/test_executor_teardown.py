@@ -1,7 +1,8 @@
 """Teardown: SIGTERM mid-run and a deadline breach both end with every instance of the run gone.
 
-The CLI tests run the real CLI on real Ray nodes (~20-30 s: the Ray head and a node must start
-before there is anything to tear down); the overrun test runs the executor on virtual time (tests/sim_helpers.py).
+SIGTERM runs the real CLI on real Ray nodes (~20-30 s: the Ray head and a node must start before there is
+anything to tear down: what only real processes prove); the deadline tests run the executor on virtual time
+(tests/sim_helpers.py), where the journal and the simulated cloud say what was left.
 """
 
 from __future__ import annotations
@@ -79,38 +80,29 @@ def test_sigterm_mid_stage_terminates_everything(tmp_path):
     assert json.loads((run_dir / "result.json").read_text())["status"] == "interrupted"
 
 
-def test_a_deadline_breach_stops_the_run_and_its_instances_and_resume_finishes_it(tmp_path, cli):
-    spec_path = _prepare(tmp_path, epoch_s=2.0)
-    run_dir = tmp_path / "run"
-    result = cli(
-        "run",
-        str(spec_path),
-        "--plan",
-        str(tmp_path / "plan.json"),
-        "--run-dir",
-        str(run_dir),
-        "--deadline",
-        "10s",
-        "--overrun",
-        "0",
-        "--yes",
-        env=cli_env(tmp_path),
-    )
-    assert result.returncode == 5, result.stderr  # stopped, with whatever partial result there is
-    last = result.stdout.splitlines()[-1]
-    assert last.startswith("outcome: stopped (exit 5): ")
-    assert "passed its deadline (10.0s) in stage" in last and f"--resume {run_dir} --overrun none" in last
-    events = _check_all_terminated(run_dir)
+def test_a_deadline_breach_stops_the_run_and_its_instances_and_resume_finishes_it(tmp_path):
+    # on virtual time: 2 s epochs, a 10 s deadline with no overrun; then resumed in the same world (its cloud) with
+    # no overrun limit, as the stop message says
+    spec = load_spec(write_job(tmp_path / "job", epoch_s=2.0))
+    plan = make_plan(spec, [("local.cpu2", 1, 1), ("local.cpu2", 1, 2)])
+    case = SimCase(spec, plan, model=cpu_model(epoch_s=2.0), settings=Settings(deadline_s=10.0, overrun_s=0.0))
+    run_dir, sim = tmp_path / "run", case.world()
+    out = case.run(run_dir, sim=sim)
+    assert out.result is not None and out.result.status == "stopped"  # with whatever partial result there is
+    error = out.result.result["error"]
+    assert "passed its deadline (10.0s) in stage" in error and f"--resume {run_dir} --overrun none" in error
+    events = out.events
     assert events[-1]["type"] == J.RUN_STOPPED and "deadline" in events[-1]["reason"]
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "stopped" and summary["met_deadline"] is False and summary["exit_code"] == 5
-    # as the message says: resumed with no overrun limit, the late run finishes (late: exit 4)
-    resumed = cli("run", "--resume", str(run_dir), "--overrun", "none", env=cli_env(tmp_path))
-    assert resumed.returncode == 4, resumed.stderr[-3000:]
+    assert all(s.ended_at is not None for s in sim.world.instances.values())  # nothing left in the cloud
+    resumed = case.but(settings=Settings(deadline_s=10.0, overrun_s=float("inf"))).run(run_dir, sim=sim, resume=True)
+    assert resumed.result is not None and resumed.result.status == "finished", resumed.error
     summary = json.loads((run_dir / "result.json").read_text())
     assert summary["status"] == "finished" and summary["outcome"] == "late" and summary["best"]["trial_id"]
-    assert summary["met_deadline"] is False and summary["best"]["rung"]["stage"] == 1
-    _check_all_terminated(run_dir)
+    assert summary["met_deadline"] is False and summary["best"]["rung"]["stage"] == 1 and summary["exit_code"] == 4
+    requested = {e["id"] for e in resumed.events if e["type"] == J.INSTANCE_REQUESTED}
+    assert requested <= {e["id"] for e in resumed.events if e["type"] == J.INSTANCE_TERMINATED}
 
 
 def test_a_late_run_goes_on_within_its_overrun_then_stops(tmp_path):
@@ -128,7 +120,8 @@ def test_a_late_run_goes_on_within_its_overrun_then_stops(tmp_path):
     assert any(100.0 < t <= 110.0 for t in finished)  # trials went on finishing past the deadline...
     end = out.events[-1]
     assert end["type"] == J.RUN_STOPPED and end["t"] - START == pytest.approx(110.0, abs=0.01)  # ...until its end
-    _check_all_terminated(tmp_path / "run")
+    requested = {e["id"] for e in out.events if e["type"] == J.INSTANCE_REQUESTED}
+    assert requested <= {e["id"] for e in out.events if e["type"] == J.INSTANCE_TERMINATED}
 
 
 def test_progress_numbers_stages_as_the_plan_does_and_says_how_late_a_run_is():
