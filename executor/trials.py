@@ -308,35 +308,7 @@ class TrialRun:
     def _training_error(
         self, failures: list[WorkerFailure], deaths: dict[int, str], pending: list[Any]
     ) -> RubberbandError:
-        trial = self.spec.trial_id
-        preempted = next((f for f in failures if f.kind == "preempted"), None)
-        if preempted is not None:  # a preemption notice stopped it after a checkpoint: restart it elsewhere
-            return TrialPreempted(f"trial {trial}: rank {preempted.rank}: {preempted.message}")
-        unusable = next((f for f in failures if f.kind == "device" and f.error_type == "GpuUnavailableError"), None)
-        if unusable is not None:  # an environment fault, not the user's: its own error, never a CPU fall-back
-            return GpuUnavailableError(f"trial {trial}: rank {unusable.rank}: {unusable.message}")
-        if deaths and (not failures or _collateral(failures[0])):
-            return TrainingError(f"trial {trial}: {sorted(deaths.items())[0][1]}")
-        if pending and (not failures or _collateral(failures[0])):
-            ranks = sorted(self._refs.index(ref) for ref in pending)
-            places = sorted({self.spec.placement[r] for r in ranks})
-            seen = f"; rank {failures[0].rank} saw {failures[0].error_type}: {failures[0].message}" if failures else ""
-            return TrainingError(
-                f"trial {trial}: rank(s) {', '.join(map(str, ranks))} on {', '.join(places)} "
-                f"stopped answering (instance lost?){seen}"
-            )
-        if failures:
-            root = failures[0]
-            if root.kind == "import":
-                return TrainingError(
-                    f"trial {trial}: cannot import entry point {self.spec.entry_point!r} from "
-                    f"{self.spec.code_dir}: {root.error_type}: {root.message}"
-                )
-            where = "in train()" if root.kind == "train" else "while joining the process group"
-            return TrainingError(f"trial {trial}: rank {root.rank} raised {root.error_type} {where}: {root.message}")
-        if deaths:
-            return TrainingError(f"trial {trial}: {sorted(deaths.items())[0][1]}")
-        return TrainingError(f"trial {trial}: {len(pending)} worker(s) did not finish after another one failed")
+        return training_error(self.spec, failures, deaths, sorted(self._refs.index(ref) for ref in pending))
 
     def _build_outcome(self, results: dict[int, WorkerResult]) -> TrialOutcome:
         chief = results[0]
@@ -396,3 +368,41 @@ class TrialRun:
                 remove_placement_group(self._pg)
             except Exception:  # noqa: BLE001 - already removed
                 pass
+
+
+def training_error(
+    spec: TrialSpec, failures: list[WorkerFailure], deaths: dict[int, str], pending_ranks: list[int]
+) -> RubberbandError:
+    """What a trial whose workers failed raises: the root cause among its ranks' failures (``failures``, first
+    first), the deaths Ray reported (rank → why) and the ranks that never answered (``pending_ranks``). A
+    preemption notice is no failure (:class:`TrialPreempted`: restart elsewhere), a GPU without CUDA is the
+    environment's fault (:class:`GpuUnavailableError`), a rank that died with its node takes the others down."""
+    trial = spec.trial_id
+    preempted = next((f for f in failures if f.kind == "preempted"), None)
+    if preempted is not None:  # a preemption notice stopped it after a checkpoint: restart it elsewhere
+        return TrialPreempted(f"trial {trial}: rank {preempted.rank}: {preempted.message}")
+    unusable = next((f for f in failures if f.kind == "device" and f.error_type == "GpuUnavailableError"), None)
+    if unusable is not None:  # an environment fault, not the user's: its own error, never a CPU fall-back
+        return GpuUnavailableError(f"trial {trial}: rank {unusable.rank}: {unusable.message}")
+    collateral = not failures or _collateral(failures[0])
+    if deaths and collateral:
+        return TrainingError(f"trial {trial}: {sorted(deaths.items())[0][1]}")
+    if pending_ranks and collateral:
+        places = sorted({spec.placement[r] for r in pending_ranks})
+        seen = f"; rank {failures[0].rank} saw {failures[0].error_type}: {failures[0].message}" if failures else ""
+        return TrainingError(
+            f"trial {trial}: rank(s) {', '.join(map(str, pending_ranks))} on {', '.join(places)} "
+            f"stopped answering (instance lost?){seen}"
+        )
+    if failures:
+        root = failures[0]
+        if root.kind == "import":
+            return TrainingError(
+                f"trial {trial}: cannot import entry point {spec.entry_point!r} from "
+                f"{spec.code_dir}: {root.error_type}: {root.message}"
+            )
+        where = "in train()" if root.kind == "train" else "while joining the process group"
+        return TrainingError(f"trial {trial}: rank {root.rank} raised {root.error_type} {where}: {root.message}")
+    if deaths:
+        return TrainingError(f"trial {trial}: {sorted(deaths.items())[0][1]}")
+    return TrainingError(f"trial {trial}: {len(pending_ranks)} worker(s) did not finish after another one failed")

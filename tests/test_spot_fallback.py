@@ -677,11 +677,10 @@ def test_a_plan_interval_skips_saves_but_never_the_last_nor_one_on_a_notice(tmp_
 
 
 def test_a_preempted_rank_makes_the_trial_preempted_not_failed():
-    from rubberband.executor.trials import TrialRun, TrialSpec
+    from rubberband.executor.trials import TrialSpec, training_error
     from rubberband.executor.worker import WorkerFailure
 
-    run = TrialRun.__new__(TrialRun)
-    run.spec = TrialSpec(
+    spec = TrialSpec(
         trial_id="b0-t000",
         config={},
         entry_point="m:f",
@@ -691,7 +690,6 @@ def test_a_preempted_rank_makes_the_trial_preempted_not_failed():
         placement=("rb-node-a", "rb-node-a"),
         checkpoint_dir="",
     )
-    run._refs = ["r0", "r1"]
     failures = [
         WorkerFailure(
             rank=1, kind="train", error_type="DistBackendError", message="gloo: connection closed", failed_at=1.0
@@ -704,5 +702,5 @@ def test_a_preempted_rank_makes_the_trial_preempted_not_failed():
             failed_at=2.0,
         ),
     ]
-    error = run._training_error(failures, {}, [])
+    error = training_error(spec, failures, {}, [])
     assert isinstance(error, TrialPreempted) and "rank 0" in str(error)
