@@ -130,6 +130,19 @@ class Obtained:
     spot: bool = False  # the market obtained (on-demand when a spot request fell over to it)
 
 
+@dataclass(frozen=True)
+class BackendSeams:
+    """What tests put in place of a cloud backend's real parts; each None (the real thing) in a real run, and
+    always passed in, never read from the environment.
+
+    ``test_boot``: a test boot mode (cloud/testboot.py): the instances' boots are played by local Ray nodes.
+    ``metadata_url``: the metadata server the instances' notice watchers read instead of the cloud's
+    (executor/notices.py; ``{instance}`` in it: the instance id)."""
+
+    test_boot: str | None = None
+    metadata_url: str | None = None
+
+
 @runtime_checkable
 class ExecutorBackend(Provider, Protocol):
     """Everything the executor asks of a backend: a :class:`Provider` plus the run's Ray head and what the

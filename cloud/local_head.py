@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rubberband.catalog import Catalog, load_catalog
-from rubberband.cloud.backend import CloudBackend, HeadHandle, TokenPush, ray_join_check
+from rubberband.cloud.backend import BackendSeams, CloudBackend, HeadHandle, TokenPush, ray_join_check
 from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
 from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.heartbeat import INTERVAL_S, Heartbeat, beat_instances
@@ -255,20 +255,18 @@ def make_cloud_backend(
     regions: list[str],
     *,
     lifetime_cap_s: float | None = None,
-    test_boot: str | None = None,
-    metadata_url: str | None = None,
+    seams: BackendSeams = BackendSeams(),
 ) -> LocalHeadCloudBackend:
     """The executor's backend for ``cloud`` in ``regions`` (the plan's); workers live at most ``lifetime_cap_s``
-    from now (``bootstrap.lifetime_cap_s`` of the run). ``test_boot``: a test boot mode (cloud/testboot.py) the
-    caller passes in (tests only), else None: real boots. ``metadata_url``: where the notice watchers read
-    (tests only: a local endpoint), else None: the cloud's metadata server."""
+    from now (``bootstrap.lifetime_cap_s`` of the run). ``seams``: the test boot mode and the metadata server the
+    caller passes in (tests only); by default real boots and the cloud's own metadata server."""
     import time
 
     return LocalHeadCloudBackend(
         cloud=cloud,
         run_dir=Path(run_dir),
         regions=list(dict.fromkeys(regions)),
-        test_boot=test_boot,
-        metadata_url=metadata_url,
+        test_boot=seams.test_boot,
+        metadata_url=seams.metadata_url,
         expires_at=None if lifetime_cap_s is None else time.time() + lifetime_cap_s,
     )

@@ -3,7 +3,7 @@
 Never activated by the environment: the played boot is a value passed in. The test suite runs the CLI
 through its own entry point (``python tests/cli_harness.py --test-boot local run ...``), which calls
 ``rubberband.cli.run(argv, test_boot="local")``; the CLI hands ``test_boot`` on explicitly — to the
-executor's cloud backend (``make_backend(..., test_boot=...)``), to head mode's functions
+executor's cloud backend (``make_backend(..., seams=BackendSeams(test_boot=...))``), to head mode's functions
 (``cloud/head_session.py``) and, on the played head, to the run job's command line
 (``python -m rubberband.head_job run ... --test-boot local``). The ``rubberband`` command itself never
 plays a boot: no real instance would ever join.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from rubberband.errors import InputError
 
 if TYPE_CHECKING:
-    from rubberband.cloud.backend import ExecutorBackend
+    from rubberband.cloud.backend import BackendSeams, ExecutorBackend
 
 SUPPORTED = ("local", "aws", "gcp")
 #: ``--cloud sim``: not a backend of its own but the plan's cloud played on virtual time (executor/simulated.py).
@@ -36,13 +36,12 @@ def make_backend(
     regions: Sequence[str] = (),
     *,
     lifetime_cap_s: float | None = None,
-    test_boot: str | None = None,
-    metadata_url: str | None = None,
+    seams: "BackendSeams | None" = None,
 ) -> "ExecutorBackend":
-    """The executor's backend; ``lifetime_cap_s``: how long a cloud run's workers may live at most; ``test_boot``
-    (tests only, passed in by the caller): a cloud run's instance boots played on this machine (cloud/testboot.py);
-    ``metadata_url`` (tests only, passed in): the metadata server a cloud run's notice watchers read instead of the
-    cloud's (executor/notices.py; the local backend has no notices)."""
+    """The executor's backend; ``lifetime_cap_s``: how long a cloud run's workers may live at most; ``seams``
+    (tests only, passed in by the caller; cloud/backend.py :class:`~rubberband.cloud.backend.BackendSeams`): a cloud
+    run's instance boots played on this machine (cloud/testboot.py) and the metadata server its notice watchers
+    read instead of the cloud's (executor/notices.py; the local backend has no notices). None: neither."""
     if cloud == "local":
         from rubberband.cloud.local import LocalProvider
 
@@ -52,8 +51,10 @@ def make_backend(
 
         if not regions:
             raise InputError(f"--cloud {cloud}: the plan names no {cloud} region; re-plan for {cloud}")
+        from rubberband.cloud.backend import BackendSeams
+
         return make_cloud_backend(
-            cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s, test_boot=test_boot, metadata_url=metadata_url
+            cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s, seams=seams or BackendSeams()
         )
     raise InputError(
         f"cloud {cloud!r} is not supported by this executor; use --cloud {', '.join(SUPPORTED)} or {SIM_CLOUD}"

@@ -641,11 +641,12 @@ def test_an_unknown_test_boot_is_refused_in_one_line_and_the_real_cli_takes_none
 
 def test_the_environment_plays_no_boot(tmp_path, monkeypatch):
     """The played boot is an argument: the variable that used to switch it on does nothing any more."""
+    from rubberband.cloud.backend import BackendSeams
     from rubberband.executor.backends import make_backend
 
     monkeypatch.setenv("RUBBERBAND_TEST_BOOT", "local")
     assert make_backend("aws", tmp_path, ["us-east-1"]).test_boot is None
-    assert make_backend("aws", tmp_path, ["us-east-1"], test_boot="local").test_boot == "local"
+    assert make_backend("aws", tmp_path, ["us-east-1"], seams=BackendSeams(test_boot="local")).test_boot == "local"
 
 
 @pytest.mark.parametrize(
@@ -690,6 +691,7 @@ def test_no_production_module_names_a_test_seams_variable():
 
 def test_the_environment_redirects_no_notice_watcher(tmp_path, monkeypatch):
     """The metadata server is the backend's, passed in: the variable that used to redirect it does nothing."""
+    from rubberband.cloud.backend import BackendSeams
     from rubberband.executor.backends import make_backend
     from rubberband.executor.notices import DEFAULT_METADATA, NoticeWatchers
 
@@ -698,6 +700,8 @@ def test_the_environment_redirects_no_notice_watcher(tmp_path, monkeypatch):
     assert backend.metadata_url is None
     assert NoticeWatchers("aws", backend.metadata_url).source.base_url == DEFAULT_METADATA["aws"]
     url = "http://127.0.0.1:8/{instance}/"
-    assert make_backend("gcp", tmp_path, ["us-central1"], metadata_url=url).metadata_url == url
+    assert make_backend("gcp", tmp_path, ["us-central1"], seams=BackendSeams(metadata_url=url)).metadata_url == url
     assert NoticeWatchers("gcp", url).source.for_instance("vm-1").base_url == "http://127.0.0.1:8/vm-1/"
-    assert make_backend("local", tmp_path, metadata_url=url).metadata_url is None  # no notices locally
+    assert (
+        make_backend("local", tmp_path, seams=BackendSeams(metadata_url=url)).metadata_url is None
+    )  # no notices locally

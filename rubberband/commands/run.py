@@ -603,6 +603,7 @@ def register(app: typer.Typer) -> None:
             )
         if backend_cloud in ("aws", "gcp") and resume is None and not simulate:
             note_head_billing(plan, head_mode=False)
+        from rubberband.cloud.backend import BackendSeams
         from rubberband.cloud.bootstrap import lifetime_cap_s
 
         backend = (
@@ -615,8 +616,7 @@ def register(app: typer.Typer) -> None:
                 lifetime_cap_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s, 0.0)
                 if backend_cloud in ("aws", "gcp")
                 else None,
-                test_boot=test_boot,
-                metadata_url=metadata_url,
+                seams=BackendSeams(test_boot=test_boot, metadata_url=metadata_url),
             )
         )
         result = execute(
