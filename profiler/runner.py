@@ -287,15 +287,15 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
                 tick(f"local instance {i + 1} up")
             from rubberband.executor.pool import WorkerPool
 
+            steps = _Steps(spec, options, config, resources, run_dir, budget, notes, tick)
             with WorkerPool(device=options.device) as pool:
-                results = _measure_shapes(spec, options, shapes, resources, config, run_dir, budget, pool, notes, tick)
+                results = _measure_shapes(steps, shapes, pool)
                 measured = [r for r in results if not r.skipped]
                 if not measured:
                     raise InputError(
                         f"--budget {options.budget_s:.0f}s is too small to measure any shape "
                         f"({'; '.join(r.skipped or '' for r in results)}); give it more time"
                     )
-                steps = _Steps(spec, options, config, resources, run_dir, budget, notes, tick)
                 epochs = _measure_configs(steps, measured, pool)
                 warm = _measure_restart(steps, measured, pool) if options.measure_restart else None
             cold = _measure_restart(steps, measured, None) if options.measure_restart else None
@@ -311,9 +311,9 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
 
 @dataclass(frozen=True)
 class _Steps:
-    """What the measuring steps after the shapes share: the job, the options, the profiled configuration, the
-    profiling cluster's instances (their node resources), the scratch run directory, the budget, the notes
-    for the user and the progress callback."""
+    """What the measuring steps share (the shapes, the configurations, the restarts): the job, the options, the
+    profiled configuration, the profiling cluster's instances (their node resources), the scratch run directory,
+    the budget, the notes for the user and the progress callback."""
 
     spec: JobSpec
     options: ProfileOptions
@@ -384,23 +384,27 @@ def _measure_startup(
     return out, ended
 
 
+@dataclass(frozen=True)
+class _Bounds:
+    """How far one run at a shape may go: ``iterations`` timed iterations (split over its two epochs) within
+    ``share_s`` seconds, its share of the budget (a run past it is stopped, and the shape skipped)."""
+
+    iterations: int
+    share_s: float
+
+
 def _run_shape(
-    spec: JobSpec,
-    shape: Shape,
-    resources: list[str],
-    config: dict,
-    checkpoint_dir: Path,
-    iterations: int,
-    share_s: float,
-    pool: Any,
-    device: WorkerDevice,
+    steps: _Steps, shape: Shape, checkpoint_dir: Path, bounds: _Bounds, pool: Any
 ) -> tuple[ShapeResult, float] | None:
-    """One bounded run of ``train`` at ``shape``; None when it ran past ``share_s``.
+    """One bounded run of ``train`` at ``shape`` (on ``pool``'s workers, checkpointing into ``checkpoint_dir``);
+    None when it ran past ``bounds.share_s``.
 
     Returns the result and the run's seconds outside the timed iterations (start-up, DDP set-up,
     evaluation, checkpointing), which the budget has to pay for as well.
     """
     from rubberband.executor.trials import TrialRun, TrialSpec
+
+    spec, config, iterations, share_s = steps.spec, steps.config, bounds.iterations, bounds.share_s
 
     # two epochs, the iterations split between them: the gap between the passes is the epoch overhead
     epochs = 2 if iterations >= 2 * MIN_PASS_ITERATIONS else 1
@@ -411,9 +415,9 @@ def _run_shape(
         code_dir=spec.base_dir,
         start_epoch=0,
         end_epoch=epochs,
-        placement=shape.placement(resources),
+        placement=shape.placement(steps.resources),
         checkpoint_dir=str(checkpoint_dir),
-        device=device,
+        device=steps.options.device,
         max_iterations=-(-iterations // epochs),
         timeout_s=max(30.0, share_s),
     )
@@ -456,18 +460,11 @@ def probe_limit_s(left_s: float, *, later_runs: int) -> float:
     return max(MIN_SHAPE_S, left_s - later_runs * MIN_SHAPE_S)
 
 
-def _measure_shapes(
-    spec: JobSpec,
-    options: ProfileOptions,
-    shapes: list[Shape],
-    resources: list[str],
-    config: dict,
-    run_dir: Path,
-    budget: _Budget,
-    pool: Any,
-    notes: list[str],
-    tick: Callable[..., None],
-) -> list[ShapeResult]:
+def _measure_shapes(steps: _Steps, shapes: list[Shape], pool: Any) -> list[ShapeResult]:
+    """Every shape's bounded run on ``pool``'s workers (a short probe first when many iterations are asked for), each
+    within its share of what is left of the budget; a shape whose share is too small, or whose run overran it, is
+    skipped (with a note saying why)."""
+    options, run_dir, budget, notes, tick = steps.options, steps.run_dir, steps.budget, steps.notes, steps.tick
     reserve = min(10.0, 0.25 * options.budget_s) if options.measure_restart else 0.0
     # the configurations' epochs after the shapes get a share like one more shape (unused time rolls forward)
     extra = 1 if options.configs > 0 else 0
@@ -478,17 +475,7 @@ def _measure_shapes(
         # A short probe first, so even the first shape's iteration count fits the budget.
         share = probe_limit_s(budget.left() - reserve, later_runs=len(shapes) + extra)
         tick(f"probing {shapes[0].label} ({PROBE_ITERATIONS} iterations)", advance=False)
-        probe = _run_shape(
-            spec,
-            shapes[0],
-            resources,
-            config,
-            run_dir / "ckpt" / "probe",
-            PROBE_ITERATIONS,
-            share,
-            pool,
-            options.device,
-        )
+        probe = _run_shape(steps, shapes[0], run_dir / "ckpt" / "probe", _Bounds(PROBE_ITERATIONS, share), pool)
         if probe is None:
             raise InputError(
                 f"--budget {options.budget_s:.0f}s is too small: {PROBE_ITERATIONS} iterations at "
@@ -517,15 +504,7 @@ def _measure_shapes(
                 notes.append(f"{shape.label}: capped at {iterations} iterations to stay within the budget")
         tick(f"measuring {shape.label} ({iterations} iterations, ≤ {share:.0f} s)", advance=False)
         ran = _run_shape(
-            spec,
-            shape,
-            resources,
-            config,
-            run_dir / "ckpt" / f"w{shape.workers}-n{shape.nodes}",
-            iterations,
-            share,
-            pool,
-            options.device,
+            steps, shape, run_dir / "ckpt" / f"w{shape.workers}-n{shape.nodes}", _Bounds(iterations, share), pool
         )
         if ran is None:
             reason = f"{shape.label}: skipped, did not finish within its {share:.0f} s share of the budget"

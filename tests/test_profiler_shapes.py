@@ -75,10 +75,11 @@ def test_without_a_probe_the_first_shape_may_use_all_but_the_smallest_share_of_e
     ran out in CI beside three other tests, and the profile failed as "budget too small" before the error the
     test expected. The shapes after it share what is left evenly."""
     from rubberband.profiler import runner
-    from rubberband.profiler.runner import MIN_SHAPE_S, ProfileOptions, _Budget, _measure_shapes
+    from rubberband.profiler.runner import MIN_SHAPE_S, ProfileOptions, _Budget, _measure_shapes, _Steps
 
     shares: list[float] = []
-    monkeypatch.setattr(runner, "_run_shape", lambda *args: shares.append(args[6]))  # every run times out
+    # every run times out
+    monkeypatch.setattr(runner, "_run_shape", lambda steps, shape, ckpt, bounds, pool: shares.append(bounds.share_s))
     options = ProfileOptions(
         cloud="local",
         instance_type=_type("local.cpu2"),
@@ -90,7 +91,8 @@ def test_without_a_probe_the_first_shape_may_use_all_but_the_smallest_share_of_e
     shapes = [Shape(1, 1), Shape(2, 1)]
     budget = _Budget(120.0)
     notes: list[str] = []
-    _measure_shapes(None, options, shapes, [], {}, tmp_path, budget, None, notes, lambda *a, **k: None)
+    steps = _Steps(None, options, {}, [], tmp_path, budget, notes, lambda *a, **k: None)
+    _measure_shapes(steps, shapes, None)
     assert shares[0] == pytest.approx(120.0 - 2 * MIN_SHAPE_S, abs=1.0)  # one later shape, and the configurations
     assert shares[1] == pytest.approx(budget.left() / 2, abs=1.0)
     assert len(notes) == 2 and all("did not finish within" in note for note in notes)
