@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from rubberband.inputs import load_job_inputs
-from rubberband.planning import plan_from_inputs
+from rubberband.planning import PlanningOptions, plan_from_inputs
 from rubberband.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +29,9 @@ def main() -> None:
     args = parser.parse_args()
     t0 = time.perf_counter()
     inputs = load_job_inputs(str(ROOT / "examples" / "quickstart.yaml"))
-    plan = plan_from_inputs(inputs, deadline_s=None, confidence=None, cloud=None, samples=args.samples, seed=None)
+    plan = plan_from_inputs(
+        inputs, deadline_s=None, confidence=None, cloud=None, options=PlanningOptions(samples=args.samples)
+    )
     plan_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

@@ -87,10 +87,10 @@ def run_workload(name: str, seeds: int, base: Path, spot_model: str | None) -> d
     from rubberband.executor.runtime import planner_replanner
     from rubberband.executor.simulated import simulated_for
     from rubberband.inputs import load_job_inputs
-    from rubberband.planning import plan_from_inputs
+    from rubberband.planning import PlanningOptions, plan_from_inputs
 
     inputs = load_job_inputs(write_spec(base, name))
-    plan = plan_from_inputs(inputs, spot_model=spot_model)
+    plan = plan_from_inputs(inputs, options=PlanningOptions(spot_model=spot_model))
     spec, catalog, profile = inputs.spec, inputs.catalog, inputs.profile
     replanner = planner_replanner(catalog, profile)
     job = Job(spec, plan, catalog, profile)

@@ -172,10 +172,10 @@ def plan_as_run_does(spec_path: Path, out: Path):
     written to ``out`` for every leg to take with ``--plan``."""
     from rubberband.inputs import load_job_inputs
     from rubberband.plan import write_plan
-    from rubberband.planning import plan_from_inputs
+    from rubberband.planning import PlanningOptions, plan_from_inputs
 
     inputs = load_job_inputs(spec_path)
-    plan = plan_from_inputs(inputs, head="instance", head_grace_s=RESULTS_GRACE_S)
+    plan = plan_from_inputs(inputs, options=PlanningOptions(head="instance", head_grace_s=RESULTS_GRACE_S))
     write_plan(plan, out)
     return inputs, plan
 

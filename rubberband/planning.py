@@ -7,6 +7,7 @@ the one place that tells it which head instance a run pays for (:func:`billed_he
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rubberband.inputs import JobInputs
@@ -37,38 +38,46 @@ def billed_heads(head: str = "instance", grace_s: float | None = None) -> dict[s
     return {cloud: HeadSpec.of(itype, grace_s=grace) for cloud, itype in HEAD_TYPES.items()}
 
 
+@dataclass(frozen=True)
+class PlanningOptions:
+    """How the planner searches, and how the run it plans will be executed (each default: the usual).
+
+    ``samples`` Monte Carlo samples per plan and the ``seed`` (None: the spec's); ``include_exact``: also the exact
+    search (branch and bound, small jobs only) for the plan's gap to it. ``head`` / ``head_grace_s``: how the run
+    will be executed on AWS/GCP (:func:`billed_heads`), so the predictions include its head instance when it has
+    one. ``brackets`` overrides the spec's ``scheduler.brackets``. ``spot_model``: the spot model file a
+    ``resources.spot: true`` spec is planned with (None: the shipped default, fitted from the NSDI'24 "Can't Be
+    Late" traces; docs/spot.md)."""
+
+    samples: int = 1000
+    seed: int | None = None
+    include_exact: bool = False
+    head: str = "instance"
+    head_grace_s: float | None = None
+    brackets: str | None = None
+    spot_model: str | None = None
+
+
 def plan_from_inputs(
     inputs: JobInputs,
     *,
     deadline_s: float | None = None,
     confidence: float | None = None,
     cloud: str | None = None,
-    samples: int = 1000,
-    seed: int | None = None,
-    head: str = "instance",
-    head_grace_s: float | None = None,
-    brackets: str | None = None,
-    include_exact: bool = False,
-    spot_model: str | None = None,
+    options: PlanningOptions = PlanningOptions(),
 ) -> Plan:
-    """Run the planner on a spec's inputs; fill in ``planner.seconds`` and ``profile_path``.
-
-    ``head`` / ``head_grace_s``: how the run will be executed on AWS/GCP (:func:`billed_heads`), so the
-    predictions include its head instance when it has one. ``brackets`` overrides the spec's
-    ``scheduler.brackets`` (``rubberband run`` plans sequential brackets, which the executor runs).
-    ``spot_model``: the spot model file a ``resources.spot: true`` spec is planned with (None: the
-    shipped default, fitted from the NSDI'24 "Can't Be Late" traces; docs/spot.md).
-    """
+    """Run the planner on a spec's inputs for ``deadline_s`` at ``confidence`` on ``cloud`` (each None: the
+    spec's), as ``options`` says; fill in ``planner.seconds`` and ``profile_path``."""
     from rubberband.planner import plan_job  # heavy imports only when planning
 
-    heads = billed_heads(head, head_grace_s)
+    heads = billed_heads(options.head, options.head_grace_s)
     market = source = None
     if inputs.spec.resources.spot:
         from rubberband.spotmodel import load_spot_model
 
-        fitted = load_spot_model(spot_model)
+        fitted = load_spot_model(options.spot_model)
         market = fitted.market_model()
-        source = f"{spot_model or 'shipped default'} ({fitted.source})"
+        source = f"{options.spot_model or 'shipped default'} ({fitted.source})"
     started = time.perf_counter()
     plan = plan_job(
         inputs.spec,
@@ -77,11 +86,11 @@ def plan_from_inputs(
         deadline_s=deadline_s,
         confidence=confidence,
         cloud=cloud,
-        samples=samples,
-        seed=seed,
+        samples=options.samples,
+        seed=options.seed,
         heads=heads,
-        brackets=brackets,
-        include_exact=include_exact,
+        brackets=options.brackets,
+        include_exact=options.include_exact,
         spot_model=market,
         spot_source=source or "",
     )

@@ -22,7 +22,7 @@ from rubberband.executor import journal as J
 from rubberband.executor.simulated import SimScript
 from rubberband.inputs import load_job_inputs
 from rubberband.planner.asha import AshaRungs
-from rubberband.planning import plan_from_inputs
+from rubberband.planning import PlanningOptions, plan_from_inputs
 from rubberband.spec import load_spec
 
 
@@ -130,5 +130,5 @@ def test_rubberband_runs_an_asha_spec_on_simulated_time(tmp_path):
 
 def test_the_asha_example_plans_elastic_phases():
     inputs = load_job_inputs(EXAMPLES / "asha_local.yaml")
-    plan = plan_from_inputs(inputs, samples=100)
+    plan = plan_from_inputs(inputs, options=PlanningOptions(samples=100))
     assert plan.is_asha and plan.phase_instances[0] > plan.phase_instances[-1]

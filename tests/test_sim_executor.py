@@ -28,7 +28,7 @@ from rubberband.executor.sim_world import SimSettings
 from rubberband.executor.simulated import SimCluster, SimWorld, simulated_for
 from rubberband.inputs import load_job_inputs
 from rubberband.planner.policies import PrefetchPolicy
-from rubberband.planning import plan_from_inputs
+from rubberband.planning import PlanningOptions, plan_from_inputs
 
 START = 1_800_000_000.0  # the virtual clock's start: nowhere near today's wall clock
 
@@ -52,7 +52,7 @@ def _execute(inputs, plan, run_dir: Path, seed: int):
 
 def _simulate(spec_path: Path, run_dir: Path, *, seed: int = 0):
     inputs = load_job_inputs(spec_path)
-    plan = plan_from_inputs(inputs, samples=300)
+    plan = plan_from_inputs(inputs, options=PlanningOptions(samples=300))
     sim, result = _execute(inputs, plan, run_dir, seed)
     return plan, sim, result
 
@@ -194,9 +194,8 @@ def _spot_plan(tmp_path: Path, deadline: str, *, rate_per_h: float = 2.0, p_unav
             },
         )
     )
-    plan = plan_from_inputs(
-        inputs, samples=300, spot_model=str(_spot_model(tmp_path, rate_per_h=rate_per_h, p_unavailable=p_unavailable))
-    )
+    model = _spot_model(tmp_path, rate_per_h=rate_per_h, p_unavailable=p_unavailable)
+    plan = plan_from_inputs(inputs, options=PlanningOptions(samples=300, spot_model=str(model)))
     assert all(s.spot and s.instance_type == "p3.2xlarge" for s in plan.stages) and plan.spot is not None
     return inputs, plan
 
@@ -310,9 +309,8 @@ def test_slow_checkpoint_saves_make_the_plan_checkpoint_spot_stages_every_few_ep
     )
     workload = inputs.profile.workload.model_copy(update={"epoch_overhead_s": 30.0, "checkpoint_save_s": 25.0})
     inputs = replace(inputs, profile=inputs.profile.model_copy(update={"workload": workload}))
-    plan = plan_from_inputs(
-        inputs, samples=300, spot_model=str(_spot_model(tmp_path, rate_per_h=1.0, p_unavailable=0.0))
-    )
+    model = _spot_model(tmp_path, rate_per_h=1.0, p_unavailable=0.0)
+    plan = plan_from_inputs(inputs, options=PlanningOptions(samples=300, spot_model=str(model)))
     every = plan.spot.checkpoint_epochs
     assert every > 1 and any(s.spot for s in plan.stages)
     _, result, events = _run(inputs, plan, tmp_path / "run", 0)

@@ -14,7 +14,7 @@ from rubberband.console import stdout
 from rubberband.errors import InputError
 from rubberband.inputs import CLOUD_CHOICES, load_job_inputs
 from rubberband.plan import Plan, plan_json, write_plan
-from rubberband.planning import HEAD_MODES, plan_from_inputs
+from rubberband.planning import HEAD_MODES, PlanningOptions, plan_from_inputs
 from rubberband.units import format_duration, format_usd, format_usd_column
 
 ORDER = 20
@@ -245,17 +245,8 @@ def register(app: typer.Typer) -> None:
         if report is not None and Path(report).exists():
             raise InputError(f"--report {report} already exists; remove it or choose another folder")
         inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
-        result = plan_from_inputs(
-            inputs,
-            deadline_s=deadline_s,
-            confidence=confidence,
-            cloud=cloud,
-            samples=samples,
-            seed=seed,
-            head=head,
-            include_exact=exact,
-            spot_model=spot_model,
-        )
+        options = PlanningOptions(samples=samples, seed=seed, include_exact=exact, head=head, spot_model=spot_model)
+        result = plan_from_inputs(inputs, deadline_s=deadline_s, confidence=confidence, cloud=cloud, options=options)
         if out is not None:
             write_plan(result, out)
         report_path = None

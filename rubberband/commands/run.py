@@ -19,7 +19,7 @@ from rubberband.errors import InputError, PlanFileError, RunDirError
 from rubberband.executor.backends import SIM_CLOUD, SIM_RUNTIME
 from rubberband.inputs import load_job_inputs
 from rubberband.plan import Plan, load_plan, write_plan
-from rubberband.planning import plan_from_inputs
+from rubberband.planning import PlanningOptions, plan_from_inputs
 from rubberband.spec import JobSpec, load_spec
 
 ORDER = 10
@@ -91,8 +91,7 @@ def _load_or_make_plan(
         load_job_inputs(spec_path, cloud=cloud),
         deadline_s=deadline_s,
         cloud=cloud,
-        head=head,
-        head_grace_s=head_grace_s,
+        options=PlanningOptions(head=head, head_grace_s=head_grace_s),
     )
     check_plan_matches(spec, plan, source="the new plan")
     print_plan(plan)
