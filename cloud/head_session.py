@@ -176,22 +176,24 @@ def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> No
         raise InputError(f"--ssh-key {options.ssh_key}: no such private key file")
 
 
-def start_head(
-    *,
-    plan: Plan,
-    catalog: Catalog,
-    run_id: str,
-    run_dir: Path,
-    metric: str,
-    options: HeadOptions,
-    test_boot: str | None,
-) -> HeadRecord:
-    """Provision the run's head where its first stage's workers go, with its cloud identity (the one named, or one
+@dataclass(frozen=True)
+class NewRun:
+    """The run a head is started for: its id, its directory on this machine (``head.json`` goes there) and the metric
+    its summary reports (the record keeps it for ``--attach``)."""
+
+    run_id: str
+    run_dir: Path
+    metric: str
+
+
+def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOptions, test_boot: str | None) -> HeadRecord:
+    """Provision ``run``'s head where its first stage's workers go, with its cloud identity (the one named, or one
     created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
     from rubberband.cloud.head import HeadBoot, provision_head
     from rubberband.cloud.identity import head_identity, launch_with_new_identity
     from rubberband.cloud.teardown import terminate_run
 
+    run_id, run_dir = run.run_id, run.run_dir
     first = plan.stages[0]
     cloud, region = first.cloud, first.region
     check_options(cloud, options, test_boot)
@@ -221,7 +223,7 @@ def start_head(
             address=head.address,
             public_address=head.public_address,
             regions=list(dict.fromkeys([region, *(s.region for s in plan.stages)])),
-            metric=metric,
+            metric=run.metric,
             ssh_user=options.ssh_user,
             ssh_key=str(options.ssh_key) if options.ssh_key else None,
             identity=identity.name,
@@ -471,43 +473,17 @@ class HeadSession:
     def job_id(self) -> str:
         return self.record.cloud_run_id
 
-    def submit(
-        self,
-        spec: JobSpec,
-        plan: Plan,
-        *,
-        deadline_s: float | None,
-        trial_runtime: str,
-        head_grace_s: float | None = None,
-        overrun_s: float = 0.0,
-        on_late: str = "finish",
-        watchdog: WatchdogSettings | None = None,
-        test_boot: str | None = None,
-        metadata_url: str | None = None,
-    ) -> str:
-        """Submit the head's watchdog (``watchdog``: its settings; None: none) and then the run itself
-        (``test_boot``: on a played head, its executor plays the workers' boots; ``metadata_url``: where its notice
-        watchers read; see :class:`RunJob`)."""
+    def submit(self, spec: JobSpec, plan: Plan, job: RunJob, *, watchdog: WatchdogSettings | None = None) -> str:
+        """Submit the head's watchdog (``watchdog``: its settings; None: none) and then the run itself, its executor
+        run as ``job`` says (:class:`RunJob`)."""
         from rubberband.cloud.shipping import job_runtime_env
 
         if watchdog is not None:
             self.submit_watchdog(watchdog)
         with tempfile.TemporaryDirectory(prefix="rb-stage-") as tmp:
             work = stage_code(spec, plan, Path(tmp))
-            command = entrypoint(
-                self.record,
-                RunJob(
-                    deadline_s=deadline_s,
-                    trial_runtime=trial_runtime,
-                    head_grace_s=head_grace_s,
-                    overrun_s=overrun_s,
-                    on_late=on_late,
-                    test_boot=test_boot,
-                    metadata_url=metadata_url,
-                ),
-            )
             return self._submit(
-                entrypoint=command,
+                entrypoint=entrypoint(self.record, job),
                 runtime_env=job_runtime_env(self.package, work),
                 submission_id=self.job_id,
                 metadata={"rubberband_run": self.record.run_id},

@@ -432,7 +432,7 @@ def run_drill(
     from rubberband.cloud.backend import CloudBackend
     from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
     from rubberband.cloud.head import self_terminate
-    from rubberband.cloud.head_session import HeadOptions, end_run, start_head
+    from rubberband.cloud.head_session import HeadOptions, NewRun, end_run, start_head
     from rubberband.cloud.heartbeat import beat_instances
     from rubberband.cloud.provider import InstanceRequest
     from rubberband.cloud.registry import ProviderPool, make_provider
@@ -464,11 +464,9 @@ def run_drill(
     def cli_start() -> Any:
         HOOKS.enter("cli", "start")
         return start_head(
+            run=NewRun(run_id, world.tmp / run_id, metric="loss"),
             plan=plan,
             catalog=catalog,
-            run_id=run_id,
-            run_dir=world.tmp / run_id,
-            metric="loss",
             options=options,
             test_boot=None,
         )

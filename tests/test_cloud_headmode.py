@@ -47,6 +47,7 @@ from rubberband.cloud.head_session import (
     HeadOptions,
     HeadRecord,
     HeadSession,
+    NewRun,
     RunJob,
     end_run,
     entrypoint,
@@ -536,11 +537,9 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
     key = tmp_path / "id_ed25519"
     key.write_text("not a real key\n")
     record = start_head(
+        run=NewRun("gcp-head-run", run_dir, metric="loss"),
         plan=plan,
         catalog=catalog,
-        run_id="gcp-head-run",
-        run_dir=run_dir,
-        metric="loss",
         options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, service_account=HEAD_SA),
         test_boot=None,
     )

@@ -213,7 +213,7 @@ def test_a_head_that_cannot_start_leaves_no_role_behind(tmp_path, moto_env, ec2_
     with the security group (nothing left half-made)."""
     from test_cloud_cli import cloud_job, cloud_plan
 
-    from rubberband.cloud.head_session import HeadOptions, start_head
+    from rubberband.cloud.head_session import HeadOptions, NewRun, start_head
     from rubberband.plan import load_plan
 
     ec2_faults.quota = True
@@ -222,11 +222,9 @@ def test_a_head_that_cannot_start_leaves_no_role_behind(tmp_path, moto_env, ec2_
     key.write_text("not a key\n")
     with pytest.raises(CloudError, match="VcpuLimitExceeded"):
         start_head(
+            run=NewRun("quota-run", tmp_path / "run", metric="loss"),
             plan=plan,
             catalog=cloud_catalog(),
-            run_id="quota-run",
-            run_dir=tmp_path / "run",
-            metric="loss",
             options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, key_name="rb"),
             test_boot=None,
         )

@@ -243,7 +243,7 @@ def test_run_plans_hyperband_brackets_side_by_side_as_plan_does(tmp_path, capsys
 
     import yaml
 
-    from rubberband.commands.run import _load_or_make_plan
+    from rubberband.commands.run import PlanSource, _load_or_make_plan
     from rubberband.spec import load_spec
 
     profile = Path(__file__).resolve().parents[1] / "examples/profiles/resnet50_cifar10_v100.json"
@@ -263,7 +263,7 @@ def test_run_plans_hyperband_brackets_side_by_side_as_plan_does(tmp_path, capsys
         )
     )
     spec = load_spec(path)
-    plan, fresh = _load_or_make_plan(spec, path, None, "aws", None, head="local")
+    plan, fresh = _load_or_make_plan(spec, PlanSource(path, None, "aws", None, head="local"))
     assert fresh and plan.parallel_brackets
     assert "one after another" not in capsys.readouterr().err
 

@@ -6,7 +6,9 @@ import os
 import secrets
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -21,6 +23,9 @@ from rubberband.inputs import load_job_inputs
 from rubberband.plan import Plan, load_plan, write_plan
 from rubberband.planning import PlanningOptions, plan_from_inputs
 from rubberband.spec import JobSpec, load_spec
+
+if TYPE_CHECKING:
+    from rubberband.cloud.head_session import HeadOptions, RunJob
 
 ORDER = 10
 
@@ -68,34 +73,135 @@ def _executor_alive(pid: int | None) -> bool:
     return "rubberband" in cmdline or "controller" in cmdline
 
 
-def _load_or_make_plan(
-    spec: JobSpec,
-    spec_path: Path,
-    plan_path: Path | None,
-    cloud: str | None,
-    deadline_s: float | None,
-    *,
-    head: str = "instance",
-    head_grace_s: float | None = None,
-) -> tuple[Plan, bool]:
-    """The plan from ``--plan``, or a fresh one (shown to the user); ``True`` when it was just made.
+@dataclass(frozen=True)
+class PlanSource:
+    """Where a run's plan comes from: ``--plan``'s file (``plan_path``), else a fresh plan of the spec at
+    ``spec_path`` for ``cloud`` and ``deadline_s`` (each None: the spec's), billing the run's head instance as
+    ``--head`` (``head``) and ``--results-grace`` (``head_grace_s``) will run it. ``spec_path`` is None when no SPEC
+    was given (a resumed or attached run needs none)."""
 
-    A fresh plan bills the run's head instance as ``--head`` / ``--results-grace`` will run it."""
+    spec_path: Path | None
+    plan_path: Path | None
+    cloud: str | None
+    deadline_s: float | None
+    head: str = "instance"
+    head_grace_s: float | None = None
+
+
+def _load_or_make_plan(spec: JobSpec, source: PlanSource) -> tuple[Plan, bool]:
+    """The plan from ``--plan``, or a fresh one (shown to the user); ``True`` when it was just made."""
     from rubberband.executor.plan_checks import check_plan_matches
 
-    if plan_path is not None:
-        plan = load_plan(plan_path)
-        check_plan_matches(spec, plan, source=str(plan_path))
+    if source.plan_path is not None:
+        plan = load_plan(source.plan_path)
+        check_plan_matches(spec, plan, source=str(source.plan_path))
         return plan, False
     plan = plan_from_inputs(
-        load_job_inputs(spec_path, cloud=cloud),
-        deadline_s=deadline_s,
-        cloud=cloud,
-        options=PlanningOptions(head=head, head_grace_s=head_grace_s),
+        load_job_inputs(source.spec_path, cloud=source.cloud),
+        deadline_s=source.deadline_s,
+        cloud=source.cloud,
+        options=PlanningOptions(head=source.head, head_grace_s=source.head_grace_s),
     )
     check_plan_matches(spec, plan, source="the new plan")
     print_plan(plan)
     return plan, True
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """A run about to be executed: its spec and plan, its id and run directory, its deadline (None: the plan's),
+    and whether it continues from its journal (``resumed``)."""
+
+    spec: JobSpec
+    plan: Plan
+    run_id: str
+    run_dir: Path
+    deadline_s: float | None
+    resumed: bool = False
+
+
+def _resumed(resume: str, source: PlanSource) -> RunStart:
+    """``--resume RUN_DIR``: the run its journal holds, checked: not simulated, not still executed, not finished, of
+    the spec given (if one is), without ``--plan``; its journaled deadline unless ``--deadline`` overrides it."""
+    from rubberband.executor import journal as J
+    from rubberband.executor.plan_checks import check_plan_matches
+    from rubberband.search import check_search
+
+    directory = resolve_run_dir(resume)
+    state = J.read_state(directory)
+    last_pid = None
+    for event in J.iter_events(directory / J.JOURNAL_NAME):
+        if event["type"] in (J.RUN_STARTED, J.RUN_RESUMED):
+            last_pid = event.get("pid")
+        if event["type"] == J.RUN_STARTED and event.get("trial_runtime") == SIM_RUNTIME:
+            raise RunDirError(f"{directory} is a simulated run (--cloud sim); it is not resumed: run the spec again")
+    if state.status == "running" and _executor_alive(last_pid):
+        raise RunDirError(
+            f"run {state.run_id} is still being executed by process {last_pid}; "
+            f"stop it first (or `rubberband down {directory}`)"
+        )
+    journaled_spec, plan = _journaled(directory, state)
+    spec = journaled_spec if source.spec_path is None else _same_job(source.spec_path, state, directory)
+    if state.finished:
+        raise RunDirError(
+            f"run {state.run_id} in {directory} already finished; nothing to resume "
+            f"(results in {directory / 'result.json'})"
+        )
+    if source.plan_path is not None:
+        raise PlanFileError("--plan cannot be combined with --resume: the run continues with the plan in its journal")
+    check_plan_matches(spec, plan, source=str(directory / J.JOURNAL_NAME))
+    check_search(spec)
+    return RunStart(spec, plan, state.run_id, directory, source.deadline_s or state.deadline_s, resumed=True)
+
+
+def _same_job(spec_path: Path, state, directory: Path) -> JobSpec:
+    """The SPEC given with ``--resume``, which must be the spec the journal's run (``state``) was started with."""
+    spec = load_spec(spec_path)
+    if spec.sha256() != state.spec_sha256:
+        raise RunDirError(
+            f"{directory} is a run of another job (spec sha256 "
+            f"{str(state.spec_sha256)[:12]} ≠ {spec.sha256()[:12]} of {spec_path}); pass "
+            f"that job's spec or no spec"
+        )
+    return spec
+
+
+def _fresh(source: PlanSource, *, yes: bool, run_dir: Path | None) -> RunStart | None:
+    """A new run of SPEC with the plan from ``source`` (a fresh one is confirmed first unless ``--yes``; None: the
+    user declined), in ``--run-dir`` or ``runs/<run id>``."""
+    from rubberband.executor import journal as J
+    from rubberband.search import check_search
+
+    if source.spec_path is None:
+        raise InputError("missing SPEC: pass a job spec YAML (or --resume RUN_DIR)")
+    spec = load_spec(source.spec_path)
+    check_search(spec)  # an Optuna sampler without Optuna fails before planning
+    plan, fresh = _load_or_make_plan(spec, source)
+    if fresh and not yes:
+        if not sys.stdin.isatty():
+            raise InputError("not starting without confirmation; pass --yes to run the plan shown")
+        if not typer.confirm("Start this run?", default=True):
+            return None
+    run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    # absolute: Ray's temp dirs under it must be absolute, and the journal names it for --resume
+    directory = (run_dir or runs_root() / run_id).absolute()
+    if (directory / J.JOURNAL_NAME).exists():
+        raise RunDirError(
+            f"{directory} already holds a run; pass --resume {directory} to continue it or choose another --run-dir"
+        )
+    return RunStart(spec, plan, run_id, directory, source.deadline_s)
+
+
+def _backend_cloud(plan: Plan, cloud: str | None) -> str:
+    """The cloud the run's backend drives: ``--cloud``, else the plan's (whose stages must all be on it)."""
+    clouds = {s.cloud for s in plan.stages}
+    backend_cloud = cloud or next(iter(clouds))
+    if clouds != {backend_cloud}:
+        raise PlanFileError(
+            f"the plan uses instances of {', '.join(sorted(clouds))} but --cloud is "
+            f"{backend_cloud}; plan for that cloud (resources.clouds) or drop --cloud"
+        )
+    return backend_cloud
 
 
 def note_head_billing(plan: Plan, head_mode: bool) -> None:
@@ -182,6 +288,83 @@ def dry_run_plan(
     stdout().print(f"dry run only: nothing was created on {cloud}", markup=False, highlight=False)
 
 
+def _dry_run(source: PlanSource, flags: HeadFlags, *, resume: str | None) -> int:
+    """``--dry-run``: the plan (``--plan``'s, else a fresh one) for ``--cloud aws|gcp``, dry-run there."""
+    if resume is not None:
+        raise InputError("--dry-run cannot be combined with --resume")
+    if source.spec_path is None:
+        raise InputError("missing SPEC: --dry-run needs a job spec YAML")
+    cloud = source.cloud
+    if cloud is None:
+        raise InputError("--dry-run needs --cloud aws or --cloud gcp")
+    spec = load_spec(source.spec_path)
+    check_cloud_choice(spec, None, cloud)
+    plan, _ = _load_or_make_plan(spec, source)
+    check_cloud_choice(spec, plan, cloud)
+    dry_run_plan(
+        plan,
+        cloud,
+        include_head=source.head == "instance",
+        instance_profile=flags.instance_profile,
+        service_account=flags.service_account,
+    )
+    return 0
+
+
+@dataclass(frozen=True)
+class HeadFlags:
+    """``rubberband run``'s head-mode flags as given: how the CLI reaches the head over SSH (``--ssh-cidr``,
+    ``--ssh-key``, ``--key-name``, ``--ssh-user``), the head's identity (``--instance-profile`` on AWS,
+    ``--service-account`` on GCP), how GCP workers reach the internet (``--worker-egress``) and the watchdog's
+    ``--stall-timeout``, kept as text: only a run on a head instance reads it (:meth:`options`)."""
+
+    ssh_cidr: str | None = None
+    ssh_key: Path | None = None
+    key_name: str | None = None
+    ssh_user: str = "ubuntu"
+    worker_egress: str | None = None
+    instance_profile: str | None = None
+    service_account: str | None = None
+    stall_timeout: str = "60m"
+
+    def options(self, deadline_s: float, overrun_s: float, grace_s: float | None) -> HeadOptions:
+        """The head's options for a run of ``deadline_s`` (+ ``overrun_s`` when late): its watchdog ends a run that
+        made no progress for ``--stall-timeout`` and waits ``grace_s`` (``--results-grace``) for the CLI to fetch a
+        finished run's results; the head's hard cap comes from the plan: deadline + overrun + results grace (+ boot
+        margin)."""
+        from rubberband.cloud.bootstrap import WatchdogSettings, lifetime_cap_s
+        from rubberband.cloud.head_session import HeadOptions
+
+        watchdog = WatchdogSettings(
+            stall_timeout_s=deadline_flag(self.stall_timeout, "--stall-timeout"),
+            done_grace_s=grace_s,
+            max_lifetime_s=lifetime_cap_s(deadline_s, overrun_s, grace_s),
+        )
+        return HeadOptions(
+            ssh_cidr=self.ssh_cidr,
+            ssh_key=self.ssh_key,
+            key_name=self.key_name,
+            ssh_user=self.ssh_user,
+            watchdog=watchdog,
+            instance_profile=self.instance_profile,
+            service_account=self.service_account,
+            worker_egress=self.worker_egress,
+        )
+
+
+def _check_head_mode(head_mode: bool, flags: HeadFlags, *, detach: bool, resume: str | None) -> None:
+    """``--detach`` and ``--worker-egress`` need a run on a head instance, which ``--resume`` cannot continue."""
+    if detach and not head_mode:
+        raise InputError("--detach needs a run on a head instance (--cloud aws|gcp without --head local)")
+    if flags.worker_egress is not None and not head_mode:
+        raise InputError("--worker-egress is for a run on a head instance (--cloud gcp without --head local)")
+    if head_mode and resume is not None:
+        raise InputError(
+            f"--resume restarts an executor on this machine; a run on a head instance is "
+            f"followed with `rubberband run --attach {resume}` (or pass --head local)"
+        )
+
+
 def _hints(record, run_dir: Path) -> str:
     return (
         f"run {record.run_id} goes on on its head {record.instance_id} ({record.cloud} {record.zone}), which ends "
@@ -191,28 +374,23 @@ def _hints(record, run_dir: Path) -> str:
     )
 
 
-def run_on_head(
-    *,
-    spec: JobSpec,
-    plan: Plan,
-    catalog,
-    run_id: str,
-    run_dir: Path,
-    options,
-    deadline_s: float | None,
-    overrun_s: float,
-    trial_runtime: str,
-    detach: bool,
-    on_late: str = "finish",
-    test_boot: str | None = None,
-    metadata_url: str | None = None,
-) -> int:
-    """Head mode: start the run's head instance, submit the run to it, then follow it (unless ``detach``).
+def run_on_head(start: RunStart, catalog, options: HeadOptions, job: RunJob, *, detach: bool) -> int:
+    """Head mode: start the run's head instance, submit the run to it (its executor run as ``job`` says), then
+    follow it (unless ``detach``).
 
-    ``test_boot`` (tests only, injected: commands/_injected.py): the head's and workers' boots are played;
-    ``metadata_url`` (tests only, injected): where the on-head executor's notice watchers read."""
-    from rubberband.cloud.head_session import HeadSession, check_options, deliver_token, end_run, link_for, start_head
+    ``job.test_boot`` (tests only, injected: commands/_injected.py): the head's and workers' boots are played;
+    ``job.metadata_url`` (tests only, injected): where the on-head executor's notice watchers read."""
+    from rubberband.cloud.head_session import (
+        HeadSession,
+        NewRun,
+        check_options,
+        deliver_token,
+        end_run,
+        link_for,
+        start_head,
+    )
 
+    plan, run_id, run_dir, test_boot = start.plan, start.run_id, start.run_dir, job.test_boot
     err = stderr()
     if (run_dir / "head.json").exists():
         raise RunDirError(
@@ -225,11 +403,9 @@ def run_on_head(
         highlight=False,
     )
     record = start_head(
+        run=NewRun(run_id, run_dir, metric=start.spec.metric.name),
         plan=plan,
         catalog=catalog,
-        run_id=run_id,
-        run_dir=run_dir,
-        metric=spec.metric.name,
         options=options,
         test_boot=test_boot,
     )
@@ -242,17 +418,9 @@ def run_on_head(
             connect_timeout_s=options.boot_timeout_s,
             token=token,
         ) as session:
+            # the run's result.json bills the head for the watchdog's results grace after the run ends
             session.submit(
-                spec,
-                plan,
-                deadline_s=deadline_s,
-                trial_runtime=trial_runtime,
-                head_grace_s=options.watchdog.done_grace_s,
-                overrun_s=overrun_s,
-                on_late=on_late,
-                watchdog=options.watchdog,
-                test_boot=test_boot,
-                metadata_url=metadata_url,
+                start.spec, plan, replace(job, head_grace_s=options.watchdog.done_grace_s), watchdog=options.watchdog
             )
     except BaseException:
         end_run(record, test_boot=test_boot)  # never leave a head without a run billing
@@ -266,6 +434,52 @@ def run_on_head(
         typer.echo(_hints(record, run_dir), err=True)
         return 0
     return follow(record, run_dir, ssh_key=options.ssh_key, test_boot=test_boot)
+
+
+def run_here(start: RunStart, catalog, backend_cloud: str, job: RunJob, *, simulate: bool) -> int:
+    """Execute the run on this machine: on the local backend, on ``backend_cloud``'s instances with the Ray head
+    here (``--head local``), or on a simulated cluster playing the plan's cloud (``simulate``: ``--cloud sim``);
+    the executor runs as ``job`` says (as a head's would). Returns the run's exit code."""
+    from rubberband.cloud.backend import BackendSeams
+    from rubberband.cloud.bootstrap import lifetime_cap_s
+    from rubberband.execution import Execution, execute, print_summary
+    from rubberband.executor.backends import make_backend
+    from rubberband.executor.outcome import exit_code
+
+    plan, on_cloud = start.plan, backend_cloud in ("aws", "gcp")
+    if on_cloud and not start.resumed and not simulate:
+        note_head_billing(plan, head_mode=False)
+    backend = (
+        None
+        if simulate
+        else make_backend(
+            backend_cloud,
+            start.run_dir,
+            regions=[s.region for s in plan.stages],
+            lifetime_cap_s=lifetime_cap_s(start.deadline_s or plan.deadline_s, job.overrun_s, 0.0)
+            if on_cloud
+            else None,
+            seams=BackendSeams(test_boot=job.test_boot, metadata_url=job.metadata_url),
+        )
+    )
+    result = execute(
+        Execution(
+            spec=start.spec,
+            plan=plan,
+            catalog=catalog,
+            run_id=start.run_id,
+            run_dir=start.run_dir,
+            backend=backend,
+            trial_runtime=job.trial_runtime,
+            deadline_s=start.deadline_s,
+            overrun_s=job.overrun_s,
+            resume=start.resumed,
+            on_late=job.on_late,
+            simulate=simulate,
+        )
+    )
+    print_summary(start.run_id, start.spec.metric.name, result.result, start.run_dir / "result.json")
+    return exit_code(result.result)  # met 0, late 4, stopped 5 (failures raise: 1, interrupted 130)
 
 
 def follow(record, run_dir: Path, *, ssh_key: Path | None, test_boot: str | None = None) -> int:
@@ -432,19 +646,12 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> int:
         """Run a tuning job on elastic instances (or resume one) and write RUN_DIR/result.json."""
-        from rubberband.execution import Execution, execute, print_summary
-        from rubberband.executor import journal as J
-        from rubberband.executor.backends import make_backend
-        from rubberband.executor.plan_checks import check_plan_matches
-        from rubberband.search import check_search
-
+        from rubberband.cloud.head_session import RunJob
         from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME
 
         # tests only, passed in by their entry point (commands/_injected.py): played instance boots
         # (cloud/testboot.py), a stand-in trial runtime, a local metadata server serving spot notices
         seams = injected(ctx)
-        test_boot, metadata_url = seams.test_boot, seams.metadata_url
-        trial_runtime = seams.trial_runtime or DEFAULT_TRIAL_RUNTIME
         deadline_s = deadline_flag(deadline)
         overrun_flag(overrun, 1.0)  # the form is checked before anything starts; the seconds need the plan
         on_late = on_late_flag(on_late)
@@ -462,179 +669,38 @@ def register(app: typer.Typer) -> None:
         if attach is not None:
             if spec_path is not None or resume is not None or dry_run or detach:
                 raise InputError("--attach takes no SPEC, --resume, --dry-run or --detach: it follows a submitted run")
-            return attach_run(attach, run_dir=run_dir, ssh_key=ssh_key, test_boot=test_boot)
+            return attach_run(attach, run_dir=run_dir, ssh_key=ssh_key, test_boot=seams.test_boot)
+        source = PlanSource(spec_path, plan_path, cloud, deadline_s, head=head, head_grace_s=grace_s)
+        flags = HeadFlags(
+            ssh_cidr=ssh_cidr,
+            ssh_key=ssh_key,
+            key_name=key_name,
+            ssh_user=ssh_user,
+            worker_egress=worker_egress,
+            instance_profile=instance_profile,
+            service_account=service_account,
+            stall_timeout=stall_timeout,
+        )
         if dry_run:
-            if resume is not None:
-                raise InputError("--dry-run cannot be combined with --resume")
-            if spec_path is None:
-                raise InputError("missing SPEC: --dry-run needs a job spec YAML")
-            if cloud is None:
-                raise InputError("--dry-run needs --cloud aws or --cloud gcp")
-            spec = load_spec(spec_path)
-            check_cloud_choice(spec, None, cloud)
-            plan, _ = _load_or_make_plan(spec, spec_path, plan_path, cloud, deadline_s, head=head, head_grace_s=grace_s)
-            check_cloud_choice(spec, plan, cloud)
-            dry_run_plan(
-                plan,
-                cloud,
-                include_head=head == "instance",
-                instance_profile=instance_profile,
-                service_account=service_account,
-            )
-            return 0
-        if resume is not None:
-            directory = resolve_run_dir(resume)
-            state = J.read_state(directory)
-            events = J.iter_events(directory / J.JOURNAL_NAME)
-            last_pid = None
-            for event in events:
-                if event["type"] in (J.RUN_STARTED, J.RUN_RESUMED):
-                    last_pid = event.get("pid")
-                if event["type"] == J.RUN_STARTED and event.get("trial_runtime") == SIM_RUNTIME:
-                    raise RunDirError(
-                        f"{directory} is a simulated run (--cloud sim); it is not resumed: run the spec again"
-                    )
-            if state.status == "running" and _executor_alive(last_pid):
-                raise RunDirError(
-                    f"run {state.run_id} is still being executed by process {last_pid}; "
-                    f"stop it first (or `rubberband down {directory}`)"
-                )
-            journaled_spec, journaled_plan = _journaled(directory, state)
-            if spec_path is not None:
-                spec = load_spec(spec_path)
-                if spec.sha256() != state.spec_sha256:
-                    raise RunDirError(
-                        f"{directory} is a run of another job (spec sha256 "
-                        f"{str(state.spec_sha256)[:12]} ≠ {spec.sha256()[:12]} of {spec_path}); pass "
-                        f"that job's spec or no spec"
-                    )
-            else:
-                spec = journaled_spec
-            if state.finished:
-                raise RunDirError(
-                    f"run {state.run_id} in {directory} already finished; nothing to resume "
-                    f"(results in {directory / 'result.json'})"
-                )
-            plan = journaled_plan
-            if plan_path is not None:
-                raise PlanFileError(
-                    "--plan cannot be combined with --resume: the run continues with the plan in its journal"
-                )
-            check_plan_matches(spec, plan, source=str(directory / J.JOURNAL_NAME))
-            check_search(spec)
-            run_id, run_directory = state.run_id, directory
-            deadline_s = deadline_s or state.deadline_s
-        else:
-            if spec_path is None:
-                raise InputError("missing SPEC: pass a job spec YAML (or --resume RUN_DIR)")
-            spec = load_spec(spec_path)
-            check_search(spec)  # an Optuna sampler without Optuna fails before planning
-            plan, fresh = _load_or_make_plan(
-                spec, spec_path, plan_path, cloud, deadline_s, head=head, head_grace_s=grace_s
-            )
-            if fresh and not yes:
-                if not sys.stdin.isatty():
-                    raise InputError("not starting without confirmation; pass --yes to run the plan shown")
-                if not typer.confirm("Start this run?", default=True):
-                    return 1
-            run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-            # absolute: Ray's temp dirs under it must be absolute, and the journal names it for --resume
-            run_directory = (run_dir or runs_root() / run_id).absolute()
-            if (run_directory / J.JOURNAL_NAME).exists():
-                raise RunDirError(
-                    f"{run_directory} already holds a run; pass --resume {run_directory} to continue "
-                    f"it or choose another --run-dir"
-                )
-        clouds = {s.cloud for s in plan.stages}
-        backend_cloud = cloud or next(iter(clouds))
-        if clouds != {backend_cloud}:
-            raise PlanFileError(
-                f"the plan uses instances of {', '.join(sorted(clouds))} but --cloud is "
-                f"{backend_cloud}; plan for that cloud (resources.clouds) or drop --cloud"
-            )
+            return _dry_run(source, flags, resume=resume)
+        start = _resumed(resume, source) if resume is not None else _fresh(source, yes=yes, run_dir=run_dir)
+        if start is None:  # the user did not confirm the fresh plan
+            return 1
+        backend_cloud = _backend_cloud(start.plan, cloud)
         catalog = load_catalog([backend_cloud])
-        check_plan_types(plan, catalog)  # fail before anything starts if a type is unknown
+        check_plan_types(start.plan, catalog)  # fail before anything starts if a type is unknown
         head_mode = backend_cloud in ("aws", "gcp") and head == "instance" and not simulate
-        overrun_s = overrun_flag(overrun, deadline_s or plan.deadline_s)
-        if detach and not head_mode:
-            raise InputError("--detach needs a run on a head instance (--cloud aws|gcp without --head local)")
-        if worker_egress is not None and not head_mode:
-            raise InputError("--worker-egress is for a run on a head instance (--cloud gcp without --head local)")
+        overrun_s = overrun_flag(overrun, start.deadline_s or start.plan.deadline_s)
+        _check_head_mode(head_mode, flags, detach=detach, resume=resume)
+        job = RunJob(
+            deadline_s=start.deadline_s,
+            trial_runtime=seams.trial_runtime or DEFAULT_TRIAL_RUNTIME,
+            overrun_s=overrun_s,
+            on_late=on_late,
+            test_boot=seams.test_boot,
+            metadata_url=seams.metadata_url,
+        )
         if head_mode:
-            if resume is not None:
-                raise InputError(
-                    f"--resume restarts an executor on this machine; a run on a head instance is "
-                    f"followed with `rubberband run --attach {resume}` (or pass --head local)"
-                )
-            from rubberband.cloud.bootstrap import WatchdogSettings, lifetime_cap_s
-            from rubberband.cloud.head_session import HeadOptions
-
-            # the head's hard cap comes from the plan: deadline + overrun + results grace (+ boot margin)
-            watchdog = WatchdogSettings(
-                stall_timeout_s=deadline_flag(stall_timeout, "--stall-timeout"),
-                done_grace_s=grace_s,
-                max_lifetime_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s, grace_s),
-            )
-            options = HeadOptions(
-                ssh_cidr=ssh_cidr,
-                ssh_key=ssh_key,
-                key_name=key_name,
-                ssh_user=ssh_user,
-                watchdog=watchdog,
-                instance_profile=instance_profile,
-                service_account=service_account,
-                worker_egress=worker_egress,
-            )
-            return run_on_head(
-                spec=spec,
-                plan=plan,
-                catalog=catalog,
-                run_id=run_id,
-                run_dir=run_directory,
-                options=options,
-                deadline_s=deadline_s,
-                overrun_s=overrun_s,
-                trial_runtime=trial_runtime,
-                detach=detach,
-                on_late=on_late,
-                test_boot=test_boot,
-                metadata_url=metadata_url,
-            )
-        if backend_cloud in ("aws", "gcp") and resume is None and not simulate:
-            note_head_billing(plan, head_mode=False)
-        from rubberband.cloud.backend import BackendSeams
-        from rubberband.cloud.bootstrap import lifetime_cap_s
-
-        backend = (
-            None
-            if simulate
-            else make_backend(
-                backend_cloud,
-                run_directory,
-                regions=[s.region for s in plan.stages],
-                lifetime_cap_s=lifetime_cap_s(deadline_s or plan.deadline_s, overrun_s, 0.0)
-                if backend_cloud in ("aws", "gcp")
-                else None,
-                seams=BackendSeams(test_boot=test_boot, metadata_url=metadata_url),
-            )
-        )
-        result = execute(
-            Execution(
-                spec=spec,
-                plan=plan,
-                catalog=catalog,
-                run_id=run_id,
-                run_dir=run_directory,
-                backend=backend,
-                trial_runtime=trial_runtime,
-                deadline_s=deadline_s,
-                overrun_s=overrun_s,
-                resume=resume is not None,
-                on_late=on_late,
-                simulate=simulate,
-            )
-        )
-        print_summary(run_id, spec.metric.name, result.result, run_directory / "result.json")
-        from rubberband.executor.outcome import exit_code
-
-        return exit_code(result.result)  # met 0, late 4, stopped 5 (failures raise: 1, interrupted 130)
+            options = flags.options(start.deadline_s or start.plan.deadline_s, overrun_s, grace_s)
+            return run_on_head(start, catalog, options, job, detach=detach)
+        return run_here(start, catalog, backend_cloud, job, simulate=simulate)
