@@ -211,25 +211,13 @@ class PerformanceModel:
     # -- start-up --------------------------------------------------------------------------
     def startup(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a provisioning request until the instance can run a worker."""
-        return _measured_or_default(
-            self.startup_by_type,
-            self.startup_by_cloud,
-            DEFAULT_STARTUP_S,
-            cloud,
-            instance_type,
-            "typical boot + Ray join",
-        )
+        measured = _measured(self.startup_by_type, self.startup_by_cloud, cloud, instance_type)
+        return measured or _documented(DEFAULT_STARTUP_S, cloud, "typical boot + Ray join")
 
     def termination(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a terminate request until the instance is gone (and no longer billed)."""
-        return _measured_or_default(
-            self.termination_by_type,
-            self.termination_by_cloud,
-            DEFAULT_TERMINATION_S,
-            cloud,
-            instance_type,
-            "terminate request until gone",
-        )
+        measured = _measured(self.termination_by_type, self.termination_by_cloud, cloud, instance_type)
+        return measured or _documented(DEFAULT_TERMINATION_S, cloud, "terminate request until gone")
 
     def describe(self) -> dict[str, Any]:
         """Fitted parameters as plain data (stored as ``profile.fitted`` for inspection)."""
@@ -427,12 +415,14 @@ def _latency_models(entries: list) -> tuple[dict[tuple[str, str], StartupModel],
     )
 
 
-def _measured_or_default(
-    by_type: dict, by_cloud: dict, defaults: dict, cloud: str, instance_type: str, what: str
-) -> StartupModel:
-    """The type's samples, else the cloud's, else the documented per-cloud default (marked as such)."""
-    model = by_type.get((cloud, instance_type)) or by_cloud.get(cloud)
-    if model is not None:
-        return model
+def _measured(
+    by_type: dict[tuple[str, str], StartupModel], by_cloud: dict[str, StartupModel], cloud: str, instance_type: str
+) -> StartupModel | None:
+    """A latency's measured samples for the type, else for its cloud (None: neither was measured)."""
+    return by_type.get((cloud, instance_type)) or by_cloud.get(cloud)
+
+
+def _documented(defaults: dict[str, tuple[float, ...]], cloud: str, what: str) -> StartupModel:
+    """The documented per-cloud default of a latency (``what`` it spans), marked as such (AWS's for another cloud)."""
     default = defaults.get(cloud, defaults["aws"])
     return StartupModel(tuple(sorted(default)), f"default ({cloud}: {what})")
