@@ -37,7 +37,7 @@ import numpy as np
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
 from rubberband.plan import Plan
-from rubberband.planner.api import plan_job, replay_asha_plan, replay_plan
+from rubberband.planner.api import PlanOptions, Replay, plan_job, replay_asha_plan, replay_plan
 from rubberband.planner.asha import ASHA_SAMPLES
 from rubberband.planning import billed_heads
 from rubberband.profile import load_profile
@@ -103,7 +103,7 @@ def job_spec(kind: str, args: argparse.Namespace) -> JobSpec:
 
 def shortest_jct(spec: JobSpec, profile, catalog, heads) -> float:
     try:
-        plan_job(spec, profile, catalog, deadline_s=1.0, heads=heads, asha=False)
+        plan_job(spec, profile, catalog, PlanOptions(deadline_s=1.0, heads=heads, asha=False))
     except InfeasibleError as exc:
         return float(exc.shortest_jct_s)
     raise RuntimeError("a 1-second deadline was feasible")
@@ -126,7 +126,7 @@ def replay_asha(plan: Plan, profile, catalog, seeds: int) -> Figures:
 def replay_sha(plan: Plan, profile, catalog, seeds: int) -> Figures:
     runs = []
     for seed in range(1, seeds + 1):
-        res = replay_plan(plan, profile, catalog, samples=SHA_SAMPLES, seed=seed)
+        res = replay_plan(plan, profile, catalog, samples=SHA_SAMPLES, replay=Replay(seed=seed))
         runs.append((res.jct, res.cost))
     return pooled(runs, plan.deadline_s, plan.confidence)
 
@@ -230,7 +230,7 @@ def main() -> None:
     plans: dict[float, Plan] = {}
     for factor in FACTORS:
         started, cpu = time.perf_counter(), time.process_time()
-        plans[factor] = plan_job(asha_spec, profile, catalog, deadline_s=j_asha * factor, heads=heads)
+        plans[factor] = plan_job(asha_spec, profile, catalog, PlanOptions(deadline_s=j_asha * factor, heads=heads))
         print(
             f"deadline {factor}x ({j_asha * factor / 60:.1f} min): wall {time.perf_counter() - started:.2f} s, "
             f"CPU {time.process_time() - cpu:.2f} s, {plans[factor].planner.candidates_evaluated} candidates, "
@@ -259,7 +259,7 @@ def main() -> None:
         print(f"deadline {factor}x ASHA's shortest ({plan.deadline_s / 60:.1f} min)\n{HEADER}")
         print(line("elastic ASHA", plan, e))
         try:
-            sha = plan_job(sha_spec, profile, catalog, deadline_s=plan.deadline_s, heads=heads, asha=False)
+            sha = plan_job(sha_spec, profile, catalog, PlanOptions(deadline_s=plan.deadline_s, heads=heads, asha=False))
         except InfeasibleError as exc:
             print(f"{'elastic SHA':<13} infeasible (shortest {exc.shortest_jct_s / 60:.1f} min)")
             continue
@@ -279,7 +279,9 @@ def main() -> None:
                 f"fixed/elastic cost {f.cost_mean / e.cost_mean:.2f}x, JCT p95 elastic/fixed {e.jct_p95 / f.jct_p95:.3f}"
             )
             try:
-                sha = plan_job(sha_spec, profile, catalog, deadline_s=plan.deadline_s, heads=heads, asha=False)
+                sha = plan_job(
+                    sha_spec, profile, catalog, PlanOptions(deadline_s=plan.deadline_s, heads=heads, asha=False)
+                )
             except InfeasibleError as exc:
                 print(f"{'elastic SHA':<13} infeasible (shortest {exc.shortest_jct_s / 60:.1f} min)")
                 continue

@@ -136,7 +136,7 @@ def main() -> None:
     from ray.tune.schedulers import ASHAScheduler
 
     from rubberband.catalog import InstanceType
-    from rubberband.planner.asha import AshaCluster, AshaSimulator
+    from rubberband.planner.asha import AshaCluster, AshaSchedule, AshaSettings, AshaSimulator
     from rubberband.planner.model import DeviceModel, PerformanceModel, StartupModel
 
     epoch_s = args.epoch_s
@@ -188,13 +188,8 @@ def main() -> None:
         )
         sim = AshaSimulator(
             model,
-            trials=trials,
-            eta=3,
-            min_epochs=1,
-            max_epochs=max_epochs,
-            samples=samples,
-            start_concurrency=c,
-            start_sigma=sigma,
+            AshaSchedule(trials=trials, eta=3, min_epochs=1, max_epochs=max_epochs),
+            AshaSettings(samples=samples, start_concurrency=c, start_sigma=sigma),
         )
         if qualities is not None:
             sim.set_qualities(qualities)

@@ -25,7 +25,7 @@ from rubberband.executor import journal as J
 from rubberband.executor.run import Executor, Job, Settings, Target
 from rubberband.executor.runtime import TrialRuntime
 from rubberband.inputs import load_job_inputs
-from rubberband.planner import plan_job
+from rubberband.planner import PlanOptions, plan_job
 from rubberband.units import parse_duration
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,11 +62,7 @@ def main() -> None:
             inputs.spec,
             inputs.profile,
             inputs.catalog,
-            deadline_s=deadline_s,
-            samples=1000,
-            seed=0,
-            brackets=mode,
-            asha=False,
+            PlanOptions(deadline_s=deadline_s, samples=1000, seed=0, brackets=mode, asha=False),
         )
         run_dir = base / f"run-{mode}"
         executor = Executor(

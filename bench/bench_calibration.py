@@ -154,7 +154,7 @@ def calibrate(name: str, overrides: dict, workdir: Path, args) -> list[dict]:
     from rubberband.inputs import load_job_inputs
     from rubberband.planner.api import configs_of, heads_of
     from rubberband.planner.model import fit_performance_model
-    from rubberband.planner.simulator import Simulator
+    from rubberband.planner.simulator import SimSettings, Simulator
     from rubberband.planning import plan_from_inputs
 
     spec_path = spec_for(name, overrides, workdir)
@@ -185,7 +185,7 @@ def calibrate(name: str, overrides: dict, workdir: Path, args) -> list[dict]:
             deadline = base * factor
             plan = plan_from_inputs(inputs, deadline_s=deadline, confidence=p)
             stages, configs = configs_of(plan, inputs.catalog)
-            replay = Simulator(stages, truth, samples=args.replays, seed=args.seed, heads=heads_of(plan))
+            replay = Simulator(stages, truth, SimSettings(samples=args.replays, seed=args.seed, heads=heads_of(plan)))
             hit = replay.simulate(configs).p_meet(deadline)
             ok = hit >= p - TOLERANCE
             rows.append(

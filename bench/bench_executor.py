@@ -37,7 +37,7 @@ from rubberband.executor import journal as J
 from rubberband.executor.run import Executor, Job, Settings, Target
 from rubberband.executor.runtime import TrialRuntime
 from rubberband.inputs import load_job_inputs
-from rubberband.planner import plan_job
+from rubberband.planner import PlanOptions, plan_job
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart_local.yaml"
@@ -95,7 +95,7 @@ def main() -> None:
             from rubberband.units import parse_duration
 
             deadline_s = parse_duration(deadline)
-        plan = plan_job(spec, profile, catalog, deadline_s=deadline_s, samples=1000, seed=0)
+        plan = plan_job(spec, profile, catalog, PlanOptions(deadline_s=deadline_s, samples=1000, seed=0))
         runs = [("elastic", plan)]
         if deadline is None and spec_path in (QUICKSTART, SHA):  # vs the best static plan, same deadline
             runs.append(("static", static_plan(plan)))

@@ -22,11 +22,12 @@ import numpy as np
 
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
-from rubberband.planner.api import plan_stages
-from rubberband.planner.brackets import ParallelSimulator, bracket_ranges, parallel_remainder
+from rubberband.planner.api import SearchOptions, plan_stages
+from rubberband.planner.brackets import BracketSetup, ParallelSimulator, bracket_ranges, parallel_remainder
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import hyperband_brackets
-from rubberband.planner.simulator import RunningState
+from rubberband.planner.search import Goal, PlanSpace
+from rubberband.planner.simulator import RunningState, SimSettings
 from rubberband.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,19 +84,25 @@ def main() -> None:
         hb = [s for b in hyperband_brackets(3, 1, big_r) for s in b]
         try:
             plan_stages(
-                hb, model, types, deadline_s=1.0, confidence=CONFIDENCE, max_workers_per_trial=1, brackets="parallel"
+                PlanSpace(hb, types, model, 1),
+                Goal(1.0, CONFIDENCE),
+                SimSettings(),
+                SearchOptions(brackets=BracketSetup()),
             )
             raise RuntimeError("a 1-second deadline was feasible")
         except InfeasibleError as exc:
             deadline = exc.shortest_jct_s * 1.2
         out = plan_stages(
-            hb, model, types, deadline_s=deadline, confidence=CONFIDENCE, max_workers_per_trial=1, brackets="parallel"
+            PlanSpace(hb, types, model, 1),
+            Goal(deadline, CONFIDENCE),
+            SimSettings(),
+            SearchOptions(brackets=BracketSetup()),
         )
         rest, states, now = remainder_at_first_boundary(hb, out)
         stages = [hb[i] for i in rest.positions]
         configs = [out.configs[i] for i in rest.positions]
         current = ParallelSimulator(
-            stages, model, offsets=rest.offsets_s, start_state=states[0], bracket_states=states
+            stages, model, SimSettings(start_state=states[0]), BracketSetup(offsets=rest.offsets_s, states=states)
         ).simulate(configs)
         print(
             f"R={big_r}: plan {len(hb)} stages, deadline {deadline / 60:.0f} min; at {now / 60:.1f} min the "
@@ -108,16 +115,10 @@ def main() -> None:
                 wall, cpu = time.perf_counter(), time.process_time()
                 try:
                     res = plan_stages(
-                        stages,
-                        model,
-                        types,
-                        deadline_s=left,
-                        confidence=CONFIDENCE,
-                        max_workers_per_trial=1,
-                        brackets="parallel",
-                        offsets=rest.offsets_s,
-                        running=states[0],
-                        bracket_running=states,
+                        PlanSpace(stages, types, model, 1),
+                        Goal(left, CONFIDENCE),
+                        SimSettings(start_state=states[0]),
+                        SearchOptions(brackets=BracketSetup(offsets=rest.offsets_s, states=states)),
                     )
                 except InfeasibleError as exc:
                     res = exc

@@ -22,9 +22,12 @@ from typing import Any
 
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
-from rubberband.planner.api import plan_stages
+from rubberband.planner.api import SearchOptions, plan_stages
+from rubberband.planner.brackets import BracketSetup
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import hyperband_brackets, sha_stages
+from rubberband.planner.search import Goal, PlanSpace
+from rubberband.planner.simulator import SimSettings
 from rubberband.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,14 +48,10 @@ class Problem:
 
     def plan(self, deadline_s: float, confidence: float):
         return plan_stages(
-            self.stages,
-            self.model,
-            self.types,
-            deadline_s=deadline_s,
-            confidence=confidence,
-            samples=self.samples,
-            max_workers_per_trial=self.max_workers,
-            brackets=self.brackets,
+            PlanSpace(self.stages, self.types, self.model, self.max_workers),
+            Goal(deadline_s, confidence),
+            SimSettings(samples=self.samples),
+            SearchOptions(brackets=BracketSetup() if self.brackets == "parallel" else None),
         )
 
 
@@ -111,7 +110,9 @@ def bench_hyperband(model, types, repeat: int) -> None:
             best, med, cpu, par = timed(Problem(hb, model, types, brackets="parallel"), j_par * factor, repeat=repeat)
             seq_cost = "infeasible"
             if j_seq <= j_par * factor:
-                seq_cost = f"${plan_stages(hb, model, types, deadline_s=j_par * factor, confidence=0.95, max_workers_per_trial=1).result.cost_mean:.2f}"
+                seq_cost = (
+                    f"${plan_stages(PlanSpace(hb, types, model, 1), Goal(j_par * factor, 0.95)).result.cost_mean:.2f}"
+                )
             static = f"${par.static[1].cost_mean:.2f}" if par.static else "none"
             print(
                 f"  deadline {factor}x parallel shortest ({j_par * factor / 60:.0f} min): parallel ${par.result.cost_mean:.2f} "
@@ -133,11 +134,10 @@ def exact_parallel(problem: Problem, deadline: float, confidence: float):
     import math
 
     from rubberband.planner.brackets import ParallelSimulator
-    from rubberband.planner.search import PlanSpace
 
     stages, model, samples = problem.stages, problem.model, problem.samples
     space = PlanSpace(stages, problem.types, model, 1)
-    sim = ParallelSimulator(stages, model, samples=samples, seed=0)
+    sim = ParallelSimulator(stages, model, SimSettings(samples=samples, seed=0))
     need = math.ceil(confidence * samples - 1e-9)
     per_bracket = []
     for b, (lo, hi) in enumerate(sim.ranges):
@@ -176,14 +176,10 @@ def bench_exact_hyperband(model, catalog) -> None:
         j = shortest_jct(Problem(hb, model, small_types, samples=300, brackets="parallel"), confidence=0.9)
         for factor in (1.2, 1.5, 2.0):
             out = plan_stages(
-                hb,
-                model,
-                small_types,
-                deadline_s=j * factor,
-                confidence=0.9,
-                samples=300,
-                max_workers_per_trial=1,
-                brackets="parallel",
+                PlanSpace(hb, small_types, model, 1),
+                Goal(j * factor, 0.9),
+                SimSettings(samples=300),
+                SearchOptions(brackets=BracketSetup()),
             )
             started = time.process_time()
             _, exact, visited, total = exact_parallel(Problem(hb, model, small_types, samples=300), j * factor, 0.9)
@@ -196,7 +192,7 @@ def bench_exact_hyperband(model, catalog) -> None:
 
 def bench_asha(model, types, catalog) -> None:
     """Elastic SHA versus ASHA simulated on the cheapest fixed cluster meeting the same deadline."""
-    from rubberband.planner.asha import AshaSimulator, asha_baseline
+    from rubberband.planner.asha import AshaSchedule, AshaSimulator, asha_baseline
 
     print("\n== elastic plan vs ASHA on a fixed cluster (same profile, trials, eta, epochs; p95, 1000 / 200 samples)")
     cases = [
@@ -206,10 +202,13 @@ def bench_asha(model, types, catalog) -> None:
     for name, stages, trials, big_r, brackets in cases:
         j = shortest_jct(Problem(stages, model, types, brackets=brackets), confidence=0.95)
         n = trials or sum(s.trials for s in stages if s.index == 0)
-        sim = AshaSimulator(model, trials=n, eta=3, min_epochs=1, max_epochs=big_r)
+        sim = AshaSimulator(model, AshaSchedule(trials=n, eta=3, min_epochs=1, max_epochs=big_r))
         for factor in (1.2, 2.0):
             out = plan_stages(
-                stages, model, types, deadline_s=j * factor, confidence=0.95, max_workers_per_trial=1, brackets=brackets
+                PlanSpace(stages, types, model, 1),
+                Goal(j * factor, 0.95),
+                SimSettings(),
+                SearchOptions(brackets=BracketSetup() if brackets == "parallel" else None),
             )
             started = time.process_time()
             found = asha_baseline(sim, types, 1, j * factor, 0.95)
@@ -278,14 +277,10 @@ def main() -> None:
         j = shortest_jct(Problem(stages, model, small_types, max_workers=2, samples=300), confidence=0.9)
         for factor in (1.2, 1.5, 2.0):
             out = plan_stages(
-                stages,
-                model,
-                small_types,
-                deadline_s=j * factor,
-                confidence=0.9,
-                samples=300,
-                max_workers_per_trial=2,
-                include_exact=True,
+                PlanSpace(stages, small_types, model, 2),
+                Goal(j * factor, 0.9),
+                SimSettings(samples=300),
+                SearchOptions(include_exact=True),
             )
             ratio = out.result.cost_mean / out.exact[1].cost_mean
             ratios.append(ratio)
@@ -301,9 +296,7 @@ def main() -> None:
     print("\n== best static / plan and plan / work lower bound (quickstart: SHA n=81, 3 types, 1 worker/trial)")
     bound = work_lower_bound(sha, model, types, 1)
     for factor in (1.2, 1.5, 2.0):
-        out = plan_stages(
-            sha, model, types, deadline_s=j_sha * factor, confidence=0.95, samples=1000, max_workers_per_trial=1
-        )
+        out = plan_stages(PlanSpace(sha, types, model, 1), Goal(j_sha * factor, 0.95), SimSettings(samples=1000))
         static = out.static[1].cost_mean if out.static else float("nan")
         print(
             f"deadline {factor}x shortest ({j_sha * factor:.0f} s): plan ${out.result.cost_mean:.2f}, static "

@@ -83,7 +83,7 @@ def main() -> int:
     from rubberband.catalog import load_catalog
     from rubberband.errors import InfeasibleError
     from rubberband.plan import SpotInfo, SpotZoneInfo
-    from rubberband.planner.api import plan_job, replay_plan
+    from rubberband.planner.api import PlanOptions, Replay, SpotMarket, plan_job, replay_plan
     from rubberband.planner.policies import SpotPolicy
     from rubberband.planner.spot import TraceScenario
     from rubberband.profile import load_profile
@@ -128,18 +128,14 @@ def main() -> int:
             profile,
             catalog,
             samples=args.replays,
-            seed=1,
-            spot_scenarios=scenarios(plan, held_part),
-            spot_policy=policy,
+            replay=Replay(seed=1, spot_scenarios=scenarios(plan, held_part), spot_policy=policy),
         )
         seen = replay_plan(
             plan,
             profile,
             catalog,
             samples=args.replays,
-            seed=1,
-            spot_scenarios=scenarios(plan, fit_part),
-            spot_policy=policy,
+            replay=Replay(seed=1, spot_scenarios=scenarios(plan, fit_part), spot_policy=policy),
         )
         return held.cost_mean, held.p_meet(plan.deadline_s), seen.cost_mean, seen.p_meet(plan.deadline_s)
 
@@ -149,14 +145,19 @@ def main() -> int:
         spec = workloads[name]
         conf = spec.confidence
         try:
-            plan_job(with_spot(spec, False), profile, catalog, deadline_s=60.0, samples=args.samples, asha=False)
+            plan_job(
+                with_spot(spec, False), profile, catalog, PlanOptions(deadline_s=60.0, samples=args.samples, asha=False)
+            )
             raise SystemExit("a 60 s deadline was feasible?")
         except InfeasibleError as exc:
             shortest = exc.shortest_jct_s
         for factor in (1.2, 1.5, 2.0):
             deadline = shortest * factor
             od = plan_job(
-                with_spot(spec, False), profile, catalog, deadline_s=deadline, samples=args.samples, asha=False
+                with_spot(spec, False),
+                profile,
+                catalog,
+                PlanOptions(deadline_s=deadline, samples=args.samples, asha=False),
             )
             od_cost = od.predicted.cost_usd.mean
             od_hit = od.predicted.p_meet_deadline
@@ -167,11 +168,9 @@ def main() -> int:
                 with_spot(spec, True),
                 profile,
                 catalog,
-                deadline_s=deadline,
-                samples=args.samples,
-                asha=False,
-                spot_model=market,
-                spot_source=fitted.source,
+                PlanOptions(
+                    deadline_s=deadline, samples=args.samples, asha=False, spot=SpotMarket(market, source=fitted.source)
+                ),
             )
             rows.append(
                 (
@@ -190,9 +189,7 @@ def main() -> int:
                     with_spot(spec, True, ["p3.2xlarge"]),
                     profile,
                     catalog,
-                    deadline_s=deadline,
-                    samples=args.samples,
-                    asha=False,
+                    PlanOptions(deadline_s=deadline, samples=args.samples, asha=False),
                 )
             except InfeasibleError:
                 rows.append((name, factor, deadline, "all-spot naive", *[float("nan")] * 5, conf, "—"))

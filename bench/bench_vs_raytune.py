@@ -223,12 +223,14 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
     from rubberband.executor.run import Executor, Job, Settings, Target
     from rubberband.executor.runtime import TrialRuntime, planner_replanner
     from rubberband.inputs import load_job_inputs
-    from rubberband.planner import plan_job
+    from rubberband.planner import PlanOptions, plan_job
 
     inputs = load_job_inputs(spec_path)
     trials = same_trials(inputs.spec)
     try:
-        plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=deadline_s, samples=1000, seed=0)
+        plan = plan_job(
+            inputs.spec, inputs.profile, inputs.catalog, PlanOptions(deadline_s=deadline_s, samples=1000, seed=0)
+        )
     except InfeasibleError as exc:
         return {"system": f"rubberband elastic ({label})", "deadline_s": deadline_s, "infeasible": str(exc)}
     run_dir = out / f"rubberband-{label}"
@@ -267,11 +269,11 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
 def shortest_feasible_s(spec_path: Path) -> float:
     from rubberband.errors import InfeasibleError
     from rubberband.inputs import load_job_inputs
-    from rubberband.planner import plan_job
+    from rubberband.planner import PlanOptions, plan_job
 
     inputs = load_job_inputs(spec_path)
     try:
-        plan_job(inputs.spec, inputs.profile, inputs.catalog, deadline_s=1.0, samples=1000, seed=0)
+        plan_job(inputs.spec, inputs.profile, inputs.catalog, PlanOptions(deadline_s=1.0, samples=1000, seed=0))
     except InfeasibleError as exc:
         return float(exc.shortest_jct_s)
     raise RuntimeError("a 1-second deadline was feasible")

@@ -172,7 +172,13 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
     """
     try:
         from rubberband.planner import (
+            BracketSetup,
+            Goal,
+            ParallelSimulator,
+            PlanSpace,
             RunningState,
+            SearchOptions,
+            SimSettings,
             Simulator,
             allowed_types,
             configs_of,
@@ -181,7 +187,6 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
             prediction,
             stage_plans,
         )
-        from rubberband.planner.brackets import ParallelSimulator
         from rubberband.planner.schedule import Stage
     except (ImportError, AttributeError):
         return None
@@ -209,21 +214,13 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
             per_bracket = [running] + [state(c) for c in counts[1:]]
             per_bracket += [state({})] * (len(request.offsets_s) - len(per_bracket))
         deadline_s = request.remaining_deadline_s
+        settings = SimSettings(seed=spec.seed, spot=spec.resources.spot, start_state=running)
+        brackets = BracketSetup(offsets=request.offsets_s, states=per_bracket) if parallel else None
         current = None
         try:
             _, configs = configs_of(request.plan.model_copy(update={"stages": rest}), catalog)
             sim = (
-                ParallelSimulator(
-                    stages,
-                    model,
-                    seed=spec.seed,
-                    spot=spec.resources.spot,
-                    start_state=running,
-                    offsets=request.offsets_s,
-                    bracket_states=per_bracket,
-                )
-                if parallel
-                else Simulator(stages, model, seed=spec.seed, spot=spec.resources.spot, start_state=running)
+                ParallelSimulator(stages, model, settings, brackets) if parallel else Simulator(stages, model, settings)
             )
             current = sim.simulate(configs)
         except Exception:  # noqa: BLE001 - a type left the catalog: judge the current plan by the slowdown
@@ -240,24 +237,18 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
         types = [t for t in allowed_types(catalog, spec) if t.key not in request.unavailable]
         if not types:
             return ReplanAnswer(None, **figures)
-        options = dict(
-            confidence=spec.confidence,
-            max_workers_per_trial=spec.resources.max_workers_per_trial,
-            spot=spec.resources.spot,
-            seed=spec.seed,
-            running=running,
-            **(dict(brackets="parallel", offsets=request.offsets_s, bracket_running=per_bracket) if parallel else {}),
-        )
+        space = PlanSpace(stages, types, model, spec.resources.max_workers_per_trial)
+        options = SearchOptions(brackets=brackets)
         try:
-            out = plan_stages(stages, model, types, deadline_s=deadline_s, **options)
+            out = plan_stages(space, Goal(deadline_s, spec.confidence), settings, options)
         except InfeasibleError as exc:
             if exc.shortest_jct_s is None:
                 return ReplanAnswer(None, **figures)
             # out of reach: the quickest plan (the policy takes it only when it makes the run clearly less late)
-            out = plan_stages(stages, model, types, deadline_s=exc.shortest_jct_s * QUICKEST_SLACK, **options)
+            out = plan_stages(space, Goal(exc.shortest_jct_s * QUICKEST_SLACK, spec.confidence), settings, options)
         proposal = request.plan.model_copy(
             update={
-                "stages": stage_plans(stages, out.configs, out.result, spec.resources.spot, model),
+                "stages": stage_plans(stages, out.configs, out.result, model, settings),
                 "predicted": prediction(out.result, deadline_s),
             }
         )

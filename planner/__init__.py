@@ -8,6 +8,10 @@ import importlib
 
 # Exports resolve lazily so that light users (``rubberband schedule``) do not import scipy/networkx.
 _EXPORTS = {
+    "PlanOptions": "api",
+    "Replay": "api",
+    "SearchOptions": "api",
+    "SpotMarket": "api",
     "StagesPlan": "api",
     "allowed_types": "api",
     "configs_of": "api",
@@ -19,11 +23,16 @@ _EXPORTS = {
     "heads_of": "api",
     "replay_plan": "api",
     "plan_simulator": "api",
+    "BracketSetup": "brackets",
+    "ParallelSimulator": "brackets",
     "PerformanceModel": "model",
     "fit_performance_model": "model",
+    "Goal": "search",
+    "PlanSpace": "search",
     "HeadSpec": "simulator",
     "RunningState": "simulator",
     "SimResult": "simulator",
+    "SimSettings": "simulator",
     "Simulator": "simulator",
     "StageConfig": "simulator",
 }

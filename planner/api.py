@@ -1,9 +1,11 @@
 """Planner entry points: plan a job, re-plan remaining stages, re-simulate a plan.
 
-``plan_job`` turns (spec, profile, catalog) into a full :class:`rubberband.plan.Plan`;
-``plan_stages`` is the lower-level call the executor uses mid-run (remaining stages, remaining
-deadline, instances already running); ``simulate_plan`` re-simulates an existing plan. All pure:
-the caller times the planner and fills ``plan.planner.seconds``.
+``plan_job`` turns (spec, profile, catalog) into a full :class:`rubberband.plan.Plan` (its knobs:
+:class:`PlanOptions`); ``plan_stages`` is the lower-level call the executor uses mid-run (the remaining
+stages' :class:`~rubberband.planner.search.PlanSpace`, the remaining deadline as a
+:class:`~rubberband.planner.search.Goal`, the instances already running in its
+:class:`~rubberband.planner.simulator.SimSettings`); ``simulate_plan`` re-simulates an existing plan (what
+a replay changes: :class:`Replay`). All pure: the caller times the planner and fills ``plan.planner.seconds``.
 """
 
 from __future__ import annotations
@@ -38,18 +40,28 @@ from rubberband.planner.asha import (
     ASHA_SAMPLES,
     AshaPhases,
     AshaResult,
+    AshaSchedule,
     AshaSearch,
+    AshaSettings,
     AshaSimulator,
     asha_baseline,
     elastic_asha,
 )
-from rubberband.planner.baselines import cheapest_feasible, exact_optimum, shrink, static_plans
-from rubberband.planner.brackets import ParallelSimulator, bracket_ranges, optimise_offsets, parallel_knapsack_plans
+from rubberband.planner.baselines import BaselineResult, cheapest_feasible, exact_optimum, shrink, static_plans
+from rubberband.planner.brackets import (
+    BracketSetup,
+    ParallelSimulator,
+    bracket_ranges,
+    optimise_offsets,
+    parallel_knapsack_plans,
+)
 from rubberband.planner.model import PerformanceModel, fit_performance_model
 from rubberband.planner.schedule import Stage, asha_stages, stages_for
 from rubberband.planner.policies import AshaPhasePolicy, SpotPolicy
 from rubberband.planner.search import (
     Evaluator,
+    Goal,
+    PlanSearch,
     PlanSimulator,
     PlanSpace,
     descend,
@@ -69,9 +81,8 @@ from rubberband.planner.spot import (
 )
 from rubberband.planner.simulator import (
     HeadSpec,
-    RunningState,
-    SimOptions,
     SimResult,
+    SimSettings,
     Simulator,
     StageConfig,
     normalise,
@@ -164,19 +175,23 @@ def _subsample(values: np.ndarray, at_most: int = SAMPLES_KEPT) -> list[float]:
 def stage_plans(
     stages: Sequence[Stage],
     configs: Sequence[StageConfig],
-    result: SimResult | None,
-    spot: bool = False,
+    result: SimResult | None = None,
     model: PerformanceModel | None = None,
-    spot_setup: SpotSetup | None = None,
+    settings: SimSettings | None = None,
 ) -> list[StagePlan]:
-    """The plan's stages; with ``model``, each says its median task time (``predicted_task_s``), from which
-    the executor times the next stage's prefetch before a trial has finished, as the simulator does. With
-    ``spot_setup`` too, a spot stage says its zone and its trials' fall-back type (and how much slower it is)."""
+    """The plan's stages, as simulated with ``settings`` (its ``spot``: every stage bought at spot, the old
+    reading of ``resources.spot``; its ``spot_setup``: spot per stage) with ``result``'s predictions.
+
+    With ``model``, each says its median task time (``predicted_task_s``), from which the executor times the next
+    stage's prefetch before a trial has finished, as the simulator does. With a spot setup too, a spot stage says
+    its zone and its trials' fall-back type (and how much slower it is)."""
     out = []
     tasks: list[float | None] = [None] * len(configs)
+    spot = settings is not None and settings.spot
+    spot_setup = None if settings is None else settings.spot_setup
     sim = None
     if model is not None:
-        sim = Simulator(stages, model, samples=1, spot_setup=spot_setup)
+        sim = Simulator(stages, model, SimSettings(samples=1, spot_setup=spot_setup))
         normal = [normalise(c, s.trials) for c, s in zip(configs, stages)]
         tasks = [sum(sim.task_time(i, c, normal[i - 1] if i else None)) for i, c in enumerate(normal)]
     zones = {} if spot_setup is None else spot_setup.zones
@@ -217,192 +232,202 @@ def _timeline(sim: PlanSimulator, configs: tuple[StageConfig, ...], result: SimR
     return timeline
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """How :func:`plan_stages` searches beyond the plan space, the goal and the simulation settings.
+
+    ``brackets``: None runs Hyperband's brackets one after another; a :class:`~rubberband.planner.brackets.
+    BracketSetup` runs them side by side (:mod:`~rubberband.planner.brackets`), the search picking the bracket
+    start offsets unless the setup fixes them (the remainder of a parallel run re-planned mid-run, where each
+    bracket's next stage starts when its running stage ends or its start offset comes: :func:`~rubberband.planner.
+    brackets.parallel_remainder`; its ``states``: the instances already running for each bracket's next stage).
+    ``include_exact``: also search the whole plan space exactly (small jobs; sequential brackets only).
+    ``screen_samples``: the samples a candidate is screened with before it is confirmed with all."""
+
+    brackets: BracketSetup | None = None
+    include_exact: bool = False
+    screen_samples: int = SCREEN_SAMPLES
+
+
 def plan_stages(
-    stages: Sequence[Stage],
-    model: PerformanceModel,
-    types: Sequence[InstanceType],
-    *,
-    deadline_s: float,
-    confidence: float,
-    max_workers_per_trial: int = 8,
-    spot: bool = False,
-    samples: int = DEFAULT_SAMPLES,
-    seed: int = 0,
-    budget_usd: float | None = None,
-    running: RunningState | None = None,
-    include_exact: bool = False,
-    screen_samples: int = SCREEN_SAMPLES,
-    heads: Mapping[str, HeadSpec] | None = None,
-    brackets: str = "sequential",
-    spot_setup: SpotSetup | None = None,
-    offsets: Sequence[float] | None = None,
-    bracket_running: Sequence[RunningState | None] | None = None,
+    space: PlanSpace, goal: Goal, settings: SimSettings | None = None, options: SearchOptions | None = None
 ) -> StagesPlan:
-    """Cheapest plan for ``stages`` meeting ``deadline_s`` at ``confidence`` (seconds from now).
+    """Cheapest plan of ``space`` (its stages, allowed types, performance model and trial width cap) meeting
+    ``goal``: its deadline (seconds from now) at its confidence, within its budget.
 
-    ``running`` describes instances already up (re-planning mid-run): the first stage reuses them
-    when it keeps their type. ``heads`` (cloud → :class:`HeadSpec`) bills the run's head instance
-    in every candidate whose first stage runs on that cloud, the static baseline included.
-    ``brackets``: ``parallel`` runs Hyperband's brackets side by side (:mod:`~rubberband.planner.brackets`;
-    the search also picks bracket start offsets), ``sequential`` one after another; the static baseline
-    is a fixed cluster running the brackets one after another either way. Raises
-    InfeasibleError with the shortest achievable JCT (and its cost) when no plan meets the
-    deadline, or with the cheapest plan's cost when over budget.
+    ``settings`` says how every candidate is simulated: samples and seed; ``start_state``, the instances already
+    up (re-planning mid-run: the first stage reuses them when it keeps their type); ``heads`` (cloud →
+    :class:`HeadSpec`), the run's billed head in every candidate whose first stage runs on that cloud, the static
+    baseline included; ``spot``, the old all-spot pricing; ``spot_setup``, spot allowed per stage.
+    ``options`` (:class:`SearchOptions`): parallel or sequential brackets, the exact search, the screening.
 
-    ``spot_setup``: spot allowed per stage (types it has a scenario for): the search first finds the
+    With parallel brackets (``options.brackets``) the search also picks bracket start offsets (unless fixed) and
+    whether one bracket after another is cheaper; the static baseline is a fixed cluster running the brackets one
+    after another either way. Raises InfeasibleError with the shortest achievable JCT (and its cost) when no
+    plan meets the deadline, or with the cheapest plan's cost when over budget.
+
+    With a ``spot_setup`` (spot allowed per stage, types it has a scenario for) the search first finds the
     cheapest on-demand plan, then descends with the market as one more move dimension
     (:func:`~rubberband.planner.search.with_markets`) from it, from it all on spot and from the fastest
     plan all on spot; every candidate is simulated with preemptions and the SpotPolicy fall-back, so
     P(meet) and cost include them. The static baseline stays on-demand.
-
-    ``offsets`` (with ``brackets="parallel"``): fixed start offsets, one per bracket of ``stages`` (the
-    first 0) — the remainder of a parallel run being re-planned mid-run, where each bracket's next stage
-    starts when its running stage ends or its start offset comes (:func:`parallel_remainder`). The
-    search then neither moves the offsets nor runs the brackets one after another. ``bracket_running``:
-    with them, the instances already running for each bracket's next stage (default: ``running`` for
-    the first bracket, a fresh start for the others).
     """
-    if not stages:
+    if not space.stages:
         raise ValueError("plan_stages needs at least one stage")
-    space = PlanSpace(stages, types, model, max_workers_per_trial)
-    parallel = brackets == "parallel" and len(bracket_ranges(stages)) > 1
-    fixed = offsets is not None
-    sim: PlanSimulator
-    if parallel:
-        sim = ParallelSimulator(
-            stages,
-            model,
-            samples=samples,
-            seed=seed,
-            spot=spot,
-            start_state=running,
-            heads=heads,
-            spot_setup=spot_setup,
-            offsets=offsets,
-            bracket_states=bracket_running,
-        )
-    else:
-        sim = Simulator(
-            stages,
-            model,
-            samples=samples,
-            seed=seed,
-            spot=spot,
-            start_state=running,
-            heads=heads,
-            spot_setup=spot_setup,
-        )
-    evaluator = Evaluator(sim, screen_samples)
-    statics = static_plans(space)
-    # the static baseline is a fixed cluster: simulated with every instance held to the end
-    static_sim = Simulator(
-        stages,
-        model,
-        samples=samples,
-        seed=seed,
-        spot=spot,
-        start_state=running,
-        options=SimOptions(hold_to_end=True),
-        heads=heads,
-    )
-    static = cheapest_feasible(
-        statics, space, Evaluator(static_sim, screen_samples), deadline_s, confidence, screen_slack=SCREEN_SLACK
-    )
-    notes = []
-    if space.skipped:
-        notes.append(f"not plannable (device not in profile): {', '.join(space.skipped)}")
-    # the deadline-independent pool, searched exactly; the static plans are the incumbent, so the
-    # answer is never costlier than the best static plan
-    fastest = space.fastest()
-    pool = [fastest] + knapsack_plans(space) + [shrink(space, p) for p in statics]
-    if parallel:
-        pool += parallel_knapsack_plans(space)
-    # run elastically, the static plan releases what its last stages leave idle: never costlier
-    incumbent = None
-    if static.plan is not None and evaluator.full(static.plan).meets(deadline_s, confidence):
-        incumbent = (static.plan, evaluator.full(static.plan))
-    best = cheapest_feasible(
-        pool, space, evaluator, deadline_s, confidence, incumbent=incumbent, screen_slack=SCREEN_SLACK
-    )
-    candidates = static.evaluated + best.evaluated
-    iterations = 0
-    chosen: tuple[tuple[StageConfig, ...], SimResult] | None = None
-    if best.plan is not None and best.result is not None:
-        chosen = (best.plan, best.result)
-    # RubberBand's greedy from maximum useful parallelism, and from the pool's best plan. With parallel
-    # brackets the pool (per-bracket knapsack ladders) already balances the brackets, and the walk down
-    # from the fastest plan costs twice the rest of planning for no measured gain (bench_planner.py):
-    # it runs only when the pool has no feasible plan.
-    for start, moves in ((fastest, simple_moves), (None if chosen is None else chosen[0], local_moves)):
-        if start is None or (parallel and moves is simple_moves and chosen is not None):
-            continue
-        refined = descend(space, evaluator, start, deadline_s, confidence, moves=moves)
-        iterations += refined.iterations
-        candidates += refined.candidates_evaluated
-        if refined.result.meets(deadline_s, confidence) and (
-            chosen is None or refined.result.cost_mean < chosen[1].cost_mean
-        ):
-            chosen = (refined.plan, refined.result)
-    if parallel and chosen is not None and not fixed and isinstance(sim, ParallelSimulator):
-        # start shorter brackets later where that hands them instances another bracket releases,
-        # then let the greedy adapt the stages to the new offsets
-        sim, moved, tried = optimise_offsets(sim, chosen[0], chosen[1], deadline_s, confidence)
-        candidates += tried
-        if moved is not chosen[1]:
-            evaluator = Evaluator(sim, screen_samples)
-            refined = descend(space, evaluator, chosen[0], deadline_s, confidence, moves=local_moves)
-            iterations += refined.iterations
-            candidates += refined.candidates_evaluated
-            chosen = (refined.plan, refined.result)
-    if parallel and chosen is not None and not fixed:
-        # one bracket after another can still be cheapest (loose deadlines: instances carry over between
-        # brackets): the static plan and the chosen stages, run sequentially and elastically, compete
-        seq_sim = Simulator(
-            stages,
-            model,
-            samples=samples,
-            seed=seed,
-            spot=spot,
-            start_state=running,
-            heads=heads,
-            spot_setup=spot_setup,
-        )
-        for option in ([] if static.plan is None else [static.plan]) + [chosen[0]]:
+    return _StagesSearch(space, goal, settings or SimSettings(), options or SearchOptions()).run()
+
+
+class _StagesSearch:
+    """One :func:`plan_stages` search: its simulators, the plan chosen so far, and what it has counted."""
+
+    def __init__(self, space: PlanSpace, goal: Goal, settings: SimSettings, options: SearchOptions) -> None:
+        self.space, self.goal, self.settings, self.options = space, goal, settings, options
+        stages, model, brackets = space.stages, space.model, options.brackets
+        self.parallel = brackets is not None and len(bracket_ranges(stages)) > 1
+        self.fixed = brackets is not None and brackets.offsets is not None
+        self.sim: PlanSimulator
+        if self.parallel:
+            self.sim = ParallelSimulator(stages, model, settings, brackets)
+        else:
+            self.sim = Simulator(stages, model, settings)
+        self.search = PlanSearch(space, Evaluator(self.sim, options.screen_samples), goal)
+        # the static baseline is a fixed cluster: simulated with every instance held to the end, on-demand
+        held = replace(settings, options=replace(settings.options, hold_to_end=True), spot_setup=None)
+        self.static_sim = Simulator(stages, model, held)
+        self.notes: list[str] = []
+        self.candidates = 0
+        self.iterations = 0
+        self.chosen: tuple[tuple[StageConfig, ...], SimResult] | None = None
+        self.incumbent: tuple[tuple[StageConfig, ...], SimResult] | None = None
+        self.fastest = space.fastest()
+        self.pool: list[tuple[StageConfig, ...]] = []
+        self.static = BaselineResult(None, None, 0)  # the best static plan (:meth:`_pool_search`)
+
+    def run(self) -> StagesPlan:
+        self._pool_search()
+        self._descend()
+        if self.parallel and self.chosen is not None and not self.fixed:
+            self._move_offsets()
+            self._try_sequential()
+        self._prefer_static()
+        setup = self.settings.spot_setup
+        if self.chosen is not None and setup is not None and setup.scenarios:
+            self.chosen, tried, steps = _spot_descent(self.search, setup, self.chosen, self.pool)
+            self.candidates += tried
+            self.iterations += steps
+        chosen = self.chosen or self._rescue()
+        configs, result = chosen
+        budget = self.goal.budget_usd
+        if budget is not None and result.cost_mean > budget:
+            raise InfeasibleError(
+                f"the cheapest plan meeting the deadline costs {format_usd(result.cost_mean)} (mean), above the "
+                f"budget of {format_usd(budget)}; raise budget_usd or loosen the deadline",
+                shortest_jct_s=result.jct_quantile(self.goal.confidence),
+                cost_usd=result.cost_mean,
+            )
+        return self._outcome(tuple(configs), result)
+
+    def _pool_search(self) -> None:
+        """The best static plan (the baseline), then the cheapest plan of the deadline-independent pool, searched
+        exactly with the static plan as the incumbent (run elastically, it releases what its last stages leave
+        idle: the answer is never costlier than the best static plan)."""
+        space, search = self.space, self.search
+        statics = static_plans(space)
+        static_search = search.judged_by(Evaluator(self.static_sim, self.options.screen_samples))
+        self.static = cheapest_feasible(static_search, statics, screen_slack=SCREEN_SLACK)
+        if space.skipped:
+            self.notes.append(f"not plannable (device not in profile): {', '.join(space.skipped)}")
+        self.pool = [self.fastest] + knapsack_plans(space) + [shrink(space, p) for p in statics]
+        if self.parallel:
+            self.pool += parallel_knapsack_plans(space)
+        static_plan = self.static.plan
+        if static_plan is not None and search.meets(search.evaluator.full(static_plan)):
+            self.incumbent = (static_plan, search.evaluator.full(static_plan))
+        best = cheapest_feasible(search, self.pool, incumbent=self.incumbent, screen_slack=SCREEN_SLACK)
+        self.candidates = self.static.evaluated + best.evaluated
+        if best.plan is not None and best.result is not None:
+            self.chosen = (best.plan, best.result)
+
+    def _descend(self) -> None:
+        """RubberBand's greedy from maximum useful parallelism, and from the pool's best plan. With parallel
+        brackets the pool (per-bracket knapsack ladders) already balances the brackets, and the walk down from the
+        fastest plan costs twice the rest of planning for no measured gain (bench_planner.py): it runs only when
+        the pool has no feasible plan."""
+        # both starts are fixed before either descent: the second is the pool's best plan, not the first's answer
+        starts = ((self.fastest, simple_moves), (None if self.chosen is None else self.chosen[0], local_moves))
+        for start, moves in starts:
+            if start is None or (self.parallel and moves is simple_moves and self.chosen is not None):
+                continue
+            refined = descend(self.search, start, moves)
+            self.iterations += refined.iterations
+            self.candidates += refined.candidates_evaluated
+            if self.search.meets(refined.result) and (
+                self.chosen is None or refined.result.cost_mean < self.chosen[1].cost_mean
+            ):
+                self.chosen = (refined.plan, refined.result)
+
+    def _move_offsets(self) -> None:
+        """Start shorter brackets later where that hands them instances another bracket releases, then let the
+        greedy adapt the stages to the new offsets."""
+        if self.chosen is None or not isinstance(self.sim, ParallelSimulator):
+            return
+        plan, result = self.chosen
+        self.sim, moved, tried = optimise_offsets(self.sim, plan, result, self.goal.deadline_s, self.goal.confidence)
+        self.candidates += tried
+        if moved is not result:
+            self.search = self.search.judged_by(Evaluator(self.sim, self.options.screen_samples))
+            refined = descend(self.search, plan, local_moves)
+            self.iterations += refined.iterations
+            self.candidates += refined.candidates_evaluated
+            self.chosen = (refined.plan, refined.result)
+
+    def _try_sequential(self) -> None:
+        """One bracket after another can still be cheapest (loose deadlines: instances carry over between
+        brackets): the static plan and the chosen stages, run sequentially and elastically, compete."""
+        if self.chosen is None:
+            return
+        seq_sim = Simulator(self.space.stages, self.space.model, self.settings)
+        static_plan = self.static.plan
+        for option in ([] if static_plan is None else [static_plan]) + [self.chosen[0]]:
             res = seq_sim.simulate(option)
-            candidates += 1
-            if res.meets(deadline_s, confidence) and res.cost_mean < chosen[1].cost_mean - 1e-12:
-                sim, parallel, chosen = seq_sim, False, (option, res)
-        if not parallel:
-            evaluator = Evaluator(seq_sim, screen_samples)
-            notes.append("running the brackets one after another is cheapest here")
-    if (
-        chosen is not None
-        and incumbent is not None
-        and chosen[0] != static.plan
-        and static_is_as_good(incumbent[1], chosen[1], confidence)
-    ):
-        # an elastic plan a hair cheaper but not faster is no saving worth its resizes: say so, run static
-        chosen = incumbent
-    if chosen is not None and static.plan is not None and chosen[0] == static.plan:
-        notes.append(
-            f"the best static plan is as cheap (within {STATIC_TIE:.0%}) and at least as fast as any "
-            f"elastic plan found; using the static plan"
-        )
-    if chosen is not None and spot_setup is not None and spot_setup.scenarios:
-        chosen, tried, steps = _spot_descent(space, evaluator, spot_setup, chosen, pool, deadline_s, confidence)
-        candidates += tried
-        iterations += steps
-    if chosen is None:
-        # The quickest plan is not always the widest (serial start-ups, spanning trials): screen the whole
-        # pool by its JCT quantile and confirm the quickest few with every sample.
-        screened = sorted(pool, key=lambda p: evaluator.screen(p).jct_quantile(confidence))[:SHORTEST_CONFIRMED]
-        evaluated = evaluator.evaluated_full() + [evaluator.full(p) for p in [fastest, *screened]]
-        feasible = [r for r in evaluated if r.meets(deadline_s, confidence)]
-        if feasible:  # the screens rejected a plan that meets it: never call a feasible deadline infeasible
+            self.candidates += 1
+            if self.search.meets(res) and res.cost_mean < self.chosen[1].cost_mean - 1e-12:
+                self.sim, self.parallel, self.chosen = seq_sim, False, (option, res)
+        if not self.parallel:
+            self.search = self.search.judged_by(Evaluator(seq_sim, self.options.screen_samples))
+            self.notes.append("running the brackets one after another is cheapest here")
+
+    def _prefer_static(self) -> None:
+        """An elastic plan a hair cheaper but not faster than the best static plan is no saving worth its
+        resizes: say so, run static."""
+        chosen, incumbent, static_plan = self.chosen, self.incumbent, self.static.plan
+        if (
+            chosen is not None
+            and incumbent is not None
+            and chosen[0] != static_plan
+            and static_is_as_good(incumbent[1], chosen[1], self.goal.confidence)
+        ):
+            self.chosen = chosen = incumbent
+        if chosen is not None and static_plan is not None and chosen[0] == static_plan:
+            self.notes.append(
+                f"the best static plan is as cheap (within {STATIC_TIE:.0%}) and at least as fast as any "
+                f"elastic plan found; using the static plan"
+            )
+
+    def _rescue(self) -> tuple[tuple[StageConfig, ...], SimResult]:
+        """No plan met the deadline in the search. The quickest plan is not always the widest (serial start-ups,
+        spanning trials): screen the whole pool by its JCT quantile and confirm the quickest few with every sample;
+        one of them (or any plan confirmed before) that meets the deadline is taken (the screens rejected it: never
+        call a feasible deadline infeasible), else InfeasibleError names the shortest JCT found."""
+        evaluator, confidence, deadline_s = self.search.evaluator, self.goal.confidence, self.goal.deadline_s
+        screened = sorted(self.pool, key=lambda p: evaluator.screen(p).jct_quantile(confidence))[:SHORTEST_CONFIRMED]
+        evaluated = evaluator.evaluated_full() + [evaluator.full(p) for p in [self.fastest, *screened]]
+        feasible = [r for r in evaluated if self.search.meets(r)]
+        if feasible:
             found = min(feasible, key=lambda r: r.cost_mean)
-            chosen = (tuple(found.configs), found)
-            notes.append("a plan the screening samples rejected met the deadline in the full evaluation")
-    if chosen is None:
+            self.notes.append("a plan the screening samples rejected met the deadline in the full evaluation")
+            self.chosen = (tuple(found.configs), found)
+            return self.chosen
         quickest = min(evaluated, key=lambda r: (r.jct_quantile(confidence), r.cost_mean))
         shortest = quickest.jct_quantile(confidence)
         raise InfeasibleError(
@@ -413,58 +438,54 @@ def plan_stages(
             shortest_jct_s=shortest,
             cost_usd=quickest.cost_mean,
         )
-    configs, result = chosen
-    if budget_usd is not None and result.cost_mean > budget_usd:
-        raise InfeasibleError(
-            f"the cheapest plan meeting the deadline costs {format_usd(result.cost_mean)} (mean), above the "
-            f"budget of {format_usd(budget_usd)}; raise budget_usd or loosen the deadline",
-            shortest_jct_s=result.jct_quantile(confidence),
-            cost_usd=result.cost_mean,
+
+    def _exact(self) -> tuple[tuple[tuple[StageConfig, ...], SimResult, Timeline] | None, str | None]:
+        """The exact optimum (with its timeline) and how far its search got, when asked for; independent of the plan
+        under test: no incumbent from it, so a wrong plan cannot prune the search."""
+        if not self.options.include_exact:
+            return None, None
+        if self.parallel:
+            self.notes.append("the exact optimum is searched for sequential brackets only")
+            return None, None
+        ex = exact_optimum(self.search)
+        note = ex.optimality()
+        if ex.plan is None or ex.result is None:
+            self.notes.append(f"exact search: no feasible plan found ({note})")
+            return None, note
+        return (ex.plan, ex.result, _timeline(self.sim, ex.plan, ex.result)), note
+
+    def _outcome(self, configs: tuple[StageConfig, ...], result: SimResult) -> StagesPlan:
+        exact, exact_note = self._exact()
+        static, static_out = self.static, None
+        if static.plan is not None and static.result is not None:
+            static_out = (static.plan, static.result, _timeline(self.static_sim, static.plan, static.result))
+        sim = self.sim
+        return StagesPlan(
+            stages=list(self.space.stages),
+            configs=configs,
+            result=result,
+            timeline=_timeline(sim, configs, result),
+            static=static_out,
+            exact=exact,
+            candidates_evaluated=self.candidates,
+            iterations=self.iterations,
+            samples=self.settings.samples,
+            seed=self.settings.seed,
+            notes=self.notes,
+            head=sim.head_for(configs),
+            brackets="parallel" if self.parallel else "sequential",
+            offsets=tuple(sim.offsets) if isinstance(sim, ParallelSimulator) else (),
+            handoffs=list(getattr(sim, "last_handoffs", [])) if self.parallel else [],
+            exact_note=exact_note,
         )
-    exact = exact_note = None
-    if include_exact and parallel:
-        notes.append("the exact optimum is searched for sequential brackets only")
-    elif include_exact:
-        # independent of the plan under test: no incumbent from it, so a wrong plan cannot prune the search
-        ex = exact_optimum(space, evaluator, deadline_s, confidence)
-        exact_note = ex.optimality()
-        if ex.plan is not None and ex.result is not None:
-            exact = (ex.plan, ex.result, _timeline(sim, ex.plan, ex.result))
-        else:
-            notes.append(f"exact search: no feasible plan found ({exact_note})")
-    static_out = None
-    if static.plan is not None and static.result is not None:
-        static_out = (static.plan, static.result, _timeline(static_sim, static.plan, static.result))
-    timeline = _timeline(sim, tuple(configs), result)
-    return StagesPlan(
-        stages=list(stages),
-        configs=tuple(configs),
-        result=result,
-        timeline=timeline,
-        static=static_out,
-        exact=exact,
-        candidates_evaluated=candidates,
-        iterations=iterations,
-        samples=samples,
-        seed=seed,
-        notes=notes,
-        head=sim.head_for(configs),
-        brackets="parallel" if parallel else "sequential",
-        offsets=tuple(sim.offsets) if isinstance(sim, ParallelSimulator) else (),
-        handoffs=list(getattr(sim, "last_handoffs", [])) if parallel else [],
-        exact_note=exact_note,
-    )
 
 
 def _spot_descent(
-    space: PlanSpace,
-    evaluator: Evaluator,
+    search: PlanSearch,
     setup: SpotSetup,
-    chosen: tuple,
-    pool: list,
-    deadline_s: float,
-    confidence: float,
-) -> tuple[tuple, int, int]:
+    chosen: tuple[tuple[StageConfig, ...], SimResult],
+    pool: list[tuple[StageConfig, ...]],
+) -> tuple[tuple[tuple[StageConfig, ...], SimResult], int, int]:
     """The greedy again with the market as a move dimension: from the on-demand plan, from it all on spot,
     and from the cheapest plan of the deadline-independent pool (its spot-capable plans, all on spot) that
     meets the deadline with preemptions (branch and bound, as for the on-demand pool)."""
@@ -479,14 +500,14 @@ def _spot_descent(
     moves = with_markets(local_moves, allowed)
     tried = steps = 0
     spot_pool = [all_spot(p) for p in pool if all(allowed(c) for c in p)]
-    best_spot = cheapest_feasible(spot_pool, space, evaluator, deadline_s, confidence, screen_slack=SCREEN_SLACK)
+    best_spot = cheapest_feasible(search, spot_pool, screen_slack=SCREEN_SLACK)
     tried += best_spot.evaluated
     starts = [chosen[0], all_spot(chosen[0])] + ([best_spot.plan] if best_spot.plan is not None else [])
     for start in starts:
-        refined = descend(space, evaluator, start, deadline_s, confidence, moves=moves)
+        refined = descend(search, start, moves)
         tried += refined.candidates_evaluated + 1
         steps += refined.iterations
-        if refined.result.meets(deadline_s, confidence) and refined.result.cost_mean < chosen[1].cost_mean - 1e-12:
+        if search.meets(refined.result) and refined.result.cost_mean < chosen[1].cost_mean - 1e-12:
             chosen = (refined.plan, refined.result)
     return chosen, tried, steps
 
@@ -503,119 +524,96 @@ def profile_sha256(profile: Profile) -> str:
     return hashlib.sha256(profile.model_dump_json(exclude={"fitted"}).encode()).hexdigest()
 
 
-def plan_job(
-    spec: JobSpec,
-    profile: Profile,
-    catalog: Catalog,
-    *,
-    deadline_s: float | None = None,
-    confidence: float | None = None,
-    cloud: str | None = None,
-    samples: int = DEFAULT_SAMPLES,
-    seed: int | None = None,
-    include_exact: bool = False,
-    heads: Mapping[str, HeadSpec] | None = None,
-    brackets: str | None = None,
-    asha: bool = True,
-    spot_model: SpotMarketModel | None = None,
-    spot_source: str = "",
-    spot_policy: SpotPolicy | None = None,
-) -> Plan:
-    """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines.
+@dataclass(frozen=True)
+class SpotMarket:
+    """The spot market a ``resources.spot: true`` spec is planned with: the fitted ``model`` of preemptions and
+    unavailability, its name in ``plan.spot`` (``source``) and the fall-back ``policy`` (None: SpotPolicy with
+    the spec's ``resources.spot_margin_s``)."""
 
-    ``brackets`` (``parallel`` | ``sequential``) overrides the spec's ``scheduler.brackets``.
-    ``asha``: also simulate ASHA on the cheapest fixed cluster meeting the deadline (``plan.asha``).
+    model: SpotMarketModel
+    source: str = ""
+    policy: SpotPolicy | None = None
 
-    ``heads`` (cloud → :class:`HeadSpec`): the run's billed head instance per cloud, chosen by the
-    caller for head mode on AWS/GCP; the plan's first stage's cloud picks one, and every prediction
-    (the chosen plan's and the baselines') includes it. None or no entry for the cloud: no head
-    is billed (local runs, ``--head local``).
 
-    ``spot_model``: with ``resources.spot: true``, spot is allowed per stage and simulated with this
-    model's preemptions and unavailability (``spot_source`` names it in ``plan.spot``) and the
-    ``spot_policy`` fall-back; None keeps the old reading of ``spot: true`` (every stage at spot prices,
-    never preempted).
+@dataclass(frozen=True)
+class PlanOptions:
+    """How :func:`plan_job` plans a job, beyond its spec, profile and catalog.
+
+    Overrides of the spec (None: the spec's): ``deadline_s``, ``confidence``, ``seed``, ``cloud`` (aws, gcp,
+    local or ``any``) and ``brackets`` (``parallel`` | ``sequential``: its ``scheduler.brackets``).
+    ``samples``: Monte Carlo samples per candidate. ``include_exact``: also search the whole plan space exactly
+    (``baselines["exact"]``); ``asha``: also simulate ASHA on the cheapest fixed cluster meeting the deadline
+    (``plan.asha``). ``heads`` (cloud → :class:`HeadSpec`): the run's billed head instance per cloud, chosen by
+    the caller for head mode on AWS/GCP; the plan's first stage's cloud picks one, and every prediction (the
+    chosen plan's and the baselines') includes it; None or no entry for the cloud: no head is billed (local runs,
+    ``--head local``). ``spot``: with ``resources.spot: true``, spot is allowed per stage and simulated with this
+    market's preemptions and unavailability (:class:`SpotMarket`); None keeps the old reading of ``spot: true``
+    (every stage at spot prices, never preempted)."""
+
+    deadline_s: float | None = None
+    confidence: float | None = None
+    cloud: str | None = None
+    samples: int = DEFAULT_SAMPLES
+    seed: int | None = None
+    include_exact: bool = False
+    heads: Mapping[str, HeadSpec] | None = None
+    brackets: str | None = None
+    asha: bool = True
+    spot: SpotMarket | None = None
+
+
+def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOptions | None = None) -> Plan:
+    """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines (``options``:
+    :class:`PlanOptions`).
 
     ``scheduler.kind: asha`` is planned by :func:`plan_asha` (an elastic ASHA cluster, its stages the rungs;
     ``samples`` capped at :data:`~rubberband.planner.asha.ASHA_SAMPLES`); ``include_exact``, ``brackets`` and
-    the spot arguments do not apply to it.
+    ``spot`` do not apply to it.
     """
-    deadline = float(deadline_s if deadline_s is not None else spec.deadline_s)
-    conf = float(confidence if confidence is not None else spec.confidence)
-    seed = int(seed if seed is not None else spec.seed)
+    options = options or PlanOptions()
+    deadline = float(options.deadline_s if options.deadline_s is not None else spec.deadline_s)
+    conf = float(options.confidence if options.confidence is not None else spec.confidence)
+    seed = int(options.seed if options.seed is not None else spec.seed)
     sched = spec.scheduler
     if sched.kind == "asha":  # one elastic cluster shrinking by phase of the rung ladder, not stages
-        job = AshaJob(spec, deadline, conf, seed, samples=samples, heads=heads, baseline=asha)
-        return plan_asha(job, profile, catalog, cloud)
+        job = AshaJob(spec, deadline, conf, seed, samples=options.samples, heads=options.heads, baseline=options.asha)
+        return plan_asha(job, profile, catalog, options.cloud)
     stages = stages_for(
         sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs
     )
-    per_stage = spec.resources.spot and spot_model is not None
-    types = allowed_types(catalog, spec, cloud, spot_required=False if per_stage else None)
+    market = options.spot if spec.resources.spot else None  # spot per stage, with this market's model
+    types = allowed_types(catalog, spec, options.cloud, spot_required=False if market is not None else None)
     model = fit_performance_model(profile)
-    setup = None
-    if per_stage and spot_model is not None:
-        policy = spot_policy or SpotPolicy(margin_s=spec.resources.spot_margin_s)
+    settings = SimSettings(
+        samples=options.samples, seed=seed, spot=spec.resources.spot and market is None, heads=options.heads
+    )
+    if market is not None:
+        policy = market.policy or SpotPolicy(margin_s=spec.resources.spot_margin_s)
+        fallbacks = cheapest_fallbacks(
+            types, lambda t: model.epoch_time(t.device, 1, 1) if model.plannable(t.device) else None
+        )
         setup = model_setup(
-            spot_model,
-            deadline_s=deadline,
+            market.model,
+            SpotSetup(deadline_s=deadline, scenarios={}, policy=policy, fallbacks=fallbacks),
             seed=seed,
-            samples=samples,
-            policy=policy,
+            samples=options.samples,
             types=[(t.cloud, t.region, t.name) for t in types if t.spot_price_hr is not None],
-            fallbacks=cheapest_fallbacks(
-                types, lambda t: model.epoch_time(t.device, 1, 1) if model.plannable(t.device) else None
-            ),
         )
-    legacy_spot = spec.resources.spot and not per_stage
-
-    def search(spot_setup: SpotSetup | None):
-        return plan_stages(
-            stages,
-            model,
-            types,
-            deadline_s=deadline,
-            confidence=conf,
-            max_workers_per_trial=spec.resources.max_workers_per_trial,
-            spot=legacy_spot,
-            samples=samples,
-            seed=seed,
-            budget_usd=spec.budget_usd,
-            include_exact=include_exact,
-            heads=heads,
-            brackets=brackets or sched.brackets,
-            spot_setup=spot_setup,
-        )
-
-    out = search(setup)
-    if setup is not None and out.result is not None:
-        # where a checkpoint save takes time, a longer interval on spot stages may pay: plan again with the best
-        every = checkpoint_interval(
-            stages,
-            model,
-            out.configs,
-            setup,
-            deadline_s=deadline,
-            confidence=conf,
-            heads=heads,
-            samples=samples,
-            seed=seed,
-        )
-        if every != setup.checkpoint_epochs:
-            sparser = replace(setup, checkpoint_epochs=every)
-            again = search(sparser)
-            if (
-                again.result is not None
-                and again.result.meets(deadline, conf)
-                and again.result.cost_mean < out.result.cost_mean - 1e-12
-            ):
-                out, setup = again, sparser
+        settings = replace(settings, spot_setup=setup)
+    space = PlanSpace(stages, types, model, spec.resources.max_workers_per_trial)
+    goal = Goal(deadline, conf, spec.budget_usd)
+    brackets = BracketSetup() if (options.brackets or sched.brackets) == "parallel" else None
+    search = SearchOptions(brackets=brackets, include_exact=options.include_exact)
+    out = plan_stages(space, goal, settings, search)
+    if settings.spot_setup is not None:
+        out, settings = _sparser_checkpoints(space, goal, settings, search, out)
+    market_only = SimSettings(spot=settings.spot)  # the baselines' stages: on-demand, or all at spot prices
     baselines = {}
     if out.static is not None:
         plan_s, res_s, tl_s = out.static
         baselines["static"] = Alternative(
             name="static",
-            stages=stage_plans(stages, plan_s, res_s, legacy_spot),
+            stages=stage_plans(stages, plan_s, res_s, settings=market_only),
             predicted=prediction(res_s, deadline),
             timeline=tl_s,
         )
@@ -623,15 +621,13 @@ def plan_job(
         plan_e, res_e, tl_e = out.exact
         baselines["exact"] = Alternative(
             name="exact",
-            stages=stage_plans(stages, plan_e, res_e, legacy_spot),
+            stages=stage_plans(stages, plan_e, res_e, settings=market_only),
             predicted=prediction(res_e, deadline),
             timeline=tl_e,
             note=out.exact_note,
         )
     used = {c.instance_type for c in out.configs}
-    asha_out = None
-    if asha:
-        asha_out = asha_info(stages, model, types, spec, deadline, conf, seed, heads, spot=legacy_spot)
+    asha_out = asha_info(space, spec, goal, settings) if options.asha else None
     return Plan(
         job=job_info(spec),
         catalog=CatalogInfo(
@@ -642,14 +638,14 @@ def plan_job(
         deadline_s=deadline,
         confidence=conf,
         budget_usd=spec.budget_usd,
-        stages=stage_plans(stages, out.configs, out.result, legacy_spot, model, spot_setup=setup),
+        stages=stage_plans(stages, out.configs, out.result, model, settings),
         predicted=prediction(out.result, deadline),
         timeline=out.timeline,
         baselines=baselines,
         planner=PlannerInfo(
             candidates_evaluated=out.candidates_evaluated,
             iterations=out.iterations,
-            samples=samples,
+            samples=options.samples,
             seed=seed,
             notes=out.notes
             + variation_notes(model)
@@ -671,8 +667,29 @@ def plan_job(
             )
             for h in out.handoffs
         ],
-        spot=None if setup is None else spot_info(setup, spot_source or "spot model"),
+        spot=None
+        if settings.spot_setup is None or market is None
+        else spot_info(settings.spot_setup, market.source or "spot model"),
     )
+
+
+def _sparser_checkpoints(
+    space: PlanSpace, goal: Goal, settings: SimSettings, search: SearchOptions, out: StagesPlan
+) -> tuple[StagesPlan, SimSettings]:
+    """Where a checkpoint save takes time, a longer interval on spot stages may pay: the job planned again with the
+    interval at which ``out``'s stages cost least (:func:`checkpoint_interval`), taken (with its settings) when it
+    meets the goal for less; else ``out`` and ``settings``."""
+    setup = settings.spot_setup
+    if setup is None or out.result is None:
+        return out, settings
+    every = checkpoint_interval(Simulator(space.stages, space.model, settings), out.configs, goal)
+    if every == setup.checkpoint_epochs:
+        return out, settings
+    sparser = replace(settings, spot_setup=replace(setup, checkpoint_epochs=every))
+    again = plan_stages(space, goal, sparser, search)
+    if again.result is not None and goal.met_by(again.result) and again.result.cost_mean < out.result.cost_mean - 1e-12:
+        return again, sparser
+    return out, settings
 
 
 #: Checkpoint intervals (epochs) tried for a plan with spot stages whose checkpoint save takes time.
@@ -698,38 +715,24 @@ def job_info(spec: JobSpec) -> JobInfo:
     )
 
 
-def checkpoint_interval(
-    stages: Sequence[Stage],
-    model: PerformanceModel,
-    configs: Sequence[StageConfig],
-    setup: SpotSetup,
-    *,
-    deadline_s: float,
-    confidence: float,
-    heads: Mapping[str, HeadSpec] | None = None,
-    samples: int = DEFAULT_SAMPLES,
-    seed: int = 0,
-) -> int:
+def checkpoint_interval(sim: Simulator, configs: Sequence[StageConfig], goal: Goal) -> int:
     """The checkpoint interval on spot stages (:data:`CHECKPOINT_INTERVALS`) at which ``configs``, played one stage
-    after another, cost least while meeting the deadline: each save skipped saves its time
-    (``model.checkpoint_save_s``), each epoch between saves is work a preemption loses. 1 where saves take no
-    time or no stage is on spot, or where no interval meets the deadline, or none saves :data:`CHECKPOINT_GAIN`."""
-    if model.checkpoint_save_s <= 0 or not any(c.spot for c in configs):
+    after another by ``sim`` (its job and settings, its spot setup's interval varied), cost least while meeting
+    ``goal``: each save skipped saves its time (``model.checkpoint_save_s``), each epoch between saves is work a
+    preemption loses. 1 where saves take no time, ``sim`` has no spot setup or no stage is on spot, or where no
+    interval meets the deadline, or none saves :data:`CHECKPOINT_GAIN`."""
+    setup = sim.spot_setup
+    if setup is None or sim.model.checkpoint_save_s <= 0 or not any(c.spot for c in configs):
         return 1
     best, best_cost, every_epoch = 1, math.inf, math.inf
     for every in CHECKPOINT_INTERVALS:
-        sim = Simulator(
-            stages,
-            model,
-            samples=samples,
-            seed=seed,
-            heads=heads,
-            spot_setup=replace(setup, checkpoint_epochs=every),
+        trial = Simulator(
+            sim.stages, sim.model, replace(sim.settings, spot_setup=replace(setup, checkpoint_epochs=every))
         )
-        result = sim.simulate(configs)
+        result = trial.simulate(configs)
         if every == 1:
             every_epoch = result.cost_mean
-        if result.meets(deadline_s, confidence) and result.cost_mean < best_cost - 1e-12:
+        if goal.met_by(result) and result.cost_mean < best_cost - 1e-12:
             best, best_cost = every, result.cost_mean
     return best if best_cost < every_epoch * (1 - CHECKPOINT_GAIN) else 1
 
@@ -758,23 +761,19 @@ def spot_info(setup: SpotSetup, source: str) -> SpotInfo:
 
 
 def plan_spot_setup(
-    plan: Plan,
-    *,
-    samples: int,
-    seed: int,
-    deadline_s: float,
-    scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
-    policy: SpotPolicy | None = None,
-    catalog: Catalog | None = None,
+    plan: Plan, replay: Replay | None = None, *, samples: int = DEFAULT_SAMPLES, catalog: Catalog | None = None
 ) -> SpotSetup | None:
-    """The spot setup a plan was made with (its own fitted zones), or with ``scenarios`` (e.g. trace replays)
-    in their place and another fall-back ``policy`` (anything with SpotPolicy's ``decide``: baselines);
-    None for a plan without a spot model. ``catalog`` resolves the stages' fall-back types (without it, every
-    trial falls back to its own type)."""
+    """The spot setup a plan was made with (its own fitted zones, sampled ``samples`` times), or as ``replay``
+    changes it: its seed and deadline, its ``spot_scenarios`` (e.g. trace replays) in place of the zones and
+    another fall-back ``spot_policy``; None for a plan without a spot model. ``catalog`` resolves the stages'
+    fall-back types (without it, every trial falls back to its own type)."""
     info = plan.spot
     if info is None:
         return None
-    policy = policy or SpotPolicy(margin_s=info.margin_s)
+    replay = replay or Replay()
+    seed = replay.seed_for(plan)
+    policy = replay.spot_policy or SpotPolicy(margin_s=info.margin_s)
+    scenarios = replay.spot_scenarios
     if scenarios is None:
         scenarios = {}
         for z in info.zones:
@@ -796,7 +795,7 @@ def plan_spot_setup(
             own = catalog.find(sp.instance_type, cloud=sp.cloud, region=sp.region)
             fallbacks[own.key] = catalog.find(sp.fallback_instance_type, cloud=sp.cloud, region=sp.region)
     return SpotSetup(
-        deadline_s=deadline_s,
+        deadline_s=replay.deadline_for(plan),
         scenarios=dict(scenarios),
         policy=policy,
         checkpoint_epochs=info.checkpoint_epochs,
@@ -805,40 +804,36 @@ def plan_spot_setup(
     )
 
 
-def asha_info(
-    stages: Sequence[Stage],
-    model: PerformanceModel,
-    types: Sequence[InstanceType],
-    spec: JobSpec,
-    deadline_s: float,
-    confidence: float,
-    seed: int,
-    heads: Mapping[str, HeadSpec] | None,
-    spot: bool | None = None,
-) -> BaselineASHA | None:
-    """ASHA with the job's trials (every bracket's first stage), η and epochs on the cheapest fixed
-    cluster meeting the deadline (else the quickest one tried), in the plan's schema."""
+def asha_info(space: PlanSpace, spec: JobSpec, goal: Goal, settings: SimSettings) -> BaselineASHA | None:
+    """ASHA with the job's trials (every bracket's first stage of ``space``), η and epochs on the cheapest fixed
+    cluster of ``space``'s types and widths meeting ``goal`` (else the quickest one tried), in the plan's schema;
+    seeded, priced (``settings.spot``: at spot) and billed a head (``settings.heads``) as the plan was."""
     sched = spec.scheduler
-    usable = [t for t in types if model.plannable(t.device)]
+    usable = [t for t in space.types if space.model.plannable(t.device)]
     if not usable:
         return None
-    spot = spec.resources.spot if spot is None else spot
-    billing = Simulator(stages, model, samples=1, seed=seed, spot=spot, heads=heads)
-    sim = AshaSimulator(
-        model,
-        trials=sum(s.trials for s in stages if s.index == 0),
-        eta=sched.eta,
-        min_epochs=sched.min_epochs,
-        max_epochs=sched.max_epochs,
-        seed=seed,
-        spot=spot,
-        head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
+    billing = Simulator(
+        space.stages, space.model, SimSettings(samples=1, seed=settings.seed, spot=settings.spot, heads=settings.heads)
     )
-    found = asha_baseline(sim, usable, spec.resources.max_workers_per_trial, deadline_s, confidence)
+    sim = AshaSimulator(
+        space.model,
+        AshaSchedule(
+            trials=sum(s.trials for s in space.stages if s.index == 0),
+            eta=sched.eta,
+            min_epochs=sched.min_epochs,
+            max_epochs=sched.max_epochs,
+        ),
+        AshaSettings(
+            seed=settings.seed,
+            spot=settings.spot,
+            head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
+        ),
+    )
+    found = asha_baseline(sim, usable, space.max_workers, goal.deadline_s, goal.confidence)
     if found is None:
         return None
     res, meets = found
-    return _baseline_asha(res, deadline_s, meets)
+    return _baseline_asha(res, goal.deadline_s, meets)
 
 
 def asha_prediction(
@@ -923,92 +918,82 @@ def configs_of(plan: Plan, catalog: Catalog) -> tuple[list[Stage], tuple[StageCo
     return stages, tuple(configs)
 
 
-def plan_simulator(
-    plan: Plan,
-    profile: Profile,
-    catalog: Catalog,
-    *,
-    samples: int = DEFAULT_SAMPLES,
-    seed: int | None = None,
-    deadline_s: float | None = None,
-    spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
-    spot_policy: SpotPolicy | None = None,
-):
-    """(simulator, stages, configs, model) that replay an existing plan as it was planned.
+@dataclass(frozen=True)
+class Replay:
+    """What a replay of an existing plan changes about how it was planned (None: as planned): the ``seed`` of its
+    random streams, the ``deadline_s`` its spot fall-back decisions aim at (and its P(meet) is read against),
+    ``spot_scenarios`` in place of its own spot model for its spot stages (e.g. trace replays, ``rubberband
+    simulate --preemption-traces``) and the fall-back ``spot_policy`` (anything with SpotPolicy's ``decide``:
+    baselines)."""
 
-    ``spot_scenarios`` replaces the plan's own spot model (e.g. trace replays, ``rubberband simulate
-    --preemption-traces``) for its spot stages."""
+    seed: int | None = None
+    deadline_s: float | None = None
+    spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None
+    spot_policy: SpotPolicy | None = None
+
+    def seed_for(self, plan: Plan) -> int:
+        return plan.planner.seed if self.seed is None else self.seed
+
+    def deadline_for(self, plan: Plan) -> float:
+        return plan.deadline_s if self.deadline_s is None else self.deadline_s
+
+
+def plan_simulator(
+    plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES, replay: Replay | None = None
+) -> tuple[PlanSimulator, list[Stage], tuple[StageConfig, ...], PerformanceModel]:
+    """(simulator, stages, configs, model) that replay an existing plan as it was planned (``samples`` samples),
+    or as ``replay`` changes it."""
     if not plan.stages:
         raise PlanFileError("the plan has no stages; regenerate it with `rubberband plan`")
     if plan.is_asha:
         raise PlanFileError(
             "an ASHA plan's stages are phases of one ASHA run, not SHA stages: replay it with replay_asha_plan"
         )
+    replay = replay or Replay()
     stages, configs = configs_of(plan, catalog)
-    deadline = deadline_s if deadline_s is not None else plan.deadline_s
     model = fit_performance_model(profile)
     for c in configs:
         model.require(c.instance_type.device)
-    seed = plan.planner.seed if seed is None else seed
-    setup = plan_spot_setup(
-        plan,
+    setup = plan_spot_setup(plan, replay, samples=samples, catalog=catalog)
+    settings = SimSettings(
         samples=samples,
-        seed=seed,
-        deadline_s=deadline,
-        scenarios=spot_scenarios,
-        policy=spot_policy,
-        catalog=catalog,
+        seed=replay.seed_for(plan),
+        spot=setup is None and any(s.spot for s in plan.stages),
+        heads=heads_of(plan),
+        spot_setup=setup,
     )
-    spot = setup is None and any(s.spot for s in plan.stages)
     sim: PlanSimulator
     if plan.parallel_brackets:
-        offsets = plan.bracket_offsets_s or None
-        sim = ParallelSimulator(
-            stages,
-            model,
-            samples=samples,
-            seed=seed,
-            spot=spot,
-            heads=heads_of(plan),
-            offsets=offsets,
-            spot_setup=setup,
-        )
+        sim = ParallelSimulator(stages, model, settings, BracketSetup(offsets=plan.bracket_offsets_s or None))
     else:
-        sim = Simulator(stages, model, samples=samples, seed=seed, spot=spot, heads=heads_of(plan), spot_setup=setup)
+        sim = Simulator(stages, model, settings)
     return sim, stages, configs, model
 
 
-def replay_plan(plan: Plan, profile: Profile, catalog: Catalog, **kwargs) -> SimResult:
-    """The Monte Carlo distributions of an existing plan (keyword arguments: :func:`plan_simulator`'s)."""
-    sim, _, configs, _ = plan_simulator(plan, profile, catalog, **kwargs)
+def replay_plan(
+    plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES, replay: Replay | None = None
+) -> SimResult:
+    """The Monte Carlo distributions of an existing plan (``samples``, ``replay``: :func:`plan_simulator`'s)."""
+    sim, _, configs, _ = plan_simulator(plan, profile, catalog, samples=samples, replay=replay)
     return sim.simulate(configs)
 
 
 def simulate_plan(
-    plan: Plan,
-    profile: Profile,
-    catalog: Catalog,
-    *,
-    samples: int = DEFAULT_SAMPLES,
-    seed: int | None = None,
-    deadline_s: float | None = None,
-    spot_scenarios: Mapping[tuple[str, str, str], SpotScenario] | None = None,
+    plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = DEFAULT_SAMPLES, replay: Replay | None = None
 ) -> Plan:
-    """Re-simulate an existing plan (e.g. with a new profile); returns a copy with new predictions."""
-    deadline = deadline_s if deadline_s is not None else plan.deadline_s
-    sim, stages, configs, model = plan_simulator(
-        plan, profile, catalog, samples=samples, seed=seed, deadline_s=deadline, spot_scenarios=spot_scenarios
-    )
-    setup = sim.spot_setup
-    spot = setup is None and any(s.spot for s in plan.stages)
+    """Re-simulate an existing plan (e.g. with a new profile; ``samples``, ``replay``: :func:`plan_simulator`'s);
+    returns a copy with new predictions (against ``replay``'s deadline, if it sets one)."""
+    replay = replay or Replay()
+    deadline = replay.deadline_for(plan)
+    sim, stages, configs, model = plan_simulator(plan, profile, catalog, samples=samples, replay=replay)
     result = sim.simulate(configs)
     update = {
-        "stages": stage_plans(stages, configs, result, spot, model, spot_setup=setup),
+        "stages": stage_plans(stages, configs, result, model, sim.settings),
         "predicted": prediction(result, deadline),
         "timeline": _timeline(sim, configs, result),
         "deadline_s": deadline,
     }
-    if plan.parallel_brackets:
+    if plan.parallel_brackets and isinstance(sim, ParallelSimulator):
         update["handoffs"] = [
             Handoff(
                 instance_type=h.instance_type,
@@ -1062,16 +1047,15 @@ def plan_asha(job: AshaJob, profile: Profile, catalog: Catalog, cloud: str | Non
     model = fit_performance_model(profile)
     space = PlanSpace(stages, allowed_types(catalog, spec, cloud), model, spec.resources.max_workers_per_trial)
     samples = max(1, min(job.samples, ASHA_SAMPLES))
-    billing = Simulator(stages, model, samples=1, seed=job.seed, heads=job.heads)
+    billing = Simulator(stages, model, SimSettings(samples=1, seed=job.seed, heads=job.heads))
     sim = AshaSimulator(
         model,
-        trials=sched.trials,
-        eta=sched.eta,
-        min_epochs=sched.min_epochs,
-        max_epochs=sched.max_epochs,
-        samples=samples,
-        seed=job.seed,
-        head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
+        AshaSchedule(trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs),
+        AshaSettings(
+            samples=samples,
+            seed=job.seed,
+            head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
+        ),
     )
     deadline, conf = job.deadline_s, job.confidence
     found = elastic_asha(sim, space.types, spec.resources.max_workers_per_trial, deadline, conf)
@@ -1222,15 +1206,14 @@ def replay_asha_plan(
     model = fit_performance_model(profile)
     model.require(itype.device)
     stages = asha_stages(job.trials, job.eta, job.min_epochs, job.max_epochs)
-    billing = Simulator(stages, model, samples=1, heads=heads_of(plan))
+    billing = Simulator(stages, model, SimSettings(samples=1, heads=heads_of(plan)))
     sim = AshaSimulator(
         model,
-        trials=job.trials,
-        eta=job.eta,
-        min_epochs=job.min_epochs,
-        max_epochs=job.max_epochs,
-        samples=samples,
-        seed=plan.planner.seed if seed is None else seed,
-        head_cost=lambda t, jct: billing.head_cost([StageConfig(t, 1, 1)], jct),
+        AshaSchedule(trials=job.trials, eta=job.eta, min_epochs=job.min_epochs, max_epochs=job.max_epochs),
+        AshaSettings(
+            samples=samples,
+            seed=plan.planner.seed if seed is None else seed,
+            head_cost=lambda t, jct: billing.head_cost([StageConfig(t, 1, 1)], jct),
+        ),
     )
     return sim.simulate(AshaPhases(itype, policy.instances, workers))

@@ -62,7 +62,9 @@ __all__ = [
     "AshaPhases",
     "AshaResult",
     "AshaRungs",
+    "AshaSchedule",
     "AshaSearch",
+    "AshaSettings",
     "AshaSimulator",
     "AshaTrace",
     "asha_baseline",
@@ -241,46 +243,60 @@ def _slot_instances(lay: Layout, slot: int) -> range:
     return range(slot * lay.span, (slot + 1) * lay.span)
 
 
+@dataclass(frozen=True)
+class AshaSchedule:
+    """What ASHA runs: ``trials`` trials, promoted by ``eta`` at rungs from ``min_epochs`` up to ``max_epochs``
+    cumulative epochs (:func:`~rubberband.planner.schedule.rungs`)."""
+
+    trials: int
+    eta: int
+    min_epochs: int
+    max_epochs: int
+
+
+@dataclass(frozen=True)
+class AshaSettings:
+    """How :class:`AshaSimulator` plays ASHA: ``samples`` Monte Carlo samples from ``seed``; ``spot``: every instance
+    priced at spot; ``head_cost(instance_type, jct)`` bills the run's head for a cluster of that type (per-sample
+    array; None: no head). Trial starts: ``start_concurrency`` (None: unlimited) start lanes per instance shared by
+    the starts in progress on it, each start ``task_start_s`` × a lognormal factor of σ ``start_sigma``."""
+
+    samples: int = ASHA_SAMPLES
+    seed: int = 0
+    spot: bool = False
+    head_cost: Callable[[InstanceType, np.ndarray], np.ndarray] | None = None
+    start_concurrency: float | None = None
+    start_sigma: float = 0.0
+
+
 class AshaSimulator:
-    """Simulates ASHA for one job (trials, η, epochs) on fixed or elastic clusters; see the module docstring.
+    """Simulates ASHA for one job (``schedule``) on fixed or elastic clusters under ``settings``; see the module
+    docstring."""
 
-    ``head_cost(instance_type, jct)`` bills the run's head for a cluster of that type (per-sample
-    array; None: no head).
-    """
-
-    def __init__(
-        self,
-        model: PerformanceModel,
-        *,
-        trials: int,
-        eta: int,
-        min_epochs: int,
-        max_epochs: int,
-        samples: int = ASHA_SAMPLES,
-        seed: int = 0,
-        spot: bool = False,
-        head_cost: Callable[[InstanceType, np.ndarray], np.ndarray] | None = None,
-        start_concurrency: float | None = None,
-        start_sigma: float = 0.0,
-    ) -> None:
+    def __init__(self, model: PerformanceModel, schedule: AshaSchedule, settings: AshaSettings | None = None) -> None:
+        settings = settings or AshaSettings()
+        start_concurrency, start_sigma = settings.start_concurrency, settings.start_sigma
         if start_concurrency is not None and start_concurrency < 1:
             raise ValueError("start_concurrency must be at least 1 (or None: unlimited)")
         if not (start_sigma >= 0 and math.isfinite(start_sigma)):
             raise ValueError("start_sigma must be a finite number ≥ 0 (0: every trial start takes task_start_s)")
         self.model = model
+        self.schedule = schedule
+        self.settings = settings
         self.start_concurrency = start_concurrency
-        self.trials = trials
-        self.eta = eta
-        self.milestones = rungs(eta, min_epochs, max_epochs)
+        self.trials = schedule.trials
+        self.eta = schedule.eta
+        self.milestones = rungs(schedule.eta, schedule.min_epochs, schedule.max_epochs)
         # the phase rule of this rung ladder (which phase the run is in depends on the rungs only, not the counts)
         self._ladder = AshaPhasePolicy((1,) * len(self.milestones))
         #: event runs (:meth:`trace` calls) so far: what a search reports as candidates simulated
         self.runs = 0
-        self.samples = samples
-        self.seed = seed
-        self.spot = spot
-        self.head_cost = head_cost
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0xA5A,))))
+        self.samples = settings.samples
+        self.seed = settings.seed
+        self.spot = settings.spot
+        self.head_cost = settings.head_cost
+        samples, trials = self.samples, self.trials
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=(0xA5A,))))
         self._quality = np.argsort(rng.random((samples, trials)), axis=1).astype(float)
         sigma = model.straggler_sigma
         self._factor = (
@@ -575,9 +591,11 @@ class _Starts:
 
 
 def _smallest_meeting(
-    sim: AshaSimulator, itype: InstanceType, workers: int, deadline_s: float, confidence: float, most: int
+    sim: AshaSimulator, widest: AshaCluster, deadline_s: float, confidence: float
 ) -> AshaResult | None:
-    """The fewest instances of (type, width) meeting the deadline (bisection on screening samples)."""
+    """The fewest instances of ``widest``'s type and width (at most its count) meeting the deadline (bisection on
+    screening samples, confirmed with every sample); None where even ``widest`` misses it on screening samples."""
+    itype, workers, most = widest.instance_type, widest.workers, widest.instances
     step = -(-workers // itype.workers) if workers > itype.workers else 1
 
     def meets(k: int) -> bool:
@@ -628,7 +646,7 @@ def _fixed_search(
         if rank >= PAIRS_SEARCHED * (1 if meeting else 3):
             break
         most = useful_instances(sim.trials, itype.workers, w)
-        res = _smallest_meeting(sim, itype, w, deadline_s, confidence, most)
+        res = _smallest_meeting(sim, AshaCluster(itype, most, w), deadline_s, confidence)
         if res is not None and res.meets(deadline_s, confidence):
             meeting.append(res)
         else:

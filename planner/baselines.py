@@ -21,7 +21,7 @@ from typing import Protocol
 
 from rubberband.catalog import SERIAL_PROVISIONING
 from rubberband.planner.brackets import ParallelSimulator, parallel_lower_bounds
-from rubberband.planner.search import Evaluator, Plan, PlanSpace, count_for_waves, widths_for
+from rubberband.planner.search import Plan, PlanSearch, PlanSpace, count_for_waves, widths_for
 from rubberband.planner.simulator import RunningState, SimResult, StageConfig, efficient_counts, layout
 
 
@@ -125,16 +125,13 @@ def lower_bounds(space: PlanSpace, evaluator: HoldsSimulator, plan: Plan) -> tup
 
 
 def cheapest_feasible(
+    search: PlanSearch,
     plans: list[Plan],
-    space: PlanSpace,
-    evaluator: Evaluator,
-    deadline_s: float,
-    confidence: float,
     *,
     incumbent: tuple[Plan, SimResult] | None = None,
     screen_slack: int | None = None,
 ) -> BaselineResult:
-    """Cheapest plan (full-sample mean cost) meeting the deadline, by branch and bound.
+    """Cheapest of ``plans`` (full-sample mean cost) meeting the search's goal, by branch and bound.
 
     Plans are visited in order of their rigorous cost lower bound, and the search stops at the
     first plan whose bound is not below the best plan found so far: every plan left is at least
@@ -145,9 +142,10 @@ def cheapest_feasible(
     only skips more for a tighter deadline or a higher confidence, so the answer stays monotone
     in both.
     """
+    space, evaluator, deadline_s = search.space, search.evaluator, search.deadline_s
     seen = set()
     bounded = []
-    need = math.ceil(confidence * evaluator.screen_samples - 1e-9) - (screen_slack or 0)
+    need = search.screen_need(screen_slack or 0)
     for order, plan in enumerate(plans):
         key = tuple(c.key for c in plan)
         if key in seen:
@@ -166,7 +164,7 @@ def cheapest_feasible(
             continue
         res = evaluator.full(plan)
         evaluated += 1
-        if res.meets(deadline_s, confidence) and (best is None or res.cost_mean < best[1].cost_mean):
+        if search.meets(res) and (best is None or res.cost_mean < best[1].cost_mean):
             best = (plan, res)
     return BaselineResult(best[0] if best else None, best[1] if best else None, evaluated)
 
@@ -184,34 +182,26 @@ def shrink(space: PlanSpace, plan: Plan) -> Plan:
     return tuple(out)
 
 
-def best_static(space: PlanSpace, evaluator: Evaluator, deadline_s: float, confidence: float) -> BaselineResult:
-    """Cheapest static plan meeting the deadline at the confidence (None when none does)."""
-    return cheapest_feasible(static_plans(space), space, evaluator, deadline_s, confidence)
+def best_static(search: PlanSearch) -> BaselineResult:
+    """Cheapest static plan meeting the search's goal (None when none does)."""
+    return cheapest_feasible(search, static_plans(search.space))
 
 
-def exact_optimum(
-    space: PlanSpace,
-    evaluator: Evaluator,
-    deadline_s: float,
-    confidence: float,
-    *,
-    incumbent: float = math.inf,
-    max_nodes: int = 200_000,
-) -> BaselineResult:
-    """Cheapest plan of the whole plan space meeting the deadline (branch and bound).
+def exact_optimum(search: PlanSearch, *, incumbent: float = math.inf, max_nodes: int = 200_000) -> BaselineResult:
+    """Cheapest plan of the whole plan space meeting the search's goal (branch and bound).
 
     ``incumbent`` (a cost bound) is for callers that know one independently; the planner passes
     none, so the search does not depend on the plan it checks. After ``max_nodes`` search nodes
     (prefix bounds and full simulations) it stops and returns ``capped=True``.
     """
-    sim = evaluator.sim
+    space, sim, deadline_s = search.space, search.evaluator.sim, search.deadline_s
     f_min = sim.min_factor()
     options = [space.options(i) for i in range(len(space.stages))]
     # fastest possible remaining time after stage i (single wave, best option)
     rest = [0.0] * (len(options) + 1)
     for i in range(len(options) - 1, -1, -1):
         rest[i] = rest[i + 1] + min(_stage_min_time(space, i, c, f_min) for c in options[i])
-    need = math.ceil(confidence * sim.samples - 1e-9)
+    need = math.ceil(search.confidence * sim.samples - 1e-9)
     best: list = [incumbent, None, None]
     count = [0, 0]  # full plans simulated, nodes visited
     capped = [False]
@@ -220,8 +210,8 @@ def exact_optimum(
         i = len(prefix)
         if i == len(options):
             count[0] += 1
-            res = evaluator.full(prefix)
-            if res.meets(deadline_s, confidence) and res.cost_mean < best[0]:
+            res = search.evaluator.full(prefix)
+            if search.meets(res) and res.cost_mean < best[0]:
                 best[:] = [res.cost_mean, prefix, res]
             return
         for config in options[i]:

@@ -37,8 +37,8 @@ own prefix cache). Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
 
 import networkx as nx
 import numpy as np
@@ -49,13 +49,13 @@ from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import bracket_start_order
 from rubberband.planner.provisioning import ProvisionQueue, fifo_starts
 from rubberband.planner.schedule import Stage
-from rubberband.planner.spot import SpotSetup
 from rubberband.planner.simulator import (
     CATEGORIES,
     HeadSpec,
+    ReadsSettings,
     RunningState,
-    SimOptions,
     SimResult,
+    SimSettings,
     Simulator,
     StageConfig,
     normalise,
@@ -86,9 +86,9 @@ class Remainder:
 
     ``positions``: plan positions of the stages not started yet, bracket by bracket (each bracket's in
     order), the bracket at its boundary first; ``offsets_s``: per bracket of ``positions``, when its next
-    stage can start, in seconds from now (0 for the first): re-planned with
-    ``plan_stages(..., brackets="parallel", offsets=offsets_s)``, the JCT of the remainder is
-    ``max_b(offset_b + JCT_b)`` from now.
+    stage can start, in seconds from now (0 for the first): re-planned with ``plan_stages(...,
+    SearchOptions(brackets=BracketSetup(offsets=offsets_s)))``, the JCT of the remainder is ``max_b(offset_b +
+    JCT_b)`` from now.
     """
 
     positions: tuple[int, ...]
@@ -140,7 +140,21 @@ class _BracketRun:
     provision: list | None = None
 
 
-class ParallelSimulator:
+@dataclass(frozen=True)
+class BracketSetup:
+    """How :class:`ParallelSimulator` runs Hyperband's brackets side by side.
+
+    ``offsets`` (s): when each bracket starts after the job (bracket 0 at 0; None: all at once). ``states``:
+    the instances each bracket's first stage finds running (re-planning a parallel run's remainder mid-run: every
+    bracket's next stage may keep its instances; None: the simulation's ``start_state`` for the first bracket, a
+    fresh start for the others). ``share``: instances one bracket releases are handed to another's requests."""
+
+    offsets: Sequence[float] | None = None
+    states: Sequence[RunningState | None] | None = None
+    share: bool = True
+
+
+class ParallelSimulator(ReadsSettings):
     """Simulates Hyperband plans with every bracket running at once (see the module docstring).
 
     Offers the parts of :class:`Simulator`'s interface the planner uses (``simulate``,
@@ -148,100 +162,67 @@ class ParallelSimulator:
     """
 
     parallel = True
+    #: Most bracket runs cached (the least recently used go first).
+    CACHE_SIZE = 2048
 
     def __init__(
         self,
         stages: Sequence[Stage],
         model: PerformanceModel,
-        *,
-        samples: int = 1000,
-        seed: int = 0,
-        spot: bool = False,
-        options: SimOptions | None = None,
-        start_state: RunningState | None = None,
-        heads: Mapping[str, HeadSpec] | None = None,
-        offsets: Sequence[float] | None = None,
-        share: bool = True,
-        cache_size: int = 2048,
-        _subs: list[Simulator] | None = None,
-        _cache: OrderedDict | None = None,
-        spot_setup: SpotSetup | None = None,
-        bracket_states: Sequence[RunningState | None] | None = None,
+        settings: SimSettings | None = None,
+        brackets: BracketSetup | None = None,
     ) -> None:
+        self._setup(stages, model, settings or SimSettings(), brackets or BracketSetup())
+        # each bracket's own simulator: its stages, its random streams, its start state; no head (the job's)
+        self.subs = [
+            Simulator(
+                self.stages[lo:hi],
+                model,
+                replace(
+                    self.settings,
+                    seed=self.seed + BRACKET_SEED_STRIDE * b,
+                    start_state=self.bracket_states[b],
+                    heads=None,
+                ),
+            )
+            for b, (lo, hi) in enumerate(self.ranges)
+        ]
+        self._runs: OrderedDict = OrderedDict()
+
+    def _setup(
+        self, stages: Sequence[Stage], model: PerformanceModel, settings: SimSettings, brackets: BracketSetup
+    ) -> None:
+        """Everything but the brackets' simulators and their run cache (which :meth:`with_offsets` shares)."""
         self.stages = list(stages)
         self.model = model
-        self.samples = samples
-        self.seed = seed
-        self.spot = spot
-        self.options = options or SimOptions()
-        self.start_state = start_state
-        self.share = share
+        self.settings = settings
+        self.brackets = brackets
+        self.share = brackets.share
         # spot fall-back decisions aim at the job's deadline in every bracket (each bracket's clock starts
         # at its offset, so a later bracket's decisions are slightly optimistic; docs/spot.md)
-        self.spot_setup = spot_setup
         self.ranges = bracket_ranges(self.stages)
-        self.offsets = tuple(float(o) for o in (offsets or [0.0] * len(self.ranges)))
+        self.offsets = tuple(float(o) for o in (brackets.offsets or [0.0] * len(self.ranges)))
         if len(self.offsets) != len(self.ranges) or self.offsets[0] != 0.0 or min(self.offsets) < 0:
             raise ValueError("one offset ≥ 0 per bracket is required, and bracket 0 starts at 0")
-        # each bracket's instances already running (re-planning a parallel run's remainder mid-run: every
-        # bracket's next stage may keep its instances); by default only the first bracket's
+        # each bracket's instances already running; by default only the first bracket's
         states = (
-            list(bracket_states) if bracket_states is not None else ([start_state] + [None] * (len(self.ranges) - 1))
+            list(brackets.states)
+            if brackets.states is not None
+            else ([settings.start_state] + [None] * (len(self.ranges) - 1))
         )
         if len(states) != len(self.ranges):
             raise ValueError("one start state (or None) per bracket is required")
         self.bracket_states = tuple(states)
         # the whole job's simulator: heads, billing rules and bounds (never used to simulate a plan)
-        self.main = Simulator(
-            self.stages,
-            model,
-            samples=samples,
-            seed=seed,
-            spot=spot,
-            options=self.options,
-            start_state=start_state,
-            heads=heads,
-            spot_setup=spot_setup,
-        )
-        self.subs = (
-            _subs
-            if _subs is not None
-            else [
-                Simulator(
-                    self.stages[lo:hi],
-                    model,
-                    samples=samples,
-                    seed=seed + BRACKET_SEED_STRIDE * b,
-                    spot=spot,
-                    options=self.options,
-                    start_state=states[b],
-                    spot_setup=spot_setup,
-                )
-                for b, (lo, hi) in enumerate(self.ranges)
-            ]
-        )
-        self._runs: OrderedDict = _cache if _cache is not None else OrderedDict()
-        self._cache_size = cache_size
+        self.main = Simulator(self.stages, model, settings)
         self.evaluations = 0
 
     def with_offsets(self, offsets: Sequence[float]) -> "ParallelSimulator":
         """The same job with other bracket start offsets (shares the brackets' simulations)."""
-        return ParallelSimulator(
-            self.stages,
-            self.model,
-            samples=self.samples,
-            seed=self.seed,
-            spot=self.spot,
-            options=self.options,
-            start_state=self.start_state,
-            heads=self.main.heads,
-            offsets=offsets,
-            share=self.share,
-            _subs=self.subs,
-            _cache=self._runs,
-            spot_setup=self.spot_setup,
-            bracket_states=self.bracket_states,
-        )
+        other = ParallelSimulator.__new__(ParallelSimulator)
+        other._setup(self.stages, self.model, self.settings, replace(self.brackets, offsets=offsets))
+        other.subs, other._runs = self.subs, self._runs
+        return other
 
     # -- Simulator's interface ------------------------------------------------------------------
     def head_for(self, configs: Sequence[StageConfig]) -> HeadSpec | None:
@@ -355,7 +336,7 @@ class ParallelSimulator:
         if self.share and len(self.ranges) > 1 and n == self.samples:
             self._instances(b, sub, sub_configs, n, run)
         self._runs[key] = run
-        while len(self._runs) > self._cache_size:
+        while len(self._runs) > self.CACHE_SIZE:
             self._runs.popitem(last=False)
         return run
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Protocol, Sequence
 
 import networkx as nx
 import numpy as np
@@ -37,6 +37,7 @@ from rubberband.planner.simulator import (
     RunningState,
     SimOptions,
     SimResult,
+    SimSettings,
     Simulator,
     StageConfig,
     efficient_counts,
@@ -57,12 +58,25 @@ class PlanSimulator(Protocol):
 
     stages: list[Stage]
     model: PerformanceModel
-    samples: int
-    seed: int
-    spot: bool
-    options: SimOptions
-    start_state: RunningState | None
-    spot_setup: SpotSetup | None
+    settings: SimSettings
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def spot(self) -> bool: ...
+
+    @property
+    def options(self) -> SimOptions: ...
+
+    @property
+    def start_state(self) -> RunningState | None: ...
+
+    @property
+    def spot_setup(self) -> SpotSetup | None: ...
 
     def simulate(self, configs: Sequence[StageConfig], samples: int | None = None) -> SimResult:
         """A full plan (one StageConfig per stage) with the first ``samples`` samples (None: all)."""
@@ -269,16 +283,10 @@ class Evaluator:
             lo, hi = self._brackets[b]
             sim = self.sim
             start = sim.start_state if before is None else RunningState(before.instance_type.key, before.instances)
-            self._subsims[key] = Simulator(
-                sim.stages[lo:hi],
-                sim.model,
-                samples=self.screen_samples,
-                seed=sim.seed + 7919 * (b + 1),
-                spot=sim.spot,
-                options=sim.options,
-                start_state=start,
-                spot_setup=getattr(sim, "spot_setup", None),
+            settings = replace(
+                sim.settings, samples=self.screen_samples, seed=sim.seed + 7919 * (b + 1), start_state=start, heads=None
             )
+            self._subsims[key] = Simulator(sim.stages[lo:hi], sim.model, settings)
         return self._subsims[key]
 
     def screen(self, plan: Plan) -> SimResult:
@@ -318,76 +326,160 @@ class Evaluator:
         return list(self._full.values())
 
 
+@dataclass(frozen=True)
+class Goal:
+    """What a plan must achieve: finish within ``deadline_s`` seconds with probability at least ``confidence``,
+    and (when set) cost at most ``budget_usd`` on average."""
+
+    deadline_s: float
+    confidence: float
+    budget_usd: float | None = None
+
+    def met_by(self, result: SimResult) -> bool:
+        """Whether ``result`` meets the deadline at the confidence (count-based: :meth:`SimResult.meets`)."""
+        return result.meets(self.deadline_s, self.confidence)
+
+
+@dataclass(frozen=True)
+class PlanSearch:
+    """One search for the cheapest plan of ``space`` that meets ``goal``, every candidate judged by ``evaluator``
+    (screened on a prefix of the samples, confirmed on all): what the greedy (:func:`descend`) and the baselines
+    (:func:`~rubberband.planner.baselines.cheapest_feasible`, :func:`~rubberband.planner.baselines.exact_optimum`)
+    search."""
+
+    space: PlanSpace
+    evaluator: Evaluator
+    goal: Goal
+
+    @property
+    def deadline_s(self) -> float:
+        return self.goal.deadline_s
+
+    @property
+    def confidence(self) -> float:
+        return self.goal.confidence
+
+    def meets(self, result: SimResult) -> bool:
+        return self.goal.met_by(result)
+
+    def screen_need(self, slack: int = 0) -> int:
+        """Screening samples within the deadline a candidate needs to be kept (``slack`` fewer than the confidence's
+        share of the screening samples)."""
+        return math.ceil(self.goal.confidence * self.evaluator.screen_samples - 1e-9) - slack
+
+    def judged_by(self, evaluator: Evaluator) -> PlanSearch:
+        """The same search with candidates judged by ``evaluator`` (another simulator of the job)."""
+        return replace(self, evaluator=evaluator)
+
+
+#: A neighbourhood: the candidate plans one step from a plan.
+Moves = Callable[[PlanSpace, Plan], list[Plan]]
+
+
+class _Moves:
+    """Candidate plans in the order they are found, each once (never the plan moved from)."""
+
+    def __init__(self, plan: Plan, first: Iterable[Plan] = ()) -> None:
+        self.out: list[Plan] = list(first)
+        self.seen = {plan_key(p) for p in self.out} | {plan_key(plan)}
+
+    def add(self, candidate: Plan) -> None:
+        key = plan_key(candidate)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.out.append(candidate)
+
+
 def local_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
     """Richer one-stage changes for the deadline-aware descent: frontier steps, one instance-count
-    step on the same type and width, and every frontier (type, width) pair at the same waves."""
-    out = space.neighbours(plan)
-    seen = {plan_key(p) for p in out} | {plan_key(plan)}
-    for i, config in enumerate(plan):
-        trials = space.stages[i].trials
-        t, w = config.instance_type, config.workers
-        waves = waves_of(trials, config)
-        counts = space.counts(i, t, w)
-        changes = [StageConfig(t, n, w) for n in counts if n < config.instances][-1:]
-        changes += [StageConfig(t, n, w) for n in counts if n > config.instances][:1]
-        pairs = {(c.instance_type.key, c.workers): c for c in space.frontier(i)}
-        for j in (i - 1, i + 1):  # align with a neighbouring stage (instances carry over)
-            if 0 <= j < len(plan):
-                pairs.setdefault((plan[j].instance_type.key, plan[j].workers), plan[j])
-        for c in pairs.values():
-            if (c.instance_type.key, c.workers) != (t.key, w):
-                changes.append(
-                    StageConfig(
-                        c.instance_type, count_for_waves(trials, c.instance_type.workers, c.workers, waves), c.workers
-                    )
-                )
-                changes.append(space.match_time(i, c.instance_type, c.workers, space.stage_time(i, config)))
-        for change in changes:
-            candidate = plan[:i] + (change,) + plan[i + 1 :]
-            key = plan_key(candidate)
-            if key not in seen:
-                seen.add(key)
-                out.append(candidate)
-    # block moves: a prefix or suffix of stages (or all) switches to one (type, width) at the same
-    # waves, so instances carry over and no resize is paid where a single-stage move would pay it
-    pairs = {}
+    step on the same type and width, and every frontier (type, width) pair at the same waves; then
+    block moves (:func:`_block_moves`) and type moves (:func:`_type_moves`) over prefixes and suffixes of
+    the brackets."""
+    moves = _Moves(plan, space.neighbours(plan))
+    for i in range(len(plan)):
+        for change in _stage_changes(space, plan, i):
+            moves.add(plan[:i] + (change,) + plan[i + 1 :])
+    pairs: dict[tuple, StageConfig] = {}
     for i in range(len(plan)):
         for c in space.frontier(i):
             pairs.setdefault((c.instance_type.key, c.workers), c)
+    blocks = _blocks(space, plan)
+    _block_moves(space, plan, (pairs, blocks), moves)
+    _type_moves(space, plan, (pairs, blocks), moves)
+    return moves.out
+
+
+def _stage_changes(space: PlanSpace, plan: Plan, i: int) -> list[StageConfig]:
+    """Stage ``i``'s changes: one instance-count step down and up on its type and width, and every frontier
+    (type, width) pair (and the neighbouring stages', whose instances would carry over) at the same waves and
+    at the same stage time."""
+    config = plan[i]
+    trials = space.stages[i].trials
+    t, w = config.instance_type, config.workers
+    waves = waves_of(trials, config)
+    counts = space.counts(i, t, w)
+    changes = [StageConfig(t, n, w) for n in counts if n < config.instances][-1:]
+    changes += [StageConfig(t, n, w) for n in counts if n > config.instances][:1]
+    pairs = {(c.instance_type.key, c.workers): c for c in space.frontier(i)}
+    for j in (i - 1, i + 1):  # align with a neighbouring stage (instances carry over)
+        if 0 <= j < len(plan):
+            pairs.setdefault((plan[j].instance_type.key, plan[j].workers), plan[j])
+    for c in pairs.values():
+        if (c.instance_type.key, c.workers) != (t.key, w):
+            changes.append(
+                StageConfig(
+                    c.instance_type, count_for_waves(trials, c.instance_type.workers, c.workers, waves), c.workers
+                )
+            )
+            changes.append(space.match_time(i, c.instance_type, c.workers, space.stage_time(i, config)))
+    return changes
+
+
+def _blocks(space: PlanSpace, plan: Plan) -> list[tuple[int, int]]:
+    """The blocks of stages (first, end) a block move switches together: prefixes and suffixes of each bracket
+    (and all of it), and the whole plan when it has several brackets; in order."""
     blocks = set()
-    for first, last in space.brackets():  # prefixes and suffixes of each bracket (and all of it)
+    for first, last in space.brackets():
         blocks |= {(first, b) for b in range(first + 2, last + 1)} | {(a, last) for a in range(first + 1, last - 1)}
     if len(space.brackets()) > 1:
         blocks.add((0, len(plan)))
+    return sorted(blocks)
+
+
+def _block_moves(
+    space: PlanSpace, plan: Plan, options: tuple[dict[tuple, StageConfig], list[tuple[int, int]]], moves: _Moves
+) -> None:
+    """Block moves: a block of stages switches to one frontier (type, width) pair (``options``: the pairs, the
+    blocks) at the same waves, or at the same stage times, so instances carry over and no resize is paid where a
+    single-stage move would pay it."""
+    pairs, blocks = options
     for c in pairs.values():
         t, w = c.instance_type, c.workers
-        for a, b in sorted(blocks):
+        for a, b in blocks:
             same_waves, same_time = list(plan), list(plan)
             for i in range(a, b):
                 trials = space.stages[i].trials
                 same_waves[i] = StageConfig(t, count_for_waves(trials, t.workers, w, waves_of(trials, plan[i])), w)
                 same_time[i] = space.match_time(i, t, w, space.stage_time(i, plan[i]))
-            for candidate in (tuple(same_waves), tuple(same_time)):
-                key = plan_key(candidate)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(candidate)
-    # type moves: a block switches to one instance type, each stage at its cheapest width that
-    # keeps the stage time
+            moves.add(tuple(same_waves))
+            moves.add(tuple(same_time))
+
+
+def _type_moves(
+    space: PlanSpace, plan: Plan, options: tuple[dict[tuple, StageConfig], list[tuple[int, int]]], moves: _Moves
+) -> None:
+    """Type moves: a block of stages switches to one instance type of the frontier pairs (``options``: the pairs,
+    the blocks), each stage at its cheapest width that keeps the stage time."""
+    pairs, blocks = options
     for t in {c.instance_type.key: c.instance_type for c in pairs.values()}.values():
-        for a, b in sorted(blocks):
+        for a, b in blocks:
             typed = list(plan)
             for i in range(a, b):
                 target = space.stage_time(i, plan[i])
-                options = [space.match_time(i, t, w, target) for w in widths_for(t, space.max_workers)]
-                fitting = [o for o in options if space.stage_time(i, o) <= target * (1 + 1e-9)] or options
+                options_i = [space.match_time(i, t, w, target) for w in widths_for(t, space.max_workers)]
+                fitting = [o for o in options_i if space.stage_time(i, o) <= target * (1 + 1e-9)] or options_i
                 typed[i] = min(fitting, key=lambda o: (space.stage_estimate(i, o)[1], o.workers))
-            candidate = tuple(typed)
-            key = plan_key(candidate)
-            if key not in seen:
-                seen.add(key)
-                out.append(candidate)
-    return out
+            moves.add(tuple(typed))
 
 
 @dataclass
@@ -413,109 +505,112 @@ def simple_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
     return out
 
 
+@dataclass(frozen=True)
+class DescentLimits:
+    """How far :func:`descend` looks: the best ``confirm`` screened candidates of a step are confirmed with every
+    sample, at most ``max_steps`` steps are taken, and a stuck descent pairs its ``trades`` largest savings that
+    miss the deadline with a second move (0: no trades)."""
+
+    confirm: int = 3
+    max_steps: int = 500
+    trades: int = 4
+
+
 def descend(
-    space: PlanSpace,
-    evaluator: Evaluator,
-    start: Plan,
-    deadline_s: float,
-    confidence: float,
-    *,
-    moves=None,
-    confirm: int = 3,
-    max_steps: int = 500,
-    trades: int = 4,
+    search: PlanSearch, start: Plan, moves: Moves | None = None, limits: DescentLimits = DescentLimits()
 ) -> DescentResult:
     """RubberBand's deadline-aware greedy: from a feasible plan, repeatedly take the cheaper
     candidate with the best marginal benefit among those that still meet the deadline.
 
-    Candidates are screened with a prefix of the samples; the best few are confirmed with all
-    samples, and a step is taken only when the full-sample plan is feasible and cheaper, so the
-    result is never costlier than ``start``. Where no single move is both cheaper and feasible, a
-    trade of two moves (:func:`_trade`; ``trades`` savings paired, 0 turns it off) gets the greedy out
+    Candidates (``moves``, default :func:`local_moves`) are screened with a prefix of the samples; the best few
+    are confirmed with all samples, and a step is taken only when the full-sample plan is feasible and cheaper,
+    so the result is never costlier than ``start``. Where no single move is both cheaper and feasible, a trade
+    of two moves (:meth:`_Descent.trade`; ``limits.trades`` savings paired, 0 turns it off) gets the greedy out
     of the local minimum that one-move descents stop in.
     """
-    current, cur = start, evaluator.full(start)
-    out = DescentResult(current, cur)
-    if not cur.meets(deadline_s, confidence):
-        return out
-    need = math.ceil(confidence * evaluator.screen_samples - 1e-9)
-    for _ in range(max_steps):
-        out.iterations += 1
-        cur_screen = evaluator.screen(current)
-        ranked = []
-        for candidate in (moves or local_moves)(space, current):
-            res = evaluator.screen(candidate)
-            out.candidates_evaluated += 1
-            saving = cur_screen.cost_mean - res.cost_mean
-            if saving <= 1e-9 or int((res.jct <= deadline_s).sum()) < need:
-                continue
-            slower = res.jct_mean - cur_screen.jct_mean
-            ranked.append(((1, saving) if slower <= 0 else (0, saving / slower), candidate))
-        ranked.sort(key=lambda x: x[0], reverse=True)
-        step = None
-        for _, candidate in ranked[:confirm]:
-            res = evaluator.full(candidate)
-            if res.meets(deadline_s, confidence) and res.cost_mean < cur.cost_mean:
-                step = (candidate, res)
+    return _Descent(search, moves or local_moves, limits).run(start)
+
+
+class _Descent:
+    """One run of :func:`descend`: the search, the neighbourhood, the limits, and what it has evaluated."""
+
+    def __init__(self, search: PlanSearch, moves: Moves, limits: DescentLimits) -> None:
+        self.search = search
+        self.moves = moves
+        self.limits = limits
+        self.need = search.screen_need()
+        self.candidates = 0
+
+    def _screened(self, candidate: Plan, cur_screen: SimResult) -> tuple[float, SimResult]:
+        """A candidate's screening result and its saving over the current plan's (screening samples)."""
+        res = self.search.evaluator.screen(candidate)
+        self.candidates += 1
+        return cur_screen.cost_mean - res.cost_mean, res
+
+    def _in_time(self, res: SimResult) -> bool:
+        return int((res.jct <= self.search.deadline_s).sum()) >= self.need
+
+    def _confirmed(self, ranked: list[tuple], cur: SimResult) -> tuple[Plan, SimResult] | None:
+        """The first of the best ``confirm`` ranked candidates that, with every sample, meets the deadline and is
+        cheaper than the current plan (None: none)."""
+        for _, candidate in ranked[: self.limits.confirm]:
+            res = self.search.evaluator.full(candidate)
+            if self.search.meets(res) and res.cost_mean < cur.cost_mean:
+                return candidate, res
+        return None
+
+    def run(self, start: Plan) -> DescentResult:
+        current, cur = start, self.search.evaluator.full(start)
+        out = DescentResult(current, cur)
+        if not self.search.meets(cur):
+            return out
+        for _ in range(self.limits.max_steps):
+            out.iterations += 1
+            cur_screen = self.search.evaluator.screen(current)
+            ranked = []
+            for candidate in self.moves(self.search.space, current):
+                saving, res = self._screened(candidate, cur_screen)
+                if saving <= 1e-9 or not self._in_time(res):
+                    continue
+                slower = res.jct_mean - cur_screen.jct_mean
+                ranked.append(((1, saving) if slower <= 0 else (0, saving / slower), candidate))
+            ranked.sort(key=lambda x: x[0], reverse=True)
+            step = self._confirmed(ranked, cur)
+            if step is None and self.limits.trades:
+                step = self.trade(current, cur, cur_screen)
+            if step is None:
                 break
-        if step is None and trades:
-            step = _trade(
-                space, evaluator, current, cur, cur_screen, deadline_s, confidence, need, moves, trades, confirm, out
-            )
-        if step is None:
-            break
-        current, cur = step
-    out.plan, out.result = current, cur
-    return out
+            current, cur = step
+        out.plan, out.result = current, cur
+        out.candidates_evaluated = self.candidates
+        return out
 
+    def trade(self, current: Plan, cur: SimResult, cur_screen: SimResult) -> tuple[Plan, SimResult] | None:
+        """A two-move step out of a local minimum: a saving that alone misses the deadline, paired with
+        a second move that wins the time back, when the pair is still cheaper than ``current``.
 
-def _trade(
-    space: PlanSpace,
-    evaluator: Evaluator,
-    current: Plan,
-    cur: SimResult,
-    cur_screen: SimResult,
-    deadline_s: float,
-    confidence: float,
-    need: int,
-    moves,
-    width: int,
-    confirm: int,
-    out: DescentResult,
-) -> tuple[Plan, SimResult] | None:
-    """A two-move step out of a local minimum: a saving that alone misses the deadline, paired with
-    a second move that wins the time back, when the pair is still cheaper than ``current``.
-
-    Only the ``width`` largest single savings are paired, so the step costs ``width`` neighbourhoods
-    of screening, and it runs only where the one-move greedy is stuck.
-    """
-    misses = []
-    for candidate in (moves or local_moves)(space, current):
-        res = evaluator.screen(candidate)
-        out.candidates_evaluated += 1
-        saving = cur_screen.cost_mean - res.cost_mean
-        if saving > 1e-9 and int((res.jct <= deadline_s).sum()) < need:
-            misses.append((saving, candidate))
-    misses.sort(key=lambda x: x[0], reverse=True)
-    ranked = []
-    seen = set()
-    for _, first in misses[:width]:
-        for candidate in (moves or local_moves)(space, first):
-            key = plan_key(candidate)
-            if key in seen:
-                continue
-            seen.add(key)
-            res = evaluator.screen(candidate)
-            out.candidates_evaluated += 1
-            saving = cur_screen.cost_mean - res.cost_mean
-            if saving > 1e-9 and int((res.jct <= deadline_s).sum()) >= need:
-                ranked.append((saving, candidate))
-    ranked.sort(key=lambda x: x[0], reverse=True)
-    for _, candidate in ranked[:confirm]:
-        res = evaluator.full(candidate)
-        if res.meets(deadline_s, confidence) and res.cost_mean < cur.cost_mean:
-            return candidate, res
-    return None
+        Only the ``limits.trades`` largest single savings are paired, so the step costs that many neighbourhoods
+        of screening, and it runs only where the one-move greedy is stuck.
+        """
+        misses = []
+        for candidate in self.moves(self.search.space, current):
+            saving, res = self._screened(candidate, cur_screen)
+            if saving > 1e-9 and not self._in_time(res):
+                misses.append((saving, candidate))
+        misses.sort(key=lambda x: x[0], reverse=True)
+        ranked = []
+        seen = set()
+        for _, first in misses[: self.limits.trades]:
+            for candidate in self.moves(self.search.space, first):
+                key = plan_key(candidate)
+                if key in seen:
+                    continue
+                seen.add(key)
+                saving, res = self._screened(candidate, cur_screen)
+                if saving > 1e-9 and self._in_time(res):
+                    ranked.append((saving, candidate))
+        ranked.sort(key=lambda x: x[0], reverse=True)
+        return self._confirmed(ranked, cur)
 
 
 def knapsack_plans(space: PlanSpace, **kwargs) -> list[Plan]:

@@ -267,6 +267,123 @@ class _Prefix:
     events: dict[str, np.ndarray] | None = None  # spot events of the finalised stages (summed)
 
 
+@dataclass(frozen=True, eq=False)
+class _StagePlay:
+    """One stage of a plan as the simulator plays it: its position ``index`` in the job, its ``config``, the
+    predicted time of the stages after it (``tail_s``: what a spot fall-back decision counts as still to come; 0
+    off spot) and, on a serial-provisioning cloud, when the provisioner is free for its new instances (``free_at``,
+    per sample: another bracket's requests before them; None: at once)."""
+
+    index: int
+    config: StageConfig
+    tail_s: float = 0.0
+    free_at: np.ndarray | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class _Opening:
+    """What a stage starts from: the finalised accounting of the stages before it (costs, cost parts, cost by type,
+    durations), its ``start`` (the previous stage's barrier; 0 for the job's first), the ``carry`` instances it
+    takes over from the previous stage (their request times, their indices there, when they free or come up) and
+    the checkpoint transfers its promotion pays (``transfer_usd``: where the trials move)."""
+
+    stage_costs: tuple
+    parts: dict[str, np.ndarray]
+    by_type: dict[str, np.ndarray]
+    durations: tuple
+    start: np.ndarray
+    carry: int
+    carried_request: np.ndarray
+    carried_free: np.ndarray
+    carried_idx: np.ndarray | None = None
+    transfer_usd: float = 0.0
+
+
+@dataclass(eq=False)
+class _Instances:
+    """A stage's instances per sample (samples × instances): when each is requested (billed from) and when it can
+    take its first trial; ``t_req``: when its new ones were asked for (None: all carried over); ``provision`` /
+    ``provisioned``: a serial-provisioning cloud's queue, as :class:`_StageRecord` keeps them."""
+
+    request: np.ndarray
+    ready: np.ndarray
+    t_req: np.ndarray | None = None
+    provision: tuple[np.ndarray, np.ndarray] | None = None
+    provisioned: np.ndarray | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class _SpotStage:
+    """A spot stage being played: its market's ``scenario``, the stage, the samples ``rows``, the samples in which
+    the stage is bought on-demand from its start (``fallback``) and how much slower its trials train on their
+    fall-back type (``slow``: :meth:`Simulator.fallback_slowdown`)."""
+
+    scenario: SpotScenario
+    play: _StagePlay
+    rows: slice
+    fallback: np.ndarray
+    slow: float
+
+
+@dataclass(frozen=True, eq=False)
+class _Preempted:
+    """A spot stage's preemptions per task (samples × trials, dispatch order): the seconds they add on the lane
+    (``extra``), the seconds run on-demand after the policy moved the trial (``on_demand``) and the seconds waited
+    for spot capacity (``waited``, unbilled); per sample the counts of preemptions and of trials moved to
+    on-demand (``counts``, 2 × samples)."""
+
+    extra: np.ndarray
+    on_demand: np.ndarray
+    waited: np.ndarray
+    counts: np.ndarray
+
+    def events(self, fallback: np.ndarray) -> dict[str, np.ndarray]:
+        """The stage's :data:`SPOT_EVENTS` per sample (``fallback``: the samples bought on-demand at the request)."""
+        return {
+            "preemptions": self.counts[0],
+            "moved_to_on_demand": self.counts[1],
+            "stages_on_demand": fallback.astype(float),
+            "wait_s": self.waited.sum(axis=1),
+        }
+
+
+def _slots(lay: Layout, ready: np.ndarray, factor: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per trial slot (samples × slots): when it can take its first task (every instance it runs on ready, and not
+    before the stage's ``start``) and its straggler factor (its slowest instance's)."""
+    if lay.span == 1:
+        p = lay.per_instance
+        slot_ready = ready if p == 1 else np.repeat(ready, p, axis=1)
+        slot_factor = factor if p == 1 else np.repeat(factor, p, axis=1)
+    else:
+        S, k = ready.shape[0], lay.span
+        used = lay.slots * k
+        slot_ready = ready[:, :used].reshape(S, lay.slots, k).max(axis=2)
+        slot_factor = factor[:, :used].reshape(S, lay.slots, k).max(axis=2)
+    return np.maximum(slot_ready, start[:, None]), slot_factor
+
+
+def _provision_serially(
+    play: _StagePlay, inst: _Instances, t_req: np.ndarray, boot: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A serial-provisioning cloud starts a stage's new instances (the last ``boot.shape[1]`` of ``inst``) one after
+    another: each is requested (and billed) when the one before is up, the first once the provisioner has finished
+    the requests before it (an earlier stage's still starting, or another bracket's: ``play.free_at``). Records
+    the queue in ``inst``; returns the first new instance's request time and each new one's boot counted from it."""
+    carry = inst.request.shape[1] - boot.shape[1]
+    submitted = t_req
+    if inst.provisioned is not None:
+        t_req = np.maximum(t_req, inst.provisioned)
+    if play.free_at is not None:
+        t_req = np.maximum(t_req, play.free_at)
+    if t_req is not submitted:
+        inst.request[:, carry:] = t_req[:, None]
+    boot = np.cumsum(boot, axis=1)
+    inst.request[:, carry + 1 :] = t_req[:, None] + boot[:, :-1]
+    inst.provision = (submitted, boot[:, -1])
+    inst.provisioned = t_req + boot[:, -1]
+    return t_req, boot
+
+
 def _add_events(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
     if a is None or b is None:
         return a if b is None else b
@@ -322,6 +439,15 @@ class SimResult:
 
 
 @dataclass(frozen=True)
+class RunningState:
+    """Instances already running when re-planning mid-run (the executor's view)."""
+
+    instance_type_key: str
+    instances: int
+    now_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class SimOptions:
     """Knobs of the simulated executor."""
 
@@ -333,46 +459,82 @@ class SimOptions:
     hold_to_end: bool = False
 
 
-class Simulator:
-    """Simulates plans for one job (stages, model, seed); caches shared plan prefixes."""
+@dataclass(frozen=True)
+class SimSettings:
+    """How a simulator plays a job's plans: everything but the job itself (its stages and performance model).
 
-    def __init__(
-        self,
-        stages: Sequence[Stage],
-        model: PerformanceModel,
-        *,
-        samples: int = 1000,
-        seed: int = 0,
-        spot: bool = False,
-        options: SimOptions | None = None,
-        cache_size: int = 4096,
-        cache_bytes: int = 256 << 20,
-        start_state: "RunningState | None" = None,
-        heads: Mapping[str, HeadSpec] | None = None,
-        spot_setup: SpotSetup | None = None,
-    ) -> None:
+    ``samples`` Monte Carlo samples drawn from the common random streams of ``seed``; ``spot``: every stage
+    priced at spot and never preempted (the old reading of ``resources.spot: true``); ``options``: the
+    simulated executor's knobs; ``start_state``: instances already running (re-planning mid-run); ``heads``
+    (cloud → :class:`HeadSpec`): the run's billed head per cloud; ``spot_setup``: spot stages' preemptions and
+    fall-back (None: a spot stage is priced at spot and never fails).
+
+    One value for all of them, so that a simulator derived from another (a bracket's, a screening one) says
+    what it changes (``dataclasses.replace``) and inherits the rest."""
+
+    samples: int = 1000
+    seed: int = 0
+    spot: bool = False
+    options: SimOptions = SimOptions()
+    start_state: RunningState | None = None
+    heads: Mapping[str, HeadSpec] | None = None
+    spot_setup: SpotSetup | None = None
+
+
+class ReadsSettings:
+    """The :class:`SimSettings` a simulator was made with, read as its own attributes (``sim.samples``, ...)."""
+
+    settings: SimSettings
+
+    @property
+    def samples(self) -> int:
+        return self.settings.samples
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
+
+    @property
+    def spot(self) -> bool:
+        return self.settings.spot
+
+    @property
+    def options(self) -> SimOptions:
+        return self.settings.options
+
+    @property
+    def start_state(self) -> RunningState | None:
+        return self.settings.start_state
+
+    @property
+    def spot_setup(self) -> SpotSetup | None:
+        """Spot stages' preemptions and fall-back (None: a spot stage is priced at spot and never fails)."""
+        return self.settings.spot_setup
+
+
+class Simulator(ReadsSettings):
+    """Simulates plans for one job (stages, model) under ``settings``; caches shared plan prefixes."""
+
+    #: Most plan prefixes cached, and most bytes their arrays hold (the least recently used go first).
+    CACHE_SIZE = 4096
+    CACHE_BYTES = 256 << 20
+
+    def __init__(self, stages: Sequence[Stage], model: PerformanceModel, settings: SimSettings | None = None) -> None:
+        self.settings = settings or SimSettings()
         self.stages = list(stages)
-        self.heads = dict(heads or {})
-        #: Spot stages' preemptions and fall-back (None: a spot stage is priced at spot and never fails).
-        self.spot_setup = spot_setup
+        #: The billed head per cloud (as given: its boot may be unresolved; :meth:`head_for` resolves it).
+        self.heads: dict[str, HeadSpec] = dict(self.settings.heads or {})
         self._heads: dict[str, HeadSpec | None] = {}  # per cloud, boot resolved
         self.model = model
-        self.samples = samples
-        self.seed = seed
-        self.spot = spot
-        self.options = options or SimOptions()
-        self.start_state = start_state
-        self.streams = RandomStreams(seed, samples)
+        self.streams = RandomStreams(self.seed, self.samples)
         self._cache: OrderedDict[tuple, _Prefix] = OrderedDict()
-        self._cache_size = cache_size
-        self._cache_bytes = cache_bytes
         self._cached_bytes = 0
         self._epoch_cache: dict[tuple[str, int, int], float] = {}
         self._startup_cache: dict[tuple[str, str], tuple[StartupModel, float]] = {}  # (model, prefetch lead)
         self._termination_cache: dict[tuple[str, str], float] = {}
         self._factor_cache: dict[int, np.ndarray] = {}
         self._startup_draws: dict[tuple, np.ndarray] = {}
-        self._variation = VariationDraws(seed, samples)
+        self._variation = VariationDraws(self.seed, self.samples)
         self.evaluations = 0
 
     # -- public -----------------------------------------------------------------------------
@@ -493,16 +655,8 @@ class Simulator:
         tails = self._tails(configs)
         rows = slice(sample, sample + 1)
         for i in range(len(configs)):
-            prefix = self._step(
-                prefix,
-                configs[i],
-                i,
-                rows=rows,
-                record=True,
-                tail_s=tails[i],
-                next_config=configs[i + 1] if i + 1 < len(configs) else None,
-                free_at=None if queue is None else queue.at(i, rows),
-            )
+            play = _StagePlay(i, configs[i], tails[i], None if queue is None else queue.at(i, rows))
+            prefix = self._step(prefix, play, rows, record=True)
             records.append(prefix.open)
         return _build_timeline(self, configs, records)
 
@@ -582,17 +736,14 @@ class Simulator:
             self._cache.move_to_end(key)
             return hit
         previous = self._prefix(configs, upto - 1, n, tails, queue) if upto > 1 else None
-        result = self._step(
-            previous,
-            configs[upto - 1],
-            upto - 1,
-            rows=slice(0, n),
-            tail_s=tails[upto - 1],
-            free_at=None if queue is None else queue.at(upto - 1, slice(0, n)),
+        rows = slice(0, n)
+        play = _StagePlay(
+            upto - 1, configs[upto - 1], tails[upto - 1], None if queue is None else queue.at(upto - 1, rows)
         )
+        result = self._step(previous, play, rows)
         self._cache[key] = result
         self._cached_bytes += _nbytes(result)
-        while self._cache and (len(self._cache) > self._cache_size or self._cached_bytes > self._cache_bytes):
+        while self._cache and (len(self._cache) > self.CACHE_SIZE or self._cached_bytes > self.CACHE_BYTES):
             _, evicted = self._cache.popitem(last=False)
             self._cached_bytes -= _nbytes(evicted)
         return result
@@ -670,200 +821,55 @@ class Simulator:
         by_type[itype.name] = by_type.get(itype.name, 0.0) + stage_cost - moved_usd
         return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
 
-    def _step(
-        self,
-        prefix: _Prefix | None,
-        config: StageConfig,
-        index: int,
-        *,
-        rows: slice,
-        record: bool = False,
-        next_config: StageConfig | None = None,
-        tail_s: float = 0.0,
-        free_at: np.ndarray | None = None,
-    ) -> _Prefix:
-        stage = self.stages[index]
-        itype = config.instance_type
-        cap = itype.workers
-        lay = layout(cap, config.instances, config.workers)
-        n_inst = config.instances
-        model = self.model
-        f_all = self._factors(index, n_inst)
-        factor = f_all[rows, :n_inst]
-        S = factor.shape[0]
-        price = self._price(itype, config.market) / 3600.0
+    def _step(self, prefix: _Prefix | None, play: _StagePlay, rows: slice, record: bool = False) -> _Prefix:
+        """Play one stage (``play``) after ``prefix`` (None: the job's first stage) over the samples ``rows``.
+
+        Closes the stage before (:meth:`_open`), brings up this stage's instances (:meth:`_instances`, with spot's
+        request and the instances kept from a re-plan), runs its tasks on its slots (with a spot stage's
+        preemptions) and bills what it has used so far; the next stage finalises it. ``record``: keep the trace
+        the timeline is rebuilt from (:func:`_build_timeline`)."""
+        config = play.config
+        stage = self.stages[play.index]
+        lay = layout(config.instance_type.workers, config.instances, config.workers)
+        factor = self._factors(play.index, config.instances)[rows, : config.instances]
         prev = prefix.open if prefix is not None else None
+        opening = self._open(prefix, play, factor.shape[0])
+        inst = self._instances(play, prev, opening, rows)
+        spot = self._spot_start(play, prev, inst, opening.carry, rows)
+        self._keep_running(prev, config, inst)
 
-        carry = 0
-        provision = None
-        provisioned = None if prefix is None else prefix.open.provisioned
-        if prev is not None:
-            same = prev.config.instance_type.key == itype.key and prev.config.market == config.market
-            carry = self.options.prefetch.carried(same, prev.release.shape[1], n_inst)
-        if prefix is None:
-            carried_idx = None
-            stage_costs: tuple = ()
-            parts = {k: np.zeros(S) for k in WORKER_CATEGORIES}
-            by_type: dict[str, np.ndarray] = {}
-            durations: tuple = ()
-            start = np.zeros(S)
-        else:
-            stage_costs, parts, by_type, carried_request, carried_idx, carried_free = self._finalise(prefix, carry)
-            durations = prefix.durations + (prefix.open.barrier - prefix.open.start,)
-            start = prefix.open.barrier
-
-        # instances: carried ones are up at the barrier; new ones requested ahead of time
-        request = np.empty((S, n_inst))
-        ready = np.empty((S, n_inst))
-        if carry:
-            # a carried instance is free at the barrier, or when it is up if it is still starting
-            request[:, :carry] = carried_request
-            ready[:, :carry] = np.maximum(start[:, None], carried_free)
-        if carry < n_inst:
-            if prev is None:
-                # A fresh local run first brings up its Ray head (about one node start-up, median),
-                # then requests the first stage's instances; a re-plan starts from "now".
-                head = self._startup(itype).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
-                t_req = np.full(S, head) if self.start_state is None else np.full(S, self.start_state.now_s)
-            else:
-                t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self._lead(itype))
-            request[:, carry:] = t_req[:, None]
-            s_all = self._boots(index, n_inst, itype)
-            boot = s_all[rows, carry:n_inst]
-            if itype.cloud in SERIAL_PROVISIONING:
-                # one after another: each starts (and is billed from) when the one before is up; the
-                # first waits for the provisioner to finish the requests before it (an earlier stage's
-                # still starting, or another bracket's: ``free_at``)
-                submitted = t_req
-                if provisioned is not None:
-                    t_req = np.maximum(t_req, provisioned)
-                if free_at is not None:
-                    t_req = np.maximum(t_req, free_at)
-                if t_req is not submitted:
-                    request[:, carry:] = t_req[:, None]
-                boot = np.cumsum(boot, axis=1)
-                request[:, carry + 1 :] = t_req[:, None] + boot[:, :-1]
-                provision = (submitted, boot[:, -1])
-                provisioned = t_req + boot[:, -1]
-            # its first trial waits for the new instance's worker processes
-            ready[:, carry:] = t_req[:, None] + boot + model.worker_start_s
-        scenario = None
-        if config.spot and self.spot_setup is not None:
-            scenario = self.spot_setup.scenario(itype.cloud, itype.region, itype.name)
-        fallback = np.zeros(S, dtype=bool)  # samples whose spot request found no capacity: the stage on on-demand
-        if scenario is not None and carry and prev is not None and prev.fallback is not None:
-            fallback = prev.fallback.copy()  # the on-demand instances it fell back to carry over (as on-demand)
-        if scenario is not None and carry < n_inst:
-            new_fallback, waited = self._spot_request(scenario, index, config, prev, rows, t_req, tail_s)
-            fallback |= new_fallback
-            request[:, carry:] += waited[:, None]  # nothing is billed while no capacity is found
-            ready[:, carry:] += waited[:, None]
-        if prev is None and self.start_state is not None and self.start_state.instance_type_key == itype.key:
-            # instances already running when re-planning mid-run: ready now, billed from now (the past is sunk)
-            kept = min(self.start_state.instances, n_inst)
-            request[:, :kept] = self.start_state.now_s
-            ready[:, :kept] = self.start_state.now_s
-        own_start = request.copy()
-        if carry:
-            own_start[:, :carry] = start[:, None]
-
-        # slots
-        if lay.span == 1:
-            p = lay.per_instance
-            slot_ready = ready if p == 1 else np.repeat(ready, p, axis=1)
-            slot_factor = factor if p == 1 else np.repeat(factor, p, axis=1)
-        else:
-            k = lay.span
-            used = lay.slots * k
-            slot_ready = ready[:, :used].reshape(S, lay.slots, k).max(axis=2)
-            slot_factor = factor[:, :used].reshape(S, lay.slots, k).max(axis=2)
-        slot_ready = np.maximum(slot_ready, start[:, None])
-        if scenario is not None and fallback.any():  # a stage bought on-demand runs on the fall-back type
-            slot_factor = slot_factor * np.where(fallback, self.fallback_slowdown(config), 1.0)[:, None]
-
-        base, overhead = self.task_time(index, config, None if prev is None else prev.config)
-        transfer_usd = 0.0
-        if prev is not None and stage.index > 0 and prev.config.placement != config.placement:
-            transfer_usd = (
-                stage.trials * model.checkpoint_size_gb * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0)
-            )
-        spot_extra = events = fallback_usd = None
-        if scenario is not None:
-            spot_extra, od_s, wait_s, counts_pm = self._preemptions(
-                scenario, index, config, rows, slot_ready, lay.slots, base, overhead, tail_s, fallback
-            )
-            events = {
-                "preemptions": counts_pm[0],
-                "moved_to_on_demand": counts_pm[1],
-                "stages_on_demand": fallback.astype(float),
-                "wait_s": wait_s.sum(axis=1),
-            }
-        if model.variation.active or spot_extra is not None:
-            factors = self._task_factors(index, rows) if model.variation.active else np.ones((S, stage.trials))
-            counts, last_end, busy = schedule_tasks(slot_ready, base * slot_factor, factors, overhead, extra=spot_extra)
-            dur = np.where(counts > 0, busy / np.maximum(counts, 1), base * slot_factor + overhead)  # trace: mean
-        else:
-            dur = base * slot_factor + overhead
-            counts, last_end = _list_schedule(slot_ready, dur, stage.trials)
-            busy = counts * dur
+        slot_ready, slot_factor = _slots(lay, inst.ready, factor, opening.start)
+        if spot is not None and spot.fallback.any():  # a stage bought on-demand runs on the fall-back type
+            slot_factor = slot_factor * np.where(spot.fallback, spot.slow, 1.0)[:, None]
+        base, overhead = self.task_time(play.index, config, None if prev is None else prev.config)
+        preempted = None if spot is None else self._preemptions(spot, slot_ready, (base, overhead))
+        counts, last_end, busy, dur = self._schedule(
+            play, rows, (slot_ready, slot_factor), (base, overhead), None if preempted is None else preempted.extra
+        )
         used_slot = counts > 0
         end_or_ready = np.where(used_slot, last_end, -np.inf)
         barrier = end_or_ready.max(axis=1)
         anchor = np.where(used_slot, slot_ready, np.inf).min(axis=1)
+        release = self._release(lay, end_or_ready, inst.ready, barrier)
 
-        if lay.span == 1:
-            inst_end = np.full((S, n_inst), -np.inf)
-            inst_end = (
-                end_or_ready if lay.per_instance == 1 else end_or_ready.reshape(S, n_inst, lay.per_instance).max(axis=2)
-            )
-        else:
-            inst_end = np.full((S, n_inst), -np.inf)
-            inst_end[:, : lay.slots * lay.span] = np.repeat(end_or_ready, lay.span, axis=1)
-        release = np.maximum(inst_end, ready)
-        if self.options.hold_to_end:
-            release = np.maximum(release, barrier[:, None])
-
-        share = config.workers / cap
-        seg = (release - own_start).sum(axis=1) * price
-        train = busy.sum(axis=1) * share * price
-        start_cost = (ready - request)[:, carry:].sum(axis=1) * price
-        stage_parts = {
-            "training": train,
-            "startup": start_cost,
-            "idle": seg - train - start_cost,
-            "billing_minimum": np.zeros(S),
-            "transfer": np.full(S, transfer_usd),
-        }
-        if scenario is not None:
-            # on-demand where a spot stage fell back: the whole stage (no capacity at its request), or a
-            # trial's rest after the policy moved it (its replacement bought on-demand); waits for spot
-            # capacity after a preemption are not billed
-            moved_to = self._spot().fallback(itype)
-            od_price = moved_to.price(False) / 3600.0
-            per_trial = config.workers / cap
-            adjust = (od_s.sum(axis=1) * (od_price - price) - wait_s.sum(axis=1) * price) * per_trial
-            ratio = np.where(fallback, od_price / price if price > 0 else 1.0, 1.0)
-            stage_parts = {k: v * ratio for k, v in stage_parts.items()}
-            stage_parts["training"] = stage_parts["training"] + np.where(fallback, 0.0, adjust)
-            seg = seg * ratio + np.where(fallback, 0.0, adjust)
-            if moved_to.key != itype.key:  # what moved trials paid on the fall-back type (cost by type)
-                fallback_usd = np.where(fallback, 0.0, od_s.sum(axis=1) * od_price * per_trial)
-        cost = seg + transfer_usd
-        predicted = -(-stage.trials // max(1, lay.slots)) * (base + overhead)
-
+        stage_parts, seg = self._stage_parts(config, opening, inst, release, busy)
+        events = fallback_usd = None
+        if spot is not None and preempted is not None:
+            stage_parts, seg, fallback_usd = self._spot_bill(spot, preempted, stage_parts, seg)
+            events = preempted.events(spot.fallback)
         trace = None
         if record:
             trace = {
-                "carried_from_prev": None if carried_idx is None else [int(x) for x in carried_idx[0]],
-                "transition": self._transition(index, config, None if prev is None else prev.config),
-                "request": request[0],
-                "ready": ready[0],
+                "carried_from_prev": None if opening.carried_idx is None else [int(x) for x in opening.carried_idx[0]],
+                "transition": self._transition(play.index, config, None if prev is None else prev.config),
+                "request": inst.request[0],
+                "ready": inst.ready[0],
                 "release": release[0],
                 "slot_ready": slot_ready[0],
                 "dur": dur[0],
                 "counts": counts[0],
-                "carry": carry,
-                "start": float(start[0]),
+                "carry": opening.carry,
+                "start": float(opening.start[0]),
                 "barrier": float(barrier[0]),
                 "layout": lay,
                 "anchor": float(anchor[0]),
@@ -871,26 +877,194 @@ class Simulator:
             }
         rec = _StageRecord(
             config=config,
-            start=start,
+            start=opening.start,
             anchor=anchor,
             barrier=barrier,
-            predicted_s=predicted,
+            predicted_s=-(-stage.trials // max(1, lay.slots)) * (base + overhead),
             release=release,
-            request=request,
-            cost=cost,
+            request=inst.request,
+            cost=seg + opening.transfer_usd,
             parts=stage_parts,
             trace=trace,
-            ready=ready,
-            fallback=fallback if scenario is not None else None,
+            ready=inst.ready,
+            fallback=None if spot is None else spot.fallback,
             fallback_usd=fallback_usd,
             events=events,
-            provision=provision,
-            provisioned=provisioned,
+            provision=inst.provision,
+            provisioned=inst.provisioned,
         )
-        events = None if prefix is None else _add_events(prefix.events, prefix.open.events)
         return _Prefix(
-            stage_costs=stage_costs, parts=parts, by_type=by_type, durations=durations, open=rec, events=events
+            stage_costs=opening.stage_costs,
+            parts=opening.parts,
+            by_type=opening.by_type,
+            durations=opening.durations,
+            open=rec,
+            events=None if prefix is None else _add_events(prefix.events, prefix.open.events),
         )
+
+    def _open(self, prefix: _Prefix | None, play: _StagePlay, samples: int) -> _Opening:
+        """What stage ``play`` starts from: the stage before closed (:meth:`_finalise`, its ``carry`` instances that
+        free last taken over), its barrier as the start, and the checkpoint transfers a promotion that moves the
+        trials pays. The job's first stage starts from nothing at 0."""
+        if prefix is None:
+            nothing = np.empty((samples, 0))
+            zero = np.zeros(samples)
+            return _Opening((), {k: np.zeros(samples) for k in WORKER_CATEGORIES}, {}, (), zero, 0, nothing, nothing)
+        prev, config = prefix.open, play.config
+        same = prev.config.instance_type.key == config.instance_type.key and prev.config.market == config.market
+        carry = self.options.prefetch.carried(same, prev.release.shape[1], config.instances)
+        stage_costs, parts, by_type, carried_request, carried_idx, carried_free = self._finalise(prefix, carry)
+        stage = self.stages[play.index]
+        transfer_usd = 0.0
+        if stage.index > 0 and prev.config.placement != config.placement:
+            transfer_usd = (
+                stage.trials
+                * self.model.checkpoint_size_gb
+                * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0)
+            )
+        return _Opening(
+            stage_costs=stage_costs,
+            parts=parts,
+            by_type=by_type,
+            durations=prefix.durations + (prev.barrier - prev.start,),
+            start=prev.barrier,
+            carry=carry,
+            carried_request=carried_request,
+            carried_free=carried_free,
+            carried_idx=carried_idx,
+            transfer_usd=transfer_usd,
+        )
+
+    def _instances(self, play: _StagePlay, prev: _StageRecord | None, opening: _Opening, rows: slice) -> _Instances:
+        """When the stage's instances are requested (billed from) and ready for a first trial, per sample. Carried ones
+        are free at the stage's start, or when they are up if still starting. New ones are requested ahead of time
+        (:class:`~rubberband.planner.policies.PrefetchPolicy`), timed from the previous stage's first task; the
+        job's first stage requests them at once, after its head on a cloud whose head boots first, or from "now"
+        when re-planning. Their first trial waits for the new instance's worker processes."""
+        config = play.config
+        itype, n_inst, carry, start = config.instance_type, config.instances, opening.carry, opening.start
+        inst = _Instances(
+            request=np.empty((start.shape[0], n_inst)),
+            ready=np.empty((start.shape[0], n_inst)),
+            provisioned=None if prev is None else prev.provisioned,
+        )
+        if carry:
+            inst.request[:, :carry] = opening.carried_request
+            inst.ready[:, :carry] = np.maximum(start[:, None], opening.carried_free)
+        if carry < n_inst:
+            if prev is None:
+                # A fresh local run first brings up its Ray head (about one node start-up, median),
+                # then requests the first stage's instances; a re-plan starts from "now".
+                head = self._startup(itype).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
+                t_req = np.full(start.shape[0], head if self.start_state is None else self.start_state.now_s)
+            else:
+                t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self._lead(itype))
+            inst.request[:, carry:] = t_req[:, None]
+            boot = self._boots(play.index, n_inst, itype)[rows, carry:n_inst]
+            if itype.cloud in SERIAL_PROVISIONING:
+                t_req, boot = _provision_serially(play, inst, t_req, boot)
+            inst.ready[:, carry:] = t_req[:, None] + boot + self.model.worker_start_s
+            inst.t_req = t_req
+        return inst
+
+    def _spot_start(
+        self, play: _StagePlay, prev: _StageRecord | None, inst: _Instances, carry: int, rows: slice
+    ) -> _SpotStage | None:
+        """A spot stage's market as it starts (None off spot): the samples in which it runs on-demand on its
+        fall-back type (those the stage before fell back in, carried over as on-demand, and those the policy buys
+        on-demand at the new instances' request: :meth:`_spot_request`), and the waits for capacity added to the
+        new instances' request and ready times (nothing is billed while no capacity is found)."""
+        config = play.config
+        if not config.spot or self.spot_setup is None:
+            return None
+        itype = config.instance_type
+        scenario = self.spot_setup.scenario(itype.cloud, itype.region, itype.name)
+        if scenario is None:
+            return None
+        fallback = np.zeros(inst.request.shape[0], dtype=bool)
+        if carry and prev is not None and prev.fallback is not None:
+            fallback = prev.fallback.copy()  # the on-demand instances it fell back to carry over (as on-demand)
+        if carry < config.instances and inst.t_req is not None:
+            new_fallback, waited = self._spot_request(scenario, play, prev, rows, inst.t_req)
+            fallback |= new_fallback
+            inst.request[:, carry:] += waited[:, None]
+            inst.ready[:, carry:] += waited[:, None]
+        return _SpotStage(scenario, play, rows, fallback, self.fallback_slowdown(config))
+
+    def _keep_running(self, prev: _StageRecord | None, config: StageConfig, inst: _Instances) -> None:
+        """Instances already running when re-planning mid-run (:class:`RunningState`, the first stage on their type):
+        ready now, billed from now (the past is sunk)."""
+        state = self.start_state
+        if prev is None and state is not None and state.instance_type_key == config.instance_type.key:
+            kept = min(state.instances, config.instances)
+            inst.request[:, :kept] = state.now_s
+            inst.ready[:, :kept] = state.now_s
+
+    def _schedule(
+        self,
+        play: _StagePlay,
+        rows: slice,
+        slots: tuple[np.ndarray, np.ndarray],
+        task: tuple[float, float],
+        extra: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The stage's tasks list-scheduled onto its slots (``slots``: when each is free, its straggler factor),
+        each ``task`` = (median compute, overhead) seconds, compute scaled by the slot's factor, the trial's
+        variation (when fitted) and ``extra`` seconds per task (a spot stage's preemptions). Returns per slot
+        its tasks, its last task's end, its busy time and its mean task duration (what the trace shows)."""
+        slot_ready, slot_factor = slots
+        base, overhead = task
+        trials = self.stages[play.index].trials
+        if self.model.variation.active or extra is not None:
+            active = self.model.variation.active
+            factors = self._task_factors(play.index, rows) if active else np.ones((slot_ready.shape[0], trials))
+            counts, last_end, busy = schedule_tasks(slot_ready, base * slot_factor, factors, overhead, extra=extra)
+            dur = np.where(counts > 0, busy / np.maximum(counts, 1), base * slot_factor + overhead)  # trace: mean
+        else:
+            dur = base * slot_factor + overhead
+            counts, last_end = _list_schedule(slot_ready, dur, trials)
+            busy = counts * dur
+        return counts, last_end, busy, dur
+
+    def _release(self, lay: Layout, end_or_ready: np.ndarray, ready: np.ndarray, barrier: np.ndarray) -> np.ndarray:
+        """When each instance is released: once no slot on it has a task left (never before it is up); a static
+        cluster's (``SimOptions.hold_to_end``) not before the stage's barrier."""
+        S, n_inst = ready.shape
+        if lay.span == 1:
+            per = lay.per_instance
+            inst_end = end_or_ready if per == 1 else end_or_ready.reshape(S, n_inst, per).max(axis=2)
+        else:
+            inst_end = np.full((S, n_inst), -np.inf)
+            inst_end[:, : lay.slots * lay.span] = np.repeat(end_or_ready, lay.span, axis=1)
+        release = np.maximum(inst_end, ready)
+        if self.options.hold_to_end:
+            release = np.maximum(release, barrier[:, None])
+        return release
+
+    def _stage_parts(
+        self, config: StageConfig, opening: _Opening, inst: _Instances, release: np.ndarray, busy: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The stage's open cost per sample by part, and its instances' bill so far (``seg``): each instance from its
+        request (a carried one from the stage's start) until its release. Training is the slots' busy time at a
+        trial's share of an instance, start-up the new instances' boots, the rest idle; the billing minimums come
+        when the stage is finalised."""
+        carry = opening.carry
+        own_start = inst.request.copy()
+        if carry:
+            own_start[:, :carry] = opening.start[:, None]
+        price = self._price(config.instance_type, config.market) / 3600.0
+        S = release.shape[0]
+        seg = (release - own_start).sum(axis=1) * price
+        train = busy.sum(axis=1) * (config.workers / config.instance_type.workers) * price
+        start_cost = (inst.ready - inst.request)[:, carry:].sum(axis=1) * price
+        parts = {
+            "training": train,
+            "startup": start_cost,
+            "idle": seg - train - start_cost,
+            "billing_minimum": np.zeros(S),
+            "transfer": np.full(S, opening.transfer_usd),
+        }
+        return parts, seg
 
     # -- spot ---------------------------------------------------------------------------------
     def _spot(self) -> SpotSetup:
@@ -920,25 +1094,19 @@ class Simulator:
         return self._lead(itype) + m.worker_start_s + m.restart_overhead_s + m.transfer_time() + checkpoint_s / 2
 
     def _spot_request(
-        self,
-        scenario: SpotScenario,
-        index: int,
-        config: StageConfig,
-        prev: "_StageRecord | None",
-        rows: slice,
-        t_req: np.ndarray,
-        tail_s: float,
+        self, scenario: SpotScenario, play: _StagePlay, prev: _StageRecord | None, rows: slice, t_req: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """A spot stage's request, where the policy decides for the stage's trials (as the executor does
         before it starts them): on-demand when the slack (time left − the stage's predicted time on its
-        fall-back type − its bracket's later stages' predicted time − one restart) is already short
-        (``fallback``: the stage is bought on-demand, on the fall-back type); where the request finds no
+        fall-back type − its bracket's later stages' predicted time, ``play.tail_s`` − one restart) is already
+        short (``fallback``: the stage is bought on-demand, on the fall-back type); where the request finds no
         capacity, the policy waits for it (the wait) or buys the stage on-demand. Returns (fallback, wait)
         per sample."""
         setup = self._spot()
+        index, config = play.index, play.config
         predicted = self.predicted_duration(index, config, None if prev is None else prev.config)
         # the stage as it would run bought on-demand (on the fall-back type), and the later stages
-        work = np.full_like(t_req, predicted * self.fallback_slowdown(config) + tail_s)
+        work = np.full_like(t_req, predicted * self.fallback_slowdown(config) + play.tail_s)
         base, _ = self.task_time(index, config, None if prev is None else prev.config)
         restart = self._spot_restart_s(
             config.instance_type, base / self.stages[index].epochs_this_stage * setup.checkpoint_epochs
@@ -951,22 +1119,9 @@ class Simulator:
         stay = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart + scenario.typical_wait_s)
         return ~start | (none & ~stay), np.where(start & none & stay, wait, 0.0)
 
-    def _preemptions(
-        self,
-        scenario: SpotScenario,
-        index: int,
-        config: StageConfig,
-        rows: slice,
-        slot_ready: np.ndarray,
-        slots: int,
-        base: float,
-        overhead: float,
-        tail_s: float,
-        fallback: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per task (samples × trials, dispatch order): seconds a spot stage's preemptions add, seconds run
-        on-demand after the policy moved it, and seconds waited for spot capacity (unbilled); and per
-        sample the counts of preemptions and of trials moved to on-demand (2 × samples).
+    def _preemptions(self, spot: _SpotStage, slot_ready: np.ndarray, task: tuple[float, float]) -> _Preempted:
+        """A spot stage's preemptions (:class:`_Preempted`), its tasks starting on slots free at ``slot_ready``,
+        each ``task`` = (``base`` seconds of training, ``overhead``).
 
         Tasks are played wave by wave on lanes (the first wave starts as the slots come up, each later
         task when its lane's previous task ends, preemptions included), each running ``base`` seconds of
@@ -979,12 +1134,13 @@ class Simulator:
         preemptions for that trial). Whether a trial starts on spot at all is decided for the stage, at
         its request (:meth:`_spot_request`).
         """
-        stage = self.stages[index]
-        S, T = slot_ready.shape[0], stage.trials
+        config = spot.play.config
+        base, overhead = task
+        slots = layout(config.instance_type.workers, config.instances, config.workers).slots
+        S, T = slot_ready.shape[0], self.stages[spot.play.index].trials
         lanes = max(1, min(slots, T))
         lane_free = np.sort(slot_ready, axis=1)[:, :lanes].copy()
         waves = -(-T // lanes)
-        slow = self.fallback_slowdown(config)
         extra = np.zeros((S, T))
         od = np.zeros((S, T))
         waited = np.zeros((S, T))
@@ -992,32 +1148,22 @@ class Simulator:
         for w in range(waves):
             lo, hi = w * lanes, min(T, (w + 1) * lanes)
             width = hi - lo
-            after = (waves - 1 - w) * (base + overhead) * slow + tail_s  # the stage's later waves on the fall-back
-            e, o, wt, c = self._preempt_wave(
-                scenario, index, w, config, rows, lane_free[:, :width] + overhead, base, after, fallback, slow
-            )
+            # the stage's later waves on the fall-back, and the later stages
+            after = (waves - 1 - w) * (base + overhead) * spot.slow + spot.play.tail_s
+            e, o, wt, c = self._preempt_wave(spot, w, lane_free[:, :width] + overhead, base, after)
             extra[:, lo:hi], od[:, lo:hi], waited[:, lo:hi] = e, o, wt
             counts += c
             lane_free[:, :width] += base + overhead + e
-        return extra, od, waited, counts
+        return _Preempted(extra, od, waited, counts)
 
     def _preempt_wave(
-        self,
-        scenario: SpotScenario,
-        index: int,
-        wave: int,
-        config: StageConfig,
-        rows: slice,
-        now: np.ndarray,
-        base: float,
-        after: float,
-        fallback: np.ndarray,
-        slow: float,
+        self, spot: _SpotStage, wave: int, now: np.ndarray, base: float, after: float
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """One wave of :meth:`_preemptions`: tasks whose training starts at ``now`` (samples × tasks); returns
-        its per-task (extra, on-demand, waited) seconds and per-sample counts, as :meth:`_preemptions` does.
-        ``slow``: the stage's :meth:`fallback_slowdown`."""
+        """One wave of :meth:`_preemptions`: tasks whose training (``base`` seconds) starts at ``now`` (samples ×
+        tasks), ``after`` seconds of the run's work predicted after them; returns its per-task (extra, on-demand,
+        waited) seconds and per-sample counts, as :class:`_Preempted` holds them."""
         setup = self._spot()
+        scenario, index, config, rows, slow = spot.scenario, spot.play.index, spot.play.config, spot.rows, spot.slow
         stage = self.stages[index]
         itype = config.instance_type
         span = layout(itype.workers, config.instances, config.workers).span
@@ -1029,7 +1175,7 @@ class Simulator:
         shape = now.shape
         progress = np.zeros(shape)
         remaining = np.full(shape, base)
-        on_spot = np.broadcast_to(~fallback[:, None], shape).copy()
+        on_spot = np.broadcast_to(~spot.fallback[:, None], shape).copy()
         extra = np.zeros(shape)
         od = np.zeros(shape)
         waited = np.zeros(shape)
@@ -1070,6 +1216,31 @@ class Simulator:
             now = np.where(hit, t_hit + restart + w, now)
         return extra, od, waited, counts
 
+    def _spot_bill(
+        self, spot: _SpotStage, preempted: _Preempted, parts: dict[str, np.ndarray], seg: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray | None]:
+        """A spot stage's open cost parts and bill adjusted for its market: on-demand where it fell back (the whole
+        stage, no capacity at its request; or a trial's rest after the policy moved it, its replacement bought
+        on-demand), and the waits for spot capacity after a preemption not billed. Returns the parts, the bill and
+        (where trials fall back to another type) what was paid on the fall-back type per sample (cost by type)."""
+        config, fallback = spot.play.config, spot.fallback
+        itype = config.instance_type
+        price = self._price(itype, config.market) / 3600.0
+        moved_to = self._spot().fallback(itype)
+        od_price = moved_to.price(False) / 3600.0
+        per_trial = config.workers / itype.workers
+        adjust = (
+            preempted.on_demand.sum(axis=1) * (od_price - price) - preempted.waited.sum(axis=1) * price
+        ) * per_trial
+        ratio = np.where(fallback, od_price / price if price > 0 else 1.0, 1.0)
+        parts = {k: v * ratio for k, v in parts.items()}
+        parts["training"] = parts["training"] + np.where(fallback, 0.0, adjust)
+        seg = seg * ratio + np.where(fallback, 0.0, adjust)
+        fallback_usd = None
+        if moved_to.key != itype.key:  # what moved trials paid on the fall-back type (cost by type)
+            fallback_usd = np.where(fallback, 0.0, preempted.on_demand.sum(axis=1) * od_price * per_trial)
+        return parts, seg, fallback_usd
+
     def _finish(self, configs: tuple[StageConfig, ...], prefix: _Prefix, n: int) -> SimResult:
         stage_costs, parts, by_type, *_ = self._finalise(prefix, 0)
         durations = prefix.durations + (prefix.open.barrier - prefix.open.start,)
@@ -1099,15 +1270,6 @@ def _nbytes(prefix: _Prefix) -> int:
     """Approximate memory held by a cached prefix (its per-instance and per-sample arrays)."""
     rec = prefix.open
     return rec.release.nbytes + rec.request.nbytes + rec.barrier.nbytes * (8 + len(prefix.stage_costs))
-
-
-@dataclass(frozen=True)
-class RunningState:
-    """Instances already running when re-planning mid-run (the executor's view)."""
-
-    instance_type_key: str
-    instances: int
-    now_s: float = 0.0
 
 
 def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1272,37 +1434,60 @@ def _build_timeline(
     sim: Simulator, configs: tuple[StageConfig, ...], records: list[_StageRecord]
 ) -> tuple[Timeline, nx.DiGraph, float]:
     """Turn the recorded sample into an explicit DAG and read the timeline off it."""
-    dag = nx.DiGraph()
-    dag.add_node("start")
-    instances: list[dict] = []
-    tasks: list[TimelineTask] = []
-    task_nodes: list[tuple[tuple, float]] = []
-    prev_ids: list[int] = []  # instance ids of the previous stage, in sorted-release order
-    prev_barrier: Hashable = "start"
-    prev_first_task = None
-    next_id = 0
-    trial_ids: dict[int, list[int]] = {}
+    dag = _TimelineDag(sim)
     for idx, (config, rec) in enumerate(zip(configs, records)):
-        tr = rec.trace
-        if tr is None:
+        if rec.trace is None:
             raise AssertionError("a stage record without its trace (Simulator.trace plays them with record=True)")
-        stage = sim.stages[idx]
+        dag.add_stage(idx, config, rec.trace)
+    return dag.timeline(len(configs))
+
+
+class _TimelineDag:
+    """The representative sample's task DAG, built stage by stage from the traces :meth:`Simulator.trace` records:
+    nodes for the start, each instance's request and readiness, each task's dispatch and training, each stage's
+    barrier; edges weighted by the time between them, so that the longest path to a node is when it happens."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.dag = nx.DiGraph()
+        self.dag.add_node("start")
+        self.instances: list[dict] = []
+        self.tasks: list[TimelineTask] = []
+        self.task_nodes: list[tuple[tuple, float]] = []
+        self.prev_ids: list[int] = []  # instance ids of the previous stage, in sorted-release order
+        self.prev_barrier: Hashable = "start"
+        self.prev_first_task: Hashable | None = None
+        self.trial_ids: dict[int, list[int]] = {}
+
+    def add_stage(self, idx: int, config: StageConfig, tr: dict) -> None:
+        """Stage ``idx``'s instances (carried over or requested) and its tasks on their slots, up to its barrier."""
+        ids = self._instances(idx, config, tr)
         lay: Layout = tr["layout"]
-        n_inst = config.instances
-        carry = tr["carry"]
-        ids = [0] * n_inst
-        carried = [prev_ids[i] for i in tr["carried_from_prev"]] if carry else []
-        for i in range(n_inst):
+        if lay.span == 1:  # slot → instances
+            slot_insts = [[ids[j // lay.per_instance]] for j in range(lay.slots)]
+        else:
+            slot_insts = [ids[j * lay.span : (j + 1) * lay.span] for j in range(lay.slots)]
+        self.prev_first_task = self._tasks(idx, config, tr, slot_insts)
+        self.prev_ids = ids
+        self.prev_barrier = ("barrier", idx)
+
+    def _instances(self, idx: int, config: StageConfig, tr: dict) -> list[int]:
+        """The ids of stage ``idx``'s instances: the carried ones keep theirs (ready at the barrier, or when up if
+        still starting), new ones are requested (from the start, or ahead, timed from the previous stage's first
+        task) and come up after their start-up."""
+        dag, instances, carry = self.dag, self.instances, tr["carry"]
+        ids = [0] * config.instances
+        carried = [self.prev_ids[i] for i in tr["carried_from_prev"]] if carry else []
+        for i in range(config.instances):
             if i < carry:
                 ids[i] = carried[i]
                 instances[ids[i]]["last_stage"] = idx
-                dag.add_edge(prev_barrier, ("ready", ids[i], idx), weight=0.0)
+                dag.add_edge(self.prev_barrier, ("ready", ids[i], idx), weight=0.0)
                 # one still starting at the barrier is ready when it is up
                 dag.add_edge(("ready", ids[i], instances[ids[i]]["ready_stage"]), ("ready", ids[i], idx), weight=0.0)
                 instances[ids[i]]["ready_stage"] = idx
             else:
-                ids[i] = next_id
-                next_id += 1
+                ids[i] = len(instances)
                 instances.append(
                     {
                         "id": ids[i],
@@ -1314,38 +1499,36 @@ def _build_timeline(
                         "ready": float(tr["ready"][i]),
                     }
                 )
-                if prev_first_task is None:
+                if self.prev_first_task is None:
                     dag.add_edge("start", ("request", ids[i]), weight=float(tr["request"][i]))
                 else:  # requested ahead, timed from the previous stage's first task (serially on local)
                     dag.add_edge(
-                        prev_first_task, ("request", ids[i]), weight=float(tr["request"][i]) - tr["prev_anchor"]
+                        self.prev_first_task, ("request", ids[i]), weight=float(tr["request"][i]) - tr["prev_anchor"]
                     )
                 dag.add_edge(
                     ("request", ids[i]), ("ready", ids[i], idx), weight=float(tr["ready"][i] - tr["request"][i])
                 )
             instances[ids[i]]["released"] = float(tr["release"][i])
-        # slot → instances
-        if lay.span == 1:
-            slot_insts = [[ids[j // lay.per_instance]] for j in range(lay.slots)]
-        else:
-            slot_insts = [ids[j * lay.span : (j + 1) * lay.span] for j in range(lay.slots)]
+        return ids
+
+    def _tasks(self, idx: int, config: StageConfig, tr: dict, slot_insts: list[list[int]]) -> Hashable | None:
+        """Stage ``idx``'s tasks in start order, each on its slot's instances after the previous barrier (its
+        slot's first) or its slot's previous task; promoted trials keep their ids (the best of the previous stage,
+        in order). Returns the stage's first task node (None: it has none)."""
+        dag, stage = self.dag, self.sim.stages[idx]
         barrier = ("barrier", idx)
         starts = []
-        for j in range(lay.slots):
+        for j in range(len(slot_insts)):
             t = tr["slot_ready"][j]
             for k in range(int(tr["counts"][j])):
                 starts.append((float(t), j, k))
                 t = t + tr["dur"][j]
         starts.sort()
-        # promoted trials keep their ids (the best of the previous stage, in order)
-        ids_in = trial_ids.get(stage.bracket) if stage.index > 0 else None
+        ids_in = self.trial_ids.get(stage.bracket) if stage.index > 0 else None
+        first_trial = sum(s.trials for s in self.sim.stages[:idx] if s.bracket < stage.bracket and s.index == 0)
         first_task = None
         for order, (t0, j, k) in enumerate(starts):
-            trial = (
-                ids_in[order]
-                if ids_in
-                else sum(s.trials for s in sim.stages[:idx] if s.bracket < stage.bracket and s.index == 0) + order
-            )
+            trial = ids_in[order] if ids_in else first_trial + order
             # a task node starts the trial's work on its slot; when the placement changed at this
             # promotion, a transition node (checkpoint restore onto the new instances) precedes training
             node = ("task", idx, j, k)
@@ -1356,14 +1539,14 @@ def _build_timeline(
             move = float(tr["transition"])
             dag.add_edge(node, train, weight=move, kind="transition" if move > 0 else "dispatch")
             if k == 0:
-                dag.add_edge(prev_barrier, node, weight=0.0)
+                dag.add_edge(self.prev_barrier, node, weight=0.0)
                 for iid in slot_insts[j]:
                     dag.add_edge(("ready", iid, idx), node, weight=0.0)
             else:
                 dag.add_edge(("train", idx, j, k - 1), node, weight=d - move)
             if k == int(tr["counts"][j]) - 1:
                 dag.add_edge(train, barrier, weight=d - move)
-            tasks.append(
+            self.tasks.append(
                 TimelineTask(
                     trial=trial,
                     stage=stage.index,
@@ -1374,36 +1557,39 @@ def _build_timeline(
                     end_s=t0 + d,
                 )
             )
-            task_nodes.append((node, d))
-        trial_ids[stage.bracket] = [t.trial for t in tasks[-len(starts) :]]
-        prev_ids = ids
-        prev_barrier = barrier
-        prev_first_task = first_task
-    times: dict = {}
-    for node in nx.topological_sort(dag):
-        preds = list(dag.predecessors(node))
-        times[node] = max((times[u] + dag.edges[u, node]["weight"] for u in preds), default=0.0)
-    for t, (node, d) in zip(tasks, task_nodes):
-        t.start_s = times[node]
-        t.end_s = times[node] + d
-    out_instances = []
-    for inst in instances:
-        inst_config: StageConfig = inst["config"]
-        itype = inst_config.instance_type
-        rule = sim._rule(itype.cloud)
-        life = inst["released"] - inst["requested"] + sim._termination(itype)
-        out_instances.append(
-            TimelineInstance(
-                id=f"i{inst['id']}",
-                instance_type=itype.name,
-                cloud=itype.cloud,
-                first_stage=inst["first_stage"],
-                last_stage=inst["last_stage"],
-                requested_s=inst["requested"],
-                ready_s=inst["ready"],
-                released_s=inst["released"],
-                cost_usd=rule.cost(life, sim._price(itype, inst_config.market)),
+            self.task_nodes.append((node, d))
+        self.trial_ids[stage.bracket] = [t.trial for t in self.tasks[-len(starts) :]]
+        return first_task
+
+    def timeline(self, stages: int) -> tuple[Timeline, nx.DiGraph, float]:
+        """(timeline, DAG, critical path) once all ``stages`` are added: every node at its longest path from the
+        start, the tasks and instances read off it, the last barrier's time the critical path."""
+        dag, sim = self.dag, self.sim
+        times: dict = {}
+        for node in nx.topological_sort(dag):
+            preds = list(dag.predecessors(node))
+            times[node] = max((times[u] + dag.edges[u, node]["weight"] for u in preds), default=0.0)
+        for t, (node, d) in zip(self.tasks, self.task_nodes):
+            t.start_s = times[node]
+            t.end_s = times[node] + d
+        out_instances = []
+        for inst in self.instances:
+            inst_config: StageConfig = inst["config"]
+            itype = inst_config.instance_type
+            rule = sim._rule(itype.cloud)
+            life = inst["released"] - inst["requested"] + sim._termination(itype)
+            out_instances.append(
+                TimelineInstance(
+                    id=f"i{inst['id']}",
+                    instance_type=itype.name,
+                    cloud=itype.cloud,
+                    first_stage=inst["first_stage"],
+                    last_stage=inst["last_stage"],
+                    requested_s=inst["requested"],
+                    ready_s=inst["ready"],
+                    released_s=inst["released"],
+                    cost_usd=rule.cost(life, sim._price(itype, inst_config.market)),
+                )
             )
-        )
-    critical = times[("barrier", len(configs) - 1)]
-    return Timeline(instances=out_instances, tasks=tasks), dag, critical
+        critical = times[("barrier", stages - 1)]
+        return Timeline(instances=out_instances, tasks=self.tasks), dag, critical

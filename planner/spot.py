@@ -37,7 +37,7 @@ not back yet. A preemption is a 0 → 1 transition.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -151,18 +151,20 @@ def _rate(preemptions: int, running_hours: float, gap_s: float) -> float:
     return (preemptions + 0.5) / max(running_hours, gap_s / 3600.0)
 
 
-def fit_zone(
-    cloud: str,
-    instance_type: str,
-    region: str,
-    zone: str,
-    *,
-    preemption: Sequence[TraceStats] = (),
-    availability: Sequence[TraceStats] = (),
-    pooled: tuple[int, float, float] | None = None,
-) -> ZoneModel:
-    """Fit one zone from its traces. ``pooled`` (preemptions, running hours, gap) stands in for the
-    preemption rate when the zone has no preemption trace; raises ValueError when it has neither."""
+@dataclass(frozen=True)
+class ZoneTraces:
+    """What one zone is fitted from: the statistics of its ``preemption`` traces and of its ``availability``
+    traces, and ``pooled`` (preemptions, running hours, gap) over the type's preemption traces, which stands in
+    for the preemption rate when the zone has no preemption trace."""
+
+    preemption: Sequence[TraceStats] = ()
+    availability: Sequence[TraceStats] = ()
+    pooled: tuple[int, float, float] | None = None
+
+
+def fit_zone(cloud: str, instance_type: str, region: str, zone: str, traces: ZoneTraces) -> ZoneModel:
+    """Fit one zone from its ``traces``; raises ValueError when it has neither kind of trace."""
+    preemption, availability, pooled = traces.preemption, traces.availability, traces.pooled
     if not preemption and not availability:
         raise ValueError(f"no traces for {cloud} {instance_type} {zone}")
     if preemption:
@@ -314,41 +316,56 @@ class TraceScenario:
     ) -> None:
         if not preemption and not availability:
             raise ValueError("a trace scenario needs at least one trace")
-        self.pre = [_Compiled(t) for t in (preemption or availability)]
-        self.avail = [_Compiled(t) for t in (availability or preemption)]
+        pre = [_Compiled(t) for t in (preemption or availability)]
+        avail = [_Compiled(t) for t in (availability or preemption)]
         gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0x7ACE,))))
-        self.pre_pick = gen.integers(0, len(self.pre), samples)
-        self.avail_pick = gen.integers(0, len(self.avail), samples)
-        self.pre_off = gen.random(samples)
-        self.avail_off = gen.random(samples)
-        runs = [r for c in self.avail for r in _runs_of(c)]
+        pre_pick = gen.integers(0, len(pre), samples)
+        avail_pick = gen.integers(0, len(avail), samples)
+        #: Running instances replay the preemption traces, requests the availability traces.
+        self.preemption = _Replays(pre, pre_pick, gen.random(samples), "next_pre")
+        self.availability = _Replays(avail, avail_pick, gen.random(samples), "run_left")
+        runs = [r for c in avail for r in _runs_of(c)]
         self.typical_wait_s = float(np.quantile(runs, WAIT_QUANTILE)) if runs else 0.0
         self.start_s = start_s
 
-    def _lookup(self, traces, pick, off, rows: slice, t_abs: np.ndarray, table: str) -> np.ndarray:
+    def time_to_preemption(self, stage: int, event: int, rows: slice, t_abs: np.ndarray, span: int) -> np.ndarray:
+        return self.preemption.at(rows, t_abs, self.start_s)
+
+    def unavailable_for(self, stage: int, event: int, rows: slice, t_abs: np.ndarray) -> np.ndarray:
+        return self.availability.at(rows, t_abs, self.start_s)
+
+
+@dataclass(frozen=True, eq=False)
+class _Replays:
+    """One kind of trace replayed per sample: the compiled ``traces``, which one each sample replays (``pick``) and
+    from which point (``off``, a fraction of its length), and the per-tick table read: ``next_pre`` (seconds to
+    the next preemption) or ``run_left`` (seconds left of an unavailable run, 0 while available)."""
+
+    traces: list[_Compiled]
+    pick: np.ndarray
+    off: np.ndarray
+    table: str
+
+    def at(self, rows: slice, t_abs: np.ndarray, start_s: float) -> np.ndarray:
+        """The table's seconds at ``t_abs`` (samples ``rows`` × tasks) after the replay's start, ``start_s`` into
+        the run."""
         out = np.empty(t_abs.shape)
-        picks, offs = pick[rows], off[rows]
-        for k, c in enumerate(traces):
+        picks, offs = self.pick[rows], self.off[rows]
+        for k, c in enumerate(self.traces):
             mask = picks == k
             if not mask.any():
                 continue
-            t = offs[mask, None] * c.length_s + t_abs[mask] + self.start_s
+            t = offs[mask, None] * c.length_s + t_abs[mask] + start_s
             idx = (np.floor(t / c.gap).astype(np.int64)) % c.down.size
             frac = t / c.gap - np.floor(t / c.gap)
-            values = getattr(c, table)[idx]
-            if table == "next_pre":
+            values = getattr(c, self.table)[idx]
+            if self.table == "next_pre":
                 # the next transition strictly after t: one at the current tick has already passed
                 values = np.where(values == 0, _next_after(c, idx), values)
                 out[mask] = (values - frac) * c.gap
             else:
                 out[mask] = np.where(values > 0, (values - frac) * c.gap, 0.0)
         return out
-
-    def time_to_preemption(self, stage: int, event: int, rows: slice, t_abs: np.ndarray, span: int) -> np.ndarray:
-        return self._lookup(self.pre, self.pre_pick, self.pre_off, rows, t_abs, "next_pre")
-
-    def unavailable_for(self, stage: int, event: int, rows: slice, t_abs: np.ndarray) -> np.ndarray:
-        return self._lookup(self.avail, self.avail_pick, self.avail_off, rows, t_abs, "run_left")
 
 
 def _next_after(c: _Compiled, idx: np.ndarray) -> np.ndarray:
@@ -400,17 +417,15 @@ class SpotSetup:
 
 def model_setup(
     model: SpotMarketModel,
+    setup: SpotSetup,
     *,
-    deadline_s: float,
     seed: int,
     samples: int,
-    policy: SpotPolicy | None = None,
-    checkpoint_epochs: int = 1,
     types: Sequence[tuple[str, str, str]] | None = None,
-    fallbacks: Mapping[str, InstanceType] | None = None,
 ) -> SpotSetup:
-    """A :class:`SpotSetup` sampling ``model``: per (cloud, region, type) its best zone; ``fallbacks`` as
-    :class:`SpotSetup` takes them."""
+    """``setup`` (its deadline, policy, checkpoint interval and fall-back types) sampling ``model``: per (cloud,
+    region, type) of ``types`` (None: every zone's) its best zone, drawn with ``seed`` over ``samples`` samples,
+    in place of ``setup``'s scenarios and zones."""
     keys = sorted({z.key for z in model.zones} if types is None else set(types))
     scenarios: dict = {}
     zones: dict = {}
@@ -419,14 +434,7 @@ def model_setup(
         if zone is not None:
             scenarios[key] = ModelScenario(zone, seed=seed, samples=samples)
             zones[key] = zone.zone
-    return SpotSetup(
-        deadline_s=deadline_s,
-        scenarios=scenarios,
-        policy=policy or SpotPolicy(),
-        checkpoint_epochs=checkpoint_epochs,
-        zones=zones,
-        fallbacks=dict(fallbacks or {}),
-    )
+    return replace(setup, scenarios=scenarios, zones=zones)
 
 
 def cheapest_fallbacks(

@@ -68,32 +68,29 @@ def plan_from_inputs(
 ) -> Plan:
     """Run the planner on a spec's inputs for ``deadline_s`` at ``confidence`` on ``cloud`` (each None: the
     spec's), as ``options`` says; fill in ``planner.seconds`` and ``profile_path``."""
-    from rubberband.planner import plan_job  # heavy imports only when planning
+    from rubberband.planner import PlanOptions, SpotMarket, plan_job  # heavy imports only when planning
 
-    heads = billed_heads(options.head, options.head_grace_s)
-    market = source = None
+    market = None
     if inputs.spec.resources.spot:
         from rubberband.spotmodel import load_spot_model
 
         fitted = load_spot_model(options.spot_model)
-        market = fitted.market_model()
-        source = f"{options.spot_model or 'shipped default'} ({fitted.source})"
+        market = SpotMarket(
+            fitted.market_model(), source=f"{options.spot_model or 'shipped default'} ({fitted.source})"
+        )
     started = time.perf_counter()
-    plan = plan_job(
-        inputs.spec,
-        inputs.profile,
-        inputs.catalog,
+    planning = PlanOptions(
         deadline_s=deadline_s,
         confidence=confidence,
         cloud=cloud,
         samples=options.samples,
         seed=options.seed,
-        heads=heads,
+        heads=billed_heads(options.head, options.head_grace_s),
         brackets=options.brackets,
         include_exact=options.include_exact,
-        spot_model=market,
-        spot_source=source or "",
+        spot=market,
     )
+    plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, planning)
     plan.planner.seconds = round(time.perf_counter() - started, 4)
     plan.profile_path = str(inputs.profile_path)
     return plan

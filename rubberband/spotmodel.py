@@ -33,6 +33,7 @@ from rubberband.planner.spot import (
     Trace,
     TraceStats,
     ZoneModel,
+    ZoneTraces,
     fit_zone,
     trace_stats,
 )
@@ -302,15 +303,12 @@ def fit_traces(traces: list[TraceFile], *, source: str) -> SpotModelFile:
     zones = []
     for cloud, itype, region, zone in keys:
         mine = [t for t in traces if (t.cloud, t.instance_type, t.zone) == (cloud, itype, zone)]
-        fit = fit_zone(
-            cloud,
-            itype,
-            region,
-            zone,
+        own = ZoneTraces(
             preemption=[t.stats() for t in mine if t.kind == "preemption"],
             availability=[t.stats() for t in mine if t.kind == "availability"],
             pooled=pooled.get((cloud, itype)),
         )
+        fit = fit_zone(cloud, itype, region, zone, own)
         zones.append(ZoneFit.of(fit, sorted(t.path for t in mine)))
     for cloud, itype, region in sorted({(t.cloud, t.instance_type, t.region) for t in traces}):
         regional = [t for t in traces if (t.cloud, t.instance_type, t.region) == (cloud, itype, region)]
@@ -318,15 +316,8 @@ def fit_traces(traces: list[TraceFile], *, source: str) -> SpotModelFile:
         if combined is None:
             continue
         pre = [t.stats() for t in regional if t.kind == "preemption"]
-        fit = fit_zone(
-            cloud,
-            itype,
-            region,
-            any_zone(region),
-            preemption=pre,
-            availability=[combined.stats()],
-            pooled=pooled.get((cloud, itype)),
-        )
+        regional_traces = ZoneTraces(preemption=pre, availability=[combined.stats()], pooled=pooled.get((cloud, itype)))
+        fit = fit_zone(cloud, itype, region, any_zone(region), regional_traces)
         if pre:
             fit = replace(fit, rate_source="preemption traces of the region's zones")
         zones.append(ZoneFit.of(fit, sorted(t.path for t in regional)))

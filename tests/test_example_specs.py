@@ -14,7 +14,7 @@ import pytest
 
 from rubberband.errors import ProfileError
 from rubberband.inputs import load_job_inputs, resolve_profile_path
-from rubberband.planner import plan_job
+from rubberband.planner import PlanOptions, plan_job
 from rubberband.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -32,5 +32,5 @@ def test_an_example_spec_plans_at_its_own_deadline(name):
             load_job_inputs(EXAMPLES / name)
         return
     inputs = load_job_inputs(EXAMPLES / name)
-    plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, samples=200, seed=0)
+    plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, PlanOptions(samples=200, seed=0))
     assert plan.stages and plan.predicted.p_meet_deadline >= inputs.spec.confidence

@@ -2,7 +2,16 @@ import pytest
 
 from rubberband.catalog import load_catalog
 from rubberband.plan import parse_plan
-from rubberband.planner import RunningState, plan_job, plan_stages, simulate_plan
+from rubberband.planner import (
+    Goal,
+    PlanOptions,
+    PlanSpace,
+    RunningState,
+    SimSettings,
+    plan_job,
+    plan_stages,
+    simulate_plan,
+)
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import sha_stages
 from rubberband.profile import load_profile
@@ -19,7 +28,7 @@ def inputs():
 def test_plan_job_fills_the_plan_and_resimulates_identically(inputs):
     spec, profile, catalog = inputs
     small = spec.model_copy(update={"scheduler": spec.scheduler.model_copy(update={"trials": 9, "max_epochs": 9})})
-    plan = plan_job(small, profile, catalog, deadline_s=1800, samples=200, seed=5, include_exact=True)
+    plan = plan_job(small, profile, catalog, PlanOptions(deadline_s=1800, samples=200, seed=5, include_exact=True))
     parse_plan(plan.model_dump(mode="json"))  # valid against the shared schema
     assert plan.planner.samples == 200 and plan.planner.seed == 5 and plan.planner.iterations >= 1
     assert plan.predicted.p_meet_deadline >= plan.confidence
@@ -35,7 +44,7 @@ def test_plan_job_fills_the_plan_and_resimulates_identically(inputs):
 def test_cloud_any_and_hyperband_plan(inputs):
     spec = load_spec(EXAMPLES / "mixed.yaml")
     profile = load_profile(spec.profile_path())
-    plan = plan_job(spec, profile, load_catalog(["aws", "gcp"]), cloud="any", samples=100)
+    plan = plan_job(spec, profile, load_catalog(["aws", "gcp"]), PlanOptions(cloud="any", samples=100))
     assert plan.job.scheduler == "hyperband"
     assert [(s.bracket, s.stage) for s in plan.stages][:2] == [(0, 0), (0, 1)]
     assert len(plan.stages) == 10 and set(plan.catalog.clouds) == {"aws", "gcp"}
@@ -46,16 +55,11 @@ def test_replanning_remaining_stages_reuses_running_instances(inputs):
     model = fit_performance_model(profile)
     types = [catalog.find("p3.2xlarge")]
     remaining = sha_stages(81, 3, 1, 27)[2:]  # 9 trials then 3, mid-run
-    fresh = plan_stages(remaining, model, types, deadline_s=3000, confidence=0.9, samples=200, max_workers_per_trial=1)
+    fresh = plan_stages(PlanSpace(remaining, types, model, 1), Goal(3000, 0.9), SimSettings(samples=200))
     running = plan_stages(
-        remaining,
-        model,
-        types,
-        deadline_s=3000,
-        confidence=0.9,
-        samples=200,
-        max_workers_per_trial=1,
-        running=RunningState(instance_type_key=types[0].key, instances=9),
+        PlanSpace(remaining, types, model, 1),
+        Goal(3000, 0.9),
+        SimSettings(samples=200, start_state=RunningState(instance_type_key=types[0].key, instances=9)),
     )
     # instances already up: no start-up wait or cost for them
     assert running.result.breakdown["startup"].mean() < fresh.result.breakdown["startup"].mean()
@@ -71,8 +75,8 @@ def test_the_shortest_feasible_jct_of_an_infeasible_deadline_is_feasible_on_seri
     spec = load_spec(EXAMPLES / "sha_local.yaml")
     profile, catalog = load_profile(spec.profile_path()), load_catalog(["local"])
     with pytest.raises(InfeasibleError) as info:
-        plan_job(spec, profile, catalog, deadline_s=10, samples=200)
+        plan_job(spec, profile, catalog, PlanOptions(deadline_s=10, samples=200))
     shortest = info.value.shortest_jct_s
-    plan = plan_job(spec, profile, catalog, deadline_s=shortest * 1.02, samples=200)
+    plan = plan_job(spec, profile, catalog, PlanOptions(deadline_s=shortest * 1.02, samples=200))
     assert plan.predicted.p_meet_deadline >= plan.confidence
     assert plan.predicted.jct_s.p95 <= shortest * 1.3  # the bound is near what the planner then achieves

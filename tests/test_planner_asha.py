@@ -9,7 +9,17 @@ import numpy as np
 import pytest
 
 from planner_helpers import ideal_model, itype
-from rubberband.planner.asha import AshaCluster, AshaRungs, AshaSimulator, _percentile, _Starts, asha_baseline, rungs
+from rubberband.planner.asha import (
+    AshaCluster,
+    AshaRungs,
+    AshaSchedule,
+    AshaSettings,
+    AshaSimulator,
+    _Starts,
+    _percentile,
+    asha_baseline,
+    rungs,
+)
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
 GPU4 = itype("gpu4", gpus=4, price=14.4)
@@ -32,7 +42,7 @@ def test_one_slot_per_trial_without_noise_has_a_closed_form():
     """Every trial starts at once; the first to report at each rung always continues, so the JCT is
     one trial trained to max_epochs, and the fixed cluster is billed until then."""
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, eval_s=5.0, termination=10.0)
-    sim = AshaSimulator(model, trials=9, eta=3, min_epochs=1, max_epochs=9, samples=20)
+    sim = AshaSimulator(model, AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9), AshaSettings(samples=20))
     res = sim.simulate(AshaCluster(GPU1, 9, 1))
     jct = 30.0 + 9 * 50.0 + 3 * 5.0  # start-up, 9 epochs, an evaluation at rungs 1, 3 and 9
     assert np.allclose(res.jct, jct)
@@ -46,7 +56,7 @@ def test_one_slot_per_trial_without_noise_has_a_closed_form():
 
 def test_fewer_instances_take_longer_and_cost_per_hour_less():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.1)
-    sim = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=40)
+    sim = AshaSimulator(model, AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27), AshaSettings(samples=40))
     small, big = sim.simulate(AshaCluster(GPU1, 3, 1)), sim.simulate(AshaCluster(GPU1, 27, 1))
     assert small.jct.mean() > big.jct.mean()
     assert (small.cost / small.jct).mean() < (big.cost / big.jct).mean()
@@ -57,7 +67,7 @@ def test_fewer_instances_take_longer_and_cost_per_hour_less():
 
 def test_cheapest_cluster_meeting_the_deadline_and_the_quickest_when_none_does():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.05)
-    sim = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=60)
+    sim = AshaSimulator(model, AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27), AshaSettings(samples=60))
     wide = sim.simulate(AshaCluster(GPU1, 27, 1))
     deadline = float(np.quantile(wide.jct, 0.9)) * 1.5
     res, meets = asha_baseline(sim, [GPU1], 1, deadline, 0.9)
@@ -73,7 +83,9 @@ def test_cheapest_cluster_meeting_the_deadline_and_the_quickest_when_none_does()
 def test_heads_are_billed_for_the_jct():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0)
     sim = AshaSimulator(
-        model, trials=9, eta=3, min_epochs=1, max_epochs=9, samples=10, head_cost=lambda itype, jct: jct * 0.1 / 3600
+        model,
+        AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9),
+        AshaSettings(samples=10, head_cost=lambda itype, jct: jct * 0.1 / 3600),
     )
     res = sim.simulate(AshaCluster(GPU1, 3, 1))
     assert np.allclose(res.breakdown["head"], res.jct * 0.1 / 3600)
@@ -83,14 +95,20 @@ def test_unlimited_start_concurrency_is_todays_model():
     """start_concurrency None (the planning default) or at least the slots per instance: no start
     slows another, the same run as before the parameter existed."""
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.2, task_start=7.0, epoch_overhead=1.0)
-    base = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=20)
-    lanes = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=20, start_concurrency=4)
+    base = AshaSimulator(model, AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27), AshaSettings(samples=20))
+    lanes = AshaSimulator(
+        model,
+        AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27),
+        AshaSettings(samples=20, start_concurrency=4),
+    )
     for cluster in (AshaCluster(GPU4, 2, 1), AshaCluster(GPU1, 5, 1)):
         a, b = base.simulate(cluster), lanes.simulate(cluster)
         assert np.allclose(a.jct, b.jct) and np.array_equal(a.promotions, b.promotions)
         assert np.allclose(a.cost, b.cost)
     with pytest.raises(ValueError):
-        AshaSimulator(model, trials=9, eta=3, min_epochs=1, max_epochs=9, start_concurrency=0.5)
+        AshaSimulator(
+            model, AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9), AshaSettings(start_concurrency=0.5)
+        )
 
 
 def test_starts_on_one_instance_share_the_start_lanes():
@@ -98,10 +116,16 @@ def test_starts_on_one_instance_share_the_start_lanes():
     task_start · 4 / c (processor sharing), then its epoch of 100 iterations × 0.5 s."""
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, task_start=3.0)
     for c, start in ((1.0, 12.0), (2.0, 6.0), (3.0, 4.0), (None, 3.0)):
-        sim = AshaSimulator(model, trials=4, eta=3, min_epochs=1, max_epochs=1, samples=2, start_concurrency=c)
+        sim = AshaSimulator(
+            model,
+            AshaSchedule(trials=4, eta=3, min_epochs=1, max_epochs=1),
+            AshaSettings(samples=2, start_concurrency=c),
+        )
         assert np.allclose(sim.simulate(AshaCluster(GPU4, 1, 1)).jct, start + 50.0)
     # one slot per instance: the instances' starts never contend
-    sim = AshaSimulator(model, trials=4, eta=3, min_epochs=1, max_epochs=1, samples=2, start_concurrency=1.0)
+    sim = AshaSimulator(
+        model, AshaSchedule(trials=4, eta=3, min_epochs=1, max_epochs=1), AshaSettings(samples=2, start_concurrency=1.0)
+    )
     assert np.allclose(sim.simulate(AshaCluster(GPU1, 4, 1)).jct, 3.0 + 50.0)
 
 
@@ -143,18 +167,30 @@ def test_start_sigma_zero_is_todays_model_and_uneven_starts_reorder_the_reports(
     trials ASHA promotes in some samples, and the mean start time stays near task_start_s."""
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.1, task_start=5.0)
     cluster = AshaCluster(GPU4, 1, 1)
-    base = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0)
+    base = AshaSimulator(
+        model,
+        AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
+        AshaSettings(samples=40, start_concurrency=2.0),
+    )
     zero = AshaSimulator(
-        model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0, start_sigma=0.0
+        model,
+        AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
+        AshaSettings(samples=40, start_concurrency=2.0, start_sigma=0.0),
     )
     a, b = base.simulate(cluster), zero.simulate(cluster)
     assert np.array_equal(a.jct, b.jct) and np.array_equal(a.promotions, b.promotions)
     order = np.arange(27, dtype=float)[::-1]  # the first queued is the best
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.0, task_start=5.0)  # even epochs
-    fixed = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0)
+    fixed = AshaSimulator(
+        model,
+        AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
+        AshaSettings(samples=40, start_concurrency=2.0),
+    )
     fixed.set_qualities(order)
     uneven = AshaSimulator(
-        model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=40, start_concurrency=2.0, start_sigma=0.5
+        model,
+        AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
+        AshaSettings(samples=40, start_concurrency=2.0, start_sigma=0.5),
     )
     uneven.set_qualities(order)
     same, varied = fixed.simulate(cluster).promotions, uneven.simulate(cluster).promotions
@@ -162,6 +198,6 @@ def test_start_sigma_zero_is_todays_model_and_uneven_starts_reorder_the_reports(
     assert len({tuple(row) for row in varied}) > 1
     assert abs(float(uneven._start_factor.mean()) - np.exp(0.5**2 / 2)) < 0.15
     with pytest.raises(ValueError):
-        AshaSimulator(model, trials=9, eta=3, min_epochs=1, max_epochs=9, start_sigma=-0.1)
+        AshaSimulator(model, AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9), AshaSettings(start_sigma=-0.1))
     with pytest.raises(ValueError):
         fixed.set_qualities([1.0, 2.0])

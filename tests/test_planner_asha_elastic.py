@@ -13,10 +13,12 @@ from planner_helpers import ideal_model, itype
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError, PlanFileError, SpecError
 from rubberband.plan import parse_plan, plan_json
-from rubberband.planner.api import asha_phase_policy, plan_job, replay_asha_plan, replay_plan
+from rubberband.planner.api import PlanOptions, asha_phase_policy, plan_job, replay_asha_plan, replay_plan
 from rubberband.planner.asha import (
     AshaCluster,
     AshaPhases,
+    AshaSchedule,
+    AshaSettings,
     AshaSimulator,
     _releases,
     asha_baseline,
@@ -37,7 +39,7 @@ def _closed_form_sim() -> AshaSimulator:
     """9 one-slot trials, η=3, rungs 1, 3, 9 epochs of 50 s each, start-up 30 s, evaluation 5 s, termination 10 s;
     the first trial is the best and every other one stops at rung 0 (each below the one before it)."""
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, eval_s=5.0, termination=10.0)
-    sim = AshaSimulator(model, trials=9, eta=3, min_epochs=1, max_epochs=9, samples=4)
+    sim = AshaSimulator(model, AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9), AshaSettings(samples=4))
     sim.set_qualities(np.arange(9, dtype=float)[::-1])
     return sim
 
@@ -102,7 +104,9 @@ def test_releases_follow_the_policy_event_by_event():
 
 def test_shrinking_never_costs_more_than_the_same_fixed_cluster_and_keeps_its_jct():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.2, termination=10.0, eval_s=2.0)
-    sim = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=60, seed=4)
+    sim = AshaSimulator(
+        model, AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27), AshaSettings(samples=60, seed=4)
+    )
     for cluster in (AshaCluster(GPU1, 9, 1), AshaCluster(GPU4, 3, 2), AshaCluster(GPU4, 4, 8)):
         fixed = sim.simulate(cluster)
         assert fixed.phases == (cluster.instances,) * 4
@@ -123,7 +127,11 @@ def test_shrinking_never_costs_more_than_the_same_fixed_cluster_and_keeps_its_jc
 
 def test_a_fixed_cluster_as_phases_is_todays_fixed_cluster():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.2, task_start=3.0)
-    sim = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=9, samples=30, start_concurrency=2.0)
+    sim = AshaSimulator(
+        model,
+        AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
+        AshaSettings(samples=30, start_concurrency=2.0),
+    )
     cluster = AshaCluster(GPU4, 2, 1)
     a, b = sim.simulate(cluster), sim.simulate(AshaPhases.fixed(cluster, 3))
     assert np.array_equal(a.jct, b.jct) and np.array_equal(a.cost, b.cost)
@@ -146,7 +154,7 @@ def test_phase_counts_are_validated():
 
 def test_the_elastic_search_is_never_costlier_than_the_fixed_baseline():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.1, termination=5.0)
-    sim = AshaSimulator(model, trials=27, eta=3, min_epochs=1, max_epochs=27, samples=60)
+    sim = AshaSimulator(model, AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27), AshaSettings(samples=60))
     wide = sim.simulate(AshaCluster(GPU1, 27, 1))
     deadline = wide.jct_quantile(0.9) * 1.5
     found = elastic_asha(sim, [GPU1, GPU4], 4, deadline, 0.9)
@@ -184,7 +192,7 @@ def quickstart():
 
 def _shortest(spec: JobSpec, quickstart) -> float:
     with pytest.raises(InfeasibleError) as info:
-        plan_job(spec, *quickstart, deadline_s=1.0, samples=200)
+        plan_job(spec, *quickstart, PlanOptions(deadline_s=1.0, samples=200))
     return info.value.shortest_jct_s
 
 
@@ -193,7 +201,7 @@ def test_an_asha_spec_plans_an_elastic_plan_meeting_the_deadline(quickstart):
     shortest = _shortest(spec, quickstart)
     deadline = shortest * 1.5
     started = time.perf_counter()
-    plan = plan_job(spec, *quickstart, deadline_s=deadline, samples=200)
+    plan = plan_job(spec, *quickstart, PlanOptions(deadline_s=deadline, samples=200))
     assert time.perf_counter() - started < 10.0
     assert plan.is_asha and plan.job.scheduler == "asha" and plan.brackets == "sequential"
     expected = asha_stages(27, 3, 1, 9)
@@ -229,25 +237,32 @@ def test_an_asha_spec_plans_an_elastic_plan_meeting_the_deadline(quickstart):
 def test_an_infeasible_asha_deadline_names_the_shortest_jct(quickstart):
     spec = _asha_spec()
     with pytest.raises(InfeasibleError, match="shortest feasible JCT") as info:
-        plan_job(spec, *quickstart, deadline_s=60.0, samples=200)
+        plan_job(spec, *quickstart, PlanOptions(deadline_s=60.0, samples=200))
     shortest = info.value.shortest_jct_s
     assert shortest > 60.0 and info.value.cost_usd > 0
-    assert plan_job(spec, *quickstart, deadline_s=shortest * 1.1, samples=200).predicted.p_meet_deadline >= 0.95
+    assert (
+        plan_job(spec, *quickstart, PlanOptions(deadline_s=shortest * 1.1, samples=200)).predicted.p_meet_deadline
+        >= 0.95
+    )
     with pytest.raises(InfeasibleError, match="budget"):
-        plan_job(spec.model_copy(update={"budget_usd": 0.01}), *quickstart, deadline_s=shortest * 2, samples=200)
+        plan_job(
+            spec.model_copy(update={"budget_usd": 0.01}), *quickstart, PlanOptions(deadline_s=shortest * 2, samples=200)
+        )
 
 
 def test_an_asha_spec_on_spot_is_refused_where_the_planner_gets_it(quickstart):
     spec = _asha_spec()
     spot = spec.model_copy(update={"resources": spec.resources.model_copy(update={"spot": True})})
     with pytest.raises(SpecError, match=r"resources\.spot.*use kind: sha"):
-        plan_job(spot, *quickstart, deadline_s=3600.0, samples=50)
+        plan_job(spot, *quickstart, PlanOptions(deadline_s=3600.0, samples=50))
 
 
 def test_the_plan_command_prints_asha_phases(quickstart, capsys):
     from rubberband.commands.plan import print_plan
 
-    plan = plan_job(_asha_spec(), *quickstart, deadline_s=_shortest(_asha_spec(), quickstart) * 2, samples=100)
+    plan = plan_job(
+        _asha_spec(), *quickstart, PlanOptions(deadline_s=_shortest(_asha_spec(), quickstart) * 2, samples=100)
+    )
     print_plan(plan)
     out = capsys.readouterr().out
     assert "ASHA plan for asha-job" in out and "rung epochs" in out and "best fixed ASHA cluster" in out

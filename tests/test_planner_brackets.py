@@ -10,11 +10,11 @@ import pytest
 from planner_helpers import ideal_model, itype
 from rubberband.errors import InfeasibleError, PlanFileError, SpecError
 from rubberband.plan import PLAN_SCHEMA_VERSION, parse_plan, plan_json
-from rubberband.planner.api import plan_job, plan_stages
-from rubberband.planner.brackets import ParallelSimulator, bracket_ranges, parallel_lower_bounds
+from rubberband.planner.api import PlanOptions, SearchOptions, plan_job, plan_stages
+from rubberband.planner.brackets import BracketSetup, ParallelSimulator, bracket_ranges, parallel_lower_bounds
 from rubberband.planner.schedule import Stage, hyperband_brackets
-from rubberband.planner.search import PlanSpace
-from rubberband.planner.simulator import Simulator, StageConfig
+from rubberband.planner.search import Goal, PlanSpace
+from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
 from rubberband.spec import parse_spec
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
@@ -35,16 +35,16 @@ def test_brackets_run_side_by_side_jct_is_the_longest_and_costs_add_up():
         StageConfig(GPU1, 1, 1),
         StageConfig(GPU1, 3, 1),
     ]
-    par = ParallelSimulator(HB, model, samples=20, seed=3, share=False)
+    par = ParallelSimulator(HB, model, SimSettings(samples=20, seed=3), BracketSetup(share=False))
     res = par.simulate(configs)
     subs = [
-        Simulator(HB[lo:hi], model, samples=20, seed=3 + 7919 * b).simulate(configs[lo:hi])
+        Simulator(HB[lo:hi], model, SimSettings(samples=20, seed=3 + 7919 * b)).simulate(configs[lo:hi])
         for b, (lo, hi) in enumerate(bracket_ranges(HB))
     ]
     assert np.allclose(res.jct, np.max([s.jct for s in subs], axis=0))
     assert np.allclose(res.cost, sum(s.cost for s in subs))
     assert len(res.stage_durations) == len(HB) == len(res.stage_costs)
-    seq = Simulator(HB, model, samples=20, seed=3).simulate(configs)
+    seq = Simulator(HB, model, SimSettings(samples=20, seed=3)).simulate(configs)
     assert res.jct.max() < 0.6 * seq.jct.min()  # the sum of the brackets versus the longest
 
 
@@ -54,8 +54,10 @@ def test_an_instance_released_while_another_bracket_boots_is_handed_over():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=100.0, termination=20.0)
     stages = [_one(0), _one(1)]
     configs = [StageConfig(GPU1, 1, 1), StageConfig(GPU1, 1, 1)]
-    alone = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0], share=False).simulate(configs)
-    shared_sim = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0])
+    alone = ParallelSimulator(
+        stages, model, SimSettings(samples=10), BracketSetup(offsets=[0.0, 100.0], share=False)
+    ).simulate(configs)
+    shared_sim = ParallelSimulator(stages, model, SimSettings(samples=10), BracketSetup(offsets=[0.0, 100.0]))
     shared = shared_sim.simulate(configs)
     assert np.allclose(shared.jct, alone.jct) and np.allclose(shared.jct, 100 + 100 + 50)
     saved = 3.6 / 3600 * (150 - 100 + 20)
@@ -67,25 +69,30 @@ def test_an_instance_released_while_another_bracket_boots_is_handed_over():
     assert {tuple(t.instance_ids) for t in timeline.tasks} == {("i0",)}
     assert [(h.from_stage, h.to_stage) for h in shared_sim.last_handoffs] == [(0, 1)]
     # started at once, bracket 1's instance is requested before anything is released: no hand-over
-    at_once = ParallelSimulator(stages, model, samples=10).simulate(configs)
-    assert np.allclose(at_once.cost, ParallelSimulator(stages, model, samples=10, share=False).simulate(configs).cost)
+    at_once = ParallelSimulator(stages, model, SimSettings(samples=10)).simulate(configs)
+    assert np.allclose(
+        at_once.cost,
+        ParallelSimulator(stages, model, SimSettings(samples=10), BracketSetup(share=False)).simulate(configs).cost,
+    )
 
 
 def test_a_release_after_the_new_instance_is_up_is_not_handed_over():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=100.0, termination=20.0)
     stages = [_one(0, epochs=4), _one(1)]  # bracket 0 releases at 300 s; bracket 1's instance is up at 200 s
     configs = [StageConfig(GPU1, 1, 1), StageConfig(GPU1, 1, 1)]
-    kw = dict(samples=10, offsets=[0.0, 100.0])
+    settings = SimSettings(samples=10)
     assert np.allclose(
-        ParallelSimulator(stages, model, **kw).simulate(configs).cost,
-        ParallelSimulator(stages, model, share=False, **kw).simulate(configs).cost,
+        ParallelSimulator(stages, model, settings, BracketSetup(offsets=[0.0, 100.0])).simulate(configs).cost,
+        ParallelSimulator(stages, model, settings, BracketSetup(offsets=[0.0, 100.0], share=False))
+        .simulate(configs)
+        .cost,
     )
 
 
 def test_parallel_lower_bounds_hold():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.1)
     space = PlanSpace(HB, [GPU1], model, 1)
-    sim = ParallelSimulator(HB, model, samples=50)
+    sim = ParallelSimulator(HB, model, SimSettings(samples=50))
     for plan in [space.fastest(), tuple(space.frontier(i)[-1] for i in range(len(HB)))]:
         cost_lb, jct_lb = parallel_lower_bounds(space, sim, plan)
         res = sim.simulate(plan)
@@ -95,7 +102,7 @@ def test_parallel_lower_bounds_hold():
 def test_offsets_must_start_bracket_zero_at_once():
     model = ideal_model()
     with pytest.raises(ValueError, match="bracket 0 starts at 0"):
-        ParallelSimulator(HB, model, offsets=[5.0, 0.0, 0.0])
+        ParallelSimulator(HB, model, brackets=BracketSetup(offsets=[5.0, 0.0, 0.0]))
 
 
 def test_planner_parallel_brackets_are_quicker_and_not_costlier_than_sequential():
@@ -104,12 +111,22 @@ def test_planner_parallel_brackets_are_quicker_and_not_costlier_than_sequential(
     shortest = {}
     for mode in ("sequential", "parallel"):
         with pytest.raises(InfeasibleError) as exc:
-            plan_stages(HB, model, types, deadline_s=1.0, confidence=0.9, samples=100, brackets=mode)
+            plan_stages(
+                PlanSpace(HB, types, model, 8),
+                Goal(1.0, 0.9),
+                SimSettings(samples=100),
+                SearchOptions(brackets=BracketSetup() if mode == "parallel" else None),
+            )
         shortest[mode] = exc.value.shortest_jct_s
     assert shortest["parallel"] < 0.6 * shortest["sequential"]
     deadline = shortest["sequential"] * 1.2
-    seq = plan_stages(HB, model, types, deadline_s=deadline, confidence=0.9, samples=100)
-    par = plan_stages(HB, model, types, deadline_s=deadline, confidence=0.9, samples=100, brackets="parallel")
+    seq = plan_stages(PlanSpace(HB, types, model, 8), Goal(deadline, 0.9), SimSettings(samples=100))
+    par = plan_stages(
+        PlanSpace(HB, types, model, 8),
+        Goal(deadline, 0.9),
+        SimSettings(samples=100),
+        SearchOptions(brackets=BracketSetup()),
+    )
     assert par.brackets == "parallel" and len(par.offsets) == 3 and par.offsets[0] == 0
     assert par.result.meets(deadline, 0.9)
     assert par.result.cost_mean <= seq.result.cost_mean * 1.02
@@ -123,9 +140,12 @@ def test_parallel_planning_is_never_costlier_than_static_or_sequential():
     parallel planner then says so and returns the sequential plan."""
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=60.0, sigma=0.05, termination=10.0)
     for factor in (1.0, 3.0):
-        seq = plan_stages(HB, model, [GPU1], deadline_s=4000.0 * factor, confidence=0.9, samples=100)
+        seq = plan_stages(PlanSpace(HB, [GPU1], model, 8), Goal(4000.0 * factor, 0.9), SimSettings(samples=100))
         par = plan_stages(
-            HB, model, [GPU1], deadline_s=4000.0 * factor, confidence=0.9, samples=100, brackets="parallel"
+            PlanSpace(HB, [GPU1], model, 8),
+            Goal(4000.0 * factor, 0.9),
+            SimSettings(samples=100),
+            SearchOptions(brackets=BracketSetup()),
         )
         assert par.result.cost_mean <= seq.result.cost_mean * (1 + 1e-9)
         if par.static is not None:
@@ -168,7 +188,7 @@ def _plan_json(quickstart):
     spec = spec.model_copy(
         update={"resources": spec.resources.model_copy(update={"instance_types": ["p3.2xlarge", "g5.xlarge"]})}
     )
-    return plan_job(spec, profile, catalog, deadline_s=1500, samples=100)
+    return plan_job(spec, profile, catalog, PlanOptions(deadline_s=1500, samples=100))
 
 
 @pytest.fixture(scope="module")
@@ -277,12 +297,12 @@ def test_sequential_brackets_screen_without_counting_start_ups_twice():
 
     model = ideal_model(t_iter=0.05, dataset=100, batch=10, startup=25.0)  # 0.5 s epochs, 25 s start-ups
     configs = tuple(StageConfig(GPU1, 1, 1) for _ in HB)
-    sim = Simulator(HB, model, samples=200, seed=1)
+    sim = Simulator(HB, model, SimSettings(samples=200, seed=1))
     evaluator = Evaluator(sim, 50)
     full, screen = sim.simulate(configs, 50), evaluator.screen(configs)
     assert screen.jct.mean() <= full.jct.mean() + 1.0  # not pessimistic by two start-ups
     deadline = float(np.quantile(sim.simulate(configs).jct, 0.95)) + 5.0
-    out = plan_stages(HB, model, [GPU1], deadline_s=deadline, confidence=0.9, brackets="sequential")
+    out = plan_stages(PlanSpace(HB, [GPU1], model, 8), Goal(deadline, 0.9))
     assert out.result.meets(deadline, 0.9)
 
 
@@ -311,7 +331,7 @@ def test_local_brackets_starting_together_come_up_one_after_another_in_start_ord
     model = _local_model()
     stages = [_one(0, epochs=3), _one(1, trials=2, epochs=2), _one(2)]
     configs = [StageConfig(LOCAL1, 1, 1), StageConfig(LOCAL1, 2, 1), StageConfig(LOCAL1, 1, 1)]
-    sim = ParallelSimulator(stages, model, samples=8, seed=1)
+    sim = ParallelSimulator(stages, model, SimSettings(samples=8, seed=1))
     assert sim.start_order(configs) == [0, 1, 2]
     alone = [sim._bracket(b, tuple(configs), 8).result for b in range(3)]  # each bracket with its own queue
     assert [float(r.jct[0]) for r in alone] == pytest.approx([170.0, 130.0, 70.0])
@@ -329,7 +349,9 @@ def test_local_brackets_starting_together_come_up_one_after_another_in_start_ord
     assert np.allclose(res.breakdown["startup"], 4 * 10.0 * 0.36 / 3600)
     # the same job on a cloud that starts instances at once: the brackets do not wait for each other
     aws = [StageConfig(GPU1, c.instances, 1) for c in configs]
-    on_aws = ParallelSimulator(stages, ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=10.0), samples=8)
+    on_aws = ParallelSimulator(
+        stages, ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=10.0), SimSettings(samples=8)
+    )
     assert [float(r.jct[0]) for r in on_aws.bracket_results(aws)] == pytest.approx([160.0, 110.0, 60.0])
 
 
@@ -338,7 +360,7 @@ def test_the_critical_bracket_gets_the_first_node():
     model = _local_model()
     stages = [_one(0), _one(1, epochs=4)]
     configs = [StageConfig(LOCAL1, 1, 1), StageConfig(LOCAL1, 1, 1)]
-    sim = ParallelSimulator(stages, model, samples=4)
+    sim = ParallelSimulator(stages, model, SimSettings(samples=4))
     assert sim.start_order(configs) == [1, 0]
     assert [float(r.jct[0]) for r in sim.bracket_results(configs)] == pytest.approx([80.0, 220.0])
 
@@ -352,7 +374,7 @@ def test_a_later_request_waits_for_the_start_ups_submitted_before_it():
     stages = [Stage(0, 0, 2, 1, 1), Stage(0, 1, 1, 2, 1), _one(1)]
     local2 = itype("local.cpu2", cloud="local", gpus=2, price=0.72)
     configs = [StageConfig(LOCAL1, 1, 1), StageConfig(local2, 1, 1), StageConfig(LOCAL1, 1, 1)]
-    sim = ParallelSimulator(stages, model, samples=4, offsets=[0.0, 5.0], share=False)
+    sim = ParallelSimulator(stages, model, SimSettings(samples=4), BracketSetup(offsets=[0.0, 5.0], share=False))
     b0, b1 = sim.bracket_results(configs)
     assert float(b1.jct[0]) == pytest.approx(30.0 - 5.0 + 50.0)
     alone0 = sim._bracket(0, tuple(configs), 4).result
@@ -387,7 +409,7 @@ def test_a_stage_requested_while_the_stage_before_still_starts_nodes_waits_for_t
     local2 = itype("local.cpu2", cloud="local", gpus=2, price=0.72)
     stages = [Stage(0, 0, 2, 1, 1), Stage(0, 1, 1, 2, 1)]
     configs = [StageConfig(LOCAL1, 2, 1), StageConfig(local2, 1, 1)]
-    sim = Simulator(stages, model, samples=4)
+    sim = Simulator(stages, model, SimSettings(samples=4))
     assert sim.request_offsets(configs) == [None, 0.0]
     assert np.allclose(sim.simulate(configs).jct, 45.0)
     timeline, _, critical = sim.trace(configs, 0)

@@ -13,10 +13,10 @@ from rubberband.catalog import BILLING_RULES, load_catalog
 from rubberband.cloud.dryrun import schedule_for
 from rubberband.cloud.head import HEAD_TYPES
 from rubberband.plan import parse_plan
-from rubberband.planner import HeadSpec, configs_of, plan_job, simulate_plan
+from rubberband.planner import HeadSpec, PlanOptions, configs_of, plan_job, simulate_plan
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import sha_stages
-from rubberband.planner.simulator import CATEGORIES, Simulator, StageConfig
+from rubberband.planner.simulator import CATEGORIES, SimSettings, Simulator, StageConfig
 from rubberband.planning import billed_heads
 from rubberband.profile import load_profile
 from rubberband.spec import load_spec
@@ -26,11 +26,11 @@ LOCAL = itype("cpu1", cloud="local", gpus=1, price=0.05)
 HEAD = HeadSpec(cloud="aws", instance_type="m6i.large", price_hr=0.096, grace_s=600.0)
 
 
-def _noisy_sim(heads=None, **kw) -> Simulator:
+def _noisy_sim(heads=None) -> Simulator:
     model = ideal_model(
         t_iter=0.5, dataset=400, batch=10, sigma=0.3, startup_samples=(40.0, 55.0, 70.0, 90.0), termination=1.0
     )
-    return Simulator(sha_stages(9, 3, 1, 9), model, samples=64, seed=3, heads=heads, **kw)
+    return Simulator(sha_stages(9, 3, 1, 9), model, SimSettings(samples=64, seed=3, heads=heads))
 
 
 PLAN = [StageConfig(GPU, 9, 1), StageConfig(GPU, 3, 1), StageConfig(GPU, 1, 1)]
@@ -57,8 +57,7 @@ def test_head_cost_is_price_times_boot_jct_grace_under_the_billing_rule_per_samp
     tiny = Simulator(
         sha_stages(1, 3, 1, 1),
         ideal_model(t_iter=0.01, dataset=10, batch=10),
-        samples=4,
-        heads={"aws": HeadSpec("aws", "m6i.large", 0.096, grace_s=0.0, boot_s=1.0)},
+        SimSettings(samples=4, heads={"aws": HeadSpec("aws", "m6i.large", 0.096, grace_s=0.0, boot_s=1.0)}),
     )
     assert np.allclose(tiny.simulate([StageConfig(GPU, 1, 1)]).breakdown["head"], 60 * 0.096 / 3600)
 
@@ -83,7 +82,7 @@ def quickstart():
 def test_plan_job_bills_the_head_in_the_plan_and_the_static_baseline(quickstart):
     spec, profile, catalog = quickstart
     heads = billed_heads("instance", grace_s=300.0)
-    plan = plan_job(spec, profile, catalog, deadline_s=1800, samples=200, seed=1, heads=heads)
+    plan = plan_job(spec, profile, catalog, PlanOptions(deadline_s=1800, samples=200, seed=1, heads=heads))
     parse_plan(plan.model_dump(mode="json"))
     assert plan.head is not None and plan.head.instance_type == HEAD_TYPES["aws"].name
     assert plan.head.grace_s == 300.0 and plan.head.price_hr == HEAD_TYPES["aws"].price_hr
@@ -91,7 +90,7 @@ def test_plan_job_bills_the_head_in_the_plan_and_the_static_baseline(quickstart)
     assert plan.head.boot_s == pytest.approx(model.startup("aws", "m6i.large").quantile(0.5))
     # the chosen plan re-simulated without a head: the difference is exactly the head, per sample
     stages, configs = configs_of(plan, catalog)
-    bare = Simulator(stages, model, samples=200, seed=1).simulate(configs)
+    bare = Simulator(stages, model, SimSettings(samples=200, seed=1)).simulate(configs)
     head_usd = BILLING_RULES["aws"].billed_seconds(plan.head.boot_s + bare.jct + 300.0) * plan.head.price_hr / 3600
     assert plan.predicted.cost_usd.mean == pytest.approx(bare.cost_mean + head_usd.mean())
     assert plan.predicted.cost_breakdown.head_usd == pytest.approx(head_usd.mean())
@@ -101,13 +100,13 @@ def test_plan_job_bills_the_head_in_the_plan_and_the_static_baseline(quickstart)
     # re-simulating the plan keeps its head; a plan without heads has none
     again = simulate_plan(plan, profile, catalog, samples=200)
     assert again.predicted.cost_usd.mean == pytest.approx(plan.predicted.cost_usd.mean)
-    plain = plan_job(spec, profile, catalog, deadline_s=1800, samples=200, seed=1)
+    plain = plan_job(spec, profile, catalog, PlanOptions(deadline_s=1800, samples=200, seed=1))
     assert plain.head is None and plain.predicted.cost_breakdown.head_usd == 0
 
 
 def test_dry_run_and_plan_bill_the_same_head(quickstart):
     spec, profile, catalog = quickstart
-    plan = plan_job(spec, profile, catalog, deadline_s=1800, samples=200, seed=2, heads=billed_heads())
+    plan = plan_job(spec, profile, catalog, PlanOptions(deadline_s=1800, samples=200, seed=2, heads=billed_heads()))
     (head,) = [s for s in schedule_for(plan, catalog) if s.role == "head"]
     assert head.instance_type == plan.head.instance_type and head.request_at_s == -plan.head.boot_s
     end = max(i.released_s for i in plan.timeline.instances)

@@ -11,12 +11,12 @@ import pytest
 
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
-from rubberband.planner.api import plan_stages, static_is_as_good
+from rubberband.planner.api import SearchOptions, plan_stages, static_is_as_good
 from rubberband.planner.baselines import exact_optimum
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import sha_stages
-from rubberband.planner.search import Evaluator, PlanSpace, descend, local_moves
-from rubberband.planner.simulator import Simulator
+from rubberband.planner.search import Evaluator, Goal, PlanSearch, PlanSpace, descend, local_moves
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.profile import load_profile
 from conftest import EXAMPLES
 
@@ -38,13 +38,7 @@ def shortest(case):
     model, types = setup()
     with pytest.raises(InfeasibleError) as info:
         plan_stages(
-            sha_stages(*case[:2], 1, case[2]),
-            model,
-            types,
-            deadline_s=1.0,
-            confidence=0.9,
-            samples=SAMPLES,
-            max_workers_per_trial=2,
+            PlanSpace(sha_stages(*case[:2], 1, case[2]), types, model, 2), Goal(1.0, 0.9), SimSettings(samples=SAMPLES)
         )
     return info.value.shortest_jct_s
 
@@ -59,15 +53,13 @@ def gaps():
         for factor in FACTORS:
             deadline = shortest(case) * factor
             space = PlanSpace(stages, types, model, 2)
-            evaluator = Evaluator(Simulator(stages, model, samples=SAMPLES, seed=0), 32)
-            exact = exact_optimum(space, evaluator, deadline, 0.9)
+            evaluator = Evaluator(Simulator(stages, model, SimSettings(samples=SAMPLES, seed=0)), 32)
+            exact = exact_optimum(PlanSearch(space, evaluator, Goal(deadline, 0.9)))
             assert not exact.capped and exact.plan is not None
             start = space.fastest()
-            alone = descend(space, evaluator, start, deadline, 0.9, moves=local_moves)
+            alone = descend(PlanSearch(space, evaluator, Goal(deadline, 0.9)), start, local_moves)
             assert alone.result.meets(deadline, 0.9)
-            whole = plan_stages(
-                stages, model, types, deadline_s=deadline, confidence=0.9, samples=SAMPLES, max_workers_per_trial=2
-            )
+            whole = plan_stages(PlanSpace(stages, types, model, 2), Goal(deadline, 0.9), SimSettings(samples=SAMPLES))
             e = exact.result.cost_mean
             out[(case, factor)] = (
                 evaluator.full(start).cost_mean / e,
@@ -101,22 +93,18 @@ def test_the_exact_search_says_when_it_hit_its_cap():
     case = CASES[0]
     stages = sha_stages(case[0], case[1], 1, case[2])
     space = PlanSpace(stages, types, model, 2)
-    evaluator = Evaluator(Simulator(stages, model, samples=SAMPLES, seed=0), 32)
-    capped = exact_optimum(space, evaluator, shortest(case) * 1.5, 0.9, max_nodes=20)
+    evaluator = Evaluator(Simulator(stages, model, SimSettings(samples=SAMPLES, seed=0)), 32)
+    capped = exact_optimum(PlanSearch(space, evaluator, Goal(shortest(case) * 1.5, 0.9)), max_nodes=20)
     assert capped.capped and capped.nodes == 20
     assert capped.optimality() == "capped after 20 nodes, not proven optimal"
-    full = exact_optimum(space, evaluator, shortest(case) * 1.5, 0.9)
+    full = exact_optimum(PlanSearch(space, evaluator, Goal(shortest(case) * 1.5, 0.9)))
     assert not full.capped and full.optimality().startswith("proven optimal")
     # the planner reports the extent of its exact check
     out = plan_stages(
-        stages,
-        model,
-        types,
-        deadline_s=shortest(case) * 1.5,
-        confidence=0.9,
-        samples=SAMPLES,
-        max_workers_per_trial=2,
-        include_exact=True,
+        PlanSpace(stages, types, model, 2),
+        Goal(shortest(case) * 1.5, 0.9),
+        SimSettings(samples=SAMPLES),
+        SearchOptions(include_exact=True),
     )
     assert out.exact_note.startswith("proven optimal")
 

@@ -10,7 +10,7 @@ import pytest
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.noise import Variation, fit_variation, schedule_tasks, task_factors
 from rubberband.planner.schedule import Stage, sha_stages
-from rubberband.planner.simulator import Simulator, StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
 from rubberband.profile import load_profile, parse_profile
 from conftest import EXAMPLES
 from planner_helpers import ideal_model, itype, synthetic_profile
@@ -137,20 +137,21 @@ def test_the_simulator_samples_trial_speed_and_epoch_noise():
     # one trial, one slot, one stage of 4 epochs: JCT = 4 s × trial factor × mean epoch factor
     stages = [Stage(0, 0, 1, 4, 4)]
     v = Variation(epoch_sigma=0.2, config_sigma=0.1, config_log_mean=0.1)
-    sim = Simulator(stages, model_with(v), samples=20_000, seed=3)
+    sim = Simulator(stages, model_with(v), SimSettings(samples=20_000, seed=3))
     jct = sim.simulate([StageConfig(itype(), 1, 1)]).jct
     a2 = math.log1p(math.expm1(0.04) / 4)
     assert np.log(jct / 4.0).mean() == pytest.approx(0.1 + 0.5 * (0.04 - a2), abs=0.005)
     assert np.log(jct / 4.0).std() == pytest.approx(math.sqrt(0.01 + a2), rel=0.03)
     # without variation the job takes exactly its median time
     assert np.allclose(
-        Simulator(stages, model_with(Variation()), samples=10).simulate([StageConfig(itype(), 1, 1)]).jct, 4.0
+        Simulator(stages, model_with(Variation()), SimSettings(samples=10)).simulate([StageConfig(itype(), 1, 1)]).jct,
+        4.0,
     )
 
 
 def test_a_trial_keeps_its_speed_through_the_stages():
     stages = sha_stages(3, 3, 1, 3)  # 3 trials × 1 epoch, then 1 trial × 2 more epochs
-    sim = Simulator(stages, model_with(Variation(config_sigma=0.3)), samples=5000, seed=1)
+    sim = Simulator(stages, model_with(Variation(config_sigma=0.3)), SimSettings(samples=5000, seed=1))
     res = sim.simulate([StageConfig(itype(), 3, 1), StageConfig(itype(), 1, 1)])
     d0, d1 = np.log(res.stage_durations[0]), np.log(res.stage_durations[1])
     # stage 1's trial is one of stage 0's: its speed is correlated with stage 0's slowest
@@ -163,10 +164,10 @@ def test_a_trial_keeps_its_speed_through_the_stages():
 def test_common_random_numbers_across_plans_and_sample_prefixes():
     stages = sha_stages(9, 3, 1, 9)
     v = Variation(epoch_sigma=0.1, config_sigma=0.2)
-    sim = Simulator(stages, model_with(v), samples=400, seed=5)
+    sim = Simulator(stages, model_with(v), SimSettings(samples=400, seed=5))
     plan = [StageConfig(itype(), 9, 1), StageConfig(itype(), 3, 1), StageConfig(itype(), 1, 1)]
     full = sim.simulate(plan).jct
-    prefix = Simulator(stages, model_with(v), samples=400, seed=5).simulate(plan, samples=32).jct
+    prefix = Simulator(stages, model_with(v), SimSettings(samples=400, seed=5)).simulate(plan, samples=32).jct
     assert np.array_equal(full[:32], prefix)
     # fewer instances (waves) never finish sooner on the same draws
     slower = sim.simulate([StageConfig(itype(), 3, 1), StageConfig(itype(), 1, 1), StageConfig(itype(), 1, 1)]).jct
@@ -204,7 +205,7 @@ def test_branch_and_bound_stays_exact_and_its_bounds_valid_with_variation():
 
     from rubberband.catalog import load_catalog
     from rubberband.planner.baselines import cheapest_feasible, exact_optimum, lower_bounds
-    from rubberband.planner.search import Evaluator, PlanSpace
+    from rubberband.planner.search import Evaluator, Goal, PlanSearch, PlanSpace
 
     base = fit_performance_model(load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json"))
     model = dataclasses.replace(base, variation=Variation(epoch_sigma=0.15, config_sigma=0.25, config_log_mean=-0.1))
@@ -212,7 +213,7 @@ def test_branch_and_bound_stays_exact_and_its_bounds_valid_with_variation():
     types = [catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge")]
     stages = sha_stages(4, 2, 1, 4)
     space = PlanSpace(stages, types, model, 2)
-    ev = Evaluator(Simulator(stages, model, samples=100, seed=2), 32)
+    ev = Evaluator(Simulator(stages, model, SimSettings(samples=100, seed=2)), 32)
     plans = list(itertools.product(*[space.options(i) for i in range(len(stages))]))
     results = {p: ev.full(p) for p in plans}
     for plan, res in results.items():
@@ -220,5 +221,7 @@ def test_branch_and_bound_stays_exact_and_its_bounds_valid_with_variation():
         assert cost_lb <= res.cost_mean + 1e-12 and jct_lb <= res.jct.min() + 1e-9
     deadline = sorted(r.jct_quantile(0.9) for r in results.values())[len(results) // 3]
     best_cost = min(r.cost_mean for r in results.values() if r.meets(deadline, 0.9))
-    assert exact_optimum(space, ev, deadline, 0.9).result.cost_mean == pytest.approx(best_cost)
-    assert cheapest_feasible(plans, space, ev, deadline, 0.9).result.cost_mean == pytest.approx(best_cost)
+    assert exact_optimum(PlanSearch(space, ev, Goal(deadline, 0.9))).result.cost_mean == pytest.approx(best_cost)
+    assert cheapest_feasible(PlanSearch(space, ev, Goal(deadline, 0.9)), plans).result.cost_mean == pytest.approx(
+        best_cost
+    )

@@ -16,7 +16,7 @@ from rubberband.executor.accounting import bill_instance
 from rubberband.executor.journal import InstanceLife
 from rubberband.planner.model import StartupModel
 from rubberband.planner.schedule import Stage, sha_stages
-from rubberband.planner.simulator import Simulator, StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
 from planner_helpers import ideal_model, itype
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
@@ -34,7 +34,7 @@ def test_epoch_overhead_task_start_worker_start_and_termination_closed_form():
         task_start=0.2,
         worker_start=3.0,
     )
-    sim = Simulator([Stage(0, 0, 2, 3, 3)], model, samples=4)
+    sim = Simulator([Stage(0, 0, 2, 3, 3)], model, SimSettings(samples=4))
     res = sim.simulate([StageConfig(GPU1, 1, 1)])
     ready = 10.0 + 3.0  # node start-up, then its worker processes
     task = 3 * 10.0 + 3 * 0.5 + 0.2  # epochs, per-epoch overhead, warm start of the run
@@ -88,7 +88,7 @@ def test_simulated_instances_are_billed_exactly_as_the_accounting_bills_a_journa
     stages = sha_stages(9, 3, 1, 9)
     configs = [StageConfig(local1, 4, 1), StageConfig(local2, 2, 2), StageConfig(local1, 1, 1)]
     carrying = [StageConfig(local1, 6, 1), StageConfig(local1, 3, 1), StageConfig(local1, 2, 2)]
-    sim = Simulator(stages, model, samples=32, seed=3)
+    sim = Simulator(stages, model, SimSettings(samples=32, seed=3))
     res = sim.simulate(configs)
     gone = model.termination("local", "local.cpu1").quantile(0.5)
     assert gone == pytest.approx(0.9)

@@ -136,14 +136,14 @@ def test_plans_carry_the_simulators_task_time_for_the_executors_prefetch():
 
     from rubberband.planner.api import stage_plans
     from rubberband.planner.schedule import stages_for
-    from rubberband.planner.simulator import Simulator, StageConfig
+    from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
 
     model = ideal_model(t_iter=0.5, task_start=2.0, restart=7.0)  # 100 iterations per epoch: 50 s
     stages = stages_for("sha", trials=4, eta=2, min_epochs=1, max_epochs=2)
     configs = [StageConfig(itype("a"), 2, 1), StageConfig(itype("b"), 1, 1)]
     plans = stage_plans(stages, configs, None, model=model)
     assert [p.predicted_task_s for p in plans] == pytest.approx([52.0, 57.0])  # the second moves: restart
-    sim = Simulator(stages, model, samples=1)
+    sim = Simulator(stages, model, SimSettings(samples=1))
     lead = PrefetchPolicy().lead_s(model.startup("aws", "b").samples_s)
     # the executor's estimate at the first task (waves × task) gives the simulator's request offset
     remaining = PrefetchPolicy.remaining_s(

@@ -12,9 +12,11 @@ import pytest
 
 from planner_helpers import ideal_model, itype
 from rubberband.errors import InfeasibleError
-from rubberband.planner.api import plan_stages
-from rubberband.planner.brackets import ParallelSimulator, Remainder, parallel_remainder
+from rubberband.planner.api import SearchOptions, plan_stages
+from rubberband.planner.brackets import BracketSetup, ParallelSimulator, Remainder, parallel_remainder
 from rubberband.planner.schedule import Stage, hyperband_brackets
+from rubberband.planner.search import Goal, PlanSpace
+from rubberband.planner.simulator import SimSettings
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
 GPU4 = itype("gpu4", gpus=4, price=14.4)
@@ -46,7 +48,10 @@ def _shortest(stages, offsets) -> float:
     model, types = _model_and_types()
     with pytest.raises(InfeasibleError) as exc:
         plan_stages(
-            stages, model, types, deadline_s=1.0, confidence=0.9, samples=100, brackets="parallel", offsets=offsets
+            PlanSpace(stages, types, model, 8),
+            Goal(1.0, 0.9),
+            SimSettings(samples=100),
+            SearchOptions(brackets=BracketSetup(offsets=offsets)),
         )
     return exc.value.shortest_jct_s
 
@@ -57,17 +62,22 @@ def test_a_parallel_remainder_is_planned_at_its_fixed_offsets():
     shortest = _shortest(stages, offsets)
     # bracket 0's rest cannot start before its running stage ends
     with pytest.raises(InfeasibleError) as alone:
-        plan_stages([HB[1], HB[2]], model, types, deadline_s=1.0, confidence=0.9, samples=100)
+        plan_stages(PlanSpace([HB[1], HB[2]], types, model, 8), Goal(1.0, 0.9), SimSettings(samples=100))
     assert shortest >= 200.0 + 0.95 * alone.value.shortest_jct_s
     # a deadline that loose makes one bracket after another cheapest for a fresh plan (test_planner_brackets);
     # mid-run the brackets run side by side whatever: the offsets stay as given, never searched
     for deadline in (shortest * 1.3, shortest * 5):
         out = plan_stages(
-            stages, model, types, deadline_s=deadline, confidence=0.9, samples=100, brackets="parallel", offsets=offsets
+            PlanSpace(stages, types, model, 8),
+            Goal(deadline, 0.9),
+            SimSettings(samples=100),
+            SearchOptions(brackets=BracketSetup(offsets=offsets)),
         )
         assert out.brackets == "parallel" and out.offsets == offsets
         assert out.result.meets(deadline, 0.9) and out.result.jct.min() >= 200.0
-        again = ParallelSimulator(stages, model, samples=100, offsets=offsets).simulate(out.configs)
+        again = ParallelSimulator(stages, model, SimSettings(samples=100), BracketSetup(offsets=offsets)).simulate(
+            out.configs
+        )
         assert np.allclose(again.jct, out.result.jct)
 
 
@@ -78,17 +88,16 @@ def test_a_later_start_buys_speed_for_the_delayed_bracket():
     stages, late = _remainder(300.0)
     deadline = _shortest(stages, late) * 1.1
     early = plan_stages(
-        stages,
-        model,
-        types,
-        deadline_s=deadline,
-        confidence=0.9,
-        samples=100,
-        brackets="parallel",
-        offsets=(0.0, 0.0, 50.0),
+        PlanSpace(stages, types, model, 8),
+        Goal(deadline, 0.9),
+        SimSettings(samples=100),
+        SearchOptions(brackets=BracketSetup(offsets=(0.0, 0.0, 50.0))),
     )
     delayed = plan_stages(
-        stages, model, types, deadline_s=deadline, confidence=0.9, samples=100, brackets="parallel", offsets=late
+        PlanSpace(stages, types, model, 8),
+        Goal(deadline, 0.9),
+        SimSettings(samples=100),
+        SearchOptions(brackets=BracketSetup(offsets=late)),
     )
     assert delayed.result.meets(deadline, 0.9)
     assert delayed.result.cost_mean > early.result.cost_mean
@@ -98,19 +107,23 @@ def test_a_brackets_running_instances_are_kept_not_requested_nor_handed_over():
     """Mid-run, bracket 1's next stage keeps the instance its current stage runs on (``bracket_states``): it
     starts at its offset without a start-up, pays nothing for one, and no released instance is handed to it
     (the simulator's rule for a request that boots while another bracket releases one)."""
-    from rubberband.planner.simulator import RunningState, StageConfig
+    from rubberband.planner.simulator import RunningState, SimSettings, StageConfig
 
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=100.0, termination=20.0)  # 50 s an epoch
     stages = [Stage(0, 0, 1, 1, 1), Stage(1, 0, 1, 1, 1)]
     configs = [StageConfig(GPU1, 1, 1), StageConfig(GPU1, 1, 1)]
     fresh = RunningState("", 0)
     kept = [fresh, RunningState(GPU1.key, 1)]
-    shared = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0], bracket_states=kept)
-    alone = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0], bracket_states=kept, share=False)
+    shared = ParallelSimulator(stages, model, SimSettings(samples=10), BracketSetup(offsets=[0.0, 100.0], states=kept))
+    alone = ParallelSimulator(
+        stages, model, SimSettings(samples=10), BracketSetup(offsets=[0.0, 100.0], states=kept, share=False)
+    )
     res = shared.simulate(configs)
     assert np.allclose(res.jct, 150.0)  # bracket 0: 100 s start-up + 50 s; bracket 1: 100 s wait + 50 s
     assert np.allclose(res.cost, alone.simulate(configs).cost)  # nothing handed over to a running instance
-    booting = ParallelSimulator(stages, model, samples=10, offsets=[0.0, 100.0], bracket_states=[fresh, fresh])
+    booting = ParallelSimulator(
+        stages, model, SimSettings(samples=10), BracketSetup(offsets=[0.0, 100.0], states=[fresh, fresh])
+    )
     assert np.allclose(booting.simulate(configs).jct, 250.0)  # without: bracket 1 boots a new one
     with pytest.raises(ValueError, match="one start state"):
-        ParallelSimulator(stages, model, offsets=[0.0, 100.0], bracket_states=[fresh])
+        ParallelSimulator(stages, model, brackets=BracketSetup(offsets=[0.0, 100.0], states=[fresh]))

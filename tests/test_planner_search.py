@@ -5,11 +5,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError, ProfileError
-from rubberband.planner.api import plan_stages
+from rubberband.planner.api import SearchOptions, plan_stages
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import sha_stages
-from rubberband.planner.search import Evaluator, PlanSpace, knapsack_plans
-from rubberband.planner.simulator import Simulator
+from rubberband.planner.search import Evaluator, Goal, PlanSearch, PlanSpace, knapsack_plans
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.profile import load_profile
 from conftest import EXAMPLES
 from planner_helpers import itype
@@ -24,7 +24,7 @@ def setup():
     types = tuple(catalog.find(n) for n in ("p3.2xlarge", "g4dn.xlarge", "p3.8xlarge"))
     stages = tuple(sha_stages(9, 3, 1, 9))
     with pytest.raises(InfeasibleError) as info:
-        plan_stages(stages, model, types, deadline_s=1.0, confidence=0.9, samples=SAMPLES, max_workers_per_trial=2)
+        plan_stages(PlanSpace(stages, types, model, 2), Goal(1.0, 0.9), SimSettings(samples=SAMPLES))
     return model, types, stages, info.value.shortest_jct_s
 
 
@@ -33,13 +33,7 @@ def cost(factor: float, confidence: float = 0.9) -> float | None:
     model, types, stages, shortest = setup()
     try:
         out = plan_stages(
-            stages,
-            model,
-            types,
-            deadline_s=shortest * factor,
-            confidence=confidence,
-            samples=SAMPLES,
-            max_workers_per_trial=2,
+            PlanSpace(stages, types, model, 2), Goal(shortest * factor, confidence), SimSettings(samples=SAMPLES)
         )
     except InfeasibleError:
         return None
@@ -74,14 +68,10 @@ def test_higher_confidence_never_costs_less(p1, p2, factor):
 def test_elastic_plan_beats_static_and_matches_exact_on_a_small_case():
     model, types, stages, shortest = setup()
     out = plan_stages(
-        stages,
-        model,
-        types,
-        deadline_s=shortest * 2.0,
-        confidence=0.9,
-        samples=SAMPLES,
-        max_workers_per_trial=2,
-        include_exact=True,
+        PlanSpace(stages, types, model, 2),
+        Goal(shortest * 2.0, 0.9),
+        SimSettings(samples=SAMPLES),
+        SearchOptions(include_exact=True),
     )
     assert out.static is not None and out.result.cost_mean < out.static[1].cost_mean
     exact = out.exact[1].cost_mean
@@ -94,9 +84,7 @@ def test_elastic_plan_beats_static_and_matches_exact_on_a_small_case():
 def test_infeasible_deadline_reports_shortest_jct_and_its_cost():
     model, types, stages, shortest = setup()
     with pytest.raises(InfeasibleError) as info:
-        plan_stages(
-            stages, model, types, deadline_s=shortest * 0.5, confidence=0.9, samples=SAMPLES, max_workers_per_trial=2
-        )
+        plan_stages(PlanSpace(stages, types, model, 2), Goal(shortest * 0.5, 0.9), SimSettings(samples=SAMPLES))
     assert info.value.shortest_jct_s == pytest.approx(shortest)
     assert info.value.cost_usd > 0
     assert "shortest feasible JCT" in str(info.value) and "$" in str(info.value)
@@ -106,14 +94,7 @@ def test_budget_cap_reports_cheapest_plan_cost():
     model, types, stages, shortest = setup()
     with pytest.raises(InfeasibleError, match="budget") as info:
         plan_stages(
-            stages,
-            model,
-            types,
-            deadline_s=shortest * 3,
-            confidence=0.9,
-            samples=SAMPLES,
-            max_workers_per_trial=2,
-            budget_usd=0.01,
+            PlanSpace(stages, types, model, 2), Goal(shortest * 3, 0.9, budget_usd=0.01), SimSettings(samples=SAMPLES)
         )
     assert info.value.cost_usd == pytest.approx(cost(3.0))
 
@@ -135,7 +116,7 @@ def test_knapsack_ladder_and_fastest_plan_are_in_the_plan_space():
     options = [set(c.key for c in space.options(i)) for i in range(len(stages))]
     assert all(c.key in options[i] for p in plans for i, c in enumerate(p))
     fastest = space.fastest()
-    ev = Evaluator(Simulator(stages, model, samples=64), 32)
+    ev = Evaluator(Simulator(stages, model, SimSettings(samples=64)), 32)
     # the fastest plan is at least as fast as every knapsack plan (by the mean JCT)
     assert ev.full(fastest).jct_mean <= min(ev.full(p).jct_mean for p in plans) + 1.0
 
@@ -148,7 +129,7 @@ def test_branch_and_bound_equals_brute_force_and_bounds_hold():
     model, types, _, _ = setup()
     stages = sha_stages(4, 2, 1, 4)  # (4, 1), (2, 2), (1, 4)
     space = PlanSpace(stages, types[:2], model, 2)
-    ev = Evaluator(Simulator(stages, model, samples=100, seed=2), 32)
+    ev = Evaluator(Simulator(stages, model, SimSettings(samples=100, seed=2)), 32)
     plans = list(itertools.product(*[space.options(i) for i in range(len(stages))]))
     results = {p: ev.full(p) for p in plans}
     for plan, res in results.items():  # the bounds used for pruning are valid
@@ -157,5 +138,7 @@ def test_branch_and_bound_equals_brute_force_and_bounds_hold():
     deadline = sorted(r.jct_quantile(0.9) for r in results.values())[len(results) // 3]
     feasible = [(r.cost_mean, p) for p, r in results.items() if r.meets(deadline, 0.9)]
     best_cost = min(c for c, _ in feasible)
-    assert exact_optimum(space, ev, deadline, 0.9).result.cost_mean == pytest.approx(best_cost)
-    assert cheapest_feasible(plans, space, ev, deadline, 0.9).result.cost_mean == pytest.approx(best_cost)
+    assert exact_optimum(PlanSearch(space, ev, Goal(deadline, 0.9))).result.cost_mean == pytest.approx(best_cost)
+    assert cheapest_feasible(PlanSearch(space, ev, Goal(deadline, 0.9)), plans).result.cost_mean == pytest.approx(
+        best_cost
+    )

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from rubberband.planner.schedule import Stage, sha_stages
 from rubberband.planner.simulator import (
+    SimSettings,
     Simulator,
     StageConfig,
     _list_schedule,
@@ -27,7 +28,7 @@ def test_closed_form_without_noise_startup_or_scaling_loss():
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10)  # 100 it/epoch/worker → 50 s/epoch at w=1
     stages = sha_stages(9, 3, 2, 18)  # (9 trials, 2 ep), (3, 6), (1, 18)
     configs = [StageConfig(GPU1, 3, 1), StageConfig(GPU1, 3, 1), StageConfig(GPU4, 1, 2)]
-    sim = Simulator(stages, model, samples=50, seed=1)
+    sim = Simulator(stages, model, SimSettings(samples=50, seed=1))
     res = sim.simulate(configs)
     epoch = {1: 50.0, 2: 25.0}
     d0 = 3 * 2 * epoch[1]  # 3 waves of 2 epochs
@@ -47,7 +48,7 @@ def test_closed_form_without_noise_startup_or_scaling_loss():
 def test_billing_minimum_applies_to_short_lived_instances():
     model = ideal_model(t_iter=0.1, dataset=100, batch=10)  # 1 s per epoch
     stages = [Stage(0, 0, 2, 5, 5)]
-    res = Simulator(stages, model, samples=10).simulate([StageConfig(GPU1, 2, 1)])
+    res = Simulator(stages, model, SimSettings(samples=10)).simulate([StageConfig(GPU1, 2, 1)])
     assert np.allclose(res.jct, 5.0)
     assert np.allclose(res.cost, 2 * 60 * 3.6 / 3600)  # two instances, 60 s minimum each
     assert np.allclose(res.breakdown["billing_minimum"], 2 * 55 * 3.6 / 3600)
@@ -56,7 +57,7 @@ def test_billing_minimum_applies_to_short_lived_instances():
 def test_waves_release_instances_early():
     model = ideal_model(t_iter=1.0, dataset=100, batch=10)  # 10 s/epoch
     stages = [Stage(0, 0, 5, 10, 10)]  # 5 trials × 100 s on 3 instances: 2 waves, one instance idle in wave 2
-    sim = Simulator(stages, model, samples=5)
+    sim = Simulator(stages, model, SimSettings(samples=5))
     configs = [StageConfig(GPU1, 3, 1)]
     res = sim.simulate(configs)
     assert np.allclose(res.jct, 200.0)
@@ -71,7 +72,7 @@ def test_waves_release_instances_early():
 def test_carried_instances_are_not_provisioned_twice_and_new_ones_are_requested_ahead():
     model = ideal_model(t_iter=1.0, dataset=100, batch=10, startup=30.0, restart=5.0)
     stages = sha_stages(4, 2, 10, 40)  # (4, 10 ep), (2, 20), (1, 40)
-    sim = Simulator(stages, model, samples=4)
+    sim = Simulator(stages, model, SimSettings(samples=4))
     carried = [StageConfig(GPU1, 4, 1), StageConfig(GPU1, 2, 1), StageConfig(OTHER, 1, 1)]
     timeline, dag, critical = sim.trace(carried, 0)
     gpu1 = [i for i in timeline.instances if i.instance_type == "gpu1"]
@@ -95,7 +96,7 @@ def test_local_runs_boot_the_head_first_and_nodes_one_after_another():
     local = itype("local.cpu1", cloud="local", gpus=1, price=0.05)
     base = ideal_model(t_iter=1.0, dataset=100, batch=10, startup=10.0)
     model = dataclasses.replace(base, startup_by_cloud={"local": base.startup_by_cloud["aws"]})
-    sim = Simulator(sha_stages(3, 3, 1, 1), model, samples=2)  # one stage: 3 trials of 1 epoch (10 s)
+    sim = Simulator(sha_stages(3, 3, 1, 1), model, SimSettings(samples=2))  # one stage: 3 trials of 1 epoch (10 s)
     timeline, _, _ = sim.trace([StageConfig(local, 3, 1)], 0)
     instances = sorted(timeline.instances, key=lambda i: i.ready_s)
     # after the head's 10 s, each node's `ray start` begins (and its billing starts, as the local
@@ -112,7 +113,7 @@ def test_trace_dag_critical_path_matches_vectorised_jct_under_noise():
     )
     stages = sha_stages(27, 3, 1, 9)
     configs = [StageConfig(GPU1, 10, 1), StageConfig(GPU4, 2, 2), StageConfig(GPU4, 1, 4)]
-    sim = Simulator(stages, model, samples=64, seed=7)
+    sim = Simulator(stages, model, SimSettings(samples=64, seed=7))
     res = sim.simulate(configs)
     i = res.representative_index()
     timeline, dag, critical = sim.trace(configs, i)
@@ -125,14 +126,14 @@ def test_trace_dag_critical_path_matches_vectorised_jct_under_noise():
 def test_common_random_numbers_and_determinism():
     model = ideal_model(t_iter=0.3, dataset=1000, batch=10, sigma=0.1, startup_samples=[40, 60, 90, 130])
     stages = sha_stages(9, 3, 1, 9)
-    a = Simulator(stages, model, samples=200, seed=3)
-    b = Simulator(stages, model, samples=200, seed=3)
+    a = Simulator(stages, model, SimSettings(samples=200, seed=3))
+    b = Simulator(stages, model, SimSettings(samples=200, seed=3))
     plan = [StageConfig(GPU1, 9, 1), StageConfig(GPU1, 3, 1), StageConfig(GPU1, 1, 1)]
     ra, rb = a.simulate(plan), b.simulate(plan)
     assert np.array_equal(ra.jct, rb.jct) and np.array_equal(ra.cost, rb.cost)
     # screening sees a prefix of the same samples
     assert np.array_equal(a.simulate(plan, samples=50).jct, ra.jct[:50])
-    c = Simulator(stages, model, samples=200, seed=4).simulate(plan)
+    c = Simulator(stages, model, SimSettings(samples=200, seed=4)).simulate(plan)
     assert not np.array_equal(c.jct, ra.jct)
 
 
@@ -197,7 +198,7 @@ def test_request_offsets_match_the_simulated_requests():
     model = ideal_model(t_iter=0.2, dataset=1000, batch=10, sigma=0.05, startup_samples=[30, 60, 90], restart=4.0)
     stages = sha_stages(9, 3, 1, 9)
     configs = [StageConfig(GPU1, 5, 1), StageConfig(GPU4, 1, 2), StageConfig(OTHER, 2, 2)]
-    sim = Simulator(stages, model, samples=16, seed=1)
+    sim = Simulator(stages, model, SimSettings(samples=16, seed=1))
     offsets = sim.request_offsets(configs)
     timeline, _, _ = sim.trace(configs, 3)
     for stage in (1, 2):
@@ -211,7 +212,7 @@ def test_dag_has_explicit_transitions_only_where_the_placement_changes():
     model = ideal_model(t_iter=0.2, dataset=1000, batch=10, restart=7.0, ckpt_gb=2.0)
     stages = sha_stages(9, 3, 1, 9)
     configs = [StageConfig(GPU1, 9, 1), StageConfig(GPU1, 3, 1), StageConfig(GPU4, 1, 2)]
-    sim = Simulator(stages, model, samples=4)
+    sim = Simulator(stages, model, SimSettings(samples=4))
     _, dag, critical = sim.trace(configs, 0)
     moves = [(u, w) for u, w, a in dag.edges(data=True) if a.get("kind") == "transition"]
     assert len(moves) == 1 and moves[0][0][1] == 2  # only the last stage's single trial moves

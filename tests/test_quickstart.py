@@ -16,7 +16,7 @@ from rubberband.executor import journal as J
 from rubberband.executor.result import Ending, build_result
 from rubberband.inputs import load_job_inputs
 from rubberband.plan import Alternative
-from rubberband.planner import plan_job
+from rubberband.planner import PlanOptions, plan_job
 from rubberband.planner.schedule import stages_for
 from rubberband.spec import load_spec
 
@@ -28,7 +28,7 @@ def test_the_quickstart_is_wide_first_and_its_plan_is_elastic_and_cheaper_than_s
         sched.kind, trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs
     )
     assert stages[0].trials >= 27 and stages[-1].trials == 1  # a wide first stage, one survivor
-    plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, samples=300, seed=0)
+    plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, PlanOptions(samples=300, seed=0))
     counts = [s.instances for s in plan.stages]
     assert max(counts) > 1 and counts[-1] == 1  # grows for the wide stages, ends on one instance
     static = plan.baselines["static"]

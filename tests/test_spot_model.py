@@ -15,8 +15,8 @@ from planner_helpers import ideal_model, itype
 from rubberband.plan import PLAN_SCHEMA_VERSION, parse_plan, plan_json
 from rubberband.planner.policies import Market, SpotPolicy, SpotSituation
 from rubberband.planner.schedule import stages_for
-from rubberband.planner.search import PlanSpace, local_moves, with_markets
-from rubberband.planner.simulator import Simulator, StageConfig
+from rubberband.planner.search import Goal, PlanSpace, local_moves, with_markets
+from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
 from rubberband.planner.spot import (
     DURATION_LEVELS,
     ModelScenario,
@@ -24,6 +24,7 @@ from rubberband.planner.spot import (
     Trace,
     TraceScenario,
     ZoneModel,
+    ZoneTraces,
     cheapest_fallbacks,
     fit_zone,
     stay_on_spot,
@@ -66,7 +67,7 @@ def test_fit_recovers_a_known_rate_and_unavailability():
     while len(data) < 200_000:
         up = max(1, int(rng.exponential(3600 / rate_h) / gap))
         data += [0] * up + [1] * 40
-    fit = fit_zone("aws", "p3.2xlarge", "us-east-1", "us-east-1a", preemption=[trace_stats(data, gap)])
+    fit = fit_zone("aws", "p3.2xlarge", "us-east-1", "us-east-1a", ZoneTraces(preemption=[trace_stats(data, gap)]))
     assert fit.preemption_rate_per_h == pytest.approx(rate_h, rel=0.1)
     assert fit.unavailable_quantile(0.5) == pytest.approx(1200.0)
     down = 40 / (40 + 3600 / rate_h / gap)
@@ -74,7 +75,7 @@ def test_fit_recovers_a_known_rate_and_unavailability():
 
 
 def test_a_trace_without_preemptions_gets_a_small_positive_rate_not_zero():
-    fit = fit_zone("aws", "t", "r", "ra", preemption=[trace_stats([0] * 3600, 1.0)])
+    fit = fit_zone("aws", "t", "r", "ra", ZoneTraces(preemption=[trace_stats([0] * 3600, 1.0)]))
     assert fit.preemptions == 0 and 0 < fit.preemption_rate_per_h <= 0.5 + 1e-9
 
 
@@ -189,8 +190,8 @@ def test_trace_scenario_replays_the_next_transition_and_the_rest_of_a_down_run()
     # ticks of 10 s: up 0..9, down 10..14, up 15..29 (circular)
     data = tuple([0] * 10 + [1] * 5 + [0] * 15)
     sc = TraceScenario([Trace(data, 10.0)], [Trace(data, 10.0)], seed=0, samples=1)
-    sc.pre_off[:] = 0.0
-    sc.avail_off[:] = 0.0
+    sc.preemption.off[:] = 0.0
+    sc.availability.off[:] = 0.0
     t = np.array([[0.0, 55.0, 120.0]])
     assert np.allclose(sc.time_to_preemption(0, 0, slice(0, 1), t, 1), [100.0, 45.0, 280.0])
     assert np.allclose(sc.unavailable_for(0, 0, slice(0, 1), t), [0.0, 0.0, 30.0])
@@ -235,41 +236,47 @@ def _model():
 
 def test_spot_that_never_fails_costs_the_spot_price_and_takes_the_on_demand_time():
     zone = _zone(rate=0.0, p=0.0)
-    sim = Simulator(STAGES, _model(), samples=200, spot_setup=_setup(zone, 1e6, 200))
+    sim = Simulator(STAGES, _model(), SimSettings(samples=200, spot_setup=_setup(zone, 1e6, 200)))
     od, spot = sim.simulate(_plan("on_demand")), sim.simulate(_plan("spot"))
     assert np.allclose(od.jct, spot.jct)
     assert spot.cost_mean == pytest.approx(od.cost_mean / 3, rel=1e-6)
 
 
 def test_preemptions_lengthen_the_job_and_lose_work_since_the_checkpoint():
-    calm = Simulator(STAGES, _model(), samples=400, spot_setup=_setup(_zone(rate=0.0), 1e7)).simulate(_plan("spot"))
-    busy = Simulator(STAGES, _model(), samples=400, spot_setup=_setup(_zone(rate=6.0), 1e7)).simulate(_plan("spot"))
+    calm = Simulator(STAGES, _model(), SimSettings(samples=400, spot_setup=_setup(_zone(rate=0.0), 1e7))).simulate(
+        _plan("spot")
+    )
+    busy = Simulator(STAGES, _model(), SimSettings(samples=400, spot_setup=_setup(_zone(rate=6.0), 1e7))).simulate(
+        _plan("spot")
+    )
     assert busy.jct_mean > calm.jct_mean + 60
     assert calm.spot_events["preemptions"].sum() == 0 < busy.spot_events["preemptions"].mean()
     # trials spend about 1500 s on spot here: at 6/h a few preemptions per run, fewer than six per task
     assert 1.0 < busy.spot_events["preemptions"].mean() < 6 * 13
     assert np.all(busy.jct >= calm.jct - 1e-6)
     # with an ample deadline the policy keeps every replacement on spot: still far below on-demand
-    od = Simulator(STAGES, _model(), samples=400).simulate(_plan("on_demand"))
+    od = Simulator(STAGES, _model(), SimSettings(samples=400)).simulate(_plan("on_demand"))
     assert busy.cost_mean < od.cost_mean * 0.6
 
 
 def test_a_tight_deadline_moves_preempted_trials_to_on_demand():
-    od = Simulator(STAGES, _model(), samples=400).simulate(_plan("on_demand"))
+    od = Simulator(STAGES, _model(), SimSettings(samples=400)).simulate(_plan("on_demand"))
     deadline = float(od.jct.max()) + 200.0
-    loose = Simulator(STAGES, _model(), samples=400, spot_setup=_setup(_zone(rate=6.0), 1e7)).simulate(_plan("spot"))
-    tight = Simulator(STAGES, _model(), samples=400, spot_setup=_setup(_zone(rate=6.0), deadline)).simulate(
+    loose = Simulator(STAGES, _model(), SimSettings(samples=400, spot_setup=_setup(_zone(rate=6.0), 1e7))).simulate(
         _plan("spot")
     )
+    tight = Simulator(
+        STAGES, _model(), SimSettings(samples=400, spot_setup=_setup(_zone(rate=6.0), deadline))
+    ).simulate(_plan("spot"))
     # falling back keeps more samples on time, and costs more than staying on spot
     assert tight.p_meet(deadline) > loose.p_meet(deadline)
     assert tight.cost_mean > loose.cost_mean
 
 
 def test_no_capacity_at_the_request_falls_back_to_on_demand_under_a_deadline():
-    od = Simulator(STAGES, _model(), samples=400).simulate(_plan("on_demand"))
+    od = Simulator(STAGES, _model(), SimSettings(samples=400)).simulate(_plan("on_demand"))
     never = _zone(rate=0.0, p=1.0, wait=36000.0)
-    sim = Simulator(STAGES, _model(), samples=400, spot_setup=_setup(never, float(od.jct.max()) + 600))
+    sim = Simulator(STAGES, _model(), SimSettings(samples=400, spot_setup=_setup(never, float(od.jct.max()) + 600)))
     res = sim.simulate(_plan("spot"))
     assert res.cost_mean == pytest.approx(od.cost_mean, rel=1e-6)
     assert np.allclose(res.jct, od.jct)
@@ -308,11 +315,11 @@ def test_a_stage_bought_on_demand_runs_on_the_fallback_type_at_its_speed_and_pri
     JCT and cost as the all-on-demand plan on that type, and the cost is that type's."""
     model = _two_device_model()
     on_slow = tuple(StageConfig(SLOW, c.instances, 1, "on_demand") for c in _plan("on_demand"))
-    od = Simulator(STAGES, model, samples=200).simulate(on_slow)
+    od = Simulator(STAGES, model, SimSettings(samples=200)).simulate(on_slow)
     never = _zone(rate=0.0, p=1.0, wait=36000.0)
     setup = _setup(never, float(od.jct.max()) + 600, samples=200)
     setup = SpotSetup(**{**setup.__dict__, "fallbacks": {GPU.key: SLOW}})
-    res = Simulator(STAGES, model, samples=200, spot_setup=setup).simulate(_plan("spot"))
+    res = Simulator(STAGES, model, SimSettings(samples=200, spot_setup=setup)).simulate(_plan("spot"))
     assert np.all(res.spot_events["stages_on_demand"] >= 1)
     assert np.allclose(res.jct, od.jct) and res.cost_mean == pytest.approx(od.cost_mean, rel=1e-6)
     assert float(np.mean(res.by_type["slow1"])) == pytest.approx(res.cost_mean, rel=1e-9)
@@ -325,12 +332,12 @@ def test_work_moved_to_a_cheaper_fallback_costs_less_and_is_billed_to_it():
     type; the decisions count the work at its speed, so with less slack whole stages go there at their request
     (1.5×) and with more only preempted trials do (2.5×). The cost by type shows what the fall-back type was paid."""
     model = _two_device_model()
-    od = Simulator(STAGES, model, samples=400).simulate(_plan("on_demand"))
+    od = Simulator(STAGES, model, SimSettings(samples=400)).simulate(_plan("on_demand"))
     for factor, moved in ((1.5, "stages_on_demand"), (2.5, "moved_to_on_demand")):
         own = _setup(_zone(rate=6.0), float(od.jct.max()) * factor)
         cheaper = SpotSetup(**{**own.__dict__, "fallbacks": {GPU.key: SLOW}})
-        to_own = Simulator(STAGES, model, samples=400, spot_setup=own).simulate(_plan("spot"))
-        to_slow = Simulator(STAGES, model, samples=400, spot_setup=cheaper).simulate(_plan("spot"))
+        to_own = Simulator(STAGES, model, SimSettings(samples=400, spot_setup=own)).simulate(_plan("spot"))
+        to_slow = Simulator(STAGES, model, SimSettings(samples=400, spot_setup=cheaper)).simulate(_plan("spot"))
         assert to_slow.spot_events[moved].mean() > 0
         assert to_slow.cost_mean < to_own.cost_mean
         assert "slow1" not in to_own.by_type and float(np.mean(to_slow.by_type["slow1"])) > 0
@@ -363,19 +370,29 @@ def test_the_interval_is_longer_where_saves_are_slow_and_preemptions_rare():
     deadline = 1e6
     rare = _setup(_zone(rate=0.05), deadline, samples=200)
     every = checkpoint_interval(
-        STAGES, slow_saves, _plan("spot"), rare, deadline_s=deadline, confidence=0.9, samples=200
+        Simulator(STAGES, slow_saves, SimSettings(samples=200, spot_setup=rare)), _plan("spot"), Goal(deadline, 0.9)
     )
     assert every > 1
     free_saves = replace(slow_saves, checkpoint_save_s=0.0)
-    assert checkpoint_interval(STAGES, free_saves, _plan("spot"), rare, deadline_s=deadline, confidence=0.9) == 1
-    assert checkpoint_interval(STAGES, slow_saves, _plan("on_demand"), rare, deadline_s=deadline, confidence=0.9) == 1
-    sparse = Simulator(STAGES, slow_saves, samples=200, spot_setup=replace(rare, checkpoint_epochs=every))
-    dense = Simulator(STAGES, slow_saves, samples=200, spot_setup=rare)
+    assert (
+        checkpoint_interval(
+            Simulator(STAGES, free_saves, SimSettings(spot_setup=rare)), _plan("spot"), Goal(deadline, 0.9)
+        )
+        == 1
+    )
+    assert (
+        checkpoint_interval(
+            Simulator(STAGES, slow_saves, SimSettings(spot_setup=rare)), _plan("on_demand"), Goal(deadline, 0.9)
+        )
+        == 1
+    )
+    sparse = Simulator(STAGES, slow_saves, SimSettings(samples=200, spot_setup=replace(rare, checkpoint_epochs=every)))
+    dense = Simulator(STAGES, slow_saves, SimSettings(samples=200, spot_setup=rare))
     assert sparse.simulate(_plan("spot")).cost_mean < dense.simulate(_plan("spot")).cost_mean
 
 
 def test_the_representative_trace_of_a_spot_plan_builds():
-    sim = Simulator(STAGES, _model(), samples=50, spot_setup=_setup(_zone(rate=3.0), 1e6, 50))
+    sim = Simulator(STAGES, _model(), SimSettings(samples=50, spot_setup=_setup(_zone(rate=3.0), 1e6, 50)))
     configs = _plan("spot")
     res = sim.simulate(configs)
     timeline, _, critical = sim.trace(configs, res.representative_index())
@@ -392,20 +409,15 @@ def _plan_with(deadline_s: float, rate: float):
     zone = _zone(rate=rate, p=0.2, wait=7200.0)
     types = [GPU]
     return plan_stages(
-        STAGES,
-        _model(),
-        types,
-        deadline_s=deadline_s,
-        confidence=0.9,
-        samples=200,
-        max_workers_per_trial=1,
-        spot_setup=_setup(zone, deadline_s, 200),
+        PlanSpace(STAGES, types, _model(), 1),
+        Goal(deadline_s, 0.9),
+        SimSettings(samples=200, spot_setup=_setup(zone, deadline_s, 200)),
     )
 
 
 def test_the_search_takes_spot_when_the_slack_is_ample_and_on_demand_when_tight():
     space = PlanSpace(STAGES, [GPU], _model(), 1)
-    fastest = Simulator(STAGES, _model(), samples=200).simulate(space.fastest())
+    fastest = Simulator(STAGES, _model(), SimSettings(samples=200)).simulate(space.fastest())
     tight = fastest.jct_quantile(0.9) * 1.05
     out = _plan_with(tight, rate=30.0)  # a preemption every 2 min: no slack for one
     assert not any(c.spot for c in out.configs)
@@ -432,7 +444,7 @@ def test_market_moves_flip_stages_and_keep_markets_through_other_moves():
 
 def test_plans_with_a_spot_model_round_trip_and_old_plans_load(tmp_path):
     from rubberband.catalog import load_catalog
-    from rubberband.planner.api import plan_job, replay_plan
+    from rubberband.planner.api import PlanOptions, SpotMarket, plan_job, replay_plan
     from rubberband.profile import load_profile
     from rubberband.spec import load_spec
     from conftest import EXAMPLES
@@ -445,11 +457,12 @@ def test_plans_with_a_spot_model_round_trip_and_old_plans_load(tmp_path):
         spec,
         profile,
         catalog,
-        samples=100,
-        asha=False,
-        deadline_s=2700.0,
-        spot_model=load_spot_model().market_model(),
-        spot_source="shipped",
+        PlanOptions(
+            samples=100,
+            asha=False,
+            deadline_s=2700.0,
+            spot=SpotMarket(load_spot_model().market_model(), source="shipped"),
+        ),
     )
     assert plan.schema_version == PLAN_SCHEMA_VERSION == 3 and plan.spot is not None
     assert any(s.spot and s.zone for s in plan.stages)
@@ -476,8 +489,10 @@ def test_parallel_hyperband_brackets_play_spot_stages():
     stages = stages_for("hyperband", trials=None, min_epochs=1, max_epochs=9, eta=3)
     zone = _zone(rate=3.0, p=0.2)
     configs = tuple(StageConfig(GPU, max(1, s.trials // 3), 1, "spot" if s.index == 0 else "on_demand") for s in stages)
-    od = ParallelSimulator(stages, _model(), samples=100).simulate(tuple(c.on("on_demand") for c in configs))
-    sim = ParallelSimulator(stages, _model(), samples=100, spot_setup=_setup(zone, 1e6, 100))
+    od = ParallelSimulator(stages, _model(), SimSettings(samples=100)).simulate(
+        tuple(c.on("on_demand") for c in configs)
+    )
+    sim = ParallelSimulator(stages, _model(), SimSettings(samples=100, spot_setup=_setup(zone, 1e6, 100)))
     res = sim.simulate(configs)
     assert res.cost_mean < od.cost_mean and res.jct_mean >= od.jct_mean - 1e-6
     timeline, _, _ = sim.trace(configs, res.representative_index())
@@ -492,6 +507,6 @@ def test_trace_stats_agree_with_a_direct_count(data, gap):
     assert s.available_ticks == data.count(0)
     assert sum(s.unavailable_runs_s) == pytest.approx(data.count(1) * gap)
     assert len(s.unavailable_runs_s) == sum(1 for i, x in enumerate(data) if x == 1 and (i == 0 or data[i - 1] == 0))
-    fit = fit_zone("aws", "t", "r", "ra", availability=[s])
+    fit = fit_zone("aws", "t", "r", "ra", ZoneTraces(availability=[s]))
     assert fit.p_unavailable == pytest.approx(data.count(1) / len(data))
     assert list(fit.unavailable_s) == sorted(fit.unavailable_s)

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         """Hit rate P(JCT ≤ deadline) and the cost distribution of a plan, replayed."""
         from rubberband.catalog import load_catalog
         from rubberband.plan import load_plan
-        from rubberband.planner import replay_plan
+        from rubberband.planner import Replay, replay_plan
         from rubberband.profile import load_profile
         from rubberband.report.replan import plan_profile_path
 
@@ -58,7 +58,9 @@ def register(app: typer.Typer) -> None:
         if preemption_traces is not None:
             scenarios = trace_scenarios(plan, preemption_traces, seed=seed, samples=samples)
             source = f"traces in {preemption_traces}"
-        result = replay_plan(plan, profile, catalog, samples=samples, seed=seed, spot_scenarios=scenarios)
+        result = replay_plan(
+            plan, profile, catalog, samples=samples, replay=Replay(seed=seed, spot_scenarios=scenarios)
+        )
         figures = summary(result.jct, result.cost, plan.deadline_s, plan.confidence)
         figures["source"] = source
         figures["spot_stages"] = sum(1 for s in plan.stages if s.spot)

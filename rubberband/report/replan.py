@@ -50,7 +50,7 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
     if plan.spec is None:
         return None, "the plan carries no job spec to re-plan from (re-run `rubberband plan` to embed it)"
     try:
-        from rubberband.planner import plan_job  # type: ignore[attr-defined]
+        from rubberband.planner import PlanOptions, SpotMarket, plan_job  # type: ignore[attr-defined]
     except ImportError:
         return None, "the planner is not available in this installation"
     from rubberband.catalog import load_catalog
@@ -75,16 +75,13 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
         if request.spot is not None:
             changes["spot"] = request.spot
         job = spec.model_copy(update={"resources": resources.model_copy(update=changes)}) if changes else spec
-        spot_model = spot_source = None
+        market = None
         if job.resources.spot:  # spot per stage with preemptions, as `rubberband plan` plans it
             from rubberband.spotmodel import load_spot_model
 
             fitted = load_spot_model()
-            spot_model, spot_source = fitted.market_model(), f"shipped default ({fitted.source})"
-        return plan_job(
-            job,
-            profile,
-            catalog,
+            market = SpotMarket(fitted.market_model(), source=f"shipped default ({fitted.source})")
+        options = PlanOptions(
             deadline_s=request.deadline_s,
             cloud=request.cloud,
             samples=request.samples,
@@ -92,9 +89,9 @@ def default_replanner(plan: Plan, *, samples: int = 300) -> tuple[Replanner | No
             heads=heads,
             brackets=plan.brackets,
             asha=False,
-            spot_model=spot_model,
-            spot_source=spot_source or "",
+            spot=market,
         )
+        return plan_job(job, profile, catalog, options)
 
     return replan, ""
 
