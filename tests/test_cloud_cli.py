@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
@@ -44,17 +45,26 @@ def cloud_job(tmp_path: Path, clouds: list[str], **job) -> Path:
     return spec_path
 
 
+@dataclass(frozen=True)
+class Offer:
+    """Where a test plan's stages run: the cloud, the region and the instance type."""
+
+    cloud: str
+    region: str
+    itype: str
+
+
 def cloud_plan(
     tmp_path: Path,
     spec_path: Path,
-    cloud: str,
-    region: str,
-    itype: str,
+    offer: Offer,
     *,
     counts: tuple[int, ...] = (3, 1),
     durations: tuple[float, ...] = (600.0, 1200.0),
 ) -> Path:
-    """A plan of the spec on ``cloud`` (no timeline: the dry run schedules one instance set per stage)."""
+    """A plan of the spec with every stage on ``offer`` (``counts`` instances, ``durations`` seconds per stage; no
+    timeline: the dry run schedules one instance set per stage)."""
+    cloud, region, itype = offer.cloud, offer.region, offer.itype
     spec = load_spec(spec_path)
     plan = make_plan(spec, [("local.cpu1", n, 1) for n in counts], durations=list(durations[: len(counts)]))
     stages = [s.model_copy(update={"cloud": cloud, "region": region, "instance_type": itype}) for s in plan.stages]
@@ -93,7 +103,7 @@ def one_error_line(result) -> str:
 
 def test_aws_dry_run_prints_schedule_bill_and_checks_and_creates_nothing(cli, tmp_path, moto_env, ec2_faults):
     spec = cloud_job(tmp_path, ["aws"])
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge")
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "p3.2xlarge"))
     result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=cloud_env(tmp_path, moto_env))
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -126,7 +136,7 @@ def test_aws_dry_run_plans_on_the_fly(cli, tmp_path, moto_env):
 def test_aws_dry_run_denied_permission_is_one_line_exit_2(cli, tmp_path, moto_env, ec2_faults):
     ec2_faults.denied = {"RunInstances"}
     spec = cloud_job(tmp_path, ["aws"])
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge")
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "g4dn.xlarge"))
     result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=cloud_env(tmp_path, moto_env))
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "ec2:RunInstances" in one_error_line(result)
@@ -135,7 +145,7 @@ def test_aws_dry_run_denied_permission_is_one_line_exit_2(cli, tmp_path, moto_en
 
 def test_aws_dry_run_without_credentials_is_one_line_exit_2(cli, tmp_path, moto_env):
     spec = cloud_job(tmp_path, ["aws"])
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge")
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "p3.2xlarge"))
     env = cloud_env(tmp_path, moto_env)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         env.pop(key, None)
@@ -155,7 +165,7 @@ def test_dry_run_bad_input_is_one_line_exit_2(cli, tmp_path, moto_env, ec2_fault
         region = "us-nowhere-1"
     elif case == "plan-of-other-cloud":
         cloud, region, itype = "gcp", "us-central1", "n1-standard-8"
-    plan = cloud_plan(tmp_path, spec, cloud, region, itype)
+    plan = cloud_plan(tmp_path, spec, Offer(cloud, region, itype))
     result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=cloud_env(tmp_path, moto_env))
     assert result.returncode == 2, (result.stdout, result.stderr)
     line = one_error_line(result)
@@ -176,7 +186,7 @@ def test_gcp_dry_run_against_the_fake(cli, tmp_path, gce_fake):
     from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
 
     spec = cloud_job(tmp_path, ["gcp"])
-    plan = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1")
+    plan = cloud_plan(tmp_path, spec, Offer("gcp", "us-central1", "n1-standard-8+V100x1"))
     env = cloud_env(tmp_path)
     env.update({"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "COLUMNS": "250"})  # permission names unwrapped
     gce_fake.add_service_account(GCP_HEAD_SA, permissions=list(GCP_HEAD_PERMISSIONS))
@@ -205,7 +215,7 @@ def test_aws_dry_run_checks_a_named_instance_profile(cli, tmp_path, moto_env):
     from rubberband.cloud.identity import AwsIdentities
 
     spec = cloud_job(tmp_path, ["aws"])
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge")
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "g4dn.xlarge"))
     env = {**cloud_env(tmp_path, moto_env), "COLUMNS": "250"}
     absent = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, "--instance-profile", "nope", env=env)
     assert absent.returncode == 2 and "no such IAM instance profile" in one_error_line(absent)
@@ -318,7 +328,7 @@ def test_aws_run_end_to_end_with_failover_leaves_nothing(cli, tmp_path, moto_env
     p3.2xlarge capacity, so every instance fails over to use1-az2 (us-east-1c)."""
     ec2_faults.capacity = {"us-east-1b"}
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(2, 1), durations=(20.0, 20.0))
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "p3.2xlarge"), counts=(2, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
     result = cli(
@@ -366,7 +376,7 @@ def test_aws_run_killed_with_sigkill_then_down_leaves_nothing(cli, tmp_path, mot
     from rubberband.executor import journal as J
 
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=1.0)
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(2, 1), durations=(20.0, 20.0))
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "g4dn.xlarge"), counts=(2, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
@@ -399,7 +409,7 @@ def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, m
     """No vCPU quota: the run fails (exit 1, one line naming the quota) with no instance, group or Ray process left."""
     ec2_faults.quota = True
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(1, 1), durations=(20.0, 20.0))
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "g4dn.xlarge"), counts=(1, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
     result = cli(
@@ -433,7 +443,7 @@ def small_gcp_job(tmp_path: Path, gce_fake) -> tuple[Path, Path, dict[str, str]]
     for the GCE fake (run it with ``test_boot="local"``: instance boots played by local Ray nodes)."""
     spec = cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
     plan = cloud_plan(
-        tmp_path, spec, "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1), durations=(20.0, 20.0)
+        tmp_path, spec, Offer("gcp", "us-central1", "n1-standard-8+V100x1"), counts=(1, 1), durations=(20.0, 20.0)
     )
     env = cloud_env(tmp_path)
     env.update(

@@ -16,7 +16,7 @@ import pytest
 from cloud_helpers import GCP_CATALOG_CSV
 from executor_helpers import run_pids
 from gce_fake import gce_fake  # noqa: F401  (fixture)
-from test_cloud_cli import cloud_env, cloud_job, cloud_plan
+from test_cloud_cli import Offer, cloud_env, cloud_job, cloud_plan
 
 from rubberband.executor import journal as J
 
@@ -30,7 +30,11 @@ def test_gcp_stockout_mid_run_fails_over_and_replans(cli, tmp_path, gce_fake):
     gce_fake.stock = {"n1-standard-8": 1}  # the first VM of it boots; after that it is sold out in every zone
     spec = cloud_job(tmp_path, ["gcp"], trials=9, eta=3, min_epochs=1, max_epochs=9, epoch_s=0.1)
     plan = cloud_plan(
-        tmp_path, spec, "gcp", "us-central1", "n1-standard-8+T4x4", counts=(1, 2, 1), durations=(20.0, 20.0, 20.0)
+        tmp_path,
+        spec,
+        Offer("gcp", "us-central1", "n1-standard-8+T4x4"),
+        counts=(1, 2, 1),
+        durations=(20.0, 20.0, 20.0),
     )
     env = cloud_env(tmp_path)
     (tmp_path / "catalogs" / "gcp.csv").write_text(CATALOG_WITH_STAND_IN)

@@ -36,7 +36,7 @@ from cloud_helpers import (
     no_played_head_left,  # noqa: F401
 )
 from gce_fake import gce_fake  # noqa: F401
-from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances, one_error_line, small_gcp_job
+from test_cloud_cli import Offer, cloud_env, cloud_job, cloud_plan, moto_instances, one_error_line, small_gcp_job
 
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.head import HEAD_TYPES
@@ -68,7 +68,7 @@ HEAD_SA = "rb-head@rubberband-test.iam.gserviceaccount.com"
 
 def small_job(tmp_path: Path, epoch_s: float = 0.2):
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=epoch_s)
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(1, 1), durations=(20.0, 20.0))
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "p3.2xlarge"), counts=(1, 1), durations=(20.0, 20.0))
     return spec, plan
 
 
@@ -209,7 +209,7 @@ def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
     """`--detach` returns once the run is submitted; with nobody attached (the laptop closed) the run finishes on the
     head, and its watchdog ends the head and every worker after the results grace."""
     spec = cloud_job(tmp_path, ["aws"], trials=2, eta=3, min_epochs=1, max_epochs=1, epoch_s=0.2)
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "p3.2xlarge", counts=(1,), durations=(20.0,))
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "p3.2xlarge"), counts=(1,), durations=(20.0,))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
     submitted = cli(
@@ -530,7 +530,9 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
     load_spec(cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3))
     plan = load_plan(
-        cloud_plan(tmp_path, tmp_path / "job" / "job.yaml", "gcp", "us-central1", "n1-standard-8+V100x1", counts=(1, 1))
+        cloud_plan(
+            tmp_path, tmp_path / "job" / "job.yaml", Offer("gcp", "us-central1", "n1-standard-8+V100x1"), counts=(1, 1)
+        )
     )
     catalog = parse_catalog("gcp", GCP_CATALOG_CSV)
     run_dir = tmp_path / "run"

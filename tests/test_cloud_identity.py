@@ -211,13 +211,13 @@ def test_gcp_dry_run_checks_the_service_account_through_the_iam_api(gce_fake):
 def test_a_head_that_cannot_start_leaves_no_role_behind(tmp_path, moto_env, ec2_faults):
     """No vCPU quota for the head: start_head fails, and the role and instance profile it made for the run are gone
     with the security group (nothing left half-made)."""
-    from test_cloud_cli import cloud_job, cloud_plan
+    from test_cloud_cli import Offer, cloud_job, cloud_plan
 
     from rubberband.cloud.head_session import HeadOptions, NewRun, start_head
     from rubberband.plan import load_plan
 
     ec2_faults.quota = True
-    plan = load_plan(cloud_plan(tmp_path, cloud_job(tmp_path, ["aws"]), "aws", REGION, "p3.2xlarge"))
+    plan = load_plan(cloud_plan(tmp_path, cloud_job(tmp_path, ["aws"]), Offer("aws", REGION, "p3.2xlarge")))
     key = tmp_path / "key"
     key.write_text("not a key\n")
     with pytest.raises(CloudError, match="VcpuLimitExceeded"):

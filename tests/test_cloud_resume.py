@@ -16,7 +16,7 @@ import pytest
 from cli_harness import played_argv
 from cloud_helpers import REGION, moto_env, moto_server  # noqa: F401  (fixtures)
 from executor_helpers import run_pids, wait_for_events
-from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
+from test_cloud_cli import Offer, cloud_env, cloud_job, cloud_plan, moto_instances
 
 from rubberband.executor import journal as J
 from rubberband.executor.checkpoints import latest_epoch
@@ -27,7 +27,7 @@ from rubberband.executor.checkpoints import latest_epoch
 def test_sigkill_mid_run_then_resume_and_down_loses_no_checkpointed_epoch(cli, tmp_path, moto_env):
     # stage 0: 3 trials x 2 epochs on 2 instances; stage 1: the best one to 6 epochs
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=2, max_epochs=6, epoch_s=1.5)
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(2, 1), durations=(20.0, 20.0))
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "g4dn.xlarge"), counts=(2, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
@@ -29,7 +28,7 @@ import pytest
 from cli_harness import played_argv
 from cloud_helpers import AWS_CATALOG_CSV, REGION, cloud_catalog, ec2_faults, moto_env, moto_server  # noqa: F401
 from executor_helpers import lose_node_once_checkpointed, run_pids
-from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
+from test_cloud_cli import Offer, cloud_env, cloud_job, cloud_plan, moto_instances
 
 from rubberband.catalog import parse_catalog
 from rubberband.cloud.backend import CloudBackend
@@ -91,16 +90,7 @@ def test_backend_reports_obtained_types_blocked_types_and_spot_losses(moto_env, 
     assert provider.list() == []
 
 
-@dataclass(frozen=True)
-class SpotOffer:
-    """Where a spot run's stage goes: the cloud, the region and the instance type."""
-
-    cloud: str
-    region: str
-    itype: str
-
-
-def spot_loss_run(tmp_path: Path, offer: SpotOffer, env: dict[str, str], take_back: Callable[[str], None]) -> Path:
+def spot_loss_run(tmp_path: Path, offer: Offer, env: dict[str, str], take_back: Callable[[str], None]) -> Path:
     """``rubberband run --cloud CLOUD --head local``: one stage, 2 trials × 3 epochs on one spot ``offer.itype``
     (4 slots); once a trial has checkpointed, ``take_back(id)`` has the cloud reclaim its instance and its stand-in
     Ray node dies. Checks that the loss is journaled as a spot interruption, one spot replacement takes the trials,
@@ -109,7 +99,7 @@ def spot_loss_run(tmp_path: Path, offer: SpotOffer, env: dict[str, str], take_ba
     # 2 s epochs: the dying stand-in's workers must not finish the stage before Ray sees the loss
     cloud = offer.cloud
     spec = cloud_job(tmp_path, [cloud], trials=2, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
-    plan_path = cloud_plan(tmp_path, spec, cloud, offer.region, offer.itype, counts=(1,), durations=(20.0,))
+    plan_path = cloud_plan(tmp_path, spec, offer, counts=(1,), durations=(20.0,))
     plan = load_plan(plan_path)
     write_plan(
         plan.model_copy(update={"stages": [s.model_copy(update={"spot": True}) for s in plan.stages]}), plan_path
@@ -146,9 +136,7 @@ def spot_loss_run(tmp_path: Path, offer: SpotOffer, env: dict[str, str], take_ba
 
 def test_aws_spot_interruption_mid_run_is_replaced_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
     """One spot p3.8xlarge (4 slots) interrupted after a checkpoint (see :func:`spot_loss_run`)."""
-    run_dir = spot_loss_run(
-        tmp_path, SpotOffer("aws", REGION, "p3.8xlarge"), cloud_env(tmp_path, moto_env), interrupt_spot
-    )
+    run_dir = spot_loss_run(tmp_path, Offer("aws", REGION, "p3.8xlarge"), cloud_env(tmp_path, moto_env), interrupt_spot)
     assert all(spot for _, _, spot in ec2_faults.calls) and len(ec2_faults.calls) == 2
     _nothing_left(run_dir)
 
@@ -158,7 +146,7 @@ def test_aws_planned_type_sold_out_everywhere_is_replaced_billed_and_replanned(c
     say so, and at the next stage boundary the plan's remaining stage moves to g4dn.2xlarge (kept instance)."""
     ec2_faults.capacity, ec2_faults.capacity_types = {"*"}, {"g4dn.xlarge"}
     spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
-    plan = cloud_plan(tmp_path, spec, "aws", REGION, "g4dn.xlarge", counts=(1, 1), durations=(20.0, 20.0))
+    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "g4dn.xlarge"), counts=(1, 1), durations=(20.0, 20.0))
     env = cloud_env(tmp_path, moto_env)
     (tmp_path / "catalogs" / "aws.csv").write_text(CATALOG_WITH_STAND_IN)
     run_dir = tmp_path / "run"

@@ -41,7 +41,7 @@ from executor_helpers import (
     write_job,
 )
 from gce_fake import gce_fake  # noqa: F401  (fixture)
-from test_cloud_cli import cloud_env, cloud_job, cloud_plan, moto_instances
+from test_cloud_cli import Offer, cloud_env, cloud_job, cloud_plan, moto_instances
 from test_spot_fallback import Metadata
 
 from rubberband.cloud.gcp import PREEMPTED_OPERATION
@@ -186,7 +186,7 @@ def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early(tmp_path, 
     try:
         spec = cloud_job(tmp_path, ["aws"], trials=2, eta=3, min_epochs=4, max_epochs=4, epoch_s=2.0)
         _with_startup_profile(spec, "aws", [10.0, 12.0, 14.0])
-        plan_path = cloud_plan(tmp_path, spec, "aws", REGION, "p3.8xlarge", counts=(1,), durations=(20.0,))
+        plan_path = cloud_plan(tmp_path, spec, Offer("aws", REGION, "p3.8xlarge"), counts=(1,), durations=(20.0,))
         _spot(plan_path)
         env = cloud_env(tmp_path, moto_env)
         run_dir = tmp_path / "run"
@@ -257,7 +257,9 @@ def test_gcp_preempted_spot_vm_is_replaced_in_the_market_the_slack_allows(tmp_pa
     checkpoint."""
     spec = cloud_job(tmp_path, ["gcp"], trials=1, eta=3, min_epochs=3, max_epochs=3, epoch_s=2.0)
     _with_startup_profile(spec, "gcp", [10.0, 12.0, 14.0])
-    plan_path = cloud_plan(tmp_path, spec, "gcp", "us-central1", "n1-standard-8+T4x4", counts=(1,), durations=(20.0,))
+    plan_path = cloud_plan(
+        tmp_path, spec, Offer("gcp", "us-central1", "n1-standard-8+T4x4"), counts=(1,), durations=(20.0,)
+    )
     _spot(plan_path)
     env = cloud_env(tmp_path)
     env["RUBBERBAND_GCE_ENDPOINT"] = gce_fake.url
