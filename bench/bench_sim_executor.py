@@ -28,8 +28,9 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import yaml
@@ -64,15 +65,27 @@ def write_spec(directory: Path, name: str) -> Path:
     return path
 
 
-def simulate(name: str, inputs, plan, seeds: int, base: Path, *, inspect=None, settings=None) -> dict:
-    """Run ``plan`` with the unchanged executor on ``seeds`` simulated clusters (seed 0, 1, ...), as
-    ``rubberband run --cloud sim`` does; returns the figures ``main`` prints, the runs' ``results`` and, with
-    ``inspect(run_dir, result)``, what it returned for each run (before its run directory is removed)."""
+@dataclass(frozen=True)
+class Planned:
+    """A workload as planned: its ``name`` (in run ids and scratch folders), its loaded ``inputs`` (spec, catalog,
+    profile) and the ``plan`` made of them."""
+
+    name: str
+    inputs: Any
+    plan: Any
+
+
+def simulate(planned: Planned, seeds: int, base: Path, *, inspect=None, settings=None) -> dict:
+    """Run ``planned.plan`` with the unchanged executor on ``seeds`` simulated clusters (seed 0, 1, ...) in scratch
+    folders under ``base``, as ``rubberband run --cloud sim`` does; returns the figures ``main`` prints, the runs'
+    ``results`` and, with ``inspect(run_dir, result)``, what it returned for each run (before its run directory is
+    removed)."""
     from rubberband.executor.journal import Journal
     from rubberband.executor.run import Executor, Job, Settings, Target
     from rubberband.executor.runtime import planner_replanner
     from rubberband.executor.simulated import simulated_for
 
+    name, inputs, plan = planned.name, planned.inputs, planned.plan
     spec, catalog, profile = inputs.spec, inputs.catalog, inputs.profile
     job = Job(spec, plan, catalog, profile)
     replanner = planner_replanner(catalog, profile)
@@ -126,7 +139,7 @@ def run_workload(name: str, seeds: int, base: Path) -> dict:
     began = time.perf_counter()
     plan = plan_from_inputs(inputs)
     plan_s = time.perf_counter() - began
-    return {**simulate(name, inputs, plan, seeds, base), "plan_s": plan_s}
+    return {**simulate(Planned(name, inputs, plan), seeds, base), "plan_s": plan_s}
 
 
 def run_named(

@@ -46,7 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_sim_executor import simulate  # noqa: E402  (the --cloud sim leg, shared)
+from bench_sim_executor import Planned, simulate  # noqa: E402  (the --cloud sim leg, shared)
 
 LOCAL = REPO / "examples" / "quickstart_local.yaml"
 RESULTS_GRACE_S = 600.0  # `rubberband run`'s default --results-grace (10m), which the plan's head billing takes
@@ -374,7 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         if {s.cloud for s in plan.stages} != {"local"}:
             parser.error(f"{args.spec} plans for {plan.stages[0].cloud}; this bench runs the local backend")
         print(f"... planned; simulating {args.seeds} seeds", file=sys.stderr)
-        sim = simulate("local", inputs, plan, args.seeds, base, inspect=overheads, overrun_s=math.inf)
+        from rubberband.executor.run import Settings
+
+        sim = simulate(
+            Planned("local", inputs, plan), args.seeds, base, inspect=overheads, settings=Settings(overrun_s=math.inf)
+        )
         result, wall, _, tail = cli_run(spec_path, plan_path, base / "cli-sim", "--cloud", "sim")
         cli = None if result is None else {"result": result, "wall": wall, "seed": inputs.spec.seed}
         if result is None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rubberband.plan import CatalogInfo, Distribution, Plan, Prediction, StagePlan
 from rubberband.planner.api import job_info
@@ -34,35 +36,51 @@ WORKLOAD = textwrap.dedent('''
 ''')
 
 
-def write_job(
-    directory: Path,
-    *,
-    name: str = "sleepy",
-    trials: int = 9,
-    eta: int = 3,
-    min_epochs: int = 1,
-    max_epochs: int = 3,
-    epoch_s: float = 1.0,
-    deadline: str = "10m",
-    seed: int = 0,
-) -> Path:
-    """A spec + workload module in ``directory``; returns the spec path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sleepy_train.py").write_text(WORKLOAD)
-    spec = {
-        "name": name,
-        "train": "sleepy_train:train",
-        "metric": {"name": "loss", "mode": "min"},
-        "search_space": {"quality": {"type": "uniform", "low": 0.0, "high": 1.0}},
-        "config": {"epoch_s": epoch_s},
-        "scheduler": {"kind": "sha", "trials": trials, "eta": eta, "min_epochs": min_epochs, "max_epochs": max_epochs},
-        "deadline": deadline,
-        "resources": {"clouds": ["local"]},
-        "seed": seed,
-    }
-    path = directory / "job.yaml"
-    path.write_text(json.dumps(spec))  # JSON is YAML
-    return path
+@dataclass(frozen=True)
+class SleepyJob:
+    """A SHA job of the sleepy workload (:data:`WORKLOAD`: each epoch sleeps ``epoch_s``) on the local cloud: its
+    name, the scheduler's trials, η and epochs, its deadline and seed."""
+
+    name: str = "sleepy"
+    trials: int = 9
+    eta: int = 3
+    min_epochs: int = 1
+    max_epochs: int = 3
+    epoch_s: float = 1.0
+    deadline: str = "10m"
+    seed: int = 0
+
+    def write(self, directory: Path) -> Path:
+        """The spec and the workload module in ``directory``; returns the spec path."""
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "sleepy_train.py").write_text(WORKLOAD)
+        scheduler = {
+            "kind": "sha",
+            "trials": self.trials,
+            "eta": self.eta,
+            "min_epochs": self.min_epochs,
+            "max_epochs": self.max_epochs,
+        }
+        spec = {
+            "name": self.name,
+            "train": "sleepy_train:train",
+            "metric": {"name": "loss", "mode": "min"},
+            "search_space": {"quality": {"type": "uniform", "low": 0.0, "high": 1.0}},
+            "config": {"epoch_s": self.epoch_s},
+            "scheduler": scheduler,
+            "deadline": self.deadline,
+            "resources": {"clouds": ["local"]},
+            "seed": self.seed,
+        }
+        path = directory / "job.yaml"
+        path.write_text(json.dumps(spec))  # JSON is YAML
+        return path
+
+
+def write_job(directory: Path, **job: Any) -> Path:
+    """A :class:`SleepyJob` (``job``: its fields, by name; the others their defaults) written in ``directory``;
+    returns the spec path."""
+    return SleepyJob(**job).write(directory)
 
 
 def write_hyperband_job(directory: Path, *, epoch_s: float = 1.0, spot_margin_s: float = 0.0) -> tuple[Path, JobSpec]:
@@ -431,31 +449,21 @@ def journaled_controller(
     return controller, backend
 
 
-def worker_context(
-    directory: Path | str,
-    *,
-    end_epoch: int = 3,
-    rank: int = 0,
-    world_size: int = 1,
-    checkpoint_every: int = 1,
-    max_iterations: int | None = None,
-    trial_id: str = "b0-t000",
-):
-    """A rank's real WorkerContext of ``trial_id`` from epoch 0, outside Ray (no process group)."""
+def worker_context(directory: Path | str, *, rank: int = 0, world_size: int = 1, **task: Any):
+    """Rank ``rank`` of ``world_size``'s real WorkerContext, outside Ray (no process group), checkpointing into
+    ``directory``: trial ``b0-t000`` from epoch 0, ``end_epoch`` 3, unless ``task`` sets these or other
+    :class:`~rubberband.executor.context.WorkerTask` fields by name (``end_epoch``, ``checkpoint_every``,
+    ``max_iterations``...)."""
     from rubberband.executor.context import WorkerContext, WorkerTask
 
-    task = WorkerTask(
-        trial_id=trial_id,
-        config={},
-        entry_point="",
-        code_dir="",
-        start_epoch=0,
-        end_epoch=end_epoch,
-        rank=rank,
-        world_size=world_size,
-        local_rank=rank,
-        checkpoint_dir=str(directory),
-        checkpoint_every=checkpoint_every,
-        max_iterations=max_iterations,
-    )
-    return WorkerContext(task, device="cpu", process_group=None)
+    defaults = {
+        "trial_id": "b0-t000",
+        "config": {},
+        "entry_point": "",
+        "code_dir": "",
+        "start_epoch": 0,
+        "end_epoch": 3,
+    }
+    fields = {**defaults, **task, "rank": rank, "world_size": world_size, "local_rank": rank}
+    worker = WorkerTask(**fields, checkpoint_dir=str(directory))
+    return WorkerContext(worker, device="cpu", process_group=None)

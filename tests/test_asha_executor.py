@@ -48,7 +48,6 @@ def _case(tmp_path: Path, phases: tuple[int, ...], **options) -> SimCase:
 def test_an_asha_plan_runs_to_its_end_through_the_same_loop(tmp_path):
     out = _case(tmp_path, (3, 2, 1)).run(tmp_path / "run")
     assert out.error is None and out.result is not None and out.result.status == "finished", out.error
-    events = out.events
     created = out.of(J.TRIAL_CREATED)
     assert len(created) == 9
     # configurations are asked for as slots free, not all at once: later trials are created after results came in

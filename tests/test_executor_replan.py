@@ -50,21 +50,34 @@ def _run(case: SimCase, tmp_path, replanner, deadline_s: float, **settings):
     return case.but(replanner=replanner, settings=Settings(**settings)).run(tmp_path / "run")
 
 
-def _proposal(
-    plan, instance_type: str, cost: float, p_meet: float = 0.99, trials: int | None = None, jct_p50: float | None = None
-):
-    stage = plan.stages[1].model_copy(
-        update={"instance_type": instance_type, "predicted_cost_usd": cost, **({"trials": trials} if trials else {})}
-    )
-    jct = plan.predicted.jct_s if jct_p50 is None else plan.predicted.jct_s.model_copy(update={"p50": jct_p50})
-    predicted = plan.predicted.model_copy(
-        update={
-            "cost_usd": plan.predicted.cost_usd.model_copy(update={"mean": cost}),
-            "p_meet_deadline": p_meet,
-            "jct_s": jct,
-        }
-    )
-    return plan.model_copy(update={"stages": [stage], "predicted": predicted})
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """What a stand-in re-planner proposes for the stage left (stage 1): its instance type, its cost, its P(meet
+    deadline), its trials (None: the plan's) and its JCT p50 (None: the plan's)."""
+
+    instance_type: str
+    cost: float
+    p_meet: float = 0.99
+    trials: int | None = None
+    jct_p50: float | None = None
+
+    def of(self, plan):
+        """The proposed remainder of ``plan``: its stage 1 as proposed, with the proposal's predictions."""
+        trials = {"trials": self.trials} if self.trials else {}
+        stage = plan.stages[1].model_copy(
+            update={"instance_type": self.instance_type, "predicted_cost_usd": self.cost, **trials}
+        )
+        jct = plan.predicted.jct_s
+        if self.jct_p50 is not None:
+            jct = jct.model_copy(update={"p50": self.jct_p50})
+        predicted = plan.predicted.model_copy(
+            update={
+                "cost_usd": plan.predicted.cost_usd.model_copy(update={"mean": self.cost}),
+                "p_meet_deadline": self.p_meet,
+                "jct_s": jct,
+            }
+        )
+        return plan.model_copy(update={"stages": [stage], "predicted": predicted})
 
 
 def _boundary(out) -> dict:
@@ -84,7 +97,7 @@ def test_deadline_at_risk_accepts_a_proposal_that_meets_it(case, tmp_path):
 
     def replanner(request):
         seen.append(request)
-        return _proposal(request.plan, "local.cpu2", cost=1.0)
+        return Proposal("local.cpu2", cost=1.0).of(request.plan)
 
     out = _run(case, tmp_path, replanner, AT_RISK_S)
     assert out.result.status == "finished"
@@ -104,7 +117,7 @@ def test_deadline_at_risk_accepts_a_proposal_that_meets_it(case, tmp_path):
 
 
 def test_a_cheaper_plan_is_taken_even_when_on_time(case, tmp_path):
-    out = _run(case, tmp_path, lambda r: _proposal(r.plan, "local.cpu2", cost=0.0), 3600.0)
+    out = _run(case, tmp_path, lambda r: Proposal("local.cpu2", cost=0.0).of(r.plan), 3600.0)
     decision = _boundary(out)
     assert decision["accepted"] and not decision["at_risk"] and decision["reason"].startswith("cheaper")
     assert decision["action"] == "save"
@@ -120,7 +133,7 @@ def test_a_cheaper_plan_is_taken_even_when_on_time(case, tmp_path):
     ],
 )
 def test_proposals_that_do_not_pay_are_rejected(case, tmp_path, proposal, reason):
-    out = _run(case, tmp_path, lambda r: _proposal(r.plan, **proposal), 3600.0)
+    out = _run(case, tmp_path, lambda r: Proposal(**proposal).of(r.plan), 3600.0)
     decision = _boundary(out)
     assert not decision["accepted"] and decision["reason"].startswith(reason) and decision["action"] == "continue"
     assert _stage_type(out, 1) == "local.cpu4" and not out.of(J.PLAN_CHANGED)
@@ -131,7 +144,7 @@ def test_proposals_that_do_not_pay_are_rejected(case, tmp_path, proposal, reason
 def test_out_of_reach_a_late_proposal_is_taken_only_when_clearly_sooner(case, tmp_path, jct_p50, accepted):
     # 62 s gone, 30 s left; the current plan needs about 40 s more (8 s predicted × 5 slowdown)
     late = dict(instance_type="local.cpu2", cost=9.0, p_meet=0.0, jct_p50=jct_p50)
-    out = _run(case, tmp_path, lambda r: _proposal(r.plan, **late), AT_RISK_S)
+    out = _run(case, tmp_path, lambda r: Proposal(**late).of(r.plan), AT_RISK_S)
     decision = _boundary(out)
     assert decision["at_risk"] and decision["accepted"] == accepted and decision["action"] == "finish_late"
     if accepted:
@@ -251,7 +264,7 @@ def test_failover_forces_a_replan_without_the_unavailable_type(case, tmp_path):
 
     def replanner(request):
         seen.append(request)
-        return _proposal(request.plan, "local.cpu2", cost=5.0)  # dearer than the current plan: taken anyway
+        return Proposal("local.cpu2", cost=5.0).of(request.plan)  # dearer than the current plan: taken anyway
 
     # local.cpu4 is sold out in every zone: failover finds no local type of 4 workers to stand in
     out = case.but(replanner=replanner, script=SimScript(sold_out=frozenset({"local.cpu4"}))).run(tmp_path / "run")
@@ -283,7 +296,7 @@ def test_failover_replan_falls_back_to_the_obtained_type(tmp_path):
         catalog=_with_a_second_4_worker_type(),
         script=SimScript(sold_out=frozenset({"local.cpu4"})),
         settings=Settings(deadline_s=3600.0, overrun_s=math.inf),
-        replanner=lambda r: _proposal(r.plan, "local.cpu4", cost=0.0),
+        replanner=lambda r: Proposal("local.cpu4", cost=0.0).of(r.plan),
     )
     out = case.run(tmp_path / "run")
     (failover,) = out.of("failover")
@@ -316,7 +329,7 @@ def test_failover_replan_without_a_stand_in_keeps_the_plan(case, tmp_path):
 
 def test_on_late_stop_stops_before_a_stage_predicted_to_miss_the_deadline(case, tmp_path):
     late = dict(instance_type="local.cpu2", cost=9.0, p_meet=0.2, jct_p50=20.0)  # quicker, still late
-    out = _run(case, tmp_path, lambda r: _proposal(r.plan, **late), AT_RISK_S, on_late="stop")
+    out = _run(case, tmp_path, lambda r: Proposal(**late).of(r.plan), AT_RISK_S, on_late="stop")
     assert out.result.status == "stopped"
     assert re.search(
         r"--on-late stop: stopping before the next stage .* \(before stage 1\); .* --on-late finish",
@@ -330,7 +343,7 @@ def test_on_late_stop_stops_before_a_stage_predicted_to_miss_the_deadline(case, 
 
 
 def test_on_late_stop_still_buys_speed_first(case, tmp_path):
-    out = _run(case, tmp_path, lambda r: _proposal(r.plan, "local.cpu2", cost=9.0), AT_RISK_S, on_late="stop")
+    out = _run(case, tmp_path, lambda r: Proposal("local.cpu2", cost=9.0).of(r.plan), AT_RISK_S, on_late="stop")
     assert _boundary(out)["action"] == "buy_speed"  # the proposal meets the deadline: no stop
     assert _stage_type(out, 1) == "local.cpu2" and out.result.status == "finished"
 
