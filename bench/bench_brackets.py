@@ -5,7 +5,7 @@
 The quickstart's synthetic workload and measured profile (``examples/quickstart_local.yaml``) as a
 Hyperband job (η=3, R = ``--max-epochs``), planned by the real planner twice at the same deadline —
 ``brackets: parallel`` and ``brackets: sequential`` — and each plan run by the executor on real local
-Ray nodes (``ParallelController``: a lane per bracket, hand-overs between brackets). Prints, per
+Ray nodes (a lane per bracket, hand-overs between brackets). Prints, per
 mode: the plan's predicted JCT (p50) and mean cost, the actual JCT and cost, the relative errors,
 and how many instances were handed between brackets (planned in the representative sample, and done).
 """

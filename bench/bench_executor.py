@@ -4,7 +4,7 @@
 
 Every prediction comes from the real planner (``rubberband.planner.plan_job``) fitted on the
 shipped, measured profiles; every run is a real local run (Ray nodes on this machine, torch DDP
-in Ray actors, the real trial runtime) driven by the executor's controller:
+in Ray actors, the real trial runtime) driven by the executor:
 
 * fidelity — predicted (plan p50 JCT, mean cost) vs actual over several runs: the synthetic
   sleep-based workload with injected stragglers (``examples/quickstart_local.yaml``) at several

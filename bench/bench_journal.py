@@ -8,8 +8,8 @@ three checkpoints, stopped; instances, stages and decisions around them), then p
 * full fold — ``read_state`` of that journal from disk (resume, report, ``down``): typed (pydantic validation
   per line) vs the untyped fold (``--old``: the previous ``executor/journal.py``, e.g. from
   ``git show 3af8fc1:executor/journal.py``), seconds and events per second;
-* live state — what the controller pays per event: appending it (``record``, fsync'd) with the live fold on
-  vs off, and the re-read of the whole file that ``read_state`` cost the controller before, at the journal's
+* live state — what the executor pays per event: appending it (``record``, fsync'd) with the live fold on
+  vs off, and the re-read of the whole file that ``read_state`` cost the executor before, at the journal's
   final size.
 """
 
@@ -161,7 +161,7 @@ def main() -> None:
         )
         print(f"journal.state, nothing new:      {per_event * 1e6:.0f} µs")
         print(
-            f"read_state at the final size:    {typed * 1e3:.0f} ms (what each of the controller's ~10 "
+            f"read_state at the final size:    {typed * 1e3:.0f} ms (what each of the executor's ~10 "
             f"re-reads per stage cost before)"
         )
 

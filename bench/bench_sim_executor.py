@@ -1,6 +1,6 @@
 """The real executor on simulated time (``rubberband run --cloud sim``) against the planner's prediction.
 
-For each workload the planner plans the spec as ``rubberband run`` would; then the unchanged controller runs that
+For each workload the planner plans the spec as ``rubberband run`` would; then the unchanged executor runs that
 plan ``--seeds`` times on a simulated cluster (executor/simulated.py: start-ups, stragglers and trial speeds
 drawn from the same fitted model, one seed per run), with the re-planner a real run has. Printed per workload:
 

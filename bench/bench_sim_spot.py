@@ -1,16 +1,16 @@
 """Spot plans run by the real executor on a simulated cloud that preempts (``rubberband run --cloud sim``).
 
 The spot counterpart of ``bench/bench_sim_executor.py``: the planner plans the quickstart with
-``resources.spot: true`` (the shipped spot model, or ``--spot-model``), then the unchanged controller runs that
+``resources.spot: true`` (the shipped spot model, or ``--spot-model``), then the unchanged executor runs that
 plan ``--seeds`` times on a simulated cloud (executor/simulated.py) that draws preemptions and sold-out requests
 from the plan's own spot model (``plan.spot.zones``: the zone model the planner's simulator sampled), one seed per
 run, with the re-planner a real run has. Printed per workload:
 
 * the plan's stages (market × instances) and its spot-aware prediction: median JCT, P(meet), mean cost;
-* the runs: median JCT, P(meet deadline) (a failed run — more instance losses than the controller tolerates —
+* the runs: median JCT, P(meet deadline) (a failed run — more instance losses than the executor tolerates —
   misses it), mean cost;
 * per run on average: instances lost to preemption, spot requests that fell over to on-demand (no capacity),
-  the controller's moves to on-demand (its ``SpotPolicy``: slack after one more restart at most the margin), and
+  the executor's moves to on-demand (its ``SpotPolicy``: slack after one more restart at most the margin), and
   the share of instance-hours bought on-demand.
 
     python bench/bench_sim_spot.py [--seeds 20] [--workloads spot60,spot90,spot120] [--spot-model FILE]
@@ -57,7 +57,7 @@ def write_spec(directory: Path, name: str) -> Path:
 
 def spot_figures(events: list[dict]) -> dict[str, float]:
     """One run's spot figures from its journal: instances lost, spot requests that got on-demand (no capacity),
-    the controller's moves to on-demand, and the share of instance-hours bought on-demand."""
+    the executor's moves to on-demand, and the share of instance-hours bought on-demand."""
     from rubberband.executor import journal as J
 
     requested = {e["id"]: e for e in events if e["type"] == J.INSTANCE_REQUESTED}

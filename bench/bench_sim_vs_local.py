@@ -7,7 +7,7 @@ its cloud's catalog, a head instance with the default ``--results-grace``, which
 That one plan is then
 
 * predicted: the plan's median JCT, mean cost and P(meet deadline);
-* simulated ``--seeds`` times (≥ 50): the unchanged controller on a simulated cluster (executor/simulated.py,
+* simulated ``--seeds`` times (≥ 50): the unchanged executor on a simulated cluster (executor/simulated.py,
   :func:`bench_sim_executor.simulate`, seed 0, 1, ...): median JCT, mean cost, hit rate; plus one run through
   the CLI itself (``rubberband run SPEC --plan PLAN --cloud sim``, the spec's seed) as a check of that path;
 * run for real ``--real K`` times (default 2): ``rubberband run SPEC --plan PLAN --yes --overrun none`` (a late

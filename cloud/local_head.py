@@ -202,7 +202,7 @@ class LocalHeadCloudBackend:
             if self.test_boot == "local":
                 self.local.terminate(instance_ids)
 
-    # -- failover and losses (executor/controller.py) ---------------------------------------------
+    # -- failover and losses (the executor's fleet) ------------------------------------------------
 
     def obtained(self, instance_id: str):
         return self.workers.obtained(instance_id)

@@ -2,9 +2,9 @@
 
 Every reading of time in the executor (journal timestamps, elapsed time against the deadline, how
 long a trial or a start-up took, when to poll again) goes through one :class:`Clock`, injected into
-the controller. :class:`WallClock` is the real one. :class:`VirtualClock` starts at a given instant
+the executor. :class:`WallClock` is the real one. :class:`VirtualClock` starts at a given instant
 and moves only when the executor sleeps (or a simulated cluster advances it to its next event), so the
-same controller code can run a plan in virtual time, as Syne Tune's ``TimeKeeper`` lets one tuner run on
+same executor code can run a plan in virtual time, as Syne Tune's ``TimeKeeper`` lets one tuner run on
 wall or simulated time.
 """
 

@@ -156,7 +156,7 @@ class WorkerContext(TrainContext):
         """Save the trial's state after this epoch (rank 0 writes it) — when it is due: the plan may checkpoint a
         spot stage every few epochs (:func:`~rubberband.executor.checkpoints.due`), and always after the task's
         last epoch and when one of the trial's instances got a preemption notice, after which the trial stops
-        here (every rank asks; the controller restarts it from this checkpoint on the replacement)."""
+        here (every rank asks; the executor restarts it from this checkpoint on the replacement)."""
         notice = notices.check_watchers(self._watchers, self._watcher_cache) if self._watchers else None
         if self.rank == 0 and (
             notice is not None or checkpoints.due(self._checkpoint_label(), self.end_epoch, self.checkpoint_every)

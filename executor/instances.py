@@ -1,10 +1,10 @@
 """The run's instances as the executor holds them: requested, provisioning, ready, released, terminated.
 
-:class:`InstancePool` is the edge between the controller and the cloud for instances. It sends requests
+:class:`InstancePool` is the edge between the executor and the cloud for instances. It sends requests
 (side by side on a cloud, one after another where instances must come up in turn), gathers the ones that
 came up and journals each (``instance_requested`` with the type and market failover actually obtained,
 ``instance_ready`` with its start-up), and terminates released ones off the loop's thread, journaling when
-each stopped billing. Which instance to request, keep or release is the controller's decision (its
+each stopped billing. Which instance to request, keep or release is the executor's decision (its
 policies); this module only does it and keeps the record.
 """
 

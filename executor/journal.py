@@ -3,7 +3,7 @@
 Every line is one event ``{"type": ..., "t": <POSIX seconds>, ...}`` written with a single
 ``write`` on an ``O_APPEND`` descriptor and fsync'd, so a crash (even ``kill -9``) leaves at
 most a torn last line, which the reader skips. Each event is a typed model
-(:mod:`rubberband.executor.events`, re-exported here: ``J.TrialStarted(...)``). The controller
+(:mod:`rubberband.executor.events`, re-exported here: ``J.TrialStarted(...)``). The executor
 writes run, stage, trial, instance and decision events (:mod:`~rubberband.executor.decision_events`) with :meth:`Journal.record`; trial workers
 write epoch and checkpoint events through the :class:`JournalSink` Ray actor (``event_sink`` in
 docs/training-api.md, "The runtime underneath").
@@ -12,7 +12,7 @@ The run's state is a fold of the events (:func:`~rubberband.executor.runstate.ap
 included: :mod:`rubberband.executor.runstate`). :func:`read_state` folds a
 run directory's journal from disk (resume, report, ``down``, accounting); a live :class:`Journal`
 keeps its own fold current as events are appended, by whichever process (:attr:`Journal.state`
-reads only the bytes appended since it last looked), so the controller never re-reads the file.
+reads only the bytes appended since it last looked), so the executor never re-reads the file.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def append_event(path: str | Path, event: dict[str, Any] | _Event, *, durable: b
 
 
 class Journal:
-    """The writer side, owned by the controller (and ``rubberband down``), with the run's state folded live.
+    """The writer side, owned by the executor (and ``rubberband down``), with the run's state folded live.
 
     :meth:`record` appends a typed event. :attr:`state` is the :class:`RunState` of every complete line in the
     file, the sink actor's epoch and checkpoint lines included: the first access folds the file, each later
@@ -406,10 +406,3 @@ class StateFold:
             f"{problem}); repair or delete that line (keep a copy), then resume; "
             f"`rubberband down {self.run_dir}` ends the run's instances"
         )
-
-
-def Decision(kind: str, **fields: Any) -> _Event:  # noqa: N802 - transitional: the controller's old call shape
-    """The typed decision of ``kind`` (transitional, while the controller is rewritten onto the typed events)."""
-    from rubberband.executor.decision_events import DECISIONS
-
-    return DECISIONS[kind](**fields)

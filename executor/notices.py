@@ -13,11 +13,11 @@ which loss detection handles):
 environment: the backend's ``metadata_url``, None for the cloud's own server; tests point it at a local HTTP
 endpoint, and ``{instance}`` in it is replaced by the instance id, so one test endpoint can serve many stand-in
 instances) and answers ``notice()`` at once, so a trial's workers can ask it at every checkpoint,
-and ``wait_notice()`` blocks until the notice, so the controller learns it the moment it comes. It is no agent
+and ``wait_notice()`` blocks until the notice, so the executor learns it the moment it comes. It is no agent
 of ours: an actor of the run's Ray job (no CPU, pinned to the node), gone with the job.
 
 On a notice, a trial on that instance stops right after its next checkpoint (:class:`PreemptionNotice`,
-raised by the worker's ``save_checkpoint``), and the controller requests the replacement at once.
+raised by the worker's ``save_checkpoint``), and the executor requests the replacement at once.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from rubberband.errors import InputError
 
 #: The metadata servers (the documented link-local addresses; a base URL passed in replaces them).
 DEFAULT_METADATA = {"aws": "http://169.254.169.254/", "gcp": "http://metadata.google.internal/computeMetadata/v1/"}
-#: Environment of a trial's workers: the names of their instances' watchers (set by the controller).
+#: Environment of a trial's workers: the names of their instances' watchers (set by the executor).
 WATCHERS_ENV = "RUBBERBAND_NOTICE_WATCHERS"
 #: How often a watcher reads its metadata server (AWS's notice comes 2 min ahead, GCP's 30 s).
 POLL_S = 2.0
@@ -242,7 +242,7 @@ def check_watchers(names: list[str], cache: dict[str, Any], *, timeout_s: float 
 
 
 class NoticeWatchers:
-    """The run's notice watchers, one per ready spot instance, as the controller keeps them (the Ray side).
+    """The run's notice watchers, one per ready spot instance, as the executor keeps them (the Ray side).
 
     ``watch`` starts one where the cloud posts notices; ``found`` says which answered (a notice, or None when
     the watcher died with its node) without blocking, and asks ``ask``'s watchers directly; ``names`` are what a

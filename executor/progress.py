@@ -45,7 +45,7 @@ def describe(p: Progress) -> str:
 
 
 class ProgressView:
-    """Callable the controller reports to; use as a context manager."""
+    """Callable the executor reports to; use as a context manager."""
 
     def __init__(self, console: Console, *, min_interval_s: float = 0.5) -> None:
         self.console = console

@@ -1,4 +1,4 @@
-"""The seams the controller is built on: how it launches trials and how it re-plans.
+"""The seams the executor is built on: how it launches trials and how it re-plans.
 
 * :class:`TrialRuntime` wraps a trial-runtime module that defines ``TrialSpec`` and
   ``TrialRun`` as in docs/training-api.md, "The runtime underneath" (``rubberband.executor.trials`` by default; tests

@@ -272,7 +272,7 @@ def lose_node_once_checkpointed(
 
 
 class LosingBackend:
-    """A backend without Ray for the controller's loss handling: provision returns a new instance at once
+    """A backend without Ray for the executor's loss handling: provision returns a new instance at once
     (``i-0``, ``i-1``, … ; the requests, with the market asked for, are kept), and every instance checked is lost
     to a spot interruption. The rest of the executor's contract (cloud.backend.ExecutorBackend) answers the
     neutral values; tests that never reach the backend use it too."""

@@ -1,4 +1,4 @@
-"""The controller's cluster seam (executor/cluster.py): what the real one leaves in the process after a run."""
+"""The executor's cluster seam (executor/cluster.py): what the real one leaves in the process after a run."""
 
 from __future__ import annotations
 

@@ -567,7 +567,7 @@ def _events() -> st.SearchStrategy:
     )
 
 
-# each step: (who writes: the controller's Journal or the sink (another process), the event,
+# each step: (who writes: the executor's Journal or the sink (another process), the event,
 #             whether the sink's line lands in two writes with a look at the state in between, look at the state)
 steps = st.lists(
     st.tuples(
@@ -580,7 +580,7 @@ steps = st.lists(
 @settings(max_examples=int(os.environ.get("RUBBERBAND_FUZZ_EXAMPLES", "60")), deadline=None, database=None)
 @given(steps=steps, started_by=st.sampled_from(["journal", "sink"]), look_first=st.booleans())
 def test_the_live_state_equals_the_fold_of_the_whole_file(tmp_path_factory, steps, started_by, look_first):
-    """Events appended by the controller's journal and by the sink (another process, here another writer of the
+    """Events appended by the executor's journal and by the sink (another process, here another writer of the
     same file), in any order, some lines landing in two writes while the state is read in between: the
     journal's incrementally folded state is the fold of the whole file, and the fold of the events."""
     run_dir = tmp_path_factory.mktemp("run")

@@ -98,7 +98,7 @@ def test_the_plans_head_instance_is_billed(quickstart_run):
 
 
 def test_a_local_plans_nodes_come_up_one_after_another(tmp_path):
-    """The local backend starts its Ray nodes one at a time: so does the simulated one (the controller's single
+    """The local backend starts its Ray nodes one at a time: so does the simulated one (the executor's single
     provisioning thread), and a local run's head boots first."""
     data = yaml.safe_load((EXAMPLES / "quickstart_local.yaml").read_text())
     data["profile"] = str((EXAMPLES / data["profile"]).resolve())
@@ -272,7 +272,7 @@ def test_spot_runs_are_the_same_for_a_seed_and_differ_between_seeds(tmp_path, sp
 
 def test_with_little_slack_the_spot_policy_moves_to_on_demand(tmp_path):
     """95 min for a plan whose median is ~82 min: after a few preemptions the slack no longer covers another
-    restart and the controller's SpotPolicy buys the replacement on-demand: of the plan's fall-back type (g5.xlarge,
+    restart and the executor's SpotPolicy buys the replacement on-demand: of the plan's fall-back type (g5.xlarge,
     cheaper per epoch than an on-demand p3.2xlarge), billed at its on-demand price."""
     inputs, plan = _spot_plan(tmp_path, "95m")
     assert {(s.instance_type, s.fallback_instance_type) for s in plan.stages if s.spot} == {("p3.2xlarge", "g5.xlarge")}

@@ -2,7 +2,7 @@
 local Ray nodes (standing in for the cloud instances' boots on AWS / GCP), the real trial runtime.
 
 * **AWS** (moto server): a spot worker gets an interruption notice, served by a local metadata endpoint (IMDSv2)
-  to its watcher, mid-stage: the controller requests the replacement at once — in the market the slack allows —
+  to its watcher, mid-stage: the executor requests the replacement at once — in the market the slack allows —
   the trials stop right after their next checkpoint and resume from it on the replacement, and the noticed
   instance is released before the cloud takes it.
 * **GCP** (GCE fake): a SPOT VM is preempted mid-stage (no notice): the replacement is a STANDARD VM when the slack
@@ -176,7 +176,7 @@ def test_local_spot_node_killed_with_short_slack_is_replaced_on_demand(tmp_path)
 def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early(tmp_path, moto_env, ec2_faults):
     """moto: one spot p3.8xlarge (4 slots, 2 trials × 4 epochs of 2 s). Once a trial has checkpointed, the local
     metadata endpoint posts the instance's interruption notice (IMDSv2). The watcher on its node sees it, the
-    controller journals it and requests the replacement at once (in the market the slack allows: on-demand when the
+    executor journals it and requests the replacement at once (in the market the slack allows: on-demand when the
     85 s deadline leaves none by then, as on a loaded machine; spot on a quick one), the
     trials stop after their next checkpoint and resume from it on the replacement, and the noticed instance is
     terminated as soon as its trials are off it — nothing left in moto or on this machine."""
@@ -234,7 +234,7 @@ def test_aws_notice_from_the_metadata_endpoint_moves_the_trials_early(tmp_path, 
     at = events.index(notice)
     replacement = _check_replaced_and_resumed(events, victim, trigger="notice", on_demand=None)
     assert events.index(replacement) > at
-    # the trials stopped right after a checkpoint (whether their workers or the controller saw the notice first),
+    # the trials stopped right after a checkpoint (whether their workers or the executor saw the notice first),
     # and nothing was placed on the noticed instance again
     stopped = [e for e in events if e["type"] == J.TRIAL_STOPPED and e["reason"] == "preempted"]
     assert {e["trial_id"] for e in stopped} == {"b0-t000", "b0-t001"}
