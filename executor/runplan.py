@@ -118,11 +118,17 @@ class RunPlan:
         return spot == planned or (planned and not spot and self.choices.fell_back)
 
     def serves(self, entry: Served, stage: StagePlan) -> bool:
-        """Whether ``entry`` may run ``stage``'s trials: the stage's type on a market that fits, or (a spot stage
-        moved to on-demand) its fall-back type bought on-demand."""
+        """Whether ``entry`` may run ``stage``'s trials: the stage's type on a market that fits, (a spot stage
+        moved to on-demand) its fall-back type bought on-demand, or a type the run re-planned around because
+        failover found it unavailable, where the stage now runs a stand-in for it (same workers per instance, same
+        device): an instance of a sold-out type that the run still holds is worth keeping, it cannot be bought
+        again."""
         if not self.fits(entry.spot, stage):
             return False
-        if entry.itype.key == self.stage_itype(stage).key:
+        itype = self.stage_itype(stage)
+        if entry.itype.key == itype.key:
+            return True
+        if entry.itype.key in self.choices.replanned_around and stands_in(itype, entry.itype):
             return True
         return not entry.spot and entry.itype.key == self.fallback_itype(stage).key
 
@@ -157,3 +163,9 @@ class RunPlan:
             if alt.region == itype.region and alt.key not in unavailable and not cloud.unavailable(alt, spot=spot):
                 return alt
         return None
+
+
+def stands_in(alternative: InstanceType, primary: InstanceType) -> bool:
+    """Whether ``alternative`` can run what was placed for ``primary``: as failover's alternatives
+    (:func:`~rubberband.cloud.failover.alternatives_for`), the same workers per instance on the same device."""
+    return alternative.workers == primary.workers and alternative.device == primary.device

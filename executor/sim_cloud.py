@@ -250,8 +250,8 @@ class SimBackend:
         return None if sim is None else sim.obtained
 
     def unavailable(self, itype: InstanceType, spot: bool = False) -> bool:
-        """A scripted sold-out type (every zone blocked)."""
-        return self.world.sold_out(itype)
+        """A scripted sold-out type, or one whose stock a request found launched (every zone blocked)."""
+        return self.world.unavailable(itype)
 
     def runtime_env(self, code_dir: str) -> dict | None:
         return None

@@ -47,12 +47,15 @@ class SimScript:
     ``notices``: when an instance's preemption notice is posted (its trials stop after their next checkpoint);
     ``losses``: when an instance is taken away (spot: a spot interruption; else lost, as a dead node);
     ``sold_out``: instance type names with no capacity in any zone for the whole run (failover obtains an
-    alternative for every request of them, and the cloud reports them unavailable throughout).
+    alternative for every request of them, and the cloud reports them unavailable throughout);
+    ``stock``: instance type names of which only so many instances can be launched: after that the type is sold
+    out in every zone, reported unavailable from the first request that found none (a stockout mid-run).
     """
 
     notices: Mapping[int, float] = field(default_factory=dict)
     losses: Mapping[int, float] = field(default_factory=dict)
     sold_out: frozenset[str] = frozenset()
+    stock: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,6 +116,7 @@ class SimWorld:
         )
         self._no_capacity_until: dict[tuple[str, str, str], float] = {}
         self._capacity_drawn: dict[tuple[str, str, str], tuple[float, bool]] = {}  # key -> (at, had capacity)
+        self._found_none: set[str] = set()  # type keys a request found sold out (a stock launched)
         self.interrupted: set[str] = set()  # trials whose last task died with its instance: the next one restores
         self.instances: dict[str, SimInstance] = {}
         self.by_resource: dict[str, str] = {}
@@ -208,7 +212,18 @@ class SimWorld:
         self.instances[sim.instance.id] = sim
 
     def sold_out(self, itype: InstanceType) -> bool:
-        return itype.name in self.script.sold_out or itype.key in self.script.sold_out
+        """Whether a request of ``itype`` finds no capacity in any zone now (scripted, or its stock launched)."""
+        if itype.name in self.script.sold_out or itype.key in self.script.sold_out:
+            return True
+        stock = self.script.stock.get(itype.name)
+        if stock is not None and sum(1 for s in self.instances.values() if s.itype.key == itype.key) >= stock:
+            self._found_none.add(itype.key)
+            return True
+        return False
+
+    def unavailable(self, itype: InstanceType) -> bool:
+        """Whether the cloud reports ``itype`` unavailable: scripted sold out, or a request found none of it."""
+        return itype.name in self.script.sold_out or itype.key in self.script.sold_out or itype.key in self._found_none
 
     # -- time ------------------------------------------------------------------------------
     def next_event(self, refs: list[Any]) -> float | None:

@@ -2,8 +2,8 @@
 instance boots played by local Ray nodes. The first n1-standard-8 VM boots and stage 0 trains on it; every later
 n1-standard-8 insert ends in ZONE_RESOURCE_POOL_EXHAUSTED (Compute Engine's stockout, reported in the insert's
 operation). Stage 1's extra instance fails over to the stand-in type (n1-standard-16+T4x4: same T4 ×4), the journal
-and the bill say so, and at the next boundary the last stage is re-planned onto it — as the AWS test does
-(tests/test_cloud_spot.py). About 60 s on an idle 2-core machine (Ray head and two stand-in nodes).
+and the bill say so, and the remaining stages are re-planned onto it at once — as the AWS test has it
+(tests/test_cloud_spot.py); the first VM, still held, keeps serving them (a sold-out type cannot be bought again). About 60 s on an idle 2-core machine (Ray head and two stand-in nodes).
 
 It found a deadlock: a trial on an instance kept across the re-plan asked Ray for what a worker of the *new*
 stage's type has (4 CPUs per GPU instead of 2), and warm workers of the old shape held the node's CPUs."""
@@ -70,8 +70,8 @@ def test_gcp_stockout_mid_run_fails_over_and_replans(cli, tmp_path, gce_fake):
     stand_in = [e for e in requested if e["instance_type"] == "n1-standard-16+T4x4"]
     assert stand_in and stand_in[0]["requested_type"] == "n1-standard-8+T4x4"
     assert stand_in[0]["price_hr"] == pytest.approx(0.76 + 1.40)
-    # re-planned at the next boundary (stage 1's extra VM is requested ahead of it, while stage 0 trains): the rest
-    # of the run goes on the stand-in. The boundary may come before the stand-in is up (and its failover decision
+    # re-planned once the stockout is known (stage 1's extra VM is requested ahead of it, while stage 0 trains):
+    # the rest of the run goes on the stand-in. That may come before the stand-in is up (and its failover decision
     # journaled): the stockout itself is what the re-plan reacts to.
     (replan,) = [
         e for e in events if e["type"] == J.DECISION and e.get("kind") == "replan" and e.get("trigger") == "failover"

@@ -314,6 +314,33 @@ def test_failover_replan_falls_back_to_the_obtained_type(tmp_path):
     assert _stage_type(out, 1) == "local.cpu4b" and out.result.status == "finished"
 
 
+def test_an_instance_of_a_type_sold_out_mid_run_keeps_serving_its_stand_in_stages(tmp_path):
+    # one local.cpu4 launches, then it is sold out (a stockout mid-run, as GCP's ZONE_RESOURCE_POOL_EXHAUSTED):
+    # stage 1's second instance fails over to local.cpu4b and the rest is re-planned onto it; the first cpu4,
+    # still held, runs stage 1's trials instead of being released for not being the stand-in type
+    spec = load_spec(write_job(tmp_path / "job"))
+    plan = make_plan(spec, [("local.cpu4", 1, 1), ("local.cpu4", 2, 1)], durations=DURATIONS)
+    case = SimCase(
+        spec,
+        plan,
+        model=cpu_model(epoch_s=EPOCH_S, startup_s=1.0),
+        catalog=_with_a_second_4_worker_type(),
+        script=SimScript(stock={"local.cpu4": 1}),
+        settings=Settings(deadline_s=3600.0, overrun_s=math.inf),
+    )
+    out = case.run(tmp_path / "run")
+    (first,) = [e["id"] for e in out.of(J.INSTANCE_REQUESTED) if e["instance_type"] == "local.cpu4"]
+    (failover,) = out.of("failover")
+    assert failover["requested"] == "local.cpu4" and failover["obtained"] == "local.cpu4b"
+    decision = _failover(out)
+    assert decision["accepted"] and decision["substitutions"] == {"local.cpu4": "local.cpu4b"}
+    assert out.state.plan["stages"][1]["instance_type"] == "local.cpu4b"
+    assert [e for e in out.of("keep") if e["id"] == first and e["stage"] == 1]
+    assert {e["instances"][0] for e in out.of(J.TRIAL_STARTED) if e["stage"] == 1} == {first}
+    assert not [e for e in out.of("release") if e["id"] == first and e["stage"] < 1]
+    assert out.result is not None and out.result.status == "finished"
+
+
 def test_failover_replan_without_a_stand_in_keeps_the_plan(case, tmp_path):
     out = case.but(script=SimScript(sold_out=frozenset({"local.cpu4"}))).run(tmp_path / "run")
     decision = _failover(out)
