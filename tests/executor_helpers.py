@@ -228,24 +228,6 @@ def checkpointed_instance(events: list[dict]) -> str | None:
     return started[saved[0]["trial_id"]] if saved else None
 
 
-def once_time_left_is_below(margin_s: float, victim_of=checkpointed_instance):
-    """``victim_of`` for :func:`lose_node_once_checkpointed` that also waits until less than ``margin_s`` is left to
-    the run's deadline (its ``run_started`` event names both). The slack at the loss (time left − work left − one
-    restart) is then below a spot margin of ``margin_s`` however quick or loaded this machine is, so the
-    replacement's market (on-demand) does not depend on the machine's pace."""
-    import time
-
-    from rubberband.executor import journal as J
-
-    def victim(events: list[dict]) -> str | None:
-        start = next((e for e in events if e["type"] == J.RUN_STARTED), None)
-        if start is None or time.time() < start["t"] + start["deadline_s"] - margin_s + 0.5:
-            return None
-        return victim_of(events)
-
-    return victim
-
-
 def lose_node_once_checkpointed(
     proc, run_dir: Path, *, before_kill=None, timeout_s: float = 150.0, victim_of=checkpointed_instance
 ):

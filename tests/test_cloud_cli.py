@@ -323,50 +323,6 @@ def test_gcp_down_run_and_orphans_against_the_fake(cli, tmp_path, gce_fake):
 # -- end to end: `rubberband run --cloud aws` against moto, instance boots played by local Ray nodes ---------------
 
 
-def test_aws_run_end_to_end_with_failover_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):
-    """Stage 0: 3 trials on 2 × p3.2xlarge, stage 1: 1 trial on 1; use1-az1 (moto's us-east-1b) has no
-    p3.2xlarge capacity, so every instance fails over to use1-az2 (us-east-1c)."""
-    ec2_faults.capacity = {"us-east-1b"}
-    spec = cloud_job(tmp_path, ["aws"], trials=3, eta=3, min_epochs=1, max_epochs=3, epoch_s=0.2)
-    plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "p3.2xlarge"), counts=(2, 1), durations=(20.0, 20.0))
-    env = cloud_env(tmp_path, moto_env)
-    run_dir = tmp_path / "run"
-    result = cli(
-        "run",
-        spec,
-        "--cloud",
-        "aws",
-        "--head",
-        "local",
-        "--plan",
-        plan,
-        "--yes",
-        "--run-dir",
-        run_dir,
-        env=env,
-        timeout=240,
-        test_boot="local",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "finished: best trial" in result.stdout
-    summary = json.loads((run_dir / "result.json").read_text())
-    assert summary["status"] == "finished"
-    # every instance was an EC2 instance of the moto server, placed after the failover
-    zones = [zone for zone, itype, _ in ec2_faults.calls]
-    assert "us-east-1b" in zones and "us-east-1c" in zones
-    launched = moto_instances(states=("pending", "running", "stopping", "stopped", "shutting-down", "terminated"))
-    assert launched and {i["Placement"]["AvailabilityZone"] for i in launched} == {"us-east-1c"}
-    from rubberband.executor import journal as J
-
-    requested = {e["id"] for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.INSTANCE_REQUESTED}
-    assert requested == {i["InstanceId"] for i in launched}
-    # nothing left: no instance running in moto, no security group, no local Ray process
-    assert moto_instances() == []
-    groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
-    assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
-    assert run_pids(run_dir) == []
-
-
 def test_aws_run_killed_with_sigkill_then_down_leaves_nothing(cli, tmp_path, moto_env):
     """kill -9 of the executor mid-run leaves its instances billing; `rubberband down RUN_DIR --cloud aws` ends them."""
     import signal
@@ -452,9 +408,10 @@ def small_gcp_job(tmp_path: Path, gce_fake) -> tuple[Path, Path, dict[str, str]]
     return spec, plan, env
 
 
-def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_fake):
+def test_worker_egress_is_refused_without_a_head_instance(cli, tmp_path, gce_fake):
+    """A GCP run end to end is head mode's (tests/test_cloud_headmode.py) and the stockout's
+    (tests/test_cloud_gcp_failover.py); ``--worker-egress`` is for a head instance only."""
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)
-    run_dir = tmp_path / "run"
     flag = cli(
         "run",
         spec,
@@ -472,25 +429,3 @@ def test_gcp_run_end_to_end_against_the_fake_leaves_nothing(cli, tmp_path, gce_f
     )
     assert flag.returncode == 2 and "--worker-egress is for a run on a head instance" in flag.stderr
     assert not gce_fake.requests  # refused before any call
-    result = cli(
-        "run",
-        spec,
-        "--cloud",
-        "gcp",
-        "--head",
-        "local",
-        "--plan",
-        plan,
-        "--yes",
-        "--run-dir",
-        run_dir,
-        env=env,
-        timeout=240,
-        test_boot="local",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((run_dir / "result.json").read_text())["status"] == "finished"
-    assert gce_fake.inserts and {machine for _, machine in gce_fake.inserts} == {"n1-standard-8"}
-    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers  # every VM, rule, NAT deleted
-    assert any(r.startswith("POST") and r.endswith("/routers") for r in gce_fake.requests)  # workers went out via it
-    assert run_pids(run_dir) == []

@@ -87,5 +87,6 @@ def test_gcp_stockout_mid_run_fails_over_and_replans(cli, tmp_path, gce_fake):
     billed = {i["instance_type"] for i in summary["instances"]}
     assert billed == {"n1-standard-8+T4x4", "n1-standard-16+T4x4"}
     # nothing left: every VM and firewall rule deleted, no local Ray process
+    assert any(r.startswith("POST") and r.endswith("/routers") for r in gce_fake.requests)  # workers' NAT
     assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers
     assert run_pids(run_dir) == []
