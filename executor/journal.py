@@ -123,7 +123,8 @@ END_EVENT_OF: dict[str, type[_RunEnded]] = {
 }
 
 
-def _line(event: dict[str, Any]) -> bytes:
+def encode_line(event: dict[str, Any]) -> bytes:
+    """One journal line: the event as compact JSON and a newline (what :func:`decode_line` reads back)."""
     return (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
 
 
@@ -140,7 +141,7 @@ def append_event(path: str | Path, event: dict[str, Any] | _Event, *, durable: b
         data["t"] = time.time()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, _line(data))
+        os.write(fd, encode_line(data))
         if durable:
             os.fsync(fd)
     finally:

@@ -223,6 +223,12 @@ class TrialRun:
         return cls(spec, PlacedWorkers(actors, refs, pg, pool, warm), started)
 
     # -- result ----------------------------------------------------------------------------
+    @property
+    def placement_group(self) -> Any:
+        """The Ray placement group that holds the trial's bundles (one per rank), None when its workers came from
+        a :class:`~rubberband.executor.pool.WorkerPool`."""
+        return self._pg
+
     def result(self, timeout_s: float | None = None) -> TrialOutcome:
         """Wait for every worker; raise TrainingError on the first root cause (GpuUnavailableError when a
         GPU worker finds no usable CUDA).

@@ -17,8 +17,7 @@ Three things make the parallel run safe and quick; all are loaded by ``conftest.
   teardown, and keeps it through the exclusive tests that follow it on its worker. A turnstile keeps a
   waiting exclusive test from being starved by the others' shared holds. Tests that check a run against its
   deadline are written to hold on a loaded machine instead (they accept any outcome a user can meet, or wait
-  for the run's time to pass), so that only the profiler's budget test (its shares follow the machine's pace)
-  and the trial-runtime modules (tests/test_trials_gpu.py) are exclusive.
+  for the run's time to pass), so that only the trial-runtime modules (tests/test_trials_gpu.py) are exclusive.
 
 ``-n 0`` runs everything in this process, one test at a time (the lock is then uncontended).
 """

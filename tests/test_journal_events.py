@@ -235,7 +235,7 @@ def test_a_decision_of_a_kind_this_code_does_not_know_is_skipped_and_unknown_fie
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)
 def test_every_event_round_trips_through_its_journal_line(event, tmp_path):
-    line = J._line(E.to_json_dict(event))
+    line = J.encode_line(E.to_json_dict(event))
     raw = json.loads(line)
     assert raw["type"] == type(event).model_fields["type"].default and raw["t"] == event.t
     assert E.parse_event(raw) == event
@@ -601,7 +601,7 @@ def test_the_live_state_equals_the_fold_of_the_whole_file(tmp_path_factory, step
         elif not split and not isinstance(event, dict):
             J.JournalSink(str(journal.path)).record(event)  # the sink actor's body, as the actor runs it
         else:  # another process's write, perhaps seen half-written
-            line = J._line(E.to_json_dict(event) if not isinstance(event, dict) else event)
+            line = J.encode_line(E.to_json_dict(event) if not isinstance(event, dict) else event)
             cut = len(line) // 2 if split else len(line)
             with open(journal.path, "ab") as handle:
                 handle.write(line[:cut])

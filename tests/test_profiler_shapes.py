@@ -96,3 +96,37 @@ def test_without_a_probe_the_first_shape_may_use_all_but_the_smallest_share_of_e
     assert shares[0] == pytest.approx(120.0 - 2 * MIN_SHAPE_S, abs=1.0)  # one later shape, and the configurations
     assert shares[1] == pytest.approx(budget.left() / 2, abs=1.0)
     assert len(notes) == 2 and all("did not finish within" in note for note in notes)
+
+
+def test_many_iterations_are_probed_then_capped_to_fit_each_shares_budget(monkeypatch, tmp_path):
+    """20 000 iterations of 20 ms (400 s) asked within a 60 s budget: a short probe times an iteration, then each
+    shape runs only as many iterations as fit its share (with room for its set-up), saying so. The whole command
+    against the budget on a real cluster: bench/bench_profiler.py --budget-check 60."""
+    from rubberband.profiler import runner
+    from rubberband.profiler.runner import (
+        PROBE_ITERATIONS,
+        ProfileOptions,
+        ShapeResult,
+        _Budget,
+        _measure_shapes,
+        _Steps,
+    )
+
+    asked: list[tuple[int, float]] = []
+
+    def run_shape(steps, shape, ckpt, bounds, pool):
+        asked.append((bounds.iterations, bounds.share_s))
+        return ShapeResult(shape, latencies_s=(0.02,) * min(bounds.iterations, 50), setup_s=0.5), 2.0
+
+    monkeypatch.setattr(runner, "_run_shape", run_shape)
+    options = ProfileOptions(
+        cloud="local", instance_type=_type("local.cpu2"), workers=(1, 2), budget_s=60.0, iterations=20000
+    )
+    notes: list[str] = []
+    steps = _Steps(None, options, {}, [], tmp_path, _Budget(60.0), notes, lambda *a, **k: None)
+    results = _measure_shapes(steps, [Shape(1, 1), Shape(2, 1)], None)
+    assert asked[0][0] == PROBE_ITERATIONS  # the probe
+    for iterations, share in asked[1:]:
+        assert 2 <= iterations < 20000 and 2.0 + iterations * 0.02 <= share  # set-up and iterations fit the share
+    assert [r.skipped for r in results] == [None, None]
+    assert sum("capped at" in n for n in notes) == 2

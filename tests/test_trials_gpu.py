@@ -92,7 +92,7 @@ def test_each_rank_requests_one_gpu_and_gets_its_own(gpu_cluster, tmp_path):
     held = _held_while_running(run)
     from ray.util.placement_group import placement_group_table
 
-    bundles = placement_group_table(run._pg)["bundles"]
+    bundles = placement_group_table(run.placement_group)["bundles"]
     outcome = run.result(timeout_s=120)
     assert held == {"GPU": 2.0, "CPU": 4.0, g: 2.0}
     assert list(bundles.values()) == [{"GPU": 1.0, "CPU": 2.0, g: 1.0}] * 2
