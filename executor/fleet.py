@@ -139,12 +139,19 @@ class Fleet:
             if not entry.unwanted and self.workers is not None:  # start its worker processes now
                 device = self.devices.for_type(entry.itype)
                 entry.warming = self.workers.warm(
-                    node_resource(entry.id), entry.itype.workers, wait=False, device=device
+                    node_resource(entry.id), self.workers_wanted(entry), wait=False, device=device
                 )
             if not entry.unwanted:
                 self.watch(entry)
             up.append(entry)
         return up
+
+    def workers_wanted(self, entry: PoolInstance) -> int:
+        """How many worker processes to start on an instance that came up: one per slot, but no more than its
+        stage's trials can use at once (two one-worker trials on a 4-GPU instance warm two workers, not four;
+        a wider later stage starts the rest when it places its trials)."""
+        stage = self.runplan.stage(entry.assigned_stage)
+        return max(1, min(entry.itype.workers, stage.trials * stage.workers_per_trial))
 
     def watch(self, entry: PoolInstance) -> None:
         """Start the preemption-notice watcher of a ready spot instance (when its cloud posts notices)."""

@@ -27,10 +27,10 @@ from rubberband.spec import load_spec
 STAGES = [("local.cpu2", 2, 1), ("local.cpu4", 1, 2)]  # stage 1: resize 1 → 2 workers, another type
 
 
-def _job(directory: Path, epoch_s: float):
+def _job(directory: Path, epoch_s: float, stages: list[tuple[str, int, int]] = STAGES):
     spec_path = write_job(directory / "job", epoch_s=epoch_s)
     spec = load_spec(spec_path)
-    plan = make_plan(spec, STAGES, durations=[12.0, 8.0])
+    plan = make_plan(spec, stages, durations=[12.0, 8.0])
     write_plan(plan, directory / "plan.json")
     return spec_path, spec, plan
 
@@ -147,7 +147,8 @@ def test_sha_job_promotes_the_right_trials_releases_early_and_cleans_up(finished
 
 
 def test_resume_after_sigkill_mid_stage(finished_run, tmp_path):
-    spec_path, spec, plan = _job(tmp_path, epoch_s=1.0)
+    # one instance a stage (fewer nodes than the finished run's plan; the same trials, so the same winner)
+    spec_path, spec, plan = _job(tmp_path, epoch_s=1.0, stages=[("local.cpu2", 1, 1), ("local.cpu4", 1, 2)])
     run_dir = tmp_path / "run"
     env = cli_env(tmp_path)
     proc = subprocess.Popen(
