@@ -208,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         reader.join(timeout=10)
     wall_s = time.monotonic() - began
     sampler.sample()
+    if proc.returncode in (2, 3, 4, 5):  # pytest did not run the suite: no figures to report
+        print(f"bench_suite: pytest exited {proc.returncode} before running the suite (see above)", file=sys.stderr)
+        return proc.returncode
     lines = "".join(output).splitlines()
     summary = next((line.strip("= ") for line in reversed(lines) if " in " in line and "passed" in line), "")
     table = "\n".join([report(sampler, wall_s, cores, args.target, summary), "", *by_test(sampler, args.top)])
