@@ -34,11 +34,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rubberband.cloud.shell import say_line, shell_word, shell_words
+from rubberband.credentials import assert_no_credentials, refuse_requirement_credentials
 from rubberband.errors import InputError
+
+_q = shell_word  # short for the many paths in the scripts below
 
 RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 RAY_PORT = 6379
@@ -50,14 +53,7 @@ DASHBOARD_PORT = 8265  # Ray's dashboard and job server, on the head's 127.0.0.1
 RUN_ROOT_ENV = "RUBBERBAND_RUN_ROOT"
 HEAD_ID_ENV = "RUBBERBAND_HEAD_ID"
 
-# Patterns of things that must never appear in user-data, logs or journals.
-_CREDENTIAL_PATTERNS = (
-    re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"),  # AWS access key ids
-    re.compile(r"aws_secret_access_key|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN", re.I),
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
-    re.compile(r'"private_key"\s*:'),  # GCP service-account key files
-    re.compile(r"\bya29\.[0-9A-Za-z_-]{10,}"),  # Google OAuth access tokens
-)
+_VERSION_RE = re.compile(r"[A-Za-z0-9.+!_-]{1,64}")
 
 
 def validate_run_id(run_id: str) -> str:
@@ -118,24 +114,6 @@ def check_ssh_cidr(cidr: str) -> str:
             f"SSH CIDR {cidr} would open SSH to the whole internet; give your own address, e.g. 203.0.113.7/32"
         )
     return str(network)
-
-
-def redact(text: str) -> str:
-    """Replace anything credential-like in ``text`` (e.g. a provider's error message) with ``[redacted]``."""
-    for pattern in _CREDENTIAL_PATTERNS:
-        text = pattern.sub("[redacted]", text)
-    return text
-
-
-def assert_no_credentials(text: str, *, what: str = "startup script") -> str:
-    """Raise if ``text`` contains anything that looks like a credential; return it unchanged otherwise."""
-    for pattern in _CREDENTIAL_PATTERNS:
-        if pattern.search(text):
-            raise InputError(
-                f"refusing to write a {what} that contains a credential-like string "
-                f"(pattern {pattern.pattern!r}); credentials come from the instance role"
-            )
-    return text
 
 
 @dataclass(frozen=True)
@@ -245,6 +223,16 @@ class BootstrapConfig:
     shutdown_command: str = "shutdown -h"  # + "now" / "+MINUTES": powers the instance off (terminates on AWS)
     torch_cpu_index: str = TORCH_CPU_INDEX
 
+    def __post_init__(self) -> None:
+        for name in ("ray_version", "torch_version", "rubberband_version"):
+            value = getattr(self, name)
+            if value and not _VERSION_RE.fullmatch(value):
+                raise InputError(f"{name} {value!r} is not a version number like 2.41.0")
+        for requirement in (*self.requirements, *self.runtime_requirements):
+            refuse_requirement_credentials(requirement)
+            if "\n" in requirement or "\r" in requirement:
+                raise InputError(f"requirement {requirement!r} spans lines; give one PEP 508 requirement per entry")
+
 
 #: Set in every rubberband job's environment by the CLI (``shipping.job_runtime_env``): the Ray and torch
 #: versions and the pinned runtime packages of the machine that started the run, which the nodes a head
@@ -326,10 +314,6 @@ def client_versions() -> dict:
     }
 
 
-def _q(value: object) -> str:
-    return shlex.quote(str(value))
-
-
 def _instance_id_lines(cloud: str, url: str) -> list[str]:
     curl = "curl -sSf --retry 10 --retry-connrefused --retry-delay 2"
     if cloud == "aws":
@@ -357,7 +341,7 @@ def _torch_lines(config: BootstrapConfig, py: str) -> list[str]:
         f"if {py} -c 'import torch' 2>/dev/null; then",
         f"  say \"reusing the image's torch $({py} -c 'import torch; print(torch.__version__)')\"",
         "else",
-        f"  say 'the image has no torch: installing torch {base}{'' if config.use_gpu else ' (CPU build)'}'",
+        "  " + say_line(f"the image has no torch: installing torch {base}{'' if config.use_gpu else ' (CPU build)'}"),
         f"  {install}",
         "fi",
     ]
@@ -525,7 +509,7 @@ def _safety_net_lines(config: BootstrapConfig) -> list[str]:
         "RB_UNIT",
         f"if command -v systemctl >/dev/null 2>&1 && systemctl daemon-reload && systemctl enable --now {WATCHDOG_UNIT}; "
         "then",
-        f"  say 'watchdog: systemd service {WATCHDOG_UNIT}'",
+        "  " + say_line(f"watchdog: systemd service {WATCHDOG_UNIT}"),
         "else",
         "  say 'watchdog: no systemd here; running it in the background'",
         f"  nohup /bin/bash {state}/watchdog.sh </dev/null >/dev/null 2>&1 &",
@@ -570,7 +554,7 @@ def _python_lines(config: BootstrapConfig) -> list[str]:
     else:
         lines += [
             'if [ -z "$RB_PY" ] && command -v apt-get >/dev/null 2>&1; then',
-            f"  say 'no Python {want} on this image: installing it from the OS packages'",
+            "  " + say_line(f"no Python {want} on this image: installing it from the OS packages"),
             f"  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python{want} "
             f"python{want}-venv) || true",
             f'  RB_PY="$(command -v python{want} || true)"',
@@ -620,7 +604,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f'fail() {{ echo "{BOOT_FAILED} $*"; touch {_q(config.state_dir)}/failed 2>/dev/null || true; '
         f"{config.shutdown_command} +10 || true; exit 1; }}",
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
-        f"say 'booting a {config.role} of run {config.run_id}'",
+        say_line(f"booting a {config.role} of run {config.run_id}"),
         *_safety_net_lines(config),
         *(_token_drop_lines(config) if config.role == "worker" and config.ray_auth == "token" else []),
         f"RB_RUN_ID={_q(config.run_id)}",
@@ -630,7 +614,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         *_ray_auth_lines(config),
         *_python_lines(config),
         f"if [ ! -x {py} ]; then",
-        f'  say "creating the runtime in {config.venv} from $RB_PY"',
+        f'  say "creating the runtime in "{venv}" from $RB_PY"',
         f'  "$RB_PY" -m venv {venv} 2>/dev/null || {{ rm -rf {venv}; (apt-get update -qq && '
         f'DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "python${{RB_PYV}}-venv") || true; '
         f'"$RB_PY" -m venv {venv}; }}',
@@ -639,12 +623,12 @@ def render_startup_script(config: BootstrapConfig) -> str:
         '"dist-packages"))))\' \\',
         f'    > "$({py} -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')/rubberband-image.pth"',
         "fi",
-        f"say 'installing {' '.join(packages)}'",
-        f"{py} -m pip install --quiet --disable-pip-version-check {' '.join(_q(p) for p in packages)}",
+        say_line(f"installing {' '.join(packages)}"),
+        f"{py} -m pip install --quiet --disable-pip-version-check {shell_words(packages)}",
         *_torch_lines(config, py),
         f"RB_RAY=\"$({py} -c 'import ray; print(ray.__version__)')\"",
-        f'[ "$RB_RAY" = {_q(config.ray_version)} ] || fail "Ray $RB_RAY is installed here but the CLI runs Ray '
-        f"{config.ray_version}; every node must run the CLI's version\"",
+        f'[ "$RB_RAY" = {_q(config.ray_version)} ] || fail "Ray $RB_RAY is installed here but the CLI runs Ray "'
+        f'{_q(config.ray_version)}"; every node must run the CLI\'s version"',
         f"export PATH={venv}/bin:\"$PATH\"  # the runtime's python and pip for Ray's jobs",
         f"mkdir -p {run_dir}",
         *_token_lines(config),

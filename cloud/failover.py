@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from rubberband.cloud.provider import Instance, InstanceRequest, Provisioner
 from rubberband.catalog import Catalog, InstanceType
-from rubberband.cloud.bootstrap import redact
+from rubberband.credentials import redact
 from rubberband.errors import CloudError, Location
 
 T = TypeVar("T")

@@ -59,7 +59,8 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
 from rubberband import __version__
-from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
+from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
+from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import (
     ERROR_TABLE,

@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import secrets
-import shlex
 import shutil
 import tempfile
 import time
@@ -42,6 +41,7 @@ from pathlib import Path
 from rubberband.catalog import Catalog
 from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
 from rubberband.cloud.head_run import STAGE_DIR, LogFilter, unpack
+from rubberband.cloud.shell import shell_words
 from rubberband.cloud.head_link import DirectLink, HeadLink, SshTunnel
 from rubberband.cloud.provider import Instance
 from rubberband.cloud.shipping import NOISE_EXCLUDES, SECRET_EXCLUDES
@@ -380,9 +380,7 @@ def entrypoint(record: HeadRecord, job: RunJob) -> str:
         words += ["--test-boot", job.test_boot]
     if job.metadata_url:
         words += ["--metadata-url", job.metadata_url]
-    import shlex
-
-    return " ".join(shlex.quote(w) for w in words)
+    return shell_words(words)
 
 
 class HeadSession:
@@ -522,7 +520,7 @@ class HeadSession:
             "--poweroff-marker",
         ]
         return self._submit(
-            entrypoint=" ".join(shlex.quote(w) for w in words),
+            entrypoint=shell_words(words),
             runtime_env=job_runtime_env(self.package),
             submission_id=f"{self.job_id}-watchdog",
             metadata={"rubberband_run": self.record.run_id, "rubberband_role": "watchdog"},

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shlex
 import shutil
 import subprocess
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from rubberband.cloud.bootstrap import TOKEN_DROP_USER, TOKEN_FILE
 from rubberband.cloud.provider import Instance
+from rubberband.cloud.shell import shell_word
 from rubberband.errors import CloudError
 
 #: The token's file in a run directory on the CLI's machine.
@@ -101,7 +101,7 @@ def deliver_to_head(login: SshLogin, token: str, *, timeout_s: float, ssh: str =
         f"umask 077; mkdir -p {Path(HEAD_TOKEN_PATH).parent} && cat > {HEAD_TOKEN_PATH}.part && "
         f"mv {HEAD_TOKEN_PATH}.part {HEAD_TOKEN_PATH}"
     )
-    remote = f"sudo sh -c {shlex.quote(script)}"
+    remote = f"sudo sh -c {shell_word(script)}"
     command = [ssh, "-i", str(login.key_file), *ssh_options(login.known_hosts), f"{login.user}@{login.host}", remote]
     _retry_ssh(command, token, timeout_s=timeout_s, poll_s=poll_s, what=f"the head {login.user}@{login.host}")
 
