@@ -51,7 +51,9 @@ from rubberband.errors import CloudError, Location
 class TokenPush(Protocol):
     """How the run's Ray token reaches a worker (cloud/ray_token.py)."""
 
-    public_key: str
+    @property
+    def public_key(self) -> str:
+        """The OpenSSH public key a worker's drop account trusts (in its user-data)."""
 
     def push(self, instance: Instance, timeout_s: float) -> None: ...
 
@@ -152,11 +154,16 @@ class ExecutorBackend(Provider, Protocol):
     value (no loss seen, nothing substituted, nothing blocked, nothing shipped).
     """
 
-    #: ``ray_auth_mode``: the Ray auth mode of the run's head, which the driver must speak: ``token`` (locally
-    #: and on a head instance) or ``disabled`` (a head on this machine serving cloud nodes, docs/clouds.md)
+    #: ``ray_auth_mode``: the Ray auth mode of the run's head, which the driver must speak: ``token`` on every
+    #: real backend (``disabled`` only where there is no token to speak: the simulated cloud, a played head)
     @property
     def ray_auth_mode(self) -> str:
         """``token`` or ``disabled``."""
+
+    @property
+    def ray_auth_token_path(self) -> str | None:
+        """The file holding the run's own Ray token, which the driver presents (``RAY_AUTH_TOKEN_PATH``); None:
+        Ray's default (``~/.ray/auth_token`` locally; on a head instance, what its boot exported)."""
 
     @property
     def device_policy(self) -> DevicePolicy | None:

@@ -264,6 +264,7 @@ class Executor:
             head.address,
             namespace=services.run_id,
             auth_mode=backend.ray_auth_mode,
+            auth_token_path=backend.ray_auth_token_path,
             runtime_env=backend.runtime_env(services.spec.base_dir),
         )
         self.guard.catch_signals()
