@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rubberband.cloud.host_keys import host_key_lines
 from rubberband.cloud.shell import say_line, shell_word, shell_words
 from rubberband.credentials import assert_no_credentials, refuse_requirement_credentials
 from rubberband.errors import InputError
@@ -221,6 +222,7 @@ class BootstrapConfig:
     token_push_key: str | None = None  # worker (token mode): the head's public key that may write its token
     token_drop_dir: str = "/var/lib/rubberband-token"  # the drop account's home (sshd wants it owned by it)
     shutdown_command: str = "shutdown -h"  # + "now" / "+MINUTES": powers the instance off (terminates on AWS)
+    ssh_dir: str = "/etc/ssh"  # the node's SSH host keys (a head prints their public halves on its console)
     torch_cpu_index: str = TORCH_CPU_INDEX
 
     def __post_init__(self) -> None:
@@ -605,6 +607,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"{config.shutdown_command} +10 || true; exit 1; }}",
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
         say_line(f"booting a {config.role} of run {config.run_id}"),
+        *(host_key_lines(config.ssh_dir) if config.role == "head" else []),
         *_safety_net_lines(config),
         *(_token_drop_lines(config) if config.role == "worker" and config.ray_auth == "token" else []),
         f"RB_RUN_ID={_q(config.run_id)}",

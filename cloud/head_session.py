@@ -258,6 +258,7 @@ def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_
         deliver_to_played_head(record.instance_id, token)
         return token
     from rubberband.cloud.head_link import run_known_hosts
+    from rubberband.cloud.host_keys import await_host_keys, pin_host_keys
 
     host = record.public_address or record.address
     if not host or options.ssh_key is None:
@@ -265,11 +266,15 @@ def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_
             f"cannot reach head {record.instance_id} to give it the run's Ray token: it has no address "
             f"or no --ssh-key was given"
         )
+    provider = _provider(record.cloud, record.region)
+    keys = await_host_keys(  # its boot prints them first thing; the first connection then takes no other key
+        lambda: provider.console_output(record.instance_id, lines=400),
+        what=f"head {record.instance_id}",
+        timeout_s=options.boot_timeout_s,
+    )
+    known_hosts = run_known_hosts(record.cloud_run_id, record.instance_id, run_dir)
     login = SshLogin(
-        host,
-        record.ssh_user,
-        Path(options.ssh_key).expanduser(),
-        run_known_hosts(record.cloud_run_id, record.instance_id, run_dir),
+        host, record.ssh_user, Path(options.ssh_key).expanduser(), pin_host_keys(known_hosts, host, keys), pinned=True
     )
     deliver_to_head(login, token, timeout_s=options.boot_timeout_s)
     return token

@@ -121,6 +121,7 @@ class SshLogin:
     user: str
     key_file: Path
     known_hosts: Path
+    pinned: bool = False  # known_hosts holds the head's keys from its console (cloud/host_keys.py): no other is taken
 
 
 def deliver_to_head(login: SshLogin, token: str, *, timeout_s: float, ssh: str = "ssh", poll_s: float = 5.0) -> None:
@@ -136,7 +137,14 @@ def deliver_to_head(login: SshLogin, token: str, *, timeout_s: float, ssh: str =
         f"mv {HEAD_TOKEN_PATH}.part {HEAD_TOKEN_PATH}"
     )
     remote = f"sudo sh -c {shell_word(script)}"
-    command = [ssh, "-i", str(login.key_file), *ssh_options(login.known_hosts), f"{login.user}@{login.host}", remote]
+    command = [
+        ssh,
+        "-i",
+        str(login.key_file),
+        *ssh_options(login.known_hosts, pinned=login.pinned),
+        f"{login.user}@{login.host}",
+        remote,
+    ]
     _retry_ssh(command, token, timeout_s=timeout_s, poll_s=poll_s, what=f"the head {login.user}@{login.host}")
 
 
