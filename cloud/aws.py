@@ -3,7 +3,7 @@
 * Credentials only through boto3's default chain (environment, profile, SSO, instance
   role); the endpoint through the standard ``AWS_ENDPOINT_URL`` (or ``endpoint_url``).
 * Every instance and its volumes carry the run id, stage, rubberband version and the
-  managed marker; IMDSv2 is required; an instance-initiated shutdown terminates it.
+  managed marker; IMDSv2 is required (hop limit 1); an instance-initiated shutdown terminates it.
 * One security group per run: all TCP between members of the group (Ray, object
   transfer, torch DDP pick ports freely) and SSH only from a CIDR the user gives.
   :meth:`AwsProvider.cleanup_run` deletes it once the run's instances are gone. The group is found by
@@ -66,6 +66,11 @@ _STATES = {
     "terminated": "terminated",
 }
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+#: The instance metadata service as every node gets it: IMDSv2 only (a session token, fetched with a PUT), and a PUT
+#: response hop limit of 1, so the token reaches processes on the instance itself but not a container or anything
+#: one network hop further (nodes run no containers: a hop limit of 2 would only widen who can read the head's
+#: role credentials).
+METADATA_OPTIONS = {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1}
 _ZONE_ID_RE = re.compile(r"^[a-z]+[0-9]+-az[0-9]+$")  # use1-az1, usw2-az3
 
 
@@ -343,7 +348,7 @@ class AwsProvider:
                 {"ResourceType": "instance", "Tags": _tag_list(tags)},
                 {"ResourceType": "volume", "Tags": _tag_list(tags)},
             ],
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+            "MetadataOptions": METADATA_OPTIONS,
             "InstanceInitiatedShutdownBehavior": "terminate",
         }
         if group_id:

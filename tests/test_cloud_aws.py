@@ -96,6 +96,19 @@ def test_provision_tags_imdsv2_spot_user_data_and_group(moto_env):
     assert terminate_run(p, "run-a", timeout_s=10) == []  # idempotent
 
 
+def test_the_metadata_token_does_not_leave_the_instance(moto_env):
+    """Every node's metadata service takes IMDSv2 tokens only, with a PUT response hop limit of 1: the token that
+    reads the head's role credentials reaches processes on the instance, never a container or a forwarded hop
+    (issue 29: the limit was 2). Read back from EC2 (moto), as the instance was really launched."""
+    p = provider()
+    p.provision(InstanceRequest("run-imds", 0, G4))
+    (inst,) = live_instances()
+    options = inst["MetadataOptions"]
+    assert options["HttpTokens"] == "required" and options["HttpEndpoint"] == "enabled"
+    assert options["HttpPutResponseHopLimit"] == 1
+    terminate_run(p, "run-imds", timeout_s=10)
+
+
 def test_on_demand_and_no_ssh_unless_asked(moto_env):
     p = provider()
     made = p.provision(InstanceRequest("run-b", 0, G4))
