@@ -19,7 +19,7 @@ from rubberband.cloud.aws import AwsProvider, security_group_name
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPolicy, provision_with_failover
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, TAG_VERSION, InstanceRequest
 from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances, terminate_run
-from rubberband.errors import CatalogError, CloudError, InputError, RubberbandError
+from rubberband.errors import CatalogError, CleanupIncomplete, CloudError, InputError, RubberbandError
 
 CATALOG = cloud_catalog()
 P3 = CATALOG.find("p3.2xlarge", region=REGION)  # zone IDs use1-az1, use1-az2 (moto: us-east-1b, us-east-1c)
@@ -260,6 +260,50 @@ def test_concurrent_launches_of_a_run_create_one_group_and_teardown_deletes_ever
     terminate_run(p, "run-g", timeout_s=10, echo=lines.append)
     assert {got[0], other} <= {line.split()[2] for line in lines if line.startswith("deleted")}
     assert p.find_security_group("run-g") is None and p.leftover_runs() == []
+
+
+@pytest.fixture
+def secrets_unlistable(moto_env, monkeypatch):
+    """Credentials without ``secretsmanager:ListSecrets``: the moto server answers AccessDeniedException, as
+    Secrets Manager does."""
+    from moto.core.exceptions import JsonRESTError
+    from moto.secretsmanager.responses import SecretsManagerResponse
+
+    def denied(self):
+        raise JsonRESTError("AccessDeniedException", "User is not authorized to perform: secretsmanager:ListSecrets")
+
+    monkeypatch.setattr(SecretsManagerResponse, "list_secrets", denied)
+
+
+def test_a_run_whose_secrets_cannot_be_listed_still_loses_its_group_and_volumes(moto_env, secrets_unlistable):
+    """Issue 29: cleanup listed the run's secrets before its security group, so credentials without
+    secretsmanager:ListSecrets (the permission is only for secrets) never deleted the group. Now the group goes once
+    the run's instances are gone, then its detached volumes, and the secrets last; the error that follows names the
+    missing permission and what did go, and teardown still reports each deleted resource."""
+    p = provider()
+    (inst,) = p.provision(InstanceRequest("run-s", 0, G4))
+    group = p.find_security_group("run-s")
+    tags = [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_RUN_ID, "Value": "run-s"}]
+    volume = ec2().create_volume(
+        AvailabilityZone="us-east-1a", Size=1, TagSpecifications=[{"ResourceType": "volume", "Tags": tags}]
+    )["VolumeId"]
+    lines: list[str] = []
+    with pytest.raises(CleanupIncomplete, match="secretsmanager:ListSecrets") as raised:
+        terminate_run(p, "run-s", timeout_s=10, echo=lines.append)
+    assert group is not None and sorted(raised.value.deleted) == sorted([group, volume])
+    assert p.find_security_group("run-s") is None and not live_instances()
+    assert volume not in {v["VolumeId"] for v in ec2().describe_volumes()["Volumes"]}
+    assert f"deleted aws {group} (run run-s)" in lines and f"terminated aws {inst.id}" in lines[0]
+    assert group in raised.value.message and raised.value.kind == "fatal"
+    # the orphan sweep finds leftovers by their groups and volumes all the same
+    ec2().create_security_group(
+        GroupName=security_group_name("run-t"),
+        Description="left by a killed CLI",
+        TagSpecifications=[
+            {"ResourceType": "security-group", "Tags": [*tags[:1], {"Key": TAG_RUN_ID, "Value": "run-t"}]}
+        ],
+    )
+    assert p.leftover_runs() == ["run-t"]
 
 
 def test_sessions_share_the_service_models_and_keep_their_own_credentials(monkeypatch):
