@@ -173,7 +173,7 @@ def classify(
         scope = "every region" if quota == "GPUS_ALL_REGIONS" else (region or where)
         console = "Service Quotas console" if cloud == "aws" else "IAM & Admin > Quotas"
         hint = f"raise the quota '{quota}' in {scope} ({console})"
-    if code == "UnauthorizedOperation" and context.action:
+    if code in ("UnauthorizedOperation", "AccessDeniedException") and context.action:
         hint = f"the credentials lack the permission {context.action}; {_PERM}"
     text = f"{cloud} {code or http_status}{what} in {where}: {_one_line(message)} — {hint}"
     return CloudError(

@@ -95,6 +95,9 @@ class HeadRecord:
     identity: str | None = None  # the head's instance profile name / service account email
     identity_created: bool = False  # rubberband created it for this run (deleted when the run ends)
     worker_egress: str = "nat"  # GCP: how the head's executor gives workers egress (cloud/gcp.py WORKER_EGRESS)
+    #: the machine image the user chose on the CLI (``RUBBERBAND_AWS_AMI`` / ``RUBBERBAND_GCP_IMAGE``; None: the
+    #: provider's default): the head booted on it, and its executor boots the workers on it (``head_job run --image``)
+    image: str | None = None
 
     @property
     def cloud_run_id(self) -> str:
@@ -191,6 +194,7 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
     created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
     from rubberband.cloud.head import HeadBoot, provision_head
     from rubberband.cloud.identity import head_identity, launch_with_new_identity
+    from rubberband.cloud.registry import image_override
     from rubberband.cloud.teardown import terminate_run
 
     run_id, run_dir = run.run_id, run.run_dir
@@ -229,6 +233,7 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
             identity=identity.name,
             identity_created=identity.created,
             worker_egress=options.worker_egress or "nat",
+            image=image_override(cloud),
         )
         record.write(run_dir)
         if test_boot:
@@ -381,6 +386,8 @@ def entrypoint(record: HeadRecord, job: RunJob) -> str:
         words += ["--on-late", job.on_late]
     if record.cloud == "gcp" and record.worker_egress != "nat":
         words += ["--worker-egress", record.worker_egress]
+    if record.image:  # the jobs on the head do not see the CLI's environment: the workers follow the head's image
+        words += ["--image", record.image]
     if job.test_boot:
         words += ["--test-boot", job.test_boot]
     if job.metadata_url:

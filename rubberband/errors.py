@@ -125,3 +125,16 @@ class CloudError(RubberbandError):
     @property
     def region(self) -> str | None:
         return self.where.region
+
+
+class CleanupIncomplete(CloudError):
+    """A run's cleanup deleted what it could, but some kind of resource could not be deleted (or not even listed).
+
+    Each kind of run-level resource is deleted on its own, so that one the credentials may not touch (say, secrets
+    without ``secretsmanager:ListSecrets``) does not keep the others (the security group) alive; this error comes
+    once all were tried. ``deleted``: what did go (teardown still reports it); the message names what did not and
+    why; ``kind`` and ``code`` are the first failure's."""
+
+    def __init__(self, message: str, *, deleted: list[str], first: CloudError) -> None:
+        super().__init__(message, kind=first.kind, code=first.code, where=first.where, quota=first.quota)
+        self.deleted = deleted
