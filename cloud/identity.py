@@ -132,7 +132,15 @@ GCP_HEAD_PERMISSIONS = (
 )
 #: What the CLI needs on GCP besides the head's permissions: attach the head's service account to the head
 #: (plus ``iam.serviceAccounts.actAs`` on that account, checked on the account itself).
-GCP_CLI_PERMISSIONS = (*GCP_HEAD_PERMISSIONS, "compute.instances.setServiceAccount")
+#: The head's serial console, where the CLI reads its SSH host keys before connecting (cloud/host_keys.py).
+GCP_CLI_PERMISSIONS = (
+    *GCP_HEAD_PERMISSIONS,
+    "compute.instances.setServiceAccount",
+    "compute.instances.getSerialPortOutput",
+)
+#: What the CLI reads on AWS in head mode: the head's console, where its boot prints its SSH host keys, which the
+#: CLI pins before its first connection (cloud/host_keys.py); without it a head-mode run stops with one line.
+AWS_CLI_CONSOLE_ACTIONS = ("ec2:GetConsoleOutput",)
 #: Name prefixes of what rubberband creates on GCP (VMs and their boot disks ``rb-<run>-...``, firewall rules and
 #: the Cloud Router of the workers' NAT ``rubberband-<run>-...``): the head's role binding is conditioned on them
 #: (:data:`GCP_HEAD_CONDITION`).
@@ -1002,7 +1010,10 @@ def policy_docs() -> str:
             "",
             "The head's EC2 actions above for your run's resources, "
             + ", ".join(f"`{a}`" for a in AWS_CLI_SWEEP_ACTIONS)
-            + " (teardown and the orphan sweep: detached volumes and secrets with the run's tags), `ssm:GetParameter`, "
+            + " (teardown and the orphan sweep: detached volumes and secrets with the run's tags), "
+            + ", ".join(f"`{a}`" for a in AWS_CLI_CONSOLE_ACTIONS)
+            + " (head mode: the head's SSH host keys, read from its console before the first connection), "
+            "`ssm:GetParameter`, "
             'and, to create, find and delete the head\'s role, this (`aws_creator_policy("ACCOUNT")`):',
             "",
             *_policy_block(aws_creator_policy()),
@@ -1021,7 +1032,8 @@ def policy_docs() -> str:
             "",
             "The head's permissions plus "
             + ", ".join(f"`{p}`" for p in GCP_CLI_PERMISSIONS if p not in GCP_HEAD_PERMISSIONS)
-            + " (to start the head with its service account) and `iam.serviceAccounts.actAs` on that account.",
+            + " (to start the head with its service account; to read its SSH host keys from its serial console before "
+            "the first connection) and `iam.serviceAccounts.actAs` on that account.",
         ]
     )
 
