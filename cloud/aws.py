@@ -33,9 +33,9 @@ from rubberband import __version__
 from rubberband.cloud.aws_session import new_session
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
 from rubberband.credentials import assert_no_credentials, redact
-from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import CallContext, RetryPolicy, call_with_retry, classify
 from rubberband.cloud.provider import (
+    PermissionCheck,
     TAG_CREATED,
     TAG_MANAGED,
     TAG_RUN_ID,

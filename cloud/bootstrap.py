@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from rubberband.cloud.host_keys import host_key_lines
@@ -96,6 +98,16 @@ def cloud_run_id(text: str) -> str:
         return clean
     digest = hashlib.sha256(text.encode()).hexdigest()[:6]
     return f"{clean[:34].rstrip('-')}-{digest}"
+
+
+def run_root() -> Path:
+    """Where the head keeps run directories (set by the head's startup script)."""
+    return Path(os.environ.get(RUN_ROOT_ENV) or RUN_ROOT)
+
+
+def head_run_dir(run_id: str) -> Path:
+    """The run's directory on the head: ``<run root>/<cloud run id>`` (what the watchdog watches)."""
+    return run_root() / cloud_run_id(run_id)
 
 
 def check_ssh_cidr(cidr: str) -> str:

@@ -21,8 +21,8 @@ from rich.text import Text
 
 from rubberband.catalog import BILLING_RULES, Catalog, InstanceType, load_catalog
 from rubberband.cloud.bootstrap import WatchdogSettings
-from rubberband.cloud.head import HEAD_TYPES
-from rubberband.cloud.provider import InstanceRequest, ProbesPermissions, Provider
+from rubberband.cloud.head_types import HEAD_TYPES
+from rubberband.cloud.provider import InstanceRequest, PermissionCheck, ProbesPermissions, Provider
 from rubberband.errors import CloudError, InputError, PlanFileError
 from rubberband.plan import Plan, StagePlan
 from rubberband.units import format_duration, format_usd
@@ -49,20 +49,6 @@ class ScheduledInstance:
     billed_s: float
     price_hr: float
     cost_usd: float
-
-
-@dataclass(frozen=True)
-class PermissionCheck:
-    """One permission probed without side effects. ``allowed`` is None when it could not be checked."""
-
-    cloud: str
-    region: str
-    action: str
-    allowed: bool | None
-    detail: str = ""
-    #: "allow": the run needs it (denied fails the dry run); "deny": least privilege — the identity must NOT be
-    #: able to do it (``allowed`` True means it is broader than rubberband needs: reported, not fatal)
-    expect: str = "allow"
 
 
 @dataclass(frozen=True)

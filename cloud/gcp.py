@@ -61,7 +61,6 @@ from google.cloud import compute_v1
 from rubberband import __version__
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
 from rubberband.credentials import assert_no_credentials, redact
-from rubberband.cloud.dryrun import PermissionCheck
 from rubberband.cloud.failover import (
     ERROR_TABLE,
     CallContext,
@@ -71,6 +70,7 @@ from rubberband.cloud.failover import (
     gcp_quota_name,
 )
 from rubberband.cloud.provider import (
+    PermissionCheck,
     TAG_MANAGED,
     TAG_ROLE,
     TAG_RUN_ID,

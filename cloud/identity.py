@@ -24,7 +24,7 @@ run needs (AWS ``iam:GetInstanceProfile`` + ``iam:SimulatePrincipalPolicy`` with
 context; GCP the project's IAM policy and the roles bound to the account), or, when rubberband
 is to create the role, the CLI's credentials may create it under the boundary (which exists and is rubberband's),
 and not around it. Each check is a
-:class:`~rubberband.cloud.dryrun.PermissionCheck`; a denied one names the missing permission.
+:class:`~rubberband.cloud.provider.PermissionCheck`; a denied one names the missing permission.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rubberband.cloud.provider import TAG_HEARTBEAT, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
-from rubberband.cloud.dryrun import PermissionCheck
+from rubberband.cloud.provider import PermissionCheck, TAG_HEARTBEAT, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
 from rubberband.errors import CloudError, InputError
 
 #: Path of every IAM role / instance profile rubberband creates (the orphan sweep lists only these).

@@ -215,7 +215,13 @@ class Executor:
             confidence=job.plan.confidence, on_late=settings.on_late, overrun_s=settings.overrun_s
         )
         replanning = Replanning(services, fleet, self.replanner, lateness, self.deadline_s)
-        self.scheduler: Scheduler = scheduler_for(job, settings, LossPolicy(settings.max_instance_losses))
+        self.scheduler: Scheduler = scheduler_for(
+            job.plan,
+            job.spec.metric,
+            LossPolicy(settings.max_instance_losses),
+            prefetch=settings.prefetch,
+            elastic=settings.elastic,
+        )
         self.actuator = Actuator(services, fleet, runner, spot, replanning)
         self.actuator.outlook = self.scheduler  # type: ignore[assignment]
         self.actuator.remainder = getattr(self.scheduler, "outlook", None)

@@ -37,7 +37,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from rubberband.cloud.bootstrap import WatchdogSettings
+from rubberband.cloud.bootstrap import WatchdogSettings, head_run_dir
 from rubberband.cloud.head import add_head_arguments
 from rubberband.cloud.head_run import (
     MAX_FETCHED_CHECKPOINT_BYTES,
@@ -46,7 +46,6 @@ from rubberband.cloud.head_run import (
     PACK_EXCLUDE,
     STAGE_DIR,
     OnHeadCloudBackend,
-    head_run_dir,
 )
 from rubberband.cloud.testboot import MODES as TEST_BOOT_MODES
 
