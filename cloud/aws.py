@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 import dataclasses
 import functools
 import os
@@ -420,7 +422,7 @@ class AwsProvider:
                 )
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
-    def list(self, run_id: str | None = None) -> list[Instance]:
+    def list(self, run_id: str | None = None) -> builtins.list[Instance]:
         filters = [
             {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
             {"Name": "instance-state-name", "Values": _LIVE_STATES},
@@ -432,8 +434,8 @@ class AwsProvider:
         )
         return [self._instance(raw) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
 
-    def terminate(self, instance_ids: list[str]) -> None:
-        ids = list(dict.fromkeys(instance_ids))
+    def terminate(self, instance_ids: builtins.list[str]) -> None:
+        ids = builtins.list(dict.fromkeys(instance_ids))
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             try:
@@ -462,14 +464,14 @@ class AwsProvider:
         """Merge tags into an instance's tags (e.g. a new stage when an instance is reused)."""
         self._call("CreateTags", lambda: self.ec2.create_tags(Resources=[instance_id], Tags=_tag_list(labels)))
 
-    def check_permissions(self, request: InstanceRequest) -> list[PermissionCheck]:
+    def check_permissions(self, request: InstanceRequest) -> builtins.list[PermissionCheck]:
         """Probe the calls a run makes with ``DryRun=True``: nothing is created.
 
         ``DryRunOperation`` means allowed, ``UnauthorizedOperation`` denied; a probe that fails
         on the placeholder resource id itself (not on authorization) is reported as unchecked.
         """
         self._check_request(request)
-        checks: list[PermissionCheck] = []
+        checks: builtins.list[PermissionCheck] = []
         placeholder_instance, placeholder_group = "i-0000000000000000f", "sg-0000000000000000f"
 
         def probe(action: str, fn: Callable[[], Any]) -> None:
@@ -528,7 +530,7 @@ class AwsProvider:
 
     # -- run-level resources ------------------------------------------------------------------
 
-    def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
+    def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> builtins.list[str]:
         """Delete the run's run-level resources, all found by the exact run tag, and return what was deleted: its
         security groups once no instance uses them (every group of the run, should there be more than one), then
         its detached volumes (a volume an instance kept shows up once that instance is gone), then its secrets.
@@ -537,13 +539,13 @@ class AwsProvider:
         ``secretsmanager:ListSecrets``) never keeps the others alive. :class:`~rubberband.errors.CleanupIncomplete`
         once all were tried, naming what failed and carrying what went."""
         deadline = time.monotonic() + timeout_s
-        steps: list[tuple[str, Callable[[], list[str]]]] = [
+        steps: builtins.list[tuple[str, Callable[[], list[str]]]] = [
             ("security groups", lambda: self._delete_groups(run_id, deadline, timeout_s)),
             ("detached volumes", lambda: self._delete_volumes(run_id)),
             ("secrets", lambda: self._delete_secrets(run_id)),
         ]
-        deleted: list[str] = []
-        failed: list[tuple[str, CloudError]] = []
+        deleted: builtins.list[str] = []
+        failed: builtins.list[tuple[str, CloudError]] = []
         for what, step in steps:
             try:
                 deleted += step()
@@ -559,7 +561,7 @@ class AwsProvider:
             )
         return deleted
 
-    def _delete_groups(self, run_id: str, deadline: float, timeout_s: float) -> list[str]:
+    def _delete_groups(self, run_id: str, deadline: float, timeout_s: float) -> builtins.list[str]:
         """Delete every security group of the run once no instance uses it; the ones that went."""
         self._groups.pop(run_id, None)
         return [
@@ -604,7 +606,7 @@ class AwsProvider:
                 )
             time.sleep(self.poll_s)
 
-    def _volumes(self, run_id: str | None = None) -> list[dict[str, Any]]:
+    def _volumes(self, run_id: str | None = None) -> builtins.list[dict[str, Any]]:
         """Detached (``available``) EBS volumes carrying rubberband's tags (one run's when given): a volume of a
         terminated instance that was not deleted with it, still billing."""
         filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}, {"Name": "status", "Values": ["available"]}]
@@ -615,7 +617,7 @@ class AwsProvider:
         )
         return [v for page in pages for v in page["Volumes"]]
 
-    def _delete_volumes(self, run_id: str) -> list[str]:
+    def _delete_volumes(self, run_id: str) -> builtins.list[str]:
         deleted = []
         for volume in self._volumes(run_id):
             try:
@@ -626,7 +628,7 @@ class AwsProvider:
                     raise
         return deleted
 
-    def _secrets(self, run_id: str | None = None) -> list[dict[str, Any]]:
+    def _secrets(self, run_id: str | None = None) -> builtins.list[dict[str, Any]]:
         """Secrets Manager secrets carrying rubberband's tags (one run's when given), e.g. a run's Ray token."""
         filters = [{"Key": "tag-key", "Values": [TAG_MANAGED]}, {"Key": "tag-value", "Values": ["true"]}]
         if self._secrets_client is None:  # built on first use: only teardown and the sweep need it
@@ -647,7 +649,7 @@ class AwsProvider:
                     found.append(secret)
         return found
 
-    def _listable_secrets(self) -> list[dict[str, Any]]:
+    def _listable_secrets(self) -> builtins.list[dict[str, Any]]:
         """Every rubberband secret, or none where the credentials may not list secrets: the sweep still finds the
         runs left by their groups and volumes (whose cleanup then names the missing permission)."""
         try:
@@ -657,7 +659,7 @@ class AwsProvider:
                 raise
             return []
 
-    def _delete_secrets(self, run_id: str) -> list[str]:
+    def _delete_secrets(self, run_id: str) -> builtins.list[str]:
         deleted = []
         for secret in self._secrets(run_id):
             try:
@@ -671,7 +673,7 @@ class AwsProvider:
                     raise
         return deleted
 
-    def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> list[str]:
+    def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> builtins.list[str]:
         """Runs whose security group, detached volumes or secrets outlived their instances (to clean up with
         :meth:`cleanup_run`), found by exact tags; a group younger than ``older_than_s`` (its ``rubberband-created``
         tag) belongs to a run being started and is left alone."""
