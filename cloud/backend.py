@@ -44,6 +44,7 @@ from rubberband.cloud.provider import (
     node_resource,
 )
 from rubberband.cloud.registry import ProviderPool
+from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.devices import DevicePolicy
 from rubberband.errors import CloudError, Location
 
@@ -367,7 +368,7 @@ class CloudBackend:
     def _providers(self) -> builtins.list[Provider]:
         """Providers built so far (build the plan's regions up front to see instances of an earlier executor)."""
         providers = self.pool.providers()
-        return providers or [self.pool(self.head.cloud, _region_of(self.head))]
+        return providers or [self.pool(self.head.cloud, cloud_descriptor(self.head.cloud).region_of(self.head.zone))]
 
     def _group(self, instance_ids: builtins.list[str]) -> dict[Provider, builtins.list[str]]:
         groups: dict[Provider, builtins.list[str]] = {}
@@ -398,10 +399,3 @@ class _ScriptFor:
             request.instance_type.cloud, request.run_id, self.head, request.instance_type, self.boot
         )
         return self.provider.provision(dataclasses.replace(request, startup_script=script))
-
-
-def _region_of(instance: Instance) -> str:
-    """Region of an instance from its zone (``us-east-1a`` → ``us-east-1``, ``us-central1-a`` → ``us-central1``)."""
-    if instance.cloud == "gcp":
-        return instance.zone.rsplit("-", 1)[0]
-    return instance.zone[:-1]

@@ -41,6 +41,7 @@ from typing import Literal
 
 from rubberband.cloud.host_keys import host_key_lines
 from rubberband.cloud.shell import say_line, shell_word, shell_words
+from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.credentials import assert_no_credentials, refuse_requirement_credentials
 from rubberband.errors import InputError
 
@@ -181,7 +182,6 @@ TOKEN_FILE = "ray-token"
 TOKEN_DROP_USER = "rubberband-token"
 #: On the head: where its key for pushing the token to workers is (the executor's job reads it from the env).
 TOKEN_PUSH_KEY_ENV = "RUBBERBAND_TOKEN_PUSH_KEY"
-METADATA_URLS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
 
 
 @dataclass(frozen=True)
@@ -603,7 +603,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
     want = config.python_version
     venv, py = _q(config.venv), f"{_q(config.venv)}/bin/python"
     run_dir = f'{_q(config.run_root)}/"${{RB_RUN_ID}}"'
-    url = (config.metadata_url or METADATA_URLS[config.cloud]).rstrip("/")
+    url = (config.metadata_url or cloud_descriptor(config.cloud).metadata_url or "").rstrip("/")
     packages = [f"ray[default]=={config.ray_version}", *config.runtime_requirements, *config.requirements]
     lines = [
         "#!/bin/bash",

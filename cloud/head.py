@@ -40,9 +40,9 @@ from rubberband.cloud.bootstrap import (
     render_startup_script,
 )
 from rubberband.cloud.failover import provision_with_failover
-from rubberband.cloud.head_types import HEAD_TYPES
+from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.cloud.provider import TAG_ROLE, CleansUpRuns, Instance, InstanceRequest, Provider
-from rubberband.errors import CloudError
+from rubberband.errors import CloudError, InputError
 from rubberband.devices import node_resources
 
 log = logging.getLogger("rubberband.cloud.head")
@@ -52,7 +52,10 @@ DONE_MARKER = "DONE"
 
 def head_type(cloud: str, region: str, zones: Sequence[str]) -> InstanceType:
     """The head's type placed in ``region`` (zones: where the run's workers go, first preferred)."""
-    return dataclasses.replace(HEAD_TYPES[cloud], region=region, zones=tuple(zones))
+    shape = cloud_descriptor(cloud).head_type
+    if shape is None:
+        raise InputError(f"{cloud} runs no head instance")
+    return dataclasses.replace(shape, region=region, zones=tuple(zones))
 
 
 def ray_version() -> str:

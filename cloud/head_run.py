@@ -25,6 +25,8 @@ from rubberband.cloud.backend import BilledHead, HeadHandle
 from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
 from rubberband.cloud.local_head import LocalHeadCloudBackend
 from rubberband.cloud.provider import Instance
+from rubberband.clouds import cloud as cloud_descriptor
+from rubberband.clouds import head_types
 from rubberband.files import write_text_atomic
 
 STAGE_DIR = "_rubberband"  # inside the job's working directory: spec.json, plan.json, profile.json
@@ -79,10 +81,8 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
         """This head as the run pays for it: its type's on-demand price from its launch (else from now)."""
         import time
 
-        from rubberband.cloud.head_types import HEAD_TYPES
-
         head = self._head
-        itype = HEAD_TYPES.get(self.cloud)
+        itype = head_types().get(self.cloud)
         if itype is not None and itype.name == head.instance_type:
             price = itype.price_hr
         else:  # a head of another shape: the catalog's price, else the default head's
@@ -107,10 +107,9 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
 
     def heartbeat_targets(self) -> list[tuple[object, list[str]]]:
         """The run's heartbeat goes on this head instance (one call a beat; the head's role may re-tag it)."""
-        from rubberband.cloud.backend import _region_of
 
         head = self.workers.head
-        return [(self.pool(self.cloud, _region_of(head)), [head.id])]
+        return [(self.pool(self.cloud, cloud_descriptor(head.cloud).region_of(head.zone)), [head.id])]
 
     def runtime_env(self, code_dir: str) -> dict | None:
         """None: the executor runs inside the CLI's Ray job, whose runtime_env (rubberband, code) its driver inherits."""

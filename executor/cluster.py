@@ -142,7 +142,8 @@ class RayCluster:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         self._saved_auth = (os.environ.get("RAY_AUTH_MODE"), os.environ.get(TOKEN_PATH_ENV))
         self._connected = True
-        _set_env(TOKEN_PATH_ENV, auth_token_path)
+        if auth_token_path is not None:  # else the token Ray finds already (a head's env, ~/.ray/auth_token)
+            _set_env(TOKEN_PATH_ENV, auth_token_path)
         _set_auth_mode(auth_mode)
         import ray
 

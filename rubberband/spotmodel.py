@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.errors import InputError
 from rubberband.planner.spot import (
     DURATION_LEVELS,
@@ -151,13 +151,6 @@ class TraceFile(_Model):
         return trace_stats(self.data, self.gap_s)
 
 
-def region_of(cloud: str, zone: str) -> str:
-    """``us-east-1a`` → ``us-east-1`` (AWS); ``us-central1-a`` → ``us-central1`` (GCP)."""
-    if cloud == "gcp":
-        return zone.rsplit("-", 1)[0]
-    return re.sub(r"[a-z]$", "", zone)
-
-
 def read_trace(path: Path, root: Path | None = None) -> TraceFile:
     """One trace file, or SpotTraceError naming the file, the field and the fix."""
     fix = 'a trace is {"metadata": {"gap_seconds": N}, "data": [0, 1, ...]} (docs/spot.md)'
@@ -210,7 +203,7 @@ def read_trace(path: Path, root: Path | None = None) -> TraceFile:
         kind=kind,
         cloud=cloud,
         zone=zone,
-        region=meta.get("region") or region_of(cloud, zone),
+        region=meta.get("region") or cloud_descriptor(cloud).region_of(zone),
         instance_type=label,
         gap_s=float(gap),
         data=[int(x) for x in ticks],

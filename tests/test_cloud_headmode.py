@@ -39,7 +39,7 @@ from gce_fake import gce_fake  # noqa: F401
 from test_cloud_cli import Offer, cloud_env, cloud_job, cloud_plan, moto_instances, one_error_line, small_gcp_job
 
 from rubberband.catalog import parse_catalog
-from rubberband.cloud.head import HEAD_TYPES
+from rubberband.clouds import head_types
 from rubberband.cloud.head_run import unpack
 from rubberband.head_job import build_parser, pack
 from rubberband.cloud.head_link import DirectLink
@@ -189,7 +189,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     head = summary["head"]
     assert head["id"] == record.instance_id and head["instance_type"] == "m6i.large" and head["grace_s"] == 600
     assert head["lifetime_s"] > 600
-    assert head["cost_usd"] == pytest.approx(head["billed_s"] * HEAD_TYPES["aws"].price_hr / 3600)
+    assert head["cost_usd"] == pytest.approx(head["billed_s"] * head_types()["aws"].price_hr / 3600)
     workers = sum(i["cost_usd"] for i in summary["instances"])
     assert summary["actual"]["head_usd"] == head["cost_usd"]
     assert summary["actual"]["cost_usd"] == pytest.approx(workers + head["cost_usd"])

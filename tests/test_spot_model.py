@@ -30,6 +30,7 @@ from rubberband.planner.spot import (
     stay_on_spot,
     trace_stats,
 )
+from rubberband.clouds import cloud
 from rubberband.spotmodel import (
     SpotTraceError,
     fit_traces,
@@ -37,7 +38,6 @@ from rubberband.spotmodel import (
     parse_spot_model,
     read_trace,
     read_traces,
-    region_of,
 )
 
 
@@ -118,8 +118,11 @@ def test_an_any_zone_entry_is_available_when_any_zone_is(tmp_path):
 
 
 def test_region_of_zones():
-    assert region_of("aws", "us-east-1a") == "us-east-1"
-    assert region_of("gcp", "us-central1-a") == "us-central1"
+    assert cloud("aws").region_of("us-east-1a") == "us-east-1" and cloud("aws").region_of("us-east-1*") == "us-east-1*"
+    assert (
+        cloud("gcp").region_of("us-central1-a") == "us-central1"
+        and cloud("gcp").region_of("us-central1") == "us-central1"
+    )
 
 
 @pytest.mark.parametrize(
