@@ -60,6 +60,7 @@ from google.cloud import compute_v1
 
 from rubberband import __version__
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
+from rubberband.cloud.gcp_session import ENDPOINT_ENV, PROJECT_ENV
 from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.failover import (
     ERROR_TABLE,
@@ -86,8 +87,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-ENDPOINT_ENV = "RUBBERBAND_GCE_ENDPOINT"
-PROJECT_ENV = "RUBBERBAND_GCP_PROJECT"
 #: Deep Learning VM image family with PyTorch (CUDA 12.9, NVIDIA driver 580, Ubuntu 22.04): the boot reuses its
 #: torch and its Python (a head boots on it, its workers follow), so no node downloads a CUDA build.
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/pytorch-2-9-cu129-ubuntu-2204-nvidia-580"

@@ -884,7 +884,7 @@ class GcpIdentities:
     CRM = "https://cloudresourcemanager.googleapis.com"
 
     def __init__(self, project: str | None = None, *, endpoint: str | None = None, session: Any = None) -> None:
-        from rubberband.cloud.gcp import ENDPOINT_ENV, PROJECT_ENV
+        from rubberband.cloud.gcp_session import ENDPOINT_ENV, PROJECT_ENV
 
         endpoint = endpoint or os.environ.get(ENDPOINT_ENV) or None
         self.iam_url, self.crm_url = (endpoint, endpoint) if endpoint else (self.IAM, self.CRM)
