@@ -152,7 +152,8 @@ class TraceFile(_Model):
 
 
 def read_trace(path: Path, root: Path | None = None) -> TraceFile:
-    """One trace file, or SpotTraceError naming the file, the field and the fix."""
+    """One trace file (named in the model relative to ``root``, the folder given), or SpotTraceError naming the
+    file, the field and the fix."""
     fix = 'a trace is {"metadata": {"gap_seconds": N}, "data": [0, 1, ...]} (docs/spot.md)'
     data = read_json(
         path, kind="spot trace", error=SpotTraceError, missing="pass a directory of trace files", remedy=fix
@@ -175,11 +176,10 @@ def read_trace(path: Path, root: Path | None = None) -> TraceFile:
             raise SpotTraceError(
                 f"{path}: spot trace field 'data.{i}': must be 0 (available) or 1 (not), got {x!r}; {fix}"
             )
-    rel = str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else str(path)
-    parts = [p.lower() for p in Path(rel).parts]
-    kind = meta.get("kind") or (
-        "availability" if "availability" in parts else "preemption" if "preemption" in parts else None
-    )
+    # the folders of the file's whole path, nearest first: `.../availability/1-node/aws-02-15-2023/<file>` passed
+    # as its last folder still says availability and aws
+    parts = [p.lower() for p in reversed(path.resolve().parent.parts)]
+    kind = meta.get("kind") or next((p for p in parts if p in ("availability", "preemption")), None)
     if kind not in ("availability", "preemption"):
         raise SpotTraceError(
             f"{path}: cannot tell whether this is an availability or a preemption trace; put it "
@@ -199,7 +199,7 @@ def read_trace(path: Path, root: Path | None = None) -> TraceFile:
             f"{path}: cannot tell the instance type; name the file <zone>_<kind>_<n>.json or set metadata.instance_type"
         )
     return TraceFile(
-        path=rel,
+        path=str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else str(path),
         kind=kind,
         cloud=cloud,
         zone=zone,
