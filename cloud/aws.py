@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import boto3
 import botocore.exceptions
+import botocore.parsers
 from botocore.config import Config
 
 from rubberband import __version__
@@ -46,7 +47,7 @@ from rubberband.cloud.provider import (
     InstanceRequest,
     check_option_names,
 )
-from rubberband.errors import CleanupIncomplete, CloudError, InputError, Location
+from rubberband.errors import CleanupIncomplete, CloudError, InputError, Location, UnexpectedAnswer
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -176,6 +177,8 @@ class AwsProvider:
                 raise classify(
                     "NoCredentials", "boto3 found no credentials", CallContext("aws", region=self.region)
                 ) from None
+            except (botocore.parsers.ResponseParserError, KeyError, ValueError) as exc:  # botocore read no API answer
+                raise UnexpectedAnswer(f"aws {context.action} in {self.region}", str(exc)) from None
             except (
                 botocore.exceptions.EndpointConnectionError,
                 botocore.exceptions.ConnectionClosedError,

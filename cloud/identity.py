@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rubberband.cloud.provider import PermissionCheck, TAG_HEARTBEAT, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
-from rubberband.errors import CloudError, InputError
+from rubberband.errors import CloudError, InputError, UnexpectedAnswer
 
 #: Path of every IAM role / instance profile rubberband creates (the orphan sweep lists only these).
 IAM_PATH = "/rubberband/"
@@ -519,6 +519,7 @@ class AwsIdentities:
 
     def _call(self, action: str, fn: Callable[[], Any]) -> Any:
         import botocore.exceptions
+        import botocore.parsers
 
         from rubberband.cloud.failover import CallContext, classify
 
@@ -534,6 +535,8 @@ class AwsIdentities:
             raise classify(code, error.get("Message", ""), context, http_status=status) from None
         except botocore.exceptions.NoCredentialsError:
             raise classify("NoCredentials", "boto3 found no credentials", CallContext("aws")) from None
+        except (botocore.parsers.ResponseParserError, KeyError, ValueError) as exc:  # botocore read no API answer
+            raise UnexpectedAnswer(f"aws {action if ':' in action else f'iam:{action}'}", str(exc)) from None
         except botocore.exceptions.BotoCoreError as exc:  # a connection error, an unreadable answer
             name = action if ":" in action else f"iam:{action}"
             raise CloudError(f"aws {name}: {exc}", kind="transient", code=type(exc).__name__) from None

@@ -155,6 +155,44 @@ def test_aws_dry_run_without_credentials_is_one_line_exit_2(cli, tmp_path, moto_
     assert moto_instances() == []
 
 
+@pytest.mark.parametrize("service", ["IAM", "STS", "EC2"])
+def test_an_unreadable_answer_from_an_aws_api_is_one_line_exit_2(cli, tmp_path, moto_env, service):
+    """A proxy's page instead of the API's XML (a real HTTP server on loopback answering every call with HTML):
+    one line naming the call, exit 2, nothing created (it was a 97-line botocore traceback)."""
+    import http.server
+    import threading
+
+    class Portal(http.server.BaseHTTPRequestHandler):
+        def _page(self) -> None:
+            body = b"<html><body>Please log in to the corporate proxy</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _page
+
+        def log_message(self, *args) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Portal)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = cloud_job(tmp_path, ["aws"])
+        plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "p3.2xlarge"))
+        env = cloud_env(tmp_path, moto_env)
+        env[f"AWS_ENDPOINT_URL_{service}"] = f"http://127.0.0.1:{server.server_address[1]}"
+        result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    line = one_error_line(result)
+    assert "could not be read as the API's" in line and f"{service.lower()}:" in line, line
+    assert "Traceback" not in result.stderr and moto_instances() == []
+
+
 @pytest.mark.parametrize("case", ["cloud-not-in-spec", "unknown-type", "unknown-region", "plan-of-other-cloud"])
 def test_dry_run_bad_input_is_one_line_exit_2(cli, tmp_path, moto_env, ec2_faults, case):
     spec = cloud_job(tmp_path, ["gcp"] if case == "cloud-not-in-spec" else ["aws", "gcp"])
