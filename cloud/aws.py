@@ -177,7 +177,7 @@ class AwsProvider:
                 raise classify(
                     "NoCredentials", "boto3 found no credentials", CallContext("aws", region=self.region)
                 ) from None
-            except (botocore.parsers.ResponseParserError, KeyError, ValueError) as exc:  # botocore read no API answer
+            except botocore.parsers.ResponseParserError as exc:  # XML that is no API answer
                 raise UnexpectedAnswer(f"aws {context.action} in {self.region}", str(exc)) from None
             except (
                 botocore.exceptions.EndpointConnectionError,

@@ -535,7 +535,7 @@ class AwsIdentities:
             raise classify(code, error.get("Message", ""), context, http_status=status) from None
         except botocore.exceptions.NoCredentialsError:
             raise classify("NoCredentials", "boto3 found no credentials", CallContext("aws")) from None
-        except (botocore.parsers.ResponseParserError, KeyError, ValueError) as exc:  # botocore read no API answer
+        except botocore.parsers.ResponseParserError as exc:  # XML that is no API answer
             raise UnexpectedAnswer(f"aws {action if ':' in action else f'iam:{action}'}", str(exc)) from None
         except botocore.exceptions.BotoCoreError as exc:  # a connection error, an unreadable answer
             name = action if ":" in action else f"iam:{action}"
