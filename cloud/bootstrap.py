@@ -41,6 +41,7 @@ from typing import Literal
 
 from rubberband.cloud.host_keys import host_key_lines
 from rubberband.cloud.shell import say_line, shell_word, shell_words
+from rubberband import DIST_NAME
 from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.credentials import assert_no_credentials, refuse_requirement_credentials
 from rubberband.errors import InputError
@@ -274,7 +275,7 @@ def runtime_requirements() -> tuple[str, ...]:
     from importlib.metadata import PackageNotFoundError, requires
 
     try:
-        declared = requires("rubberband") or []
+        declared = requires(DIST_NAME) or []
     except PackageNotFoundError:
         return ()
     names = [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in declared if "extra ==" not in r]
