@@ -279,8 +279,10 @@ class Executor:
             from rubberband.executor.pool import WorkerPool
 
             # Trials take warm workers, so a stage boundary (resize) costs a process-group re-init (~0.05 s),
-            # not a process start (~2.5 s): that is what the simulator assumes.
-            self.fleet.workers = WorkerPool()
+            # not a process start (~2.5 s): that is what the simulator assumes. A job of one-worker CPU trials
+            # (scikit-learn, XGBoost, a sleep) never pays for torch.
+            stages = self.fleet.runplan.plan.stages
+            self.fleet.workers = WorkerPool(warm_torch=any(s.workers_per_trial > 1 for s in stages))
 
     # -- progress and the end -------------------------------------------------------------------------------
     def _report_progress(self) -> None:
