@@ -22,12 +22,13 @@ from pathlib import Path
 import pytest
 
 import boot_os
-from test_cloud_boot import MetadataServer
+from test_cloud_boot import JOB, MetadataServer
 
 from rubberband.cloud.bootstrap import (
     BOOT_FAILED,
     POWEROFF_MARKER,
     RAY_STOP_UNIT,
+    TORCH_CPU_INDEX,
     WATCHDOG_UNIT,
     BootstrapConfig,
     client_versions,
@@ -65,6 +66,19 @@ def _config(role: str, metadata_url: str, ray_port: int, dashboard_port: int, **
         ray_start_options=tuple(options),
         **kw,
     )
+
+
+def _torch_cpu_index() -> str:
+    """PyTorch's CPU index where it answers; else PyPI's, for a machine whose pip finds the CPU build in a local wheel
+    directory (the nodes' /etc/pip.conf has the host's /opt/wheels as find-links): pip would retry the unreachable
+    index for torch and each of its dependencies."""
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(TORCH_CPU_INDEX + "/", timeout=10).close()
+        return TORCH_CPU_INDEX
+    except OSError:
+        return "https://pypi.org/simple"
 
 
 def _ssh_on_port(work: Path, port: int) -> str:
@@ -119,6 +133,8 @@ def test_a_fresh_debian_boots_the_rendered_head_and_worker_and_powers_off_on_the
             head_address="127.0.0.1",
             workers=2,
             use_gpu=False,
+            torch_version=client_versions()["torch_version"],
+            torch_cpu_index=_torch_cpu_index(),
             token_push_key=Path(f"{push_key}.pub").read_text().strip(),
         )
         worker = boot_os.Node("worker", work / "worker", render_startup_script(worker_config), ssh_port=worker_ssh)
@@ -155,6 +171,12 @@ def test_a_fresh_debian_boots_the_rendered_head_and_worker_and_powers_off_on_the
         status = _ray_status(head, ray_port, token=True)
         assert "rb-node-i-worker1" in status and "rb-head" in status, status
         assert _ray_status(head, ray_port, token=False) == ""  # without the run's token the GCS answers nothing
+
+        # (d) a job submitted as the CLI submits a run trains a 2-worker DDP trial with shipped code on the worker
+        result = _run_shipped_trial(work, dashboard_port, token_file.read_text().strip())
+        assert result["epochs"] == [0, 1] and all(loss == loss for loss in result["loss"]), result
+        assert "py_modules_files" in result["driver"] and "py_modules_files" in result["worker"]["rubberband"]
+        assert "working_dir_files" in result["worker"]["train"] and result["worker"]["node"] != result["head_node"]
 
         # (e) the run's watchdog marker powers the head off in seconds: `ray stop` (RAY_STOP_UNIT) ends its Ray first,
         # which otherwise outwaits systemd's final SIGTERM (92.6 s measured before that unit)
@@ -202,6 +224,36 @@ def test_a_failed_boot_powers_the_fresh_debian_off():
         server.close()
         shutil.rmtree(work, ignore_errors=True)
         print("\nboot tier timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in boot_os.TIMINGS.items()))
+
+
+def _run_shipped_trial(work: Path, dashboard_port: int, token: str) -> dict:
+    """test_cloud_boot's job (rubberband and the training code shipped in its runtime_env), through the head's job
+    server with the run's token; its RESULT line."""
+    import json
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from conftest import REPO
+    from rubberband.cloud.ray_token import auth_headers
+    from rubberband.cloud.shipping import build_package, job_runtime_env
+
+    code = work / "code"
+    code.mkdir()
+    shutil.copy(REPO / "tests" / "trial_code" / "tiny_train.py", code)
+    (code / "boot_job.py").write_text(JOB)
+    client = JobSubmissionClient(f"http://127.0.0.1:{dashboard_port}", headers=auth_headers(token))
+    job = client.submit_job(
+        entrypoint="python boot_job.py i-worker1 /tmp/rb-trial",
+        runtime_env=job_runtime_env(build_package(work / "package"), code),
+    )
+    started = time.monotonic()
+    while (status := client.get_job_status(job)) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+        assert time.monotonic() - started < 600, client.get_job_logs(job)[-3000:]
+        time.sleep(2)
+    boot_os.TIMINGS["job: submit to trained"] = time.monotonic() - started
+    logs = client.get_job_logs(job)
+    assert status == JobStatus.SUCCEEDED, logs[-4000:]
+    return json.loads(next(line for line in logs.splitlines() if line.startswith("RESULT "))[7:])
 
 
 def _ray_status(node: boot_os.Node, port: int, *, token: bool) -> str:
