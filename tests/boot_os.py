@@ -125,7 +125,7 @@ class Node:
     rendered startup script, run by :data:`USER_DATA_UNIT`; ``ssh_port`` is where the node's sshd listens
     (127.0.0.1 only: the nodes share the host's network)."""
 
-    def __init__(self, name: str, workdir: Path, user_data: str, *, ssh_port: int, files: dict[str, str] = {}):  # noqa: B006
+    def __init__(self, name: str, workdir: Path, user_data: str, *, ssh_port: int, files: dict[str, str] | None = None):
         self.name, self.workdir = name, workdir
         self.root = workdir / "root"
         for sub in ("upper", "work", "root"):
@@ -145,7 +145,7 @@ class Node:
         self.mounted = True
         wanted = f"/etc/systemd/system/multi-user.target.wants/{USER_DATA_UNIT}"
         files = {
-            **files,
+            **(files or {}),
             USER_DATA: user_data,
             f"/etc/systemd/system/{USER_DATA_UNIT}": _UNIT,
             "/etc/ssh/sshd_config.d/rb-boot.conf": f"Port {ssh_port}\nListenAddress 127.0.0.1\n",
