@@ -177,6 +177,8 @@ BOOT_FAILED = "rubberband-boot: FAILED:"
 POWEROFF_MARKER = "POWEROFF"
 #: The node watchdog's systemd unit (installed by every startup script before anything that can fail).
 WATCHDOG_UNIT = "rubberband-watchdog.service"
+#: Stops the node's Ray when the node powers off (Ray's gcs_server and raylet outwait systemd's final SIGTERM).
+RAY_STOP_UNIT = "rubberband-ray-stop.service"
 #: The run's Ray token on a node, in its state directory (root only).
 TOKEN_FILE = "ray-token"
 #: The account a worker receives its token through (ssh from the head, forced command) and its home.
@@ -229,6 +231,7 @@ class BootstrapConfig:
     state_dir: str = "/var/lib/rubberband"  # the node watchdog's script and state (boot time, cap, markers)
     systemd_dir: str = "/etc/systemd/system"  # where the watchdog's unit goes
     boot_timeout_s: float = 3600.0  # a boot not finished by then (hung pip, ...) powers the node off
+    failed_grace_s: float = 600.0  # a failed boot powers the node off this long after (time to read its console)
     #: Ray's authentication: ``token`` (the run's token, delivered over SSH; see the module docstring), or
     #: ``disabled`` for a worker of a head outside the cloud (``--head local``), which cannot push a token
     ray_auth: Literal["token", "disabled"] = "token"
@@ -397,7 +400,8 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
         '  if [ -s "$STATE/expires_at" ] && [ "$now" -ge "$(cat "$STATE/expires_at")" ]; then',
         "    off 'the node reached its lifetime cap'; fi",
         '  if [ -e "$STATE/failed" ]; then',
-        "    if [ $((now - $(stat -c %Y \"$STATE/failed\"))) -ge 600 ]; then off 'the boot failed'; fi",
+        f'    if [ $((now - $(stat -c %Y "$STATE/failed"))) -ge {int(config.failed_grace_s)} ]; then '
+        "off 'the boot failed'; fi",
         '  elif [ ! -e "$STATE/ready" ]; then',
         f"    if [ $((now - booted)) -ge {int(config.boot_timeout_s)} ]; then "
         f"off 'the boot did not finish within {int(config.boot_timeout_s)}s'; fi",
@@ -533,6 +537,33 @@ def _safety_net_lines(config: BootstrapConfig) -> list[str]:
     return lines
 
 
+def _ray_stop_lines(config: BootstrapConfig) -> list[str]:
+    """Right before ``ray start``: a unit whose stop runs ``ray stop``, so a power-off (the watchdog's, the lifetime
+    cap's, the cloud's) takes seconds. Ray runs in the user-data's unit (cloud-init's ``cloud-final.service`` and GCE's
+    startup-script unit have ``KillMode=process``), so nothing stops it before systemd's final SIGTERM, which its
+    gcs_server and raylet ignore until the 90 s timeout: 94 s from the watchdog's power-off to the node's end."""
+    unit = "\n".join(
+        [
+            "[Unit]",
+            f"Description=rubberband: stop the Ray of run {config.run_id} before the node powers off",
+            "After=network-online.target",
+            "[Service]",
+            "Type=oneshot",
+            "RemainAfterExit=yes",
+            "ExecStart=/bin/true",
+            f"ExecStop={config.venv}/bin/python -m ray.scripts.scripts stop",
+        ]
+    )
+    return [
+        f"cat > {_q(config.systemd_dir)}/{RAY_STOP_UNIT} <<'RB_UNIT'",
+        unit,
+        "RB_UNIT",
+        f"if command -v systemctl >/dev/null 2>&1 && systemctl daemon-reload && systemctl start {RAY_STOP_UNIT}; then",
+        "  " + say_line(f"Ray stops before a power-off: systemd service {RAY_STOP_UNIT}"),
+        "fi",
+    ]
+
+
 def _python_lines(config: BootstrapConfig) -> list[str]:
     """Pick the node's interpreter into ``$RB_PY`` (and its minor into ``$RB_PYV``), or fail saying why.
 
@@ -617,7 +648,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"exec > >(tee -a {_q(config.log_dir)}/rubberband-boot.log {_q(config.console)} >/dev/null) 2>&1",
         'say() { echo "rubberband-boot: $(date -u +%H:%M:%S) $*"; }',
         f'fail() {{ echo "{BOOT_FAILED} $*"; touch {_q(config.state_dir)}/failed 2>/dev/null || true; '
-        f"{config.shutdown_command} +10 || true; exit 1; }}",
+        f"{config.shutdown_command} +{max(1, int(config.failed_grace_s // 60))} || true; exit 1; }}",
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
         say_line(f"booting a {config.role} of run {config.run_id}"),
         *(host_key_lines(config.ssh_dir) if config.role == "head" else []),
@@ -648,6 +679,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"export PATH={venv}/bin:\"$PATH\"  # the runtime's python and pip for Ray's jobs",
         f"mkdir -p {run_dir}",
         *_token_lines(config),
+        *_ray_stop_lines(config),
     ]
     ray = f"{py} -m ray.scripts.scripts"
     more = "".join(f" {_q(option)}" for option in config.ray_start_options)
