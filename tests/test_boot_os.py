@@ -35,6 +35,7 @@ from rubberband.cloud.bootstrap import (
     render_startup_script,
 )
 from rubberband.cloud.provider import Instance
+from rubberband.cloud.host_keys import await_host_keys, pin_host_keys
 from rubberband.cloud.ray_token import SshLogin, SshTokenPush, deliver_to_head, make_push_key, new_token
 from rubberband.net import free_port
 
@@ -116,7 +117,11 @@ def test_a_fresh_debian_boots_the_rendered_head_and_worker_and_powers_off_on_the
             files={"/root/.ssh/authorized_keys": Path(f"{cli_key}.pub").read_text()},
         )
         nodes.append(head)
-        login = SshLogin("127.0.0.1", "root", cli_key, work / "known_hosts")
+        # the CLI's way: the head's host keys from its console, pinned before the first connection (no trust on
+        # first use); the token then goes over a connection that accepts no other key
+        keys = await_host_keys(head.console, what="the head", timeout_s=600, poll_s=1)
+        known = pin_host_keys(work / "known_hosts", f"[127.0.0.1]:{head_ssh}", keys)
+        login = SshLogin("127.0.0.1", "root", cli_key, known, pinned=True)
         deliver_to_head(login, token_file.read_text(), timeout_s=120, ssh=_ssh_on_port(work, head_ssh), poll_s=1)
         # the head makes its token push key after its pip install, right before it waits for the token
         head.wait_for(f"{STATE}/push_key.pub", 900, fail=f"{STATE}/failed")
@@ -168,7 +173,11 @@ def test_a_fresh_debian_boots_the_rendered_head_and_worker_and_powers_off_on_the
             assert "ready: Ray is up" in console and BOOT_FAILED not in console, console[-3000:]
 
         # (c) the worker joined the authenticated head: the head's GCS lists its rb-node-<id> resource
-        status = _ray_status(head, ray_port, token=True)
+        for _ in range(30):  # `ray status` is the autoscaler's report, refreshed every few seconds
+            status = _ray_status(head, ray_port, token=True)
+            if "rb-node-i-worker1" in status:
+                break
+            time.sleep(2)
         assert "rb-node-i-worker1" in status and "rb-head" in status, status
         assert _ray_status(head, ray_port, token=False) == ""  # without the run's token the GCS answers nothing
 
