@@ -198,7 +198,7 @@ class BootstrapConfig:
     """
 
     run_id: str
-    cloud: Literal["aws", "gcp"]
+    cloud: str  # a cloud of rubberband/clouds.py that has a metadata server (aws, gcp)
     role: Literal["head", "worker"]
     ray_version: str
     #: "3.11": the Python minor the node's interpreter must have (a worker: its head's / the CLI's, Ray joins
@@ -242,6 +242,8 @@ class BootstrapConfig:
     torch_cpu_index: str = TORCH_CPU_INDEX
 
     def __post_init__(self) -> None:
+        if cloud_descriptor(self.cloud).metadata_url is None:
+            raise InputError(f"cloud {self.cloud!r} boots no instances from a startup script")
         for name in ("ray_version", "torch_version", "rubberband_version"):
             value = getattr(self, name)
             if value and not _VERSION_RE.fullmatch(value):
