@@ -87,6 +87,10 @@ GCP_HEAD_PERMISSIONS = (
     "compute.disks.setLabels",
     "compute.disks.list",
     "compute.disks.delete",
+    "compute.subnetworks.create",
+    "compute.subnetworks.delete",
+    "compute.subnetworks.get",
+    "compute.subnetworks.list",
     "compute.subnetworks.use",
     "compute.subnetworks.useExternalIp",
     "compute.networks.updatePolicy",
@@ -107,29 +111,37 @@ GCP_HEAD_PERMISSIONS = (
 #: What the CLI needs on GCP besides the head's permissions: attach the head's service account to the head
 #: (plus ``iam.serviceAccounts.actAs`` on that account, checked on the account itself).
 GCP_CLI_PERMISSIONS = (*GCP_HEAD_PERMISSIONS, "compute.instances.setServiceAccount")
-#: Name prefixes of what rubberband creates on GCP (VMs and their boot disks ``rb-<run>-...``, firewall rules and
-#: the Cloud Router of the workers' NAT ``rubberband-<run>-...``): the head's role binding is conditioned on them
-#: (:data:`GCP_HEAD_CONDITION`).
+#: Name prefixes of what rubberband creates on GCP (VMs and their boot disks ``rb-<run>-...``, firewall rules, the
+#: Cloud Router of the workers' NAT and their subnetwork ``rubberband-<run>-...``): the head's role binding is
+#: conditioned on them (:data:`GCP_HEAD_CONDITION`).
 GCP_NAME_PREFIXES = {
     "Instance": ("instances", "rb-"),
     "Disk": ("disks", "rb-"),
     "Firewall": ("firewalls", "rubberband-"),
     "Router": ("routers", "rubberband-"),
+    "Subnetwork": ("subnetworks", "rubberband-"),
 }
+#: The network's own subnetwork, which workers use with ``--worker-egress existing`` or ``public``.
+GCP_NETWORK_SUBNETWORK = "default"
 
 
 def gcp_head_condition() -> str:
-    """The IAM condition (CEL) of the head's role binding: instances, disks, firewall rules and routers only with
-    rubberband's name prefixes; other resource types (operations, subnetworks, images, the network) are not
-    narrowed by it. One service account serves every run, so the condition cannot name a run: per-run isolation
-    comes from the labels and the ownership marker, which teardown matches exactly."""
+    """The IAM condition (CEL) of the head's role binding: instances, disks, firewall rules, routers and subnetworks
+    only with rubberband's name prefixes (subnetworks: also the network's own, for workers without the run's NAT);
+    other resource types (operations, images, the network) are not narrowed by it. One service account serves every
+    run, so the condition cannot name a run: per-run isolation comes from the labels and the ownership marker, which
+    teardown matches exactly."""
     kinds = [f'resource.type != "compute.googleapis.com/{kind}"' for kind in GCP_NAME_PREFIXES]
     named = [
         f'(resource.type == "compute.googleapis.com/{kind}" && '
         f'resource.name.extract("/{collection}/{{name}}").startsWith("{prefix}"))'
         for kind, (collection, prefix) in GCP_NAME_PREFIXES.items()
     ]
-    return " || ".join([f"({' && '.join(kinds)})", *named])
+    own = (
+        f'(resource.type == "compute.googleapis.com/Subnetwork" && '
+        f'resource.name.endsWith("/subnetworks/{GCP_NETWORK_SUBNETWORK}"))'
+    )
+    return " || ".join([f"({' && '.join(kinds)})", *named, own])
 
 
 GCP_HEAD_CONDITION = gcp_head_condition()

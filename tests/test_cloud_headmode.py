@@ -291,7 +291,7 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     played by a local Ray head), n1-standard-8+V100x1 workers join it; the CLI streams the run to its end, fetches
     the run directory (report works locally) and deletes the head, every worker, the run's firewall rules and the
     Cloud NAT its private workers went out through (the default)."""
-    from rubberband.cloud.gcp import owner_marker, router_name
+    from rubberband.cloud.gcp import owner_marker, router_name, subnet_name
 
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)  # for end_run below, should the run fail
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)
@@ -342,21 +342,25 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
         assert "RAY_AUTH_MODE=token" in script and not hex64.search(json.dumps(body))
     assert inserted and {b["machineType"].rsplit("/", 1)[-1] for b in inserted.values()} == {"n1-standard-8"}
     assert all(b["labels"]["rubberband-role"] == "worker" for b in inserted.values())
-    # only the head has an external address (its SSH); the workers none: they go out through the run's own Cloud
-    # NAT, made by the CLI before the head (and marked as the run's), there at every worker's insert
+    # only the head has an external address (its SSH); the workers none: they go into the run's own subnetwork and
+    # out through the run's own Cloud NAT of that subnetwork alone, made by the CLI before the head (and marked as the
+    # run's), there at every worker's insert
     assert head["networkInterfaces"][0]["accessConfigs"]
     assert all(not b["networkInterfaces"][0].get("accessConfigs") for b in inserted.values())
+    subnet = f"regions/us-central1/subnetworks/{subnet_name(record.cloud_run_id)}"
+    assert all(b["networkInterfaces"][0]["subnetwork"] == subnet for b in inserted.values())
     for name in (record.instance_id, *inserted):
         (router,) = routers_at_insert[name]
         assert router["name"] == router_name(record.cloud_run_id)
         assert router["description"].endswith(owner_marker(record.cloud_run_id))
-        assert router["nats"][0]["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
+        assert router["nats"][0]["sourceSubnetworkIpRangesToNat"] == "LIST_OF_SUBNETWORKS"
+        assert [n["name"].endswith(subnet) for n in router["nats"][0]["subnetworks"]] == [True]
     assert record.worker_egress == "nat"
     assert_fetched_run(cli, run_dir, tmp_path / "report.html", env)
     requested = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.INSTANCE_REQUESTED]
     assert {e["id"] for e in requested} == set(inserted)  # the head's executor provisioned the workers
     assert all(e["instance_type"] == "n1-standard-8+V100x1" and e["cloud"] == "gcp" for e in requested)
-    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers
+    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers and not gce_fake.subnetworks
     assert_played_head_gone(record.instance_id)
 
 
