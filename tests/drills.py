@@ -266,7 +266,9 @@ class World:
                     "disks": {n for _, n in fake.disks},
                     "identities": set(),
                     "secrets": set(),
-                    "routers": {f"{r}/{n}" for r, n in fake.routers},
+                    # the workers' egress: the run's Cloud Routers (their NATs) and its subnetworks
+                    "routers": {f"{r}/{n}" for r, n in fake.routers}
+                    | {f"subnetwork:{r}/{n}" for r, n in fake.subnetworks},
                 }
         import boto3
 
