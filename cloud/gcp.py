@@ -135,8 +135,18 @@ def network_tag(run_id: str) -> str:
     return f"rubberband-{run_id}"
 
 
+#: The run's firewall rules (:meth:`GcpProvider.ensure_firewall`): deny everything, allow the run's VMs to each other,
+#: allow SSH to the head.
+FIREWALL_KINDS = ("deny", "internal", "ssh")
+
+
 def firewall_name(run_id: str, suffix: str = "internal") -> str:
     return f"rubberband-{run_id}-{suffix}"
+
+
+def instance_prefix(run_id: str) -> str:
+    """How the names of a run's VMs (``rb-<run>-<stage>-<random>``) and of their boot disks begin."""
+    return f"rb-{run_id}-"
 
 
 _MARKER_RE = re.compile(rf"\[{TAG_MANAGED}=true {TAG_RUN_ID}=([a-z0-9-]+)\]$")
@@ -815,7 +825,7 @@ class GcpProvider:
         created: list[str] = []
         try:
             for _ in range(request.count):
-                name = f"rb-{request.run_id}-{request.stage}-{secrets.token_hex(3)}"
+                name = f"{instance_prefix(request.run_id)}{request.stage}-{secrets.token_hex(3)}"
                 body = self.instance_resource(request, name, zone)
                 insert = compute_v1.InsertInstanceRequest(  # request_id: retries of this insert are idempotent
                     project=self.project, zone=zone, instance_resource=body, request_id=str(uuid.uuid4())

@@ -111,6 +111,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         "sa_test",
     ),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):getIamPolicy$"), "get_iam_policy"),
+    ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):setIamPolicy$"), "set_iam_policy"),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):testIamPermissions$"), "test_iam_permissions"),
     ("GET", re.compile(r"/v1/(?P<role>(?:projects/[^/]+/)?roles/[^/]+)$"), "role_get"),
 ]
@@ -522,6 +523,8 @@ class GceFake:
         self.rejected: list[str] = []  # the messages of the 400s the fake answered (tests assert none)
         self.service_accounts: set[str] = set()
         self.iam_bindings: list[dict[str, Any]] = []  # the project's IAM policy bindings
+        self.iam_version = 1  # the policy's etag counter (every write moves it)
+        self.iam_races = 0  # this many setIamPolicy calls find the policy changed in between (HTTP 409)
         self.roles: dict[str, list[str]] = {}  # role name -> included permissions
         self.act_as = True  # the caller may attach service accounts (iam.serviceAccounts.actAs)
         #: what projects.testIamPermissions says the caller holds (None: every permission it knows)
@@ -1511,16 +1514,18 @@ class GceFake:
         held = self.caller_permissions
         return {"permissions": [p for p in wanted if held is None or p in held]}
 
-    def add_service_account(self, email: str, permissions: list[str]) -> None:
-        """A service account bound (at project level) to one custom role granting ``permissions`` (replacing any
-        earlier binding of it)."""
+    def add_service_account(self, email: str, permissions: list[str], *, bound: bool = False) -> None:
+        """A service account and the head's custom role (``rubberbandHead``) granting ``permissions`` (replacing
+        any earlier one); ``bound``: the role also bound to the account for the whole project, without a condition
+        (the one-time binding earlier rubberbands asked for)."""
         with self._lock:
             self.service_accounts.add(email)
-            role = f"projects/rubberband-test/roles/head_{len(self.roles)}"
+            role = "projects/rubberband-test/roles/rubberbandHead"
             self.roles[role] = list(permissions)
             member = f"serviceAccount:{email}"
-            self.iam_bindings = [b for b in self.iam_bindings if member not in b["members"]]
-            self.iam_bindings.append({"role": role, "members": [member]})
+            if bound:
+                self.iam_bindings.append({"role": role, "members": [member]})
+                self.iam_version += 1
 
     def _sa_get(self, project: str, email: str, query: dict, body: dict) -> dict:
         if email not in self.service_accounts:
@@ -1531,8 +1536,56 @@ class GceFake:
         self._sa_get(project, email, query, body)
         return {"permissions": [p for p in body.get("permissions", []) if self.act_as]}
 
+    def _etag(self) -> str:
+        return base64.b64encode(f"policy-{self.iam_version}".encode()).decode()
+
     def _get_iam_policy(self, project: str, query: dict, body: dict) -> dict:
-        return {"version": 1, "etag": "BwX=", "bindings": self.iam_bindings}
+        """projects.getIamPolicy: conditional bindings only at the requested version 3; at an older one, as IAM
+        does, under a made-up role name (``..._withcond_<hash>``) and without their condition."""
+        version = int((body.get("options") or {}).get("requestedPolicyVersion") or 1)
+        bindings = json.loads(json.dumps(self.iam_bindings))
+        conditional = any(b.get("condition") for b in bindings)
+        if conditional and version < 3:
+            for b in bindings:
+                if b.pop("condition", None) is not None:
+                    b["role"] += f"_withcond_{uuid.uuid5(uuid.NAMESPACE_OID, json.dumps(b)).hex[:20]}"
+        return {"version": 3 if conditional and version >= 3 else 1, "etag": self._etag(), "bindings": bindings}
+
+    def _set_iam_policy(self, project: str, query: dict, body: dict) -> dict:
+        """projects.setIamPolicy as strict as the real API: the etag read must still be the policy's (HTTP 409
+        ABORTED when another writer came in between), conditions need version 3 and a title and an expression, roles
+        must exist (custom ones in this project) and service accounts too."""
+        policy = body.get("policy") or {}
+        if self.iam_races > 0:
+            self.iam_races -= 1
+            self.iam_version += 1  # another writer, just now
+        if policy.get("etag") and policy["etag"] != self._etag():
+            raise HttpError(409, "There were concurrent policy changes. Please retry the whole read-modify-write.", "")
+        bindings = policy.get("bindings") or []
+        for binding in bindings:
+            condition = binding.get("condition")
+            if condition is not None:
+                if int(policy.get("version") or 1) < 3:
+                    raise HttpError(400, "Policies with conditions must be version 3.", "badRequest")
+                if not condition.get("title") or not condition.get("expression"):
+                    raise HttpError(400, "A condition needs a title and an expression.", "badRequest")
+                expression = condition["expression"]
+                if expression.count("(") != expression.count(")") or expression.count('"') % 2:
+                    raise HttpError(400, f"Condition expression is malformed: {expression[:80]}", "badRequest")
+            role = binding.get("role", "")
+            if role.startswith("projects/") and role not in self.roles:
+                raise HttpError(400, f"Role ({role}) does not exist in the resource's hierarchy.", "badRequest")
+            for member in binding.get("members") or []:
+                if member.startswith("serviceAccount:") and member.split(":", 1)[1] not in self.service_accounts:
+                    raise HttpError(400, f"Service account {member.split(':', 1)[1]} does not exist.", "badRequest")
+        self.iam_bindings = json.loads(json.dumps(bindings))
+        self.iam_version += 1
+        return self._get_iam_policy(project, query, {"options": {"requestedPolicyVersion": 3}})
+
+    def run_bindings(self) -> dict[str, dict[str, Any]]:
+        """The bindings rubberband made for runs, by their condition's title."""
+        with self._lock:
+            return {b["condition"]["title"]: b for b in self.iam_bindings if (b.get("condition") or {}).get("title")}
 
     def _role_get(self, role: str, query: dict, body: dict) -> dict:
         if role not in self.roles:

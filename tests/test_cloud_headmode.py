@@ -331,7 +331,9 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     assert head["labels"]["rubberband-run-id"] == record.cloud_run_id
     # the head acts with the service account named (RUBBERBAND_SERVICE_ACCOUNT), the workers with none
     assert [a["email"] for a in head["serviceAccounts"]] == [env["RUBBERBAND_SERVICE_ACCOUNT"]]
-    assert record.identity == env["RUBBERBAND_SERVICE_ACCOUNT"] and not record.identity_created
+    # its role bound for this run alone, and the binding gone with the run
+    assert record.identity == env["RUBBERBAND_SERVICE_ACCOUNT"] and record.identity_created
+    assert any(r.endswith(":setIamPolicy") for r in gce_fake.requests) and gce_fake.run_bindings() == {}
     assert all("serviceAccounts" not in b for b in inserted.values())
     # the run's token (64 hex digits) is in no VM's metadata: the head has it over SSH, the workers from the head;
     # the CLI forgot its own copy once the cluster was gone
@@ -530,8 +532,12 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
 
 def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path, gce_fake, monkeypatch):
     """The head path on GCP against the GCE fake: an e2-standard-2 head labelled role=head in the zone of the
-    first stage, recorded in head.json; end_run deletes it and the run's firewall rules."""
+    first stage, its role bound for the run alone, recorded in head.json; end_run deletes it, the run's firewall
+    rules and the binding."""
+    from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
+
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
+    gce_fake.add_service_account(HEAD_SA, list(GCP_HEAD_PERMISSIONS))
     load_spec(cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3))
     plan = load_plan(
         cloud_plan(
@@ -562,9 +568,10 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
         assert "--dashboard-port=8265" in script and "rubberband==" not in script  # rubberband comes with the jobs
         assert "install-nvidia-driver" not in {m["key"] for m in vm["metadata"]["items"]}  # a CPU head
         assert "RUBBERBAND_RUN_ROOT" in script
+        assert list(gce_fake.run_bindings()) == ["rubberband-run-gcp-head-run"] and record.identity_created
     finally:
         assert end_run(record, test_boot=None) == 1
-    assert not gce_fake.instances and not gce_fake.firewalls
+    assert not gce_fake.instances and not gce_fake.firewalls and gce_fake.run_bindings() == {}
 
 
 class _FlakyJobServer:
