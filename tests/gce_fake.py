@@ -525,6 +525,8 @@ class GceFake:
         self.iam_bindings: list[dict[str, Any]] = []  # the project's IAM policy bindings
         self.iam_version = 1  # the policy's etag counter (every write moves it)
         self.iam_races = 0  # this many setIamPolicy calls find the policy changed in between (HTTP 409)
+        self.tokens: dict[str, str] = {}  # access token -> service account (handed out by GceMetadata)
+        self.authorized: list[tuple[str, str, str]] = []  # (method, path, service account) of calls with a token
         self.roles: dict[str, list[str]] = {}  # role name -> included permissions
         self.act_as = True  # the caller may attach service accounts (iam.serviceAccounts.actAs)
         #: what projects.testIamPermissions says the caller holds (None: every permission it knows)
@@ -555,7 +557,9 @@ class GceFake:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length).decode() if length else ""
-                status, payload = fake.dispatch(self.command, self.path, raw)
+                status, payload = fake.authorize(self.command, self.path, self.headers.get("Authorization"))
+                if status == 200:
+                    status, payload = fake.dispatch(self.command, self.path, raw)
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -576,6 +580,26 @@ class GceFake:
             self._server.server_close()
 
     # -- dispatch -------------------------------------------------------------------------------
+
+    def authorize(self, method: str, path: str, authorization: str | None) -> tuple[int, dict[str, Any]]:
+        """A call that brings a bearer token must bring one a VM's metadata server handed out (:class:`GceMetadata`;
+        HTTP 401 otherwise, as Google's APIs answer); such calls are recorded in ``authorized`` with the service
+        account the token is for. Calls without one (the tests' anonymous clients) go on as before."""
+        if not authorization:
+            return 200, {}
+        token = authorization.removeprefix("Bearer ").strip()
+        with self._lock:
+            email = self.tokens.get(token)
+            if email is None:
+                return 401, {
+                    "error": {
+                        "code": 401,
+                        "message": "Request had invalid authentication credentials.",
+                        "status": "UNAUTHENTICATED",
+                    }
+                }
+            self.authorized.append((method, urlparse(path).path, email))
+        return 200, {}
 
     def dispatch(self, method: str, path: str, raw: str) -> tuple[int, dict[str, Any]]:
         url = urlparse(path)
@@ -1028,6 +1052,13 @@ class GceFake:
                 for request, raw in zip(self.requests, self.bodies)
                 if request.startswith("POST") and request.endswith("/instances")
             ]
+
+    def guest_poweroff(self, name: str) -> None:
+        """What Compute Engine does when a VM's own OS powers it off (``shutdown -h``): the VM is stopped — TERMINATED,
+        not deleted; its disk stays and no ``maxRunDuration`` applies to a stopped VM."""
+        with self._lock:
+            ((zone, instance),) = [(z, i) for (z, n), i in self.instances.items() if n == name]
+            instance["status"] = "TERMINATED"
 
     def preempt(self, name: str) -> None:
         """Take a spot VM back as Compute Engine does: record a ``compute.instances.preempted`` operation (done,
@@ -1591,6 +1622,68 @@ class GceFake:
         if role not in self.roles:
             raise HttpError(404, f"The role named {role} was not found", "notFound")
         return {"name": role, "includedPermissions": self.roles[role]}
+
+
+class GceMetadata:
+    """The metadata server of one VM of the fake (stdlib HTTP; ``url`` once started), as a VM sees it: every request
+    needs ``Metadata-Flavor: Google`` (403 without); it serves the VM's name, its zone (``projects/NUMBER/zones/Z``)
+    and the project's id, and an access token of the VM's service account — 404 for a VM without one (workers). A
+    token it hands out is one the fake then accepts for that account (:meth:`GceFake.authorize`)."""
+
+    def __init__(self, fake: GceFake, name: str) -> None:
+        self.fake, self.name = fake, name
+        self.requests: list[str] = []
+        self._server: ThreadingHTTPServer | None = None
+        self.url = ""
+
+    def answer(self, path: str, flavor: str | None) -> tuple[int, str]:
+        """(HTTP status, body) of one metadata request of the VM."""
+        self.requests.append(path)
+        if flavor != "Google":
+            return 403, "Missing Metadata-Flavor:Google header."
+        with self.fake._lock:
+            found = [(z, i) for (z, n), i in self.fake.instances.items() if n == self.name]
+        if not found:
+            return 404, "not found"
+        zone, instance = found[0]
+        accounts = instance.get("serviceAccounts") or []
+        if path == "/computeMetadata/v1/instance/service-accounts/default/token" and accounts:
+            token = f"ya29.fake-{uuid.uuid4().hex}"
+            with self.fake._lock:
+                self.fake.tokens[token] = accounts[0]["email"]
+            return 200, json.dumps({"access_token": token, "expires_in": 3599, "token_type": "Bearer"})
+        values = {
+            "/computeMetadata/v1/instance/name": self.name,
+            "/computeMetadata/v1/instance/zone": f"projects/123456789012/zones/{zone}",
+            "/computeMetadata/v1/project/project-id": "rubberband-test",
+        }
+        return (200, values[path]) if path in values else (404, "not found")
+
+    def start(self) -> "GceMetadata":
+        metadata = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                status, body = metadata.answer(urlparse(self.path).path, self.headers.get("Metadata-Flavor"))
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
 
 
 def _subnet_key(reference: str) -> tuple[str, str] | None:
