@@ -110,7 +110,8 @@ def test_a_gcp_head_that_ends_itself_is_deleted_not_stopped(gce_fake, tmp_path, 
     is gone and never powers off; the token is in no log."""
     head, _ = _run(gce_fake)
     calls = _end_itself(gce_fake, tmp_path, head.id, "head", why=why)
-    assert head.id not in {n for _, n in gce_fake.instances}, f"stopped, not deleted: {gce_fake.instances}"
+    left = {n: i["status"] for (_, n), i in gce_fake.instances.items()}
+    assert head.id not in left, f"not deleted: {left}"
     assert not [c for c in calls if c[0] == "shutdown"]
     assert ["python", "-m", "ray.scripts.scripts", "stop", "--force"] in calls
     assert ("DELETE", f"/compute/v1/projects/rubberband-test/zones/{head.zone}/instances/{head.id}", HEAD_SA) in (
