@@ -525,6 +525,7 @@ class GceFake:
         self.iam_bindings: list[dict[str, Any]] = []  # the project's IAM policy bindings
         self.iam_version = 1  # the policy's etag counter (every write moves it)
         self.iam_races = 0  # this many setIamPolicy calls find the policy changed in between (HTTP 409)
+        self.iam_forbidden: set[str] = set()  # "getIamPolicy" / "setIamPolicy": the caller may not (HTTP 403)
         self.tokens: dict[str, str] = {}  # access token -> service account (handed out by GceMetadata)
         self.authorized: list[tuple[str, str, str]] = []  # (method, path, service account) of calls with a token
         self.roles: dict[str, list[str]] = {}  # role name -> included permissions
@@ -1573,6 +1574,12 @@ class GceFake:
     def _get_iam_policy(self, project: str, query: dict, body: dict) -> dict:
         """projects.getIamPolicy: conditional bindings only at the requested version 3; at an older one, as IAM
         does, under a made-up role name (``..._withcond_<hash>``) and without their condition."""
+        if "getIamPolicy" in self.iam_forbidden:
+            raise HttpError(
+                403,
+                f"The caller does not have permission resourcemanager.projects.getIamPolicy on {project}",
+                "forbidden",
+            )
         version = int((body.get("options") or {}).get("requestedPolicyVersion") or 1)
         bindings = json.loads(json.dumps(self.iam_bindings))
         conditional = any(b.get("condition") for b in bindings)
@@ -1586,6 +1593,12 @@ class GceFake:
         """projects.setIamPolicy as strict as the real API: the etag read must still be the policy's (HTTP 409
         ABORTED when another writer came in between), conditions need version 3 and a title and an expression, roles
         must exist (custom ones in this project) and service accounts too."""
+        if "setIamPolicy" in self.iam_forbidden:
+            raise HttpError(
+                403,
+                f"The caller does not have permission resourcemanager.projects.setIamPolicy on {project}",
+                "forbidden",
+            )
         policy = body.get("policy") or {}
         if self.iam_races > 0:
             self.iam_races -= 1

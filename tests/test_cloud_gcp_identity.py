@@ -153,6 +153,24 @@ def test_binding_needs_the_clis_right_to_set_the_policy_and_the_role_and_account
     gce_fake.rejected.clear()
 
 
+def test_a_cli_that_may_not_set_the_policy_says_so_and_the_sweep_goes_on(gce_fake, monkeypatch, capsys):
+    """Without resourcemanager.projects.setIamPolicy the run cannot start: one line naming the permission. Without
+    getIamPolicy the sweep still ends the dead run's VMs and resources and says what it could not sweep."""
+    from rubberband.commands.down import down_orphans
+
+    monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
+    gce_fake.add_service_account(SA, list(GCP_HEAD_PERMISSIONS))
+    gce_fake.iam_forbidden = {"setIamPolicy"}
+    with pytest.raises(CloudError, match="resourcemanager.projects.setIamPolicy") as info:
+        bind_head_role(head_identity("gcp", "run-a", "us-central1", service_account=SA), "run-a")
+    assert info.value.kind == "fatal" and "\n" not in str(info.value) and not gce_fake.iam_bindings
+    _make_run(gce_fake, "run-a")
+    gce_fake.iam_forbidden = {"getIamPolicy"}
+    assert down_orphans("gcp", ["us-central1"], 3600, now=time.time() + 7200) == 3
+    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.subnetworks
+    assert "could not sweep the head role's run bindings" in capsys.readouterr().out
+
+
 def test_gcp_dry_run_reports_a_binding_broader_than_a_run(gce_fake):
     """The dry run checks the head's role grants every permission the head needs, and reports a binding of the
     account that is not a run's own (the one-time, project-wide binding earlier rubberbands asked for) as broader
