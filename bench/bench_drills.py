@@ -55,8 +55,10 @@ def main() -> int:
         AWS_SHARED_CREDENTIALS_FILE=str(tmp / "none"),
         AWS_EC2_METADATA_DISABLED="true",
     )
+    from cloud_helpers import create_boundary
     from gce_fake import GceFake
 
+    create_boundary()  # rubberband's permissions boundary, as an account's administrator creates it once
     fake = GceFake().start()
     os.environ["RUBBERBAND_GCE_ENDPOINT"] = fake.url
     import drills

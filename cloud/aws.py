@@ -3,7 +3,7 @@
 * Credentials only through boto3's default chain (environment, profile, SSO, instance
   role); the endpoint through the standard ``AWS_ENDPOINT_URL`` (or ``endpoint_url``).
 * Every instance and its volumes carry the run id, stage, rubberband version and the
-  managed marker; IMDSv2 is required; an instance-initiated shutdown terminates it.
+  managed marker; IMDSv2 is required (hop limit 1); an instance-initiated shutdown terminates it.
 * One security group per run: all TCP between members of the group (Ray, object
   transfer, torch DDP pick ports freely) and SSH only from a CIDR the user gives.
   :meth:`AwsProvider.cleanup_run` deletes it once the run's instances are gone. The group is found by
@@ -14,6 +14,8 @@
 """
 
 from __future__ import annotations
+
+import builtins
 
 import dataclasses
 import functools
@@ -27,14 +29,16 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import boto3
 import botocore.exceptions
+import botocore.parsers
 from botocore.config import Config
 
 from rubberband import __version__
 from rubberband.cloud.aws_session import new_session
-from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
-from rubberband.cloud.dryrun import PermissionCheck
+from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
+from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.failover import CallContext, RetryPolicy, call_with_retry, classify
 from rubberband.cloud.provider import (
+    PermissionCheck,
     TAG_CREATED,
     TAG_MANAGED,
     TAG_RUN_ID,
@@ -43,7 +47,7 @@ from rubberband.cloud.provider import (
     InstanceRequest,
     check_option_names,
 )
-from rubberband.errors import CloudError, InputError, Location
+from rubberband.errors import CleanupIncomplete, CloudError, InputError, Location, UnexpectedAnswer
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -66,6 +70,11 @@ _STATES = {
     "terminated": "terminated",
 }
 _LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+#: The instance metadata service as every node gets it: IMDSv2 only (a session token, fetched with a PUT), and a PUT
+#: response hop limit of 1, so the token reaches processes on the instance itself but not a container or anything
+#: one network hop further (nodes run no containers: a hop limit of 2 would only widen who can read the head's
+#: role credentials).
+METADATA_OPTIONS = {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1}
 _ZONE_ID_RE = re.compile(r"^[a-z]+[0-9]+-az[0-9]+$")  # use1-az1, usw2-az3
 
 
@@ -151,7 +160,7 @@ class AwsProvider:
     ) -> T:
         """Run one API call, classifying failures (``request``: the launch it makes, named in its errors);
         transient ones are retried (bounded)."""
-        context = CallContext("aws", region=self.region, action=f"ec2:{action}")
+        context = CallContext("aws", region=self.region, action=action if ":" in action else f"ec2:{action}")
         if request is not None:
             context = dataclasses.replace(
                 context, zone=request.zone, instance_type=request.instance_type.name, spot=request.spot
@@ -168,6 +177,8 @@ class AwsProvider:
                 raise classify(
                     "NoCredentials", "boto3 found no credentials", CallContext("aws", region=self.region)
                 ) from None
+            except botocore.parsers.ResponseParserError as exc:  # XML that is no API answer
+                raise UnexpectedAnswer(f"aws {context.action} in {self.region}", str(exc)) from None
             except (
                 botocore.exceptions.EndpointConnectionError,
                 botocore.exceptions.ConnectionClosedError,
@@ -190,7 +201,7 @@ class AwsProvider:
         """The AMI to boot: ``image_id``, ``RUBBERBAND_AWS_AMI``, or the newest PyTorch Deep Learning AMI."""
         if self._image_id is None:
             try:
-                response = self._call("GetParameter", lambda: self.ssm.get_parameter(Name=DEFAULT_AMI_PARAMETER))
+                response = self._call("ssm:GetParameter", lambda: self.ssm.get_parameter(Name=DEFAULT_AMI_PARAMETER))
             except CloudError as exc:
                 raise CloudError(
                     f"cannot look up the default AMI ({exc.message}); set RUBBERBAND_AWS_AMI",
@@ -343,7 +354,7 @@ class AwsProvider:
                 {"ResourceType": "instance", "Tags": _tag_list(tags)},
                 {"ResourceType": "volume", "Tags": _tag_list(tags)},
             ],
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+            "MetadataOptions": METADATA_OPTIONS,
             "InstanceInitiatedShutdownBehavior": "terminate",
         }
         if group_id:
@@ -414,7 +425,7 @@ class AwsProvider:
                 )
             time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
-    def list(self, run_id: str | None = None) -> list[Instance]:
+    def list(self, run_id: str | None = None) -> builtins.list[Instance]:
         filters = [
             {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
             {"Name": "instance-state-name", "Values": _LIVE_STATES},
@@ -426,8 +437,8 @@ class AwsProvider:
         )
         return [self._instance(raw) for page in pages for res in page["Reservations"] for raw in res["Instances"]]
 
-    def terminate(self, instance_ids: list[str]) -> None:
-        ids = list(dict.fromkeys(instance_ids))
+    def terminate(self, instance_ids: builtins.list[str]) -> None:
+        ids = builtins.list(dict.fromkeys(instance_ids))
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             try:
@@ -456,14 +467,14 @@ class AwsProvider:
         """Merge tags into an instance's tags (e.g. a new stage when an instance is reused)."""
         self._call("CreateTags", lambda: self.ec2.create_tags(Resources=[instance_id], Tags=_tag_list(labels)))
 
-    def check_permissions(self, request: InstanceRequest) -> list[PermissionCheck]:
+    def check_permissions(self, request: InstanceRequest) -> builtins.list[PermissionCheck]:
         """Probe the calls a run makes with ``DryRun=True``: nothing is created.
 
         ``DryRunOperation`` means allowed, ``UnauthorizedOperation`` denied; a probe that fails
         on the placeholder resource id itself (not on authorization) is reported as unchecked.
         """
         self._check_request(request)
-        checks: list[PermissionCheck] = []
+        checks: builtins.list[PermissionCheck] = []
         placeholder_instance, placeholder_group = "i-0000000000000000f", "sg-0000000000000000f"
 
         def probe(action: str, fn: Callable[[], Any]) -> None:
@@ -522,17 +533,45 @@ class AwsProvider:
 
     # -- run-level resources ------------------------------------------------------------------
 
-    def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
-        """Delete the run's detached volumes and secrets and, once their instances are terminated, its security
-        groups (all found by the exact run tag: every group of the run, should there be more than one); return
-        what was deleted."""
-        deleted = self._delete_volumes(run_id) + self._delete_secrets(run_id)
-        self._groups.pop(run_id, None)
+    def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> builtins.list[str]:
+        """Delete the run's run-level resources, all found by the exact run tag, and return what was deleted: its
+        security groups once no instance uses them (every group of the run, should there be more than one), then
+        its detached volumes (a volume an instance kept shows up once that instance is gone), then its secrets.
+
+        Each kind is deleted on its own: one the credentials may not list or delete (the secrets, without
+        ``secretsmanager:ListSecrets``) never keeps the others alive. :class:`~rubberband.errors.CleanupIncomplete`
+        once all were tried, naming what failed and carrying what went."""
         deadline = time.monotonic() + timeout_s
-        for group_id in self._run_groups(run_id):
-            if self._delete_group_when_unused(run_id, group_id, deadline, timeout_s):
-                deleted.append(group_id)
+        steps: builtins.list[tuple[str, Callable[[], list[str]]]] = [
+            ("security groups", lambda: self._delete_groups(run_id, deadline, timeout_s)),
+            ("detached volumes", lambda: self._delete_volumes(run_id)),
+            ("secrets", lambda: self._delete_secrets(run_id)),
+        ]
+        deleted: builtins.list[str] = []
+        failed: builtins.list[tuple[str, CloudError]] = []
+        for what, step in steps:
+            try:
+                deleted += step()
+            except CloudError as exc:
+                failed.append((what, exc))
+        if failed:
+            reasons = "; ".join(f"its {what}: {exc.message}" for what, exc in failed)
+            went = f" (deleted: {', '.join(deleted)})" if deleted else ""
+            raise CleanupIncomplete(
+                f"aws: could not clean up all of run {run_id} in {self.region}{went}: {reasons}",
+                deleted=deleted,
+                first=failed[0][1],
+            )
         return deleted
+
+    def _delete_groups(self, run_id: str, deadline: float, timeout_s: float) -> builtins.list[str]:
+        """Delete every security group of the run once no instance uses it; the ones that went."""
+        self._groups.pop(run_id, None)
+        return [
+            group_id
+            for group_id in self._run_groups(run_id)
+            if self._delete_group_when_unused(run_id, group_id, deadline, timeout_s)
+        ]
 
     def _delete_group_when_unused(self, run_id: str, group_id: str, deadline: float, timeout_s: float) -> bool:
         """Delete ``group_id`` once no instance uses it (False: it was gone already); CloudError at ``deadline``
@@ -570,7 +609,7 @@ class AwsProvider:
                 )
             time.sleep(self.poll_s)
 
-    def _volumes(self, run_id: str | None = None) -> list[dict[str, Any]]:
+    def _volumes(self, run_id: str | None = None) -> builtins.list[dict[str, Any]]:
         """Detached (``available``) EBS volumes carrying rubberband's tags (one run's when given): a volume of a
         terminated instance that was not deleted with it, still billing."""
         filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}, {"Name": "status", "Values": ["available"]}]
@@ -581,7 +620,7 @@ class AwsProvider:
         )
         return [v for page in pages for v in page["Volumes"]]
 
-    def _delete_volumes(self, run_id: str) -> list[str]:
+    def _delete_volumes(self, run_id: str) -> builtins.list[str]:
         deleted = []
         for volume in self._volumes(run_id):
             try:
@@ -592,13 +631,14 @@ class AwsProvider:
                     raise
         return deleted
 
-    def _secrets(self, run_id: str | None = None) -> list[dict[str, Any]]:
+    def _secrets(self, run_id: str | None = None) -> builtins.list[dict[str, Any]]:
         """Secrets Manager secrets carrying rubberband's tags (one run's when given), e.g. a run's Ray token."""
         filters = [{"Key": "tag-key", "Values": [TAG_MANAGED]}, {"Key": "tag-value", "Values": ["true"]}]
         if self._secrets_client is None:  # built on first use: only teardown and the sweep need it
             self._secrets_client = self.session.client("secretsmanager", **self._client_args)
         pages = self._call(
-            "ListSecrets", lambda: list(self._secrets_client.get_paginator("list_secrets").paginate(Filters=filters))
+            "secretsmanager:ListSecrets",
+            lambda: list(self._secrets_client.get_paginator("list_secrets").paginate(Filters=filters)),
         )
         found = []
         for page in pages:
@@ -612,12 +652,22 @@ class AwsProvider:
                     found.append(secret)
         return found
 
-    def _delete_secrets(self, run_id: str) -> list[str]:
+    def _listable_secrets(self) -> builtins.list[dict[str, Any]]:
+        """Every rubberband secret, or none where the credentials may not list secrets: the sweep still finds the
+        runs left by their groups and volumes (whose cleanup then names the missing permission)."""
+        try:
+            return self._secrets()
+        except CloudError as exc:
+            if exc.code not in ("AccessDeniedException", "UnauthorizedOperation"):
+                raise
+            return []
+
+    def _delete_secrets(self, run_id: str) -> builtins.list[str]:
         deleted = []
         for secret in self._secrets(run_id):
             try:
                 self._call(
-                    "DeleteSecret",
+                    "secretsmanager:DeleteSecret",
                     lambda: self._secrets_client.delete_secret(SecretId=secret["ARN"], ForceDeleteWithoutRecovery=True),
                 )
                 deleted.append(f"secret/{secret['Name']}")
@@ -626,7 +676,7 @@ class AwsProvider:
                     raise
         return deleted
 
-    def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> list[str]:
+    def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> builtins.list[str]:
         """Runs whose security group, detached volumes or secrets outlived their instances (to clean up with
         :meth:`cleanup_run`), found by exact tags; a group younger than ``older_than_s`` (its ``rubberband-created``
         tag) belongs to a run being started and is left alone."""
@@ -646,7 +696,7 @@ class AwsProvider:
             created = volume.get("CreateTime")
             if tags.get(TAG_RUN_ID) and (created is None or now - created.timestamp() >= older_than_s):
                 runs.add(tags[TAG_RUN_ID])
-        for secret in self._secrets():
+        for secret in self._listable_secrets():
             created = secret.get("CreatedDate")
             if created is None or now - created.timestamp() >= older_than_s:
                 runs.add({t["Key"]: t["Value"] for t in secret["Tags"]}[TAG_RUN_ID])

@@ -44,6 +44,7 @@ from rubberband.cloud.provider import (
     node_resource,
 )
 from rubberband.cloud.registry import ProviderPool
+from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.devices import DevicePolicy
 from rubberband.errors import CloudError, Location
 
@@ -51,7 +52,9 @@ from rubberband.errors import CloudError, Location
 class TokenPush(Protocol):
     """How the run's Ray token reaches a worker (cloud/ray_token.py)."""
 
-    public_key: str
+    @property
+    def public_key(self) -> str:
+        """The OpenSSH public key a worker's drop account trusts (in its user-data)."""
 
     def push(self, instance: Instance, timeout_s: float) -> None: ...
 
@@ -152,11 +155,16 @@ class ExecutorBackend(Provider, Protocol):
     value (no loss seen, nothing substituted, nothing blocked, nothing shipped).
     """
 
-    #: ``ray_auth_mode``: the Ray auth mode of the run's head, which the driver must speak: ``token`` (locally
-    #: and on a head instance) or ``disabled`` (a head on this machine serving cloud nodes, docs/clouds.md)
+    #: ``ray_auth_mode``: the Ray auth mode of the run's head, which the driver must speak: ``token`` on every
+    #: real backend (``disabled`` only where there is no token to speak: the simulated cloud, a played head)
     @property
     def ray_auth_mode(self) -> str:
         """``token`` or ``disabled``."""
+
+    @property
+    def ray_auth_token_path(self) -> str | None:
+        """The file holding the run's own Ray token, which the driver presents (``RAY_AUTH_TOKEN_PATH``); None:
+        Ray's default (``~/.ray/auth_token`` locally; on a head instance, what its boot exported)."""
 
     @property
     def device_policy(self) -> DevicePolicy | None:
@@ -360,7 +368,7 @@ class CloudBackend:
     def _providers(self) -> builtins.list[Provider]:
         """Providers built so far (build the plan's regions up front to see instances of an earlier executor)."""
         providers = self.pool.providers()
-        return providers or [self.pool(self.head.cloud, _region_of(self.head))]
+        return providers or [self.pool(self.head.cloud, cloud_descriptor(self.head.cloud).region_of(self.head.zone))]
 
     def _group(self, instance_ids: builtins.list[str]) -> dict[Provider, builtins.list[str]]:
         groups: dict[Provider, builtins.list[str]] = {}
@@ -391,10 +399,3 @@ class _ScriptFor:
             request.instance_type.cloud, request.run_id, self.head, request.instance_type, self.boot
         )
         return self.provider.provision(dataclasses.replace(request, startup_script=script))
-
-
-def _region_of(instance: Instance) -> str:
-    """Region of an instance from its zone (``us-east-1a`` → ``us-east-1``, ``us-central1-a`` → ``us-central1``)."""
-    if instance.cloud == "gcp":
-        return instance.zone.rsplit("-", 1)[0]
-    return instance.zone[:-1]

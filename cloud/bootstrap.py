@@ -16,8 +16,8 @@ power-off only backs that up, :data:`GCP_BACKSTOP_S` later), then the node's wat
 (:func:`render_node_watchdog`) is installed as a systemd service, so it survives a reboot: it ends the
 node at the cap, after a failed or hung boot, when a worker cannot reach its head for
 ``head_lost_timeout_s``, and when the head's run was never submitted or its run watchdog asks for it —
-Ray stopped first, then on GCP the VM deleted through the API with its own service account where it has
-one (a GCP VM that only powers off is stopped, not deleted), else powered off.
+on GCP by deleting the VM through the API with its own service account where it has one (a GCP VM that
+only powers off is stopped, not deleted), else by powering it off.
 
 A script never carries a credential: the renderer takes none, and
 :func:`assert_no_credentials` refuses anything that looks like one. Instances get their
@@ -35,12 +35,20 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
-import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
+from rubberband.cloud.host_keys import host_key_lines
+from rubberband.cloud.shell import say_line, shell_word, shell_words
+from rubberband import DIST_NAME
+from rubberband.clouds import cloud as cloud_descriptor
+from rubberband.credentials import assert_no_credentials, refuse_requirement_credentials
 from rubberband.errors import InputError
+
+_q = shell_word  # short for the many paths in the scripts below
 
 RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 RAY_PORT = 6379
@@ -52,14 +60,7 @@ DASHBOARD_PORT = 8265  # Ray's dashboard and job server, on the head's 127.0.0.1
 RUN_ROOT_ENV = "RUBBERBAND_RUN_ROOT"
 HEAD_ID_ENV = "RUBBERBAND_HEAD_ID"
 
-# Patterns of things that must never appear in user-data, logs or journals.
-_CREDENTIAL_PATTERNS = (
-    re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"),  # AWS access key ids
-    re.compile(r"aws_secret_access_key|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN", re.I),
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
-    re.compile(r'"private_key"\s*:'),  # GCP service-account key files
-    re.compile(r"\bya29\.[0-9A-Za-z_-]{10,}"),  # Google OAuth access tokens
-)
+_VERSION_RE = re.compile(r"[A-Za-z0-9.+!_-]{1,64}")
 
 
 def validate_run_id(run_id: str) -> str:
@@ -103,6 +104,16 @@ def cloud_run_id(text: str) -> str:
     return f"{clean[:34].rstrip('-')}-{digest}"
 
 
+def run_root() -> Path:
+    """Where the head keeps run directories (set by the head's startup script)."""
+    return Path(os.environ.get(RUN_ROOT_ENV) or RUN_ROOT)
+
+
+def head_run_dir(run_id: str) -> Path:
+    """The run's directory on the head: ``<run root>/<cloud run id>`` (what the watchdog watches)."""
+    return run_root() / cloud_run_id(run_id)
+
+
 def check_ssh_cidr(cidr: str) -> str:
     """An IPv4 CIDR SSH may come from; the whole internet (a /0) is refused, and so is IPv6: the run's head has
     only an IPv4 public address (default VPC / network), so an IPv6 rule would let nobody in."""
@@ -120,24 +131,6 @@ def check_ssh_cidr(cidr: str) -> str:
             f"SSH CIDR {cidr} would open SSH to the whole internet; give your own address, e.g. 203.0.113.7/32"
         )
     return str(network)
-
-
-def redact(text: str) -> str:
-    """Replace anything credential-like in ``text`` (e.g. a provider's error message) with ``[redacted]``."""
-    for pattern in _CREDENTIAL_PATTERNS:
-        text = pattern.sub("[redacted]", text)
-    return text
-
-
-def assert_no_credentials(text: str, *, what: str = "startup script") -> str:
-    """Raise if ``text`` contains anything that looks like a credential; return it unchanged otherwise."""
-    for pattern in _CREDENTIAL_PATTERNS:
-        if pattern.search(text):
-            raise InputError(
-                f"refusing to write a {what} that contains a credential-like string "
-                f"(pattern {pattern.pattern!r}); credentials come from the instance role"
-            )
-    return text
 
 
 @dataclass(frozen=True)
@@ -186,13 +179,14 @@ BOOT_FAILED = "rubberband-boot: FAILED:"
 POWEROFF_MARKER = "POWEROFF"
 #: The node watchdog's systemd unit (installed by every startup script before anything that can fail).
 WATCHDOG_UNIT = "rubberband-watchdog.service"
+#: Stops the node's Ray when the node powers off (Ray's gcs_server and raylet outwait systemd's final SIGTERM).
+RAY_STOP_UNIT = "rubberband-ray-stop.service"
 #: The run's Ray token on a node, in its state directory (root only).
 TOKEN_FILE = "ray-token"
 #: The account a worker receives its token through (ssh from the head, forced command) and its home.
 TOKEN_DROP_USER = "rubberband-token"
 #: On the head: where its key for pushing the token to workers is (the executor's job reads it from the env).
 TOKEN_PUSH_KEY_ENV = "RUBBERBAND_TOKEN_PUSH_KEY"
-METADATA_URLS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
 COMPUTE_URL = "https://compute.googleapis.com"
 #: GCP: how long after the moment Compute Engine (``maxRunDuration``) or the node watchdog (through the API) deletes a
 #: VM its own power-off comes, as a backstop. A VM that powers itself off is only stopped (TERMINATED): no cap deletes
@@ -250,15 +244,27 @@ class BootstrapConfig:
     state_dir: str = "/var/lib/rubberband"  # the node watchdog's script and state (boot time, cap, markers)
     systemd_dir: str = "/etc/systemd/system"  # where the watchdog's unit goes
     boot_timeout_s: float = 3600.0  # a boot not finished by then (hung pip, ...) powers the node off
+    failed_grace_s: float = 600.0  # a failed boot powers the node off this long after (time to read its console)
     #: Ray's authentication: ``token`` (the run's token, delivered over SSH; see the module docstring), or
     #: ``disabled`` for a worker of a head outside the cloud (``--head local``), which cannot push a token
     ray_auth: Literal["token", "disabled"] = "token"
     token_push_key: str | None = None  # worker (token mode): the head's public key that may write its token
     token_drop_dir: str = "/var/lib/rubberband-token"  # the drop account's home (sshd wants it owned by it)
     shutdown_command: str = "shutdown -h"  # + "now" / "+MINUTES": powers the instance off (terminates on AWS)
+    ssh_dir: str = "/etc/ssh"  # the node's SSH host keys (a head prints their public halves on its console)
     #: GCP: the Compute Engine API a node ending itself deletes itself through (with its service account's token)
     compute_url: str = COMPUTE_URL
     torch_cpu_index: str = TORCH_CPU_INDEX
+
+    def __post_init__(self) -> None:
+        for name in ("ray_version", "torch_version", "rubberband_version"):
+            value = getattr(self, name)
+            if value and not _VERSION_RE.fullmatch(value):
+                raise InputError(f"{name} {value!r} is not a version number like 2.41.0")
+        for requirement in (*self.requirements, *self.runtime_requirements):
+            refuse_requirement_credentials(requirement)
+            if "\n" in requirement or "\r" in requirement:
+                raise InputError(f"requirement {requirement!r} spans lines; give one PEP 508 requirement per entry")
 
 
 #: Set in every rubberband job's environment by the CLI (``shipping.job_runtime_env``): the Ray and torch
@@ -287,7 +293,7 @@ def runtime_requirements() -> tuple[str, ...]:
     from importlib.metadata import PackageNotFoundError, requires
 
     try:
-        declared = requires("rubberband") or []
+        declared = requires(DIST_NAME) or []
     except PackageNotFoundError:
         return ()
     names = [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in declared if "extra ==" not in r]
@@ -341,10 +347,6 @@ def client_versions() -> dict:
     }
 
 
-def _q(value: object) -> str:
-    return shlex.quote(str(value))
-
-
 def _instance_id_lines(cloud: str, url: str) -> list[str]:
     curl = "curl -sSf --retry 10 --retry-connrefused --retry-delay 2"
     if cloud == "aws":
@@ -372,7 +374,7 @@ def _torch_lines(config: BootstrapConfig, py: str) -> list[str]:
         f"if {py} -c 'import torch' 2>/dev/null; then",
         f"  say \"reusing the image's torch $({py} -c 'import torch; print(torch.__version__)')\"",
         "else",
-        f"  say 'the image has no torch: installing torch {base}{'' if config.use_gpu else ' (CPU build)'}'",
+        "  " + say_line(f"the image has no torch: installing torch {base}{'' if config.use_gpu else ' (CPU build)'}"),
         f"  {install}",
         "fi",
     ]
@@ -381,9 +383,9 @@ def _torch_lines(config: BootstrapConfig, py: str) -> list[str]:
 def render_node_watchdog(config: BootstrapConfig) -> str:
     """The node's own watchdog (bash), run as the systemd service :data:`WATCHDOG_UNIT`.
 
-    Every ``poll`` seconds it ends the node — stops Ray, then on GCP deletes the VM through the Compute Engine API
-    with the VM's own service account (the head's; workers have none), and powers it off (``shutdown_command now``)
-    where that did not take; on AWS the power-off terminates the instance (:func:`_off_lines`) — when
+    Every ``poll`` seconds it ends the node — on GCP it deletes the VM through the Compute Engine API with the VM's
+    own service account (the head's; workers have none) and powers it off (``shutdown_command now``) only where that
+    did not take; on AWS the power-off terminates the instance (:func:`_off_lines`) — when
 
     * the node reached its lifetime cap (``<state_dir>/expires_at``, written once at first boot; on GCP
       :data:`GCP_BACKSTOP_S` after the VM's ``maxRunDuration``, which deletes it first);
@@ -405,7 +407,7 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
         "service account deletes itself with it).",
         f"STATE={state}",
         'echo $$ > "$STATE/watchdog.pid"',
-        *_off_lines(config, ray),
+        *_off_lines(config),
         "export RAY_USAGE_STATS_ENABLED=0",
         *_ray_auth_lines(config),
         'booted="$(cat "$STATE/booted_at" 2>/dev/null || date +%s)"',
@@ -415,7 +417,8 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
         '  if [ -s "$STATE/expires_at" ] && [ "$now" -ge "$(cat "$STATE/expires_at")" ]; then',
         "    off 'the node reached its lifetime cap'; fi",
         '  if [ -e "$STATE/failed" ]; then',
-        "    if [ $((now - $(stat -c %Y \"$STATE/failed\"))) -ge 600 ]; then off 'the boot failed'; fi",
+        f'    if [ $((now - $(stat -c %Y "$STATE/failed"))) -ge {int(config.failed_grace_s)} ]; then '
+        "off 'the boot failed'; fi",
         '  elif [ ! -e "$STATE/ready" ]; then',
         f"    if [ $((now - booted)) -ge {int(config.boot_timeout_s)} ]; then "
         f"off 'the boot did not finish within {int(config.boot_timeout_s)}s'; fi",
@@ -444,16 +447,16 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _off_lines(config: BootstrapConfig, ray: str) -> list[str]:
-    """The node watchdog's ``off``: stop Ray first (its GCS and raylet ignore SIGTERM: an orderly power-off would wait
-    about 90 s for them), then on GCP delete the VM through the Compute Engine API (:func:`_self_delete_lines`), and
-    power off only if that did not take: a GCP VM that powers itself off is just stopped, and stays."""
+def _off_lines(config: BootstrapConfig) -> list[str]:
+    """The node watchdog's ``off``: on GCP first delete the VM through the Compute Engine API
+    (:func:`_self_delete_lines`), and power off only where that did not take — a GCP VM that powers itself off is just
+    stopped, and stays; on AWS power off, which terminates the instance. Either way :data:`RAY_STOP_UNIT` stops Ray
+    as the machine goes down."""
     console = f">> {_q(config.console)} 2>/dev/null || true"
     lines = _self_delete_lines(config) if config.cloud == "gcp" else []
     return [
         *lines,
         f'off() {{ echo "rubberband-boot: $(date -u +%H:%M:%S) watchdog: $*: powering off" {console}; '
-        f"timeout 60 {ray} stop --force >/dev/null 2>&1 || true; "
         + ("self_delete && exit 0; " if config.cloud == "gcp" else "")
         + f"{config.shutdown_command} now; exit 0; }}",
     ]
@@ -465,7 +468,9 @@ def _self_delete_lines(config: BootstrapConfig) -> list[str]:
     shuts this machine down on the way). It fails (and ``off`` powers off) where the VM has no service account —
     workers have none: the head, or ``down``, deletes them — or where the API refuses or does not answer. The token
     stays in a shell variable; nothing prints it."""
-    metadata = _q(f"{(config.metadata_url or METADATA_URLS['gcp']).rstrip('/')}/computeMetadata/v1")
+    metadata = _q(
+        f"{(config.metadata_url or cloud_descriptor('gcp').metadata_url or '').rstrip('/')}/computeMetadata/v1"
+    )
     api = _q(f"{config.compute_url.rstrip('/')}/compute/v1/projects/")
     ask = "curl -sf -m 10 -H 'Metadata-Flavor: Google'"
     token = r"""sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p'"""
@@ -586,13 +591,40 @@ def _safety_net_lines(config: BootstrapConfig) -> list[str]:
         "RB_UNIT",
         f"if command -v systemctl >/dev/null 2>&1 && systemctl daemon-reload && systemctl enable --now {WATCHDOG_UNIT}; "
         "then",
-        f"  say 'watchdog: systemd service {WATCHDOG_UNIT}'",
+        "  " + say_line(f"watchdog: systemd service {WATCHDOG_UNIT}"),
         "else",
         "  say 'watchdog: no systemd here; running it in the background'",
         f"  nohup /bin/bash {state}/watchdog.sh </dev/null >/dev/null 2>&1 &",
         "fi",
     ]
     return lines
+
+
+def _ray_stop_lines(config: BootstrapConfig) -> list[str]:
+    """Right before ``ray start``: a unit whose stop runs ``ray stop``, so a power-off (the watchdog's, the lifetime
+    cap's, the cloud's) takes seconds. Ray runs in the user-data's unit (cloud-init's ``cloud-final.service`` and GCE's
+    startup-script unit have ``KillMode=process``), so nothing stops it before systemd's final SIGTERM, which its
+    gcs_server and raylet ignore until the 90 s timeout: 94 s from the watchdog's power-off to the node's end."""
+    unit = "\n".join(
+        [
+            "[Unit]",
+            f"Description=rubberband: stop the Ray of run {config.run_id} before the node powers off",
+            "After=network-online.target",
+            "[Service]",
+            "Type=oneshot",
+            "RemainAfterExit=yes",
+            "ExecStart=/bin/true",
+            f"ExecStop={config.venv}/bin/python -m ray.scripts.scripts stop",
+        ]
+    )
+    return [
+        f"cat > {_q(config.systemd_dir)}/{RAY_STOP_UNIT} <<'RB_UNIT'",
+        unit,
+        "RB_UNIT",
+        f"if command -v systemctl >/dev/null 2>&1 && systemctl daemon-reload && systemctl start {RAY_STOP_UNIT}; then",
+        "  " + say_line(f"Ray stops before a power-off: systemd service {RAY_STOP_UNIT}"),
+        "fi",
+    ]
 
 
 def _python_lines(config: BootstrapConfig) -> list[str]:
@@ -631,7 +663,7 @@ def _python_lines(config: BootstrapConfig) -> list[str]:
     else:
         lines += [
             'if [ -z "$RB_PY" ] && command -v apt-get >/dev/null 2>&1; then',
-            f"  say 'no Python {want} on this image: installing it from the OS packages'",
+            "  " + say_line(f"no Python {want} on this image: installing it from the OS packages"),
             f"  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python{want} "
             f"python{want}-venv) || true",
             f'  RB_PY="$(command -v python{want} || true)"',
@@ -666,7 +698,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
     want = config.python_version
     venv, py = _q(config.venv), f"{_q(config.venv)}/bin/python"
     run_dir = f'{_q(config.run_root)}/"${{RB_RUN_ID}}"'
-    url = (config.metadata_url or METADATA_URLS[config.cloud]).rstrip("/")
+    url = (config.metadata_url or cloud_descriptor(config.cloud).metadata_url or "").rstrip("/")
     packages = [f"ray[default]=={config.ray_version}", *config.runtime_requirements, *config.requirements]
     lines = [
         "#!/bin/bash",
@@ -679,9 +711,11 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"exec > >(tee -a {_q(config.log_dir)}/rubberband-boot.log {_q(config.console)} >/dev/null) 2>&1",
         'say() { echo "rubberband-boot: $(date -u +%H:%M:%S) $*"; }',
         f'fail() {{ echo "{BOOT_FAILED} $*"; touch {_q(config.state_dir)}/failed 2>/dev/null || true; '
-        f"{config.shutdown_command} +{10 + int(_backstop_s(config) // 60)} || true; exit 1; }}",
+        f"{config.shutdown_command} +{max(1, int((config.failed_grace_s + _backstop_s(config)) // 60))} || true; "
+        "exit 1; }",
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
-        f"say 'booting a {config.role} of run {config.run_id}'",
+        say_line(f"booting a {config.role} of run {config.run_id}"),
+        *(host_key_lines(config.ssh_dir) if config.role == "head" else []),
         *_safety_net_lines(config),
         *(_token_drop_lines(config) if config.role == "worker" and config.ray_auth == "token" else []),
         f"RB_RUN_ID={_q(config.run_id)}",
@@ -691,7 +725,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         *_ray_auth_lines(config),
         *_python_lines(config),
         f"if [ ! -x {py} ]; then",
-        f'  say "creating the runtime in {config.venv} from $RB_PY"',
+        f'  say "creating the runtime in "{venv}" from $RB_PY"',
         f'  "$RB_PY" -m venv {venv} 2>/dev/null || {{ rm -rf {venv}; (apt-get update -qq && '
         f'DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "python${{RB_PYV}}-venv") || true; '
         f'"$RB_PY" -m venv {venv}; }}',
@@ -700,15 +734,16 @@ def render_startup_script(config: BootstrapConfig) -> str:
         '"dist-packages"))))\' \\',
         f'    > "$({py} -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')/rubberband-image.pth"',
         "fi",
-        f"say 'installing {' '.join(packages)}'",
-        f"{py} -m pip install --quiet --disable-pip-version-check {' '.join(_q(p) for p in packages)}",
+        say_line(f"installing {' '.join(packages)}"),
+        f"{py} -m pip install --quiet --disable-pip-version-check {shell_words(packages)}",
         *_torch_lines(config, py),
         f"RB_RAY=\"$({py} -c 'import ray; print(ray.__version__)')\"",
-        f'[ "$RB_RAY" = {_q(config.ray_version)} ] || fail "Ray $RB_RAY is installed here but the CLI runs Ray '
-        f"{config.ray_version}; every node must run the CLI's version\"",
+        f'[ "$RB_RAY" = {_q(config.ray_version)} ] || fail "Ray $RB_RAY is installed here but the CLI runs Ray "'
+        f'{_q(config.ray_version)}"; every node must run the CLI\'s version"',
         f"export PATH={venv}/bin:\"$PATH\"  # the runtime's python and pip for Ray's jobs",
         f"mkdir -p {run_dir}",
         *_token_lines(config),
+        *_ray_stop_lines(config),
     ]
     ray = f"{py} -m ray.scripts.scripts"
     more = "".join(f" {_q(option)}" for option in config.ray_start_options)

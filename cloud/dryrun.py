@@ -21,8 +21,8 @@ from rich.text import Text
 
 from rubberband.catalog import BILLING_RULES, Catalog, InstanceType, load_catalog
 from rubberband.cloud.bootstrap import WatchdogSettings
-from rubberband.cloud.head import HEAD_TYPES
-from rubberband.cloud.provider import InstanceRequest, ProbesPermissions, Provider
+from rubberband.clouds import head_types
+from rubberband.cloud.provider import InstanceRequest, PermissionCheck, ProbesPermissions, Provider
 from rubberband.errors import CloudError, InputError, PlanFileError
 from rubberband.plan import Plan, StagePlan
 from rubberband.units import format_duration, format_usd
@@ -49,20 +49,6 @@ class ScheduledInstance:
     billed_s: float
     price_hr: float
     cost_usd: float
-
-
-@dataclass(frozen=True)
-class PermissionCheck:
-    """One permission probed without side effects. ``allowed`` is None when it could not be checked."""
-
-    cloud: str
-    region: str
-    action: str
-    allowed: bool | None
-    detail: str = ""
-    #: "allow": the run needs it (denied fails the dry run); "deny": least privilege — the identity must NOT be
-    #: able to do it (``allowed`` True means it is broader than rubberband needs: reported, not fatal)
-    expect: str = "allow"
 
 
 @dataclass(frozen=True)
@@ -166,7 +152,7 @@ def schedule_for(
     """
     schedule: list[ScheduledInstance] = []
     for ident, cloud, name, first, last, requested, ready, released in _timeline(plan):
-        if cloud not in HEAD_TYPES:
+        if cloud not in head_types():
             raise InputError(
                 f"the plan runs on {cloud!r}; a cloud dry run needs a plan for aws or gcp "
                 f"(plan with resources.clouds: [aws] or [gcp])"
@@ -203,7 +189,7 @@ def schedule_for(
         )
         boot = plan.head.boot_s if plan.head is not None else 0.0
         first_worker = min(schedule, key=lambda s: s.request_at_s)
-        head = HEAD_TYPES[first_worker.cloud]
+        head = head_types()[first_worker.cloud]
         end = max(s.release_at_s for s in schedule) + grace
         rule = BILLING_RULES[first_worker.cloud]
         schedule.insert(

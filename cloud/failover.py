@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from rubberband.cloud.provider import Instance, InstanceRequest, Provisioner
 from rubberband.catalog import Catalog, InstanceType
-from rubberband.cloud.bootstrap import redact
+from rubberband.credentials import redact
 from rubberband.errors import CloudError, Location
 
 T = TypeVar("T")
@@ -173,7 +173,7 @@ def classify(
         scope = "every region" if quota == "GPUS_ALL_REGIONS" else (region or where)
         console = "Service Quotas console" if cloud == "aws" else "IAM & Admin > Quotas"
         hint = f"raise the quota '{quota}' in {scope} ({console})"
-    if code == "UnauthorizedOperation" and context.action:
+    if code in ("UnauthorizedOperation", "AccessDeniedException") and context.action:
         hint = f"the credentials lack the permission {context.action}; {_PERM}"
     text = f"{cloud} {code or http_status}{what} in {where}: {_one_line(message)} — {hint}"
     return CloudError(

@@ -63,8 +63,9 @@ from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
 from rubberband import __version__
-from rubberband.cloud.bootstrap import assert_no_credentials, check_request, check_ssh_cidr, redact
-from rubberband.cloud.dryrun import PermissionCheck
+from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
+from rubberband.cloud.gcp_session import ENDPOINT_ENV, PROJECT_ENV
+from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.failover import (
     ERROR_TABLE,
     CallContext,
@@ -73,7 +74,16 @@ from rubberband.cloud.failover import (
     classify,
     gcp_quota_name,
 )
+from rubberband.cloud.gcp_names import (
+    firewall_name,
+    instance_prefix,
+    marked_run,
+    owner_marker,
+    router_name,
+    subnet_name,
+)
 from rubberband.cloud.provider import (
+    PermissionCheck,
     TAG_MANAGED,
     TAG_ROLE,
     TAG_RUN_ID,
@@ -89,8 +99,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-ENDPOINT_ENV = "RUBBERBAND_GCE_ENDPOINT"
-PROJECT_ENV = "RUBBERBAND_GCP_PROJECT"
 #: Deep Learning VM image family with PyTorch (CUDA 12.9, NVIDIA driver 580, Ubuntu 22.04): the boot reuses its
 #: torch and its Python (a head boots on it, its workers follow), so no node downloads a CUDA build.
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
@@ -135,40 +143,6 @@ def network_tag(run_id: str) -> str:
     return f"rubberband-{run_id}"
 
 
-#: The run's firewall rules (:meth:`GcpProvider.ensure_firewall`): deny everything, allow the run's VMs to each other,
-#: allow SSH to the head.
-FIREWALL_KINDS = ("deny", "internal", "ssh")
-
-
-def firewall_name(run_id: str, suffix: str = "internal") -> str:
-    return f"rubberband-{run_id}-{suffix}"
-
-
-def instance_prefix(run_id: str) -> str:
-    """How the names of a run's VMs (``rb-<run>-<stage>-<random>``) and of their boot disks begin."""
-    return f"rb-{run_id}-"
-
-
-_MARKER_RE = re.compile(rf"\[{TAG_MANAGED}=true {TAG_RUN_ID}=([a-z0-9-]+)\]$")
-
-
-def owner_marker(run_id: str) -> str:
-    """What ends the description of every firewall rule (or other label-less resource) rubberband creates for a
-    run: Compute Engine firewall rules carry no labels, so this exact marker is their run tag."""
-    return f"[{TAG_MANAGED}=true {TAG_RUN_ID}={run_id}]"
-
-
-def marked_run(description: str | None) -> str | None:
-    """The run a resource's description marks it as created for (:func:`owner_marker`), else None."""
-    match = _MARKER_RE.search(description or "")
-    return match.group(1) if match else None
-
-
-def router_name(run_id: str) -> str:
-    """The Cloud Router (with its one Cloud NAT of the same name) rubberband makes for a run's private workers."""
-    return f"rubberband-{run_id}-nat"
-
-
 #: How a run's workers reach the internet (their boot installs packages): ``nat`` — no external address, the run's
 #: own Cloud NAT (the default); ``existing`` — no external address, the network already has egress (your Cloud NAT);
 #: ``public`` — an ephemeral external address each (the run's firewall still lets nothing in).
@@ -180,12 +154,6 @@ _ALL_SUBNETWORKS = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMAR
 def _serves_all(router: compute_v1.Router) -> bool:
     """Whether a router holds a NAT of every subnetwork of its region and network."""
     return any(n.source_subnetwork_ip_ranges_to_nat in _ALL_SUBNETWORKS for n in router.nats)
-
-
-def subnet_name(run_id: str) -> str:
-    """The subnetwork a run's private workers go into, in each region it puts workers in: the run's Cloud NAT serves
-    it alone (:meth:`GcpProvider.ensure_nat`)."""
-    return f"rubberband-{run_id}-workers"
 
 
 #: Where runs' subnetworks take their ranges from: 10.64.0.0/10, beside the 10.128.0.0/9 an auto-mode network (such as

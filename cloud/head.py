@@ -40,23 +40,22 @@ from rubberband.cloud.bootstrap import (
     render_startup_script,
 )
 from rubberband.cloud.failover import provision_with_failover
+from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.cloud.provider import TAG_ROLE, CleansUpRuns, Instance, InstanceRequest, Provider
-from rubberband.errors import CloudError
+from rubberband.errors import CloudError, InputError
 from rubberband.devices import node_resources
 
 log = logging.getLogger("rubberband.cloud.head")
 
-#: The head's instance shape per cloud: 2 vCPUs, 8 GiB, on-demand ($/h in us-east-1 / us-central1).
-HEAD_TYPES: dict[str, InstanceType] = {
-    "aws": InstanceType("aws", "m6i.large", "", (), "CPU", 0, 2, 8, 0.096, None, host_type="m6i.large"),
-    "gcp": InstanceType("gcp", "e2-standard-2", "", (), "CPU", 0, 2, 8, 0.067006, None, host_type="e2-standard-2"),
-}
 DONE_MARKER = "DONE"
 
 
 def head_type(cloud: str, region: str, zones: Sequence[str]) -> InstanceType:
     """The head's type placed in ``region`` (zones: where the run's workers go, first preferred)."""
-    return dataclasses.replace(HEAD_TYPES[cloud], region=region, zones=tuple(zones))
+    shape = cloud_descriptor(cloud).head_type
+    if shape is None:
+        raise InputError(f"{cloud} runs no head instance")
+    return dataclasses.replace(shape, region=region, zones=tuple(zones))
 
 
 def ray_version() -> str:
@@ -383,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("no %s API access for the watchdog (%s): it will shut the head down instead", args.cloud, exc)
         provider = NoApi(args.cloud, str(exc))
     if args.run_dir is None:
-        from rubberband.cloud.head_run import head_run_dir
+        from rubberband.cloud.bootstrap import head_run_dir
 
         args.run_dir = head_run_dir(args.run_id)
     shutdown = (

@@ -66,16 +66,17 @@ def run_known_hosts(run_id: str, instance_id: str, run_dir: Path | None = None) 
     return Path(base) / "rubberband" / "known_hosts" / f"{run_id}-{instance_id}"
 
 
-def ssh_options(known_hosts: Path) -> list[str]:
+def ssh_options(known_hosts: Path, *, pinned: bool = False) -> list[str]:
     """The options of every ssh the CLI runs to a head: the run's known_hosts only, no agent or X11 forwarding,
-    no password prompt."""
+    no password prompt. ``pinned``: ``known_hosts`` already holds the host's keys (read from its console,
+    cloud/host_keys.py), so any other key is refused; otherwise the first key seen is recorded and kept."""
     return [
         "-o",
         f"UserKnownHostsFile={known_hosts}",
         "-o",
         "GlobalKnownHostsFile=/dev/null",
         "-o",
-        "StrictHostKeyChecking=accept-new",
+        f"StrictHostKeyChecking={'yes' if pinned else 'accept-new'}",
         "-o",
         "HashKnownHosts=no",
         "-o",

@@ -5,7 +5,7 @@ Shared by both sides of head mode without either importing the other: the job on
 which submits that job and unpacks what it prints).
 
 * :data:`STAGE_DIR`: where the job's working directory carries the run's spec, plan and profile.
-* :func:`head_run_dir`: the run's directory on the head (what the head's watchdog watches).
+* the run's directory on the head is :func:`rubberband.cloud.bootstrap.head_run_dir` (what the watchdog watches).
 * :data:`PACK_BEGIN` … :data:`PACK_END`: the run directory as the job prints it into its log
   (:func:`rubberband.head_job.pack`); :class:`LogFilter` and :func:`unpack` take it back out.
 * :class:`OnHeadCloudBackend`: the executor's backend when it runs on the head instance.
@@ -17,15 +17,16 @@ import base64
 import dataclasses
 import io
 import json
-import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rubberband.cloud.backend import BilledHead, HeadHandle
-from rubberband.cloud.bootstrap import RAY_PORT, RUN_ROOT, RUN_ROOT_ENV, cloud_run_id
+from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
 from rubberband.cloud.local_head import LocalHeadCloudBackend
 from rubberband.cloud.provider import Instance
+from rubberband.clouds import cloud as cloud_descriptor
+from rubberband.clouds import head_types
 from rubberband.files import write_text_atomic
 
 STAGE_DIR = "_rubberband"  # inside the job's working directory: spec.json, plan.json, profile.json
@@ -36,16 +37,6 @@ PACK_EXCLUDE = ("checkpoints", "ray", "instances")
 #: The best trial's newest checkpoint comes back with the run directory up to this size; a larger one stays
 #: on the head (and goes with it): copy it off before the results grace ends.
 MAX_FETCHED_CHECKPOINT_BYTES = 32 * 1024**2
-
-
-def run_root() -> Path:
-    """Where the head keeps run directories (set by the head's startup script)."""
-    return Path(os.environ.get(RUN_ROOT_ENV) or RUN_ROOT)
-
-
-def head_run_dir(run_id: str) -> Path:
-    """The run's directory on the head: ``<run root>/<cloud run id>`` (what the watchdog watches)."""
-    return run_root() / cloud_run_id(run_id)
 
 
 @dataclass
@@ -90,10 +81,8 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
         """This head as the run pays for it: its type's on-demand price from its launch (else from now)."""
         import time
 
-        from rubberband.cloud.head import HEAD_TYPES
-
         head = self._head
-        itype = HEAD_TYPES.get(self.cloud)
+        itype = head_types().get(self.cloud)
         if itype is not None and itype.name == head.instance_type:
             price = itype.price_hr
         else:  # a head of another shape: the catalog's price, else the default head's
@@ -118,10 +107,9 @@ class OnHeadCloudBackend(LocalHeadCloudBackend):
 
     def heartbeat_targets(self) -> list[tuple[object, list[str]]]:
         """The run's heartbeat goes on this head instance (one call a beat; the head's role may re-tag it)."""
-        from rubberband.cloud.backend import _region_of
 
         head = self.workers.head
-        return [(self.pool(self.cloud, _region_of(head)), [head.id])]
+        return [(self.pool(self.cloud, cloud_descriptor(head.cloud).region_of(head.zone)), [head.id])]
 
     def runtime_env(self, code_dir: str) -> dict | None:
         """None: the executor runs inside the CLI's Ray job, whose runtime_env (rubberband, code) its driver inherits."""

@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import secrets
-import shlex
 import shutil
 import tempfile
 import time
@@ -42,6 +41,7 @@ from pathlib import Path
 from rubberband.catalog import Catalog
 from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
 from rubberband.cloud.head_run import STAGE_DIR, LogFilter, unpack
+from rubberband.cloud.shell import shell_words
 from rubberband.cloud.head_link import DirectLink, HeadLink, SshTunnel
 from rubberband.cloud.provider import Instance
 from rubberband.cloud.shipping import NOISE_EXCLUDES, SECRET_EXCLUDES
@@ -95,6 +95,9 @@ class HeadRecord:
     identity: str | None = None  # the head's instance profile name / service account email
     identity_created: bool = False  # rubberband created it for this run (deleted when the run ends)
     worker_egress: str = "nat"  # GCP: how the head's executor gives workers egress (cloud/gcp.py WORKER_EGRESS)
+    #: the machine image the user chose on the CLI (``RUBBERBAND_AWS_AMI`` / ``RUBBERBAND_GCP_IMAGE``; None: the
+    #: provider's default): the head booted on it, and its executor boots the workers on it (``head_job run --image``)
+    image: str | None = None
 
     @property
     def cloud_run_id(self) -> str:
@@ -191,6 +194,7 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
     created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
     from rubberband.cloud.head import HeadBoot, provision_head
     from rubberband.cloud.identity import bind_head_role, head_identity, launch_with_new_identity
+    from rubberband.cloud.registry import image_override
     from rubberband.cloud.teardown import terminate_run
 
     run_id, run_dir = run.run_id, run.run_dir
@@ -231,6 +235,7 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
             identity=identity.name,
             identity_created=identity.created,
             worker_egress=options.worker_egress or "nat",
+            image=image_override(cloud),
         )
         record.write(run_dir)
         if test_boot:
@@ -260,6 +265,7 @@ def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_
         deliver_to_played_head(record.instance_id, token)
         return token
     from rubberband.cloud.head_link import run_known_hosts
+    from rubberband.cloud.host_keys import await_host_keys, pin_host_keys
 
     host = record.public_address or record.address
     if not host or options.ssh_key is None:
@@ -267,11 +273,15 @@ def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_
             f"cannot reach head {record.instance_id} to give it the run's Ray token: it has no address "
             f"or no --ssh-key was given"
         )
+    provider = _provider(record.cloud, record.region)
+    keys = await_host_keys(  # its boot prints them first thing; the first connection then takes no other key
+        lambda: provider.console_output(record.instance_id, lines=400),
+        what=f"head {record.instance_id}",
+        timeout_s=options.boot_timeout_s,
+    )
+    known_hosts = run_known_hosts(record.cloud_run_id, record.instance_id, run_dir)
     login = SshLogin(
-        host,
-        record.ssh_user,
-        Path(options.ssh_key).expanduser(),
-        run_known_hosts(record.cloud_run_id, record.instance_id, run_dir),
+        host, record.ssh_user, Path(options.ssh_key).expanduser(), pin_host_keys(known_hosts, host, keys), pinned=True
     )
     deliver_to_head(login, token, timeout_s=options.boot_timeout_s)
     return token
@@ -378,13 +388,13 @@ def entrypoint(record: HeadRecord, job: RunJob) -> str:
         words += ["--on-late", job.on_late]
     if record.cloud == "gcp" and record.worker_egress != "nat":
         words += ["--worker-egress", record.worker_egress]
+    if record.image:  # the jobs on the head do not see the CLI's environment: the workers follow the head's image
+        words += ["--image", record.image]
     if job.test_boot:
         words += ["--test-boot", job.test_boot]
     if job.metadata_url:
         words += ["--metadata-url", job.metadata_url]
-    import shlex
-
-    return " ".join(shlex.quote(w) for w in words)
+    return shell_words(words)
 
 
 class HeadSession:
@@ -524,7 +534,7 @@ class HeadSession:
             "--poweroff-marker",
         ]
         return self._submit(
-            entrypoint=" ".join(shlex.quote(w) for w in words),
+            entrypoint=shell_words(words),
             runtime_env=job_runtime_env(self.package),
             submission_id=f"{self.job_id}-watchdog",
             metadata={"rubberband_run": self.record.run_id, "rubberband_role": "watchdog"},

@@ -9,7 +9,10 @@ user-data ever carries a credential). ``rubberband run --cloud aws|gcp`` gives i
   tagged with the run id like everything else, whose only (inline) policy is
   :func:`aws_head_policy`: launch instances only with the run's tags (``aws:RequestTag``),
   terminate and re-tag only the run's instances and touch only the run's security group
-  (``ec2:ResourceTag``). Workers get no identity, so the role needs no ``iam:PassRole``.
+  (``ec2:ResourceTag``). Workers get no identity, so the role needs no ``iam:PassRole``. The role is created under
+  rubberband's permissions boundary (:func:`aws_boundary_policy`, a managed policy an administrator creates once per
+  account), and the CLI's own IAM rights (:func:`aws_creator_policy`) allow creating a role only under it: holding
+  them never lets anyone make a role that does more than a run's head.
   :meth:`AwsIdentities.delete` removes it once the run's instances are gone (``end_run``,
   ``rubberband down``, the orphan sweep), found by its path and tag, never by name alone.
 * **GCP**: ``--service-account EMAIL`` is required, and a custom role ``rubberbandHead``
@@ -21,22 +24,23 @@ user-data ever carries a credential). ``rubberband run --cloud aws|gcp`` gives i
 :func:`check_identity` is the dry run's part: the named identity exists and may do what the
 run needs (AWS ``iam:GetInstanceProfile`` + ``iam:SimulatePrincipalPolicy`` with the run's tag
 context; GCP the project's IAM policy and the roles bound to the account), or, when rubberband
-is to create the role, the CLI's credentials may create it. Each check is a
-:class:`~rubberband.cloud.dryrun.PermissionCheck`; a denied one names the missing permission.
+is to create the role, the CLI's credentials may create it under the boundary (which exists and is rubberband's),
+and not around it. Each check is a
+:class:`~rubberband.cloud.provider.PermissionCheck`; a denied one names the missing permission.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rubberband.cloud.provider import TAG_HEARTBEAT, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
-from rubberband.cloud.dryrun import PermissionCheck
-from rubberband.errors import CloudError, InputError
+from rubberband.cloud.provider import PermissionCheck, TAG_HEARTBEAT, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
+from rubberband.errors import CloudError, InputError, UnexpectedAnswer
 
 #: Path of every IAM role / instance profile rubberband creates (the orphan sweep lists only these).
 IAM_PATH = "/rubberband/"
@@ -47,11 +51,19 @@ EC2_TRUST_POLICY = {
     "Version": "2012-10-17",
     "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
 }
-#: What the CLI itself needs to create and delete a run's head identity (besides its EC2 permissions).
+#: rubberband's permissions boundary: a managed policy your administrator creates once per account (path
+#: :data:`IAM_PATH`, document :func:`aws_boundary_policy`). Every role rubberband creates carries it, and the CLI may
+#: create or change a role only when it does (:func:`aws_creator_policy`): whoever holds the CLI's IAM rights can
+#: never make a role that does more than a run's head.
+BOUNDARY_NAME = "rubberband-boundary"
+#: The request context key IAM fills with the permissions boundary a role is created with, or already carries.
+BOUNDARY_KEY = "iam:PermissionsBoundary"
+#: What the CLI itself needs to create and delete a run's head identity (besides its EC2 permissions); the first
+#: two only for roles under rubberband's boundary, ``iam:PassRole`` only to EC2 (:func:`aws_creator_policy`).
 AWS_CREATOR_ACTIONS = (
     "iam:CreateRole",
-    "iam:TagRole",
     "iam:PutRolePolicy",
+    "iam:TagRole",
     "iam:CreateInstanceProfile",
     "iam:TagInstanceProfile",
     "iam:AddRoleToInstanceProfile",
@@ -66,6 +78,19 @@ AWS_CREATOR_ACTIONS = (
     "iam:DeleteInstanceProfile",
     "iam:DeleteRolePolicy",
     "iam:DeleteRole",
+    "iam:GetPolicy",
+    "iam:GetPolicyVersion",
+)
+#: What the CLI must never be able to do to a run role's boundary, nor to the boundary policy itself: loosen it.
+AWS_BOUNDARY_GUARDS = (
+    "iam:DeleteRolePermissionsBoundary",
+    "iam:PutRolePermissionsBoundary",
+    "iam:AttachRolePolicy",
+    "iam:CreatePolicy",
+    "iam:CreatePolicyVersion",
+    "iam:DeletePolicy",
+    "iam:DeletePolicyVersion",
+    "iam:SetDefaultPolicyVersion",
 )
 #: What the CLI's teardown and orphan sweep need besides the head's actions: a run's detached volumes and its
 #: secrets (Secrets Manager), found by their exact run tag.
@@ -115,8 +140,17 @@ GCP_HEAD_ROLE_ID = "rubberbandHead"
 #: What the CLI needs on GCP to bind the head's role to its service account for a run, and to remove that binding.
 GCP_BINDING_PERMISSIONS = ("resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy")
 #: What the CLI needs on GCP besides the head's permissions: attach the head's service account to the head (plus
-#: ``iam.serviceAccounts.actAs`` on that account, checked on the account itself) and bind its role for the run.
-GCP_CLI_PERMISSIONS = (*GCP_HEAD_PERMISSIONS, "compute.instances.setServiceAccount", *GCP_BINDING_PERMISSIONS)
+#: ``iam.serviceAccounts.actAs`` on that account, checked on the account itself), read the head's serial console,
+#: where the CLI reads its SSH host keys before connecting (cloud/host_keys.py), and bind its role for the run.
+GCP_CLI_PERMISSIONS = (
+    *GCP_HEAD_PERMISSIONS,
+    "compute.instances.setServiceAccount",
+    "compute.instances.getSerialPortOutput",
+    *GCP_BINDING_PERMISSIONS,
+)
+#: What the CLI reads on AWS in head mode: the head's console, where its boot prints its SSH host keys, which the
+#: CLI pins before its first connection (cloud/host_keys.py); without it a head-mode run stops with one line.
+AWS_CLI_CONSOLE_ACTIONS = ("ec2:GetConsoleOutput",)
 #: The resource types whose names the head's binding narrows to the run's own (others — the project a list call
 #: names, operations, images, the network — it does not narrow).
 GCP_NAMED_KINDS = ("Instance", "Disk", "Firewall", "Router", "Subnetwork")
@@ -145,7 +179,7 @@ def gcp_head_condition(run_id: str, *, worker_egress: str | None = None) -> str:
 
     One caveat of a prefix: a run whose id is this one's followed by ``-…`` (run ``a`` and run ``a-1``) would match its
     VM names; rubberband's run ids end in a time stamp and a random suffix, so no run's id extends another's."""
-    from rubberband.cloud.gcp import FIREWALL_KINDS, firewall_name, instance_prefix, router_name, subnet_name
+    from rubberband.cloud.gcp_names import FIREWALL_KINDS, firewall_name, instance_prefix, router_name, subnet_name
 
     prefix = instance_prefix(run_id)
     subnetworks = [subnet_name(run_id)]
@@ -168,7 +202,7 @@ def gcp_head_binding(
     """The project IAM policy binding the CLI adds for a run: the head's role (:data:`GCP_HEAD_ROLE_ID`) to its
     service account, conditioned on the run (:func:`gcp_head_condition`); its title names the run, its description
     ends in the run's ownership marker and says when it was bound (the sweep's age)."""
-    from rubberband.cloud.gcp import owner_marker
+    from rubberband.cloud.gcp_names import owner_marker
 
     bound = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
     return {
@@ -297,6 +331,164 @@ def aws_head_policy(run_id: str) -> dict[str, Any]:
     }
 
 
+def boundary_arn(account: str = "ACCOUNT", partition: str = "aws") -> str:
+    """The ARN of rubberband's permissions boundary (:data:`BOUNDARY_NAME`) in ``account``."""
+    return f"arn:{partition}:iam::{account}:policy{IAM_PATH}{BOUNDARY_NAME}"
+
+
+def aws_boundary_policy() -> dict[str, Any]:
+    """rubberband's permissions boundary (pure; docs/clouds.md prints it): the most any role rubberband creates may
+    do, whatever policy it is given.
+
+    It is :func:`aws_head_policy` for the run the role is tagged with (``${aws:PrincipalTag/rubberband-run-id}``:
+    one boundary serves every run), so a role under it acts on its own run's instances and group alone, and it
+    denies every IAM action outright: no role under it can create, change or pass a role, nor touch a boundary. A
+    role not tagged with a run id matches no condition here and may only read."""
+    head = aws_head_policy(f"${{aws:PrincipalTag/{TAG_RUN_ID}}}")
+    deny = {"Sid": "NoIamAtAll", "Effect": "Deny", "Action": "iam:*", "Resource": "*"}
+    return {"Version": "2012-10-17", "Statement": [*head["Statement"], deny]}
+
+
+def aws_creator_policy(account: str = "ACCOUNT", partition: str = "aws") -> dict[str, Any]:
+    """The IAM part of what the CLI's own credentials need (pure; docs/clouds.md prints it for ``ACCOUNT``).
+
+    Roles can be created, and given an inline policy, only under rubberband's path and only with rubberband's
+    boundary (``iam:PermissionsBoundary``); no managed policy can be attached; a role can be passed only to EC2;
+    and whatever else the credentials hold, the boundary can never be removed from a role, swapped for another,
+    nor the boundary policy itself created, changed or deleted. So these rights cannot make a role that does more
+    than a run's head: without the boundary condition, ``iam:CreateRole`` + ``iam:PutRolePolicy`` + ``iam:PassRole``
+    would let anyone holding them start an instance with a role allowed ``*:*``."""
+    roles = f"arn:{partition}:iam::{account}:role{IAM_PATH}*"
+    profiles = f"arn:{partition}:iam::{account}:instance-profile{IAM_PATH}*"
+    boundary = boundary_arn(account, partition)
+    under_boundary = {"StringEquals": {BOUNDARY_KEY: boundary}}
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "CreateRunRolesOnlyUnderTheBoundary",
+                "Effect": "Allow",
+                "Action": ["iam:CreateRole", "iam:PutRolePolicy"],
+                "Resource": roles,
+                "Condition": under_boundary,
+            },
+            {
+                "Sid": "TagFindAndDeleteRunRoles",
+                "Effect": "Allow",
+                "Action": [
+                    "iam:TagRole",
+                    "iam:ListRoleTags",
+                    "iam:ListRolePolicies",
+                    "iam:ListInstanceProfilesForRole",
+                    "iam:DeleteRolePolicy",
+                    "iam:DeleteRole",
+                ],
+                "Resource": roles,
+            },
+            {
+                "Sid": "RunInstanceProfiles",
+                "Effect": "Allow",
+                "Action": [
+                    "iam:CreateInstanceProfile",
+                    "iam:TagInstanceProfile",
+                    "iam:GetInstanceProfile",
+                    "iam:AddRoleToInstanceProfile",
+                    "iam:RemoveRoleFromInstanceProfile",
+                    "iam:DeleteInstanceProfile",
+                ],
+                "Resource": profiles,
+            },
+            {
+                "Sid": "PassRunRolesToEc2Only",
+                "Effect": "Allow",
+                "Action": "iam:PassRole",
+                "Resource": roles,
+                "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+            },
+            {
+                "Sid": "ListRunRoles",
+                "Effect": "Allow",
+                "Action": ["iam:ListRoles", "iam:ListInstanceProfiles"],
+                "Resource": "*",
+            },
+            {
+                "Sid": "ReadTheBoundary",
+                "Effect": "Allow",
+                "Action": ["iam:GetPolicy", "iam:GetPolicyVersion"],
+                "Resource": boundary,
+            },
+            {
+                "Sid": "NeverLoosenARunRolesBoundary",
+                "Effect": "Deny",
+                "Action": ["iam:DeleteRolePermissionsBoundary", "iam:AttachRolePolicy"],
+                "Resource": roles,
+            },
+            {
+                "Sid": "NeverSwapARunRolesBoundary",
+                "Effect": "Deny",
+                "Action": ["iam:CreateRole", "iam:PutRolePolicy", "iam:PutRolePermissionsBoundary"],
+                "Resource": roles,
+                "Condition": {"StringNotEquals": {BOUNDARY_KEY: boundary}},
+            },
+            {
+                "Sid": "NeverChangeTheBoundary",
+                "Effect": "Deny",
+                "Action": [
+                    "iam:CreatePolicy",
+                    "iam:CreatePolicyVersion",
+                    "iam:DeletePolicy",
+                    "iam:DeletePolicyVersion",
+                    "iam:SetDefaultPolicyVersion",
+                ],
+                "Resource": boundary,
+            },
+        ],
+    }
+
+
+def aws_creator_actions(account: str, partition: str = "aws") -> list[tuple[str, dict[str, str], str]]:
+    """(action, context, resource) the CLI's credentials are simulated for when rubberband is to create the head's
+    role: what :meth:`AwsIdentities.create` and :meth:`AwsIdentities.delete` call, with the boundary the role is
+    created with and the service it is passed to."""
+    role = f"arn:{partition}:iam::{account}:role{IAM_PATH}{identity_name('dry-run')}"
+    profile = f"arn:{partition}:iam::{account}:instance-profile{IAM_PATH}{identity_name('dry-run')}"
+    contexts = {
+        "iam:CreateRole": {BOUNDARY_KEY: boundary_arn(account, partition)},
+        "iam:PutRolePolicy": {BOUNDARY_KEY: boundary_arn(account, partition)},
+        "iam:PassRole": {"iam:PassedToService": "ec2.amazonaws.com"},
+    }
+    resources = {"iam:ListRoles": "*", "iam:ListInstanceProfiles": "*"}
+    out = []
+    for action in AWS_CREATOR_ACTIONS:
+        if action in ("iam:GetPolicy", "iam:GetPolicyVersion"):
+            resource = boundary_arn(account, partition)
+        elif "InstanceProfile" in action and action != "iam:ListInstanceProfilesForRole":
+            resource = profile
+        else:
+            resource = resources.get(action, role)
+        out.append((action, contexts.get(action, {}), resource))
+    return out
+
+
+def aws_creator_denials(account: str, partition: str = "aws") -> list[tuple[str, dict[str, str], str, str]]:
+    """(action, context, resource, what) the CLI's credentials must NOT be allowed: the ways around the boundary.
+    Checked by the dry run (a credential that could is reported as broader than rubberband needs) and by the tests
+    against :func:`aws_creator_policy`."""
+    role = f"arn:{partition}:iam::{account}:role{IAM_PATH}{identity_name('dry-run')}"
+    boundary = boundary_arn(account, partition)
+    other = f"arn:{partition}:iam::aws:policy/AdministratorAccess"
+    return [
+        ("iam:CreateRole", {}, role, "create a role without rubberband's boundary"),
+        ("iam:CreateRole", {BOUNDARY_KEY: other}, role, "create a role under another boundary"),
+        ("iam:PutRolePolicy", {}, role, "give a policy to a role without rubberband's boundary"),
+        ("iam:AttachRolePolicy", {BOUNDARY_KEY: boundary}, role, "attach a managed policy to a run's role"),
+        ("iam:DeleteRolePermissionsBoundary", {BOUNDARY_KEY: boundary}, role, "remove a run role's boundary"),
+        ("iam:PutRolePermissionsBoundary", {BOUNDARY_KEY: other}, role, "swap a run role's boundary"),
+        ("iam:CreatePolicyVersion", {}, boundary, "change rubberband's boundary"),
+        ("iam:PassRole", {"iam:PassedToService": "lambda.amazonaws.com"}, role, "pass a run's role to another service"),
+    ]
+
+
 #: (action, tag context) the head's identity is simulated for: what provision / wait / teardown call.
 def aws_head_actions(run_id: str) -> list[tuple[str, dict[str, str]]]:
     request = {
@@ -374,10 +566,13 @@ class AwsIdentities:
         self.session = session or new_session()
         config = Config(retries={"total_max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=60)
         self.iam = self.session.client("iam", endpoint_url=endpoint_url, config=config)
+        # STS at its own endpoint (IAM's would not answer GetCallerIdentity), or at the one given for both (tests)
+        self.sts = self.session.client("sts", endpoint_url=endpoint_url, config=config)
         self.sleep = sleep
 
     def _call(self, action: str, fn: Callable[[], Any]) -> Any:
         import botocore.exceptions
+        import botocore.parsers
 
         from rubberband.cloud.failover import CallContext, classify
 
@@ -389,29 +584,65 @@ class AwsIdentities:
             code = error.get("Code", "")
             if code in ("AccessDenied", "AccessDeniedException"):
                 code = "UnauthorizedOperation"
-            context = CallContext("aws", action=f"iam:{action}")
+            context = CallContext("aws", action=action if ":" in action else f"iam:{action}")
             raise classify(code, error.get("Message", ""), context, http_status=status) from None
         except botocore.exceptions.NoCredentialsError:
             raise classify("NoCredentials", "boto3 found no credentials", CallContext("aws")) from None
+        except botocore.parsers.ResponseParserError as exc:  # XML that is no API answer
+            raise UnexpectedAnswer(f"aws {action if ':' in action else f'iam:{action}'}", str(exc)) from None
         except botocore.exceptions.BotoCoreError as exc:  # a connection error, an unreadable answer
-            raise CloudError(f"aws iam:{action}: {exc}", kind="transient", code=type(exc).__name__) from None
+            name = action if ":" in action else f"iam:{action}"
+            raise CloudError(f"aws {name}: {exc}", kind="transient", code=type(exc).__name__) from None
+
+    def caller(self) -> tuple[str, str, str]:
+        """(ARN, account, partition) of the credentials in use (``sts:GetCallerIdentity``, which needs no
+        permission)."""
+        arn = self._call("sts:GetCallerIdentity", self.sts.get_caller_identity)["Arn"]
+        parts = arn.split(":")
+        return arn, parts[4], parts[1]
+
+    def boundary(self) -> str:
+        """The ARN of rubberband's permissions boundary in this account (:func:`aws_boundary_policy`); an
+        :class:`~rubberband.errors.InputError` saying how to create it when the account has none yet."""
+        _, account, partition = self.caller()
+        arn = boundary_arn(account, partition)
+        try:
+            self._call("GetPolicy", lambda: self.iam.get_policy(PolicyArn=arn))
+        except CloudError as exc:
+            if exc.code == "NoSuchEntity":
+                raise InputError(BOUNDARY_MISSING.format(arn=arn)) from None
+            raise
+        return arn
+
+    def boundary_document(self, arn: str) -> dict[str, Any]:
+        """The document of the boundary policy's default version, as IAM holds it."""
+        from urllib.parse import unquote
+
+        version = self._call("GetPolicy", lambda: self.iam.get_policy(PolicyArn=arn))["Policy"]["DefaultVersionId"]
+        document = self._call(
+            "GetPolicyVersion", lambda: self.iam.get_policy_version(PolicyArn=arn, VersionId=version)
+        )["PolicyVersion"]["Document"]
+        return json.loads(unquote(document)) if isinstance(document, str) else document
 
     # -- a run's own identity -------------------------------------------------------------------
 
     def create(self, run_id: str, region: str) -> HeadIdentity:
-        """The run's role (trusted by EC2 only, :func:`aws_head_policy` inline) in an instance profile, both tagged.
+        """The run's role (trusted by EC2 only, under rubberband's permissions boundary, :func:`aws_head_policy`
+        inline) in an instance profile, both tagged.
 
         Idempotent: what an earlier try of the same run created is reused. On failure, whatever was
-        created is deleted before the error propagates."""
+        created is deleted before the error propagates. An account without the boundary policy is an
+        :class:`~rubberband.errors.InputError` before anything is created."""
         name = identity_name(run_id)
+        boundary = self.boundary()
         try:
-            self._create_missing(name, run_id, region)
+            self._create_missing(name, run_id, region, boundary)
         except BaseException:
             self.delete(run_id)
             raise
         return HeadIdentity("aws", name, created=True)
 
-    def _create_missing(self, name: str, run_id: str, region: str) -> None:
+    def _create_missing(self, name: str, run_id: str, region: str, boundary: str) -> None:
         try:
             self._call(
                 "CreateRole",
@@ -421,6 +652,7 @@ class AwsIdentities:
                     AssumeRolePolicyDocument=json.dumps(EC2_TRUST_POLICY),
                     Description=f"rubberband head of run {run_id}: its instances only",
                     MaxSessionDuration=3600,
+                    PermissionsBoundary=boundary,
                     Tags=_tags(run_id, region),
                 ),
             )
@@ -585,9 +817,13 @@ class AwsIdentities:
             )
         checks = [PermissionCheck("aws", "global", "iam:GetInstanceProfile", True, what)]
         role = f"{what} (role {roles[0]['RoleName']})"
-        checks += self._simulate(roles[0]["Arn"], aws_head_actions(run_id), role)
+        # the run tag a head's role carries (IAM's simulation fills no principal tag itself): rubberband's boundary
+        # scopes a role to the run it is tagged with
+        principal = {f"aws:PrincipalTag/{TAG_RUN_ID}": run_id}
+        needed = [(a, {**principal, **c}, None) for a, c in aws_head_actions(run_id)]
+        checks += self._simulate(roles[0]["Arn"], needed, role)
         for action, context, doing in aws_head_denials(run_id):
-            (check,) = self._simulate(roles[0]["Arn"], [(action, context)], role)
+            (check,) = self._simulate(roles[0]["Arn"], [(action, {**principal, **context}, None)], role)
             if check.allowed is None:
                 break  # simulation unavailable: already reported above
             checks.append(
@@ -604,25 +840,70 @@ class AwsIdentities:
         return checks
 
     def check_creator(self) -> list[PermissionCheck]:
-        """The CLI's own credentials may create (and delete) a run's head identity."""
+        """The CLI's own credentials may create (and delete) a run's head identity, under rubberband's boundary, which
+        exists and is the one :func:`aws_boundary_policy` describes; and they cannot get around it
+        (:func:`aws_creator_denials`: reported as broader than needed, not fatal)."""
         try:
-            arn = self.session.client("sts", endpoint_url=self.iam.meta.endpoint_url).get_caller_identity()["Arn"]
-        except Exception as exc:  # noqa: BLE001 - reported, not fatal: the launch checks it anyway
-            return [PermissionCheck("aws", "global", "iam:*", None, f"caller unknown ({type(exc).__name__})")]
-        return self._simulate(arn, [(a, {}) for a in AWS_CREATOR_ACTIONS], "to create the head's role")
+            arn, account, partition = self.caller()
+        except CloudError as exc:  # reported, not fatal: the launch checks it anyway
+            return [PermissionCheck("aws", "global", "iam:*", None, f"caller unknown ({exc.code or 'error'})")]
+        what = "to create the head's role"
+        checks = [self._check_boundary(boundary_arn(account, partition))]
+        checks += self._simulate(arn, [(a, c, r) for a, c, r in aws_creator_actions(account, partition)], what)
+        for action, context, resource, doing in aws_creator_denials(account, partition):
+            (check,) = self._simulate(arn, [(action, context, resource)], what)
+            if check.allowed is None:
+                break  # simulation unavailable: already reported above
+            broader = ": broader than rubberband needs, a way around its boundary (docs/clouds.md)"
+            checks.append(
+                PermissionCheck(
+                    "aws",
+                    "global",
+                    action,
+                    check.allowed,
+                    f"you must not {doing}" + (broader if check.allowed else ""),
+                    expect="deny",
+                )
+            )
+        return checks
 
-    def _simulate(self, arn: str, actions: list[tuple[str, dict[str, str]]], what: str) -> list[PermissionCheck]:
-        """``iam:SimulatePrincipalPolicy`` for each action with its tag context; unchecked where IAM cannot say."""
-        checks = []
-        for action, context in actions:
+    def _check_boundary(self, arn: str) -> PermissionCheck:
+        """The dry run's row for rubberband's boundary policy: it exists and holds :func:`aws_boundary_policy`."""
+        try:
+            document = self.boundary_document(arn)
+        except CloudError as exc:
+            if exc.code == "NoSuchEntity":
+                return PermissionCheck("aws", "global", "iam:GetPolicy", False, BOUNDARY_MISSING.format(arn=arn))
+            if exc.code in ("UnauthorizedOperation", "AccessDenied"):
+                return PermissionCheck("aws", "global", "iam:GetPolicy", False, f"you may not read {arn}")
+            return PermissionCheck("aws", "global", "iam:GetPolicy", None, f"{arn}: not checked ({exc.code})")
+        if document != aws_boundary_policy():
+            return PermissionCheck(
+                "aws",
+                "global",
+                "iam:GetPolicyVersion",
+                False,
+                f"{arn} is not rubberband's boundary (another version): update it (docs/clouds.md, "
+                f"`python -m rubberband.cloud.identity boundary`)",
+            )
+        return PermissionCheck("aws", "global", "iam:GetPolicyVersion", True, f"rubberband's boundary {arn}")
+
+    def _simulate(
+        self, arn: str, actions: Sequence[tuple[str, dict[str, str], str | None]], what: str
+    ) -> list[PermissionCheck]:
+        """``iam:SimulatePrincipalPolicy`` for each (action, context, resource) (no resource: IAM's default ``*``);
+        unchecked where IAM cannot say."""
+        checks: list[PermissionCheck] = []
+        for action, context, resource in actions:
             entries = [
                 {"ContextKeyName": k, "ContextKeyValues": [v], "ContextKeyType": "string"} for k, v in context.items()
             ]
+            extra = {"ResourceArns": [resource]} if resource else {}
             try:
                 result = self._call(
                     "SimulatePrincipalPolicy",
                     lambda: self.iam.simulate_principal_policy(
-                        PolicySourceArn=arn, ActionNames=[action], ContextEntries=entries
+                        PolicySourceArn=arn, ActionNames=[action], ContextEntries=entries, **extra
                     ),
                 )
             except CloudError as exc:
@@ -632,7 +913,7 @@ class AwsIdentities:
                     else f"IAM could not simulate it ({exc.code or 'error'})"
                 )
                 return checks + [
-                    PermissionCheck("aws", "global", a, None, f"{what}: {detail}") for a, _ in actions[len(checks) :]
+                    PermissionCheck("aws", "global", a, None, f"{what}: {detail}") for a, _, _ in actions[len(checks) :]
                 ]
             decision = result["EvaluationResults"][0]["EvalDecision"]
             checks.append(
@@ -663,7 +944,7 @@ class GcpIdentities:
     WRITE_TRIES = 5
 
     def __init__(self, project: str | None = None, *, endpoint: str | None = None, session: Any = None) -> None:
-        from rubberband.cloud.gcp import ENDPOINT_ENV, PROJECT_ENV
+        from rubberband.cloud.gcp_session import ENDPOINT_ENV, PROJECT_ENV
 
         endpoint = endpoint or os.environ.get(ENDPOINT_ENV) or None
         self.iam_url, self.crm_url = (endpoint, endpoint) if endpoint else (self.IAM, self.CRM)
@@ -880,7 +1161,7 @@ class GcpIdentities:
 
 def _run_binding(binding: dict[str, Any]) -> str | None:
     """The run a policy binding was made for by rubberband (its title and its description's marker), else None."""
-    from rubberband.cloud.gcp import marked_run
+    from rubberband.cloud.gcp_names import marked_run
 
     condition = binding.get("condition") or {}
     run_id = marked_run(condition.get("description"))
@@ -898,32 +1179,42 @@ def _bound_at(binding: dict[str, Any]) -> float | None:
     return float(calendar.timegm(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%SZ"))) if found else None
 
 
+def _policy_block(policy: dict[str, Any]) -> list[str]:
+    """A policy as docs/clouds.md prints it: one statement a line."""
+    statements = ",\n".join(f"  {json.dumps(st)}" for st in policy["Statement"])
+    return ["```json", '{"Version": "2012-10-17", "Statement": [', statements, "]}", "```"]
+
+
 def policy_docs() -> str:
     """The exact policies as docs/clouds.md prints them (between its ``policies`` markers); a test checks that the
     page holds this text, so the code and the page cannot drift. ``python -m rubberband.cloud.identity``
     prints it."""
-    statements = ",\n".join(f"  {json.dumps(st)}" for st in aws_head_policy("RUN")["Statement"])
     gcp = "\n".join(f"* `{p}`" for p in GCP_HEAD_PERMISSIONS)
     return "\n".join(
         [
             '#### AWS: the head\'s role (`aws_head_policy("RUN")`)',
             "",
-            "```json",
-            '{"Version": "2012-10-17", "Statement": [',
-            statements,
-            "]}",
-            "```",
+            *_policy_block(aws_head_policy("RUN")),
+            "",
+            "#### AWS: rubberband's permissions boundary (`aws_boundary_policy()`)",
+            "",
+            f"The managed policy `{boundary_arn()}`, created once per account by an administrator "
+            "(`python -m rubberband.cloud.identity boundary` prints it as one line for `aws iam create-policy`); "
+            "every role rubberband creates carries it:",
+            "",
+            *_policy_block(aws_boundary_policy()),
             "",
             "#### AWS: you (the CLI)",
             "",
             "The head's EC2 actions above for your run's resources, "
             + ", ".join(f"`{a}`" for a in AWS_CLI_SWEEP_ACTIONS)
-            + " (teardown and the orphan sweep: detached volumes and secrets with the run's tags), `ssm:GetParameter`, "
-            "and, to create, find and "
-            "delete the head's role: "
-            + ", ".join(f"`{a}`" for a in AWS_CREATOR_ACTIONS)
-            + f" — on `arn:aws:iam::ACCOUNT:role{IAM_PATH}*` and `arn:aws:iam::ACCOUNT:instance-profile{IAM_PATH}*` "
-            "only (`iam:ListRoles`, `iam:ListInstanceProfiles` on `*`).",
+            + " (teardown and the orphan sweep: detached volumes and secrets with the run's tags), "
+            + ", ".join(f"`{a}`" for a in AWS_CLI_CONSOLE_ACTIONS)
+            + " (head mode: the head's SSH host keys, read from its console before the first connection), "
+            "`ssm:GetParameter`, "
+            'and, to create, find and delete the head\'s role, this (`aws_creator_policy("ACCOUNT")`):',
+            "",
+            *_policy_block(aws_creator_policy()),
             "",
             f"#### GCP: the head's custom role `{GCP_HEAD_ROLE_ID}` (`GCP_HEAD_PERMISSIONS`)",
             "",
@@ -942,8 +1233,9 @@ def policy_docs() -> str:
             "",
             "The head's permissions plus "
             + ", ".join(f"`{p}`" for p in GCP_CLI_PERMISSIONS if p not in GCP_HEAD_PERMISSIONS)
-            + " (to start the head with its service account, and to bind its role for the run and remove that "
-            "binding when the run ends) and `iam.serviceAccounts.actAs` on that account.",
+            + " (to start the head with its service account; to read its SSH host keys from its serial console before "
+            "the first connection; to bind its role for the run and remove that binding when the run ends) and "
+            "`iam.serviceAccounts.actAs` on that account.",
         ]
     )
 
@@ -964,6 +1256,13 @@ def check_identity(
         raise InputError(GCP_NEEDS_ACCOUNT)
     return GcpIdentities().check_service_account(service_account)
 
+
+BOUNDARY_MISSING = (
+    "this AWS account has no rubberband permissions boundary {arn}: an administrator creates it once with "
+    "`aws iam create-policy --path /rubberband/ --policy-name rubberband-boundary --policy-document "
+    '"$(python -m rubberband.cloud.identity boundary)"` (docs/clouds.md, Permissions), or pass '
+    "--instance-profile NAME"
+)
 
 GCP_NEEDS_ACCOUNT = (
     "--cloud gcp runs the executor on a head instance that needs a service account: pass "
@@ -1036,5 +1335,18 @@ def delete_run_identity(cloud: str, run_id: str) -> list[str]:
     return AwsIdentities().delete(run_id) if cloud == "aws" else GcpIdentities().unbind_run(run_id)
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m rubberband.cloud.identity`: the policies for the docs
-    print(policy_docs())
+def main(argv: list[str]) -> int:
+    """``python -m rubberband.cloud.identity``: the policies for the docs; ``... boundary``: rubberband's boundary
+    policy as one line of JSON (for ``aws iam create-policy --policy-document``)."""
+    if argv == ["boundary"]:
+        print(json.dumps(aws_boundary_policy()))
+    elif not argv:
+        print(policy_docs())
+    else:
+        print("usage: python -m rubberband.cloud.identity [boundary]", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

@@ -308,13 +308,21 @@ class LocalProvider:
     cloud = "local"
 
     def __init__(
-        self, run_dir: str | Path, *, python: str | None = None, grace_s: float = 3.0, auth_mode: str = "token"
+        self,
+        run_dir: str | Path,
+        *,
+        python: str | None = None,
+        grace_s: float = 3.0,
+        auth_mode: str = "token",
+        token_path: Path | None = None,
     ) -> None:
-        """``auth_mode``: Ray's ``RAY_AUTH_MODE`` for the head and nodes (``token`` locally;
-        ``disabled`` when the head serves cloud nodes, which run without a token: docs/clouds.md)."""
+        """``auth_mode``: Ray's ``RAY_AUTH_MODE`` for the head and nodes (``token``; ``disabled`` for tests of a
+        Ray without auth). ``token_path``: the run's own token file, which the head and nodes use
+        (``RAY_AUTH_TOKEN_PATH``); None: Ray's default, ``~/.ray/auth_token``, made when missing."""
         if auth_mode not in ("token", "disabled"):
             raise ValueError(f"auth_mode must be token or disabled, not {auth_mode!r}")
         self.auth_mode = auth_mode
+        self.token_path = token_path
         self.run_dir = Path(run_dir)
         self.instances_dir = self.run_dir / "instances"
         self.python = python or sys.executable
@@ -328,6 +336,17 @@ class LocalProvider:
     @property
     def ray_auth_mode(self) -> str:
         return self.auth_mode
+
+    @property
+    def ray_auth_token_path(self) -> str | None:
+        return None if self.token_path is None else str(self.token_path)
+
+    def _auth_env(self) -> dict[str, str]:
+        """Ray's auth settings for a head or node this provider starts."""
+        env = {"RAY_AUTH_MODE": self.auth_mode}
+        if self.token_path is not None:
+            env["RAY_AUTH_TOKEN_PATH"] = str(self.token_path)
+        return env
 
     def obtained(self, instance_id: str) -> None:
         """Local nodes are exactly the type requested."""
@@ -450,7 +469,7 @@ class LocalProvider:
         (and so Ray's job server) on 127.0.0.1 at that port; by default there is none. ``env``:
         extra environment for the head (and so for the Ray jobs it runs)."""
         with self._lock:
-            if self.auth_mode == "token":
+            if self.auth_mode == "token" and self.token_path is None:
                 ensure_auth_token()
             temp_dir = short_temp_dir(self.run_dir)
             log = self.instances_dir / f"{HEAD_ID}.log"
@@ -487,7 +506,7 @@ class LocalProvider:
                         str(free_port()),
                     ],
                     log,
-                    {**HEAD_ENV, **NODE_ENV, "RAY_AUTH_MODE": self.auth_mode, **(env or {})},
+                    {**HEAD_ENV, **NODE_ENV, **self._auth_env(), **(env or {})},
                 )
                 record = ProcessRecord(
                     id=HEAD_ID,
@@ -575,7 +594,7 @@ class LocalProvider:
                 head.temp_dir,
             ],
             log,
-            {**NODE_ENV, "RAY_AUTH_MODE": self.auth_mode},
+            {**NODE_ENV, **self._auth_env()},
         )
         record = ProcessRecord(
             id=instance_id,

@@ -9,10 +9,11 @@ head is a local Ray head (:class:`~rubberband.cloud.local.LocalProvider`, record
 :class:`~rubberband.cloud.backend.CloudBackend` (failover, worker startup script joining this
 head, ``rb-node-<instance id>`` resource) and found / terminated by the run's tags.
 
-Ray auth: a head outside a head instance cannot push the run's token to its workers (that needs the
-head instance's push key, cloud/ray_token.py), so here the workers, this head and the driver run with
-``RAY_AUTH_MODE=disabled`` (``ray_auth_mode``), confined by the run's security group / firewall rules.
-On a head instance (:class:`rubberband.cloud.head_run.OnHeadCloudBackend`) Ray runs with the run's token.
+Ray auth: as on a head instance, Ray runs with the run's own token (``RAY_AUTH_MODE=token``). This machine
+makes the token (``RUN_DIR/ray-token``, 0600) and a push key (``RUN_DIR/token-push-key``) when the head starts;
+each worker's user-data carries the public half, and the token reaches the worker over SSH inside the run's
+network (:class:`~rubberband.cloud.ray_token.SshTokenPush`), never in user-data. This head, its nodes and the
+driver present the run's token (``ray_auth_token_path``); both files go when the head stops.
 
 With ``test_boot="local"`` (passed in by the test suite's CLI entry point; :mod:`rubberband.cloud.testboot`)
 each instance's boot is played by a local Ray node started under the instance's id, and the head takes a free port.
@@ -32,6 +33,18 @@ from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.heartbeat import INTERVAL_S, Heartbeat, beat_instances
 from rubberband.cloud.local import LocalProvider
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, Instance, InstanceRequest
+from rubberband.cloud.ray_token import (
+    PUSH_KEY_FILE,
+    RUN_TOKEN_FILE,
+    FileTokenPush,
+    SshTokenPush,
+    forget_push_key,
+    forget_run_token,
+    make_push_key,
+    new_token,
+    read_run_token,
+    write_run_token,
+)
 from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run_detailed
 from rubberband.errors import CloudError, Location
@@ -58,7 +71,7 @@ class LocalHeadCloudBackend:
     pool: ProviderPool = field(default_factory=ProviderPool)
     catalog: Catalog | None = None
     test_boot: str | None = None
-    ray_auth_mode: str = "disabled"
+    ray_auth_mode: str = "token"
     requirements: tuple[str, ...] = ()  # the spec's `requirements`, installed by each worker's boot
     heartbeat_s: float = INTERVAL_S  # how often the run's heartbeat is written on the cloud (cloud/heartbeat.py)
     _heartbeat: Heartbeat | None = field(default=None, init=False, repr=False)
@@ -70,7 +83,17 @@ class LocalHeadCloudBackend:
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
-        self.local = LocalProvider(self.run_dir, auth_mode=self.ray_auth_mode)
+        #: the run's own token file when this machine's head makes it (None: the caller brought a push, as the
+        #: head instance does, or Ray runs without auth)
+        self.run_token: Path | None = None
+        if self.ray_auth_mode == "token" and self.token_push is None:
+            self.run_token = self.run_dir / RUN_TOKEN_FILE
+            self.token_push = (
+                FileTokenPush()  # played workers are local nodes that read the token file themselves
+                if self.test_boot == "local"
+                else SshTokenPush(key_file=self.run_dir / PUSH_KEY_FILE, token_file=self.run_token)
+            )
+        self.local = LocalProvider(self.run_dir, auth_mode=self.ray_auth_mode, token_path=self.run_token)
         self.catalog = self.catalog or load_catalog([self.cloud])
         placeholder = Instance(
             id=f"local-head-{socket.gethostname()}",
@@ -110,8 +133,18 @@ class LocalHeadCloudBackend:
 
     # -- head --------------------------------------------------------------------------------
 
+    @property
+    def ray_auth_token_path(self) -> str | None:
+        return None if self.run_token is None else str(self.run_token)
+
     def start_head(self, run_id: str) -> HeadHandle:
-        """Start this machine's Ray head for the run (Ray's port 6379 unless test boots play the workers)."""
+        """Start this machine's Ray head for the run (Ray's port 6379 unless test boots play the workers), with
+        the run's token and push key (kept on a resume: its workers hold that token)."""
+        if self.run_token is not None:
+            if read_run_token(self.run_dir) is None:
+                write_run_token(self.run_dir, new_token())
+            if isinstance(self.token_push, SshTokenPush):
+                make_push_key(self.token_push.key_file)
         port = None if self.test_boot else RAY_PORT
         record = self.local.start_head_process(run_id, port=port)
         host = "127.0.0.1" if self.test_boot else _private_address()
@@ -138,6 +171,10 @@ class LocalHeadCloudBackend:
             for region in self.regions:
                 terminate_run_detailed(self.pool(self.cloud, region), run_id)
             self._stop_stand_ins()
+        if self.run_token is not None:  # the cluster is gone: its token and push key open nothing any more
+            forget_run_token(self.run_dir)
+            if isinstance(self.token_push, SshTokenPush):
+                forget_push_key(self.token_push.key_file)
         return stopped
 
     def runtime_env(self, code_dir: str) -> dict | None:

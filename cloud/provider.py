@@ -12,12 +12,9 @@ from __future__ import annotations
 import builtins
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from rubberband.catalog import InstanceType
-
-if TYPE_CHECKING:  # the dry run's report type; cloud.dryrun imports this module
-    from rubberband.cloud.dryrun import PermissionCheck
 
 #: Tag / label keys put on every instance (GCP label keys allow only [a-z0-9_-]).
 TAG_RUN_ID = "rubberband-run-id"
@@ -30,6 +27,20 @@ TAG_HEARTBEAT = "rubberband-heartbeat"
 #: POSIX seconds (an integer) at which a run-level resource without a creation time of its own was created
 #: (an EC2 security group): the orphan sweep leaves young ones to the run that is creating them.
 TAG_CREATED = "rubberband-created"
+
+
+@dataclass(frozen=True)
+class PermissionCheck:
+    """One permission probed without side effects. ``allowed`` is None when it could not be checked."""
+
+    cloud: str
+    region: str
+    action: str
+    allowed: bool | None
+    detail: str = ""
+    #: "allow": the run needs it (denied fails the dry run); "deny": least privilege — the identity must NOT be
+    #: able to do it (``allowed`` True means it is broader than rubberband needs: reported, not fatal)
+    expect: str = "allow"
 
 
 def check_option_names(owner: str, options: Mapping[str, object], known: Collection[str]) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shlex
 import shutil
 import subprocess
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from rubberband.cloud.bootstrap import TOKEN_DROP_USER, TOKEN_FILE
 from rubberband.cloud.provider import Instance
+from rubberband.cloud.shell import shell_word
 from rubberband.errors import CloudError
 
 #: The token's file in a run directory on the CLI's machine.
@@ -74,6 +74,40 @@ def forget_run_token(run_dir: Path | None) -> None:
         (Path(run_dir) / RUN_TOKEN_FILE).unlink(missing_ok=True)
 
 
+#: With ``--head local``: the CLI machine's key for pushing the token to the run's workers (its ``.pub`` beside it).
+PUSH_KEY_FILE = "token-push-key"
+
+
+def make_push_key(key_file: Path, *, keygen: str = "ssh-keygen") -> Path:
+    """Make an ed25519 key pair for pushing the run's token (kept when there: a resumed run's workers hold its
+    public half); the private key is 0600 and never leaves this machine."""
+    if key_file.exists() and Path(f"{key_file}.pub").exists():
+        return key_file
+    if shutil.which(keygen) is None:
+        raise CloudError(
+            f"`{keygen}` is not installed: the run's Ray token reaches its workers over SSH (install OpenSSH's client)",
+            kind="fatal",
+        )
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    key_file.unlink(missing_ok=True)
+    done = subprocess.run(
+        [keygen, "-q", "-t", "ed25519", "-N", "", "-C", "rubberband-token-push", "-f", str(key_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        raise CloudError(f"{keygen} could not make the token push key: {done.stderr.strip()[:200]}", kind="fatal")
+    os.chmod(key_file, 0o600)
+    return key_file
+
+
+def forget_push_key(key_file: Path) -> None:
+    """Delete the push key pair once the run's workers are gone."""
+    key_file.unlink(missing_ok=True)
+    Path(f"{key_file}.pub").unlink(missing_ok=True)
+
+
 def auth_headers(token: str | None) -> dict[str, str]:
     """What Ray's job client sends with every request to the run's job server."""
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -87,6 +121,7 @@ class SshLogin:
     user: str
     key_file: Path
     known_hosts: Path
+    pinned: bool = False  # known_hosts holds the head's keys from its console (cloud/host_keys.py): no other is taken
 
 
 def deliver_to_head(login: SshLogin, token: str, *, timeout_s: float, ssh: str = "ssh", poll_s: float = 5.0) -> None:
@@ -101,8 +136,15 @@ def deliver_to_head(login: SshLogin, token: str, *, timeout_s: float, ssh: str =
         f"umask 077; mkdir -p {Path(HEAD_TOKEN_PATH).parent} && cat > {HEAD_TOKEN_PATH}.part && "
         f"mv {HEAD_TOKEN_PATH}.part {HEAD_TOKEN_PATH}"
     )
-    remote = f"sudo sh -c {shlex.quote(script)}"
-    command = [ssh, "-i", str(login.key_file), *ssh_options(login.known_hosts), f"{login.user}@{login.host}", remote]
+    remote = f"sudo sh -c {shell_word(script)}"
+    command = [
+        ssh,
+        "-i",
+        str(login.key_file),
+        *ssh_options(login.known_hosts, pinned=login.pinned),
+        f"{login.user}@{login.host}",
+        remote,
+    ]
     _retry_ssh(command, token, timeout_s=timeout_s, poll_s=poll_s, what=f"the head {login.user}@{login.host}")
 
 

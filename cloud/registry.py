@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from rubberband.cloud.provider import Provider
 from rubberband.errors import InputError
 
 CLOUD_PROVIDERS = ("aws", "gcp")
+#: Where the user names the machine image nodes boot on, per cloud (an AMI id / an image or family URL)...
+IMAGE_ENV = {"aws": "RUBBERBAND_AWS_AMI", "gcp": "RUBBERBAND_GCP_IMAGE"}
+#: ...and the provider option that takes it (``AwsProvider(image_id=)``, ``GcpProvider(image=)``).
+IMAGE_OPTION = {"aws": "image_id", "gcp": "image"}
+
+
+def image_override(cloud: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The machine image the user chose for ``cloud`` in this process's environment (:data:`IMAGE_ENV`), or None.
+
+    Read on the CLI machine only: the head's jobs run without the CLI's environment, so head mode carries the
+    choice to its head on the run job's command line (``head_job run --image``)."""
+    value = (os.environ if environ is None else environ).get(IMAGE_ENV.get(cloud, ""), "").strip()
+    return value or None
+
+
+def image_options(cloud: str, image: str | None) -> dict[str, str]:
+    """``cloud``'s provider options that boot its nodes on ``image`` (none for None: the provider's default)."""
+    return {IMAGE_OPTION[cloud]: image} if image and cloud in IMAGE_OPTION else {}
 
 
 def make_provider(cloud: str, region: str, **options: Any) -> Provider:

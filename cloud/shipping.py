@@ -90,18 +90,18 @@ def _record_hash(data: bytes) -> str:
 
 def build_wheel(cache_dir: Path | None = None) -> Path:
     """The wheel of the imported rubberband (built once per content, kept in ``cache_dir``)."""
-    from rubberband import __version__
+    from rubberband import DIST_NAME, __version__
 
     files = package_files()
     version = f"{__version__.split('+')[0]}+g{content_hash(files)}"
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    wheel = cache / f"rubberband-{version}-py3-none-any.whl"
+    wheel = cache / f"{DIST_NAME.replace('-', '_')}-{version}-py3-none-any.whl"
     if wheel.is_file():
         return wheel
     cache.mkdir(parents=True, exist_ok=True)
-    dist_info = f"rubberband-{version}.dist-info"
+    dist_info = f"{DIST_NAME.replace('-', '_')}-{version}.dist-info"
     meta = {
-        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: rubberband\nVersion: {version}\n"
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: {version}\n"
         f"Summary: rubberband as shipped by its CLI to a run's cluster (no dependencies: "
         f"the nodes install them at boot)\n",
         f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: rubberband.cloud.shipping\nRoot-Is-Purelib: true\n"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from rubberband.cloud.heartbeat import orphaned_runs
 from rubberband.cloud.provider import CleansUpRuns, FindsLeftoverRuns, Instance, Provider
+from rubberband.errors import CleanupIncomplete
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,26 @@ class TeardownResult:
     resources: list[str] = field(default_factory=list)
 
 
-def _cleanup(provider: Provider, run_id: str, timeout_s: float) -> list[str]:
-    return list(provider.cleanup_run(run_id, timeout_s)) if isinstance(provider, CleansUpRuns) else []
+def _cleanup(provider: Provider, run_id: str, timeout_s: float, echo: Callable[[str], None] | None) -> list[str]:
+    """The run's run-level resources deleted, one ``echo`` line each: also those that went before a kind that could
+    not be deleted stopped it (:class:`~rubberband.errors.CleanupIncomplete`, raised on after its lines)."""
+    if not isinstance(provider, CleansUpRuns):
+        return []
+    try:
+        resources = list(provider.cleanup_run(run_id, timeout_s))
+    except CleanupIncomplete as exc:
+        _echo_deleted(provider, run_id, exc.deleted, echo)
+        raise
+    _echo_deleted(provider, run_id, resources, echo)
+    return resources
+
+
+def _echo_deleted(provider: Provider, run_id: str, resources: list[str], echo: Callable[[str], None] | None) -> None:
+    """One ``echo`` line per deleted run-level resource (none without ``echo``)."""
+    if echo is None:
+        return
+    for resource in resources:
+        echo(f"deleted {provider.cloud} {resource} (run {run_id})")
 
 
 def terminate_run(
@@ -55,11 +74,7 @@ def terminate_run_detailed(
                 f"terminated {provider.cloud} {inst.id} ({inst.instance_type}, {inst.zone}, run {inst.run_id}, "
                 f"{inst.role})"
             )
-    resources = _cleanup(provider, run_id, timeout_s)
-    if echo:
-        for resource in resources:
-            echo(f"deleted {provider.cloud} {resource} (run {run_id})")
-    return TeardownResult(instances, resources)
+    return TeardownResult(instances, _cleanup(provider, run_id, timeout_s, echo))
 
 
 def find_orphans(
@@ -94,11 +109,7 @@ def terminate_instances(
     resources: list[str] = []
     for run_id in sorted({i.run_id for i in instances}):
         if not [i for i in provider.list(run_id) if i.id not in {x.id for x in instances}]:
-            deleted = _cleanup(provider, run_id, timeout_s)
-            resources += deleted
-            if echo:
-                for resource in deleted:
-                    echo(f"deleted {provider.cloud} {resource} (run {run_id})")
+            resources += _cleanup(provider, run_id, timeout_s, echo)
     return TeardownResult(list(instances), resources)
 
 
@@ -117,8 +128,5 @@ def cleanup_leftovers(
     for run_id in (
         provider.leftover_runs(older_than_s=older_than_s, now=now) if isinstance(provider, FindsLeftoverRuns) else []
     ):
-        for resource in _cleanup(provider, run_id, timeout_s):
-            deleted.append(resource)
-            if echo:
-                echo(f"deleted {provider.cloud} {resource} (run {run_id})")
+        deleted += _cleanup(provider, run_id, timeout_s, echo)
     return deleted

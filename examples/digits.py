@@ -28,7 +28,7 @@ def load_data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
     try:
         from sklearn.datasets import load_digits
     except ImportError:  # pragma: no cover - depends on the installed extras
-        raise ImportError("examples/digits.py needs scikit-learn: pip install 'rubberband[examples]'") from None
+        raise ImportError("examples/digits.py needs scikit-learn: pip install 'rubberband-hpo[examples]'") from None
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(digits.target, dtype=torch.long)

@@ -30,6 +30,8 @@ from rubberband.executor.clock import WALL_CLOCK, Clock, WallClock
 #: While trials run, how often a wait on Ray looks whether a side call woke it (Ray's wait cannot be woken from
 #: another thread; a wait with nothing running blocks on the wake alone).
 WAKE_SLICE_S = 0.5
+#: Where Ray reads the token a driver presents to a token-auth head (the run's own token file).
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 
 
 @runtime_checkable
@@ -81,7 +83,15 @@ class Cluster(Protocol):
     @property
     def liveness_every_s(self) -> float: ...
 
-    def connect(self, address: str, *, namespace: str, runtime_env: dict | None, auth_mode: str) -> None: ...
+    def connect(
+        self,
+        address: str,
+        *,
+        namespace: str,
+        runtime_env: dict | None,
+        auth_mode: str,
+        auth_token_path: str | None = None,
+    ) -> None: ...
 
     def start_sink(self, run_dir: str | Path) -> Any: ...
 
@@ -108,7 +118,7 @@ class RayCluster:
 
     def __init__(self, clock: Clock = WALL_CLOCK) -> None:
         self.clock = clock
-        self._saved_auth: str | None = None
+        self._saved_auth: tuple[str | None, str | None] = (None, None)
         self._connected = False
         self._woken = threading.Event()
 
@@ -120,10 +130,20 @@ class RayCluster:
     def liveness_every_s(self) -> float:
         return 2.0  # Ray marks a dead node within ~2 s on the run's head
 
-    def connect(self, address: str, *, namespace: str, runtime_env: dict | None, auth_mode: str) -> None:
+    def connect(
+        self,
+        address: str,
+        *,
+        namespace: str,
+        runtime_env: dict | None,
+        auth_mode: str,
+        auth_token_path: str | None = None,
+    ) -> None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        self._saved_auth = os.environ.get("RAY_AUTH_MODE")
+        self._saved_auth = (os.environ.get("RAY_AUTH_MODE"), os.environ.get(TOKEN_PATH_ENV))
         self._connected = True
+        if auth_token_path is not None:  # else the token Ray finds already (a head's env, ~/.ray/auth_token)
+            _set_env(TOKEN_PATH_ENV, auth_token_path)
         _set_auth_mode(auth_mode)
         import ray
 
@@ -192,15 +212,22 @@ class RayCluster:
         finally:
             if self._connected:
                 self._connected = False
-                _set_auth_mode(self._saved_auth)
+                mode, token_path = self._saved_auth
+                _set_env(TOKEN_PATH_ENV, token_path)
+                _set_auth_mode(mode)
+
+
+def _set_env(name: str, value: str | None) -> None:
+    """Set (None: unset) an environment variable of this process."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _set_auth_mode(mode: str | None) -> None:
-    """Set (None: unset) ``RAY_AUTH_MODE`` and make an already imported Ray read it again."""
-    if mode is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = mode
+    """Set (None: unset) ``RAY_AUTH_MODE`` and make an already imported Ray read it (and the token path) again."""
+    _set_env("RAY_AUTH_MODE", mode)
     try:  # ray may have been imported (and its config cached) before the mode was set
         from ray._raylet import Config  # type: ignore[attr-defined]
 

@@ -67,8 +67,9 @@ class WorkerContext(TrainContext):
     """One worker's view of its trial; created fresh for every ``TrialRun``."""
 
     def __init__(self, task: WorkerTask, *, device: Any, process_group: Any) -> None:
-        """``task``: the worker's share of the trial; ``device``: the torch device it trains on; ``process_group``:
-        the trial's (None: a single worker, or outside a run)."""
+        """``task``: the worker's share of the trial; ``device``: the torch device it trains on (None: the CPU, made
+        a torch device only when the training function asks for it, so a trial that does not use torch never imports
+        it); ``process_group``: the trial's (None: a single worker, or outside a run)."""
         self.trial_id = task.trial_id
         self.checkpoint_every = max(1, int(task.checkpoint_every))
         self.start_epoch = task.start_epoch
@@ -76,7 +77,7 @@ class WorkerContext(TrainContext):
         self.rank = rank = task.rank
         self.world_size = task.world_size
         self.local_rank = task.local_rank
-        self.device = device
+        self._device = device
         self.process_group = process_group
         self.checkpoint_dir = checkpoint_dir = task.checkpoint_dir
         self.max_iterations = task.max_iterations
@@ -104,6 +105,20 @@ class WorkerContext(TrainContext):
         self.preemption_notice: dict | None = None
 
     # -- timing ----------------------------------------------------------------------------
+
+    @property
+    def device(self) -> Any:
+        """The torch device to train on; a CPU worker's is made (importing torch) the first time it is asked for."""
+        if self._device is None:
+            import torch
+
+            self._device = torch.device("cpu")
+        return self._device
+
+    @device.setter
+    def device(self, value: Any) -> None:
+        self._device = value
+
     def batches(self, iterable: Iterable) -> Iterator:
         """Yield items, timing each iteration (fetch + the caller's loop body)."""
         count = 0

@@ -26,6 +26,7 @@ from typing import Any, Iterator, TypeVar
 
 from pydantic import ValidationError
 
+from rubberband import install_hint
 from rubberband.errors import RunDirError
 from rubberband.executor.clock import WALL_CLOCK, Clock
 from rubberband.executor.decision_events import (  # noqa: F401  (re-exported: J.Keep etc.)
@@ -397,7 +398,7 @@ class StateFold:
         if isinstance(version, int) and not isinstance(version, bool) and version > JOURNAL_VERSION:
             raise RunDirError(
                 f"{self.path}:{line}: the journal is version {version}, newer than this rubberband "
-                f"reads (up to {JOURNAL_VERSION}); upgrade rubberband (pip install -U rubberband) "
+                f"reads (up to {JOURNAL_VERSION}); upgrade rubberband ({install_hint().replace('pip install', 'pip install -U', 1)}) "
                 f"to resume or report this run; `rubberband down {self.run_dir}` ends its instances"
             )
 

@@ -22,7 +22,7 @@ from typing import Sequence
 
 from rubberband.executor.placement import Slot
 from rubberband.plan import Plan
-from rubberband.planner.brackets import bracket_ranges
+from rubberband.planner.bracket_ranges import bracket_ranges
 from rubberband.planner.policies import bracket_start_order
 
 

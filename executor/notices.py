@@ -31,10 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from rubberband.clouds import CLOUDS
 from rubberband.errors import InputError
 
-#: The metadata servers (the documented link-local addresses; a base URL passed in replaces them).
-DEFAULT_METADATA = {"aws": "http://169.254.169.254/", "gcp": "http://metadata.google.internal/computeMetadata/v1/"}
 #: Environment of a trial's workers: the names of their instances' watchers (set by the executor).
 WATCHERS_ENV = "RUBBERBAND_NOTICE_WATCHERS"
 #: How often a watcher reads its metadata server (AWS's notice comes 2 min ahead, GCP's 30 s).
@@ -87,9 +86,11 @@ def check_metadata_url(value: str | None) -> str | None:
 def notice_source(cloud: str, base_url: str | None = None) -> NoticeSource | None:
     """The notice source of a cloud's spot instances: ``base_url`` (passed in: tests serve notices from a local
     endpoint) or, when None, the cloud's own metadata server; None for a cloud without notices (local, sim)."""
-    if cloud not in DEFAULT_METADATA:
+    known = CLOUDS.get(cloud)
+    default = known.notice_url if known is not None else None  # the cloud's own server (rubberband/clouds.py)
+    if default is None:
         return None
-    base = base_url or DEFAULT_METADATA[cloud]
+    base = base_url or default
     return NoticeSource(cloud, base if base.endswith("/") else base + "/")
 
 

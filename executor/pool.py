@@ -31,8 +31,11 @@ class WorkerPool:
     :meth:`warm` accept the device of the trial (every worker of one instance has the same one).
     """
 
-    def __init__(self, *, device: WorkerDevice = CPU_WORKER) -> None:
+    def __init__(self, *, device: WorkerDevice = CPU_WORKER, warm_torch: bool = True) -> None:
+        """``warm_torch``: its workers import torch as they start (the job has trials of several workers, or GPU
+        types); False: a job of one-worker CPU trials, whose workers import torch only if the training does."""
         self.device = device
+        self.warm_torch = warm_torch
         self._idle: dict[str, list[Any]] = {}
         self._devices: dict[str, WorkerDevice] = {}  # the device the idle workers of a resource were started for
         self._cls = actor_class()
@@ -42,7 +45,7 @@ class WorkerPool:
         if self._devices.get(resource, device) != device:
             self.shrink(resource, 0)  # idle workers started for another device hold the wrong Ray resources
         self._devices[resource] = device
-        return self._cls.options(**actor_options(resource, device)).remote()
+        return self._cls.options(**actor_options(resource, device)).remote(self.warm_torch or device.use_gpu)
 
     def warm(
         self,

@@ -215,7 +215,13 @@ class Executor:
             confidence=job.plan.confidence, on_late=settings.on_late, overrun_s=settings.overrun_s
         )
         replanning = Replanning(services, fleet, self.replanner, lateness, self.deadline_s)
-        self.scheduler: Scheduler = scheduler_for(job, settings, LossPolicy(settings.max_instance_losses))
+        self.scheduler: Scheduler = scheduler_for(
+            job.plan,
+            job.spec.metric,
+            LossPolicy(settings.max_instance_losses),
+            prefetch=settings.prefetch,
+            elastic=settings.elastic,
+        )
         self.actuator = Actuator(services, fleet, runner, spot, replanning)
         self.actuator.outlook = self.scheduler  # type: ignore[assignment]
         self.actuator.remainder = getattr(self.scheduler, "outlook", None)
@@ -264,6 +270,7 @@ class Executor:
             head.address,
             namespace=services.run_id,
             auth_mode=backend.ray_auth_mode,
+            auth_token_path=backend.ray_auth_token_path,
             runtime_env=backend.runtime_env(services.spec.base_dir),
         )
         self.guard.catch_signals()
@@ -272,8 +279,10 @@ class Executor:
             from rubberband.executor.pool import WorkerPool
 
             # Trials take warm workers, so a stage boundary (resize) costs a process-group re-init (~0.05 s),
-            # not a process start (~2.5 s): that is what the simulator assumes.
-            self.fleet.workers = WorkerPool()
+            # not a process start (~2.5 s): that is what the simulator assumes. A job of one-worker CPU trials
+            # (scikit-learn, XGBoost, a sleep) never pays for torch.
+            stages = self.fleet.runplan.plan.stages
+            self.fleet.workers = WorkerPool(warm_torch=any(s.workers_per_trial > 1 for s in stages))
 
     # -- progress and the end -------------------------------------------------------------------------------
     def _report_progress(self) -> None:

@@ -117,6 +117,7 @@ class SimBackend:
 
     cloud = SIM_CLOUD
     ray_auth_mode = "disabled"
+    ray_auth_token_path = None
     device_policy = None
     metadata_url = None
 

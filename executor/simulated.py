@@ -299,7 +299,15 @@ class SimCluster:
     def liveness_every_s(self) -> float:
         return 0.0  # a wait returns when the world takes an instance back: look at every turn
 
-    def connect(self, address: str, *, namespace: str, runtime_env: dict | None, auth_mode: str) -> None:
+    def connect(
+        self,
+        address: str,
+        *,
+        namespace: str,
+        runtime_env: dict | None,
+        auth_mode: str,
+        auth_token_path: str | None = None,
+    ) -> None:
         return None
 
     def start_sink(self, run_dir: str | Path) -> Any:

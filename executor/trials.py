@@ -195,7 +195,7 @@ class TrialRun:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=pg, placement_group_bundle_index=i
                     ),
-                ).remote()
+                ).remote(spec.workers > 1 or spec.device.use_gpu)
                 for i in range(spec.workers)
             ]
         master = actors[0].rendezvous.remote()

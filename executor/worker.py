@@ -16,7 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
+from typing import Any, Callable
 
 from rubberband.executor.context import ReportRecord, WorkerContext, WorkerTask
 from rubberband.executor.notices import PreemptionNotice
@@ -87,8 +87,11 @@ def _one_line(exc: BaseException) -> str:
 class TrialWorker:
     """The actor class (wrapped with ``ray.remote`` by :func:`actor_class`)."""
 
-    def __init__(self) -> None:
-        import torch  # noqa: F401  (warm the import once per process)
+    def __init__(self, warm_torch: bool = False) -> None:
+        """``warm_torch``: import torch now, once per process (trials of several workers or on GPUs use it); a
+        worker for one-worker CPU trials never imports it unless the training function does."""
+        if warm_torch:
+            import torch  # noqa: F401
 
         self._pid = os.getpid()
 
@@ -102,9 +105,6 @@ class TrialWorker:
         return ray.util.get_node_ip_address(), free_port()
 
     def run(self, task: WorkerTask, master: tuple[str, int]) -> WorkerResult:
-        import torch
-        import torch.distributed as dist
-
         started = time.time()
         saved_env = {k: os.environ.get(k) for k in task.env}
         os.environ.update({str(k): str(v) for k, v in task.env.items()})
@@ -115,24 +115,14 @@ class TrialWorker:
         stage = "device"
         try:
             # before the process group: a GPU rank without CUDA must fail here, not hang in nccl
-            resolved = resolve(task.device, observe_cuda())
+            # (CUDA is looked at only where the type has GPUs: that needs torch)
+            resolved = resolve(task.device, observe_cuda() if task.device.use_gpu else None)
             stage = "import"
             train = adapt_trainable(load_entry_point(task.entry_point, task.code_dir))  # Ray Tune's def f(config)
             stage = "setup"
-            device = torch.device(resolved.device)
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
-            backend = resolved.backend
-            host, port = master
-            dist.init_process_group(
-                backend,
-                init_method=f"tcp://{host}:{port}",
-                rank=task.rank,
-                world_size=task.world_size,
-                timeout=timedelta(seconds=task.timeout_s),
-            )
+            device, group = _torch_setup(task, resolved.device, resolved.backend, master)
             setup_done = time.time()
-            ctx = WorkerContext(task, device=device, process_group=dist.group.WORLD)
+            ctx = WorkerContext(task, device=device, process_group=group)
             stage = "train"
             train(dict(task.config), ctx)
         except BaseException as exc:  # noqa: BLE001 - the user's code may raise anything
@@ -147,7 +137,8 @@ class TrialWorker:
                 traceback=traceback.format_exc(limit=20),
             )
         finally:
-            if dist.is_initialized():
+            dist = sys.modules.get("torch.distributed")  # imported only where a trial used torch
+            if dist is not None and dist.is_initialized():
                 try:
                     dist.destroy_process_group()  # closes sockets: peers blocked in a collective fail fast
                 except Exception:  # noqa: BLE001
@@ -176,6 +167,30 @@ class TrialWorker:
             backend=resolved.backend if resolved else "",
             gpu_ids=tuple(resolved.gpu_ids) if resolved else (),
         )
+
+
+def _torch_setup(task: WorkerTask, device_name: str, backend: str, master: tuple[str, int]) -> tuple[Any, Any]:
+    """The torch device and process group of one worker (its training module is imported by now). A training that
+    does not use torch (scikit-learn, XGBoost, a sleep) on one CPU worker gets neither, and torch is never imported;
+    one that does gets both even at one worker (its code may wrap the model in DDP, which needs a process group)."""
+    if task.world_size == 1 and device_name == "cpu" and "torch" not in sys.modules:
+        return None, None
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+    host, port = master
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{host}:{port}",
+        rank=task.rank,
+        world_size=task.world_size,
+        timeout=timedelta(seconds=task.timeout_s),
+    )
+    return device, dist.group.WORLD
 
 
 def actor_options(resource: str | None, device: WorkerDevice = CPU_WORKER) -> dict:

@@ -16,13 +16,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from rubberband.catalog import SERIAL_PROVISIONING
-from rubberband.planner.brackets import ParallelSimulator, parallel_lower_bounds
+from rubberband.planner.brackets import ParallelSimulator
 from rubberband.planner.search import Plan, PlanSearch, PlanSpace, count_for_waves, widths_for
-from rubberband.planner.simulator import RunningState, SimResult, StageConfig, efficient_counts, layout
+from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig, efficient_counts, layout
 
 
 class BoundedSimulator(Protocol):
@@ -230,3 +233,51 @@ def exact_optimum(search: PlanSearch, *, incumbent: float = math.inf, max_nodes:
 
     dfs(())
     return BaselineResult(best[1], best[2], count[0], nodes=count[1], capped=capped[0])
+
+
+class _Running:
+    """A bounds view of a bracket's simulator that pays no first-stage start-up (it may be handed instances)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.spot = sim.spot
+        self.start_state = RunningState("", 0)
+
+    def min_factor(self) -> float:
+        return self.sim.min_factor()
+
+
+@dataclass
+class _View:
+    """Holds one bracket's simulator (or its :class:`_Running` view) as an evaluator holds its ``sim``: what
+    :func:`~rubberband.planner.baselines.lower_bounds` reads."""
+
+    sim: Simulator | _Running
+
+
+def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageConfig]) -> tuple[float, float]:
+    """Rigorous lower bounds on a parallel plan's mean cost and JCT: per bracket (as
+    :func:`~rubberband.planner.baselines.lower_bounds` bounds one SHA run), costs added and
+    JCTs maxed; brackets after the first may be handed instances, so their start-up is not
+    counted in the cost bound."""
+    subspaces = sim.__dict__.setdefault("_subspaces", {})
+    # per bracket and its stages' configurations: pool plans share brackets (the knapsack ladders combine them)
+    bounds = sim.__dict__.setdefault("_bracket_bounds", {})
+    cost, jct = 0.0, 0.0
+    for b, (lo, hi) in enumerate(sim.ranges):
+        key = (id(space), b)
+        if key not in subspaces:
+            subspaces[key] = PlanSpace(space.stages[lo:hi], space.types, space.model, space.max_workers)
+        sub_space = subspaces[key]
+        sub_plan = tuple(plan[lo:hi])
+        bkey = (key, tuple(c.key for c in sub_plan))
+        if bkey not in bounds:
+            c_b, j_b = lower_bounds(sub_space, _View(sim.subs[b]), sub_plan)
+            if b > 0:
+                c_b, _ = lower_bounds(sub_space, _View(_Running(sim.subs[b])), sub_plan)
+            bounds[bkey] = (c_b, j_b)
+        c_b, j_b = bounds[bkey]
+        cost += c_b
+        jct = max(jct, sim.offsets[b] + j_b)
+    cost += float(sim.head_cost(plan, np.full(1, jct))[0])
+    return cost, jct

@@ -38,13 +38,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Sequence
 
 import networkx as nx
 import numpy as np
 
 from rubberband.catalog import SERIAL_PROVISIONING, BillingRule, InstanceType
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
+from rubberband.planner.bracket_ranges import bracket_ranges
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import bracket_start_order
 from rubberband.planner.provisioning import ProvisionQueue, fifo_starts
@@ -66,18 +67,6 @@ from rubberband.planner.simulator import (
 BRACKET_MODES = ("parallel", "sequential")
 #: Seed stride between brackets' random streams.
 BRACKET_SEED_STRIDE = 7919
-
-
-def bracket_ranges(stages: Sequence[Any]) -> list[tuple[int, int]]:
-    """(first, end) positions in ``stages`` of each bracket: runs of the same ``bracket`` (planner stages and
-    a plan's stages alike)."""
-    out: list[tuple[int, int]] = []
-    for i, st in enumerate(stages):
-        if out and stages[out[-1][0]].bracket == st.bracket:
-            out[-1] = (out[-1][0], i + 1)
-        else:
-            out.append((i, i + 1))
-    return out
 
 
 @dataclass(frozen=True)
@@ -621,57 +610,6 @@ def offset_candidates(
             if 0 < off <= room:
                 out.add(round(off, 1))
     return sorted(out)
-
-
-class _Running:
-    """A bounds view of a bracket's simulator that pays no first-stage start-up (it may be handed instances)."""
-
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        self.spot = sim.spot
-        self.start_state = RunningState("", 0)
-
-    def min_factor(self) -> float:
-        return self.sim.min_factor()
-
-
-@dataclass
-class _View:
-    """Holds one bracket's simulator (or its :class:`_Running` view) as an evaluator holds its ``sim``: what
-    :func:`~rubberband.planner.baselines.lower_bounds` reads."""
-
-    sim: Simulator | _Running
-
-
-def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageConfig]) -> tuple[float, float]:
-    """Rigorous lower bounds on a parallel plan's mean cost and JCT: per bracket (as
-    :func:`~rubberband.planner.baselines.lower_bounds` bounds one SHA run), costs added and
-    JCTs maxed; brackets after the first may be handed instances, so their start-up is not
-    counted in the cost bound."""
-    from rubberband.planner.baselines import lower_bounds
-    from rubberband.planner.search import PlanSpace
-
-    subspaces = sim.__dict__.setdefault("_subspaces", {})
-    # per bracket and its stages' configurations: pool plans share brackets (the knapsack ladders combine them)
-    bounds = sim.__dict__.setdefault("_bracket_bounds", {})
-    cost, jct = 0.0, 0.0
-    for b, (lo, hi) in enumerate(sim.ranges):
-        key = (id(space), b)
-        if key not in subspaces:
-            subspaces[key] = PlanSpace(space.stages[lo:hi], space.types, space.model, space.max_workers)
-        sub_space = subspaces[key]
-        sub_plan = tuple(plan[lo:hi])
-        bkey = (key, tuple(c.key for c in sub_plan))
-        if bkey not in bounds:
-            c_b, j_b = lower_bounds(sub_space, _View(sim.subs[b]), sub_plan)
-            if b > 0:
-                c_b, _ = lower_bounds(sub_space, _View(_Running(sim.subs[b])), sub_plan)
-            bounds[bkey] = (c_b, j_b)
-        c_b, j_b = bounds[bkey]
-        cost += c_b
-        jct = max(jct, sim.offsets[b] + j_b)
-    cost += float(sim.head_cost(plan, np.full(1, jct))[0])
-    return cost, jct
 
 
 def parallel_knapsack_plans(space, *, targets: int = 40) -> list[tuple[StageConfig, ...]]:

@@ -29,7 +29,7 @@ import numpy as np
 from rubberband.catalog import InstanceType
 from rubberband.errors import ProfileError
 from rubberband.plan import Timeline
-from rubberband.planner.brackets import bracket_ranges
+from rubberband.planner.bracket_ranges import bracket_ranges
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
 from rubberband.planner.simulator import (

@@ -7,3 +7,13 @@ namespaces ``rubberband.planner``, ``rubberband.profiler``, ``rubberband.cloud``
 """
 
 __version__ = "0.1.0"
+#: The distribution's name (pyproject's ``[project] name``): ``rubberband`` on the public index is an unrelated
+#: audio library, so every message that tells a user what to install names this one (the import name stays).
+DIST_NAME = "rubberband-hpo"
+
+
+def install_hint(extra: str | None = None) -> str:
+    """The pip command that installs rubberband (with ``extra``): from a checkout, or by this distribution's name."""
+    what = f"{DIST_NAME}[{extra}]" if extra else DIST_NAME
+    local = f"pip install -e '.[{extra}]'" if extra else "pip install -e ."
+    return f"pip install '{what}' (from a checkout: {local})"

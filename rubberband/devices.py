@@ -159,10 +159,13 @@ class ResolvedDevice:
     stand_in: bool = False
 
 
-def resolve(device: WorkerDevice, facts: CudaFacts) -> ResolvedDevice:
-    """The device and backend of one worker; GpuUnavailableError when a GPU worker cannot use CUDA."""
+def resolve(device: WorkerDevice, facts: CudaFacts | None) -> ResolvedDevice:
+    """The device and backend of one worker; GpuUnavailableError when a GPU worker cannot use CUDA. ``facts``: what
+    the worker sees of CUDA (:func:`observe_cuda`), needed for GPU workers only (None: not looked at)."""
     if not device.use_gpu:
         return ResolvedDevice("cpu", "gloo")
+    if facts is None:
+        raise ValueError("a GPU worker's device is resolved from what it sees of CUDA (observe_cuda())")
     where = f"instance type {device.instance_type}" if device.instance_type else "this instance type"
     if not facts.gpu_ids:
         raise GpuUnavailableError(

@@ -46,6 +46,20 @@ class RunDirError(InputError):
     """A run directory is missing, belongs to another job, or cannot be resumed."""
 
 
+class UnexpectedAnswer(InputError):
+    """A cloud API answered with something its client cannot read (a proxy's or portal's page, a stub that is not
+    the service): the user's environment points the call elsewhere (an endpoint override, a proxy). Bad input, so
+    one line naming the call and exit code 2; not a :class:`CloudError`, so no check reports it as "could not be
+    checked" and no failover tries another zone."""
+
+    def __init__(self, call: str, detail: str) -> None:
+        first = (detail.strip().splitlines() or [""])[0][:160]
+        super().__init__(
+            f"{call}: the answer could not be read as the API's ({first}); check the endpoint (AWS_ENDPOINT_URL*, "
+            f"RUBBERBAND_GCE_ENDPOINT) and any proxy between you and the cloud"
+        )
+
+
 class InfeasibleError(RubberbandError):
     """No plan meets the deadline (or budget) at the requested confidence (exit 3).
 
@@ -125,3 +139,16 @@ class CloudError(RubberbandError):
     @property
     def region(self) -> str | None:
         return self.where.region
+
+
+class CleanupIncomplete(CloudError):
+    """A run's cleanup deleted what it could, but some kind of resource could not be deleted (or not even listed).
+
+    Each kind of run-level resource is deleted on its own, so that one the credentials may not touch (say, secrets
+    without ``secretsmanager:ListSecrets``) does not keep the others (the security group) alive; this error comes
+    once all were tried. ``deleted``: what did go (teardown still reports it); the message names what did not and
+    why; ``kind`` and ``code`` are the first failure's."""
+
+    def __init__(self, message: str, *, deleted: list[str], first: CloudError) -> None:
+        super().__init__(message, kind=first.kind, code=first.code, where=first.where, quota=first.quota)
+        self.deleted = deleted

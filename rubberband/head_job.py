@@ -8,7 +8,9 @@ The CLI (:mod:`rubberband.cloud.head_session`) submits both as Ray jobs to the h
   (workers join this head; failover as anywhere), in ``$RUBBERBAND_RUN_ROOT/<cloud run id>``
   (default ``/var/lib/rubberband/runs``, the directory the head's watchdog watches), and writes
   the ``DONE`` marker when the executor is over, however it ended: the watchdog then ends the head
-  and any worker after its grace. In tests the CLI adds ``--test-boot local`` when it plays the head's
+  and any worker after its grace. ``--image IMAGE`` carries the machine image the user chose on the CLI
+  (``RUBBERBAND_AWS_AMI`` / ``RUBBERBAND_GCP_IMAGE``, which this job does not see) to the providers that boot the
+  workers (:func:`provider_options`). In tests the CLI adds ``--test-boot local`` when it plays the head's
   boot (:mod:`rubberband.cloud.testboot`): the executor then plays its workers' boots too; and
   ``--metadata-url URL`` when the test serves spot notices from a local endpoint
   (:mod:`rubberband.executor.notices`).
@@ -33,8 +35,9 @@ import os
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
-from rubberband.cloud.bootstrap import WatchdogSettings
+from rubberband.cloud.bootstrap import WatchdogSettings, head_run_dir
 from rubberband.cloud.head import add_head_arguments
 from rubberband.cloud.head_run import (
     MAX_FETCHED_CHECKPOINT_BYTES,
@@ -43,7 +46,6 @@ from rubberband.cloud.head_run import (
     PACK_EXCLUDE,
     STAGE_DIR,
     OnHeadCloudBackend,
-    head_run_dir,
 )
 from rubberband.cloud.testboot import MODES as TEST_BOOT_MODES
 
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     code = 1
     try:
         spec, plan, profile = _load_inputs(Path.cwd() / STAGE_DIR)
-        pool = ProviderPool({"gcp": {"worker_egress": args.worker_egress}})
+        pool = ProviderPool(provider_options(args))
         (head,) = pool(args.cloud, args.region).wait([args.head_id], 120.0)
         test_boot = args.test_boot
         from rubberband.cloud.ray_token import FileTokenPush, SshTokenPush
@@ -130,6 +132,18 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / DONE_MARKER).write_text(f"{code}\n")
         print_pack(run_dir)  # the CLI following the job's log takes the run directory from it
     return code
+
+
+def provider_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The options of the head's providers (the ones that start the workers), from the run job's command line: the
+    GCP workers' egress, and the machine image the user chose on the CLI (``--image``: this job does not see the
+    CLI's ``RUBBERBAND_AWS_AMI`` / ``RUBBERBAND_GCP_IMAGE``; without it the workers would boot the default image
+    while the head boots the chosen one)."""
+    from rubberband.cloud.registry import image_options
+
+    options: dict[str, dict[str, Any]] = {"aws": {}, "gcp": {"worker_egress": args.worker_egress}}
+    options[args.cloud].update(image_options(args.cloud, args.image))
+    return options
 
 
 def pack(run_dir: Path) -> str:
@@ -205,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="nat",
         help="GCP: workers without an external address behind the run's own Cloud NAT (nat), behind the "
         "network's own egress (existing), or with an external address (public); cloud/gcp.py",
+    )
+    r.add_argument(
+        "--image",
+        default=None,
+        help="the machine image workers boot on, as the user chose it on the CLI (RUBBERBAND_AWS_AMI / "
+        "RUBBERBAND_GCP_IMAGE); default: the provider's own",
     )
     r.add_argument(
         "--head-grace",

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rubberband import install_hint
 from rubberband.errors import SpecError
 from rubberband.spec import ChoiceParam, IntParam, JobSpec, LogUniformParam, UniformParam, sample_config
 
@@ -87,7 +88,7 @@ def _import_optuna(sampler: str):
     except ImportError:
         raise SpecError(
             f"spec field 'search': sampler {sampler} needs Optuna, which is not installed; "
-            f"pip install 'rubberband[optuna]' (or use sampler: random)"
+            f"{install_hint('optuna')} (or use sampler: random)"
         ) from None
     return optuna
 

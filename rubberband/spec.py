@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rubberband.errors import SpecError
+from rubberband.credentials import refuse_requirement_credentials
+from rubberband.errors import InputError, SpecError
 from rubberband.units import parse_duration
 
 CLOUDS = ("aws", "gcp", "local")
@@ -179,6 +180,10 @@ class JobSpec(_Strict):
                 ) from None
             if item.strip().startswith("-"):
                 raise ValueError(f"{item!r}: pip options are not allowed, only package requirements")
+            try:
+                refuse_requirement_credentials(item)
+            except InputError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     @field_validator("deadline_s", mode="before")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.errors import InputError
 from rubberband.planner.spot import (
     DURATION_LEVELS,
@@ -151,15 +151,9 @@ class TraceFile(_Model):
         return trace_stats(self.data, self.gap_s)
 
 
-def region_of(cloud: str, zone: str) -> str:
-    """``us-east-1a`` → ``us-east-1`` (AWS); ``us-central1-a`` → ``us-central1`` (GCP)."""
-    if cloud == "gcp":
-        return zone.rsplit("-", 1)[0]
-    return re.sub(r"[a-z]$", "", zone)
-
-
 def read_trace(path: Path, root: Path | None = None) -> TraceFile:
-    """One trace file, or SpotTraceError naming the file, the field and the fix."""
+    """One trace file (named in the model relative to ``root``, the folder given), or SpotTraceError naming the
+    file, the field and the fix."""
     fix = 'a trace is {"metadata": {"gap_seconds": N}, "data": [0, 1, ...]} (docs/spot.md)'
     data = read_json(
         path, kind="spot trace", error=SpotTraceError, missing="pass a directory of trace files", remedy=fix
@@ -182,11 +176,10 @@ def read_trace(path: Path, root: Path | None = None) -> TraceFile:
             raise SpotTraceError(
                 f"{path}: spot trace field 'data.{i}': must be 0 (available) or 1 (not), got {x!r}; {fix}"
             )
-    rel = str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else str(path)
-    parts = [p.lower() for p in Path(rel).parts]
-    kind = meta.get("kind") or (
-        "availability" if "availability" in parts else "preemption" if "preemption" in parts else None
-    )
+    # the folders of the file's whole path, nearest first: `.../availability/1-node/aws-02-15-2023/<file>` passed
+    # as its last folder still says availability and aws
+    parts = [p.lower() for p in reversed(path.resolve().parent.parts)]
+    kind = meta.get("kind") or next((p for p in parts if p in ("availability", "preemption")), None)
     if kind not in ("availability", "preemption"):
         raise SpotTraceError(
             f"{path}: cannot tell whether this is an availability or a preemption trace; put it "
@@ -206,11 +199,11 @@ def read_trace(path: Path, root: Path | None = None) -> TraceFile:
             f"{path}: cannot tell the instance type; name the file <zone>_<kind>_<n>.json or set metadata.instance_type"
         )
     return TraceFile(
-        path=rel,
+        path=str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else str(path),
         kind=kind,
         cloud=cloud,
         zone=zone,
-        region=meta.get("region") or region_of(cloud, zone),
+        region=meta.get("region") or cloud_descriptor(cloud).region_of(zone),
         instance_type=label,
         gap_s=float(gap),
         data=[int(x) for x in ticks],

@@ -90,8 +90,22 @@ def moto_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path)
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    create_boundary()
     yield env
     moto_server.reset()
+
+
+def create_boundary() -> str:
+    """Create rubberband's permissions boundary on the moto server, as an account's administrator does once before
+    rubberband may create a run's role (docs/clouds.md); its ARN."""
+    import boto3
+
+    from rubberband.cloud.identity import BOUNDARY_NAME, IAM_PATH, aws_boundary_policy
+
+    policy = boto3.client("iam").create_policy(
+        Path=IAM_PATH, PolicyName=BOUNDARY_NAME, PolicyDocument=json.dumps(aws_boundary_policy())
+    )
+    return policy["Policy"]["Arn"]
 
 
 @dataclass
@@ -375,19 +389,20 @@ def assert_fetched_run(cli: Callable, run_dir: Path, report: Path, env: dict[str
 
 @dataclass
 class IamSimulator:
-    """What ``iam:SimulatePrincipalPolicy`` answers on the moto server.
+    """What ``iam:SimulatePrincipalPolicy`` answers on the moto server, decided by :func:`iam_eval.evaluate`.
 
-    For a role moto holds, its inline policies are evaluated (Allow statements; ``Action`` patterns;
-    ``StringEquals`` / ``ForAllValues:StringEquals`` conditions against the request's context entries) — enough
-    to check rubberband's own head policy with a run's tag context. For any other principal (the CLI's user)
-    every action is allowed except those in ``denied``. ``calls`` records (principal ARN, action)."""
+    For a role moto holds: its inline policies under its permissions boundary (the managed policy moto holds at the
+    role's boundary ARN; a boundary moto does not hold allows nothing), for the request's action, resource
+    (``ResourceArns``, else ``*``) and context entries — IAM's simulation fills no context key itself, principal
+    tags included. For any other principal (the CLI's user): ``user_policies`` when set, else every action is
+    allowed. Actions in ``denied`` are denied either way. ``calls`` records (principal ARN, action)."""
 
     denied: set[str] = field(default_factory=set)
+    user_policies: list[dict] | None = None
     calls: list[tuple[str, str]] = field(default_factory=list)
 
-    def decide(self, arn: str, action: str, context: dict[str, str]) -> str:
-        import fnmatch
-
+    def decide(self, arn: str, action: str, resource: str, context: dict[str, str]) -> str:
+        from iam_eval import evaluate
         from moto.core import DEFAULT_ACCOUNT_ID
         from moto.iam.models import iam_backends
 
@@ -395,25 +410,20 @@ class IamSimulator:
         if action in self.denied:
             return "implicitDeny"
         if ":role/" not in arn:
-            return "allowed"
+            if self.user_policies is None:
+                return "allowed"
+            return evaluate(action, resource, context, policies=self.user_policies)
         backend = iam_backends[DEFAULT_ACCOUNT_ID]["global"]
         role = next((r for r in backend.roles.values() if r.arn == arn), None)
         if role is None:
             return "implicitDeny"
-        for document in role.policies.values():
-            for st in json.loads(document)["Statement"]:
-                actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
-                if st["Effect"] != "Allow" or not any(fnmatch.fnmatch(action, a) for a in actions):
-                    continue
-                ok = True
-                for operator, terms in st.get("Condition", {}).items():
-                    for key, wanted in terms.items():
-                        wanted = wanted if isinstance(wanted, list) else [wanted]
-                        if key not in context or context[key] not in wanted:
-                            ok = False
-                if ok:
-                    return "allowed"
-        return "implicitDeny"
+        policies = [json.loads(document) for document in role.policies.values()]
+        boundary = None
+        if role.permissions_boundary_arn:
+            managed = backend.managed_policies.get(role.permissions_boundary_arn)
+            default = [v.document for v in managed.versions if v.is_default] if managed is not None else []
+            boundary = json.loads(default[0]) if default else {"Statement": []}
+        return evaluate(action, resource, context, policies=policies, boundary=boundary)
 
 
 @pytest.fixture
@@ -432,12 +442,14 @@ def install_iam_simulator(monkeypatch: pytest.MonkeyPatch) -> IamSimulator:
     def simulate_principal_policy(self):
         arn = self._get_param("PolicySourceArn")
         actions = self._get_param("ActionNames", [])
+        resources = self._get_param("ResourceArns", []) or ["*"]
         context = {e["ContextKeyName"]: e["ContextKeyValues"][0] for e in self._get_param("ContextEntries", [])}
         return ActionResult(
             {
                 "EvaluationResults": [
-                    {"EvalActionName": a, "EvalResourceName": "*", "EvalDecision": sim.decide(arn, a, context)}
+                    {"EvalActionName": a, "EvalResourceName": r, "EvalDecision": sim.decide(arn, a, r, context)}
                     for a in actions
+                    for r in resources
                 ],
                 "IsTruncated": False,
             }

@@ -261,6 +261,7 @@ class LosingBackend:
 
     cloud = "local"
     ray_auth_mode = "token"
+    ray_auth_token_path = None
     device_policy = None
     metadata_url = None
 

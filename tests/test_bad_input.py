@@ -693,12 +693,13 @@ def test_the_environment_redirects_no_notice_watcher(tmp_path, monkeypatch):
     """The metadata server is the backend's, passed in: the variable that used to redirect it does nothing."""
     from rubberband.cloud.backend import BackendSeams
     from rubberband.executor.backends import make_backend
-    from rubberband.executor.notices import DEFAULT_METADATA, NoticeWatchers
+    from rubberband.clouds import cloud
+    from rubberband.executor.notices import NoticeWatchers
 
     monkeypatch.setenv("RUBBERBAND_METADATA_URL", "http://127.0.0.1:9/")
     backend = make_backend("aws", tmp_path, ["us-east-1"])
     assert backend.metadata_url is None
-    assert NoticeWatchers("aws", backend.metadata_url).source.base_url == DEFAULT_METADATA["aws"]
+    assert NoticeWatchers("aws", backend.metadata_url).source.base_url == cloud("aws").notice_url
     url = "http://127.0.0.1:8/{instance}/"
     assert make_backend("gcp", tmp_path, ["us-central1"], seams=BackendSeams(metadata_url=url)).metadata_url == url
     assert NoticeWatchers("gcp", url).source.for_instance("vm-1").base_url == "http://127.0.0.1:8/vm-1/"

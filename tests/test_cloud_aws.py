@@ -19,7 +19,7 @@ from rubberband.cloud.aws import AwsProvider, security_group_name
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPolicy, provision_with_failover
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, TAG_VERSION, InstanceRequest
 from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances, terminate_run
-from rubberband.errors import CatalogError, CloudError, InputError, RubberbandError
+from rubberband.errors import CatalogError, CleanupIncomplete, CloudError, InputError, RubberbandError
 
 CATALOG = cloud_catalog()
 P3 = CATALOG.find("p3.2xlarge", region=REGION)  # zone IDs use1-az1, use1-az2 (moto: us-east-1b, us-east-1c)
@@ -94,6 +94,19 @@ def test_provision_tags_imdsv2_spot_user_data_and_group(moto_env):
         Filters=[{"Name": "group-name", "Values": [security_group_name("run-a")]}]
     )["SecurityGroups"]
     assert terminate_run(p, "run-a", timeout_s=10) == []  # idempotent
+
+
+def test_the_metadata_token_does_not_leave_the_instance(moto_env):
+    """Every node's metadata service takes IMDSv2 tokens only, with a PUT response hop limit of 1: the token that
+    reads the head's role credentials reaches processes on the instance, never a container or a forwarded hop
+    (issue 29: the limit was 2). Read back from EC2 (moto), as the instance was really launched."""
+    p = provider()
+    p.provision(InstanceRequest("run-imds", 0, G4))
+    (inst,) = live_instances()
+    options = inst["MetadataOptions"]
+    assert options["HttpTokens"] == "required" and options["HttpEndpoint"] == "enabled"
+    assert options["HttpPutResponseHopLimit"] == 1
+    terminate_run(p, "run-imds", timeout_s=10)
 
 
 def test_on_demand_and_no_ssh_unless_asked(moto_env):
@@ -247,6 +260,50 @@ def test_concurrent_launches_of_a_run_create_one_group_and_teardown_deletes_ever
     terminate_run(p, "run-g", timeout_s=10, echo=lines.append)
     assert {got[0], other} <= {line.split()[2] for line in lines if line.startswith("deleted")}
     assert p.find_security_group("run-g") is None and p.leftover_runs() == []
+
+
+@pytest.fixture
+def secrets_unlistable(moto_env, monkeypatch):
+    """Credentials without ``secretsmanager:ListSecrets``: the moto server answers AccessDeniedException, as
+    Secrets Manager does."""
+    from moto.core.exceptions import JsonRESTError
+    from moto.secretsmanager.responses import SecretsManagerResponse
+
+    def denied(self):
+        raise JsonRESTError("AccessDeniedException", "User is not authorized to perform: secretsmanager:ListSecrets")
+
+    monkeypatch.setattr(SecretsManagerResponse, "list_secrets", denied)
+
+
+def test_a_run_whose_secrets_cannot_be_listed_still_loses_its_group_and_volumes(moto_env, secrets_unlistable):
+    """Issue 29: cleanup listed the run's secrets before its security group, so credentials without
+    secretsmanager:ListSecrets (the permission is only for secrets) never deleted the group. Now the group goes once
+    the run's instances are gone, then its detached volumes, and the secrets last; the error that follows names the
+    missing permission and what did go, and teardown still reports each deleted resource."""
+    p = provider()
+    (inst,) = p.provision(InstanceRequest("run-s", 0, G4))
+    group = p.find_security_group("run-s")
+    tags = [{"Key": TAG_MANAGED, "Value": "true"}, {"Key": TAG_RUN_ID, "Value": "run-s"}]
+    volume = ec2().create_volume(
+        AvailabilityZone="us-east-1a", Size=1, TagSpecifications=[{"ResourceType": "volume", "Tags": tags}]
+    )["VolumeId"]
+    lines: list[str] = []
+    with pytest.raises(CleanupIncomplete, match="secretsmanager:ListSecrets") as raised:
+        terminate_run(p, "run-s", timeout_s=10, echo=lines.append)
+    assert group is not None and sorted(raised.value.deleted) == sorted([group, volume])
+    assert p.find_security_group("run-s") is None and not live_instances()
+    assert volume not in {v["VolumeId"] for v in ec2().describe_volumes()["Volumes"]}
+    assert f"deleted aws {group} (run run-s)" in lines and f"terminated aws {inst.id}" in lines[0]
+    assert group in raised.value.message and raised.value.kind == "fatal"
+    # the orphan sweep finds leftovers by their groups and volumes all the same
+    ec2().create_security_group(
+        GroupName=security_group_name("run-t"),
+        Description="left by a killed CLI",
+        TagSpecifications=[
+            {"ResourceType": "security-group", "Tags": [*tags[:1], {"Key": TAG_RUN_ID, "Value": "run-t"}]}
+        ],
+    )
+    assert p.leftover_runs() == ["run-t"]
 
 
 def test_sessions_share_the_service_models_and_keep_their_own_credentials(monkeypatch):

@@ -155,6 +155,44 @@ def test_aws_dry_run_without_credentials_is_one_line_exit_2(cli, tmp_path, moto_
     assert moto_instances() == []
 
 
+@pytest.mark.parametrize("service", ["IAM", "STS", "EC2"])
+def test_an_unreadable_answer_from_an_aws_api_is_one_line_exit_2(cli, tmp_path, moto_env, service):
+    """A proxy's page instead of the API's XML (a real HTTP server on loopback answering every call with HTML):
+    one line naming the call, exit 2, nothing created (it was a 97-line botocore traceback)."""
+    import http.server
+    import threading
+
+    class Portal(http.server.BaseHTTPRequestHandler):
+        def _page(self) -> None:
+            body = b"<html><body>Please log in to the corporate proxy</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _page
+
+        def log_message(self, *args) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Portal)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = cloud_job(tmp_path, ["aws"])
+        plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "p3.2xlarge"))
+        env = cloud_env(tmp_path, moto_env)
+        env[f"AWS_ENDPOINT_URL_{service}"] = f"http://127.0.0.1:{server.server_address[1]}"
+        result = cli("run", spec, "--cloud", "aws", "--dry-run", "--plan", plan, env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    line = one_error_line(result)
+    assert "could not be read as the API's" in line and f"{service.lower()}:" in line, line
+    assert "Traceback" not in result.stderr and moto_instances() == []
+
+
 @pytest.mark.parametrize("case", ["cloud-not-in-spec", "unknown-type", "unknown-region", "plan-of-other-cloud"])
 def test_dry_run_bad_input_is_one_line_exit_2(cli, tmp_path, moto_env, ec2_faults, case):
     spec = cloud_job(tmp_path, ["gcp"] if case == "cloud-not-in-spec" else ["aws", "gcp"])
@@ -350,15 +388,47 @@ def test_aws_run_killed_with_sigkill_then_down_leaves_nothing(cli, tmp_path, mot
         proc.wait(timeout=10)
     left = {i["InstanceId"] for i in moto_instances()}
     assert left, "the killed executor's instances should still be running"
+    _assert_the_local_head_speaks_only_the_runs_token(run_dir, tmp_path)  # the killed run's cluster is still up
     result = cli("down", str(run_dir), "--cloud", "aws", env=env)
     assert result.returncode == 0, result.stderr
     assert all(f"terminated aws {i}" in result.stdout for i in left), result.stdout
     assert moto_instances() == []
+    assert not (run_dir / "ray-token").exists()  # the cluster it opened is gone
     groups = boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
     assert [g["GroupName"] for g in groups if g["GroupName"] != "default"] == []
     local = cli("down", str(run_dir), env=env)  # the test's stand-in Ray nodes and the CLI machine's Ray head
     assert local.returncode == 0, local.stderr
     assert run_pids(run_dir) == []
+
+
+def _assert_the_local_head_speaks_only_the_runs_token(run_dir: Path, tmp_path: Path) -> None:
+    """--head local runs Ray with the run's own token, like every other mode: its workers boot in token mode, and its
+    head refuses a driver without the token and lets in one with it."""
+    import base64
+    import secrets
+
+    from ray_clients import DRIVER, ray_client
+
+    from rubberband.cloud.local import LocalProvider
+
+    token = run_dir / "ray-token"
+    assert token.stat().st_mode & 0o777 == 0o600
+    ec2 = boto3.client("ec2", region_name=REGION)
+    for instance in moto_instances():
+        data = ec2.describe_instance_attribute(InstanceId=instance["InstanceId"], Attribute="userData")
+        script = base64.b64decode(data["UserData"]["Value"]).decode()
+        assert "RAY_AUTH_MODE=token" in script and "RAY_AUTH_MODE=disabled" not in script
+        assert token.read_text().strip() not in script  # the token itself never travels in user-data
+    head = next(r for r in LocalProvider(run_dir).records() if r.role == "head")
+    home = tmp_path / "client-home"
+    home.mkdir()
+    wrong = {"HOME": str(home), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    refused = ray_client(DRIVER, head.address, wrong, timeout_s=10)
+    assert not refused["ok"] and "InvalidAuthToken" in refused.get("stderr", refused["error"]), refused
+    admitted = ray_client(
+        DRIVER, head.address, {"HOME": str(home), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    )
+    assert admitted["ok"], admitted
 
 
 def test_aws_run_that_cannot_provision_fails_and_leaves_nothing(cli, tmp_path, moto_env, ec2_faults):

@@ -46,7 +46,7 @@ def _run(fake: GceFake) -> tuple[Instance, Instance]:
 def _end_itself(fake: GceFake, tmp_path, name: str, role: str, *, why: str) -> list[list[str]]:
     """Run VM ``name``'s rendered node watchdog (a ``role`` node whose state says ``why`` it must end) with its
     metadata server and the fake as the API; a ``shutdown`` it calls powers the VM off as its OS would. Returns the
-    stubs' calls (``python`` is the runtime's: ``ray stop``)."""
+    stubs' calls."""
     state, runs, stubs = tmp_path / "state", tmp_path / "runs", tmp_path / "stubs"
     for path in (state, runs / RUN, stubs, tmp_path / "venv" / "bin"):
         path.mkdir(parents=True)
@@ -105,15 +105,13 @@ def _end_itself(fake: GceFake, tmp_path, name: str, role: str, *, why: str) -> l
 @pytest.mark.parametrize("why", ["cap", "poweroff", "failed"])
 def test_a_gcp_head_that_ends_itself_is_deleted_not_stopped(gce_fake, tmp_path, why):
     """The head's node watchdog ends the head (its lifetime cap, the run watchdog's POWEROFF marker, a failed boot):
-    it stops Ray first (GCS and raylet ignore SIGTERM: an orderly power-off waited 94 s for them), then deletes its
-    own VM through the Compute Engine API with its service account's token from the metadata server, waits until it
-    is gone and never powers off; the token is in no log."""
+    it deletes its own VM through the Compute Engine API with its service account's token from the metadata server,
+    waits until it is gone and never powers off; the token is in no log."""
     head, _ = _run(gce_fake)
     calls = _end_itself(gce_fake, tmp_path, head.id, "head", why=why)
     left = {n: i["status"] for (_, n), i in gce_fake.instances.items()}
     assert head.id not in left, f"not deleted: {left}"
     assert not [c for c in calls if c[0] == "shutdown"]
-    assert ["python", "-m", "ray.scripts.scripts", "stop", "--force"] in calls
     assert ("DELETE", f"/compute/v1/projects/rubberband-test/zones/{head.zone}/instances/{head.id}", HEAD_SA) in (
         gce_fake.authorized
     )
@@ -123,13 +121,12 @@ def test_a_gcp_head_that_ends_itself_is_deleted_not_stopped(gce_fake, tmp_path, 
 
 @pytest.mark.e2e  # executes the rendered watchdog with bash
 def test_a_gcp_worker_without_an_identity_powers_off_and_the_head_or_down_deletes_it(gce_fake, tmp_path):
-    """A worker has no service account (no token: the metadata server answers 404), so its watchdog powers it off
-    (after stopping Ray): Compute Engine stops it. The head's run watchdog (self_terminate) deletes the run's
+    """A worker has no service account (no token: the metadata server answers 404), so its watchdog powers it off:
+    Compute Engine stops it. The head's run watchdog (self_terminate) deletes the run's
     stopped workers with the rest of the run — rules, subnetwork, NAT — and so does `down` (terminate_run)."""
     head, worker = _run(gce_fake)
     calls = _end_itself(gce_fake, tmp_path, worker.id, "worker", why="cap")
     assert [c for c in calls if c[0] == "shutdown"] == [["shutdown", "-h", "now"]]
-    assert ["python", "-m", "ray.scripts.scripts", "stop", "--force"] in calls
     assert gce_fake.instances[(worker.zone, worker.id)]["status"] == "TERMINATED"
     assert not gce_fake.authorized  # it asked for no token it could use
     ended = self_terminate(_provider(gce_fake), RUN, head.id, shutdown=lambda: None)

@@ -624,9 +624,6 @@ def test_node_watchdog_powers_the_node_off(tmp_path, role, node, config, expect)
         assert offs == [] and sum(c[0] == "sleep" for c in calls) == 5
     else:
         assert offs == [["-h", "now"]] and expect in (tmp_path / "console").read_text()
-        # Ray stopped first (its GCS and raylet ignore SIGTERM: an orderly power-off would wait ~90 s for them)
-        stop = calls.index(["python", "-m", "ray.scripts.scripts", "stop", "--force"])
-        assert stop < calls.index(["shutdown", "-h", "now"])
 
 
 def test_watchdog_shuts_down_when_every_api_call_fails(tmp_path):

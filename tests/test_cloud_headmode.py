@@ -39,7 +39,7 @@ from gce_fake import gce_fake  # noqa: F401
 from test_cloud_cli import Offer, cloud_env, cloud_job, cloud_plan, moto_instances, one_error_line, small_gcp_job
 
 from rubberband.catalog import parse_catalog
-from rubberband.cloud.head import HEAD_TYPES
+from rubberband.clouds import head_types
 from rubberband.cloud.head_run import unpack
 from rubberband.head_job import build_parser, pack
 from rubberband.cloud.head_link import DirectLink
@@ -189,7 +189,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     head = summary["head"]
     assert head["id"] == record.instance_id and head["instance_type"] == "m6i.large" and head["grace_s"] == 600
     assert head["lifetime_s"] > 600
-    assert head["cost_usd"] == pytest.approx(head["billed_s"] * HEAD_TYPES["aws"].price_hr / 3600)
+    assert head["cost_usd"] == pytest.approx(head["billed_s"] * head_types()["aws"].price_hr / 3600)
     workers = sum(i["cost_usd"] for i in summary["instances"])
     assert summary["actual"]["head_usd"] == head["cost_usd"]
     assert summary["actual"]["cost_usd"] == pytest.approx(workers + head["cost_usd"])
@@ -528,6 +528,54 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
         assert f"userknownhostsfile {tmp_path / 'run' / 'known_hosts'}" in shown.stdout
         assert "stricthostkeychecking accept-new" in shown.stdout
     assert DirectLink("http://127.0.0.1:1").open(1.0) == "http://127.0.0.1:1"
+
+
+def test_the_image_the_user_chose_boots_the_workers_the_head_starts(tmp_path, moto_env, monkeypatch):
+    """Issue 29: RUBBERBAND_AWS_AMI / RUBBERBAND_GCP_IMAGE were read on the CLI machine only, so the head booted the
+    chosen image and its executor, which sees none of the CLI's environment, booted the workers on the default one.
+    Now the CLI records the choice in head.json and puts it on the run job's command line (--image), and the head's
+    providers boot the workers on it: shown on moto with the variable gone from the head's side."""
+    from cloud_helpers import cloud_catalog
+
+    from rubberband.cloud.provider import InstanceRequest
+    from rubberband.cloud.registry import ProviderPool
+    from rubberband.head_job import provider_options
+
+    chosen = "ami-0123456789abcdef0"
+    monkeypatch.setenv("RUBBERBAND_AWS_AMI", chosen)
+    plan = load_plan(cloud_plan(tmp_path, cloud_job(tmp_path, ["aws"]), Offer("aws", REGION, "p3.2xlarge")))
+    key = tmp_path / "key"
+    key.write_text("not a key\n")
+    run_dir = tmp_path / "run"
+    record = start_head(
+        run=NewRun("image-run", run_dir, metric="loss"),
+        plan=plan,
+        catalog=cloud_catalog(),
+        options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, key_name="rb"),
+        test_boot=None,
+    )
+    try:
+        assert record.image == chosen and HeadRecord.read(run_dir).image == chosen
+        args = build_parser().parse_args(shlex.split(entrypoint(record, RunJob(deadline_s=600, trial_runtime="x")))[3:])
+        assert args.image == chosen
+        monkeypatch.delenv("RUBBERBAND_AWS_AMI")  # the head's jobs do not see the CLI's environment
+        worker_type = cloud_catalog().find("p3.2xlarge", region=REGION)
+        (worker,) = ProviderPool(provider_options(args))("aws", REGION).provision(
+            InstanceRequest(record.cloud_run_id, 1, worker_type, zone=worker_type.zones[0])
+        )
+        images = {i["InstanceId"]: i["ImageId"] for i in moto_instances()}
+        assert images == {record.instance_id: chosen, worker.id: chosen}
+    finally:
+        end_run(record, test_boot=None)
+    # without a choice nothing goes on the command line: the head's provider keeps its own default
+    plain = dataclasses.replace(record, image=None)
+    assert "--image" not in entrypoint(plain, RunJob(deadline_s=600, trial_runtime="x"))
+    gcp = build_parser().parse_args(
+        entrypoint(
+            dataclasses.replace(plain, cloud="gcp", image="projects/p/global/images/family/f"), RunJob(600, "x")
+        ).split()[3:]
+    )
+    assert provider_options(gcp)["gcp"] == {"worker_egress": "nat", "image": "projects/p/global/images/family/f"}
 
 
 def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path, gce_fake, monkeypatch):

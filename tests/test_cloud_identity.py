@@ -69,6 +69,157 @@ def test_the_head_policy_is_least_privilege():
     assert by_sid["TagInstancesOnlyAtLaunch"]["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
 
 
+ACCOUNT = "123456789012"  # moto's
+
+
+def _wildcard_in(action: str, patterns: list[str]) -> bool:
+    import fnmatch
+
+    return any(fnmatch.fnmatchcase(action.lower(), p.lower()) for p in patterns)
+
+
+def test_the_cli_may_create_roles_only_under_rubberbands_boundary():
+    """Issue 29: the documented CLI policy let whoever holds it create a role under /rubberband/ with any inline
+    policy (`*:*`), and pass it to an instance. Evaluated as IAM does (tests/iam_eval.py): the CLI's policy allows
+    what creating, finding and deleting a run's role calls, with the boundary the role is created with; it never
+    allows a role without rubberband's boundary or under another one, nor removing, swapping or changing the
+    boundary — explicitly denied, so not even broad IAM rights held beside it allow them."""
+    from iam_eval import evaluate
+
+    from rubberband.cloud.identity import (
+        BOUNDARY_KEY,
+        aws_creator_actions,
+        aws_creator_denials,
+        aws_creator_policy,
+        boundary_arn,
+    )
+
+    creator = [aws_creator_policy(ACCOUNT)]
+    for action, context, resource in aws_creator_actions(ACCOUNT):
+        assert evaluate(action, resource, context, policies=creator) == "allowed", action
+    for action, context, resource, doing in aws_creator_denials(ACCOUNT):
+        assert evaluate(action, resource, context, policies=creator) != "allowed", doing
+    role = f"arn:aws:iam::{ACCOUNT}:role/rubberband/rb-evil"
+    ours = {BOUNDARY_KEY: boundary_arn(ACCOUNT)}
+    assert evaluate("iam:CreateRole", role, ours, policies=creator) == "allowed"
+    # the escalation: a role without the boundary (or outside rubberband's path) cannot be made
+    assert evaluate("iam:CreateRole", role, {}, policies=creator) == "explicitDeny"
+    assert evaluate("iam:CreateRole", f"arn:aws:iam::{ACCOUNT}:role/evil", ours, policies=creator) == "implicitDeny"
+    # the deny statements hold against broad IAM rights held beside the policy (say, IAMFullAccess)
+    iam_full = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "iam:*", "Resource": "*"}]}
+    both = [*creator, iam_full]
+    assert evaluate("iam:CreateRole", role, {}, policies=both) == "explicitDeny"
+    assert evaluate("iam:PutRolePolicy", role, {}, policies=both) == "explicitDeny"
+    assert evaluate("iam:DeleteRolePermissionsBoundary", role, ours, policies=both) == "explicitDeny"
+    assert evaluate("iam:PutRolePermissionsBoundary", role, {BOUNDARY_KEY: "arn:x"}, policies=both) == "explicitDeny"
+    for change in ("iam:CreatePolicy", "iam:CreatePolicyVersion", "iam:SetDefaultPolicyVersion", "iam:DeletePolicy"):
+        assert evaluate(change, boundary_arn(ACCOUNT), {}, policies=both) == "explicitDeny", change
+    # a run's role is passed to EC2 only
+    assert evaluate("iam:PassRole", role, {"iam:PassedToService": "ec2.amazonaws.com"}, policies=creator) == "allowed"
+    assert evaluate("iam:PassRole", role, {}, policies=creator) == "implicitDeny"
+
+
+def test_a_role_under_the_boundary_can_do_no_more_than_its_runs_head():
+    """Whatever policy a role under rubberband's boundary is given (`*:*` here), it may do only what a head does, for
+    the run it is tagged with, and no IAM action at all: it cannot make, change or pass a role, nor touch a
+    boundary. The head's own policy under the boundary keeps every action a head needs."""
+    from iam_eval import evaluate
+
+    from rubberband.cloud.identity import TAG_RUN_ID, aws_boundary_policy, boundary_arn
+
+    boundary = aws_boundary_policy()
+    everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    tagged = {f"aws:PrincipalTag/{TAG_RUN_ID}": "run-a"}
+    role = f"arn:aws:iam::{ACCOUNT}:role/rubberband/rb-other"
+    for action, resource in [
+        ("iam:CreateRole", role),
+        ("iam:PutRolePolicy", role),
+        ("iam:AttachRolePolicy", role),
+        ("iam:PassRole", role),
+        ("iam:DeleteRolePermissionsBoundary", role),
+        ("iam:CreatePolicyVersion", boundary_arn(ACCOUNT)),
+    ]:
+        assert evaluate(action, resource, tagged, policies=[everything], boundary=boundary) == "explicitDeny"
+    for action in ("s3:GetObject", "sts:AssumeRole", "ec2:ModifyInstanceAttribute", "secretsmanager:GetSecretValue"):
+        assert evaluate(action, "*", tagged, policies=[everything], boundary=boundary) == "implicitDeny", action
+    for policies in ([everything], [aws_head_policy("run-a")]):
+        for action, context in aws_head_actions("run-a"):
+            assert evaluate(action, "*", {**tagged, **context}, policies=policies, boundary=boundary) == "allowed"
+        for action, context, doing in aws_head_denials("run-a"):
+            decision = evaluate(action, "*", {**tagged, **context}, policies=policies, boundary=boundary)
+            assert decision != "allowed", doing
+    # a role of another run (or of none) may not end run-a's instances
+    own = {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a"}
+    other = {f"aws:PrincipalTag/{TAG_RUN_ID}": "run-b", **own}
+    assert evaluate("ec2:TerminateInstances", "*", other, policies=[everything], boundary=boundary) == "implicitDeny"
+    assert evaluate("ec2:TerminateInstances", "*", own, policies=[everything], boundary=boundary) == "implicitDeny"
+    # the boundary allows nothing a head's policy does not: the same actions, no wildcard
+    head_actions = {
+        a for st in aws_head_policy("RUN")["Statement"] for a in st["Action"] if isinstance(st["Action"], list)
+    }
+    head_actions |= {st["Action"] for st in aws_head_policy("RUN")["Statement"] if isinstance(st["Action"], str)}
+    for st in boundary["Statement"]:
+        actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+        assert st["Effect"] == "Deny" or set(actions) <= head_actions, st["Sid"]
+    assert not _wildcard_in("iam:PassRole", [a for a in head_actions])
+
+
+def test_run_roles_carry_the_boundary_and_an_account_without_it_is_told_how_to_make_it(moto_env):
+    """Every role rubberband creates carries the boundary (IAM then caps it, whatever its policy); an account whose
+    administrator has not created the boundary gets one line saying how, before anything is made. `down` still
+    deletes a role with its boundary."""
+    from rubberband.cloud.identity import BOUNDARY_NAME, boundary_arn
+
+    identities = AwsIdentities()
+    identities.create("run-bound", REGION)
+    iam = boto3.client("iam")
+    role = iam.get_role(RoleName="rb-run-bound")["Role"]
+    assert role["PermissionsBoundary"]["PermissionsBoundaryArn"] == boundary_arn(ACCOUNT)
+    assert boundary_arn(ACCOUNT).endswith(f"policy{IAM_PATH}{BOUNDARY_NAME}")
+    assert sorted(identities.delete("run-bound")) == ["instance-profile/rb-run-bound", "role/rb-run-bound"]
+    iam.delete_policy(PolicyArn=boundary_arn(ACCOUNT))
+    with pytest.raises(InputError, match="no rubberband permissions boundary .*`aws iam create-policy"):
+        identities.create("run-unbound", REGION)
+    assert iam.list_roles()["Roles"] == [] and iam.list_instance_profiles()["InstanceProfiles"] == []
+
+
+def test_dry_run_checks_the_cli_may_create_roles_under_the_boundary_and_not_around_it(moto_env, iam_simulator):
+    """With the documented CLI policy the dry run's creator rows all pass: each action is simulated with the boundary
+    the role is created with (a simulation without it would be denied), the boundary exists and is rubberband's, and
+    every way around it is denied. A credential without the boundary condition is reported as broader than needed;
+    a stale boundary fails the dry run."""
+    from rubberband.cloud.identity import AWS_CREATOR_ACTIONS, aws_creator_policy, boundary_arn
+
+    iam_simulator.user_policies = [aws_creator_policy(ACCOUNT)]
+    checks = check_identity("aws")
+    assert checks and all(c.allowed for c in checks if c.expect == "allow"), checks
+    assert {c.action for c in checks if c.expect == "allow"} >= set(AWS_CREATOR_ACTIONS)
+    must_not = [c for c in checks if c.expect == "deny"]
+    assert len(must_not) == 8 and all(c.allowed is False for c in must_not), must_not
+    # credentials as the CLI's policy was documented before: the same IAM actions, no boundary condition
+    unconditioned = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": list(AWS_CREATOR_ACTIONS),
+                "Resource": f"arn:aws:iam::{ACCOUNT}:role/rubberband/*",
+            }
+        ],
+    }
+    iam_simulator.user_policies = [unconditioned]
+    broader = [c for c in check_identity("aws") if c.expect == "deny" and c.allowed]
+    assert broader and "without rubberband's boundary" in broader[0].detail and "broader" in broader[0].detail
+    # a boundary that is not rubberband's (another version made default) fails the dry run, naming the fix
+    iam_simulator.user_policies = [aws_creator_policy(ACCOUNT)]
+    loose = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    boto3.client("iam").create_policy_version(
+        PolicyArn=boundary_arn(ACCOUNT), PolicyDocument=json.dumps(loose), SetAsDefault=True
+    )
+    (stale,) = [c for c in check_identity("aws") if c.allowed is False and c.expect == "allow"]
+    assert stale.action == "iam:GetPolicyVersion" and "not rubberband's boundary" in stale.detail
+
+
 def test_a_role_is_created_for_the_run_found_by_its_tag_and_deleted(moto_env):
     identities = AwsIdentities()
     made = identities.create("run-b", REGION)
@@ -179,9 +330,15 @@ def test_dry_run_checks_a_named_profile_and_names_the_missing_permission(moto_en
         c for c in check_identity("aws", instance_profile="rb-dry-run") if c.allowed is False and c.expect == "allow"
     ]
     assert [c.action for c in denied] == ["ec2:TerminateInstances"] and "rb-dry-run" in denied[0].detail
-    # a profile that may do anything on EC2: every "must not" row says it is broader than needed (not fatal)
+    # a role that may do anything on EC2: under rubberband's boundary it still can do no more than the run's head
+    # (the boundary is the head's policy for the run the role is tagged with) ...
     broad = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]}
     iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(broad))
+    rows = check_identity("aws", instance_profile="rb-dry-run")
+    assert all(c.allowed for c in rows if c.expect == "allow")
+    assert all(c.allowed is False for c in rows if c.expect == "deny"), rows
+    # ... and without a boundary (a profile of your own) every "must not" row says it is broader than needed
+    iam.delete_role_permissions_boundary(RoleName="rb-dry-run")
     rows = check_identity("aws", instance_profile="rb-dry-run")
     assert all(c.allowed for c in rows if c.expect == "deny") and "broader" in rows[-1].detail
     iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(policy))
@@ -191,7 +348,7 @@ def test_dry_run_checks_a_named_profile_and_names_the_missing_permission(moto_en
     # no profile named: the CLI's credentials must be able to create one
     iam_simulator.denied = {"iam:CreateRole"}
     creator = check_identity("aws")
-    assert [c.action for c in creator if c.allowed is False] == ["iam:CreateRole"]
+    assert [c.action for c in creator if c.allowed is False and c.expect == "allow"] == ["iam:CreateRole"]
 
 
 def test_gcp_dry_run_checks_the_service_account_through_the_iam_api(gce_fake):

@@ -3,52 +3,18 @@ the run's own token file), and clients with no token, a wrong token and the run'
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import subprocess
-import sys
 
 import pytest
+
+from ray_clients import CLIENT, DRIVER, ray_client
 
 from rubberband.cloud.local import LocalProvider
 from rubberband.net import free_port
 
 pytestmark = pytest.mark.e2e
-
-CLIENT = r"""
-import json, sys
-from ray.job_submission import JobSubmissionClient
-try:
-    jobs = JobSubmissionClient(sys.argv[1]).list_jobs()
-    print(json.dumps({"ok": True}))
-except Exception as exc:
-    print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}))
-"""
-
-DRIVER = r"""
-import json, sys, ray
-try:
-    ray.init(address=sys.argv[1], log_to_driver=False)
-    print(json.dumps({"ok": bool(ray.cluster_resources() is not None)}))
-    ray.shutdown()
-except BaseException as exc:
-    print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}))
-"""
-
-
-def _client(code: str, target: str, env: dict[str, str]) -> dict:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    done = subprocess.run(
-        [sys.executable, "-c", code, target],
-        env={**clean, "HOME": env.pop("HOME"), **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, done.stderr[-2000:]
-    return json.loads(lines[-1])
 
 
 def test_the_runs_ray_refuses_clients_without_its_token(tmp_path):
@@ -63,15 +29,17 @@ def test_the_runs_ray_refuses_clients_without_its_token(tmp_path):
         url = f"http://127.0.0.1:{port}"
         (tmp_path / "tmp").mkdir()
         home = {"HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path / "tmp")}  # no ~/.ray/auth_token to fall on
-        assert not _client(CLIENT, url, {**home, "RAY_AUTH_MODE": "disabled"})["ok"]
-        wrong = _client(CLIENT, url, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+        assert not ray_client(CLIENT, url, {**home, "RAY_AUTH_MODE": "disabled"})["ok"]
+        wrong = ray_client(CLIENT, url, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
         assert not wrong["ok"]
-        assert _client(CLIENT, url, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token_file.read_text()})["ok"]
+        assert ray_client(CLIENT, url, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token_file.read_text()})[
+            "ok"
+        ]
         # the GCS (what a worker node or a driver joins) refuses a wrong token too
-        assert not _client(
+        assert not ray_client(
             DRIVER, head.address, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         )["ok"]
-        assert _client(
+        assert ray_client(
             DRIVER, head.address, {**home, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
         )["ok"]
     finally:
@@ -261,3 +229,24 @@ def test_the_pushed_token_lands_through_a_real_sshd_and_the_key_can_do_nothing_e
             sshd.kill()
             sshd.wait(timeout=10)
         time.sleep(0.2)
+
+
+def test_a_local_head_pushes_its_runs_token_with_a_key_of_its_own(tmp_path):
+    """--head local: the CLI machine makes the run's push key (a real ed25519 pair, private half 0600) and pushes
+    the run's token over SSH like a head instance; its workers' user-data gets the public half only."""
+    from rubberband.cloud.local_head import LocalHeadCloudBackend
+    from rubberband.cloud.ray_token import PUSH_KEY_FILE, SshTokenPush, forget_push_key, make_push_key
+
+    backend = LocalHeadCloudBackend(cloud="aws", run_dir=tmp_path / "run", regions=["us-east-1"])
+    assert backend.ray_auth_mode == "token"
+    assert backend.ray_auth_token_path == str(tmp_path / "run" / "ray-token")
+    push = backend.token_push
+    assert isinstance(push, SshTokenPush) and push.key_file == tmp_path / "run" / PUSH_KEY_FILE
+    make_push_key(push.key_file)
+    assert push.key_file.stat().st_mode & 0o777 == 0o600
+    assert push.public_key.startswith("ssh-ed25519 ") and "PRIVATE" not in push.public_key
+    before = push.public_key
+    make_push_key(push.key_file)  # a resumed run keeps the key its workers trust
+    assert push.public_key == before
+    forget_push_key(push.key_file)
+    assert not push.key_file.exists() and not (tmp_path / "run" / f"{PUSH_KEY_FILE}.pub").exists()

@@ -63,7 +63,7 @@ def test_package_is_cached_by_content_and_imports_without_rubberband_installed(t
 @pytest.mark.e2e  # runs Python and pip in subprocesses
 def test_the_wheel_has_no_dependencies_and_installs_offline(tmp_path):
     wheel = build_wheel(tmp_path / "wheels")
-    assert wheel.name.startswith("rubberband-0.1.0+g") and wheel.name.endswith("-py3-none-any.whl")
+    assert wheel.name.startswith("rubberband_hpo-0.1.0+g") and wheel.name.endswith("-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as zf:
         meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     assert "Requires-Dist" not in meta  # pip --target on a node must not pull numpy, torch, ... from an index

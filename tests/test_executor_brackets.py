@@ -20,12 +20,11 @@ from executor_helpers import make_plan, write_hyperband_job
 from sim_helpers import KillingJournal, Killed, SimCase, cpu_model
 
 from conftest import EXAMPLES
-from rubberband.catalog import load_catalog
 from rubberband.executor import journal as J
 from rubberband.executor.decisions import LossPolicy
 from rubberband.executor.lanes import LaneLayout, Waiting
 from rubberband.executor.plan_checks import check_plan_matches, trial_configs
-from rubberband.executor.run import Job, Settings
+from rubberband.executor.run import Settings
 from rubberband.executor.schedulers import scheduler_for
 from rubberband.executor.sha import ShaScheduler
 from rubberband.plan import parse_plan, write_plan
@@ -108,7 +107,9 @@ def test_parallel_plans_are_accepted_and_their_brackets_run_side_by_side(tmp_pat
     check_plan_matches(spec, plan)  # no longer refused
     check_plan_matches(spec, sequential)
     for p in (plan, sequential):
-        scheduler = scheduler_for(Job(spec, p, load_catalog(["local"])), Settings(), LossPolicy(10))
+        scheduler = scheduler_for(
+            p, spec.metric, LossPolicy(10), prefetch=Settings().prefetch, elastic=Settings().elastic
+        )
         assert isinstance(scheduler, ShaScheduler)
     starts = {}
     for name, p in (("parallel", plan), ("sequential", sequential)):

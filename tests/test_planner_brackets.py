@@ -11,7 +11,8 @@ from planner_helpers import ideal_model, itype
 from rubberband.errors import InfeasibleError, PlanFileError, SpecError
 from rubberband.plan import PLAN_SCHEMA_VERSION, parse_plan, plan_json
 from rubberband.planner.api import PlanOptions, SearchOptions, plan_job, plan_stages
-from rubberband.planner.brackets import BracketSetup, ParallelSimulator, bracket_ranges, parallel_lower_bounds
+from rubberband.planner.baselines import parallel_lower_bounds
+from rubberband.planner.brackets import BracketSetup, ParallelSimulator, bracket_ranges
 from rubberband.planner.schedule import Stage, hyperband_brackets
 from rubberband.planner.search import Goal, PlanSpace
 from rubberband.planner.simulator import SimSettings, Simulator, StageConfig

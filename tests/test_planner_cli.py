@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from rubberband.cloud.head import HEAD_TYPES
+from rubberband.clouds import head_types
 from rubberband.plan import load_plan
 from conftest import EXAMPLES
 
@@ -47,7 +47,7 @@ def test_plan_table_compares_with_static(cli_here):
     assert result.returncode == 0, result.stderr
     assert "best static plan" in result.stdout and "saves" in result.stdout
     assert "g5.xlarge" in result.stdout or "p3.2xlarge" in result.stdout
-    price = re.escape(f"(${HEAD_TYPES['aws'].price_hr:.4f}/h")
+    price = re.escape(f"(${head_types()['aws'].price_hr:.4f}/h")
     assert re.search(r"head\s+instance\s+m6i\.large\s+" + price, result.stdout), result.stdout
 
 

@@ -11,7 +11,7 @@ from planner_helpers import ideal_model, itype
 
 from rubberband.catalog import BILLING_RULES, load_catalog
 from rubberband.cloud.dryrun import schedule_for
-from rubberband.cloud.head import HEAD_TYPES
+from rubberband.clouds import head_types
 from rubberband.plan import parse_plan
 from rubberband.planner import HeadSpec, PlanOptions, configs_of, plan_job, simulate_plan
 from rubberband.planner.model import fit_performance_model
@@ -84,8 +84,8 @@ def test_plan_job_bills_the_head_in_the_plan_and_the_static_baseline(quickstart)
     heads = billed_heads("instance", grace_s=300.0)
     plan = plan_job(spec, profile, catalog, PlanOptions(deadline_s=1800, samples=200, seed=1, heads=heads))
     parse_plan(plan.model_dump(mode="json"))
-    assert plan.head is not None and plan.head.instance_type == HEAD_TYPES["aws"].name
-    assert plan.head.grace_s == 300.0 and plan.head.price_hr == HEAD_TYPES["aws"].price_hr
+    assert plan.head is not None and plan.head.instance_type == head_types()["aws"].name
+    assert plan.head.grace_s == 300.0 and plan.head.price_hr == head_types()["aws"].price_hr
     model = fit_performance_model(profile)
     assert plan.head.boot_s == pytest.approx(model.startup("aws", "m6i.large").quantile(0.5))
     # the chosen plan re-simulated without a head: the difference is exactly the head, per sample

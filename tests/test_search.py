@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from rubberband import install_hint
 from rubberband.errors import SpecError
 from rubberband.search import OptunaSource, RandomSource, first_config, make_config_source, trial_id_for
 from rubberband.spec import load_spec
@@ -124,7 +125,8 @@ def test_missing_optuna_is_one_clear_line(tmp_path, monkeypatch):
         make_config_source(spec)
     assert str(info.value) == (
         "spec field 'search': sampler tpe needs Optuna, which is not installed; "
-        "pip install 'rubberband[optuna]' (or use sampler: random)"
+        + install_hint("optuna")
+        + " (or use sampler: random)"
     )
     assert isinstance(make_config_source(spec_from(tmp_path)), RandomSource)  # random needs nothing
 
@@ -295,7 +297,8 @@ def test_run_without_optuna_stops_before_planning_with_one_line(tmp_path, cli):
     assert done.stderr.strip().splitlines() == [
         (
             "rubberband: error: spec field 'search': sampler tpe needs Optuna, which is not installed; "
-            "pip install 'rubberband[optuna]' (or use sampler: random)"
+            + install_hint("optuna")
+            + " (or use sampler: random)"
         )
     ]
     assert not (tmp_path / "runs").exists()

@@ -30,6 +30,7 @@ from rubberband.planner.spot import (
     stay_on_spot,
     trace_stats,
 )
+from rubberband.clouds import cloud
 from rubberband.spotmodel import (
     SpotTraceError,
     fit_traces,
@@ -37,7 +38,6 @@ from rubberband.spotmodel import (
     parse_spot_model,
     read_trace,
     read_traces,
-    region_of,
 )
 
 
@@ -118,8 +118,11 @@ def test_an_any_zone_entry_is_available_when_any_zone_is(tmp_path):
 
 
 def test_region_of_zones():
-    assert region_of("aws", "us-east-1a") == "us-east-1"
-    assert region_of("gcp", "us-central1-a") == "us-central1"
+    assert cloud("aws").region_of("us-east-1a") == "us-east-1" and cloud("aws").region_of("us-east-1*") == "us-east-1*"
+    assert (
+        cloud("gcp").region_of("us-central1-a") == "us-central1"
+        and cloud("gcp").region_of("us-central1") == "us-central1"
+    )
 
 
 @pytest.mark.parametrize(
@@ -138,15 +141,27 @@ def test_bad_trace_files_raise_one_line_errors_naming_the_field(tmp_path, conten
     path.parent.mkdir(parents=True)
     path.write_text(content)
     with pytest.raises(SpotTraceError, match=needle) as err:
-        read_trace(path, tmp_path)
+        read_trace(path)
     assert "\n" not in str(err.value) and err.value.exit_code == 2
+
+
+def test_kind_and_cloud_come_from_the_whole_path_even_when_the_deepest_folder_is_passed(tmp_path):
+    """`--preemption-traces spot-traces/availability/1-node/aws-02-15-2023` (the folder as shipped): the folders
+    above the one given still say availability and aws; the nearest folder wins; metadata.kind still wins."""
+    deep = tmp_path / "preemption" / "availability" / "1-node" / "aws-02-15-2023"
+    _write(deep / "us-east-1a_v100_1.json", [0, 1])
+    (trace,) = read_traces(deep)
+    assert (trace.kind, trace.cloud, trace.zone) == ("availability", "aws", "us-east-1a")
+    path = deep / "us-east-1b_v100_1.json"
+    path.write_text('{"metadata": {"gap_seconds": 60, "kind": "preemption"}, "data": [0]}')
+    assert read_trace(path).kind == "preemption"
 
 
 def test_a_trace_whose_kind_or_cloud_cannot_be_told_is_refused(tmp_path):
     with pytest.raises(SpotTraceError, match="availability or a preemption"):
-        read_trace(_write(tmp_path / "aws-x" / "us-east-1a_v100_1.json", [0]), tmp_path)
+        read_trace(_write(tmp_path / "aws-x" / "us-east-1a_v100_1.json", [0]))
     with pytest.raises(SpotTraceError, match="cloud"):
-        read_trace(_write(tmp_path / "preemption" / "zz" / "us-east-1a_v100_1.json", [0]), tmp_path)
+        read_trace(_write(tmp_path / "preemption" / "zz" / "us-east-1a_v100_1.json", [0]))
     with pytest.raises(SpotTraceError, match="does not exist"):
         read_traces(tmp_path / "missing")
 

@@ -232,6 +232,20 @@ def test_pool_reuses_warm_workers_across_a_resize(local_ray_cluster, tmp_path):
     assert wait_until_idle() == {}
 
 
+def test_a_one_worker_trial_that_does_not_use_torch_never_imports_it(local_ray_cluster, tmp_path):
+    """A job of one-worker CPU trials (scikit-learn, XGBoost, a sleep) pays nothing for torch: its workers start
+    without it, no process group is made, and torch is imported only when the training asks for ``ctx.device``."""
+    a = local_ray_cluster.resource("a")
+    with WorkerPool(warm_torch=False) as pool:
+        free = TrialRun.start(_spec(tmp_path, (a,), entry="torch_free:train"), pool=pool).result(timeout_s=120)
+        assert free.reports[0].metrics == {"torch_loaded": 0.0, "grouped": 0.0}
+        asked = TrialRun.start(
+            _spec(tmp_path, (a,), entry="torch_free:train", trial_id="b0-t001", ask_device=1), pool=pool
+        ).result(timeout_s=120)
+        assert asked.reports[0].metrics["torch_loaded"] == 1.0
+    assert wait_until_idle() == {}
+
+
 def test_digits_example_learns_on_two_workers(local_ray_cluster, tmp_path):
     a = local_ray_cluster.resource("a")
     examples = Path(__file__).resolve().parents[1] / "examples"

@@ -1,4 +1,4 @@
-"""Write the NAS-Bench-201 slice examples/nasbench201.yaml replays (needs ``pip install 'rubberband[recorded]'``).
+"""Write the NAS-Bench-201 slice examples/nasbench201.yaml replays (needs ``pip install 'rubberband-hpo[recorded]'``).
 
     python examples/data/make_nasbench201_slice.py [--count 27] [--seed 0]
 

@@ -136,6 +136,11 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
         _echo(f"deleted {cloud} {resource} (run {run_id})")
     if journal is not None and terminated:
         journal.record(J.Down(terminated=terminated))
+    if directory is not None:  # the run's cluster is gone: its Ray token and token push key open nothing any more
+        from rubberband.cloud.ray_token import PUSH_KEY_FILE, forget_push_key, forget_run_token
+
+        forget_run_token(directory)
+        forget_push_key(directory / PUSH_KEY_FILE)
     if not terminated and not deleted:
         _echo(f"nothing left on {cloud} for run {run_id}")
     return terminated
