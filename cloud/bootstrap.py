@@ -9,13 +9,15 @@ the run's Ray head or joins the head as a worker node that offers the custom res
 (:mod:`rubberband.cloud.head`) and the training code come with the CLI's Ray jobs
 (:mod:`rubberband.cloud.shipping`), never from a package index.
 
-Safety nets that need no API permission, set up before anything that can fail (pip, Ray):
-the hard lifetime cap is scheduled first (``shutdown +N``; the instance's ``shutdown`` terminates
-it on AWS, ``InstanceInitiatedShutdownBehavior=terminate``, and GCP deletes it at its
-``maxRunDuration``), then the node's watchdog (:func:`render_node_watchdog`) is installed as a
-systemd service, so it survives a reboot: it powers the node off at the cap, after a failed or
-hung boot, when a worker cannot reach its head for ``head_lost_timeout_s``, and when the head's
-run was never submitted or its run watchdog asks for it.
+Safety nets set up before anything that can fail (pip, Ray): the hard lifetime cap is scheduled
+first (``shutdown +N``; the instance's ``shutdown`` terminates it on AWS,
+``InstanceInitiatedShutdownBehavior=terminate``; GCP deletes it at its ``maxRunDuration``, and the
+power-off only backs that up, :data:`GCP_BACKSTOP_S` later), then the node's watchdog
+(:func:`render_node_watchdog`) is installed as a systemd service, so it survives a reboot: it ends the
+node at the cap, after a failed or hung boot, when a worker cannot reach its head for
+``head_lost_timeout_s``, and when the head's run was never submitted or its run watchdog asks for it —
+on GCP by deleting the VM through the API with its own service account where it has one (a GCP VM that
+only powers off is stopped, not deleted), else by powering it off.
 
 A script never carries a credential: the renderer takes none, and
 :func:`assert_no_credentials` refuses anything that looks like one. Instances get their
@@ -185,6 +187,17 @@ TOKEN_FILE = "ray-token"
 TOKEN_DROP_USER = "rubberband-token"
 #: On the head: where its key for pushing the token to workers is (the executor's job reads it from the env).
 TOKEN_PUSH_KEY_ENV = "RUBBERBAND_TOKEN_PUSH_KEY"
+COMPUTE_URL = "https://compute.googleapis.com"
+#: GCP: how long after the moment Compute Engine (``maxRunDuration``) or the node watchdog (through the API) deletes a
+#: VM its own power-off comes, as a backstop. A VM that powers itself off is only stopped (TERMINATED): no cap deletes
+#: it, and its disk, the run's rules and NAT stay until ``down``; so on GCP the power-off must never come first.
+GCP_BACKSTOP_S = 600.0
+
+
+def _backstop_s(config: "BootstrapConfig") -> float:
+    """What a node's own power-offs wait beyond the deletion they back up (:data:`GCP_BACKSTOP_S` on GCP; none on
+    AWS, where a power-off terminates the instance)."""
+    return GCP_BACKSTOP_S if config.cloud == "gcp" else 0.0
 
 
 @dataclass(frozen=True)
@@ -239,6 +252,8 @@ class BootstrapConfig:
     token_drop_dir: str = "/var/lib/rubberband-token"  # the drop account's home (sshd wants it owned by it)
     shutdown_command: str = "shutdown -h"  # + "now" / "+MINUTES": powers the instance off (terminates on AWS)
     ssh_dir: str = "/etc/ssh"  # the node's SSH host keys (a head prints their public halves on its console)
+    #: GCP: the Compute Engine API a node ending itself deletes itself through (with its service account's token)
+    compute_url: str = COMPUTE_URL
     torch_cpu_index: str = TORCH_CPU_INDEX
 
     def __post_init__(self) -> None:
@@ -368,12 +383,14 @@ def _torch_lines(config: BootstrapConfig, py: str) -> list[str]:
 
 
 def render_node_watchdog(config: BootstrapConfig) -> str:
-    """The node's own watchdog (bash, no API permission needed), run as the systemd service :data:`WATCHDOG_UNIT`.
+    """The node's own watchdog (bash), run as the systemd service :data:`WATCHDOG_UNIT`.
 
-    Every ``poll`` seconds it powers the node off (``shutdown_command now``; on AWS that terminates
-    it, on GCP the cloud's ``maxRunDuration`` deletes it) when
+    Every ``poll`` seconds it ends the node — on GCP it deletes the VM through the Compute Engine API with the VM's
+    own service account (the head's; workers have none) and powers it off (``shutdown_command now``) only where that
+    did not take; on AWS the power-off terminates the instance (:func:`_off_lines`) — when
 
-    * the node reached its lifetime cap (``<state_dir>/expires_at``, written once at first boot);
+    * the node reached its lifetime cap (``<state_dir>/expires_at``, written once at first boot; on GCP
+      :data:`GCP_BACKSTOP_S` after the VM's ``maxRunDuration``, which deletes it first);
     * the boot failed (``<state_dir>/failed``) ten minutes ago, or did not finish within ``boot_timeout_s``;
     * head: the run's watchdog job left :data:`POWEROFF_MARKER` (it could not terminate the head through
       the API), or no run was submitted within ``submit_timeout_s`` of boot;
@@ -388,11 +405,11 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
     lines = [
         "#!/bin/bash",
         f"# rubberband node watchdog of run {config.run_id} ({config.role}); installed by the startup script as",
-        f"# {WATCHDOG_UNIT} before anything that can fail. Needs no cloud permission.",
+        f"# {WATCHDOG_UNIT} before anything that can fail. Needs no cloud permission (a GCP VM with a "
+        "service account deletes itself with it).",
         f"STATE={state}",
         'echo $$ > "$STATE/watchdog.pid"',
-        f'off() {{ echo "rubberband-boot: $(date -u +%H:%M:%S) watchdog: $*: powering off" '
-        f">> {_q(config.console)} 2>/dev/null || true; {config.shutdown_command} now; exit 0; }}",
+        *_off_lines(config),
         "export RAY_USAGE_STATS_ENABLED=0",
         *_ray_auth_lines(config),
         'booted="$(cat "$STATE/booted_at" 2>/dev/null || date +%s)"',
@@ -430,6 +447,51 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
         "done",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _off_lines(config: BootstrapConfig) -> list[str]:
+    """The node watchdog's ``off``: on GCP first delete the VM through the Compute Engine API
+    (:func:`_self_delete_lines`), and power off only where that did not take — a GCP VM that powers itself off is just
+    stopped, and stays; on AWS power off, which terminates the instance. Either way :data:`RAY_STOP_UNIT` stops Ray
+    as the machine goes down."""
+    console = f">> {_q(config.console)} 2>/dev/null || true"
+    lines = _self_delete_lines(config) if config.cloud == "gcp" else []
+    return [
+        *lines,
+        f'off() {{ echo "rubberband-boot: $(date -u +%H:%M:%S) watchdog: $*: powering off" {console}; '
+        + ("self_delete && exit 0; " if config.cloud == "gcp" else "")
+        + f"{config.shutdown_command} now; exit 0; }}",
+    ]
+
+
+def _self_delete_lines(config: BootstrapConfig) -> list[str]:
+    """GCP, bash: ``self_delete`` deletes this VM through the Compute Engine API with its service account's token from
+    the metadata server (the head's: its binding allows its own VM), then waits until the VM is gone (the deletion
+    shuts this machine down on the way). It fails (and ``off`` powers off) where the VM has no service account —
+    workers have none: the head, or ``down``, deletes them — or where the API refuses or does not answer. The token
+    stays in a shell variable; nothing prints it."""
+    metadata = _q(
+        f"{(config.metadata_url or cloud_descriptor('gcp').metadata_url or '').rstrip('/')}/computeMetadata/v1"
+    )
+    api = _q(f"{config.compute_url.rstrip('/')}/compute/v1/projects/")
+    ask = "curl -sf -m 10 -H 'Metadata-Flavor: Google'"
+    token = r"""sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p'"""
+    gone = r"""[ "$(curl -s -o /dev/null -w '%{http_code}' -m 10 -H "Authorization: Bearer $tok" "$api")" = 404 ]"""
+    return [
+        "self_delete() {",
+        "  local tok name zone project api",
+        f'  tok="$({ask} {metadata}/instance/service-accounts/default/token | {token})"',
+        '  [ -n "$tok" ] || return 1',
+        f'  name="$({ask} {metadata}/instance/name)" && zone="$({ask} {metadata}/instance/zone)" && '
+        f'project="$({ask} {metadata}/project/project-id)" || return 1',
+        f'  api={api}"$project/zones/${{zone##*/}}/instances/$name"',
+        '  curl -sf -m 30 -X DELETE -H "Authorization: Bearer $tok" "$api" >/dev/null || return 1',
+        '  echo "rubberband-boot: $(date -u +%H:%M:%S) watchdog: deleting this VM through the Compute Engine API" '
+        f">> {_q(config.console)} 2>/dev/null || true",
+        f"  for _ in $(seq 1 24); do sleep 5 || true; {gone} && return 0; done",
+        "  return 1",
+        "}",
+    ]
 
 
 def _ray_auth_lines(config: BootstrapConfig) -> list[str]:
@@ -497,12 +559,13 @@ def _safety_net_lines(config: BootstrapConfig) -> list[str]:
     state = _q(config.state_dir)
     lines = [f"mkdir -p {state}", f"chmod 700 {state}", f"[ -s {state}/booted_at ] || date +%s > {state}/booted_at"]
     if config.max_lifetime_s:
-        minutes = max(1, int(config.max_lifetime_s // 60))
+        cap_s = config.max_lifetime_s + _backstop_s(config)
+        minutes = max(1, int(cap_s // 60))
         lines += [
-            "# hard lifetime cap first: powering off terminates this instance (AWS; GCP deletes it at its "
-            "maxRunDuration)",
+            "# hard lifetime cap first: powering off terminates this instance (AWS); GCP deletes it at its "
+            "maxRunDuration, and this power-off only backs that up, later",
             f"{config.shutdown_command} +{minutes} || true",
-            f"[ -s {state}/expires_at ] || echo $(( $(date +%s) + {int(config.max_lifetime_s)} )) > {state}/expires_at",
+            f"[ -s {state}/expires_at ] || echo $(( $(date +%s) + {int(cap_s)} )) > {state}/expires_at",
         ]
     unit = "\n".join(
         [
@@ -650,7 +713,8 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"exec > >(tee -a {_q(config.log_dir)}/rubberband-boot.log {_q(config.console)} >/dev/null) 2>&1",
         'say() { echo "rubberband-boot: $(date -u +%H:%M:%S) $*"; }',
         f'fail() {{ echo "{BOOT_FAILED} $*"; touch {_q(config.state_dir)}/failed 2>/dev/null || true; '
-        f"{config.shutdown_command} +{max(1, int(config.failed_grace_s // 60))} || true; exit 1; }}",
+        f"{config.shutdown_command} +{max(1, int((config.failed_grace_s + _backstop_s(config)) // 60))} || true; "
+        "exit 1; }",
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
         say_line(f"booting a {config.role} of run {config.run_id}"),
         *(host_key_lines(config.ssh_dir) if config.role == "head" else []),

@@ -17,14 +17,15 @@
   (:func:`owner_marker`), and only rules carrying it are reused or deleted — never a rule matched by its
   name alone.
 * Egress (``worker_egress``, :data:`WORKER_EGRESS`): only the head gets an external address (the user's SSH).
-  Workers have none; by default (``nat``) the run makes its own Cloud Router with a Cloud NAT
-  (``rubberband-<run>-nat``, :meth:`GcpProvider.ensure_nat`) in the region and network before its first
-  worker, so their boot reaches package indexes, and deletes it with the run's other resources (one NAT per
-  region and network is all Compute Engine allows beside a NAT of every subnetwork: a run that finds another
-  run's uses that one, whose teardown keeps it while other runs' private VMs are in the region). Routers carry
-  no labels either: the same ownership marker ends their description. ``existing``: the network already gives
-  egress (the user's Cloud NAT or proxy), nothing is made; ``public``: workers get an ephemeral external address
-  (no rule lets anything in through it).
+  Workers have none; by default (``nat``) the run makes, before its first worker in a region, its own subnetwork
+  there (``rubberband-<run>-workers``, a free /20 of :data:`SUBNET_POOL`, :meth:`GcpProvider.ensure_subnetwork`) and
+  its own Cloud Router with a Cloud NAT of that subnetwork alone (``rubberband-<run>-nat``, ``LIST_OF_SUBNETWORKS``,
+  :meth:`GcpProvider.ensure_nat`): its workers go there, so their boot reaches package indexes and no other VM of the
+  project gets egress through the run's NAT. Both go with the run's other resources. A NAT of every subnetwork
+  that is there already (Compute Engine allows none beside it) serves the run's subnetwork too and is used as it
+  is. Routers and subnetworks carry no labels either: the same ownership marker ends their description.
+  ``existing``: the network already gives egress (the user's Cloud NAT or proxy), nothing is made; ``public``:
+  workers get an ephemeral external address (no rule lets anything in through it).
 * Operations are waited on with the ``*_unary`` calls and this provider's own
   ``ZoneOperationsClient`` / ``GlobalOperationsClient``: ``.result()`` on an extended
   operation would poll through an internal client built without our endpoint override.
@@ -41,12 +42,15 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import ipaddress
+import itertools
 import os
 import re
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
@@ -69,6 +73,14 @@ from rubberband.cloud.failover import (
     call_with_retry,
     classify,
     gcp_quota_name,
+)
+from rubberband.cloud.gcp_names import (
+    firewall_name,
+    instance_prefix,
+    marked_run,
+    owner_marker,
+    router_name,
+    subnet_name,
 )
 from rubberband.cloud.provider import (
     PermissionCheck,
@@ -131,36 +143,36 @@ def network_tag(run_id: str) -> str:
     return f"rubberband-{run_id}"
 
 
-def firewall_name(run_id: str, suffix: str = "internal") -> str:
-    return f"rubberband-{run_id}-{suffix}"
-
-
-_MARKER_RE = re.compile(rf"\[{TAG_MANAGED}=true {TAG_RUN_ID}=([a-z0-9-]+)\]$")
-
-
-def owner_marker(run_id: str) -> str:
-    """What ends the description of every firewall rule (or other label-less resource) rubberband creates for a
-    run: Compute Engine firewall rules carry no labels, so this exact marker is their run tag."""
-    return f"[{TAG_MANAGED}=true {TAG_RUN_ID}={run_id}]"
-
-
-def marked_run(description: str | None) -> str | None:
-    """The run a resource's description marks it as created for (:func:`owner_marker`), else None."""
-    match = _MARKER_RE.search(description or "")
-    return match.group(1) if match else None
-
-
-def router_name(run_id: str) -> str:
-    """The Cloud Router (with its one Cloud NAT of the same name) rubberband makes for a run's private workers."""
-    return f"rubberband-{run_id}-nat"
-
-
 #: How a run's workers reach the internet (their boot installs packages): ``nat`` — no external address, the run's
 #: own Cloud NAT (the default); ``existing`` — no external address, the network already has egress (your Cloud NAT);
 #: ``public`` — an ephemeral external address each (the run's firewall still lets nothing in).
 WORKER_EGRESS = ("nat", "existing", "public")
 #: NAT source options that claim every subnetwork of a region and network: there may be no other NAT beside one.
 _ALL_SUBNETWORKS = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
+
+
+def _serves_all(router: compute_v1.Router) -> bool:
+    """Whether a router holds a NAT of every subnetwork of its region and network."""
+    return any(n.source_subnetwork_ip_ranges_to_nat in _ALL_SUBNETWORKS for n in router.nats)
+
+
+#: Where runs' subnetworks take their ranges from: 10.64.0.0/10, beside the 10.128.0.0/9 an auto-mode network (such as
+#: ``default``) keeps for its own subnetworks; each run a /20 (4,092 addresses) that no subnetwork of the network holds.
+SUBNET_POOL = "10.64.0.0/10"
+SUBNET_PREFIX = 20
+#: How many free blocks a run tries before it gives up (Compute Engine refuses one a peered network holds).
+SUBNET_TRIES = 4
+
+
+def free_blocks(run_id: str, taken: Iterable[str], pool: str = SUBNET_POOL) -> Iterator[str]:
+    """The /:data:`SUBNET_PREFIX` blocks of ``pool`` that overlap none of the ``taken`` ranges, starting at one drawn
+    from the run id (runs starting at once seldom try the same block) and wrapping around."""
+    blocks = list(ipaddress.ip_network(pool).subnets(new_prefix=SUBNET_PREFIX))
+    used = [ipaddress.ip_network(t, strict=False) for t in taken]
+    start = int(hashlib.sha256(run_id.encode()).hexdigest(), 16) % len(blocks)
+    for block in blocks[start:] + blocks[:start]:
+        if not any(block.overlaps(u) for u in used if u.version == block.version):  # type: ignore[arg-type]
+            yield str(block)
 
 
 def head_tag(run_id: str) -> str:
@@ -251,6 +263,7 @@ class GcpProvider:
         self.global_operations = compute_v1.GlobalOperationsClient(**kwargs)
         self.disks = compute_v1.DisksClient(**kwargs)
         self.routers = compute_v1.RoutersClient(**kwargs)
+        self.subnetworks = compute_v1.SubnetworksClient(**kwargs)
         self.region_operations = compute_v1.RegionOperationsClient(**kwargs)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -481,62 +494,52 @@ class GcpProvider:
         )
 
     def ensure_worker_egress(self, run_id: str) -> str | None:
-        """What the run's workers need to reach the internet in this region (``worker_egress``): with ``nat`` a
-        Cloud NAT (:meth:`ensure_nat`, whose router's name is returned); otherwise nothing (None)."""
+        """What the run's workers need to reach the internet in this region (``worker_egress``): with ``nat`` the
+        run's subnetwork and a Cloud NAT serving it (:meth:`ensure_nat`, whose router's name is returned);
+        otherwise nothing (None)."""
         return self.ensure_nat(run_id) if self.worker_egress == "nat" else None
 
     def ensure_nat(self, run_id: str) -> str:
-        """A Cloud NAT for the run's workers, which have no external address, in this region and network; returns
-        the name of the router that holds it. Looked up afresh on every call (before each provisioning), so a NAT
-        that went in between is made again before the next worker boots.
+        """The run's subnetwork in this region (:meth:`ensure_subnetwork`) and a Cloud NAT that serves it; returns the
+        name of the router that holds the NAT. Looked up afresh on every call (before each provisioning), so what
+        went in between is made again before the next worker boots.
 
-        Normally the run's own (:func:`router_name`: one NAT of every subnetwork, addresses allocated by Google,
-        marked with the run's ownership marker). Compute Engine allows no second NAT beside one that serves every
-        subnetwork of a region and network, so one that is there already is used instead: another rubberband
-        run's (shared: its teardown keeps it while other runs' private VMs are in the region, :meth:`cleanup_run`) or
-        the user's own that serves every subnetwork; a user's NAT for chosen subnetworks is a fatal error (pass
-        ``existing`` or ``public``). Two runs making theirs at once: the loser uses the winner's."""
+        Normally the run's own router (:func:`router_name`) with one NAT of the run's subnetwork alone
+        (``LIST_OF_SUBNETWORKS``, addresses allocated by Google, marked with the run's ownership marker): no other VM
+        of the project gets egress through it. Compute Engine allows no NAT beside one that serves every subnetwork of
+        a region and network; where there is one (yours, or a run's of an earlier rubberband) it serves the run's
+        subnetwork too and is used as it is. NATs of chosen subnetworks (yours) stand beside the run's."""
+        self.ensure_subnetwork(run_id)
         name = router_name(run_id)
         for attempt in range(2):
             routers = self._call(lambda: list(self.routers.list(project=self.project, region=self.region)))
             if any(r.name == name and marked_run(r.description) == run_id for r in routers):
                 return name
-            others = [r for r in routers if r.name != name and self._on_network(r.network) and list(r.nats)]
-            if others:
-                return self._foreign_nat(others[0])
+            every = [r for r in routers if r.name != name and self._on_network(r.network) and _serves_all(r)]
+            if every:
+                return every[0].name  # serves the run's subnetwork too; Compute Engine allows no NAT beside it
             try:
                 self._create_router(name, run_id)
                 return name
-            except CloudError as exc:  # another NAT may have come in between (two runs starting at once): look again
+            except CloudError as exc:  # a NAT of every subnetwork may have come in between: look again
                 if attempt == 1 or exc.kind != "fatal" or exc.code == "alreadyExists":
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _foreign_nat(self, router: compute_v1.Router) -> str:
-        """The NAT that is not the run's (see :meth:`ensure_nat`) if its workers can use it; else say why not."""
-        if marked_run(router.description) is not None or any(
-            n.source_subnetwork_ip_ranges_to_nat in _ALL_SUBNETWORKS for n in router.nats
-        ):
-            return router.name  # another run's NAT, or the user's of every subnetwork: the egress is there
-        raise CloudError(
-            f"gcp: network {self.network} in {self.region} has a Cloud NAT for chosen subnetworks "
-            f"(router {router.name}) and no room for the run's own: pass --worker-egress existing if it "
-            f"serves the workers' subnetwork, else --worker-egress public",
-            kind="fatal",
-            code="NatInUse",
-            where=Location(region=self.region),
-        )
-
     def _create_router(self, name: str, run_id: str) -> None:
+        subnetwork = f"projects/{self.project}/regions/{self.region}/subnetworks/{subnet_name(run_id)}"
         router = compute_v1.Router(
             name=name,
             network=f"global/networks/{self.network}",
-            description=f"rubberband run {run_id}: outbound internet for its workers, which have no external "
-            f"address {owner_marker(run_id)}",
+            description=f"rubberband run {run_id}: outbound internet for its workers (its subnetwork alone), which "
+            f"have no external address {owner_marker(run_id)}",
             nats=[
                 compute_v1.RouterNat(
                     name=name,
-                    source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
+                    source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
+                    subnetworks=[
+                        compute_v1.RouterNatSubnetworkToNat(name=subnetwork, source_ip_ranges_to_nat=["ALL_IP_RANGES"])
+                    ],
                     nat_ip_allocate_option="AUTO_ONLY",
                 )
             ],
@@ -561,9 +564,112 @@ class GcpProvider:
                     where=Location(region=self.region),
                 ) from None
 
+    # -- the run's subnetwork (its private workers) --------------------------------------------
+
+    def ensure_subnetwork(self, run_id: str) -> str:
+        """The run's own subnetwork in this region (:func:`subnet_name`, marked as the run's), made on first use with
+        a /20 of :data:`SUBNET_POOL` that no subnetwork of the network holds; returns its name. Its private workers go
+        there, so the run's NAT serves them and nothing else. A subnetwork of that name without the run's marker is a
+        fatal error (never taken for the run's)."""
+        name = subnet_name(run_id)
+        found = self._subnetwork_or_none(name)
+        if found is None:
+            found = self._create_subnetwork(name, run_id)
+        if marked_run(found.description) != run_id:
+            raise CloudError(
+                f"gcp: a subnetwork named {name} exists in {self.region} but rubberband did not create it for run "
+                f"{run_id} (no {owner_marker(run_id)} in its description); rename or delete it, or use another run id",
+                kind="fatal",
+                code="alreadyExists",
+                where=Location(region=self.region),
+            )
+        return name
+
+    def _subnetwork_or_none(self, name: str) -> compute_v1.Subnetwork | None:
+        try:
+            return self._call(lambda: self.subnetworks.get(project=self.project, region=self.region, subnetwork=name))
+        except CloudError as exc:
+            if exc.code != "notFound":
+                raise
+            return None
+
+    def _create_subnetwork(self, name: str, run_id: str) -> compute_v1.Subnetwork:
+        """Insert the run's subnetwork with the first free block that Compute Engine takes (another run may take a
+        block in between, a peered network may hold it: the next one is tried, at most :data:`SUBNET_TRIES`)."""
+        refused: CloudError | None = None
+        for cidr in itertools.islice(free_blocks(run_id, self._taken_ranges()), SUBNET_TRIES):
+            body = compute_v1.Subnetwork(
+                name=name,
+                network=f"global/networks/{self.network}",
+                ip_cidr_range=cidr,
+                private_ip_google_access=True,
+                description=f"rubberband run {run_id}: its private workers, the only VMs its Cloud NAT serves "
+                f"{owner_marker(run_id)}",
+            )
+            try:
+                self._insert_subnetwork(body)
+            except CloudError as exc:
+                if exc.code == "alreadyExists" or "already exists" in exc.message:
+                    break  # another process of the run made it: read below (its marker is checked by the caller)
+                if "conflict" not in exc.message.lower() and "overlap" not in exc.message.lower():
+                    raise
+                refused = exc
+                continue
+            break
+        else:
+            raise CloudError(
+                f"gcp: no free /{SUBNET_PREFIX} of {SUBNET_POOL} for run {run_id}'s subnetwork in network "
+                f"{self.network} ({refused.message if refused else 'every block is taken'}); pass --worker-egress "
+                f"existing or public",
+                kind="fatal",
+                code="NoFreeRange",
+                where=Location(region=self.region),
+            )
+        return self._call(lambda: self.subnetworks.get(project=self.project, region=self.region, subnetwork=name))
+
+    def _insert_subnetwork(self, body: compute_v1.Subnetwork) -> None:
+        insert = compute_v1.InsertSubnetworkRequest(
+            project=self.project, region=self.region, subnetwork_resource=body, request_id=str(uuid.uuid4())
+        )
+        op = self._call(lambda: self.subnetworks.insert_unary(request=insert))
+        self._wait_region_op(op, self.region)
+
+    def _taken_ranges(self) -> list[str]:
+        """Every IPv4 range a subnetwork of this network holds, in any region (primary and secondary)."""
+        pager = self._call(
+            lambda: list(
+                self.subnetworks.aggregated_list(
+                    request=compute_v1.AggregatedListSubnetworksRequest(project=self.project)
+                )
+            )
+        )
+        taken = []
+        for _, scoped in pager:
+            for subnet in scoped.subnetworks:
+                if self._on_network(subnet.network):
+                    taken += [subnet.ip_cidr_range, *(r.ip_cidr_range for r in subnet.secondary_ip_ranges)]
+        return [t for t in taken if t]
+
+    def _owned_subnetworks(self) -> list[tuple[str, compute_v1.Subnetwork]]:
+        """(region, subnetwork) of every subnetwork of the project carrying a run's ownership marker (never matched
+        by name), in any region."""
+        pager = self._call(
+            lambda: list(
+                self.subnetworks.aggregated_list(
+                    request=compute_v1.AggregatedListSubnetworksRequest(project=self.project)
+                )
+            )
+        )
+        return [
+            (scope.rsplit("/", 1)[-1], subnet)
+            for scope, scoped in pager
+            for subnet in scoped.subnetworks
+            if marked_run(subnet.description) is not None
+        ]
+
     def _regions_of_other_runs(self, run_id: str) -> set[str]:
-        """Regions where a rubberband VM of another run without an external address is alive: a NAT there may be
-        its egress (a head, with its own address, needs none; its workers find a NAT afresh, :meth:`ensure_nat`)."""
+        """Regions where a rubberband VM of another run without an external address is alive: a NAT of every
+        subnetwork there (one an earlier rubberband made) may be its egress."""
         return {
             inst.zone.rsplit("-", 1)[0]
             for inst in self.list()
@@ -645,14 +751,7 @@ class GcpProvider:
                     ),
                 )
             ],
-            network_interfaces=[
-                compute_v1.NetworkInterface(  # an external address: the head's SSH (see above)
-                    network=f"global/networks/{self.network}",
-                    access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
-                    if is_head or self.worker_egress == "public"
-                    else [],
-                )
-            ],
+            network_interfaces=[self._nic(request.run_id, is_head=is_head)],
         )
         if self.service_account:
             resource.service_accounts = [
@@ -661,6 +760,17 @@ class GcpProvider:
                 )
             ]
         return resource
+
+    def _nic(self, run_id: str, *, is_head: bool) -> compute_v1.NetworkInterface:
+        """A VM's network interface: the head's with an external address (the user's SSH), a worker's in the run's
+        subnetwork without one (``nat``: the run's NAT serves that subnetwork alone), or in the network's own
+        subnetwork (``existing``; ``public``: with an external address)."""
+        nic = compute_v1.NetworkInterface(network=f"global/networks/{self.network}")
+        if is_head or self.worker_egress == "public":
+            nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+        elif self.worker_egress == "nat":
+            nic.subnetwork = f"regions/{self.region}/subnetworks/{subnet_name(run_id)}"
+        return nic
 
     def _check_request(self, request: InstanceRequest) -> str:
         check_request(request, cloud="gcp", region=self.region, provider="GCP")
@@ -683,7 +793,7 @@ class GcpProvider:
         created: list[str] = []
         try:
             for _ in range(request.count):
-                name = f"rb-{request.run_id}-{request.stage}-{secrets.token_hex(3)}"
+                name = f"{instance_prefix(request.run_id)}{request.stage}-{secrets.token_hex(3)}"
                 body = self.instance_resource(request, name, zone)
                 insert = compute_v1.InsertInstanceRequest(  # request_id: retries of this insert are idempotent
                     project=self.project, zone=zone, instance_resource=body, request_id=str(uuid.uuid4())
@@ -922,10 +1032,19 @@ class GcpProvider:
     # -- run-level resources ------------------------------------------------------------------
 
     def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
-        """Delete the run's firewall rules and Cloud Routers (those carrying its ownership marker,
-        :func:`owner_marker`; routers in every region) and its detached disks (by its exact labels); return what was
-        deleted. A router stays while a private VM of another run is alive in its region (that run's workers may go
-        out through its NAT, :meth:`ensure_nat`); the orphan sweep deletes it once none is."""
+        """Delete the run's firewall rules, Cloud Routers and subnetworks (those carrying its ownership marker,
+        :func:`owner_marker`; routers and subnetworks in every region) and its detached disks (by its exact labels);
+        return what was deleted. A router of a NAT of every subnetwork (an earlier rubberband's) stays while a private
+        VM of another run is alive in its region (it may go out through it); the orphan sweep deletes it once none is.
+        A subnetwork still in use (a VM being deleted) stays for the next teardown or the sweep."""
+        return [
+            *self._delete_firewalls(run_id, timeout_s),
+            *self._delete_routers(run_id, timeout_s),
+            *self._delete_subnetworks(run_id, timeout_s),  # after the NAT that names it
+            *self._delete_disks(run_id, timeout_s),
+        ]
+
+    def _delete_firewalls(self, run_id: str, timeout_s: float) -> list[str]:
         deleted = []
         for rule in self._owned_firewalls():
             if marked_run(rule.description) != run_id:
@@ -939,11 +1058,15 @@ class GcpProvider:
             self._wait_global_op(op, timeout_s)
             self._firewalls.discard(rule.name)
             deleted.append(f"firewall/{rule.name}")
+        return deleted
+
+    def _delete_routers(self, run_id: str, timeout_s: float) -> list[str]:
         routers = [(region, r) for region, r in self._owned_routers() if marked_run(r.description) == run_id]
-        served = self._regions_of_other_runs(run_id) if routers else set()
+        served = self._regions_of_other_runs(run_id) if any(_serves_all(r) for _, r in routers) else set()
+        deleted = []
         for region, router in routers:
-            if region in served:
-                continue  # other runs' workers go out through it: kept until the last of them is gone (the sweep)
+            if _serves_all(router) and region in served:
+                continue  # other runs' workers may go out through it: kept until the last of them is gone (the sweep)
             delete_router = compute_v1.DeleteRouterRequest(
                 project=self.project, region=region, router=router.name, request_id=str(uuid.uuid4())
             )
@@ -952,6 +1075,28 @@ class GcpProvider:
                 continue
             self._wait_region_op(op, region, timeout_s)
             deleted.append(f"router/{router.name}")
+        return deleted
+
+    def _delete_subnetworks(self, run_id: str, timeout_s: float) -> list[str]:
+        deleted = []
+        for region, subnet in self._owned_subnetworks():
+            if marked_run(subnet.description) != run_id:
+                continue
+            delete = compute_v1.DeleteSubnetworkRequest(
+                project=self.project, region=region, subnetwork=subnet.name, request_id=str(uuid.uuid4())
+            )
+            op = self._delete(
+                lambda: self.subnetworks.delete_unary(request=delete),
+                tolerate=("notFound", "resourceInUseByAnotherResource"),
+            )  # still in use: later
+            if op is None:
+                continue
+            self._wait_region_op(op, region, timeout_s)
+            deleted.append(f"subnetwork/{subnet.name}")
+        return deleted
+
+    def _delete_disks(self, run_id: str, timeout_s: float) -> list[str]:
+        deleted = []
         for zone, disk in self._disks(run_id):
             delete_disk = compute_v1.DeleteDiskRequest(
                 project=self.project, zone=zone, disk=disk.name, request_id=str(uuid.uuid4())
@@ -968,7 +1113,7 @@ class GcpProvider:
         return deleted
 
     def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> list[str]:
-        """Runs whose firewall rules, Cloud Routers or detached disks outlived their VMs, created at least
+        """Runs whose firewall rules, Cloud Routers, subnetworks or detached disks outlived their VMs, created at least
         ``older_than_s`` ago; found by ownership marker and labels, never by a name pattern."""
         now = time.time() if now is None else now
 
@@ -979,6 +1124,7 @@ class GcpProvider:
 
         runs = {marked_run(r.description) for r in self._owned_firewalls() if old(r.creation_timestamp)}
         runs |= {marked_run(r.description) for _, r in self._owned_routers() if old(r.creation_timestamp)}
+        runs |= {marked_run(n.description) for _, n in self._owned_subnetworks() if old(n.creation_timestamp)}
         runs |= {dict(d.labels).get(TAG_RUN_ID) for _, d in self._disks() if old(d.creation_timestamp)}
         runs.discard(None)
         runs.discard("")

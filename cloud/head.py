@@ -232,8 +232,10 @@ def self_terminate(
     Every API call has a fallback: a failed listing or worker termination is logged and the head
     still ends itself (its workers then power off on their own: their node watchdog loses the head);
     if the head cannot terminate itself through the API, it shuts down (on AWS an
-    instance-initiated shutdown terminates it; on GCP its ``maxRunDuration`` deletes it). Returns
-    the workers terminated.
+    instance-initiated shutdown terminates it; on GCP the node watchdog tries ``instances.delete`` once more
+    with the head's own token, and a head that still only powers off stays stopped until ``down``). The
+    run's workers are listed whatever their state: a stopped GCP worker is deleted too. Returns the workers
+    terminated.
     """
     workers: list[Instance] = []
     try:

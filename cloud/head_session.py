@@ -193,7 +193,7 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
     """Provision ``run``'s head where its first stage's workers go, with its cloud identity (the one named, or one
     created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
     from rubberband.cloud.head import HeadBoot, provision_head
-    from rubberband.cloud.identity import head_identity, launch_with_new_identity
+    from rubberband.cloud.identity import bind_head_role, head_identity, launch_with_new_identity
     from rubberband.cloud.registry import image_override
     from rubberband.cloud.teardown import terminate_run
 
@@ -209,6 +209,8 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
         identity = head_identity(
             cloud, crid, region, instance_profile=options.instance_profile, service_account=options.service_account
         )
+        if cloud == "gcp":  # the account's role, bound for this run alone (removed when the run ends)
+            identity = bind_head_role(identity, crid, worker_egress=options.worker_egress)
         provider = _provider(cloud, region, options, identity=identity.name)
         if cloud == "gcp":  # the workers' Cloud NAT first: a network that has no room for it fails the run now
             provider.ensure_worker_egress(crid)

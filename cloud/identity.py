@@ -15,9 +15,11 @@ user-data ever carries a credential). ``rubberband run --cloud aws|gcp`` gives i
   them never lets anyone make a role that does more than a run's head.
   :meth:`AwsIdentities.delete` removes it once the run's instances are gone (``end_run``,
   ``rubberband down``, the orphan sweep), found by its path and tag, never by name alone.
-* **GCP**: ``--service-account EMAIL`` is required. Creating service accounts and custom roles
-  needs the IAM API, which rubberband does not depend on; docs/clouds.md lists the custom role
-  (:data:`GCP_HEAD_PERMISSIONS`) to bind to it.
+* **GCP**: ``--service-account EMAIL`` is required, and a custom role ``rubberbandHead``
+  (:data:`GCP_HEAD_PERMISSIONS`) made once (docs/clouds.md; rubberband creates no service account or
+  role). The CLI binds that role to the account for each run alone (:func:`bind_head_role`), conditioned on
+  the run's own resource names (:func:`gcp_head_condition`), and removes the binding when the run ends
+  (:func:`delete_run_identity`; the orphan sweep: :meth:`GcpIdentities.leftover_runs`).
 
 :func:`check_identity` is the dry run's part: the named identity exists and may do what the
 run needs (AWS ``iam:GetInstanceProfile`` + ``iam:SimulatePrincipalPolicy`` with the run's tag
@@ -112,6 +114,10 @@ GCP_HEAD_PERMISSIONS = (
     "compute.disks.setLabels",
     "compute.disks.list",
     "compute.disks.delete",
+    "compute.subnetworks.create",
+    "compute.subnetworks.delete",
+    "compute.subnetworks.get",
+    "compute.subnetworks.list",
     "compute.subnetworks.use",
     "compute.subnetworks.useExternalIp",
     "compute.networks.updatePolicy",
@@ -129,43 +135,90 @@ GCP_HEAD_PERMISSIONS = (
     "compute.regionOperations.get",
     "compute.images.useReadOnly",
 )
-#: What the CLI needs on GCP besides the head's permissions: attach the head's service account to the head
-#: (plus ``iam.serviceAccounts.actAs`` on that account, checked on the account itself).
-#: The head's serial console, where the CLI reads its SSH host keys before connecting (cloud/host_keys.py).
+#: The custom role the head's service account is bound to, run by run (created once by you: docs/clouds.md).
+GCP_HEAD_ROLE_ID = "rubberbandHead"
+#: What the CLI needs on GCP to bind the head's role to its service account for a run, and to remove that binding.
+GCP_BINDING_PERMISSIONS = ("resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy")
+#: What the CLI needs on GCP besides the head's permissions: attach the head's service account to the head (plus
+#: ``iam.serviceAccounts.actAs`` on that account, checked on the account itself), read the head's serial console,
+#: where the CLI reads its SSH host keys before connecting (cloud/host_keys.py), and bind its role for the run.
 GCP_CLI_PERMISSIONS = (
     *GCP_HEAD_PERMISSIONS,
     "compute.instances.setServiceAccount",
     "compute.instances.getSerialPortOutput",
+    *GCP_BINDING_PERMISSIONS,
 )
 #: What the CLI reads on AWS in head mode: the head's console, where its boot prints its SSH host keys, which the
 #: CLI pins before its first connection (cloud/host_keys.py); without it a head-mode run stops with one line.
 AWS_CLI_CONSOLE_ACTIONS = ("ec2:GetConsoleOutput",)
-#: Name prefixes of what rubberband creates on GCP (VMs and their boot disks ``rb-<run>-...``, firewall rules and
-#: the Cloud Router of the workers' NAT ``rubberband-<run>-...``): the head's role binding is conditioned on them
-#: (:data:`GCP_HEAD_CONDITION`).
-GCP_NAME_PREFIXES = {
-    "Instance": ("instances", "rb-"),
-    "Disk": ("disks", "rb-"),
-    "Firewall": ("firewalls", "rubberband-"),
-    "Router": ("routers", "rubberband-"),
-}
+#: The resource types whose names the head's binding narrows to the run's own (others — the project a list call
+#: names, operations, images, the network — it does not narrow).
+GCP_NAMED_KINDS = ("Instance", "Disk", "Firewall", "Router", "Subnetwork")
+#: The network's own subnetwork, which workers use with ``--worker-egress existing`` or ``public``.
+GCP_NETWORK_SUBNETWORK = "default"
+#: How the title of a run's binding begins (``rubberband-run-<run>``): the binding is found by it and its marker.
+GCP_BINDING_TITLE = "rubberband-run-"
 
 
-def gcp_head_condition() -> str:
-    """The IAM condition (CEL) of the head's role binding: instances, disks, firewall rules and routers only with
-    rubberband's name prefixes; other resource types (operations, subnetworks, images, the network) are not
-    narrowed by it. One service account serves every run, so the condition cannot name a run: per-run isolation
-    comes from the labels and the ownership marker, which teardown matches exactly."""
-    kinds = [f'resource.type != "compute.googleapis.com/{kind}"' for kind in GCP_NAME_PREFIXES]
-    named = [
-        f'(resource.type == "compute.googleapis.com/{kind}" && '
-        f'resource.name.extract("/{collection}/{{name}}").startsWith("{prefix}"))'
-        for kind, (collection, prefix) in GCP_NAME_PREFIXES.items()
+def _typed(kind: str, test: str) -> str:
+    return f'(resource.type == "compute.googleapis.com/{kind}" && {test})'
+
+
+def _named(collection: str, names: Iterable[str]) -> str:
+    """CEL: the resource's name is one of ``names`` (``endsWith`` of ``/<collection>/<name>``: exact, since no name
+    holds a ``/``)."""
+    return "(" + " || ".join(f'resource.name.endsWith("/{collection}/{name}")' for name in names) + ")"
+
+
+def gcp_head_condition(run_id: str, *, worker_egress: str | None = None) -> str:
+    """The IAM condition (CEL) of the head's role binding for one run: of the kinds rubberband creates
+    (:data:`GCP_NAMED_KINDS`) only the run's own — its VMs and their boot disks (names starting ``rb-<run>-``), its
+    firewall rules, its workers' Cloud Router and subnetwork (their exact names); with ``worker_egress`` ``existing``
+    or ``public`` also the network's own subnetwork, which its workers then use. Other resource types are not
+    narrowed. IAM conditions offer ``startsWith``, ``endsWith`` and ``extract`` on resource names, nothing else.
+
+    One caveat of a prefix: a run whose id is this one's followed by ``-…`` (run ``a`` and run ``a-1``) would match its
+    VM names; rubberband's run ids end in a time stamp and a random suffix, so no run's id extends another's."""
+    from rubberband.cloud.gcp_names import FIREWALL_KINDS, firewall_name, instance_prefix, router_name, subnet_name
+
+    prefix = instance_prefix(run_id)
+    subnetworks = [subnet_name(run_id)]
+    if worker_egress in ("existing", "public"):
+        subnetworks.append(GCP_NETWORK_SUBNETWORK)
+    clauses = [
+        "(" + " && ".join(f'resource.type != "compute.googleapis.com/{kind}"' for kind in GCP_NAMED_KINDS) + ")",
+        _typed("Instance", f'resource.name.extract("/instances/{{name}}").startsWith("{prefix}")'),
+        _typed("Disk", f'resource.name.extract("/disks/{{name}}").startsWith("{prefix}")'),
+        _typed("Firewall", _named("firewalls", [firewall_name(run_id, kind) for kind in FIREWALL_KINDS])),
+        _typed("Router", _named("routers", [router_name(run_id)])),
+        _typed("Subnetwork", _named("subnetworks", subnetworks)),
     ]
-    return " || ".join([f"({' && '.join(kinds)})", *named])
+    return " || ".join(clauses)
 
 
-GCP_HEAD_CONDITION = gcp_head_condition()
+def gcp_head_binding(
+    project: str, email: str, run_id: str, *, worker_egress: str | None = None, now: float | None = None
+) -> dict[str, Any]:
+    """The project IAM policy binding the CLI adds for a run: the head's role (:data:`GCP_HEAD_ROLE_ID`) to its
+    service account, conditioned on the run (:func:`gcp_head_condition`); its title names the run, its description
+    ends in the run's ownership marker and says when it was bound (the sweep's age)."""
+    from rubberband.cloud.gcp_names import owner_marker
+
+    bound = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+    return {
+        "role": f"projects/{project}/roles/{GCP_HEAD_ROLE_ID}",
+        "members": [f"serviceAccount:{email}"],
+        "condition": {
+            "title": f"{GCP_BINDING_TITLE}{run_id}",
+            "description": f"rubberband: the head of run {run_id} on its own resources, bound {bound} "
+            f"{owner_marker(run_id)}",
+            "expression": gcp_head_condition(run_id, worker_egress=worker_egress),
+        },
+    }
+
+
+#: The head's binding condition for a run called ``RUN`` with the default egress (docs/clouds.md prints it).
+GCP_HEAD_CONDITION = gcp_head_condition("RUN")
 
 
 def identity_name(run_id: str) -> str:
@@ -879,12 +932,16 @@ class AwsIdentities:
 
 
 class GcpIdentities:
-    """Check a service account for a run's head: it exists, the CLI may attach it, its roles grant
-    :data:`GCP_HEAD_PERMISSIONS`. REST calls to the IAM and Resource Manager APIs with the same
-    credentials as Compute Engine (``RUBBERBAND_GCE_ENDPOINT`` redirects them too, for tests)."""
+    """The head's service account on GCP: bind its role (:data:`GCP_HEAD_ROLE_ID`) to it for one run, conditioned on
+    that run (:func:`gcp_head_binding`), remove that binding when the run ends, find bindings whose run left nothing,
+    and check the account for the dry run. REST calls to the IAM and Resource Manager APIs with the same credentials as
+    Compute Engine (``RUBBERBAND_GCE_ENDPOINT`` redirects them too, for tests). The project's IAM policy is changed
+    read-modify-write, conditioned on its etag: a write that raced another is read and made again."""
 
     IAM = "https://iam.googleapis.com"
     CRM = "https://cloudresourcemanager.googleapis.com"
+    #: How often a policy write that raced another writer is made again.
+    WRITE_TRIES = 5
 
     def __init__(self, project: str | None = None, *, endpoint: str | None = None, session: Any = None) -> None:
         from rubberband.cloud.gcp_session import ENDPOINT_ENV, PROJECT_ENV
@@ -916,6 +973,84 @@ class GcpIdentities:
             data = {}
         return response.status_code, data
 
+    # -- the run's binding ----------------------------------------------------------------------------
+
+    def _failed(self, permission: str, status: int, data: dict) -> CloudError:
+        from rubberband.cloud.failover import CallContext, classify
+
+        error = data.get("error") or {}
+        code = "UnauthorizedOperation" if status in (401, 403) else str(error.get("status") or status)
+        context = CallContext("gcp", action=permission)
+        return classify(code, str(error.get("message") or f"HTTP {status}"), context, http_status=status)
+
+    def _policy(self) -> dict[str, Any]:
+        """The project's IAM policy, conditional bindings included (version 3; an older version would show them
+        under made-up role names)."""
+        status, policy = self._json(
+            "POST",
+            f"{self.crm_url}/v1/projects/{self.project}:getIamPolicy",
+            {"options": {"requestedPolicyVersion": 3}},
+        )
+        if status >= 400:
+            raise self._failed("resourcemanager.projects.getIamPolicy", status, policy)
+        return policy
+
+    def _update(self, change: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None]) -> bool:
+        """Apply ``change`` (bindings → new bindings, or None: nothing to do) to the project's policy; True when it
+        wrote. A write refused because the policy changed in between (HTTP 409, its etag) is made again afresh."""
+        for attempt in range(self.WRITE_TRIES):
+            policy = self._policy()
+            bindings = change([dict(b) for b in policy.get("bindings", [])])
+            if bindings is None:
+                return False
+            body = {"policy": {**policy, "bindings": bindings, "version": 3}}
+            status, data = self._json("POST", f"{self.crm_url}/v1/projects/{self.project}:setIamPolicy", body)
+            if status == 409 and attempt < self.WRITE_TRIES - 1:
+                continue
+            if status >= 400:
+                raise self._failed("resourcemanager.projects.setIamPolicy", status, data)
+            return True
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def bind_run(self, email: str, run_id: str, *, worker_egress: str | None = None) -> None:
+        """Bind the head's role to ``email`` for ``run_id`` alone (:func:`gcp_head_binding`); a binding of the run
+        already there (a retried start) is kept as it is."""
+        binding = gcp_head_binding(self.project, email, run_id, worker_egress=worker_egress)
+        title = binding["condition"]["title"]
+
+        def add(bindings: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+            if any(_run_binding(b) == run_id and (b.get("condition") or {}).get("title") == title for b in bindings):
+                return None
+            return [*bindings, binding]
+
+        self._update(add)
+
+    def unbind_run(self, run_id: str) -> list[str]:
+        """Remove the run's binding (found by its title and marker, never by the role or account); what was removed,
+        as ``iam-binding/<title>``."""
+        removed: list[str] = []
+
+        def drop(bindings: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+            removed[:] = [f"iam-binding/{b['condition']['title']}" for b in bindings if _run_binding(b) == run_id]
+            return [b for b in bindings if _run_binding(b) != run_id] if removed else None
+
+        self._update(drop)
+        return removed
+
+    def leftover_runs(self, live: set[str], *, older_than_s: float = 0.0, now: float | None = None) -> list[str]:
+        """Runs with a binding here but no instance left (``live``: the runs that have one), bound at least
+        ``older_than_s`` before ``now`` (a run being started keeps its young binding)."""
+        now = time.time() if now is None else now
+        runs = set()
+        for binding in self._policy().get("bindings", []):
+            run_id = _run_binding(binding)
+            bound = _bound_at(binding)
+            if run_id and run_id not in live and (bound is None or now - bound >= older_than_s):
+                runs.add(run_id)
+        return sorted(runs)
+
+    # -- the dry run ---------------------------------------------------------------------------------------
+
     def test_permissions(self, permissions: Iterable[str]) -> list[PermissionCheck]:
         """Which of ``permissions`` the caller holds on the project (``projects.testIamPermissions``, 100 a call)."""
         wanted = list(permissions)
@@ -935,6 +1070,8 @@ class GcpIdentities:
         return [PermissionCheck("gcp", "global", p, p in held, "you (the CLI)") for p in wanted]
 
     def check_service_account(self, email: str) -> list[PermissionCheck]:
+        """The account exists, the CLI may attach it, the head's role grants every permission the head needs, and no
+        binding of the account grants any of them beyond a run (broader than rubberband needs: reported)."""
         what = f"head service account {email}"
         status, _ = self._json("GET", f"{self.iam_url}/v1/projects/{self.project}/serviceAccounts/{email}")
         if status == 404:
@@ -965,22 +1102,81 @@ class GcpIdentities:
                     f"the CLI on {email} (roles/iam.serviceAccountUser)",
                 )
             )
-        status, policy = self._json("POST", f"{self.crm_url}/v1/projects/{self.project}:getIamPolicy", {})
-        if status >= 400:
-            return checks + [
-                PermissionCheck("gcp", "global", p, None, f"{what}: project policy unreadable (HTTP {status})")
+        return checks + self._check_role(what) + self._check_broader(email, what)
+
+    def _role_permissions(self, role: str) -> set[str] | None:
+        """The permissions a role grants (predefined ``roles/NAME`` and custom ``projects/P/roles/NAME`` alike), or
+        None when it cannot be read."""
+        status, data = self._json("GET", f"{self.iam_url}/v1/{role}")
+        return set(data.get("includedPermissions", [])) if status < 400 else None
+
+    def _check_role(self, what: str) -> list[PermissionCheck]:
+        """The head's role exists and grants every permission the head needs (bound per run by the CLI)."""
+        role = f"projects/{self.project}/roles/{GCP_HEAD_ROLE_ID}"
+        granted = self._role_permissions(role)
+        if granted is None:
+            return [
+                PermissionCheck("gcp", "global", p, False, f"{what}: no role {role} (create it: docs/clouds.md)")
                 for p in GCP_HEAD_PERMISSIONS
             ]
-        member = f"serviceAccount:{email}"
-        granted: set[str] = set()
+        detail = f"{what} through role {GCP_HEAD_ROLE_ID}, bound per run"
+        return [PermissionCheck("gcp", "global", p, p in granted, detail) for p in GCP_HEAD_PERMISSIONS]
+
+    def _check_broader(self, email: str, what: str) -> list[PermissionCheck]:
+        """A binding of the account that grants any of the head's Compute Engine permissions and is not a run's own
+        (unconditional, or conditioned on something else): the head of every run could use it."""
+        status, policy = self._json(
+            "POST",
+            f"{self.crm_url}/v1/projects/{self.project}:getIamPolicy",
+            {"options": {"requestedPolicyVersion": 3}},
+        )
+        if status >= 400:
+            return [
+                PermissionCheck(
+                    "gcp", "global", "resourcemanager.projects.getIamPolicy", None, f"{what}: HTTP {status}"
+                )
+            ]
+        checks = []
         for binding in policy.get("bindings", []):
-            if member not in binding.get("members", []):
+            if f"serviceAccount:{email}" not in binding.get("members", []) or _run_binding(binding):
                 continue
-            # predefined roles/NAME and custom projects/P/roles/NAME are both read at /v1/<role>
-            status, data = self._json("GET", f"{self.iam_url}/v1/{binding['role']}")
-            if status < 400:
-                granted |= set(data.get("includedPermissions", []))
-        return checks + [PermissionCheck("gcp", "global", p, p in granted, what) for p in GCP_HEAD_PERMISSIONS]
+            granted = (self._role_permissions(binding["role"]) or set()) & set(GCP_HEAD_PERMISSIONS)
+            if granted:
+                title = (binding.get("condition") or {}).get("title")
+                scope = f"with condition {title!r}" if title else "unconditionally"
+                checks.append(
+                    PermissionCheck(
+                        "gcp",
+                        "global",
+                        binding["role"],
+                        True,
+                        f"{what} holds {binding['role']} {scope} ({', '.join(sorted(granted)[:3])}, …) beyond any "
+                        f"run: broader than rubberband needs, which binds the head's role per run (docs/clouds.md); "
+                        f"remove that binding",
+                        expect="deny",
+                    )
+                )
+        return checks
+
+
+def _run_binding(binding: dict[str, Any]) -> str | None:
+    """The run a policy binding was made for by rubberband (its title and its description's marker), else None."""
+    from rubberband.cloud.gcp_names import marked_run
+
+    condition = binding.get("condition") or {}
+    run_id = marked_run(condition.get("description"))
+    return run_id if run_id and condition.get("title") == f"{GCP_BINDING_TITLE}{run_id}" else None
+
+
+def _bound_at(binding: dict[str, Any]) -> float | None:
+    """When rubberband made a run's binding (its description says), POSIX seconds; None if it does not say."""
+    import calendar
+    import re
+
+    found = re.search(
+        r"bound (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)", (binding.get("condition") or {}).get("description", "")
+    )
+    return float(calendar.timegm(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%SZ"))) if found else None
 
 
 def _policy_block(policy: dict[str, Any]) -> list[str]:
@@ -1020,11 +1216,14 @@ def policy_docs() -> str:
             "",
             *_policy_block(aws_creator_policy()),
             "",
-            "#### GCP: the head's custom role (`GCP_HEAD_PERMISSIONS`)",
+            f"#### GCP: the head's custom role `{GCP_HEAD_ROLE_ID}` (`GCP_HEAD_PERMISSIONS`)",
             "",
             gcp,
             "",
-            "bound with this IAM condition (`GCP_HEAD_CONDITION`):",
+            "bound to the head's service account by the CLI for each run alone, with this IAM condition (title "
+            f"`{GCP_BINDING_TITLE}RUN`; `gcp_head_condition(RUN)`, here for a run called `RUN` with the default "
+            "`--worker-egress nat`; with `existing` or `public` the subnetwork clause also names "
+            f"`/subnetworks/{GCP_NETWORK_SUBNETWORK}`):",
             "",
             "```",
             GCP_HEAD_CONDITION,
@@ -1035,7 +1234,8 @@ def policy_docs() -> str:
             "The head's permissions plus "
             + ", ".join(f"`{p}`" for p in GCP_CLI_PERMISSIONS if p not in GCP_HEAD_PERMISSIONS)
             + " (to start the head with its service account; to read its SSH host keys from its serial console before "
-            "the first connection) and `iam.serviceAccounts.actAs` on that account.",
+            "the first connection; to bind its role for the run and remove that binding when the run ends) and "
+            "`iam.serviceAccounts.actAs` on that account.",
         ]
     )
 
@@ -1096,6 +1296,14 @@ def head_identity(
     return AwsIdentities().create(run_id, region)
 
 
+def bind_head_role(identity: HeadIdentity, run_id: str, *, worker_egress: str | None = None) -> HeadIdentity:
+    """GCP: bind the head's role to the run's service account for this run alone (:meth:`GcpIdentities.bind_run`);
+    the identity comes back marked ``created``, so the run's end removes the binding (:func:`delete_run_identity`).
+    IAM applies a new binding within a minute or two, well before the head's executor makes its first call."""
+    GcpIdentities().bind_run(identity.name, run_id, worker_egress=worker_egress)
+    return HeadIdentity("gcp", identity.name, created=True)
+
+
 #: How long a new instance profile may take to reach EC2 (IAM is eventually consistent).
 PROPAGATION_S = 90.0
 
@@ -1122,9 +1330,9 @@ def launch_with_new_identity(
 
 
 def delete_run_identity(cloud: str, run_id: str) -> list[str]:
-    """Delete the head identity rubberband created for ``run_id`` (AWS; found by its run tag); GCP: nothing
-    (the service account is the user's)."""
-    return AwsIdentities().delete(run_id) if cloud == "aws" else []
+    """Delete what rubberband made for ``run_id``'s head identity: the role and profile (AWS; found by its run tag),
+    the run's binding of the head's role (GCP; found by its title and marker: the service account is the user's)."""
+    return AwsIdentities().delete(run_id) if cloud == "aws" else GcpIdentities().unbind_run(run_id)
 
 
 def main(argv: list[str]) -> int:

@@ -264,9 +264,14 @@ class World:
                     | {f"stopped:{n}" for (_, n), i in fake.instances.items() if i["status"] == "TERMINATED"},
                     "groups/rules": set(fake.firewalls),
                     "disks": {n for _, n in fake.disks},
-                    "identities": set(),
+                    # the head role's bindings, run by run (GceFake.run_bindings, under the lock held here)
+                    "identities": {
+                        b["condition"]["title"] for b in fake.iam_bindings if (b.get("condition") or {}).get("title")
+                    },
                     "secrets": set(),
-                    "routers": {f"{r}/{n}" for r, n in fake.routers},
+                    # the workers' egress: the run's Cloud Routers (their NATs) and its subnetworks
+                    "routers": {f"{r}/{n}" for r, n in fake.routers}
+                    | {f"subnetwork:{r}/{n}" for r, n in fake.subnetworks},
                 }
         import boto3
 
@@ -313,7 +318,10 @@ class World:
 
         before = self.inventory()
         if self.cloud == "gcp":
+            from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
+
             fake = self.fake
+            fake.add_service_account(SERVICE_ACCOUNT, list(GCP_HEAD_PERMISSIONS))  # the CLI binds its role per run
             fake.firewalls["rubberband-mine-internal"] = {
                 "name": "rubberband-mine-internal",
                 "description": "the user's own",

@@ -95,6 +95,11 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_PREFIX + r"/aggregated/routers$"), "router_aggregated"),
     ("GET", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/routers/(?P<name>[^/]+)$"), "router_get"),
     ("DELETE", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/routers/(?P<name>[^/]+)$"), "router_delete"),
+    ("POST", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/subnetworks$"), "subnet_insert"),
+    ("GET", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/subnetworks$"), "subnet_list"),
+    ("GET", re.compile(_PREFIX + r"/aggregated/subnetworks$"), "subnet_aggregated"),
+    ("GET", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/subnetworks/(?P<name>[^/]+)$"), "subnet_get"),
+    ("DELETE", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/subnetworks/(?P<name>[^/]+)$"), "subnet_delete"),
     ("GET", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/operations/(?P<op>[^/]+)$"), "op_get"),
     ("POST", re.compile(_PREFIX + r"/regions/(?P<region>[^/]+)/operations/(?P<op>[^/]+)/wait$"), "op_wait"),
     ("POST", re.compile(_PREFIX + r"/global/operations/(?P<op>[^/]+)/wait$"), "op_wait"),
@@ -106,6 +111,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         "sa_test",
     ),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):getIamPolicy$"), "get_iam_policy"),
+    ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):setIamPolicy$"), "set_iam_policy"),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):testIamPermissions$"), "test_iam_permissions"),
     ("GET", re.compile(r"/v1/(?P<role>(?:projects/[^/]+/)?roles/[^/]+)$"), "role_get"),
 ]
@@ -256,6 +262,29 @@ _SCHEMA: dict[str, dict[str, object]] = {
     }
     | {"subnetworks": "natSubnet"},
     "natSubnet": {"name": None, "sourceIpRangesToNat": None, "secondaryIpRangeNames": None},
+    "subnetwork": {
+        k: None
+        for k in (
+            "name",
+            "description",
+            "network",
+            "ipCidrRange",
+            "region",
+            "privateIpGoogleAccess",
+            "purpose",
+            "role",
+            "stackType",
+            "logConfig",
+            "id",
+            "kind",
+            "creationTimestamp",
+            "selfLink",
+            "gatewayAddress",
+            "fingerprint",
+        )
+    }
+    | {"secondaryIpRanges": "secondaryRange"},
+    "secondaryRange": {"rangeName": None, "ipCidrRange": None},
     "setLabels": {"labels": None, "labelFingerprint": None},
 }
 #: (field, why) the real API insists on, per body.
@@ -270,6 +299,11 @@ _REQUIRED = {
         ),
     ],
     "firewall": [("name", "Required field 'resource.name' not specified")],
+    "subnetwork": [
+        ("name", "Required field 'resource.name' not specified"),
+        ("network", "Invalid value for field 'resource.network': ''. The network of a subnetwork must be specified."),
+        ("ipCidrRange", "Invalid value for field 'resource.ipCidrRange': ''. Required field not specified"),
+    ],
     "router": [
         ("name", "Required field 'resource.name' not specified"),
         ("network", "Invalid value for field 'resource.network': ''. The network of a router must be specified."),
@@ -300,6 +334,27 @@ _NETWORK = re.compile(
     r"(?P<name>[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$"
 )
 _NAT_SOURCES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES", "LIST_OF_SUBNETWORKS")
+#: The ``default`` network is in auto mode: a subnetwork ``default`` in every region, of these ranges, and the whole
+#: 10.128.0.0/9 kept for them (a subnetwork of the user's or of a run must lie elsewhere).
+AUTO_SUBNETS = {
+    "us-central1": "10.128.0.0/20",
+    "europe-west1": "10.132.0.0/20",
+    "us-west1": "10.138.0.0/20",
+    "asia-east1": "10.140.0.0/20",
+    "us-east1": "10.142.0.0/20",
+    "asia-northeast1": "10.146.0.0/20",
+    "asia-southeast1": "10.148.0.0/20",
+    "us-east4": "10.150.0.0/20",
+    "europe-west2": "10.154.0.0/20",
+    "europe-west3": "10.156.0.0/20",
+    "europe-west4": "10.164.0.0/20",
+    "us-west2": "10.168.0.0/20",
+}
+AUTO_MODE_RANGE = "10.128.0.0/9"
+_SUBNETWORK = re.compile(
+    r"^(?:https?://[^/]+/compute/v1/)?(?:projects/(?P<project>[^/]+)/)?regions/(?P<region>[^/]+)/subnetworks/"
+    r"(?P<name>[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$"
+)
 _OP_TERM = re.compile(r'(operationType|targetLink|status)\s*=\s*"([^"]*)"')
 
 
@@ -447,6 +502,9 @@ class GceFake:
         self.firewalls: dict[str, dict[str, Any]] = {}
         self.disks: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, name) -> disk JSON (boot disks of VMs)
         self.routers: dict[tuple[str, str], dict[str, Any]] = {}  # (region, name) -> Cloud Router JSON
+        #: (region, name) -> subnetwork JSON, beside the default network's own (AUTO_SUBNETS, never stored here)
+        self.subnetworks: dict[tuple[str, str], dict[str, Any]] = {}
+        self.peered_ranges: list[str] = []  # ranges a peered network holds: a subnetwork overlapping one is refused
         self.operations: dict[str, dict[str, Any]] = {}
         self.stockout_zones: set[str] = set()
         self.stockout_sync = False  # answer stockouts as HTTP 503 on the insert itself (words only)
@@ -465,6 +523,11 @@ class GceFake:
         self.rejected: list[str] = []  # the messages of the 400s the fake answered (tests assert none)
         self.service_accounts: set[str] = set()
         self.iam_bindings: list[dict[str, Any]] = []  # the project's IAM policy bindings
+        self.iam_version = 1  # the policy's etag counter (every write moves it)
+        self.iam_races = 0  # this many setIamPolicy calls find the policy changed in between (HTTP 409)
+        self.iam_forbidden: set[str] = set()  # "getIamPolicy" / "setIamPolicy": the caller may not (HTTP 403)
+        self.tokens: dict[str, str] = {}  # access token -> service account (handed out by GceMetadata)
+        self.authorized: list[tuple[str, str, str]] = []  # (method, path, service account) of calls with a token
         self.roles: dict[str, list[str]] = {}  # role name -> included permissions
         self.act_as = True  # the caller may attach service accounts (iam.serviceAccounts.actAs)
         #: what projects.testIamPermissions says the caller holds (None: every permission it knows)
@@ -495,7 +558,9 @@ class GceFake:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length).decode() if length else ""
-                status, payload = fake.dispatch(self.command, self.path, raw)
+                status, payload = fake.authorize(self.command, self.path, self.headers.get("Authorization"))
+                if status == 200:
+                    status, payload = fake.dispatch(self.command, self.path, raw)
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -516,6 +581,26 @@ class GceFake:
             self._server.server_close()
 
     # -- dispatch -------------------------------------------------------------------------------
+
+    def authorize(self, method: str, path: str, authorization: str | None) -> tuple[int, dict[str, Any]]:
+        """A call that brings a bearer token must bring one a VM's metadata server handed out (:class:`GceMetadata`;
+        HTTP 401 otherwise, as Google's APIs answer); such calls are recorded in ``authorized`` with the service
+        account the token is for. Calls without one (the tests' anonymous clients) go on as before."""
+        if not authorization:
+            return 200, {}
+        token = authorization.removeprefix("Bearer ").strip()
+        with self._lock:
+            email = self.tokens.get(token)
+            if email is None:
+                return 401, {
+                    "error": {
+                        "code": 401,
+                        "message": "Request had invalid authentication credentials.",
+                        "status": "UNAUTHENTICATED",
+                    }
+                }
+            self.authorized.append((method, urlparse(path).path, email))
+        return 200, {}
 
     def dispatch(self, method: str, path: str, raw: str) -> tuple[int, dict[str, Any]]:
         url = urlparse(path)
@@ -795,6 +880,7 @@ class GceFake:
     def _insert(self, project: str, zone: str, query: dict, body: dict) -> dict:
         self._validate(body, "instance")
         self._check_scheduling(body.get("scheduling", {}))
+        subnets = [self._nic_subnetwork(project, zone, nic) for nic in body.get("networkInterfaces", [])]
         name = body.get("name", "")
         machine = body.get("machineType", "").rsplit("/", 1)[-1]
         self.inserts.append((zone, machine))
@@ -874,8 +960,9 @@ class GceFake:
                 "labelFingerprint": uuid.uuid4().hex[:8],
             }
         )
-        for nic in instance.get("networkInterfaces", []):
-            nic["networkIP"] = f"10.128.0.{self._ip % 250 + 2}"
+        for nic, subnet in zip(instance.get("networkInterfaces", []), subnets):
+            nic["subnetwork"] = subnet["selfLink"]
+            nic["networkIP"] = _address_in(subnet["ipCidrRange"], self._ip)
             for access in nic.get("accessConfigs", []):
                 access["natIP"] = f"34.1.0.{self._ip % 250 + 2}"
         self.instances[(zone, name)] = instance  # visible (PROVISIONING) while its insert runs, as on GCE
@@ -966,6 +1053,13 @@ class GceFake:
                 for request, raw in zip(self.requests, self.bodies)
                 if request.startswith("POST") and request.endswith("/instances")
             ]
+
+    def guest_poweroff(self, name: str) -> None:
+        """What Compute Engine does when a VM's own OS powers it off (``shutdown -h``): the VM is stopped — TERMINATED,
+        not deleted; its disk stays and no ``maxRunDuration`` applies to a stopped VM."""
+        with self._lock:
+            ((zone, instance),) = [(z, i) for (z, n), i in self.instances.items() if n == name]
+            instance["status"] = "TERMINATED"
 
     def preempt(self, name: str) -> None:
         """Take a spot VM back as Compute Engine does: record a ``compute.instances.preempted`` operation (done,
@@ -1079,6 +1173,7 @@ class GceFake:
             )
         _check_nat_sections(body.get("nats") or [])
         url = f"https://www.googleapis.com/compute/v1/projects/{project}/global/networks/{network['name']}"
+        self._check_nat_subnetworks(region, url, body.get("nats") or [])
         if (region, name) in self.routers:
             raise HttpError(
                 409,
@@ -1165,6 +1260,231 @@ class GceFake:
             self.routers[(region, name)] = router
             return router
 
+    # -- subnetworks ----------------------------------------------------------------------------------
+
+    def _all_subnetworks(self, project: str = "rubberband-test") -> dict[tuple[str, str], dict[str, Any]]:
+        """The default network's own subnetworks (:data:`AUTO_SUBNETS`) and those created, by (region, name)."""
+        auto = {
+            (region, "default"): {
+                "kind": "compute#subnetwork",
+                "name": "default",
+                "network": f"https://www.googleapis.com/compute/v1/projects/{project}/global/networks/default",
+                "ipCidrRange": cidr,
+                "region": f"{self.url}/compute/v1/projects/{project}/regions/{region}",
+                "creationTimestamp": "2020-01-01T00:00:00.000+00:00",
+                "selfLink": f"{self.url}/compute/v1/projects/{project}/regions/{region}/subnetworks/default",
+                "_auto": True,
+            }
+            for region, cidr in AUTO_SUBNETS.items()
+        }
+        return {**auto, **self.subnetworks}
+
+    def _subnet_conflict(self, network_url: str, cidr: str) -> str | None:
+        """Why a new subnetwork of ``cidr`` in this network cannot be (the API's words), or None."""
+        import ipaddress
+
+        wanted = ipaddress.ip_network(cidr)
+        if network_url.endswith("/global/networks/default") and wanted.overlaps(ipaddress.ip_network(AUTO_MODE_RANGE)):
+            return f"Invalid IPCidrRange: {cidr} conflicts with the auto mode range {AUTO_MODE_RANGE} of network 'default'."
+        for (region, name), other in self._all_subnetworks().items():
+            if other["network"] == network_url and wanted.overlaps(ipaddress.ip_network(other["ipCidrRange"])):
+                return f"Invalid IPCidrRange: {cidr} conflicts with existing subnetwork '{name}' in region '{region}'."
+        for peered in self.peered_ranges:
+            if wanted.overlaps(ipaddress.ip_network(peered)):
+                return f"Invalid IPCidrRange: {cidr} conflicts with a subnetwork of a peered network ({peered})."
+        return None
+
+    def _subnet_insert(self, project: str, region: str, query: dict, body: dict) -> dict:
+        """subnetworks.insert as strict as the real API: known fields only, a name, a network of this project, the
+        request's region, a canonical IPv4 range of /8 to /29 that overlaps no subnetwork of the network (the default
+        network keeps 10.128.0.0/9 for its own) nor a peered network's."""
+        import ipaddress
+
+        self._check_region(project, region)
+        self._validate(body, "subnetwork")
+        name = body["name"]
+        if not _NAME.match(name):
+            raise HttpError(400, f"Invalid value for field 'resource.name': '{name}'.", "invalid")
+        if body.get("region") and str(body["region"]).rsplit("/", 1)[-1] != region:
+            raise HttpError(400, f"Invalid value for field 'resource.region': '{body['region']}'.", "invalid")
+        network = _NETWORK.match(str(body["network"]))
+        if network is None or (network["project"] and network["project"] != project):
+            raise HttpError(400, f"Invalid value for field 'resource.network': '{body['network']}'.", "invalid")
+        try:
+            cidr = ipaddress.ip_network(body["ipCidrRange"])
+        except ValueError:
+            cidr = None
+        if cidr is None or cidr.version != 4 or not 8 <= cidr.prefixlen <= 29:
+            raise HttpError(400, f"Invalid IPCidrRange: {body['ipCidrRange']} is not a valid IPv4 range.", "invalid")
+        url = f"https://www.googleapis.com/compute/v1/projects/{project}/global/networks/{network['name']}"
+        if (region, name) in self._all_subnetworks(project):
+            raise HttpError(
+                409,
+                f"The resource 'projects/{project}/regions/{region}/subnetworks/{name}' already exists",
+                "alreadyExists",
+            )
+        conflict = self._subnet_conflict(url, str(cidr))
+        if conflict:
+            raise HttpError(400, conflict, "invalid")
+        target = f"{self.url}/compute/v1/projects/{project}/regions/{region}/subnetworks/{name}"
+        self.subnetworks[(region, name)] = {
+            **json.loads(json.dumps(body)),
+            "kind": "compute#subnetwork",
+            "id": str(10**17 + len(self.subnetworks)),
+            "network": url,
+            "region": f"{self.url}/compute/v1/projects/{project}/regions/{region}",
+            "gatewayAddress": str(cidr.network_address + 1),
+            "creationTimestamp": _now(),
+            "selfLink": target,
+        }
+        return self._operation(_Scope(project, region=region), "insert", target)
+
+    def _subnet_find(self, project: str, region: str, name: str) -> dict[str, Any]:
+        self._check_region(project, region)
+        path = f"projects/{project}/regions/{region}/subnetworks/{name}"
+        return _existing(self._all_subnetworks(project), (region, name), path)
+
+    def _subnet_get(self, project: str, region: str, name: str, query: dict, body: dict) -> dict:
+        return _public(self._subnet_find(project, region, name))
+
+    def _subnet_list(self, project: str, region: str, query: dict, body: dict) -> dict:
+        self._check_region(project, region)
+        items = [_public(n) for (g, _), n in self._all_subnetworks(project).items() if g == region]
+        page, more = self._page(items, query)
+        return {"kind": "compute#subnetworkList", "items": page, **more}
+
+    def _subnet_aggregated(self, project: str, query: dict, body: dict) -> dict:
+        page, more = self._page(list(self._all_subnetworks(project).items()), query)
+        scoped: dict[str, Any] = {}
+        for (region, _), subnet in page:
+            scoped.setdefault(f"regions/{region}", {"subnetworks": []})["subnetworks"].append(_public(subnet))
+        return {"kind": "compute#subnetworkAggregatedList", "items": scoped, **more}
+
+    def _subnet_users(self, region: str, name: str) -> list[str]:
+        """What uses a subnetwork: the VMs with an interface in it and the routers whose NAT names it."""
+        users = [
+            i["selfLink"]
+            for (zone, _), i in self.instances.items()
+            if zone.rsplit("-", 1)[0] == region
+            and any(_subnet_key(nic.get("subnetwork", "")) == (region, name) for nic in i.get("networkInterfaces", []))
+        ]
+        users += [
+            r["selfLink"]
+            for (g, _), r in self.routers.items()
+            if g == region
+            and any(
+                _subnet_key(sn.get("name", "")) == (region, name)
+                for n in r.get("nats") or []
+                for sn in n.get("subnetworks") or []
+            )
+        ]
+        return users
+
+    def _subnet_delete(self, project: str, region: str, name: str, query: dict, body: dict) -> dict:
+        subnet = self._subnet_find(project, region, name)
+        if subnet.get("_auto"):
+            raise HttpError(400, f"The subnetwork '{name}' of an auto mode network cannot be deleted.", "invalid")
+        users = self._subnet_users(region, name)
+        if users:
+            raise HttpError(
+                400,
+                f"The subnetwork resource '{subnet['selfLink']}' is already being used by '{users[0]}'",
+                "resourceInUseByAnotherResource",
+            )
+
+        def deleted() -> None:
+            if self.subnetworks.get((region, name)) is subnet:
+                del self.subnetworks[(region, name)]
+
+        return self._operation(_Scope(project, region=region), "delete", subnet["selfLink"], effect=deleted)
+
+    def _nic_subnetwork(self, project: str, zone: str, nic: dict[str, Any]) -> dict[str, Any]:
+        """The subnetwork a new VM's interface goes into: the one it names (which must exist in the VM's region and
+        network), else the network's own in that region (an auto mode network's)."""
+        region = zone.rsplit("-", 1)[0]
+        network = _NETWORK.match(str(nic.get("network", "global/networks/default")))
+        key = _subnet_key(nic["subnetwork"]) if nic.get("subnetwork") else (region, network["name"] if network else "")
+        subnet = self._all_subnetworks(project).get(key) if key else None
+        if subnet is None or key[0] != region or (network and not subnet["network"].endswith(f"/{network['name']}")):
+            raise HttpError(
+                400,
+                f"Invalid value for field 'resource.networkInterfaces[0].subnetwork': "
+                f"'{nic.get('subnetwork', '')}'. The referenced subnetwork resource cannot be found in {region}.",
+                "invalid",
+            )
+        return subnet
+
+    def _check_nat_subnetworks(self, region: str, network_url: str, nats: list[dict[str, Any]]) -> None:
+        """The subnetworks a NAT of chosen subnetworks names exist in its region and network, say which ranges, and
+        are served by no other NAT (as on Compute Engine)."""
+        served = {
+            _subnet_key(sn.get("name", ""))
+            for (g, _), r in self.routers.items()
+            if g == region
+            for n in r.get("nats") or []
+            for sn in n.get("subnetworks") or []
+        }
+        for index, nat in enumerate(nats):
+            for entry in nat.get("subnetworks") or []:
+                key = _subnet_key(entry.get("name", ""))
+                subnet = self._all_subnetworks().get(key) if key else None
+                if subnet is None or key[0] != region or subnet["network"] != network_url:
+                    raise HttpError(
+                        400,
+                        f"Invalid value for field 'resource.nats[{index}].subnetworks': '{entry.get('name')}'. "
+                        f"The subnetwork must exist in region {region} and the router's network.",
+                        "invalid",
+                    )
+                if not entry.get("sourceIpRangesToNat"):
+                    raise HttpError(
+                        400,
+                        f"Invalid value for field 'resource.nats[{index}].subnetworks[0].sourceIpRangesToNat': ''. "
+                        f"Required field not specified",
+                        "required",
+                    )
+                if key in served:
+                    raise HttpError(
+                        400, f"The subnetwork {entry['name']} is already served by another NAT in {region}.", "invalid"
+                    )
+
+    def add_subnetwork(self, region: str, name: str, cidr: str, *, description: str = "") -> dict[str, Any]:
+        """A subnetwork that is there already (the user's own) in the default network."""
+        with self._lock:
+            subnet = {
+                "kind": "compute#subnetwork",
+                "id": str(10**18 + len(self.subnetworks)),
+                "name": name,
+                "description": description,
+                "network": "https://www.googleapis.com/compute/v1/projects/rubberband-test/global/networks/default",
+                "ipCidrRange": cidr,
+                "region": f"{self.url}/compute/v1/projects/rubberband-test/regions/{region}",
+                "creationTimestamp": "2020-01-01T00:00:00.000+00:00",
+                "selfLink": f"{self.url}/compute/v1/projects/rubberband-test/regions/{region}/subnetworks/{name}",
+            }
+            self.subnetworks[(region, name)] = subnet
+            return subnet
+
+    def nat_serves(self, name: str) -> bool:
+        """Whether a VM without an external address reaches the internet through a Cloud NAT: one of its region and
+        network serving every subnetwork, or naming the VM's subnetwork."""
+        with self._lock:
+            ((zone, vm),) = [(z, i) for (z, n), i in self.instances.items() if n == name]
+            region = zone.rsplit("-", 1)[0]
+            nic = vm["networkInterfaces"][0]
+            if nic.get("accessConfigs"):
+                return False  # its own external address, no NAT
+            network = _NETWORK.match(str(nic.get("network", "global/networks/default")))
+            key = _subnet_key(nic["subnetwork"])
+            for (g, _), router in self.routers.items():
+                if g != region or not network or not router["network"].endswith(f"/global/networks/{network['name']}"):
+                    continue
+                for nat in router.get("nats") or []:
+                    if nat["sourceSubnetworkIpRangesToNat"] in _NAT_SOURCES[:2]:
+                        return True
+                    if any(_subnet_key(sn.get("name", "")) == key for sn in nat.get("subnetworks") or []):
+                        return True
+            return False
+
     # -- disks --------------------------------------------------------------------------------------
 
     def add_disk(self, zone: str, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -1226,16 +1546,18 @@ class GceFake:
         held = self.caller_permissions
         return {"permissions": [p for p in wanted if held is None or p in held]}
 
-    def add_service_account(self, email: str, permissions: list[str]) -> None:
-        """A service account bound (at project level) to one custom role granting ``permissions`` (replacing any
-        earlier binding of it)."""
+    def add_service_account(self, email: str, permissions: list[str], *, bound: bool = False) -> None:
+        """A service account and the head's custom role (``rubberbandHead``) granting ``permissions`` (replacing
+        any earlier one); ``bound``: the role also bound to the account for the whole project, without a condition
+        (the one-time binding earlier rubberbands asked for)."""
         with self._lock:
             self.service_accounts.add(email)
-            role = f"projects/rubberband-test/roles/head_{len(self.roles)}"
+            role = "projects/rubberband-test/roles/rubberbandHead"
             self.roles[role] = list(permissions)
             member = f"serviceAccount:{email}"
-            self.iam_bindings = [b for b in self.iam_bindings if member not in b["members"]]
-            self.iam_bindings.append({"role": role, "members": [member]})
+            if bound:
+                self.iam_bindings.append({"role": role, "members": [member]})
+                self.iam_version += 1
 
     def _sa_get(self, project: str, email: str, query: dict, body: dict) -> dict:
         if email not in self.service_accounts:
@@ -1246,13 +1568,149 @@ class GceFake:
         self._sa_get(project, email, query, body)
         return {"permissions": [p for p in body.get("permissions", []) if self.act_as]}
 
+    def _etag(self) -> str:
+        return base64.b64encode(f"policy-{self.iam_version}".encode()).decode()
+
     def _get_iam_policy(self, project: str, query: dict, body: dict) -> dict:
-        return {"version": 1, "etag": "BwX=", "bindings": self.iam_bindings}
+        """projects.getIamPolicy: conditional bindings only at the requested version 3; at an older one, as IAM
+        does, under a made-up role name (``..._withcond_<hash>``) and without their condition."""
+        if "getIamPolicy" in self.iam_forbidden:
+            raise HttpError(
+                403,
+                f"The caller does not have permission resourcemanager.projects.getIamPolicy on {project}",
+                "forbidden",
+            )
+        version = int((body.get("options") or {}).get("requestedPolicyVersion") or 1)
+        bindings = json.loads(json.dumps(self.iam_bindings))
+        conditional = any(b.get("condition") for b in bindings)
+        if conditional and version < 3:
+            for b in bindings:
+                if b.pop("condition", None) is not None:
+                    b["role"] += f"_withcond_{uuid.uuid5(uuid.NAMESPACE_OID, json.dumps(b)).hex[:20]}"
+        return {"version": 3 if conditional and version >= 3 else 1, "etag": self._etag(), "bindings": bindings}
+
+    def _set_iam_policy(self, project: str, query: dict, body: dict) -> dict:
+        """projects.setIamPolicy as strict as the real API: the etag read must still be the policy's (HTTP 409
+        ABORTED when another writer came in between), conditions need version 3 and a title and an expression, roles
+        must exist (custom ones in this project) and service accounts too."""
+        if "setIamPolicy" in self.iam_forbidden:
+            raise HttpError(
+                403,
+                f"The caller does not have permission resourcemanager.projects.setIamPolicy on {project}",
+                "forbidden",
+            )
+        policy = body.get("policy") or {}
+        if self.iam_races > 0:
+            self.iam_races -= 1
+            self.iam_version += 1  # another writer, just now
+        if policy.get("etag") and policy["etag"] != self._etag():
+            raise HttpError(409, "There were concurrent policy changes. Please retry the whole read-modify-write.", "")
+        bindings = policy.get("bindings") or []
+        for binding in bindings:
+            condition = binding.get("condition")
+            if condition is not None:
+                if int(policy.get("version") or 1) < 3:
+                    raise HttpError(400, "Policies with conditions must be version 3.", "badRequest")
+                if not condition.get("title") or not condition.get("expression"):
+                    raise HttpError(400, "A condition needs a title and an expression.", "badRequest")
+                expression = condition["expression"]
+                if expression.count("(") != expression.count(")") or expression.count('"') % 2:
+                    raise HttpError(400, f"Condition expression is malformed: {expression[:80]}", "badRequest")
+            role = binding.get("role", "")
+            if role.startswith("projects/") and role not in self.roles:
+                raise HttpError(400, f"Role ({role}) does not exist in the resource's hierarchy.", "badRequest")
+            for member in binding.get("members") or []:
+                if member.startswith("serviceAccount:") and member.split(":", 1)[1] not in self.service_accounts:
+                    raise HttpError(400, f"Service account {member.split(':', 1)[1]} does not exist.", "badRequest")
+        self.iam_bindings = json.loads(json.dumps(bindings))
+        self.iam_version += 1
+        return self._get_iam_policy(project, query, {"options": {"requestedPolicyVersion": 3}})
+
+    def run_bindings(self) -> dict[str, dict[str, Any]]:
+        """The bindings rubberband made for runs, by their condition's title."""
+        with self._lock:
+            return {b["condition"]["title"]: b for b in self.iam_bindings if (b.get("condition") or {}).get("title")}
 
     def _role_get(self, role: str, query: dict, body: dict) -> dict:
         if role not in self.roles:
             raise HttpError(404, f"The role named {role} was not found", "notFound")
         return {"name": role, "includedPermissions": self.roles[role]}
+
+
+class GceMetadata:
+    """The metadata server of one VM of the fake (stdlib HTTP; ``url`` once started), as a VM sees it: every request
+    needs ``Metadata-Flavor: Google`` (403 without); it serves the VM's name, its zone (``projects/NUMBER/zones/Z``)
+    and the project's id, and an access token of the VM's service account — 404 for a VM without one (workers). A
+    token it hands out is one the fake then accepts for that account (:meth:`GceFake.authorize`)."""
+
+    def __init__(self, fake: GceFake, name: str) -> None:
+        self.fake, self.name = fake, name
+        self.requests: list[str] = []
+        self._server: ThreadingHTTPServer | None = None
+        self.url = ""
+
+    def answer(self, path: str, flavor: str | None) -> tuple[int, str]:
+        """(HTTP status, body) of one metadata request of the VM."""
+        self.requests.append(path)
+        if flavor != "Google":
+            return 403, "Missing Metadata-Flavor:Google header."
+        with self.fake._lock:
+            found = [(z, i) for (z, n), i in self.fake.instances.items() if n == self.name]
+        if not found:
+            return 404, "not found"
+        zone, instance = found[0]
+        accounts = instance.get("serviceAccounts") or []
+        if path == "/computeMetadata/v1/instance/service-accounts/default/token" and accounts:
+            token = f"ya29.fake-{uuid.uuid4().hex}"
+            with self.fake._lock:
+                self.fake.tokens[token] = accounts[0]["email"]
+            return 200, json.dumps({"access_token": token, "expires_in": 3599, "token_type": "Bearer"})
+        values = {
+            "/computeMetadata/v1/instance/name": self.name,
+            "/computeMetadata/v1/instance/zone": f"projects/123456789012/zones/{zone}",
+            "/computeMetadata/v1/project/project-id": "rubberband-test",
+        }
+        return (200, values[path]) if path in values else (404, "not found")
+
+    def start(self) -> "GceMetadata":
+        metadata = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                status, body = metadata.answer(urlparse(self.path).path, self.headers.get("Metadata-Flavor"))
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def _subnet_key(reference: str) -> tuple[str, str] | None:
+    """(region, name) of a subnetwork reference (a full or partial URL), or None."""
+    match = _SUBNETWORK.match(reference)
+    return (match["region"], match["name"]) if match else None
+
+
+def _address_in(cidr: str, index: int) -> str:
+    """The ``index``-th VM address of a subnetwork's range (its first two are the network's and the gateway's)."""
+    import ipaddress
+
+    network = ipaddress.ip_network(cidr)
+    return str(network.network_address + 2 + index % (network.num_addresses - 4))
 
 
 def _backend_error() -> dict[str, Any]:
@@ -1270,6 +1728,7 @@ def _now() -> str:
 
 
 def _public(op: dict[str, Any]) -> dict[str, Any]:
+    """A stored resource or operation as the API shows it: without the fake's own ``_`` keys."""
     return {k: v for k, v in op.items() if not k.startswith("_")}
 
 

@@ -475,6 +475,9 @@ def small_gcp_job(tmp_path: Path, gce_fake) -> tuple[Path, Path, dict[str, str]]
     env.update(
         {"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_SERVICE_ACCOUNT": GCP_HEAD_SA}
     )  # head mode on GCP needs one; --head local ignores it
+    from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
+
+    gce_fake.add_service_account(GCP_HEAD_SA, list(GCP_HEAD_PERMISSIONS))  # and its role, which the CLI binds per run
     return spec, plan, env
 
 

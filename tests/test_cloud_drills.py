@@ -1,7 +1,7 @@
 """Fault drills (tests/drills.py; the whole matrix is bench/bench_drills.py): the CLI, the executor, the head machine
 or the watchdog killed at one call of each phase of a run, or 5 % of API calls failing; after each drill and a
 `down --all-orphans`, nothing rubberband created is left, and the user's look-alike resources and a live run are
-spared (routers counted: the GCP workers' Cloud NAT). moto server and the GCE fake; no Ray. (No drill has found a leak past `down`; these keep it so.)"""
+spared (routers counted: the GCP workers' Cloud NAT and subnetwork; identities: the GCP head role's run bindings). moto server and the GCE fake; no Ray. (No drill has found a leak past `down`; these keep it so.)"""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def test_gcp_every_role_killed_at_every_step_leaves_nothing_after_down(gcp_world
     outcomes = [drills.run_drill(gcp_world, kill=kill) for kill in kills]
     assert any(sum(o.before.values()) for o in outcomes), "some kill leaves resources that only the sweep ends"
     assert any(o.before["routers"] for o in outcomes), "some kill leaves the workers' Cloud NAT to the sweep"
+    assert any(o.before["identities"] for o in outcomes), "some kill leaves the head role's run binding to the sweep"
     _check(gcp_world, outcomes)
 
 

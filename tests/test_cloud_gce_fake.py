@@ -115,8 +115,10 @@ def test_the_client_follows_pages_and_waits_for_slow_operations(gce_fake):
         "firewall/rubberband-run-p-internal",
         "firewall/rubberband-run-p-ssh",
         "router/rubberband-run-p-nat",
+        "subnetwork/rubberband-run-p-workers",
     ]
-    assert not gce_fake.firewalls and not gce_fake.routers and provider.leftover_runs() == []
+    assert not gce_fake.firewalls and not gce_fake.routers and not gce_fake.subnetworks
+    assert provider.leftover_runs() == []
 
 
 def test_a_stockout_in_a_slow_operation_surfaces_when_it_is_done(gce_fake):
@@ -205,3 +207,81 @@ def test_routers_are_refused_and_served_as_the_api_does(gce_fake):
     _call(gce_fake, "POST", f"{REGION_URL}/operations/{op['name']}/wait")
     assert _call(gce_fake, "GET", f"{REGION_URL}/routers/r1")[0] == 404
     assert _call(gce_fake, "DELETE", f"{REGION_URL}/routers/r1")[0] == 404
+
+
+def _subnet(name: str, cidr: str, **extra) -> dict:
+    return {"name": name, "network": "global/networks/default", "ipCidrRange": cidr, **extra}
+
+
+def _nat_of(name: str, *subnetworks: str) -> dict:
+    nat = {
+        "name": name,
+        "sourceSubnetworkIpRangesToNat": "LIST_OF_SUBNETWORKS",
+        "natIpAllocateOption": "AUTO_ONLY",
+        "subnetworks": [{"name": s, "sourceIpRangesToNat": ["ALL_IP_RANGES"]} for s in subnetworks],
+    }
+    return {"name": name, "network": "global/networks/default", "nats": [nat]}
+
+
+def test_subnetworks_are_refused_and_served_as_the_api_does(gce_fake):
+    """subnetworks.insert refuses unknown fields, a missing range, a range that is no canonical IPv4 network of /8 to
+    /29, one overlapping a subnetwork of the network in any region (the default network's own included, and the
+    10.128.0.0/9 it keeps for them) or a peered network's; a VM's interface must name a subnetwork of its region and
+    network and takes its address from it; a NAT of chosen subnetworks must name existing ones, say which ranges and
+    share none with another NAT; a subnetwork in use by a VM or a NAT, or an auto mode network's own, is not
+    deleted."""
+    url = f"{REGION_URL}/subnetworks"
+    _refused(gce_fake, _subnet("s1", "10.64.0.0/20", labels={"a": "b"}), 'Unknown name "labels"', url)
+    _refused(gce_fake, {"name": "s1", "network": "global/networks/default"}, "resource.ipCidrRange", url)
+    _refused(gce_fake, _subnet("s1", "10.64.0.1/20"), "not a valid IPv4 range", url)
+    _refused(gce_fake, _subnet("s1", "10.64.0.0/30"), "not a valid IPv4 range", url)
+    _refused(gce_fake, _subnet("s1", "10.130.0.0/20"), "auto mode range", url)
+    gce_fake.add_subnetwork("us-east1", "mine", "10.64.0.0/16")
+    _refused(gce_fake, _subnet("s1", "10.64.16.0/20"), "conflicts with existing subnetwork 'mine'", url)
+    gce_fake.peered_ranges = ["10.65.0.0/16"]
+    _refused(gce_fake, _subnet("s1", "10.65.0.0/20"), "peered network", url)
+    assert len(gce_fake.rejected) == 7 and list(gce_fake.subnetworks) == [("us-east1", "mine")]
+    gce_fake.rejected.clear()
+    status, op = _call(gce_fake, "POST", url, _subnet("s1", "10.66.0.0/20"))
+    assert status == 200 and op["region"].endswith("/regions/us-central1")
+    assert _call(gce_fake, "POST", url, _subnet("s1", "10.67.0.0/20"))[0] == 409
+    status, every = _call(gce_fake, "GET", "/compute/v1/projects/rubberband-test/aggregated/subnetworks?maxResults=500")
+    names = {(scope, n["name"]) for scope, scoped in every["items"].items() for n in scoped["subnetworks"]}
+    assert {("regions/us-central1", "default"), ("regions/us-central1", "s1"), ("regions/us-east1", "mine")} <= names
+
+    vm = {
+        "name": "vm-1",
+        "machineType": "zones/us-central1-a/machineTypes/n1-standard-8",
+        "disks": [{"boot": True, "autoDelete": True, "initializeParams": {"sourceImage": "x"}}],
+        "networkInterfaces": [
+            {"network": "global/networks/default", "subnetwork": "regions/us-east1/subnetworks/mine"}
+        ],
+    }
+    _refused(gce_fake, vm, "cannot be found in us-central1", f"{ZONE_URL}/instances")  # another region's
+    vm["networkInterfaces"][0]["subnetwork"] = "regions/us-central1/subnetworks/s1"
+    assert _call(gce_fake, "POST", f"{ZONE_URL}/instances", vm)[0] == 200
+    nic = gce_fake.instances[("us-central1-a", "vm-1")]["networkInterfaces"][0]
+    assert nic["networkIP"].startswith("10.66.") and nic["subnetwork"].endswith("/subnetworks/s1")
+    routers = f"{REGION_URL}/routers"
+    _refused(gce_fake, _nat_of("n1", "regions/us-central1/subnetworks/nope"), "must exist", routers)
+    no_ranges = _nat_of("n1", "regions/us-central1/subnetworks/s1")
+    del no_ranges["nats"][0]["subnetworks"][0]["sourceIpRangesToNat"]
+    _refused(gce_fake, no_ranges, "sourceIpRangesToNat", routers)
+    assert _call(gce_fake, "POST", routers, _nat_of("n1", "regions/us-central1/subnetworks/s1"))[0] == 200
+    _refused(gce_fake, _nat_of("n2", "regions/us-central1/subnetworks/s1"), "already served", routers)
+    assert _call(gce_fake, "POST", routers, _nat_of("n3", "regions/us-central1/subnetworks/default"))[0] == 200
+    assert gce_fake.nat_serves("vm-1")
+    status, answer = _call(gce_fake, "DELETE", f"{url}/s1")
+    assert status == 400 and "instances/vm-1" in answer["error"]["message"]  # the VM first
+    _call(gce_fake, "DELETE", f"{ZONE_URL}/instances/vm-1")
+    _call(gce_fake, "GET", f"{ZONE_URL}/instances")  # the delete lands
+    time.sleep(0.1)
+    status, answer = _call(gce_fake, "DELETE", f"{url}/s1")
+    assert status == 400 and "routers/n1" in answer["error"]["message"]  # then the NAT that names it
+    op = _call(gce_fake, "DELETE", f"{routers}/n1")[1]
+    _call(gce_fake, "POST", f"{REGION_URL}/operations/{op['name']}/wait")
+    op = _call(gce_fake, "DELETE", f"{url}/s1")[1]
+    _call(gce_fake, "POST", f"{REGION_URL}/operations/{op['name']}/wait")
+    assert _call(gce_fake, "GET", f"{url}/s1")[0] == 404
+    assert _call(gce_fake, "DELETE", f"{url}/default")[0] == 400  # the auto mode network's own
+    gce_fake.rejected.clear()

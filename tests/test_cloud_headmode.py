@@ -291,7 +291,7 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     played by a local Ray head), n1-standard-8+V100x1 workers join it; the CLI streams the run to its end, fetches
     the run directory (report works locally) and deletes the head, every worker, the run's firewall rules and the
     Cloud NAT its private workers went out through (the default)."""
-    from rubberband.cloud.gcp import owner_marker, router_name
+    from rubberband.cloud.gcp import owner_marker, router_name, subnet_name
 
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)  # for end_run below, should the run fail
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)
@@ -331,7 +331,9 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     assert head["labels"]["rubberband-run-id"] == record.cloud_run_id
     # the head acts with the service account named (RUBBERBAND_SERVICE_ACCOUNT), the workers with none
     assert [a["email"] for a in head["serviceAccounts"]] == [env["RUBBERBAND_SERVICE_ACCOUNT"]]
-    assert record.identity == env["RUBBERBAND_SERVICE_ACCOUNT"] and not record.identity_created
+    # its role bound for this run alone, and the binding gone with the run
+    assert record.identity == env["RUBBERBAND_SERVICE_ACCOUNT"] and record.identity_created
+    assert any(r.endswith(":setIamPolicy") for r in gce_fake.requests) and gce_fake.run_bindings() == {}
     assert all("serviceAccounts" not in b for b in inserted.values())
     # the run's token (64 hex digits) is in no VM's metadata: the head has it over SSH, the workers from the head;
     # the CLI forgot its own copy once the cluster was gone
@@ -342,21 +344,25 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
         assert "RAY_AUTH_MODE=token" in script and not hex64.search(json.dumps(body))
     assert inserted and {b["machineType"].rsplit("/", 1)[-1] for b in inserted.values()} == {"n1-standard-8"}
     assert all(b["labels"]["rubberband-role"] == "worker" for b in inserted.values())
-    # only the head has an external address (its SSH); the workers none: they go out through the run's own Cloud
-    # NAT, made by the CLI before the head (and marked as the run's), there at every worker's insert
+    # only the head has an external address (its SSH); the workers none: they go into the run's own subnetwork and
+    # out through the run's own Cloud NAT of that subnetwork alone, made by the CLI before the head (and marked as the
+    # run's), there at every worker's insert
     assert head["networkInterfaces"][0]["accessConfigs"]
     assert all(not b["networkInterfaces"][0].get("accessConfigs") for b in inserted.values())
+    subnet = f"regions/us-central1/subnetworks/{subnet_name(record.cloud_run_id)}"
+    assert all(b["networkInterfaces"][0]["subnetwork"] == subnet for b in inserted.values())
     for name in (record.instance_id, *inserted):
         (router,) = routers_at_insert[name]
         assert router["name"] == router_name(record.cloud_run_id)
         assert router["description"].endswith(owner_marker(record.cloud_run_id))
-        assert router["nats"][0]["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
+        assert router["nats"][0]["sourceSubnetworkIpRangesToNat"] == "LIST_OF_SUBNETWORKS"
+        assert [n["name"].endswith(subnet) for n in router["nats"][0]["subnetworks"]] == [True]
     assert record.worker_egress == "nat"
     assert_fetched_run(cli, run_dir, tmp_path / "report.html", env)
     requested = [e for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == J.INSTANCE_REQUESTED]
     assert {e["id"] for e in requested} == set(inserted)  # the head's executor provisioned the workers
     assert all(e["instance_type"] == "n1-standard-8+V100x1" and e["cloud"] == "gcp" for e in requested)
-    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers
+    assert not gce_fake.instances and not gce_fake.firewalls and not gce_fake.routers and not gce_fake.subnetworks
     assert_played_head_gone(record.instance_id)
 
 
@@ -574,8 +580,12 @@ def test_the_image_the_user_chose_boots_the_workers_the_head_starts(tmp_path, mo
 
 def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path, gce_fake, monkeypatch):
     """The head path on GCP against the GCE fake: an e2-standard-2 head labelled role=head in the zone of the
-    first stage, recorded in head.json; end_run deletes it and the run's firewall rules."""
+    first stage, its role bound for the run alone, recorded in head.json; end_run deletes it, the run's firewall
+    rules and the binding."""
+    from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
+
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
+    gce_fake.add_service_account(HEAD_SA, list(GCP_HEAD_PERMISSIONS))
     load_spec(cloud_job(tmp_path, ["gcp"], trials=3, eta=3, min_epochs=1, max_epochs=3))
     plan = load_plan(
         cloud_plan(
@@ -606,9 +616,10 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
         assert "--dashboard-port=8265" in script and "rubberband==" not in script  # rubberband comes with the jobs
         assert "install-nvidia-driver" not in {m["key"] for m in vm["metadata"]["items"]}  # a CPU head
         assert "RUBBERBAND_RUN_ROOT" in script
+        assert list(gce_fake.run_bindings()) == ["rubberband-run-gcp-head-run"] and record.identity_created
     finally:
         assert end_run(record, test_boot=None) == 1
-    assert not gce_fake.instances and not gce_fake.firewalls
+    assert not gce_fake.instances and not gce_fake.firewalls and gce_fake.run_bindings() == {}
 
 
 class _FlakyJobServer:

@@ -449,23 +449,6 @@ def test_the_head_may_make_and_delete_the_workers_nat_and_nothing_more_of_router
     assert not [p for p in GCP_HEAD_PERMISSIONS if p.startswith("compute.addresses.")]
 
 
-def test_the_gcp_condition_names_every_kind_rubberband_creates_by_its_prefix():
-    """The head's binding condition: VMs and disks only `rb-…`, firewall rules and the workers' Cloud Router only
-    `rubberband-…`, and the prefixes are the ones the provider really names them with."""
-    from rubberband.cloud.gcp import firewall_name, router_name
-    from rubberband.cloud.identity import GCP_HEAD_CONDITION, GCP_NAME_PREFIXES
-
-    assert 'resource.name.extract("/instances/{name}").startsWith("rb-")' in GCP_HEAD_CONDITION
-    assert 'resource.name.extract("/firewalls/{name}").startsWith("rubberband-")' in GCP_HEAD_CONDITION
-    assert (
-        'resource.type == "compute.googleapis.com/Router" && resource.name.extract("/routers/{name}")'
-        '.startsWith("rubberband-")' in GCP_HEAD_CONDITION
-    )
-    assert firewall_name("x").startswith(GCP_NAME_PREFIXES["Firewall"][1])
-    assert router_name("x").startswith(GCP_NAME_PREFIXES["Router"][1])
-    assert GCP_HEAD_CONDITION.count("(") == GCP_HEAD_CONDITION.count(")")
-
-
 @pytest.mark.e2e
 def test_down_all_orphans_deletes_head_roles_whose_run_left_nothing(cli, tmp_path, moto_env):
     """A detached run whose head ended itself leaves its role behind (the head cannot delete the role it acts

@@ -240,9 +240,9 @@ def test_gcp_sweep_ends_dead_runs_and_spares_live_runs_and_look_alikes(gce_fake,
 
 
 def test_gcp_sweep_deletes_a_leaked_nat_of_a_run_without_vms_and_only_it(gce_fake, monkeypatch):
-    """A CLI killed right after it made the run's Cloud NAT (before the head existed) leaves a router and nothing
-    else: the sweep deletes it once it is older than the threshold (found by its marker, in any region), never a
-    young one of a run being started, nor the user's router named like it."""
+    """A CLI killed right after it made the run's Cloud NAT (before the head existed) leaves a router and a
+    subnetwork and nothing else: the sweep deletes them once they are older than the threshold (found by their marker,
+    in any region), never young ones of a run being started, nor the user's router named like it."""
     from rubberband.cloud.gcp import router_name
 
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
@@ -252,8 +252,9 @@ def test_gcp_sweep_deletes_a_leaked_nat_of_a_run_without_vms_and_only_it(gce_fak
     gce_fake.add_router("us-central1", router_name("run-yours"), description="rubberband-looking, yours")
     assert down_orphans("gcp", ["us-central1"], HOUR) == 0  # young: a run being started keeps it
     assert len(gce_fake.routers) == 3
+    assert len(gce_fake.subnetworks) == 2  # the run's subnetworks of its workers, in both regions
     assert down_orphans("gcp", ["us-central1"], HOUR, now=time.time() + 2 * HOUR) == 0  # no instance: 0 ended
-    assert list(gce_fake.routers) == [("us-central1", router_name("run-yours"))]
+    assert list(gce_fake.routers) == [("us-central1", router_name("run-yours"))] and not gce_fake.subnetworks
 
 
 def test_gcp_never_reuses_nor_deletes_a_look_alike_firewall_rule(gce_fake):

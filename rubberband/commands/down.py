@@ -7,8 +7,8 @@ instances, security group and firewall rules — and sweep a cloud for orphaned 
   of that cloud).
 * ``rubberband down --all-orphans --cloud aws|gcp [--older-than 1h] [--region R ...]``:
   :func:`teardown.find_orphans` + :func:`teardown.terminate_instances` + :func:`teardown.cleanup_leftovers`
-  + the head roles of runs with nothing left — decided from the cloud's tags, launch times and the runs'
-  heartbeats (cloud/heartbeat.py), never from local files.
+  + the head roles (GCP: the head role's run bindings) of runs with nothing left — decided from the cloud's
+  tags, launch times and the runs' heartbeats (cloud/heartbeat.py), never from local files.
 """
 
 from __future__ import annotations
@@ -129,9 +129,8 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
         identity = delete_run_identity(cloud, run_id)  # the head's role / profile made for the run (by its tag)
     except CloudError as exc:
         identity = []
-        _echo(
-            f"could not look for run {run_id}'s head role ({exc.message}); delete role/rb-{run_id} by hand if it exists"
-        )
+        made = f"role/rb-{run_id}" if cloud == "aws" else f"the IAM binding titled rubberband-run-{run_id}"
+        _echo(f"could not look for run {run_id}'s head role ({exc.message}); delete {made} by hand if it exists")
     for resource in identity:
         deleted += 1
         _echo(f"deleted {cloud} {resource} (run {run_id})")
@@ -179,9 +178,28 @@ def down_orphans(cloud: str, regions: list[str] | None, older_than_s: float, *, 
             for resource in identities.delete(run_id):
                 deleted += 1
                 _echo(f"deleted {cloud} {resource} (run {run_id})")
+    if cloud == "gcp":  # the head role's bindings of runs with no instance left (the project's whole policy)
+        deleted += _unbind_leftover_runs(live, older_than_s, now)
     if not terminated and not deleted:
         _echo(f"no orphaned rubberband resources on {cloud} older than {older_than_s:g} s")
     return terminated
+
+
+def _unbind_leftover_runs(live: set[str], older_than_s: float, now: float) -> int:
+    """GCP: remove the head role's binding of each run with no instance left, bound ``older_than_s`` ago; how many."""
+    from rubberband.cloud.identity import GcpIdentities
+    from rubberband.errors import CloudError
+
+    identities = GcpIdentities()
+    removed = 0
+    try:
+        for run_id in identities.leftover_runs(live, older_than_s=older_than_s, now=now):
+            for resource in identities.unbind_run(run_id):
+                removed += 1
+                _echo(f"deleted gcp {resource} (run {run_id})")
+    except CloudError as exc:  # the VMs and run resources went already; say what was not swept
+        _echo(f"could not sweep the head role's run bindings ({exc.message}); remove rubberband-run-* ones by hand")
+    return removed
 
 
 def down_local(run: str) -> None:

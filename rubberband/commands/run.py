@@ -616,8 +616,8 @@ def register(app: typer.Typer) -> None:
             metavar="nat|existing|public",
             help="Head mode "
             "on GCP: how workers, which have no external address, reach the internet "
-            "for their boot-time installs: 'nat' (default: the run's own Cloud NAT, "
-            "deleted with it), 'existing' (your network's Cloud NAT or proxy) or "
+            "for their boot-time installs: 'nat' (default: the run's own subnetwork and a Cloud NAT of it "
+            "alone, deleted with it), 'existing' (your network's Cloud NAT or proxy) or "
             "'public' (each worker gets an external address; nothing gets in).",
         ),
         instance_profile: str = typer.Option(
