@@ -298,7 +298,7 @@ def runtime_requirements() -> tuple[str, ...]:
         declared = requires(DIST_NAME) or []
     except PackageNotFoundError:
         return ()
-    names = [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in declared if "extra ==" not in r]
+    names = [m.group(0) for r in declared if "extra ==" not in r and (m := re.match(r"[A-Za-z0-9_.-]+", r))]
     names += [n for n in OPTIONAL_PINNED if _installed(n)]
     pins = []
     for name in dict.fromkeys(names):

@@ -41,6 +41,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 import dataclasses
 import hashlib
 import ipaddress
@@ -167,8 +169,10 @@ SUBNET_TRIES = 4
 def free_blocks(run_id: str, taken: Iterable[str], pool: str = SUBNET_POOL) -> Iterator[str]:
     """The /:data:`SUBNET_PREFIX` blocks of ``pool`` that overlap none of the ``taken`` ranges, starting at one drawn
     from the run id (runs starting at once seldom try the same block) and wrapping around."""
-    blocks = list(ipaddress.ip_network(pool).subnets(new_prefix=SUBNET_PREFIX))
-    used = [ipaddress.ip_network(t, strict=False) for t in taken]
+    blocks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = list(
+        ipaddress.ip_network(pool).subnets(new_prefix=SUBNET_PREFIX)
+    )
+    used: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = [ipaddress.ip_network(t, strict=False) for t in taken]
     start = int(hashlib.sha256(run_id.encode()).hexdigest(), 16) % len(blocks)
     for block in blocks[start:] + blocks[:start]:
         if not any(block.overlaps(u) for u in used if u.version == block.version):  # type: ignore[arg-type]
@@ -879,7 +883,9 @@ class GcpProvider:
             return ""
         try:
             output = self.instances.get_serial_port_output(
-                project=self.project, zone=zone, instance=instance_id, port=1
+                request=compute_v1.GetSerialPortOutputInstanceRequest(
+                    project=self.project, zone=zone, instance=instance_id, port=1
+                )
             )
         except Exception:  # noqa: BLE001 - best effort: an error message must not hide the original one
             return ""
@@ -922,7 +928,7 @@ class GcpProvider:
                 time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
         return [ready[name] for name in instance_ids]
 
-    def list(self, run_id: str | None = None) -> list[Instance]:
+    def list(self, run_id: str | None = None) -> builtins.list[Instance]:
         terms = [f'(labels.{TAG_MANAGED} = "true")']
         if run_id is not None:
             terms.append(f'(labels.{TAG_RUN_ID} = "{run_id}")')
@@ -931,7 +937,7 @@ class GcpProvider:
                 request=compute_v1.AggregatedListInstancesRequest(project=self.project, filter=" AND ".join(terms))
             )
         )
-        found = []
+        found: builtins.list[Instance] = []
         stopped_spot: dict[str, list[int]] = {}  # zone -> indices into found
         for scope, scoped in pager:
             zone = scope.rsplit("/", 1)[-1]
@@ -951,10 +957,10 @@ class GcpProvider:
             self._last_seen[inst.id] = inst
         return found
 
-    def describe(self, instance_ids: list[str]) -> list[Instance]:
+    def describe(self, instance_ids: builtins.list[str]) -> builtins.list[Instance]:
         """These VMs as Compute Engine sees them now (as :meth:`list`), plus the ones this provider saw that
         were preempted and deleted since (state ``terminated``, reason ``preempted``); others gone are left out."""
-        wanted = list(dict.fromkeys(instance_ids))
+        wanted = builtins.list(dict.fromkeys(instance_ids))
         seen = {i.id: i for i in self.list() if i.id in wanted}
         vanished = [name for name in wanted if name not in seen and name in self._zones]
         preempted: set[str] = set()
@@ -968,7 +974,7 @@ class GcpProvider:
                 seen[name] = dataclasses.replace(last, state="terminated", state_reason=PREEMPTED)
         return [seen[name] for name in wanted if name in seen]
 
-    def terminate(self, instance_ids: list[str]) -> None:
+    def terminate(self, instance_ids: builtins.list[str]) -> None:
         operations = []
         for name in dict.fromkeys(instance_ids):
             zone = self._zone_of(name)
@@ -1017,7 +1023,7 @@ class GcpProvider:
             self._wait_zone_op(op, zone)
             return
 
-    def check_permissions(self, request: InstanceRequest) -> list[PermissionCheck]:
+    def check_permissions(self, request: InstanceRequest) -> builtins.list[PermissionCheck]:
         """The dry run's probe: Compute Engine has no DryRun, so ask ``projects.testIamPermissions`` whether the
         CLI's credentials hold every permission a run needs (:data:`~rubberband.cloud.identity.GCP_CLI_PERMISSIONS`);
         nothing is created."""
@@ -1031,7 +1037,7 @@ class GcpProvider:
 
     # -- run-level resources ------------------------------------------------------------------
 
-    def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> list[str]:
+    def cleanup_run(self, run_id: str, timeout_s: float = 600.0) -> builtins.list[str]:
         """Delete the run's firewall rules, Cloud Routers and subnetworks (those carrying its ownership marker,
         :func:`owner_marker`; routers and subnetworks in every region) and its detached disks (by its exact labels);
         return what was deleted. A router of a NAT of every subnetwork (an earlier rubberband's) stays while a private
@@ -1044,7 +1050,7 @@ class GcpProvider:
             *self._delete_disks(run_id, timeout_s),
         ]
 
-    def _delete_firewalls(self, run_id: str, timeout_s: float) -> list[str]:
+    def _delete_firewalls(self, run_id: str, timeout_s: float) -> builtins.list[str]:
         deleted = []
         for rule in self._owned_firewalls():
             if marked_run(rule.description) != run_id:
@@ -1060,7 +1066,7 @@ class GcpProvider:
             deleted.append(f"firewall/{rule.name}")
         return deleted
 
-    def _delete_routers(self, run_id: str, timeout_s: float) -> list[str]:
+    def _delete_routers(self, run_id: str, timeout_s: float) -> builtins.list[str]:
         routers = [(region, r) for region, r in self._owned_routers() if marked_run(r.description) == run_id]
         served = self._regions_of_other_runs(run_id) if any(_serves_all(r) for _, r in routers) else set()
         deleted = []
@@ -1077,7 +1083,7 @@ class GcpProvider:
             deleted.append(f"router/{router.name}")
         return deleted
 
-    def _delete_subnetworks(self, run_id: str, timeout_s: float) -> list[str]:
+    def _delete_subnetworks(self, run_id: str, timeout_s: float) -> builtins.list[str]:
         deleted = []
         for region, subnet in self._owned_subnetworks():
             if marked_run(subnet.description) != run_id:
@@ -1095,7 +1101,7 @@ class GcpProvider:
             deleted.append(f"subnetwork/{subnet.name}")
         return deleted
 
-    def _delete_disks(self, run_id: str, timeout_s: float) -> list[str]:
+    def _delete_disks(self, run_id: str, timeout_s: float) -> builtins.list[str]:
         deleted = []
         for zone, disk in self._disks(run_id):
             delete_disk = compute_v1.DeleteDiskRequest(
@@ -1112,7 +1118,7 @@ class GcpProvider:
             deleted.append(f"disk/{disk.name}")
         return deleted
 
-    def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> list[str]:
+    def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> builtins.list[str]:
         """Runs whose firewall rules, Cloud Routers, subnetworks or detached disks outlived their VMs, created at least
         ``older_than_s`` ago; found by ownership marker and labels, never by a name pattern."""
         now = time.time() if now is None else now
@@ -1128,7 +1134,7 @@ class GcpProvider:
         runs |= {dict(d.labels).get(TAG_RUN_ID) for _, d in self._disks() if old(d.creation_timestamp)}
         runs.discard(None)
         runs.discard("")
-        return sorted(runs - {i.run_id for i in self.list()})  # type: ignore[operator]
+        return sorted(r for r in runs - {i.run_id for i in self.list()} if r)
 
     # -- conversion ---------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ an EC2 instance.
 
 from __future__ import annotations
 
+import builtins
+
 import argparse
 import dataclasses
 import logging
@@ -29,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from rubberband import __version__
 from rubberband.catalog import InstanceType
@@ -225,7 +228,7 @@ def _shutdown() -> None:  # pragma: no cover - powers the machine off
 
 
 def self_terminate(
-    provider: Provider, run_id: str, head_id: str, *, shutdown: Callable[[], None] = _shutdown
+    provider: RunEnder, run_id: str, head_id: str, *, shutdown: Callable[[], None] = _shutdown
 ) -> list[Instance]:
     """Terminate every worker of the run, its run-level resources where possible, then the head.
 
@@ -264,6 +267,16 @@ def self_terminate(
     return workers
 
 
+class RunEnder(Protocol):
+    """What a watchdog needs of a provider to end its run: list the run's instances, terminate them."""
+
+    cloud: str
+
+    def list(self, run_id: str | None = None) -> builtins.list[Instance]: ...
+
+    def terminate(self, instance_ids: builtins.list[str]) -> None: ...
+
+
 class NoApi:
     """The provider of a watchdog that could not build one (no credentials, no endpoint): every call fails, so
     :func:`self_terminate` falls back to shutting the head down."""
@@ -272,10 +285,10 @@ class NoApi:
         self.cloud = cloud
         self.reason = reason
 
-    def list(self, run_id: str | None = None) -> list[Instance]:
+    def list(self, run_id: str | None = None) -> builtins.list[Instance]:
         raise CloudError(f"{self.cloud}: no API access ({self.reason})", kind="fatal")
 
-    def terminate(self, instance_ids: list[str]) -> None:
+    def terminate(self, instance_ids: builtins.list[str]) -> None:
         raise CloudError(f"{self.cloud}: no API access ({self.reason})", kind="fatal")
 
 
@@ -283,7 +296,7 @@ class NoApi:
 class WatchedRun:
     """The run a watchdog looks after: its head (``head_id``), the provider that ends it, its run directory."""
 
-    provider: Provider
+    provider: RunEnder
     run_id: str
     head_id: str
     run_dir: Path
@@ -376,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         max_lifetime_s=args.max_lifetime,
         poll_s=args.poll,
     )
+    provider: RunEnder
     try:
         provider = make_provider(args.cloud, args.region)
     except Exception as exc:  # noqa: BLE001 - watch anyway; ending the run then falls back to a shutdown

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rubberband.catalog import Catalog
 from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
@@ -48,6 +49,9 @@ from rubberband.cloud.shipping import NOISE_EXCLUDES, SECRET_EXCLUDES
 from rubberband.errors import CloudError, InputError, RunDirError
 from rubberband.plan import Plan
 from rubberband.spec import JobSpec
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
 
 HEAD_RECORD = "head.json"
 #: Never shipped to the head with the training code (see :class:`rubberband.cloud.shipping.CodeFilter`, which adds the
@@ -413,8 +417,15 @@ class HeadSession:
         self.link = link
         self.token = token  # the run's Ray token (RUN_DIR/ray-token): sent as a bearer header, never logged
         self.connect_timeout_s = connect_timeout_s
-        self.client = None
+        self.client: JobSubmissionClient | None = None
         self._package = package
+
+    @property
+    def jobs(self) -> JobSubmissionClient:
+        """The head's job server (only inside ``with``: connected by ``__enter__``)."""
+        if self.client is None:
+            raise RuntimeError("the head session is not open: use it as `with HeadSession(...) as session:`")
+        return self.client
 
     @property
     def package(self) -> Path:
@@ -462,10 +473,11 @@ class HeadSession:
 
     def __exit__(self, *exc) -> None:
         self.link.close()
-        if getattr(self, "_auth_mode", None) is None:
+        saved = getattr(self, "_auth_mode", None)
+        if saved is None:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
-            os.environ["RAY_AUTH_MODE"] = self._auth_mode
+            os.environ["RAY_AUTH_MODE"] = saved
 
     def _raise_if_boot_failed(self) -> None:
         """Stop waiting for a head whose startup script failed: its console says why (e.g. a version skew)."""
@@ -545,14 +557,14 @@ class HeadSession:
         deadline = time.monotonic() + self.connect_timeout_s
         while True:
             try:
-                return self.client.submit_job(**job)
+                return self.jobs.submit_job(**job)
             except RuntimeError as exc:
                 if "try again later" not in str(exc) or time.monotonic() >= deadline:
                     raise CloudError(f"head {self.record.instance_id} refused the job: {exc}", kind="fatal") from None
                 time.sleep(1.0)
 
     def status(self, job_id: str | None = None) -> str:
-        return str(self.client.get_job_status(job_id or self.job_id).value)
+        return str(self.jobs.get_job_status(job_id or self.job_id).value)
 
     def stream(self, write: Callable[[str], None], *, poll_s: float = 1.0, link_grace_s: float = LINK_GRACE_S) -> str:
         """Write the run job's log as it grows until the job ends; return its final status.
@@ -567,7 +579,7 @@ class HeadSession:
         async def tail() -> None:
             nonlocal seen, broken_since
             skip = seen
-            async for chunk in self.client.tail_job_logs(self.job_id):
+            async for chunk in self.jobs.tail_job_logs(self.job_id):
                 broken_since = None
                 if skip >= len(chunk):
                     skip -= len(chunk)
@@ -616,7 +628,7 @@ class HeadSession:
                     kind="transient",
                 )
             time.sleep(0.3)
-        logs = self.client.get_job_logs(job)
+        logs = self.jobs.get_job_logs(job)
         if status != "SUCCEEDED":
             raise CloudError(f"fetching the run directory failed on the head: {logs.strip()[-300:]}", kind="transient")
         return unpack(logs, run_dir)

@@ -951,6 +951,7 @@ class GcpIdentities:
         if session is None:
             import requests
 
+            default_project: str | None
             if endpoint:
                 session, default_project = requests.Session(), "rubberband-test"
             else:
@@ -962,7 +963,9 @@ class GcpIdentities:
                 )
                 session = AuthorizedSession(credentials)
             project = project or os.environ.get(PROJECT_ENV) or default_project
-        self.project = project
+        if not project:
+            raise InputError("no GCP project: set RUBBERBAND_GCP_PROJECT or `gcloud config set project`")
+        self.project: str = project
         self.session = session
 
     def _json(self, method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
