@@ -3,12 +3,18 @@
 Only rank 0 writes. A checkpoint holds the user's state dict (which must not depend on the
 number of workers) wrapped with the epoch it was taken after, so a trial can resume at any
 world size. Older checkpoints are pruned, keeping the newest ``keep``.
+
+The file is ``torch.save``'s when the worker uses torch (the state may hold tensors), else a plain pickle (a
+scikit-learn or XGBoost model: the trial never imports torch); loading tells them apart by their content.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import re
+import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,15 +47,17 @@ class Checkpoint:
 
 def save_checkpoint(directory: str | Path, epoch: int, state: dict, *, trial_id: str = "", keep: int = 2) -> Path:
     """Write ``state`` as the checkpoint after ``epoch``; never leaves a half-written file in place."""
-    import torch
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(directory, epoch)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     payload = {"rubberband_checkpoint": CHECKPOINT_FORMAT, "trial_id": trial_id, "epoch": epoch, "state": state}
     with open(tmp, "wb") as fh:
-        torch.save(payload, fh)
+        torch = sys.modules.get("torch")  # a worker that never imported torch holds no tensors: pickle it
+        if torch is not None:
+            torch.save(payload, fh)
+        else:
+            pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -81,13 +89,18 @@ def latest_epoch(directory: str | Path) -> int | None:
 
 def load_latest(directory: str | Path) -> Checkpoint | None:
     """Load the newest checkpoint (tensors on CPU) or return ``None``."""
-    import torch
-
     epoch = latest_epoch(directory)
     if epoch is None:
         return None
     path = checkpoint_path(directory, epoch)
-    payload: Any = torch.load(path, map_location="cpu", weights_only=False)
+    payload: Any
+    if zipfile.is_zipfile(path):  # torch.save's archive
+        import torch
+
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    else:
+        with open(path, "rb") as fh:
+            payload = pickle.load(fh)  # noqa: S301 - the run's own checkpoint, written by save_checkpoint
     if not isinstance(payload, dict) or payload.get("rubberband_checkpoint") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a rubberband checkpoint")
     return Checkpoint(epoch=int(payload["epoch"]), state=payload["state"], path=path)

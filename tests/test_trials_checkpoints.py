@@ -24,3 +24,20 @@ def test_pointer_to_missing_file_means_no_checkpoint(tmp_path):
     assert latest_epoch(tmp_path) is None
     (tmp_path / "latest").write_text("garbage")
     assert load_latest(tmp_path) is None
+
+
+def test_a_worker_without_torch_pickles_its_state_and_either_kind_loads(tmp_path, monkeypatch):
+    """A scikit-learn or XGBoost trial never imports torch: its checkpoint is a plain pickle (the model object as
+    it is), and a torch one written later in the same directory still loads (each file says what it is)."""
+    import sys
+    from fractions import Fraction
+
+    with monkeypatch.context() as m:
+        m.delitem(sys.modules, "torch")  # as in a worker whose training never imported it
+        save_checkpoint(tmp_path, 0, {"model": Fraction(3, 7), "trees": [1, 2]})
+        loaded = load_latest(tmp_path)
+        assert "torch" not in sys.modules
+    assert loaded is not None and loaded.state == {"model": Fraction(3, 7), "trees": [1, 2]} and loaded.epoch == 0
+    save_checkpoint(tmp_path, 1, {"w": torch.ones(2)})  # this process has torch: torch.save's archive
+    again = load_latest(tmp_path)
+    assert again is not None and again.epoch == 1 and torch.equal(again.state["w"], torch.ones(2))
