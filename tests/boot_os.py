@@ -200,8 +200,15 @@ class Node:
             ["nsenter", "-t", str(self.leader), "-a", *argv], capture_output=True, text=True, timeout=timeout
         )
 
-    def is_active(self, unit: str) -> str:
-        return self.run("systemctl", "is-active", unit).stdout.strip()
+    def is_active(self, unit: str, *, settle_s: float = 60.0) -> str:
+        """``systemctl is-active unit`` inside the node, once it has an answer that is not a transition: systemd
+        may not answer on its bus for a moment (empty output) while the boot's units start on a loaded machine."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            state = self.run("systemctl", "is-active", unit).stdout.strip()
+            if state not in ("", "activating", "reloading", "deactivating") or time.monotonic() >= deadline:
+                return state
+            time.sleep(1.0)
 
     def wait_for(self, inside: str, timeout_s: float, *, fail: str | None = None) -> float:
         """Seconds since boot until ``inside`` exists; raises if ``fail`` appears, the node stops, or time runs out."""
