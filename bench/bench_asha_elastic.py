@@ -178,7 +178,7 @@ def real_local_runs() -> None:
     elastic ASHA plan and of its best fixed cluster, as ``rubberband run`` makes them."""
     import tempfile
 
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
     from rubberband.executor.run import Executor, Job, Settings, Target
     from rubberband.executor.runtime import TrialRuntime
     from rubberband.inputs import load_job_inputs

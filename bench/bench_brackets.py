@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from rubberband.catalog import load_catalog
-from rubberband.cloud.local import LocalProvider
+from rubberband.cloud.local.provider import LocalProvider
 from rubberband.executor import journal as J
 from rubberband.executor.run import Executor, Job, Settings, Target
 from rubberband.executor.runtime import TrialRuntime

@@ -218,7 +218,7 @@ def run_rubberband(spec_path: Path, deadline_s: float, out: Path, label: str) ->
     """A real local run, as ``rubberband run SPEC --deadline D --overrun none`` makes it: the plan for the
     deadline, the re-planner at every stage boundary, and a late run finished rather than stopped."""
     from rubberband.catalog import load_catalog
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
     from rubberband.errors import InfeasibleError
     from rubberband.executor.run import Executor, Job, Settings, Target
     from rubberband.executor.runtime import TrialRuntime, planner_replanner

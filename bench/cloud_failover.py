@@ -36,7 +36,7 @@ def main() -> None:
     from moto.ec2.models.instances import InstanceBackend
 
     from rubberband.catalog import load_catalog
-    from rubberband.cloud.aws import AwsProvider
+    from rubberband.cloud.aws.provider import AwsProvider
     from rubberband.cloud.failover import provision_with_failover
     from rubberband.cloud.provider import InstanceRequest
     from rubberband.cloud.teardown import terminate_run

@@ -77,7 +77,7 @@ class HeadOptions:
     boot_timeout_s: float = 1200.0  # instance start + runtime install + Ray head
     instance_profile: str | None = None  # AWS: the head's instance profile (None: one is created for the run)
     service_account: str | None = None  # GCP: the head's service account (required)
-    #: GCP: how workers reach the internet (cloud/gcp.py WORKER_EGRESS: nat, existing, public); None: ``nat``
+    #: GCP: how workers reach the internet (cloud/gcp/provider.py WORKER_EGRESS: nat, existing, public); None: ``nat``
     worker_egress: str | None = None
 
 
@@ -98,7 +98,9 @@ class HeadRecord:
     ssh_key: str | None = None
     identity: str | None = None  # the head's instance profile name / service account email
     identity_created: bool = False  # rubberband created it for this run (deleted when the run ends)
-    worker_egress: str = "nat"  # GCP: how the head's executor gives workers egress (cloud/gcp.py WORKER_EGRESS)
+    worker_egress: str = (
+        "nat"  # GCP: how the head's executor gives workers egress (cloud/gcp/provider.py WORKER_EGRESS)
+    )
     #: the machine image the user chose on the CLI (``RUBBERBAND_AWS_AMI`` / ``RUBBERBAND_GCP_IMAGE``; None: the
     #: provider's default): the head booted on it, and its executor boots the workers on it (``head_job run --image``)
     image: str | None = None
@@ -161,7 +163,7 @@ def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> No
                 "--worker-egress is for --cloud gcp (AWS workers keep their public address; the run's "
                 "security group admits only the run's own nodes); drop it"
             )
-        from rubberband.cloud.gcp import WORKER_EGRESS
+        from rubberband.cloud.gcp.provider import WORKER_EGRESS
 
         if options.worker_egress not in WORKER_EGRESS:
             raise InputError(

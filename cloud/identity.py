@@ -45,7 +45,7 @@ from rubberband.errors import CloudError, InputError, UnexpectedAnswer
 #: Path of every IAM role / instance profile rubberband creates (the orphan sweep lists only these).
 IAM_PATH = "/rubberband/"
 TAG_REGION = "rubberband-region"
-#: The public SSM parameters the head reads to find the Deep Learning AMI (cloud/aws.py).
+#: The public SSM parameters the head reads to find the Deep Learning AMI (cloud/aws/provider.py).
 SSM_PARAMETERS = "arn:aws:ssm:*::parameter/aws/service/deeplearning/*"
 EC2_TRUST_POLICY = {
     "Version": "2012-10-17",
@@ -179,7 +179,7 @@ def gcp_head_condition(run_id: str, *, worker_egress: str | None = None) -> str:
 
     One caveat of a prefix: a run whose id is this one's followed by ``-…`` (run ``a`` and run ``a-1``) would match its
     VM names; rubberband's run ids end in a time stamp and a random suffix, so no run's id extends another's."""
-    from rubberband.cloud.gcp_names import FIREWALL_KINDS, firewall_name, instance_prefix, router_name, subnet_name
+    from rubberband.cloud.gcp.names import FIREWALL_KINDS, firewall_name, instance_prefix, router_name, subnet_name
 
     prefix = instance_prefix(run_id)
     subnetworks = [subnet_name(run_id)]
@@ -202,7 +202,7 @@ def gcp_head_binding(
     """The project IAM policy binding the CLI adds for a run: the head's role (:data:`GCP_HEAD_ROLE_ID`) to its
     service account, conditioned on the run (:func:`gcp_head_condition`); its title names the run, its description
     ends in the run's ownership marker and says when it was bound (the sweep's age)."""
-    from rubberband.cloud.gcp_names import owner_marker
+    from rubberband.cloud.gcp.names import owner_marker
 
     bound = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
     return {
@@ -561,7 +561,7 @@ class AwsIdentities:
     ) -> None:
         from botocore.config import Config
 
-        from rubberband.cloud.aws_session import new_session
+        from rubberband.cloud.aws.session import new_session
 
         self.session = session or new_session()
         config = Config(retries={"total_max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=60)
@@ -944,7 +944,7 @@ class GcpIdentities:
     WRITE_TRIES = 5
 
     def __init__(self, project: str | None = None, *, endpoint: str | None = None, session: Any = None) -> None:
-        from rubberband.cloud.gcp_session import ENDPOINT_ENV, PROJECT_ENV
+        from rubberband.cloud.gcp.session import ENDPOINT_ENV, PROJECT_ENV
 
         endpoint = endpoint or os.environ.get(ENDPOINT_ENV) or None
         self.iam_url, self.crm_url = (endpoint, endpoint) if endpoint else (self.IAM, self.CRM)
@@ -1164,7 +1164,7 @@ class GcpIdentities:
 
 def _run_binding(binding: dict[str, Any]) -> str | None:
     """The run a policy binding was made for by rubberband (its title and its description's marker), else None."""
-    from rubberband.cloud.gcp_names import marked_run
+    from rubberband.cloud.gcp.names import marked_run
 
     condition = binding.get("condition") or {}
     run_id = marked_run(condition.get("description"))

@@ -4,7 +4,7 @@ the cloud network: its own Ray head is the run's head, workers are cloud instanc
 This is the mode for a CLI machine that the run's instances can reach (a VM in the same VPC /
 network, or a bastion): no separate head instance is provisioned (docs/clouds.md, "Where the
 Ray head runs", describes the head-instance mode, whose shipping step is not built yet). The
-head is a local Ray head (:class:`~rubberband.cloud.local.LocalProvider`, records under
+head is a local Ray head (:class:`~rubberband.cloud.local.provider.LocalProvider`, records under
 ``RUN_DIR/instances``) listening on Ray's port 6379; every worker is provisioned through
 :class:`~rubberband.cloud.backend.CloudBackend` (failover, worker startup script joining this
 head, ``rb-node-<instance id>`` resource) and found / terminated by the run's tags.
@@ -31,7 +31,7 @@ from rubberband.cloud.backend import BackendSeams, CloudBackend, HeadHandle, Tok
 from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
 from rubberband.cloud.failover import alternatives_for
 from rubberband.cloud.heartbeat import INTERVAL_S, Heartbeat, beat_instances
-from rubberband.cloud.local import LocalProvider
+from rubberband.cloud.local.provider import LocalProvider
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, Instance, InstanceRequest
 from rubberband.cloud.ray_token import (
     PUSH_KEY_FILE,

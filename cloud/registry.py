@@ -38,11 +38,11 @@ def make_provider(cloud: str, region: str, **options: Any) -> Provider:
     ``RUBBERBAND_GCE_ENDPOINT`` when set (tests). The local backend is built by the executor.
     """
     if cloud == "aws":
-        from rubberband.cloud.aws import AwsProvider
+        from rubberband.cloud.aws.provider import AwsProvider
 
         return AwsProvider(region, **options)
     if cloud == "gcp":
-        from rubberband.cloud.gcp import GcpProvider
+        from rubberband.cloud.gcp.provider import GcpProvider
 
         return GcpProvider(region, **options)
     raise InputError(f"--cloud {cloud!r} is not a cloud provider; use one of {', '.join(CLOUD_PROVIDERS)}")

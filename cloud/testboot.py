@@ -148,7 +148,7 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
     the watchdog; and what the instance's end does: once the provider no longer reports it running
     (terminated by the CLI, ``down`` or the watchdog), stop every Ray node of it and remove its disk."""
     from rubberband.cloud.bootstrap import HEAD_ID_ENV, RUN_ROOT_ENV, TOKEN_FILE
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
     from rubberband.net import free_port
     from rubberband.cloud.registry import make_provider
 

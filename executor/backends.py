@@ -6,7 +6,7 @@ A backend is a :class:`~rubberband.cloud.backend.ExecutorBackend`: a
 ``obtained``, ``unavailable``, ``device_policy``, ``metadata_url``, ``runtime_env``). Every backend implements
 all of it.
 
-* ``local``: :class:`~rubberband.cloud.local.LocalProvider` (Ray nodes on this machine).
+* ``local``: :class:`~rubberband.cloud.local.provider.LocalProvider` (Ray nodes on this machine).
 * ``aws`` / ``gcp``: :class:`~rubberband.cloud.local_head.LocalHeadCloudBackend` — the Ray head
   is this machine's (the executor's machine must be inside the cloud network, reachable by the
   run's instances); workers are cloud instances in the plan's ``regions``.
@@ -43,7 +43,7 @@ def make_backend(
     run's instance boots played on this machine (cloud/testboot.py) and the metadata server its notice watchers
     read instead of the cloud's (executor/notices.py; the local backend has no notices). None: neither."""
     if cloud == "local":
-        from rubberband.cloud.local import LocalProvider
+        from rubberband.cloud.local.provider import LocalProvider
 
         return LocalProvider(run_dir)
     if cloud in ("aws", "gcp"):

@@ -336,7 +336,7 @@ def _measure_startup(
     node is then terminated the way a run releases one, and the time until it is gone (billing runs until
     then) is recorded as a termination sample.
     """
-    from rubberband.cloud.local import LocalProvider, remove_short_temp_dir
+    from rubberband.cloud.local.provider import LocalProvider, remove_short_temp_dir
     from rubberband.cloud.provider import InstanceRequest
 
     samples: list[float] = []

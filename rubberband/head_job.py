@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("nat", "existing", "public"),
         default="nat",
         help="GCP: workers without an external address behind the run's own Cloud NAT (nat), behind the "
-        "network's own egress (existing), or with an external address (public); cloud/gcp.py",
+        "network's own egress (existing), or with an external address (public); cloud/gcp/provider.py",
     )
     r.add_argument(
         "--image",

@@ -331,7 +331,7 @@ def no_played_head_left():
     import glob
     import shutil
 
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
     from rubberband.cloud.testboot import head_disk
 
     before = set(glob.glob(str(head_disk("*"))))

@@ -9,11 +9,11 @@ from __future__ import annotations
 from concurrent.futures import Future
 from pathlib import Path
 
-from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.aws.provider import AwsProvider
 from rubberband.cloud.backend import ExecutorBackend
-from rubberband.cloud.gcp import GcpProvider
+from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.cloud.head_run import OnHeadCloudBackend
-from rubberband.cloud.local import LocalProvider
+from rubberband.cloud.local.provider import LocalProvider
 from rubberband.cloud.local_head import LocalHeadCloudBackend
 from rubberband.cloud.provider import CloudProvider
 from rubberband.executor.backends import make_backend

@@ -158,7 +158,7 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 def run_pids(run_dir: Path) -> list[int]:
     """Live pids of every process group the run recorded (head and nodes)."""
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
 
     return LocalProvider(run_dir).pids()
 
@@ -238,7 +238,7 @@ def lose_node_once_checkpointed(
     import os
     import signal
 
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
 
     try:
         victim = wait_for_events(proc, run_dir, victim_of, timeout_s=timeout_s, poll_s=0.05)

@@ -10,7 +10,7 @@ from moto.core.responses import ActionResult
 from moto.ec2.responses.spot_instances import SpotInstances
 
 from rubberband.catalog import load_catalog, parse_catalog
-from rubberband.cloud.aws_pricing import zone_names_by_id
+from rubberband.cloud.aws.pricing import zone_names_by_id
 from catalog_helpers import aws_env, moto_with_prices
 
 PRICES = {

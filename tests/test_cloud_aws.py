@@ -15,7 +15,7 @@ from cloud_helpers import (
     moto_server,  # noqa: F401
 )
 
-from rubberband.cloud.aws import AwsProvider, security_group_name
+from rubberband.cloud.aws.provider import AwsProvider, security_group_name
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPolicy, provision_with_failover
 from rubberband.cloud.provider import TAG_MANAGED, TAG_RUN_ID, TAG_STAGE, TAG_VERSION, InstanceRequest
 from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances, terminate_run
@@ -309,7 +309,7 @@ def test_a_run_whose_secrets_cannot_be_listed_still_loses_its_group_and_volumes(
 def test_sessions_share_the_service_models_and_keep_their_own_credentials(monkeypatch):
     """Each provider's session reads EC2's model from the one loader (not megabytes of JSON again); credentials are
     still each session's own, resolved as boto3 does (on first use)."""
-    from rubberband.cloud.aws_session import new_session
+    from rubberband.cloud.aws.session import new_session
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "first")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")

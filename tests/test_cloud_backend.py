@@ -100,7 +100,7 @@ def test_the_cli_stops_waiting_for_a_head_whose_boot_failed(moto_env, monkeypatc
     """While the head's job server does not answer, the CLI reads the head's console: a failed boot ends the
     wait at once with the script's reason (instead of after the 20-minute boot timeout)."""
     from rubberband.cloud import head_session
-    from rubberband.cloud.aws import AwsProvider
+    from rubberband.cloud.aws.provider import AwsProvider
     from rubberband.cloud.head_link import DirectLink
     from rubberband.cloud.head_session import HeadRecord, HeadSession
 
@@ -169,7 +169,7 @@ def test_every_backend_the_executor_is_given_implements_the_whole_contract(tmp_p
 
     from rubberband.cloud.backend import ExecutorBackend
     from rubberband.cloud.head_run import OnHeadCloudBackend
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
     from rubberband.cloud.local_head import LocalHeadCloudBackend
     from rubberband.cloud.provider import Instance
 
@@ -208,7 +208,7 @@ def test_cloud_capabilities_are_declared_by_a_protocol_and_the_local_provider_fa
     from rubberband.cloud import provider as P
     from rubberband.cloud.backend import boot_report
     from rubberband.cloud.bootstrap import BOOT_FAILED
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
     from rubberband.cloud.teardown import cleanup_leftovers
 
     local = LocalProvider(tmp_path)

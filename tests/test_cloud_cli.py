@@ -23,8 +23,8 @@ from executor_helpers import cli_env, make_plan, run_pids, wait_for_events, writ
 from gce_fake import gce_fake  # noqa: F401
 
 from rubberband.catalog import parse_catalog
-from rubberband.cloud.aws import AwsProvider
-from rubberband.cloud.gcp import GcpProvider
+from rubberband.cloud.aws.provider import AwsProvider
+from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.cloud.provider import InstanceRequest
 from rubberband.plan import write_plan
 from rubberband.spec import load_spec
@@ -409,7 +409,7 @@ def _assert_the_local_head_speaks_only_the_runs_token(run_dir: Path, tmp_path: P
 
     from ray_clients import DRIVER, ray_client
 
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
 
     token = run_dir / "ray-token"
     assert token.stat().st_mode & 0o777 == 0o600

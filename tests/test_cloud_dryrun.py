@@ -16,9 +16,9 @@ from cloud_helpers import (
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
 
-from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.aws.provider import AwsProvider
 from rubberband.cloud.dryrun import dry_run, dry_run_report, render_dry_run
-from rubberband.cloud.gcp import GcpProvider
+from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.errors import CloudError, InputError
 
 

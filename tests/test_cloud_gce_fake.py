@@ -13,7 +13,7 @@ from cloud_helpers import GCP_CATALOG_CSV
 from gce_fake import gce_fake  # noqa: F401  (fixture)
 
 from rubberband.catalog import parse_catalog
-from rubberband.cloud.gcp import GcpProvider
+from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.cloud.provider import InstanceRequest
 
 N1 = parse_catalog("gcp", GCP_CATALOG_CSV).find("n1-standard-8+V100x1", region="us-central1")

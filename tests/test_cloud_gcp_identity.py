@@ -12,7 +12,7 @@ from gce_fake import GceFake, gce_fake  # noqa: F401  (fixture)
 from iam_conditions import allows
 
 from rubberband.cloud.failover import RetryPolicy
-from rubberband.cloud.gcp import GcpProvider
+from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.cloud.identity import (
     GCP_HEAD_PERMISSIONS,
     GcpIdentities,

@@ -19,7 +19,7 @@ from test_cloud_head import STUB, VERSIONS
 
 from rubberband.cloud.bootstrap import GCP_BACKSTOP_S, BootstrapConfig, WatchdogSettings, render_node_watchdog
 from rubberband.cloud.failover import RetryPolicy
-from rubberband.cloud.gcp import GcpProvider
+from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.cloud.head import WorkerBoot, head_startup_script, self_terminate, worker_startup_script
 from rubberband.cloud.provider import TAG_ROLE, Instance, InstanceRequest
 from rubberband.cloud.teardown import terminate_run

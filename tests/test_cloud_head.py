@@ -22,7 +22,7 @@ from cloud_helpers import (
     moto_server,  # noqa: F401
 )
 
-from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.aws.provider import AwsProvider
 from rubberband.cloud.bootstrap import (
     BootstrapConfig,
     WatchdogSettings,

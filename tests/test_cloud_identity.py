@@ -19,7 +19,7 @@ from cloud_helpers import (
 )
 from gce_fake import gce_fake  # noqa: F401
 
-from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.aws.provider import AwsProvider
 from rubberband.cloud.head import HeadBoot, provision_head
 from rubberband.cloud.identity import (
     GCP_HEAD_PERMISSIONS,

@@ -11,7 +11,7 @@ import pytest
 
 from ray_clients import CLIENT, DRIVER, ray_client
 
-from rubberband.cloud.local import LocalProvider
+from rubberband.cloud.local.provider import LocalProvider
 from rubberband.net import free_port
 
 pytestmark = pytest.mark.e2e

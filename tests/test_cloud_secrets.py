@@ -21,10 +21,10 @@ from cloud_helpers import (
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
 
-from rubberband.cloud.aws import AwsProvider
+from rubberband.cloud.aws.provider import AwsProvider
 from rubberband.cloud.dryrun import dry_run, render_dry_run
 from rubberband.cloud.failover import CallContext, classify, provision_with_failover
-from rubberband.cloud.gcp import GcpProvider
+from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.cloud.head import HeadBoot, provision_head, self_terminate, worker_startup_script
 from rubberband.cloud.provider import InstanceRequest
 from rubberband.cloud.teardown import terminate_run

@@ -17,7 +17,7 @@ import torch
 from executor_helpers import cli_env, make_plan, run_pids, write_job
 
 from rubberband.catalog import Catalog, InstanceType, load_catalog
-from rubberband.cloud.local import LocalProvider
+from rubberband.cloud.local.provider import LocalProvider
 from rubberband.executor import journal as J
 from rubberband.executor.run import Executor, Job, Settings, Target
 from rubberband.devices import DevicePolicy

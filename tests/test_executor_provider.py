@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from executor_helpers import run_pids
 
-from rubberband.cloud.local import LocalProvider, ProcessRecord
+from rubberband.cloud.local.provider import LocalProvider, ProcessRecord
 from rubberband.cloud.provider import node_resource
 from rubberband.cloud.provider import TAG_RUN_ID
 from rubberband.errors import CloudError
@@ -25,7 +25,7 @@ from rubberband.errors import CloudError
 STARTER = textwrap.dedent("""
     import sys, time
     from rubberband.catalog import load_catalog
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
     from rubberband.cloud.provider import InstanceRequest
 
     provider = LocalProvider(sys.argv[1])
@@ -106,7 +106,7 @@ def test_a_head_whose_port_another_process_took_starts_again_on_new_ports(tmp_pa
     died on the port, and the resumed run's driver gave up on its GCS a minute later."""
     import socket
 
-    import rubberband.cloud.local as local
+    import rubberband.cloud.local.provider as local
 
     picked: list[int] = []
     real = local.free_port
@@ -143,7 +143,7 @@ def _ray_temp_dir(root: Path, *sessions: str) -> Path:
 
 def test_a_stopped_runs_ray_logs_move_into_its_run_dir_and_its_tmp_dir_goes(tmp_path):
     """The /tmp dir a long run-dir path needs for Ray's sockets is removed; each session's logs are kept."""
-    from rubberband.cloud.local import RAY_LOGS_DIR, settle_ray_logs
+    from rubberband.cloud.local.provider import RAY_LOGS_DIR, settle_ray_logs
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -159,7 +159,7 @@ def test_a_stopped_runs_ray_logs_move_into_its_run_dir_and_its_tmp_dir_goes(tmp_
 
 
 def test_a_short_run_dirs_own_ray_temp_dir_is_settled_the_same_way(tmp_path):
-    from rubberband.cloud.local import RAY_LOGS_DIR, settle_ray_logs
+    from rubberband.cloud.local.provider import RAY_LOGS_DIR, settle_ray_logs
 
     run_dir = tmp_path / "run"
     _ray_temp_dir(run_dir / "ray", "session_1")
@@ -171,7 +171,7 @@ def test_a_short_run_dirs_own_ray_temp_dir_is_settled_the_same_way(tmp_path):
 
 def test_a_ray_link_the_user_made_keeps_its_dir_and_what_is_theirs_in_it(tmp_path):
     """Only what Ray wrote is removed: a ``RUN_DIR/ray`` link to a dir of the user's stays, with their files."""
-    from rubberband.cloud.local import RAY_LOGS_DIR, settle_ray_logs
+    from rubberband.cloud.local.provider import RAY_LOGS_DIR, settle_ray_logs
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -453,7 +453,7 @@ def test_aws_spot_without_capacity_becomes_on_demand_through_the_backend(moto_en
 
 def test_gcp_spot_stockout_becomes_a_standard_vm(gce_fake):
     """GCE fake (strict): SPOT inserts sold out in every zone, STANDARD ones sell: the fall-back is STANDARD."""
-    from rubberband.cloud.gcp import GcpProvider
+    from rubberband.cloud.gcp.provider import GcpProvider
     from rubberband.cloud.teardown import terminate_run
 
     catalog = cloud_catalog()
@@ -476,7 +476,7 @@ def test_gcp_spot_stockout_becomes_a_standard_vm(gce_fake):
 def test_gcp_spot_stockout_buys_the_plans_fallback_type_as_a_standard_vm(gce_fake):
     """GCE fake (strict): SPOT n1-standard-8+V100x1 sold out in every zone; the request names a2-highgpu-1g as its
     on-demand type: the VM inserted after the SPOT tries is a STANDARD a2-highgpu-1g."""
-    from rubberband.cloud.gcp import GcpProvider
+    from rubberband.cloud.gcp.provider import GcpProvider
     from rubberband.cloud.teardown import terminate_run
 
     catalog = cloud_catalog()

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from rubberband.catalog import BILLING_RULES, Catalog, InstanceType, load_catalog, user_catalog_dir
-from rubberband.cloud.aws_pricing import AwsCatalogFetcher, render_aws_csv, shipped_aws_catalog, write_atomically
+from rubberband.cloud.aws.pricing import AwsCatalogFetcher, render_aws_csv, shipped_aws_catalog, write_atomically
 from rubberband.console import stdout
 from rubberband.errors import CatalogError, InputError
 

@@ -204,7 +204,7 @@ def _unbind_leftover_runs(live: set[str], older_than_s: float, now: float) -> in
 
 def down_local(run: str) -> None:
     """Stop the local Ray nodes and head a run left (process groups recorded in its directory)."""
-    from rubberband.cloud.local import LocalProvider
+    from rubberband.cloud.local.provider import LocalProvider
     from rubberband.commands.run import resolve_run_dir
     from rubberband.executor import journal as J
 

@@ -33,7 +33,7 @@ import botocore.parsers
 from botocore.config import Config
 
 from rubberband import __version__
-from rubberband.cloud.aws_session import new_session
+from rubberband.cloud.aws.session import new_session
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
 from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.failover import CallContext, RetryPolicy, call_with_retry, classify

@@ -108,7 +108,7 @@ class AwsCatalogFetcher:
     def __init__(self, session=None, reference: Catalog | None = None) -> None:
         from botocore.config import Config
 
-        from rubberband.cloud.aws_session import new_session
+        from rubberband.cloud.aws.session import new_session
 
         self._session = session or new_session()
         self._config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=30)

@@ -66,7 +66,7 @@ from google.cloud import compute_v1
 
 from rubberband import __version__
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
-from rubberband.cloud.gcp_session import ENDPOINT_ENV, PROJECT_ENV
+from rubberband.cloud.gcp.session import ENDPOINT_ENV, PROJECT_ENV
 from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.failover import (
     ERROR_TABLE,
@@ -76,7 +76,7 @@ from rubberband.cloud.failover import (
     classify,
     gcp_quota_name,
 )
-from rubberband.cloud.gcp_names import (
+from rubberband.cloud.gcp.names import (
     firewall_name,
     instance_prefix,
     marked_run,

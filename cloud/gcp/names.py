@@ -1,5 +1,5 @@
 """What rubberband names its GCP resources for a run, and how it marks the ones that carry no labels: pure data,
-below both the provider (cloud/gcp.py), which makes and finds them, and the head's identity (cloud/identity.py),
+below both the provider (cloud/gcp/provider.py), which makes and finds them, and the head's identity (cloud/identity.py),
 whose per-run binding names them."""
 
 from __future__ import annotations
