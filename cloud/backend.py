@@ -32,6 +32,7 @@ from typing import Protocol, runtime_checkable
 from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
+from rubberband.cloud.head import HeadProvider as ScriptedProvider
 from rubberband.cloud.head import WorkerBoot, worker_startup_script
 from rubberband.cloud.provider import (
     TAG_ROLE,
@@ -386,7 +387,7 @@ class CloudBackend:
 class _ScriptFor:
     """A provider view that re-renders the worker script for the type actually tried (failover)."""
 
-    provider: Provider
+    provider: ScriptedProvider
     head: Instance
     boot: WorkerBoot
 
@@ -396,6 +397,6 @@ class _ScriptFor:
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
         script = worker_startup_script(
-            request.instance_type.cloud, request.run_id, self.head, request.instance_type, self.boot
+            self.provider.boot_dialect, request.run_id, self.head, request.instance_type, self.boot
         )
         return self.provider.provision(dataclasses.replace(request, startup_script=script))

@@ -12,7 +12,7 @@ the run's Ray head or joins the head as a worker node that offers the custom res
 Safety nets set up before anything that can fail (pip, Ray): the hard lifetime cap is scheduled
 first (``shutdown +N``; the instance's ``shutdown`` terminates it on AWS,
 ``InstanceInitiatedShutdownBehavior=terminate``; GCP deletes it at its ``maxRunDuration``, and the
-power-off only backs that up, :data:`GCP_BACKSTOP_S` later), then the node's watchdog
+power-off only backs that up, :data:`~rubberband.cloud.gcp.boot.GCP_BACKSTOP_S` later), then the node's watchdog
 (:func:`render_node_watchdog`) is installed as a systemd service, so it survives a reboot: it ends the
 node at the cap, after a failed or hung boot, when a worker cannot reach its head for
 ``head_lost_timeout_s``, and when the head's run was never submitted or its run watchdog asks for it —
@@ -44,7 +44,8 @@ from typing import Literal
 from rubberband.cloud.host_keys import host_key_lines
 from rubberband.cloud.shell import say_line, shell_word, shell_words
 from rubberband import DIST_NAME
-from rubberband.clouds import cloud as cloud_descriptor
+from rubberband.cloud.boot_dialect import BootDialect
+from rubberband.clouds import cloud as cloud_facts
 from rubberband.credentials import assert_no_credentials, refuse_requirement_credentials
 from rubberband.errors import InputError
 
@@ -187,17 +188,6 @@ TOKEN_FILE = "ray-token"
 TOKEN_DROP_USER = "rubberband-token"
 #: On the head: where its key for pushing the token to workers is (the executor's job reads it from the env).
 TOKEN_PUSH_KEY_ENV = "RUBBERBAND_TOKEN_PUSH_KEY"
-COMPUTE_URL = "https://compute.googleapis.com"
-#: GCP: how long after the moment Compute Engine (``maxRunDuration``) or the node watchdog (through the API) deletes a
-#: VM its own power-off comes, as a backstop. A VM that powers itself off is only stopped (TERMINATED): no cap deletes
-#: it, and its disk, the run's rules and NAT stay until ``down``; so on GCP the power-off must never come first.
-GCP_BACKSTOP_S = 600.0
-
-
-def _backstop_s(config: "BootstrapConfig") -> float:
-    """What a node's own power-offs wait beyond the deletion they back up (:data:`GCP_BACKSTOP_S` on GCP; none on
-    AWS, where a power-off terminates the instance)."""
-    return GCP_BACKSTOP_S if config.cloud == "gcp" else 0.0
 
 
 @dataclass(frozen=True)
@@ -211,7 +201,7 @@ class BootstrapConfig:
     """
 
     run_id: str
-    cloud: str  # a cloud of rubberband/clouds.py that has a metadata server (aws, gcp)
+    dialect: BootDialect  # the cloud's lines (how a node learns its id, how it ends itself): its provider's
     role: Literal["head", "worker"]
     ray_version: str
     #: "3.11": the Python minor the node's interpreter must have (a worker: its head's / the CLI's, Ray joins
@@ -252,12 +242,22 @@ class BootstrapConfig:
     token_drop_dir: str = "/var/lib/rubberband-token"  # the drop account's home (sshd wants it owned by it)
     shutdown_command: str = "shutdown -h"  # + "now" / "+MINUTES": powers the instance off (terminates on AWS)
     ssh_dir: str = "/etc/ssh"  # the node's SSH host keys (a head prints their public halves on its console)
-    #: GCP: the Compute Engine API a node ending itself deletes itself through (with its service account's token)
-    compute_url: str = COMPUTE_URL
+    #: the cloud API a node that ends itself deletes itself through (with its own identity's token; the dialect
+    #: says whether it does); None: the dialect's own (tests pass a local fake)
+    api_url: str | None = None
     torch_cpu_index: str = TORCH_CPU_INDEX
 
+    @property
+    def cloud(self) -> str:
+        return self.dialect.cloud
+
+    @property
+    def metadata(self) -> str:
+        """The metadata server's base URL, without a trailing slash (the one passed in, else the cloud's own)."""
+        return (self.metadata_url or cloud_facts(self.cloud).metadata_url or "").rstrip("/")
+
     def __post_init__(self) -> None:
-        if cloud_descriptor(self.cloud).metadata_url is None:
+        if cloud_facts(self.cloud).metadata_url is None:
             raise InputError(f"cloud {self.cloud!r} boots no instances from a startup script")
         for name in ("ray_version", "torch_version", "rubberband_version"):
             value = getattr(self, name)
@@ -349,18 +349,6 @@ def client_versions() -> dict:
     }
 
 
-def _instance_id_lines(cloud: str, url: str) -> list[str]:
-    curl = "curl -sSf --retry 10 --retry-connrefused --retry-delay 2"
-    if cloud == "aws":
-        return [
-            f'IMDS_TOKEN="$({curl} -X PUT {url}/latest/api/token -H "X-aws-ec2-metadata-token-ttl-seconds: 300")"',
-            f'INSTANCE_ID="$({curl} -H "X-aws-ec2-metadata-token: ${{IMDS_TOKEN}}" '
-            f'{url}/latest/meta-data/instance-id)"',
-            "unset IMDS_TOKEN",
-        ]
-    return [f'INSTANCE_ID="$({curl} -H "Metadata-Flavor: Google" {url}/computeMetadata/v1/instance/name)"']
-
-
 def _torch_lines(config: BootstrapConfig, py: str) -> list[str]:
     """Reuse the image's torch (the Deep Learning images carry a CUDA build); else install the client's version."""
     if config.role == "head" or not config.torch_version:
@@ -390,7 +378,7 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
     did not take; on AWS the power-off terminates the instance (:func:`_off_lines`) — when
 
     * the node reached its lifetime cap (``<state_dir>/expires_at``, written once at first boot; on GCP
-      :data:`GCP_BACKSTOP_S` after the VM's ``maxRunDuration``, which deletes it first);
+      :data:`~rubberband.cloud.gcp.boot.GCP_BACKSTOP_S` after the VM's ``maxRunDuration``, which deletes it first);
     * the boot failed (``<state_dir>/failed``) ten minutes ago, or did not finish within ``boot_timeout_s``;
     * head: the run's watchdog job left :data:`POWEROFF_MARKER` (it could not terminate the head through
       the API), or no run was submitted within ``submit_timeout_s`` of boot;
@@ -450,47 +438,19 @@ def render_node_watchdog(config: BootstrapConfig) -> str:
 
 
 def _off_lines(config: BootstrapConfig) -> list[str]:
-    """The node watchdog's ``off``: on GCP first delete the VM through the Compute Engine API
-    (:func:`_self_delete_lines`), and power off only where that did not take — a GCP VM that powers itself off is just
+    """The node watchdog's ``off``: where the cloud's dialect deletes the instance through its API (GCP:
+    ``GcpBoot.self_delete_lines``), that first, and power off only where it did not take — a GCP VM that powers itself off is just
     stopped, and stays; on AWS power off, which terminates the instance. Either way :data:`RAY_STOP_UNIT` stops Ray
     as the machine goes down."""
     console = f">> {_q(config.console)} 2>/dev/null || true"
-    lines = _self_delete_lines(config) if config.cloud == "gcp" else []
+    lines = config.dialect.self_delete_lines(
+        metadata_url=config.metadata, api_url=config.api_url or config.dialect.api_url, console=config.console
+    )
     return [
         *lines,
         f'off() {{ echo "rubberband-boot: $(date -u +%H:%M:%S) watchdog: $*: powering off" {console}; '
-        + ("self_delete && exit 0; " if config.cloud == "gcp" else "")
+        + ("self_delete && exit 0; " if lines else "")
         + f"{config.shutdown_command} now; exit 0; }}",
-    ]
-
-
-def _self_delete_lines(config: BootstrapConfig) -> list[str]:
-    """GCP, bash: ``self_delete`` deletes this VM through the Compute Engine API with its service account's token from
-    the metadata server (the head's: its binding allows its own VM), then waits until the VM is gone (the deletion
-    shuts this machine down on the way). It fails (and ``off`` powers off) where the VM has no service account —
-    workers have none: the head, or ``down``, deletes them — or where the API refuses or does not answer. The token
-    stays in a shell variable; nothing prints it."""
-    metadata = _q(
-        f"{(config.metadata_url or cloud_descriptor('gcp').metadata_url or '').rstrip('/')}/computeMetadata/v1"
-    )
-    api = _q(f"{config.compute_url.rstrip('/')}/compute/v1/projects/")
-    ask = "curl -sf -m 10 -H 'Metadata-Flavor: Google'"
-    token = r"""sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p'"""
-    gone = r"""[ "$(curl -s -o /dev/null -w '%{http_code}' -m 10 -H "Authorization: Bearer $tok" "$api")" = 404 ]"""
-    return [
-        "self_delete() {",
-        "  local tok name zone project api",
-        f'  tok="$({ask} {metadata}/instance/service-accounts/default/token | {token})"',
-        '  [ -n "$tok" ] || return 1',
-        f'  name="$({ask} {metadata}/instance/name)" && zone="$({ask} {metadata}/instance/zone)" && '
-        f'project="$({ask} {metadata}/project/project-id)" || return 1',
-        f'  api={api}"$project/zones/${{zone##*/}}/instances/$name"',
-        '  curl -sf -m 30 -X DELETE -H "Authorization: Bearer $tok" "$api" >/dev/null || return 1',
-        '  echo "rubberband-boot: $(date -u +%H:%M:%S) watchdog: deleting this VM through the Compute Engine API" '
-        f">> {_q(config.console)} 2>/dev/null || true",
-        f"  for _ in $(seq 1 24); do sleep 5 || true; {gone} && return 0; done",
-        "  return 1",
-        "}",
     ]
 
 
@@ -559,7 +519,7 @@ def _safety_net_lines(config: BootstrapConfig) -> list[str]:
     state = _q(config.state_dir)
     lines = [f"mkdir -p {state}", f"chmod 700 {state}", f"[ -s {state}/booted_at ] || date +%s > {state}/booted_at"]
     if config.max_lifetime_s:
-        cap_s = config.max_lifetime_s + _backstop_s(config)
+        cap_s = config.max_lifetime_s + config.dialect.backstop_s
         minutes = max(1, int(cap_s // 60))
         lines += [
             "# hard lifetime cap first: powering off terminates this instance (AWS); GCP deletes it at its "
@@ -700,7 +660,6 @@ def render_startup_script(config: BootstrapConfig) -> str:
     want = config.python_version
     venv, py = _q(config.venv), f"{_q(config.venv)}/bin/python"
     run_dir = f'{_q(config.run_root)}/"${{RB_RUN_ID}}"'
-    url = (config.metadata_url or cloud_descriptor(config.cloud).metadata_url or "").rstrip("/")
     packages = [f"ray[default]=={config.ray_version}", *config.runtime_requirements, *config.requirements]
     lines = [
         "#!/bin/bash",
@@ -713,7 +672,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"exec > >(tee -a {_q(config.log_dir)}/rubberband-boot.log {_q(config.console)} >/dev/null) 2>&1",
         'say() { echo "rubberband-boot: $(date -u +%H:%M:%S) $*"; }',
         f'fail() {{ echo "{BOOT_FAILED} $*"; touch {_q(config.state_dir)}/failed 2>/dev/null || true; '
-        f"{config.shutdown_command} +{max(1, int((config.failed_grace_s + _backstop_s(config)) // 60))} || true; "
+        f"{config.shutdown_command} +{max(1, int((config.failed_grace_s + config.dialect.backstop_s) // 60))} || true; "
         "exit 1; }",
         "trap 'fail \"line ${LINENO}: a command failed (exit $?); see the lines above\"' ERR",
         say_line(f"booting a {config.role} of run {config.run_id}"),
@@ -721,7 +680,7 @@ def render_startup_script(config: BootstrapConfig) -> str:
         *_safety_net_lines(config),
         *(_token_drop_lines(config) if config.role == "worker" and config.ray_auth == "token" else []),
         f"RB_RUN_ID={_q(config.run_id)}",
-        *_instance_id_lines(config.cloud, url),
+        *config.dialect.instance_id_lines(config.metadata),
         "export RAY_USAGE_STATS_ENABLED=0",
         "# cluster traffic is confined to the run's security group / firewall rules (see docs/clouds.md)",
         *_ray_auth_lines(config),

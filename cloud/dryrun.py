@@ -21,7 +21,7 @@ from rich.text import Text
 
 from rubberband.catalog import BILLING_RULES, Catalog, InstanceType, load_catalog
 from rubberband.cloud.bootstrap import WatchdogSettings
-from rubberband.clouds import head_types
+from rubberband.catalog import head_types
 from rubberband.cloud.provider import InstanceRequest, PermissionCheck, ProbesPermissions, Provider
 from rubberband.errors import CloudError, InputError, PlanFileError
 from rubberband.plan import Plan, StagePlan

@@ -42,8 +42,9 @@ from rubberband.cloud.bootstrap import (
     client_versions,
     render_startup_script,
 )
+from rubberband.cloud.boot_dialect import BootDialect, ScriptBooted
 from rubberband.cloud.failover import provision_with_failover
-from rubberband.clouds import cloud as cloud_descriptor
+from rubberband import catalog
 from rubberband.cloud.provider import TAG_ROLE, CleansUpRuns, Instance, InstanceRequest, Provider
 from rubberband.errors import CloudError, InputError
 from rubberband.devices import node_resources
@@ -55,7 +56,7 @@ DONE_MARKER = "DONE"
 
 def head_type(cloud: str, region: str, zones: Sequence[str]) -> InstanceType:
     """The head's type placed in ``region`` (zones: where the run's workers go, first preferred)."""
-    shape = cloud_descriptor(cloud).head_type
+    shape = catalog.head_type(cloud)
     if shape is None:
         raise InputError(f"{cloud} runs no head instance")
     return dataclasses.replace(shape, region=region, zones=tuple(zones))
@@ -65,14 +66,16 @@ def ray_version() -> str:
     return str(client_versions()["ray_version"])
 
 
-def head_startup_script(cloud: str, region: str, run_id: str, settings: WatchdogSettings | None = None) -> str:
+def head_startup_script(
+    dialect: BootDialect, region: str, run_id: str, settings: WatchdogSettings | None = None
+) -> str:
     """The head's startup script: the image's own Python (its workers follow the head's minor), the client's
     Ray and pinned runtime packages, no torch (the head trains nothing)."""
     versions = client_versions()
     return render_startup_script(
         BootstrapConfig(
             run_id=run_id,
-            cloud=cloud,
+            dialect=dialect,
             role="head",
             region=region,  # type: ignore[arg-type]
             rubberband_version=__version__,
@@ -100,7 +103,7 @@ class WorkerBoot:
 
 
 def worker_startup_script(
-    cloud: str, run_id: str, head: Instance, itype: InstanceType, boot: WorkerBoot = WorkerBoot()
+    dialect: BootDialect, run_id: str, head: Instance, itype: InstanceType, boot: WorkerBoot = WorkerBoot()
 ) -> str:
     """The startup script of a worker of ``itype`` that joins ``head``, booted as ``boot`` says.
 
@@ -108,13 +111,15 @@ def worker_startup_script(
     it needs that machine's Python minor, and the CLI's Ray, torch and pinned runtime packages
     (:func:`~rubberband.cloud.bootstrap.client_versions`)."""
     if not head.address:
-        raise CloudError(f"{cloud}: head {head.id} has no private address yet; wait for it first", kind="transient")
+        raise CloudError(
+            f"{dialect.cloud}: head {head.id} has no private address yet; wait for it first", kind="transient"
+        )
     node = node_resources(itype)  # one GPU (and its CPU share) per trial worker on GPU types
     versions = client_versions()
     return render_startup_script(
         BootstrapConfig(
             run_id=run_id,
-            cloud=cloud,
+            dialect=dialect,
             role="worker",
             region=itype.region,  # type: ignore[arg-type]
             rubberband_version=__version__,
@@ -143,8 +148,12 @@ class HeadBoot:
     timeout_s: float = 600.0
 
 
+class HeadProvider(Provider, ScriptBooted, Protocol):
+    """A provider that can start a run's head: its instances boot from a startup script in its cloud's dialect."""
+
+
 def provision_head(
-    provider: Provider, run_id: str, region: str, zones: Sequence[str], boot: HeadBoot = HeadBoot()
+    provider: HeadProvider, run_id: str, region: str, zones: Sequence[str], boot: HeadBoot = HeadBoot()
 ) -> Instance:
     """Start the run's head in ``region`` (``zones``: where its workers go, first preferred; zone failover as for
     workers) and wait until it runs.
@@ -157,7 +166,7 @@ def provision_head(
         stage=0,
         instance_type=itype,
         extra_tags={TAG_ROLE: "head"},
-        startup_script=head_startup_script(provider.cloud, region, run_id, boot.watchdog),
+        startup_script=head_startup_script(provider.boot_dialect, region, run_id, boot.watchdog),
         max_lifetime_s=boot.watchdog.max_lifetime_s,
     )
     result = provision_with_failover(request, lambda t: provider)

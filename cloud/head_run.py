@@ -26,7 +26,7 @@ from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
 from rubberband.cloud.local_head import LocalHeadCloudBackend
 from rubberband.cloud.provider import Instance
 from rubberband.clouds import cloud as cloud_descriptor
-from rubberband.clouds import head_types
+from rubberband.catalog import head_types
 from rubberband.files import write_text_atomic
 
 STAGE_DIR = "_rubberband"  # inside the job's working directory: spec.json, plan.json, profile.json

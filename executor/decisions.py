@@ -29,7 +29,7 @@ from typing import Any
 
 from rubberband.catalog import InstanceType
 from rubberband.plan import Plan, StagePlan
-from rubberband.planner.model import DEFAULT_STARTUP_S
+from rubberband.clouds import facts_or_like
 from rubberband.planner.policies import LateDecision, LatenessPolicy, Outlook
 from rubberband.profile import Profile
 
@@ -276,5 +276,5 @@ def startup_samples(
             for x in s.samples_s
         ]
     if not samples:
-        samples = list(DEFAULT_STARTUP_S.get(itype.cloud, DEFAULT_STARTUP_S["aws"]))
+        samples = list(facts_or_like(itype.cloud).startup_s)
     return samples

@@ -48,7 +48,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rubberband.catalog import BILLING_RULES, HEAD_BOOTS_FIRST, SERIAL_PROVISIONING, InstanceType
+from rubberband.catalog import HEAD_BOOTS_FIRST, SERIAL_PROVISIONING, InstanceType
+from rubberband.clouds import billing_rule
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import AshaPhasePolicy
@@ -369,7 +370,7 @@ class AshaSimulator:
             )
         itype, w = cluster.instance_type, cluster.workers
         price = itype.price(self.spot) / 3600.0
-        rule = BILLING_RULES.get(itype.cloud, BILLING_RULES["aws"])
+        rule = billing_rule(itype.cloud)
         gone = self.model.termination(itype.cloud, itype.name).quantile(0.5)
         jct = trace.jct
         release = _releases(trace.idle_from, trace.bounds, cluster.instances)
@@ -400,7 +401,7 @@ class AshaSimulator:
         release = _releases(trace.idle_from, trace.bounds, cluster.instances)[0]
         jct = float(trace.jct[0])
         itype = cluster.instance_type
-        rule = BILLING_RULES.get(itype.cloud, BILLING_RULES["aws"])
+        rule = billing_rule(itype.cloud)
         gone = self.model.termination(itype.cloud, itype.name).quantile(0.5)
         bounds = trace.bounds[0]
         lay = trace.layout

@@ -41,28 +41,11 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from rubberband.clouds import facts_or_like
 from rubberband.errors import ProfileError
 from rubberband.planner.noise import Variation, fit_variation
 from rubberband.profile import Profile
 
-# Default start-up samples (seconds from request to ready), used when a profile has none for a
-# cloud. Origin: typical GPU VM boot + image pull + Ray join times reported for EC2 (60-150 s) and
-# GCE (40-100 s); the local backend starts a Ray node on this machine in a few seconds.
-DEFAULT_STARTUP_S: dict[str, tuple[float, ...]] = {
-    "aws": (62.0, 75.0, 84.0, 92.0, 100.0, 108.0, 118.0, 130.0, 148.0),
-    "gcp": (42.0, 50.0, 57.0, 63.0, 70.0, 78.0, 86.0, 98.0),
-    "local": (1.5, 2.0, 2.5, 3.0),
-}
-# Default termination samples (seconds from the terminate request until the instance is gone, which
-# is when billing stops), used when a profile has none for a cloud. Origin: on AWS and GCP billing
-# stops once the instance leaves the running state, which the terminate API call (≈ 1 s round trip)
-# starts; the local backend's node stops on SIGTERM within its 3 s grace (SIGKILL after), typically
-# in about a second (`rubberband profile --startup-samples` measures it).
-DEFAULT_TERMINATION_S: dict[str, tuple[float, ...]] = {
-    "aws": (1.0,),
-    "gcp": (1.0,),
-    "local": (0.6, 0.9, 1.2),
-}
 # Checkpoint transfer bandwidth between instances (GB/s), ~10 Gbit/s networking.
 TRANSFER_GB_PER_S = 1.0
 MAX_SIGMA = 0.5
@@ -212,12 +195,12 @@ class PerformanceModel:
     def startup(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a provisioning request until the instance can run a worker."""
         measured = _measured(self.startup_by_type, self.startup_by_cloud, cloud, instance_type)
-        return measured or _documented(DEFAULT_STARTUP_S, cloud, "typical boot + Ray join")
+        return measured or _documented(facts_or_like(cloud).startup_s, cloud, "typical boot + Ray join")
 
     def termination(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a terminate request until the instance is gone (and no longer billed)."""
         measured = _measured(self.termination_by_type, self.termination_by_cloud, cloud, instance_type)
-        return measured or _documented(DEFAULT_TERMINATION_S, cloud, "terminate request until gone")
+        return measured or _documented(facts_or_like(cloud).termination_s, cloud, "terminate request until gone")
 
     def describe(self) -> dict[str, Any]:
         """Fitted parameters as plain data (stored as ``profile.fitted`` for inspection)."""
@@ -422,7 +405,6 @@ def _measured(
     return by_type.get((cloud, instance_type)) or by_cloud.get(cloud)
 
 
-def _documented(defaults: dict[str, tuple[float, ...]], cloud: str, what: str) -> StartupModel:
-    """The documented per-cloud default of a latency (``what`` it spans), marked as such (AWS's for another cloud)."""
-    default = defaults.get(cloud, defaults["aws"])
+def _documented(default: tuple[float, ...], cloud: str, what: str) -> StartupModel:
+    """The documented default of a latency (``what`` it spans; catalogs/clouds.yaml), marked as such."""
     return StartupModel(tuple(sorted(default)), f"default ({cloud}: {what})")

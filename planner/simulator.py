@@ -22,7 +22,7 @@ time (JCT) and cost. ``docs/simulator.md`` states the semantics; in short:
   iterations, and tasks of unequal length are list-scheduled (:func:`noise.schedule_tasks`).
 * **Transitions.** A trial whose placement (instance type or width) changes at a promotion pays
   ``restart_overhead_s`` plus the checkpoint transfer time, and the transfer's price.
-* **Billing.** ``catalog.BILLING_RULES``: per second with a minimum, lifetime from request to
+* **Billing.** ``clouds.billing_rule``: per second with a minimum, lifetime from request to
   release.
 * **Head.** With ``heads`` (head mode on AWS/GCP: the run's own small CPU head instance, which
   runs the executor), every sample also pays the head of the plan's first stage's cloud, billed
@@ -47,13 +47,13 @@ import networkx as nx
 import numpy as np
 
 from rubberband.catalog import (
-    BILLING_RULES,
     HEAD_BOOTS_FIRST,
     SERIAL_PROVISIONING,
     TRANSFER_USD_PER_GB,
     BillingRule,
     InstanceType,
 )
+from rubberband.clouds import billing_rule
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel, StartupModel
 from rubberband.planner.policies import PrefetchPolicy
@@ -72,7 +72,7 @@ CATEGORIES = WORKER_CATEGORIES + ("head",)
 class HeadSpec:
     """The run's billed head instance on one cloud: a fixed per-run overhead of every plan there.
 
-    Billed (the cloud's :data:`~rubberband.catalog.BILLING_RULES`) at ``price_hr`` for
+    Billed (the cloud's :func:`~rubberband.clouds.billing_rule`) at ``price_hr`` for
     ``boot_s + JCT + grace_s``: it is requested ``boot_s`` before the job starts (its boot, Ray
     head, submission; None: the performance model's median start-up of ``instance_type`` on
     ``cloud``) and stays ``grace_s`` after the job ends (the watchdog's results grace).
@@ -749,7 +749,7 @@ class Simulator(ReadsSettings):
         return result
 
     def _rule(self, cloud: str) -> BillingRule:
-        return BILLING_RULES.get(cloud, BILLING_RULES["aws"])
+        return billing_rule(cloud)
 
     def _termination(self, itype: InstanceType) -> float:
         """Median seconds an instance stays billed after its release (terminate request → gone)."""

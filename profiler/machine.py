@@ -1,4 +1,4 @@
-"""What the profile was measured on: host, CPU model, cores, library versions; start-up defaults."""
+"""What the profile was measured on: host, CPU model, cores, library versions."""
 
 from __future__ import annotations
 
@@ -7,15 +7,6 @@ import platform
 import socket
 from pathlib import Path
 from typing import Any
-
-#: Start-up latency (request → ready to run a worker) per cloud when not measured, in seconds.
-#: Origin: typical EC2 / GCE GPU VM boot + image + Ray join times (AWS 60–150 s, GCP 40–100 s);
-#: a local Ray node on this machine starts in a few seconds. Profiles mark them ``source: default``.
-DEFAULT_STARTUP_S: dict[str, tuple[float, ...]] = {
-    "aws": (62.0, 75.0, 84.0, 92.0, 100.0, 108.0, 118.0, 130.0, 148.0),
-    "gcp": (42.0, 50.0, 57.0, 63.0, 70.0, 78.0, 86.0, 98.0),
-    "local": (1.5, 2.0, 2.5, 3.0),
-}
 
 
 def cpu_model() -> str:

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rubberband.catalog import InstanceType
+from rubberband.clouds import CLOUDS
 from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
 from rubberband.devices import DevicePolicy, WorkerDevice, node_resources
@@ -49,7 +50,7 @@ from rubberband.profile import (
     TerminationSamples,
     Workload,
 )
-from rubberband.profiler.machine import DEFAULT_STARTUP_S, machine_info
+from rubberband.profiler.machine import machine_info
 from rubberband.profiler.shapes import Shape, nodes_needed, plan_shapes
 from rubberband.search import RandomSource, first_config
 from rubberband.spec import JobSpec
@@ -65,7 +66,8 @@ PROBE_ITERATIONS = 3
 PROBE_ABOVE = 10
 #: Each shape runs two epochs (for the per-epoch overhead) when each pass gets at least this many iterations.
 MIN_PASS_ITERATIONS = 2
-CLOUDS_WITH_PROFILING = ("local",)
+#: Clouds whose instances `rubberband profile` starts itself (catalogs/clouds.yaml: profiling).
+CLOUDS_WITH_PROFILING = tuple(name for name, facts in CLOUDS.items() if facts.profiling)
 #: Start-up samples taken by default where the instance type can be started (the clouds above).
 DEFAULT_STARTUP_SAMPLES = 3
 #: Configurations timed at most (more than the minimum only as the budget allows).
@@ -859,8 +861,8 @@ def _build_profile(
     sources["eval_time_s"] = "not measured separately: per-epoch evaluation is part of epoch_overhead_s"
     measured_clouds = {s.cloud for s in startup}
     for cloud in sorted(set(spec.resources.clouds) | {options.cloud}):
-        if cloud not in measured_clouds and cloud in DEFAULT_STARTUP_S:
-            startup.append(StartupSamples(cloud=cloud, samples_s=list(DEFAULT_STARTUP_S[cloud]), source="default"))
+        if cloud not in measured_clouds and cloud in CLOUDS:
+            startup.append(StartupSamples(cloud=cloud, samples_s=list(CLOUDS[cloud].startup_s), source="default"))
     sources["startup"] = (
         "measured: `ray start` node request → registered with the run head (LocalProvider)"
         if measured_clouds

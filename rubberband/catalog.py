@@ -22,60 +22,21 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import overload
 
-import numpy as np
 
+from rubberband import clouds
+from rubberband.clouds import CLOUDS, BillingRule
 from rubberband.errors import CatalogError
 
 CATALOG_PACKAGE = "rubberband.catalogs"
 CATALOG_DIR_ENV = "RUBBERBAND_CATALOG_DIR"
 
 
-@dataclass(frozen=True)
-class BillingRule:
-    """Per-second billing with a minimum charge; a lifetime runs from request to termination.
-
-    :meth:`billed_seconds` is the one billing function: the executor's accounting bills each
-    journaled instance with it and the planner's simulator bills its simulated instances with it
-    (element-wise on arrays of lifetimes), so a prediction is billed exactly like the run.
-    """
-
-    granularity_s: float = 1.0
-    minimum_s: float = 60.0
-
-    @overload
-    def billed_seconds(self, lifetime_s: float) -> float: ...
-    @overload
-    def billed_seconds(self, lifetime_s: np.ndarray) -> np.ndarray: ...
-
-    def billed_seconds(self, lifetime_s):
-        """Seconds billed for a lifetime (a float, or element-wise for an array of them)."""
-        billed = np.maximum(np.maximum(lifetime_s, 0.0), self.minimum_s)
-        out = np.ceil(billed / self.granularity_s - 1e-9) * self.granularity_s
-        return float(out) if np.ndim(out) == 0 else out
-
-    def cost(self, lifetime_s: float, price_per_hour: float) -> float:
-        return self.billed_seconds(lifetime_s) * price_per_hour / 3600.0
-
-
-BILLING_RULES: dict[str, BillingRule] = {
-    "aws": BillingRule(granularity_s=1.0, minimum_s=60.0),
-    "gcp": BillingRule(granularity_s=1.0, minimum_s=60.0),
-    "local": BillingRule(granularity_s=1.0, minimum_s=1.0),
-}
-
-# Price of moving checkpoints between instances, $/GB (inter-AZ transfer on AWS and GCP).
-TRANSFER_USD_PER_GB: dict[str, float] = {"aws": 0.01, "gcp": 0.01, "local": 0.0}
-
-# Clouds whose instances come up one after another (local Ray nodes: two `ray start` at once race
-# for ports), so the k-th instance of a request is ready after k start-ups, not one.
-SERIAL_PROVISIONING: frozenset[str] = frozenset({"local"})
-
-# Backends whose run must boot its Ray head like an instance before requesting any (the local
-# backend's head is a `ray start` process); on AWS/GCP the head is the executor's own machine,
-# already up (docs/clouds.md).
-HEAD_BOOTS_FIRST: frozenset[str] = frozenset({"local"})
+#: Each cloud's billing rule, moving price, provisioning and head boot: views of the facts in catalogs/clouds.yaml.
+BILLING_RULES: dict[str, BillingRule] = {name: facts.billing for name, facts in CLOUDS.items()}
+TRANSFER_USD_PER_GB: dict[str, float] = {name: facts.transfer_usd_per_gb for name, facts in CLOUDS.items()}
+SERIAL_PROVISIONING: frozenset[str] = frozenset(name for name, facts in CLOUDS.items() if facts.serial_provisioning)
+HEAD_BOOTS_FIRST: frozenset[str] = frozenset(name for name, facts in CLOUDS.items() if facts.head_boots_first)
 
 
 @dataclass(frozen=True)
@@ -300,8 +261,8 @@ def _zone_spots(pairs: list[tuple[str, float | None]]) -> tuple[tuple[str, float
     return tuple(sorted(((z, p) for z, p in pairs if p is not None), key=lambda zp: (zp[1], zp[0])))
 
 
-def _aws_like(cloud: str, path: Path, text: str) -> tuple[str, list[InstanceType]]:
-    """AWS layout: one row per (type, region, zone); on-demand is regional, spot is per zone."""
+def _rows(cloud: str, path: Path, text: str) -> tuple[str, list[InstanceType]]:
+    """The ``rows`` layout (AWS, local): one row per (type, region, zone); on-demand is regional, spot is per zone."""
     date, rows = _read_rows(path, text, _AWS_COLUMNS)
     grouped: dict[tuple[str, str], dict] = {}
     for line, row in rows:
@@ -357,9 +318,10 @@ def n1_accepts(accelerator: str, count: int, vcpus: float, memory_gib: float) ->
 
 
 @dataclass(frozen=True)
-class _GcpHost:
-    """A GCP host row (a machine type in a region, without its GPUs): where it is sold, what it costs and has."""
+class _Host:
+    """A host row of the ``hosts_and_gpus`` layout (a machine type in a region, without its GPUs): where it is sold, what it costs and has."""
 
+    cloud: str
     name: str
     region: str
     zones: tuple[str, ...]
@@ -369,7 +331,7 @@ class _GcpHost:
     memory_gib: float
 
 
-def _compose(host: _GcpHost, gpu: dict, accel: str, count: int, name: str) -> InstanceType | None:
+def _compose(host: _Host, gpu: dict, accel: str, count: int, name: str) -> InstanceType | None:
     """A host plus its GPU row, offered as ``name``: prices add, zones intersect; None when no zone sells both."""
     zones = tuple(z for z in host.zones if z in gpu["zones"])
     if not zones:
@@ -377,7 +339,7 @@ def _compose(host: _GcpHost, gpu: dict, accel: str, count: int, name: str) -> In
     # Rounded to the catalogs' own precision so sums print as 0.89, not 0.8899999999999999.
     spot = None if host.spot is None or gpu["spot"] is None else round(host.spot + gpu["spot"], 6)
     return InstanceType(
-        "gcp",
+        host.cloud,
         name,
         host.region,
         zones,
@@ -393,8 +355,9 @@ def _compose(host: _GcpHost, gpu: dict, accel: str, count: int, name: str) -> In
     )
 
 
-def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
-    """GCP layout: host rows and GPU rows (empty InstanceType) priced apart; offerings add them up."""
+def _hosts_and_gpus(cloud: str, path: Path, text: str) -> tuple[str, list[InstanceType]]:
+    """The ``hosts_and_gpus`` layout (GCP): host rows and GPU rows (empty InstanceType) priced apart; offerings add
+    them up."""
     date, rows = _read_rows(path, text, _GCP_COLUMNS)
     hosts: dict[tuple[str, str], dict] = {}
     gpus: dict[tuple[str, int, str], dict] = {}
@@ -425,7 +388,7 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
         row, line = entry["row"], entry["line"]
         vcpus = _float(row["vCPUs"], path=path, line=line, column="vCPUs", minimum=0) or 0.0
         memory = _float(row["MemoryGiB"], path=path, line=line, column="MemoryGiB", minimum=0) or 0.0
-        host = _GcpHost(name, region, tuple(entry["zones"]), entry["price"], entry["spot"], vcpus, memory)
+        host = _Host(cloud, name, region, tuple(entry["zones"]), entry["price"], entry["spot"], vcpus, memory)
         bundled = (row["AcceleratorName"] or "").strip()
         if bundled:  # a2-*/g2-*: the host comes with its accelerators, priced by a GPU row
             count = _count(row["AcceleratorCount"], path=path, line=line, column="AcceleratorCount")
@@ -447,7 +410,7 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
             spots = _zone_spots([(z, host.spot) for z in host.zones])
             types.append(
                 InstanceType(
-                    "gcp",
+                    cloud,
                     name,
                     region,
                     host.zones,
@@ -467,14 +430,34 @@ def _gcp(path: Path, text: str) -> tuple[str, list[InstanceType]]:
 def parse_catalog(cloud: str, text: str, *, path: Path | str = "<catalog>") -> Catalog:
     """Parse one cloud's catalog CSV text."""
     path = Path(path)
-    if cloud == "gcp":
-        date, types = _gcp(path, text)
-    elif cloud in ("aws", "local"):
-        date, types = _aws_like(cloud, path, text)
+    if cloud not in CLOUDS:
+        raise CatalogError(f"unknown cloud {cloud!r}; use {_known()}")
+    if CLOUDS[cloud].catalog_layout == "hosts_and_gpus":
+        date, types = _hosts_and_gpus(cloud, path, text)
     else:
-        raise CatalogError(f"unknown cloud {cloud!r}; use aws, gcp or local")
+        date, types = _rows(cloud, path, text)
     types.sort(key=lambda t: (t.region, t.price_hr, t.name))
     return Catalog(types=tuple(types), dates={cloud: date})
+
+
+def _known() -> str:
+    return ", ".join(sorted(CLOUDS))
+
+
+def head_type(cloud: str) -> InstanceType | None:
+    """The run's head instance on ``cloud`` (its region left open: the run picks it), or None where the cloud runs
+    no head instance (the local backend's head is this machine's Ray)."""
+    shape = clouds.cloud(cloud).head
+    if shape is None:
+        return None
+    return InstanceType(
+        cloud, shape.name, "", (), "CPU", 0, shape.vcpus, shape.memory_gib, shape.price_hr, None, host_type=shape.name
+    )
+
+
+def head_types() -> dict[str, InstanceType]:
+    """Each cloud's head shape (clouds that run a head instance only)."""
+    return {name: head for name in CLOUDS if (head := head_type(name)) is not None}
 
 
 def user_catalog_dir(environ: dict[str, str] | None = None) -> Path:
@@ -486,8 +469,8 @@ def user_catalog_dir(environ: dict[str, str] | None = None) -> Path:
 
 def shipped_catalog_text(cloud: str) -> str:
     """The CSV text rubberband ships for ``cloud`` (always present, works offline)."""
-    if cloud not in BILLING_RULES:
-        raise CatalogError(f"unknown cloud {cloud!r}; use aws, gcp or local")
+    if cloud not in CLOUDS:
+        raise CatalogError(f"unknown cloud {cloud!r}; use {_known()}")
     return resources.files(CATALOG_PACKAGE).joinpath(f"{cloud}.csv").read_text()
 
 
@@ -500,14 +483,14 @@ def load_catalog(
     ``<cloud>.csv`` in the user catalog directory (``user_dir``, default :func:`user_catalog_dir`)
     wins, and the shipped file is used for clouds it lacks.
     """
-    clouds = clouds or ["aws", "gcp", "local"]
+    clouds = clouds or list(CLOUDS)
     types: list[InstanceType] = []
     dates: dict[str, str] = {}
     sources: dict[str, str] = {}
     user = Path(user_dir) if user_dir is not None else user_catalog_dir()
     for cloud in clouds:
-        if cloud not in BILLING_RULES:
-            raise CatalogError(f"unknown cloud {cloud!r}; use aws, gcp or local")
+        if cloud not in CLOUDS:
+            raise CatalogError(f"unknown cloud {cloud!r}; use {_known()}")
         if directory is not None:
             path = Path(directory) / f"{cloud}.csv"
             if not path.exists():

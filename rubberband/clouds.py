@@ -1,36 +1,88 @@
-"""What rubberband knows about each cloud, as data: one descriptor per cloud in one table.
+"""What rubberband knows about each cloud that is data, not code: one set of facts per cloud, in one file.
 
-Every fact that differs between clouds and is not an SDK call lives here — how a zone names its region, the
-metadata server a node reads (its instance id at boot, its preemption notice while it trains), the head's
-instance shape, whether spot instances exist — so that the boot script, the notice watchers, the planner's head
-cost, the spot model and the backends ask one place instead of branching on ``"aws"``/``"gcp"`` each in its own
-way. The SDK half of a cloud (its provider, identity set-up and checks) is reached through
-:mod:`rubberband.cloud.registry`. A cloud this table does not know is an :class:`~rubberband.errors.InputError`.
+Every fact that differs between clouds and is not an SDK call — how a zone names its region, the metadata server a
+node reads, the head's shape, whether spot exists, the billing rule, start-up and termination defaults, how the
+catalog is laid out, which variable names a boot image — lives in ``catalogs/clouds.yaml`` and is read here, so that
+the planner, the boot script, the notice watchers, the spot model and the backends ask one place instead of
+branching on a cloud's name each in its own way. The code half of a cloud (its provider, identities, notice parser,
+clean-up) is its package under ``cloud/<name>/`` (:mod:`rubberband.cloud.registry`; docs/adding-a-cloud.md).
+A cloud this file does not know is an :class:`~rubberband.errors.InputError`.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib import resources
+from typing import Literal, overload
 
-from rubberband.catalog import InstanceType
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
 from rubberband.errors import InputError
+
+FACTS_FILE = "clouds.yaml"
 
 
 @dataclass(frozen=True)
-class CloudDescriptor:
-    """One cloud's facts (see the module docstring)."""
+class BillingRule:
+    """Per-second billing with a minimum charge; a lifetime runs from request to termination.
 
+    :meth:`billed_seconds` is the one billing function: the executor's accounting bills each
+    journaled instance with it and the planner's simulator bills its simulated instances with it
+    (element-wise on arrays of lifetimes), so a prediction is billed exactly like the run.
+    """
+
+    granularity_s: float = 1.0
+    minimum_s: float = 60.0
+
+    @overload
+    def billed_seconds(self, lifetime_s: float) -> float: ...
+    @overload
+    def billed_seconds(self, lifetime_s: np.ndarray) -> np.ndarray: ...
+
+    def billed_seconds(self, lifetime_s):
+        """Seconds billed for a lifetime (a float, or element-wise for an array of them)."""
+        billed = np.maximum(np.maximum(lifetime_s, 0.0), self.minimum_s)
+        out = np.ceil(billed / self.granularity_s - 1e-9) * self.granularity_s
+        return float(out) if np.ndim(out) == 0 else out
+
+    def cost(self, lifetime_s: float, price_per_hour: float) -> float:
+        return self.billed_seconds(lifetime_s) * price_per_hour / 3600.0
+
+
+class HeadShape(BaseModel):
+    """The run's head instance: a small on-demand CPU machine (the catalog builds its InstanceType)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
-    #: the metadata server's base URL (a node's instance id at boot; ``notice_path`` below it for notices)
+    vcpus: float = Field(gt=0)
+    memory_gib: float = Field(gt=0)
+    price_hr: float = Field(gt=0)
+
+
+class CloudFacts(BaseModel):
+    """One cloud's facts (the fields are described at the top of ``catalogs/clouds.yaml``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    label: str
     metadata_url: str | None
-    #: below ``metadata_url``: where the preemption-notice watchers read (None: the cloud posts no notices)
     notice_path: str | None
-    #: the run's head instance shape (2 vCPUs, 8 GiB, on demand; $/h of the cheapest region); None: no head
-    head_type: InstanceType | None
-    #: how a zone's name extends its region's: the part this pattern matches at the end is cut off
     zone_suffix: str
-    spot: bool = False  # the cloud sells preemptible capacity rubberband can plan with
+    spot: bool
+    head: HeadShape | None
+    billing: BillingRule
+    transfer_usd_per_gb: float = Field(ge=0)
+    startup_s: tuple[float, ...] = Field(min_length=1)
+    termination_s: tuple[float, ...] = Field(min_length=1)
+    serial_provisioning: bool
+    head_boots_first: bool
+    catalog_layout: Literal["rows", "hosts_and_gpus"]
+    image_env: str | None
+    profiling: bool
+    spot_trace_kinds: dict[str, str] = Field(default_factory=dict)
 
     def region_of(self, zone: str) -> str:
         """The region a zone lies in (``us-east-1a`` → ``us-east-1``, ``us-central1-a`` → ``us-central1``);
@@ -45,37 +97,37 @@ class CloudDescriptor:
         return f"{self.metadata_url.rstrip('/')}/{self.notice_path}"
 
 
-CLOUDS: dict[str, CloudDescriptor] = {
-    "aws": CloudDescriptor(
-        name="aws",
-        metadata_url="http://169.254.169.254",
-        notice_path="",
-        head_type=InstanceType("aws", "m6i.large", "", (), "CPU", 0, 2, 8, 0.096, None, host_type="m6i.large"),
-        zone_suffix=r"(?<=\d)[a-z]$",
-        spot=True,
-    ),
-    "gcp": CloudDescriptor(
-        name="gcp",
-        metadata_url="http://metadata.google.internal",
-        notice_path="computeMetadata/v1/",
-        head_type=InstanceType(
-            "gcp", "e2-standard-2", "", (), "CPU", 0, 2, 8, 0.067006, None, host_type="e2-standard-2"
-        ),
-        zone_suffix=r"(?<=\d)-[a-z]$",
-        spot=True,
-    ),
-    "local": CloudDescriptor(name="local", metadata_url=None, notice_path=None, head_type=None, zone_suffix=r"$^"),
-}
+def _load() -> tuple[dict[str, CloudFacts], str]:
+    """The shipped facts file, parsed and checked (a broken file is a packaging error: it raises at import)."""
+    doc = yaml.safe_load(resources.files("rubberband.catalogs").joinpath(FACTS_FILE).read_text())
+    clouds = {name: CloudFacts(name=name, **entry) for name, entry in doc["clouds"].items()}
+    return clouds, str(doc["default_cloud"])
 
 
-def cloud(name: str) -> CloudDescriptor:
-    """The descriptor of the cloud ``name``; an unknown one is an InputError naming the known ones."""
+#: Every cloud rubberband knows, by name (read once: shipped data, never changed while running).
+CLOUDS, DEFAULT_CLOUD = _load()
+
+
+def cloud(name: str) -> CloudFacts:
+    """The facts of the cloud ``name``; an unknown one is an InputError naming the known ones."""
     try:
         return CLOUDS[name]
     except KeyError:
         raise InputError(f"unknown cloud {name!r}; rubberband knows {', '.join(sorted(CLOUDS))}") from None
 
 
-def head_types() -> dict[str, InstanceType]:
-    """Each cloud's head shape (clouds that run a head instance only)."""
-    return {name: d.head_type for name, d in CLOUDS.items() if d.head_type is not None}
+def facts_or_like(name: str) -> CloudFacts:
+    """The facts of ``name``, or, for a cloud this file does not list (a test catalog's own), those of the default
+    cloud (``default_cloud``), which it is billed and started up like."""
+    return CLOUDS.get(name) or CLOUDS[DEFAULT_CLOUD]
+
+
+def billing_rule(name: str) -> BillingRule:
+    """How ``name`` bills (:func:`facts_or_like`)."""
+    return facts_or_like(name).billing
+
+
+def rented_clouds() -> list[str]:
+    """The clouds that rent instances (a run there boots a head instance of its own; the local backend's head is
+    this machine)."""
+    return [name for name, facts in CLOUDS.items() if facts.head is not None]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rubberband.catalog import Catalog, load_catalog
+from rubberband.clouds import rented_clouds
 from rubberband.errors import InputError, ProfileError
 from rubberband.profile import Profile, load_profile
 from rubberband.spec import CLOUDS, JobSpec, load_spec
@@ -44,7 +45,7 @@ def catalog_for(spec: JobSpec, cloud: str | None = None, *, directory: str | Pat
     if cloud in (None, ""):
         clouds = list(spec.resources.clouds)
     elif cloud == "any":
-        clouds = ["aws", "gcp"] + (["local"] if "local" in spec.resources.clouds else [])
+        clouds = rented_clouds() + [c for c in spec.resources.clouds if c not in rented_clouds()]
     else:
         clouds = [cloud]
     catalog = load_catalog(clouds, directory=directory)

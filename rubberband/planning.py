@@ -23,7 +23,7 @@ def billed_heads(head: str = "instance", grace_s: float | None = None) -> dict[s
     """The head instance a run pays for, per cloud, as the planner takes it.
 
     ``head="instance"`` (``rubberband run --cloud aws|gcp``'s default): each AWS/GCP run starts its
-    own small CPU head (:data:`rubberband.clouds.CloudDescriptor.head_type`), billed from its boot until the
+    own small CPU head (:func:`rubberband.catalog.head_type`), billed from its boot until the
     watchdog's results grace (``grace_s``, default :class:`~rubberband.cloud.bootstrap.WatchdogSettings`)
     after the job ends. ``head="local"``: the CLI machine is the head, nothing to bill. Local runs never
     have a billed head (no entry for ``local``).
@@ -31,7 +31,7 @@ def billed_heads(head: str = "instance", grace_s: float | None = None) -> dict[s
     if head == "local":
         return {}
     from rubberband.cloud.bootstrap import WatchdogSettings
-    from rubberband.clouds import head_types
+    from rubberband.catalog import head_types
     from rubberband.planner.simulator import HeadSpec
 
     grace = WatchdogSettings().done_grace_s if grace_s is None else float(grace_s)

@@ -12,13 +12,25 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rubberband.clouds import CLOUDS as KNOWN_CLOUDS
+from rubberband.clouds import DEFAULT_CLOUD
 from rubberband.credentials import refuse_requirement_credentials
 from rubberband.errors import InputError, SpecError
 from rubberband.units import parse_duration
 
-CLOUDS = ("aws", "gcp", "local")
+CLOUDS = tuple(KNOWN_CLOUDS)
+
+
+def _known_cloud(name: str) -> str:
+    if name not in KNOWN_CLOUDS:
+        raise ValueError(f"unknown cloud {name!r}; use {', '.join(KNOWN_CLOUDS)}")
+    return name
+
+
+#: A cloud catalogs/clouds.yaml knows.
+KnownCloud = Annotated[str, AfterValidator(_known_cloud)]
 
 
 class _Strict(BaseModel):
@@ -125,7 +137,7 @@ class SearchSpec(_Strict):
 
 
 class ResourceSpec(_Strict):
-    clouds: list[Literal["aws", "gcp", "local"]] = Field(default_factory=lambda: ["aws"], min_length=1)
+    clouds: list[KnownCloud] = Field(default_factory=lambda: [DEFAULT_CLOUD], min_length=1)
     regions: list[str] | None = None
     instance_types: list[str] | None = None
     spot: bool = False

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rubberband.clouds import CLOUDS
 from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.errors import InputError
 from rubberband.planner.spot import (
@@ -45,14 +46,6 @@ PAPER = (
     "Wu, Chiang, Mao, Yang, Friedman, Shenker, Stoica: Can't Be Late: Optimizing Spot Instance Savings "
     "under Deadlines, NSDI'24"
 )
-#: Instance kinds in trace file names, per cloud → the catalog's instance type.
-TRACE_KINDS: dict[tuple[str, str], str] = {
-    ("aws", "v100"): "p3.2xlarge",
-    ("gcp", "c3-88"): "c3-highcpu-88",
-    ("aws", "k80"): "p2.xlarge",
-    ("aws", "t4"): "g4dn.xlarge",
-}
-CLOUDS = ("aws", "gcp", "local")
 
 
 class SpotTraceError(InputError):
@@ -193,7 +186,9 @@ def read_trace(path: Path, root: Path | None = None) -> TraceFile:
         )
     stem = path.stem.split("_")
     zone = meta.get("zone") or stem[0]
-    label = meta.get("instance_type") or (TRACE_KINDS.get((cloud, stem[1].lower()), stem[1]) if len(stem) > 1 else None)
+    label = meta.get("instance_type") or (
+        cloud_descriptor(cloud).spot_trace_kinds.get(stem[1].lower(), stem[1]) if len(stem) > 1 else None
+    )
     if not label:
         raise SpotTraceError(
             f"{path}: cannot tell the instance type; name the file <zone>_<kind>_<n>.json or set metadata.instance_type"

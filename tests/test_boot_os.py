@@ -24,6 +24,7 @@ import pytest
 import boot_os
 from test_cloud_boot import JOB, MetadataServer
 
+from rubberband.cloud.aws.boot import AWS_BOOT
 from rubberband.cloud.bootstrap import (
     BOOT_FAILED,
     POWEROFF_MARKER,
@@ -57,7 +58,7 @@ def _config(role: str, metadata_url: str, ray_port: int, dashboard_port: int, **
         options += ["--ray-client-server-port", str(free_port())]
     return BootstrapConfig(
         run_id=RUN,
-        cloud="aws",
+        dialect=AWS_BOOT,
         role=role,
         region="us-east-1",
         ray_version=str(versions["ray_version"]),

@@ -41,12 +41,16 @@ from pathlib import Path
 
 import pytest
 
+from rubberband.cloud.aws.boot import AWS_BOOT
+from rubberband.cloud.gcp.boot import GCP_BOOT
 from rubberband.cloud.bootstrap import BOOT_FAILED, BootstrapConfig, client_versions, render_startup_script
 from rubberband.cloud.local_head import _private_address
 from rubberband.cloud.shipping import build_package, job_runtime_env
 from rubberband.net import free_port
 
 from conftest import REPO
+
+DIALECTS = {"aws": AWS_BOOT, "gcp": GCP_BOOT}
 
 pytestmark = pytest.mark.e2e
 
@@ -105,6 +109,7 @@ import json, os, sys
 import ray
 import rubberband
 from rubberband.executor.trials import TrialRun, TrialSpec
+
 
 node, out = sys.argv[1], sys.argv[2]
 ray.init()
@@ -298,7 +303,7 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         return BootstrapConfig(
             ray_start_options=tuple(ports),
             run_id=f"boot-{cloud}",
-            cloud=cloud,
+            dialect=DIALECTS[cloud],
             role=role,
             region="r1",
             ray_port=ray_port,

@@ -17,7 +17,10 @@ from cloud_helpers import cloud_catalog
 from gce_fake import GceFake, GceMetadata, gce_fake  # noqa: F401  (fixture)
 from test_cloud_head import STUB, VERSIONS
 
-from rubberband.cloud.bootstrap import GCP_BACKSTOP_S, BootstrapConfig, WatchdogSettings, render_node_watchdog
+from rubberband.cloud.aws.boot import AWS_BOOT
+from rubberband.cloud.gcp.boot import GCP_BOOT
+from rubberband.cloud.gcp.boot import GCP_BACKSTOP_S
+from rubberband.cloud.bootstrap import BootstrapConfig, WatchdogSettings, render_node_watchdog
 from rubberband.cloud.failover import RetryPolicy
 from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.cloud.head import WorkerBoot, head_startup_script, self_terminate, worker_startup_script
@@ -71,7 +74,7 @@ def _end_itself(fake: GceFake, tmp_path, name: str, role: str, *, why: str) -> l
         script = render_node_watchdog(
             BootstrapConfig(
                 run_id=RUN,
-                cloud="gcp",
+                dialect=GCP_BOOT,
                 role=role,  # type: ignore[arg-type]
                 head_address="10.0.0.2" if role == "worker" else None,
                 head_lost_timeout_s=60,
@@ -80,7 +83,7 @@ def _end_itself(fake: GceFake, tmp_path, name: str, role: str, *, why: str) -> l
                 state_dir=str(state),
                 console=str(tmp_path / "console"),
                 metadata_url=metadata.url,
-                compute_url=fake.url,
+                api_url=fake.url,
                 watchdog=WatchdogSettings(submit_timeout_s=600),
                 **VERSIONS,
             )
@@ -145,15 +148,15 @@ def test_gcp_power_offs_only_back_up_compute_engines_deletion():
     watchdog deletes it through the API; the VM's own power-offs — the lifetime cap's `shutdown +N`, its expiry, a
     failed boot's `shutdown +M` — come GCP_BACKSTOP_S later, never first (a VM that powers itself off first is stopped
     and stays). On AWS a power-off terminates the instance: no backstop."""
-    head = head_startup_script("gcp", "us-central1", RUN, WatchdogSettings(max_lifetime_s=7200))
+    head = head_startup_script(GCP_BOOT, "us-central1", RUN, WatchdogSettings(max_lifetime_s=7200))
     on = Instance(id="rb-run-n-0-abc", cloud="gcp", instance_type="", zone="us-central1-a", state="running", run_id=RUN)
-    worker = worker_startup_script("gcp", RUN, dataclasses.replace(on, address="10.0.0.2"), V100, WorkerBoot(3600))
+    worker = worker_startup_script(GCP_BOOT, RUN, dataclasses.replace(on, address="10.0.0.2"), V100, WorkerBoot(3600))
     for script, cap in ((head, 7200), (worker, 3600)):
         (minutes,) = re.findall(r"shutdown -h \+(\d+) \|\| true\n", script)
         assert int(minutes) * 60 >= cap + GCP_BACKSTOP_S
         assert f"$(date +%s) + {int(cap + GCP_BACKSTOP_S)} ))" in script
         (failed,) = re.findall(r"shutdown -h \+(\d+) \|\| true; exit 1", script)
         assert int(failed) * 60 >= 600 + GCP_BACKSTOP_S  # after the watchdog's 10 minutes
-    aws = head_startup_script("aws", "us-east-1", RUN, WatchdogSettings(max_lifetime_s=7200))
+    aws = head_startup_script(AWS_BOOT, "us-east-1", RUN, WatchdogSettings(max_lifetime_s=7200))
     assert "shutdown -h +120 || true\n" in aws and "shutdown -h +10 || true; exit 1" in aws
     assert "self_delete" not in aws and "self_delete && exit 0" in head

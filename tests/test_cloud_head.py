@@ -22,6 +22,8 @@ from cloud_helpers import (
     moto_server,  # noqa: F401
 )
 
+from rubberband.cloud.aws.boot import AWS_BOOT
+from rubberband.cloud.gcp.boot import GCP_BOOT
 from rubberband.cloud.aws.provider import AwsProvider
 from rubberband.cloud.bootstrap import (
     BootstrapConfig,
@@ -98,7 +100,7 @@ def test_scripts_join_the_head_and_hold_no_secrets():
     head = render_startup_script(
         BootstrapConfig(
             run_id="run-s",
-            cloud="aws",
+            dialect=AWS_BOOT,
             role="head",
             region=REGION,
             rubberband_version="0.1.0",
@@ -116,7 +118,7 @@ def test_scripts_join_the_head_and_hold_no_secrets():
     worker = render_startup_script(
         BootstrapConfig(
             run_id="run-s",
-            cloud="gcp",
+            dialect=GCP_BOOT,
             role="worker",
             head_address="10.128.0.2",
             workers=4,
@@ -132,7 +134,7 @@ def test_scripts_join_the_head_and_hold_no_secrets():
     cpu = render_startup_script(
         BootstrapConfig(
             run_id="run-s",
-            cloud="aws",
+            dialect=AWS_BOOT,
             role="worker",
             head_address="10.0.0.2",
             use_gpu=False,
@@ -151,7 +153,7 @@ def test_scripts_join_the_head_and_hold_no_secrets():
         render_startup_script(
             BootstrapConfig(
                 run_id="run-s",
-                cloud="aws",
+                dialect=AWS_BOOT,
                 role="worker",
                 head_address="10.0.0.2",
                 token_push_key="ssh-rsa AAAA; rm -rf /",
@@ -159,17 +161,17 @@ def test_scripts_join_the_head_and_hold_no_secrets():
             )
         )
     with pytest.raises(InputError, match="head_address"):
-        render_startup_script(BootstrapConfig(run_id="run-s", cloud="aws", role="worker", **VERSIONS))
+        render_startup_script(BootstrapConfig(run_id="run-s", dialect=AWS_BOOT, role="worker", **VERSIONS))
     with pytest.raises(InputError, match="credential"):
         render_startup_script(
             BootstrapConfig(
-                run_id="run-s", cloud="aws", role="head", requirements=("AWS_SECRET_ACCESS_KEY=x",), **VERSIONS
+                run_id="run-s", dialect=AWS_BOOT, role="head", requirements=("AWS_SECRET_ACCESS_KEY=x",), **VERSIONS
             )
         )
     with pytest.raises(InputError, match="python_version"):
         render_startup_script(
             BootstrapConfig(
-                run_id="run-s", cloud="aws", role="head", **{**VERSIONS, "python_version": "3.11; rm -rf /"}
+                run_id="run-s", dialect=AWS_BOOT, role="head", **{**VERSIONS, "python_version": "3.11; rm -rf /"}
             )
         )
     for bad in ("Run_1", "", "a;rm -rf /", "x" * 42):
@@ -192,7 +194,7 @@ def test_head_provisioned_then_watchdog_ends_a_stalled_run(moto_env, tmp_path):
         InstanceId=head.id, Attribute="userData"
     )["UserData"]["Value"]
     assert "ray.scripts.scripts start --head" in base64.b64decode(user_data).decode()
-    script = worker_startup_script("aws", "run-w", head, G4)
+    script = worker_startup_script(AWS_BOOT, "run-w", head, G4)
     assert f"RB_HEAD={head.address}:6379" in script
     workers = provider.provision(
         InstanceRequest("run-w", 0, G4, count=2, startup_script=script, extra_tags={TAG_ROLE: "worker"})
@@ -350,7 +352,7 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     head_calls = run_script(
         render_startup_script(
             BootstrapConfig(
-                cloud="aws",
+                dialect=AWS_BOOT,
                 role="head",
                 region=REGION,
                 max_lifetime_s=3600,
@@ -386,7 +388,7 @@ def test_rendered_scripts_run_and_start_ray_as_intended(tmp_path):
     worker_calls = run_script(
         render_startup_script(
             BootstrapConfig(
-                cloud="gcp",
+                dialect=GCP_BOOT,
                 role="worker",
                 head_address="10.128.0.2",
                 workers=2,
@@ -433,7 +435,7 @@ def test_a_failed_boot_says_why_on_the_console(tmp_path):
     script = render_startup_script(
         BootstrapConfig(
             run_id="run-f",
-            cloud="aws",
+            dialect=AWS_BOOT,
             role="worker",
             head_address="10.0.0.2",
             image_pythons=(),
@@ -486,7 +488,7 @@ def test_watchdog_as_a_job_asks_the_boot_script_to_power_off(tmp_path):
     )
     assert args.poweroff_marker and args.run_dir is None
     assert poll_interval(SETTINGS) == 30 and poll_interval(WatchdogSettings(done_grace_s=1.0)) == 0.1
-    script = render_startup_script(BootstrapConfig(run_id="run-q", cloud="aws", role="head", **VERSIONS))
+    script = render_startup_script(BootstrapConfig(run_id="run-q", dialect=AWS_BOOT, role="head", **VERSIONS))
     assert f"/var/lib/rubberband/runs/run-q/{POWEROFF_MARKER} ]; then" in script
 
 
@@ -520,18 +522,18 @@ def test_worker_scripts_rendered_on_a_head_pin_the_clis_versions(monkeypatch):
             }
         ),
     )
-    script = worker_startup_script("aws", "run-v", head, G4)
+    script = worker_startup_script(AWS_BOOT, "run-v", head, G4)
     assert "torch==2.13.0" in script and "'ray[default]==2.60.0' numpy==2.4.6 pydantic==2.13.4" in script
     minor = f"{sys.version_info.major}, {sys.version_info.minor}"
     assert f"sys.exit(sys.version_info[:2] != ({minor}))" in script  # this machine's (the head's) minor
     monkeypatch.setenv(RUN_VERSIONS_ENV, json.dumps({"ray_version": "2.60.0", "torch_version": None}))
-    assert "torch==" not in worker_startup_script("aws", "run-v", head, G4)  # nothing to pin: the image's own
+    assert "torch==" not in worker_startup_script(AWS_BOOT, "run-v", head, G4)  # nothing to pin: the image's own
 
 
 def test_a_cloud_heads_script_takes_the_images_python_and_pins_the_runtime(monkeypatch):
     """The CLI reaches a cloud head only through Ray's job HTTP API: the head boots on the image's own Python
     (the Deep Learning images' first, where their CUDA torch lives) if Ray supports it, whatever the CLI's."""
-    script = head_startup_script("aws", "us-east-1", "run-h")
+    script = head_startup_script(AWS_BOOT, "us-east-1", "run-h")
     assert "sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))" in script
     assert "for cand in /opt/pytorch/bin/python3 /opt/conda/bin/python3 python3; do" in script
     assert "apt-get install -y -qq python3." not in script  # no OS Python of the CLI's minor is forced on it
@@ -581,7 +583,7 @@ def run_node_watchdog(tmp_path, role: str, node: NodeState, **config) -> list[li
     script = render_node_watchdog(
         BootstrapConfig(
             run_id="run-n",
-            cloud="aws",
+            dialect=AWS_BOOT,
             role=role,
             head_address="10.0.0.2" if role == "worker" else None,
             venv=str(tmp_path / "venv"),

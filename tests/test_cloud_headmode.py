@@ -39,7 +39,7 @@ from gce_fake import gce_fake  # noqa: F401
 from test_cloud_cli import Offer, cloud_env, cloud_job, cloud_plan, moto_instances, one_error_line, small_gcp_job
 
 from rubberband.catalog import parse_catalog
-from rubberband.clouds import head_types
+from rubberband.catalog import head_types
 from rubberband.cloud.head_run import unpack
 from rubberband.head_job import build_parser, pack
 from rubberband.cloud.head_link import DirectLink

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rubberband.cloud.aws.boot import AWS_BOOT
 from rubberband.cloud.bootstrap import BootstrapConfig, render_startup_script
 from rubberband.cloud.head_link import ssh_options
 from rubberband.cloud.host_keys import (
@@ -32,12 +33,12 @@ ED = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJtVq0Yq5d0Vb1s2YkF6mQy0Z6bYk8m2m3Yl1i
 
 
 def test_the_head_prints_its_host_keys_before_it_waits_for_anything():
-    head = render_startup_script(BootstrapConfig(run_id="run-k", cloud="aws", role="head", **VERSIONS))
+    head = render_startup_script(BootstrapConfig(run_id="run-k", dialect=AWS_BOOT, role="head", **VERSIONS))
     assert HOST_KEY_MARKER in head and "ssh-keygen -A" in head
     assert head.index(HOST_KEY_MARKER) < head.index("waiting for the run's Ray token from the CLI")
     worker = render_startup_script(
         BootstrapConfig(
-            run_id="run-k", cloud="aws", role="worker", head_address="10.0.0.2", ray_auth="disabled", **VERSIONS
+            run_id="run-k", dialect=AWS_BOOT, role="worker", head_address="10.0.0.2", ray_auth="disabled", **VERSIONS
         )
     )
     assert HOST_KEY_MARKER not in worker

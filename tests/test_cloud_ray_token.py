@@ -11,6 +11,7 @@ import pytest
 
 from ray_clients import CLIENT, DRIVER, ray_client
 
+from rubberband.cloud.aws.boot import AWS_BOOT
 from rubberband.cloud.local.provider import LocalProvider
 from rubberband.net import free_port
 
@@ -137,7 +138,7 @@ def _drop_account_lines(public_key: str, drop: str) -> list[str]:
     from rubberband.cloud.bootstrap import BootstrapConfig, _token_drop_lines
 
     config = BootstrapConfig(
-        cloud="aws",
+        dialect=AWS_BOOT,
         role="worker",
         run_id="run-s",
         ray_version="2.60.0",

@@ -21,6 +21,8 @@ from cloud_helpers import (
 from gce_fake import gce_fake  # noqa: F401
 from rich.console import Console
 
+from rubberband.cloud.aws.boot import AWS_BOOT
+from rubberband.cloud.gcp.boot import GCP_BOOT
 from rubberband.cloud.aws.provider import AwsProvider
 from rubberband.cloud.dryrun import dry_run, render_dry_run
 from rubberband.cloud.failover import CallContext, classify, provision_with_failover
@@ -40,7 +42,7 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
     aws = AwsProvider(REGION, image_id=moto_ami(), poll_s=0.01)
 
     head = provision_head(aws, "run-z", REGION, g4.zones, HeadBoot(timeout_s=10))
-    script = worker_startup_script("aws", "run-z", head, g4)
+    script = worker_startup_script(AWS_BOOT, "run-z", head, g4)
     workers = aws.provision(InstanceRequest("run-z", 0, g4, count=2, startup_script=script))
     ec2 = boto3.client("ec2", region_name=REGION)
     for inst in [head, *workers]:
@@ -66,7 +68,7 @@ def test_fake_keys_never_leave_the_credential_chain(moto_env, ec2_faults, gce_fa
     v100 = catalog.find("n1-standard-8+V100x1")
     gcp_head = provision_head(gcp, "run-z", "us-central1", v100.zones, HeadBoot(timeout_s=10))
     gcp.provision(
-        InstanceRequest("run-z", 0, v100, startup_script=worker_startup_script("gcp", "run-z", gcp_head, v100))
+        InstanceRequest("run-z", 0, v100, startup_script=worker_startup_script(GCP_BOOT, "run-z", gcp_head, v100))
     )
     terminate_run(gcp, "run-z")
     outputs += gce_fake.bodies

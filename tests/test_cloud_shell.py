@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from packaging.requirements import InvalidRequirement, Requirement
 
+from rubberband.cloud.aws.boot import AWS_BOOT
 from rubberband.cloud.bootstrap import BootstrapConfig, render_startup_script
 from rubberband.cloud.shell import say_line, shell_word
 from rubberband.errors import InputError, SpecError
@@ -76,7 +77,7 @@ def _run_install(tmp_path: Path, requirement: str) -> tuple[list[str], list[str]
     script = render_startup_script(
         BootstrapConfig(
             run_id="run-q",
-            cloud="aws",
+            dialect=AWS_BOOT,
             role="worker",
             head_address="10.0.0.2",
             ray_auth="disabled",
@@ -164,12 +165,16 @@ def test_a_login_in_a_requirement_url_is_refused_before_anything_is_rendered(tmp
         load_spec(spec)
     assert "\n" not in str(info.value)
     with pytest.raises(InputError, match="login in its URL"):
-        BootstrapConfig(run_id="run-q", cloud="aws", role="head", requirements=(requirement,), **VERSIONS)
+        BootstrapConfig(run_id="run-q", dialect=AWS_BOOT, role="head", requirements=(requirement,), **VERSIONS)
 
 
 def test_an_ssh_git_user_is_no_login():
     config = BootstrapConfig(
-        run_id="run-q", cloud="aws", role="head", requirements=("pkg @ git+ssh://git@github.com/o/p.git",), **VERSIONS
+        run_id="run-q",
+        dialect=AWS_BOOT,
+        role="head",
+        requirements=("pkg @ git+ssh://git@github.com/o/p.git",),
+        **VERSIONS,
     )
     assert "git+ssh://git@github.com/o/p.git" in render_startup_script(config)
 
@@ -177,4 +182,4 @@ def test_an_ssh_git_user_is_no_login():
 @pytest.mark.parametrize("field", ["ray_version", "torch_version", "rubberband_version"])
 def test_a_version_that_is_not_one_is_refused(field):
     with pytest.raises(InputError, match=field):
-        BootstrapConfig(run_id="run-q", cloud="aws", role="head", **{**VERSIONS, field: "2.0\n$(reboot)"})
+        BootstrapConfig(run_id="run-q", dialect=AWS_BOOT, role="head", **{**VERSIONS, field: "2.0\n$(reboot)"})

@@ -23,7 +23,7 @@ def test_the_package_holds_sources_and_catalogs_only():
     assert "rubberband/planner/__init__.py" in names and "rubberband/cloud/shipping.py" in names
     assert "rubberband/catalogs/aws.csv" in names  # package data travels too
     assert "rubberband/catalogs/spot_model.json" in names  # the shipped spot model, for re-plans on the head
-    kinds = (".py", ".csv", "catalogs/spot_model.json")
+    kinds = (".py", ".csv", "catalogs/spot_model.json", "catalogs/clouds.yaml")
     assert all(name.endswith(kinds) for name in names), [n for n in names if not n.endswith(kinds)]
     assert not any("__pycache__" in name or "egg-info" in name or "/." in name for name in names)
     assert len(names) == len(set(names)) and all(name.split("/")[0] == "rubberband" for name in names)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rubberband.clouds import CLOUDS, cloud, head_types
+from rubberband.catalog import head_types
+from rubberband.clouds import CLOUDS, cloud
 from rubberband.errors import InputError
 
 

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from rubberband.clouds import head_types
+from rubberband.catalog import head_types
 from rubberband.plan import load_plan
 from conftest import EXAMPLES
 

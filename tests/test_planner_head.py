@@ -11,7 +11,7 @@ from planner_helpers import ideal_model, itype
 
 from rubberband.catalog import BILLING_RULES, load_catalog
 from rubberband.cloud.dryrun import schedule_for
-from rubberband.clouds import head_types
+from rubberband.catalog import head_types
 from rubberband.plan import parse_plan
 from rubberband.planner import HeadSpec, PlanOptions, configs_of, plan_job, simulate_plan
 from rubberband.planner.model import fit_performance_model

@@ -33,6 +33,7 @@ import botocore.parsers
 from botocore.config import Config
 
 from rubberband import __version__
+from rubberband.cloud.aws.boot import AWS_BOOT
 from rubberband.cloud.aws.session import new_session
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
 from rubberband.credentials import assert_no_credentials, redact
@@ -117,6 +118,7 @@ class AwsProvider:
     """EC2 instances of one region for rubberband runs."""
 
     cloud = "aws"
+    boot_dialect = AWS_BOOT
 
     def __init__(self, region: str, **options: Unpack[AwsOptions]) -> None:
         check_option_names("AwsProvider", options, AwsOptions.__optional_keys__)

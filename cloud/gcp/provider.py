@@ -66,6 +66,7 @@ from google.cloud import compute_v1
 
 from rubberband import __version__
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
+from rubberband.cloud.gcp.boot import GCP_BOOT
 from rubberband.cloud.gcp.session import ENDPOINT_ENV, PROJECT_ENV
 from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.failover import (
@@ -233,6 +234,7 @@ class GcpProvider:
     """Compute Engine VMs of one region (one project) for rubberband runs."""
 
     cloud = "gcp"
+    boot_dialect = GCP_BOOT
 
     def __init__(self, region: str, **options: Unpack[GcpOptions]) -> None:
         check_option_names("GcpProvider", options, GcpOptions.__optional_keys__)

@@ -88,7 +88,7 @@ class RunSource:
     def from_dir(cls, run_dir: str | Path) -> "RunSource":
         import json
 
-        from rubberband.catalog import BILLING_RULES
+        from rubberband.clouds import billing_rule
         from rubberband.executor import journal as J
         from rubberband.plan import TimelineInstance, TimelineTask
 
@@ -102,7 +102,7 @@ class RunSource:
         instances = []
         for life in sorted(state.instances.values(), key=lambda i: i.requested_at):
             released = life.terminated_at or end
-            rule = BILLING_RULES.get(life.cloud, BILLING_RULES["aws"])
+            rule = billing_rule(life.cloud)
             instances.append(
                 TimelineInstance(
                     id=life.id,
