@@ -27,12 +27,12 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
-from rubberband.cloud.head import HeadProvider as ScriptedProvider
+from rubberband.cloud.boot_dialect import BootDialect, dialect_of
 from rubberband.cloud.head import WorkerBoot, worker_startup_script
 from rubberband.cloud.provider import (
     TAG_ROLE,
@@ -44,7 +44,6 @@ from rubberband.cloud.provider import (
     loss_reason,
     node_resource,
 )
-from rubberband.cloud.registry import ProviderPool
 from rubberband.clouds import cloud as cloud_descriptor
 from rubberband.devices import DevicePolicy
 from rubberband.errors import CloudError, Location
@@ -134,6 +133,17 @@ class Obtained:
     spot: bool = False  # the market obtained (on-demand when a spot request fell over to it)
 
 
+class ProviderSource(Protocol):
+    """Where a backend gets its providers: one per (cloud, region), built on first use
+    (:class:`~rubberband.cloud.registry.ProviderPool`)."""
+
+    def __call__(self, cloud: str, region: str) -> Provider: ...
+
+    def for_type(self, itype: Any) -> Provider: ...
+
+    def providers(self) -> list[Provider]: ...
+
+
 @dataclass(frozen=True)
 class BackendSeams:
     """What tests put in place of a cloud backend's real parts; each None (the real thing) in a real run, and
@@ -200,7 +210,7 @@ class ExecutorBackend(Provider, Protocol):
 class CloudBackend:
     """Provider + head handling for one cloud run, as the executor expects of a backend."""
 
-    pool: ProviderPool
+    pool: ProviderSource
     head: Instance
     alternatives: Callable[[InstanceType], Sequence[InstanceType]] = lambda itype: ()
     policy: FailoverPolicy = field(default_factory=FailoverPolicy)
@@ -259,7 +269,8 @@ class CloudBackend:
                 requirements=tuple(self.requirements),
                 token_push_key=self.token_push.public_key if self.token_push is not None else None,
             )
-            return _ScriptFor(self.pool.for_type(candidate), self.head, boot)
+            provider = self.pool.for_type(candidate)
+            return _ScriptFor(provider, dialect_of(provider), self.head, boot)
 
         try:
             result = provision_with_failover(
@@ -387,7 +398,8 @@ class CloudBackend:
 class _ScriptFor:
     """A provider view that re-renders the worker script for the type actually tried (failover)."""
 
-    provider: ScriptedProvider
+    provider: Provider
+    dialect: BootDialect
     head: Instance
     boot: WorkerBoot
 
@@ -396,7 +408,5 @@ class _ScriptFor:
         return self.provider.cloud
 
     def provision(self, request: InstanceRequest) -> list[Instance]:
-        script = worker_startup_script(
-            self.provider.boot_dialect, request.run_id, self.head, request.instance_type, self.boot
-        )
+        script = worker_startup_script(self.dialect, request.run_id, self.head, request.instance_type, self.boot)
         return self.provider.provision(dataclasses.replace(request, startup_script=script))

@@ -7,18 +7,23 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
+
+from rubberband.errors import InputError
 
 
 class BootDialect(Protocol):
     """One cloud's boot-script lines (bash)."""
 
     #: the cloud (rubberband/clouds.py) whose metadata server (``metadata_url``) the lines read
-    cloud: str
+    @property
+    def cloud(self) -> str: ...
     #: how long a node's own power-offs wait beyond the deletion they back up (0: a power-off ends the instance)
-    backstop_s: float
+    @property
+    def backstop_s(self) -> float: ...
     #: the API a node that ends itself deletes itself through ("": it powers off instead)
-    api_url: str
+    @property
+    def api_url(self) -> str: ...
 
     def instance_id_lines(self, metadata_url: str) -> list[str]:
         """Lines that set ``INSTANCE_ID`` to this instance's id, read from the metadata server at ``metadata_url``."""
@@ -30,7 +35,17 @@ class BootDialect(Protocol):
         ...
 
 
+@runtime_checkable
 class ScriptBooted(Protocol):
     """A provider whose instances boot from a startup script in its cloud's dialect."""
 
-    boot_dialect: BootDialect
+    @property
+    def boot_dialect(self) -> BootDialect: ...
+
+
+def dialect_of(provider: Any) -> BootDialect:
+    """The boot dialect of ``provider``'s instances; InputError for a provider whose instances boot from no
+    startup script (local nodes)."""
+    if not isinstance(provider, ScriptBooted):
+        raise InputError(f"{getattr(provider, 'cloud', provider)!r} instances boot from no startup script")
+    return provider.boot_dialect

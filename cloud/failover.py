@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from rubberband.cloud.provider import Instance, InstanceRequest, Provisioner
 from rubberband.catalog import Catalog, InstanceType
@@ -102,32 +101,6 @@ ERROR_TABLE: dict[str, ErrorRule] = {
     ),
 }
 
-# AWS Service Quotas that gate GPU instances, by instance family letter (on-demand, spot).
-_AWS_QUOTAS = {
-    "p": ("Running On-Demand P instances (L-417A185B)", "All P Spot Instance Requests (L-7212CCBC)"),
-    "g": ("Running On-Demand G and VT instances (L-DB2E81BA)", "All G and VT Spot Instance Requests (L-3819A6DF)"),
-    "": (
-        "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances (L-1216C47A)",
-        "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests (L-34B43A08)",
-    ),
-}
-_GCP_QUOTA_RE = re.compile(r"Quota '([A-Z0-9_]+)' exceeded")
-
-
-def aws_quota_name(instance_type: str, spot: bool) -> str:
-    """The Service Quotas entry that limits ``instance_type`` (on-demand or spot)."""
-    family = instance_type[:1].lower()
-    on_demand, spot_quota = _AWS_QUOTAS.get(family if family in ("p", "g") else "", _AWS_QUOTAS[""])
-    return spot_quota if spot else on_demand
-
-
-def gcp_quota_name(message: str, metric: str | None = None) -> str | None:
-    """The GCE quota named in an error (``NVIDIA_V100_GPUS``, ``GPUS_ALL_REGIONS``, ``CPUS``)."""
-    if metric:
-        return metric.rsplit("/", 1)[-1].upper()
-    match = _GCP_QUOTA_RE.search(message or "")
-    return match.group(1) if match else None
-
 
 def _one_line(text: str, limit: int = 240) -> str:
     text = redact(" ".join(str(text or "").split()))
@@ -145,6 +118,19 @@ class CallContext:
     instance_type: str | None = None
     spot: bool = False
     action: str | None = None
+    #: the cloud's quota names and console (its provider passes them); None: a generic hint
+    quotas: QuotaGuide | None = None
+
+
+class QuotaGuide(Protocol):
+    """A cloud's quotas, for the hint of a quota error (``cloud/<name>/quotas.py``)."""
+
+    @property
+    def console(self) -> str: ...
+
+    def quota_name(self, instance_type: str, spot: bool, message: str) -> str:
+        """The quota that stopped a launch of ``instance_type`` (``message``: the cloud's error text)."""
+        ...
 
 
 def classify(
@@ -164,14 +150,11 @@ def classify(
     what = f" for {instance_type}" if instance_type else ""
     hint = rule.hint
     if rule.kind == "quota":
+        guide = context.quotas
         if quota is None:
-            quota = (
-                aws_quota_name(instance_type or "", context.spot)
-                if cloud == "aws"
-                else gcp_quota_name(message) or "GPUS_ALL_REGIONS / the GPU quota of the region"
-            )
+            quota = guide.quota_name(instance_type or "", context.spot, message) if guide else "the instance quota"
         scope = "every region" if quota == "GPUS_ALL_REGIONS" else (region or where)
-        console = "Service Quotas console" if cloud == "aws" else "IAM & Admin > Quotas"
+        console = guide.console if guide else f"{cloud}'s quota console"
         hint = f"raise the quota '{quota}' in {scope} ({console})"
     if code in ("UnauthorizedOperation", "AccessDeniedException") and context.action:
         hint = f"the credentials lack the permission {context.action}; {_PERM}"

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import builtins
 
-import argparse
 import dataclasses
 import logging
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from rubberband.cloud.bootstrap import (
 from rubberband.cloud.boot_dialect import BootDialect, ScriptBooted
 from rubberband.cloud.failover import provision_with_failover
 from rubberband import catalog
+from rubberband.clouds import cloud as cloud_facts
 from rubberband.cloud.provider import TAG_ROLE, CleansUpRuns, Instance, InstanceRequest, Provider
 from rubberband.errors import CloudError, InputError
 from rubberband.devices import node_resources
@@ -232,12 +231,12 @@ def observe(run_dir: Path, booted_at: float, now: float) -> Observation:
     )
 
 
-def _shutdown() -> None:  # pragma: no cover - powers the machine off
+def power_off_now() -> None:  # pragma: no cover - powers the machine off
     subprocess.run(["shutdown", "-h", "now"], check=False)
 
 
 def self_terminate(
-    provider: RunEnder, run_id: str, head_id: str, *, shutdown: Callable[[], None] = _shutdown
+    provider: RunEnder, run_id: str, head_id: str, *, shutdown: Callable[[], None] = power_off_now
 ) -> list[Instance]:
     """Terminate every worker of the run, its run-level resources where possible, then the head.
 
@@ -263,7 +262,7 @@ def self_terminate(
                 "could not terminate the workers of run %s (%s); they power off once the head is gone", run_id, exc
             )
             workers = []
-    if isinstance(provider, CleansUpRuns) and provider.cloud != "aws":  # EC2: its group goes after the head
+    if isinstance(provider, CleansUpRuns) and not cloud_facts(provider.cloud).resources_after_head:
         try:
             provider.cleanup_run(run_id, 60.0)
         except Exception as exc:  # noqa: BLE001
@@ -317,7 +316,7 @@ def watch(
     *,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
-    shutdown: Callable[[], None] = _shutdown,
+    shutdown: Callable[[], None] = power_off_now,
 ) -> Decision:
     """Poll until :func:`decide` says terminate, then :func:`self_terminate`; return the decision."""
     booted_at = clock()
@@ -347,74 +346,3 @@ def request_poweroff(run_dir: Path) -> Callable[[], None]:
         (run_dir / POWEROFF_MARKER).write_text("the watchdog could not terminate this head through the API\n")
 
     return shutdown
-
-
-def add_head_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options that name a run's head on the head's own command lines (watchdog, run job)."""
-    parser.add_argument("--cloud", required=True, choices=["aws", "gcp"])
-    parser.add_argument("--region", required=True)
-    parser.add_argument("--run-id", required=True)
-    parser.add_argument("--head-id", required=True)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The watchdog's command line (the head's startup script writes it)."""
-    parser = argparse.ArgumentParser(prog="python -m rubberband.cloud.head")
-    sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("watchdog", help="terminate the run when it is idle, stalled, finished or too old")
-    add_head_arguments(w)
-    w.add_argument(
-        "--run-dir",
-        type=Path,
-        default=None,
-        help="the run directory to watch (default: the head's run root / the run id)",
-    )
-    defaults = WatchdogSettings()
-    w.add_argument("--submit-timeout", type=float, default=defaults.submit_timeout_s)
-    w.add_argument("--stall-timeout", type=float, default=defaults.stall_timeout_s)
-    w.add_argument("--done-grace", type=float, default=defaults.done_grace_s)
-    w.add_argument("--max-lifetime", type=float, default=defaults.max_lifetime_s)
-    w.add_argument("--poll", type=float, default=defaults.poll_s)
-    w.add_argument("--no-shutdown", action="store_true", help="never power off this machine (tests, debugging)")
-    w.add_argument(
-        "--poweroff-marker",
-        action="store_true",
-        help="instead of powering off, ask the head's boot script to (the watchdog as a Ray job)",
-    )
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m rubberband.cloud.head watchdog ...`` (run by the head's startup script)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from rubberband.cloud.registry import make_provider
-
-    settings = WatchdogSettings(
-        submit_timeout_s=args.submit_timeout,
-        stall_timeout_s=args.stall_timeout,
-        done_grace_s=args.done_grace,
-        max_lifetime_s=args.max_lifetime,
-        poll_s=args.poll,
-    )
-    provider: RunEnder
-    try:
-        provider = make_provider(args.cloud, args.region)
-    except Exception as exc:  # noqa: BLE001 - watch anyway; ending the run then falls back to a shutdown
-        log.warning("no %s API access for the watchdog (%s): it will shut the head down instead", args.cloud, exc)
-        provider = NoApi(args.cloud, str(exc))
-    if args.run_dir is None:
-        from rubberband.cloud.bootstrap import head_run_dir
-
-        args.run_dir = head_run_dir(args.run_id)
-    shutdown = (
-        (lambda: None) if args.no_shutdown else request_poweroff(args.run_dir) if args.poweroff_marker else _shutdown
-    )
-    decision = watch(WatchedRun(provider, args.run_id, args.head_id, args.run_dir), settings, shutdown=shutdown)
-    print(f"rubberband watchdog: ended run {args.run_id}: {decision.reason}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

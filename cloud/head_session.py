@@ -9,7 +9,7 @@
    :class:`~rubberband.cloud.head_link.HeadLink` and submits two Ray jobs, both with
    ``runtime_env={"py_modules": [<this machine's rubberband package>], ...}``
    (:mod:`rubberband.cloud.shipping`; the head's boot installed no rubberband): the head's
-   watchdog (``python -m rubberband.cloud.head watchdog ...``), then the run
+   watchdog (``python -m rubberband.cloud.watchdog_cli watchdog ...``), then the run
    (``python -m rubberband.head_job run ...``, the run's cloud id as ``submission_id``) whose
    ``working_dir`` is the training code directory plus the spec, plan and profile. Ray uploads
    both and installs them on every node where the job's workers start, so the head's executor and
@@ -135,52 +135,28 @@ class HeadRecord:
 def _provider(cloud: str, region: str, options: HeadOptions | None = None, identity: str | None = None):
     """A provider for the run's cloud; the one that starts the head (``identity``) gives it that identity alone:
     workers get none."""
-    from rubberband.cloud.registry import make_provider
+    from rubberband.cloud.registry import head_mode, make_provider
 
-    kwargs = {}
-    if identity:
-        kwargs["instance_profile" if cloud == "aws" else "service_account"] = identity
-    if options is not None and options.ssh_cidr:
-        kwargs["ssh_cidr"] = options.ssh_cidr
-    if options is not None and options.key_name and cloud == "aws":
-        kwargs["key_name"] = options.key_name
-    if options is not None and options.worker_egress and cloud == "gcp":
-        kwargs["worker_egress"] = options.worker_egress
+    kwargs = head_mode(cloud).provider_options(
+        identity=identity,
+        ssh_cidr=options.ssh_cidr if options else None,
+        key_name=options.key_name if options else None,
+        worker_egress=options.worker_egress if options else None,
+    )
     return make_provider(cloud, region, **kwargs)
 
 
 def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> None:
     """The head's identity flags fit the cloud; outside tests the CLI reaches the head over SSH: it needs the CIDR
     to open, the key (and its EC2 key pair)."""
-    from rubberband.cloud.identity import from_options
-
     from rubberband.cloud.bootstrap import check_ssh_cidr
+    from rubberband.cloud.registry import head_mode
 
-    from_options(cloud, options.instance_profile, options.service_account)
-    if options.worker_egress is not None:
-        if cloud != "gcp":
-            raise InputError(
-                "--worker-egress is for --cloud gcp (AWS workers keep their public address; the run's "
-                "security group admits only the run's own nodes); drop it"
-            )
-        from rubberband.cloud.gcp.provider import WORKER_EGRESS
-
-        if options.worker_egress not in WORKER_EGRESS:
-            raise InputError(
-                f"--worker-egress {options.worker_egress!r}: use nat (the run's own Cloud NAT), "
-                f"existing (your network's egress) or public (workers get an external address)"
-            )
+    head_mode(cloud).check_flags(options, over_ssh=not test_boot)
     if options.ssh_cidr:
         check_ssh_cidr(options.ssh_cidr)  # before anything is created
-    if test_boot:
+    if test_boot or options.ssh_key is None:
         return
-    if not (options.ssh_cidr and options.ssh_key and (options.key_name or cloud != "aws")):
-        key_pair = " and --key-name EC2_KEY_PAIR" if cloud == "aws" else ""
-        raise InputError(
-            f"--cloud {cloud} runs the executor on a head instance reached over SSH: pass --ssh-cidr "
-            f"YOUR.IP/32 and --ssh-key PRIVATE_KEY{key_pair} (or run with --head local from a machine "
-            f"inside the cloud network)"
-        )
     if not Path(options.ssh_key).expanduser().is_file():
         raise InputError(f"--ssh-key {options.ssh_key}: no such private key file")
 
@@ -199,8 +175,8 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
     """Provision ``run``'s head where its first stage's workers go, with its cloud identity (the one named, or one
     created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
     from rubberband.cloud.head import HeadBoot, provision_head
-    from rubberband.cloud.identity import bind_head_role, head_identity, launch_with_new_identity
-    from rubberband.cloud.registry import image_override
+    from rubberband.cloud.head_identity import launch_with_new_identity
+    from rubberband.cloud.registry import head_mode, image_override
     from rubberband.cloud.teardown import terminate_run
 
     run_id, run_dir = run.run_id, run.run_dir
@@ -212,14 +188,9 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
     provider = _provider(cloud, region, options)
     identity = None
     try:
-        identity = head_identity(
-            cloud, crid, region, instance_profile=options.instance_profile, service_account=options.service_account
-        )
-        if cloud == "gcp":  # the account's role, bound for this run alone (removed when the run ends)
-            identity = bind_head_role(identity, crid, worker_egress=options.worker_egress)
+        identity = head_mode(cloud).identity(crid, region, options)  # named, or made / bound for this run alone
         provider = _provider(cloud, region, options, identity=identity.name)
-        if cloud == "gcp":  # the workers' Cloud NAT first: a network that has no room for it fails the run now
-            provider.ensure_worker_egress(crid)
+        head_mode(cloud).prepare_run(provider, crid)
         head = launch_with_new_identity(
             lambda: provision_head(
                 provider, crid, region, zones, HeadBoot(options.watchdog, timeout_s=options.boot_timeout_s)
@@ -251,9 +222,7 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
     except BaseException:
         terminate_run(provider, crid)
         if identity is not None and identity.created:
-            from rubberband.cloud.identity import delete_run_identity
-
-            delete_run_identity(cloud, crid)
+            head_mode(cloud).delete_identity(crid)
         raise
     return record
 
@@ -392,7 +361,7 @@ def entrypoint(record: HeadRecord, job: RunJob) -> str:
         words += ["--overrun-s", f"{job.overrun_s:g}"]
     if job.on_late != "finish":
         words += ["--on-late", job.on_late]
-    if record.cloud == "gcp" and record.worker_egress != "nat":
+    if record.worker_egress != "nat":  # only a cloud that has egress choices records another
         words += ["--worker-egress", record.worker_egress]
     if record.image:  # the jobs on the head do not see the CLI's environment: the workers follow the head's image
         words += ["--image", record.image]
@@ -525,7 +494,7 @@ class HeadSession:
         words = [
             "python",
             "-m",
-            "rubberband.cloud.head",
+            "rubberband.cloud.watchdog_cli",
             "watchdog",
             "--cloud",
             self.record.cloud,
@@ -638,10 +607,11 @@ class HeadSession:
 
 def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], None] | None = None) -> int:
     """Terminate the run's head, workers and security group / firewall rules now; returns instances ended."""
-    from rubberband.cloud.identity import delete_run_identity
+    from rubberband.cloud.registry import descriptor
     from rubberband.cloud.teardown import terminate_run_detailed
 
-    regions = record.regions[:1] if record.cloud == "gcp" else record.regions
+    cloud = descriptor(record.cloud)
+    regions = record.regions[:1] if cloud.facts.one_listing else record.regions
     ended = 0
     try:
         for region in regions:
@@ -649,7 +619,8 @@ def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], 
                 terminate_run_detailed(_provider(record.cloud, region), record.cloud_run_id, echo=echo).instances
             )
     finally:  # the identity made for the run goes with it (found by its run tag: a named one is never touched)
-        for resource in delete_run_identity(record.cloud, record.cloud_run_id) if record.identity_created else []:
+        made = cloud.head.delete_identity(record.cloud_run_id) if record.identity_created and cloud.head else []
+        for resource in made:
             if echo:
                 echo(f"deleted {record.cloud} {resource} (run {record.cloud_run_id})")
     if test_boot:

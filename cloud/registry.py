@@ -1,51 +1,62 @@
-"""Build the provider for a cloud and region (lazy imports: boto3 / google-cloud-compute load on use)."""
+"""The clouds rubberband can run on, each by its one descriptor (cloud/descriptor.py), and the one router to them.
+
+This module sits at the top of ``cloud/``: the clouds' packages never import it (nor anything that does), so no
+import cycle runs through it; the executor, the CLI, head mode and the docs ask it. Providers are built on first use
+(boto3 / google-cloud-compute load then).
+"""
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from rubberband.cloud import aws, gcp, local
+from rubberband.cloud.descriptor import CloudDescriptor, HeadMode
 from rubberband.cloud.provider import Provider
 from rubberband.errors import InputError
 
-CLOUD_PROVIDERS = ("aws", "gcp")
-#: Where the user names the machine image nodes boot on, per cloud (an AMI id / an image or family URL)...
-IMAGE_ENV = {"aws": "RUBBERBAND_AWS_AMI", "gcp": "RUBBERBAND_GCP_IMAGE"}
-#: ...and the provider option that takes it (``AwsProvider(image_id=)``, ``GcpProvider(image=)``).
-IMAGE_OPTION = {"aws": "image_id", "gcp": "image"}
+#: Every cloud, by name (catalogs/clouds.yaml names the same ones).
+DESCRIPTORS: dict[str, CloudDescriptor] = {d.facts.name: d for d in (aws.DESCRIPTOR, gcp.DESCRIPTOR, local.DESCRIPTOR)}
+#: The clouds whose runs rent instances and can run their executor on a head instance (head mode).
+CLOUD_PROVIDERS: tuple[str, ...] = tuple(name for name, d in DESCRIPTORS.items() if d.head is not None)
+
+
+def descriptor(cloud: str) -> CloudDescriptor:
+    """The descriptor of ``cloud``; an unknown one is an InputError naming the known ones."""
+    try:
+        return DESCRIPTORS[cloud]
+    except KeyError:
+        raise InputError(f"unknown cloud {cloud!r}; use one of {', '.join(DESCRIPTORS)}") from None
+
+
+def head_mode(cloud: str) -> HeadMode:
+    """``cloud``'s head mode; a cloud without one (local) is an InputError."""
+    head = descriptor(cloud).head
+    if head is None:
+        raise InputError(f"--cloud {cloud!r} runs no head instance; use one of {', '.join(CLOUD_PROVIDERS)}")
+    return head
 
 
 def image_override(cloud: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """The machine image the user chose for ``cloud`` in this process's environment (:data:`IMAGE_ENV`), or None.
+    """The machine image the user chose for ``cloud`` in this process's environment (the variable its facts name:
+    ``RUBBERBAND_AWS_AMI``, ``RUBBERBAND_GCP_IMAGE``), or None.
 
     Read on the CLI machine only: the head's jobs run without the CLI's environment, so head mode carries the
     choice to its head on the run job's command line (``head_job run --image``)."""
-    value = (os.environ if environ is None else environ).get(IMAGE_ENV.get(cloud, ""), "").strip()
+    variable = descriptor(cloud).facts.image_env
+    value = (os.environ if environ is None else environ).get(variable or "", "").strip()
     return value or None
 
 
-def image_options(cloud: str, image: str | None) -> dict[str, str]:
-    """``cloud``'s provider options that boot its nodes on ``image`` (none for None: the provider's default)."""
-    return {IMAGE_OPTION[cloud]: image} if image and cloud in IMAGE_OPTION else {}
-
-
 def make_provider(cloud: str, region: str, **options: Any) -> Provider:
-    """``AwsProvider(region, **options)`` or ``GcpProvider(region, **options)``.
-
-    Credentials come from each cloud's standard chain; endpoints from ``AWS_ENDPOINT_URL`` /
-    ``RUBBERBAND_GCE_ENDPOINT`` when set (tests). The local backend is built by the executor.
-    """
-    if cloud == "aws":
-        from rubberband.cloud.aws.provider import AwsProvider
-
-        return AwsProvider(region, **options)
-    if cloud == "gcp":
-        from rubberband.cloud.gcp.provider import GcpProvider
-
-        return GcpProvider(region, **options)
-    raise InputError(f"--cloud {cloud!r} is not a cloud provider; use one of {', '.join(CLOUD_PROVIDERS)}")
+    """The provider of ``cloud`` in ``region``. Credentials come from each cloud's standard chain; endpoints from
+    ``AWS_ENDPOINT_URL`` / ``RUBBERBAND_GCE_ENDPOINT`` when set (tests). The local backend is built by the
+    executor (``executor/backends.py``)."""
+    if cloud not in CLOUD_PROVIDERS:
+        raise InputError(f"--cloud {cloud!r} is not a cloud provider; use one of {', '.join(CLOUD_PROVIDERS)}")
+    return descriptor(cloud).provider(region, **options)
 
 
 class ProviderPool:
@@ -56,7 +67,9 @@ class ProviderPool:
     ``options`` maps a cloud to its constructor options, e.g. ``{"aws": {"ssh_cidr": "203.0.113.7/32"}}``.
     """
 
-    def __init__(self, options: dict[str, dict[str, Any]] | None = None, factory: Any = make_provider) -> None:
+    def __init__(
+        self, options: dict[str, dict[str, Any]] | None = None, factory: Callable[..., Provider] = make_provider
+    ) -> None:
         self._options = options or {}
         self._factory = factory
         self._providers: dict[tuple[str, str], Provider] = {}

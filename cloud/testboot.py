@@ -180,8 +180,7 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
             tmp.replace(disk / HEAD_URL_FILE)
             # the watchdog comes as a Ray job from the CLI (HeadSession.submit_watchdog), as on a real head
         else:  # a real head without one gets no credentials from its metadata server: it could do nothing
-            what = "IAM instance profile" if cloud == "aws" else "service account"
-            (disk / HEAD_FAILED_FILE).write_text(f"the instance has no {what}: it cannot call the {cloud} API\n")
+            (disk / HEAD_FAILED_FILE).write_text(f"the instance has no identity: it cannot call the {cloud} API\n")
         last_answer = time.monotonic()
         while True:
             time.sleep(0.5)

@@ -6,8 +6,9 @@ A backend is a :class:`~rubberband.cloud.backend.ExecutorBackend`: a
 ``obtained``, ``unavailable``, ``device_policy``, ``metadata_url``, ``runtime_env``). Every backend implements
 all of it.
 
-* ``local``: :class:`~rubberband.cloud.local.provider.LocalProvider` (Ray nodes on this machine).
-* ``aws`` / ``gcp``: :class:`~rubberband.cloud.local_head.LocalHeadCloudBackend` — the Ray head
+* a cloud without head mode (``local``): its provider (:class:`~rubberband.cloud.local.provider.LocalProvider`:
+  Ray nodes on this machine) is the backend;
+* a cloud with one (``aws``, ``gcp``): :class:`~rubberband.cloud.local_head.LocalHeadCloudBackend` — the Ray head
   is this machine's (the executor's machine must be inside the cloud network, reachable by the
   run's instances); workers are cloud instances in the plan's ``regions``.
 """
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from rubberband.errors import InputError
 
 if TYPE_CHECKING:
     from rubberband.cloud.backend import BackendSeams, ExecutorBackend
 
-SUPPORTED = ("local", "aws", "gcp")
 #: ``--cloud sim``: not a backend of its own but the plan's cloud played on virtual time (executor/simulated.py).
 SIM_CLOUD = "sim"
 #: The trial runtime a simulated run journals (``run_started.trial_runtime``): such a run is not resumed.
@@ -42,20 +42,19 @@ def make_backend(
     (tests only, passed in by the caller; cloud/backend.py :class:`~rubberband.cloud.backend.BackendSeams`): a cloud
     run's instance boots played on this machine (cloud/testboot.py) and the metadata server its notice watchers
     read instead of the cloud's (executor/notices.py; the local backend has no notices). None: neither."""
-    if cloud == "local":
-        from rubberband.cloud.local.provider import LocalProvider
+    from rubberband.cloud.registry import DESCRIPTORS
 
-        return LocalProvider(run_dir)
-    if cloud in ("aws", "gcp"):
-        from rubberband.cloud.local_head import make_cloud_backend
-
-        if not regions:
-            raise InputError(f"--cloud {cloud}: the plan names no {cloud} region; re-plan for {cloud}")
-        from rubberband.cloud.backend import BackendSeams
-
-        return make_cloud_backend(
-            cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s, seams=seams or BackendSeams()
+    if cloud not in DESCRIPTORS:
+        raise InputError(
+            f"cloud {cloud!r} is not supported by this executor; use --cloud {', '.join(DESCRIPTORS)} or {SIM_CLOUD}"
         )
-    raise InputError(
-        f"cloud {cloud!r} is not supported by this executor; use --cloud {', '.join(SUPPORTED)} or {SIM_CLOUD}"
+    if DESCRIPTORS[cloud].head is None:  # its nodes are this machine's: its provider is the backend
+        return cast("ExecutorBackend", DESCRIPTORS[cloud].provider("", run_dir=run_dir))
+    from rubberband.cloud.backend import BackendSeams
+    from rubberband.cloud.local_head import make_cloud_backend
+
+    if not regions:
+        raise InputError(f"--cloud {cloud}: the plan names no {cloud} region; re-plan for {cloud}")
+    return make_cloud_backend(
+        cloud, run_dir, list(regions), lifetime_cap_s=lifetime_cap_s, seams=seams or BackendSeams()
     )

@@ -1,13 +1,8 @@
 """Preemption notices: a small watcher on each spot instance, as a Ray actor on that instance's node.
 
-Clouds warn a spot instance before they take it back — neither guaranteed (an instance may simply be gone,
-which loss detection handles):
-
-* **AWS** posts an interruption notice two minutes ahead: IMDS ``latest/meta-data/spot/instance-action``
-  answers 404 until then, then ``{"action": "terminate", "time": "…"}``. IMDSv2: a session token from
-  ``PUT latest/api/token`` goes with every read.
-* **GCP** gives a preempted spot VM about 30 s: metadata ``instance/preempted`` turns ``TRUE`` (header
-  ``Metadata-Flavor: Google``).
+Clouds warn a spot instance before they take it back — never guaranteed (an instance may simply be gone,
+which loss detection handles): AWS two minutes ahead, GCP about 30 s. How each posts its notice is the cloud's own
+(its descriptor's ``notice_reader``: ``cloud/aws/notices.py``, ``cloud/gcp/notices.py``).
 
 :class:`NoticeWatcher` polls its node's metadata server (the base URL is passed in, never read from the
 environment: the backend's ``metadata_url``, None for the cloud's own server; tests point it at a local HTTP
@@ -22,15 +17,13 @@ raised by the worker's ``save_checkpoint``), and the executor requests the repla
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from rubberband.cloud.registry import descriptor
 from rubberband.clouds import CLOUDS
 from rubberband.errors import InputError
 
@@ -40,8 +33,6 @@ WATCHERS_ENV = "RUBBERBAND_NOTICE_WATCHERS"
 POLL_S = 2.0
 #: How long one metadata read may take (the link-local servers answer in milliseconds).
 READ_TIMEOUT_S = 2.0
-#: IMDSv2 session token lifetime asked for (seconds).
-TOKEN_TTL_S = 21600
 
 
 class PreemptionNotice(BaseException):
@@ -94,68 +85,23 @@ def notice_source(cloud: str, base_url: str | None = None) -> NoticeSource | Non
     return NoticeSource(cloud, base if base.endswith("/") else base + "/")
 
 
-def _open(request: urllib.request.Request, timeout_s: float) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310 - a metadata server
-            return answer.status, answer.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-
-
 class NoticeReader:
-    """One read of the metadata server: the notice as a dict, or None (no notice yet, or no answer)."""
+    """One read of the metadata server: the notice as a dict, or None (no notice yet, or no answer). How a cloud
+    posts its notice is its own (the descriptor's ``notice_reader``: ``cloud/aws/notices.py``,
+    ``cloud/gcp/notices.py``)."""
 
     def __init__(self, source: NoticeSource, *, timeout_s: float = READ_TIMEOUT_S) -> None:
         self.source = source
         self.timeout_s = timeout_s
-        self._token: str | None = None
-        self._token_at = 0.0
-
-    def _aws_token(self) -> str | None:
-        if self._token is None or time.monotonic() - self._token_at > TOKEN_TTL_S / 2:
-            request = urllib.request.Request(
-                self.source.base_url + "latest/api/token",
-                method="PUT",
-                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)},
-            )
-            status, body = _open(request, self.timeout_s)
-            if status != 200 or not body.strip():
-                return None
-            self._token, self._token_at = body.strip(), time.monotonic()
-        return self._token
+        self._reader = descriptor(source.cloud).notice_reader(source.base_url, timeout_s)
 
     def read(self) -> dict[str, Any] | None:
+        if self._reader is None:
+            return None
         try:
-            if self.source.cloud == "aws":
-                return self._read_aws()
-            return self._read_gcp()
+            return self._reader.read()
         except (OSError, ValueError):  # no metadata server (yet), a timeout: no notice this time
             return None
-
-    def _read_aws(self) -> dict[str, Any] | None:
-        token = self._aws_token()
-        if token is None:
-            return None
-        request = urllib.request.Request(
-            self.source.base_url + "latest/meta-data/spot/instance-action", headers={"X-aws-ec2-metadata-token": token}
-        )
-        status, body = _open(request, self.timeout_s)
-        if status == 401:  # the token expired early: ask again next time
-            self._token = None
-            return None
-        if status != 200:
-            return None  # 404: no interruption scheduled
-        action = json.loads(body)
-        return {"cloud": "aws", "action": str(action.get("action", "terminate")), "time": action.get("time")}
-
-    def _read_gcp(self) -> dict[str, Any] | None:
-        request = urllib.request.Request(
-            self.source.base_url + "instance/preempted", headers={"Metadata-Flavor": "Google"}
-        )
-        status, body = _open(request, self.timeout_s)
-        if status == 200 and body.strip().upper() == "TRUE":
-            return {"cloud": "gcp", "action": "preempted", "time": None}
-        return None
 
 
 class NoticeWatcher:

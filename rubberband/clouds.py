@@ -82,6 +82,8 @@ class CloudFacts(BaseModel):
     catalog_layout: Literal["rows", "hosts_and_gpus"]
     image_env: str | None
     profiling: bool
+    one_listing: bool
+    resources_after_head: bool
     spot_trace_kinds: dict[str, str] = Field(default_factory=dict)
 
     def region_of(self, zone: str) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rubberband.cloud.bootstrap import WatchdogSettings, head_run_dir
-from rubberband.cloud.head import add_head_arguments
+from rubberband.cloud.watchdog_cli import add_head_arguments
 from rubberband.cloud.head_run import (
     MAX_FETCHED_CHECKPOINT_BYTES,
     PACK_BEGIN,
@@ -139,11 +139,14 @@ def provider_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     GCP workers' egress, and the machine image the user chose on the CLI (``--image``: this job does not see the
     CLI's ``RUBBERBAND_AWS_AMI`` / ``RUBBERBAND_GCP_IMAGE``; without it the workers would boot the default image
     while the head boots the chosen one)."""
-    from rubberband.cloud.registry import image_options
+    from rubberband.cloud.registry import CLOUD_PROVIDERS, head_mode
 
-    options: dict[str, dict[str, Any]] = {"aws": {}, "gcp": {"worker_egress": args.worker_egress}}
-    options[args.cloud].update(image_options(args.cloud, args.image))
-    return options
+    return {
+        cloud: head_mode(cloud).provider_options(
+            worker_egress=args.worker_egress, image=args.image if cloud == args.cloud else None
+        )
+        for cloud in CLOUD_PROVIDERS
+    }
 
 
 def pack(run_dir: Path) -> str:

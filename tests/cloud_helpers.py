@@ -100,7 +100,7 @@ def create_boundary() -> str:
     rubberband may create a run's role (docs/clouds.md); its ARN."""
     import boto3
 
-    from rubberband.cloud.identity import BOUNDARY_NAME, IAM_PATH, aws_boundary_policy
+    from rubberband.cloud.aws.identity import BOUNDARY_NAME, IAM_PATH, aws_boundary_policy
 
     policy = boto3.client("iam").create_policy(
         Path=IAM_PATH, PolicyName=BOUNDARY_NAME, PolicyDocument=json.dumps(aws_boundary_policy())

@@ -318,7 +318,7 @@ class World:
 
         before = self.inventory()
         if self.cloud == "gcp":
-            from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
+            from rubberband.cloud.gcp.identity import GCP_HEAD_PERMISSIONS
 
             fake = self.fake
             fake.add_service_account(SERVICE_ACCOUNT, list(GCP_HEAD_PERMISSIONS))  # the CLI binds its role per run

@@ -221,7 +221,7 @@ def test_dry_run_bad_input_is_one_line_exit_2(cli, tmp_path, moto_env, ec2_fault
 def test_gcp_dry_run_against_the_fake(cli, tmp_path, gce_fake):
     """The head's service account is checked through the IAM API (exists, the CLI may attach it, its roles grant
     every permission the head needs); one permission short is one line naming it, exit 2."""
-    from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
+    from rubberband.cloud.gcp.identity import GCP_HEAD_PERMISSIONS
 
     spec = cloud_job(tmp_path, ["gcp"])
     plan = cloud_plan(tmp_path, spec, Offer("gcp", "us-central1", "n1-standard-8+V100x1"))
@@ -250,7 +250,7 @@ def test_gcp_dry_run_against_the_fake(cli, tmp_path, gce_fake):
 def test_aws_dry_run_checks_a_named_instance_profile(cli, tmp_path, moto_env):
     """--instance-profile: it must exist (one line otherwise) and its role may do what the head does, simulated
     with the run's tag context; without the flag the CLI's right to create the role is simulated instead."""
-    from rubberband.cloud.identity import AwsIdentities
+    from rubberband.cloud.aws.identity import AwsIdentities
 
     spec = cloud_job(tmp_path, ["aws"])
     plan = cloud_plan(tmp_path, spec, Offer("aws", REGION, "g4dn.xlarge"))
@@ -475,7 +475,7 @@ def small_gcp_job(tmp_path: Path, gce_fake) -> tuple[Path, Path, dict[str, str]]
     env.update(
         {"RUBBERBAND_GCE_ENDPOINT": gce_fake.url, "RUBBERBAND_SERVICE_ACCOUNT": GCP_HEAD_SA}
     )  # head mode on GCP needs one; --head local ignores it
-    from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
+    from rubberband.cloud.gcp.identity import GCP_HEAD_PERMISSIONS
 
     gce_fake.add_service_account(GCP_HEAD_SA, list(GCP_HEAD_PERMISSIONS))  # and its role, which the CLI binds per run
     return spec, plan, env

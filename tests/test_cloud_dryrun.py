@@ -79,7 +79,7 @@ def test_gcp_dry_run_prices_composed_types_and_creates_nothing(gce_fake):
     assert report.schedule[1].price_hr == pytest.approx(0.0963 + 0.992)
     assert report.schedule[0].instance_type == "e2-standard-2"
     # Compute Engine has no DryRun: projects.testIamPermissions says whether the CLI holds what a run needs
-    from rubberband.cloud.identity import GCP_CLI_PERMISSIONS
+    from rubberband.cloud.gcp.identity import GCP_CLI_PERMISSIONS
 
     assert [c.action for c in report.checks] == list(GCP_CLI_PERMISSIONS) and all(c.allowed for c in report.checks)
     assert gce_fake.inserts == [] and not gce_fake.firewalls and not gce_fake.disks

@@ -10,6 +10,7 @@ import pytest
 from cloud_helpers import at_once, cloud_catalog
 
 from rubberband.catalog import InstanceType
+from rubberband.cloud.aws.quotas import AWS_QUOTAS
 from rubberband.cloud.failover import (
     ERROR_TABLE,
     CallContext,
@@ -61,9 +62,12 @@ def test_unknown_codes_fall_back_on_http_status():
     assert classify("Weird", "x", CallContext("aws"), http_status=400).kind == "fatal"
     assert (
         "Running On-Demand G and VT"
-        in classify("VcpuLimitExceeded", "x", CallContext("aws", instance_type="g5.xlarge")).message
+        in classify("VcpuLimitExceeded", "x", CallContext("aws", instance_type="g5.xlarge", quotas=AWS_QUOTAS)).message
     )
-    assert "Standard" in classify("VcpuLimitExceeded", "x", CallContext("aws", instance_type="m6i.large")).message
+    assert (
+        "Standard"
+        in classify("VcpuLimitExceeded", "x", CallContext("aws", instance_type="m6i.large", quotas=AWS_QUOTAS)).message
+    )
 
 
 def test_backoff_is_exponential_and_bounded():

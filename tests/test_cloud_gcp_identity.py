@@ -13,14 +13,9 @@ from iam_conditions import allows
 
 from rubberband.cloud.failover import RetryPolicy
 from rubberband.cloud.gcp.provider import GcpProvider
-from rubberband.cloud.identity import (
-    GCP_HEAD_PERMISSIONS,
-    GcpIdentities,
-    bind_head_role,
-    delete_run_identity,
-    gcp_head_condition,
-    head_identity,
-)
+from rubberband.cloud.gcp.identity import GCP_HEAD_PERMISSIONS, GcpIdentities, gcp_head_condition
+from rubberband.cloud.head_session import HeadOptions
+from rubberband.cloud.registry import head_mode
 from rubberband.cloud.provider import TAG_ROLE, InstanceRequest
 from rubberband.errors import CloudError
 
@@ -72,7 +67,7 @@ def test_the_heads_binding_lets_it_touch_its_own_run_alone(gce_fake, monkeypatch
         _make_run(gce_fake, run_id)
     gce_fake.add_disk("us-central1-a", "rb-mine-0-abcdef")
     gce_fake.add_router("us-central1", "rubberband-mine-nat", description="the user's own")
-    identity = bind_head_role(head_identity("gcp", "run-a", "us-central1", service_account=SA), "run-a")
+    identity = head_mode("gcp").identity("run-a", "us-central1", HeadOptions(service_account=SA))
     assert identity.created and identity.name == SA
     (binding,) = gce_fake.iam_bindings
     assert binding["role"] == "projects/rubberband-test/roles/rubberbandHead"
@@ -125,8 +120,8 @@ def test_the_runs_binding_goes_with_the_run_and_the_sweep_finds_a_left_one(gce_f
     identities.bind_run(SA, "run-b")
     assert sorted(gce_fake.run_bindings()) == ["rubberband-run-run-a", "rubberband-run-run-b"]
     assert theirs in gce_fake.iam_bindings
-    assert delete_run_identity("gcp", "run-a") == ["iam-binding/rubberband-run-run-a"]
-    assert delete_run_identity("gcp", "run-a") == []
+    assert head_mode("gcp").delete_identity("run-a") == ["iam-binding/rubberband-run-run-a"]
+    assert head_mode("gcp").delete_identity("run-a") == []
     assert sorted(gce_fake.run_bindings()) == ["rubberband-run-run-b"] and theirs in gce_fake.iam_bindings
 
     _make_run(gce_fake, "run-c")  # a live run keeps its binding
@@ -162,7 +157,7 @@ def test_a_cli_that_may_not_set_the_policy_says_so_and_the_sweep_goes_on(gce_fak
     gce_fake.add_service_account(SA, list(GCP_HEAD_PERMISSIONS))
     gce_fake.iam_forbidden = {"setIamPolicy"}
     with pytest.raises(CloudError, match="resourcemanager.projects.setIamPolicy") as info:
-        bind_head_role(head_identity("gcp", "run-a", "us-central1", service_account=SA), "run-a")
+        head_mode("gcp").identity("run-a", "us-central1", HeadOptions(service_account=SA))
     assert info.value.kind == "fatal" and "\n" not in str(info.value) and not gce_fake.iam_bindings
     _make_run(gce_fake, "run-a")
     gce_fake.iam_forbidden = {"getIamPolicy"}

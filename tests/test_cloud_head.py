@@ -32,12 +32,12 @@ from rubberband.cloud.bootstrap import (
     render_startup_script,
     validate_run_id,
 )
+from rubberband.cloud.watchdog_cli import build_parser
 from rubberband.cloud.head import (
     DONE_MARKER,
     HeadBoot,
     Observation,
     WatchedRun,
-    build_parser,
     decide,
     head_startup_script,
     observe,
@@ -253,7 +253,7 @@ def test_watchdog_process_ends_an_unsubmitted_run(moto_env, tmp_path):
         [
             sys.executable,
             "-m",
-            "rubberband.cloud.head",
+            "rubberband.cloud.watchdog_cli",
             "watchdog",
             "--cloud",
             "aws",

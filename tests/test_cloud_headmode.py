@@ -130,7 +130,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         assert record.identity == f"rb-{record.cloud_run_id}" and record.identity_created
         assert head["IamInstanceProfile"]["Arn"].endswith(f"instance-profile/rubberband/{record.identity}")
         assert all("IamInstanceProfile" not in i for i in moto_instances() if i["InstanceId"] != head["InstanceId"])
-        from rubberband.cloud.identity import aws_head_policy
+        from rubberband.cloud.aws.identity import aws_head_policy
 
         assert boto3.client("iam").get_role_policy(RoleName=record.identity, PolicyName="rubberband-head")[
             "PolicyDocument"
@@ -155,7 +155,10 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         watchdog = JobSubmissionClient(head_url(record.instance_id), headers=authorized).get_job_info(
             f"{record.cloud_run_id}-watchdog"
         )
-        assert "rubberband.cloud.head watchdog" in watchdog.entrypoint and "--poweroff-marker" in watchdog.entrypoint
+        assert (
+            "rubberband.cloud.watchdog_cli watchdog" in watchdog.entrypoint
+            and "--poweroff-marker" in watchdog.entrypoint
+        )
         assert watchdog.runtime_env["py_modules"] == [package] and watchdog.status == "RUNNING"
         user_data = boto3.client("ec2", region_name=REGION).describe_instance_attribute(
             InstanceId=record.instance_id, Attribute="userData"
@@ -483,7 +486,7 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
             .worker_egress
             == egress
         )
-    from rubberband.cloud.gcp.provider import WORKER_EGRESS
+    from rubberband.cloud.gcp import WORKER_EGRESS
 
     assert (
         build_parser()._subparsers._group_actions[0].choices["run"]._option_string_actions["--worker-egress"].choices
@@ -582,7 +585,7 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
     """The head path on GCP against the GCE fake: an e2-standard-2 head labelled role=head in the zone of the
     first stage, its role bound for the run alone, recorded in head.json; end_run deletes it, the run's firewall
     rules and the binding."""
-    from rubberband.cloud.identity import GCP_HEAD_PERMISSIONS
+    from rubberband.cloud.gcp.identity import GCP_HEAD_PERMISSIONS
 
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
     gce_fake.add_service_account(HEAD_SA, list(GCP_HEAD_PERMISSIONS))

@@ -21,18 +21,11 @@ from gce_fake import gce_fake  # noqa: F401
 
 from rubberband.cloud.aws.provider import AwsProvider
 from rubberband.cloud.head import HeadBoot, provision_head
-from rubberband.cloud.identity import (
-    GCP_HEAD_PERMISSIONS,
-    IAM_PATH,
-    AwsIdentities,
-    GcpIdentities,
-    aws_head_actions,
-    aws_head_denials,
-    aws_head_policy,
-    check_identity,
-    from_options,
-    launch_with_new_identity,
-)
+from rubberband.cloud.gcp.identity import GCP_HEAD_PERMISSIONS, GcpIdentities
+from rubberband.cloud.aws.identity import IAM_PATH, AwsIdentities, aws_head_actions, aws_head_denials, aws_head_policy
+from rubberband.cloud.head_identity import launch_with_new_identity
+from rubberband.cloud.head_session import HeadOptions
+from rubberband.cloud.registry import head_mode
 from rubberband.cloud.provider import TAG_RUN_ID
 from rubberband.errors import CloudError, InputError
 
@@ -86,7 +79,7 @@ def test_the_cli_may_create_roles_only_under_rubberbands_boundary():
     boundary — explicitly denied, so not even broad IAM rights held beside it allow them."""
     from iam_eval import evaluate
 
-    from rubberband.cloud.identity import (
+    from rubberband.cloud.aws.identity import (
         BOUNDARY_KEY,
         aws_creator_actions,
         aws_creator_denials,
@@ -125,7 +118,7 @@ def test_a_role_under_the_boundary_can_do_no_more_than_its_runs_head():
     boundary. The head's own policy under the boundary keeps every action a head needs."""
     from iam_eval import evaluate
 
-    from rubberband.cloud.identity import TAG_RUN_ID, aws_boundary_policy, boundary_arn
+    from rubberband.cloud.aws.identity import TAG_RUN_ID, aws_boundary_policy, boundary_arn
 
     boundary = aws_boundary_policy()
     everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
@@ -168,7 +161,7 @@ def test_run_roles_carry_the_boundary_and_an_account_without_it_is_told_how_to_m
     """Every role rubberband creates carries the boundary (IAM then caps it, whatever its policy); an account whose
     administrator has not created the boundary gets one line saying how, before anything is made. `down` still
     deletes a role with its boundary."""
-    from rubberband.cloud.identity import BOUNDARY_NAME, boundary_arn
+    from rubberband.cloud.aws.identity import BOUNDARY_NAME, boundary_arn
 
     identities = AwsIdentities()
     identities.create("run-bound", REGION)
@@ -188,10 +181,10 @@ def test_dry_run_checks_the_cli_may_create_roles_under_the_boundary_and_not_arou
     the role is created with (a simulation without it would be denied), the boundary exists and is rubberband's, and
     every way around it is denied. A credential without the boundary condition is reported as broader than needed;
     a stale boundary fails the dry run."""
-    from rubberband.cloud.identity import AWS_CREATOR_ACTIONS, aws_creator_policy, boundary_arn
+    from rubberband.cloud.aws.identity import AWS_CREATOR_ACTIONS, aws_creator_policy, boundary_arn
 
     iam_simulator.user_policies = [aws_creator_policy(ACCOUNT)]
-    checks = check_identity("aws")
+    checks = head_mode("aws").check_identity(HeadOptions(), "dry-run")
     assert checks and all(c.allowed for c in checks if c.expect == "allow"), checks
     assert {c.action for c in checks if c.expect == "allow"} >= set(AWS_CREATOR_ACTIONS)
     must_not = [c for c in checks if c.expect == "deny"]
@@ -208,7 +201,7 @@ def test_dry_run_checks_the_cli_may_create_roles_under_the_boundary_and_not_arou
         ],
     }
     iam_simulator.user_policies = [unconditioned]
-    broader = [c for c in check_identity("aws") if c.expect == "deny" and c.allowed]
+    broader = [c for c in head_mode("aws").check_identity(HeadOptions(), "dry-run") if c.expect == "deny" and c.allowed]
     assert broader and "without rubberband's boundary" in broader[0].detail and "broader" in broader[0].detail
     # a boundary that is not rubberband's (another version made default) fails the dry run, naming the fix
     iam_simulator.user_policies = [aws_creator_policy(ACCOUNT)]
@@ -216,7 +209,11 @@ def test_dry_run_checks_the_cli_may_create_roles_under_the_boundary_and_not_arou
     boto3.client("iam").create_policy_version(
         PolicyArn=boundary_arn(ACCOUNT), PolicyDocument=json.dumps(loose), SetAsDefault=True
     )
-    (stale,) = [c for c in check_identity("aws") if c.allowed is False and c.expect == "allow"]
+    (stale,) = [
+        c
+        for c in head_mode("aws").check_identity(HeadOptions(), "dry-run")
+        if c.allowed is False and c.expect == "allow"
+    ]
     assert stale.action == "iam:GetPolicyVersion" and "not rubberband's boundary" in stale.detail
 
 
@@ -303,14 +300,14 @@ def test_a_new_profile_is_retried_while_ec2_does_not_know_it_yet():
 )
 def test_identity_flags_that_do_not_fit_are_one_line_errors(cloud, profile, account, fix):
     with pytest.raises(InputError, match=fix):
-        from_options(cloud, profile, account)
+        head_mode(cloud).check_flags(HeadOptions(instance_profile=profile, service_account=account), over_ssh=False)
 
 
 def test_dry_run_checks_a_named_profile_and_names_the_missing_permission(moto_env, iam_simulator):
     iam = boto3.client("iam")
     identities = AwsIdentities()
     identities.create("dry-run", REGION)  # a profile holding exactly the head's policy for the dry run's tags
-    checks = check_identity("aws", instance_profile="rb-dry-run")
+    checks = head_mode("aws").check_identity(HeadOptions(instance_profile="rb-dry-run"), "dry-run")
     needed = [c for c in checks if c.expect == "allow"]
     assert [c.action for c in needed][1:] == [a for a, _ in aws_head_actions("dry-run")]
     assert all(c.allowed for c in needed), checks
@@ -327,27 +324,29 @@ def test_dry_run_checks_a_named_profile_and_names_the_missing_permission(moto_en
     policy["Statement"] = [s for s in policy["Statement"] if s["Sid"] != "TerminateOnlyTheRunsInstances"]
     iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(policy))
     denied = [
-        c for c in check_identity("aws", instance_profile="rb-dry-run") if c.allowed is False and c.expect == "allow"
+        c
+        for c in head_mode("aws").check_identity(HeadOptions(instance_profile="rb-dry-run"), "dry-run")
+        if c.allowed is False and c.expect == "allow"
     ]
     assert [c.action for c in denied] == ["ec2:TerminateInstances"] and "rb-dry-run" in denied[0].detail
     # a role that may do anything on EC2: under rubberband's boundary it still can do no more than the run's head
     # (the boundary is the head's policy for the run the role is tagged with) ...
     broad = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]}
     iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(broad))
-    rows = check_identity("aws", instance_profile="rb-dry-run")
+    rows = head_mode("aws").check_identity(HeadOptions(instance_profile="rb-dry-run"), "dry-run")
     assert all(c.allowed for c in rows if c.expect == "allow")
     assert all(c.allowed is False for c in rows if c.expect == "deny"), rows
     # ... and without a boundary (a profile of your own) every "must not" row says it is broader than needed
     iam.delete_role_permissions_boundary(RoleName="rb-dry-run")
-    rows = check_identity("aws", instance_profile="rb-dry-run")
+    rows = head_mode("aws").check_identity(HeadOptions(instance_profile="rb-dry-run"), "dry-run")
     assert all(c.allowed for c in rows if c.expect == "deny") and "broader" in rows[-1].detail
     iam.put_role_policy(RoleName="rb-dry-run", PolicyName="rubberband-head", PolicyDocument=json.dumps(policy))
     with pytest.raises(InputError, match="no such IAM instance profile"):
-        check_identity("aws", instance_profile="nope")
+        head_mode("aws").check_identity(HeadOptions(instance_profile="nope"), "dry-run")
     identities.delete("dry-run")
     # no profile named: the CLI's credentials must be able to create one
     iam_simulator.denied = {"iam:CreateRole"}
-    creator = check_identity("aws")
+    creator = head_mode("aws").check_identity(HeadOptions(), "dry-run")
     assert [c.action for c in creator if c.allowed is False and c.expect == "allow"] == ["iam:CreateRole"]
 
 
@@ -406,7 +405,7 @@ def test_a_played_head_without_an_identity_fails_its_boot_saying_so(moto_env):
     assert head.identity == ""
     try:
         play_head("aws", REGION, "bare-head", head.id, WatchdogSettings())
-        with pytest.raises(CloudError, match="has no IAM instance profile: it cannot call the aws API"):
+        with pytest.raises(CloudError, match="has no identity: it cannot call the aws API"):
             head_url(head.id, timeout_s=60)
     finally:
         provider.terminate([head.id])

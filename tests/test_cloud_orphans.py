@@ -18,7 +18,7 @@ from rubberband.cloud.aws.provider import AwsProvider, security_group_name
 from rubberband.cloud.failover import RetryPolicy
 from rubberband.cloud.gcp.provider import GcpProvider, firewall_name, owner_marker
 from rubberband.cloud.heartbeat import Heartbeat, beat_labels, orphaned_runs
-from rubberband.cloud.identity import AwsIdentities
+from rubberband.cloud.aws.identity import AwsIdentities
 from rubberband.cloud.provider import TAG_HEARTBEAT, TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, Instance, InstanceRequest
 from rubberband.commands.down import down_orphans
 from rubberband.errors import CloudError

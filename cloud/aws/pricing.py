@@ -298,3 +298,35 @@ def write_atomically(directory: Path, filename: str, text: str) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@dataclass(frozen=True)
+class RefreshedCatalog:
+    """What ``rubberband catalog update`` wrote: the file, how many rows and types, the regions, the warnings."""
+
+    path: Path
+    rows: int
+    types: int
+    regions: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def refresh_catalog(regions: list[str] | None, types: list[str] | None, directory: Path) -> RefreshedCatalog:
+    """Refresh AWS prices through boto3 (Price List API + spot price history) into ``directory/aws.csv``, dated;
+    ``regions`` / ``types`` default to the shipped catalog's."""
+    shipped = shipped_aws_catalog()
+    regions = regions or sorted({t.region for t in shipped.types})
+    types = types or sorted({t.name for t in shipped.types})
+    fetcher = AwsCatalogFetcher(reference=shipped)
+    rows = fetcher.fetch(regions, types)
+    now = dt.datetime.now(dt.timezone.utc)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "").strip()
+    source = (
+        f"AWS Price List API (GetProducts: AmazonEC2, Linux, Shared tenancy, on-demand) and "
+        f"ec2:DescribeSpotPriceHistory (latest per type and zone), fetched {now:%Y-%m-%dT%H:%MZ}"
+        f"{' from ' + endpoint if endpoint else ''} by `rubberband catalog update aws`"
+    )
+    text = render_aws_csv(rows, date=now.strftime("%Y-%m-%d"), source=source)
+    target = write_atomically(directory, "aws.csv", text)
+    kinds = len({r.instance_type for r in rows})
+    return RefreshedCatalog(target, len(rows), kinds, tuple(regions), tuple(fetcher.warnings))

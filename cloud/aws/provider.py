@@ -34,6 +34,7 @@ from botocore.config import Config
 
 from rubberband import __version__
 from rubberband.cloud.aws.boot import AWS_BOOT
+from rubberband.cloud.aws.quotas import AWS_QUOTAS
 from rubberband.cloud.aws.session import new_session
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
 from rubberband.credentials import assert_no_credentials, redact
@@ -162,7 +163,9 @@ class AwsProvider:
     ) -> T:
         """Run one API call, classifying failures (``request``: the launch it makes, named in its errors);
         transient ones are retried (bounded)."""
-        context = CallContext("aws", region=self.region, action=action if ":" in action else f"ec2:{action}")
+        context = CallContext(
+            "aws", region=self.region, action=action if ":" in action else f"ec2:{action}", quotas=AWS_QUOTAS
+        )
         if request is not None:
             context = dataclasses.replace(
                 context, zone=request.zone, instance_type=request.instance_type.name, spot=request.spot

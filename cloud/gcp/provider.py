@@ -66,7 +66,9 @@ from google.cloud import compute_v1
 
 from rubberband import __version__
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
+from rubberband.cloud.gcp import WORKER_EGRESS
 from rubberband.cloud.gcp.boot import GCP_BOOT
+from rubberband.cloud.gcp.quotas import GCP_QUOTAS, gcp_quota_name
 from rubberband.cloud.gcp.session import ENDPOINT_ENV, PROJECT_ENV
 from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.failover import (
@@ -75,7 +77,6 @@ from rubberband.cloud.failover import (
     RetryPolicy,
     call_with_retry,
     classify,
-    gcp_quota_name,
 )
 from rubberband.cloud.gcp.names import (
     firewall_name,
@@ -149,7 +150,6 @@ def network_tag(run_id: str) -> str:
 #: How a run's workers reach the internet (their boot installs packages): ``nat`` — no external address, the run's
 #: own Cloud NAT (the default); ``existing`` — no external address, the network already has egress (your Cloud NAT);
 #: ``public`` — an ephemeral external address each (the run's firewall still lets nothing in).
-WORKER_EGRESS = ("nat", "existing", "public")
 #: NAT source options that claim every subnetwork of a region and network: there may be no other NAT beside one.
 _ALL_SUBNETWORKS = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
 
@@ -287,7 +287,9 @@ class GcpProvider:
                 code = "QUOTA_EXCEEDED"
         status = int(exc.code) if exc.code is not None else None
         quota = gcp_quota_name(exc.message) if code in ("quotaExceeded", "QUOTA_EXCEEDED") else None
-        context = CallContext("gcp", region=self.region, zone=zone, instance_type=instance_type, spot=spot)
+        context = CallContext(
+            "gcp", region=self.region, zone=zone, instance_type=instance_type, spot=spot, quotas=GCP_QUOTAS
+        )
         return classify(code, exc.message, context, http_status=status, quota=quota)
 
     def _call(
@@ -334,7 +336,9 @@ class GcpProvider:
             if detail.quota_info and detail.quota_info.metric_name:
                 metric = detail.quota_info.metric_name
         quota = gcp_quota_name(first.message, metric) if first.code == "QUOTA_EXCEEDED" else None
-        context = CallContext("gcp", region=self.region, zone=zone, instance_type=instance_type, spot=spot)
+        context = CallContext(
+            "gcp", region=self.region, zone=zone, instance_type=instance_type, spot=spot, quotas=GCP_QUOTAS
+        )
         return classify(first.code, first.message, context, http_status=op.http_error_status_code or None, quota=quota)
 
     def _wait_zone_op(self, op: compute_v1.Operation, zone: str, timeout_s: float = 600.0) -> compute_v1.Operation:
@@ -1027,9 +1031,9 @@ class GcpProvider:
 
     def check_permissions(self, request: InstanceRequest) -> builtins.list[PermissionCheck]:
         """The dry run's probe: Compute Engine has no DryRun, so ask ``projects.testIamPermissions`` whether the
-        CLI's credentials hold every permission a run needs (:data:`~rubberband.cloud.identity.GCP_CLI_PERMISSIONS`);
+        CLI's credentials hold every permission a run needs (:data:`~rubberband.cloud.gcp.identity.GCP_CLI_PERMISSIONS`);
         nothing is created."""
-        from rubberband.cloud.identity import check_cli_permissions
+        from rubberband.cloud.gcp.identity import check_cli_permissions
 
         self._check_request(request)
         return [

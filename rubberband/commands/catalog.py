@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
 
 import typer
 from rich.table import Table
 
-from rubberband.catalog import BILLING_RULES, Catalog, InstanceType, load_catalog, user_catalog_dir
-from rubberband.cloud.aws.pricing import AwsCatalogFetcher, render_aws_csv, shipped_aws_catalog, write_atomically
+from rubberband.clouds import CLOUDS as KNOWN_CLOUDS
+from rubberband.catalog import Catalog, InstanceType, load_catalog, user_catalog_dir
 from rubberband.console import stdout
 from rubberband.errors import CatalogError, InputError
 
 ORDER = 50
-CLOUDS = tuple(BILLING_RULES)
+CLOUDS = tuple(KNOWN_CLOUDS)
 
 
 def _short_zones(t: InstanceType) -> str:
@@ -144,7 +142,7 @@ def register(app: typer.Typer) -> None:
 
     @catalog_app.command("update")
     def update(
-        cloud: str = typer.Argument(..., help="Which catalog to refresh (aws)."),
+        cloud: str = typer.Argument(..., help="Which catalog to refresh (a cloud whose prices can be fetched: aws)."),
         regions: list[str] = typer.Option(
             None, "--region", help="Region to refresh (repeat); default: the shipped catalog's regions."
         ),
@@ -154,30 +152,28 @@ def register(app: typer.Typer) -> None:
         out: str = typer.Option(
             None,
             "--out",
-            help="Directory for the refreshed aws.csv; default $RUBBERBAND_CATALOG_DIR or ~/.rubberband/catalogs.",
+            help="Directory for the refreshed CLOUD.csv; default $RUBBERBAND_CATALOG_DIR or ~/.rubberband/catalogs.",
         ),
     ) -> None:
-        """Refresh AWS prices through boto3 (Price List API + spot price history) into a dated CSV."""
-        if cloud != "aws":
-            raise InputError(f"catalog update supports aws only (got {cloud!r}); GCP prices ship with rubberband")
-        shipped = shipped_aws_catalog()
-        regions = regions or sorted({t.region for t in shipped.types})
-        types = types or sorted({t.name for t in shipped.types})
-        fetcher = AwsCatalogFetcher(reference=shipped)
-        rows = fetcher.fetch(regions, types)
-        now = dt.datetime.now(dt.timezone.utc)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL", "").strip()
-        source = (
-            f"AWS Price List API (GetProducts: AmazonEC2, Linux, Shared tenancy, on-demand) and "
-            f"ec2:DescribeSpotPriceHistory (latest per type and zone), fetched {now:%Y-%m-%dT%H:%MZ}"
-            f"{' from ' + endpoint if endpoint else ''} by `rubberband catalog update aws`"
+        """Refresh a cloud's prices from its own API (AWS: boto3, Price List API + spot price history) into a dated
+        CSV."""
+        from rubberband.cloud.registry import DESCRIPTORS
+
+        known = DESCRIPTORS.get(cloud)
+        if known is None or known.refresh_catalog is None:
+            able = ", ".join(name for name, d in DESCRIPTORS.items() if d.refresh_catalog is not None)
+            raise InputError(
+                f"catalog update refreshes {able} (got {cloud!r}); other clouds' prices ship with rubberband"
+            )
+        done = known.refresh_catalog(
+            regions or None, types or None, user_catalog_dir() if out is None else _out_dir(out)
         )
-        text = render_aws_csv(rows, date=now.strftime("%Y-%m-%d"), source=source)
-        target = write_atomically(user_catalog_dir() if out is None else _out_dir(out), "aws.csv", text)
-        for warning in fetcher.warnings:
+        for warning in done.warnings:
             typer.echo(f"warning: {warning}", err=True)
-        kinds = len({r.instance_type for r in rows})
-        typer.echo(f"wrote {target}: {len(rows)} rows, {kinds} instance types, regions {', '.join(regions)}", err=True)
+        typer.echo(
+            f"wrote {done.path}: {done.rows} rows, {done.types} instance types, regions {', '.join(done.regions)}",
+            err=True,
+        )
 
 
 def _out_dir(out: str):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import typer
 
+from rubberband.clouds import cloud as cloud_facts
 from rubberband.console import stdout
 from rubberband.errors import InputError
 
@@ -97,14 +98,14 @@ def _regions_for_cloud(cloud: str, given: list[str] | None, directory: Path | No
     regions = list(dict.fromkeys(given or [])) or journal_regions(directory, cloud) or catalog_regions(cloud)
     if not regions:
         raise InputError(f"no {cloud} region to look in: pass --region")
-    if cloud == "gcp":  # one provider lists the whole project (aggregated list); firewall rules are global
+    if cloud_facts(cloud).one_listing:  # one provider lists the whole project (aggregated list; global rules)
         return regions[:1]
     return regions
 
 
 def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
     """Terminate every instance of the run in each region; returns how many were terminated."""
-    from rubberband.cloud.registry import make_provider
+    from rubberband.cloud.registry import head_mode, make_provider
     from rubberband.cloud.teardown import terminate_run_detailed
 
     directory = _run_directory(run)
@@ -122,14 +123,14 @@ def down_cloud_run(run: str, cloud: str, regions: list[str] | None) -> int:
         if journal is not None:
             for instance in result.instances:
                 journal.record(J.InstanceTerminated(id=instance.id, reason="down"))
-    from rubberband.cloud.identity import delete_run_identity
     from rubberband.errors import CloudError
 
+    head = head_mode(cloud)
     try:
-        identity = delete_run_identity(cloud, run_id)  # the head's role / profile made for the run (by its tag)
+        identity = head.delete_identity(run_id)  # the head's identity made for the run (found by its tag / title)
     except CloudError as exc:
         identity = []
-        made = f"role/rb-{run_id}" if cloud == "aws" else f"the IAM binding titled rubberband-run-{run_id}"
+        made = head.identity_left(run_id)
         _echo(f"could not look for run {run_id}'s head role ({exc.message}); delete {made} by hand if it exists")
     for resource in identity:
         deleted += 1
@@ -154,7 +155,7 @@ def down_orphans(cloud: str, regions: list[str] | None, older_than_s: float, *, 
     here that could be trusted, and a run started on another machine is judged alike."""
     import time
 
-    from rubberband.cloud.registry import make_provider
+    from rubberband.cloud.registry import head_mode, make_provider
     from rubberband.cloud.teardown import cleanup_leftovers, find_orphans, terminate_instances
 
     now = time.time() if now is None else now
@@ -170,36 +171,11 @@ def down_orphans(cloud: str, regions: list[str] | None, older_than_s: float, *, 
             cleanup_leftovers(provider, older_than_s=older_than_s, now=now, echo=_echo)
         )
         live |= {i.run_id for i in provider.list()}
-    if cloud == "aws":  # head roles of runs (started in the regions swept) with no instance left
-        from rubberband.cloud.identity import AwsIdentities
-
-        identities = AwsIdentities()
-        for run_id in identities.leftover_runs(live, swept, older_than_s=older_than_s, now=now):
-            for resource in identities.delete(run_id):
-                deleted += 1
-                _echo(f"deleted {cloud} {resource} (run {run_id})")
-    if cloud == "gcp":  # the head role's bindings of runs with no instance left (the project's whole policy)
-        deleted += _unbind_leftover_runs(live, older_than_s, now)
+    # the head identities of runs with no instance left
+    deleted += head_mode(cloud).sweep_identities(live, swept, older_than_s=older_than_s, now=now, echo=_echo)
     if not terminated and not deleted:
         _echo(f"no orphaned rubberband resources on {cloud} older than {older_than_s:g} s")
     return terminated
-
-
-def _unbind_leftover_runs(live: set[str], older_than_s: float, now: float) -> int:
-    """GCP: remove the head role's binding of each run with no instance left, bound ``older_than_s`` ago; how many."""
-    from rubberband.cloud.identity import GcpIdentities
-    from rubberband.errors import CloudError
-
-    identities = GcpIdentities()
-    removed = 0
-    try:
-        for run_id in identities.leftover_runs(live, older_than_s=older_than_s, now=now):
-            for resource in identities.unbind_run(run_id):
-                removed += 1
-                _echo(f"deleted gcp {resource} (run {run_id})")
-    except CloudError as exc:  # the VMs and run resources went already; say what was not swept
-        _echo(f"could not sweep the head role's run bindings ({exc.message}); remove rubberband-run-* ones by hand")
-    return removed
 
 
 def down_local(run: str) -> None:

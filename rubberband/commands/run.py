@@ -16,6 +16,7 @@ from rubberband.catalog import load_catalog
 from rubberband.commands._injected import injected
 from rubberband.commands._options import deadline_flag, on_late_flag, overrun_flag
 from rubberband.commands.plan import print_plan
+from rubberband.clouds import rented_clouds
 from rubberband.console import stderr, stdout
 from rubberband.errors import InputError, PlanFileError, RunDirError
 from rubberband.executor.backends import SIM_CLOUD, SIM_RUNTIME
@@ -275,10 +276,11 @@ def dry_run_plan(
     try:
         identity_checks = []
         if include_head:  # the head's own identity: it exists and may do what the run needs
-            from rubberband.cloud.identity import check_identity, from_options
+            from rubberband.cloud.head_session import HeadOptions
+            from rubberband.cloud.registry import head_mode
 
-            from_options(cloud, instance_profile, service_account)
-            identity_checks = check_identity(cloud, instance_profile=instance_profile, service_account=service_account)
+            flags = HeadOptions(instance_profile=instance_profile, service_account=service_account)
+            identity_checks = head_mode(cloud).check_identity(flags, "dry-run")
         report = dry_run(plan, ProviderPool(), catalog=catalog, include_head=include_head, extra_checks=identity_checks)
     except CloudError as exc:
         if exc.kind == "fatal":
@@ -446,7 +448,7 @@ def run_here(start: RunStart, catalog, backend_cloud: str, job: RunJob, *, simul
     from rubberband.executor.backends import make_backend
     from rubberband.executor.outcome import exit_code
 
-    plan, on_cloud = start.plan, backend_cloud in ("aws", "gcp")
+    plan, on_cloud = start.plan, backend_cloud in rented_clouds()
     if on_cloud and not start.resumed and not simulate:
         note_head_billing(plan, head_mode=False)
     backend = (
@@ -689,7 +691,7 @@ def register(app: typer.Typer) -> None:
         backend_cloud = _backend_cloud(start.plan, cloud)
         catalog = load_catalog([backend_cloud])
         check_plan_types(start.plan, catalog)  # fail before anything starts if a type is unknown
-        head_mode = backend_cloud in ("aws", "gcp") and head == "instance" and not simulate
+        head_mode = backend_cloud in rented_clouds() and head == "instance" and not simulate
         overrun_s = overrun_flag(overrun, start.deadline_s or start.plan.deadline_s)
         _check_head_mode(head_mode, flags, detach=detach, resume=resume)
         job = RunJob(

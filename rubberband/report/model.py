@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rubberband.clouds import cloud as cloud_facts
+from rubberband.clouds import rented_clouds
 from rubberband.errors import InfeasibleError, RubberbandError
 from rubberband.plan import Alternative, Plan, StagePlan, Timeline
 from rubberband.report import fmt
@@ -477,13 +479,13 @@ def _row_from_plan(label: str, cloud: str, spot: bool, current: bool, plan: Plan
 
 
 def build_clouds(plan: Plan, replan: Replanner) -> tuple[CloudRow, ...]:
-    """The same job at the same deadline on AWS, on GCP, and with spot instances allowed."""
+    """The same job at the same deadline on each cloud that rents instances (AWS, GCP), and with spot instances
+    allowed."""
     own_clouds = sorted({s.cloud for s in plan.stages})
     own_spot = any(s.spot for s in plan.stages)
     spot_cloud = own_clouds[0] if len(own_clouds) == 1 else None
     variants = [
-        ("AWS, on-demand", "aws", False),
-        ("GCP, on-demand", "gcp", False),
+        *((f"{cloud_facts(name).label}, on-demand", name, False) for name in rented_clouds()),
         (f"{spot_cloud.upper()}, spot allowed" if spot_cloud else "spot allowed", spot_cloud or "", True),
     ]
     rows: list[CloudRow] = []
