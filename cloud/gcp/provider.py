@@ -54,6 +54,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import google.auth
@@ -228,6 +229,16 @@ def _access(region: str, options: GcpOptions) -> tuple[str | None, Credentials, 
     if not project:
         raise InputError("no GCP project: set RUBBERBAND_GCP_PROJECT or `gcloud config set project`")
     return endpoint, credentials, project
+
+
+@dataclasses.dataclass(frozen=True)
+class _Doomed:
+    """One of a run's resources to delete: its name for the user, the delete call, the wait for its operation."""
+
+    label: str
+    call: Callable[[], compute_v1.Operation]
+    wait: Callable[[compute_v1.Operation], object]
+    zone: str | None = None
 
 
 class GcpProvider:
@@ -1057,71 +1068,93 @@ class GcpProvider:
         ]
 
     def _delete_firewalls(self, run_id: str, timeout_s: float) -> builtins.list[str]:
-        deleted = []
-        for rule in self._owned_firewalls():
-            if marked_run(rule.description) != run_id:
-                continue
-            delete = compute_v1.DeleteFirewallRequest(
-                project=self.project, firewall=rule.name, request_id=str(uuid.uuid4())
+        doomed = [
+            _Doomed(
+                f"firewall/{rule.name}",
+                partial(
+                    self.firewalls.delete_unary,
+                    request=compute_v1.DeleteFirewallRequest(
+                        project=self.project, firewall=rule.name, request_id=str(uuid.uuid4())
+                    ),
+                ),
+                partial(self._wait_global_op, timeout_s=timeout_s),
             )
-            op = self._delete(lambda: self.firewalls.delete_unary(request=delete))
-            if op is None:
-                continue
-            self._wait_global_op(op, timeout_s)
-            self._firewalls.discard(rule.name)
-            deleted.append(f"firewall/{rule.name}")
+            for rule in self._owned_firewalls()
+            if marked_run(rule.description) == run_id
+        ]
+        deleted = self._delete_each(doomed)
+        self._firewalls.difference_update(label.split("/", 1)[1] for label in deleted)
         return deleted
 
     def _delete_routers(self, run_id: str, timeout_s: float) -> builtins.list[str]:
         routers = [(region, r) for region, r in self._owned_routers() if marked_run(r.description) == run_id]
         served = self._regions_of_other_runs(run_id) if any(_serves_all(r) for _, r in routers) else set()
-        deleted = []
-        for region, router in routers:
-            if _serves_all(router) and region in served:
-                continue  # other runs' workers may go out through it: kept until the last of them is gone (the sweep)
-            delete_router = compute_v1.DeleteRouterRequest(
-                project=self.project, region=region, router=router.name, request_id=str(uuid.uuid4())
+        # one that serves all of a region's subnetworks stays while other runs' workers there may go out through it
+        # (the sweep deletes it after the last of them)
+        return self._delete_each(
+            _Doomed(
+                f"router/{router.name}",
+                partial(
+                    self.routers.delete_unary,
+                    request=compute_v1.DeleteRouterRequest(
+                        project=self.project, region=region, router=router.name, request_id=str(uuid.uuid4())
+                    ),
+                ),
+                partial(self._wait_region_op, region=region, timeout_s=timeout_s),
             )
-            op = self._delete(lambda: self.routers.delete_unary(request=delete_router))
-            if op is None:
-                continue
-            self._wait_region_op(op, region, timeout_s)
-            deleted.append(f"router/{router.name}")
-        return deleted
+            for region, router in routers
+            if not (_serves_all(router) and region in served)
+        )
 
     def _delete_subnetworks(self, run_id: str, timeout_s: float) -> builtins.list[str]:
-        deleted = []
-        for region, subnet in self._owned_subnetworks():
-            if marked_run(subnet.description) != run_id:
-                continue
-            delete = compute_v1.DeleteSubnetworkRequest(
-                project=self.project, region=region, subnetwork=subnet.name, request_id=str(uuid.uuid4())
-            )
-            op = self._delete(
-                lambda: self.subnetworks.delete_unary(request=delete),
-                tolerate=("notFound", "resourceInUseByAnotherResource"),
-            )  # still in use: later
-            if op is None:
-                continue
-            self._wait_region_op(op, region, timeout_s)
-            deleted.append(f"subnetwork/{subnet.name}")
-        return deleted
+        return self._delete_each(
+            (
+                _Doomed(
+                    f"subnetwork/{subnet.name}",
+                    partial(
+                        self.subnetworks.delete_unary,
+                        request=compute_v1.DeleteSubnetworkRequest(
+                            project=self.project, region=region, subnetwork=subnet.name, request_id=str(uuid.uuid4())
+                        ),
+                    ),
+                    partial(self._wait_region_op, region=region, timeout_s=timeout_s),
+                )
+                for region, subnet in self._owned_subnetworks()
+                if marked_run(subnet.description) == run_id
+            ),
+            tolerate=("notFound", "resourceInUseByAnotherResource"),  # still in use: later
+        )
 
     def _delete_disks(self, run_id: str, timeout_s: float) -> builtins.list[str]:
+        return self._delete_each(
+            (
+                _Doomed(
+                    f"disk/{disk.name}",
+                    partial(
+                        self.disks.delete_unary,
+                        request=compute_v1.DeleteDiskRequest(
+                            project=self.project, zone=zone, disk=disk.name, request_id=str(uuid.uuid4())
+                        ),
+                    ),
+                    partial(self._wait_zone_op, zone=zone, timeout_s=timeout_s),
+                    zone=zone,
+                )
+                for zone, disk in self._disks(run_id)
+            ),
+            tolerate=("notFound", "resourceInUseByAnotherResource"),  # still attached: later
+        )
+
+    def _delete_each(
+        self, doomed: Iterable[_Doomed], *, tolerate: tuple[str, ...] = ("notFound",)
+    ) -> builtins.list[str]:
+        """Delete each resource and wait for its operation; what went (a resource already gone, or one of
+        ``tolerate``, is skipped: every teardown path may run twice)."""
         deleted = []
-        for zone, disk in self._disks(run_id):
-            delete_disk = compute_v1.DeleteDiskRequest(
-                project=self.project, zone=zone, disk=disk.name, request_id=str(uuid.uuid4())
-            )
-            op = self._delete(
-                lambda: self.disks.delete_unary(request=delete_disk),
-                zone=zone,
-                tolerate=("notFound", "resourceInUseByAnotherResource"),
-            )  # still attached: later
-            if op is None:
-                continue
-            self._wait_zone_op(op, zone, timeout_s)
-            deleted.append(f"disk/{disk.name}")
+        for item in doomed:
+            op = self._delete(item.call, zone=item.zone, tolerate=tolerate)
+            if op is not None:
+                item.wait(op)
+                deleted.append(item.label)
         return deleted
 
     def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> builtins.list[str]:
