@@ -333,6 +333,9 @@ class RunJob:
     on_late: str = "finish"
     test_boot: str | None = None
     metadata_url: str | None = None
+    #: when the user's command began (POSIX seconds; ``--commanded-at``): the run's JCT and deadline count from it,
+    #: so what the head's boot and the upload took is inside them
+    commanded_at: float | None = None
 
 
 def entrypoint(record: HeadRecord, job: RunJob) -> str:
@@ -359,6 +362,8 @@ def entrypoint(record: HeadRecord, job: RunJob) -> str:
         words += ["--deadline", f"{job.deadline_s:g}"]
     if job.overrun_s:
         words += ["--overrun-s", f"{job.overrun_s:g}"]
+    if job.commanded_at is not None:
+        words += ["--commanded-at", f"{job.commanded_at:.3f}"]
     if job.on_late != "finish":
         words += ["--on-late", job.on_late]
     if record.worker_egress != "nat":  # only a cloud that has egress choices records another

@@ -122,7 +122,13 @@ def build_result(state: RunState, plan: Plan, spec: JobSpec, ending: Ending, run
         "attempts": state.attempts,
         "best": best,
         "late_by_s": max(0.0, jct - state.deadline_s),
-        "actual": {"jct_s": jct, "cost_usd": bill.total_usd, "head_usd": bill.head_usd},
+        # JCT counts from the user's command: ``before_start_s`` of it went before the executor started
+        "actual": {
+            "jct_s": jct,
+            "cost_usd": bill.total_usd,
+            "head_usd": bill.head_usd,
+            "before_start_s": state.before_start_s,
+        },
         "predicted": {
             "jct_s": plan.predicted.jct_s.p50,
             "jct_p95_s": plan.predicted.jct_s.p95,

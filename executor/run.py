@@ -85,6 +85,9 @@ class Settings:
     deadline_s: float | None = None
     overrun_s: float = 0.0
     on_late: str = "finish"
+    #: when the user's command began, on the run's clock: the JCT and the deadline count from it (None: from the
+    #: run's start; a simulated run's virtual clock has no command)
+    commanded_at: float | None = None
     trial_timeout_s: float = 600.0
     elastic: bool = True
     max_instance_losses: int = MAX_INSTANCE_LOSSES
@@ -187,6 +190,7 @@ class Executor:
                     trial_runtime=target.runtime.module,
                     pid=os.getpid(),
                     on_late=self.settings.on_late,
+                    commanded_at=self.settings.commanded_at,
                 )
             )
             return

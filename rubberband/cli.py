@@ -8,8 +8,11 @@ one-line messages and exit codes (2 bad input, 3 infeasible, 1 execution failure
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
+import time
+from pathlib import Path
 
 import typer
 
@@ -61,16 +64,22 @@ def run(
     test_boot: str | None = None,
     trial_runtime: str | None = None,
     metadata_url: str | None = None,
+    commanded_at: float | None = None,
 ) -> int:
     """Run the CLI and return its exit code (for tests and ``main``).
 
     The test seams (tests only; ``main`` never passes them): ``test_boot`` plays cloud instances' boots on this
     machine (cloud/testboot.py), ``trial_runtime`` names the module trials run through instead of
     ``rubberband.executor.trials``, ``metadata_url`` the metadata server the spot-notice watchers read instead of the
-    cloud's (executor/notices.py). The commands get them from the app's context object (commands/_injected.py)."""
+    cloud's (executor/notices.py). The commands get them from the app's context object (commands/_injected.py).
+    ``commanded_at``: when the user's command began (``main``: the process's start; else now), which a run's JCT
+    and deadline count from."""
+    commanded_at = time.time() if commanded_at is None else commanded_at
     app = build_app()
     try:
-        settings = inject(test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url)
+        settings = inject(
+            test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url, commanded_at=commanded_at
+        )
         result = app(args=argv, prog_name="rubberband", standalone_mode=False, obj=settings)
     except RubberbandError as exc:
         return _fail(exc.message, exc.exit_code)
@@ -88,5 +97,16 @@ def run(
     return result if isinstance(result, int) else 0
 
 
+def process_started_at() -> float | None:
+    """When this process began (POSIX seconds; Linux ``/proc``), so that the interpreter's own start counts; None
+    where that cannot be read."""
+    try:  # field 22 of /proc/self/stat: the start in clock ticks after boot; CLOCK_BOOTTIME: now after boot
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - max(0.0, age_s)
+
+
 def main() -> None:
-    sys.exit(run())
+    sys.exit(run(commanded_at=process_started_at()))

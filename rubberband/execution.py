@@ -53,6 +53,9 @@ class Execution:
     overrun_s: float = 0.0
     on_late: str = "finish"
     simulate: bool = False
+    #: when the user's command began (POSIX seconds): the run's JCT and deadline count from it, so the head's and
+    #: the first instances' start-ups are inside them; None: from the executor's start (always so when simulated)
+    commanded_at: float | None = None
 
 
 def execute(run: Execution) -> Any:
@@ -90,7 +93,12 @@ def execute(run: Execution) -> Any:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     write_plan(plan, run.run_dir / "plan.json")
     _announce(run)
-    settings = Settings(deadline_s=run.deadline_s, overrun_s=run.overrun_s, on_late=run.on_late)
+    settings = Settings(
+        deadline_s=run.deadline_s,
+        overrun_s=run.overrun_s,
+        on_late=run.on_late,
+        commanded_at=None if run.simulate else run.commanded_at,
+    )
     replanner = planner_replanner(run.catalog, profile) if profile is not None else None
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:

@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 resume=(run_dir / "journal.jsonl").exists(),
                 profile_path=profile,
                 on_late=args.on_late,
+                commanded_at=args.commanded_at,
             )
         )
         print_summary(args.run_id, spec.metric.name, result.result, run_dir / "result.json")
@@ -208,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="execute the run staged in the working directory on this head")
     add_head_arguments(r)
     r.add_argument("--deadline", type=float, default=None)
+    r.add_argument(
+        "--commanded-at",
+        type=float,
+        default=None,
+        help="when the user's command began (POSIX seconds): the run's JCT and deadline count from it",
+    )
     r.add_argument("--overrun-s", type=float, default=0.0, help="seconds a late run goes on (inf: no limit)")
     r.add_argument(
         "--on-late",

@@ -26,10 +26,16 @@ class Injected:
     test_boot: str | None = None
     trial_runtime: str | None = None
     metadata_url: str | None = None
+    #: when the command began (POSIX seconds; ``rubberband.cli.run`` sets it): a run's JCT counts from it
+    commanded_at: float | None = None
 
 
 def inject(
-    *, test_boot: str | None = None, trial_runtime: str | None = None, metadata_url: str | None = None
+    *,
+    test_boot: str | None = None,
+    trial_runtime: str | None = None,
+    metadata_url: str | None = None,
+    commanded_at: float | None = None,
 ) -> Injected:
     """The values passed in, checked: InputError (the CLI's one-line error, exit 2) for a malformed one."""
     if test_boot is not None:
@@ -44,7 +50,9 @@ def inject(
         from rubberband.executor.notices import check_metadata_url
 
         metadata_url = check_metadata_url(metadata_url)
-    return Injected(test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url)
+    return Injected(
+        test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url, commanded_at=commanded_at
+    )
 
 
 def injected(ctx: typer.Context | None) -> Injected:

@@ -478,6 +478,7 @@ def run_here(start: RunStart, catalog, backend_cloud: str, job: RunJob, *, simul
             resume=start.resumed,
             on_late=job.on_late,
             simulate=simulate,
+            commanded_at=job.commanded_at,
         )
     )
     print_summary(start.run_id, start.spec.metric.name, result.result, start.run_dir / "result.json")
@@ -701,6 +702,7 @@ def register(app: typer.Typer) -> None:
             on_late=on_late,
             test_boot=seams.test_boot,
             metadata_url=seams.metadata_url,
+            commanded_at=None if resume is not None else seams.commanded_at,
         )
         if head_mode:
             options = flags.options(start.deadline_s or start.plan.deadline_s, overrun_s, grace_s)

@@ -1,0 +1,57 @@
+"""A run's JCT and deadline count from the user's command, not from the executor's start: the head's boot, the
+upload and the CLI's own loading are inside them (issue: every start-up on the critical path)."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+import pytest
+
+from rubberband.cli import process_started_at
+from rubberband.cloud.head_session import HeadRecord, RunJob, entrypoint
+from rubberband.executor import events as E
+from rubberband.executor.runstate import fold
+from rubberband.head_job import build_parser
+
+
+def _started(t: float, commanded_at: float | None) -> dict:
+    event = E.RunStarted(
+        run_id="r", spec_sha256="x", spec={}, plan={}, deadline_s=100.0, commanded_at=commanded_at
+    ).model_dump(mode="json")
+    return {**event, "t": t}
+
+
+def test_the_runs_time_begins_at_the_command():
+    state = fold([_started(10.0, 7.5)])
+    assert state.first_started_at == 7.5 and state.before_start_s == pytest.approx(2.5)
+    assert state.started_at == 10.0  # the executor's own start stays what it was
+
+
+def test_without_a_command_time_it_begins_at_the_start_and_a_command_never_lies_in_the_future():
+    assert fold([_started(10.0, None)]).first_started_at == 10.0
+    assert fold([_started(10.0, 12.0)]).first_started_at == 10.0  # a skewed clock: never a negative wait
+
+
+def test_head_mode_hands_the_command_time_to_the_run_job():
+    record = HeadRecord(
+        run_id="run-1",
+        cloud="aws",
+        region="us-east-1",
+        instance_id="i-1",
+        zone="us-east-1a",
+        address="10.0.0.1",
+        public_address=None,
+        regions=["us-east-1"],
+        metric="loss",
+    )
+    words = shlex.split(entrypoint(record, RunJob(deadline_s=600, trial_runtime="x", commanded_at=1_700_000_000.25)))
+    assert build_parser().parse_args(words[3:]).commanded_at == pytest.approx(1_700_000_000.25)
+    assert "--commanded-at" not in entrypoint(record, RunJob(deadline_s=600, trial_runtime="x"))
+
+
+def test_the_cli_knows_when_its_process_began():
+    """``rubberband`` (cli.main) counts from its process's start: the interpreter's own start-up is the user's
+    wait too."""
+    began = process_started_at()
+    assert began is not None and time.time() - 86400 < began <= time.time()
