@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from rubberband import install_hint
 from rubberband.errors import SpecError
@@ -172,19 +172,31 @@ class MlflowSink:
     rubberband run ends — its final status (FINISHED for a trial that finished or was pruned, FAILED, else KILLED)
     and a ``rubberband.best`` tag on the best trial.
 
-    ``client``: an ``MlflowClient`` (or anything with its methods); ``known``: what an earlier executor of this
-    run kept in ``tracking.json`` (trial → MLflow run id, each trial's last state)."""
+    ``connect``: makes the ``MlflowClient`` (or anything with its methods), called on the first event, on the
+    follower's thread (MLflow takes seconds to import; the run does not wait for it); ``known``: what an earlier
+    executor of this run kept in ``tracking.json`` (trial → MLflow run id, each trial's last state)."""
 
     name = "mlflow"
 
-    def __init__(self, client: Any, uri: str, experiment: str, run_id: str, known: dict[str, Any] | None) -> None:
-        self.client, self.uri, self.run_id = client, uri, run_id
+    def __init__(
+        self, connect: Callable[[], Any], uri: str, experiment: str, run_id: str, known: dict[str, Any] | None
+    ) -> None:
+        self._connect, self.uri, self.run_id = connect, uri, run_id
         known = known or {}
-        found = client.get_experiment_by_name(experiment)
-        self.experiment_id = str(found.experiment_id if found is not None else client.create_experiment(experiment))
         self.experiment = experiment
+        self.experiment_id: str | None = known.get("experiment_id")
         self.runs: dict[str, str] = dict(known.get("runs", {}))
         self.states: dict[str, str] = dict(known.get("states", {}))
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            client = self._connect()
+            found = client.get_experiment_by_name(self.experiment)
+            made = found.experiment_id if found is not None else client.create_experiment(self.experiment)
+            self._client, self.experiment_id = client, str(made)
+        return self._client
 
     def on(self, event: _Event) -> None:
         if isinstance(event, TrialCreated):
@@ -217,7 +229,8 @@ class MlflowSink:
             "rubberband.trial_id": event.trial_id,
             "rubberband.bracket": str(event.bracket),
         }
-        run = self.client.create_run(
+        client = self.client  # connected: the experiment id is known from here on
+        run = client.create_run(
             self.experiment_id, start_time=_ms(event.t), tags=tags, run_name=f"{self.run_id}/{event.trial_id}"
         )
         run_id = run.info.run_id
@@ -243,7 +256,7 @@ class MlflowSink:
             "uri": self.uri,
             "experiment": self.experiment,
             "experiment_id": self.experiment_id,
-            "experiment_url": experiment_url(self.uri, self.experiment_id),
+            "experiment_url": experiment_url(self.uri, self.experiment_id) if self.experiment_id else None,
             "runs": dict(self.runs),
             "states": dict(self.states),
         }
@@ -366,7 +379,9 @@ def open_tracking(spec: JobSpec, run_dir: Path, run_id: str) -> Tracking | None:
     if tracking.mlflow is not None:
         if tracking.mlflow.startswith(("http://", "https://")):
             _check_server(tracking.mlflow, 10.0)  # from where the executor runs (a cloud run's head), in seconds
-        client = _import_mlflow()(tracking_uri=tracking.mlflow)
+        uri = tracking.mlflow
         experiment = tracking.mlflow_experiment or spec.name
-        sinks.append(MlflowSink(client, tracking.mlflow, experiment, run_id, known.get("mlflow")))
+        sinks.append(
+            MlflowSink(lambda: _import_mlflow()(tracking_uri=uri), uri, experiment, run_id, known.get("mlflow"))
+        )
     return Tracking(run_dir, sinks, offset=int(known.get("journal_offset", 0)))

@@ -92,7 +92,7 @@ def _journal(run_dir, *, end: bool = True) -> J.Journal:
 def test_each_trial_is_a_tensorboard_run_and_an_mlflow_run(tmp_path):
     _journal(tmp_path)
     client = FakeMlflow()
-    mlflow = T.MlflowSink(client, "http://mlflow.example:5000", "tabular-hgb", "run-1", None)
+    mlflow = T.MlflowSink(lambda: client, "http://mlflow.example:5000", "tabular-hgb", "run-1", None)
     tracking = T.Tracking(tmp_path, [T.TensorBoardSink(tmp_path), mlflow])
     tracking.close()  # one pass (never started): the whole journal
 
@@ -123,7 +123,7 @@ def test_a_resumed_run_continues_the_same_mlflow_runs(tmp_path):
     journal.record(J.TrialStopped(trial_id="t0", stage=1, reason="interrupted"))
     journal.record(J.RunInterrupted(t=104.5))
     client = FakeMlflow()
-    T.Tracking(tmp_path, [T.MlflowSink(client, "sqlite:///m.db", "job", "run-1", None)]).close()
+    T.Tracking(tmp_path, [T.MlflowSink(lambda: client, "sqlite:///m.db", "job", "run-1", None)]).close()
     assert sorted(r["status"] for r in client.runs.values()) == ["FINISHED", "KILLED"]  # t1 pruned, t0 stopped
 
     journal.record(J.RunResumed(run_id="run-1", attempt=2))
@@ -134,7 +134,7 @@ def test_a_resumed_run_continues_the_same_mlflow_runs(tmp_path):
     assert known is not None
     again = T.Tracking(
         tmp_path,
-        [T.MlflowSink(client, "sqlite:///m.db", "job", "run-1", known["mlflow"])],
+        [T.MlflowSink(lambda: client, "sqlite:///m.db", "job", "run-1", known["mlflow"])],
         offset=known["journal_offset"],
     )
     again.close()
@@ -149,7 +149,7 @@ def test_a_failing_tracker_is_turned_off_and_the_other_goes_on(tmp_path):
     _journal(tmp_path)
     client = FakeMlflow(fail_on="log_metric")
     tracking = T.Tracking(
-        tmp_path, [T.MlflowSink(client, "http://h:1", "job", "run-1", None), T.TensorBoardSink(tmp_path)]
+        tmp_path, [T.MlflowSink(lambda: client, "http://h:1", "job", "run-1", None), T.TensorBoardSink(tmp_path)]
     )
     tracking.close()
     saved = json.loads((tmp_path / T.TRACKING_FILE).read_text())
