@@ -156,9 +156,11 @@ class Executor:
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            self._teardown(status, error)
-            if tracking is not None:
-                tracking.close()  # after the run's end event: the trackers log how the run ended
+            try:
+                self._teardown(status, error)
+            finally:
+                if tracking is not None:
+                    tracking.close()  # after the run's end event: the trackers log how the run ended
         if exc_to_raise is not None:
             raise exc_to_raise
         best = self.result.get("best") or {}
