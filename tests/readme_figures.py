@@ -13,10 +13,19 @@ from dataclasses import dataclass
 from conftest import REPO
 
 README = (REPO / "README.md").read_text()
-#: A quoted command output: the command in an HTML comment, then the text block that is its output.
-OUTPUT_BLOCK = re.compile(r"<!-- output of: (?P<command>.+?) -->\n```text\n(?P<output>.*?)```", re.S)
+#: A quoted command output: the command in an HTML comment (with ``(exit N)`` where it exits N, quoting what it
+#: writes to stderr too), then the text block that is its output.
+OUTPUT_BLOCK = re.compile(
+    r"<!-- output of: (?P<command>.+?)(?: \(exit (?P<exit>\d+)\))? -->\n```text\n(?P<output>.*?)```", re.S
+)
 #: The planner's own run time, the one figure of ``rubberband plan`` that differs between runs of the same seed.
 PLANNING_TIME = re.compile(r"Planned in \d+(\.\d+)? s")
+#: The intro's Hyperband figure: the shortest JCT with brackets side by side, and one after another.
+HYPERBAND = re.compile(
+    r"can promise (?P<parallel>\d+h \d+m) at p95 .*? rather than (?P<sequential>\d+h \d+m) one bracket"
+)
+#: What ``rubberband plan --deadline`` says of a deadline no plan meets.
+SHORTEST = re.compile(r"the shortest feasible JCT is (?P<jct>\d+h \d+m) ")
 MAIN_JOB = re.compile(
     r"(?P<trials>\d+) trials cut to (?P<cut>[\d, and]+?) by an? (?P<deadline>\d+)-second deadline, so the plan runs "
     r"the wide stages on (?P<wide>\d+) instances and the last one on (?P<last>\d+), .*?"
@@ -24,9 +33,16 @@ MAIN_JOB = re.compile(
 )
 
 
-def quoted_outputs() -> list[tuple[str, str]]:
-    """(command, its output as quoted) of every quoted output block, in README order."""
-    return [(m["command"], m["output"]) for m in OUTPUT_BLOCK.finditer(README)]
+@dataclass(frozen=True)
+class QuotedOutput:
+    command: str
+    exit_code: int
+    output: str
+
+
+def quoted_outputs() -> list[QuotedOutput]:
+    """Every quoted output block, in README order."""
+    return [QuotedOutput(m["command"], int(m["exit"] or 0), m["output"]) for m in OUTPUT_BLOCK.finditer(README)]
 
 
 def normalised(output: str) -> str:
@@ -73,3 +89,17 @@ class MainJobFigures:
             last_instances=stages[-1]["instances"],
             static_ratio=f"{static / plan['predicted']['cost_usd']['mean']:.2f}",
         )
+
+
+def hyperband_prose() -> tuple[str, str]:
+    """The shortest JCTs the intro quotes for Hyperband's brackets side by side and one after another."""
+    found = HYPERBAND.search(" ".join(README.split()))
+    assert found, "README.md no longer quotes Hyperband's brackets as test_readme_figures expects (HYPERBAND)"
+    return found["parallel"], found["sequential"]
+
+
+def shortest_jct(message: str) -> str:
+    """The shortest feasible JCT an infeasible ``rubberband plan`` names."""
+    found = SHORTEST.search(message)
+    assert found, f"not an infeasible plan's message: {message!r}"
+    return found["jct"]
