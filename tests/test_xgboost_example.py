@@ -56,8 +56,8 @@ def test_the_xgboost_example_runs_without_torch_in_its_workers(cli, tmp_path):
         (EXAMPLES / "xgboost_trial.yaml").read_text().replace("train: xgboost_trial:train", "train: probe:train")
     )
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--yes", "--run-dir", run_dir, env=cli_env(tmp_path), timeout=300)
-    assert result.returncode in (0, 4, 5), result.stderr[-3000:]  # met, or late on a loaded machine: it ran
+    result = cli("run", spec, "--yes", "--overrun", "none", "--run-dir", run_dir, env=cli_env(tmp_path), timeout=300)
+    assert result.returncode in (0, 4), result.stderr[-3000:]  # met, or late on a loaded machine: it ran to its end
     events = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines() if line.strip()]
     reports = [e for e in events if e["type"] == "epoch"]
     assert len(reports) >= 9 + 3 + 1, "every trial of every stage reported"
