@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 import yaml
 from tracking_helpers import FakeMlflow, tensorboard_scalars
 
 from conftest import EXAMPLES
+from test_bad_input import invoke
+from test_sim_executor import _job as sim_job
 from rubberband.errors import SpecError
 from rubberband.executor import journal as J
 from rubberband.executor import tracking as T
@@ -187,3 +190,38 @@ def test_the_follower_takes_only_complete_lines(tmp_path):
     with open(journal.path, "ab") as handle:
         handle.write(b'ch":2,"metrics":{"acc":0.4},"t":106.0}\n')
     assert tracking.advance() == 1 and seen[-1] == "epoch"
+
+
+def _sim_job(tmp_path, tracking) -> Path:
+    """The cloud quickstart's job, 9 trials, with ``tracking``: `rubberband run --cloud sim` plays it in seconds."""
+    scheduler = {
+        **yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())["scheduler"],
+        "trials": 9,
+        "max_epochs": 9,
+    }
+    return sim_job(tmp_path, scheduler=scheduler, tracking=tracking)
+
+
+def test_a_run_on_simulated_time_writes_tensorboard_files_for_every_trial(tmp_path):
+    run_dir = tmp_path / "run"
+    result = invoke("run", _sim_job(tmp_path, {"tensorboard": True}), "--cloud", "sim", "--yes", "--run-dir", run_dir)
+    assert result.code == 0, result.err[-3000:]
+    trials = {e["trial_id"] for e in J.iter_events(run_dir / J.JOURNAL_NAME) if e["type"] == "trial_created"}
+    assert len(trials) == 9 and {p.name for p in (run_dir / "tensorboard").iterdir()} == trials
+    assert all(tensorboard_scalars(run_dir / "tensorboard" / t)["val_acc"] for t in trials)
+    assert json.loads((run_dir / T.TRACKING_FILE).read_text())["tensorboard"] == {
+        "logdir": "tensorboard",
+        "error": None,
+    }
+
+
+def test_a_run_whose_mlflow_server_does_not_answer_stops_before_planning(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    job = _sim_job(tmp_path, {"mlflow": f"http://127.0.0.1:{port}"})
+    result = invoke("run", job, "--cloud", "sim", "--yes", "--run-dir", tmp_path / "run")
+    assert result.refused().startswith(
+        f"rubberband: error: spec field 'tracking.mlflow': no MLflow tracking server answers at http://127.0.0.1:{port}"
+    )
+    assert not (tmp_path / "run").exists()
