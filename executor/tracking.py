@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from rubberband import install_hint
+from rubberband.credentials import redact
 from rubberband.errors import SpecError
 from rubberband.executor.event_base import _Event
 from rubberband.executor.events import (
@@ -107,7 +108,7 @@ def _check_server(uri: str, timeout_s: float) -> None:
     """An MLflow tracking server answers ``GET /health`` with 200 (no retries: a wrong URI fails in seconds)."""
     url = uri.rstrip("/") + "/health"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as answer:  # noqa: S310 - the spec's own http(s) URI
+        with urllib.request.urlopen(url, timeout=timeout_s) as answer:  # the spec's own http(s) URI
             ok = answer.status == 200
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -306,7 +307,7 @@ class Tracking:
                     sink.on(event)
                 sink.flush()
             except Exception as exc:  # noqa: BLE001 - a tracking tool's failure must never fail the run
-                self.errors[sink.name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                self.errors[sink.name] = redact(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
         self.offset += len(complete)
         if complete:
             self.save()
@@ -334,7 +335,7 @@ class Tracking:
             try:
                 sink.close()
             except Exception as exc:  # noqa: BLE001
-                self.errors.setdefault(sink.name, f"{type(exc).__name__}: {exc}")
+                self.errors.setdefault(sink.name, redact(f"{type(exc).__name__}: {exc}"))
         self.save()
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
