@@ -225,3 +225,26 @@ def test_a_run_whose_mlflow_server_does_not_answer_stops_before_planning(tmp_pat
         f"rubberband: error: spec field 'tracking.mlflow': no MLflow tracking server answers at http://127.0.0.1:{port}"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_the_report_lists_each_tracker_with_its_link_or_command_and_its_error():
+    from rubberband.report import html, markdown
+    from rubberband.report.source import TrackingLink
+
+    links = (
+        TrackingLink("TensorBoard", "tensorboard --logdir /runs/r1/tensorboard"),
+        TrackingLink(
+            "MLflow", "http://h:5000/#/experiments/3", "http://h:5000/#/experiments/3", "ConnectionError: <gone>"
+        ),
+    )
+    assert markdown._tracking(links) == [
+        "Trials logged to:",
+        "",
+        "- TensorBoard: `tensorboard --logdir /runs/r1/tensorboard`",
+        "- MLflow: [http://h:5000/#/experiments/3](http://h:5000/#/experiments/3) (stopped logging: ConnectionError: <gone>)",
+        "",
+    ]
+    page = html._tracking(links)
+    assert '<a href="http://h:5000/#/experiments/3">' in page and "<code>tensorboard --logdir" in page
+    assert "&lt;gone&gt;" in page and "<gone>" not in page
+    assert markdown._tracking(()) == [] and html._tracking(()) == ""
