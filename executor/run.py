@@ -38,6 +38,7 @@ from rubberband.executor.schedulers import scheduler_for
 from rubberband.executor.services import Services
 from rubberband.executor.spotdesk import SpotDesk
 from rubberband.executor.stopping import Interrupted, RunGuard, RunStopped
+from rubberband.executor.tracking import open_tracking
 from rubberband.executor.trialrunner import TrialRunner
 from rubberband.plan import Plan
 from rubberband.planner.policies import LatenessPolicy, PrefetchPolicy, SpotPolicy
@@ -132,11 +133,14 @@ class Executor:
     def run(self, *, resume: bool = False) -> RunResult:
         """Run (or resume) to the end; teardown always happens, and the journal says how it ended."""
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        tracking = open_tracking(self.job.spec, self.run_dir, self.target.run_id)  # SpecError before anything starts
         services = self._services()
         self.services = services
         self._record_start(resume)
         loop = self._assemble()
         status, error, exc_to_raise = "failed", None, None
+        if tracking is not None:
+            tracking.start()  # a thread of its own: a slow tracking server never stalls the loop
         try:
             self.actuator.search = self._restore_search()  # inside: a study that cannot be opened ends cleanly
             self._connect(loop)
@@ -155,7 +159,11 @@ class Executor:
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            self._teardown(status, error)
+            try:
+                self._teardown(status, error)
+            finally:
+                if tracking is not None:
+                    tracking.close()  # after the run's end event: the trackers log how the run ended
         if exc_to_raise is not None:
             raise exc_to_raise
         best = self.result.get("best") or {}

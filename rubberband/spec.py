@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -16,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from rubberband.clouds import CLOUDS as KNOWN_CLOUDS
 from rubberband.clouds import DEFAULT_CLOUD
-from rubberband.credentials import refuse_requirement_credentials
+from rubberband.credentials import URL_LOGIN_RE, refuse_requirement_credentials
 from rubberband.errors import InputError, SpecError
 from rubberband.units import parse_duration
 
@@ -136,6 +137,51 @@ class SearchSpec(_Strict):
         return self.sampler != "random" or self.storage is not None
 
 
+class TrackingSpec(_Strict):
+    """Where each trial is also logged, for the tools people already watch (rubberband.executor.tracking).
+
+    ``tensorboard: true`` writes TensorBoard event files under ``RUN_DIR/tensorboard/<trial>`` (the
+    ``tensorboard`` extra: tensorboardX, no torch); ``mlflow: URI`` logs each trial as an MLflow run of the
+    experiment ``mlflow_experiment`` (default: the spec's name) at that tracking URI (the ``mlflow`` extra).
+    Both are off unless named. The URI is written into the run's journal with the spec, so it must carry no
+    login: MLflow reads ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` / ``MLFLOW_TRACKING_TOKEN``.
+    """
+
+    tensorboard: bool = False
+    mlflow: str | None = Field(default=None, min_length=1)
+    mlflow_experiment: str | None = Field(default=None, min_length=1)
+
+    @field_validator("mlflow")
+    @classmethod
+    def _uri(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not _URI_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a tracking URI; write e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db"
+            )
+        if URL_LOGIN_RE.search(value):
+            raise ValueError(
+                "the URI carries a login, which would be written into the run's journal; remove it and set "
+                "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _experiment_needs_uri(self) -> "TrackingSpec":
+        if self.mlflow_experiment is not None and self.mlflow is None:
+            raise ValueError("mlflow_experiment needs a tracking URI (e.g. mlflow: http://127.0.0.1:5000)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.tensorboard or self.mlflow is not None
+
+
+#: A URI's scheme and the rest, without spaces (http://host:5000, sqlite:///mlflow.db, databricks, file:///runs).
+_URI_RE = re.compile(r"^(databricks(-uc)?|[A-Za-z][A-Za-z0-9+.-]*:\S+)$")
+
+
 class ResourceSpec(_Strict):
     clouds: list[KnownCloud] = Field(default_factory=lambda: [DEFAULT_CLOUD], min_length=1)
     regions: list[str] | None = None
@@ -166,6 +212,7 @@ class JobSpec(_Strict):
     #: fixed configurations, run first (before any sampled one); with no search_space, the only ones
     trials: list[dict[str, Any]] | None = Field(default=None, min_length=1)
     search: SearchSpec = Field(default_factory=SearchSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     deadline_s: float
     confidence: float = Field(default=0.95, gt=0, lt=1)
     budget_usd: float | None = Field(default=None, gt=0)
@@ -221,7 +268,13 @@ class JobSpec(_Strict):
         """Stable digest of the spec's content (not its location), to tie plans and runs to it."""
         payload = self.model_dump(mode="json", exclude={"base_dir"})
         # fields added later leave the digests of specs written before them as they were
-        for name, default in (("trials", None), ("search", SearchSpec().model_dump(mode="json")), ("requirements", [])):
+        defaults = (
+            ("trials", None),
+            ("search", SearchSpec().model_dump(mode="json")),
+            ("tracking", TrackingSpec().model_dump(mode="json")),
+            ("requirements", []),
+        )
+        for name, default in defaults:
             if payload.get(name) == default:
                 del payload[name]
         if payload["resources"].get("spot_margin_s") == 0:
@@ -270,6 +323,10 @@ def _describe(error: dict, lines: dict[tuple, int], source: str) -> str:
         message = "required field is missing; add it"
     elif error["type"] == "union_tag_invalid":
         message = "type must be one of uniform, loguniform, int, choice"
+    elif error["type"] in ("bool_parsing", "bool_type"):
+        message = "must be true or false"
+    elif error["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        message = "must be a mapping of fields (name: value); see the README's job spec"
     elif error["type"] == "literal_error" and "expected" in error.get("ctx", {}):
         message = f"must be one of {error['ctx']['expected']}"
     return f"{where}: spec field '{field}': {message}"

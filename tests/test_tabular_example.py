@@ -52,8 +52,8 @@ def test_the_scikit_learn_example_runs_without_torch_in_its_workers(cli, tmp_pat
     spec = code / "tabular.yaml"
     spec.write_text((EXAMPLES / "tabular.yaml").read_text().replace("train: tabular:train", "train: probe:train"))
     run_dir = tmp_path / "run"
-    result = cli("run", spec, "--yes", "--run-dir", run_dir, env=cli_env(tmp_path), timeout=300)
-    assert result.returncode in (0, 4, 5), result.stderr[-3000:]  # met, or late on a loaded machine: it ran
+    result = cli("run", spec, "--yes", "--overrun", "none", "--run-dir", run_dir, env=cli_env(tmp_path), timeout=300)
+    assert result.returncode in (0, 4), result.stderr[-3000:]  # met, or late on a loaded machine: it ran to its end
     events = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines() if line.strip()]
     reports = [e for e in events if "torch_loaded" in json.dumps(e)]
     assert len(reports) >= 9 + 3 + 1, "every trial of every stage reported"

@@ -126,6 +126,7 @@ def _resumed(resume: str, source: PlanSource) -> RunStart:
     the spec given (if one is), without ``--plan``; its journaled deadline unless ``--deadline`` overrides it."""
     from rubberband.executor import journal as J
     from rubberband.executor.plan_checks import check_plan_matches
+    from rubberband.executor.tracking import check_tracking
     from rubberband.search import check_search
 
     directory = resolve_run_dir(resume)
@@ -152,6 +153,7 @@ def _resumed(resume: str, source: PlanSource) -> RunStart:
         raise PlanFileError("--plan cannot be combined with --resume: the run continues with the plan in its journal")
     check_plan_matches(spec, plan, source=str(directory / J.JOURNAL_NAME))
     check_search(spec)
+    check_tracking(spec)
     return RunStart(spec, plan, state.run_id, directory, source.deadline_s or state.deadline_s, resumed=True)
 
 
@@ -171,12 +173,14 @@ def _fresh(source: PlanSource, *, yes: bool, run_dir: Path | None) -> RunStart |
     """A new run of SPEC with the plan from ``source`` (a fresh one is confirmed first unless ``--yes``; None: the
     user declined), in ``--run-dir`` or ``runs/<run id>``."""
     from rubberband.executor import journal as J
+    from rubberband.executor.tracking import check_tracking
     from rubberband.search import check_search
 
     if source.spec_path is None:
         raise InputError("missing SPEC: pass a job spec YAML (or --resume RUN_DIR)")
     spec = load_spec(source.spec_path)
     check_search(spec)  # an Optuna sampler without Optuna fails before planning
+    check_tracking(spec)  # so do trackers without their package, or an MLflow server that does not answer
     plan, fresh = _load_or_make_plan(spec, source)
     if fresh and not yes:
         if not sys.stdin.isatty():

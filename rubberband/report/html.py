@@ -13,6 +13,7 @@ from html import escape
 from rubberband.report import fmt
 from rubberband.report.charts import Chart, ChartSet
 from rubberband.report.model import ReportData
+from rubberband.report.source import TrackingLink
 
 CSS = """
 :root{--ink:#1f2328;--muted:#5f6b76;--line:#e3e6ea;--bg:#f6f7f9;--accent:#4C78A8;--good:#2f8f46}
@@ -187,6 +188,22 @@ def _costs(data: ReportData, charts: ChartSet) -> str:
     )
 
 
+def _tracking(links: tuple[TrackingLink, ...]) -> str:
+    """Where the trials were also logged (TensorBoard, MLflow): a link or a command per tool."""
+    if not links:
+        return ""
+    items = ""
+    for link in links:
+        where = (
+            f'<a href="{escape(link.url, quote=True)}">{escape(link.where)}</a>'
+            if link.url
+            else f"<code>{escape(link.where)}</code>"
+        )
+        stopped = f" (stopped logging: {escape(link.error)})" if link.error else ""
+        items += f"<li>{escape(link.tool)}: {where}{stopped}</li>"
+    return f'<p id="tracking">Trials logged to:</p><ul>{items}</ul>'
+
+
 def _gantt(data: ReportData, charts: ChartSet) -> str:
     body = _figure(charts.plan_gantt, "Instances over time in this plan, coloured by the stage they run.")
     body += _note(data, "gantt")
@@ -213,7 +230,7 @@ def _distributions(data: ReportData, charts: ChartSet) -> str:
                 f" Head instance: {_num('actual.head_usd', a.head_usd, fmt.usd(a.head_usd))} (predicted "
                 f"{escape(fmt.usd(a.predicted_head_usd))}), in both."
             )
-        body += "</p>"
+        body += "</p>" + _tracking(a.tracking)
     return f'<section id="distributions"><h2>Predicted distributions</h2>{body}</section>'
 
 

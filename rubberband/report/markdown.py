@@ -5,6 +5,7 @@ from __future__ import annotations
 from rubberband.report import fmt
 from rubberband.report.charts import Chart, ChartSet
 from rubberband.report.model import ReportData
+from rubberband.report.source import TrackingLink
 
 
 def _cell(text: str) -> str:
@@ -24,6 +25,18 @@ def _image(chart: Chart | None) -> list[str]:
 def _note(data: ReportData, key: str) -> list[str]:
     why = data.notes.get(key)
     return [f"> **Note:** {why}", ""] if why else []
+
+
+def _tracking(links: tuple[TrackingLink, ...]) -> list[str]:
+    """Where the trials were also logged: one line per tool (its link or command, and its error if it stopped)."""
+    if not links:
+        return []
+    out = ["Trials logged to:", ""]
+    for link in links:
+        where = f"[{link.where}]({link.url})" if link.url else f"`{link.where}`"
+        stopped = f" (stopped logging: {link.error})" if link.error else ""
+        out.append(f"- {link.tool}: {where}{stopped}")
+    return out + [""]
 
 
 def render_markdown(data: ReportData, charts: ChartSet) -> str:
@@ -122,6 +135,7 @@ def render_markdown(data: ReportData, charts: ChartSet) -> str:
             f"{fmt.usd(a.cost_usd)} ({fmt.ratio(a.cost_vs_mean)} of mean).{head}",
             "",
         ]
+        out += _tracking(a.tracking)
 
     out += ["## Cost versus deadline", ""]
     out += _image(charts.pareto)

@@ -18,7 +18,7 @@ from rubberband.errors import InfeasibleError, RubberbandError
 from rubberband.plan import Alternative, Plan, StagePlan, Timeline
 from rubberband.report import fmt
 from rubberband.report.replan import ReplanRequest, Replanner
-from rubberband.report.source import ActualOutcome, ReportSource
+from rubberband.report.source import ActualOutcome, ReportSource, TrackingLink
 
 # Colour-blind-friendly, distinct at a glance; stage i always gets STAGE_COLORS[i % len].
 STAGE_COLORS = (
@@ -204,6 +204,7 @@ class ActualData:
     gantt: GanttData
     head_usd: float = 0.0  # the run's head instance, part of cost_usd
     predicted_head_usd: float = 0.0  # the plan's mean head cost, part of the predicted mean
+    tracking: tuple[TrackingLink, ...] = ()  # where the trials were also logged (TensorBoard, MLflow)
 
 
 @dataclass(frozen=True)
@@ -400,6 +401,7 @@ def _actual(plan: Plan, actual: ActualOutcome, dists: DistributionData) -> Actua
         gantt=gantt,
         head_usd=actual.head_usd,
         predicted_head_usd=p.cost_breakdown.head_usd,
+        tracking=actual.tracking,
     )
 
 

@@ -18,6 +18,17 @@ from rubberband.plan import Plan, Timeline, load_plan
 
 
 @dataclass(frozen=True)
+class TrackingLink:
+    """Where a run's trials were also logged (``tracking`` in the spec): the tool, how to open it (a URL, or a
+    command) and the tool's error where it stopped logging part way."""
+
+    tool: str  # "TensorBoard", "MLflow"
+    where: str  # the command or location shown
+    url: str | None = None  # a link, where the tool has a page for it
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class ActualOutcome:
     """What a finished (or stopped) run measured, in the plan's units."""
 
@@ -28,6 +39,7 @@ class ActualOutcome:
     stage_cost_usd: tuple[float, ...] = ()
     completed: bool = True
     head_usd: float = 0.0  # the run's head instance (head mode), part of cost_usd
+    tracking: tuple[TrackingLink, ...] = ()
 
 
 @runtime_checkable
@@ -158,5 +170,24 @@ class RunSource:
             stage_cost_usd=costs,
             completed=state.status == "finished",
             head_usd=head_usd,
+            tracking=tracking_links(run_dir),
         )
         return cls(plan=plan, label=f"run {state.run_id}", outcome=outcome)
+
+
+def tracking_links(run_dir: Path) -> tuple[TrackingLink, ...]:
+    """The TensorBoard log folder and the MLflow experiment a run's trials were logged to (its tracking.json)."""
+    from rubberband.executor.tracking import read_tracking
+
+    data = read_tracking(run_dir) or {}
+    links = []
+    board = data.get("tensorboard")
+    if isinstance(board, dict) and board.get("logdir"):
+        logdir = (run_dir / str(board["logdir"])).resolve()
+        links.append(TrackingLink("TensorBoard", f"tensorboard --logdir {logdir}", None, board.get("error")))
+    flow = data.get("mlflow")
+    if isinstance(flow, dict) and flow.get("uri"):
+        url = flow.get("experiment_url")
+        where = url or f"experiment {flow.get('experiment')!r} (id {flow.get('experiment_id')}) at {flow['uri']}"
+        links.append(TrackingLink("MLflow", str(where), url, flow.get("error")))
+    return tuple(links)
