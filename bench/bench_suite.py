@@ -48,7 +48,7 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("`ray start --block` (per node)", ("ray.scripts.scripts start", "bin/ray start")),
     (
         "played head job / watchdog / boot",
-        ("rubberband.head_job", "rubberband.cloud.watchdog_cli", "rubberband.cloud.testboot"),
+        ("rubberband.head_job", "rubberband.cloud.watchdog_cli", "played_boots.py", "head_job_harness.py"),
     ),
     ("CLI processes", ("-m rubberband", "cli_harness.py", "bin/rubberband")),
     ("pytest (controller and workers, moto and the GCE fake in them)", ("pytest", "execnet", "sys.stdin.readline")),

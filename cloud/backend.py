@@ -33,6 +33,7 @@ from rubberband.catalog import InstanceType
 from rubberband.cloud.bootstrap import BOOT_FAILED, RAY_PORT
 from rubberband.cloud.failover import Attempt, FailoverPolicy, provision_with_failover
 from rubberband.cloud.boot_dialect import BootDialect, dialect_of
+from rubberband.cloud.boots import BootPlayer
 from rubberband.cloud.head import WorkerBoot, worker_startup_script
 from rubberband.cloud.provider import (
     TAG_ROLE,
@@ -149,11 +150,11 @@ class BackendSeams:
     """What tests put in place of a cloud backend's real parts; each None (the real thing) in a real run, and
     always passed in, never read from the environment.
 
-    ``test_boot``: a test boot mode (cloud/testboot.py): the instances' boots are played by local Ray nodes.
+    ``boots``: who plays the instances' boots on this machine (cloud/boots.py; the test suite's player).
     ``metadata_url``: the metadata server the instances' notice watchers read instead of the cloud's
     (executor/notices.py; ``{instance}`` in it: the instance id)."""
 
-    test_boot: str | None = None
+    boots: BootPlayer | None = None
     metadata_url: str | None = None
 
 

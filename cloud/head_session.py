@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rubberband.catalog import Catalog
+from rubberband.cloud.boots import BootPlayer
 from rubberband.cloud.bootstrap import WatchdogSettings, cloud_run_id
 from rubberband.cloud.head_run import STAGE_DIR, LogFilter, unpack
 from rubberband.cloud.shell import shell_words
@@ -146,16 +147,16 @@ def _provider(cloud: str, region: str, options: HeadOptions | None = None, ident
     return make_provider(cloud, region, **kwargs)
 
 
-def check_options(cloud: str, options: HeadOptions, test_boot: str | None) -> None:
+def check_options(cloud: str, options: HeadOptions, boots: BootPlayer | None) -> None:
     """The head's identity flags fit the cloud; outside tests the CLI reaches the head over SSH: it needs the CIDR
     to open, the key (and its EC2 key pair)."""
     from rubberband.cloud.bootstrap import check_ssh_cidr
     from rubberband.cloud.registry import head_mode
 
-    head_mode(cloud).check_flags(options, over_ssh=not test_boot)
+    head_mode(cloud).check_flags(options, over_ssh=boots is None)
     if options.ssh_cidr:
         check_ssh_cidr(options.ssh_cidr)  # before anything is created
-    if test_boot or options.ssh_key is None:
+    if boots is not None or options.ssh_key is None:
         return
     if not Path(options.ssh_key).expanduser().is_file():
         raise InputError(f"--ssh-key {options.ssh_key}: no such private key file")
@@ -171,7 +172,9 @@ class NewRun:
     metric: str
 
 
-def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOptions, test_boot: str | None) -> HeadRecord:
+def start_head(
+    *, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOptions, boots: BootPlayer | None
+) -> HeadRecord:
     """Provision ``run``'s head where its first stage's workers go, with its cloud identity (the one named, or one
     created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
     from rubberband.cloud.head import HeadBoot, provision_head
@@ -182,7 +185,7 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
     run_id, run_dir = run.run_id, run.run_dir
     first = plan.stages[0]
     cloud, region = first.cloud, first.region
-    check_options(cloud, options, test_boot)
+    check_options(cloud, options, boots)
     zones = catalog.find(first.instance_type, cloud=cloud, region=region).zones
     crid = cloud_run_id(run_id)
     provider = _provider(cloud, region, options)
@@ -215,10 +218,8 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
             image=image_override(cloud),
         )
         record.write(run_dir)
-        if test_boot:
-            from rubberband.cloud.testboot import play_head
-
-            play_head(cloud, region, crid, head.id, options.watchdog)
+        if boots is not None:
+            boots.play_head(cloud, region, crid, head.id, options.watchdog)
     except BaseException:
         terminate_run(provider, crid)
         if identity is not None and identity.created:
@@ -227,17 +228,15 @@ def start_head(*, run: NewRun, plan: Plan, catalog: Catalog, options: HeadOption
     return record
 
 
-def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_boot: str | None) -> str:
+def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, boots: BootPlayer | None) -> str:
     """Make the run's Ray token, keep it in ``RUN_DIR/ray-token`` (0600) and write it onto the head: over SSH
     (the head's boot waits for it before starting Ray), or onto a played head's disk in tests."""
     from rubberband.cloud.ray_token import SshLogin, deliver_to_head, new_token, write_run_token
 
     token = new_token()
     write_run_token(run_dir, token)
-    if test_boot:
-        from rubberband.cloud.testboot import deliver_token as deliver_to_played_head
-
-        deliver_to_played_head(record.instance_id, token)
+    if boots is not None:
+        boots.deliver_token(record.instance_id, token)
         return token
     from rubberband.cloud.head_link import run_known_hosts
     from rubberband.cloud.host_keys import await_host_keys, pin_host_keys
@@ -263,14 +262,12 @@ def deliver_token(record: HeadRecord, run_dir: Path, options: HeadOptions, test_
 
 
 def link_for(
-    record: HeadRecord, test_boot: str | None, ssh_key: Path | None = None, run_dir: Path | None = None
+    record: HeadRecord, boots: BootPlayer | None, ssh_key: Path | None = None, run_dir: Path | None = None
 ) -> HeadLink:
     """The way to the head's job server: the played head's local URL in tests, else an SSH tunnel that trusts the
     run's own known_hosts (``RUN_DIR/known_hosts``; see head_link.run_known_hosts)."""
-    if test_boot:
-        from rubberband.cloud.testboot import head_url
-
-        return DirectLink(head_url(record.instance_id))
+    if boots is not None:
+        return DirectLink(boots.head_url(record.instance_id))
     key = ssh_key or (Path(record.ssh_key) if record.ssh_key else None)
     host = record.public_address or record.address
     if key is None or not host:
@@ -321,8 +318,8 @@ class RunJob:
     """How the run job runs the executor on the head (its command line's options; never a credential).
 
     ``head_grace_s``: the watchdog's results grace the head was started with, which the run's
-    ``result.json`` bills the head for after the run ends. ``test_boot`` (tests: a played head): the
-    on-head executor plays its workers' boots too (``--test-boot``; cloud/testboot.py). ``metadata_url``
+    ``result.json`` bills the head for after the run ends. ``boots`` (tests: a played head): the run job is the
+    player's own command (``BootPlayer.head_job_command``), whose executor plays its workers' boots too. ``metadata_url``
     (tests: a local endpoint serving spot notices): where the on-head executor's notice watchers read
     (``--metadata-url``; executor/notices.py)."""
 
@@ -331,7 +328,7 @@ class RunJob:
     head_grace_s: float | None = None
     overrun_s: float = 0.0
     on_late: str = "finish"
-    test_boot: str | None = None
+    boots: BootPlayer | None = None
     metadata_url: str | None = None
     #: when the user's command began (POSIX seconds; ``--commanded-at``): the run's JCT and deadline count from it,
     #: so what the head's boot and the upload took is inside them
@@ -340,10 +337,9 @@ class RunJob:
 
 def entrypoint(record: HeadRecord, job: RunJob) -> str:
     """The run job's command line on the head (names the run, never a credential)."""
+    command = job.boots.head_job_command() if job.boots is not None else ["python", "-m", "rubberband.head_job"]
     words = [
-        "python",
-        "-m",
-        "rubberband.head_job",
+        *command,
         "run",
         "--cloud",
         record.cloud,
@@ -370,8 +366,6 @@ def entrypoint(record: HeadRecord, job: RunJob) -> str:
         words += ["--worker-egress", record.worker_egress]
     if record.image:  # the jobs on the head do not see the CLI's environment: the workers follow the head's image
         words += ["--image", record.image]
-    if job.test_boot:
-        words += ["--test-boot", job.test_boot]
     if job.metadata_url:
         words += ["--metadata-url", job.metadata_url]
     return shell_words(words)
@@ -610,7 +604,7 @@ class HeadSession:
         return unpack(logs, run_dir)
 
 
-def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], None] | None = None) -> int:
+def end_run(record: HeadRecord, *, boots: BootPlayer | None, echo: Callable[[str], None] | None = None) -> int:
     """Terminate the run's head, workers and security group / firewall rules now; returns instances ended."""
     from rubberband.cloud.registry import descriptor
     from rubberband.cloud.teardown import terminate_run_detailed
@@ -628,10 +622,8 @@ def end_run(record: HeadRecord, *, test_boot: str | None, echo: Callable[[str], 
         for resource in made:
             if echo:
                 echo(f"deleted {record.cloud} {resource} (run {record.cloud_run_id})")
-    if test_boot:
-        from rubberband.cloud.testboot import wait_head_gone
-
-        wait_head_gone(record.instance_id)
+    if boots is not None:
+        boots.wait_head_gone(record.instance_id)
     return ended
 
 

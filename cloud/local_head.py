@@ -15,8 +15,8 @@ each worker's user-data carries the public half, and the token reaches the worke
 network (:class:`~rubberband.cloud.ray_token.SshTokenPush`), never in user-data. This head, its nodes and the
 driver present the run's token (``ray_auth_token_path``); both files go when the head stops.
 
-With ``test_boot="local"`` (passed in by the test suite's CLI entry point; :mod:`rubberband.cloud.testboot`)
-each instance's boot is played by a local Ray node started under the instance's id, and the head takes a free port.
+With a :class:`~rubberband.cloud.boots.BootPlayer` passed in (the test suite's; ``boots``) each instance's boot is
+played by a local Ray node started under the instance's id, and the head takes a free port on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rubberband.catalog import Catalog, load_catalog
+from rubberband.cloud.boots import BootPlayer
 from rubberband.cloud.backend import BackendSeams, CloudBackend, HeadHandle, TokenPush, ray_join_check
 from rubberband.cloud.bootstrap import RAY_PORT, cloud_run_id
 from rubberband.cloud.failover import alternatives_for
@@ -47,7 +48,6 @@ from rubberband.cloud.ray_token import (
 )
 from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import terminate_run_detailed
-from rubberband.errors import CloudError, Location
 from rubberband.devices import DevicePolicy
 
 
@@ -70,7 +70,8 @@ class LocalHeadCloudBackend:
     regions: list[str]
     pool: ProviderPool = field(default_factory=ProviderPool)
     catalog: Catalog | None = None
-    test_boot: str | None = None
+    #: who plays the instances' boots on this machine (tests); None: the cloud boots them
+    boots: BootPlayer | None = None
     ray_auth_mode: str = "token"
     requirements: tuple[str, ...] = ()  # the spec's `requirements`, installed by each worker's boot
     heartbeat_s: float = INTERVAL_S  # how often the run's heartbeat is written on the cloud (cloud/heartbeat.py)
@@ -90,7 +91,7 @@ class LocalHeadCloudBackend:
             self.run_token = self.run_dir / RUN_TOKEN_FILE
             self.token_push = (
                 FileTokenPush()  # played workers are local nodes that read the token file themselves
-                if self.test_boot == "local"
+                if self.boots is not None
                 else SshTokenPush(key_file=self.run_dir / PUSH_KEY_FILE, token_file=self.run_token)
             )
         self.local = LocalProvider(self.run_dir, auth_mode=self.ray_auth_mode, token_path=self.run_token)
@@ -105,7 +106,7 @@ class LocalHeadCloudBackend:
             address=None,
             tags={TAG_MANAGED: "true", TAG_ROLE: "head"},
         )
-        join = self._boot_locally if self.test_boot == "local" else ray_join_check
+        join = self._boot_locally if self.boots is not None else ray_join_check
         self.workers = CloudBackend(
             pool=self.pool,
             head=placeholder,
@@ -129,7 +130,7 @@ class LocalHeadCloudBackend:
     def device_policy(self) -> DevicePolicy:
         """Trials on GPU types use their GPUs (nccl). A played boot's stand-in node advertises the type's
         GPUs as logical ones on this machine, so its trials check Ray's GPU assignment, then train on CPU."""
-        return DevicePolicy(cpu_stand_in=self.test_boot == "local")
+        return DevicePolicy(cpu_stand_in=self.boots is not None)
 
     # -- head --------------------------------------------------------------------------------
 
@@ -145,9 +146,9 @@ class LocalHeadCloudBackend:
                 write_run_token(self.run_dir, new_token())
             if isinstance(self.token_push, SshTokenPush):
                 make_push_key(self.token_push.key_file)
-        port = None if self.test_boot else RAY_PORT
+        port = None if self.boots is not None else RAY_PORT
         record = self.local.start_head_process(run_id, port=port)
-        host = "127.0.0.1" if self.test_boot else _private_address()
+        host = "127.0.0.1" if self.boots is not None else _private_address()
         self.workers.head = Instance(
             id=self.workers.head.id,
             cloud=self.cloud,
@@ -236,7 +237,7 @@ class LocalHeadCloudBackend:
         try:
             self.workers.terminate(instance_ids)
         finally:
-            if self.test_boot == "local":
+            if self.boots is not None:  # the played boots' stand-in nodes end with their instances
                 self.local.terminate(instance_ids)
 
     # -- failover and losses (the executor's fleet) ------------------------------------------------
@@ -251,7 +252,7 @@ class LocalHeadCloudBackend:
         """Instances the cloud no longer runs (with the cloud's reason) and, in test boots, dead stand-in nodes."""
         self._build_providers()
         lost = dict(self.workers.check_lost(instance_ids))
-        if self.test_boot == "local":
+        if self.boots is not None:
             for ident, reason in self.local.check_lost([i for i in instance_ids if i not in lost]).items():
                 lost[ident] = reason
         return lost
@@ -268,21 +269,12 @@ class LocalHeadCloudBackend:
             self.pool(self.cloud, region)
 
     def _boot_locally(self, instance: Instance, timeout_s: float) -> None:
-        """Test boot (``test_boot="local"``): play the instance's user-data with a local Ray node."""
-        if instance.state != "running":
-            raise CloudError(
-                f"{instance.cloud}: instance {instance.id} is {instance.state}, not running",
-                kind="transient",
-                where=Location(zone=instance.zone),
-            )
-        itype = self.types.find(instance.instance_type, cloud=self.cloud)
-        request = InstanceRequest(
-            run_id=instance.run_id, stage=instance.stage, instance_type=itype, extra_tags={TAG_ROLE: "worker"}
-        )
-        self.local.start_node(instance.id, request, timeout_s=timeout_s)
+        """A played boot: the instance's user-data, played by the boot player with a node of ``local``."""
+        assert self.boots is not None
+        self.boots.join(instance, self.types.find(instance.instance_type, cloud=self.cloud), self.local, timeout_s)
 
     def _stop_stand_ins(self) -> None:
-        if self.test_boot == "local":
+        if self.boots is not None:
             self.local.terminate([r.id for r in self.local.records() if r.role == "node"])
 
 
@@ -303,7 +295,7 @@ def make_cloud_backend(
         cloud=cloud,
         run_dir=Path(run_dir),
         regions=list(dict.fromkeys(regions)),
-        test_boot=seams.test_boot,
+        boots=seams.boots,
         metadata_url=seams.metadata_url,
         expires_at=None if lifetime_cap_s is None else time.time() + lifetime_cap_s,
     )

@@ -40,7 +40,7 @@ def make_backend(
 ) -> "ExecutorBackend":
     """The executor's backend; ``lifetime_cap_s``: how long a cloud run's workers may live at most; ``seams``
     (tests only, passed in by the caller; cloud/backend.py :class:`~rubberband.cloud.backend.BackendSeams`): a cloud
-    run's instance boots played on this machine (cloud/testboot.py) and the metadata server its notice watchers
+    run's instance boots played on this machine (a BootPlayer: cloud/boots.py) and the metadata server its notice watchers
     read instead of the cloud's (executor/notices.py; the local backend has no notices). None: neither."""
     from rubberband.cloud.registry import DESCRIPTORS
 

@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions
 
 from rubberband import __version__, commands
+from rubberband.cloud.boots import BootPlayer
 from rubberband.commands._injected import inject
 from rubberband.errors import RubberbandError
 
@@ -61,15 +62,15 @@ def _fail(message: str, code: int) -> int:
 def run(
     argv: list[str] | None = None,
     *,
-    test_boot: str | None = None,
+    boots: BootPlayer | None = None,
     trial_runtime: str | None = None,
     metadata_url: str | None = None,
     commanded_at: float | None = None,
 ) -> int:
     """Run the CLI and return its exit code (for tests and ``main``).
 
-    The test seams (tests only; ``main`` never passes them): ``test_boot`` plays cloud instances' boots on this
-    machine (cloud/testboot.py), ``trial_runtime`` names the module trials run through instead of
+    The test seams (tests only; ``main`` never passes them): ``boots`` plays cloud instances' boots on this
+    machine (a :class:`~rubberband.cloud.boots.BootPlayer`: the suite's ``tests/played_boots.py``), ``trial_runtime`` names the module trials run through instead of
     ``rubberband.executor.trials``, ``metadata_url`` the metadata server the spot-notice watchers read instead of the
     cloud's (executor/notices.py). The commands get them from the app's context object (commands/_injected.py).
     ``commanded_at``: when the user's command began (``main``: the process's start; else now), which a run's JCT
@@ -78,7 +79,7 @@ def run(
     app = build_app()
     try:
         settings = inject(
-            test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url, commanded_at=commanded_at
+            boots=boots, trial_runtime=trial_runtime, metadata_url=metadata_url, commanded_at=commanded_at
         )
         result = app(args=argv, prog_name="rubberband", standalone_mode=False, obj=settings)
     except RubberbandError as exc:

@@ -10,8 +10,9 @@ The CLI (:mod:`rubberband.cloud.head_session`) submits both as Ray jobs to the h
   the ``DONE`` marker when the executor is over, however it ended: the watchdog then ends the head
   and any worker after its grace. ``--image IMAGE`` carries the machine image the user chose on the CLI
   (``RUBBERBAND_AWS_AMI`` / ``RUBBERBAND_GCP_IMAGE``, which this job does not see) to the providers that boot the
-  workers (:func:`provider_options`). In tests the CLI adds ``--test-boot local`` when it plays the head's
-  boot (:mod:`rubberband.cloud.testboot`): the executor then plays its workers' boots too; and
+  workers (:func:`provider_options`). In tests, when the CLI plays the head's boot (a
+  :class:`~rubberband.cloud.boots.BootPlayer` passed in), the job is the player's own command, which calls
+  :func:`main` with the player: the executor then plays its workers' boots too; and the CLI adds
   ``--metadata-url URL`` when the test serves spot notices from a local endpoint
   (:mod:`rubberband.executor.notices`).
 * ``python -m rubberband.head_job pack --run-id X`` — prints the run directory (journal,
@@ -47,7 +48,7 @@ from rubberband.cloud.head_run import (
     STAGE_DIR,
     OnHeadCloudBackend,
 )
-from rubberband.cloud.testboot import MODES as TEST_BOOT_MODES
+from rubberband.cloud.boots import BootPlayer
 
 
 def _load_inputs(stage: Path):
@@ -60,8 +61,9 @@ def _load_inputs(stage: Path):
     return JobSpec.model_validate(data), load_plan(stage / "plan.json"), profile if profile.exists() else None
 
 
-def run(args: argparse.Namespace) -> int:
-    """Execute the staged run on this head; always leave the DONE marker."""
+def run(args: argparse.Namespace, boots: BootPlayer | None = None) -> int:
+    """Execute the staged run on this head; always leave the DONE marker. ``boots``: who plays the workers' boots
+    (a played head's, passed in by the test suite's ``tests/head_job_harness.py``); None: the cloud boots them."""
     import time
 
     from rubberband.catalog import load_catalog
@@ -78,24 +80,22 @@ def run(args: argparse.Namespace) -> int:
         spec, plan, profile = _load_inputs(Path.cwd() / STAGE_DIR)
         pool = ProviderPool(provider_options(args))
         (head,) = pool(args.cloud, args.region).wait([args.head_id], 120.0)
-        test_boot = args.test_boot
         from rubberband.cloud.ray_token import FileTokenPush, SshTokenPush
-        from rubberband.cloud.testboot import head_disk
 
         # the run's Ray token for each worker: pushed over SSH with the head's key (a played head's stand-in
         # workers read it from this process's environment instead)
-        if test_boot:
+        if boots is not None:
             push = FileTokenPush() if os.environ.get("RAY_AUTH_MODE") == "token" else None
         else:
             push = SshTokenPush.from_env()
 
         backend = OnHeadCloudBackend(
             cloud=args.cloud,
-            run_dir=head_disk(args.head_id) if test_boot else run_dir,
+            run_dir=boots.head_disk(args.head_id) if boots is not None else run_dir,
             regions=list(dict.fromkeys(s.region for s in plan.stages)),
             pool=pool,
             catalog=load_catalog([args.cloud]),
-            test_boot=test_boot,
+            boots=boots,
             head_instance=head,
             ray_address=os.environ.get("RAY_ADDRESS", ""),
             head_grace_s=args.head_grace,
@@ -242,8 +242,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=WatchdogSettings().done_grace_s,
         help="the watchdog's results grace: the head is billed this long after the run ends",
     )
-    # tests only: on a played head (cloud/testboot.py) the CLI passes it in the job's command line
-    r.add_argument("--test-boot", choices=TEST_BOOT_MODES, default=None, help=argparse.SUPPRESS)
     # tests only: the metadata server the notice watchers read (a local endpoint; executor/notices.py)
     r.add_argument("--metadata-url", type=_metadata_url, default=None, help=argparse.SUPPRESS)
     p = sub.add_parser("pack", help="print the run directory as base64 tar.gz")
@@ -251,10 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, boots: BootPlayer | None = None) -> int:
+    """``python -m rubberband.head_job ...`` (``boots``: the test suite's player, passed in by its harness)."""
     args = build_parser().parse_args(argv)
     if args.command == "run":
-        return run(args)
+        return run(args, boots)
     print_pack(head_run_dir(args.run_id))
     return 0
 

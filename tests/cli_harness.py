@@ -1,12 +1,13 @@
 """The ``rubberband`` CLI as the tests run it, with the test seams passed in.
 
 ``python tests/cli_harness.py [--test-boot MODE] [--trial-runtime MODULE] [--metadata-url URL] COMMAND ...`` runs
-``rubberband COMMAND ...`` with those injected: it calls ``rubberband.cli.run(argv, test_boot=MODE,
+``rubberband COMMAND ...`` with those injected: it calls ``rubberband.cli.run(argv, boots=PlayedBoots(),
 trial_runtime=MODULE, metadata_url=URL)``, which hands them to the commands as the CLI app's context object
 (rubberband/commands/_injected.py); ``run`` passes them on as arguments:
 
-* ``--test-boot local``: cloud instances' boots played on this machine (cloud/testboot.py) — to the executor's cloud
-  backend, to head mode's functions and onto the head job's command line (``--test-boot``);
+* ``--test-boot local``: cloud instances' boots played on this machine (``played_boots.PlayedBoots``, passed to the
+  CLI as its ``boots``) — to the executor's cloud backend, to head mode's functions and, through the head job's
+  command (``head_job_harness.py``), to the played head's executor;
 * ``--trial-runtime MODULE``: trials run through MODULE instead of ``rubberband.executor.trials`` (its ``TrialSpec``
   and ``TrialRun``; executor/runtime.py) — to the executor, and onto the head job's command line;
 * ``--metadata-url URL``: the spot-notice watchers read this metadata server instead of the cloud's (``{instance}``
@@ -62,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         seams[OPTIONS[flag]] = value
     from rubberband.cli import run
 
+    boots = seams.pop("test_boot", None)
+    if boots not in (None, "local"):
+        print(f"cli_harness: --test-boot {boots!r}: the one played boot is 'local'", file=sys.stderr)
+        return 2
+    if boots == "local":
+        sys.path.append(str(HARNESS.parent))  # last: nothing of tests/ shadows what the CLI imports
+        from played_boots import PlayedBoots
+
+        return run(args, boots=PlayedBoots(), **seams)
     return run(args, **seams)
 
 

@@ -332,7 +332,7 @@ def no_played_head_left():
     import shutil
 
     from rubberband.cloud.local.provider import LocalProvider
-    from rubberband.cloud.testboot import head_disk
+    from played_boots import head_disk
 
     before = set(glob.glob(str(head_disk("*"))))
     yield
@@ -349,7 +349,7 @@ def no_played_head_left():
 
 def assert_played_head_gone(head_id: str, timeout_s: float = 30.0) -> None:
     """The played head ended with its instance: its disk is removed and no process of it is left."""
-    from rubberband.cloud.testboot import head_disk
+    from played_boots import head_disk
 
     deadline = time.monotonic() + timeout_s
     while head_disk(head_id).exists() and time.monotonic() < deadline:

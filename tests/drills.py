@@ -476,7 +476,7 @@ def run_drill(
             plan=plan,
             catalog=catalog,
             options=options,
-            test_boot=None,
+            boots=None,
         )
 
     def executor() -> None:
@@ -495,7 +495,7 @@ def run_drill(
 
     def cli_end() -> int:
         HOOKS.enter("cli", "teardown")
-        return end_run(state["record"], test_boot=None)
+        return end_run(state["record"], boots=None)
 
     def watchdog() -> None:
         HOOKS.enter("watchdog", "teardown")

@@ -633,20 +633,22 @@ def harness(*args: Any) -> Result:
     return invoke(*args, entry=main)
 
 
-def test_an_unknown_test_boot_is_refused_in_one_line_and_the_real_cli_takes_none():
-    line = harness("--test-boot", "cloudy", "run", "--attach", "nowhere").refused()
-    assert "test boot 'cloudy' is not a test boot mode; use one of local" in line
+def test_the_real_cli_takes_no_test_boot():
+    """Played boots are an object only the suite's entry points pass in: the CLI has no option for them."""
     assert "--test-boot" in invoke("run", "--test-boot", "local", "--attach", "nowhere").refused()  # no such option
 
 
 def test_the_environment_plays_no_boot(tmp_path, monkeypatch):
-    """The played boot is an argument: the variable that used to switch it on does nothing any more."""
+    """The played boot is an object passed in: the variable that used to switch it on does nothing any more."""
+    from played_boots import PlayedBoots
+
     from rubberband.cloud.backend import BackendSeams
     from rubberband.executor.backends import make_backend
 
     monkeypatch.setenv("RUBBERBAND_TEST_BOOT", "local")
-    assert make_backend("aws", tmp_path, ["us-east-1"]).test_boot is None
-    assert make_backend("aws", tmp_path, ["us-east-1"], seams=BackendSeams(test_boot="local")).test_boot == "local"
+    assert make_backend("aws", tmp_path, ["us-east-1"]).boots is None
+    player = PlayedBoots()
+    assert make_backend("aws", tmp_path, ["us-east-1"], seams=BackendSeams(boots=player)).boots is player
 
 
 @pytest.mark.parametrize(

@@ -205,7 +205,7 @@ def test_a_gcp_head_that_cannot_start_leaves_no_binding_behind(gce_fake, monkeyp
             plan=plan,
             catalog=cloud_catalog(),
             options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, service_account=SA),
-            test_boot=None,
+            boots=None,
         )
     assert any(r.endswith(":setIamPolicy") for r in gce_fake.requests)  # it was bound, then unbound
     assert gce_fake.run_bindings() == {} and not gce_fake.instances

@@ -41,6 +41,8 @@ from test_cloud_cli import Offer, cloud_env, cloud_job, cloud_plan, moto_instanc
 from rubberband.catalog import parse_catalog
 from rubberband.catalog import head_types
 from rubberband.cloud.head_run import unpack
+from played_boots import PlayedBoots
+
 from rubberband.head_job import build_parser, pack
 from rubberband.cloud.head_link import DirectLink
 from rubberband.cloud.head_session import (
@@ -138,7 +140,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         # the job as the head's job server holds it: entrypoint and runtime_env, and the head's user-data
         from ray.job_submission import JobSubmissionClient
 
-        from rubberband.cloud.testboot import head_url
+        from played_boots import head_url
 
         # the head's Ray runs with the run's token (RUN_DIR/ray-token, the user's alone): no token, no answer
         token = (run_dir / "ray-token").read_text()
@@ -147,7 +149,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
             JobSubmissionClient(head_url(record.instance_id)).list_jobs()
         authorized = {"Authorization": f"Bearer {token}"}
         info = JobSubmissionClient(head_url(record.instance_id), headers=authorized).get_job_info(record.cloud_run_id)
-        assert "rubberband.head_job run" in info.entrypoint and record.instance_id in info.entrypoint
+        assert "head_job_harness.py run" in info.entrypoint and record.instance_id in info.entrypoint
         assert info.runtime_env["working_dir"].startswith("gcs://")  # the code directory, packed by Ray Jobs
         # rubberband itself ships with every job: this checkout's package (the head's boot installed none)
         (package,) = info.runtime_env["py_modules"]
@@ -183,7 +185,7 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         if proc.poll() is None:
             proc.kill()
         if record is not None:
-            end_run(record, test_boot="local")
+            end_run(record, boots=PlayedBoots())
     assert attached.returncode == 0, attached.stderr[-3000:]
     assert "stage 1 (2 of 2" in attached.stderr and "BEGIN RUBBERBAND" not in attached.stderr
     assert "finished: best trial" in attached.stdout and str(run_dir / "result.json") in attached.stdout
@@ -250,7 +252,7 @@ def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
         late = cli("run", "--attach", run_dir, env=env, timeout=60, test_boot="local")  # too late: says so at once
         assert late.returncode == 1 and "is gone" in late.stderr
     finally:
-        end_run(record, test_boot="local")
+        end_run(record, boots=PlayedBoots())
     assert not (run_dir / "result.json").exists()  # nothing was fetched: the run went on without the CLI
 
 
@@ -324,7 +326,7 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
         )
     finally:
         if (run_dir / "head.json").exists():
-            end_run(HeadRecord.read(run_dir), test_boot="local")
+            end_run(HeadRecord.read(run_dir), boots=PlayedBoots())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "stage 1 (2 of 2" in result.stderr and "finished: best trial" in result.stdout  # streamed from the head
     record = HeadRecord.read(run_dir)
@@ -496,10 +498,11 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
         record, RunJob(deadline_s=600, trial_runtime="rubberband.executor.trials", on_late="stop")
     ).split()
     assert stop[stop.index("--on-late") + 1] == "stop" and build_parser().parse_args(stop[3:]).on_late == "stop"
-    # a played head's run job gets the test boot on its command line (never from the environment); a real one none
-    assert "--test-boot" not in words and build_parser().parse_args(words[3:]).test_boot is None
-    played = entrypoint(record, RunJob(deadline_s=600, trial_runtime="x", test_boot="local")).split()
-    assert build_parser().parse_args(played[3:]).test_boot == "local"
+    # a played head's run job is the suite's harness, which passes its player in (never a flag, never the
+    # environment); a real one is rubberband's own
+    assert words[:3] == ["python", "-m", "rubberband.head_job"] and "--test-boot" not in words
+    played = entrypoint(record, RunJob(deadline_s=600, trial_runtime="x", boots=PlayedBoots())).split()
+    assert played[1].endswith("head_job_harness.py") and build_parser().parse_args(played[2:]).run_id
     # so does a test's metadata server (spot notices) and trial runtime; a real one none
     assert "--metadata-url" not in words and build_parser().parse_args(words[3:]).metadata_url is None
     noticed = shlex.split(
@@ -508,7 +511,6 @@ def test_entrypoint_and_ssh_tunnel_commands(tmp_path):
             RunJob(
                 deadline_s=600,
                 trial_runtime="tests.stand_in",
-                test_boot="local",
                 metadata_url="http://127.0.0.1:8/{instance}/",
             ),
         )
@@ -555,7 +557,7 @@ def test_the_image_the_user_chose_boots_the_workers_the_head_starts(tmp_path, mo
         plan=plan,
         catalog=cloud_catalog(),
         options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, key_name="rb"),
-        test_boot=None,
+        boots=None,
     )
     try:
         assert record.image == chosen and HeadRecord.read(run_dir).image == chosen
@@ -569,7 +571,7 @@ def test_the_image_the_user_chose_boots_the_workers_the_head_starts(tmp_path, mo
         images = {i["InstanceId"]: i["ImageId"] for i in moto_instances()}
         assert images == {record.instance_id: chosen, worker.id: chosen}
     finally:
-        end_run(record, test_boot=None)
+        end_run(record, boots=None)
     # without a choice nothing goes on the command line: the head's provider keeps its own default
     plain = dataclasses.replace(record, image=None)
     assert "--image" not in entrypoint(plain, RunJob(deadline_s=600, trial_runtime="x"))
@@ -604,7 +606,7 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
         plan=plan,
         catalog=catalog,
         options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, service_account=HEAD_SA),
-        test_boot=None,
+        boots=None,
     )
     try:
         assert HeadRecord.read(run_dir) == record
@@ -621,7 +623,7 @@ def test_gcp_head_starts_in_the_workers_zone_and_ends_with_its_firewall(tmp_path
         assert "RUBBERBAND_RUN_ROOT" in script
         assert list(gce_fake.run_bindings()) == ["rubberband-run-gcp-head-run"] and record.identity_created
     finally:
-        assert end_run(record, test_boot=None) == 1
+        assert end_run(record, boots=None) == 1
     assert not gce_fake.instances and not gce_fake.firewalls and gce_fake.run_bindings() == {}
 
 
@@ -688,13 +690,13 @@ def test_worker_egress_is_checked_before_anything_starts_and_old_head_records_st
     from rubberband.cloud.head_session import HeadOptions, check_options
 
     with pytest.raises(InputError, match="--worker-egress is for --cloud gcp"):
-        check_options("aws", HeadOptions(worker_egress="public"), test_boot="local")
+        check_options("aws", HeadOptions(worker_egress="public"), boots=PlayedBoots())
     with pytest.raises(InputError, match="--worker-egress 'open': use nat"):
         check_options(
-            "gcp", HeadOptions(worker_egress="open", service_account="h@p.iam.gserviceaccount.com"), test_boot="local"
+            "gcp", HeadOptions(worker_egress="open", service_account="h@p.iam.gserviceaccount.com"), boots=PlayedBoots()
         )
     check_options(
-        "gcp", HeadOptions(worker_egress="existing", service_account="h@p.iam.gserviceaccount.com"), test_boot="local"
+        "gcp", HeadOptions(worker_egress="existing", service_account="h@p.iam.gserviceaccount.com"), boots=PlayedBoots()
     )
     record = HeadRecord(
         run_id="r",

@@ -382,7 +382,7 @@ def test_a_head_that_cannot_start_leaves_no_role_behind(tmp_path, moto_env, ec2_
             plan=plan,
             catalog=cloud_catalog(),
             options=HeadOptions(ssh_cidr="203.0.113.9/32", ssh_key=key, key_name="rb"),
-            test_boot=None,
+            boots=None,
         )
     assert ec2_faults.calls  # it did try, with the role it made
     iam = boto3.client("iam")
@@ -397,7 +397,7 @@ def test_a_played_head_without_an_identity_fails_its_boot_saying_so(moto_env):
     identity: one started without (as the head was before) fails its boot with one clear line, as a real one could
     not call the cloud API."""
     from rubberband.cloud.bootstrap import WatchdogSettings
-    from rubberband.cloud.testboot import head_disk, head_url, play_head, wait_head_gone
+    from played_boots import head_disk, head_url, play_head, wait_head_gone
 
     p3 = cloud_catalog().find("p3.2xlarge", region=REGION)
     provider = AwsProvider(REGION, poll_s=0.01)

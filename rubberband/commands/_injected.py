@@ -1,7 +1,7 @@
 """What the program running the CLI passes in beside the command line (never read from the environment).
 
 ``rubberband`` (``rubberband.cli.main``) passes nothing. The test suite runs the CLI through its own entry
-point (``tests/cli_harness.py``), which calls ``rubberband.cli.run(argv, test_boot="local", ...)``: the CLI app
+point (``tests/cli_harness.py``), which calls ``rubberband.cli.run(argv, boots=PlayedBoots(), ...)``: the CLI app
 gets an :class:`Injected` as its context object (made by :func:`inject`, which checks the values) and the commands
 that need it (``run``) read it with :func:`injected` and hand it on as plain arguments.
 """
@@ -12,18 +12,20 @@ from dataclasses import dataclass
 
 import typer
 
+from rubberband.cloud.boots import BootPlayer
+
 
 @dataclass(frozen=True)
 class Injected:
     """The test seams, each None (the real thing) unless the CLI's caller passed it in.
 
-    ``test_boot``: a test boot mode (cloud/testboot.py: instance boots played by local Ray nodes).
+    ``boots``: who plays cloud instances' boots on this machine (cloud/boots.py; the suite's ``PlayedBoots``).
     ``trial_runtime``: the module trials run through instead of ``rubberband.executor.trials`` (executor/runtime.py).
     ``metadata_url``: the metadata server's base URL the spot-notice watchers read instead of the cloud's
     (executor/notices.py; ``{instance}`` in it: the instance id).
     """
 
-    test_boot: str | None = None
+    boots: BootPlayer | None = None
     trial_runtime: str | None = None
     metadata_url: str | None = None
     #: when the command began (POSIX seconds; ``rubberband.cli.run`` sets it): a run's JCT counts from it
@@ -32,16 +34,12 @@ class Injected:
 
 def inject(
     *,
-    test_boot: str | None = None,
+    boots: BootPlayer | None = None,
     trial_runtime: str | None = None,
     metadata_url: str | None = None,
     commanded_at: float | None = None,
 ) -> Injected:
     """The values passed in, checked: InputError (the CLI's one-line error, exit 2) for a malformed one."""
-    if test_boot is not None:
-        from rubberband.cloud.testboot import check_mode
-
-        test_boot = check_mode(test_boot)
     if trial_runtime is not None:
         from rubberband.executor.runtime import check_module_name
 
@@ -50,9 +48,7 @@ def inject(
         from rubberband.executor.notices import check_metadata_url
 
         metadata_url = check_metadata_url(metadata_url)
-    return Injected(
-        test_boot=test_boot, trial_runtime=trial_runtime, metadata_url=metadata_url, commanded_at=commanded_at
-    )
+    return Injected(boots=boots, trial_runtime=trial_runtime, metadata_url=metadata_url, commanded_at=commanded_at)
 
 
 def injected(ctx: typer.Context | None) -> Injected:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from rubberband.catalog import load_catalog
+from rubberband.cloud.boots import BootPlayer
 from rubberband.commands._injected import injected
 from rubberband.commands._options import deadline_flag, on_late_flag, overrun_flag
 from rubberband.commands.plan import print_plan
@@ -384,7 +385,7 @@ def run_on_head(start: RunStart, catalog, options: HeadOptions, job: RunJob, *, 
     """Head mode: start the run's head instance, submit the run to it (its executor run as ``job`` says), then
     follow it (unless ``detach``).
 
-    ``job.test_boot`` (tests only, injected: commands/_injected.py): the head's and workers' boots are played;
+    ``job.boots`` (tests only, injected: commands/_injected.py): the head's and workers' boots are played;
     ``job.metadata_url`` (tests only, injected): where the on-head executor's notice watchers read."""
     from rubberband.cloud.head_session import (
         HeadSession,
@@ -396,13 +397,13 @@ def run_on_head(start: RunStart, catalog, options: HeadOptions, job: RunJob, *, 
         start_head,
     )
 
-    plan, run_id, run_dir, test_boot = start.plan, start.run_id, start.run_dir, job.test_boot
+    plan, run_id, run_dir, boots = start.plan, start.run_id, start.run_dir, job.boots
     err = stderr()
     if (run_dir / "head.json").exists():
         raise RunDirError(
             f"{run_dir} already holds a run; follow it with --attach {run_dir} or choose another --run-dir"
         )
-    check_options(plan.stages[0].cloud, options, test_boot)
+    check_options(plan.stages[0].cloud, options, boots)
     err.print(
         f"starting the head instance of run {run_id} on {plan.stages[0].cloud} {plan.stages[0].region}",
         markup=False,
@@ -413,14 +414,14 @@ def run_on_head(start: RunStart, catalog, options: HeadOptions, job: RunJob, *, 
         plan=plan,
         catalog=catalog,
         options=options,
-        test_boot=test_boot,
+        boots=boots,
     )
     write_plan(plan, run_dir / "plan.json")
     try:
-        token = deliver_token(record, run_dir, options, test_boot)  # the head's boot waits for it to start Ray
+        token = deliver_token(record, run_dir, options, boots)  # the head's boot waits for it to start Ray
         with HeadSession(
             record,
-            link_for(record, test_boot, options.ssh_key, run_dir),
+            link_for(record, boots, options.ssh_key, run_dir),
             connect_timeout_s=options.boot_timeout_s,
             token=token,
         ) as session:
@@ -429,7 +430,7 @@ def run_on_head(start: RunStart, catalog, options: HeadOptions, job: RunJob, *, 
                 start.spec, plan, replace(job, head_grace_s=options.watchdog.done_grace_s), watchdog=options.watchdog
             )
     except BaseException:
-        end_run(record, test_boot=test_boot)  # never leave a head without a run billing
+        end_run(record, boots=boots)  # never leave a head without a run billing
         from rubberband.cloud.ray_token import forget_run_token
 
         forget_run_token(run_dir)
@@ -439,7 +440,7 @@ def run_on_head(start: RunStart, catalog, options: HeadOptions, job: RunJob, *, 
     if detach:
         typer.echo(_hints(record, run_dir), err=True)
         return 0
-    return follow(record, run_dir, ssh_key=options.ssh_key, test_boot=test_boot)
+    return follow(record, run_dir, ssh_key=options.ssh_key, boots=boots)
 
 
 def run_here(start: RunStart, catalog, backend_cloud: str, job: RunJob, *, simulate: bool) -> int:
@@ -465,7 +466,7 @@ def run_here(start: RunStart, catalog, backend_cloud: str, job: RunJob, *, simul
             lifetime_cap_s=lifetime_cap_s(start.deadline_s or plan.deadline_s, job.overrun_s, 0.0)
             if on_cloud
             else None,
-            seams=BackendSeams(test_boot=job.test_boot, metadata_url=job.metadata_url),
+            seams=BackendSeams(boots=job.boots, metadata_url=job.metadata_url),
         )
     )
     result = execute(
@@ -489,7 +490,7 @@ def run_here(start: RunStart, catalog, backend_cloud: str, job: RunJob, *, simul
     return exit_code(result.result)  # met 0, late 4, stopped 5 (failures raise: 1, interrupted 130)
 
 
-def follow(record, run_dir: Path, *, ssh_key: Path | None, test_boot: str | None = None) -> int:
+def follow(record, run_dir: Path, *, ssh_key: Path | None, boots: BootPlayer | None = None) -> int:
     """Stream a run's progress from its head until it ends, fetch its directory, end its head.
 
     Ctrl-C detaches: the run goes on, and the hints say how to come back or stop it."""
@@ -506,14 +507,14 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None, test_boot: str | None
         sys.stderr.flush()
 
     token = read_run_token(run_dir)
-    with HeadSession(record, link_for(record, test_boot, ssh_key, run_dir), token=token) as session:
+    with HeadSession(record, link_for(record, boots, ssh_key, run_dir), token=token) as session:
         try:
             status = session.stream(write)
         except KeyboardInterrupt:
             typer.echo(f"\ndetached. {_hints(record, run_dir)}", err=True)
             return 0
         session.fetch(run_dir)
-    end_run(record, test_boot=test_boot, echo=lambda line: err.print(line, markup=False, highlight=False))
+    end_run(record, boots=boots, echo=lambda line: err.print(line, markup=False, highlight=False))
     from rubberband.cloud.ray_token import forget_run_token
 
     forget_run_token(run_dir)  # the cluster is gone: its token opens nothing any more
@@ -532,14 +533,14 @@ def follow(record, run_dir: Path, *, ssh_key: Path | None, test_boot: str | None
     return 0 if status == "SUCCEEDED" and summary.get("status") == "finished" else 1
 
 
-def attach_run(run: str, *, run_dir: Path | None, ssh_key: Path | None, test_boot: str | None = None) -> int:
+def attach_run(run: str, *, run_dir: Path | None, ssh_key: Path | None, boots: BootPlayer | None = None) -> int:
     """``rubberband run --attach RUN_ID_OR_DIR``: follow a run submitted to its head instance."""
     from rubberband.cloud.head_session import HeadRecord, check_head_alive
 
     directory = run_dir if run_dir is not None else resolve_run_dir(run)
     record = HeadRecord.read(directory)
     check_head_alive(record)
-    return follow(record, directory, ssh_key=ssh_key, test_boot=test_boot)
+    return follow(record, directory, ssh_key=ssh_key, boots=boots)
 
 
 def register(app: typer.Typer) -> None:
@@ -657,7 +658,7 @@ def register(app: typer.Typer) -> None:
         from rubberband.executor.runtime import DEFAULT_TRIAL_RUNTIME
 
         # tests only, passed in by their entry point (commands/_injected.py): played instance boots
-        # (cloud/testboot.py), a stand-in trial runtime, a local metadata server serving spot notices
+        # (cloud/boots.py: the suite's player), a stand-in trial runtime, a local metadata server serving spot notices
         seams = injected(ctx)
         deadline_s = deadline_flag(deadline)
         overrun_flag(overrun, 1.0)  # the form is checked before anything starts; the seconds need the plan
@@ -676,7 +677,7 @@ def register(app: typer.Typer) -> None:
         if attach is not None:
             if spec_path is not None or resume is not None or dry_run or detach:
                 raise InputError("--attach takes no SPEC, --resume, --dry-run or --detach: it follows a submitted run")
-            return attach_run(attach, run_dir=run_dir, ssh_key=ssh_key, test_boot=seams.test_boot)
+            return attach_run(attach, run_dir=run_dir, ssh_key=ssh_key, boots=seams.boots)
         source = PlanSource(spec_path, plan_path, cloud, deadline_s, head=head, head_grace_s=grace_s)
         flags = HeadFlags(
             ssh_cidr=ssh_cidr,
@@ -704,7 +705,7 @@ def register(app: typer.Typer) -> None:
             trial_runtime=seams.trial_runtime or DEFAULT_TRIAL_RUNTIME,
             overrun_s=overrun_s,
             on_late=on_late,
-            test_boot=seams.test_boot,
+            boots=seams.boots,
             metadata_url=seams.metadata_url,
             commanded_at=None if resume is not None else seams.commanded_at,
         )

@@ -1,18 +1,16 @@
-"""Test harness hook: stand in for a cloud instance's boot with a local Ray node.
+"""The test suite's :class:`~rubberband.cloud.boots.BootPlayer`: a cloud instance's boot played by a local Ray node.
 
-Never activated by the environment: the played boot is a value passed in. The test suite runs the CLI
-through its own entry point (``python tests/cli_harness.py --test-boot local run ...``), which calls
-``rubberband.cli.run(argv, test_boot="local")``; the CLI hands ``test_boot`` on explicitly — to the
-executor's cloud backend (``make_backend(..., seams=BackendSeams(test_boot=...))``), to head mode's functions
-(``cloud/head_session.py``) and, on the played head, to the run job's command line
-(``python -m rubberband.head_job run ... --test-boot local``). The ``rubberband`` command itself never
-plays a boot: no real instance would ever join.
+Never in the package and never activated by the environment: the played boot is an object the suite's entry points
+pass in. ``python tests/cli_harness.py --test-boot local run ...`` calls ``rubberband.cli.run(argv,
+boots=PlayedBoots())``; the CLI hands it on — to the executor's cloud backend (``make_backend(...,
+seams=BackendSeams(boots=...))``), to head mode's functions (``cloud/head_session.py``) and, on the played head, to
+the run job, whose command is this suite's ``tests/head_job_harness.py`` (:meth:`PlayedBoots.head_job_command`).
+The ``rubberband`` command itself never plays a boot: no real instance would ever join.
 
-With ``test_boot="local"`` the executor's cloud backend (``cloud/local_head.py``), once the provider (a
-moto server or the GCE fake in tests) reports an instance running, plays the instance's user-data
-itself: it starts a local Ray node that offers the instance's ``rb-node-<id>`` resource and joins the
-run's head, exactly what the bootstrap script would do on the instance. Terminating the instance stops
-that node too.
+With a player, the executor's cloud backend (``cloud/local_head.py``), once the provider (a moto server or the GCE
+fake) reports an instance running, plays the instance's user-data: :meth:`PlayedBoots.join` starts a local Ray node
+that offers the instance's ``rb-node-<id>`` resource and joins the run's head, exactly what the bootstrap script would
+do on the instance. Terminating the instance stops that node too.
 
 The played head acts with the CLI's (test) credentials, but only if the provider reports that its
 instance was started with a cloud identity (an instance profile / a service account): a head
@@ -38,20 +36,46 @@ import time
 from pathlib import Path
 
 from rubberband.cloud.bootstrap import WatchdogSettings
-from rubberband.errors import CloudError, InputError
+from rubberband.cloud.provider import TAG_ROLE, InstanceRequest
+from rubberband.errors import CloudError, Location
 
-#: The test boot modes: ``local`` plays each instance's boot with a local Ray node.
-MODES = ("local",)
+HERE = Path(__file__).resolve()
+#: The played head's run job (``rubberband.head_job`` with this player passed in).
+HEAD_JOB_HARNESS = HERE.parent / "head_job_harness.py"
 
 
-def check_mode(value: str | None) -> str | None:
-    """A test boot mode passed in (None or empty: real boots); InputError for an unknown one."""
-    value = (value or "").strip()
-    if not value:
-        return None
-    if value not in MODES:
-        raise InputError(f"test boot {value!r} is not a test boot mode; use one of {', '.join(MODES)} or none")
-    return value
+class PlayedBoots:
+    """:class:`~rubberband.cloud.boots.BootPlayer`: every boot played on this machine (see the module docstring)."""
+
+    def join(self, instance, itype, local, timeout_s: float) -> None:
+        if instance.state != "running":
+            raise CloudError(
+                f"{instance.cloud}: instance {instance.id} is {instance.state}, not running",
+                kind="transient",
+                where=Location(zone=instance.zone),
+            )
+        request = InstanceRequest(
+            run_id=instance.run_id, stage=instance.stage, instance_type=itype, extra_tags={TAG_ROLE: "worker"}
+        )
+        local.start_node(instance.id, request, timeout_s=timeout_s)
+
+    def play_head(self, cloud: str, region: str, run_id: str, instance_id: str, settings: WatchdogSettings) -> None:
+        play_head(cloud, region, run_id, instance_id, settings)
+
+    def deliver_token(self, instance_id: str, token: str) -> None:
+        deliver_token(instance_id, token)
+
+    def head_url(self, instance_id: str) -> str:
+        return head_url(instance_id)
+
+    def wait_head_gone(self, instance_id: str) -> bool:
+        return wait_head_gone(instance_id)
+
+    def head_disk(self, instance_id: str) -> Path:
+        return head_disk(instance_id)
+
+    def head_job_command(self) -> list[str]:
+        return ["python", str(HEAD_JOB_HARNESS)]
 
 
 # -- the head instance's boot (head mode: `rubberband run --cloud aws|gcp`) ------------------------------
@@ -87,8 +111,7 @@ def play_head(cloud: str, region: str, run_id: str, instance_id: str, settings: 
     disk.mkdir(parents=True, exist_ok=True)
     args = [
         sys.executable,
-        "-m",
-        "rubberband.cloud.testboot",
+        str(HERE),
         "--cloud",
         cloud,
         "--region",
@@ -216,8 +239,8 @@ def _end_head_jobs(instance_id: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rubberband.cloud.testboot ...``: :func:`serve_head` (started by :func:`play_head`)."""
-    parser = argparse.ArgumentParser(prog="python -m rubberband.cloud.testboot")
+    """``python tests/played_boots.py ...``: :func:`serve_head` (started by :func:`play_head`)."""
+    parser = argparse.ArgumentParser(prog="python tests/played_boots.py")
     for name in ("--cloud", "--region", "--run-id", "--instance-id"):
         parser.add_argument(name, required=True)
     for name in ("--submit-timeout", "--stall-timeout", "--done-grace", "--max-lifetime", "--poll"):
@@ -235,4 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
+    # run as a script, this folder is first on sys.path: drop it so that nothing of tests/ shadows rubberband
+    if sys.path and Path(sys.path[0] or ".").resolve() == HERE.parent:
+        sys.path.pop(0)
     sys.exit(main())
