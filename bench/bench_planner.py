@@ -23,6 +23,7 @@ from typing import Any
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
 from rubberband.planner.api import SearchOptions, plan_stages
+from rubberband.planner.bounds import work_bound
 from rubberband.planner.brackets import BracketSetup
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import hyperband_brackets, sha_stages
@@ -71,19 +72,6 @@ def timed(problem: Problem, deadline: float, *, confidence: float = 0.95, repeat
         times.append(time.perf_counter() - started)
         cpu.append(time.process_time() - started_cpu)
     return min(times), statistics.median(times), min(cpu), out
-
-
-def work_lower_bound(stages, model, types, max_workers) -> float:
-    """Σ trial-epochs × the cheapest $ per epoch of any (type, width): no idle, no start-up."""
-    best = float("inf")
-    for t in types:
-        for w in sorted({1, 2, 4, 8, t.workers}):
-            if w > max_workers:
-                continue
-            nodes = 1 if w <= t.workers else -(-w // t.workers)
-            per_epoch = model.epoch_time(t.device, w, nodes) * t.price_hr / 3600 * w / t.workers
-            best = min(best, per_epoch)
-    return sum(s.trials * s.epochs_this_stage for s in stages) * best
 
 
 def bench_hyperband(model, types, repeat: int) -> None:
@@ -294,7 +282,7 @@ def main() -> None:
     )
 
     print("\n== best static / plan and plan / work lower bound (quickstart: SHA n=81, 3 types, 1 worker/trial)")
-    bound = work_lower_bound(sha, model, types, 1)
+    bound = work_bound(PlanSpace(sha, types, model, 1))
     for factor in (1.2, 1.5, 2.0):
         out = plan_stages(PlanSpace(sha, types, model, 1), Goal(j_sha * factor, 0.95), SimSettings(samples=1000))
         static = out.static[1].cost_mean if out.static else float("nan")

@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from rubberband.catalog import SERIAL_PROVISIONING
+from rubberband.planner.bounds import stage_min_time
 from rubberband.planner.brackets import ParallelSimulator
 from rubberband.planner.search import Plan, PlanSearch, PlanSpace, count_for_waves, widths_for
 from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig, efficient_counts, layout
@@ -63,16 +64,6 @@ class BaselineResult:
         if self.capped:
             return f"capped after {self.nodes} nodes, not proven optimal"
         return f"proven optimal ({self.nodes} nodes searched)"
-
-
-def _stage_min_time(space: PlanSpace, i: int, config: StageConfig, f_min: float) -> float:
-    st = space.stages[i]
-    lay = layout(config.instance_type.workers, config.instances, config.workers)
-    task = st.epochs_this_stage * space.model.epoch_time(config.instance_type.device, config.workers, lay.nodes)
-    waves = -(-st.trials // max(1, lay.slots))
-    # the cheapest start a task can have: warm, or a move (whichever the model makes shorter)
-    overhead = min(space.model.task_overhead(st.epochs_this_stage, moved) for moved in (False, True))
-    return waves * (task * f_min + overhead)
 
 
 def static_plans(space: PlanSpace) -> list[Plan]:
@@ -203,7 +194,7 @@ def exact_optimum(search: PlanSearch, *, incumbent: float = math.inf, max_nodes:
     # fastest possible remaining time after stage i (single wave, best option)
     rest = [0.0] * (len(options) + 1)
     for i in range(len(options) - 1, -1, -1):
-        rest[i] = rest[i + 1] + min(_stage_min_time(space, i, c, f_min) for c in options[i])
+        rest[i] = rest[i + 1] + min(stage_min_time(space, i, c, f_min) for c in options[i])
     need = math.ceil(search.confidence * sim.samples - 1e-9)
     best: list = [incumbent, None, None]
     count = [0, 0]  # full plans simulated, nodes visited
