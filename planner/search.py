@@ -380,6 +380,10 @@ def _stage_changes(space: PlanSpace, plan: Plan, i: int) -> list[StageConfig]:
     for j in (i - 1, i + 1):  # align with a neighbouring stage (instances carry over)
         if 0 <= j < len(plan):
             pairs.setdefault((plan[j].instance_type.key, plan[j].workers), plan[j])
+            # its very configuration, where that is an efficient count here: every instance carries over, none
+            # starts (the same waves or the same time on its type may need a count that pays start-ups)
+            if plan[j].instances in space.counts(i, plan[j].instance_type, plan[j].workers):
+                changes.append(plan[j])
     for c in pairs.values():
         if (c.instance_type.key, c.workers) != (t.key, w):
             changes.append(
