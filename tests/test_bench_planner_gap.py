@@ -42,3 +42,14 @@ def test_a_few_cases_measure_a_gap_no_better_than_the_exact_optimum(bench):
         assert g.deadline_bound <= g.exact * (1 + 1e-9)
     lines = bench.table(gaps)
     assert lines[0].startswith("cases 4:") and any(line.startswith("plan / exact") for line in lines)
+
+
+@pytest.mark.parametrize("case", [153, 81, 14])
+def test_sequential_hyperband_cases_the_planner_missed_are_now_within_1_percent(bench, case):
+    """Drawn cases (seed 0) the planner left 45 %, 23 % and 1.4 % above the exact optimum: the first two because
+    a later bracket's screen booted the instances its first stage adds (the full simulation prefetches them), the
+    third because no move offered a stage its neighbour's very configuration."""
+    w = bench.workloads(case + 1, seed=0)[case]
+    assert w.brackets == "sequential" and "HB" in w.label
+    g = bench.measure(w)
+    assert g.known and 1 - 1e-9 <= g.ratio <= 1.01, (g.ratio, w.label)
