@@ -23,12 +23,12 @@ from typing import Any
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
 from rubberband.planner.api import SearchOptions, plan_stages
-from rubberband.planner.bounds import work_bound
+from rubberband.planner.bounds import Accounting, deadline_bound, work_bound
 from rubberband.planner.brackets import BracketSetup
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import hyperband_brackets, sha_stages
 from rubberband.planner.search import Goal, PlanSpace
-from rubberband.planner.simulator import SimSettings
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,15 +281,25 @@ def main() -> None:
         f"within 1.01: {sum(r <= 1.01 for r in ratios)}/{len(ratios)}"
     )
 
-    print("\n== best static / plan and plan / work lower bound (quickstart: SHA n=81, 3 types, 1 worker/trial)")
-    bound = work_bound(PlanSpace(sha, types, model, 1))
+    print(
+        "\n== best static / plan, plan / work lower bound and plan / deadline-aware bound (quickstart: SHA n=81, "
+        "3 types, 1 worker/trial; planner/bounds.py)"
+    )
+    space = PlanSpace(sha, types, model, 1)
+    bound = work_bound(space)
+    f_min = Simulator(sha, model, SimSettings(samples=1000)).min_factor()
     for factor in (1.2, 1.5, 2.0):
-        out = plan_stages(PlanSpace(sha, types, model, 1), Goal(j_sha * factor, 0.95), SimSettings(samples=1000))
+        deadline = j_sha * factor
+        out = plan_stages(PlanSpace(sha, types, model, 1), Goal(deadline, 0.95), SimSettings(samples=1000))
         static = out.static[1].cost_mean if out.static else float("nan")
+        rigorous = deadline_bound(space, deadline, Accounting(f_min))
+        median = deadline_bound(space, deadline, Accounting(expected=True))
         print(
-            f"deadline {factor}x shortest ({j_sha * factor:.0f} s): plan ${out.result.cost_mean:.2f}, static "
+            f"deadline {factor}x shortest ({deadline:.0f} s): plan ${out.result.cost_mean:.2f}, static "
             f"${static:.2f}, static/plan {static / out.result.cost_mean:.2f}x, plan/work bound "
-            f"{out.result.cost_mean / bound:.2f} (bound ${bound:.2f})"
+            f"{out.result.cost_mean / bound:.2f} (bound ${bound:.2f}), plan/deadline-aware bound "
+            f"{out.result.cost_mean / rigorous:.2f} (${rigorous:.2f}; of the expected cost "
+            f"{out.result.cost_mean / median:.2f}, ${median:.2f})"
         )
 
     bench_hyperband(model, types, repeat)
