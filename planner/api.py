@@ -94,6 +94,9 @@ from rubberband.units import format_duration, format_usd
 DEFAULT_SAMPLES = 1000
 SCREEN_SAMPLES = 32
 SCREEN_SLACK = 4  # pool plans with fewer than ceil(p·32) − 4 screening samples in time are not simulated fully
+#: ... nor pool plans whose screening samples say they cost this share more than the best found (baselines.
+#: clearly_costlier: beyond three standard errors of the paired difference too).
+SCREEN_COST_MARGIN = 0.01
 SHORTEST_CONFIRMED = 8  # when no plan meets the deadline: pool plans confirmed in the search for the shortest JCT
 #: The best static plan is "as cheap" as the elastic one when it costs at most this fraction more (mean).
 STATIC_TIE = 0.01
@@ -334,7 +337,9 @@ class _StagesSearch:
         space, search = self.space, self.search
         statics = static_plans(space)
         static_search = search.judged_by(Evaluator(self.static_sim, self.options.screen_samples))
-        self.static = cheapest_feasible(static_search, statics, screen_slack=SCREEN_SLACK)
+        self.static = cheapest_feasible(
+            static_search, statics, screen_slack=SCREEN_SLACK, cost_margin=SCREEN_COST_MARGIN
+        )
         if space.skipped:
             self.notes.append(f"not plannable (device not in profile): {', '.join(space.skipped)}")
         self.pool = [self.fastest] + knapsack_plans(space) + [shrink(space, p) for p in statics]
@@ -343,7 +348,9 @@ class _StagesSearch:
         static_plan = self.static.plan
         if static_plan is not None and search.meets(search.evaluator.full(static_plan)):
             self.incumbent = (static_plan, search.evaluator.full(static_plan))
-        best = cheapest_feasible(search, self.pool, incumbent=self.incumbent, screen_slack=SCREEN_SLACK)
+        best = cheapest_feasible(
+            search, self.pool, incumbent=self.incumbent, screen_slack=SCREEN_SLACK, cost_margin=SCREEN_COST_MARGIN
+        )
         self.candidates = self.static.evaluated + best.evaluated
         if best.plan is not None and best.result is not None:
             self.chosen = (best.plan, best.result)
@@ -500,7 +507,7 @@ def _spot_descent(
     moves = with_markets(local_moves, allowed)
     tried = steps = 0
     spot_pool = [all_spot(p) for p in pool if all(allowed(c) for c in p)]
-    best_spot = cheapest_feasible(search, spot_pool, screen_slack=SCREEN_SLACK)
+    best_spot = cheapest_feasible(search, spot_pool, screen_slack=SCREEN_SLACK, cost_margin=SCREEN_COST_MARGIN)
     tried += best_spot.evaluated
     starts = [chosen[0], all_spot(chosen[0])] + ([best_spot.plan] if best_spot.plan is not None else [])
     for start in starts:
