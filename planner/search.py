@@ -10,10 +10,10 @@ with all samples, and take the cheaper-and-not-slower candidate if there is one,
 with the best cost-marginal benefit ``M = (cost(X) − cost(Y)) / (JCT(Y) − JCT(X))`` among those
 still meeting the deadline at the confidence; repeat until nothing improves.
 
-The planner (:mod:`rubberband.planner.api`) runs it from the paper's start (maximum useful
-parallelism) and from the cheapest feasible plan of a deadline-independent pool: the
-:func:`knapsack_plans` ladder (optimal under additive per-stage estimates), the elastic shrinks of
-all static plans and the fastest plan; the pool is searched exactly by branch and bound.
+The planner (:mod:`rubberband.planner.api`) runs it from the cheapest feasible plan of a
+deadline-independent pool (from the paper's start, maximum useful parallelism, only when the pool has
+none): the :func:`knapsack_plans` ladder (optimal under additive per-stage estimates), the elastic
+shrinks of all static plans and the fastest plan; the pool is searched by branch and bound.
 """
 
 from __future__ import annotations
