@@ -20,7 +20,7 @@ compute is within 3 % of the work bound): a tight deadline needs many instances,
 for a minute or two. Plan / expected deadline-aware bound: 1.33, 1.07, 1.04; what is left is the start-up of
 instances added after the first stage and the idle time while they boot ahead of their stage, which no
 per-stage bound can charge (a stage's new instances depend on the stage before). Over the gap suite
-(bench/bench_planner_gap.py) the exact optimum sits a median 1.14x above the expected bound.
+(bench/bench_planner_gap.py) the exact optimum sits a median 1.08x (p95 1.41x) above the expected bound.
 """
 
 from __future__ import annotations
