@@ -366,9 +366,9 @@ def local_moves(space: PlanSpace, plan: Plan) -> list[Plan]:
 
 
 def _stage_changes(space: PlanSpace, plan: Plan, i: int) -> list[StageConfig]:
-    """Stage ``i``'s changes: one instance-count step down and up on its type and width, and every frontier
-    (type, width) pair (and the neighbouring stages', whose instances would carry over) at the same waves and
-    at the same stage time."""
+    """Stage ``i``'s changes: one instance-count step down and up on its type and width, its other widths on the
+    same instances, every frontier (type, width) pair (and the neighbouring stages', whose instances would carry
+    over) at the same waves and at the same stage time, and a neighbouring stage's very configuration."""
     config = plan[i]
     trials = space.stages[i].trials
     t, w = config.instance_type, config.workers
@@ -376,6 +376,13 @@ def _stage_changes(space: PlanSpace, plan: Plan, i: int) -> list[StageConfig]:
     counts = space.counts(i, t, w)
     changes = [StageConfig(t, n, w) for n in counts if n < config.instances][-1:]
     changes += [StageConfig(t, n, w) for n in counts if n > config.instances][:1]
+    # other widths on the same instances (none starts or stops; the waves change): neither the same waves nor the
+    # same time on another width keeps the count
+    changes += [
+        StageConfig(t, config.instances, v)
+        for v in widths_for(t, space.max_workers)
+        if v != w and config.instances in space.counts(i, t, v)
+    ]
     pairs = {(c.instance_type.key, c.workers): c for c in space.frontier(i)}
     for j in (i - 1, i + 1):  # align with a neighbouring stage (instances carry over)
         if 0 <= j < len(plan):
