@@ -249,6 +249,10 @@ def plan_key(plan: Plan) -> tuple:
     return tuple(c.key for c in plan)
 
 
+#: Samples of :meth:`Evaluator.mid`.
+MID_SAMPLES = 200
+
+
 class Evaluator:
     """Caches screening and full-sample results of plans for one simulator.
 
@@ -265,12 +269,21 @@ class Evaluator:
         self.screen_samples = min(screen_samples, sim.samples)
         self._screen: dict[tuple, SimResult] = {}
         self._full: dict[tuple, SimResult] = {}
+        self._mid: dict[tuple, SimResult] = {}
 
     def screen(self, plan: Plan) -> SimResult:
         key = plan_key(plan)
         if key not in self._screen:
             self._screen[key] = self.sim.simulate(plan, self.screen_samples)
         return self._screen[key]
+
+    def mid(self, plan: Plan) -> SimResult:
+        """The plan with the first :data:`MID_SAMPLES` samples (all, where the simulator has no more): a second,
+        sharper screen of the plan's cost before its full simulation."""
+        key = plan_key(plan)
+        if key not in self._mid:
+            self._mid[key] = self.sim.simulate(plan, min(MID_SAMPLES, self.sim.samples))
+        return self._mid[key]
 
     def full(self, plan: Plan) -> SimResult:
         key = plan_key(plan)
