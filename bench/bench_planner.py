@@ -2,12 +2,13 @@
 
     python bench/bench_planner.py [--quick]
 
-Prints figures and ratios (no assertions). Targets: SHA n=81 η=3 with 3 instance types and 1000
-samples plans in ≤ 1 s; Hyperband R=81 η=3 in ≤ 5 s; plan cost / exact optimum ≤ 1.01 on small
-cases; best static / plan ≥ 2 at 1.2× the shortest feasible JCT on the quickstart, never < 1.
-Hyperband with parallel brackets (``--hyperband`` runs only that part): shortest feasible JCT
-near the longest bracket's instead of the sum; R=243 η=3 plans in ≤ 2 s on 2 cores; elastic
-SHA versus ASHA simulated on a fixed cluster at equal deadlines.
+Prints figures and ratios (no assertions). Targets (issue 32): SHA n=81 η=3 with 3 instance types and
+1000 samples plans in ≤ 0.3 s; SHA n=729 (1-243 epochs) in ≤ 2 s (planning grows with stages × candidate
+shapes, not trials); Hyperband R=81 η=3 in ≤ 5 s; plan cost / exact optimum ≤ 1.01 on small cases
+(bench_planner_gap.py: the distribution over 200 drawn workloads); best static / plan ≥ 2 at 1.2× the
+shortest feasible JCT on the quickstart, never < 1. Hyperband with parallel brackets (``--hyperband``
+runs only that part): shortest feasible JCT near the longest bracket's instead of the sum; R=243 η=3
+plans in ≤ 1 s on 2 cores; elastic SHA versus ASHA simulated on a fixed cluster at equal deadlines.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Any
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
 from rubberband.planner.api import SearchOptions, plan_stages
+from rubberband.planner.bounds import Accounting, deadline_bound, work_bound
 from rubberband.planner.brackets import BracketSetup
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import hyperband_brackets, sha_stages
 from rubberband.planner.search import Goal, PlanSpace
-from rubberband.planner.simulator import SimSettings
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,19 +75,6 @@ def timed(problem: Problem, deadline: float, *, confidence: float = 0.95, repeat
     return min(times), statistics.median(times), min(cpu), out
 
 
-def work_lower_bound(stages, model, types, max_workers) -> float:
-    """Σ trial-epochs × the cheapest $ per epoch of any (type, width): no idle, no start-up."""
-    best = float("inf")
-    for t in types:
-        for w in sorted({1, 2, 4, 8, t.workers}):
-            if w > max_workers:
-                continue
-            nodes = 1 if w <= t.workers else -(-w // t.workers)
-            per_epoch = model.epoch_time(t.device, w, nodes) * t.price_hr / 3600 * w / t.workers
-            best = min(best, per_epoch)
-    return sum(s.trials * s.epochs_this_stage for s in stages) * best
-
-
 def bench_hyperband(model, types, repeat: int) -> None:
     """Parallel versus sequential brackets, planning time, and the longest bracket alone (as SHA)."""
     print(
@@ -118,7 +107,7 @@ def bench_hyperband(model, types, repeat: int) -> None:
                 f"  deadline {factor}x parallel shortest ({j_par * factor / 60:.0f} min): parallel ${par.result.cost_mean:.2f} "
                 f"(offsets {[round(o) for o in par.offsets]} s, {len(par.handoffs)} hand-overs), sequential "
                 f"{seq_cost}, static (sequential brackets) {static}; planning wall best {best:.2f} s, median "
-                f"{med:.2f} s, CPU {cpu:.2f} s (target <= 2 s for R=243), {par.candidates_evaluated} candidates"
+                f"{med:.2f} s, CPU {cpu:.2f} s (target <= 1 s for R=243), {par.candidates_evaluated} candidates"
             )
 
 
@@ -246,7 +235,15 @@ def main() -> None:
         best, med, cpu, out = timed(Problem(sha, model, types), j_sha * factor, repeat=repeat)
         print(
             f"SHA n=81 eta=3 r=1 R=27, deadline {factor}x shortest: wall best {best:.2f} s, median {med:.2f} s, "
-            f"CPU {cpu:.2f} s (target <= 1 s), {out.candidates_evaluated} candidates"
+            f"CPU {cpu:.2f} s (target <= 0.3 s), {out.candidates_evaluated} candidates"
+        )
+    big = sha_stages(729, 3, 1, 243)
+    j_big = shortest_jct(Problem(big, model, types), confidence=0.95)
+    for factor in (1.2, 2.0):
+        best, med, cpu, out = timed(Problem(big, model, types), j_big * factor, repeat=repeat)
+        print(
+            f"SHA n=729 eta=3 r=1 R=243, deadline {factor}x shortest: wall best {best:.2f} s, median {med:.2f} s, "
+            f"CPU {cpu:.2f} s (target <= 2 s), {out.candidates_evaluated} candidates"
         )
     hb = [s for b in hyperband_brackets(3, 1, 81) for s in b]
     j_hb = shortest_jct(Problem(hb, model, types), confidence=0.95)
@@ -293,15 +290,25 @@ def main() -> None:
         f"within 1.01: {sum(r <= 1.01 for r in ratios)}/{len(ratios)}"
     )
 
-    print("\n== best static / plan and plan / work lower bound (quickstart: SHA n=81, 3 types, 1 worker/trial)")
-    bound = work_lower_bound(sha, model, types, 1)
+    print(
+        "\n== best static / plan, plan / work lower bound and plan / deadline-aware bound (quickstart: SHA n=81, "
+        "3 types, 1 worker/trial; planner/bounds.py)"
+    )
+    space = PlanSpace(sha, types, model, 1)
+    bound = work_bound(space)
+    f_min = Simulator(sha, model, SimSettings(samples=1000)).min_factor()
     for factor in (1.2, 1.5, 2.0):
-        out = plan_stages(PlanSpace(sha, types, model, 1), Goal(j_sha * factor, 0.95), SimSettings(samples=1000))
+        deadline = j_sha * factor
+        out = plan_stages(PlanSpace(sha, types, model, 1), Goal(deadline, 0.95), SimSettings(samples=1000))
         static = out.static[1].cost_mean if out.static else float("nan")
+        rigorous = deadline_bound(space, deadline, Accounting(f_min))
+        median = deadline_bound(space, deadline, Accounting(expected=True))
         print(
-            f"deadline {factor}x shortest ({j_sha * factor:.0f} s): plan ${out.result.cost_mean:.2f}, static "
+            f"deadline {factor}x shortest ({deadline:.0f} s): plan ${out.result.cost_mean:.2f}, static "
             f"${static:.2f}, static/plan {static / out.result.cost_mean:.2f}x, plan/work bound "
-            f"{out.result.cost_mean / bound:.2f} (bound ${bound:.2f})"
+            f"{out.result.cost_mean / bound:.2f} (bound ${bound:.2f}), plan/deadline-aware bound "
+            f"{out.result.cost_mean / rigorous:.2f} (${rigorous:.2f}; of the expected cost "
+            f"{out.result.cost_mean / median:.2f}, ${median:.2f})"
         )
 
     bench_hyperband(model, types, repeat)

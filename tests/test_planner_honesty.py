@@ -11,7 +11,7 @@ import pytest
 
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
-from rubberband.planner.api import SearchOptions, plan_stages, static_is_as_good
+from rubberband.planner.api import STATIC_TIE, SearchOptions, plan_stages, static_is_as_good
 from rubberband.planner.baselines import exact_optimum
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import sha_stages
@@ -45,7 +45,8 @@ def shortest(case):
 
 @functools.lru_cache(maxsize=None)
 def gaps():
-    """Per case: (cost of the start / exact, descent alone / exact, whole planner / exact, exact result)."""
+    """Per case: (cost of the start / exact, descent alone / exact, whole planner / exact, whether the planner chose
+    the best static plan within its tie)."""
     model, types = setup()
     out = {}
     for case in CASES:
@@ -65,6 +66,7 @@ def gaps():
                 evaluator.full(start).cost_mean / e,
                 alone.result.cost_mean / e,
                 whole.result.cost_mean / e,
+                any(note.startswith("the best static plan is as cheap") for note in whole.notes),
             )
     return out
 
@@ -76,16 +78,22 @@ def test_the_greedy_descent_alone_comes_within_5_percent_of_the_exact_optimum():
     # a no-op descent stays at its start, which is far from optimal in every case
     assert min(starts) > 1.3
     assert all(r >= 1 - 1e-9 for r in alone)  # the exact optimum is a lower bound
-    # measured (p90 prefetch, two-move trades): 8 of 9 cases within 1.3 %; SHA n=9 η=3 R=9 at 1.5× the
+    # measured (p90 prefetch, two-move trades): 8 of 9 cases within 1.32 %; SHA n=9 η=3 R=9 at 1.5× the
     # shortest deadline stays 13.6 % above (three stages on three types, one move at a time cannot get
-    # there); without the trades two cases were 13.6 % and 34.3 % above
-    assert sum(r <= 1.05 for r in alone) >= len(alone) - 1, alone
+    # there: the optimum runs every stage on p3.2xlarge at other waves, each step there costs more; a re-timing
+    # step from the knapsack's estimates did not get there either, as they miss the carry-over), and without
+    # the trades two cases were 13.6 % and 34.3 % above. The whole planner starts from the pool (below)
+    assert sum(r <= 1.02 for r in alone) >= len(alone) - 1, alone
     assert max(alone) <= 1.15, alone
 
 
 def test_the_whole_planner_comes_within_1_percent_of_the_exact_optimum():
-    whole = [r[2] for r in gaps().values()]
-    assert all(1 - 1e-9 <= r <= 1.01 for r in whole), whole
+    """Within the static tie everywhere (the best static plan is preferred to an elastic one up to 1 % cheaper,
+    measured 0.23 % at most here), and at the optimum where it plans elastically."""
+    ratios = gaps().values()
+    assert all(1 - 1e-9 <= r[2] <= 1 + STATIC_TIE for r in ratios), ratios
+    elastic = [r[2] for r in ratios if not r[3]]
+    assert elastic and all(r <= 1.001 for r in elastic), elastic
 
 
 def test_the_exact_search_says_when_it_hit_its_cap():
