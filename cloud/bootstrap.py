@@ -144,6 +144,16 @@ class WatchdogSettings:
     max_lifetime_s: float = 7 * 24 * 3600.0  # hard cap
     poll_s: float = 30.0
 
+    def flags(self) -> list[str]:
+        """The settings as the watchdog's command line takes them (``--submit-timeout S`` ...)."""
+        return [
+            *("--submit-timeout", f"{self.submit_timeout_s:g}"),
+            *("--stall-timeout", f"{self.stall_timeout_s:g}"),
+            *("--done-grace", f"{self.done_grace_s:g}"),
+            *("--max-lifetime", f"{self.max_lifetime_s:g}"),
+            *("--poll", f"{self.poll_s:g}"),
+        ]
+
 
 #: The longest any node of a run may live, whatever the plan says (the head's default cap).
 MAX_LIFETIME_CEILING_S = 7 * 24 * 3600.0

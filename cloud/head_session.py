@@ -503,16 +503,7 @@ class HeadSession:
             self.record.cloud_run_id,
             "--head-id",
             self.record.instance_id,
-            "--submit-timeout",
-            f"{settings.submit_timeout_s:g}",
-            "--stall-timeout",
-            f"{settings.stall_timeout_s:g}",
-            "--done-grace",
-            f"{settings.done_grace_s:g}",
-            "--max-lifetime",
-            f"{settings.max_lifetime_s:g}",
-            "--poll",
-            f"{settings.poll_s:g}",
+            *settings.flags(),
             "--poweroff-marker",
         ]
         return self._submit(

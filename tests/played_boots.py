@@ -25,6 +25,7 @@ reports that instance running — as terminating a real head ends everything on 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -120,16 +121,7 @@ def play_head(cloud: str, region: str, run_id: str, instance_id: str, settings: 
         run_id,
         "--instance-id",
         instance_id,
-        "--submit-timeout",
-        f"{settings.submit_timeout_s:g}",
-        "--stall-timeout",
-        f"{settings.stall_timeout_s:g}",
-        "--done-grace",
-        f"{settings.done_grace_s:g}",
-        "--max-lifetime",
-        f"{settings.max_lifetime_s:g}",
-        "--poll",
-        f"{min(settings.poll_s, 1.0):g}",
+        *dataclasses.replace(settings, poll_s=min(settings.poll_s, 1.0)).flags(),
     ]
     with open(disk / "boot.log", "ab") as log:
         proc = subprocess.Popen(

@@ -10,39 +10,18 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import textwrap
 import zipfile
 
 import pytest
 from executor_helpers import cli_env
 
 from conftest import EXAMPLES
+from torch_probe import torch_probe
 
 pytestmark = pytest.mark.e2e
 xgboost = pytest.importorskip("xgboost", reason="the XGBoost example needs pip install -e '.[xgboost]'")
 
-PROBE = textwrap.dedent('''\
-    import sys
-
-    import xgboost_trial
-
-
-    class Probe:
-        """The trial's context, with each report saying whether this worker has imported torch."""
-
-        def __init__(self, ctx):
-            self._ctx = ctx
-
-        def __getattr__(self, name):
-            return getattr(self._ctx, name)
-
-        def report(self, epoch, **metrics):
-            self._ctx.report(epoch, **metrics, torch_loaded=float("torch" in sys.modules))
-
-
-    def train(config, ctx):
-        xgboost_trial.train(config, Probe(ctx))
-    ''')
+PROBE = torch_probe("xgboost_trial")
 
 
 def test_the_xgboost_example_runs_without_torch_in_its_workers(cli, tmp_path):
