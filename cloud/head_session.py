@@ -330,8 +330,8 @@ class RunJob:
     on_late: str = "finish"
     boots: BootPlayer | None = None
     metadata_url: str | None = None
-    #: when the user's command began (POSIX seconds; ``--commanded-at``): the run's JCT and deadline count from it,
-    #: so what the head's boot and the upload took is inside them
+    #: when the user's command began (POSIX seconds; ``--commanded-at``): the result reports what the head's boot
+    #: and the upload took before the executor started
     commanded_at: float | None = None
 
 

@@ -44,8 +44,8 @@ class RunStarted(_Event):
     trial_runtime: str | None = None
     pid: int | None = None
     on_late: str | None = None
-    #: when the user's command began, on the run's clock (before the head and the first instances started): the
-    #: run's JCT and its deadline count from it; absent: from this event
+    #: when the user's command began, on the run's clock (before the head and the first instances started): what
+    #: went before this event is reported beside the JCT (``result.json`` ``actual.before_start_s``); absent: unknown
     commanded_at: float | None = None
     #: the journal schema; absent in version-1 journals (the writer stamps the current one)
     journal_version: int = 1

@@ -122,12 +122,14 @@ def build_result(state: RunState, plan: Plan, spec: JobSpec, ending: Ending, run
         "attempts": state.attempts,
         "best": best,
         "late_by_s": max(0.0, jct - state.deadline_s),
-        # JCT counts from the user's command: ``before_start_s`` of it went before the executor started
+        # JCT counts from the executor's start, as the plan predicts it; what the user's command spent before that
+        # (loading, planning; in head mode the head's boot and the upload) is measured beside it
         "actual": {
             "jct_s": jct,
             "cost_usd": bill.total_usd,
             "head_usd": bill.head_usd,
             "before_start_s": state.before_start_s,
+            "jct_from_command_s": jct + state.before_start_s,
         },
         "predicted": {
             "jct_s": plan.predicted.jct_s.p50,

@@ -86,8 +86,8 @@ class Settings:
     deadline_s: float | None = None
     overrun_s: float = 0.0
     on_late: str = "finish"
-    #: when the user's command began, on the run's clock: the JCT and the deadline count from it (None: from the
-    #: run's start; a simulated run's virtual clock has no command)
+    #: when the user's command began, on the run's clock (journaled; the result reports what went before the start;
+    #: None: unknown, as on a simulated run's virtual clock)
     commanded_at: float | None = None
     trial_timeout_s: float = 600.0
     elastic: bool = True

@@ -106,9 +106,9 @@ class RunState:
     cloud: str
     deadline_s: float
     started_at: float
-    #: when the run's time began: the user's command (``run_started.commanded_at``), else its first start
     first_started_at: float
-    #: how long the command took before the executor started (its head, the upload): inside JCT and deadline
+    #: how long the user's command ran before the executor started (``run_started.commanded_at``: loading, planning,
+    #: in head mode the head's boot and the upload); reported beside the JCT, which counts from the start
     before_start_s: float = 0.0
     attempts: int = 1
     status: str = "running"  # running | finished | stopped | failed | interrupted
@@ -133,7 +133,6 @@ class RunState:
 def start_state(first: E.RunStarted) -> RunState:
     """The state a journal's ``run_started`` event begins."""
     t = first.t if first.t is not None else 0.0
-    began = min(t, first.commanded_at) if first.commanded_at is not None else t
     return RunState(
         run_id=first.run_id,
         spec_sha256=first.spec_sha256,
@@ -142,8 +141,8 @@ def start_state(first: E.RunStarted) -> RunState:
         cloud=first.cloud,
         deadline_s=first.deadline_s,
         started_at=t,
-        first_started_at=began,
-        before_start_s=t - began,
+        first_started_at=t,
+        before_start_s=max(0.0, t - first.commanded_at) if first.commanded_at is not None else 0.0,
     )
 
 

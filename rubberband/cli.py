@@ -73,8 +73,8 @@ def run(
     machine (a :class:`~rubberband.cloud.boots.BootPlayer`: the suite's ``tests/played_boots.py``), ``trial_runtime`` names the module trials run through instead of
     ``rubberband.executor.trials``, ``metadata_url`` the metadata server the spot-notice watchers read instead of the
     cloud's (executor/notices.py). The commands get them from the app's context object (commands/_injected.py).
-    ``commanded_at``: when the user's command began (``main``: the process's start; else now), which a run's JCT
-    and deadline count from."""
+    ``commanded_at``: when the user's command began (``main``: the process's start; else now): a run reports how
+    much of the user's wait went before its executor started."""
     commanded_at = time.time() if commanded_at is None else commanded_at
     app = build_app()
     try:

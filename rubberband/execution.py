@@ -53,8 +53,9 @@ class Execution:
     overrun_s: float = 0.0
     on_late: str = "finish"
     simulate: bool = False
-    #: when the user's command began (POSIX seconds): the run's JCT and deadline count from it, so the head's and
-    #: the first instances' start-ups are inside them; None: from the executor's start (always so when simulated)
+    #: when the user's command began (POSIX seconds): the result reports how much of the user's wait went before the
+    #: executor started (the CLI's loading and planning; in head mode the head's boot and the upload); None: unknown
+    #: (always so when simulated)
     commanded_at: float | None = None
 
 

@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--commanded-at",
         type=float,
         default=None,
-        help="when the user's command began (POSIX seconds): the run's JCT and deadline count from it",
+        help="when the user's command began (POSIX seconds): the result reports what went before the executor",
     )
     r.add_argument("--overrun-s", type=float, default=0.0, help="seconds a late run goes on (inf: no limit)")
     r.add_argument(

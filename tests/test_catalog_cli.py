@@ -76,5 +76,5 @@ def test_update_refuses_other_clouds(cli_here, env):
     result = cli_here("catalog", "update", "gcp", env=env)
     assert result.returncode == 2
     assert result.stderr == (
-        "rubberband: error: catalog update supports aws only (got 'gcp'); GCP prices ship with rubberband\n"
+        "rubberband: error: catalog update refreshes aws (got 'gcp'); other clouds' prices ship with rubberband\n"
     )

@@ -28,7 +28,7 @@ class Injected:
     boots: BootPlayer | None = None
     trial_runtime: str | None = None
     metadata_url: str | None = None
-    #: when the command began (POSIX seconds; ``rubberband.cli.run`` sets it): a run's JCT counts from it
+    #: when the command began (POSIX seconds; ``rubberband.cli.run`` sets it): a run reports what went before its start
     commanded_at: float | None = None
 
 
