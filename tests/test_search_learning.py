@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from executor_helpers import make_plan, write_hyperband_job, write_job
-from sim_helpers import SimCase, cpu_model
+from sim_helpers import KillingJournal, Killed, SimCase, cpu_model
 
 from rubberband.executor import journal as J
 from rubberband.executor import run as executor_run
@@ -122,3 +122,34 @@ def test_asking_at_the_start_keeps_the_start_times_and_random_search_its_configu
     assert not _asked_after_a_result(log)
     configs = {e["trial_id"]: e["config"] for e in out.of(J.TRIAL_CREATED)}
     assert configs == {trial_id: config for trial_id, _, _, config in trial_configs(spec, plan)}
+
+
+def test_a_tpe_run_killed_mid_bracket_resumes_with_its_journaled_configurations(tmp_path, recorded):
+    """Killed right after its fourth trial was created (the first waves asked, the rest not yet): the resumed run
+    keeps the journaled configurations, asks only the trials never created — each once, after the results the
+    resumed search was told — and finishes."""
+    spec, plan = _sha(tmp_path / "job", "tpe")
+    case = SimCase(spec, plan, model=cpu_model(epoch_s=0.5))
+    run_dir = tmp_path / "run"
+    created: list[str] = []
+
+    def fourth_created(event) -> bool:
+        if isinstance(event, J.TrialCreated):
+            created.append(event.trial_id)
+        return len(created) == 4
+
+    sim = case.world()
+    killed = case.run(run_dir, sim=sim, journal=KillingJournal(run_dir, clock=sim.clock, when=fourth_created))
+    assert isinstance(killed.error, Killed), killed.error
+    before = {t: trial.config for t, trial in J.read_state(run_dir).trials.items()}
+    assert len(before) == 4
+    recorded.clear()
+    resumed = case.run(run_dir, sim=sim, resume=True)
+    assert resumed.result is not None and resumed.result.status == "finished", resumed.error
+    after = {t: trial.config for t, trial in resumed.state.trials.items()}
+    assert {t: after[t] for t in before} == before
+    asked = [trial_id for what, trial_id in recorded if what == "ask"]
+    assert sorted(asked) == sorted(set(after) - set(before))
+    assert _asked_after_a_result(recorded)
+    created_events = [e["trial_id"] for e in resumed.events if e["type"] == J.TRIAL_CREATED]
+    assert sorted(created_events) == sorted(after)  # each trial created once, across both executors
