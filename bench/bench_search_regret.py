@@ -7,11 +7,11 @@ its metrics replayed from a recorded table instead of trained, so a run takes a 
 * ``nasbench201``: the 27 NAS-Bench-201 CIFAR-10 cells of ``examples/data/nasbench201_cifar10_slice.json``,
   replayed along ``examples/recorded.py``'s learning curve; the search space is the cell's six edges (an
   operation 0-4 each), and a sampled cell the slice lacks is its nearest recorded one (fewest differing edges,
-  then the first by name). SHA: 27 trials, η 3, 1-9 epochs.
+  then the first by name). SHA: ``--trials`` (81), η 3, 1-9 epochs.
 * ``sgd-digits``: scikit-learn's SGDClassifier on its bundled digits data, 384 configurations x 27 epochs of
   validation accuracy (``bench/data/sgd_digits_curves.json``, made offline by
   ``bench/data/make_sgd_digits_curves.py``); the space is the recorded grid (``alpha`` and ``eta0`` as indices
-  into log-spaced values, the loss, averaging). SHA: 27 trials, η 3, 1-27 epochs.
+  into log-spaced values, the loss, averaging). SHA: ``--trials`` (81), η 3, 1-27 epochs.
 
 Searchers: ``random`` and ``tpe`` under the table's SHA, ``bohb`` (TPE) and ``hyperband`` (random) under
 Hyperband (η 3, the same epochs, brackets side by side). The budget is epochs trained (in full trainings: R
@@ -20,7 +20,9 @@ reached so far, and its regret is the table's best final value less the incumben
 and mean regret per searcher at fractions of the smallest total budget of the searchers (equal budget); drawn:
 the median regret curves (``--out``, a PNG).
 
-    python bench/bench_search_regret.py [--seeds 20] [--tables nasbench201,sgd-digits] [--out regret.png]
+    python bench/bench_search_regret.py [--seeds 20] [--trials 81] [--tables nasbench201,sgd-digits] [--out regret.png]
+
+Last measured (20 seeds, 81 trials, about 9 minutes on 2 shared cores): README's Benchmarks, docs/img/search_regret.png.
 """
 
 from __future__ import annotations
@@ -205,9 +207,9 @@ def draw(results: dict[str, tuple[Table, dict[str, list[list[float]]]]], out: Pa
     for ax, (name, (table, curves)) in zip(axes[0], results.items()):
         common = int(min(statistics.median(len(c) for c in runs) for runs in curves.values()))
         x = np.arange(1, common + 1) / table.max_epochs
-        for searcher, runs in curves.items():
+        for (searcher, runs), style in zip(curves.items(), ("-", "--", "-.", ":")):
             ys = np.array([[at(c, b) for b in range(1, common + 1)] for c in runs])
-            ax.plot(x, np.median(ys, axis=0), label=searcher)
+            ax.plot(x, np.median(ys, axis=0), style, label=searcher)
             ax.fill_between(x, np.quantile(ys, 0.25, axis=0), np.quantile(ys, 0.75, axis=0), alpha=0.15)
         ax.set(title=f"{name} ({len(next(iter(curves.values())))} seeds)", xlabel="budget (full trainings)")
         ax.set(ylabel="regret (median, IQR shaded)")
@@ -220,7 +222,7 @@ def draw(results: dict[str, tuple[Table, dict[str, list[list[float]]]]], out: Pa
 
 
 def run(
-    tables: list[str], searchers: list[str], seeds: int, *, trials: int = 27, out: Path | None = None
+    tables: list[str], searchers: list[str], seeds: int, *, trials: int = 81, out: Path | None = None
 ) -> list[dict[str, Any]]:
     """Every table x searcher, ``seeds`` runs each; the summary rows (and the PNG at ``out``)."""
     base = Path(tempfile.mkdtemp(prefix="bench-regret-"))
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--tables", default=",".join(TABLES))
     parser.add_argument("--searchers", default=",".join(SEARCHERS))
-    parser.add_argument("--trials", type=int, default=27, help="SHA's trials")
+    parser.add_argument("--trials", type=int, default=81, help="SHA's trials")
     parser.add_argument("--out", type=Path, default=Path("regret.png"), help="the regret curves (PNG)")
     args = parser.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
