@@ -153,3 +153,20 @@ def test_a_tpe_run_killed_mid_bracket_resumes_with_its_journaled_configurations(
     assert _asked_after_a_result(recorded)
     created_events = [e["trial_id"] for e in resumed.events if e["type"] == J.TRIAL_CREATED]
     assert sorted(created_events) == sorted(after)  # each trial created once, across both executors
+
+
+def test_asha_tells_tpe_each_result_and_each_stop_as_it_happens(tmp_path, recorded):
+    """ASHA (9 trials, rungs 1, 3, 9 epochs, on 3 → 2 → 1 instances) with TPE: every trial's rung result is told
+    when the trial ends its rung, so asks follow results; today's code told nothing before the run's end."""
+    spec_path = write_job(tmp_path / "job", trials=9, eta=3, min_epochs=1, max_epochs=9, epoch_s=0.5)
+    data = json.loads(spec_path.read_text())
+    data["scheduler"]["kind"] = "asha"
+    data["search"] = {"sampler": "tpe", "seed": 3}
+    spec_path.write_text(json.dumps(data))
+    spec = load_spec(spec_path)
+    plan = make_plan(spec, [("local.cpu1", n, 1) for n in (3, 2, 1)], durations=[20.0] * 3)
+    out = _run(spec, plan, tmp_path / "run")
+    later = _asked_after_a_result(recorded)
+    assert later and len(later) >= len(out.state.trials) - 3, recorded  # all but the first slots' trials
+    stops = [e["trial_id"] for e in out.of(J.TRIAL_STOPPED) if e["reason"] == "pruned"]
+    assert stops and set(stops) <= {trial_id for what, trial_id in recorded if what == "told"}
