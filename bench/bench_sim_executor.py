@@ -75,28 +75,36 @@ class Planned:
     plan: Any
 
 
+def run_simulated(job: Any, seed: int, run_dir: Path, *, settings=None, curve=None) -> dict:
+    """One run of ``job`` by the unchanged executor on a simulated cluster drawn with ``seed`` (its metrics from
+    ``curve(config, epoch)`` where given), with the re-planner a real run has, journaled in ``run_dir``; returns
+    the run's result."""
+    from rubberband.executor.journal import Journal
+    from rubberband.executor.run import Executor, Settings, Target
+    from rubberband.executor.runtime import planner_replanner
+    from rubberband.executor.simulated import simulated_for
+
+    replanner = planner_replanner(job.catalog, job.profile)
+    sim = simulated_for(job, seed=seed, start=START, curve=curve)
+    journal = Journal(run_dir, clock=sim.clock, durable=False)
+    target = Target(f"sim-{run_dir.name}", run_dir, sim.backend, sim.runtime, sim.cluster, sim.clock, journal)
+    return Executor(job, target, settings or Settings(), replanner=replanner).run().result
+
+
 def simulate(planned: Planned, seeds: int, base: Path, *, inspect=None, settings=None) -> dict:
     """Run ``planned.plan`` with the unchanged executor on ``seeds`` simulated clusters (seed 0, 1, ...) in scratch
     folders under ``base``, as ``rubberband run --cloud sim`` does; returns the figures ``main`` prints, the runs'
     ``results`` and, with ``inspect(run_dir, result)``, what it returned for each run (before its run directory is
     removed)."""
-    from rubberband.executor.journal import Journal
-    from rubberband.executor.run import Executor, Job, Settings, Target
-    from rubberband.executor.runtime import planner_replanner
-    from rubberband.executor.simulated import simulated_for
+    from rubberband.executor.run import Job
 
     name, inputs, plan = planned.name, planned.inputs, planned.plan
-    spec, catalog, profile = inputs.spec, inputs.catalog, inputs.profile
-    job = Job(spec, plan, catalog, profile)
-    replanner = planner_replanner(catalog, profile)
+    job = Job(inputs.spec, plan, inputs.catalog, inputs.profile)
     jcts, costs, walls, statuses, results, inspected = [], [], [], [], [], []
     for seed in range(seeds):
         run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=base))
-        sim = simulated_for(job, seed=seed, start=START)
         began = time.perf_counter()
-        journal = Journal(run_dir, clock=sim.clock, durable=False)
-        target = Target(f"sim-{name}-{seed}", run_dir, sim.backend, sim.runtime, sim.cluster, sim.clock, journal)
-        result = Executor(job, target, settings or Settings(), replanner=replanner).run().result
+        result = run_simulated(job, seed, run_dir, settings=settings)
         walls.append(time.perf_counter() - began)
         jcts.append(result["actual"]["jct_s"])
         costs.append(result["actual"]["cost_usd"])

@@ -24,6 +24,17 @@ class CreateTrials:
 
 
 @dataclass(frozen=True)
+class RungResult:
+    """``trial_id``'s result at stage ``stage`` came in: the search hears it at once, before the rung's decision
+    (``last``: the last rung of its bracket, so the trial is done)."""
+
+    trial_id: str
+    stage: int
+    metric: float | None
+    last: bool
+
+
+@dataclass(frozen=True)
 class OpenStage:
     """Stage ``stage`` starts with ``trials`` trials, ``to_run`` of which have epochs to run (journaled)."""
 
@@ -150,6 +161,7 @@ class EnterPhase:
 
 Action = Union[
     CreateTrials,
+    RungResult,
     OpenStage,
     StartTrial,
     FinishFromCheckpoint,

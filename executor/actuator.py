@@ -23,6 +23,7 @@ from rubberband.executor.actions import (
     ReleaseInstance,
     Replan,
     RequestInstances,
+    RungResult,
     StartTrial,
     StopTrial,
 )
@@ -58,6 +59,7 @@ class Actuator:
         self.dispatch: Dispatch | None = None
         self._do: dict[type, Callable[[Any, RunView], None]] = {
             CreateTrials: self._create,
+            RungResult: self._result,
             OpenStage: self._open,
             StartTrial: self._start,
             FinishFromCheckpoint: self._finish_from_checkpoint,
@@ -79,7 +81,8 @@ class Actuator:
 
     # -- trials and stages ------------------------------------------------------------------------------
     def _create(self, action: CreateTrials, view: RunView) -> None:
-        """Ask the search for configurations, as late as the scheduler asks (after the earlier rungs' results)."""
+        """Ask the search for configurations, as late as the scheduler asks: a learning sampler's trial right before
+        it starts (after every result told so far), journaled before it runs."""
         assert self.search is not None
         spec = self.services.spec
         for index in range(action.index, action.index + action.count):
@@ -89,6 +92,12 @@ class Actuator:
                 self.journal.record(
                     J.TrialCreated(trial_id=trial_id, bracket=action.bracket, index=index, config=config)
                 )
+
+    def _result(self, action: RungResult, view: RunView) -> None:
+        """One trial's rung result, told at once: it goes on for now (the rung decides), or is done at its last."""
+        assert self.search is not None
+        epochs = view.plan.stage(action.stage).epochs
+        self.search.rung_finished(epochs, {action.trial_id: action.metric}, None if action.last else [action.trial_id])
 
     def _open(self, action: OpenStage, view: RunView) -> None:
         stage = view.plan.stage(action.stage)
@@ -139,6 +148,8 @@ class Actuator:
         self.journal.record(
             J.TrialStopped(trial_id=action.trial_id, stage=action.stage, reason="pruned", metric=action.metric)
         )
+        assert self.search is not None  # stopped now (ASHA): the search hears it pruned, not at the end
+        self.search.rung_finished(view.plan.stage(action.stage).epochs, {action.trial_id: action.metric}, [])
 
     def _close(self, action: CloseStage, view: RunView) -> None:
         stage = view.plan.stage(action.stage)

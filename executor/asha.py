@@ -25,6 +25,7 @@ from rubberband.executor.actions import (
     Action,
     CloseStage,
     CreateTrials,
+    RungResult,
     EnterPhase,
     OpenStage,
     Promote,
@@ -268,9 +269,11 @@ class AshaScheduler:
             self.queue.insert(0, Work(ended.trial_id, ended.stage))
             return
         self.results.setdefault(ended.stage, {})[ended.trial_id] = ended.metric
+        last = ended.stage == len(view.plan.stages) - 1
+        yield RungResult(ended.trial_id, ended.stage, ended.metric, last=last)  # heard before the next trial's ask
         if ended.ending is Ending.FAILED or ended.metric is None:
             return
-        if ended.stage == len(view.plan.stages) - 1:
+        if last:
             self.finals[ended.trial_id] = ended.metric
             return
         assert self.rungs is not None

@@ -45,7 +45,8 @@ def check_plan_matches(spec: JobSpec, plan: Plan, *, source: str = "plan") -> No
 def trial_configs(spec: JobSpec, plan: Plan) -> list[tuple[str, int, int, dict[str, Any]]]:
     """(trial id, bracket, index, config) of every trial a run proposes when no rung result has come in.
 
-    What a run creates with the default random search (fixed configurations first, then seeded samples).
+    What a run creates with the default random search (fixed configurations first, then seeded samples); a
+    ``tpe`` run asks as its trials start, after the results so far, so only its first asks are these.
     """
     source = make_config_source(spec)
     out = []

@@ -229,7 +229,7 @@ class Executor:
         replanning = Replanning(services, fleet, self.replanner, lateness, self.deadline_s)
         self.scheduler: Scheduler = scheduler_for(
             job.plan,
-            job.spec.metric,
+            job.spec,
             LossPolicy(settings.max_instance_losses),
             prefetch=settings.prefetch,
             elastic=settings.elastic,

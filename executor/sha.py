@@ -40,22 +40,30 @@ from rubberband.executor.observations import (
 from rubberband.executor.scheduling import RunView
 from rubberband.executor.stage_running import StageRunning
 from rubberband.planner.policies import PrefetchPolicy
+from rubberband.spec import Metric
 
 
 class ShaScheduler:
-    """SHA / Hyperband on lanes (see the module docstring). ``metric``, ``mode``: the spec's; ``elastic``: False
-    holds every instance to the end (the static baseline, for benchmarks)."""
+    """SHA / Hyperband on lanes (see the module docstring). ``metric``: the spec's (name, mode); ``elastic``: False
+    holds every instance to the end (the static baseline, for benchmarks); ``ask_at_start``: each configuration
+    is asked as its trial starts (a sampler that learns), not when its bracket opens."""
 
     def __init__(
-        self, *, metric: str, mode: str, prefetch: PrefetchPolicy, loss_policy: LossPolicy, elastic: bool = True
+        self,
+        *,
+        metric: Metric,
+        prefetch: PrefetchPolicy,
+        loss_policy: LossPolicy,
+        elastic: bool = True,
+        ask_at_start: bool = False,
     ) -> None:
         self.lanes: list[Lane] = []
         self.prefetch = prefetch
         self.outlook = LaneOutlook(self.lanes, prefetch)
-        self.stages = StageRunning(metric)
+        self.stages = StageRunning(metric.name, ask_at_start=ask_at_start)
         self.instances = LaneInstances(prefetch, loss_policy, elastic=elastic)
-        self.boundaries = Boundaries(mode)
-        self.mode = mode
+        self.boundaries = Boundaries(metric.mode)
+        self.mode = metric.mode
         self.finals: dict[str, float | None] = {}
         self._resumed_started = False
 
@@ -99,7 +107,7 @@ class ShaScheduler:
         if isinstance(observation, Tick):
             yield from self._tick(view)
         elif isinstance(observation, TrialEnded):
-            self._ended(observation, view)
+            yield from self._ended(observation, view)
         elif isinstance(observation, InstanceUp):
             yield from self._up(observation, view)
         elif isinstance(observation, InstancesLost):
@@ -216,10 +224,10 @@ class ShaScheduler:
     def _lane_of_stage(self, g: int, view: RunView) -> Lane:
         return self.lanes[view.plan.layout.lane_of(g)]
 
-    def _ended(self, ended: TrialEnded, view: RunView) -> None:
+    def _ended(self, ended: TrialEnded, view: RunView) -> Iterator[Action]:
         lane = self._lane_of_trial(ended.trial_id, view)
         if lane is not None and lane.g == ended.stage:
-            self.stages.take(lane, ended, view)
+            yield from self.stages.take(lane, ended, view)
 
     def _up(self, up: InstanceUp, view: RunView) -> Iterator[Action]:
         """An instance came up: one no longer wanted goes (handed over or released); a planned type found

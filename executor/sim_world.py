@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -86,7 +86,9 @@ class SimInstance:
 @dataclass(frozen=True)
 class SimSettings:
     """How a simulated run is drawn: its seed, the longest stretch one wait may skip, the spec's metric (the
-    stand-in learning curves), the plan's spot model per (cloud, region, type), and a script."""
+    stand-in learning curves), the plan's spot model per (cloud, region, type), and a script. ``curve``: the
+    metric a configuration reports after a (0-based) epoch — a recorded table replayed
+    (``bench/bench_search_regret.py``) — instead of the stand-in."""
 
     seed: int = 0
     max_step_s: float = 1.0
@@ -94,6 +96,7 @@ class SimSettings:
     metric_mode: str = "min"
     spot_zones: Mapping[tuple[str, str, str], ZoneModel] = field(default_factory=dict)
     script: SimScript = field(default_factory=SimScript)
+    curve: Callable[[dict[str, Any], int], float] | None = None
 
 
 class SimWorld:
@@ -186,8 +189,12 @@ class SimWorld:
         digest = hashlib.sha256(f"{self.seed}:{trial_id}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64
 
-    def metric(self, trial_id: str, epoch: int) -> float:
-        """A learning curve that falls with epochs and ranks trials by quality (``max``: mirrored)."""
+    def metric(self, trial_id: str, epoch: int, config: dict[str, Any] | None = None) -> float:
+        """The settings' curve for ``config``, else a learning curve that falls with epochs and ranks trials by
+        quality (``max``: mirrored)."""
+        curve = self.settings.curve
+        if curve is not None and config is not None:
+            return float(curve(config, epoch))
         loss = self.quality(trial_id) + 1.0 / (epoch + 1)  # in (0, 2)
         return loss if self.metric_mode == "min" else 1.0 - loss / 2.0
 

@@ -34,7 +34,7 @@ workers do: ``TrialPreempted``), an instance lost (a dead node), and types sold 
 run (failover obtains an alternative for each request, and the type is reported unavailable throughout).
 
 What it does not play: training (each configuration's metric is a seeded stand-in with a falling curve, so
-promotions are made but mean nothing); spot types the plan has no zone model for (spot prices, never preempted).
+promotions are made but mean nothing — unless ``curve`` replays a recorded table); spot types the plan has no zone model for (spot prices, never preempted).
 A head instance the plan bills (head mode on a cloud) is billed as the plan has it. What it is for: seeing what
 this executor does with a plan — its JCT, its bill, its decisions, in the same journal and report as a real run —
 in seconds, and checking that the planner's prediction describes it (``bench/bench_sim_executor.py``).
@@ -46,7 +46,7 @@ import math
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -138,7 +138,7 @@ class SimTrial:
                 break
             if i < len(self._reports):
                 continue
-            value = self.world.metric(spec.trial_id, epoch)
+            value = self.world.metric(spec.trial_id, epoch, spec.config)
             self._reports.append(EpochReport(spec.trial_id, epoch, {name: value}, seconds, at))
             if self.sink is not None:
                 self.sink.record(
@@ -402,10 +402,15 @@ def simulated_run(plan: Plan, model: PerformanceModel, catalog: Catalog, setting
 
 
 def simulated_for(
-    job: "Job", *, seed: int | None = None, start: float | None = None, script: SimScript | None = None
+    job: "Job",
+    *,
+    seed: int | None = None,
+    start: float | None = None,
+    script: SimScript | None = None,
+    curve: Callable[[dict[str, Any], int], float] | None = None,
 ) -> SimRun:
     """:func:`simulated_run` for a job: its profile's model, its metric, ``seed`` (default: the spec's), now (or
-    ``start``), and ``script``'s events."""
+    ``start``), ``script``'s events and ``curve``'s metrics (:class:`SimSettings`)."""
     import time
 
     from rubberband.planner.model import fit_performance_model
@@ -420,6 +425,7 @@ def simulated_for(
         metric_mode=spec.metric.mode,
         spot_zones=spot_zones(plan),
         script=script or SimScript(),
+        curve=curve,
     )
     now = time.time() if start is None else start
     return simulated_run(plan, fit_performance_model(job.profile), job.catalog, settings, now)

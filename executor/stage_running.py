@@ -1,7 +1,9 @@
 """Running one lane's stage: its trials, where each resumes, and their placement on the stage's free slots.
 
 :class:`StageRunning` is handed the lane it acts on. It opens a stage (a bracket's first stage asks the search
-for its configurations; a later one takes the trials the previous stage promoted), works out where each trial
+for its configurations — all of them when it opens, or, for a sampler that learns, each right before the trial
+starts on a free slot, so that it has heard every result in by then; a later stage takes the trials the previous
+stage promoted), works out where each trial
 resumes — right after its newest checkpoint within the stage, or not at all when its checkpoint covers the
 stage and its last epoch's metric is in the journal — puts waiting trials on free slots in order (they run in
 waves, as the simulator has them), and takes back what ended: a result, a failure, or a trial to restart first
@@ -12,7 +14,14 @@ from __future__ import annotations
 
 from typing import Generator, Iterator, Sequence
 
-from rubberband.executor.actions import Action, CreateTrials, FinishFromCheckpoint, OpenStage, StartTrial
+from rubberband.executor.actions import (
+    Action,
+    CreateTrials,
+    FinishFromCheckpoint,
+    OpenStage,
+    RungResult,
+    StartTrial,
+)
 from rubberband.executor.decisions import requeue_first
 from rubberband.executor.lanes import Lane
 from rubberband.executor.observations import Ending, TrialEnded
@@ -24,11 +33,14 @@ from rubberband.search import trial_id_for
 class StageRunning:
     """Stage starts, trial placement and results of a lane's stage (see the module docstring).
 
-    ``metric``: the spec's metric name (a trial's last epoch's value in the journal finishes it).
+    ``metric``: the spec's metric name (a trial's last epoch's value in the journal finishes it); ``ask_at_start``:
+    a bracket's configurations are asked one by one as their trials start, not all when the bracket opens (the
+    same start times either way: the ask happens on the slot the trial takes).
     """
 
-    def __init__(self, metric: str) -> None:
+    def __init__(self, metric: str, *, ask_at_start: bool = False) -> None:
         self.metric = metric
+        self.ask_at_start = ask_at_start
         self._rerun_last: set[tuple[int, str]] = set()  # (stage, trial): last epoch checkpointed, never reported
 
     # -- opening a stage -------------------------------------------------------------------------------
@@ -37,7 +49,8 @@ class StageRunning:
         knows or new ones for a bracket's first stage), which of them still have epochs to run, journaled."""
         stage = view.plan.stage(g)
         if stage.stage == 0:
-            yield CreateTrials(bracket=stage.bracket, count=stage.trials)
+            if not self.ask_at_start:
+                yield CreateTrials(bracket=stage.bracket, count=stage.trials)
             trials = [trial_id_for(stage.bracket, i) for i in range(stage.trials)]
         elif promoted is not None:
             trials = list(promoted)
@@ -110,6 +123,8 @@ class StageRunning:
             trial_id, start = lane.pending.pop(0)
             settled = yield from self._settle(lane, trial_id, start, view)
             if settled is not None:
+                if view.trial(trial_id) is None:  # asked now, on the slot it takes (journaled before it starts)
+                    yield CreateTrials(bracket=stage.bracket, count=1, index=lane.trials.index(trial_id))
                 slot.trial_id = trial_id
                 yield StartTrial(
                     trial_id=trial_id, stage=lane.g, start_epoch=settled, end_epoch=stage.epochs, slot=slot
@@ -117,9 +132,10 @@ class StageRunning:
                 return
 
     # -- what ended --------------------------------------------------------------------------------------
-    def take(self, lane: Lane, ended: TrialEnded, view: RunView) -> None:
-        """A task of the lane's stage ended: its result, or (stopped on a notice) first in line again. A trial lost
-        with its instance is requeued by :meth:`requeue`, with the others the loss stopped."""
+    def take(self, lane: Lane, ended: TrialEnded, view: RunView) -> Iterator[Action]:
+        """A task of the lane's stage ended: its result (the search hears it at once), or (stopped on a notice)
+        first in line again. A trial lost with its instance is requeued by :meth:`requeue`, with the others the
+        loss stopped."""
         if ended.ending is Ending.PREEMPTED:  # first in line again, after its checkpoint, on another instance
             stage = view.plan.stage(ended.stage)
             lane.pending.insert(0, (ended.trial_id, view.first_epoch(ended.trial_id, stage)))
@@ -131,6 +147,7 @@ class StageRunning:
         if ended.error:
             lane.failures.append(ended.error)
         lane.metrics[ended.trial_id] = ended.metric
+        yield RungResult(ended.trial_id, ended.stage, ended.metric, last=ended.stage == lane.end - 1)
 
     @staticmethod
     def requeue(lane: Lane, trials: Sequence[str], view: RunView) -> None:

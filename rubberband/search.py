@@ -1,18 +1,32 @@
 """Where trial configurations come from: the spec's fixed ones first, then a sampler.
 
-A :class:`ConfigSource` is asked for each bracket's configurations when that bracket starts
-(not before, so a model-based sampler learns from the brackets before it) and is told every
-rung's results when the rung ends: the rung's metric at its cumulative epochs; trials that are
-not promoted end there (Optuna: *pruned*), those of a bracket's last rung complete.
+A :class:`ConfigSource` is told every rung result as soon as it is known — each trial's result at a rung the
+moment the trial ends it (it goes on for now; ASHA stops it there and then, or the rung's decision does), and
+each rung's decision when the rung ends: trials that are not promoted end there (Optuna: *pruned*), those of a
+bracket's last rung complete.
+
+When it is asked depends on whether it learns (:func:`learns_from_results`):
+
+* a sampler that learns (``tpe``) is asked for each trial's configuration right before the trial starts, on the
+  slot it takes: later waves of a bracket and the brackets of a parallel Hyperband running beside it are asked
+  after the results that came in before them (the first trials on a run's first slots are asked blind). The
+  start times are the plan's either way: asking happens on a free slot, it never waits for one.
+* the others (``random``, ``qmc``) draw independently of results: a bracket's configurations are asked when it
+  opens, in trial order, so a run draws the same configurations whatever the order its brackets fill slots in.
+
+ASHA asks for each new trial as it fills a slot, whatever the sampler.
 
 * ``random`` (the default): numpy, seeded; imports nothing else.
 * ``tpe`` / ``qmc``, or any sampler with a ``storage``: Optuna's ask/tell API on an in-memory
   study, or on the user's storage URL (a study they keep; each trial carries a
   ``rubberband_trial`` user attribute ``<run id>/<trial id>``, so a resumed run finds its own).
-  TPE with Hyperband is what users know as BOHB. Needs the ``optuna`` extra.
+  TPE samples from every result heard so far: finished trials as Optuna has them, and a trial still
+  running with its newest rung result as if it had stopped there (Optuna's TPE ranks such trials by how far
+  they got, then by value) — so a bracket's rung-0 results inform the asks that follow them. TPE with
+  Hyperband is what users know as BOHB. Needs the ``optuna`` extra.
 
 On resume the source is rebuilt from the journal: every created trial is restored in creation
-order, then every completed rung is told again.
+order, then every completed rung is told again; a resumed run keeps every journaled configuration.
 """
 
 from __future__ import annotations
@@ -42,6 +56,11 @@ class ConfigSource(Protocol):
 
     def rung_finished(self, epochs: int, metrics: dict[str, float | None], promoted: list[str] | None) -> None:
         """A rung ended at ``epochs``: ``metrics`` per trial; ``promoted`` go on (None: the bracket's last rung)."""
+
+
+def learns_from_results(spec: JobSpec) -> bool:
+    """Whether the spec's sampler learns from results: its trials are then asked as they start (module docstring)."""
+    return spec.search.sampler == "tpe"
 
 
 def trial_id_for(bracket: int, index: int) -> str:
@@ -127,6 +146,7 @@ class OptunaSource:
             else:
                 sampler = samplers.RandomSampler(seed=seed)
             direction = "maximize" if spec.metric.mode == "max" else "minimize"
+            self._direction = direction
             try:
                 self._study = optuna.create_study(
                     storage=search.storage,
@@ -143,20 +163,28 @@ class OptunaSource:
         self._space = _distributions(optuna, spec.search_space)
         self._fixed = list(spec.trials or [])
         self._run_key = run_key
+        self._seed = seed
+        self._learns = learns_from_results(spec)
         self._count = 0
+        self._params: dict[str, dict[str, Any]] = {}  # trial id -> its sampled parameters
+        self._completed: dict[str, float] = {}  # trial id -> its final value
         self._trials: dict[str, Any] = {}  # trial id -> optuna Trial still running
         self._reported: dict[str, dict[int, float]] = {}
 
     # -- proposing -------------------------------------------------------------------------
-    def _ask(self, trial_id: str, params: dict[str, Any] | None) -> dict[str, Any]:
-        if params:
-            self._study.enqueue_trial({k: v for k, v in params.items() if k in self._space})
+    def _ask(self, trial_id: str, params: dict[str, Any] | None, *, learned: bool = False) -> dict[str, Any]:
+        fixed = {k: v for k, v in (params or {}).items() if k in self._space}
+        if learned:  # TPE: from every result heard so far, the fixed values kept
+            fixed = {**self._learned(), **fixed}
+        if fixed:
+            self._study.enqueue_trial(fixed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trial = self._study.ask(self._space)
         trial.set_user_attr(TRIAL_ATTR, f"{self._run_key}/{trial_id}")
         self._trials[trial_id] = trial
         self._reported[trial_id] = {}
+        self._params[trial_id] = dict(trial.params)
         config = dict(params or {})
         config.update({name: trial.params[name] for name in self._space})
         return config
@@ -164,7 +192,33 @@ class OptunaSource:
     def propose(self, trial_id: str) -> dict[str, Any]:
         fixed = self._fixed[self._count] if self._count < len(self._fixed) else None
         self._count += 1
-        return self._ask(trial_id, fixed)
+        return self._ask(trial_id, fixed, learned=self._learns)
+
+    def _learned(self) -> dict[str, Any]:
+        """TPE's proposal from every result heard so far (see the module docstring): a fresh in-memory study of
+        them, sampled with a seed of its own per ask (the ``count``-th of the run), so a run is reproducible."""
+        optuna = self._optuna
+        frozen = optuna.trial.create_trial
+        states = optuna.trial.TrialState
+        seed = None if self._seed is None else (self._seed * 1_000_003 + self._count) % 2**32
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed), direction=self._direction)
+            for trial_id, values in self._reported.items():
+                params = self._params.get(trial_id)
+                if not values or params is None:
+                    continue
+                done = self._completed.get(trial_id)
+                model.add_trial(
+                    frozen(
+                        params=params,
+                        distributions=self._space,
+                        intermediate_values=values,
+                        state=states.PRUNED if done is None else states.COMPLETE,
+                        value=done,
+                    )
+                )
+            return dict(model.ask(self._space).params)
 
     def restore(self, trial_id: str, config: dict[str, Any]) -> None:
         self._count += 1
@@ -172,6 +226,9 @@ class OptunaSource:
         for frozen in self._study.get_trials(deepcopy=False):  # a kept study already has it
             if frozen.user_attrs.get(TRIAL_ATTR) == key:
                 self._reported[trial_id] = dict(frozen.intermediate_values)
+                self._params[trial_id] = dict(frozen.params)
+                if frozen.state == self._optuna.trial.TrialState.COMPLETE and frozen.value is not None:
+                    self._completed[trial_id] = float(frozen.value)
                 if not frozen.state.is_finished():
                     self._trials[trial_id] = self._optuna.trial.Trial(self._study, frozen._trial_id)
                 return
@@ -194,6 +251,7 @@ class OptunaSource:
             last = reported[max(reported)] if reported else None
             if promoted is None and value is not None and math.isfinite(value):
                 self._study.tell(trial, float(value), skip_if_finished=True)
+                self._completed[trial_id] = float(value)
             elif last is not None:
                 self._study.tell(trial, state=states.PRUNED, skip_if_finished=True)
             else:

@@ -116,8 +116,9 @@ class SchedulerSpec(_Strict):
 class SearchSpec(_Strict):
     """How configurations are proposed: ``random`` (numpy, the default) or Optuna's ``tpe`` / ``qmc``.
 
-    A sampler proposes each bracket's configurations when the bracket starts and is told every
-    rung's results (TPE with Hyperband is BOHB). ``storage`` (an Optuna storage URL) keeps the
+    A sampler is told every rung result as it comes in; ``tpe`` (which learns from them) is asked
+    for each configuration as its trial starts, ``random`` / ``qmc`` for a bracket's when it opens
+    (TPE with Hyperband is BOHB; see :mod:`rubberband.search`). ``storage`` (an Optuna storage URL) keeps the
     study; it needs Optuna even with ``sampler: random``.
     """
 

@@ -107,9 +107,7 @@ def test_parallel_plans_are_accepted_and_their_brackets_run_side_by_side(tmp_pat
     check_plan_matches(spec, plan)  # no longer refused
     check_plan_matches(spec, sequential)
     for p in (plan, sequential):
-        scheduler = scheduler_for(
-            p, spec.metric, LossPolicy(10), prefetch=Settings().prefetch, elastic=Settings().elastic
-        )
+        scheduler = scheduler_for(p, spec, LossPolicy(10), prefetch=Settings().prefetch, elastic=Settings().elastic)
         assert isinstance(scheduler, ShaScheduler)
     starts = {}
     for name, p in (("parallel", plan), ("sequential", sequential)):

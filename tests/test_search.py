@@ -199,6 +199,26 @@ def test_tpe_is_told_every_rung_and_learns_across_brackets(tmp_path):
     assert sum(v < median for v in later) > 18  # far more than half of them beat the first bracket's median
 
 
+def test_tpe_learns_from_results_of_trials_still_running(tmp_path):
+    """Each trial's rung result is told as it comes in, before the rung's decision: TPE's next asks already use
+    them (a trial still running counts as stopped at its newest result), the study keeps it running, and the
+    same seed asks the same configurations."""
+
+    def asks(seed: int) -> tuple[list[float], list[float], object]:
+        source = make_config_source(spec_from(tmp_path, search={"sampler": "tpe", "seed": seed}))
+        first = _bracket(source, 0, 20)
+        for trial_id, config in first.items():  # results in, no rung decided
+            source.rung_finished(1, {trial_id: _loss(config)}, [trial_id])
+        later = [_loss(source.propose(trial_id_for(0, 20 + i))) for i in range(20)]
+        return [_loss(c) for c in first.values()], later, source._study
+
+    first, later, study = asks(0)
+    assert all(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
+    median = sorted(first)[len(first) // 2]
+    assert sum(v < median for v in later) >= 14
+    assert asks(0)[1] == later and asks(1)[1] != later
+
+
 def test_optuna_restore_rebuilds_the_study_and_a_kept_study_is_not_duplicated(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     spec = spec_from(tmp_path, search={"sampler": "tpe", "storage": storage, "study_name": "kept"})

@@ -409,7 +409,7 @@ def test_a_preempted_instance_is_lost_and_its_trial_dies_with_it_after_its_check
     assert backend.check_lost([instance.id]) == {} and node_resource(instance.id) in SimCluster(world).node_resources()
     recorded: list = []
     sink = types.SimpleNamespace(record=recorded.append)
-    spec = types.SimpleNamespace(trial_id="b0-t000", start_epoch=3, end_epoch=9, checkpoint_every=1)
+    spec = types.SimpleNamespace(trial_id="b0-t000", start_epoch=3, end_epoch=9, checkpoint_every=1, config={})
     span = Span(started_at=world.clock.time(), overhead_s=20.0, epoch_s=(100.0,) * 6, lost_at=sim.taken_at)
     trial = SimTrial(world, spec, sink, span)
     assert SimCluster(world).wait([trial], 1000.0) == [trial] and world.clock.time() == sim.taken_at
