@@ -60,7 +60,7 @@ def run_cli(
 
     ``seams``, the test seams of :func:`cli_harness.harness_argv` (``test_boot="local"``,
     ``trial_runtime=MODULE``, ``metadata_url=URL``; None: not injected): through the test entry point
-    (cli_harness.py), which injects them into the CLI (played instance boots, cloud/testboot.py; a stand-in trial
+    (cli_harness.py), which injects them into the CLI (played instance boots, tests/played_boots.py; a stand-in trial
     runtime; a local metadata server serving spot notices).
 
     Past ``timeout`` it gets what a user's Ctrl-C sends (SIGINT: the CLI tears its run down, releasing its
