@@ -15,12 +15,14 @@ from typing import Any
 from rubberband.cloud import aws, gcp, local
 from rubberband.cloud.descriptor import CloudDescriptor, HeadMode
 from rubberband.cloud.provider import Provider
+from rubberband.clouds import rented_clouds
 from rubberband.errors import InputError
 
 #: Every cloud, by name (catalogs/clouds.yaml names the same ones).
 DESCRIPTORS: dict[str, CloudDescriptor] = {d.facts.name: d for d in (aws.DESCRIPTOR, gcp.DESCRIPTOR, local.DESCRIPTOR)}
-#: The clouds whose runs rent instances and can run their executor on a head instance (head mode).
-CLOUD_PROVIDERS: tuple[str, ...] = tuple(name for name, d in DESCRIPTORS.items() if d.head is not None)
+#: The clouds whose runs rent instances and can run their executor on a head instance (head mode): their facts say
+#: so (a head shape), and their descriptors have a head mode (tests/test_cloud_layout.py checks the two agree).
+CLOUD_PROVIDERS: tuple[str, ...] = tuple(rented_clouds())
 
 
 def descriptor(cloud: str) -> CloudDescriptor:
