@@ -179,7 +179,8 @@ def start_head(
     created for the run), record it, play its boot in tests. On failure nothing is left: no head, no identity."""
     from rubberband.cloud.head import HeadBoot, provision_head
     from rubberband.cloud.head_identity import launch_with_new_identity
-    from rubberband.cloud.registry import head_mode, image_override
+    from rubberband.cloud.registry import head_mode
+    from rubberband.clouds import chosen_image
     from rubberband.cloud.teardown import terminate_run
 
     run_id, run_dir = run.run_id, run.run_dir
@@ -215,7 +216,7 @@ def start_head(
             identity=identity.name,
             identity_created=identity.created,
             worker_egress=options.worker_egress or "nat",
-            image=image_override(cloud),
+            image=chosen_image(cloud),
         )
         record.write(run_dir)
         if boots is not None:

@@ -7,9 +7,8 @@ import cycle runs through it; the executor, the CLI, head mode and the docs ask 
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from rubberband.cloud import aws, gcp, local
@@ -39,17 +38,6 @@ def head_mode(cloud: str) -> HeadMode:
     if head is None:
         raise InputError(f"--cloud {cloud!r} runs no head instance; use one of {', '.join(CLOUD_PROVIDERS)}")
     return head
-
-
-def image_override(cloud: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """The machine image the user chose for ``cloud`` in this process's environment (the variable its facts name:
-    ``RUBBERBAND_AWS_AMI``, ``RUBBERBAND_GCP_IMAGE``), or None.
-
-    Read on the CLI machine only: the head's jobs run without the CLI's environment, so head mode carries the
-    choice to its head on the run job's command line (``head_job run --image``)."""
-    variable = descriptor(cloud).facts.image_env
-    value = (os.environ if environ is None else environ).get(variable or "", "").strip()
-    return value or None
 
 
 def make_provider(cloud: str, region: str, **options: Any) -> Provider:

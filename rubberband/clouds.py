@@ -11,7 +11,9 @@ A cloud this file does not know is an :class:`~rubberband.errors.InputError`.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Literal, overload
@@ -127,6 +129,17 @@ def facts_or_like(name: str) -> CloudFacts:
 def billing_rule(name: str) -> BillingRule:
     """How ``name`` bills (:func:`facts_or_like`)."""
     return facts_or_like(name).billing
+
+
+def chosen_image(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The machine image the user chose for cloud ``name`` in this process's environment (the variable its facts
+    name: ``RUBBERBAND_AWS_AMI``, ``RUBBERBAND_GCP_IMAGE``), or None.
+
+    Read where the environment is the user's (the CLI, its providers): the head's jobs run without it, so head mode
+    carries the choice to its head on the run job's command line (``head_job run --image``)."""
+    variable = cloud(name).image_env
+    value = (os.environ if environ is None else environ).get(variable or "", "").strip()
+    return value or None
 
 
 def rented_clouds() -> list[str]:

@@ -19,7 +19,6 @@ import builtins
 
 import dataclasses
 import functools
-import os
 import re
 import threading
 import time
@@ -34,6 +33,7 @@ from botocore.config import Config
 
 from rubberband import __version__
 from rubberband.cloud.aws.boot import AWS_BOOT
+from rubberband.clouds import chosen_image
 from rubberband.cloud.aws.quotas import AWS_QUOTAS
 from rubberband.cloud.aws.session import new_session
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
@@ -138,7 +138,7 @@ class AwsProvider:
         self.retry = options.get("retry") or RetryPolicy()
         self.poll_s = options.get("poll_s", 5.0)
         self.version = version
-        self._image_id = options.get("image_id") or os.environ.get("RUBBERBAND_AWS_AMI") or None
+        self._image_id = options.get("image_id") or chosen_image("aws")
         self._groups: dict[str, str] = {}
         # one find-or-create of a run's group at a time: the run's instances are launched from several threads
         self._group_lock = threading.Lock()

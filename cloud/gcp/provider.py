@@ -69,6 +69,7 @@ from rubberband import __version__
 from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
 from rubberband.cloud.gcp import WORKER_EGRESS
 from rubberband.cloud.gcp.boot import GCP_BOOT
+from rubberband.clouds import chosen_image
 from rubberband.cloud.gcp.quotas import GCP_QUOTAS, gcp_quota_name
 from rubberband.cloud.gcp.session import ENDPOINT_ENV, PROJECT_ENV
 from rubberband.credentials import assert_no_credentials, redact
@@ -260,8 +261,7 @@ class GcpProvider:
         self.project = project
         self.endpoint = endpoint
         self.network = options.get("network", "default")
-        # like RUBBERBAND_AWS_AMI
-        self.image = options.get("image") or os.environ.get("RUBBERBAND_GCP_IMAGE") or DEFAULT_IMAGE
+        self.image = options.get("image") or chosen_image("gcp") or DEFAULT_IMAGE
         self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
         self.service_account = options.get("service_account")
         self.disk_gb = options.get("disk_gb", 100)
