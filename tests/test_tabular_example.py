@@ -8,28 +8,18 @@ continue their ensembles from them.
 from __future__ import annotations
 
 import json
-import shutil
 import zipfile
 
 import pytest
 from executor_helpers import cli_env
 
-from conftest import EXAMPLES
-from torch_probe import torch_probe
+from torch_probe import probed_example
 
 pytestmark = pytest.mark.e2e
 
-PROBE = torch_probe("tabular")
-
 
 def test_the_scikit_learn_example_runs_without_torch_in_its_workers(cli, tmp_path):
-    code = tmp_path / "code"
-    (code / "profiles").mkdir(parents=True)
-    shutil.copy(EXAMPLES / "tabular.py", code)
-    shutil.copy(EXAMPLES / "profiles" / "tabular.json", code / "profiles")
-    (code / "probe.py").write_text(PROBE)
-    spec = code / "tabular.yaml"
-    spec.write_text((EXAMPLES / "tabular.yaml").read_text().replace("train: tabular:train", "train: probe:train"))
+    spec = probed_example("tabular", tmp_path / "code")
     run_dir = tmp_path / "run"
     result = cli("run", spec, "--yes", "--overrun", "none", "--run-dir", run_dir, env=cli_env(tmp_path), timeout=300)
     assert result.returncode in (0, 4), result.stderr[-3000:]  # met, or late on a loaded machine: it ran to its end

@@ -9,31 +9,19 @@ from __future__ import annotations
 
 import json
 import pickle
-import shutil
 import zipfile
 
 import pytest
 from executor_helpers import cli_env
 
-from conftest import EXAMPLES
-from torch_probe import torch_probe
+from torch_probe import probed_example
 
 pytestmark = pytest.mark.e2e
 xgboost = pytest.importorskip("xgboost", reason="the XGBoost example needs pip install -e '.[xgboost]'")
 
-PROBE = torch_probe("xgboost_trial")
-
 
 def test_the_xgboost_example_runs_without_torch_in_its_workers(cli, tmp_path):
-    code = tmp_path / "code"
-    (code / "profiles").mkdir(parents=True)
-    shutil.copy(EXAMPLES / "xgboost_trial.py", code)
-    shutil.copy(EXAMPLES / "profiles" / "xgboost_trial.json", code / "profiles")
-    (code / "probe.py").write_text(PROBE)
-    spec = code / "xgboost_trial.yaml"
-    spec.write_text(
-        (EXAMPLES / "xgboost_trial.yaml").read_text().replace("train: xgboost_trial:train", "train: probe:train")
-    )
+    spec = probed_example("xgboost_trial", tmp_path / "code")
     run_dir = tmp_path / "run"
     result = cli("run", spec, "--yes", "--overrun", "none", "--run-dir", run_dir, env=cli_env(tmp_path), timeout=300)
     assert result.returncode in (0, 4), result.stderr[-3000:]  # met, or late on a loaded machine: it ran to its end

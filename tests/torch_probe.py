@@ -3,7 +3,11 @@ torch-free examples' tests run it in place of the example's own entry)."""
 
 from __future__ import annotations
 
+import shutil
 import textwrap
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def torch_probe(module: str) -> str:
@@ -30,3 +34,15 @@ def torch_probe(module: str) -> str:
         def train(config, ctx):
             {module}.train(config, Probe(ctx))
         ''')
+
+
+def probed_example(example: str, into: Path) -> Path:
+    """``examples/<example>.py`` with its profile and spec copied into ``into``, the spec's ``train`` pointed at the
+    probe (:func:`torch_probe`); the spec's path."""
+    (into / "profiles").mkdir(parents=True)
+    shutil.copy(EXAMPLES / f"{example}.py", into)
+    shutil.copy(EXAMPLES / "profiles" / f"{example}.json", into / "profiles")
+    (into / "probe.py").write_text(torch_probe(example))
+    spec = into / f"{example}.yaml"
+    spec.write_text((EXAMPLES / f"{example}.yaml").read_text().replace(f"train: {example}:train", "train: probe:train"))
+    return spec
