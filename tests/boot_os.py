@@ -118,6 +118,33 @@ def rootfs() -> Path:
     return path
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, breadth first (read from /proc/PID/task/*/children)."""
+    found, queue = [], [pid]
+    while queue:
+        for task in Path(f"/proc/{queue.pop(0)}/task").glob("*/children"):
+            try:
+                children = [int(child) for child in task.read_text().split()]
+            except OSError:  # the task ended while we read
+                continue
+            found += children
+            queue += children
+    return found
+
+
+def _pid_one_of_its_namespace(pid: int) -> bool:
+    """Whether ``pid`` is PID 1 inside a PID namespace nested in ours (its NSpid line ends in 1)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            ids = line.split()[1:]
+            return len(ids) > 1 and ids[-1] == "1"
+    return False
+
+
 class Node:
     """One booted "instance": an overlay of :func:`rootfs` under ``workdir``, systemd as PID 1 in nspawn.
 
@@ -177,13 +204,15 @@ class Node:
         self.leader = self._leader()
 
     def _leader(self) -> int:
-        """The node's PID 1 (systemd) as the host sees it: nspawn's child."""
+        """The node's PID 1 (systemd) as the host sees it: the descendant of nspawn that is PID 1 of its own PID
+        namespace. nspawn's first child is an intermediate that exits once it has started the container, so
+        taking "nspawn's first child" can name a process that is gone a moment later (every ``nsenter`` then
+        fails with empty output)."""
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.proc.poll() is None:
-            for task in Path(f"/proc/{self.proc.pid}/task").glob("*/children"):
-                children = task.read_text().split()
-                if children:
-                    return int(children[0])
+            for pid in _descendants(self.proc.pid):
+                if _pid_one_of_its_namespace(pid):
+                    return pid
             time.sleep(0.05)
         raise RuntimeError(f"{self.name}: systemd-nspawn started no container: {self.console()[-2000:]}")
 
@@ -205,9 +234,12 @@ class Node:
         may not answer on its bus for a moment (empty output) while the boot's units start on a loaded machine."""
         deadline = time.monotonic() + settle_s
         while True:
-            state = self.run("systemctl", "is-active", unit).stdout.strip()
-            if state not in ("", "activating", "reloading", "deactivating") or time.monotonic() >= deadline:
+            answer = self.run("systemctl", "is-active", unit)
+            state = answer.stdout.strip()
+            if state not in ("", "activating", "reloading", "deactivating"):
                 return state
+            if time.monotonic() >= deadline:
+                return state or f"(no answer: {answer.stderr.strip()[-300:]})"
             time.sleep(1.0)
 
     def wait_for(self, inside: str, timeout_s: float, *, fail: str | None = None) -> float:
