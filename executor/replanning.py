@@ -29,6 +29,7 @@ from rubberband.executor.runtime import ReplanAnswer, ReplanRequest, Replanner
 from rubberband.executor.scheduling import RunView
 from rubberband.executor.services import Services
 from rubberband.executor.stopping import RunStopped
+from rubberband.executor.survivors import measured_survivors
 from rubberband.plan import Plan, StagePlan
 from rubberband.planner.brackets import Remainder, parallel_remainder
 from rubberband.planner.policies import Action, LatenessPolicy
@@ -137,6 +138,13 @@ class Replanning:
             stages=rest.positions,
             offsets_s=rest.offsets_s,
             bracket_running=tuple(first_of[i].kept for i in rest.positions if i in first_of),
+            survivors=measured_survivors(
+                view.state,
+                list(view.plan.plan.stages),
+                rest.positions,
+                (self.services.spec.metric.name, self.services.spec.metric.mode),
+                self.runplan.planned_type,
+            ),
         )
         return Asked(request, decision, remaining_pred)
 

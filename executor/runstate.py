@@ -62,6 +62,7 @@ class TrialState:
     checkpoint_path: str | None = None
     epochs: dict[int, dict[str, float]] = field(default_factory=dict)
     epoch_runs: dict[int, int] = field(default_factory=dict)  # epoch -> how many times it was reported
+    epoch_seconds: dict[int, float] = field(default_factory=dict)  # epoch -> its seconds (the last report's)
     finished_stages: dict[int, float | None] = field(default_factory=dict)  # stage (or ASHA rung) -> metric
     promoted_from: set[int] = field(default_factory=set)  # stages (rungs) it was promoted from
     pruned_at: int | None = None  # ASHA: the rung where it was stopped
@@ -255,6 +256,8 @@ def _epoch(state: RunState, event: Any, t: float) -> None:
     if trial is not None:
         trial.epochs[event.epoch] = dict(event.metrics)
         trial.epoch_runs[event.epoch] = trial.epoch_runs.get(event.epoch, 0) + 1
+        if event.seconds is not None:
+            trial.epoch_seconds[event.epoch] = float(event.seconds)
 
 
 def _checkpoint(state: RunState, event: Any, t: float) -> None:

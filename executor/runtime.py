@@ -12,10 +12,13 @@
 from __future__ import annotations
 
 import importlib
+import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from rubberband.errors import InputError
+from rubberband.executor.survivors import TrialTimes
 from rubberband.plan import Plan
 from rubberband.spec import JobSpec
 
@@ -88,6 +91,9 @@ class ReplanRequest:
     offset); the proposal's stages come in the order of ``stages``. ``bracket_running``: per bracket of
     ``offsets_s``, what ``running`` is for the first: the instances (type key → count) up or coming for
     that bracket's next stage, its current stage's included (they carry over when it keeps their type).
+    ``survivors``: per bracket of the remaining work, the trials its next stage will run, best ranked first, with
+    their measured epochs (:func:`~rubberband.executor.survivors.measured_survivors`): the prediction plays them
+    at their own speeds rather than drawing survivors from the population.
     """
 
     spec: JobSpec
@@ -106,6 +112,7 @@ class ReplanRequest:
     stages: tuple[int, ...] = ()
     offsets_s: tuple[float, ...] = ()
     bracket_running: tuple[dict[str, int], ...] = ()
+    survivors: dict[int, tuple[TrialTimes, ...]] = field(default_factory=dict)
 
     def positions(self) -> list[int]:
         """Plan positions of the stages to re-plan, in the order a proposal gives them."""
@@ -158,6 +165,32 @@ def profile_with_measurements(profile: Any, request: ReplanRequest, *, keep: int
             cloud = request.plan.stages[0].cloud
             startup.append(StartupSamples(cloud=cloud, instance_type=name, samples_s=samples, source="measured"))
     return profile.model_copy(update={"measurements": measurements, "startup": startup})
+
+
+def known_trials(model: Any, survivors: dict[int, tuple[TrialTimes, ...]]) -> dict[int, Any]:
+    """Per bracket, its measured survivors' speeds relative to ``model`` (the re-fitted one), best ranked first:
+    each trial's median log ratio of a measured epoch to the model's epoch at that shape (its iterations plus the
+    per-epoch overhead, as the profile's configurations are compared), over the epochs it has. Epochs on a device
+    the model cannot time are skipped; a bracket with no such trial is left out."""
+    from rubberband.planner.noise import KnownTrials
+
+    out: dict[int, Any] = {}
+    for bracket, trials in survivors.items():
+        speeds, counts = [], []
+        for trial in trials:
+            logs = [
+                math.log(e.seconds / predicted)
+                for e in trial.epochs
+                if model.plannable(e.device)
+                and (predicted := model.epoch_time(e.device, e.workers, e.nodes) + model.epoch_overhead_s) > 0
+            ]
+            if not logs:
+                break  # the order matters: a gap would shift the trials after it to the wrong ranks
+            speeds.append(statistics.median(logs))
+            counts.append(len(logs))
+        if speeds:
+            out[bracket] = KnownTrials(tuple(speeds), tuple(counts))
+    return out
 
 
 def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
@@ -214,7 +247,12 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
             per_bracket = [running] + [state(c) for c in counts[1:]]
             per_bracket += [state({})] * (len(request.offsets_s) - len(per_bracket))
         deadline_s = request.remaining_deadline_s
-        settings = SimSettings(seed=spec.seed, spot=spec.resources.spot, start_state=running)
+        settings = SimSettings(
+            seed=spec.seed,
+            spot=spec.resources.spot,
+            start_state=running,
+            known_trials=known_trials(model, request.survivors) or None,
+        )
         brackets = BracketSetup(offsets=request.offsets_s, states=per_bracket) if parallel else None
         current = None
         try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from scipy.special import ndtr, ndtri
 
 from rubberband.catalog import InstanceType
 from rubberband.cloud.backend import Obtained
@@ -179,15 +180,28 @@ class SimWorld:
         variation = self.model.variation
         if not variation.active:
             return 1.0
-        if trial_id not in self._speeds:
-            self._speeds[trial_id] = float(self.rng.standard_normal())
-        z_trial = np.array([self._speeds[trial_id]])
+        z_trial = np.array([self._speed_z(trial_id)])
         return float(task_factors(variation, z_trial, np.array([self.rng.standard_normal()]), epochs)[0])
 
+    def _speed_z(self, trial_id: str) -> float:
+        """The trial's configuration speed as a standard normal (larger: slower), drawn once."""
+        if trial_id not in self._speeds:
+            self._speeds[trial_id] = float(self.rng.standard_normal())
+        return self._speeds[trial_id]
+
     def quality(self, trial_id: str) -> float:
-        """The stand-in quality of a trial's configuration in [0, 1): seeded by the run's seed and its id."""
+        """The stand-in quality of a trial's configuration in (0, 1), lower better: seeded by the run's seed and its
+        id, and as correlated with its slowness as the model says (``variation.speed_quality_rho`` > 0: the slow
+        configurations are the good ones), where configurations differ in speed."""
         digest = hashlib.sha256(f"{self.seed}:{trial_id}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2**64
+        u = int.from_bytes(digest[:8], "big") / 2**64
+        variation = self.model.variation
+        rho = variation.speed_quality_rho
+        if rho == 0.0 or variation.config_sigma == 0.0:
+            return u
+        own = float(ndtri(u + 0.5 / 2**64))  # the part independent of speed, as a standard normal
+        latent = rho * self._speed_z(trial_id) + math.sqrt(max(0.0, 1.0 - rho * rho)) * own
+        return float(ndtr(-latent))
 
     def metric(self, trial_id: str, epoch: int, config: dict[str, Any] | None = None) -> float:
         """The settings' curve for ``config``, else a learning curve that falls with epochs and ranks trials by

@@ -34,6 +34,7 @@ from rubberband.plan import (
     SpotInfo,
     SpotZoneInfo,
     StagePlan,
+    SurvivorInfo,
     Timeline,
 )
 from rubberband.planner.asha import (
@@ -664,6 +665,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOpt
         spec=spec.model_dump(mode="json"),
         head=head_info(out.head),
         asha=asha_out,
+        survivors=survivor_info(model),
         brackets=out.brackets,
         bracket_offsets_s=[round(o, 3) for o in out.offsets],
         handoffs=[
@@ -888,6 +890,19 @@ def variation_notes(model: PerformanceModel) -> list[str]:
             "profile with a larger --budget to measure their spread"
         ]
     return []
+
+
+def survivor_info(model: PerformanceModel) -> SurvivorInfo | None:
+    """The plan's record of who survives a promotion (None: configurations as fast as each other)."""
+    v = model.variation
+    if v.config_sigma <= 0:
+        return None
+    return SurvivorInfo(
+        basis="bound" if v.speed_quality_bound else "fitted",
+        rho=round(max(-1.0, min(1.0, v.speed_quality_rho)), 6),
+        rank_correlation=None if v.speed_quality_fit is None else round(v.speed_quality_fit, 6),
+        note=v.speed_quality_source,
+    )
 
 
 def head_info(head: HeadSpec | None) -> HeadInfo | None:
@@ -1122,6 +1137,7 @@ def plan_asha(job: AshaJob, profile: Profile, catalog: Catalog, cloud: str | Non
         spec=spec.model_dump(mode="json"),
         head=head_info(head),
         asha=_baseline_asha(fixed, deadline, True) if job.baseline else None,
+        survivors=survivor_info(model),
         brackets="sequential",
     )
 

@@ -16,9 +16,10 @@ slot. A trial that reaches ``max_epochs`` ends. No stage barriers: slots never w
 to fill. The job ends when the last trial ends; every instance is billed from its request until
 then plus its termination latency (a static cluster), plus the run's head when there is one.
 
-Metrics: each trial has a latent quality (a random permutation per sample) that orders it at
-every rung. Timing: per epoch the profiled epoch time × the trial's straggler factor (lognormal,
-the profile's σ) + the per-epoch overhead; each rung report adds an evaluation pass; a trial's
+Metrics: each trial has a latent quality (a random permutation per sample; correlated with the trial's
+slowness at the model's ``speed_quality_rho``) that orders it at every rung. Timing: per epoch the profiled
+epoch time × the trial's straggler factor (lognormal, the profile's σ) × its configuration's speed (the
+model's variation) + the per-epoch overhead; each rung report adds an evaluation pass; a trial's
 start costs the warm-worker start (× a lognormal factor of σ ``start_sigma`` per trial when set: trial
 starts of uneven length finish out of queue order, as Ray's do, and ASHA's promotions depend on the
 order in which results arrive). Instances come up after a start-up draw (serially on local)
@@ -310,6 +311,16 @@ class AshaSimulator:
             if start_sigma > 0
             else np.ones((samples, trials))
         )
+        variation = model.variation
+        if variation.config_sigma > 0 or variation.config_log_mean != 0.0:
+            # configurations differ in speed, as in the elastic plans' simulator; promotion ranks by a quality as
+            # correlated with slowness as the model says (drawn last: without spread every other draw is unchanged)
+            z = rng.standard_normal((samples, trials))
+            self._factor = self._factor * np.exp(variation.config_log_mean + variation.config_sigma * z)
+            rho = variation.speed_quality_rho
+            if rho != 0.0:
+                latent = rho * z + math.sqrt(max(0.0, 1.0 - rho * rho)) * rng.standard_normal((samples, trials))
+                self._quality = np.argsort(np.argsort(latent, axis=1), axis=1).astype(float)
 
     def set_qualities(self, qualities: Sequence[float]) -> None:
         """Use one fixed order of the trials' qualities (higher is better) in every sample, e.g. the scores a

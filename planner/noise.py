@@ -15,6 +15,14 @@ degrees of freedom), so the σ the planner uses is an upper confidence bound (ch
 :data:`FIT_CONFIDENCE`) widened for the uncertainty of the log-mean: the predictive spread of a
 configuration not yet seen. The point estimates are kept for inspection.
 
+**Who survives.** Promotion picks by metric, so when quality goes with speed (bigger models are better and
+slower) a stage's survivors are not a random sample of its trials. :func:`fit_speed_quality` fits the rank
+correlation of the profiled configurations' slowness with their score (Spearman, turned into the Gaussian
+correlation ``speed_quality_rho`` the simulator samples with); where the sample is too small to support it, the
+planned value is a conservative (upper) bound, and ``speed_quality_source`` says which. Mid-run, the survivors
+themselves are measured: :class:`KnownTrials` carries each one's measured speed (best ranked first), which the
+simulator uses in place of population draws for that bracket.
+
 Sampling (:class:`VariationDraws`, :func:`task_factors`, :func:`schedule_tasks`) is what the
 simulator calls: per trial one speed factor for its life, per task (one trial's run in one stage)
 the average of its epochs' factors, and list scheduling of tasks of unequal duration. Random
@@ -28,7 +36,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.special import chdtri  # chi2.ppf(q, k) = chdtri(k, 1 - q), without importing scipy.stats (~0.5 s)
+from scipy.special import chdtri, ndtri  # chi2.ppf(q, k) = chdtri(k, 1 - q); norm.ppf = ndtri (no scipy.stats: ~0.5 s)
 
 #: Level of the one-sided upper confidence bounds on the fitted σs.
 FIT_CONFIDENCE = 0.9
@@ -36,6 +44,9 @@ FIT_CONFIDENCE = 0.9
 #: 2.3σ): a few samples' bound runs far above what they measured. The measured σ itself is never cut: configurations
 #: that really differ more (conv width tuned 16–128 channels: σ ≈ 0.8) are planned at what was measured.
 MAX_SIGMA = 0.5
+#: Configurations with a score it takes before the fitted speed–quality rank correlation is planned with (below:
+#: its upper confidence bound, 1 with three or fewer).
+RHO_MIN_CONFIGS = 8
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,14 @@ class Variation:
     configs: int = 0
     epochs: int = 0
     source: str = "default: not measured (configurations assumed as fast as the profiled one, epochs alike)"
+    #: Correlation of a trial's slowness with its quality (the Gaussian one the simulator samples; > 0: the slow
+    #: configurations tend to be promoted), as planned: fitted, or a conservative bound (``speed_quality_source``).
+    speed_quality_rho: float = 0.0
+    #: The configurations' Spearman rank correlation of slowness and score (None: no scores to fit it from).
+    speed_quality_fit: float | None = None
+    speed_quality_source: str = "default: survivors a random sample (no configuration speed spread)"
+    #: Whether ``speed_quality_rho`` is a conservative bound (too few scored configurations to fit it).
+    speed_quality_bound: bool = False
 
     @property
     def active(self) -> bool:
@@ -74,6 +93,9 @@ class Variation:
             "epochs": self.epochs,
             "fit_confidence": FIT_CONFIDENCE,
             "source": self.source,
+            "speed_quality_rho": round(self.speed_quality_rho, 6),
+            "speed_quality_fit": None if self.speed_quality_fit is None else round(self.speed_quality_fit, 6),
+            "speed_quality_source": self.speed_quality_source,
         }
 
 
@@ -85,7 +107,11 @@ def _upper(variance: float, dof: int, level: float) -> float:
 
 
 def fit_variation(
-    epoch_times: Sequence[Sequence[float]], predicted_s: Sequence[float], *, level: float = FIT_CONFIDENCE
+    epoch_times: Sequence[Sequence[float]],
+    predicted_s: Sequence[float],
+    qualities: Sequence[float | None] | None = None,
+    *,
+    level: float = FIT_CONFIDENCE,
 ) -> Variation:
     """Fit per-epoch and per-configuration variation from whole-epoch times (pure).
 
@@ -124,9 +150,16 @@ def fit_variation(
     else:
         config_fit = config_plan = 0.0
         notes.append("per-configuration speed not measured (one configuration): 0")
+    config_sigma = max(config_fit, min(MAX_SIGMA, config_plan))
+    kept = [q for t, q in zip(epoch_times, qualities or [None] * len(epoch_times)) if len(t)]
+    survivors = (
+        fit_speed_quality([float(m) for m in means], kept, level=level)
+        if config_sigma > 0
+        else SpeedQuality(0.0, None, "no configuration speed spread measured: survivors as fast as any", False)
+    )
     return Variation(
         epoch_sigma=max(epoch_fit, min(MAX_SIGMA, epoch_plan)),
-        config_sigma=max(config_fit, min(MAX_SIGMA, config_plan)),
+        config_sigma=config_sigma,
         config_log_mean=float(means.mean()),
         epoch_sigma_fit=epoch_fit,
         config_sigma_fit=config_fit,
@@ -134,7 +167,126 @@ def fit_variation(
         epochs=sum(len(g) for g in groups),
         source=f"measured: whole epochs of sampled configurations ({'; '.join(notes)}); planned σs "
         f"are {level:.0%} upper confidence bounds",
+        speed_quality_rho=survivors.rho,
+        speed_quality_fit=survivors.fit,
+        speed_quality_source=survivors.source,
+        speed_quality_bound=survivors.bound,
     )
+
+
+@dataclass(frozen=True)
+class SpeedQuality:
+    """How survivors are modelled: ``rho`` (the Gaussian correlation of slowness and quality planned with), the
+    configurations' Spearman rank correlation (``fit``, None without scores), and ``source`` (fitted or bound)."""
+
+    rho: float
+    fit: float | None
+    source: str
+    bound: bool
+
+
+def fit_speed_quality(
+    log_speeds: Sequence[float], qualities: Sequence[float | None], *, level: float = FIT_CONFIDENCE
+) -> SpeedQuality:
+    """The speed–quality correlation to plan with, from the profiled configurations (pure).
+
+    ``log_speeds[c]``: configuration ``c``'s log epoch time relative to the model (larger: slower);
+    ``qualities[c]``: its score oriented so that higher is better (None: not recorded). With at least
+    :data:`RHO_MIN_CONFIGS` scored configurations the fitted Spearman correlation is planned with; with fewer, its
+    one-sided upper confidence bound at ``level`` (Fisher's z with the Spearman variance 1.06/(k−3); 1 with three or
+    fewer): slow survivors are the conservative side. The planned Spearman ρ_s becomes the Gaussian correlation
+    ``2·sin(π·ρ_s/6)`` the simulator draws with."""
+    pairs = [(s, q) for s, q in zip(log_speeds, qualities) if q is not None and math.isfinite(q)]
+    k = len(pairs)
+    fit = _spearman([s for s, _ in pairs], [q for _, q in pairs]) if k >= 2 else None
+    if fit is not None and k >= RHO_MIN_CONFIGS:
+        planned, bound = fit, False
+        source = f"fitted: rank correlation {fit:+.2f} of slowness and score over {k} configurations"
+    else:
+        planned, bound = _rho_upper(fit, k, level), True
+        if k == 0:
+            source = (
+                "bound: the profile holds no scores of its configurations, so how speed goes with quality is "
+                f"unknown; planned at {planned:+.2f} (the slowest configurations promoted); re-run `rubberband "
+                f"profile` with --configs {RHO_MIN_CONFIGS} to fit it"
+            )
+        else:
+            seen = f"{k} scored configuration{'s' if k != 1 else ''}" + (
+                f" (rank correlation {fit:+.2f})" if fit is not None else ""
+            )
+            source = (
+                f"bound: {seen} cannot support a fit (it takes {RHO_MIN_CONFIGS}); planned at its {level:.0%} "
+                f"upper bound {planned:+.2f} (slow configurations promoted); profile with --configs "
+                f"{RHO_MIN_CONFIGS} to fit it"
+            )
+    rho = 2.0 * math.sin(math.pi * planned / 6.0)
+    return SpeedQuality(rho=float(min(1.0, max(-1.0, rho))), fit=fit, source=source, bound=bound)
+
+
+def _spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None when either side is constant."""
+    rx, ry = _ranks(x), _ranks(y)
+    if np.std(rx) == 0 or np.std(ry) == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(values: Sequence[float]) -> np.ndarray:
+    a = np.asarray(values, dtype=float)
+    order = np.argsort(a, kind="stable")
+    ranks = np.empty(len(a))
+    ranks[order] = np.arange(len(a), dtype=float)
+    for v in np.unique(a):  # ties share their mean rank
+        tied = a == v
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def _rho_upper(fit: float | None, k: int, level: float) -> float:
+    """The one-sided upper confidence bound of a Spearman correlation from ``k`` pairs (1 when k ≤ 3)."""
+    if k <= 3:
+        return 1.0
+    z = math.atanh(max(-0.999, min(0.999, fit or 0.0))) + float(ndtri(level)) * math.sqrt(1.06 / (k - 3))
+    return math.tanh(z)
+
+
+@dataclass(frozen=True)
+class KnownTrials:
+    """A bracket's trials whose speed the run has measured, best ranked first (the order promotion will most
+    likely keep): each one's mean log epoch time relative to the model (``log_speeds``) over ``epochs`` epochs.
+    The simulator plays them in place of population draws, with the remaining uncertainty of each mean
+    (the epoch noise over √epochs)."""
+
+    log_speeds: tuple[float, ...]
+    epochs: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.log_speeds) != len(self.epochs) or any(n < 1 for n in self.epochs):
+            raise ValueError("one measured epoch count ≥ 1 per known trial")
+
+
+def bracket_log_speeds(
+    variation: Variation, trial_z: np.ndarray, quality_z: np.ndarray | None, known: KnownTrials | None = None
+) -> np.ndarray:
+    """Each trial's log speed factor for its life (samples × trials), in promotion order: stage ``i`` runs the
+    first ``n_i`` columns.
+
+    Known trials (measured mid-run) come first in their given order, each its measured mean plus the uncertainty
+    of that mean; the bracket's other trials are population draws. Without known trials, the draws are ordered
+    by a quality correlated with slowness at ``variation.speed_quality_rho`` (``quality_z``: its independent
+    part; 0 or None: the draws' own order, which is exchangeable)."""
+    drawn = variation.config_log_mean + variation.config_sigma * trial_z
+    if known is not None and known.log_speeds:
+        n = min(len(known.log_speeds), trial_z.shape[1])
+        spread = variation.epoch_sigma / np.sqrt(np.asarray(known.epochs[:n], dtype=float))
+        measured = np.asarray(known.log_speeds[:n]) + spread * trial_z[:, :n]
+        return np.concatenate([measured, drawn[:, n:]], axis=1)
+    rho = variation.speed_quality_rho
+    if rho == 0.0 or variation.config_sigma == 0.0 or quality_z is None:
+        return drawn
+    quality = rho * trial_z + math.sqrt(max(0.0, 1.0 - rho * rho)) * quality_z
+    order = np.argsort(-quality, axis=1, kind="stable")
+    return np.take_along_axis(drawn, order, axis=1)
 
 
 # -- sampling ---------------------------------------------------------------------------------
@@ -149,6 +301,7 @@ class VariationDraws:
 
     TRIAL_KEY = 1_000_003
     EPOCH_KEY = 2_000_003
+    QUALITY_KEY = 3_000_003
 
     def __init__(self, seed: int, samples: int) -> None:
         self.seed = seed
@@ -170,15 +323,22 @@ class VariationDraws:
     def epochs(self, stage: int, width: int) -> np.ndarray:
         return self._normals(self.EPOCH_KEY, stage, width)
 
+    def qualities(self, bracket: int, width: int) -> np.ndarray:
+        return self._normals(self.QUALITY_KEY, bracket, width)
+
 
 def task_factors(variation: Variation, trial_z: np.ndarray, epoch_z: np.ndarray, epochs: int) -> np.ndarray:
     """Speed factor of each task: its trial's speed × the mean of its ``epochs`` epoch factors.
 
-    ``trial_z`` / ``epoch_z``: standard normals, one per task in dispatch order. The mean of
-    ``epochs`` i.i.d. lognormal(0, σ_e) factors is drawn as one lognormal with the same mean and
-    variance (Fenton–Wilkinson), exact for one epoch.
-    """
-    log = variation.config_log_mean + variation.config_sigma * trial_z
+    ``trial_z`` / ``epoch_z``: standard normals, one per task in dispatch order (see :func:`epoch_factors`)."""
+    return epoch_factors(variation, variation.config_log_mean + variation.config_sigma * trial_z, epoch_z, epochs)
+
+
+def epoch_factors(variation: Variation, trial_log: np.ndarray, epoch_z: np.ndarray, epochs: int) -> np.ndarray:
+    """Speed factor of each task from its trial's log speed (``trial_log``) × the mean of its ``epochs`` epoch
+    factors. The mean of ``epochs`` i.i.d. lognormal(0, σ_e) factors is drawn as one lognormal with the same mean and
+    variance (Fenton–Wilkinson), exact for one epoch."""
+    log = trial_log
     s2 = variation.epoch_sigma**2
     if s2 > 0:
         a2 = math.log1p(math.expm1(s2) / max(1, epochs))

@@ -59,7 +59,7 @@ from rubberband.planner.model import PerformanceModel, StartupModel
 from rubberband.planner.policies import PrefetchPolicy
 from rubberband.planner.provisioning import ProvisionQueue
 from rubberband.planner.spot import MAX_PREEMPTIONS, REQUEST_EVENT, SpotScenario, SpotSetup, stay_on_spot
-from rubberband.planner.noise import VariationDraws, schedule_tasks, task_factors
+from rubberband.planner.noise import KnownTrials, VariationDraws, bracket_log_speeds, epoch_factors, schedule_tasks
 from rubberband.planner.schedule import Stage
 
 #: Cost categories of the workers' instances, accumulated stage by stage.
@@ -467,7 +467,8 @@ class SimSettings:
     priced at spot and never preempted (the old reading of ``resources.spot: true``); ``options``: the
     simulated executor's knobs; ``start_state``: instances already running (re-planning mid-run); ``heads``
     (cloud → :class:`HeadSpec`): the run's billed head per cloud; ``spot_setup``: spot stages' preemptions and
-    fall-back (None: a spot stage is priced at spot and never fails).
+    fall-back (None: a spot stage is priced at spot and never fails); ``known_trials`` (bracket → its trials the
+    run has measured, best ranked first): played with their measured speeds in place of population draws.
 
     One value for all of them, so that a simulator derived from another (a bracket's, a screening one) says
     what it changes (``dataclasses.replace``) and inherits the rest."""
@@ -479,6 +480,7 @@ class SimSettings:
     start_state: RunningState | None = None
     heads: Mapping[str, HeadSpec] | None = None
     spot_setup: SpotSetup | None = None
+    known_trials: Mapping[int, KnownTrials] | None = None
 
 
 class ReadsSettings:
@@ -535,6 +537,7 @@ class Simulator(ReadsSettings):
         self._factor_cache: dict[int, np.ndarray] = {}
         self._startup_draws: dict[tuple, np.ndarray] = {}
         self._variation = VariationDraws(self.seed, self.samples)
+        self._trial_speeds: dict[tuple[int, int, int], np.ndarray] = {}
         self.evaluations = 0
 
     # -- public -----------------------------------------------------------------------------
@@ -606,8 +609,16 @@ class Simulator(ReadsSettings):
         return billed * (head.price_hr / 3600.0)
 
     def min_factor(self) -> float:
-        """A lower bound of a task's compute factor: stragglers and variation, each 6σ below its median."""
-        return math.exp(-6.0 * self.model.straggler_sigma) * min(1.0, self.model.variation.min_factor())
+        """A lower bound of a task's compute factor: stragglers and variation, each 6σ below its median (measured
+        survivors at their own speeds, 6σ of their mean's uncertainty below it)."""
+        variation = self.model.variation
+        lowest = min(1.0, variation.min_factor())
+        for known in (self.settings.known_trials or {}).values():
+            for log_speed, epochs in zip(known.log_speeds, known.epochs):
+                lowest = min(
+                    lowest, math.exp(log_speed - 6.0 * variation.epoch_sigma * (1.0 + 1.0 / math.sqrt(epochs)))
+                )
+        return math.exp(-6.0 * self.model.straggler_sigma) * lowest
 
     def task_time(self, index: int, config: StageConfig, previous: StageConfig | None) -> tuple[float, float]:
         """(median compute, overhead) seconds of one task of stage ``index`` after ``previous``."""
@@ -690,15 +701,37 @@ class Simulator(ReadsSettings):
     def _task_factors(self, index: int, rows: slice) -> np.ndarray:
         """Variation factors of stage ``index``'s tasks in dispatch order (samples ``rows``).
 
-        A bracket's trials keep their speed through its stages: stage ``i`` runs the first ``n_i``
-        of the bracket's trial draws (promotion does not depend on speed, and the draws are
-        exchangeable), each with a fresh draw for the mean of this stage's epochs.
+        A bracket's trials keep their speed through its stages: stage ``i`` runs the first ``n_i`` of the
+        bracket's trials in promotion order (:func:`~rubberband.planner.noise.bracket_log_speeds`: measured
+        survivors first when the run knows them, else draws ordered by a quality as correlated with slowness as
+        the model says), each with a fresh draw for the mean of this stage's epochs.
         """
         stage = self.stages[index]
-        width = max(s.trials for s in self.stages if s.bracket == stage.bracket)
-        trial_z = self._variation.trials(stage.bracket, width)[rows, : stage.trials]
+        speeds = self._bracket_speeds(stage.bracket, rows)[:, : stage.trials]
         epoch_z = self._variation.epochs(index, stage.trials)[rows]
-        return task_factors(self.model.variation, trial_z, epoch_z, stage.epochs_this_stage)
+        return epoch_factors(self.model.variation, speeds, epoch_z, stage.epochs_this_stage)
+
+    @property
+    def _varies(self) -> bool:
+        """Whether tasks differ in speed: the model's variation, or survivors measured at their own speeds."""
+        return self.model.variation.active or bool(self.settings.known_trials)
+
+    def _bracket_speeds(self, bracket: int, rows: slice) -> np.ndarray:
+        """The bracket's trials' log speeds in promotion order (samples ``rows``), cached per bracket and rows."""
+        key = (bracket, rows.start or 0, rows.stop if rows.stop is not None else self.samples)
+        speeds = self._trial_speeds.get(key)
+        if speeds is None:
+            width = max(s.trials for s in self.stages if s.bracket == bracket)
+            known = (self.settings.known_trials or {}).get(bracket)
+            ranked = known is None and self.model.variation.speed_quality_rho != 0.0
+            speeds = bracket_log_speeds(
+                self.model.variation,
+                self._variation.trials(bracket, width)[rows],
+                self._variation.qualities(bracket, width)[rows] if ranked else None,
+                known,
+            )
+            self._trial_speeds[key] = speeds
+        return speeds
 
     def _startup(self, itype: InstanceType) -> StartupModel:
         key = (itype.cloud, itype.name)
@@ -1015,8 +1048,8 @@ class Simulator(ReadsSettings):
         slot_ready, slot_factor = slots
         base, overhead = task
         trials = self.stages[play.index].trials
-        if self.model.variation.active or extra is not None:
-            active = self.model.variation.active
+        if self._varies or extra is not None:
+            active = self._varies
             factors = self._task_factors(play.index, rows) if active else np.ones((slot_ready.shape[0], trials))
             counts, last_end, busy = schedule_tasks(slot_ready, base * slot_factor, factors, overhead, extra=extra)
             dur = np.where(counts > 0, busy / np.maximum(counts, 1), base * slot_factor + overhead)  # trace: mean

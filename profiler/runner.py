@@ -546,6 +546,16 @@ def epoch_times(pass_times: tuple[tuple[float, float], ...]) -> list[float]:
     return [b - a for a, b in zip(starts[1:], starts[2:])]
 
 
+def configuration_quality(reports: Any, name: str, mode: str) -> float | None:
+    """A profiled configuration's score after its last reported epoch, higher better (the metric negated when it is
+    minimised): what promotion would rank it by at this fidelity. None when it reported no such finite metric."""
+    last = max(reports, key=lambda r: r.epoch, default=None)
+    value = None if last is None else last.metrics.get(name)
+    if value is None or not math.isfinite(float(value)):
+        return None
+    return -float(value) if mode == "min" else float(value)
+
+
 def _measure_configs(steps: _Steps, measured: list[ShapeResult], pool: Any) -> list[EpochMeasurement]:
     """Whole epochs of ``options.configs`` (or more, as the budget allows) sampled configurations.
 
@@ -629,6 +639,7 @@ def _measure_configs(steps: _Steps, measured: list[ShapeResult], pool: Any) -> l
         if times:
             out.append(
                 EpochMeasurement(
+                    quality=configuration_quality(outcome.reports, spec.metric.name, spec.metric.mode),
                     config=json.loads(json.dumps(cfg, default=str)),
                     device=options.instance_type.device,
                     instance_type=options.instance_type.name,

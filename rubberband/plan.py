@@ -219,6 +219,23 @@ class PlannerInfo(_Model):
     notes: list[str] = Field(default_factory=list)
 
 
+class SurvivorInfo(_Model):
+    """Who the predictions let survive a promotion when configurations differ in speed: promotion ranks by
+    metric, so when quality goes with speed the survivors are not a random sample."""
+
+    basis: Literal["fitted", "bound"] = Field(
+        description="fitted: the profiled configurations' rank correlation; bound: too few scored configurations "
+        "to fit it, planned at a conservative (upper) bound"
+    )
+    rho: float = Field(
+        ge=-1, le=1, description="the correlation of slowness and quality planned with (> 0: slow promoted)"
+    )
+    rank_correlation: float | None = Field(
+        default=None, description="the profiled configurations' Spearman correlation of slowness and score"
+    )
+    note: str = ""
+
+
 class JobInfo(_Model):
     name: str
     spec_sha256: str
@@ -272,6 +289,11 @@ class Plan(_Model):
         description="parallel: instances handed from one bracket to another in the representative sample",
     )
     asha: BaselineASHA | None = Field(default=None, description="ASHA simulated on a fixed cluster")
+    survivors: SurvivorInfo | None = Field(
+        default=None,
+        description="configurations differ in speed: who the predictions let survive a promotion (None: they do "
+        "not differ, or were not measured)",
+    )
     spot: SpotInfo | None = Field(
         default=None,
         description="spot allowed: the preemption model and policy the "

@@ -16,6 +16,8 @@ says so in ``fitted.variation.source``).
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Any, Literal
 
@@ -113,6 +115,11 @@ class EpochMeasurement(_Model):
         ge=1, description="iterations each timed epoch ran (capped epochs: fewer than the dataset's)"
     )
     epoch_times_s: list[float] = Field(min_length=1, description="seconds per epoch, first epoch (warm-up) excluded")
+    quality: float | None = Field(
+        default=None,
+        description="the configuration's score after its timed epochs, oriented so that higher is better (the "
+        "spec's metric, negated when it is minimised): what promotion ranks by, fitted against its speed",
+    )
     source: Literal["measured", "modelled"] = "measured"
 
     @model_validator(mode="after")
@@ -121,6 +128,8 @@ class EpochMeasurement(_Model):
             raise ValueError("nodes cannot exceed workers")
         if any(not (x > 0) for x in self.epoch_times_s):
             raise ValueError("epoch times must be positive seconds")
+        if self.quality is not None and not math.isfinite(self.quality):
+            raise ValueError("quality must be a finite number (or absent)")
         return self
 
 

@@ -206,3 +206,38 @@ def write_cpu_profile(path: Path, *, epoch_s: float = 1.0, startup_s: float = 2.
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return path
+
+
+def write_spread_profile(path: Path, *, rho: float, sigma: float = 0.5) -> Path:
+    """:func:`write_cpu_profile` with ten configurations whose speeds differ (log σ ``sigma``) and whose scores go
+    with their slowness at ``rho``: what ``rubberband profile --configs 10`` records of such a workload."""
+    import json
+    import math
+
+    import numpy as np
+
+    write_cpu_profile(path, epoch_s=1.0, startup_s=2.0)
+    data = json.loads(path.read_text())
+    rng = np.random.default_rng(1)
+    data["schema_version"] = 2
+    data["epoch_measurements"] = [
+        {
+            "config": {"quality": float(i)},
+            "device": "CPU",
+            "workers": 1,
+            "nodes": 1,
+            "iterations_per_epoch": 10,
+            "epoch_times_s": [float(math.exp(sigma * z + 0.02 * e)) for e in rng.standard_normal(4)],
+            "quality": float(rho * z + math.sqrt(1 - rho * rho) * rng.standard_normal()),
+        }
+        for i, z in enumerate(np.linspace(-1.5, 1.5, 10))
+    ]
+    path.write_text(json.dumps(data))
+    return path
+
+
+def boundary_prediction(events: list[dict], stage: int) -> float:
+    """The re-plan's prediction of the rest at the boundary before ``stage`` (its proposal's median JCT when it was
+    taken, else the current plan's under the re-fitted model), from a run's journal events."""
+    decision = [e for e in events if e.get("kind") == "replan" and e["stage"] == stage][-1]
+    return decision["proposal_jct_p50_s"] if decision["accepted"] else decision["current_jct_p50_s"]

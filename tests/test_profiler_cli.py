@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import textwrap
 from pathlib import Path
@@ -74,6 +75,7 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
         assert (m.workers, m.nodes, len(m.epoch_times_s)) == (1, 1, 3)
         assert m.iterations_per_epoch == 20 or (capped and MIN_EPOCH_ITERATIONS <= m.iterations_per_epoch < 20)
         assert all(0.0175 * m.iterations_per_epoch < t < 5.0 for t in m.epoch_times_s)
+        assert m.quality is not None and math.isfinite(m.quality)  # its score, for who survives a promotion
     assert profile.fitted["variation"]["configs"] == len(epochs)
     assert "configurations" in result.stdout
     shapes = sorted((m.workers, m.nodes) for m in profile.measurements)

@@ -120,6 +120,8 @@ def print_totals(plan: Plan, console: Console) -> None:
         from rubberband.report.model import spot_notes
 
         console.print(spot_notes(plan)[0])
+    if plan.survivors is not None:
+        console.print(f"Survivors: {plan.survivors.note}")
     if plan.head is not None:
         h = plan.head
         console.print(
