@@ -194,6 +194,10 @@ def test_plan_cli_names_real_zones_and_prices_and_flags_a_prior(cli_here, tmp_pa
     assert s["spot_prior"] and s["spot_price_hr"] > 0
     assert "*" not in (s["zone"] or "")
     assert f"spot {s['zone']}" in out and "prior" in out and "tries use1-az" in out
+    r = cli_here("report", tmp_path / "plan.json", "--out", tmp_path / "report", "--no-replan")
+    assert r.returncode == 0, r.stderr
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert f"spot {s['zone']} ${s['spot_price_hr']:.3f}/h prior" in report and "[prior — no traces of g5" in report
 
 
 def test_plan_cli_says_why_a_stage_stays_on_demand(cli_here, tmp_path):

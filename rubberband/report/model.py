@@ -73,12 +73,17 @@ class StageRow:
     duration_s: float | None
     duration_p95_s: float | None
     cost_usd: float | None
-    zone: str | None = None  # spot: the zone the spot model was fitted for
+    zone: str | None = None  # spot: the first zone its requests try
+    spot_price_hr: float | None = None  # spot: the tried zones' prices weighted by where capacity is found first
+    spot_prior: bool = False  # spot: the type's spot model is a prior (no traces of it)
 
     @property
     def market(self) -> str:
-        """``on-demand``, ``spot`` or ``spot <zone>``."""
-        return "on-demand" if not self.spot else f"spot {self.zone}" if self.zone else "spot"
+        """``on-demand``, ``spot`` or ``spot <zone> $<price>/h`` (and ``prior`` where the spot model is one)."""
+        if not self.spot:
+            return "on-demand"
+        price = f" ${self.spot_price_hr:.3f}/h" if self.spot_price_hr is not None else ""
+        return f"spot{' ' + self.zone if self.zone else ''}{price}{' prior' if self.spot_prior else ''}"
 
 
 @dataclass(frozen=True)
@@ -258,6 +263,8 @@ def _stage_rows(plan: Plan) -> tuple[StageRow, ...]:
                 duration_p95_s=dist.p95 if dist else None,
                 cost_usd=cost,
                 zone=s.zone,
+                spot_price_hr=s.spot_price_hr,
+                spot_prior=s.spot_prior,
             )
         )
     return tuple(rows)
