@@ -272,11 +272,16 @@ class FailoverPolicy:
 
     @staticmethod
     def candidates(
-        primary: InstanceType, alternatives: Sequence[InstanceType], preferred_zone: str | None = None
+        primary: InstanceType,
+        alternatives: Sequence[InstanceType],
+        preferred_zone: str | None = None,
+        spot: bool = False,
     ) -> Iterator[tuple[InstanceType, str | None]]:
-        """Every zone of the primary type (preferred first), then each alternative's zones, in order."""
+        """Every zone of the primary type (preferred first), then each alternative's zones, each type's in its
+        :meth:`~rubberband.catalog.InstanceType.zones_to_try` order (spot: the zones with a spot offer, cheapest
+        first — the order the planner prices a spot stage by)."""
         for itype in (primary, *alternatives):
-            zones: list[str | None] = list(itype.zones) or [None]
+            zones: list[str | None] = list(itype.zones_to_try(spot)) or [None]
             if itype is primary and preferred_zone in zones:
                 zones.remove(preferred_zone)
                 zones.insert(0, preferred_zone)
@@ -359,7 +364,7 @@ def provision_with_failover(
                 request.instance_type,
                 *(t for t in others if t.key not in (primary.key, request.instance_type.key)),
             ]
-        for itype, zone in policy.candidates(primary, others, preferred):
+        for itype, zone in policy.candidates(primary, others, preferred, spot):
             if policy.is_blocked(itype, zone, spot):
                 attempts.append(
                     Attempt(itype.cloud, itype.region, zone, itype.name, "skipped", "blocked", market=market)

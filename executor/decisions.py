@@ -34,9 +34,12 @@ from rubberband.planner.policies import LateDecision, LatenessPolicy, Outlook
 from rubberband.profile import Profile
 
 
-def price_hr(itype: InstanceType, spot: bool) -> float:
-    """$/h of an instance as requested (spot when it has a spot offer)."""
-    return itype.spot_price_hr if spot and itype.spot_price_hr is not None else itype.price_hr
+def price_hr(itype: InstanceType, spot: bool, zone: str | None = None) -> float:
+    """$/h of an instance as requested (spot when it has a spot offer): on spot, ``zone``'s own offer where the
+    zone is known and has one (:meth:`~rubberband.catalog.InstanceType.zone_price`), else the cheapest zone's."""
+    if spot and itype.spot_price_hr is not None:
+        return itype.zone_price(zone, spot=True)
+    return itype.price_hr
 
 
 # -- the deadline ------------------------------------------------------------------------------

@@ -155,7 +155,8 @@ class SimBackend:
         world = self.world
         start = world.call_start if world.call_start is not None else world.clock.time()
         itype, spot, obtained = self._obtain(request, start)
-        zone_name = itype.zones[0] if itype.zones else itype.region
+        zones = itype.zones_to_try(spot)  # the first zone the real failover tries
+        zone_name = zones[0] if zones else itype.region
         up_at = start + world.startup_s(itype)
         world.call_due = up_at
         self._count += 1
@@ -210,13 +211,15 @@ class SimBackend:
             itype = request.on_demand_type or itype  # the plan's fall-back type, where it names one
         if not tried:
             return itype, spot, None
-        zone_name = itype.zones[0] if itype.zones else itype.region
+        zones = itype.zones_to_try(spot)  # the first zone the real failover tries
+        zone_name = zones[0] if zones else itype.region
         ok = Attempt(itype.cloud, itype.region, zone_name, itype.name, "ok", market="spot" if spot else "on_demand")
         return itype, spot, Obtained(itype, zone_name, (*tried, ok), spot=spot)
 
     @staticmethod
     def _attempt(itype: InstanceType, why: str, spot: bool) -> Attempt:
-        zone = itype.zones[0] if itype.zones else itype.region
+        zones = itype.zones_to_try(spot)  # the first zone the real failover tries
+        zone = zones[0] if zones else itype.region
         market = "spot" if spot else "on_demand"
         return Attempt(itype.cloud, itype.region, zone, itype.name, "capacity", NO_CAPACITY, why, market=market)
 

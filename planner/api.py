@@ -36,6 +36,7 @@ from rubberband.plan import (
     StagePlan,
     SurvivorInfo,
     Timeline,
+    TriedZone,
 )
 from rubberband.planner.asha import (
     ASHA_SAMPLES,
@@ -78,8 +79,8 @@ from rubberband.planner.spot import (
     SpotSetup,
     ZoneModel,
     cheapest_fallbacks,
-    model_setup,
 )
+from rubberband.planner.spotzones import model_setup, offer_of, why_not_spot
 from rubberband.planner.simulator import (
     HeadSpec,
     SimResult,
@@ -189,7 +190,8 @@ def stage_plans(
 
     With ``model``, each says its median task time (``predicted_task_s``), from which the executor times the next
     stage's prefetch before a trial has finished, as the simulator does. With a spot setup too, a spot stage says
-    its zone and its trials' fall-back type (and how much slower it is)."""
+    its zone (the first its requests try), its zone-weighted spot price, whether its spot model is a prior, and
+    its trials' fall-back type (and how much slower it is)."""
     out = []
     tasks: list[float | None] = [None] * len(configs)
     spot = settings is not None and settings.spot
@@ -200,10 +202,12 @@ def stage_plans(
         normal = [normalise(c, s.trials) for c, s in zip(configs, stages)]
         tasks = [sum(sim.task_time(i, c, normal[i - 1] if i else None)) for i, c in enumerate(normal)]
     zones = {} if spot_setup is None else spot_setup.zones
+    offers = {} if spot_setup is None else spot_setup.offers
     for i, (st, c) in enumerate(zip(stages, configs)):
         moved_to = None if spot_setup is None or not c.spot else spot_setup.fallback(c.instance_type)
         if moved_to is not None and moved_to.key == c.instance_type.key:
             moved_to = None
+        offer = offers.get((c.instance_type.cloud, c.instance_type.region, c.instance_type.name)) if c.spot else None
         out.append(
             StagePlan(
                 bracket=st.bracket,
@@ -220,6 +224,8 @@ def stage_plans(
                 zone=zones.get((c.instance_type.cloud, c.instance_type.region, c.instance_type.name))
                 if c.spot
                 else None,
+                spot_price_hr=None if offer is None else round(offer.price_hr, 6),
+                spot_prior=offer is not None and offer.prior,
                 fallback_instance_type=None if moved_to is None else moved_to.name,
                 fallback_slowdown=None
                 if moved_to is None or sim is None
@@ -607,7 +613,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOpt
             SpotSetup(deadline_s=deadline, scenarios={}, policy=policy, fallbacks=fallbacks),
             seed=seed,
             samples=options.samples,
-            types=[(t.cloud, t.region, t.name) for t in types if t.spot_price_hr is not None],
+            types=[t for t in types if t.spot_price_hr is not None],
         )
         settings = replace(settings, spot_setup=setup)
     space = PlanSpace(stages, types, model, spec.resources.max_workers_per_trial)
@@ -637,6 +643,14 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOpt
             note=out.exact_note,
         )
     used = {c.instance_type for c in out.configs}
+    why_not = None
+    if market is not None and settings.spot_setup is not None and out.result is not None:
+        sim: PlanSimulator = (
+            ParallelSimulator(stages, model, settings, BracketSetup(offsets=out.offsets or None))
+            if out.brackets == "parallel"
+            else Simulator(stages, model, settings)
+        )
+        why_not = why_not_spot(sim, out.configs, out.result, goal, settings.spot_setup)
     asha_out = asha_info(space, spec, goal, settings) if options.asha else None
     return Plan(
         job=job_info(spec),
@@ -648,7 +662,10 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOpt
         deadline_s=deadline,
         confidence=conf,
         budget_usd=spec.budget_usd,
-        stages=stage_plans(stages, out.configs, out.result, model, settings),
+        stages=[
+            s if why_not is None else s.model_copy(update={"why_not_spot": why_not[i]})
+            for i, s in enumerate(stage_plans(stages, out.configs, out.result, model, settings))
+        ],
         predicted=prediction(out.result, deadline),
         timeline=out.timeline,
         baselines=baselines,
@@ -749,10 +766,11 @@ def checkpoint_interval(sim: Simulator, configs: Sequence[StageConfig], goal: Go
 
 
 def spot_info(setup: SpotSetup, source: str) -> SpotInfo:
-    """The plan's record of the spot model and policy its predictions include."""
+    """The plan's record of the spot model and policy its predictions include, and per type the zones tried."""
     zones = []
     for key in sorted(setup.scenarios):
-        z: ZoneModel | None = getattr(setup.scenarios[key], "zone", None)
+        offer = setup.offers.get(key)
+        z: ZoneModel | None = offer.model if offer is not None else getattr(setup.scenarios[key], "zone", None)
         if z is not None:
             zones.append(
                 SpotZoneInfo(
@@ -764,6 +782,13 @@ def spot_info(setup: SpotSetup, source: str) -> SpotInfo:
                     p_unavailable=z.p_unavailable,
                     unavailable_s=list(z.unavailable_s),
                     rate_source=z.rate_source,
+                    tried=[]
+                    if offer is None
+                    else [
+                        TriedZone(zone=o.zone, price_hr=o.price_hr, p_first=round(o.p_first, 6)) for o in offer.zones
+                    ],
+                    price_hr=None if offer is None else round(offer.price_hr, 6),
+                    prior=z.prior,
                 )
             )
     return SpotInfo(
@@ -785,21 +810,27 @@ def plan_spot_setup(
     seed = replay.seed_for(plan)
     policy = replay.spot_policy or SpotPolicy(margin_s=info.margin_s)
     scenarios = replay.spot_scenarios
+    offers = {}
+    zones = {}
+    fitted: dict[tuple[str, str, str], SpotScenario] = {}
+    for z in info.zones:
+        zone = ZoneModel(
+            cloud=z.cloud,
+            instance_type=z.instance_type,
+            region=z.region,
+            zone=z.zone,
+            preemption_rate_per_h=z.preemption_rate_per_h,
+            p_unavailable=z.p_unavailable,
+            unavailable_s=tuple(z.unavailable_s),
+            rate_source=z.rate_source,
+            prior=z.prior,
+        )
+        fitted[zone.key] = ModelScenario(zone, seed=seed, samples=samples)
+        zones[zone.key] = z.tried[0].zone if z.tried else z.zone
+        if z.tried:  # priced at the zones tried (a v3 plan without them: at the catalog's spot price)
+            offers[zone.key] = offer_of(zone, [(t.zone, t.price_hr, t.p_first) for t in z.tried])
     if scenarios is None:
-        scenarios = {}
-        for z in info.zones:
-            zone = ZoneModel(
-                cloud=z.cloud,
-                instance_type=z.instance_type,
-                region=z.region,
-                zone=z.zone,
-                preemption_rate_per_h=z.preemption_rate_per_h,
-                p_unavailable=z.p_unavailable,
-                unavailable_s=tuple(z.unavailable_s),
-                rate_source=z.rate_source,
-            )
-            scenarios[zone.key] = ModelScenario(zone, seed=seed, samples=samples)
-    zones = {(z.cloud, z.region, z.instance_type): z.zone for z in info.zones}
+        scenarios = fitted
     fallbacks = {}
     for sp in plan.stages:
         if sp.spot and sp.fallback_instance_type and catalog is not None:
@@ -812,6 +843,7 @@ def plan_spot_setup(
         checkpoint_epochs=info.checkpoint_epochs,
         zones=zones,
         fallbacks=fallbacks,
+        offers=offers,
     )
 
 

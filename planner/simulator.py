@@ -792,6 +792,10 @@ class Simulator(ReadsSettings):
         return self._termination_cache[key]
 
     def _price(self, itype: InstanceType, market: str | None = None) -> float:
+        """$/h of ``itype`` in ``market``: a spot stage at its offer's zone-weighted price
+        (:meth:`SpotSetup.spot_price`), the old all-spot reading at the catalog's spot price."""
+        if market == "spot" and self.spot_setup is not None:
+            return self.spot_setup.spot_price(itype)
         return itype.price(self.spot or market == "spot")
 
     def _finalise(self, prefix: _Prefix, carry: int) -> tuple:

@@ -37,13 +37,16 @@ not back yet. A preemption is a 0 → 1 transition.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from rubberband.catalog import InstanceType
 from rubberband.planner.policies import Market, SpotPolicy, SpotSituation
+
+if TYPE_CHECKING:
+    from rubberband.planner.spotzones import SpotOffer
 
 #: Quantile levels at which unavailability durations are kept (0, 5 %, …, 100 %).
 DURATION_LEVELS = tuple(round(i / 20, 2) for i in range(21))
@@ -121,6 +124,11 @@ class ZoneModel:
     observed_hours: float = 0.0
     unavailable_runs: int = 0
     rate_source: str = "preemption traces of this zone"
+    #: For an entry fitted on several time-aligned zones of a region: ``p_none_of[j - 1]`` is the probability that
+    #: none of ``j`` of those zones, picked at random, has capacity (:func:`p_none_of`); empty otherwise.
+    p_none_of: tuple[float, ...] = ()
+    #: Not fitted on traces of this type: a prior pooled over other types (:func:`rubberband.planner.spotzones.prior`).
+    prior: bool = False
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -149,6 +157,27 @@ def _quantiles(runs: Sequence[float]) -> tuple[float, ...]:
 def _rate(preemptions: int, running_hours: float, gap_s: float) -> float:
     """Preemptions per running hour with a Jeffreys ½ (never 0 from a short trace); at least one tick's exposure."""
     return (preemptions + 0.5) / max(running_hours, gap_s / 3600.0)
+
+
+def p_none_of(aligned: Sequence[Sequence[int]]) -> tuple[float, ...]:
+    """For time-aligned 0/1 availability traces of ``m`` zones (same ticks), ``(q_1, …, q_m)``: ``q_j`` is the mean,
+    over every set of ``j`` zones, of the fraction of ticks at which none of them had capacity. ``q_1`` is the
+    zones' mean unavailability, ``q_m`` that of the region as a whole; measured, so the correlation between zones
+    stays in. Averaging over the sets is what an unknown mapping of the traces' zone names onto the catalog's
+    zones (zone IDs, which differ per account) leaves: any ``j`` of them are equally likely to be the ``j`` tried.
+    """
+    down = np.asarray(aligned, dtype=bool)
+    if down.ndim != 2 or down.shape[0] == 0 or down.shape[1] == 0:
+        raise ValueError("p_none_of needs at least one non-empty trace")
+    m = down.shape[0]
+    sums = [0.0] * m
+    counts = [0] * m
+    for mask in range(1, 1 << m):
+        members = [i for i in range(m) if mask >> i & 1]
+        frac = float(np.all(down[members], axis=0).mean())
+        sums[len(members) - 1] += frac
+        counts[len(members) - 1] += 1
+    return tuple(s / c for s, c in zip(sums, counts))
 
 
 @dataclass(frozen=True)
@@ -395,6 +424,11 @@ class SpotSetup:
 
     ``fallbacks``: per spot type (its ``key``), the on-demand type a trial moves to when the policy gives up
     on spot (:func:`cheapest_fallbacks`); a type not listed falls back to itself, on-demand.
+
+    ``offers``: per (cloud, region, type), the zones its spot requests try and what each costs
+    (:class:`~rubberband.planner.spotzones.SpotOffer`): spot is billed at their expected price
+    (:meth:`spot_price`); a type without one at its catalog spot price. ``zones``: the zone a stage names (the
+    first one tried).
     """
 
     deadline_s: float
@@ -403,38 +437,22 @@ class SpotSetup:
     checkpoint_epochs: int = 1
     zones: dict[tuple[str, str, str], str] = field(default_factory=dict)
     fallbacks: Mapping[str, InstanceType] = field(default_factory=dict)
+    offers: Mapping[tuple[str, str, str], SpotOffer] = field(default_factory=dict)
 
     def fallback(self, itype: InstanceType) -> InstanceType:
         """The on-demand type a trial of a spot stage on ``itype`` moves to (``itype`` itself by default)."""
         return self.fallbacks.get(itype.key, itype)
+
+    def spot_price(self, itype: InstanceType) -> float:
+        """$/h a spot instance of ``itype`` is billed at: its offer's zone-weighted price, else the catalog's."""
+        offer = self.offers.get((itype.cloud, itype.region, itype.name))
+        return offer.price_hr if offer is not None else itype.price(True)
 
     def scenario(self, cloud: str, region: str, instance_type: str) -> SpotScenario | None:
         return self.scenarios.get((cloud, region, instance_type))
 
     def allows(self, cloud: str, region: str, instance_type: str) -> bool:
         return (cloud, region, instance_type) in self.scenarios
-
-
-def model_setup(
-    model: SpotMarketModel,
-    setup: SpotSetup,
-    *,
-    seed: int,
-    samples: int,
-    types: Sequence[tuple[str, str, str]] | None = None,
-) -> SpotSetup:
-    """``setup`` (its deadline, policy, checkpoint interval and fall-back types) sampling ``model``: per (cloud,
-    region, type) of ``types`` (None: every zone's) its best zone, drawn with ``seed`` over ``samples`` samples,
-    in place of ``setup``'s scenarios and zones."""
-    keys = sorted({z.key for z in model.zones} if types is None else set(types))
-    scenarios: dict = {}
-    zones: dict = {}
-    for key in keys:
-        zone = model.best_zone(*key)
-        if zone is not None:
-            scenarios[key] = ModelScenario(zone, seed=seed, samples=samples)
-            zones[key] = zone.zone
-    return replace(setup, scenarios=scenarios, zones=zones)
 
 
 def cheapest_fallbacks(

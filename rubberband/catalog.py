@@ -78,6 +78,22 @@ class InstanceType:
         """Zones that sell this shape as spot, cheapest first (try them in this order)."""
         return tuple(zone for zone, _ in self.zone_spot_prices)
 
+    def zones_to_try(self, spot: bool = False) -> tuple[str, ...]:
+        """The zones a request for this type tries, in order — the one source of the order both the executor's
+        failover (:meth:`rubberband.cloud.failover.FailoverPolicy.candidates`) and the planner's spot pricing
+        (:mod:`rubberband.planner.spotzones`) follow. On-demand: every zone, as the catalog lists them. Spot: the
+        zones with a spot offer, cheapest first (ties by name); a type with a spot price but no per-zone offers
+        (a hand-made catalog) tries every zone."""
+        return self.spot_zones if spot and self.zone_spot_prices else self.zones
+
+    def zone_price(self, zone: str | None, spot: bool = False) -> float:
+        """$/h in ``zone``: its own spot offer where it has one, else the type's price (:meth:`price`)."""
+        if spot:
+            for z, p in self.zone_spot_prices:
+                if z == zone:
+                    return p
+        return self.price(spot)
+
     def price(self, spot: bool = False) -> float:
         if spot:
             if self.spot_price_hr is None:

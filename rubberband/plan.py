@@ -50,7 +50,20 @@ class StagePlan(_Model):
     spot: bool = Field(default=False, description="the stage's market: spot (true) or on-demand")
     zone: str | None = Field(
         default=None,
-        description="spot: the zone the spot model was fitted for (the region's spot price applies; docs/spot.md)",
+        description="spot: the first zone the executor's spot request tries (a catalog zone; plan.spot.zones "
+        "lists every zone tried, in order, with its price; docs/spot.md)",
+    )
+    spot_price_hr: float | None = Field(
+        default=None,
+        ge=0,
+        description="spot: the $/h the stage is priced at, the tried zones' spot prices weighted by the chance "
+        "capacity is found first in each",
+    )
+    spot_prior: bool = Field(
+        default=False, description="spot: the type has no traces; its spot model is a prior pooled over others"
+    )
+    why_not_spot: str | None = Field(
+        default=None, description="spot allowed but the stage on-demand: why (e.g. no spot price, or spot's P(meet))"
     )
     fallback_instance_type: str | None = Field(
         default=None,
@@ -142,17 +155,34 @@ class HeadInfo(_Model):
     grace_s: float = Field(ge=0, description="job end until the head is gone (the watchdog's done grace)")
 
 
+class TriedZone(_Model):
+    """One zone a spot request tries (in the executor's order): its spot price and P(capacity found first here)."""
+
+    zone: str
+    price_hr: float = Field(ge=0)
+    p_first: float = Field(ge=0, le=1)
+
+
 class SpotZoneInfo(_Model):
-    """The fitted spot behaviour a spot stage was planned with (see :class:`rubberband.spotmodel.ZoneFit`)."""
+    """The fitted spot behaviour a spot stage was planned with (see :class:`rubberband.spotmodel.ZoneFit`) and the
+    zones its requests try (see :mod:`rubberband.planner.spotzones`)."""
 
     cloud: str
     instance_type: str
     region: str
-    zone: str
+    zone: str = Field(
+        description="the spot model's entry it is modelled on (trace zone names; REGION*: the region's zones "
+        "together; 'REGION (prior)': no traces of the type)"
+    )
     preemption_rate_per_h: float = Field(ge=0)
-    p_unavailable: float = Field(ge=0, le=1)
+    p_unavailable: float = Field(ge=0, le=1, description="P(none of the zones tried has capacity)")
     unavailable_s: list[float] = Field(min_length=2, description="quantiles 0, 5 %, …, 100 % of unavailability")
     rate_source: str = ""
+    tried: list[TriedZone] = Field(
+        default_factory=list, description="the catalog zones a spot request tries, in order (empty: a v3 plan)"
+    )
+    price_hr: float | None = Field(default=None, ge=0, description="expected spot $/h over the tried zones")
+    prior: bool = Field(default=False, description="no traces of this type: a prior pooled over the fitted types")
 
 
 class SpotInfo(_Model):
@@ -299,6 +329,13 @@ class Plan(_Model):
         description="spot allowed: the preemption model and policy the "
         "predictions include (None: on-demand only, or a v2 plan)",
     )
+
+    def spot_entry(self, stage: StagePlan) -> SpotZoneInfo | None:
+        """The spot model and zones tried that ``stage`` (on spot) was planned with; None on-demand or without."""
+        if self.spot is None or not stage.spot:
+            return None
+        key = (stage.cloud, stage.region, stage.instance_type)
+        return next((z for z in self.spot.zones if (z.cloud, z.region, z.instance_type) == key), None)
 
     @property
     def parallel_brackets(self) -> bool:

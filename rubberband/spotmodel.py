@@ -36,6 +36,7 @@ from rubberband.planner.spot import (
     ZoneModel,
     ZoneTraces,
     fit_zone,
+    p_none_of,
     trace_stats,
 )
 from rubberband.versioned import DocumentSchema, read_json, validate_versioned
@@ -75,6 +76,10 @@ class ZoneFit(_Model):
     observed_hours: float = Field(default=0.0, ge=0, description="hours of traces p_unavailable is fitted on")
     unavailable_runs: int = Field(default=0, ge=0)
     rate_source: str = ""
+    p_none_of: list[float] = Field(
+        default_factory=list,
+        description="a region's entry: P(none of j of its zones, picked at random, has capacity), j = 1, 2, …",
+    )
     traces: list[str] = Field(default_factory=list, description="the trace files fitted (relative paths)")
 
     def zone_model(self) -> ZoneModel:
@@ -91,6 +96,7 @@ class ZoneFit(_Model):
             observed_hours=self.observed_hours,
             unavailable_runs=self.unavailable_runs,
             rate_source=self.rate_source,
+            p_none_of=tuple(self.p_none_of),
         )
 
     @classmethod
@@ -108,6 +114,7 @@ class ZoneFit(_Model):
             observed_hours=round(z.observed_hours, 4),
             unavailable_runs=z.unavailable_runs,
             rate_source=z.rate_source,
+            p_none_of=[round(q, 6) for q in z.p_none_of],
             traces=traces or [],
         )
 
@@ -280,7 +287,9 @@ def scenario_traces(
 
 def fit_traces(traces: list[TraceFile], *, source: str) -> SpotModelFile:
     """Fit every (cloud, type, zone) the traces cover, and per region with several time-aligned zones an
-    "any zone" entry (:func:`any_zone`; pure apart from the traces already read)."""
+    "any zone" entry (:func:`any_zone`) with the chance that none of ``j`` of its zones has capacity
+    (``p_none_of``, from which the planner weighs the zones a spot request tries; pure apart from the traces
+    already read)."""
     keys = sorted({(t.cloud, t.instance_type, t.region, t.zone) for t in traces})
     pooled: dict[tuple[str, str], tuple[int, float, float]] = {}
     for t in traces:
@@ -306,6 +315,8 @@ def fit_traces(traces: list[TraceFile], *, source: str) -> SpotModelFile:
         pre = [t.stats() for t in regional if t.kind == "preemption"]
         regional_traces = ZoneTraces(preemption=pre, availability=[combined.stats()], pooled=pooled.get((cloud, itype)))
         fit = fit_zone(cloud, itype, region, any_zone(region), regional_traces)
+        aligned = [t.data for t in regional if t.kind == "availability"]
+        fit = replace(fit, p_none_of=p_none_of(aligned))
         if pre:
             fit = replace(fit, rate_source="preemption traces of the region's zones")
         zones.append(ZoneFit.of(fit, sorted(t.path for t in regional)))

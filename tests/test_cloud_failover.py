@@ -154,6 +154,24 @@ def test_failover_order_blocking_and_fatal_stop():
     assert policy.blocked_clouds == {"aws"} and len(everywhere.calls) == 1
 
 
+def test_a_spot_request_tries_the_zones_with_a_spot_offer_cheapest_first_the_order_the_planner_prices():
+    p3 = dataclasses.replace(
+        P3,
+        zones=("use1-az1", "use1-az2", "use1-az3"),
+        zone_spot_prices=(("use1-az2", 0.5), ("use1-az1", 0.6)),  # az3 sells no spot
+        spot_price_hr=0.5,
+    )
+    assert p3.zones_to_try(spot=True) == ("use1-az2", "use1-az1") and p3.zones_to_try() == p3.zones
+    assert p3.zone_price("use1-az1", spot=True) == 0.6 and p3.zone_price("use1-az3") == p3.price_hr
+    scripted = ScriptedProvider({("p3.2xlarge", "use1-az2"): "capacity", ("p3.2xlarge", "use1-az1"): "capacity"})
+    with pytest.raises(FailoverExhausted):
+        provision_with_failover(InstanceRequest("r", 0, p3, spot=True), lambda t: scripted)
+    assert scripted.calls == [("p3.2xlarge", "use1-az2"), ("p3.2xlarge", "use1-az1")]  # never az3 on spot
+    on_demand = ScriptedProvider({("p3.2xlarge", "use1-az1"): "capacity"})
+    got = provision_with_failover(InstanceRequest("r", 0, p3), lambda t: on_demand)
+    assert on_demand.calls == [("p3.2xlarge", "use1-az1"), ("p3.2xlarge", "use1-az2")] and got.zone == "use1-az2"
+
+
 def test_provider_pool_builds_one_provider_per_region():
     from rubberband.cloud.registry import ProviderPool, make_provider
     from rubberband.errors import InputError

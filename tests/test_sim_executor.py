@@ -169,13 +169,18 @@ SPOT_ZONE = "us-east-1*"  # the shipped model's pooled zone of p3.2xlarge in us-
 
 
 def _spot_model(tmp_path: Path, *, rate_per_h: float, p_unavailable: float) -> Path:
-    """The shipped spot model with its us-east-1 p3.2xlarge zone made to preempt at ``rate_per_h``."""
+    """The shipped spot model with its us-east-1 p3.2xlarge zone made to preempt at ``rate_per_h`` and find no
+    capacity with ``p_unavailable`` (in every zone tried); the other types never have spot capacity (entries of
+    their own, so no prior pooled from p3.2xlarge's makes them spot candidates)."""
     from rubberband.spotmodel import default_model_path
 
     data = json.loads(Path(default_model_path()).read_text())
     zone = next(z for z in data["zones"] if z["zone"] == SPOT_ZONE)
-    zone.update(preemption_rate_per_h=rate_per_h, p_unavailable=p_unavailable)
-    data["zones"] = [zone]
+    zone.update(preemption_rate_per_h=rate_per_h, p_unavailable=p_unavailable, p_none_of=[p_unavailable])
+    never = [
+        {**zone, "instance_type": t, "p_unavailable": 1.0, "p_none_of": [1.0]} for t in ("g4dn.xlarge", "g5.xlarge")
+    ]
+    data["zones"] = [zone, *never]
     path = tmp_path / f"spot-{rate_per_h:g}-{p_unavailable:g}.json"
     path.write_text(json.dumps(data))
     return path

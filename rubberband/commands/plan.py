@@ -13,7 +13,7 @@ from rubberband.commands._options import deadline_flag
 from rubberband.console import stdout
 from rubberband.errors import InputError
 from rubberband.inputs import CLOUD_CHOICES, load_job_inputs
-from rubberband.plan import Plan, plan_json, write_plan
+from rubberband.plan import Plan, StagePlan, plan_json, write_plan
 from rubberband.planning import HEAD_MODES, PlanningOptions, plan_from_inputs
 from rubberband.units import format_duration, format_usd, format_usd_column
 
@@ -66,6 +66,18 @@ def asha_table(plan: Plan) -> Table:
     return table
 
 
+def market_cell(plan: Plan, s: StagePlan) -> str:
+    """A stage's market as the plan table shows it: on spot, the first zone tried (+ how many more), the expected
+    $/h over them and ``prior`` where the type has no traces; on-demand where spot was allowed, a ``*`` that
+    :func:`why_not_lines` explains."""
+    if not s.spot:
+        return "on-demand*" if s.why_not_spot else "on-demand"
+    entry = plan.spot_entry(s)
+    more = f" +{len(entry.tried) - 1}" if entry is not None and len(entry.tried) > 1 else ""
+    price = f" ${s.spot_price_hr:.3f}/h" if s.spot_price_hr is not None else ""
+    return f"spot {s.zone or ''}{more}{price}{' prior' if s.spot_prior else ''}".replace("  ", " ")
+
+
 def stage_table(plan: Plan) -> Table:
     """A SHA or Hyperband plan by stage."""
     table = Table(
@@ -89,11 +101,7 @@ def stage_table(plan: Plan) -> Table:
     costs = format_usd_column([s.predicted_cost_usd or 0.0 for s in plan.stages])
     for s, cost in zip(plan.stages, costs):
         where = f"{s.instances} × {s.instance_type}" + (f" ({s.cloud})" if several_clouds else "")
-        market = (
-            [f"spot {s.zone}" if s.spot and s.zone else "spot" if s.spot else "on-demand"]
-            if plan.spot is not None
-            else []
-        )
+        market = [market_cell(plan, s)] if plan.spot is not None else []
         row = [
             str(s.stage),
             str(s.trials),
@@ -119,7 +127,8 @@ def print_totals(plan: Plan, console: Console) -> None:
     if plan.spot is not None:
         from rubberband.report.model import spot_notes
 
-        console.print(spot_notes(plan)[0])
+        for line in spot_notes(plan):
+            console.print(line)
     if plan.survivors is not None:
         console.print(f"Survivors: {plan.survivors.note}")
     if plan.head is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from rubberband.clouds import cloud as cloud_facts
 from rubberband.clouds import rented_clouds
 from rubberband.errors import InfeasibleError, RubberbandError
-from rubberband.plan import Alternative, Plan, StagePlan, Timeline
+from rubberband.plan import Alternative, Plan, SpotZoneInfo, StagePlan, Timeline
 from rubberband.report import fmt
 from rubberband.report.replan import ReplanRequest, Replanner
 from rubberband.report.source import ActualOutcome, ReportSource, TrackingLink
@@ -73,12 +73,17 @@ class StageRow:
     duration_s: float | None
     duration_p95_s: float | None
     cost_usd: float | None
-    zone: str | None = None  # spot: the zone the spot model was fitted for
+    zone: str | None = None  # spot: the first zone its requests try
+    spot_price_hr: float | None = None  # spot: the tried zones' prices weighted by where capacity is found first
+    spot_prior: bool = False  # spot: the type's spot model is a prior (no traces of it)
 
     @property
     def market(self) -> str:
-        """``on-demand``, ``spot`` or ``spot <zone>``."""
-        return "on-demand" if not self.spot else f"spot {self.zone}" if self.zone else "spot"
+        """``on-demand``, ``spot`` or ``spot <zone> $<price>/h`` (and ``prior`` where the spot model is one)."""
+        if not self.spot:
+            return "on-demand"
+        price = f" ${self.spot_price_hr:.3f}/h" if self.spot_price_hr is not None else ""
+        return f"spot{' ' + self.zone if self.zone else ''}{price}{' prior' if self.spot_prior else ''}"
 
 
 @dataclass(frozen=True)
@@ -258,6 +263,8 @@ def _stage_rows(plan: Plan) -> tuple[StageRow, ...]:
                 duration_p95_s=dist.p95 if dist else None,
                 cost_usd=cost,
                 zone=s.zone,
+                spot_price_hr=s.spot_price_hr,
+                spot_prior=s.spot_prior,
             )
         )
     return tuple(rows)
@@ -588,17 +595,37 @@ def build_report_data(
     )
 
 
+def _spot_zone_note(z: SpotZoneInfo) -> str:
+    """One spot type as the notes name it: the zones its requests try with their prices and the chance capacity is
+    found first in each, the expected price, its preemptions and P(no capacity), and whether it is a prior."""
+    tried = ", ".join(f"{t.zone} ${t.price_hr:.4g} ({t.p_first:.0%})" for t in z.tried)
+    where = f"tries {tried}, expected ${z.price_hr:.3f}/h; " if tried and z.price_hr is not None else f"{z.zone}: "
+    prior = f" [prior — {z.rate_source.removeprefix('prior: ')}]" if z.prior else ""
+    return (
+        f"{z.instance_type} {where}{z.preemption_rate_per_h:.2f} preemptions/h, "
+        f"P(no capacity) {z.p_unavailable:.0%}{prior}"
+    )
+
+
+def why_not_notes(plan: Plan) -> tuple[str, ...]:
+    """One line per stage on-demand although spot was allowed: why (the plan's ``why_not_spot``)."""
+    hyperband = plan.job.scheduler == "hyperband"
+    return tuple(
+        f"* {'bracket ' + str(s.bracket) + ' ' if hyperband else ''}stage {s.stage} on-demand: {s.why_not_spot}"
+        for s in plan.stages
+        if not s.spot and s.why_not_spot
+    )
+
+
 def spot_notes(plan: Plan) -> tuple[str, ...]:
-    """What the prediction assumes about spot (the model, the fall-back, checkpoints); none without a spot model."""
+    """What the prediction assumes about spot (the model, the zones tried and their prices, priors, the fall-back,
+    checkpoints), then why each stage left on-demand is (:func:`why_not_notes`); none without a spot model."""
     info = plan.spot
     if info is None:
         return ()
     spot = sum(1 for s in plan.stages if s.spot)
-    zones = ", ".join(
-        f"{z.instance_type} {z.zone}: {z.preemption_rate_per_h:.2f} preemptions/h, P(no capacity) {z.p_unavailable:.0%}"
-        for z in info.zones
-        if any(s.spot and s.zone == z.zone and s.instance_type == z.instance_type for s in plan.stages)
-    )
+    used = [z for z in info.zones if any(plan.spot_entry(s) == z for s in plan.stages)]
+    zones = "; ".join(_spot_zone_note(z) for z in used)
     moves = sorted(
         {
             f"{s.instance_type} → {s.fallback_instance_type} ({s.fallback_slowdown or 1.0:.2f}× the epoch time)"
@@ -611,4 +638,4 @@ def spot_notes(plan: Plan) -> tuple[str, ...]:
         f"Spot: {spot} of {len(plan.stages)} stages on spot; P(meet) and cost include preemptions "
         f"(checkpoint every {info.checkpoint_epochs} epoch{'s' if info.checkpoint_epochs != 1 else ''}, "
         f"Uniform-Progress fall-back to {to}){': ' + zones if zones else ''}; model: {info.model_source}.",
-    )
+    ) + why_not_notes(plan)
