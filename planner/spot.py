@@ -38,15 +38,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from rubberband.catalog import InstanceType
 from rubberband.planner.policies import Market, SpotPolicy, SpotSituation
-
-if TYPE_CHECKING:
-    from rubberband.planner.spotzones import SpotOffer
 
 #: Quantile levels at which unavailability durations are kept (0, 5 %, …, 100 %).
 DURATION_LEVELS = tuple(round(i / 20, 2) for i in range(21))
@@ -414,6 +411,40 @@ def _runs_of(c: _Compiled) -> list[float]:
 
 
 @dataclass(frozen=True)
+class ZoneOffer:
+    """One zone a spot request tries: its spot $/h and the chance a request finds capacity first there."""
+
+    zone: str
+    price_hr: float
+    p_first: float
+
+
+@dataclass(frozen=True)
+class SpotOffer:
+    """A spot stage's market on one (cloud, region, type): the zones tried, in the executor's order, and the
+    fitted ``model`` of the set (its ``p_unavailable``: none of them has capacity)."""
+
+    model: ZoneModel
+    zones: tuple[ZoneOffer, ...]
+
+    @property
+    def prior(self) -> bool:
+        return self.model.prior
+
+    @property
+    def price_hr(self) -> float:
+        """The expected spot $/h paid, given capacity is found: the zones' prices weighted by ``p_first``."""
+        found = sum(z.p_first for z in self.zones)
+        if found <= 0:
+            return self.zones[0].price_hr
+        return sum(z.p_first * z.price_hr for z in self.zones) / found
+
+    @property
+    def first_zone(self) -> str:
+        return self.zones[0].zone
+
+
+@dataclass(frozen=True)
 class SpotSetup:
     """Everything the simulator needs to play spot stages: the deadline the fall-back decisions aim at,
     the shared :class:`~rubberband.planner.policies.SpotPolicy`, and one scenario per (cloud, region, type).
@@ -426,7 +457,7 @@ class SpotSetup:
     on spot (:func:`cheapest_fallbacks`); a type not listed falls back to itself, on-demand.
 
     ``offers``: per (cloud, region, type), the zones its spot requests try and what each costs
-    (:class:`~rubberband.planner.spotzones.SpotOffer`): spot is billed at their expected price
+    (:class:`SpotOffer`): spot is billed at their expected price
     (:meth:`spot_price`); a type without one at its catalog spot price. ``zones``: the zone a stage names (the
     first one tried).
     """

@@ -23,7 +23,7 @@ all there is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -31,41 +31,15 @@ import numpy as np
 from rubberband.catalog import InstanceType
 from rubberband.planner.search import Goal, PlanSimulator
 from rubberband.planner.simulator import SimResult, StageConfig
-from rubberband.planner.spot import ModelScenario, SpotMarketModel, SpotScenario, SpotSetup, ZoneModel
-
-
-@dataclass(frozen=True)
-class ZoneOffer:
-    """One zone a spot request tries: its spot $/h and the chance a request finds capacity first there."""
-
-    zone: str
-    price_hr: float
-    p_first: float
-
-
-@dataclass(frozen=True)
-class SpotOffer:
-    """A spot stage's market on one (cloud, region, type): the zones tried, in the executor's order, and the
-    fitted ``model`` of the set (its ``p_unavailable``: none of them has capacity)."""
-
-    model: ZoneModel
-    zones: tuple[ZoneOffer, ...]
-
-    @property
-    def prior(self) -> bool:
-        return self.model.prior
-
-    @property
-    def price_hr(self) -> float:
-        """The expected spot $/h paid, given capacity is found: the zones' prices weighted by ``p_first``."""
-        found = sum(z.p_first for z in self.zones)
-        if found <= 0:
-            return self.zones[0].price_hr
-        return sum(z.p_first * z.price_hr for z in self.zones) / found
-
-    @property
-    def first_zone(self) -> str:
-        return self.zones[0].zone
+from rubberband.planner.spot import (
+    ModelScenario,
+    SpotMarketModel,
+    SpotOffer,
+    SpotScenario,
+    SpotSetup,
+    ZoneModel,
+    ZoneOffer,
+)
 
 
 def first_found(q: Sequence[float], k: int) -> tuple[list[float], float]:
