@@ -132,11 +132,13 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         assert record.identity == f"rb-{record.cloud_run_id}" and record.identity_created
         assert head["IamInstanceProfile"]["Arn"].endswith(f"instance-profile/rubberband/{record.identity}")
         assert all("IamInstanceProfile" not in i for i in moto_instances() if i["InstanceId"] != head["InstanceId"])
-        from rubberband.cloud.aws.identity import aws_head_policy
+        from rubberband.cloud.aws.identity import AwsIdentities, aws_head_policy
 
         assert boto3.client("iam").get_role_policy(RoleName=record.identity, PolicyName="rubberband-head")[
             "PolicyDocument"
-        ] == aws_head_policy(record.cloud_run_id)
+        ] == aws_head_policy(
+            record.cloud_run_id, account="123456789012", parking_group=AwsIdentities().parking_group(record.region)
+        )
         # the job as the head's job server holds it: entrypoint and runtime_env, and the head's user-data
         from ray.job_submission import JobSubmissionClient
 

@@ -108,6 +108,21 @@ HEAD_POLICY_NAME = "rubberband-head"
 #: that still has an inline policy, and once the policy is gone the role may do nothing, so no role can ever
 #: delete itself; the CLI (``rubberband down``, the orphan sweep) deletes the empty role the head leaves.
 AWS_HEAD_END_ACTIONS = ("iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile", "iam:DeleteRolePolicy")
+#: Every IAM action that creates, widens, re-tags or passes a role or instance profile (or deletes a role): denied
+#: explicitly on rubberband's path by its boundary, whose IAM exception is :data:`AWS_HEAD_END_ACTIONS` alone.
+AWS_ROLE_WIDENING = (
+    "iam:Create*",
+    "iam:Put*",
+    "iam:Attach*",
+    "iam:Detach*",
+    "iam:Update*",
+    "iam:Tag*",
+    "iam:Untag*",
+    "iam:PassRole",
+    "iam:AddRoleToInstanceProfile",
+    "iam:DeleteRole",
+    "iam:DeleteRolePermissionsBoundary",
+)
 #: What the head's policy names as the group it parks its own instance in before it deletes the run's group, in
 #: the policy the docs print: the run's VPC's default security group (rendered per run by :meth:`AwsIdentities.create`).
 PARKING_PLACEHOLDER = "DEFAULT_GROUP"
@@ -290,20 +305,18 @@ def aws_boundary_policy() -> dict[str, Any]:
     It is :func:`aws_head_policy` for the run the role is tagged with (``${aws:PrincipalTag/rubberband-run-id}``:
     one boundary serves every run), so a role under it acts on its own run's instances and group alone. Of IAM it
     allows only the head's own end (:data:`AWS_HEAD_END_ACTIONS`, on the role and instance profile named after the
-    run it is tagged with), and it denies every other IAM action outright — any IAM action outside rubberband's
-    path, and on roles and profiles under it anything but those deletions: no role under it can create, change,
-    tag or pass a role, widen a policy, nor touch a boundary. A role not tagged with a run id matches no condition
+    run it is tagged with) and nothing else; it denies outright any IAM action outside rubberband's path and, on it,
+    :data:`AWS_ROLE_WIDENING`: no role under it can create, change, tag or pass a role, widen a policy, nor touch a
+    boundary. A role not tagged with a run id matches no condition
     and names no role here, and may only read."""
     head = aws_head_policy(f"${{aws:PrincipalTag/{TAG_RUN_ID}}}", account="*", parking_group="*")
     ours = [f"arn:aws:iam::*:role{IAM_PATH}*", f"arn:aws:iam::*:instance-profile{IAM_PATH}*"]
+    # on its roles and profiles the boundary allows the three deletions on the run's own ARNs and nothing else; the
+    # ways to create or widen a role are denied there explicitly too, by name (a deny by NotAction would also hit
+    # every EC2 action simulated on the resource ``*``, as the dry run does)
     deny = [
         {"Sid": "NoIamOutsideRubberbandsPath", "Effect": "Deny", "Action": "iam:*", "NotResource": ours},
-        {
-            "Sid": "OnRubberbandsRolesNothingButTheHeadsOwnEnd",
-            "Effect": "Deny",
-            "NotAction": list(AWS_HEAD_END_ACTIONS),
-            "Resource": ours,
-        },
+        {"Sid": "NeverCreateOrWidenARole", "Effect": "Deny", "Action": list(AWS_ROLE_WIDENING), "Resource": ours},
     ]
     return {"Version": "2012-10-17", "Statement": [*head["Statement"], *deny]}
 
@@ -598,9 +611,7 @@ class AwsIdentities:
         name = identity_name(run_id)
         boundary = self.boundary()
         _, account, partition = self.caller()
-        policy = aws_head_policy(
-            run_id, account=account, partition=partition, parking_group=self.parking_group(region)
-        )
+        policy = aws_head_policy(run_id, account=account, partition=partition, parking_group=self.parking_group(region))
         try:
             self._create_missing(name, run_id, region, boundary, policy)
         except BaseException:
@@ -963,13 +974,24 @@ def policy_docs() -> str:
         [
             '#### AWS: the head\'s role (`aws_head_policy("RUN")`)',
             "",
+            "Rendered per run with your account and, for `DEFAULT_GROUP`, the id of the default security group of "
+            "the region's default VPC. When the run ends, its watchdog on the head leaves the run's security group "
+            "for that group (`ec2:ModifyInstanceAttribute`, only on the run's own instances), deletes the run's "
+            "group once the workers are gone, then ends its own identity, as its very last API calls: "
+            + ", ".join(f"`{a}`" for a in AWS_HEAD_END_ACTIONS)
+            + ", only on this run's role and instance profile, named by ARN; then it powers off (its shutdown "
+            "behaviour terminates it). Not `iam:DeleteRole`: IAM deletes no role that still has a policy, and "
+            "without it a role may do nothing, so the empty role is left to `rubberband down` and the orphan sweep.",
+            "",
             *_policy_block(aws_head_policy("RUN")),
             "",
             "#### AWS: rubberband's permissions boundary (`aws_boundary_policy()`)",
             "",
             f"The managed policy `{boundary_arn()}`, created once per account by an administrator "
             "(`python -m rubberband.cloud.aws.identity boundary` prints it as one line for `aws iam create-policy`); "
-            "every role rubberband creates carries it:",
+            "every role rubberband creates carries it. Of IAM it allows only the head's own end above, on the role "
+            "and instance profile named after the run the role is tagged with (nothing else of IAM), and denies any "
+            "IAM action outside rubberband's path outright:",
             "",
             *_policy_block(aws_boundary_policy()),
             "",

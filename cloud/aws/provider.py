@@ -634,9 +634,9 @@ class AwsProvider:
         deleted: builtins.list[str] = []
         problems: builtins.list[str] = []
         try:
-            reservations = self._call(
-                "DescribeInstances", lambda: self.ec2.describe_instances(InstanceIds=[head_id])
-            )["Reservations"]
+            reservations = self._call("DescribeInstances", lambda: self.ec2.describe_instances(InstanceIds=[head_id]))[
+                "Reservations"
+            ]
             (head,) = [raw for res in reservations for raw in res["Instances"]]
         except (CloudError, ValueError) as exc:
             return HeadReap(problems=[f"could not describe its head {head_id}: {exc}"])
