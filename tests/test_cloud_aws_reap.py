@@ -229,8 +229,8 @@ def test_the_heads_policy_allows_exactly_ending_its_own_role_and_profile():
     assert not any("*" in resource for _, resource in granted)
     # the head may move its run's own instances, into the VPC's default group alone
     by_sid = {st["Sid"]: st for st in policy["Statement"]}
-    assert by_sid["LeaveTheRunsGroupOnlyFromTheRunsInstances"]["Condition"] == {
-        "StringEquals": {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a"}
+    assert by_sid["OnlyTheRunsHeadLeavesTheRunsGroup"]["Condition"] == {
+        "StringEquals": {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a", f"ec2:ResourceTag/{TAG_ROLE}": "head"}
     }
     assert by_sid["ParkOnlyInTheVpcsDefaultGroup"]["Resource"] == f"arn:aws:ec2:*:{ACCOUNT}:security-group/{GROUP}"
     assert "ParkOnlyInTheVpcsDefaultGroup" not in {
@@ -286,12 +286,14 @@ def test_under_the_boundary_a_role_may_end_only_its_own_identity_and_widen_nothi
         assert decide(change, boundary_arn(ACCOUNT)) == "explicitDeny", change
     # leaving the group: only the run's own instance; with its own policy, only into the VPC's default group
     instance = f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0123456789abcdef0"
-    mine = {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a"}
-    theirs = {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-b"}
+    mine = {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a", f"ec2:ResourceTag/{TAG_ROLE}": "head"}
+    theirs = {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-b", f"ec2:ResourceTag/{TAG_ROLE}": "head"}
+    worker = {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-a", f"ec2:ResourceTag/{TAG_ROLE}": "worker"}
     group = f"arn:aws:ec2:{REGION}:{ACCOUNT}:security-group/{GROUP}"
     assert decide("ec2:ModifyInstanceAttribute", instance, mine) == "allowed"
     assert decide("ec2:ModifyInstanceAttribute", group) == "allowed"
     assert decide("ec2:ModifyInstanceAttribute", instance, theirs) != "allowed"
+    assert decide("ec2:ModifyInstanceAttribute", instance, worker) != "allowed"
     if holder == "head":
         other_group = f"arn:aws:ec2:{REGION}:{ACCOUNT}:security-group/{OTHER_GROUP}"
         assert decide("ec2:ModifyInstanceAttribute", other_group) != "allowed"

@@ -152,7 +152,7 @@ def test_a_role_under_the_boundary_can_do_no_more_than_its_runs_head():
         assert evaluate(action, resource, tagged, policies=[everything], boundary=boundary) == "explicitDeny"
     for action in ("s3:GetObject", "sts:AssumeRole", "secretsmanager:GetSecretValue"):
         assert evaluate(action, "*", tagged, policies=[everything], boundary=boundary) == "implicitDeny", action
-    # moving instances between groups: only the run's own (the head leaves its run's group at the end, issue 29)
+    # moving instances between groups: only the run's own head (it leaves its run's group at the end, issue 29)
     instance = f"arn:aws:ec2:us-east-1:{ACCOUNT}:instance/i-0123456789abcdef0"
     for on in ({}, {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-b"}):
         decision = evaluate(

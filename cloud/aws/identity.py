@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from rubberband.cloud.head_identity import HeadIdentity
-from rubberband.cloud.provider import PermissionCheck, TAG_HEARTBEAT, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
+from rubberband.cloud.provider import PermissionCheck, TAG_HEARTBEAT, TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE
 from rubberband.errors import CloudError, InputError, UnexpectedAnswer
 from rubberband.cloud.failover import CallContext, classify
 
@@ -157,8 +157,9 @@ def aws_head_policy(
     only with the run's tag, change and delete only the one carrying it. Reads (Describe*) cannot
     be narrowed by resource in EC2; the AMI lookup reads only the public Deep Learning parameters.
 
-    The run's end from its head (issue 29): move only the run's own instances, and only into ``parking_group`` (the
-    run's VPC's default group; None: the head may not leave the run's group), so that the run's group can go; then
+    The run's end from its head (issue 29): move only the run's own head (its run and role tags), and only into
+    ``parking_group`` (the run's VPC's default group; None: the head may not leave the run's group), so that the
+    run's group can go; then
     :data:`AWS_HEAD_END_ACTIONS` on this run's own role and instance profile alone, named by ARN (``account``,
     ``partition``): no other IAM action, no other role.
     """
@@ -167,11 +168,11 @@ def aws_head_policy(
     parking = (
         [
             {
-                "Sid": "LeaveTheRunsGroupOnlyFromTheRunsInstances",
+                "Sid": "OnlyTheRunsHeadLeavesTheRunsGroup",
                 "Effect": "Allow",
                 "Action": "ec2:ModifyInstanceAttribute",
                 "Resource": "arn:aws:ec2:*:*:instance/*",
-                "Condition": {"StringEquals": own},
+                "Condition": {"StringEquals": {**own, f"ec2:ResourceTag/{TAG_ROLE}": "head"}},
             },
             {
                 "Sid": "ParkOnlyInTheVpcsDefaultGroup",
@@ -976,7 +977,7 @@ def policy_docs() -> str:
             "",
             "Rendered per run with your account and, for `DEFAULT_GROUP`, the id of the default security group of "
             "the region's default VPC. When the run ends, its watchdog on the head leaves the run's security group "
-            "for that group (`ec2:ModifyInstanceAttribute`, only on the run's own instances), deletes the run's "
+            "for that group (`ec2:ModifyInstanceAttribute`, only on the run's own head), deletes the run's "
             "group once the workers are gone, then ends its own identity, as its very last API calls: "
             + ", ".join(f"`{a}`" for a in AWS_HEAD_END_ACTIONS)
             + ", only on this run's role and instance profile, named by ARN; then it powers off (its shutdown "
