@@ -13,7 +13,9 @@ and then the head itself when
 * the head has lived ``max_lifetime_s`` (hard cap).
 
 :func:`decide` is a pure function of an :class:`Observation`; :func:`self_terminate` does the
-calls; :func:`watch` loops them. Workers add their own safety net (bootstrap.py): one that
+calls (on EC2 the head also leaves and deletes the run's security group and ends its own per-run role before it
+powers off: :meth:`~rubberband.cloud.aws.provider.AwsProvider.reap_from_head`); :func:`watch` loops them. Workers
+add their own safety net (bootstrap.py): one that
 cannot reach its head for a while shuts down, and an instance-initiated shutdown terminates
 an EC2 instance.
 """

@@ -8,7 +8,10 @@ Workers get no identity, so the role needs no ``iam:PassRole``. The role is crea
 boundary (:func:`aws_boundary_policy`, a managed policy an administrator creates once per account), and the CLI's
 own IAM rights (:func:`aws_creator_policy`) allow creating a role only under it: holding them never lets anyone make
 a role that does more than a run's head. :meth:`AwsIdentities.delete` removes it once the run's instances are gone
-(``end_run``, ``rubberband down``, the orphan sweep), found by its path and tag, never by name alone.
+(``end_run``, ``rubberband down``, the orphan sweep), found by its path and tag, never by name alone. When the run's
+own watchdog ends the run, the head ends what it can of its identity itself (:meth:`AwsIdentities.end_own`: the
+instance profile, then the role's policy as its very last call; issue 29), leaving an empty role for the sweep: no
+role can delete itself.
 
 The dry run's checks (:meth:`AwsIdentities.check_profile`, :meth:`AwsIdentities.check_creator`): the named profile
 exists and may do what the run needs (``iam:GetInstanceProfile`` + ``iam:SimulatePrincipalPolicy`` with the run's

@@ -6,7 +6,8 @@
   managed marker; IMDSv2 is required (hop limit 1); an instance-initiated shutdown terminates it.
 * One security group per run: all TCP between members of the group (Ray, object
   transfer, torch DDP pick ports freely) and SSH only from a CIDR the user gives.
-  :meth:`AwsProvider.cleanup_run` deletes it once the run's instances are gone. The group is found by
+  :meth:`AwsProvider.cleanup_run` deletes it once the run's instances are gone, or the head itself does at the
+  run's end (:meth:`AwsProvider.reap_from_head`: it moves out of the group first). The group is found by
   its exact run tag, never by its name (a look-alike group of a user is never reused nor deleted).
 * Errors are classified by :func:`rubberband.cloud.failover.classify`; transient ones are
   retried here with bounded backoff, reusing the request's ``ClientToken`` so that a retry
