@@ -13,7 +13,9 @@ and then the head itself when
 * the head has lived ``max_lifetime_s`` (hard cap).
 
 :func:`decide` is a pure function of an :class:`Observation`; :func:`self_terminate` does the
-calls; :func:`watch` loops them. Workers add their own safety net (bootstrap.py): one that
+calls (on EC2 the head also leaves and deletes the run's security group and ends its own per-run role before it
+powers off: :meth:`~rubberband.cloud.aws.provider.AwsProvider.reap_from_head`); :func:`watch` loops them. Workers
+add their own safety net (bootstrap.py): one that
 cannot reach its head for a while shuts down, and an instance-initiated shutdown terminates
 an EC2 instance.
 """
@@ -44,7 +46,14 @@ from rubberband.cloud.boot_dialect import BootDialect, ScriptBooted
 from rubberband.cloud.failover import provision_with_failover
 from rubberband import catalog
 from rubberband.clouds import cloud as cloud_facts
-from rubberband.cloud.provider import TAG_ROLE, CleansUpRuns, Instance, InstanceRequest, Provider
+from rubberband.cloud.provider import (
+    TAG_ROLE,
+    CleansUpRuns,
+    Instance,
+    InstanceRequest,
+    Provider,
+    ReapsFromItsHead,
+)
 from rubberband.errors import CloudError, InputError
 from rubberband.devices import node_resources
 
@@ -240,6 +249,10 @@ def self_terminate(
 ) -> list[Instance]:
     """Terminate every worker of the run, its run-level resources where possible, then the head.
 
+    Where the provider :class:`~rubberband.cloud.provider.ReapsFromItsHead` (EC2), the head then leaves and deletes
+    what only it can (the run's security group; its own per-run role's profile and policy, as its very last API
+    calls) and, with its rights gone, powers off instead of terminating itself through the API.
+
     Every API call has a fallback: a failed listing or worker termination is logged and the head
     still ends itself (its workers then power off on their own: their node watchdog loses the head);
     if the head cannot terminate itself through the API, it shuts down (on AWS an
@@ -262,7 +275,21 @@ def self_terminate(
                 "could not terminate the workers of run %s (%s); they power off once the head is gone", run_id, exc
             )
             workers = []
-    if isinstance(provider, CleansUpRuns) and not cloud_facts(provider.cloud).resources_after_head:
+    if isinstance(provider, ReapsFromItsHead):
+        try:
+            reaped = provider.reap_from_head(run_id, head_id)
+        except Exception as exc:  # noqa: BLE001 - the head must still end
+            log.warning("could not end the resources of run %s from its head: %s", run_id, exc)
+        else:
+            if reaped.deleted:
+                log.info("the head deleted run %s's %s", run_id, ", ".join(reaped.deleted))
+            for problem in reaped.problems:
+                log.warning("run %s: %s (left to `rubberband down`)", run_id, problem)
+            if reaped.powerless:  # its own rights are gone: no API call is left to it, only the power-off
+                log.info("powering the head %s off (its shutdown behaviour terminates it)", head_id)
+                shutdown()
+                return workers
+    elif isinstance(provider, CleansUpRuns) and not cloud_facts(provider.cloud).resources_after_head:
         try:
             provider.cleanup_run(run_id, 60.0)
         except Exception as exc:  # noqa: BLE001

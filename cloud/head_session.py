@@ -488,7 +488,8 @@ class HeadSession:
         """Start the head's watchdog as a Ray job (it runs the shipped rubberband); see :mod:`rubberband.cloud.head`.
 
         Until it runs, the head's boot script ends an unsubmitted head itself; the watchdog asks that
-        script to power off (``--poweroff-marker``) when it cannot terminate the head through the API."""
+        script to power off (``--poweroff-marker``) when it cannot terminate the head through the API, or when it
+        ended the head's own rights (:class:`~rubberband.cloud.provider.ReapsFromItsHead`)."""
         from rubberband.cloud.shipping import job_runtime_env
 
         words = [

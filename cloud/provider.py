@@ -201,6 +201,28 @@ class FindsLeftoverRuns(Protocol):
         """Runs whose run-level resources outlived their instances (to ``cleanup_run``)."""
 
 
+@dataclass(frozen=True)
+class HeadReap:
+    """What a head's own end of its run (:class:`ReapsFromItsHead`) deleted, and whether the head may still call its
+    cloud's API afterwards (``powerless``: it deleted its own rights, so it can only power off)."""
+
+    deleted: builtins.list[str] = field(default_factory=builtins.list)
+    powerless: bool = False
+    problems: builtins.list[str] = field(default_factory=builtins.list)  # what it could not delete, and why
+
+
+@runtime_checkable
+class ReapsFromItsHead(Protocol):
+    """Capability: the run-level resources only the run's head can end, because they can go only once the head has
+    left them or once nothing else of the run is left to delete them (EC2: the run's security group, which cannot
+    go while the head's own interface is in it, and the head's per-run role). The head's watchdog calls it after
+    terminating the workers; a ``powerless`` head then powers off instead of terminating itself through the API."""
+
+    def reap_from_head(self, run_id: str, head_id: str, timeout_s: float = 300.0) -> HeadReap:
+        """Leave and delete the run's resources that outlive the workers, from the head ``head_id``; never raises
+        for a cloud error (it says what it could not do in :attr:`HeadReap.problems`)."""
+
+
 @runtime_checkable
 class CloudProvider(
     Provider, DescribesInstances, ReadsConsoles, ProbesPermissions, CleansUpRuns, FindsLeftoverRuns, Protocol

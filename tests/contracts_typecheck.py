@@ -15,7 +15,7 @@ from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.cloud.head_run import OnHeadCloudBackend
 from rubberband.cloud.local.provider import LocalProvider
 from rubberband.cloud.local_head import LocalHeadCloudBackend
-from rubberband.cloud.provider import CloudProvider
+from rubberband.cloud.provider import CloudProvider, ReapsFromItsHead
 from rubberband.executor.backends import make_backend
 from rubberband.executor.cluster import Cluster, NoticeWatching, RayCluster, SideCall
 from rubberband.executor.notices import NoticeWatchers
@@ -34,6 +34,11 @@ def every_backend(run_dir: Path) -> list[ExecutorBackend]:
 def every_cloud_provider() -> list[CloudProvider]:
     """The real clouds' providers declare every capability beyond the four calls (``CloudProvider``)."""
     return [AwsProvider("us-east-1"), GcpProvider("us-central1")]
+
+
+def every_head_reaper() -> list[ReapsFromItsHead]:
+    """The providers whose heads end what only they can (issue 29: the run's security group, the head's role)."""
+    return [AwsProvider("us-east-1")]
 
 
 def the_simulated_backend(world: SimWorld, backend: SimBackend) -> ExecutorBackend:

@@ -25,6 +25,7 @@ reports that instance running — as terminating a real head ends everything on 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -160,9 +161,11 @@ def wait_head_gone(instance_id: str, timeout_s: float = 60.0) -> bool:
 
 def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings: WatchdogSettings) -> None:
     """What the head's startup script does, on this machine: a Ray head with its job server on 127.0.0.1,
-    the watchdog; and what the instance's end does: once the provider no longer reports it running
-    (terminated by the CLI, ``down`` or the watchdog), stop every Ray node of it and remove its disk."""
-    from rubberband.cloud.bootstrap import HEAD_ID_ENV, RUN_ROOT_ENV, TOKEN_FILE
+    the watchdog; its node watchdog's power-off when the run watchdog leaves its ``POWEROFF`` marker (played as
+    what the power-off does to the instance: EC2 terminates it, the GCP node watchdog deletes it); and what the
+    instance's end does: once the provider no longer reports it running (terminated by the CLI, ``down``, the
+    watchdog or its power-off), stop every Ray node of it and remove its disk."""
+    from rubberband.cloud.bootstrap import HEAD_ID_ENV, POWEROFF_MARKER, RUN_ROOT_ENV, TOKEN_FILE, cloud_run_id
     from rubberband.cloud.local.provider import LocalProvider
     from rubberband.net import free_port
     from rubberband.cloud.registry import make_provider
@@ -197,8 +200,12 @@ def serve_head(cloud: str, region: str, run_id: str, instance_id: str, settings:
         else:  # a real head without one gets no credentials from its metadata server: it could do nothing
             (disk / HEAD_FAILED_FILE).write_text(f"the instance has no identity: it cannot call the {cloud} API\n")
         last_answer = time.monotonic()
+        marker = run_root / cloud_run_id(run_id) / POWEROFF_MARKER
         while True:
             time.sleep(0.5)
+            if marker.exists():  # the node watchdog powers the head off: the instance ends
+                with contextlib.suppress(Exception):
+                    provider.terminate([instance_id])
             try:
                 running = any(i.id == instance_id and i.alive for i in provider.list(run_id))
                 last_answer = time.monotonic()

@@ -84,9 +84,13 @@ def assert_nothing_left(head_id: str) -> None:
     assert iam.list_roles()["Roles"] == [] and iam.list_instance_profiles()["InstanceProfiles"] == []
 
 
+def moto_groups() -> list[dict]:
+    return boto3.client("ec2", region_name=REGION).describe_security_groups()["SecurityGroups"]
+
+
 def assert_nothing_left_but_the_group(head_id: str) -> None:
-    """No instance in moto, no played head (Ray processes, disk). (A head that ended itself cannot delete its
-    AWS security group while it is in it, nor the role it acts with: `down` or the orphan sweep does; they cost
+    """No instance in moto, no played head (Ray processes, disk). (A head whose run ends otherwise than by its own
+    watchdog leaves its AWS security group and role to the CLI: `end_run`, `down` or the orphan sweep; they cost
     nothing.)"""
     assert_played_head_gone(head_id)
     assert moto_instances() == []
@@ -132,11 +136,13 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
         assert record.identity == f"rb-{record.cloud_run_id}" and record.identity_created
         assert head["IamInstanceProfile"]["Arn"].endswith(f"instance-profile/rubberband/{record.identity}")
         assert all("IamInstanceProfile" not in i for i in moto_instances() if i["InstanceId"] != head["InstanceId"])
-        from rubberband.cloud.aws.identity import aws_head_policy
+        from rubberband.cloud.aws.identity import AwsIdentities, aws_head_policy
 
         assert boto3.client("iam").get_role_policy(RoleName=record.identity, PolicyName="rubberband-head")[
             "PolicyDocument"
-        ] == aws_head_policy(record.cloud_run_id)
+        ] == aws_head_policy(
+            record.cloud_run_id, account="123456789012", parking_group=AwsIdentities().parking_group(record.region)
+        )
         # the job as the head's job server holds it: entrypoint and runtime_env, and the head's user-data
         from ray.job_submission import JobSubmissionClient
 
@@ -243,10 +249,16 @@ def test_detached_run_ends_itself_with_nothing_left(cli, tmp_path, moto_env):
             assert time.monotonic() < deadline, moto_instances()
             time.sleep(0.5)
         assert_nothing_left_but_the_group(record.instance_id)
-        # the head could not delete the security group it was in: `down RUN_DIR` finds the run by its head.json
+        # the head left its security group and deleted it, then ended its instance profile and its role's policy
+        # and powered off (issue 29); the empty role, which no role can delete itself, is left to `down RUN_DIR`,
+        # which finds the run by its head.json and the role by its tag
+        assert [g["GroupName"] for g in moto_groups() if g["GroupName"] != "default"] == []
+        iam = boto3.client("iam")
+        assert iam.list_instance_profiles()["InstanceProfiles"] == []
+        assert iam.list_role_policies(RoleName=f"rb-{record.cloud_run_id}")["PolicyNames"] == []
         down = cli("down", run_dir, "--cloud", "aws", env=env)
         assert down.returncode == 0, down.stderr
-        assert "deleted aws sg-" in down.stdout and record.cloud_run_id in down.stdout
+        assert "deleted aws sg-" not in down.stdout
         assert f"deleted aws role/rb-{record.cloud_run_id}" in down.stdout  # the head's role, found by its tag
         assert_nothing_left(record.instance_id)
         late = cli("run", "--attach", run_dir, env=env, timeout=60, test_boot="local")  # too late: says so at once

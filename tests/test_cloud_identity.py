@@ -22,7 +22,14 @@ from gce_fake import gce_fake  # noqa: F401
 from rubberband.cloud.aws.provider import AwsProvider
 from rubberband.cloud.head import HeadBoot, provision_head
 from rubberband.cloud.gcp.identity import GCP_HEAD_PERMISSIONS, GcpIdentities
-from rubberband.cloud.aws.identity import IAM_PATH, AwsIdentities, aws_head_actions, aws_head_denials, aws_head_policy
+from rubberband.cloud.aws.identity import (
+    AWS_HEAD_END_ACTIONS,
+    IAM_PATH,
+    AwsIdentities,
+    aws_head_actions,
+    aws_head_denials,
+    aws_head_policy,
+)
 from rubberband.cloud.head_identity import launch_with_new_identity
 from rubberband.cloud.head_session import HeadOptions
 from rubberband.cloud.registry import head_mode
@@ -32,12 +39,22 @@ from rubberband.errors import CloudError, InputError
 
 def test_the_head_policy_is_least_privilege():
     """Every action that creates, changes or ends something is conditioned on the run's own tag; reads are the only
-    unconditioned EC2 actions; no IAM action at all (workers get no identity: no iam:PassRole)."""
+    unconditioned EC2 actions; of IAM only the head's end of its own role and profile, named by ARN
+    (tests/test_cloud_aws_reap.py), and no iam:PassRole (workers get no identity)."""
     policy = aws_head_policy("run-a")
     statements = policy["Statement"]
     for st in statements:
         actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
-        assert st["Effect"] == "Allow" and not any(a.startswith("iam:") or a.endswith("*") for a in actions)
+        assert st["Effect"] == "Allow" and not any(a.endswith("*") for a in actions)
+        if st["Sid"] in ("EndOnlyItsOwnInstanceProfile", "EndOnlyItsOwnRolesPolicyLast"):
+            assert set(actions) <= set(AWS_HEAD_END_ACTIONS) and st["Resource"].endswith("/rubberband/rb-run-a")
+            continue
+        assert not any(a.startswith("iam:") for a in actions)
+        if st["Sid"] == "ParkOnlyInTheVpcsDefaultGroup":  # the VPC's default group, by id (rendered per run)
+            assert actions == ["ec2:ModifyInstanceAttribute"] and st["Resource"].endswith(
+                "security-group/DEFAULT_GROUP"
+            )
+            continue
         if st["Sid"] in ("Read", "FindTheImage", "LaunchFromImagesAndSubnets", "CreateTheGroupInAVpc"):
             assert all(
                 a.startswith(("ec2:Describe", "ssm:Get", "ec2:RunInstances", "ec2:CreateSecurityGroup"))
@@ -133,8 +150,15 @@ def test_a_role_under_the_boundary_can_do_no_more_than_its_runs_head():
         ("iam:CreatePolicyVersion", boundary_arn(ACCOUNT)),
     ]:
         assert evaluate(action, resource, tagged, policies=[everything], boundary=boundary) == "explicitDeny"
-    for action in ("s3:GetObject", "sts:AssumeRole", "ec2:ModifyInstanceAttribute", "secretsmanager:GetSecretValue"):
+    for action in ("s3:GetObject", "sts:AssumeRole", "secretsmanager:GetSecretValue"):
         assert evaluate(action, "*", tagged, policies=[everything], boundary=boundary) == "implicitDeny", action
+    # moving instances between groups: only the run's own head (it leaves its run's group at the end, issue 29)
+    instance = f"arn:aws:ec2:us-east-1:{ACCOUNT}:instance/i-0123456789abcdef0"
+    for on in ({}, {f"ec2:ResourceTag/{TAG_RUN_ID}": "run-b"}):
+        decision = evaluate(
+            "ec2:ModifyInstanceAttribute", instance, {**tagged, **on}, policies=[everything], boundary=boundary
+        )
+        assert decision == "implicitDeny", on
     for policies in ([everything], [aws_head_policy("run-a")]):
         for action, context in aws_head_actions("run-a"):
             assert evaluate(action, "*", {**tagged, **context}, policies=policies, boundary=boundary) == "allowed"
@@ -228,8 +252,9 @@ def test_a_role_is_created_for_the_run_found_by_its_tag_and_deleted(moto_env):
         "Service": "ec2.amazonaws.com"
     }
     assert iam.get_role_policy(RoleName="rb-run-b", PolicyName="rubberband-head")["PolicyDocument"] == aws_head_policy(
-        "run-b"
+        "run-b", account=ACCOUNT, parking_group=identities.parking_group(REGION)
     )
+    assert identities.parking_group(REGION)  # the region's default VPC's default group, named by its id
     profile = iam.get_instance_profile(InstanceProfileName="rb-run-b")["InstanceProfile"]
     assert [r["RoleName"] for r in profile["Roles"]] == ["rb-run-b"]
     assert {t["Key"]: t["Value"] for t in profile["Tags"]}[TAG_RUN_ID] == "run-b"

@@ -8,7 +8,10 @@ Workers get no identity, so the role needs no ``iam:PassRole``. The role is crea
 boundary (:func:`aws_boundary_policy`, a managed policy an administrator creates once per account), and the CLI's
 own IAM rights (:func:`aws_creator_policy`) allow creating a role only under it: holding them never lets anyone make
 a role that does more than a run's head. :meth:`AwsIdentities.delete` removes it once the run's instances are gone
-(``end_run``, ``rubberband down``, the orphan sweep), found by its path and tag, never by name alone.
+(``end_run``, ``rubberband down``, the orphan sweep), found by its path and tag, never by name alone. When the run's
+own watchdog ends the run, the head ends what it can of its identity itself (:meth:`AwsIdentities.end_own`: the
+instance profile, then the role's policy as its very last call; issue 29), leaving an empty role for the sweep: no
+role can delete itself.
 
 The dry run's checks (:meth:`AwsIdentities.check_profile`, :meth:`AwsIdentities.check_creator`): the named profile
 exists and may do what the run needs (``iam:GetInstanceProfile`` + ``iam:SimulatePrincipalPolicy`` with the run's
@@ -26,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from rubberband.cloud.head_identity import HeadIdentity
-from rubberband.cloud.provider import PermissionCheck, TAG_HEARTBEAT, TAG_MANAGED, TAG_RUN_ID, TAG_STAGE
+from rubberband.cloud.provider import PermissionCheck, TAG_HEARTBEAT, TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE
 from rubberband.errors import CloudError, InputError, UnexpectedAnswer
 from rubberband.cloud.failover import CallContext, classify
 
@@ -101,17 +104,103 @@ def identity_name(run_id: str) -> str:
     return f"rb-{run_id}"[:64]
 
 
-def aws_head_policy(run_id: str) -> dict[str, Any]:
-    """The head's least-privilege IAM policy for one run (pure; docs/clouds.md prints it for ``RUN``).
+#: The name of the inline policy (:func:`aws_head_policy`) of the role rubberband creates for a run.
+HEAD_POLICY_NAME = "rubberband-head"
+#: The only IAM actions a run's head is allowed, on its own run's role and instance profile alone, in this order: the
+#: run's end from its head (:meth:`AwsIdentities.end_own`). Not ``iam:DeleteRole``: IAM refuses to delete a role
+#: that still has an inline policy, and once the policy is gone the role may do nothing, so no role can ever
+#: delete itself; the CLI (``rubberband down``, the orphan sweep) deletes the empty role the head leaves.
+AWS_HEAD_END_ACTIONS = ("iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile", "iam:DeleteRolePolicy")
+#: Every IAM action that creates, widens, re-tags or passes a role or instance profile (or deletes a role): denied
+#: explicitly on rubberband's path by its boundary, whose IAM exception is :data:`AWS_HEAD_END_ACTIONS` alone.
+AWS_ROLE_WIDENING = (
+    "iam:Create*",
+    "iam:Put*",
+    "iam:Attach*",
+    "iam:Detach*",
+    "iam:Update*",
+    "iam:Tag*",
+    "iam:Untag*",
+    "iam:PassRole",
+    "iam:AddRoleToInstanceProfile",
+    "iam:DeleteRole",
+    "iam:DeleteRolePermissionsBoundary",
+)
+#: What the head's policy names as the group it parks its own instance in before it deletes the run's group, in
+#: the policy the docs print: the run's VPC's default security group (rendered per run by :meth:`AwsIdentities.create`).
+PARKING_PLACEHOLDER = "DEFAULT_GROUP"
+
+
+def role_arn(run_id: str, account: str = "ACCOUNT", partition: str = "aws") -> str:
+    """The ARN of the role rubberband creates for ``run_id`` (path :data:`IAM_PATH`)."""
+    return f"arn:{partition}:iam::{account}:role{IAM_PATH}{identity_name(run_id)}"
+
+
+def profile_arn(run_id: str, account: str = "ACCOUNT", partition: str = "aws") -> str:
+    """The ARN of the instance profile rubberband creates for ``run_id`` (path :data:`IAM_PATH`)."""
+    return f"arn:{partition}:iam::{account}:instance-profile{IAM_PATH}{identity_name(run_id)}"
+
+
+def is_own_profile(arn: str, run_id: str) -> bool:
+    """Whether an instance's profile ARN is the one rubberband created for ``run_id`` (not a ``--instance-profile``
+    of the user's, which the head never touches)."""
+    parts = arn.split(":")
+    return len(parts) == 6 and parts[2] == "iam" and arn == profile_arn(run_id, parts[4], parts[1])
+
+
+def aws_head_policy(
+    run_id: str, *, account: str = "ACCOUNT", partition: str = "aws", parking_group: str | None = PARKING_PLACEHOLDER
+) -> dict[str, Any]:
+    """The head's least-privilege IAM policy for one run (pure; docs/clouds.md prints it for ``RUN``, ``ACCOUNT``
+    and :data:`PARKING_PLACEHOLDER`; :meth:`AwsIdentities.create` renders it with the real ones).
 
     Launch: only instances and volumes tagged with the run id at creation, only into the run's
     own security group. Terminate / re-tag: only instances carrying the run id, and a re-tag may
     change the stage and heartbeat tags alone (never the run id or the managed marker). Security group: create it
     only with the run's tag, change and delete only the one carrying it. Reads (Describe*) cannot
     be narrowed by resource in EC2; the AMI lookup reads only the public Deep Learning parameters.
+
+    The run's end from its head (issue 29): move only the run's own head (its run and role tags), and only into
+    ``parking_group`` (the run's VPC's default group; None: the head may not leave the run's group), so that the
+    run's group can go; then
+    :data:`AWS_HEAD_END_ACTIONS` on this run's own role and instance profile alone, named by ARN (``account``,
+    ``partition``): no other IAM action, no other role.
     """
     run = {f"aws:RequestTag/{TAG_RUN_ID}": run_id, f"aws:RequestTag/{TAG_MANAGED}": "true"}
     own = {f"ec2:ResourceTag/{TAG_RUN_ID}": run_id}
+    parking = (
+        [
+            {
+                "Sid": "OnlyTheRunsHeadLeavesTheRunsGroup",
+                "Effect": "Allow",
+                "Action": "ec2:ModifyInstanceAttribute",
+                "Resource": "arn:aws:ec2:*:*:instance/*",
+                "Condition": {"StringEquals": {**own, f"ec2:ResourceTag/{TAG_ROLE}": "head"}},
+            },
+            {
+                "Sid": "ParkOnlyInTheVpcsDefaultGroup",
+                "Effect": "Allow",
+                "Action": "ec2:ModifyInstanceAttribute",
+                "Resource": f"arn:aws:ec2:*:{account}:security-group/{parking_group}",
+            },
+        ]
+        if parking_group
+        else []
+    )
+    end = [
+        {
+            "Sid": "EndOnlyItsOwnInstanceProfile",
+            "Effect": "Allow",
+            "Action": ["iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
+            "Resource": profile_arn(run_id, account, partition),
+        },
+        {
+            "Sid": "EndOnlyItsOwnRolesPolicyLast",
+            "Effect": "Allow",
+            "Action": "iam:DeleteRolePolicy",
+            "Resource": role_arn(run_id, account, partition),
+        },
+    ]
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -202,6 +291,8 @@ def aws_head_policy(run_id: str) -> dict[str, Any]:
                 "Resource": "arn:aws:ec2:*:*:security-group/*",
                 "Condition": {"StringEquals": own},
             },
+            *parking,
+            *end,
         ],
     }
 
@@ -216,12 +307,22 @@ def aws_boundary_policy() -> dict[str, Any]:
     do, whatever policy it is given.
 
     It is :func:`aws_head_policy` for the run the role is tagged with (``${aws:PrincipalTag/rubberband-run-id}``:
-    one boundary serves every run), so a role under it acts on its own run's instances and group alone, and it
-    denies every IAM action outright: no role under it can create, change or pass a role, nor touch a boundary. A
-    role not tagged with a run id matches no condition here and may only read."""
-    head = aws_head_policy(f"${{aws:PrincipalTag/{TAG_RUN_ID}}}")
-    deny = {"Sid": "NoIamAtAll", "Effect": "Deny", "Action": "iam:*", "Resource": "*"}
-    return {"Version": "2012-10-17", "Statement": [*head["Statement"], deny]}
+    one boundary serves every run), so a role under it acts on its own run's instances and group alone. Of IAM it
+    allows only the head's own end (:data:`AWS_HEAD_END_ACTIONS`, on the role and instance profile named after the
+    run it is tagged with) and nothing else; it denies outright any IAM action outside rubberband's path and, on it,
+    :data:`AWS_ROLE_WIDENING`: no role under it can create, change, tag or pass a role, widen a policy, nor touch a
+    boundary. A role not tagged with a run id matches no condition
+    and names no role here, and may only read."""
+    head = aws_head_policy(f"${{aws:PrincipalTag/{TAG_RUN_ID}}}", account="*", parking_group="*")
+    ours = [f"arn:aws:iam::*:role{IAM_PATH}*", f"arn:aws:iam::*:instance-profile{IAM_PATH}*"]
+    # on its roles and profiles the boundary allows the three deletions on the run's own ARNs and nothing else; the
+    # ways to create or widen a role are denied there explicitly too, by name (a deny by NotAction would also hit
+    # every EC2 action simulated on the resource ``*``, as the dry run does)
+    deny = [
+        {"Sid": "NoIamOutsideRubberbandsPath", "Effect": "Deny", "Action": "iam:*", "NotResource": ours},
+        {"Sid": "NeverCreateOrWidenARole", "Effect": "Deny", "Action": list(AWS_ROLE_WIDENING), "Resource": ours},
+    ]
+    return {"Version": "2012-10-17", "Statement": [*head["Statement"], *deny]}
 
 
 def aws_creator_policy(account: str = "ACCOUNT", partition: str = "aws") -> dict[str, Any]:
@@ -411,6 +512,18 @@ def aws_head_denials(run_id: str) -> list[tuple[str, dict[str, str], str]]:
     ]
 
 
+def default_group(call: Callable[[str, Callable[[], Any]], Any], ec2: Any, vpc_id: str) -> str | None:
+    """The id of ``vpc_id``'s default security group (every VPC has one, named ``default``), through ``call`` (the
+    caller's error classification); None when EC2 lists none."""
+    groups = call(
+        "ec2:DescribeSecurityGroups",
+        lambda: ec2.describe_security_groups(
+            Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "group-name", "Values": ["default"]}]
+        ),
+    )["SecurityGroups"]
+    return groups[0]["GroupId"] if groups else None
+
+
 def _tags(run_id: str, region: str) -> list[dict[str, str]]:
     return [
         {"Key": TAG_MANAGED, "Value": "true"},
@@ -430,7 +543,9 @@ class AwsIdentities:
         from rubberband.cloud.aws.session import new_session
 
         self.session = session or new_session()
+        self.endpoint_url = endpoint_url
         config = Config(retries={"total_max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=60)
+        self.config = config
         self.iam = self.session.client("iam", endpoint_url=endpoint_url, config=config)
         # STS at its own endpoint (IAM's would not answer GetCallerIdentity), or at the one given for both (tests)
         self.sts = self.session.client("sts", endpoint_url=endpoint_url, config=config)
@@ -499,14 +614,28 @@ class AwsIdentities:
         :class:`~rubberband.errors.InputError` before anything is created."""
         name = identity_name(run_id)
         boundary = self.boundary()
+        _, account, partition = self.caller()
+        policy = aws_head_policy(run_id, account=account, partition=partition, parking_group=self.parking_group(region))
         try:
-            self._create_missing(name, run_id, region, boundary)
+            self._create_missing(name, run_id, region, boundary, policy)
         except BaseException:
             self.delete(run_id)
             raise
         return HeadIdentity("aws", name, created=True)
 
-    def _create_missing(self, name: str, run_id: str, region: str, boundary: str) -> None:
+    def parking_group(self, region: str) -> str | None:
+        """The default security group of ``region``'s default VPC (where the run's instances go): the one group the
+        head may move its own instance into, to leave the run's group before deleting it; None: no default VPC
+        (the head then leaves the run's group to the CLI)."""
+        ec2 = self.session.client("ec2", region_name=region, endpoint_url=self.endpoint_url, config=self.config)
+        vpcs = self._call(
+            "ec2:DescribeVpcs", lambda: ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])
+        )["Vpcs"]
+        if not vpcs:
+            return None
+        return default_group(self._call, ec2, vpcs[0]["VpcId"])
+
+    def _create_missing(self, name: str, run_id: str, region: str, boundary: str, policy: dict[str, Any]) -> None:
         try:
             self._call(
                 "CreateRole",
@@ -526,7 +655,7 @@ class AwsIdentities:
         self._call(
             "PutRolePolicy",
             lambda: self.iam.put_role_policy(
-                RoleName=name, PolicyName="rubberband-head", PolicyDocument=json.dumps(aws_head_policy(run_id))
+                RoleName=name, PolicyName=HEAD_POLICY_NAME, PolicyDocument=json.dumps(policy)
             ),
         )
         try:
@@ -633,6 +762,42 @@ class AwsIdentities:
             gone("DeleteRolePolicy", lambda: self.iam.delete_role_policy(RoleName=name, PolicyName=policy))
         if gone("DeleteRole", lambda: self.iam.delete_role(RoleName=name)):
             deleted.append(f"role/{name}")
+        return deleted
+
+    def end_own(self, run_id: str) -> list[str]:
+        """The run's end of its own identity, called by its head with that identity (:data:`AWS_HEAD_END_ACTIONS`,
+        in this order): take the role out of the run's instance profile, delete the profile, and as the very last
+        call delete the role's inline policy, the one that allowed all of this, leaving a role that may do nothing.
+
+        That role itself stays: IAM deletes no role that still has a policy, and without its policy a role may not
+        delete anything, itself included; the CLI deletes it (``rubberband down``, the orphan sweep, which find it
+        by its tag). What was already gone (the CLI ended the run meanwhile) is skipped; the first other error
+        propagates, before the policy is deleted, so a head that could not finish keeps its rights."""
+        name, deleted = identity_name(run_id), []
+        steps: list[tuple[str, str, Callable[[], Any]]] = [
+            (
+                "RemoveRoleFromInstanceProfile",
+                f"role/{name} from instance-profile/{name}",
+                lambda: self.iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=name),
+            ),
+            (
+                "DeleteInstanceProfile",
+                f"instance-profile/{name}",
+                lambda: self.iam.delete_instance_profile(InstanceProfileName=name),
+            ),
+            (
+                "DeleteRolePolicy",
+                f"role-policy/{name}/{HEAD_POLICY_NAME}",
+                lambda: self.iam.delete_role_policy(RoleName=name, PolicyName=HEAD_POLICY_NAME),
+            ),
+        ]
+        for action, what, call in steps:
+            try:
+                self._call(action, call)
+                deleted.append(what)
+            except CloudError as exc:
+                if exc.code != "NoSuchEntity":
+                    raise
         return deleted
 
     def leftover_runs(
@@ -813,13 +978,24 @@ def policy_docs() -> str:
         [
             '#### AWS: the head\'s role (`aws_head_policy("RUN")`)',
             "",
+            "Rendered per run with your account and, for `DEFAULT_GROUP`, the id of the default security group of "
+            "the region's default VPC. When the run ends, its watchdog on the head leaves the run's security group "
+            "for that group (`ec2:ModifyInstanceAttribute`, only on the run's own head), deletes the run's "
+            "group once the workers are gone, then ends its own identity, as its very last API calls: "
+            + ", ".join(f"`{a}`" for a in AWS_HEAD_END_ACTIONS)
+            + ", only on this run's role and instance profile, named by ARN; then it powers off (its shutdown "
+            "behaviour terminates it). Not `iam:DeleteRole`: IAM deletes no role that still has a policy, and "
+            "without it a role may do nothing, so the empty role is left to `rubberband down` and the orphan sweep.",
+            "",
             *_policy_block(aws_head_policy("RUN")),
             "",
             "#### AWS: rubberband's permissions boundary (`aws_boundary_policy()`)",
             "",
             f"The managed policy `{boundary_arn()}`, created once per account by an administrator "
             "(`python -m rubberband.cloud.aws.identity boundary` prints it as one line for `aws iam create-policy`); "
-            "every role rubberband creates carries it:",
+            "every role rubberband creates carries it. Of IAM it allows only the head's own end above, on the role "
+            "and instance profile named after the run the role is tagged with (nothing else of IAM), and denies any "
+            "IAM action outside rubberband's path outright:",
             "",
             *_policy_block(aws_boundary_policy()),
             "",

@@ -6,7 +6,8 @@
   managed marker; IMDSv2 is required (hop limit 1); an instance-initiated shutdown terminates it.
 * One security group per run: all TCP between members of the group (Ray, object
   transfer, torch DDP pick ports freely) and SSH only from a CIDR the user gives.
-  :meth:`AwsProvider.cleanup_run` deletes it once the run's instances are gone. The group is found by
+  :meth:`AwsProvider.cleanup_run` deletes it once the run's instances are gone, or the head itself does at the
+  run's end (:meth:`AwsProvider.reap_from_head`: it moves out of the group first). The group is found by
   its exact run tag, never by its name (a look-alike group of a user is never reused nor deleted).
 * Errors are classified by :func:`rubberband.cloud.failover.classify`; transient ones are
   retried here with bounded backoff, reusing the request's ``ClientToken`` so that a retry
@@ -40,6 +41,7 @@ from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
 from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.failover import CallContext, RetryPolicy, call_with_retry, classify
 from rubberband.cloud.provider import (
+    HeadReap,
     PermissionCheck,
     TAG_CREATED,
     TAG_MANAGED,
@@ -613,6 +615,68 @@ class AwsProvider:
                     where=Location(region=self.region),
                 )
             time.sleep(self.poll_s)
+
+    # -- the run's end from its head ------------------------------------------------------------
+
+    def reap_from_head(self, run_id: str, head_id: str, timeout_s: float = 300.0) -> HeadReap:
+        """The head's own end of its run (:class:`~rubberband.cloud.provider.ReapsFromItsHead`), with the head's
+        own identity, after its watchdog terminated the workers.
+
+        The run's security group cannot go while the head's interface is in it, and once the head is gone nothing
+        of the run is left to delete it: so the head moves its own instance into its VPC's default group, waits
+        until no instance of the run is in the run's group (a terminated worker's interface goes with it), and
+        deletes the group. Then, when the head runs with the role rubberband created for the run (never a
+        ``--instance-profile`` of the user's), it ends that identity as its very last API calls
+        (:meth:`~rubberband.cloud.aws.identity.AwsIdentities.end_own`) and is ``powerless``: the watchdog powers
+        it off (``InstanceInitiatedShutdownBehavior=terminate`` ends it). What it cannot do is left to
+        ``rubberband down`` and said in ``problems``; a head that kept its rights terminates itself as before."""
+        from rubberband.cloud.aws.identity import AwsIdentities, is_own_profile
+
+        deleted: builtins.list[str] = []
+        problems: builtins.list[str] = []
+        try:
+            reservations = self._call("DescribeInstances", lambda: self.ec2.describe_instances(InstanceIds=[head_id]))[
+                "Reservations"
+            ]
+            (head,) = [raw for res in reservations for raw in res["Instances"]]
+        except (CloudError, ValueError) as exc:
+            return HeadReap(problems=[f"could not describe its head {head_id}: {exc}"])
+        try:
+            deleted += self._leave_and_delete_groups(run_id, head, time.monotonic() + timeout_s, timeout_s)
+        except CloudError as exc:
+            problems.append(f"its security group: {exc.message}")
+        if not is_own_profile((head.get("IamInstanceProfile") or {}).get("Arn", ""), run_id):
+            return HeadReap(deleted, False, problems)
+        identities = AwsIdentities(session=self.session, endpoint_url=self._client_args["endpoint_url"])
+        try:
+            deleted += identities.end_own(run_id)
+        except CloudError as exc:
+            return HeadReap(deleted, False, [*problems, f"its role: {exc.message}"])
+        return HeadReap(deleted, True, problems)
+
+    def _leave_and_delete_groups(
+        self, run_id: str, head: dict[str, Any], deadline: float, timeout_s: float
+    ) -> builtins.list[str]:
+        """Move the head out of the run's groups into its VPC's default group, then delete them once unused."""
+        groups = self._run_groups(run_id)
+        if not groups:
+            return []
+        if any(g["GroupId"] in groups for g in head.get("SecurityGroups", [])):
+            from rubberband.cloud.aws.identity import default_group
+
+            parking = default_group(self._call, self.ec2, head.get("VpcId") or self._vpc())
+            if parking is None:
+                raise CloudError(
+                    f"aws: the head's VPC has no default security group to leave run {run_id}'s group for",
+                    kind="fatal",
+                    code="NoDefaultGroup",
+                    where=Location(region=self.region),
+                )
+            self._call(
+                "ModifyInstanceAttribute",
+                lambda: self.ec2.modify_instance_attribute(InstanceId=head["InstanceId"], Groups=[parking]),
+            )
+        return self._delete_groups(run_id, deadline, timeout_s)
 
     def _volumes(self, run_id: str | None = None) -> builtins.list[dict[str, Any]]:
         """Detached (``available``) EBS volumes carrying rubberband's tags (one run's when given): a volume of a
