@@ -93,9 +93,12 @@ def spec_for(
     return path
 
 
-def profile(spec_path: Path, budget_s: float, *, out: str = "profile.json", startup_samples: int = 0) -> float:
+def profile(
+    spec_path: Path, budget_s: float, *, out: str = "profile.json", startup_samples: int = 0, configs: int | None = None
+) -> float:
     """Run the real profiler; returns its wall seconds. The calibration cells need no measured start-up (the
-    truth they replay under has the profile's own); the real runs do, as a user's plan would."""
+    truth they replay under has the profile's own); the real runs do, as a user's plan would. ``configs``: how many
+    configurations to time (None: the profiler's default)."""
     started = time.monotonic()
     done = subprocess.run(
         [
@@ -110,6 +113,7 @@ def profile(spec_path: Path, budget_s: float, *, out: str = "profile.json", star
             f"{budget_s:.0f}s",
             "--startup-samples",
             str(startup_samples),
+            *(["--configs", str(configs)] if configs else []),
             "--out",
             str(spec_path.parent / out),
         ],

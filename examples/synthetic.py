@@ -12,14 +12,17 @@ profiler's timing are exercised exactly as for real training, while the figures 
   per (trial, epoch) (the same on every rank): per-epoch noise;
 * per configuration, a speed factor ``exp(N(0, config_speed_sigma))`` seeded by the config itself
   (:func:`config_speed`), so a configuration is equally fast whenever and wherever it runs and
-  configurations differ in speed as when width or depth are hyperparameters;
+  configurations differ in speed as when width or depth are hyperparameters; with ``speed_quality_rho``
+  ≠ 0 the normal is correlated with the configuration's quality (> 0: the better configurations are the
+  slower ones, as bigger models are);
 * iterations per epoch: ``ceil(dataset_size / (batch_size · w))``;
 * metric ``score`` (maximise): ``1 − (log10(lr) − log10(best_lr))² − decay / (epoch + 1)``:
   the best trial is the one whose ``lr`` is closest to ``best_lr`` (in log space) at every
   epoch, so the winners of successive halving are known from the sampled configs.
 
 Config keys: ``lr`` (sampled), ``best_lr``, ``iteration_s``, ``sync_s``, ``straggler_sigma``,
-``epoch_sigma``, ``config_speed_sigma``, ``dataset_size``, ``batch_size``, ``decay``, ``seed``.
+``epoch_sigma``, ``config_speed_sigma``, ``speed_quality_rho``, ``dataset_size``, ``batch_size``, ``decay``,
+``seed``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ DEFAULTS = {
     "straggler_sigma": 0.05,
     "epoch_sigma": 0.0,
     "config_speed_sigma": 0.0,
+    "speed_quality_rho": 0.0,
     "dataset_size": 640,
     "batch_size": 32,
     "decay": 0.05,
@@ -67,8 +71,19 @@ def config_speed(config: dict) -> float:
     sigma = float(cfg["config_speed_sigma"])
     if sigma <= 0:
         return 1.0
+    rho = float(cfg.pop("speed_quality_rho"))  # not in the key: a configuration's own draw is the same for any ρ
     key = zlib.crc32(json.dumps(cfg, sort_keys=True, default=str).encode())
-    return float(math.exp(sigma * np.random.default_rng(key).standard_normal()))
+    z = float(np.random.default_rng(key).standard_normal())
+    if rho:
+        z = rho * quality_z(float(cfg.get("lr", cfg["best_lr"])), float(cfg["best_lr"])) + math.sqrt(1 - rho * rho) * z
+    return float(math.exp(sigma * z))
+
+
+def quality_z(lr: float, best_lr: float) -> float:
+    """The configuration's quality as a standard score (higher better): its distance from ``best_lr`` in decades,
+    standardised for ``lr`` log-uniform over the two decades either side of ``best_lr`` (uniform on [0, 2])."""
+    distance = abs(math.log10(lr) - math.log10(best_lr))
+    return (1.0 - distance) / math.sqrt(1.0 / 3.0)
 
 
 def epoch_factor(config: dict, trial_id: str, epoch: int) -> float:

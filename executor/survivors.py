@@ -59,6 +59,29 @@ def measured_survivors(
     return out
 
 
+def bracket_history(
+    state: RunState, stages: list[StagePlan], metric: tuple[str, str], type_of: Callable[[StagePlan], InstanceType]
+) -> dict[int, tuple[TrialTimes, ...]]:
+    """Per bracket, every trial the run timed in the order its promotions put them (the last stage's ranking
+    first, then each earlier stage's trials that went no further, by that stage's ranking), with its measured
+    epochs: what a replay of a finished run plays its own trials as (``bench/bench_real_runs.py``)."""
+    name, mode = metric
+    out: dict[int, tuple[TrialTimes, ...]] = {}
+    for bracket in sorted({s.bracket for s in stages}):
+        order: list[str] = []
+        for g in reversed([i for i, s in enumerate(stages) if s.bracket == bracket]):
+            record = state.stages.get(g)
+            if record is None:
+                continue
+            for trial_id in rank(record.metrics, mode, sorted(record.metrics)):
+                if trial_id not in order:
+                    order.append(trial_id)
+        timed = tuple(t for t in (_times(state, stages, bracket, tid, type_of) for tid in order) if t.epochs)
+        if timed:
+            out[bracket] = timed
+    return out
+
+
 def _first_of_each_bracket(stages: list[StagePlan], positions: Iterable[int]) -> list[int]:
     seen: dict[int, int] = {}
     for g in positions:

@@ -196,3 +196,35 @@ def test_the_profiler_scores_a_configuration_by_its_last_epoch_higher_better():
     assert (
         configuration_quality(reports, "accuracy", "max") is None and configuration_quality([], "loss", "min") is None
     )
+
+
+def test_a_replay_of_a_runs_own_trials_lands_on_its_jct_on_virtual_time(tmp_path, capsys):
+    """bench/bench_real_runs.py's replay: the plan simulated with every trial at the speed the journal measured,
+    in the order its promotions put them. On virtual time the world plays the model, so the replay must land on
+    the run's own JCT: what is left between the two on a real run is the model's form, not the population."""
+    from rubberband.catalog import load_catalog
+    from rubberband.executor.survivors import bracket_history
+    from rubberband.inputs import load_job_inputs
+    from rubberband.plan import Plan
+    from rubberband.planner.api import configs_of
+
+    spec_path = write_job(tmp_path / "job", trials=27, eta=3, min_epochs=1, max_epochs=9, epoch_s=1.0)
+    data = json.loads(spec_path.read_text())
+    data["profile"] = str(write_spread_profile(tmp_path / "profile.json", rho=0.0))
+    spec_path.write_text(json.dumps(data))
+    run_dir = tmp_path / "run"
+    assert cli(["run", str(spec_path), "--deadline", "60s", "--cloud", "sim", "--yes", "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    state = J.read_state(run_dir)
+    plan = Plan.model_validate(state.plan)
+    catalog = load_catalog(["local"])
+    history = bracket_history(state, list(plan.stages), ("loss", "min"), lambda s: catalog.find(s.instance_type))
+    order = [t.trial_id for t in history[0]]
+    assert len(order) == 27 and order[:3] == sorted(state.stages[2].metrics, key=state.stages[2].metrics.get)
+    inputs = load_job_inputs(spec_path)
+    model = fit_performance_model(inputs.profile)
+    stages, configs = configs_of(plan, catalog)
+    known = known_trials(model, history)
+    replayed = Simulator(stages, model, SimSettings(samples=200, known_trials=known)).simulate(configs)
+    jct = json.loads((run_dir / "result.json").read_text())["actual"]["jct_s"]
+    assert replayed.jct_quantile(0.5) == pytest.approx(jct, rel=0.05)

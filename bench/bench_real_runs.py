@@ -1,0 +1,221 @@
+"""Predictions against real runs, where configurations differ in speed (issue 30, items 1 and 3).
+
+Three workloads of ``examples/synthetic.py`` (a sleep workload whose truth is set by its config): 27 trials cut to
+9 and 3 (η 3, 1 → 9 epochs), configurations differing ≥ 5× in speed (log σ 0.6: 5 %–95 % of configurations
+0.37–2.7× the median), and the speed either independent of quality (ρ 0), going with it (ρ 0.8: the better
+configurations are slower, as bigger models are) or against it (ρ −0.6). Each workload is profiled once for real
+(``rubberband profile --configs 8``, so the planner fits the speed–quality correlation), then run for real
+``--runs`` times (local backend, Ray nodes on this machine; ``--overrun none``: a late run finishes, so its JCT
+is measured), each with its own configurations (spec seed = run number) and planned at 1.1, 1.2 or 1.3× the
+planner's shortest feasible deadline at p = 0.9, in turn.
+
+Per run: the plan's P(meet), JCT p50 and p95, the actual JCT (from the executor's start) and whether it met the
+deadline; the last boundary's re-plan prediction of the last stage against its duration; and a **replay of the
+run's own trials**: the same plan simulated with every trial at the speed the run's journal measured (its epochs'
+seconds, in the order its promotions put them; ``executor/survivors.bracket_history``). The replay's truth is
+real, the recorded epoch times, so ``actual / replay`` isolates the model's form (start-ups, overheads,
+scheduling) from the population model (``replay / predicted``: which configurations came and who survived).
+
+Summary: realized hit rate against the planned P(meet), median |actual − p50| / p50, median |last stage −
+boundary prediction| / actual, and the medians of actual / replay and replay / predicted.
+
+    python bench/bench_real_runs.py [--runs 7] [--budget 150] [--workdir DIR]
+
+About 25 minutes on an idle 2-core machine (three profiles of ~2 min, 21 runs of ~40 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_calibration import profile, shortest, spec_for  # noqa: E402  (the synthetic job, the profiler, ...)
+from bench_sim_vs_local import cli_run  # noqa: E402  (`rubberband run SPEC --plan PLAN ...`, shared)
+
+#: name → synthetic.py config overrides (the truth).
+WORKLOADS = {
+    "independent": {"straggler_sigma": 0.03, "epoch_sigma": 0.05, "config_speed_sigma": 0.6},
+    "slow-better": {
+        "straggler_sigma": 0.03,
+        "epoch_sigma": 0.05,
+        "config_speed_sigma": 0.6,
+        "speed_quality_rho": 0.8,
+    },
+    "fast-better": {
+        "straggler_sigma": 0.03,
+        "epoch_sigma": 0.05,
+        "config_speed_sigma": 0.6,
+        "speed_quality_rho": -0.6,
+    },
+}
+FACTORS = (1.1, 1.2, 1.3)
+P = 0.9
+
+
+def last_stage(run_dir: Path) -> tuple[float | None, float | None]:
+    """(the last boundary's prediction of the last stage, its actual duration) from a run's journal."""
+    from rubberband.executor import journal as J
+
+    events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
+    finished = [e for e in events if e["type"] == J.STAGE_FINISHED]
+    if not finished:
+        return None, None
+    last = max(e["stage"] for e in finished)
+    started = [e for e in events if e["type"] == J.STAGE_STARTED and e["stage"] == last][-1]
+    actual = [e for e in finished if e["stage"] == last][-1]["t"] - started["t"]
+    decisions = [e for e in events if e.get("kind") == "replan" and e["stage"] == last]
+    if not decisions:
+        return None, actual
+    d = decisions[-1]
+    predicted = d.get("proposal_jct_p50_s") if d.get("accepted") else d.get("current_jct_p50_s")
+    return predicted, actual
+
+
+def replay(inputs, run_dir: Path) -> float | None:
+    """The median JCT of the plan the run followed (its re-plans taken) with the run's own trials at their measured
+    speeds (None: nothing measured)."""
+    from rubberband.executor import journal as J
+    from rubberband.executor.runtime import known_trials
+    from rubberband.executor.survivors import bracket_history
+    from rubberband.planner.api import configs_of, heads_of
+    from rubberband.planner.model import fit_performance_model
+    from rubberband.planner.simulator import SimSettings, Simulator
+
+    from rubberband.plan import Plan
+
+    state = J.read_state(run_dir)
+    plan = Plan.model_validate(state.plan)
+    spec = inputs.spec
+    history = bracket_history(
+        state,
+        list(plan.stages),
+        (spec.metric.name, spec.metric.mode),
+        lambda s: inputs.catalog.find(s.instance_type, cloud=s.cloud, region=s.region),
+    )
+    model = fit_performance_model(inputs.profile)
+    known = known_trials(model, history)
+    if not known:
+        return None
+    stages, configs = configs_of(plan, inputs.catalog)
+    settings = SimSettings(samples=500, seed=spec.seed, heads=heads_of(plan) or None, known_trials=known)
+    return float(Simulator(stages, model, settings).simulate(configs).jct_quantile(0.5))
+
+
+def run_workload(name: str, overrides: dict, workdir: Path, runs: int, budget: float) -> list[dict]:
+    from rubberband.inputs import load_job_inputs
+    from rubberband.plan import write_plan
+    from rubberband.planner.model import fit_performance_model
+    from rubberband.planning import plan_from_inputs
+
+    base = spec_for(name, overrides, workdir, profile_name="profile.json", spec_name="spec.yaml")
+    if not (workdir / "profile.json").exists():
+        wall = profile(base, budget, startup_samples=2, configs=8)
+        print(f"profiled {name} in {wall:.0f} s (budget {budget:.0f} s, 8 configurations, 2 start-up samples)")
+    v = fit_performance_model(load_job_inputs(base).profile).variation
+    print(
+        f"\n== {name}: true config σ {overrides['config_speed_sigma']}, ρ {overrides.get('speed_quality_rho', 0.0)}; "
+        f"fitted config σ {v.config_sigma_fit:.2f} (planned {v.config_sigma:.2f}), survivors: "
+        f"{v.speed_quality_source}; load average {os.getloadavg()[0]:.1f}"
+    )
+    rows = []
+    for k in range(runs):
+        spec = yaml.safe_load(base.read_text())
+        spec["seed"] = k + 1
+        spec_path = workdir / f"spec-{k}.yaml"
+        spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        inputs = load_job_inputs(spec_path)
+        factor = FACTORS[k % len(FACTORS)]
+        deadline = factor * shortest(inputs, P)
+        plan = plan_from_inputs(inputs, deadline_s=deadline, confidence=P)
+        plan_path = workdir / f"plan-{k}.json"
+        write_plan(plan, plan_path)
+        run_dir = workdir / f"run-{k}"
+        result, wall, code, tail = cli_run(spec_path, plan_path, run_dir)
+        if result is None:
+            print(f"{name} run {k}: no result.json ({tail[-300:]})")
+            continue
+        boundary, stage_s = last_stage(run_dir)
+        row = {
+            "workload": name,
+            "run": k,
+            "factor": factor,
+            "deadline": deadline,
+            "p_meet": plan.predicted.p_meet_deadline,
+            "p50": plan.predicted.jct_s.p50,
+            "p95": plan.predicted.jct_s.p95,
+            "jct": float(result["actual"]["jct_s"]),
+            "met": bool(result.get("met_deadline")),
+            "boundary": boundary,
+            "last_stage": stage_s,
+            "replay": replay(inputs, run_dir),
+            "load": os.getloadavg()[0],
+        }
+        rows.append(row)
+        print(
+            f"{name:<12} {k:>2} {factor:4.1f}× {deadline:6.1f}s P {row['p_meet']:.2f} p50 {row['p50']:5.1f} p95 "
+            f"{row['p95']:5.1f} | JCT {row['jct']:5.1f} {'met ' if row['met'] else 'LATE'} "
+            f"{(row['jct'] - row['p50']) / row['p50']:+6.1%} | last stage {_f(stage_s)} vs {_f(boundary)} | "
+            f"replay {_f(row['replay'])} | load {row['load']:.1f}"
+        )
+    return rows
+
+
+def _f(x: float | None) -> str:
+    return "  –  " if x is None else f"{x:5.1f}"
+
+
+def summary(rows: list[dict]) -> None:
+    def med(values) -> float:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else float("nan")
+
+    print(
+        f"\n{'workload':<12} {'runs':>4} {'hit':>5} {'P(meet)':>8} {'|JCT−p50|/p50':>14} {'last stage err':>15} "
+        f"{'actual/replay':>14} {'replay/pred':>12}"
+    )
+    groups = {name: [r for r in rows if r["workload"] == name] for name in dict.fromkeys(r["workload"] for r in rows)}
+    groups["all"] = rows
+    for name, rs in groups.items():
+        if not rs:
+            continue
+        print(
+            f"{name:<12} {len(rs):>4} {np.mean([r['met'] for r in rs]):>5.2f} {np.mean([r['p_meet'] for r in rs]):>8.2f} "
+            f"{med(abs(r['jct'] - r['p50']) / r['p50'] for r in rs):>14.1%} "
+            f"{med(abs(r['last_stage'] - r['boundary']) / r['last_stage'] if r['boundary'] else None for r in rs):>15.1%} "
+            f"{med(r['jct'] / r['replay'] if r['replay'] else None for r in rs):>14.3f} "
+            f"{med(r['replay'] / r['p50'] if r['replay'] else None for r in rs):>12.3f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="real runs per workload")
+    parser.add_argument("--budget", type=float, default=150.0, help="profiling budget per workload, seconds")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workdir", default=None, help="keep profiles and runs here (reused profiles)")
+    parser.add_argument("--out", default=None, help="write the per-run rows here (JSON)")
+    args = parser.parse_args()
+    root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="rb-real-"))
+    rows: list[dict] = []
+    for name in args.workloads.split(","):
+        workdir = root / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        rows += run_workload(name, WORKLOADS[name], workdir, args.runs, args.budget)
+    summary(rows)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
