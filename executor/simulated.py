@@ -85,6 +85,9 @@ __all__ = [
 
 #: The shortest stretch a wait moves the clock when nothing is due sooner (a zero wait would not move it).
 MIN_STEP_S = 1e-3
+#: Times closer than this are one instant: epoch ends summed one by one against the task's end summed at once (a
+#: clock near 1.8e9 s has a resolution of ~2.4e-7 s).
+_SAME_INSTANT_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ class SimTrial:
         at = self.span.started_at + self.span.overhead_s
         for i, (epoch, seconds) in enumerate(zip(range(spec.start_epoch, spec.end_epoch), self.span.epoch_s)):
             at += seconds
-            if at > until:
+            if at > until + _SAME_INSTANT_S:  # the sum of the epochs may round above the task's end by an ulp
                 break
             if i < len(self._reports):
                 continue

@@ -81,6 +81,17 @@ def test_the_quickstart_runs_to_its_end_on_virtual_time_as_predicted(quickstart_
     assert (result.run_dir / "result.json").exists()
 
 
+def test_every_simulated_task_reports_each_of_its_epochs(quickstart_run):
+    """A task's last epoch ends where the task does, though its epochs are summed one by one against a clock near
+    1.8e9 s: its report must not be lost to the rounding (the stage's metric is the last epoch's)."""
+    _, _, result = quickstart_run
+    events = list(J.iter_events(result.run_dir / J.JOURNAL_NAME))
+    reported = {(e["trial_id"], e["epoch"]) for e in events if e["type"] == J.EPOCH}
+    for task in (e for e in events if e["type"] == J.TRIAL_STARTED):
+        epochs = range(task["start_epoch"], task["end_epoch"])
+        assert all((task["trial_id"], epoch) in reported for epoch in epochs), task["trial_id"]
+
+
 def test_a_clouds_stage_instances_start_side_by_side(quickstart_run):
     """On AWS the 81 requests of stage 0 go out at once and each is up after its own start-up (a thread per
     request, as the simulator has it), not one after another."""

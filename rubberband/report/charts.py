@@ -24,6 +24,7 @@ from matplotlib.ticker import Formatter, MaxNLocator  # noqa: E402
 from rubberband.report import fmt  # noqa: E402
 from rubberband.report.model import (
     ACTUAL_COLOR,
+    ActualData,
     PLAN_COLOR,
     STATIC_COLOR,  # noqa: E402
     CostData,
@@ -311,6 +312,43 @@ def distribution_chart(data: ReportData) -> Chart:
         )
 
 
+# -- search progress ----------------------------------------------------------------------------
+
+
+def progress_chart(actual: ActualData) -> Chart:
+    """The incumbent's metric over the run (a step per change), each step marked with the fidelity it holds."""
+    points = actual.progress
+    axis = _TimeAxis.for_span(max(actual.jct_s, max(p.t_s for p in points)))
+    d = axis.divisor
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(WIDTH_IN, 3.4))
+        ax = fig.subplots()
+        xs = [p.t_s / d for p in points] + [max(actual.jct_s, points[-1].t_s) / d]
+        ys = [p.value for p in points] + [points[-1].value]
+        ax.step(xs, ys, where="post", color=ACTUAL_COLOR, linewidth=1.8)
+        shown: set[int] = set()
+        for p in points:
+            if p.fidelity not in shown:  # where the incumbent first stands at a higher fidelity
+                shown.add(p.fidelity)
+                ax.plot([p.t_s / d], [p.value], "o", color=INK, markersize=4)
+                ax.annotate(f"{p.fidelity} ep", (p.t_s / d, p.value), textcoords="offset points", xytext=(4, 5),
+                            fontsize=8, color="#5F6368")  # fmt: skip
+        best = points[-1]
+        ax.set_xlabel(f"time since the run started ({axis.unit})")
+        ax.set_ylabel(f"{actual.metric} ({'lower' if actual.mode == 'min' else 'higher'} is better)")
+        ax.set_title(
+            f"Incumbent {actual.metric}: final {best.value:.4g} (trial {best.trial_id}, after "
+            f"{best.epochs_trained} epochs trained)"
+        )
+        fig.tight_layout()
+        return Chart(
+            name="progress",
+            filename="progress.png",
+            alt=f"The incumbent {actual.metric} over the run",
+            png=_render(fig),
+        )
+
+
 # -- cost breakdown -----------------------------------------------------------------------------
 
 
@@ -432,6 +470,7 @@ class ChartSet:
     distributions: Chart | None
     costs: Chart
     pareto: Chart | None
+    progress: Chart | None = None
 
     def all(self) -> list[Chart]:
         return [
@@ -443,6 +482,7 @@ class ChartSet:
                 self.distributions,
                 self.costs,
                 self.pareto,
+                self.progress,
             )
             if c is not None
         ]
@@ -464,4 +504,5 @@ def draw_all(data: ReportData) -> ChartSet:
         distributions=distribution_chart(data) if data.distributions.jct_samples_s else None,
         costs=cost_chart(data.costs),
         pareto=pareto_chart(data.pareto, deadline) if data.pareto else None,
+        progress=progress_chart(data.actual) if data.actual and data.actual.progress else None,
     )

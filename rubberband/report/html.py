@@ -234,6 +234,14 @@ def _distributions(data: ReportData, charts: ChartSet) -> str:
     return f'<section id="distributions"><h2>Predicted distributions</h2>{body}</section>'
 
 
+def _progress(data: ReportData, charts: ChartSet) -> str:
+    """A run's search progress: the incumbent's metric over the run (nothing for a plan alone)."""
+    if charts.progress is None:
+        return ""
+    caption = "The best result at the highest fidelity reached so far, as the run's trials reported it."
+    return f'<section id="progress"><h2>Search progress</h2>{_figure(charts.progress, caption)}</section>'
+
+
 def _pareto(data: ReportData, charts: ChartSet) -> str:
     body = _figure(charts.pareto, "Cheapest plan cost at each deadline, elastic versus static.")
     if data.pareto is not None:
@@ -284,6 +292,7 @@ def render_html(data: ReportData, charts: ChartSet) -> str:
         _costs(data, charts),
         _gantt(data, charts),
         _distributions(data, charts),
+        _progress(data, charts),
         _pareto(data, charts),
         _clouds(data),
     ]

@@ -136,6 +136,9 @@ def render_markdown(data: ReportData, charts: ChartSet) -> str:
             "",
         ]
         out += _tracking(a.tracking)
+    if charts.progress is not None:
+        out += ["## Search progress", ""]
+        out += _image(charts.progress)
 
     out += ["## Cost versus deadline", ""]
     out += _image(charts.pareto)

@@ -18,6 +18,7 @@ from rubberband.errors import InfeasibleError, RubberbandError
 from rubberband.plan import Alternative, Plan, SpotZoneInfo, StagePlan, Timeline
 from rubberband.report import fmt
 from rubberband.report.replan import ReplanRequest, Replanner
+from rubberband.report.progress import ProgressPoint
 from rubberband.report.source import ActualOutcome, ReportSource, TrackingLink
 
 # Colour-blind-friendly, distinct at a glance; stage i always gets STAGE_COLORS[i % len].
@@ -210,6 +211,9 @@ class ActualData:
     head_usd: float = 0.0  # the run's head instance, part of cost_usd
     predicted_head_usd: float = 0.0  # the plan's mean head cost, part of the predicted mean
     tracking: tuple[TrackingLink, ...] = ()  # where the trials were also logged (TensorBoard, MLflow)
+    progress: tuple[ProgressPoint, ...] = ()  # the incumbent's metric over the run
+    metric: str = ""
+    mode: str = "max"
 
 
 @dataclass(frozen=True)
@@ -409,6 +413,9 @@ def _actual(plan: Plan, actual: ActualOutcome, dists: DistributionData) -> Actua
         head_usd=actual.head_usd,
         predicted_head_usd=p.cost_breakdown.head_usd,
         tracking=actual.tracking,
+        progress=actual.progress,
+        metric=plan.job.metric,
+        mode=plan.job.mode,
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from rubberband.plan import Plan, Timeline, load_plan
+from rubberband.report.progress import ProgressPoint, search_progress
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class ActualOutcome:
     completed: bool = True
     head_usd: float = 0.0  # the run's head instance (head mode), part of cost_usd
     tracking: tuple[TrackingLink, ...] = ()
+    progress: tuple[ProgressPoint, ...] = ()  # the incumbent's metric over the run (report/progress.py)
 
 
 @runtime_checkable
@@ -129,7 +131,8 @@ class RunSource:
                 )
             )
         tasks, open_tasks = [], {}
-        for event in J.iter_events(run_dir / J.JOURNAL_NAME):
+        events = list(J.iter_events(run_dir / J.JOURNAL_NAME))
+        for event in events:
             if event["type"] == J.TRIAL_STARTED:
                 open_tasks[event["trial_id"]] = event
             elif event["type"] == J.TRIAL_STOPPED and event["trial_id"] in open_tasks:
@@ -171,6 +174,7 @@ class RunSource:
             completed=state.status == "finished",
             head_usd=head_usd,
             tracking=tracking_links(run_dir),
+            progress=search_progress(events, plan.job.metric, plan.job.mode, t0),
         )
         return cls(plan=plan, label=f"run {state.run_id}", outcome=outcome)
 
