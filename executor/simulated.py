@@ -42,6 +42,7 @@ in seconds, and checking that the planner's prediction describes it (``bench/ben
 
 from __future__ import annotations
 
+import itertools
 import math
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -85,9 +86,6 @@ __all__ = [
 
 #: The shortest stretch a wait moves the clock when nothing is due sooner (a zero wait would not move it).
 MIN_STEP_S = 1e-3
-#: Times closer than this are one instant: epoch ends summed one by one against the task's end summed at once (a
-#: clock near 1.8e9 s has a resolution of ~2.4e-7 s).
-_SAME_INSTANT_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,10 @@ class SimTrial:
     def __init__(self, world: SimWorld, spec: TrialSpec, sink: Any, span: Span) -> None:
         self.world, self.spec, self.sink, self.span = world, spec, sink, span
         self.started_at = span.started_at
-        self.finished_at = span.started_at + span.overhead_s + sum(span.epoch_s)
+        # each epoch's end, summed one by one: the task ends where its last epoch does, to the last bit (a sum taken
+        # at once can round below it on a clock near 1.8e9 s, and the last epoch's report was lost)
+        self.epoch_ends = tuple(itertools.accumulate(span.epoch_s, initial=span.started_at + span.overhead_s))[1:]
+        self.finished_at = self.epoch_ends[-1] if self.epoch_ends else span.started_at + span.overhead_s
         lost = span.lost_at
         self.lost_at = max(lost, span.started_at) if lost is not None and lost < self.finished_at else None
         self.stopped_at = self._notice_stop()
@@ -124,9 +125,7 @@ class SimTrial:
         notice = self.span.notice_at
         if notice is None:
             return None
-        at = self.span.started_at + self.span.overhead_s
-        for seconds in self.span.epoch_s[:-1]:
-            at += seconds
+        for at in self.epoch_ends[:-1]:
             if at >= notice:
                 return at
         return None
@@ -134,10 +133,9 @@ class SimTrial:
     def _record(self, until: float, *, checkpoint_last: bool = False) -> None:
         """Report (and checkpoint where due, through the sink) each epoch that ended by ``until`` not reported yet."""
         spec, name = self.spec, self.world.metric_name
-        at = self.span.started_at + self.span.overhead_s
-        for i, (epoch, seconds) in enumerate(zip(range(spec.start_epoch, spec.end_epoch), self.span.epoch_s)):
-            at += seconds
-            if at > until + _SAME_INSTANT_S:  # the sum of the epochs may round above the task's end by an ulp
+        epochs = zip(range(spec.start_epoch, spec.end_epoch), self.span.epoch_s, self.epoch_ends)
+        for i, (epoch, seconds, at) in enumerate(epochs):
+            if at > until:
                 break
             if i < len(self._reports):
                 continue
