@@ -135,7 +135,7 @@ class SimBackend:
         cloud, when the plan bills one) booted before the job started and is billed as the plan has it."""
         clock = self.world.clock
         if self.head_type.cloud in HEAD_BOOTS_FIRST:
-            clock.sleep(self.world.model.startup(self.head_type.cloud, self.head_type.name).quantile(0.5))
+            clock.sleep(self.world.model.head_start(self.head_type.cloud, self.head_type.name).quantile(0.5))
         billed = None
         if self.head is not None:
             billed = BilledHead(

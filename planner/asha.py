@@ -350,7 +350,7 @@ class AshaSimulator:
         self.runs += 1
         epoch = model.epoch_time(itype.device, w, lay.nodes)
         startup = model.startup(itype.cloud, itype.name)
-        head_boot = startup.quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
+        head_boot = model.head_start(itype.cloud, itype.name).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
         boot = startup.sample(self._boot_u[rows.start : rows.stop, :k])
         m = len(rows)
         if itype.cloud in SERIAL_PROVISIONING:

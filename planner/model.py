@@ -149,6 +149,8 @@ class PerformanceModel:
     termination_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
     #: Per-epoch noise and per-configuration speed (none: every configuration as fast as the profiled one).
     variation: Variation = field(default_factory=Variation)
+    #: Measured starts of the run's head per cloud where it boots before any instance (profile ``head_startup``).
+    head_startup_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
 
     # -- latency ---------------------------------------------------------------------------
     def plannable(self, device: str) -> bool:
@@ -197,6 +199,11 @@ class PerformanceModel:
         measured = _measured(self.startup_by_type, self.startup_by_cloud, cloud, instance_type)
         return measured or _documented(facts_or_like(cloud).startup_s, cloud, "typical boot + Ray join")
 
+    def head_start(self, cloud: str, instance_type: str) -> StartupModel:
+        """Seconds from a run's start until its head takes nodes, where the head boots before any instance: as
+        measured (the profile's ``head_startup``), else one ``instance_type`` node's start-up stands in."""
+        return self.head_startup_by_cloud.get(cloud) or self.startup(cloud, instance_type)
+
     def termination(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a terminate request until the instance is gone (and no longer billed)."""
         measured = _measured(self.termination_by_type, self.termination_by_cloud, cloud, instance_type)
@@ -237,6 +244,10 @@ class PerformanceModel:
                     c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
                     for c, m in sorted(self.startup_by_cloud.items())
                 },
+            },
+            "head_startup": {
+                c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
+                for c, m in sorted(self.head_startup_by_cloud.items())
             },
             "termination": {
                 **{
@@ -334,6 +345,7 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
     variation = _variation(profile, devices, batch)
     startup_by_type, startup_by_cloud = _latency_models(profile.startup)
     termination_by_type, termination_by_cloud = _latency_models(profile.termination)
+    _, head_startup_by_cloud = _latency_models(profile.head_startup)
     return PerformanceModel(
         dataset_size=profile.workload.dataset_size,
         batch_size_per_worker=batch,
@@ -352,6 +364,7 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
         termination_by_type=termination_by_type,
         termination_by_cloud=termination_by_cloud,
         variation=variation,
+        head_startup_by_cloud=head_startup_by_cloud,
     )
 
 

@@ -990,9 +990,13 @@ class Simulator(ReadsSettings):
             inst.ready[:, :carry] = np.maximum(start[:, None], opening.carried_free)
         if carry < n_inst:
             if prev is None:
-                # A fresh local run first brings up its Ray head (about one node start-up, median),
+                # A fresh local run first brings up its Ray head (its measured start, median; else one node's),
                 # then requests the first stage's instances; a re-plan starts from "now".
-                head = self._startup(itype).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
+                head = (
+                    self.model.head_start(itype.cloud, itype.name).quantile(0.5)
+                    if itype.cloud in HEAD_BOOTS_FIRST
+                    else 0.0
+                )
                 t_req = np.full(start.shape[0], head if self.start_state is None else self.start_state.now_s)
             else:
                 t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self._lead(itype))

@@ -278,7 +278,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
     try:
         # Start-ups first, on an otherwise idle machine as a run meets them (the profiling cluster's
         # in-process nodes and its connected driver would be beside them).
-        startup, termination = _measure_startup(options, budget, notes, tick)
+        startup, termination, head_startup = _measure_startup(options, budget, notes, tick)
         with LocalCluster(temp_root=run_dir / "r") as cluster:
             resources = []
             node = node_resources(it)
@@ -303,7 +303,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
             cold = _measure_restart(steps, measured, None) if options.measure_restart else None
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    found = _Measured(results, startup, termination, warm, cold, epochs)
+    found = _Measured(results, startup, termination, warm, cold, epochs, head_startup)
     profile = _build_profile(spec, options, config, notes, found)
     return ProfileRun(profile=profile, shapes=results, notes=notes, wall_s=budget.spent())
 
@@ -329,8 +329,9 @@ class _Steps:
 
 def _measure_startup(
     options: ProfileOptions, budget: _Budget, notes: list[str], tick: Callable[..., None]
-) -> tuple[list[StartupSamples], list[TerminationSamples]]:
-    """Start-up samples through the executor's own local provider (``ray start`` nodes joining a head).
+) -> tuple[list[StartupSamples], list[TerminationSamples], list[StartupSamples]]:
+    """Start-up samples through the executor's own local provider (``ray start`` nodes joining a head), and the
+    head's own start (the run's Ray head, which a local run starts before it requests any node).
 
     Measured the way a run pays for it: request → node registered with the head, for a throwaway head
     and nodes in a temporary run directory, all stopped before returning, before the profiling cluster
@@ -343,11 +344,14 @@ def _measure_startup(
 
     samples: list[float] = []
     gone: list[float] = []
+    head: list[float] = []
     with tempfile.TemporaryDirectory(prefix="rb-startup-") as scratch:
         provider = LocalProvider(scratch)
         try:
             tick("start-up: starting a local Ray head", advance=False)
+            began = time.time()
             provider.start_head("startup-probe")
+            head.append(round(time.time() - began, 3))
             for k in range(options.startup_samples):
                 if budget.left() < options.budget_s * 0.75:  # at most a quarter of the budget
                     notes.append(
@@ -383,7 +387,8 @@ def _measure_startup(
                 cloud=options.cloud, instance_type=options.instance_type.name, samples_s=gone, source="measured"
             )
         )
-    return out, ended
+    heads = [StartupSamples(cloud=options.cloud, samples_s=head, source="measured")] if head else []
+    return out, ended, heads
 
 
 @dataclass(frozen=True)
@@ -780,6 +785,7 @@ class _Measured:
     warm: _Restart | None = None
     cold: _Restart | None = None
     epochs: list[EpochMeasurement] | None = None
+    head_startup: list[StartupSamples] | None = None
 
 
 def _build_profile(
@@ -905,6 +911,7 @@ def _build_profile(
         epoch_measurements=list(epochs or []),
         startup=startup,
         termination=list(termination or []),
+        head_startup=list(measured.head_startup or []),
         machine=info,
         torch_version=torch.__version__,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

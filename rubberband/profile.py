@@ -170,6 +170,11 @@ class Profile(_Model):
     epoch_measurements: list[EpochMeasurement] = Field(default_factory=list)
     startup: list[StartupSamples] = Field(default_factory=list)
     termination: list[TerminationSamples] = Field(default_factory=list)
+    head_startup: list[StartupSamples] = Field(
+        default_factory=list,
+        description="seconds from starting the run's head until it takes nodes, per cloud where it boots before "
+        "any instance (local: the Ray head on this machine); absent: one node's start-up stands in",
+    )
     reference_device: str | None = None
     device_speed: dict[str, float] = Field(default_factory=dict)
     machine: dict[str, Any] = Field(default_factory=dict)

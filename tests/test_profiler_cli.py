@@ -77,6 +77,9 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
         assert all(0.0175 * m.iterations_per_epoch < t < 5.0 for t in m.epoch_times_s)
         assert m.quality is not None and math.isfinite(m.quality)  # its score, for who survives a promotion
     assert profile.fitted["variation"]["configs"] == len(epochs)
+    # the run's own head start, measured as a local run starts its head (before any node)
+    (head,) = profile.head_startup
+    assert head.cloud == "local" and head.source == "measured" and 0.0 < head.samples_s[0] < 60.0
     assert "configurations" in result.stdout
     shapes = sorted((m.workers, m.nodes) for m in profile.measurements)
     assert shapes == [(1, 1), (2, 1), (2, 2)]
