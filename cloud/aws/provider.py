@@ -34,6 +34,7 @@ from botocore.config import Config
 
 from rubberband import __version__
 from rubberband.cloud.aws.boot import AWS_BOOT
+from rubberband.cloud.aws.identity import AwsIdentities, default_group, is_own_profile
 from rubberband.clouds import chosen_image
 from rubberband.cloud.aws.quotas import AWS_QUOTAS
 from rubberband.cloud.aws.session import new_session
@@ -630,8 +631,6 @@ class AwsProvider:
         (:meth:`~rubberband.cloud.aws.identity.AwsIdentities.end_own`) and is ``powerless``: the watchdog powers
         it off (``InstanceInitiatedShutdownBehavior=terminate`` ends it). What it cannot do is left to
         ``rubberband down`` and said in ``problems``; a head that kept its rights terminates itself as before."""
-        from rubberband.cloud.aws.identity import AwsIdentities, is_own_profile
-
         deleted: builtins.list[str] = []
         problems: builtins.list[str] = []
         try:
@@ -662,8 +661,6 @@ class AwsProvider:
         if not groups:
             return []
         if any(g["GroupId"] in groups for g in head.get("SecurityGroups", [])):
-            from rubberband.cloud.aws.identity import default_group
-
             parking = default_group(self._call, self.ec2, head.get("VpcId") or self._vpc())
             if parking is None:
                 raise CloudError(
