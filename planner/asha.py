@@ -353,11 +353,15 @@ class AshaSimulator:
         head_boot = model.head_start(itype.cloud, itype.name).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
         boot = startup.sample(self._boot_u[rows.start : rows.stop, :k])
         m = len(rows)
+        gained: np.ndarray | float = 0.0
         if itype.cloud in SERIAL_PROVISIONING:
+            overlap = model.start_overlap(itype.cloud)  # a shared host: the starts contend (profiled)
+            if overlap is not None:
+                boot, gained = overlap.serial(boot, itype.workers)
             request = head_boot + np.concatenate([np.zeros((m, 1)), np.cumsum(boot, axis=1)[:, :-1]], axis=1)
         else:
             request = np.full((m, k), head_boot)
-        ready = request + boot + model.worker_start_s
+        ready = request + boot + model.worker_start_s + gained
         jct = np.empty(m)
         reached = np.zeros((m, len(self.milestones)), dtype=np.int64)
         busy = np.zeros(m)

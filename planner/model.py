@@ -126,6 +126,35 @@ class StartupModel:
 
 
 @dataclass(frozen=True)
+class StartOverlap:
+    """What overlapping start-ups on one shared host add (profile ``startup_overlap``): an instance whose worker
+    processes start while the next instance boots takes ``worker_extra_s`` longer to be ready, and that next
+    instance boots ``boot_extra_s`` longer, with ``workers`` worker processes starting (scaled linearly for other
+    counts: the contention is the workers' CPU)."""
+
+    workers: int
+    boot_extra_s: float
+    worker_extra_s: float
+
+    def extras(self, workers: int) -> tuple[float, float]:
+        """(boot, worker) seconds added where ``workers`` worker processes start beside the next boot."""
+        scale = workers / self.workers
+        return self.boot_extra_s * scale, self.worker_extra_s * scale
+
+    def serial(self, boot: np.ndarray, workers: int) -> tuple[np.ndarray, np.ndarray]:
+        """Instances started one after another (``boot``: samples × instances, in order), each with ``workers``
+        worker processes: every boot after the first overlaps the workers of the one before. Returns the boots and
+        the seconds each instance's ready time gains (all but the last: their workers overlap the next boot)."""
+        boot_extra, worker_extra = self.extras(workers)
+        k = boot.shape[-1]
+        later = np.full(k, boot_extra)
+        gained = np.full(k, worker_extra)
+        if k:
+            later[0], gained[-1] = 0.0, 0.0
+        return boot + later, gained
+
+
+@dataclass(frozen=True)
 class PerformanceModel:
     """Everything the simulator needs to time and cost a trial shape; pure and immutable."""
 
@@ -151,6 +180,8 @@ class PerformanceModel:
     variation: Variation = field(default_factory=Variation)
     #: Measured starts of the run's head per cloud where it boots before any instance (profile ``head_startup``).
     head_startup_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
+    #: Measured contention of overlapping start-ups per shared-host cloud (profile ``startup_overlap``).
+    start_overlap_by_cloud: dict[str, StartOverlap] = field(default_factory=dict)
 
     # -- latency ---------------------------------------------------------------------------
     def plannable(self, device: str) -> bool:
@@ -204,6 +235,11 @@ class PerformanceModel:
         measured (the profile's ``head_startup``), else one ``instance_type`` node's start-up stands in."""
         return self.head_startup_by_cloud.get(cloud) or self.startup(cloud, instance_type)
 
+    def start_overlap(self, cloud: str) -> StartOverlap | None:
+        """The measured contention of start-ups overlapping on ``cloud``'s shared host; None: not measured (taken
+        as independent)."""
+        return self.start_overlap_by_cloud.get(cloud)
+
     def termination(self, cloud: str, instance_type: str) -> StartupModel:
         """Seconds from a terminate request until the instance is gone (and no longer billed)."""
         measured = _measured(self.termination_by_type, self.termination_by_cloud, cloud, instance_type)
@@ -248,6 +284,10 @@ class PerformanceModel:
             "head_startup": {
                 c: {"median_s": m.quantile(0.5), "n": len(m.samples_s), "source": m.source}
                 for c, m in sorted(self.head_startup_by_cloud.items())
+            },
+            "start_overlap": {
+                c: {"workers": o.workers, "boot_extra_s": o.boot_extra_s, "worker_extra_s": o.worker_extra_s}
+                for c, o in sorted(self.start_overlap_by_cloud.items())
             },
             "termination": {
                 **{
@@ -346,6 +386,7 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
     startup_by_type, startup_by_cloud = _latency_models(profile.startup)
     termination_by_type, termination_by_cloud = _latency_models(profile.termination)
     _, head_startup_by_cloud = _latency_models(profile.head_startup)
+    start_overlap_by_cloud = _start_overlaps(profile)
     return PerformanceModel(
         dataset_size=profile.workload.dataset_size,
         batch_size_per_worker=batch,
@@ -365,7 +406,24 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
         termination_by_cloud=termination_by_cloud,
         variation=variation,
         head_startup_by_cloud=head_startup_by_cloud,
+        start_overlap_by_cloud=start_overlap_by_cloud,
     )
+
+
+def _start_overlaps(profile: Profile) -> dict[str, StartOverlap]:
+    """Per cloud, the median extra seconds overlapping start-ups took over the same starts alone (never
+    negative: an overlapped start measured faster than alone is noise, not a speed-up)."""
+    by_cloud: dict[str, list] = {}
+    for o in profile.startup_overlap:
+        by_cloud.setdefault(o.cloud, []).append(o)
+    return {
+        cloud: StartOverlap(
+            workers=int(np.median([o.workers for o in found])),
+            boot_extra_s=max(0.0, float(np.median([o.boot_overlapped_s - o.boot_alone_s for o in found]))),
+            worker_extra_s=max(0.0, float(np.median([o.workers_overlapped_s - o.workers_alone_s for o in found]))),
+        )
+        for cloud, found in by_cloud.items()
+    }
 
 
 def _variation(profile: Profile, devices: dict[str, DeviceModel], batch: int) -> Variation:

@@ -1002,9 +1002,13 @@ class Simulator(ReadsSettings):
                 t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self._lead(itype))
             inst.request[:, carry:] = t_req[:, None]
             boot = self._boots(play.index, n_inst, itype)[rows, carry:n_inst]
+            gained: np.ndarray | float = 0.0
             if itype.cloud in SERIAL_PROVISIONING:
+                overlap = self.model.start_overlap(itype.cloud)  # a shared host: the starts contend (profiled)
+                if overlap is not None:
+                    boot, gained = overlap.serial(boot, itype.workers)
                 t_req, boot = _provision_serially(play, inst, t_req, boot)
-            inst.ready[:, carry:] = t_req[:, None] + boot + self.model.worker_start_s
+            inst.ready[:, carry:] = t_req[:, None] + boot + self.model.worker_start_s + gained
             inst.t_req = t_req
         return inst
 

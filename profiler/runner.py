@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rubberband.catalog import InstanceType
+from rubberband.catalog import SERIAL_PROVISIONING, InstanceType
 from rubberband.clouds import CLOUDS
 from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
@@ -46,6 +46,7 @@ from rubberband.profile import (
     EpochMeasurement,
     LatencyMeasurement,
     Profile,
+    StartupOverlap,
     StartupSamples,
     TerminationSamples,
     Workload,
@@ -94,6 +95,9 @@ class ProfileOptions:
     config_epochs: int = 3
     #: Chooses the workers' device from ``instance_type`` (tests inject ``DevicePolicy(cpu_stand_in=True)``).
     device_policy: DevicePolicy = DevicePolicy()
+    #: The type whose start-ups are timed side by side on a shared host (:mod:`~rubberband.profiler.overlap`):
+    #: the widest the run may start (its workers contend most); None: ``instance_type``.
+    overlap_type: InstanceType | None = None
 
     @property
     def device(self) -> WorkerDevice:
@@ -278,7 +282,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
     try:
         # Start-ups first, on an otherwise idle machine as a run meets them (the profiling cluster's
         # in-process nodes and its connected driver would be beside them).
-        startup, termination, head_startup = _measure_startup(options, budget, notes, tick)
+        startup, termination, head_startup, overlap = _measure_startup(options, budget, notes, tick)
         with LocalCluster(temp_root=run_dir / "r") as cluster:
             resources = []
             node = node_resources(it)
@@ -303,7 +307,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
             cold = _measure_restart(steps, measured, None) if options.measure_restart else None
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    found = _Measured(results, startup, termination, warm, cold, epochs, head_startup)
+    found = _Measured(results, startup, termination, warm, cold, epochs, head_startup, overlap)
     profile = _build_profile(spec, options, config, notes, found)
     return ProfileRun(profile=profile, shapes=results, notes=notes, wall_s=budget.spent())
 
@@ -329,9 +333,10 @@ class _Steps:
 
 def _measure_startup(
     options: ProfileOptions, budget: _Budget, notes: list[str], tick: Callable[..., None]
-) -> tuple[list[StartupSamples], list[TerminationSamples], list[StartupSamples]]:
-    """Start-up samples through the executor's own local provider (``ray start`` nodes joining a head), and the
-    head's own start (the run's Ray head, which a local run starts before it requests any node).
+) -> tuple[list[StartupSamples], list[TerminationSamples], list[StartupSamples], list[StartupOverlap]]:
+    """Start-up samples through the executor's own local provider (``ray start`` nodes joining a head), the
+    head's own start (the run's Ray head, which a local run starts before it requests any node), and on a shared
+    host the same starts overlapping as a run's serial provisioning overlaps them (:func:`_measure_overlap`).
 
     Measured the way a run pays for it: request → node registered with the head, for a throwaway head
     and nodes in a temporary run directory, all stopped before returning, before the profiling cluster
@@ -345,6 +350,7 @@ def _measure_startup(
     samples: list[float] = []
     gone: list[float] = []
     head: list[float] = []
+    overlaps: list[StartupOverlap] = []
     with tempfile.TemporaryDirectory(prefix="rb-startup-") as scratch:
         provider = LocalProvider(scratch)
         try:
@@ -369,6 +375,9 @@ def _measure_startup(
                 provider.terminate([instance.id])
                 gone.append(round(time.time() - asked, 3))
                 tick(f"start-up sample {k + 1}: {samples[-1]:.1f} s to a registered node")
+            if samples and options.cloud in SERIAL_PROVISIONING and budget.left() >= options.budget_s * 0.7:
+                tick("start-up: a node's workers starting while the next node boots", advance=False)
+                overlaps += _measure_overlap(Path(scratch), options, notes)
         finally:
             for instance in provider.list():
                 provider.terminate([instance.id])
@@ -388,7 +397,24 @@ def _measure_startup(
             )
         )
     heads = [StartupSamples(cloud=options.cloud, samples_s=head, source="measured")] if head else []
-    return out, ended, heads
+    return out, ended, heads, overlaps
+
+
+def _measure_overlap(run_dir: Path, options: ProfileOptions, notes: list[str]) -> list[StartupOverlap]:
+    """One overlap measurement on the probe's head (empty, with a note, where it could not be taken)."""
+    from rubberband.profiler.overlap import OverlapProbe, measure_overlap
+
+    itype = options.overlap_type or options.instance_type
+    probe = OverlapProbe(
+        instance_type=itype,
+        device=options.device_policy.for_type(itype),
+        warm_torch=max(options.workers) > 1,  # a run's workers import torch where trials may use DDP
+    )
+    try:
+        return [measure_overlap(run_dir, probe)]
+    except RubberbandError as exc:
+        notes.append(f"start-up overlap: not measured ({exc}); the plan takes start-ups as independent")
+        return []
 
 
 @dataclass(frozen=True)
@@ -786,6 +812,7 @@ class _Measured:
     cold: _Restart | None = None
     epochs: list[EpochMeasurement] | None = None
     head_startup: list[StartupSamples] | None = None
+    overlap: list[StartupOverlap] | None = None
 
 
 def _build_profile(
@@ -885,6 +912,11 @@ def _build_profile(
         if measured_clouds
         else "default: documented per-cloud figures (docs/profiling.md)"
     )
+    if measured.overlap:
+        sources["startup_overlap"] = (
+            "measured: a node's WorkerPool workers starting while the next node boots (as a run's serial "
+            "provisioning overlaps them), against the same starts alone"
+        )
     sources["termination"] = (
         "measured: terminate request to a start-up probe node → its processes gone "
         "(LocalProvider: SIGTERM, SIGKILL after the grace)"
@@ -912,6 +944,7 @@ def _build_profile(
         startup=startup,
         termination=list(termination or []),
         head_startup=list(measured.head_startup or []),
+        startup_overlap=list(measured.overlap or []),
         machine=info,
         torch_version=torch.__version__,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -163,6 +163,21 @@ class TerminationSamples(_Model):
         return self
 
 
+class StartupOverlap(_Model):
+    """Start-ups that overlap on one host (the local cloud, whose instances share this machine's cores): an
+    instance's worker processes starting while the next instance boots, as a run's serial provisioning overlaps
+    them, each timed against the same start alone. The planner adds the differences to the overlapped starts."""
+
+    cloud: str
+    instance_type: str
+    workers: int = Field(ge=1, description="worker processes started on the first instance")
+    boot_alone_s: float = Field(ge=0)
+    boot_overlapped_s: float = Field(ge=0, description="the next instance's boot while those workers start")
+    workers_alone_s: float = Field(ge=0)
+    workers_overlapped_s: float = Field(ge=0, description="the first instance's workers while the next boots")
+    source: Literal["measured"] = "measured"
+
+
 class Profile(_Model):
     schema_version: Literal[1, 2] = PROFILE_SCHEMA_VERSION
     workload: Workload
@@ -174,6 +189,11 @@ class Profile(_Model):
         default_factory=list,
         description="seconds from starting the run's head until it takes nodes, per cloud where it boots before "
         "any instance (local: the Ray head on this machine); absent: one node's start-up stands in",
+    )
+    startup_overlap: list[StartupOverlap] = Field(
+        default_factory=list,
+        description="start-ups overlapping on a shared host (local), each against the same start alone; absent: "
+        "starts are taken as independent",
     )
     reference_device: str | None = None
     device_speed: dict[str, float] = Field(default_factory=dict)

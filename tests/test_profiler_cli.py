@@ -41,7 +41,8 @@ def _assert_one_line_error(result, *fragments):
 
 
 def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
-    """Real DDP with 2 gloo workers: one node and across two; the profile validates (≈30 s).
+    """Real DDP with 2 gloo workers: one node and across two, one start-up sample and the overlap probe; the
+    profile validates (≈45 s).
 
     The budget is a cap, not a duration: 90 s gave each shape a 12 s share, which a CI machine running three
     other end-to-end tests beside this one did not meet for any shape (exit 2). 300 s leaves it ≈40 s each.
@@ -59,7 +60,7 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
         "--budget",
         "300s",
         "--startup-samples",
-        "0",
+        "1",
         "--out",
         out,
         timeout=420,
@@ -101,8 +102,26 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
     assert "measured" in profile.sources["epoch_overhead_s"] and 0 < w.epoch_overhead_s < 1.0
     assert "measured" in profile.sources["task_start_s"] and 0 < w.task_start_s < w.restart_overhead_cold_s
     assert "measured" in profile.sources["worker_start_s"] and w.worker_start_s > 0.2
-    assert {s.cloud: s.source for s in profile.startup} == {"local": "default"}
-    assert profile.termination == [] and profile.sources["termination"].startswith("default")
+    # one start-up sample (a real `ray start` node joining the probe's head, then terminated) ...
+    assert {(s.cloud, s.instance_type, s.source, len(s.samples_s)) for s in profile.startup} == {
+        ("local", "local.cpu2", "measured", 1)
+    }
+    assert [t.source for t in profile.termination] == ["measured"]
+    # ... and the same starts overlapping as a run's serial provisioning overlaps them, on the spec's widest type
+    # (local.cpu4: its four workers contend most; torch, as trials of 2 workers use DDP) while the next node
+    # boots, each against the same start alone
+    (overlap,) = profile.startup_overlap
+    assert (overlap.cloud, overlap.instance_type, overlap.workers) == ("local", "local.cpu4", 4)
+    assert all(
+        0.0 < s < 60.0
+        for s in (
+            overlap.boot_alone_s,
+            overlap.boot_overlapped_s,
+            overlap.workers_alone_s,
+            overlap.workers_overlapped_s,
+        )
+    )
+    assert profile.sources["startup_overlap"].startswith("measured")
     assert {"hostname", "cpu_model", "cpu_cores"} <= set(profile.machine)
     assert profile.torch_version and profile.created_at
     assert "synthetic" in result.stdout and "median ms" in result.stdout

@@ -30,6 +30,14 @@ def _instance_type(spec: JobSpec, cloud: str, name: str | None):
     return min(catalog.types, key=lambda t: (t.price_hr, t.name))
 
 
+def _widest_type(spec: JobSpec, cloud: str, profiled):
+    """The spec's type of ``cloud`` with the most worker slots (the profiled one where the spec names none): the
+    start-up overlap is timed on it, since its workers contend most with the next boot."""
+    catalog = load_catalog([cloud])
+    named = [t for t in catalog.types if t.name in (spec.resources.instance_types or [])]
+    return max([profiled, *named], key=lambda t: (t.workers, t.name == profiled.name))
+
+
 def _default_workers(spec: JobSpec, per_node: int) -> str:
     cap = min(per_node * 2, spec.resources.max_workers_per_trial)
     return ",".join(str(w) for w in (1, 2, 4, 8) if w <= cap) or "1"
@@ -115,6 +123,7 @@ def register(app: typer.Typer) -> None:
             dataset_size=dataset_size,
             cross_node=not single_node,
             configs=configs,
+            overlap_type=_widest_type(spec, cloud, itype),
         )
         validate(spec, options)  # bad input fails here, before any progress output
         result = _run_with_progress(spec, options)
