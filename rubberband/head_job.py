@@ -61,6 +61,30 @@ def _load_inputs(stage: Path):
     return JobSpec.model_validate(data), load_plan(stage / "plan.json"), profile if profile.exists() else None
 
 
+#: The least deadline the head's executor is handed, in seconds: a head whose boot and upload used the whole
+#: deadline still runs the plan (its boundaries then finish late or stop, as ``--on-late`` says).
+MIN_DEADLINE_S = 1.0
+
+
+def remaining_deadline(deadline_s: float, commanded_at: float | None, now: float) -> float:
+    """The deadline the head's executor works to: the user's, which counts from their command, less what went
+    before the executor started (the CLI's planning, the head's boot, the code upload); unchanged where the
+    command's start is unknown."""
+    if commanded_at is None:
+        return deadline_s
+    return max(MIN_DEADLINE_S, deadline_s - max(0.0, now - commanded_at))
+
+
+def head_deadline(args: argparse.Namespace, plan: Any, run_dir: Path, now: float) -> float:
+    """A fresh run's: what is left of the user's deadline; a resumed one keeps what its first start was handed
+    (the journal's, anchored at the same command)."""
+    from rubberband.executor import journal as J
+
+    if (run_dir / J.JOURNAL_NAME).exists():
+        return float(J.read_state(run_dir).deadline_s)
+    return remaining_deadline(args.deadline or plan.deadline_s, args.commanded_at, now)
+
+
 def run(args: argparse.Namespace, boots: BootPlayer | None = None) -> int:
     """Execute the staged run on this head; always leave the DONE marker. ``boots``: who plays the workers' boots
     (a played head's, passed in by the test suite's ``tests/head_job_harness.py``); None: the cloud boots them."""
@@ -114,7 +138,7 @@ def run(args: argparse.Namespace, boots: BootPlayer | None = None) -> int:
                 run_dir=run_dir,
                 backend=backend,
                 trial_runtime=args.trial_runtime,
-                deadline_s=args.deadline,
+                deadline_s=head_deadline(args, plan, run_dir, time.time()),
                 overrun_s=args.overrun_s,
                 resume=(run_dir / "journal.jsonl").exists(),
                 profile_path=profile,

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import shlex
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from rubberband.cli import process_started_at
 from rubberband.cloud.head_session import HeadRecord, RunJob, entrypoint
 from rubberband.executor import events as E
+from rubberband.executor import journal as J
 from rubberband.executor.runstate import fold
-from rubberband.head_job import build_parser
+from rubberband.head_job import MIN_DEADLINE_S, build_parser, head_deadline, remaining_deadline
 
 
 def _started(t: float, commanded_at: float | None) -> dict:
@@ -56,3 +58,34 @@ def test_the_cli_knows_when_its_process_began():
     wait too."""
     began = process_started_at()
     assert began is not None and time.time() - 86400 < began <= time.time()
+
+
+def test_the_head_s_executor_works_to_what_is_left_of_the_deadline_after_the_head_boot_and_upload():
+    """The user's deadline counts from their command: a head that took 200 s to boot and take the code hands its
+    executor 400 s of a 600 s deadline (its boundaries then re-plan for that), never less than a second."""
+    assert remaining_deadline(600.0, 1_000.0, 1_200.0) == pytest.approx(400.0)
+    assert remaining_deadline(600.0, 1_000.0, 2_000.0) == MIN_DEADLINE_S  # all of it gone: finish late or stop
+    assert remaining_deadline(600.0, None, 1_200.0) == 600.0  # the command's start unknown
+    assert remaining_deadline(600.0, 1_300.0, 1_200.0) == 600.0  # a skewed clock never adds time
+
+
+def test_a_resumed_head_job_keeps_the_deadline_its_first_start_was_handed(tmp_path):
+    args = build_parser().parse_args(
+        [
+            "run",
+            "--cloud",
+            "aws",
+            "--region",
+            "us-east-1",
+            "--head-id",
+            "i-1",
+            "--run-id",
+            "r",
+            "--commanded-at",
+            "1000",
+        ]
+    )
+    plan = SimpleNamespace(deadline_s=600.0)
+    assert head_deadline(args, plan, tmp_path, now=1_150.0) == pytest.approx(450.0)  # fresh: what is left
+    J.append_event(tmp_path / J.JOURNAL_NAME, {**_started(1_150.0, 1_000.0), "deadline_s": 450.0})
+    assert head_deadline(args, plan, tmp_path, now=5_000.0) == pytest.approx(450.0)  # resumed: anchored at the command
