@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -112,7 +113,38 @@ def replay(inputs, run_dir: Path) -> float | None:
     return float(Simulator(stages, model, settings).simulate(configs).jct_quantile(0.5))
 
 
-def run_workload(name: str, overrides: dict, workdir: Path, runs: int, budget: float) -> list[dict]:
+def calibrate(base: Path, workdir: Path, runs: int) -> None:
+    """``runs`` real runs (their own configurations: seeds 101, 102, ...; planned at 1.2× the shortest feasible
+    deadline, not counted), then ``rubberband profile --from-run`` each of them into the workload's profile."""
+    from rubberband.inputs import load_job_inputs
+    from rubberband.plan import write_plan
+    from rubberband.planning import plan_from_inputs
+
+    dirs = []
+    for k in range(runs):
+        spec = yaml.safe_load(base.read_text())
+        spec["seed"] = 101 + k
+        spec_path = workdir / f"spec-cal-{k}.yaml"
+        spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        inputs = load_job_inputs(spec_path)
+        plan_path = workdir / f"plan-cal-{k}.json"
+        write_plan(plan_from_inputs(inputs, deadline_s=1.2 * shortest(inputs, P), confidence=P), plan_path)
+        run_dir = workdir / f"run-cal-{k}"
+        result, _, _, tail = cli_run(spec_path, plan_path, run_dir)
+        if result is None:
+            raise SystemExit(f"calibration run {run_dir} failed: {tail[-300:]}")
+        dirs.append(run_dir)
+    args = [a for d in dirs for a in ("--from-run", str(d))]
+    done = subprocess.run(
+        [sys.executable, "-m", "rubberband", "profile", str(base), *args], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"profile --from-run failed: {done.stderr.strip()[-300:]}")
+    print(done.stdout.strip())
+
+
+def run_workload(name: str, overrides: dict, workdir: Path, args: argparse.Namespace) -> list[dict]:
+    """Profile the workload (and calibrate its profile from ``args.calibrate`` runs), then ``args.runs`` runs."""
     from rubberband.inputs import load_job_inputs
     from rubberband.plan import write_plan
     from rubberband.planner.model import fit_performance_model
@@ -120,8 +152,10 @@ def run_workload(name: str, overrides: dict, workdir: Path, runs: int, budget: f
 
     base = spec_for(name, overrides, workdir, profile_name="profile.json", spec_name="spec.yaml")
     if not (workdir / "profile.json").exists():
-        wall = profile(base, budget, startup_samples=2, configs=8)
-        print(f"profiled {name} in {wall:.0f} s (budget {budget:.0f} s, 8 configurations, 2 start-up samples)")
+        wall = profile(base, args.budget, startup_samples=2, configs=8)
+        print(f"profiled {name} in {wall:.0f} s (budget {args.budget:.0f} s, 8 configurations, 2 start-up samples)")
+        if args.calibrate:
+            calibrate(base, workdir, args.calibrate)
     v = fit_performance_model(load_job_inputs(base).profile).variation
     print(
         f"\n== {name}: true config σ {overrides['config_speed_sigma']}, ρ {overrides.get('speed_quality_rho', 0.0)}; "
@@ -129,7 +163,7 @@ def run_workload(name: str, overrides: dict, workdir: Path, runs: int, budget: f
         f"{v.speed_quality_source}; load average {os.getloadavg()[0]:.1f}"
     )
     rows = []
-    for k in range(runs):
+    for k in range(args.runs):
         spec = yaml.safe_load(base.read_text())
         spec["seed"] = k + 1
         spec_path = workdir / f"spec-{k}.yaml"
@@ -205,13 +239,20 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--workdir", default=None, help="keep profiles and runs here (reused profiles)")
     parser.add_argument("--out", default=None, help="write the per-run rows here (JSON)")
+    parser.add_argument(
+        "--calibrate",
+        type=int,
+        default=0,
+        help="real runs per workload folded into its profile (`rubberband profile --from-run`) before the runs "
+        "measured (not counted)",
+    )
     args = parser.parse_args()
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="rb-real-"))
     rows: list[dict] = []
     for name in args.workloads.split(","):
         workdir = root / name
         workdir.mkdir(parents=True, exist_ok=True)
-        rows += run_workload(name, WORKLOADS[name], workdir, args.runs, args.budget)
+        rows += run_workload(name, WORKLOADS[name], workdir, args)
     summary(rows)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))

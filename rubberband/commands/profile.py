@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import math
 from pathlib import Path
 
@@ -81,9 +83,18 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(
             None, "--out", "-o", help="Where to write the profile JSON (default: the spec's profile: path)."
         ),
+        from_run: list[Path] = typer.Option(
+            None,
+            "--from-run",
+            help="Measure nothing: fold what these finished runs measured (head start, boots and worker starts "
+            "as the run overlapped them, per-trial overheads) into the spec's profile (repeatable).",
+        ),
     ) -> None:
         """Run the training briefly at each workers-per-trial count with real DDP and write a profile."""
         spec = load_spec(spec_path)
+        if from_run:
+            _calibrate(spec, from_run, out)
+            return
         cloud = cloud or _default_cloud(spec)
         if cloud not in CLOUDS:
             raise InputError(f"--cloud {cloud!r} is not known; use one of {', '.join(CLOUDS)}")
@@ -129,6 +140,35 @@ def register(app: typer.Typer) -> None:
         result = _run_with_progress(spec, options)
         write_profile(result.profile, out)
         _print_summary(result, out)
+
+
+def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
+    """``--from-run``: the spec's profile with what the runs measured, written to ``out`` (default: over it)."""
+    from rubberband.profile import load_profile, write_profile
+    from rubberband.profiler.from_runs import calibrated, read_run
+
+    source = spec.profile_path()
+    if source is None:
+        raise InputError("--from-run needs the profile to update: set profile: in the spec")
+    profile = load_profile(source)
+    types = load_catalog(list(spec.resources.clouds)).types
+    measured = [read_run(run, {t.name: t.workers for t in types}) for run in runs]
+    updated = calibrated(profile, measured, devices={t.name: t.device for t in types})
+    target = out or source
+    write_profile(updated, target)
+    w = updated.workload
+    heads = [x for s in updated.head_startup for x in s.samples_s]
+    print(
+        f"profile {target}: from {len(measured)} run(s): task start {w.task_start_s:.3f} s, restart "
+        f"{w.restart_overhead_s:.3f} s, new instance's workers {w.worker_start_s:.2f} s"
+        + (f", head start {statistics.median(heads):.2f} s" if heads else "")
+        + f"; {len(updated.epoch_measurements)} configurations timed ({len(profile.epoch_measurements)} profiled)"
+        + "".join(
+            f"; {o.instance_type}: boot {o.boot_alone_s:.2f} → {o.boot_overlapped_s:.2f} s, workers "
+            f"{o.workers_alone_s:.2f} → {o.workers_overlapped_s:.2f} s when starts overlap"
+            for o in updated.startup_overlap
+        )
+    )
 
 
 def _run_with_progress(spec, options):

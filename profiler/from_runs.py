@@ -1,0 +1,297 @@
+"""What real runs measured, folded into the profile the next plan is made from (``rubberband profile --from-run``).
+
+The profiler times each start-up and each trial's overhead on its own, on a quiet machine. A run meets them
+together: on the local cloud the head, the nodes, their worker processes and the executor share this machine's
+cores, and 21 real runs landed 18 % past their predictions' centre while their own trials replayed at their
+measured speeds predicted them within 1 % (bench/bench_real_runs.py): the miss is in these figures, not in the
+trials. A run's journal has them as the run paid them:
+
+* the head's start (``run_started`` → the ``head_started`` decision), where the head boots first;
+* each instance of the first stage's burst: its boot (``instance_ready.startup_s``) and its worker processes'
+  start (ready → its first trial), alone for the first boot and the last workers, overlapping otherwise;
+* each trial's overhead: its wall time from start to stop less its epochs' own seconds, for fresh trials
+  (``task_start_s``) and for trials resumed from a checkpoint (``restart_overhead_s``);
+* each configuration's whole epochs and its score after the first rung: every trial of the run's first stage is
+  a configuration drawn from the search space, so they add to the profile's few (``epoch_measurements``) an
+  unbiased sample of how fast configurations are, how much that varies and how it goes with their score.
+
+:func:`run_measurements` reads them (pure: a journal's events in, values out); :func:`calibrated` returns the
+profile with them in place of the quiet figures, and says so in ``sources``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from rubberband.errors import InputError
+from rubberband.profile import EpochMeasurement, Profile, StartupOverlap, StartupSamples
+
+
+@dataclass(frozen=True)
+class RunConfiguration:
+    """One trial of a run as a configuration sample: where it first ran (type, workers, nodes), its epochs'
+    seconds there, and its score at the end of its first rung, oriented higher-better (None: not comparable)."""
+
+    config: dict[str, Any]
+    instance_type: str
+    workers: int
+    nodes: int
+    epoch_times_s: tuple[float, ...]
+    quality: float | None
+
+
+@dataclass
+class RunMeasurements:
+    """What one run's journal says about start-ups and per-trial overheads (seconds; empty: not seen), filled in
+    as the journal is read."""
+
+    run_id: str
+    cloud: str
+    head_start_s: float | None = None
+    #: per instance type: the first boot of the first stage's burst (alone), and the later ones (overlapping)
+    boots_alone: dict[str, list[float]] = field(default_factory=dict)
+    boots_overlapped: dict[str, list[float]] = field(default_factory=dict)
+    #: per instance type: ready → first trial, the burst's last instance (alone) and the others (overlapping)
+    workers_alone: dict[str, list[float]] = field(default_factory=dict)
+    workers_overlapped: dict[str, list[float]] = field(default_factory=dict)
+    #: per instance type: worker processes an instance started (its slots)
+    workers: dict[str, int] = field(default_factory=dict)
+    #: per finished trial: (wall less its epochs' own seconds, epochs), trials from scratch and resumed ones
+    fresh_overheads: list[tuple[float, int]] = field(default_factory=list)
+    resumed_overheads: list[tuple[float, int]] = field(default_factory=list)
+    #: every configuration the run trained: its epochs at the shape it first ran at, and its score then
+    configurations: list[RunConfiguration] = field(default_factory=list)
+
+
+def run_measurements(events: Iterable[dict[str, Any]], slots: dict[str, int]) -> RunMeasurements:
+    """Read one run's journal events (``slots``: worker slots per instance type, from the catalog)."""
+    events = list(events)
+    m = _read(events)
+    m.configurations = _configurations(events)
+    return _with_slots(m, slots)
+
+
+def _with_slots(m: RunMeasurements, slots: dict[str, int]) -> RunMeasurements:
+    for itype in m.workers:
+        m.workers[itype] = slots.get(itype, m.workers[itype])
+    return m
+
+
+def _read(events: list[dict[str, Any]]) -> RunMeasurements:
+    """The start-ups and per-trial overheads."""
+    if not events or events[0].get("type") != "run_started":
+        raise InputError("not a run's journal: its first event is not run_started; pass a run directory")
+    first = events[0]
+    t0 = float(first["t"])
+    m = RunMeasurements(run_id=str(first.get("run_id", "?")), cloud=str(first.get("cloud", "?")))
+    requested: list[tuple[float, str, str]] = []  # the first stage's burst: (requested at, id, type)
+    ready: dict[str, tuple[float, float]] = {}
+    first_trial: dict[str, float] = {}
+    started: dict[tuple[str, int], tuple[float, int]] = {}
+    epochs: dict[str, dict[int, float]] = {}
+    head = None
+    for e in events:
+        kind = e.get("type")
+        if kind == "decision" and e.get("kind") == "head_started" and head is None:
+            head = float(e["t"]) - t0
+        elif kind == "instance_requested" and e.get("stage") == 0:  # journaled when up, not in request order
+            requested.append((float(e["t"]), e["id"], e["instance_type"]))
+        elif kind == "instance_ready":
+            ready[e["id"]] = (float(e["t"]), float(e["startup_s"]))
+        elif kind == "trial_started":
+            started[(e["trial_id"], e["stage"])] = (float(e["t"]), int(e.get("start_epoch", 0)))
+            for instance in e.get("instances", []):
+                first_trial.setdefault(instance, float(e["t"]))
+        elif kind == "epoch":
+            epochs.setdefault(e["trial_id"], {})[int(e["epoch"])] = float(e["seconds"])
+        elif kind == "trial_stopped" and e.get("reason") == "finished":
+            begun = started.get((e["trial_id"], e["stage"]))
+            trained = epochs.get(e["trial_id"], {})
+            span = range(int(e["start_epoch"]), int(e["end_epoch"]))
+            if begun is None or any(k not in trained for k in span):
+                continue
+            overhead = max(0.0, float(e["t"]) - begun[0] - sum(trained[k] for k in span))
+            (m.resumed_overheads if begun[1] > 0 else m.fresh_overheads).append((overhead, len(span)))
+    m.head_start_s = head
+    _add_burst(m, [(i, t) for _, i, t in sorted(requested)], ready, first_trial)
+    return m
+
+
+def _add_burst(
+    m: RunMeasurements,
+    requested: list[tuple[str, str]],
+    ready: dict[str, tuple[float, float]],
+    first_trial: dict[str, float],
+) -> None:
+    """The first stage's instances (in request order), as the run's serial provisioning overlapped them."""
+    burst = [(i, t) for i, t in requested if i in ready]
+    for k, (instance, itype) in enumerate(burst):
+        up_at, boot = ready[instance]
+        (m.boots_alone if k == 0 else m.boots_overlapped).setdefault(itype, []).append(boot)
+        if instance in first_trial:
+            last = k == len(burst) - 1
+            target = m.workers_alone if last else m.workers_overlapped
+            target.setdefault(itype, []).append(max(0.0, first_trial[instance] - up_at))
+        m.workers.setdefault(itype, 1)
+
+
+def _configurations(events: list[dict[str, Any]]) -> list[RunConfiguration]:
+    """Every trial the run created, as a configuration sample (see :class:`RunConfiguration`)."""
+    spec = events[0].get("spec") or {}
+    metric = (spec.get("metric") or {}).get("name")
+    sign = -1.0 if (spec.get("metric") or {}).get("mode") == "min" else 1.0
+    types = {e["id"]: e["instance_type"] for e in events if e.get("type") == "instance_requested"}
+    configs = {e["trial_id"]: e["config"] for e in events if e.get("type") == "trial_created"}
+    shape: dict[str, tuple[str, int, int]] = {}
+    runs: dict[str, list[tuple[int, int, tuple]]] = {}  # trial → [(start, end, shape)] of each of its runs
+    seconds: dict[str, dict[int, float]] = {}
+    metrics: dict[str, dict[int, Any]] = {}
+    first_rung: dict[str, int] = {}
+    for e in events:
+        kind, trial = e.get("type"), e.get("trial_id")
+        if kind == "trial_started" and e.get("instances") and e["instances"][0] in types:
+            here = (types[e["instances"][0]], int(e.get("workers") or 1), len(set(e["instances"])))
+            shape.setdefault(trial, here)
+            runs.setdefault(trial, []).append((int(e["start_epoch"]), int(e["end_epoch"]), here))
+        elif kind == "epoch":
+            seconds.setdefault(trial, {})[int(e["epoch"])] = float(e["seconds"])
+            metrics.setdefault(trial, {})[int(e["epoch"])] = (e.get("metrics") or {}).get(metric)
+        elif kind == "trial_stopped" and e.get("reason") == "finished":
+            first_rung.setdefault(trial, int(e["end_epoch"]))
+    common = statistics.mode(first_rung.values()) if first_rung else None  # the first stage's rung
+    out = []
+    for trial, first in shape.items():
+        at_first = [k for start, end, where in runs[trial] if where == first for k in range(start, end)]
+        times = tuple(seconds[trial][k] for k in sorted(set(at_first)) if k in seconds.get(trial, {}))
+        if not times or trial not in configs:
+            continue
+        value = (
+            metrics.get(trial, {}).get(common - 1) if common is not None and first_rung.get(trial) == common else None
+        )
+        quality = sign * float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+        out.append(RunConfiguration(configs[trial], first[0], first[1], first[2], times, quality))
+    return out
+
+
+def read_run(run_dir: Path, slots: dict[str, int]) -> RunMeasurements:
+    """A run directory's measurements; a one-line InputError when it holds no journal."""
+    from rubberband.executor import journal as J
+
+    path = Path(run_dir) / J.JOURNAL_NAME
+    if not path.is_file():
+        raise InputError(f"--from-run {run_dir}: no {J.JOURNAL_NAME} there; pass the directory of a finished run")
+    return run_measurements(J.iter_events(path), slots)
+
+
+def calibrated(
+    profile: Profile,
+    runs: list[RunMeasurements],
+    epoch_overhead_s: float | None = None,
+    devices: dict[str, str] | None = None,
+) -> Profile:
+    """``profile`` with what ``runs`` measured in place of the quiet figures (each figure only where a run measured
+    it; the rest unchanged): the head start and first boots as samples, the overlap of the burst's starts, the
+    worker start, and the per-trial overheads (less the per-epoch overhead the model adds for each epoch); with
+    ``devices`` (instance type → its device, from the catalog), the runs' configurations beside the profile's own
+    (``epoch_measurements``: whole epochs of every trial, at the shape it first ran at)."""
+    if not runs:
+        return profile
+    per_epoch = profile.workload.epoch_overhead_s if epoch_overhead_s is None else epoch_overhead_s
+    ids = ", ".join(r.run_id for r in runs)
+    sources = dict(profile.sources)
+    update: dict[str, Any] = {}
+    workload: dict[str, Any] = {}
+    fresh = [x - n * per_epoch for r in runs for x, n in r.fresh_overheads]
+    resumed = [x - n * per_epoch for r in runs for x, n in r.resumed_overheads]
+    if fresh:
+        workload["task_start_s"] = round(max(0.0, statistics.mean(fresh)), 4)
+        sources["task_start_s"] = f"measured in real runs ({ids}): mean per-trial wall less its epochs, fresh trials"
+    if resumed:
+        workload["restart_overhead_s"] = round(max(0.0, statistics.mean(resumed)), 4)
+        sources["restart_overhead_s"] = (
+            f"measured in real runs ({ids}): mean per-trial wall less its epochs, trials resumed from a checkpoint"
+        )
+    alone = [x for r in runs for xs in r.workers_alone.values() for x in xs]
+    if alone:
+        workload["worker_start_s"] = round(statistics.median(alone), 4)
+        sources["worker_start_s"] = f"measured in real runs ({ids}): an instance up → its first trial, alone"
+    if workload:
+        update["workload"] = profile.workload.model_copy(update=workload)
+    heads = [r.head_start_s for r in runs if r.head_start_s is not None]
+    if heads:
+        cloud = runs[0].cloud
+        others = [s for s in profile.head_startup if s.cloud != cloud]
+        update["head_startup"] = [*others, StartupSamples(cloud=cloud, samples_s=heads, source="measured")]
+        sources["head_startup"] = f"measured in real runs ({ids}): run start → its head takes nodes"
+    startup, overlap = _starts(profile, runs)
+    if startup is not None:
+        update["startup"] = startup
+        sources["startup"] = f"measured in real runs ({ids}): the first stage's first boot (alone)"
+    if overlap:
+        update["startup_overlap"] = overlap
+        sources["startup_overlap"] = f"measured in real runs ({ids}): the first stage's later boots and workers"
+    measured = _epoch_measurements(profile, runs, devices or {})
+    if measured:
+        update["epoch_measurements"] = [*profile.epoch_measurements, *measured]
+        sources["epoch_measurements"] = (
+            f"measured: the profile's configurations and {len(measured)} trained in real runs ({ids})"
+        )
+    return profile.model_copy(update={**update, "sources": sources})
+
+
+def _epoch_measurements(profile: Profile, runs: list[RunMeasurements], devices: dict[str, str]) -> list:
+    """The runs' configurations as the profile records configurations: whole epochs at their shape (the full
+    dataset's iterations per worker), with their scores."""
+    w = profile.workload
+    out = []
+    for c in (c for r in runs for c in r.configurations):
+        if c.instance_type not in devices or c.nodes > c.workers:
+            continue
+        iterations = max(1, -(-w.dataset_size // (w.batch_size_per_worker * c.workers)))
+        out.append(
+            EpochMeasurement(
+                config=c.config,
+                device=devices[c.instance_type],
+                instance_type=c.instance_type,
+                workers=c.workers,
+                nodes=c.nodes,
+                iterations_per_epoch=iterations,
+                epoch_times_s=list(c.epoch_times_s),
+                quality=c.quality,
+            )
+        )
+    return out
+
+
+def _starts(profile: Profile, runs: list[RunMeasurements]) -> tuple[list[StartupSamples] | None, list]:
+    """The profile's start-up samples with the runs' alone boots in place of its own for those types, and the
+    overlap of every type whose burst had both an alone and an overlapping figure of each kind."""
+    types = sorted({t for r in runs for t in r.boots_alone})
+    if not types:
+        return None, []
+    cloud = runs[0].cloud
+    startup = [s for s in profile.startup if not (s.cloud == cloud and s.instance_type in types)]
+    overlap = []
+    for itype in types:
+        boots = [x for r in runs for x in r.boots_alone.get(itype, [])]
+        startup.append(StartupSamples(cloud=cloud, instance_type=itype, samples_s=boots, source="measured"))
+        later = [x for r in runs for x in r.boots_overlapped.get(itype, [])]
+        w_alone = [x for r in runs for x in r.workers_alone.get(itype, [])]
+        w_over = [x for r in runs for x in r.workers_overlapped.get(itype, [])]
+        if later and w_alone and w_over:
+            overlap.append(
+                StartupOverlap(
+                    cloud=cloud,
+                    instance_type=itype,
+                    workers=next(r.workers[itype] for r in runs if itype in r.workers),
+                    boot_alone_s=round(statistics.median(boots), 3),
+                    boot_overlapped_s=round(statistics.median(later), 3),
+                    workers_alone_s=round(statistics.median(w_alone), 3),
+                    workers_overlapped_s=round(statistics.median(w_over), 3),
+                )
+            )
+    return startup, overlap or list(profile.startup_overlap)
