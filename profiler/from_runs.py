@@ -10,10 +10,12 @@ trials. A run's journal has them as the run paid them:
 * each instance of the first stage's burst: its boot (``instance_ready.startup_s``) and its worker processes'
   start (ready → its first trial), alone for the first boot and the last workers, overlapping otherwise;
 * each trial's overhead: its wall time from start to stop less its epochs' own seconds, for fresh trials
-  (``task_start_s``) and for trials resumed from a checkpoint (``restart_overhead_s``);
-* each configuration's whole epochs and its score after the first rung: every trial of the run's first stage is
-  a configuration drawn from the search space, so they add to the profile's few (``epoch_measurements``) an
-  unbiased sample of how fast configurations are, how much that varies and how it goes with their score.
+  (``task_start_s``) and for trials resumed from a checkpoint (``restart_overhead_s``).
+
+The configurations' speeds stay the profile's: folding a run's 27 trials in as configuration samples was tried
+(bench/bench_real_runs.py, three workloads): the centre of the predictions moved from 12 % to 10 % off, but where
+slow configurations score best the narrower spread made 3 of 7 runs late at a promised P(meet) of 0.97 (the
+survivors ran slower than the fitted correlation gives; see the closing note of issue 30).
 
 :func:`run_measurements` reads them (pure: a journal's events in, values out); :func:`calibrated` returns the
 profile with them in place of the quiet figures, and says so in ``sources``.
@@ -21,27 +23,13 @@ profile with them in place of the quiet figures, and says so in ``sources``.
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from rubberband.errors import InputError
-from rubberband.profile import EpochMeasurement, Profile, StartupOverlap, StartupSamples
-
-
-@dataclass(frozen=True)
-class RunConfiguration:
-    """One trial of a run as a configuration sample: where it first ran (type, workers, nodes), its epochs'
-    seconds there, and its score at the end of its first rung, oriented higher-better (None: not comparable)."""
-
-    config: dict[str, Any]
-    instance_type: str
-    workers: int
-    nodes: int
-    epoch_times_s: tuple[float, ...]
-    quality: float | None
+from rubberband.profile import Profile, StartupOverlap, StartupSamples
 
 
 @dataclass
@@ -63,16 +51,12 @@ class RunMeasurements:
     #: per finished trial: (wall less its epochs' own seconds, epochs), trials from scratch and resumed ones
     fresh_overheads: list[tuple[float, int]] = field(default_factory=list)
     resumed_overheads: list[tuple[float, int]] = field(default_factory=list)
-    #: every configuration the run trained: its epochs at the shape it first ran at, and its score then
-    configurations: list[RunConfiguration] = field(default_factory=list)
 
 
 def run_measurements(events: Iterable[dict[str, Any]], slots: dict[str, int]) -> RunMeasurements:
     """Read one run's journal events (``slots``: worker slots per instance type, from the catalog)."""
     events = list(events)
-    m = _read(events)
-    m.configurations = _configurations(events)
-    return _with_slots(m, slots)
+    return _with_slots(_read(events), slots)
 
 
 def _with_slots(m: RunMeasurements, slots: dict[str, int]) -> RunMeasurements:
@@ -139,44 +123,6 @@ def _add_burst(
         m.workers.setdefault(itype, 1)
 
 
-def _configurations(events: list[dict[str, Any]]) -> list[RunConfiguration]:
-    """Every trial the run created, as a configuration sample (see :class:`RunConfiguration`)."""
-    spec = events[0].get("spec") or {}
-    metric = (spec.get("metric") or {}).get("name")
-    sign = -1.0 if (spec.get("metric") or {}).get("mode") == "min" else 1.0
-    types = {e["id"]: e["instance_type"] for e in events if e.get("type") == "instance_requested"}
-    configs = {e["trial_id"]: e["config"] for e in events if e.get("type") == "trial_created"}
-    shape: dict[str, tuple[str, int, int]] = {}
-    runs: dict[str, list[tuple[int, int, tuple]]] = {}  # trial → [(start, end, shape)] of each of its runs
-    seconds: dict[str, dict[int, float]] = {}
-    metrics: dict[str, dict[int, Any]] = {}
-    first_rung: dict[str, int] = {}
-    for e in events:
-        kind, trial = e.get("type"), e.get("trial_id")
-        if kind == "trial_started" and e.get("instances") and e["instances"][0] in types:
-            here = (types[e["instances"][0]], int(e.get("workers") or 1), len(set(e["instances"])))
-            shape.setdefault(trial, here)
-            runs.setdefault(trial, []).append((int(e["start_epoch"]), int(e["end_epoch"]), here))
-        elif kind == "epoch":
-            seconds.setdefault(trial, {})[int(e["epoch"])] = float(e["seconds"])
-            metrics.setdefault(trial, {})[int(e["epoch"])] = (e.get("metrics") or {}).get(metric)
-        elif kind == "trial_stopped" and e.get("reason") == "finished":
-            first_rung.setdefault(trial, int(e["end_epoch"]))
-    common = statistics.mode(first_rung.values()) if first_rung else None  # the first stage's rung
-    out = []
-    for trial, first in shape.items():
-        at_first = [k for start, end, where in runs[trial] if where == first for k in range(start, end)]
-        times = tuple(seconds[trial][k] for k in sorted(set(at_first)) if k in seconds.get(trial, {}))
-        if not times or trial not in configs:
-            continue
-        value = (
-            metrics.get(trial, {}).get(common - 1) if common is not None and first_rung.get(trial) == common else None
-        )
-        quality = sign * float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-        out.append(RunConfiguration(configs[trial], first[0], first[1], first[2], times, quality))
-    return out
-
-
 def read_run(run_dir: Path, slots: dict[str, int]) -> RunMeasurements:
     """A run directory's measurements; a one-line InputError when it holds no journal."""
     from rubberband.executor import journal as J
@@ -187,17 +133,10 @@ def read_run(run_dir: Path, slots: dict[str, int]) -> RunMeasurements:
     return run_measurements(J.iter_events(path), slots)
 
 
-def calibrated(
-    profile: Profile,
-    runs: list[RunMeasurements],
-    epoch_overhead_s: float | None = None,
-    devices: dict[str, str] | None = None,
-) -> Profile:
+def calibrated(profile: Profile, runs: list[RunMeasurements], epoch_overhead_s: float | None = None) -> Profile:
     """``profile`` with what ``runs`` measured in place of the quiet figures (each figure only where a run measured
     it; the rest unchanged): the head start and first boots as samples, the overlap of the burst's starts, the
-    worker start, and the per-trial overheads (less the per-epoch overhead the model adds for each epoch); with
-    ``devices`` (instance type → its device, from the catalog), the runs' configurations beside the profile's own
-    (``epoch_measurements``: whole epochs of every trial, at the shape it first ran at)."""
+    worker start, and the per-trial overheads (less the per-epoch overhead the model adds for each epoch)."""
     if not runs:
         return profile
     per_epoch = profile.workload.epoch_overhead_s if epoch_overhead_s is None else epoch_overhead_s
@@ -234,37 +173,7 @@ def calibrated(
     if overlap:
         update["startup_overlap"] = overlap
         sources["startup_overlap"] = f"measured in real runs ({ids}): the first stage's later boots and workers"
-    measured = _epoch_measurements(profile, runs, devices or {})
-    if measured:
-        update["epoch_measurements"] = [*profile.epoch_measurements, *measured]
-        sources["epoch_measurements"] = (
-            f"measured: the profile's configurations and {len(measured)} trained in real runs ({ids})"
-        )
     return profile.model_copy(update={**update, "sources": sources})
-
-
-def _epoch_measurements(profile: Profile, runs: list[RunMeasurements], devices: dict[str, str]) -> list:
-    """The runs' configurations as the profile records configurations: whole epochs at their shape (the full
-    dataset's iterations per worker), with their scores."""
-    w = profile.workload
-    out = []
-    for c in (c for r in runs for c in r.configurations):
-        if c.instance_type not in devices or c.nodes > c.workers:
-            continue
-        iterations = max(1, -(-w.dataset_size // (w.batch_size_per_worker * c.workers)))
-        out.append(
-            EpochMeasurement(
-                config=c.config,
-                device=devices[c.instance_type],
-                instance_type=c.instance_type,
-                workers=c.workers,
-                nodes=c.nodes,
-                iterations_per_epoch=iterations,
-                epoch_times_s=list(c.epoch_times_s),
-                quality=c.quality,
-            )
-        )
-    return out
 
 
 def _starts(profile: Profile, runs: list[RunMeasurements]) -> tuple[list[StartupSamples] | None, list]:

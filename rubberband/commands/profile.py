@@ -153,7 +153,7 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
     profile = load_profile(source)
     types = load_catalog(list(spec.resources.clouds)).types
     measured = [read_run(run, {t.name: t.workers for t in types}) for run in runs]
-    updated = calibrated(profile, measured, devices={t.name: t.device for t in types})
+    updated = calibrated(profile, measured)
     target = out or source
     write_profile(updated, target)
     w = updated.workload
@@ -162,12 +162,15 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
         f"profile {target}: from {len(measured)} run(s): task start {w.task_start_s:.3f} s, restart "
         f"{w.restart_overhead_s:.3f} s, new instance's workers {w.worker_start_s:.2f} s"
         + (f", head start {statistics.median(heads):.2f} s" if heads else "")
-        + f"; {len(updated.epoch_measurements)} configurations timed ({len(profile.epoch_measurements)} profiled)"
-        + "".join(
-            f"; {o.instance_type}: boot {o.boot_alone_s:.2f} → {o.boot_overlapped_s:.2f} s, workers "
-            f"{o.workers_alone_s:.2f} → {o.workers_overlapped_s:.2f} s when starts overlap"
-            for o in updated.startup_overlap
-        )
+        + "".join(_overlap_line(o) for o in updated.startup_overlap)
+    )
+
+
+def _overlap_line(o) -> str:
+    """How much slower one start is while another runs beside it (the profile's ``startup_overlap``)."""
+    return (
+        f"; {o.instance_type} starts side by side: boot {o.boot_alone_s:.2f} → {o.boot_overlapped_s:.2f} s, "
+        f"{o.workers} workers {o.workers_alone_s:.2f} → {o.workers_overlapped_s:.2f} s"
     )
 
 
@@ -224,6 +227,7 @@ def _print_summary(result, out: Path) -> None:
         + f"; per epoch outside iterations {w.epoch_overhead_s:.3f} s; task start {w.task_start_s:.3f} s; "
         f"new instance's workers {w.worker_start_s:.2f} s"
         + "".join(f"; termination {np.median(t.samples_s):.2f} s" for t in profile.termination)
+        + "".join(_overlap_line(o) for o in profile.startup_overlap)
         + f"; took {format_duration(result.wall_s)}"
     )
     console.print(line, soft_wrap=True)
