@@ -142,20 +142,26 @@ class ReplanAnswer:
 Replanner = Callable[[ReplanRequest], "Plan | ReplanAnswer | None"]
 
 
-def profile_with_measurements(profile: Any, request: ReplanRequest, *, keep: int = 500) -> Any:
-    """The profile plus what this run measured (iteration latencies, instance startups), for re-fitting."""
+def profile_with_measurements(profile: Any, request: ReplanRequest, *, keep: int = 500, latencies: bool = True) -> Any:
+    """The profile plus what this run measured (iteration latencies, instance startups), for re-fitting.
+
+    ``latencies``: False leaves the run's iteration latencies out of the device fit. Where configurations differ
+    in speed, a stage's latencies measure which configurations it ran as much as its shape: a later stage runs
+    the survivors (the slow ones, where slow configurations score best) at another worker count, and folding them
+    in makes that shape look slow; each survivor's own measured speed (``known_trials``) carries the run's truth.
+    """
     from rubberband.profile import LatencyMeasurement, StartupSamples
 
     measurements = list(profile.measurements)
-    for key, latencies in request.iteration_latencies.items():
+    for key, latencies_s in (request.iteration_latencies if latencies else {}).items():
         device, workers, nodes = key.split("/")
-        if latencies and int(nodes) <= int(workers):
+        if latencies_s and int(nodes) <= int(workers):
             measurements.append(
                 LatencyMeasurement(
                     device=device,
                     workers=int(workers),
                     nodes=int(nodes),
-                    iteration_latencies_s=latencies[-keep:],
+                    iteration_latencies_s=latencies_s[-keep:],
                     source="measured",
                 )
             )
@@ -227,7 +233,9 @@ def planner_replanner(catalog: Any, profile: Any) -> Replanner | None:
 
     def replan(request: ReplanRequest) -> ReplanAnswer:
         spec = request.spec
-        model = fit_performance_model(profile_with_measurements(profile, request))
+        # configurations that differ in speed: the survivors' own speeds, not a re-fitted shape, carry the run
+        spread = fit_performance_model(profile).variation.config_sigma > 0 and bool(request.survivors)
+        model = fit_performance_model(profile_with_measurements(profile, request, latencies=not spread))
         rest = [request.plan.stages[i] for i in request.positions()]
         stages = [Stage(s.bracket, s.stage, s.trials, s.epochs, s.epochs_this_stage) for s in rest]
         # parallel brackets: each bracket's rest starts at its own offset from now (the first's at once)

@@ -161,6 +161,39 @@ def test_the_replanner_predicts_from_the_survivors_measured_speed(tmp_path):
     assert known_trials(fit_performance_model(profile), {0: (slow,)})[0].log_speeds == pytest.approx((math.log(3.0),))
 
 
+def test_where_configurations_differ_the_survivors_latencies_do_not_reshape_the_model(tmp_path):
+    """A later stage's iteration latencies are its survivors': slow ones where slow configurations score best. Folded
+    into the device fit they made that stage's worker count look slow, so survivors measured there looked fast and
+    a re-plan to another worker count predicted their next stage 25-28 % short (real runs, slow-better workload).
+    Their own measured speed carries the run's truth; the latencies no longer move the prediction."""
+    from rubberband.catalog import load_catalog
+    from rubberband.planner import simulate_plan
+
+    spec = load_spec(write_job(tmp_path / "job", trials=3, eta=3, min_epochs=1, max_epochs=3))
+    profile = load_profile(write_spread_profile(tmp_path / "p.json", rho=0.8))
+    catalog = load_catalog(["local"])
+    plan = simulate_plan(make_plan(spec, [("local.cpu2", 1, 2), ("local.cpu1", 1, 1)]), profile, catalog, samples=200)
+    model = fit_performance_model(profile)
+    two = model.epoch_time("CPU", 2, 1) + model.epoch_overhead_s
+    slow = TrialTimes("t0", (EpochTime("CPU", 2, 1, 3.0 * two),))  # 3x the model's epoch at 2 workers
+    t_iter = model.devices["CPU"].t_iter(model.batch_size_per_worker, 2, 1)
+    request = ReplanRequest(
+        spec=spec,
+        plan=plan,
+        next_stage=1,
+        elapsed_s=5.0,
+        spent_usd=0.0,
+        remaining_deadline_s=600.0,
+        running={"local:local:local.cpu1": 1},
+        survivors={0: (slow,)},
+        iteration_latencies={"CPU/2/1": [3.0 * t_iter] * 50},  # the slow survivor's own iterations
+    )
+    replan = planner_replanner(catalog, profile)
+    with_latencies = replan(request).current_jct_p50_s
+    without = replan(dataclasses.replace(request, iteration_latencies={})).current_jct_p50_s
+    assert with_latencies == pytest.approx(without, rel=0.01)
+
+
 # -- end to end on virtual time -------------------------------------------------------------------------------------
 
 
