@@ -48,6 +48,7 @@ from rubberband.planner.asha import (
     AshaSimulator,
     asha_baseline,
     elastic_asha,
+    ray_tune_starts,
 )
 from rubberband.planner.baselines import BaselineResult, cheapest_feasible, exact_optimum, shrink, static_plans
 from rubberband.planner.brackets import (
@@ -870,6 +871,7 @@ def asha_info(space: PlanSpace, spec: JobSpec, goal: Goal, settings: SimSettings
             seed=settings.seed,
             spot=settings.spot,
             head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
+            starts=lambda itype: ray_tune_starts(space.model, itype),  # the baseline is Ray Tune's ASHA
         ),
     )
     found = asha_baseline(sim, usable, space.max_workers, goal.deadline_s, goal.confidence)

@@ -20,9 +20,11 @@ Metrics: each trial has a latent quality (a random permutation per sample; corre
 slowness at the model's ``speed_quality_rho``) that orders it at every rung. Timing: per epoch the profiled
 epoch time × the trial's straggler factor (lognormal, the profile's σ) × its configuration's speed (the
 model's variation) + the per-epoch overhead; each rung report adds an evaluation pass; a trial's
-start costs the warm-worker start (× a lognormal factor of σ ``start_sigma`` per trial when set: trial
-starts of uneven length finish out of queue order, as Ray's do, and ASHA's promotions depend on the
-order in which results arrive). Instances come up after a start-up draw (serially on local)
+start costs the warm-worker start, or where each trial is a new process (:class:`TrialStarts`, Ray Tune's
+default) that process's start, contending with the other starts in progress for the cores (× a lognormal
+factor per trial: trial starts of uneven length finish out of queue order, as Ray's do, and ASHA's
+promotions depend on the order in which results arrive). :func:`ray_tune_starts` derives Ray Tune's from
+the profile's measurement: the ASHA baseline a plan shows is Ray Tune's. Instances come up after a start-up draw (serially on local)
 plus the worker start. Event-driven per sample (heaps); pure, deterministic given the seed.
 
 Elastic ASHA (:class:`AshaPhases`): the cluster shrinks phase by phase under
@@ -257,18 +259,54 @@ class AshaSchedule:
 
 
 @dataclass(frozen=True)
+class TrialStarts:
+    """How trials start where each is a new process (Ray Tune's ``reuse_actors=False``, its default): a start takes
+    ``start_s`` alone (None: the model's ``task_start_s``) × a lognormal factor of σ ``sigma`` per trial, and the
+    starts in progress on one instance (on one host where ``shared_host``: the local cloud's instances share this
+    machine's cores) share ``concurrency`` start lanes by processor sharing."""
+
+    concurrency: float
+    start_s: float | None = None
+    sigma: float = 0.0
+    shared_host: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.concurrency >= 1:
+            raise ValueError("concurrency must be at least 1 start lane")
+        if self.start_s is not None and not (self.start_s >= 0 and math.isfinite(self.start_s)):
+            raise ValueError("start_s must be a finite number of seconds ≥ 0 (None: the model's task_start_s)")
+        if not (self.sigma >= 0 and math.isfinite(self.sigma)):
+            raise ValueError("sigma must be a finite number ≥ 0 (0: every trial start alike)")
+
+
+def ray_tune_starts(model: PerformanceModel, itype: InstanceType) -> TrialStarts | None:
+    """Ray Tune's trial starts on ``itype`` from the profile's measurement (None where the profile has none): each
+    trial's start is Tune's measured start plus the model's ``task_start_s`` (the user's code up to the first
+    iteration), on the start lanes of the cores the starts share: the instance's vCPUs, or on a shared host (the
+    local cloud) the profiling machine's cores, every instance's starts together."""
+    tune = model.tune_start
+    if tune is None:
+        return None
+    shared = itype.cloud in SERIAL_PROVISIONING
+    cores = tune.lanes(tune.host_cores if shared else itype.vcpus)
+    return TrialStarts(
+        concurrency=cores, start_s=tune.start_s + model.task_start_s, sigma=tune.sigma, shared_host=shared
+    )
+
+
+@dataclass(frozen=True)
 class AshaSettings:
     """How :class:`AshaSimulator` plays ASHA: ``samples`` Monte Carlo samples from ``seed``; ``spot``: every instance
     priced at spot; ``head_cost(instance_type, jct)`` bills the run's head for a cluster of that type (per-sample
-    array; None: no head). Trial starts: ``start_concurrency`` (None: unlimited) start lanes per instance shared by
-    the starts in progress on it, each start ``task_start_s`` × a lognormal factor of σ ``start_sigma``."""
+    array; None: no head). ``starts``: how trials start on a type where they contend (:class:`TrialStarts`; None,
+    or a type it gives None for: each takes the model's ``task_start_s``, independently), e.g. Ray Tune's
+    (``lambda t: ray_tune_starts(model, t)``)."""
 
     samples: int = ASHA_SAMPLES
     seed: int = 0
     spot: bool = False
     head_cost: Callable[[InstanceType, np.ndarray], np.ndarray] | None = None
-    start_concurrency: float | None = None
-    start_sigma: float = 0.0
+    starts: Callable[[InstanceType], TrialStarts | None] | None = None
 
 
 class AshaSimulator:
@@ -277,15 +315,9 @@ class AshaSimulator:
 
     def __init__(self, model: PerformanceModel, schedule: AshaSchedule, settings: AshaSettings | None = None) -> None:
         settings = settings or AshaSettings()
-        start_concurrency, start_sigma = settings.start_concurrency, settings.start_sigma
-        if start_concurrency is not None and start_concurrency < 1:
-            raise ValueError("start_concurrency must be at least 1 (or None: unlimited)")
-        if not (start_sigma >= 0 and math.isfinite(start_sigma)):
-            raise ValueError("start_sigma must be a finite number ≥ 0 (0: every trial start takes task_start_s)")
         self.model = model
         self.schedule = schedule
         self.settings = settings
-        self.start_concurrency = start_concurrency
         self.trials = schedule.trials
         self.eta = schedule.eta
         self.milestones = rungs(schedule.eta, schedule.min_epochs, schedule.max_epochs)
@@ -305,12 +337,10 @@ class AshaSimulator:
             np.exp(sigma * rng.standard_normal((samples, trials))) if sigma > 0 else np.ones((samples, trials))
         )
         self._boot_u = rng.random((samples, 1024))
-        # drawn after the rest, so that start_sigma 0 leaves every other draw (and so every result) unchanged
-        self._start_factor = (
-            np.exp(start_sigma * rng.standard_normal((samples, trials)))
-            if start_sigma > 0
-            else np.ones((samples, trials))
-        )
+        self._starts_on = settings.starts
+        self._ones = np.ones(trials)
+        # drawn after the rest only where starts are modelled: without them every other draw is unchanged
+        self._start_z = rng.standard_normal((samples, trials)) if settings.starts is not None else None
         variation = model.variation
         if variation.config_sigma > 0 or variation.config_log_mean != 0.0:
             # configurations differ in speed, as in the elastic plans' simulator; promotion ranks by a quality as
@@ -348,6 +378,7 @@ class AshaSimulator:
         if lay.slots < 1:
             raise ValueError("the cluster has no trial slot")
         self.runs += 1
+        starts = self._starts_on(itype) if self._starts_on is not None else None
         epoch = model.epoch_time(itype.device, w, lay.nodes)
         startup = model.startup(itype.cloud, itype.name)
         head_boot = model.head_start(itype.cloud, itype.name).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
@@ -361,7 +392,10 @@ class AshaSimulator:
             request = head_boot + np.concatenate([np.zeros((m, 1)), np.cumsum(boot, axis=1)[:, :-1]], axis=1)
         else:
             request = np.full((m, k), head_boot)
-        ready = request + boot + model.worker_start_s + gained
+        if starts is not None and starts.start_s is not None:
+            ready = request + boot  # each trial starts its own process (its start is the trial's): no worker pool
+        else:
+            ready = request + boot + model.worker_start_s + gained
         jct = np.empty(m)
         reached = np.zeros((m, len(self.milestones)), dtype=np.int64)
         busy = np.zeros(m)
@@ -370,7 +404,7 @@ class AshaSimulator:
         tasks: list[tuple[int, int, int, float, float]] | None = None if sample is None else []
         for row, s in enumerate(rows):
             out = _SampleOut(reached[row], idle_from[row], bounds[row], tasks)
-            jct[row], busy[row] = self._run(s, ready[row], lay, epoch, out)
+            jct[row], busy[row] = self._run(s, ready[row], _Cluster(lay, epoch, starts), out)
         return AshaTrace(cluster, jct, busy, reached, request, ready, idle_from, bounds, lay, tuple(tasks or ()))
 
     def bill(self, trace: AshaTrace, cluster: AshaPhases) -> AshaResult:
@@ -451,11 +485,12 @@ class AshaSimulator:
         ]
         return Timeline(instances=instances, tasks=tasks)
 
-    def _run(self, s: int, ready: np.ndarray, lay: Layout, epoch: float, out: _SampleOut) -> tuple[float, float]:
+    def _run(self, s: int, ready: np.ndarray, on: _Cluster, out: _SampleOut) -> tuple[float, float]:
         """One sample: event-driven ASHA; returns (JCT, slot-seconds spent starting and training) and fills
         ``out`` (rungs reached, when each instance went idle for good, when each phase began, the tasks)."""
         reached, idle_from, bounds, tasks = out.reached, out.idle_from, out.bounds, out.tasks
         model = self.model
+        lay, epoch, spec = on.layout, on.epoch_s, on.starts
         if lay.span == 1:
             slot_ready = np.repeat(ready, lay.per_instance)
         else:
@@ -464,12 +499,19 @@ class AshaSimulator:
         freed = [t for t, _ in free]  # when each slot last became free
         heapq.heapify(free)
         events: list[tuple[float, int, int, int]] = []  # (time, trial, rung, slot)
-        # unlimited starts (the default) take task_start_s each: folded into the first segment
-        starts = _Starts(self.start_concurrency, model.task_start_s) if self.start_concurrency else None
+        # independent starts (the default) take task_start_s each: folded into the first segment
+        shared_host = spec is not None and spec.shared_host
+        starts = (
+            _Starts(spec.concurrency, model.task_start_s if spec.start_s is None else spec.start_s)
+            if spec is not None
+            else None
+        )
         bracket = AshaRungs(self.eta, len(self.milestones))
         quality = self._quality[s]
         factor = self._factor[s]
-        start_factor = self._start_factor[s]
+        start_factor = (
+            np.exp(spec.sigma * self._start_z[s]) if spec is not None and self._start_z is not None else self._ones
+        )
         per_epoch = model.epoch_overhead_s
         next_trial = 0
         end = 0.0
@@ -499,7 +541,7 @@ class AshaSimulator:
                     busy += d
                     heapq.heappush(events, (t + d, next_trial, 0, j))
                 else:
-                    domain = j // lay.per_instance if lay.span == 1 else j * lay.span
+                    domain = _start_domain(shared_host, lay, j)
                     starts.add(t, domain, next_trial, j, start_factor[next_trial])
                 next_trial += 1
                 continue
@@ -556,6 +598,24 @@ class AshaRungs:
         stop = bool(rec) and value < _percentile(rec, self.q)
         bisect.insort(rec, value)
         return not stop
+
+
+def _start_domain(shared_host: bool, lay: Layout, slot: int) -> int:
+    """The starts ``slot``'s trial start contends with: its instance's (its first instance's where a trial spans
+    several), or every instance's on a shared host."""
+    if shared_host:
+        return 0
+    return slot // lay.per_instance if lay.span == 1 else slot * lay.span
+
+
+@dataclass(frozen=True)
+class _Cluster:
+    """What one event run plays on: the cluster's slot layout, its epoch seconds and how its trials start (None:
+    independently, the model's ``task_start_s`` each)."""
+
+    layout: Layout
+    epoch_s: float
+    starts: TrialStarts | None
 
 
 class _Starts:

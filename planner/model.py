@@ -44,7 +44,7 @@ from scipy.optimize import least_squares
 from rubberband.clouds import facts_or_like
 from rubberband.errors import ProfileError
 from rubberband.planner.noise import Variation, fit_variation
-from rubberband.profile import Profile
+from rubberband.profile import Profile, TuneTrialStart
 
 # Checkpoint transfer bandwidth between instances (GB/s), ~10 Gbit/s networking.
 TRANSFER_GB_PER_S = 1.0
@@ -155,6 +155,25 @@ class StartOverlap:
 
 
 @dataclass(frozen=True)
+class TuneStart:
+    """Ray Tune's trial start (profile ``tune_trial_start``): ``start_s`` alone (the mean serial gap), the lognormal
+    spread ``sigma`` of those gaps, and ``lanes_per_core``: how many starts progress at full speed per core of the
+    host they share, from the concurrent wave (``concurrent`` starts that took ``T`` each against ``start_s`` alone
+    ran on ``concurrent × start_s / T`` lanes, by processor sharing; never fewer than one, never more than were
+    started). A start is mostly a new process's interpreter and imports, so its lanes scale with the cores."""
+
+    start_s: float
+    sigma: float
+    lanes_per_core: float
+    #: The cores of the machine it was measured on (the local cloud's instances share them).
+    host_cores: int
+
+    def lanes(self, cores: float) -> float:
+        """Start lanes on ``cores`` cores (at least one)."""
+        return max(1.0, self.lanes_per_core * cores)
+
+
+@dataclass(frozen=True)
 class PerformanceModel:
     """Everything the simulator needs to time and cost a trial shape; pure and immutable."""
 
@@ -182,6 +201,8 @@ class PerformanceModel:
     head_startup_by_cloud: dict[str, StartupModel] = field(default_factory=dict)
     #: Measured contention of overlapping start-ups per shared-host cloud (profile ``startup_overlap``).
     start_overlap_by_cloud: dict[str, StartOverlap] = field(default_factory=dict)
+    #: Ray Tune's own trial start, for the ASHA baseline (profile ``tune_trial_start``); None: not measured.
+    tune_start: TuneStart | None = None
 
     # -- latency ---------------------------------------------------------------------------
     def plannable(self, device: str) -> bool:
@@ -288,6 +309,14 @@ class PerformanceModel:
             "start_overlap": {
                 c: {"workers": o.workers, "boot_extra_s": o.boot_extra_s, "worker_extra_s": o.worker_extra_s}
                 for c, o in sorted(self.start_overlap_by_cloud.items())
+            },
+            "tune_start": None
+            if self.tune_start is None
+            else {
+                "start_s": round(self.tune_start.start_s, 4),
+                "sigma": round(self.tune_start.sigma, 4),
+                "lanes_per_core": round(self.tune_start.lanes_per_core, 4),
+                "host_cores": self.tune_start.host_cores,
             },
             "termination": {
                 **{
@@ -407,6 +436,26 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
         variation=variation,
         head_startup_by_cloud=head_startup_by_cloud,
         start_overlap_by_cloud=start_overlap_by_cloud,
+        tune_start=_tune_start(profile),
+    )
+
+
+def _tune_start(profile: Profile) -> TuneStart | None:
+    """Ray Tune's trial start from the profile's measurement (None where it has none)."""
+    return None if profile.tune_trial_start is None else tune_start_model(profile.tune_trial_start)
+
+
+def tune_start_model(m: TuneTrialStart) -> TuneStart:
+    """Ray Tune's trial start as the ASHA simulator plays it, from the profiler's measurement."""
+    alone = float(np.mean(m.serial_s))
+    together = float(np.mean(m.concurrent_s))
+    lanes = min(float(m.concurrent), max(1.0, m.concurrent * alone / together))
+    logs = np.log(m.serial_s)
+    return TuneStart(
+        start_s=alone,
+        sigma=float(np.std(logs)) if len(logs) > 1 else 0.0,
+        lanes_per_core=lanes / m.host_cores,
+        host_cores=m.host_cores,
     )
 
 

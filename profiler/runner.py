@@ -25,6 +25,7 @@ import datetime as _dt
 import importlib.util
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -48,6 +49,7 @@ from rubberband.profile import (
     Profile,
     StartupOverlap,
     StartupSamples,
+    TuneTrialStart,
     TerminationSamples,
     Workload,
 )
@@ -75,6 +77,8 @@ DEFAULT_STARTUP_SAMPLES = 3
 MAX_CONFIGS = 8
 #: Iterations per timed epoch at least, when whole epochs do not fit the budget (partial epochs).
 MIN_EPOCH_ITERATIONS = 5
+#: Budget seconds left at least for timing Ray Tune's trial starts (about 20 s on 2 cores).
+TUNE_START_RESERVE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,9 @@ class ProfileOptions:
     #: The type whose start-ups are timed side by side on a shared host (:mod:`~rubberband.profiler.overlap`):
     #: the widest the run may start (its workers contend most); None: ``instance_type``.
     overlap_type: InstanceType | None = None
+    #: Time Ray Tune's own trial starts (:mod:`~rubberband.profiler.tune_start`), for the plan's ASHA baseline,
+    #: where Ray Tune is installed.
+    tune_start: bool = True
 
     @property
     def device(self) -> WorkerDevice:
@@ -267,6 +274,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
         + len(shapes)
         + options.configs
         + (2 if options.measure_restart else 0)
+        + (1 if options.tune_start else 0)
     )
     done = 0
 
@@ -305,9 +313,10 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
                 epochs = _measure_configs(steps, measured, pool)
                 warm = _measure_restart(steps, measured, pool) if options.measure_restart else None
             cold = _measure_restart(steps, measured, None) if options.measure_restart else None
+            tune_start = _measure_tune_start(cluster, steps, max(options.workers) > 1) if options.tune_start else None
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    found = _Measured(results, startup, termination, warm, cold, epochs, head_startup, overlap)
+    found = _Measured(results, startup, termination, warm, cold, epochs, head_startup, overlap, tune_start)
     profile = _build_profile(spec, options, config, notes, found)
     return ProfileRun(profile=profile, shapes=results, notes=notes, wall_s=budget.spent())
 
@@ -415,6 +424,42 @@ def _measure_overlap(run_dir: Path, options: ProfileOptions, notes: list[str]) -
     except RubberbandError as exc:
         notes.append(f"start-up overlap: not measured ({exc}); the plan takes start-ups as independent")
         return []
+
+
+def _measure_tune_start(cluster: Any, steps: _Steps, torch_trials: bool) -> TuneTrialStart | None:
+    """Ray Tune's trial starts on a node of their own (None, with a note, where Ray Tune is missing, the budget is
+    spent or the probe failed): the plan's ASHA baseline is Ray Tune's ASHA, whose trials start new processes."""
+    from rubberband.profiler.tune_start import measure_tune_start, tune_installed, wave_size
+
+    if not tune_installed():
+        steps.notes.append(
+            "Ray Tune's trial start: not measured (Ray Tune is not installed: the raytune extra); the ASHA baseline "
+            "starts its trials as this executor does"
+        )
+        return None
+    if steps.budget.left() < TUNE_START_RESERVE_S:
+        steps.notes.append("Ray Tune's trial start: not measured (the budget is spent)")
+        return None
+    cores = os.cpu_count() or 1
+    cpus = wave_size(cores)
+    steps.tick("Ray Tune's trial starts: one after another, then several at once", advance=False)
+    try:
+        cluster.add_instance("tune-probe", cpus, num_cpus=cpus)
+        found = measure_tune_start(
+            steps.run_dir / "tune",
+            node_resource("tune-probe"),
+            cpus=cpus,
+            host_cores=cores,
+            imports=("torch",) if torch_trials else (),
+        )
+    except RubberbandError as exc:
+        steps.notes.append(f"Ray Tune's trial start: not measured ({exc})")
+        return None
+    finally:
+        if "tune-probe" in cluster.nodes:
+            cluster.remove_instance("tune-probe")
+    steps.tick(f"Ray Tune's trial start: {sum(found.serial_s) / len(found.serial_s):.1f} s alone")
+    return found
 
 
 @dataclass(frozen=True)
@@ -813,6 +858,7 @@ class _Measured:
     epochs: list[EpochMeasurement] | None = None
     head_startup: list[StartupSamples] | None = None
     overlap: list[StartupOverlap] | None = None
+    tune_start: TuneTrialStart | None = None
 
 
 def _build_profile(
@@ -917,6 +963,11 @@ def _build_profile(
             "measured: a node's WorkerPool workers starting while the next node boots (as a run's serial "
             "provisioning overlaps them), against the same starts alone"
         )
+    if measured.tune_start is not None:
+        sources["tune_trial_start"] = (
+            f"measured with Ray Tune {measured.tune_start.ray_version}: trials one after another, then "
+            f"{measured.tune_start.concurrent} starting at once on {measured.tune_start.host_cores} cores"
+        )
     sources["termination"] = (
         "measured: terminate request to a start-up probe node → its processes gone "
         "(LocalProvider: SIGTERM, SIGKILL after the grace)"
@@ -945,6 +996,7 @@ def _build_profile(
         termination=list(termination or []),
         head_startup=list(measured.head_startup or []),
         startup_overlap=list(measured.overlap or []),
+        tune_trial_start=measured.tune_start,
         machine=info,
         torch_version=torch.__version__,
         created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

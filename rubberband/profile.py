@@ -178,6 +178,30 @@ class StartupOverlap(_Model):
     source: Literal["measured"] = "measured"
 
 
+class TuneTrialStart(_Model):
+    """Ray Tune's trial start, as ASHA on a fixed Ray Tune cluster pays it (the plan's ASHA baseline): with Tune's
+    default ``reuse_actors=False`` every trial is a new actor, a new worker process whose interpreter and imports
+    run on the host's cores, started by Tune's driver loop. Measured with Ray Tune itself on the profiling machine:
+    trials one after another (each start alone), then ``concurrent`` trials starting at once."""
+
+    serial_s: list[float] = Field(
+        min_length=1, description="seconds from one trial's end to the next trial's start, one trial at a time"
+    )
+    concurrent: int = Field(ge=2, description="trials started at once in the concurrent wave")
+    concurrent_s: list[float] = Field(
+        min_length=1, description="seconds from a trial's end to the start of the trial taking its slot, in a wave"
+    )
+    host_cores: int = Field(ge=1, description="the profiling machine's cores the starts shared")
+    ray_version: str
+    source: Literal["measured"] = "measured"
+
+    @model_validator(mode="after")
+    def _check(self) -> "TuneTrialStart":
+        if any(not x > 0 for x in self.serial_s + self.concurrent_s):
+            raise ValueError("Ray Tune trial starts must be positive seconds")
+        return self
+
+
 class Profile(_Model):
     schema_version: Literal[1, 2] = PROFILE_SCHEMA_VERSION
     workload: Workload
@@ -194,6 +218,11 @@ class Profile(_Model):
         default_factory=list,
         description="start-ups overlapping on a shared host (local), each against the same start alone; absent: "
         "starts are taken as independent",
+    )
+    tune_trial_start: TuneTrialStart | None = Field(
+        default=None,
+        description="Ray Tune's own trial start (the ASHA baseline's); absent: not measured (no ray[tune] where the "
+        "profile was taken), the baseline starts trials as this executor does",
     )
     reference_device: str | None = None
     device_speed: dict[str, float] = Field(default_factory=dict)

@@ -15,6 +15,7 @@ from rubberband.planner.asha import (
     AshaSchedule,
     AshaSettings,
     AshaSimulator,
+    TrialStarts,
     _Starts,
     _percentile,
     asha_baseline,
@@ -23,6 +24,13 @@ from rubberband.planner.asha import (
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
 GPU4 = itype("gpu4", gpus=4, price=14.4)
+
+
+def lanes(concurrency: float | None, sigma: float = 0.0):
+    """Trial starts on ``concurrency`` lanes per instance on every type (None: independent starts), built (and
+    so validated) now."""
+    starts = None if concurrency is None else TrialStarts(concurrency, sigma=sigma)
+    return lambda _type: starts
 
 
 def test_rungs_are_ray_tunes_milestones():
@@ -91,24 +99,22 @@ def test_heads_are_billed_for_the_jct():
     assert np.allclose(res.breakdown["head"], res.jct * 0.1 / 3600)
 
 
-def test_unlimited_start_concurrency_is_todays_model():
-    """start_concurrency None (the planning default) or at least the slots per instance: no start
-    slows another, the same run as before the parameter existed."""
+def test_start_lanes_as_many_as_slots_are_todays_model():
+    """No trial starts modelled (the default) or at least as many start lanes as slots per instance: no
+    start slows another, the same run."""
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.2, task_start=7.0, epoch_overhead=1.0)
     base = AshaSimulator(model, AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27), AshaSettings(samples=20))
-    lanes = AshaSimulator(
+    wide = AshaSimulator(
         model,
         AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27),
-        AshaSettings(samples=20, start_concurrency=4),
+        AshaSettings(samples=20, starts=lanes(4)),
     )
     for cluster in (AshaCluster(GPU4, 2, 1), AshaCluster(GPU1, 5, 1)):
-        a, b = base.simulate(cluster), lanes.simulate(cluster)
+        a, b = base.simulate(cluster), wide.simulate(cluster)
         assert np.allclose(a.jct, b.jct) and np.array_equal(a.promotions, b.promotions)
         assert np.allclose(a.cost, b.cost)
     with pytest.raises(ValueError):
-        AshaSimulator(
-            model, AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9), AshaSettings(start_concurrency=0.5)
-        )
+        AshaSimulator(model, AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9), AshaSettings(starts=lanes(0.5)))
 
 
 def test_starts_on_one_instance_share_the_start_lanes():
@@ -119,12 +125,12 @@ def test_starts_on_one_instance_share_the_start_lanes():
         sim = AshaSimulator(
             model,
             AshaSchedule(trials=4, eta=3, min_epochs=1, max_epochs=1),
-            AshaSettings(samples=2, start_concurrency=c),
+            AshaSettings(samples=2, starts=lanes(c)),
         )
         assert np.allclose(sim.simulate(AshaCluster(GPU4, 1, 1)).jct, start + 50.0)
     # one slot per instance: the instances' starts never contend
     sim = AshaSimulator(
-        model, AshaSchedule(trials=4, eta=3, min_epochs=1, max_epochs=1), AshaSettings(samples=2, start_concurrency=1.0)
+        model, AshaSchedule(trials=4, eta=3, min_epochs=1, max_epochs=1), AshaSettings(samples=2, starts=lanes(1.0))
     )
     assert np.allclose(sim.simulate(AshaCluster(GPU1, 4, 1)).jct, 3.0 + 50.0)
 
@@ -162,7 +168,7 @@ def test_rungs_decide_as_ray_tunes_bracket():
 
 
 def test_start_sigma_zero_is_todays_model_and_uneven_starts_reorder_the_reports():
-    """start_sigma 0 (the default) draws nothing new: the same runs. With σ > 0 the trial starts differ
+    """A start spread σ of 0 (the default): every start alike, the same runs. With σ > 0 the trial starts differ
     in length, so trials queued later can report first; with one fixed quality order that changes which
     trials ASHA promotes in some samples, and the mean start time stays near task_start_s."""
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.1, task_start=5.0)
@@ -170,12 +176,12 @@ def test_start_sigma_zero_is_todays_model_and_uneven_starts_reorder_the_reports(
     base = AshaSimulator(
         model,
         AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
-        AshaSettings(samples=40, start_concurrency=2.0),
+        AshaSettings(samples=40, starts=lanes(2.0)),
     )
     zero = AshaSimulator(
         model,
         AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
-        AshaSettings(samples=40, start_concurrency=2.0, start_sigma=0.0),
+        AshaSettings(samples=40, starts=lanes(2.0, 0.0)),
     )
     a, b = base.simulate(cluster), zero.simulate(cluster)
     assert np.array_equal(a.jct, b.jct) and np.array_equal(a.promotions, b.promotions)
@@ -184,20 +190,22 @@ def test_start_sigma_zero_is_todays_model_and_uneven_starts_reorder_the_reports(
     fixed = AshaSimulator(
         model,
         AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
-        AshaSettings(samples=40, start_concurrency=2.0),
+        AshaSettings(samples=40, starts=lanes(2.0)),
     )
     fixed.set_qualities(order)
     uneven = AshaSimulator(
         model,
         AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
-        AshaSettings(samples=40, start_concurrency=2.0, start_sigma=0.5),
+        AshaSettings(samples=40, starts=lanes(2.0, 0.5)),
     )
     uneven.set_qualities(order)
     same, varied = fixed.simulate(cluster).promotions, uneven.simulate(cluster).promotions
     assert len({tuple(row) for row in same}) == 1  # one order, no start noise: every sample promotes alike
     assert len({tuple(row) for row in varied}) > 1
-    assert abs(float(uneven._start_factor.mean()) - np.exp(0.5**2 / 2)) < 0.15
+    assert abs(float(np.exp(0.5 * uneven._start_z).mean()) - np.exp(0.5**2 / 2)) < 0.15
     with pytest.raises(ValueError):
-        AshaSimulator(model, AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9), AshaSettings(start_sigma=-0.1))
+        AshaSimulator(
+            model, AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9), AshaSettings(starts=lanes(1.0, -0.1))
+        )
     with pytest.raises(ValueError):
         fixed.set_qualities([1.0, 2.0])

@@ -20,6 +20,7 @@ from rubberband.planner.asha import (
     AshaSchedule,
     AshaSettings,
     AshaSimulator,
+    TrialStarts,
     _releases,
     asha_baseline,
     elastic_asha,
@@ -130,7 +131,7 @@ def test_a_fixed_cluster_as_phases_is_todays_fixed_cluster():
     sim = AshaSimulator(
         model,
         AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=9),
-        AshaSettings(samples=30, start_concurrency=2.0),
+        AshaSettings(samples=30, starts=lambda _: TrialStarts(2.0)),
     )
     cluster = AshaCluster(GPU4, 2, 1)
     a, b = sim.simulate(cluster), sim.simulate(AshaPhases.fixed(cluster, 3))

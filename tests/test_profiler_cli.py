@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -41,8 +42,8 @@ def _assert_one_line_error(result, *fragments):
 
 
 def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
-    """Real DDP with 2 gloo workers: one node and across two, one start-up sample and the overlap probe; the
-    profile validates (≈45 s).
+    """Real DDP with 2 gloo workers: one node and across two, one start-up sample, the overlap probe and Ray
+    Tune's trial starts; the profile validates (≈90 s on 2 cores).
 
     The budget is a cap, not a duration: 90 s gave each shape a 12 s share, which a CI machine running three
     other end-to-end tests beside this one did not meet for any shape (exit 2). 300 s leaves it ≈40 s each.
@@ -122,6 +123,15 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
         )
     )
     assert profile.sources["startup_overlap"].startswith("measured")
+    # Ray Tune's own trial starts (the plan's ASHA baseline), timed with Ray Tune on a node of their own
+    tune_start = profile.tune_trial_start
+    assert tune_start is not None and tune_start.host_cores == os.cpu_count()
+    assert tune_start.concurrent == max(2, min(16, 2 * tune_start.host_cores))
+    assert len(tune_start.serial_s) == 3 and len(tune_start.concurrent_s) == tune_start.concurrent
+    assert all(0.0 < s < 60.0 for s in tune_start.serial_s + tune_start.concurrent_s)
+    assert profile.sources["tune_trial_start"].startswith("measured with Ray Tune")
+    assert profile.fitted["tune_start"]["lanes_per_core"] > 0
+    assert "Ray Tune trial start" in result.stdout
     assert {"hostname", "cpu_model", "cpu_cores"} <= set(profile.machine)
     assert profile.torch_version and profile.created_at
     assert "synthetic" in result.stdout and "median ms" in result.stdout

@@ -99,6 +99,7 @@ def test_profile_of_a_gpu_type_measures_gpu_workers(synthetic_dir, monkeypatch):
         cross_node=False,
         measure_restart=False,
         configs=0,  # the shapes' workers are what this checks; whole epochs of configurations add nothing here
+        tune_start=False,  # nor do Ray Tune's trial starts
         device_policy=DevicePolicy(cpu_stand_in=True),
     )
     run = runner.run_profile(spec, options)

@@ -174,6 +174,14 @@ def _overlap_line(o) -> str:
     )
 
 
+def _tune_line(t) -> str:
+    """Ray Tune's own trial start (the profile's ``tune_trial_start``: the ASHA baseline's), where measured."""
+    if t is None:
+        return ""
+    alone, together = sum(t.serial_s) / len(t.serial_s), sum(t.concurrent_s) / len(t.concurrent_s)
+    return f"; Ray Tune trial start {alone:.2f} s alone, {together:.2f} s with {t.concurrent} at once"
+
+
 def _run_with_progress(spec, options):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -228,6 +236,7 @@ def _print_summary(result, out: Path) -> None:
         f"new instance's workers {w.worker_start_s:.2f} s"
         + "".join(f"; termination {np.median(t.samples_s):.2f} s" for t in profile.termination)
         + "".join(_overlap_line(o) for o in profile.startup_overlap)
+        + _tune_line(profile.tune_trial_start)
         + f"; took {format_duration(result.wall_s)}"
     )
     console.print(line, soft_wrap=True)

@@ -1,0 +1,119 @@
+"""Ray Tune's own trial start, measured with Ray Tune: what the plan's ASHA baseline pays per trial.
+
+The ASHA baseline a plan shows is Ray Tune's ``ASHAScheduler`` on a fixed cluster. With Tune's default
+``reuse_actors=False`` every trial is a new actor: Tune's driver loop places it, and a new worker process starts
+its interpreter and imports (Ray Tune's, and the trial's framework) on the host's cores. Most ASHA trials train
+one rung only, so these starts, and how they slow each other down, are much of its JCT (on 2 cores a start takes
+about 2 s alone against 0.005 s for a trial on this executor's warm workers).
+
+Two Tune runs on a profiling node of ``concurrent`` CPUs (:func:`wave_size`: twice the host's cores), every trial
+reporting once (no training), placed by their CPUs as an ASHA run's trials are (a trial's place is free once
+Tune has released the one before):
+
+* :data:`SERIAL` trials of all the node's CPUs, one after another: the gaps from a trial's end to the next one's
+  start, each a start alone;
+* two waves of ``concurrent`` 1-CPU trials (each waits :data:`WAVE_HOLD_S` before its report, so that the first
+  wave ends together): the second wave's gaps, from the end of the trial whose CPU a trial took to its start,
+  are starts sharing the host's cores.
+
+:class:`~rubberband.planner.model.TuneStart` turns them into a start's seconds, their spread and the start lanes
+per core. The trials also hold a sliver of the node's own resource, so they run on that node only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+from rubberband.errors import ExecutionError
+from rubberband.profile import TuneTrialStart
+
+#: Trials started one after another (their gaps are the starts alone: one fewer).
+SERIAL = 4
+#: Seconds each trial of the concurrent waves waits before its report, so that a wave ends together.
+WAVE_HOLD_S = 1.0
+#: The most trials started at once (twice the cores, so that the starts contend).
+MAX_WAVE = 16
+
+
+def tune_installed() -> bool:
+    """Whether Ray Tune (the ``ray[tune]`` extra) can be imported here."""
+    try:
+        importlib.import_module("ray.tune")
+    except ImportError:
+        return False
+    return True
+
+
+def wave_size(host_cores: int) -> int:
+    """Trials started at once in the concurrent waves: twice the host's cores (2 to :data:`MAX_WAVE`)."""
+    return max(2, min(MAX_WAVE, 2 * host_cores))
+
+
+def start_gaps(spans: list[tuple[float, float]], concurrent: int) -> list[float]:
+    """Per trial after the first ``concurrent``: its start − the end that freed its place (both in order)."""
+    ends = sorted(end for _, end in spans)
+    starts = sorted(start for start, _ in spans)
+    return [starts[k] - ends[k - concurrent] for k in range(concurrent, len(starts))]
+
+
+def measure_tune_start(
+    storage: Path, node_resource: str, *, cpus: int, host_cores: int, imports: tuple[str, ...] = ()
+) -> TuneTrialStart:
+    """Time Ray Tune's trial starts on the node of ``cpus`` CPUs holding ``node_resource`` (``cpus`` trials start
+    at once), through the Ray cluster this process is connected to; each trial imports ``imports`` as it starts
+    (the trial's framework, as the user's trainable would). Tune's results go under ``storage``. Raises
+    ExecutionError when Ray Tune is missing or a run fails."""
+    if not tune_installed():
+        raise ExecutionError("Ray Tune is not installed (the raytune extra)")
+    import ray
+    from ray import tune
+
+    if cpus < 2:
+        raise ExecutionError("Ray Tune's concurrent trial starts need a node of at least 2 CPUs")
+    pin = {node_resource: 0.001}
+    serial = _spans(tune, storage, {"cpu": cpus, **pin}, SERIAL, {"imports": list(imports), "hold_s": 0.0})
+    waves = _spans(tune, storage, {"cpu": 1, **pin}, 2 * cpus, {"imports": list(imports), "hold_s": WAVE_HOLD_S})
+    alone, together = start_gaps(serial, 1), start_gaps(waves, cpus)
+    if not alone or not together or min(alone + together) <= 0:
+        raise ExecutionError("Ray Tune's trials did not start one after another as asked")
+    return TuneTrialStart(
+        serial_s=[round(g, 4) for g in alone],
+        concurrent=cpus,
+        concurrent_s=[round(g, 4) for g in together],
+        host_cores=host_cores,
+        ray_version=ray.__version__,
+    )
+
+
+def _spans(tune, storage: Path, resources: dict[str, float], trials: int, config: dict) -> list[tuple[float, float]]:
+    """(start, end) per trial of one Tune run of ``trials`` trials of ``resources`` each, by the driver's clock;
+    ``config``: what every trial imports as it starts (``imports``) and waits before its report (``hold_s``)."""
+    marks: dict[str, list[float]] = {}
+
+    class Marks(tune.Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            marks.setdefault(trial.trial_id, [time.perf_counter(), 0.0])
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            marks[trial.trial_id][1] = time.perf_counter()
+
+    def trial(config):  # defined here: pickled by value, so a trial imports only what a user's would
+        for name in config["imports"]:
+            importlib.import_module(name)
+        time.sleep(config["hold_s"])
+        tune.report({"done": 1})
+
+    tuner = tune.Tuner(
+        tune.with_resources(trial, resources),
+        param_space={"i": tune.grid_search(list(range(trials))), **config},
+        run_config=tune.RunConfig(storage_path=str(storage), callbacks=[Marks()], verbose=0),
+    )
+    with redirect_stdout(io.StringIO()):  # Tune's run summary is not the profiler's output
+        results = tuner.fit()
+    if results.errors or len(marks) != trials or any(end == 0.0 for _, end in marks.values()):
+        raise ExecutionError(f"a Ray Tune probe run failed: {results.errors[0] if results.errors else 'no result'}")
+    return [(start, end) for start, end in marks.values()]
