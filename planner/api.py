@@ -878,7 +878,7 @@ def asha_info(space: PlanSpace, spec: JobSpec, goal: Goal, settings: SimSettings
     if found is None:
         return None
     res, meets = found
-    return _baseline_asha(res, goal.deadline_s, meets)
+    return _baseline_asha(res, goal.deadline_s, meets, ray_tune=space.model.tune_start is not None)
 
 
 def asha_prediction(
@@ -1226,8 +1226,8 @@ def asha_stage_plans(stages: Sequence[Stage], res: AshaResult) -> list[StagePlan
     return out
 
 
-def _baseline_asha(res: AshaResult, deadline_s: float, meets: bool) -> BaselineASHA:
-    """A fixed ASHA cluster in the plan's schema (``plan.asha``)."""
+def _baseline_asha(res: AshaResult, deadline_s: float, meets: bool, *, ray_tune: bool = False) -> BaselineASHA:
+    """A fixed ASHA cluster in the plan's schema (``plan.asha``); ``ray_tune``: its trials started as Ray Tune's."""
     c = res.cluster
     return BaselineASHA(
         instance_type=c.instance_type.name,
@@ -1236,6 +1236,7 @@ def _baseline_asha(res: AshaResult, deadline_s: float, meets: bool) -> BaselineA
         workers_per_trial=c.workers,
         predicted=asha_prediction(res, deadline_s),
         meets_deadline=meets,
+        trial_starts="ray_tune" if ray_tune else "warm_workers",
     )
 
 

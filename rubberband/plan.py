@@ -226,6 +226,12 @@ class BaselineASHA(_Model):
         description="whether this cluster meets the deadline at the confidence "
         "(false: the quickest cluster tried, shown for comparison)"
     )
+    trial_starts: Literal["ray_tune", "warm_workers"] = Field(
+        default="warm_workers",
+        description="how its trials start: ray_tune: as Ray Tune's, each a new process (the profile's measured "
+        "tune_trial_start); warm_workers: as this executor's (an ASHA plan's own cluster, or no Ray Tune "
+        "measurement in the profile)",
+    )
 
 
 class Alternative(_Model):

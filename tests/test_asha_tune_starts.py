@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from conftest import EXAMPLES
 from planner_helpers import ideal_model, itype
 from rubberband.catalog import load_catalog
+from rubberband.commands.plan import asha_line
 from rubberband.planner.api import PlanOptions, plan_job
 from rubberband.planner.asha import (
     AshaCluster,
@@ -120,6 +121,7 @@ def test_the_plans_asha_baseline_starts_trials_as_ray_tune_does():
     assert (with_tune.instance_type, with_tune.instances) == (without.instance_type, without.instances)
     assert with_tune.predicted.jct_s.p50 > without.predicted.jct_s.p50 + 300  # 27 starts of 30 s on 2 slots
     assert with_tune.predicted.cost_usd.mean > without.predicted.cost_usd.mean
+    assert (with_tune.trial_starts, without.trial_starts) == ("ray_tune", "warm_workers")
     model = fit_performance_model(measured)
     g4 = catalog.find(with_tune.instance_type, cloud="aws")
     sim = AshaSimulator(
@@ -129,3 +131,13 @@ def test_the_plans_asha_baseline_starts_trials_as_ray_tune_does():
     )
     res = sim.simulate(AshaCluster(g4, with_tune.instances, with_tune.workers_per_trial))
     assert with_tune.predicted.jct_s.p50 == pytest.approx(float(np.median(res.jct)), rel=0.02)
+
+
+def test_the_plan_says_how_its_asha_baseline_starts_trials():
+    profile = load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json")
+    catalog = load_catalog(["aws"])
+    options = PlanOptions(deadline_s=3 * 3600.0, samples=200)
+    plain = plan_job(_sha_spec(), profile, catalog, options)
+    assert "Ray Tune's were not profiled" in asha_line(plain)
+    measured = plan_job(_sha_spec(), profile.model_copy(update={"tune_trial_start": MEASURED}), catalog, options)
+    assert "Ray Tune's trial starts, as profiled" in asha_line(measured)

@@ -195,13 +195,24 @@ def asha_line(plan: Plan) -> str:
     if not a.meets_deadline:
         return (
             f"ASHA on a fixed cluster does not meet the deadline; its quickest ({cluster}): JCT p95 "
-            f"{format_duration(a.predicted.jct_s.p95)}, {format_usd(a.predicted.cost_usd.mean)}."
+            f"{format_duration(a.predicted.jct_s.p95)}, {format_usd(a.predicted.cost_usd.mean)}"
+            + _starts_note(plan)
+            + "."
         )
     ratio = a.predicted.cost_usd.mean / p.cost_usd.mean if p.cost_usd.mean > 0 else float("inf")
     return (
         f"vs ASHA on a fixed cluster ({cluster}, {format_usd(a.predicted.cost_usd.mean)}, JCT p95 "
-        f"{format_duration(a.predicted.jct_s.p95)}): {ratio:.2f}× the elastic plan's cost"
+        f"{format_duration(a.predicted.jct_s.p95)}): {ratio:.2f}× the elastic plan's cost" + _starts_note(plan)
     )
+
+
+def _starts_note(plan: Plan) -> str:
+    """Whether an SHA plan's ASHA baseline starts trials as Ray Tune does (an ASHA plan's runs on this executor)."""
+    if plan.is_asha:
+        return ""
+    if plan.asha is not None and plan.asha.trial_starts == "ray_tune":
+        return " (Ray Tune's trial starts, as profiled)"
+    return " (trial starts on warm workers: Ray Tune's were not profiled, so Ray Tune would take longer)"
 
 
 def _same_cluster(plan: Plan, static) -> bool:
