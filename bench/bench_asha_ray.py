@@ -150,7 +150,7 @@ def main() -> None:
     from rubberband.cloud.provider import node_resource
     from rubberband.planner.model import tune_start_model
     from rubberband.profiler.local_cluster import LocalCluster
-    from rubberband.profiler.tune_start import measure_tune_start, wave_size
+    from rubberband.profiler.tune_start import measure_tune_start, concurrent_starts
 
     rows = []
     load_before = os.getloadavg()[0]
@@ -158,9 +158,9 @@ def main() -> None:
         with LocalCluster(temp_root=tmp / "r") as cluster:
             cluster.add_instance("n0", args.slots)
             cores = os.cpu_count() or 1
-            cluster.add_instance("tune-probe", wave_size(cores), num_cpus=wave_size(cores))
+            cluster.add_instance("tune-probe", concurrent_starts(cores), num_cpus=concurrent_starts(cores))
             measured = measure_tune_start(
-                tmp / "probe", node_resource("tune-probe"), cpus=wave_size(cores), host_cores=cores
+                tmp / "probe", node_resource("tune-probe"), cpus=concurrent_starts(cores), host_cores=cores
             )
             cluster.remove_instance("tune-probe")
             model_start = tune_start_model(measured)

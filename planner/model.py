@@ -158,7 +158,7 @@ class StartOverlap:
 class TuneStart:
     """Ray Tune's trial start (profile ``tune_trial_start``): ``start_s`` alone (the mean serial gap), the lognormal
     spread ``sigma`` of those gaps, and ``lanes_per_core``: how many starts progress at full speed per core of the
-    host they share, from the concurrent wave (``concurrent`` starts that took ``T`` each against ``start_s`` alone
+    host they share, from the concurrent stream (``concurrent`` starts that took ``T`` each against ``start_s`` alone
     ran on ``concurrent × start_s / T`` lanes, by processor sharing; never fewer than one, never more than were
     started). A start is mostly a new process's interpreter and imports, so its lanes scale with the cores."""
 

@@ -429,7 +429,7 @@ def _measure_overlap(run_dir: Path, options: ProfileOptions, notes: list[str]) -
 def _measure_tune_start(cluster: Any, steps: _Steps, torch_trials: bool) -> TuneTrialStart | None:
     """Ray Tune's trial starts on a node of their own (None, with a note, where Ray Tune is missing, the budget is
     spent or the probe failed): the plan's ASHA baseline is Ray Tune's ASHA, whose trials start new processes."""
-    from rubberband.profiler.tune_start import measure_tune_start, tune_installed, wave_size
+    from rubberband.profiler.tune_start import measure_tune_start, tune_installed, concurrent_starts
 
     if not tune_installed():
         steps.notes.append(
@@ -441,7 +441,7 @@ def _measure_tune_start(cluster: Any, steps: _Steps, torch_trials: bool) -> Tune
         steps.notes.append("Ray Tune's trial start: not measured (the budget is spent)")
         return None
     cores = os.cpu_count() or 1
-    cpus = wave_size(cores)
+    cpus = concurrent_starts(cores)
     steps.tick("Ray Tune's trial starts: one after another, then several at once", advance=False)
     try:
         cluster.add_instance("tune-probe", cpus, num_cpus=cpus)
@@ -965,8 +965,8 @@ def _build_profile(
         )
     if measured.tune_start is not None:
         sources["tune_trial_start"] = (
-            f"measured with Ray Tune {measured.tune_start.ray_version}: trials one after another, then "
-            f"{measured.tune_start.concurrent} starting at once on {measured.tune_start.host_cores} cores"
+            f"measured with Ray Tune {measured.tune_start.ray_version}: trials one after another, then a stream "
+            f"keeping {measured.tune_start.concurrent} starting at once on {measured.tune_start.host_cores} cores"
         )
     sources["termination"] = (
         "measured: terminate request to a start-up probe node → its processes gone "

@@ -6,15 +6,19 @@ its interpreter and imports (Ray Tune's, and the trial's framework) on the host'
 one rung only, so these starts, and how they slow each other down, are much of its JCT (on 2 cores a start takes
 about 2 s alone against 0.005 s for a trial on this executor's warm workers).
 
-Two Tune runs on a profiling node of ``concurrent`` CPUs (:func:`wave_size`: twice the host's cores), every trial
+Two Tune runs on a profiling node of ``concurrent`` CPUs (:func:`concurrent_starts`: twice the host's cores), every trial
 reporting once (no training), placed by their CPUs as an ASHA run's trials are (a trial's place is free once
 Tune has released the one before):
 
 * :data:`SERIAL` trials of all the node's CPUs, one after another: the gaps from a trial's end to the next one's
-  start, each a start alone;
-* two waves of ``concurrent`` 1-CPU trials (each waits :data:`WAVE_HOLD_S` before its report, so that the first
-  wave ends together): the second wave's gaps, from the end of the trial whose CPU a trial took to its start,
-  are starts sharing the host's cores.
+  start, each a start alone. The first gap is left out: the trial after the first can start on a worker process
+  Ray pre-started with the node (1.4-1.5 s against 2.0 s on 2 cores, in 2 of 5 probes), which an ASHA run's
+  later trials never find;
+* :data:`STREAM_ROUNDS` × ``concurrent`` 1-CPU trials that report at once, so that every CPU is always starting
+  a trial, as ASHA's first rung keeps its slots starting: the gaps from the end of the trial whose CPU a trial
+  took to its start are starts sharing the host's cores. The second round's gaps are left out: they follow the
+  first round, whose trials start together, some on pre-started workers. (Synchronised waves instead, each trial holding its CPU a second so that a
+  wave ends together, gave 2.1 to 3.0 lanes on the same 2 cores from one probe to the next.)
 
 :class:`~rubberband.planner.model.TuneStart` turns them into a start's seconds, their spread and the start lanes
 per core. The trials also hold a sliver of the node's own resource, so they run on that node only.
@@ -31,12 +35,12 @@ from pathlib import Path
 from rubberband.errors import ExecutionError
 from rubberband.profile import TuneTrialStart
 
-#: Trials started one after another (their gaps are the starts alone: one fewer).
-SERIAL = 4
-#: Seconds each trial of the concurrent waves waits before its report, so that a wave ends together.
-WAVE_HOLD_S = 1.0
+#: Trials started one after another (their gaps but the first are the starts alone: two fewer).
+SERIAL = 5
+#: Rounds of ``concurrent`` trials in the stream of concurrent starts (the first round's gaps are left out).
+STREAM_ROUNDS = 4
 #: The most trials started at once (twice the cores, so that the starts contend).
-MAX_WAVE = 16
+MAX_CONCURRENT = 16
 
 
 def tune_installed() -> bool:
@@ -48,9 +52,9 @@ def tune_installed() -> bool:
     return True
 
 
-def wave_size(host_cores: int) -> int:
-    """Trials started at once in the concurrent waves: twice the host's cores (2 to :data:`MAX_WAVE`)."""
-    return max(2, min(MAX_WAVE, 2 * host_cores))
+def concurrent_starts(host_cores: int) -> int:
+    """Trials starting at once in the concurrent stream: twice the host's cores (2 to :data:`MAX_CONCURRENT`)."""
+    return max(2, min(MAX_CONCURRENT, 2 * host_cores))
 
 
 def start_gaps(spans: list[tuple[float, float]], concurrent: int) -> list[float]:
@@ -76,8 +80,8 @@ def measure_tune_start(
         raise ExecutionError("Ray Tune's concurrent trial starts need a node of at least 2 CPUs")
     pin = {node_resource: 0.001}
     serial = _spans(tune, storage, {"cpu": cpus, **pin}, SERIAL, {"imports": list(imports), "hold_s": 0.0})
-    waves = _spans(tune, storage, {"cpu": 1, **pin}, 2 * cpus, {"imports": list(imports), "hold_s": WAVE_HOLD_S})
-    alone, together = start_gaps(serial, 1), start_gaps(waves, cpus)
+    stream = _spans(tune, storage, {"cpu": 1, **pin}, STREAM_ROUNDS * cpus, {"imports": list(imports), "hold_s": 0.0})
+    alone, together = start_gaps(serial, 1)[1:], start_gaps(stream, cpus)[cpus:]
     if not alone or not together or min(alone + together) <= 0:
         raise ExecutionError("Ray Tune's trials did not start one after another as asked")
     return TuneTrialStart(

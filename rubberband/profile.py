@@ -182,14 +182,15 @@ class TuneTrialStart(_Model):
     """Ray Tune's trial start, as ASHA on a fixed Ray Tune cluster pays it (the plan's ASHA baseline): with Tune's
     default ``reuse_actors=False`` every trial is a new actor, a new worker process whose interpreter and imports
     run on the host's cores, started by Tune's driver loop. Measured with Ray Tune itself on the profiling machine:
-    trials one after another (each start alone), then ``concurrent`` trials starting at once."""
+    trials one after another (each start alone), then a stream of trials keeping ``concurrent`` CPUs starting."""
 
     serial_s: list[float] = Field(
         min_length=1, description="seconds from one trial's end to the next trial's start, one trial at a time"
     )
-    concurrent: int = Field(ge=2, description="trials started at once in the concurrent wave")
+    concurrent: int = Field(ge=2, description="trials starting at once in the concurrent stream")
     concurrent_s: list[float] = Field(
-        min_length=1, description="seconds from a trial's end to the start of the trial taking its slot, in a wave"
+        min_length=1,
+        description="seconds from a trial's end to the start of the trial taking its CPU, while ``concurrent`` start",
     )
     host_cores: int = Field(ge=1, description="the profiling machine's cores the starts shared")
     ray_version: str
