@@ -77,7 +77,7 @@ DEFAULT_STARTUP_SAMPLES = 3
 MAX_CONFIGS = 8
 #: Iterations per timed epoch at least, when whole epochs do not fit the budget (partial epochs).
 MIN_EPOCH_ITERATIONS = 5
-#: Budget seconds left at least for timing Ray Tune's trial starts (about 20 s on 2 cores).
+#: Budget seconds left at least for timing Ray Tune's trial starts (about 25 s on 2 cores).
 TUNE_START_RESERVE_S = 30.0
 
 
