@@ -402,9 +402,10 @@ class AshaSimulator:
         idle_from = np.empty((m, k))
         bounds = np.zeros((m, len(self.milestones)))
         tasks: list[tuple[int, int, int, float, float]] | None = None if sample is None else []
+        on = _Cluster(lay, epoch, starts)
         for row, s in enumerate(rows):
             out = _SampleOut(reached[row], idle_from[row], bounds[row], tasks)
-            jct[row], busy[row] = self._run(s, ready[row], _Cluster(lay, epoch, starts), out)
+            jct[row], busy[row] = self._run(s, ready[row], on, out)
         return AshaTrace(cluster, jct, busy, reached, request, ready, idle_from, bounds, lay, tuple(tasks or ()))
 
     def bill(self, trace: AshaTrace, cluster: AshaPhases) -> AshaResult:

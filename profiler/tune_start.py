@@ -6,9 +6,9 @@ its interpreter and imports (Ray Tune's, and the trial's framework) on the host'
 one rung only, so these starts, and how they slow each other down, are much of its JCT (on 2 cores a start takes
 about 2 s alone against 0.005 s for a trial on this executor's warm workers).
 
-Two Tune runs on a profiling node of ``concurrent`` CPUs (:func:`concurrent_starts`: twice the host's cores), every trial
-reporting once (no training), placed by their CPUs as an ASHA run's trials are (a trial's place is free once
-Tune has released the one before):
+Two Tune runs on a profiling node of ``concurrent`` CPUs (:func:`concurrent_starts`: twice the host's cores),
+every trial reporting once and at once (no training), placed by their CPUs as an ASHA run's trials are (a trial's
+place is free once Tune has released the one before):
 
 * :data:`SERIAL` trials of all the node's CPUs, one after another: the gaps from a trial's end to the next one's
   start, each a start alone. The first gap is left out: the trial after the first can start on a worker process
@@ -17,8 +17,9 @@ Tune has released the one before):
 * :data:`STREAM_ROUNDS` × ``concurrent`` 1-CPU trials that report at once, so that every CPU is always starting
   a trial, as ASHA's first rung keeps its slots starting: the gaps from the end of the trial whose CPU a trial
   took to its start are starts sharing the host's cores. The second round's gaps are left out: they follow the
-  first round, whose trials start together, some on pre-started workers. (Synchronised waves instead, each trial holding its CPU a second so that a
-  wave ends together, gave 2.1 to 3.0 lanes on the same 2 cores from one probe to the next.)
+  first round, whose trials start together, some on pre-started workers. (Synchronised waves instead, each
+  trial holding its CPU a second so that a wave ends together, gave 2.1 to 3.0 lanes on the same 2 cores from
+  one probe to the next.)
 
 :class:`~rubberband.planner.model.TuneStart` turns them into a start's seconds, their spread and the start lanes
 per core. The trials also hold a sliver of the node's own resource, so they run on that node only.
@@ -79,8 +80,8 @@ def measure_tune_start(
     if cpus < 2:
         raise ExecutionError("Ray Tune's concurrent trial starts need a node of at least 2 CPUs")
     pin = {node_resource: 0.001}
-    serial = _spans(tune, storage, {"cpu": cpus, **pin}, SERIAL, {"imports": list(imports), "hold_s": 0.0})
-    stream = _spans(tune, storage, {"cpu": 1, **pin}, STREAM_ROUNDS * cpus, {"imports": list(imports), "hold_s": 0.0})
+    serial = _spans(tune, storage, {"cpu": cpus, **pin}, SERIAL, imports)
+    stream = _spans(tune, storage, {"cpu": 1, **pin}, STREAM_ROUNDS * cpus, imports)
     alone, together = start_gaps(serial, 1)[1:], start_gaps(stream, cpus)[cpus:]
     if not alone or not together or min(alone + together) <= 0:
         raise ExecutionError("Ray Tune's trials did not start one after another as asked")
@@ -93,9 +94,11 @@ def measure_tune_start(
     )
 
 
-def _spans(tune, storage: Path, resources: dict[str, float], trials: int, config: dict) -> list[tuple[float, float]]:
-    """(start, end) per trial of one Tune run of ``trials`` trials of ``resources`` each, by the driver's clock;
-    ``config``: what every trial imports as it starts (``imports``) and waits before its report (``hold_s``)."""
+def _spans(
+    tune, storage: Path, resources: dict[str, float], trials: int, imports: tuple[str, ...]
+) -> list[tuple[float, float]]:
+    """(start, end) per trial of one Tune run of ``trials`` trials of ``resources`` each, each importing
+    ``imports`` as it starts and reporting at once, by the driver's clock."""
     marks: dict[str, list[float]] = {}
 
     class Marks(tune.Callback):
@@ -108,12 +111,11 @@ def _spans(tune, storage: Path, resources: dict[str, float], trials: int, config
     def trial(config):  # defined here: pickled by value, so a trial imports only what a user's would
         for name in config["imports"]:
             importlib.import_module(name)
-        time.sleep(config["hold_s"])
         tune.report({"done": 1})
 
     tuner = tune.Tuner(
         tune.with_resources(trial, resources),
-        param_space={"i": tune.grid_search(list(range(trials))), **config},
+        param_space={"i": tune.grid_search(list(range(trials))), "imports": list(imports)},
         run_config=tune.RunConfig(storage_path=str(storage), callbacks=[Marks()], verbose=0),
     )
     with redirect_stdout(io.StringIO()):  # Tune's run summary is not the profiler's output
