@@ -159,9 +159,7 @@ def main() -> None:
             cluster.add_instance("n0", args.slots)
             cores = os.cpu_count() or 1
             cluster.add_instance("tune-probe", concurrent_starts(cores), num_cpus=concurrent_starts(cores))
-            measured = measure_tune_start(
-                tmp / "probe", node_resource("tune-probe"), cpus=concurrent_starts(cores), host_cores=cores
-            )
+            measured = measure_tune_start(tmp / "probe", node_resource("tune-probe"), cpus=concurrent_starts(cores))
             cluster.remove_instance("tune-probe")
             model_start = tune_start_model(measured)
             print(

@@ -77,8 +77,11 @@ DEFAULT_STARTUP_SAMPLES = 3
 MAX_CONFIGS = 8
 #: Iterations per timed epoch at least, when whole epochs do not fit the budget (partial epochs).
 MIN_EPOCH_ITERATIONS = 5
-#: Budget seconds left at least for timing Ray Tune's trial starts (about 25 s on 2 cores).
+#: Budget seconds the shapes and the configurations leave for timing Ray Tune's trial starts, and the least left
+#: to start them (they take about 25 s on 2 cores; the probe stops at the end of the budget).
 TUNE_START_RESERVE_S = 30.0
+#: The smallest ``--budget`` that times Ray Tune's trial starts: below it their reserve would squeeze the shapes.
+TUNE_START_MIN_BUDGET_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class ProfileOptions:
     #: the widest the run may start (its workers contend most); None: ``instance_type``.
     overlap_type: InstanceType | None = None
     #: Time Ray Tune's own trial starts (:mod:`~rubberband.profiler.tune_start`), for the plan's ASHA baseline,
-    #: where Ray Tune is installed.
+    #: where Ray Tune is installed and the budget is at least :data:`TUNE_START_MIN_BUDGET_S`.
     tune_start: bool = True
 
     @property
@@ -268,13 +271,14 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
 
     budget = _Budget(options.budget_s)
     notes: list[str] = []
+    tune_skip = _tune_start_skipped(options)
     total_steps = (
         nodes_needed(shapes)
         + options.startup_samples
         + len(shapes)
         + options.configs
         + (2 if options.measure_restart else 0)
-        + (1 if options.tune_start else 0)
+        + (0 if tune_skip else 1)
     )
     done = 0
 
@@ -301,7 +305,8 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
                 tick(f"local instance {i + 1} up")
             from rubberband.executor.pool import WorkerPool
 
-            steps = _Steps(spec, options, config, resources, run_dir, budget, notes, tick)
+            tune_reserve = 0.0 if tune_skip else TUNE_START_RESERVE_S
+            steps = _Steps(spec, options, config, resources, run_dir, budget, notes, tick, tune_reserve)
             with WorkerPool(device=options.device) as pool:
                 results = _measure_shapes(steps, shapes, pool)
                 measured = [r for r in results if not r.skipped]
@@ -313,7 +318,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
                 epochs = _measure_configs(steps, measured, pool)
                 warm = _measure_restart(steps, measured, pool) if options.measure_restart else None
             cold = _measure_restart(steps, measured, None) if options.measure_restart else None
-            tune_start = _measure_tune_start(cluster, steps, max(options.workers) > 1) if options.tune_start else None
+            tune_start = _measure_tune_start(cluster, steps, max(options.workers) > 1, tune_skip)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     found = _Measured(results, startup, termination, warm, cold, epochs, head_startup, overlap, tune_start)
@@ -328,7 +333,7 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
 class _Steps:
     """What the measuring steps share (the shapes, the configurations, the restarts): the job, the options, the
     profiled configuration, the profiling cluster's instances (their node resources), the scratch run directory,
-    the budget, the notes for the user and the progress callback."""
+    the budget, the notes for the user, the progress callback and the seconds kept for Ray Tune's probe."""
 
     spec: JobSpec
     options: ProfileOptions
@@ -338,6 +343,14 @@ class _Steps:
     budget: _Budget
     notes: list[str]
     tick: Callable[..., None]
+    tune_reserve_s: float = 0.0
+
+    @property
+    def reserve_s(self) -> float:
+        """Budget seconds the shapes and the configurations leave for the steps after them: the restarts (10 s, or
+        a quarter of a smaller budget) and Ray Tune's trial starts."""
+        restarts = min(10.0, 0.25 * self.options.budget_s) if self.options.measure_restart else 0.0
+        return restarts + self.tune_reserve_s
 
 
 def _measure_startup(
@@ -426,19 +439,31 @@ def _measure_overlap(run_dir: Path, options: ProfileOptions, notes: list[str]) -
         return []
 
 
-def _measure_tune_start(cluster: Any, steps: _Steps, torch_trials: bool) -> TuneTrialStart | None:
-    """Ray Tune's trial starts on a node of their own (None, with a note, where Ray Tune is missing, the budget is
-    spent or the probe failed): the plan's ASHA baseline is Ray Tune's ASHA, whose trials start new processes."""
-    from rubberband.profiler.tune_start import measure_tune_start, tune_installed, concurrent_starts
+def _tune_start_skipped(options: ProfileOptions) -> str | None:
+    """Why Ray Tune's trial starts will not be timed (None: they will, and the budget keeps time for them)."""
+    from rubberband.profiler.tune_start import tune_installed
 
+    if not options.tune_start:
+        return "not asked for (--no-tune-start)"
+    if options.budget_s < TUNE_START_MIN_BUDGET_S:
+        return f"not measured (a --budget under {TUNE_START_MIN_BUDGET_S:.0f}s leaves no time for it)"
     if not tune_installed():
-        steps.notes.append(
-            "Ray Tune's trial start: not measured (Ray Tune is not installed: the raytune extra); the ASHA baseline "
-            "starts its trials as this executor does"
-        )
+        return "not measured (Ray Tune is not installed: the raytune extra)"
+    return None
+
+
+def _measure_tune_start(cluster: Any, steps: _Steps, torch_trials: bool, skipped: str | None) -> TuneTrialStart | None:
+    """Ray Tune's trial starts on a node of their own, within what is left of the budget (None, with a note, where
+    ``skipped`` says why not, the budget is spent or the probe failed): the plan's ASHA baseline is Ray Tune's
+    ASHA, whose trials start new processes."""
+    from rubberband.profiler.tune_start import measure_tune_start, concurrent_starts
+
+    without = "; the ASHA baseline starts its trials as this executor does"
+    if skipped:
+        steps.notes.append(f"Ray Tune's trial start: {skipped}{without}")
         return None
     if steps.budget.left() < TUNE_START_RESERVE_S:
-        steps.notes.append("Ray Tune's trial start: not measured (the budget is spent)")
+        steps.notes.append(f"Ray Tune's trial start: not measured (the budget is spent){without}")
         return None
     cores = os.cpu_count() or 1
     cpus = concurrent_starts(cores)
@@ -449,11 +474,11 @@ def _measure_tune_start(cluster: Any, steps: _Steps, torch_trials: bool) -> Tune
             steps.run_dir / "tune",
             node_resource("tune-probe"),
             cpus=cpus,
-            host_cores=cores,
             imports=("torch",) if torch_trials else (),
+            time_budget_s=steps.budget.left(),
         )
     except RubberbandError as exc:
-        steps.notes.append(f"Ray Tune's trial start: not measured ({exc})")
+        steps.notes.append(f"Ray Tune's trial start: not measured ({exc}){without}")
         return None
     finally:
         if "tune-probe" in cluster.nodes:
@@ -543,7 +568,7 @@ def _measure_shapes(steps: _Steps, shapes: list[Shape], pool: Any) -> list[Shape
     within its share of what is left of the budget; a shape whose share is too small, or whose run overran it, is
     skipped (with a note saying why)."""
     options, run_dir, budget, notes, tick = steps.options, steps.run_dir, steps.budget, steps.notes, steps.tick
-    reserve = min(10.0, 0.25 * options.budget_s) if options.measure_restart else 0.0
+    reserve = steps.reserve_s
     # the configurations' epochs after the shapes get a share like one more shape (unused time rolls forward)
     extra = 1 if options.configs > 0 else 0
     results: list[ShapeResult] = []
@@ -647,7 +672,7 @@ def _measure_configs(steps: _Steps, measured: list[ShapeResult], pool: Any) -> l
         return []
     from rubberband.executor.trials import TrialRun, TrialSpec
 
-    reserve = min(10.0, 0.25 * options.budget_s) if options.measure_restart else 0.0
+    reserve = steps.reserve_s
     shape_result = min((r for r in measured if r.shape.nodes == 1), key=lambda r: r.shape.workers, default=measured[0])
     shape = shape_result.shape
     gaps = [g for r in measured for g in r.epoch_gaps_s]

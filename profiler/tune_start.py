@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import importlib
 import io
+import os
 import time
 from contextlib import redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rubberband.errors import ExecutionError
 from rubberband.profile import TuneTrialStart
@@ -66,12 +69,18 @@ def start_gaps(spans: list[tuple[float, float]], concurrent: int) -> list[float]
 
 
 def measure_tune_start(
-    storage: Path, node_resource: str, *, cpus: int, host_cores: int, imports: tuple[str, ...] = ()
+    storage: Path,
+    node_resource: str,
+    *,
+    cpus: int,
+    imports: tuple[str, ...] = (),
+    time_budget_s: float | None = None,
 ) -> TuneTrialStart:
     """Time Ray Tune's trial starts on the node of ``cpus`` CPUs holding ``node_resource`` (``cpus`` trials start
-    at once), through the Ray cluster this process is connected to; each trial imports ``imports`` as it starts
-    (the trial's framework, as the user's trainable would). Tune's results go under ``storage``. Raises
-    ExecutionError when Ray Tune is missing or a run fails."""
+    at once), on this host's cores, through the Ray cluster this process is connected to; each trial imports
+    ``imports`` as it starts (the trial's framework, as the user's trainable would). Tune's results go under
+    ``storage``. Both Tune runs together stop after ``time_budget_s`` (Tune's own ``time_budget_s``; None: no
+    limit). Raises ExecutionError when Ray Tune is missing, a run fails or the time is up."""
     if not tune_installed():
         raise ExecutionError("Ray Tune is not installed (the raytune extra)")
     import ray
@@ -79,9 +88,10 @@ def measure_tune_start(
 
     if cpus < 2:
         raise ExecutionError("Ray Tune's concurrent trial starts need a node of at least 2 CPUs")
+    runs = _TuneRuns(tune, storage, imports, _Limit(time_budget_s))
     pin = {node_resource: 0.001}
-    serial = _spans(tune, storage, {"cpu": cpus, **pin}, SERIAL, imports)
-    stream = _spans(tune, storage, {"cpu": 1, **pin}, STREAM_ROUNDS * cpus, imports)
+    serial = runs.spans({"cpu": cpus, **pin}, SERIAL)
+    stream = runs.spans({"cpu": 1, **pin}, STREAM_ROUNDS * cpus)
     alone, together = start_gaps(serial, 1)[1:], start_gaps(stream, cpus)[cpus:]
     if not alone or not together or min(alone + together) <= 0:
         raise ExecutionError("Ray Tune's trials did not start one after another as asked")
@@ -89,37 +99,71 @@ def measure_tune_start(
         serial_s=[round(g, 4) for g in alone],
         concurrent=cpus,
         concurrent_s=[round(g, 4) for g in together],
-        host_cores=host_cores,
+        host_cores=os.cpu_count() or 1,
         ray_version=ray.__version__,
     )
 
 
-def _spans(
-    tune, storage: Path, resources: dict[str, float], trials: int, imports: tuple[str, ...]
-) -> list[tuple[float, float]]:
-    """(start, end) per trial of one Tune run of ``trials`` trials of ``resources`` each, each importing
-    ``imports`` as it starts and reporting at once, by the driver's clock."""
-    marks: dict[str, list[float]] = {}
+class _Limit:
+    """The seconds left of the probe's time budget, by the driver's clock (None: no limit)."""
 
-    class Marks(tune.Callback):
-        def on_trial_start(self, iteration, trials, trial, **info):
-            marks.setdefault(trial.trial_id, [time.perf_counter(), 0.0])
+    def __init__(self, budget_s: float | None) -> None:
+        self.budget_s = budget_s
+        self._end = None if budget_s is None else time.perf_counter() + budget_s
 
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            marks[trial.trial_id][1] = time.perf_counter()
+    def left_s(self) -> float | None:
+        """Seconds left (None: no limit); raises ExecutionError when none are."""
+        if self._end is None:
+            return None
+        left = self._end - time.perf_counter()
+        if left <= 0:
+            raise self.spent()
+        return left
 
-    def trial(config):  # defined here: pickled by value, so a trial imports only what a user's would
-        for name in config["imports"]:
-            importlib.import_module(name)
-        tune.report({"done": 1})
+    def spent(self) -> ExecutionError:
+        return ExecutionError(f"it ran past its {self.budget_s:.0f} s of the budget")
 
-    tuner = tune.Tuner(
-        tune.with_resources(trial, resources),
-        param_space={"i": tune.grid_search(list(range(trials))), "imports": list(imports)},
-        run_config=tune.RunConfig(storage_path=str(storage), callbacks=[Marks()], verbose=0),
-    )
-    with redirect_stdout(io.StringIO()):  # Tune's run summary is not the profiler's output
-        results = tuner.fit()
-    if results.errors or len(marks) != trials or any(end == 0.0 for _, end in marks.values()):
-        raise ExecutionError(f"a Ray Tune probe run failed: {results.errors[0] if results.errors else 'no result'}")
-    return [(start, end) for start, end in marks.values()]
+
+@dataclass(frozen=True)
+class _TuneRuns:
+    """The probe's Tune runs: Ray Tune's module, where their results go, what each trial imports as it starts and
+    the probe's time limit."""
+
+    tune: Any
+    storage: Path
+    imports: tuple[str, ...]
+    limit: _Limit
+
+    def spans(self, resources: dict[str, float], trials: int) -> list[tuple[float, float]]:
+        """(start, end) per trial of one Tune run of ``trials`` trials of ``resources`` each, each reporting at
+        once, by the driver's clock; the run stops where the limit is up."""
+        tune, limit = self.tune, self.limit
+        marks: dict[str, list[float]] = {}
+
+        class Marks(tune.Callback):
+            def on_trial_start(self, iteration, trials, trial, **info):
+                marks.setdefault(trial.trial_id, [time.perf_counter(), 0.0])
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                marks[trial.trial_id][1] = time.perf_counter()
+
+        def trial(config):  # defined here: pickled by value, so a trial imports only what a user's would
+            for name in config["imports"]:
+                importlib.import_module(name)
+            tune.report({"done": 1})
+
+        tuner = tune.Tuner(
+            tune.with_resources(trial, resources),
+            param_space={"i": tune.grid_search(list(range(trials))), "imports": list(self.imports)},
+            tune_config=tune.TuneConfig(time_budget_s=limit.left_s()),
+            run_config=tune.RunConfig(storage_path=str(self.storage), callbacks=[Marks()], verbose=0),
+        )
+        with redirect_stdout(io.StringIO()):  # Tune's run summary is not the profiler's output
+            results = tuner.fit()
+        finished = len(marks) == trials and all(end > 0.0 for _, end in marks.values())
+        if not results.errors and not finished and limit.budget_s is not None:
+            raise limit.spent()  # Tune stopped the run at its time budget
+        if results.errors or not finished:
+            failure = results.errors[0] if results.errors else "no result"
+            raise ExecutionError(f"a Ray Tune probe run failed: {failure}")
+        return [(start, end) for start, end in marks.values()]

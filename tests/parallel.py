@@ -39,6 +39,7 @@ LOCK_ENV = "RUBBERBAND_TEST_LOCK"
 SLOW_MODULES = (
     "test_readme_commands",
     "test_profiler_cli",
+    "test_profiler_tune_start",
     "test_executor_e2e",
     "test_spot_e2e",
     "test_executor_teardown",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -42,11 +41,14 @@ def _assert_one_line_error(result, *fragments):
 
 
 def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
-    """Real DDP with 2 gloo workers: one node and across two, one start-up sample, the overlap probe and Ray
-    Tune's trial starts; the profile validates (≈90 s on 2 cores).
+    """Real DDP with 2 gloo workers: one node and across two, one start-up sample and the overlap probe; the
+    profile validates (≈45 s on 2 cores). Ray Tune's trial starts are timed by tests/test_profiler_tune_start.py
+    (on another worker: here they would add ≈45 s alone, and on a CI machine running three other end-to-end tests
+    beside this one the command took over 300 s with them).
 
     The budget is a cap, not a duration: 90 s gave each shape a 12 s share, which a CI machine running three
-    other end-to-end tests beside this one did not meet for any shape (exit 2). 300 s leaves it ≈40 s each.
+    other end-to-end tests beside this one did not meet for any shape (exit 2). 240 s leaves it ≈30 s each, and the
+    command stops within the test's 300 s.
     """
     out = synthetic_dir / "profile.json"
     result = cli(
@@ -59,12 +61,13 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
         "--iterations",
         "6",
         "--budget",
-        "300s",
+        "240s",
         "--startup-samples",
         "1",
+        "--no-tune-start",
         "--out",
         out,
-        timeout=420,
+        timeout=290,
     )
     assert result.returncode == 0, result.stderr
     profile = load_profile(out)  # validates against rubberband.profile.Profile
@@ -123,15 +126,9 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
         )
     )
     assert profile.sources["startup_overlap"].startswith("measured")
-    # Ray Tune's own trial starts (the plan's ASHA baseline), timed with Ray Tune on a node of their own
-    tune_start = profile.tune_trial_start
-    assert tune_start is not None and tune_start.host_cores == os.cpu_count()
-    assert tune_start.concurrent == max(2, min(16, 2 * tune_start.host_cores))
-    assert len(tune_start.serial_s) == 3 and len(tune_start.concurrent_s) == 2 * tune_start.concurrent
-    assert all(0.0 < s < 60.0 for s in tune_start.serial_s + tune_start.concurrent_s)
-    assert profile.sources["tune_trial_start"].startswith("measured with Ray Tune")
-    assert profile.fitted["tune_start"]["lanes_per_core"] > 0
-    assert "Ray Tune trial start" in result.stdout
+    # Ray Tune's own trial starts: left out when asked, saying so (tests/test_profiler_tune_start.py times them)
+    assert profile.tune_trial_start is None and "tune_trial_start" not in profile.sources
+    assert "Ray Tune's trial start: not asked for (--no-tune-start)" in result.stderr
     assert {"hostname", "cpu_model", "cpu_cores"} <= set(profile.machine)
     assert profile.torch_version and profile.created_at
     assert "synthetic" in result.stdout and "median ms" in result.stdout

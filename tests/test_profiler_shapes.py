@@ -130,3 +130,38 @@ def test_many_iterations_are_probed_then_capped_to_fit_each_shares_budget(monkey
         assert 2 <= iterations < 20000 and 2.0 + iterations * 0.02 <= share  # set-up and iterations fit the share
     assert [r.skipped for r in results] == [None, None]
     assert sum("capped at" in n for n in notes) == 2
+
+
+def test_the_shapes_leave_ray_tunes_probe_its_reserve_and_small_budgets_skip_it(monkeypatch, tmp_path):
+    """Ray Tune's trial starts come after the shapes and the configurations, which leave them
+    TUNE_START_RESERVE_S of the budget; a budget under TUNE_START_MIN_BUDGET_S, or --no-tune-start, skips the probe
+    (saying why) and keeps nothing back for it."""
+    from rubberband.profiler import runner
+    from rubberband.profiler.runner import (
+        MIN_SHAPE_S,
+        TUNE_START_MIN_BUDGET_S,
+        TUNE_START_RESERVE_S,
+        ProfileOptions,
+        _Budget,
+        _measure_shapes,
+        _Steps,
+        _tune_start_skipped,
+    )
+
+    shares: list[float] = []
+    monkeypatch.setattr(runner, "_run_shape", lambda steps, shape, ckpt, bounds, pool: shares.append(bounds.share_s))
+    options = ProfileOptions(
+        cloud="local", instance_type=_type("local.cpu2"), workers=(1,), budget_s=300.0, iterations=4
+    )
+    assert _tune_start_skipped(options) is None  # Ray Tune is in the test extra
+    steps = _Steps(None, options, {}, [], tmp_path, _Budget(300.0), [], lambda *a, **k: None, TUNE_START_RESERVE_S)
+    _measure_shapes(steps, [Shape(1, 1)], None)
+    restarts = 10.0
+    assert shares[0] == pytest.approx(300.0 - restarts - TUNE_START_RESERVE_S - MIN_SHAPE_S, abs=1.0)
+
+    small = ProfileOptions(
+        cloud="local", instance_type=_type("local.cpu2"), workers=(1,), budget_s=TUNE_START_MIN_BUDGET_S - 1
+    )
+    assert "a --budget under 120s leaves no time for it" in _tune_start_skipped(small)
+    off = ProfileOptions(cloud="local", instance_type=_type("local.cpu2"), workers=(1,), tune_start=False)
+    assert _tune_start_skipped(off) == "not asked for (--no-tune-start)"

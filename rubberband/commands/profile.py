@@ -80,6 +80,12 @@ def register(app: typer.Typer) -> None:
             None, "--dataset-size", help="Training samples per epoch, if the spec's config and the batches do not tell."
         ),
         single_node: bool = typer.Option(False, "--single-node", help="Skip the shapes spanning two nodes."),
+        tune_start: bool = typer.Option(
+            True,
+            "--tune-start/--no-tune-start",
+            help="Time Ray Tune's own trial starts, for the plan's ASHA baseline (about 25 s on 2 cores; needs the "
+            "raytune extra and a --budget of 2m or more).",
+        ),
         out: Path = typer.Option(
             None, "--out", "-o", help="Where to write the profile JSON (default: the spec's profile: path)."
         ),
@@ -135,6 +141,7 @@ def register(app: typer.Typer) -> None:
             cross_node=not single_node,
             configs=configs,
             overlap_type=_widest_type(spec, cloud, itype),
+            tune_start=tune_start,
         )
         validate(spec, options)  # bad input fails here, before any progress output
         result = _run_with_progress(spec, options)
