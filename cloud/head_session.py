@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rubberband.catalog import Catalog
 from rubberband.cloud.boots import BootPlayer
@@ -516,15 +516,7 @@ class HeadSession:
         )
 
     def _submit(self, **job) -> str:
-        """``submit_job``, retried while the head's job agent is still starting (it answers 500 until then)."""
-        deadline = time.monotonic() + self.connect_timeout_s
-        while True:
-            try:
-                return self.jobs.submit_job(**job)
-            except RuntimeError as exc:
-                if "try again later" not in str(exc) or time.monotonic() >= deadline:
-                    raise CloudError(f"head {self.record.instance_id} refused the job: {exc}", kind="fatal") from None
-                time.sleep(1.0)
+        return submit_when_ready(self.jobs, self.connect_timeout_s, f"head {self.record.instance_id}", **job)
 
     def status(self, job_id: str | None = None) -> str:
         return str(self.jobs.get_job_status(job_id or self.job_id).value)
@@ -595,6 +587,20 @@ class HeadSession:
         if status != "SUCCEEDED":
             raise CloudError(f"fetching the run directory failed on the head: {logs.strip()[-300:]}", kind="transient")
         return unpack(logs, run_dir)
+
+
+def submit_when_ready(jobs: JobSubmissionClient, timeout_s: float, head: str, **job: Any) -> str:
+    """``jobs.submit_job(**job)``: the submission id. Retried each second for ``timeout_s`` at most while the head's
+    job agent is still starting: a head whose Ray is up can answer 500 "No available agent to submit job, please
+    try again later" for a while. Raises CloudError naming ``head`` when it refuses the job otherwise or for longer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return jobs.submit_job(**job)
+        except RuntimeError as exc:
+            if "try again later" not in str(exc) or time.monotonic() >= deadline:
+                raise CloudError(f"{head} refused the job: {exc}", kind="fatal") from None
+            time.sleep(1.0)
 
 
 def end_run(record: HeadRecord, *, boots: BootPlayer | None, echo: Callable[[str], None] | None = None) -> int:

@@ -247,6 +247,7 @@ def _run_shipped_trial(work: Path, dashboard_port: int, token: str) -> dict:
 
     from conftest import REPO
     from rubberband.cloud.ray_token import auth_headers
+    from rubberband.cloud.head_session import submit_when_ready
     from rubberband.cloud.shipping import build_package, job_runtime_env
 
     code = work / "code"
@@ -254,7 +255,11 @@ def _run_shipped_trial(work: Path, dashboard_port: int, token: str) -> dict:
     shutil.copy(REPO / "tests" / "trial_code" / "tiny_train.py", code)
     (code / "boot_job.py").write_text(JOB)
     client = JobSubmissionClient(f"http://127.0.0.1:{dashboard_port}", headers=auth_headers(token))
-    job = client.submit_job(
+    # as the CLI submits: its job agent can still be starting after Ray is up ("try again later")
+    job = submit_when_ready(
+        client,
+        120.0,
+        "the booted head",
         entrypoint="python boot_job.py i-worker1 /tmp/rb-trial",
         runtime_env=job_runtime_env(build_package(work / "package"), code),
     )

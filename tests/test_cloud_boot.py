@@ -45,6 +45,7 @@ from rubberband.cloud.aws.boot import AWS_BOOT
 from rubberband.cloud.gcp.boot import GCP_BOOT
 from rubberband.cloud.bootstrap import BOOT_FAILED, BootstrapConfig, client_versions, render_startup_script
 from rubberband.cloud.local_head import _private_address
+from rubberband.cloud.head_session import submit_when_ready
 from rubberband.cloud.shipping import build_package, job_runtime_env
 from rubberband.net import free_port
 
@@ -371,7 +372,11 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         package = build_package(root / "cache")
         monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # this process's own Ray: the token goes as a header
         client = _job_client(dashboard_port, token)
-        job = client.submit_job(
+        # as the CLI submits: its job agent can still be starting after Ray is up ("try again later")
+        job = submit_when_ready(
+            client,
+            120.0,
+            "the booted head",
             entrypoint=f"python boot_job.py {cloud}-worker-1 {root / 'trial'}",
             runtime_env=job_runtime_env(package, code),
         )

@@ -144,3 +144,38 @@ def test_code_filter_keeps_secrets_out_and_honours_the_users_ignore_files(tmp_pa
     assert (
         ray_spec.match_file("deploy/server.pem") and ray_spec.match_file(".env") and not ray_spec.match_file("train.py")
     )
+
+
+def test_a_job_is_submitted_once_the_heads_job_agent_answers(monkeypatch):
+    """A head whose Ray is up can answer 500 "No available agent to submit job, please try again later" while its
+    job agent starts (it failed a boot test in CI): the submission is retried each second, within its time; any
+    other refusal, or one that outlasts the time, is a CloudError naming the head. The real agent:
+    tests/test_cloud_boot.py and tests/test_boot_os.py submit through this."""
+    from rubberband.cloud import head_session
+    from rubberband.cloud.head_session import submit_when_ready
+    from rubberband.errors import CloudError
+
+    busy = RuntimeError(
+        "Request failed with status code 500: No available agent to submit job, please try again later.."
+    )
+
+    class Jobs:
+        def __init__(self, *answers):
+            self.answers, self.asked = list(answers), []
+
+        def submit_job(self, **job):
+            self.asked.append(job)
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    slept: list[float] = []
+    monkeypatch.setattr(head_session.time, "sleep", slept.append)
+    jobs = Jobs(busy, busy, "raysubmit_1")
+    assert submit_when_ready(jobs, 60.0, "head i-1", entrypoint="python run.py") == "raysubmit_1"
+    assert slept == [1.0, 1.0] and jobs.asked == [{"entrypoint": "python run.py"}] * 3
+    with pytest.raises(CloudError, match=r"^head i-1 refused the job: .*status code 400"):
+        submit_when_ready(Jobs(RuntimeError("Request failed with status code 400: bad runtime_env")), 60.0, "head i-1")
+    with pytest.raises(CloudError, match=r"^head i-1 refused the job: .*No available agent"):
+        submit_when_ready(Jobs(busy), 0.0, "head i-1")
