@@ -542,8 +542,9 @@ class AshaSimulator:
                     busy += d
                     heapq.heappush(events, (t + d, next_trial, 0, j))
                 else:
-                    domain = _start_domain(shared_host, lay, j)
-                    starts.add(t, domain, next_trial, j, start_factor[next_trial])
+                    work = starts.work * start_factor[next_trial]
+                    start = _Start(work, t, next_trial, j, instance=_start_domain(False, lay, j))
+                    starts.add(_start_domain(shared_host, lay, j), start)
                 next_trial += 1
                 continue
             if starts is not None and t_start <= t_report:  # trial starts done: their first segment runs
@@ -619,52 +620,93 @@ class _Cluster:
     starts: TrialStarts | None
 
 
+@dataclass(slots=True, eq=False)
+class _Start:
+    """One trial start in progress: the work it has left (seconds alone), when it began, whose it is and where."""
+
+    remaining: float
+    began: float
+    trial: int
+    slot: int
+    instance: int
+
+    @property
+    def done(self) -> bool:
+        return self.remaining <= 1e-9
+
+
 class _Starts:
     """Trial starts in progress when they contend: each needs ``work`` seconds alone
-    (``task_start_s``); the starts in progress on one instance (``domain``) share ``concurrency``
-    start lanes by processor sharing, each progressing at min(1, concurrency / n) while n are in
+    (``task_start_s``); the starts in progress on one instance (``domain``; every instance on a shared host) share
+    ``concurrency`` start lanes by processor sharing, each progressing at min(1, concurrency / n) while n are in
     progress. That is how Ray Tune's trial actors start (``reuse_actors=False``, its default: a new
-    worker process per trial, whose interpreter and imports start on the node's few cores)."""
+    worker process per trial, whose interpreter and imports start on the node's few cores).
+
+    An instance's starts complete in the order they began: its raylet starts the worker processes of Ray Tune's
+    trials in the order their leases came, and of two trials starting together on one node the first queued
+    reported first in every real run of bench/bench_asha_ray.py's workload B (six passes), whatever their starts'
+    spread. A start whose work is done before an earlier one's on its instance waits for it (holding no start lane)
+    and completes with it. Across instances nothing orders them."""
 
     def __init__(self, concurrency: float, work: float) -> None:
         self.concurrency = concurrency
         self.work = work
-        self._active: dict[int, list[list[float]]] = {}  # domain -> [[remaining, began, trial, slot]]
+        self._queued: dict[int, list[_Start]] = {}  # domain -> its starts not yet complete, in the order they began
         self._updated: dict[int, float] = {}
 
+    def _rate(self, running: int) -> float:
+        return min(1.0, self.concurrency / running)
+
     def _advance(self, domain: int, t: float) -> None:
-        active = self._active.get(domain)
-        if active:
-            done = (t - self._updated[domain]) * min(1.0, self.concurrency / len(active))
-            for a in active:
-                a[0] -= done
+        running = [a for a in self._queued.get(domain, []) if not a.done]
+        if running:
+            done = (t - self._updated[domain]) * self._rate(len(running))
+            for a in running:
+                a.remaining -= done
         self._updated[domain] = t
 
-    def add(self, t: float, domain: int, trial: int, slot: int, factor: float = 1.0) -> None:
-        """A start of ``work × factor`` seconds (alone) begins at ``t``."""
-        self._advance(domain, t)
-        self._active.setdefault(domain, []).append([self.work * factor, t, trial, slot])
+    def add(self, domain: int, start: _Start) -> None:
+        """``start`` begins (at ``start.began``) among ``domain``'s."""
+        self._advance(domain, start.began)
+        self._queued.setdefault(domain, []).append(start)
+
+    @staticmethod
+    def _ready(queued: list[_Start]) -> list[_Start]:
+        """The starts whose work is done and after which no start that began earlier on their instance is still in
+        progress."""
+        waiting: set[int] = set()
+        out = []
+        for a in queued:
+            if not a.done:
+                waiting.add(a.instance)
+            elif a.instance not in waiting:
+                out.append(a)
+        return out
 
     def _domain_next(self, domain: int) -> float:
-        active = self._active[domain]
-        return self._updated[domain] + min(a[0] for a in active) / min(1.0, self.concurrency / len(active))
+        """When the domain's next start completes (now, where one is ready)."""
+        queued = self._queued[domain]
+        if self._ready(queued):
+            return self._updated[domain]
+        running = [a for a in queued if not a.done]
+        return self._updated[domain] + min(a.remaining for a in running) / self._rate(len(running))
 
     def next_time(self) -> float:
-        return min((self._domain_next(d) for d, a in self._active.items() if a), default=math.inf)
+        return min((self._domain_next(d) for d, q in self._queued.items() if q), default=math.inf)
 
     def pop_done(self) -> list[tuple[float, float, int, int]]:
-        """The starts finishing at :meth:`next_time`: (time, began, trial, slot), in trial order."""
+        """The starts completing at :meth:`next_time` (time, began, trial, slot), in trial order: those whose work
+        is then done and that no earlier start on their instance still holds back."""
         t = self.next_time()
-        out: list[list[float]] = []
-        for domain, active in self._active.items():
-            if not active or self._domain_next(domain) > t + 1e-9:
+        out: list[_Start] = []
+        for domain, queued in self._queued.items():
+            if not queued or self._domain_next(domain) > t + 1e-9:
                 continue
             self._advance(domain, t)
-            keep: list[list[float]] = []
-            for a in active:
-                (out if a[0] <= 1e-9 else keep).append(a)
-            self._active[domain] = keep
-        return sorted(((t, a[1], int(a[2]), int(a[3])) for a in out), key=lambda x: x[2])
+            ready = self._ready(queued)
+            out += ready
+            self._queued[domain] = [a for a in queued if a not in ready]
+        return sorted(((t, a.began, a.trial, a.slot) for a in out), key=lambda x: x[2])
 
 
 def _smallest_meeting(

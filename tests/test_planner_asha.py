@@ -16,6 +16,7 @@ from rubberband.planner.asha import (
     AshaSettings,
     AshaSimulator,
     TrialStarts,
+    _Start,
     _Starts,
     _percentile,
     asha_baseline,
@@ -137,15 +138,35 @@ def test_starts_on_one_instance_share_the_start_lanes():
 
 def test_overlapping_starts_progress_by_processor_sharing():
     starts = _Starts(1.0, 2.0)
-    starts.add(0.0, 0, 0, 0)
-    starts.add(1.0, 0, 1, 1)  # trial 0 has 1 s of work left; both now progress at 1/2
-    starts.add(1.0, 1, 2, 2)  # another instance: alone, done at 3
+    starts.add(0, _Start(2.0, 0.0, 0, 0, instance=0))
+    starts.add(0, _Start(2.0, 1.0, 1, 1, instance=0))  # trial 0 has 1 s of work left; both now progress at 1/2
+    starts.add(1, _Start(2.0, 1.0, 2, 2, instance=1))  # another instance: alone, done at 3
     assert starts.next_time() == pytest.approx(3.0)
     assert [(t, trial) for t, _, trial, _ in starts.pop_done()] == [(pytest.approx(3.0), 0), (pytest.approx(3.0), 2)]
     assert starts.next_time() == pytest.approx(4.0)  # trial 1: 1 s of work left, alone
     done = starts.pop_done()
     assert [(round(t, 9), began, trial, slot) for t, began, trial, slot in done] == [(4.0, 1.0, 1, 1)]
     assert starts.next_time() == math.inf
+
+
+def test_an_instances_starts_complete_in_the_order_they_began_and_a_finished_one_waits_without_a_lane():
+    """Two starts on one instance share its one lane; the later, shorter one is done first but completes with the
+    earlier one, which has the lane to itself meanwhile. A start on another instance of the same host (one
+    contention domain) completes on its own."""
+    starts = _Starts(1.0, 2.0)
+    starts.add(0, _Start(4.0, 0.0, 0, 0, instance=0))
+    starts.add(0, _Start(1.0, 0.0, 1, 1, instance=0))
+    assert starts.next_time() == pytest.approx(2.0)  # trial 1's work is done at 2 (half a lane each)...
+    assert starts.pop_done() == []  # ...but trial 0, which began first, is still starting
+    assert starts.next_time() == pytest.approx(5.0)  # trial 0: 3 s left, now alone on the lane
+    assert [(round(t, 9), trial) for t, _, trial, _ in starts.pop_done()] == [(5.0, 0), (5.0, 1)]
+    shared = _Starts(3.0, 2.0)
+    shared.add(0, _Start(4.0, 0.0, 0, 0, instance=0))
+    shared.add(0, _Start(1.0, 0.0, 1, 1, instance=0))
+    shared.add(0, _Start(1.0, 0.0, 2, 2, instance=1))
+    assert [trial for _, _, trial, _ in shared.pop_done()] == [2]  # at 1: instance 1's, alone on its instance
+    assert [trial for _, _, trial, _ in shared.pop_done()] == [0, 1]  # at 4
+    assert shared.next_time() == math.inf
 
 
 def test_rungs_decide_as_ray_tunes_bracket():
@@ -167,10 +188,11 @@ def test_rungs_decide_as_ray_tunes_bracket():
                 pending.append((trial, rung + 1))
 
 
-def test_start_sigma_zero_is_todays_model_and_uneven_starts_reorder_the_reports():
+def test_start_sigma_zero_is_todays_model_and_uneven_starts_keep_their_order_on_an_instance():
     """A start spread σ of 0 (the default): every start alike, the same runs. With σ > 0 the trial starts differ
-    in length, so trials queued later can report first; with one fixed quality order that changes which
-    trials ASHA promotes in some samples, and the mean start time stays near task_start_s."""
+    in length, and the mean start time stays near task_start_s. On one instance they still complete in the order
+    they began, as Ray Tune's driver starts its trials (with one fixed quality order every sample promotes alike,
+    though the JCT varies); on two, a trial queued later can report first and change who ASHA promotes."""
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.1, task_start=5.0)
     cluster = AshaCluster(GPU4, 1, 1)
     base = AshaSimulator(
@@ -199,8 +221,10 @@ def test_start_sigma_zero_is_todays_model_and_uneven_starts_reorder_the_reports(
         AshaSettings(samples=40, starts=lanes(2.0, 0.5)),
     )
     uneven.set_qualities(order)
-    same, varied = fixed.simulate(cluster).promotions, uneven.simulate(cluster).promotions
-    assert len({tuple(row) for row in same}) == 1  # one order, no start noise: every sample promotes alike
+    same, kept = fixed.simulate(cluster), uneven.simulate(cluster)
+    assert len({tuple(row) for row in same.promotions}) == 1  # one order, no start noise: every sample promotes alike
+    assert len({tuple(row) for row in kept.promotions}) == 1 and len(set(kept.jct)) > 1
+    varied = uneven.simulate(AshaCluster(GPU4, 2, 1)).promotions
     assert len({tuple(row) for row in varied}) > 1
     assert abs(float(np.exp(0.5 * uneven._start_z).mean()) - np.exp(0.5**2 / 2)) < 0.15
     with pytest.raises(ValueError):
