@@ -254,7 +254,7 @@ def real_runs(name: str, overrides: dict, workdir: Path, n: int, args) -> None:
         row = {
             "deadline": deadline,
             "p_meet": plan.predicted.p_meet_deadline,
-            "pred_jct": plan.predicted.jct_s.p50,
+            "pred_jct": float(result["predicted"]["jct_s"]),  # from the command, as the actual JCT counts
             "pred_cost": plan.predicted.cost_usd.mean,
             "jct": float(result["actual"]["jct_s"]),
             "cost": float(result["actual"]["cost_usd"]),

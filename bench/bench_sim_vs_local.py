@@ -263,7 +263,7 @@ def report(plan, sim: dict, cli: dict | None, real: list[dict]) -> None:
     jcts = [r["actual"]["jct_s"] for r in sim["results"]]
     costs = [r["actual"]["cost_usd"] for r in sim["results"]]
     sim_jct, sim_cost, hit = statistics.median(jcts), statistics.fmean(costs), sim["run_meet"]
-    rj = [r["result"]["actual"]["jct_s"] for r in real]
+    rj = [r["result"]["actual"].get("jct_from_start_s", r["result"]["actual"]["jct_s"]) for r in real]  # as simulated
     rc = [r["result"]["actual"]["cost_usd"] for r in real]
     met = [bool(r["result"]["met_deadline"]) for r in real]
     stages = " → ".join(

@@ -47,6 +47,10 @@ class RunStarted(_Event):
     #: when the user's command began, on the run's clock (before the head and the first instances started): what
     #: went before this event is reported beside the JCT (``result.json`` ``actual.before_start_s``); absent: unknown
     commanded_at: float | None = None
+    #: the user's deadline, counting from ``commanded_at``; ``deadline_s`` is what the executor's start left of it,
+    #: which the executor works to (:mod:`~rubberband.executor.deadline`). Absent: the two are one (the command's
+    #: start unknown, or a journal written before this field)
+    deadline_from_command_s: float | None = None
     #: the journal schema; absent in version-1 journals (the writer stamps the current one)
     journal_version: int = 1
 

@@ -4,7 +4,8 @@ Built from the journal (:class:`~rubberband.executor.journal.RunState`) and the 
 ended with: the outcome (:mod:`rubberband.executor.outcome`: met, late, stopped, failed,
 interrupted) and its exit code; the best configuration found so far, whatever the outcome, with its
 metric, the rung it was measured at and its checkpoint; the actual job
-completion time (first start → last stage finished, downtime between resumes included), the
+completion time (from the user's command: what went before the executor's first start, then first start → last
+stage finished, downtime between resumes included) against the user's deadline, the
 actual cost under the billing rules, the plan's predictions, and per-stage actual versus
 predicted duration and cost. In head mode the run's head instance is in the actual cost
 (``actual.head_usd``, and ``head`` with its bill) as the prediction has it
@@ -54,6 +55,14 @@ def _static(plan: Plan, actual_usd: float) -> dict[str, Any] | None:
         "predicted_jct_s": static.predicted.jct_s.p50,
         "cost_ratio": actual_usd / predicted if predicted > 0 else None,
     }
+
+
+def deadline_from_command(state: RunState) -> float:
+    """The user's deadline, counting from their command: journaled since the executor works to what its start left
+    of it; for an older journal, the executor's own plus what went before its start (the verdict it had then)."""
+    if state.deadline_from_command_s is not None:
+        return state.deadline_from_command_s
+    return state.deadline_s + state.before_start_s
 
 
 @dataclass(frozen=True)
@@ -109,8 +118,9 @@ def build_result(state: RunState, plan: Plan, spec: JobSpec, ending: Ending, run
             "rung": found["rung"],
             "checkpoint": _latest_checkpoint(run_dir, found["trial_id"], trial.checkpoint_path),
         }
-    jct = end - state.first_started_at
-    met = status == "finished" and jct <= state.deadline_s
+    from_start = end - state.first_started_at
+    jct, deadline = from_start + state.before_start_s, deadline_from_command(state)
+    met = status == "finished" and jct <= deadline
     outcome = outcome_of(status, met)
     return {
         "run_id": state.run_id,
@@ -121,24 +131,26 @@ def build_result(state: RunState, plan: Plan, spec: JobSpec, ending: Ending, run
         "spec_sha256": state.spec_sha256,
         "attempts": state.attempts,
         "best": best,
-        "late_by_s": max(0.0, jct - state.deadline_s),
-        # JCT counts from the executor's start, as the plan predicts it; what the user's command spent before that
-        # (loading, planning; in head mode the head's boot and the upload) is measured beside it
+        "late_by_s": max(0.0, jct - deadline),
+        # JCT counts from the user's command, as their deadline does: what the command spent before the executor
+        # started (loading, planning; in head mode the head's boot and the upload) and the executor's own part. The
+        # plan predicts the executor's part; the prediction from the command adds what went before, as measured.
         "actual": {
             "jct_s": jct,
             "cost_usd": bill.total_usd,
             "head_usd": bill.head_usd,
             "before_start_s": state.before_start_s,
-            "jct_from_command_s": jct + state.before_start_s,
+            "jct_from_start_s": from_start,
         },
         "predicted": {
-            "jct_s": plan.predicted.jct_s.p50,
-            "jct_p95_s": plan.predicted.jct_s.p95,
+            "jct_s": plan.predicted.jct_s.p50 + state.before_start_s,
+            "jct_p95_s": plan.predicted.jct_s.p95 + state.before_start_s,
+            "jct_from_start_s": plan.predicted.jct_s.p50,
             "cost_usd": plan.predicted.cost_usd.mean,
             "p_meet_deadline": plan.predicted.p_meet_deadline,
             "head_usd": plan.predicted.cost_breakdown.head_usd,
         },
-        "deadline_s": state.deadline_s,
+        "deadline_s": deadline,
         "met_deadline": met,
         "stages": stages,
         "instances": [

@@ -23,6 +23,7 @@ from rubberband.executor import journal as J
 from rubberband.executor.accounting import bill_run
 from rubberband.executor.actuator import Actuator
 from rubberband.executor.clock import WALL_CLOCK, Clock
+from rubberband.executor.deadline import remaining_deadline
 from rubberband.executor.cluster import Cluster, RayCluster
 from rubberband.executor.decisions import DeadlineWatch, LossPolicy
 from rubberband.executor.fleet import Fleet, stop_orphans
@@ -79,7 +80,8 @@ class Target:
 
 @dataclass(frozen=True)
 class Settings:
-    """How it behaves: the deadline (default the plan's) and how far past it a run may go (``math.inf``: to the
+    """How it behaves: the deadline (default the plan's; counting from ``commanded_at`` where that is given, so a
+    fresh run works to what its start leaves of it) and how far past it a run may go (``math.inf``: to the
     end), what a boundary does when no plan meets it (``on_late``), the limits, and the policies (defaults: the
     planner's own, so the prediction describes the run). ``elastic``: False holds every instance to the end."""
 
@@ -187,6 +189,9 @@ class Executor:
     def _record_start(self, resume: bool) -> None:
         journal, job, target = self.services.journal, self.job, self.target
         if not resume:
+            commanded_at = self.settings.commanded_at
+            asked = self.deadline_s  # the user's, from their command where its start is known
+            self.deadline_s = remaining_deadline(asked, commanded_at, self.services.clock.time())
             journal.record(
                 J.RunStarted(
                     run_id=target.run_id,
@@ -195,10 +200,11 @@ class Executor:
                     plan=job.plan.model_dump(mode="json"),
                     cloud=job.plan.stages[0].cloud,
                     deadline_s=self.deadline_s,
+                    deadline_from_command_s=asked if commanded_at is not None else None,
                     trial_runtime=target.runtime.module,
                     pid=os.getpid(),
                     on_late=self.settings.on_late,
-                    commanded_at=self.settings.commanded_at,
+                    commanded_at=commanded_at,
                 )
             )
             return

@@ -109,8 +109,10 @@ class RunState:
     started_at: float
     first_started_at: float
     #: how long the user's command ran before the executor started (``run_started.commanded_at``: loading, planning,
-    #: in head mode the head's boot and the upload); reported beside the JCT, which counts from the start
+    #: in head mode the head's boot and the upload): part of the result's JCT, which counts from the command
     before_start_s: float = 0.0
+    #: the user's deadline, counting from their command (``deadline_s`` counts from the executor's start)
+    deadline_from_command_s: float | None = None
     attempts: int = 1
     status: str = "running"  # running | finished | stopped | failed | interrupted
     ended_at: float | None = None
@@ -144,6 +146,7 @@ def start_state(first: E.RunStarted) -> RunState:
         started_at=t,
         first_started_at=t,
         before_start_s=max(0.0, t - first.commanded_at) if first.commanded_at is not None else 0.0,
+        deadline_from_command_s=first.deadline_from_command_s,
     )
 
 

@@ -61,28 +61,15 @@ def _load_inputs(stage: Path):
     return JobSpec.model_validate(data), load_plan(stage / "plan.json"), profile if profile.exists() else None
 
 
-#: The least deadline the head's executor is handed, in seconds: a head whose boot and upload used the whole
-#: deadline still runs the plan (its boundaries then finish late or stop, as ``--on-late`` says).
-MIN_DEADLINE_S = 1.0
-
-
-def remaining_deadline(deadline_s: float, commanded_at: float | None, now: float) -> float:
-    """The deadline the head's executor works to: the user's, which counts from their command, less what went
-    before the executor started (the CLI's planning, the head's boot, the code upload); unchanged where the
-    command's start is unknown."""
-    if commanded_at is None:
-        return deadline_s
-    return max(MIN_DEADLINE_S, deadline_s - max(0.0, now - commanded_at))
-
-
-def head_deadline(args: argparse.Namespace, plan: Any, run_dir: Path, now: float) -> float:
-    """A fresh run's: what is left of the user's deadline; a resumed one keeps what its first start was handed
-    (the journal's, anchored at the same command)."""
+def head_deadline(args: argparse.Namespace, plan: Any, run_dir: Path) -> float:
+    """The deadline handed to the head's executor: a fresh run's is the user's, counting from their command (the
+    executor works to what its start leaves of it, :mod:`rubberband.executor.deadline`, after the CLI's planning,
+    the head's boot and the code upload); a resumed one keeps what its first start worked to (the journal's)."""
     from rubberband.executor import journal as J
 
     if (run_dir / J.JOURNAL_NAME).exists():
         return float(J.read_state(run_dir).deadline_s)
-    return remaining_deadline(args.deadline or plan.deadline_s, args.commanded_at, now)
+    return float(args.deadline or plan.deadline_s)
 
 
 def run(args: argparse.Namespace, boots: BootPlayer | None = None) -> int:
@@ -138,7 +125,7 @@ def run(args: argparse.Namespace, boots: BootPlayer | None = None) -> int:
                 run_dir=run_dir,
                 backend=backend,
                 trial_runtime=args.trial_runtime,
-                deadline_s=head_deadline(args, plan, run_dir, time.time()),
+                deadline_s=head_deadline(args, plan, run_dir),
                 overrun_s=args.overrun_s,
                 resume=(run_dir / "journal.jsonl").exists(),
                 profile_path=profile,

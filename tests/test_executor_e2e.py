@@ -142,11 +142,14 @@ def test_sha_job_promotes_the_right_trials_releases_early_and_cleans_up(finished
     assert summary["actual"]["cost_usd"] == pytest.approx(bill_run(state, now=time.time()).total_usd)
     assert summary["actual"]["cost_usd"] > 0
     assert [s["actual_duration_s"] > 0 for s in summary["stages"]] == [True, True]
-    assert summary["predicted"]["jct_s"] == plan.predicted.jct_s.p50
-    # what the CLI did before the executor started (loading, planning) is measured from the command
-    actual = summary["actual"]
-    assert 0 < actual["before_start_s"] < actual["jct_s"]
-    assert actual["jct_from_command_s"] == pytest.approx(actual["jct_s"] + actual["before_start_s"])
+    # the JCT counts from the command, the CLI's loading and planning included; the executor worked to what was left
+    actual, predicted = summary["actual"], summary["predicted"]
+    assert 0 < actual["before_start_s"] < actual["jct_from_start_s"]
+    assert actual["jct_s"] == pytest.approx(actual["jct_from_start_s"] + actual["before_start_s"])
+    assert predicted["jct_from_start_s"] == plan.predicted.jct_s.p50
+    assert predicted["jct_s"] == pytest.approx(plan.predicted.jct_s.p50 + actual["before_start_s"])
+    assert summary["deadline_s"] == plan.deadline_s
+    assert state.deadline_s == pytest.approx(plan.deadline_s - actual["before_start_s"], abs=0.05)
     assert f"best trial {best}" in result.stdout
 
 
@@ -283,8 +286,9 @@ def test_report_of_a_run_shows_predicted_vs_actual(finished_run, cli, tmp_path):
 
     page = Fields()
     page.feed((out / "report.html").read_text())
-    assert float(page.values["actual.jct_s"]) == pytest.approx(summary["actual"]["jct_s"])
+    assert float(page.values["actual.jct_from_start_s"]) == pytest.approx(summary["actual"]["jct_from_start_s"])
     assert float(page.values["actual.cost_usd"]) == pytest.approx(summary["actual"]["cost_usd"])
     markdown = (out / "report.md").read_text()
     assert "(gantt_actual.png)" in markdown and (out / "gantt_actual.png").stat().st_size > 1000
+    assert "before the executor started (result.json's JCT counts from it)" in markdown  # the CLI's loading, planning
     assert page.images >= 2  # the planned and the actual allocation at least, inline

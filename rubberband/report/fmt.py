@@ -25,3 +25,11 @@ def ratio(value: float | None) -> str:
 
 def count(value: int | None) -> str:
     return DASH if value is None else f"{value:,}"
+
+
+def before_start(value: float) -> str:
+    """The sentence a run's report adds for what the user's command spent before the executor started (its JCT,
+    like the plan's prediction, counts from the start; result.json's counts from the command); empty for none."""
+    if value <= 0:
+        return ""
+    return f" The command ran {duration(value)} before the executor started (result.json's JCT counts from it)."

@@ -214,6 +214,7 @@ class ActualData:
     progress: tuple[ProgressPoint, ...] = ()  # the incumbent's metric over the run
     metric: str = ""
     mode: str = "max"
+    before_start_s: float = 0.0  # what the user's command spent before the executor started (not in jct_s)
 
 
 @dataclass(frozen=True)
@@ -416,6 +417,7 @@ def _actual(plan: Plan, actual: ActualOutcome, dists: DistributionData) -> Actua
         progress=actual.progress,
         metric=plan.job.metric,
         mode=plan.job.mode,
+        before_start_s=actual.before_start_s,
     )
 
 

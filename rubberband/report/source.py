@@ -31,7 +31,8 @@ class TrackingLink:
 
 @dataclass(frozen=True)
 class ActualOutcome:
-    """What a finished (or stopped) run measured, in the plan's units."""
+    """What a finished (or stopped) run measured, in the plan's units: its JCT from the executor's start, as the plan
+    predicts it (``before_start_s``: what the user's command spent before that, part of result.json's JCT)."""
 
     jct_s: float
     cost_usd: float
@@ -42,6 +43,7 @@ class ActualOutcome:
     head_usd: float = 0.0  # the run's head instance (head mode), part of cost_usd
     tracking: tuple[TrackingLink, ...] = ()
     progress: tuple[ProgressPoint, ...] = ()  # the incumbent's metric over the run (report/progress.py)
+    before_start_s: float = 0.0
 
 
 @runtime_checkable
@@ -152,7 +154,8 @@ class RunSource:
         result_path = run_dir / "result.json"
         result = json.loads(result_path.read_text()) if result_path.exists() else None
         if result is not None:
-            jct, cost = float(result["actual"]["jct_s"]), float(result["actual"]["cost_usd"])
+            measured = result["actual"]
+            jct, cost = float(measured.get("jct_from_start_s", measured["jct_s"])), float(measured["cost_usd"])
             head_usd = float(result["actual"].get("head_usd") or 0.0)
             stages = result.get("stages", [])
             durations = tuple(float(s.get("actual_duration_s") or 0.0) for s in stages)
@@ -175,6 +178,7 @@ class RunSource:
             head_usd=head_usd,
             tracking=tracking_links(run_dir),
             progress=search_progress(events, plan.job.metric, plan.job.mode, t0),
+            before_start_s=state.before_start_s,
         )
         return cls(plan=plan, label=f"run {state.run_id}", outcome=outcome)
 
