@@ -508,24 +508,27 @@ class AshaSimulator:
             else None
         )
         bracket = AshaRungs(self.eta, len(self.milestones))
-        quality = self._quality[s]
-        factor = self._factor[s]
+        # plain lists: the loop below runs once per report, and indexing numpy arrays one item at a time is slow
+        quality = self._quality[s].tolist()
+        epoch_of = (epoch * self._factor[s] + model.epoch_overhead_s).tolist()  # one epoch, per trial
         start_factor = (
             np.exp(spec.sigma * self._start_z[s]) if spec is not None and self._start_z is not None else self._ones
-        )
-        per_epoch = model.epoch_overhead_s
+        ).tolist()
+        rung_epochs = [m - (self.milestones[r - 1] if r > 0 else 0) for r, m in enumerate(self.milestones)]
+        eval_s = model.eval_time_s
+        task_start_s = model.task_start_s
         next_trial = 0
         end = 0.0
         busy = 0.0
         inf = math.inf
-        last_phase = len(self.milestones) - 1
+        last_phase = last_rung = len(self.milestones) - 1
         toward = [0] * len(self.milestones)  # trials training (or starting) toward each rung
+        counted = [0] * len(self.milestones)  # trials reaching each rung
         began = [0.0] * self.trials  # when each trial's current segment began
         phase = 0
 
         def segment(trial: int, rung: int) -> float:
-            epochs = self.milestones[rung] - (self.milestones[rung - 1] if rung > 0 else 0)
-            return epochs * (epoch * factor[trial] + per_epoch) + model.eval_time_s
+            return rung_epochs[rung] * epoch_of[trial] + eval_s
 
         while True:
             t_free = free[0][0] if next_trial < self.trials and free else inf
@@ -538,7 +541,7 @@ class AshaSimulator:
                 toward[0] += 1
                 began[next_trial] = t
                 if starts is None:
-                    d = model.task_start_s * start_factor[next_trial] + segment(next_trial, 0)
+                    d = task_start_s * start_factor[next_trial] + segment(next_trial, 0)
                     busy += d
                     heapq.heappush(events, (t + d, next_trial, 0, j))
                 else:
@@ -554,11 +557,11 @@ class AshaSimulator:
                     heapq.heappush(events, (t + d, trial, 0, j))
                 continue
             t, trial, rung, j = heapq.heappop(events)
-            reached[rung] += 1
+            counted[rung] += 1
             toward[rung] -= 1
             if tasks is not None:
                 tasks.append((trial, rung, j, began[trial], t))
-            if not bracket.on_result(rung, float(quality[trial])) or rung + 1 == len(self.milestones):
+            if not bracket.on_result(rung, quality[trial]) or rung == last_rung:
                 end = max(end, t)
                 heapq.heappush(free, (t, j))
                 freed[j] = t
@@ -575,6 +578,7 @@ class AshaSimulator:
                     phase += 1
                     bounds[phase] = t
         bounds[phase + 1 :] = end  # phases never reached begin (and end) with the job
+        reached[:] = counted
         if lay.span == 1:
             idle_from[:] = np.asarray(freed).reshape(-1, lay.per_instance).max(axis=1)
         else:
@@ -709,20 +713,22 @@ class _Starts:
         return sorted(((t, a.began, a.trial, a.slot) for a in out), key=lambda x: x[2])
 
 
-def _smallest_meeting(
+def _fewest_meeting(
     sim: AshaSimulator, widest: AshaCluster, deadline_s: float, confidence: float
-) -> AshaResult | None:
-    """The fewest instances of ``widest``'s type and width (at most its count) meeting the deadline (bisection on
-    screening samples, confirmed with every sample); None where even ``widest`` misses it on screening samples."""
+) -> tuple[AshaResult, bool]:
+    """On screening samples: (the fewest instances of ``widest``'s type and width meeting the deadline, True), by
+    bisection; or (``widest`` itself, False) where even it misses."""
     itype, workers, most = widest.instance_type, widest.workers, widest.instances
-    step = -(-workers // itype.workers) if workers > itype.workers else 1
+    step = _instance_step(itype, workers)
+    screened: dict[int, AshaResult] = {}
 
     def meets(k: int) -> bool:
-        return sim.simulate(AshaCluster(itype, k * step, workers), SEARCH_SAMPLES).meets(deadline_s, confidence)
+        screened[k] = sim.simulate(AshaCluster(itype, k * step, workers), SEARCH_SAMPLES)
+        return screened[k].meets(deadline_s, confidence)
 
     hi = max(1, most // step)
     if not meets(hi):
-        return None
+        return screened[hi], False
     lo = 1
     while lo < hi:
         mid = (lo + hi) // 2
@@ -730,8 +736,21 @@ def _smallest_meeting(
             hi = mid
         else:
             lo = mid + 1
-    k = lo
-    while True:  # confirm with every sample (grow while the screening was optimistic)
+    return screened[lo], True
+
+
+def _instance_step(itype: InstanceType, workers: int) -> int:
+    """Instances per trial slot step: a trial wider than an instance takes whole instances."""
+    return -(-workers // itype.workers) if workers > itype.workers else 1
+
+
+def _confirmed(sim: AshaSimulator, screened: AshaResult, most: int, deadline_s: float, confidence: float) -> AshaResult:
+    """``screened``'s cluster with every sample, grown a slot step at a time while the screening was optimistic (at
+    most to ``most`` instances, where the result may miss the deadline)."""
+    itype, workers = screened.cluster.instance_type, screened.cluster.workers
+    step = _instance_step(itype, workers)
+    k = screened.cluster.instances // step
+    while True:
         res = sim.simulate(AshaCluster(itype, k * step, workers))
         if res.meets(deadline_s, confidence) or k * step >= most:
             return res
@@ -754,25 +773,35 @@ def _ranked_pairs(
     return [(itype, w) for _, _, w, itype in pairs]
 
 
+@dataclass(frozen=True)
+class _Screened:
+    """A (type, width) pair's fewest instances meeting the deadline on screening samples, and its most useful."""
+
+    result: AshaResult
+    most: int
+
+
 def _fixed_search(
     sim: AshaSimulator, types: Sequence[InstanceType], max_workers: int, deadline_s: float, confidence: float
-) -> tuple[list[AshaResult], AshaResult | None]:
-    """(each pair searched: its fewest instances meeting the deadline, confirmed with all samples; the quickest
-    cluster tried where a pair meets it nowhere, on screening samples), pairs as :func:`asha_baseline` says."""
-    meeting: list[AshaResult] = []
+) -> tuple[list[_Screened], AshaResult | None]:
+    """(each pair meeting the deadline on screening samples, at its fewest instances; the quickest cluster tried
+    where a pair meets it nowhere, on screening samples), pairs as :func:`asha_baseline` says."""
+    meeting: list[_Screened] = []
     quickest: AshaResult | None = None
     for rank, (itype, w) in enumerate(_ranked_pairs(sim, types, max_workers)):
         if rank >= PAIRS_SEARCHED * (1 if meeting else 3):
             break
         most = useful_instances(sim.trials, itype.workers, w)
-        res = _smallest_meeting(sim, AshaCluster(itype, most, w), deadline_s, confidence)
-        if res is not None and res.meets(deadline_s, confidence):
-            meeting.append(res)
+        res, meets = _fewest_meeting(sim, AshaCluster(itype, most, w), deadline_s, confidence)
+        if meets:
+            meeting.append(_Screened(res, most))
         else:
-            widest = sim.simulate(AshaCluster(itype, most, w), SEARCH_SAMPLES)
-            if quickest is None or widest.jct_quantile(confidence) < quickest.jct_quantile(confidence):
-                quickest = widest
+            quickest = _quicker(quickest, res, confidence)
     return meeting, quickest
+
+
+def _quicker(a: AshaResult | None, b: AshaResult, confidence: float) -> AshaResult:
+    return b if a is None or b.jct_quantile(confidence) < a.jct_quantile(confidence) else a
 
 
 def _cheapest(results: Sequence[AshaResult]) -> AshaResult | None:
@@ -792,10 +821,19 @@ def asha_baseline(
 
     Searched over the :data:`PAIRS_SEARCHED` (type, width) pairs with the lowest price per trained
     epoch (more when none of those meets the deadline, up to three times as many), each at its
-    fewest instances meeting the deadline (bisection on :data:`SEARCH_SAMPLES` samples, confirmed
-    with all)."""
+    fewest instances meeting the deadline (bisection on :data:`SEARCH_SAMPLES` samples). The pairs are confirmed
+    with every sample cheapest screening first, until the cheapest confirmed costs no more than the next one's
+    screening: the confirmation is most of the search's time, and a pair screened dearer rarely wins."""
     meeting, quickest = _fixed_search(sim, types, max_workers, deadline_s, confidence)
-    best = _cheapest(meeting)
+    best: AshaResult | None = None
+    for found in sorted(meeting, key=lambda f: f.result.cost_mean):
+        if best is not None and best.cost_mean <= found.result.cost_mean:
+            break
+        res = _confirmed(sim, found.result, found.most, deadline_s, confidence)
+        if not res.meets(deadline_s, confidence):
+            quickest = _quicker(quickest, res, confidence)
+        elif best is None or res.cost_mean < best.cost_mean:
+            best = res
     if best is not None:
         return best, True
     if quickest is None:
@@ -861,7 +899,14 @@ def elastic_asha(
     (:func:`shrink_phases`) and keeps the cheapest. Never costlier than the best fixed cluster: shrinking that
     one alone costs at most as much."""
     runs = sim.runs
-    meeting, quickest = _fixed_search(sim, types, max_workers, deadline_s, confidence)
+    screened, quickest = _fixed_search(sim, types, max_workers, deadline_s, confidence)
+    meeting: list[AshaResult] = []
+    for pair in screened:  # every pair is shrunk: each confirmed
+        res = _confirmed(sim, pair.result, pair.most, deadline_s, confidence)
+        if res.meets(deadline_s, confidence):
+            meeting.append(res)
+        else:
+            quickest = _quicker(quickest, res, confidence)
     fixed = _cheapest(meeting)
     billed = steps = 0
     shrunk = []
