@@ -648,8 +648,9 @@ class _Starts:
 
     An instance's starts complete in the order they began: its raylet starts the worker processes of Ray Tune's
     trials in the order their leases came, and of two trials starting together on one node the first queued
-    reported first in 6 of 7 real passes of bench/bench_asha_ray.py's workload B, whatever their starts' spread. A start whose work is done before an earlier one's on its instance waits for it (holding no start lane)
-    and completes with it. Across instances nothing orders them."""
+    reported first in 6 of 7 real passes of bench/bench_asha_ray.py's workload B, whatever their starts' spread.
+    A start whose work is done before an earlier one's on its instance waits for it (holding no start lane) and
+    completes with it. Across instances nothing orders them."""
 
     def __init__(self, concurrency: float, work: float) -> None:
         self.concurrency = concurrency
