@@ -196,10 +196,13 @@ def test_run_streams_ctrl_c_detaches_attach_fetches_and_leaves_nothing(cli, tmp_
     assert "stage 1 (2 of 2" in attached.stderr and "BEGIN RUBBERBAND" not in attached.stderr
     assert "finished: best trial" in attached.stdout and str(run_dir / "result.json") in attached.stdout
     summary = assert_fetched_run(cli, run_dir, tmp_path / "report.html", env)
-    # the deadline counts from the command: the head's executor was handed what the head's boot and the upload
-    # had left of it (they went before its start, measured from the command)
-    planned, before = json.loads(Path(plan).read_text())["deadline_s"], summary["actual"]["before_start_s"]
-    assert before > 0 and summary["deadline_s"] < planned <= summary["deadline_s"] + before < planned + 10
+    # the deadline and the JCT count from the command: the head's executor worked to what the head's boot and the
+    # upload had left of it (they went before its start, measured from the command)
+    planned, actual = json.loads(Path(plan).read_text())["deadline_s"], summary["actual"]
+    before = actual["before_start_s"]
+    assert before > 0 and summary["deadline_s"] == planned
+    assert J.read_state(run_dir).deadline_s == pytest.approx(planned - before, abs=0.05)
+    assert actual["jct_s"] == pytest.approx(actual["jct_from_start_s"] + before)
     # the head bills itself: from its launch until the results grace (10m by default) after the run's end
     head = summary["head"]
     assert head["id"] == record.instance_id and head["instance_type"] == "m6i.large" and head["grace_s"] == 600
