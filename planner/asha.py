@@ -360,6 +360,13 @@ class AshaSimulator:
             raise ValueError(f"qualities must hold one value per trial ({self.trials}), not {values.shape}")
         self._quality = np.broadcast_to(values, (self.samples, self.trials))
 
+    def runs_alike(self, itype: InstanceType) -> tuple:
+        """What of ``itype`` this simulator reads (two types with the same are simulated and billed alike): its
+        name, device, slots, price, start-ups and trial starts (by cloud and name), and its head's cost."""
+        head = float(self.head_cost(itype, np.array([3600.0]))[0]) if self.head_cost is not None else 0.0
+        starts = self._starts_on(itype) if self._starts_on is not None else None
+        return (itype.cloud, itype.name, itype.device, itype.workers, itype.vcpus, itype.price(self.spot), starts, head)
+
     def simulate(self, cluster: AshaCluster | AshaPhases, samples: int | None = None) -> AshaResult:
         """ASHA on ``cluster`` (fixed, or elastic by phase) over the first ``samples`` samples (default: all)."""
         phases = cluster if isinstance(cluster, AshaPhases) else AshaPhases.fixed(cluster, len(self.milestones))
@@ -764,7 +771,12 @@ def _ranked_pairs(
     mostly its slots' time."""
     model = sim.model
     pairs = []
+    seen: set[tuple] = set()
     for itype in types:
+        twin = sim.runs_alike(itype)
+        if twin in seen:  # the same type in another region at the same prices: the same runs, searched once
+            continue
+        seen.add(twin)
         for w in widths_for(itype, max_workers):
             nodes = layout(itype.workers, 1 if w <= itype.workers else -(-w // itype.workers), w).nodes
             per_epoch = model.epoch_time(itype.device, w, nodes) * itype.price(sim.spot) * w / itype.workers

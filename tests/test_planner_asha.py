@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -87,6 +88,24 @@ def test_cheapest_cluster_meeting_the_deadline_and_the_quickest_when_none_does()
         assert not sim.simulate(AshaCluster(GPU1, k - 1, 1), 48).meets(deadline, 0.9)
     res, meets = asha_baseline(sim, [GPU1], 1, 60.0, 0.9)
     assert not meets and res.cluster.instances == 27
+
+
+def test_a_type_alike_in_another_region_is_searched_once_and_a_dearer_one_too():
+    """The same type in two regions at the same prices runs and bills alike: the search simulates it once (the
+    first region wins, as it would any tie); at another price it is another pair."""
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.05)
+    sim = AshaSimulator(model, AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27), AshaSettings(samples=60))
+    twin, dearer = replace(GPU1, region="r2", zones=("r2a",)), replace(GPU1, region="r3", price_hr=4.0)
+    deadline = float(np.quantile(sim.simulate(AshaCluster(GPU1, 27, 1)).jct, 0.9)) * 1.5
+    runs = sim.runs
+    alone = asha_baseline(sim, [GPU1], 1, deadline, 0.9)
+    once = sim.runs - runs
+    res, meets = asha_baseline(sim, [GPU1, twin], 1, deadline, 0.9)
+    assert sim.runs - runs == 2 * once and meets and res.cluster.instance_type.region == "r1"
+    assert (res.cost == alone[0].cost).all()
+    runs = sim.runs
+    asha_baseline(sim, [GPU1, dearer], 1, deadline, 0.9)
+    assert sim.runs - runs > once
 
 
 def test_heads_are_billed_for_the_jct():
