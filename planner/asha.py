@@ -778,7 +778,7 @@ def _ranked_pairs(
             continue
         seen.add(twin)
         for w in widths_for(itype, max_workers):
-            nodes = layout(itype.workers, 1 if w <= itype.workers else -(-w // itype.workers), w).nodes
+            nodes = layout(itype.workers, _instance_step(itype, w), w).nodes
             per_epoch = model.epoch_time(itype.device, w, nodes) * itype.price(sim.spot) * w / itype.workers
             pairs.append((per_epoch, itype.key, w, itype))
     pairs.sort(key=lambda x: (x[0], x[1], x[2]))
@@ -865,7 +865,7 @@ def shrink_phases(
     when no move saves. Every candidate is billed on one event run of ``cluster`` with all samples (phase
     counts change when instances go, never the run itself: the module docstring), so nothing needs confirming."""
     itype, peak, w = cluster.instance_type, cluster.instances, cluster.workers
-    step = -(-w // itype.workers) if w > itype.workers else 1
+    step = _instance_step(itype, w)
     trace = sim.trace(cluster)
     counts = (peak,) * len(sim.milestones)
     best = sim.bill(trace, AshaPhases(itype, counts, w))
