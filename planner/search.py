@@ -491,11 +491,21 @@ class DescentLimits:
     sample, at most ``max_steps`` steps are taken, and a stuck descent pairs its ``trades`` largest savings that
     miss the deadline with a second move (0: no trades). Two trades find what four did over the gap suite and
     the honesty cases (bench_planner_gap.py, tests/test_planner_honesty.py), none leaves five of them 2.4 % above
-    the exact optimum; each costs a neighbourhood of screens (Hyperband R=243: a fifth of the planning time)."""
+    the exact optimum; each costs a neighbourhood of screens (Hyperband R=243: a fifth of the planning time).
+
+    Where the stuck plan's neighbourhood has at most ``climb_neighbourhood`` plans (jobs of a few stages), its
+    ``climbs`` least costly moves that keep the deadline are paired with a second move too: a step up that opens
+    a cheaper step down (release an instance a stage later, so that the next bracket keeps it). Over the gap
+    suite's held-out seed this brought a sequential Hyperband case from 7.5 % above the exact optimum to it, and
+    the descent alone from the fastest plan from p95 1.0056 to 1.0000. Larger neighbourhoods (Hyperband R=243:
+    hundreds of plans) are not climbed: there climbing cost 0.3 s of planning at 2x the shortest deadline
+    (+40 %) for 0.05 % of cost."""
 
     confirm: int = 3
     max_steps: int = 500
     trades: int = 2
+    climbs: int = 2
+    climb_neighbourhood: int = 64
 
 
 def descend(
@@ -569,20 +579,28 @@ class _Descent:
 
     def trade(self, current: Plan, cur: SimResult, cur_screen: SimResult) -> tuple[Plan, SimResult] | None:
         """A two-move step out of a local minimum: a saving that alone misses the deadline, paired with
-        a second move that wins the time back, when the pair is still cheaper than ``current``.
+        a second move that wins the time back, when the pair is still cheaper than ``current``; in a small
+        neighbourhood also a move that costs a little more (a climb), paired with a second move that saves more.
 
-        Only the ``limits.trades`` largest single savings are paired, so the step costs that many neighbourhoods
-        of screening, and it runs only where the one-move greedy is stuck.
+        Only the ``limits.trades`` largest single savings (and ``limits.climbs`` smallest climbs) are paired, so
+        the step costs that many neighbourhoods of screening, and it runs only where the one-move greedy is stuck.
         """
-        misses = []
-        for candidate in self.moves(self.search.space, current):
+        misses, climbs = [], []
+        neighbourhood = self.moves(self.search.space, current)
+        for candidate in neighbourhood:
             saving, res = self._screened(candidate, cur_screen)
             if saving > 1e-9 and not self._in_time(res):
                 misses.append((saving, candidate))
+            elif saving <= 1e-9 and self._in_time(res):
+                climbs.append((saving, candidate))
         misses.sort(key=lambda x: x[0], reverse=True)
+        climbs.sort(key=lambda x: x[0], reverse=True)
         ranked = []
         seen = set()
-        for _, first in misses[: self.limits.trades]:
+        firsts = misses[: self.limits.trades]
+        if len(neighbourhood) <= self.limits.climb_neighbourhood:
+            firsts += climbs[: self.limits.climbs]
+        for _, first in firsts:
             for candidate in self.moves(self.search.space, first):
                 key = plan_key(candidate)
                 if key in seen:
