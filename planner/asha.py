@@ -186,14 +186,6 @@ class AshaTrace:
     tasks: tuple[tuple[int, int, int, float, float], ...] = ()
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """numpy's default (linear) percentile of a sorted list, q in [0, 1]."""
-    pos = q * (len(sorted_values) - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 @dataclass(frozen=True)
 class _SampleOut:
     """Where one sample's event run writes (rows of the trace's arrays; ``tasks``: None, or a list to record in)."""
@@ -376,9 +368,47 @@ class AshaSimulator:
         """One event run of ASHA on ``cluster`` over the first ``samples`` samples; with ``sample``, that one
         sample alone, its tasks recorded (for a timeline). Phase counts do not change it (module docstring)."""
         n = self.samples if samples is None else min(samples, self.samples)
-        rows = range(n) if sample is None else range(sample, sample + 1)
         if sample is not None and not 0 <= sample < self.samples:
             raise ValueError(f"sample must be within [0, {self.samples}), got {sample}")
+        rows = range(n) if sample is None else range(sample, sample + 1)
+        out = self._trace(cluster, rows, rows, record=sample is not None)
+        assert isinstance(out, AshaTrace)  # no lateness to stop at
+        return out
+
+    def simulate_unless_late(
+        self,
+        cluster: AshaCluster,
+        goal: tuple[float, float],
+        first: Sequence[int] = (),
+        samples: int | None = None,
+    ) -> AshaResult | list[int]:
+        """ASHA on the fixed ``cluster`` over the first ``samples`` samples (default: all), as :meth:`simulate`,
+        where it meets ``goal`` (deadline, confidence); else, as soon as more samples miss the deadline than the
+        confidence allows, the samples run, latest first. The samples in ``first`` run first: pass the latest
+        samples of a neighbouring cluster, and a cluster that misses is known after a few samples instead of
+        most of them. The decision is :meth:`simulate`'s."""
+        n = self.samples if samples is None else min(samples, self.samples)
+        deadline_s, confidence = goal
+        allowed = n - math.ceil(confidence * n - 1e-9)
+        seen = set(first)
+        order = [s for s in first if 0 <= s < n] + [s for s in range(n) if s not in seen]
+        out = self._trace(cluster, range(n), order, late=(deadline_s, allowed))
+        if isinstance(out, list):
+            return out
+        return self.bill(out, AshaPhases.fixed(cluster, len(self.milestones)))
+
+    def _trace(
+        self,
+        cluster: AshaCluster,
+        rows: range,
+        order: Sequence[int],
+        *,
+        record: bool = False,
+        late: tuple[float, int] | None = None,
+    ) -> AshaTrace | list[int]:
+        """The event runs of samples ``rows`` (their rows in the trace, in sample order), run in ``order``, their
+        tasks recorded where ``record``; with ``late`` (deadline, samples allowed to miss it), as soon as more than
+        allowed miss it, the samples run, latest first."""
         itype, k, w = cluster.instance_type, cluster.instances, cluster.workers
         model = self.model
         lay = layout(itype.workers, k, w)
@@ -408,11 +438,18 @@ class AshaSimulator:
         busy = np.zeros(m)
         idle_from = np.empty((m, k))
         bounds = np.zeros((m, len(self.milestones)))
-        tasks: list[tuple[int, int, int, float, float]] | None = None if sample is None else []
+        tasks: list[tuple[int, int, int, float, float]] | None = [] if record else None
         on = _Cluster(lay, epoch, starts)
-        for row, s in enumerate(rows):
+        missed, ran = 0, []
+        for s in order:
+            row = s - rows.start
             out = _SampleOut(reached[row], idle_from[row], bounds[row], tasks)
             jct[row], busy[row] = self._run(s, ready[row], on, out)
+            if late is not None:
+                ran.append(s)
+                missed += bool(jct[row] > late[0])
+                if missed > late[1]:
+                    return sorted(ran, key=lambda x: -jct[x - rows.start])
         return AshaTrace(cluster, jct, busy, reached, request, ready, idle_from, bounds, lay, tuple(tasks or ()))
 
     def bill(self, trace: AshaTrace, cluster: AshaPhases) -> AshaResult:
@@ -608,7 +645,14 @@ class AshaRungs:
     def on_result(self, rung: int, value: float) -> bool:
         """Record ``value`` at ``rung`` (higher is better); True: the trial continues."""
         rec = self.recorded[rung]
-        stop = bool(rec) and value < _percentile(rec, self.q)
+        n = len(rec)
+        if n:  # numpy's (linear) percentile of the sorted results, inline: this runs once per simulated report
+            pos = self.q * (n - 1)
+            lo = int(pos)
+            cut = rec[lo] if lo + 1 >= n else rec[lo] + (rec[lo + 1] - rec[lo]) * (pos - lo)
+            stop = value < cut
+        else:
+            stop = False
         bisect.insort(rec, value)
         return not stop
 
@@ -728,14 +772,24 @@ def _fewest_meeting(
     itype, workers, most = widest.instance_type, widest.workers, widest.instances
     step = _instance_step(itype, workers)
     screened: dict[int, AshaResult] = {}
+    late: list[int] = []  # samples by lateness on larger clusters, latest first: a smaller one's miss shows early
 
     def meets(k: int) -> bool:
-        screened[k] = sim.simulate(AshaCluster(itype, k * step, workers), SEARCH_SAMPLES)
-        return screened[k].meets(deadline_s, confidence)
+        nonlocal late
+        res = sim.simulate_unless_late(
+            AshaCluster(itype, k * step, workers), (deadline_s, confidence), late, SEARCH_SAMPLES
+        )
+        if isinstance(res, AshaResult):
+            screened[k] = res
+            return True
+        late = _latest_first(res, late)
+        return False
 
     hi = max(1, most // step)
-    if not meets(hi):
-        return screened[hi], False
+    whole = sim.simulate(AshaCluster(itype, hi * step, workers), SEARCH_SAMPLES)
+    if not whole.meets(deadline_s, confidence):
+        return whole, False
+    screened[hi] = whole
     lo = 1
     while lo < hi:
         mid = (lo + hi) // 2
@@ -744,6 +798,12 @@ def _fewest_meeting(
         else:
             lo = mid + 1
     return screened[lo], True
+
+
+def _latest_first(ran: list[int], before: list[int]) -> list[int]:
+    """The samples to run first on the next cluster: those just ``ran`` (latest first), then the rest of ``before``."""
+    done = set(ran)
+    return ran + [s for s in before if s not in done]
 
 
 def _instance_step(itype: InstanceType, workers: int) -> int:
@@ -757,11 +817,15 @@ def _confirmed(sim: AshaSimulator, screened: AshaResult, most: int, deadline_s: 
     itype, workers = screened.cluster.instance_type, screened.cluster.workers
     step = _instance_step(itype, workers)
     k = screened.cluster.instances // step
-    while True:
-        res = sim.simulate(AshaCluster(itype, k * step, workers))
-        if res.meets(deadline_s, confidence) or k * step >= most:
+    # samples by lateness on the clusters tried, latest first (the screening's to begin with): a miss shows early
+    late = [int(s) for s in np.argsort(-screened.jct, kind="stable")]
+    while k * step < most:
+        res = sim.simulate_unless_late(AshaCluster(itype, k * step, workers), (deadline_s, confidence), late)
+        if isinstance(res, AshaResult):
             return res
+        late = _latest_first(res, late)
         k += 1
+    return sim.simulate(AshaCluster(itype, k * step, workers))
 
 
 def _ranked_pairs(

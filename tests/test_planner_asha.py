@@ -19,7 +19,6 @@ from rubberband.planner.asha import (
     TrialStarts,
     _Start,
     _Starts,
-    _percentile,
     asha_baseline,
     rungs,
 )
@@ -41,11 +40,19 @@ def test_rungs_are_ray_tunes_milestones():
     assert rungs(3, 2, 18) == [2, 6, 18]
 
 
-def test_percentile_matches_numpy():
+def test_a_rung_cuts_at_numpys_percentile_of_the_results_before():
+    """Ray Tune's rule: a result continues iff it is not below numpy's (linear) (1 - 1/eta) percentile of the
+    rung's results so far."""
     rng = np.random.default_rng(0)
     for n in (1, 2, 5, 17):
-        values = sorted(rng.random(n))
-        assert _percentile(values, 2 / 3) == pytest.approx(np.percentile(values, 100 * 2 / 3))
+        values = list(rng.random(n))
+        cut = float(np.percentile(values, 100 * 2 / 3))
+        for value, continues in ((cut - 1e-9, False), (cut, True), (cut + 1e-9, True)):
+            rungs = AshaRungs(3, 1)
+            for v in values:
+                rungs.on_result(0, v)
+            assert rungs.on_result(0, value) is continues, (n, value)
+    assert AshaRungs(3, 1).on_result(0, -1.0)  # the first result at a rung always continues
 
 
 def test_one_slot_per_trial_without_noise_has_a_closed_form():
@@ -106,6 +113,31 @@ def test_a_type_alike_in_another_region_is_searched_once_and_a_dearer_one_too():
     runs = sim.runs
     asha_baseline(sim, [GPU1, dearer], 1, deadline, 0.9)
     assert sim.runs - runs > once
+
+
+def test_a_cluster_that_misses_stops_at_its_first_misses_and_one_that_meets_is_simulated_whole():
+    """simulate_unless_late decides as simulate does: a meeting cluster's result is simulate's, sample for sample;
+    a missing one stops once more samples are late than the confidence allows, and run in that order again (the
+    latest first), its misses show after exactly that many samples."""
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.2)
+    sim = AshaSimulator(model, AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27), AshaSettings(samples=60))
+    goal = (float(np.quantile(sim.simulate(AshaCluster(GPU1, 6, 1)).jct, 0.9)), 0.9)
+    allowed = 60 - math.ceil(0.9 * 60 - 1e-9)
+    for k in (3, 4, 5, 6, 9, 27):
+        whole = sim.simulate(AshaCluster(GPU1, k, 1))
+        out = sim.simulate_unless_late(AshaCluster(GPU1, k, 1), goal)
+        if whole.meets(*goal):
+            assert not isinstance(out, list)
+            assert (out.jct == whole.jct).all() and (out.cost == whole.cost).all()
+        else:
+            assert isinstance(out, list) and len(out) < 60
+            assert sum(whole.jct[s] > goal[0] for s in out) == allowed + 1
+            assert [whole.jct[s] for s in out] == sorted((whole.jct[s] for s in out), reverse=True)
+            again = sim.simulate_unless_late(AshaCluster(GPU1, k, 1), goal, first=out)
+            assert again == out[: allowed + 1]
+    # the screening samples alone: the same decision as simulate on them
+    few = sim.simulate_unless_late(AshaCluster(GPU1, 27, 1), goal, samples=20)
+    assert not isinstance(few, list) and (few.jct == sim.simulate(AshaCluster(GPU1, 27, 1), 20).jct).all()
 
 
 def test_heads_are_billed_for_the_jct():
