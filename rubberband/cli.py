@@ -13,6 +13,7 @@ import pkgutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -22,7 +23,6 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions
 
 from rubberband import __version__, commands
-from rubberband.cloud.boots import BootPlayer
 from rubberband.commands._injected import inject
 from rubberband.errors import RubberbandError
 
@@ -60,27 +60,22 @@ def _fail(message: str, code: int) -> int:
 
 
 def run(
-    argv: list[str] | None = None,
-    *,
-    boots: BootPlayer | None = None,
-    trial_runtime: str | None = None,
-    metadata_url: str | None = None,
-    commanded_at: float | None = None,
+    argv: list[str] | None = None, *, commanded_at: float | None = None, fork_workers: bool = False, **seams: Any
 ) -> int:
     """Run the CLI and return its exit code (for tests and ``main``).
 
-    The test seams (tests only; ``main`` never passes them): ``boots`` plays cloud instances' boots on this
+    The test ``seams`` (tests only; ``main`` never passes them; :func:`~rubberband.commands._injected.inject`
+    checks them): ``boots`` plays cloud instances' boots on this
     machine (a :class:`~rubberband.cloud.boots.BootPlayer`: the suite's ``tests/played_boots.py``), ``trial_runtime`` names the module trials run through instead of
     ``rubberband.executor.trials``, ``metadata_url`` the metadata server the spot-notice watchers read instead of the
     cloud's (executor/notices.py). The commands get them from the app's context object (commands/_injected.py).
     ``commanded_at``: when the user's command began (``main``: the process's start; else now): a run reports how
-    much of the user's wait went before its executor started."""
+    much of the user's wait went before its executor started. ``fork_workers`` (``main``: the process is the CLI's
+    own): planning may fork a worker process for the ASHA baseline (rubberband/forked.py)."""
     commanded_at = time.time() if commanded_at is None else commanded_at
     app = build_app()
     try:
-        settings = inject(
-            boots=boots, trial_runtime=trial_runtime, metadata_url=metadata_url, commanded_at=commanded_at
-        )
+        settings = inject(commanded_at=commanded_at, fork_workers=fork_workers, **seams)
         result = app(args=argv, prog_name="rubberband", standalone_mode=False, obj=settings)
     except RubberbandError as exc:
         return _fail(exc.message, exc.exit_code)
@@ -110,4 +105,4 @@ def process_started_at() -> float | None:
 
 
 def main() -> None:
-    sys.exit(run(commanded_at=process_started_at()))
+    sys.exit(run(commanded_at=process_started_at(), fork_workers=True))

@@ -47,7 +47,8 @@ class PlanningOptions:
     will be executed on AWS/GCP (:func:`billed_heads`), so the predictions include its head instance when it has
     one. ``brackets`` overrides the spec's ``scheduler.brackets``. ``spot_model``: the spot model file a
     ``resources.spot: true`` spec is planned with (None: the shipped default, fitted from the NSDI'24 "Can't Be
-    Late" traces; docs/spot.md)."""
+    Late" traces; docs/spot.md). ``fork_workers``: simulate the ASHA baseline in a forked child beside the search
+    (rubberband/forked.py; the CLI's own process only), else after it in this process."""
 
     samples: int = 1000
     seed: int | None = None
@@ -56,6 +57,7 @@ class PlanningOptions:
     head_grace_s: float | None = None
     brackets: str | None = None
     spot_model: str | None = None
+    fork_workers: bool = False
 
 
 def plan_from_inputs(
@@ -68,7 +70,9 @@ def plan_from_inputs(
 ) -> Plan:
     """Run the planner on a spec's inputs for ``deadline_s`` at ``confidence`` on ``cloud`` (each None: the
     spec's), as ``options`` says; fill in ``planner.seconds`` and ``profile_path``."""
+    from rubberband.forked import beside_in_child
     from rubberband.planner import PlanOptions, SpotMarket, plan_job  # heavy imports only when planning
+    from rubberband.planner.beside import in_turn
 
     market = None
     if inputs.spec.resources.spot:
@@ -89,6 +93,7 @@ def plan_from_inputs(
         brackets=options.brackets,
         include_exact=options.include_exact,
         spot=market,
+        beside=beside_in_child if options.fork_workers else in_turn,
     )
     plan = plan_job(inputs.spec, inputs.profile, inputs.catalog, planning)
     plan.planner.seconds = round(time.perf_counter() - started, 4)

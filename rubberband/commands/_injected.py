@@ -1,6 +1,7 @@
 """What the program running the CLI passes in beside the command line (never read from the environment).
 
-``rubberband`` (``rubberband.cli.main``) passes nothing. The test suite runs the CLI through its own entry
+``rubberband`` (``rubberband.cli.main``) passes when the command began and that the process is its own (it may
+fork a worker: ``fork_workers``). The test suite runs the CLI through its own entry
 point (``tests/cli_harness.py``), which calls ``rubberband.cli.run(argv, boots=PlayedBoots(), ...)``: the CLI app
 gets an :class:`Injected` as its context object (made by :func:`inject`, which checks the values) and the commands
 that need it (``run``) read it with :func:`injected` and hand it on as plain arguments.
@@ -30,6 +31,9 @@ class Injected:
     metadata_url: str | None = None
     #: when the command began (POSIX seconds; ``rubberband.cli.run`` sets it): a run reports what went before its start
     commanded_at: float | None = None
+    #: the process is the CLI's own (``main``), so planning may fork a worker for the ASHA baseline
+    #: (rubberband/forked.py); a caller running the CLI inside its own process (the tests) keeps it in-process
+    fork_workers: bool = False
 
 
 def inject(
@@ -38,6 +42,7 @@ def inject(
     trial_runtime: str | None = None,
     metadata_url: str | None = None,
     commanded_at: float | None = None,
+    fork_workers: bool = False,
 ) -> Injected:
     """The values passed in, checked: InputError (the CLI's one-line error, exit 2) for a malformed one."""
     if trial_runtime is not None:
@@ -48,7 +53,13 @@ def inject(
         from rubberband.executor.notices import check_metadata_url
 
         metadata_url = check_metadata_url(metadata_url)
-    return Injected(boots=boots, trial_runtime=trial_runtime, metadata_url=metadata_url, commanded_at=commanded_at)
+    return Injected(
+        boots=boots,
+        trial_runtime=trial_runtime,
+        metadata_url=metadata_url,
+        commanded_at=commanded_at,
+        fork_workers=fork_workers,
+    )
 
 
 def injected(ctx: typer.Context | None) -> Injected:

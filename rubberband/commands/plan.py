@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from rubberband.commands._injected import injected
 from rubberband.commands._options import deadline_flag
 from rubberband.console import stdout
 from rubberband.errors import InputError
@@ -224,6 +225,7 @@ def _same_cluster(plan: Plan, static) -> bool:
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
+        ctx: typer.Context,
         spec: str = typer.Argument(..., help="Job spec (YAML)."),
         profile: str = typer.Option(None, "--profile", help="Profile JSON (default: the spec's `profile:`)."),
         deadline: str = typer.Option(None, "--deadline", help="Override the deadline (90m, 2h, seconds)."),
@@ -267,7 +269,14 @@ def register(app: typer.Typer) -> None:
         if report is not None and Path(report).exists():
             raise InputError(f"--report {report} already exists; remove it or choose another folder")
         inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
-        options = PlanningOptions(samples=samples, seed=seed, include_exact=exact, head=head, spot_model=spot_model)
+        options = PlanningOptions(
+            samples=samples,
+            seed=seed,
+            include_exact=exact,
+            head=head,
+            spot_model=spot_model,
+            fork_workers=injected(ctx).fork_workers,
+        )
         result = plan_from_inputs(inputs, deadline_s=deadline_s, confidence=confidence, cloud=cloud, options=options)
         if out is not None:
             write_plan(result, out)

@@ -88,6 +88,7 @@ class PlanSource:
     deadline_s: float | None
     head: str = "instance"
     head_grace_s: float | None = None
+    fork_workers: bool = False  # planning may fork a worker (the CLI's own process: Injected.fork_workers)
 
 
 def _load_or_make_plan(spec: JobSpec, source: PlanSource) -> tuple[Plan, bool]:
@@ -102,7 +103,7 @@ def _load_or_make_plan(spec: JobSpec, source: PlanSource) -> tuple[Plan, bool]:
         load_job_inputs(source.spec_path, cloud=source.cloud),
         deadline_s=source.deadline_s,
         cloud=source.cloud,
-        options=PlanningOptions(head=source.head, head_grace_s=source.head_grace_s),
+        options=PlanningOptions(head=source.head, head_grace_s=source.head_grace_s, fork_workers=source.fork_workers),
     )
     check_plan_matches(spec, plan, source="the new plan")
     print_plan(plan)
@@ -678,7 +679,15 @@ def register(app: typer.Typer) -> None:
             if spec_path is not None or resume is not None or dry_run or detach:
                 raise InputError("--attach takes no SPEC, --resume, --dry-run or --detach: it follows a submitted run")
             return attach_run(attach, run_dir=run_dir, ssh_key=ssh_key, boots=seams.boots)
-        source = PlanSource(spec_path, plan_path, cloud, deadline_s, head=head, head_grace_s=grace_s)
+        source = PlanSource(
+            spec_path,
+            plan_path,
+            cloud,
+            deadline_s,
+            head=head,
+            head_grace_s=grace_s,
+            fork_workers=seams.fork_workers,
+        )
         flags = HeadFlags(
             ssh_cidr=ssh_cidr,
             ssh_key=ssh_key,
