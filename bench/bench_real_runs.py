@@ -17,7 +17,11 @@ real, the recorded epoch times, so ``actual / replay`` isolates the model's form
 scheduling) from the population model (``replay / predicted``: which configurations came and who survived).
 
 Summary: realized hit rate against the planned P(meet), median |actual − p50| / p50, median |last stage −
-boundary prediction| / actual, and the medians of actual / replay and replay / predicted.
+boundary prediction| / actual, and the medians of actual / replay and replay / predicted. Beside the centre error,
+what a perfectly calibrated prediction would score (``own spread``: the median over runs of the median
+|JCT − p50| / p50 of each run's own predicted distribution; a run's configurations are drawn at random and their
+speeds are unknown before it runs, so no prediction of one run can be closer than that on average) and the share
+of runs that ended before their p50 (``below p50``: 0.5 for a centred prediction).
 
     python bench/bench_real_runs.py [--runs 7] [--budget 150] [--workdir DIR] [--calibrate 2]
 
@@ -201,6 +205,8 @@ def run_workload(name: str, overrides: dict, workdir: Path, args: argparse.Names
             "last_stage": stage_s,
             "replay": replay(inputs, run_dir),
             "load": os.getloadavg()[0],
+            # the prediction's own spread: median |JCT - p50| / p50 over its simulated samples (from the command)
+            "own": own_spread(plan.predicted.jct_samples_s, float(result["actual"]["before_start_s"])),
         }
         rows.append(row)
         print(
@@ -210,6 +216,15 @@ def run_workload(name: str, overrides: dict, workdir: Path, args: argparse.Names
             f"replay {_f(row['replay'])} | load {row['load']:.1f}"
         )
     return rows
+
+
+def own_spread(samples: list[float], before_start_s: float) -> float:
+    """The median |JCT − p50| / p50 a run would show if it were one more draw of its own prediction (``samples``,
+    the plan's simulated JCTs from the executor's start, shifted by what went before it): the centre error of a
+    perfectly calibrated prediction, the floor the measured one is read against."""
+    jct = np.asarray(samples) + before_start_s
+    p50 = float(np.median(jct))
+    return float(np.median(np.abs(jct - p50)) / p50)
 
 
 def _f(x: float | None) -> str:
@@ -222,8 +237,8 @@ def summary(rows: list[dict]) -> None:
         return statistics.median(values) if values else float("nan")
 
     print(
-        f"\n{'workload':<12} {'runs':>4} {'hit':>5} {'P(meet)':>8} {'|JCT−p50|/p50':>14} {'last stage err':>15} "
-        f"{'actual/replay':>14} {'replay/pred':>12}"
+        f"\n{'workload':<12} {'runs':>4} {'hit':>5} {'P(meet)':>8} {'|JCT−p50|/p50':>14} {'own spread':>11} "
+        f"{'below p50':>10} {'last stage err':>15} {'actual/replay':>14} {'replay/pred':>12}"
     )
     groups = {name: [r for r in rows if r["workload"] == name] for name in dict.fromkeys(r["workload"] for r in rows)}
     groups["all"] = rows
@@ -233,6 +248,7 @@ def summary(rows: list[dict]) -> None:
         print(
             f"{name:<12} {len(rs):>4} {np.mean([r['met'] for r in rs]):>5.2f} {np.mean([r['p_meet'] for r in rs]):>8.2f} "
             f"{med(abs(r['jct'] - r['p50']) / r['p50'] for r in rs):>14.1%} "
+            f"{med(r.get('own') for r in rs):>11.1%} {np.mean([r['jct'] < r['p50'] for r in rs]):>10.2f} "
             f"{med(abs(r['last_stage'] - r['boundary']) / r['last_stage'] if r['boundary'] else None for r in rs):>15.1%} "
             f"{med(r['jct'] / r['replay'] if r['replay'] else None for r in rs):>14.3f} "
             f"{med(r['replay'] / r['p50'] if r['replay'] else None for r in rs):>12.3f}"

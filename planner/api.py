@@ -592,7 +592,7 @@ class PlanOptions:
     brackets: str | None = None
     asha: bool = True
     spot: SpotMarket | None = None
-    beside: Beside = field(default_factory=lambda: in_turn)
+    beside: Beside = in_turn
 
 
 def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOptions | None = None) -> Plan:

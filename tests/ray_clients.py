@@ -1,6 +1,7 @@
 """Ray clients in a process of their own, for checking who a run's Ray lets in: a job-server client (``CLIENT``)
 and a driver joining the GCS (``DRIVER``), each printing ``{"ok": ...}``; :func:`ray_client` runs one with only the
-Ray auth settings given (none inherited from the test's process)."""
+Ray auth settings given (none inherited from the test's process). And :func:`job_server_client`, a booted head's
+job server reached as the CLI reaches it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 CLIENT = r"""
 import json, sys
@@ -47,3 +49,20 @@ def ray_client(code: str, target: str, env: dict[str, str], *, timeout_s: float 
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, done.stderr[-2000:]
     return json.loads(lines[-1])
+
+
+def job_server_client(dashboard_port: int, token: str, timeout_s: float = 180.0):
+    """A job client of a booted head's job server on this machine, with the run's token. `ray start` returns once
+    the GCS is up; the dashboard's job server follows seconds later (more on a busy machine): wait for it as the CLI
+    does for a real head (HeadSession.__enter__)."""
+    from ray.job_submission import JobSubmissionClient
+
+    from rubberband.cloud.ray_token import auth_headers
+
+    answer_by = time.monotonic() + timeout_s
+    while True:
+        try:
+            return JobSubmissionClient(f"http://127.0.0.1:{dashboard_port}", headers=auth_headers(token))
+        except ConnectionError:
+            assert time.monotonic() < answer_by, "the head's job server never answered"
+            time.sleep(2.0)

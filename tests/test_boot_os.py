@@ -243,10 +243,10 @@ def _run_shipped_trial(work: Path, dashboard_port: int, token: str) -> dict:
     server with the run's token; its RESULT line."""
     import json
 
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.job_submission import JobStatus
 
     from conftest import REPO
-    from rubberband.cloud.ray_token import auth_headers
+    from ray_clients import job_server_client
     from rubberband.cloud.head_session import submit_when_ready
     from rubberband.cloud.shipping import build_package, job_runtime_env
 
@@ -254,7 +254,9 @@ def _run_shipped_trial(work: Path, dashboard_port: int, token: str) -> dict:
     code.mkdir()
     shutil.copy(REPO / "tests" / "trial_code" / "tiny_train.py", code)
     (code / "boot_job.py").write_text(JOB)
-    client = JobSubmissionClient(f"http://127.0.0.1:{dashboard_port}", headers=auth_headers(token))
+    # as the CLI connects: the head's job server can start listening after Ray is up (a CI run's first connection
+    # was refused once)
+    client = job_server_client(dashboard_port, token)
     # as the CLI submits: its job agent can still be starting after Ray is up ("try again later")
     job = submit_when_ready(
         client,

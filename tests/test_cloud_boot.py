@@ -50,6 +50,7 @@ from rubberband.cloud.shipping import build_package, job_runtime_env
 from rubberband.net import free_port
 
 from conftest import REPO
+from ray_clients import job_server_client
 
 DIALECTS = {"aws": AWS_BOOT, "gcp": GCP_BOOT}
 
@@ -210,23 +211,6 @@ def _image(root: Path) -> Path:
     return image
 
 
-def _job_client(dashboard_port: int, token: str):
-    """A job client of the head's job server, with the run's token. `ray start` returns once the GCS is up; the
-    dashboard's job server follows seconds later (more on a busy machine): wait for it as the CLI does for a real
-    head."""
-    from ray.job_submission import JobSubmissionClient
-
-    answer_by = time.monotonic() + 180
-    while True:
-        try:
-            return JobSubmissionClient(
-                f"http://127.0.0.1:{dashboard_port}", headers={"Authorization": f"Bearer {token}"}
-            )
-        except ConnectionError:
-            assert time.monotonic() < answer_by, "the head's job server never answered"
-            time.sleep(2.0)
-
-
 def _keep_logs(root: Path, keep: Path) -> None:
     """Copy the cluster's small text files (consoles, boot logs, Ray's logs) from ``root`` into ``keep``."""
     for path in root.rglob("*"):
@@ -371,7 +355,7 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
         (code / "boot_job.py").write_text(JOB)
         package = build_package(root / "cache")
         monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # this process's own Ray: the token goes as a header
-        client = _job_client(dashboard_port, token)
+        client = job_server_client(dashboard_port, token)
         # as the CLI submits: its job agent can still be starting after Ray is up ("try again later")
         job = submit_when_ready(
             client,
