@@ -537,7 +537,7 @@ class Simulator(ReadsSettings):
         self._factor_cache: dict[int, np.ndarray] = {}
         self._startup_draws: dict[tuple, np.ndarray] = {}
         self._variation = VariationDraws(self.seed, self.samples)
-        self._trial_speeds: dict[tuple[int, int, int], np.ndarray] = {}
+        self._trial_speeds: dict[tuple[int, int, int, bool], np.ndarray] = {}
         self.evaluations = 0
 
     # -- public -----------------------------------------------------------------------------
@@ -704,10 +704,14 @@ class Simulator(ReadsSettings):
         A bracket's trials keep their speed through its stages: stage ``i`` runs the first ``n_i`` of the
         bracket's trials in promotion order (:func:`~rubberband.planner.noise.bracket_log_speeds`: measured
         survivors first when the run knows them, else draws ordered by a quality as correlated with slowness as
-        the model says), each with a fresh draw for the mean of this stage's epochs.
+        the model says), each with a fresh draw for the mean of this stage's epochs. The executor dispatches a
+        promoted stage best first, but a bracket's first stage in the order its trials were sampled: there the
+        draws keep their own order (ranked by quality, slower-is-better trials would all go first, which packs the
+        stage like longest-first and predicts it short).
         """
         stage = self.stages[index]
-        speeds = self._bracket_speeds(stage.bracket, rows)[:, : stage.trials]
+        first = stage.index == 0 and not (self.settings.known_trials or {}).get(stage.bracket)
+        speeds = self._bracket_speeds(stage.bracket, rows, sampled_order=first)[:, : stage.trials]
         epoch_z = self._variation.epochs(index, stage.trials)[rows]
         return epoch_factors(self.model.variation, speeds, epoch_z, stage.epochs_this_stage)
 
@@ -716,14 +720,15 @@ class Simulator(ReadsSettings):
         """Whether tasks differ in speed: the model's variation, or survivors measured at their own speeds."""
         return self.model.variation.active or bool(self.settings.known_trials)
 
-    def _bracket_speeds(self, bracket: int, rows: slice) -> np.ndarray:
-        """The bracket's trials' log speeds in promotion order (samples ``rows``), cached per bracket and rows."""
-        key = (bracket, rows.start or 0, rows.stop if rows.stop is not None else self.samples)
+    def _bracket_speeds(self, bracket: int, rows: slice, *, sampled_order: bool = False) -> np.ndarray:
+        """The bracket's trials' log speeds in promotion order (samples ``rows``; ``sampled_order``: in the order
+        they were drawn), cached per bracket, rows and order."""
+        key = (bracket, rows.start or 0, rows.stop if rows.stop is not None else self.samples, sampled_order)
         speeds = self._trial_speeds.get(key)
         if speeds is None:
             width = max(s.trials for s in self.stages if s.bracket == bracket)
             known = (self.settings.known_trials or {}).get(bracket)
-            ranked = known is None and self.model.variation.speed_quality_rho != 0.0
+            ranked = known is None and not sampled_order and self.model.variation.speed_quality_rho != 0.0
             speeds = bracket_log_speeds(
                 self.model.variation,
                 self._variation.trials(bracket, width)[rows],

@@ -106,6 +106,15 @@ def test_the_simulator_plays_the_later_stages_at_the_survivors_speed():
     # measured survivors: the last stage's trial is the best ranked one, at its own speed (6 epochs of 1 s × e^0.8)
     known = last_stage(known={0: KnownTrials((0.8, 0.0, -0.5), (3, 3, 3))})
     assert known == pytest.approx(6.0 * math.exp(0.8), rel=0.02)
+
+    # a bracket's first stage runs its trials in the order they were sampled (the executor's), whatever their
+    # quality: ranked best first, slower-is-better trials would all go first and pack the stage short
+    def first_stage(rho: float) -> np.ndarray:
+        m = dataclasses.replace(model, variation=Variation(config_sigma=0.5, speed_quality_rho=rho))
+        narrow = [StageConfig(itype(), 2, 1), *plan[1:]]  # 9 trials on 2 slots: the dispatch order matters
+        return Simulator(stages, m, SimSettings(samples=500, seed=1)).simulate(narrow).stage_durations[0]
+
+    assert np.array_equal(first_stage(0.9), first_stage(0.0))
     # and the simulator's lower bound of a task's factor still holds below a fast measured survivor
     fast = Simulator(stages, model, SimSettings(known_trials={0: KnownTrials((-3.0,), (1,))}))
     assert fast.min_factor() <= math.exp(-3.0)
