@@ -9,6 +9,7 @@ over two (so the fitted model learns both the intra-node and the cross-node sync
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from rubberband.catalog import InstanceType
 from rubberband.errors import InputError
@@ -69,3 +70,21 @@ def plan_shapes(instance_type: InstanceType, workers: list[int], *, cross_node: 
 
 def nodes_needed(shapes: list[Shape]) -> int:
     return max(s.nodes for s in shapes)
+
+
+def type_to_profile(types: Sequence[InstanceType], max_workers: int) -> InstanceType:
+    """The instance type a profile measures by default, from the spec's types of one cloud (in the spec's order).
+
+    The first, unless a trial may be wider (``max_workers``) than it holds on one node and another type of its
+    device holds more: then the narrowest of those that holds the widest such trial on one node. Its shapes then
+    include that trial on one node as well as across two, so the plans' one-node sync cost is measured rather than
+    taken from the fit's priors (21 real runs profiled on ``local.cpu1`` ran their 2-worker trials on one
+    ``local.cpu2`` node 11 % slower than planned, and their 1-worker trials 8 % faster: bench/bench_real_runs.py).
+    """
+    first = types[0]
+    same = [t for t in types if t.device == first.device]
+    want = min(max_workers, max(t.workers for t in same))
+    if first.workers >= want:
+        return first
+    holding = [t for t in same if t.workers >= want]
+    return min(holding, key=lambda t: (t.workers, t.price_hr, t.name))

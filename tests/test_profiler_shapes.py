@@ -6,11 +6,27 @@ import pytest
 
 from rubberband.catalog import load_catalog
 from rubberband.errors import InputError
-from rubberband.profiler.shapes import Shape, nodes_needed, parse_workers, plan_shapes
+from rubberband.profiler.shapes import Shape, nodes_needed, parse_workers, plan_shapes, type_to_profile
 
 
 def _type(name: str, cloud: str = "local"):
     return load_catalog([cloud]).find(name, cloud=cloud)
+
+
+def test_the_default_type_measures_the_widest_allowed_trial_on_one_node():
+    """A spec of local.cpu1 and local.cpu2 with 2-worker trials is profiled on local.cpu2, so the 2-worker trial is
+    timed on one node as well as across two; the first type stays where it holds every allowed trial, or where no
+    type of its device holds more."""
+    cpu1, cpu2, cpu4 = _type("local.cpu1"), _type("local.cpu2"), _type("local.cpu4")
+    assert type_to_profile([cpu1, cpu2], 2) == cpu2
+    assert plan_shapes(cpu2, [1, 2]) == [Shape(1, 1), Shape(2, 1), Shape(2, 2)]
+    assert type_to_profile([cpu1, cpu2], 1) == cpu1  # one-worker trials: the first type measures them all
+    assert type_to_profile([cpu1, cpu4, cpu2], 2) == cpu2  # the narrowest that holds the trial
+    assert type_to_profile([cpu1, cpu2], 4) == cpu2  # none holds 4 on one node: the widest there is
+    assert type_to_profile([cpu4, cpu1], 2) == cpu4
+    aws = load_catalog(["aws"])
+    t4, v100 = aws.find("g4dn.xlarge"), aws.find("p3.8xlarge")
+    assert type_to_profile([t4, v100], 4) == t4  # another device: the spec's first stays the reference
 
 
 def test_one_node_and_two_nodes_where_the_type_allows():

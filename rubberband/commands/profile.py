@@ -12,6 +12,7 @@ import typer
 from rubberband.catalog import load_catalog
 from rubberband.console import stderr, stdout
 from rubberband.errors import InputError
+from rubberband.profiler.shapes import type_to_profile
 from rubberband.spec import CLOUDS, JobSpec, load_spec
 from rubberband.units import format_duration, parse_duration
 
@@ -23,12 +24,18 @@ def _default_cloud(spec: JobSpec) -> str:
 
 
 def _instance_type(spec: JobSpec, cloud: str, name: str | None):
+    """``--instance-type``, else :func:`~rubberband.profiler.shapes.type_to_profile` of the spec's types of
+    ``cloud``, else the cloud's cheapest type."""
     catalog = load_catalog([cloud])
     if name is not None:
         return catalog.find(name, cloud=cloud)
-    for candidate in spec.resources.instance_types or []:
-        if any(t.name == candidate for t in catalog.types):
-            return catalog.find(candidate, cloud=cloud)
+    named = [
+        catalog.find(candidate, cloud=cloud)
+        for candidate in spec.resources.instance_types or []
+        if any(t.name == candidate for t in catalog.types)
+    ]
+    if named:
+        return type_to_profile(named, spec.resources.max_workers_per_trial)
     return min(catalog.types, key=lambda t: (t.price_hr, t.name))
 
 
@@ -53,7 +60,10 @@ def register(app: typer.Typer) -> None:
             None, "--cloud", help="Where to profile: local, aws or gcp (default: local when the spec allows it)."
         ),
         instance_type: str = typer.Option(
-            None, "--instance-type", help="Instance type to measure (default: the spec's first)."
+            None,
+            "--instance-type",
+            help="Instance type to measure (default: the spec's first, or the narrowest of its device that holds the "
+            "widest trial max_workers_per_trial allows on one node).",
         ),
         workers: str = typer.Option(
             None, "--workers", help="Worker counts per trial, e.g. 1,2,4 (default: 1,2,4 up to two instances' worth)."
