@@ -41,7 +41,17 @@ Again with ``--calibrate 2`` and the own-spread column (stop 39, before the firs
 
 Where slow configurations score best every run ended past its p50, and the run's own trials replayed 12 % above
 the prediction: the survivors ran slower than the model's population gives (the first-stage dispatch order, since
-fixed, explains 1-2 % of it). The other two workloads are within the 8 % target.
+fixed, explains 1-2 % of it). The other two workloads were within the 8 % target. Per stage, the 1-worker trials
+ran 8 % faster than planned and the 2-worker trials on one local.cpu2 node 11 % slower: the profile was taken on
+local.cpu1 (the spec's first type), so a 2-worker trial on one node was never measured. With the profiler's new
+default type (the narrowest that holds the widest allowed trial on one node: local.cpu2) and the dispatch order
+fixed, fresh profiles, same machine:
+
+    workload     runs   hit  P(meet)  |JCT−p50|/p50  own spread  below p50  last stage err  actual/replay  replay/pred
+    independent     7  0.86     0.93          11.5%        6.5%       0.57            1.2%          1.060        0.874
+    slow-better     7  1.00     0.93          10.1%        8.6%       0.00            1.9%          1.044        1.042
+    fast-better     7  1.00     0.94          10.5%        4.2%       0.86            2.2%          1.000        0.869
+    all            21  0.95     0.93          10.7%        6.5%       0.48            1.7%          1.048        0.994
 """
 
 from __future__ import annotations
