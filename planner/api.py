@@ -386,10 +386,10 @@ class _StagesSearch:
         (seed 1: by 1.9 %, 0.35 % and 0.26 %), yet it was most of the planning time (SHA n=729 at 2x the shortest
         deadline: 56 steps, 1,306 of 1,816 candidates; 0.7 s of planning without it, 2.6 s with).
 
-        Then, in jobs of a few stages whose brackets run one after another, the walk up from the cheapest plan (:func:`ascend`) and a descent from where
-        it meets the deadline: the optimum of a job whose instances start slowly can be the cheapest plan with an
-        instance added to its first stage, which every walk down from a faster plan misses (each plan between is
-        costlier or late)."""
+        Then, in jobs of a few stages whose brackets run one after another, the walk up from the cheapest plan
+        (:func:`ascend`) and a descent from where it meets the deadline: the optimum of a job whose instances start
+        slowly can be the cheapest plan with an instance added to its first stage, which every walk down from a
+        faster plan misses (each plan between is costlier or late)."""
         # both starts are fixed before either descent: the second is the pool's best plan, not the first's answer
         starts = ((self.fastest, simple_moves), (None if self.chosen is None else self.chosen[0], local_moves))
         for start, moves in starts:

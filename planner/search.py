@@ -643,7 +643,7 @@ class AscentLimits:
 
     Over the 400 cases of bench_planner_gap.py (seeds 0 and 1) the walk up found a cheaper plan twice, from
     cheapest plans 1.07x and 1.94x late. From further away it is a long walk (the quickstart at 1.2x the shortest
-    deadline: 24 steps, 2.6x the planning candidates) to where the descent from the fast side already is."""
+    deadline: 2.6x the planning candidates) to where the descent from the fast side already is."""
 
     late_factor: float = 2.0
     neighbourhood: int = 64
