@@ -145,7 +145,6 @@ def cheapest_feasible(
     space, evaluator, deadline_s = search.space, search.evaluator, search.deadline_s
     seen = set()
     bounded = []
-    need = search.screen_need(screen_slack or 0)
     for order, plan in enumerate(plans):
         key = tuple(c.key for c in plan)
         if key in seen:
@@ -160,7 +159,7 @@ def cheapest_feasible(
     for cost_lb, _, plan in bounded:
         if best is not None and cost_lb >= best[1].cost_mean:
             break
-        if screen_slack is not None and int((evaluator.screen(plan).jct <= deadline_s).sum()) < need:
+        if screen_slack is not None and not search.kept_by_screen(evaluator.screen(plan), screen_slack):
             continue
         if (
             cost_margin is not None

@@ -340,6 +340,10 @@ class PlanSearch:
         share of the screening samples)."""
         return math.ceil(self.goal.confidence * self.evaluator.screen_samples - 1e-9) - slack
 
+    def kept_by_screen(self, screened: SimResult, slack: int = 0) -> bool:
+        """Whether a screening keeps its candidate: at least :meth:`screen_need` of its samples within the deadline."""
+        return int((screened.jct <= self.deadline_s).sum()) >= self.screen_need(slack)
+
     def judged_by(self, evaluator: Evaluator) -> PlanSearch:
         """The same search with candidates judged by ``evaluator`` (another simulator of the job)."""
         return replace(self, evaluator=evaluator)
@@ -536,7 +540,6 @@ class _Descent:
         self.search = search
         self.moves = moves
         self.limits = limits
-        self.need = search.screen_need()
         self.candidates = 0
 
     def _screened(self, candidate: Plan, cur_screen: SimResult) -> tuple[float, SimResult]:
@@ -546,7 +549,7 @@ class _Descent:
         return cur_screen.cost_mean - res.cost_mean, res
 
     def _in_time(self, res: SimResult) -> bool:
-        return int((res.jct <= self.search.deadline_s).sum()) >= self.need
+        return self.search.kept_by_screen(res)
 
     def _confirmed(self, ranked: list[tuple], cur: SimResult) -> tuple[Plan, SimResult] | None:
         """The first of the best ``confirm`` ranked candidates that, with every sample, meets the deadline and is
@@ -669,7 +672,7 @@ def ascend(
     two instances for a first stage, keep one through the rest), every plan between them is costlier or late,
     and the walk down stops short. The walk up reaches it in a step or two; :func:`descend` then refines it.
     """
-    space, need, current = search.space, search.screen_need(), start
+    space, current = search.space, start
     moves = moves or rising_moves
     out = DescentResult(current, search.evaluator.screen(current), met=False)
     if out.result.jct_quantile(search.confidence) > limits.late_factor * search.deadline_s:
@@ -677,7 +680,7 @@ def ascend(
     for _ in range(limits.max_steps):
         cur = out.result
         late = cur.jct_quantile(search.confidence)
-        if int((cur.jct <= search.deadline_s).sum()) >= need:
+        if search.kept_by_screen(cur):
             full = search.evaluator.full(current)
             out.candidates_evaluated += 1
             if search.meets(full):

@@ -710,8 +710,7 @@ class Simulator(ReadsSettings):
         stage like longest-first and predicts it short).
         """
         stage = self.stages[index]
-        first = stage.index == 0 and not (self.settings.known_trials or {}).get(stage.bracket)
-        speeds = self._bracket_speeds(stage.bracket, rows, sampled_order=first)[:, : stage.trials]
+        speeds = self._bracket_speeds(stage.bracket, rows, sampled_order=stage.index == 0)[:, : stage.trials]
         epoch_z = self._variation.epochs(index, stage.trials)[rows]
         return epoch_factors(self.model.variation, speeds, epoch_z, stage.epochs_this_stage)
 
@@ -721,8 +720,8 @@ class Simulator(ReadsSettings):
         return self.model.variation.active or bool(self.settings.known_trials)
 
     def _bracket_speeds(self, bracket: int, rows: slice, *, sampled_order: bool = False) -> np.ndarray:
-        """The bracket's trials' log speeds in promotion order (samples ``rows``; ``sampled_order``: in the order
-        they were drawn), cached per bracket, rows and order."""
+        """The bracket's trials' log speeds in promotion order (samples ``rows``; ``sampled_order``: the draws in
+        the order they were drawn, measured survivors still first), cached per bracket, rows and order."""
         key = (bracket, rows.start or 0, rows.stop if rows.stop is not None else self.samples, sampled_order)
         speeds = self._trial_speeds.get(key)
         if speeds is None:
