@@ -68,6 +68,7 @@ from rubberband.planner.search import (
     PlanSearch,
     PlanSimulator,
     PlanSpace,
+    DescentResult,
     ascend,
     descend,
     knapsack_plans,
@@ -395,25 +396,23 @@ class _StagesSearch:
         for start, moves in starts:
             if start is None or (moves is simple_moves and self.chosen is not None):
                 continue
-            refined = descend(self.search, start, moves)
-            self.iterations += refined.iterations
-            self.candidates += refined.candidates_evaluated
-            if self.search.meets(refined.result) and (
-                self.chosen is None or refined.result.cost_mean < self.chosen[1].cost_mean
-            ):
-                self.chosen = (refined.plan, refined.result)
+            self._keep_if_cheaper(descend(self.search, start, moves))
         if self.parallel:  # over both seeds' 102 parallel-bracket cases it found nothing; R=243 planned 1.5x slower
             return
         ceiling = math.inf if self.chosen is None else self.chosen[1].cost_mean
         climbed = ascend(self.search, self.space.cheapest(), below_usd=ceiling)
         self.iterations += climbed.iterations
         self.candidates += climbed.candidates_evaluated
-        if not climbed.met or climbed.result.cost_mean >= ceiling:
-            return
-        refined = descend(self.search, climbed.plan, local_moves)
+        if climbed.met and climbed.result.cost_mean < ceiling:
+            self._keep_if_cheaper(descend(self.search, climbed.plan, local_moves))
+
+    def _keep_if_cheaper(self, refined: DescentResult) -> None:
+        """Count a descent's work, and choose its plan when it meets the goal and is cheaper than the one chosen."""
         self.iterations += refined.iterations
         self.candidates += refined.candidates_evaluated
-        if self.chosen is None or refined.result.cost_mean < self.chosen[1].cost_mean:
+        if self.search.meets(refined.result) and (
+            self.chosen is None or refined.result.cost_mean < self.chosen[1].cost_mean
+        ):
             self.chosen = (refined.plan, refined.result)
 
     def _move_offsets(self) -> None:
