@@ -952,6 +952,10 @@ def asha_prediction(
     )
 
 
+#: A population mean known to worse than this (log standard error: ±10 % in speed) is noted in the plan.
+MEAN_SE_NOTE = 0.1
+
+
 def variation_notes(model: PerformanceModel) -> list[str]:
     """What the prediction assumes about per-epoch noise and configuration speed, when not measured."""
     v = model.variation
@@ -965,6 +969,13 @@ def variation_notes(model: PerformanceModel) -> list[str]:
         return [
             "the profile timed one configuration: P(meet deadline) assumes every configuration as fast as it; "
             "profile with a larger --budget to measure their spread"
+        ]
+    if v.config_mean_se >= MEAN_SE_NOTE:
+        return [
+            f"the profile's {v.configs} configurations know how fast the search space's configurations are only to "
+            f"±{math.expm1(v.config_mean_se):.0%} (their spread over √{v.configs}), the same for every trial of the "
+            "run: the prediction is that much wider; fold finished runs in (`rubberband profile --from-run RUN_DIR` "
+            "adds each one's first stage as configurations) or profile more of them (--configs)"
         ]
     return []
 

@@ -343,6 +343,8 @@ class AshaSimulator:
             if rho != 0.0:
                 latent = rho * z + math.sqrt(max(0.0, 1.0 - rho * rho)) * rng.standard_normal((samples, trials))
                 self._quality = np.argsort(np.argsort(latent, axis=1), axis=1).astype(float)
+            if variation.config_mean_se > 0:  # the population's speed, one draw per sample (as the simulator)
+                self._factor = self._factor * np.exp(variation.config_mean_se * rng.standard_normal((samples, 1)))
 
     def set_qualities(self, qualities: Sequence[float]) -> None:
         """Use one fixed order of the trials' qualities (higher is better) in every sample, e.g. the scores a

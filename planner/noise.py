@@ -12,8 +12,15 @@ Two sources of variance that timing one configuration's iterations back to back 
 :func:`fit_variation` estimates both from whole-epoch times of several configurations (pure, no
 I/O). With few configurations the sample σ is very uncertain (three configurations leave two
 degrees of freedom), so the σ the planner uses is an upper confidence bound (chi-square, level
-:data:`FIT_CONFIDENCE`) widened for the uncertainty of the log-mean: the predictive spread of a
-configuration not yet seen. The point estimates are kept for inspection.
+:data:`FIT_CONFIDENCE`). The point estimates are kept for inspection.
+
+**How fast the population is.** The log-mean of eight profiled configurations is known to about σ/√8 (0.2 at
+σ 0.6: every configuration of a run 20 % faster or slower than planned, together). A run's configurations are
+new draws from the same population, so that error does not average out over a run's 27 trials as a new
+configuration's own spread does: it moves them all. The simulator draws it once per Monte Carlo sample
+(``config_mean_se``, the standard error of ``config_log_mean``) and adds it to every trial of that sample, so
+a prediction from few configurations is as wide as what is not known. Profiling more configurations, or
+folding real runs in (``rubberband profile --from-run``), narrows it.
 
 **Who survives.** Promotion picks by metric, so when quality goes with speed (bigger models are better and
 slower) a stage's survivors are not a random sample of its trials. :func:`fit_speed_quality` fits the rank
@@ -73,6 +80,9 @@ class Variation:
     speed_quality_source: str = "default: survivors a random sample (no configuration speed spread)"
     #: Whether ``speed_quality_rho`` is a conservative bound (too few scored configurations to fit it).
     speed_quality_bound: bool = False
+    #: Standard error of ``config_log_mean`` (the configurations' spread over √configurations): how far the whole
+    #: population's speed may be from the profiled configurations' mean; one draw per simulated run.
+    config_mean_se: float = 0.0
 
     @property
     def active(self) -> bool:
@@ -80,7 +90,7 @@ class Variation:
 
     def min_factor(self) -> float:
         """A lower bound of a task's speed factor (6σ below the median of each part)."""
-        return math.exp(self.config_log_mean - 6.0 * self.config_sigma - 6.0 * self.epoch_sigma)
+        return math.exp(self.config_log_mean - 6.0 * (self.config_sigma + self.config_mean_se + self.epoch_sigma))
 
     def describe(self) -> dict:
         return {
@@ -89,6 +99,7 @@ class Variation:
             "config_sigma": round(self.config_sigma, 6),
             "config_sigma_fit": round(self.config_sigma_fit, 6),
             "config_log_mean": round(self.config_log_mean, 6),
+            "config_mean_se": round(self.config_mean_se, 6),
             "configs": self.configs,
             "epochs": self.epochs,
             "fit_confidence": FIT_CONFIDENCE,
@@ -112,6 +123,7 @@ def fit_variation(
     qualities: Sequence[float | None] | None = None,
     *,
     level: float = FIT_CONFIDENCE,
+    groups: Sequence[str] | None = None,
 ) -> Variation:
     """Fit per-epoch and per-configuration variation from whole-epoch times (pure).
 
@@ -124,36 +136,41 @@ def fit_variation(
       contributes to them (``σ_e² · mean(1/n)``), floored at 0;
     * ``config_log_mean``: the mean of the configuration means.
 
+    ``groups`` (one label per configuration, e.g. the run that timed it) keeps scores ranked within their group
+    (:func:`fit_speed_quality`).
+
     Planned σs are upper confidence bounds at ``level`` (at most :data:`MAX_SIGMA`, and never below the
-    estimate itself); ``config_sigma`` also adds the variance
-    of the estimated log-mean (``s_b²/k``), so a new configuration is drawn from the predictive
-    spread. Fewer than two configurations leave ``config_sigma`` at 0 (marked in ``source``).
+    estimate itself). The log-mean's own uncertainty (``s_b²/k``) is ``config_mean_se``: the simulator moves all
+    of a sample's configurations by one draw of it. Fewer than two configurations leave ``config_sigma`` and
+    ``config_mean_se`` at 0 (marked in ``source``).
     """
-    groups = [np.log(np.asarray(t, dtype=float) / float(p)) for t, p in zip(epoch_times, predicted_s) if len(t)]
-    if not groups:
+    labels = [g for t, g in zip(epoch_times, groups) if len(t)] if groups is not None else None
+    logs = [np.log(np.asarray(t, dtype=float) / float(p)) for t, p in zip(epoch_times, predicted_s) if len(t)]
+    if not logs:
         return Variation()
-    if any(not np.all(np.isfinite(g)) for g in groups):
+    if any(not np.all(np.isfinite(g)) for g in logs):
         raise ValueError("epoch times and predictions must be positive")
-    dof_w = sum(len(g) - 1 for g in groups)
-    ss_w = sum(float(np.sum((g - g.mean()) ** 2)) for g in groups)
+    dof_w = sum(len(g) - 1 for g in logs)
+    ss_w = sum(float(np.sum((g - g.mean()) ** 2)) for g in logs)
     var_w = ss_w / dof_w if dof_w > 0 else 0.0
-    means = np.array([g.mean() for g in groups])
-    k = len(groups)
-    inv_n = float(np.mean([1.0 / len(g) for g in groups]))
+    means = np.array([g.mean() for g in logs])
+    k = len(logs)
+    inv_n = float(np.mean([1.0 / len(g) for g in logs]))
     epoch_fit = math.sqrt(var_w)
     epoch_plan = math.sqrt(_upper(var_w, dof_w, level))
-    notes = [f"{k} configuration{'s' if k != 1 else ''}, {sum(len(g) for g in groups)} epochs"]
+    notes = [f"{k} configuration{'s' if k != 1 else ''}, {sum(len(g) for g in logs)} epochs"]
     if k >= 2:
         var_b = float(np.var(means, ddof=1))
         config_fit = math.sqrt(max(0.0, var_b - var_w * inv_n))
-        config_plan = math.sqrt(max(0.0, _upper(var_b, k - 1, level) - var_w * inv_n) + var_b / k)
+        config_plan = math.sqrt(max(0.0, _upper(var_b, k - 1, level) - var_w * inv_n))
+        mean_se = math.sqrt(var_b / k)
     else:
-        config_fit = config_plan = 0.0
+        config_fit = config_plan = mean_se = 0.0
         notes.append("per-configuration speed not measured (one configuration): 0")
     config_sigma = max(config_fit, min(MAX_SIGMA, config_plan))
     kept = [q for t, q in zip(epoch_times, qualities or [None] * len(epoch_times)) if len(t)]
     survivors = (
-        fit_speed_quality([float(m) for m in means], kept, level=level)
+        fit_speed_quality([float(m) for m in means], kept, level=level, groups=labels)
         if config_sigma > 0
         else SpeedQuality(0.0, None, "no configuration speed spread measured: survivors as fast as any", False)
     )
@@ -164,13 +181,14 @@ def fit_variation(
         epoch_sigma_fit=epoch_fit,
         config_sigma_fit=config_fit,
         configs=k,
-        epochs=sum(len(g) for g in groups),
+        epochs=sum(len(g) for g in logs),
         source=f"measured: whole epochs of sampled configurations ({'; '.join(notes)}); planned σs "
         f"are {level:.0%} upper confidence bounds",
         speed_quality_rho=survivors.rho,
         speed_quality_fit=survivors.fit,
         speed_quality_source=survivors.source,
         speed_quality_bound=survivors.bound,
+        config_mean_se=mean_se if config_sigma > 0 else 0.0,
     )
 
 
@@ -186,7 +204,11 @@ class SpeedQuality:
 
 
 def fit_speed_quality(
-    log_speeds: Sequence[float], qualities: Sequence[float | None], *, level: float = FIT_CONFIDENCE
+    log_speeds: Sequence[float],
+    qualities: Sequence[float | None],
+    *,
+    level: float = FIT_CONFIDENCE,
+    groups: Sequence[str] | None = None,
 ) -> SpeedQuality:
     """The speed–quality correlation to plan with, from the profiled configurations (pure).
 
@@ -195,10 +217,15 @@ def fit_speed_quality(
     :data:`RHO_MIN_CONFIGS` scored configurations the fitted Spearman correlation is planned with; with fewer, its
     one-sided upper confidence bound at ``level`` (Fisher's z with the Spearman variance 1.06/(k−3); 1 with three or
     fewer): slow survivors are the conservative side. The planned Spearman ρ_s becomes the Gaussian correlation
-    ``2·sin(π·ρ_s/6)`` the simulator draws with."""
-    pairs = [(s, q) for s, q in zip(log_speeds, qualities) if q is not None and math.isfinite(q)]
+    ``2·sin(π·ρ_s/6)`` the simulator draws with.
+
+    ``groups`` (one label per configuration): scores are comparable only within a group (a run's first stage,
+    the profiler's configurations after more epochs), so each group of more than 3 is ranked on its own and the
+    correlations are pooled (Fisher's z, weighted by k − 3)."""
+    labels = list(groups) if groups is not None else [""] * len(log_speeds)
+    pairs = [(s, q, g) for s, q, g in zip(log_speeds, qualities, labels) if q is not None and math.isfinite(q)]
     k = len(pairs)
-    fit = _spearman([s for s, _ in pairs], [q for _, q in pairs]) if k >= 2 else None
+    fit = _pooled_spearman(pairs) if k >= 2 else None
     if fit is not None and k >= RHO_MIN_CONFIGS:
         planned, bound = fit, False
         source = f"fitted: rank correlation {fit:+.2f} of slowness and score over {k} configurations"
@@ -221,6 +248,25 @@ def fit_speed_quality(
             )
     rho = 2.0 * math.sin(math.pi * planned / 6.0)
     return SpeedQuality(rho=float(min(1.0, max(-1.0, rho))), fit=fit, source=source, bound=bound)
+
+
+def _pooled_spearman(pairs: Sequence[tuple[float, float, str]]) -> float | None:
+    """Spearman's correlation of (speed, quality) pairs ranked within their group, pooled over groups."""
+    by_group: dict[str, list[tuple[float, float]]] = {}
+    for s, q, g in pairs:
+        by_group.setdefault(g, []).append((s, q))
+    if len(by_group) == 1:
+        (only,) = by_group.values()
+        return _spearman([s for s, _ in only], [q for _, q in only])
+    zs, weights = [], []
+    for members in by_group.values():
+        fit = _spearman([s for s, _ in members], [q for _, q in members]) if len(members) > 3 else None
+        if fit is not None:
+            zs.append(math.atanh(max(-0.999, min(0.999, fit))))
+            weights.append(len(members) - 3)
+    if not zs:
+        return None
+    return math.tanh(float(np.average(zs, weights=weights)))
 
 
 def _spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
@@ -266,7 +312,11 @@ class KnownTrials:
 
 
 def bracket_log_speeds(
-    variation: Variation, trial_z: np.ndarray, quality_z: np.ndarray | None, known: KnownTrials | None = None
+    variation: Variation,
+    trial_z: np.ndarray,
+    quality_z: np.ndarray | None,
+    known: KnownTrials | None = None,
+    mean_z: np.ndarray | None = None,
 ) -> np.ndarray:
     """Each trial's log speed factor for its life (samples × trials), in promotion order: stage ``i`` runs the
     first ``n_i`` columns.
@@ -274,8 +324,12 @@ def bracket_log_speeds(
     Known trials (measured mid-run) come first in their given order, each its measured mean plus the uncertainty
     of that mean; the bracket's other trials are population draws. Without known trials, the draws are ordered
     by a quality correlated with slowness at ``variation.speed_quality_rho`` (``quality_z``: its independent
-    part; 0 or None: the draws' own order, which is exchangeable)."""
+    part; 0 or None: the draws' own order, which is exchangeable). ``mean_z`` (one standard normal per sample)
+    moves a sample's drawn trials together by ``variation.config_mean_se``: the population's speed as uncertain
+    as the profile leaves it."""
     drawn = variation.config_log_mean + variation.config_sigma * trial_z
+    if mean_z is not None and variation.config_mean_se > 0:
+        drawn = drawn + variation.config_mean_se * mean_z[:, None]
     if known is not None and known.log_speeds:
         n = min(len(known.log_speeds), trial_z.shape[1])
         spread = variation.epoch_sigma / np.sqrt(np.asarray(known.epochs[:n], dtype=float))
@@ -302,16 +356,19 @@ class VariationDraws:
     TRIAL_KEY = 1_000_003
     EPOCH_KEY = 2_000_003
     QUALITY_KEY = 3_000_003
+    MEAN_KEY = 4_000_003
 
-    def __init__(self, seed: int, samples: int) -> None:
+    def __init__(self, seed: int, samples: int, population_seed: int | None = None) -> None:
         self.seed = seed
         self.samples = samples
+        self.population_seed = seed if population_seed is None else population_seed
         self._cache: dict[tuple[int, int], np.ndarray] = {}
 
     def _normals(self, key: int, index: int, width: int) -> np.ndarray:
         have = self._cache.get((key, index))
         if have is None or have.shape[1] < width:
-            gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=(key, index))))
+            seed = self.population_seed if key == self.MEAN_KEY else self.seed
+            gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(key, index))))
             # drawn column by column (the transpose of a row-major draw): a wider draw extends a narrower one
             have = np.ascontiguousarray(gen.standard_normal((max(width, 1), self.samples)).T)
             self._cache[(key, index)] = have
@@ -325,6 +382,11 @@ class VariationDraws:
 
     def qualities(self, bracket: int, width: int) -> np.ndarray:
         return self._normals(self.QUALITY_KEY, bracket, width)
+
+    def population_means(self) -> np.ndarray:
+        """One standard normal per sample for the population's log-mean (from ``population_seed``: a Hyperband
+        job's brackets draw the same one)."""
+        return self._normals(self.MEAN_KEY, 0, 1)[:, 0]
 
 
 def task_factors(variation: Variation, trial_z: np.ndarray, epoch_z: np.ndarray, epochs: int) -> np.ndarray:

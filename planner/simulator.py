@@ -468,7 +468,9 @@ class SimSettings:
     simulated executor's knobs; ``start_state``: instances already running (re-planning mid-run); ``heads``
     (cloud → :class:`HeadSpec`): the run's billed head per cloud; ``spot_setup``: spot stages' preemptions and
     fall-back (None: a spot stage is priced at spot and never fails); ``known_trials`` (bracket → its trials the
-    run has measured, best ranked first): played with their measured speeds in place of population draws.
+    run has measured, best ranked first): played with their measured speeds in place of population draws;
+    ``population_seed``: the stream of each sample's draw of the configurations' population mean (None: ``seed``;
+    a Hyperband job's brackets, each on its own ``seed``, share their job's: one population).
 
     One value for all of them, so that a simulator derived from another (a bracket's, a screening one) says
     what it changes (``dataclasses.replace``) and inherits the rest."""
@@ -481,6 +483,7 @@ class SimSettings:
     heads: Mapping[str, HeadSpec] | None = None
     spot_setup: SpotSetup | None = None
     known_trials: Mapping[int, KnownTrials] | None = None
+    population_seed: int | None = None
 
 
 class ReadsSettings:
@@ -536,7 +539,8 @@ class Simulator(ReadsSettings):
         self._termination_cache: dict[tuple[str, str], float] = {}
         self._factor_cache: dict[int, np.ndarray] = {}
         self._startup_draws: dict[tuple, np.ndarray] = {}
-        self._variation = VariationDraws(self.seed, self.samples)
+        population = self.settings.population_seed
+        self._variation = VariationDraws(self.seed, self.samples, self.seed if population is None else population)
         self._trial_speeds: dict[tuple[int, int, int, bool], np.ndarray] = {}
         self.evaluations = 0
 
@@ -733,6 +737,7 @@ class Simulator(ReadsSettings):
                 self._variation.trials(bracket, width)[rows],
                 self._variation.qualities(bracket, width)[rows] if ranked else None,
                 known,
+                self._variation.population_means()[rows],
             )
             self._trial_speeds[key] = speeds
         return speeds

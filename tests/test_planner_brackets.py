@@ -418,3 +418,17 @@ def test_a_stage_requested_while_the_stage_before_still_starts_nodes_waits_for_t
     assert np.allclose(
         sorted((i.requested_s, i.ready_s) for i in timeline.instances), [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0)]
     )
+
+
+def test_brackets_side_by_side_share_one_draw_of_the_population_speed():
+    """Each bracket has its own random streams, but the configurations all come from one population: a sample
+    whose population is slow is slow in every bracket."""
+    import dataclasses
+
+    from rubberband.planner.noise import Variation
+
+    model = dataclasses.replace(ideal_model(), variation=Variation(config_sigma=0.01, config_mean_se=0.5))
+    par = ParallelSimulator(HB, model, SimSettings(samples=400, seed=3))
+    assert len({sub.seed for sub in par.subs}) == len(par.subs)  # streams apart...
+    jcts = [sub.simulate([StageConfig(itype(), 1, 1)] * len(sub.stages)).jct for sub in par.subs]
+    assert min(np.corrcoef(np.log(jcts))[0, 1:]) > 0.95  # ...but one population per sample

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from rubberband.planner.model import fit_performance_model
-from rubberband.planner.noise import Variation, fit_variation, schedule_tasks, task_factors
+from rubberband.planner.noise import (
+    Variation,
+    bracket_log_speeds,
+    fit_speed_quality,
+    fit_variation,
+    schedule_tasks,
+    task_factors,
+)
 from rubberband.planner.schedule import Stage, sha_stages
 from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
 from rubberband.profile import load_profile, parse_profile
@@ -147,6 +154,53 @@ def test_the_simulator_samples_trial_speed_and_epoch_noise():
         Simulator(stages, model_with(Variation()), SimSettings(samples=10)).simulate([StageConfig(itype(), 1, 1)]).jct,
         4.0,
     )
+
+
+def test_the_population_mean_is_as_uncertain_as_its_configurations_leave_it():
+    """Eight configurations know their population's log-mean to s/√8; the fit says so and no longer widens each
+    configuration's own σ by it."""
+    rng = np.random.default_rng(4)
+    times = samples(rng, Spread(0.6, 0.05), configs=8, epochs=3)
+    v = fit_variation(times, [10.0] * 8)
+    means = np.array([np.log(np.asarray(t) / 10.0).mean() for t in times])
+    assert v.config_mean_se == pytest.approx(means.std(ddof=1) / math.sqrt(8))
+    assert v.describe()["config_mean_se"] == pytest.approx(v.config_mean_se, abs=1e-6)
+    many = fit_variation(samples(rng, Spread(0.6, 0.05), configs=200, epochs=3), [10.0] * 200)
+    assert many.config_mean_se == pytest.approx(0.6 / math.sqrt(200), rel=0.15)
+    assert fit_variation([[10.0, 11.0]], [10.0]).config_mean_se == 0.0  # one configuration: no spread at all
+
+
+def test_a_samples_drawn_trials_move_together_by_the_population_means_draw():
+    v = Variation(config_sigma=0.5, config_mean_se=0.2)
+    trial_z = np.zeros((3, 4))
+    mean_z = np.array([-1.0, 0.0, 2.0])
+    drawn = bracket_log_speeds(v, trial_z, None, None, mean_z)
+    assert np.allclose(drawn, np.array([[-0.2] * 4, [0.0] * 4, [0.4] * 4]))
+    assert np.allclose(bracket_log_speeds(dataclasses.replace(v, config_mean_se=0.0), trial_z, None, None, mean_z), 0)
+
+
+def test_the_population_means_uncertainty_widens_a_runs_prediction_not_its_centre():
+    """27 trials average their own speeds out; a shared shift of all of them does not average out."""
+    stages = sha_stages(27, 3, 1, 9)
+    configs = [StageConfig(itype(), 9, 1), StageConfig(itype(), 3, 1), StageConfig(itype(), 1, 1)]
+    known = Variation(config_sigma=0.6)
+    unsure = dataclasses.replace(known, config_mean_se=0.2)
+    a = Simulator(stages, model_with(known), SimSettings(samples=4000, seed=2)).simulate(configs).jct
+    b = Simulator(stages, model_with(unsure), SimSettings(samples=4000, seed=2)).simulate(configs).jct
+    assert np.median(b) == pytest.approx(np.median(a), rel=0.04)
+    # every trial's time scales with the sample's shift: its variance adds to the run's
+    assert np.log(b).std() == pytest.approx(math.hypot(np.log(a).std(), 0.2), rel=0.05)
+
+
+def test_scores_are_ranked_within_their_own_group():
+    """A run's first-stage scores and the profiler's later ones are on different scales: ranked within each."""
+    slow = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    score = [1.0, 2.0, 3.0, 4.0, 5.0, 11.0, 12.0, 13.0, 14.0, 15.0]  # perfectly rank-correlated within each half
+    shifted = score[:5] + [s - 20.0 for s in score[5:]]  # the second group scored after fewer epochs: lower
+    groups = ["profiler"] * 5 + ["run-1"] * 5
+    assert fit_speed_quality(slow, shifted, groups=groups).fit == pytest.approx(1.0, abs=2e-3)  # z clipped at 0.999
+    assert fit_speed_quality(slow, shifted).fit < 0.0  # pooled across scales, the order is lost
+    assert fit_speed_quality(slow, score, groups=["one"] * 10).fit == pytest.approx(1.0)
 
 
 def test_a_trial_keeps_its_speed_through_the_stages():
