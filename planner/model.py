@@ -489,7 +489,12 @@ def _variation(profile: Profile, devices: dict[str, DeviceModel], batch: int) ->
         m.iterations_per_epoch * devices[m.device].t_iter(batch, m.workers, m.nodes) + profile.workload.epoch_overhead_s
         for m in usable
     ]
-    return fit_variation([m.epoch_times_s for m in usable], predicted, [m.quality for m in usable])
+    return fit_variation(
+        [m.epoch_times_s for m in usable],
+        predicted,
+        [m.quality for m in usable],
+        groups=[m.run_id or "" for m in usable],
+    )
 
 
 def _latency_models(entries: list) -> tuple[dict[tuple[str, str], StartupModel], dict[str, StartupModel]]:

@@ -12,10 +12,12 @@ trials. A run's journal has them as the run paid them:
 * each trial's overhead: its wall time from start to stop less its epochs' own seconds, for fresh trials
   (``task_start_s``) and for trials resumed from a checkpoint (``restart_overhead_s``).
 
-The configurations' speeds stay the profile's: folding a run's 27 trials in as configuration samples was tried
-(bench/bench_real_runs.py, three workloads): the centre of the predictions moved from 12 % to 10 % off, but where
-slow configurations score best the narrower spread made 3 of 7 runs late at a promised P(meet) of 0.97 (the
-survivors ran slower than the fitted correlation gives; see the closing note of issue 30).
+* each bracket's first stage as configuration samples: every trial of it (not only the survivors, so an unbiased
+  draw of the search space), its epochs' seconds at the shape it ran and its score there. Eight profiled
+  configurations know the population's mean speed to about σ/√8 (20 % at σ 0.6), which moves every trial of a
+  run together; 27 more per run narrow it, and the prediction carries what is left of it
+  (:mod:`rubberband.planner.noise`, ``config_mean_se``). A run's scores are ranked against its own speeds only
+  (its first stage's scores, not the profiler's later ones). Folding a run in again replaces its samples.
 
 :func:`run_measurements` reads them (pure: a journal's events in, values out); :func:`calibrated` returns the
 profile with them in place of the quiet figures, and says so in ``sources``.
@@ -29,7 +31,20 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from rubberband.errors import InputError
-from rubberband.profile import Profile, StartupOverlap, StartupSamples
+from rubberband.profile import EpochMeasurement, Profile, StartupOverlap, StartupSamples
+
+
+@dataclass(frozen=True)
+class ConfigSample:
+    """One trial of a bracket's first stage as the run timed it: its configuration, the shape it ran at, its epochs'
+    seconds and its score there (oriented: higher is better)."""
+
+    config: dict[str, Any]
+    instance_type: str
+    workers: int
+    nodes: int
+    epoch_times_s: tuple[float, ...]
+    quality: float | None
 
 
 @dataclass
@@ -51,6 +66,8 @@ class RunMeasurements:
     #: per finished trial: (wall less its epochs' own seconds, epochs), trials from scratch and resumed ones
     fresh_overheads: list[tuple[float, int]] = field(default_factory=list)
     resumed_overheads: list[tuple[float, int]] = field(default_factory=list)
+    #: every finished trial of each bracket's first stage
+    configurations: list[ConfigSample] = field(default_factory=list)
 
 
 def run_measurements(events: Iterable[dict[str, Any]], slots: dict[str, int]) -> RunMeasurements:
@@ -102,7 +119,59 @@ def _read(events: list[dict[str, Any]]) -> RunMeasurements:
             (m.resumed_overheads if begun[1] > 0 else m.fresh_overheads).append((overhead, len(span)))
     m.head_start_s = head
     _add_burst(m, [(i, t) for _, i, t in sorted(requested)], ready, first_trial)
+    m.configurations = first_stage_samples(events)
     return m
+
+
+def first_stage_samples(events: list[dict[str, Any]]) -> list[ConfigSample]:
+    """Every trial that finished its bracket's first stage, with that stage's epochs and score (pure)."""
+    spec = events[0].get("spec") or {}
+    minimise = (spec.get("metric") or {}).get("mode") == "min"
+    configs: dict[str, dict[str, Any]] = {}
+    types: dict[str, str] = {}
+    first: dict[int, int] = {}  # bracket -> its first stage's index
+    scores: dict[int, dict[str, float]] = {}  # stage -> trial -> metric
+    shape: dict[tuple[str, int], dict[str, Any]] = {}
+    epochs: dict[str, dict[int, float]] = {}
+    finished: set[tuple[str, int]] = set()
+    for e in events:
+        kind = e.get("type")
+        if kind == "trial_created":
+            configs[e["trial_id"]] = dict(e.get("config") or {})
+        elif kind == "instance_requested":
+            types[e["id"]] = e["instance_type"]
+        elif kind == "trial_started":
+            shape[(e["trial_id"], e["stage"])] = e
+        elif kind == "epoch":
+            epochs.setdefault(e["trial_id"], {})[int(e["epoch"])] = float(e["seconds"])
+        elif kind == "trial_stopped" and e.get("reason") == "finished":
+            finished.add((e["trial_id"], e["stage"]))
+        elif kind == "stage_finished":
+            bracket, stage = int(e.get("bracket", 0)), int(e["stage"])
+            first[bracket] = min(first.get(bracket, stage), stage)
+            scores[stage] = {t: float(v) for t, v in (e.get("metrics") or {}).items() if v is not None}
+    out = []
+    for stage in sorted(first.values()):
+        for trial_id, metric in sorted(scores.get(stage, {}).items()):
+            begun = shape.get((trial_id, stage))
+            if begun is None or (trial_id, stage) not in finished or trial_id not in configs:
+                continue
+            span = range(int(begun.get("start_epoch", 0)), int(begun.get("end_epoch", 0)))
+            trained = epochs.get(trial_id, {})
+            instances = list(begun.get("instances") or [])
+            if not span or any(k not in trained for k in span) or not instances or instances[0] not in types:
+                continue
+            out.append(
+                ConfigSample(
+                    config=configs[trial_id],
+                    instance_type=types[instances[0]],
+                    workers=int(begun.get("workers", 1)),
+                    nodes=max(1, len(set(instances))),
+                    epoch_times_s=tuple(trained[k] for k in span),
+                    quality=-metric if minimise else metric,
+                )
+            )
+    return out
 
 
 def _add_burst(
@@ -133,10 +202,17 @@ def read_run(run_dir: Path, slots: dict[str, int]) -> RunMeasurements:
     return run_measurements(J.iter_events(path), slots)
 
 
-def calibrated(profile: Profile, runs: list[RunMeasurements], epoch_overhead_s: float | None = None) -> Profile:
+def calibrated(
+    profile: Profile,
+    runs: list[RunMeasurements],
+    epoch_overhead_s: float | None = None,
+    devices: dict[str, str] | None = None,
+) -> Profile:
     """``profile`` with what ``runs`` measured in place of the quiet figures (each figure only where a run measured
     it; the rest unchanged): the head start and first boots as samples, the overlap of the burst's starts, the
-    worker start, and the per-trial overheads (less the per-epoch overhead the model adds for each epoch)."""
+    worker start, the per-trial overheads (less the per-epoch overhead the model adds for each epoch), and, where
+    ``devices`` names the device of an instance type (the catalog's), each first-stage trial as a configuration
+    sample (a run folded in again replaces its own)."""
     if not runs:
         return profile
     per_epoch = profile.workload.epoch_overhead_s if epoch_overhead_s is None else epoch_overhead_s
@@ -166,6 +242,13 @@ def calibrated(profile: Profile, runs: list[RunMeasurements], epoch_overhead_s: 
         others = [s for s in profile.head_startup if s.cloud != cloud]
         update["head_startup"] = [*others, StartupSamples(cloud=cloud, samples_s=heads, source="measured")]
         sources["head_startup"] = f"measured in real runs ({ids}): run start → its head takes nodes"
+    samples = _configurations(profile, runs, devices or {})
+    if samples is not None:
+        update["epoch_measurements"], folded = samples
+        sources["epoch_measurements"] = (
+            f"{sources.get('epoch_measurements', 'the profiler')}; and {folded} first-stage trials of real runs "
+            f"({ids}), each its run's epochs at the shape it ran"
+        )
     startup, overlap = _starts(profile, runs)
     if startup is not None:
         update["startup"] = startup
@@ -174,6 +257,34 @@ def calibrated(profile: Profile, runs: list[RunMeasurements], epoch_overhead_s: 
         update["startup_overlap"] = overlap
         sources["startup_overlap"] = f"measured in real runs ({ids}): the first stage's later boots and workers"
     return profile.model_copy(update={**update, "sources": sources})
+
+
+def _configurations(
+    profile: Profile, runs: list[RunMeasurements], devices: dict[str, str]
+) -> tuple[list[EpochMeasurement], int] | None:
+    """The profile's configuration samples plus the runs' first-stage trials on a device it models (None: none)."""
+    profiled = {m.device for m in profile.measurements}
+    folded = [
+        EpochMeasurement(
+            config=c.config,
+            device=devices[c.instance_type],
+            instance_type=c.instance_type,
+            workers=c.workers,
+            nodes=c.nodes,
+            iterations_per_epoch=profile.workload.iterations_per_epoch(c.workers),
+            epoch_times_s=list(c.epoch_times_s),
+            quality=c.quality,
+            run_id=r.run_id,
+        )
+        for r in runs
+        for c in r.configurations
+        if devices.get(c.instance_type) in profiled
+    ]
+    if not folded:
+        return None
+    again = {r.run_id for r in runs}
+    kept = [m for m in profile.epoch_measurements if m.run_id not in again]
+    return kept + folded, len(folded)
 
 
 def _starts(profile: Profile, runs: list[RunMeasurements]) -> tuple[list[StartupSamples] | None, list]:

@@ -121,6 +121,11 @@ class EpochMeasurement(_Model):
         "spec's metric, negated when it is minimised): what promotion ranks by, fitted against its speed",
     )
     source: Literal["measured", "modelled"] = "measured"
+    run_id: str | None = Field(
+        default=None,
+        description="the real run whose first stage timed this configuration (`rubberband profile --from-run`); "
+        "absent: the profiler sampled it. Scores are ranked against speed within one run or the profiler's set",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "EpochMeasurement":

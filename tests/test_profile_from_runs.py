@@ -7,12 +7,12 @@ import json
 
 import pytest
 from executor_helpers import write_job
-from sim_helpers import write_cpu_profile
+from sim_helpers import write_cpu_profile, write_spread_profile
 
 from rubberband.cli import run as cli
 from rubberband.planner.model import fit_performance_model
 from rubberband.profile import load_profile
-from rubberband.profiler.from_runs import calibrated, read_run, run_measurements
+from rubberband.profiler.from_runs import ConfigSample, calibrated, read_run, run_measurements
 
 SLOTS = {"local.cpu2": 2}
 METRIC = {"name": "loss", "mode": "min"}
@@ -52,6 +52,7 @@ def _journal() -> list[dict]:
         _started(112.6, "b", 0, (0, 1), "n2"),
         _epoch(113.0, "b", 0, 0.2, loss=0.9),
         _stopped(113.0, "b", 0, (0, 1)),
+        {"type": "stage_finished", "t": 113.05, "stage": 0, "bracket": 0, "metrics": {"a": 0.5, "b": 0.9}},
         _started(113.1, "a", 1, (1, 3), "n1"),
         _epoch(113.5, "a", 1, 0.3, loss=0.4),
         _epoch(113.9, "a", 2, 0.3, loss=0.3),
@@ -71,6 +72,34 @@ def test_a_runs_journal_says_what_its_starts_and_trials_cost_as_the_run_met_them
     # wall less the epochs' own seconds; a trial stopped on purpose says nothing of the overhead
     assert m.fresh_overheads == [(pytest.approx(0.3), 1), (pytest.approx(0.2), 1)]
     assert m.resumed_overheads == [(pytest.approx(0.3), 2)]
+
+
+def test_every_trial_of_a_brackets_first_stage_is_a_configuration_sample():
+    """Not only the survivors: the whole first stage, at the shape it ran, its score oriented (loss: negated)."""
+    m = run_measurements(_journal(), SLOTS)
+    assert m.configurations == [
+        ConfigSample({"lr": 0.1}, "local.cpu2", 2, 1, (0.6,), -0.5),
+        ConfigSample({"lr": 0.2}, "local.cpu2", 2, 1, (0.2,), -0.9),
+    ]
+
+
+def test_the_runs_configurations_join_the_profiles_and_narrow_the_population_mean(tmp_path):
+    profile = load_profile(write_spread_profile(tmp_path / "p.json", sigma=0.5, rho=0.0))
+    runs = [run_measurements(_journal(), SLOTS)]
+    updated = calibrated(profile, runs, devices={"local.cpu2": "CPU"})
+    added = updated.epoch_measurements[len(profile.epoch_measurements) :]
+    assert [(m.run_id, m.workers, m.epoch_times_s, m.quality) for m in added] == [
+        ("r1", 2, [0.6], -0.5),
+        ("r1", 2, [0.2], -0.9),
+    ]
+    assert all(m.iterations_per_epoch == profile.workload.iterations_per_epoch(2) for m in added)
+    assert "first-stage trials of real runs (r1)" in updated.sources["epoch_measurements"]
+    before, after = fit_performance_model(profile).variation, fit_performance_model(updated).variation
+    assert (before.configs, after.configs) == (10, 12)
+    # folding the same run in again replaces its samples; a type the catalog does not place on a profiled device
+    # adds none
+    assert len(calibrated(updated, runs, devices={"local.cpu2": "CPU"}).epoch_measurements) == 12
+    assert calibrated(profile, runs, devices={"local.cpu2": "GPU"}).epoch_measurements == profile.epoch_measurements
 
 
 def test_a_journal_that_is_not_a_runs_is_refused_in_one_line(tmp_path):
@@ -114,6 +143,7 @@ def test_profile_from_run_folds_a_finished_runs_journal_into_the_specs_profile(t
     assert cli(["profile", str(spec), "--from-run", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "from 1 run(s)" in out and "head start" in out
+    assert "configurations:" in out and "from runs" in out and "their mean speed known to ±" in out
     updated = load_profile(tmp_path / "profile.json")
     assert updated.sources["task_start_s"].startswith("measured in real runs")
     assert [s.source for s in updated.head_startup] == ["measured"]
@@ -123,3 +153,16 @@ def test_profile_from_run_folds_a_finished_runs_journal_into_the_specs_profile(t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--from-run" in err[0] and "no journal.jsonl there" in err[0]
     assert (tmp_path / "profile.json").read_text() == before
+
+
+def test_a_plan_says_when_its_configurations_leave_the_population_speed_uncertain(tmp_path):
+    import dataclasses
+
+    from rubberband.planner.api import MEAN_SE_NOTE, variation_notes
+
+    model = fit_performance_model(load_profile(write_spread_profile(tmp_path / "p.json", sigma=0.5, rho=0.0)))
+    assert model.variation.config_mean_se >= MEAN_SE_NOTE  # ten configurations at σ 0.5
+    (note,) = variation_notes(model)
+    assert "10 configurations" in note and "--from-run" in note and "±" in note
+    pinned = dataclasses.replace(model, variation=dataclasses.replace(model.variation, config_mean_se=0.05))
+    assert variation_notes(pinned) == []

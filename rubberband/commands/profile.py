@@ -103,7 +103,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--from-run",
             help="Measure nothing: fold what these finished runs measured (head start, boots and worker starts "
-            "as the run overlapped them, per-trial overheads) into the spec's profile (repeatable).",
+            "as the run overlapped them, per-trial overheads, each first-stage trial as a configuration sample) "
+            "into the spec's profile (repeatable).",
         ),
     ) -> None:
         """Run the training briefly at each workers-per-trial count with real DDP and write a profile."""
@@ -170,7 +171,7 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
     profile = load_profile(source)
     types = load_catalog(list(spec.resources.clouds)).types
     measured = [read_run(run, {t.name: t.workers for t in types}) for run in runs]
-    updated = calibrated(profile, measured)
+    updated = calibrated(profile, measured, devices={t.name: t.device for t in types})
     target = out or source
     write_profile(updated, target)
     w = updated.workload
@@ -180,6 +181,21 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
         f"{w.restart_overhead_s:.3f} s, new instance's workers {w.worker_start_s:.2f} s"
         + (f", head start {statistics.median(heads):.2f} s" if heads else "")
         + "".join(_overlap_line(o) for o in updated.startup_overlap)
+        + _configurations_line(updated)
+    )
+
+
+def _configurations_line(profile) -> str:
+    """How many configurations the speed spread is fitted from, and how well that pins the population's speed."""
+    from rubberband.planner.model import fit_performance_model
+
+    runs = sum(m.run_id is not None for m in profile.epoch_measurements)
+    if not runs:
+        return ""
+    v = fit_performance_model(profile).variation
+    return (
+        f"; configurations: {v.configs} ({runs} from runs), config σ {v.config_sigma_fit:.2f}, their mean speed "
+        f"known to ±{math.expm1(v.config_mean_se):.0%}"
     )
 
 
