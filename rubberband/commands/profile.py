@@ -279,7 +279,8 @@ def _print_summary(result, out: Path) -> None:
             f"{v['configs']} configurations, {v['epochs']} whole epochs: per-epoch σ "
             f"{v['epoch_sigma_fit']:.3f} (planned {v['epoch_sigma']:.3f}), configuration speed σ "
             f"{v['config_sigma_fit']:.3f} (planned {v['config_sigma']:.3f}), typical configuration "
-            f"{math.exp(v['config_log_mean']):.2f}× the profiled one's epoch time",
+            f"{math.exp(v['config_log_mean']):.2f}× the profiled one's epoch time (known to "
+            f"±{math.expm1(v.get('config_mean_se', 0.0)):.0%}; `--from-run` adds a run's first stage)",
             soft_wrap=True,
         )
     notes = stderr()
