@@ -11,7 +11,10 @@ Iteration latency follows Pollux (OSDI'21), per device:
 Parameters are fitted in log space with :func:`scipy.optimize.least_squares` on the log of the
 median latency of every measured shape, plus weak priors (relative to ``T_grad``) so that a
 profile with one or two shapes still yields a stable, sensible model. Devices that were not
-measured but have a ``device_speed`` scale the reference device's compute term.
+measured but have a ``device_speed`` scale the reference device's compute term. The fit is stored in the
+profile it was made from (``fitted.devices[].fit_key``: a digest of its points and priors) and reused from
+there while that key still matches, so planning from a profile rubberband wrote does not fit (nor import
+scipy.optimize) again.
 
 Stragglers: each node of a trial runs at a lognormal slowdown factor (median 1) whose σ is the
 robust spread (MAD of log latency, warm-up iterations dropped) of the measured latencies; a
@@ -34,12 +37,13 @@ plus ``epoch_overhead_s`` (evaluation, data loading, reporting, checkpoint save)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from rubberband.clouds import facts_or_like
 from rubberband.errors import ProfileError
@@ -55,6 +59,17 @@ MAX_SIGMA = 0.5
 _PRIOR_REL = {"a1": 0.05, "b1": 0.01, "aN": 0.25, "bN": 0.05}
 _PRIOR_GAMMA = 1.5
 _PRIOR_WEIGHT = 0.02
+#: Bumped when :func:`_fit_device` changes in a way its priors do not show: a stored fit's key then differs.
+_FIT_VERSION = 1
+_DEVICE_PARAMS = (
+    "alpha_grad",
+    "beta_grad",
+    "alpha_sync_node",
+    "beta_sync_node",
+    "alpha_sync_cross",
+    "beta_sync_cross",
+    "gamma",
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,8 @@ class DeviceModel:
     source: str = "fitted"  # fitted | scaled from <ref> | ...
     points: int = 0
     rms_log_error: float = 0.0
+    #: What the fit was made from (:func:`fit_key`); empty: not fitted here.
+    fit_key: str = ""
 
     def t_grad(self, batch: int) -> float:
         return self.alpha_grad + self.beta_grad * batch
@@ -289,6 +306,7 @@ class PerformanceModel:
                     "source": d.source,
                     "points": d.points,
                     "rms_log_error": d.rms_log_error,
+                    **({"fit_key": d.fit_key} if d.fit_key else {}),
                 }
                 for name, d in sorted(self.devices.items())
             },
@@ -342,8 +360,35 @@ def _steady(latencies: list[float]) -> np.ndarray:
     return values
 
 
+def fit_key(points: list[tuple[int, int, int, float]]) -> str:
+    """What one device's fit depends on, digested: its (batch, workers, nodes, median latency) points, the priors and
+    :data:`_FIT_VERSION`. A fit stored in ``profile.fitted`` under the same key is the fit these points give."""
+    payload = [_FIT_VERSION, _PRIOR_REL, _PRIOR_GAMMA, _PRIOR_WEIGHT, [[b, w, n, repr(lat)] for b, w, n, lat in points]]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _stored_fit(entry: Any, key: str) -> DeviceModel | None:
+    """The device fit ``profile.fitted`` holds for these points (``key``), or None: absent, made from other points
+    (the profile changed since), or not a fit."""
+    if not isinstance(entry, dict) or entry.get("fit_key") != key or entry.get("source") != "fitted":
+        return None
+    try:
+        params = {name: float(entry[name]) for name in _DEVICE_PARAMS}
+        points, rms = int(entry["points"]), float(entry["rms_log_error"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(math.isfinite(x) and x >= 0 for x in params.values()) or params["gamma"] < 1.0:
+        return None
+    return DeviceModel(**params, source="fitted", points=points, rms_log_error=rms, fit_key=key)
+
+
 def _fit_device(points: list[tuple[int, int, int, float]]) -> DeviceModel:
-    """Fit Pollux parameters to (batch, workers, nodes, median latency) points of one device."""
+    """Fit Pollux parameters to (batch, workers, nodes, median latency) points of one device.
+
+    scipy.optimize is imported here, not with the module: it takes ~0.4 s, and a profile written by rubberband
+    carries its fit (``fit_key``), so planning from it does not fit again."""
+    from scipy.optimize import least_squares
+
     batches = {b for b, _, _, _ in points}
     single = [lat for b, w, n, lat in points if w == 1]
     base = float(np.median(single)) if single else min(lat for *_, lat in points) * 0.8
@@ -377,7 +422,11 @@ def _fit_device(points: list[tuple[int, int, int, float]]) -> DeviceModel:
     fitted = model(result.x)
     errors = [math.log(fitted.t_iter(b, w, n)) - math.log(lat) for b, w, n, lat in points]
     return DeviceModel(
-        *unpack(result.x), source="fitted", points=len(points), rms_log_error=float(np.sqrt(np.mean(np.square(errors))))
+        *unpack(result.x),
+        source="fitted",
+        points=len(points),
+        rms_log_error=float(np.sqrt(np.mean(np.square(errors)))),
+        fit_key=fit_key(points),
     )
 
 
@@ -398,7 +447,11 @@ def fit_performance_model(profile: Profile) -> PerformanceModel:
     for m in profile.measurements:
         latency = float(np.median(_steady(m.iteration_latencies_s)))
         by_device.setdefault(m.device, []).append((batch, m.workers, m.nodes, latency))
-    devices = {name: _fit_device(points) for name, points in sorted(by_device.items())}
+    stored = (profile.fitted or {}).get("devices") or {}
+    devices = {
+        name: _stored_fit(stored.get(name), fit_key(points)) or _fit_device(points)
+        for name, points in sorted(by_device.items())
+    }
     reference = profile.reference_device or (sorted(by_device)[0] if len(by_device) == 1 else None)
     if reference is None:
         reference = max(by_device, key=lambda d: len(by_device[d]))

@@ -235,7 +235,10 @@ class Profile(_Model):
     machine: dict[str, Any] = Field(default_factory=dict)
     torch_version: str | None = None
     created_at: str | None = None
-    fitted: dict[str, Any] | None = Field(default=None, description="the fitted model, for inspection only")
+    fitted: dict[str, Any] | None = Field(
+        default=None,
+        description="the fitted model, for inspection; a device fit whose fit_key matches the measurements is reused",
+    )
     sources: dict[str, str] = Field(
         default_factory=dict, description="how each workload figure was obtained (field -> how)"
     )

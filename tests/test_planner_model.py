@@ -78,3 +78,59 @@ def test_example_profile_fits_and_describes():
     assert set(described["devices"]) >= {"V100", "T4", "A10G", "A100", "H100", "L4"}
     assert described["startup"]["aws"]["source"] == "default"
     assert math.isfinite(described["devices"]["V100"]["gamma"])
+
+
+def test_a_profiles_stored_fit_is_reused_while_its_measurements_are_unchanged(monkeypatch):
+    """A profile rubberband wrote carries its fit under a key of what it was fitted from: planning from it does not
+    fit again, and gets exactly the model a fresh fit gives."""
+    import copy
+
+    import scipy.optimize
+
+    profile = load_profile(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json")
+    fresh = fit_performance_model(profile.model_copy(update={"fitted": None}))
+    assert fresh.devices["V100"].fit_key
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(scipy.optimize, "least_squares", no_fit)
+    stored = fit_performance_model(profile)
+    assert stored.devices == fresh.devices and stored.variation == fresh.variation
+    # new measurements (another key), or a stored entry that is not a fit, are fitted afresh
+    changed = profile.model_copy(deep=True)
+    changed.measurements[0].iteration_latencies_s[:] = [x * 1.1 for x in changed.measurements[0].iteration_latencies_s]
+    with pytest.raises(AssertionError, match="fitted again"):
+        fit_performance_model(changed)
+    broken = copy.deepcopy(profile.fitted)
+    broken["devices"]["V100"]["gamma"] = "not a number"
+    with pytest.raises(AssertionError, match="fitted again"):
+        fit_performance_model(profile.model_copy(update={"fitted": broken}))
+
+
+@pytest.mark.e2e
+def test_planning_from_a_profile_with_its_fit_never_imports_scipy_optimize():
+    """What the stored fit is for: ~0.4 s of every `rubberband plan` / `run` (a fresh interpreter, as a user's)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from rubberband.profile import load_profile; from rubberband.planner.model import "
+        "fit_performance_model; fit_performance_model(load_profile(sys.argv[1])); print('scipy.optimize' in sys.modules)"
+    )
+    path = str(EXAMPLES / "profiles" / "resnet50_cifar10_v100.json")
+    done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_every_example_profile_carries_the_fit_its_measurements_give():
+    """Stale stored fits would plan from another model: the examples' are current (refresh them with
+    `rubberband profile --from-run` or by writing ``fit_performance_model(p).describe()`` into ``fitted``)."""
+    for path in sorted((EXAMPLES / "profiles").glob("*.json")):
+        profile = load_profile(path)
+        fitted = fit_performance_model(profile.model_copy(update={"fitted": None}))
+        assert all(
+            profile.fitted["devices"][name].get("fit_key") == d.fit_key
+            for name, d in fitted.devices.items()
+            if d.fit_key
+        ), path.name

@@ -147,6 +147,8 @@ def test_profile_from_run_folds_a_finished_runs_journal_into_the_specs_profile(t
     updated = load_profile(tmp_path / "profile.json")
     assert updated.sources["task_start_s"].startswith("measured in real runs")
     assert [s.source for s in updated.head_startup] == ["measured"]
+    # its fitted model, for inspection and reuse, is the profile's as it now stands (configurations folded in)
+    assert updated.fitted["variation"]["configs"] == fit_performance_model(updated).variation.configs > 0
     # bad input: one line, exit 2, the profile untouched
     before = (tmp_path / "profile.json").read_text()
     assert cli(["profile", str(spec), "--from-run", str(tmp_path / "nowhere")]) == 2

@@ -172,6 +172,7 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
     types = load_catalog(list(spec.resources.clouds)).types
     measured = [read_run(run, {t.name: t.workers for t in types}) for run in runs]
     updated = calibrated(profile, measured, devices={t.name: t.device for t in types})
+    updated = updated.model_copy(update={"fitted": _described(updated)})
     target = out or source
     write_profile(updated, target)
     w = updated.workload
@@ -185,6 +186,16 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
     )
 
 
+def _described(profile):
+    """The profile's fitted model as plain data (``profile.fitted``: for inspection, and the stored fit the planner
+    reuses while its measurements are unchanged)."""
+    import json
+
+    from rubberband.planner.model import fit_performance_model
+
+    return json.loads(json.dumps(fit_performance_model(profile).describe(), default=float))
+
+
 def _configurations_line(profile) -> str:
     """How many configurations the speed spread is fitted from, and how well that pins the population's speed."""
     from rubberband.planner.model import fit_performance_model
@@ -192,7 +203,7 @@ def _configurations_line(profile) -> str:
     runs = sum(m.run_id is not None for m in profile.epoch_measurements)
     if not runs:
         return ""
-    v = fit_performance_model(profile).variation
+    v = fit_performance_model(profile).variation  # the stored fit: no second least-squares
     return (
         f"; configurations: {v.configs} ({runs} from runs), config σ {v.config_sigma_fit:.2f}, their mean speed "
         f"known to ±{math.expm1(v.config_mean_se):.0%}"
