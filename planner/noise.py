@@ -115,7 +115,7 @@ def _upper(variance: float, dof: int, level: float) -> float:
     if dof <= 0:
         return variance
     # chi2.ppf(q, k) = chdtri(k, 1 - q), imported here: scipy.special takes ~0.15 s, and a profile without
-    # sampled configurations never needs it (scipy.stats, ~0.5 s, not at all)
+    # sampled configurations never needs it (scipy.stats, ~0.5 s, is not used at all)
     from scipy.special import chdtri
 
     return variance * dof / float(chdtri(dof, level))  # the (1 - level) quantile of χ²(dof)

@@ -124,7 +124,8 @@ def _read(events: list[dict[str, Any]]) -> RunMeasurements:
 
 
 def first_stage_samples(events: list[dict[str, Any]]) -> list[ConfigSample]:
-    """Every trial that finished its bracket's first stage, with that stage's epochs and score (pure)."""
+    """Every trial that finished its bracket's first stage, with that stage's epochs (less a trial's first, the
+    warm-up the profiler leaves out too, where the stage ran more than one) and score (pure)."""
     spec = events[0].get("spec") or {}
     minimise = (spec.get("metric") or {}).get("mode") == "min"
     configs: dict[str, dict[str, Any]] = {}
@@ -161,6 +162,8 @@ def first_stage_samples(events: list[dict[str, Any]]) -> list[ConfigSample]:
             instances = list(begun.get("instances") or [])
             if not span or any(k not in trained for k in span) or not instances or instances[0] not in types:
                 continue
+            if len(span) > 1 and span[0] == 0:
+                span = span[1:]  # as the profiler times configurations: a trial's first epoch warms up
             out.append(
                 ConfigSample(
                     config=configs[trial_id],

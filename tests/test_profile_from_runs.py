@@ -83,6 +83,23 @@ def test_every_trial_of_a_brackets_first_stage_is_a_configuration_sample():
     ]
 
 
+def test_a_first_stage_of_several_epochs_leaves_each_trials_warm_up_epoch_out():
+    from rubberband.profiler.from_runs import first_stage_samples
+
+    events = [
+        {"type": "run_started", "t": 0.0, "run_id": "r2", "spec": {"metric": {"name": "acc", "mode": "max"}}},
+        {"type": "trial_created", "t": 0.1, "trial_id": "a", "bracket": 0, "index": 0, "config": {"lr": 0.1}},
+        {"type": "instance_requested", "t": 0.2, "id": "n1", "stage": 0, "instance_type": "local.cpu2"},
+        _started(1.0, "a", 0, (0, 3), "n1"),
+        _epoch(2.0, "a", 0, 0.9, acc=0.1),
+        _epoch(2.5, "a", 1, 0.5, acc=0.2),
+        _epoch(3.0, "a", 2, 0.5, acc=0.3),
+        _stopped(3.0, "a", 0, (0, 3)),
+        {"type": "stage_finished", "t": 3.1, "stage": 0, "bracket": 0, "metrics": {"a": 0.3}},
+    ]
+    assert first_stage_samples(events) == [ConfigSample({"lr": 0.1}, "local.cpu2", 2, 1, (0.5, 0.5), 0.3)]
+
+
 def test_the_runs_configurations_join_the_profiles_and_narrow_the_population_mean(tmp_path):
     profile = load_profile(write_spread_profile(tmp_path / "p.json", sigma=0.5, rho=0.0))
     runs = [run_measurements(_journal(), SLOTS)]
