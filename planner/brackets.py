@@ -170,9 +170,7 @@ class ParallelSimulator(ReadsSettings):
                 replace(
                     self.settings,
                     seed=self.seed + BRACKET_SEED_STRIDE * b,
-                    population_seed=self.seed
-                    if self.settings.population_seed is None
-                    else self.settings.population_seed,
+                    population_seed=self.population_seed,
                     start_state=self.bracket_states[b],
                     heads=None,
                 ),

@@ -500,6 +500,12 @@ class ReadsSettings:
         return self.settings.seed
 
     @property
+    def population_seed(self) -> int:
+        """The stream of each sample's population-mean draw: the settings', else :attr:`seed`."""
+        population = self.settings.population_seed
+        return self.seed if population is None else population
+
+    @property
     def spot(self) -> bool:
         return self.settings.spot
 
@@ -539,8 +545,7 @@ class Simulator(ReadsSettings):
         self._termination_cache: dict[tuple[str, str], float] = {}
         self._factor_cache: dict[int, np.ndarray] = {}
         self._startup_draws: dict[tuple, np.ndarray] = {}
-        population = self.settings.population_seed
-        self._variation = VariationDraws(self.seed, self.samples, self.seed if population is None else population)
+        self._variation = VariationDraws(self.seed, self.samples, self.population_seed)
         self._trial_speeds: dict[tuple[int, int, int, bool], np.ndarray] = {}
         self.evaluations = 0
 

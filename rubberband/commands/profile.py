@@ -164,6 +164,7 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
     """``--from-run``: the spec's profile with what the runs measured, written to ``out`` (default: over it)."""
     from rubberband.profile import load_profile, write_profile
     from rubberband.profiler.from_runs import calibrated, read_run
+    from rubberband.profiler.runner import fit_description
 
     source = spec.profile_path()
     if source is None:
@@ -172,7 +173,8 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
     types = load_catalog(list(spec.resources.clouds)).types
     measured = [read_run(run, {t.name: t.workers for t in types}) for run in runs]
     updated = calibrated(profile, measured, devices={t.name: t.device for t in types})
-    updated = updated.model_copy(update={"fitted": _described(updated)})
+    notes: list[str] = []
+    updated = updated.model_copy(update={"fitted": fit_description(updated, notes)})
     target = out or source
     write_profile(updated, target)
     w = updated.workload
@@ -184,29 +186,20 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
         + "".join(_overlap_line(o) for o in updated.startup_overlap)
         + _configurations_line(updated)
     )
-
-
-def _described(profile):
-    """The profile's fitted model as plain data (``profile.fitted``: for inspection, and the stored fit the planner
-    reuses while its measurements are unchanged)."""
-    import json
-
-    from rubberband.planner.model import fit_performance_model
-
-    return json.loads(json.dumps(fit_performance_model(profile).describe(), default=float))
+    for note in notes:  # the fit failed: the profile is written without it, and the planner fits when it loads
+        stderr().print(note, soft_wrap=True)
 
 
 def _configurations_line(profile) -> str:
-    """How many configurations the speed spread is fitted from, and how well that pins the population's speed."""
-    from rubberband.planner.model import fit_performance_model
-
+    """How many configurations the speed spread is fitted from, and how well that pins the population's speed
+    (from the profile's ``fitted``, as the profiler's summary reads it)."""
     runs = sum(m.run_id is not None for m in profile.epoch_measurements)
-    if not runs:
+    v = (profile.fitted or {}).get("variation")
+    if not runs or not v:
         return ""
-    v = fit_performance_model(profile).variation  # the stored fit: no second least-squares
     return (
-        f"; configurations: {v.configs} ({runs} from runs), config σ {v.config_sigma_fit:.2f}, their mean speed "
-        f"known to ±{math.expm1(v.config_mean_se):.0%}"
+        f"; configurations: {v['configs']} ({runs} from runs), config σ {v['config_sigma_fit']:.2f}, their mean "
+        f"speed known to ±{math.expm1(v['config_mean_se']):.0%}"
     )
 
 
