@@ -86,12 +86,15 @@ class BilledHead:
 class HeadHandle:
     """What the executor needs of the head: where Ray listens (and no local process id).
 
-    ``billed``: the head instance when the run pays for it (None: the CLI machine or a local node)."""
+    ``billed``: the head instance when the run pays for it (None: the CLI machine or a local node).
+    ``requested_at``: when its start began (POSIX time), where it began before the executor asked for it (a local
+    head started while planning: ``LocalProvider.begin_head``); None: when the executor asked."""
 
     address: str
     id: str
     pid: int | None = None
     billed: BilledHead | None = None
+    requested_at: float | None = None
 
 
 def ray_join_check(instance: Instance, timeout_s: float) -> None:

@@ -35,6 +35,8 @@ class HeadStarted(_Decision):
     kind: Literal["head_started"] = "head_started"
     address: str | None = None
     pid: int | None = None
+    #: when the head's start began (POSIX time): before ``run_started`` where the command started it while planning
+    requested_at: float | None = None
 
 
 class OrphanHeadStopped(_Decision):

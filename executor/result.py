@@ -120,6 +120,8 @@ def build_result(state: RunState, plan: Plan, spec: JobSpec, ending: Ending, run
         }
     from_start = end - state.first_started_at
     jct, deadline = from_start + state.before_start_s, deadline_from_command(state)
+    # the part of the head's start the plan counts after the executor's start that ran before it (begun while planning)
+    early = min(state.head_early_s, plan.head_start_s)
     met = status == "finished" and jct <= deadline
     outcome = outcome_of(status, met)
     return {
@@ -134,18 +136,20 @@ def build_result(state: RunState, plan: Plan, spec: JobSpec, ending: Ending, run
         "late_by_s": max(0.0, jct - deadline),
         # JCT counts from the user's command, as their deadline does: what the command spent before the executor
         # started (loading, planning; in head mode the head's boot and the upload) and the executor's own part. The
-        # plan predicts the executor's part; the prediction from the command adds what went before, as measured.
+        # plan predicts the executor's part; the prediction from the command adds what went before, as measured,
+        # less the head's start where it ran during that time (a local head started while planning).
         "actual": {
             "jct_s": jct,
             "cost_usd": bill.total_usd,
             "head_usd": bill.head_usd,
             "before_start_s": state.before_start_s,
+            "head_early_s": state.head_early_s,
             "jct_from_start_s": from_start,
         },
         "predicted": {
-            "jct_s": plan.predicted.jct_s.p50 + state.before_start_s,
-            "jct_p95_s": plan.predicted.jct_s.p95 + state.before_start_s,
-            "jct_from_start_s": plan.predicted.jct_s.p50,
+            "jct_s": plan.predicted.jct_s.p50 + state.before_start_s - early,
+            "jct_p95_s": plan.predicted.jct_s.p95 + state.before_start_s - early,
+            "jct_from_start_s": plan.predicted.jct_s.p50 - early,
             "cost_usd": plan.predicted.cost_usd.mean,
             "p_meet_deadline": plan.predicted.p_meet_deadline,
             "head_usd": plan.predicted.cost_breakdown.head_usd,

@@ -266,7 +266,7 @@ class Executor:
         services = self.services
         backend, journal = services.backend, services.journal
         head = backend.start_head(services.run_id)
-        journal.record(J.HeadStarted(address=head.address, pid=head.pid))
+        journal.record(J.HeadStarted(address=head.address, pid=head.pid, requested_at=head.requested_at))
         billed = head.billed
         state = journal.state
         if billed is not None and (state.head is None or state.head.id != billed.id):

@@ -111,6 +111,9 @@ class RunState:
     #: how long the user's command ran before the executor started (``run_started.commanded_at``: loading, planning,
     #: in head mode the head's boot and the upload): part of the result's JCT, which counts from the command
     before_start_s: float = 0.0
+    #: how much of the head's start ran before the executor's first start (the command began it while planning:
+    #: ``head_started.requested_at``); the plan counts the whole start (``Plan.head_start_s``) after it
+    head_early_s: float = 0.0
     #: the user's deadline, counting from their command (``deadline_s`` counts from the executor's start)
     deadline_from_command_s: float | None = None
     attempts: int = 1
@@ -171,6 +174,8 @@ def apply(state: RunState, event: _Event) -> None:
     t = event.t if event.t is not None else 0.0
     if isinstance(event, D._Decision):
         state.decisions.append({**E.to_json_dict(event), "t": t})
+        if isinstance(event, D.HeadStarted) and state.attempts == 1 and event.requested_at is not None:
+            state.head_early_s = max(0.0, state.first_started_at - event.requested_at)
         _decide(state.choices, event, t)
         return
     handler = _HANDLERS.get(type(event))

@@ -13,7 +13,7 @@ import builtins
 from concurrent.futures import Executor
 from typing import Any, Callable
 
-from rubberband.catalog import HEAD_BOOTS_FIRST, Catalog, InstanceType
+from rubberband.catalog import Catalog, InstanceType
 from rubberband.cloud.backend import BilledHead, HeadHandle, Obtained
 from rubberband.cloud.failover import Attempt, FailoverExhausted, alternatives_for
 from rubberband.cloud.provider import Instance, InstanceRequest, node_resource
@@ -134,8 +134,7 @@ class SimBackend:
         """A local run's head is a node that boots first (the median start-up); a head instance (head mode on a
         cloud, when the plan bills one) booted before the job started and is billed as the plan has it."""
         clock = self.world.clock
-        if self.head_type.cloud in HEAD_BOOTS_FIRST:
-            clock.sleep(self.world.model.head_start(self.head_type.cloud, self.head_type.name).quantile(0.5))
+        clock.sleep(self.world.model.head_wait_s(self.head_type.cloud, self.head_type.name))
         billed = None
         if self.head is not None:
             billed = BilledHead(

@@ -51,7 +51,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rubberband.catalog import HEAD_BOOTS_FIRST, SERIAL_PROVISIONING, InstanceType
+from rubberband.catalog import SERIAL_PROVISIONING, InstanceType
 from rubberband.clouds import billing_rule
 from rubberband.plan import Timeline, TimelineInstance, TimelineTask
 from rubberband.planner.model import PerformanceModel
@@ -420,7 +420,7 @@ class AshaSimulator:
         starts = self._starts_on(itype) if self._starts_on is not None else None
         epoch = model.epoch_time(itype.device, w, lay.nodes)
         startup = model.startup(itype.cloud, itype.name)
-        head_boot = model.head_start(itype.cloud, itype.name).quantile(0.5) if itype.cloud in HEAD_BOOTS_FIRST else 0.0
+        head_boot = model.head_wait_s(itype.cloud, itype.name)
         boot = startup.sample(self._boot_u[rows.start : rows.stop, :k])
         m = len(rows)
         gained: np.ndarray | float = 0.0

@@ -273,6 +273,15 @@ class PerformanceModel:
         measured (the profile's ``head_startup``), else one ``instance_type`` node's start-up stands in."""
         return self.head_startup_by_cloud.get(cloud) or self.startup(cloud, instance_type)
 
+    def head_wait_s(self, cloud: str, instance_type: str) -> float:
+        """Seconds from a fresh run's start until it requests its first instances: where the run's Ray head comes
+        up before any instance (a cloud whose head boots first: local), its start's median (:meth:`head_start`);
+        elsewhere 0 (the head is up before the run starts, or is the instances' own). The one figure the
+        simulator, the ASHA simulator, the plan (``Plan.head_start_s``) and the simulated cloud use."""
+        if not facts_or_like(cloud).head_boots_first:
+            return 0.0
+        return self.head_start(cloud, instance_type).quantile(0.5)
+
     def start_overlap(self, cloud: str) -> StartOverlap | None:
         """The measured contention of start-ups overlapping on ``cloud``'s shared host; None: not measured (taken
         as independent)."""

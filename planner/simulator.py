@@ -47,7 +47,6 @@ import networkx as nx
 import numpy as np
 
 from rubberband.catalog import (
-    HEAD_BOOTS_FIRST,
     SERIAL_PROVISIONING,
     TRANSFER_USD_PER_GB,
     BillingRule,
@@ -1006,11 +1005,7 @@ class Simulator(ReadsSettings):
             if prev is None:
                 # A fresh local run first brings up its Ray head (its measured start, median; else one node's),
                 # then requests the first stage's instances; a re-plan starts from "now".
-                head = (
-                    self.model.head_start(itype.cloud, itype.name).quantile(0.5)
-                    if itype.cloud in HEAD_BOOTS_FIRST
-                    else 0.0
-                )
+                head = self.model.head_wait_s(itype.cloud, itype.name)
                 t_req = np.full(start.shape[0], head if self.start_state is None else self.start_state.now_s)
             else:
                 t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self._lead(itype))

@@ -6,7 +6,8 @@ cores, and 21 real runs landed 18 % past their predictions' centre while their o
 measured speeds predicted them within 1 % (bench/bench_real_runs.py): the miss is in these figures, not in the
 trials. A run's journal has them as the run paid them:
 
-* the head's start (``run_started`` → the ``head_started`` decision), where the head boots first;
+* the head's start (its ``requested_at``, else ``run_started`` → the ``head_started`` decision), where the head
+  boots first;
 * each instance of the first stage's burst: its boot (``instance_ready.startup_s``) and its worker processes'
   start (ready → its first trial), alone for the first boot and the last workers, overlapping otherwise;
 * each trial's overhead: its wall time from start to stop less its epochs' own seconds, for fresh trials
@@ -98,7 +99,9 @@ def _read(events: list[dict[str, Any]]) -> RunMeasurements:
     for e in events:
         kind = e.get("type")
         if kind == "decision" and e.get("kind") == "head_started" and head is None:
-            head = float(e["t"]) - t0
+            # from when its start began: the command may have begun it while planning, before run_started
+            begun = e.get("requested_at")
+            head = float(e["t"]) - (t0 if begun is None else float(begun))
         elif kind == "instance_requested" and e.get("stage") == 0:  # journaled when up, not in request order
             requested.append((float(e["t"]), e["id"], e["instance_type"]))
         elif kind == "instance_ready":

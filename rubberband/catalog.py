@@ -32,11 +32,10 @@ CATALOG_PACKAGE = "rubberband.catalogs"
 CATALOG_DIR_ENV = "RUBBERBAND_CATALOG_DIR"
 
 
-#: Each cloud's billing rule, moving price, provisioning and head boot: views of the facts in catalogs/clouds.yaml.
+#: Each cloud's billing rule, moving price and provisioning: views of the facts in catalogs/clouds.yaml.
 BILLING_RULES: dict[str, BillingRule] = {name: facts.billing for name, facts in CLOUDS.items()}
 TRANSFER_USD_PER_GB: dict[str, float] = {name: facts.transfer_usd_per_gb for name, facts in CLOUDS.items()}
 SERIAL_PROVISIONING: frozenset[str] = frozenset(name for name, facts in CLOUDS.items() if facts.serial_provisioning)
-HEAD_BOOTS_FIRST: frozenset[str] = frozenset(name for name, facts in CLOUDS.items() if facts.head_boots_first)
 
 
 @dataclass(frozen=True)

@@ -313,6 +313,13 @@ class Plan(_Model):
         description="the billed head instance the predictions include "
         "(cost_breakdown.head_usd); None when the run has no billed head",
     )
+    head_start_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="seconds from the executor's start until the run's Ray head takes nodes, as the predictions "
+        "count them (a local run's head, as profiled; 0 where the head is up before the run starts); a head "
+        "started while planning has run part of it before the executor starts (result.json)",
+    )
     brackets: Literal["sequential", "parallel"] = Field(
         default="sequential", description="how Hyperband brackets run: one after another or side by side"
     )

@@ -74,6 +74,14 @@ def test_a_runs_journal_says_what_its_starts_and_trials_cost_as_the_run_met_them
     assert m.resumed_overheads == [(pytest.approx(0.3), 2)]
 
 
+def test_a_head_begun_while_planning_is_timed_from_its_own_start():
+    """`rubberband run` begins a local head while it plans: the head's start is what it took from then, not the
+    part left when the executor started (run_started at 100.0, head begun at 98.8, up at 102.0)."""
+    events = _journal()
+    events[3] = {"type": "decision", "t": 102.0, "kind": "head_started", "requested_at": 98.8}
+    assert run_measurements(events, SLOTS).head_start_s == pytest.approx(3.2)
+
+
 def test_every_trial_of_a_brackets_first_stage_is_a_configuration_sample():
     """Not only the survivors: the whole first stage, at the shape it ran, its score oriented (loss: negated)."""
     m = run_measurements(_journal(), SLOTS)

@@ -83,6 +83,15 @@ class ProcessRecord:
         return cls(**json.loads(path.read_text()))
 
 
+@dataclass(frozen=True)
+class _HeadStart:
+    """One try of the head's start in progress: its process, its record, where its part of the log begins."""
+
+    proc: subprocess.Popen
+    record: ProcessRecord
+    offset: int
+
+
 #: Starts of a local head whose ports another process took first (see :func:`_port_clash`).
 PORT_TRIES = 3
 
@@ -328,6 +337,7 @@ class LocalProvider:
         self.python = python or sys.executable
         self.grace_s = grace_s
         self._lock = threading.Lock()  # nodes start one after another
+        self._begun: _HeadStart | None = None  # the head's start begun ahead (begin_head), not yet waited for
 
     # -- the rest of the executor's contract (cloud.backend.ExecutorBackend) ------------------
     device_policy = None  # the executor's default: nodes advertise an instance type's real devices
@@ -450,9 +460,20 @@ class LocalProvider:
 
     # -- head ------------------------------------------------------------------------------
     def start_head(self, run_id: str) -> HeadHandle:
-        """The executor's call: start the run's Ray head on this machine; where the driver connects."""
+        """The executor's call: the run's Ray head on this machine (started now, or taken over from
+        :meth:`begin_head`); where the driver connects and when its start began."""
         record = self.start_head_process(run_id)
-        return HeadHandle(address=record.address or "", id=record.id, pid=record.pid)
+        return HeadHandle(address=record.address or "", id=record.id, pid=record.pid, requested_at=record.requested_at)
+
+    def begin_head(self, run_id: str) -> None:
+        """Start the run's Ray head without waiting for it: ``rubberband run`` calls this before planning, so the
+        head comes up while the plan is made (issue 30: the time is not spent twice). :meth:`start_head` then
+        waits for it (starting it again on other ports if another process took one); :meth:`stop_head` stops it
+        when the run never starts. No thread: the process starts and this returns."""
+        with self._lock:
+            if self._begun is not None:
+                raise ValueError("the run's head is already starting")
+            self._begun = self._spawn_head(run_id, None, None, None)
 
     def start_head_process(
         self,
@@ -467,72 +488,96 @@ class LocalProvider:
 
         ``port``: the GCS port (default: a free one). ``dashboard_port``: also start the dashboard
         (and so Ray's job server) on 127.0.0.1 at that port; by default there is none. ``env``:
-        extra environment for the head (and so for the Ray jobs it runs)."""
+        extra environment for the head (and so for the Ray jobs it runs). A head begun by :meth:`begin_head`
+        (with the defaults) is waited for instead of started again."""
         with self._lock:
-            if self.auth_mode == "token" and self.token_path is None:
-                ensure_auth_token()
-            temp_dir = short_temp_dir(self.run_dir)
-            log = self.instances_dir / f"{HEAD_ID}.log"
-            now = time.time()
             # Free ports are picked, then bound by Ray a moment later: another process on this machine (a second
             # run, another Ray) may take one in between, and the head exits. Then it starts again on new ports.
             tries = 1 if port is not None else PORT_TRIES
+            begun, self._begun = self._begun, None
+            if begun is not None and (begun.record.run_id != run_id or port or dashboard_port or env):
+                self._stop_begun(begun)  # begun for another run or other settings: started afresh below
+                begun = None
             for attempt in range(1, tries + 1):
-                gcs_port = port or free_port()
-                offset = _log_size(log)  # the log is appended to: this try's part
-                dashboard = (
-                    ["--include-dashboard", "false"]
-                    if dashboard_port is None
-                    else [
-                        "--include-dashboard",
-                        "true",
-                        "--dashboard-host",
-                        "127.0.0.1",
-                        "--dashboard-port",
-                        str(dashboard_port),
-                    ]
-                )
-                proc = self._ray_start(
-                    [
-                        "--head",
-                        "--port",
-                        str(gcs_port),
-                        "--num-cpus",
-                        "0",
-                        "--temp-dir",
-                        str(temp_dir),
-                        *dashboard,
-                        "--ray-client-server-port",
-                        str(free_port()),
-                    ],
-                    log,
-                    {**HEAD_ENV, **NODE_ENV, **self._auth_env(), **(env or {})},
-                )
-                record = ProcessRecord(
-                    id=HEAD_ID,
-                    run_id=run_id,
-                    role="head",
-                    instance_type="head",
-                    workers=0,
-                    pid=proc.pid,
-                    pgid=proc.pid,
-                    temp_dir=str(temp_dir),
-                    log=str(log),
-                    address=f"127.0.0.1:{gcs_port}",
-                    requested_at=now,
-                    tags={TAG_RUN_ID: run_id},
-                )
-                record.write(self.instances_dir)
+                start = begun or self._spawn_head(run_id, port, dashboard_port, env)
+                begun = None
                 try:
-                    self._wait_started(record, proc, timeout_s, offset)
+                    self._wait_started(start.record, start.proc, timeout_s, start.offset)
                 except CloudError:
-                    if attempt == tries or not _port_clash(_log_since(log, offset)):
+                    if attempt == tries or not _port_clash(_log_since(Path(start.record.log), start.offset)):
                         raise
                     continue
-                record.ready_at = time.time()
-                record.write(self.instances_dir)
-                return record
+                start.record.ready_at = time.time()
+                start.record.write(self.instances_dir)
+                return start.record
             raise AssertionError("unreachable")  # pragma: no cover - the last try returns or raises
+
+    def _spawn_head(
+        self, run_id: str, port: int | None, dashboard_port: int | None, env: dict[str, str] | None
+    ) -> "_HeadStart":
+        """One try of the head's start: the ``ray start --head`` process launched and recorded, not waited for."""
+        if self.auth_mode == "token" and self.token_path is None:
+            ensure_auth_token()
+        temp_dir = short_temp_dir(self.run_dir)
+        log = self.instances_dir / f"{HEAD_ID}.log"
+        now = time.time()
+        gcs_port = port or free_port()
+        offset = _log_size(log)  # the log is appended to: this try's part
+        dashboard = (
+            ["--include-dashboard", "false"]
+            if dashboard_port is None
+            else [
+                "--include-dashboard",
+                "true",
+                "--dashboard-host",
+                "127.0.0.1",
+                "--dashboard-port",
+                str(dashboard_port),
+            ]
+        )
+        proc = self._ray_start(
+            [
+                "--head",
+                "--port",
+                str(gcs_port),
+                "--num-cpus",
+                "0",
+                "--temp-dir",
+                str(temp_dir),
+                *dashboard,
+                "--ray-client-server-port",
+                str(free_port()),
+            ],
+            log,
+            {**HEAD_ENV, **NODE_ENV, **self._auth_env(), **(env or {})},
+        )
+        try:
+            record = ProcessRecord(
+                id=HEAD_ID,
+                run_id=run_id,
+                role="head",
+                instance_type="head",
+                workers=0,
+                pid=proc.pid,
+                pgid=proc.pid,
+                temp_dir=str(temp_dir),
+                log=str(log),
+                address=f"127.0.0.1:{gcs_port}",
+                requested_at=now,
+                tags={TAG_RUN_ID: run_id},
+            )
+            record.write(self.instances_dir)
+        except BaseException:  # interrupted before the record that stop_head and `down` find it by: stopped here
+            kill_group(proc.pid, 0.5)
+            proc.wait()
+            raise
+        return _HeadStart(proc, record, offset)
+
+    def _stop_begun(self, begun: "_HeadStart") -> None:
+        kill_group(begun.record.pgid, self.grace_s)
+        begun.proc.wait()
+        begun.record.terminated_at = time.time()
+        begun.record.write(self.instances_dir)
 
     def stop_head(self) -> bool:
         """Stop the run's Ray head, if it is ours and alive; True when it was.
@@ -546,6 +591,9 @@ class LocalProvider:
         alive = _is_ours(head)
         if alive:
             kill_group(head.pgid, self.grace_s)
+        begun, self._begun = self._begun, None
+        if begun is not None:  # begun ahead and never waited for: the process this provider launched, reaped
+            begun.proc.wait()
         head.terminated_at = head.terminated_at or time.time()
         head.write(self.instances_dir)
         with self._lock:

@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import typer
 
@@ -28,6 +28,7 @@ from rubberband.spec import JobSpec, load_spec
 
 if TYPE_CHECKING:
     from rubberband.cloud.head_session import HeadOptions, RunJob
+    from rubberband.commands._early_head import EarlyHead
 
 ORDER = 10
 
@@ -91,16 +92,21 @@ class PlanSource:
     fork_workers: bool = False  # planning may fork a worker (the CLI's own process: Injected.fork_workers)
 
 
-def _load_or_make_plan(spec: JobSpec, source: PlanSource) -> tuple[Plan, bool]:
-    """The plan from ``--plan``, or a fresh one (shown to the user); ``True`` when it was just made."""
+def _load_or_make_plan(
+    spec: JobSpec, source: PlanSource, begin: Callable[[], None] = lambda: None
+) -> tuple[Plan, bool]:
+    """The plan from ``--plan``, or a fresh one (shown to the user); ``True`` when it was just made. ``begin``: called
+    once a plan is to be made and its inputs (spec, profile, catalog) have loaded, just before the planning."""
     from rubberband.executor.plan_checks import check_plan_matches
 
     if source.plan_path is not None:
         plan = load_plan(source.plan_path)
         check_plan_matches(spec, plan, source=str(source.plan_path))
         return plan, False
+    inputs = load_job_inputs(source.spec_path, cloud=source.cloud)
+    begin()
     plan = plan_from_inputs(
-        load_job_inputs(source.spec_path, cloud=source.cloud),
+        inputs,
         deadline_s=source.deadline_s,
         cloud=source.cloud,
         options=PlanningOptions(head=source.head, head_grace_s=source.head_grace_s, fork_workers=source.fork_workers),
@@ -113,7 +119,8 @@ def _load_or_make_plan(spec: JobSpec, source: PlanSource) -> tuple[Plan, bool]:
 @dataclass(frozen=True)
 class RunStart:
     """A run about to be executed: its spec and plan, its id and run directory, its deadline (None: the plan's),
-    and whether it continues from its journal (``resumed``)."""
+    whether it continues from its journal (``resumed``), and its head when that began before the plan was made
+    (``early_head``: rubberband/commands/_early_head.py; the executor runs on its backend)."""
 
     spec: JobSpec
     plan: Plan
@@ -121,6 +128,7 @@ class RunStart:
     run_dir: Path
     deadline_s: float | None
     resumed: bool = False
+    early_head: EarlyHead | None = None
 
 
 def _resumed(resume: str, source: PlanSource) -> RunStart:
@@ -171,9 +179,13 @@ def _same_job(spec_path: Path, state, directory: Path) -> JobSpec:
     return spec
 
 
-def _fresh(source: PlanSource, *, yes: bool, run_dir: Path | None) -> RunStart | None:
+def _fresh(source: PlanSource, *, yes: bool, run_dir: Path | None, simulate: bool = False) -> RunStart | None:
     """A new run of SPEC with the plan from ``source`` (a fresh one is confirmed first unless ``--yes``; None: the
-    user declined), in ``--run-dir`` or ``runs/<run id>``."""
+    user declined), in ``--run-dir`` or ``runs/<run id>``. On a backend whose nodes are this machine's, a plan to be
+    made has the run's head begin once the plan's inputs have loaded, so it comes up while the plan is made (not
+    for ``simulate``: ``--cloud sim`` has no head; not with ``--plan``: nothing to overlap); the head is stopped
+    again, its directory removed, when the run does not start (rubberband/commands/_early_head.py)."""
+    from rubberband.commands._early_head import early_head_for
     from rubberband.executor import journal as J
     from rubberband.executor.tracking import check_tracking
     from rubberband.search import check_search
@@ -183,12 +195,6 @@ def _fresh(source: PlanSource, *, yes: bool, run_dir: Path | None) -> RunStart |
     spec = load_spec(source.spec_path)
     check_search(spec)  # an Optuna sampler without Optuna fails before planning
     check_tracking(spec)  # so do trackers without their package, or an MLflow server that does not answer
-    plan, fresh = _load_or_make_plan(spec, source)
-    if fresh and not yes:
-        if not sys.stdin.isatty():
-            raise InputError("not starting without confirmation; pass --yes to run the plan shown")
-        if not typer.confirm("Start this run?", default=True):
-            return None
     run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     # absolute: Ray's temp dirs under it must be absolute, and the journal names it for --resume
     directory = (run_dir or runs_root() / run_id).absolute()
@@ -196,7 +202,31 @@ def _fresh(source: PlanSource, *, yes: bool, run_dir: Path | None) -> RunStart |
         raise RunDirError(
             f"{directory} already holds a run; pass --resume {directory} to continue it or choose another --run-dir"
         )
-    return RunStart(spec, plan, run_id, directory, source.deadline_s)
+    confirms = not yes and sys.stdin.isatty()
+    early: EarlyHead | None = None
+
+    def begin() -> None:  # a plan is to be made, its inputs are sound, and the run will start unless declined
+        nonlocal early
+        if not simulate and (yes or confirms):
+            clouds = spec.resources.clouds
+            early = early_head_for(source.cloud or (clouds[0] if len(clouds) == 1 else None), directory)
+            if early is not None:  # held before it starts: whatever interrupts it from now on stops it
+                early.begin(run_id)
+
+    try:
+        plan, fresh = _load_or_make_plan(spec, source, begin)
+        if fresh and not yes:
+            if not confirms:
+                raise InputError("not starting without confirmation; pass --yes to run the plan shown")
+            if not typer.confirm("Start this run?", default=True):
+                if early is not None:
+                    early.cancel()
+                return None
+    except BaseException:
+        if early is not None:
+            early.cancel()
+        raise
+    return RunStart(spec, plan, run_id, directory, source.deadline_s, early_head=early)
 
 
 def _backend_cloud(plan: Plan, cloud: str | None) -> str:
@@ -460,6 +490,8 @@ def run_here(start: RunStart, catalog, backend_cloud: str, job: RunJob, *, simul
     backend = (
         None
         if simulate
+        else start.early_head.backend  # its head began while the plan was made
+        if start.early_head is not None
         else make_backend(
             backend_cloud,
             start.run_dir,
@@ -700,25 +732,33 @@ def register(app: typer.Typer) -> None:
         )
         if dry_run:
             return _dry_run(source, flags, resume=resume)
-        start = _resumed(resume, source) if resume is not None else _fresh(source, yes=yes, run_dir=run_dir)
+        start = (
+            _resumed(resume, source)
+            if resume is not None
+            else _fresh(source, yes=yes, run_dir=run_dir, simulate=simulate)
+        )
         if start is None:  # the user did not confirm the fresh plan
             return 1
-        backend_cloud = _backend_cloud(start.plan, cloud)
-        catalog = load_catalog([backend_cloud])
-        check_plan_types(start.plan, catalog)  # fail before anything starts if a type is unknown
-        head_mode = backend_cloud in rented_clouds() and head == "instance" and not simulate
-        overrun_s = overrun_flag(overrun, start.deadline_s or start.plan.deadline_s)
-        _check_head_mode(head_mode, flags, detach=detach, resume=resume)
-        job = RunJob(
-            deadline_s=start.deadline_s,
-            trial_runtime=seams.trial_runtime or DEFAULT_TRIAL_RUNTIME,
-            overrun_s=overrun_s,
-            on_late=on_late,
-            boots=seams.boots,
-            metadata_url=seams.metadata_url,
-            commanded_at=None if resume is not None else seams.commanded_at,
-        )
-        if head_mode:
-            options = flags.options(start.deadline_s or start.plan.deadline_s, overrun_s, grace_s)
-            return run_on_head(start, catalog, options, job, detach=detach)
-        return run_here(start, catalog, backend_cloud, job, simulate=simulate)
+        try:
+            backend_cloud = _backend_cloud(start.plan, cloud)
+            catalog = load_catalog([backend_cloud])
+            check_plan_types(start.plan, catalog)  # fail before anything starts if a type is unknown
+            head_mode = backend_cloud in rented_clouds() and head == "instance" and not simulate
+            overrun_s = overrun_flag(overrun, start.deadline_s or start.plan.deadline_s)
+            _check_head_mode(head_mode, flags, detach=detach, resume=resume)
+            job = RunJob(
+                deadline_s=start.deadline_s,
+                trial_runtime=seams.trial_runtime or DEFAULT_TRIAL_RUNTIME,
+                overrun_s=overrun_s,
+                on_late=on_late,
+                boots=seams.boots,
+                metadata_url=seams.metadata_url,
+                commanded_at=None if resume is not None else seams.commanded_at,
+            )
+            if head_mode:
+                options = flags.options(start.deadline_s or start.plan.deadline_s, overrun_s, grace_s)
+                return run_on_head(start, catalog, options, job, detach=detach)
+            return run_here(start, catalog, backend_cloud, job, simulate=simulate)
+        finally:
+            if start.early_head is not None:  # the executor stopped it (else it never started): nothing is left
+                start.early_head.cancel()

@@ -27,9 +27,18 @@ def count(value: int | None) -> str:
     return DASH if value is None else f"{value:,}"
 
 
-def before_start(value: float) -> str:
+def before_start(value: float, head_early_s: float = 0.0) -> str:
     """The sentence a run's report adds for what the user's command spent before the executor started (its JCT,
-    like the plan's prediction, counts from the start; result.json's counts from the command); empty for none."""
+    like the plan's prediction, counts from the start; result.json's counts from the command), and how much of the
+    head's start that overlapped (a local head begun while planning: the executor waited that much less for it);
+    empty for none."""
     if value <= 0:
         return ""
-    return f" The command ran {duration(value)} before the executor started (result.json's JCT counts from it)."
+    overlap = (
+        f"; the run's Ray head was starting for {duration(head_early_s)} of it, which the executor did not wait for"
+        if head_early_s > 0
+        else ""
+    )
+    return (
+        f" The command ran {duration(value)} before the executor started (result.json's JCT counts from it){overlap}."
+    )

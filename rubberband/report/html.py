@@ -223,7 +223,7 @@ def _distributions(data: ReportData, charts: ChartSet) -> str:
             f"<p>Actual: JCT {_num('actual.jct_from_start_s', a.jct_s, fmt.duration(a.jct_s))} "
             f"({escape(fmt.ratio(a.jct_vs_p50))} of p50), cost "
             f"{_num('actual.cost_usd', a.cost_usd, fmt.usd(a.cost_usd))} "
-            f"({escape(fmt.ratio(a.cost_vs_mean))} of mean).{escape(fmt.before_start(a.before_start_s))}"
+            f"({escape(fmt.ratio(a.cost_vs_mean))} of mean).{escape(fmt.before_start(a.before_start_s, a.head_early_s))}"
         )
         if a.head_usd or a.predicted_head_usd:
             body += (

@@ -132,7 +132,7 @@ def render_markdown(data: ReportData, charts: ChartSet) -> str:
         )
         out += [
             f"Actual: JCT {fmt.duration(a.jct_s)} ({fmt.ratio(a.jct_vs_p50)} of p50), cost "
-            f"{fmt.usd(a.cost_usd)} ({fmt.ratio(a.cost_vs_mean)} of mean).{fmt.before_start(a.before_start_s)}{head}",
+            f"{fmt.usd(a.cost_usd)} ({fmt.ratio(a.cost_vs_mean)} of mean).{fmt.before_start(a.before_start_s, a.head_early_s)}{head}",
             "",
         ]
         out += _tracking(a.tracking)

@@ -215,6 +215,7 @@ class ActualData:
     metric: str = ""
     mode: str = "max"
     before_start_s: float = 0.0  # what the user's command spent before the executor started (not in jct_s)
+    head_early_s: float = 0.0  # how much of that the run's head was already starting (begun while planning)
 
 
 @dataclass(frozen=True)
@@ -418,6 +419,7 @@ def _actual(plan: Plan, actual: ActualOutcome, dists: DistributionData) -> Actua
         metric=plan.job.metric,
         mode=plan.job.mode,
         before_start_s=actual.before_start_s,
+        head_early_s=actual.head_early_s,
     )
 
 

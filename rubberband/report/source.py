@@ -44,6 +44,7 @@ class ActualOutcome:
     tracking: tuple[TrackingLink, ...] = ()
     progress: tuple[ProgressPoint, ...] = ()  # the incumbent's metric over the run (report/progress.py)
     before_start_s: float = 0.0
+    head_early_s: float = 0.0  # the part of it the run's Ray head was already starting (begun while planning)
 
 
 @runtime_checkable
@@ -179,6 +180,7 @@ class RunSource:
             tracking=tracking_links(run_dir),
             progress=search_progress(events, plan.job.metric, plan.job.mode, t0),
             before_start_s=state.before_start_s,
+            head_early_s=state.head_early_s,
         )
         return cls(plan=plan, label=f"run {state.run_id}", outcome=outcome)
 
