@@ -769,12 +769,17 @@ class _Starts:
 def _fewest_meeting(
     sim: AshaSimulator, widest: AshaCluster, deadline_s: float, confidence: float
 ) -> tuple[AshaResult, bool]:
-    """On screening samples: (the fewest instances of ``widest``'s type and width meeting the deadline, True), by
-    bisection; or (``widest`` itself, False) where even it misses."""
+    """On screening samples: (the fewest instances of ``widest``'s type and width meeting the deadline, True); or
+    (``widest`` itself, False) where even it misses.
+
+    Searched up from one slot step, doubling, then by bisection between the last miss and the first meet: a miss
+    shows after a few samples (latest first) and a small cluster runs quickly, so the search pays for full
+    screening runs only near the answer, never for the widest cluster unless the answer is near it (a loose
+    deadline met by one instance takes one run, not a bisection down from hundreds)."""
     itype, workers, most = widest.instance_type, widest.workers, widest.instances
     step = _instance_step(itype, workers)
     screened: dict[int, AshaResult] = {}
-    late: list[int] = []  # samples by lateness on larger clusters, latest first: a smaller one's miss shows early
+    late: list[int] = []  # samples by lateness on the clusters that missed, latest first: a miss shows early
 
     def meets(k: int) -> bool:
         nonlocal late
@@ -787,12 +792,17 @@ def _fewest_meeting(
         late = _latest_first(res, late)
         return False
 
-    hi = max(1, most // step)
-    whole = sim.simulate(AshaCluster(itype, hi * step, workers), SEARCH_SAMPLES)
-    if not whole.meets(deadline_s, confidence):
-        return whole, False
-    screened[hi] = whole
-    lo = 1
+    widest_k = max(1, most // step)
+    lo, k = 1, 1  # every count below lo misses
+    while k < widest_k and not meets(k):
+        lo, k = k + 1, 2 * k
+    if k >= widest_k:
+        whole = sim.simulate(AshaCluster(itype, widest_k * step, workers), SEARCH_SAMPLES)
+        if not whole.meets(deadline_s, confidence):
+            return whole, False
+        screened[widest_k] = whole
+        k = widest_k
+    hi = k
     while lo < hi:
         mid = (lo + hi) // 2
         if meets(mid):
@@ -899,7 +909,7 @@ def asha_baseline(
 
     Searched over the :data:`PAIRS_SEARCHED` (type, width) pairs with the lowest price per trained
     epoch (more when none of those meets the deadline, up to three times as many), each at its
-    fewest instances meeting the deadline (bisection on :data:`SEARCH_SAMPLES` samples). The pairs are confirmed
+    fewest instances meeting the deadline (doubling, then bisection, on :data:`SEARCH_SAMPLES` samples). The pairs are confirmed
     with every sample cheapest screening first, until the cheapest confirmed costs no more than the next one's
     screening: the confirmation is most of the search's time, and a pair screened dearer rarely wins."""
     meeting, quickest = _fixed_search(sim, types, max_workers, deadline_s, confidence)

@@ -228,14 +228,13 @@ def fit_speed_quality(
     correlations are pooled (Fisher's z, weighted by k − 3)."""
     labels = list(groups) if groups is not None else [""] * len(log_speeds)
     pairs = [(s, q, g) for s, q, g in zip(log_speeds, qualities, labels) if q is not None and math.isfinite(q)]
-    k = len(pairs)
-    fit = _pooled_spearman(pairs) if k >= 2 else None
+    fit, k = _pooled_spearman(pairs) if len(pairs) >= 2 else (None, len(pairs))
     if fit is not None and k >= RHO_MIN_CONFIGS:
         planned, bound = fit, False
         source = f"fitted: rank correlation {fit:+.2f} of slowness and score over {k} configurations"
     else:
         planned, bound = _rho_upper(fit, k, level), True
-        if k == 0:
+        if not pairs:
             source = (
                 "bound: the profile holds no scores of its configurations, so how speed goes with quality is "
                 f"unknown; planned at {planned:+.2f} (the slowest configurations promoted); re-run `rubberband "
@@ -254,23 +253,26 @@ def fit_speed_quality(
     return SpeedQuality(rho=float(min(1.0, max(-1.0, rho))), fit=fit, source=source, bound=bound)
 
 
-def _pooled_spearman(pairs: Sequence[tuple[float, float, str]]) -> float | None:
-    """Spearman's correlation of (speed, quality) pairs ranked within their group, pooled over groups."""
+def _pooled_spearman(pairs: Sequence[tuple[float, float, str]]) -> tuple[float | None, int]:
+    """Spearman's correlation of (speed, quality) pairs ranked within their group, pooled over groups; and how many
+    configurations it rests on (those of the groups ranked: a group of 3 or fewer, or one whose speeds or scores
+    are all alike, says nothing and does not count toward :data:`RHO_MIN_CONFIGS`)."""
     by_group: dict[str, list[tuple[float, float]]] = {}
     for s, q, g in pairs:
         by_group.setdefault(g, []).append((s, q))
     if len(by_group) == 1:
         (only,) = by_group.values()
-        return _spearman([s for s, _ in only], [q for _, q in only])
-    zs, weights = [], []
+        return _spearman([s for s, _ in only], [q for _, q in only]), len(only)
+    zs, weights, counted = [], [], 0
     for members in by_group.values():
         fit = _spearman([s for s, _ in members], [q for _, q in members]) if len(members) > 3 else None
         if fit is not None:
             zs.append(math.atanh(max(-0.999, min(0.999, fit))))
             weights.append(len(members) - 3)
+            counted += len(members)
     if not zs:
-        return None
-    return math.tanh(float(np.average(zs, weights=weights)))
+        return None, 0
+    return math.tanh(float(np.average(zs, weights=weights))), counted
 
 
 def _spearman(x: Sequence[float], y: Sequence[float]) -> float | None:

@@ -192,6 +192,21 @@ def test_the_population_means_uncertainty_widens_a_runs_prediction_not_its_centr
     assert np.log(b).std() == pytest.approx(math.hypot(np.log(a).std(), 0.2), rel=0.05)
 
 
+def test_the_asha_baseline_draws_the_populations_mean_speed_once_per_sample():
+    """As the elastic plans' simulator does: one shift of every trial's speed per sample, so a run's trials move
+    together and the baseline's JCT spreads by the mean's uncertainty, its centre unmoved."""
+    from rubberband.planner.asha import AshaCluster, AshaSchedule, AshaSettings, AshaSimulator
+
+    schedule = AshaSchedule(trials=9, eta=3, min_epochs=1, max_epochs=9)
+    known = Variation(config_sigma=0.6)
+    unsure = dataclasses.replace(known, config_mean_se=0.2)
+    cluster = AshaCluster(itype(), 3, 1)
+    a = AshaSimulator(model_with(known), schedule, AshaSettings(samples=3000, seed=4)).simulate(cluster).jct
+    b = AshaSimulator(model_with(unsure), schedule, AshaSettings(samples=3000, seed=4)).simulate(cluster).jct
+    assert np.median(b) == pytest.approx(np.median(a), rel=0.05)
+    assert np.log(b).std() == pytest.approx(math.hypot(np.log(a).std(), 0.2), rel=0.1)
+
+
 def test_scores_are_ranked_within_their_own_group():
     """A run's first-stage scores and the profiler's later ones are on different scales: ranked within each."""
     slow = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
@@ -201,6 +216,20 @@ def test_scores_are_ranked_within_their_own_group():
     assert fit_speed_quality(slow, shifted, groups=groups).fit == pytest.approx(1.0, abs=2e-3)  # z clipped at 0.999
     assert fit_speed_quality(slow, shifted).fit < 0.0  # pooled across scales, the order is lost
     assert fit_speed_quality(slow, score, groups=["one"] * 10).fit == pytest.approx(1.0)
+
+
+def test_configurations_in_groups_too_small_to_rank_do_not_count_toward_a_fit():
+    """Five configurations ranked in one group and three runs of one scored trial each: five support the
+    correlation, not eight, so it is planned at its upper bound (RHO_MIN_CONFIGS is 8)."""
+    from rubberband.planner.noise import RHO_MIN_CONFIGS
+
+    slow = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    score = [1.0, 2.0, 3.0, 4.0, 5.0, 9.0, 1.0, 3.0]
+    groups = ["profiler"] * 5 + ["run-1", "run-2", "run-3"]
+    assert RHO_MIN_CONFIGS == 8
+    small = fit_speed_quality(slow, score, groups=groups)
+    assert small.bound and "5 scored configurations" in small.source
+    assert not fit_speed_quality(slow, score, groups=["one"] * 8).bound  # the same eight in one group: fitted
 
 
 def test_a_trial_keeps_its_speed_through_the_stages():
