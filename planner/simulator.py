@@ -1342,6 +1342,8 @@ def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.
     every start); where the guess is far off it falls back to the partition.
     """
     S, slots = ready.shape
+    if slots == 1 and S * trials <= DENSE_STARTS_LIMIT:  # every task on the one slot, one after another
+        return np.full((S, 1), trials, dtype=np.int64), _starts(ready, dur, trials, trials)[:, -1, :] + dur
     if slots == trials:
         # one task per slot unless some slot finishes its first task before another slot is ready
         if np.all((ready + dur).min(axis=1) > ready.max(axis=1)):
@@ -1420,8 +1422,9 @@ def _starts(ready: np.ndarray, dur: np.ndarray, trials: int, K: int | None = Non
     K = _start_rows(ready, dur, trials) if K is None else K
     starts = np.empty((S, K, slots))
     starts[:, 0, :] = ready
-    for k in range(1, K):
-        np.add(starts[:, k - 1, :], dur, out=starts[:, k, :])
+    starts[:, 1:, :] = dur[:, None, :]
+    # an accumulation adds one term after another: the same values as adding ``dur`` K − 1 times, in one call
+    np.add.accumulate(starts, axis=1, out=starts)
     return starts
 
 
