@@ -570,26 +570,29 @@ class AshaSimulator:
         last_phase = last_rung = len(self.milestones) - 1
         toward = [0] * len(self.milestones)  # trials training (or starting) toward each rung
         counted = [0] * len(self.milestones)  # trials reaching each rung
-        began = [0.0] * self.trials  # when each trial's current segment began
+        trials = self.trials
+        began = [0.0] * trials  # when each trial's current segment began
         phase = 0
+        lowest = 0  # once every trial has started: the lowest rung a trial trains toward (it never falls)
+        on_result, heappush, heappop = bracket.on_result, heapq.heappush, heapq.heappop  # per report: local names
 
         def segment(trial: int, rung: int) -> float:
             return rung_epochs[rung] * epoch_of[trial] + eval_s
 
         while True:
-            t_free = free[0][0] if next_trial < self.trials and free else inf
+            t_free = free[0][0] if next_trial < trials and free else inf
             t_start = starts.next_time() if starts is not None else inf
             t_report = events[0][0] if events else inf
             if t_free == inf and t_start == inf and t_report == inf:
                 break
             if t_free <= t_start and t_free <= t_report:  # a free slot starts the next trial
-                t, j = heapq.heappop(free)
+                t, j = heappop(free)
                 toward[0] += 1
                 began[next_trial] = t
                 if starts is None:
                     d = task_start_s * start_factor[next_trial] + segment(next_trial, 0)
                     busy += d
-                    heapq.heappush(events, (t + d, next_trial, 0, j))
+                    heappush(events, (t + d, next_trial, 0, j))
                 else:
                     work = starts.work * start_factor[next_trial]
                     start = _Start(work, t, next_trial, j, instance=_start_domain(False, lay, j))
@@ -600,26 +603,28 @@ class AshaSimulator:
                 for t, began_at, trial, j in starts.pop_done():
                     d = segment(trial, 0)
                     busy += t - began_at + d
-                    heapq.heappush(events, (t + d, trial, 0, j))
+                    heappush(events, (t + d, trial, 0, j))
                 continue
-            t, trial, rung, j = heapq.heappop(events)
+            t, trial, rung, j = heappop(events)
             counted[rung] += 1
             toward[rung] -= 1
             if tasks is not None:
                 tasks.append((trial, rung, j, began[trial], t))
-            if not bracket.on_result(rung, quality[trial]) or rung == last_rung:
+            if rung == last_rung or not on_result(rung, quality[trial]):  # the last rung decides nothing
                 end = max(end, t)
-                heapq.heappush(free, (t, j))
+                heappush(free, (t, j))
                 freed[j] = t
             else:
                 d = segment(trial, rung + 1)
                 busy += d
                 toward[rung + 1] += 1
                 began[trial] = t
-                heapq.heappush(events, (t + d, trial, rung + 1, j))
-            if next_trial == self.trials and phase < last_phase:
-                lowest = next((r for r, c in enumerate(toward) if c), None)
-                now = self._ladder.phase(unstarted=0, lowest_rung=lowest)
+                heappush(events, (t + d, trial, rung + 1, j))
+            if next_trial == trials and phase < last_phase:
+                # no trial is left to start, so the lowest rung trained toward only rises (promotions go up)
+                while lowest <= last_rung and not toward[lowest]:
+                    lowest += 1
+                now = self._ladder.phase(unstarted=0, lowest_rung=lowest if lowest <= last_rung else None)
                 while phase < now:
                     phase += 1
                     bounds[phase] = t
