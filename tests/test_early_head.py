@@ -139,6 +139,26 @@ def test_a_head_begun_ahead_is_taken_over_by_the_executor_and_stopped(tmp_path):
 
 
 @pytest.mark.e2e
+def test_a_head_begun_for_another_run_is_stopped_and_the_asked_one_started(tmp_path):
+    """A head begun ahead is taken over only by the run it was begun for, with the default settings; any other
+    start stops it first (no second head of the directory is left running)."""
+    import os
+
+    provider = LocalProvider(tmp_path / "run")
+    provider.begin_head("first-run")
+    begun = provider.head()
+    assert begun is not None
+    try:
+        record = provider.start_head_process("second-run")
+        assert record.pid != begun.pid and record.run_id == "second-run" and record.ready_at is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(begun.pid, 0)  # stopped and reaped
+    finally:
+        provider.stop_head()
+    assert run_pids(tmp_path / "run") == []
+
+
+@pytest.mark.e2e
 def test_a_run_that_never_starts_stops_its_early_head_and_leaves_no_directory(tmp_path):
     run_dir = tmp_path / "runs" / "never"
     early = early_head_for("local", run_dir)
