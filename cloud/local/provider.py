@@ -574,8 +574,21 @@ class LocalProvider:
         return _HeadStart(proc, record, offset)
 
     def _stop_begun(self, begun: "_HeadStart") -> None:
-        kill_group(begun.record.pgid, self.grace_s)
-        begun.proc.wait()
+        """Stop a head begun ahead: its process is this provider's own (the Popen handle, not a pid read back from a
+        record), so it is stopped by that handle, never left to a look at ``/proc`` made while Ray is still
+        starting; then whatever of its group outlived it."""
+        pgid = begun.record.pgid
+        for sig, wait_s in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                begun.proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        kill_group(pgid, 0.5)
         begun.record.terminated_at = time.time()
         begun.record.write(self.instances_dir)
 
@@ -585,21 +598,22 @@ class LocalProvider:
         The head goes last (the executor's teardown and ``down`` terminate the nodes first): once no node
         of this run directory is left either, the run's Ray logs move into the run directory
         (:func:`settle_ray_logs`)."""
+        begun, self._begun = self._begun, None
+        if begun is not None:  # begun ahead and never waited for: stopped by its own handle, and reaped
+            self._stop_begun(begun)
+            begun.record.write(self.instances_dir)
         head = self.head()
-        if head is None or head.terminated_at is not None and not _is_ours(head):
-            return False
+        if head is None or begun is None and head.terminated_at is not None and not _is_ours(head):
+            return begun is not None
         alive = _is_ours(head)
         if alive:
             kill_group(head.pgid, self.grace_s)
-        begun, self._begun = self._begun, None
-        if begun is not None:  # begun ahead and never waited for: the process this provider launched, reaped
-            begun.proc.wait()
         head.terminated_at = head.terminated_at or time.time()
         head.write(self.instances_dir)
         with self._lock:
             if not any(_is_ours(record) for record in self.records()):
                 settle_ray_logs(self.run_dir)
-        return alive
+        return alive or begun is not None
 
     # -- Provider --------------------------------------------------------------------------
     def provision(self, request: InstanceRequest, *, timeout_s: float = 120.0) -> list[Instance]:
