@@ -601,7 +601,6 @@ class LocalProvider:
         begun, self._begun = self._begun, None
         if begun is not None:  # begun ahead and never waited for: stopped by its own handle, and reaped
             self._stop_begun(begun)
-            begun.record.write(self.instances_dir)
         head = self.head()
         if head is None or begun is None and head.terminated_at is not None and not _is_ours(head):
             return begun is not None
