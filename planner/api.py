@@ -725,7 +725,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOpt
         profile_sha256=profile_sha256(profile),
         spec=spec.model_dump(mode="json"),
         head=head_info(out.head),
-        head_start_s=_head_start_s(model, out.configs),
+        head_start_s=_head_start_s(model, out.configs[0].instance_type),
         asha=asha_out,
         survivors=survivor_info(model),
         brackets=out.brackets,
@@ -746,11 +746,8 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOpt
     )
 
 
-def _head_start_s(model: PerformanceModel, configs: Sequence[StageConfig]) -> float:
-    """The plan's ``head_start_s``: the head's wait its predictions count, on the first stage's cloud."""
-    if not configs:
-        return 0.0
-    first = configs[0].instance_type
+def _head_start_s(model: PerformanceModel, first: InstanceType) -> float:
+    """The plan's ``head_start_s``: the head's wait its predictions count, for its first stage's type."""
     return round(model.head_wait_s(first.cloud, first.name), 3)
 
 
@@ -1233,7 +1230,7 @@ def plan_asha(job: AshaJob, profile: Profile, catalog: Catalog, cloud: str | Non
         profile_sha256=profile_sha256(profile),
         spec=spec.model_dump(mode="json"),
         head=head_info(head),
-        head_start_s=_head_start_s(model, [StageConfig(itype, 1, 1)]),
+        head_start_s=_head_start_s(model, itype),
         asha=_baseline_asha(fixed, deadline, True) if job.baseline else None,
         survivors=survivor_info(model),
         brackets="sequential",
