@@ -142,3 +142,42 @@ def test_branch_and_bound_equals_brute_force_and_bounds_hold():
     assert cheapest_feasible(PlanSearch(space, ev, Goal(deadline, 0.9)), plans).result.cost_mean == pytest.approx(
         best_cost
     )
+
+
+
+class _RecordingEvaluator(Evaluator):
+    """An evaluator that records, at each full simulation, whether the mid sample ranked the plan cheaper than the
+    cheapest plan meeting the goal simulated in full before it."""
+
+    def __init__(self, sim: Simulator, screen_samples: int, goal: Goal) -> None:
+        super().__init__(sim, screen_samples)
+        self.goal, self.best, self.ranked_cheaper = goal, None, []
+
+    def full(self, plan):
+        res = super().full(plan)
+        if self.best is not None:
+            self.ranked_cheaper.append(self.mid(plan).cost_mean < self.mid(self.best[0]).cost_mean)
+        if self.goal.met_by(res) and (self.best is None or res.cost_mean < self.best[1].cost_mean):
+            self.best = (plan, res)
+        return res
+
+
+def test_branch_and_bound_with_screens_confirms_only_plans_the_mid_sample_ranks_cheaper():
+    """With screening (``screen_slack``, ``cost_margin``) the pool search simulates in full only plans its 200-sample
+    mid screen ranks cheaper than the best so far, and still finds the exhaustive search's answer."""
+    from rubberband.planner.baselines import cheapest_feasible, shrink, static_plans
+
+    model, types, _, _ = setup()
+    stages = sha_stages(81, 3, 1, 27)
+    space = PlanSpace(stages, types, model, 2)
+    pool = knapsack_plans(space) + static_plans(space) + [shrink(space, p) for p in static_plans(space)]
+    settings = SimSettings(samples=1000, seed=2)
+    probe = Evaluator(Simulator(stages, model, settings), 32)
+    goal = Goal(sorted(probe.screen(p).jct_quantile(0.9) for p in pool)[len(pool) // 2], 0.9)
+    recording = _RecordingEvaluator(Simulator(stages, model, settings), 32, goal)
+    found = cheapest_feasible(PlanSearch(space, recording, goal), pool, screen_slack=4, cost_margin=0.003)
+    exhaustive = cheapest_feasible(PlanSearch(space, Evaluator(Simulator(stages, model, settings), 32), goal), pool)
+    assert found.result is not None and exhaustive.result is not None and goal.met_by(found.result)
+    assert found.result.cost_mean == pytest.approx(exhaustive.result.cost_mean, rel=1e-9)
+    assert recording.ranked_cheaper and all(recording.ranked_cheaper)
+    assert found.evaluated < exhaustive.evaluated
