@@ -51,7 +51,14 @@ from rubberband.planner.asha import (
     ray_tune_starts,
 )
 from rubberband.planner.beside import Beside, in_turn
-from rubberband.planner.baselines import BaselineResult, cheapest_feasible, exact_optimum, shrink, static_plans
+from rubberband.planner.baselines import (
+    BaselineResult,
+    cheapest_feasible,
+    exact_optimum,
+    lower_bounds,
+    shrink,
+    static_plans,
+)
 from rubberband.planner.brackets import (
     BracketSetup,
     ParallelSimulator,
@@ -432,18 +439,22 @@ class _StagesSearch:
 
     def _try_sequential(self) -> None:
         """One bracket after another can still be cheapest (loose deadlines: instances carry over between
-        brackets): the static plan and the chosen stages, run sequentially and elastically, compete."""
+        brackets): the static plan and the chosen stages, run sequentially and elastically, compete. One whose
+        rigorous bounds say it is late in every sample, or no cheaper, is not simulated."""
         if self.chosen is None:
             return
-        seq_sim = Simulator(self.space.stages, self.space.model, self.settings)
+        seq = Evaluator(Simulator(self.space.stages, self.space.model, self.settings), self.options.screen_samples)
         static_plan = self.static.plan
         for option in ([] if static_plan is None else [static_plan]) + [self.chosen[0]]:
-            res = seq_sim.simulate(option)
+            cost_lb, jct_lb = lower_bounds(self.space, seq, option)
+            if jct_lb > self.goal.deadline_s or cost_lb >= self.chosen[1].cost_mean:
+                continue
+            res = seq.full(option)
             self.candidates += 1
             if self.search.meets(res) and res.cost_mean < self.chosen[1].cost_mean - 1e-12:
-                self.sim, self.parallel, self.chosen = seq_sim, False, (option, res)
+                self.sim, self.parallel, self.chosen = seq.sim, False, (option, res)
         if not self.parallel:
-            self.search = self.search.judged_by(Evaluator(seq_sim, self.options.screen_samples))
+            self.search = self.search.judged_by(seq)
             self.notes.append("running the brackets one after another is cheapest here")
 
     def _prefer_static(self) -> None:
