@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Sequence
 
 import networkx as nx
@@ -52,6 +53,7 @@ from rubberband.planner.provisioning import ProvisionQueue, fifo_starts
 from rubberband.planner.schedule import Stage
 from rubberband.planner.simulator import (
     CATEGORIES,
+    WORKER_CATEGORIES,
     HeadSpec,
     ReadsSettings,
     RunningState,
@@ -127,6 +129,12 @@ class _BracketRun:
     queue: ProvisionQueue | None = None  # the provisioning queue it was simulated with (serial clouds)
     # per stage: (submitted, busy) of its new instances on a serial-provisioning cloud, else None
     provision: list | None = None
+
+    @cached_property
+    def worker_costs(self) -> np.ndarray:
+        """The result's worker cost categories (:data:`WORKER_CATEGORIES`, rows) per sample, stacked once: a plan's
+        brackets are combined by adding these (a run is combined into many plans while the search screens)."""
+        return np.stack([self.result.breakdown[k] for k in WORKER_CATEGORIES])
 
 
 @dataclass(frozen=True)
@@ -369,7 +377,7 @@ class ParallelSimulator(ReadsSettings):
         jct = np.max([o + r.result.jct for o, r in zip(self.offsets, runs)], axis=0)
         stage_durations = [d for r in runs for d in r.result.stage_durations]
         stage_costs = [c for r in runs for c in r.result.stage_costs]  # replaced, never modified in place
-        breakdown = {k: sum_samples(r.result.breakdown[k] for r in runs) for k in CATEGORIES if k != "head"}
+        breakdown = dict(zip(WORKER_CATEGORIES, sum_samples(r.worker_costs for r in runs)))
         by_type: dict[str, np.ndarray] = {}
         for r in runs:
             for k, v in r.result.by_type.items():
