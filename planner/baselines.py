@@ -26,7 +26,15 @@ from rubberband.catalog import SERIAL_PROVISIONING
 from rubberband.planner.bounds import stage_min_time
 from rubberband.planner.brackets import ParallelSimulator
 from rubberband.planner.search import Evaluator, Plan, PlanSearch, PlanSpace, count_for_waves, widths_for
-from rubberband.planner.simulator import RunningState, SimResult, Simulator, StageConfig, efficient_counts, layout
+from rubberband.planner.simulator import (
+    RunningState,
+    SimResult,
+    Simulator,
+    StageConfig,
+    efficient_counts,
+    layout,
+    plan_key,
+)
 
 
 class BoundedSimulator(Protocol):
@@ -149,7 +157,7 @@ def cheapest_feasible(
     seen = set()
     bounded = []
     for order, plan in enumerate(plans):
-        key = tuple(c.key for c in plan)
+        key = plan_key(plan)
         if key in seen:
             continue
         seen.add(key)
@@ -291,7 +299,7 @@ def parallel_lower_bounds(space, sim: ParallelSimulator, plan: Sequence[StageCon
             subspaces[key] = PlanSpace(space.stages[lo:hi], space.types, space.model, space.max_workers)
         sub_space = subspaces[key]
         sub_plan = tuple(plan[lo:hi])
-        bkey = (key, tuple(c.key for c in sub_plan))
+        bkey = (key, plan_key(sub_plan))
         if bkey not in bounds:
             c_b, j_b = lower_bounds(sub_space, _View(sim.subs[b]), sub_plan)
             if b > 0:

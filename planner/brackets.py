@@ -62,6 +62,7 @@ from rubberband.planner.simulator import (
     Simulator,
     StageConfig,
     normalise,
+    plan_key,
     prepare_plan,
     sum_samples,
 )
@@ -277,7 +278,7 @@ class ParallelSimulator(ReadsSettings):
         theirs (:func:`~rubberband.planner.provisioning.fifo_starts`; brackets starting together in
         :meth:`start_order`). A wait delays the bracket's later requests, so the queue is played to a fixed
         point: round ``j`` gets the first ``j`` batches in queue order right, so at most one round per batch."""
-        keys = tuple(c.key for c in configs)  # sliced per bracket for the run cache (built once per plan)
+        keys = plan_key(configs)  # sliced per bracket for the run cache (built once per plan)
         runs = [self._bracket(b, configs, n, keys=keys) for b in range(len(self.ranges))]
         if not any(c.instance_type.cloud in SERIAL_PROVISIONING for c in configs):
             return runs
@@ -316,7 +317,7 @@ class ParallelSimulator(ReadsSettings):
     ) -> _BracketRun:
         lo, hi = self.ranges[b]
         sub_configs = configs[lo:hi]
-        key: tuple = (b, n, tuple(c.key for c in sub_configs) if keys is None else keys[lo:hi])
+        key: tuple = (b, n, plan_key(sub_configs) if keys is None else keys[lo:hi])
         if queue is not None:
             key += (queue.digest(hi - lo),)
         hit = self._runs.get(key)
@@ -667,7 +668,7 @@ def parallel_knapsack_plans(space, *, targets: int = 40) -> list[tuple[StageConf
                 fitting = [x for x in lad if x[0] <= target * (1 + 1e-9)]
                 pick = min(fitting, key=lambda x: (x[1], x[0])) if fitting else min(lad, key=lambda x: x[0])
                 plan.extend(pick[2])
-            key = tuple(c.key for c in plan)
+            key = plan_key(plan)
             if key not in seen:
                 seen.add(key)
                 out.append(tuple(plan))

@@ -40,6 +40,7 @@ from rubberband.planner.simulator import (
     StageConfig,
     efficient_counts,
     layout,
+    plan_key,
 )
 from rubberband.planner.spot import SpotSetup
 
@@ -247,10 +248,6 @@ class PlanSpace:
             if pos == -1:  # a plan from elsewhere: offer the frontier points near it
                 out.extend(plan[:i] + (c,) + plan[i + 1 :] for c in front[:reach])
         return out
-
-
-def plan_key(plan: Plan) -> tuple:
-    return tuple(c.key for c in plan)
 
 
 #: Samples of :meth:`Evaluator.mid`.

@@ -41,6 +41,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
+from operator import attrgetter
 from typing import Hashable, Iterable, Mapping, Sequence
 
 import networkx as nx
@@ -120,6 +121,15 @@ class StageConfig:
     def placement(self) -> tuple:
         """Where a trial runs: a change of type, width or market at a promotion moves it (checkpoint restore)."""
         return (self.instance_type.key, self.workers, self.market)
+
+
+def plan_key(configs: Sequence[StageConfig]) -> tuple:
+    """A plan's identity (its stages' :attr:`StageConfig.key`), the key of every cache of the simulators and the
+    search: computed for every candidate, so in one C-level pass."""
+    return tuple(map(_config_key, configs))
+
+
+_config_key = attrgetter("key")
 
 
 @dataclass(frozen=True)
@@ -774,7 +784,7 @@ class Simulator(ReadsSettings):
         """The first ``upto`` (≥ 1) stages of ``configs`` played (samples ``n``), from the prefix cache."""
         if upto < 1:
             raise ValueError("a plan prefix has at least one stage")
-        key: tuple = (n, tuple(c.key for c in configs[:upto]), tails[:upto])
+        key: tuple = (n, plan_key(configs[:upto]), tails[:upto])
         if queue is not None and queue.waits_before(upto):
             key += (queue.digest(upto),)
         hit = self._cache.get(key)

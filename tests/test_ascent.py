@@ -25,10 +25,9 @@ from rubberband.planner.search import (
     PlanSearch,
     PlanSpace,
     ascend,
-    plan_key,
     rising_moves,
 )
-from rubberband.planner.simulator import SimSettings, Simulator
+from rubberband.planner.simulator import SimSettings, Simulator, plan_key
 from rubberband.profile import load_profile
 from conftest import EXAMPLES
 from test_descent_climbs import Node, StubSim

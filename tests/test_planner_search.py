@@ -144,7 +144,6 @@ def test_branch_and_bound_equals_brute_force_and_bounds_hold():
     )
 
 
-
 class _RecordingEvaluator(Evaluator):
     """An evaluator that records, at each full simulation, whether the mid sample ranked the plan cheaper than the
     cheapest plan meeting the goal simulated in full before it."""
