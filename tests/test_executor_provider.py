@@ -181,3 +181,41 @@ def test_a_ray_link_the_user_made_keeps_its_dir_and_what_is_theirs_in_it(tmp_pat
     settle_ray_logs(run_dir)
     assert (run_dir / RAY_LOGS_DIR / "session_1" / "raylet.out").exists()
     assert (run_dir / "ray").is_symlink() and sorted(p.name for p in theirs.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("with_leader", [True, False])
+def test_kill_group_ends_a_group_that_ignores_sigterm(with_leader):
+    """kill_group stops a whole process group whose members ignore SIGTERM (SIGKILL after the grace), and with the
+    leader's handle the leader is reaped through it (no zombie left to a later look at /proc)."""
+    from rubberband.cloud.local.provider import kill_group
+
+    proc = subprocess.Popen(
+        ["bash", "-c", "trap '' TERM; sleep 60 & sleep 60 & wait"],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.3)  # the two members have started
+    started = time.monotonic()
+    kill_group(proc.pid, 0.3, leader=proc if with_leader else None)
+    assert time.monotonic() - started < 8.0
+    if with_leader:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        proc.wait(timeout=5)
+    assert _live_in_group(proc.pid) == []
+
+
+def _live_in_group(pgid: int) -> list[int]:
+    """Pids of process group ``pgid`` that are not zombies (members orphaned by the leader wait for init's reap)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        state, _, group = text[text.rindex(")") + 2 :].split()[:3]
+        if state != "Z" and int(group) == pgid:
+            live.append(int(stat.parent.name))
+    return live

@@ -189,24 +189,28 @@ def _is_ours(record: ProcessRecord) -> bool:
     return "ray" in cmdline and "start" in cmdline
 
 
-def kill_group(pgid: int, grace_s: float = 3.0) -> None:
-    """SIGTERM a process group, then SIGKILL whatever is left after ``grace_s``."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _group_alive(pgid):
+def kill_group(pgid: int, grace_s: float = 3.0, leader: subprocess.Popen | None = None) -> None:
+    """SIGTERM a process group, then SIGKILL whatever is left after ``grace_s`` (and wait, bounded, for it to go).
+
+    ``leader``: the group leader's handle, where this process started it: its exit is waited for through the
+    handle, which reaps it, before the rest of the group is looked for."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
             return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 5.0
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        deadline = time.monotonic() + wait_s
+        if leader is not None:
+            try:
+                leader.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        while _group_alive(pgid):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        else:
+            return
 
 
 def ensure_auth_token() -> Path:
@@ -568,27 +572,15 @@ class LocalProvider:
             )
             record.write(self.instances_dir)
         except BaseException:  # interrupted before the record that stop_head and `down` find it by: stopped here
-            kill_group(proc.pid, 0.5)
-            proc.wait()
+            kill_group(proc.pid, 0.5, leader=proc)
             raise
         return _HeadStart(proc, record, offset)
 
     def _stop_begun(self, begun: "_HeadStart") -> None:
-        """Stop a head begun ahead: its process is this provider's own (the Popen handle, not a pid read back from a
-        record), so it is stopped by that handle, never left to a look at ``/proc`` made while Ray is still
+        """Stop a head begun ahead: its process is this provider's own, so it is stopped and waited for by its Popen
+        handle (not a pid read back from a record), never left to a look at ``/proc`` made while Ray is still
         starting; then whatever of its group outlived it."""
-        pgid = begun.record.pgid
-        for sig, wait_s in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                begun.proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        kill_group(pgid, 0.5)
+        kill_group(begun.record.pgid, self.grace_s, leader=begun.proc)
         begun.record.terminated_at = time.time()
         begun.record.write(self.instances_dir)
 
