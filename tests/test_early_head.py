@@ -9,6 +9,7 @@ prediction and the plan's ``head_start_s`` run on folded journals and the planne
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -142,8 +143,6 @@ def test_a_head_begun_ahead_is_taken_over_by_the_executor_and_stopped(tmp_path):
 def test_a_head_begun_for_another_run_is_stopped_and_the_asked_one_started(tmp_path):
     """A head begun ahead is taken over only by the run it was begun for, with the default settings; any other
     start stops it first (no second head of the directory is left running)."""
-    import os
-
     provider = LocalProvider(tmp_path / "run")
     provider.begin_head("first-run")
     begun = provider.head()
@@ -169,8 +168,6 @@ def test_a_run_that_never_starts_stops_its_early_head_and_leaves_no_directory(tm
     early.cancel()
     assert not run_dir.exists()
     with pytest.raises(ProcessLookupError):
-        import os
-
         os.kill(pid, 0)  # gone, and reaped
     assert early_head_for("aws", tmp_path / "a") is None  # a head instance's cloud: nothing begins here
     (tmp_path / "taken").mkdir()
@@ -259,8 +256,6 @@ def test_sigterm_while_planning_stops_the_early_head_and_leaves_no_run_directory
     assert "Traceback" not in err
     assert not run_dir.exists()
     with pytest.raises(ProcessLookupError):
-        import os
-
         os.kill(pid, 0)
 
 

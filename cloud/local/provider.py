@@ -591,20 +591,22 @@ class LocalProvider:
         of this run directory is left either, the run's Ray logs move into the run directory
         (:func:`settle_ray_logs`)."""
         begun, self._begun = self._begun, None
-        if begun is not None:  # begun ahead and never waited for: stopped by its own handle, and reaped
+        if begun is not None:  # begun ahead and never waited for: stopped by its own handle, its record written
             self._stop_begun(begun)
-        head = self.head()
-        if head is None or begun is None and head.terminated_at is not None and not _is_ours(head):
-            return begun is not None
-        alive = _is_ours(head)
-        if alive:
-            kill_group(head.pgid, self.grace_s)
-        head.terminated_at = head.terminated_at or time.time()
-        head.write(self.instances_dir)
+            alive = True
+        else:
+            head = self.head()
+            if head is None or head.terminated_at is not None and not _is_ours(head):
+                return False
+            alive = _is_ours(head)
+            if alive:
+                kill_group(head.pgid, self.grace_s)
+            head.terminated_at = head.terminated_at or time.time()
+            head.write(self.instances_dir)
         with self._lock:
             if not any(_is_ours(record) for record in self.records()):
                 settle_ray_logs(self.run_dir)
-        return alive or begun is not None
+        return alive
 
     # -- Provider --------------------------------------------------------------------------
     def provision(self, request: InstanceRequest, *, timeout_s: float = 120.0) -> list[Instance]:
