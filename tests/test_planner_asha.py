@@ -19,7 +19,9 @@ from rubberband.planner.asha import (
     TrialStarts,
     _Start,
     _Starts,
+    allowed_late,
     asha_baseline,
+    lateness_order,
     rungs,
 )
 
@@ -138,6 +140,32 @@ def test_a_cluster_that_misses_stops_at_its_first_misses_and_one_that_meets_is_s
     # the screening samples alone: the same decision as simulate on them
     few = sim.simulate_unless_late(AshaCluster(GPU1, 27, 1), goal, samples=20)
     assert not isinstance(few, list) and (few.jct == sim.simulate(AshaCluster(GPU1, 27, 1), 20).jct).all()
+
+
+def test_lateness_order_puts_the_late_first_the_unknown_next_and_the_on_time_last():
+    # 4 and 7 were late on the cluster just run, 1 and 5 on time there; 3 came first before; 0, 2, 6 never ran
+    assert lateness_order([4, 7, 1, 5], 2, [3, 5, 1], 8) == [4, 7, 3, 0, 2, 6, 1, 5]
+    assert allowed_late(200, 0.95) == 10 and allowed_late(32, 0.95) == 1 and allowed_late(60, 0.9) == 6
+
+
+def test_borderline_misses_in_a_row_show_after_a_few_samples_in_lateness_order():
+    """Clusters one instance apart that all just miss the deadline (as the baseline's confirmation walks up from
+    the screened size): run in :func:`lateness_order`, each miss after the first two shows after a few dozen of
+    200 samples, where in index order most of them run."""
+    model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=30.0, sigma=0.2)
+    sim = AshaSimulator(model, AshaSchedule(trials=27, eta=3, min_epochs=1, max_epochs=27), AshaSettings(samples=200))
+    goal = (2064.0, 0.95)  # p95 of 13 to 18 instances: 2067-2131 s
+    late = allowed_late(200, 0.95) + 1
+    ordered, plain, order = [], [], []
+    for k in range(13, 19):
+        out = sim.simulate_unless_late(AshaCluster(GPU1, k, 1), goal, order)
+        again = sim.simulate_unless_late(AshaCluster(GPU1, k, 1), goal)
+        assert isinstance(out, list) and isinstance(again, list)  # the same decision in any order
+        ordered.append(len(out))
+        plain.append(len(again))
+        order = lateness_order(out, late, order, 200)
+    assert all(n <= 2 * late for n in ordered[2:])
+    assert sum(ordered[2:]) < sum(plain[2:]) / 5
 
 
 def test_heads_are_billed_for_the_jct():
