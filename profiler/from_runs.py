@@ -74,7 +74,15 @@ class RunMeasurements:
 def run_measurements(events: Iterable[dict[str, Any]], slots: dict[str, int]) -> RunMeasurements:
     """Read one run's journal events (``slots``: worker slots per instance type, from the catalog)."""
     events = list(events)
-    return _with_slots(_read(events), slots)
+    if not events or events[0].get("type") != "run_started":
+        raise InputError("not a run's journal: its first event is not run_started; pass a run directory")
+    return _with_slots(_measured(events, _Walk.of(events)), slots)
+
+
+def first_stage_samples(events: list[dict[str, Any]]) -> list[ConfigSample]:
+    """Every trial that finished its bracket's first stage, with that stage's epochs (less a trial's first, the
+    warm-up the profiler leaves out too, where the stage ran more than one) and score (pure)."""
+    return _first_stage_samples(events, _Walk.of(events))
 
 
 def _with_slots(m: RunMeasurements, slots: dict[str, int]) -> RunMeasurements:
@@ -83,97 +91,117 @@ def _with_slots(m: RunMeasurements, slots: dict[str, int]) -> RunMeasurements:
     return m
 
 
-def _read(events: list[dict[str, Any]]) -> RunMeasurements:
-    """The start-ups and per-trial overheads."""
-    if not events or events[0].get("type") != "run_started":
-        raise InputError("not a run's journal: its first event is not run_started; pass a run directory")
-    first = events[0]
-    t0 = float(first["t"])
-    m = RunMeasurements(run_id=str(first.get("run_id", "?")), cloud=str(first.get("cloud", "?")))
-    requested: list[tuple[float, str, str]] = []  # the first stage's burst: (requested at, id, type)
-    ready: dict[str, tuple[float, float]] = {}
-    first_trial: dict[str, float] = {}
-    started: dict[tuple[str, int], tuple[float, int]] = {}
-    epochs: dict[str, dict[int, float]] = {}
-    head = None
-    for e in events:
-        kind = e.get("type")
-        if kind == "decision" and e.get("kind") == "head_started" and head is None:
-            # from when its start began: the command may have begun it while planning, before run_started
-            begun = e.get("requested_at")
-            head = float(e["t"]) - (t0 if begun is None else float(begun))
-        elif kind == "instance_requested" and e.get("stage") == 0:  # journaled when up, not in request order
-            requested.append((float(e["t"]), e["id"], e["instance_type"]))
-        elif kind == "instance_ready":
-            ready[e["id"]] = (float(e["t"]), float(e["startup_s"]))
-        elif kind == "trial_started":
-            started[(e["trial_id"], e["stage"])] = (float(e["t"]), int(e.get("start_epoch", 0)))
-            for instance in e.get("instances", []):
-                first_trial.setdefault(instance, float(e["t"]))
-        elif kind == "epoch":
-            epochs.setdefault(e["trial_id"], {})[int(e["epoch"])] = float(e["seconds"])
-        elif kind == "trial_stopped" and e.get("reason") == "finished":
-            begun = started.get((e["trial_id"], e["stage"]))
+@dataclass(frozen=True)
+class _Finished:
+    """A trial's stage that finished: the event that started it (None: not journaled), the first epoch it trained
+    (0: from scratch, else resumed from a checkpoint), its epochs' seconds (None: one is not journaled) and when it
+    stopped."""
+
+    started: dict[str, Any] | None
+    first_epoch: int
+    epochs_s: tuple[float, ...] | None
+    stopped_at: float
+
+
+@dataclass
+class _Walk:
+    """One pass over a run's journal: what the start-ups, the overheads and the configuration samples are read
+    from. The journal's order is not time order (an instance's request is journaled once it is up, a trial's
+    last epoch may follow its stop), so a stage's start and epochs are looked up once every event is read."""
+
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: instance id -> its type, every instance requested
+    types: dict[str, str] = field(default_factory=dict)
+    #: the first stage's burst: (requested at, id, type)
+    requested: list[tuple[float, str, str]] = field(default_factory=list)
+    ready: dict[str, tuple[float, float]] = field(default_factory=dict)
+    first_trial: dict[str, float] = field(default_factory=dict)
+    head_start_s: float | None = None
+    #: each finished stage of a trial, (trial, stage, what it ran), in the order they stopped
+    finished: list[tuple[str, int, _Finished]] = field(default_factory=list)
+    first_stages: dict[int, int] = field(default_factory=dict)  # bracket -> its first stage's index
+    scores: dict[int, dict[str, float]] = field(default_factory=dict)  # stage -> trial -> metric
+
+    @classmethod
+    def of(cls, events: list[dict[str, Any]]) -> "_Walk":
+        walk = cls()
+        t0 = float(events[0].get("t", 0.0)) if events else 0.0
+        started: dict[tuple[str, int], dict[str, Any]] = {}
+        epochs: dict[str, dict[int, float]] = {}
+        stops: list[dict[str, Any]] = []
+        for e in events:
+            kind = e.get("type")
+            if kind == "trial_created":
+                walk.configs[e["trial_id"]] = dict(e.get("config") or {})
+            elif kind == "decision" and e.get("kind") == "head_started" and walk.head_start_s is None:
+                # from when its start began: the command may have begun it while planning, before run_started
+                begun = e.get("requested_at")
+                walk.head_start_s = float(e["t"]) - (t0 if begun is None else float(begun))
+            elif kind == "instance_requested":
+                walk.types[e["id"]] = e["instance_type"]
+                if e.get("stage") == 0:
+                    walk.requested.append((float(e["t"]), e["id"], e["instance_type"]))
+            elif kind == "instance_ready":
+                walk.ready[e["id"]] = (float(e["t"]), float(e["startup_s"]))
+            elif kind == "trial_started":
+                started[(e["trial_id"], e["stage"])] = e
+                for instance in e.get("instances", []):
+                    walk.first_trial.setdefault(instance, float(e["t"]))
+            elif kind == "epoch":
+                epochs.setdefault(e["trial_id"], {})[int(e["epoch"])] = float(e["seconds"])
+            elif kind == "trial_stopped" and e.get("reason") == "finished":
+                stops.append(e)
+            elif kind == "stage_finished":
+                bracket, stage = int(e.get("bracket", 0)), int(e["stage"])
+                walk.first_stages[bracket] = min(walk.first_stages.get(bracket, stage), stage)
+                walk.scores[stage] = {t: float(v) for t, v in (e.get("metrics") or {}).items() if v is not None}
+        for e in stops:
             trained = epochs.get(e["trial_id"], {})
             span = range(int(e["start_epoch"]), int(e["end_epoch"]))
-            if begun is None or any(k not in trained for k in span):
-                continue
-            overhead = max(0.0, float(e["t"]) - begun[0] - sum(trained[k] for k in span))
-            (m.resumed_overheads if begun[1] > 0 else m.fresh_overheads).append((overhead, len(span)))
-    m.head_start_s = head
-    _add_burst(m, [(i, t) for _, i, t in sorted(requested)], ready, first_trial)
-    m.configurations = first_stage_samples(events)
+            seconds = None if any(k not in trained for k in span) else tuple(trained[k] for k in span)
+            done = _Finished(started.get((e["trial_id"], e["stage"])), span.start, seconds, float(e["t"]))
+            walk.finished.append((e["trial_id"], int(e["stage"]), done))
+        return walk
+
+
+def _measured(events: list[dict[str, Any]], walk: _Walk) -> RunMeasurements:
+    """The start-ups, the per-trial overheads and the configuration samples."""
+    first = events[0]
+    m = RunMeasurements(run_id=str(first.get("run_id", "?")), cloud=str(first.get("cloud", "?")))
+    for _, _, done in walk.finished:
+        if done.started is None or done.epochs_s is None:
+            continue
+        overhead = max(0.0, done.stopped_at - float(done.started["t"]) - sum(done.epochs_s))
+        (m.resumed_overheads if done.first_epoch > 0 else m.fresh_overheads).append((overhead, len(done.epochs_s)))
+    m.head_start_s = walk.head_start_s
+    _add_burst(m, [(i, t) for _, i, t in sorted(walk.requested)], walk.ready, walk.first_trial)
+    m.configurations = _first_stage_samples(events, walk)
     return m
 
 
-def first_stage_samples(events: list[dict[str, Any]]) -> list[ConfigSample]:
-    """Every trial that finished its bracket's first stage, with that stage's epochs (less a trial's first, the
-    warm-up the profiler leaves out too, where the stage ran more than one) and score (pure)."""
+def _first_stage_samples(events: list[dict[str, Any]], walk: _Walk) -> list[ConfigSample]:
+    """:func:`first_stage_samples` from the journal's walk."""
     spec = events[0].get("spec") or {}
     minimise = (spec.get("metric") or {}).get("mode") == "min"
-    configs: dict[str, dict[str, Any]] = {}
-    types: dict[str, str] = {}
-    first: dict[int, int] = {}  # bracket -> its first stage's index
-    scores: dict[int, dict[str, float]] = {}  # stage -> trial -> metric
-    shape: dict[tuple[str, int], dict[str, Any]] = {}
-    epochs: dict[str, dict[int, float]] = {}
-    finished: set[tuple[str, int]] = set()
-    for e in events:
-        kind = e.get("type")
-        if kind == "trial_created":
-            configs[e["trial_id"]] = dict(e.get("config") or {})
-        elif kind == "instance_requested":
-            types[e["id"]] = e["instance_type"]
-        elif kind == "trial_started":
-            shape[(e["trial_id"], e["stage"])] = e
-        elif kind == "epoch":
-            epochs.setdefault(e["trial_id"], {})[int(e["epoch"])] = float(e["seconds"])
-        elif kind == "trial_stopped" and e.get("reason") == "finished":
-            finished.add((e["trial_id"], e["stage"]))
-        elif kind == "stage_finished":
-            bracket, stage = int(e.get("bracket", 0)), int(e["stage"])
-            first[bracket] = min(first.get(bracket, stage), stage)
-            scores[stage] = {t: float(v) for t, v in (e.get("metrics") or {}).items() if v is not None}
+    finished = {(trial, stage): done for trial, stage, done in walk.finished}
     out = []
-    for stage in sorted(first.values()):
-        for trial_id, metric in sorted(scores.get(stage, {}).items()):
-            begun = shape.get((trial_id, stage))
-            if begun is None or (trial_id, stage) not in finished or trial_id not in configs:
+    for stage in sorted(walk.first_stages.values()):
+        for trial_id, metric in sorted(walk.scores.get(stage, {}).items()):
+            done = finished.get((trial_id, stage))
+            if done is None or done.started is None or done.epochs_s is None or trial_id not in walk.configs:
                 continue
-            span = range(int(begun.get("start_epoch", 0)), int(begun.get("end_epoch", 0)))
-            trained = epochs.get(trial_id, {})
-            instances = list(begun.get("instances") or [])
-            if not span or any(k not in trained for k in span) or not instances or instances[0] not in types:
+            instances = list(done.started.get("instances") or [])
+            if not done.epochs_s or not instances or instances[0] not in walk.types:
                 continue
-            if len(span) > 1 and span[0] == 0:
-                span = span[1:]  # as the profiler times configurations: a trial's first epoch warms up
+            # as the profiler times configurations: a trial's first epoch warms up
+            warm_up = len(done.epochs_s) > 1 and done.first_epoch == 0
             out.append(
                 ConfigSample(
-                    config=configs[trial_id],
-                    instance_type=types[instances[0]],
-                    workers=int(begun.get("workers", 1)),
+                    config=walk.configs[trial_id],
+                    instance_type=walk.types[instances[0]],
+                    workers=int(done.started.get("workers", 1)),
                     nodes=max(1, len(set(instances))),
-                    epoch_times_s=tuple(trained[k] for k in span),
+                    epoch_times_s=done.epochs_s[1:] if warm_up else done.epochs_s,
                     quality=-metric if minimise else metric,
                 )
             )
