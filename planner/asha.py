@@ -59,6 +59,7 @@ from rubberband.planner.policies import AshaPhasePolicy
 from rubberband.planner.schedule import rungs
 from rubberband.planner.search import widths_for
 from rubberband.planner.simulator import Layout, layout, useful_instances
+from rubberband.planner.start_lanes import StartLanes, TrialStart
 
 __all__ = [
     "ASHA_SAMPLES",
@@ -75,6 +76,7 @@ __all__ = [
     "allowed_late",
     "elastic_asha",
     "lateness_order",
+    "phase_releases",
     "rungs",
     "shrink_phases",
 ]
@@ -198,7 +200,7 @@ class _SampleOut:
     tasks: list[tuple[int, int, int, float, float]] | None
 
 
-def _releases(idle_from: np.ndarray, bounds: np.ndarray, instances: Sequence[int]) -> np.ndarray:
+def phase_releases(idle_from: np.ndarray, bounds: np.ndarray, instances: Sequence[int]) -> np.ndarray:
     """When each instance is released under :class:`AshaPhasePolicy` (inf: kept to the job's end).
 
     The instances go idle for good in the order of ``idle_from`` (ties: by index), and the rule releases
@@ -471,7 +473,7 @@ class AshaSimulator:
         rule = billing_rule(itype.cloud)
         gone = self.model.termination(itype.cloud, itype.name).quantile(0.5)
         jct = trace.jct
-        release = _releases(trace.idle_from, trace.bounds, cluster.instances)
+        release = phase_releases(trace.idle_from, trace.bounds, cluster.instances)
         end = np.minimum(release, jct[:, None])
         billed = rule.billed_seconds(end - trace.request + gone)
         total = billed.sum(axis=1) * price
@@ -496,7 +498,7 @@ class AshaSimulator:
         each instance's first and last phase (``first_stage``, ``last_stage``: positions in the rung ladder), each
         trial's segment toward a rung as a task of that rung's stage."""
         trace = self.trace(cluster.peak, sample=sample)
-        release = _releases(trace.idle_from, trace.bounds, cluster.instances)[0]
+        release = phase_releases(trace.idle_from, trace.bounds, cluster.instances)[0]
         jct = float(trace.jct[0])
         itype = cluster.instance_type
         rule = billing_rule(itype.cloud)
@@ -551,7 +553,7 @@ class AshaSimulator:
         # independent starts (the default) take task_start_s each: folded into the first segment
         shared_host = spec is not None and spec.shared_host
         starts = (
-            _Starts(spec.concurrency, model.task_start_s if spec.start_s is None else spec.start_s)
+            StartLanes(spec.concurrency, model.task_start_s if spec.start_s is None else spec.start_s)
             if spec is not None
             else None
         )
@@ -597,7 +599,7 @@ class AshaSimulator:
                     heappush(events, (t + d, next_trial, 0, j))
                 else:
                     work = starts.work * start_factor[next_trial]
-                    start = _Start(work, t, next_trial, j, instance=_start_domain(False, lay, j))
+                    start = TrialStart(work, t, next_trial, j, instance=_start_domain(False, lay, j))
                     starts.add(_start_domain(shared_host, lay, j), start)
                 next_trial += 1
                 continue
@@ -682,95 +684,6 @@ class _Cluster:
     layout: Layout
     epoch_s: float
     starts: TrialStarts | None
-
-
-@dataclass(slots=True, eq=False)
-class _Start:
-    """One trial start in progress: the work it has left (seconds alone), when it began, whose it is and where."""
-
-    remaining: float
-    began: float
-    trial: int
-    slot: int
-    instance: int
-
-    @property
-    def done(self) -> bool:
-        return self.remaining <= 1e-9
-
-
-class _Starts:
-    """Trial starts in progress when they contend: each needs ``work`` seconds alone
-    (``task_start_s``); the starts in progress on one instance (``domain``; every instance on a shared host) share
-    ``concurrency`` start lanes by processor sharing, each progressing at min(1, concurrency / n) while n are in
-    progress. That is how Ray Tune's trial actors start (``reuse_actors=False``, its default: a new
-    worker process per trial, whose interpreter and imports start on the node's few cores).
-
-    An instance's starts complete in the order they began: its raylet starts the worker processes of Ray Tune's
-    trials in the order their leases came, and of two trials starting together on one node the first queued
-    reported first in 6 of 7 real passes of bench/bench_asha_ray.py's workload B, whatever their starts' spread.
-    A start whose work is done before an earlier one's on its instance waits for it (holding no start lane) and
-    completes with it. Across instances nothing orders them."""
-
-    def __init__(self, concurrency: float, work: float) -> None:
-        self.concurrency = concurrency
-        self.work = work
-        self._queued: dict[int, list[_Start]] = {}  # domain -> its starts not yet complete, in the order they began
-        self._updated: dict[int, float] = {}
-
-    def _rate(self, running: int) -> float:
-        return min(1.0, self.concurrency / running)
-
-    def _advance(self, domain: int, t: float) -> None:
-        running = [a for a in self._queued.get(domain, []) if not a.done]
-        if running:
-            done = (t - self._updated[domain]) * self._rate(len(running))
-            for a in running:
-                a.remaining -= done
-        self._updated[domain] = t
-
-    def add(self, domain: int, start: _Start) -> None:
-        """``start`` begins (at ``start.began``) among ``domain``'s."""
-        self._advance(domain, start.began)
-        self._queued.setdefault(domain, []).append(start)
-
-    @staticmethod
-    def _ready(queued: list[_Start]) -> list[_Start]:
-        """The starts whose work is done and after which no start that began earlier on their instance is still in
-        progress."""
-        waiting: set[int] = set()
-        out = []
-        for a in queued:
-            if not a.done:
-                waiting.add(a.instance)
-            elif a.instance not in waiting:
-                out.append(a)
-        return out
-
-    def _domain_next(self, domain: int) -> float:
-        """When the domain's next start completes (now, where one is ready)."""
-        queued = self._queued[domain]
-        if self._ready(queued):
-            return self._updated[domain]
-        running = [a for a in queued if not a.done]
-        return self._updated[domain] + min(a.remaining for a in running) / self._rate(len(running))
-
-    def next_time(self) -> float:
-        return min((self._domain_next(d) for d, q in self._queued.items() if q), default=math.inf)
-
-    def pop_done(self) -> list[tuple[float, float, int, int]]:
-        """The starts completing at :meth:`next_time` (time, began, trial, slot), in trial order: those whose work
-        is then done and that no earlier start on their instance still holds back."""
-        t = self.next_time()
-        out: list[_Start] = []
-        for domain, queued in self._queued.items():
-            if not queued or self._domain_next(domain) > t + 1e-9:
-                continue
-            self._advance(domain, t)
-            ready = self._ready(queued)
-            out += ready
-            self._queued[domain] = [a for a in queued if a not in ready]
-        return sorted(((t, a.began, a.trial, a.slot) for a in out), key=lambda x: x[2])
 
 
 def _fewest_meeting(

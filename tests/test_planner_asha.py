@@ -17,13 +17,12 @@ from rubberband.planner.asha import (
     AshaSettings,
     AshaSimulator,
     TrialStarts,
-    _Start,
-    _Starts,
     allowed_late,
     asha_baseline,
     lateness_order,
     rungs,
 )
+from rubberband.planner.start_lanes import StartLanes, TrialStart
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
 GPU4 = itype("gpu4", gpus=4, price=14.4)
@@ -216,10 +215,10 @@ def test_starts_on_one_instance_share_the_start_lanes():
 
 
 def test_overlapping_starts_progress_by_processor_sharing():
-    starts = _Starts(1.0, 2.0)
-    starts.add(0, _Start(2.0, 0.0, 0, 0, instance=0))
-    starts.add(0, _Start(2.0, 1.0, 1, 1, instance=0))  # trial 0 has 1 s of work left; both now progress at 1/2
-    starts.add(1, _Start(2.0, 1.0, 2, 2, instance=1))  # another instance: alone, done at 3
+    starts = StartLanes(1.0, 2.0)
+    starts.add(0, TrialStart(2.0, 0.0, 0, 0, instance=0))
+    starts.add(0, TrialStart(2.0, 1.0, 1, 1, instance=0))  # trial 0 has 1 s of work left; both now progress at 1/2
+    starts.add(1, TrialStart(2.0, 1.0, 2, 2, instance=1))  # another instance: alone, done at 3
     assert starts.next_time() == pytest.approx(3.0)
     assert [(t, trial) for t, _, trial, _ in starts.pop_done()] == [(pytest.approx(3.0), 0), (pytest.approx(3.0), 2)]
     assert starts.next_time() == pytest.approx(4.0)  # trial 1: 1 s of work left, alone
@@ -232,17 +231,17 @@ def test_an_instances_starts_complete_in_the_order_they_began_and_a_finished_one
     """Two starts on one instance share its one lane; the later, shorter one is done first but completes with the
     earlier one, which has the lane to itself meanwhile. A start on another instance of the same host (one
     contention domain) completes on its own."""
-    starts = _Starts(1.0, 2.0)
-    starts.add(0, _Start(4.0, 0.0, 0, 0, instance=0))
-    starts.add(0, _Start(1.0, 0.0, 1, 1, instance=0))
+    starts = StartLanes(1.0, 2.0)
+    starts.add(0, TrialStart(4.0, 0.0, 0, 0, instance=0))
+    starts.add(0, TrialStart(1.0, 0.0, 1, 1, instance=0))
     assert starts.next_time() == pytest.approx(2.0)  # trial 1's work is done at 2 (half a lane each)...
     assert starts.pop_done() == []  # ...but trial 0, which began first, is still starting
     assert starts.next_time() == pytest.approx(5.0)  # trial 0: 3 s left, now alone on the lane
     assert [(round(t, 9), trial) for t, _, trial, _ in starts.pop_done()] == [(5.0, 0), (5.0, 1)]
-    shared = _Starts(3.0, 2.0)
-    shared.add(0, _Start(4.0, 0.0, 0, 0, instance=0))
-    shared.add(0, _Start(1.0, 0.0, 1, 1, instance=0))
-    shared.add(0, _Start(1.0, 0.0, 2, 2, instance=1))
+    shared = StartLanes(3.0, 2.0)
+    shared.add(0, TrialStart(4.0, 0.0, 0, 0, instance=0))
+    shared.add(0, TrialStart(1.0, 0.0, 1, 1, instance=0))
+    shared.add(0, TrialStart(1.0, 0.0, 2, 2, instance=1))
     assert [trial for _, _, trial, _ in shared.pop_done()] == [2]  # at 1: instance 1's, alone on its instance
     assert [trial for _, _, trial, _ in shared.pop_done()] == [0, 1]  # at 4
     assert shared.next_time() == math.inf

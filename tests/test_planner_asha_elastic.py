@@ -21,9 +21,9 @@ from rubberband.planner.asha import (
     AshaSettings,
     AshaSimulator,
     TrialStarts,
-    _releases,
     asha_baseline,
     elastic_asha,
+    phase_releases,
     shrink_phases,
 )
 from rubberband.planner.policies import AshaPhasePolicy
@@ -99,7 +99,7 @@ def test_releases_follow_the_policy_event_by_event():
         counts = (peak, *counts)
         bounds = np.concatenate([[0.0], np.sort(rng.uniform(0, 100, phases - 1))])
         idle_from = rng.uniform(0, 120, peak)
-        got = _releases(idle_from[None, :], bounds[None, :], counts)[0]
+        got = phase_releases(idle_from[None, :], bounds[None, :], counts)[0]
         assert np.array_equal(got, _reference_releases(idle_from, bounds, counts)), (counts, bounds, idle_from)
 
 
