@@ -51,7 +51,7 @@ from rubberband.cloud.teardown import terminate_run_detailed
 from rubberband.devices import DevicePolicy
 
 
-def _private_address() -> str:
+def private_address() -> str:
     """This machine's address as other machines of the network see it (the interface of the default route)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:
@@ -148,7 +148,7 @@ class LocalHeadCloudBackend:
                 make_push_key(self.token_push.key_file)
         port = None if self.boots is not None else RAY_PORT
         record = self.local.start_head_process(run_id, port=port)
-        host = "127.0.0.1" if self.boots is not None else _private_address()
+        host = "127.0.0.1" if self.boots is not None else private_address()
         self.workers.head = Instance(
             id=self.workers.head.id,
             cloud=self.cloud,

@@ -44,7 +44,7 @@ import pytest
 from rubberband.cloud.aws.boot import AWS_BOOT
 from rubberband.cloud.gcp.boot import GCP_BOOT
 from rubberband.cloud.bootstrap import BOOT_FAILED, BootstrapConfig, client_versions, render_startup_script
-from rubberband.cloud.local_head import _private_address
+from rubberband.cloud.local_head import private_address
 from rubberband.cloud.head_session import submit_when_ready
 from rubberband.cloud.shipping import build_package, job_runtime_env
 from rubberband.net import free_port
@@ -244,7 +244,7 @@ def test_rendered_scripts_boot_a_cluster_that_trains_the_shipped_code(cloud, mon
     recorder.chmod(0o755)
     versions = client_versions()
     ray_port, dashboard_port = free_port(), free_port()
-    address = _private_address()
+    address = private_address()
     stubs = root / "stubs"
     stubs.mkdir()
     for tool, code in (("systemctl", 1), ("useradd", 0), ("chown", 0)):

@@ -123,7 +123,7 @@ def test_a_head_whose_port_another_process_took_starts_again_on_new_ports(tmp_pa
             record = provider.start_head_process("clash-run")
             assert record.address != f"127.0.0.1:{port}" and record.ready_at is not None
             log = (tmp_path / "run" / "instances" / "head.log").read_text(errors="replace")
-            assert local._port_clash(log)  # the first start died on the port, and said so
+            assert local.port_clash(log)  # the first start died on the port, and said so
         finally:
             provider.stop_head()
     assert run_pids(tmp_path / "run") == []

@@ -334,7 +334,10 @@ def test_local_brackets_starting_together_come_up_one_after_another_in_start_ord
     configs = [StageConfig(LOCAL1, 1, 1), StageConfig(LOCAL1, 2, 1), StageConfig(LOCAL1, 1, 1)]
     sim = ParallelSimulator(stages, model, SimSettings(samples=8, seed=1))
     assert sim.start_order(configs) == [0, 1, 2]
-    alone = [sim._bracket(b, tuple(configs), 8).result for b in range(3)]  # each bracket with its own queue
+    # each bracket alone, with the provisioner to itself
+    alone = [
+        ParallelSimulator([s], model, SimSettings(samples=8, seed=1)).simulate([c]) for s, c in zip(stages, configs)
+    ]
     assert [float(r.jct[0]) for r in alone] == pytest.approx([170.0, 130.0, 70.0])
     queued = sim.bracket_results(configs)
     assert [float(r.jct[0]) for r in queued] == pytest.approx([170.0, 140.0, 100.0])
@@ -378,7 +381,7 @@ def test_a_later_request_waits_for_the_start_ups_submitted_before_it():
     sim = ParallelSimulator(stages, model, SimSettings(samples=4), BracketSetup(offsets=[0.0, 5.0], share=False))
     b0, b1 = sim.bracket_results(configs)
     assert float(b1.jct[0]) == pytest.approx(30.0 - 5.0 + 50.0)
-    alone0 = sim._bracket(0, tuple(configs), 4).result
+    alone0 = ParallelSimulator(stages[:2], model, SimSettings(samples=4)).simulate(configs[:2])
     assert np.allclose(b0.jct, alone0.jct)
     assert np.allclose(sim.simulate(configs).jct, np.maximum(b0.jct, 5.0 + b1.jct))
 

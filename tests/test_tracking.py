@@ -237,14 +237,14 @@ def test_the_report_lists_each_tracker_with_its_link_or_command_and_its_error():
             "MLflow", "http://h:5000/#/experiments/3", "http://h:5000/#/experiments/3", "ConnectionError: <gone>"
         ),
     )
-    assert markdown._tracking(links) == [
+    assert markdown.tracking_lines(links) == [
         "Trials logged to:",
         "",
         "- TensorBoard: `tensorboard --logdir /runs/r1/tensorboard`",
         "- MLflow: [http://h:5000/#/experiments/3](http://h:5000/#/experiments/3) (stopped logging: ConnectionError: <gone>)",
         "",
     ]
-    page = html._tracking(links)
+    page = html.tracking_section(links)
     assert '<a href="http://h:5000/#/experiments/3">' in page and "<code>tensorboard --logdir" in page
     assert "&lt;gone&gt;" in page and "<gone>" not in page
-    assert markdown._tracking(()) == [] and html._tracking(()) == ""
+    assert markdown.tracking_lines(()) == [] and html.tracking_section(()) == ""

@@ -92,11 +92,11 @@ class _HeadStart:
     offset: int
 
 
-#: Starts of a local head whose ports another process took first (see :func:`_port_clash`).
+#: Starts of a local head whose ports another process took first (see :func:`port_clash`).
 PORT_TRIES = 3
 
 
-def _port_clash(output: str) -> bool:
+def port_clash(output: str) -> bool:
     """Whether a Ray node's start failed on a port some other process bound first (Ray's own words)."""
     return any(
         words in output
@@ -138,7 +138,7 @@ def _gcs_port_clash(temp_dir: Path, ray_start_pid: int) -> str | None:
                 lines = (logs / name).read_text(errors="replace").splitlines()
             except OSError:
                 continue
-            clash = [line for line in lines if _port_clash(line)]
+            clash = [line for line in lines if port_clash(line)]
             if clash:
                 return clash[-1]
     return None
@@ -508,7 +508,7 @@ class LocalProvider:
                 try:
                     self._wait_started(start.record, start.proc, timeout_s, start.offset)
                 except CloudError:
-                    if attempt == tries or not _port_clash(_log_since(Path(start.record.log), start.offset)):
+                    if attempt == tries or not port_clash(_log_since(Path(start.record.log), start.offset)):
                         raise
                     continue
                 start.record.ready_at = time.time()

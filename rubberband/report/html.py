@@ -188,7 +188,7 @@ def _costs(data: ReportData, charts: ChartSet) -> str:
     )
 
 
-def _tracking(links: tuple[TrackingLink, ...]) -> str:
+def tracking_section(links: tuple[TrackingLink, ...]) -> str:
     """Where the trials were also logged (TensorBoard, MLflow): a link or a command per tool."""
     if not links:
         return ""
@@ -230,7 +230,7 @@ def _distributions(data: ReportData, charts: ChartSet) -> str:
                 f" Head instance: {_num('actual.head_usd', a.head_usd, fmt.usd(a.head_usd))} (predicted "
                 f"{escape(fmt.usd(a.predicted_head_usd))}), in both."
             )
-        body += "</p>" + _tracking(a.tracking)
+        body += "</p>" + tracking_section(a.tracking)
     return f'<section id="distributions"><h2>Predicted distributions</h2>{body}</section>'
 
 

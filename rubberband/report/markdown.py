@@ -27,7 +27,7 @@ def _note(data: ReportData, key: str) -> list[str]:
     return [f"> **Note:** {why}", ""] if why else []
 
 
-def _tracking(links: tuple[TrackingLink, ...]) -> list[str]:
+def tracking_lines(links: tuple[TrackingLink, ...]) -> list[str]:
     """Where the trials were also logged: one line per tool (its link or command, and its error if it stopped)."""
     if not links:
         return []
@@ -135,7 +135,7 @@ def render_markdown(data: ReportData, charts: ChartSet) -> str:
             f"{fmt.usd(a.cost_usd)} ({fmt.ratio(a.cost_vs_mean)} of mean).{fmt.before_start(a.before_start_s, a.head_early_s)}{head}",
             "",
         ]
-        out += _tracking(a.tracking)
+        out += tracking_lines(a.tracking)
     if charts.progress is not None:
         out += ["## Search progress", ""]
         out += _image(charts.progress)
