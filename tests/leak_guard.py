@@ -256,12 +256,26 @@ class _UnitTierCheck:
 # -- pytest hooks and fixtures -------------------------------------------------------------------------------
 
 
+def take_sigterm() -> None:
+    """A SIGTERM to the session (a CI job cancelled, ``kill``) unwinds it as Ctrl-C does, so that the fixtures'
+    teardowns and this guard still stop what the tests started: Python's default ends the process at once, and
+    the boot tier's booted machines (systemd-nspawn, Ray inside), Ray nodes and servers outlived it. In the main
+    thread only (where signal handlers run); each xdist worker is a session of its own and takes it too."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "e2e: starts Ray, a server, a whole CLI command or real training (deselect with -m 'not e2e')"
     )
     if getattr(config, "_rb_guard_root", None) is not None:
         return
+    take_sigterm()
     token = uuid.uuid4().hex[:12]
     # Short, so that Ray's unix sockets under it stay below 108 bytes.
     root = Path(tempfile.mkdtemp(prefix="rbt-", dir="/tmp"))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,45 @@ def test_a_left_server_and_temp_dir_fail_their_test(pytester):
             "*test_leaves_a_temp_dir left behind temp entries in *forgotten-*",
         ]
     )
+
+
+def test_a_sigterm_to_the_session_still_tears_its_fixtures_down(pytester, tmp_path):
+    """A cancelled CI job sends SIGTERM: the session unwinds as on Ctrl-C, so a fixture's teardown (the boot
+    tier's machines, a Ray node) still runs; Python's default would end the process on the spot."""
+    ready, torn = tmp_path / "ready", tmp_path / "torn-down"
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(
+        test_waits=textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        import pytest
+
+        @pytest.fixture
+        def machine():
+            yield
+            Path({str(torn)!r}).write_text("torn down")
+
+        @pytest.mark.e2e
+        def test_waits_for_a_sigterm(machine):
+            Path({str(ready)!r}).write_text("waiting")
+            time.sleep(120)
+    """)
+    )
+    out = tmp_path / "session.out"
+    with out.open("w") as sink:
+        proc = pytester.popen(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"], stdout=sink, stderr=sink
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert ready.exists(), out.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert torn.read_text() == "torn down", out.read_text()[-3000:]
+    assert proc.returncode != 0  # interrupted, not passed
