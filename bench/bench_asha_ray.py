@@ -176,7 +176,9 @@ def main() -> None:
                 f"profiler's Ray Tune trial start: {statistics.mean(measured.serial_s):.2f} s alone "
                 f"({', '.join(f'{x:.2f}' for x in measured.serial_s)}), {measured.concurrent} at once "
                 f"{statistics.mean(measured.concurrent_s):.2f} s -> {model_start.lanes(cores):.2f} start lanes on "
-                f"{cores} cores, spread σ {model_start.sigma:.3f}"
+                f"{cores} cores, spread σ {model_start.sigma:.3f}; {measured.busy_concurrent} at once among "
+                f"training trials {statistics.mean(measured.busy_concurrent_s or [0.0]):.2f} s -> "
+                f"{model_start.busy_s:.2f} s on top"
             )
             for nodes in counts:
                 while len(cluster.nodes) < nodes:

@@ -259,12 +259,15 @@ class TrialStarts:
     """How trials start where each is a new process (Ray Tune's ``reuse_actors=False``, its default): a start takes
     ``start_s`` alone (None: the model's ``task_start_s``) × a lognormal factor of σ ``sigma`` per trial, and the
     starts in progress on one instance (on one host where ``shared_host``: the local cloud's instances share this
-    machine's cores) share ``concurrency`` start lanes by processor sharing."""
+    machine's cores) share ``concurrency`` start lanes by processor sharing; then ``busy_s`` that holds no core
+    (Tune's driver handling the other trials' results and ends), the same for every trial, so that an instance's
+    starts still complete in the order they began."""
 
     concurrency: float
     start_s: float | None = None
     sigma: float = 0.0
     shared_host: bool = False
+    busy_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.concurrency >= 1:
@@ -273,20 +276,25 @@ class TrialStarts:
             raise ValueError("start_s must be a finite number of seconds ≥ 0 (None: the model's task_start_s)")
         if not (self.sigma >= 0 and math.isfinite(self.sigma)):
             raise ValueError("sigma must be a finite number ≥ 0 (0: every trial start alike)")
+        if not (self.busy_s >= 0 and math.isfinite(self.busy_s)):
+            raise ValueError("busy_s must be a finite number of seconds ≥ 0")
 
 
 def ray_tune_starts(model: PerformanceModel, itype: InstanceType) -> TrialStarts | None:
     """Ray Tune's trial starts on ``itype`` from the profile's measurement (None where the profile has none): each
     trial's start is Tune's measured start plus the model's ``task_start_s`` (the user's code up to the first
     iteration), on the start lanes of the cores the starts share: the instance's vCPUs, or on a shared host (the
-    local cloud) the profiling machine's cores, every instance's starts together."""
+    local cloud) the profiling machine's cores, every instance's starts together; then Tune's busy seconds."""
     tune = model.tune_start
     if tune is None:
         return None
     shared = itype.cloud in SERIAL_PROVISIONING
-    cores = tune.lanes(tune.host_cores if shared else itype.vcpus)
     return TrialStarts(
-        concurrency=cores, start_s=tune.start_s + model.task_start_s, sigma=tune.sigma, shared_host=shared
+        concurrency=tune.lanes(tune.host_cores if shared else itype.vcpus),
+        start_s=tune.start_s + model.task_start_s,
+        sigma=tune.sigma,
+        shared_host=shared,
+        busy_s=tune.busy_s,
     )
 
 
@@ -567,6 +575,7 @@ class AshaSimulator:
         rung_epochs = [m - (self.milestones[r - 1] if r > 0 else 0) for r, m in enumerate(self.milestones)]
         eval_s = model.eval_time_s
         task_start_s = model.task_start_s
+        busy_s = spec.busy_s if spec is not None else 0.0
         next_trial = 0
         end = 0.0
         busy = 0.0
@@ -603,9 +612,9 @@ class AshaSimulator:
                     starts.add(_start_domain(shared_host, lay, j), start)
                 next_trial += 1
                 continue
-            if starts is not None and t_start <= t_report:  # trial starts done: their first segment runs
+            if starts is not None and t_start <= t_report:  # starts' CPU work done: Tune's busy part, then training
                 for t, began_at, trial, j in starts.pop_done():
-                    d = segment(trial, 0)
+                    d = busy_s + segment(trial, 0)
                     busy += t - began_at + d
                     heappush(events, (t + d, trial, 0, j))
                 continue

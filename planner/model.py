@@ -177,13 +177,17 @@ class TuneStart:
     spread ``sigma`` of those gaps, and ``lanes_per_core``: how many starts progress at full speed per core of the
     host they share, from the concurrent stream (``concurrent`` starts that took ``T`` each against ``start_s`` alone
     ran on ``concurrent × start_s / T`` lanes, by processor sharing; never fewer than one, never more than were
-    started). A start is mostly a new process's interpreter and imports, so its lanes scale with the cores."""
+    started). A start is mostly a new process's interpreter and imports, so its lanes scale with the cores.
+    ``busy_s``: what a start takes on top amid other trials' results and ends (Tune's driver loop handles them
+    between a trial's end and the next one's start), holding no core."""
 
     start_s: float
     sigma: float
     lanes_per_core: float
     #: The cores of the machine it was measured on (the local cloud's instances share them).
     host_cores: int
+    #: Seconds a start takes on top amid other trials (0: profiles before the busy stream).
+    busy_s: float = 0.0
 
     def lanes(self, cores: float) -> float:
         """Start lanes on ``cores`` cores (at least one)."""
@@ -343,6 +347,7 @@ class PerformanceModel:
                 "start_s": round(self.tune_start.start_s, 4),
                 "sigma": round(self.tune_start.sigma, 4),
                 "lanes_per_core": round(self.tune_start.lanes_per_core, 4),
+                "busy_s": round(self.tune_start.busy_s, 4),
                 "host_cores": self.tune_start.host_cores,
             },
             "termination": {
@@ -508,16 +513,24 @@ def _tune_start(profile: Profile) -> TuneStart | None:
 
 
 def tune_start_model(m: TuneTrialStart) -> TuneStart:
-    """Ray Tune's trial start as the ASHA simulator plays it, from the profiler's measurement."""
+    """Ray Tune's trial start as the ASHA simulator plays it, from the profiler's measurement: the serial gaps give
+    a start alone and its spread, the concurrent stream the start lanes, and the busy stream (trials that train a
+    moment before they report, ``busy_concurrent`` at once) what a start takes on top amid other trials: its mean
+    gap less what its starts take on the lanes alone (``start_s × max(1, busy_concurrent / lanes)``), never
+    below 0."""
     alone = float(np.mean(m.serial_s))
     together = float(np.mean(m.concurrent_s))
     lanes = min(float(m.concurrent), max(1.0, m.concurrent * alone / together))
+    busy = 0.0
+    if m.busy_concurrent is not None and m.busy_concurrent_s is not None:
+        busy = max(0.0, float(np.mean(m.busy_concurrent_s)) - alone * max(1.0, m.busy_concurrent / lanes))
     logs = np.log(m.serial_s)
     return TuneStart(
         start_s=alone,
         sigma=float(np.std(logs)) if len(logs) > 1 else 0.0,
         lanes_per_core=lanes / m.host_cores,
         host_cores=m.host_cores,
+        busy_s=busy,
     )
 
 

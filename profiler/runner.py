@@ -78,8 +78,8 @@ MAX_CONFIGS = 8
 #: Iterations per timed epoch at least, when whole epochs do not fit the budget (partial epochs).
 MIN_EPOCH_ITERATIONS = 5
 #: Budget seconds the shapes and the configurations leave for timing Ray Tune's trial starts, and the least left
-#: to start them (they take about 25 s on 2 cores; the probe stops at the end of the budget).
-TUNE_START_RESERVE_S = 30.0
+#: to start them (they take about 50 s on 2 cores; the probe stops at the end of the budget).
+TUNE_START_RESERVE_S = 60.0
 #: The smallest ``--budget`` that times Ray Tune's trial starts: below it their reserve would squeeze the shapes.
 TUNE_START_MIN_BUDGET_S = 120.0
 

@@ -6,11 +6,11 @@ its interpreter and imports (Ray Tune's, and the trial's framework) on the host'
 one rung only, so these starts, and how they slow each other down, are much of its JCT (on 2 cores a start takes
 about 2 s alone against 0.005 s for a trial on this executor's warm workers).
 
-Two Tune runs on a profiling node of ``concurrent`` CPUs (:func:`concurrent_starts`: twice the host's cores),
-every trial reporting once and at once (no training), placed by their CPUs as an ASHA run's trials are (a trial's
-place is free once Tune has released the one before):
+Three Tune runs on a profiling node of ``concurrent`` CPUs (:func:`concurrent_starts`: twice the host's cores),
+every trial reporting once, placed by their CPUs as an ASHA run's trials are (a trial's place is free once Tune
+has released the one before):
 
-* :data:`SERIAL` trials of all the node's CPUs, one after another: the gaps from a trial's end to the next one's
+* :data:`SERIAL` trials of all the node's CPUs, reporting at once, one after another: the gaps from a trial's end to the next one's
   start, each a start alone. The first gap is left out: the trial after the first can start on a worker process
   Ray pre-started with the node (1.4-1.5 s against 2.0 s on 2 cores, in 2 of 5 probes), which an ASHA run's
   later trials never find;
@@ -20,9 +20,15 @@ place is free once Tune has released the one before):
   first round, whose trials start together, some on pre-started workers. (Synchronised waves instead, each
   trial holding its CPU a second so that a wave ends together, gave 2.1 to 3.0 lanes on the same 2 cores from
   one probe to the next.)
+* :data:`BUSY_ROUNDS` × half as many trials at once (2 CPUs each: the host's cores) that each train a moment
+  first (a seeded draw from :data:`BUSY_TRAIN_S`, as ASHA's short rungs), so that starts meet the other trials'
+  results and ends as in an ASHA run: Tune's driver handles those between a trial's end and the next one's start.
+  On 2 cores, 2 trials at once start in 2.0 s when they report at once, as alone, and in 2.5 s when they train
+  0.5 s first. Skipped where half is a single trial (a 1-core host).
 
-:class:`~rubberband.planner.model.TuneStart` turns them into a start's seconds, their spread and the start lanes
-per core. The trials also hold a sliver of the node's own resource, so they run on that node only.
+:func:`~rubberband.planner.model.tune_start_model` turns them into a start's seconds, their spread, the start
+lanes per core and the seconds a start takes on top amid other trials. The trials also hold a sliver of the
+node's own resource, so they run on that node only.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rubberband.errors import ExecutionError
 from rubberband.profile import TuneTrialStart
 
@@ -45,6 +53,11 @@ SERIAL = 5
 STREAM_ROUNDS = 4
 #: The most trials started at once (twice the cores, so that the starts contend).
 MAX_CONCURRENT = 16
+#: Rounds of the busy stream (the first two rounds' gaps are left out): more than the others, as where a start
+#: meets another trial's end varies from one to the next (0.1 to 1.1 s on top from one 8-trial stream to the next).
+BUSY_ROUNDS = 8
+#: Seconds each trial of the busy stream trains before it reports: uniform in this range, seeded.
+BUSY_TRAIN_S = (0.2, 1.5)
 
 
 def tune_installed() -> bool:
@@ -76,11 +89,12 @@ def measure_tune_start(
     imports: tuple[str, ...] = (),
     time_budget_s: float | None = None,
 ) -> TuneTrialStart:
-    """Time Ray Tune's trial starts on the node of ``cpus`` CPUs holding ``node_resource`` (``cpus`` trials start
-    at once), on this host's cores, through the Ray cluster this process is connected to; each trial imports
-    ``imports`` as it starts (the trial's framework, as the user's trainable would). Tune's results go under
-    ``storage``. Both Tune runs together stop after ``time_budget_s`` (Tune's own ``time_budget_s``; None: no
-    limit). Raises ExecutionError when Ray Tune is missing, a run fails or the time is up."""
+    """Time Ray Tune's trial starts on the node of ``cpus`` CPUs holding ``node_resource`` (one at a time, ``cpus``
+    at once, then ``cpus // 2`` at once among training trials), on this host's cores, through the Ray cluster this
+    process is connected to; each trial imports ``imports`` as it starts (the trial's framework, as the user's
+    trainable would). Tune's results go under ``storage``. The Tune runs together stop after ``time_budget_s``
+    (Tune's own ``time_budget_s``; None: no limit). Raises ExecutionError when Ray Tune is missing, a run fails or
+    the time is up."""
     if not tune_installed():
         raise ExecutionError("Ray Tune is not installed (the raytune extra)")
     import ray
@@ -90,10 +104,12 @@ def measure_tune_start(
         raise ExecutionError("Ray Tune's concurrent trial starts need a node of at least 2 CPUs")
     runs = _TuneRuns(tune, storage, imports, _Limit(time_budget_s))
     pin = {node_resource: 0.001}
-    serial = runs.spans({"cpu": cpus, **pin}, SERIAL)
-    stream = runs.spans({"cpu": 1, **pin}, STREAM_ROUNDS * cpus)
+    serial = runs.spans({"cpu": cpus, **pin}, [0.0] * SERIAL)
+    stream = runs.spans({"cpu": 1, **pin}, [0.0] * (STREAM_ROUNDS * cpus))
     alone, together = start_gaps(serial, 1)[1:], start_gaps(stream, cpus)[cpus:]
-    if not alone or not together or min(alone + together) <= 0:
+    busy = cpus // 2  # trials of 2 CPUs: the host's cores at once
+    busy_s = start_gaps(runs.spans({"cpu": 2, **pin}, busy_train_s(BUSY_ROUNDS * busy)), busy)[busy:]
+    if not alone or not together or min(alone + together + busy_s) <= 0:
         raise ExecutionError("Ray Tune's trials did not start one after another as asked")
     return TuneTrialStart(
         serial_s=[round(g, 4) for g in alone],
@@ -101,7 +117,15 @@ def measure_tune_start(
         concurrent_s=[round(g, 4) for g in together],
         host_cores=os.cpu_count() or 1,
         ray_version=ray.__version__,
+        busy_concurrent=busy if busy_s else None,
+        busy_concurrent_s=[round(g, 4) for g in busy_s] if busy_s else None,
     )
+
+
+def busy_train_s(trials: int) -> list[float]:
+    """What each trial of the busy stream trains before it reports (seconds; seeded, so every probe alike)."""
+    low, high = BUSY_TRAIN_S
+    return [round(float(x), 3) for x in np.random.default_rng(0).uniform(low, high, trials)]
 
 
 class _Limit:
@@ -134,9 +158,10 @@ class _TuneRuns:
     imports: tuple[str, ...]
     limit: _Limit
 
-    def spans(self, resources: dict[str, float], trials: int) -> list[tuple[float, float]]:
-        """(start, end) per trial of one Tune run of ``trials`` trials of ``resources`` each, each reporting at
-        once, by the driver's clock; the run stops where the limit is up."""
+    def spans(self, resources: dict[str, float], train_s: list[float]) -> list[tuple[float, float]]:
+        """(start, end) per trial of one Tune run of a trial per ``train_s`` of ``resources`` each, each reporting
+        after training (sleeping) its seconds, by the driver's clock; the run stops where the limit is up."""
+        trials = len(train_s)
         tune, limit = self.tune, self.limit
         marks: dict[str, list[float]] = {}
 
@@ -150,11 +175,16 @@ class _TuneRuns:
         def trial(config):  # defined here: pickled by value, so a trial imports only what a user's would
             for name in config["imports"]:
                 importlib.import_module(name)
+            time.sleep(config["train_s"][config["i"]])
             tune.report({"done": 1})
 
         tuner = tune.Tuner(
             tune.with_resources(trial, resources),
-            param_space={"i": tune.grid_search(list(range(trials))), "imports": list(self.imports)},
+            param_space={
+                "i": tune.grid_search(list(range(trials))),
+                "imports": list(self.imports),
+                "train_s": list(train_s),
+            },
             tune_config=tune.TuneConfig(time_budget_s=limit.left_s()),
             run_config=tune.RunConfig(storage_path=str(self.storage), callbacks=[Marks()], verbose=0),
         )

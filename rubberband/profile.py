@@ -200,11 +200,25 @@ class TuneTrialStart(_Model):
     host_cores: int = Field(ge=1, description="the profiling machine's cores the starts shared")
     ray_version: str
     source: Literal["measured"] = "measured"
+    busy_concurrent: int | None = Field(
+        default=None,
+        ge=1,
+        description="trials at once in a stream whose trials train a moment before they report (the host's "
+        "cores); absent: not measured (profiles before it), and a start is its CPU work only",
+    )
+    busy_concurrent_s: list[float] | None = Field(
+        default=None,
+        min_length=1,
+        description="as ``concurrent_s``, while ``busy_concurrent`` trials start and train in turn: a start amid "
+        "other trials' results and ends, as in an ASHA run",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "TuneTrialStart":
-        if any(not x > 0 for x in self.serial_s + self.concurrent_s):
+        if any(not x > 0 for x in self.serial_s + self.concurrent_s + (self.busy_concurrent_s or [])):
             raise ValueError("Ray Tune trial starts must be positive seconds")
+        if (self.busy_concurrent is None) != (self.busy_concurrent_s is None):
+            raise ValueError("busy_concurrent and busy_concurrent_s go together: give both or neither")
         return self
 
 

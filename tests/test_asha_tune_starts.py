@@ -50,11 +50,27 @@ def test_the_profiles_measurement_becomes_start_lanes_per_core():
     assert uneven.sigma == pytest.approx(np.std(np.log([1.0, 2.0, 4.0])))
 
 
+def test_a_start_amid_training_trials_takes_what_the_lanes_do_not_explain_on_top():
+    """The busy stream (trials that train a moment before they report): its mean gap less what its starts take on
+    the lanes alone is what a start takes on top amid other trials' results and ends (never below 0)."""
+    assert tune_start_model(MEASURED).busy_s == 0.0  # profiles before the busy stream: nothing on top
+    busy = MEASURED.model_copy(update={"busy_concurrent": 2, "busy_concurrent_s": [2.4, 2.6, 2.5, 2.5]})
+    assert tune_start_model(busy).busy_s == pytest.approx(0.5)  # 2 lanes: 2 at once start as alone, in 2.0 s
+    one_lane = busy.model_copy(update={"concurrent_s": [8.0] * 4, "busy_concurrent_s": [4.3] * 4})
+    assert tune_start_model(one_lane).busy_s == pytest.approx(0.3)  # 1 lane: 2 at once take 4.0 s on it
+    quick = busy.model_copy(update={"busy_concurrent_s": [1.8] * 4})
+    assert tune_start_model(quick).busy_s == 0.0
+
+
 def test_bad_measurements_are_refused():
     with pytest.raises(ValidationError, match="positive"):
         TuneTrialStart.model_validate(MEASURED.model_dump() | {"serial_s": [0.0]})
     with pytest.raises(ValidationError):
         TuneTrialStart.model_validate(MEASURED.model_dump() | {"concurrent": 1})
+    with pytest.raises(ValidationError, match="go together"):
+        TuneTrialStart.model_validate(MEASURED.model_dump() | {"busy_concurrent": 2})
+    with pytest.raises(ValidationError, match="positive"):
+        TuneTrialStart.model_validate(MEASURED.model_dump() | {"busy_concurrent": 2, "busy_concurrent_s": [-1.0]})
 
 
 def test_ray_tune_starts_share_the_host_locally_and_the_instances_vcpus_on_a_cloud():
@@ -65,6 +81,8 @@ def test_ray_tune_starts_share_the_host_locally_and_the_instances_vcpus_on_a_clo
     assert aws == TrialStarts(concurrency=12.0, start_s=2.5, sigma=0.1, shared_host=False)
     local = ray_tune_starts(measured, itype(cloud="local"))
     assert local == TrialStarts(concurrency=3.0, start_s=2.5, sigma=0.1, shared_host=True)
+    busy = replace(measured, tune_start=replace(measured.tune_start, busy_s=0.4))
+    assert ray_tune_starts(busy, itype(cloud="local")) == replace(local, busy_s=0.4)
 
 
 def test_on_a_shared_host_every_instances_starts_contend():
@@ -91,6 +109,13 @@ def test_a_trial_started_as_its_own_process_waits_for_no_worker_pool():
     )
     assert np.allclose(pool.simulate(AshaCluster(itype(), 1, 1)).jct, 7.0 + 50.0)
     assert np.allclose(own.simulate(AshaCluster(itype(), 1, 1)).jct, 2.0 + 50.0)
+    # amid other trials a start takes Tune's busy seconds on top, holding no start lane
+    busy = AshaSimulator(
+        model,
+        schedule,
+        AshaSettings(samples=2, starts=lambda _t: TrialStarts(concurrency=1.0, start_s=2.0, busy_s=0.5)),
+    )
+    assert np.allclose(busy.simulate(AshaCluster(itype(), 1, 1)).jct, 2.5 + 50.0)
 
 
 def _sha_spec():

@@ -17,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 def test_profile_times_ray_tune_trial_starts_on_a_node_of_their_own(cli, tmp_path):
     """One shape, nothing else but the Ray Tune probe: Ray Tune's trials one after another, then a stream keeping
-    every CPU of a node of 2 × cores starting one (≈45 s on 2 cores, the probe ≈25 s of it)."""
+    every CPU of a node of 2 × cores starting one, then half as many at once among training trials."""
     for name in ("synthetic.py", "synthetic.yaml"):
         shutil.copy(EXAMPLES / name, tmp_path / name)
     out = tmp_path / "profile.json"
@@ -48,10 +48,13 @@ def test_profile_times_ray_tune_trial_starts_on_a_node_of_their_own(cli, tmp_pat
     assert tune_start.concurrent == max(2, min(16, 2 * tune_start.host_cores))
     # five trials one after another (the first and the one after it left out); four rounds (the first two left out)
     assert len(tune_start.serial_s) == 3 and len(tune_start.concurrent_s) == 2 * tune_start.concurrent
-    assert all(0.0 < s < 60.0 for s in tune_start.serial_s + tune_start.concurrent_s)
+    # the busy stream: half as many at once, eight rounds (the first two left out)
+    assert tune_start.busy_concurrent == tune_start.concurrent // 2 and tune_start.busy_concurrent_s is not None
+    assert len(tune_start.busy_concurrent_s) == 6 * tune_start.busy_concurrent
+    assert all(0.0 < s < 60.0 for s in tune_start.serial_s + tune_start.concurrent_s + tune_start.busy_concurrent_s)
     profile = load_profile(out)
     assert profile.sources["tune_trial_start"].startswith("measured with Ray Tune")
-    assert profile.fitted["tune_start"]["lanes_per_core"] > 0
+    assert profile.fitted["tune_start"]["lanes_per_core"] > 0 and profile.fitted["tune_start"]["busy_s"] >= 0
     assert "Ray Tune trial start" in result.stdout
 
 

@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         tune_start: bool = typer.Option(
             True,
             "--tune-start/--no-tune-start",
-            help="Time Ray Tune's own trial starts, for the plan's ASHA baseline (about 25 s on 2 cores; needs the "
+            help="Time Ray Tune's own trial starts, for the plan's ASHA baseline (about 50 s on 2 cores; needs the "
             "raytune extra and a --budget of 2m or more).",
         ),
         out: Path = typer.Option(
@@ -216,7 +216,11 @@ def _tune_line(t) -> str:
     if t is None:
         return ""
     alone, together = sum(t.serial_s) / len(t.serial_s), sum(t.concurrent_s) / len(t.concurrent_s)
-    return f"; Ray Tune trial start {alone:.2f} s alone, {together:.2f} s with {t.concurrent} at once"
+    line = f"; Ray Tune trial start {alone:.2f} s alone, {together:.2f} s with {t.concurrent} at once"
+    if t.busy_concurrent_s:
+        busy = sum(t.busy_concurrent_s) / len(t.busy_concurrent_s)
+        line += f", {busy:.2f} s with {t.busy_concurrent} at once among training trials"
+    return line
 
 
 def _run_with_progress(spec, options):
