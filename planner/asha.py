@@ -72,8 +72,8 @@ __all__ = [
     "AshaSettings",
     "AshaSimulator",
     "AshaTrace",
-    "asha_baseline",
     "allowed_late",
+    "asha_baseline",
     "elastic_asha",
     "lateness_order",
     "phase_releases",
@@ -575,7 +575,7 @@ class AshaSimulator:
         rung_epochs = [m - (self.milestones[r - 1] if r > 0 else 0) for r, m in enumerate(self.milestones)]
         eval_s = model.eval_time_s
         task_start_s = model.task_start_s
-        busy_s = spec.busy_s if spec is not None else 0.0
+        tune_busy_s = spec.busy_s if spec is not None else 0.0  # after each start's CPU work (Ray Tune's driver)
         next_trial = 0
         end = 0.0
         busy = 0.0
@@ -614,7 +614,7 @@ class AshaSimulator:
                 continue
             if starts is not None and t_start <= t_report:  # starts' CPU work done: Tune's busy part, then training
                 for t, began_at, trial, j in starts.pop_done():
-                    d = busy_s + segment(trial, 0)
+                    d = tune_busy_s + segment(trial, 0)
                     busy += t - began_at + d
                     heappush(events, (t + d, trial, 0, j))
                 continue

@@ -10,10 +10,10 @@ Three Tune runs on a profiling node of ``concurrent`` CPUs (:func:`concurrent_st
 every trial reporting once, placed by their CPUs as an ASHA run's trials are (a trial's place is free once Tune
 has released the one before):
 
-* :data:`SERIAL` trials of all the node's CPUs, reporting at once, one after another: the gaps from a trial's end to the next one's
-  start, each a start alone. The first gap is left out: the trial after the first can start on a worker process
-  Ray pre-started with the node (1.4-1.5 s against 2.0 s on 2 cores, in 2 of 5 probes), which an ASHA run's
-  later trials never find;
+* :data:`SERIAL` trials of all the node's CPUs, reporting at once, one after another: the gaps from a trial's
+  end to the next one's start, each a start alone. The first gap is left out: the trial after the first can
+  start on a worker process Ray pre-started with the node (1.4-1.5 s against 2.0 s on 2 cores, in 2 of 5
+  probes), which an ASHA run's later trials never find;
 * :data:`STREAM_ROUNDS` × ``concurrent`` 1-CPU trials that report at once, so that every CPU is always starting
   a trial, as ASHA's first rung keeps its slots starting: the gaps from the end of the trial whose CPU a trial
   took to its start are starts sharing the host's cores. The second round's gaps are left out: they follow the
@@ -24,7 +24,7 @@ has released the one before):
   first (a seeded draw from :data:`BUSY_TRAIN_S`, as ASHA's short rungs), so that starts meet the other trials'
   results and ends as in an ASHA run: Tune's driver handles those between a trial's end and the next one's start.
   On 2 cores, 2 trials at once start in 2.0 s when they report at once, as alone, and in 2.5 s when they train
-  0.5 s first. Skipped where half is a single trial (a 1-core host).
+  0.5 s first. (On a 1-core host, one at a time.)
 
 :func:`~rubberband.planner.model.tune_start_model` turns them into a start's seconds, their spread, the start
 lanes per core and the seconds a start takes on top amid other trials. The trials also hold a sliver of the
@@ -109,7 +109,7 @@ def measure_tune_start(
     alone, together = start_gaps(serial, 1)[1:], start_gaps(stream, cpus)[cpus:]
     busy = cpus // 2  # trials of 2 CPUs: the host's cores at once
     busy_s = start_gaps(runs.spans({"cpu": 2, **pin}, busy_train_s(BUSY_ROUNDS * busy)), busy)[busy:]
-    if not alone or not together or min(alone + together + busy_s) <= 0:
+    if not alone or not together or not busy_s or min(alone + together + busy_s) <= 0:
         raise ExecutionError("Ray Tune's trials did not start one after another as asked")
     return TuneTrialStart(
         serial_s=[round(g, 4) for g in alone],
@@ -117,8 +117,8 @@ def measure_tune_start(
         concurrent_s=[round(g, 4) for g in together],
         host_cores=os.cpu_count() or 1,
         ray_version=ray.__version__,
-        busy_concurrent=busy if busy_s else None,
-        busy_concurrent_s=[round(g, 4) for g in busy_s] if busy_s else None,
+        busy_concurrent=busy,
+        busy_concurrent_s=[round(g, 4) for g in busy_s],
     )
 
 
