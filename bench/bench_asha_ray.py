@@ -177,7 +177,7 @@ def main() -> None:
                 f"({', '.join(f'{x:.2f}' for x in measured.serial_s)}), {measured.concurrent} at once "
                 f"{statistics.mean(measured.concurrent_s):.2f} s -> {model_start.lanes(cores):.2f} start lanes on "
                 f"{cores} cores, spread σ {model_start.sigma:.3f}; {measured.busy_concurrent} at once among "
-                f"training trials {statistics.mean(measured.busy_concurrent_s or [0.0]):.2f} s -> "
+                f"training trials {statistics.mean(measured.busy_concurrent_s):.2f} s -> "
                 f"{model_start.busy_s:.2f} s on top"
             )
             for nodes in counts:
@@ -192,7 +192,7 @@ def main() -> None:
                     jct = statistics.median(jcts)
                     reached = min(runs, key=lambda r: abs(r[0] - jct))[1]
                     predicted, without, rungs = predict(work, nodes, args.slots, model_start, qualities)
-                    rows.append((work, nodes, jcts, predicted, without, reached, rungs))
+                    rows.append((work, nodes, jcts, jct, predicted, without, reached, rungs))
                     print(
                         f"{work.name} ({work.trials} trials, {work.epoch_s:g} s epochs, max_t {work.max_t}) on "
                         f"{nodes} node(s) x {args.slots}: Ray Tune {', '.join(f'{j:.1f}' for j in jcts)} s (median "
@@ -210,15 +210,14 @@ def main() -> None:
         "without Tune's starts | rungs (Tune / predicted) |"
     )
     print("|---|---|---|---|---|---|---|")
-    for work, nodes, jcts, predicted, without, reached, rungs in rows:
-        jct = statistics.median(jcts)
+    for work, nodes, jcts, jct, predicted, without, reached, rungs in rows:
         print(
             f"| {work.name}: {work.trials} × {work.epoch_s:g} s, max_t {work.max_t} | {nodes} × {args.slots} | "
             f"{jct:.1f} s ({min(jcts):.1f}–{max(jcts):.1f}) | {predicted:.1f} s | {100 * (predicted - jct) / jct:+.1f} % | "
             f"{100 * (without - jct) / jct:+.1f} % | {reached} / {rungs} |"
         )
-    errors = [abs(p - statistics.median(jcts)) / statistics.median(jcts) for _, _, jcts, p, *_ in rows]
-    inside = sum(min(jcts) * 0.9 <= p <= max(jcts) * 1.1 for _, _, jcts, p, *_ in rows)
+    errors = [abs(p - jct) / jct for _, _, _, jct, p, *_ in rows]
+    inside = sum(min(jcts) * 0.9 <= p <= max(jcts) * 1.1 for _, _, jcts, _, p, *_ in rows)
     print(
         f"\n|error| against the median run: median {100 * statistics.median(errors):.1f} %, max "
         f"{100 * max(errors):.1f} % over {len(rows)} cases; within 10 %: {sum(e <= 0.10 for e in errors)} of "

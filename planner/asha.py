@@ -58,7 +58,7 @@ from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import AshaPhasePolicy
 from rubberband.planner.schedule import rungs
 from rubberband.planner.search import widths_for
-from rubberband.planner.simulator import Layout, layout, useful_instances
+from rubberband.planner.simulator import Layout, layout, needed_on_time, useful_instances
 from rubberband.planner.start_lanes import StartLanes, TrialStart
 
 __all__ = [
@@ -152,7 +152,7 @@ class AshaResult:
         return float(self.cost.mean())
 
     def meets(self, deadline_s: float, confidence: float) -> bool:
-        return int(np.count_nonzero(self.jct <= deadline_s)) >= math.ceil(confidence * len(self.jct) - 1e-9)
+        return int(np.count_nonzero(self.jct <= deadline_s)) >= needed_on_time(len(self.jct), confidence)
 
     def jct_quantile(self, q: float) -> float:
         return float(np.quantile(self.jct, q))
@@ -743,7 +743,7 @@ def _fewest_meeting(
 
 def allowed_late(samples: int, confidence: float) -> int:
     """How many of ``samples`` samples may miss the deadline where it is met at ``confidence``."""
-    return samples - math.ceil(confidence * samples - 1e-9)
+    return samples - needed_on_time(samples, confidence)
 
 
 def lateness_order(ran: list[int], late: int, before: list[int], samples: int) -> list[int]:

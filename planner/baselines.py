@@ -33,6 +33,7 @@ from rubberband.planner.simulator import (
     StageConfig,
     efficient_counts,
     layout,
+    needed_on_time,
     plan_key,
 )
 
@@ -233,7 +234,7 @@ def exact_optimum(search: PlanSearch, *, incumbent: float = math.inf, max_nodes:
     rest = [0.0] * (len(options) + 1)
     for i in range(len(options) - 1, -1, -1):
         rest[i] = rest[i + 1] + min(stage_min_time(space, i, c, f_min) for c in options[i])
-    need = math.ceil(search.confidence * sim.samples - 1e-9)
+    need = needed_on_time(sim.samples, search.confidence)
     best: list = [incumbent, None, None]
     count = [0, 0]  # full plans simulated, nodes visited
     capped = [False]

@@ -40,6 +40,7 @@ from rubberband.planner.simulator import (
     StageConfig,
     efficient_counts,
     layout,
+    needed_on_time,
     plan_key,
 )
 from rubberband.planner.spot import SpotSetup
@@ -335,7 +336,7 @@ class PlanSearch:
     def screen_need(self, slack: int = 0) -> int:
         """Screening samples within the deadline a candidate needs to be kept (``slack`` fewer than the confidence's
         share of the screening samples)."""
-        return math.ceil(self.goal.confidence * self.evaluator.screen_samples - 1e-9) - slack
+        return needed_on_time(self.evaluator.screen_samples, self.goal.confidence) - slack
 
     def kept_by_screen(self, screened: SimResult, slack: int = 0) -> bool:
         """Whether a screening keeps its candidate: at least :meth:`screen_need` of its samples within the deadline."""

@@ -408,6 +408,12 @@ def sum_samples(arrays: Iterable[np.ndarray]) -> np.ndarray:
 SPOT_EVENTS = ("preemptions", "moved_to_on_demand", "stages_on_demand", "wait_s")
 
 
+def needed_on_time(samples: int, confidence: float) -> int:
+    """How many of ``samples`` Monte Carlo samples must meet the deadline for it to be met at ``confidence``:
+    count-based, so the same samples always give the same answer (no float quantile drift)."""
+    return math.ceil(confidence * samples - 1e-9)
+
+
 @dataclass
 class SimResult:
     """Distributions over samples (arrays of length ``samples``) and summary statistics."""
@@ -440,8 +446,7 @@ class SimResult:
         return float(np.mean(self.jct <= deadline_s))
 
     def meets(self, deadline_s: float, confidence: float) -> bool:
-        # count-based, so the same samples always give the same answer (no float quantile drift)
-        return int(np.count_nonzero(self.jct <= deadline_s)) >= math.ceil(confidence * len(self.jct) - 1e-9)
+        return int(np.count_nonzero(self.jct <= deadline_s)) >= needed_on_time(len(self.jct), confidence)
 
     def representative_index(self) -> int:
         return int(np.argmin(np.abs(self.jct - np.median(self.jct))))
