@@ -15,9 +15,14 @@ from rubberband.profile import load_profile
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
+@pytest.mark.timeout(660)
 def test_profile_times_ray_tune_trial_starts_on_a_node_of_their_own(cli, tmp_path):
     """One shape, nothing else but the Ray Tune probe: Ray Tune's trials one after another, then a stream keeping
-    every CPU of a node of 2 × cores starting one, then half as many at once among training trials."""
+    every CPU of a node of 2 × cores starting one, then half as many at once among training trials.
+
+    The probe takes about 50 s on an idle 2-core machine and past 3 minutes beside the suite's other Ray clusters,
+    so the budget is generous: the profile stops when its measurements are done, and the stop at the end of the
+    budget has a test of its own (below)."""
     for name in ("synthetic.py", "synthetic.yaml"):
         shutil.copy(EXAMPLES / name, tmp_path / name)
     out = tmp_path / "profile.json"
@@ -36,10 +41,10 @@ def test_profile_times_ray_tune_trial_starts_on_a_node_of_their_own(cli, tmp_pat
         "--startup-samples",
         "0",
         "--budget",
-        "240s",
+        "600s",
         "--out",
         out,
-        timeout=290,
+        timeout=640,
     )
     assert result.returncode == 0, result.stderr
     tune_start = load_profile(out).tune_trial_start
