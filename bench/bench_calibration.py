@@ -156,7 +156,7 @@ def shortest(inputs, p: float) -> float:
 
 def calibrate(name: str, overrides: dict, workdir: Path, args) -> list[dict]:
     from rubberband.inputs import load_job_inputs
-    from rubberband.planner.api import configs_of, heads_of
+    from rubberband.planner.plan_record import configs_of, heads_of
     from rubberband.planner.model import fit_performance_model
     from rubberband.planner.simulator import SimSettings, Simulator
     from rubberband.planning import plan_from_inputs

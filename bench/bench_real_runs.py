@@ -145,7 +145,7 @@ def replay(inputs, run_dir: Path) -> float | None:
     from rubberband.executor import journal as J
     from rubberband.executor.runtime import known_trials
     from rubberband.executor.survivors import bracket_history
-    from rubberband.planner.api import configs_of, heads_of
+    from rubberband.planner.plan_record import configs_of, heads_of
     from rubberband.planner.model import fit_performance_model
     from rubberband.planner.simulator import SimSettings, Simulator
 

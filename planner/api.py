@@ -6,50 +6,35 @@ stages' :class:`~rubberband.planner.search.PlanSpace`, the remaining deadline as
 :class:`~rubberband.planner.search.Goal`, the instances already running in its
 :class:`~rubberband.planner.simulator.SimSettings`); ``simulate_plan`` re-simulates an existing plan (what
 a replay changes: :class:`Replay`). All pure: the caller times the planner and fills ``plan.planner.seconds``.
+
+ASHA jobs are planned in :mod:`~rubberband.planner.asha_plan`, which also gives a SHA or Hyperband plan its ASHA
+baseline; what a plan records beside its stages is built in :mod:`~rubberband.planner.plan_record`, and the types
+a job may use come from :mod:`~rubberband.planner.offerings`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
-from rubberband.catalog import Catalog, InstanceType
-from rubberband.errors import InfeasibleError, PlanFileError, SpecError
+from rubberband.catalog import Catalog
+from rubberband.errors import InfeasibleError, PlanFileError
 from rubberband.plan import (
     Alternative,
-    BaselineASHA,
     CatalogInfo,
-    CostBreakdown,
-    Distribution,
     Handoff,
-    HeadInfo,
-    JobInfo,
     Plan,
     PlannerInfo,
-    Prediction,
     SpotInfo,
     SpotZoneInfo,
     StagePlan,
-    SurvivorInfo,
     Timeline,
     TriedZone,
 )
-from rubberband.planner.asha import (
-    ASHA_SAMPLES,
-    AshaPhases,
-    AshaResult,
-    AshaSchedule,
-    AshaSearch,
-    AshaSettings,
-    AshaSimulator,
-    asha_baseline,
-    elastic_asha,
-    ray_tune_starts,
-)
+from rubberband.planner.asha_plan import AshaJob, asha_info, plan_asha
 from rubberband.planner.beside import Beside, in_turn
 from rubberband.planner.baselines import (
     BaselineResult,
@@ -67,8 +52,20 @@ from rubberband.planner.brackets import (
     parallel_knapsack_plans,
 )
 from rubberband.planner.model import PerformanceModel, fit_performance_model
-from rubberband.planner.schedule import Stage, asha_stages, stages_for
-from rubberband.planner.policies import AshaPhasePolicy, SpotPolicy
+from rubberband.planner.offerings import allowed_types, region_twins_merged
+from rubberband.planner.plan_record import (
+    configs_of,
+    head_info,
+    head_start_s,
+    heads_of,
+    job_info,
+    prediction,
+    profile_sha256,
+    survivor_info,
+    variation_notes,
+)
+from rubberband.planner.schedule import Stage, stages_for
+from rubberband.planner.policies import SpotPolicy
 from rubberband.planner.search import (
     Evaluator,
     Goal,
@@ -137,69 +134,6 @@ class StagesPlan:
     handoffs: list = field(default_factory=list)  # parallel: brackets.Handoff of the representative sample
     #: How far the exact search got ("proven optimal (N nodes searched)" or "capped after N nodes, ...").
     exact_note: str | None = None
-
-
-#: Simulated samples kept in a plan (for histograms in reports); the rest only feed the summaries.
-SAMPLES_KEPT = 300
-
-
-def allowed_types(
-    catalog: Catalog, spec: JobSpec, cloud: str | None = None, *, spot_required: bool | None = None
-) -> list[InstanceType]:
-    """Offerings allowed by the spec's resources, narrowed to ``cloud`` (``any`` or None: the spec's).
-
-    ``spot_required`` (default: ``resources.spot``) keeps only types sold on spot: the old all-spot
-    pricing; with a spot model, spot is per stage and on-demand-only types stay allowed."""
-    res = spec.resources
-    clouds: list[str]
-    if cloud in (None, ""):
-        clouds = list(res.clouds)
-    elif cloud == "any":
-        clouds = catalog.clouds()
-    else:
-        clouds = [cloud]
-    spot = res.spot if spot_required is None else spot_required
-    filtered = catalog.filter(clouds=clouds, regions=res.regions, names=res.instance_types, spot=spot)
-    return list(filtered.types)
-
-
-def region_twins_merged(types: Sequence[InstanceType]) -> list[InstanceType]:
-    """``types`` with each on-demand shape once: of types alike in all but their region and spot offers (the same
-    cloud, name, device, size and on-demand price), the first. An on-demand plan cannot tell them apart (start-ups
-    are modelled per cloud and name, heads per cloud), and its instances do not carry over between regions, so
-    searching both only doubles the neighbourhoods: Hyperband R=243 on the quickstart's types (each sold in
-    us-east-1 and us-west-2) searched in 1.4 s with both, 1.1 s with one, for the same plan. Spot plans keep every
-    region: there the region's spot market is what is planned."""
-    kept: dict[InstanceType, InstanceType] = {}
-    for t in types:
-        kept.setdefault(replace(t, region="", zones=(), spot_price_hr=None, zone_spot_prices=()), t)
-    return list(kept.values())
-
-
-def _distribution(values: np.ndarray) -> Distribution:
-    return Distribution(
-        mean=float(values.mean()), p50=float(np.quantile(values, 0.5)), p95=float(np.quantile(values, 0.95))
-    )
-
-
-def prediction(result: SimResult, deadline_s: float) -> Prediction:
-    """Summary statistics of a simulation, in the plan's schema."""
-    return Prediction(
-        jct_s=_distribution(result.jct),
-        cost_usd=_distribution(result.cost),
-        p_meet_deadline=result.p_meet(deadline_s),
-        stage_duration_s=[_distribution(d) for d in result.stage_durations],
-        stage_cost_usd=[float(c.mean()) for c in result.stage_costs],
-        cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in result.breakdown.items()}),
-        cost_by_instance_type={k: float(np.mean(v)) for k, v in sorted(result.by_type.items())},
-        jct_samples_s=_subsample(result.jct),
-        cost_samples_usd=_subsample(result.cost),
-    )
-
-
-def _subsample(values: np.ndarray, at_most: int = SAMPLES_KEPT) -> list[float]:
-    """The first ``at_most`` Monte Carlo samples (already i.i.d.), paired across JCT and cost, for histograms."""
-    return [round(float(v), 6) for v in values[:at_most]]
 
 
 def stage_plans(
@@ -580,10 +514,6 @@ def static_is_as_good(static: SimResult, elastic: SimResult, confidence: float) 
     ) <= elastic.jct_quantile(confidence)
 
 
-def profile_sha256(profile: Profile) -> str:
-    return hashlib.sha256(profile.model_dump_json(exclude={"fitted"}).encode()).hexdigest()
-
-
 @dataclass(frozen=True)
 class SpotMarket:
     """The spot market a ``resources.spot: true`` spec is planned with: the fitted ``model`` of preemptions and
@@ -628,9 +558,9 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOpt
     """Plan a whole job: the cheapest elastic plan meeting the deadline, with baselines (``options``:
     :class:`PlanOptions`).
 
-    ``scheduler.kind: asha`` is planned by :func:`plan_asha` (an elastic ASHA cluster, its stages the rungs;
-    ``samples`` capped at :data:`~rubberband.planner.asha.ASHA_SAMPLES`); ``include_exact``, ``brackets`` and
-    ``spot`` do not apply to it.
+    ``scheduler.kind: asha`` is planned by :func:`~rubberband.planner.asha_plan.plan_asha` (an elastic ASHA
+    cluster, its stages the rungs; ``samples`` capped at :data:`~rubberband.planner.asha.ASHA_SAMPLES`);
+    ``include_exact``, ``brackets`` and ``spot`` do not apply to it.
     """
     options = options or PlanOptions()
     deadline = float(options.deadline_s if options.deadline_s is not None else spec.deadline_s)
@@ -736,7 +666,7 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOpt
         profile_sha256=profile_sha256(profile),
         spec=spec.model_dump(mode="json"),
         head=head_info(out.head),
-        head_start_s=_head_start_s(model, out.configs[0].instance_type),
+        head_start_s=head_start_s(model, out.configs[0].instance_type),
         asha=asha_out,
         survivors=survivor_info(model),
         brackets=out.brackets,
@@ -755,11 +685,6 @@ def plan_job(spec: JobSpec, profile: Profile, catalog: Catalog, options: PlanOpt
         if settings.spot_setup is None or market is None
         else spot_info(settings.spot_setup, market.source or "spot model"),
     )
-
-
-def _head_start_s(model: PerformanceModel, first: InstanceType) -> float:
-    """The plan's ``head_start_s``: the head's wait its predictions count, for its first stage's type."""
-    return round(model.head_wait_s(first.cloud, first.name), 3)
 
 
 def _sparser_checkpoints(
@@ -786,22 +711,6 @@ CHECKPOINT_INTERVALS = (1, 2, 3, 5, 10)
 #: A longer interval is taken only when it makes the plan at least this much cheaper (else planning again
 #: for it costs more time than it can save money).
 CHECKPOINT_GAIN = 0.01
-
-
-def job_info(spec: JobSpec) -> JobInfo:
-    """What a plan records of the job it was made for (the spec's name, hash, schedule and metric)."""
-    sched = spec.scheduler
-    return JobInfo(
-        name=spec.name,
-        spec_sha256=spec.sha256(),
-        scheduler=sched.kind,
-        eta=sched.eta,
-        min_epochs=sched.min_epochs,
-        max_epochs=sched.max_epochs,
-        trials=sched.trials,
-        metric=spec.metric.name,
-        mode=spec.metric.mode,
-    )
 
 
 def checkpoint_interval(sim: Simulator, configs: Sequence[StageConfig], goal: Goal) -> int:
@@ -908,145 +817,6 @@ def plan_spot_setup(
     )
 
 
-def asha_info(space: PlanSpace, spec: JobSpec, goal: Goal, settings: SimSettings) -> BaselineASHA | None:
-    """ASHA with the job's trials (every bracket's first stage of ``space``), η and epochs on the cheapest fixed
-    cluster of ``space``'s types and widths meeting ``goal`` (else the quickest one tried), in the plan's schema;
-    seeded, priced (``settings.spot``: at spot) and billed a head (``settings.heads``) as the plan was."""
-    sched = spec.scheduler
-    usable = [t for t in space.types if space.model.plannable(t.device)]
-    if not usable:
-        return None
-    billing = Simulator(
-        space.stages, space.model, SimSettings(samples=1, seed=settings.seed, spot=settings.spot, heads=settings.heads)
-    )
-    sim = AshaSimulator(
-        space.model,
-        AshaSchedule(
-            trials=sum(s.trials for s in space.stages if s.index == 0),
-            eta=sched.eta,
-            min_epochs=sched.min_epochs,
-            max_epochs=sched.max_epochs,
-        ),
-        AshaSettings(
-            seed=settings.seed,
-            spot=settings.spot,
-            head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
-            starts=lambda itype: ray_tune_starts(space.model, itype),  # the baseline is Ray Tune's ASHA
-        ),
-    )
-    found = asha_baseline(sim, usable, space.max_workers, goal.deadline_s, goal.confidence)
-    if found is None:
-        return None
-    res, meets = found
-    return _baseline_asha(res, goal.deadline_s, meets, ray_tune=space.model.tune_start is not None)
-
-
-def asha_prediction(
-    res: AshaResult, deadline_s: float, *, head: HeadSpec | None = None, phases: bool = False
-) -> Prediction:
-    """Summary statistics of an ASHA simulation, in the plan's schema. ``head``: the billed head's type is listed
-    in ``cost_by_instance_type`` too (as a stage plan's prediction lists it); ``phases``: with the per-phase
-    figures as the stages' (``stage_duration_s``, ``stage_cost_usd``)."""
-    by_type = {res.cluster.instance_type.name: float(res.cost.mean() - res.breakdown["head"].mean())}
-    head_usd = float(res.breakdown["head"].mean())
-    if head is not None and head_usd > 0:
-        by_type[head.instance_type] = by_type.get(head.instance_type, 0.0) + head_usd
-    durations: list[Distribution] = []
-    costs: list[float] = []
-    if phases and res.phase_durations is not None and res.phase_costs is not None:
-        durations = [_distribution(d) for d in res.phase_durations.T]
-        costs = [float(c.mean()) for c in res.phase_costs.T]
-    return Prediction(
-        jct_s=_distribution(res.jct),
-        cost_usd=_distribution(res.cost),
-        p_meet_deadline=float(np.mean(res.jct <= deadline_s)),
-        stage_duration_s=durations,
-        stage_cost_usd=costs,
-        cost_breakdown=CostBreakdown(**{f"{k}_usd": float(v.mean()) for k, v in res.breakdown.items()}),
-        cost_by_instance_type=dict(sorted(by_type.items())),
-        jct_samples_s=_subsample(res.jct),
-        cost_samples_usd=_subsample(res.cost),
-    )
-
-
-#: A population mean known to worse than this (log standard error: ±10 % in speed) is noted in the plan.
-MEAN_SE_NOTE = 0.1
-
-
-def variation_notes(model: PerformanceModel) -> list[str]:
-    """What the prediction assumes about per-epoch noise and configuration speed, when not measured."""
-    v = model.variation
-    if v.configs == 0:
-        return [
-            "the profile has no whole-epoch times of sampled configurations (schema v1 or --configs 0): "
-            "P(meet deadline) assumes no per-epoch noise and every configuration as fast as the profiled one; "
-            "re-run `rubberband profile` to measure them"
-        ]
-    if v.configs == 1:
-        return [
-            "the profile timed one configuration: P(meet deadline) assumes every configuration as fast as it; "
-            "profile with a larger --budget to measure their spread"
-        ]
-    if v.config_mean_se >= MEAN_SE_NOTE:
-        return [
-            f"the profile's {v.configs} configurations know how fast the search space's configurations are only to "
-            f"±{math.expm1(v.config_mean_se):.0%} (their spread over √{v.configs}), the same for every trial of the "
-            "run: the prediction is that much wider; fold finished runs in (`rubberband profile --from-run RUN_DIR` "
-            "adds each one's first stage as configurations) or profile more of them (--configs)"
-        ]
-    return []
-
-
-def survivor_info(model: PerformanceModel) -> SurvivorInfo | None:
-    """The plan's record of who survives a promotion (None: configurations as fast as each other)."""
-    v = model.variation
-    if v.config_sigma <= 0:
-        return None
-    return SurvivorInfo(
-        basis="bound" if v.speed_quality_bound else "fitted",
-        rho=round(max(-1.0, min(1.0, v.speed_quality_rho)), 6),
-        rank_correlation=None if v.speed_quality_fit is None else round(v.speed_quality_fit, 6),
-        note=v.speed_quality_source,
-    )
-
-
-def head_info(head: HeadSpec | None) -> HeadInfo | None:
-    """The plan's record of a (resolved) billed head."""
-    if head is None:
-        return None
-    return HeadInfo(
-        cloud=head.cloud,
-        instance_type=head.instance_type,
-        price_hr=head.price_hr,
-        boot_s=float(head.boot_s or 0.0),
-        grace_s=head.grace_s,
-    )
-
-
-def heads_of(plan: Plan) -> dict[str, HeadSpec]:
-    """The billed head a plan's predictions include, as the simulator takes it (empty: none)."""
-    h = plan.head
-    if h is None:
-        return {}
-    return {
-        h.cloud: HeadSpec(
-            cloud=h.cloud, instance_type=h.instance_type, price_hr=h.price_hr, grace_s=h.grace_s, boot_s=h.boot_s
-        )
-    }
-
-
-def configs_of(plan: Plan, catalog: Catalog) -> tuple[list[Stage], tuple[StageConfig, ...]]:
-    """The schedule stages and stage configurations of an existing plan (a stage's market is spot when
-    the plan has a spot model and the stage says ``spot``; a v2 plan's spot stages are priced at spot)."""
-    stages, configs = [], []
-    for sp in plan.stages:
-        itype = catalog.find(sp.instance_type, cloud=sp.cloud, region=sp.region)
-        stages.append(Stage(sp.bracket, sp.stage, sp.trials, sp.epochs, sp.epochs_this_stage))
-        market = "spot" if sp.spot and plan.spot is not None else "on_demand"
-        configs.append(StageConfig(itype, sp.instances, sp.workers_per_trial, market))
-    return stages, tuple(configs)
-
-
 @dataclass(frozen=True)
 class Replay:
     """What a replay of an existing plan changes about how it was planned (None: as planned): the ``seed`` of its
@@ -1137,215 +907,3 @@ def simulate_plan(
 
 
 # -- ASHA: the rung ladder's phases on one elastic cluster ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AshaJob:
-    """An ASHA job as :func:`plan_job` resolved it: the spec, the deadline and confidence planned for, the seed,
-    the samples asked for (at most :data:`~rubberband.planner.asha.ASHA_SAMPLES` are simulated), the billed heads
-    and whether to record the fixed-cluster baseline as ``plan.asha`` too."""
-
-    spec: JobSpec
-    deadline_s: float
-    confidence: float
-    seed: int
-    samples: int = ASHA_SAMPLES
-    heads: Mapping[str, HeadSpec] | None = None
-    baseline: bool = True
-
-    def __post_init__(self) -> None:
-        if self.spec.scheduler.kind != "asha":
-            raise ValueError(f"AshaJob needs a spec with scheduler.kind asha, not {self.spec.scheduler.kind}")
-        if self.spec.resources.spot:
-            raise SpecError(
-                "spec field 'resources.spot': scheduler.kind asha runs on on-demand instances; set "
-                "resources.spot: false or use kind: sha"
-            )
-
-
-def plan_asha(job: AshaJob, profile: Profile, catalog: Catalog, cloud: str | None = None) -> Plan:
-    """The cheapest elastic ASHA plan meeting the deadline at the confidence (:func:`~rubberband.planner.asha.
-    elastic_asha`): one stage per rung, stage ``k`` holding the instances of phase ``k``
-    (:class:`~rubberband.planner.policies.AshaPhasePolicy`), every stage on the same type and width. The best
-    fixed ASHA cluster is ``baselines["static"]`` (its count in every stage). Raises InfeasibleError as
-    :func:`plan_stages` does: with the shortest JCT (the quickest fixed cluster tried) and its cost elastic."""
-    spec, sched = job.spec, job.spec.scheduler
-    if sched.trials is None:  # the spec refuses it; a JobSpec built otherwise may not
-        raise ValueError("ASHA needs a number of trials")
-    stages = asha_stages(sched.trials, sched.eta, sched.min_epochs, sched.max_epochs)
-    model = fit_performance_model(profile)
-    space = PlanSpace(stages, allowed_types(catalog, spec, cloud), model, spec.resources.max_workers_per_trial)
-    samples = max(1, min(job.samples, ASHA_SAMPLES))
-    billing = Simulator(stages, model, SimSettings(samples=1, seed=job.seed, heads=job.heads))
-    sim = AshaSimulator(
-        model,
-        AshaSchedule(trials=sched.trials, eta=sched.eta, min_epochs=sched.min_epochs, max_epochs=sched.max_epochs),
-        AshaSettings(
-            samples=samples,
-            seed=job.seed,
-            head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
-        ),
-    )
-    deadline, conf = job.deadline_s, job.confidence
-    found = elastic_asha(sim, space.types, spec.resources.max_workers_per_trial, deadline, conf)
-    if found.elastic is None or found.fixed is None:
-        raise _asha_infeasible(found, deadline, conf)
-    chosen, fixed = found.elastic, found.fixed
-    if spec.budget_usd is not None and chosen.cost_mean > spec.budget_usd:
-        raise InfeasibleError(
-            f"the cheapest plan meeting the deadline costs {format_usd(chosen.cost_mean)} (mean), above the "
-            f"budget of {format_usd(spec.budget_usd)}; raise budget_usd or loosen the deadline",
-            shortest_jct_s=chosen.jct_quantile(conf),
-            cost_usd=chosen.cost_mean,
-        )
-    itype = chosen.cluster.instance_type
-    head = billing.head_for([StageConfig(itype, 1, 1)])
-    notes = [f"not plannable (device not in profile): {', '.join(space.skipped)}"] if space.skipped else []
-    notes.append(
-        "ASHA: stage k is the phase in which every trial has started and no trial trains below rung k; it "
-        "holds `instances` instances, idle ones beyond that released at once, busy ones as they go idle; "
-        "stage trials are SHA's expected survivors (ASHA's own vary from run to run)"
-    )
-    if chosen.phases == fixed.phases and chosen.cluster == fixed.cluster:
-        notes.append("no phase released an instance for less: the plan is the best fixed ASHA cluster")
-    return Plan(
-        job=job_info(spec),
-        catalog=CatalogInfo(
-            clouds=sorted({t.cloud for t in space.types}),
-            regions=sorted({t.region for t in space.types}),
-            dates={c: d for c, d in catalog.dates.items() if any(t.cloud == c for t in space.types)},
-        ),
-        deadline_s=deadline,
-        confidence=conf,
-        budget_usd=spec.budget_usd,
-        stages=asha_stage_plans(stages, chosen),
-        predicted=asha_prediction(chosen, deadline, head=head, phases=True),
-        timeline=sim.timeline(chosen.elastic, chosen.representative_index()),
-        baselines={
-            "static": Alternative(
-                name="static",
-                stages=asha_stage_plans(stages, fixed),
-                predicted=asha_prediction(fixed, deadline, head=head, phases=True),
-                timeline=sim.timeline(fixed.elastic, fixed.representative_index()),
-                note="ASHA on a fixed cluster: every instance held to the end",
-            )
-        },
-        planner=PlannerInfo(
-            algorithm="asha-phase-greedy",
-            candidates_evaluated=found.candidates,
-            iterations=found.steps,
-            samples=samples,
-            seed=job.seed,
-            notes=notes + variation_notes(model) + [f"instance types used: {itype.name}"],
-        ),
-        profile_sha256=profile_sha256(profile),
-        spec=spec.model_dump(mode="json"),
-        head=head_info(head),
-        head_start_s=_head_start_s(model, itype),
-        asha=_baseline_asha(fixed, deadline, True) if job.baseline else None,
-        survivors=survivor_info(model),
-        brackets="sequential",
-    )
-
-
-def _asha_infeasible(found: AshaSearch, deadline_s: float, confidence: float) -> InfeasibleError:
-    """No ASHA cluster meets the deadline: the error names the quickest one tried (its JCT at the confidence, and
-    its cost run elastically), as :func:`plan_stages` names the quickest plan."""
-    quickest = found.quickest_elastic or found.quickest
-    if quickest is None:
-        return InfeasibleError(f"no ASHA cluster could be simulated for a deadline of {format_duration(deadline_s)}")
-    shortest = quickest.jct_quantile(confidence)
-    c = quickest.cluster
-    return InfeasibleError(
-        f"no plan meets the deadline of {format_duration(deadline_s)} with {confidence:.0%} confidence; the "
-        f"shortest feasible JCT is {format_duration(shortest)} ({shortest:.0f} s at p{confidence * 100:.0f}, ASHA "
-        f"starting on {c.instances} × {c.instance_type.name}) costing {format_usd(quickest.cost_mean)}; set the "
-        f"deadline to at least {shortest:.0f} s or lower the confidence",
-        shortest_jct_s=shortest,
-        cost_usd=quickest.cost_mean,
-    )
-
-
-def asha_stage_plans(stages: Sequence[Stage], res: AshaResult) -> list[StagePlan]:
-    """An ASHA cluster as the plan's stages: one per rung (``stages``: :func:`~rubberband.planner.schedule.
-    asha_stages`), stage ``k`` with phase ``k``'s instances, its median duration and its mean attributed cost."""
-    c = res.cluster
-    itype = c.instance_type
-    counts = res.phases or (c.instances,) * len(stages)
-    if len(counts) != len(stages):
-        raise ValueError(f"{len(stages)} rungs but {len(counts)} phase counts")
-    out = []
-    for k, (st, count) in enumerate(zip(stages, counts)):
-        out.append(
-            StagePlan(
-                bracket=0,
-                stage=st.index,
-                trials=st.trials,
-                epochs=st.epochs,
-                epochs_this_stage=st.epochs_this_stage,
-                cloud=itype.cloud,
-                region=itype.region,
-                instance_type=itype.name,
-                instances=count,
-                workers_per_trial=c.workers,
-                spot=False,
-                predicted_duration_s=None
-                if res.phase_durations is None
-                else float(np.quantile(res.phase_durations[:, k], 0.5)),
-                predicted_cost_usd=None if res.phase_costs is None else float(res.phase_costs[:, k].mean()),
-            )
-        )
-    return out
-
-
-def _baseline_asha(res: AshaResult, deadline_s: float, meets: bool, *, ray_tune: bool = False) -> BaselineASHA:
-    """A fixed ASHA cluster in the plan's schema (``plan.asha``); ``ray_tune``: its trials started as Ray Tune's."""
-    c = res.cluster
-    return BaselineASHA(
-        instance_type=c.instance_type.name,
-        cloud=c.instance_type.cloud,
-        instances=c.instances,
-        workers_per_trial=c.workers,
-        predicted=asha_prediction(res, deadline_s),
-        meets_deadline=meets,
-        trial_starts="ray_tune" if ray_tune else "warm_workers",
-    )
-
-
-def asha_phase_policy(plan: Plan) -> AshaPhasePolicy:
-    """The phase rule an ASHA plan is run by: ``instances[k]`` = ``plan.stages[k].instances`` (the executor's
-    ASHA scheduler holds that many instances in phase ``k``, as the plan's simulation did)."""
-    if not plan.is_asha:
-        raise PlanFileError(f"the plan runs {plan.job.scheduler}, not ASHA: it has stages, not ASHA phases")
-    return AshaPhasePolicy(plan.phase_instances)
-
-
-def replay_asha_plan(
-    plan: Plan, profile: Profile, catalog: Catalog, *, samples: int = ASHA_SAMPLES, seed: int | None = None
-) -> AshaResult:
-    """The Monte Carlo distributions of an ASHA plan under the elastic ASHA simulator: its job, type, width and
-    phase counts, its billed head (``rubberband simulate``). The stages must share one type and width, as
-    :func:`plan_asha` writes them."""
-    policy = asha_phase_policy(plan)
-    job = plan.job
-    if job.trials is None:
-        raise PlanFileError("the ASHA plan names no trials; regenerate it with `rubberband plan`")
-    shapes = {(s.cloud, s.region, s.instance_type, s.workers_per_trial) for s in plan.stages}
-    if len(shapes) != 1:
-        raise PlanFileError("an ASHA plan's stages must share one instance type and width; regenerate it")
-    cloud, region, name, workers = shapes.pop()
-    itype = catalog.find(name, cloud=cloud, region=region)
-    model = fit_performance_model(profile)
-    model.require(itype.device)
-    stages = asha_stages(job.trials, job.eta, job.min_epochs, job.max_epochs)
-    billing = Simulator(stages, model, SimSettings(samples=1, heads=heads_of(plan)))
-    sim = AshaSimulator(
-        model,
-        AshaSchedule(trials=job.trials, eta=job.eta, min_epochs=job.min_epochs, max_epochs=job.max_epochs),
-        AshaSettings(
-            samples=samples,
-            seed=plan.planner.seed if seed is None else seed,
-            head_cost=lambda t, jct: billing.head_cost([StageConfig(t, 1, 1)], jct),
-        ),
-    )
-    return sim.simulate(AshaPhases(itype, policy.instances, workers))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rubberband.plan import CatalogInfo, Distribution, Plan, Prediction, StagePlan
-from rubberband.planner.api import job_info
+from rubberband.planner.plan_record import job_info
 from rubberband.spec import JobSpec
 
 TESTS_DIR = Path(__file__).resolve().parent

@@ -135,7 +135,7 @@ def test_a_search_that_fails_cancels_the_baseline_beside_it():
 
 
 def test_region_twins_are_planned_once_and_spot_keeps_every_region():
-    from rubberband.planner.api import region_twins_merged
+    from rubberband.planner.offerings import region_twins_merged
 
     catalog = load_job_inputs(EXAMPLES / "quickstart.yaml").catalog
     east, west = catalog.find("g5.xlarge", region="us-east-1"), catalog.find("g5.xlarge", region="us-west-2")

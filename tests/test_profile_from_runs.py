@@ -196,7 +196,7 @@ def test_profile_from_run_folds_a_finished_runs_journal_into_the_specs_profile(t
 def test_a_plan_says_when_its_configurations_leave_the_population_speed_uncertain(tmp_path):
     import dataclasses
 
-    from rubberband.planner.api import MEAN_SE_NOTE, variation_notes
+    from rubberband.planner.plan_record import MEAN_SE_NOTE, variation_notes
 
     model = fit_performance_model(load_profile(write_spread_profile(tmp_path / "p.json", sigma=0.5, rho=0.0)))
     assert model.variation.config_mean_se >= MEAN_SE_NOTE  # ten configurations at σ 0.5

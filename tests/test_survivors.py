@@ -248,7 +248,7 @@ def test_a_replay_of_a_runs_own_trials_lands_on_its_jct_on_virtual_time(tmp_path
     from rubberband.executor.survivors import bracket_history
     from rubberband.inputs import load_job_inputs
     from rubberband.plan import Plan
-    from rubberband.planner.api import configs_of
+    from rubberband.planner.plan_record import configs_of
 
     spec_path = write_job(tmp_path / "job", trials=27, eta=3, min_epochs=1, max_epochs=9, epoch_s=1.0)
     data = json.loads(spec_path.read_text())

@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
 def asha_figures(plan, profile, catalog, *, samples: int, seed: int) -> dict:
     """An ASHA plan replayed with the elastic ASHA simulator (its phase counts; at most ASHA_SAMPLES samples, the
     event-driven simulator's own): the figures ``rubberband simulate`` prints."""
-    from rubberband.planner.api import replay_asha_plan
+    from rubberband.planner.asha_plan import replay_asha_plan
     from rubberband.planner.asha import ASHA_SAMPLES
 
     result = replay_asha_plan(plan, profile, catalog, samples=min(samples, ASHA_SAMPLES), seed=seed)
