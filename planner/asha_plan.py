@@ -13,8 +13,17 @@ import numpy as np
 
 from rubberband.catalog import Catalog
 from rubberband.errors import InfeasibleError, PlanFileError, SpecError
-from rubberband.plan import Alternative, BaselineASHA, CatalogInfo, CostBreakdown, Distribution, Plan, PlannerInfo
-from rubberband.plan import Prediction, StagePlan
+from rubberband.plan import (
+    Alternative,
+    BaselineASHA,
+    CatalogInfo,
+    CostBreakdown,
+    Distribution,
+    Plan,
+    PlannerInfo,
+    Prediction,
+    StagePlan,
+)
 from rubberband.planner.asha import (
     ASHA_SAMPLES,
     AshaPhases,
