@@ -19,10 +19,12 @@ order). Workloads:
 
 Printed per case: Ray Tune's JCT (``Tuner.fit()``) in each of ``--repeat`` runs and their median, the plan's ASHA
 prediction (median of 64 draws of the start spread), its error against the median run (target: within 10 %), the
-prediction without Tune's starts (the trials starting as this executor's do, as plans did before the profiler
-measured Tune) and the trials reaching each rung (the run nearest the median). One run says little: the same case
-(C on one node) took 55.0 to 69.7 s in six runs on one day, and where a trial is promoted depends on which
-results Tune happens to record first.
+draws' 10th to 90th percentile and where each run falls among the draws (a case whose promotions go two ways, as
+B on two nodes, has two modes in the draws as in Tune, and its median between them), the prediction without
+Tune's starts (the trials starting as this executor's do, as plans did before the profiler measured Tune) and the
+trials reaching each rung (the run nearest the median). One run says little: the same case (C on one node) took
+55.0 to 74.4 s on this machine from one day to the next, and where a trial is promoted depends on which results
+Tune happens to record first.
 """
 
 from __future__ import annotations
@@ -86,8 +88,29 @@ def run_asha(tune, storage: str, work: Workload, qualities: np.ndarray) -> tuple
     return jct, [sum(1 for r in results if r.metrics.get("training_iteration", 0) >= m) for m in ladder]
 
 
-def predict(work: Workload, nodes: int, slots: int, tune_start, qualities: np.ndarray) -> tuple[float, float, list]:
-    """(median JCT with Ray Tune's measured starts, the same without them, rungs of the median sample)."""
+@dataclass(frozen=True)
+class Predicted:
+    """The simulator's JCT draws for one case with Ray Tune's measured starts (``draws``; the prediction is their
+    median), the median without Tune's starts, and the trials reaching each rung in the median draw."""
+
+    draws: np.ndarray
+    without_s: float
+    rungs: list
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.draws))
+
+    def quantile(self, q: float) -> float:
+        return float(np.quantile(self.draws, q))
+
+    def percentile_of(self, jct: float) -> float:
+        """Where a run's JCT falls among the draws (0-100: the share of draws at or below it)."""
+        return 100.0 * float(np.mean(self.draws <= jct))
+
+
+def predict(work: Workload, nodes: int, slots: int, tune_start, qualities: np.ndarray) -> Predicted:
+    """The case's draws with Ray Tune's measured starts, and the median without them."""
     from rubberband.catalog import InstanceType
     from rubberband.planner.asha import AshaCluster, AshaSchedule, AshaSettings, AshaSimulator, ray_tune_starts
     from rubberband.planner.model import DeviceModel, PerformanceModel, StartupModel
@@ -134,8 +157,8 @@ def predict(work: Workload, nodes: int, slots: int, tune_start, qualities: np.nd
         sim.set_qualities(qualities)
         res = sim.simulate(AshaCluster(itype, nodes, 1))
         median = int(np.argsort(res.jct)[len(res.jct) // 2])
-        out.append((float(np.median(res.jct)), res.promotions[median].tolist()))
-    return out[0][0], out[1][0], out[0][1]
+        out.append((res.jct, res.promotions[median].tolist()))
+    return Predicted(draws=out[0][0], without_s=float(np.median(out[1][0])), rungs=out[0][1])
 
 
 def main() -> None:
@@ -191,8 +214,9 @@ def main() -> None:
                     jcts = [jct for jct, _ in runs]
                     jct = statistics.median(jcts)
                     reached = min(runs, key=lambda r: abs(r[0] - jct))[1]
-                    predicted, without, rungs = predict(work, nodes, args.slots, model_start, qualities)
-                    rows.append((work, nodes, jcts, jct, predicted, without, reached, rungs))
+                    pred = predict(work, nodes, args.slots, model_start, qualities)
+                    predicted, without, rungs = pred.median_s, pred.without_s, pred.rungs
+                    rows.append((work, nodes, jcts, jct, pred, reached))
                     print(
                         f"{work.name} ({work.trials} trials, {work.epoch_s:g} s epochs, max_t {work.max_t}) on "
                         f"{nodes} node(s) x {args.slots}: Ray Tune {', '.join(f'{j:.1f}' for j in jcts)} s (median "
@@ -207,21 +231,26 @@ def main() -> None:
     print(f"\nload average {load_before:.1f} before, on {os.cpu_count()} CPUs")
     print(
         f"| workload | nodes × slots | Ray Tune JCT (median of {args.repeat}; range) | predicted | error | "
-        "without Tune's starts | rungs (Tune / predicted) |"
+        "predicted p10–p90 | runs' percentiles | without Tune's starts | rungs (Tune / predicted) |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for work, nodes, jcts, jct, predicted, without, reached, rungs in rows:
+    print("|---|---|---|---|---|---|---|---|---|")
+    for work, nodes, jcts, jct, pred, reached in rows:
+        percentiles = ", ".join(f"{pred.percentile_of(j):.0f}" for j in jcts)
         print(
             f"| {work.name}: {work.trials} × {work.epoch_s:g} s, max_t {work.max_t} | {nodes} × {args.slots} | "
-            f"{jct:.1f} s ({min(jcts):.1f}–{max(jcts):.1f}) | {predicted:.1f} s | {100 * (predicted - jct) / jct:+.1f} % | "
-            f"{100 * (without - jct) / jct:+.1f} % | {reached} / {rungs} |"
+            f"{jct:.1f} s ({min(jcts):.1f}–{max(jcts):.1f}) | {pred.median_s:.1f} s | "
+            f"{100 * (pred.median_s - jct) / jct:+.1f} % | {pred.quantile(0.1):.1f}–{pred.quantile(0.9):.1f} s | "
+            f"{percentiles} | {100 * (pred.without_s - jct) / jct:+.1f} % | {reached} / {pred.rungs} |"
         )
-    errors = [abs(p - jct) / jct for _, _, _, jct, p, *_ in rows]
-    inside = sum(min(jcts) * 0.9 <= p <= max(jcts) * 1.1 for _, _, jcts, _, p, *_ in rows)
+    errors = [abs(pred.median_s - jct) / jct for _, _, _, jct, pred, _ in rows]
+    inside = sum(min(jcts) * 0.9 <= pred.median_s <= max(jcts) * 1.1 for _, _, jcts, _, pred, _ in rows)
+    runs = [(j, pred) for _, _, jcts, _, pred, _ in rows for j in jcts]
+    widened = sum(0.9 * pred.quantile(0.1) <= j <= 1.1 * pred.quantile(0.9) for j, pred in runs)
     print(
         f"\n|error| against the median run: median {100 * statistics.median(errors):.1f} %, max "
         f"{100 * max(errors):.1f} % over {len(rows)} cases; within 10 %: {sum(e <= 0.10 for e in errors)} of "
-        f"{len(rows)}; within 10 % of the runs' range: {inside} of {len(rows)}"
+        f"{len(rows)}; within 10 % of the runs' range: {inside} of {len(rows)}; runs within 10 % of their "
+        f"prediction's p10–p90: {widened} of {len(runs)}"
     )
 
 
