@@ -215,14 +215,13 @@ def main() -> None:
                     jct = statistics.median(jcts)
                     reached = min(runs, key=lambda r: abs(r[0] - jct))[1]
                     pred = predict(work, nodes, args.slots, model_start, qualities)
-                    predicted, without, rungs = pred.median_s, pred.without_s, pred.rungs
                     rows.append((work, nodes, jcts, jct, pred, reached))
                     print(
                         f"{work.name} ({work.trials} trials, {work.epoch_s:g} s epochs, max_t {work.max_t}) on "
                         f"{nodes} node(s) x {args.slots}: Ray Tune {', '.join(f'{j:.1f}' for j in jcts)} s (median "
-                        f"{jct:.1f} s), predicted {predicted:.1f} s ({100 * (predicted - jct) / jct:+.1f} %), without "
-                        f"Tune's starts {without:.1f} s ({100 * (without - jct) / jct:+.1f} %), rungs {reached} vs "
-                        f"{rungs}",
+                        f"{jct:.1f} s), predicted {pred.median_s:.1f} s ({100 * (pred.median_s - jct) / jct:+.1f} %), without "
+                        f"Tune's starts {pred.without_s:.1f} s ({100 * (pred.without_s - jct) / jct:+.1f} %), rungs {reached} vs "
+                        f"{pred.rungs}",
                         flush=True,
                     )
     finally:

@@ -126,20 +126,18 @@ def exact_parallel(problem: Problem, deadline: float, confidence: float):
     bills, the most hand-overs can save) and the search stops when it reaches the best.
     """
     import itertools
-    import math
 
     from rubberband.planner.brackets import ParallelSimulator
 
     stages, model, samples = problem.stages, problem.model, problem.samples
     space = PlanSpace(stages, problem.types, model, 1)
     sim = ParallelSimulator(stages, model, SimSettings(samples=samples, seed=0))
-    need = math.ceil(confidence * samples - 1e-9)
     per_bracket = []
     for b, (lo, hi) in enumerate(sim.ranges):
         kept = []
         for combo in itertools.product(*[space.options(i) for i in range(lo, hi)]):
             res = sim.subs[b].simulate(combo)
-            if int((res.jct <= deadline).sum()) >= need:
+            if res.meets(deadline, confidence):
                 # a hand-over saves at most the receiving instance's start-up bill and the giver's tail
                 tails = sum(
                     c.instances * sim.main._termination(c.instance_type) * c.instance_type.price_hr / 3600

@@ -7,11 +7,11 @@ Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rubberband.catalog import Catalog
+from rubberband.catalog import Catalog, InstanceType
 from rubberband.errors import InfeasibleError, PlanFileError, SpecError
 from rubberband.plan import (
     Alternative,
@@ -58,6 +58,12 @@ from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd
 
 
+def cluster_head_cost(billing: Simulator) -> Callable[[InstanceType, np.ndarray], np.ndarray]:
+    """An ASHA cluster's head bill as ``billing`` prices it: the head a one-instance stage of the cluster's type
+    gets, for each sample's JCT (the ASHA simulator's ``head_cost``)."""
+    return lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct)
+
+
 def asha_info(space: PlanSpace, spec: JobSpec, goal: Goal, settings: SimSettings) -> BaselineASHA | None:
     """ASHA with the job's trials (every bracket's first stage of ``space``), η and epochs on the cheapest fixed
     cluster of ``space``'s types and widths meeting ``goal`` (else the quickest one tried), in the plan's schema;
@@ -80,7 +86,7 @@ def asha_info(space: PlanSpace, spec: JobSpec, goal: Goal, settings: SimSettings
         AshaSettings(
             seed=settings.seed,
             spot=settings.spot,
-            head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
+            head_cost=cluster_head_cost(billing),
             starts=lambda itype: ray_tune_starts(space.model, itype),  # the baseline is Ray Tune's ASHA
         ),
     )
@@ -164,7 +170,7 @@ def plan_asha(job: AshaJob, profile: Profile, catalog: Catalog, cloud: str | Non
         AshaSettings(
             samples=samples,
             seed=job.seed,
-            head_cost=lambda itype, jct: billing.head_cost([StageConfig(itype, 1, 1)], jct),
+            head_cost=cluster_head_cost(billing),
         ),
     )
     deadline, conf = job.deadline_s, job.confidence
@@ -326,7 +332,7 @@ def replay_asha_plan(
         AshaSettings(
             samples=samples,
             seed=plan.planner.seed if seed is None else seed,
-            head_cost=lambda t, jct: billing.head_cost([StageConfig(t, 1, 1)], jct),
+            head_cost=cluster_head_cost(billing),
         ),
     )
     return sim.simulate(AshaPhases(itype, policy.instances, workers))
