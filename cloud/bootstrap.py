@@ -194,6 +194,9 @@ WATCHDOG_UNIT = "rubberband-watchdog.service"
 RAY_STOP_UNIT = "rubberband-ray-stop.service"
 #: The run's Ray token on a node, in its state directory (root only).
 TOKEN_FILE = "ray-token"
+# `ray start` tries before a boot fails (see _ray_start_function), and how long a failed try's processes get to stop
+RAY_START_TRIES = 3
+RAY_START_STOP_GRACE_S = 10
 #: The account a worker receives its token through (ssh from the head, forced command) and its home.
 TOKEN_DROP_USER = "rubberband-token"
 #: On the head: where its key for pushing the token to workers is (the executor's job reads it from the env).
@@ -599,6 +602,37 @@ def _ray_stop_lines(config: BootstrapConfig) -> list[str]:
     ]
 
 
+def _ray_start_function() -> list[str]:
+    """``ray_start``: ``ray start``, tried up to :data:`RAY_START_TRIES` times, each try's processes stopped if it fails.
+
+    ``ray start`` waits a fixed 30 s for its raylet to register with the GCS, and the raylet a fixed 15 s for its
+    agents' ports (ray-project/ray#65983); a loaded first boot (the image's own start-up services, a shared core
+    still busy with pip) can run past either. ``ray start`` then exits 1 and leaves what it started running (the
+    GCS holding the port a second try needs). Each try runs in a session and process group of its own
+    (``setsid``; a background job of a non-interactive bash is no group leader, so ``$!`` is the group's id): a
+    failed try's processes are stopped by that id (SIGTERM, SIGKILL after :data:`RAY_START_STOP_GRACE_S`), and
+    nothing else on the node is touched.
+    """
+    grace_ticks = RAY_START_STOP_GRACE_S * 10
+    return [
+        f"# `ray start`, up to {RAY_START_TRIES} tries: Ray's fixed start-up waits (30 s for the raylet) can run out "
+        "on a loaded first boot",
+        "ray_start() {",
+        "  local try pgid tick",
+        f"  for try in $(seq 1 {RAY_START_TRIES}); do",
+        '    setsid --wait "$@" &',
+        "    pgid=$!",
+        '    if wait "$pgid"; then return 0; fi',
+        f'    say "ray start failed (try $try of {RAY_START_TRIES}): stopping what it started (process group $pgid)"',
+        '    kill -TERM -- "-$pgid" 2>/dev/null || true',
+        f'    for tick in $(seq 1 {grace_ticks}); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 0.1; done',
+        '    kill -KILL -- "-$pgid" 2>/dev/null || true',
+        "  done",
+        f'  fail "ray start failed {RAY_START_TRIES} times; see the lines above"',
+        "}",
+    ]
+
+
 def _python_lines(config: BootstrapConfig) -> list[str]:
     """Pick the node's interpreter into ``$RB_PY`` (and its minor into ``$RB_PYV``), or fail saying why.
 
@@ -715,8 +749,9 @@ def render_startup_script(config: BootstrapConfig) -> str:
         f"mkdir -p {run_dir}",
         *_token_lines(config),
         *_ray_stop_lines(config),
+        *_ray_start_function(),
     ]
-    ray = f"{py} -m ray.scripts.scripts"
+    ray = f"ray_start {py} -m ray.scripts.scripts"
     more = "".join(f" {_q(option)}" for option in config.ray_start_options)
     if config.role == "head":
         wd = config.watchdog
