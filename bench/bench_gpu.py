@@ -131,7 +131,8 @@ def job_spec(batch: int, steps: int):
 
 
 def profile(itype, args, policy) -> dict[int, float]:
-    from rubberband.profiler.runner import ProfileOptions, run_profile
+    from rubberband.profiler.measured import ProfileOptions
+    from rubberband.profiler.runner import run_profile
 
     workers = (1, 2) if itype.accelerator_count >= 2 else (1,)
     run = run_profile(

@@ -53,7 +53,8 @@ def predict(profile, device: str, workers: int) -> tuple[float, str]:
 
 def bench(workload: str, args: argparse.Namespace) -> dict:
     from rubberband.catalog import load_catalog
-    from rubberband.profiler.runner import ProfileOptions, run_profile
+    from rubberband.profiler.measured import ProfileOptions
+    from rubberband.profiler.runner import run_profile
     from rubberband.spec import load_spec
 
     spec = load_spec(REPO / "examples" / f"{workload}.yaml")
@@ -109,7 +110,8 @@ def budget_check(budget_s: float, instance_type: str) -> None:
     import yaml
 
     from rubberband.catalog import load_catalog
-    from rubberband.profiler.runner import ProfileOptions, run_profile
+    from rubberband.profiler.measured import ProfileOptions
+    from rubberband.profiler.runner import run_profile
     from rubberband.spec import parse_spec
 
     data = yaml.safe_load((REPO / "examples" / "synthetic.yaml").read_text())

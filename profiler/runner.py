@@ -21,7 +21,6 @@ measurement; a node without a usable CUDA stops the profile with GpuUnavailableE
 
 from __future__ import annotations
 
-import datetime as _dt
 import importlib.util
 import json
 import math
@@ -30,30 +29,34 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from rubberband.catalog import SERIAL_PROVISIONING, InstanceType
+from rubberband.catalog import SERIAL_PROVISIONING
 from rubberband.clouds import CLOUDS
 from rubberband.cloud.provider import node_resource
 from rubberband.errors import InputError, RubberbandError, TrainingError
-from rubberband.devices import DevicePolicy, WorkerDevice, node_resources
+from rubberband.devices import node_resources
 from rubberband.paths import short_tmp_root
 from rubberband.profile import (
-    PROFILE_SCHEMA_VERSION,
     EpochMeasurement,
-    LatencyMeasurement,
-    Profile,
     StartupOverlap,
     StartupSamples,
     TuneTrialStart,
     TerminationSamples,
-    Workload,
 )
-from rubberband.profiler.machine import machine_info
+from rubberband.profiler.assemble import build_profile
+from rubberband.profiler.measured import (
+    ConfigRunCost,
+    Measured,
+    ProfileOptions,
+    ProfileRun,
+    Restart,
+    ShapeResult,
+)
 from rubberband.profiler.shapes import Shape, nodes_needed, plan_shapes
 from rubberband.search import RandomSource, first_config
 from rubberband.spec import JobSpec
@@ -75,108 +78,11 @@ CLOUDS_WITH_PROFILING = tuple(name for name, facts in CLOUDS.items() if facts.pr
 DEFAULT_STARTUP_SAMPLES = 3
 #: Configurations timed at most (more than the minimum only as the budget allows).
 MAX_CONFIGS = 8
-#: Iterations per timed epoch at least, when whole epochs do not fit the budget (partial epochs).
-MIN_EPOCH_ITERATIONS = 5
 #: Budget seconds the shapes and the configurations leave for timing Ray Tune's trial starts, and the least left
 #: to start them (they take about 50 s on 2 cores; the probe stops at the end of the budget).
 TUNE_START_RESERVE_S = 60.0
 #: The smallest ``--budget`` that times Ray Tune's trial starts: below it their reserve would squeeze the shapes.
 TUNE_START_MIN_BUDGET_S = 120.0
-
-
-@dataclass(frozen=True)
-class ProfileOptions:
-    cloud: str
-    instance_type: InstanceType
-    workers: tuple[int, ...]
-    budget_s: float = 300.0
-    iterations: int = 20
-    startup_samples: int = 0
-    batch_size: int | None = None
-    dataset_size: int | None = None
-    cross_node: bool = True
-    measure_restart: bool = True
-    #: Configurations whose whole epochs are timed (at least; more as the budget allows); 0: none.
-    configs: int = 3
-    #: Epochs timed per configuration (one more runs first, as warm-up, and is not counted).
-    config_epochs: int = 3
-    #: Chooses the workers' device from ``instance_type`` (tests inject ``DevicePolicy(cpu_stand_in=True)``).
-    device_policy: DevicePolicy = DevicePolicy()
-    #: The type whose start-ups are timed side by side on a shared host (:mod:`~rubberband.profiler.overlap`):
-    #: the widest the run may start (its workers contend most); None: ``instance_type``.
-    overlap_type: InstanceType | None = None
-    #: Time Ray Tune's own trial starts (:mod:`~rubberband.profiler.tune_start`), for the plan's ASHA baseline,
-    #: where Ray Tune is installed and the budget is at least :data:`TUNE_START_MIN_BUDGET_S`.
-    tune_start: bool = True
-
-    @property
-    def device(self) -> WorkerDevice:
-        return self.device_policy.for_type(self.instance_type)
-
-
-@dataclass(frozen=True)
-class ConfigRunCost:
-    """What one run of a sampled configuration's epochs costs, to fit their iterations to the budget.
-
-    ``setup_s`` is what the measured shape's run took to set up. It was the first run on its workers, so
-    it paid their cold start (Python, torch, the entry point's imports): tens of seconds on a loaded
-    machine. When the pool holds warm workers for the placement (``warm``), the configurations reuse
-    them and pay a process-group init instead, so charging the cold start per configuration would cap
-    their epochs for nothing.
-    """
-
-    epochs: int
-    iteration_s: float
-    epoch_gap_s: float
-    setup_s: float
-    warm: bool
-    #: Per run, beyond set-up: the entry point's own start, the first report, the worker's hand-back.
-    slack_s: float = 1.0
-
-    def seconds(self, iterations: int) -> float:
-        """One run of ``epochs`` epochs of ``iterations`` iterations each."""
-        setup = self.slack_s + (0.0 if self.warm else self.setup_s)
-        return setup + self.epochs * (iterations * self.iteration_s + self.epoch_gap_s)
-
-    def iterations_within(self, available_s: float, *, runs: int, wanted: int) -> int:
-        """``wanted`` when ``runs`` runs of it fit ``available_s``; else the most that fit, but at least
-        ``MIN_EPOCH_ITERATIONS`` (partial epochs)."""
-        if self.seconds(wanted) * runs <= available_s:
-            return wanted
-        per_epoch = (available_s / runs - self.seconds(0)) / self.epochs
-        fit = int(per_epoch / max(self.iteration_s, 1e-6))
-        return max(MIN_EPOCH_ITERATIONS, min(wanted, fit))
-
-
-@dataclass(frozen=True)
-class ShapeResult:
-    shape: Shape
-    latencies_s: tuple[float, ...] = ()
-    setup_s: float = 0.0
-    checkpoint_dir: str = ""
-    checkpoint_saved_s: float | None = None
-    pass_lengths: tuple[int | None, ...] = ()
-    batch_size_seen: int | None = None
-    skipped: str | None = None
-    #: Seconds between consecutive passes over ctx.batches (the per-epoch time outside iterations).
-    epoch_gaps_s: tuple[float, ...] = ()
-    #: What the workers trained on: rank 0's device ("cuda:0", "cpu") and the process group's backend.
-    device: str = ""
-    backend: str = ""
-
-    @property
-    def median_s(self) -> float:
-        return float(np.median(self.latencies_s))
-
-
-@dataclass
-class ProfileRun:
-    """A finished profile plus what the CLI reports about it."""
-
-    profile: Profile
-    shapes: list[ShapeResult]
-    notes: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
 
 
 class _Budget:
@@ -321,8 +227,8 @@ def run_profile(spec: JobSpec, options: ProfileOptions, *, progress: ProgressFn 
             tune_start = _measure_tune_start(cluster, steps, max(options.workers) > 1, tune_skip)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    found = _Measured(results, startup, termination, warm, cold, epochs, head_startup, overlap, tune_start)
-    profile = _build_profile(spec, options, config, notes, found)
+    found = Measured(results, startup, termination, warm, cold, epochs, head_startup, overlap, tune_start)
+    profile = build_profile(spec, options, config, notes, found)
     return ProfileRun(profile=profile, shapes=results, notes=notes, wall_s=budget.spent())
 
 
@@ -759,19 +665,7 @@ def _measure_configs(steps: _Steps, measured: list[ShapeResult], pool: Any) -> l
     return out
 
 
-@dataclass(frozen=True)
-class _Restart:
-    overhead_s: float
-    source_shape: Shape
-    target_shape: Shape
-    checkpoint_bytes: int | None
-    #: The run's start → its first iteration (without the checkpoint save before it).
-    start_s: float = 0.0
-    #: The checkpoint save before the restart (None: train() saved none).
-    save_s: float | None = None
-
-
-def _measure_restart(steps: _Steps, measured: list[ShapeResult], pool: Any) -> _Restart | None:
+def _measure_restart(steps: _Steps, measured: list[ShapeResult], pool: Any) -> Restart | None:
     """Checkpoint at one worker count → restart at another; ``pool`` None means fresh processes."""
     spec, options, resources, config = steps.spec, steps.options, steps.resources, steps.config
     budget, notes, tick = steps.budget, steps.notes, steps.tick
@@ -827,230 +721,4 @@ def _measure_restart(steps: _Steps, measured: list[ShapeResult], pool: Any) -> _
     overhead = saved + start
     size = checkpoint_path(source.checkpoint_dir, epoch).stat().st_size if epoch is not None else None
     tick(f"restart ({kind} workers): {overhead:.2f} s")
-    return _Restart(overhead, source.shape, target, size, start_s=start, save_s=source.checkpoint_saved_s)
-
-
-# -- assembling the profile -----------------------------------------------------------------
-
-
-def _workload_sizes(
-    spec: JobSpec, options: ProfileOptions, results: list[ShapeResult], sources: dict[str, str]
-) -> tuple[int, int]:
-    measured = [r for r in results if not r.skipped]
-    if options.batch_size is not None:
-        batch, sources["batch_size_per_worker"] = options.batch_size, "given: --batch-size"
-    elif isinstance(spec.config.get("batch_size"), int) and spec.config["batch_size"] > 0:
-        batch, sources["batch_size_per_worker"] = int(spec.config["batch_size"]), "spec: config.batch_size"
-    else:
-        seen = [r.batch_size_seen for r in measured if r.batch_size_seen]
-        if not seen:
-            raise InputError(
-                "cannot tell the per-worker batch size (the batches are not tensors): set "
-                "config.batch_size in the spec or pass --batch-size"
-            )
-        batch = max(seen)
-        sources["batch_size_per_worker"] = "measured: first dimension of the first batch given to ctx.batches"
-    if options.dataset_size is not None:
-        size, sources["dataset_size"] = options.dataset_size, "given: --dataset-size"
-    elif isinstance(spec.config.get("dataset_size"), int) and spec.config["dataset_size"] > 0:
-        size, sources["dataset_size"] = int(spec.config["dataset_size"]), "spec: config.dataset_size"
-    else:
-        lengths = [(r.shape.workers, r.pass_lengths[0]) for r in measured if r.pass_lengths and r.pass_lengths[0]]
-        if not lengths:
-            raise InputError(
-                "cannot tell the dataset size (ctx.batches got an iterable without len()): set "
-                "config.dataset_size in the spec or pass --dataset-size"
-            )
-        workers, length = min(lengths)
-        size = length * batch * workers
-        sources["dataset_size"] = (
-            f"measured: len() of the iterable given to ctx.batches ({length} iterations "
-            f"at {workers} worker{'s' if workers > 1 else ''}) × batch size × workers"
-        )
-    return size, batch
-
-
-@dataclass(frozen=True)
-class _Measured:
-    """What a profile run measured: the shapes, start-ups and terminations, the restart with warm and with fresh
-    worker processes (None: not measured) and the configurations' epochs."""
-
-    shapes: list[ShapeResult]
-    startup: list[StartupSamples]
-    termination: list[TerminationSamples] | None = None
-    warm: _Restart | None = None
-    cold: _Restart | None = None
-    epochs: list[EpochMeasurement] | None = None
-    head_startup: list[StartupSamples] | None = None
-    overlap: list[StartupOverlap] | None = None
-    tune_start: TuneTrialStart | None = None
-
-
-def _build_profile(
-    spec: JobSpec, options: ProfileOptions, config: dict, notes: list[str], measured: _Measured
-) -> Profile:
-    results, startup, termination = measured.shapes, measured.startup, measured.termination
-    warm, cold, epochs = measured.warm, measured.cold, measured.epochs
-    it = options.instance_type
-    info = machine_info()
-    # what the workers really used (a GPU type's profile is taken on GPUs: one per worker, nccl)
-    used = sorted(
-        {
-            f"{r.backend} on {'one GPU per worker' if r.device.startswith('cuda') else r.device}"
-            for r in results
-            if not r.skipped and r.backend
-        }
-    ) or [options.device.backend]
-    sources: dict[str, str] = {
-        "iteration_latencies": f"measured: every iteration of ctx.batches on rank 0, ≤ {options.iterations} per "
-        f"shape, real DDP ({', '.join(used)}) on {options.cloud} Ray nodes",
-        "config": json.dumps(config, sort_keys=True, default=str),
-    }
-    dataset_size, batch = _workload_sizes(spec, options, results, sources)
-    workload: dict[str, Any] = {
-        "name": spec.name,
-        "dataset_size": dataset_size,
-        "batch_size_per_worker": batch,
-        "origin": f"measured by `rubberband profile` on {info['hostname']} "
-        f"({options.cloud} {it.name}, {info['cpu_model']})",
-    }
-    chosen = warm or cold
-    if chosen is not None:
-        workload["restart_overhead_s"] = round(chosen.overhead_s, 4)
-        if chosen.save_s is not None:
-            workload["checkpoint_save_s"] = round(chosen.save_s, 4)
-            sources["checkpoint_save_s"] = "measured: the checkpoint save before the restart (ctx.save_checkpoint)"
-        how = "warm worker processes (WorkerPool)" if chosen is warm else "fresh worker processes"
-        sources["restart_overhead_s"] = (
-            f"measured: checkpoint save at {chosen.source_shape.workers} workers → "
-            f"restart at {chosen.target_shape.workers} with {how} → first iteration"
-        )
-        if chosen.checkpoint_bytes is not None:
-            workload["checkpoint_size_gb"] = chosen.checkpoint_bytes / 1e9
-            sources["checkpoint_size_gb"] = "measured: size of the checkpoint file train() saved"
-    else:
-        sources["restart_overhead_s"] = "default: not measured"
-    if cold is not None and warm is not None:
-        workload["restart_overhead_cold_s"] = round(cold.overhead_s, 4)
-        sources["restart_overhead_cold_s"] = "measured: as restart_overhead_s, with fresh worker processes"
-        workload["worker_start_s"] = round(max(0.0, cold.start_s - warm.start_s), 4)
-        sources["worker_start_s"] = (
-            "measured: the restart's start → first iteration with fresh worker processes "
-            "minus with warm ones (process start, torch and training-module import)"
-        )
-    else:
-        sources["worker_start_s"] = "default: not measured"
-    if warm is not None:
-        workload["task_start_s"] = round(warm.start_s, 4)
-        sources["task_start_s"] = (
-            "measured: warm worker processes, run start → first iteration (process group, "
-            "the training function's set-up, checkpoint load)"
-        )
-    else:
-        sources["task_start_s"] = "default: not measured"
-    gaps = [g for r in results if not r.skipped for g in r.epoch_gaps_s]
-    if gaps:
-        workload["epoch_overhead_s"] = round(float(np.median(gaps)), 4)
-        sources["epoch_overhead_s"] = (
-            f"measured: median gap between two epochs' passes over ctx.batches "
-            f"(evaluation, data loading, report, checkpoint save), {len(gaps)} shapes"
-        )
-    else:
-        sources["epoch_overhead_s"] = "default: not measured (too few iterations per shape for two epochs)"
-    sources.setdefault("checkpoint_size_gb", "default: not measured")
-    sources.setdefault("checkpoint_save_s", "default: not measured")
-    if epochs:
-        m = epochs[0]
-        sources["epoch_measurements"] = (
-            f"measured: {len(epochs)} configurations sampled from the search space, "
-            f"{len(m.epoch_times_s)} epochs each after a warm-up epoch, "
-            f"{m.iterations_per_epoch} iterations per epoch at {m.workers} worker"
-            f"{'s' if m.workers > 1 else ''}; start of one pass over ctx.batches to "
-            f"the start of the next"
-        )
-    else:
-        sources["epoch_measurements"] = (
-            "not measured (--configs 0 or no budget left): the planner assumes "
-            "every configuration as fast as the profiled one and no per-epoch noise"
-        )
-    sources["eval_time_s"] = "not measured separately: per-epoch evaluation is part of epoch_overhead_s"
-    measured_clouds = {s.cloud for s in startup}
-    for cloud in sorted(set(spec.resources.clouds) | {options.cloud}):
-        if cloud not in measured_clouds and cloud in CLOUDS:
-            startup.append(StartupSamples(cloud=cloud, samples_s=list(CLOUDS[cloud].startup_s), source="default"))
-    sources["startup"] = (
-        "measured: `ray start` node request → registered with the run head (LocalProvider)"
-        if measured_clouds
-        else "default: documented per-cloud figures (docs/profiling.md)"
-    )
-    if measured.overlap:
-        sources["startup_overlap"] = (
-            "measured: a node's WorkerPool workers starting while the next node boots (as a run's serial "
-            "provisioning overlaps them), against the same starts alone"
-        )
-    if measured.tune_start is not None:
-        sources["tune_trial_start"] = (
-            f"measured with Ray Tune {measured.tune_start.ray_version}: trials one after another, then a stream "
-            f"keeping {measured.tune_start.concurrent} starting at once on {measured.tune_start.host_cores} cores"
-        )
-    sources["termination"] = (
-        "measured: terminate request to a start-up probe node → its processes gone "
-        "(LocalProvider: SIGTERM, SIGKILL after the grace)"
-        if termination
-        else "default: documented per-cloud figures (docs/profiling.md)"
-    )
-    import torch
-
-    profile = Profile(
-        schema_version=PROFILE_SCHEMA_VERSION,
-        workload=Workload(**workload),
-        measurements=[
-            LatencyMeasurement(
-                device=it.device,
-                instance_type=it.name,
-                workers=r.shape.workers,
-                nodes=r.shape.nodes,
-                iteration_latencies_s=[round(x, 6) for x in r.latencies_s],
-                source="measured",
-            )
-            for r in results
-            if not r.skipped
-        ],
-        epoch_measurements=list(epochs or []),
-        startup=startup,
-        termination=list(termination or []),
-        head_startup=list(measured.head_startup or []),
-        startup_overlap=list(measured.overlap or []),
-        tune_trial_start=measured.tune_start,
-        machine=info,
-        torch_version=torch.__version__,
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        sources=sources,
-    )
-    fitted = fit_description(profile, notes)
-    return profile.model_copy(update={"fitted": fitted}) if fitted is not None else profile
-
-
-def fit_description(profile: Profile, notes: list[str]) -> dict[str, Any] | None:
-    """The planner's fitted model, described, if the planner is installed (it does the fitting)."""
-    try:
-        from rubberband.planner.model import fit_performance_model
-    except ImportError:
-        notes.append("the planner's performance model is not installed; profile.fitted left empty")
-        return None
-    try:
-        described = fit_performance_model(profile).describe()
-        return json.loads(json.dumps(described, default=_jsonable))
-    except (RubberbandError, ValueError, TypeError) as exc:
-        notes.append(f"fitting the performance model failed ({type(exc).__name__}: {exc}); profile.fitted left empty")
-        return None
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return str(value)
+    return Restart(overhead, source.shape, target, size, start_s=start, save_s=source.checkpoint_saved_s)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rubberband.profile import load_profile
-from rubberband.profiler.runner import MIN_EPOCH_ITERATIONS
+from rubberband.profiler.measured import MIN_EPOCH_ITERATIONS
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

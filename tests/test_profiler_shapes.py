@@ -72,7 +72,7 @@ def test_the_probe_may_use_all_but_the_smallest_share_of_each_later_run():
 def test_configurations_on_warm_workers_are_not_charged_the_cold_start():
     """The shape's set-up paid the workers' cold start (tens of seconds on a loaded machine); configurations reuse
     those workers, so charging it per configuration capped their epochs at 5 of 20 iterations in CI."""
-    from rubberband.profiler.runner import MIN_EPOCH_ITERATIONS, ConfigRunCost
+    from rubberband.profiler.measured import MIN_EPOCH_ITERATIONS, ConfigRunCost
 
     cold = ConfigRunCost(epochs=5, iteration_s=0.02, epoch_gap_s=0.01, setup_s=40.0, warm=False)
     warm = ConfigRunCost(epochs=5, iteration_s=0.02, epoch_gap_s=0.01, setup_s=40.0, warm=True)
@@ -91,7 +91,8 @@ def test_without_a_probe_the_first_shape_may_use_all_but_the_smallest_share_of_e
     ran out in CI beside three other tests, and the profile failed as "budget too small" before the error the
     test expected. The shapes after it share what is left evenly."""
     from rubberband.profiler import runner
-    from rubberband.profiler.runner import MIN_SHAPE_S, ProfileOptions, _Budget, _measure_shapes, _Steps
+    from rubberband.profiler.measured import ProfileOptions
+    from rubberband.profiler.runner import MIN_SHAPE_S, _Budget, _measure_shapes, _Steps
 
     shares: list[float] = []
     # every run times out
@@ -119,14 +120,8 @@ def test_many_iterations_are_probed_then_capped_to_fit_each_shares_budget(monkey
     shape runs only as many iterations as fit its share (with room for its set-up), saying so. The whole command
     against the budget on a real cluster: bench/bench_profiler.py --budget-check 60."""
     from rubberband.profiler import runner
-    from rubberband.profiler.runner import (
-        PROBE_ITERATIONS,
-        ProfileOptions,
-        ShapeResult,
-        _Budget,
-        _measure_shapes,
-        _Steps,
-    )
+    from rubberband.profiler.measured import ProfileOptions, ShapeResult
+    from rubberband.profiler.runner import PROBE_ITERATIONS, _Budget, _measure_shapes, _Steps
 
     asked: list[tuple[int, float]] = []
 
@@ -153,11 +148,11 @@ def test_the_shapes_leave_ray_tunes_probe_its_reserve_and_small_budgets_skip_it(
     TUNE_START_RESERVE_S of the budget; a budget under TUNE_START_MIN_BUDGET_S, or --no-tune-start, skips the probe
     (saying why) and keeps nothing back for it."""
     from rubberband.profiler import runner
+    from rubberband.profiler.measured import ProfileOptions
     from rubberband.profiler.runner import (
         MIN_SHAPE_S,
         TUNE_START_MIN_BUDGET_S,
         TUNE_START_RESERVE_S,
-        ProfileOptions,
         _Budget,
         _measure_shapes,
         _Steps,

@@ -134,7 +134,8 @@ def register(app: typer.Typer) -> None:
         itype = _instance_type(spec, cloud, instance_type)
 
         from rubberband.profile import write_profile
-        from rubberband.profiler.runner import CLOUDS_WITH_PROFILING, DEFAULT_STARTUP_SAMPLES, ProfileOptions, validate
+        from rubberband.profiler.measured import ProfileOptions
+        from rubberband.profiler.runner import CLOUDS_WITH_PROFILING, DEFAULT_STARTUP_SAMPLES, validate
         from rubberband.profiler.shapes import parse_workers
 
         counts = parse_workers(workers or _default_workers(spec, itype.workers))
@@ -164,7 +165,7 @@ def _calibrate(spec: JobSpec, runs: list[Path], out: Path | None) -> None:
     """``--from-run``: the spec's profile with what the runs measured, written to ``out`` (default: over it)."""
     from rubberband.profile import load_profile, write_profile
     from rubberband.profiler.from_runs import calibrated, read_run
-    from rubberband.profiler.runner import fit_description
+    from rubberband.profiler.assemble import fit_description
 
     source = spec.profile_path()
     if source is None:
