@@ -140,7 +140,7 @@ def exact_parallel(problem: Problem, deadline: float, confidence: float):
             if res.meets(deadline, confidence):
                 # a hand-over saves at most the receiving instance's start-up bill and the giver's tail
                 tails = sum(
-                    c.instances * sim.main._termination(c.instance_type) * c.instance_type.price_hr / 3600
+                    c.instances * sim.main.termination_s(c.instance_type) * c.instance_type.price_hr / 3600
                     for c in combo
                 )
                 kept.append((res.cost_mean, res.cost_mean - res.breakdown["startup"].mean() - tails, combo))

@@ -29,12 +29,12 @@ _EXPORTS = {
     "fit_performance_model": "model",
     "Goal": "search",
     "PlanSpace": "search",
-    "HeadSpec": "simulator",
+    "HeadSpec": "plan_space",
     "RunningState": "simulator",
     "SimResult": "simulator",
     "SimSettings": "simulator",
     "Simulator": "simulator",
-    "StageConfig": "simulator",
+    "StageConfig": "plan_space",
 }
 __all__ = sorted(_EXPORTS)
 

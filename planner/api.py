@@ -89,14 +89,8 @@ from rubberband.planner.spot import (
     cheapest_fallbacks,
 )
 from rubberband.planner.spotzones import model_setup, offer_of, why_not_spot
-from rubberband.planner.simulator import (
-    HeadSpec,
-    SimResult,
-    SimSettings,
-    Simulator,
-    StageConfig,
-    normalise,
-)
+from rubberband.planner.plan_space import HeadSpec, StageConfig, normalise
+from rubberband.planner.simulator import SimResult, SimSettings, Simulator
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd
@@ -187,7 +181,7 @@ def stage_plans(
                 fallback_instance_type=None if moved_to is None else moved_to.name,
                 fallback_slowdown=None
                 if moved_to is None or sim is None
-                else round(sim.fallback_slowdown(normalise(c, st.trials)), 6),
+                else round(sim.spots.fallback_slowdown(normalise(c, st.trials)), 6),
                 predicted_duration_s=None if result is None else float(np.quantile(result.stage_durations[i], 0.5)),
                 predicted_cost_usd=None if result is None else float(result.stage_costs[i].mean()),
                 predicted_task_s=tasks[i],

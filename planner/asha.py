@@ -58,7 +58,8 @@ from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import AshaPhasePolicy
 from rubberband.planner.schedule import rungs
 from rubberband.planner.search import widths_for
-from rubberband.planner.simulator import Layout, layout, needed_on_time, useful_instances
+from rubberband.planner.plan_space import Layout, layout, useful_instances
+from rubberband.planner.simulator import needed_on_time
 from rubberband.planner.start_lanes import StartLanes, TrialStart
 
 __all__ = [

@@ -52,7 +52,8 @@ from rubberband.planner.plan_record import (
 from rubberband.planner.policies import AshaPhasePolicy
 from rubberband.planner.schedule import Stage, asha_stages
 from rubberband.planner.search import Goal, PlanSpace
-from rubberband.planner.simulator import HeadSpec, SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import HeadSpec, StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 from rubberband.units import format_duration, format_usd

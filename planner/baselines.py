@@ -26,16 +26,8 @@ from rubberband.catalog import SERIAL_PROVISIONING
 from rubberband.planner.bounds import stage_min_time
 from rubberband.planner.brackets import ParallelSimulator
 from rubberband.planner.search import Evaluator, Plan, PlanSearch, PlanSpace, count_for_waves, widths_for
-from rubberband.planner.simulator import (
-    RunningState,
-    SimResult,
-    Simulator,
-    StageConfig,
-    efficient_counts,
-    layout,
-    needed_on_time,
-    plan_key,
-)
+from rubberband.planner.plan_space import StageConfig, efficient_counts, layout, plan_key
+from rubberband.planner.simulator import RunningState, SimResult, Simulator, needed_on_time
 
 
 class BoundedSimulator(Protocol):

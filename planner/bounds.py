@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rubberband.planner.search import PlanSpace, widths_for
-from rubberband.planner.simulator import StageConfig, layout
+from rubberband.planner.plan_space import StageConfig, layout
 
 #: Buckets of the deadline in :func:`deadline_bound`'s knapsack (times are rounded down: still a bound).
 BUCKETS = 2000

@@ -51,19 +51,15 @@ from rubberband.planner.model import PerformanceModel
 from rubberband.planner.policies import bracket_start_order
 from rubberband.planner.provisioning import ProvisionQueue, fifo_starts
 from rubberband.planner.schedule import Stage
+from rubberband.planner.plan_space import HeadSpec, StageConfig, normalise, plan_key, prepare_plan
 from rubberband.planner.simulator import (
     CATEGORIES,
-    WORKER_CATEGORIES,
-    HeadSpec,
     ReadsSettings,
     RunningState,
     SimResult,
     SimSettings,
     Simulator,
-    StageConfig,
-    normalise,
-    plan_key,
-    prepare_plan,
+    WORKER_CATEGORIES,
     sum_samples,
 )
 
@@ -233,14 +229,14 @@ class ParallelSimulator(ReadsSettings):
     def min_factor(self) -> float:
         return self.main.min_factor()
 
-    def _rule(self, cloud: str) -> BillingRule:
-        return self.main._rule(cloud)
+    def rule(self, cloud: str) -> BillingRule:
+        return self.main.rule(cloud)
 
-    def _termination(self, itype: InstanceType) -> float:
-        return self.main._termination(itype)
+    def termination_s(self, itype: InstanceType) -> float:
+        return self.main.termination_s(itype)
 
-    def _price(self, itype: InstanceType, market: str | None = None) -> float:
-        return self.main._price(itype, market)
+    def price_hr(self, itype: InstanceType, market: str | None = None) -> float:
+        return self.main.price_hr(itype, market)
 
     def prefix_bounds(self, configs: Sequence[StageConfig]) -> tuple[float, np.ndarray]:
         raise NotImplementedError("the exact optimum is searched for sequential brackets only")
@@ -436,7 +432,7 @@ class ParallelSimulator(ReadsSettings):
             q_stage = np.concatenate([q[2] for q in requests])
             q_bracket = np.concatenate([np.full(len(q[2]), q[3]) for q in requests])
             itype = next(c.instance_type for c in configs if c.instance_type.key == tkey)
-            tail = self._termination(itype)
+            tail = self.termination_s(itype)
             # a request can only be served by another bracket's instance released while it boots:
             # pre-filter (request, donor) column pairs on their ranges over the samples
             overlap = (
@@ -460,7 +456,7 @@ class ParallelSimulator(ReadsSettings):
         ):
             if not useful:
                 continue
-            price = self._price(itype) / 3600.0
+            price = self.price_hr(itype) / 3600.0
             S = D.shape[0]
             rows = np.arange(S)
             free = np.ones(D.shape, dtype=bool)
@@ -574,12 +570,12 @@ class ParallelSimulator(ReadsSettings):
                 taken |= {giver.id, receiver.id}
                 moves.append(Handoff(configs[to_stage].instance_type.name, from_stage, to_stage, at, giver.id))
                 itype = configs[to_stage].instance_type
-                life = receiver.released_s - giver.requested_s + self._termination(itype)
+                life = receiver.released_s - giver.requested_s + self.termination_s(itype)
                 merged = giver.model_copy(
                     update={
                         "last_stage": receiver.last_stage,
                         "released_s": receiver.released_s,
-                        "cost_usd": self._rule(itype.cloud).cost(life, self._price(itype)),
+                        "cost_usd": self.rule(itype.cloud).cost(life, self.price_hr(itype)),
                     }
                 )
                 instances[int(giver.id[1:])] = merged

@@ -14,7 +14,8 @@ from rubberband.catalog import Catalog, InstanceType
 from rubberband.plan import CostBreakdown, Distribution, HeadInfo, JobInfo, Plan, Prediction, SurvivorInfo
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
-from rubberband.planner.simulator import HeadSpec, SimResult, StageConfig
+from rubberband.planner.plan_space import HeadSpec, StageConfig
+from rubberband.planner.simulator import SimResult
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 

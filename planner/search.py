@@ -31,18 +31,8 @@ from rubberband.errors import ProfileError
 from rubberband.plan import Timeline
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
-from rubberband.planner.simulator import (
-    HeadSpec,
-    RunningState,
-    SimOptions,
-    SimResult,
-    SimSettings,
-    StageConfig,
-    efficient_counts,
-    layout,
-    needed_on_time,
-    plan_key,
-)
+from rubberband.planner.plan_space import HeadSpec, StageConfig, efficient_counts, layout, plan_key
+from rubberband.planner.simulator import RunningState, SimOptions, SimResult, SimSettings, needed_on_time
 from rubberband.planner.spot import SpotSetup
 
 Plan = tuple[StageConfig, ...]

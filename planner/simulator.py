@@ -40,9 +40,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
-from operator import attrgetter
-from typing import Hashable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -54,149 +52,31 @@ from rubberband.catalog import (
     InstanceType,
 )
 from rubberband.clouds import billing_rule
-from rubberband.plan import Timeline, TimelineInstance, TimelineTask
+from rubberband.plan import Timeline
 from rubberband.planner.model import PerformanceModel, StartupModel
+from rubberband.planner.list_schedule import list_schedule
+from rubberband.planner.plan_space import (
+    HeadSpec,
+    Layout,
+    StageConfig,
+    layout,
+    normalise,
+    plan_key,
+    prepare_plan,
+)
 from rubberband.planner.policies import PrefetchPolicy
 from rubberband.planner.provisioning import ProvisionQueue
-from rubberband.planner.spot import MAX_PREEMPTIONS, REQUEST_EVENT, SpotScenario, SpotSetup, stay_on_spot
+from rubberband.planner.spot import SpotSetup
 from rubberband.planner.noise import KnownTrials, VariationDraws, bracket_log_speeds, epoch_factors, schedule_tasks
 from rubberband.planner.schedule import Stage
+from rubberband.planner.spot_stage import SpotPlay
+from rubberband.planner.stage_state import StageInstances, StageOpening, StagePlay, StagePrefix, StageRecord
+from rubberband.planner.timeline_dag import build_timeline
 
 #: Cost categories of the workers' instances, accumulated stage by stage.
 WORKER_CATEGORIES = ("training", "startup", "idle", "billing_minimum", "transfer")
 #: Every category of :attr:`SimResult.breakdown`: the workers' plus the run's head instance.
 CATEGORIES = WORKER_CATEGORIES + ("head",)
-
-
-@dataclass(frozen=True)
-class HeadSpec:
-    """The run's billed head instance on one cloud: a fixed per-run overhead of every plan there.
-
-    Billed (the cloud's :func:`~rubberband.clouds.billing_rule`) at ``price_hr`` for
-    ``boot_s + JCT + grace_s``: it is requested ``boot_s`` before the job starts (its boot, Ray
-    head, submission; None: the performance model's median start-up of ``instance_type`` on
-    ``cloud``) and stays ``grace_s`` after the job ends (the watchdog's results grace).
-    """
-
-    cloud: str
-    instance_type: str
-    price_hr: float
-    grace_s: float = 0.0
-    boot_s: float | None = None
-
-    @classmethod
-    def of(cls, itype: InstanceType, *, grace_s: float = 0.0, boot_s: float | None = None) -> "HeadSpec":
-        """The head of ``itype`` (on-demand)."""
-        return cls(cloud=itype.cloud, instance_type=itype.name, price_hr=itype.price_hr, grace_s=grace_s, boot_s=boot_s)
-
-
-# -- plan-space elements ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StageConfig:
-    """Resources of one stage: ``instances`` × ``instance_type``, ``workers`` per trial, bought on ``market``
-    (``on_demand`` or ``spot``: :class:`~rubberband.planner.policies.Market` values)."""
-
-    instance_type: InstanceType
-    instances: int
-    workers: int
-    market: str = "on_demand"
-
-    @cached_property  # read millions of times while planning
-    def key(self) -> tuple:
-        if self.market == "on_demand":
-            return (self.instance_type.key, self.instances, self.workers)
-        return (self.instance_type.key, self.instances, self.workers, self.market)
-
-    @property
-    def spot(self) -> bool:
-        return self.market == "spot"
-
-    def on(self, market: str) -> "StageConfig":
-        """The same resources bought on ``market``."""
-        return self if market == self.market else StageConfig(self.instance_type, self.instances, self.workers, market)
-
-    @property
-    def placement(self) -> tuple:
-        """Where a trial runs: a change of type, width or market at a promotion moves it (checkpoint restore)."""
-        return (self.instance_type.key, self.workers, self.market)
-
-
-def plan_key(configs: Sequence[StageConfig]) -> tuple:
-    """A plan's identity (its stages' :attr:`StageConfig.key`), the key of every cache of the simulators and the
-    search: computed for every candidate, so in one C-level pass."""
-    return tuple(map(_config_key, configs))
-
-
-_config_key = attrgetter("key")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How trials map onto instances: ``per_instance`` slots per instance or ``span`` instances per slot."""
-
-    per_instance: int
-    span: int
-    slots: int
-
-    @property
-    def nodes(self) -> int:
-        return self.span
-
-
-@lru_cache(maxsize=65536)  # a pure function of three ints, called for every candidate's every stage
-def layout(capacity: int, instances: int, workers: int) -> Layout:
-    if workers <= capacity:
-        p = capacity // workers
-        return Layout(per_instance=p, span=1, slots=instances * p)
-    k = -(-workers // capacity)
-    return Layout(per_instance=0, span=k, slots=instances // k)
-
-
-def useful_instances(trials: int, capacity: int, workers: int) -> int:
-    """Instances that run every trial of a stage in one wave."""
-    if workers <= capacity:
-        return -(-trials // (capacity // workers))
-    return trials * -(-workers // capacity)
-
-
-def efficient_counts(trials: int, capacity: int, workers: int) -> list[int]:
-    """Instance counts at which the number of waves changes (others only add idle instances)."""
-    counts = set()
-    for waves in range(1, trials + 1):
-        slots = -(-trials // waves)
-        if workers <= capacity:
-            counts.add(-(-slots // (capacity // workers)))
-        else:
-            counts.add(slots * -(-workers // capacity))
-    return sorted(counts)
-
-
-def normalise(config: StageConfig, trials: int) -> StageConfig:
-    """Round the instance count of spanning trials to whole spans (at least one span).
-
-    Counts above what the stage can use are kept: those instances idle (a static cluster).
-    """
-    cap = config.instance_type.workers
-    n = config.instances
-    if config.workers > cap:
-        k = -(-config.workers // cap)
-        n = max(k, n // k * k)
-    return config if n == config.instances else StageConfig(config.instance_type, n, config.workers, config.market)
-
-
-def prepare_plan(
-    stages: Sequence[Stage], configs: Sequence[StageConfig], samples: int | None, available: int
-) -> tuple[tuple[StageConfig, ...], int]:
-    """A full plan (one StageConfig per stage) normalised, and the number of samples to use (``samples``, at
-    most ``available``; None: all)."""
-    if len(configs) != len(stages):
-        raise ValueError("one StageConfig per stage is required")
-    return (
-        tuple(normalise(c, s.trials) for c, s in zip(configs, stages)),
-        available if samples is None else min(samples, available),
-    )
 
 
 # -- random streams -----------------------------------------------------------------------------
@@ -231,131 +111,6 @@ class RandomStreams:
         return have
 
 
-# -- simulation state ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _StageRecord:
-    """Per-sample outcome of one stage, kept for the final result and for the next stage."""
-
-    config: StageConfig
-    start: np.ndarray  # (S,) previous barrier
-    anchor: np.ndarray  # (S,) first task start (ahead-of-time requests are timed from it)
-    barrier: np.ndarray  # (S,) last task end
-    predicted_s: float  # deterministic duration estimate (waves × median task)
-    release: np.ndarray  # (S, N) release time per instance
-    request: np.ndarray  # (S, N) request time per instance
-    cost: np.ndarray  # (S,) open cost (before carry / billing-minimum finalisation)
-    parts: dict[str, np.ndarray]
-    # recorded only for the representative trace (1 sample)
-    trace: dict | None = None
-    ready: np.ndarray | None = None  # (S, N) when each instance can take its first trial (bracket hand-overs)
-    fallback: np.ndarray | None = None  # (S,) spot stage bought on-demand (no capacity at its request)
-    # (S,) of ``cost``, what trials the policy moved to a fall-back type other than the stage's own paid there
-    # (0 where the whole stage was bought on-demand: all of its cost is the fall-back type's)
-    fallback_usd: np.ndarray | None = None
-    events: dict[str, np.ndarray] | None = None  # spot stages: per-sample counts (SimResult.spot_events)
-    # serial-provisioning clouds: (submitted, busy) per sample: when the stage's new instances were asked
-    # for and how long the provisioner is busy starting them one after another (the provisioning queue)
-    provision: tuple[np.ndarray, np.ndarray] | None = None
-    # serial-provisioning clouds: when the provisioner has started every new instance of this stage and the
-    # stages before (a later stage's first new instance starts no earlier: one provisioner, first come first
-    # served); None while no stage had new instances there
-    provisioned: np.ndarray | None = None
-
-
-@dataclass(frozen=True)
-class _Prefix:
-    """Finalised accounting of stages before the open one, plus the open stage record."""
-
-    stage_costs: tuple[np.ndarray, ...]
-    parts: dict[str, np.ndarray]
-    by_type: dict[str, np.ndarray]
-    durations: tuple[np.ndarray, ...]
-    open: _StageRecord
-    events: dict[str, np.ndarray] | None = None  # spot events of the finalised stages (summed)
-
-
-@dataclass(frozen=True, eq=False)
-class _StagePlay:
-    """One stage of a plan as the simulator plays it: its position ``index`` in the job, its ``config``, the
-    predicted time of the stages after it (``tail_s``: what a spot fall-back decision counts as still to come; 0
-    off spot) and, on a serial-provisioning cloud, when the provisioner is free for its new instances (``free_at``,
-    per sample: another bracket's requests before them; None: at once)."""
-
-    index: int
-    config: StageConfig
-    tail_s: float = 0.0
-    free_at: np.ndarray | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class _Opening:
-    """What a stage starts from: the finalised accounting of the stages before it (costs, cost parts, cost by type,
-    durations), its ``start`` (the previous stage's barrier; 0 for the job's first), the ``carry`` instances it
-    takes over from the previous stage (their request times, their indices there, when they free or come up) and
-    the checkpoint transfers its promotion pays (``transfer_usd``: where the trials move)."""
-
-    stage_costs: tuple
-    parts: dict[str, np.ndarray]
-    by_type: dict[str, np.ndarray]
-    durations: tuple
-    start: np.ndarray
-    carry: int
-    carried_request: np.ndarray
-    carried_free: np.ndarray
-    carried_idx: np.ndarray | None = None
-    transfer_usd: float = 0.0
-
-
-@dataclass(eq=False)
-class _Instances:
-    """A stage's instances per sample (samples × instances): when each is requested (billed from) and when it can
-    take its first trial; ``t_req``: when its new ones were asked for (None: all carried over); ``provision`` /
-    ``provisioned``: a serial-provisioning cloud's queue, as :class:`_StageRecord` keeps them."""
-
-    request: np.ndarray
-    ready: np.ndarray
-    t_req: np.ndarray | None = None
-    provision: tuple[np.ndarray, np.ndarray] | None = None
-    provisioned: np.ndarray | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class _SpotStage:
-    """A spot stage being played: its market's ``scenario``, the stage, the samples ``rows``, the samples in which
-    the stage is bought on-demand from its start (``fallback``) and how much slower its trials train on their
-    fall-back type (``slow``: :meth:`Simulator.fallback_slowdown`)."""
-
-    scenario: SpotScenario
-    play: _StagePlay
-    rows: slice
-    fallback: np.ndarray
-    slow: float
-
-
-@dataclass(frozen=True, eq=False)
-class _Preempted:
-    """A spot stage's preemptions per task (samples × trials, dispatch order): the seconds they add on the lane
-    (``extra``), the seconds run on-demand after the policy moved the trial (``on_demand``) and the seconds waited
-    for spot capacity (``waited``, unbilled); per sample the counts of preemptions and of trials moved to
-    on-demand (``counts``, 2 × samples)."""
-
-    extra: np.ndarray
-    on_demand: np.ndarray
-    waited: np.ndarray
-    counts: np.ndarray
-
-    def events(self, fallback: np.ndarray) -> dict[str, np.ndarray]:
-        """The stage's :data:`SPOT_EVENTS` per sample (``fallback``: the samples bought on-demand at the request)."""
-        return {
-            "preemptions": self.counts[0],
-            "moved_to_on_demand": self.counts[1],
-            "stages_on_demand": fallback.astype(float),
-            "wait_s": self.waited.sum(axis=1),
-        }
-
-
 def _slots(lay: Layout, ready: np.ndarray, factor: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per trial slot (samples × slots): when it can take its first task (every instance it runs on ready, and not
     before the stage's ``start``) and its straggler factor (its slowest instance's)."""
@@ -372,7 +127,7 @@ def _slots(lay: Layout, ready: np.ndarray, factor: np.ndarray, start: np.ndarray
 
 
 def _provision_serially(
-    play: _StagePlay, inst: _Instances, t_req: np.ndarray, boot: np.ndarray
+    play: StagePlay, inst: StageInstances, t_req: np.ndarray, boot: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """A serial-provisioning cloud starts a stage's new instances (the last ``boot.shape[1]`` of ``inst``) one after
     another: each is requested (and billed) when the one before is up, the first once the provisioner has finished
@@ -552,7 +307,7 @@ class Simulator(ReadsSettings):
         self._heads: dict[str, HeadSpec | None] = {}  # per cloud, boot resolved
         self.model = model
         self.streams = RandomStreams(self.seed, self.samples)
-        self._cache: OrderedDict[tuple, _Prefix] = OrderedDict()
+        self._cache: OrderedDict[tuple, StagePrefix] = OrderedDict()
         self._cached_bytes = 0
         self._epoch_cache: dict[tuple[str, int, int], float] = {}
         self._startup_cache: dict[tuple[str, str], tuple[StartupModel, float]] = {}  # (model, prefetch lead)
@@ -561,6 +316,8 @@ class Simulator(ReadsSettings):
         self._startup_draws: dict[tuple, np.ndarray] = {}
         self._variation = VariationDraws(self.seed, self.samples, self.population_seed)
         self._trial_speeds: dict[tuple[int, int, int, bool], np.ndarray] = {}
+        #: How its spot stages fare (market at the request, preemptions, fall-back, bill).
+        self.spots = SpotPlay(self)
         self.evaluations = 0
 
     # -- public -----------------------------------------------------------------------------
@@ -595,7 +352,9 @@ class Simulator(ReadsSettings):
         acc = 0.0
         for i in range(len(configs) - 1, -1, -1):
             tails[i] = acc if configs[i].spot else 0.0
-            acc += durations[i] * self.fallback_slowdown(configs[i])  # measured on the fall-back, as the policy does
+            acc += durations[i] * self.spots.fallback_slowdown(
+                configs[i]
+            )  # measured on the fall-back, as the policy does
         return tuple(round(t, 3) for t in tails)
 
     def prefix_bounds(self, configs: Sequence[StageConfig]) -> tuple[float, np.ndarray]:
@@ -628,7 +387,7 @@ class Simulator(ReadsSettings):
         head = self.head_for(configs)
         if head is None:
             return np.zeros(np.shape(jct))
-        billed = self._rule(head.cloud).billed_seconds(head.boot_s + np.asarray(jct, dtype=float) + head.grace_s)
+        billed = self.rule(head.cloud).billed_seconds(head.boot_s + np.asarray(jct, dtype=float) + head.grace_s)
         return billed * (head.price_hr / 3600.0)
 
     def min_factor(self) -> float:
@@ -647,7 +406,7 @@ class Simulator(ReadsSettings):
         """(median compute, overhead) seconds of one task of stage ``index`` after ``previous``."""
         stage = self.stages[index]
         lay = layout(config.instance_type.workers, config.instances, config.workers)
-        base = stage.epochs_this_stage * self._epoch(config.instance_type.device, config.workers, lay.nodes)
+        base = stage.epochs_this_stage * self.epoch_s(config.instance_type.device, config.workers, lay.nodes)
         every = self.spot_setup.checkpoint_epochs if config.spot and self.spot_setup is not None else 1
         return base, self.model.task_overhead(stage.epochs_this_stage, self._moved(index, config, previous), every)
 
@@ -675,7 +434,7 @@ class Simulator(ReadsSettings):
         out: list[float | None] = [None]
         for i in range(1, len(configs)):
             predicted = self.predicted_duration(i - 1, configs[i - 1], configs[i - 2] if i >= 2 else None)
-            out.append(self.options.prefetch.request_offset_s(predicted, self._lead(configs[i].instance_type)))
+            out.append(self.options.prefetch.request_offset_s(predicted, self.lead_s(configs[i].instance_type)))
         return out
 
     def trace(
@@ -685,14 +444,14 @@ class Simulator(ReadsSettings):
         ``queue``: as for :meth:`simulate` (arrays over all samples)."""
         configs = tuple(normalise(c, s.trials) for c, s in zip(configs, self.stages))
         prefix = None
-        records: list[_StageRecord] = []
+        records: list[StageRecord] = []
         tails = self._tails(configs)
         rows = slice(sample, sample + 1)
         for i in range(len(configs)):
-            play = _StagePlay(i, configs[i], tails[i], None if queue is None else queue.at(i, rows))
+            play = StagePlay(i, configs[i], tails[i], None if queue is None else queue.at(i, rows))
             prefix = self._step(prefix, play, rows, record=True)
             records.append(prefix.open)
-        return _build_timeline(self, configs, records)
+        return build_timeline(self, configs, records)
 
     # -- internals --------------------------------------------------------------------------
     def _factors(self, index: int, width: int) -> np.ndarray:
@@ -717,7 +476,7 @@ class Simulator(ReadsSettings):
         key = (index, itype.cloud, itype.name)
         startup = self._startup_draws.get(key)
         if startup is None or startup.shape[1] < u.shape[1]:
-            startup = self._startup(itype).sample(u)
+            startup = self.startup_model(itype).sample(u)
             self._startup_draws[key] = startup
         return startup
 
@@ -761,18 +520,18 @@ class Simulator(ReadsSettings):
             self._trial_speeds[key] = speeds
         return speeds
 
-    def _startup(self, itype: InstanceType) -> StartupModel:
+    def startup_model(self, itype: InstanceType) -> StartupModel:
         key = (itype.cloud, itype.name)
         if key not in self._startup_cache:
             model = self.model.startup(itype.cloud, itype.name)
             self._startup_cache[key] = (model, self.options.prefetch.lead_s(model.samples_s))
         return self._startup_cache[key][0]
 
-    def _lead(self, itype: InstanceType) -> float:
-        self._startup(itype)
+    def lead_s(self, itype: InstanceType) -> float:
+        self.startup_model(itype)
         return self._startup_cache[(itype.cloud, itype.name)][1]
 
-    def _epoch(self, device: str, workers: int, nodes: int) -> float:
+    def epoch_s(self, device: str, workers: int, nodes: int) -> float:
         key = (device, workers, nodes)
         if key not in self._epoch_cache:
             self._epoch_cache[key] = self.model.epoch_time(device, workers, nodes)
@@ -785,7 +544,7 @@ class Simulator(ReadsSettings):
         n: int,
         tails: tuple[float, ...],
         queue: ProvisionQueue | None = None,
-    ) -> _Prefix:
+    ) -> StagePrefix:
         """The first ``upto`` (≥ 1) stages of ``configs`` played (samples ``n``), from the prefix cache."""
         if upto < 1:
             raise ValueError("a plan prefix has at least one stage")
@@ -798,7 +557,7 @@ class Simulator(ReadsSettings):
             return hit
         previous = self._prefix(configs, upto - 1, n, tails, queue) if upto > 1 else None
         rows = slice(0, n)
-        play = _StagePlay(
+        play = StagePlay(
             upto - 1, configs[upto - 1], tails[upto - 1], None if queue is None else queue.at(upto - 1, rows)
         )
         result = self._step(previous, play, rows)
@@ -809,24 +568,25 @@ class Simulator(ReadsSettings):
             self._cached_bytes -= _nbytes(evicted)
         return result
 
-    def _rule(self, cloud: str) -> BillingRule:
+    def rule(self, cloud: str) -> BillingRule:
+        """How ``cloud`` bills an instance's lifetime."""
         return billing_rule(cloud)
 
-    def _termination(self, itype: InstanceType) -> float:
+    def termination_s(self, itype: InstanceType) -> float:
         """Median seconds an instance stays billed after its release (terminate request → gone)."""
         key = (itype.cloud, itype.name)
         if key not in self._termination_cache:
             self._termination_cache[key] = self.model.termination(itype.cloud, itype.name).quantile(0.5)
         return self._termination_cache[key]
 
-    def _price(self, itype: InstanceType, market: str | None = None) -> float:
+    def price_hr(self, itype: InstanceType, market: str | None = None) -> float:
         """$/h of ``itype`` in ``market``: a spot stage at its offer's zone-weighted price
         (:meth:`SpotSetup.spot_price`), the old all-spot reading at the catalog's spot price."""
         if market == "spot" and self.spot_setup is not None:
             return self.spot_setup.spot_price(itype)
         return itype.price(self.spot or market == "spot")
 
-    def _finalise(self, prefix: _Prefix, carry: int) -> tuple:
+    def _finalise(self, prefix: StagePrefix, carry: int) -> tuple:
         """Close the open stage: carried instances idle until the barrier; others pay billing minimums.
 
         The ``carry`` instances that free last go on to the next stage. Returns the finalised
@@ -835,12 +595,12 @@ class Simulator(ReadsSettings):
         """
         rec = prefix.open
         itype = rec.config.instance_type
-        price: float | np.ndarray = self._price(itype, rec.config.market) / 3600.0
-        moved_to = None if rec.fallback is None else self._spot().fallback(itype)
+        price: float | np.ndarray = self.price_hr(itype, rec.config.market) / 3600.0
+        moved_to = None if rec.fallback is None else self.spots.setup.fallback(itype)
         if moved_to is not None and rec.fallback is not None and rec.fallback.any():
             # samples whose spot stage was bought on-demand: on the fall-back type, at its price
             price = np.where(rec.fallback, moved_to.price(False) / 3600.0, price)
-        rule = self._rule(itype.cloud)
+        rule = self.rule(itype.cloud)
         n = rec.release.shape[1]
         release, request = rec.release, rec.request
         carried_idx = None
@@ -869,7 +629,7 @@ class Simulator(ReadsSettings):
             # released instances: billed (as accounting bills the journal) from the request until
             # they are gone, the termination latency after the release; the tail counts as idle
             life = o_release - o_request
-            gone = self._termination(itype)
+            gone = self.termination_s(itype)
             billed = rule.billed_seconds(life + gone)
             tail = gone * life.shape[1] * price
             extra = (billed - life).sum(axis=1) * price - tail
@@ -886,13 +646,13 @@ class Simulator(ReadsSettings):
         by_type[itype.name] = by_type.get(itype.name, 0.0) + stage_cost - moved_usd
         return prefix.stage_costs + (stage_cost,), total, by_type, c_request, carried_idx, c_release
 
-    def _step(self, prefix: _Prefix | None, play: _StagePlay, rows: slice, record: bool = False) -> _Prefix:
+    def _step(self, prefix: StagePrefix | None, play: StagePlay, rows: slice, record: bool = False) -> StagePrefix:
         """Play one stage (``play``) after ``prefix`` (None: the job's first stage) over the samples ``rows``.
 
         Closes the stage before (:meth:`_open`), brings up this stage's instances (:meth:`_instances`, with spot's
         request and the instances kept from a re-plan), runs its tasks on its slots (with a spot stage's
         preemptions) and bills what it has used so far; the next stage finalises it. ``record``: keep the trace
-        the timeline is rebuilt from (:func:`_build_timeline`)."""
+        the timeline is rebuilt from (:func:`build_timeline`)."""
         config = play.config
         stage = self.stages[play.index]
         lay = layout(config.instance_type.workers, config.instances, config.workers)
@@ -900,14 +660,14 @@ class Simulator(ReadsSettings):
         prev = prefix.open if prefix is not None else None
         opening = self._open(prefix, play, factor.shape[0])
         inst = self._instances(play, prev, opening, rows)
-        spot = self._spot_start(play, prev, inst, opening.carry, rows)
+        spot = self.spots.start(play, prev, inst, opening.carry, rows)
         self._keep_running(prev, config, inst)
 
         slot_ready, slot_factor = _slots(lay, inst.ready, factor, opening.start)
         if spot is not None and spot.fallback.any():  # a stage bought on-demand runs on the fall-back type
             slot_factor = slot_factor * np.where(spot.fallback, spot.slow, 1.0)[:, None]
         base, overhead = self.task_time(play.index, config, None if prev is None else prev.config)
-        preempted = None if spot is None else self._preemptions(spot, slot_ready, (base, overhead))
+        preempted = None if spot is None else self.spots.preemptions(spot, slot_ready, (base, overhead))
         counts, last_end, busy, dur = self._schedule(
             play, rows, (slot_ready, slot_factor), (base, overhead), None if preempted is None else preempted.extra
         )
@@ -920,7 +680,7 @@ class Simulator(ReadsSettings):
         stage_parts, seg = self._stage_parts(config, opening, inst, release, busy)
         events = fallback_usd = None
         if spot is not None and preempted is not None:
-            stage_parts, seg, fallback_usd = self._spot_bill(spot, preempted, stage_parts, seg)
+            stage_parts, seg, fallback_usd = self.spots.bill(spot, preempted, stage_parts, seg)
             events = preempted.events(spot.fallback)
         trace = None
         if record:
@@ -940,7 +700,7 @@ class Simulator(ReadsSettings):
                 "anchor": float(anchor[0]),
                 "prev_anchor": None if prev is None else float(prev.anchor[0]),
             }
-        rec = _StageRecord(
+        rec = StageRecord(
             config=config,
             start=opening.start,
             anchor=anchor,
@@ -958,7 +718,7 @@ class Simulator(ReadsSettings):
             provision=inst.provision,
             provisioned=inst.provisioned,
         )
-        return _Prefix(
+        return StagePrefix(
             stage_costs=opening.stage_costs,
             parts=opening.parts,
             by_type=opening.by_type,
@@ -967,14 +727,16 @@ class Simulator(ReadsSettings):
             events=None if prefix is None else _add_events(prefix.events, prefix.open.events),
         )
 
-    def _open(self, prefix: _Prefix | None, play: _StagePlay, samples: int) -> _Opening:
+    def _open(self, prefix: StagePrefix | None, play: StagePlay, samples: int) -> StageOpening:
         """What stage ``play`` starts from: the stage before closed (:meth:`_finalise`, its ``carry`` instances that
         free last taken over), its barrier as the start, and the checkpoint transfers a promotion that moves the
         trials pays. The job's first stage starts from nothing at 0."""
         if prefix is None:
             nothing = np.empty((samples, 0))
             zero = np.zeros(samples)
-            return _Opening((), {k: np.zeros(samples) for k in WORKER_CATEGORIES}, {}, (), zero, 0, nothing, nothing)
+            return StageOpening(
+                (), {k: np.zeros(samples) for k in WORKER_CATEGORIES}, {}, (), zero, 0, nothing, nothing
+            )
         prev, config = prefix.open, play.config
         same = prev.config.instance_type.key == config.instance_type.key and prev.config.market == config.market
         carry = self.options.prefetch.carried(same, prev.release.shape[1], config.instances)
@@ -987,7 +749,7 @@ class Simulator(ReadsSettings):
                 * self.model.checkpoint_size_gb
                 * TRANSFER_USD_PER_GB.get(prev.config.instance_type.cloud, 0.0)
             )
-        return _Opening(
+        return StageOpening(
             stage_costs=stage_costs,
             parts=parts,
             by_type=by_type,
@@ -1000,7 +762,9 @@ class Simulator(ReadsSettings):
             transfer_usd=transfer_usd,
         )
 
-    def _instances(self, play: _StagePlay, prev: _StageRecord | None, opening: _Opening, rows: slice) -> _Instances:
+    def _instances(
+        self, play: StagePlay, prev: StageRecord | None, opening: StageOpening, rows: slice
+    ) -> StageInstances:
         """When the stage's instances are requested (billed from) and ready for a first trial, per sample. Carried ones
         are free at the stage's start, or when they are up if still starting. New ones are requested ahead of time
         (:class:`~rubberband.planner.policies.PrefetchPolicy`), timed from the previous stage's first task; the
@@ -1008,7 +772,7 @@ class Simulator(ReadsSettings):
         when re-planning. Their first trial waits for the new instance's worker processes."""
         config = play.config
         itype, n_inst, carry, start = config.instance_type, config.instances, opening.carry, opening.start
-        inst = _Instances(
+        inst = StageInstances(
             request=np.empty((start.shape[0], n_inst)),
             ready=np.empty((start.shape[0], n_inst)),
             provisioned=None if prev is None else prev.provisioned,
@@ -1023,7 +787,7 @@ class Simulator(ReadsSettings):
                 head = self.model.head_wait_s(itype.cloud, itype.name)
                 t_req = np.full(start.shape[0], head if self.start_state is None else self.start_state.now_s)
             else:
-                t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self._lead(itype))
+                t_req = prev.anchor + self.options.prefetch.request_offset_s(prev.predicted_s, self.lead_s(itype))
             inst.request[:, carry:] = t_req[:, None]
             boot = self._boots(play.index, n_inst, itype)[rows, carry:n_inst]
             gained: np.ndarray | float = 0.0
@@ -1036,31 +800,7 @@ class Simulator(ReadsSettings):
             inst.t_req = t_req
         return inst
 
-    def _spot_start(
-        self, play: _StagePlay, prev: _StageRecord | None, inst: _Instances, carry: int, rows: slice
-    ) -> _SpotStage | None:
-        """A spot stage's market as it starts (None off spot): the samples in which it runs on-demand on its
-        fall-back type (those the stage before fell back in, carried over as on-demand, and those the policy buys
-        on-demand at the new instances' request: :meth:`_spot_request`), and the waits for capacity added to the
-        new instances' request and ready times (nothing is billed while no capacity is found)."""
-        config = play.config
-        if not config.spot or self.spot_setup is None:
-            return None
-        itype = config.instance_type
-        scenario = self.spot_setup.scenario(itype.cloud, itype.region, itype.name)
-        if scenario is None:
-            return None
-        fallback = np.zeros(inst.request.shape[0], dtype=bool)
-        if carry and prev is not None and prev.fallback is not None:
-            fallback = prev.fallback.copy()  # the on-demand instances it fell back to carry over (as on-demand)
-        if carry < config.instances and inst.t_req is not None:
-            new_fallback, waited = self._spot_request(scenario, play, prev, rows, inst.t_req)
-            fallback |= new_fallback
-            inst.request[:, carry:] += waited[:, None]
-            inst.ready[:, carry:] += waited[:, None]
-        return _SpotStage(scenario, play, rows, fallback, self.fallback_slowdown(config))
-
-    def _keep_running(self, prev: _StageRecord | None, config: StageConfig, inst: _Instances) -> None:
+    def _keep_running(self, prev: StageRecord | None, config: StageConfig, inst: StageInstances) -> None:
         """Instances already running when re-planning mid-run (:class:`RunningState`, the first stage on their type):
         ready now, billed from now (the past is sunk)."""
         state = self.start_state
@@ -1071,7 +811,7 @@ class Simulator(ReadsSettings):
 
     def _schedule(
         self,
-        play: _StagePlay,
+        play: StagePlay,
         rows: slice,
         slots: tuple[np.ndarray, np.ndarray],
         task: tuple[float, float],
@@ -1091,7 +831,7 @@ class Simulator(ReadsSettings):
             dur = np.where(counts > 0, busy / np.maximum(counts, 1), base * slot_factor + overhead)  # trace: mean
         else:
             dur = base * slot_factor + overhead
-            counts, last_end = _list_schedule(slot_ready, dur, trials)
+            counts, last_end = list_schedule(slot_ready, dur, trials)
             busy = counts * dur
         return counts, last_end, busy, dur
 
@@ -1111,7 +851,7 @@ class Simulator(ReadsSettings):
         return release
 
     def _stage_parts(
-        self, config: StageConfig, opening: _Opening, inst: _Instances, release: np.ndarray, busy: np.ndarray
+        self, config: StageConfig, opening: StageOpening, inst: StageInstances, release: np.ndarray, busy: np.ndarray
     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The stage's open cost per sample by part, and its instances' bill so far (``seg``): each instance from its
         request (a carried one from the stage's start) until its release. Training is the slots' busy time at a
@@ -1121,7 +861,7 @@ class Simulator(ReadsSettings):
         own_start = inst.request.copy()
         if carry:
             own_start[:, :carry] = opening.start[:, None]
-        price = self._price(config.instance_type, config.market) / 3600.0
+        price = self.price_hr(config.instance_type, config.market) / 3600.0
         S = release.shape[0]
         seg = (release - own_start).sum(axis=1) * price
         train = busy.sum(axis=1) * (config.workers / config.instance_type.workers) * price
@@ -1135,182 +875,7 @@ class Simulator(ReadsSettings):
         }
         return parts, seg
 
-    # -- spot ---------------------------------------------------------------------------------
-    def _spot(self) -> SpotSetup:
-        """The setup a spot stage is played with (a stage has a spot scenario only from one)."""
-        if self.spot_setup is None:
-            raise AssertionError("a spot stage is played without a SpotSetup")
-        return self.spot_setup
-
-    def _replacement_s(self, itype: InstanceType) -> float:
-        """Seconds until a replacement ``itype`` trains again: its start-up (median), workers, checkpoint restore."""
-        m = self.model
-        return self._startup(itype).quantile(0.5) + m.worker_start_s + m.restart_overhead_s + m.transfer_time()
-
-    def fallback_slowdown(self, config: StageConfig) -> float:
-        """A spot stage's trial on its fall-back type: epoch time there over epoch time on the stage's type."""
-        itype = config.instance_type
-        moved_to = itype if self.spot_setup is None or not config.spot else self.spot_setup.fallback(itype)
-        if moved_to.key == itype.key:
-            return 1.0
-        span = layout(itype.workers, config.instances, config.workers).span
-        return self._epoch(moved_to.device, config.workers, span) / self._epoch(itype.device, config.workers, span)
-
-    def _spot_restart_s(self, itype: InstanceType, checkpoint_s: float) -> float:
-        """What the policy counts one more preemption to cost: a replacement's start-up (the prefetch
-        quantile), its workers' start, the checkpoint restore, and half a checkpoint interval of lost work."""
-        m = self.model
-        return self._lead(itype) + m.worker_start_s + m.restart_overhead_s + m.transfer_time() + checkpoint_s / 2
-
-    def _spot_request(
-        self, scenario: SpotScenario, play: _StagePlay, prev: _StageRecord | None, rows: slice, t_req: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """A spot stage's request, where the policy decides for the stage's trials (as the executor does
-        before it starts them): on-demand when the slack (time left − the stage's predicted time on its
-        fall-back type − its bracket's later stages' predicted time, ``play.tail_s`` − one restart) is already
-        short (``fallback``: the stage is bought on-demand, on the fall-back type); where the request finds no
-        capacity, the policy waits for it (the wait) or buys the stage on-demand. Returns (fallback, wait)
-        per sample."""
-        setup = self._spot()
-        index, config = play.index, play.config
-        predicted = self.predicted_duration(index, config, None if prev is None else prev.config)
-        # the stage as it would run bought on-demand (on the fall-back type), and the later stages
-        work = np.full_like(t_req, predicted * self.fallback_slowdown(config) + play.tail_s)
-        base, _ = self.task_time(index, config, None if prev is None else prev.config)
-        restart = self._spot_restart_s(
-            config.instance_type, base / self.stages[index].epochs_this_stage * setup.checkpoint_epochs
-        )
-        start = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart)
-        wait = scenario.unavailable_for(index, REQUEST_EVENT, rows, t_req[:, None])[:, 0]
-        none = wait > 0
-        if not none.any():
-            return ~start, np.zeros_like(wait)
-        stay = stay_on_spot(setup.policy, setup.deadline_s - t_req, work, restart + scenario.typical_wait_s)
-        return ~start | (none & ~stay), np.where(start & none & stay, wait, 0.0)
-
-    def _preemptions(self, spot: _SpotStage, slot_ready: np.ndarray, task: tuple[float, float]) -> _Preempted:
-        """A spot stage's preemptions (:class:`_Preempted`), its tasks starting on slots free at ``slot_ready``,
-        each ``task`` = (``base`` seconds of training, ``overhead``).
-
-        Tasks are played wave by wave on lanes (the first wave starts as the slots come up, each later
-        task when its lane's previous task ends, preemptions included), each running ``base`` seconds of
-        training after ``overhead``. A preemption at progress ``p`` loses the work since the last
-        checkpoint (every ``checkpoint_epochs`` epochs), and the replacement costs its start-up, worker
-        start and the checkpoint restore. At each preemption
-        :class:`~rubberband.planner.policies.SpotPolicy` decides, with the slack of the whole remaining
-        run (this task, the stage's waves after it, the bracket's later stages), whether the replacement
-        is spot (it may then find no capacity: wait, or on-demand, decided again) or on-demand (no more
-        preemptions for that trial). Whether a trial starts on spot at all is decided for the stage, at
-        its request (:meth:`_spot_request`).
-        """
-        config = spot.play.config
-        base, overhead = task
-        slots = layout(config.instance_type.workers, config.instances, config.workers).slots
-        S, T = slot_ready.shape[0], self.stages[spot.play.index].trials
-        lanes = max(1, min(slots, T))
-        lane_free = np.sort(slot_ready, axis=1)[:, :lanes].copy()
-        waves = -(-T // lanes)
-        extra = np.zeros((S, T))
-        od = np.zeros((S, T))
-        waited = np.zeros((S, T))
-        counts = np.zeros((2, S))
-        for w in range(waves):
-            lo, hi = w * lanes, min(T, (w + 1) * lanes)
-            width = hi - lo
-            # the stage's later waves on the fall-back, and the later stages
-            after = (waves - 1 - w) * (base + overhead) * spot.slow + spot.play.tail_s
-            e, o, wt, c = self._preempt_wave(spot, w, lane_free[:, :width] + overhead, base, after)
-            extra[:, lo:hi], od[:, lo:hi], waited[:, lo:hi] = e, o, wt
-            counts += c
-            lane_free[:, :width] += base + overhead + e
-        return _Preempted(extra, od, waited, counts)
-
-    def _preempt_wave(
-        self, spot: _SpotStage, wave: int, now: np.ndarray, base: float, after: float
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """One wave of :meth:`_preemptions`: tasks whose training (``base`` seconds) starts at ``now`` (samples ×
-        tasks), ``after`` seconds of the run's work predicted after them; returns its per-task (extra, on-demand,
-        waited) seconds and per-sample counts, as :class:`_Preempted` holds them."""
-        setup = self._spot()
-        scenario, index, config, rows, slow = spot.scenario, spot.play.index, spot.play.config, spot.rows, spot.slow
-        stage = self.stages[index]
-        itype = config.instance_type
-        span = layout(itype.workers, config.instances, config.workers).span
-        checkpoint = max(base / stage.epochs_this_stage * setup.checkpoint_epochs, 1e-9)
-        decide_restart = self._spot_restart_s(itype, checkpoint)
-        restart = self._replacement_s(itype)
-        moved_to = setup.fallback(itype)  # where the policy moves a trial: its own type on-demand, or a cheaper one
-        restart_moved = self._replacement_s(moved_to)
-        shape = now.shape
-        progress = np.zeros(shape)
-        remaining = np.full(shape, base)
-        on_spot = np.broadcast_to(~spot.fallback[:, None], shape).copy()
-        extra = np.zeros(shape)
-        od = np.zeros(shape)
-        waited = np.zeros(shape)
-        counts = np.zeros((2, shape[0]))  # preemptions, trials moved to on-demand (per sample)
-        for k in range(MAX_PREEMPTIONS):
-            active = on_spot & (remaining > 0)
-            if not active.any():
-                break
-            event = wave * MAX_PREEMPTIONS + k
-            dt = scenario.time_to_preemption(index, event, rows, now, span)
-            hit = active & (dt < remaining)
-            remaining = np.where(active & ~hit, 0.0, remaining)
-            if not hit.any():
-                break
-            at = progress + np.where(hit, dt, 0.0)
-            saved = np.floor(at / checkpoint + 1e-9) * checkpoint
-            t_hit = now + np.where(hit, dt, 0.0)
-            work_left = (base - saved) * slow + after  # the trial's rest as it would run on the fall-back
-            time_left = setup.deadline_s - t_hit
-            stay = stay_on_spot(setup.policy, time_left, work_left, decide_restart)
-            none = scenario.unavailable_for(index, event, rows, t_hit) if (hit & stay).any() else np.zeros(shape)
-            wait_ok = stay_on_spot(setup.policy, time_left, work_left, decide_restart + scenario.typical_wait_s)
-            spot_again = stay & ((none <= 0) | wait_ok)
-            w = np.where(hit & spot_again, np.maximum(none, 0.0), 0.0)
-            moved = hit & ~spot_again
-            # on the lane: the lost work and the replacement's start; a moved trial's rest runs at the
-            # fall-back's speed (its extra time here, the rest is in ``base`` already)
-            extra += np.where(hit & ~moved, (at - saved) + restart + w, 0.0)
-            extra += np.where(moved, (at - saved) + restart_moved + (base - saved) * (slow - 1.0), 0.0)
-            waited += w
-            counts[0] += hit.sum(axis=1)
-            counts[1] += moved.sum(axis=1)
-            od += np.where(moved, (base - saved) * slow + restart_moved, 0.0)
-            on_spot &= ~moved
-            progress = np.where(hit, saved, progress)
-            remaining = np.where(hit, base - saved, remaining)
-            remaining = np.where(moved, 0.0, remaining)
-            now = np.where(hit, t_hit + restart + w, now)
-        return extra, od, waited, counts
-
-    def _spot_bill(
-        self, spot: _SpotStage, preempted: _Preempted, parts: dict[str, np.ndarray], seg: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray | None]:
-        """A spot stage's open cost parts and bill adjusted for its market: on-demand where it fell back (the whole
-        stage, no capacity at its request; or a trial's rest after the policy moved it, its replacement bought
-        on-demand), and the waits for spot capacity after a preemption not billed. Returns the parts, the bill and
-        (where trials fall back to another type) what was paid on the fall-back type per sample (cost by type)."""
-        config, fallback = spot.play.config, spot.fallback
-        itype = config.instance_type
-        price = self._price(itype, config.market) / 3600.0
-        moved_to = self._spot().fallback(itype)
-        od_price = moved_to.price(False) / 3600.0
-        per_trial = config.workers / itype.workers
-        adjust = (
-            preempted.on_demand.sum(axis=1) * (od_price - price) - preempted.waited.sum(axis=1) * price
-        ) * per_trial
-        ratio = np.where(fallback, od_price / price if price > 0 else 1.0, 1.0)
-        parts = {k: v * ratio for k, v in parts.items()}
-        parts["training"] = parts["training"] + np.where(fallback, 0.0, adjust)
-        seg = seg * ratio + np.where(fallback, 0.0, adjust)
-        fallback_usd = None
-        if moved_to.key != itype.key:  # what moved trials paid on the fall-back type (cost by type)
-            fallback_usd = np.where(fallback, 0.0, preempted.on_demand.sum(axis=1) * od_price * per_trial)
-        return parts, seg, fallback_usd
-
-    def _finish(self, configs: tuple[StageConfig, ...], prefix: _Prefix, n: int) -> SimResult:
+    def _finish(self, configs: tuple[StageConfig, ...], prefix: StagePrefix, n: int) -> SimResult:
         stage_costs, parts, by_type, *_ = self._finalise(prefix, 0)
         durations = prefix.durations + (prefix.open.barrier - prefix.open.start,)
         jct = prefix.open.barrier
@@ -1335,333 +900,7 @@ class Simulator(ReadsSettings):
         )
 
 
-def _nbytes(prefix: _Prefix) -> int:
+def _nbytes(prefix: StagePrefix) -> int:
     """Approximate memory held by a cached prefix (its per-instance and per-sample arrays)."""
     rec = prefix.open
     return rec.release.nbytes + rec.request.nbytes + rec.barrier.nbytes * (8 + len(prefix.stage_costs))
-
-
-def _list_schedule(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.ndarray, np.ndarray]:
-    """List scheduling of ``trials`` identical tasks onto slots, vectorised over samples.
-
-    Slot ``j`` is free at ``ready_j`` and each task on it takes ``dur_j``, so its task start times
-    form the sequence ``ready_j, ready_j + dur_j, ...``. Dispatching each task to the slot that
-    frees first merges these sequences: the tasks start at the ``trials`` smallest values of their
-    union (ties go to the lower slot index). Returns per-slot task counts and last end times.
-
-    The ``trials`` smallest are found by counting: each slot's starts up to a guess of the last
-    start (where ``Σ_j (t − ready_j)/dur_j + ½ = trials``), then, one start at a time per sample,
-    the largest counted start is dropped (ties: the higher slot) or the smallest uncounted one added
-    (ties: the lower slot) until ``trials`` are counted. That is the same set, compared on the same
-    start values, as :func:`_list_schedule_partition` selects (a few steps instead of a partition of
-    every start); where the guess is far off it falls back to the partition.
-    """
-    S, slots = ready.shape
-    if slots == 1 and S * trials <= DENSE_STARTS_LIMIT:  # every task on the one slot, one after another
-        return np.full((S, 1), trials, dtype=np.int64), _starts(ready, dur, trials, trials)[:, -1, :] + dur
-    if slots == trials:
-        # one task per slot unless some slot finishes its first task before another slot is ready
-        if np.all((ready + dur).min(axis=1) > ready.max(axis=1)):
-            return np.ones((S, slots), dtype=np.int64), ready + dur
-    if not float(dur.min()) > 0:
-        return _list_schedule_partition(ready, dur, trials)
-    K = _start_rows(ready, dur, trials)
-    if S * K * slots > DENSE_STARTS_LIMIT:
-        return _list_schedule_bisect(ready, dur, trials)
-    starts = _starts(ready, dur, trials, K)
-    inv = 1.0 / dur
-    # the last start t where Σ_j max(0, (t − ready_j)/dur_j + ½) = trials: the root counting every slot
-    # (late ones negatively) lies above it; Newton steps from there (the sum is convex) go down to it
-    guess = (trials - 0.5 * slots + (ready * inv).sum(axis=1)) / inv.sum(axis=1)
-    for _ in range(4):
-        active = ready < guess[:, None]
-        slope = np.where(active, inv, 0.0).sum(axis=1)
-        if not np.all(slope > 0):
-            break
-        value = np.where(active, (guess[:, None] - ready) * inv + 0.5, 0.0).sum(axis=1)
-        step = (value - trials) / slope
-        if not np.any(step > 1e-9 * np.abs(guess)):
-            break
-        guess = guess - np.maximum(step, 0.0)
-    counts = (starts <= guess[:, None, None]).sum(axis=1)
-    off = counts.sum(axis=1) - trials
-    limit = slots // 2 + 4  # one start per step; further off, the partition is quicker
-    if int(np.abs(off).max()) > limit:
-        return _list_schedule_partition(ready, dur, trials, starts)
-    rows = np.arange(S)
-    columns = np.arange(slots)
-    for _ in range(limit + 1):
-        over, under = off > 0, off < 0
-        if not (over.any() or under.any()):
-            break
-        if over.any():  # drop the latest counted start (ties: the higher slot)
-            r = rows[over]
-            c = counts[r]
-            last = np.where(c > 0, starts[r[:, None], np.maximum(c - 1, 0), columns], -np.inf)
-            j = slots - 1 - np.argmax(last[:, ::-1], axis=1)
-            counts[r, j] -= 1
-            off[r] -= 1
-        if under.any():  # add the earliest uncounted start (ties: the lower slot)
-            r = rows[under]
-            c = counts[r]
-            nxt = np.where(c < K, starts[r[:, None], np.minimum(c, K - 1), columns], np.inf)
-            j = np.argmin(nxt, axis=1)
-            counts[r, j] += 1
-            off[r] += 1
-    else:
-        return _list_schedule_partition(ready, dur, trials, starts)
-    last_start = np.take_along_axis(starts, np.maximum(counts - 1, 0)[:, None, :], axis=1)[:, 0, :]
-    return counts, last_start + dur
-
-
-#: Most task starts (samples × starts per slot × slots) the counting and partition schedulers hold at once
-#: (160 MB of float64). A larger case (tens of thousands of trials over thousands of slots that start one
-#: after another) is scheduled by :func:`_list_schedule_bisect`, in memory linear in the slots.
-DENSE_STARTS_LIMIT = 20_000_000
-
-
-def _start_rows(ready: np.ndarray, dur: np.ndarray, trials: int) -> int:
-    """K: how many starts per slot hold every start among the ``trials`` earliest."""
-    slots = ready.shape[1]
-    waves = -(-trials // slots)
-    dmin = float(dur.min())
-    dmax = float(dur.max())
-    spread = float((ready.max(axis=1) - ready.min(axis=1)).max())
-    return int(min(trials, math.ceil((spread + (waves - 1) * dmax) / dmin) + 1)) if dmin > 0 else trials
-
-
-def _starts(ready: np.ndarray, dur: np.ndarray, trials: int, K: int | None = None) -> np.ndarray:
-    """(samples, K, slots): each slot's first K task starts (repeated additions), K enough for every start
-    among the ``trials`` earliest (all slots' starts up to the last of them; computed when not given)."""
-    S, slots = ready.shape
-    K = _start_rows(ready, dur, trials) if K is None else K
-    starts = np.empty((S, K, slots))
-    starts[:, 0, :] = ready
-    starts[:, 1:, :] = dur[:, None, :]
-    # an accumulation adds one term after another: the same values as adding ``dur`` K − 1 times, in one call
-    np.add.accumulate(starts, axis=1, out=starts)
-    return starts
-
-
-def _list_schedule_bisect(ready: np.ndarray, dur: np.ndarray, trials: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_list_schedule` without holding every start: the ``trials``-th earliest start is found by
-    bisection on the count of starts up to ``t`` (per slot ``⌊(t − ready_j)/dur_j⌋ + 1``, monotone in ``t``),
-    then the starts that fall at it go to the lower slots. Memory linear in the slots; starts are
-    ``ready_j + k·dur_j`` (a product, not repeated additions: equal to the other schedulers' within
-    rounding)."""
-    S, slots = ready.shape
-
-    def count(t: np.ndarray) -> np.ndarray:
-        """Per slot, its starts ``ready + k·dur`` at or before ``t``: the quotient's floor, corrected by
-        comparing the starts themselves (so slots tied at ``t`` are counted alike, whatever the rounding)."""
-        t = t[:, None]
-        k = np.floor((t - ready) / dur)
-        k = np.where(ready + k * dur > t, k - 1, k)
-        k = np.where(ready + (k + 1) * dur <= t, k + 1, k)
-        return np.where(t >= ready, k + 1, 0.0)
-
-    lo = ready.min(axis=1) - 1.0  # nothing has started: count 0 < trials
-    hi = ready.max(axis=1) + trials * dur.max(axis=1)  # every slot has ≥ trials starts by then
-    for _ in range(200):  # halves the bracket until it stops shrinking (float resolution)
-        mid = 0.5 * (lo + hi)
-        if not np.any((mid > lo) & (mid < hi)):
-            break
-        enough = count(mid).sum(axis=1) >= trials
-        hi = np.where(enough, mid, hi)
-        lo = np.where(enough, lo, mid)
-    below = count(lo).astype(np.int64)  # fewer than `trials` starts
-    at = count(hi).astype(np.int64) - below  # starts in (lo, hi]: at the threshold, to within rounding
-    need = trials - below.sum(axis=1)
-    take = np.minimum(at, np.maximum(need[:, None] - (np.cumsum(at, axis=1) - at), 0))  # lower slots first
-    counts = below + take
-    last_start = ready + np.maximum(counts - 1, 0) * dur
-    return counts, last_start + dur
-
-
-def _list_schedule_partition(
-    ready: np.ndarray, dur: np.ndarray, trials: int, starts: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_list_schedule` by a partition of every slot's starts: the ``trials``-th smallest start is the
-    threshold, ties at it go to the lower slots."""
-    S, slots = ready.shape
-    if starts is None:
-        starts = _starts(ready, dur, trials)
-    K = starts.shape[1]
-    threshold = np.partition(starts.reshape(S, K * slots), trials - 1, axis=1)[:, trials - 1]
-    counts = (starts <= threshold[:, None, None]).sum(axis=1)
-    excess = counts.sum(axis=1) - trials
-    if np.any(excess > 0):
-        last_start = np.take_along_axis(starts, np.maximum(counts - 1, 0)[:, None, :], axis=1)[:, 0, :]
-        tie = (counts > 0) & (last_start == threshold[:, None])
-        rank_from_end = np.cumsum(tie[:, ::-1], axis=1)[:, ::-1]
-        counts = counts - (tie & (rank_from_end <= excess[:, None]))
-    last_start = np.take_along_axis(starts, np.maximum(counts - 1, 0)[:, None, :], axis=1)[:, 0, :]
-    return counts, last_start + dur
-
-
-# -- representative timeline ------------------------------------------------------------------
-
-
-def _build_timeline(
-    sim: Simulator, configs: tuple[StageConfig, ...], records: list[_StageRecord]
-) -> tuple[Timeline, nx.DiGraph, float]:
-    """Turn the recorded sample into an explicit DAG and read the timeline off it."""
-    dag = _TimelineDag(sim)
-    for idx, (config, rec) in enumerate(zip(configs, records)):
-        if rec.trace is None:
-            raise AssertionError("a stage record without its trace (Simulator.trace plays them with record=True)")
-        dag.add_stage(idx, config, rec.trace)
-    return dag.timeline(len(configs))
-
-
-class _TimelineDag:
-    """The representative sample's task DAG, built stage by stage from the traces :meth:`Simulator.trace` records:
-    nodes for the start, each instance's request and readiness, each task's dispatch and training, each stage's
-    barrier; edges weighted by the time between them, so that the longest path to a node is when it happens."""
-
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        self.dag = nx.DiGraph()
-        self.dag.add_node("start")
-        self.instances: list[dict] = []
-        self.tasks: list[TimelineTask] = []
-        self.task_nodes: list[tuple[tuple, float]] = []
-        self.prev_ids: list[int] = []  # instance ids of the previous stage, in sorted-release order
-        self.prev_barrier: Hashable = "start"
-        self.prev_first_task: Hashable | None = None
-        self.trial_ids: dict[int, list[int]] = {}
-
-    def add_stage(self, idx: int, config: StageConfig, tr: dict) -> None:
-        """Stage ``idx``'s instances (carried over or requested) and its tasks on their slots, up to its barrier."""
-        ids = self._instances(idx, config, tr)
-        lay: Layout = tr["layout"]
-        if lay.span == 1:  # slot → instances
-            slot_insts = [[ids[j // lay.per_instance]] for j in range(lay.slots)]
-        else:
-            slot_insts = [ids[j * lay.span : (j + 1) * lay.span] for j in range(lay.slots)]
-        self.prev_first_task = self._tasks(idx, config, tr, slot_insts)
-        self.prev_ids = ids
-        self.prev_barrier = ("barrier", idx)
-
-    def _instances(self, idx: int, config: StageConfig, tr: dict) -> list[int]:
-        """The ids of stage ``idx``'s instances: the carried ones keep theirs (ready at the barrier, or when up if
-        still starting), new ones are requested (from the start, or ahead, timed from the previous stage's first
-        task) and come up after their start-up."""
-        dag, instances, carry = self.dag, self.instances, tr["carry"]
-        ids = [0] * config.instances
-        carried = [self.prev_ids[i] for i in tr["carried_from_prev"]] if carry else []
-        for i in range(config.instances):
-            if i < carry:
-                ids[i] = carried[i]
-                instances[ids[i]]["last_stage"] = idx
-                dag.add_edge(self.prev_barrier, ("ready", ids[i], idx), weight=0.0)
-                # one still starting at the barrier is ready when it is up
-                dag.add_edge(("ready", ids[i], instances[ids[i]]["ready_stage"]), ("ready", ids[i], idx), weight=0.0)
-                instances[ids[i]]["ready_stage"] = idx
-            else:
-                ids[i] = len(instances)
-                instances.append(
-                    {
-                        "id": ids[i],
-                        "config": config,
-                        "first_stage": idx,
-                        "last_stage": idx,
-                        "ready_stage": idx,
-                        "requested": float(tr["request"][i]),
-                        "ready": float(tr["ready"][i]),
-                    }
-                )
-                if self.prev_first_task is None:
-                    dag.add_edge("start", ("request", ids[i]), weight=float(tr["request"][i]))
-                else:  # requested ahead, timed from the previous stage's first task (serially on local)
-                    dag.add_edge(
-                        self.prev_first_task, ("request", ids[i]), weight=float(tr["request"][i]) - tr["prev_anchor"]
-                    )
-                dag.add_edge(
-                    ("request", ids[i]), ("ready", ids[i], idx), weight=float(tr["ready"][i] - tr["request"][i])
-                )
-            instances[ids[i]]["released"] = float(tr["release"][i])
-        return ids
-
-    def _tasks(self, idx: int, config: StageConfig, tr: dict, slot_insts: list[list[int]]) -> Hashable | None:
-        """Stage ``idx``'s tasks in start order, each on its slot's instances after the previous barrier (its
-        slot's first) or its slot's previous task; promoted trials keep their ids (the best of the previous stage,
-        in order). Returns the stage's first task node (None: it has none)."""
-        dag, stage = self.dag, self.sim.stages[idx]
-        barrier = ("barrier", idx)
-        starts = []
-        for j in range(len(slot_insts)):
-            t = tr["slot_ready"][j]
-            for k in range(int(tr["counts"][j])):
-                starts.append((float(t), j, k))
-                t = t + tr["dur"][j]
-        starts.sort()
-        ids_in = self.trial_ids.get(stage.bracket) if stage.index > 0 else None
-        first_trial = sum(s.trials for s in self.sim.stages[:idx] if s.bracket < stage.bracket and s.index == 0)
-        first_task = None
-        for order, (t0, j, k) in enumerate(starts):
-            trial = ids_in[order] if ids_in else first_trial + order
-            # a task node starts the trial's work on its slot; when the placement changed at this
-            # promotion, a transition node (checkpoint restore onto the new instances) precedes training
-            node = ("task", idx, j, k)
-            train = ("train", idx, j, k)
-            if first_task is None:
-                first_task = node
-            d = float(tr["dur"][j])
-            move = float(tr["transition"])
-            dag.add_edge(node, train, weight=move, kind="transition" if move > 0 else "dispatch")
-            if k == 0:
-                dag.add_edge(self.prev_barrier, node, weight=0.0)
-                for iid in slot_insts[j]:
-                    dag.add_edge(("ready", iid, idx), node, weight=0.0)
-            else:
-                dag.add_edge(("train", idx, j, k - 1), node, weight=d - move)
-            if k == int(tr["counts"][j]) - 1:
-                dag.add_edge(train, barrier, weight=d - move)
-            self.tasks.append(
-                TimelineTask(
-                    trial=trial,
-                    stage=stage.index,
-                    bracket=stage.bracket,
-                    instance_ids=[f"i{x}" for x in slot_insts[j]],
-                    workers=config.workers,
-                    start_s=t0,
-                    end_s=t0 + d,
-                )
-            )
-            self.task_nodes.append((node, d))
-        self.trial_ids[stage.bracket] = [t.trial for t in self.tasks[-len(starts) :]]
-        return first_task
-
-    def timeline(self, stages: int) -> tuple[Timeline, nx.DiGraph, float]:
-        """(timeline, DAG, critical path) once all ``stages`` are added: every node at its longest path from the
-        start, the tasks and instances read off it, the last barrier's time the critical path."""
-        dag, sim = self.dag, self.sim
-        times: dict = {}
-        for node in nx.topological_sort(dag):
-            preds = list(dag.predecessors(node))
-            times[node] = max((times[u] + dag.edges[u, node]["weight"] for u in preds), default=0.0)
-        for t, (node, d) in zip(self.tasks, self.task_nodes):
-            t.start_s = times[node]
-            t.end_s = times[node] + d
-        out_instances = []
-        for inst in self.instances:
-            inst_config: StageConfig = inst["config"]
-            itype = inst_config.instance_type
-            rule = sim._rule(itype.cloud)
-            life = inst["released"] - inst["requested"] + sim._termination(itype)
-            out_instances.append(
-                TimelineInstance(
-                    id=f"i{inst['id']}",
-                    instance_type=itype.name,
-                    cloud=itype.cloud,
-                    first_stage=inst["first_stage"],
-                    last_stage=inst["last_stage"],
-                    requested_s=inst["requested"],
-                    ready_s=inst["ready"],
-                    released_s=inst["released"],
-                    cost_usd=rule.cost(life, sim._price(itype, inst_config.market)),
-                )
-            )
-        critical = times[("barrier", stages - 1)]
-        return Timeline(instances=out_instances, tasks=self.tasks), dag, critical

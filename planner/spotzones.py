@@ -30,7 +30,8 @@ import numpy as np
 
 from rubberband.catalog import InstanceType
 from rubberband.planner.search import Goal, PlanSimulator
-from rubberband.planner.simulator import SimResult, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import SimResult
 from rubberband.planner.spot import (
     ModelScenario,
     SpotMarketModel,

@@ -14,7 +14,7 @@ from rubberband.inputs import JobInputs
 from rubberband.plan import Plan
 
 if TYPE_CHECKING:
-    from rubberband.planner.simulator import HeadSpec
+    from rubberband.planner.plan_space import HeadSpec
 
 HEAD_MODES: tuple[str, ...] = ("instance", "local")
 
@@ -32,7 +32,7 @@ def billed_heads(head: str = "instance", grace_s: float | None = None) -> dict[s
         return {}
     from rubberband.cloud.bootstrap import WatchdogSettings
     from rubberband.catalog import head_types
-    from rubberband.planner.simulator import HeadSpec
+    from rubberband.planner.plan_space import HeadSpec
 
     grace = WatchdogSettings().done_grace_s if grace_s is None else float(grace_s)
     return {cloud: HeadSpec.of(itype, grace_s=grace) for cloud, itype in head_types().items()}

@@ -27,7 +27,8 @@ from rubberband.planner.search import (
     ascend,
     rising_moves,
 )
-from rubberband.planner.simulator import SimSettings, Simulator, plan_key
+from rubberband.planner.plan_space import plan_key
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.profile import load_profile
 from conftest import EXAMPLES
 from test_descent_climbs import Node, StubSim

@@ -11,7 +11,8 @@ from rubberband.planner.baselines import exact_optimum
 from rubberband.planner.bounds import Accounting, deadline_bound, stage_min_cost, work_bound
 from rubberband.planner.schedule import sha_stages
 from rubberband.planner.search import Evaluator, Goal, PlanSearch, PlanSpace
-from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator
 from planner_helpers import ideal_model, itype
 
 GPU1 = itype("gpu1", price=3.6)  # $0.001 a second

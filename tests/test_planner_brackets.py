@@ -15,7 +15,8 @@ from rubberband.planner.baselines import parallel_lower_bounds
 from rubberband.planner.brackets import BracketSetup, ParallelSimulator, bracket_ranges
 from rubberband.planner.schedule import Stage, hyperband_brackets
 from rubberband.planner.search import Goal, PlanSpace
-from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.spec import parse_spec
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)

@@ -16,7 +16,8 @@ from rubberband.plan import parse_plan
 from rubberband.planner import HeadSpec, PlanOptions, configs_of, plan_job, simulate_plan
 from rubberband.planner.model import fit_performance_model
 from rubberband.planner.schedule import sha_stages
-from rubberband.planner.simulator import CATEGORIES, SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import CATEGORIES, SimSettings, Simulator
 from rubberband.planning import billed_heads
 from rubberband.profile import load_profile
 from rubberband.spec import load_spec

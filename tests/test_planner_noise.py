@@ -17,7 +17,8 @@ from rubberband.planner.noise import (
     task_factors,
 )
 from rubberband.planner.schedule import Stage, sha_stages
-from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.profile import load_profile, parse_profile
 from conftest import EXAMPLES
 from planner_helpers import ideal_model, itype, synthetic_profile

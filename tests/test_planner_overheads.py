@@ -16,7 +16,8 @@ from rubberband.executor.accounting import bill_instance
 from rubberband.executor.journal import InstanceLife
 from rubberband.planner.model import StartupModel
 from rubberband.planner.schedule import Stage, sha_stages
-from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator
 from planner_helpers import ideal_model, itype
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)

@@ -136,7 +136,8 @@ def test_plans_carry_the_simulators_task_time_for_the_executors_prefetch():
 
     from rubberband.planner.api import stage_plans
     from rubberband.planner.schedule import stages_for
-    from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
+    from rubberband.planner.plan_space import StageConfig
+    from rubberband.planner.simulator import SimSettings, Simulator
 
     model = ideal_model(t_iter=0.5, task_start=2.0, restart=7.0)  # 100 iterations per epoch: 50 s
     stages = stages_for("sha", trials=4, eta=2, min_epochs=1, max_epochs=2)

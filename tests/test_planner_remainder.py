@@ -107,7 +107,8 @@ def test_a_brackets_running_instances_are_kept_not_requested_nor_handed_over():
     """Mid-run, bracket 1's next stage keeps the instance its current stage runs on (``bracket_states``): it
     starts at its offset without a start-up, pays nothing for one, and no released instance is handed to it
     (the simulator's rule for a request that boots while another bracket releases one)."""
-    from rubberband.planner.simulator import RunningState, SimSettings, StageConfig
+    from rubberband.planner.plan_space import StageConfig
+    from rubberband.planner.simulator import RunningState, SimSettings
 
     model = ideal_model(t_iter=0.5, dataset=1000, batch=10, startup=100.0, termination=20.0)  # 50 s an epoch
     stages = [Stage(0, 0, 1, 1, 1), Stage(1, 0, 1, 1, 1)]

@@ -6,16 +6,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rubberband.planner.schedule import Stage, sha_stages
-from rubberband.planner.simulator import (
-    SimSettings,
-    Simulator,
-    StageConfig,
-    _list_schedule,
-    _list_schedule_bisect,
-    efficient_counts,
-    layout,
-    useful_instances,
-)
+from rubberband.planner.list_schedule import list_schedule, list_schedule_bisect
+from rubberband.planner.plan_space import StageConfig, efficient_counts, layout, useful_instances
+from rubberband.planner.simulator import SimSettings, Simulator
 from planner_helpers import ideal_model, itype
 
 GPU1 = itype("gpu1", gpus=1, price=3.6)
@@ -160,7 +153,7 @@ def test_vectorised_list_scheduling_equals_heap(slots, trials, seed, ties):
     else:
         ready = rng.uniform(0, 100, (4, slots))
         dur = rng.uniform(5, 50, (4, slots))
-    for schedule in (_list_schedule, _list_schedule_bisect):  # the bisection: what very large stages take
+    for schedule in (list_schedule, list_schedule_bisect):  # the bisection: what very large stages take
         counts, last_end = schedule(ready, dur, trials)
         for s in range(4):
             c, last = _heap_schedule(list(ready[s]), list(dur[s]), trials)
@@ -174,16 +167,16 @@ def test_a_stage_too_large_to_hold_every_start_is_scheduled_in_linear_memory():
     """100 000 trials on 11 112 slots that came up one after another (the spec's largest SHA stage on a
     local cluster): the dense schedulers would need ~33 GiB; the bisection gives the same counts as on a
     case small enough to compare, and sums to the trials here."""
-    from rubberband.planner.simulator import DENSE_STARTS_LIMIT, _list_schedule_partition, _start_rows
+    from rubberband.planner.list_schedule import DENSE_STARTS_LIMIT, list_schedule_partition, start_rows
 
     slots, trials = 11_112, 100_000
     ready = np.tile(np.arange(slots) * 6.0, (10, 1))
     dur = np.full((10, slots), 1.7)
-    assert 10 * _start_rows(ready, dur, trials) * slots > DENSE_STARTS_LIMIT
-    counts, ends = _list_schedule(ready, dur, trials)
+    assert 10 * start_rows(ready, dur, trials) * slots > DENSE_STARTS_LIMIT
+    counts, ends = list_schedule(ready, dur, trials)
     assert counts.shape == (10, slots) and np.all(counts.sum(axis=1) == trials)
     small = (ready[:, :300], dur[:, :300], 2_000)
-    assert np.array_equal(_list_schedule_bisect(*small)[0], _list_schedule_partition(*small)[0])
+    assert np.array_equal(list_schedule_bisect(*small)[0], list_schedule_partition(*small)[0])
 
 
 def test_slot_layouts_and_efficient_counts():
@@ -225,7 +218,7 @@ def test_dag_has_explicit_transitions_only_where_the_placement_changes():
 def test_list_schedule_by_counting_matches_the_partition_exactly():
     """The counting list scheduler picks the same starts as the partition (ties to the lower slot),
     on tie-heavy integer inputs, spread start-ups and large many-wave stages alike."""
-    from rubberband.planner.simulator import _list_schedule, _list_schedule_partition
+    from rubberband.planner.list_schedule import list_schedule, list_schedule_partition
 
     rng = np.random.default_rng(7)
     cases = []
@@ -241,7 +234,7 @@ def test_list_schedule_by_counting_matches_the_partition_exactly():
         ready = 100 + 20 * rng.random((200, slots))
         cases.append((ready, 300 * np.exp(0.03 * rng.standard_normal((200, slots))) + 10, trials))
     for ready, dur, trials in cases:
-        counts, ends = _list_schedule(ready, dur, trials)
-        ref_counts, ref_ends = _list_schedule_partition(ready, dur, trials)
+        counts, ends = list_schedule(ready, dur, trials)
+        ref_counts, ref_ends = list_schedule_partition(ready, dur, trials)
         assert np.array_equal(counts, ref_counts) and np.array_equal(ends, ref_ends)
         assert np.all(counts.sum(axis=1) == trials)

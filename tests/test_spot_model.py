@@ -16,7 +16,8 @@ from rubberband.plan import PLAN_SCHEMA_VERSION, parse_plan, plan_json
 from rubberband.planner.policies import Market, SpotPolicy, SpotSituation
 from rubberband.planner.schedule import stages_for
 from rubberband.planner.search import Goal, PlanSpace, local_moves, with_markets
-from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.planner.spot import (
     DURATION_LEVELS,
     ModelScenario,

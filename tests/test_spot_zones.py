@@ -14,7 +14,8 @@ from conftest import EXAMPLES
 from planner_helpers import ideal_model, itype
 from rubberband.planner.schedule import stages_for
 from rubberband.planner.search import Goal
-from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.planner.spot import SpotMarketModel, SpotSetup, ZoneModel, p_none_of
 from rubberband.planner.spotzones import first_found, model_setup, prior, spot_offer, why_not_spot
 from rubberband.spotmodel import fit_traces, load_spot_model, read_traces

@@ -12,7 +12,8 @@ from sim_helpers import write_cpu_profile
 from rubberband.catalog import load_catalog
 from rubberband.planner.model import StartOverlap, fit_performance_model
 from rubberband.planner.schedule import sha_stages
-from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.profile import StartupOverlap, load_profile
 
 STARTUP_S = 2.0

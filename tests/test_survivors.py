@@ -32,7 +32,8 @@ from rubberband.planner.noise import (
     fit_speed_quality,
 )
 from rubberband.planner.schedule import sha_stages
-from rubberband.planner.simulator import SimSettings, Simulator, StageConfig
+from rubberband.planner.plan_space import StageConfig
+from rubberband.planner.simulator import SimSettings, Simulator
 from rubberband.profile import load_profile
 from rubberband.spec import load_spec
 from planner_helpers import ideal_model, itype
