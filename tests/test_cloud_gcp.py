@@ -10,7 +10,9 @@ from gce_fake import GceFake, gce_fake  # noqa: F401  (fixture)
 
 from rubberband.cloud.backend import CloudBackend
 from rubberband.cloud.failover import FailoverExhausted, FailoverPolicy, RetryPolicy, provision_with_failover
-from rubberband.cloud.gcp.provider import PREEMPTED, PREEMPTED_OPERATION, GcpProvider, firewall_name, network_tag
+from rubberband.cloud.gcp.names import firewall_name
+from rubberband.cloud.gcp.provider import PREEMPTED, PREEMPTED_OPERATION, GcpProvider
+from rubberband.cloud.gcp.run_network import network_tag
 from rubberband.cloud.provider import TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, TAG_STAGE, InstanceRequest
 from rubberband.cloud.registry import ProviderPool
 from rubberband.cloud.teardown import (
@@ -265,7 +267,7 @@ def test_only_the_run_reaches_its_ray_ports_and_only_the_head_is_public(gce_fake
     any of its VMs, SSH reaches the head from the user's CIDR alone, and only the head has an external address (the
     default: workers go out through the run's Cloud NAT). The run's VMs are capped by the cloud itself
     (maxRunDuration with DELETE; the fake is strict about both)."""
-    from rubberband.cloud.gcp.provider import head_tag
+    from rubberband.cloud.gcp.run_network import head_tag
 
     p = provider(gce_fake, ssh_cidr="203.0.113.7/32")
     (head,) = p.provision(InstanceRequest("run-n", 0, V100, extra_tags={TAG_ROLE: "head"}, max_lifetime_s=3600))
@@ -343,7 +345,8 @@ def test_private_workers_go_out_through_the_runs_own_nat_which_goes_with_the_run
     process of the run (the head's executor) reuses both; teardown deletes them, and only them."""
     import ipaddress
 
-    from rubberband.cloud.gcp.provider import SUBNET_POOL, owner_marker, router_name, subnet_name
+    from rubberband.cloud.gcp.names import owner_marker, router_name, subnet_name
+    from rubberband.cloud.gcp.run_network import SUBNET_POOL
 
     cli_side, head_side = provider(gce_fake), provider(gce_fake)
     gce_fake.add_router("us-central1", "vpn-router")  # the user's own router without a NAT: no conflict
@@ -429,7 +432,7 @@ def test_a_nat_of_every_subnetwork_is_used_and_nats_of_chosen_subnetworks_stand_
     NAT serves the run's subnetwork too and is used as it is (nothing made but the subnetwork, nothing of the user's
     deleted); a NAT of chosen subnetworks (the user's) stands beside the run's own; a router named like the run's
     without its marker is never taken for it nor deleted."""
-    from rubberband.cloud.gcp.provider import router_name, subnet_name
+    from rubberband.cloud.gcp.names import router_name, subnet_name
 
     gce_fake.add_router("us-central1", "my-nat", nats=EVERY_SUBNETWORK)
     p = provider(gce_fake)
@@ -474,7 +477,7 @@ def test_an_earlier_rubberbands_nat_of_every_subnetwork_is_shared_until_its_user
     """A run of an earlier rubberband made a NAT of every subnetwork: a run now goes out through it, and that run's
     teardown keeps it while another run's private workers are in the region; the sweep deletes it once they are
     gone; the later run then makes its own."""
-    from rubberband.cloud.gcp.provider import owner_marker, router_name
+    from rubberband.cloud.gcp.names import owner_marker, router_name
 
     gce_fake.add_router(
         "us-central1",
@@ -505,17 +508,18 @@ def test_a_runs_subnetwork_takes_a_free_block_of_the_network(gce_fake):
     tried; a subnetwork named like the run's without its marker is a fatal one-line error."""
     import ipaddress
 
-    from rubberband.cloud.gcp.provider import free_blocks, subnet_name
+    from rubberband.cloud.gcp.names import subnet_name
+    from rubberband.cloud.gcp.run_network import free_blocks
 
     first = next(free_blocks("run-s", []))
     gce_fake.add_subnetwork("us-east1", "mine", first)  # the user's, in another region: same network, same space
     second = next(free_blocks("run-s", [first]))
     gce_fake.peered_ranges = [second]
-    provider(gce_fake).ensure_subnetwork("run-s")
+    provider(gce_fake).run_network.ensure_subnetwork("run-s")
     gce_fake.rejected.clear()  # the peered block's refusal is the point
     taken = gce_fake.subnetworks[("us-central1", subnet_name("run-s"))]["ipCidrRange"]
     assert taken not in (first, second) and taken == next(free_blocks("run-s", [first, second]))
-    provider(gce_fake).ensure_subnetwork("run-t")
+    provider(gce_fake).run_network.ensure_subnetwork("run-t")
     other = gce_fake.subnetworks[("us-central1", subnet_name("run-t"))]["ipCidrRange"]
     assert not ipaddress.ip_network(other).overlaps(ipaddress.ip_network(taken))
     assert not any(ipaddress.ip_network(b).overlaps(ipaddress.ip_network("10.128.0.0/9")) for b in free_blocks("x", []))
@@ -550,10 +554,10 @@ def test_a_run_that_failed_over_leaves_a_nat_in_no_region(gce_fake):
 def test_two_runs_making_their_nat_at_once_each_get_their_own(gce_fake, monkeypatch):
     """Run B lists the region before run A's NAT lands: NATs of chosen subnetworks stand side by side, so B's insert
     goes through and each run's workers go out through their run's own NAT."""
-    from rubberband.cloud.gcp.provider import router_name
+    from rubberband.cloud.gcp.names import router_name
 
     a, b = provider(gce_fake), provider(gce_fake)
-    real_list = b.routers.list
+    real_list = b.api.routers.list
     calls = []
 
     def list_before_a(**kwargs):
@@ -563,6 +567,6 @@ def test_two_runs_making_their_nat_at_once_each_get_their_own(gce_fake, monkeypa
         calls.append(1)
         return found
 
-    monkeypatch.setattr(b.routers, "list", list_before_a)
+    monkeypatch.setattr(b.api.routers, "list", list_before_a)
     assert b.ensure_nat("run-b") == router_name("run-b") and len(calls) == 1
     assert sorted(gce_fake.routers) == [("us-central1", router_name("run-a")), ("us-central1", router_name("run-b"))]

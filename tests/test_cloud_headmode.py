@@ -315,7 +315,7 @@ def test_gcp_run_on_a_head_instance_streams_fetches_and_leaves_nothing(cli, tmp_
     played by a local Ray head), n1-standard-8+V100x1 workers join it; the CLI streams the run to its end, fetches
     the run directory (report works locally) and deletes the head, every worker, the run's firewall rules and the
     Cloud NAT its private workers went out through (the default)."""
-    from rubberband.cloud.gcp.provider import owner_marker, router_name, subnet_name
+    from rubberband.cloud.gcp.names import owner_marker, router_name, subnet_name
 
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)  # for end_run below, should the run fail
     spec, plan, env = small_gcp_job(tmp_path, gce_fake)

@@ -16,7 +16,8 @@ from gce_fake import GceFake, gce_fake  # noqa: F401  (fixture)
 
 from rubberband.cloud.aws.provider import AwsProvider, security_group_name
 from rubberband.cloud.failover import RetryPolicy
-from rubberband.cloud.gcp.provider import GcpProvider, firewall_name, owner_marker
+from rubberband.cloud.gcp.names import firewall_name, owner_marker
+from rubberband.cloud.gcp.provider import GcpProvider
 from rubberband.cloud.heartbeat import Heartbeat, beat_labels, orphaned_runs
 from rubberband.cloud.aws.identity import AwsIdentities
 from rubberband.cloud.provider import TAG_HEARTBEAT, TAG_MANAGED, TAG_ROLE, TAG_RUN_ID, Instance, InstanceRequest
@@ -243,7 +244,7 @@ def test_gcp_sweep_deletes_a_leaked_nat_of_a_run_without_vms_and_only_it(gce_fak
     """A CLI killed right after it made the run's Cloud NAT (before the head existed) leaves a router and a
     subnetwork and nothing else: the sweep deletes them once they are older than the threshold (found by their marker,
     in any region), never young ones of a run being started, nor the user's router named like it."""
-    from rubberband.cloud.gcp.provider import router_name
+    from rubberband.cloud.gcp.names import router_name
 
     monkeypatch.setenv("RUBBERBAND_GCE_ENDPOINT", gce_fake.url)
     p = _gcp(gce_fake)

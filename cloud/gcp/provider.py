@@ -7,28 +7,14 @@
   ``n1-standard-8+V100x1`` (host + guest accelerators). GPU VMs get
   ``onHostMaintenance=TERMINATE``; spot VMs the SPOT provisioning model and
   ``instanceTerminationAction=DELETE`` (a preempted VM is deleted, not left with a billed disk).
-* Labels: run id, stage, version, managed marker (cloud/provider.py keys); network tag
-  ``rubberband-<run>``. The run's firewall rules deny by default: a rule at priority
-  :data:`DENY_PRIORITY` denies every protocol from anywhere to the run's tag (it outranks the
-  ``default`` network's own ``default-allow-internal`` / ``default-allow-ssh`` at 65534), and
-  rules at :data:`ALLOW_PRIORITY` open TCP only between VMs carrying that tag, plus SSH from a
-  user-given CIDR to the head alone. :meth:`GcpProvider.cleanup_run` deletes the rules.
-  Firewall rules carry no labels: the run's ownership marker ends their description
-  (:func:`owner_marker`), and only rules carrying it are reused or deleted — never a rule matched by its
-  name alone.
-* Egress (``worker_egress``, :data:`WORKER_EGRESS`): only the head gets an external address (the user's SSH).
-  Workers have none; by default (``nat``) the run makes, before its first worker in a region, its own subnetwork
-  there (``rubberband-<run>-workers``, a free /20 of :data:`SUBNET_POOL`, :meth:`GcpProvider.ensure_subnetwork`) and
-  its own Cloud Router with a Cloud NAT of that subnetwork alone (``rubberband-<run>-nat``, ``LIST_OF_SUBNETWORKS``,
-  :meth:`GcpProvider.ensure_nat`): its workers go there, so their boot reaches package indexes and no other VM of the
-  project gets egress through the run's NAT. Both go with the run's other resources. A NAT of every subnetwork
-  that is there already (Compute Engine allows none beside it) serves the run's subnetwork too and is used as it
-  is. Routers and subnetworks carry no labels either: the same ownership marker ends their description.
-  ``existing``: the network already gives egress (the user's Cloud NAT or proxy), nothing is made; ``public``:
-  workers get an ephemeral external address (no rule lets anything in through it).
-* Operations are waited on with the ``*_unary`` calls and this provider's own
-  ``ZoneOperationsClient`` / ``GlobalOperationsClient``: ``.result()`` on an extended
-  operation would poll through an internal client built without our endpoint override.
+* Labels: run id, stage, version, managed marker (cloud/provider.py keys); network tag ``rubberband-<run>``.
+* The run's network (:mod:`~rubberband.cloud.gcp.run_network`): firewall rules that deny by default and open TCP
+  between the run's VMs and SSH from a user-given CIDR to its head alone; for private workers (``worker_egress``,
+  :data:`WORKER_EGRESS`: ``nat`` by default) the run's own subnetwork and Cloud NAT. Only the head gets an external
+  address (the user's SSH); with ``public`` the workers get an ephemeral one (no rule lets anything in through
+  it). :meth:`GcpProvider.cleanup_run` deletes them, by the run's ownership marker, never by name alone.
+* Calls go through :class:`~rubberband.cloud.gcp.compute_api.ComputeApi`: retried, their errors mapped to
+  rubberband's vocabulary, operations waited on with the ``*_unary`` calls and its own operations clients.
 * An instance's id is its name (unique: ``rb-<run>-<stage>-<random>``); its zone is
   remembered, or found by an aggregated list.
 * Preemption: Compute Engine records it as a zone operation of type
@@ -44,24 +30,17 @@ from __future__ import annotations
 import builtins
 
 import dataclasses
-import hashlib
-import ipaddress
-import itertools
 import os
 import re
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 import google.auth
 import google.auth.exceptions
-import requests
-from google.api_core import exceptions as api_exceptions
-from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
@@ -70,22 +49,18 @@ from rubberband.cloud.bootstrap import check_request, check_ssh_cidr
 from rubberband.cloud.gcp import WORKER_EGRESS
 from rubberband.cloud.gcp.boot import GCP_BOOT
 from rubberband.clouds import chosen_image
-from rubberband.cloud.gcp.quotas import GCP_QUOTAS, gcp_quota_name
 from rubberband.cloud.gcp.session import ENDPOINT_ENV, PROJECT_ENV
 from rubberband.credentials import assert_no_credentials, redact
 from rubberband.cloud.failover import (
-    ERROR_TABLE,
     CallContext,
     RetryPolicy,
-    call_with_retry,
     classify,
 )
+from rubberband.cloud.gcp.compute_api import ComputeApi, Doomed
+from rubberband.cloud.gcp.run_network import RunNetwork, head_tag, network_tag
 from rubberband.cloud.gcp.names import (
-    firewall_name,
     instance_prefix,
     marked_run,
-    owner_marker,
-    router_name,
     subnet_name,
 )
 from rubberband.cloud.provider import (
@@ -145,53 +120,6 @@ GCP_REGIONS = frozenset(
 )
 
 
-def network_tag(run_id: str) -> str:
-    return f"rubberband-{run_id}"
-
-
-#: How a run's workers reach the internet (their boot installs packages): ``nat`` — no external address, the run's
-#: own Cloud NAT (the default); ``existing`` — no external address, the network already has egress (your Cloud NAT);
-#: ``public`` — an ephemeral external address each (the run's firewall still lets nothing in).
-#: NAT source options that claim every subnetwork of a region and network: there may be no other NAT beside one.
-_ALL_SUBNETWORKS = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
-
-
-def _serves_all(router: compute_v1.Router) -> bool:
-    """Whether a router holds a NAT of every subnetwork of its region and network."""
-    return any(n.source_subnetwork_ip_ranges_to_nat in _ALL_SUBNETWORKS for n in router.nats)
-
-
-#: Where runs' subnetworks take their ranges from: 10.64.0.0/10, beside the 10.128.0.0/9 an auto-mode network (such as
-#: ``default``) keeps for its own subnetworks; each run a /20 (4,092 addresses) that no subnetwork of the network holds.
-SUBNET_POOL = "10.64.0.0/10"
-SUBNET_PREFIX = 20
-#: How many free blocks a run tries before it gives up (Compute Engine refuses one a peered network holds).
-SUBNET_TRIES = 4
-
-
-def free_blocks(run_id: str, taken: Iterable[str], pool: str = SUBNET_POOL) -> Iterator[str]:
-    """The /:data:`SUBNET_PREFIX` blocks of ``pool`` that overlap none of the ``taken`` ranges, starting at one drawn
-    from the run id (runs starting at once seldom try the same block) and wrapping around."""
-    blocks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = list(
-        ipaddress.ip_network(pool).subnets(new_prefix=SUBNET_PREFIX)
-    )
-    used: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = [ipaddress.ip_network(t, strict=False) for t in taken]
-    start = int(hashlib.sha256(run_id.encode()).hexdigest(), 16) % len(blocks)
-    for block in blocks[start:] + blocks[:start]:
-        if not any(block.overlaps(u) for u in used if u.version == block.version):  # type: ignore[arg-type]
-            yield str(block)
-
-
-def head_tag(run_id: str) -> str:
-    """The network tag only the run's head carries (SSH is opened to it alone)."""
-    return f"rubberband-{run_id}-head"
-
-
-#: Firewall priorities (lower wins): the run's allows, then its deny-everything-else, then the default network's.
-ALLOW_PRIORITY = 900
-DENY_PRIORITY = 1000
-
-
 class GcpOptions(TypedDict, total=False):
     """:class:`GcpProvider`'s options, each optional (for ``gcp``, :class:`~rubberband.cloud.registry.ProviderPool`
     passes these as keywords)."""
@@ -232,16 +160,6 @@ def _access(region: str, options: GcpOptions) -> tuple[str | None, Credentials, 
     return endpoint, credentials, project
 
 
-@dataclasses.dataclass(frozen=True)
-class _Doomed:
-    """One of a run's resources to delete: its name for the user, the delete call, the wait for its operation."""
-
-    label: str
-    call: Callable[[], compute_v1.Operation]
-    wait: Callable[[compute_v1.Operation], object]
-    zone: str | None = None
-
-
 class GcpProvider:
     """Compute Engine VMs of one region (one project) for rubberband runs."""
 
@@ -262,7 +180,6 @@ class GcpProvider:
         self.endpoint = endpoint
         self.network = options.get("network", "default")
         self.image = options.get("image") or chosen_image("gcp") or DEFAULT_IMAGE
-        self.ssh_cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else None
         self.service_account = options.get("service_account")
         self.disk_gb = options.get("disk_gb", 100)
         self.worker_egress = worker_egress
@@ -271,215 +188,17 @@ class GcpProvider:
         self.version = options.get("version", __version__)
         self._zones: dict[str, str] = {}  # instance name -> zone
         self._last_seen: dict[str, Instance] = {}  # instance name -> as last seen (for a VM that vanished)
-        self._firewalls: set[str] = set()
-        client_options = ClientOptions(api_endpoint=endpoint) if endpoint else None
-        kwargs: dict[str, Any] = {"credentials": credentials, "client_options": client_options, "transport": "rest"}
-        self.instances = compute_v1.InstancesClient(**kwargs)
-        self.zone_operations = compute_v1.ZoneOperationsClient(**kwargs)
-        self.firewalls = compute_v1.FirewallsClient(**kwargs)
-        self.global_operations = compute_v1.GlobalOperationsClient(**kwargs)
-        self.disks = compute_v1.DisksClient(**kwargs)
-        self.routers = compute_v1.RoutersClient(**kwargs)
-        self.subnetworks = compute_v1.SubnetworksClient(**kwargs)
-        self.region_operations = compute_v1.RegionOperationsClient(**kwargs)
-
-    # -- plumbing ---------------------------------------------------------------------------
-
-    def _error(
-        self, exc: api_exceptions.GoogleAPICallError, *, zone: str | None, instance_type: str | None, spot: bool
-    ) -> CloudError:
-        reasons = [e.get("reason", "") for e in (exc.errors or []) if isinstance(e, dict)]
-        code = next((r for r in reasons if r), "") or (exc.reason or "")
-        message = exc.message or ""
-        if code not in ERROR_TABLE:  # a synchronous answer may only say it in words
-            if "ZONE_RESOURCE_POOL_EXHAUSTED" in message or "does not have enough resources" in message:
-                code = "ZONE_RESOURCE_POOL_EXHAUSTED"
-            elif _QUOTA_RE.search(message):
-                code = "QUOTA_EXCEEDED"
-        status = int(exc.code) if exc.code is not None else None
-        quota = gcp_quota_name(exc.message) if code in ("quotaExceeded", "QUOTA_EXCEEDED") else None
-        context = CallContext(
-            "gcp", region=self.region, zone=zone, instance_type=instance_type, spot=spot, quotas=GCP_QUOTAS
+        #: Compute Engine's clients, every call retried and its errors mapped (:mod:`~rubberband.cloud.gcp.compute_api`)
+        self.api = ComputeApi(
+            region=region, project=project, endpoint=endpoint, credentials=credentials, retry=self.retry
         )
-        return classify(code, exc.message, context, http_status=status, quota=quota)
-
-    def _call(
-        self, fn: Callable[[], T], *, zone: str | None = None, instance_type: str | None = None, spot: bool = False
-    ) -> T:
-        def once() -> T:
-            try:
-                return fn()
-            except api_exceptions.GoogleAPICallError as exc:
-                raise self._error(exc, zone=zone, instance_type=instance_type, spot=spot) from None
-            except google.auth.exceptions.RefreshError as exc:
-                raise classify("UNAUTHENTICATED", str(exc), CallContext("gcp", region=self.region)) from None
-            except requests.exceptions.RequestException as exc:
-                raise CloudError(
-                    f"gcp: cannot reach Compute Engine: {exc}",
-                    kind="transient",
-                    code="ConnectionError",
-                    where=Location(region=self.region),
-                ) from None
-
-        return call_with_retry(once, self.retry)
-
-    def _delete(
-        self, fn: Callable[[], T], *, zone: str | None = None, tolerate: tuple[str, ...] = ("notFound",)
-    ) -> T | None:
-        """A delete call through :meth:`_call`; None when Compute Engine answers one of the ``tolerate`` codes
-        (by default: the resource is already gone; deleting what is not there is no error, as every teardown
-        path may run twice)."""
-        try:
-            return self._call(fn, zone=zone)
-        except CloudError as exc:
-            if exc.code not in tolerate:
-                raise
-            return None
-
-    def _operation_error(
-        self, op: compute_v1.Operation, *, zone: str | None, instance_type: str | None, spot: bool
-    ) -> CloudError | None:
-        if not op.error or not op.error.errors:
-            return None
-        first = op.error.errors[0]
-        metric = None
-        for detail in first.error_details:
-            if detail.quota_info and detail.quota_info.metric_name:
-                metric = detail.quota_info.metric_name
-        quota = gcp_quota_name(first.message, metric) if first.code == "QUOTA_EXCEEDED" else None
-        context = CallContext(
-            "gcp", region=self.region, zone=zone, instance_type=instance_type, spot=spot, quotas=GCP_QUOTAS
+        #: The runs' firewall rules, subnetworks and Cloud NATs here (:mod:`~rubberband.cloud.gcp.run_network`)
+        self.run_network = RunNetwork(
+            self.api,
+            network=self.network,
+            ssh_cidr=check_ssh_cidr(ssh_cidr) if ssh_cidr else None,
+            worker_egress=self.worker_egress,
         )
-        return classify(first.code, first.message, context, http_status=op.http_error_status_code or None, quota=quota)
-
-    def _wait_zone_op(self, op: compute_v1.Operation, zone: str, timeout_s: float = 600.0) -> compute_v1.Operation:
-        deadline = time.monotonic() + timeout_s
-        while op.status != compute_v1.Operation.Status.DONE:
-            if time.monotonic() >= deadline:
-                raise CloudError(
-                    f"gcp: operation {op.name} in {zone} not done after {timeout_s:g}s",
-                    kind="transient",
-                    code="WaitTimeout",
-                    where=Location(region=self.region, zone=zone),
-                )
-            op = self._call(lambda: self.zone_operations.wait(project=self.project, zone=zone, operation=op.name))
-        return op
-
-    def _wait_global_op(self, op: compute_v1.Operation, timeout_s: float = 300.0) -> compute_v1.Operation:
-        """Wait until a global operation (firewall rules) is DONE; raise its error, or a timeout, if any."""
-        deadline = time.monotonic() + timeout_s
-        while op.status != compute_v1.Operation.Status.DONE:
-            if time.monotonic() >= deadline:
-                raise CloudError(
-                    f"gcp: operation {op.name} not done after {timeout_s:g}s",
-                    kind="transient",
-                    code="WaitTimeout",
-                    where=Location(region=self.region),
-                )
-            op = self._call(lambda: self.global_operations.wait(project=self.project, operation=op.name))
-        error = self._operation_error(op, zone=None, instance_type=None, spot=False)
-        if error is not None:
-            raise error
-        return op
-
-    def _wait_region_op(self, op: compute_v1.Operation, region: str, timeout_s: float = 300.0) -> compute_v1.Operation:
-        """Wait until a region operation (routers) is DONE; raise its error, or a timeout, if any."""
-        deadline = time.monotonic() + timeout_s
-        while op.status != compute_v1.Operation.Status.DONE:
-            if time.monotonic() >= deadline:
-                raise CloudError(
-                    f"gcp: operation {op.name} in {region} not done after {timeout_s:g}s",
-                    kind="transient",
-                    code="WaitTimeout",
-                    where=Location(region=region),
-                )
-            op = self._call(lambda: self.region_operations.wait(project=self.project, region=region, operation=op.name))
-        error = self._operation_error(op, zone=None, instance_type=None, spot=False)
-        if error is not None:
-            raise error
-        return op
-
-    # -- firewall ---------------------------------------------------------------------------
-
-    def ensure_firewall(self, run_id: str) -> list[str]:
-        """The run's rules: everything to its VMs denied, but TCP between them and SSH from ``ssh_cidr`` to its head.
-
-        The deny (priority :data:`DENY_PRIORITY`) outranks the network's own allow rules (the ``default``
-        network's ``default-allow-internal`` and ``default-allow-ssh`` sit at 65534), so no other VM of the
-        project and nothing on the internet reaches a Ray port; the run's allows (:data:`ALLOW_PRIORITY`)
-        outrank the deny. The deny goes in first: there is never a moment with only the allows."""
-        tag = network_tag(run_id)
-        network = f"global/networks/{self.network}"
-        rules = [
-            compute_v1.Firewall(
-                name=firewall_name(run_id, "deny"),
-                network=network,
-                direction="INGRESS",
-                priority=DENY_PRIORITY,
-                description=f"rubberband run {run_id}: nothing reaches its VMs but what the run's other rules allow "
-                f"{owner_marker(run_id)}",
-                source_ranges=["0.0.0.0/0"],
-                target_tags=[tag],
-                denied=[compute_v1.Denied(I_p_protocol="all")],
-            ),
-            compute_v1.Firewall(
-                name=firewall_name(run_id),
-                network=network,
-                direction="INGRESS",
-                priority=ALLOW_PRIORITY,
-                description=f"rubberband run {run_id}: Ray and torch DDP between its VMs {owner_marker(run_id)}",
-                source_tags=[tag],
-                target_tags=[tag],
-                allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["0-65535"])],
-            ),
-        ]
-        if self.ssh_cidr:
-            rules.append(
-                compute_v1.Firewall(
-                    name=firewall_name(run_id, "ssh"),
-                    network=network,
-                    direction="INGRESS",
-                    priority=ALLOW_PRIORITY,
-                    description=f"rubberband run {run_id}: SSH from the user to its head {owner_marker(run_id)}",
-                    source_ranges=[self.ssh_cidr],
-                    target_tags=[head_tag(run_id)],
-                    allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
-                )
-            )
-        names = []
-        for rule in rules:
-            if rule.name not in self._firewalls:
-                insert = compute_v1.InsertFirewallRequest(
-                    project=self.project, firewall_resource=rule, request_id=str(uuid.uuid4())
-                )
-                try:
-                    op = self._call(lambda: self.firewalls.insert_unary(request=insert))
-                    self._wait_global_op(op)
-                except CloudError as exc:  # made by another process of the run (the CLI before its head)
-                    if exc.code != "alreadyExists" and "already exists" not in exc.message:  # message: cut short
-                        raise
-                    self._check_owned(rule.name, run_id)
-                self._firewalls.add(rule.name)
-            names.append(rule.name)
-        return names
-
-    def _check_owned(self, name: str, run_id: str) -> None:
-        """A firewall rule of the run's name that exists already is the run's (its marker) or a fatal error."""
-        rule = self._call(lambda: self.firewalls.get(project=self.project, firewall=name))
-        if marked_run(rule.description) != run_id:
-            raise CloudError(
-                f"gcp: a firewall rule named {name} exists but rubberband did not create it for run "
-                f"{run_id} (no {owner_marker(run_id)} in its description); rename or delete it, or use "
-                f"another run id",
-                kind="fatal",
-                code="alreadyExists",
-                where=Location(region=self.region),
-            )
-
-    def _owned_firewalls(self) -> list[compute_v1.Firewall]:
-        """Every firewall rule of the project that carries a run's ownership marker (never matched by name)."""
-        rules = self._call(lambda: list(self.firewalls.list(project=self.project)))
-        return [r for r in rules if marked_run(r.description) is not None]
 
     def _disks(self, run_id: str | None = None) -> list[tuple[str, compute_v1.Disk]]:
         """(zone, disk) of the detached disks carrying rubberband's labels (one run's when given): a disk a deleted
@@ -487,9 +206,9 @@ class GcpProvider:
         terms = [f'(labels.{TAG_MANAGED} = "true")']
         if run_id is not None:
             terms.append(f'(labels.{TAG_RUN_ID} = "{run_id}")')
-        pager = self._call(
+        pager = self.api.call(
             lambda: list(
-                self.disks.aggregated_list(
+                self.api.disks.aggregated_list(
                     request=compute_v1.AggregatedListDisksRequest(project=self.project, filter=" AND ".join(terms))
                 )
             )
@@ -506,188 +225,6 @@ class GcpProvider:
                     found.append((scope.rsplit("/", 1)[-1], disk))
         return found
 
-    # -- egress: the run's Cloud NAT ---------------------------------------------------------
-
-    def _on_network(self, network: str) -> bool:
-        """Whether a router's ``network`` (a full or partial URL) is this provider's network."""
-        return network.rstrip("/") == f"global/networks/{self.network}" or network.rstrip("/").endswith(
-            f"/global/networks/{self.network}"
-        )
-
-    def ensure_worker_egress(self, run_id: str) -> str | None:
-        """What the run's workers need to reach the internet in this region (``worker_egress``): with ``nat`` the
-        run's subnetwork and a Cloud NAT serving it (:meth:`ensure_nat`, whose router's name is returned);
-        otherwise nothing (None)."""
-        return self.ensure_nat(run_id) if self.worker_egress == "nat" else None
-
-    def ensure_nat(self, run_id: str) -> str:
-        """The run's subnetwork in this region (:meth:`ensure_subnetwork`) and a Cloud NAT that serves it; returns the
-        name of the router that holds the NAT. Looked up afresh on every call (before each provisioning), so what
-        went in between is made again before the next worker boots.
-
-        Normally the run's own router (:func:`router_name`) with one NAT of the run's subnetwork alone
-        (``LIST_OF_SUBNETWORKS``, addresses allocated by Google, marked with the run's ownership marker): no other VM
-        of the project gets egress through it. Compute Engine allows no NAT beside one that serves every subnetwork of
-        a region and network; where there is one (yours, or a run's of an earlier rubberband) it serves the run's
-        subnetwork too and is used as it is. NATs of chosen subnetworks (yours) stand beside the run's."""
-        self.ensure_subnetwork(run_id)
-        name = router_name(run_id)
-        for attempt in range(2):
-            routers = self._call(lambda: list(self.routers.list(project=self.project, region=self.region)))
-            if any(r.name == name and marked_run(r.description) == run_id for r in routers):
-                return name
-            every = [r for r in routers if r.name != name and self._on_network(r.network) and _serves_all(r)]
-            if every:
-                return every[0].name  # serves the run's subnetwork too; Compute Engine allows no NAT beside it
-            try:
-                self._create_router(name, run_id)
-                return name
-            except CloudError as exc:  # a NAT of every subnetwork may have come in between: look again
-                if attempt == 1 or exc.kind != "fatal" or exc.code == "alreadyExists":
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _create_router(self, name: str, run_id: str) -> None:
-        subnetwork = f"projects/{self.project}/regions/{self.region}/subnetworks/{subnet_name(run_id)}"
-        router = compute_v1.Router(
-            name=name,
-            network=f"global/networks/{self.network}",
-            description=f"rubberband run {run_id}: outbound internet for its workers (its subnetwork alone), which "
-            f"have no external address {owner_marker(run_id)}",
-            nats=[
-                compute_v1.RouterNat(
-                    name=name,
-                    source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
-                    subnetworks=[
-                        compute_v1.RouterNatSubnetworkToNat(name=subnetwork, source_ip_ranges_to_nat=["ALL_IP_RANGES"])
-                    ],
-                    nat_ip_allocate_option="AUTO_ONLY",
-                )
-            ],
-        )
-        insert = compute_v1.InsertRouterRequest(
-            project=self.project, region=self.region, router_resource=router, request_id=str(uuid.uuid4())
-        )
-        try:
-            op = self._call(lambda: self.routers.insert_unary(request=insert))
-            self._wait_region_op(op, self.region)
-        except CloudError as exc:  # made in between by another process of the run, or a look-alike of the user's
-            if exc.code != "alreadyExists" and "already exists" not in exc.message:
-                raise
-            found = self._call(lambda: self.routers.get(project=self.project, region=self.region, router=name))
-            if marked_run(found.description) != run_id:
-                raise CloudError(
-                    f"gcp: a Cloud Router named {name} exists in {self.region} but rubberband did not "
-                    f"create it for run {run_id} (no {owner_marker(run_id)} in its description); "
-                    f"rename or delete it, or use another run id",
-                    kind="fatal",
-                    code="alreadyExists",
-                    where=Location(region=self.region),
-                ) from None
-
-    # -- the run's subnetwork (its private workers) --------------------------------------------
-
-    def ensure_subnetwork(self, run_id: str) -> str:
-        """The run's own subnetwork in this region (:func:`subnet_name`, marked as the run's), made on first use with
-        a /20 of :data:`SUBNET_POOL` that no subnetwork of the network holds; returns its name. Its private workers go
-        there, so the run's NAT serves them and nothing else. A subnetwork of that name without the run's marker is a
-        fatal error (never taken for the run's)."""
-        name = subnet_name(run_id)
-        found = self._subnetwork_or_none(name)
-        if found is None:
-            found = self._create_subnetwork(name, run_id)
-        if marked_run(found.description) != run_id:
-            raise CloudError(
-                f"gcp: a subnetwork named {name} exists in {self.region} but rubberband did not create it for run "
-                f"{run_id} (no {owner_marker(run_id)} in its description); rename or delete it, or use another run id",
-                kind="fatal",
-                code="alreadyExists",
-                where=Location(region=self.region),
-            )
-        return name
-
-    def _subnetwork_or_none(self, name: str) -> compute_v1.Subnetwork | None:
-        try:
-            return self._call(lambda: self.subnetworks.get(project=self.project, region=self.region, subnetwork=name))
-        except CloudError as exc:
-            if exc.code != "notFound":
-                raise
-            return None
-
-    def _create_subnetwork(self, name: str, run_id: str) -> compute_v1.Subnetwork:
-        """Insert the run's subnetwork with the first free block that Compute Engine takes (another run may take a
-        block in between, a peered network may hold it: the next one is tried, at most :data:`SUBNET_TRIES`)."""
-        refused: CloudError | None = None
-        for cidr in itertools.islice(free_blocks(run_id, self._taken_ranges()), SUBNET_TRIES):
-            body = compute_v1.Subnetwork(
-                name=name,
-                network=f"global/networks/{self.network}",
-                ip_cidr_range=cidr,
-                private_ip_google_access=True,
-                description=f"rubberband run {run_id}: its private workers, the only VMs its Cloud NAT serves "
-                f"{owner_marker(run_id)}",
-            )
-            try:
-                self._insert_subnetwork(body)
-            except CloudError as exc:
-                if exc.code == "alreadyExists" or "already exists" in exc.message:
-                    break  # another process of the run made it: read below (its marker is checked by the caller)
-                if "conflict" not in exc.message.lower() and "overlap" not in exc.message.lower():
-                    raise
-                refused = exc
-                continue
-            break
-        else:
-            raise CloudError(
-                f"gcp: no free /{SUBNET_PREFIX} of {SUBNET_POOL} for run {run_id}'s subnetwork in network "
-                f"{self.network} ({refused.message if refused else 'every block is taken'}); pass --worker-egress "
-                f"existing or public",
-                kind="fatal",
-                code="NoFreeRange",
-                where=Location(region=self.region),
-            )
-        return self._call(lambda: self.subnetworks.get(project=self.project, region=self.region, subnetwork=name))
-
-    def _insert_subnetwork(self, body: compute_v1.Subnetwork) -> None:
-        insert = compute_v1.InsertSubnetworkRequest(
-            project=self.project, region=self.region, subnetwork_resource=body, request_id=str(uuid.uuid4())
-        )
-        op = self._call(lambda: self.subnetworks.insert_unary(request=insert))
-        self._wait_region_op(op, self.region)
-
-    def _taken_ranges(self) -> list[str]:
-        """Every IPv4 range a subnetwork of this network holds, in any region (primary and secondary)."""
-        pager = self._call(
-            lambda: list(
-                self.subnetworks.aggregated_list(
-                    request=compute_v1.AggregatedListSubnetworksRequest(project=self.project)
-                )
-            )
-        )
-        taken = []
-        for _, scoped in pager:
-            for subnet in scoped.subnetworks:
-                if self._on_network(subnet.network):
-                    taken += [subnet.ip_cidr_range, *(r.ip_cidr_range for r in subnet.secondary_ip_ranges)]
-        return [t for t in taken if t]
-
-    def _owned_subnetworks(self) -> list[tuple[str, compute_v1.Subnetwork]]:
-        """(region, subnetwork) of every subnetwork of the project carrying a run's ownership marker (never matched
-        by name), in any region."""
-        pager = self._call(
-            lambda: list(
-                self.subnetworks.aggregated_list(
-                    request=compute_v1.AggregatedListSubnetworksRequest(project=self.project)
-                )
-            )
-        )
-        return [
-            (scope.rsplit("/", 1)[-1], subnet)
-            for scope, scoped in pager
-            for subnet in scoped.subnetworks
-            if marked_run(subnet.description) is not None
-        ]
-
     def _regions_of_other_runs(self, run_id: str) -> set[str]:
         """Regions where a rubberband VM of another run without an external address is alive: a NAT of every
         subnetwork there (one an earlier rubberband made) may be its egress."""
@@ -697,20 +234,20 @@ class GcpProvider:
             if inst.run_id != run_id and inst.alive and not inst.public_address
         }
 
-    def _owned_routers(self) -> list[tuple[str, compute_v1.Router]]:
-        """(region, router) of every Cloud Router of the project carrying a run's ownership marker (never matched
-        by name), in any region: a run that failed over made one in each region it put workers in."""
-        pager = self._call(
-            lambda: list(
-                self.routers.aggregated_list(request=compute_v1.AggregatedListRoutersRequest(project=self.project))
-            )
-        )
-        return [
-            (scope.rsplit("/", 1)[-1], router)
-            for scope, scoped in pager
-            for router in scoped.routers
-            if marked_run(router.description) is not None
-        ]
+    # -- the run's network (:class:`~rubberband.cloud.gcp.run_network.RunNetwork`) --------------------------
+
+    def ensure_firewall(self, run_id: str) -> list[str]:
+        """The run's firewall rules (:meth:`RunNetwork.ensure_firewall`); their names."""
+        return self.run_network.ensure_firewall(run_id)
+
+    def ensure_worker_egress(self, run_id: str) -> str | None:
+        """What the run's workers need to reach the internet here (:meth:`RunNetwork.ensure_worker_egress`)."""
+        return self.run_network.ensure_worker_egress(run_id)
+
+    def ensure_nat(self, run_id: str) -> str:
+        """The run's subnetwork here and a Cloud NAT that serves it (:meth:`RunNetwork.ensure_nat`); the router's
+        name."""
+        return self.run_network.ensure_nat(run_id)
 
     # -- Provider ---------------------------------------------------------------------------
 
@@ -820,8 +357,8 @@ class GcpProvider:
                     project=self.project, zone=zone, instance_resource=body, request_id=str(uuid.uuid4())
                 )
                 try:
-                    op = self._call(
-                        lambda: self.instances.insert_unary(request=insert),
+                    op = self.api.call(
+                        lambda: self.api.instances.insert_unary(request=insert),
                         zone=zone,
                         instance_type=name_of,
                         spot=request.spot,
@@ -833,8 +370,8 @@ class GcpProvider:
                 operations.append(op)
                 self._zones[name] = zone
             for name, op in zip(names, operations):
-                done = self._wait_zone_op(op, zone)
-                error = self._operation_error(done, zone=zone, instance_type=name_of, spot=request.spot)
+                done = self.api.wait_zone_op(op, zone)
+                error = self.api.operation_error(done, zone=zone, instance_type=name_of, spot=request.spot)
                 if error is None:
                     created.append(name)
                 else:
@@ -849,7 +386,7 @@ class GcpProvider:
         return [self._get(name, zone) for name in created]
 
     def _get(self, name: str, zone: str) -> Instance:
-        raw = self._call(lambda: self.instances.get(project=self.project, zone=zone, instance=name))
+        raw = self.api.call(lambda: self.api.instances.get(project=self.project, zone=zone, instance=name))
         inst = self._instance(raw, zone)
         self._last_seen[name] = inst
         return inst
@@ -869,7 +406,7 @@ class GcpProvider:
         request = compute_v1.ListZoneOperationsRequest(
             project=self.project, zone=zone, filter=f'operationType="{PREEMPTED_OPERATION}"'
         )
-        operations = self._call(lambda: list(self.zone_operations.list(request=request)), zone=zone)
+        operations = self.api.call(lambda: list(self.api.zone_operations.list(request=request)), zone=zone)
         return {
             op.target_link.rsplit("/", 1)[-1]
             for op in operations
@@ -899,7 +436,7 @@ class GcpProvider:
         if zone is None:
             return ""
         try:
-            output = self.instances.get_serial_port_output(
+            output = self.api.instances.get_serial_port_output(
                 request=compute_v1.GetSerialPortOutputInstanceRequest(
                     project=self.project, zone=zone, instance=instance_id, port=1
                 )
@@ -949,8 +486,8 @@ class GcpProvider:
         terms = [f'(labels.{TAG_MANAGED} = "true")']
         if run_id is not None:
             terms.append(f'(labels.{TAG_RUN_ID} = "{run_id}")')
-        pager = self._call(
-            lambda: self.instances.aggregated_list(
+        pager = self.api.call(
+            lambda: self.api.instances.aggregated_list(
                 request=compute_v1.AggregatedListInstancesRequest(project=self.project, filter=" AND ".join(terms))
             )
         )
@@ -1000,14 +537,14 @@ class GcpProvider:
             delete = compute_v1.DeleteInstanceRequest(
                 project=self.project, zone=zone, instance=name, request_id=str(uuid.uuid4())
             )
-            op = self._delete(lambda: self.instances.delete_unary(request=delete), zone=zone)
+            op = self.api.delete(lambda: self.api.instances.delete_unary(request=delete), zone=zone)
             if op is None:
                 continue
             operations.append((op, zone))
             self._zones.pop(name, None)
             self._last_seen.pop(name, None)
         for op, zone in operations:
-            self._wait_zone_op(op, zone)
+            self.api.wait_zone_op(op, zone)
 
     def set_labels(self, instance_id: str, labels: dict[str, str]) -> None:
         """Merge ``labels`` into a VM's labels (a new stage when an instance is reused, the run's heartbeat).
@@ -1018,15 +555,15 @@ class GcpProvider:
         if zone is None:
             raise CloudError(f"gcp: instance {instance_id} does not exist", kind="fatal", code="notFound")
         for attempt in range(3):
-            raw = self._call(lambda: self.instances.get(project=self.project, zone=zone, instance=instance_id))
+            raw = self.api.call(lambda: self.api.instances.get(project=self.project, zone=zone, instance=instance_id))
             if all(raw.labels.get(k) == v for k, v in labels.items()):
                 return  # already there (a retried write that landed)
             body = compute_v1.InstancesSetLabelsRequest(
                 labels={**dict(raw.labels), **labels}, label_fingerprint=raw.label_fingerprint
             )
             try:
-                op = self._call(
-                    lambda: self.instances.set_labels_unary(
+                op = self.api.call(
+                    lambda: self.api.instances.set_labels_unary(
                         project=self.project,
                         zone=zone,
                         instance=instance_id,
@@ -1037,7 +574,7 @@ class GcpProvider:
                 if exc.code != "conditionNotMet" or attempt == 2:
                     raise
                 continue
-            self._wait_zone_op(op, zone)
+            self.api.wait_zone_op(op, zone)
             return
 
     def check_permissions(self, request: InstanceRequest) -> builtins.list[PermissionCheck]:
@@ -1061,101 +598,30 @@ class GcpProvider:
         VM of another run is alive in its region (it may go out through it); the orphan sweep deletes it once none is.
         A subnetwork still in use (a VM being deleted) stays for the next teardown or the sweep."""
         return [
-            *self._delete_firewalls(run_id, timeout_s),
-            *self._delete_routers(run_id, timeout_s),
-            *self._delete_subnetworks(run_id, timeout_s),  # after the NAT that names it
+            *self.run_network.delete_firewalls(run_id, timeout_s),
+            *self.run_network.delete_routers(run_id, timeout_s, self._regions_of_other_runs),
+            *self.run_network.delete_subnetworks(run_id, timeout_s),  # after the NAT that names it
             *self._delete_disks(run_id, timeout_s),
         ]
 
-    def _delete_firewalls(self, run_id: str, timeout_s: float) -> builtins.list[str]:
-        doomed = [
-            _Doomed(
-                f"firewall/{rule.name}",
-                partial(
-                    self.firewalls.delete_unary,
-                    request=compute_v1.DeleteFirewallRequest(
-                        project=self.project, firewall=rule.name, request_id=str(uuid.uuid4())
-                    ),
-                ),
-                partial(self._wait_global_op, timeout_s=timeout_s),
-            )
-            for rule in self._owned_firewalls()
-            if marked_run(rule.description) == run_id
-        ]
-        deleted = self._delete_each(doomed)
-        self._firewalls.difference_update(label.split("/", 1)[1] for label in deleted)
-        return deleted
-
-    def _delete_routers(self, run_id: str, timeout_s: float) -> builtins.list[str]:
-        routers = [(region, r) for region, r in self._owned_routers() if marked_run(r.description) == run_id]
-        served = self._regions_of_other_runs(run_id) if any(_serves_all(r) for _, r in routers) else set()
-        # one that serves all of a region's subnetworks stays while other runs' workers there may go out through it
-        # (the sweep deletes it after the last of them)
-        return self._delete_each(
-            _Doomed(
-                f"router/{router.name}",
-                partial(
-                    self.routers.delete_unary,
-                    request=compute_v1.DeleteRouterRequest(
-                        project=self.project, region=region, router=router.name, request_id=str(uuid.uuid4())
-                    ),
-                ),
-                partial(self._wait_region_op, region=region, timeout_s=timeout_s),
-            )
-            for region, router in routers
-            if not (_serves_all(router) and region in served)
-        )
-
-    def _delete_subnetworks(self, run_id: str, timeout_s: float) -> builtins.list[str]:
-        return self._delete_each(
-            (
-                _Doomed(
-                    f"subnetwork/{subnet.name}",
-                    partial(
-                        self.subnetworks.delete_unary,
-                        request=compute_v1.DeleteSubnetworkRequest(
-                            project=self.project, region=region, subnetwork=subnet.name, request_id=str(uuid.uuid4())
-                        ),
-                    ),
-                    partial(self._wait_region_op, region=region, timeout_s=timeout_s),
-                )
-                for region, subnet in self._owned_subnetworks()
-                if marked_run(subnet.description) == run_id
-            ),
-            tolerate=("notFound", "resourceInUseByAnotherResource"),  # still in use: later
-        )
-
     def _delete_disks(self, run_id: str, timeout_s: float) -> builtins.list[str]:
-        return self._delete_each(
+        return self.api.delete_each(
             (
-                _Doomed(
+                Doomed(
                     f"disk/{disk.name}",
                     partial(
-                        self.disks.delete_unary,
+                        self.api.disks.delete_unary,
                         request=compute_v1.DeleteDiskRequest(
                             project=self.project, zone=zone, disk=disk.name, request_id=str(uuid.uuid4())
                         ),
                     ),
-                    partial(self._wait_zone_op, zone=zone, timeout_s=timeout_s),
+                    partial(self.api.wait_zone_op, zone=zone, timeout_s=timeout_s),
                     zone=zone,
                 )
                 for zone, disk in self._disks(run_id)
             ),
             tolerate=("notFound", "resourceInUseByAnotherResource"),  # still attached: later
         )
-
-    def _delete_each(
-        self, doomed: Iterable[_Doomed], *, tolerate: tuple[str, ...] = ("notFound",)
-    ) -> builtins.list[str]:
-        """Delete each resource and wait for its operation; what went (a resource already gone, or one of
-        ``tolerate``, is skipped: every teardown path may run twice)."""
-        deleted = []
-        for item in doomed:
-            op = self._delete(item.call, zone=item.zone, tolerate=tolerate)
-            if op is not None:
-                item.wait(op)
-                deleted.append(item.label)
-        return deleted
 
     def leftover_runs(self, *, older_than_s: float = 0.0, now: float | None = None) -> builtins.list[str]:
         """Runs whose firewall rules, Cloud Routers, subnetworks or detached disks outlived their VMs, created at least
@@ -1167,9 +633,11 @@ class GcpProvider:
                 not created or now - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() >= older_than_s
             )
 
-        runs = {marked_run(r.description) for r in self._owned_firewalls() if old(r.creation_timestamp)}
-        runs |= {marked_run(r.description) for _, r in self._owned_routers() if old(r.creation_timestamp)}
-        runs |= {marked_run(n.description) for _, n in self._owned_subnetworks() if old(n.creation_timestamp)}
+        runs = {marked_run(r.description) for r in self.run_network.owned_firewalls() if old(r.creation_timestamp)}
+        runs |= {marked_run(r.description) for _, r in self.run_network.owned_routers() if old(r.creation_timestamp)}
+        runs |= {
+            marked_run(n.description) for _, n in self.run_network.owned_subnetworks() if old(n.creation_timestamp)
+        }
         runs |= {dict(d.labels).get(TAG_RUN_ID) for _, d in self._disks() if old(d.creation_timestamp)}
         runs.discard(None)
         runs.discard("")
