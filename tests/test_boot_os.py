@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import boot_os
-from test_cloud_boot import JOB, MetadataServer
+from test_cloud_boot import JOB, MetadataServer, free_port
 
 from rubberband.cloud.aws.boot import AWS_BOOT
 from rubberband.cloud.bootstrap import (
@@ -38,7 +38,6 @@ from rubberband.cloud.bootstrap import (
 from rubberband.cloud.provider import Instance
 from rubberband.cloud.host_keys import await_host_keys, pin_host_keys
 from rubberband.cloud.ray_token import SshLogin, SshTokenPush, deliver_to_head, make_push_key, new_token
-from rubberband.net import free_port
 
 # one fresh Debian at a time: two nspawn containers side by side (one powering itself off) left systemd in the other
 # without an answer on its bus in CI runs on 2 cores

@@ -47,10 +47,29 @@ from rubberband.cloud.bootstrap import BOOT_FAILED, BootstrapConfig, client_vers
 from rubberband.cloud.local_head import private_address
 from rubberband.cloud.head_session import submit_when_ready
 from rubberband.cloud.shipping import build_package, job_runtime_env
-from rubberband.net import free_port
+from rubberband.net import free_port as os_free_port
 
 from conftest import REPO
 from ray_clients import job_server_client
+
+
+class DistinctPorts:
+    """Free ports, none handed out twice in this test process. The ports one ``ray start`` is given must differ (Ray
+    refuses a clash before it starts anything), and the OS may hand the same free port to two calls in a row: a
+    fresh Debian's head once failed all three of its tries on a metrics port equal to its GCS port."""
+
+    def __init__(self) -> None:
+        self._given: set[int] = set()
+
+    def __call__(self) -> int:
+        port = os_free_port()
+        while port in self._given:
+            port = os_free_port()
+        self._given.add(port)
+        return port
+
+
+free_port = DistinctPorts()
 
 DIALECTS = {"aws": AWS_BOOT, "gcp": GCP_BOOT}
 
