@@ -126,52 +126,63 @@ class ComputeApi:
         )
         return classify(first.code, first.message, context, http_status=op.http_error_status_code or None, quota=quota)
 
-    def wait_zone_op(self, op: compute_v1.Operation, zone: str, timeout_s: float = 600.0) -> compute_v1.Operation:
+    def _wait(
+        self,
+        op: compute_v1.Operation,
+        poll: Callable[[str], compute_v1.Operation],
+        timeout_s: float,
+        *,
+        zone: str | None = None,
+        region: str | None = None,
+    ) -> compute_v1.Operation:
+        """``op`` once DONE, asking ``poll`` (its operations client's ``wait``) until then; a timeout raises."""
         deadline = time.monotonic() + timeout_s
         while op.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() >= deadline:
+                place = f" in {zone or region}" if zone or region else ""
                 raise CloudError(
-                    f"gcp: operation {op.name} in {zone} not done after {timeout_s:g}s",
+                    f"gcp: operation {op.name}{place} not done after {timeout_s:g}s",
                     kind="transient",
                     code="WaitTimeout",
-                    where=Location(region=self.region, zone=zone),
+                    where=Location(region=region or self.region, zone=zone),
                 )
-            op = self.call(lambda: self.zone_operations.wait(project=self.project, zone=zone, operation=op.name))
+            name = op.name
+            op = self.call(lambda: poll(name))
         return op
+
+    def _raise_failed(self, op: compute_v1.Operation) -> compute_v1.Operation:
+        """``op``, unless it ended in an error: then that error, in rubberband's vocabulary."""
+        error = self.operation_error(op, zone=None, instance_type=None, spot=False)
+        if error is not None:
+            raise error
+        return op
+
+    def wait_zone_op(self, op: compute_v1.Operation, zone: str, timeout_s: float = 600.0) -> compute_v1.Operation:
+        """Wait until a zone operation (VMs, disks) is DONE; a timeout raises, its own error is the caller's to read
+        (:meth:`operation_error`: a VM's insert knows its type and market)."""
+        return self._wait(
+            op,
+            lambda name: self.zone_operations.wait(project=self.project, zone=zone, operation=name),
+            timeout_s,
+            zone=zone,
+        )
 
     def wait_global_op(self, op: compute_v1.Operation, timeout_s: float = 300.0) -> compute_v1.Operation:
         """Wait until a global operation (firewall rules) is DONE; raise its error, or a timeout, if any."""
-        deadline = time.monotonic() + timeout_s
-        while op.status != compute_v1.Operation.Status.DONE:
-            if time.monotonic() >= deadline:
-                raise CloudError(
-                    f"gcp: operation {op.name} not done after {timeout_s:g}s",
-                    kind="transient",
-                    code="WaitTimeout",
-                    where=Location(region=self.region),
-                )
-            op = self.call(lambda: self.global_operations.wait(project=self.project, operation=op.name))
-        error = self.operation_error(op, zone=None, instance_type=None, spot=False)
-        if error is not None:
-            raise error
-        return op
+        return self._raise_failed(
+            self._wait(op, lambda name: self.global_operations.wait(project=self.project, operation=name), timeout_s)
+        )
 
     def wait_region_op(self, op: compute_v1.Operation, region: str, timeout_s: float = 300.0) -> compute_v1.Operation:
-        """Wait until a region operation (routers) is DONE; raise its error, or a timeout, if any."""
-        deadline = time.monotonic() + timeout_s
-        while op.status != compute_v1.Operation.Status.DONE:
-            if time.monotonic() >= deadline:
-                raise CloudError(
-                    f"gcp: operation {op.name} in {region} not done after {timeout_s:g}s",
-                    kind="transient",
-                    code="WaitTimeout",
-                    where=Location(region=region),
-                )
-            op = self.call(lambda: self.region_operations.wait(project=self.project, region=region, operation=op.name))
-        error = self.operation_error(op, zone=None, instance_type=None, spot=False)
-        if error is not None:
-            raise error
-        return op
+        """Wait until a region operation (routers, subnetworks) is DONE; raise its error, or a timeout, if any."""
+        return self._raise_failed(
+            self._wait(
+                op,
+                lambda name: self.region_operations.wait(project=self.project, region=region, operation=name),
+                timeout_s,
+                region=region,
+            )
+        )
 
     def delete_each(self, doomed: Iterable[Doomed], *, tolerate: tuple[str, ...] = ("notFound",)) -> list[str]:
         """Delete each resource and wait for its operation; what went (a resource already gone, or one of
