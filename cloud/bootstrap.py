@@ -194,8 +194,9 @@ WATCHDOG_UNIT = "rubberband-watchdog.service"
 RAY_STOP_UNIT = "rubberband-ray-stop.service"
 #: The run's Ray token on a node, in its state directory (root only).
 TOKEN_FILE = "ray-token"
-# `ray start` tries before a boot fails (see _ray_start_function), and how long a failed try's processes get to stop
+#: `ray start` tries before a boot fails (:func:`_ray_start_function`).
 RAY_START_TRIES = 3
+#: Seconds a failed `ray start` try's processes get to stop after SIGTERM, before SIGKILL.
 RAY_START_STOP_GRACE_S = 10
 #: The account a worker receives its token through (ssh from the head, forced command) and its home.
 TOKEN_DROP_USER = "rubberband-token"

@@ -352,9 +352,8 @@ class Simulator(ReadsSettings):
         acc = 0.0
         for i in range(len(configs) - 1, -1, -1):
             tails[i] = acc if configs[i].spot else 0.0
-            acc += durations[i] * self.spots.fallback_slowdown(
-                configs[i]
-            )  # measured on the fall-back, as the policy does
+            # measured on the fall-back, as the policy does
+            acc += durations[i] * self.spots.fallback_slowdown(configs[i])
         return tuple(round(t, 3) for t in tails)
 
     def prefix_bounds(self, configs: Sequence[StageConfig]) -> tuple[float, np.ndarray]:

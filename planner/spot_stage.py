@@ -136,9 +136,8 @@ class SpotPlay:
         if moved_to.key == itype.key:
             return 1.0
         span = layout(itype.workers, config.instances, config.workers).span
-        return self.sim.epoch_s(moved_to.device, config.workers, span) / self.sim.epoch_s(
-            itype.device, config.workers, span
-        )
+        epoch = self.sim.epoch_s
+        return epoch(moved_to.device, config.workers, span) / epoch(itype.device, config.workers, span)
 
     def _restart_s(self, itype: InstanceType, checkpoint_s: float) -> float:
         """What the policy counts one more preemption to cost: a replacement's start-up (the prefetch

@@ -26,12 +26,10 @@ from rubberband.errors import CloudError, Location
 
 
 def network_tag(run_id: str) -> str:
+    """The network tag every VM of the run carries (its firewall rules select them by it)."""
     return f"rubberband-{run_id}"
 
 
-#: How a run's workers reach the internet (their boot installs packages): ``nat`` — no external address, the run's
-#: own Cloud NAT (the default); ``existing`` — no external address, the network already has egress (your Cloud NAT);
-#: ``public`` — an ephemeral external address each (the run's firewall still lets nothing in).
 #: NAT source options that claim every subnetwork of a region and network: there may be no other NAT beside one.
 _ALL_SUBNETWORKS = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
 
