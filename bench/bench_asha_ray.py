@@ -104,6 +104,14 @@ class Predicted:
     def quantile(self, q: float) -> float:
         return float(np.quantile(self.draws, q))
 
+    def error(self, jct: float) -> float:
+        """The prediction's signed error against a run's JCT, as a fraction of it."""
+        return (self.median_s - jct) / jct
+
+    def error_without(self, jct: float) -> float:
+        """The same for the prediction without Tune's starts."""
+        return (self.without_s - jct) / jct
+
     def percentile_of(self, jct: float) -> float:
         """Where a run's JCT falls among the draws (0-100: the share of draws at or below it)."""
         return 100.0 * float(np.mean(self.draws <= jct))
@@ -219,8 +227,8 @@ def main() -> None:
                     print(
                         f"{work.name} ({work.trials} trials, {work.epoch_s:g} s epochs, max_t {work.max_t}) on "
                         f"{nodes} node(s) x {args.slots}: Ray Tune {', '.join(f'{j:.1f}' for j in jcts)} s (median "
-                        f"{jct:.1f} s), predicted {pred.median_s:.1f} s ({100 * (pred.median_s - jct) / jct:+.1f} %), without "
-                        f"Tune's starts {pred.without_s:.1f} s ({100 * (pred.without_s - jct) / jct:+.1f} %), rungs {reached} vs "
+                        f"{jct:.1f} s), predicted {pred.median_s:.1f} s ({100 * pred.error(jct):+.1f} %), without "
+                        f"Tune's starts {pred.without_s:.1f} s ({100 * pred.error_without(jct):+.1f} %), rungs {reached} vs "
                         f"{pred.rungs}",
                         flush=True,
                     )
@@ -238,10 +246,10 @@ def main() -> None:
         print(
             f"| {work.name}: {work.trials} × {work.epoch_s:g} s, max_t {work.max_t} | {nodes} × {args.slots} | "
             f"{jct:.1f} s ({min(jcts):.1f}–{max(jcts):.1f}) | {pred.median_s:.1f} s | "
-            f"{100 * (pred.median_s - jct) / jct:+.1f} % | {pred.quantile(0.1):.1f}–{pred.quantile(0.9):.1f} s | "
-            f"{percentiles} | {100 * (pred.without_s - jct) / jct:+.1f} % | {reached} / {pred.rungs} |"
+            f"{100 * pred.error(jct):+.1f} % | {pred.quantile(0.1):.1f}–{pred.quantile(0.9):.1f} s | "
+            f"{percentiles} | {100 * pred.error_without(jct):+.1f} % | {reached} / {pred.rungs} |"
         )
-    errors = [abs(pred.median_s - jct) / jct for _, _, _, jct, pred, _ in rows]
+    errors = [abs(pred.error(jct)) for _, _, _, jct, pred, _ in rows]
     inside = sum(min(jcts) * 0.9 <= pred.median_s <= max(jcts) * 1.1 for _, _, jcts, _, pred, _ in rows)
     runs = [(j, pred) for _, _, jcts, _, pred, _ in rows for j in jcts]
     widened = sum(0.9 * pred.quantile(0.1) <= j <= 1.1 * pred.quantile(0.9) for j, pred in runs)
