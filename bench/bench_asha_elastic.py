@@ -37,7 +37,8 @@ import numpy as np
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError
 from rubberband.plan import Plan
-from rubberband.planner.api import PlanOptions, Replay, plan_job, replay_plan
+from rubberband.planner.job import PlanOptions, plan_job
+from rubberband.planner.replay import Replay, replay_plan
 from rubberband.planner.asha_plan import replay_asha_plan
 from rubberband.planner.asha import ASHA_SAMPLES
 from rubberband.planning import billed_heads

@@ -173,7 +173,7 @@ class Direction:
 
     def replay(self, plan, policy=None) -> tuple[float, float, float, float]:
         """(held-out mean cost, held-out hit rate, fit-period mean cost, fit-period hit rate)."""
-        from rubberband.planner.api import Replay, replay_plan
+        from rubberband.planner.replay import Replay, replay_plan
 
         out = []
         for model, traces in ((self.held_market, self.held_part), (self.market, self.fit_part)):
@@ -219,7 +219,7 @@ class Direction:
     def plans(self, name: str, spec, factor: float, deadline: float) -> list[tuple]:
         """The rows of one (workload, deadline): on-demand, spot-aware, and the all-spot plan replayed two ways."""
         from rubberband.errors import InfeasibleError
-        from rubberband.planner.api import PlanOptions, SpotMarket, plan_job
+        from rubberband.planner.job import PlanOptions, SpotMarket, plan_job
         from rubberband.planner.policies import SpotPolicy
 
         conf, samples = spec.confidence, self.args.samples
@@ -256,7 +256,7 @@ def run(args, traces_dir: Path, all_traces, last: bool) -> list[tuple]:
     """One fit direction: plan on the fitted part of each trace, replay on the rest; prints its table, returns its
     rows."""
     from rubberband.errors import InfeasibleError
-    from rubberband.planner.api import PlanOptions, plan_job
+    from rubberband.planner.job import PlanOptions, plan_job
     from rubberband.spec import load_spec
 
     bench = Direction(args, traces_dir, all_traces, last)

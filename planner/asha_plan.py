@@ -128,7 +128,7 @@ def asha_prediction(
 
 @dataclass(frozen=True)
 class AshaJob:
-    """An ASHA job as :func:`~rubberband.planner.api.plan_job` resolved it: the spec, the deadline and confidence
+    """An ASHA job as :func:`~rubberband.planner.job.plan_job` resolved it: the spec, the deadline and confidence
     planned for, the seed, the samples asked for (at most :data:`~rubberband.planner.asha.ASHA_SAMPLES` are
     simulated), the billed heads and whether to record the fixed-cluster baseline as ``plan.asha`` too."""
 

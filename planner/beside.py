@@ -1,7 +1,7 @@
 """Work the planner can run beside its search: the seam, and the in-process default.
 
 The ASHA baseline a plan reports does not depend on the plan the search finds, so the two can run at once. The
-planner stays free of processes and threads: :class:`~rubberband.planner.api.PlanOptions` takes a
+planner stays free of processes and threads: :class:`~rubberband.planner.job.PlanOptions` takes a
 :data:`Beside` (a callable that starts a piece of work and returns its :class:`Pending` result), and the CLI
 passes one that runs it in a forked child on a second core (:func:`rubberband.forked.beside_in_child`).
 """

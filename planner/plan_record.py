@@ -1,21 +1,34 @@
 """What a plan file records beside its stages, in the plan's schema (:mod:`rubberband.plan`): a simulation's
-summary, the job, the billed head, the survivor model and what the prediction assumes. Shared by the two planners
-that write plans (:mod:`~rubberband.planner.api` for SHA and Hyperband, :mod:`~rubberband.planner.asha_plan` for
+summary, the stages as simulated, the job, the billed head, the survivor model, the brackets' hand-overs and what
+the prediction assumes. Shared by the two planners
+that write plans (:mod:`~rubberband.planner.job` for SHA and Hyperband, :mod:`~rubberband.planner.asha_plan` for
 ASHA) and by the replays that read them back (:func:`heads_of`, :func:`configs_of`). Pure."""
 
 from __future__ import annotations
 
 import hashlib
 import math
+from typing import Sequence
 
 import numpy as np
 
 from rubberband.catalog import Catalog, InstanceType
-from rubberband.plan import CostBreakdown, Distribution, HeadInfo, JobInfo, Plan, Prediction, SurvivorInfo
+from rubberband.plan import (
+    CostBreakdown,
+    Distribution,
+    Handoff,
+    HeadInfo,
+    JobInfo,
+    Plan,
+    Prediction,
+    StagePlan,
+    SurvivorInfo,
+)
+from rubberband.planner.brackets import Handoff as BracketHandoff
 from rubberband.planner.model import PerformanceModel
 from rubberband.planner.schedule import Stage
-from rubberband.planner.plan_space import HeadSpec, StageConfig
-from rubberband.planner.simulator import SimResult
+from rubberband.planner.plan_space import HeadSpec, StageConfig, normalise
+from rubberband.planner.simulator import SimResult, SimSettings, Simulator
 from rubberband.profile import Profile
 from rubberband.spec import JobSpec
 
@@ -151,3 +164,78 @@ def configs_of(plan: Plan, catalog: Catalog) -> tuple[list[Stage], tuple[StageCo
         market = "spot" if sp.spot and plan.spot is not None else "on_demand"
         configs.append(StageConfig(itype, sp.instances, sp.workers_per_trial, market))
     return stages, tuple(configs)
+
+
+def stage_plans(
+    stages: Sequence[Stage],
+    configs: Sequence[StageConfig],
+    result: SimResult | None = None,
+    model: PerformanceModel | None = None,
+    settings: SimSettings | None = None,
+) -> list[StagePlan]:
+    """The plan's stages, as simulated with ``settings`` (its ``spot``: every stage bought at spot, the old
+    reading of ``resources.spot``; its ``spot_setup``: spot per stage) with ``result``'s predictions.
+
+    With ``model``, each says its median task time (``predicted_task_s``), from which the executor times the next
+    stage's prefetch before a trial has finished, as the simulator does. With a spot setup too, a spot stage says
+    its zone (the first its requests try), its zone-weighted spot price, whether its spot model is a prior, and
+    its trials' fall-back type (and how much slower it is)."""
+    out = []
+    tasks: list[float | None] = [None] * len(configs)
+    spot = settings is not None and settings.spot
+    spot_setup = None if settings is None else settings.spot_setup
+    sim = None
+    if model is not None:
+        sim = Simulator(stages, model, SimSettings(samples=1, spot_setup=spot_setup))
+        normal = [normalise(c, s.trials) for c, s in zip(configs, stages)]
+        tasks = [sum(sim.task_time(i, c, normal[i - 1] if i else None)) for i, c in enumerate(normal)]
+    zones = {} if spot_setup is None else spot_setup.zones
+    offers = {} if spot_setup is None else spot_setup.offers
+    for i, (st, c) in enumerate(zip(stages, configs)):
+        moved_to = None if spot_setup is None or not c.spot else spot_setup.fallback(c.instance_type)
+        if moved_to is not None and moved_to.key == c.instance_type.key:
+            moved_to = None
+        offer = offers.get((c.instance_type.cloud, c.instance_type.region, c.instance_type.name)) if c.spot else None
+        out.append(
+            StagePlan(
+                bracket=st.bracket,
+                stage=st.index,
+                trials=st.trials,
+                epochs=st.epochs,
+                epochs_this_stage=st.epochs_this_stage,
+                cloud=c.instance_type.cloud,
+                region=c.instance_type.region,
+                instance_type=c.instance_type.name,
+                instances=c.instances,
+                workers_per_trial=c.workers,
+                spot=spot or c.spot,
+                zone=zones.get((c.instance_type.cloud, c.instance_type.region, c.instance_type.name))
+                if c.spot
+                else None,
+                spot_price_hr=None if offer is None else round(offer.price_hr, 6),
+                spot_prior=offer is not None and offer.prior,
+                fallback_instance_type=None if moved_to is None else moved_to.name,
+                fallback_slowdown=None
+                if moved_to is None or sim is None
+                else round(sim.spots.fallback_slowdown(normalise(c, st.trials)), 6),
+                predicted_duration_s=None if result is None else float(np.quantile(result.stage_durations[i], 0.5)),
+                predicted_cost_usd=None if result is None else float(result.stage_costs[i].mean()),
+                predicted_task_s=tasks[i],
+            )
+        )
+    return out
+
+
+def handoff_records(handoffs: Sequence[BracketHandoff]) -> list[Handoff]:
+    """Parallel brackets' hand-overs of the representative sample (instances one bracket releases and another
+    takes), in the plan's schema."""
+    return [
+        Handoff(
+            instance_type=h.instance_type,
+            from_stage=h.from_stage,
+            to_stage=h.to_stage,
+            at_s=round(h.at_s, 3),
+            instance_id=h.instance_id,
+        )
+        for h in handoffs
+    ]

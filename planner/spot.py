@@ -450,7 +450,7 @@ class SpotSetup:
     the shared :class:`~rubberband.planner.policies.SpotPolicy`, and one scenario per (cloud, region, type).
 
     ``checkpoint_epochs``: a trial of a spot stage checkpoints every this many epochs (and after its last; the
-    interval :func:`rubberband.planner.api.checkpoint_interval` chooses, which the executor's trials keep); a
+    interval :func:`rubberband.planner.job.checkpoint_interval` chooses, which the executor's trials keep); a
     preemption loses the work since the last one, and the saves not made are not paid.
 
     ``fallbacks``: per spot type (its ``key``), the on-demand type a trial moves to when the policy gives up

@@ -17,7 +17,7 @@ from conftest import EXAMPLES
 from planner_helpers import ideal_model, itype
 from rubberband.catalog import load_catalog
 from rubberband.commands.plan import asha_line
-from rubberband.planner.api import PlanOptions, plan_job
+from rubberband.planner.job import PlanOptions, plan_job
 from rubberband.planner.asha import (
     AshaCluster,
     AshaSchedule,

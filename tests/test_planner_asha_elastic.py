@@ -13,7 +13,8 @@ from planner_helpers import ideal_model, itype
 from rubberband.catalog import load_catalog
 from rubberband.errors import InfeasibleError, PlanFileError, SpecError
 from rubberband.plan import parse_plan, plan_json
-from rubberband.planner.api import PlanOptions, plan_job, replay_plan
+from rubberband.planner.job import PlanOptions, plan_job
+from rubberband.planner.replay import replay_plan
 from rubberband.planner.asha_plan import asha_phase_policy, replay_asha_plan
 from rubberband.planner.asha import (
     AshaCluster,

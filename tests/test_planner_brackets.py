@@ -10,7 +10,8 @@ import pytest
 from planner_helpers import ideal_model, itype
 from rubberband.errors import InfeasibleError, PlanFileError, SpecError
 from rubberband.plan import PLAN_SCHEMA_VERSION, parse_plan, plan_json
-from rubberband.planner.api import PlanOptions, SearchOptions, plan_job, plan_stages
+from rubberband.planner.api import SearchOptions, plan_stages
+from rubberband.planner.job import PlanOptions, plan_job
 from rubberband.planner.baselines import parallel_lower_bounds
 from rubberband.planner.brackets import BracketSetup, ParallelSimulator, bracket_ranges
 from rubberband.planner.schedule import Stage, hyperband_brackets
@@ -220,7 +221,7 @@ def test_a_parallel_plan_is_re_simulated_with_its_brackets_side_by_side(parallel
     from pathlib import Path
 
     from rubberband.catalog import load_catalog
-    from rubberband.planner.api import simulate_plan
+    from rubberband.planner.replay import simulate_plan
     from rubberband.profile import load_profile
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "examples/profiles/resnet50_cifar10_v100.json")

@@ -134,7 +134,7 @@ def test_no_request_before_the_stage_has_started_a_task():
 def test_plans_carry_the_simulators_task_time_for_the_executors_prefetch():
     from planner_helpers import ideal_model, itype
 
-    from rubberband.planner.api import stage_plans
+    from rubberband.planner.plan_record import stage_plans
     from rubberband.planner.schedule import stages_for
     from rubberband.planner.plan_space import StageConfig
     from rubberband.planner.simulator import SimSettings, Simulator

@@ -380,7 +380,7 @@ def test_the_interval_is_longer_where_saves_are_slow_and_preemptions_rare():
     take no time, or on-demand only, every epoch."""
     from dataclasses import replace
 
-    from rubberband.planner.api import checkpoint_interval
+    from rubberband.planner.job import checkpoint_interval
 
     slow_saves = replace(_model(), epoch_overhead_s=30.0, checkpoint_save_s=30.0)
     deadline = 1e6
@@ -460,7 +460,8 @@ def test_market_moves_flip_stages_and_keep_markets_through_other_moves():
 
 def test_plans_with_a_spot_model_round_trip_and_old_plans_load(tmp_path):
     from rubberband.catalog import load_catalog
-    from rubberband.planner.api import PlanOptions, SpotMarket, plan_job, replay_plan
+    from rubberband.planner.job import PlanOptions, SpotMarket, plan_job
+    from rubberband.planner.replay import replay_plan
     from rubberband.profile import load_profile
     from rubberband.spec import load_spec
     from conftest import EXAMPLES
