@@ -195,7 +195,7 @@ def known_trials(model: Any, survivors: dict[int, tuple[TrialTimes, ...]]) -> di
             speeds.append(statistics.median(logs))
             counts.append(len(logs))
         if speeds:
-            out[bracket] = KnownTrials(tuple(speeds), tuple(counts))
+            out[bracket] = KnownTrials(tuple(speeds), tuple(counts), model.straggler_sigma)
     return out
 
 

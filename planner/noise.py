@@ -306,15 +306,38 @@ def _rho_upper(fit: float | None, k: int, level: float) -> float:
 class KnownTrials:
     """A bracket's trials whose speed the run has measured, best ranked first (the order promotion will most
     likely keep): each one's mean log epoch time relative to the model (``log_speeds``) over ``epochs`` epochs.
-    The simulator plays them in place of population draws, with the remaining uncertainty of each mean
-    (the epoch noise over √epochs)."""
+    The simulator plays them in place of population draws, each as its measurement and the population together say
+    (:meth:`posterior`)."""
 
     log_speeds: tuple[float, ...]
     epochs: tuple[int, ...]
+    #: The straggler σ of the model the speeds were measured against: each measured mean carries its instance's
+    #: straggler factor (:meth:`posterior`).
+    straggler_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.log_speeds) != len(self.epochs) or any(n < 1 for n in self.epochs):
             raise ValueError("one measured epoch count ≥ 1 per known trial")
+
+    def posterior(self, variation: Variation, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``n`` trials' log speeds as their measurements and how much configurations differ together
+        say: each one's mean and standard deviation (normal prior about ``config_log_mean``, normal measurement).
+
+        A measured epoch is the trial's own speed times its instance's straggler factor and the epoch's noise, so
+        a measured mean is its speed give or take ``√(straggler_sigma² + epoch_sigma²/epochs)``. How much
+        configurations differ is the larger of the profile's word (``config_sigma² + config_mean_se²``) and the
+        run's own: the known trials' mean squared distance from ``config_log_mean`` less that noise (a method of
+        moments estimate; a profile that never measured a second configuration says 0 and is not believed over a
+        run that shows otherwise). Where configurations differ far more than the noise, each measurement is the
+        answer; where neither source sees them differ, a trial that measured a little slow was on a slow instance
+        and is planned as the population, not slow for life (its next stages draw stragglers of their own)."""
+        measured = np.asarray(self.log_speeds, dtype=float)
+        noise = self.straggler_sigma**2 + variation.epoch_sigma**2 / np.asarray(self.epochs, dtype=float)
+        seen = float(np.mean((measured - variation.config_log_mean) ** 2 - noise))
+        prior = max(variation.config_sigma**2 + variation.config_mean_se**2, seen, 0.0)
+        weight = prior / (prior + noise[:n]) if prior > 0 else np.zeros(n)
+        mean = variation.config_log_mean + weight * (measured[:n] - variation.config_log_mean)
+        return mean, np.sqrt(weight * noise[:n])
 
 
 def bracket_log_speeds(
@@ -327,8 +350,10 @@ def bracket_log_speeds(
     """Each trial's log speed factor for its life (samples × trials), in promotion order: stage ``i`` runs the
     first ``n_i`` columns.
 
-    Known trials (measured mid-run) come first in their given order, each its measured mean plus the uncertainty
-    of that mean; the bracket's other trials are population draws. Without known trials, the draws are ordered
+    Known trials (measured mid-run) come first in their given order, each drawn from what its measurement and the
+    population say of it (:meth:`KnownTrials.posterior`: measurements that differ by no more than stragglers and
+    epoch noise make them are not taken for speeds); the bracket's other trials are population
+    draws. Without known trials, the draws are ordered
     by a quality correlated with slowness at ``variation.speed_quality_rho`` (``quality_z``: its independent
     part; 0 or None: the draws' own order, which is exchangeable). ``mean_z`` (one standard normal per sample)
     moves a sample's drawn trials together by ``variation.config_mean_se``: the population's speed as uncertain
@@ -338,9 +363,8 @@ def bracket_log_speeds(
         drawn = drawn + variation.config_mean_se * mean_z[:, None]
     if known is not None and known.log_speeds:
         n = min(len(known.log_speeds), trial_z.shape[1])
-        spread = variation.epoch_sigma / np.sqrt(np.asarray(known.epochs[:n], dtype=float))
-        measured = np.asarray(known.log_speeds[:n]) + spread * trial_z[:, :n]
-        return np.concatenate([measured, drawn[:, n:]], axis=1)
+        mean, sd = known.posterior(variation, n)
+        return np.concatenate([mean + sd * trial_z[:, :n], drawn[:, n:]], axis=1)
     rho = variation.speed_quality_rho
     if rho == 0.0 or variation.config_sigma == 0.0 or quality_z is None:
         return drawn
