@@ -1,11 +1,11 @@
-"""ResNet-18 on CIFAR-10 for GPU clouds (torchvision), the HyperSched / RubberBand style workload.
+"""ResNet-18 or ResNet-50 on CIFAR-10 for GPU clouds (torchvision), the HyperSched / RubberBand style workload.
 
 Needs ``torchvision`` and the CIFAR-10 dataset under ``data_dir`` (set ``download: true`` in
 the config to fetch it on first use, where the instances can reach the internet). Without
 either it raises a :class:`~rubberband.errors.TrainingError` that says what is missing.
 
-Config keys: ``lr``, ``momentum``, ``weight_decay``, ``batch_size`` (per worker),
-``data_dir``, ``download``, ``workers`` (data-loader processes), ``seed``.
+Config keys: ``arch`` (``resnet18``, the default, or ``resnet50``), ``lr``, ``momentum``, ``weight_decay``,
+``batch_size`` (per worker), ``data_dir``, ``download``, ``workers`` (data-loader processes), ``seed``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch.utils.data.distributed import DistributedSampler
 from rubberband.errors import TrainingError
 
 BATCH_SIZE = 128
+ARCHES = ("resnet18", "resnet50")
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
@@ -59,10 +60,12 @@ def datasets(data_dir: str, download: bool):
     return train_set, val_set
 
 
-def resnet18_cifar(num_classes: int = 10) -> torch.nn.Module:
-    """torchvision's ResNet-18 with the CIFAR stem (3×3 conv, no max-pool)."""
+def resnet_cifar(arch: str = "resnet18", num_classes: int = 10) -> torch.nn.Module:
+    """torchvision's ResNet-18 or ResNet-50 (``arch``) with the CIFAR stem (3×3 conv, no max-pool)."""
+    if arch not in ARCHES:
+        raise TrainingError(f"config arch {arch!r} is not one of {', '.join(ARCHES)}; set arch to one of them")
     torchvision, _ = _torchvision()
-    model = torchvision.models.resnet18(num_classes=num_classes)
+    model = getattr(torchvision.models, arch)(num_classes=num_classes)
     model.conv1 = torch.nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
     model.maxpool = torch.nn.Identity()
     return model
@@ -70,6 +73,7 @@ def resnet18_cifar(num_classes: int = 10) -> torch.nn.Module:
 
 def train(config: dict, ctx) -> None:
     torch.manual_seed(int(config.get("seed", 0)))
+    net = resnet_cifar(str(config.get("arch", "resnet18")))  # before the data: a wrong arch fails at once
     data_dir = os.path.expanduser(str(config.get("data_dir", "~/data/cifar10")))
     train_set, val_set = datasets(data_dir, bool(config.get("download", False)))
     batch = int(config.get("batch_size", BATCH_SIZE))
@@ -82,7 +86,7 @@ def train(config: dict, ctx) -> None:
         pin_memory=ctx.device.type == "cuda",
         drop_last=True,
     )
-    model = DDP(resnet18_cifar().to(ctx.device), device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+    model = DDP(net.to(ctx.device), device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
     opt = torch.optim.SGD(
         model.parameters(),
         lr=float(config.get("lr", 0.1)),

@@ -217,10 +217,11 @@ def read_traces(directory: Path) -> list[TraceFile]:
     directory = Path(directory)
     if not directory.exists():
         raise SpotTraceError(
-            f"spot trace directory {directory} does not exist; pass --traces DIR with trace JSON files (docs/spot.md)"
+            f"spot trace directory {directory} does not exist; give the directory that holds the trace JSON files "
+            f"(docs/spot.md)"
         )
     if not directory.is_dir():
-        raise SpotTraceError(f"{directory} is not a directory; pass --traces DIR with trace JSON files")
+        raise SpotTraceError(f"{directory} is not a directory; give the directory that holds the trace JSON files")
     files = sorted(directory.rglob("*.json"))
     if not files:
         raise SpotTraceError(f"{directory} holds no *.json trace files; see docs/spot.md for the format")

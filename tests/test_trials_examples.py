@@ -46,3 +46,15 @@ def test_cifar_without_torchvision_says_what_it_needs(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision -> ImportError
     with pytest.raises(TrainingError, match="needs torchvision"):
         cifar_resnet.datasets("/nonexistent", download=False)
+
+
+def test_cifar_names_a_wrong_arch_before_it_needs_torchvision(monkeypatch):
+    """The CIFAR example trains ResNet-18 or ResNet-50 (config ``arch``); any other name is a one-line
+    TrainingError saying what to set, raised before torchvision or the dataset is needed."""
+    from rubberband.errors import TrainingError
+
+    with examples_on_path():
+        import cifar_resnet
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    with pytest.raises(TrainingError, match="config arch 'vgg16' is not one of resnet18, resnet50"):
+        cifar_resnet.resnet_cifar("vgg16")
