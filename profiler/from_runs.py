@@ -227,13 +227,21 @@ def _add_burst(
 
 
 def read_run(run_dir: Path, slots: dict[str, int]) -> RunMeasurements:
-    """A run directory's measurements; a one-line InputError when it holds no journal."""
+    """A run directory's measurements; a one-line InputError when it holds no journal, or its run was simulated."""
     from rubberband.executor import journal as J
+
+    from rubberband.executor.backends import SIM_RUNTIME
 
     path = Path(run_dir) / J.JOURNAL_NAME
     if not path.is_file():
         raise InputError(f"--from-run {run_dir}: no {J.JOURNAL_NAME} there; pass the directory of a finished run")
-    return run_measurements(J.iter_events(path), slots)
+    events = list(J.iter_events(path))
+    if events and events[0].get("type") == "run_started" and events[0].get("trial_runtime") == SIM_RUNTIME:
+        raise InputError(
+            f"--from-run {run_dir}: that run was played on virtual time (--cloud sim), so its timings are the "
+            f"model's own, not measurements; pass runs made on local, aws or gcp"
+        )
+    return run_measurements(events, slots)
 
 
 def calibrated(

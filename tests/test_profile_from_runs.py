@@ -10,6 +10,7 @@ from executor_helpers import write_job
 from sim_helpers import write_cpu_profile, write_spread_profile
 
 from rubberband.cli import run as cli
+from rubberband.executor.backends import SIM_RUNTIME
 from rubberband.planner.model import fit_performance_model
 from rubberband.profile import load_profile
 from rubberband.profiler.from_runs import ConfigSample, calibrated, read_run, run_measurements
@@ -168,7 +169,9 @@ def test_the_profile_takes_what_the_runs_measured_and_says_so(tmp_path):
 
 
 def test_profile_from_run_folds_a_finished_runs_journal_into_the_specs_profile(tmp_path, capsys):
-    """The real boundary: a run's journal as the executor writes it (a simulated local run), read by the CLI."""
+    """The real boundary: a run's journal as the executor writes it, read by the CLI. The run is played on virtual
+    time (a real local run starts Ray, which this tier does not), which --from-run refuses, since its timings are
+    the model's own; the same journal marked as the local trial runtime's is folded in."""
     spec = write_job(tmp_path / "job")
     data = json.loads(spec.read_text())
     data["profile"] = str(write_cpu_profile(tmp_path / "profile.json", startup_s=2.0))
@@ -176,6 +179,16 @@ def test_profile_from_run_folds_a_finished_runs_journal_into_the_specs_profile(t
     run_dir = tmp_path / "run"
     assert cli(["run", str(spec), "--cloud", "sim", "--yes", "--run-dir", str(run_dir)]) == 0
     capsys.readouterr()
+    before = (tmp_path / "profile.json").read_text()
+    assert cli(["profile", str(spec), "--from-run", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "played on virtual time (--cloud sim)" in err[0] and str(run_dir) in err[0]
+    assert (tmp_path / "profile.json").read_text() == before
+    journal = run_dir / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    started = json.loads(lines[0])
+    assert started["trial_runtime"] == SIM_RUNTIME
+    journal.write_text("\n".join([json.dumps({**started, "trial_runtime": "rubberband.executor.trials"}), *lines[1:]]))
     assert cli(["profile", str(spec), "--from-run", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "from 1 run(s)" in out and "head start" in out
