@@ -22,6 +22,18 @@ def test_summary_numbers_come_from_the_plan():
     assert "pareto" in data.notes and data.pareto is None
 
 
+def test_a_stage_replanned_mid_run_shows_its_own_median_and_no_p95_of_the_stage_it_replaced():
+    """A run's plan after a re-plan holds the new stages (their median) beside the first plan's distributions: the
+    stage table showed "p50 10m 24s, p95 6m 26s" for a re-planned stage (a --cloud sim Hyperband run)."""
+    plan = make_plan(deadline_s=900, level=2)
+    first = plan.predicted.stage_duration_s[1]
+    replanned = plan.stages[1].model_copy(update={"predicted_duration_s": 2.5 * first.p50, "instances": 1})
+    run_plan = plan.model_copy(update={"stages": [plan.stages[0], replanned, *plan.stages[2:]]})
+    rows = build_report_data(PlanSource(run_plan), replan=None).stages
+    assert rows[1].duration_s == pytest.approx(2.5 * first.p50) and rows[1].duration_p95_s is None
+    assert rows[0].duration_p95_s == plan.predicted.stage_duration_s[0].p95  # as planned: its own distribution
+
+
 def test_replanned_sections_and_charts_are_drawn():
     plan = make_plan(deadline_s=900, level=2)
     data = build_report_data(PlanSource(plan), replan=FakeReplanner())

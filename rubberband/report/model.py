@@ -247,6 +247,12 @@ def _stage_rows(plan: Plan) -> tuple[StageRow, ...]:
     costs = plan.predicted.stage_cost_usd
     for i, s in enumerate(plan.stages):
         dist = durations[i] if i < len(durations) else None
+        if (
+            dist is not None
+            and s.predicted_duration_s is not None
+            and not math.isclose(s.predicted_duration_s, dist.p50)
+        ):
+            dist = None  # re-planned mid-run: the plan's distribution is of the stage as first planned, not this one
         duration = s.predicted_duration_s if s.predicted_duration_s is not None else (dist.p50 if dist else None)
         cost = s.predicted_cost_usd if s.predicted_cost_usd is not None else (costs[i] if i < len(costs) else None)
         rows.append(
