@@ -226,7 +226,7 @@ def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
         ctx: typer.Context,
-        spec: str = typer.Argument(..., help="Job spec (YAML)."),
+        spec: str = typer.Argument(..., metavar="SPEC", help="Job spec (YAML)."),
         profile: str = typer.Option(None, "--profile", help="Profile JSON (default: the spec's `profile:`)."),
         deadline: str = typer.Option(None, "--deadline", help="Override the deadline (90m, 2h, seconds)."),
         cloud: str = typer.Option(None, "--cloud", help="aws, gcp, local or any (default: the spec's clouds)."),
