@@ -40,6 +40,39 @@ def check_plan_matches(spec: JobSpec, plan: Plan, *, source: str = "plan") -> No
             f"{source}: plan optimises {plan.job.metric} ({plan.job.mode}) but the spec's "
             f"metric is {spec.metric.name} ({spec.metric.mode}); re-plan with `rubberband plan`"
         )
+    _check_resources(spec, plan, source)
+
+
+def _check_resources(spec: JobSpec, plan: Plan, source: str) -> None:
+    """Every stage runs where the spec allows (its clouds, regions and instance types, the spot fall-backs'
+    types too) and on no more instances than its trials' workers can use: a plan made for another spec, or
+    edited by hand, must not start instances the spec rules out, nor a billion of them."""
+    res = spec.resources
+    for i, stage in enumerate(plan.stages):
+        where = f"{source}: stage {i} ({stage.instances} × {stage.instance_type}, {stage.cloud} {stage.region})"
+        if stage.cloud not in res.clouds:
+            raise PlanFileError(
+                f"{where} runs on {stage.cloud}, which the spec's resources.clouds ({', '.join(res.clouds)}) does "
+                f"not allow; re-plan with `rubberband plan`"
+            )
+        if res.regions and stage.region not in res.regions:
+            raise PlanFileError(
+                f"{where} runs in {stage.region}, which the spec's resources.regions ({', '.join(res.regions)}) "
+                f"does not allow; re-plan with `rubberband plan`"
+            )
+        allowed = res.instance_types
+        for name in filter(None, (stage.instance_type, stage.fallback_instance_type)):
+            if allowed and name not in allowed:
+                raise PlanFileError(
+                    f"{where} uses {name}, which the spec's resources.instance_types ({', '.join(allowed)}) does "
+                    f"not allow; re-plan with `rubberband plan`"
+                )
+        useful = stage.trials * stage.workers_per_trial
+        if not plan.is_asha and stage.instances > useful:
+            raise PlanFileError(
+                f"{where} asks for more instances than its {stage.trials} trials of {stage.workers_per_trial} "
+                f"worker(s) can use ({useful}); re-plan with `rubberband plan`"
+            )
 
 
 def trial_configs(spec: JobSpec, plan: Plan) -> list[tuple[str, int, int, dict[str, Any]]]:

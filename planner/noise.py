@@ -352,10 +352,9 @@ def bracket_log_speeds(
 
     Known trials (measured mid-run) come first in their given order, each drawn from what its measurement and the
     population say of it (:meth:`KnownTrials.posterior`: measurements that differ by no more than stragglers and
-    epoch noise make them are not taken for speeds); the bracket's other trials are population
-    draws. Without known trials, the draws are ordered
-    by a quality correlated with slowness at ``variation.speed_quality_rho`` (``quality_z``: its independent
-    part; 0 or None: the draws' own order, which is exchangeable). ``mean_z`` (one standard normal per sample)
+    epoch noise make them are not taken for speeds); the bracket's other trials are population draws. Without
+    known trials, the draws are ordered by a quality correlated with slowness at ``variation.speed_quality_rho``
+    (``quality_z``: its independent part; 0 or None: the draws' own order, which is exchangeable). ``mean_z`` (one standard normal per sample)
     moves a sample's drawn trials together by ``variation.config_mean_se``: the population's speed as uncertain
     as the profile leaves it."""
     drawn = variation.config_log_mean + variation.config_sigma * trial_z

@@ -229,7 +229,6 @@ def _add_burst(
 def read_run(run_dir: Path, slots: dict[str, int]) -> RunMeasurements:
     """A run directory's measurements; a one-line InputError when it holds no journal, or its run was simulated."""
     from rubberband.executor import journal as J
-
     from rubberband.executor.backends import SIM_RUNTIME
 
     path = Path(run_dir) / J.JOURNAL_NAME

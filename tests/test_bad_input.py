@@ -407,6 +407,39 @@ def test_a_plan_file_broken_in_one_field_is_refused(data, which, good_plan):
         assert not (work / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "spec_change, plan_change, says",
+    [
+        ({"clouds": ["aws"]}, None, "resources.clouds (aws) does not allow"),
+        ({"instance_types": ["local.cpu4"]}, None, "resources.instance_types (local.cpu4) does not allow"),
+        ({"regions": ["elsewhere"]}, None, "resources.regions (elsewhere) does not allow"),
+        (None, {"instances": 1_000_000_000}, "more instances than its"),
+    ],
+)
+def test_a_plan_the_spec_rules_out_is_refused_before_anything_starts(spec_change, plan_change, says, good_plan):
+    """`run --plan` with a plan made for another spec (another cloud, types or regions), or with a stage of a
+    billion instances, exits 2 in one line naming the stage and the spec field, and starts nothing: such a plan
+    used to run (a billion instances filled 20 GB before it was killed)."""
+    spec_path, plan_path = good_plan
+    with workdir() as work:
+        spec = yaml.safe_load(spec_path.read_text())
+        spec["resources"] = {**spec["resources"], **(spec_change or {})}
+        plan = json.loads(plan_path.read_text())
+        plan["stages"][0].update(plan_change or {})
+        spec_file = write_text(work, "job.yaml", yaml.safe_dump(spec))
+        line = invoke(
+            "run",
+            spec_file,
+            "--plan",
+            write_text(work, "plan.json", json.dumps(plan)),
+            "--run-dir",
+            work / "run",
+            "--yes",
+        ).refused()
+        assert "stage 0" in line and says in line and "re-plan" in line, line
+        assert not (work / "run").exists()
+
+
 # -- catalogs --------------------------------------------------------------------------------------------------
 
 AWS_CSV = (Path(__file__).resolve().parents[1] / "rubberband" / "catalogs" / "aws.csv").read_text()

@@ -102,6 +102,13 @@ def _load_or_make_plan(
     if source.plan_path is not None:
         plan = load_plan(source.plan_path)
         check_plan_matches(spec, plan, source=str(source.plan_path))
+        if plan.job.spec_sha256 != spec.sha256():
+            stderr().print(
+                f"note: {source.plan_path} was made for another version of this spec (its search space, profile or "
+                f"config differ); its predictions may not hold: re-plan with `rubberband plan` to be sure",
+                markup=False,
+                highlight=False,
+            )
         return plan, False
     inputs = load_job_inputs(source.spec_path, cloud=source.cloud)
     begin()
