@@ -79,6 +79,11 @@ def run(
         result = app(args=argv, prog_name="rubberband", standalone_mode=False, obj=settings)
     except RubberbandError as exc:
         return _fail(exc.message, exc.exit_code)
+    except (PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError, FileNotFoundError) as exc:
+        if exc.filename is None:
+            raise
+        # a path the user gave that cannot be read or written (the commands check what they can up front)
+        return _fail(f"{exc.filename}: {exc.strerror or exc}; check the path and its permissions", 2)
     except click_exceptions.NoArgsIsHelpError:
         return 2  # the help text was already printed
     except click_exceptions.UsageError as exc:

@@ -33,7 +33,7 @@ PROFILE_SCHEMA_VERSIONS = (1, 2)
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Workload(_Model):

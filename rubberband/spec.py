@@ -35,7 +35,7 @@ KnownCloud = Annotated[str, AfterValidator(_known_cloud)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class UniformParam(_Strict):
@@ -442,6 +442,25 @@ def _search_problem(spec: JobSpec) -> tuple[tuple, str] | None:
     return None
 
 
+#: Values (mapping entries, list items, scalars) a spec may hold once its YAML aliases are expanded: a job spec holds
+#: hundreds; nine lines of nested aliases ("billion laughs") hold a billion and used to fill the memory.
+MAX_SPEC_VALUES = 100_000
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` holds with every alias expanded, counted once per distinct node (``sizes``)."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(item, sizes) for item in node.value)
+    sizes[id(node)] = size = min(size, MAX_SPEC_VALUES + 1)
+    return size
+
+
 def load_spec(path: str | Path) -> JobSpec:
     """Read and validate a YAML job spec file."""
     path = Path(path)
@@ -449,16 +468,25 @@ def load_spec(path: str | Path) -> JobSpec:
         text = path.read_text()
     except FileNotFoundError:
         raise SpecError(f"spec file {path} does not exist; pass the path of a YAML job spec") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"spec file {path} is not UTF-8 text; pass a YAML job spec saved as UTF-8") from None
     except OSError as exc:
         raise SpecError(f"cannot read spec file {path}: {exc.strerror}") from None
     try:
         node = yaml.compose(text)
+        if node is not None and _expanded_size(node, {}) > MAX_SPEC_VALUES:
+            raise SpecError(
+                f"{path}: the spec holds more than {MAX_SPEC_VALUES} values once its YAML aliases are expanded; "
+                f"write it out without nested aliases"
+            )
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise SpecError(f"{where}: not valid YAML ({problem}); fix the syntax") from None
+    except RecursionError:
+        raise SpecError(f"{path}: the spec is nested too deeply to read; a job spec is a few levels deep") from None
     lines = _line_index(node) if node is not None else {}
     return parse_spec(data, source=str(path), base_dir=path.parent, lines=lines)
 

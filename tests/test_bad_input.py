@@ -205,6 +205,8 @@ SPEC_OUT_OF_RANGE = [
     (("search_space", "lr", "low"), 0, "search_space.lr"),
     (("search_space", "lr", "high"), 1e-9, "search_space.lr"),
     (("search_space", "lr", "type"), "gaussian", "search_space.lr"),
+    (("search_space", "lr", "high"), float("inf"), "search_space.lr"),  # planned, then an OverflowError mid-run
+    (("confidence",), float("nan"), "confidence"),
     (("seed",), -1, "seed"),
     (("seed",), 2**64, "seed"),
     (("scheduler", "eta"), 10**6, "scheduler.eta"),
@@ -362,6 +364,10 @@ def test_a_profile_broken_in_one_field_is_refused(data, good_plan):
         (("schema_version",), 99),
         (("workload", "restart_overhead_s"), -1.0),
         (("measurements", 0, "nodes"), 5),
+        # infinities the fit or the planner met as IndexError / "Residuals are not finite" tracebacks
+        (("startup", 0, "samples_s"), [float("inf")]),
+        (("measurements", 0, "iteration_latencies_s"), [float("inf")]),
+        (("workload", "restart_overhead_s"), float("inf")),
     ],
 )
 def test_a_profile_field_out_of_range_is_named(path, value, good_plan, tmp_path):
@@ -438,6 +444,60 @@ def test_a_plan_the_spec_rules_out_is_refused_before_anything_starts(spec_change
         ).refused()
         assert "stage 0" in line and says in line and "re-plan" in line, line
         assert not (work / "run").exists()
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+    for i in range(8)
+)
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "is not UTF-8 text"),
+        ("name: caf\u00e9\n".encode("latin-1"), "is not UTF-8 text"),
+        (("a: " + "[" * 3000 + "]" * 3000 + "\n").encode(), "nested too deeply"),
+        (BOMB.encode(), "more than 100000 values once its YAML aliases are expanded"),
+    ],
+    ids=["binary", "latin-1", "nested", "alias-bomb"],
+)
+def test_a_spec_that_is_not_yaml_text_or_too_big_is_refused_in_one_line(content, says):
+    """A binary or Latin-1 file, YAML nested thousands deep, and nine lines of nested aliases (a billion values,
+    which filled 6 GB in a minute) are each one line, exit 2: they raised UnicodeDecodeError and RecursionError
+    tracebacks, or ran until killed."""
+    with workdir() as work:
+        spec = work / "job.yaml"
+        spec.write_bytes(content)
+        line = invoke("plan", spec, "--out", work / "plan.json").refused()
+        assert says is None or says in line, line
+        assert not (work / "plan.json").exists()
+
+
+def test_output_paths_are_checked_before_anything_is_written(good_plan):
+    """A second output that cannot be written no longer leaves the first written (`plan --out A --report B`
+    wrote A, then failed with a traceback), and a path through a file is one line, exit 2, wherever it is given."""
+    spec_path, plan_path = good_plan
+    with workdir() as work:
+        (work / "afile").write_text("")
+        (work / "folder").mkdir()
+        cases = [
+            (("--out", work / "plan.json", "--report", work / "afile" / "rep"), "is a file, not a folder"),
+            (("--out", work / "folder"), "is a folder; give a file name"),
+            (("--out", work / "afile" / "plan.json"), "is a file, not a folder"),
+            (("--profile", work / "afile" / "p.json", "--out", work / "plan.json"), "Not a directory"),
+            (("--seed", "-1", "--out", work / "plan.json"), "--seed"),
+        ]
+        for flags, says in cases:
+            assert says in invoke("plan", spec_path, *flags).refused()
+            assert not (work / "plan.json").exists()
+        line = invoke(
+            "run", spec_path, "--plan", plan_path, "--cloud", "sim", "--yes", "--run-dir", work / "afile"
+        ).refused()
+        assert "afile" in line and "File exists" in line
+        # and a fresh folder below a missing one is still made
+        assert invoke("plan", spec_path, "--samples", "10", "--out", work / "new" / "sub" / "plan.json").code == 0
 
 
 # -- catalogs --------------------------------------------------------------------------------------------------

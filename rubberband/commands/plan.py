@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import typer
 from rich import box
@@ -13,6 +12,7 @@ from rubberband.commands._injected import injected
 from rubberband.commands._options import deadline_flag
 from rubberband.console import stdout
 from rubberband.errors import InputError
+from rubberband.files import check_writable
 from rubberband.inputs import CLOUD_CHOICES, load_job_inputs
 from rubberband.plan import Plan, StagePlan, plan_json, write_plan
 from rubberband.planning import HEAD_MODES, PlanningOptions, plan_from_inputs
@@ -232,7 +232,7 @@ def register(app: typer.Typer) -> None:
         cloud: str = typer.Option(None, "--cloud", help="aws, gcp, local or any (default: the spec's clouds)."),
         confidence: float = typer.Option(None, "--confidence", help="P(JCT ≤ deadline) to guarantee, 0..1."),
         samples: int = typer.Option(1000, "--samples", help="Monte Carlo samples per plan."),
-        seed: int = typer.Option(None, "--seed", help="Random seed (default: the spec's seed)."),
+        seed: int = typer.Option(None, "--seed", min=0, help="Random seed (default: the spec's seed)."),
         out: str = typer.Option(None, "--out", help="Write the plan JSON here (atomically)."),
         as_json: bool = typer.Option(False, "--json", help="Print only the plan JSON on stdout."),
         report: str = typer.Option(None, "--report", help="Also write an HTML/Markdown report into this folder."),
@@ -266,8 +266,10 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--samples must be between 10 and 100000 (got {samples})")
         if head not in HEAD_MODES:
             raise InputError(f"--head {head!r}: use 'instance' (a head instance per run) or 'local' (this machine)")
-        if report is not None and Path(report).exists():
-            raise InputError(f"--report {report} already exists; remove it or choose another folder")
+        if out is not None:
+            check_writable("--out", out)
+        if report is not None:
+            check_writable("--report", report, new_folder=True)
         inputs = load_job_inputs(spec, profile=profile, cloud=cloud)
         options = PlanningOptions(
             samples=samples,

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
             "plan's fitted spot model (docs/spot.md).",
         ),
         samples: int = typer.Option(1000, "--samples", help="Monte Carlo samples."),
-        seed: int = typer.Option(None, "--seed", help="Random seed (default: the plan's)."),
+        seed: int = typer.Option(None, "--seed", min=0, help="Random seed (default: the plan's)."),
         as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     ) -> None:
         """Hit rate P(JCT ≤ deadline) and the cost distribution of a plan, replayed."""
