@@ -801,3 +801,17 @@ def test_the_environment_redirects_no_notice_watcher(tmp_path, monkeypatch):
     assert (
         make_backend("local", tmp_path, seams=BackendSeams(metadata_url=url)).metadata_url is None
     )  # no notices locally
+
+
+@pytest.mark.parametrize("content", [b"", b"\x91\x00binary", b"[]", b'{"actual": {"jct_s": "soon"}}', b'{"actual": {'])
+def test_a_damaged_result_json_is_named_and_the_report_says_how_to_go_without_it(content, good_plan, tmp_path):
+    """`rubberband report RUN_DIR` read result.json without a check: empty, binary, truncated or wrongly shaped, it
+    was a JSONDecodeError, UnicodeDecodeError or TypeError traceback."""
+    run_dir = tmp_path / "run"
+    write_journal(run_dir, *good_plan, finished=True)
+    (run_dir / "result.json").write_bytes(content)
+    line = invoke("report", run_dir, "--out", tmp_path / "report").refused()
+    assert "result.json is damaged" in line and "move it aside" in line
+    assert not (tmp_path / "report").exists()
+    (run_dir / "result.json").unlink()  # as the message says: the journal alone
+    assert invoke("report", run_dir, "--out", tmp_path / "report").code == 0

@@ -10,10 +10,12 @@ distributions) without any other change.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from rubberband.errors import RunDirError
 from rubberband.plan import Plan, Timeline, load_plan
 from rubberband.report.progress import ProgressPoint, search_progress
 
@@ -103,8 +105,6 @@ class RunSource:
 
     @classmethod
     def from_dir(cls, run_dir: str | Path) -> "RunSource":
-        import json
-
         from rubberband.clouds import billing_rule
         from rubberband.executor import journal as J
         from rubberband.plan import TimelineInstance, TimelineTask
@@ -152,15 +152,9 @@ class RunSource:
                         end_s=event["t"] - t0,
                     )
                 )
-        result_path = run_dir / "result.json"
-        result = json.loads(result_path.read_text()) if result_path.exists() else None
+        result = _read_result(run_dir / "result.json")
         if result is not None:
-            measured = result["actual"]
-            jct, cost = float(measured.get("jct_from_start_s", measured["jct_s"])), float(measured["cost_usd"])
-            head_usd = float(result["actual"].get("head_usd") or 0.0)
-            stages = result.get("stages", [])
-            durations = tuple(float(s.get("actual_duration_s") or 0.0) for s in stages)
-            costs = tuple(float(s.get("actual_cost_usd") or 0.0) for s in stages)
+            jct, cost, head_usd, durations, costs = result
         else:  # a run that died before writing its result: what the journal shows so far
             jct, cost, durations, costs = end - t0, sum(i.cost_usd for i in instances), (), ()
             head_usd = 0.0
@@ -183,6 +177,30 @@ class RunSource:
             head_early_s=state.head_early_s,
         )
         return cls(plan=plan, label=f"run {state.run_id}", outcome=outcome)
+
+
+def _read_result(path: Path) -> tuple[float, float, float, tuple[float, ...], tuple[float, ...]] | None:
+    """A run's result.json as the report reads it: JCT, cost, the head's bill and each stage's duration and cost
+    (None: the run wrote none); a damaged one is a one-line RunDirError saying how to report without it."""
+    if not path.exists():
+        return None
+    try:
+        result = json.loads(path.read_text())
+        measured = result["actual"]
+        jct = float(measured.get("jct_from_start_s", measured["jct_s"]))
+        stages = result.get("stages", [])
+        return (
+            jct,
+            float(measured["cost_usd"]),
+            float(measured.get("head_usd") or 0.0),
+            tuple(float(s.get("actual_duration_s") or 0.0) for s in stages),
+            tuple(float(s.get("actual_cost_usd") or 0.0) for s in stages),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSON, UTF-8, shape and number errors
+        raise RunDirError(
+            f"{path} is damaged ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); move it aside to "
+            f"report the run from its journal alone"
+        ) from None
 
 
 def tracking_links(run_dir: Path) -> tuple[TrackingLink, ...]:
