@@ -97,15 +97,20 @@ def test_profile_synthetic_on_one_and_two_nodes(cli, synthetic_dir):
     w = profile.workload
     assert (w.dataset_size, w.batch_size_per_worker) == (640, 32)
     assert profile.sources["dataset_size"] == "spec: config.dataset_size"
-    assert 0 < w.restart_overhead_s and w.restart_overhead_cold_s is not None and w.checkpoint_size_gb > 0
+    # the restart with fresh worker processes comes last of the budget: on a loaded machine it may not fit, and then
+    # the profile says so and leaves its figures out (a CI run beside other suites did not fit it once in ~40 runs)
+    cold = "restart overhead (fresh workers): not measured" not in result.stderr
+    assert 0 < w.restart_overhead_s and w.checkpoint_size_gb > 0 and (w.restart_overhead_cold_s is not None) == cold
     assert "measured" in profile.sources["restart_overhead_s"]
     # the checkpoint save before the restart: what a longer checkpoint interval on spot would not pay
     assert "measured" in profile.sources["checkpoint_save_s"] and 0 < w.checkpoint_save_s < 1.0
     # two epochs per shape: the gap between the passes (report + checkpoint save) is measured per epoch;
     # fresh worker processes (process start + torch import) cost more than a warm start
     assert "measured" in profile.sources["epoch_overhead_s"] and 0 < w.epoch_overhead_s < 1.0
-    assert "measured" in profile.sources["task_start_s"] and 0 < w.task_start_s < w.restart_overhead_cold_s
-    assert "measured" in profile.sources["worker_start_s"] and w.worker_start_s > 0.2
+    assert "measured" in profile.sources["task_start_s"] and 0 < w.task_start_s
+    if cold:
+        assert w.task_start_s < w.restart_overhead_cold_s  # type: ignore[operator]
+        assert "measured" in profile.sources["worker_start_s"] and w.worker_start_s > 0.2
     # one start-up sample (a real `ray start` node joining the probe's head, then terminated) ...
     assert {(s.cloud, s.instance_type, s.source, len(s.samples_s)) for s in profile.startup} == {
         ("local", "local.cpu2", "measured", 1)

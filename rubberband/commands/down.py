@@ -194,17 +194,24 @@ def down_local(run: str) -> None:
             f"{directory} is not a run directory (no journal, no instances/); "
             f"pass the directory `rubberband run` created"
         )
-    journal = J.Journal(directory) if (directory / J.JOURNAL_NAME).exists() else None
+    journaled = (directory / J.JOURNAL_NAME).exists()
+    opened: list[J.Journal] = []  # opened on the first event to record: opening ends a torn last line, a write
+
+    def record(event: J.Event) -> None:
+        if journaled:
+            if not opened:
+                opened.append(J.Journal(directory))
+            opened[0].record(event)
+
     out = stdout()
     stopped = 0
     for instance in provider.list():
-        record = records[instance.id]
+        record_of = records[instance.id]
         provider.terminate([instance.id])
         stopped += 1
-        if journal is not None:
-            journal.record(J.InstanceTerminated(id=instance.id, reason="down"))
+        record(J.InstanceTerminated(id=instance.id, reason="down"))
         out.print(
-            f"terminated {instance.id} ({instance.instance_type}, run {instance.run_id}, pid {record.pid})",
+            f"terminated {instance.id} ({instance.instance_type}, run {instance.run_id}, pid {record_of.pid})",
             markup=False,
             highlight=False,
         )
@@ -212,8 +219,8 @@ def down_local(run: str) -> None:
     if head is not None and provider.stop_head():
         stopped += 1
         out.print(f"terminated the Ray head of run {head.run_id} (pid {head.pid})", markup=False, highlight=False)
-    if journal is not None and stopped:
-        journal.record(J.Down(terminated=stopped))
+    if stopped:
+        record(J.Down(terminated=stopped))
     if not stopped:
         out.print(f"nothing left running for {directory}", markup=False, highlight=False)
 
