@@ -45,9 +45,11 @@ def check_plan_matches(spec: JobSpec, plan: Plan, *, source: str = "plan") -> No
 
 def _check_resources(spec: JobSpec, plan: Plan, source: str) -> None:
     """Every stage runs where the spec allows (its clouds, regions and instance types, the spot fall-backs'
-    types too) and on no more instances than its trials' workers can use: a plan made for another spec, or
-    edited by hand, must not start instances the spec rules out, nor a billion of them."""
+    types too) and on no more instances than the plan's largest stage can use (its trials times their workers): a
+    plan made for another spec, or edited by hand, must not start instances the spec rules out, nor a billion."""
     res = spec.resources
+    # a static cluster holds the largest stage's instances through the later ones: no stage needs more than that
+    useful = max((s.trials * s.workers_per_trial for s in plan.stages), default=0)
     for i, stage in enumerate(plan.stages):
         where = f"{source}: stage {i} ({stage.instances} × {stage.instance_type}, {stage.cloud} {stage.region})"
         if stage.cloud not in res.clouds:
@@ -67,11 +69,10 @@ def _check_resources(spec: JobSpec, plan: Plan, source: str) -> None:
                     f"{where} uses {name}, which the spec's resources.instance_types ({', '.join(allowed)}) does "
                     f"not allow; re-plan with `rubberband plan`"
                 )
-        useful = stage.trials * stage.workers_per_trial
         if not plan.is_asha and stage.instances > useful:
             raise PlanFileError(
-                f"{where} asks for more instances than its {stage.trials} trials of {stage.workers_per_trial} "
-                f"worker(s) can use ({useful}); re-plan with `rubberband plan`"
+                f"{where} asks for more instances than the plan's largest stage can use ({useful}: its trials "
+                f"times their workers); re-plan with `rubberband plan`"
             )
 
 

@@ -419,7 +419,7 @@ def test_a_plan_file_broken_in_one_field_is_refused(data, which, good_plan):
         ({"clouds": ["aws"]}, None, "resources.clouds (aws) does not allow"),
         ({"instance_types": ["local.cpu4"]}, None, "resources.instance_types (local.cpu4) does not allow"),
         ({"regions": ["elsewhere"]}, None, "resources.regions (elsewhere) does not allow"),
-        (None, {"instances": 1_000_000_000}, "more instances than its"),
+        (None, {"instances": 1_000_000_000}, "more instances than the plan's largest stage can use"),
     ],
 )
 def test_a_plan_the_spec_rules_out_is_refused_before_anything_starts(spec_change, plan_change, says, good_plan):
@@ -444,6 +444,20 @@ def test_a_plan_the_spec_rules_out_is_refused_before_anything_starts(spec_change
         ).refused()
         assert "stage 0" in line and says in line and "re-plan" in line, line
         assert not (work / "run").exists()
+
+
+def test_a_static_plan_keeps_its_largest_stages_instances_through_the_later_ones(good_plan):
+    """The instance bound is the plan's largest stage: a static plan (the planner's own choice where resizing saves
+    nothing) holds the first stage's cluster to the end, its last stage's one trial on every instance."""
+    from rubberband.executor.plan_checks import check_plan_matches
+    from rubberband.plan import load_plan
+    from rubberband.spec import load_spec
+
+    spec, plan = load_spec(good_plan[0]), load_plan(good_plan[1])
+    largest = max(s.trials * s.workers_per_trial for s in plan.stages)
+    assert largest > plan.stages[-1].trials * plan.stages[-1].workers_per_trial
+    static = plan.model_copy(update={"stages": [s.model_copy(update={"instances": largest}) for s in plan.stages]})
+    check_plan_matches(spec, static)
 
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
