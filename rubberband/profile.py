@@ -273,6 +273,12 @@ class Profile(_Model):
 def parse_profile(data: Any, *, source: str = "<profile>") -> Profile:
     """A profile of any version this rubberband reads (v1 loads without ``epoch_measurements``)."""
     found = data.get("schema_version") if isinstance(data, dict) else None
+    if found is not None and found not in PROFILE_SCHEMA_VERSIONS:
+        raise ProfileError(
+            f"{source}: profile schema_version {found!r} is not supported; this rubberband reads versions "
+            f"{' and '.join(str(v) for v in PROFILE_SCHEMA_VERSIONS)} (see docs/profile.md or re-run `rubberband "
+            f"profile`)"
+        )
     version = found if found in PROFILE_SCHEMA_VERSIONS else PROFILE_SCHEMA_VERSION
     schema = DocumentSchema(
         Profile,

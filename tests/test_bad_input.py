@@ -829,3 +829,16 @@ def test_a_damaged_result_json_is_named_and_the_report_says_how_to_go_without_it
     assert not (tmp_path / "report").exists()
     (run_dir / "result.json").unlink()  # as the message says: the journal alone
     assert invoke("report", run_dir, "--out", tmp_path / "report").code == 0
+
+
+def test_flags_that_would_be_ignored_or_misnamed_are_refused_in_one_line(good_plan, tmp_path):
+    """`run --cloud SIM` named four choices and left out sim; `--resume D --run-dir E` silently continued in D; a
+    profile of schema_version 3 said "this rubberband reads version 2" (it reads 1 and 2)."""
+    spec_path, plan_path = good_plan
+    line = invoke("run", spec_path, "--cloud", "SIM", "--yes").refused()
+    assert "sim" in line and "'SIM'" in line
+    line = invoke("run", "--resume", tmp_path, "--run-dir", tmp_path / "other").refused()
+    assert "drop --run-dir" in line and not (tmp_path / "other").exists()
+    doc = {**good_profile(), "schema_version": 3}
+    line = invoke("plan", spec_path, "--profile", write_text(tmp_path, "p.json", json.dumps(doc))).refused()
+    assert "reads versions 1 and 2" in line

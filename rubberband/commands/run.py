@@ -21,7 +21,7 @@ from rubberband.clouds import rented_clouds
 from rubberband.console import stderr, stdout
 from rubberband.errors import InputError, PlanFileError, RunDirError
 from rubberband.executor.backends import SIM_CLOUD, SIM_RUNTIME
-from rubberband.inputs import load_job_inputs
+from rubberband.inputs import CLOUD_CHOICES, load_job_inputs
 from rubberband.plan import Plan, load_plan, write_plan
 from rubberband.planning import PlanningOptions, plan_from_inputs
 from rubberband.spec import JobSpec, load_spec
@@ -706,6 +706,10 @@ def register(app: typer.Typer) -> None:
         if head not in ("instance", "local"):
             raise InputError(f"--head {head!r}: use 'instance' (a head instance per run) or 'local' (this machine)")
         grace_s = deadline_flag(results_grace, "--results-grace")
+        if cloud is not None and cloud not in (*CLOUD_CHOICES, SIM_CLOUD):
+            raise InputError(f"--cloud must be one of {', '.join((*CLOUD_CHOICES, SIM_CLOUD))} (got {cloud!r})")
+        if resume is not None and run_dir is not None:
+            raise InputError("--resume RUN_DIR continues in that directory; drop --run-dir")
         simulate = cloud == SIM_CLOUD
         if simulate:
             if resume is not None or dry_run or detach or attach is not None:
